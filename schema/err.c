@@ -1,0 +1,49 @@
+/* err.c — the error table's accessors. */
+#include "err.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+    const char *name, *text;
+    int http, exit;
+} table[] = {
+#define DDPD__ERR_ROW(name, http, exit, text) {#name, text, http, exit},
+    DDPD_ERR_MAP(DDPD__ERR_ROW)
+#undef DDPD__ERR_ROW
+};
+
+static int valid(ddpd_err e) { return (int)e >= 0 && e < DDPD_ERR_COUNT; }
+
+const char *ddpd_err_name(ddpd_err e) { return valid(e) ? table[e].name : "EINTERNAL"; }
+const char *ddpd_err_text(ddpd_err e) { return valid(e) ? table[e].text : "internal error"; }
+int ddpd_err_http(ddpd_err e) { return valid(e) ? table[e].http : 500; }
+int ddpd_err_exit(ddpd_err e) { return valid(e) ? table[e].exit : 1; }
+
+ddpd_err ddpd_error_vset(struct ddpd_error *e, ddpd_err code, const char *path,
+                         const char *fmt, va_list ap)
+{
+    if (!e)
+        return code;
+    e->code = code;
+    e->line = e->column = 0;
+    snprintf(e->path, sizeof e->path, "%s", path ? path : "");
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    return code;
+}
+
+ddpd_err ddpd_error_set(struct ddpd_error *e, ddpd_err code, const char *path,
+                        const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ddpd_error_vset(e, code, path, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+void ddpd_error_clear(struct ddpd_error *e)
+{
+    if (e)
+        memset(e, 0, sizeof *e);
+}

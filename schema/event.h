@@ -1,0 +1,67 @@
+/* event.h — the events of CONTRACT.md §6: workers write them to stdout as NDJSON, the
+ * server decodes them, stores them and forwards them. One encoder, one decoder. */
+#ifndef DDPD_EVENT_H
+#define DDPD_EVENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+typedef enum {
+    EVENT_START,
+    EVENT_LOSS,
+    EVENT_JOIN,
+    EVENT_CHECKPOINT,
+    EVENT_DONE,
+    EVENT_ERROR,
+    EVENT_STATE, /* the server's own */
+} event_kind;
+
+#define EVENT_TEXT_MAX 1024
+#define EVENT_LINE_MAX 4096 /* an encoded event never exceeds this */
+
+/* Fields that a kind does not use are ignored by the encoder. `rank` is -1 for the
+ * server's events. job/attempt/seq are added by the server: encoded only when
+ * `has_server_fields`. */
+struct event {
+    event_kind kind;
+    int rank;
+    double ts;                /* seconds since the epoch */
+    /* start */
+    int world_size;
+    char device[16];
+    int64_t params, batches;
+    /* loss, join, checkpoint, done */
+    int64_t step;             /* loss/join/checkpoint: optimizer step (from 1) */
+    int64_t epoch;            /* loss */
+    double loss;              /* loss, done */
+    bool nonfinite;           /* loss/done: loss is NaN or inf, sent as null */
+    double samples_per_s;     /* loss */
+    int64_t steps;            /* done */
+    double seconds;           /* done */
+    char path[EVENT_TEXT_MAX];    /* checkpoint */
+    /* error */
+    char error_kind[16];      /* "spec", "data", "comm", "device", "cancelled", "internal" */
+    char message[EVENT_TEXT_MAX]; /* error; state: error text if any */
+    /* state */
+    char state[16];
+    /* added by the server */
+    bool has_server_fields;
+    int64_t job, attempt, seq;
+};
+
+const char *event_kind_name(event_kind k); /* "loss" */
+
+/* Writes one JSON object (no newline) into buf and returns its length, or -1 when
+ * cap is too small. Strings are escaped; a non-finite loss is written as null with
+ * "nonfinite": true. */
+int event_encode(const struct event *ev, char *buf, size_t cap);
+
+/* Decodes one line (len bytes, no newline needed). Unknown keys are ignored (forward
+ * compatible); missing required keys, wrong types or an unknown "event" are DDPD_EJSON
+ * or DDPD_ESPEC with err->path naming the key. */
+ddpd_err event_decode(const char *line, size_t len, struct event *out, struct ddpd_error *err);
+
+#endif

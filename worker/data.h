@@ -1,0 +1,50 @@
+/* data.h — datasets of CONTRACT.md §2/§3: .npy, CSV and synthetic; rank sharding,
+ * per-epoch shuffling, batching. Host memory only; knows nothing of devices, the
+ * model or the optimizer. Every error names the file and what was wrong. */
+#ifndef DDPD_DATA_H
+#define DDPD_DATA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../schema/err.h"
+#include "../schema/spec.h"
+
+struct dataset;
+
+/* Loads this rank's view of the data set described by `spec->data`.
+ * Paths are relative to `data_dir` and may not leave it (`..`, absolute paths and
+ * symlinks pointing outside are DDPD_ESPEC naming the field). A path holding `{rank}` is
+ * this rank's whole file; otherwise the whole file is loaded and sharded.
+ * Inputs are [N, in] float32 (float64 files are converted); targets are [N, out] float32
+ * for mse or [N] int32 class ids for cross_entropy (int64 converted, range checked
+ * against out). Returns NULL with `err` set (DDPD_EDATA names the file, and the row or
+ * byte offset where known). Caller frees with dataset_free. */
+struct dataset *dataset_open(const struct spec *spec, const char *data_dir, int rank,
+                             int world_size, struct ddpd_error *err);
+void dataset_free(struct dataset *ds);
+
+/* Samples in this rank's shard, and batches per epoch (ceil, or floor with drop_last). */
+int64_t dataset_shard_size(const struct dataset *ds);
+int64_t dataset_batches(const struct dataset *ds);
+
+/* Batches per epoch for every rank, computable before any rank starts when the sizes
+ * are known from the spec alone (synthetic) or from the .npy/CSV headers (whole files
+ * sharded by rank). Writes world_size counts into `out` and returns DDPD_OK; returns
+ * DDPD_ENOTFOUND when they can only be known by the ranks ({rank} files). */
+ddpd_err dataset_batch_counts(const struct spec *spec, const char *data_dir, int world_size,
+                              int64_t *out, struct ddpd_error *err);
+
+/* Fixes the sample order of `epoch`: when shuffling, a permutation of the whole data set
+ * drawn from (data.seed, epoch) — the same on every rank, like DistributedSampler with
+ * set_epoch — then rank r takes positions r, r+W, r+2W, ... . Without shuffling the
+ * order is 0..N-1. For {rank} files the shard is the file and shuffling permutes it. */
+void dataset_set_epoch(struct dataset *ds, int64_t epoch);
+
+/* Copies batch `b` (0-based, b < dataset_batches) of the current epoch into
+ * x[rows, in] and, for mse, y[rows, out] float32, or labels[rows] int32 for
+ * cross_entropy (the other pointer is ignored). Returns rows (batch_size, or fewer
+ * for the last batch when not drop_last). */
+int64_t dataset_batch(const struct dataset *ds, int64_t b, float *x, float *y, int32_t *labels);
+
+#endif

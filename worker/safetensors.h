@@ -1,0 +1,46 @@
+/* safetensors.h — read and write safetensors files (CONTRACT.md §4): 8-byte
+ * little-endian header length, a JSON header, raw little-endian data. F32 tensors. Writes
+ * go to a temporary name, are fsynced and renamed into place: never a torn file. */
+#ifndef DDPD_SAFETENSORS_H
+#define DDPD_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../schema/err.h"
+
+#define ST_MAX_DIMS 4
+#define ST_MAX_HEADER (16 * 1024 * 1024)
+
+struct st_tensor {
+    char name[128];
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    float *data; /* write: borrowed; read: owned by the st_file */
+};
+
+/* `meta` holds n_meta key/value string pairs for "__metadata__" (may be 0). */
+struct st_meta {
+    const char *key, *value;
+};
+
+/* Writes the tensors (in the given order; the header lists them sorted by name as the
+ * reference implementation does, data laid out in the same order) to `path`
+ * atomically. Returns DDPD_OK or DDPD_EIO naming the file. */
+ddpd_err st_write(const char *path, const struct st_tensor *t, int n,
+                  const struct st_meta *meta, int n_meta, struct ddpd_error *err);
+
+struct st_file;
+
+/* Reads and checks a whole file: header length within the file, valid JSON, every
+ * tensor F32 (F64/F16/BF16 are converted to float32), offsets inside the data and
+ * not overlapping, shapes matching byte sizes. NULL with DDPD_EDATA naming the file and
+ * what was wrong. Caller frees with st_free. */
+struct st_file *st_read(const char *path, struct ddpd_error *err);
+void st_free(struct st_file *f);
+int st_count(const struct st_file *f);
+const struct st_tensor *st_at(const struct st_file *f, int i);
+const struct st_tensor *st_get(const struct st_file *f, const char *name); /* NULL if absent */
+const char *st_meta_get(const struct st_file *f, const char *key);        /* NULL if absent */
+
+#endif
