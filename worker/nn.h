@@ -32,6 +32,7 @@ struct model;
 struct model *model_new(struct dev dev, const struct spec *spec, int64_t max_batch);
 void model_free(struct model *m);
 
+struct dev model_dev(const struct model *m);           /* the backend it lives on */
 int model_param_count(const struct model *m);       /* tensors */
 int64_t model_numel(const struct model *m);         /* scalars */
 struct param *model_param(struct model *m, int i);  /* borrowed, 0 <= i < count */

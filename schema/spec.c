@@ -1,0 +1,1001 @@
+/* spec.c — parses and validates the job spec of CONTRACT.md §2 into a struct spec, and
+ * prints it back. Every error names the JSON path and says what was expected and what
+ * came. Knows jansson and nothing else: it opens no files (paths are only checked for
+ * shape here; the worker resolves them against the data directory). */
+#include "spec.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+#define PATH_CAP 256 /* = sizeof ((struct ddpd_error *)0)->path */
+
+static const char *const layer_names[] = {"linear", "relu", "tanh", "sigmoid", "gelu"};
+static const char *const loss_names[] = {"mse", "cross_entropy"};
+static const char *const optim_names[] = {"sgd", "adamw"};
+static const char *const data_names[] = {"synthetic", "npy", "csv"};
+static const char *const device_names[] = {"cpu", "cuda"};
+static const char *const backend_names[] = {"cpu", "nccl"};
+
+/* The keys each object may hold, in the order error messages list them. */
+static const char *const top_keys[] = {
+    "name", "world_size", "device", "model", "loss", "optimizer", "data", "batch_size",
+    "epochs", "steps", "grad_accum", "ddp", "init", "checkpoint", "log_every",
+    "max_restarts"};
+static const char *const linear_keys[] = {"type", "in", "out", "bias"};
+static const char *const activation_keys[] = {"type"};
+static const char *const sgd_keys[] = {"type", "lr", "momentum", "dampening",
+                                       "weight_decay", "nesterov"};
+static const char *const adamw_keys[] = {"type", "lr", "betas", "eps", "weight_decay"};
+static const char *const synthetic_keys[] = {"type", "samples", "seed", "shuffle",
+                                             "drop_last"};
+static const char *const npy_keys[] = {"type", "x", "y", "seed", "shuffle", "drop_last"};
+static const char *const csv_keys[] = {"type", "path", "target", "seed", "shuffle",
+                                       "drop_last"};
+static const char *const ddp_keys[] = {"bucket_cap_mb", "join", "divide_by_initial_world_size",
+                                       "backend", "timeout_s"};
+static const char *const init_keys[] = {"seed", "from"};
+static const char *const checkpoint_keys[] = {"every_steps"};
+
+/* ---- paths and descriptions for error messages ---- */
+
+/* Length of the longest prefix of s (at most max bytes) that does not split a UTF-8
+ * sequence, so truncated text stays valid UTF-8 for the JSON error body. */
+static size_t utf8_prefix(const char *s, size_t len, size_t max)
+{
+    if (len <= max)
+        return len;
+    while (max > 0 && ((unsigned char)s[max] & 0xC0) == 0x80)
+        max--;
+    return max;
+}
+
+static int is_ident(const char *key)
+{
+    if (!*key)
+        return 0;
+    for (const char *p = key; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+              (*p >= '0' && *p <= '9') || *p == '_'))
+            return 0;
+    return 1;
+}
+
+/* Writes `s` as the inside of a JSON string, at most `max` bytes of input, and adds
+ * "..." when it had to stop early. */
+static void quote_into(char *dst, size_t cap, const char *s, size_t len, size_t max)
+{
+    size_t n = utf8_prefix(s, len, max), o = 0;
+    for (size_t i = 0; i < n && o + 8 < cap; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\') {
+            dst[o++] = '\\';
+            dst[o++] = (char)ch;
+        } else if (ch < 0x20) {
+            o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", ch);
+        } else {
+            dst[o++] = (char)ch;
+        }
+    }
+    if (n < len && o + 4 < cap) {
+        memcpy(dst + o, "...", 3);
+        o += 3;
+    }
+    dst[o < cap ? o : cap - 1] = '\0';
+}
+
+/* `parent.key`, or `key` at the top; keys that are not identifiers are written
+ * `parent["key"]` so the path stays unambiguous. */
+static void path_key(char *dst, const char *parent, const char *key)
+{
+    if (is_ident(key) && strlen(key) <= 64) {
+        snprintf(dst, PATH_CAP, "%s%s%s", parent, *parent ? "." : "", key);
+    } else {
+        char q[160];
+        quote_into(q, sizeof q, key, strlen(key), 64);
+        snprintf(dst, PATH_CAP, "%s[\"%s\"]", parent, q);
+    }
+}
+
+static void path_index(char *dst, const char *parent, size_t i)
+{
+    snprintf(dst, PATH_CAP, "%s[%zu]", parent, i);
+}
+
+/* Shortest %g that reads back as the same double. */
+static void fmt_real(char *dst, size_t cap, double x)
+{
+    if (isfinite(x) && x == floor(x) && fabs(x) < 1e15) {
+        snprintf(dst, cap, "%.1f", x); /* 3.0, so a real is not mistaken for an integer */
+        return;
+    }
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(dst, cap, "%.*g", prec, x);
+        if (strtod(dst, NULL) == x)
+            return;
+    }
+}
+
+/* What the user gave, for "got ..." in messages: "3", 3.5, true, null, an array. */
+static const char *describe(const json_t *v, char *buf, size_t cap)
+{
+    switch (json_typeof(v)) {
+    case JSON_STRING: {
+        char q[160];
+        quote_into(q, sizeof q, json_string_value(v), json_string_length(v), 40);
+        snprintf(buf, cap, "\"%s\"", q);
+        break;
+    }
+    case JSON_INTEGER:
+        snprintf(buf, cap, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        break;
+    case JSON_REAL:
+        fmt_real(buf, cap, json_real_value(v));
+        break;
+    case JSON_TRUE: snprintf(buf, cap, "true"); break;
+    case JSON_FALSE: snprintf(buf, cap, "false"); break;
+    case JSON_NULL: snprintf(buf, cap, "null"); break;
+    case JSON_ARRAY: snprintf(buf, cap, "an array"); break;
+    case JSON_OBJECT: snprintf(buf, cap, "an object"); break;
+    }
+    return buf;
+}
+
+static ddpd_err fail(struct ddpd_error *err, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static ddpd_err fail(struct ddpd_error *err, const char *path, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ddpd_error_vset(err, DDPD_ESPEC, path, fmt, ap);
+    va_end(ap);
+    return DDPD_ESPEC;
+}
+
+static ddpd_err fail_type(struct ddpd_error *err, const char *path, const char *want,
+                          const json_t *got)
+{
+    char d[200];
+    return fail(err, path, "expected %s, got %s", want, describe(got, d, sizeof d));
+}
+
+/* "a, b, c" */
+static void join_names(char *dst, size_t cap, const char *const *names, size_t n)
+{
+    size_t o = 0;
+    dst[0] = '\0';
+    for (size_t i = 0; i < n && o < cap; i++)
+        o += (size_t)snprintf(dst + o, cap - o, "%s%s", i ? ", " : "", names[i]);
+}
+
+/* Levenshtein distance of two short keys, for "did you mean". */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b), row[65];
+    if (la > 64 || lb > 64)
+        return 99;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* Unknown keys are an error (CONTRACT.md §2): the first one, in document order, is
+ * reported with the keys this object takes. `only` replaces the list for objects that
+ * take a single key ("a relu layer takes only \"type\""). */
+static ddpd_err check_keys(struct ddpd_error *err, json_t *obj, const char *parent,
+                           const char *const *allowed, size_t n, const char *only)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach(obj, key, v) {
+        size_t i, best = 0, best_d = 99;
+        for (i = 0; i < n; i++) {
+            size_t d;
+            if (strcmp(key, allowed[i]) == 0)
+                break;
+            d = edit_distance(key, allowed[i]);
+            if (d < best_d) {
+                best_d = d;
+                best = i;
+            }
+        }
+        if (i < n)
+            continue;
+        char path[PATH_CAP], list[512];
+        path_key(path, parent, key);
+        if (only)
+            return fail(err, path, "unknown key (%s)", only);
+        join_names(list, sizeof list, allowed, n);
+        if (best_d <= 2 && best_d < strlen(key))
+            return fail(err, path, "unknown key (did you mean \"%s\"? expected one of %s)",
+                        allowed[best], list);
+        return fail(err, path, "unknown key (expected one of %s)", list);
+    }
+    return DDPD_OK;
+}
+
+/* ---- typed getters: each leaves *out alone when the key is absent and not required ---- */
+
+static ddpd_err missing(struct ddpd_error *err, const char *path, const char *want)
+{
+    return fail(err, path, "missing (expected %s)", want);
+}
+
+static void int_phrase(char *dst, size_t cap, int64_t lo, int64_t hi)
+{
+    if (hi == INT64_MAX && lo == 1)
+        snprintf(dst, cap, "a positive integer");
+    else if (hi == INT64_MAX && lo == 0)
+        snprintf(dst, cap, "a non-negative integer");
+    else
+        snprintf(dst, cap, "an integer from %lld to %lld", (long long)lo, (long long)hi);
+}
+
+static ddpd_err get_int(struct ddpd_error *err, json_t *obj, const char *parent,
+                        const char *key, int64_t lo, int64_t hi, bool required, int64_t *out)
+{
+    char path[PATH_CAP], want[96];
+    json_t *v = json_object_get(obj, key);
+    path_key(path, parent, key);
+    int_phrase(want, sizeof want, lo, hi);
+    if (!v)
+        return required ? missing(err, path, want) : DDPD_OK;
+    /* Reals are refused even when whole (3.0): counts are integers in PyTorch too. */
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return fail_type(err, path, want, v);
+    *out = json_integer_value(v);
+    return DDPD_OK;
+}
+
+static ddpd_err get_int32(struct ddpd_error *err, json_t *obj, const char *parent,
+                          const char *key, int lo, int hi, int *out)
+{
+    int64_t x = *out;
+    ddpd_err rc = get_int(err, obj, parent, key, lo, hi, false, &x);
+    if (rc == DDPD_OK)
+        *out = (int)x;
+    return rc;
+}
+
+/* A finite number with lo < x (lo_open) or lo <= x, and x <= hi; `want` is the phrase
+ * for messages ("a positive number"). Integers are numbers too. */
+static ddpd_err get_num(struct ddpd_error *err, json_t *obj, const char *parent,
+                        const char *key, double lo, bool lo_open, double hi, bool hi_open,
+                        const char *want, bool required, double *out)
+{
+    char path[PATH_CAP];
+    json_t *v = json_object_get(obj, key);
+    path_key(path, parent, key);
+    if (!v)
+        return required ? missing(err, path, want) : DDPD_OK;
+    if (!json_is_number(v))
+        return fail_type(err, path, want, v);
+    double x = json_number_value(v);
+    if (!isfinite(x) || (lo_open ? !(x > lo) : !(x >= lo)) || (hi_open ? !(x < hi) : !(x <= hi)))
+        return fail_type(err, path, want, v);
+    *out = x;
+    return DDPD_OK;
+}
+
+static ddpd_err get_bool(struct ddpd_error *err, json_t *obj, const char *parent,
+                         const char *key, bool *out)
+{
+    char path[PATH_CAP];
+    json_t *v = json_object_get(obj, key);
+    if (!v)
+        return DDPD_OK;
+    if (!json_is_boolean(v)) {
+        path_key(path, parent, key);
+        return fail_type(err, path, "true or false", v);
+    }
+    *out = json_is_true(v);
+    return DDPD_OK;
+}
+
+/* A string that fits in dst (cap bytes with the NUL) and holds no NUL byte. */
+static ddpd_err get_str_value(struct ddpd_error *err, json_t *v, const char *path, char *dst,
+                              size_t cap)
+{
+    if (!json_is_string(v))
+        return fail_type(err, path, "a string", v);
+    size_t len = json_string_length(v);
+    if (len >= cap)
+        return fail(err, path, "expected a string of at most %zu bytes, got %zu bytes",
+                    cap - 1, len);
+    if (strlen(json_string_value(v)) != len)
+        return fail(err, path, "must not contain NUL bytes");
+    memcpy(dst, json_string_value(v), len + 1);
+    return DDPD_OK;
+}
+
+/* One of names[]; *out is the index. A missing required key lists the choices. */
+static ddpd_err get_enum(struct ddpd_error *err, json_t *obj, const char *parent,
+                         const char *key, const char *const *names, size_t n, bool required,
+                         int *out)
+{
+    char path[PATH_CAP], list[256], want[300];
+    json_t *v = json_object_get(obj, key);
+    path_key(path, parent, key);
+    join_names(list, sizeof list, names, n);
+    snprintf(want, sizeof want, "one of %s", list);
+    if (!v)
+        return required ? missing(err, path, want) : DDPD_OK;
+    if (json_is_string(v))
+        for (size_t i = 0; i < n; i++)
+            if (strcmp(json_string_value(v), names[i]) == 0 &&
+                strlen(names[i]) == json_string_length(v)) {
+                *out = (int)i;
+                return DDPD_OK;
+            }
+    return fail_type(err, path, want, v);
+}
+
+/* An object member that must itself be an object; *out is NULL when absent. */
+static ddpd_err get_obj(struct ddpd_error *err, json_t *obj, const char *key, bool required,
+                        const char *example, json_t **out)
+{
+    char path[PATH_CAP];
+    json_t *v = json_object_get(obj, key);
+    path_key(path, "", key);
+    *out = NULL;
+    if (!v)
+        return required ? fail(err, path, "missing (expected an object such as %s)", example)
+                        : DDPD_OK;
+    if (!json_is_object(v))
+        return fail_type(err, path, "an object", v);
+    *out = v;
+    return DDPD_OK;
+}
+
+/* Data and weight paths are relative to the server's --data-dir and may not leave it
+ * (CONTRACT.md §2). Symbolic links inside the data directory are the operator's business. */
+static ddpd_err get_path_value(struct ddpd_error *err, json_t *v, const char *path, char *dst)
+{
+    ddpd_err rc = get_str_value(err, v, path, dst, SPEC_PATH_MAX);
+    if (rc != DDPD_OK)
+        return rc;
+    if (!dst[0])
+        return fail(err, path, "expected a file path, got an empty string");
+    if (dst[0] == '/') {
+        char d[200];
+        return fail(err, path, "must be relative to the data directory, got %s",
+                    describe(v, d, sizeof d));
+    }
+    for (const char *p = dst; *p;) {
+        size_t n = strcspn(p, "/");
+        if (n == 2 && p[0] == '.' && p[1] == '.')
+            return fail(err, path, "must stay inside the data directory (\"..\" not allowed)");
+        p += n;
+        p += (*p == '/');
+    }
+    return DDPD_OK;
+}
+
+static ddpd_err get_path(struct ddpd_error *err, json_t *obj, const char *parent,
+                         const char *key, bool required, char *dst)
+{
+    char path[PATH_CAP];
+    json_t *v = json_object_get(obj, key);
+    path_key(path, parent, key);
+    if (!v)
+        return required ? missing(err, path, "a file path relative to the data directory")
+                        : DDPD_OK;
+    return get_path_value(err, v, path, dst);
+}
+
+/* ---- the sections of the spec ---- */
+
+static int64_t last_linear(const struct spec *s)
+{
+    for (int i = s->n_layers - 1; i >= 0; i--)
+        if (s->layers[i].kind == LAYER_LINEAR)
+            return i;
+    return -1;
+}
+
+static ddpd_err parse_model(struct ddpd_error *err, json_t *root, struct spec *s)
+{
+    json_t *model = json_object_get(root, "model");
+    ddpd_err rc;
+    if (!model)
+        return fail(err, "model", "missing (expected a list of layers such as "
+                                  "[{\"type\": \"linear\", \"in\": 10, \"out\": 1}])");
+    if (!json_is_array(model))
+        return fail_type(err, "model", "a list of layers", model);
+    size_t n = json_array_size(model);
+    if (n == 0)
+        return fail(err, "model", "expected at least one layer, got an empty list");
+    if (n > SPEC_MAX_LAYERS)
+        return fail(err, "model", "at most %d layers, got %zu", SPEC_MAX_LAYERS, n);
+
+    int64_t width = 0; /* the width flowing out of the layers so far */
+    size_t width_from = 0; /* the linear layer that set it */
+    for (size_t i = 0; i < n; i++) {
+        char lp[PATH_CAP], path[PATH_CAP];
+        json_t *layer = json_array_get(model, i);
+        struct spec_layer *l = &s->layers[i];
+        int kind = 0;
+        path_index(lp, "model", i);
+        if (!json_is_object(layer))
+            return fail_type(err, lp, "a layer object such as {\"type\": \"relu\"}", layer);
+        rc = get_enum(err, layer, lp, "type", layer_names, COUNT(layer_names), true, &kind);
+        if (rc != DDPD_OK)
+            return rc;
+        l->kind = (layer_kind)kind;
+        if (l->kind != LAYER_LINEAR) {
+            if (i == 0) {
+                path_key(path, lp, "type");
+                return fail(err, path,
+                            "the first layer must be \"linear\" (an activation takes its "
+                            "width from the layer before it), got \"%s\"",
+                            layer_names[kind]);
+            }
+            char only[64];
+            snprintf(only, sizeof only, "a %s layer takes only \"type\"", layer_names[kind]);
+            rc = check_keys(err, layer, lp, activation_keys, COUNT(activation_keys), only);
+            if (rc != DDPD_OK)
+                return rc;
+            l->in = l->out = width;
+            continue;
+        }
+        rc = check_keys(err, layer, lp, linear_keys, COUNT(linear_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_int(err, layer, lp, "in", 1, SPEC_MAX_WIDTH, true, &l->in);
+        if (rc != DDPD_OK)
+            return rc;
+        if (i > 0 && l->in != width) {
+            path_key(path, lp, "in");
+            return fail(err, path, "expected %lld (model[%zu].out), got %lld",
+                        (long long)width, width_from, (long long)l->in);
+        }
+        l->bias = true;
+        rc = get_int(err, layer, lp, "out", 1, SPEC_MAX_WIDTH, true, &l->out);
+        if (rc == DDPD_OK)
+            rc = get_bool(err, layer, lp, "bias", &l->bias);
+        if (rc != DDPD_OK)
+            return rc;
+        width = l->out;
+        width_from = i;
+    }
+    s->n_layers = (int)n;
+    return DDPD_OK;
+}
+
+static ddpd_err parse_loss(struct ddpd_error *err, json_t *root, struct spec *s)
+{
+    int k = 0;
+    ddpd_err rc = get_enum(err, root, "", "loss", loss_names, COUNT(loss_names), true, &k);
+    if (rc != DDPD_OK)
+        return rc;
+    s->loss = (loss_kind)k;
+    /* Cross entropy over one class is always zero: surely a mistake. */
+    if (s->loss == LOSS_CROSS_ENTROPY && spec_out_width(s) < 2)
+        return fail(err, "loss", "cross_entropy needs at least 2 outputs (model[%lld].out is %lld)",
+                    (long long)last_linear(s), (long long)spec_out_width(s));
+    return DDPD_OK;
+}
+
+static ddpd_err parse_optimizer(struct ddpd_error *err, json_t *root, struct spec *s)
+{
+    struct spec_optim *o = &s->optim;
+    const char *P = "optimizer";
+    json_t *obj;
+    int k = 0;
+    ddpd_err rc = get_obj(err, root, "optimizer", true, "{\"type\": \"sgd\", \"lr\": 0.01}", &obj);
+    if (rc == DDPD_OK)
+        rc = get_enum(err, obj, P, "type", optim_names, COUNT(optim_names), true, &k);
+    if (rc != DDPD_OK)
+        return rc;
+    o->kind = (optim_kind)k;
+    if (o->kind == OPTIM_SGD) {
+        o->lr = 0;
+        o->momentum = o->dampening = o->weight_decay = 0;
+        o->nesterov = false;
+        rc = check_keys(err, obj, P, sgd_keys, COUNT(sgd_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_num(err, obj, P, "lr", 0, true, INFINITY, false, "a positive number",
+                         true, &o->lr);
+        if (rc == DDPD_OK)
+            rc = get_num(err, obj, P, "momentum", 0, false, INFINITY, false,
+                         "a non-negative number", false, &o->momentum);
+        if (rc == DDPD_OK)
+            rc = get_num(err, obj, P, "dampening", 0, false, INFINITY, false,
+                         "a non-negative number", false, &o->dampening);
+        if (rc == DDPD_OK)
+            rc = get_num(err, obj, P, "weight_decay", 0, false, INFINITY, false,
+                         "a non-negative number", false, &o->weight_decay);
+        if (rc == DDPD_OK)
+            rc = get_bool(err, obj, P, "nesterov", &o->nesterov);
+        if (rc != DDPD_OK)
+            return rc;
+        /* PyTorch's own check, in its words. */
+        if (o->nesterov && (o->momentum <= 0 || o->dampening != 0))
+            return fail(err, "optimizer.nesterov",
+                        "nesterov momentum requires a momentum and zero dampening");
+        return DDPD_OK;
+    }
+
+    o->lr = 0.001;
+    o->beta1 = 0.9;
+    o->beta2 = 0.999;
+    o->eps = 1e-8;
+    o->weight_decay = 0.01;
+    rc = check_keys(err, obj, P, adamw_keys, COUNT(adamw_keys), NULL);
+    if (rc == DDPD_OK)
+        rc = get_num(err, obj, P, "lr", 0, true, INFINITY, false, "a positive number", false,
+                     &o->lr);
+    if (rc != DDPD_OK)
+        return rc;
+    json_t *betas = json_object_get(obj, "betas");
+    if (betas) {
+        if (!json_is_array(betas))
+            return fail_type(err, "optimizer.betas", "a list of 2 numbers", betas);
+        if (json_array_size(betas) != 2)
+            return fail(err, "optimizer.betas", "expected a list of 2 numbers, got %zu",
+                        json_array_size(betas));
+        for (size_t i = 0; i < 2; i++) {
+            char path[PATH_CAP];
+            json_t *b = json_array_get(betas, i);
+            double x;
+            path_index(path, "optimizer.betas", i);
+            if (!json_is_number(b) || !isfinite(x = json_number_value(b)) || x < 0 || x >= 1)
+                return fail_type(err, path, "a number in [0, 1)", b);
+            *(i ? &o->beta2 : &o->beta1) = x;
+        }
+    }
+    rc = get_num(err, obj, P, "eps", 0, true, INFINITY, false, "a positive number", false,
+                 &o->eps);
+    if (rc == DDPD_OK)
+        rc = get_num(err, obj, P, "weight_decay", 0, false, INFINITY, false,
+                     "a non-negative number", false, &o->weight_decay);
+    return rc;
+}
+
+static ddpd_err parse_targets(struct ddpd_error *err, json_t *data, struct spec *s)
+{
+    struct spec_data *d = &s->data;
+    json_t *t = json_object_get(data, "target");
+    ddpd_err rc;
+    if (!t)
+        return missing(err, "data.target", "a column name or a list of column names");
+    if (json_is_string(t)) {
+        rc = get_str_value(err, t, "data.target", d->targets[0], sizeof d->targets[0]);
+        if (rc != DDPD_OK)
+            return rc;
+        if (!d->targets[0][0])
+            return fail(err, "data.target", "expected a column name, got an empty string");
+        d->n_targets = 1;
+    } else if (json_is_array(t)) {
+        size_t n = json_array_size(t);
+        if (n == 0)
+            return fail(err, "data.target", "expected at least one column name, got an empty list");
+        if (n > SPEC_MAX_TARGETS)
+            return fail(err, "data.target", "at most %d target columns, got %zu",
+                        SPEC_MAX_TARGETS, n);
+        for (size_t i = 0; i < n; i++) {
+            char path[PATH_CAP];
+            path_index(path, "data.target", i);
+            rc = get_str_value(err, json_array_get(t, i), path, d->targets[i],
+                               sizeof d->targets[i]);
+            if (rc != DDPD_OK)
+                return rc;
+            if (!d->targets[i][0])
+                return fail(err, path, "expected a column name, got an empty string");
+            for (size_t j = 0; j < i; j++)
+                if (strcmp(d->targets[i], d->targets[j]) == 0)
+                    return fail(err, path, "column \"%s\" is already data.target[%zu]",
+                                d->targets[i], j);
+        }
+        d->n_targets = (int)n;
+    } else {
+        return fail_type(err, "data.target", "a column name or a list of column names", t);
+    }
+
+    /* The targets' shape is known here, so check it against the loss (CONTRACT.md §2:
+     * mse wants [N,out], cross_entropy wants class ids [N]). */
+    int64_t out = spec_out_width(s);
+    if (s->loss == LOSS_CROSS_ENTROPY && d->n_targets != 1)
+        return fail(err, "data.target",
+                    "cross_entropy needs exactly one target column (the class id), got %d",
+                    d->n_targets);
+    if (s->loss == LOSS_MSE && d->n_targets != out)
+        return fail(err, "data.target", "mse needs %lld target columns (model[%lld].out), got %d",
+                    (long long)out, (long long)last_linear(s), d->n_targets);
+    return DDPD_OK;
+}
+
+static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
+{
+    struct spec_data *d = &s->data;
+    const char *P = "data";
+    json_t *obj;
+    int k = 0;
+    int64_t seed = 0;
+    ddpd_err rc = get_obj(err, root, "data", true,
+                          "{\"type\": \"synthetic\", \"samples\": 1000}", &obj);
+    if (rc == DDPD_OK)
+        rc = get_enum(err, obj, P, "type", data_names, COUNT(data_names), true, &k);
+    if (rc != DDPD_OK)
+        return rc;
+    d->kind = (data_kind)k;
+    d->shuffle = true;
+    d->drop_last = false;
+    switch (d->kind) {
+    case DATA_SYNTHETIC:
+        rc = check_keys(err, obj, P, synthetic_keys, COUNT(synthetic_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_int(err, obj, P, "samples", 1, INT64_MAX, true, &d->samples);
+        break;
+    case DATA_NPY:
+        rc = check_keys(err, obj, P, npy_keys, COUNT(npy_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_path(err, obj, P, "x", true, d->x);
+        if (rc == DDPD_OK)
+            rc = get_path(err, obj, P, "y", true, d->y);
+        break;
+    case DATA_CSV:
+        rc = check_keys(err, obj, P, csv_keys, COUNT(csv_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_path(err, obj, P, "path", true, d->path);
+        if (rc == DDPD_OK)
+            rc = parse_targets(err, obj, s);
+        break;
+    }
+    if (rc == DDPD_OK)
+        rc = get_int(err, obj, P, "seed", 0, INT64_MAX, false, &seed);
+    if (rc == DDPD_OK)
+        rc = get_bool(err, obj, P, "shuffle", &d->shuffle);
+    if (rc == DDPD_OK)
+        rc = get_bool(err, obj, P, "drop_last", &d->drop_last);
+    d->seed = (uint64_t)seed;
+    return rc;
+}
+
+static ddpd_err parse_ddp(struct ddpd_error *err, json_t *root, struct spec *s)
+{
+    struct spec_ddp *d = &s->ddp;
+    const char *P = "ddp";
+    json_t *obj;
+    int backend = -1;
+    d->bucket_cap_mb = 25;
+    d->join = JOIN_AUTO;
+    d->divide_by_initial_world_size = true;
+    d->timeout_s = 300;
+    ddpd_err rc = get_obj(err, root, "ddp", false, "", &obj);
+    if (rc != DDPD_OK)
+        return rc;
+    if (obj) {
+        rc = check_keys(err, obj, P, ddp_keys, COUNT(ddp_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_num(err, obj, P, "bucket_cap_mb", 0, true, 1024, false,
+                         "a number greater than 0 and at most 1024", false, &d->bucket_cap_mb);
+        if (rc != DDPD_OK)
+            return rc;
+        json_t *join = json_object_get(obj, "join");
+        if (join) {
+            if (json_is_boolean(join))
+                d->join = json_is_true(join) ? JOIN_TRUE : JOIN_FALSE;
+            else if (json_is_string(join) && strcmp(json_string_value(join), "auto") == 0 &&
+                     json_string_length(join) == 4)
+                d->join = JOIN_AUTO;
+            else
+                return fail_type(err, "ddp.join", "true, false or \"auto\"", join);
+        }
+        rc = get_bool(err, obj, P, "divide_by_initial_world_size",
+                      &d->divide_by_initial_world_size);
+        if (rc == DDPD_OK)
+            rc = get_enum(err, obj, P, "backend", backend_names, COUNT(backend_names), false,
+                          &backend);
+        if (rc == DDPD_OK)
+            rc = get_num(err, obj, P, "timeout_s", 0, true, 86400, false,
+                         "a number of seconds greater than 0 and at most 86400", false,
+                         &d->timeout_s);
+        if (rc != DDPD_OK)
+            return rc;
+    }
+    if (backend >= 0) {
+        d->backend = (comm_backend)backend;
+        d->backend_set = true;
+        /* cpu with cuda is fine (host-staged); NCCL has no CPU tensors. */
+        if (d->backend == BACKEND_NCCL && s->device == DEVICE_CPU)
+            return fail(err, "ddp.backend", "nccl needs device \"cuda\" (device is \"cpu\")");
+    } else {
+        d->backend = s->device == DEVICE_CUDA ? BACKEND_NCCL : BACKEND_CPU;
+    }
+    return DDPD_OK;
+}
+
+static ddpd_err parse_init(struct ddpd_error *err, json_t *root, struct spec *s)
+{
+    json_t *obj;
+    int64_t seed = 0;
+    ddpd_err rc = get_obj(err, root, "init", false, "", &obj);
+    if (rc != DDPD_OK || !obj)
+        return rc;
+    rc = check_keys(err, obj, "init", init_keys, COUNT(init_keys), NULL);
+    if (rc != DDPD_OK)
+        return rc;
+    bool has_seed = json_object_get(obj, "seed") != NULL;
+    bool has_from = json_object_get(obj, "from") != NULL;
+    if (has_seed && has_from)
+        return fail(err, "init.from", "give either seed or from, not both");
+    if (!has_seed && !has_from)
+        return fail(err, "init.seed", "missing (give either seed or from)");
+    if (has_from)
+        return get_path(err, obj, "init", "from", true, s->init_from);
+    rc = get_int(err, obj, "init", "seed", 0, INT64_MAX, true, &seed);
+    s->init_seed = (uint64_t)seed;
+    return rc;
+}
+
+static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, struct spec *s,
+                           struct ddpd_error *err)
+{
+    json_t *obj;
+    int k = 0;
+    ddpd_err rc;
+
+    s->world_size = 1;
+    s->device = opts ? opts->default_device : DEVICE_CPU;
+    s->grad_accum = 1;
+    s->log_every = 1;
+
+    rc = check_keys(err, root, "", top_keys, COUNT(top_keys), NULL);
+    if (rc != DDPD_OK)
+        return rc;
+    json_t *name = json_object_get(root, "name");
+    if (name && (rc = get_str_value(err, name, "name", s->name, sizeof s->name)) != DDPD_OK)
+        return rc;
+    if ((rc = get_int32(err, root, "", "world_size", 1, SPEC_MAX_WORLD, &s->world_size)))
+        return rc;
+    if (json_object_get(root, "device")) {
+        if ((rc = get_enum(err, root, "", "device", device_names, COUNT(device_names), true, &k)))
+            return rc;
+        s->device = (device_kind)k;
+        s->device_set = true;
+    }
+    if ((rc = parse_model(err, root, s)) || (rc = parse_loss(err, root, s)) ||
+        (rc = parse_optimizer(err, root, s)) || (rc = parse_data(err, root, s)))
+        return rc;
+    if ((rc = get_int(err, root, "", "batch_size", 1, INT64_MAX, true, &s->batch_size)))
+        return rc;
+    bool has_epochs = json_object_get(root, "epochs") != NULL;
+    bool has_steps = json_object_get(root, "steps") != NULL;
+    if (has_epochs && has_steps)
+        return fail(err, "steps", "give either epochs or steps, not both");
+    if (!has_epochs && !has_steps)
+        return fail(err, "epochs", "missing (give either epochs or steps)");
+    if ((rc = get_int(err, root, "", "epochs", 1, INT64_MAX, false, &s->epochs)) ||
+        (rc = get_int(err, root, "", "steps", 1, INT64_MAX, false, &s->steps)) ||
+        (rc = get_int(err, root, "", "grad_accum", 1, INT64_MAX, false, &s->grad_accum)))
+        return rc;
+    if ((rc = parse_ddp(err, root, s)) || (rc = parse_init(err, root, s)))
+        return rc;
+    if ((rc = get_obj(err, root, "checkpoint", false, "", &obj)))
+        return rc;
+    if (obj && ((rc = check_keys(err, obj, "checkpoint", checkpoint_keys,
+                                 COUNT(checkpoint_keys), NULL)) ||
+                (rc = get_int(err, obj, "checkpoint", "every_steps", 0, INT64_MAX, false,
+                              &s->checkpoint_every))))
+        return rc;
+    if ((rc = get_int(err, root, "", "log_every", 1, INT64_MAX, false, &s->log_every)) ||
+        (rc = get_int32(err, root, "", "max_restarts", 0, 100, &s->max_restarts)))
+        return rc;
+    return DDPD_OK;
+}
+
+ddpd_err spec_from_json(struct json_t *obj, const struct spec_parse_opts *opts,
+                        struct spec *out, struct ddpd_error *err)
+{
+    char d[200];
+    memset(out, 0, sizeof *out);
+    ddpd_error_clear(err);
+    if (!obj)
+        return fail(err, "", "expected a JSON object, got nothing");
+    if (!json_is_object(obj))
+        return fail(err, "", "expected a JSON object at the top level, got %s",
+                    describe(obj, d, sizeof d));
+    return parse_spec(obj, opts, out, err);
+}
+
+/* jansson reports a duplicate key without naming it when the key is long; the key is the
+ * string that ends just before the error position, so find its opening quote (the first
+ * one before it that is not escaped) and decode it. */
+static void duplicate_key_text(const char *text, size_t len, size_t pos, char *dst, size_t cap)
+{
+    snprintf(dst, cap, "duplicate key");
+    if (pos < 2 || pos > len || text[pos - 1] != '"')
+        return;
+    for (size_t i = pos - 1; i-- > 0;) {
+        size_t bs = 0;
+        if (text[i] != '"')
+            continue;
+        while (bs < i && text[i - 1 - bs] == '\\')
+            bs++;
+        if (bs % 2)
+            continue;
+        json_t *key = json_loadb(text + i, pos - i, JSON_DECODE_ANY, NULL);
+        if (json_is_string(key)) {
+            char q[160];
+            quote_into(q, sizeof q, json_string_value(key), json_string_length(key), 64);
+            snprintf(dst, cap, "duplicate key \"%s\"", q);
+        }
+        json_decref(key);
+        return;
+    }
+}
+
+ddpd_err spec_parse(const char *text, size_t len, const struct spec_parse_opts *opts,
+                    struct spec *out, struct ddpd_error *err)
+{
+    json_error_t jerr;
+    json_t *root = NULL;
+    ddpd_err rc;
+
+    memset(out, 0, sizeof *out);
+    ddpd_error_clear(err);
+    if (len > SPEC_MAX_BODY) {
+        rc = ddpd_error_set(err, DDPD_ETOOBIG, "",
+                            "the spec is %zu bytes; the limit is %d bytes (1 MiB)", len,
+                            SPEC_MAX_BODY);
+        goto out;
+    }
+    root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        char what[200];
+        if (json_error_code(&jerr) == json_error_duplicate_key)
+            duplicate_key_text(text, len, (size_t)jerr.position, what, sizeof what);
+        else
+            snprintf(what, sizeof what, "%s", jerr.text);
+        int line = jerr.line > 0 ? jerr.line : 1, column = jerr.column > 0 ? jerr.column : 1;
+        rc = ddpd_error_set(err, DDPD_EJSON, "", "malformed JSON at line %d, column %d: %s",
+                            line, column, what);
+        if (err) {
+            err->line = line;
+            err->column = column;
+        }
+        goto out;
+    }
+    rc = spec_from_json(root, opts, out, err);
+out:
+    json_decref(root);
+    return rc;
+}
+
+/* ---- printing ---- */
+
+static json_t *optim_to_json(const struct spec_optim *o)
+{
+    if (o->kind == OPTIM_SGD)
+        return json_pack("{s:s, s:f, s:f, s:f, s:f, s:b}", "type", "sgd", "lr", o->lr,
+                         "momentum", o->momentum, "dampening", o->dampening, "weight_decay",
+                         o->weight_decay, "nesterov", o->nesterov);
+    return json_pack("{s:s, s:f, s:[f, f], s:f, s:f}", "type", "adamw", "lr", o->lr, "betas",
+                     o->beta1, o->beta2, "eps", o->eps, "weight_decay", o->weight_decay);
+}
+
+static json_t *data_to_json(const struct spec_data *d)
+{
+    json_t *j = json_pack("{s:s}", "type", data_names[d->kind]);
+    switch (d->kind) {
+    case DATA_SYNTHETIC:
+        json_object_set_new(j, "samples", json_integer(d->samples));
+        break;
+    case DATA_NPY:
+        json_object_set_new(j, "x", json_string(d->x));
+        json_object_set_new(j, "y", json_string(d->y));
+        break;
+    case DATA_CSV:
+        json_object_set_new(j, "path", json_string(d->path));
+        if (d->n_targets == 1) {
+            json_object_set_new(j, "target", json_string(d->targets[0]));
+        } else {
+            json_t *t = json_array();
+            for (int i = 0; i < d->n_targets; i++)
+                json_array_append_new(t, json_string(d->targets[i]));
+            json_object_set_new(j, "target", t);
+        }
+        break;
+    }
+    json_object_set_new(j, "seed", json_integer((json_int_t)d->seed));
+    json_object_set_new(j, "shuffle", json_boolean(d->shuffle));
+    json_object_set_new(j, "drop_last", json_boolean(d->drop_last));
+    return j;
+}
+
+struct json_t *spec_to_json(const struct spec *s)
+{
+    json_t *j = json_object(), *model = json_array();
+    json_object_set_new(j, "name", json_string(s->name));
+    json_object_set_new(j, "world_size", json_integer(s->world_size));
+    json_object_set_new(j, "device", json_string(device_kind_name(s->device)));
+    for (int i = 0; i < s->n_layers; i++) {
+        const struct spec_layer *l = &s->layers[i];
+        if (l->kind == LAYER_LINEAR)
+            json_array_append_new(model, json_pack("{s:s, s:I, s:I, s:b}", "type", "linear",
+                                                   "in", (json_int_t)l->in, "out",
+                                                   (json_int_t)l->out, "bias", l->bias));
+        else
+            json_array_append_new(model, json_pack("{s:s}", "type", layer_kind_name(l->kind)));
+    }
+    json_object_set_new(j, "model", model);
+    json_object_set_new(j, "loss", json_string(loss_kind_name(s->loss)));
+    json_object_set_new(j, "optimizer", optim_to_json(&s->optim));
+    json_object_set_new(j, "data", data_to_json(&s->data));
+    json_object_set_new(j, "batch_size", json_integer(s->batch_size));
+    if (s->steps > 0)
+        json_object_set_new(j, "steps", json_integer(s->steps));
+    else
+        json_object_set_new(j, "epochs", json_integer(s->epochs));
+    json_object_set_new(j, "grad_accum", json_integer(s->grad_accum));
+    json_object_set_new(
+        j, "ddp",
+        json_pack("{s:f, s:o, s:b, s:s, s:f}", "bucket_cap_mb", s->ddp.bucket_cap_mb, "join",
+                  s->ddp.join == JOIN_AUTO ? json_string("auto")
+                                           : json_boolean(s->ddp.join == JOIN_TRUE),
+                  "divide_by_initial_world_size", s->ddp.divide_by_initial_world_size,
+                  "backend", backend_names[s->ddp.backend], "timeout_s", s->ddp.timeout_s));
+    if (s->init_from[0])
+        json_object_set_new(j, "init", json_pack("{s:s}", "from", s->init_from));
+    else
+        json_object_set_new(j, "init", json_pack("{s:I}", "seed", (json_int_t)s->init_seed));
+    json_object_set_new(j, "checkpoint",
+                        json_pack("{s:I}", "every_steps", (json_int_t)s->checkpoint_every));
+    json_object_set_new(j, "log_every", json_integer(s->log_every));
+    json_object_set_new(j, "max_restarts", json_integer(s->max_restarts));
+    return j;
+}
+
+/* ---- questions about a parsed spec ---- */
+
+int64_t spec_param_count(const struct spec *s)
+{
+    int64_t n = 0;
+    for (int i = 0; i < s->n_layers; i++)
+        if (s->layers[i].kind == LAYER_LINEAR)
+            n += s->layers[i].in * s->layers[i].out + (s->layers[i].bias ? s->layers[i].out : 0);
+    return n;
+}
+
+int64_t spec_in_width(const struct spec *s)
+{
+    return s->n_layers > 0 ? s->layers[0].in : 0;
+}
+
+int64_t spec_out_width(const struct spec *s)
+{
+    int64_t i = last_linear(s);
+    return i >= 0 ? s->layers[i].out : 0;
+}
+
+const char *layer_kind_name(layer_kind k)
+{
+    return (unsigned)k < COUNT(layer_names) ? layer_names[k] : "unknown";
+}
+
+const char *loss_kind_name(loss_kind k)
+{
+    return (unsigned)k < COUNT(loss_names) ? loss_names[k] : "unknown";
+}
+
+const char *device_kind_name(device_kind k)
+{
+    return (unsigned)k < COUNT(device_names) ? device_names[k] : "unknown";
+}

@@ -1,0 +1,32 @@
+#!/bin/sh
+# install-deps.sh — installs the Debian 12 packages that ddpd's build and tests need.
+# Idempotent and quiet when everything is present. Run as root (or with sudo).
+# The CUDA toolkit (nvcc, cuBLAS, NCCL) is not a Debian package: where it is installed
+# under /usr/local/cuda the build picks it up; without it the build is CPU-only.
+set -eu
+
+PACKAGES="
+build-essential cmake pkg-config
+libjansson-dev libopenblas-dev libmicrohttpd-dev libsqlite3-dev sqlite3
+python3 python3-pytest python3-numpy python3-requests python3-torch
+curl procps
+"
+
+missing=""
+for p in $PACKAGES; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing="$missing $p"
+    fi
+done
+[ -z "$missing" ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO=sudo
+else
+    SUDO=
+fi
+echo "install-deps: installing$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null

@@ -1,0 +1,43 @@
+/* main.c — the `ddpd` program: parses the command and hands over to its module. */
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "run.h"
+
+static void usage(FILE *f)
+{
+    fputs("usage: ddpd run [options] SPEC.json   run one job on this host (ddpd run --help)\n"
+          "       ddpd --version\n",
+          f);
+}
+
+int main(int argc, char **argv)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        n = (ssize_t)snprintf(self, sizeof self, "%s", argv[0]);
+    self[n] = '\0';
+    const char *self_dir = dirname(self);
+
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "run"))
+        return run_main(argc - 2, argv + 2, self_dir);
+    if (!strcmp(argv[1], "--version")) {
+        puts("ddpd 0.1.0");
+        return 0;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "ddpd: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,226 @@
+/* run.c — `ddpd run [--world-size N] [--device cpu|cuda] [--out DIR] [--data-dir DIR]
+ * [--resume CKPT] SPEC.json`: the launcher driven from the command line. Events go to
+ * stdout as NDJSON in arrival order; what went wrong goes to stderr naming the rank. */
+#include "run.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../schema/spec.h"
+#include "launch.h"
+
+static volatile sig_atomic_t interrupted;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+static void usage(FILE *f)
+{
+    fputs("usage: ddpd run [--world-size N] [--device cpu|cuda] [--out DIR] [--data-dir DIR]\n"
+          "                [--resume CKPT_DIR] SPEC.json\n"
+          "Runs one job on this host and prints its events as NDJSON.\n"
+          "  --world-size N  ranks (default: the spec's world_size)\n"
+          "  --device D      cpu or cuda (default: the spec's device, else cpu)\n"
+          "  --out DIR       checkpoints, final model, rank logs (default var/runs/NAME-TIME)\n"
+          "  --data-dir DIR  where data paths and init.from are resolved (default .)\n"
+          "  --resume DIR    continue from a checkpoint directory (OUT/ckpt-STEP or OUT)\n",
+          f);
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = malloc(SPEC_MAX_BODY + 2);
+    size_t n = buf ? fread(buf, 1, SPEC_MAX_BODY + 1, f) : 0;
+    fclose(f);
+    if (buf)
+        buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+static void print_line(void *ctx, int rank, const char *line, size_t len)
+{
+    (void)ctx;
+    (void)rank;
+    fwrite(line, 1, len, stdout);
+    fputc('\n', stdout);
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int run_main(int argc, char **argv, const char *self_dir)
+{
+    long world = 0;
+    const char *device = NULL, *out = NULL, *data_dir = ".", *resume = NULL, *spec_path = NULL;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (a[0] == '-' && a[1] == '-' && !v) {
+            fprintf(stderr, "ddpd run: %s needs a value\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "--world-size")) {
+            if (parse_int(v, 1, SPEC_MAX_WORLD, &world)) {
+                fprintf(stderr, "ddpd run: --world-size: expected an integer in [1, %d], got '%s'\n",
+                        SPEC_MAX_WORLD, v);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--device")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+                fprintf(stderr, "ddpd run: --device: expected cpu or cuda, got '%s'\n", v);
+                return 2;
+            }
+            device = v;
+            i++;
+        } else if (!strcmp(a, "--out")) {
+            out = argv[++i];
+        } else if (!strcmp(a, "--data-dir")) {
+            data_dir = argv[++i];
+        } else if (!strcmp(a, "--resume")) {
+            resume = argv[++i];
+        } else if (a[0] == '-') {
+            fprintf(stderr, "ddpd run: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        } else if (spec_path) {
+            fprintf(stderr, "ddpd run: one spec file only ('%s' and '%s')\n", spec_path, a);
+            return 2;
+        } else {
+            spec_path = a;
+        }
+    }
+    if (!spec_path) {
+        usage(stderr);
+        return 2;
+    }
+
+    size_t len;
+    char *text = read_file(spec_path, &len);
+    if (!text) {
+        fprintf(stderr, "ddpd run: %s: %s\n", spec_path, strerror(errno));
+        return 2;
+    }
+    struct spec spec;
+    struct ddpd_error err;
+    struct spec_parse_opts popts = {.default_device = DEVICE_CPU};
+    if (device)
+        popts.default_device = !strcmp(device, "cuda") ? DEVICE_CUDA : DEVICE_CPU;
+    ddpd_err rc = spec_parse(text, len, &popts, &spec, &err);
+    free(text);
+    if (rc != DDPD_OK) {
+        if (rc == DDPD_EJSON)
+            fprintf(stderr, "ddpd run: %s:%d:%d: %s\n", spec_path, err.line, err.column, err.message);
+        else
+            fprintf(stderr, "ddpd run: %s: %s\n", spec_path, err.message);
+        return 2;
+    }
+    if (world)
+        spec.world_size = (int)world;
+    if (device)
+        spec.device = !strcmp(device, "cuda") ? DEVICE_CUDA : DEVICE_CPU;
+
+    char out_buf[PATH_MAX], data_abs[PATH_MAX], worker[PATH_MAX];
+    if (!out) {
+        char stamp[32];
+        time_t t = time(NULL);
+        strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", localtime(&t));
+        snprintf(out_buf, sizeof out_buf, "var/runs/%s-%s-%d", spec.name[0] ? spec.name : "job", stamp,
+                 (int)getpid());
+        out = out_buf;
+    }
+    if (!realpath(data_dir, data_abs)) {
+        fprintf(stderr, "ddpd run: --data-dir %s: %s\n", data_dir, strerror(errno));
+        return 2;
+    }
+    const char *env_worker = getenv("DDPD_WORKER");
+    snprintf(worker, sizeof worker, "%s", env_worker ? env_worker : "");
+    if (!env_worker)
+        snprintf(worker, sizeof worker, "%s/ddpd-worker", self_dir);
+    if (access(worker, X_OK) != 0) {
+        fprintf(stderr, "ddpd run: cannot execute the worker %s: %s (set DDPD_WORKER)\n", worker,
+                strerror(errno));
+        return 1;
+    }
+
+    json_t *doc = json_object();
+    json_object_set_new(doc, "job", json_integer(0));
+    json_object_set_new(doc, "attempt", json_integer(1));
+    json_object_set_new(doc, "world_size", json_integer(spec.world_size));
+    json_object_set_new(doc, "comm", json_null());
+    json_object_set_new(doc, "spec", spec_to_json(&spec));
+    json_object_set_new(doc, "data_dir", json_string(data_abs));
+    json_object_set_new(doc, "out_dir", json_string(out));
+    json_object_set_new(doc, "resume", resume ? json_string(resume) : json_null());
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct launch_opts lo = {
+        .worker = worker,
+        .world_size = spec.world_size,
+        .out_dir = out,
+        .doc = doc,
+        .grace_s = 5,
+        .die_with_parent = true,
+        .on_line = print_line,
+    };
+    fprintf(stderr, "ddpd run: %d rank%s, output in %s\n", spec.world_size, spec.world_size > 1 ? "s" : "",
+            out);
+    struct launch *l = launch_start(&lo, &err);
+    json_decref(doc);
+    if (!l) {
+        fprintf(stderr, "ddpd run: %s\n", err.message);
+        return 1;
+    }
+    bool stopping = false;
+    while (!launch_poll(l, 100)) {
+        fflush(stdout);
+        if (interrupted && !stopping) {
+            fprintf(stderr, "ddpd run: interrupted, stopping the ranks\n");
+            launch_cancel(l);
+            stopping = true;
+        }
+    }
+    fflush(stdout);
+    struct launch_result res;
+    launch_result(l, &res);
+    launch_free(l);
+    if (res.ok) {
+        fprintf(stderr, "ddpd run: all %d rank%s succeeded; final model in %s/model.safetensors\n",
+                spec.world_size, spec.world_size > 1 ? "s" : "", out);
+        return 0;
+    }
+    fprintf(stderr, "ddpd run: rank %d failed (exit code %d): %s\n", res.rank, res.exit_code, res.message);
+    return res.exit_code > 0 && res.exit_code < 126 ? res.exit_code : 1;
+}

@@ -1,0 +1,563 @@
+"""conftest.py — shared helpers of the parity tests (and of tests/e2e/test_bad_data.py and
+bench/step, which load this file by path): where the binaries are, a tiny safetensors
+reader/writer (numpy + json), .npy/CSV data generation, running `ddpd run` and parsing its
+events, and a PyTorch 1.13 reference trainer with ddpd's semantics (CONTRACT.md §2).
+
+Run with the interpreter that has torch: `/usr/bin/python3 -m pytest -q tests/parity`.
+Environment: DDPD_BIN = folder holding `ddpd` and `ddpd-worker` (default: <repo>/build),
+DDPD_TEST_TMP = where temporary files go (default: pytest's tmp_path).
+When every test of a session was skipped (no binaries, no torch) pytest exits with 77,
+ctest's skip code.
+"""
+import json
+import math
+import os
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import pytest
+except ImportError:  # bench/step imports this file without pytest installed
+    pytest = None
+
+REPO = Path(__file__).resolve().parents[2]
+
+# ---------------------------------------------------------------------------------------
+# binaries and temporary folders
+
+
+def bin_dir():
+    """The folder holding ddpd and ddpd-worker, or None when they are not built."""
+    d = os.environ.get("DDPD_BIN")
+    cands = [Path(d)] if d else [REPO / "build"]
+    for c in cands:
+        if (c / "ddpd").is_file() and os.access(c / "ddpd", os.X_OK) and (c / "ddpd-worker").is_file():
+            return c.resolve()
+    return None
+
+
+def ddpd_path():
+    d = bin_dir()
+    if d is None:
+        pytest.skip("ddpd is not built (set DDPD_BIN to the build folder)")
+    return d / "ddpd"
+
+
+def _tmp_root():
+    t = os.environ.get("DDPD_TEST_TMP")
+    if t:
+        Path(t).mkdir(parents=True, exist_ok=True)
+        return t
+    return None
+
+
+def make_workdir(prefix="parity-"):
+    """A fresh folder under DDPD_TEST_TMP (or the system temp dir)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_tmp_root()))
+
+
+# ---------------------------------------------------------------------------------------
+# exit code 77 when everything was skipped
+
+
+class _SkipCode:
+    """Turns a session in which every test was skipped into exit code 77 (ctest's
+    SKIP_RETURN_CODE), so a missing binary or a missing torch shows as 'skipped'."""
+
+    def __init__(self):
+        self.passed = self.failed = self.skipped = 0
+
+    def pytest_runtest_logreport(self, report):
+        if report.skipped:
+            self.skipped += 1
+        elif report.failed:
+            self.failed += 1
+        elif report.passed and report.when == "call":
+            self.passed += 1
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        if self.skipped and not self.passed and not self.failed and int(exitstatus) == 0:
+            session.exitstatus = 77
+
+
+def install_skip_code(config):
+    if not config.pluginmanager.has_plugin("ddpd-skip77"):
+        config.pluginmanager.register(_SkipCode(), "ddpd-skip77")
+
+
+def pytest_configure(config):
+    install_skip_code(config)
+
+
+if pytest is not None:
+
+    @pytest.fixture
+    def work(tmp_path):
+        """A fresh folder for one test: under DDPD_TEST_TMP when set, else tmp_path."""
+        if _tmp_root():
+            return make_workdir()
+        return tmp_path
+
+
+# ---------------------------------------------------------------------------------------
+# safetensors (CONTRACT.md §4) with numpy + json
+
+ST_DTYPES = {
+    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
+    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
+    "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
+}
+_NP_TO_ST = {v: k for k, v in ST_DTYPES.items()}
+
+
+def st_encode(tensors, metadata=None):
+    """Bytes of a safetensors file holding `tensors` (name -> array, written in sorted
+    name order) and optional `metadata` (str -> str)."""
+    header = {}
+    blobs = []
+    off = 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+        st = _NP_TO_ST[a.dtype]
+        raw = a.tobytes(order="C")
+        header[name] = {"dtype": st, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((-len(h)) % 8)
+    return struct.pack("<Q", len(h)) + h + b"".join(blobs)
+
+
+def st_save(path, tensors, metadata=None):
+    Path(path).write_bytes(st_encode(tensors, metadata))
+
+
+def st_decode(buf, strict=True):
+    """(tensors, metadata) from safetensors bytes. With `strict`, checks what the
+    reference implementation checks: header inside the file, JSON object, known dtypes,
+    shapes matching byte sizes, and data offsets that tile the data section exactly
+    (sorted, contiguous, no gaps, no overlap, ending at the end of the file)."""
+    if len(buf) < 8:
+        raise ValueError("safetensors: file shorter than 8 bytes")
+    (n,) = struct.unpack("<Q", buf[:8])
+    if 8 + n > len(buf):
+        raise ValueError(f"safetensors: header length {n} runs past the file ({len(buf)} bytes)")
+    hdr = json.loads(buf[8:8 + n].decode("utf-8"))
+    if not isinstance(hdr, dict):
+        raise ValueError("safetensors: header is not a JSON object")
+    meta = hdr.pop("__metadata__", None)
+    if meta is not None:
+        if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+            raise ValueError("safetensors: __metadata__ must map strings to strings")
+    data = buf[8 + n:]
+    out = {}
+    spans = []
+    for name, info in hdr.items():
+        dt = ST_DTYPES[info["dtype"]]
+        shape = tuple(int(s) for s in info["shape"])
+        b, e = (int(v) for v in info["data_offsets"])
+        if not (0 <= b <= e <= len(data)):
+            raise ValueError(f"safetensors: {name}: offsets {b},{e} outside data of {len(data)} bytes")
+        if (e - b) != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
+            raise ValueError(f"safetensors: {name}: shape {shape} {info['dtype']} does not match {e - b} bytes")
+        out[name] = np.frombuffer(data[b:e], dtype=dt).reshape(shape).copy()
+        spans.append((b, e, name))
+    if strict:
+        pos = 0
+        for b, e, name in sorted(spans):
+            if b != pos:
+                raise ValueError(f"safetensors: {name}: data starts at {b}, expected {pos} (gap or overlap)")
+            pos = e
+        if pos != len(data):
+            raise ValueError(f"safetensors: tensors cover {pos} of {len(data)} data bytes")
+    return out, (meta or {})
+
+
+def st_load(path, strict=True):
+    return st_decode(Path(path).read_bytes(), strict=strict)
+
+
+# ---------------------------------------------------------------------------------------
+# data generation
+
+
+def linear_dims(model):
+    """[(layer index, in, out, bias)] of the linear layers of a spec's model list."""
+    return [(i, l["in"], l["out"], l.get("bias", True)) for i, l in enumerate(model) if l["type"] == "linear"]
+
+
+def init_weights(model, seed):
+    """Initial state_dict (numpy float32) drawn like nn.Linear's default init."""
+    rng = np.random.default_rng(seed)
+    sd = {}
+    for i, fin, fout, bias in linear_dims(model):
+        k = 1.0 / math.sqrt(fin)
+        sd[f"{i}.weight"] = rng.uniform(-k, k, size=(fout, fin)).astype(np.float32)
+        if bias:
+            sd[f"{i}.bias"] = rng.uniform(-k, k, size=(fout,)).astype(np.float32)
+    return sd
+
+
+def make_xy(n, fin, fout, loss, seed, x_dtype=np.float32, y_dtype=None):
+    """x [n,fin] ~ N(0,1); y [n,fout] float32 (mse, a noisy linear teacher) or [n] class
+    ids (cross_entropy)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, fin)).astype(np.float32)
+    w = rng.standard_normal((fin, fout)).astype(np.float32) / math.sqrt(fin)
+    t = x @ w + 0.1 * rng.standard_normal((n, fout)).astype(np.float32)
+    if loss == "mse":
+        y = t.astype(y_dtype or np.float32)
+    else:
+        y = np.argmax(t, axis=1).astype(y_dtype or np.int64)
+    return x.astype(x_dtype), y
+
+
+def write_csv(path, x, y, target_names, loss, target_pos=None):
+    """A CSV with feature columns f0.. and target column(s); targets are inserted at
+    column `target_pos` (default: last). Floats are written with 17 significant digits of
+    the float32 value, so strtod->float and strtof both give exactly the float32."""
+    x = np.asarray(x, dtype=np.float32)
+    y2 = np.asarray(y).reshape(len(x), -1)
+    names = [f"f{j}" for j in range(x.shape[1])]
+    cols = [["%.17g" % float(v) for v in x[:, j]] for j in range(x.shape[1])]
+    if loss == "mse":
+        tcols = [["%.17g" % float(v) for v in y2[:, j].astype(np.float32)] for j in range(y2.shape[1])]
+    else:
+        tcols = [[str(int(v)) for v in y2[:, 0]]]
+    pos = len(names) if target_pos is None else target_pos
+    names[pos:pos] = list(target_names)
+    cols[pos:pos] = tcols
+    lines = [",".join(names)]
+    for r in range(len(x)):
+        lines.append(",".join(c[r] for c in cols))
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def read_csv_xy(path, targets, loss):
+    """The reference side's reading of a CSV data file: (x float32 [N,in], y)."""
+    lines = Path(path).read_text().strip().splitlines()
+    names = lines[0].split(",")
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    rows = [[float(c) for c in ln.split(",")] for ln in lines[1:]]
+    a = np.array(rows, dtype=np.float64)
+    ti = [names.index(t) for t in targets]
+    xi = [j for j in range(len(names)) if j not in ti]
+    x = a[:, xi].astype(np.float32)
+    if loss == "mse":
+        y = a[:, ti].astype(np.float32)
+    else:
+        y = a[:, ti[0]].astype(np.int64)
+    return x, y
+
+
+# ---------------------------------------------------------------------------------------
+# running ddpd
+
+
+class Run:
+    """The result of one `ddpd run`: exit code, parsed events, raw output, out folder."""
+
+    def __init__(self, proc, out, cmd):
+        self.rc = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.out = Path(out)
+        self.cmd = cmd
+        self.events = []
+        self.bad_lines = []
+        for ln in self.stdout.splitlines():
+            if not ln.strip():
+                continue
+            try:
+                ev = json.loads(ln)
+            except ValueError:
+                self.bad_lines.append(ln)
+                continue
+            if isinstance(ev, dict):
+                self.events.append(ev)
+            else:
+                self.bad_lines.append(ln)
+
+    def of(self, kind):
+        return [e for e in self.events if e.get("event") == kind]
+
+    def losses(self):
+        """{step: loss} of rank 0's loss events."""
+        return {int(e["step"]): e["loss"] for e in self.of("loss") if e.get("rank", 0) == 0}
+
+    def log_text(self):
+        p = self.out / "rank-0.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def describe(self):
+        return (f"$ {' '.join(map(str, self.cmd))}\nexit {self.rc}\n--- stdout (tail) ---\n"
+                f"{self.stdout[-3000:]}\n--- stderr (tail) ---\n{self.stderr[-3000:]}\n"
+                f"--- rank-0.log (tail) ---\n{self.log_text()[-2000:]}")
+
+    def check_ok(self):
+        assert self.rc == 0, "ddpd run failed\n" + self.describe()
+        assert not self.bad_lines, "non-JSON lines on stdout: %r" % self.bad_lines[:5]
+        assert self.of("done"), "no done event\n" + self.describe()
+        return self
+
+
+def ddpd_env(threads=1):
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
+def run_ddpd(spec, data_dir, out, resume=None, timeout=180, spec_path=None, extra_args=(), raw_spec=None):
+    """Writes `spec` (a dict; or `raw_spec` text as is) to a file and runs
+    `ddpd run --world-size 1 --out OUT --data-dir DATA [--resume R] SPEC`."""
+    exe = ddpd_path()
+    data_dir = Path(data_dir)
+    out = Path(out)
+    if spec_path is None:
+        spec_path = out.parent / (out.name + ".spec.json")
+    Path(spec_path).write_text(raw_spec if raw_spec is not None else json.dumps(spec, indent=1))
+    cmd = [str(exe), "run", "--world-size", "1", "--out", str(out), "--data-dir", str(data_dir)]
+    if resume is not None:
+        cmd += ["--resume", str(resume)]
+    cmd += list(extra_args) + [str(spec_path)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ddpd_env(), cwd=str(data_dir))
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"ddpd run timed out after {timeout}s: {' '.join(cmd)}\n"
+                             f"stdout: {(e.stdout or b'')[-2000:]!r}\nstderr: {(e.stderr or b'')[-2000:]!r}")
+    return Run(proc, out, cmd)
+
+
+# ---------------------------------------------------------------------------------------
+# the PyTorch reference trainer
+
+
+def torch_mod():
+    if pytest is not None:
+        return pytest.importorskip("torch")
+    import torch
+    return torch
+
+
+def build_model(model):
+    torch = torch_mod()
+    nn = torch.nn
+    layers = []
+    for l in model:
+        t = l["type"]
+        if t == "linear":
+            layers.append(nn.Linear(l["in"], l["out"], bias=l.get("bias", True)))
+        elif t == "relu":
+            layers.append(nn.ReLU())
+        elif t == "tanh":
+            layers.append(nn.Tanh())
+        elif t == "sigmoid":
+            layers.append(nn.Sigmoid())
+        elif t == "gelu":
+            layers.append(nn.GELU())
+        else:
+            raise ValueError(t)
+    return nn.Sequential(*layers)
+
+
+def build_optimizer(params, o):
+    torch = torch_mod()
+    if o["type"] == "sgd":
+        return torch.optim.SGD(params, lr=o["lr"], momentum=o.get("momentum", 0.0),
+                               dampening=o.get("dampening", 0.0), weight_decay=o.get("weight_decay", 0.0),
+                               nesterov=o.get("nesterov", False))
+    if o["type"] == "adamw":
+        return torch.optim.AdamW(params, lr=o["lr"], betas=tuple(o.get("betas", (0.9, 0.999))),
+                                 eps=o.get("eps", 1e-8), weight_decay=o.get("weight_decay", 0.01))
+    raise ValueError(o["type"])
+
+
+def load_data(spec, data_dir):
+    """(x float32 [N,in], y) as ddpd reads them: float64 x converted to float32, int
+    labels as int64."""
+    d = spec["data"]
+    data_dir = Path(data_dir)
+    if d["type"] == "npy":
+        x = np.load(data_dir / d["x"]).astype(np.float32)
+        y = np.load(data_dir / d["y"])
+    elif d["type"] == "csv":
+        x, y = read_csv_xy(data_dir / d["path"], d["target"], spec["loss"])
+    else:
+        raise ValueError("the reference trainer reads npy and csv data only")
+    if spec["loss"] == "mse":
+        y = y.astype(np.float32)
+        if y.ndim == 1:
+            y = y[:, None]
+    else:
+        y = y.astype(np.int64).reshape(-1)
+    return x, y
+
+
+def micro_batches(n, spec):
+    """[(epoch, batch, lo, hi)] of one epoch's batches in file order (shuffle false)."""
+    bs = spec["batch_size"]
+    nb = n // bs if spec["data"].get("drop_last", False) else -(-n // bs)
+    return [(b, b * bs, min(n, (b + 1) * bs)) for b in range(nb)]
+
+
+def step_plan(n, spec):
+    """The optimizer steps as lists of (epoch, lo, hi) micro-batches. Micro-batches are
+    taken in order; a step takes `grad_accum` of them. With `epochs`, the stream ends with
+    the last epoch (a step at the end of the stream may have fewer micro-batches); with
+    `steps`, epochs are repeated until that many steps were taken. The parity cases use
+    batch counts divisible by grad_accum, where every reading of the contract agrees."""
+    if spec["data"].get("shuffle", True):
+        raise ValueError("the reference trainer needs data.shuffle false")
+    k = spec.get("grad_accum", 1)
+    per_epoch = micro_batches(n, spec)
+    assert per_epoch, "no batches"
+    steps = []
+    cur = []
+    epoch = 0
+    want = spec.get("steps")
+    while True:
+        for b, lo, hi in per_epoch:
+            cur.append((epoch, lo, hi))
+            if len(cur) == k:
+                steps.append(cur)
+                cur = []
+                if want and len(steps) == want:
+                    return steps
+        epoch += 1
+        if not want and epoch == spec["epochs"]:
+            if cur:
+                steps.append(cur)
+            return steps
+
+
+class Reference:
+    """PyTorch's run of a spec: per-step losses (python floats of the mean of the
+    micro-batch losses), per-step epoch, the trained model and optimizer, and snapshots
+    of (state_dict, optimizer state) after chosen steps."""
+
+    def __init__(self, spec, data_dir, init_sd, snapshot_steps=()):
+        torch = torch_mod()
+        torch.set_num_threads(1)
+        self.spec = spec
+        self.model = build_model(spec["model"]).float()
+        self.model.load_state_dict({k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in init_sd.items()})
+        self.opt = build_optimizer(self.model.parameters(), spec["optimizer"])
+        loss_fn = torch.nn.MSELoss() if spec["loss"] == "mse" else torch.nn.CrossEntropyLoss()
+        x, y = load_data(spec, data_dir)
+        X = torch.from_numpy(x)
+        Y = torch.from_numpy(y)
+        self.n = len(x)
+        self.batches_per_epoch = len(micro_batches(self.n, spec))
+        self.losses = {}
+        self.epochs = {}
+        self.snapshots = {}
+        for s, mbs in enumerate(step_plan(self.n, spec), start=1):
+            self.opt.zero_grad()
+            ls = []
+            for epoch, lo, hi in mbs:
+                out = self.model(X[lo:hi])
+                loss = loss_fn(out, Y[lo:hi])
+                loss.backward()
+                ls.append(loss.item())
+            self.opt.step()
+            self.losses[s] = sum(ls) / len(ls)
+            self.epochs[s] = mbs[-1][0]
+            if s in snapshot_steps:
+                self.snapshots[s] = (self.state_dict(), self.optim_state())
+        self.steps = len(self.losses)
+
+    def state_dict(self):
+        return {k: v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
+
+    def optim_state(self):
+        """{"<param>.<state>": array} named as in optim.safetensors."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        out = {}
+        for p, st in self.opt.state.items():
+            for k, v in st.items():
+                if hasattr(v, "numel") and v.numel() == p.numel() and k != "step":
+                    out[f"{names[id(p)]}.{k}"] = v.detach().numpy().copy()
+        return out
+
+    def param_count(self):
+        return sum(p.numel() for p in self.model.parameters())
+
+
+# ---------------------------------------------------------------------------------------
+# comparisons
+
+LOSS_RTOL = 1e-5
+LOSS_ATOL = 1e-7
+W_RTOL = 1e-5
+W_ATOL = 1e-5
+
+
+def compare_losses(got, ref, rtol=LOSS_RTOL, atol=LOSS_ATOL):
+    """None when every step's loss matches, else a message naming the first diverging
+    step and the worst one."""
+    if sorted(got) != sorted(ref):
+        missing = sorted(set(ref) - set(got))[:10]
+        extra = sorted(set(got) - set(ref))[:10]
+        return f"steps differ: {len(got)} logged vs {len(ref)} expected; missing {missing}, unexpected {extra}"
+    first = None
+    worst = (0.0, None)
+    for s in sorted(ref):
+        g, r = got[s], ref[s]
+        if g is None:
+            return f"step {s}: ddpd loss is null (nonfinite), PyTorch {r!r}"
+        err = abs(g - r)
+        tol = max(rtol * abs(r), atol)
+        if err > tol and first is None:
+            first = (s, g, r, err)
+        rel = err / max(abs(r), 1e-30)
+        if rel > worst[0]:
+            worst = (rel, s)
+    if first is None:
+        return None
+    s, g, r, err = first
+    return (f"first diverging step {s}: ddpd {g!r} vs PyTorch {r!r} (abs {err:.3g}, rel {err / max(abs(r), 1e-30):.3g});"
+            f" worst rel {worst[0]:.3g} at step {worst[1]}; "
+            f"first 5 steps ddpd {[got[s] for s in sorted(got)[:5]]} PyTorch {[ref[s] for s in sorted(ref)[:5]]}")
+
+
+def compare_tensors(got, ref, rtol=W_RTOL, atol=W_ATOL, what="weights"):
+    """None when the two dicts of arrays have the same keys, shapes and values within
+    atol + rtol*|ref| elementwise, else a message with the worst element."""
+    if sorted(got) != sorted(ref):
+        return f"{what}: keys {sorted(got)} vs expected {sorted(ref)}"
+    msgs = []
+    for k in sorted(ref):
+        g = np.asarray(got[k], dtype=np.float64)
+        r = np.asarray(ref[k], dtype=np.float64)
+        if g.shape != r.shape:
+            msgs.append(f"{k}: shape {g.shape} vs {r.shape}")
+            continue
+        err = np.abs(g - r)
+        bad = err > atol + rtol * np.abs(r)
+        if bad.any() or not np.isfinite(g).all():
+            i = np.unravel_index(int(np.argmax(err - (atol + rtol * np.abs(r)))), r.shape)
+            msgs.append(f"{k}: {int(bad.sum())}/{r.size} elements off; worst at {tuple(int(v) for v in i)}: "
+                        f"ddpd {g[i]!r} vs PyTorch {r[i]!r} (max abs err {err.max():.3g})")
+    return f"{what}: " + "; ".join(msgs) if msgs else None
+
+
+def write_case(tmp, spec, x, y, init_sd, x_name="x.npy", y_name="y.npy"):
+    """Saves x, y and the initial weights into the data folder `tmp`/data and points the
+    spec at them. Returns (spec, data_dir)."""
+    data = Path(tmp) / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    if x is not None:
+        np.save(data / x_name, x)
+        np.save(data / y_name, y)
+        spec["data"] = dict({"type": "npy", "x": x_name, "y": y_name, "shuffle": False}, **{
+            k: v for k, v in spec.get("data", {}).items() if k not in ("type", "x", "y")})
+    st_save(data / "init.safetensors", init_sd)
+    spec["init"] = {"from": "init.safetensors"}
+    return spec, data

@@ -1,0 +1,34 @@
+/* emit.h — how a worker speaks: events (CONTRACT.md §6) as NDJSON on stdout, human
+ * logs on stderr, and one exit path that turns an error into an `error` event and the
+ * documented exit code. Only this module writes to stdout. */
+#ifndef DDPD_EMIT_H
+#define DDPD_EMIT_H
+
+#include "../schema/err.h"
+#include "../schema/event.h"
+
+/* Seconds since the epoch (the events' `ts`) and a monotonic clock for durations. */
+double emit_now(void);
+double emit_monotonic(void);
+
+/* Writes one event line. Output is buffered and flushed at most 10 ms after the last
+ * flush, and at once for every event other than `loss`, so a fast loop does not pay a
+ * system call per step yet the stream stays live. `ev->ts` is filled in when 0. */
+void emit_event(struct event *ev);
+void emit_flush(void);
+
+/* Human log line on stderr, prefixed with the rank once emit_set_rank was called. */
+void emit_set_rank(int rank);
+void emit_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The `kind` of an error event for an error code: "spec", "data", "comm", "device",
+ * "cancelled", "io" or "internal". */
+const char *emit_error_kind(ddpd_err code);
+
+/* Writes an `error` event for `e` (and the log line), flushes, exits with
+ * ddpd_err_exit(e->code). */
+_Noreturn void emit_die(const struct ddpd_error *e);
+/* The same from a code and a message, for failures detected deep inside (CUDA_CHECK). */
+_Noreturn void worker_die(ddpd_err code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

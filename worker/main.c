@@ -1,0 +1,193 @@
+/* main.c — ddpd-worker: one rank. Reads the stdin document (CONTRACT.md §5), builds
+ * everything, runs, and maps failures to the documented exit codes. Thin on purpose:
+ * the logic lives in train.c and the modules it calls. */
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../schema/spec.h"
+#include "dev.h"
+#include "emit.h"
+#include "train.h"
+
+#define STDIN_MAX (4 * 1024 * 1024)
+
+static volatile sig_atomic_t cancelled;
+
+static void on_sigterm(int sig)
+{
+    (void)sig;
+    cancelled = 1;
+}
+
+static void usage(FILE *f)
+{
+    fputs("usage: ddpd-worker               read one job document on stdin and run one rank\n"
+          "       ddpd-worker --devices     print the visible CUDA devices as JSON\n"
+          "       ddpd-worker --version\n"
+          "ddpd-worker is started by ddpd (`ddpd serve` or `ddpd run`), not by hand.\n",
+          f);
+}
+
+/* Reads all of stdin (capped). Returns a malloc'd NUL-terminated buffer or NULL. */
+static char *read_stdin(size_t *len, struct ddpd_error *err)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        if (n == cap) {
+            if (cap >= STDIN_MAX) {
+                free(buf);
+                ddpd_error_set(err, DDPD_ETOOBIG, "stdin", "the job document is larger than %d bytes",
+                               STDIN_MAX);
+                return NULL;
+            }
+            cap *= 2;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+        }
+        ssize_t r = read(0, buf + n, cap - n);
+        if (r < 0)
+            continue;
+        if (r == 0)
+            break;
+        n += (size_t)r;
+    }
+    if (!buf) {
+        ddpd_error_set(err, DDPD_ENOMEM, "stdin", "out of memory reading the job document");
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* A string member, or NULL when absent or null; a wrong type is an error. */
+static int get_str(json_t *doc, const char *key, const char **out, struct ddpd_error *err)
+{
+    json_t *v = json_object_get(doc, key);
+    *out = NULL;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_string(v)) {
+        ddpd_error_set(err, DDPD_ESPEC, key, "%s: expected a string in the job document", key);
+        return -1;
+    }
+    *out = json_string_value(v);
+    return 0;
+}
+
+static int get_int(json_t *doc, const char *key, json_int_t lo, json_int_t hi, json_int_t *out,
+                   struct ddpd_error *err)
+{
+    json_t *v = json_object_get(doc, key);
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
+        ddpd_error_set(err, DDPD_ESPEC, key, "%s: expected an integer in [%lld, %lld] in the job document",
+                       key, (long long)lo, (long long)hi);
+        return -1;
+    }
+    *out = json_integer_value(v);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+
+    if (argc > 1) {
+        if (!strcmp(argv[1], "--devices")) {
+            /* No CUDA devices are visible without the CUDA backend: print nothing. */
+            return 0;
+        }
+        if (!strcmp(argv[1], "--version")) {
+            puts("ddpd-worker 0.1.0");
+            return 0;
+        }
+        if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        fprintf(stderr, "ddpd-worker: unknown argument '%s'\n", argv[1]);
+        usage(stderr);
+        return 2;
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigterm;
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    size_t len = 0;
+    char *text = read_stdin(&len, &err);
+    if (!text)
+        emit_die(&err);
+    json_error_t jerr;
+    json_t *doc = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
+    if (!json_is_object(doc)) {
+        ddpd_error_set(&err, DDPD_EJSON, "stdin", "the job document on stdin is not a JSON object (line %d, column %d: %s)",
+                       jerr.line, jerr.column, doc ? "not an object" : jerr.text);
+        emit_die(&err);
+    }
+
+    json_int_t rank, world;
+    const char *data_dir, *out_dir, *resume;
+    if (get_int(doc, "world_size", 1, SPEC_MAX_WORLD, &world, &err) ||
+        get_int(doc, "rank", 0, world - 1, &rank, &err))
+        emit_die(&err);
+    emit_set_rank((int)rank);
+    if (get_str(doc, "data_dir", &data_dir, &err) || get_str(doc, "out_dir", &out_dir, &err) ||
+        get_str(doc, "resume", &resume, &err))
+        emit_die(&err);
+
+    struct spec spec;
+    json_t *js = json_object_get(doc, "spec");
+    if (!json_is_object(js)) {
+        ddpd_error_set(&err, DDPD_ESPEC, "spec", "spec: the job document has no spec object");
+        emit_die(&err);
+    }
+    if (spec_from_json(js, NULL, &spec, &err) != DDPD_OK)
+        emit_die(&err);
+    if (spec.world_size != world) {
+        ddpd_error_set(&err, DDPD_ESPEC, "world_size",
+                       "world_size: the job document says %lld but the spec says %d", (long long)world,
+                       spec.world_size);
+        emit_die(&err);
+    }
+    if (spec.device == DEVICE_CUDA) {
+        if (!dev_cuda_available())
+            ddpd_error_set(&err, DDPD_EDEVICE, "device",
+                           "device: cuda was asked for but no CUDA device is visible to rank %lld",
+                           (long long)rank);
+        else
+            ddpd_error_set(&err, DDPD_EDEVICE, "device",
+                           "device: this build of ddpd-worker trains on the CPU only; use \"device\": \"cpu\"");
+        emit_die(&err);
+    }
+
+    struct train_config cfg = {
+        .spec = &spec,
+        .rank = (int)rank,
+        .world_size = (int)world,
+        .data_dir = data_dir ? data_dir : ".",
+        .out_dir = out_dir ? out_dir : "var/run",
+        .resume = resume,
+        .cancel = &cancelled,
+    };
+    ddpd_err rc = train_run(&cfg, &err);
+    json_decref(doc);
+    if (rc != DDPD_OK)
+        emit_die(&err);
+    emit_flush();
+    return 0;
+}

@@ -1,0 +1,31 @@
+/* train.h — one rank's training loop: batches -> forward -> loss -> backward ->
+ * optimizer, with logging, checkpoints and resume. The algorithm reads top to bottom in
+ * train.c; everything it calls lives in its own module. */
+#ifndef DDPD_TRAIN_H
+#define DDPD_TRAIN_H
+
+#include <signal.h>
+#include <stdint.h>
+
+#include "../schema/err.h"
+#include "../schema/spec.h"
+
+struct train_config {
+    const struct spec *spec; /* borrowed */
+    int rank, world_size;
+    const char *data_dir;    /* where data paths and init.from are resolved */
+    const char *out_dir;     /* checkpoints and the final model (rank 0 writes them) */
+    const char *resume;      /* a checkpoint directory to continue from, or NULL */
+    volatile sig_atomic_t *cancel; /* set by SIGTERM: stop at the next micro-batch */
+};
+
+/* Runs the job to the end. Emits start, loss, checkpoint and done events (emit.h).
+ * Returns DDPD_OK, or an error with `err` filled (the caller turns it into an `error`
+ * event and an exit code). */
+ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err);
+
+/* Optimizer steps in one epoch of `batches` micro-batches with grad_accum k: the last
+ * step of an epoch takes the remaining micro-batches when k does not divide them. */
+int64_t train_steps_per_epoch(int64_t batches, int64_t grad_accum);
+
+#endif
