@@ -268,21 +268,20 @@ static ddpd_err get_int(struct ddpd_error *err, json_t *obj, const char *key, in
     return DDPD_OK;
 }
 
-/* A number; with `nullable`, null reads as NaN (a non-finite value the encoder wrote). */
-static ddpd_err get_num(struct ddpd_error *err, json_t *obj, const char *key, bool nullable,
-                        double *out)
+/* A number, or null: the encoder writes a non-finite number as null (JSON has no NaN),
+ * and null reads back as NaN. */
+static ddpd_err get_num(struct ddpd_error *err, json_t *obj, const char *key, double *out)
 {
     json_t *v;
-    const char *want = nullable ? "a number or null" : "a number";
-    ddpd_err rc = need(err, obj, key, want, &v);
+    ddpd_err rc = need(err, obj, key, "a number or null", &v);
     if (rc != DDPD_OK)
         return rc;
-    if (nullable && json_is_null(v))
+    if (json_is_null(v))
         *out = NAN;
     else if (json_is_number(v))
         *out = json_number_value(v);
     else
-        return bad(err, key, want, v);
+        return bad(err, key, "a number or null", v);
     return DDPD_OK;
 }
 
@@ -308,7 +307,7 @@ static ddpd_err get_str(struct ddpd_error *err, json_t *obj, const char *key, bo
 static ddpd_err get_loss(struct ddpd_error *err, json_t *obj, struct event *ev)
 {
     json_t *nf = json_object_get(obj, "nonfinite");
-    ddpd_err rc = get_num(err, obj, "loss", true, &ev->loss);
+    ddpd_err rc = get_num(err, obj, "loss", &ev->loss);
     if (rc != DDPD_OK)
         return rc;
     if (nf && !json_is_boolean(nf))
@@ -333,8 +332,14 @@ static ddpd_err decode_fields(json_t *root, struct event *ev, struct ddpd_error 
         if (strcmp(json_string_value(v), kind_names[k]) == 0)
             break;
     if (k == (int)COUNT(kind_names)) {
+        /* At most 40 bytes of it, not cut inside a UTF-8 character. */
         char q[48];
-        snprintf(q, sizeof q, "%s", json_string_value(v));
+        size_t n = json_string_length(v) < 40 ? json_string_length(v) : 40;
+        while (n > 0 && n < json_string_length(v) &&
+               ((unsigned char)json_string_value(v)[n] & 0xC0) == 0x80)
+            n--;
+        memcpy(q, json_string_value(v), n);
+        q[n] = '\0';
         return ddpd_error_set(err, DDPD_EJSON, "event",
                               "unknown event \"%s\" (expected one of start, loss, join, "
                               "checkpoint, done, error, state)",
@@ -372,7 +377,7 @@ static ddpd_err decode_fields(json_t *root, struct event *ev, struct ddpd_error 
         if (!rc)
             rc = get_loss(err, root, ev);
         if (!rc)
-            rc = get_num(err, root, "samples_per_s", true, &ev->samples_per_s);
+            rc = get_num(err, root, "samples_per_s", &ev->samples_per_s);
         break;
     case EVENT_JOIN:
         rc = get_i64(err, root, "step", &ev->step);
@@ -387,7 +392,7 @@ static ddpd_err decode_fields(json_t *root, struct event *ev, struct ddpd_error 
         if (!rc)
             rc = get_loss(err, root, ev);
         if (!rc)
-            rc = get_num(err, root, "seconds", true, &ev->seconds);
+            rc = get_num(err, root, "seconds", &ev->seconds);
         break;
     case EVENT_ERROR:
         rc = get_str(err, root, "kind", true, ev->error_kind, sizeof ev->error_kind);
@@ -401,7 +406,7 @@ static ddpd_err decode_fields(json_t *root, struct event *ev, struct ddpd_error 
         break;
     }
     if (!rc)
-        rc = get_num(err, root, "ts", false, &ev->ts);
+        rc = get_num(err, root, "ts", &ev->ts);
     return rc;
 }
 

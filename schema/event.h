@@ -20,7 +20,9 @@ typedef enum {
 } event_kind;
 
 #define EVENT_TEXT_MAX 1024
-#define EVENT_LINE_MAX 4096 /* an encoded event never exceeds this */
+/* An encoded event never exceeds this (with its NUL): one 1023-byte string escaped
+ * entirely as \u00XX takes 6138 bytes, and the other fields well under 2 KiB. */
+#define EVENT_LINE_MAX 8192
 
 /* Fields that a kind does not use are ignored by the encoder. `rank` is -1 for the
  * server's events. job/attempt/seq are added by the server: encoded only when

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
-#define PATH_CAP 256 /* = sizeof ((struct ddpd_error *)0)->path */
+#define PATH_CAP sizeof(((struct ddpd_error *)0)->path)
 
 static const char *const layer_names[] = {"linear", "relu", "tanh", "sigmoid", "gelu"};
 static const char *const loss_names[] = {"mse", "cross_entropy"};

@@ -135,8 +135,8 @@ int run_main(int argc, char **argv, const char *self_dir)
     ddpd_err rc = spec_parse(text, len, &popts, &spec, &err);
     free(text);
     if (rc != DDPD_OK) {
-        if (rc == DDPD_EJSON)
-            fprintf(stderr, "ddpd run: %s:%d:%d: %s\n", spec_path, err.line, err.column, err.message);
+        if (err.path[0])
+            fprintf(stderr, "ddpd run: %s: %s: %s\n", spec_path, err.path, err.message);
         else
             fprintf(stderr, "ddpd run: %s: %s\n", spec_path, err.message);
         return 2;
