@@ -36,6 +36,9 @@ struct rank_proc {
 struct launch {
     struct launch_opts o;
     pid_t pgid;
+    pid_t issuer;          /* the id issuer (world_size > 1), 0 if none */
+    int issuer_in;         /* its stdin: closing it ends the issuer */
+    bool issuer_exited;
     int n;
     struct rank_proc *ranks;
     int failed_rank;       /* first failure, -1 if none */
@@ -81,7 +84,7 @@ static int write_all(int fd, const char *p, size_t n)
 }
 
 /* In the child: wire stdin/stdout/stderr, join the group, exec. Never returns. */
-static void child_exec(const struct launch *l, int in_fd, int out_fd, int log_fd)
+static void child_exec(const struct launch *l, char *const argv[], int in_fd, int out_fd, int log_fd)
 {
     setpgid(0, l->pgid);
     if (l->o.die_with_parent)
@@ -93,13 +96,87 @@ static void child_exec(const struct launch *l, int in_fd, int out_fd, int log_fd
     for (int fd = 3; fd < 1024; fd++)
         close(fd);
     signal(SIGPIPE, SIG_DFL);
-    char *argv[] = {(char *)l->o.worker, NULL};
     execv(l->o.worker, argv);
     dprintf(2, "ddpd: cannot execute %s: %s\n", l->o.worker, strerror(errno));
     _exit(127);
 }
 
-static int start_rank(struct launch *l, int r, struct ddpd_error *err)
+/* Starts `ddpd-worker --issue-id cpu` and reads the id it prints (one JSON line) within
+ * ISSUER_DEADLINE_S. Its stdin stays open: closing it ends the rendezvous root. */
+#define ISSUER_DEADLINE_S 10.0
+static int start_issuer(struct launch *l, char *id_hex, size_t cap, struct ddpd_error *err)
+{
+    int in[2] = {-1, -1}, out[2] = {-1, -1}, log_fd = -1, rc = -1;
+    char log_path[4096], line[1024];
+    size_t len = 0;
+    snprintf(log_path, sizeof log_path, "%s/issuer.log", l->o.out_dir);
+    log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0 || pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
+        ddpd_error_set(err, DDPD_EIO, log_path, "cannot start the id issuer: %s", strerror(errno));
+        goto out;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        ddpd_error_set(err, DDPD_EIO, "", "cannot fork the id issuer: %s", strerror(errno));
+        goto out;
+    }
+    if (pid == 0) {
+        char *argv[] = {(char *)l->o.worker, "--issue-id", "cpu", NULL};
+        child_exec(l, argv, in[0], out[1], log_fd);
+    }
+    l->pgid = pid;
+    setpgid(pid, pid);
+    l->issuer = pid;
+    close(in[0]);
+    in[0] = -1;
+    l->issuer_in = in[1];
+    in[1] = -1;
+    close(out[1]);
+    out[1] = -1;
+
+    double deadline = now_mono() + ISSUER_DEADLINE_S;
+    while (!memchr(line, '\n', len)) {
+        int left = (int)((deadline - now_mono()) * 1000);
+        struct pollfd pfd = {.fd = out[0], .events = POLLIN};
+        if (left <= 0 || poll(&pfd, 1, left) <= 0) {
+            ddpd_error_set(err, DDPD_ECOMM, "", "the id issuer printed no id within %.0f s (see %s)",
+                           ISSUER_DEADLINE_S, log_path);
+            goto out;
+        }
+        ssize_t n = read(out[0], line + len, sizeof line - 1 - len);
+        if (n <= 0) {
+            ddpd_error_set(err, DDPD_ECOMM, "", "the id issuer exited before printing an id (see %s)",
+                           log_path);
+            goto out;
+        }
+        len += (size_t)n;
+        if (len == sizeof line - 1)
+            break;
+    }
+    line[len] = '\0';
+    json_t *j = json_loads(line, JSON_DISABLE_EOF_CHECK, NULL);
+    const char *hex = json_string_value(json_object_get(j, "id"));
+    if (!hex || strlen(hex) >= cap) {
+        json_decref(j);
+        ddpd_error_set(err, DDPD_ECOMM, "", "the id issuer printed no valid id: %.200s", line);
+        goto out;
+    }
+    snprintf(id_hex, cap, "%s", hex);
+    json_decref(j);
+    rc = 0;
+out:
+    for (int i = 0; i < 2; i++) {
+        if (in[i] >= 0)
+            close(in[i]);
+        if (out[i] >= 0)
+            close(out[i]);
+    }
+    if (log_fd >= 0)
+        close(log_fd);
+    return rc;
+}
+
+static int start_rank(struct launch *l, int r, const char *id_hex, struct ddpd_error *err)
 {
     struct rank_proc *p = &l->ranks[r];
     int in[2] = {-1, -1}, out[2] = {-1, -1}, log_fd = -1;
@@ -108,6 +185,8 @@ static int start_rank(struct launch *l, int r, struct ddpd_error *err)
 
     json_t *d = json_deep_copy(l->o.doc);
     json_object_set_new(d, "rank", json_integer(r));
+    if (id_hex)
+        json_object_set_new(d, "comm", json_pack("{s:s, s:s}", "backend", "cpu", "id", id_hex));
     doc = json_dumps(d, JSON_COMPACT);
     json_decref(d);
     if (!doc) {
@@ -131,8 +210,10 @@ static int start_rank(struct launch *l, int r, struct ddpd_error *err)
         ddpd_error_set(err, DDPD_EIO, "", "cannot fork rank %d: %s", r, strerror(errno));
         goto out;
     }
-    if (pid == 0)
-        child_exec(l, in[0], out[1], log_fd);
+    if (pid == 0) {
+        char *argv[] = {(char *)l->o.worker, NULL};
+        child_exec(l, argv, in[0], out[1], log_fd);
+    }
     if (l->pgid == 0)
         l->pgid = pid;
     setpgid(pid, l->pgid); /* both sides call it: no race with the exec */
@@ -169,6 +250,7 @@ struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
         return NULL;
     }
     l->o = *o;
+    l->issuer_in = -1;
     if (l->o.grace_s <= 0)
         l->o.grace_s = 5;
     l->n = o->world_size;
@@ -188,8 +270,13 @@ struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
         launch_free(l);
         return NULL;
     }
+    char id_hex[512];
+    if (l->n > 1 && start_issuer(l, id_hex, sizeof id_hex, err) != 0) {
+        launch_free(l);
+        return NULL;
+    }
     for (int r = 0; r < l->n; r++) {
-        if (start_rank(l, r, err) != 0) {
+        if (start_rank(l, r, l->n > 1 ? id_hex : NULL, err) != 0) {
             launch_free(l);
             return NULL;
         }
@@ -288,6 +375,28 @@ static void reap(struct launch *l)
     }
 }
 
+/* Every rank is gone: closing its stdin ends the issuer; it must not outlive them. */
+static void stop_issuer(struct launch *l)
+{
+    if (l->issuer_in >= 0) {
+        close(l->issuer_in);
+        l->issuer_in = -1;
+    }
+    if (!l->issuer || l->issuer_exited)
+        return;
+    for (int i = 0; i < 200; i++) { /* 2 s, then SIGKILL */
+        int st;
+        if (waitpid(l->issuer, &st, WNOHANG) == l->issuer) {
+            l->issuer_exited = true;
+            return;
+        }
+        usleep(10000);
+    }
+    kill(l->issuer, SIGKILL);
+    waitpid(l->issuer, NULL, 0);
+    l->issuer_exited = true;
+}
+
 bool launch_poll(struct launch *l, int timeout_ms)
 {
     struct pollfd fds[l->n];
@@ -316,6 +425,7 @@ bool launch_poll(struct launch *l, int timeout_ms)
     for (int r = 0; r < l->n; r++)
         if (!l->ranks[r].exited || l->ranks[r].out_fd >= 0)
             return false;
+    stop_issuer(l);
     return true;
 }
 
@@ -377,6 +487,85 @@ void launch_free(struct launch *l)
     for (int r = 0; r < l->n; r++)
         if (l->ranks[r].out_fd >= 0)
             close(l->ranks[r].out_fd);
+    if (l->issuer && !l->issuer_exited)
+        kill(l->issuer, SIGKILL);
+    stop_issuer(l);
     free(l->ranks);
     free(l);
+}
+
+ddpd_err launch_plan(const char *worker, json_t *doc, int world_size, double timeout_s,
+                     int64_t *counts, bool *known, struct ddpd_error *err)
+{
+    int in[2] = {-1, -1}, out[2] = {-1, -1};
+    char *text = json_dumps(doc, JSON_COMPACT), buf[EVENT_LINE_MAX * 2];
+    size_t len = 0;
+    ddpd_err rc = DDPD_EINTERNAL;
+    pid_t pid = -1;
+    *known = false;
+    if (!text || pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC)) {
+        rc = ddpd_error_set(err, DDPD_EIO, "", "cannot run %s --plan: %s", worker, strerror(errno));
+        goto out;
+    }
+    pid = fork();
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        char *argv[] = {(char *)worker, "--plan", NULL};
+        execv(worker, argv);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    in[0] = out[1] = -1;
+    if (pid < 0) {
+        rc = ddpd_error_set(err, DDPD_EIO, "", "cannot fork: %s", strerror(errno));
+        goto out;
+    }
+    write_all(in[1], text, strlen(text));
+    close(in[1]);
+    in[1] = -1;
+    double deadline = now_mono() + timeout_s;
+    for (;;) {
+        int left = (int)((deadline - now_mono()) * 1000);
+        struct pollfd p = {.fd = out[0], .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, left) <= 0) {
+            rc = ddpd_error_set(err, DDPD_EIO, "", "%s --plan did not answer within %.0f s", worker, timeout_s);
+            goto out;
+        }
+        ssize_t n = read(out[0], buf + len, sizeof buf - 1 - len);
+        if (n <= 0 || (len += (size_t)n) == sizeof buf - 1)
+            break;
+    }
+    buf[len] = '\0';
+    struct event ev;
+    json_t *j = json_loads(buf, JSON_DISABLE_EOF_CHECK, NULL);
+    json_t *b = json_object_get(j, "batches");
+    if (json_is_array(b) && (int)json_array_size(b) == world_size) {
+        for (int r = 0; r < world_size; r++)
+            counts[r] = json_integer_value(json_array_get(b, (size_t)r));
+        *known = true;
+        rc = DDPD_OK;
+    } else if (json_is_null(b)) {
+        rc = DDPD_OK;
+    } else if (event_decode(buf, strcspn(buf, "\n"), &ev, NULL) == DDPD_OK && ev.kind == EVENT_ERROR) {
+        rc = ddpd_error_set(err, !strcmp(ev.error_kind, "data") ? DDPD_EDATA : DDPD_ESPEC, "", "%s",
+                            ev.message);
+    } else {
+        rc = ddpd_error_set(err, DDPD_EINTERNAL, "", "%s --plan answered: %.300s", worker, buf);
+    }
+    json_decref(j);
+out:
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (in[i] >= 0)
+            close(in[i]);
+        if (out[i] >= 0)
+            close(out[i]);
+    }
+    free(text);
+    return rc;
 }

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "../schema/err.h"
@@ -56,3 +57,11 @@ void launch_result(const struct launch *l, struct launch_result *r);
 pid_t launch_pgid(const struct launch *l);
 
 #endif
+
+/* Asks `worker --plan` (with `doc` on stdin: spec, data_dir, world_size) for every rank's
+ * batches per epoch, before any rank starts. On DDPD_OK, *known is false when only the
+ * ranks can tell ({rank} files); else counts[0..world_size) are set. A bad spec or data
+ * file comes back as the worker's error (DDPD_ESPEC / DDPD_EDATA) with its message.
+ * Bounded by timeout_s. */
+ddpd_err launch_plan(const char *worker, struct json_t *doc, int world_size, double timeout_s,
+                     int64_t *counts, bool *known, struct ddpd_error *err);

@@ -179,6 +179,25 @@ int run_main(int argc, char **argv, const char *self_dir)
     json_object_set_new(doc, "out_dir", json_string(out));
     json_object_set_new(doc, "resume", resume ? json_string(resume) : json_null());
 
+    /* Fail before any rank starts when the data or the batch counts say it cannot work. */
+    int64_t counts[SPEC_MAX_WORLD];
+    bool known;
+    if (launch_plan(worker, doc, spec.world_size, 60, counts, &known, &err) != DDPD_OK) {
+        fprintf(stderr, "ddpd run: %s\n", err.message);
+        json_decref(doc);
+        return err.code == DDPD_EDATA || err.code == DDPD_ESPEC ? 2 : 1;
+    }
+    for (int r = 1; known && r < spec.world_size; r++) {
+        if (counts[r] != counts[0] && spec.ddp.join == JOIN_FALSE) {
+            fprintf(stderr,
+                    "ddpd run: %s: ddp.join: the ranks would have uneven batch counts per epoch "
+                    "(rank 0: %lld, rank %d: %lld) but join is false; use \"auto\" or true\n",
+                    spec_path, (long long)counts[0], r, (long long)counts[r]);
+            json_decref(doc);
+            return 2;
+        }
+    }
+
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;

@@ -42,13 +42,13 @@ static ddpd_err write_pair(const char *model_path, const char *optim_path, struc
         t[i].shape[1] = p->shape[1];
         t[i].data = host[i];
     }
-    char step[32], epoch[32], batch[32], osteps[32];
+    char step[32], epoch[32], estep[32], osteps[32];
     snprintf(step, sizeof step, "%" PRId64, pos->step);
     snprintf(epoch, sizeof epoch, "%" PRId64, pos->epoch);
-    snprintf(batch, sizeof batch, "%" PRId64, pos->batch);
+    snprintf(estep, sizeof estep, "%" PRId64, pos->epoch_step);
     snprintf(osteps, sizeof osteps, "%" PRId64, optim_steps(o));
     struct st_meta meta[] = {
-        {"format", CKPT_FORMAT}, {"step", step}, {"epoch", epoch}, {"batch", batch},
+        {"format", CKPT_FORMAT}, {"step", step}, {"epoch", epoch}, {"epoch_step", estep},
         {"optim_steps", osteps},
     };
     int nmeta = (int)(sizeof meta / sizeof meta[0]);
@@ -233,10 +233,10 @@ ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, struct
         goto out;
     const char *fmt = st_meta_get(mf, "format");
     if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0 || meta_i64(mf, "step", &pos->step) ||
-        meta_i64(mf, "epoch", &pos->epoch) || meta_i64(mf, "batch", &pos->batch) ||
+        meta_i64(mf, "epoch", &pos->epoch) || meta_i64(mf, "epoch_step", &pos->epoch_step) ||
         meta_i64(mf, "optim_steps", &osteps)) {
         rc = ddpd_error_set(err, DDPD_EDATA, mp,
-                            "%s: not a ddpd checkpoint (metadata format/step/epoch/batch missing)", mp);
+                            "%s: not a ddpd checkpoint (metadata format/step/epoch/epoch_step missing)", mp);
         goto out;
     }
 

@@ -11,10 +11,11 @@
 #include "nn.h"
 #include "optim.h"
 
-/* Where training stands after an optimizer step: resuming starts at micro-batch
- * `batch` of `epoch` with `step` optimizer steps done. */
+/* Where training stands after an optimizer step: `step` optimizer steps done in all,
+ * `epoch_step` of them in epoch `epoch`. Each rank derives its micro-batch position
+ * from epoch_step (ranks may hold different batch counts under join). */
 struct train_pos {
-    int64_t step, epoch, batch;
+    int64_t step, epoch, epoch_step;
 };
 
 /* Loads weights from a safetensors file into the model: every parameter must be there

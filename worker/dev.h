@@ -13,14 +13,22 @@
 #include "../schema/spec.h"
 
 /* Hyper-parameters of one optimizer update, as PyTorch names them. */
+/* Fill them with optim_sgd_hyper / optim_adamw_hyper (optim.h): the derived scalars at
+ * the end are computed in double from the spec's values, as PyTorch's Python computes
+ * them, and rounded to float once, which is what its float kernels then apply. */
 struct sgd_hyper {
     float lr, momentum, dampening, weight_decay;
     bool nesterov;
     bool first; /* first step for this parameter: buf = grad (no dampening) */
+    float one_minus_dampening; /* 1 - dampening */
 };
 struct adamw_hyper {
     float lr, beta1, beta2, eps, weight_decay;
     int64_t step; /* 1-based step count after increment */
+    float decay;                            /* 1 - lr * weight_decay */
+    float one_minus_beta1, one_minus_beta2; /* 1 - beta1, 1 - beta2 */
+    float neg_step_size;                    /* -lr / (1 - beta1^step) */
+    float bc2_sqrt;                         /* sqrt(1 - beta2^step) */
 };
 
 struct dev_ops {
@@ -73,6 +81,11 @@ struct dev {
 /* The CPU backend. `threads` sets OpenBLAS's thread count (1 = one thread per rank). */
 struct dev dev_cpu_new(int threads);
 void dev_cpu_free(struct dev d);
+/* Whether the CPU backend fuses a*b+c into one rounding where PyTorch's kernels do. It
+ * does by default when the CPU has AVX2 and FMA, because PyTorch 1.13 then runs its
+ * AVX2 kernels, whose multiply-adds are fused; elsewhere PyTorch rounds twice and so do
+ * we. Tests switch it to check both paths. Returns the previous setting. */
+bool dev_cpu_set_fused(struct dev d, bool fused);
 
 /* The CUDA backend (dev/cuda.cu); false when not compiled in or no device. */
 bool dev_cuda_available(void);

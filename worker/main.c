@@ -10,6 +10,8 @@
 
 #include "../schema/spec.h"
 #include "dev.h"
+#include "comm.h"
+#include "data.h"
 #include "emit.h"
 #include "train.h"
 
@@ -27,6 +29,9 @@ static void usage(FILE *f)
 {
     fputs("usage: ddpd-worker               read one job document on stdin and run one rank\n"
           "       ddpd-worker --devices     print the visible CUDA devices as JSON\n"
+          "       ddpd-worker --issue-id cpu  print a rendezvous id and serve its root until stdin closes\n"
+          "       ddpd-worker --plan        read {spec, data_dir, world_size} on stdin, print every\n"
+          "                                 rank's batches per epoch ({\"batches\": [...]} or null)\n"
           "       ddpd-worker --version\n"
           "ddpd-worker is started by ddpd (`ddpd serve` or `ddpd run`), not by hand.\n",
           f);
@@ -98,6 +103,46 @@ static int get_int(json_t *doc, const char *key, json_int_t lo, json_int_t hi, j
     return 0;
 }
 
+/* --plan: what the launcher checks before any rank starts (uneven batch counts with
+ * join false, data sets too small, unreadable files). */
+static int plan_main(void)
+{
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+    size_t len = 0;
+    char *text = read_stdin(&len, &err);
+    if (!text)
+        emit_die(&err);
+    json_t *doc = json_loadb(text, len, 0, NULL);
+    free(text);
+    json_int_t world;
+    const char *data_dir;
+    struct spec spec;
+    if (!json_is_object(doc) || get_int(doc, "world_size", 1, SPEC_MAX_WORLD, &world, &err) ||
+        get_str(doc, "data_dir", &data_dir, &err))
+        emit_die(&err);
+    if (spec_from_json(json_object_get(doc, "spec"), NULL, &spec, &err) != DDPD_OK)
+        emit_die(&err);
+    int64_t counts[SPEC_MAX_WORLD];
+    ddpd_err rc = dataset_batch_counts(&spec, data_dir ? data_dir : ".", (int)world, counts, &err);
+    json_decref(doc);
+    if (rc == DDPD_ENOTFOUND) {
+        puts("{\"batches\":null}");
+        return 0;
+    }
+    if (rc != DDPD_OK)
+        emit_die(&err);
+    json_t *out = json_array();
+    for (int r = 0; r < world; r++)
+        json_array_append_new(out, json_integer(counts[r]));
+    json_t *res = json_pack("{s:o}", "batches", out);
+    char *line = json_dumps(res, JSON_COMPACT);
+    puts(line);
+    free(line);
+    json_decref(res);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct ddpd_error err;
@@ -108,6 +153,17 @@ int main(int argc, char **argv)
             /* No CUDA devices are visible without the CUDA backend: print nothing. */
             return 0;
         }
+        if (!strcmp(argv[1], "--issue-id")) {
+            if (argc < 3 || strcmp(argv[2], "cpu") != 0) {
+                fprintf(stderr, "ddpd-worker: --issue-id takes a backend: cpu%s\n",
+                        argc >= 3 && !strcmp(argv[2], "nccl") ? " (this build has no NCCL backend)" : "");
+                return 2;
+            }
+            signal(SIGPIPE, SIG_IGN);
+            return comm_cpu_issue_id(stdout, 0);
+        }
+        if (!strcmp(argv[1], "--plan"))
+            return plan_main();
         if (!strcmp(argv[1], "--version")) {
             puts("ddpd-worker 0.1.0");
             return 0;
@@ -175,6 +231,24 @@ int main(int argc, char **argv)
         emit_die(&err);
     }
 
+    /* The group: {"backend": "cpu", "id": "<hex>"} for more than one rank. */
+    struct comm *comm = NULL;
+    json_t *jc = json_object_get(doc, "comm");
+    if (world > 1) {
+        const char *backend = json_string_value(json_object_get(jc, "backend"));
+        const char *hex = json_string_value(json_object_get(jc, "id"));
+        struct comm_id id;
+        if (!backend || strcmp(backend, "cpu") != 0 || !hex || comm_id_from_hex(hex, &id) != 0) {
+            ddpd_error_set(&err, DDPD_ESPEC, "comm",
+                           "comm: %d ranks need {\"backend\": \"cpu\", \"id\": \"<hex>\"} in the job document",
+                           (int)world);
+            emit_die(&err);
+        }
+        comm = comm_new(&comm_cpu_ops, &id, (int)rank, (int)world, spec.ddp.timeout_s, &err);
+        if (!comm)
+            emit_die(&err);
+    }
+
     struct train_config cfg = {
         .spec = &spec,
         .rank = (int)rank,
@@ -183,11 +257,17 @@ int main(int argc, char **argv)
         .out_dir = out_dir ? out_dir : "var/run",
         .resume = resume,
         .cancel = &cancelled,
+        .comm = comm,
     };
     ddpd_err rc = train_run(&cfg, &err);
     json_decref(doc);
-    if (rc != DDPD_OK)
+    if (rc != DDPD_OK) {
+        /* Peers blocked on us learn of it from the closed sockets at once. */
+        if (comm)
+            comm_abort(comm);
         emit_die(&err);
+    }
+    comm_free(comm);
     emit_flush();
     return 0;
 }

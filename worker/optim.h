@@ -21,13 +21,22 @@ void optim_step(struct optim *o);
 
 int64_t optim_steps(const struct optim *o); /* updates applied so far */
 
-/* State tensors for checkpoints: "<param>.momentum_buffer" (sgd with momentum, once
- * created), "<param>.exp_avg", "<param>.exp_avg_sq" (adamw). */
+/* State tensors for checkpoints, per parameter in registration order:
+ * "<param>.momentum_buffer" (sgd with momentum), "<param>.exp_avg", "<param>.exp_avg_sq"
+ * (adamw). They exist from optim_new on (zeros), so a loader can fill them before
+ * optim_restore; a momentum buffer counts as created (PyTorch: not None) once a step
+ * has run or optim_restore was given steps > 0, and until then the first step sets it
+ * to the gradient whatever it holds. */
 int optim_state_count(const struct optim *o);
 /* i-th state tensor: its name (written into name, cap bytes), device pointer and numel;
  * ndim/shape as the parameter's. */
 float *optim_state_at(struct optim *o, int i, char *name, int cap, const struct param **like);
 /* Marks that state exists (restored from a checkpoint) and sets the step count. */
 void optim_restore(struct optim *o, int64_t steps);
+
+/* The scalars of one update as PyTorch's Python derives them from the spec's doubles
+ * (dev.h): `first` = the momentum buffer does not exist yet; `step` counts from 1. */
+struct sgd_hyper optim_sgd_hyper(const struct spec_optim *o, bool first);
+struct adamw_hyper optim_adamw_hyper(const struct spec_optim *o, int64_t step);
 
 #endif

@@ -1,8 +1,11 @@
 /* train.c — the training loop of one rank, top to bottom like the algorithm:
- *   for each optimizer step: zero grads; k micro-batches of forward, loss, backward
- *   (gradients add up); one optimizer update; log; checkpoint.
- * An epoch is a pass over this rank's shard; its last step takes the micro-batches that
- * are left when grad_accum does not divide the batch count. */
+ *   for each epoch: for each optimizer step: zero grads; k micro-batches of forward,
+ *   loss, backward (the first k-1 under no_sync, so gradients add up locally; the k-th
+ *   reduces them across ranks); one optimizer update; log; checkpoint.
+ * The last step of an epoch takes the micro-batches that are left when grad_accum does
+ * not divide the batch count. With uneven batch counts (join), a rank out of batches
+ * shadows the others' steps until the epoch ends on every rank; then all replicas are
+ * made equal again. Steps are counted globally: shadowed steps count too. */
 #include "train.h"
 
 #include <errno.h>
@@ -15,6 +18,7 @@
 
 #include "checkpoint.h"
 #include "data.h"
+#include "ddp.h"
 #include "dev.h"
 #include "emit.h"
 #include "nn.h"
@@ -42,21 +46,10 @@ static ddpd_err mkdir_p(const char *path, struct ddpd_error *err)
     return DDPD_OK;
 }
 
-/* Joins data_dir and a spec path that the parser has already kept inside it. */
-static void data_path(char *out, size_t cap, const char *data_dir, const char *rel)
+static void emit_simple(event_kind kind, int rank, int64_t step)
 {
-    snprintf(out, cap, "%s/%s", data_dir && data_dir[0] ? data_dir : ".", rel);
-}
-
-static void emit_loss(int rank, const struct train_pos *pos, int64_t epoch, double loss,
-                      double samples_per_s)
-{
-    struct event ev = {.kind = EVENT_LOSS, .rank = rank};
-    ev.step = pos->step;
-    ev.epoch = epoch;
-    ev.loss = loss;
-    ev.nonfinite = !isfinite(loss);
-    ev.samples_per_s = samples_per_s;
+    struct event ev = {.kind = kind, .rank = rank};
+    ev.step = step;
     emit_event(&ev);
 }
 
@@ -69,149 +62,266 @@ static void emit_checkpoint(int rank, int64_t step, const char *dir)
     emit_event(&ev);
 }
 
+/* Everything one rank trains with. */
+struct run {
+    const struct train_config *cfg;
+    const struct spec *s;
+    struct dev dev;
+    struct dataset *ds;
+    struct model *m;
+    struct optim *o;
+    struct ddp *ddp;
+    bool join;
+    int64_t in, out, nb, max_nb, total;
+    float *hx, *hy, *x, *y, *dpred, *dloss;
+    int32_t *hl, *labels;
+};
+
+/* Agrees with the other ranks on the batch counts: join on or off, and the global
+ * number of steps. */
+static ddpd_err agree_on_batches(struct run *r, struct ddpd_error *err)
+{
+    const struct train_config *cfg = r->cfg;
+    const struct spec *s = r->s;
+    r->max_nb = r->nb;
+    if (cfg->comm) {
+        int64_t counts[SPEC_MAX_WORLD];
+        ddpd_err rc = comm_allgather(cfg->comm, &r->nb, sizeof r->nb, counts, err);
+        if (rc)
+            return rc;
+        int uneven_rank = -1;
+        for (int i = 0; i < cfg->world_size; i++) {
+            if (counts[i] > r->max_nb)
+                r->max_nb = counts[i];
+            if (counts[i] != counts[0] && uneven_rank < 0)
+                uneven_rank = i;
+        }
+        if (uneven_rank >= 0 && s->ddp.join == JOIN_FALSE)
+            return ddpd_error_set(err, DDPD_ESPEC, "ddp.join",
+                                  "ddp.join: the ranks have uneven batch counts (rank 0: %" PRId64
+                                  ", rank %d: %" PRId64 ") but join is false; use \"auto\" or true",
+                                  counts[0], uneven_rank, counts[uneven_rank]);
+        r->join = s->ddp.join == JOIN_TRUE || (s->ddp.join == JOIN_AUTO && uneven_rank >= 0);
+    }
+    if (r->max_nb == 0)
+        return ddpd_error_set(err, DDPD_EDATA, "data",
+                              "data: not one batch of %" PRId64 " in %s (%" PRId64
+                              " samples on rank %d, drop_last %s)",
+                              s->batch_size, cfg->world_size > 1 ? "any rank's shard" : "the data set",
+                              dataset_shard_size(r->ds), cfg->rank, s->data.drop_last ? "on" : "off");
+    r->total = s->steps ? s->steps : s->epochs * train_steps_per_epoch(r->max_nb, s->grad_accum);
+    return DDPD_OK;
+}
+
+/* One micro-batch: forward, loss, backward. Returns the loss and adds the rows. */
+static ddpd_err micro_batch(struct run *r, int64_t b, bool sync, double *loss, int64_t *rows_out,
+                            struct ddpd_error *err)
+{
+    const struct dev_ops *ops = r->dev.ops;
+    void *ctx = r->dev.ctx;
+    int64_t rows = dataset_batch(r->ds, b, r->hx, r->hy, r->hl);
+    ops->to_device(ctx, r->x, r->hx, (size_t)(rows * r->in) * sizeof(float));
+
+    bool prev = false;
+    if (r->ddp && !sync)
+        prev = ddp_no_sync_enter(r->ddp);
+    if (r->ddp) {
+        ddpd_err rc = ddp_forward_begin(r->ddp, err);
+        if (rc)
+            return rc;
+    }
+    const float *pred = model_forward(r->m, r->x, rows);
+    if (r->s->loss == LOSS_CROSS_ENTROPY) {
+        ops->to_device(ctx, r->labels, r->hl, (size_t)rows * sizeof(int32_t));
+        ops->cross_entropy(ctx, pred, r->labels, rows, r->out, r->dpred, r->dloss);
+    } else {
+        ops->to_device(ctx, r->y, r->hy, (size_t)(rows * r->out) * sizeof(float));
+        ops->mse(ctx, pred, r->y, rows, r->out, r->dpred, r->dloss);
+    }
+    model_backward(r->m, r->dpred, r->ddp ? ddp_grad_ready : NULL, r->ddp);
+    if (r->ddp) {
+        ddpd_err rc = ddp_backward_end(r->ddp, err);
+        if (!sync)
+            ddp_no_sync_exit(r->ddp, prev);
+        if (rc)
+            return rc;
+    }
+    float l;
+    ops->to_host(ctx, &l, r->dloss, sizeof l);
+    *loss = l;
+    *rows_out = rows;
+    return DDPD_OK;
+}
+
+static ddpd_err save_checkpoint(struct run *r, const struct train_pos *pos, struct ddpd_error *err)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/ckpt-%" PRId64, r->cfg->out_dir, pos->step);
+    ddpd_err rc = ckpt_save_dir(dir, r->m, r->o, pos, err);
+    if (!rc)
+        emit_checkpoint(r->cfg->rank, pos->step, dir);
+    return rc;
+}
+
+static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *err)
+{
+    const struct train_config *cfg = r->cfg;
+    const struct spec *s = r->s;
+    const int64_t bs = s->batch_size;
+    ddpd_err rc;
+
+    r->ds = dataset_open(s, cfg->data_dir, cfg->rank, cfg->world_size, err);
+    if (!r->ds)
+        return err ? err->code : DDPD_EDATA;
+    r->nb = dataset_batches(r->ds);
+    r->in = spec_in_width(s);
+    r->out = spec_out_width(s);
+
+    r->m = model_new(r->dev, s, bs);
+    r->o = r->m ? optim_new(&s->optim, r->m) : NULL;
+    r->hx = malloc((size_t)(bs * r->in) * sizeof(float));
+    r->hy = malloc((size_t)(bs * r->out) * sizeof(float));
+    r->hl = malloc((size_t)bs * sizeof(int32_t));
+    const struct dev_ops *ops = r->dev.ops;
+    r->x = ops->alloc(r->dev.ctx, (size_t)(bs * r->in) * sizeof(float));
+    r->y = ops->alloc(r->dev.ctx, (size_t)(bs * r->out) * sizeof(float));
+    r->labels = ops->alloc(r->dev.ctx, (size_t)bs * sizeof(int32_t));
+    r->dpred = ops->alloc(r->dev.ctx, (size_t)(bs * r->out) * sizeof(float));
+    r->dloss = ops->alloc(r->dev.ctx, sizeof(float));
+    if (!r->m || !r->o || !r->hx || !r->hy || !r->hl || !r->x || !r->y || !r->labels || !r->dpred ||
+        !r->dloss)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory building the model for batch %" PRId64,
+                              bs);
+
+    memset(pos, 0, sizeof *pos);
+    if (cfg->resume) {
+        rc = ckpt_load_dir(cfg->resume, r->m, r->o, pos, err);
+        if (rc)
+            return rc;
+        emit_log("resumed from %s at step %" PRId64 " (epoch %" PRId64 ", step %" PRId64 " of the epoch)",
+                 cfg->resume, pos->step, pos->epoch, pos->epoch_step);
+    } else if (s->init_from[0]) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", cfg->data_dir, s->init_from);
+        rc = ckpt_load_weights(r->m, path, err);
+        if (rc)
+            return rc;
+    }
+    if (cfg->rank == 0 && (rc = mkdir_p(cfg->out_dir, err)))
+        return rc;
+    if ((rc = agree_on_batches(r, err)))
+        return rc;
+    if (cfg->comm) {
+        struct ddp_opts opts = {
+            .bucket_cap_mb = s->ddp.bucket_cap_mb,
+            .join = r->join,
+            .divide_by_initial_world_size = s->ddp.divide_by_initial_world_size,
+        };
+        r->ddp = ddp_new(r->m, cfg->comm, &opts, err);
+        if (!r->ddp)
+            return err ? err->code : DDPD_EINTERNAL;
+    }
+    return DDPD_OK;
+}
+
 ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
 {
     const struct spec *s = cfg->spec;
     const int rank = cfg->rank;
     const int64_t k = s->grad_accum;
-    const bool ce = s->loss == LOSS_CROSS_ENTROPY;
-    const int64_t in = spec_in_width(s), out = spec_out_width(s);
-    const int64_t bs = s->batch_size;
-    struct dev dev = dev_cpu_new(1);
-    struct dataset *ds = NULL;
-    struct model *m = NULL;
-    struct optim *o = NULL;
-    float *hx = NULL, *hy = NULL, *x = NULL, *y = NULL, *dpred = NULL, *dloss = NULL;
-    int32_t *hl = NULL, *labels = NULL;
-    ddpd_err rc;
-
-    ds = dataset_open(s, cfg->data_dir, rank, cfg->world_size, err);
-    if (!ds) {
-        rc = err ? err->code : DDPD_EDATA;
-        goto out;
-    }
-    const int64_t nb = dataset_batches(ds);
-    if (nb == 0 && cfg->world_size == 1) {
-        rc = ddpd_error_set(err, DDPD_EDATA, "data",
-                            "the data set has %" PRId64 " samples: not one batch of %" PRId64
-                            " (drop_last is %s)",
-                            dataset_shard_size(ds), bs, s->data.drop_last ? "on" : "off");
-        goto out;
-    }
-
-    rc = DDPD_ENOMEM;
-    m = model_new(dev, s, bs);
-    if (!m)
-        goto out;
-    o = optim_new(&s->optim, m);
-    if (!o)
-        goto out;
-    hx = malloc((size_t)(bs * in) * sizeof(float));
-    hy = malloc((size_t)(bs * out) * sizeof(float));
-    hl = malloc((size_t)bs * sizeof(int32_t));
-    x = dev.ops->alloc(dev.ctx, (size_t)(bs * in) * sizeof(float));
-    y = dev.ops->alloc(dev.ctx, (size_t)(bs * out) * sizeof(float));
-    labels = dev.ops->alloc(dev.ctx, (size_t)bs * sizeof(int32_t));
-    dpred = dev.ops->alloc(dev.ctx, (size_t)(bs * out) * sizeof(float));
-    dloss = dev.ops->alloc(dev.ctx, sizeof(float));
-    if (!hx || !hy || !hl || !x || !y || !labels || !dpred || !dloss)
+    struct run r = {.cfg = cfg, .s = s, .dev = dev_cpu_new(1)};
+    struct train_pos pos;
+    ddpd_err rc = setup(&r, &pos, err);
+    if (rc)
         goto out;
 
-    struct train_pos pos = {0, 0, 0};
-    if (cfg->resume) {
-        rc = ckpt_load_dir(cfg->resume, m, o, &pos, err);
-        if (rc)
-            goto out;
-        emit_log("resumed from %s at step %" PRId64 " (epoch %" PRId64 ", batch %" PRId64 ")",
-                 cfg->resume, pos.step, pos.epoch, pos.batch);
-    } else if (s->init_from[0]) {
-        char path[4096];
-        data_path(path, sizeof path, cfg->data_dir, s->init_from);
-        rc = ckpt_load_weights(m, path, err);
-        if (rc)
-            goto out;
-    }
-    if (rank == 0) {
-        rc = mkdir_p(cfg->out_dir, err);
-        if (rc)
-            goto out;
-    }
-
-    const int64_t per_epoch = train_steps_per_epoch(nb, k);
-    const int64_t total = s->steps ? s->steps : s->epochs * per_epoch;
     struct event start = {.kind = EVENT_START, .rank = rank};
     start.world_size = cfg->world_size;
     snprintf(start.device, sizeof start.device, "%s", device_kind_name(s->device));
-    start.params = model_numel(m);
-    start.batches = nb;
+    start.params = model_numel(r.m);
+    start.batches = r.nb;
     emit_event(&start);
 
     const double t0 = emit_monotonic();
     double t_log = t0, last_loss = NAN;
-    int64_t samples_since_log = 0, epoch_set = -1;
-    while (pos.step < total) {
-        if (pos.epoch != epoch_set) {
-            dataset_set_epoch(ds, pos.epoch);
-            epoch_set = pos.epoch;
-        }
-        const int64_t epoch = pos.epoch;
-        const int64_t micro = k < nb - pos.batch ? k : nb - pos.batch;
-        double loss_sum = 0;
+    int64_t samples_since_log = 0;
+    while (pos.step < r.total) {
+        dataset_set_epoch(r.ds, pos.epoch);
+        int64_t b = pos.epoch_step * k < r.nb ? pos.epoch_step * k : r.nb;
 
-        model_zero_grad(m);
-        for (int64_t j = 0; j < micro; j++) {
-            if (cfg->cancel && *cfg->cancel) {
-                rc = ddpd_error_set(err, DDPD_ECANCELED, "", "cancelled by SIGTERM at step %" PRId64,
-                                    pos.step + 1);
-                goto out;
+        /* This rank's steps of the epoch. */
+        while (pos.step < r.total && b < r.nb) {
+            const int64_t epoch = pos.epoch, micro = k < r.nb - b ? k : r.nb - b;
+            double loss_sum = 0;
+            model_zero_grad(r.m);
+            for (int64_t j = 0; j < micro; j++, b++) {
+                if (cfg->cancel && *cfg->cancel) {
+                    rc = ddpd_error_set(err, DDPD_ECANCELED, "", "cancelled by SIGTERM at step %" PRId64,
+                                        pos.step + 1);
+                    goto out;
+                }
+                double loss;
+                int64_t rows;
+                rc = micro_batch(&r, b, j == micro - 1, &loss, &rows, err);
+                if (rc)
+                    goto out;
+                loss_sum += loss;
+                samples_since_log += rows;
             }
-            int64_t rows = dataset_batch(ds, pos.batch, hx, hy, hl);
-            dev.ops->to_device(dev.ctx, x, hx, (size_t)(rows * in) * sizeof(float));
-            const float *pred = model_forward(m, x, rows);
-            if (ce) {
-                dev.ops->to_device(dev.ctx, labels, hl, (size_t)rows * sizeof(int32_t));
-                dev.ops->cross_entropy(dev.ctx, pred, labels, rows, out, dpred, dloss);
-            } else {
-                dev.ops->to_device(dev.ctx, y, hy, (size_t)(rows * out) * sizeof(float));
-                dev.ops->mse(dev.ctx, pred, y, rows, out, dpred, dloss);
-            }
-            model_backward(m, dpred, NULL, NULL);
-            float l;
-            dev.ops->to_host(dev.ctx, &l, dloss, sizeof l);
-            loss_sum += l;
-            samples_since_log += rows;
-            pos.batch++;
-        }
-        optim_step(o);
-        pos.step++;
-        if (pos.batch == nb) {
-            pos.epoch++;
-            pos.batch = 0;
-        }
-        last_loss = loss_sum / (double)micro;
+            optim_step(r.o);
+            pos.step++;
+            pos.epoch_step++;
+            last_loss = loss_sum / (double)micro;
 
-        if (pos.step % s->log_every == 0 || pos.step == total) {
-            double now = emit_monotonic();
-            double dt = now - t_log;
-            emit_loss(rank, &pos, epoch, last_loss, dt > 0 ? (double)samples_since_log / dt : 0);
-            t_log = now;
-            samples_since_log = 0;
+            if (pos.step % s->log_every == 0 || pos.step == r.total) {
+                double now = emit_monotonic(), dt = now - t_log;
+                struct event ev = {.kind = EVENT_LOSS, .rank = rank};
+                ev.step = pos.step;
+                ev.epoch = epoch;
+                ev.loss = last_loss;
+                ev.nonfinite = !isfinite(last_loss);
+                ev.samples_per_s = dt > 0 ? (double)samples_since_log / dt : 0;
+                emit_event(&ev);
+                t_log = now;
+                samples_since_log = 0;
+            }
+            if (rank == 0 && s->checkpoint_every && pos.step % s->checkpoint_every == 0 &&
+                pos.step != r.total) {
+                struct train_pos at = pos;
+                if (b == r.nb && !r.join) { /* the epoch is over: resume at the next one */
+                    at.epoch++;
+                    at.epoch_step = 0;
+                }
+                if ((rc = save_checkpoint(&r, &at, err)))
+                    goto out;
+            }
         }
-        if (rank == 0 && s->checkpoint_every && pos.step % s->checkpoint_every == 0 &&
-            pos.step != total) {
-            char dir[4096];
-            snprintf(dir, sizeof dir, "%s/ckpt-%" PRId64, cfg->out_dir, pos.step);
-            rc = ckpt_save_dir(dir, m, o, &pos, err);
-            if (rc)
+
+        if (r.join) {
+            /* Out of batches (or out of steps): shadow the others, then resync. */
+            int64_t shadowed, before = pos.step;
+            if (b == r.nb && r.nb < r.max_nb)
+                emit_simple(EVENT_JOIN, rank, pos.step);
+            if ((rc = ddp_join(r.ddp, &shadowed, err)))
                 goto out;
-            emit_checkpoint(rank, pos.step, dir);
+            pos.step += shadowed;
+            pos.epoch_step += shadowed;
+            if (rank == 0 && s->checkpoint_every && pos.step != r.total &&
+                pos.step / s->checkpoint_every > before / s->checkpoint_every) {
+                struct train_pos at = {pos.step, pos.epoch + 1, 0};
+                if ((rc = save_checkpoint(&r, &at, err)))
+                    goto out;
+            }
         }
+        if (b < r.nb)
+            break; /* the step budget ended inside the epoch */
+        pos.epoch++;
+        pos.epoch_step = 0;
     }
     const double seconds = emit_monotonic() - t0;
 
     if (rank == 0) {
-        rc = ckpt_save_files(cfg->out_dir, m, o, &pos, err);
-        if (rc)
+        if ((rc = ckpt_save_files(cfg->out_dir, r.m, r.o, &pos, err)))
             goto out;
         emit_checkpoint(rank, pos.step, cfg->out_dir);
     }
@@ -223,21 +333,20 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     emit_event(&done);
     rc = DDPD_OK;
 out:
-    if (rc == DDPD_ENOMEM)
-        ddpd_error_set(err, rc, "", "out of memory building the model for batch %" PRId64, bs);
-    if (dev.ops) {
-        dev.ops->free(dev.ctx, x);
-        dev.ops->free(dev.ctx, y);
-        dev.ops->free(dev.ctx, labels);
-        dev.ops->free(dev.ctx, dpred);
-        dev.ops->free(dev.ctx, dloss);
+    if (r.dev.ops) {
+        r.dev.ops->free(r.dev.ctx, r.x);
+        r.dev.ops->free(r.dev.ctx, r.y);
+        r.dev.ops->free(r.dev.ctx, r.labels);
+        r.dev.ops->free(r.dev.ctx, r.dpred);
+        r.dev.ops->free(r.dev.ctx, r.dloss);
     }
-    free(hx);
-    free(hy);
-    free(hl);
-    optim_free(o);
-    model_free(m);
-    dataset_free(ds);
-    dev_cpu_free(dev);
+    free(r.hx);
+    free(r.hy);
+    free(r.hl);
+    ddp_free(r.ddp);
+    optim_free(r.o);
+    model_free(r.m);
+    dataset_free(r.ds);
+    dev_cpu_free(r.dev);
     return rc;
 }

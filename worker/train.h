@@ -9,6 +9,7 @@
 
 #include "../schema/err.h"
 #include "../schema/spec.h"
+#include "comm.h"
 
 struct train_config {
     const struct spec *spec; /* borrowed */
@@ -17,6 +18,7 @@ struct train_config {
     const char *out_dir;     /* checkpoints and the final model (rank 0 writes them) */
     const char *resume;      /* a checkpoint directory to continue from, or NULL */
     volatile sig_atomic_t *cancel; /* set by SIGTERM: stop at the next micro-batch */
+    struct comm *comm;       /* the group, NULL for a single rank without DDP */
 };
 
 /* Runs the job to the end. Emits start, loss, checkpoint and done events (emit.h).

@@ -408,33 +408,26 @@ def micro_batches(n, spec):
 
 
 def step_plan(n, spec):
-    """The optimizer steps as lists of (epoch, lo, hi) micro-batches. Micro-batches are
-    taken in order; a step takes `grad_accum` of them. With `epochs`, the stream ends with
-    the last epoch (a step at the end of the stream may have fewer micro-batches); with
-    `steps`, epochs are repeated until that many steps were taken. The parity cases use
-    batch counts divisible by grad_accum, where every reading of the contract agrees."""
+    """The optimizer steps as lists of (epoch, lo, hi) micro-batches, as ddpd's train.c
+    documents them: each epoch's batches in order, `grad_accum` of them per step, and the
+    last step of an epoch takes the micro-batches that are left when grad_accum does not
+    divide the batch count (PyTorch's usual `if (i+1) % k == 0 or i+1 == len(loader)`).
+    With `epochs` that many passes; with `steps`, epochs repeat until that many steps."""
     if spec["data"].get("shuffle", True):
         raise ValueError("the reference trainer needs data.shuffle false")
     k = spec.get("grad_accum", 1)
     per_epoch = micro_batches(n, spec)
     assert per_epoch, "no batches"
-    steps = []
-    cur = []
-    epoch = 0
     want = spec.get("steps")
-    while True:
-        for b, lo, hi in per_epoch:
-            cur.append((epoch, lo, hi))
-            if len(cur) == k:
-                steps.append(cur)
-                cur = []
-                if want and len(steps) == want:
-                    return steps
+    steps = []
+    epoch = 0
+    while (want and len(steps) < want) or (not want and epoch < spec["epochs"]):
+        for i in range(0, len(per_epoch), k):
+            steps.append([(epoch, lo, hi) for _, lo, hi in per_epoch[i:i + k]])
+            if want and len(steps) == want:
+                break
         epoch += 1
-        if not want and epoch == spec["epochs"]:
-            if cur:
-                steps.append(cur)
-            return steps
+    return steps
 
 
 class Reference:

@@ -143,6 +143,23 @@ def test_grad_accum_adamw_mse(work):
     check_parity(work, spec, x, y, init_seed=71, expect_steps=18)
 
 
+# (7c) grad_accum 3 that does not divide the 13 batches of an epoch (100 samples in
+# batches of 8, the last of 4): each epoch ends with a step of the 1 micro-batch left
+def test_grad_accum_epoch_remainder(work):
+    x, y = make_xy(100, 10, 3, "cross_entropy", seed=72)
+    spec = base_spec(mlp(10, 12, 3), "cross_entropy", {"type": "sgd", "lr": 0.05, "momentum": 0.9}, 8,
+                     epochs=2, grad_accum=3)
+    check_parity(work, spec, x, y, init_seed=72, check_epochs=True, expect_steps=10)
+
+
+# (7d) the same with `steps` wrapping into the 3rd epoch (5 steps per epoch)
+def test_grad_accum_steps_wrap(work):
+    x, y = make_xy(100, 10, 3, "mse", seed=73)
+    spec = base_spec(mlp(10, 12, 3, act="sigmoid"), "mse", {"type": "adamw", "lr": 3e-3}, 8,
+                     steps=12, grad_accum=3)
+    check_parity(work, spec, x, y, init_seed=73, check_epochs=True, expect_steps=12)
+
+
 # (8) float64 x file and int64 / int32 labels
 @pytest.mark.parametrize("label_dtype", [np.int64, np.int32])
 def test_float64_x_int_labels(work, label_dtype):

@@ -1,0 +1,589 @@
+/* test_comm.c — the CPU collective backend (worker/comm/cpu.c) end to end: an issuer and
+ * W rank processes per case, forked from here, as the launcher runs them. Checks sums,
+ * bitwise identity across ranks, ordering of async all-reduces, every collective, and the
+ * failures: a rank that dies, never comes, goes silent, brings the wrong id, or desyncs. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "../../worker/comm.h"
+
+#define MAX_W 4
+#define NSIZES 5
+static const int64_t sizes[NSIZES] = {0, 1, 7, 1000, (1 << 20) + 3};
+
+/* What the ranks report to the parent, in a shared mapping. */
+struct shared {
+    uint64_t hash[MAX_W][NSIZES]; /* FNV-1a of each all-reduce result */
+    uint64_t async_hash[MAX_W];
+    double elapsed[MAX_W];        /* seconds a failing call took */
+    int code[MAX_W];              /* ddpd_err of that call */
+    int later_code[MAX_W];        /* a call after the failure */
+    char msg[MAX_W][800];
+    char later_msg[MAX_W][800];
+};
+static struct shared *sh;
+static int issuer_stdin = -1; /* the write end the parent holds; children close it */
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static uint64_t fnv(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* ---- the issuer, as `ddpd-worker --issue-id cpu` under the launcher ---- */
+
+struct issuer {
+    pid_t pid;
+    struct comm_id id;
+};
+
+static int issuer_start(struct issuer *is)
+{
+    int in[2], out[2];
+    if (pipe(in) < 0 || pipe(out) < 0)
+        return -1;
+    is->pid = fork();
+    if (is->pid == 0) {
+        alarm(60);
+        close(in[1]);
+        close(out[0]);
+        FILE *f = fdopen(out[1], "w");
+        _exit(comm_cpu_issue_id(f, in[0]));
+    }
+    close(in[0]);
+    close(out[1]);
+    issuer_stdin = in[1];
+    char line[600];
+    size_t n = 0;
+    while (n < sizeof line - 1) {
+        ssize_t k = read(out[0], line + n, 1);
+        if (k <= 0 || line[n] == '\n')
+            break;
+        n++;
+    }
+    line[n] = '\0';
+    close(out[0]);
+    const char *p = strstr(line, "{\"id\":\"");
+    char hex[2 * COMM_ID_BYTES + 1];
+    if (!p || strlen(p) < 7 + 2 * COMM_ID_BYTES + 2)
+        return -1;
+    memcpy(hex, p + 7, 2 * COMM_ID_BYTES);
+    hex[2 * COMM_ID_BYTES] = '\0';
+    return comm_id_from_hex(hex, &is->id);
+}
+
+static int issuer_stop(struct issuer *is)
+{
+    close(issuer_stdin);
+    issuer_stdin = -1;
+    int st = 0;
+    waitpid(is->pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* ---- ranks ---- */
+
+typedef int (*rank_fn)(int rank, int world, const struct comm_id *id);
+
+/* Forks one process per rank running fn; returns how many exited other than 0. */
+static int run_ranks(int world, const struct comm_id *id, rank_fn fn)
+{
+    pid_t pids[MAX_W];
+    for (int r = 0; r < world; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            alarm(40); /* a hang is a failure, not a stuck test run */
+            if (issuer_stdin >= 0)
+                close(issuer_stdin);
+            int rc = fn(r, world, id);
+            fflush(stderr);
+            _exit(rc || check__failures ? 1 : 0);
+        }
+    }
+    int bad = 0;
+    for (int r = 0; r < world; r++) {
+        int st = 0;
+        waitpid(pids[r], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "  rank %d of %d: %s %d\n", r, world,
+                    WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* Rank-dependent values whose sum depends on the order of addition, so a rank summing in
+ * its own order would show up as different bits. */
+static float val(int rank, int64_t i)
+{
+    uint32_t x = (uint32_t)(i * 2654435761u) ^ (uint32_t)(rank * 40503u + 17u);
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    return ((float)(x & 0xffffff) / 16777216.0f - 0.5f) * (float)(1 << (rank % 3 * 4));
+}
+
+static struct comm *join(int rank, int world, const struct comm_id *id, double timeout)
+{
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+    struct comm *c = comm_new(&comm_cpu_ops, id, rank, world, timeout, &err);
+    if (!c)
+        fprintf(stderr, "rank %d: comm_new: %s\n", rank, err.message);
+    return c;
+}
+
+/* got[i] ~= sum over ranks of val(r, i + off), within float rounding of the terms. */
+static int check_sum(const float *got, int world, int64_t n, int64_t off)
+{
+    int bad = 0;
+    for (int64_t i = 0; i < n && bad < 5; i++) {
+        double want = 0, mag = 0;
+        for (int r = 0; r < world; r++) {
+            want += val(r, i + off);
+            mag += fabs(val(r, i + off));
+        }
+        if (!(fabs(got[i] - want) <= 1e-6 * mag + 1e-30)) {
+            fprintf(stderr, "element %lld: %.9g, want %.9g\n", (long long)i, got[i], want);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+static int rank_collectives(int rank, int world, const struct comm_id *id)
+{
+    struct ddpd_error err;
+    struct comm_req *req;
+    struct comm *c = join(rank, world, id, 10.0);
+    if (!c)
+        return 1;
+    CHECK_EQ_INT(comm_rank(c), rank);
+    CHECK_EQ_INT(comm_world(c), world);
+
+    /* One all-reduce per size, waited at once. */
+    for (int s = 0; s < NSIZES; s++) {
+        int64_t n = sizes[s];
+        float *buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
+        for (int64_t i = 0; i < n; i++)
+            buf[i] = val(rank, i);
+        CHECK_EQ_INT(comm_allreduce_start(c, buf, n, &req, &err), DDPD_OK);
+        CHECK_EQ_INT(comm_wait(c, req, &err), DDPD_OK);
+        CHECK_EQ_INT(check_sum(buf, world, n, 0), 0);
+        sh->hash[rank][s] = fnv(buf, (size_t)n * sizeof *buf);
+        free(buf);
+    }
+
+    /* Several all-reduces in flight at once, waited in order: FIFO keeps them apart. */
+    enum { NA = 5 };
+    static const int64_t an[NA] = {100, 5000, 300001, 7, 1 << 18};
+    float *ab[NA];
+    struct comm_req *ar[NA];
+    for (int k = 0; k < NA; k++) {
+        ab[k] = malloc((size_t)an[k] * sizeof(float));
+        for (int64_t i = 0; i < an[k]; i++)
+            ab[k][i] = val(rank, i + k);
+        CHECK_EQ_INT(comm_allreduce_start(c, ab[k], an[k], &ar[k], &err), DDPD_OK);
+    }
+    uint64_t h = 0;
+    for (int k = 0; k < NA; k++) {
+        CHECK_EQ_INT(comm_wait(c, ar[k], &err), DDPD_OK);
+        CHECK_EQ_INT(check_sum(ab[k], world, an[k], k), 0);
+        h ^= fnv(ab[k], (size_t)an[k] * sizeof(float)) + (uint64_t)k;
+        free(ab[k]);
+    }
+    sh->async_hash[rank] = h;
+
+    /* A blocking collective issued while all-reduces are in flight runs after them. */
+    float early[3000];
+    for (int i = 0; i < 3000; i++)
+        early[i] = (float)(rank + 1);
+    CHECK_EQ_INT(comm_allreduce_start(c, early, 3000, &req, &err), DDPD_OK);
+    int64_t mx[3] = {rank, -rank, rank == world - 1 ? 1000 : 5};
+    CHECK_EQ_INT(comm_allreduce_max_i64(c, mx, 3, &err), DDPD_OK);
+    CHECK_EQ_INT(comm_wait(c, req, &err), DDPD_OK);
+    CHECK_NEAR(early[2999], world * (world + 1) / 2.0, 0, 0);
+    CHECK_EQ_INT(mx[0], world - 1);
+    CHECK_EQ_INT(mx[1], 0);
+    CHECK_EQ_INT(mx[2], 1000);
+
+    /* Broadcast from every root, small and large (the chain pipelines the large one). */
+    static const size_t bsz[3] = {0, 13, (1 << 20) + 5};
+    for (int root = 0; root < world; root++)
+        for (int k = 0; k < 3; k++) {
+            unsigned char *b = malloc(bsz[k] + 1);
+            for (size_t i = 0; i < bsz[k]; i++)
+                b[i] = (unsigned char)(rank == root ? (i * 7 + (size_t)root) : 0xee);
+            CHECK_EQ_INT(comm_broadcast(c, b, bsz[k], root, &err), DDPD_OK);
+            size_t wrong = 0;
+            for (size_t i = 0; i < bsz[k]; i++)
+                wrong += b[i] != (unsigned char)(i * 7 + (size_t)root);
+            CHECK_EQ_INT(wrong, 0);
+            free(b);
+        }
+
+    /* Allgather: 8 bytes and 1000 bytes per rank. */
+    int64_t mine = 100 + rank, all[MAX_W] = {0};
+    CHECK_EQ_INT(comm_allgather(c, &mine, sizeof mine, all, &err), DDPD_OK);
+    for (int r = 0; r < world; r++)
+        CHECK_EQ_INT(all[r], 100 + r);
+    unsigned char in[1000], out[MAX_W * 1000];
+    memset(in, rank + 1, sizeof in);
+    CHECK_EQ_INT(comm_allgather(c, in, sizeof in, out, &err), DDPD_OK);
+    for (int r = 0; r < world; r++)
+        CHECK_EQ_INT(out[r * 1000 + 999], r + 1);
+
+    for (int k = 0; k < 3; k++)
+        CHECK_EQ_INT(comm_barrier(c, &err), DDPD_OK);
+    comm_free(c);
+    return 0;
+}
+
+static void test_collectives(int world)
+{
+    struct issuer is;
+    memset(sh, 0, sizeof *sh);
+    double t0 = now_s();
+    CHECK_EQ_INT(issuer_start(&is), 0);
+    CHECK_EQ_INT(run_ranks(world, &is.id, rank_collectives), 0);
+    CHECK_EQ_INT(issuer_stop(&is), 0);
+    for (int r = 1; r < world; r++) {
+        for (int s = 0; s < NSIZES; s++)
+            if (sh->hash[r][s] != sh->hash[0][s])
+                CHECK__FAIL("W=%d: all-reduce of %lld floats differs between rank 0 and rank %d",
+                            world, (long long)sizes[s], r);
+        CHECK(sh->async_hash[r] == sh->async_hash[0]);
+    }
+    fprintf(stderr, "collectives W=%d: %.2f s\n", world, now_s() - t0);
+}
+
+/* ---- faults ---- */
+
+static int victim = -1; /* the rank a fault test picks on */
+
+/* The victim starts a large all-reduce and exits in the middle of it. */
+static int rank_dies(int rank, int world, const struct comm_id *id)
+{
+    struct ddpd_error err;
+    struct comm_req *req;
+    struct comm *c = join(rank, world, id, 10.0);
+    if (!c)
+        return 1;
+    int64_t n = 1 << 22;
+    float *buf = calloc((size_t)n, sizeof *buf);
+    CHECK_EQ_INT(comm_barrier(c, &err), DDPD_OK);
+    CHECK_EQ_INT(comm_allreduce_start(c, buf, n, &req, &err), DDPD_OK);
+    if (rank == victim) {
+        struct timespec t = {0, 30 * 1000 * 1000};
+        nanosleep(&t, NULL);
+        _exit(0);
+    }
+    double t0 = now_s();
+    sh->code[rank] = comm_wait(c, req, &err);
+    sh->elapsed[rank] = now_s() - t0;
+    snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
+    /* Poisoned: the next call fails at once with the same text. */
+    ddpd_error_clear(&err);
+    sh->later_code[rank] = comm_barrier(c, &err);
+    snprintf(sh->later_msg[rank], sizeof sh->later_msg[rank], "%s", err.message);
+    comm_free(c);
+    free(buf);
+    return 0;
+}
+
+static void test_rank_dies(int world, int who)
+{
+    struct issuer is;
+    memset(sh, 0, sizeof *sh);
+    victim = who;
+    CHECK_EQ_INT(issuer_start(&is), 0);
+    CHECK_EQ_INT(run_ranks(world, &is.id, rank_dies), 0);
+    issuer_stop(&is);
+    char needle[32];
+    snprintf(needle, sizeof needle, "rank %d", who);
+    for (int r = 0; r < world; r++) {
+        if (r == who)
+            continue;
+        fprintf(stderr, "  dies W=%d rank %d after %.3f s: %s\n", world, r, sh->elapsed[r],
+                sh->msg[r]);
+        CHECK_EQ_INT(sh->code[r], DDPD_ECOMM);
+        CHECK(sh->elapsed[r] < 2.0);
+        /* Its neighbours name it; the others name the neighbour that passed the failure on. */
+        if (r == (who + 1) % world || r == (who + world - 1) % world)
+            CHECK(strstr(sh->msg[r], needle) != NULL);
+        CHECK(strstr(sh->msg[r], "closed the connection") != NULL);
+        CHECK_EQ_INT(sh->later_code[r], DDPD_ECOMM);
+        CHECK_EQ_STR(sh->later_msg[r], sh->msg[r]);
+    }
+}
+
+/* The victim never joins: the others' init fails at the 1 s deadline. */
+static int rank_absent(int rank, int world, const struct comm_id *id)
+{
+    if (rank == victim)
+        return 0;
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+    double t0 = now_s();
+    struct comm *c = comm_new(&comm_cpu_ops, id, rank, world, 1.0, &err);
+    sh->elapsed[rank] = now_s() - t0;
+    sh->code[rank] = c ? DDPD_OK : err.code;
+    snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
+    comm_free(c);
+    return 0;
+}
+
+static void test_rank_absent(void)
+{
+    struct issuer is;
+    memset(sh, 0, sizeof *sh);
+    victim = 2;
+    CHECK_EQ_INT(issuer_start(&is), 0);
+    CHECK_EQ_INT(run_ranks(3, &is.id, rank_absent), 0);
+    issuer_stop(&is);
+    for (int r = 0; r < 2; r++) {
+        fprintf(stderr, "  absent: rank %d after %.3f s: %s\n", r, sh->elapsed[r], sh->msg[r]);
+        CHECK_EQ_INT(sh->code[r], DDPD_ECOMM);
+        CHECK(sh->elapsed[r] > 0.9 && sh->elapsed[r] < 2.5);
+        CHECK(strstr(sh->msg[r], "timed out after 1.0 s") != NULL);
+        CHECK(strstr(sh->msg[r], "2 of 3 ranks registered") != NULL);
+    }
+
+    /* No issuer at all: refused until the deadline. */
+    struct comm_id gone = is.id;
+    struct ddpd_error err;
+    double t0 = now_s();
+    CHECK(comm_new(&comm_cpu_ops, &gone, 0, 2, 0.5, &err) == NULL);
+    CHECK(now_s() - t0 > 0.4 && now_s() - t0 < 2.0);
+    CHECK_EQ_INT(err.code, DDPD_ECOMM);
+    CHECK(strstr(err.message, "rank 0: rendezvous with root 127.0.0.1:") != NULL);
+    fprintf(stderr, "  no issuer: %s\n", err.message);
+}
+
+/* The victim joins and then goes silent: the others time out at the deadline. */
+static int rank_silent(int rank, int world, const struct comm_id *id)
+{
+    struct ddpd_error err;
+    struct comm_req *req;
+    struct comm *c = join(rank, world, id, 1.0);
+    if (!c)
+        return 1;
+    float buf[64] = {0};
+    if (rank == victim) {
+        sleep(2);
+        comm_free(c);
+        return 0;
+    }
+    double t0 = now_s();
+    CHECK_EQ_INT(comm_allreduce_start(c, buf, 64, &req, &err), DDPD_OK);
+    sh->code[rank] = comm_wait(c, req, &err);
+    sh->elapsed[rank] = now_s() - t0;
+    snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
+    comm_free(c);
+    return 0;
+}
+
+static void test_rank_silent(void)
+{
+    struct issuer is;
+    memset(sh, 0, sizeof *sh);
+    victim = 1;
+    CHECK_EQ_INT(issuer_start(&is), 0);
+    CHECK_EQ_INT(run_ranks(2, &is.id, rank_silent), 0);
+    issuer_stop(&is);
+    fprintf(stderr, "  silent: rank 0 after %.3f s: %s\n", sh->elapsed[0], sh->msg[0]);
+    CHECK_EQ_INT(sh->code[0], DDPD_ECOMM);
+    CHECK(sh->elapsed[0] > 0.9 && sh->elapsed[0] < 2.5);
+    CHECK_EQ_STR(sh->msg[0], "rank 0: allreduce (bucket of 64 floats) timed out after 1.0 s "
+                             "waiting for rank 1");
+}
+
+/* Rank 0 expects a broadcast from rank 1 while rank 1 all-reduces: rank 0 reads rank 1's
+ * header and names both collectives; rank 1 then sees rank 0 hang up. */
+static int rank_mismatch(int rank, int world, const struct comm_id *id)
+{
+    struct ddpd_error err;
+    struct comm *c = join(rank, world, id, 5.0);
+    if (!c)
+        return 1;
+    CHECK_EQ_INT(comm_barrier(c, &err), DDPD_OK);
+    if (rank == 0) {
+        char b[40] = {0};
+        sh->code[rank] = comm_broadcast(c, b, sizeof b, 1, &err);
+    } else {
+        float f[1024] = {0};
+        struct comm_req *req;
+        CHECK_EQ_INT(comm_allreduce_start(c, f, 1024, &req, &err), DDPD_OK);
+        sh->code[rank] = comm_wait(c, req, &err);
+    }
+    snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
+    comm_free(c);
+    return 0;
+}
+
+static void test_mismatch(void)
+{
+    struct issuer is;
+    memset(sh, 0, sizeof *sh);
+    CHECK_EQ_INT(issuer_start(&is), 0);
+    CHECK_EQ_INT(run_ranks(2, &is.id, rank_mismatch), 0);
+    issuer_stop(&is);
+    fprintf(stderr, "  mismatch: %s\n  mismatch: %s\n", sh->msg[0], sh->msg[1]);
+    CHECK_EQ_INT(sh->code[0], DDPD_ECOMM);
+    CHECK_EQ_INT(sh->code[1], DDPD_ECOMM);
+    CHECK_EQ_STR(sh->msg[0], "rank 0: collective mismatch: rank 1 sent allreduce #2 of 4096 bytes, "
+                             "expected broadcast #2 of 40 bytes from rank 1");
+}
+
+/* A stale id (other magic), a duplicate rank and a world mismatch are refused at once. */
+static void test_bad_registration(void)
+{
+    struct issuer is;
+    struct ddpd_error err;
+    CHECK_EQ_INT(issuer_start(&is), 0);
+    struct comm_id bad = is.id;
+    bad.bytes[3] ^= 0x5a;
+    double t0 = now_s();
+    CHECK(comm_new(&comm_cpu_ops, &bad, 0, 2, 5.0, &err) == NULL);
+    CHECK(now_s() - t0 < 1.0);
+    CHECK(strstr(err.message, "wrong magic") != NULL);
+    fprintf(stderr, "  magic: %s\n", err.message);
+
+    /* Rank 0 registers (and waits in a child); a second rank 0 and a rank claiming another
+     * world size are refused while it waits. */
+    pid_t p = fork();
+    if (p == 0) {
+        alarm(20);
+        close(issuer_stdin);
+        struct ddpd_error e2;
+        struct comm *c = comm_new(&comm_cpu_ops, &is.id, 0, 2, 1.0, &e2);
+        _exit(c == NULL && strstr(e2.message, "1 of 2 ranks registered") ? 0 : 1);
+    }
+    struct timespec t = {0, 200 * 1000 * 1000};
+    nanosleep(&t, NULL);
+    CHECK(comm_new(&comm_cpu_ops, &is.id, 0, 2, 5.0, &err) == NULL);
+    CHECK(strstr(err.message, "duplicate rank") != NULL);
+    fprintf(stderr, "  duplicate: %s\n", err.message);
+    CHECK(comm_new(&comm_cpu_ops, &is.id, 1, 3, 5.0, &err) == NULL);
+    CHECK(strstr(err.message, "world size mismatch") != NULL);
+    fprintf(stderr, "  world: %s\n", err.message);
+    int st = 0;
+    waitpid(p, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK_EQ_INT(issuer_stop(&is), 0);
+}
+
+/* abort() from another thread ends a collective blocked on a silent peer. */
+static struct comm *abort_target;
+static void *aborter(void *arg)
+{
+    (void)arg;
+    struct timespec t = {0, 100 * 1000 * 1000};
+    nanosleep(&t, NULL);
+    comm_abort(abort_target);
+    return NULL;
+}
+
+static int rank_abort(int rank, int world, const struct comm_id *id)
+{
+    struct ddpd_error err;
+    struct comm_req *req;
+    struct comm *c = join(rank, world, id, 10.0);
+    if (!c)
+        return 1;
+    static float buf[1 << 16];
+    if (rank == 1) {
+        sleep(2);
+        /* An all-reduce started and never waited: free ends it without hanging. */
+        CHECK_EQ_INT(comm_allreduce_start(c, buf, 1 << 16, &req, &err), DDPD_OK);
+        comm_free(c);
+        return 0;
+    }
+    pthread_t th;
+    abort_target = c;
+    pthread_create(&th, NULL, aborter, NULL);
+    double t0 = now_s();
+    CHECK_EQ_INT(comm_allreduce_start(c, buf, 1 << 16, &req, &err), DDPD_OK);
+    sh->code[rank] = comm_wait(c, req, &err);
+    sh->elapsed[rank] = now_s() - t0;
+    snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
+    pthread_join(th, NULL);
+    CHECK_EQ_INT(comm_barrier(c, &err), DDPD_ECOMM);
+    comm_free(c);
+    return 0;
+}
+
+static void test_abort(void)
+{
+    struct issuer is;
+    memset(sh, 0, sizeof *sh);
+    CHECK_EQ_INT(issuer_start(&is), 0);
+    CHECK_EQ_INT(run_ranks(2, &is.id, rank_abort), 0);
+    issuer_stop(&is);
+    fprintf(stderr, "  abort: after %.3f s: %s\n", sh->elapsed[0], sh->msg[0]);
+    CHECK_EQ_INT(sh->code[0], DDPD_ECOMM);
+    CHECK(sh->elapsed[0] < 1.0);
+    CHECK(strstr(sh->msg[0], "aborted") != NULL);
+}
+
+static void test_hex(void)
+{
+    struct comm_id a, b;
+    char hex[2 * COMM_ID_BYTES + 1];
+    for (int i = 0; i < COMM_ID_BYTES; i++)
+        a.bytes[i] = (unsigned char)(i * 37 + 1);
+    comm_id_to_hex(&a, hex);
+    CHECK_EQ_INT(strlen(hex), 2 * COMM_ID_BYTES);
+    CHECK_EQ_INT(comm_id_from_hex(hex, &b), 0);
+    CHECK(memcmp(&a, &b, sizeof a) == 0);
+    hex[2 * COMM_ID_BYTES - 1] = '\0';
+    CHECK_EQ_INT(comm_id_from_hex(hex, &b), -1);
+    CHECK_EQ_INT(comm_id_from_hex("zz", &b), -1);
+    CHECK_EQ_INT(comm_id_from_hex(NULL, &b), -1);
+    /* An id with no root address in it is refused by init, not dereferenced. */
+    struct comm_id zero = {{0}};
+    struct ddpd_error err;
+    CHECK(comm_new(&comm_cpu_ops, &zero, 0, 2, 1.0, &err) == NULL);
+    CHECK(strstr(err.message, "malformed") != NULL);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    double t0 = now_s();
+    sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED)
+        return 1;
+    test_hex();
+    for (int w = 1; w <= MAX_W; w++)
+        test_collectives(w);
+    fprintf(stderr, "faults:\n");
+    test_rank_dies(3, 2);
+    test_rank_dies(4, 2);
+    test_rank_absent();
+    test_rank_silent();
+    test_mismatch();
+    test_bad_registration();
+    test_abort();
+    fprintf(stderr, "test_comm: %.1f s\n", now_s() - t0);
+    CHECK(now_s() - t0 < 60.0);
+    CHECK_DONE();
+}

@@ -1,0 +1,1070 @@
+/* test_data.c — data sets: .npy (v1/v2, f4/f8 inputs, float and integer targets) and CSV
+ * readers against files written here, rank sharding and per-epoch shuffling, {rank}
+ * files, batch counts before the ranks start, the synthetic teacher's determinism, and
+ * a clean error naming the file for every kind of bad file or path. */
+#include <errno.h>
+#include <ftw.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "worker/data.h"
+
+static char root[2048];    /* the test's temporary folder */
+static char datadir[4096]; /* root/dd: the data directory; files live in dd/data/ */
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(p);
+}
+
+static void setup(void)
+{
+    const char *base = getenv("DDPD_TEST_TMP");
+    if (!base || !base[0])
+        base = "/tmp";
+    mkdir(base, 0755);
+    snprintf(root, sizeof root, "%s/data.XXXXXX", base);
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    snprintf(datadir, sizeof datadir, "%s/dd", root);
+    char sub[4200];
+    snprintf(sub, sizeof sub, "%s/data", datadir);
+    if (mkdir(datadir, 0755) != 0 || mkdir(sub, 0755) != 0) {
+        perror("mkdir");
+        exit(1);
+    }
+}
+
+/* Writes `n` bytes to datadir/rel. */
+static void put(const char *rel, const void *p, size_t n)
+{
+    char path[8192];
+    snprintf(path, sizeof path, "%s/%s", datadir, rel);
+    FILE *fp = fopen(path, "wb");
+    if (!fp || (n && fwrite(p, 1, n, fp) != n)) {
+        perror(path);
+        exit(1);
+    }
+    fclose(fp);
+}
+
+static void put_str(const char *rel, const char *s)
+{
+    put(rel, s, strlen(s));
+}
+
+/* An .npy file as np.save writes it: magic, version, header length, the dict padded
+ * with spaces to a 64-byte boundary and ended by '\n', then `nbytes` of data. Writes
+ * only the first `keep` bytes when keep >= 0 (to make truncated files). */
+static size_t npy_bytes(unsigned char *out, int version, const char *descr, bool fortran, const char *shape,
+                        const void *data, size_t nbytes)
+{
+    char dict[512];
+    int dl = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }", descr,
+                      fortran ? "True" : "False", shape);
+    size_t pre = version == 1 ? 10 : 12;
+    size_t total = pre + (size_t)dl + 1;
+    size_t padded = (total + 63) / 64 * 64;
+    size_t hl = padded - pre;
+    memcpy(out, "\x93NUMPY", 6);
+    out[6] = (unsigned char)version;
+    out[7] = 0;
+    out[8] = (unsigned char)(hl & 0xff);
+    out[9] = (unsigned char)(hl >> 8);
+    if (version != 1) {
+        out[10] = (unsigned char)(hl >> 16);
+        out[11] = (unsigned char)(hl >> 24);
+    }
+    memcpy(out + pre, dict, (size_t)dl);
+    memset(out + pre + dl, ' ', padded - pre - (size_t)dl - 1);
+    out[padded - 1] = '\n';
+    if (nbytes)
+        memcpy(out + padded, data, nbytes);
+    return padded + nbytes;
+}
+
+static void put_npy_keep(const char *rel, int version, const char *descr, bool fortran, const char *shape,
+                         const void *data, size_t nbytes, long keep)
+{
+    unsigned char *b = malloc(256 + nbytes);
+    size_t n = npy_bytes(b, version, descr, fortran, shape, data, nbytes);
+    put(rel, b, keep >= 0 && (size_t)keep < n ? (size_t)keep : n);
+    free(b);
+}
+
+static void put_npy(const char *rel, int version, const char *descr, const char *shape, const void *data,
+                    size_t nbytes)
+{
+    put_npy_keep(rel, version, descr, false, shape, data, nbytes, -1);
+}
+
+/* A one-linear-layer model in -> out, no shuffling, batch 2. */
+static void spec_base(struct spec *s, int64_t in, int64_t out, loss_kind loss)
+{
+    memset(s, 0, sizeof *s);
+    s->world_size = 1;
+    s->n_layers = 1;
+    s->layers[0] = (struct spec_layer){LAYER_LINEAR, in, out, true};
+    s->loss = loss;
+    s->batch_size = 2;
+    s->epochs = 1;
+    s->grad_accum = 1;
+    s->data.shuffle = false;
+}
+
+static void spec_npy(struct spec *s, const char *x, const char *y)
+{
+    s->data.kind = DATA_NPY;
+    snprintf(s->data.x, sizeof s->data.x, "%s", x);
+    snprintf(s->data.y, sizeof s->data.y, "%s", y);
+}
+
+static void spec_csv(struct spec *s, const char *path, const char *target)
+{
+    s->data.kind = DATA_CSV;
+    snprintf(s->data.path, sizeof s->data.path, "%s", path);
+    s->data.n_targets = 1;
+    snprintf(s->data.targets[0], sizeof s->data.targets[0], "%s", target);
+}
+
+static struct dataset *open_ok(const struct spec *s, int rank, int world)
+{
+    struct ddpd_error err = {0};
+    struct dataset *ds = dataset_open(s, datadir, rank, world, &err);
+    if (!ds)
+        fprintf(stderr, "    dataset_open failed: %s %s\n", ddpd_err_name(err.code), err.message);
+    CHECK(ds != NULL);
+    return ds;
+}
+
+/* dataset_open must fail with `code`; the message starts with `path` (the file or field)
+ * and err.path is it. Returns the message. */
+static const char *open_fails(const struct spec *s, ddpd_err code, const char *path)
+{
+    static struct ddpd_error err;
+    memset(&err, 0, sizeof err);
+    struct dataset *ds = dataset_open(s, datadir, 0, 1, &err);
+    CHECK(ds == NULL);
+    dataset_free(ds);
+    CHECK_EQ_STR(ddpd_err_name(err.code), ddpd_err_name(code));
+    CHECK_EQ_STR(err.path, path);
+    CHECK(strstr(err.message, path) == err.message);
+    return err.message;
+}
+
+/* Sample ids of a whole epoch of a rank, in order: x's first column holds the id. */
+static int64_t epoch_ids(struct dataset *ds, int64_t in, int64_t *ids)
+{
+    int64_t n = 0;
+    float *x = malloc((size_t)(64 * in) * sizeof(float));
+    float *y = malloc(64 * 8 * sizeof(float));
+    for (int64_t b = 0; b < dataset_batches(ds); b++) {
+        int64_t rows = dataset_batch(ds, b, x, y, NULL);
+        for (int64_t k = 0; k < rows; k++)
+            ids[n++] = (int64_t)x[k * in];
+    }
+    free(x);
+    free(y);
+    return n;
+}
+
+/* ---- .npy ---- */
+
+static void test_npy_values(void)
+{
+    struct spec s;
+    float x[7 * 3], y[7 * 2];
+    for (int i = 0; i < 7; i++) {
+        for (int j = 0; j < 3; j++)
+            x[i * 3 + j] = (float)(i * 10 + j);
+        for (int j = 0; j < 2; j++)
+            y[i * 2 + j] = -(float)(i * 10 + j);
+    }
+    put_npy("data/x.npy", 1, "<f4", "(7, 3)", x, sizeof x);
+    put_npy("data/y.npy", 2, "<f4", "(7, 2)", y, sizeof y);
+    spec_base(&s, 3, 2, LOSS_MSE);
+    spec_npy(&s, "data/x.npy", "data/y.npy");
+    s.batch_size = 3;
+    struct dataset *ds = open_ok(&s, 0, 1);
+    if (ds) {
+        CHECK_EQ_INT(dataset_shard_size(ds), 7);
+        CHECK_EQ_INT(dataset_batches(ds), 3);
+        float bx[9], by[6];
+        CHECK_EQ_INT(dataset_batch(ds, 0, bx, by, NULL), 3);
+        CHECK(memcmp(bx, x, sizeof bx) == 0);
+        CHECK(memcmp(by, y, sizeof by) == 0);
+        CHECK_EQ_INT(dataset_batch(ds, 2, bx, by, NULL), 1);
+        CHECK(memcmp(bx, x + 18, 3 * sizeof(float)) == 0);
+        CHECK(memcmp(by, y + 12, 2 * sizeof(float)) == 0);
+        CHECK_EQ_INT(dataset_batch(ds, 3, bx, by, NULL), 0);
+        dataset_free(ds);
+    }
+    s.data.drop_last = true;
+    ds = open_ok(&s, 0, 1);
+    if (ds)
+        CHECK_EQ_INT(dataset_batches(ds), 2);
+    dataset_free(ds);
+    dataset_free(NULL);
+
+    /* float64 inputs (v2 header) and int64 class ids. */
+    double x8[5 * 2];
+    int64_t y8[5] = {0, 3, 1, 2, 3};
+    for (int i = 0; i < 10; i++)
+        x8[i] = 0.1 * i - 0.35;
+    put_npy("data/x8.npy", 2, "<f8", "(5, 2)", x8, sizeof x8);
+    put_npy("data/y8.npy", 1, "<i8", "(5,)", y8, sizeof y8);
+    spec_base(&s, 2, 4, LOSS_CROSS_ENTROPY);
+    spec_npy(&s, "data/x8.npy", "data/y8.npy");
+    s.batch_size = 5;
+    ds = open_ok(&s, 0, 1);
+    if (ds) {
+        float bx[10];
+        int32_t bl[5];
+        CHECK_EQ_INT(dataset_batch(ds, 0, bx, NULL, bl), 5);
+        for (int i = 0; i < 10; i++)
+            CHECK(bx[i] == (float)x8[i]);
+        for (int i = 0; i < 5; i++)
+            CHECK_EQ_INT(bl[i], y8[i]);
+        dataset_free(ds);
+    }
+
+    /* int32, int16 and int8 class ids; a version 3.0 header reads as 2.0. */
+    int32_t y4[5] = {3, 2, 1, 0, 3};
+    int16_t y2[5] = {1, 1, 2, 2, 0};
+    int8_t y1[5] = {0, 0, 0, 3, 3};
+    put_npy("data/y4.npy", 3, "<i4", "(5,)", y4, sizeof y4);
+    put_npy("data/y2.npy", 1, "<i2", "(5,)", y2, sizeof y2);
+    put_npy("data/y1.npy", 1, "|i1", "(5,)", y1, sizeof y1);
+    const char *ys[] = {"data/y4.npy", "data/y2.npy", "data/y1.npy"};
+    for (int f = 0; f < 3; f++) {
+        spec_npy(&s, "data/x8.npy", ys[f]);
+        ds = open_ok(&s, 0, 1);
+        if (!ds)
+            continue;
+        float bx[10];
+        int32_t bl[5];
+        dataset_batch(ds, 0, bx, NULL, bl);
+        for (int i = 0; i < 5; i++)
+            CHECK_EQ_INT(bl[i], f == 0 ? y4[i] : f == 1 ? y2[i] : y1[i]);
+        dataset_free(ds);
+    }
+
+    /* mse with one output accepts y of shape [N], and f8 targets. */
+    double y1d[5] = {1, 2, 3, 4, 5};
+    put_npy("data/y1d.npy", 1, "<f8", "(5,)", y1d, sizeof y1d);
+    spec_base(&s, 2, 1, LOSS_MSE);
+    spec_npy(&s, "data/x8.npy", "data/y1d.npy");
+    s.batch_size = 8;
+    ds = open_ok(&s, 0, 1);
+    if (ds) {
+        float bx[16], by[8];
+        CHECK_EQ_INT(dataset_batch(ds, 0, bx, by, NULL), 5);
+        CHECK(by[0] == 1 && by[4] == 5);
+        dataset_free(ds);
+    }
+}
+
+/* ids.npy: x[i] = {i, i + 0.5}, y[i] = {2i}: N rows. */
+static void put_ids(const char *xname, const char *yname, int n, int first_id)
+{
+    float *x = malloc((size_t)n * 2 * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
+    char shape[64];
+    for (int i = 0; i < n; i++) {
+        x[2 * i] = (float)(first_id + i);
+        x[2 * i + 1] = (float)(first_id + i) + 0.5f;
+        y[i] = 2.0f * (float)(first_id + i);
+    }
+    snprintf(shape, sizeof shape, "(%d, 2)", n);
+    put_npy(xname, 1, "<f4", shape, x, (size_t)n * 2 * sizeof(float));
+    snprintf(shape, sizeof shape, "(%d, 1)", n);
+    put_npy(yname, 1, "<f4", shape, y, (size_t)n * sizeof(float));
+    free(x);
+    free(y);
+}
+
+static void test_sharding(void)
+{
+    struct spec s;
+    const int N = 10;
+    put_ids("data/ids_x.npy", "data/ids_y.npy", N, 0);
+    spec_base(&s, 2, 1, LOSS_MSE);
+    spec_npy(&s, "data/ids_x.npy", "data/ids_y.npy");
+    for (int W = 1; W <= 3; W++) {
+        int seen[10] = {0};
+        int64_t min = N, max = 0;
+        for (int r = 0; r < W; r++) {
+            s.batch_size = 3;
+            struct dataset *ds = open_ok(&s, r, W);
+            if (!ds)
+                continue;
+            int64_t ids[16], n = epoch_ids(ds, 2, ids);
+            CHECK_EQ_INT(n, dataset_shard_size(ds));
+            for (int64_t k = 0; k < n; k++) {
+                CHECK_EQ_INT(ids[k], r + k * W); /* positions r, r+W, ... */
+                seen[ids[k]]++;
+            }
+            min = n < min ? n : min;
+            max = n > max ? n : max;
+            dataset_free(ds);
+        }
+        CHECK(max - min <= 1);
+        for (int i = 0; i < N; i++)
+            CHECK_EQ_INT(seen[i], 1);
+    }
+
+    /* batch counts: shards of 4, 3, 3 for W = 3 with batch 3. */
+    int64_t counts[3];
+    struct ddpd_error err = {0};
+    s.batch_size = 3;
+    for (int drop = 0; drop < 2; drop++) {
+        s.data.drop_last = drop;
+        CHECK_EQ_INT(dataset_batch_counts(&s, datadir, 3, counts, &err), DDPD_OK);
+        CHECK_EQ_INT(counts[0], drop ? 1 : 2);
+        CHECK_EQ_INT(counts[1], 1);
+        CHECK_EQ_INT(counts[2], 1);
+        for (int r = 0; r < 3; r++) {
+            struct dataset *ds = open_ok(&s, r, 3);
+            if (ds)
+                CHECK_EQ_INT(dataset_batches(ds), counts[r]);
+            dataset_free(ds);
+        }
+    }
+    /* More ranks than samples: some shards are empty. */
+    s.data.drop_last = false;
+    struct dataset *ds = open_ok(&s, 11, 12);
+    if (ds) {
+        CHECK_EQ_INT(dataset_shard_size(ds), 0);
+        CHECK_EQ_INT(dataset_batches(ds), 0);
+    }
+    dataset_free(ds);
+}
+
+static void test_shuffle(void)
+{
+    struct spec s;
+    const int N = 23;
+    put_ids("data/sh_x.npy", "data/sh_y.npy", N, 0);
+    spec_base(&s, 2, 1, LOSS_MSE);
+    spec_npy(&s, "data/sh_x.npy", "data/sh_y.npy");
+    s.data.shuffle = true;
+    s.data.seed = 5;
+    s.batch_size = 4;
+    struct dataset *one = open_ok(&s, 0, 1);
+    if (!one)
+        return;
+    int64_t e0[32], e1[32], again[32];
+    CHECK_EQ_INT(epoch_ids(one, 2, e0), N); /* epoch 0 without set_epoch */
+    dataset_set_epoch(one, 1);
+    CHECK_EQ_INT(epoch_ids(one, 2, e1), N);
+    dataset_set_epoch(one, 0);
+    epoch_ids(one, 2, again);
+    CHECK(memcmp(e0, again, sizeof(int64_t) * N) == 0);
+    CHECK(memcmp(e0, e1, sizeof(int64_t) * N) != 0);
+    int seen[32] = {0}, identity = 1;
+    for (int i = 0; i < N; i++) {
+        seen[e0[i]]++;
+        identity &= e0[i] == i;
+    }
+    for (int i = 0; i < N; i++)
+        CHECK_EQ_INT(seen[i], 1);
+    CHECK(!identity);
+
+    /* Three ranks draw the same permutation and take positions r, r+3, ... of it. */
+    for (int64_t epoch = 0; epoch < 3; epoch++) {
+        int64_t whole[32];
+        dataset_set_epoch(one, epoch);
+        epoch_ids(one, 2, whole);
+        for (int r = 0; r < 3; r++) {
+            struct dataset *ds = open_ok(&s, r, 3);
+            if (!ds)
+                continue;
+            dataset_set_epoch(ds, epoch);
+            int64_t ids[16], n = epoch_ids(ds, 2, ids);
+            CHECK_EQ_INT(n, (N - r + 2) / 3);
+            for (int64_t k = 0; k < n; k++)
+                CHECK_EQ_INT(ids[k], whole[r + 3 * k]);
+            /* y follows its x. */
+            float bx[8], by[4];
+            int64_t rows = dataset_batch(ds, 0, bx, by, NULL);
+            for (int64_t k = 0; k < rows; k++) {
+                CHECK(by[k] == 2 * bx[2 * k]);
+                CHECK(bx[2 * k + 1] == bx[2 * k] + 0.5f);
+            }
+            dataset_free(ds);
+        }
+    }
+    dataset_free(one);
+
+    /* Another seed, another order. */
+    s.data.seed = 6;
+    one = open_ok(&s, 0, 1);
+    if (one) {
+        int64_t other[32];
+        epoch_ids(one, 2, other);
+        CHECK(memcmp(e0, other, sizeof(int64_t) * N) != 0);
+    }
+    dataset_free(one);
+}
+
+static void test_rank_files(void)
+{
+    struct spec s;
+    put_ids("data/part_x_0.npy", "data/part_y_0.npy", 3, 100);
+    put_ids("data/part_x_1.npy", "data/part_y_1.npy", 5, 200);
+    spec_base(&s, 2, 1, LOSS_MSE);
+    spec_npy(&s, "data/part_x_{rank}.npy", "data/part_y_{rank}.npy");
+    s.batch_size = 2;
+    for (int r = 0; r < 2; r++) {
+        struct dataset *ds = open_ok(&s, r, 2);
+        if (!ds)
+            continue;
+        int64_t ids[8], n = epoch_ids(ds, 2, ids);
+        CHECK_EQ_INT(dataset_shard_size(ds), r ? 5 : 3);
+        CHECK_EQ_INT(dataset_batches(ds), r ? 3 : 2);
+        CHECK_EQ_INT(n, r ? 5 : 3);
+        for (int64_t k = 0; k < n; k++)
+            CHECK_EQ_INT(ids[k], (r ? 200 : 100) + k);
+        dataset_free(ds);
+    }
+    /* Shuffling permutes the rank's own file. */
+    s.data.shuffle = true;
+    struct dataset *ds = open_ok(&s, 1, 2);
+    if (ds) {
+        int64_t ids[8], seen[5] = {0};
+        dataset_set_epoch(ds, 3);
+        CHECK_EQ_INT(epoch_ids(ds, 2, ids), 5);
+        for (int k = 0; k < 5; k++) {
+            CHECK(ids[k] >= 200 && ids[k] < 205);
+            if (ids[k] >= 200 && ids[k] < 205)
+                seen[ids[k] - 200]++;
+        }
+        for (int k = 0; k < 5; k++)
+            CHECK_EQ_INT(seen[k], 1);
+    }
+    dataset_free(ds);
+
+    struct ddpd_error err = {0};
+    int64_t counts[2];
+    CHECK_EQ_INT(dataset_batch_counts(&s, datadir, 2, counts, &err), DDPD_ENOTFOUND);
+    /* A rank whose file is missing. */
+    ds = dataset_open(&s, datadir, 2, 3, &err);
+    CHECK(ds == NULL);
+    CHECK_EQ_STR(err.path, "data/part_x_2.npy");
+    CHECK_EQ_STR(err.message, "data/part_x_2.npy: cannot open: No such file or directory");
+    /* {rank} in one of the two paths only. */
+    spec_npy(&s, "data/part_x_{rank}.npy", "data/part_y_0.npy");
+    open_fails(&s, DDPD_ESPEC, "data.y");
+}
+
+static void test_npy_errors(void)
+{
+    struct spec s;
+    float x[30] = {0};
+    int32_t y[10] = {0};
+    const char *m;
+    put_npy("data/y10.npy", 1, "<i4", "(10,)", y, sizeof y);
+    spec_base(&s, 3, 5, LOSS_CROSS_ENTROPY);
+    spec_npy(&s, "data/x.npy", "data/y10.npy");
+
+    /* Truncated data: the message the contract promises. */
+    put_npy_keep("data/x.npy", 1, "<f4", false, "(10, 3)", x, sizeof x, 128 + 100);
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/x.npy"),
+                 "data/x.npy: truncated: header says 30 float32 values (120 bytes) but only 100 "
+                 "bytes follow the header at offset 128");
+    /* Truncated header. */
+    put_npy_keep("data/x.npy", 1, "<f4", false, "(10, 3)", x, sizeof x, 50);
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/x.npy"),
+                 "data/x.npy: truncated header: the header says it is 118 bytes but the file "
+                 "ends at byte 50");
+    put_npy_keep("data/x.npy", 2, "<f4", false, "(10, 3)", x, sizeof x, 9);
+    m = open_fails(&s, DDPD_EDATA, "data/x.npy");
+    CHECK(strstr(m, "truncated header") != NULL);
+    put_str("data/x.npy", "");
+    m = open_fails(&s, DDPD_EDATA, "data/x.npy");
+    CHECK(strstr(m, "not a .npy file") != NULL);
+    put_str("data/x.npy", "x,y\n1,2\n");
+    m = open_fails(&s, DDPD_EDATA, "data/x.npy");
+    CHECK(strstr(m, "not a .npy file") != NULL);
+
+    /* Wrong dtypes, byte order, layout. */
+    put_npy("data/x.npy", 1, "<U3", "(10, 3)", x, sizeof x);
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/x.npy"), "data/x.npy: unsupported dtype '<U3'");
+    put_npy("data/x.npy", 1, ">f4", "(10, 3)", x, sizeof x);
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/x.npy"),
+                 "data/x.npy: dtype '>f4' is big-endian; save it little-endian "
+                 "(arr.astype('<f4'))");
+    put_npy("data/x.npy", 1, "<i4", "(10, 3)", x, sizeof x);
+    m = open_fails(&s, DDPD_EDATA, "data/x.npy");
+    CHECK(strstr(m, "x must be float32") != NULL);
+    put_npy_keep("data/x.npy", 1, "<f4", true, "(10, 3)", x, sizeof x, -1);
+    m = open_fails(&s, DDPD_EDATA, "data/x.npy");
+    CHECK(strstr(m, "fortran_order is True") != NULL);
+    put_npy("data/x.npy", 4, "<f4", "(10, 3)", x, sizeof x);
+    m = open_fails(&s, DDPD_EDATA, "data/x.npy");
+    CHECK(strstr(m, "unsupported .npy version 4.0") != NULL);
+
+    /* Shapes. */
+    float x7[70] = {0};
+    put_npy("data/x.npy", 1, "<f4", "(10, 7)", x7, sizeof x7);
+    spec_base(&s, 10, 5, LOSS_CROSS_ENTROPY);
+    spec_npy(&s, "data/x.npy", "data/y10.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/x.npy"),
+                 "data/x.npy: x has 7 columns but model[0].in is 10");
+    spec_base(&s, 7, 5, LOSS_CROSS_ENTROPY);
+    spec_npy(&s, "data/x.npy", "data/y10.npy");
+    put_npy("data/x.npy", 1, "<f4", "(2, 5, 7)", x7, sizeof x7);
+    m = open_fails(&s, DDPD_EDATA, "data/x.npy");
+    CHECK(strstr(m, "x must be 2-dimensional [N, 7], got shape (2, 5, 7)") != NULL);
+    put_npy("data/x.npy", 1, "<f4", "(0, 7)", x7, 0);
+    m = open_fails(&s, DDPD_EDATA, "data/x.npy");
+    CHECK(strstr(m, "no samples") != NULL);
+    put_npy("data/x.npy", 1, "<f4", "(9, 7)", x7, 9 * 7 * 4);
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/y10.npy"),
+                 "data/y10.npy: y has 10 rows but data/x.npy has 9");
+    put_npy("data/x.npy", 1, "<f4", "(10, 7)", x7, sizeof x7);
+    put_npy("data/y.npy", 1, "<i4", "(10, 1)", y, sizeof y);
+    spec_npy(&s, "data/x.npy", "data/y.npy");
+    m = open_fails(&s, DDPD_EDATA, "data/y.npy");
+    CHECK(strstr(m, "1-dimensional [N]") != NULL);
+    put_npy("data/y.npy", 1, "<f4", "(10,)", y, sizeof y);
+    m = open_fails(&s, DDPD_EDATA, "data/y.npy");
+    CHECK(strstr(m, "integer class ids") != NULL);
+
+    /* Class ids in [0, out). */
+    int32_t bad[10] = {0, 1, 2, 7, 4, 0, 0, 0, 0, 0};
+    put_npy("data/y.npy", 1, "<i4", "(10,)", bad, sizeof bad);
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/y.npy"),
+                 "data/y.npy: class id 7 at row 3 is out of range [0, 5)");
+    int64_t neg[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, -1};
+    put_npy("data/y.npy", 1, "<i8", "(10,)", neg, sizeof neg);
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/y.npy"),
+                 "data/y.npy: class id -1 at row 9 is out of range [0, 5)");
+
+    /* mse targets: float, [N, out]. */
+    spec_base(&s, 7, 2, LOSS_MSE);
+    spec_npy(&s, "data/x.npy", "data/y.npy");
+    put_npy("data/y.npy", 1, "<f4", "(10, 3)", x, sizeof x);
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/y.npy"),
+                 "data/y.npy: y has 3 columns but model[0].out is 2");
+    put_npy("data/y.npy", 1, "<i8", "(5, 2)", neg, sizeof neg);
+    m = open_fails(&s, DDPD_EDATA, "data/y.npy");
+    CHECK(strstr(m, "mse targets must be float32") != NULL);
+
+    /* Broken header dicts. */
+    const char *dicts[] = {
+        "{'descr': '<f4', 'fortran_order': False}",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (10, 7), 'extra': 1}",
+        "{'descr': '<f4', 'fortran_order': Maybe, 'shape': (10, 7)}",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (10, -7)}",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (10, 7) junk",
+        "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (10,)}",
+        "['descr']",
+    };
+    for (size_t i = 0; i < sizeof dicts / sizeof dicts[0]; i++) {
+        unsigned char b[512];
+        size_t dl = strlen(dicts[i]);
+        memcpy(b, "\x93NUMPY\x01\x00", 8);
+        b[8] = (unsigned char)(dl + 1);
+        b[9] = 0;
+        memcpy(b + 10, dicts[i], dl);
+        b[10 + dl] = '\n';
+        memset(b + 11 + dl, 0, 300);
+        put("data/x.npy", b, 11 + dl + 280);
+        m = open_fails(&s, DDPD_EDATA, "data/x.npy");
+        CHECK(strstr(m, "header") != NULL || strstr(m, "structured") != NULL);
+    }
+    /* A header over the cap. */
+    unsigned char big[16];
+    memcpy(big, "\x93NUMPY\x02\x00\x00\x00\x01\x00", 12); /* 65536 + 0 ... */
+    big[8] = 0x70;
+    big[9] = 0x11;
+    big[10] = 0x01;
+    put("data/x.npy", big, 12);
+    m = open_fails(&s, DDPD_EDATA, "data/x.npy");
+    CHECK(strstr(m, "header too large") != NULL);
+
+    /* A Python 2 style header with long integers still reads. */
+    float xs[4] = {1, 2, 3, 4}, ys[4] = {5, 6, 7, 8};
+    spec_base(&s, 2, 2, LOSS_MSE);
+    spec_npy(&s, "data/x.npy", "data/y.npy");
+    put_npy("data/x.npy", 1, "<f4", "(2L, 2L)", xs, sizeof xs);
+    put_npy("data/y.npy", 1, "<f4", "(2, 2)", ys, sizeof ys);
+    struct dataset *ds = open_ok(&s, 0, 1);
+    dataset_free(ds);
+}
+
+/* ---- paths ---- */
+
+static void test_paths(void)
+{
+    struct spec s;
+    float x[4] = {1, 2, 3, 4};
+    spec_base(&s, 2, 2, LOSS_MSE);
+    put_npy("data/px.npy", 1, "<f4", "(2, 2)", x, sizeof x);
+    put_npy("data/py.npy", 1, "<f4", "(2, 2)", x, sizeof x);
+
+    spec_npy(&s, "data/missing.npy", "data/py.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/missing.npy"),
+                 "data/missing.npy: cannot open: No such file or directory");
+
+    spec_npy(&s, "../etc/passwd", "data/py.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_ESPEC, "data.x"), "data.x: \"../etc/passwd\" leaves the data directory");
+    spec_npy(&s, "data/px.npy", "data/../../dd/data/py.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_ESPEC, "data.y"),
+                 "data.y: \"data/../../dd/data/py.npy\" leaves the data directory");
+    spec_npy(&s, "data/..", "data/py.npy");
+    open_fails(&s, DDPD_ESPEC, "data.x");
+    spec_npy(&s, "/etc/passwd", "data/py.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_ESPEC, "data.x"),
+                 "data.x: \"/etc/passwd\" is an absolute path; data paths are relative to the "
+                 "data directory");
+    spec_npy(&s, "", "data/py.npy");
+    open_fails(&s, DDPD_ESPEC, "data.x");
+    spec_npy(&s, "data", "data/py.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data"), "data: not a regular file");
+
+    /* A symbolic link out of the data directory, and one that stays inside. */
+    char outside[8192], link[8192];
+    snprintf(outside, sizeof outside, "%s/outside.npy", root);
+    FILE *fp = fopen(outside, "wb");
+    fclose(fp);
+    snprintf(link, sizeof link, "%s/data/link.npy", datadir);
+    CHECK(symlink(outside, link) == 0);
+    snprintf(link, sizeof link, "%s/data/rel_link.npy", datadir);
+    CHECK(symlink("../../outside.npy", link) == 0);
+    snprintf(link, sizeof link, "%s/data/in_link.npy", datadir);
+    CHECK(symlink("px.npy", link) == 0);
+    spec_npy(&s, "data/link.npy", "data/py.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_ESPEC, "data.x"),
+                 "data.x: \"data/link.npy\" leaves the data directory (through a symbolic link)");
+    spec_npy(&s, "data/px.npy", "data/rel_link.npy");
+    open_fails(&s, DDPD_ESPEC, "data.y");
+    spec_csv(&s, "data/link.npy", "y");
+    open_fails(&s, DDPD_ESPEC, "data.path");
+    spec_npy(&s, "data/in_link.npy", "./data//py.npy");
+    struct dataset *ds = open_ok(&s, 0, 1);
+    dataset_free(ds);
+
+    /* The data directory itself given through a symbolic link. */
+    char ddlink[8192];
+    snprintf(ddlink, sizeof ddlink, "%s/ddlink", root);
+    CHECK(symlink(datadir, ddlink) == 0);
+    struct ddpd_error err = {0};
+    ds = dataset_open(&s, ddlink, 0, 1, &err);
+    CHECK(ds != NULL);
+    dataset_free(ds);
+    ds = dataset_open(&s, "/nonexistent-ddpd-dir", 0, 1, &err);
+    CHECK(ds == NULL);
+    CHECK(strstr(err.message, "/nonexistent-ddpd-dir: data directory: No such file") != NULL);
+}
+
+/* ---- CSV ---- */
+
+static void test_csv(void)
+{
+    struct spec s;
+    /* The target sits between inputs; quotes, "" escapes, CRLF, blank lines, spaces around
+     * numbers and a missing final newline are all fine. */
+    put_str("data/train.csv", "\"a\",y,\"b \"\"q\"\"\"\r\n"
+                              "1,2,3\r\n"
+                              "\"4.5\", -5e-1 ,6\n"
+                              "\n"
+                              "7,8,\"9\"");
+    spec_base(&s, 2, 1, LOSS_MSE);
+    spec_csv(&s, "data/train.csv", "y");
+    s.batch_size = 4;
+    struct dataset *ds = open_ok(&s, 0, 1);
+    if (ds) {
+        float bx[8], by[4];
+        CHECK_EQ_INT(dataset_shard_size(ds), 3);
+        CHECK_EQ_INT(dataset_batch(ds, 0, bx, by, NULL), 3);
+        const float wx[6] = {1, 3, 4.5f, 6, 7, 9}, wy[3] = {2, -0.5f, 8};
+        CHECK(memcmp(bx, wx, sizeof wx) == 0);
+        CHECK(memcmp(by, wy, sizeof wy) == 0);
+    }
+    dataset_free(ds);
+    /* A target named with quotes in the header. */
+    spec_csv(&s, "data/train.csv", "b \"q\"");
+    ds = open_ok(&s, 0, 1);
+    if (ds) {
+        float bx[8], by[4];
+        dataset_batch(ds, 0, bx, by, NULL);
+        CHECK(bx[0] == 1 && bx[1] == 2 && by[0] == 3 && by[2] == 9);
+    }
+    dataset_free(ds);
+
+    /* A UTF-8 byte order mark before the header is skipped. */
+    put_str("data/bom.csv", "\xef\xbb\xbfy,a,b\n1,2,3\n");
+    spec_csv(&s, "data/bom.csv", "y");
+    ds = open_ok(&s, 0, 1);
+    if (ds) {
+        float bx[2], by[1];
+        CHECK_EQ_INT(dataset_batch(ds, 0, bx, by, NULL), 1);
+        CHECK(by[0] == 1 && bx[0] == 2 && bx[1] == 3);
+    }
+    dataset_free(ds);
+
+    /* Several targets for mse, in the spec's order. */
+    put_str("data/multi.csv", "t2,x,t1\n1,2,3\n4,5,6\n");
+    spec_base(&s, 1, 2, LOSS_MSE);
+    spec_csv(&s, "data/multi.csv", "t1");
+    s.data.n_targets = 2;
+    snprintf(s.data.targets[1], sizeof s.data.targets[1], "t2");
+    ds = open_ok(&s, 0, 1);
+    if (ds) {
+        float bx[2], by[4];
+        CHECK_EQ_INT(dataset_batch(ds, 0, bx, by, NULL), 2);
+        CHECK(bx[0] == 2 && bx[1] == 5);
+        CHECK(by[0] == 3 && by[1] == 1 && by[2] == 6 && by[3] == 4);
+    }
+    dataset_free(ds);
+
+    /* Class ids, and batch counts from a CSV. */
+    put_str("data/cls.csv", "f1,f2,label\n0.5,1,2\n1.5,2,0\n2.5,3,1.0\n3.5,4,2\n4.5,5,1\n");
+    spec_base(&s, 2, 3, LOSS_CROSS_ENTROPY);
+    spec_csv(&s, "data/cls.csv", "label");
+    s.batch_size = 2;
+    int64_t counts[2];
+    struct ddpd_error err = {0};
+    CHECK_EQ_INT(dataset_batch_counts(&s, datadir, 2, counts, &err), DDPD_OK);
+    CHECK_EQ_INT(counts[0], 2); /* rows 0, 2, 4 */
+    CHECK_EQ_INT(counts[1], 1); /* rows 1, 3 */
+    ds = open_ok(&s, 1, 2);
+    if (ds) {
+        float bx[4];
+        int32_t bl[2];
+        CHECK_EQ_INT(dataset_batches(ds), counts[1]);
+        CHECK_EQ_INT(dataset_batch(ds, 0, bx, NULL, bl), 2);
+        CHECK(bx[0] == 1.5f && bx[2] == 3.5f);
+        CHECK_EQ_INT(bl[0], 0);
+        CHECK_EQ_INT(bl[1], 2);
+    }
+    dataset_free(ds);
+}
+
+static const char *csv_fails(const char *text, const char *target, loss_kind loss, int64_t in, int64_t out,
+                             ddpd_err code, const char *path)
+{
+    struct spec s;
+    put_str("data/bad.csv", text);
+    spec_base(&s, in, out, loss);
+    spec_csv(&s, "data/bad.csv", target);
+    return open_fails(&s, code, path);
+}
+
+static void test_csv_errors(void)
+{
+    const char *m;
+    const char *P = "data/bad.csv";
+    struct ddpd_error err = {0};
+    struct spec s;
+
+    m = csv_fails("x1,x2,x3,y\n1,2,3,4\n1,2,3,4\n1,2,3,4\n1,2,abc,4\n", "y", LOSS_MSE, 3, 1, DDPD_EDATA, P);
+    CHECK_EQ_STR(m, "data/bad.csv: line 5, column \"x3\": \"abc\" is not a number");
+    /* The line and column are also in the error's fields. */
+    spec_base(&s, 3, 1, LOSS_MSE);
+    spec_csv(&s, P, "y");
+    CHECK(dataset_open(&s, datadir, 0, 1, &err) == NULL);
+    CHECK_EQ_INT(err.line, 5);
+    CHECK_EQ_INT(err.column, 3);
+    put_str(P, "x1,y\n1,2\n3\n");
+    spec_base(&s, 1, 1, LOSS_MSE);
+    spec_csv(&s, P, "y");
+    CHECK(dataset_open(&s, datadir, 0, 1, &err) == NULL);
+    CHECK_EQ_INT(err.line, 3);
+    CHECK_EQ_INT(err.column, 0);
+
+    m = csv_fails("a,b,y\n1,,3\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK_EQ_STR(m, "data/bad.csv: line 2, column \"b\": empty cell");
+    m = csv_fails("a,b,y\n1,\"  \",3\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK(strstr(m, "empty cell") != NULL);
+    m = csv_fails("a,b,y\n1,0x10,3\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK(strstr(m, "\"0x10\" is not a number") != NULL);
+    m = csv_fails("a,b,y\n1,2 3,3\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK(strstr(m, "\"2 3\" is not a number") != NULL);
+    m = csv_fails("a,b,y\n1,1e999,3\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK(strstr(m, "out of range") != NULL);
+    m = csv_fails("a,b,y\n1,2,3\n", "label", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK_EQ_STR(m, "data/bad.csv: no column named \"label\" (the target) in the header");
+    m = csv_fails("a,b,y\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK_EQ_STR(m, "data/bad.csv: no data rows after the header");
+    m = csv_fails("", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK_EQ_STR(m, "data/bad.csv: empty file (a header row is needed)");
+    m = csv_fails("a,b,y\n1,2,3\n4,5\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK_EQ_STR(m, "data/bad.csv: line 3 has 2 fields but the header has 3");
+    m = csv_fails("a,b,y\n1,2,3,4\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK(strstr(m, "line 2 has more fields") != NULL);
+    m = csv_fails("a,b,y\n1,\"2,3\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK(strstr(m, "line 2: quoted field is never closed") != NULL);
+    m = csv_fails("a,b,y\n1,\"2\"x,3\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK(strstr(m, "after a closing quote") != NULL);
+    m = csv_fails("a,b,y\n1,2\",3\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK(strstr(m, "quote inside an unquoted field") != NULL);
+    m = csv_fails("a,b,c,y\n1,2,3,4\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK_EQ_STR(m, "data/bad.csv: 3 input columns (all but the target) but model[0].in is 2");
+    m = csv_fails("a,y,y\n1,2,3\n", "y", LOSS_MSE, 1, 1, DDPD_EDATA, P);
+    CHECK(strstr(m, "2 columns are named \"y\"") != NULL);
+    /* A quoted newline counts for the line numbers after it. */
+    m = csv_fails("\"a\nz\",b,y\n1,2,3\n1,x,3\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK(strstr(m, "line 4, column \"b\": \"x\" is not a number") != NULL);
+
+    /* Class ids. */
+    m = csv_fails("a,c\n1,0\n2,1.5\n", "c", LOSS_CROSS_ENTROPY, 1, 3, DDPD_EDATA, P);
+    CHECK_EQ_STR(m, "data/bad.csv: line 3, column \"c\": class id 1.5 is not an integer");
+    m = csv_fails("a,c\n1,0\n2,3\n", "c", LOSS_CROSS_ENTROPY, 1, 3, DDPD_EDATA, P);
+    CHECK_EQ_STR(m, "data/bad.csv: line 3, column \"c\": class id 3 is out of range [0, 3)");
+    m = csv_fails("a,c\n1,-1\n", "c", LOSS_CROSS_ENTROPY, 1, 3, DDPD_EDATA, P);
+    CHECK(strstr(m, "class id -1 is out of range") != NULL);
+
+    /* Target lists that cannot fit the model. */
+    put_str("data/bad.csv", "a,b,c\n1,2,3\n");
+    spec_base(&s, 1, 3, LOSS_CROSS_ENTROPY);
+    spec_csv(&s, P, "b");
+    s.data.n_targets = 2;
+    snprintf(s.data.targets[1], sizeof s.data.targets[1], "c");
+    m = open_fails(&s, DDPD_ESPEC, "data.target");
+    CHECK(strstr(m, "exactly one target column") != NULL);
+    s.loss = LOSS_MSE;
+    m = open_fails(&s, DDPD_ESPEC, "data.target");
+    CHECK(strstr(m, "2 target column(s) but model[0].out is 3") != NULL);
+    s.layers[0].out = 2;
+    snprintf(s.data.targets[1], sizeof s.data.targets[1], "b");
+    m = open_fails(&s, DDPD_ESPEC, "data.target");
+    CHECK(strstr(m, "\"b\" is named twice") != NULL);
+
+    /* The batch counts see the same errors as the ranks would. */
+    put_str("data/bad.csv", "a,y\n1,2\n3\n");
+    spec_base(&s, 1, 1, LOSS_MSE);
+    spec_csv(&s, P, "y");
+    int64_t counts[1];
+    CHECK_EQ_INT(dataset_batch_counts(&s, datadir, 1, counts, &err), DDPD_EDATA);
+    CHECK(strstr(err.message, "line 3 has 1 fields") != NULL);
+}
+
+/* ---- synthetic ---- */
+
+static void spec_synth(struct spec *s, loss_kind loss, int64_t samples, uint64_t seed)
+{
+    memset(s, 0, sizeof *s);
+    s->world_size = 1;
+    s->n_layers = 5;
+    s->layers[0] = (struct spec_layer){LAYER_LINEAR, 4, 8, true};
+    s->layers[1] = (struct spec_layer){LAYER_GELU, 8, 8, false};
+    s->layers[2] = (struct spec_layer){LAYER_LINEAR, 8, 6, false};
+    s->layers[3] = (struct spec_layer){LAYER_TANH, 6, 6, false};
+    s->layers[4] = (struct spec_layer){LAYER_LINEAR, 6, 3, true};
+    s->loss = loss;
+    s->batch_size = 7;
+    s->data.kind = DATA_SYNTHETIC;
+    s->data.samples = samples;
+    s->data.seed = seed;
+}
+
+/* All rows of an epoch of a rank: x [n,4], y [n,3] or labels [n]. */
+static int64_t synth_rows(struct dataset *ds, float *x, float *y, int32_t *l)
+{
+    int64_t n = 0;
+    for (int64_t b = 0; b < dataset_batches(ds); b++)
+        n += dataset_batch(ds, b, x + n * 4, y ? y + n * 3 : NULL, l ? l + n : NULL);
+    return n;
+}
+
+static void test_synthetic(void)
+{
+    struct spec s;
+    enum { N = 300 };
+    static float x1[N * 4], y1[N * 3], x2[N * 4], y2[N * 3], xr[N * 4], yr[N * 3];
+    spec_synth(&s, LOSS_MSE, N, 7);
+    struct dataset *a = open_ok(&s, 0, 1), *b = open_ok(&s, 0, 1);
+    if (!a || !b)
+        return;
+    CHECK_EQ_INT(synth_rows(a, x1, y1, NULL), N);
+    CHECK_EQ_INT(synth_rows(b, x2, y2, NULL), N);
+    CHECK(memcmp(x1, x2, sizeof x1) == 0);
+    CHECK(memcmp(y1, y2, sizeof y1) == 0);
+    dataset_free(b);
+    /* Inputs look like N(0,1); targets are finite and not constant. */
+    double mean = 0, var = 0;
+    for (int i = 0; i < N * 4; i++)
+        mean += x1[i];
+    mean /= N * 4;
+    for (int i = 0; i < N * 4; i++)
+        var += (x1[i] - mean) * (x1[i] - mean);
+    var /= N * 4;
+    CHECK_NEAR(mean, 0, 0.15, 0);
+    CHECK_NEAR(var, 1, 0.2, 0);
+    bool finite = true, varied = false;
+    for (int i = 0; i < N * 3; i++) {
+        finite &= isfinite(y1[i]);
+        varied |= y1[i] != y1[0];
+    }
+    CHECK(finite && varied);
+
+    /* Without shuffling, rank r of W holds rows r, r+W, ... of the whole set. */
+    for (int W = 2; W <= 3; W++)
+        for (int r = 0; r < W; r++) {
+            struct dataset *ds = open_ok(&s, r, W);
+            if (!ds)
+                continue;
+            int64_t n = synth_rows(ds, xr, yr, NULL);
+            CHECK_EQ_INT(n, (N - r + W - 1) / W);
+            bool same = true;
+            for (int64_t k = 0; k < n; k++) {
+                same &= memcmp(xr + k * 4, x1 + (r + k * W) * 4, 4 * sizeof(float)) == 0;
+                same &= memcmp(yr + k * 3, y1 + (r + k * W) * 3, 3 * sizeof(float)) == 0;
+            }
+            CHECK(same);
+            dataset_free(ds);
+        }
+
+    /* With shuffling, ranks agree on which row is which: every row a rank sees is
+     * row i of the unshuffled set for some i, and together they see each once. */
+    s.data.shuffle = true;
+    int seen[N] = {0};
+    for (int r = 0; r < 2; r++) {
+        struct dataset *ds = open_ok(&s, r, 2);
+        if (!ds)
+            continue;
+        dataset_set_epoch(ds, 4);
+        int64_t n = synth_rows(ds, xr, yr, NULL);
+        CHECK_EQ_INT(n, N / 2);
+        for (int64_t k = 0; k < n; k++) {
+            int found = -1;
+            for (int i = 0; i < N && found < 0; i++)
+                if (memcmp(xr + k * 4, x1 + i * 4, 4 * sizeof(float)) == 0 &&
+                    memcmp(yr + k * 3, y1 + i * 3, 3 * sizeof(float)) == 0)
+                    found = i;
+            CHECK(found >= 0);
+            if (found >= 0)
+                seen[found]++;
+        }
+        dataset_free(ds);
+    }
+    for (int i = 0; i < N; i++)
+        CHECK_EQ_INT(seen[i], 1);
+
+    /* Another seed, other data; a prefix of a larger set is the smaller set. */
+    s.data.shuffle = false;
+    s.data.seed = 8;
+    b = open_ok(&s, 0, 1);
+    if (b) {
+        synth_rows(b, x2, y2, NULL);
+        CHECK(memcmp(x1, x2, sizeof x1) != 0);
+    }
+    dataset_free(b);
+    s.data.seed = 7;
+    s.data.samples = 100;
+    b = open_ok(&s, 0, 1);
+    if (b) {
+        CHECK_EQ_INT(synth_rows(b, x2, y2, NULL), 100);
+        CHECK(memcmp(x1, x2, 100 * 4 * sizeof(float)) == 0);
+    }
+    dataset_free(b);
+    dataset_free(a);
+
+    /* Class labels: argmax of the teacher, in range, more than one class used. */
+    static int32_t l1[N];
+    spec_synth(&s, LOSS_CROSS_ENTROPY, N, 7);
+    s.layers[1].kind = LAYER_RELU;
+    s.layers[3].kind = LAYER_SIGMOID;
+    a = open_ok(&s, 0, 1);
+    if (a) {
+        CHECK_EQ_INT(synth_rows(a, x1, NULL, l1), N);
+        int counts[3] = {0};
+        bool in_range = true;
+        for (int i = 0; i < N; i++) {
+            in_range &= l1[i] >= 0 && l1[i] < 3;
+            if (l1[i] >= 0 && l1[i] < 3)
+                counts[l1[i]]++;
+        }
+        CHECK(in_range);
+        /* Centred logits: no class is starved, even after a sigmoid. */
+        for (int c = 0; c < 3; c++)
+            CHECK(counts[c] >= N / 10);
+    }
+    dataset_free(a);
+
+    /* Batch counts from the spec alone. */
+    int64_t counts[4];
+    struct ddpd_error err = {0};
+    spec_synth(&s, LOSS_MSE, 3000, 1);
+    s.batch_size = 3;
+    CHECK_EQ_INT(dataset_batch_counts(&s, NULL, 4, counts, &err), DDPD_OK);
+    for (int r = 0; r < 4; r++)
+        CHECK_EQ_INT(counts[r], 250);
+    s.data.samples = 3001;
+    s.data.drop_last = true;
+    CHECK_EQ_INT(dataset_batch_counts(&s, NULL, 4, counts, &err), DDPD_OK);
+    CHECK_EQ_INT(counts[0], 250); /* 751 rows */
+    s.data.drop_last = false;
+    CHECK_EQ_INT(dataset_batch_counts(&s, NULL, 4, counts, &err), DDPD_OK);
+    CHECK_EQ_INT(counts[0], 251);
+    CHECK_EQ_INT(counts[1], 250);
+    for (int r = 0; r < 2; r++) {
+        struct dataset *ds = open_ok(&s, r, 4);
+        if (ds)
+            CHECK_EQ_INT(dataset_batches(ds), counts[r]);
+        dataset_free(ds);
+    }
+    s.data.samples = 0;
+    CHECK_EQ_INT(dataset_batch_counts(&s, NULL, 4, counts, &err), DDPD_ESPEC);
+    CHECK_EQ_STR(err.path, "data.samples");
+    open_fails(&s, DDPD_ESPEC, "data.samples");
+    s.data.samples = INT64_MAX / 4;
+    const char *m = open_fails(&s, DDPD_ESPEC, "data.samples");
+    CHECK(strstr(m, "too large") != NULL);
+}
+
+static void test_batch_counts_npy(void)
+{
+    struct spec s;
+    put_ids("data/bc_x.npy", "data/bc_y.npy", 17, 0);
+    spec_base(&s, 2, 1, LOSS_MSE);
+    spec_npy(&s, "data/bc_x.npy", "data/bc_y.npy");
+    s.batch_size = 4;
+    int64_t counts[3];
+    struct ddpd_error err = {0};
+    for (int drop = 0; drop < 2; drop++) {
+        s.data.drop_last = drop;
+        CHECK_EQ_INT(dataset_batch_counts(&s, datadir, 3, counts, &err), DDPD_OK);
+        for (int r = 0; r < 3; r++) {
+            struct dataset *ds = open_ok(&s, r, 3);
+            if (ds)
+                CHECK_EQ_INT(dataset_batches(ds), counts[r]);
+            dataset_free(ds);
+        }
+    }
+    CHECK_EQ_INT(counts[0], 1); /* 6 rows, drop_last */
+    /* Errors in the headers show up before the ranks start. */
+    spec_npy(&s, "data/bc_x.npy", "data/nope.npy");
+    CHECK_EQ_INT(dataset_batch_counts(&s, datadir, 3, counts, &err), DDPD_EDATA);
+    CHECK_EQ_STR(err.path, "data/nope.npy");
+    spec_npy(&s, "../bc_x.npy", "data/bc_y.npy");
+    CHECK_EQ_INT(dataset_batch_counts(&s, datadir, 3, counts, &err), DDPD_ESPEC);
+    CHECK_EQ_STR(err.path, "data.x");
+}
+
+int main(void)
+{
+    setup();
+    test_npy_values();
+    test_sharding();
+    test_shuffle();
+    test_rank_files();
+    test_npy_errors();
+    test_paths();
+    test_csv();
+    test_csv_errors();
+    test_synthetic();
+    test_batch_counts_npy();
+    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    CHECK_DONE();
+}

@@ -1,0 +1,72 @@
+/* comm.h — the collective backend table (DESIGN.md "The worker's DDP"). Backends: `cpu`
+ * (comm/cpu.c: TCP ring with its own rendezvous) and `nccl` (comm/nccl.c, GPU issue).
+ * Ordering of collectives is the caller's contract, as with NCCL: every rank issues the
+ * same collectives in the same order. A communicator is driven from one thread. Every
+ * wait has a deadline; a dead or silent peer is an error (DDPD_ECOMM), never a hang. */
+#ifndef DDPD_COMM_H
+#define DDPD_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../schema/err.h"
+
+#define COMM_ID_BYTES 128 /* like ncclUniqueId */
+
+struct comm_id {
+    unsigned char bytes[COMM_ID_BYTES];
+};
+
+/* Hex text of an id (2*COMM_ID_BYTES chars + NUL) and back. */
+void comm_id_to_hex(const struct comm_id *id, char *hex /* [2*COMM_ID_BYTES+1] */);
+int comm_id_from_hex(const char *hex, struct comm_id *id); /* 0, or -1 if malformed */
+
+struct comm;      /* a communicator: {ops, ctx} behind an opaque handle */
+struct comm_req;  /* an outstanding asynchronous collective */
+
+struct comm_ops {
+    const char *name;
+    /* Joins the group of `world` ranks named by `id` as `rank`, within timeout_s (also
+     * the deadline of every later collective). */
+    ddpd_err (*init_rank)(const struct comm_id *id, int rank, int world, double timeout_s,
+                          void **ctx, char *errbuf, size_t errcap);
+    /* Starts an in-place SUM all-reduce of n floats; the buffer must stay untouched until
+     * wait returns. Results are bitwise identical on every rank. */
+    ddpd_err (*allreduce_start)(void *ctx, float *buf, int64_t n, struct comm_req **req);
+    ddpd_err (*wait)(void *ctx, struct comm_req *req); /* frees req */
+    /* Blocking collectives, ordered after every started all-reduce. */
+    ddpd_err (*broadcast)(void *ctx, void *buf, size_t bytes, int root);
+    ddpd_err (*allgather)(void *ctx, const void *in, size_t bytes, void *out /* world*bytes */);
+    ddpd_err (*allreduce_max_i64)(void *ctx, int64_t *v, int n); /* small vectors, MAX */
+    ddpd_err (*barrier)(void *ctx);
+    /* Makes every pending and later call fail fast; safe from another thread. */
+    void (*abort)(void *ctx);
+    const char *(*last_error)(void *ctx); /* text of the last failure, "" if none */
+    void (*free)(void *ctx);
+};
+
+extern const struct comm_ops comm_cpu_ops;
+
+/* Prints {"id":"<hex>"} as one line on `out`, then serves the rendezvous root until
+ * `stdin_fd` reaches EOF (or one group has formed and stdin closed). This is
+ * `ddpd-worker --issue-id cpu`. Returns 0, or 1 with a message on stderr. */
+int comm_cpu_issue_id(FILE *out, int stdin_fd);
+
+/* Thin wrappers over a backend: {ops, ctx} in one handle. */
+struct comm *comm_new(const struct comm_ops *ops, const struct comm_id *id, int rank, int world,
+                      double timeout_s, struct ddpd_error *err);
+void comm_free(struct comm *c);
+int comm_rank(const struct comm *c);
+int comm_world(const struct comm *c);
+ddpd_err comm_allreduce_start(struct comm *c, float *buf, int64_t n, struct comm_req **req,
+                              struct ddpd_error *err);
+ddpd_err comm_wait(struct comm *c, struct comm_req *req, struct ddpd_error *err);
+ddpd_err comm_broadcast(struct comm *c, void *buf, size_t bytes, int root, struct ddpd_error *err);
+ddpd_err comm_allgather(struct comm *c, const void *in, size_t bytes, void *out,
+                        struct ddpd_error *err);
+ddpd_err comm_allreduce_max_i64(struct comm *c, int64_t *v, int n, struct ddpd_error *err);
+ddpd_err comm_barrier(struct comm *c, struct ddpd_error *err);
+void comm_abort(struct comm *c);
+
+#endif

@@ -1,0 +1,1643 @@
+/* comm/cpu.c — the CPU collective backend: a TCP ring between the ranks and its own
+ * rendezvous root (the id issuer, `ddpd-worker --issue-id cpu`). All-reduce is a ring
+ * reduce-scatter + all-gather, so each element's sum is computed once, by one rank, and
+ * copied: results are bitwise identical on every rank. One progress thread per
+ * communicator runs the collectives in FIFO order. Every wait has a deadline; knows
+ * nothing of tensors, DDP or the job. */
+#include "../comm.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_WORLD 1024             /* a registration claiming more is refused */
+#define MAGIC_BYTES 16
+#define ADDR_BYTES 20              /* family, port, 16 address bytes (see addr_put) */
+#define REG_BYTES 64               /* a rank's registration with the root */
+#define MSG_HDR_BYTES 8            /* root -> rank messages: type, length */
+#define MSG_TEXT_MAX 512           /* longest error text the root sends */
+#define HELLO_BYTES 24             /* ring neighbours: magic, rank, tag */
+#define HDR_BYTES 24               /* per-collective header on the ring */
+#define SMALL_BYTES (16 * 1024)    /* all-reduces up to this take the latency path */
+#define STAGE_BYTES (256 * 1024)   /* receive staging of a reduction */
+#define SEND_SLICE (256 * 1024)    /* most bytes handed to one sendmsg */
+#define SOCK_BUF (4 * 1024 * 1024) /* SO_SNDBUF / SO_RCVBUF */
+#define ERR_CAP 512
+#define ROOT_SEND_S 2.0            /* the root's bound on writing to one rank */
+#define MAX_ROOT_CONNS 4096        /* connections the root holds at once */
+#define PROTO_VERSION 1
+
+enum { MSG_PROGRESS = 1, MSG_ERROR = 2, MSG_TABLE = 3 };
+enum { OP_ALLREDUCE = 1, OP_BROADCAST, OP_ALLGATHER, OP_MAX_I64, OP_BARRIER, OP_COUNT };
+static const char *const op_names[OP_COUNT] = {"?", "allreduce", "broadcast", "allgather",
+                                               "allreduce_max", "barrier"};
+
+/* Results of the blocking socket helpers. */
+enum { IO_OK = 0, IO_TIMEOUT = -1, IO_CLOSED = -2, IO_ERROR = -3 };
+
+/* ---- small helpers ---- */
+
+static double mono(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec t = {(time_t)s, (long)((s - floor(s)) * 1e9)};
+    nanosleep(&t, NULL);
+}
+
+/* Milliseconds until `deadline` for poll, rounded up so a wait never ends early. */
+static int ms_until(double deadline)
+{
+    double left = deadline - mono();
+    if (left <= 0)
+        return 0;
+    if (left > 3600)
+        return 3600 * 1000;
+    return (int)ceil(left * 1000.0);
+}
+
+static void put16(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 8);
+    p[1] = (unsigned char)v;
+}
+
+static void put32(unsigned char *p, uint32_t v)
+{
+    put16(p, v >> 16);
+    put16(p + 2, v);
+}
+
+static void put64(unsigned char *p, uint64_t v)
+{
+    put32(p, (uint32_t)(v >> 32));
+    put32(p + 4, (uint32_t)v);
+}
+
+static uint32_t get16(const unsigned char *p) { return (uint32_t)p[0] << 8 | p[1]; }
+static uint32_t get32(const unsigned char *p) { return get16(p) << 16 | get16(p + 2); }
+static uint64_t get64(const unsigned char *p) { return (uint64_t)get32(p) << 32 | get32(p + 4); }
+
+/* ---- addresses ---- */
+
+struct addr {
+    int family;           /* AF_INET or AF_INET6 */
+    uint16_t port;        /* host order */
+    unsigned char ip[16]; /* 4 bytes used for AF_INET */
+};
+
+static socklen_t addr_to_sa(const struct addr *a, struct sockaddr_storage *ss)
+{
+    memset(ss, 0, sizeof *ss);
+    if (a->family == AF_INET) {
+        struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+        s4->sin_family = AF_INET;
+        s4->sin_port = htons(a->port);
+        memcpy(&s4->sin_addr, a->ip, 4);
+        return sizeof *s4;
+    }
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+    s6->sin6_family = AF_INET6;
+    s6->sin6_port = htons(a->port);
+    memcpy(&s6->sin6_addr, a->ip, 16);
+    return sizeof *s6;
+}
+
+static int addr_from_sa(const struct sockaddr_storage *ss, struct addr *a)
+{
+    memset(a, 0, sizeof *a);
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
+        a->family = AF_INET;
+        a->port = ntohs(s4->sin_port);
+        memcpy(a->ip, &s4->sin_addr, 4);
+        return 0;
+    }
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+        a->family = AF_INET6;
+        a->port = ntohs(s6->sin6_port);
+        memcpy(a->ip, &s6->sin6_addr, 16);
+        return 0;
+    }
+    return -1;
+}
+
+/* "127.0.0.1:43211" or "[::1]:43211". */
+static void addr_text(const struct addr *a, char *buf, size_t cap)
+{
+    char ip[INET6_ADDRSTRLEN] = "?";
+    inet_ntop(a->family, a->ip, ip, sizeof ip);
+    if (a->family == AF_INET6)
+        snprintf(buf, cap, "[%s]:%u", ip, (unsigned)a->port);
+    else
+        snprintf(buf, cap, "%s:%u", ip, (unsigned)a->port);
+}
+
+/* On the wire (in the id, the registration and the table): family as 4 or 6, port, then
+ * 16 address bytes (an IPv4 address uses the first 4). */
+static void addr_put(unsigned char *p, const struct addr *a)
+{
+    memset(p, 0, ADDR_BYTES);
+    put16(p, a->family == AF_INET6 ? 6 : 4);
+    put16(p + 2, a->port);
+    memcpy(p + 4, a->ip, a->family == AF_INET6 ? 16 : 4);
+}
+
+static int addr_get(const unsigned char *p, struct addr *a)
+{
+    memset(a, 0, sizeof *a);
+    uint32_t fam = get16(p);
+    if (fam != 4 && fam != 6)
+        return -1;
+    a->family = fam == 6 ? AF_INET6 : AF_INET;
+    a->port = (uint16_t)get16(p + 2);
+    memcpy(a->ip, p + 4, fam == 6 ? 16 : 4);
+    return a->port ? 0 : -1;
+}
+
+/* The address the issuer listens on: DDPD_COMM_ADDR (a numeric address or a host name)
+ * or 127.0.0.1, port 0 so the kernel picks a free one. */
+static int listen_addr(struct addr *a, char *err, size_t cap)
+{
+    const char *host = getenv("DDPD_COMM_ADDR");
+    if (!host || !*host)
+        host = "127.0.0.1";
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    if (rc != 0) {
+        snprintf(err, cap, "DDPD_COMM_ADDR '%s': %s", host, gai_strerror(rc));
+        return -1;
+    }
+    int found = -1;
+    for (struct addrinfo *ai = res; ai && found < 0; ai = ai->ai_next) {
+        struct sockaddr_storage ss = {0};
+        if (ai->ai_addrlen > sizeof ss)
+            continue;
+        memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+        found = addr_from_sa(&ss, a);
+    }
+    freeaddrinfo(res);
+    if (found < 0) {
+        snprintf(err, cap, "DDPD_COMM_ADDR '%s' has no IPv4 or IPv6 address", host);
+        return -1;
+    }
+    a->port = 0;
+    return 0;
+}
+
+/* ---- sockets ---- */
+
+/* Latency (no Nagle) and room for a whole pipeline of sub-chunks in flight. Set before
+ * connect/listen so the window scale is negotiated for the large buffers; failures only
+ * cost speed. */
+static void sock_tune(int fd)
+{
+    int one = 1, buf = SOCK_BUF;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+}
+
+/* 1 when `fd` is ready for `events`, 0 at the deadline, -1 on a poll error. */
+static int wait_fd(int fd, short events, double deadline)
+{
+    for (;;) {
+        struct pollfd p = {fd, events, 0};
+        int r = poll(&p, 1, ms_until(deadline));
+        if (r > 0)
+            return 1;
+        if (r == 0) {
+            if (mono() >= deadline)
+                return 0;
+            continue;
+        }
+        if (errno != EINTR)
+            return -1;
+    }
+}
+
+/* Writes all of buf on a non-blocking socket before the deadline. */
+static int send_all(int fd, const void *buf, size_t len, double deadline)
+{
+    const unsigned char *p = buf;
+    while (len > 0) {
+        ssize_t k = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k > 0) {
+            p += k;
+            len -= (size_t)k;
+            continue;
+        }
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int w = wait_fd(fd, POLLOUT, deadline);
+            if (w == 0)
+                return IO_TIMEOUT;
+            if (w < 0)
+                return IO_ERROR;
+            continue;
+        }
+        return errno == EPIPE || errno == ECONNRESET ? IO_CLOSED : IO_ERROR;
+    }
+    return IO_OK;
+}
+
+/* Reads exactly len bytes from a non-blocking socket before the deadline. */
+static int recv_all(int fd, void *buf, size_t len, double deadline)
+{
+    unsigned char *p = buf;
+    while (len > 0) {
+        ssize_t k = recv(fd, p, len, MSG_DONTWAIT);
+        if (k > 0) {
+            p += k;
+            len -= (size_t)k;
+            continue;
+        }
+        if (k == 0)
+            return IO_CLOSED;
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int w = wait_fd(fd, POLLIN, deadline);
+            if (w == 0)
+                return IO_TIMEOUT;
+            if (w < 0)
+                return IO_ERROR;
+            continue;
+        }
+        return errno == ECONNRESET ? IO_CLOSED : IO_ERROR;
+    }
+    return IO_OK;
+}
+
+/* Connects to `a` before the deadline, retrying while nobody listens there yet (the root
+ * or a neighbour may still be starting). Returns a non-blocking fd, or -1 with errno
+ * (ETIMEDOUT at the deadline; *refused says whether the last try was refused). */
+static int connect_retry(const struct addr *a, double deadline, int *refused)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = addr_to_sa(a, &ss);
+    *refused = 0;
+    for (;;) {
+        int fd = socket(a->family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return -1;
+        sock_tune(fd);
+        int r = connect(fd, (struct sockaddr *)&ss, sl);
+        if (r < 0 && errno == EINPROGRESS) {
+            int w = wait_fd(fd, POLLOUT, deadline);
+            if (w == 0) {
+                close(fd);
+                errno = ETIMEDOUT;
+                return -1;
+            }
+            int soerr = 0;
+            socklen_t el = sizeof soerr;
+            if (w < 0)
+                soerr = errno;
+            else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &el) < 0)
+                soerr = errno;
+            r = soerr ? -1 : 0;
+            errno = soerr;
+        }
+        if (r == 0)
+            return fd;
+        int e = errno;
+        close(fd);
+        if (e != ECONNREFUSED && e != EINTR && e != EAGAIN && e != ECONNRESET) {
+            errno = e;
+            return -1;
+        }
+        *refused = e == ECONNREFUSED;
+        if (mono() + 0.01 >= deadline) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        sleep_s(0.01);
+    }
+}
+
+/* ---- the id ---- */
+
+/* bytes 0..15 magic, 16..35 the root's address (addr_put), the rest zero. */
+static int id_decode(const struct comm_id *id, unsigned char magic[MAGIC_BYTES], struct addr *root)
+{
+    memcpy(magic, id->bytes, MAGIC_BYTES);
+    if (addr_get(id->bytes + MAGIC_BYTES, root) < 0)
+        return -1;
+    for (int i = MAGIC_BYTES + ADDR_BYTES; i < COMM_ID_BYTES; i++)
+        if (id->bytes[i])
+            return -1;
+    return 0;
+}
+
+/* ---- the rendezvous root (the issuer) ---- */
+
+struct rconn {
+    int fd;
+    int rank; /* -1 until registered */
+    size_t got;
+    unsigned char buf[REG_BYTES];
+};
+
+struct root {
+    unsigned char magic[MAGIC_BYTES];
+    struct rconn *conns;
+    size_t nconn;
+    int world;    /* 0 until the first registration */
+    int registered, formed;
+    int *slot;    /* slot[rank] = fd of the registered rank, or -1 */
+    unsigned char *table; /* world * ADDR_BYTES */
+};
+
+static void root_send_msg(int fd, uint32_t type, const void *payload, size_t len)
+{
+    unsigned char h[MSG_HDR_BYTES];
+    put32(h, type);
+    put32(h + 4, (uint32_t)len);
+    double deadline = mono() + ROOT_SEND_S;
+    /* A rank that does not read its messages only hurts itself: it times out. */
+    if (send_all(fd, h, sizeof h, deadline) == IO_OK && len)
+        send_all(fd, payload, len, deadline);
+}
+
+static void root_drop(struct root *R, size_t i)
+{
+    struct rconn *cn = &R->conns[i];
+    if (cn->rank >= 0 && !R->formed) {
+        /* A registered rank left before the group formed (it died or gave up): its slot
+         * is free again, and the others keep waiting until their own deadline. */
+        R->slot[cn->rank] = -1;
+        R->registered--;
+    }
+    close(cn->fd);
+    R->conns[i] = R->conns[--R->nconn];
+}
+
+static void root_refuse(struct root *R, size_t i, const char *text)
+{
+    root_send_msg(R->conns[i].fd, MSG_ERROR, text, strlen(text));
+    root_drop(R, i);
+}
+
+/* A full registration arrived on conns[i]: check it, record it, and when the last rank is
+ * in send everyone the table. Returns 1 when conns[i] was removed. */
+static int root_register(struct root *R, size_t i)
+{
+    struct rconn *cn = &R->conns[i];
+    char text[MSG_TEXT_MAX];
+    if (memcmp(cn->buf, R->magic, MAGIC_BYTES) != 0) {
+        root_refuse(R, i, "wrong magic: the id this rank was given does not belong to this "
+                          "rendezvous (a stale id from an earlier attempt?)");
+        return 1;
+    }
+    uint32_t version = get32(cn->buf + 16), rank = get32(cn->buf + 20),
+             world = get32(cn->buf + 24);
+    struct addr a;
+    if (version != PROTO_VERSION || addr_get(cn->buf + 28, &a) < 0) {
+        root_refuse(R, i, "malformed registration (another ddpd version?)");
+        return 1;
+    }
+    if (world < 1 || world > MAX_WORLD) {
+        snprintf(text, sizeof text, "world size %u is out of range (1..%d)", world, MAX_WORLD);
+        root_refuse(R, i, text);
+        return 1;
+    }
+    if (R->world == 0) {
+        R->world = (int)world;
+        R->slot = malloc(world * sizeof *R->slot);
+        R->table = calloc(world, ADDR_BYTES);
+        if (!R->slot || !R->table) {
+            root_refuse(R, i, "the rendezvous root is out of memory");
+            return 1;
+        }
+        for (uint32_t r = 0; r < world; r++)
+            R->slot[r] = -1;
+    }
+    if (world != (uint32_t)R->world) {
+        snprintf(text, sizeof text,
+                 "world size mismatch: this rank says %u ranks, the ranks before it said %d",
+                 world, R->world);
+        root_refuse(R, i, text);
+        return 1;
+    }
+    if (rank >= world) {
+        snprintf(text, sizeof text, "rank %u is out of range for a world of %u", rank, world);
+        root_refuse(R, i, text);
+        return 1;
+    }
+    if (R->formed || R->slot[rank] >= 0) {
+        snprintf(text, sizeof text, "rank %u has already registered (duplicate rank)", rank);
+        root_refuse(R, i, text);
+        return 1;
+    }
+    cn->rank = (int)rank;
+    R->slot[rank] = cn->fd;
+    memcpy(R->table + (size_t)rank * ADDR_BYTES, cn->buf + 28, ADDR_BYTES);
+    R->registered++;
+    if (R->registered < R->world) {
+        /* Tell every waiting rank how many are in, so a rank that times out can say so. */
+        unsigned char p[8];
+        put32(p, (uint32_t)R->registered);
+        put32(p + 4, (uint32_t)R->world);
+        for (int r = 0; r < R->world; r++)
+            if (R->slot[r] >= 0)
+                root_send_msg(R->slot[r], MSG_PROGRESS, p, sizeof p);
+        return 0;
+    }
+    R->formed = 1;
+    for (int r = 0; r < R->world; r++)
+        root_send_msg(R->slot[r], MSG_TABLE, R->table, (size_t)R->world * ADDR_BYTES);
+    /* The group has its table; the ranks close their side, and so do we. */
+    while (R->nconn > 0)
+        root_drop(R, R->nconn - 1);
+    return 1;
+}
+
+int comm_cpu_issue_id(FILE *out, int stdin_fd)
+{
+    int rc = 1, lfd = -1;
+    struct root R = {0};
+    struct pollfd *pfd = NULL;
+    char err[256] = "";
+    struct addr a;
+    struct comm_id id = {{0}};
+    char hex[2 * COMM_ID_BYTES + 1];
+
+    if (listen_addr(&a, err, sizeof err) < 0)
+        goto out;
+    struct sockaddr_storage ss;
+    socklen_t sl = addr_to_sa(&a, &ss);
+    lfd = socket(a.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&ss, sl) < 0 || listen(lfd, SOMAXCONN) < 0) {
+        char at[80];
+        addr_text(&a, at, sizeof at);
+        snprintf(err, sizeof err, "cannot listen on %s: %s", at, strerror(errno));
+        goto out;
+    }
+    sl = sizeof ss;
+    if (getsockname(lfd, (struct sockaddr *)&ss, &sl) < 0 || addr_from_sa(&ss, &a) < 0) {
+        snprintf(err, sizeof err, "getsockname: %s", strerror(errno));
+        goto out;
+    }
+    size_t got = 0;
+    while (got < MAGIC_BYTES) {
+        ssize_t k = getrandom(R.magic + got, MAGIC_BYTES - got, 0);
+        if (k < 0 && errno != EINTR) {
+            snprintf(err, sizeof err, "getrandom: %s", strerror(errno));
+            goto out;
+        }
+        if (k > 0)
+            got += (size_t)k;
+    }
+    memcpy(id.bytes, R.magic, MAGIC_BYTES);
+    addr_put(id.bytes + MAGIC_BYTES, &a);
+    comm_id_to_hex(&id, hex);
+    if (fprintf(out, "{\"id\":\"%s\"}\n", hex) < 0 || fflush(out) != 0) {
+        snprintf(err, sizeof err, "cannot write the id: %s", strerror(errno));
+        goto out;
+    }
+
+    R.conns = malloc(MAX_ROOT_CONNS * sizeof *R.conns);
+    pfd = malloc((MAX_ROOT_CONNS + 2) * sizeof *pfd);
+    if (!R.conns || !pfd) {
+        snprintf(err, sizeof err, "out of memory");
+        goto out;
+    }
+    for (;;) {
+        pfd[0] = (struct pollfd){stdin_fd, POLLIN, 0};
+        pfd[1] = (struct pollfd){lfd, POLLIN, 0};
+        size_t n = R.nconn;
+        for (size_t i = 0; i < n; i++)
+            pfd[2 + i] = (struct pollfd){R.conns[i].fd, POLLIN, 0};
+        if (poll(pfd, n + 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            snprintf(err, sizeof err, "poll: %s", strerror(errno));
+            goto out;
+        }
+        if (pfd[0].revents) {
+            char junk[256];
+            ssize_t k = read(stdin_fd, junk, sizeof junk);
+            if (k == 0 || (k < 0 && errno != EINTR && errno != EAGAIN)) {
+                rc = 0; /* the launcher closed our stdin: this attempt is over */
+                goto out;
+            }
+        }
+        /* Walk the connections backwards: root_drop moves the last one into the hole. */
+        for (size_t i = n; i-- > 0;) {
+            if (!pfd[2 + i].revents)
+                continue;
+            if (i >= R.nconn || R.conns[i].fd != pfd[2 + i].fd)
+                continue; /* dropped when the group formed */
+            struct rconn *cn = &R.conns[i];
+            if (cn->rank >= 0) {
+                /* A registered rank sends nothing more: readable means it left. */
+                char junk[64];
+                ssize_t k = recv(cn->fd, junk, sizeof junk, MSG_DONTWAIT);
+                if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
+                    root_drop(&R, i);
+                continue;
+            }
+            ssize_t k = recv(cn->fd, cn->buf + cn->got, REG_BYTES - cn->got, MSG_DONTWAIT);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
+                root_drop(&R, i);
+                continue;
+            }
+            if (k > 0) {
+                cn->got += (size_t)k;
+                if (cn->got == REG_BYTES)
+                    root_register(&R, i);
+            }
+        }
+        if (pfd[1].revents) {
+            int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd >= 0) {
+                if (R.formed) {
+                    static const char t[] = "this rendezvous has already formed its group";
+                    root_send_msg(fd, MSG_ERROR, t, sizeof t - 1);
+                    close(fd);
+                } else if (R.nconn >= MAX_ROOT_CONNS) {
+                    close(fd);
+                } else {
+                    R.conns[R.nconn++] = (struct rconn){.fd = fd, .rank = -1};
+                }
+            }
+        }
+    }
+out:
+    if (rc != 0)
+        fprintf(stderr, "ddpd-worker --issue-id cpu: %s\n", err);
+    while (R.nconn > 0)
+        root_drop(&R, R.nconn - 1);
+    free(pfd);
+    free(R.conns);
+    free(R.slot);
+    free(R.table);
+    if (lfd >= 0)
+        close(lfd);
+    return rc;
+}
+
+/* ---- a communicator ---- */
+
+struct comm_req {
+    struct comm_req *qnext;        /* the FIFO queue */
+    struct comm_req *lprev, *lnext; /* started all-reduces not yet waited (for free) */
+    int op;
+    void *buf;
+    const void *in;
+    size_t bytes;
+    int64_t n;
+    int root;
+    int done;
+    ddpd_err rc;
+};
+
+struct cpu {
+    int rank, world, prev, next;
+    double timeout_s;
+    unsigned char magic[MAGIC_BYTES];
+    int fd_next, fd_prev; /* we only send to next and only receive from prev */
+
+    /* Owned by whichever thread executes collectives (the progress thread or a caller
+     * running one inline); `busy`, handed over under mu, says who. */
+    uint32_t seq;
+    float *stage;
+    unsigned char *scratch;
+    size_t scratch_cap;
+
+    /* Shared, under mu. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    int have_thread, have_sync;
+    struct comm_req *head, *tail, *live;
+    int busy, stopping, failed;
+    double run_start;
+    char err[ERR_CAP];
+
+    char err_copy[ERR_CAP]; /* what last_error hands the driving thread */
+    atomic_int aborted;     /* abort() may come from any thread or a signal handler */
+};
+
+/* Shuts both ring sockets: a blocked executor wakes, and the neighbours see the
+ * connection close at once, so one rank's failure reaches the whole ring in
+ * milliseconds instead of at everyone's deadline. Async-signal-safe. */
+static void shut_sockets(struct cpu *c)
+{
+    if (c->fd_next >= 0)
+        shutdown(c->fd_next, SHUT_RDWR);
+    if (c->fd_prev >= 0)
+        shutdown(c->fd_prev, SHUT_RDWR);
+}
+
+/* ---- the collective engine ---- */
+
+/* One collective as two byte streams: send segments to next, receive segments from prev.
+ * Send segment i (i >= lag) carries what receive segment i-lag brought, so it may only
+ * send as far as that segment has been processed: this one rule pipelines the ring
+ * (lag 1: reduce-scatter and all-gather steps) and the broadcast chain (lag 0). */
+struct plan {
+    int op;
+    uint32_t arg;          /* broadcast: the root */
+    uint64_t bytes;        /* as named in the header */
+    unsigned char *base;
+    int chain;             /* 1: one segment, the whole of base[total] */
+    size_t total;
+    size_t unit, nunits;   /* ring: base is nunits units of `unit` bytes in W chunks */
+    int nsend, nrecv, lag;
+    int nreduce;           /* receive segments [0, nreduce) are added into base (floats) */
+};
+
+struct stream {
+    int seg;     /* current segment */
+    size_t off;  /* bytes of it done (receiving a reduction: added into base) */
+    size_t hdr;  /* header bytes done */
+    size_t pend; /* receiving a reduction: bytes waiting in stage */
+};
+
+static void seg_of(const struct cpu *c, const struct plan *p, int recv, int i,
+                   unsigned char **ptr, size_t *len)
+{
+    if (p->chain) {
+        *ptr = p->base;
+        *len = p->total;
+        return;
+    }
+    /* Ring step i: send chunk rank-i, receive chunk rank-i-1. */
+    size_t W = (size_t)c->world;
+    size_t ch = ((size_t)c->rank + 3 * W - (size_t)i - (size_t)recv) % W;
+    size_t per = p->nunits / W, rem = p->nunits % W;
+    size_t start = ch * per + (ch < rem ? ch : rem);
+    *ptr = p->base + start * p->unit;
+    *len = (per + (ch < rem)) * p->unit;
+}
+
+static size_t send_limit(const struct plan *p, const struct stream *r, int i, size_t len)
+{
+    if (p->nrecv == 0 || i < p->lag)
+        return len;
+    int j = i - p->lag;
+    if (r->seg > j)
+        return len;
+    return r->seg == j ? r->off : 0;
+}
+
+/* Moves a stream past finished (and empty) segments. */
+static void stream_skip(const struct cpu *c, const struct plan *p, int recv, struct stream *s)
+{
+    int nseg = recv ? p->nrecv : p->nsend;
+    while (s->seg < nseg) {
+        unsigned char *ptr;
+        size_t len;
+        seg_of(c, p, recv, s->seg, &ptr, &len);
+        if (s->off < len)
+            break;
+        s->seg++;
+        s->off = 0;
+    }
+}
+
+static void describe(char *buf, size_t cap, int op, uint32_t seq, uint64_t bytes, uint32_t arg)
+{
+    const char *name = op > 0 && op < OP_COUNT ? op_names[op] : "unknown collective";
+    if (op == OP_BARRIER)
+        snprintf(buf, cap, "%s #%u", name, seq);
+    else if (op == OP_BROADCAST)
+        snprintf(buf, cap, "%s #%u of %llu bytes from rank %u", name, seq,
+                 (unsigned long long)bytes, arg);
+    else
+        snprintf(buf, cap, "%s #%u of %llu bytes", name, seq, (unsigned long long)bytes);
+}
+
+/* "allreduce (bucket of 1048576 floats)": what the user's call was, for error texts. */
+static void what(char *buf, size_t cap, const struct plan *p)
+{
+    const char *name = op_names[p->op];
+    switch (p->op) {
+    case OP_ALLREDUCE:
+        snprintf(buf, cap, "%s (bucket of %llu floats)", name,
+                 (unsigned long long)(p->bytes / sizeof(float)));
+        break;
+    case OP_BROADCAST:
+        snprintf(buf, cap, "%s (%llu bytes from rank %u)", name, (unsigned long long)p->bytes,
+                 p->arg);
+        break;
+    case OP_ALLGATHER:
+        snprintf(buf, cap, "%s (%llu bytes per rank)", name, (unsigned long long)p->bytes);
+        break;
+    case OP_MAX_I64:
+        snprintf(buf, cap, "%s (%llu values)", name,
+                 (unsigned long long)(p->bytes / sizeof(int64_t)));
+        break;
+    default:
+        snprintf(buf, cap, "%s", name);
+    }
+}
+
+static void add_into(float *restrict dst, const float *restrict src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] += src[i];
+}
+
+/* Runs one collective's plan to the end or to the first failure (text in err). A failure
+ * shuts the sockets, which poisons the ring for everyone. */
+static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t cap)
+{
+    unsigned char shdr[HDR_BYTES], rhdr[HDR_BYTES];
+    uint32_t seq = ++c->seq;
+    put32(shdr, 0x44445043); /* "DDPC" */
+    put32(shdr + 4, (uint32_t)p->op);
+    put32(shdr + 8, p->arg);
+    put32(shdr + 12, seq);
+    put64(shdr + 16, p->bytes);
+
+    struct stream s = {0}, r = {0};
+    double deadline = mono() + c->timeout_s;
+    char w[160];
+    int e = 0;
+
+    stream_skip(c, p, 0, &s);
+    stream_skip(c, p, 1, &r);
+    for (;;) {
+        int sdone = p->nsend == 0 || (s.hdr == HDR_BYTES && s.seg == p->nsend);
+        int rdone = p->nrecv == 0 || (r.hdr == HDR_BYTES && r.seg == p->nrecv);
+        if (sdone && rdone)
+            return DDPD_OK;
+        if (atomic_load_explicit(&c->aborted, memory_order_relaxed))
+            goto aborted;
+        int progressed = 0, want_out = 0, want_in = 0;
+
+        if (!sdone) {
+            struct iovec iov[2];
+            int cnt = 0;
+            if (s.hdr < HDR_BYTES)
+                iov[cnt++] = (struct iovec){shdr + s.hdr, HDR_BYTES - s.hdr};
+            if (s.seg < p->nsend) {
+                unsigned char *ptr;
+                size_t len;
+                seg_of(c, p, 0, s.seg, &ptr, &len);
+                size_t lim = send_limit(p, &r, s.seg, len);
+                if (lim > s.off) {
+                    size_t k = lim - s.off;
+                    iov[cnt++] = (struct iovec){ptr + s.off, k < SEND_SLICE ? k : SEND_SLICE};
+                }
+            }
+            if (cnt > 0) {
+                struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+                ssize_t k = sendmsg(c->fd_next, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (k > 0) {
+                    size_t left = (size_t)k;
+                    if (s.hdr < HDR_BYTES) {
+                        size_t h = HDR_BYTES - s.hdr < left ? HDR_BYTES - s.hdr : left;
+                        s.hdr += h;
+                        left -= h;
+                    }
+                    s.off += left;
+                    stream_skip(c, p, 0, &s);
+                    progressed = 1;
+                } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                    want_out = 1;
+                } else if (!(k < 0 && errno == EINTR)) {
+                    e = errno;
+                    if (atomic_load(&c->aborted))
+                        goto aborted;
+                    what(w, sizeof w, p);
+                    if (e == EPIPE || e == ECONNRESET)
+                        snprintf(err, cap, "peer rank %d closed the connection during %s",
+                                 c->next, w);
+                    else
+                        snprintf(err, cap, "sending to rank %d during %s: %s", c->next, w,
+                                 strerror(e));
+                    goto fail;
+                }
+            }
+        }
+
+        if (!rdone) {
+            struct iovec iov[2];
+            int cnt = 0;
+            unsigned char *ptr = NULL;
+            size_t len = 0;
+            int reduce = r.seg < p->nreduce;
+            if (r.hdr < HDR_BYTES)
+                iov[cnt++] = (struct iovec){rhdr + r.hdr, HDR_BYTES - r.hdr};
+            if (r.seg < p->nrecv) {
+                seg_of(c, p, 1, r.seg, &ptr, &len);
+                if (reduce) {
+                    size_t room = STAGE_BYTES - r.pend, want = len - r.off - r.pend;
+                    iov[cnt++] = (struct iovec){(unsigned char *)c->stage + r.pend,
+                                                want < room ? want : room};
+                } else {
+                    iov[cnt++] = (struct iovec){ptr + r.off, len - r.off};
+                }
+            }
+            struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+            ssize_t k = recvmsg(c->fd_prev, &m, MSG_DONTWAIT);
+            if (k > 0) {
+                size_t left = (size_t)k;
+                progressed = 1;
+                if (r.hdr < HDR_BYTES) {
+                    size_t h = HDR_BYTES - r.hdr < left ? HDR_BYTES - r.hdr : left;
+                    r.hdr += h;
+                    left -= h;
+                    if (r.hdr == HDR_BYTES && memcmp(rhdr, shdr, HDR_BYTES) != 0) {
+                        char got[96], want[96];
+                        if (get32(rhdr) != get32(shdr)) {
+                            what(w, sizeof w, p);
+                            snprintf(err, cap, "garbled stream from rank %d during %s (no "
+                                     "collective header where one was due)", c->prev, w);
+                            goto fail;
+                        }
+                        describe(got, sizeof got, (int)get32(rhdr + 4), get32(rhdr + 12),
+                                 get64(rhdr + 16), get32(rhdr + 8));
+                        describe(want, sizeof want, p->op, seq, p->bytes, p->arg);
+                        snprintf(err, cap, "collective mismatch: rank %d sent %s, expected %s",
+                                 c->prev, got, want);
+                        goto fail;
+                    }
+                }
+                if (reduce) {
+                    r.pend += left;
+                    size_t whole = r.pend / sizeof(float) * sizeof(float);
+                    add_into((float *)(ptr + r.off), c->stage, whole / sizeof(float));
+                    r.off += whole;
+                    r.pend -= whole;
+                    if (r.pend)
+                        memmove(c->stage, (unsigned char *)c->stage + whole, r.pend);
+                } else {
+                    r.off += left;
+                }
+                stream_skip(c, p, 1, &r);
+            } else if (k == 0) {
+                if (atomic_load(&c->aborted))
+                    goto aborted;
+                what(w, sizeof w, p);
+                snprintf(err, cap, "peer rank %d closed the connection during %s", c->prev, w);
+                goto fail;
+            } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                want_in = 1;
+            } else if (errno != EINTR) {
+                e = errno;
+                if (atomic_load(&c->aborted))
+                    goto aborted;
+                what(w, sizeof w, p);
+                if (e == ECONNRESET)
+                    snprintf(err, cap, "peer rank %d closed the connection during %s", c->prev,
+                             w);
+                else
+                    snprintf(err, cap, "receiving from rank %d during %s: %s", c->prev, w,
+                             strerror(e));
+                goto fail;
+            }
+        }
+
+        if (progressed || (!want_in && !want_out))
+            continue;
+        struct pollfd pf[2];
+        nfds_t np = 0;
+        if (want_out)
+            pf[np++] = (struct pollfd){c->fd_next, POLLOUT, 0};
+        if (want_in)
+            pf[np++] = (struct pollfd){c->fd_prev, POLLIN, 0};
+        int pr = poll(pf, np, ms_until(deadline));
+        if (pr == 0 && mono() >= deadline) {
+            what(w, sizeof w, p);
+            /* Name whom we wait for: the sender if its bytes are missing, else the
+             * receiver that does not drain its socket. */
+            int whom = want_in ? c->prev : c->next;
+            snprintf(err, cap, "%s timed out after %.1f s waiting for rank %d", w, c->timeout_s,
+                     whom);
+            goto fail;
+        }
+        if (pr < 0 && errno != EINTR) {
+            snprintf(err, cap, "poll: %s", strerror(errno));
+            goto fail;
+        }
+    }
+aborted:
+    what(w, sizeof w, p);
+    snprintf(err, cap, "communicator aborted during %s", w);
+fail:
+    shut_sockets(c);
+    return DDPD_ECOMM;
+}
+
+/* Grows the executor's scratch to at least `bytes`. */
+static int scratch_reserve(struct cpu *c, size_t bytes, char *err, size_t cap)
+{
+    if (bytes <= c->scratch_cap)
+        return 0;
+    unsigned char *n = realloc(c->scratch, bytes);
+    if (!n) {
+        snprintf(err, cap, "out of memory for a %zu-byte collective buffer", bytes);
+        return -1;
+    }
+    c->scratch = n;
+    c->scratch_cap = bytes;
+    return 0;
+}
+
+/* Ring all-gather of `bytes` per rank in out[world*bytes]; this rank's part is in place. */
+static ddpd_err ring_allgather(struct cpu *c, int op, uint64_t hdr_bytes, unsigned char *out,
+                               size_t bytes, char *err, size_t cap)
+{
+    struct plan p = {.op = op, .bytes = hdr_bytes, .base = out, .unit = bytes,
+                     .nunits = (size_t)c->world, .nsend = c->world - 1, .nrecv = c->world - 1,
+                     .lag = 1};
+    return run_plan(c, &p, err, cap);
+}
+
+static ddpd_err do_allreduce(struct cpu *c, float *buf, int64_t n, char *err, size_t cap)
+{
+    size_t W = (size_t)c->world, nb = (size_t)n * sizeof(float);
+    if (W == 1)
+        return DDPD_OK;
+    if (nb > SMALL_BYTES) {
+        /* Reduce-scatter (W-1 steps, each adds the incoming chunk), then all-gather (W-1
+         * steps, each copies a finished chunk): chunk c's sum is made by rank c-1 alone. */
+        struct plan p = {.op = OP_ALLREDUCE, .bytes = nb, .base = (unsigned char *)buf,
+                         .unit = sizeof(float), .nunits = (size_t)n,
+                         .nsend = 2 * (c->world - 1), .nrecv = 2 * (c->world - 1), .lag = 1,
+                         .nreduce = c->world - 1};
+        return run_plan(c, &p, err, cap);
+    }
+    /* Latency path: one all-gather of every contribution (W-1 hops instead of 2(W-1)),
+     * then every rank sums them in rank order 0..W-1, which gives the same bits everywhere. */
+    if (scratch_reserve(c, W * nb, err, cap) < 0)
+        return DDPD_ECOMM;
+    float *all = (float *)c->scratch;
+    if (nb)
+        memcpy(all + (size_t)c->rank * (size_t)n, buf, nb);
+    ddpd_err rc = ring_allgather(c, OP_ALLREDUCE, nb, c->scratch, nb, err, cap);
+    if (rc != DDPD_OK)
+        return rc;
+    for (size_t i = 0; i < (size_t)n; i++) {
+        float acc = all[i];
+        for (size_t r = 1; r < W; r++)
+            acc += all[r * (size_t)n + i];
+        buf[i] = acc;
+    }
+    return DDPD_OK;
+}
+
+static ddpd_err do_broadcast(struct cpu *c, void *buf, size_t bytes, int root, char *err,
+                             size_t cap)
+{
+    if (c->world == 1)
+        return DDPD_OK;
+    /* A chain root -> root+1 -> ... -> root-1; each forwards what it has received so far. */
+    int pos = (c->rank - root + c->world) % c->world;
+    struct plan p = {.op = OP_BROADCAST, .arg = (uint32_t)root, .bytes = bytes, .base = buf,
+                     .chain = 1, .total = bytes, .nsend = pos < c->world - 1,
+                     .nrecv = pos > 0, .lag = 0};
+    return run_plan(c, &p, err, cap);
+}
+
+static ddpd_err do_allgather(struct cpu *c, const void *in, size_t bytes, void *out, char *err,
+                             size_t cap)
+{
+    unsigned char *mine = (unsigned char *)out + (size_t)c->rank * bytes;
+    if (bytes && (const void *)mine != in)
+        memmove(mine, in, bytes);
+    if (c->world == 1)
+        return DDPD_OK;
+    return ring_allgather(c, OP_ALLGATHER, bytes, out, bytes, err, cap);
+}
+
+static ddpd_err do_max(struct cpu *c, int64_t *v, int n, char *err, size_t cap)
+{
+    size_t W = (size_t)c->world, nb = (size_t)n * sizeof(int64_t);
+    if (W == 1)
+        return DDPD_OK;
+    if (scratch_reserve(c, W * nb + 1, err, cap) < 0)
+        return DDPD_ECOMM;
+    int64_t *all = (int64_t *)c->scratch;
+    if (nb)
+        memcpy(all + (size_t)c->rank * (size_t)n, v, nb);
+    ddpd_err rc = ring_allgather(c, OP_MAX_I64, nb, c->scratch, nb, err, cap);
+    if (rc != DDPD_OK)
+        return rc;
+    for (size_t r = 0; r < W; r++)
+        for (size_t i = 0; i < (size_t)n; i++)
+            if (all[r * (size_t)n + i] > v[i])
+                v[i] = all[r * (size_t)n + i];
+    return DDPD_OK;
+}
+
+static ddpd_err do_barrier(struct cpu *c, char *err, size_t cap)
+{
+    if (c->world == 1)
+        return DDPD_OK;
+    /* An all-gather of one byte: nobody finishes before everyone has started. */
+    if (scratch_reserve(c, (size_t)c->world, err, cap) < 0)
+        return DDPD_ECOMM;
+    c->scratch[c->rank] = 1;
+    return ring_allgather(c, OP_BARRIER, 0, c->scratch, 1, err, cap);
+}
+
+static ddpd_err execute(struct cpu *c, struct comm_req *q, char *err, size_t cap)
+{
+    switch (q->op) {
+    case OP_ALLREDUCE:
+        return do_allreduce(c, q->buf, q->n, err, cap);
+    case OP_BROADCAST:
+        return do_broadcast(c, q->buf, q->bytes, q->root, err, cap);
+    case OP_ALLGATHER:
+        return do_allgather(c, q->in, q->bytes, q->buf, err, cap);
+    case OP_MAX_I64:
+        return do_max(c, q->buf, (int)q->n, err, cap);
+    case OP_BARRIER:
+        return do_barrier(c, err, cap);
+    }
+    snprintf(err, cap, "unknown collective %d", q->op);
+    return DDPD_ECOMM;
+}
+
+/* ---- the queue and the progress thread ---- */
+
+/* Records the first failure; every later call fails fast with its text. Under mu. */
+static void set_failed(struct cpu *c, const char *text)
+{
+    if (c->failed)
+        return;
+    c->failed = 1;
+    snprintf(c->err, sizeof c->err, "%s", text && *text ? text : "communication failure");
+}
+
+/* Fails fast if the communicator is poisoned or aborted. Under mu. */
+static int check_usable(struct cpu *c)
+{
+    if (!c->failed && atomic_load(&c->aborted))
+        set_failed(c, "communicator aborted");
+    return c->failed ? -1 : 0;
+}
+
+/* Pops the head of the queue and runs it on the calling thread. Called and returns with mu
+ * held; the collective itself runs unlocked. */
+static void run_head(struct cpu *c)
+{
+    struct comm_req *q = c->head;
+    c->head = q->qnext;
+    if (!c->head)
+        c->tail = NULL;
+    q->qnext = NULL;
+    c->busy = 1;
+    c->run_start = mono();
+    int skip = check_usable(c) < 0;
+    ddpd_err rc = DDPD_ECOMM;
+    char text[ERR_CAP] = "";
+    pthread_mutex_unlock(&c->mu);
+    if (!skip)
+        rc = execute(c, q, text, sizeof text);
+    pthread_mutex_lock(&c->mu);
+    if (rc != DDPD_OK)
+        set_failed(c, text);
+    q->rc = rc;
+    q->done = 1;
+    c->busy = 0;
+    pthread_cond_broadcast(&c->cv);
+}
+
+static void *progress_main(void *arg)
+{
+    struct cpu *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->stopping && (c->busy || !c->head))
+            pthread_cond_wait(&c->cv, &c->mu);
+        if (c->stopping)
+            break;
+        run_head(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+static void enqueue(struct cpu *c, struct comm_req *q)
+{
+    q->qnext = NULL;
+    if (c->tail)
+        c->tail->qnext = q;
+    else
+        c->head = q;
+    c->tail = q;
+}
+
+/* Blocks until q is done. When nothing runs, the caller runs the queue's head itself:
+ * a collective issued while the ring is idle then costs no thread hand-off. */
+static ddpd_err wait_done(struct cpu *c, struct comm_req *q)
+{
+    pthread_mutex_lock(&c->mu);
+    int kicked = 0;
+    while (!q->done) {
+        if (!c->busy && c->head) {
+            run_head(c);
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        /* Safety net: run_plan bounds every socket wait by the deadline, so a collective
+         * running far past it is stuck somewhere unexpected; shutting the sockets frees it. */
+        if (c->busy && !kicked && mono() > c->run_start + c->timeout_s + 5.0) {
+            shut_sockets(c);
+            kicked = 1;
+        }
+    }
+    ddpd_err rc = q->rc;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* Issues a blocking collective: ordered after everything queued, run inline when idle. */
+static ddpd_err blocking(struct cpu *c, struct comm_req *q)
+{
+    pthread_mutex_lock(&c->mu);
+    if (check_usable(c) < 0) {
+        pthread_mutex_unlock(&c->mu);
+        return DDPD_ECOMM;
+    }
+    int idle = !c->busy && !c->head;
+    enqueue(c, q);
+    if (!idle)
+        pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return wait_done(c, q);
+}
+
+/* ---- the table's entries ---- */
+
+static int fmt_err(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fmt_err(char *buf, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (buf && cap)
+        vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static void cpu_free(void *ctx);
+
+/* A hello on a ring connection: magic, the sender's rank, a tag. */
+static void hello_put(unsigned char *h, const struct cpu *c)
+{
+    memcpy(h, c->magic, MAGIC_BYTES);
+    put32(h + 16, (uint32_t)c->rank);
+    put32(h + 20, 0x48454c4f); /* "HELO" */
+}
+
+static int hello_check(const unsigned char *h, const struct cpu *c, int expect, char *err,
+                       size_t cap)
+{
+    if (memcmp(h, c->magic, MAGIC_BYTES) != 0 || get32(h + 20) != 0x48454c4f)
+        return fmt_err(err, cap, "ring: the connection with rank %d carries the wrong magic "
+                       "(a rank of another group?)", expect);
+    if (get32(h + 16) != (uint32_t)expect)
+        return fmt_err(err, cap, "ring: expected rank %d on this connection, got rank %u",
+                       expect, get32(h + 16));
+    return 0;
+}
+
+static const char *io_text(int io)
+{
+    return io == IO_TIMEOUT ? "timed out" : io == IO_CLOSED ? "connection closed" : strerror(errno);
+}
+
+/* Registers with the root over `fd` (connected) and receives the table: table[world] of
+ * the ranks' listening addresses. */
+static int rendezvous(struct cpu *c, int fd, const struct addr *root, const struct addr *me,
+                      double deadline, struct addr *table, char *err, size_t cap)
+{
+    int rc = -1, registered = 0;
+    char at[80];
+    unsigned char reg[REG_BYTES] = {0}, h[MSG_HDR_BYTES];
+    unsigned char *payload = NULL;
+    addr_text(root, at, sizeof at);
+
+    memcpy(reg, c->magic, MAGIC_BYTES);
+    put32(reg + 16, PROTO_VERSION);
+    put32(reg + 20, (uint32_t)c->rank);
+    put32(reg + 24, (uint32_t)c->world);
+    addr_put(reg + 28, me);
+    int io = send_all(fd, reg, sizeof reg, deadline);
+    if (io != IO_OK) {
+        fmt_err(err, cap, "rendezvous: registering with root %s: %s", at, io_text(io));
+        goto out;
+    }
+    for (;;) {
+        io = recv_all(fd, h, sizeof h, deadline);
+        if (io == IO_TIMEOUT && registered) {
+            fmt_err(err, cap, "rendezvous with root %s timed out after %.1f s (%d of %d ranks "
+                    "registered)", at, c->timeout_s, registered, c->world);
+            goto out;
+        }
+        if (io == IO_TIMEOUT) {
+            fmt_err(err, cap, "rendezvous with root %s timed out after %.1f s (the root did not "
+                    "acknowledge rank %d)", at, c->timeout_s, c->rank);
+            goto out;
+        }
+        if (io != IO_OK) {
+            fmt_err(err, cap, "rendezvous: root %s: %s", at, io_text(io));
+            goto out;
+        }
+        uint32_t type = get32(h), len = get32(h + 4);
+        uint32_t expect = type == MSG_PROGRESS ? 8u
+                          : type == MSG_TABLE  ? (uint32_t)c->world * ADDR_BYTES
+                          : type == MSG_ERROR  ? len
+                                               : 0;
+        /* Lengths are the root's claims: anything not exactly what this type holds (or an
+         * error text longer than the cap) is refused before any allocation. */
+        if (len != expect || len > MAX_WORLD * ADDR_BYTES || (type == MSG_ERROR && len > MSG_TEXT_MAX)) {
+            fmt_err(err, cap, "rendezvous: malformed message from root %s", at);
+            goto out;
+        }
+        free(payload);
+        payload = malloc(len + 1);
+        if (!payload) {
+            fmt_err(err, cap, "rendezvous: out of memory");
+            goto out;
+        }
+        io = recv_all(fd, payload, len, deadline);
+        if (io != IO_OK) {
+            fmt_err(err, cap, "rendezvous: root %s: %s", at, io_text(io));
+            goto out;
+        }
+        if (type == MSG_PROGRESS) {
+            registered = (int)get32(payload);
+            continue;
+        }
+        if (type == MSG_ERROR) {
+            payload[len] = '\0';
+            for (uint32_t i = 0; i < len; i++)
+                if (payload[i] < 32 || payload[i] > 126)
+                    payload[i] = '?';
+            fmt_err(err, cap, "rendezvous: root %s refused rank %d: %s", at, c->rank,
+                    (char *)payload);
+            goto out;
+        }
+        for (int r = 0; r < c->world; r++)
+            if (addr_get(payload + (size_t)r * ADDR_BYTES, &table[r]) < 0) {
+                fmt_err(err, cap, "rendezvous: malformed table from root %s", at);
+                goto out;
+            }
+        rc = 0;
+        break;
+    }
+out:
+    free(payload);
+    return rc;
+}
+
+/* Connects to next, accepts prev, and checks both with a hello each way. */
+static int form_ring(struct cpu *c, int lfd, const struct addr *table, double deadline,
+                     char *err, size_t cap)
+{
+    unsigned char mine[HELLO_BYTES], theirs[HELLO_BYTES];
+    char at[80];
+    int refused = 0, io;
+    hello_put(mine, c);
+
+    addr_text(&table[c->next], at, sizeof at);
+    c->fd_next = connect_retry(&table[c->next], deadline, &refused);
+    if (c->fd_next < 0)
+        return fmt_err(err, cap, "ring: cannot connect to rank %d at %s: %s", c->next, at,
+                       errno == ETIMEDOUT ? "timed out" : strerror(errno));
+    /* The hello fits the socket buffer, so sending before accepting cannot deadlock. */
+    io = send_all(c->fd_next, mine, sizeof mine, deadline);
+    if (io != IO_OK)
+        return fmt_err(err, cap, "ring: greeting rank %d at %s: %s", c->next, at, io_text(io));
+
+    int w = wait_fd(lfd, POLLIN, deadline);
+    if (w == 0)
+        return fmt_err(err, cap, "ring: rank %d did not connect within %.1f s", c->prev,
+                       c->timeout_s);
+    c->fd_prev = w > 0 ? accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC) : -1;
+    if (c->fd_prev < 0)
+        return fmt_err(err, cap, "ring: accepting rank %d: %s", c->prev, strerror(errno));
+    sock_tune(c->fd_prev);
+    io = recv_all(c->fd_prev, theirs, sizeof theirs, deadline);
+    if (io != IO_OK)
+        return fmt_err(err, cap, "ring: hello from rank %d: %s", c->prev, io_text(io));
+    if (hello_check(theirs, c, c->prev, err, cap) < 0)
+        return -1;
+    io = send_all(c->fd_prev, mine, sizeof mine, deadline);
+    if (io != IO_OK)
+        return fmt_err(err, cap, "ring: answering rank %d: %s", c->prev, io_text(io));
+    io = recv_all(c->fd_next, theirs, sizeof theirs, deadline);
+    if (io != IO_OK)
+        return fmt_err(err, cap, "ring: answer from rank %d: %s", c->next, io_text(io));
+    return hello_check(theirs, c, c->next, err, cap);
+}
+
+static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, double timeout_s,
+                              void **ctx, char *errbuf, size_t errcap)
+{
+    struct cpu *c = NULL;
+    struct addr *table = NULL;
+    int lfd = -1, rfd = -1;
+    ddpd_err rc = DDPD_ECOMM;
+    *ctx = NULL;
+
+    if (world < 1 || world > MAX_WORLD || rank < 0 || rank >= world) {
+        fmt_err(errbuf, errcap, "rank %d of %d is out of range (world 1..%d)", rank, world,
+                MAX_WORLD);
+        goto out;
+    }
+    if (!(timeout_s > 0) || timeout_s > 1e6) {
+        fmt_err(errbuf, errcap, "the communication timeout must be positive (got %g s)",
+                timeout_s);
+        goto out;
+    }
+    c = calloc(1, sizeof *c);
+    if (!c) {
+        fmt_err(errbuf, errcap, "out of memory");
+        goto out;
+    }
+    c->rank = rank;
+    c->world = world;
+    c->prev = (rank + world - 1) % world;
+    c->next = (rank + 1) % world;
+    c->timeout_s = timeout_s;
+    c->fd_next = c->fd_prev = -1;
+    atomic_init(&c->aborted, 0);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int sync_ok = pthread_mutex_init(&c->mu, NULL) == 0 && pthread_cond_init(&c->cv, &ca) == 0;
+    pthread_condattr_destroy(&ca);
+    if (!sync_ok) {
+        fmt_err(errbuf, errcap, "cannot create the communicator's lock");
+        free(c);
+        c = NULL;
+        goto out;
+    }
+    c->have_sync = 1;
+    struct addr root;
+    if (id_decode(id, c->magic, &root) < 0) {
+        fmt_err(errbuf, errcap, "malformed communicator id (no root address in it)");
+        goto out;
+    }
+    if (world == 1) {
+        /* Nothing to talk to: every collective is a no-op or a copy, run inline. */
+        rc = DDPD_OK;
+        goto out;
+    }
+    double deadline = mono() + timeout_s;
+    c->stage = malloc(STAGE_BYTES);
+    table = calloc((size_t)world, sizeof *table);
+    if (!c->stage || !table) {
+        fmt_err(errbuf, errcap, "out of memory");
+        goto out;
+    }
+
+    /* Our ring listener goes on the interface that reaches the root: the address is what
+     * the root (and so every rank) can reach us by, in the root's address family. */
+    int refused = 0;
+    rfd = connect_retry(&root, deadline, &refused);
+    if (rfd < 0) {
+        char at[80];
+        addr_text(&root, at, sizeof at);
+        if (errno == ETIMEDOUT)
+            fmt_err(errbuf, errcap, "rendezvous with root %s timed out after %.1f s (%s)", at,
+                    timeout_s, refused ? "nobody listens there: is the issuer gone?"
+                                       : "could not connect");
+        else
+            fmt_err(errbuf, errcap, "rendezvous: cannot connect to root %s: %s", at,
+                    strerror(errno));
+        goto out;
+    }
+    /* Our ring listener goes on the interface that reaches the root: that address is what
+     * the root (and so every rank) can reach us by, in the root's address family. */
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    struct addr me;
+    if (getsockname(rfd, (struct sockaddr *)&ss, &sl) < 0 || addr_from_sa(&ss, &me) < 0) {
+        fmt_err(errbuf, errcap, "getsockname: %s", strerror(errno));
+        goto out;
+    }
+    me.port = 0;
+    sl = addr_to_sa(&me, &ss);
+    lfd = socket(me.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (lfd >= 0)
+        sock_tune(lfd); /* accepted sockets inherit the buffer sizes */
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&ss, sl) < 0 || listen(lfd, 16) < 0) {
+        fmt_err(errbuf, errcap, "ring: cannot listen: %s", strerror(errno));
+        goto out;
+    }
+    sl = sizeof ss;
+    if (getsockname(lfd, (struct sockaddr *)&ss, &sl) < 0 || addr_from_sa(&ss, &me) < 0) {
+        fmt_err(errbuf, errcap, "getsockname: %s", strerror(errno));
+        goto out;
+    }
+    if (rendezvous(c, rfd, &root, &me, deadline, table, errbuf, errcap) < 0)
+        goto out;
+    close(rfd);
+    rfd = -1;
+    if (form_ring(c, lfd, table, deadline, errbuf, errcap) < 0)
+        goto out;
+
+    /* The progress thread takes no signals: they belong to the worker's main thread. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int th = pthread_create(&c->thread, NULL, progress_main, c);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (th != 0) {
+        fmt_err(errbuf, errcap, "cannot start the progress thread: %s", strerror(th));
+        goto out;
+    }
+    c->have_thread = 1;
+    rc = DDPD_OK;
+out:
+    if (rfd >= 0)
+        close(rfd);
+    if (lfd >= 0)
+        close(lfd);
+    free(table);
+    if (rc != DDPD_OK) {
+        cpu_free(c);
+        c = NULL;
+    }
+    *ctx = c;
+    return rc;
+}
+
+static ddpd_err cpu_allreduce_start(void *ctx, float *buf, int64_t n, struct comm_req **req)
+{
+    struct cpu *c = ctx;
+    *req = NULL;
+    struct comm_req *q = calloc(1, sizeof *q);
+    pthread_mutex_lock(&c->mu);
+    if (check_usable(c) < 0 || !q || n < 0 || (uint64_t)n > SIZE_MAX / sizeof(float) / 4) {
+        if (!c->failed)
+            set_failed(c, !q ? "out of memory" : "all-reduce of a negative or impossible count");
+        pthread_mutex_unlock(&c->mu);
+        free(q);
+        return DDPD_ECOMM;
+    }
+    q->op = OP_ALLREDUCE;
+    q->buf = buf;
+    q->n = n;
+    q->lnext = c->live;
+    if (c->live)
+        c->live->lprev = q;
+    c->live = q;
+    enqueue(c, q);
+    /* Wake the progress thread now: the point is to overlap with the caller's work. */
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    *req = q;
+    return DDPD_OK;
+}
+
+static ddpd_err cpu_wait(void *ctx, struct comm_req *q)
+{
+    struct cpu *c = ctx;
+    if (!q) {
+        pthread_mutex_lock(&c->mu);
+        ddpd_err rc = check_usable(c) < 0 ? DDPD_ECOMM : DDPD_OK;
+        pthread_mutex_unlock(&c->mu);
+        return rc;
+    }
+    ddpd_err rc = wait_done(c, q);
+    pthread_mutex_lock(&c->mu);
+    if (q->lprev)
+        q->lprev->lnext = q->lnext;
+    else
+        c->live = q->lnext;
+    if (q->lnext)
+        q->lnext->lprev = q->lprev;
+    pthread_mutex_unlock(&c->mu);
+    free(q);
+    return rc;
+}
+
+static ddpd_err cpu_broadcast(void *ctx, void *buf, size_t bytes, int root)
+{
+    struct cpu *c = ctx;
+    if (root < 0 || root >= c->world) {
+        pthread_mutex_lock(&c->mu);
+        set_failed(c, "broadcast from a rank outside the group");
+        pthread_mutex_unlock(&c->mu);
+        return DDPD_ECOMM;
+    }
+    struct comm_req q = {.op = OP_BROADCAST, .buf = buf, .bytes = bytes, .root = root};
+    return blocking(c, &q);
+}
+
+static ddpd_err cpu_allgather(void *ctx, const void *in, size_t bytes, void *out)
+{
+    struct comm_req q = {.op = OP_ALLGATHER, .in = in, .buf = out, .bytes = bytes};
+    return blocking(ctx, &q);
+}
+
+static ddpd_err cpu_allreduce_max_i64(void *ctx, int64_t *v, int n)
+{
+    if (n < 0)
+        n = 0;
+    struct comm_req q = {.op = OP_MAX_I64, .buf = v, .n = n};
+    return blocking(ctx, &q);
+}
+
+static ddpd_err cpu_barrier(void *ctx)
+{
+    struct comm_req q = {.op = OP_BARRIER};
+    return blocking(ctx, &q);
+}
+
+static void cpu_abort(void *ctx)
+{
+    struct cpu *c = ctx;
+    if (!c)
+        return;
+    atomic_store(&c->aborted, 1);
+    shut_sockets(c);
+}
+
+static const char *cpu_last_error(void *ctx)
+{
+    struct cpu *c = ctx;
+    pthread_mutex_lock(&c->mu);
+    if (!c->failed && atomic_load(&c->aborted))
+        set_failed(c, "communicator aborted");
+    snprintf(c->err_copy, sizeof c->err_copy, "%s", c->failed ? c->err : "");
+    pthread_mutex_unlock(&c->mu);
+    return c->err_copy;
+}
+
+static void cpu_free(void *ctx)
+{
+    struct cpu *c = ctx;
+    if (!c)
+        return;
+    if (c->have_thread) {
+        pthread_mutex_lock(&c->mu);
+        c->stopping = 1;
+        /* A collective still running was never waited for: end it rather than its deadline. */
+        if (c->busy) {
+            atomic_store(&c->aborted, 1);
+            shut_sockets(c);
+        }
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->thread, NULL);
+    }
+    while (c->live) {
+        struct comm_req *q = c->live;
+        c->live = q->lnext;
+        free(q);
+    }
+    if (c->fd_next >= 0)
+        close(c->fd_next);
+    if (c->fd_prev >= 0)
+        close(c->fd_prev);
+    if (c->have_sync) {
+        pthread_cond_destroy(&c->cv);
+        pthread_mutex_destroy(&c->mu);
+    }
+    free(c->stage);
+    free(c->scratch);
+    free(c);
+}
+
+const struct comm_ops comm_cpu_ops = {
+    .name = "cpu",
+    .init_rank = cpu_init_rank,
+    .allreduce_start = cpu_allreduce_start,
+    .wait = cpu_wait,
+    .broadcast = cpu_broadcast,
+    .allgather = cpu_allgather,
+    .allreduce_max_i64 = cpu_allreduce_max_i64,
+    .barrier = cpu_barrier,
+    .abort = cpu_abort,
+    .last_error = cpu_last_error,
+    .free = cpu_free,
+};

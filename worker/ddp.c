@@ -1,0 +1,388 @@
+/* ddp.c — the reducer: buckets of gradient views, gradient-ready hooks that launch
+ * bucket all-reduces in index order during backward, no_sync, join shadowing and the
+ * final model sync (../shared/DDP.md §1–§4). Knows the model's parameters, the compute
+ * backend and comm; nothing of data, the loop or the optimizer. */
+#include "ddp.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FIRST_BUCKET_BYTES (1 << 20) /* dist._DEFAULT_FIRST_BUCKET_BYTES */
+
+struct bucket {
+    float *buf;          /* flat gradient storage; each parameter's grad is a view */
+    int64_t numel;
+    int nparams;
+    int *params;         /* parameter indices in layout order */
+    int pending;         /* gradients not yet ready in this backward */
+    struct comm_req *req;
+};
+
+struct ddp {
+    struct model *m;
+    struct comm *comm;
+    struct dev dev;
+    struct ddp_opts opts;
+    int world, rank;
+    int nbuckets;
+    struct bucket *buckets;
+    int *bucket_of;      /* parameter index -> bucket */
+    /* per backward */
+    bool require_sync;   /* no_sync sets it false */
+    bool armed;          /* the last forward decided to reduce */
+    int next_bucket;     /* next bucket to launch, in index order */
+    float scale;         /* float(1/divisor) for this backward */
+    ddpd_err hook_rc;    /* first failure inside a hook */
+    struct ddpd_error hook_err;
+    /* join */
+    float *zeros;        /* scratch for shadowed buckets */
+    int64_t max_bucket;
+    int64_t steps;       /* synced steps this rank ran itself since the last join */
+};
+
+int ddp_assign_buckets(const int64_t *bytes, int n, const int64_t *limits, int nlim, int *bucket_of)
+{
+    int b = 0, li = 0;
+    int64_t acc = 0;
+    for (int i = 0; i < n; i++) {
+        bucket_of[i] = b;
+        acc += bytes[i];
+        if (acc >= limits[li]) {
+            /* Closed on reaching the limit, so a bucket may exceed it by one tensor. */
+            if (i + 1 < n)
+                b++;
+            acc = 0;
+            if (li + 1 < nlim)
+                li++;
+        }
+    }
+    return n ? b + 1 : 0;
+}
+
+/* DDP.md §1.2 steps 1-2 with all-gathers instead of a broadcast, so that every rank,
+ * rank 0 included, sees the mismatch and reports the same sentence. */
+static ddpd_err check_same_model(struct ddp *d, struct ddpd_error *err)
+{
+    const int W = d->world, np = model_param_count(d->m);
+    int64_t *counts = calloc((size_t)W, sizeof *counts);
+    int64_t mine = np;
+    ddpd_err rc = comm_allgather(d->comm, &mine, sizeof mine, counts, err);
+    if (rc)
+        goto out;
+    for (int r = 0; r < W; r++)
+        if (counts[r] != counts[0]) {
+            rc = ddpd_error_set(err, DDPD_ESPEC, "model",
+                                "DDP expects the same model on every rank: rank 0 has %" PRId64
+                                " parameter tensors, rank %d has %" PRId64,
+                                counts[0], r, counts[r]);
+            goto out;
+        }
+    /* Shapes: [ndim, d0, d1] per parameter. */
+    size_t bytes = (size_t)np * 3 * sizeof(int64_t);
+    int64_t *shapes = malloc(bytes), *all = malloc(bytes * (size_t)W);
+    if (!shapes || !all) {
+        free(shapes);
+        free(all);
+        rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the model across ranks");
+        goto out;
+    }
+    for (int i = 0; i < np; i++) {
+        const struct param *p = model_param(d->m, i);
+        shapes[3 * i] = p->ndim;
+        shapes[3 * i + 1] = p->shape[0];
+        shapes[3 * i + 2] = p->ndim > 1 ? p->shape[1] : 0;
+    }
+    rc = comm_allgather(d->comm, shapes, bytes, all, err);
+    for (int r = 1; !rc && r < W; r++) {
+        const int64_t *a = all, *b = all + (size_t)r * 3 * (size_t)np;
+        for (int i = 0; i < np; i++) {
+            if (memcmp(a + 3 * i, b + 3 * i, 3 * sizeof(int64_t)) == 0)
+                continue;
+            char sa[64], sb[64];
+            snprintf(sa, sizeof sa, a[3 * i] > 1 ? "[%" PRId64 ", %" PRId64 "]" : "[%" PRId64 "]",
+                     a[3 * i + 1], a[3 * i + 2]);
+            snprintf(sb, sizeof sb, b[3 * i] > 1 ? "[%" PRId64 ", %" PRId64 "]" : "[%" PRId64 "]",
+                     b[3 * i + 1], b[3 * i + 2]);
+            rc = ddpd_error_set(err, DDPD_ESPEC, "model",
+                                "DDP expects the same model on every rank: parameter %s is %s on "
+                                "rank 0 but %s on rank %d",
+                                model_param(d->m, i)->name, sa, sb, r);
+            break;
+        }
+    }
+    free(shapes);
+    free(all);
+out:
+    free(counts);
+    return rc;
+}
+
+/* Rank `root`'s parameters to every rank: one broadcast when they are contiguous. */
+static ddpd_err broadcast_params(struct ddp *d, int root, struct ddpd_error *err)
+{
+    const int np = model_param_count(d->m);
+    bool contiguous = true;
+    for (int i = 0; i + 1 < np; i++) {
+        const struct param *p = model_param(d->m, i);
+        contiguous &= p->data + p->numel == model_param(d->m, i + 1)->data;
+    }
+    if (contiguous)
+        return comm_broadcast(d->comm, model_param(d->m, 0)->data,
+                              (size_t)model_numel(d->m) * sizeof(float), root, err);
+    for (int i = 0; i < np; i++) {
+        struct param *p = model_param(d->m, i);
+        ddpd_err rc = comm_broadcast(d->comm, p->data, (size_t)p->numel * sizeof(float), root, err);
+        if (rc)
+            return rc;
+    }
+    return DDPD_OK;
+}
+
+/* Buckets over the parameters in reverse registration order, which is the order their
+ * gradients become ready in backward (last layer first, bias before weight): the plan
+ * PyTorch arrives at after its one-time rebuild (DDP.md §2.3). Same on every rank: it
+ * depends on shapes only. */
+static ddpd_err build_buckets(struct ddp *d, struct ddpd_error *err)
+{
+    const int np = model_param_count(d->m);
+    int64_t *bytes = malloc((size_t)np * sizeof *bytes);
+    int *order = malloc((size_t)np * sizeof *order), *bucket_of = malloc((size_t)np * sizeof(int));
+    d->bucket_of = calloc((size_t)np, sizeof(int));
+    ddpd_err rc = DDPD_ENOMEM;
+    if (!bytes || !order || !bucket_of || !d->bucket_of)
+        goto out;
+    for (int j = 0; j < np; j++) {
+        order[j] = np - 1 - j;
+        bytes[j] = model_param(d->m, order[j])->numel * (int64_t)sizeof(float);
+    }
+    double cap = d->opts.bucket_cap_mb > 0 ? d->opts.bucket_cap_mb : 25;
+    int64_t limits[2] = {FIRST_BUCKET_BYTES, (int64_t)(cap * 1024 * 1024)};
+    if (limits[1] < 1)
+        limits[1] = 1;
+    d->nbuckets = ddp_assign_buckets(bytes, np, limits, 2, bucket_of);
+    d->buckets = calloc((size_t)d->nbuckets, sizeof *d->buckets);
+    if (!d->buckets)
+        goto out;
+    for (int j = 0; j < np; j++) {
+        struct bucket *b = &d->buckets[bucket_of[j]];
+        b->numel += bytes[j] / (int64_t)sizeof(float);
+        b->nparams++;
+    }
+    for (int b = 0; b < d->nbuckets; b++) {
+        struct bucket *bk = &d->buckets[b];
+        bk->params = malloc((size_t)bk->nparams * sizeof(int));
+        bk->buf = d->dev.ops->alloc(d->dev.ctx, (size_t)bk->numel * sizeof(float));
+        if (!bk->params || !bk->buf)
+            goto out;
+        if (bk->numel > d->max_bucket)
+            d->max_bucket = bk->numel;
+        bk->nparams = 0;
+    }
+    int64_t *offset = calloc((size_t)d->nbuckets, sizeof *offset);
+    if (!offset)
+        goto out;
+    for (int j = 0; j < np; j++) {
+        int b = bucket_of[j], i = order[j];
+        struct bucket *bk = &d->buckets[b];
+        struct param *p = model_param(d->m, i);
+        bk->params[bk->nparams++] = i;
+        d->bucket_of[i] = b;
+        model_set_grad_storage(d->m, i, bk->buf + offset[b]);
+        offset[b] += p->numel;
+    }
+    free(offset);
+    d->zeros = d->dev.ops->alloc(d->dev.ctx, (size_t)(d->max_bucket ? d->max_bucket : 1) * sizeof(float));
+    rc = d->zeros ? DDPD_OK : DDPD_ENOMEM;
+out:
+    if (rc)
+        ddpd_error_set(err, rc, "", "out of memory allocating gradient buckets");
+    free(bytes);
+    free(order);
+    free(bucket_of);
+    return rc;
+}
+
+struct ddp *ddp_new(struct model *model, struct comm *comm, const struct ddp_opts *opts,
+                    struct ddpd_error *err)
+{
+    struct ddp *d = calloc(1, sizeof *d);
+    if (!d) {
+        ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory creating DDP");
+        return NULL;
+    }
+    d->m = model;
+    d->comm = comm;
+    d->dev = model_dev(model);
+    d->opts = *opts;
+    d->world = comm_world(comm);
+    d->rank = comm_rank(comm);
+    d->require_sync = true;
+    if (model_param_count(model) == 0) {
+        ddpd_error_set(err, DDPD_ESPEC, "model", "DDP needs a model with trainable parameters");
+        goto fail;
+    }
+    if (check_same_model(d, err) || broadcast_params(d, 0, err) || build_buckets(d, err))
+        goto fail;
+    return d;
+fail:
+    ddp_free(d);
+    return NULL;
+}
+
+void ddp_free(struct ddp *d)
+{
+    if (!d)
+        return;
+    for (int b = 0; b < d->nbuckets; b++) {
+        /* Gradients point into the buckets: the model must not be used after this,
+         * except to be freed. */
+        free(d->buckets[b].params);
+        d->dev.ops->free(d->dev.ctx, d->buckets[b].buf);
+    }
+    if (d->zeros)
+        d->dev.ops->free(d->dev.ctx, d->zeros);
+    free(d->buckets);
+    free(d->bucket_of);
+    free(d);
+}
+
+/* One small all-reduce, started and waited for. */
+static ddpd_err allreduce_now(struct ddp *d, float *v, int64_t n, struct ddpd_error *err)
+{
+    struct comm_req *req;
+    ddpd_err rc = comm_allreduce_start(d->comm, v, n, &req, err);
+    return rc ? rc : comm_wait(d->comm, req, err);
+}
+
+ddpd_err ddp_forward_begin(struct ddp *d, struct ddpd_error *err)
+{
+    d->armed = d->require_sync;
+    if (!d->armed)
+        return DDPD_OK;
+    int divisor = d->world;
+    if (d->opts.join) {
+        /* N1 of DDP.md §4.2, paired with the joined ranks' J1: the count of live ranks. */
+        float live = 1;
+        ddpd_err rc = allreduce_now(d, &live, 1, err);
+        if (rc)
+            return rc;
+        if (!d->opts.divide_by_initial_world_size)
+            divisor = (int)(live + 0.5f);
+    }
+    d->scale = (float)(1.0 / (double)divisor);
+    d->next_bucket = 0;
+    d->hook_rc = DDPD_OK;
+    for (int b = 0; b < d->nbuckets; b++) {
+        d->buckets[b].pending = d->buckets[b].nparams;
+        d->buckets[b].req = NULL;
+    }
+    d->steps++;
+    return DDPD_OK;
+}
+
+static void launch(struct ddp *d, int b)
+{
+    struct bucket *bk = &d->buckets[b];
+    if (d->hook_rc)
+        return;
+    /* Divide before the sum (DDP.md §2.4): each rank contributes grad * float(1/W). */
+    d->dev.ops->scale(d->dev.ctx, bk->buf, d->scale, bk->numel);
+    d->hook_rc = comm_allreduce_start(d->comm, bk->buf, bk->numel, &bk->req, &d->hook_err);
+}
+
+void ddp_grad_ready(void *ctx, int index)
+{
+    struct ddp *d = ctx;
+    if (!d->armed)
+        return;
+    struct bucket *bk = &d->buckets[d->bucket_of[index]];
+    if (--bk->pending > 0)
+        return;
+    /* Launch strictly in bucket order, whatever order buckets complete in. */
+    while (d->next_bucket < d->nbuckets && d->buckets[d->next_bucket].pending == 0)
+        launch(d, d->next_bucket++);
+}
+
+ddpd_err ddp_backward_end(struct ddp *d, struct ddpd_error *err)
+{
+    if (!d->armed)
+        return DDPD_OK;
+    d->armed = false;
+    ddpd_err rc = d->hook_rc;
+    if (rc && err)
+        *err = d->hook_err;
+    for (int b = 0; b < d->nbuckets; b++) {
+        struct bucket *bk = &d->buckets[b];
+        if (bk->req) {
+            ddpd_err w = comm_wait(d->comm, bk->req, rc ? NULL : err);
+            bk->req = NULL;
+            if (!rc)
+                rc = w;
+        } else if (!rc) {
+            rc = ddpd_error_set(err, DDPD_EINTERNAL, "",
+                                "bucket %d was never reduced: parameter %s got no gradient in backward",
+                                b, model_param(d->m, bk->params[0])->name);
+        }
+    }
+    return rc;
+}
+
+bool ddp_no_sync_enter(struct ddp *d)
+{
+    bool prev = d->require_sync;
+    d->require_sync = false;
+    return prev;
+}
+
+void ddp_no_sync_exit(struct ddp *d, bool prev) { d->require_sync = prev; }
+
+ddpd_err ddp_join(struct ddp *d, int64_t *shadowed, struct ddpd_error *err)
+{
+    ddpd_err rc = DDPD_OK;
+    int64_t n = 0;
+    if (d->opts.join) {
+        for (;;) {
+            /* J1: pairs with a live rank's N1; 0 means every rank has joined. */
+            float live = 0;
+            rc = allreduce_now(d, &live, 1, err);
+            if (rc)
+                goto out;
+            if (live < 0.5f)
+                break;
+            /* Shadow the live ranks' bucket all-reduces with zeros, in bucket order. */
+            for (int b = 0; b < d->nbuckets; b++) {
+                d->dev.ops->fill(d->dev.ctx, d->zeros, 0.0f, d->buckets[b].numel);
+                rc = allreduce_now(d, d->zeros, d->buckets[b].numel, err);
+                if (rc)
+                    goto out;
+            }
+            n++;
+        }
+    }
+    /* Final sync (DDP.md §4.5): the last joiner is the highest rank among those that
+     * shadowed nothing, i.e. ran the most steps. */
+    int64_t auth = n == 0 ? d->rank : -1;
+    rc = comm_allreduce_max_i64(d->comm, &auth, 1, err);
+    if (rc)
+        goto out;
+    rc = broadcast_params(d, (int)auth, err);
+out:
+    d->steps = 0;
+    if (shadowed)
+        *shadowed = n;
+    return rc;
+}
+
+int ddp_bucket_count(const struct ddp *d) { return d->nbuckets; }
+
+int ddp_bucket_params(const struct ddp *d, int b, int *idx, int cap, int64_t *bytes)
+{
+    const struct bucket *bk = &d->buckets[b];
+    for (int i = 0; i < bk->nparams && i < cap; i++)
+        idx[i] = bk->params[i];
+    if (bytes)
+        *bytes = bk->numel * (int64_t)sizeof(float);
+    return bk->nparams;
+}

@@ -1,0 +1,80 @@
+/* ddp.h — DistributedDataParallel for ddpd's models, after PyTorch 1.13's
+ * `DistributedDataParallel(model, device_ids)` (../shared/DDP.md): wrap a model and a
+ * communicator; gradients are averaged across ranks by bucketed all-reduces that start
+ * during backward as soon as a bucket's gradients are ready; a no_sync scope skips the
+ * communication so gradients accumulate locally; a join scope lets ranks with fewer
+ * batches shadow the others' collectives.
+ *
+ * The mapping from PyTorch:
+ *     ddp = DDP(model)              ->  ddp = ddp_new(model, comm, &opts, &err)
+ *     out = ddp(x)                  ->  ddp_forward_begin(ddp); out = model_forward(model, x, B)
+ *     loss.backward()               ->  model_backward(model, dy, ddp_grad_ready, ddp);
+ *                                       ddp_backward_end(ddp, &err)
+ *     with ddp.no_sync(): ...       ->  prev = ddp_no_sync_enter(ddp); ...; ddp_no_sync_exit(ddp, prev)
+ *     with ddp.join(): loop         ->  loop; ddp_join(ddp, &shadowed, &err)
+ * Knows tensors (through the model), the compute backend and comm; nothing of the data,
+ * the loop or the optimizer. */
+#ifndef DDPD_DDP_H
+#define DDPD_DDP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../schema/err.h"
+#include "comm.h"
+#include "nn.h"
+
+struct ddp_opts {
+    double bucket_cap_mb;               /* default 25; the first bucket is capped at 1 MiB */
+    bool join;                          /* join mode: per-step notifications, shadowing */
+    bool divide_by_initial_world_size;  /* join's divisor: W (true) or the live ranks */
+};
+
+struct ddp;
+
+/* Construction, collective on every rank (DDP.md §1.2): all-gathers the parameter count
+ * and the shapes and fails on every rank with the same message when any rank's model
+ * differs; broadcasts rank 0's parameters; lays gradients out as views into flat buckets
+ * over the parameters in reverse registration order (first bucket <= 1 MiB, then
+ * bucket_cap_mb). `model` and `comm` are borrowed and must outlive the ddp. */
+struct ddp *ddp_new(struct model *model, struct comm *comm, const struct ddp_opts *opts,
+                    struct ddpd_error *err);
+void ddp_free(struct ddp *d);
+
+/* Call before each forward. Decides, as PyTorch does at forward time, whether the
+ * following backward is reduced: it is unless a no_sync scope is open. In join mode a
+ * synced forward also tells the joined ranks that one more synced step is coming. */
+ddpd_err ddp_forward_begin(struct ddp *d, struct ddpd_error *err);
+
+/* The model's gradient-ready hook (nn.h): pass it with the ddp as ctx to
+ * model_backward. Launches each bucket's all-reduce, in bucket order, once all of its
+ * gradients are ready: scaled by float(1/W) first, then summed across ranks. */
+void ddp_grad_ready(void *ddp, int param_index);
+
+/* Call after model_backward: waits for every launched all-reduce. Afterwards every
+ * rank holds the same averaged gradients. A no-op after an unsynced forward. */
+ddpd_err ddp_backward_end(struct ddp *d, struct ddpd_error *err);
+
+/* no_sync scope: returns the previous state to restore (nesting-safe). */
+bool ddp_no_sync_enter(struct ddp *d);
+void ddp_no_sync_exit(struct ddp *d, bool prev);
+
+/* Join, called by a rank whose loop has run out of batches (join mode): shadows the
+ * other ranks' synced steps with zero buckets until every rank has joined, then
+ * broadcasts the parameters from the last joiner (the highest rank among those that ran
+ * the most steps) so that all replicas are equal. *shadowed = steps shadowed here. In
+ * non-join mode only the final parameter sync runs. */
+ddpd_err ddp_join(struct ddp *d, int64_t *shadowed, struct ddpd_error *err);
+
+/* The bucket plan, for tests and logs: bucket count, and for bucket b its parameter
+ * indices in layout order (written into idx, at most cap) and its size in bytes. */
+int ddp_bucket_count(const struct ddp *d);
+int ddp_bucket_params(const struct ddp *d, int b, int *idx, int cap, int64_t *bytes);
+
+/* The assignment rule of DDP.md §2.1 for one dtype: walks `bytes` of n tensors in the
+ * given order, closing a bucket when its size reaches the current limit (limits advance
+ * through limits[0..nlim), the last repeating). Writes each tensor's bucket into
+ * bucket_of and returns the number of buckets. */
+int ddp_assign_buckets(const int64_t *bytes, int n, const int64_t *limits, int nlim, int *bucket_of);
+
+#endif

@@ -1,0 +1,598 @@
+/* dev/cpu.c — the CPU compute backend: OpenBLAS for matrix products, plain C loops for
+ * the rest, one thread per rank. Every op reproduces PyTorch 1.13's CPU float32 kernels
+ * operation by operation (same BLAS calls, same rounding order, fused multiply-adds
+ * where PyTorch's AVX2 kernels fuse them), so that training here and in PyTorch stays
+ * bit-close. It is the reference the CUDA ops are tested against. */
+
+/* GCC 12 at -O2 vectorizes only loops whose trip count is a known multiple of the vector
+ * width; these kernels have arbitrary lengths, so let the cost model decide. Contraction
+ * stays off: which multiply-adds are fused is decided explicitly below (madd). Without
+ * errno, sqrtf is one instruction (PyTorch is built with -fno-math-errno too). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("vect-cost-model=dynamic", "fp-contract=off", "no-math-errno")
+#endif
+
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../dev.h"
+
+/* OpenBLAS declares this in its cblas.h; repeated here for builds against a cblas.h
+ * that lacks it (a compatible redeclaration is harmless). */
+void openblas_set_num_threads(int num_threads);
+
+#define CPU_ASSERT(c)                                                                    \
+    do {                                                                                 \
+        if (!(c)) {                                                                      \
+            fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #c);   \
+            abort();                                                                     \
+        }                                                                                \
+    } while (0)
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define FMA_TARGET __attribute__((target("avx2,fma")))
+
+struct cpu {
+    bool has_fma; /* the CPU can run the *_fused kernels */
+    bool fused;   /* and they are selected (see dev_cpu_set_fused) */
+};
+
+/* a*b + c with one rounding (PyTorch's AVX2 kernels: explicit vec::fmadd, and gcc's
+ * contraction of their intrinsic code) or two (its scalar DEFAULT kernels). `fused` is a
+ * constant in every caller, so each kernel below compiles into a plain and a fused copy. */
+static ALWAYS_INLINE float madd(bool fused, float a, float b, float c)
+{
+    return fused ? __builtin_fmaf(a, b, c) : a * b + c;
+}
+
+/* ---- memory ---- */
+
+static void *cpu_alloc(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    /* 64-byte aligned (a cache line, an AVX-512 vector); aligned_alloc wants a multiple. */
+    size_t n = (bytes + 63) & ~(size_t)63;
+    if (n < bytes)
+        return NULL;
+    void *p = aligned_alloc(64, n ? n : 64);
+    if (p)
+        memset(p, 0, n ? n : 64);
+    return p;
+}
+
+static void cpu_free(void *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
+static void cpu_memcpy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx;
+    if (bytes && dst != src)
+        memcpy(dst, src, bytes);
+}
+
+static void cpu_synchronize(void *ctx) { (void)ctx; }
+
+/* ---- matrix products ---- */
+
+/* The same cblas call for the same product as PyTorch's addmm/mm make (they call the
+ * column-major sgemm_ of this OpenBLAS with the mirrored arguments, which is what
+ * cblas_sgemm(RowMajor) turns into), so the results are bitwise PyTorch's. */
+static void cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                     float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                     float beta, float *c, int64_t ldc)
+{
+    (void)ctx;
+    CPU_ASSERT(m >= 0 && n >= 0 && k >= 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX);
+    CPU_ASSERT(lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
+    if (m == 0 || n == 0)
+        return;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a, (int)lda,
+                b, (int)ldb, beta, c, (int)ldc);
+}
+
+static void cpu_add_bias(void *ctx, float *restrict y, const float *restrict b, int64_t m,
+                         int64_t n)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < m; i++) {
+        float *restrict row = y + i * n;
+        for (int64_t j = 0; j < n; j++)
+            row[j] += b[j];
+    }
+}
+
+/* ---- bias gradient: PyTorch's cascade sum over rows ----
+ * The bias gradient is grad.sum(0) of dy[M,N], which PyTorch 1.13 computes with
+ * cascade_sum (aten/src/ATen/native/cpu/SumKernel.cpp, one thread): float
+ * accumulators, rows added in chunks of 16 or more, chunk sums carried up through four
+ * levels, and a layout that depends on N (blocks of 32 columns, of 8 columns with four
+ * interleaved row accumulators, single columns). Copying that structure gives its bits. */
+
+static int64_t ceil_log2(int64_t x)
+{
+    if (x <= 2)
+        return 1;
+    return 64 - __builtin_clzll((unsigned long long)(x - 1));
+}
+
+/* multi_row_sum: `size` rows, row r at base + r*rstride; each holds nk*nc accumulated
+ * entries, entry (k, c) at + k*kstride + c. out[k*nc + c] gets the sums (nk*nc <= 32). */
+static void multi_row_sum(float *restrict out, const float *restrict base, int64_t rstride,
+                          int64_t size, int nk, int64_t kstride, int nc)
+{
+    enum { LEVELS = 4 };
+    float acc[LEVELS][32];
+    const int w = nk * nc;
+    memset(acc, 0, sizeof acc);
+    int64_t lp = ceil_log2(size) / LEVELS;
+    if (lp < 4)
+        lp = 4;
+    const int64_t step = (int64_t)1 << lp, mask = step - 1;
+    int64_t i = 0;
+    while (i + step <= size) {
+        for (int64_t j = 0; j < step; j++, i++)
+            for (int k = 0; k < nk; k++) {
+                const float *restrict row = base + i * rstride + k * kstride;
+                float *restrict a = acc[0] + k * nc;
+                for (int c = 0; c < nc; c++)
+                    a[c] += row[c];
+            }
+        for (int l = 1; l < LEVELS; l++) {
+            for (int c = 0; c < w; c++) {
+                acc[l][c] += acc[l - 1][c];
+                acc[l - 1][c] = 0.0f;
+            }
+            if (i & (mask << (l * lp)))
+                break;
+        }
+    }
+    for (; i < size; i++)
+        for (int k = 0; k < nk; k++) {
+            const float *restrict row = base + i * rstride + k * kstride;
+            float *restrict a = acc[0] + k * nc;
+            for (int c = 0; c < nc; c++)
+                a[c] += row[c];
+        }
+    for (int l = 1; l < LEVELS; l++)
+        for (int c = 0; c < w; c++)
+            acc[0][c] += acc[l][c];
+    memcpy(out, acc[0], (size_t)w * sizeof(float));
+}
+
+/* row_sum: sums `size` rows of nc (<= 8) entries, row r at base + r*rstride, with four
+ * interleaved accumulators (rows r, r+1, r+2, r+3 go to different ones). */
+static void row_sum(float *restrict out, const float *restrict base, int64_t rstride,
+                    int64_t size, int nc)
+{
+    float p[4 * 8];
+    const int64_t size_ilp = size / 4;
+    multi_row_sum(p, base, 4 * rstride, size_ilp, 4, rstride, nc);
+    for (int64_t i = size_ilp * 4; i < size; i++)
+        for (int c = 0; c < nc; c++)
+            p[c] += base[i * rstride + c];
+    for (int k = 1; k < 4; k++)
+        for (int c = 0; c < nc; c++)
+            p[c] += p[k * nc + c];
+    memcpy(out, p, (size_t)nc * sizeof(float));
+}
+
+static void cpu_bias_grad(void *ctx, float *restrict db, const float *restrict dy, int64_t m,
+                          int64_t n)
+{
+    (void)ctx;
+    float s[32];
+    if (m <= 0)
+        return;
+    if (n == 1) {
+        /* [M,1] is a contiguous inner reduction: eight lanes of vectors, the tail, then
+         * the lanes in order. */
+        float fin = 0.0f;
+        int64_t vs = m >= 8 ? m / 8 : 0;
+        if (vs) {
+            row_sum(s, dy, 8, vs, 8);
+            for (int64_t k = vs * 8; k < m; k++)
+                fin += dy[k];
+            for (int l = 0; l < 8; l++)
+                fin += s[l];
+        } else {
+            row_sum(s, dy, 1, m, 1);
+            fin = s[0];
+        }
+        db[0] += fin;
+        return;
+    }
+    int64_t j = 0;
+    if (n >= 8) {
+        for (; j + 32 <= n; j += 32) {
+            multi_row_sum(s, dy + j, n, m, 1, 0, 32);
+            for (int c = 0; c < 32; c++)
+                db[j + c] += s[c];
+        }
+        for (; j + 8 <= n; j += 8) {
+            row_sum(s, dy + j, n, m, 8);
+            for (int c = 0; c < 8; c++)
+                db[j + c] += s[c];
+        }
+    } else {
+        for (; j + 4 <= n; j += 4) {
+            multi_row_sum(s, dy + j, n, m, 1, 0, 4);
+            for (int c = 0; c < 4; c++)
+                db[j + c] += s[c];
+        }
+    }
+    for (; j < n; j++) {
+        row_sum(s, dy + j, n, m, 1);
+        db[j] += s[0];
+    }
+}
+
+/* ---- activations ---- */
+
+/* PyTorch's GELU constants, computed in double and rounded to float as its kernel does. */
+#define GELU_ALPHA ((float)M_SQRT1_2)
+#define GELU_BETA ((float)(M_2_SQRTPI * M_SQRT1_2 * 0.5))
+
+static void cpu_act_forward(void *ctx, layer_kind k, float *restrict y, const float *restrict x,
+                            int64_t n)
+{
+    (void)ctx;
+    switch (k) {
+    case LAYER_RELU:
+        /* clamp_min(x, 0): NaN and -0 pass through, as in PyTorch. */
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x[i] < 0.0f ? 0.0f : x[i];
+        break;
+    case LAYER_TANH:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = tanhf(x[i]);
+        break;
+    case LAYER_SIGMOID:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = 1.0f / (1.0f + expf(-x[i]));
+        break;
+    case LAYER_GELU:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x[i] * 0.5f * (1.0f + erff(x[i] * GELU_ALPHA));
+        break;
+    case LAYER_LINEAR:
+        CPU_ASSERT(!"act_forward on a linear layer");
+    }
+}
+
+static ALWAYS_INLINE void tanh_backward(bool fused, float *restrict dx, const float *restrict dy,
+                                        const float *restrict y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        dx[i] = dy[i] * madd(fused, -y[i], y[i], 1.0f);
+}
+
+static ALWAYS_INLINE void gelu_backward(bool fused, float *restrict dx, const float *restrict dy,
+                                        const float *restrict x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float cdf = 0.5f * (1.0f + erff(x[i] * GELU_ALPHA));
+        const float pdf = GELU_BETA * expf(x[i] * x[i] * -0.5f);
+        dx[i] = dy[i] * madd(fused, x[i], pdf, cdf);
+    }
+}
+
+static void tanh_backward_plain(float *dx, const float *dy, const float *y, int64_t n)
+{
+    tanh_backward(false, dx, dy, y, n);
+}
+static FMA_TARGET void tanh_backward_fused(float *dx, const float *dy, const float *y, int64_t n)
+{
+    tanh_backward(true, dx, dy, y, n);
+}
+static void gelu_backward_plain(float *dx, const float *dy, const float *x, int64_t n)
+{
+    gelu_backward(false, dx, dy, x, n);
+}
+static FMA_TARGET void gelu_backward_fused(float *dx, const float *dy, const float *x, int64_t n)
+{
+    gelu_backward(true, dx, dy, x, n);
+}
+
+static void cpu_act_backward(void *ctx, layer_kind k, float *restrict dx,
+                             const float *restrict dy, const float *restrict x,
+                             const float *restrict y, int64_t n)
+{
+    const struct cpu *c = ctx;
+    switch (k) {
+    case LAYER_RELU:
+        /* threshold_backward(dy, y, 0): zero where y <= 0 (also at exactly 0). */
+        for (int64_t i = 0; i < n; i++)
+            dx[i] = y[i] <= 0.0f ? 0.0f : dy[i];
+        break;
+    case LAYER_TANH:
+        (c->fused ? tanh_backward_fused : tanh_backward_plain)(dx, dy, y, n);
+        break;
+    case LAYER_SIGMOID:
+        for (int64_t i = 0; i < n; i++)
+            dx[i] = dy[i] * (1.0f - y[i]) * y[i];
+        break;
+    case LAYER_GELU:
+        (c->fused ? gelu_backward_fused : gelu_backward_plain)(dx, dy, x, n);
+        break;
+    case LAYER_LINEAR:
+        CPU_ASSERT(!"act_backward on a linear layer");
+    }
+}
+
+/* ---- losses ---- */
+
+/* mse_loss(pred, target) with reduction mean. The value is summed in double (PyTorch
+ * sums in float; the difference is below float resolution of the mean); the gradient is
+ * mse_loss_backward's norm * (p - t) * grad_output with norm = (float)(2 / numel). */
+static void cpu_mse(void *ctx, const float *restrict pred, const float *restrict target,
+                    int64_t m, int64_t n, float *restrict dpred, float *restrict loss)
+{
+    (void)ctx;
+    const int64_t total = m * n;
+    const float norm = (float)(2.0 / (double)total);
+    double sum = 0.0;
+    for (int64_t i = 0; i < total; i++) {
+        const float d = pred[i] - target[i];
+        sum += (double)d * (double)d;
+        dpred[i] = norm * d;
+    }
+    *loss = (float)(sum / (double)total);
+}
+
+/* cross_entropy = log_softmax + nll_loss, reduction mean. Per row: logp = (x - max) -
+ * log(sum exp(x - max)) in that order (PyTorch's _vec_log_softmax_lastdim keeps it for
+ * large logits); the exp sum is taken in double. Backward is log_softmax_backward of
+ * nll's gradient g (g[label] = -(1/M)): dx = g - exp(logp) * sum(g), fused on AVX2. */
+static ALWAYS_INLINE void cross_entropy(bool fused, const float *restrict logits,
+                                        const int32_t *restrict labels, int64_t m, int64_t n,
+                                        float *restrict dlogits, float *restrict loss)
+{
+    const float g = -(1.0f / (float)m);
+    double total = 0.0;
+    for (int64_t r = 0; r < m; r++) {
+        const float *restrict x = logits + r * n;
+        float *restrict dx = dlogits + r * n;
+        const int32_t label = labels[r];
+        if (label < 0 || label >= n) {
+            /* The data module rejects such labels; never read outside the row. */
+            for (int64_t j = 0; j < n; j++)
+                dx[j] = NAN;
+            total += NAN;
+            continue;
+        }
+        float mx = x[0];
+        for (int64_t j = 1; j < n; j++)
+            mx = x[j] > mx ? x[j] : mx;
+        double s = 0.0;
+        for (int64_t j = 0; j < n; j++)
+            s += (double)expf(x[j] - mx);
+        const float lse = (float)log(s);
+        for (int64_t j = 0; j < n; j++) {
+            const float logp = (x[j] - mx) - lse;
+            dx[j] = madd(fused, -expf(logp), g, 0.0f);
+        }
+        /* The label's entry adds g itself: g - exp(logp) * g in one fused step. */
+        const float logp_label = (x[label] - mx) - lse;
+        dx[label] = madd(fused, -expf(logp_label), g, g);
+        total -= (double)logp_label;
+    }
+    *loss = (float)(total / (double)m);
+}
+
+static void cross_entropy_plain(const float *logits, const int32_t *labels, int64_t m,
+                                int64_t n, float *dlogits, float *loss)
+{
+    cross_entropy(false, logits, labels, m, n, dlogits, loss);
+}
+static FMA_TARGET void cross_entropy_fused(const float *logits, const int32_t *labels,
+                                           int64_t m, int64_t n, float *dlogits, float *loss)
+{
+    cross_entropy(true, logits, labels, m, n, dlogits, loss);
+}
+
+static void cpu_cross_entropy(void *ctx, const float *logits, const int32_t *labels, int64_t m,
+                              int64_t n, float *dlogits, float *loss)
+{
+    const struct cpu *c = ctx;
+    if (m <= 0 || n <= 0) {
+        *loss = NAN; /* PyTorch's mean over no rows */
+        return;
+    }
+    (c->fused ? cross_entropy_fused : cross_entropy_plain)(logits, labels, m, n, dlogits, loss);
+}
+
+/* ---- optimizers ----
+ * PyTorch's _single_tensor_sgd / _single_tensor_adamw apply one tensor op after another;
+ * here one loop does them per element in the same order with the same roundings
+ * (tensor.add(other, alpha=a) is other*a + tensor, fused on AVX2). */
+
+/* One SGD loop with its flags as constants, so that each of the cases below is a
+ * straight-line loop the compiler vectorizes. */
+static ALWAYS_INLINE void sgd_loop(bool fused, bool has_wd, bool has_mom, bool first,
+                                   bool nesterov, const struct sgd_hyper *h,
+                                   float *restrict p, const float *restrict g,
+                                   float *restrict buf, int64_t n)
+{
+    const float neg_lr = -h->lr, wd = h->weight_decay, mom = h->momentum;
+    const float damp1 = h->one_minus_dampening;
+    for (int64_t i = 0; i < n; i++) {
+        float d = g[i];
+        if (has_wd)
+            d = madd(fused, p[i], wd, d); /* d_p = d_p.add(param, alpha=weight_decay) */
+        if (has_mom) {
+            /* First step: buf = clone(d_p); then buf.mul_(momentum).add_(d_p, 1-dampening). */
+            const float b = first ? d : madd(fused, d, damp1, buf[i] * mom);
+            buf[i] = b;
+            d = nesterov ? madd(fused, b, mom, d) : b; /* d_p.add(buf, alpha=momentum) */
+        }
+        p[i] = madd(fused, d, neg_lr, p[i]); /* param.add_(d_p, alpha=-lr) */
+    }
+}
+
+static ALWAYS_INLINE void sgd(bool fused, const struct sgd_hyper *h, float *restrict p,
+                              const float *restrict g, float *restrict buf, int64_t n)
+{
+#define SGD_CASE(wd, mom, first, nest) sgd_loop(fused, wd, mom, first, nest, h, p, g, buf, n)
+    const bool wd = h->weight_decay != 0.0f;
+    if (h->momentum == 0.0f) {
+        if (wd)
+            SGD_CASE(true, false, false, false);
+        else
+            SGD_CASE(false, false, false, false);
+        return;
+    }
+    switch ((wd ? 1 : 0) | (h->first ? 2 : 0) | (h->nesterov ? 4 : 0)) {
+    case 0: SGD_CASE(false, true, false, false); break;
+    case 1: SGD_CASE(true, true, false, false); break;
+    case 2: SGD_CASE(false, true, true, false); break;
+    case 3: SGD_CASE(true, true, true, false); break;
+    case 4: SGD_CASE(false, true, false, true); break;
+    case 5: SGD_CASE(true, true, false, true); break;
+    case 6: SGD_CASE(false, true, true, true); break;
+    default: SGD_CASE(true, true, true, true); break;
+    }
+#undef SGD_CASE
+}
+
+static void sgd_plain(const struct sgd_hyper *h, float *p, const float *g, float *buf, int64_t n)
+{
+    sgd(false, h, p, g, buf, n);
+}
+static FMA_TARGET void sgd_fused(const struct sgd_hyper *h, float *p, const float *g,
+                                 float *buf, int64_t n)
+{
+    sgd(true, h, p, g, buf, n);
+}
+
+static void cpu_sgd_step(void *ctx, const struct sgd_hyper *h, float *param, const float *grad,
+                         float *buf, int64_t n)
+{
+    const struct cpu *c = ctx;
+    CPU_ASSERT(h->momentum == 0.0f || buf);
+    (c->fused ? sgd_fused : sgd_plain)(h, param, grad, buf, n);
+}
+
+static ALWAYS_INLINE void adamw(bool fused, const struct adamw_hyper *h, float *restrict p,
+                                const float *restrict g, float *restrict m, float *restrict v,
+                                int64_t n)
+{
+    const float decay = h->decay, b1 = h->beta1, b2 = h->beta2;
+    const float omb1 = h->one_minus_beta1, omb2 = h->one_minus_beta2;
+    const float nss = h->neg_step_size, bc2s = h->bc2_sqrt, eps = h->eps;
+    for (int64_t i = 0; i < n; i++) {
+        const float gi = g[i];
+        const float pi = p[i] * decay;                         /* param.mul_(1 - lr*wd) */
+        const float mi = madd(fused, gi, omb1, m[i] * b1);     /* exp_avg.mul_.add_ */
+        const float vi = madd(fused, omb2 * gi, gi, v[i] * b2); /* exp_avg_sq.mul_.addcmul_ */
+        const float denom = sqrtf(vi) / bc2s + eps;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi + nss * mi / denom; /* param.addcdiv_(exp_avg, denom, value=-step_size) */
+    }
+}
+
+static void adamw_plain(const struct adamw_hyper *h, float *p, const float *g, float *m,
+                        float *v, int64_t n)
+{
+    adamw(false, h, p, g, m, v, n);
+}
+static FMA_TARGET void adamw_fused(const struct adamw_hyper *h, float *p, const float *g,
+                                   float *m, float *v, int64_t n)
+{
+    adamw(true, h, p, g, m, v, n);
+}
+
+static void cpu_adamw_step(void *ctx, const struct adamw_hyper *h, float *param,
+                           const float *grad, float *exp_avg, float *exp_avg_sq, int64_t n)
+{
+    const struct cpu *c = ctx;
+    (c->fused ? adamw_fused : adamw_plain)(h, param, grad, exp_avg, exp_avg_sq, n);
+}
+
+/* ---- small helpers ---- */
+
+static void cpu_fill(void *ctx, float *restrict x, float v, int64_t n)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++)
+        x[i] = v;
+}
+
+static void cpu_copy(void *ctx, float *dst, const float *src, int64_t n)
+{
+    (void)ctx;
+    if (n > 0 && dst != src)
+        memmove(dst, src, (size_t)n * sizeof(float));
+}
+
+static void cpu_scale(void *ctx, float *restrict x, float a, int64_t n)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= a;
+}
+
+static void cpu_scale_copy(void *ctx, float *restrict dst, const float *restrict src, float a,
+                           int64_t n)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = src[i] * a;
+}
+
+static const struct dev_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .to_device = cpu_memcpy,
+    .to_host = cpu_memcpy,
+    .synchronize = cpu_synchronize,
+    .gemm = cpu_gemm,
+    .add_bias = cpu_add_bias,
+    .bias_grad = cpu_bias_grad,
+    .act_forward = cpu_act_forward,
+    .act_backward = cpu_act_backward,
+    .mse = cpu_mse,
+    .cross_entropy = cpu_cross_entropy,
+    .sgd_step = cpu_sgd_step,
+    .adamw_step = cpu_adamw_step,
+    .fill = cpu_fill,
+    .copy = cpu_copy,
+    .scale = cpu_scale,
+    .scale_copy = cpu_scale_copy,
+};
+
+struct dev dev_cpu_new(int threads)
+{
+    struct cpu *c = calloc(1, sizeof *c);
+    CPU_ASSERT(c); /* a few bytes: out of memory here is fatal */
+    __builtin_cpu_init();
+    /* PyTorch 1.13 picks its AVX2 kernels exactly when the CPU has AVX2 and FMA. */
+    c->has_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    c->fused = c->has_fma;
+    openblas_set_num_threads(threads > 0 ? threads : 1);
+    return (struct dev){&cpu_ops, c};
+}
+
+void dev_cpu_free(struct dev d)
+{
+    if (d.ops == &cpu_ops)
+        free(d.ctx);
+}
+
+bool dev_cpu_set_fused(struct dev d, bool fused)
+{
+    CPU_ASSERT(d.ops == &cpu_ops);
+    struct cpu *c = d.ctx;
+    bool was = c->fused;
+    c->fused = fused && c->has_fma; /* never run FMA instructions on a CPU without them */
+    return was;
+}

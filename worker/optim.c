@@ -1,0 +1,154 @@
+/* optim.c — SGD and AdamW over a model's parameters, with PyTorch 1.13's per-tensor
+ * update rules (_single_tensor_sgd, _single_tensor_adamw). Turns the spec's double
+ * hyper-parameters into the float scalars PyTorch's kernels apply and keeps the state
+ * tensors; the arithmetic itself is the backend's. Knows nothing of data or DDP. */
+#include "optim.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OPTIM_ASSERT(c)                                                                  \
+    do {                                                                                 \
+        if (!(c)) {                                                                      \
+            fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #c);   \
+            abort();                                                                     \
+        }                                                                                \
+    } while (0)
+
+struct optim {
+    struct spec_optim cfg;
+    struct model *m;
+    struct dev dev;
+    int64_t steps;
+    bool have_buf;  /* SGD momentum buffers hold a value (PyTorch: buf is not None) */
+    int per;        /* state tensors per parameter: 0, 1 (momentum) or 2 (AdamW) */
+    int n;          /* parameters */
+    int64_t numel;  /* scalars in all parameters */
+    int64_t *off;   /* [n] offset of each parameter's state within one state kind */
+    float *state;   /* [per,numel] device memory: kind k of param i at k*numel + off[i] */
+};
+
+struct sgd_hyper optim_sgd_hyper(const struct spec_optim *o, bool first)
+{
+    struct sgd_hyper h = {
+        .lr = (float)o->lr,
+        .momentum = (float)o->momentum,
+        .dampening = (float)o->dampening,
+        .weight_decay = (float)o->weight_decay,
+        .nesterov = o->nesterov,
+        .first = first,
+        .one_minus_dampening = (float)(1.0 - o->dampening),
+    };
+    return h;
+}
+
+struct adamw_hyper optim_adamw_hyper(const struct spec_optim *o, int64_t step)
+{
+    /* As adamw.py computes them: Python floats (doubles), rounded to float once when a
+     * float tensor op takes them. */
+    const double bc1 = 1.0 - pow(o->beta1, (double)step);
+    const double bc2 = 1.0 - pow(o->beta2, (double)step);
+    struct adamw_hyper h = {
+        .lr = (float)o->lr,
+        .beta1 = (float)o->beta1,
+        .beta2 = (float)o->beta2,
+        .eps = (float)o->eps,
+        .weight_decay = (float)o->weight_decay,
+        .step = step,
+        .decay = (float)(1.0 - o->lr * o->weight_decay),
+        .one_minus_beta1 = (float)(1.0 - o->beta1),
+        .one_minus_beta2 = (float)(1.0 - o->beta2),
+        .neg_step_size = (float)(-(o->lr / bc1)),
+        .bc2_sqrt = (float)sqrt(bc2),
+    };
+    return h;
+}
+
+struct optim *optim_new(const struct spec_optim *cfg, struct model *m)
+{
+    struct optim *o = calloc(1, sizeof *o);
+    if (!o)
+        return NULL;
+    OPTIM_ASSERT(cfg->kind == OPTIM_SGD || cfg->kind == OPTIM_ADAMW);
+    o->cfg = *cfg;
+    o->m = m;
+    o->dev = model_dev(m);
+    o->n = model_param_count(m);
+    o->per = cfg->kind == OPTIM_ADAMW ? 2 : cfg->momentum != 0.0 ? 1 : 0;
+    o->off = calloc((size_t)(o->n ? o->n : 1), sizeof *o->off);
+    if (!o->off)
+        goto fail;
+    for (int i = 0; i < o->n; i++) {
+        o->off[i] = o->numel;
+        o->numel += model_param(m, i)->numel;
+    }
+    if (o->per) {
+        /* alloc zeroes: AdamW's moments start at zero, as torch.zeros_like. */
+        o->state = o->dev.ops->alloc(o->dev.ctx,
+                                     (size_t)(o->per * (o->numel ? o->numel : 1)) * sizeof(float));
+        if (!o->state)
+            goto fail;
+    }
+    return o;
+fail:
+    optim_free(o);
+    return NULL;
+}
+
+void optim_free(struct optim *o)
+{
+    if (!o)
+        return;
+    if (o->state)
+        o->dev.ops->free(o->dev.ctx, o->state);
+    free(o->off);
+    free(o);
+}
+
+void optim_step(struct optim *o)
+{
+    const struct dev_ops *ops = o->dev.ops;
+    void *ctx = o->dev.ctx;
+    o->steps++;
+    if (o->cfg.kind == OPTIM_SGD) {
+        const struct sgd_hyper h = optim_sgd_hyper(&o->cfg, !o->have_buf);
+        for (int i = 0; i < o->n; i++) {
+            struct param *p = model_param(o->m, i);
+            float *buf = o->per ? o->state + o->off[i] : NULL;
+            ops->sgd_step(ctx, &h, p->data, p->grad, buf, p->numel);
+        }
+        o->have_buf = o->per > 0;
+    } else {
+        const struct adamw_hyper h = optim_adamw_hyper(&o->cfg, o->steps);
+        for (int i = 0; i < o->n; i++) {
+            struct param *p = model_param(o->m, i);
+            float *avg = o->state + o->off[i];
+            ops->adamw_step(ctx, &h, p->data, p->grad, avg, avg + o->numel, p->numel);
+        }
+    }
+}
+
+int64_t optim_steps(const struct optim *o) { return o->steps; }
+
+int optim_state_count(const struct optim *o) { return o->per * o->n; }
+
+float *optim_state_at(struct optim *o, int i, char *name, int cap, const struct param **like)
+{
+    OPTIM_ASSERT(i >= 0 && i < o->per * o->n);
+    const int pi = i / o->per, kind = i % o->per;
+    const struct param *p = model_param(o->m, pi);
+    const char *what = o->per == 1 ? "momentum_buffer" : kind == 0 ? "exp_avg" : "exp_avg_sq";
+    if (name && cap > 0)
+        snprintf(name, (size_t)cap, "%s.%s", p->name, what);
+    if (like)
+        *like = p;
+    return o->state + (int64_t)kind * o->numel + o->off[pi];
+}
+
+void optim_restore(struct optim *o, int64_t steps)
+{
+    o->steps = steps;
+    o->have_buf = o->per > 0 && steps > 0;
+}
