@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../schema/event.h"
 #include "../schema/spec.h"
 #include "launch.h"
 
@@ -183,6 +184,15 @@ int run_main(int argc, char **argv, const char *self_dir)
     int64_t counts[SPEC_MAX_WORLD];
     bool known;
     if (launch_plan(worker, doc, spec.world_size, 60, counts, &known, &err) != DDPD_OK) {
+        /* Scripts read stdout: the failure is an `error` event there too. */
+        struct event ev = {.kind = EVENT_ERROR, .rank = 0};
+        char line[EVENT_LINE_MAX];
+        snprintf(ev.error_kind, sizeof ev.error_kind, "%s",
+                 err.code == DDPD_EDATA ? "data" : err.code == DDPD_ESPEC ? "spec" : "internal");
+        snprintf(ev.message, sizeof ev.message, "%s", err.message);
+        ev.ts = (double)time(NULL);
+        if (event_encode(&ev, line, sizeof line) > 0)
+            puts(line);
         fprintf(stderr, "ddpd run: %s\n", err.message);
         json_decref(doc);
         return err.code == DDPD_EDATA || err.code == DDPD_ESPEC ? 2 : 1;

@@ -44,7 +44,7 @@ static void mlp_spec(struct spec *s)
     s->init_seed = 3;
 }
 
-enum { STEPS = 6, B = 4, IN = 6, OUT = 3, MAXW = 4 };
+enum { STEPS = 6, B = 3, IN = 6, OUT = 3, MAXW = 4 }; /* 12 rows: W = 1..4 divide them */
 
 /* Global batch of step t: MAXW*B rows, the same in every process. */
 static void global_batch(int t, float *x, float *y)
@@ -62,6 +62,7 @@ struct shared {
     int64_t numel;
     float params[MAXW][STEPS][512];
     int ok[MAXW];
+    int buckets;
 };
 static struct shared *sh;
 static int cur_world;
@@ -114,7 +115,7 @@ static int train_rank(int rank, int world, struct comm *comm)
         }
     }
     sh->numel = model_numel(m);
-    sh->ok[rank] = ddp_bucket_count(d) > 1; /* the tiny cap must give several buckets */
+    sh->ok[rank] = 1;
     ddp_free(d);
     optim_free(o);
     model_free(m);
@@ -240,10 +241,55 @@ static int mismatch_rank(int rank, int world, struct comm *comm)
     return rc;
 }
 
+/* The plan PyTorch 1.13 arrives at after its rebuild (DDP.md §2.3, E3) for the MLP
+ * 512 -> 1024 -> 1024 -> 256 -> 10: reverse registration order, first bucket closed on
+ * crossing 1 MiB, then bucket_cap_mb. */
+static void test_plan(double cap_mb, int nb, const int *expect_params, const int64_t *expect_bytes)
+{
+    struct spec s;
+    memset(&s, 0, sizeof s);
+    int64_t w[5] = {512, 1024, 1024, 256, 10};
+    for (int i = 0; i < 4; i++) {
+        s.layers[s.n_layers++] = (struct spec_layer){LAYER_LINEAR, w[i], w[i + 1], true};
+        if (i < 3)
+            s.layers[s.n_layers++] = (struct spec_layer){LAYER_RELU, w[i + 1], w[i + 1], false};
+    }
+    struct dev dev = dev_cpu_new(1);
+    struct model *m = model_new(dev, &s, 1);
+    struct comm_id id;
+    memset(&id, 0, sizeof id);
+    struct ddpd_error err;
+    struct comm *c = comm_new(&comm_cpu_ops, &id, 0, 1, 5.0, &err);
+    struct ddp_opts opts = {.bucket_cap_mb = cap_mb, .divide_by_initial_world_size = true};
+    struct ddp *d = c ? ddp_new(m, c, &opts, &err) : NULL;
+    CHECK(d != NULL);
+    if (d) {
+        CHECK_EQ_INT(ddp_bucket_count(d), nb);
+        for (int b = 0, k = 0; b < nb && b < ddp_bucket_count(d); b++) {
+            int idx[8];
+            int64_t bytes;
+            int n = ddp_bucket_params(d, b, idx, 8, &bytes);
+            CHECK_EQ_INT(bytes, expect_bytes[b]);
+            for (int i = 0; i < n; i++, k++)
+                CHECK_EQ_INT(idx[i], expect_params[k]);
+        }
+    }
+    ddp_free(d);
+    comm_free(c);
+    model_free(m);
+    dev_cpu_free(dev);
+}
+
 int main(void)
 {
     sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     test_assign();
+    /* Parameter indices: 0.weight 0, 0.bias 1, 2.weight 2, 2.bias 3, 4.* 4-5, 6.* 6-7. */
+    const int p25[] = {7, 6, 5, 4, 3, 2, 1, 0};
+    const int64_t b25[] = {1059880, 6299648};
+    test_plan(25, 2, p25, b25);
+    const int64_t b4[] = {1059880, 4198400, 2101248};
+    test_plan(4, 3, p25, b4);
     test_w1_bitwise();
     for (int w = 2; w <= 4; w++)
         test_world(w, false);
