@@ -6,10 +6,10 @@
 
 /* GCC 12 at -O2 vectorizes only loops whose trip count is a known multiple of the vector
  * width; these kernels have arbitrary lengths, so let the cost model decide. Contraction
- * stays off: which multiply-adds are fused is decided explicitly below (madd). Without
- * errno, sqrtf is one instruction (PyTorch is built with -fno-math-errno too). */
+ * stays off even under -std=gnu11: which multiply-adds are fused is decided explicitly
+ * below (madd), to round where PyTorch rounds. */
 #if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("vect-cost-model=dynamic", "fp-contract=off", "no-math-errno")
+#pragma GCC optimize("vect-cost-model=dynamic", "fp-contract=off")
 #endif
 
 #include <cblas.h>
@@ -33,8 +33,16 @@ void openblas_set_num_threads(int num_threads);
         }                                                                                \
     } while (0)
 
-#define ALWAYS_INLINE inline __attribute__((always_inline))
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define DDPD_CPU_X86 1
 #define FMA_TARGET __attribute__((target("avx2,fma")))
+#else
+/* Elsewhere the fused kernels are never selected (dev_cpu_new), only compiled. */
+#define DDPD_CPU_X86 0
+#define FMA_TARGET
+#endif
+#define ALWAYS_INLINE inline __attribute__((always_inline))
 
 struct cpu {
     bool has_fma; /* the CPU can run the *_fused kernels */
@@ -83,7 +91,9 @@ static void cpu_synchronize(void *ctx) { (void)ctx; }
 
 /* The same cblas call for the same product as PyTorch's addmm/mm make (they call the
  * column-major sgemm_ of this OpenBLAS with the mirrored arguments, which is what
- * cblas_sgemm(RowMajor) turns into), so the results are bitwise PyTorch's. */
+ * cblas_sgemm(RowMajor) turns into), so the results are bitwise PyTorch's -- provided
+ * both run OpenBLAS with the same thread count (its blocking, and so its summation
+ * order, depends on it; the parity tests and bench/step use 1 on both sides). */
 static void cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                      float beta, float *c, int64_t ldc)
@@ -504,10 +514,31 @@ static void adamw_plain(const struct adamw_hyper *h, float *p, const float *g, f
 {
     adamw(false, h, p, g, m, v, n);
 }
+/* The fused path runs on AVX2 only, so it may say so: with errno semantics (C's default)
+ * gcc will not vectorize sqrtf, and this loop is memory-bound enough that scalar code
+ * costs 5x. The same IEEE operations in the same order as adamw() above: equal bits. */
 static FMA_TARGET void adamw_fused(const struct adamw_hyper *h, float *p, const float *g,
                                    float *m, float *v, int64_t n)
 {
-    adamw(true, h, p, g, m, v, n);
+    int64_t i = 0;
+#if DDPD_CPU_X86
+    const __m256 decay = _mm256_set1_ps(h->decay), b1 = _mm256_set1_ps(h->beta1);
+    const __m256 b2 = _mm256_set1_ps(h->beta2), omb1 = _mm256_set1_ps(h->one_minus_beta1);
+    const __m256 omb2 = _mm256_set1_ps(h->one_minus_beta2), nss = _mm256_set1_ps(h->neg_step_size);
+    const __m256 bc2s = _mm256_set1_ps(h->bc2_sqrt), eps = _mm256_set1_ps(h->eps);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gi = _mm256_loadu_ps(g + i);
+        const __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
+        const __m256 mi = _mm256_fmadd_ps(gi, omb1, _mm256_mul_ps(_mm256_loadu_ps(m + i), b1));
+        const __m256 vi =
+            _mm256_fmadd_ps(_mm256_mul_ps(omb2, gi), gi, _mm256_mul_ps(_mm256_loadu_ps(v + i), b2));
+        const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2s), eps);
+        _mm256_storeu_ps(m + i, mi);
+        _mm256_storeu_ps(v + i, vi);
+        _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(nss, mi), denom)));
+    }
+#endif
+    adamw(true, h, p + i, g + i, m + i, v + i, n - i);
 }
 
 static void cpu_adamw_step(void *ctx, const struct adamw_hyper *h, float *param,
@@ -574,9 +605,13 @@ struct dev dev_cpu_new(int threads)
 {
     struct cpu *c = calloc(1, sizeof *c);
     CPU_ASSERT(c); /* a few bytes: out of memory here is fatal */
+#if DDPD_CPU_X86
     __builtin_cpu_init();
     /* PyTorch 1.13 picks its AVX2 kernels exactly when the CPU has AVX2 and FMA. */
     c->has_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    c->has_fma = false;
+#endif
     c->fused = c->has_fma;
     openblas_set_num_threads(threads > 0 ? threads : 1);
     return (struct dev){&cpu_ops, c};
