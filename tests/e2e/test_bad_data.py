@@ -4,7 +4,6 @@
 the log says it too, and nothing crashes. An invalid spec file is exit code 2 naming the
 JSON path (CONTRACT.md §2, §3, §6)."""
 import importlib.util
-import json
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +24,8 @@ def _skip_code(request):
 
 
 @pytest.fixture
-def work(tmp_path):
-    return h.make_workdir("e2e-bad-data-") if h._tmp_root() else tmp_path
+def work(request, tmp_path, _skip_code):
+    yield from h.workdir(request, tmp_path, "e2e-bad-data-")
 
 
 MODEL = [{"type": "linear", "in": 4, "out": 6}, {"type": "relu"}, {"type": "linear", "in": 6, "out": 3}]

@@ -90,21 +90,25 @@ def bitwise_diff(pa, pb):
 
 
 CASES = {
-    # optimizer, extra spec keys, whether PyTorch can follow (shuffle false)
-    "sgd_momentum": ({"type": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}, {}, True),
-    "adamw": ({"type": "adamw", "lr": 5e-3, "weight_decay": 0.05}, {}, True),
+    # optimizer, extra spec keys, whether PyTorch can follow (shuffle false), every_steps,
+    # the checkpoint to resume from
+    "sgd_momentum": ({"type": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}, {}, True, 5, 10),
+    "adamw": ({"type": "adamw", "lr": 5e-3, "weight_decay": 0.05}, {}, True, 5, 10),
     # shuffled and accumulated: resume must restore the epoch's permutation and position
-    "adamw_shuffle_accum2": ({"type": "adamw", "lr": 5e-3}, {"grad_accum": 2}, False),
+    "adamw_shuffle_accum2": ({"type": "adamw", "lr": 5e-3}, {"grad_accum": 2}, False, 5, 10),
+    # a checkpoint taken as an epoch ends (8 steps per epoch): resume starts the next one
+    "sgd_epoch_boundary": ({"type": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": True}, {}, True, 8, 8),
+    "adamw_shuffle_epoch_boundary": ({"type": "adamw", "lr": 5e-3}, {}, False, 8, 16),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_resume_from_checkpoint(work, case):
-    optimizer, extra, follow = CASES[case]
+    optimizer, extra, follow, every, at = CASES[case]
     # 36 samples in batches of 5 = 8 batches per epoch (the last of 1): 20 steps cross
     # epochs, and step 10 is in the middle of one
     x, y = make_xy(36, 8, 3, "cross_entropy", seed=30)
-    spec = spec_of(optimizer, steps=20, checkpoint={"every_steps": 5}, **extra)
+    spec = spec_of(optimizer, steps=20, checkpoint={"every_steps": every}, **extra)
     init_sd = init_weights(MODEL, 31)
     spec, data = write_case(work, spec, x, y, init_sd)
     spec["data"]["shuffle"] = not follow
@@ -113,10 +117,11 @@ def test_resume_from_checkpoint(work, case):
 
     full = run_ddpd(spec, data, work / "full").check_ok()
     assert sorted(full.losses()) == list(range(1, 21))
+    want_ckpts = set(range(every, 20, every))
     ckpts = sorted(int(p.name.split("-")[1]) for p in full.out.glob("ckpt-*"))
-    assert {5, 10, 15} <= set(ckpts) <= {5, 10, 15, 20}, f"checkpoint folders: {ckpts}"
+    assert want_ckpts <= set(ckpts) <= want_ckpts | {20}, f"checkpoint folders: {ckpts}"
     ev_steps = sorted(int(e["step"]) for e in full.of("checkpoint"))
-    assert {5, 10, 15} <= set(ev_steps), f"checkpoint events at steps {ev_steps}"
+    assert want_ckpts <= set(ev_steps), f"checkpoint events at steps {ev_steps}"
     for c in ckpts:
         _, meta = st_load(full.out / f"ckpt-{c}" / "optim.safetensors")
         assert meta.get("step") == str(c), f"ckpt-{c}/optim.safetensors metadata {meta}"
@@ -124,32 +129,34 @@ def test_resume_from_checkpoint(work, case):
     assert not leftovers(full.out), f"temporary files left: {leftovers(full.out)}"
 
     if follow:
-        ref = Reference(spec, data, init_sd, snapshot_steps=(10,))
+        ref = Reference(spec, data, init_sd, snapshot_steps=(at,))
         msg = compare_losses(full.losses(), ref.losses)
         assert msg is None, msg
-        w10, _ = st_load(full.out / "ckpt-10" / "model.safetensors")
-        o10, _ = st_load(full.out / "ckpt-10" / "optim.safetensors")
-        msg = compare_tensors(w10, ref.snapshots[10][0], what="ckpt-10 model")
+        w, _ = st_load(full.out / f"ckpt-{at}" / "model.safetensors")
+        o, _ = st_load(full.out / f"ckpt-{at}" / "optim.safetensors")
+        msg = compare_tensors(w, ref.snapshots[at][0], what=f"ckpt-{at} model")
         assert msg is None, msg
-        msg = compare_tensors(o10, ref.snapshots[10][1], what="ckpt-10 optimizer state")
+        msg = compare_tensors(o, ref.snapshots[at][1], what=f"ckpt-{at} optimizer state")
         assert msg is None, msg
 
-    res = run_ddpd(spec, data, work / "resumed", resume=full.out / "ckpt-10").check_ok()
+    res = run_ddpd(spec, data, work / "resumed", resume=full.out / f"ckpt-{at}").check_ok()
     got = res.losses()
-    want = {s: l for s, l in full.losses().items() if s > 10}
-    assert sorted(got) == list(range(11, 21)), f"resumed run logged steps {sorted(got)}"
+    want = {s: l for s, l in full.losses().items() if s > at}
+    assert sorted(got) == list(range(at + 1, 21)), f"resumed run logged steps {sorted(got)}"
     diff = [(s, got[s], want[s]) for s in sorted(want) if float(got[s]) != float(want[s])]
     assert not diff, f"resumed losses differ from the uninterrupted run (step, resumed, full): {diff}"
-    assert res.of("done")[-1]["steps"] in (10, 20), res.of("done")
+    assert res.of("done")[-1]["steps"] in (20 - at, 20), res.of("done")
 
     for name in ("model.safetensors", "optim.safetensors"):
         msg = bitwise_diff(full.out / name, res.out / name)
-        assert msg is None, f"after resuming from ckpt-10: {msg}"
+        assert msg is None, f"after resuming from ckpt-{at}: {msg}"
         ma, mb = st_load(full.out / name)[1], st_load(res.out / name)[1]
         if name == "optim.safetensors":
             assert ma.get("step") == mb.get("step") == "20", (ma, mb)
-    assert (res.out / "ckpt-15").is_dir(), "the resumed run writes ckpt-15 too"
-    for name in ("model.safetensors", "optim.safetensors"):
-        msg = bitwise_diff(full.out / "ckpt-15" / name, res.out / "ckpt-15" / name)
-        assert msg is None, f"ckpt-15 of the resumed run: {msg}"
+    later = sorted(c for c in want_ckpts if c > at)
+    for c in later:
+        assert (res.out / f"ckpt-{c}").is_dir(), f"the resumed run writes ckpt-{c} too"
+        for name in ("model.safetensors", "optim.safetensors"):
+            msg = bitwise_diff(full.out / f"ckpt-{c}" / name, res.out / f"ckpt-{c}" / name)
+            assert msg is None, f"ckpt-{c} of the resumed run: {msg}"
     assert not leftovers(res.out), f"temporary files left: {leftovers(res.out)}"
