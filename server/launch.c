@@ -355,6 +355,8 @@ static void read_rank(struct launch *l, int r)
     }
 }
 
+static bool is_comm_failure(int st) { return WIFEXITED(st) && WEXITSTATUS(st) == 3; }
+
 static void reap(struct launch *l)
 {
     for (int r = 0; r < l->n; r++) {
@@ -368,10 +370,15 @@ static void reap(struct launch *l)
         p->exited = true;
         p->status = st;
         bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-        if (!ok && l->failed_rank < 0 && !l->cancelled) {
+        if (ok || l->cancelled)
+            continue;
+        /* Blame the cause, not its echo: when a rank dies, its peers fail with a
+         * communication error (exit 3) within milliseconds, often before the dead rank
+         * is reaped. A failure of another kind outranks those. */
+        if (l->failed_rank < 0 || (is_comm_failure(l->ranks[l->failed_rank].status) &&
+                                   !is_comm_failure(st)))
             l->failed_rank = r;
-            arm_kill(l);
-        }
+        arm_kill(l);
     }
 }
 

@@ -7,8 +7,9 @@ rank), a float64 simulator of DDP.md §4 for the 1-d model `Linear(1,1,bias=Fals
 comparisons with the parity tolerances (losses 1e-5 relative with a 1e-7 floor, weights
 1e-5 + 1e-5·|ref|).
 
-The PyTorch side runs in subprocesses: `/usr/bin/python3 ddp_helpers.py rank CFG RANK PORT`
-reads the case (a pickle) and writes RES-RANK.pkl with that rank's per-step losses, the
+The PyTorch side runs one forked child per rank (torch is imported once, in the test
+process; `/usr/bin/python3 ddp_helpers.py rank CFG RANK PORT` runs one rank by hand): each
+reads the case (a pickle) and writes res-RANK.pkl with that rank's per-step losses, the
 steps at which it joined, and its final state_dict and optimizer state.
 
 Environment: DDPD_BIN = folder holding `ddpd` and `ddpd-worker` (default <repo>/build);
@@ -329,25 +330,60 @@ def torch_ddp(case, work, timeout=120):
         port = free_port()
         for r in range(case.world):
             (ref / f"res-{r}.pkl").unlink(missing_ok=True)
-        procs = [subprocess.Popen([TORCH_PYTHON, str(Path(__file__).resolve()), "rank", str(cfg_path), str(r), str(port)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env1())
-                 for r in range(case.world)]
-        outs = []
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            try:
-                o, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                o, _ = p.communicate()
-            outs.append(o.decode(errors="replace"))
-        if all(p.returncode == 0 for p in procs):
+        codes, outs = _fork_ranks(cfg_path, case.world, port, ref, timeout)
+        if all(c == 0 for c in codes):
             return [pickle.loads((ref / f"res-{r}.pkl").read_bytes()) for r in range(case.world)]
-        last = "\n".join(f"--- torch rank {r} (exit {p.returncode}) ---\n{o[-3000:]}" for r, (p, o) in enumerate(zip(procs, outs)))
+        last = "\n".join(f"--- torch rank {r} (exit {c}) ---\n{o[-3000:]}" for r, (c, o) in enumerate(zip(codes, outs)))
         if "Address already in use" not in last and "EADDRINUSE" not in last:
             break
     raise AssertionError("the PyTorch DDP reference failed\n" + last)
+
+
+def _fork_ranks(cfg_path, world, port, ref, timeout):
+    """Runs _torch_rank for every rank in a child process. Forks this process (torch is
+    imported once, here) when it may; else starts `python3 ddp_helpers.py rank ...`.
+    Returns (exit codes, outputs)."""
+    import torch  # noqa: F401  (imported before forking, once)
+    torch.set_num_threads(1)
+    logs = [ref / f"rank-{r}.out" for r in range(world)]
+    pids = []
+    for r in range(world):
+        pid = os.fork()
+        if pid == 0:  # child: never return into the caller
+            code = 1
+            try:
+                fd = os.open(str(logs[r]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                _torch_rank(cfg_path, r, port)
+                code = 0
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+        pids.append(pid)
+    codes = [None] * world
+    deadline = time.monotonic() + timeout
+    while any(c is None for c in codes):
+        for i, pid in enumerate(pids):
+            if codes[i] is None:
+                got, st = os.waitpid(pid, os.WNOHANG)
+                if got:
+                    codes[i] = os.waitstatus_to_exitcode(st)
+        if time.monotonic() > deadline:
+            for i, pid in enumerate(pids):
+                if codes[i] is None:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    codes[i] = "timeout"
+        time.sleep(0.01)
+    outs = [l.read_text(errors="replace") if l.exists() else "" for l in logs]
+    return codes, outs
 
 
 def _join_on(spec, case):

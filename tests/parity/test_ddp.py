@@ -13,7 +13,9 @@ no_sync k=4 (with a leftover step); join W=2 uneven, divisor W and divisor |live
 momentum, 2 epochs, so the unsynced optimizer state matters); join + no_sync; many
 buckets (bucket_cap_mb 0.001), also under join with W=3; adamw; DDP.md §4.3's divisor
 pattern (W=3, batch counts 2,3,5, both settings); sharded data with auto join where the
-last joiner is not rank W−1; DDP.md §4.6's worked example (no PyTorch needed; also checked
+last joiner is not rank W−1; W=4 staggered joins (counts 1,4,2,3); AdamW under join over two
+epochs; drop_last making shards uneven; join forced on with even counts; a rank with zero
+batches; DDP.md §4.6's worked example (no PyTorch needed; also checked
 against PyTorch); W=2 equal shards = W=1 on the concatenated batch (no PyTorch needed).
 """
 import sys
@@ -32,8 +34,8 @@ def _skip_code(request):
 
 
 @pytest.fixture
-def work():
-    return H.workdir("ddp-parity-")
+def work(tmp_path):
+    return H.workdir("ddp-parity-") if H.os.environ.get("DDPD_TEST_TMP") else tmp_path
 
 
 def spec_of(model, loss, optimizer, batch_size, epochs=1, grad_accum=1, ddp=None, name="ddp-parity"):
@@ -166,6 +168,63 @@ def test_sharded_auto_join_last_joiner_not_highest_rank(work):
     case = H.Case.sharded(spec, 3, x, y, H.init_weights(model, 7))
     assert case.batch_counts() == [4, 4, 3]
     check_parity(case, work)
+
+
+def test_join_w4_staggered_divide_by_live(work):
+    # batch counts 1, 4, 2, 3: ranks join at three different steps; the only rank with the
+    # most batches is rank 1, so the final sync comes from rank 1.
+    model = H.mlp(4, 10, 3)
+    x, y = H.make_xy(10 * 2, 4, 3, "cross_entropy", seed=22)
+    spec = spec_of(model, "cross_entropy", {"type": "sgd", "lr": 0.2, "momentum": 0.9}, batch_size=2, epochs=2,
+                   ddp={"divide_by_initial_world_size": False})
+    cut = [0, 2, 10, 14, 20]
+    xs = [x[cut[i]:cut[i + 1]] for i in range(4)]
+    ys = [y[cut[i]:cut[i + 1]] for i in range(4)]
+    case = H.Case.per_rank(spec, xs, ys, H.init_weights(model, 12))
+    assert case.batch_counts() == [1, 4, 2, 3]
+    check_parity(case, work)
+
+
+def test_rank_with_zero_batches(work):
+    # 2 samples over 3 ranks: rank 2 has no batch at all and shadows every step (one of
+    # PyTorch's own uneven-input cases, DDP.md §8 item 6)
+    model = H.mlp(3, 5, 2)
+    x, y = H.make_xy(2, 3, 2, "mse", seed=26)
+    spec = spec_of(model, "mse", {"type": "sgd", "lr": 0.1, "momentum": 0.9}, batch_size=1, epochs=2)
+    case = H.Case.sharded(spec, 3, x, y, H.init_weights(model, 16))
+    assert case.batch_counts() == [1, 1, 0]
+    check_parity(case, work)
+
+
+def test_join_w3_adamw_two_epochs(work):
+    # AdamW state (moments and step count) is not synced at the join either: in epoch 1
+    # the ranks that joined early run with fewer Adam steps than rank 2.
+    model = H.mlp(5, 12, 3)
+    x, y = H.make_xy(30, 5, 3, "mse", seed=23)
+    spec = spec_of(model, "mse", {"type": "adamw", "lr": 0.01, "weight_decay": 0.05}, batch_size=3, epochs=2)
+    case = H.Case.per_rank(spec, [x[:6], x[6:15], x[15:]], [y[:6], y[6:15], y[15:]], H.init_weights(model, 13))
+    assert case.batch_counts() == [2, 3, 5]
+    check_parity(case, work)
+
+
+def test_sharded_drop_last_uneven(work):
+    # 11 samples over 2 ranks (6 and 5), batch 2, drop_last: 3 and 2 batches -> join
+    model = H.mlp(3, 8, 2)
+    x, y = H.make_xy(11, 3, 2, "mse", seed=24)
+    spec = spec_of(model, "mse", {"type": "sgd", "lr": 0.1}, batch_size=2, epochs=2)
+    spec["data"] = {"drop_last": True}
+    case = H.Case.sharded(spec, 2, x, y, H.init_weights(model, 14))
+    assert case.batch_counts() == [3, 2]
+    check_parity(case, work)
+
+
+def test_join_true_with_even_inputs(work):
+    # join forced on with even counts changes nothing (PyTorch runs under ddp.join too)
+    model = H.mlp(4, 8, 2)
+    x, y = H.make_xy(24, 4, 2, "mse", seed=25)
+    spec = spec_of(model, "mse", {"type": "sgd", "lr": 0.1, "momentum": 0.9}, batch_size=2, epochs=2,
+                   grad_accum=2, ddp={"join": True, "divide_by_initial_world_size": False})
+    check_parity(H.Case.sharded(spec, 3, x, y, H.init_weights(model, 15)), work)
 
 
 # ---------------------------------------------------------------------------------------
