@@ -40,6 +40,10 @@ struct model {
     float *scratch[2];   /* [max_batch,max_width] each: dy ping-pong of backward */
     const float *x;      /* input of the last forward (borrowed) */
     int64_t batch;       /* rows of the last forward */
+    /* model_zero_grad only sets this: the next backward then writes gradients instead
+     * of adding to them (gemm beta 0), which gives the same bits as adding to zeros
+     * and saves a pass over every gradient per step. */
+    bool grad_zero;
 };
 
 static void add_param(struct model *m, int layer, const char *what, int ndim, int64_t rows,
@@ -223,10 +227,13 @@ void model_backward(struct model *m, const float *dy, model_grad_ready_fn ready,
         float *next = cur == m->scratch[0] ? m->scratch[1] : m->scratch[0];
         if (l->kind == LAYER_LINEAR) {
             struct param *w = &m->params[l->w];
-            ops->gemm(dctx, true, false, l->out, l->in, B, 1.0f, cur, l->out, in, l->in, 1.0f,
-                      w->grad, l->in);
+            ops->gemm(dctx, true, false, l->out, l->in, B, 1.0f, cur, l->out, in, l->in,
+                      m->grad_zero ? 0.0f : 1.0f, w->grad, l->in);
             if (l->b >= 0) {
-                ops->bias_grad(dctx, m->params[l->b].grad, cur, B, l->out);
+                struct param *b = &m->params[l->b];
+                if (m->grad_zero)
+                    ops->fill(dctx, b->grad, 0.0f, b->numel);
+                ops->bias_grad(dctx, b->grad, cur, B, l->out);
                 if (ready)
                     ready(ctx, l->b);
             }
@@ -241,17 +248,17 @@ void model_backward(struct model *m, const float *dy, model_grad_ready_fn ready,
         }
         cur = next;
     }
+    m->grad_zero = false;
 }
 
-void model_zero_grad(struct model *m)
-{
-    for (int i = 0; i < m->n_params; i++)
-        m->dev.ops->fill(m->dev.ctx, m->params[i].grad, 0.0f, m->params[i].numel);
-}
+void model_zero_grad(struct model *m) { m->grad_zero = true; }
 
 void model_set_grad_storage(struct model *m, int i, float *grad)
 {
     struct param *p = model_param(m, i);
-    m->dev.ops->copy(m->dev.ctx, grad, p->grad, p->numel);
+    if (m->grad_zero)
+        m->dev.ops->fill(m->dev.ctx, grad, 0.0f, p->numel);
+    else
+        m->dev.ops->copy(m->dev.ctx, grad, p->grad, p->numel);
     p->grad = grad;
 }

@@ -50,6 +50,9 @@ typedef void (*model_grad_ready_fn)(void *ctx, int index);
  * until model_zero_grad. `ready` may be NULL. */
 void model_backward(struct model *m, const float *dy, model_grad_ready_fn ready, void *ctx);
 
+/* Like PyTorch's zero_grad(set_to_none=True): the next backward writes the gradients
+ * instead of adding to them (same bits as adding to zeros, one pass fewer). Until that
+ * backward, ->grad still holds the old values. */
 void model_zero_grad(struct model *m);
 
 /* Re-points param i's gradient at `grad` (device memory of numel floats that the caller
