@@ -1014,12 +1014,17 @@ static ddpd_err read_whole(const struct dfile *f, char **out, struct ddpd_error 
  * mean over TEACHER_CALIB inputs before the argmax: without it a constant part of the
  * logits (e.g. after a sigmoid) can make every label the same class. */
 #define TEACHER_CALIB 1024
+/* Rows computed together: each weight row is read once per block instead of once per
+ * row (a teacher of a few million weights does not fit in cache). Every row's numbers
+ * are computed in the same order whatever block it is in, so a row is the same on
+ * every rank and in every run. */
+#define TEACHER_BLOCK 64
 
 struct teacher {
     const struct spec *s;
     int64_t in, out, max_width;
     double *w[SPEC_MAX_LAYERS], *b[SPEC_MAX_LAYERS];
-    double *a, *t;  /* [max_width] activations */
+    double *a, *t;  /* [TEACHER_BLOCK, max_width] activations */
     double *center; /* [out], cross_entropy */
 };
 
@@ -1034,22 +1039,41 @@ static void teacher_free(struct teacher *t)
     free(t->center);
 }
 
-/* The teacher's output [out] for the input in t->a[0..in); borrowed until the next call. */
-static const double *teacher_forward(struct teacher *t)
+/* w·a in a fixed order: four partial sums (vectorizable without reassociation), then
+ * (s0 + s1) + (s2 + s3). */
+static double teacher_dot(const double *restrict w, const double *restrict a, int64_t n)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int64_t k = 0;
+    for (; k + 4 <= n; k += 4) {
+        s0 += w[k] * a[k];
+        s1 += w[k + 1] * a[k + 1];
+        s2 += w[k + 2] * a[k + 2];
+        s3 += w[k + 3] * a[k + 3];
+    }
+    for (; k < n; k++)
+        s0 += w[k] * a[k];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* The teacher's outputs for `rows` inputs at t->a (row stride max_width). Returns the
+ * outputs (row stride max_width), borrowed until the next call. */
+static const double *teacher_forward(struct teacher *t, int64_t rows)
 {
     const struct spec *s = t->s;
+    const int64_t ld = t->max_width;
     double *a = t->a, *nx = t->t, *tmp;
     int64_t width = t->in;
     for (int l = 0; l < s->n_layers; l++) {
         const struct spec_layer *L = &s->layers[l];
+        const int64_t n = rows * ld;
         switch (L->kind) {
         case LAYER_LINEAR:
             for (int64_t o = 0; o < L->out; o++) {
                 const double *w = t->w[l] + o * L->in;
-                double acc = t->b[l] ? t->b[l][o] : 0;
-                for (int64_t k = 0; k < L->in; k++)
-                    acc += w[k] * a[k];
-                nx[o] = acc;
+                const double bias = t->b[l] ? t->b[l][o] : 0;
+                for (int64_t r = 0; r < rows; r++)
+                    nx[r * ld + o] = bias + teacher_dot(w, a + r * ld, L->in);
             }
             width = L->out;
             tmp = a;
@@ -1057,23 +1081,24 @@ static const double *teacher_forward(struct teacher *t)
             nx = tmp;
             break;
         case LAYER_RELU:
-            for (int64_t k = 0; k < width; k++)
+            for (int64_t k = 0; k < n; k++)
                 a[k] = a[k] > 0 ? a[k] : 0;
             break;
         case LAYER_TANH:
-            for (int64_t k = 0; k < width; k++)
+            for (int64_t k = 0; k < n; k++)
                 a[k] = tanh(a[k]);
             break;
         case LAYER_SIGMOID:
-            for (int64_t k = 0; k < width; k++)
+            for (int64_t k = 0; k < n; k++)
                 a[k] = 1 / (1 + exp(-a[k]));
             break;
         case LAYER_GELU:
-            for (int64_t k = 0; k < width; k++)
+            for (int64_t k = 0; k < n; k++)
                 a[k] = 0.5 * a[k] * (1 + erf(a[k] / sqrt(2.0)));
             break;
         }
     }
+    (void)width;
     return a;
 }
 
@@ -1103,8 +1128,8 @@ static ddpd_err teacher_new(struct teacher *t, const struct spec *s, struct ddpd
         if (width > t->max_width)
             t->max_width = width;
     }
-    t->a = malloc((size_t)t->max_width * sizeof(double));
-    t->t = malloc((size_t)t->max_width * sizeof(double));
+    t->a = malloc((size_t)(TEACHER_BLOCK * t->max_width) * sizeof(double));
+    t->t = malloc((size_t)(TEACHER_BLOCK * t->max_width) * sizeof(double));
     if (!t->a || !t->t)
         return fail(err, DDPD_ENOMEM, "data", "out of memory for the synthetic teacher");
     rng_seed2(&r, s->data.seed ^ SALT_TEACHER, 0);
@@ -1127,38 +1152,49 @@ static ddpd_err teacher_new(struct teacher *t, const struct spec *s, struct ddpd
     t->center = calloc((size_t)t->out, sizeof(double));
     if (!t->center)
         return fail(err, DDPD_ENOMEM, "data", "out of memory for the synthetic teacher");
-    for (int64_t c = 0; c < TEACHER_CALIB; c++) {
-        rng_seed2(&r, s->data.seed ^ SALT_CALIB, (uint64_t)c);
-        for (int64_t j = 0; j < t->in; j++)
-            t->a[j] = rng_normal(&r);
-        const double *o = teacher_forward(t);
-        for (int64_t k = 0; k < t->out; k++)
-            t->center[k] += o[k] / TEACHER_CALIB;
+    for (int64_t c0 = 0; c0 < TEACHER_CALIB; c0 += TEACHER_BLOCK) {
+        for (int64_t r0 = 0; r0 < TEACHER_BLOCK; r0++) {
+            rng_seed2(&r, s->data.seed ^ SALT_CALIB, (uint64_t)(c0 + r0));
+            for (int64_t j = 0; j < t->in; j++)
+                t->a[r0 * t->max_width + j] = rng_normal(&r);
+        }
+        const double *o = teacher_forward(t, TEACHER_BLOCK);
+        for (int64_t r0 = 0; r0 < TEACHER_BLOCK; r0++)
+            for (int64_t k = 0; k < t->out; k++)
+                t->center[k] += o[r0 * t->max_width + k] / TEACHER_CALIB;
     }
     return DDPD_OK;
 }
 
-/* Row i of the synthetic set: x ~ N(0,1), then the teacher's output plus 0.01 N(0,1)
- * (mse) or the argmax of its centred output (cross_entropy). The row depends only on
- * (seed, i), so every rank agrees on it whatever it generates. */
-static void teacher_row(struct teacher *t, int64_t i, float *x, float *y, int32_t *label)
+/* Rows idx[0..n) (n <= TEACHER_BLOCK) of the synthetic set into x/y/label (row k of
+ * the output for idx[k]): x ~ N(0,1), then the teacher's output plus 0.01 N(0,1) (mse)
+ * or the argmax of its centred output (cross_entropy). A row depends only on
+ * (seed, index), so every rank agrees on it whatever it generates. */
+static void teacher_rows(struct teacher *t, const int64_t *idx, int64_t n, float *x, float *y,
+                         int32_t *label)
 {
-    struct rng r;
-    rng_seed2(&r, t->s->data.seed ^ SALT_ROWS, (uint64_t)i);
-    for (int64_t j = 0; j < t->in; j++) {
-        t->a[j] = rng_normal(&r);
-        x[j] = (float)t->a[j];
+    struct rng r[TEACHER_BLOCK];
+    const int64_t ld = t->max_width;
+    for (int64_t k = 0; k < n; k++) {
+        rng_seed2(&r[k], t->s->data.seed ^ SALT_ROWS, (uint64_t)idx[k]);
+        for (int64_t j = 0; j < t->in; j++) {
+            t->a[k * ld + j] = rng_normal(&r[k]);
+            x[k * t->in + j] = (float)t->a[k * ld + j];
+        }
     }
-    const double *o = teacher_forward(t);
-    if (t->center) {
-        int64_t best = 0;
-        for (int64_t k = 1; k < t->out; k++)
-            if (o[k] - t->center[k] > o[best] - t->center[best])
-                best = k;
-        *label = (int32_t)best;
-    } else {
-        for (int64_t k = 0; k < t->out; k++)
-            y[k] = to_f32(o[k] + 0.01 * rng_normal(&r));
+    const double *out = teacher_forward(t, n);
+    for (int64_t k = 0; k < n; k++) {
+        const double *o = out + k * ld;
+        if (t->center) {
+            int64_t best = 0;
+            for (int64_t c = 1; c < t->out; c++)
+                if (o[c] - t->center[c] > o[best] - t->center[best])
+                    best = c;
+            label[k] = (int32_t)best;
+        } else {
+            for (int64_t c = 0; c < t->out; c++)
+                y[k * t->out + c] = to_f32(o[c] + 0.01 * rng_normal(&r[k]));
+        }
     }
 }
 
@@ -1200,10 +1236,12 @@ static ddpd_err open_synthetic(struct dataset *ds, const struct spec *s, struct 
         goto out;
     if ((rc = ds_alloc(ds, n, DDPD_ESPEC, "data.samples", err)))
         goto out;
-    for (int64_t k = 0; k < n; k++) {
-        int64_t i = ds->shuffle ? k : ds->rank + k * ds->world;
-        teacher_row(&t, i, ds->x + k * ds->in, ds->ce ? NULL : ds->y + k * ds->out,
-                    ds->ce ? ds->labels + k : NULL);
+    for (int64_t k0 = 0; k0 < n; k0 += TEACHER_BLOCK) {
+        int64_t idx[TEACHER_BLOCK], m = n - k0 < TEACHER_BLOCK ? n - k0 : TEACHER_BLOCK;
+        for (int64_t k = 0; k < m; k++)
+            idx[k] = ds->shuffle ? k0 + k : ds->rank + (k0 + k) * ds->world;
+        teacher_rows(&t, idx, m, ds->x + k0 * ds->in, ds->ce ? NULL : ds->y + k0 * ds->out,
+                     ds->ce ? ds->labels + k0 : NULL);
     }
 out:
     teacher_free(&t);
