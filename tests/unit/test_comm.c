@@ -22,13 +22,23 @@ static const int64_t sizes[NSIZES] = {0, 1, 7, 1000, (1 << 20) + 3};
 struct shared {
     uint64_t hash[MAX_W][NSIZES]; /* FNV-1a of each all-reduce result */
     uint64_t async_hash[MAX_W];
-    double elapsed[MAX_W];        /* seconds a failing call took */
-    int code[MAX_W];              /* ddpd_err of that call */
-    int later_code[MAX_W];        /* a call after the failure */
+    double elapsed[MAX_W]; /* seconds a failing call took */
+    int code[MAX_W];       /* ddpd_err of that call */
+    int later_code[MAX_W]; /* a call after the failure */
     char msg[MAX_W][800];
     char later_msg[MAX_W][800];
 };
 static struct shared *sh;
+static unsigned tcp_ranks; /* ranks that keep their links on TCP (DDPD_COMM_SHM=0) */
+
+/* A call that must succeed; on failure prints the error's text (the callers' `err`). */
+#define CHECK_OK(call)                                                                                       \
+    do {                                                                                                     \
+        ddpd_err check__rc = (call);                                                                         \
+        check__count++;                                                                                      \
+        if (check__rc != DDPD_OK)                                                                            \
+            CHECK__FAIL("%s: %s: %s", #call, ddpd_err_name(check__rc), err.message);                         \
+    } while (0)
 static int issuer_stdin = -1; /* the write end the parent holds; children close it */
 
 static double now_s(void)
@@ -57,6 +67,7 @@ struct issuer {
 static int issuer_start(struct issuer *is)
 {
     int in[2], out[2];
+    is->pid = -1;
     if (pipe(in) < 0 || pipe(out) < 0)
         return -1;
     is->pid = fork();
@@ -65,7 +76,7 @@ static int issuer_start(struct issuer *is)
         close(in[1]);
         close(out[0]);
         FILE *f = fdopen(out[1], "w");
-        _exit(comm_cpu_issue_id(f, in[0]));
+        exit(comm_cpu_issue_id(f, in[0]));
     }
     close(in[0]);
     close(out[1]);
@@ -91,10 +102,12 @@ static int issuer_start(struct issuer *is)
 
 static int issuer_stop(struct issuer *is)
 {
-    close(issuer_stdin);
+    if (issuer_stdin >= 0)
+        close(issuer_stdin);
     issuer_stdin = -1;
     int st = 0;
-    waitpid(is->pid, &st, 0);
+    if (is->pid < 0 || waitpid(is->pid, &st, 0) < 0)
+        return -1;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
@@ -112,9 +125,12 @@ static int run_ranks(int world, const struct comm_id *id, rank_fn fn)
             alarm(40); /* a hang is a failure, not a stuck test run */
             if (issuer_stdin >= 0)
                 close(issuer_stdin);
+            check__failures = 0; /* the child counts its own */
+            if (tcp_ranks >> r & 1)
+                setenv("DDPD_COMM_SHM", "0", 1);
             int rc = fn(r, world, id);
             fflush(stderr);
-            _exit(rc || check__failures ? 1 : 0);
+            exit(rc || check__failures ? 1 : 0); /* exit, not _exit: LeakSanitizer checks the rank */
         }
     }
     int bad = 0;
@@ -122,8 +138,8 @@ static int run_ranks(int world, const struct comm_id *id, rank_fn fn)
         int st = 0;
         waitpid(pids[r], &st, 0);
         if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            fprintf(stderr, "  rank %d of %d: %s %d\n", r, world,
-                    WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+            fprintf(stderr, "  rank %d of %d: %s %d\n", r, world, WIFEXITED(st) ? "exit" : "signal",
+                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
             bad++;
         }
     }
@@ -185,8 +201,8 @@ static int rank_collectives(int rank, int world, const struct comm_id *id)
         float *buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
         for (int64_t i = 0; i < n; i++)
             buf[i] = val(rank, i);
-        CHECK_EQ_INT(comm_allreduce_start(c, buf, n, &req, &err), DDPD_OK);
-        CHECK_EQ_INT(comm_wait(c, req, &err), DDPD_OK);
+        CHECK_OK(comm_allreduce_start(c, buf, n, &req, &err));
+        CHECK_OK(comm_wait(c, req, &err));
         CHECK_EQ_INT(check_sum(buf, world, n, 0), 0);
         sh->hash[rank][s] = fnv(buf, (size_t)n * sizeof *buf);
         free(buf);
@@ -201,11 +217,11 @@ static int rank_collectives(int rank, int world, const struct comm_id *id)
         ab[k] = malloc((size_t)an[k] * sizeof(float));
         for (int64_t i = 0; i < an[k]; i++)
             ab[k][i] = val(rank, i + k);
-        CHECK_EQ_INT(comm_allreduce_start(c, ab[k], an[k], &ar[k], &err), DDPD_OK);
+        CHECK_OK(comm_allreduce_start(c, ab[k], an[k], &ar[k], &err));
     }
     uint64_t h = 0;
     for (int k = 0; k < NA; k++) {
-        CHECK_EQ_INT(comm_wait(c, ar[k], &err), DDPD_OK);
+        CHECK_OK(comm_wait(c, ar[k], &err));
         CHECK_EQ_INT(check_sum(ab[k], world, an[k], k), 0);
         h ^= fnv(ab[k], (size_t)an[k] * sizeof(float)) + (uint64_t)k;
         free(ab[k]);
@@ -216,10 +232,10 @@ static int rank_collectives(int rank, int world, const struct comm_id *id)
     float early[3000];
     for (int i = 0; i < 3000; i++)
         early[i] = (float)(rank + 1);
-    CHECK_EQ_INT(comm_allreduce_start(c, early, 3000, &req, &err), DDPD_OK);
+    CHECK_OK(comm_allreduce_start(c, early, 3000, &req, &err));
     int64_t mx[3] = {rank, -rank, rank == world - 1 ? 1000 : 5};
-    CHECK_EQ_INT(comm_allreduce_max_i64(c, mx, 3, &err), DDPD_OK);
-    CHECK_EQ_INT(comm_wait(c, req, &err), DDPD_OK);
+    CHECK_OK(comm_allreduce_max_i64(c, mx, 3, &err));
+    CHECK_OK(comm_wait(c, req, &err));
     CHECK_NEAR(early[2999], world * (world + 1) / 2.0, 0, 0);
     CHECK_EQ_INT(mx[0], world - 1);
     CHECK_EQ_INT(mx[1], 0);
@@ -232,7 +248,7 @@ static int rank_collectives(int rank, int world, const struct comm_id *id)
             unsigned char *b = malloc(bsz[k] + 1);
             for (size_t i = 0; i < bsz[k]; i++)
                 b[i] = (unsigned char)(rank == root ? (i * 7 + (size_t)root) : 0xee);
-            CHECK_EQ_INT(comm_broadcast(c, b, bsz[k], root, &err), DDPD_OK);
+            CHECK_OK(comm_broadcast(c, b, bsz[k], root, &err));
             size_t wrong = 0;
             for (size_t i = 0; i < bsz[k]; i++)
                 wrong += b[i] != (unsigned char)(i * 7 + (size_t)root);
@@ -242,25 +258,28 @@ static int rank_collectives(int rank, int world, const struct comm_id *id)
 
     /* Allgather: 8 bytes and 1000 bytes per rank. */
     int64_t mine = 100 + rank, all[MAX_W] = {0};
-    CHECK_EQ_INT(comm_allgather(c, &mine, sizeof mine, all, &err), DDPD_OK);
+    CHECK_OK(comm_allgather(c, &mine, sizeof mine, all, &err));
     for (int r = 0; r < world; r++)
         CHECK_EQ_INT(all[r], 100 + r);
     unsigned char in[1000], out[MAX_W * 1000];
     memset(in, rank + 1, sizeof in);
-    CHECK_EQ_INT(comm_allgather(c, in, sizeof in, out, &err), DDPD_OK);
+    CHECK_OK(comm_allgather(c, in, sizeof in, out, &err));
     for (int r = 0; r < world; r++)
         CHECK_EQ_INT(out[r * 1000 + 999], r + 1);
 
     for (int k = 0; k < 3; k++)
-        CHECK_EQ_INT(comm_barrier(c, &err), DDPD_OK);
+        CHECK_OK(comm_barrier(c, &err));
     comm_free(c);
     return 0;
 }
 
-static void test_collectives(int world)
+/* tcp: which ranks keep TCP links. A link is shared memory only when both of its ends
+ * agree, so a mask tests pure TCP, pure shared memory, and rings that mix the two. */
+static void test_collectives(int world, unsigned tcp)
 {
     struct issuer is;
     memset(sh, 0, sizeof *sh);
+    tcp_ranks = tcp;
     double t0 = now_s();
     CHECK_EQ_INT(issuer_start(&is), 0);
     CHECK_EQ_INT(run_ranks(world, &is.id, rank_collectives), 0);
@@ -268,18 +287,63 @@ static void test_collectives(int world)
     for (int r = 1; r < world; r++) {
         for (int s = 0; s < NSIZES; s++)
             if (sh->hash[r][s] != sh->hash[0][s])
-                CHECK__FAIL("W=%d: all-reduce of %lld floats differs between rank 0 and rank %d",
-                            world, (long long)sizes[s], r);
+                CHECK__FAIL("W=%d: all-reduce of %lld floats differs between rank 0 and rank %d", world,
+                            (long long)sizes[s], r);
         CHECK(sh->async_hash[r] == sh->async_hash[0]);
     }
-    fprintf(stderr, "collectives W=%d: %.2f s\n", world, now_s() - t0);
+    fprintf(stderr, "collectives W=%d tcp ranks %#x: %.2f s\n", world, tcp, now_s() - t0);
+    tcp_ranks = 0;
+}
+
+/* The whole path over IPv6 (DDPD_COMM_ADDR=::1), where the host has it. */
+static int rank_small(int rank, int world, const struct comm_id *id)
+{
+    struct ddpd_error err;
+    struct comm_req *req;
+    struct comm *c = join(rank, world, id, 10.0);
+    if (!c)
+        return 1;
+    float f[5000];
+    for (int i = 0; i < 5000; i++)
+        f[i] = (float)(rank + i);
+    CHECK_OK(comm_allreduce_start(c, f, 5000, &req, &err));
+    CHECK_OK(comm_wait(c, req, &err));
+    CHECK_NEAR(f[4999], 2 * 4999 + 1, 0, 0);
+    CHECK_OK(comm_barrier(c, &err));
+    comm_free(c);
+    return 0;
+}
+
+static void test_ipv6(void)
+{
+    struct issuer is;
+    setenv("DDPD_COMM_ADDR", "::1", 1);
+    int started = issuer_start(&is);
+    unsetenv("DDPD_COMM_ADDR");
+    if (started != 0) {
+        /* No IPv6 loopback here: the issuer said why on stderr and exited. */
+        issuer_stop(&is);
+        fprintf(stderr, "ipv6: skipped (no ::1 on this host)\n");
+        return;
+    }
+    char hex[2 * COMM_ID_BYTES + 1];
+    comm_id_to_hex(&is.id, hex);
+    CHECK(strncmp(hex + 32, "0006", 4) == 0); /* the id carries an IPv6 root address */
+    CHECK_EQ_INT(run_ranks(2, &is.id, rank_small), 0);
+    CHECK_EQ_INT(issuer_stop(&is), 0);
+    fprintf(stderr, "ipv6: ok\n");
 }
 
 /* ---- faults ---- */
 
 static int victim = -1; /* the rank a fault test picks on */
+static int killed;      /* 1: the victim is SIGKILLed with its data in flight; 0: it _exits */
 
-/* The victim starts a large all-reduce and exits in the middle of it. */
+/* The others are in the middle of a large all-reduce when the victim goes: either it
+ * _exits instead of joining the collective (a rank that gave up), or it is SIGKILLed a
+ * moment after starting it, with data in flight (the OOM killer). SIGKILL because _exit
+ * under ThreadSanitizer first runs the sanitizer's report, long enough for the progress
+ * thread to finish the collective. */
 static int rank_dies(int rank, int world, const struct comm_id *id)
 {
     struct ddpd_error err;
@@ -287,15 +351,20 @@ static int rank_dies(int rank, int world, const struct comm_id *id)
     struct comm *c = join(rank, world, id, 10.0);
     if (!c)
         return 1;
-    int64_t n = 1 << 22;
+    int64_t n = 1 << 23;
     float *buf = calloc((size_t)n, sizeof *buf);
-    CHECK_EQ_INT(comm_barrier(c, &err), DDPD_OK);
-    CHECK_EQ_INT(comm_allreduce_start(c, buf, n, &req, &err), DDPD_OK);
+    CHECK_OK(comm_barrier(c, &err));
     if (rank == victim) {
-        struct timespec t = {0, 30 * 1000 * 1000};
+        struct timespec t = {0, 2 * 1000 * 1000};
+        if (!killed) {
+            nanosleep(&t, NULL);
+            _exit(0);
+        }
+        CHECK_OK(comm_allreduce_start(c, buf, n, &req, &err));
         nanosleep(&t, NULL);
-        _exit(0);
+        kill(getpid(), SIGKILL);
     }
+    CHECK_OK(comm_allreduce_start(c, buf, n, &req, &err));
     double t0 = now_s();
     sh->code[rank] = comm_wait(c, req, &err);
     sh->elapsed[rank] = now_s() - t0;
@@ -309,30 +378,34 @@ static int rank_dies(int rank, int world, const struct comm_id *id)
     return 0;
 }
 
-static void test_rank_dies(int world, int who)
+static void test_rank_dies(int world, int who, int kill9, unsigned tcp)
 {
     struct issuer is;
     memset(sh, 0, sizeof *sh);
     victim = who;
+    killed = kill9;
+    tcp_ranks = tcp;
     CHECK_EQ_INT(issuer_start(&is), 0);
-    CHECK_EQ_INT(run_ranks(world, &is.id, rank_dies), 0);
+    int bad = run_ranks(world, &is.id, rank_dies);
+    CHECK_EQ_INT(bad, kill9); /* a SIGKILLed victim counts as a failed rank */
     issuer_stop(&is);
     char needle[32];
     snprintf(needle, sizeof needle, "rank %d", who);
     for (int r = 0; r < world; r++) {
         if (r == who)
             continue;
-        fprintf(stderr, "  dies W=%d rank %d after %.3f s: %s\n", world, r, sh->elapsed[r],
-                sh->msg[r]);
+        fprintf(stderr, "  %s W=%d rank %d after %.3f s: %s\n", kill9 ? "killed" : "exits", world, r,
+                sh->elapsed[r], sh->msg[r]);
         CHECK_EQ_INT(sh->code[r], DDPD_ECOMM);
         CHECK(sh->elapsed[r] < 2.0);
         /* Its neighbours name it; the others name the neighbour that passed the failure on. */
         if (r == (who + 1) % world || r == (who + world - 1) % world)
             CHECK(strstr(sh->msg[r], needle) != NULL);
-        CHECK(strstr(sh->msg[r], "closed the connection") != NULL);
+        CHECK(strstr(sh->msg[r], "closed the connection during allreduce") != NULL);
         CHECK_EQ_INT(sh->later_code[r], DDPD_ECOMM);
         CHECK_EQ_STR(sh->later_msg[r], sh->msg[r]);
     }
+    tcp_ranks = 0;
 }
 
 /* The victim never joins: the others' init fails at the 1 s deadline. */
@@ -393,7 +466,7 @@ static int rank_silent(int rank, int world, const struct comm_id *id)
         return 0;
     }
     double t0 = now_s();
-    CHECK_EQ_INT(comm_allreduce_start(c, buf, 64, &req, &err), DDPD_OK);
+    CHECK_OK(comm_allreduce_start(c, buf, 64, &req, &err));
     sh->code[rank] = comm_wait(c, req, &err);
     sh->elapsed[rank] = now_s() - t0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
@@ -401,11 +474,12 @@ static int rank_silent(int rank, int world, const struct comm_id *id)
     return 0;
 }
 
-static void test_rank_silent(void)
+static void test_rank_silent(unsigned tcp)
 {
     struct issuer is;
     memset(sh, 0, sizeof *sh);
     victim = 1;
+    tcp_ranks = tcp;
     CHECK_EQ_INT(issuer_start(&is), 0);
     CHECK_EQ_INT(run_ranks(2, &is.id, rank_silent), 0);
     issuer_stop(&is);
@@ -414,6 +488,7 @@ static void test_rank_silent(void)
     CHECK(sh->elapsed[0] > 0.9 && sh->elapsed[0] < 2.5);
     CHECK_EQ_STR(sh->msg[0], "rank 0: allreduce (bucket of 64 floats) timed out after 1.0 s "
                              "waiting for rank 1");
+    tcp_ranks = 0;
 }
 
 /* Rank 0 expects a broadcast from rank 1 while rank 1 all-reduces: rank 0 reads rank 1's
@@ -424,14 +499,14 @@ static int rank_mismatch(int rank, int world, const struct comm_id *id)
     struct comm *c = join(rank, world, id, 5.0);
     if (!c)
         return 1;
-    CHECK_EQ_INT(comm_barrier(c, &err), DDPD_OK);
+    CHECK_OK(comm_barrier(c, &err));
     if (rank == 0) {
         char b[40] = {0};
         sh->code[rank] = comm_broadcast(c, b, sizeof b, 1, &err);
     } else {
         float f[1024] = {0};
         struct comm_req *req;
-        CHECK_EQ_INT(comm_allreduce_start(c, f, 1024, &req, &err), DDPD_OK);
+        CHECK_OK(comm_allreduce_start(c, f, 1024, &req, &err));
         sh->code[rank] = comm_wait(c, req, &err);
     }
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
@@ -513,7 +588,7 @@ static int rank_abort(int rank, int world, const struct comm_id *id)
     if (rank == 1) {
         sleep(2);
         /* An all-reduce started and never waited: free ends it without hanging. */
-        CHECK_EQ_INT(comm_allreduce_start(c, buf, 1 << 16, &req, &err), DDPD_OK);
+        CHECK_OK(comm_allreduce_start(c, buf, 1 << 16, &req, &err));
         comm_free(c);
         return 0;
     }
@@ -521,7 +596,7 @@ static int rank_abort(int rank, int world, const struct comm_id *id)
     abort_target = c;
     pthread_create(&th, NULL, aborter, NULL);
     double t0 = now_s();
-    CHECK_EQ_INT(comm_allreduce_start(c, buf, 1 << 16, &req, &err), DDPD_OK);
+    CHECK_OK(comm_allreduce_start(c, buf, 1 << 16, &req, &err));
     sh->code[rank] = comm_wait(c, req, &err);
     sh->elapsed[rank] = now_s() - t0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
@@ -574,12 +649,20 @@ int main(void)
         return 1;
     test_hex();
     for (int w = 1; w <= MAX_W; w++)
-        test_collectives(w);
+        test_collectives(w, 0); /* shared-memory links (same host) */
+    test_collectives(2, 0x3);   /* all TCP */
+    test_collectives(4, 0xf);
+    test_collectives(3, 0x2); /* mixed: rank 1's two links on TCP, 2 -> 0 shared */
+    test_ipv6();
     fprintf(stderr, "faults:\n");
-    test_rank_dies(3, 2);
-    test_rank_dies(4, 2);
+    test_rank_dies(3, 2, 0, 0);
+    test_rank_dies(4, 2, 1, 0);
+    test_rank_dies(4, 1, 0, 0);
+    test_rank_dies(3, 2, 1, 0x7);
+    test_rank_dies(3, 0, 0, 0x7);
     test_rank_absent();
-    test_rank_silent();
+    test_rank_silent(0);
+    test_rank_silent(0x3);
     test_mismatch();
     test_bad_registration();
     test_abort();

@@ -98,8 +98,14 @@ void comm_free(struct comm *c)
     free(c);
 }
 
-int comm_rank(const struct comm *c) { return c->rank; }
-int comm_world(const struct comm *c) { return c->world; }
+int comm_rank(const struct comm *c)
+{
+    return c->rank;
+}
+int comm_world(const struct comm *c)
+{
+    return c->world;
+}
 
 ddpd_err comm_allreduce_start(struct comm *c, float *buf, int64_t n, struct comm_req **req,
                               struct ddpd_error *err)
@@ -121,8 +127,7 @@ ddpd_err comm_broadcast(struct comm *c, void *buf, size_t bytes, int root, struc
     return rc == DDPD_OK ? DDPD_OK : fail(c, rc, err);
 }
 
-ddpd_err comm_allgather(struct comm *c, const void *in, size_t bytes, void *out,
-                        struct ddpd_error *err)
+ddpd_err comm_allgather(struct comm *c, const void *in, size_t bytes, void *out, struct ddpd_error *err)
 {
     ddpd_err rc = c->ops->allgather(c->ctx, in, bytes, out);
     return rc == DDPD_OK ? DDPD_OK : fail(c, rc, err);

@@ -1,51 +1,61 @@
-/* comm/cpu.c — the CPU collective backend: a TCP ring between the ranks and its own
- * rendezvous root (the id issuer, `ddpd-worker --issue-id cpu`). All-reduce is a ring
- * reduce-scatter + all-gather, so each element's sum is computed once, by one rank, and
- * copied: results are bitwise identical on every rank. One progress thread per
- * communicator runs the collectives in FIFO order. Every wait has a deadline; knows
- * nothing of tensors, DDP or the job. */
+/* comm/cpu.c — the CPU collective backend: a ring of ranks with its own rendezvous root
+ * (the id issuer, `ddpd-worker --issue-id cpu`). Links are TCP, or a shared-memory FIFO
+ * where both ends share the host (DDPD_COMM_SHM=0 keeps TCP). All-reduce is a ring
+ * reduce-scatter + all-gather: each sum is made once, by one rank, and copied, so every
+ * rank gets the same bits. Every wait has a deadline; knows nothing of tensors or DDP. */
 #include "../comm.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_WORLD 1024             /* a registration claiming more is refused */
+#define MAX_WORLD 1024 /* a registration claiming more is refused */
 #define MAGIC_BYTES 16
-#define ADDR_BYTES 20              /* family, port, 16 address bytes (see addr_put) */
-#define REG_BYTES 64               /* a rank's registration with the root */
-#define MSG_HDR_BYTES 8            /* root -> rank messages: type, length */
-#define MSG_TEXT_MAX 512           /* longest error text the root sends */
-#define HELLO_BYTES 24             /* ring neighbours: magic, rank, tag */
-#define HDR_BYTES 24               /* per-collective header on the ring */
+#define ADDR_BYTES 20    /* family, port, 16 address bytes (see addr_put) */
+#define REG_BYTES 64     /* a rank's registration with the root */
+#define MSG_HDR_BYTES 8  /* root -> rank messages: type, length */
+#define MSG_TEXT_MAX 512 /* longest error text the root sends */
+#define HELLO_BYTES 24   /* ring neighbours: magic, rank, tag */
+#define HDR_BYTES 24     /* per-collective header on the ring */
+#define NOTICE_HDR 12    /* failure notice: tag, origin rank, text length */
+#define NOTICE_TEXT_MAX 400
+#define NOTICE_TAG 0x4444504e      /* "DDPN" */
 #define SMALL_BYTES (16 * 1024)    /* all-reduces up to this take the latency path */
 #define STAGE_BYTES (256 * 1024)   /* receive staging of a reduction */
 #define SEND_SLICE (256 * 1024)    /* most bytes handed to one sendmsg */
 #define SOCK_BUF (4 * 1024 * 1024) /* SO_SNDBUF / SO_RCVBUF */
 #define ERR_CAP 512
-#define ROOT_SEND_S 2.0            /* the root's bound on writing to one rank */
-#define MAX_ROOT_CONNS 4096        /* connections the root holds at once */
+#define ROOT_SEND_S 2.0        /* the root's bound on writing to one rank */
+#define SHM_HDR 4096           /* shared FIFO: control page, then the ring of bytes */
+#define SHM_CAP (2u << 20)     /* bytes of a shared FIFO (a power of two) */
+#define SHM_PIECE (128 * 1024) /* most bytes moved before publishing the position */
+#define SPIN_S 50e-6           /* a shared-memory wait spins this long before sleeping */
+#define MAX_ROOT_CONNS 4096    /* connections the root holds at once */
 #define PROTO_VERSION 1
 
 enum { MSG_PROGRESS = 1, MSG_ERROR = 2, MSG_TABLE = 3 };
 enum { OP_ALLREDUCE = 1, OP_BROADCAST, OP_ALLGATHER, OP_MAX_I64, OP_BARRIER, OP_COUNT };
-static const char *const op_names[OP_COUNT] = {"?", "allreduce", "broadcast", "allgather",
-                                               "allreduce_max", "barrier"};
+static const char *const op_names[OP_COUNT] = {"?",         "allreduce",     "broadcast",
+                                               "allgather", "allreduce_max", "barrier"};
 
 /* Results of the blocking socket helpers. */
 enum { IO_OK = 0, IO_TIMEOUT = -1, IO_CLOSED = -2, IO_ERROR = -3 };
@@ -94,9 +104,18 @@ static void put64(unsigned char *p, uint64_t v)
     put32(p + 4, (uint32_t)v);
 }
 
-static uint32_t get16(const unsigned char *p) { return (uint32_t)p[0] << 8 | p[1]; }
-static uint32_t get32(const unsigned char *p) { return get16(p) << 16 | get16(p + 2); }
-static uint64_t get64(const unsigned char *p) { return (uint64_t)get32(p) << 32 | get32(p + 4); }
+static uint32_t get16(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 8 | p[1];
+}
+static uint32_t get32(const unsigned char *p)
+{
+    return get16(p) << 16 | get16(p + 2);
+}
+static uint64_t get64(const unsigned char *p)
+{
+    return (uint64_t)get32(p) << 32 | get32(p + 4);
+}
 
 /* ---- addresses ---- */
 
@@ -366,9 +385,9 @@ struct root {
     unsigned char magic[MAGIC_BYTES];
     struct rconn *conns;
     size_t nconn;
-    int world;    /* 0 until the first registration */
+    int world; /* 0 until the first registration */
     int registered, formed;
-    int *slot;    /* slot[rank] = fd of the registered rank, or -1 */
+    int *slot;            /* slot[rank] = fd of the registered rank, or -1 */
     unsigned char *table; /* world * ADDR_BYTES */
 };
 
@@ -409,12 +428,12 @@ static int root_register(struct root *R, size_t i)
     struct rconn *cn = &R->conns[i];
     char text[MSG_TEXT_MAX];
     if (memcmp(cn->buf, R->magic, MAGIC_BYTES) != 0) {
-        root_refuse(R, i, "wrong magic: the id this rank was given does not belong to this "
-                          "rendezvous (a stale id from an earlier attempt?)");
+        root_refuse(R, i,
+                    "wrong magic: the id this rank was given does not belong to this "
+                    "rendezvous (a stale id from an earlier attempt?)");
         return 1;
     }
-    uint32_t version = get32(cn->buf + 16), rank = get32(cn->buf + 20),
-             world = get32(cn->buf + 24);
+    uint32_t version = get32(cn->buf + 16), rank = get32(cn->buf + 20), world = get32(cn->buf + 24);
     struct addr a;
     if (version != PROTO_VERSION || addr_get(cn->buf + 28, &a) < 0) {
         root_refuse(R, i, "malformed registration (another ddpd version?)");
@@ -426,7 +445,9 @@ static int root_register(struct root *R, size_t i)
         return 1;
     }
     if (R->world == 0) {
-        R->world = (int)world;
+        /* The first registration fixes the world size; the cap above bounds the tables. */
+        free(R->slot);
+        free(R->table);
         R->slot = malloc(world * sizeof *R->slot);
         R->table = calloc(world, ADDR_BYTES);
         if (!R->slot || !R->table) {
@@ -435,11 +456,12 @@ static int root_register(struct root *R, size_t i)
         }
         for (uint32_t r = 0; r < world; r++)
             R->slot[r] = -1;
+        R->world = (int)world;
     }
     if (world != (uint32_t)R->world) {
         snprintf(text, sizeof text,
-                 "world size mismatch: this rank says %u ranks, the ranks before it said %d",
-                 world, R->world);
+                 "world size mismatch: this rank says %u ranks, the ranks before it said %d", world,
+                 R->world);
         root_refuse(R, i, text);
         return 1;
     }
@@ -604,7 +626,7 @@ out:
 /* ---- a communicator ---- */
 
 struct comm_req {
-    struct comm_req *qnext;        /* the FIFO queue */
+    struct comm_req *qnext;         /* the FIFO queue */
     struct comm_req *lprev, *lnext; /* started all-reduces not yet waited (for free) */
     int op;
     void *buf;
@@ -616,11 +638,32 @@ struct comm_req {
     ddpd_err rc;
 };
 
+/* A same-host link: a FIFO of bytes in memory shared by a rank (producer) and its next
+ * (consumer), created by the consumer. Positions count bytes since the link began; each
+ * side publishes its own and reads the other's. The sleep flags and one-byte pings over
+ * the TCP connection wake a side that stopped spinning (see run_plan). */
+struct shm_ctl {
+    unsigned char magic[MAGIC_BYTES]; /* the id's magic and a nonce: proof it is ours */
+    unsigned char nonce[16];
+    _Alignas(64) _Atomic uint64_t head; /* written by the producer */
+    _Alignas(64) _Atomic uint64_t tail; /* written by the consumer */
+    _Alignas(64) _Atomic uint32_t cons_sleep;
+    _Alignas(64) _Atomic uint32_t prod_sleep;
+};
+_Static_assert(sizeof(struct shm_ctl) <= SHM_HDR, "the control page holds the control block");
+
+struct link {
+    struct shm_ctl *h;   /* NULL: this direction goes over TCP */
+    unsigned char *data; /* SHM_CAP bytes after the control page */
+    uint64_t pos;        /* producer: next byte to write; consumer: next byte to read */
+};
+
 struct cpu {
     int rank, world, prev, next;
     double timeout_s;
     unsigned char magic[MAGIC_BYTES];
-    int fd_next, fd_prev; /* we only send to next and only receive from prev */
+    int fd_next, fd_prev;  /* we only send to next and only receive from prev */
+    struct link lout, lin; /* shared-memory data paths to next / from prev, if same host */
 
     /* Owned by whichever thread executes collectives (the progress thread or a caller
      * running one inline); `busy`, handed over under mu, says who. */
@@ -631,7 +674,8 @@ struct cpu {
 
     /* Shared, under mu. */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t work; /* the progress thread sleeps here */
+    pthread_cond_t done; /* callers waiting for a request sleep here */
     pthread_t thread;
     int have_thread, have_sync;
     struct comm_req *head, *tail, *live;
@@ -639,8 +683,10 @@ struct cpu {
     double run_start;
     char err[ERR_CAP];
 
-    char err_copy[ERR_CAP]; /* what last_error hands the driving thread */
-    atomic_int aborted;     /* abort() may come from any thread or a signal handler */
+    char err_copy[ERR_CAP];                      /* what last_error hands the driving thread */
+    atomic_int aborted;                          /* abort() may come from any thread or a signal handler */
+    unsigned char abort_notice[NOTICE_HDR + 64]; /* prebuilt: abort() may not format */
+    size_t abort_notice_len;
 };
 
 /* Shuts both ring sockets: a blocked executor wakes, and the neighbours see the
@@ -654,6 +700,77 @@ static void shut_sockets(struct cpu *c)
         shutdown(c->fd_prev, SHUT_RDWR);
 }
 
+/* Failure notices. Data only flows rank -> next, so the reverse direction of each ring
+ * connection is idle after the hello; a rank that fails writes why into it, to prev,
+ * before hanging up. Prev reads it when its own send fails or its socket to next turns
+ * readable, and names the rank where the failure began instead of the neighbour that
+ * merely passed the hang-up on. A dead process sends no notice: its neighbours see the
+ * connection close, which names it just as well. */
+static size_t notice_put(unsigned char *buf, size_t cap, int origin, const char *text)
+{
+    size_t len = strlen(text);
+    if (len > NOTICE_TEXT_MAX)
+        len = NOTICE_TEXT_MAX;
+    if (len > cap - NOTICE_HDR)
+        len = cap - NOTICE_HDR;
+    put32(buf, NOTICE_TAG);
+    put32(buf + 4, (uint32_t)origin);
+    put32(buf + 8, (uint32_t)len);
+    memcpy(buf + NOTICE_HDR, text, len);
+    return NOTICE_HDR + len;
+}
+
+static void send_notice(struct cpu *c, int origin, const char *text)
+{
+    unsigned char buf[NOTICE_HDR + NOTICE_TEXT_MAX];
+    size_t n = notice_put(buf, sizeof buf, origin, text);
+    /* Best effort: the reverse direction is empty, so a few hundred bytes always fit. */
+    if (c->fd_prev >= 0)
+        (void)!send(c->fd_prev, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* Where a failure began and its first text, passed along backwards unchanged. */
+struct origin {
+    int rank;
+    char text[NOTICE_TEXT_MAX + 1];
+};
+
+/* Anything readable from next means next has given up: a notice followed by its hang-up,
+ * or just the hang-up (it died). Returns 1 with the failure in err and o, 0 when nothing
+ * has arrived. */
+static int next_failed(struct cpu *c, const char *w, char *err, size_t cap, struct origin *o)
+{
+    unsigned char all[1024];
+    ssize_t k = recv(c->fd_next, all, sizeof all, MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return 0;
+    /* Zero bytes are wake-up pings of a shared-memory link, not news. */
+    const unsigned char *buf = all;
+    while (k > 0 && *buf == 0) {
+        buf++;
+        k--;
+    }
+    if (k == 0 && buf != all)
+        return 0;
+    if (k >= NOTICE_HDR && get32(buf) == NOTICE_TAG) {
+        uint32_t from = get32(buf + 4), len = get32(buf + 8);
+        /* The origin and length are the peer's claims: both are checked against what
+         * arrived and the world before use. */
+        if (from < (uint32_t)c->world && len <= (size_t)k - NOTICE_HDR && len <= NOTICE_TEXT_MAX) {
+            for (uint32_t i = 0; i < len; i++) {
+                unsigned char ch = buf[NOTICE_HDR + i];
+                o->text[i] = ch >= 32 && ch < 127 ? (char)ch : '?';
+            }
+            o->text[len] = '\0';
+            o->rank = (int)from;
+            snprintf(err, cap, "rank %u reported: %s", from, o->text);
+            return 1;
+        }
+    }
+    snprintf(err, cap, "peer rank %d closed the connection during %s", c->next, w);
+    return 1;
+}
+
 /* ---- the collective engine ---- */
 
 /* One collective as two byte streams: send segments to next, receive segments from prev.
@@ -662,14 +779,14 @@ static void shut_sockets(struct cpu *c)
  * (lag 1: reduce-scatter and all-gather steps) and the broadcast chain (lag 0). */
 struct plan {
     int op;
-    uint32_t arg;          /* broadcast: the root */
-    uint64_t bytes;        /* as named in the header */
+    uint32_t arg;   /* broadcast: the root */
+    uint64_t bytes; /* as named in the header */
     unsigned char *base;
-    int chain;             /* 1: one segment, the whole of base[total] */
+    int chain; /* 1: one segment, the whole of base[total] */
     size_t total;
-    size_t unit, nunits;   /* ring: base is nunits units of `unit` bytes in W chunks */
+    size_t unit, nunits; /* ring: base is nunits units of `unit` bytes in W chunks */
     int nsend, nrecv, lag;
-    int nreduce;           /* receive segments [0, nreduce) are added into base (floats) */
+    int nreduce; /* receive segments [0, nreduce) are added into base (floats) */
 };
 
 struct stream {
@@ -679,8 +796,8 @@ struct stream {
     size_t pend; /* receiving a reduction: bytes waiting in stage */
 };
 
-static void seg_of(const struct cpu *c, const struct plan *p, int recv, int i,
-                   unsigned char **ptr, size_t *len)
+static void seg_of(const struct cpu *c, const struct plan *p, int recv, int i, unsigned char **ptr,
+                   size_t *len)
 {
     if (p->chain) {
         *ptr = p->base;
@@ -727,8 +844,7 @@ static void describe(char *buf, size_t cap, int op, uint32_t seq, uint64_t bytes
     if (op == OP_BARRIER)
         snprintf(buf, cap, "%s #%u", name, seq);
     else if (op == OP_BROADCAST)
-        snprintf(buf, cap, "%s #%u of %llu bytes from rank %u", name, seq,
-                 (unsigned long long)bytes, arg);
+        snprintf(buf, cap, "%s #%u of %llu bytes from rank %u", name, seq, (unsigned long long)bytes, arg);
     else
         snprintf(buf, cap, "%s #%u of %llu bytes", name, seq, (unsigned long long)bytes);
 }
@@ -743,15 +859,13 @@ static void what(char *buf, size_t cap, const struct plan *p)
                  (unsigned long long)(p->bytes / sizeof(float)));
         break;
     case OP_BROADCAST:
-        snprintf(buf, cap, "%s (%llu bytes from rank %u)", name, (unsigned long long)p->bytes,
-                 p->arg);
+        snprintf(buf, cap, "%s (%llu bytes from rank %u)", name, (unsigned long long)p->bytes, p->arg);
         break;
     case OP_ALLGATHER:
         snprintf(buf, cap, "%s (%llu bytes per rank)", name, (unsigned long long)p->bytes);
         break;
     case OP_MAX_I64:
-        snprintf(buf, cap, "%s (%llu values)", name,
-                 (unsigned long long)(p->bytes / sizeof(int64_t)));
+        snprintf(buf, cap, "%s (%llu values)", name, (unsigned long long)(p->bytes / sizeof(int64_t)));
         break;
     default:
         snprintf(buf, cap, "%s", name);
@@ -764,8 +878,97 @@ static void add_into(float *restrict dst, const float *restrict src, size_t n)
         dst[i] += src[i];
 }
 
+/* A one-byte wake-up for a peer that sleeps in poll() on this connection. */
+static void ping(int fd)
+{
+    static const unsigned char zero = 0;
+    (void)!send(fd, &zero, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* Bytes the producer may write now. The position can run up to 7 bytes past a full FIFO
+ * (alignment padding, see run_plan), hence the guard. */
+static size_t shm_room(const struct link *L)
+{
+    uint64_t used = L->pos - atomic_load_explicit(&L->h->tail, memory_order_acquire);
+    return used >= SHM_CAP ? 0 : SHM_CAP - (size_t)used;
+}
+
+/* Copies as much of iov as fits into the FIFO to next and publishes it. */
+static size_t shm_put(struct cpu *c, const struct iovec *iov, int cnt)
+{
+    struct link *L = &c->lout;
+    size_t room = shm_room(L), done = 0;
+    if (room > SHM_PIECE)
+        room = SHM_PIECE;
+    for (int i = 0; i < cnt && done < room; i++) {
+        const unsigned char *src = iov[i].iov_base;
+        size_t n = iov[i].iov_len < room - done ? iov[i].iov_len : room - done;
+        while (n > 0) {
+            size_t off = (size_t)(L->pos & (SHM_CAP - 1));
+            size_t k = n < SHM_CAP - off ? n : SHM_CAP - off;
+            memcpy(L->data + off, src, k);
+            L->pos += k;
+            src += k;
+            n -= k;
+            done += k;
+        }
+    }
+    if (done) {
+        /* seq_cst pairs with the consumer's "set cons_sleep, re-read head": one of the
+         * two sees the other, so a wake-up is never lost. */
+        atomic_store(&L->h->head, L->pos);
+        if (atomic_load(&L->h->cons_sleep) && atomic_exchange(&L->h->cons_sleep, 0))
+            ping(c->fd_next);
+    }
+    return done;
+}
+
+/* Contiguous bytes readable at the consumer's position (0 when none). */
+static size_t shm_avail(const struct link *L, const unsigned char **ptr)
+{
+    uint64_t head = atomic_load_explicit(&L->h->head, memory_order_acquire);
+    if ((int64_t)(head - L->pos) <= 0)
+        return 0;
+    size_t off = (size_t)(L->pos & (SHM_CAP - 1));
+    size_t n = (size_t)(head - L->pos);
+    *ptr = L->data + off;
+    return n < SHM_CAP - off ? n : SHM_CAP - off;
+}
+
+static void shm_consume(struct cpu *c, size_t n)
+{
+    struct link *L = &c->lin;
+    L->pos += n;
+    atomic_store(&L->h->tail, L->pos);
+    if (atomic_load(&L->h->prod_sleep) && atomic_exchange(&L->h->prod_sleep, 0))
+        ping(c->fd_prev);
+}
+
+/* Checks a complete incoming collective header against ours; -1 with the text if not. */
+static int header_check(const struct cpu *c, const struct plan *p, const unsigned char *shdr,
+                        const unsigned char *rhdr, uint32_t seq, char *err, size_t cap)
+{
+    if (memcmp(rhdr, shdr, HDR_BYTES) == 0)
+        return 0;
+    char got[96], want[96], w[160];
+    if (get32(rhdr) != get32(shdr)) {
+        what(w, sizeof w, p);
+        snprintf(err, cap,
+                 "garbled stream from rank %d during %s (no collective header "
+                 "where one was due)",
+                 c->prev, w);
+        return -1;
+    }
+    describe(got, sizeof got, (int)get32(rhdr + 4), get32(rhdr + 12), get64(rhdr + 16), get32(rhdr + 8));
+    describe(want, sizeof want, p->op, seq, p->bytes, p->arg);
+    snprintf(err, cap, "collective mismatch: rank %d sent %s, expected %s", c->prev, got, want);
+    return -1;
+}
+
 /* Runs one collective's plan to the end or to the first failure (text in err). A failure
- * shuts the sockets, which poisons the ring for everyone. */
+ * sends a notice to prev and shuts the sockets, which poisons the ring for everyone.
+ * Each direction moves over TCP or over a shared FIFO (same host); the bookkeeping,
+ * the pipelining rule and the failure handling are the same for both. */
 static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t cap)
 {
     unsigned char shdr[HDR_BYTES], rhdr[HDR_BYTES];
@@ -777,10 +980,17 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
     put64(shdr + 16, p->bytes);
 
     struct stream s = {0}, r = {0};
-    double deadline = mono() + c->timeout_s;
+    struct origin o = {.rank = -1};
+    double deadline = mono() + c->timeout_s, spin_until = 0;
     char w[160];
     int e = 0;
 
+    /* Each collective starts 8-aligned in a FIFO, so floats read in place are aligned.
+     * Both sides stand at the same position here and pad alike. */
+    if (c->lout.h)
+        c->lout.pos = (c->lout.pos + 7) & ~(uint64_t)7;
+    if (c->lin.h)
+        c->lin.pos = (c->lin.pos + 7) & ~(uint64_t)7;
     stream_skip(c, p, 0, &s);
     stream_skip(c, p, 1, &r);
     for (;;) {
@@ -789,7 +999,7 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
         if (sdone && rdone)
             return DDPD_OK;
         if (atomic_load_explicit(&c->aborted, memory_order_relaxed))
-            goto aborted;
+            goto fail;
         int progressed = 0, want_out = 0, want_in = 0;
 
         if (!sdone) {
@@ -807,38 +1017,77 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
                     iov[cnt++] = (struct iovec){ptr + s.off, k < SEND_SLICE ? k : SEND_SLICE};
                 }
             }
-            if (cnt > 0) {
+            ssize_t k = 0;
+            if (cnt > 0 && c->lout.h) {
+                k = (ssize_t)shm_put(c, iov, cnt);
+                want_out = k == 0;
+            } else if (cnt > 0) {
                 struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
-                ssize_t k = sendmsg(c->fd_next, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-                if (k > 0) {
-                    size_t left = (size_t)k;
-                    if (s.hdr < HDR_BYTES) {
-                        size_t h = HDR_BYTES - s.hdr < left ? HDR_BYTES - s.hdr : left;
-                        s.hdr += h;
-                        left -= h;
-                    }
-                    s.off += left;
-                    stream_skip(c, p, 0, &s);
-                    progressed = 1;
-                } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                k = sendmsg(c->fd_next, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
                     want_out = 1;
-                } else if (!(k < 0 && errno == EINTR)) {
+                } else if (k < 0 && errno != EINTR) {
                     e = errno;
-                    if (atomic_load(&c->aborted))
-                        goto aborted;
                     what(w, sizeof w, p);
+                    if (next_failed(c, w, err, cap, &o))
+                        goto fail;
                     if (e == EPIPE || e == ECONNRESET)
-                        snprintf(err, cap, "peer rank %d closed the connection during %s",
-                                 c->next, w);
+                        snprintf(err, cap, "peer rank %d closed the connection during %s", c->next, w);
                     else
-                        snprintf(err, cap, "sending to rank %d during %s: %s", c->next, w,
-                                 strerror(e));
+                        snprintf(err, cap, "sending to rank %d during %s: %s", c->next, w, strerror(e));
                     goto fail;
                 }
             }
+            if (k > 0) {
+                size_t left = (size_t)k;
+                if (s.hdr < HDR_BYTES) {
+                    size_t h = HDR_BYTES - s.hdr < left ? HDR_BYTES - s.hdr : left;
+                    s.hdr += h;
+                    left -= h;
+                }
+                s.off += left;
+                stream_skip(c, p, 0, &s);
+                progressed = 1;
+            }
         }
 
-        if (!rdone) {
+        if (!rdone && c->lin.h) {
+            const unsigned char *src = NULL;
+            size_t n = shm_avail(&c->lin, &src), used = 0;
+            if (n > SHM_PIECE)
+                n = SHM_PIECE;
+            if (n > 0 && r.hdr < HDR_BYTES) {
+                size_t h = HDR_BYTES - r.hdr < n ? HDR_BYTES - r.hdr : n;
+                memcpy(rhdr + r.hdr, src, h);
+                r.hdr += h;
+                used = h;
+                if (r.hdr == HDR_BYTES && header_check(c, p, shdr, rhdr, seq, err, cap) < 0)
+                    goto fail;
+            }
+            if (used < n && r.hdr == HDR_BYTES && r.seg < p->nrecv) {
+                unsigned char *ptr;
+                size_t len;
+                seg_of(c, p, 1, r.seg, &ptr, &len);
+                size_t m = n - used < len - r.off ? n - used : len - r.off;
+                if (r.seg < p->nreduce) {
+                    /* Added straight from the FIFO: the stage is a TCP-only detour. */
+                    m = m / sizeof(float) * sizeof(float);
+                    add_into((float *)(ptr + r.off), (const float *)(const void *)(src + used),
+                             m / sizeof(float));
+                } else {
+                    memcpy(ptr + r.off, src + used, m);
+                }
+                r.off += m;
+                used += m;
+                stream_skip(c, p, 1, &r);
+            }
+            if (used) {
+                shm_consume(c, used);
+                progressed = 1;
+            } else {
+                want_in = 1;
+            }
+        } else if (!rdone) {
             struct iovec iov[2];
             int cnt = 0;
             unsigned char *ptr = NULL;
@@ -850,8 +1099,8 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
                 seg_of(c, p, 1, r.seg, &ptr, &len);
                 if (reduce) {
                     size_t room = STAGE_BYTES - r.pend, want = len - r.off - r.pend;
-                    iov[cnt++] = (struct iovec){(unsigned char *)c->stage + r.pend,
-                                                want < room ? want : room};
+                    iov[cnt++] =
+                        (struct iovec){(unsigned char *)c->stage + r.pend, want < room ? want : room};
                 } else {
                     iov[cnt++] = (struct iovec){ptr + r.off, len - r.off};
                 }
@@ -865,21 +1114,8 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
                     size_t h = HDR_BYTES - r.hdr < left ? HDR_BYTES - r.hdr : left;
                     r.hdr += h;
                     left -= h;
-                    if (r.hdr == HDR_BYTES && memcmp(rhdr, shdr, HDR_BYTES) != 0) {
-                        char got[96], want[96];
-                        if (get32(rhdr) != get32(shdr)) {
-                            what(w, sizeof w, p);
-                            snprintf(err, cap, "garbled stream from rank %d during %s (no "
-                                     "collective header where one was due)", c->prev, w);
-                            goto fail;
-                        }
-                        describe(got, sizeof got, (int)get32(rhdr + 4), get32(rhdr + 12),
-                                 get64(rhdr + 16), get32(rhdr + 8));
-                        describe(want, sizeof want, p->op, seq, p->bytes, p->arg);
-                        snprintf(err, cap, "collective mismatch: rank %d sent %s, expected %s",
-                                 c->prev, got, want);
+                    if (r.hdr == HDR_BYTES && header_check(c, p, shdr, rhdr, seq, err, cap) < 0)
                         goto fail;
-                    }
                 }
                 if (reduce) {
                     r.pend += left;
@@ -893,56 +1129,136 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
                     r.off += left;
                 }
                 stream_skip(c, p, 1, &r);
-            } else if (k == 0) {
-                if (atomic_load(&c->aborted))
-                    goto aborted;
-                what(w, sizeof w, p);
-                snprintf(err, cap, "peer rank %d closed the connection during %s", c->prev, w);
-                goto fail;
+            } else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                e = k == 0 ? 0 : errno;
+                goto prev_failed;
             } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 want_in = 1;
-            } else if (errno != EINTR) {
-                e = errno;
-                if (atomic_load(&c->aborted))
-                    goto aborted;
-                what(w, sizeof w, p);
-                if (e == ECONNRESET)
-                    snprintf(err, cap, "peer rank %d closed the connection during %s", c->prev,
-                             w);
-                else
-                    snprintf(err, cap, "receiving from rank %d during %s: %s", c->prev, w,
-                             strerror(e));
-                goto fail;
             }
         }
 
-        if (progressed || (!want_in && !want_out))
+        if (progressed) {
+            spin_until = 0;
             continue;
+        }
+        if (!want_in && !want_out)
+            continue;
+        /* A shared-memory peer is usually about to write or drain: spin briefly before
+         * paying for a sleep and a wake-up. */
+        int shm_in = want_in && c->lin.h, shm_out = want_out && c->lout.h;
+        if (shm_in || shm_out) {
+            double t = mono();
+            if (spin_until == 0)
+                spin_until = t + SPIN_S;
+            if (t < spin_until && t < deadline) {
+                /* sched_yield, not a pause loop: with more runnable threads than CPUs
+                 * (two ranks packed on one vCPU) a pure spin would keep the very peer
+                 * we wait for off the CPU until the spin ends. */
+                sched_yield();
+                continue;
+            }
+            /* Going to sleep: say so, then look once more (the other side's publish and
+             * our flag are both seq_cst, so it either sees the flag and pings, or we see
+             * its bytes here). */
+            int ready = 0;
+            if (shm_in)
+                atomic_store(&c->lin.h->cons_sleep, 1);
+            if (shm_out)
+                atomic_store(&c->lout.h->prod_sleep, 1);
+            atomic_thread_fence(memory_order_seq_cst); /* the flags before the re-reads */
+            const unsigned char *src;
+            if (shm_in)
+                ready |= shm_avail(&c->lin, &src) > 0;
+            if (shm_out)
+                ready |= shm_room(&c->lout) > 0;
+            if (ready) {
+                if (shm_in)
+                    atomic_store(&c->lin.h->cons_sleep, 0);
+                if (shm_out)
+                    atomic_store(&c->lout.h->prod_sleep, 0);
+                continue;
+            }
+        }
+        /* While we still owe next bytes, fd_next is watched for input too: anything
+         * arriving there is a failure notice or a hang-up (next_failed), which must end
+         * this wait at once; pings for a shared FIFO arrive there as well. Once our part
+         * is sent, next may finish and hang up first. */
         struct pollfd pf[2];
         nfds_t np = 0;
-        if (want_out)
-            pf[np++] = (struct pollfd){c->fd_next, POLLOUT, 0};
+        if (!sdone)
+            pf[np++] =
+                (struct pollfd){c->fd_next, (short)(POLLIN | (want_out && !c->lout.h ? POLLOUT : 0)), 0};
         if (want_in)
             pf[np++] = (struct pollfd){c->fd_prev, POLLIN, 0};
         int pr = poll(pf, np, ms_until(deadline));
+        int perr = errno;
+        if (shm_in)
+            atomic_store(&c->lin.h->cons_sleep, 0);
+        if (shm_out)
+            atomic_store(&c->lout.h->prod_sleep, 0);
+        spin_until = 0;
+        if (pr > 0 && !sdone && (pf[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+            what(w, sizeof w, p);
+            if (next_failed(c, w, err, cap, &o))
+                goto fail;
+        }
+        if (pr > 0 && shm_in && (pf[np - 1].revents & (POLLIN | POLLHUP | POLLERR))) {
+            /* Only pings come this way on a shared link: drain them; a hang-up is news. */
+            unsigned char junk[256];
+            ssize_t k = recv(c->fd_prev, junk, sizeof junk, MSG_DONTWAIT);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                e = k == 0 ? 0 : errno;
+                goto prev_failed;
+            }
+        }
         if (pr == 0 && mono() >= deadline) {
             what(w, sizeof w, p);
             /* Name whom we wait for: the sender if its bytes are missing, else the
              * receiver that does not drain its socket. */
             int whom = want_in ? c->prev : c->next;
-            snprintf(err, cap, "%s timed out after %.1f s waiting for rank %d", w, c->timeout_s,
-                     whom);
+            snprintf(err, cap, "%s timed out after %.1f s waiting for rank %d", w, c->timeout_s, whom);
             goto fail;
         }
-        if (pr < 0 && errno != EINTR) {
-            snprintf(err, cap, "poll: %s", strerror(errno));
+        if (pr < 0 && perr != EINTR) {
+            snprintf(err, cap, "poll: %s", strerror(perr));
             goto fail;
         }
     }
-aborted:
+
+prev_failed:
+    if (atomic_load(&c->aborted))
+        goto fail;
     what(w, sizeof w, p);
-    snprintf(err, cap, "communicator aborted during %s", w);
+    {
+        /* Prev hung up. If next has told us why the ring broke, that says more (with W=2
+         * they are the same rank). If next hung up without a word while we still owe it
+         * bytes, it died (a live rank sends a notice first), and prev only passed that
+         * on: name next. */
+        struct origin o2 = {.rank = -1};
+        char t2[ERR_CAP];
+        int sdone = p->nsend == 0 || (s.hdr == HDR_BYTES && s.seg == p->nsend);
+        if (next_failed(c, w, t2, sizeof t2, &o2) && (o2.rank >= 0 || !sdone)) {
+            o = o2;
+            snprintf(err, cap, "%s", t2);
+        } else if (e == 0 || e == ECONNRESET) {
+            snprintf(err, cap, "peer rank %d closed the connection during %s", c->prev, w);
+        } else {
+            snprintf(err, cap, "receiving from rank %d during %s: %s", c->prev, w, strerror(e));
+        }
+    }
 fail:
+    if (atomic_load(&c->aborted)) {
+        /* Whatever broke after abort() is its doing; it sent its own notice. */
+        what(w, sizeof w, p);
+        snprintf(err, cap, "communicator aborted during %s", w);
+        shut_sockets(c);
+        return DDPD_ECOMM;
+    }
+    if (o.rank < 0) {
+        o.rank = c->rank;
+        snprintf(o.text, sizeof o.text, "%s", err);
+    }
+    send_notice(c, o.rank, o.text);
     shut_sockets(c);
     return DDPD_ECOMM;
 }
@@ -963,11 +1279,16 @@ static int scratch_reserve(struct cpu *c, size_t bytes, char *err, size_t cap)
 }
 
 /* Ring all-gather of `bytes` per rank in out[world*bytes]; this rank's part is in place. */
-static ddpd_err ring_allgather(struct cpu *c, int op, uint64_t hdr_bytes, unsigned char *out,
-                               size_t bytes, char *err, size_t cap)
+static ddpd_err ring_allgather(struct cpu *c, int op, uint64_t hdr_bytes, unsigned char *out, size_t bytes,
+                               char *err, size_t cap)
 {
-    struct plan p = {.op = op, .bytes = hdr_bytes, .base = out, .unit = bytes,
-                     .nunits = (size_t)c->world, .nsend = c->world - 1, .nrecv = c->world - 1,
+    struct plan p = {.op = op,
+                     .bytes = hdr_bytes,
+                     .base = out,
+                     .unit = bytes,
+                     .nunits = (size_t)c->world,
+                     .nsend = c->world - 1,
+                     .nrecv = c->world - 1,
                      .lag = 1};
     return run_plan(c, &p, err, cap);
 }
@@ -980,9 +1301,14 @@ static ddpd_err do_allreduce(struct cpu *c, float *buf, int64_t n, char *err, si
     if (nb > SMALL_BYTES) {
         /* Reduce-scatter (W-1 steps, each adds the incoming chunk), then all-gather (W-1
          * steps, each copies a finished chunk): chunk c's sum is made by rank c-1 alone. */
-        struct plan p = {.op = OP_ALLREDUCE, .bytes = nb, .base = (unsigned char *)buf,
-                         .unit = sizeof(float), .nunits = (size_t)n,
-                         .nsend = 2 * (c->world - 1), .nrecv = 2 * (c->world - 1), .lag = 1,
+        struct plan p = {.op = OP_ALLREDUCE,
+                         .bytes = nb,
+                         .base = (unsigned char *)buf,
+                         .unit = sizeof(float),
+                         .nunits = (size_t)n,
+                         .nsend = 2 * (c->world - 1),
+                         .nrecv = 2 * (c->world - 1),
+                         .lag = 1,
                          .nreduce = c->world - 1};
         return run_plan(c, &p, err, cap);
     }
@@ -1005,21 +1331,24 @@ static ddpd_err do_allreduce(struct cpu *c, float *buf, int64_t n, char *err, si
     return DDPD_OK;
 }
 
-static ddpd_err do_broadcast(struct cpu *c, void *buf, size_t bytes, int root, char *err,
-                             size_t cap)
+static ddpd_err do_broadcast(struct cpu *c, void *buf, size_t bytes, int root, char *err, size_t cap)
 {
     if (c->world == 1)
         return DDPD_OK;
     /* A chain root -> root+1 -> ... -> root-1; each forwards what it has received so far. */
     int pos = (c->rank - root + c->world) % c->world;
-    struct plan p = {.op = OP_BROADCAST, .arg = (uint32_t)root, .bytes = bytes, .base = buf,
-                     .chain = 1, .total = bytes, .nsend = pos < c->world - 1,
-                     .nrecv = pos > 0, .lag = 0};
+    struct plan p = {.op = OP_BROADCAST,
+                     .arg = (uint32_t)root,
+                     .bytes = bytes,
+                     .base = buf,
+                     .chain = 1,
+                     .total = bytes,
+                     .nsend = pos<c->world - 1, .nrecv = pos> 0,
+                     .lag = 0};
     return run_plan(c, &p, err, cap);
 }
 
-static ddpd_err do_allgather(struct cpu *c, const void *in, size_t bytes, void *out, char *err,
-                             size_t cap)
+static ddpd_err do_allgather(struct cpu *c, const void *in, size_t bytes, void *out, char *err, size_t cap)
 {
     unsigned char *mine = (unsigned char *)out + (size_t)c->rank * bytes;
     if (bytes && (const void *)mine != in)
@@ -1120,7 +1449,9 @@ static void run_head(struct cpu *c)
     q->rc = rc;
     q->done = 1;
     c->busy = 0;
-    pthread_cond_broadcast(&c->cv);
+    pthread_cond_broadcast(&c->done);
+    if (c->head)
+        pthread_cond_signal(&c->work);
 }
 
 static void *progress_main(void *arg)
@@ -1129,7 +1460,7 @@ static void *progress_main(void *arg)
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (!c->stopping && (c->busy || !c->head))
-            pthread_cond_wait(&c->cv, &c->mu);
+            pthread_cond_wait(&c->work, &c->mu);
         if (c->stopping)
             break;
         run_head(c);
@@ -1162,7 +1493,7 @@ static ddpd_err wait_done(struct cpu *c, struct comm_req *q)
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_sec += 1;
-        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        pthread_cond_timedwait(&c->done, &c->mu, &ts);
         /* Safety net: run_plan bounds every socket wait by the deadline, so a collective
          * running far past it is stuck somewhere unexpected; shutting the sockets frees it. */
         if (c->busy && !kicked && mono() > c->run_start + c->timeout_s + 5.0) {
@@ -1183,10 +1514,9 @@ static ddpd_err blocking(struct cpu *c, struct comm_req *q)
         pthread_mutex_unlock(&c->mu);
         return DDPD_ECOMM;
     }
-    int idle = !c->busy && !c->head;
+    /* No wake-up: if the ring is idle we run it ourselves at once, and otherwise the
+     * progress thread is running (or we run what it has not taken yet). */
     enqueue(c, q);
-    if (!idle)
-        pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     return wait_done(c, q);
 }
@@ -1214,15 +1544,16 @@ static void hello_put(unsigned char *h, const struct cpu *c)
     put32(h + 20, 0x48454c4f); /* "HELO" */
 }
 
-static int hello_check(const unsigned char *h, const struct cpu *c, int expect, char *err,
-                       size_t cap)
+static int hello_check(const unsigned char *h, const struct cpu *c, int expect, char *err, size_t cap)
 {
     if (memcmp(h, c->magic, MAGIC_BYTES) != 0 || get32(h + 20) != 0x48454c4f)
-        return fmt_err(err, cap, "ring: the connection with rank %d carries the wrong magic "
-                       "(a rank of another group?)", expect);
+        return fmt_err(err, cap,
+                       "ring: the connection with rank %d carries the wrong magic "
+                       "(a rank of another group?)",
+                       expect);
     if (get32(h + 16) != (uint32_t)expect)
-        return fmt_err(err, cap, "ring: expected rank %d on this connection, got rank %u",
-                       expect, get32(h + 16));
+        return fmt_err(err, cap, "ring: expected rank %d on this connection, got rank %u", expect,
+                       get32(h + 16));
     return 0;
 }
 
@@ -1233,8 +1564,8 @@ static const char *io_text(int io)
 
 /* Registers with the root over `fd` (connected) and receives the table: table[world] of
  * the ranks' listening addresses. */
-static int rendezvous(struct cpu *c, int fd, const struct addr *root, const struct addr *me,
-                      double deadline, struct addr *table, char *err, size_t cap)
+static int rendezvous(struct cpu *c, int fd, const struct addr *root, const struct addr *me, double deadline,
+                      struct addr *table, char *err, size_t cap)
 {
     int rc = -1, registered = 0;
     char at[80];
@@ -1255,13 +1586,17 @@ static int rendezvous(struct cpu *c, int fd, const struct addr *root, const stru
     for (;;) {
         io = recv_all(fd, h, sizeof h, deadline);
         if (io == IO_TIMEOUT && registered) {
-            fmt_err(err, cap, "rendezvous with root %s timed out after %.1f s (%d of %d ranks "
-                    "registered)", at, c->timeout_s, registered, c->world);
+            fmt_err(err, cap,
+                    "rendezvous with root %s timed out after %.1f s (%d of %d ranks "
+                    "registered)",
+                    at, c->timeout_s, registered, c->world);
             goto out;
         }
         if (io == IO_TIMEOUT) {
-            fmt_err(err, cap, "rendezvous with root %s timed out after %.1f s (the root did not "
-                    "acknowledge rank %d)", at, c->timeout_s, c->rank);
+            fmt_err(err, cap,
+                    "rendezvous with root %s timed out after %.1f s (the root did not "
+                    "acknowledge rank %d)",
+                    at, c->timeout_s, c->rank);
             goto out;
         }
         if (io != IO_OK) {
@@ -1299,8 +1634,7 @@ static int rendezvous(struct cpu *c, int fd, const struct addr *root, const stru
             for (uint32_t i = 0; i < len; i++)
                 if (payload[i] < 32 || payload[i] > 126)
                     payload[i] = '?';
-            fmt_err(err, cap, "rendezvous: root %s refused rank %d: %s", at, c->rank,
-                    (char *)payload);
+            fmt_err(err, cap, "rendezvous: root %s refused rank %d: %s", at, c->rank, (char *)payload);
             goto out;
         }
         for (int r = 0; r < c->world; r++)
@@ -1316,9 +1650,133 @@ out:
     return rc;
 }
 
+/* ---- same-host links ---- */
+
+#define SHM_OFFER_BYTES 32
+#define SHM_OFFER_TAG 0x53484d4f /* "SHMO" */
+#define SHM_ACK_TAG 0x53484d41   /* "SHMA" */
+
+/* DDPD_COMM_SHM=0 keeps every link on TCP (for tests, or to rule the FIFOs out). */
+static int shm_enabled(void)
+{
+    const char *v = getenv("DDPD_COMM_SHM");
+    return !(v && !strcmp(v, "0"));
+}
+
+/* Creates this rank's incoming FIFO in a memfd. Returns the fd, which must stay open until
+ * prev has opened it through /proc, or -1 (the link then stays on TCP). */
+static int shm_create(struct cpu *c, unsigned char nonce[16])
+{
+    if (!shm_enabled())
+        return -1;
+    int fd = memfd_create("ddpd-ring", MFD_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    size_t len = SHM_HDR + SHM_CAP;
+    void *m = MAP_FAILED;
+    if (ftruncate(fd, (off_t)len) == 0)
+        m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED || getrandom(nonce, 16, 0) != 16) {
+        if (m != MAP_FAILED)
+            munmap(m, len);
+        close(fd);
+        return -1;
+    }
+    struct shm_ctl *h = m;
+    memcpy(h->magic, c->magic, MAGIC_BYTES);
+    memcpy(h->nonce, nonce, 16);
+    atomic_store(&h->head, 0);
+    atomic_store(&h->tail, 0);
+    atomic_store(&h->cons_sleep, 0);
+    atomic_store(&h->prod_sleep, 0);
+    c->lin = (struct link){h, (unsigned char *)m + SHM_HDR, 0};
+    return fd;
+}
+
+/* Maps next's FIFO, offered as (pid, fd, nonce). Only a process on this host, in our PID
+ * namespace, can be opened this way, and the magic and nonce prove it is the right one:
+ * a pid that names some other process on another host's behalf fails the check. */
+static int shm_open_peer(struct cpu *c, uint32_t pid, uint32_t fdnum, const unsigned char *nonce)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%u/fd/%u", pid, fdnum);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    size_t len = SHM_HDR + SHM_CAP;
+    struct stat st;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (size_t)st.st_size == len)
+        m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return -1;
+    struct shm_ctl *h = m;
+    if (memcmp(h->magic, c->magic, MAGIC_BYTES) != 0 || memcmp(h->nonce, nonce, 16) != 0) {
+        munmap(m, len);
+        return -1;
+    }
+    c->lout = (struct link){h, (unsigned char *)m + SHM_HDR, 0};
+    return 0;
+}
+
+static void link_unmap(struct link *L)
+{
+    if (L->h)
+        munmap(L->h, SHM_HDR + SHM_CAP);
+    L->h = NULL;
+}
+
+/* Moves each ring link onto a shared FIFO where both ends share this host; a link whose
+ * ends cannot (other host, other PID namespace, DDPD_COMM_SHM=0) stays on TCP. Each
+ * rank offers its incoming FIFO to prev, maps next's, and the producer's answer decides,
+ * so both ends of a link always agree. Fails only when the TCP connections do. */
+static int setup_shm(struct cpu *c, double deadline, char *err, size_t cap)
+{
+    unsigned char offer[SHM_OFFER_BYTES] = {0}, theirs[SHM_OFFER_BYTES], ack[8], ack_in[8];
+    unsigned char nonce[16] = {0};
+    int rc = -1, io;
+    int mfd = shm_create(c, nonce);
+    put32(offer, SHM_OFFER_TAG);
+    put32(offer + 4, mfd >= 0 ? (uint32_t)getpid() : 0);
+    put32(offer + 8, mfd >= 0 ? (uint32_t)mfd : 0);
+    put32(offer + 12, SHM_CAP);
+    memcpy(offer + 16, nonce, 16);
+    io = send_all(c->fd_prev, offer, sizeof offer, deadline);
+    if (io != IO_OK) {
+        fmt_err(err, cap, "ring: offering shared memory to rank %d: %s", c->prev, io_text(io));
+        goto out;
+    }
+    io = recv_all(c->fd_next, theirs, sizeof theirs, deadline);
+    if (io != IO_OK) {
+        fmt_err(err, cap, "ring: shared-memory offer from rank %d: %s", c->next, io_text(io));
+        goto out;
+    }
+    int ok = get32(theirs) == SHM_OFFER_TAG && get32(theirs + 4) != 0 && get32(theirs + 12) == SHM_CAP &&
+             shm_enabled() && shm_open_peer(c, get32(theirs + 4), get32(theirs + 8), theirs + 16) == 0;
+    put32(ack, SHM_ACK_TAG);
+    put32(ack + 4, (uint32_t)ok);
+    io = send_all(c->fd_next, ack, sizeof ack, deadline);
+    if (io != IO_OK) {
+        fmt_err(err, cap, "ring: answering rank %d: %s", c->next, io_text(io));
+        goto out;
+    }
+    io = recv_all(c->fd_prev, ack_in, sizeof ack_in, deadline);
+    if (io != IO_OK) {
+        fmt_err(err, cap, "ring: shared-memory answer from rank %d: %s", c->prev, io_text(io));
+        goto out;
+    }
+    if (get32(ack_in) != SHM_ACK_TAG || get32(ack_in + 4) != 1)
+        link_unmap(&c->lin);
+    rc = 0;
+out:
+    if (mfd >= 0)
+        close(mfd);
+    return rc;
+}
+
 /* Connects to next, accepts prev, and checks both with a hello each way. */
-static int form_ring(struct cpu *c, int lfd, const struct addr *table, double deadline,
-                     char *err, size_t cap)
+static int form_ring(struct cpu *c, int lfd, const struct addr *table, double deadline, char *err, size_t cap)
 {
     unsigned char mine[HELLO_BYTES], theirs[HELLO_BYTES];
     char at[80];
@@ -1337,8 +1795,7 @@ static int form_ring(struct cpu *c, int lfd, const struct addr *table, double de
 
     int w = wait_fd(lfd, POLLIN, deadline);
     if (w == 0)
-        return fmt_err(err, cap, "ring: rank %d did not connect within %.1f s", c->prev,
-                       c->timeout_s);
+        return fmt_err(err, cap, "ring: rank %d did not connect within %.1f s", c->prev, c->timeout_s);
     c->fd_prev = w > 0 ? accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC) : -1;
     if (c->fd_prev < 0)
         return fmt_err(err, cap, "ring: accepting rank %d: %s", c->prev, strerror(errno));
@@ -1354,11 +1811,13 @@ static int form_ring(struct cpu *c, int lfd, const struct addr *table, double de
     io = recv_all(c->fd_next, theirs, sizeof theirs, deadline);
     if (io != IO_OK)
         return fmt_err(err, cap, "ring: answer from rank %d: %s", c->next, io_text(io));
-    return hello_check(theirs, c, c->next, err, cap);
+    if (hello_check(theirs, c, c->next, err, cap) < 0)
+        return -1;
+    return setup_shm(c, deadline, err, cap);
 }
 
-static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, double timeout_s,
-                              void **ctx, char *errbuf, size_t errcap)
+static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, double timeout_s, void **ctx,
+                              char *errbuf, size_t errcap)
 {
     struct cpu *c = NULL;
     struct addr *table = NULL;
@@ -1367,13 +1826,11 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
     *ctx = NULL;
 
     if (world < 1 || world > MAX_WORLD || rank < 0 || rank >= world) {
-        fmt_err(errbuf, errcap, "rank %d of %d is out of range (world 1..%d)", rank, world,
-                MAX_WORLD);
+        fmt_err(errbuf, errcap, "rank %d of %d is out of range (world 1..%d)", rank, world, MAX_WORLD);
         goto out;
     }
     if (!(timeout_s > 0) || timeout_s > 1e6) {
-        fmt_err(errbuf, errcap, "the communication timeout must be positive (got %g s)",
-                timeout_s);
+        fmt_err(errbuf, errcap, "the communication timeout must be in (0, 1e6] s (got %g s)", timeout_s);
         goto out;
     }
     c = calloc(1, sizeof *c);
@@ -1391,7 +1848,8 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    int sync_ok = pthread_mutex_init(&c->mu, NULL) == 0 && pthread_cond_init(&c->cv, &ca) == 0;
+    int sync_ok = pthread_mutex_init(&c->mu, NULL) == 0 && pthread_cond_init(&c->work, &ca) == 0 &&
+                  pthread_cond_init(&c->done, &ca) == 0;
     pthread_condattr_destroy(&ca);
     if (!sync_ok) {
         fmt_err(errbuf, errcap, "cannot create the communicator's lock");
@@ -1400,14 +1858,15 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
         goto out;
     }
     c->have_sync = 1;
+    if (world == 1) {
+        /* Nothing to talk to, so the id is not even read: every collective is a no-op or a
+         * copy, run inline by the caller. */
+        rc = DDPD_OK;
+        goto out;
+    }
     struct addr root;
     if (id_decode(id, c->magic, &root) < 0) {
         fmt_err(errbuf, errcap, "malformed communicator id (no root address in it)");
-        goto out;
-    }
-    if (world == 1) {
-        /* Nothing to talk to: every collective is a no-op or a copy, run inline. */
-        rc = DDPD_OK;
         goto out;
     }
     double deadline = mono() + timeout_s;
@@ -1418,20 +1877,16 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
         goto out;
     }
 
-    /* Our ring listener goes on the interface that reaches the root: the address is what
-     * the root (and so every rank) can reach us by, in the root's address family. */
     int refused = 0;
     rfd = connect_retry(&root, deadline, &refused);
     if (rfd < 0) {
         char at[80];
         addr_text(&root, at, sizeof at);
         if (errno == ETIMEDOUT)
-            fmt_err(errbuf, errcap, "rendezvous with root %s timed out after %.1f s (%s)", at,
-                    timeout_s, refused ? "nobody listens there: is the issuer gone?"
-                                       : "could not connect");
+            fmt_err(errbuf, errcap, "rendezvous with root %s timed out after %.1f s (%s)", at, timeout_s,
+                    refused ? "nobody listens there: is the issuer gone?" : "could not connect");
         else
-            fmt_err(errbuf, errcap, "rendezvous: cannot connect to root %s: %s", at,
-                    strerror(errno));
+            fmt_err(errbuf, errcap, "rendezvous: cannot connect to root %s: %s", at, strerror(errno));
         goto out;
     }
     /* Our ring listener goes on the interface that reaches the root: that address is what
@@ -1463,6 +1918,10 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
     rfd = -1;
     if (form_ring(c, lfd, table, deadline, errbuf, errcap) < 0)
         goto out;
+
+    char text[64];
+    snprintf(text, sizeof text, "rank %d aborted its communicator", rank);
+    c->abort_notice_len = notice_put(c->abort_notice, sizeof c->abort_notice, rank, text);
 
     /* The progress thread takes no signals: they belong to the worker's main thread. */
     sigset_t all, old;
@@ -1510,9 +1969,15 @@ static ddpd_err cpu_allreduce_start(void *ctx, float *buf, int64_t n, struct com
     if (c->live)
         c->live->lprev = q;
     c->live = q;
+    /* A small all-reduce issued while the ring is idle is left for the caller's wait to
+     * run inline: waking the thread costs more than the collective (a cross-CPU wake-up
+     * in a VM is tens of microseconds), and such a bucket (the last of a backward) is
+     * waited for right away. The next start, blocking call or wait runs it, in order.
+     * Anything else wakes the thread now: overlap with the caller's work is the point. */
+    int defer = (uint64_t)n * sizeof(float) <= SMALL_BYTES && !c->busy && !c->head;
     enqueue(c, q);
-    /* Wake the progress thread now: the point is to overlap with the caller's work. */
-    pthread_cond_broadcast(&c->cv);
+    if (!defer)
+        pthread_cond_signal(&c->work);
     pthread_mutex_unlock(&c->mu);
     *req = q;
     return DDPD_OK;
@@ -1579,6 +2044,8 @@ static void cpu_abort(void *ctx)
     if (!c)
         return;
     atomic_store(&c->aborted, 1);
+    if (c->fd_prev >= 0)
+        (void)!send(c->fd_prev, c->abort_notice, c->abort_notice_len, MSG_NOSIGNAL | MSG_DONTWAIT);
     shut_sockets(c);
 }
 
@@ -1606,7 +2073,7 @@ static void cpu_free(void *ctx)
             atomic_store(&c->aborted, 1);
             shut_sockets(c);
         }
-        pthread_cond_broadcast(&c->cv);
+        pthread_cond_signal(&c->work);
         pthread_mutex_unlock(&c->mu);
         pthread_join(c->thread, NULL);
     }
@@ -1619,8 +2086,11 @@ static void cpu_free(void *ctx)
         close(c->fd_next);
     if (c->fd_prev >= 0)
         close(c->fd_prev);
+    link_unmap(&c->lin);
+    link_unmap(&c->lout);
     if (c->have_sync) {
-        pthread_cond_destroy(&c->cv);
+        pthread_cond_destroy(&c->work);
+        pthread_cond_destroy(&c->done);
         pthread_mutex_destroy(&c->mu);
     }
     free(c->stage);
