@@ -1,5 +1,7 @@
 /* comm.h — the collective backend table (DESIGN.md "The worker's DDP"). Backends: `cpu`
- * (comm/cpu.c: TCP ring with its own rendezvous) and `nccl` (comm/nccl.c, GPU issue).
+ * (comm/cpu.c: a ring with its own rendezvous; links between ranks on one host carry
+ * their bytes through a shared-memory FIFO, others through TCP; DDPD_COMM_SHM=0 forces
+ * TCP) and `nccl` (comm/nccl.c, GPU issue).
  * Ordering of collectives is the caller's contract, as with NCCL: every rank issues the
  * same collectives in the same order. A communicator is driven from one thread. Every
  * wait has a deadline; a dead or silent peer is an error (DDPD_ECOMM), never a hang. */
