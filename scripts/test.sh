@@ -1,7 +1,8 @@
 #!/bin/sh
 # test.sh — installs what is missing, builds, and runs the whole test suite:
 #   1. the normal build (warnings are errors) and every ctest test;
-#   2. the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+#   2. the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
+#   3. the tests of threaded code (collectives, DDP, the server) under ThreadSanitizer.
 # Exits non-zero on the first failure. The README's test command; .ci/run calls it.
 set -eu
 cd "$(dirname "$0")/.."
@@ -23,3 +24,10 @@ cmake -S . -B build-asan -DDDPD_CUDA=OFF -DDDPD_SANITIZE=address,undefined -DDDP
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit
+
+echo "== threaded tests under ThreadSanitizer (build-tsan/)"
+cmake -S . -B build-tsan -DDDPD_CUDA=OFF -DDDPD_SANITIZE=thread -DDDPD_WERROR=ON \
+    >build-tsan-configure.log 2>&1 || { cat build-tsan-configure.log; exit 1; }
+cmake --build build-tsan -j"$jobs"
+TSAN_OPTIONS=halt_on_error=1 \
+    ctest --test-dir build-tsan --output-on-failure -j"$jobs" -R 'unit\.test_(comm|ddp|server|http|store|launch)'
