@@ -1,0 +1,161 @@
+/* sched.c — slots and FIFO queues per device kind with gang allocation. Small arrays and
+ * linear scans: a server has a few GPUs and a few thousand queued jobs at most. */
+#include "sched.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct queued {
+    int64_t job;
+    int world;
+};
+
+struct kind_state {
+    int nslots;
+    int64_t *holder;       /* [nslots], 0 = free */
+    struct queued *q;      /* FIFO: q[0] is the head */
+    int qlen, qcap;
+};
+
+struct sched {
+    struct kind_state k[2]; /* DEVICE_CPU, DEVICE_CUDA */
+};
+
+static const char *kind_word(device_kind k) { return k == DEVICE_CUDA ? "GPU" : "CPU slot"; }
+
+struct sched *sched_new(int gpus, int cpu_slots)
+{
+    struct sched *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->k[DEVICE_CPU].nslots = cpu_slots < 0 ? 0 : cpu_slots > SCHED_MAX_SLOTS ? SCHED_MAX_SLOTS : cpu_slots;
+    s->k[DEVICE_CUDA].nslots = gpus < 0 ? 0 : gpus > SCHED_MAX_SLOTS ? SCHED_MAX_SLOTS : gpus;
+    for (int i = 0; i < 2; i++) {
+        s->k[i].holder = calloc((size_t)s->k[i].nslots + 1, sizeof(int64_t));
+        if (!s->k[i].holder) {
+            sched_free(s);
+            return NULL;
+        }
+    }
+    return s;
+}
+
+void sched_free(struct sched *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < 2; i++) {
+        free(s->k[i].holder);
+        free(s->k[i].q);
+    }
+    free(s);
+}
+
+int sched_slots(const struct sched *s, device_kind kind) { return s->k[kind].nslots; }
+
+bool sched_fits(const struct sched *s, device_kind kind, int world, char *why, size_t cap)
+{
+    int n = s->k[kind].nslots;
+    if (world <= n)
+        return true;
+    if (n == 0)
+        snprintf(why, cap, "device %s: this server has no %ss", device_kind_name(kind),
+                 kind == DEVICE_CUDA ? "GPU" : "CPU slot");
+    else
+        snprintf(why, cap, "world_size %d needs %d %ss but this server has %d", world, world,
+                 kind_word(kind), n);
+    return false;
+}
+
+void sched_enqueue(struct sched *s, int64_t job, device_kind kind, int world)
+{
+    struct kind_state *k = &s->k[kind];
+    if (k->qlen == k->qcap) {
+        int ncap = k->qcap ? 2 * k->qcap : 16;
+        struct queued *nq = realloc(k->q, (size_t)ncap * sizeof *nq);
+        if (!nq)
+            abort(); /* a few bytes per queued job: out of memory here is fatal */
+        k->q = nq;
+        k->qcap = ncap;
+    }
+    k->q[k->qlen++] = (struct queued){job, world};
+}
+
+bool sched_dequeue(struct sched *s, int64_t job)
+{
+    for (int t = 0; t < 2; t++) {
+        struct kind_state *k = &s->k[t];
+        for (int i = 0; i < k->qlen; i++) {
+            if (k->q[i].job != job)
+                continue;
+            memmove(&k->q[i], &k->q[i + 1], (size_t)(k->qlen - i - 1) * sizeof *k->q);
+            k->qlen--;
+            return true;
+        }
+    }
+    return false;
+}
+
+static int free_slots(const struct kind_state *k)
+{
+    int n = 0;
+    for (int i = 0; i < k->nslots; i++)
+        n += k->holder[i] == 0;
+    return n;
+}
+
+bool sched_next(struct sched *s, int64_t *job, device_kind *kind, int *slots, int *world)
+{
+    for (int t = 0; t < 2; t++) {
+        struct kind_state *k = &s->k[t];
+        if (k->qlen == 0 || free_slots(k) < k->q[0].world)
+            continue;
+        struct queued head = k->q[0];
+        for (int i = 0, n = 0; i < k->nslots && n < head.world; i++)
+            if (k->holder[i] == 0) {
+                k->holder[i] = head.job;
+                slots[n++] = i;
+            }
+        memmove(&k->q[0], &k->q[1], (size_t)(k->qlen - 1) * sizeof *k->q);
+        k->qlen--;
+        *job = head.job;
+        *kind = (device_kind)t;
+        *world = head.world;
+        return true;
+    }
+    return false;
+}
+
+void sched_release(struct sched *s, int64_t job)
+{
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < s->k[t].nslots; i++)
+            if (s->k[t].holder[i] == job)
+                s->k[t].holder[i] = 0;
+}
+
+void sched_pending_reason(const struct sched *s, int64_t job, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    for (int t = 0; t < 2; t++) {
+        const struct kind_state *k = &s->k[t];
+        for (int i = 0; i < k->qlen; i++) {
+            if (k->q[i].job != job)
+                continue;
+            if (i > 0)
+                snprintf(buf, cap, "queued behind job %" PRId64 " (%d earlier job%s waiting for %ss)",
+                         k->q[0].job, i, i > 1 ? "s" : "", kind_word((device_kind)t));
+            else
+                snprintf(buf, cap, "waiting for %d free %ss (%d of %d free)", k->q[i].world,
+                         kind_word((device_kind)t), free_slots(k), k->nslots);
+            return;
+        }
+    }
+}
+
+int64_t sched_slot_holder(const struct sched *s, device_kind kind, int i)
+{
+    return i >= 0 && i < s->k[kind].nslots ? s->k[kind].holder[i] : 0;
+}

@@ -1,0 +1,47 @@
+/* sched.h — device slots and the job queue: GPUs and CPU slots, FIFO per device kind
+ * with gang allocation (a job starts only when all of its world_size slots are free at
+ * once), and the reason a queued job is waiting. Pure bookkeeping: knows no processes,
+ * no HTTP, no SQL; the supervisor thread owns it (not thread-safe). */
+#ifndef DDPD_SCHED_H
+#define DDPD_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../schema/spec.h"
+
+#define SCHED_MAX_SLOTS 1024
+
+struct sched;
+
+/* `gpus` CUDA devices (indices 0..gpus-1) and `cpu_slots` CPU slots. */
+struct sched *sched_new(int gpus, int cpu_slots);
+void sched_free(struct sched *s);
+
+int sched_slots(const struct sched *s, device_kind kind);
+
+/* False when a job of `world` ranks on `kind` can never run on this server; `why` then
+ * says so in a sentence ("world_size 4 needs 4 cpu slots but this server has 2"). */
+bool sched_fits(const struct sched *s, device_kind kind, int world, char *why, size_t cap);
+
+/* Appends a job to its kind's queue (FIFO by call order). */
+void sched_enqueue(struct sched *s, int64_t job, device_kind kind, int world);
+/* Removes a queued job (cancelled before it started). False if it was not queued. */
+bool sched_dequeue(struct sched *s, int64_t job);
+
+/* The next job that can start now: the head of a kind's queue whose slots are all free.
+ * Allocates them (their indices into slots[0..world)) and returns true; false when no
+ * job can start. Younger jobs never overtake the head of their kind's queue. */
+bool sched_next(struct sched *s, int64_t *job, device_kind *kind, int *slots, int *world);
+
+/* Frees the slots a running job holds. */
+void sched_release(struct sched *s, int64_t job);
+
+/* Why a queued job is waiting, in a sentence; "" when it is not queued. */
+void sched_pending_reason(const struct sched *s, int64_t job, char *buf, size_t cap);
+
+/* The job holding slot `i` of `kind`, or 0 when it is free. */
+int64_t sched_slot_holder(const struct sched *s, device_kind kind, int i);
+
+#endif
