@@ -250,6 +250,11 @@ int run_main(int argc, char **argv, const char *self_dir)
                 spec.world_size, spec.world_size > 1 ? "s" : "", out);
         return 0;
     }
-    fprintf(stderr, "ddpd run: rank %d failed (exit code %d): %s\n", res.rank, res.exit_code, res.message);
+    if (stopping)
+        fprintf(stderr, "ddpd run: cancelled; rank %d stopped with exit code %d: %s\n", res.rank,
+                res.exit_code, res.message);
+    else
+        fprintf(stderr, "ddpd run: rank %d failed (exit code %d): %s\n", res.rank, res.exit_code,
+                res.message);
     return res.exit_code > 0 && res.exit_code < 126 ? res.exit_code : 1;
 }
