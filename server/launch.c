@@ -421,6 +421,7 @@ bool launch_poll(struct launch *l, int timeout_ms)
         poll(fds, (nfds_t)nf, wait_ms);
     else if (wait_ms > 0)
         usleep((useconds_t)wait_ms * 1000);
+    /* With timeout 0 the caller has polled already: read what is there. */
     for (int i = 0; i < nf; i++)
         if (fds[i].revents)
             read_rank(l, map[i]);
@@ -575,4 +576,18 @@ out:
     }
     free(text);
     return rc;
+}
+
+pid_t launch_pid(const struct launch *l, int rank)
+{
+    return rank >= 0 && rank < l->n ? l->ranks[rank].pid : 0;
+}
+
+int launch_fds(const struct launch *l, struct pollfd *fds, int cap)
+{
+    int n = 0;
+    for (int r = 0; r < l->n && n < cap; r++)
+        if (l->ranks[r].out_fd >= 0)
+            fds[n++] = (struct pollfd){.fd = l->ranks[r].out_fd, .events = POLLIN};
+    return n;
 }

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <poll.h>
 #include <sys/types.h>
 
 #include "../schema/err.h"
@@ -65,3 +66,11 @@ pid_t launch_pgid(const struct launch *l);
  * Bounded by timeout_s. */
 ddpd_err launch_plan(const char *worker, struct json_t *doc, int world_size, double timeout_s,
                      int64_t *counts, bool *known, struct ddpd_error *err);
+
+/* The pid of rank r (0 before it started). */
+pid_t launch_pid(const struct launch *l, int rank);
+
+/* Adds the file descriptors launch_poll reads (POLLIN) to fds[0..cap) and returns how
+ * many, so that one thread can wait on several launches at once and then call
+ * launch_poll(l, 0) on each. */
+int launch_fds(const struct launch *l, struct pollfd *fds, int cap);

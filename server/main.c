@@ -6,10 +6,12 @@
 #include <unistd.h>
 
 #include "run.h"
+#include "serve.h"
 
 static void usage(FILE *f)
 {
-    fputs("usage: ddpd run [options] SPEC.json   run one job on this host (ddpd run --help)\n"
+    fputs("usage: ddpd serve [options]           the job server (ddpd serve --help)\n"
+          "       ddpd run [options] SPEC.json   run one job on this host (ddpd run --help)\n"
           "       ddpd --version\n",
           f);
 }
@@ -27,6 +29,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (!strcmp(argv[1], "serve"))
+        return serve_main(argc - 2, argv + 2, self_dir);
     if (!strcmp(argv[1], "run"))
         return run_main(argc - 2, argv + 2, self_dir);
     if (!strcmp(argv[1], "--version")) {

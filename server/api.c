@@ -1,0 +1,690 @@
+/* api.c — the /v1 handlers. Each validates what the client sent (errors name the JSON
+ * path or the query parameter), reads the store for answers, and hands job changes to
+ * the supervisor. Event streams follow hub.h's recipe: attach to the hub, fill the gap
+ * from the store, then pull live events. */
+#include "api.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../schema/spec.h"
+#include "http.h"
+#include "hub.h"
+#include "launch.h"
+#include "store.h"
+#include "super.h"
+
+#define HEARTBEAT_S 15.0
+
+static struct api *ctx_of(struct http_request *req) { return http_request_ctx(req); }
+
+static json_t *num_or_null(bool has, double v) { return has && isfinite(v) ? json_real(v) : json_null(); }
+static json_t *time_or_null(double t) { return t > 0 ? json_real(t) : json_null(); }
+
+/* A job as CONTRACT.md §7 shows it. */
+static json_t *job_json(const struct store_job *j)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_integer(j->id));
+    json_object_set_new(o, "name", json_string(j->name));
+    json_object_set_new(o, "state", json_string(job_state_name(j->state)));
+    json_t *spec = j->spec ? json_loads(j->spec, 0, NULL) : NULL;
+    json_object_set_new(o, "spec", spec ? spec : json_null());
+    json_object_set_new(o, "world_size", json_integer(j->world_size));
+    json_object_set_new(o, "device", json_string(device_kind_name(j->device)));
+    json_object_set_new(o, "created_at", json_real(j->created_at));
+    json_object_set_new(o, "started_at", time_or_null(j->started_at));
+    json_object_set_new(o, "finished_at", time_or_null(j->finished_at));
+    json_object_set_new(o, "attempt", json_integer(j->attempt));
+    json_object_set_new(o, "restarts", json_integer(j->restarts));
+    json_object_set_new(o, "step", j->has_progress ? json_integer(j->step) : json_null());
+    json_object_set_new(o, "loss", num_or_null(j->has_progress && j->loss_finite, j->loss));
+    json_object_set_new(o, "error", j->error[0] ? json_string(j->error) : json_null());
+    json_object_set_new(o, "pending_reason", j->pending_reason[0] ? json_string(j->pending_reason) : json_null());
+    json_t *ranks = json_array();
+    for (size_t i = 0; i < j->n_ranks; i++) {
+        const struct store_rank *r = &j->ranks[i];
+        json_t *jr = json_object();
+        json_object_set_new(jr, "rank", json_integer(r->rank));
+        json_object_set_new(jr, "pid", r->pid ? json_integer(r->pid) : json_null());
+        json_object_set_new(jr, "state", json_string(r->state));
+        json_object_set_new(jr, "exit_code", r->has_exit_code ? json_integer(r->exit_code) : json_null());
+        json_object_set_new(jr, "step", r->has_progress ? json_integer(r->step) : json_null());
+        json_object_set_new(jr, "loss", num_or_null(r->has_progress && r->loss_finite, r->loss));
+        json_object_set_new(jr, "samples_per_s", num_or_null(r->has_progress, r->samples_per_s));
+        json_array_append_new(ranks, jr);
+    }
+    json_object_set_new(o, "ranks", ranks);
+    return o;
+}
+
+static ddpd_err get_job(struct http_request *req, struct store_job *j, struct ddpd_error *err)
+{
+    memset(j, 0, sizeof *j);
+    return store_job_get(ctx_of(req)->store, http_request_id(req, 0), j, err);
+}
+
+/* ---- POST /v1/jobs ---------------------------------------------------------------------- */
+
+static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = ctx_of(req);
+    json_t *body = http_request_json(req);
+    struct spec spec;
+    struct spec_parse_opts po = {.default_device = super_default_device(a->super)};
+    ddpd_err rc = spec_from_json(body, &po, &spec, err);
+    if (rc)
+        return rc;
+    char why[512];
+    if (!super_fits(a->super, spec.device, spec.world_size, why, sizeof why))
+        return ddpd_error_set(err, DDPD_ESPEC, "world_size", "%s", why);
+
+    /* The data must be readable and, with join false, even: ask the worker before queueing. */
+    json_t *doc = json_pack("{s:i, s:o, s:s}", "world_size", spec.world_size, "spec", spec_to_json(&spec),
+                            "data_dir", a->data_dir);
+    int64_t counts[SPEC_MAX_WORLD];
+    bool known;
+    rc = launch_plan(a->worker, doc, spec.world_size, 30, counts, &known, err);
+    json_decref(doc);
+    if (rc == DDPD_EDATA || rc == DDPD_ESPEC)
+        return ddpd_error_set(err, rc, err->path[0] ? err->path : "data", "%s", err->message);
+    if (rc)
+        return rc;
+    for (int r = 1; known && r < spec.world_size; r++)
+        if (counts[r] != counts[0] && spec.ddp.join == JOIN_FALSE)
+            return ddpd_error_set(err, DDPD_ESPEC, "ddp.join",
+                                  "the ranks would have uneven batch counts per epoch (rank 0: %" PRId64
+                                  ", rank %d: %" PRId64 ") but join is false; use \"auto\" or true",
+                                  counts[0], r, counts[r]);
+
+    json_t *sj = spec_to_json(&spec);
+    char *text = json_dumps(sj, JSON_COMPACT);
+    json_decref(sj);
+    struct store_job_new jn = {.name = spec.name, .spec = text, .world_size = spec.world_size,
+                               .device = spec.device, .max_restarts = spec.max_restarts};
+    int64_t id;
+    double created;
+    rc = store_job_insert(a->store, &jn, &id, &created, err);
+    free(text);
+    if (rc)
+        return rc;
+    super_submit(a->super, id);
+    struct store_job j;
+    memset(&j, 0, sizeof j);
+    if ((rc = store_job_get(a->store, id, &j, err)))
+        return rc;
+    char loc[64];
+    snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, id);
+    http_response_header(req, "Location", loc);
+    rc = http_respond_json(req, 201, job_json(&j));
+    store_job_clear(&j);
+    return rc;
+}
+
+/* ---- GET /v1/jobs, /v1/jobs/{id}, cancel, delete ------------------------------------------ */
+
+static ddpd_err h_list(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = ctx_of(req);
+    struct store_job_query q = {.with_spec = true, .with_ranks = false};
+    int64_t limit, before;
+    ddpd_err rc;
+    if ((rc = http_query_int(req, "limit", 1, STORE_LIST_MAX, 50, &limit, err)) ||
+        (rc = http_query_int(req, "before", 1, INT64_MAX, 0, &before, err)))
+        return rc;
+    const char *state = http_query(req, "state");
+    if (state && state[0]) {
+        /* A comma-separated list of states. */
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", state);
+        for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            job_state st;
+            if (!job_state_parse(t, &st))
+                return http_query_error(req, "state", err,
+                                        "state: unknown state \"%s\" (queued, starting, running, succeeded, "
+                                        "failed, cancelled)",
+                                        t);
+            q.states |= JOB_STATE_BIT(st);
+        }
+    }
+    q.limit = (int)limit;
+    q.before = before;
+    struct store_job_list l;
+    if ((rc = store_job_list(a->store, &q, &l, err)))
+        return rc;
+    json_t *arr = json_array();
+    for (size_t i = 0; i < l.n; i++)
+        json_array_append_new(arr, job_json(&l.jobs[i]));
+    char next[32];
+    snprintf(next, sizeof next, "%" PRId64, l.next);
+    json_t *out = json_pack("{s:o, s:o}", "jobs", arr, "next", l.next ? json_string(next) : json_null());
+    store_job_list_free(&l);
+    return http_respond_json(req, 200, out);
+}
+
+static ddpd_err h_get(struct http_request *req, struct ddpd_error *err)
+{
+    struct store_job j;
+    ddpd_err rc = get_job(req, &j, err);
+    if (rc)
+        return rc;
+    rc = http_respond_json(req, 200, job_json(&j));
+    store_job_clear(&j);
+    return rc;
+}
+
+static ddpd_err h_cancel(struct http_request *req, struct ddpd_error *err)
+{
+    ddpd_err rc = super_cancel(ctx_of(req)->super, http_request_id(req, 0), err);
+    return rc ? rc : http_respond_empty(req, 202);
+}
+
+/* rm -r of a job's folder (its own files only: no links are followed). */
+static void remove_tree(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                continue;
+            char sub[PATH_MAX];
+            if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) < (int)sizeof sub)
+                remove_tree(sub);
+        }
+        if (d)
+            closedir(d);
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+}
+
+static ddpd_err h_delete(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = ctx_of(req);
+    int64_t id = http_request_id(req, 0);
+    ddpd_err rc = store_job_delete(a->store, id, JOB_STATES_FINAL, err);
+    if (rc)
+        return rc;
+    hub_job_forget(a->hub, id);
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/%" PRId64, a->jobs_dir, id);
+    remove_tree(dir);
+    return http_respond_empty(req, 204);
+}
+
+/* ---- events ---------------------------------------------------------------------------------- */
+
+struct evstream {
+    pthread_mutex_t mu;
+    int refs;             /* the handler's and on_close's */
+    struct hub_sub *sub;
+    struct http_stream *st;
+    hub_format fmt;
+    double last_write;
+    bool closed;
+    struct evstream *prev, *next; /* the heartbeat list */
+};
+
+static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct evstream *streams;
+
+static double mono(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* The last reference (the handler's or on_close's) ends the subscription, gives the
+ * owner's reference of the stream back and frees. */
+static void es_unref(struct evstream *es)
+{
+    pthread_mutex_lock(&es->mu);
+    int left = --es->refs;
+    pthread_mutex_unlock(&es->mu);
+    if (left > 0)
+        return;
+    hub_unsubscribe(es->sub); /* no on_ready after this */
+    http_stream_close(es->st);
+    pthread_mutex_destroy(&es->mu);
+    free(es);
+}
+
+static void es_wake(void *arg)
+{
+    struct evstream *es = arg;
+    pthread_mutex_lock(&es->mu);
+    if (es->st && !es->closed)
+        http_stream_wake(es->st);
+    pthread_mutex_unlock(&es->mu);
+}
+
+static void es_drop(void *arg, const char *reason)
+{
+    (void)reason;
+    es_wake(arg);
+}
+
+static long es_pull(void *arg, char *buf, size_t cap)
+{
+    struct evstream *es = arg;
+    size_t len = 0;
+    switch (hub_sub_next(es->sub, buf, cap, &len)) {
+    case HUB_DATA:
+        es->last_write = mono();
+        return (long)len;
+    case HUB_AGAIN:
+        if (mono() - es->last_write >= HEARTBEAT_S) {
+            /* Finds dead clients: a write to a closed connection fails. */
+            const char *hb = hub_heartbeat(es->fmt, &len);
+            if (len && len <= cap) {
+                memcpy(buf, hb, len);
+                es->last_write = mono();
+                return (long)len;
+            }
+        }
+        return 0;
+    case HUB_END:
+    case HUB_DROPPED:
+        return -1;
+    }
+    return -1;
+}
+
+static void es_close(void *arg, enum http_stream_end why)
+{
+    (void)why;
+    struct evstream *es = arg;
+    pthread_mutex_lock(&streams_mu);
+    if (es->prev)
+        es->prev->next = es->next;
+    else if (streams == es)
+        streams = es->next;
+    if (es->next)
+        es->next->prev = es->prev;
+    es->prev = es->next = NULL;
+    pthread_mutex_unlock(&streams_mu);
+    pthread_mutex_lock(&es->mu);
+    es->closed = true;
+    pthread_mutex_unlock(&es->mu);
+    es_unref(es);
+}
+
+struct gap {
+    struct evstream *es;
+    int64_t from, last;
+    bool final, failed;
+};
+
+static bool gap_row(void *ctx, const struct store_event_row *row)
+{
+    struct gap *g = ctx;
+    if (row->seq >= g->from)
+        return false;
+    char frame[HUB_FRAME_MAX];
+    int n = hub_format_event(g->es->fmt, row->seq, event_kind_name(row->kind), row->body, row->len, frame,
+                             sizeof frame);
+    if (n > 0 && http_stream_write(g->es->st, frame, (size_t)n) != DDPD_OK) {
+        g->failed = true;
+        return false;
+    }
+    g->last = row->seq;
+    if (row->kind == EVENT_STATE) {
+        struct event ev;
+        if (event_decode(row->body, row->len, &ev, NULL) == DDPD_OK && hub_event_is_final(&ev))
+            g->final = true;
+    }
+    return true;
+}
+
+static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = ctx_of(req);
+    int64_t job = http_request_id(req, 0), after = 0;
+    struct store_job j;
+    ddpd_err rc = get_job(req, &j, err);
+    if (rc)
+        return rc;
+    store_job_clear(&j);
+
+    const char *accept = http_request_header(req, "Accept");
+    int fmt_idx;
+    static const char *const formats[] = {"sse", "ndjson", NULL};
+    int dflt = accept && strstr(accept, "application/x-ndjson") ? 1 : 0;
+    if ((rc = http_query_enum(req, "format", formats, dflt, &fmt_idx, err)))
+        return rc;
+    const char *last_id = http_request_header(req, "Last-Event-ID");
+    if (last_id && last_id[0]) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(last_id, &end, 10);
+        if (errno || *end || v < 0)
+            return ddpd_error_set(err, DDPD_EJSON, "Last-Event-ID", "Last-Event-ID: expected a sequence number, got \"%.40s\"",
+                                  last_id);
+        after = v;
+    }
+    int64_t q_after;
+    if ((rc = http_query_int(req, "after", 0, INT64_MAX, after, &q_after, err)))
+        return rc;
+    after = q_after;
+
+    struct evstream *es = calloc(1, sizeof *es);
+    if (!es)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
+    pthread_mutex_init(&es->mu, NULL);
+    es->refs = 2;
+    es->fmt = fmt_idx == 1 ? HUB_FORMAT_NDJSON : HUB_FORMAT_SSE;
+    es->last_write = mono();
+    struct hub_sub_opts so = {.format = es->fmt, .on_ready = es_wake, .on_drop = es_drop, .ctx = es};
+    int64_t from;
+    if ((rc = hub_subscribe(a->hub, job, after, &so, &es->sub, &from))) {
+        pthread_mutex_destroy(&es->mu);
+        free(es);
+        return ddpd_error_set(err, rc, "", "cannot follow job %" PRId64 " now: too many subscribers", job);
+    }
+    struct http_stream_opts ho = {
+        .content_type = es->fmt == HUB_FORMAT_SSE ? "text/event-stream" : "application/x-ndjson",
+        .on_close = es_close,
+        .arg = es,
+        .pull = es_pull,
+    };
+    struct http_stream *st;
+    if ((rc = http_respond_stream(req, &ho, &st, err))) {
+        hub_unsubscribe(es->sub);
+        pthread_mutex_destroy(&es->mu);
+        free(es);
+        return rc;
+    }
+    pthread_mutex_lock(&es->mu);
+    es->st = st;
+    pthread_mutex_unlock(&es->mu);
+    pthread_mutex_lock(&streams_mu);
+    es->next = streams;
+    if (streams)
+        streams->prev = es;
+    streams = es;
+    pthread_mutex_unlock(&streams_mu);
+
+    /* The history the hub no longer (or never) held comes from the store. */
+    if (from > after + 1) {
+        struct gap g = {.es = es, .from = from, .last = after};
+        store_flush(a->store, NULL);
+        for (;;) {
+            size_t count = 0;
+            int64_t before = g.last;
+            if (store_events_read(a->store, job, g.last, 10000, gap_row, &g, &count, NULL) != DDPD_OK ||
+                g.failed || count == 0 || g.last == before || g.last + 1 >= from)
+                break;
+        }
+        hub_sub_gap_filled(es->sub, g.last, g.final);
+    }
+    es_wake(es);
+    es_unref(es);
+    return DDPD_OK;
+}
+
+/* The heartbeat thread: wakes every stream now and then so that its pull can send a
+ * keep-alive comment (and find clients that went away). */
+static pthread_t hb_thread;
+static volatile int hb_stop;
+static pthread_mutex_t hb_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hb_cv = PTHREAD_COND_INITIALIZER;
+
+static void *heartbeats(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&hb_mu);
+    while (!hb_stop) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_sec += 5;
+        pthread_cond_timedwait(&hb_cv, &hb_mu, &t);
+        if (hb_stop)
+            break;
+        pthread_mutex_lock(&streams_mu);
+        for (struct evstream *es = streams; es; es = es->next)
+            if (mono() - es->last_write >= HEARTBEAT_S)
+                es_wake(es);
+        pthread_mutex_unlock(&streams_mu);
+    }
+    pthread_mutex_unlock(&hb_mu);
+    return NULL;
+}
+
+ddpd_err api_start(struct api *a, struct ddpd_error *err)
+{
+    (void)a;
+    hb_stop = 0;
+    if (pthread_create(&hb_thread, NULL, heartbeats, NULL) != 0)
+        return ddpd_error_set(err, DDPD_EINTERNAL, "", "cannot start the heartbeat thread");
+    return DDPD_OK;
+}
+
+void api_stop(struct api *a)
+{
+    (void)a;
+    pthread_mutex_lock(&hb_mu);
+    hb_stop = 1;
+    pthread_cond_signal(&hb_cv);
+    pthread_mutex_unlock(&hb_mu);
+    pthread_join(hb_thread, NULL);
+}
+
+/* ---- metrics, logs, checkpoint ----------------------------------------------------------- */
+
+static ddpd_err h_metrics(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = ctx_of(req);
+    int64_t maxp;
+    ddpd_err rc = http_query_int(req, "max_points", 2, STORE_METRICS_MAX_POINTS, 1000, &maxp, err);
+    if (rc)
+        return rc;
+    struct store_job j;
+    if ((rc = get_job(req, &j, err)))
+        return rc;
+    store_job_clear(&j);
+    struct store_metrics m;
+    if ((rc = store_metrics_get(a->store, http_request_id(req, 0), (int)maxp, &m, err)))
+        return rc;
+    json_t *series = json_array();
+    json_t *mean = json_null();
+    for (size_t i = 0; i < m.n_series; i++) {
+        const struct store_series *s = &m.series[i];
+        json_t *steps = json_array(), *loss = json_array();
+        for (size_t k = 0; k < s->n; k++) {
+            json_array_append_new(steps, json_integer(s->step[k]));
+            json_array_append_new(loss, isfinite(s->loss[k]) ? json_real(s->loss[k]) : json_null());
+        }
+        json_t *o = json_pack("{s:o, s:o}", "step", steps, "loss", loss);
+        if (s->rank < 0) {
+            json_decref(mean);
+            mean = o;
+        } else {
+            json_object_set_new(o, "rank", json_integer(s->rank));
+            json_array_append_new(series, o);
+        }
+    }
+    json_t *out = json_pack("{s:I, s:I, s:I, s:o, s:o}", "points", (json_int_t)m.points, "first_step",
+                            (json_int_t)m.first_step, "last_step", (json_int_t)m.last_step, "mean", mean,
+                            "ranks", series);
+    store_metrics_free(&m);
+    return http_respond_json(req, 200, out);
+}
+
+static ddpd_err h_logs(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = ctx_of(req);
+    struct store_job j;
+    ddpd_err rc = get_job(req, &j, err);
+    if (rc)
+        return rc;
+    int world = j.world_size;
+    store_job_clear(&j);
+    int64_t rank, tail;
+    if ((rc = http_query_int(req, "rank", 0, world - 1, 0, &rank, err)) ||
+        (rc = http_query_int(req, "tail", 1, 100000, 200, &tail, err)))
+        return rc;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%" PRId64 "/rank-%" PRId64 ".log", a->jobs_dir, http_request_id(req, 0),
+             rank);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return http_respond_text(req, 200, "");
+    /* The last `tail` lines: read at most 4 MiB from the end. */
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    long start = size > (4 << 20) ? size - (4 << 20) : 0;
+    fseek(f, start, SEEK_SET);
+    char *buf = malloc((size_t)(size - start) + 1);
+    size_t n = buf ? fread(buf, 1, (size_t)(size - start), f) : 0;
+    fclose(f);
+    if (!buf)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
+    buf[n] = '\0';
+    const char *p = buf + n;
+    int64_t lines = 0;
+    if (p > buf && p[-1] == '\n')
+        p--;
+    while (p > buf && lines < tail)
+        if (*--p == '\n' && ++lines == tail) {
+            p++;
+            break;
+        }
+    rc = http_respond_text(req, 200, p);
+    free(buf);
+    return rc;
+}
+
+static ddpd_err h_checkpoint(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = ctx_of(req);
+    struct store_job j;
+    ddpd_err rc = get_job(req, &j, err);
+    if (rc)
+        return rc;
+    store_job_clear(&j);
+    char dir[PATH_MAX], path[PATH_MAX + 64];
+    snprintf(dir, sizeof dir, "%s/%" PRId64, a->jobs_dir, http_request_id(req, 0));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        /* No final model yet: the newest checkpoint. */
+        DIR *d = opendir(dir);
+        long long best = -1;
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            char *end;
+            if (strncmp(e->d_name, "ckpt-", 5))
+                continue;
+            long long v = strtoll(e->d_name + 5, &end, 10);
+            if (!*end && v > best)
+                best = v;
+        }
+        if (d)
+            closedir(d);
+        if (best < 0)
+            return ddpd_error_set(err, DDPD_ENOTFOUND, "", "job %" PRId64 " has no checkpoint yet",
+                                  http_request_id(req, 0));
+        snprintf(path, sizeof path, "%s/ckpt-%lld/model.safetensors", dir, best);
+    }
+    http_response_header(req, "Content-Disposition", "attachment; filename=\"model.safetensors\"");
+    return http_respond_file(req, path, "application/octet-stream", "no-cache", err);
+}
+
+/* ---- devices, health, Prometheus -------------------------------------------------------------- */
+
+static ddpd_err h_devices(struct http_request *req, struct ddpd_error *err)
+{
+    (void)err;
+    return http_respond_json(req, 200, super_devices(ctx_of(req)->super));
+}
+
+static ddpd_err h_health(struct http_request *req, struct ddpd_error *err)
+{
+    ddpd_err rc = store_ping(ctx_of(req)->store, err);
+    if (rc)
+        return rc;
+    return http_respond_json(req, 200, json_pack("{s:b, s:s}", "ok", 1, "database", "ok"));
+}
+
+static ddpd_err h_prometheus(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = ctx_of(req);
+    int64_t counts[JOB_STATE_COUNT];
+    ddpd_err rc = store_job_count(a->store, counts, err);
+    if (rc)
+        return rc;
+    struct store_stats ss;
+    struct hub_stats hs;
+    store_stats_get(a->store, &ss);
+    hub_stats_get(a->hub, &hs);
+    char *httpm = a->http ? http_server_metrics(a->http) : NULL;
+    size_t cap = 8192 + (httpm ? strlen(httpm) : 0), n = 0;
+    char *out = malloc(cap);
+    if (!out) {
+        free(httpm);
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
+    }
+    n += (size_t)snprintf(out + n, cap - n, "# HELP ddpd_jobs Jobs by state.\n# TYPE ddpd_jobs gauge\n");
+    for (int s = 0; s < JOB_STATE_COUNT; s++)
+        n += (size_t)snprintf(out + n, cap - n, "ddpd_jobs{state=\"%s\"} %" PRId64 "\n",
+                              job_state_name((job_state)s), counts[s]);
+    n += (size_t)snprintf(out + n, cap - n,
+                          "# HELP ddpd_events_ingested_total Events accepted for storage.\n"
+                          "# TYPE ddpd_events_ingested_total counter\nddpd_events_ingested_total %llu\n"
+                          "# HELP ddpd_events_committed_total Events written to the database.\n"
+                          "# TYPE ddpd_events_committed_total counter\nddpd_events_committed_total %llu\n"
+                          "# HELP ddpd_events_dropped_total Events that could not be stored.\n"
+                          "# TYPE ddpd_events_dropped_total counter\nddpd_events_dropped_total %llu\n"
+                          "# HELP ddpd_stream_subscribers Open event streams.\n"
+                          "# TYPE ddpd_stream_subscribers gauge\nddpd_stream_subscribers %llu\n"
+                          "# HELP ddpd_stream_subscribers_dropped_total Streams dropped as too slow.\n"
+                          "# TYPE ddpd_stream_subscribers_dropped_total counter\n"
+                          "ddpd_stream_subscribers_dropped_total %llu\n",
+                          (unsigned long long)ss.events_appended, (unsigned long long)ss.events_committed,
+                          (unsigned long long)(ss.events_dropped + ss.events_rejected),
+                          (unsigned long long)hs.subscribers, (unsigned long long)hs.dropped);
+    if (httpm)
+        n += (size_t)snprintf(out + n, cap - n, "%s", httpm);
+    free(httpm);
+    rc = http_respond_bytes(req, 200, "text/plain; version=0.0.4; charset=utf-8", out, n < cap ? n : cap - 1);
+    free(out);
+    return rc;
+}
+
+static const struct http_route routes[] = {
+    {"POST", "/v1/jobs", h_submit, HTTP_ROUTE_AUTH | HTTP_ROUTE_JSON, 0},
+    {"GET", "/v1/jobs", h_list, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/v1/jobs/{id}", h_get, HTTP_ROUTE_AUTH, 0},
+    {"DELETE", "/v1/jobs/{id}", h_delete, HTTP_ROUTE_AUTH, 0},
+    {"POST", "/v1/jobs/{id}/cancel", h_cancel, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/v1/jobs/{id}/events", h_events, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/v1/jobs/{id}/metrics", h_metrics, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/v1/jobs/{id}/logs", h_logs, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/v1/jobs/{id}/checkpoint", h_checkpoint, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/v1/devices", h_devices, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/healthz", h_health, 0, 0},
+    {"GET", "/metrics", h_prometheus, 0, 0},
+};
+
+const struct http_route *api_routes(size_t *n)
+{
+    *n = sizeof routes / sizeof routes[0];
+    return routes;
+}

@@ -1,0 +1,33 @@
+/* api.h — the /v1 handlers of CONTRACT.md §7 and the route table that binds them. They
+ * validate input, read the store, and hand job changes to the supervisor. */
+#ifndef DDPD_API_H
+#define DDPD_API_H
+
+#include <stddef.h>
+
+#include "../schema/err.h"
+
+struct store;
+struct hub;
+struct super;
+struct http_server;
+struct http_route;
+
+struct api {
+    struct store *store;
+    struct hub *hub;
+    struct super *super;
+    struct http_server *http; /* for /metrics; set after the server starts */
+    const char *worker;       /* ddpd-worker, for the submission-time data check */
+    const char *data_dir;     /* absolute */
+    const char *jobs_dir;
+};
+
+/* The route table (static; handlers get the struct api through http_request_ctx). */
+const struct http_route *api_routes(size_t *n);
+
+/* Starts / stops the thread that sends heartbeats to idle event streams every 15 s. */
+ddpd_err api_start(struct api *a, struct ddpd_error *err);
+void api_stop(struct api *a);
+
+#endif

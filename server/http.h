@@ -1,0 +1,213 @@
+/* http.h — ddpd's HTTP layer: a libmicrohttpd daemon, the route table, and the checks the
+ * dispatcher makes before any handler runs (404/405, bearer auth, body limits, JSON
+ * parsing), error-to-HTTP mapping (CONTRACT.md §7), response helpers and streaming
+ * responses (SSE / NDJSON). It knows no jobs, no SQL and no events: handlers do.
+ *
+ * Threads: handlers run on libmicrohttpd's threads (one internal epoll thread, or a small
+ * pool); they must not block for long. Streams are written from any thread. */
+#ifndef DDPD_HTTP_H
+#define DDPD_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../schema/err.h"
+
+struct json_t;
+struct http_server;
+struct http_request;
+struct http_stream;
+
+/* ---- routes ---------------------------------------------------------------------- */
+
+/* A handler answers one request. It calls exactly one http_respond_* function and
+ * returns DDPD_OK, or returns an error with `err` filled (ddpd_error_set), and the layer
+ * renders {"error":{"code","message","path"}} with ddpd_err_http's status. A response
+ * set before an error return is discarded. Runs on an HTTP thread. */
+typedef ddpd_err (*http_handler_fn)(struct http_request *req, struct ddpd_error *err);
+
+enum http_route_flags {
+    HTTP_ROUTE_AUTH = 1u << 0, /* needs `Authorization: Bearer <token>` when a token is set */
+    HTTP_ROUTE_JSON = 1u << 1, /* the body is a JSON document, parsed before the handler */
+    HTTP_ROUTE_BODY = 1u << 2, /* the body is kept as bytes (http_request_body) */
+};
+
+/* One row of the route table. `pattern` is a path of literal segments and `{name}`
+ * segments; a `{name}` segment matches a positive 64-bit decimal integer without sign or
+ * leading zeros (1 .. 9223372036854775807) and anything else there is a 404. HEAD is
+ * served by the GET route. Bodies of routes without JSON/BODY are read and dropped (the
+ * limit still applies). */
+struct http_route {
+    const char *method;      /* "GET", "POST", "DELETE", ... */
+    const char *pattern;     /* "/v1/jobs/{id}/events" */
+    http_handler_fn handler;
+    unsigned flags;          /* enum http_route_flags */
+    size_t max_body;         /* bytes; 0 = the server's max_body */
+};
+
+/* ---- the server -------------------------------------------------------------------- */
+
+struct http_config {
+    /* "ADDR:PORT" with a numeric address: "127.0.0.1:8080", "0.0.0.0:0", "[::1]:8080",
+     * "[::]:8080". Port 0 picks a free port (http_server_port tells which). */
+    const char *listen;
+    const struct http_route *routes; /* borrowed; must outlive the server */
+    size_t nroutes;
+    void *ctx;                       /* handed to handlers by http_request_ctx */
+    const char *token;               /* bearer token; NULL or "" = no auth. Copied. */
+
+    unsigned threads;            /* 0/1 = one internal epoll thread; N = a pool of N */
+    unsigned connection_limit;   /* 0 = 1024 */
+    unsigned per_ip_limit;       /* 0 = 256 */
+    unsigned idle_timeout_s;     /* a connection with no traffic is closed; 0 = 60 */
+    /* A client must deliver a whole request (headers and body) within this time of
+     * connecting, or of its previous response plus idle_timeout_s on a kept-alive
+     * connection; else the connection is cut (slow-loris defence). 0 = 30000. */
+    unsigned request_timeout_ms;
+    size_t memory_limit;         /* per-connection buffer (request line + headers); 0 = 64 KiB */
+    size_t max_body;             /* default body limit of routes; 0 = 1 MiB */
+
+    /* Optional: libmicrohttpd's own diagnostics, one line each. Called on HTTP threads. */
+    void (*log)(void *ctx, const char *line);
+};
+
+/* Binds the listening socket and starts serving. NULL with `err` set when the address is
+ * malformed, cannot be bound ("cannot listen on 127.0.0.1:8080: Address already in use"),
+ * or a route pattern is invalid. Caller frees with http_server_free. */
+struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_error *err);
+
+/* Stops accepting, ends every open stream (their on_close gets HTTP_STREAM_SHUTDOWN, on
+ * this or an HTTP thread, before this returns), closes all connections, waits for the
+ * HTTP threads and frees. Must not be called from a handler or an on_close callback.
+ * NULL is a no-op. */
+void http_server_free(struct http_server *s);
+
+/* The bound TCP port (the real one when the config asked for port 0). */
+int http_server_port(const struct http_server *s);
+
+/* Prometheus text-format lines of the layer's counters: requests by route pattern and
+ * status (ddpd_http_requests_total{route="/v1/jobs/{id}",code="200"}; requests that
+ * matched no route count under route="unmatched"), open streams, streams dropped as
+ * slow. With # HELP / # TYPE lines. Returns a new string; caller frees. */
+char *http_server_metrics(struct http_server *s);
+
+/* True when `addr` ("ADDR:PORT" as in http_config.listen) is a loopback address
+ * (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104). False for wildcards, others and malformed. */
+bool http_addr_is_loopback(const char *addr);
+
+/* The `code` string of the error body for `e` ("invalid_spec", "not_found", ...). */
+const char *http_err_code(ddpd_err e);
+
+/* ---- the request (borrowed by handlers; valid until the handler returns) --------------- */
+
+void *http_request_ctx(const struct http_request *req);          /* http_config.ctx */
+const char *http_request_method(const struct http_request *req); /* "GET" (also for HEAD) */
+const char *http_request_path(const struct http_request *req);   /* decoded, no query */
+const char *http_request_route(const struct http_request *req);  /* the matched pattern */
+/* The i-th `{...}` capture of the pattern, counted from 0; 0 when there is none. */
+int64_t http_request_id(const struct http_request *req, int i);
+/* A request header (case-insensitive name), NULL when absent. Borrowed. */
+const char *http_request_header(const struct http_request *req, const char *name);
+/* The parsed body of a JSON route. Borrowed: the request keeps its reference; take your
+ * own with json_incref. */
+struct json_t *http_request_json(const struct http_request *req);
+/* The body bytes of a BODY route (NUL-terminated for convenience; *len without it). */
+const char *http_request_body(const struct http_request *req, size_t *len);
+
+/* ---- query parameters -------------------------------------------------------------- */
+/* A failed helper returns an error for the handler to return as is: the client gets 400
+ * with code "bad_query", the parameter's name as `path` and a sentence naming it. An
+ * absent (or empty) parameter gives the default. Repeated parameters: the first wins. */
+
+/* The raw value (decoded), NULL when absent. Borrowed. */
+const char *http_query(const struct http_request *req, const char *name);
+/* A decimal integer within [min, max]. */
+ddpd_err http_query_int(struct http_request *req, const char *name, int64_t min, int64_t max,
+                        int64_t dflt, int64_t *out, struct ddpd_error *err);
+/* One of `choices` (NULL-terminated); *out is its index, or `dflt` when absent. */
+ddpd_err http_query_enum(struct http_request *req, const char *name,
+                         const char *const *choices, int dflt, int *out,
+                         struct ddpd_error *err);
+/* Any other check of a parameter the handler makes itself ("before" must be a cursor it
+ * issued): fails the same way, with the handler's sentence. */
+ddpd_err http_query_error(struct http_request *req, const char *name, struct ddpd_error *err,
+                          const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* ---- responses (exactly one per request) -------------------------------------------- */
+
+/* `body` with Content-Type application/json (and a trailing newline). Steals `body`. */
+ddpd_err http_respond_json(struct http_request *req, int status, struct json_t *body);
+/* `len` bytes of `data` (copied) with `content_type` ("text/plain; charset=utf-8" when
+ * NULL). */
+ddpd_err http_respond_bytes(struct http_request *req, int status, const char *content_type,
+                            const void *data, size_t len);
+/* A NUL-terminated string as text/plain; charset=utf-8 (copied). */
+ddpd_err http_respond_text(struct http_request *req, int status, const char *text);
+/* No body (204, 202). */
+ddpd_err http_respond_empty(struct http_request *req, int status);
+/* The bytes of a regular file, streamed from disk, 200 with `content_type`, an ETag made
+ * from the file's identity, size and mtime (If-None-Match -> 304), and `cache_control`
+ * when not NULL. DDPD_ENOTFOUND (with `path` as the error path) when it is missing or
+ * not a regular file. The caller has already checked that `path` may be served. */
+ddpd_err http_respond_file(struct http_request *req, const char *path, const char *content_type,
+                           const char *cache_control, struct ddpd_error *err);
+
+/* Extra response header, e.g. ("Location", "/v1/jobs/7"). Copied; before or after the
+ * respond call. At most 8 per request (more are dropped). */
+void http_response_header(struct http_request *req, const char *name, const char *value);
+/* Sets the response's ETag (a quoted string: "\"v7\""). When the request's If-None-Match
+ * matches and the status is 200, the client gets 304 without a body instead. */
+void http_response_etag(struct http_request *req, const char *etag);
+
+/* ---- streams (Server-Sent Events, NDJSON) ------------------------------------------------ */
+
+enum http_stream_end {
+    HTTP_STREAM_DONE,     /* the owner closed it and every byte was sent */
+    HTTP_STREAM_GONE,     /* the client went away, timed out, or the connection failed */
+    HTTP_STREAM_SLOW,     /* the client read too slowly: its buffer hit max_buffer */
+    HTTP_STREAM_SHUTDOWN, /* the server is shutting down */
+};
+
+struct http_stream_opts {
+    const char *content_type; /* "text/event-stream", "application/x-ndjson" */
+    size_t max_buffer;        /* bytes queued for this client before it is slow; 0 = 1 MiB */
+    /* Called exactly once per stream, when it has ended for any reason (also after
+     * http_stream_close), on an HTTP thread or in http_server_free; never from inside
+     * http_stream_write/close. The last use of `arg` by the layer. May be NULL. */
+    void (*on_close)(void *arg, enum http_stream_end why);
+    void *arg;
+    /* Optional pull mode, for an owner that keeps its own queue (the event hub): when the
+     * client can take bytes and nothing written is pending, the layer calls pull on an
+     * HTTP thread, under no lock of its own. It copies up to `cap` bytes into `buf` and
+     * returns how many; 0 when it has nothing now (the connection is parked until
+     * http_stream_wake); -1 to end the stream normally (the owner still calls
+     * http_stream_close). NULL = push mode only (http_stream_write). */
+    long (*pull)(void *arg, char *buf, size_t cap);
+};
+
+/* Answers the request with a chunked stream (status 200, the content type, Cache-Control:
+ * no-cache, X-Accel-Buffering: no) and hands out *out, the owner's reference. The owner
+ * writes with http_stream_write from any thread and must call http_stream_close(*out)
+ * exactly once, also when on_close has already said the stream ended. DDPD_EBUSY when the
+ * server is shutting down. */
+ddpd_err http_respond_stream(struct http_request *req, const struct http_stream_opts *o,
+                             struct http_stream **out, struct ddpd_error *err);
+
+/* Queues `len` bytes for the client. Thread-safe; never blocks on the network; a write is
+ * queued whole or not at all. DDPD_OK; DDPD_EBUSY when it would pass max_buffer: the
+ * stream is then ended as slow (its buffer freed, the connection cut); DDPD_ECANCELED
+ * when the stream has already ended. A dead client is only noticed on a write, so owners
+ * send a heartbeat (": ping\n\n" for SSE) now and then. */
+ddpd_err http_stream_write(struct http_stream *s, const void *data, size_t len);
+
+/* Pull mode: there is something to pull now (or the owner wants pull called again). Any
+ * thread, any time; a wake that races with a pull returning 0 is not lost. */
+void http_stream_wake(struct http_stream *s);
+
+/* The owner is done: what is queued is still sent, then the response ends normally (the
+ * connection stays open for the next request). Releases the owner's reference; `s` must
+ * not be used afterwards. Thread-safe. NULL is a no-op. */
+void http_stream_close(struct http_stream *s);
+
+#endif

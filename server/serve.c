@@ -1,0 +1,277 @@
+/* serve.c — `ddpd serve [--listen ADDR:PORT] [--db PATH] [--data-dir DIR] [--jobs-dir DIR]
+ * [--gpus auto|none|0,1,..] [--cpu-slots N] [--token-file F] [--insecure]
+ * [--on-shutdown cancel|finish]`. Parses options, opens the store, starts the
+ * supervisor and the HTTP server, waits for SIGTERM/SIGINT, then stops them in order:
+ * no new requests, jobs cancelled (or finished), streams closed, the store flushed. */
+#include "serve.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "http.h"
+#include "hub.h"
+#include "store.h"
+#include "super.h"
+
+static void usage(FILE *f)
+{
+    fputs("usage: ddpd serve [--listen ADDR:PORT] [--db PATH] [--data-dir DIR] [--jobs-dir DIR]\n"
+          "                  [--gpus auto|none|N,N,..] [--cpu-slots N] [--token-file F] [--insecure]\n"
+          "                  [--on-shutdown cancel|finish]\n"
+          "  --listen       address to serve on (default 127.0.0.1:8080; port 0 = any free port)\n"
+          "  --db           SQLite database, created on first start (default ./var/ddpd.db)\n"
+          "  --data-dir     where jobs' data paths are resolved; they may not leave it (default .)\n"
+          "  --jobs-dir     each job's checkpoints and logs (default: jobs/ beside the database)\n"
+          "  --gpus         GPUs to use (default auto: what ddpd-worker --devices finds)\n"
+          "  --cpu-slots    CPU ranks that may run at once (default: the number of cores)\n"
+          "  --token-file   require `Authorization: Bearer <token>` on /v1 (the file's first line)\n"
+          "  --insecure     allow a non-loopback address without a token\n"
+          "  --on-shutdown  on SIGTERM: cancel running jobs (default) or let them finish\n",
+          f);
+}
+
+static int parse_count(const char *v, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        return -1;
+    *out = x;
+    return 0;
+}
+
+/* GPUs as ddpd-worker --devices prints them (one JSON array; nothing when none). */
+static int count_gpus(const char *worker)
+{
+    char cmd[PATH_MAX + 32];
+    snprintf(cmd, sizeof cmd, "%s", worker);
+    int fds[2];
+    if (pipe(fds) != 0)
+        return 0;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        char *argv[] = {cmd, "--devices", NULL};
+        execv(cmd, argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    char buf[65536];
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof buf - 1 && (r = read(fds[0], buf + n, sizeof buf - 1 - n)) > 0)
+        n += (size_t)r;
+    close(fds[0]);
+    if (pid > 0)
+        waitpid(pid, NULL, 0);
+    buf[n] = '\0';
+    json_t *j = n ? json_loads(buf, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
+    int count = json_is_array(j) ? (int)json_array_size(j) : 0;
+    json_decref(j);
+    return count;
+}
+
+static char *read_token(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    char buf[4096];
+    char *line = fgets(buf, sizeof buf, f);
+    fclose(f);
+    if (!line)
+        return NULL;
+    buf[strcspn(buf, "\r\n")] = '\0';
+    return buf[0] ? strdup(buf) : NULL;
+}
+
+static int mkdirs(const char *path)
+{
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+int serve_main(int argc, char **argv, const char *self_dir)
+{
+    const char *listen = "127.0.0.1:8080", *db = "var/ddpd.db", *data_dir = ".", *jobs_dir = NULL;
+    const char *gpus_arg = "auto", *token_file = NULL;
+    long cpu_slots = sysconf(_SC_NPROCESSORS_ONLN);
+    bool insecure = false, finish = false;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--insecure")) {
+            insecure = true;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "ddpd serve: %s needs a value\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--listen"))
+            listen = v;
+        else if (!strcmp(a, "--db"))
+            db = v;
+        else if (!strcmp(a, "--data-dir"))
+            data_dir = v;
+        else if (!strcmp(a, "--jobs-dir"))
+            jobs_dir = v;
+        else if (!strcmp(a, "--gpus"))
+            gpus_arg = v;
+        else if (!strcmp(a, "--token-file"))
+            token_file = v;
+        else if (!strcmp(a, "--cpu-slots")) {
+            if (parse_count(v, 0, 1024, &cpu_slots)) {
+                fprintf(stderr, "ddpd serve: --cpu-slots: expected an integer in [0, %d], got '%s'\n",
+                        1024, v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--on-shutdown")) {
+            if (strcmp(v, "cancel") && strcmp(v, "finish")) {
+                fprintf(stderr, "ddpd serve: --on-shutdown: expected cancel or finish, got '%s'\n", v);
+                return 2;
+            }
+            finish = !strcmp(v, "finish");
+        } else {
+            fprintf(stderr, "ddpd serve: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+
+    char *token = NULL;
+    if (token_file && !(token = read_token(token_file))) {
+        fprintf(stderr, "ddpd serve: --token-file %s: cannot read a token from its first line%s%s\n",
+                token_file, errno ? ": " : "", errno ? strerror(errno) : "");
+        return 2;
+    }
+    if (!token && !insecure && !http_addr_is_loopback(listen)) {
+        fprintf(stderr, "ddpd serve: refusing to listen on %s without --token-file (anyone could run "
+                        "jobs); use a loopback address, a token, or --insecure\n", listen);
+        return 2;
+    }
+    char worker[PATH_MAX], data_abs[PATH_MAX], jobs_buf[PATH_MAX], db_dir[PATH_MAX];
+    const char *env_worker = getenv("DDPD_WORKER");
+    snprintf(worker, sizeof worker, "%s%s", env_worker ? env_worker : self_dir, env_worker ? "" : "/ddpd-worker");
+    if (access(worker, X_OK) != 0) {
+        fprintf(stderr, "ddpd serve: cannot execute the worker %s: %s\n", worker, strerror(errno));
+        return 1;
+    }
+    if (!realpath(data_dir, data_abs)) {
+        fprintf(stderr, "ddpd serve: --data-dir %s: %s\n", data_dir, strerror(errno));
+        return 2;
+    }
+    snprintf(db_dir, sizeof db_dir, "%s", db);
+    const char *dd = dirname(db_dir);
+    if (mkdirs(dd) != 0) {
+        fprintf(stderr, "ddpd serve: cannot create %s: %s\n", dd, strerror(errno));
+        return 1;
+    }
+    if (!jobs_dir) {
+        snprintf(jobs_buf, sizeof jobs_buf, "%s/jobs", dd);
+        jobs_dir = jobs_buf;
+    }
+    char jobs_abs[PATH_MAX];
+    if (mkdirs(jobs_dir) != 0 || !realpath(jobs_dir, jobs_abs)) {
+        fprintf(stderr, "ddpd serve: cannot create %s: %s\n", jobs_dir, strerror(errno));
+        return 1;
+    }
+    int gpus = 0;
+    if (!strcmp(gpus_arg, "auto"))
+        gpus = count_gpus(worker);
+    else if (strcmp(gpus_arg, "none")) {
+        gpus = 1;
+        for (const char *p = gpus_arg; *p; p++)
+            gpus += *p == ',';
+    }
+
+    /* Signals are taken by sigwait in this thread; every thread started after this
+     * inherits the mask. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct ddpd_error err;
+    int rc = 1;
+    struct store *store = NULL;
+    struct hub *hub = NULL;
+    struct super *super = NULL;
+    struct http_server *http = NULL;
+    struct api api = {0};
+
+    store = store_open(db, &err);
+    if (!store) {
+        fprintf(stderr, "ddpd serve: %s\n", err.message);
+        goto out;
+    }
+    hub = hub_new(NULL);
+    struct super_opts so = {.worker = worker, .data_dir = data_abs, .jobs_dir = jobs_abs, .gpus = gpus,
+                            .cpu_slots = (int)cpu_slots, .store = store, .hub = hub, .grace_s = 5,
+                            .finish_on_shutdown = finish};
+    super = hub ? super_start(&so, &err) : NULL;
+    if (!super) {
+        fprintf(stderr, "ddpd serve: %s\n", err.message);
+        goto out;
+    }
+    api = (struct api){.store = store, .hub = hub, .super = super, .worker = worker, .data_dir = data_abs,
+                       .jobs_dir = jobs_abs};
+    size_t nroutes;
+    struct http_config hc = {.listen = listen, .routes = api_routes(&nroutes), .ctx = &api, .token = token,
+                             .threads = 4};
+    hc.nroutes = nroutes;
+    if (api_start(&api, &err) != DDPD_OK || !(http = http_server_new(&hc, &err))) {
+        fprintf(stderr, "ddpd serve: %s\n", err.message);
+        goto out;
+    }
+    api.http = http;
+    fprintf(stderr, "ddpd serve: listening on http://%s%s (port %d), database %s, %d GPU%s, %ld CPU slot%s\n",
+            listen, token ? " with a token" : "", http_server_port(http), db, gpus, gpus == 1 ? "" : "s",
+            cpu_slots, cpu_slots == 1 ? "" : "s");
+    fflush(stderr);
+
+    int sig;
+    sigwait(&set, &sig);
+    fprintf(stderr, "ddpd serve: %s: shutting down (%s running jobs)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+            finish ? "finishing" : "cancelling");
+    rc = 0;
+out:
+    /* Order: no new requests, then the jobs, then the streams, then the store. */
+    http_server_free(http);
+    if (api.store)
+        api_stop(&api);
+    super_stop(super);
+    if (hub)
+        hub_close_all(hub, "server shutting down");
+    hub_free(hub);
+    store_close(store);
+    free(token);
+    return rc;
+}

@@ -1,0 +1,1841 @@
+/* store.c — the only code that speaks SQL: migrations, jobs, attempts, ranks, the event
+ * log and the loss series in one SQLite database. Knows nothing of HTTP, processes or
+ * scheduling. One writer connection (the event writer thread and the callers' other
+ * writes take turns under `wmu`), a pool of reader connections for everything else. */
+#include "store.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---- migrations: schema/migrations/NNN_*.sql, byte for byte (test_store compares) ---- */
+
+static const char mig_001[] =
+    "-- 001_init.sql — ddpd's first schema: jobs, their attempts and ranks, the event log and\n"
+    "-- the loss series (CONTRACT.md §6, §7). server/store.c embeds this file byte for byte\n"
+    "-- (test_store checks that the two are identical) and applies it when the database's\n"
+    "-- PRAGMA user_version is below 1. Times are seconds since the epoch (REAL).\n"
+    "\n"
+    "-- One row per submitted job. AUTOINCREMENT: an id is never reused, even after the newest\n"
+    "-- job is deleted, so URLs, cursors and var/jobs/ID folders never point at a stranger.\n"
+    "CREATE TABLE jobs (\n"
+    "    id             INTEGER PRIMARY KEY AUTOINCREMENT,\n"
+    "    name           TEXT    NOT NULL,\n"
+    "    state          TEXT    NOT NULL CHECK (state IN ('queued', 'starting', 'running',\n"
+    "                                                     'succeeded', 'failed', 'cancelled')),\n"
+    "    spec           TEXT    NOT NULL CHECK (json_valid(spec)),\n"
+    "    world_size     INTEGER NOT NULL CHECK (world_size >= 1),\n"
+    "    device         TEXT    NOT NULL CHECK (device IN ('cpu', 'cuda')),\n"
+    "    created_at     REAL    NOT NULL,\n"
+    "    started_at     REAL,\n"
+    "    finished_at    REAL,\n"
+    "    attempt        INTEGER NOT NULL DEFAULT 0,   -- 0 until the first start, then 1, 2, ...\n"
+    "    step           INTEGER,                      -- latest optimizer step with a loss\n"
+    "    loss           REAL,                         -- mean over the ranks that reported it\n"
+    "    error          TEXT,\n"
+    "    pending_reason TEXT,\n"
+    "    max_restarts   INTEGER NOT NULL DEFAULT 0,\n"
+    "    restarts       INTEGER NOT NULL DEFAULT 0\n"
+    ");\n"
+    "-- GET /v1/jobs?state=... newest first, and restart recovery (jobs left starting/running).\n"
+    "CREATE INDEX jobs_state_id ON jobs (state, id);\n"
+    "\n"
+    "-- One row per start of a job's process group (a restart makes a new attempt).\n"
+    "CREATE TABLE attempts (\n"
+    "    job         INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,\n"
+    "    attempt     INTEGER NOT NULL,\n"
+    "    comm_id     TEXT,                            -- the rendezvous id, hex\n"
+    "    started_at  REAL    NOT NULL,\n"
+    "    finished_at REAL,\n"
+    "    outcome     TEXT,                            -- succeeded, failed, cancelled, restarted, ...\n"
+    "    PRIMARY KEY (job, attempt)\n"
+    ") WITHOUT ROWID;\n"
+    "\n"
+    "-- One row per worker process of an attempt. pid + start_time (field 22 of /proc/PID/stat,\n"
+    "-- clock ticks after boot) recognise an orphan after a server restart even when the pid\n"
+    "-- has been reused. step/loss/samples_per_s: the rank's latest loss event.\n"
+    "CREATE TABLE ranks (\n"
+    "    job           INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,\n"
+    "    attempt       INTEGER NOT NULL,\n"
+    "    rank          INTEGER NOT NULL,\n"
+    "    pid           INTEGER,\n"
+    "    start_time    INTEGER,\n"
+    "    state         TEXT    NOT NULL,\n"
+    "    exit_code     INTEGER,\n"
+    "    step          INTEGER,\n"
+    "    loss          REAL,\n"
+    "    samples_per_s REAL,\n"
+    "    PRIMARY KEY (job, attempt, rank)\n"
+    ") WITHOUT ROWID;\n"
+    "\n"
+    "-- Every event the server stored for a job, in its per-job order. body is the JSON line as\n"
+    "-- sent to clients (with job, attempt and seq); rank is NULL for the server's own events.\n"
+    "CREATE TABLE events (\n"
+    "    job     INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,\n"
+    "    seq     INTEGER NOT NULL,\n"
+    "    attempt INTEGER NOT NULL,\n"
+    "    kind    TEXT    NOT NULL,\n"
+    "    rank    INTEGER,\n"
+    "    body    TEXT    NOT NULL,\n"
+    "    ts      REAL    NOT NULL,\n"
+    "    PRIMARY KEY (job, seq)\n"
+    ") WITHOUT ROWID;\n"
+    "\n"
+    "-- The loss curve for /metrics: one value per (job, step, rank). A restart that repeats a\n"
+    "-- step replaces the earlier value; a non-finite loss is NULL.\n"
+    "CREATE TABLE loss (\n"
+    "    job  INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,\n"
+    "    step INTEGER NOT NULL,\n"
+    "    rank INTEGER NOT NULL,\n"
+    "    loss REAL,\n"
+    "    PRIMARY KEY (job, step, rank)\n"
+    ") WITHOUT ROWID;\n";
+
+static const struct {
+    const char *name, *sql;
+} migrations[] = {
+    {"001_init.sql", mig_001},
+};
+
+int store_schema_version(void)
+{
+    return (int)COUNT(migrations);
+}
+
+const char *store_migration_sql(int version, const char **name)
+{
+    if (version < 1 || version > (int)COUNT(migrations))
+        return NULL;
+    if (name)
+        *name = migrations[version - 1].name;
+    return migrations[version - 1].sql;
+}
+
+/* ---- job states ---- */
+
+static const char *const state_names[JOB_STATE_COUNT] = {
+    "queued", "starting", "running", "succeeded", "failed", "cancelled",
+};
+
+const char *job_state_name(job_state s)
+{
+    return (unsigned)s < JOB_STATE_COUNT ? state_names[s] : "?";
+}
+
+bool job_state_parse(const char *name, job_state *out)
+{
+    for (int i = 0; name && i < JOB_STATE_COUNT; i++)
+        if (strcmp(name, state_names[i]) == 0) {
+            *out = (job_state)i;
+            return true;
+        }
+    return false;
+}
+
+/* ---- small helpers ---- */
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        abort(); /* internal bookkeeping: out of memory here is fatal (STYLE.md) */
+    return p;
+}
+
+static void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p)
+        abort();
+    return p;
+}
+
+static void *xrealloc(void *p, size_t n)
+{
+    p = realloc(p, n ? n : 1);
+    if (!p)
+        abort();
+    return p;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Waits on `cv` until the CLOCK_MONOTONIC time `deadline_ms` (the condvars of this file
+ * are made with that clock). */
+static void cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadline_ms)
+{
+    struct timespec ts = {(time_t)(deadline_ms / 1000), (long)(deadline_ms % 1000) * 1000000L};
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
+static void cond_init_mono(pthread_cond_t *cv)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+}
+
+/* Copies NUL-terminated `src` (NULL = "") into dst[cap], cutting at a UTF-8 character
+ * boundary when it does not fit. */
+static void copy_text(char *dst, size_t cap, const char *src)
+{
+    size_t n = src ? strlen(src) : 0;
+    if (n >= cap) {
+        n = cap - 1;
+        while (n > 0 && ((unsigned char)src[n] & 0xC0) == 0x80)
+            n--;
+    }
+    if (n)
+        memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+/* Creates every missing folder above the file `path`. */
+static int mkdir_parents(const char *path)
+{
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n >= sizeof buf)
+        return ENAMETOOLONG;
+    memcpy(buf, path, n + 1);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return errno;
+        *p = '/';
+    }
+    return 0;
+}
+
+/* Maps an SQLite result to ddpd's errors; the text names the operation and carries
+ * SQLite's own message. Call it before any other call on `db` (the message is the last
+ * call's). */
+static ddpd_err sq_fail(struct ddpd_error *err, sqlite3 *db, int rc, const char *op)
+{
+    ddpd_err code;
+    switch (rc & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+        code = DDPD_EBUSY;
+        break;
+    case SQLITE_NOMEM:
+        code = DDPD_ENOMEM;
+        break;
+    case SQLITE_CONSTRAINT:
+        code = DDPD_ECONFLICT;
+        break;
+    case SQLITE_ERROR:
+    case SQLITE_MISUSE:
+    case SQLITE_RANGE:
+    case SQLITE_MISMATCH:
+        code = DDPD_EINTERNAL;
+        break;
+    default: /* IOERR, FULL, CORRUPT, NOTADB, CANTOPEN, READONLY, PERM, PROTOCOL, ... */
+        code = DDPD_EIO;
+        break;
+    }
+    const char *msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc), *what = sqlite3_errstr(rc);
+    if (strcmp(msg, what) == 0)
+        return ddpd_error_set(err, code, "", "store: %s: %s", op, msg);
+    return ddpd_error_set(err, code, "", "store: %s: %s (%s)", op, msg, what);
+}
+
+/* ---- connections and their prepared statements ---- */
+
+enum {
+    /* writer */
+    W_BEGIN,
+    W_COMMIT,
+    W_ROLLBACK,
+    W_EVENT_INSERT,
+    W_LOSS_INSERT,
+    W_RANK_PROGRESS,
+    W_JOB_PROGRESS,
+    W_JOB_INSERT,
+    W_JOB_STATE,
+    W_JOB_UPDATE,
+    W_JOB_DELETE,
+    W_ATTEMPT_INSERT,
+    W_ATTEMPT_END,
+    W_RANK_PUT,
+    /* readers */
+    R_JOB_GET,
+    R_JOB_LIST_ALL,
+    R_JOB_LIST_ONE,
+    R_JOB_LIST_SOME,
+    R_RANKS,
+    R_EVENTS,
+    R_MAX_SEQ,
+    R_LOSS_RANGE,
+    R_LOSS_SCAN,
+    R_JOB_COUNT,
+    R_PING,
+    ST_COUNT
+};
+
+#define JOB_COLS                                                                          \
+    "id, name, state, CASE WHEN ?9 THEN spec END, world_size, device, created_at, "      \
+    "started_at, finished_at, attempt, step, loss, error, pending_reason, max_restarts, " \
+    "restarts "
+
+static const char *const sql_text[ST_COUNT] = {
+    [W_BEGIN] = "BEGIN IMMEDIATE",
+    [W_COMMIT] = "COMMIT",
+    [W_ROLLBACK] = "ROLLBACK",
+    [W_EVENT_INSERT] = "INSERT INTO events (job, seq, attempt, kind, rank, body, ts) "
+                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    [W_LOSS_INSERT] = "INSERT OR REPLACE INTO loss (job, step, rank, loss) VALUES (?1, ?2, ?3, ?4)",
+    [W_RANK_PROGRESS] = "UPDATE ranks SET step = ?4, loss = ?5, samples_per_s = ?6 "
+                        "WHERE job = ?1 AND attempt = ?2 AND rank = ?3 "
+                        "AND (step IS NULL OR step <= ?4)",
+    /* The job's loss is the mean over the ranks that reported the step so far; NULL when
+     * any of them was not finite. Events of an older attempt leave the job alone. */
+    [W_JOB_PROGRESS] = "UPDATE jobs SET step = ?2, loss = (SELECT CASE WHEN count(loss) = "
+                       "count(*) THEN avg(loss) END FROM loss WHERE job = ?1 AND step = ?2) "
+                       "WHERE id = ?1 AND attempt <= ?3 AND (step IS NULL OR step <= ?2)",
+    [W_JOB_INSERT] = "INSERT INTO jobs (name, state, spec, world_size, device, created_at, "
+                     "max_restarts) VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6)",
+    [W_JOB_STATE] = "SELECT state FROM jobs WHERE id = ?1",
+    /* ?2 is the STORE_SET_* mask, ?3 the new state, ?10 now. */
+    [W_JOB_UPDATE] =
+        "UPDATE jobs SET "
+        "state = CASE WHEN ?2 & 1 THEN ?3 ELSE state END, "
+        "started_at = CASE WHEN ?2 & 1 AND ?3 IN ('starting', 'running') AND started_at IS NULL "
+        "THEN ?10 ELSE started_at END, "
+        "finished_at = CASE WHEN NOT ?2 & 1 THEN finished_at "
+        "WHEN ?3 IN ('succeeded', 'failed', 'cancelled') THEN coalesce(finished_at, ?10) "
+        "ELSE NULL END, "
+        "attempt = CASE WHEN ?2 & 2 THEN ?4 ELSE attempt END, "
+        "restarts = CASE WHEN ?2 & 4 THEN ?5 ELSE restarts END, "
+        "error = CASE WHEN ?2 & 8 THEN ?6 ELSE error END, "
+        "pending_reason = CASE WHEN ?2 & 16 THEN ?7 WHEN ?2 & 1 AND ?3 <> 'queued' THEN NULL "
+        "ELSE pending_reason END, "
+        "step = CASE WHEN ?2 & 32 THEN ?8 WHEN ?2 & 2 THEN NULL ELSE step END, "
+        "loss = CASE WHEN ?2 & 32 THEN ?9 WHEN ?2 & 2 THEN NULL ELSE loss END "
+        "WHERE id = ?1",
+    [W_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1",
+    [W_ATTEMPT_INSERT] = "INSERT INTO attempts (job, attempt, comm_id, started_at) "
+                         "VALUES (?1, ?2, ?3, ?4)",
+    [W_ATTEMPT_END] = "UPDATE attempts SET finished_at = ?3, outcome = ?4 "
+                      "WHERE job = ?1 AND attempt = ?2",
+    [W_RANK_PUT] = "INSERT INTO ranks (job, attempt, rank, pid, start_time, state, exit_code) "
+                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (job, attempt, rank) DO "
+                   "UPDATE SET pid = excluded.pid, start_time = excluded.start_time, "
+                   "state = excluded.state, exit_code = excluded.exit_code",
+    [R_JOB_GET] = "SELECT " JOB_COLS "FROM jobs WHERE id = ?1",
+    /* Three shapes, so each gets the plan that fits: the primary key backwards, one
+     * range of (state, id) backwards, or an IN over the states. */
+    [R_JOB_LIST_ALL] = "SELECT " JOB_COLS "FROM jobs WHERE id < ?1 ORDER BY id DESC LIMIT ?8",
+    [R_JOB_LIST_ONE] = "SELECT " JOB_COLS "FROM jobs WHERE state = ?2 AND id < ?1 "
+                       "ORDER BY id DESC LIMIT ?8",
+    [R_JOB_LIST_SOME] = "SELECT " JOB_COLS "FROM jobs WHERE state IN (?2, ?3, ?4, ?5, ?6, ?7) "
+                        "AND id < ?1 ORDER BY id DESC LIMIT ?8",
+    [R_RANKS] = "SELECT attempt, rank, pid, start_time, state, exit_code, step, loss, "
+                "samples_per_s FROM ranks WHERE job = ?1 AND attempt = ?2 ORDER BY rank",
+    [R_EVENTS] = "SELECT seq, attempt, kind, rank, ts, body FROM events "
+                 "WHERE job = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+    [R_MAX_SEQ] = "SELECT max(seq) FROM events WHERE job = ?1",
+    /* Two subqueries: each min()/max() alone is one index probe; together they would scan. */
+    [R_LOSS_RANGE] = "SELECT (SELECT min(step) FROM loss WHERE job = ?1), "
+                     "(SELECT max(step) FROM loss WHERE job = ?1)",
+    [R_LOSS_SCAN] = "SELECT step, rank, loss FROM loss WHERE job = ?1 ORDER BY step, rank",
+    [R_JOB_COUNT] = "SELECT state, count(*) FROM jobs GROUP BY state",
+    [R_PING] = "SELECT count(*) FROM sqlite_schema",
+};
+
+struct conn {
+    sqlite3 *db;
+    sqlite3_stmt *st[ST_COUNT];
+    struct conn *next; /* free list of the reader pool */
+};
+
+static void conn_close(struct conn *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < ST_COUNT; i++)
+        sqlite3_finalize(c->st[i]);
+    sqlite3_close(c->db);
+    free(c);
+}
+
+/* Opens one connection with the settings every connection of the store shares. */
+static ddpd_err conn_open(const char *path, bool writer, int busy_ms, struct conn **out,
+                          struct ddpd_error *err)
+{
+    ddpd_err e = DDPD_OK;
+    struct conn *c = xcalloc(1, sizeof *c);
+    int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (writer ? SQLITE_OPEN_CREATE : 0);
+    int rc = sqlite3_open_v2(path, &c->db, flags, NULL);
+    if (rc != SQLITE_OK) {
+        e = sq_fail(err, c->db, rc, "open");
+        goto out;
+    }
+    sqlite3_extended_result_codes(c->db, 1);
+    sqlite3_busy_timeout(c->db, busy_ms);
+    /* synchronous=NORMAL in WAL mode: a commit is durable against a process crash; the
+     * WAL is synced at checkpoints, so a power loss can lose only the latest commits. */
+    const char *pragmas = writer ? "PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL; "
+                                   "PRAGMA journal_size_limit = 67108864; "
+                                   "PRAGMA cache_size = -16384;"
+                                 : "PRAGMA foreign_keys = ON; PRAGMA query_only = ON;";
+    rc = sqlite3_exec(c->db, pragmas, NULL, NULL, NULL);
+    if (rc != SQLITE_OK)
+        e = sq_fail(err, c->db, rc, "set pragmas");
+out:
+    if (e != DDPD_OK) {
+        conn_close(c);
+        c = NULL;
+    }
+    *out = c;
+    return e;
+}
+
+/* The prepared statement `id` of `c`, reset and unbound, or NULL with `err` set. */
+static sqlite3_stmt *stmt(struct conn *c, int id, struct ddpd_error *err)
+{
+    if (!c->st[id]) {
+        int rc = sqlite3_prepare_v3(c->db, sql_text[id], -1, SQLITE_PREPARE_PERSISTENT,
+                                    &c->st[id], NULL);
+        if (rc != SQLITE_OK) {
+            sq_fail(err, c->db, rc, "prepare");
+            return NULL;
+        }
+    }
+    return c->st[id];
+}
+
+static void stmt_done(sqlite3_stmt *st)
+{
+    if (st) {
+        sqlite3_reset(st);
+        sqlite3_clear_bindings(st);
+    }
+}
+
+static void bind_text_or_null(sqlite3_stmt *st, int i, const char *s)
+{
+    if (s && *s)
+        sqlite3_bind_text(st, i, s, -1, SQLITE_TRANSIENT);
+    else
+        sqlite3_bind_null(st, i);
+}
+
+static const char *col_text(sqlite3_stmt *st, int i)
+{
+    const unsigned char *t = sqlite3_column_text(st, i);
+    return t ? (const char *)t : "";
+}
+
+/* ---- the store ---- */
+
+/* One queued event: what the writer needs of it, and its body. */
+struct qev {
+    int64_t job, seq, step;
+    int attempt, rank;
+    event_kind kind;
+    bool loss_finite;
+    double ts, loss, samples_per_s;
+    char *body; /* owned */
+    size_t len;
+    int64_t t_ms; /* when it was queued (monotonic) */
+    bool stored;  /* set by the writer: the row went in */
+};
+
+struct store {
+    char *path;
+    struct store_opts o;
+
+    /* The writer connection: the writer thread and the synchronous writes take turns. */
+    pthread_mutex_t wmu;
+    struct conn *w;
+
+    /* Reader pool. */
+    pthread_mutex_t rmu;
+    pthread_cond_t rcv;
+    struct conn *rfree;
+    int ropen;
+
+    /* Event queue: a ring of queue_max entries, and the writer thread. */
+    pthread_mutex_t qmu;
+    pthread_cond_t qcv;     /* the writer waits here: events, a flush, stop */
+    pthread_cond_t space_cv; /* appenders wait here for room */
+    pthread_cond_t done_cv;  /* flushers wait here for `done` */
+    struct qev *q;
+    int qhead, qn;
+    size_t qbytes;
+    uint64_t appended, taken, done; /* events accepted, taken by the writer, finished */
+    uint64_t flush_req;             /* a flusher waits for done >= this */
+    bool stop;
+    pthread_t thread;
+    bool thread_started;
+    struct store_stats st;          /* counters (queued is filled in on read) */
+    bool werr_set;                  /* a writer error not yet reported by store_flush */
+    struct ddpd_error werr;
+};
+
+/* ---- reader pool ---- */
+
+static struct conn *reader_get(struct store *s, struct ddpd_error *err)
+{
+    struct conn *c = NULL;
+    pthread_mutex_lock(&s->rmu);
+    while (!s->rfree && s->ropen >= s->o.readers)
+        pthread_cond_wait(&s->rcv, &s->rmu);
+    if (s->rfree) {
+        c = s->rfree;
+        s->rfree = c->next;
+        pthread_mutex_unlock(&s->rmu);
+        return c;
+    }
+    s->ropen++;
+    pthread_mutex_unlock(&s->rmu);
+    if (conn_open(s->path, false, s->o.busy_timeout_ms, &c, err) != DDPD_OK) {
+        pthread_mutex_lock(&s->rmu);
+        s->ropen--;
+        pthread_cond_signal(&s->rcv);
+        pthread_mutex_unlock(&s->rmu);
+        return NULL;
+    }
+    return c;
+}
+
+static void reader_put(struct store *s, struct conn *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&s->rmu);
+    c->next = s->rfree;
+    s->rfree = c;
+    pthread_cond_signal(&s->rcv);
+    pthread_mutex_unlock(&s->rmu);
+}
+
+/* ---- writer transactions ---- */
+
+static int step_simple(struct conn *c, int id)
+{
+    sqlite3_stmt *st = stmt(c, id, NULL);
+    if (!st)
+        return SQLITE_ERROR;
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+/* Ends the writer's open transaction, if any, without changes. */
+static void rollback(struct conn *c)
+{
+    if (!sqlite3_get_autocommit(c->db))
+        step_simple(c, W_ROLLBACK);
+}
+
+/* Takes the writer connection and opens a write transaction. On success the caller
+ * holds wmu and ends with wtx_end. */
+static ddpd_err wtx_begin(struct store *s, struct ddpd_error *err)
+{
+    pthread_mutex_lock(&s->wmu);
+    int rc = step_simple(s->w, W_BEGIN);
+    if (rc != SQLITE_OK) {
+        ddpd_err e = sq_fail(err, s->w->db, rc, "begin");
+        pthread_mutex_unlock(&s->wmu);
+        return e;
+    }
+    return DDPD_OK;
+}
+
+/* Commits when e is DDPD_OK (returning the commit's error, if any), else rolls back;
+ * releases the writer connection. */
+static ddpd_err wtx_end(struct store *s, ddpd_err e, struct ddpd_error *err)
+{
+    if (e == DDPD_OK) {
+        int rc = step_simple(s->w, W_COMMIT);
+        if (rc != SQLITE_OK)
+            e = sq_fail(err, s->w->db, rc, "commit");
+    }
+    if (e != DDPD_OK)
+        rollback(s->w);
+    pthread_mutex_unlock(&s->wmu);
+    return e;
+}
+
+/* ---- the event writer ---- */
+
+static int cmp_loss_rank(const void *a, const void *b)
+{
+    const struct qev *x = *(const struct qev *const *)a, *y = *(const struct qev *const *)b;
+    if (x->job != y->job)
+        return x->job < y->job ? -1 : 1;
+    if (x->attempt != y->attempt)
+        return x->attempt < y->attempt ? -1 : 1;
+    if (x->rank != y->rank)
+        return x->rank < y->rank ? -1 : 1;
+    if (x->step != y->step)
+        return x->step < y->step ? -1 : 1;
+    return 0;
+}
+
+static void bind_loss(sqlite3_stmt *st, int i, const struct qev *q)
+{
+    if (q->loss_finite)
+        sqlite3_bind_double(st, i, q->loss);
+    else
+        sqlite3_bind_null(st, i);
+}
+
+/* After the rows of a batch: each rank's latest loss, once per rank, and each job's
+ * latest step (its loss is read back from the series), once per job. */
+static int batch_progress(struct conn *c, struct qev **loss, int n)
+{
+    qsort(loss, (size_t)n, sizeof *loss, cmp_loss_rank);
+    sqlite3_stmt *rk = stmt(c, W_RANK_PROGRESS, NULL), *jb = stmt(c, W_JOB_PROGRESS, NULL);
+    if (!rk || !jb)
+        return SQLITE_ERROR;
+    int rc = SQLITE_OK;
+    for (int i = 0; i < n && rc == SQLITE_OK; i++) {
+        const struct qev *q = loss[i];
+        bool last_of_rank = i + 1 == n || loss[i + 1]->job != q->job ||
+                            loss[i + 1]->attempt != q->attempt || loss[i + 1]->rank != q->rank;
+        if (last_of_rank) {
+            sqlite3_bind_int64(rk, 1, q->job);
+            sqlite3_bind_int(rk, 2, q->attempt);
+            sqlite3_bind_int(rk, 3, q->rank);
+            sqlite3_bind_int64(rk, 4, q->step);
+            bind_loss(rk, 5, q);
+            sqlite3_bind_double(rk, 6, q->samples_per_s);
+            rc = sqlite3_step(rk);
+            rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
+            sqlite3_reset(rk);
+        }
+        if (rc != SQLITE_OK || (i + 1 < n && loss[i + 1]->job == q->job))
+            continue;
+        /* The last of this job: the latest (attempt, step) among its ranks. */
+        const struct qev *best = q;
+        for (int k = i; k >= 0 && loss[k]->job == q->job; k--)
+            if (loss[k]->attempt > best->attempt ||
+                (loss[k]->attempt == best->attempt && loss[k]->step > best->step))
+                best = loss[k];
+        sqlite3_bind_int64(jb, 1, best->job);
+        sqlite3_bind_int64(jb, 2, best->step);
+        sqlite3_bind_int(jb, 3, best->attempt);
+        rc = sqlite3_step(jb);
+        rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
+        sqlite3_reset(jb);
+    }
+    return rc;
+}
+
+/* One try at committing a batch. Rows that a constraint refuses (deleted job, seq taken)
+ * are left out and counted; any other error fails the whole try (rolled back). */
+static ddpd_err batch_try(struct store *s, struct qev *b, int n, struct qev **loss,
+                          uint64_t *refused, struct ddpd_error *rowerr, struct ddpd_error *err)
+{
+    struct conn *c = s->w;
+    ddpd_err e = DDPD_OK;
+    int nloss = 0;
+    *refused = 0;
+    int rc = step_simple(c, W_BEGIN);
+    if (rc != SQLITE_OK)
+        return sq_fail(err, c->db, rc, "begin event batch");
+    sqlite3_stmt *ins = stmt(c, W_EVENT_INSERT, err), *li = stmt(c, W_LOSS_INSERT, err);
+    if (!ins || !li) {
+        e = err ? err->code : DDPD_EINTERNAL;
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        struct qev *q = &b[i];
+        q->stored = false;
+        sqlite3_bind_int64(ins, 1, q->job);
+        sqlite3_bind_int64(ins, 2, q->seq);
+        sqlite3_bind_int(ins, 3, q->attempt);
+        sqlite3_bind_text(ins, 4, event_kind_name(q->kind), -1, SQLITE_STATIC);
+        if (q->rank >= 0)
+            sqlite3_bind_int(ins, 5, q->rank);
+        else
+            sqlite3_bind_null(ins, 5);
+        sqlite3_bind_text(ins, 6, q->body, (int)q->len, SQLITE_STATIC);
+        sqlite3_bind_double(ins, 7, q->ts);
+        rc = sqlite3_step(ins);
+        if (rc == SQLITE_DONE) {
+            q->stored = true;
+        } else if ((rc & 0xff) == SQLITE_CONSTRAINT) {
+            if (*refused == 0)
+                ddpd_error_set(rowerr, DDPD_ECONFLICT, "",
+                               "store: event %lld of job %lld refused: %s",
+                               (long long)q->seq, (long long)q->job, sqlite3_errmsg(c->db));
+            ++*refused;
+        } else {
+            e = sq_fail(err, c->db, rc, "insert event");
+            sqlite3_reset(ins);
+            goto out;
+        }
+        sqlite3_reset(ins);
+        if (!q->stored || q->kind != EVENT_LOSS || q->rank < 0)
+            continue;
+        sqlite3_bind_int64(li, 1, q->job);
+        sqlite3_bind_int64(li, 2, q->step);
+        sqlite3_bind_int(li, 3, q->rank);
+        bind_loss(li, 4, q);
+        rc = sqlite3_step(li);
+        if (rc != SQLITE_DONE) {
+            e = sq_fail(err, c->db, rc, "insert loss");
+            sqlite3_reset(li);
+            goto out;
+        }
+        sqlite3_reset(li);
+        loss[nloss++] = q;
+    }
+    rc = batch_progress(c, loss, nloss);
+    if (rc != SQLITE_OK) {
+        e = sq_fail(err, c->db, rc, "update progress");
+        goto out;
+    }
+    rc = step_simple(c, W_COMMIT);
+    if (rc != SQLITE_OK)
+        e = sq_fail(err, c->db, rc, "commit event batch");
+out:
+    if (e != DDPD_OK)
+        rollback(c);
+    return e;
+}
+
+/* Commits a batch, retrying a failed try twice (a disk that is briefly full, a lock held
+ * by another process beyond busy_timeout); after that the batch is dropped and the error
+ * kept for store_flush. Frees the bodies. */
+static void batch_commit(struct store *s, struct qev *b, int n, struct qev **loss)
+{
+    struct ddpd_error e1, rowerr;
+    uint64_t refused = 0;
+    ddpd_err e = DDPD_OK;
+    ddpd_error_clear(&rowerr);
+    for (int tries = 0;; tries++) {
+        pthread_mutex_lock(&s->wmu);
+        e = batch_try(s, b, n, loss, &refused, &rowerr, &e1);
+        pthread_mutex_unlock(&s->wmu);
+        if (e == DDPD_OK || tries == 2)
+            break;
+        sleep_ms(50 << tries);
+    }
+    for (int i = 0; i < n; i++)
+        free(b[i].body);
+    pthread_mutex_lock(&s->qmu);
+    if (e == DDPD_OK) {
+        s->st.batches++;
+        s->st.events_committed += (uint64_t)n - refused;
+        s->st.events_dropped += refused;
+        if (refused && !s->werr_set) {
+            s->werr = rowerr;
+            s->werr_set = true;
+        }
+    } else {
+        s->st.events_dropped += (uint64_t)n;
+        if (!s->werr_set) {
+            s->werr = e1;
+            s->werr_set = true;
+        }
+        fprintf(stderr, "ddpd: store: dropped %d events: %s\n", n, e1.message);
+    }
+    pthread_mutex_unlock(&s->qmu);
+}
+
+static void *writer_main(void *arg)
+{
+    struct store *s = arg;
+    struct qev *b = xcalloc((size_t)s->o.batch_max, sizeof *b);
+    struct qev **loss = xcalloc((size_t)s->o.batch_max, sizeof *loss);
+    int cap = s->o.queue_max;
+    pthread_mutex_lock(&s->qmu);
+    for (;;) {
+        while (s->qn == 0 && !s->stop)
+            pthread_cond_wait(&s->qcv, &s->qmu);
+        if (s->qn == 0)
+            break; /* stopping, and nothing is left */
+        /* Linger for a fuller batch, unless someone waits for these events. */
+        int64_t deadline = s->q[s->qhead].t_ms + s->o.linger_ms;
+        while (!s->stop && s->qn < s->o.batch_max && s->flush_req <= s->taken &&
+               mono_ms() < deadline)
+            cond_wait_until(&s->qcv, &s->qmu, deadline);
+        int n = s->qn < s->o.batch_max ? s->qn : s->o.batch_max;
+        for (int i = 0; i < n; i++) {
+            struct qev *q = &s->q[(s->qhead + i) % cap];
+            b[i] = *q;
+            s->qbytes -= q->len;
+            q->body = NULL;
+        }
+        s->qhead = (s->qhead + n) % cap;
+        s->qn -= n;
+        s->taken += (uint64_t)n;
+        pthread_cond_broadcast(&s->space_cv);
+        pthread_mutex_unlock(&s->qmu);
+
+        batch_commit(s, b, n, loss);
+
+        pthread_mutex_lock(&s->qmu);
+        s->done += (uint64_t)n;
+        pthread_cond_broadcast(&s->done_cv);
+    }
+    pthread_mutex_unlock(&s->qmu);
+    free(loss);
+    free(b);
+    return NULL;
+}
+
+/* Waits until every event accepted so far is finished (committed or dropped). */
+static void drain(struct store *s)
+{
+    pthread_mutex_lock(&s->qmu);
+    uint64_t target = s->appended;
+    if (s->flush_req < target) {
+        s->flush_req = target;
+        pthread_cond_signal(&s->qcv);
+    }
+    while (s->done < target)
+        pthread_cond_wait(&s->done_cv, &s->qmu);
+    pthread_mutex_unlock(&s->qmu);
+}
+
+ddpd_err store_flush(struct store *s, struct ddpd_error *err)
+{
+    drain(s);
+    ddpd_err e = DDPD_OK;
+    pthread_mutex_lock(&s->qmu);
+    if (s->werr_set) {
+        e = s->werr.code;
+        if (err)
+            *err = s->werr;
+        s->werr_set = false;
+    }
+    pthread_mutex_unlock(&s->qmu);
+    return e;
+}
+
+ddpd_err store_event_append(struct store *s, const struct event *ev, const char *body,
+                            size_t len, struct ddpd_error *err)
+{
+    char line[EVENT_LINE_MAX];
+    if (!ev->has_server_fields || ev->job <= 0 || ev->seq <= 0)
+        return ddpd_error_set(err, DDPD_EINTERNAL, "",
+                              "store: an event needs the server's job, attempt and seq");
+    if (!body) {
+        int n = event_encode(ev, line, sizeof line);
+        if (n < 0)
+            return ddpd_error_set(err, DDPD_ETOOBIG, "", "store: event does not encode");
+        body = line;
+        len = (size_t)n;
+    }
+    if (len >= EVENT_LINE_MAX)
+        return ddpd_error_set(err, DDPD_ETOOBIG, "",
+                              "store: event body of %zu bytes exceeds %d", len, EVENT_LINE_MAX - 1);
+
+    struct qev q = {
+        .job = ev->job, .seq = ev->seq, .step = ev->step, .attempt = (int)ev->attempt,
+        .rank = ev->kind == EVENT_STATE ? -1 : ev->rank, .kind = ev->kind,
+        .loss_finite = !ev->nonfinite && isfinite(ev->loss), .ts = ev->ts, .loss = ev->loss,
+        .samples_per_s = ev->samples_per_s, .len = len,
+    };
+    q.body = xmalloc(len + 1);
+    memcpy(q.body, body, len);
+    q.body[len] = '\0';
+
+    pthread_mutex_lock(&s->qmu);
+    q.t_ms = mono_ms();
+    int64_t deadline = q.t_ms + s->o.append_wait_ms;
+    while ((s->qn >= s->o.queue_max || s->qbytes + len > s->o.queue_max_bytes) && s->qn > 0) {
+        if (mono_ms() >= deadline) {
+            s->st.events_rejected++;
+            pthread_mutex_unlock(&s->qmu);
+            free(q.body);
+            return ddpd_error_set(err, DDPD_EBUSY, "",
+                                  "store: event queue full for %d ms (the database is slow); "
+                                  "event %lld of job %lld not stored",
+                                  s->o.append_wait_ms, (long long)ev->seq, (long long)ev->job);
+        }
+        cond_wait_until(&s->space_cv, &s->qmu, deadline);
+    }
+    s->q[(s->qhead + s->qn) % s->o.queue_max] = q;
+    s->qn++;
+    s->qbytes += len;
+    s->appended++;
+    s->st.events_appended++;
+    if (s->qn == 1 || s->qn >= s->o.batch_max)
+        pthread_cond_signal(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
+    return DDPD_OK;
+}
+
+void store_stats_get(struct store *s, struct store_stats *out)
+{
+    pthread_mutex_lock(&s->qmu);
+    *out = s->st;
+    out->queued = (size_t)s->qn;
+    pthread_mutex_unlock(&s->qmu);
+}
+
+/* ---- open and close ---- */
+
+static int user_version(sqlite3 *db, int *v)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+            *v = sqlite3_column_int(st, 0);
+            rc = SQLITE_OK;
+        }
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+static ddpd_err too_new(const char *path, int v, struct ddpd_error *err)
+{
+    return ddpd_error_set(err, DDPD_ECONFLICT, path,
+                          "store: %s has schema version %d, but this ddpd knows versions up to "
+                          "%d: it was written by a newer ddpd; run that one, or move the "
+                          "database aside",
+                          path, v, store_schema_version());
+}
+
+/* Applies the migrations above the database's user_version, each in its own
+ * transaction that also sets user_version (so a crash leaves a whole version). */
+static ddpd_err migrate(struct store *s, sqlite3 *db, struct ddpd_error *err)
+{
+    char op[96];
+    int v = 0;
+    int rc = user_version(db, &v);
+    if (rc != SQLITE_OK)
+        return sq_fail(err, db, rc, "read user_version");
+    if (v > store_schema_version())
+        return too_new(s->path, v, err);
+    for (int ver = v + 1; ver <= store_schema_version(); ver++) {
+        snprintf(op, sizeof op, "migration %s", migrations[ver - 1].name);
+        rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+        if (rc != SQLITE_OK)
+            return sq_fail(err, db, rc, op);
+        /* Another process may have migrated meanwhile: look again under the lock. */
+        rc = user_version(db, &v);
+        if (rc == SQLITE_OK && v >= ver) {
+            sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+            if (v > store_schema_version())
+                return too_new(s->path, v, err);
+            ver = v;
+            continue;
+        }
+        char setv[48];
+        snprintf(setv, sizeof setv, "PRAGMA user_version = %d", ver);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_exec(db, migrations[ver - 1].sql, NULL, NULL, NULL);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_exec(db, setv, NULL, NULL, NULL);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+        if (rc != SQLITE_OK) {
+            ddpd_err e = sq_fail(err, db, rc, op);
+            if (!sqlite3_get_autocommit(db))
+                sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+            return e;
+        }
+    }
+    return DDPD_OK;
+}
+
+struct store *store_open(const char *path, struct ddpd_error *err)
+{
+    return store_open_with(path, NULL, err);
+}
+
+struct store *store_open_with(const char *path, const struct store_opts *opts,
+                              struct ddpd_error *err)
+{
+    ddpd_err e = DDPD_OK;
+    struct store *s = NULL;
+    if (!path || !*path || strcmp(path, ":memory:") == 0 || strncmp(path, "file:", 5) == 0) {
+        ddpd_error_set(err, DDPD_EINTERNAL, path ? path : "",
+                       "store: the database must be a file name");
+        return NULL;
+    }
+    int en = mkdir_parents(path);
+    if (en) {
+        ddpd_error_set(err, DDPD_EIO, path, "store: cannot create the folders of %s: %s", path,
+                       strerror(en));
+        return NULL;
+    }
+
+    s = xcalloc(1, sizeof *s);
+    s->path = strdup(path);
+    if (!s->path)
+        abort();
+    if (opts)
+        s->o = *opts;
+    if (s->o.batch_max <= 0)
+        s->o.batch_max = 1000;
+    if (s->o.linger_ms <= 0)
+        s->o.linger_ms = 50;
+    if (s->o.queue_max <= 0)
+        s->o.queue_max = 65536;
+    if (s->o.queue_max < s->o.batch_max)
+        s->o.queue_max = s->o.batch_max;
+    if (s->o.queue_max_bytes == 0)
+        s->o.queue_max_bytes = (size_t)64 << 20;
+    if (s->o.append_wait_ms <= 0)
+        s->o.append_wait_ms = 1000;
+    if (s->o.readers <= 0)
+        s->o.readers = 8;
+    if (s->o.busy_timeout_ms <= 0)
+        s->o.busy_timeout_ms = 5000;
+    pthread_mutex_init(&s->wmu, NULL);
+    pthread_mutex_init(&s->rmu, NULL);
+    pthread_mutex_init(&s->qmu, NULL);
+    pthread_cond_init(&s->rcv, NULL);
+    cond_init_mono(&s->qcv);
+    cond_init_mono(&s->space_cv);
+    pthread_cond_init(&s->done_cv, NULL);
+    s->q = xcalloc((size_t)s->o.queue_max, sizeof *s->q);
+
+    e = conn_open(path, true, s->o.busy_timeout_ms, &s->w, err);
+    if (e != DDPD_OK)
+        goto out;
+    /* Refuse a newer database before changing anything in it. */
+    int v = 0;
+    int rc = user_version(s->w->db, &v);
+    if (rc != SQLITE_OK) {
+        e = sq_fail(err, s->w->db, rc, "read user_version");
+        goto out;
+    }
+    if (v > store_schema_version()) {
+        e = too_new(path, v, err);
+        goto out;
+    }
+    sqlite3_stmt *st = NULL;
+    rc = sqlite3_prepare_v2(s->w->db, "PRAGMA journal_mode = WAL", -1, &st, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (strcmp(col_text(st, 0), "wal") != 0) {
+            e = ddpd_error_set(err, DDPD_EIO, path, "store: %s cannot use WAL (journal mode %s)",
+                               path, col_text(st, 0));
+            sqlite3_finalize(st);
+            goto out;
+        }
+        rc = SQLITE_OK;
+    }
+    if (rc != SQLITE_OK) {
+        e = sq_fail(err, s->w->db, rc, "set WAL");
+        sqlite3_finalize(st);
+        goto out;
+    }
+    sqlite3_finalize(st);
+    e = migrate(s, s->w->db, err);
+    if (e != DDPD_OK)
+        goto out;
+    if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
+        e = ddpd_error_set(err, DDPD_EINTERNAL, path, "store: cannot start the writer thread");
+        goto out;
+    }
+    s->thread_started = true;
+out:
+    if (e != DDPD_OK) {
+        if (err && !err->path[0])
+            copy_text(err->path, sizeof err->path, path);
+        store_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+void store_close(struct store *s)
+{
+    if (!s)
+        return;
+    if (s->thread_started) {
+        pthread_mutex_lock(&s->qmu);
+        s->stop = true;
+        pthread_cond_signal(&s->qcv);
+        pthread_mutex_unlock(&s->qmu);
+        pthread_join(s->thread, NULL);
+    }
+    for (int i = 0; i < s->qn; i++) /* only when the writer never started */
+        free(s->q[(s->qhead + i) % s->o.queue_max].body);
+    while (s->rfree) {
+        struct conn *c = s->rfree;
+        s->rfree = c->next;
+        conn_close(c);
+    }
+    conn_close(s->w);
+    pthread_cond_destroy(&s->done_cv);
+    pthread_cond_destroy(&s->space_cv);
+    pthread_cond_destroy(&s->qcv);
+    pthread_cond_destroy(&s->rcv);
+    pthread_mutex_destroy(&s->qmu);
+    pthread_mutex_destroy(&s->rmu);
+    pthread_mutex_destroy(&s->wmu);
+    free(s->q);
+    free(s->path);
+    free(s);
+}
+
+/* ---- jobs: writes ---- */
+
+ddpd_err store_job_insert(struct store *s, const struct store_job_new *job, int64_t *id,
+                          double *created_at, struct ddpd_error *err)
+{
+    if (!job->spec || job->world_size < 1)
+        return ddpd_error_set(err, DDPD_EINTERNAL, "",
+                              "store: a job needs a spec and world_size >= 1");
+    ddpd_err e = DDPD_OK;
+    double now = now_s();
+    pthread_mutex_lock(&s->wmu);
+    sqlite3_stmt *st = stmt(s->w, W_JOB_INSERT, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+        goto out;
+    }
+    sqlite3_bind_text(st, 1, job->name ? job->name : "", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, job->spec, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 3, job->world_size);
+    sqlite3_bind_text(st, 4, device_kind_name(job->device), -1, SQLITE_STATIC);
+    sqlite3_bind_double(st, 5, now);
+    sqlite3_bind_int(st, 6, job->max_restarts);
+    /* One statement in autocommit mode: it is its own transaction, committed here. */
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_CONSTRAINT_CHECK)
+        e = ddpd_error_set(err, DDPD_EINTERNAL, "", "store: insert job: %s (spec must be "
+                           "valid JSON, device cpu or cuda)", sqlite3_errmsg(s->w->db));
+    else if (rc != SQLITE_DONE)
+        e = sq_fail(err, s->w->db, rc, "insert job");
+    else
+        *id = sqlite3_last_insert_rowid(s->w->db);
+out:
+    stmt_done(st);
+    pthread_mutex_unlock(&s->wmu);
+    if (e == DDPD_OK && created_at)
+        *created_at = now;
+    return e;
+}
+
+/* Reads the state of job `id` on the writer connection (inside its transaction). */
+static ddpd_err job_state_w(struct store *s, int64_t id, job_state *out, struct ddpd_error *err)
+{
+    sqlite3_stmt *st = stmt(s->w, W_JOB_STATE, err);
+    if (!st)
+        return err ? err->code : DDPD_EINTERNAL;
+    sqlite3_bind_int64(st, 1, id);
+    ddpd_err e = DDPD_OK;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_DONE)
+        e = ddpd_error_set(err, DDPD_ENOTFOUND, "", "job %lld not found", (long long)id);
+    else if (rc != SQLITE_ROW)
+        e = sq_fail(err, s->w->db, rc, "read job state");
+    else if (!job_state_parse(col_text(st, 0), out))
+        e = ddpd_error_set(err, DDPD_EIO, "", "store: job %lld has an unknown state '%s'",
+                           (long long)id, col_text(st, 0));
+    stmt_done(st);
+    return e;
+}
+
+static ddpd_err state_guard(int64_t id, job_state cur, unsigned if_states,
+                            struct ddpd_error *err)
+{
+    if (if_states && !(if_states & JOB_STATE_BIT(cur)))
+        return ddpd_error_set(err, DDPD_ECONFLICT, "", "job %lld is %s", (long long)id,
+                              job_state_name(cur));
+    return DDPD_OK;
+}
+
+ddpd_err store_job_update(struct store *s, int64_t id, const struct store_job_update *u,
+                          job_state *old, struct ddpd_error *err)
+{
+    if ((u->fields & STORE_SET_STATE) && (unsigned)u->state >= JOB_STATE_COUNT)
+        return ddpd_error_set(err, DDPD_EINTERNAL, "", "store: bad job state %d", (int)u->state);
+    job_state cur = JOB_STATE_QUEUED;
+    sqlite3_stmt *st = NULL;
+    ddpd_err e = wtx_begin(s, err);
+    if (e != DDPD_OK)
+        return e;
+    e = job_state_w(s, id, &cur, err);
+    if (e == DDPD_OK)
+        e = state_guard(id, cur, u->if_states, err);
+    if (e != DDPD_OK)
+        goto out;
+    st = stmt(s->w, W_JOB_UPDATE, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+        goto out;
+    }
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_int(st, 2, (int)u->fields);
+    sqlite3_bind_text(st, 3, job_state_name((u->fields & STORE_SET_STATE) ? u->state : cur), -1,
+                      SQLITE_STATIC);
+    sqlite3_bind_int(st, 4, u->attempt);
+    sqlite3_bind_int(st, 5, u->restarts);
+    bind_text_or_null(st, 6, u->error);
+    bind_text_or_null(st, 7, u->pending_reason);
+    sqlite3_bind_int64(st, 8, u->step);
+    if (isfinite(u->loss))
+        sqlite3_bind_double(st, 9, u->loss);
+    else
+        sqlite3_bind_null(st, 9);
+    sqlite3_bind_double(st, 10, now_s());
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_DONE)
+        e = sq_fail(err, s->w->db, rc, "update job");
+out:
+    stmt_done(st);
+    e = wtx_end(s, e, err);
+    if (old && e == DDPD_OK)
+        *old = cur;
+    return e;
+}
+
+ddpd_err store_job_delete(struct store *s, int64_t id, unsigned if_states,
+                          struct ddpd_error *err)
+{
+    job_state cur;
+    sqlite3_stmt *st = NULL;
+    drain(s); /* its queued events first, so none lands after the delete */
+    ddpd_err e = wtx_begin(s, err);
+    if (e != DDPD_OK)
+        return e;
+    e = job_state_w(s, id, &cur, err);
+    if (e == DDPD_OK)
+        e = state_guard(id, cur, if_states, err);
+    if (e != DDPD_OK)
+        goto out;
+    st = stmt(s->w, W_JOB_DELETE, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+        goto out;
+    }
+    sqlite3_bind_int64(st, 1, id);
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_DONE)
+        e = sq_fail(err, s->w->db, rc, "delete job");
+out:
+    stmt_done(st);
+    return wtx_end(s, e, err);
+}
+
+/* ---- attempts and ranks ---- */
+
+/* Runs the prepared writer statement `st` (bound) alone, as its own transaction; a
+ * foreign-key failure means the job is missing. */
+static ddpd_err w_exec(struct store *s, sqlite3_stmt *st, int64_t job, const char *op,
+                       bool need_change, struct ddpd_error *err)
+{
+    ddpd_err e = DDPD_OK;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_CONSTRAINT_FOREIGNKEY)
+        e = ddpd_error_set(err, DDPD_ENOTFOUND, "", "job %lld not found", (long long)job);
+    else if (rc != SQLITE_DONE)
+        e = sq_fail(err, s->w->db, rc, op);
+    else if (need_change && sqlite3_changes(s->w->db) == 0)
+        e = ddpd_error_set(err, DDPD_ENOTFOUND, "", "store: %s: job %lld has no such row", op,
+                           (long long)job);
+    stmt_done(st);
+    return e;
+}
+
+ddpd_err store_attempt_begin(struct store *s, int64_t job, int attempt, const char *comm_id,
+                             struct ddpd_error *err)
+{
+    ddpd_err e;
+    pthread_mutex_lock(&s->wmu);
+    sqlite3_stmt *st = stmt(s->w, W_ATTEMPT_INSERT, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+    } else {
+        sqlite3_bind_int64(st, 1, job);
+        sqlite3_bind_int(st, 2, attempt);
+        bind_text_or_null(st, 3, comm_id);
+        sqlite3_bind_double(st, 4, now_s());
+        e = w_exec(s, st, job, "begin attempt", false, err);
+    }
+    pthread_mutex_unlock(&s->wmu);
+    return e;
+}
+
+ddpd_err store_attempt_end(struct store *s, int64_t job, int attempt, const char *outcome,
+                           struct ddpd_error *err)
+{
+    ddpd_err e;
+    pthread_mutex_lock(&s->wmu);
+    sqlite3_stmt *st = stmt(s->w, W_ATTEMPT_END, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+    } else {
+        sqlite3_bind_int64(st, 1, job);
+        sqlite3_bind_int(st, 2, attempt);
+        sqlite3_bind_double(st, 3, now_s());
+        bind_text_or_null(st, 4, outcome);
+        e = w_exec(s, st, job, "end attempt", true, err);
+    }
+    pthread_mutex_unlock(&s->wmu);
+    return e;
+}
+
+ddpd_err store_rank_put(struct store *s, int64_t job, const struct store_rank *r,
+                        struct ddpd_error *err)
+{
+    ddpd_err e;
+    pthread_mutex_lock(&s->wmu);
+    sqlite3_stmt *st = stmt(s->w, W_RANK_PUT, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+    } else {
+        sqlite3_bind_int64(st, 1, job);
+        sqlite3_bind_int(st, 2, r->attempt);
+        sqlite3_bind_int(st, 3, r->rank);
+        if (r->pid > 0)
+            sqlite3_bind_int64(st, 4, r->pid);
+        if (r->start_time > 0)
+            sqlite3_bind_int64(st, 5, (sqlite3_int64)r->start_time);
+        sqlite3_bind_text(st, 6, r->state, -1, SQLITE_TRANSIENT);
+        if (r->has_exit_code)
+            sqlite3_bind_int(st, 7, r->exit_code);
+        e = w_exec(s, st, job, "put rank", false, err);
+    }
+    pthread_mutex_unlock(&s->wmu);
+    return e;
+}
+
+/* ---- jobs: reads ---- */
+
+void store_job_clear(struct store_job *j)
+{
+    if (!j)
+        return;
+    free(j->spec);
+    free(j->ranks);
+    memset(j, 0, sizeof *j);
+}
+
+void store_job_list_free(struct store_job_list *l)
+{
+    if (!l)
+        return;
+    for (size_t i = 0; i < l->n; i++)
+        store_job_clear(&l->jobs[i]);
+    free(l->jobs);
+    memset(l, 0, sizeof *l);
+}
+
+/* Fills *j from a row of JOB_COLS. */
+static void job_from_row(sqlite3_stmt *st, struct store_job *j)
+{
+    memset(j, 0, sizeof *j);
+    j->id = sqlite3_column_int64(st, 0);
+    copy_text(j->name, sizeof j->name, col_text(st, 1));
+    if (!job_state_parse(col_text(st, 2), &j->state))
+        j->state = JOB_STATE_FAILED; /* NEVER: the schema's CHECK allows only the six */
+    if (sqlite3_column_type(st, 3) != SQLITE_NULL) {
+        const char *t = col_text(st, 3);
+        size_t n = (size_t)sqlite3_column_bytes(st, 3);
+        j->spec = xmalloc(n + 1);
+        memcpy(j->spec, t, n);
+        j->spec[n] = '\0';
+    }
+    j->world_size = sqlite3_column_int(st, 4);
+    j->device = strcmp(col_text(st, 5), "cuda") == 0 ? DEVICE_CUDA : DEVICE_CPU;
+    j->created_at = sqlite3_column_double(st, 6);
+    j->started_at = sqlite3_column_double(st, 7);
+    j->finished_at = sqlite3_column_double(st, 8);
+    j->attempt = sqlite3_column_int(st, 9);
+    j->has_progress = sqlite3_column_type(st, 10) != SQLITE_NULL;
+    j->step = sqlite3_column_int64(st, 10);
+    j->loss_finite = sqlite3_column_type(st, 11) != SQLITE_NULL;
+    j->loss = j->loss_finite ? sqlite3_column_double(st, 11) : NAN;
+    copy_text(j->error, sizeof j->error, col_text(st, 12));
+    copy_text(j->pending_reason, sizeof j->pending_reason, col_text(st, 13));
+    j->max_restarts = sqlite3_column_int(st, 14);
+    j->restarts = sqlite3_column_int(st, 15);
+}
+
+static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_error *err)
+{
+    sqlite3_stmt *st = stmt(c, R_RANKS, err);
+    if (!st)
+        return err ? err->code : DDPD_EINTERNAL;
+    sqlite3_bind_int64(st, 1, j->id);
+    sqlite3_bind_int(st, 2, j->attempt);
+    ddpd_err e = DDPD_OK;
+    size_t cap = 0;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (j->n_ranks == cap) {
+            cap = cap ? 2 * cap : 8;
+            j->ranks = xrealloc(j->ranks, cap * sizeof *j->ranks);
+        }
+        struct store_rank *r = &j->ranks[j->n_ranks++];
+        memset(r, 0, sizeof *r);
+        r->attempt = sqlite3_column_int(st, 0);
+        r->rank = sqlite3_column_int(st, 1);
+        r->pid = sqlite3_column_int64(st, 2);
+        r->start_time = (uint64_t)sqlite3_column_int64(st, 3);
+        copy_text(r->state, sizeof r->state, col_text(st, 4));
+        r->has_exit_code = sqlite3_column_type(st, 5) != SQLITE_NULL;
+        r->exit_code = r->has_exit_code ? sqlite3_column_int(st, 5) : 0;
+        r->has_progress = sqlite3_column_type(st, 6) != SQLITE_NULL;
+        r->step = sqlite3_column_int64(st, 6);
+        r->loss_finite = sqlite3_column_type(st, 7) != SQLITE_NULL;
+        r->loss = r->loss_finite ? sqlite3_column_double(st, 7) : NAN;
+        r->samples_per_s = sqlite3_column_double(st, 8);
+    }
+    if (rc != SQLITE_DONE)
+        e = sq_fail(err, c->db, rc, "read ranks");
+    stmt_done(st);
+    return e;
+}
+
+ddpd_err store_job_get(struct store *s, int64_t id, struct store_job *out,
+                       struct ddpd_error *err)
+{
+    memset(out, 0, sizeof *out);
+    struct conn *c = reader_get(s, err);
+    if (!c)
+        return err ? err->code : DDPD_EIO;
+    ddpd_err e = DDPD_OK;
+    /* One read transaction, so the job and its ranks are from the same moment. */
+    int rc = sqlite3_exec(c->db, "BEGIN", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        e = sq_fail(err, c->db, rc, "begin read");
+        goto out;
+    }
+    sqlite3_stmt *st = stmt(c, R_JOB_GET, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+        goto end;
+    }
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_int(st, 9, 1);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        job_from_row(st, out);
+    else if (rc == SQLITE_DONE)
+        e = ddpd_error_set(err, DDPD_ENOTFOUND, "", "job %lld not found", (long long)id);
+    else
+        e = sq_fail(err, c->db, rc, "read job");
+    stmt_done(st);
+    if (e == DDPD_OK)
+        e = load_ranks(c, out, err);
+end:
+    sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL);
+out:
+    reader_put(s, c);
+    return e;
+}
+
+ddpd_err store_job_list(struct store *s, const struct store_job_query *q,
+                        struct store_job_list *out, struct ddpd_error *err)
+{
+    memset(out, 0, sizeof *out);
+    int limit = q->limit <= 0 ? 50 : q->limit > STORE_LIST_MAX ? STORE_LIST_MAX : q->limit;
+    unsigned states = q->states & JOB_STATES_ALL;
+    int nstates = __builtin_popcount(states);
+    struct conn *c = reader_get(s, err);
+    if (!c)
+        return err ? err->code : DDPD_EIO;
+    ddpd_err e = DDPD_OK;
+    int rc = sqlite3_exec(c->db, "BEGIN", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        e = sq_fail(err, c->db, rc, "begin read");
+        goto out;
+    }
+    int which = states == 0 || states == JOB_STATES_ALL ? R_JOB_LIST_ALL
+                : nstates == 1                          ? R_JOB_LIST_ONE
+                                                        : R_JOB_LIST_SOME;
+    sqlite3_stmt *st = stmt(c, which, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+        goto end;
+    }
+    sqlite3_bind_int64(st, 1, q->before > 0 ? q->before : INT64_MAX);
+    for (int i = 0, p = 2; which != R_JOB_LIST_ALL && i < JOB_STATE_COUNT; i++)
+        if (states & JOB_STATE_BIT(i))
+            sqlite3_bind_text(st, p++, state_names[i], -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 8, limit + 1); /* one more tells whether there is a next page */
+    sqlite3_bind_int(st, 9, q->with_spec);
+    out->jobs = xcalloc((size_t)limit, sizeof *out->jobs);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (out->n == (size_t)limit) {
+            out->next = out->jobs[out->n - 1].id;
+            break;
+        }
+        job_from_row(st, &out->jobs[out->n++]);
+    }
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        e = sq_fail(err, c->db, rc, "list jobs");
+    stmt_done(st);
+    for (size_t i = 0; e == DDPD_OK && q->with_ranks && i < out->n; i++)
+        e = load_ranks(c, &out->jobs[i], err);
+end:
+    sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL);
+out:
+    reader_put(s, c);
+    return e;
+}
+
+ddpd_err store_job_count(struct store *s, int64_t *counts, struct ddpd_error *err)
+{
+    for (int i = 0; i < JOB_STATE_COUNT; i++)
+        counts[i] = 0;
+    struct conn *c = reader_get(s, err);
+    if (!c)
+        return err ? err->code : DDPD_EIO;
+    ddpd_err e = DDPD_OK;
+    sqlite3_stmt *st = stmt(c, R_JOB_COUNT, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+        goto out;
+    }
+    int rc;
+    job_state js;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+        if (job_state_parse(col_text(st, 0), &js))
+            counts[js] = sqlite3_column_int64(st, 1);
+    if (rc != SQLITE_DONE)
+        e = sq_fail(err, c->db, rc, "count jobs");
+    stmt_done(st);
+out:
+    reader_put(s, c);
+    return e;
+}
+
+ddpd_err store_ping(struct store *s, struct ddpd_error *err)
+{
+    struct conn *c = reader_get(s, err);
+    if (!c)
+        return err ? err->code : DDPD_EIO;
+    ddpd_err e = DDPD_OK;
+    sqlite3_stmt *st = stmt(c, R_PING, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+    } else {
+        int rc = sqlite3_step(st);
+        if (rc != SQLITE_ROW)
+            e = sq_fail(err, c->db, rc, "ping");
+        stmt_done(st);
+    }
+    reader_put(s, c);
+    return e;
+}
+
+/* ---- events: reads ---- */
+
+static event_kind kind_parse(const char *name)
+{
+    for (int k = EVENT_START; k <= EVENT_STATE; k++)
+        if (strcmp(name, event_kind_name((event_kind)k)) == 0)
+            return (event_kind)k;
+    return EVENT_STATE; /* NEVER: only the writer stores kinds, by event_kind_name */
+}
+
+ddpd_err store_events_read(struct store *s, int64_t job, int64_t after_seq, int max,
+                           bool (*fn)(void *ctx, const struct store_event_row *row),
+                           void *ctx, size_t *count, struct ddpd_error *err)
+{
+    size_t got = 0;
+    if (max <= 0 || max > STORE_EVENTS_MAX)
+        max = STORE_EVENTS_MAX;
+    struct conn *c = reader_get(s, err);
+    if (!c)
+        return err ? err->code : DDPD_EIO;
+    ddpd_err e = DDPD_OK;
+    sqlite3_stmt *st = stmt(c, R_EVENTS, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+        goto out;
+    }
+    sqlite3_bind_int64(st, 1, job);
+    sqlite3_bind_int64(st, 2, after_seq);
+    sqlite3_bind_int(st, 3, max);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        struct store_event_row row = {
+            .job = job,
+            .seq = sqlite3_column_int64(st, 0),
+            .attempt = sqlite3_column_int(st, 1),
+            .kind = kind_parse(col_text(st, 2)),
+            .rank = sqlite3_column_type(st, 3) == SQLITE_NULL ? -1 : sqlite3_column_int(st, 3),
+            .ts = sqlite3_column_double(st, 4),
+            .body = col_text(st, 5),
+        };
+        row.len = (size_t)sqlite3_column_bytes(st, 5);
+        got++;
+        if (!fn(ctx, &row)) {
+            rc = SQLITE_DONE;
+            break;
+        }
+    }
+    if (rc != SQLITE_DONE)
+        e = sq_fail(err, c->db, rc, "read events");
+    stmt_done(st);
+out:
+    reader_put(s, c);
+    if (count)
+        *count = got;
+    return e;
+}
+
+ddpd_err store_event_max_seq(struct store *s, int64_t job, int64_t *seq, struct ddpd_error *err)
+{
+    *seq = 0;
+    struct conn *c = reader_get(s, err);
+    if (!c)
+        return err ? err->code : DDPD_EIO;
+    ddpd_err e = DDPD_OK;
+    sqlite3_stmt *st = stmt(c, R_MAX_SEQ, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+        goto out;
+    }
+    sqlite3_bind_int64(st, 1, job);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        *seq = sqlite3_column_int64(st, 0); /* NULL (no events) reads as 0 */
+    else
+        e = sq_fail(err, c->db, rc, "read max seq");
+    stmt_done(st);
+out:
+    reader_put(s, c);
+    return e;
+}
+
+/* ---- metrics: min/max-preserving buckets over one streamed pass ---- */
+
+struct pt {
+    int64_t step;
+    double v;
+};
+
+/* One series being downsampled: the open bucket and the points already kept. */
+struct acc {
+    int64_t bucket; /* index of the open bucket; -1 before the first point */
+    int n;          /* points seen in the open bucket */
+    struct pt buf[4], first, min, max, last;
+    size_t n_out, cap;
+    int64_t *step;
+    double *loss;
+};
+
+static void acc_put(struct acc *a, struct pt p)
+{
+    if (a->n_out == a->cap) {
+        a->cap = a->cap ? 2 * a->cap : 64;
+        a->step = xrealloc(a->step, a->cap * sizeof *a->step);
+        a->loss = xrealloc(a->loss, a->cap * sizeof *a->loss);
+    }
+    a->step[a->n_out] = p.step;
+    a->loss[a->n_out] = p.v;
+    a->n_out++;
+}
+
+/* Closes the open bucket: all its points when it has at most 4, else its first,
+ * minimum, maximum and last point, distinct and in step order. */
+static void acc_emit(struct acc *a)
+{
+    if (a->n <= 4) {
+        for (int i = 0; i < a->n; i++)
+            acc_put(a, a->buf[i]);
+    } else {
+        struct pt mid[2] = {a->min, a->max};
+        if (mid[1].step < mid[0].step) {
+            struct pt t = mid[0];
+            mid[0] = mid[1];
+            mid[1] = t;
+        }
+        int64_t prev = a->first.step;
+        acc_put(a, a->first);
+        for (int i = 0; i < 2; i++)
+            if (mid[i].step != prev && mid[i].step != a->last.step) {
+                acc_put(a, mid[i]);
+                prev = mid[i].step;
+            }
+        acc_put(a, a->last);
+    }
+    a->n = 0;
+}
+
+static void acc_add(struct acc *a, int64_t bucket, struct pt p)
+{
+    if (bucket != a->bucket) {
+        acc_emit(a);
+        a->bucket = bucket;
+    }
+    if (a->n < 4)
+        a->buf[a->n] = p;
+    if (a->n == 0) {
+        a->first = a->min = a->max = p;
+    } else {
+        if (p.v < a->min.v)
+            a->min = p;
+        if (p.v > a->max.v)
+            a->max = p;
+    }
+    a->last = p;
+    a->n++;
+}
+
+void store_metrics_free(struct store_metrics *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->n_series; i++) {
+        free(m->series[i].step);
+        free(m->series[i].loss);
+    }
+    free(m->series);
+    memset(m, 0, sizeof *m);
+}
+
+ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points,
+                           struct store_metrics *out, struct ddpd_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (max_points == 0)
+        max_points = 1000;
+    if (max_points < 4)
+        max_points = 4;
+    if (max_points > STORE_METRICS_MAX_POINTS)
+        max_points = STORE_METRICS_MAX_POINTS;
+    struct acc mean = {.bucket = -1}, **ranks = NULL;
+    int nranks = 0; /* ranks[0..nranks) allocated, NULL where a rank has no rows */
+    struct conn *c = reader_get(s, err);
+    if (!c)
+        return err ? err->code : DDPD_EIO;
+    ddpd_err e = DDPD_OK;
+    int rc = sqlite3_exec(c->db, "BEGIN", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        e = sq_fail(err, c->db, rc, "begin read");
+        goto out;
+    }
+    sqlite3_stmt *st = stmt(c, R_LOSS_RANGE, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+        goto end;
+    }
+    sqlite3_bind_int64(st, 1, job);
+    rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        e = sq_fail(err, c->db, rc, "read loss range");
+        stmt_done(st);
+        goto end;
+    }
+    bool any = sqlite3_column_type(st, 0) != SQLITE_NULL;
+    int64_t lo = sqlite3_column_int64(st, 0), hi = sqlite3_column_int64(st, 1);
+    stmt_done(st);
+    if (!any)
+        goto end;
+    /* Buckets of equal width over [lo, hi]; one step per bucket when that fits. */
+    uint64_t range = (uint64_t)(hi - lo) + 1, nb = (uint64_t)max_points / 4;
+    uint64_t width = range <= (uint64_t)max_points ? 1 : (range + nb - 1) / nb;
+
+    st = stmt(c, R_LOSS_SCAN, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+        goto end;
+    }
+    sqlite3_bind_int64(st, 1, job);
+    int64_t cur = INT64_MIN;
+    double sum = 0;
+    int cnt = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        int64_t step = sqlite3_column_int64(st, 0);
+        int rank = sqlite3_column_int(st, 1);
+        if (step != cur) {
+            if (cnt)
+                acc_add(&mean, (int64_t)((uint64_t)(cur - lo) / width), (struct pt){cur, sum / cnt});
+            cur = step;
+            sum = 0;
+            cnt = 0;
+        }
+        if (sqlite3_column_type(st, 2) == SQLITE_NULL || rank < 0 ||
+            rank >= STORE_METRICS_MAX_RANKS)
+            continue;
+        double v = sqlite3_column_double(st, 2);
+        sum += v;
+        cnt++;
+        out->points++;
+        if (rank >= nranks) {
+            ranks = xrealloc(ranks, (size_t)(rank + 1) * sizeof *ranks);
+            memset(ranks + nranks, 0, (size_t)(rank + 1 - nranks) * sizeof *ranks);
+            nranks = rank + 1;
+        }
+        if (!ranks[rank]) {
+            ranks[rank] = xcalloc(1, sizeof **ranks);
+            ranks[rank]->bucket = -1;
+        }
+        acc_add(ranks[rank], (int64_t)((uint64_t)(step - lo) / width), (struct pt){step, v});
+    }
+    if (rc != SQLITE_DONE) {
+        e = sq_fail(err, c->db, rc, "read loss series");
+        stmt_done(st);
+        goto end;
+    }
+    stmt_done(st);
+    if (cnt)
+        acc_add(&mean, (int64_t)((uint64_t)(cur - lo) / width), (struct pt){cur, sum / cnt});
+    out->first_step = lo;
+    out->last_step = hi;
+
+    /* series[0] is the mean, then every rank that has points. */
+    out->series = xcalloc((size_t)nranks + 1, sizeof *out->series);
+    acc_emit(&mean);
+    out->series[0] = (struct store_series){-1, mean.n_out, mean.step, mean.loss};
+    mean.step = NULL;
+    mean.loss = NULL;
+    out->n_series = 1;
+    for (int r = 0; r < nranks; r++) {
+        if (!ranks[r])
+            continue;
+        acc_emit(ranks[r]);
+        out->series[out->n_series++] =
+            (struct store_series){r, ranks[r]->n_out, ranks[r]->step, ranks[r]->loss};
+        ranks[r]->step = NULL;
+        ranks[r]->loss = NULL;
+    }
+end:
+    sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL);
+out:
+    reader_put(s, c);
+    free(mean.step);
+    free(mean.loss);
+    for (int r = 0; r < nranks; r++) {
+        if (ranks[r]) {
+            free(ranks[r]->step);
+            free(ranks[r]->loss);
+            free(ranks[r]);
+        }
+    }
+    free(ranks);
+    return e;
+}

@@ -1,0 +1,670 @@
+/* super.c — the supervisor thread: scheduling, launching, event ingestion, job states,
+ * restarts, cancellation and recovery after a crash. The only thread that changes a
+ * running job; HTTP threads hand it commands through a locked queue and an eventfd. */
+#include "super.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../schema/event.h"
+#include "hub.h"
+#include "launch.h"
+#include "sched.h"
+#include "store.h"
+
+#define POLL_MS 50
+#define MAX_FDS 4096
+
+enum cmd_kind { CMD_SUBMIT, CMD_CANCEL };
+
+struct cmd {
+    enum cmd_kind kind;
+    int64_t job;
+    struct cmd *next;
+};
+
+/* A job the supervisor holds: queued, starting or running. */
+struct active {
+    int64_t job;
+    job_state state;
+    struct spec spec;
+    int attempt, restarts, max_restarts;
+    int64_t next_seq;
+    int *slots;
+    struct launch *l;
+    bool cancel_requested;
+    char cancel_reason[128];
+    char pending[STORE_TEXT_MAX];
+    char out_dir[PATH_MAX];
+    struct super *s;
+    struct active *next;
+};
+
+struct super {
+    struct super_opts o;
+    pthread_t thread;
+    bool thread_started;
+    int wake_fd;
+    pthread_mutex_t lock; /* cmds, sched, stopping */
+    struct cmd *head, *tail;
+    struct sched *sched;
+    bool stopping;
+    struct active *jobs; /* supervisor thread only */
+};
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void wake(struct super *s)
+{
+    uint64_t one = 1;
+    ssize_t w = write(s->wake_fd, &one, sizeof one);
+    (void)w;
+}
+
+/* ---- events and states -------------------------------------------------------------- */
+
+/* Numbers, stores and publishes one event of a job: the store first, so that a stream
+ * that attaches to the hub later finds every earlier event in the store. */
+static void publish(struct super *s, struct active *a, struct event *ev)
+{
+    char body[EVENT_LINE_MAX];
+    ev->has_server_fields = true;
+    ev->job = a->job;
+    ev->attempt = a->attempt;
+    ev->seq = a->next_seq++;
+    if (ev->ts == 0)
+        ev->ts = now_s();
+    int n = event_encode(ev, body, sizeof body);
+    if (n < 0)
+        return;
+    struct ddpd_error err;
+    if (store_event_append(s->o.store, ev, body, (size_t)n, &err) != DDPD_OK)
+        fprintf(stderr, "ddpd: job %" PRId64 ": event %" PRId64 " not stored: %s\n", a->job, ev->seq,
+                err.message);
+    hub_publish(s->o.hub, ev, body, (size_t)n);
+}
+
+static void set_state(struct super *s, struct active *a, job_state st, const char *error)
+{
+    struct store_job_update u = {.fields = STORE_SET_STATE | STORE_SET_ATTEMPT | STORE_SET_RESTARTS |
+                                           STORE_SET_PENDING,
+                                 .state = st,
+                                 .attempt = a->attempt,
+                                 .restarts = a->restarts,
+                                 .pending_reason = ""};
+    if (error) {
+        u.fields |= STORE_SET_ERROR;
+        u.error = error;
+    }
+    if (st == JOB_STATE_RUNNING)
+        u.fields &= ~(unsigned)STORE_SET_ATTEMPT; /* keep the progress the attempt reported */
+    struct ddpd_error err;
+    if (store_job_update(s->o.store, a->job, &u, NULL, &err) != DDPD_OK)
+        fprintf(stderr, "ddpd: job %" PRId64 ": state %s not stored: %s\n", a->job, job_state_name(st),
+                err.message);
+    a->state = st;
+    a->pending[0] = '\0';
+    struct event ev = {.kind = EVENT_STATE, .rank = -1};
+    snprintf(ev.state, sizeof ev.state, "%s", job_state_name(st));
+    if (error)
+        snprintf(ev.message, sizeof ev.message, "%s", error);
+    publish(s, a, &ev);
+}
+
+/* ---- the job table -------------------------------------------------------------------- */
+
+static struct active *find(struct super *s, int64_t job)
+{
+    for (struct active *a = s->jobs; a; a = a->next)
+        if (a->job == job)
+            return a;
+    return NULL;
+}
+
+static void drop(struct super *s, struct active *a)
+{
+    for (struct active **p = &s->jobs; *p; p = &(*p)->next)
+        if (*p == a) {
+            *p = a->next;
+            break;
+        }
+    launch_free(a->l);
+    free(a->slots);
+    free(a);
+}
+
+/* Loads a stored job into the table (queued). NULL when it is gone or unreadable. */
+static struct active *load(struct super *s, int64_t job)
+{
+    struct store_job j;
+    struct ddpd_error err;
+    memset(&j, 0, sizeof j);
+    if (store_job_get(s->o.store, job, &j, &err) != DDPD_OK) {
+        fprintf(stderr, "ddpd: job %" PRId64 ": cannot load: %s\n", job, err.message);
+        return NULL;
+    }
+    struct active *a = calloc(1, sizeof *a);
+    json_t *js = j.spec ? json_loads(j.spec, 0, NULL) : NULL;
+    if (!a || !js || spec_from_json(js, NULL, &a->spec, &err) != DDPD_OK) {
+        fprintf(stderr, "ddpd: job %" PRId64 ": stored spec unreadable\n", job);
+        json_decref(js);
+        free(a);
+        store_job_clear(&j);
+        return NULL;
+    }
+    json_decref(js);
+    a->s = s;
+    a->job = job;
+    a->state = j.state;
+    a->attempt = j.attempt;
+    a->restarts = j.restarts;
+    a->max_restarts = j.max_restarts;
+    int64_t seq = 0;
+    store_event_max_seq(s->o.store, job, &seq, NULL);
+    a->next_seq = seq + 1;
+    snprintf(a->out_dir, sizeof a->out_dir, "%s/%" PRId64, s->o.jobs_dir, job);
+    store_job_clear(&j);
+    a->next = s->jobs;
+    s->jobs = a;
+    return a;
+}
+
+/* ---- launching -------------------------------------------------------------------------- */
+
+/* The newest complete checkpoint of a job: OUT/ckpt-N with the largest N. */
+static bool latest_checkpoint(const char *out_dir, char *path, size_t cap)
+{
+    DIR *d = opendir(out_dir);
+    if (!d)
+        return false;
+    long long best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        if (strncmp(e->d_name, "ckpt-", 5) != 0)
+            continue;
+        long long n = strtoll(e->d_name + 5, &end, 10);
+        if (*end || n <= best) /* "ckpt-7.tmp" is a torn write: skipped */
+            continue;
+        char f[PATH_MAX + 320];
+        struct stat st;
+        if (snprintf(f, sizeof f, "%s/%s/optim.safetensors", out_dir, e->d_name) < (int)sizeof f &&
+            stat(f, &st) == 0)
+            best = n;
+    }
+    closedir(d);
+    if (best < 0)
+        return false;
+    return snprintf(path, cap, "%s/ckpt-%lld", out_dir, best) < (int)cap;
+}
+
+/* /proc/PID/stat field 22: when the process started, in clock ticks after boot. */
+static uint64_t proc_start_time(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    if (!p)
+        return 0;
+    unsigned long long v = 0;
+    int field = 2;
+    for (char *t = strtok(p + 1, " "); t; t = strtok(NULL, " "))
+        if (++field == 22) {
+            v = strtoull(t, NULL, 10);
+            break;
+        }
+    return v;
+}
+
+static void on_line(void *ctx, int rank, const char *line, size_t len)
+{
+    struct active *a = ctx;
+    struct super *s = a->s;
+    struct event ev;
+    struct ddpd_error err;
+    if (event_decode(line, len, &ev, &err) != DDPD_OK) {
+        fprintf(stderr, "ddpd: job %" PRId64 " rank %d: ignored a line that is not an event: %s\n", a->job,
+                rank, err.message);
+        return;
+    }
+    ev.rank = rank; /* the launcher knows which pipe it came from */
+    ev.has_server_fields = false;
+    publish(s, a, &ev);
+    if (ev.kind == EVENT_START) {
+        struct store_rank r = {.attempt = a->attempt, .rank = rank};
+        r.pid = launch_pid(a->l, rank);
+        r.start_time = proc_start_time((pid_t)r.pid);
+        snprintf(r.state, sizeof r.state, "running");
+        store_rank_put(s->o.store, a->job, &r, NULL);
+        if (a->state == JOB_STATE_STARTING)
+            set_state(s, a, JOB_STATE_RUNNING, NULL);
+    }
+}
+
+static void finish(struct super *s, struct active *a, job_state st, const char *error);
+
+static void start(struct super *s, struct active *a, bool restart, const char *why)
+{
+    struct ddpd_error err;
+    char resume[PATH_MAX];
+    bool has_resume = latest_checkpoint(a->out_dir, resume, sizeof resume);
+    a->attempt++;
+    mkdir(s->o.jobs_dir, 0755);
+    json_t *doc = json_object();
+    json_object_set_new(doc, "job", json_integer(a->job));
+    json_object_set_new(doc, "attempt", json_integer(a->attempt));
+    json_object_set_new(doc, "world_size", json_integer(a->spec.world_size));
+    json_object_set_new(doc, "comm", json_null());
+    json_object_set_new(doc, "spec", spec_to_json(&a->spec));
+    json_object_set_new(doc, "data_dir", json_string(s->o.data_dir));
+    json_object_set_new(doc, "out_dir", json_string(a->out_dir));
+    json_object_set_new(doc, "resume", has_resume ? json_string(resume) : json_null());
+    struct launch_opts lo = {
+        .worker = s->o.worker,
+        .world_size = a->spec.world_size,
+        .out_dir = a->out_dir,
+        .doc = doc,
+        .grace_s = s->o.grace_s,
+        .die_with_parent = true,
+        .on_line = on_line,
+        .ctx = a,
+    };
+    store_attempt_begin(s->o.store, a->job, a->attempt, NULL, NULL);
+    set_state(s, a, JOB_STATE_STARTING, restart ? why : NULL);
+    a->l = launch_start(&lo, &err);
+    json_decref(doc);
+    if (!a->l) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "cannot start the job: %s", err.message);
+        finish(s, a, JOB_STATE_FAILED, msg);
+        return;
+    }
+    for (int r = 0; r < a->spec.world_size; r++) {
+        struct store_rank sr = {.attempt = a->attempt, .rank = r};
+        sr.pid = launch_pid(a->l, r);
+        sr.start_time = proc_start_time((pid_t)sr.pid);
+        snprintf(sr.state, sizeof sr.state, "starting");
+        store_rank_put(s->o.store, a->job, &sr, NULL);
+    }
+}
+
+/* A job leaves the table in a final state; its slots are freed. */
+static void finish(struct super *s, struct active *a, job_state st, const char *error)
+{
+    if (a->l) {
+        launch_free(a->l);
+        a->l = NULL;
+    }
+    store_attempt_end(s->o.store, a->job, a->attempt, job_state_name(st), NULL);
+    pthread_mutex_lock(&s->lock);
+    sched_release(s->sched, a->job);
+    sched_dequeue(s->sched, a->job);
+    pthread_mutex_unlock(&s->lock);
+    set_state(s, a, st, error);
+    drop(s, a);
+}
+
+/* Every process of the attempt has exited. */
+static void ended(struct super *s, struct active *a)
+{
+    struct launch_result res;
+    launch_result(a->l, &res);
+    launch_free(a->l);
+    a->l = NULL;
+    if (a->cancel_requested) {
+        finish(s, a, JOB_STATE_CANCELLED, a->cancel_reason);
+        return;
+    }
+    if (res.ok) {
+        finish(s, a, JOB_STATE_SUCCEEDED, NULL);
+        return;
+    }
+    char msg[1400];
+    snprintf(msg, sizeof msg, "rank %d failed (exit code %d): %s", res.rank, res.exit_code, res.message);
+    if (a->restarts < a->max_restarts) {
+        a->restarts++;
+        char why[1600];
+        snprintf(why, sizeof why, "restart %d of %d after %s", a->restarts, a->max_restarts, msg);
+        store_attempt_end(s->o.store, a->job, a->attempt, "failed", NULL);
+        start(s, a, true, why); /* same slots, fresh id, from the latest checkpoint */
+        return;
+    }
+    finish(s, a, JOB_STATE_FAILED, msg);
+}
+
+/* ---- commands, scheduling ----------------------------------------------------------------- */
+
+static void submit(struct super *s, int64_t job)
+{
+    if (find(s, job))
+        return;
+    struct active *a = load(s, job);
+    if (!a)
+        return;
+    a->slots = calloc((size_t)a->spec.world_size, sizeof(int));
+    pthread_mutex_lock(&s->lock);
+    sched_enqueue(s->sched, job, a->spec.device, a->spec.world_size);
+    pthread_mutex_unlock(&s->lock);
+    set_state(s, a, JOB_STATE_QUEUED, NULL);
+}
+
+static void cancel(struct super *s, int64_t job, const char *reason)
+{
+    struct active *a = find(s, job);
+    if (!a)
+        return;
+    if (!a->l) { /* still queued */
+        finish(s, a, JOB_STATE_CANCELLED, reason);
+        return;
+    }
+    a->cancel_requested = true;
+    snprintf(a->cancel_reason, sizeof a->cancel_reason, "%s", reason);
+    launch_cancel(a->l);
+}
+
+static void schedule(struct super *s)
+{
+    for (;;) {
+        int64_t job;
+        device_kind kind;
+        int world;
+        int slots[SCHED_MAX_SLOTS];
+        pthread_mutex_lock(&s->lock);
+        bool go = !s->stopping && sched_next(s->sched, &job, &kind, slots, &world);
+        pthread_mutex_unlock(&s->lock);
+        if (!go)
+            break;
+        struct active *a = find(s, job);
+        if (!a)
+            continue;
+        memcpy(a->slots, slots, (size_t)world * sizeof(int));
+        start(s, a, false, NULL);
+    }
+    /* Queued jobs say why they wait. */
+    for (struct active *a = s->jobs; a; a = a->next) {
+        if (a->state != JOB_STATE_QUEUED)
+            continue;
+        char why[STORE_TEXT_MAX];
+        pthread_mutex_lock(&s->lock);
+        sched_pending_reason(s->sched, a->job, why, sizeof why);
+        pthread_mutex_unlock(&s->lock);
+        if (strcmp(why, a->pending) == 0)
+            continue;
+        snprintf(a->pending, sizeof a->pending, "%s", why);
+        struct store_job_update u = {.fields = STORE_SET_PENDING, .pending_reason = why};
+        store_job_update(s->o.store, a->job, &u, NULL, NULL);
+    }
+}
+
+static void *run(void *arg)
+{
+    struct super *s = arg;
+    struct pollfd *fds = calloc(MAX_FDS, sizeof *fds);
+    bool shutting = false;
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        struct cmd *c = s->head;
+        s->head = s->tail = NULL;
+        bool stopping = s->stopping;
+        pthread_mutex_unlock(&s->lock);
+        while (c) {
+            struct cmd *next = c->next;
+            if (c->kind == CMD_SUBMIT)
+                submit(s, c->job);
+            else
+                cancel(s, c->job, "cancelled");
+            free(c);
+            c = next;
+        }
+        if (stopping && !shutting) {
+            shutting = true;
+            for (struct active *a = s->jobs, *n; a; a = n) {
+                n = a->next;
+                if (!a->l || !s->o.finish_on_shutdown)
+                    cancel(s, a->job, "cancelled: the server is shutting down");
+            }
+        }
+        schedule(s);
+
+        int nf = 1;
+        fds[0] = (struct pollfd){.fd = s->wake_fd, .events = POLLIN};
+        bool any = false;
+        for (struct active *a = s->jobs; a; a = a->next)
+            if (a->l) {
+                nf += launch_fds(a->l, fds + nf, MAX_FDS - nf);
+                any = true;
+            }
+        if (shutting && !any)
+            break;
+        poll(fds, (nfds_t)nf, POLL_MS);
+        if (fds[0].revents & POLLIN) {
+            uint64_t v;
+            ssize_t r = read(s->wake_fd, &v, sizeof v);
+            (void)r;
+        }
+        for (struct active *a = s->jobs, *n; a; a = n) {
+            n = a->next;
+            if (a->l && launch_poll(a->l, 0))
+                ended(s, a);
+        }
+    }
+    free(fds);
+    return NULL;
+}
+
+/* ---- recovery ------------------------------------------------------------------------------ */
+
+/* Kills what an earlier server left running of a job: each rank whose pid still belongs
+ * to the process that was started (same start time), with its process group. */
+static void kill_orphans(const struct store_job *j)
+{
+    for (size_t i = 0; i < j->n_ranks; i++) {
+        const struct store_rank *r = &j->ranks[i];
+        if (r->pid <= 0 || r->start_time == 0 || proc_start_time((pid_t)r->pid) != r->start_time)
+            continue;
+        pid_t pg = getpgid((pid_t)r->pid);
+        if (pg > 1 && pg != getpgid(0))
+            kill(-pg, SIGKILL);
+        kill((pid_t)r->pid, SIGKILL);
+        fprintf(stderr, "ddpd: job %" PRId64 ": killed rank %d (pid %lld) left by an earlier server\n", j->id,
+                r->rank, (long long)r->pid);
+    }
+}
+
+static ddpd_err recover(struct super *s, struct ddpd_error *err)
+{
+    struct store_job_list l;
+    struct store_job_query q = {.states = JOB_STATES_ACTIVE | JOB_STATE_BIT(JOB_STATE_QUEUED),
+                                .limit = STORE_LIST_MAX,
+                                .with_ranks = true};
+    int64_t *queued = NULL;
+    size_t nq = 0, capq = 0;
+    for (;;) {
+        ddpd_err rc = store_job_list(s->o.store, &q, &l, err);
+        if (rc)
+            return rc;
+        for (size_t i = 0; i < l.n; i++) {
+            const struct store_job *j = &l.jobs[i];
+            if (j->state != JOB_STATE_QUEUED)
+                kill_orphans(j);
+            if (nq == capq) {
+                capq = capq ? 2 * capq : 64;
+                int64_t *nqp = realloc(queued, capq * sizeof *queued);
+                if (!nqp)
+                    abort();
+                queued = nqp;
+            }
+            queued[nq++] = j->id;
+        }
+        int64_t next = l.next;
+        store_job_list_free(&l);
+        if (!next)
+            break;
+        q.before = next;
+    }
+    /* Oldest first, so the queue keeps its order. */
+    for (size_t i = nq; i-- > 0;) {
+        struct active *a = load(s, queued[i]);
+        if (!a)
+            continue;
+        a->slots = calloc((size_t)a->spec.world_size, sizeof(int));
+        if (a->state == JOB_STATE_STARTING || a->state == JOB_STATE_RUNNING) {
+            store_attempt_end(s->o.store, a->job, a->attempt, "server restarted", NULL);
+            if (a->restarts >= a->max_restarts) {
+                finish(s, a, JOB_STATE_FAILED, "server restarted");
+                continue;
+            }
+            a->restarts++;
+        }
+        pthread_mutex_lock(&s->lock);
+        sched_enqueue(s->sched, a->job, a->spec.device, a->spec.world_size);
+        pthread_mutex_unlock(&s->lock);
+        if (a->state != JOB_STATE_QUEUED)
+            set_state(s, a, JOB_STATE_QUEUED, "server restarted; the job was queued again");
+    }
+    free(queued);
+    return DDPD_OK;
+}
+
+/* ---- public --------------------------------------------------------------------------------- */
+
+struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
+{
+    struct super *s = calloc(1, sizeof *s);
+    if (!s) {
+        ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
+        return NULL;
+    }
+    s->o = *o;
+    if (s->o.grace_s <= 0)
+        s->o.grace_s = 5;
+    pthread_mutex_init(&s->lock, NULL);
+    s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    s->sched = sched_new(o->gpus, o->cpu_slots);
+    if (s->wake_fd < 0 || !s->sched) {
+        ddpd_error_set(err, DDPD_ENOMEM, "", "cannot create the supervisor: %s", strerror(errno));
+        super_stop(s);
+        return NULL;
+    }
+    mkdir(o->jobs_dir, 0755);
+    if (recover(s, err) != DDPD_OK || pthread_create(&s->thread, NULL, run, s) != 0) {
+        super_stop(s);
+        return NULL;
+    }
+    s->thread_started = true;
+    return s;
+}
+
+void super_stop(struct super *s)
+{
+    if (!s)
+        return;
+    if (s->thread_started) {
+        pthread_mutex_lock(&s->lock);
+        s->stopping = true;
+        pthread_mutex_unlock(&s->lock);
+        wake(s);
+        pthread_join(s->thread, NULL);
+    }
+    while (s->jobs)
+        drop(s, s->jobs);
+    while (s->head) {
+        struct cmd *n = s->head->next;
+        free(s->head);
+        s->head = n;
+    }
+    if (s->o.store)
+        store_flush(s->o.store, NULL);
+    sched_free(s->sched);
+    if (s->wake_fd >= 0)
+        close(s->wake_fd);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+static void push(struct super *s, enum cmd_kind k, int64_t job)
+{
+    struct cmd *c = calloc(1, sizeof *c);
+    if (!c)
+        abort();
+    c->kind = k;
+    c->job = job;
+    pthread_mutex_lock(&s->lock);
+    if (s->tail)
+        s->tail->next = c;
+    else
+        s->head = c;
+    s->tail = c;
+    pthread_mutex_unlock(&s->lock);
+    wake(s);
+}
+
+void super_submit(struct super *s, int64_t job) { push(s, CMD_SUBMIT, job); }
+
+ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err)
+{
+    struct store_job j;
+    memset(&j, 0, sizeof j);
+    ddpd_err rc = store_job_get(s->o.store, job, &j, err);
+    if (rc)
+        return rc;
+    job_state st = j.state;
+    store_job_clear(&j);
+    if (JOB_STATE_BIT(st) & JOB_STATES_FINAL)
+        return ddpd_error_set(err, DDPD_ECONFLICT, "", "job %" PRId64 " has already finished (%s)", job,
+                              job_state_name(st));
+    push(s, CMD_CANCEL, job);
+    return DDPD_OK;
+}
+
+bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap)
+{
+    pthread_mutex_lock(&s->lock);
+    bool ok = sched_fits(s->sched, kind, world, why, cap);
+    pthread_mutex_unlock(&s->lock);
+    return ok;
+}
+
+device_kind super_default_device(const struct super *s) { return s->o.gpus > 0 ? DEVICE_CUDA : DEVICE_CPU; }
+
+json_t *super_devices(struct super *s)
+{
+    json_t *out = json_object();
+    pthread_mutex_lock(&s->lock);
+    for (int t = 0; t < 2; t++) {
+        json_t *arr = json_array();
+        for (int i = 0; i < sched_slots(s->sched, (device_kind)t); i++) {
+            int64_t h = sched_slot_holder(s->sched, (device_kind)t, i);
+            json_array_append_new(arr, json_pack("{s:i, s:o}", "index", i, "job",
+                                                 h ? json_integer(h) : json_null()));
+        }
+        json_object_set_new(out, t == DEVICE_CUDA ? "gpus" : "cpu_slots", arr);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return out;
+}

@@ -1,0 +1,55 @@
+/* super.h — the supervisor: one thread that owns job execution. It schedules queued jobs
+ * onto slots (sched.c), starts their processes (launch.c), turns worker output into
+ * stored and published events (store.c, hub.c), moves jobs through their states
+ * (queued -> starting -> running -> succeeded | failed | cancelled), restarts failed jobs
+ * from their latest checkpoint, and cleans up after a server that died. HTTP handlers
+ * talk to it only through the functions below (a queue and a wake-up). */
+#ifndef DDPD_SUPER_H
+#define DDPD_SUPER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../schema/err.h"
+#include "../schema/spec.h"
+
+struct store;
+struct hub;
+struct json_t;
+
+struct super_opts {
+    const char *worker;    /* path of ddpd-worker */
+    const char *data_dir;  /* absolute; the workers resolve data paths there */
+    const char *jobs_dir;  /* each job's files go to JOBS_DIR/<id>/ */
+    int gpus, cpu_slots;
+    struct store *store;   /* borrowed */
+    struct hub *hub;       /* borrowed */
+    double grace_s;        /* SIGTERM -> SIGKILL; default 5 */
+    bool finish_on_shutdown; /* super_stop waits for running jobs instead of cancelling */
+};
+
+/* Recovers from an earlier server (jobs left starting/running: their processes are
+ * killed, then each is requeued when it has restarts left, else failed with "server
+ * restarted"; queued jobs are queued again in order), then starts the thread. */
+struct super *super_start(const struct super_opts *o, struct ddpd_error *err);
+
+/* Stops: cancels running jobs (or waits for them with finish_on_shutdown), flushes, joins
+ * the thread. NULL is a no-op. */
+void super_stop(struct super *s);
+
+/* A job just inserted as queued: schedule it. */
+void super_submit(struct super *s, int64_t job);
+
+/* Cancels a queued or running job. DDPD_ENOTFOUND for an unknown job, DDPD_ECONFLICT
+ * when it has already finished. */
+ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err);
+
+/* False with `why` when a job of `world` ranks on `kind` can never run here. */
+bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap);
+device_kind super_default_device(const struct super *s);
+
+/* {"gpus":[{"index":0,"job":7|null},...],"cpu_slots":[...]}: a new reference. */
+struct json_t *super_devices(struct super *s);
+
+#endif
