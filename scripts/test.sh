@@ -30,4 +30,4 @@ cmake -S . -B build-tsan -DDDPD_CUDA=OFF -DDDPD_SANITIZE=thread -DDDPD_WERROR=ON
     >build-tsan-configure.log 2>&1 || { cat build-tsan-configure.log; exit 1; }
 cmake --build build-tsan -j"$jobs"
 TSAN_OPTIONS=halt_on_error=1 \
-    ctest --test-dir build-tsan --output-on-failure -j"$jobs" -R 'unit\.test_(comm|ddp|server|http|store|launch)'
+    ctest --test-dir build-tsan --output-on-failure -j"$jobs" -R 'unit\.test_(comm|ddp|server|http|store|launch)|^api\.'

@@ -591,3 +591,13 @@ int launch_fds(const struct launch *l, struct pollfd *fds, int cap)
             fds[n++] = (struct pollfd){.fd = l->ranks[r].out_fd, .events = POLLIN};
     return n;
 }
+
+int launch_exit_code(const struct launch *l, int rank)
+{
+    if (rank < 0 || rank >= l->n || !l->ranks[rank].exited || !l->ranks[rank].pid)
+        return -1;
+    int code;
+    char how[128];
+    describe_exit(l->ranks[rank].status, how, sizeof how, &code);
+    return code;
+}

@@ -74,3 +74,6 @@ pid_t launch_pid(const struct launch *l, int rank);
  * many, so that one thread can wait on several launches at once and then call
  * launch_poll(l, 0) on each. */
 int launch_fds(const struct launch *l, struct pollfd *fds, int cap);
+
+/* Rank r's exit code once it has exited (128+signal when killed), else -1. */
+int launch_exit_code(const struct launch *l, int rank);

@@ -334,6 +334,13 @@ static void ended(struct super *s, struct active *a)
 {
     struct launch_result res;
     launch_result(a->l, &res);
+    for (int r = 0; r < a->spec.world_size; r++) {
+        struct store_rank sr = {.attempt = a->attempt, .rank = r, .has_exit_code = true};
+        sr.exit_code = launch_exit_code(a->l, r);
+        sr.pid = launch_pid(a->l, r);
+        snprintf(sr.state, sizeof sr.state, "%s", sr.exit_code == 0 ? "succeeded" : "failed");
+        store_rank_put(s->o.store, a->job, &sr, NULL);
+    }
     launch_free(a->l);
     a->l = NULL;
     if (a->cancel_requested) {
