@@ -400,6 +400,10 @@ static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
     }
     struct http_stream_opts ho = {
         .content_type = es->fmt == HUB_FORMAT_SSE ? "text/event-stream" : "application/x-ndjson",
+        /* The history from the store is written before the client reads: room for it.
+         * A longer history ends the stream as slow; an SSE client resumes from its
+         * Last-Event-ID. */
+        .max_buffer = 32u << 20,
         .on_close = es_close,
         .arg = es,
         .pull = es_pull,

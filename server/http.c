@@ -33,12 +33,12 @@
 #define STREAM_BLOCK (16 * 1024)
 
 /* Checks no input can break; on in every build (STYLE.md "three strengths"). */
-#define ASSERT(c)                                                                      \
-    do {                                                                               \
-        if (!(c)) {                                                                    \
-            fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #c); \
-            abort();                                                                   \
-        }                                                                              \
+#define ASSERT(c)                                                                                            \
+    do {                                                                                                     \
+        if (!(c)) {                                                                                          \
+            fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #c);                        \
+            abort();                                                                                         \
+        }                                                                                                    \
     } while (0)
 
 static void *xmalloc(size_t n)
@@ -76,23 +76,40 @@ const char *http_err_code(ddpd_err e)
 {
     /* No default: a new ddpd_err without a code string fails the -Werror build here. */
     switch (e) {
-    case DDPD_OK: return "ok";
-    case DDPD_EJSON: return "bad_json";
-    case DDPD_ESPEC: return "invalid_spec";
-    case DDPD_EDATA: return "bad_data";
-    case DDPD_ETOOBIG: return "too_large";
-    case DDPD_EIO: return "io_error";
-    case DDPD_ENOMEM: return "out_of_memory";
-    case DDPD_ECOMM: return "comm_failure";
-    case DDPD_EDEVICE: return "device_failure";
-    case DDPD_ECANCELED: return "cancelled";
-    case DDPD_ENOTFOUND: return "not_found";
-    case DDPD_EMETHOD: return "method_not_allowed";
-    case DDPD_ECONFLICT: return "conflict";
-    case DDPD_EAUTH: return "unauthorized";
-    case DDPD_EBUSY: return "busy";
-    case DDPD_EINTERNAL: return "internal";
-    case DDPD_ERR_COUNT: break;
+    case DDPD_OK:
+        return "ok";
+    case DDPD_EJSON:
+        return "bad_json";
+    case DDPD_ESPEC:
+        return "invalid_spec";
+    case DDPD_EDATA:
+        return "bad_data";
+    case DDPD_ETOOBIG:
+        return "too_large";
+    case DDPD_EIO:
+        return "io_error";
+    case DDPD_ENOMEM:
+        return "out_of_memory";
+    case DDPD_ECOMM:
+        return "comm_failure";
+    case DDPD_EDEVICE:
+        return "device_failure";
+    case DDPD_ECANCELED:
+        return "cancelled";
+    case DDPD_ENOTFOUND:
+        return "not_found";
+    case DDPD_EMETHOD:
+        return "method_not_allowed";
+    case DDPD_ECONFLICT:
+        return "conflict";
+    case DDPD_EAUTH:
+        return "unauthorized";
+    case DDPD_EBUSY:
+        return "busy";
+    case DDPD_EINTERNAL:
+        return "internal";
+    case DDPD_ERR_COUNT:
+        break;
     }
     return "internal";
 }
@@ -235,9 +252,8 @@ struct route_rt {
 };
 
 /* Statuses counted one by one; anything else counts as "other". */
-static const int status_list[] = {200, 201, 202, 204, 206, 301, 302, 304, 400, 401,
-                                  403, 404, 405, 408, 409, 413, 415, 422, 429, 431,
-                                  500, 501, 502, 503, 504};
+static const int status_list[] = {200, 201, 202, 204, 206, 301, 302, 304, 400, 401, 403, 404, 405,
+                                  408, 409, 413, 415, 422, 429, 431, 500, 501, 502, 503, 504};
 #define NSTATUS ((int)(sizeof status_list / sizeof status_list[0]) + 1)
 
 static int status_index(int status)
@@ -483,8 +499,7 @@ static void stream_finish(struct http_stream *st, bool completed_ok)
     st->mc = NULL;
     st->fd = -1;
     st->suspended = false;
-    bool done = (st->owner_closed || st->pulled_out) && st->len == 0 &&
-                (completed_ok || !st->ended);
+    bool done = (st->owner_closed || st->pulled_out) && st->len == 0 && (completed_ok || !st->ended);
     stream_end_locked(st, done ? HTTP_STREAM_DONE : HTTP_STREAM_GONE);
     enum http_stream_end why = st->why;
     pthread_mutex_unlock(&st->mu);
@@ -540,8 +555,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
             } else {
                 if (got < 0)
                     st->pulled_out = true;
-                else if (got == 0 && !st->woken && !st->ended && !st->owner_closed &&
-                         st->len == 0)
+                else if (got == 0 && !st->woken && !st->ended && !st->owner_closed && st->len == 0)
                     goto park;
                 continue; /* something changed meanwhile: look again */
             }
@@ -646,13 +660,12 @@ static void add_content_type(struct MHD_Response *r, const char *ct)
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ct);
 }
 
-ddpd_err http_respond_bytes(struct http_request *req, int status, const char *content_type,
-                            const void *data, size_t len)
+ddpd_err http_respond_bytes(struct http_request *req, int status, const char *content_type, const void *data,
+                            size_t len)
 {
     if (responded(req))
         return DDPD_EINTERNAL;
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_MUST_COPY);
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_MUST_COPY);
     if (!r)
         return DDPD_ENOMEM;
     add_content_type(r, content_type ? content_type : "text/plain; charset=utf-8");
@@ -731,8 +744,7 @@ ddpd_err http_respond_file(struct http_request *req, const char *path, const cha
     char etag[96];
     snprintf(etag, sizeof etag, "\"%llx-%llx-%llx\"", (unsigned long long)st.st_ino,
              (unsigned long long)st.st_size,
-             (unsigned long long)st.st_mtim.tv_sec * 1000000000ull +
-                 (unsigned long long)st.st_mtim.tv_nsec);
+             (unsigned long long)st.st_mtim.tv_sec * 1000000000ull + (unsigned long long)st.st_mtim.tv_nsec);
     http_response_etag(req, etag);
     return DDPD_OK;
 }
@@ -779,8 +791,8 @@ ddpd_err http_respond_stream(struct http_request *req, const struct http_stream_
     st->arg = o->arg;
     st->pull = o->pull;
 
-    struct MHD_Response *r = MHD_create_response_from_callback(
-        MHD_SIZE_UNKNOWN, STREAM_BLOCK, stream_read, st, stream_response_free);
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, stream_read,
+                                                               st, stream_response_free);
     if (!r) {
         pthread_mutex_destroy(&st->mu);
         free(st);
@@ -833,10 +845,9 @@ static void respond_error(struct http_request *req, ddpd_err code, const struct 
     }
 }
 
-static void set_pending(struct http_request *req, ddpd_err code, const char *path,
-                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void set_pending(struct http_request *req, ddpd_err code, const char *path,
-                        const char *fmt, ...)
+static void set_pending(struct http_request *req, ddpd_err code, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void set_pending(struct http_request *req, ddpd_err code, const char *path, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -911,8 +922,14 @@ static enum MHD_Result queue(struct http_request *req)
 
 /* ---- the request ------------------------------------------------------------------------------ */
 
-void *http_request_ctx(const struct http_request *req) { return req->srv->cfg.ctx; }
-const char *http_request_path(const struct http_request *req) { return req->url; }
+void *http_request_ctx(const struct http_request *req)
+{
+    return req->srv->cfg.ctx;
+}
+const char *http_request_path(const struct http_request *req)
+{
+    return req->url;
+}
 const char *http_request_route(const struct http_request *req)
 {
     return req->route ? req->route->r->pattern : "";
@@ -932,7 +949,10 @@ const char *http_request_header(const struct http_request *req, const char *name
     return MHD_lookup_connection_value(req->mc, MHD_HEADER_KIND, name);
 }
 
-json_t *http_request_json(const struct http_request *req) { return req->json; }
+json_t *http_request_json(const struct http_request *req)
+{
+    return req->json;
+}
 
 const char *http_request_body(const struct http_request *req, size_t *len)
 {
@@ -946,8 +966,8 @@ const char *http_query(const struct http_request *req, const char *name)
     return MHD_lookup_connection_value(req->mc, MHD_GET_ARGUMENT_KIND, name);
 }
 
-ddpd_err http_query_error(struct http_request *req, const char *name, struct ddpd_error *err,
-                          const char *fmt, ...)
+ddpd_err http_query_error(struct http_request *req, const char *name, struct ddpd_error *err, const char *fmt,
+                          ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -957,8 +977,8 @@ ddpd_err http_query_error(struct http_request *req, const char *name, struct ddp
     return DDPD_EJSON;
 }
 
-ddpd_err http_query_int(struct http_request *req, const char *name, int64_t min, int64_t max,
-                        int64_t dflt, int64_t *out, struct ddpd_error *err)
+ddpd_err http_query_int(struct http_request *req, const char *name, int64_t min, int64_t max, int64_t dflt,
+                        int64_t *out, struct ddpd_error *err)
 {
     const char *v = http_query(req, name);
     *out = dflt;
@@ -972,16 +992,16 @@ ddpd_err http_query_int(struct http_request *req, const char *name, int64_t min,
         char shown[48];
         clean_copy(shown, sizeof shown, v, 32);
         return http_query_error(req, name, err,
-                                "query parameter '%s' must be an integer from %" PRId64
-                                " to %" PRId64 ", got '%s'",
+                                "query parameter '%s' must be an integer from %" PRId64 " to %" PRId64
+                                ", got '%s'",
                                 name, min, max, shown);
     }
     *out = x;
     return DDPD_OK;
 }
 
-ddpd_err http_query_enum(struct http_request *req, const char *name, const char *const *choices,
-                         int dflt, int *out, struct ddpd_error *err)
+ddpd_err http_query_enum(struct http_request *req, const char *name, const char *const *choices, int dflt,
+                         int *out, struct ddpd_error *err)
 {
     const char *v = http_query(req, name);
     *out = dflt;
@@ -1000,8 +1020,8 @@ ddpd_err http_query_enum(struct http_request *req, const char *name, const char 
     }
     char shown[48];
     clean_copy(shown, sizeof shown, v, 32);
-    return http_query_error(req, name, err, "query parameter '%s' must be one of %s; got '%s'",
-                            name, list, shown);
+    return http_query_error(req, name, err, "query parameter '%s' must be one of %s; got '%s'", name, list,
+                            shown);
 }
 
 /* ---- the dispatcher --------------------------------------------------------------------------- */
@@ -1023,8 +1043,7 @@ static void check_auth(struct http_request *req)
     const char *h = http_request_header(req, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h) {
         http_response_header(req, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"ddpd\"");
-        set_pending(req, DDPD_EAUTH, "",
-                    "this request needs an 'Authorization: Bearer <token>' header");
+        set_pending(req, DDPD_EAUTH, "", "this request needs an 'Authorization: Bearer <token>' header");
         return;
     }
     const char *t = NULL;
@@ -1078,8 +1097,8 @@ static bool request_begin(struct http_request *req)
             break;
         }
         if (!strstr(allow, rt->r->method)) {
-            int n = snprintf(allow + used, sizeof allow - used, "%s%s%s", used ? ", " : "",
-                             rt->r->method, !strcmp(rt->r->method, "GET") ? ", HEAD" : "");
+            int n = snprintf(allow + used, sizeof allow - used, "%s%s%s", used ? ", " : "", rt->r->method,
+                             !strcmp(rt->r->method, "GET") ? ", HEAD" : "");
             if (n > 0 && (size_t)n < sizeof allow - used)
                 used += (size_t)n;
         }
@@ -1091,8 +1110,8 @@ static bool request_begin(struct http_request *req)
     } else if (path_hit) {
         req->row = path_hit->row;
         http_response_header(req, MHD_HTTP_HEADER_ALLOW, allow);
-        set_pending(req, DDPD_EMETHOD, "", "%s is not allowed on %s (allowed: %s)", req->method,
-                    shown, allow);
+        set_pending(req, DDPD_EMETHOD, "", "%s is not allowed on %s (allowed: %s)", req->method, shown,
+                    allow);
     } else {
         set_pending(req, DDPD_ENOTFOUND, "", "no such resource: %s", shown);
     }
@@ -1100,8 +1119,8 @@ static bool request_begin(struct http_request *req)
         check_auth(req);
 
     req->limit = (req->route && req->route->r->max_body) ? req->route->r->max_body : s->max_body;
-    req->keep_body = !req->pending && req->route &&
-                     (req->route->r->flags & (HTTP_ROUTE_JSON | HTTP_ROUTE_BODY));
+    req->keep_body =
+        !req->pending && req->route && (req->route->r->flags & (HTTP_ROUTE_JSON | HTTP_ROUTE_BODY));
     const char *cl = http_request_header(req, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl && *cl) {
         char *end;
@@ -1112,8 +1131,8 @@ static bool request_begin(struct http_request *req)
              * closes the connection instead of reading the body. */
             if (!req->pending)
                 set_pending(req, DDPD_ETOOBIG, "",
-                            "request body of %llu bytes is larger than the limit of %zu bytes",
-                            n, req->limit);
+                            "request body of %llu bytes is larger than the limit of %zu bytes", n,
+                            req->limit);
             return true;
         }
         if (!*end && errno == 0 && req->keep_body && n > 0) {
@@ -1183,8 +1202,8 @@ static void request_dispatch(struct http_request *req)
         json_error_t je;
         req->json = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
         if (!req->json) {
-            ddpd_error_set(&e, DDPD_EJSON, "", "malformed JSON at line %d, column %d: %s",
-                           je.line, je.column, je.text);
+            ddpd_error_set(&e, DDPD_EJSON, "", "malformed JSON at line %d, column %d: %s", je.line, je.column,
+                           je.text);
             e.line = je.line;
             e.column = je.column;
             respond_error(req, DDPD_EJSON, &e);
@@ -1205,9 +1224,9 @@ static void request_dispatch(struct http_request *req)
     }
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
-                                  const char *method, const char *version, const char *upload,
-                                  size_t *upload_size, void **con_cls)
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size,
+                                  void **con_cls)
 {
     (void)version;
     struct http_server *s = cls;
@@ -1218,8 +1237,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         req->mc = mc;
         req->url = url;
         req->method = method;
-        const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         req->conn = ci ? ci->socket_context : NULL;
         *con_cls = req;
         if (request_begin(req)) {
@@ -1249,8 +1267,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         return;
     *con_cls = NULL;
     if (req->conn && s->request_timeout_ms)
-        conn_set_deadline(s, req->conn,
-                          now_ms() + s->request_timeout_ms + (int64_t)s->idle_timeout_s * 1000);
+        conn_set_deadline(s, req->conn, now_ms() + s->request_timeout_ms + (int64_t)s->idle_timeout_s * 1000);
     if (req->resp)
         MHD_destroy_response(req->resp);
     if (req->stream) {
@@ -1269,8 +1286,7 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
     struct http_server *s = cls;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
         struct conn *c = xcalloc(1, sizeof *c);
-        const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
         c->fd = ci ? ci->connect_fd : -1;
         pthread_mutex_lock(&s->mu);
         c->deadline = s->request_timeout_ms ? now_ms() + s->request_timeout_ms : 0;
@@ -1415,8 +1431,7 @@ struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_e
      * failed start or at stop, ours is closed exactly once, by us. */
     int mhd_fd = fcntl(s->listen_fd, F_DUPFD_CLOEXEC, 0);
     if (mhd_fd < 0) {
-        ddpd_error_set(err, DDPD_EIO, "listen", "cannot listen on %s: %s", s->listen,
-                       strerror(errno));
+        ddpd_error_set(err, DDPD_EIO, "listen", "cannot listen on %s: %s", s->listen, strerror(errno));
         goto fail;
     }
     struct sockaddr_storage bound;
@@ -1432,19 +1447,14 @@ struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_e
         flags |= MHD_USE_ERROR_LOG;
     unsigned pool = cfg->threads > 1 ? cfg->threads : 0;
     s->d = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_request, s,
-        MHD_OPTION_EXTERNAL_LOGGER, on_log, s,
-        MHD_OPTION_LISTEN_SOCKET, mhd_fd,
-        MHD_OPTION_CONNECTION_LIMIT, cfg->connection_limit ? cfg->connection_limit : 1024u,
+        flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_log, s, MHD_OPTION_LISTEN_SOCKET,
+        mhd_fd, MHD_OPTION_CONNECTION_LIMIT, cfg->connection_limit ? cfg->connection_limit : 1024u,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, cfg->per_ip_limit ? cfg->per_ip_limit : 256u,
-        MHD_OPTION_CONNECTION_TIMEOUT, s->idle_timeout_s,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        cfg->memory_limit ? cfg->memory_limit : (size_t)64 * 1024,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_CONNECTION_TIMEOUT, s->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        cfg->memory_limit ? cfg->memory_limit : (size_t)64 * 1024, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+        s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
         /* The pool option last: without a pool it is the end marker itself. */
-        pool ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, pool,
-        MHD_OPTION_END);
+        pool ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, pool, MHD_OPTION_END);
     if (!s->d) {
         ddpd_error_set(err, DDPD_EIO, "listen", "cannot start the HTTP server on %s", s->listen);
         goto fail;
@@ -1461,7 +1471,10 @@ fail:
     return NULL;
 }
 
-int http_server_port(const struct http_server *s) { return s->port; }
+int http_server_port(const struct http_server *s)
+{
+    return s->port;
+}
 
 void http_server_free(struct http_server *s)
 {
@@ -1517,8 +1530,8 @@ char *http_server_metrics(struct http_server *s)
     for (size_t row = 0; row <= s->npatterns; row++) {
         const char *route = row < s->npatterns ? s->patterns[row] : "unmatched";
         for (int k = 0; k < NSTATUS; k++) {
-            unsigned long long n = atomic_load_explicit(&s->counts[row * NSTATUS + (size_t)k],
-                                                        memory_order_relaxed);
+            unsigned long long n =
+                atomic_load_explicit(&s->counts[row * NSTATUS + (size_t)k], memory_order_relaxed);
             if (!n)
                 continue;
             char code[16];
@@ -1526,8 +1539,7 @@ char *http_server_metrics(struct http_server *s)
                 snprintf(code, sizeof code, "%d", status_list[k]);
             else
                 snprintf(code, sizeof code, "other");
-            sbuf_printf(&b, "ddpd_http_requests_total{route=\"%s\",code=\"%s\"} %llu\n", route,
-                        code, n);
+            sbuf_printf(&b, "ddpd_http_requests_total{route=\"%s\",code=\"%s\"} %llu\n", route, code, n);
         }
     }
     pthread_mutex_lock(&s->mu);

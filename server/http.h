@@ -39,11 +39,11 @@ enum http_route_flags {
  * served by the GET route. Bodies of routes without JSON/BODY are read and dropped (the
  * limit still applies). */
 struct http_route {
-    const char *method;      /* "GET", "POST", "DELETE", ... */
-    const char *pattern;     /* "/v1/jobs/{id}/events" */
+    const char *method;  /* "GET", "POST", "DELETE", ... */
+    const char *pattern; /* "/v1/jobs/{id}/events" */
     http_handler_fn handler;
-    unsigned flags;          /* enum http_route_flags */
-    size_t max_body;         /* bytes; 0 = the server's max_body */
+    unsigned flags;  /* enum http_route_flags */
+    size_t max_body; /* bytes; 0 = the server's max_body */
 };
 
 /* ---- the server -------------------------------------------------------------------- */
@@ -54,19 +54,19 @@ struct http_config {
     const char *listen;
     const struct http_route *routes; /* borrowed; must outlive the server */
     size_t nroutes;
-    void *ctx;                       /* handed to handlers by http_request_ctx */
-    const char *token;               /* bearer token; NULL or "" = no auth. Copied. */
+    void *ctx;         /* handed to handlers by http_request_ctx */
+    const char *token; /* bearer token; NULL or "" = no auth. Copied. */
 
-    unsigned threads;            /* 0/1 = one internal epoll thread; N = a pool of N */
-    unsigned connection_limit;   /* 0 = 1024 */
-    unsigned per_ip_limit;       /* 0 = 256 */
-    unsigned idle_timeout_s;     /* a connection with no traffic is closed; 0 = 60 */
+    unsigned threads;          /* 0/1 = one internal epoll thread; N = a pool of N */
+    unsigned connection_limit; /* 0 = 1024 */
+    unsigned per_ip_limit;     /* 0 = 256 */
+    unsigned idle_timeout_s;   /* a connection with no traffic is closed; 0 = 60 */
     /* A client must deliver a whole request (headers and body) within this time of
      * connecting, or of its previous response plus idle_timeout_s on a kept-alive
      * connection; else the connection is cut (slow-loris defence). 0 = 30000. */
     unsigned request_timeout_ms;
-    size_t memory_limit;         /* per-connection buffer (request line + headers); 0 = 64 KiB */
-    size_t max_body;             /* default body limit of routes; 0 = 1 MiB */
+    size_t memory_limit; /* per-connection buffer (request line + headers); 0 = 64 KiB */
+    size_t max_body;     /* default body limit of routes; 0 = 1 MiB */
 
     /* Optional: libmicrohttpd's own diagnostics, one line each. Called on HTTP threads. */
     void (*log)(void *ctx, const char *line);
@@ -123,16 +123,15 @@ const char *http_request_body(const struct http_request *req, size_t *len);
 /* The raw value (decoded), NULL when absent. Borrowed. */
 const char *http_query(const struct http_request *req, const char *name);
 /* A decimal integer within [min, max]. */
-ddpd_err http_query_int(struct http_request *req, const char *name, int64_t min, int64_t max,
-                        int64_t dflt, int64_t *out, struct ddpd_error *err);
+ddpd_err http_query_int(struct http_request *req, const char *name, int64_t min, int64_t max, int64_t dflt,
+                        int64_t *out, struct ddpd_error *err);
 /* One of `choices` (NULL-terminated); *out is its index, or `dflt` when absent. */
-ddpd_err http_query_enum(struct http_request *req, const char *name,
-                         const char *const *choices, int dflt, int *out,
-                         struct ddpd_error *err);
+ddpd_err http_query_enum(struct http_request *req, const char *name, const char *const *choices, int dflt,
+                         int *out, struct ddpd_error *err);
 /* Any other check of a parameter the handler makes itself ("before" must be a cursor it
  * issued): fails the same way, with the handler's sentence. */
-ddpd_err http_query_error(struct http_request *req, const char *name, struct ddpd_error *err,
-                          const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+ddpd_err http_query_error(struct http_request *req, const char *name, struct ddpd_error *err, const char *fmt,
+                          ...) __attribute__((format(printf, 4, 5)));
 
 /* ---- responses (exactly one per request) -------------------------------------------- */
 
@@ -140,8 +139,8 @@ ddpd_err http_query_error(struct http_request *req, const char *name, struct ddp
 ddpd_err http_respond_json(struct http_request *req, int status, struct json_t *body);
 /* `len` bytes of `data` (copied) with `content_type` ("text/plain; charset=utf-8" when
  * NULL). */
-ddpd_err http_respond_bytes(struct http_request *req, int status, const char *content_type,
-                            const void *data, size_t len);
+ddpd_err http_respond_bytes(struct http_request *req, int status, const char *content_type, const void *data,
+                            size_t len);
 /* A NUL-terminated string as text/plain; charset=utf-8 (copied). */
 ddpd_err http_respond_text(struct http_request *req, int status, const char *text);
 /* No body (204, 202). */

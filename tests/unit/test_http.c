@@ -1,0 +1,1546 @@
+/* test_http.c — the HTTP layer against a real libmicrohttpd daemon on 127.0.0.1:0, talked
+ * to with plain sockets and a tiny HTTP/1.1 client written here (status line, headers,
+ * Content-Length and chunked bodies). Test routes echo, fail on purpose and open streams
+ * that test threads feed. Every wait is bounded. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "server/http.h"
+
+#define TOKEN "s3cret-token"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- a tiny HTTP/1.1 client ----------------------------------------------------------- */
+
+struct cli {
+    int fd;
+    char buf[1 << 16];
+    size_t off, len;
+};
+
+struct resp {
+    int status;
+    char head[8192]; /* header lines, "\r\n"-separated, lower-cased names kept as sent */
+    char *body;
+    size_t body_len;
+};
+
+static int tcp_connect(int family, int port)
+{
+    int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int rc;
+    if (family == AF_INET6) {
+        struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port)};
+        inet_pton(AF_INET6, "::1", &a.sin6_addr);
+        rc = connect(fd, (struct sockaddr *)&a, sizeof a);
+    } else {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+        rc = connect(fd, (struct sockaddr *)&a, sizeof a);
+    }
+    if (rc != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static struct cli *cli_open(int port)
+{
+    struct cli *c = calloc(1, sizeof *c);
+    c->fd = tcp_connect(AF_INET, port);
+    if (c->fd < 0) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static void cli_close(struct cli *c)
+{
+    if (!c)
+        return;
+    close(c->fd);
+    free(c);
+}
+
+static bool send_all(int fd, const void *data, size_t len)
+{
+    const char *p = data;
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n <= 0)
+            return false;
+        p += n;
+        len -= (size_t)n;
+    }
+    return true;
+}
+
+/* More bytes into the buffer: >0 read, 0 EOF, -1 error or timeout. */
+static int cli_fill(struct cli *c)
+{
+    if (c->off > 0) {
+        memmove(c->buf, c->buf + c->off, c->len);
+        c->off = 0;
+    }
+    if (c->len == sizeof c->buf)
+        return -1;
+    ssize_t n = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
+    if (n > 0)
+        c->len += (size_t)n;
+    return n > 0 ? 1 : (n == 0 ? 0 : -1);
+}
+
+/* One line without its CRLF. */
+static bool cli_line(struct cli *c, char *out, size_t cap)
+{
+    for (;;) {
+        char *nl = memchr(c->buf + c->off, '\n', c->len);
+        if (nl) {
+            size_t n = (size_t)(nl - (c->buf + c->off));
+            size_t k = n && nl[-1] == '\r' ? n - 1 : n;
+            if (k >= cap)
+                k = cap - 1;
+            memcpy(out, c->buf + c->off, k);
+            out[k] = '\0';
+            c->off += n + 1;
+            c->len -= n + 1;
+            return true;
+        }
+        if (cli_fill(c) <= 0)
+            return false;
+    }
+}
+
+static bool cli_bytes(struct cli *c, char *out, size_t n)
+{
+    while (c->len < n) {
+        if (c->len == sizeof c->buf - c->off && c->off == 0) {
+            /* a read bigger than the buffer: drain what we have */
+            memcpy(out, c->buf, c->len);
+            out += c->len;
+            n -= c->len;
+            c->len = 0;
+        }
+        if (cli_fill(c) <= 0)
+            return false;
+    }
+    memcpy(out, c->buf + c->off, n);
+    c->off += n;
+    c->len -= n;
+    return true;
+}
+
+static bool read_head(struct cli *c, struct resp *r)
+{
+    char line[4096];
+    memset(r, 0, sizeof *r);
+    if (!cli_line(c, line, sizeof line))
+        return false;
+    if (sscanf(line, "HTTP/1.%*d %d", &r->status) != 1)
+        return false;
+    size_t used = 0;
+    for (;;) {
+        if (!cli_line(c, line, sizeof line))
+            return false;
+        if (!line[0])
+            return true;
+        int n = snprintf(r->head + used, sizeof r->head - used, "%s\r\n", line);
+        if (n > 0 && (size_t)n < sizeof r->head - used)
+            used += (size_t)n;
+    }
+}
+
+/* A header's value (case-insensitive name) into a static buffer; NULL when absent. */
+static const char *hdr(const struct resp *r, const char *name)
+{
+    static _Thread_local char val[1024];
+    size_t nl = strlen(name);
+    for (const char *p = r->head; *p;) {
+        const char *end = strstr(p, "\r\n");
+        if (!end)
+            break;
+        if ((size_t)(end - p) > nl && !strncasecmp(p, name, nl) && p[nl] == ':') {
+            const char *v = p + nl + 1;
+            while (*v == ' ')
+                v++;
+            size_t k = (size_t)(end - v);
+            if (k >= sizeof val)
+                k = sizeof val - 1;
+            memcpy(val, v, k);
+            val[k] = '\0';
+            return val;
+        }
+        p = end + 2;
+    }
+    return NULL;
+}
+
+/* One chunk of a chunked body: its bytes appended to *out; *n = its size (0 = last). */
+static bool read_chunk(struct cli *c, char **out, size_t *out_len, size_t *n)
+{
+    char line[256];
+    if (!cli_line(c, line, sizeof line))
+        return false;
+    char *end;
+    unsigned long k = strtoul(line, &end, 16);
+    if (end == line)
+        return false;
+    *n = k;
+    if (k == 0) {
+        while (cli_line(c, line, sizeof line) && line[0]) /* trailers */
+            ;
+        return true;
+    }
+    *out = realloc(*out, *out_len + k + 1);
+    if (!cli_bytes(c, *out + *out_len, k))
+        return false;
+    *out_len += k;
+    (*out)[*out_len] = '\0';
+    return cli_line(c, line, sizeof line) && !line[0];
+}
+
+static bool read_body(struct cli *c, struct resp *r, bool head_request)
+{
+    r->body = calloc(1, 1);
+    r->body_len = 0;
+    if (head_request || r->status == 204 || r->status == 304)
+        return true;
+    const char *te = hdr(r, "Transfer-Encoding");
+    if (te && strstr(te, "chunked")) {
+        for (;;) {
+            size_t n;
+            if (!read_chunk(c, &r->body, &r->body_len, &n))
+                return false;
+            if (n == 0)
+                return true;
+        }
+    }
+    const char *cl = hdr(r, "Content-Length");
+    size_t n = cl ? strtoul(cl, NULL, 10) : 0;
+    r->body = realloc(r->body, n + 1);
+    if (!cli_bytes(c, r->body, n))
+        return false;
+    r->body[n] = '\0';
+    r->body_len = n;
+    return true;
+}
+
+static void resp_free(struct resp *r)
+{
+    free(r->body);
+    r->body = NULL;
+}
+
+/* Sends one request (Host, Content-Length when there is a body, `extra` header lines each
+ * ending in CRLF) and reads the answer. False when the connection failed. */
+static bool req_on(struct cli *c, const char *method, const char *path, const char *extra, const char *body,
+                   size_t blen, struct resp *r)
+{
+    char head[4096];
+    int n =
+        snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: test\r\n%s", method, path, extra ? extra : "");
+    if (body)
+        n += snprintf(head + n, sizeof head - (size_t)n, "Content-Length: %zu\r\n", blen);
+    n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
+    if (!send_all(c->fd, head, (size_t)n) || (body && blen && !send_all(c->fd, body, blen)))
+        return false;
+    if (!read_head(c, r))
+        return false;
+    return read_body(c, r, !strcmp(method, "HEAD"));
+}
+
+#define AUTH "Authorization: Bearer " TOKEN "\r\n"
+
+static int port;
+
+/* A one-shot request on a fresh connection. */
+static bool req1(const char *method, const char *path, const char *extra, const char *body, struct resp *r)
+{
+    struct cli *c = cli_open(port);
+    if (!c)
+        return false;
+    bool ok = req_on(c, method, path, extra, body, body ? strlen(body) : 0, r);
+    cli_close(c);
+    return ok;
+}
+
+/* The error body's fields. */
+static bool err_body(const struct resp *r, char *code, char *path, char *msg, size_t cap)
+{
+    json_error_t je;
+    json_t *j = json_loads(r->body, 0, &je);
+    json_t *e = json_object_get(j, "error");
+    const char *c = json_string_value(json_object_get(e, "code"));
+    const char *p = json_string_value(json_object_get(e, "path"));
+    const char *m = json_string_value(json_object_get(e, "message"));
+    bool ok = c && p && m && json_object_size(e) == 3 && json_object_size(j) == 1;
+    snprintf(code, cap, "%s", c ? c : "");
+    snprintf(path, cap, "%s", p ? p : "");
+    snprintf(msg, cap, "%s", m ? m : "");
+    json_decref(j);
+    return ok;
+}
+
+/* Waits until the peer closes (EOF or reset) within `secs`; true when it did. */
+static bool wait_closed(int fd, double secs)
+{
+    double end = now_s() + secs;
+    char b[65536];
+    while (now_s() < end) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 50) <= 0)
+            continue;
+        ssize_t n = recv(fd, b, sizeof b, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+            return true;
+    }
+    return false;
+}
+
+/* ---- streams the tests feed ------------------------------------------------------------- */
+
+#define NSLOTS 8
+
+struct slot {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct http_stream *s; /* the owner's reference, until the test closes it */
+    bool opened, closed;
+    int closes;
+    enum http_stream_end why;
+    size_t max_buffer;
+    /* pull mode */
+    int produced, pulled, pull_total;
+};
+
+static struct slot slots[NSLOTS];
+
+static void slots_init(void)
+{
+    for (int i = 0; i < NSLOTS; i++) {
+        pthread_mutex_init(&slots[i].mu, NULL);
+        pthread_cond_init(&slots[i].cv, NULL);
+    }
+}
+
+static void slot_reset(struct slot *sl, size_t max_buffer)
+{
+    pthread_mutex_lock(&sl->mu);
+    sl->s = NULL;
+    sl->opened = sl->closed = false;
+    sl->closes = 0;
+    sl->why = HTTP_STREAM_DONE;
+    sl->max_buffer = max_buffer;
+    sl->produced = sl->pulled = sl->pull_total = 0;
+    pthread_mutex_unlock(&sl->mu);
+}
+
+static void on_close(void *arg, enum http_stream_end why)
+{
+    struct slot *sl = arg;
+    pthread_mutex_lock(&sl->mu);
+    sl->closed = true;
+    sl->closes++;
+    sl->why = why;
+    pthread_cond_broadcast(&sl->cv);
+    pthread_mutex_unlock(&sl->mu);
+}
+
+/* Waits for a slot flag with a deadline. */
+static bool slot_wait(struct slot *sl, bool *flag, double secs)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)secs;
+    pthread_mutex_lock(&sl->mu);
+    while (!*flag) {
+        if (pthread_cond_timedwait(&sl->cv, &sl->mu, &ts) != 0)
+            break;
+    }
+    bool ok = *flag;
+    pthread_mutex_unlock(&sl->mu);
+    return ok;
+}
+
+/* Pull mode: lines "p<k>\n" for k < produced, then the end after pull_total. */
+static long pull_cb(void *arg, char *buf, size_t cap)
+{
+    struct slot *sl = arg;
+    long n = 0;
+    pthread_mutex_lock(&sl->mu);
+    while (sl->pulled < sl->produced) {
+        char line[32];
+        int k = snprintf(line, sizeof line, "p%d\n", sl->pulled);
+        if ((size_t)(n + k) > cap)
+            break;
+        memcpy(buf + n, line, (size_t)k);
+        n += k;
+        sl->pulled++;
+    }
+    if (n == 0 && sl->pull_total && sl->pulled == sl->pull_total)
+        n = -1;
+    pthread_mutex_unlock(&sl->mu);
+    return n;
+}
+
+/* ---- the test routes -------------------------------------------------------------------- */
+
+static char file_path[512];
+
+static ddpd_err h_echo_get(struct http_request *req, struct ddpd_error *err)
+{
+    (void)err;
+    const char *x = http_query(req, "x");
+    return http_respond_json(req, 200,
+                             json_pack("{s:s, s:s, s:s, s:s?}", "method", http_request_method(req), "path",
+                                       http_request_path(req), "route", http_request_route(req), "x", x));
+}
+
+static ddpd_err h_echo_post(struct http_request *req, struct ddpd_error *err)
+{
+    (void)err;
+    http_response_header(req, "Location", "/v1/echo/1");
+    return http_respond_json(req, 201, json_pack("{s:O}", "got", http_request_json(req)));
+}
+
+static ddpd_err h_job(struct http_request *req, struct ddpd_error *err)
+{
+    int64_t id = http_request_id(req, 0);
+    if (id == 404)
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "id", "no job %lld", (long long)id);
+    if (id == 422)
+        return ddpd_error_set(err, DDPD_ESPEC, "model[0].in", "expected a positive integer");
+    if (id == 409)
+        return ddpd_error_set(err, DDPD_ECONFLICT, "", "job %lld has finished", (long long)id);
+    return http_respond_json(req, 200, json_pack("{s:I}", "id", (json_int_t)id));
+}
+
+static ddpd_err h_job_rank(struct http_request *req, struct ddpd_error *err)
+{
+    (void)err;
+    return http_respond_json(req, 200,
+                             json_pack("{s:I, s:I, s:I}", "id", (json_int_t)http_request_id(req, 0), "rank",
+                                       (json_int_t)http_request_id(req, 1), "none",
+                                       (json_int_t)http_request_id(req, 2)));
+}
+
+static ddpd_err h_list(struct http_request *req, struct ddpd_error *err)
+{
+    static const char *const states[] = {"queued", "starting",  "running", "succeeded",
+                                         "failed", "cancelled", NULL};
+    int64_t limit, max_points;
+    int state;
+    ddpd_err rc;
+    if ((rc = http_query_int(req, "limit", 1, 500, 50, &limit, err)) != DDPD_OK)
+        return rc;
+    if ((rc = http_query_enum(req, "state", states, -1, &state, err)) != DDPD_OK)
+        return rc;
+    if ((rc = http_query_int(req, "max_points", 2, 10000, 1000, &max_points, err)) != DDPD_OK)
+        return rc;
+    const char *before = http_query(req, "before");
+    if (before && *before && strspn(before, "0123456789") != strlen(before))
+        return http_query_error(req, "before", err, "query parameter 'before' is not a cursor");
+    return http_respond_json(req, 200,
+                             json_pack("{s:I, s:i, s:I}", "limit", (json_int_t)limit, "state", state,
+                                       "max_points", (json_int_t)max_points));
+}
+
+static ddpd_err h_file(struct http_request *req, struct ddpd_error *err)
+{
+    return http_respond_file(req, file_path, "text/plain; charset=utf-8", "max-age=60", err);
+}
+
+static ddpd_err h_missing_file(struct http_request *req, struct ddpd_error *err)
+{
+    return http_respond_file(req, "/nonexistent/ddpd-test", "text/plain", NULL, err);
+}
+
+static ddpd_err h_raw(struct http_request *req, struct ddpd_error *err)
+{
+    (void)err;
+    size_t n;
+    const char *b = http_request_body(req, &n);
+    http_response_etag(req, "\"raw-v1\"");
+    return http_respond_bytes(req, 200, "application/octet-stream", b, n);
+}
+
+static ddpd_err h_health(struct http_request *req, struct ddpd_error *err)
+{
+    (void)err;
+    return http_respond_text(req, 200, "ok\n");
+}
+
+static ddpd_err h_noresp(struct http_request *req, struct ddpd_error *err)
+{
+    (void)req;
+    (void)err;
+    return DDPD_OK;
+}
+
+static ddpd_err h_empty(struct http_request *req, struct ddpd_error *err)
+{
+    (void)err;
+    return http_respond_empty(req, 204);
+}
+
+/* GET /v1/streams/{n}: a stream owned by slots[n - 1]; ?fail=1 opens it, then fails;
+ * ?pull=1 makes it pull from the slot. */
+static ddpd_err h_stream(struct http_request *req, struct ddpd_error *err)
+{
+    int64_t i = http_request_id(req, 0) - 1;
+    if (i >= NSLOTS)
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "", "no slot");
+    struct slot *sl = &slots[i];
+    const char *fail = http_query(req, "fail");
+    const char *pull = http_query(req, "pull");
+    struct http_stream_opts o = {.content_type = "text/event-stream",
+                                 .max_buffer = sl->max_buffer,
+                                 .on_close = on_close,
+                                 .arg = sl,
+                                 .pull = pull ? pull_cb : NULL};
+    struct http_stream *s;
+    ddpd_err rc = http_respond_stream(req, &o, &s, err);
+    if (rc != DDPD_OK)
+        return rc;
+    pthread_mutex_lock(&sl->mu);
+    sl->s = s;
+    sl->opened = true;
+    pthread_cond_broadcast(&sl->cv);
+    pthread_mutex_unlock(&sl->mu);
+    if (fail)
+        return ddpd_error_set(err, DDPD_ECONFLICT, "", "changed my mind");
+    return DDPD_OK;
+}
+
+static ddpd_err h_metrics(struct http_request *req, struct ddpd_error *err)
+{
+    (void)err;
+    struct http_server **srv = http_request_ctx(req);
+    char *t = http_server_metrics(*srv);
+    ddpd_err rc = http_respond_bytes(req, 200, "text/plain; version=0.0.4", t, strlen(t));
+    free(t);
+    return rc;
+}
+
+static const struct http_route routes[] = {
+    {"GET", "/v1/echo", h_echo_get, HTTP_ROUTE_AUTH, 0},
+    {"POST", "/v1/echo", h_echo_post, HTTP_ROUTE_AUTH | HTTP_ROUTE_JSON, 0},
+    {"GET", "/v1/jobs/{id}", h_job, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/v1/jobs/{id}/ranks/{rank}", h_job_rank, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/v1/list", h_list, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/static/hello.txt", h_file, 0, 0},
+    {"GET", "/static/missing.txt", h_missing_file, 0, 0},
+    {"POST", "/v1/raw", h_raw, HTTP_ROUTE_AUTH | HTTP_ROUTE_BODY, 100},
+    {"GET", "/healthz", h_health, 0, 0},
+    {"GET", "/v1/noresp", h_noresp, 0, 0},
+    {"DELETE", "/v1/jobs/{id}", h_empty, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/v1/streams/{slot}", h_stream, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/metrics", h_metrics, 0, 0},
+};
+
+static struct http_server *server;
+
+static struct http_server *start(unsigned threads, struct ddpd_error *err)
+{
+    struct http_config cfg = {
+        .listen = "127.0.0.1:0",
+        .routes = routes,
+        .nroutes = sizeof routes / sizeof routes[0],
+        .ctx = &server,
+        .token = TOKEN,
+        .threads = threads,
+        .idle_timeout_s = 2,
+        .request_timeout_ms = 700,
+    };
+    return http_server_new(&cfg, err);
+}
+
+/* ---- tests -------------------------------------------------------------------------------- */
+
+static void test_addresses(void)
+{
+    CHECK(http_addr_is_loopback("127.0.0.1:8080"));
+    CHECK(http_addr_is_loopback("127.9.8.7:0"));
+    CHECK(http_addr_is_loopback("[::1]:80"));
+    CHECK(http_addr_is_loopback("[::ffff:127.0.0.1]:80"));
+    CHECK(!http_addr_is_loopback("0.0.0.0:8080"));
+    CHECK(!http_addr_is_loopback("[::]:8080"));
+    CHECK(!http_addr_is_loopback("10.1.2.3:8080"));
+    CHECK(!http_addr_is_loopback("localhost:8080"));
+    CHECK(!http_addr_is_loopback("127.0.0.1"));
+    CHECK(!http_addr_is_loopback("127.0.0.1:65536"));
+    CHECK(!http_addr_is_loopback("[::1]8080"));
+    CHECK(!http_addr_is_loopback(""));
+    CHECK_EQ_STR(http_err_code(DDPD_ESPEC), "invalid_spec");
+    CHECK_EQ_STR(http_err_code(DDPD_ENOTFOUND), "not_found");
+    CHECK_EQ_STR(http_err_code(DDPD_EJSON), "bad_json");
+}
+
+static void test_start_errors(void)
+{
+    struct ddpd_error err;
+    /* the port in use */
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    struct http_config cfg = {.listen = addr, .routes = routes, .nroutes = 1};
+    struct http_server *s = http_server_new(&cfg, &err);
+    CHECK(s == NULL);
+    CHECK(strstr(err.message, addr) != NULL);
+    CHECK(strstr(err.message, "in use") != NULL);
+    http_server_free(s);
+    /* a malformed address */
+    cfg.listen = "localhost:80";
+    s = http_server_new(&cfg, &err);
+    CHECK(s == NULL);
+    CHECK(strstr(err.message, "localhost:80") != NULL);
+    /* a bad route pattern */
+    static const struct http_route bad[] = {{"GET", "/v1/{id", h_health, 0, 0}};
+    struct http_config cfg2 = {.listen = "127.0.0.1:0", .routes = bad, .nroutes = 1};
+    s = http_server_new(&cfg2, &err);
+    CHECK(s == NULL);
+    CHECK(strstr(err.message, "/v1/{id") != NULL);
+}
+
+static void test_basics(void)
+{
+    struct resp r;
+    char code[256], path[256], msg[256];
+
+    /* 200 JSON with a query parameter */
+    CHECK(req1("GET", "/v1/echo?x=hello%20there", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 200);
+    CHECK_EQ_STR(hdr(&r, "Content-Type"), "application/json");
+    CHECK(strstr(r.body, "\"x\":\"hello there\"") != NULL);
+    CHECK(strstr(r.body, "\"route\":\"/v1/echo\"") != NULL);
+    resp_free(&r);
+
+    /* HEAD is the GET route without a body */
+    CHECK(req1("HEAD", "/v1/echo", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 200);
+    resp_free(&r);
+
+    /* keep-alive: several requests on one connection, errors included */
+    struct cli *c = cli_open(port);
+    CHECK(c != NULL);
+    for (int i = 0; c && i < 3; i++) {
+        CHECK(req_on(c, "GET", "/v1/jobs/7", AUTH, NULL, 0, &r));
+        CHECK_EQ_INT(r.status, 200);
+        CHECK_EQ_STR(r.body, "{\"id\":7}\n");
+        resp_free(&r);
+        CHECK(req_on(c, "GET", "/v1/nope", AUTH, NULL, 0, &r));
+        CHECK_EQ_INT(r.status, 404);
+        resp_free(&r);
+        CHECK(req_on(c, "PUT", "/v1/echo", AUTH, NULL, 0, &r));
+        CHECK_EQ_INT(r.status, 405);
+        resp_free(&r);
+        CHECK(req_on(c, "GET", "/v1/echo", NULL, NULL, 0, &r));
+        CHECK_EQ_INT(r.status, 401);
+        resp_free(&r);
+    }
+    /* idle for longer than request_timeout_ms (but within the idle timeout): still open */
+    sleep_ms(1000);
+    CHECK(c && req_on(c, "POST", "/v1/echo", AUTH, "{\"a\":[1,2]}", 11, &r));
+    CHECK_EQ_INT(r.status, 201);
+    CHECK_EQ_STR(hdr(&r, "Location"), "/v1/echo/1");
+    CHECK_EQ_STR(r.body, "{\"got\":{\"a\":[1,2]}}\n");
+    resp_free(&r);
+    cli_close(c);
+
+    /* 404: unknown paths and ids that are not positive canonical int64 */
+    const char *bad_paths[] = {"/v1/nope",
+                               "/v1/jobs/abc",
+                               "/v1/jobs/0",
+                               "/v1/jobs/007",
+                               "/v1/jobs/-3",
+                               "/v1/jobs/+3",
+                               "/v1/jobs/9223372036854775808",
+                               "/v1/jobs/12/",
+                               "/v1//jobs/1",
+                               "/",
+                               "/v1/jobs/1/ranks/x"};
+    for (size_t i = 0; i < sizeof bad_paths / sizeof bad_paths[0]; i++) {
+        CHECK(req1("GET", bad_paths[i], AUTH, NULL, &r));
+        CHECK_EQ_INT(r.status, 404);
+        CHECK(err_body(&r, code, path, msg, sizeof code));
+        CHECK_EQ_STR(code, "not_found");
+        resp_free(&r);
+    }
+    CHECK(req1("GET", "/v1/jobs/9223372036854775807", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 200);
+    CHECK_EQ_STR(r.body, "{\"id\":9223372036854775807}\n");
+    resp_free(&r);
+    CHECK(req1("GET", "/v1/jobs/5/ranks/2", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 200);
+    CHECK_EQ_STR(r.body, "{\"id\":5,\"rank\":2,\"none\":0}\n");
+    resp_free(&r);
+
+    /* 405 with Allow */
+    CHECK(req1("DELETE", "/v1/echo", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 405);
+    CHECK_EQ_STR(hdr(&r, "Allow"), "GET, HEAD, POST");
+    CHECK(err_body(&r, code, path, msg, sizeof code));
+    CHECK_EQ_STR(code, "method_not_allowed");
+    resp_free(&r);
+    CHECK(req1("POST", "/v1/jobs/3", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 405);
+    CHECK_EQ_STR(hdr(&r, "Allow"), "GET, HEAD, DELETE");
+    resp_free(&r);
+    CHECK(req1("DELETE", "/v1/jobs/3", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 204);
+    resp_free(&r);
+
+    /* handler errors map through the error table */
+    CHECK(req1("GET", "/v1/jobs/404", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 404);
+    CHECK(err_body(&r, code, path, msg, sizeof code));
+    CHECK_EQ_STR(code, "not_found");
+    CHECK_EQ_STR(path, "id");
+    CHECK_EQ_STR(msg, "no job 404");
+    resp_free(&r);
+    CHECK(req1("GET", "/v1/jobs/422", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 422);
+    CHECK(err_body(&r, code, path, msg, sizeof code));
+    CHECK_EQ_STR(code, "invalid_spec");
+    CHECK_EQ_STR(path, "model[0].in");
+    resp_free(&r);
+    CHECK(req1("GET", "/v1/jobs/409", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 409);
+    resp_free(&r);
+    /* a handler that answers nothing is a 500, not a hang */
+    CHECK(req1("GET", "/v1/noresp", NULL, NULL, &r));
+    CHECK_EQ_INT(r.status, 500);
+    CHECK(err_body(&r, code, path, msg, sizeof code));
+    CHECK_EQ_STR(code, "internal");
+    resp_free(&r);
+}
+
+static void test_auth(void)
+{
+    struct resp r;
+    char code[256], path[256], msg[256];
+    CHECK(req1("GET", "/v1/echo", NULL, NULL, &r));
+    CHECK_EQ_INT(r.status, 401);
+    CHECK_EQ_STR(hdr(&r, "WWW-Authenticate"), "Bearer realm=\"ddpd\"");
+    CHECK(err_body(&r, code, path, msg, sizeof code));
+    CHECK_EQ_STR(code, "unauthorized");
+    resp_free(&r);
+    const char *wrong[] = {"Authorization: Bearer nope\r\n", "Authorization: Bearer s3cret-toke\r\n",
+                           "Authorization: Bearer s3cret-token2\r\n",
+                           "Authorization: Basic czNjcmV0LXRva2Vu\r\n", "Authorization: Bearer \r\n"};
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        CHECK(req1("GET", "/v1/echo", wrong[i], NULL, &r));
+        CHECK_EQ_INT(r.status, 401);
+        CHECK_EQ_STR(hdr(&r, "WWW-Authenticate"), "Bearer realm=\"ddpd\", error=\"invalid_token\"");
+        resp_free(&r);
+    }
+    CHECK(req1("GET", "/v1/echo", "Authorization: bearer " TOKEN "\r\n", NULL, &r));
+    CHECK_EQ_INT(r.status, 200);
+    resp_free(&r);
+    /* the route without the auth flag stays open */
+    CHECK(req1("GET", "/healthz", NULL, NULL, &r));
+    CHECK_EQ_INT(r.status, 200);
+    CHECK_EQ_STR(r.body, "ok\n");
+    CHECK_EQ_STR(hdr(&r, "Content-Type"), "text/plain; charset=utf-8");
+    resp_free(&r);
+    /* an unauthenticated request with a body: still 401 (body never parsed) */
+    CHECK(req1("POST", "/v1/echo", NULL, "{not json", &r));
+    CHECK_EQ_INT(r.status, 401);
+    resp_free(&r);
+}
+
+static void test_json_and_query(void)
+{
+    struct resp r;
+    char code[256], path[256], msg[256];
+    const char *bad = "{\n  \"a\": 1,\n  \"b\": ,\n}";
+    CHECK(req1("POST", "/v1/echo", AUTH, bad, &r));
+    CHECK_EQ_INT(r.status, 400);
+    CHECK(err_body(&r, code, path, msg, sizeof code));
+    CHECK_EQ_STR(code, "bad_json");
+    CHECK_EQ_STR(path, "");
+    CHECK(strstr(msg, "malformed JSON at line 3, column ") != NULL);
+    fprintf(stderr, "  bad JSON message: %s\n", msg);
+    resp_free(&r);
+    CHECK(req1("POST", "/v1/echo", AUTH, "", &r));
+    CHECK_EQ_INT(r.status, 400);
+    CHECK(err_body(&r, code, path, msg, sizeof code));
+    CHECK_EQ_STR(code, "bad_json");
+    resp_free(&r);
+    CHECK(req1("POST", "/v1/echo", AUTH, "{\"a\":1,\"a\":2}", &r));
+    CHECK_EQ_INT(r.status, 400);
+    resp_free(&r);
+
+    /* query parameters */
+    CHECK(req1("GET", "/v1/list", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 200);
+    CHECK_EQ_STR(r.body, "{\"limit\":50,\"state\":-1,\"max_points\":1000}\n");
+    resp_free(&r);
+    CHECK(req1("GET", "/v1/list?limit=20&state=running&max_points=300&before=123&other=1", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 200);
+    CHECK_EQ_STR(r.body, "{\"limit\":20,\"state\":2,\"max_points\":300}\n");
+    resp_free(&r);
+    CHECK(req1("GET", "/v1/list?state=&limit=", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 200);
+    resp_free(&r);
+    struct {
+        const char *q, *param;
+    } bads[] = {
+        {"/v1/list?limit=abc", "limit"},
+        {"/v1/list?limit=0", "limit"},
+        {"/v1/list?limit=501", "limit"},
+        {"/v1/list?limit=12x", "limit"},
+        {"/v1/list?limit=99999999999999999999", "limit"},
+        {"/v1/list?limit=%20", "limit"},
+        {"/v1/list?state=bogus", "state"},
+        {"/v1/list?max_points=1", "max_points"},
+        {"/v1/list?before=xyz", "before"},
+    };
+    for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
+        CHECK(req1("GET", bads[i].q, AUTH, NULL, &r));
+        CHECK_EQ_INT(r.status, 400);
+        CHECK(err_body(&r, code, path, msg, sizeof code));
+        CHECK_EQ_STR(code, "bad_query");
+        CHECK_EQ_STR(path, bads[i].param);
+        CHECK(strstr(msg, bads[i].param) != NULL);
+        resp_free(&r);
+    }
+    CHECK(req1("GET", "/v1/list?state=bogus", AUTH, NULL, &r));
+    CHECK(err_body(&r, code, path, msg, sizeof code));
+    CHECK_EQ_STR(msg, "query parameter 'state' must be one of queued, starting, running, "
+                      "succeeded, failed, cancelled; got 'bogus'");
+    resp_free(&r);
+}
+
+static void test_body_limits(void)
+{
+    struct resp r;
+    char code[256], path[256], msg[256];
+    /* a declared 2 MiB body: 413 at once, without the body being sent */
+    struct cli *c = cli_open(port);
+    const char *h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH
+                    "Content-Type: application/json\r\nContent-Length: 2097152\r\n\r\n";
+    CHECK(c && send_all(c->fd, h, strlen(h)));
+    CHECK(c && read_head(c, &r) && read_body(c, &r, false));
+    CHECK_EQ_INT(r.status, 413);
+    CHECK(err_body(&r, code, path, msg, sizeof code));
+    CHECK_EQ_STR(code, "too_large");
+    CHECK(strstr(msg, "2097152") != NULL);
+    resp_free(&r);
+    cli_close(c);
+
+    /* the same with Expect: 100-continue: no 100, straight 413 */
+    c = cli_open(port);
+    h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH
+        "Expect: 100-continue\r\nContent-Length: 2097152\r\n\r\n";
+    CHECK(c && send_all(c->fd, h, strlen(h)));
+    CHECK(c && read_head(c, &r) && read_body(c, &r, false));
+    CHECK_EQ_INT(r.status, 413);
+    resp_free(&r);
+    cli_close(c);
+
+    /* a chunked body that grows past the limit: 413 when it ends, connection kept */
+    c = cli_open(port);
+    h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH "Transfer-Encoding: chunked\r\n\r\n";
+    CHECK(c && send_all(c->fd, h, strlen(h)));
+    static char chunk[65536];
+    memset(chunk, ' ', sizeof chunk);
+    char line[32];
+    bool sent = true;
+    for (int i = 0; c && sent && i < 32; i++) { /* 2 MiB */
+        snprintf(line, sizeof line, "%zx\r\n", sizeof chunk);
+        sent = send_all(c->fd, line, strlen(line)) && send_all(c->fd, chunk, sizeof chunk) &&
+               send_all(c->fd, "\r\n", 2);
+    }
+    CHECK(sent);
+    CHECK(c && send_all(c->fd, "0\r\n\r\n", 5));
+    CHECK(c && read_head(c, &r) && read_body(c, &r, false));
+    CHECK_EQ_INT(r.status, 413);
+    CHECK(err_body(&r, code, path, msg, sizeof code));
+    CHECK_EQ_STR(code, "too_large");
+    resp_free(&r);
+    CHECK(c && req_on(c, "GET", "/v1/jobs/1", AUTH, NULL, 0, &r));
+    CHECK_EQ_INT(r.status, 200);
+    resp_free(&r);
+    cli_close(c);
+
+    /* a chunked body far past the limit: the connection is cut, no body is buffered */
+    c = cli_open(port);
+    h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH "Transfer-Encoding: chunked\r\n\r\n";
+    CHECK(c && send_all(c->fd, h, strlen(h)));
+    sent = true;
+    for (int i = 0; c && sent && i < 512; i++) { /* up to 32 MiB */
+        snprintf(line, sizeof line, "%zx\r\n", sizeof chunk);
+        sent = send_all(c->fd, line, strlen(line)) && send_all(c->fd, chunk, sizeof chunk) &&
+               send_all(c->fd, "\r\n", 2);
+    }
+    CHECK(!sent); /* the server stopped reading and reset the connection */
+    CHECK(c && wait_closed(c->fd, 5));
+    cli_close(c);
+
+    /* a route's own limit (100 bytes) */
+    char body[102];
+    memset(body, 'b', sizeof body);
+    body[101] = '\0';
+    CHECK(req1("POST", "/v1/raw", AUTH, body, &r));
+    CHECK_EQ_INT(r.status, 413);
+    resp_free(&r);
+    body[100] = '\0';
+    CHECK(req1("POST", "/v1/raw", AUTH, body, &r));
+    CHECK_EQ_INT(r.status, 200);
+    CHECK_EQ_INT(r.body_len, 100);
+    CHECK_EQ_STR(hdr(&r, "Content-Type"), "application/octet-stream");
+    resp_free(&r);
+}
+
+static void test_files_and_etags(void)
+{
+    struct resp r;
+    CHECK(req1("GET", "/static/hello.txt", NULL, NULL, &r));
+    CHECK_EQ_INT(r.status, 200);
+    CHECK_EQ_STR(r.body, "hello, file\n");
+    CHECK_EQ_STR(hdr(&r, "Cache-Control"), "max-age=60");
+    CHECK_EQ_STR(hdr(&r, "Content-Type"), "text/plain; charset=utf-8");
+    char etag[128] = "";
+    if (hdr(&r, "ETag"))
+        snprintf(etag, sizeof etag, "%s", hdr(&r, "ETag"));
+    CHECK(etag[0] == '"');
+    resp_free(&r);
+
+    char h[256];
+    snprintf(h, sizeof h, "If-None-Match: %s\r\n", etag);
+    CHECK(req1("GET", "/static/hello.txt", h, NULL, &r));
+    CHECK_EQ_INT(r.status, 304);
+    CHECK_EQ_STR(hdr(&r, "ETag"), etag);
+    CHECK_EQ_STR(hdr(&r, "Cache-Control"), "max-age=60");
+    resp_free(&r);
+    snprintf(h, sizeof h, "If-None-Match: \"zzz\", W/%s\r\n", etag);
+    CHECK(req1("GET", "/static/hello.txt", h, NULL, &r));
+    CHECK_EQ_INT(r.status, 304);
+    resp_free(&r);
+    CHECK(req1("GET", "/static/hello.txt", "If-None-Match: *\r\n", NULL, &r));
+    CHECK_EQ_INT(r.status, 304);
+    resp_free(&r);
+    CHECK(req1("GET", "/static/hello.txt", "If-None-Match: \"other\"\r\n", NULL, &r));
+    CHECK_EQ_INT(r.status, 200);
+    CHECK_EQ_STR(r.body, "hello, file\n");
+    resp_free(&r);
+
+    /* 304 keeps the connection: two conditional requests on one connection */
+    struct cli *c = cli_open(port);
+    for (int i = 0; c && i < 2; i++) {
+        CHECK(req_on(c, "GET", "/static/hello.txt", h, NULL, 0, &r));
+        CHECK_EQ_INT(r.status, 304);
+        resp_free(&r);
+    }
+    cli_close(c);
+
+    /* an ETag on a handler's response, and a missing file */
+    CHECK(req1("POST", "/v1/raw", AUTH "If-None-Match: \"raw-v1\"\r\n", "x", &r));
+    CHECK_EQ_INT(r.status, 304);
+    resp_free(&r);
+    CHECK(req1("GET", "/static/missing.txt", NULL, NULL, &r));
+    CHECK_EQ_INT(r.status, 404);
+    resp_free(&r);
+}
+
+/* Opens GET /v1/streams/{i} on a new connection and reads the response head. */
+static struct cli *open_stream(int i, const char *query, struct resp *r)
+{
+    struct cli *c = cli_open(port);
+    if (!c)
+        return NULL;
+    char head[256];
+    snprintf(head, sizeof head, "GET /v1/streams/%d%s HTTP/1.1\r\nHost: t\r\n" AUTH "\r\n", i + 1,
+             query ? query : "");
+    if (!send_all(c->fd, head, strlen(head)) || !read_head(c, r)) {
+        cli_close(c);
+        return NULL;
+    }
+    return c;
+}
+
+struct feeder {
+    struct slot *sl;
+    int n;
+    int pause_at, pause_ms;
+};
+
+/* Writes "data: k\n\n" for k < n from its own thread, holding the slot's lock around each
+ * write (as an owner with its own lock would), then closes the stream. */
+static void *feeder_main(void *arg)
+{
+    struct feeder *f = arg;
+    for (int k = 0; k < f->n; k++) {
+        char line[64];
+        int len = snprintf(line, sizeof line, "data: %d\n\n", k);
+        pthread_mutex_lock(&f->sl->mu);
+        ddpd_err rc = http_stream_write(f->sl->s, line, (size_t)len);
+        pthread_mutex_unlock(&f->sl->mu);
+        if (rc != DDPD_OK)
+            return (void *)1;
+        if (k == f->pause_at)
+            sleep_ms(f->pause_ms);
+        else if (k % 16 == 0)
+            sleep_ms(1);
+    }
+    pthread_mutex_lock(&f->sl->mu);
+    struct http_stream *s = f->sl->s;
+    f->sl->s = NULL;
+    pthread_mutex_unlock(&f->sl->mu);
+    http_stream_close(s);
+    return NULL;
+}
+
+static void test_stream_ordered(int pause_ms)
+{
+    struct slot *sl = &slots[0];
+    slot_reset(sl, 0);
+    struct resp r;
+    struct cli *c = open_stream(0, NULL, &r);
+    CHECK(c != NULL);
+    if (!c)
+        return;
+    CHECK_EQ_INT(r.status, 200);
+    CHECK_EQ_STR(hdr(&r, "Content-Type"), "text/event-stream");
+    CHECK_EQ_STR(hdr(&r, "Cache-Control"), "no-cache");
+    CHECK_EQ_STR(hdr(&r, "X-Accel-Buffering"), "no");
+    CHECK_EQ_STR(hdr(&r, "Transfer-Encoding"), "chunked");
+    CHECK(slot_wait(sl, &sl->opened, 5));
+
+    /* The pause is longer than the idle timeout: a parked stream does not time out. */
+    struct feeder f = {sl, 300, 150, pause_ms};
+    pthread_t t;
+    pthread_create(&t, NULL, feeder_main, &f);
+    char *got = calloc(1, 1);
+    size_t got_len = 0, n = 1;
+    int chunks = 0;
+    while (n && chunks < 100000) {
+        if (!read_chunk(c, &got, &got_len, &n))
+            break;
+        chunks++;
+    }
+    CHECK_EQ_INT(n, 0); /* the terminating chunk arrived */
+    void *fr;
+    pthread_join(t, &fr);
+    CHECK(fr == NULL);
+    char *want = calloc(1, 300 * 16);
+    size_t wl = 0;
+    for (int k = 0; k < 300; k++)
+        wl += (size_t)snprintf(want + wl, 16, "data: %d\n\n", k);
+    CHECK_EQ_INT(got_len, wl);
+    CHECK(got_len == wl && memcmp(got, want, wl) == 0);
+    free(got);
+    free(want);
+    CHECK(slot_wait(sl, &sl->closed, 5));
+    CHECK_EQ_INT(sl->closes, 1);
+    CHECK_EQ_INT(sl->why, HTTP_STREAM_DONE);
+    /* the connection is kept after a stream that ended normally */
+    CHECK(req_on(c, "GET", "/v1/jobs/2", AUTH, NULL, 0, &r));
+    CHECK_EQ_INT(r.status, 200);
+    resp_free(&r);
+    cli_close(c);
+}
+
+static void test_stream_pull(void)
+{
+    struct slot *sl = &slots[1];
+    slot_reset(sl, 0);
+    pthread_mutex_lock(&sl->mu);
+    sl->pull_total = 500;
+    pthread_mutex_unlock(&sl->mu);
+    struct resp r;
+    struct cli *c = open_stream(1, "?pull=1", &r);
+    CHECK(c != NULL);
+    if (!c)
+        return;
+    CHECK_EQ_INT(r.status, 200);
+    CHECK(slot_wait(sl, &sl->opened, 5));
+    /* produce in bursts from this thread; the reader is this thread too, so read as we go */
+    char *got = calloc(1, 1);
+    size_t got_len = 0, n = 1;
+    for (int k = 0; k < 500; k += 50) {
+        pthread_mutex_lock(&sl->mu);
+        sl->produced = k + 50;
+        struct http_stream *s = sl->s;
+        pthread_mutex_unlock(&sl->mu);
+        http_stream_wake(s);
+        sleep_ms(2);
+    }
+    while (n) {
+        if (!read_chunk(c, &got, &got_len, &n))
+            break;
+    }
+    CHECK_EQ_INT(n, 0);
+    char *want = calloc(1, 500 * 8);
+    size_t wl = 0;
+    for (int k = 0; k < 500; k++)
+        wl += (size_t)snprintf(want + wl, 8, "p%d\n", k);
+    CHECK_EQ_INT(got_len, wl);
+    CHECK(got_len == wl && memcmp(got, want, wl) == 0);
+    free(got);
+    free(want);
+    CHECK(slot_wait(sl, &sl->closed, 5));
+    CHECK_EQ_INT(sl->why, HTTP_STREAM_DONE);
+    http_stream_close(sl->s); /* the owner's reference, after the end */
+    cli_close(c);
+}
+
+static void test_stream_slow(void)
+{
+    struct slot *sl = &slots[2];
+    slot_reset(sl, 256 * 1024);
+    /* request the stream but never read anything */
+    struct cli *c = cli_open(port);
+    const char *h = "GET /v1/streams/3 HTTP/1.1\r\nHost: t\r\n" AUTH "\r\n";
+    CHECK(c && send_all(c->fd, h, strlen(h)));
+    CHECK(slot_wait(sl, &sl->opened, 5));
+    static char block[65536];
+    memset(block, 'x', sizeof block);
+    ddpd_err rc = DDPD_OK;
+    int writes = 0;
+    for (; writes < 4096 && rc == DDPD_OK; writes++) {
+        pthread_mutex_lock(&sl->mu);
+        rc = http_stream_write(sl->s, block, sizeof block);
+        pthread_mutex_unlock(&sl->mu);
+        if (writes % 32 == 0)
+            sleep_ms(1);
+    }
+    fprintf(stderr, "  slow stream dropped after %d writes of 64 KiB\n", writes);
+    CHECK_EQ_INT(rc, DDPD_EBUSY);
+    CHECK(writes < 4096);
+    pthread_mutex_lock(&sl->mu);
+    CHECK_EQ_INT(http_stream_write(sl->s, "x", 1), DDPD_ECANCELED);
+    pthread_mutex_unlock(&sl->mu);
+    double t0 = now_s();
+    CHECK(slot_wait(sl, &sl->closed, 5));
+    CHECK(now_s() - t0 < 1.5); /* cut at once, not after the idle timeout */
+    CHECK_EQ_INT(sl->why, HTTP_STREAM_SLOW);
+    CHECK(c && wait_closed(c->fd, 5));
+    http_stream_close(sl->s);
+    cli_close(c);
+}
+
+static void test_stream_client_gone(void)
+{
+    struct slot *sl = &slots[3];
+    slot_reset(sl, 0);
+    struct resp r;
+    struct cli *c = open_stream(3, NULL, &r);
+    CHECK(c != NULL);
+    CHECK(slot_wait(sl, &sl->opened, 5));
+    cli_close(c);
+    /* heartbeats until the layer notices the client went away */
+    double end = now_s() + 5;
+    bool closed = false;
+    int pings = 0;
+    while (!closed && now_s() < end) {
+        pthread_mutex_lock(&sl->mu);
+        http_stream_write(sl->s, ": ping\n\n", 8);
+        closed = sl->closed;
+        pthread_mutex_unlock(&sl->mu);
+        pings++;
+        sleep_ms(20);
+    }
+    fprintf(stderr, "  client-gone noticed after %d heartbeats\n", pings);
+    CHECK(closed);
+    CHECK_EQ_INT(sl->closes, 1);
+    CHECK_EQ_INT(sl->why, HTTP_STREAM_GONE);
+    pthread_mutex_lock(&sl->mu);
+    CHECK_EQ_INT(http_stream_write(sl->s, "x", 1), DDPD_ECANCELED);
+    pthread_mutex_unlock(&sl->mu);
+    http_stream_close(sl->s);
+
+    /* a handler that opens a stream and then fails: on_close runs, the client gets the error */
+    slot_reset(sl, 0);
+    char code[256], path[256], msg[256];
+    c = open_stream(3, "?fail=1", &r);
+    CHECK(c && read_body(c, &r, false));
+    CHECK_EQ_INT(r.status, 409);
+    CHECK(err_body(&r, code, path, msg, sizeof code));
+    CHECK_EQ_STR(code, "conflict");
+    resp_free(&r);
+    CHECK(slot_wait(sl, &sl->closed, 5));
+    CHECK_EQ_INT(sl->why, HTTP_STREAM_GONE);
+    CHECK_EQ_INT(http_stream_write(sl->s, "x", 1), DDPD_ECANCELED);
+    http_stream_close(sl->s);
+    cli_close(c);
+}
+
+static double cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* Parked streams (push and pull) cost no CPU: nothing spins while there is nothing to send. */
+static void test_stream_idle_cpu(void)
+{
+    struct resp r;
+    slot_reset(&slots[0], 0);
+    slot_reset(&slots[1], 0);
+    struct cli *a = open_stream(0, NULL, &r);
+    struct cli *b = open_stream(1, "?pull=1", &r);
+    CHECK(a && b);
+    CHECK(slot_wait(&slots[0], &slots[0].opened, 5));
+    CHECK(slot_wait(&slots[1], &slots[1].opened, 5));
+    sleep_ms(100);
+    double c0 = cpu_s(), t0 = now_s();
+    sleep_ms(1000);
+    double cpu = cpu_s() - c0, wall = now_s() - t0;
+    fprintf(stderr, "  two parked streams: %.3f s CPU in %.2f s\n", cpu, wall);
+    CHECK(cpu < 0.2 * wall);
+    /* still alive: a write and a wake get through */
+    CHECK_EQ_INT(http_stream_write(slots[0].s, "data: x\n\n", 9), DDPD_OK);
+    char *got = calloc(1, 1);
+    size_t got_len = 0, n = 1;
+    CHECK(a && read_chunk(a, &got, &got_len, &n));
+    CHECK_EQ_STR(got, "data: x\n\n");
+    pthread_mutex_lock(&slots[1].mu);
+    slots[1].produced = 1;
+    pthread_mutex_unlock(&slots[1].mu);
+    http_stream_wake(slots[1].s);
+    got_len = 0;
+    CHECK(b && read_chunk(b, &got, &got_len, &n));
+    CHECK_EQ_STR(got, "p0\n");
+    free(got);
+    http_stream_close(slots[0].s);
+    http_stream_close(slots[1].s);
+    CHECK(slot_wait(&slots[0], &slots[0].closed, 5));
+    CHECK(slot_wait(&slots[1], &slots[1].closed, 5));
+    CHECK_EQ_INT(slots[0].why, HTTP_STREAM_DONE);
+    CHECK_EQ_INT(slots[1].why, HTTP_STREAM_DONE);
+    cli_close(a);
+    cli_close(b);
+}
+
+/* Connection limits, per IP, and a request head larger than the connection's memory. */
+static void test_limits(void)
+{
+    struct ddpd_error err;
+    struct http_config cfg = {.listen = "127.0.0.1:0",
+                              .routes = routes,
+                              .nroutes = 9,
+                              .connection_limit = 6,
+                              .per_ip_limit = 2,
+                              .memory_limit = 16 * 1024};
+    struct http_server *s = http_server_new(&cfg, &err);
+    CHECK(s != NULL);
+    if (!s)
+        return;
+    int p = http_server_port(s);
+    int a = tcp_connect(AF_INET, p), b = tcp_connect(AF_INET, p), c = tcp_connect(AF_INET, p);
+    CHECK(a >= 0 && b >= 0 && c >= 0);
+    CHECK(wait_closed(c, 3));    /* the third from one address is refused */
+    CHECK(!wait_closed(a, 0.2)); /* the first two stay */
+    close(a);
+    close(b);
+    close(c);
+
+    struct cli *k = calloc(1, sizeof *k);
+    k->fd = -1;
+    for (int i = 0; i < 50 && k->fd < 0; i++) { /* until the closes above are processed */
+        sleep_ms(20);
+        k->fd = tcp_connect(AF_INET, p);
+        struct resp r;
+        if (k->fd >= 0 && !req_on(k, "GET", "/healthz", NULL, NULL, 0, &r)) {
+            close(k->fd);
+            k->fd = -1;
+        } else if (k->fd >= 0) {
+            resp_free(&r);
+        }
+    }
+    CHECK(k->fd >= 0);
+    size_t big = 32 * 1024;
+    char *h = malloc(big + 128);
+    int n = snprintf(h, 128, "GET /healthz HTTP/1.1\r\nHost: t\r\nX-Big: ");
+    memset(h + n, 'a', big);
+    memcpy(h + n + big, "\r\n\r\n", 5);
+    struct resp r;
+    bool answered = k->fd >= 0 && send_all(k->fd, h, (size_t)n + big + 4) && read_head(k, &r);
+    fprintf(stderr, "  32 KiB header: %s %d\n", answered ? "answered" : "closed", answered ? r.status : 0);
+    CHECK(!answered || (r.status >= 400 && r.status < 500));
+    free(h);
+    cli_close(k);
+    http_server_free(s);
+}
+
+static void test_slow_clients(void)
+{
+    /* slow loris: the request line byte by byte, every 50 ms, never finishing: libmicrohttpd's
+     * idle timeout never trips, the request deadline (700 ms) does. */
+    struct cli *c = cli_open(port);
+    const char *h = "GET /v1/echo HTTP/1.1\r\nHost: test\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    double t0 = now_s();
+    bool cut = false;
+    for (size_t i = 0; c && i < strlen(h) && now_s() - t0 < 5; i++) {
+        if (!send_all(c->fd, h + i, 1))
+            break;
+        struct pollfd p = {c->fd, POLLIN, 0};
+        if (poll(&p, 1, 50) > 0) {
+            char b[256];
+            ssize_t n = recv(c->fd, b, sizeof b, MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN)) {
+                cut = true;
+                break;
+            }
+        }
+    }
+    if (!cut)
+        cut = c && wait_closed(c->fd, 3);
+    double dt = now_s() - t0;
+    fprintf(stderr, "  slow loris cut after %.2f s\n", dt);
+    CHECK(cut);
+    CHECK(dt > 0.5 && dt < 2.5);
+    cli_close(c);
+
+    /* a body that never finishes */
+    c = cli_open(port);
+    h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH "Content-Length: 100\r\n\r\n{\"a\":";
+    t0 = now_s();
+    CHECK(c && send_all(c->fd, h, strlen(h)));
+    CHECK(c && wait_closed(c->fd, 5));
+    dt = now_s() - t0;
+    fprintf(stderr, "  stalled body cut after %.2f s\n", dt);
+    CHECK(dt < 2.5);
+    cli_close(c);
+
+    /* a connection that never sends anything */
+    c = cli_open(port);
+    t0 = now_s();
+    CHECK(c && wait_closed(c->fd, 5));
+    CHECK(now_s() - t0 < 2.5);
+    cli_close(c);
+}
+
+struct hammer {
+    int n, ok;
+};
+
+static void *hammer_main(void *arg)
+{
+    struct hammer *h = arg;
+    struct cli *c = cli_open(port);
+    for (int i = 0; c && i < h->n; i++) {
+        struct resp r;
+        char path[64];
+        snprintf(path, sizeof path, "/v1/jobs/%d", i + 1);
+        if (!req_on(c, "GET", path, AUTH, NULL, 0, &r))
+            break;
+        char want[64];
+        snprintf(want, sizeof want, "{\"id\":%d}\n", i + 1);
+        if (r.status == 200 && !strcmp(r.body, want))
+            h->ok++;
+        resp_free(&r);
+    }
+    cli_close(c);
+    return NULL;
+}
+
+static void test_concurrent(void)
+{
+    pthread_t t[8];
+    struct hammer h[8];
+    for (int i = 0; i < 8; i++) {
+        h[i] = (struct hammer){100, 0};
+        pthread_create(&t[i], NULL, hammer_main, &h[i]);
+    }
+    int ok = 0;
+    for (int i = 0; i < 8; i++) {
+        pthread_join(t[i], NULL);
+        ok += h[i].ok;
+    }
+    CHECK_EQ_INT(ok, 800);
+}
+
+static void test_metrics(void)
+{
+    struct resp r;
+    CHECK(req1("GET", "/metrics", NULL, NULL, &r));
+    CHECK_EQ_INT(r.status, 200);
+    CHECK(strstr(r.body, "# TYPE ddpd_http_requests_total counter\n") != NULL);
+    CHECK(strstr(r.body, "ddpd_http_requests_total{route=\"/v1/echo\",code=\"200\"} ") != NULL);
+    CHECK(strstr(r.body, "ddpd_http_requests_total{route=\"/v1/jobs/{id}\",code=\"404\"} ") != NULL);
+    CHECK(strstr(r.body, "ddpd_http_requests_total{route=\"unmatched\",code=\"404\"} ") != NULL);
+    CHECK(strstr(r.body, "ddpd_http_requests_total{route=\"/v1/echo\",code=\"405\"} ") != NULL);
+    CHECK(strstr(r.body, "ddpd_http_streams_open 0\n") != NULL);
+    CHECK(strstr(r.body, "ddpd_http_streams_slow_total 1\n") != NULL);
+    resp_free(&r);
+}
+
+/* Frees the server while three streams are open (one parked, one mid-write, one whose
+ * client went away). Every on_close runs before free returns; owners close afterwards. */
+static void test_free_with_streams(void)
+{
+    struct cli *c[3];
+    struct resp r;
+    for (int i = 0; i < 3; i++) {
+        slot_reset(&slots[4 + i], 0);
+        c[i] = open_stream(4 + i, NULL, &r);
+        CHECK(c[i] != NULL);
+        CHECK(slot_wait(&slots[4 + i], &slots[4 + i].opened, 5));
+    }
+    CHECK_EQ_INT(http_stream_write(slots[5].s, "data: 1\n\n", 9), DDPD_OK);
+    cli_close(c[2]);
+    c[2] = NULL;
+    /* slot 5 is written from another thread all through the shutdown */
+    pthread_t t;
+    struct feeder f = {&slots[5], 1 << 30, -1, 0};
+    pthread_create(&t, NULL, feeder_main, &f);
+    sleep_ms(50);
+    http_server_free(server);
+    server = NULL;
+    void *fr;
+    pthread_join(t, &fr);
+    CHECK(fr == (void *)1); /* its writes failed once the stream was ended */
+    for (int i = 0; i < 3; i++) {
+        struct slot *sl = &slots[4 + i];
+        CHECK(sl->closed);
+        CHECK_EQ_INT(sl->closes, 1);
+        CHECK(sl->why == HTTP_STREAM_SHUTDOWN || (i == 2 && sl->why == HTTP_STREAM_GONE));
+        /* the owner's reference outlives the server */
+        CHECK_EQ_INT(http_stream_write(sl->s, "x", 1), DDPD_ECANCELED);
+        http_stream_close(sl->s);
+    }
+    for (int i = 0; i < 2; i++) {
+        CHECK(wait_closed(c[i]->fd, 5));
+        cli_close(c[i]);
+    }
+}
+
+/* A pool of threads: the same keep-alive and stream paths. */
+static void test_thread_pool(void)
+{
+    struct ddpd_error err;
+    server = start(4, &err);
+    CHECK(server != NULL);
+    if (!server)
+        return;
+    port = http_server_port(server);
+    test_concurrent();
+    test_stream_ordered(0);
+    slot_reset(&slots[4], 0);
+    struct resp r;
+    struct cli *c = open_stream(4, NULL, &r);
+    CHECK(slot_wait(&slots[4], &slots[4].opened, 5));
+    http_server_free(server);
+    server = NULL;
+    CHECK(slots[4].closed);
+    CHECK_EQ_INT(slots[4].why, HTTP_STREAM_SHUTDOWN);
+    http_stream_close(slots[4].s);
+    cli_close(c);
+}
+
+static void test_ipv6(void)
+{
+    struct ddpd_error err;
+    struct http_config cfg = {.listen = "[::1]:0", .routes = routes, .nroutes = 9, .ctx = NULL};
+    struct http_server *s = http_server_new(&cfg, &err);
+    if (!s) {
+        fprintf(stderr, "  IPv6 skipped: %s\n", err.message);
+        return;
+    }
+    struct cli c = {0};
+    c.fd = tcp_connect(AF_INET6, http_server_port(s));
+    CHECK(c.fd >= 0);
+    struct resp r;
+    CHECK(c.fd >= 0 && req_on(&c, "GET", "/healthz", NULL, NULL, 0, &r));
+    CHECK_EQ_INT(r.status, 200);
+    resp_free(&r);
+    if (c.fd >= 0)
+        close(c.fd);
+    http_server_free(s);
+}
+
+int main(void)
+{
+    slots_init();
+    const char *tmp = getenv("DDPD_TEST_TMP");
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s", tmp && *tmp ? tmp : "/tmp");
+    mkdir(dir, 0755);
+    snprintf(file_path, sizeof file_path, "%s/test_http_%d.txt", dir, (int)getpid());
+    FILE *f = fopen(file_path, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs("hello, file\n", f);
+        fclose(f);
+    }
+
+    test_addresses();
+    struct ddpd_error err;
+    server = start(1, &err);
+    if (!server) {
+        fprintf(stderr, "cannot start: %s\n", err.message);
+        return 1;
+    }
+    port = http_server_port(server);
+    CHECK(port > 0);
+
+    double t0 = now_s();
+#define RUN(t)                                                                                               \
+    do {                                                                                                     \
+        double t1 = now_s();                                                                                 \
+        t;                                                                                                   \
+        fprintf(stderr, "%-28s %.2f s\n", #t, now_s() - t1);                                                 \
+    } while (0)
+    RUN(test_start_errors());
+    RUN(test_basics());
+    RUN(test_auth());
+    RUN(test_json_and_query());
+    RUN(test_body_limits());
+    RUN(test_files_and_etags());
+    RUN(test_stream_ordered(2500));
+    RUN(test_stream_pull());
+    RUN(test_stream_slow());
+    RUN(test_stream_client_gone());
+    RUN(test_stream_idle_cpu());
+    RUN(test_slow_clients());
+    RUN(test_limits());
+    RUN(test_concurrent());
+    RUN(test_metrics());
+    RUN(test_free_with_streams());
+    RUN(test_thread_pool());
+    RUN(test_ipv6());
+    fprintf(stderr, "total %.2f s\n", now_s() - t0);
+    unlink(file_path);
+    CHECK_DONE();
+}
