@@ -115,7 +115,7 @@ static void set_state(struct super *s, struct active *a, job_state st, const cha
         u.fields |= STORE_SET_ERROR;
         u.error = error;
     }
-    if (st == JOB_STATE_RUNNING)
+    if (st != JOB_STATE_STARTING)
         u.fields &= ~(unsigned)STORE_SET_ATTEMPT; /* keep the progress the attempt reported */
     struct ddpd_error err;
     if (store_job_update(s->o.store, a->job, &u, NULL, &err) != DDPD_OK)
