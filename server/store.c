@@ -304,9 +304,9 @@ enum {
     ST_COUNT
 };
 
-#define JOB_COLS                                                                          \
-    "id, name, state, CASE WHEN ?9 THEN spec END, world_size, device, created_at, "      \
-    "started_at, finished_at, attempt, step, loss, error, pending_reason, max_restarts, " \
+#define JOB_COLS                                                                                             \
+    "id, name, state, CASE WHEN ?9 THEN spec END, world_size, device, created_at, "                          \
+    "started_at, finished_at, attempt, step, loss, error, pending_reason, max_restarts, "                    \
     "restarts "
 
 static const char *const sql_text[ST_COUNT] = {
@@ -328,22 +328,21 @@ static const char *const sql_text[ST_COUNT] = {
                      "max_restarts) VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6)",
     [W_JOB_STATE] = "SELECT state FROM jobs WHERE id = ?1",
     /* ?2 is the STORE_SET_* mask, ?3 the new state, ?10 now. */
-    [W_JOB_UPDATE] =
-        "UPDATE jobs SET "
-        "state = CASE WHEN ?2 & 1 THEN ?3 ELSE state END, "
-        "started_at = CASE WHEN ?2 & 1 AND ?3 IN ('starting', 'running') AND started_at IS NULL "
-        "THEN ?10 ELSE started_at END, "
-        "finished_at = CASE WHEN NOT ?2 & 1 THEN finished_at "
-        "WHEN ?3 IN ('succeeded', 'failed', 'cancelled') THEN coalesce(finished_at, ?10) "
-        "ELSE NULL END, "
-        "attempt = CASE WHEN ?2 & 2 THEN ?4 ELSE attempt END, "
-        "restarts = CASE WHEN ?2 & 4 THEN ?5 ELSE restarts END, "
-        "error = CASE WHEN ?2 & 8 THEN ?6 ELSE error END, "
-        "pending_reason = CASE WHEN ?2 & 16 THEN ?7 WHEN ?2 & 1 AND ?3 <> 'queued' THEN NULL "
-        "ELSE pending_reason END, "
-        "step = CASE WHEN ?2 & 32 THEN ?8 WHEN ?2 & 2 THEN NULL ELSE step END, "
-        "loss = CASE WHEN ?2 & 32 THEN ?9 WHEN ?2 & 2 THEN NULL ELSE loss END "
-        "WHERE id = ?1",
+    [W_JOB_UPDATE] = "UPDATE jobs SET "
+                     "state = CASE WHEN ?2 & 1 THEN ?3 ELSE state END, "
+                     "started_at = CASE WHEN ?2 & 1 AND ?3 IN ('starting', 'running') AND started_at IS NULL "
+                     "THEN ?10 ELSE started_at END, "
+                     "finished_at = CASE WHEN NOT ?2 & 1 THEN finished_at "
+                     "WHEN ?3 IN ('succeeded', 'failed', 'cancelled') THEN coalesce(finished_at, ?10) "
+                     "ELSE NULL END, "
+                     "attempt = CASE WHEN ?2 & 2 THEN ?4 ELSE attempt END, "
+                     "restarts = CASE WHEN ?2 & 4 THEN ?5 ELSE restarts END, "
+                     "error = CASE WHEN ?2 & 8 THEN ?6 ELSE error END, "
+                     "pending_reason = CASE WHEN ?2 & 16 THEN ?7 WHEN ?2 & 1 AND ?3 <> 'queued' THEN NULL "
+                     "ELSE pending_reason END, "
+                     "step = CASE WHEN ?2 & 32 THEN ?8 WHEN ?2 & 2 THEN NULL ELSE step END, "
+                     "loss = CASE WHEN ?2 & 32 THEN ?9 WHEN ?2 & 2 THEN NULL ELSE loss END "
+                     "WHERE id = ?1",
     [W_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1",
     [W_ATTEMPT_INSERT] = "INSERT INTO attempts (job, attempt, comm_id, started_at) "
                          "VALUES (?1, ?2, ?3, ?4)",
@@ -426,8 +425,7 @@ out:
 static sqlite3_stmt *stmt(struct conn *c, int id, struct ddpd_error *err)
 {
     if (!c->st[id]) {
-        int rc = sqlite3_prepare_v3(c->db, sql_text[id], -1, SQLITE_PREPARE_PERSISTENT,
-                                    &c->st[id], NULL);
+        int rc = sqlite3_prepare_v3(c->db, sql_text[id], -1, SQLITE_PREPARE_PERSISTENT, &c->st[id], NULL);
         if (rc != SQLITE_OK) {
             sq_fail(err, c->db, rc, "prepare");
             return NULL;
@@ -489,7 +487,7 @@ struct store {
 
     /* Event queue: a ring of queue_max entries, and the writer thread. */
     pthread_mutex_t qmu;
-    pthread_cond_t qcv;     /* the writer waits here: events, a flush, stop */
+    pthread_cond_t qcv;      /* the writer waits here: events, a flush, stop */
     pthread_cond_t space_cv; /* appenders wait here for room */
     pthread_cond_t done_cv;  /* flushers wait here for `done` */
     struct qev *q;
@@ -500,8 +498,8 @@ struct store {
     bool stop;
     pthread_t thread;
     bool thread_started;
-    struct store_stats st;          /* counters (queued is filled in on read) */
-    bool werr_set;                  /* a writer error not yet reported by store_flush */
+    struct store_stats st; /* counters (queued is filled in on read) */
+    bool werr_set;         /* a writer error not yet reported by store_flush */
     struct ddpd_error werr;
 };
 
@@ -625,8 +623,8 @@ static int batch_progress(struct conn *c, struct qev **loss, int n)
     int rc = SQLITE_OK;
     for (int i = 0; i < n && rc == SQLITE_OK; i++) {
         const struct qev *q = loss[i];
-        bool last_of_rank = i + 1 == n || loss[i + 1]->job != q->job ||
-                            loss[i + 1]->attempt != q->attempt || loss[i + 1]->rank != q->rank;
+        bool last_of_rank = i + 1 == n || loss[i + 1]->job != q->job || loss[i + 1]->attempt != q->attempt ||
+                            loss[i + 1]->rank != q->rank;
         if (last_of_rank) {
             sqlite3_bind_int64(rk, 1, q->job);
             sqlite3_bind_int(rk, 2, q->attempt);
@@ -658,8 +656,8 @@ static int batch_progress(struct conn *c, struct qev **loss, int n)
 
 /* One try at committing a batch. Rows that a constraint refuses (deleted job, seq taken)
  * are left out and counted; any other error fails the whole try (rolled back). */
-static ddpd_err batch_try(struct store *s, struct qev *b, int n, struct qev **loss,
-                          uint64_t *refused, struct ddpd_error *rowerr, struct ddpd_error *err)
+static ddpd_err batch_try(struct store *s, struct qev *b, int n, struct qev **loss, uint64_t *refused,
+                          struct ddpd_error *rowerr, struct ddpd_error *err)
 {
     struct conn *c = s->w;
     ddpd_err e = DDPD_OK;
@@ -691,8 +689,7 @@ static ddpd_err batch_try(struct store *s, struct qev *b, int n, struct qev **lo
             q->stored = true;
         } else if ((rc & 0xff) == SQLITE_CONSTRAINT) {
             if (*refused == 0)
-                ddpd_error_set(rowerr, DDPD_ECONFLICT, "",
-                               "store: event %lld of job %lld refused: %s",
+                ddpd_error_set(rowerr, DDPD_ECONFLICT, "", "store: event %lld of job %lld refused: %s",
                                (long long)q->seq, (long long)q->job, sqlite3_errmsg(c->db));
             ++*refused;
         } else {
@@ -783,8 +780,7 @@ static void *writer_main(void *arg)
             break; /* stopping, and nothing is left */
         /* Linger for a fuller batch, unless someone waits for these events. */
         int64_t deadline = s->q[s->qhead].t_ms + s->o.linger_ms;
-        while (!s->stop && s->qn < s->o.batch_max && s->flush_req <= s->taken &&
-               mono_ms() < deadline)
+        while (!s->stop && s->qn < s->o.batch_max && s->flush_req <= s->taken && mono_ms() < deadline)
             cond_wait_until(&s->qcv, &s->qmu, deadline);
         int n = s->qn < s->o.batch_max ? s->qn : s->o.batch_max;
         for (int i = 0; i < n; i++) {
@@ -840,8 +836,8 @@ ddpd_err store_flush(struct store *s, struct ddpd_error *err)
     return e;
 }
 
-ddpd_err store_event_append(struct store *s, const struct event *ev, const char *body,
-                            size_t len, struct ddpd_error *err)
+ddpd_err store_event_append(struct store *s, const struct event *ev, const char *body, size_t len,
+                            struct ddpd_error *err)
 {
     char line[EVENT_LINE_MAX];
     if (!ev->has_server_fields || ev->job <= 0 || ev->seq <= 0)
@@ -855,14 +851,21 @@ ddpd_err store_event_append(struct store *s, const struct event *ev, const char 
         len = (size_t)n;
     }
     if (len >= EVENT_LINE_MAX)
-        return ddpd_error_set(err, DDPD_ETOOBIG, "",
-                              "store: event body of %zu bytes exceeds %d", len, EVENT_LINE_MAX - 1);
+        return ddpd_error_set(err, DDPD_ETOOBIG, "", "store: event body of %zu bytes exceeds %d", len,
+                              EVENT_LINE_MAX - 1);
 
     struct qev q = {
-        .job = ev->job, .seq = ev->seq, .step = ev->step, .attempt = (int)ev->attempt,
-        .rank = ev->kind == EVENT_STATE ? -1 : ev->rank, .kind = ev->kind,
-        .loss_finite = !ev->nonfinite && isfinite(ev->loss), .ts = ev->ts, .loss = ev->loss,
-        .samples_per_s = ev->samples_per_s, .len = len,
+        .job = ev->job,
+        .seq = ev->seq,
+        .step = ev->step,
+        .attempt = (int)ev->attempt,
+        .rank = ev->kind == EVENT_STATE ? -1 : ev->rank,
+        .kind = ev->kind,
+        .loss_finite = !ev->nonfinite && isfinite(ev->loss),
+        .ts = ev->ts,
+        .loss = ev->loss,
+        .samples_per_s = ev->samples_per_s,
+        .len = len,
     };
     q.body = xmalloc(len + 1);
     memcpy(q.body, body, len);
@@ -976,20 +979,17 @@ struct store *store_open(const char *path, struct ddpd_error *err)
     return store_open_with(path, NULL, err);
 }
 
-struct store *store_open_with(const char *path, const struct store_opts *opts,
-                              struct ddpd_error *err)
+struct store *store_open_with(const char *path, const struct store_opts *opts, struct ddpd_error *err)
 {
     ddpd_err e = DDPD_OK;
     struct store *s = NULL;
     if (!path || !*path || strcmp(path, ":memory:") == 0 || strncmp(path, "file:", 5) == 0) {
-        ddpd_error_set(err, DDPD_EINTERNAL, path ? path : "",
-                       "store: the database must be a file name");
+        ddpd_error_set(err, DDPD_EINTERNAL, path ? path : "", "store: the database must be a file name");
         return NULL;
     }
     int en = mkdir_parents(path);
     if (en) {
-        ddpd_error_set(err, DDPD_EIO, path, "store: cannot create the folders of %s: %s", path,
-                       strerror(en));
+        ddpd_error_set(err, DDPD_EIO, path, "store: cannot create the folders of %s: %s", path, strerror(en));
         return NULL;
     }
 
@@ -1042,8 +1042,8 @@ struct store *store_open_with(const char *path, const struct store_opts *opts,
     rc = sqlite3_prepare_v2(s->w->db, "PRAGMA journal_mode = WAL", -1, &st, NULL);
     if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         if (strcmp(col_text(st, 0), "wal") != 0) {
-            e = ddpd_error_set(err, DDPD_EIO, path, "store: %s cannot use WAL (journal mode %s)",
-                               path, col_text(st, 0));
+            e = ddpd_error_set(err, DDPD_EIO, path, "store: %s cannot use WAL (journal mode %s)", path,
+                               col_text(st, 0));
             sqlite3_finalize(st);
             goto out;
         }
@@ -1106,12 +1106,11 @@ void store_close(struct store *s)
 
 /* ---- jobs: writes ---- */
 
-ddpd_err store_job_insert(struct store *s, const struct store_job_new *job, int64_t *id,
-                          double *created_at, struct ddpd_error *err)
+ddpd_err store_job_insert(struct store *s, const struct store_job_new *job, int64_t *id, double *created_at,
+                          struct ddpd_error *err)
 {
     if (!job->spec || job->world_size < 1)
-        return ddpd_error_set(err, DDPD_EINTERNAL, "",
-                              "store: a job needs a spec and world_size >= 1");
+        return ddpd_error_set(err, DDPD_EINTERNAL, "", "store: a job needs a spec and world_size >= 1");
     ddpd_err e = DDPD_OK;
     double now = now_s();
     pthread_mutex_lock(&s->wmu);
@@ -1129,8 +1128,10 @@ ddpd_err store_job_insert(struct store *s, const struct store_job_new *job, int6
     /* One statement in autocommit mode: it is its own transaction, committed here. */
     int rc = sqlite3_step(st);
     if (rc == SQLITE_CONSTRAINT_CHECK)
-        e = ddpd_error_set(err, DDPD_EINTERNAL, "", "store: insert job: %s (spec must be "
-                           "valid JSON, device cpu or cuda)", sqlite3_errmsg(s->w->db));
+        e = ddpd_error_set(err, DDPD_EINTERNAL, "",
+                           "store: insert job: %s (spec must be "
+                           "valid JSON, device cpu or cuda)",
+                           sqlite3_errmsg(s->w->db));
     else if (rc != SQLITE_DONE)
         e = sq_fail(err, s->w->db, rc, "insert job");
     else
@@ -1157,23 +1158,21 @@ static ddpd_err job_state_w(struct store *s, int64_t id, job_state *out, struct 
     else if (rc != SQLITE_ROW)
         e = sq_fail(err, s->w->db, rc, "read job state");
     else if (!job_state_parse(col_text(st, 0), out))
-        e = ddpd_error_set(err, DDPD_EIO, "", "store: job %lld has an unknown state '%s'",
-                           (long long)id, col_text(st, 0));
+        e = ddpd_error_set(err, DDPD_EIO, "", "store: job %lld has an unknown state '%s'", (long long)id,
+                           col_text(st, 0));
     stmt_done(st);
     return e;
 }
 
-static ddpd_err state_guard(int64_t id, job_state cur, unsigned if_states,
-                            struct ddpd_error *err)
+static ddpd_err state_guard(int64_t id, job_state cur, unsigned if_states, struct ddpd_error *err)
 {
     if (if_states && !(if_states & JOB_STATE_BIT(cur)))
-        return ddpd_error_set(err, DDPD_ECONFLICT, "", "job %lld is %s", (long long)id,
-                              job_state_name(cur));
+        return ddpd_error_set(err, DDPD_ECONFLICT, "", "job %lld is %s", (long long)id, job_state_name(cur));
     return DDPD_OK;
 }
 
-ddpd_err store_job_update(struct store *s, int64_t id, const struct store_job_update *u,
-                          job_state *old, struct ddpd_error *err)
+ddpd_err store_job_update(struct store *s, int64_t id, const struct store_job_update *u, job_state *old,
+                          struct ddpd_error *err)
 {
     if ((u->fields & STORE_SET_STATE) && (unsigned)u->state >= JOB_STATE_COUNT)
         return ddpd_error_set(err, DDPD_EINTERNAL, "", "store: bad job state %d", (int)u->state);
@@ -1217,8 +1216,7 @@ out:
     return e;
 }
 
-ddpd_err store_job_delete(struct store *s, int64_t id, unsigned if_states,
-                          struct ddpd_error *err)
+ddpd_err store_job_delete(struct store *s, int64_t id, unsigned if_states, struct ddpd_error *err)
 {
     job_state cur;
     sqlite3_stmt *st = NULL;
@@ -1249,8 +1247,8 @@ out:
 
 /* Runs the prepared writer statement `st` (bound) alone, as its own transaction; a
  * foreign-key failure means the job is missing. */
-static ddpd_err w_exec(struct store *s, sqlite3_stmt *st, int64_t job, const char *op,
-                       bool need_change, struct ddpd_error *err)
+static ddpd_err w_exec(struct store *s, sqlite3_stmt *st, int64_t job, const char *op, bool need_change,
+                       struct ddpd_error *err)
 {
     ddpd_err e = DDPD_OK;
     int rc = sqlite3_step(st);
@@ -1303,8 +1301,7 @@ ddpd_err store_attempt_end(struct store *s, int64_t job, int attempt, const char
     return e;
 }
 
-ddpd_err store_rank_put(struct store *s, int64_t job, const struct store_rank *r,
-                        struct ddpd_error *err)
+ddpd_err store_rank_put(struct store *s, int64_t job, const struct store_rank *r, struct ddpd_error *err)
 {
     ddpd_err e;
     pthread_mutex_lock(&s->wmu);
@@ -1416,8 +1413,7 @@ static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_erro
     return e;
 }
 
-ddpd_err store_job_get(struct store *s, int64_t id, struct store_job *out,
-                       struct ddpd_error *err)
+ddpd_err store_job_get(struct store *s, int64_t id, struct store_job *out, struct ddpd_error *err)
 {
     memset(out, 0, sizeof *out);
     struct conn *c = reader_get(s, err);
@@ -1454,8 +1450,8 @@ out:
     return e;
 }
 
-ddpd_err store_job_list(struct store *s, const struct store_job_query *q,
-                        struct store_job_list *out, struct ddpd_error *err)
+ddpd_err store_job_list(struct store *s, const struct store_job_query *q, struct store_job_list *out,
+                        struct ddpd_error *err)
 {
     memset(out, 0, sizeof *out);
     int limit = q->limit <= 0 ? 50 : q->limit > STORE_LIST_MAX ? STORE_LIST_MAX : q->limit;
@@ -1560,8 +1556,8 @@ static event_kind kind_parse(const char *name)
 }
 
 ddpd_err store_events_read(struct store *s, int64_t job, int64_t after_seq, int max,
-                           bool (*fn)(void *ctx, const struct store_event_row *row),
-                           void *ctx, size_t *count, struct ddpd_error *err)
+                           bool (*fn)(void *ctx, const struct store_event_row *row), void *ctx, size_t *count,
+                           struct ddpd_error *err)
 {
     size_t got = 0;
     if (max <= 0 || max > STORE_EVENTS_MAX)
@@ -1717,8 +1713,8 @@ void store_metrics_free(struct store_metrics *m)
     memset(m, 0, sizeof *m);
 }
 
-ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points,
-                           struct store_metrics *out, struct ddpd_error *err)
+ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct store_metrics *out,
+                           struct ddpd_error *err)
 {
     memset(out, 0, sizeof *out);
     if (max_points == 0)
@@ -1778,8 +1774,7 @@ ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points,
             sum = 0;
             cnt = 0;
         }
-        if (sqlite3_column_type(st, 2) == SQLITE_NULL || rank < 0 ||
-            rank >= STORE_METRICS_MAX_RANKS)
+        if (sqlite3_column_type(st, 2) == SQLITE_NULL || rank < 0 || rank >= STORE_METRICS_MAX_RANKS)
             continue;
         double v = sqlite3_column_double(st, 2);
         sum += v;

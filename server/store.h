@@ -41,8 +41,8 @@ typedef enum {
 #define JOB_STATE_BIT(s) (1u << (s))
 #define JOB_STATES_ALL ((1u << JOB_STATE_COUNT) - 1)
 #define JOB_STATES_ACTIVE (JOB_STATE_BIT(JOB_STATE_STARTING) | JOB_STATE_BIT(JOB_STATE_RUNNING))
-#define JOB_STATES_FINAL                                                                   \
-    (JOB_STATE_BIT(JOB_STATE_SUCCEEDED) | JOB_STATE_BIT(JOB_STATE_FAILED) |               \
+#define JOB_STATES_FINAL                                                                                     \
+    (JOB_STATE_BIT(JOB_STATE_SUCCEEDED) | JOB_STATE_BIT(JOB_STATE_FAILED) |                                  \
      JOB_STATE_BIT(JOB_STATE_CANCELLED))
 
 const char *job_state_name(job_state s); /* "running"; "?" when out of range */
@@ -55,14 +55,14 @@ struct store;
 
 /* Tuning; zero fields take the defaults. */
 struct store_opts {
-    int batch_max;        /* events per writer transaction; default 1000 */
-    int linger_ms;        /* the writer commits a partial batch this long after its
-                             first event was queued, or at once on store_flush; default 50 */
-    int queue_max;        /* events queued and not yet taken by the writer; default 65536 */
+    int batch_max;          /* events per writer transaction; default 1000 */
+    int linger_ms;          /* the writer commits a partial batch this long after its
+                               first event was queued, or at once on store_flush; default 50 */
+    int queue_max;          /* events queued and not yet taken by the writer; default 65536 */
     size_t queue_max_bytes; /* their bodies' bytes; default 64 MiB */
-    int append_wait_ms;   /* how long store_event_append waits for room; default 1000 */
-    int readers;          /* reader connections at most; default 8 */
-    int busy_timeout_ms;  /* SQLite busy_timeout on every connection; default 5000 */
+    int append_wait_ms;     /* how long store_event_append waits for room; default 1000 */
+    int readers;            /* reader connections at most; default 8 */
+    int busy_timeout_ms;    /* SQLite busy_timeout on every connection; default 5000 */
 };
 
 /* Opens (creating it and its parent folders) the database at `path`, a file name (not
@@ -75,8 +75,7 @@ struct store_opts {
  * Returns a new store that the caller frees with store_close, or NULL with `err` set. */
 struct store *store_open(const char *path, struct ddpd_error *err);
 /* The same with tuning; `opts` may be NULL (defaults). */
-struct store *store_open_with(const char *path, const struct store_opts *opts,
-                              struct ddpd_error *err);
+struct store *store_open_with(const char *path, const struct store_opts *opts, struct ddpd_error *err);
 
 /* Commits every queued event, stops the writer thread, closes every connection and frees
  * the store. NULL is a no-op. No other call on `s` may be running or follow. */
@@ -93,9 +92,9 @@ const char *store_migration_sql(int version, const char **name);
 
 /* What a submission stores; every pointer is borrowed for the call. */
 struct store_job_new {
-    const char *name;       /* NUL-terminated; "" allowed */
-    const char *spec;       /* the spec as JSON text (spec_to_json's output) */
-    int world_size;         /* >= 1 */
+    const char *name; /* NUL-terminated; "" allowed */
+    const char *spec; /* the spec as JSON text (spec_to_json's output) */
+    int world_size;   /* >= 1 */
     device_kind device;
     int max_restarts;
 };
@@ -104,8 +103,8 @@ struct store_job_new {
  * when not NULL, *created_at (seconds since the epoch); the row is committed (durable in
  * the sense above) when this returns. Errors: DDPD_EINTERNAL (spec is not valid JSON,
  * world_size < 1), DDPD_EBUSY, DDPD_EIO. */
-ddpd_err store_job_insert(struct store *s, const struct store_job_new *job, int64_t *id,
-                          double *created_at, struct ddpd_error *err);
+ddpd_err store_job_insert(struct store *s, const struct store_job_new *job, int64_t *id, double *created_at,
+                          struct ddpd_error *err);
 
 /* One rank of a job attempt. Read from the store, or written with store_rank_put (which
  * uses rank, attempt, pid, start_time, state and exit_code). */
@@ -113,16 +112,16 @@ ddpd_err store_job_insert(struct store *s, const struct store_job_new *job, int6
 struct store_rank {
     int attempt;
     int rank;
-    int64_t pid;                   /* 0 when not known */
-    uint64_t start_time;           /* /proc/PID/stat field 22 (clock ticks after boot); 0 = not known */
+    int64_t pid;                      /* 0 when not known */
+    uint64_t start_time;              /* /proc/PID/stat field 22 (clock ticks after boot); 0 = not known */
     char state[STORE_RANK_STATE_MAX]; /* free text chosen by the supervisor: "starting",
                                          "running", "exited", ... */
     bool has_exit_code;
-    int exit_code;                 /* when has_exit_code: 0..255, 128+signal when killed */
-    bool has_progress;             /* step, loss, samples_per_s below are set: the rank's
-                                      latest loss event (written by the event writer) */
+    int exit_code;     /* when has_exit_code: 0..255, 128+signal when killed */
+    bool has_progress; /* step, loss, samples_per_s below are set: the rank's
+                          latest loss event (written by the event writer) */
     int64_t step;
-    bool loss_finite;              /* false when the latest loss was NaN/inf */
+    bool loss_finite; /* false when the latest loss was NaN/inf */
     double loss;
     double samples_per_s;
 };
@@ -136,20 +135,20 @@ struct store_job {
     int64_t id;
     char name[STORE_NAME_MAX];
     job_state state;
-    char *spec;                    /* JSON text, owned; NULL when not loaded */
+    char *spec; /* JSON text, owned; NULL when not loaded */
     int world_size;
     device_kind device;
     double created_at;
     double started_at, finished_at; /* 0 when not yet */
-    int attempt;                   /* 0 before the first start */
-    bool has_progress;             /* step and loss are set */
+    int attempt;                    /* 0 before the first start */
+    bool has_progress;              /* step and loss are set */
     int64_t step;
-    bool loss_finite;              /* false when the latest step's loss was not finite */
-    double loss;                   /* mean over the ranks that reported the latest step */
-    char error[STORE_TEXT_MAX];    /* "" when none */
+    bool loss_finite;                    /* false when the latest step's loss was not finite */
+    double loss;                         /* mean over the ranks that reported the latest step */
+    char error[STORE_TEXT_MAX];          /* "" when none */
     char pending_reason[STORE_TEXT_MAX]; /* "" when none */
     int max_restarts, restarts;
-    size_t n_ranks;                /* ranks of the current attempt, by rank; owned */
+    size_t n_ranks; /* ranks of the current attempt, by rank; owned */
     struct store_rank *ranks;
 };
 
@@ -159,28 +158,27 @@ void store_job_clear(struct store_job *j);
 /* Reads job `id` with its spec and the ranks of its current attempt into *out (which
  * the caller releases with store_job_clear, also after an error). DDPD_ENOTFOUND when
  * there is no such job. */
-ddpd_err store_job_get(struct store *s, int64_t id, struct store_job *out,
-                       struct ddpd_error *err);
+ddpd_err store_job_get(struct store *s, int64_t id, struct store_job *out, struct ddpd_error *err);
 
 #define STORE_LIST_MAX 1000
 struct store_job_query {
-    unsigned states;   /* JOB_STATE_BIT mask; 0 = every state */
-    int limit;         /* 1..STORE_LIST_MAX; 0 = 50; larger is cut to STORE_LIST_MAX */
-    int64_t before;    /* cursor: only jobs with id < before; 0 = from the newest */
-    bool with_spec;    /* load each job's spec */
-    bool with_ranks;   /* load the ranks of each job's current attempt (pid and
-                          start_time for restart recovery) */
+    unsigned states; /* JOB_STATE_BIT mask; 0 = every state */
+    int limit;       /* 1..STORE_LIST_MAX; 0 = 50; larger is cut to STORE_LIST_MAX */
+    int64_t before;  /* cursor: only jobs with id < before; 0 = from the newest */
+    bool with_spec;  /* load each job's spec */
+    bool with_ranks; /* load the ranks of each job's current attempt (pid and
+                        start_time for restart recovery) */
 };
 /* Jobs newest first. Owns `jobs`: release with store_job_list_free. */
 struct store_job_list {
     size_t n;
     struct store_job *jobs;
-    int64_t next;      /* the `before` of the next page; 0 when this page is the last */
+    int64_t next; /* the `before` of the next page; 0 when this page is the last */
 };
 /* Lists jobs matching `q` into *out (release with store_job_list_free, also after an
  * error). */
-ddpd_err store_job_list(struct store *s, const struct store_job_query *q,
-                        struct store_job_list *out, struct ddpd_error *err);
+ddpd_err store_job_list(struct store *s, const struct store_job_query *q, struct store_job_list *out,
+                        struct ddpd_error *err);
 /* Frees what `l` owns and zeroes it. NULL is a no-op. */
 void store_job_list_free(struct store_job_list *l);
 
@@ -189,26 +187,26 @@ ddpd_err store_job_count(struct store *s, int64_t *counts, struct ddpd_error *er
 
 /* Which columns store_job_update writes (bit mask in `fields`). */
 enum {
-    STORE_SET_STATE = 1u << 0,     /* state; also the timestamps, see below */
-    STORE_SET_ATTEMPT = 1u << 1,   /* attempt; clears step and loss (a new attempt
-                                      reports its own) unless STORE_SET_PROGRESS is set */
-    STORE_SET_RESTARTS = 1u << 2,  /* restarts */
-    STORE_SET_ERROR = 1u << 3,     /* error (NULL or "" clears it) */
-    STORE_SET_PENDING = 1u << 4,   /* pending_reason (NULL or "" clears it) */
-    STORE_SET_PROGRESS = 1u << 5,  /* step and loss (the event writer also sets them) */
+    STORE_SET_STATE = 1u << 0,    /* state; also the timestamps, see below */
+    STORE_SET_ATTEMPT = 1u << 1,  /* attempt; clears step and loss (a new attempt
+                                     reports its own) unless STORE_SET_PROGRESS is set */
+    STORE_SET_RESTARTS = 1u << 2, /* restarts */
+    STORE_SET_ERROR = 1u << 3,    /* error (NULL or "" clears it) */
+    STORE_SET_PENDING = 1u << 4,  /* pending_reason (NULL or "" clears it) */
+    STORE_SET_PROGRESS = 1u << 5, /* step and loss (the event writer also sets them) */
 };
 /* A change to one job. Pointers are borrowed for the call. */
 struct store_job_update {
-    unsigned fields;      /* STORE_SET_* */
-    unsigned if_states;   /* apply only when the job's current state is in this
-                             JOB_STATE_BIT mask; 0 = whatever it is */
+    unsigned fields;    /* STORE_SET_* */
+    unsigned if_states; /* apply only when the job's current state is in this
+                           JOB_STATE_BIT mask; 0 = whatever it is */
     job_state state;
     int attempt;
     int restarts;
     const char *error;
     const char *pending_reason;
     int64_t step;
-    double loss;          /* NaN/inf is stored as "not finite" */
+    double loss; /* NaN/inf is stored as "not finite" */
 };
 /* Applies `u` to job `id` in one transaction, committed when this returns. Setting the
  * state also keeps the timestamps true: `starting`/`running` set started_at when it is
@@ -217,15 +215,14 @@ struct store_job_update {
  * same update sets it). When `old` is not NULL it receives the state before the update.
  * Errors: DDPD_ENOTFOUND (no such job), DDPD_ECONFLICT (its state is not in
  * `if_states`; nothing changed), DDPD_EBUSY, DDPD_EIO. */
-ddpd_err store_job_update(struct store *s, int64_t id, const struct store_job_update *u,
-                          job_state *old, struct ddpd_error *err);
+ddpd_err store_job_update(struct store *s, int64_t id, const struct store_job_update *u, job_state *old,
+                          struct ddpd_error *err);
 
 /* Deletes job `id` with its attempts, ranks, events and loss series, when its state is in
  * `if_states` (0 = any). Events of the job still queued are committed first, so none
  * outlives the delete; later appends for it are dropped (counted in events_dropped).
  * Errors: DDPD_ENOTFOUND, DDPD_ECONFLICT (state not in if_states), DDPD_EBUSY, DDPD_EIO. */
-ddpd_err store_job_delete(struct store *s, int64_t id, unsigned if_states,
-                          struct ddpd_error *err);
+ddpd_err store_job_delete(struct store *s, int64_t id, unsigned if_states, struct ddpd_error *err);
 
 /* ---- attempts and ranks ---- */
 
@@ -243,8 +240,7 @@ ddpd_err store_attempt_end(struct store *s, int64_t job, int attempt, const char
 /* Inserts or replaces the rank row (job, r->attempt, r->rank) with r's pid, start_time,
  * state and exit code; keeps the progress the event writer stored. `r` is borrowed.
  * DDPD_ENOTFOUND when the job does not exist. */
-ddpd_err store_rank_put(struct store *s, int64_t job, const struct store_rank *r,
-                        struct ddpd_error *err);
+ddpd_err store_rank_put(struct store *s, int64_t job, const struct store_rank *r, struct ddpd_error *err);
 
 /* ---- events ---- */
 
@@ -259,8 +255,8 @@ ddpd_err store_rank_put(struct store *s, int64_t job, const struct store_rank *r
  * never the server. DDPD_ETOOBIG for a body over EVENT_LINE_MAX, DDPD_EINTERNAL for an
  * event without server fields. An event that cannot be stored later (its job deleted,
  * its seq taken) is dropped by the writer and counted. */
-ddpd_err store_event_append(struct store *s, const struct event *ev, const char *body,
-                            size_t len, struct ddpd_error *err);
+ddpd_err store_event_append(struct store *s, const struct event *ev, const char *body, size_t len,
+                            struct ddpd_error *err);
 
 /* Waits until every event appended before this call is committed (or dropped). Returns
  * the first writer error since the previous store_flush (a batch that could not be
@@ -272,9 +268,9 @@ struct store_event_row {
     int64_t job, seq;
     int attempt;
     event_kind kind;
-    int rank;            /* -1 for the server's own events */
+    int rank; /* -1 for the server's own events */
     double ts;
-    const char *body;    /* NUL-terminated JSON text */
+    const char *body; /* NUL-terminated JSON text */
     size_t len;
 };
 /* Calls `fn` for each committed event of `job` with seq > after_seq, in seq order, at
@@ -284,13 +280,12 @@ struct store_event_row {
  * delivers none. */
 #define STORE_EVENTS_MAX 100000
 ddpd_err store_events_read(struct store *s, int64_t job, int64_t after_seq, int max,
-                           bool (*fn)(void *ctx, const struct store_event_row *row),
-                           void *ctx, size_t *count, struct ddpd_error *err);
+                           bool (*fn)(void *ctx, const struct store_event_row *row), void *ctx, size_t *count,
+                           struct ddpd_error *err);
 
 /* The largest committed seq of `job`, 0 when it has none; call store_flush first to
  * include queued events. A restarted server continues numbering after it. */
-ddpd_err store_event_max_seq(struct store *s, int64_t job, int64_t *seq,
-                             struct ddpd_error *err);
+ddpd_err store_event_max_seq(struct store *s, int64_t job, int64_t *seq, struct ddpd_error *err);
 
 /* ---- metrics ---- */
 
@@ -298,14 +293,14 @@ ddpd_err store_event_max_seq(struct store *s, int64_t job, int64_t *seq,
 struct store_series {
     int rank;
     size_t n;
-    int64_t *step;   /* [n], ascending; owned by the enclosing store_metrics */
-    double *loss;    /* [n] */
+    int64_t *step; /* [n], ascending; owned by the enclosing store_metrics */
+    double *loss;  /* [n] */
 };
 /* Owns `series` and their arrays: release with store_metrics_free. */
 struct store_metrics {
-    int64_t points;          /* finite loss values stored (all ranks) */
+    int64_t points;                /* finite loss values stored (all ranks) */
     int64_t first_step, last_step; /* 0 when there is none */
-    size_t n_series;         /* series[0] is the mean (rank -1), then ranks ascending */
+    size_t n_series;               /* series[0] is the mean (rank -1), then ranks ascending */
     struct store_series *series;
 };
 #define STORE_METRICS_MAX_POINTS 100000
@@ -317,8 +312,8 @@ struct store_metrics {
  * and the global minimum and maximum of every series are always kept. Non-finite losses
  * are left out. One streamed pass over the rows; memory O(max_points × ranks). Release
  * *out with store_metrics_free, also after an error. An unknown job gives no series. */
-ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points,
-                           struct store_metrics *out, struct ddpd_error *err);
+ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct store_metrics *out,
+                           struct ddpd_error *err);
 /* Frees what `m` owns and zeroes it. NULL is a no-op. */
 void store_metrics_free(struct store_metrics *m);
 

@@ -1,0 +1,1295 @@
+/* test_store.c — the job store against real SQLite files in a temp folder: migrations
+ * (fresh, idempotent, the embedded SQL equal to schema/migrations, a newer database
+ * refused), jobs (insert, get, list with cursor and filter, updates and their guards),
+ * attempts and ranks, the event writer (order, after-seq, progress, refused rows, a full
+ * queue, a locked database), 100k loss events ingested (rate printed), the metrics
+ * downsampling, readers beside the writer, delete, and SIGKILL at random moments. */
+#include "check.h"
+
+#include <errno.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdbool.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "schema/event.h"
+#include "server/store.h"
+
+/* Sanitized builds run 5-50x slower: they get smaller workloads (the plain build runs
+ * the full sizes and prints the rates). */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
+#define SPEC "{\"name\":\"t\",\"model\":[{\"type\":\"linear\",\"in\":2,\"out\":1}]}"
+
+static char tmpdir[512];
+
+static double now_mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void db_path(char *buf, size_t cap, const char *name)
+{
+    snprintf(buf, cap, "%s/%s", tmpdir, name);
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *f)
+{
+    (void)sb, (void)flag, (void)f;
+    return remove(p);
+}
+
+static struct store *open_ok(const char *path, const struct store_opts *o)
+{
+    struct ddpd_error e;
+    ddpd_error_clear(&e);
+    struct store *s = store_open_with(path, o, &e);
+    if (!s)
+        fprintf(stderr, "    store_open(%s): %s %s\n", path, ddpd_err_name(e.code), e.message);
+    CHECK(s != NULL);
+    return s;
+}
+
+static int64_t insert_job(struct store *s, const char *name, int world)
+{
+    struct ddpd_error e;
+    struct store_job_new j = {.name = name, .spec = SPEC, .world_size = world, .device = DEVICE_CPU};
+    int64_t id = 0;
+    double created = 0;
+    ddpd_err rc = store_job_insert(s, &j, &id, &created, &e);
+    if (rc != DDPD_OK)
+        fprintf(stderr, "    insert: %s\n", e.message);
+    CHECK_EQ_INT(rc, DDPD_OK);
+    CHECK(id > 0);
+    CHECK(created > 1.6e9);
+    return id;
+}
+
+static ddpd_err set_state(struct store *s, int64_t id, job_state st, unsigned if_states)
+{
+    struct ddpd_error e;
+    struct store_job_update u = {.fields = STORE_SET_STATE, .if_states = if_states, .state = st};
+    return store_job_update(s, id, &u, NULL, &e);
+}
+
+/* Fills a server-side event (job, attempt, seq) and its body as the hub would. */
+static int make_event(struct event *ev, char *body, size_t cap, int64_t job, int64_t seq, int attempt,
+                      event_kind kind, int rank, int64_t step, double loss)
+{
+    memset(ev, 0, sizeof *ev);
+    ev->kind = kind;
+    ev->rank = kind == EVENT_STATE ? -1 : rank;
+    ev->ts = 1764680000.0 + (double)seq * 1e-3;
+    ev->step = step;
+    ev->loss = loss;
+    ev->nonfinite = !isfinite(loss);
+    ev->samples_per_s = 1000.0 + rank;
+    if (kind == EVENT_STATE)
+        snprintf(ev->state, sizeof ev->state, "running");
+    if (kind == EVENT_START) {
+        ev->world_size = 2;
+        snprintf(ev->device, sizeof ev->device, "cpu");
+    }
+    ev->has_server_fields = true;
+    ev->job = job;
+    ev->attempt = attempt;
+    ev->seq = seq;
+    return body ? event_encode(ev, body, cap) : 0;
+}
+
+static ddpd_err append(struct store *s, int64_t job, int64_t seq, int attempt, event_kind kind, int rank,
+                       int64_t step, double loss)
+{
+    struct event ev;
+    char body[EVENT_LINE_MAX];
+    int n = make_event(&ev, body, sizeof body, job, seq, attempt, kind, rank, step, loss);
+    CHECK(n > 0);
+    struct ddpd_error e;
+    ddpd_err rc = store_event_append(s, &ev, body, (size_t)n, &e);
+    if (rc != DDPD_OK && rc != DDPD_EBUSY)
+        fprintf(stderr, "    append: %s\n", e.message);
+    return rc;
+}
+
+static ddpd_err flush(struct store *s)
+{
+    struct ddpd_error e;
+    ddpd_err rc = store_flush(s, &e);
+    if (rc != DDPD_OK)
+        fprintf(stderr, "    flush: %s %s\n", ddpd_err_name(rc), e.message);
+    return rc;
+}
+
+/* Runs one SQL query on a raw connection and returns its first column as an integer
+ * (text results compared by the caller through `text`). */
+static long long raw_query(const char *path, const char *sql, char *text, size_t cap)
+{
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    long long v = -1;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
+        v = sqlite3_column_int64(st, 0);
+        if (text)
+            snprintf(text, cap, "%s", (const char *)sqlite3_column_text(st, 0));
+    } else {
+        fprintf(stderr, "    raw query %s: %s\n", sql, db ? sqlite3_errmsg(db) : "?");
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return v;
+}
+
+/* ---- migrations ---- */
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n + 4096 > cap) {
+            cap = cap ? 2 * cap : 65536;
+            buf = realloc(buf, cap);
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0)
+            break;
+    }
+    fclose(f);
+    *len = n;
+    return buf;
+}
+
+/* Cuts the last `k` components off the path in buf ("" when nothing is left). */
+static void path_up(char *buf, int k)
+{
+    for (int i = 0; i < k; i++) {
+        char *slash = strrchr(buf, '/');
+        if (!slash) {
+            buf[0] = '\0';
+            return;
+        }
+        *slash = '\0';
+    }
+}
+
+/* schema/migrations/ of the source tree: from DDPD_TEST_DATA (SRC/tests/data, which need
+ * not exist), else from this file's path (SRC/tests/unit/test_store.c: absolute in CMake
+ * builds), else from the current folder. */
+static bool migrations_dir(char *buf, size_t cap)
+{
+    const char *data = getenv("DDPD_TEST_DATA");
+    char base[3][600] = {"", "", "."};
+    snprintf(base[0], sizeof base[0], "%s", data ? data : "");
+    path_up(base[0], 2);
+    snprintf(base[1], sizeof base[1], "%s", __FILE__);
+    path_up(base[1], 3);
+    for (int i = 0; i < 3; i++) {
+        struct stat sb;
+        int n = snprintf(buf, cap, "%s/schema/migrations", base[i]);
+        if (n > 0 && (size_t)n < cap && base[i][0] && stat(buf, &sb) == 0 && S_ISDIR(sb.st_mode))
+            return true;
+    }
+    fprintf(stderr, "    schema/migrations not found (DDPD_TEST_DATA=%s, __FILE__=%s)\n", data ? data : "",
+            __FILE__);
+    return false;
+}
+
+static void test_migration_files(void)
+{
+    char dir[600], path[1000];
+    CHECK(migrations_dir(dir, sizeof dir));
+    CHECK(store_schema_version() >= 1);
+    CHECK(store_migration_sql(0, NULL) == NULL);
+    CHECK(store_migration_sql(store_schema_version() + 1, NULL) == NULL);
+    for (int v = 1; v <= store_schema_version(); v++) {
+        const char *name = NULL, *sql = store_migration_sql(v, &name);
+        CHECK(sql != NULL && name != NULL);
+        if (!sql || !name)
+            continue;
+        CHECK_EQ_INT(strtol(name, NULL, 10), v);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        size_t len = 0;
+        char *text = read_file(path, &len);
+        if (!text)
+            fprintf(stderr, "    cannot read %s\n", path);
+        CHECK(text != NULL);
+        if (text) {
+            CHECK_EQ_INT(len, strlen(sql));
+            bool same = len == strlen(sql) && memcmp(text, sql, len) == 0;
+            if (!same)
+                fprintf(stderr, "    %s differs from the SQL embedded in server/store.c\n", path);
+            CHECK(same);
+        }
+        free(text);
+    }
+    /* Every NNN_*.sql file is embedded: none is forgotten. */
+    DIR *d = opendir(dir);
+    CHECK(d != NULL);
+    int files = 0;
+    for (struct dirent *de; d && (de = readdir(d));) {
+        size_t n = strlen(de->d_name);
+        if (n > 4 && strcmp(de->d_name + n - 4, ".sql") == 0)
+            files++;
+    }
+    if (d)
+        closedir(d);
+    CHECK_EQ_INT(files, store_schema_version());
+}
+
+static void test_open_fresh_and_again(void)
+{
+    char path[700], text[64];
+    db_path(path, sizeof path, "a/b/c/fresh.db"); /* parent folders are created */
+    struct store *s = open_ok(path, NULL);
+    if (!s)
+        return;
+    int64_t id = insert_job(s, "kept", 1);
+    store_close(s);
+    store_close(NULL);
+    CHECK_EQ_INT(raw_query(path, "PRAGMA user_version", NULL, 0), store_schema_version());
+    raw_query(path, "PRAGMA journal_mode", text, sizeof text);
+    CHECK_EQ_STR(text, "wal");
+    CHECK_EQ_INT(raw_query(path,
+                           "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND "
+                           "name IN ('jobs', 'attempts', 'ranks', 'events', 'loss')",
+                           NULL, 0),
+                 5);
+    /* Reopening applies nothing twice and keeps the data. */
+    for (int i = 0; i < 2; i++) {
+        s = open_ok(path, NULL);
+        if (!s)
+            return;
+        struct store_job j;
+        struct ddpd_error e;
+        CHECK_EQ_INT(store_job_get(s, id, &j, &e), DDPD_OK);
+        CHECK_EQ_STR(j.name, "kept");
+        store_job_clear(&j);
+        CHECK_EQ_INT(store_ping(s, &e), DDPD_OK);
+        store_close(s);
+    }
+    CHECK_EQ_INT(raw_query(path, "PRAGMA user_version", NULL, 0), store_schema_version());
+    CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM jobs", NULL, 0), 1);
+}
+
+static void test_open_errors(void)
+{
+    char path[700];
+    struct ddpd_error e;
+    /* A database from a newer ddpd. */
+    db_path(path, sizeof path, "newer.db");
+    sqlite3 *db = NULL;
+    CHECK_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
+    CHECK_EQ_INT(sqlite3_exec(db, "CREATE TABLE x (y); PRAGMA user_version = 99", NULL, NULL, NULL),
+                 SQLITE_OK);
+    sqlite3_close(db);
+    ddpd_error_clear(&e);
+    struct store *s = store_open(path, &e);
+    CHECK(s == NULL);
+    store_close(s);
+    CHECK_EQ_INT(e.code, DDPD_ECONFLICT);
+    CHECK(strstr(e.message, "99") != NULL);
+    CHECK(strstr(e.message, "newer") != NULL);
+    CHECK_EQ_INT(raw_query(path, "PRAGMA user_version", NULL, 0), 99); /* left untouched */
+
+    /* A file that is not a database. */
+    db_path(path, sizeof path, "garbage.db");
+    FILE *f = fopen(path, "wb");
+    for (int i = 0; f && i < 512; i++)
+        fputs("not a database at all ", f);
+    if (f)
+        fclose(f);
+    ddpd_error_clear(&e);
+    s = store_open(path, &e);
+    CHECK(s == NULL);
+    CHECK_EQ_INT(e.code, DDPD_EIO);
+    CHECK(strstr(e.message, "not a database") != NULL);
+
+    /* Not a file name; a folder that cannot be made. */
+    CHECK(store_open(":memory:", &e) == NULL);
+    db_path(path, sizeof path, "garbage.db/sub/x.db");
+    ddpd_error_clear(&e);
+    CHECK(store_open(path, &e) == NULL);
+    CHECK_EQ_INT(e.code, DDPD_EIO);
+}
+
+/* ---- jobs ---- */
+
+static void test_jobs(void)
+{
+    char path[700];
+    struct ddpd_error e;
+    db_path(path, sizeof path, "jobs.db");
+    struct store *s = open_ok(path, NULL);
+    if (!s)
+        return;
+    int64_t ids[25];
+    for (int i = 0; i < 25; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "job-%d", i);
+        ids[i] = insert_job(s, name, 1 + i % 3);
+        if (i > 0)
+            CHECK(ids[i] > ids[i - 1]);
+    }
+    /* get */
+    struct store_job j;
+    CHECK_EQ_INT(store_job_get(s, ids[4], &j, &e), DDPD_OK);
+    CHECK_EQ_INT(j.id, ids[4]);
+    CHECK_EQ_STR(j.name, "job-4");
+    CHECK_EQ_INT(j.state, JOB_STATE_QUEUED);
+    CHECK_EQ_STR(j.spec, SPEC);
+    CHECK_EQ_INT(j.world_size, 2);
+    CHECK_EQ_INT(j.device, DEVICE_CPU);
+    CHECK(j.created_at > 1.6e9);
+    CHECK(j.started_at == 0 && j.finished_at == 0);
+    CHECK_EQ_INT(j.attempt, 0);
+    CHECK(!j.has_progress);
+    CHECK_EQ_STR(j.error, "");
+    CHECK_EQ_INT(j.n_ranks, 0);
+    store_job_clear(&j);
+    CHECK_EQ_INT(store_job_get(s, 999999, &j, &e), DDPD_ENOTFOUND);
+    store_job_clear(&j);
+
+    /* bad inserts */
+    int64_t id;
+    struct store_job_new bad = {.name = "x", .spec = "{not json", .world_size = 1};
+    CHECK_EQ_INT(store_job_insert(s, &bad, &id, NULL, &e), DDPD_EINTERNAL);
+    bad.spec = SPEC;
+    bad.world_size = 0;
+    CHECK_EQ_INT(store_job_insert(s, &bad, &id, NULL, &e), DDPD_EINTERNAL);
+
+    /* list: newest first, pages of 10 */
+    struct store_job_list l;
+    struct store_job_query q = {.limit = 10};
+    int seen = 0;
+    int64_t expect = ids[24];
+    for (int page = 0; page < 5; page++) {
+        CHECK_EQ_INT(store_job_list(s, &q, &l, &e), DDPD_OK);
+        for (size_t i = 0; i < l.n; i++, seen++, expect--)
+            CHECK_EQ_INT(l.jobs[i].id, expect);
+        CHECK(l.n == 0 || l.jobs[0].spec == NULL); /* with_spec off */
+        q.before = l.next;
+        bool last = l.next == 0;
+        CHECK_EQ_INT(l.n, page < 2 ? 10 : 5);
+        store_job_list_free(&l);
+        if (last)
+            break;
+    }
+    CHECK_EQ_INT(seen, 25);
+
+    /* state changes */
+    job_state old = JOB_STATE_COUNT;
+    struct store_job_update u = {.fields = STORE_SET_PENDING, .pending_reason = "waiting for 2 cpu slots"};
+    CHECK_EQ_INT(store_job_update(s, ids[0], &u, &old, &e), DDPD_OK);
+    CHECK_EQ_INT(old, JOB_STATE_QUEUED);
+    CHECK_EQ_INT(store_job_get(s, ids[0], &j, &e), DDPD_OK);
+    CHECK_EQ_STR(j.pending_reason, "waiting for 2 cpu slots");
+    store_job_clear(&j);
+    u = (struct store_job_update){.fields = STORE_SET_STATE | STORE_SET_ATTEMPT,
+                                  .if_states = JOB_STATE_BIT(JOB_STATE_QUEUED),
+                                  .state = JOB_STATE_STARTING,
+                                  .attempt = 1};
+    CHECK_EQ_INT(store_job_update(s, ids[0], &u, &old, &e), DDPD_OK);
+    CHECK_EQ_INT(store_attempt_begin(s, ids[0], 1, "00ab", &e), DDPD_OK);
+    CHECK_EQ_INT(store_attempt_begin(s, ids[0], 1, "00ab", &e), DDPD_ECONFLICT);
+    CHECK_EQ_INT(store_attempt_begin(s, 999999, 1, NULL, &e), DDPD_ENOTFOUND);
+    for (int r = 0; r < 2; r++) {
+        struct store_rank rk = {.attempt = 1,
+                                .rank = r,
+                                .pid = 1000 + r,
+                                .start_time = 123456789ull + (uint64_t)r,
+                                .state = "running"};
+        CHECK_EQ_INT(store_rank_put(s, ids[0], &rk, &e), DDPD_OK);
+    }
+    struct store_rank rk = {.attempt = 1, .rank = 0, .state = "x"};
+    CHECK_EQ_INT(store_rank_put(s, 999999, &rk, &e), DDPD_ENOTFOUND);
+    CHECK_EQ_INT(set_state(s, ids[0], JOB_STATE_RUNNING, 0), DDPD_OK);
+    CHECK_EQ_INT(store_job_get(s, ids[0], &j, &e), DDPD_OK);
+    CHECK_EQ_INT(j.state, JOB_STATE_RUNNING);
+    CHECK(j.started_at > 1.6e9);
+    CHECK(j.finished_at == 0);
+    CHECK_EQ_STR(j.pending_reason, ""); /* cleared on leaving queued */
+    CHECK_EQ_INT(j.attempt, 1);
+    CHECK_EQ_INT(j.n_ranks, 2);
+    if (j.n_ranks == 2) {
+        CHECK_EQ_INT(j.ranks[1].rank, 1);
+        CHECK_EQ_INT(j.ranks[1].pid, 1001);
+        CHECK_EQ_INT(j.ranks[1].start_time, 123456790);
+        CHECK_EQ_STR(j.ranks[1].state, "running");
+        CHECK(!j.ranks[1].has_exit_code);
+    }
+    double started = j.started_at;
+    store_job_clear(&j);
+
+    /* a guarded change that does not apply changes nothing */
+    CHECK_EQ_INT(set_state(s, ids[0], JOB_STATE_CANCELLED, JOB_STATE_BIT(JOB_STATE_QUEUED)), DDPD_ECONFLICT);
+    CHECK_EQ_INT(set_state(s, 999999, JOB_STATE_CANCELLED, 0), DDPD_ENOTFOUND);
+
+    /* ranks exit, the attempt ends, the job fails with an error */
+    rk = (struct store_rank){.attempt = 1,
+                             .rank = 1,
+                             .pid = 1001,
+                             .start_time = 123456790,
+                             .state = "exited",
+                             .has_exit_code = true,
+                             .exit_code = 137};
+    CHECK_EQ_INT(store_rank_put(s, ids[0], &rk, &e), DDPD_OK);
+    CHECK_EQ_INT(store_attempt_end(s, ids[0], 1, "failed", &e), DDPD_OK);
+    CHECK_EQ_INT(store_attempt_end(s, ids[0], 7, "failed", &e), DDPD_ENOTFOUND);
+    u = (struct store_job_update){.fields = STORE_SET_STATE | STORE_SET_ERROR,
+                                  .if_states = JOB_STATES_ACTIVE,
+                                  .state = JOB_STATE_FAILED,
+                                  .error = "rank 1 was killed by signal 9"};
+    CHECK_EQ_INT(store_job_update(s, ids[0], &u, &old, &e), DDPD_OK);
+    CHECK_EQ_INT(old, JOB_STATE_RUNNING);
+    CHECK_EQ_INT(store_job_get(s, ids[0], &j, &e), DDPD_OK);
+    CHECK_EQ_INT(j.state, JOB_STATE_FAILED);
+    CHECK_EQ_STR(j.error, "rank 1 was killed by signal 9");
+    CHECK(j.finished_at >= j.started_at);
+    CHECK(j.started_at == started);
+    CHECK(j.n_ranks == 2 && j.ranks[1].has_exit_code && j.ranks[1].exit_code == 137);
+    CHECK_EQ_INT(raw_query(path,
+                           "SELECT count(*) FROM attempts WHERE outcome = 'failed' AND "
+                           "finished_at >= started_at AND comm_id = '00ab'",
+                           NULL, 0),
+                 1);
+    store_job_clear(&j);
+
+    /* a restart: back to starting with a new attempt, the error cleared */
+    u = (struct store_job_update){.fields = STORE_SET_STATE | STORE_SET_ATTEMPT | STORE_SET_RESTARTS |
+                                            STORE_SET_ERROR,
+                                  .state = JOB_STATE_STARTING,
+                                  .attempt = 2,
+                                  .restarts = 1};
+    CHECK_EQ_INT(store_job_update(s, ids[0], &u, NULL, &e), DDPD_OK);
+    CHECK_EQ_INT(store_job_get(s, ids[0], &j, &e), DDPD_OK);
+    CHECK_EQ_INT(j.state, JOB_STATE_STARTING);
+    CHECK_EQ_INT(j.attempt, 2);
+    CHECK_EQ_INT(j.restarts, 1);
+    CHECK_EQ_STR(j.error, "");
+    CHECK(j.finished_at == 0 && j.started_at == started);
+    CHECK_EQ_INT(j.n_ranks, 0); /* attempt 2 has none yet */
+    store_job_clear(&j);
+
+    /* a long error is cut at a character boundary */
+    char longerr[3000];
+    for (size_t i = 0; i + 2 < sizeof longerr; i += 2)
+        memcpy(longerr + i, "\xc3\xa9", 2); /* é */
+    longerr[sizeof longerr - 2] = '\0';
+    u = (struct store_job_update){.fields = STORE_SET_ERROR, .error = longerr};
+    CHECK_EQ_INT(store_job_update(s, ids[0], &u, NULL, &e), DDPD_OK);
+    CHECK_EQ_INT(store_job_get(s, ids[0], &j, &e), DDPD_OK);
+    CHECK_EQ_INT(strlen(j.error), STORE_TEXT_MAX - 2);
+    store_job_clear(&j);
+
+    /* filters */
+    CHECK_EQ_INT(set_state(s, ids[1], JOB_STATE_SUCCEEDED, 0), DDPD_OK);
+    CHECK_EQ_INT(set_state(s, ids[2], JOB_STATE_CANCELLED, 0), DDPD_OK);
+    CHECK_EQ_INT(set_state(s, ids[3], JOB_STATE_RUNNING, 0), DDPD_OK);
+    q = (struct store_job_query){.states = JOB_STATE_BIT(JOB_STATE_RUNNING)};
+    CHECK_EQ_INT(store_job_list(s, &q, &l, &e), DDPD_OK);
+    CHECK(l.n == 1 && l.jobs[0].id == ids[3] && l.next == 0);
+    store_job_list_free(&l);
+    q = (struct store_job_query){.states = JOB_STATES_FINAL, .with_spec = true};
+    CHECK_EQ_INT(store_job_list(s, &q, &l, &e), DDPD_OK);
+    CHECK(l.n == 2 && l.jobs[0].id == ids[2] && l.jobs[1].id == ids[1]);
+    CHECK(l.n == 2 && l.jobs[0].spec && strcmp(l.jobs[0].spec, SPEC) == 0);
+    store_job_list_free(&l);
+    q = (struct store_job_query){.states = JOB_STATE_BIT(JOB_STATE_QUEUED), .limit = 20, .before = ids[10]};
+    CHECK_EQ_INT(store_job_list(s, &q, &l, &e), DDPD_OK);
+    CHECK_EQ_INT(l.n, 6); /* ids[4..9] */
+    CHECK(l.n == 6 && l.jobs[0].id == ids[9] && l.jobs[5].id == ids[4] && l.next == 0);
+    store_job_list_free(&l);
+    q = (struct store_job_query){.states = JOB_STATES_ACTIVE, .with_ranks = true};
+    CHECK_EQ_INT(store_job_list(s, &q, &l, &e), DDPD_OK);
+    CHECK(l.n == 2 && l.jobs[0].id == ids[3] && l.jobs[1].id == ids[0]);
+    store_job_list_free(&l);
+
+    int64_t counts[JOB_STATE_COUNT];
+    CHECK_EQ_INT(store_job_count(s, counts, &e), DDPD_OK);
+    CHECK_EQ_INT(counts[JOB_STATE_QUEUED], 21);
+    CHECK_EQ_INT(counts[JOB_STATE_STARTING], 1);
+    CHECK_EQ_INT(counts[JOB_STATE_RUNNING], 1);
+    CHECK_EQ_INT(counts[JOB_STATE_SUCCEEDED], 1);
+    CHECK_EQ_INT(counts[JOB_STATE_CANCELLED], 1);
+    CHECK_EQ_INT(counts[JOB_STATE_FAILED], 0);
+
+    job_state js;
+    CHECK(job_state_parse("cancelled", &js) && js == JOB_STATE_CANCELLED);
+    CHECK(!job_state_parse("Cancelled", &js));
+    CHECK_EQ_STR(job_state_name(JOB_STATE_RUNNING), "running");
+    store_close(s);
+}
+
+/* ---- events ---- */
+
+struct collect {
+    int n;
+    int64_t seq[64];
+    char body[64][EVENT_LINE_MAX];
+    int rank[64];
+    event_kind kind[64];
+};
+
+static bool collect_fn(void *ctx, const struct store_event_row *row)
+{
+    struct collect *c = ctx;
+    if (c->n < 64) {
+        c->seq[c->n] = row->seq;
+        snprintf(c->body[c->n], EVENT_LINE_MAX, "%s", row->body);
+        c->rank[c->n] = row->rank;
+        c->kind[c->n] = row->kind;
+        CHECK_EQ_INT(row->len, strlen(row->body));
+    }
+    c->n++;
+    return true;
+}
+
+static void test_events(void)
+{
+    char path[700];
+    struct ddpd_error e;
+    db_path(path, sizeof path, "events.db");
+    struct store *s = open_ok(path, NULL);
+    if (!s)
+        return;
+    int64_t job = insert_job(s, "ev", 2);
+    struct store_job_update u = {
+        .fields = STORE_SET_STATE | STORE_SET_ATTEMPT, .state = JOB_STATE_RUNNING, .attempt = 1};
+    CHECK_EQ_INT(store_job_update(s, job, &u, NULL, &e), DDPD_OK);
+    for (int r = 0; r < 2; r++) {
+        struct store_rank rk = {.attempt = 1, .rank = r, .pid = 50 + r, .state = "running"};
+        CHECK_EQ_INT(store_rank_put(s, job, &rk, &e), DDPD_OK);
+    }
+    char bodies[12][EVENT_LINE_MAX];
+    struct event ev;
+    int64_t seq = 0;
+    make_event(&ev, bodies[seq], EVENT_LINE_MAX, job, seq + 1, 1, EVENT_STATE, -1, 0, 0);
+    CHECK_EQ_INT(store_event_append(s, &ev, bodies[seq], strlen(bodies[seq]), &e), DDPD_OK);
+    seq++;
+    for (int r = 0; r < 2; r++, seq++) {
+        make_event(&ev, bodies[seq], EVENT_LINE_MAX, job, seq + 1, 1, EVENT_START, r, 0, 0);
+        CHECK_EQ_INT(store_event_append(s, &ev, bodies[seq], strlen(bodies[seq]), &e), DDPD_OK);
+    }
+    for (int step = 1; step <= 4; step++)
+        for (int r = 0; r < 2; r++, seq++) {
+            double loss = step == 4 && r == 1 ? NAN : 1.0 / step + r;
+            make_event(&ev, bodies[seq], EVENT_LINE_MAX, job, seq + 1, 1, EVENT_LOSS, r, step, loss);
+            /* the body NULL path: the store encodes the event itself */
+            CHECK_EQ_INT(store_event_append(s, &ev, r ? bodies[seq] : NULL, r ? strlen(bodies[seq]) : 0, &e),
+                         DDPD_OK);
+        }
+    CHECK_EQ_INT(seq, 11);
+    CHECK_EQ_INT(flush(s), DDPD_OK);
+
+    struct collect *c = calloc(1, sizeof *c);
+    size_t count = 0;
+    CHECK_EQ_INT(store_events_read(s, job, 0, 0, collect_fn, c, &count, &e), DDPD_OK);
+    CHECK_EQ_INT(count, 11);
+    CHECK_EQ_INT(c->n, 11);
+    for (int i = 0; i < c->n && i < 11; i++) {
+        CHECK_EQ_INT(c->seq[i], i + 1);
+        CHECK_EQ_STR(c->body[i], bodies[i]);
+    }
+    CHECK(c->kind[0] == EVENT_STATE && c->rank[0] == -1);
+    CHECK(c->kind[2] == EVENT_START && c->rank[2] == 1);
+    CHECK(c->kind[10] == EVENT_LOSS && c->rank[10] == 1);
+    CHECK(strstr(c->body[9], "\"seq\":10") != NULL);
+    memset(c, 0, sizeof *c);
+    CHECK_EQ_INT(store_events_read(s, job, 5, 3, collect_fn, c, &count, &e), DDPD_OK);
+    CHECK(count == 3 && c->seq[0] == 6 && c->seq[2] == 8);
+    memset(c, 0, sizeof *c);
+    CHECK_EQ_INT(store_events_read(s, job, 11, 0, collect_fn, c, &count, &e), DDPD_OK);
+    CHECK_EQ_INT(count, 0);
+    CHECK_EQ_INT(store_events_read(s, 424242, 0, 0, collect_fn, c, &count, &e), DDPD_OK);
+    CHECK_EQ_INT(count, 0);
+    free(c);
+    int64_t max = -1;
+    CHECK_EQ_INT(store_event_max_seq(s, job, &max, &e), DDPD_OK);
+    CHECK_EQ_INT(max, 11);
+    CHECK_EQ_INT(store_event_max_seq(s, 424242, &max, &e), DDPD_OK);
+    CHECK_EQ_INT(max, 0);
+
+    /* progress: the job's latest step and mean loss (NaN on rank 1 at step 4), ranks' own */
+    struct store_job j;
+    CHECK_EQ_INT(store_job_get(s, job, &j, &e), DDPD_OK);
+    CHECK(j.has_progress);
+    CHECK_EQ_INT(j.step, 4);
+    CHECK(!j.loss_finite);
+    CHECK(j.n_ranks == 2 && j.ranks[0].has_progress && j.ranks[0].step == 4);
+    CHECK(j.n_ranks == 2 && j.ranks[0].loss_finite);
+    CHECK_NEAR(j.n_ranks == 2 ? j.ranks[0].loss : 0, 0.25, 1e-12, 0);
+    CHECK_NEAR(j.n_ranks == 2 ? j.ranks[0].samples_per_s : 0, 1000.0, 1e-9, 0);
+    CHECK(j.n_ranks == 2 && j.ranks[1].step == 4 && !j.ranks[1].loss_finite);
+    store_job_clear(&j);
+    CHECK(append(s, job, 12, 1, EVENT_LOSS, 0, 5, 0.5) == DDPD_OK);
+    CHECK(append(s, job, 13, 1, EVENT_LOSS, 1, 5, 1.5) == DDPD_OK);
+    CHECK(append(s, job, 14, 1, EVENT_LOSS, 1, 3, 9.0) == DDPD_OK); /* late and old: ignored */
+    CHECK_EQ_INT(flush(s), DDPD_OK);
+    CHECK_EQ_INT(store_job_get(s, job, &j, &e), DDPD_OK);
+    CHECK_EQ_INT(j.step, 5);
+    CHECK(j.loss_finite);
+    CHECK_NEAR(j.loss, 1.0, 1e-12, 0);
+    CHECK(j.n_ranks == 2 && j.ranks[1].step == 5);
+    store_job_clear(&j);
+    CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM loss", NULL, 0), 10);
+    CHECK_EQ_INT(raw_query(path, "SELECT loss FROM loss WHERE step = 3 AND rank = 1", NULL, 0), 9);
+
+    /* refused rows: an unknown job, a seq taken; the rest of the batch goes in */
+    CHECK(append(s, 424242, 1, 1, EVENT_LOSS, 0, 1, 1.0) == DDPD_OK);
+    CHECK(append(s, job, 14, 1, EVENT_LOSS, 0, 6, 1.0) == DDPD_OK);
+    CHECK(append(s, job, 15, 1, EVENT_LOSS, 0, 6, 1.0) == DDPD_OK);
+    ddpd_error_clear(&e);
+    CHECK_EQ_INT(store_flush(s, &e), DDPD_ECONFLICT);
+    CHECK(strstr(e.message, "refused") != NULL);
+    CHECK_EQ_INT(store_flush(s, &e), DDPD_OK); /* reported once */
+    CHECK_EQ_INT(store_event_max_seq(s, job, &max, &e), DDPD_OK);
+    CHECK_EQ_INT(max, 15);
+    struct store_stats stats;
+    store_stats_get(s, &stats);
+    CHECK_EQ_INT(stats.events_appended, 17);
+    CHECK_EQ_INT(stats.events_committed, 15);
+    CHECK_EQ_INT(stats.events_dropped, 2);
+    CHECK_EQ_INT(stats.queued, 0);
+
+    /* what append refuses at once */
+    make_event(&ev, NULL, 0, job, 16, 1, EVENT_LOSS, 0, 7, 1.0);
+    ev.has_server_fields = false;
+    CHECK_EQ_INT(store_event_append(s, &ev, NULL, 0, &e), DDPD_EINTERNAL);
+    ev.has_server_fields = true;
+    static char huge[EVENT_LINE_MAX + 10];
+    memset(huge, 'x', sizeof huge);
+    CHECK_EQ_INT(store_event_append(s, &ev, huge, sizeof huge, &e), DDPD_ETOOBIG);
+    store_close(s);
+}
+
+/* A database locked by another connection: synchronous writes report DDPD_EBUSY after
+ * busy_timeout; the event writer retries and gets through once the lock goes; a stalled
+ * writer fills the queue and append reports DDPD_EBUSY after append_wait_ms. */
+static void test_busy(void)
+{
+    char path[700];
+    struct ddpd_error e;
+    db_path(path, sizeof path, "busy.db");
+    struct store_opts o = {
+        .busy_timeout_ms = 100, .batch_max = 10, .queue_max = 10, .append_wait_ms = 50, .linger_ms = 1};
+    struct store *s = open_ok(path, &o);
+    if (!s)
+        return;
+    int64_t job = insert_job(s, "busy", 1);
+    sqlite3 *db = NULL;
+    CHECK_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
+    CHECK_EQ_INT(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    struct store_job_new nj = {.name = "x", .spec = SPEC, .world_size = 1};
+    int64_t id;
+    ddpd_error_clear(&e);
+    CHECK_EQ_INT(store_job_insert(s, &nj, &id, NULL, &e), DDPD_EBUSY);
+    CHECK(strstr(e.message, "insert job") != NULL);
+    CHECK_EQ_INT(set_state(s, job, JOB_STATE_RUNNING, 0), DDPD_EBUSY);
+    /* reads go on */
+    struct store_job j;
+    CHECK_EQ_INT(store_job_get(s, job, &j, &e), DDPD_OK);
+    store_job_clear(&j);
+
+    int seq = 0, rejected = 0;
+    for (int i = 0; i < 40; i++) {
+        ddpd_err rc = append(s, job, seq + 1, 1, EVENT_LOSS, 0, seq + 1, 1.0);
+        if (rc == DDPD_OK)
+            seq++;
+        else if (rc == DDPD_EBUSY)
+            rejected++;
+    }
+    CHECK(seq >= 10);
+    CHECK(rejected > 0);
+    struct store_stats st;
+    store_stats_get(s, &st);
+    CHECK_EQ_INT(st.events_rejected, rejected);
+    CHECK_EQ_INT(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    /* Batches that used up their retries while the lock was held are dropped and
+     * reported; once it is gone, events go in again. */
+    ddpd_err rc = flush(s);
+    CHECK(rc == DDPD_OK || rc == DDPD_EBUSY);
+    store_stats_get(s, &st);
+    CHECK_EQ_INT(st.events_committed + st.events_dropped, seq);
+    seq++;
+    CHECK(append(s, job, seq, 1, EVENT_LOSS, 0, seq, 1.0) == DDPD_OK);
+    CHECK_EQ_INT(flush(s), DDPD_OK);
+    int64_t max = 0;
+    CHECK_EQ_INT(store_event_max_seq(s, job, &max, &e), DDPD_OK);
+    CHECK_EQ_INT(max, seq);
+    CHECK_EQ_INT(store_job_insert(s, &nj, &id, NULL, &e), DDPD_OK);
+    store_close(s);
+}
+
+/* ---- ingest rate ---- */
+
+#define INGEST_RANKS 4
+#define INGEST_STEPS (SANITIZED ? 5000 : 25000) /* 100k loss events (20k sanitized) */
+
+/* The same rows with a bare batched prepared insert (the benchmark's baseline). */
+static double raw_ingest(const char *path, char (*bodies)[256], int n)
+{
+    sqlite3 *db = NULL;
+    sqlite3_stmt *ev = NULL, *ls = NULL;
+    CHECK_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
+    CHECK_EQ_INT(sqlite3_exec(db,
+                              "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; "
+                              "PRAGMA foreign_keys = ON;",
+                              NULL, NULL, NULL),
+                 SQLITE_OK);
+    CHECK_EQ_INT(sqlite3_exec(db, store_migration_sql(1, NULL), NULL, NULL, NULL), SQLITE_OK);
+    CHECK_EQ_INT(sqlite3_exec(db,
+                              "INSERT INTO jobs (name, state, spec, world_size, device, "
+                              "created_at) VALUES ('raw', 'running', '{}', 4, 'cpu', 0)",
+                              NULL, NULL, NULL),
+                 SQLITE_OK);
+    sqlite3_prepare_v2(db,
+                       "INSERT INTO events (job, seq, attempt, kind, rank, body, ts) "
+                       "VALUES (1, ?1, 1, 'loss', ?2, ?3, ?4)",
+                       -1, &ev, NULL);
+    sqlite3_prepare_v2(db,
+                       "INSERT OR REPLACE INTO loss (job, step, rank, loss) "
+                       "VALUES (1, ?1, ?2, ?3)",
+                       -1, &ls, NULL);
+    double t0 = now_mono();
+    for (int i = 0; i < n; i++) {
+        if (i % 1000 == 0)
+            sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+        sqlite3_bind_int64(ev, 1, i + 1);
+        sqlite3_bind_int(ev, 2, i % INGEST_RANKS);
+        sqlite3_bind_text(ev, 3, bodies[i], -1, SQLITE_STATIC);
+        sqlite3_bind_double(ev, 4, 1.0 + i);
+        CHECK(sqlite3_step(ev) == SQLITE_DONE);
+        sqlite3_reset(ev);
+        sqlite3_bind_int64(ls, 1, i / INGEST_RANKS + 1);
+        sqlite3_bind_int(ls, 2, i % INGEST_RANKS);
+        sqlite3_bind_double(ls, 3, 1.0 / (i + 1));
+        CHECK(sqlite3_step(ls) == SQLITE_DONE);
+        sqlite3_reset(ls);
+        if (i % 1000 == 999 || i == n - 1)
+            sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    }
+    double dt = now_mono() - t0;
+    sqlite3_finalize(ev);
+    sqlite3_finalize(ls);
+    sqlite3_close(db);
+    return dt;
+}
+
+static void test_ingest_rate(void)
+{
+    char path[700], rawpath[700];
+    struct ddpd_error e;
+    db_path(path, sizeof path, "ingest.db");
+    db_path(rawpath, sizeof rawpath, "ingest-raw.db");
+    int n = INGEST_RANKS * INGEST_STEPS;
+    char(*bodies)[256] = malloc((size_t)n * 256);
+    struct event ev;
+    struct store *s = open_ok(path, NULL);
+    if (!s || !bodies)
+        goto out;
+    int64_t job = insert_job(s, "ingest", INGEST_RANKS);
+    /* The bodies are encoded beforehand, as the hub does before it hands them over. */
+    for (int i = 0; i < n; i++) {
+        int len = make_event(&ev, bodies[i], 256, job, i + 1, 1, EVENT_LOSS, i % INGEST_RANKS,
+                             i / INGEST_RANKS + 1, 1.0 / (i + 1));
+        CHECK(len > 0 && len < 256);
+    }
+    double t0 = now_mono();
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        ev.seq = i + 1;
+        ev.rank = i % INGEST_RANKS;
+        ev.step = i / INGEST_RANKS + 1;
+        ev.loss = 1.0 / (i + 1);
+        if (store_event_append(s, &ev, bodies[i], strlen(bodies[i]), &e) != DDPD_OK)
+            bad++;
+    }
+    CHECK_EQ_INT(flush(s), DDPD_OK);
+    double dt = now_mono() - t0;
+    CHECK_EQ_INT(bad, 0);
+    struct store_stats st;
+    store_stats_get(s, &st);
+    CHECK_EQ_INT(st.events_committed, n);
+    int64_t max = 0;
+    CHECK_EQ_INT(store_event_max_seq(s, job, &max, &e), DDPD_OK);
+    CHECK_EQ_INT(max, n);
+    store_close(s);
+    s = NULL;
+    CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM loss", NULL, 0), n);
+    double raw = raw_ingest(rawpath, bodies, n);
+    fprintf(stderr,
+            "ingest: %d loss events in %.3f s = %.0f events/s (%llu batches); raw batched "
+            "insert of the same rows %.3f s = %.0f rows/s; ratio %.2f\n",
+            n, dt, n / dt, (unsigned long long)st.batches, raw, n / raw, raw / dt);
+    CHECK(dt < (SANITIZED ? 60.0 : 20.0)); /* "a few seconds", on a busy shared machine */
+out:
+    store_close(s);
+    free(bodies);
+}
+
+/* ---- metrics ---- */
+
+static double curve(int64_t step, int rank)
+{
+    return 1.0 + 0.5 * sin((double)step * 0.01) + 0.01 * rank;
+}
+
+static void test_metrics(void)
+{
+    char path[700];
+    struct ddpd_error e;
+    db_path(path, sizeof path, "metrics.db");
+    struct store *s = open_ok(path, NULL);
+    if (!s)
+        return;
+    int64_t job = insert_job(s, "m", 3);
+    const int steps = SANITIZED ? 5000 : 10000, W = 3;
+    const int64_t min_step = 4321, max_step = 777, nan_step = 4500;
+    int64_t seq = 0;
+    for (int64_t step = 1; step <= steps; step++)
+        for (int r = 0; r < W; r++) {
+            double v = curve(step, r);
+            if (step == min_step && r == 1)
+                v = -5.0; /* the global minimum, one rank only */
+            if (step == max_step && r == 2)
+                v = 50.0;
+            if (step == nan_step && r == 0)
+                v = NAN;
+            CHECK(append(s, job, ++seq, 1, EVENT_LOSS, r, step, v) == DDPD_OK);
+        }
+    CHECK_EQ_INT(flush(s), DDPD_OK);
+
+    struct store_metrics m;
+    CHECK_EQ_INT(store_metrics_get(s, job, 100, &m, &e), DDPD_OK);
+    CHECK_EQ_INT(m.n_series, 1 + W);
+    CHECK_EQ_INT(m.first_step, 1);
+    CHECK_EQ_INT(m.last_step, steps);
+    CHECK_EQ_INT(m.points, (int64_t)steps * W - 1);
+    for (size_t i = 0; i < m.n_series; i++) {
+        struct store_series *sr = &m.series[i];
+        CHECK_EQ_INT(sr->rank, (int)i - 1);
+        CHECK(sr->n <= 100 && sr->n >= 50);
+        CHECK(sr->n > 0 && sr->step[0] == 1 && sr->step[sr->n - 1] == steps);
+        double lo = INFINITY, hi = -INFINITY;
+        bool ascending = true, exact = true;
+        for (size_t k = 0; k < sr->n; k++) {
+            if (k && sr->step[k] <= sr->step[k - 1])
+                ascending = false;
+            lo = fmin(lo, sr->loss[k]);
+            hi = fmax(hi, sr->loss[k]);
+            if (sr->rank >= 0 && sr->step[k] != min_step && sr->step[k] != max_step &&
+                fabs(sr->loss[k] - curve(sr->step[k], sr->rank)) > 1e-12)
+                exact = false; /* every kept point is a real point */
+        }
+        CHECK(ascending);
+        CHECK(exact);
+        if (sr->rank == 1)
+            CHECK_NEAR(lo, -5.0, 0, 0);
+        if (sr->rank == 2)
+            CHECK_NEAR(hi, 50.0, 0, 0);
+        if (sr->rank == -1) { /* the mean keeps the spikes, diluted over the ranks */
+            CHECK_NEAR(lo, (curve(min_step, 0) - 5.0 + curve(min_step, 2)) / 3, 1e-12, 0);
+            CHECK_NEAR(hi, (curve(max_step, 0) + curve(max_step, 1) + 50.0) / 3, 1e-12, 0);
+        }
+    }
+    store_metrics_free(&m);
+    store_metrics_free(NULL);
+
+    /* max_points above the step range: every point, exactly; the NaN step's mean skips it */
+    CHECK_EQ_INT(store_metrics_get(s, job, 20000, &m, &e), DDPD_OK);
+    CHECK(m.n_series == 4 && m.series[0].n == (size_t)steps && m.series[1].n == (size_t)steps - 1);
+    if (m.n_series == 4 && m.series[0].n == (size_t)steps) {
+        CHECK_NEAR(m.series[0].loss[0], (curve(1, 0) + curve(1, 1) + curve(1, 2)) / 3, 1e-12, 0);
+        CHECK_NEAR(m.series[0].loss[nan_step - 1], (curve(nan_step, 1) + curve(nan_step, 2)) / 2, 1e-12, 0);
+    }
+    store_metrics_free(&m);
+
+    /* tiny and huge max_points are clamped */
+    CHECK_EQ_INT(store_metrics_get(s, job, 1, &m, &e), DDPD_OK);
+    for (size_t i = 0; i < m.n_series; i++)
+        CHECK(m.series[i].n <= 4 && m.series[i].n >= 2);
+    store_metrics_free(&m);
+
+    /* sparse steps (log_every 10) fewer than max_points: all kept */
+    int64_t job2 = insert_job(s, "sparse", 1);
+    for (int i = 1; i <= 200; i++)
+        CHECK(append(s, job2, i, 1, EVENT_LOSS, 0, 10 * i, 1.0 / i) == DDPD_OK);
+    CHECK_EQ_INT(flush(s), DDPD_OK);
+    CHECK_EQ_INT(store_metrics_get(s, job2, 400, &m, &e), DDPD_OK);
+    CHECK(m.n_series == 2 && m.series[0].n == 200 && m.series[1].n == 200);
+    store_metrics_free(&m);
+
+    CHECK_EQ_INT(store_metrics_get(s, 424242, 100, &m, &e), DDPD_OK);
+    CHECK_EQ_INT(m.n_series, 0);
+    store_metrics_free(&m);
+
+    /* a million rows (written straight into the series): streamed, timed */
+    const long long big = SANITIZED ? 200000 : 1000000;
+    int64_t job3 = insert_job(s, "big", 4);
+    sqlite3 *db = NULL;
+    char sql[400];
+    snprintf(sql, sizeof sql,
+             "WITH RECURSIVE c(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM c WHERE x < %lld) "
+             "INSERT INTO loss (job, step, rank, loss) SELECT %lld, x / 4 + 1, x %% 4, "
+             "1.0 + 0.5 * sin((x / 4 + 1) * 0.01) + 0.01 * (x %% 4) FROM c",
+             big - 1, (long long)job3);
+    CHECK_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
+    CHECK_EQ_INT(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    double t0 = now_mono();
+    CHECK_EQ_INT(store_metrics_get(s, job3, 1000, &m, &e), DDPD_OK);
+    double dt = now_mono() - t0;
+    CHECK(m.n_series == 5 && m.series[0].n <= 1000 && m.series[4].n <= 1000);
+    CHECK(m.n_series == 5 && m.series[0].step[m.series[0].n - 1] == big / 4);
+    CHECK_EQ_INT(m.points, big);
+    fprintf(stderr, "metrics: %lld loss rows downsampled to %zu points per series in %.3f s\n", big,
+            m.n_series ? m.series[0].n : 0, dt);
+    store_metrics_free(&m);
+    store_close(s);
+}
+
+/* ---- readers beside the writer ---- */
+
+struct conc {
+    struct store *s;
+    int64_t job;
+    int target;
+    int errors;
+    int reads;
+    _Atomic int done;
+};
+
+static bool count_fn(void *ctx, const struct store_event_row *row)
+{
+    int64_t *expect = ctx;
+    if (row->seq != *expect + 1)
+        return false;
+    *expect = row->seq;
+    return true;
+}
+
+static void *reader_main(void *arg)
+{
+    struct conc *c = arg;
+    struct ddpd_error e;
+    int errors = 0, reads = 0;
+    int64_t last_max = 0;
+    while (!c->done) {
+        int64_t max = 0, expect = 0;
+        size_t n = 0;
+        if (store_event_max_seq(c->s, c->job, &max, &e) != DDPD_OK || max < last_max)
+            errors++;
+        last_max = max;
+        /* a page from a random point: contiguous seqs */
+        int64_t after = max > 500 ? max - 500 : 0;
+        expect = after;
+        if (store_events_read(c->s, c->job, after, 1000, count_fn, &expect, &n, &e) != DDPD_OK ||
+            expect < max)
+            errors++;
+        struct store_job j;
+        if (store_job_get(c->s, c->job, &j, &e) != DDPD_OK)
+            errors++;
+        store_job_clear(&j);
+        struct store_job_list l;
+        struct store_job_query q = {.limit = 5};
+        if (store_job_list(c->s, &q, &l, &e) != DDPD_OK || l.n == 0)
+            errors++;
+        store_job_list_free(&l);
+        struct store_metrics m;
+        if (store_metrics_get(c->s, c->job, 200, &m, &e) != DDPD_OK)
+            errors++;
+        store_metrics_free(&m);
+        reads += 5;
+    }
+    __atomic_add_fetch(&c->errors, errors, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&c->reads, reads, __ATOMIC_RELAXED);
+    return NULL;
+}
+
+static void *appender_main(void *arg)
+{
+    struct conc *c = arg;
+    for (int i = 1; i <= c->target; i++)
+        if (append(c->s, c->job, i, 1, EVENT_LOSS, i % 2, (i + 1) / 2, 1.0 / i) != DDPD_OK)
+            __atomic_add_fetch(&c->errors, 1, __ATOMIC_RELAXED);
+    return NULL;
+}
+
+static void *inserter_main(void *arg)
+{
+    struct conc *c = arg;
+    struct ddpd_error e;
+    for (int i = 0; i < 200; i++) {
+        struct store_job_new j = {.name = "side", .spec = SPEC, .world_size = 1};
+        int64_t id;
+        if (store_job_insert(c->s, &j, &id, NULL, &e) != DDPD_OK ||
+            set_state(c->s, id, JOB_STATE_RUNNING, 0) != DDPD_OK)
+            __atomic_add_fetch(&c->errors, 1, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+static void test_concurrent(void)
+{
+    char path[700];
+    db_path(path, sizeof path, "conc.db");
+    struct store_opts o = {.readers = 3}; /* fewer connections than readers: they wait */
+    struct conc c = {.s = open_ok(path, &o), .target = SANITIZED ? 10000 : 50000};
+    if (!c.s)
+        return;
+    c.job = insert_job(c.s, "conc", 2);
+    pthread_t rd[4], ap, in;
+    for (int i = 0; i < 4; i++)
+        pthread_create(&rd[i], NULL, reader_main, &c);
+    pthread_create(&ap, NULL, appender_main, &c);
+    pthread_create(&in, NULL, inserter_main, &c);
+    pthread_join(ap, NULL);
+    pthread_join(in, NULL);
+    CHECK_EQ_INT(flush(c.s), DDPD_OK);
+    c.done = 1;
+    for (int i = 0; i < 4; i++)
+        pthread_join(rd[i], NULL);
+    CHECK_EQ_INT(c.errors, 0);
+    CHECK(c.reads > 0);
+    fprintf(stderr, "concurrent: %d reads beside %d appends and 400 job writes\n", c.reads, c.target);
+    struct ddpd_error e;
+    int64_t max = 0;
+    CHECK_EQ_INT(store_event_max_seq(c.s, c.job, &max, &e), DDPD_OK);
+    CHECK_EQ_INT(max, c.target);
+    store_close(c.s);
+}
+
+/* ---- delete ---- */
+
+static void test_delete(void)
+{
+    char path[700];
+    struct ddpd_error e;
+    db_path(path, sizeof path, "delete.db");
+    struct store *s = open_ok(path, NULL);
+    if (!s)
+        return;
+    int64_t a = insert_job(s, "a", 1), b = insert_job(s, "b", 1);
+    CHECK_EQ_INT(set_state(s, a, JOB_STATE_RUNNING, 0), DDPD_OK);
+    CHECK_EQ_INT(store_attempt_begin(s, a, 1, NULL, &e), DDPD_OK);
+    struct store_rank rk = {.attempt = 1, .rank = 0, .state = "running"};
+    CHECK_EQ_INT(store_rank_put(s, a, &rk, &e), DDPD_OK);
+    for (int i = 1; i <= 100; i++) {
+        CHECK(append(s, a, i, 1, EVENT_LOSS, 0, i, 1.0) == DDPD_OK);
+        CHECK(append(s, b, i, 1, EVENT_LOSS, 0, i, 1.0) == DDPD_OK);
+    }
+    /* no flush: delete commits the queued events first */
+    CHECK_EQ_INT(store_job_delete(s, a, JOB_STATES_FINAL, &e), DDPD_ECONFLICT);
+    CHECK(strstr(e.message, "running") != NULL);
+    CHECK_EQ_INT(set_state(s, a, JOB_STATE_SUCCEEDED, 0), DDPD_OK);
+    CHECK_EQ_INT(store_job_delete(s, a, JOB_STATES_FINAL, &e), DDPD_OK);
+    CHECK_EQ_INT(store_job_delete(s, a, 0, &e), DDPD_ENOTFOUND);
+    struct store_job j;
+    CHECK_EQ_INT(store_job_get(s, a, &j, &e), DDPD_ENOTFOUND);
+    store_job_clear(&j);
+    CHECK_EQ_INT(flush(s), DDPD_OK);
+    CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM events WHERE job = 1", NULL, 0), 0);
+    CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM loss WHERE job = 1", NULL, 0), 0);
+    CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM ranks WHERE job = 1", NULL, 0), 0);
+    CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM attempts WHERE job = 1", NULL, 0), 0);
+    CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM events WHERE job = 2", NULL, 0), 100);
+    /* an event for the deleted job is dropped, not stored */
+    CHECK(append(s, a, 101, 1, EVENT_LOSS, 0, 101, 1.0) == DDPD_OK);
+    CHECK_EQ_INT(store_flush(s, &e), DDPD_ECONFLICT);
+    CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM events WHERE job = 1", NULL, 0), 0);
+    /* ids are never reused */
+    CHECK_EQ_INT(store_job_delete(s, b, 0, &e), DDPD_OK);
+    CHECK(insert_job(s, "c", 1) > b);
+    store_close(s);
+}
+
+/* ---- SIGKILL at random moments ---- */
+
+/* The child: inserts jobs and events and reports each once its call returned:
+ * "J id" after an insert, "E id seq" after a flush. Runs until killed. */
+static int crash_child(const char *path)
+{
+    struct ddpd_error e;
+    struct store_opts o = {.linger_ms = 5};
+    struct store *s = store_open_with(path, &o, &e);
+    if (!s) {
+        fprintf(stderr, "child: %s\n", e.message);
+        return 1;
+    }
+    setvbuf(stdout, NULL, _IONBF, 0);
+    for (int k = 0;; k++) {
+        struct store_job_new j = {.name = "crash", .spec = SPEC, .world_size = 2};
+        int64_t id;
+        if (store_job_insert(s, &j, &id, NULL, &e) != DDPD_OK)
+            return 2;
+        printf("J %lld\n", (long long)id);
+        set_state(s, id, JOB_STATE_RUNNING, 0);
+        int64_t seq = 0;
+        for (int round = 0; round < 5; round++) {
+            for (int i = 0; i < 300; i++) {
+                seq++;
+                if (append(s, id, seq, 1, EVENT_LOSS, (int)(seq % 2), (seq + 1) / 2, 1.0) != DDPD_OK)
+                    return 3;
+            }
+            if (round % 2 == 0 || k % 3 == 0) {
+                if (flush(s) != DDPD_OK)
+                    return 4;
+                printf("E %lld %lld\n", (long long)id, (long long)seq);
+            }
+        }
+    }
+}
+
+/* One line of the child's reports; the last 64 flushes are kept. */
+static bool parse_report(const char *line, int64_t *jobs, int *nj, int64_t *ev_job, int64_t *ev_seq, int *ne)
+{
+    long long a, b;
+    if (sscanf(line, "J %lld", &a) == 1 && *nj < 100000) {
+        jobs[(*nj)++] = a;
+    } else if (sscanf(line, "E %lld %lld", &a, &b) == 2) {
+        ev_job[*ne % 64] = a;
+        ev_seq[*ne % 64] = b;
+        ++*ne;
+    } else {
+        fprintf(stderr, "    child said: %s", line);
+        return false;
+    }
+    return true;
+}
+
+static void test_crash(const char *self)
+{
+    char path[700];
+    db_path(path, sizeof path, "crash.db");
+    unsigned seed = (unsigned)time(NULL) ^ (unsigned)getpid();
+    fprintf(stderr, "crash: seed %u\n", seed);
+    srand(seed);
+    int64_t jobs_total = 0;
+    for (int round = 0; round < 6; round++) {
+        int fd[2];
+        CHECK_EQ_INT(pipe(fd), 0);
+        pid_t pid = fork();
+        if (pid == 0) {
+            dup2(fd[1], 1);
+            close(fd[0]);
+            close(fd[1]);
+            execl(self, self, "crash-child", path, (char *)NULL);
+            _exit(127);
+        }
+        close(fd[1]);
+        FILE *f = fdopen(fd[0], "r");
+        char line[128];
+        /* Wait until it has flushed once, then kill it at a random moment. */
+        int64_t *jobs = calloc(100000, sizeof *jobs), ev_job[64] = {0}, ev_seq[64] = {0};
+        int nj = 0, ne = 0;
+        while (ne == 0 && fgets(line, sizeof line, f))
+            if (!parse_report(line, jobs, &nj, ev_job, ev_seq, &ne))
+                break;
+        sleep_ms(5 + rand() % 300);
+        kill(pid, SIGKILL);
+        int status = 0;
+        waitpid(pid, &status, 0);
+        CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+        while (fgets(line, sizeof line, f))
+            parse_report(line, jobs, &nj, ev_job, ev_seq, &ne);
+        fclose(f);
+
+        /* Reopen: every job whose insert returned is there, every flushed event too. */
+        struct ddpd_error e;
+        struct store *s = open_ok(path, NULL);
+        if (!s) {
+            free(jobs);
+            return;
+        }
+        int missing = 0;
+        for (int i = 0; i < nj; i++) {
+            struct store_job j;
+            if (store_job_get(s, jobs[i], &j, &e) != DDPD_OK)
+                missing++;
+            store_job_clear(&j);
+        }
+        CHECK_EQ_INT(missing, 0);
+        for (int i = 0; i < ne && i < 64; i++) {
+            int64_t max = 0;
+            CHECK_EQ_INT(store_event_max_seq(s, ev_job[i], &max, &e), DDPD_OK);
+            CHECK(max >= ev_seq[i]);
+        }
+        store_close(s);
+        char text[64] = "";
+        raw_query(path, "PRAGMA integrity_check", text, sizeof text);
+        CHECK_EQ_STR(text, "ok");
+        CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM pragma_foreign_key_check", NULL, 0), 0);
+        jobs_total += nj;
+        fprintf(stderr, "crash round %d: killed after %d job inserts and %d flushes, all there\n", round, nj,
+                ne);
+        free(jobs);
+    }
+    CHECK(jobs_total > 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "crash-child") == 0)
+        return crash_child(argv[2]);
+
+    const char *base = getenv("DDPD_TEST_TMP");
+    if (!base || !*base)
+        base = "/tmp";
+    mkdir(base, 0755);
+    snprintf(tmpdir, sizeof tmpdir, "%s/store-XXXXXX", base);
+    if (!mkdtemp(tmpdir)) {
+        fprintf(stderr, "mkdtemp %s: %s\n", tmpdir, strerror(errno));
+        return 1;
+    }
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = '\0';
+
+    test_migration_files();
+    test_open_fresh_and_again();
+    test_open_errors();
+    test_jobs();
+    test_events();
+    test_busy();
+    test_ingest_rate();
+    test_metrics();
+    test_concurrent();
+    test_delete();
+    test_crash(self);
+
+    if (check__failures == 0)
+        nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    else
+        fprintf(stderr, "files kept in %s\n", tmpdir);
+    CHECK_DONE();
+}
