@@ -179,6 +179,7 @@ static struct active *load(struct super *s, int64_t job)
     a->restarts = j.restarts;
     a->max_restarts = j.max_restarts;
     int64_t seq = 0;
+    store_flush(s->o.store, NULL); /* queued events of the job count too */
     store_event_max_seq(s->o.store, job, &seq, NULL);
     a->next_seq = seq + 1;
     snprintf(a->out_dir, sizeof a->out_dir, "%s/%" PRId64, s->o.jobs_dir, job);
