@@ -436,6 +436,16 @@ static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
                 g.failed || count == 0 || g.last == before || g.last + 1 >= from)
                 break;
         }
+        if (!g.final && from == HUB_SEQ_UNKNOWN) {
+            /* The hub never saw this job: when it has finished, its final event was in
+             * the store before the row said so, and the client has it already. */
+            struct store_job jj;
+            memset(&jj, 0, sizeof jj);
+            if (store_job_get(a->store, job, &jj, NULL) == DDPD_OK &&
+                (JOB_STATE_BIT(jj.state) & JOB_STATES_FINAL))
+                g.final = true;
+            store_job_clear(&jj);
+        }
         hub_sub_gap_filled(es->sub, g.last, g.final);
     }
     es_wake(es);

@@ -16,12 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ASSERT(c)                                                                         \
-    do {                                                                                  \
-        if (!(c)) {                                                                       \
-            fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #c);     \
-            abort();                                                                      \
-        }                                                                                 \
+#define ASSERT(c)                                                                                            \
+    do {                                                                                                     \
+        if (!(c)) {                                                                                          \
+            fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #c);                        \
+            abort();                                                                                         \
+        }                                                                                                    \
     } while (0)
 
 /* Internal small allocations abort on OOM (STYLE.md): nothing here is sized by a client
@@ -66,29 +66,29 @@ struct frame {
     uint32_t size;   /* what it counts for in the byte limits */
     uint32_t len[2]; /* [HUB_FORMAT_SSE], [HUB_FORMAT_NDJSON] */
     bool final;
-    char data[];     /* the SSE frame, then the NDJSON line */
+    char data[]; /* the SSE frame, then the NDJSON line */
 };
 
 struct job {
     int64_t id;
-    struct job *hnext;  /* registry chain, under the registry lock */
-    atomic_int refs;    /* the registry's, each subscription's, each caller's in flight */
+    struct job *hnext; /* registry chain, under the registry lock */
+    atomic_int refs;   /* the registry's, each subscription's, each caller's in flight */
     pthread_mutex_t mu;
     /* Everything below is under mu. */
-    bool dead;          /* out of the registry (forgotten or empty); take it again */
+    bool dead; /* out of the registry (forgotten or empty); take it again */
     struct frame **ring;
-    uint64_t ring_cap;  /* a power of two */
+    uint64_t ring_cap;   /* a power of two */
     uint64_t base, head; /* the tail is frames [base, head), absolute indices */
-    size_t bytes;       /* of the frames in the tail */
-    uint64_t cum;       /* bytes ever published to this job */
-    int64_t last_seq;   /* 0 before the first */
+    size_t bytes;        /* of the frames in the tail */
+    uint64_t cum;        /* bytes ever published to this job */
+    int64_t last_seq;    /* 0 before the first */
     bool finished;
     uint64_t finish_order;
     struct hub_sub *subs; /* doubly linked */
     size_t nsubs;
     struct hub_sub **armed; /* waiting for on_ready */
     size_t narmed, armed_cap;
-    uint64_t min_hint;  /* <= every live subscription's cursor (cursors only advance) */
+    uint64_t min_hint; /* <= every live subscription's cursor (cursors only advance) */
 };
 
 struct hub_sub {
@@ -106,7 +106,7 @@ struct hub_sub {
     int64_t skip_through; /* frames with seq <= this are not sent */
     bool ended, dropped, armed;
     size_t armed_idx;
-    char reason[128];     /* written once, before `dropped` is set */
+    char reason[128]; /* written once, before `dropped` is set */
 };
 
 struct hub {
@@ -177,8 +177,8 @@ static int sse_header(char *buf, size_t cap, int64_t seq, const char *kind)
     return snprintf(buf, cap, "id: %lld\nevent: %s\ndata: ", (long long)seq, kind);
 }
 
-int hub_format_event(hub_format fmt, int64_t seq, const char *kind, const char *body,
-                     size_t len, char *buf, size_t cap)
+int hub_format_event(hub_format fmt, int64_t seq, const char *kind, const char *body, size_t len, char *buf,
+                     size_t cap)
 {
     size_t n;
     if (fmt == HUB_FORMAT_NDJSON) {
@@ -215,8 +215,7 @@ const char *hub_heartbeat(hub_format fmt, size_t *len)
     return ping;
 }
 
-static struct frame *frame_new(int64_t seq, const char *kind, const char *body, size_t len,
-                               bool final)
+static struct frame *frame_new(int64_t seq, const char *kind, const char *body, size_t len, bool final)
 {
     char hdr[64];
     int h = sse_header(hdr, sizeof hdr, seq, kind);
@@ -391,10 +390,10 @@ static void arm(struct job *j, struct hub_sub *s)
     j->armed[j->narmed++] = s;
 }
 
-static void drop(struct hub *h, struct job *j, struct hub_sub *s, bool count,
-                 struct wakes *w, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-static void drop(struct hub *h, struct job *j, struct hub_sub *s, bool count,
-                 struct wakes *w, const char *fmt, ...)
+static void drop(struct hub *h, struct job *j, struct hub_sub *s, bool count, struct wakes *w,
+                 const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static void drop(struct hub *h, struct job *j, struct hub_sub *s, bool count, struct wakes *w,
+                 const char *fmt, ...)
 {
     if (s->dropped)
         return;
@@ -428,8 +427,7 @@ static void check_subs(struct hub *h, struct job *j, struct wakes *w)
         if (c < j->base)
             drop(h, j, s, true, w, "evicted: the events it had not taken were evicted (memory cap)");
         else if (j->head - c > lim_e)
-            drop(h, j, s, true, w, "slow subscriber: %llu events behind",
-                 (unsigned long long)(j->head - c));
+            drop(h, j, s, true, w, "slow subscriber: %llu events behind", (unsigned long long)(j->head - c));
         else if (c < j->head && j->cum - at(j, c)->cum > lim_b)
             drop(h, j, s, true, w, "slow subscriber: %llu bytes behind",
                  (unsigned long long)(j->cum - at(j, c)->cum));
@@ -733,8 +731,8 @@ static uint64_t seek_bytes(const struct job *j, uint64_t lo, uint64_t bytes)
     return lo;
 }
 
-ddpd_err hub_subscribe(struct hub *h, int64_t id, int64_t after_seq,
-                       const struct hub_sub_opts *opts, struct hub_sub **out, int64_t *from)
+ddpd_err hub_subscribe(struct hub *h, int64_t id, int64_t after_seq, const struct hub_sub_opts *opts,
+                       struct hub_sub **out, int64_t *from)
 {
     *out = NULL;
     if (atomic_fetch_add_explicit(&h->subs_now, 1, memory_order_relaxed) >= h->lim.max_subs) {
@@ -825,7 +823,7 @@ hub_pull hub_sub_next(struct hub_sub *s, char *buf, size_t cap, size_t *len)
     }
     while (s->cursor < j->head) {
         const struct frame *f = at(j, s->cursor);
-        if (f->seq <= s->skip_through) {
+        if (f->seq <= s->skip_through && s->off == 0) {
             s->cursor++;
             s->off = 0;
             continue;

@@ -29,6 +29,10 @@
  *      `from` is HUB_SEQ_UNKNOWN when the hub holds nothing of the job (a job that ran
  *      before a server restart, or not yet): read everything after after_seq; events
  *      published meanwhile that the store already returned are skipped by gap_filled.
+ *      The hub cannot know the end of a job it never saw: when the store's job row is
+ *      final and the gap held no final event (the client had it: after_seq is at or
+ *      past it), end the stream at once. For that, the supervisor appends a job's final
+ *      `state` event before it writes the final state into the job row.
  *   3. then pull: hub_sub_next until HUB_END (the stream is complete: close it) or
  *      HUB_DROPPED (close it; an SSE client resumes with Last-Event-ID).
  *   With libmicrohttpd: MHD_create_response_from_callback's reader calls hub_sub_next;
@@ -129,8 +133,8 @@ struct hub_sub_opts {
  * the store's events with after_seq < seq < *from first (the recipe above); when
  * *from == after_seq + 1 there is no gap. `opts` is borrowed. Errors: DDPD_EBUSY (max_subs
  * reached). */
-ddpd_err hub_subscribe(struct hub *h, int64_t job, int64_t after_seq,
-                       const struct hub_sub_opts *opts, struct hub_sub **out, int64_t *from);
+ddpd_err hub_subscribe(struct hub *h, int64_t job, int64_t after_seq, const struct hub_sub_opts *opts,
+                       struct hub_sub **out, int64_t *from);
 
 /* Tells the subscription that the caller sent the store's gap up to and including
  * `last_seq` (any event with seq <= last_seq is skipped from now on), and whether one of
@@ -164,8 +168,8 @@ void hub_unsubscribe(struct hub_sub *s);
 /* Writes one event (seq, kind name such as "loss", its JSON body of len bytes) as a
  * frame of `fmt` into buf, exactly as the hub streams it; for events read from the
  * store. Returns the length (no NUL is added), or -1 when cap is too small. */
-int hub_format_event(hub_format fmt, int64_t seq, const char *kind, const char *body,
-                     size_t len, char *buf, size_t cap);
+int hub_format_event(hub_format fmt, int64_t seq, const char *kind, const char *body, size_t len, char *buf,
+                     size_t cap);
 
 /* The keep-alive to send on an idle stream every 15 s: ": ping\n\n" for SSE (a
  * comment, ignored by EventSource); NULL for NDJSON, which has no comment syntax (a
@@ -175,13 +179,13 @@ const char *hub_heartbeat(hub_format fmt, size_t *len);
 /* ---- counters (for /metrics) ---- */
 
 struct hub_stats {
-    uint64_t subscribers;   /* now */
-    uint64_t published;     /* events, since hub_new */
-    uint64_t dropped;       /* subscribers dropped as slow or evicted (not forget/close) */
-    uint64_t jobs;          /* jobs held now */
-    uint64_t events;        /* events held now, all jobs */
-    uint64_t bytes;         /* bytes held now, all jobs */
-    uint64_t evicted;       /* events evicted from tails, since hub_new */
+    uint64_t subscribers; /* now */
+    uint64_t published;   /* events, since hub_new */
+    uint64_t dropped;     /* subscribers dropped as slow or evicted (not forget/close) */
+    uint64_t jobs;        /* jobs held now */
+    uint64_t events;      /* events held now, all jobs */
+    uint64_t bytes;       /* bytes held now, all jobs */
+    uint64_t evicted;     /* events evicted from tails, since hub_new */
 };
 void hub_stats_get(struct hub *h, struct hub_stats *out);
 

@@ -103,8 +103,16 @@ static void publish(struct super *s, struct active *a, struct event *ev)
     hub_publish(s->o.hub, ev, body, (size_t)n);
 }
 
+/* The state event is appended before the job row changes: a stream that finds the row
+ * final can rely on the final event being in the store already. */
 static void set_state(struct super *s, struct active *a, job_state st, const char *error)
 {
+    struct event ev = {.kind = EVENT_STATE, .rank = -1};
+    snprintf(ev.state, sizeof ev.state, "%s", job_state_name(st));
+    if (error)
+        snprintf(ev.message, sizeof ev.message, "%s", error);
+    publish(s, a, &ev);
+
     struct store_job_update u = {.fields = STORE_SET_STATE | STORE_SET_ATTEMPT | STORE_SET_RESTARTS |
                                            STORE_SET_PENDING,
                                  .state = st,
@@ -123,11 +131,6 @@ static void set_state(struct super *s, struct active *a, job_state st, const cha
                 err.message);
     a->state = st;
     a->pending[0] = '\0';
-    struct event ev = {.kind = EVENT_STATE, .rank = -1};
-    snprintf(ev.state, sizeof ev.state, "%s", job_state_name(st));
-    if (error)
-        snprintf(ev.message, sizeof ev.message, "%s", error);
-    publish(s, a, &ev);
 }
 
 /* ---- the job table -------------------------------------------------------------------- */
