@@ -97,8 +97,8 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
     bool known;
     rc = launch_plan(a->worker, doc, spec.world_size, 30, counts, &known, err);
     json_decref(doc);
-    if (rc == DDPD_EDATA || rc == DDPD_ESPEC)
-        return ddpd_error_set(err, rc, err->path[0] ? err->path : "data", "%s", err->message);
+    if ((rc == DDPD_EDATA || rc == DDPD_ESPEC) && !err->path[0])
+        snprintf(err->path, sizeof err->path, "data");
     if (rc)
         return rc;
     for (int r = 1; known && r < spec.world_size; r++)
@@ -236,7 +236,7 @@ struct evstream {
     struct hub_sub *sub;
     struct http_stream *st;
     hub_format fmt;
-    double last_write;
+    _Atomic int64_t last_write_us; /* written by the pulling thread, read by the heartbeats */
     bool closed;
     struct evstream *prev, *next; /* the heartbeat list */
 };
@@ -244,12 +244,14 @@ struct evstream {
 static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct evstream *streams;
 
-static double mono(void)
+static int64_t mono_us(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+    return (int64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
 }
+
+static double idle_s(const struct evstream *es) { return (double)(mono_us() - es->last_write_us) * 1e-6; }
 
 /* The last reference (the handler's or on_close's) ends the subscription, gives the
  * owner's reference of the stream back and frees. */
@@ -287,15 +289,15 @@ static long es_pull(void *arg, char *buf, size_t cap)
     size_t len = 0;
     switch (hub_sub_next(es->sub, buf, cap, &len)) {
     case HUB_DATA:
-        es->last_write = mono();
+        es->last_write_us = mono_us();
         return (long)len;
     case HUB_AGAIN:
-        if (mono() - es->last_write >= HEARTBEAT_S) {
+        if (idle_s(es) >= HEARTBEAT_S) {
             /* Finds dead clients: a write to a closed connection fails. */
             const char *hb = hub_heartbeat(es->fmt, &len);
             if (len && len <= cap) {
                 memcpy(buf, hb, len);
-                es->last_write = mono();
+                es->last_write_us = mono_us();
                 return (long)len;
             }
         }
@@ -390,7 +392,7 @@ static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
     pthread_mutex_init(&es->mu, NULL);
     es->refs = 2;
     es->fmt = fmt_idx == 1 ? HUB_FORMAT_NDJSON : HUB_FORMAT_SSE;
-    es->last_write = mono();
+    es->last_write_us = mono_us();
     struct hub_sub_opts so = {.format = es->fmt, .on_ready = es_wake, .on_drop = es_drop, .ctx = es};
     int64_t from;
     if ((rc = hub_subscribe(a->hub, job, after, &so, &es->sub, &from))) {
@@ -473,7 +475,7 @@ static void *heartbeats(void *arg)
             break;
         pthread_mutex_lock(&streams_mu);
         for (struct evstream *es = streams; es; es = es->next)
-            if (mono() - es->last_write >= HEARTBEAT_S)
+            if (idle_s(es) >= HEARTBEAT_S)
                 es_wake(es);
         pthread_mutex_unlock(&streams_mu);
     }
@@ -682,6 +684,64 @@ static ddpd_err h_prometheus(struct http_request *req, struct ddpd_error *err)
     return rc;
 }
 
+/* ---- the dashboard's static files (web/) ------------------------------------------------- */
+
+/* A file directly inside the web folder: a plain name of letters, digits, '-', '_' and
+ * dots (not first), with a known extension. Anything else is a 404. */
+static const char *web_type(const char *name)
+{
+    static const char *const types[][2] = {
+        {".html", "text/html; charset=utf-8"}, {".js", "text/javascript; charset=utf-8"},
+        {".css", "text/css; charset=utf-8"},   {".svg", "image/svg+xml"},
+        {".json", "application/json"},         {".png", "image/png"},
+        {".txt", "text/plain; charset=utf-8"},
+    };
+    size_t n = strlen(name);
+    if (n == 0 || n > 128 || name[0] == '.')
+        return NULL;
+    for (const char *p = name; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '-' || *p == '_' || *p == '.'))
+            return NULL;
+    const char *dot = strrchr(name, '.');
+    for (size_t i = 0; dot && i < sizeof types / sizeof types[0]; i++)
+        if (!strcmp(dot, types[i][0]))
+            return types[i][1];
+    return NULL;
+}
+
+static ddpd_err serve_web_file(struct http_request *req, const char *name, struct ddpd_error *err)
+{
+    struct api *a = ctx_of(req);
+    const char *type = web_type(name);
+    char path[PATH_MAX];
+    if (!type || !a->web_dir || snprintf(path, sizeof path, "%s/%s", a->web_dir, name) >= (int)sizeof path)
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "", "no such resource: /web/%.128s", name);
+    /* no-cache: the browser keeps the file and revalidates it with its ETag (304). */
+    ddpd_err rc = http_respond_file(req, path, type, "no-cache", err);
+    if (rc == DDPD_ENOTFOUND)
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                              "no such resource: /web/%.128s (the dashboard's folder is %s)", name,
+                              a->web_dir);
+    return rc;
+}
+
+/* GET / and GET /web: to /web/index.html, where the page's relative links (app.js,
+ * style.css) find their files, as they do when index.html is opened from disk. (A route
+ * pattern has no empty segment, so "/web/" itself is not one.) */
+static ddpd_err h_web_root(struct http_request *req, struct ddpd_error *err)
+{
+    (void)err;
+    http_response_header(req, "Location", "/web/index.html");
+    return http_respond_empty(req, 302);
+}
+
+static ddpd_err h_web_file(struct http_request *req, struct ddpd_error *err)
+{
+    const char *p = http_request_path(req);
+    return serve_web_file(req, strncmp(p, "/web/", 5) ? "" : p + 5, err);
+}
+
 static const struct http_route routes[] = {
     {"POST", "/v1/jobs", h_submit, HTTP_ROUTE_AUTH | HTTP_ROUTE_JSON, 0},
     {"GET", "/v1/jobs", h_list, HTTP_ROUTE_AUTH, 0},
@@ -695,6 +755,20 @@ static const struct http_route routes[] = {
     {"GET", "/v1/devices", h_devices, HTTP_ROUTE_AUTH, 0},
     {"GET", "/healthz", h_health, 0, 0},
     {"GET", "/metrics", h_prometheus, 0, 0},
+    /* The dashboard (open without a token, CONTRACT.md §7). Route patterns match literal
+     * segments only, so each file of web/ has its row: a new file needs one here. */
+    {"GET", "/", h_web_root, 0, 0},
+    {"GET", "/web", h_web_root, 0, 0},
+    {"GET", "/web/index.html", h_web_file, 0, 0},
+    {"GET", "/web/style.css", h_web_file, 0, 0},
+    {"GET", "/web/favicon.svg", h_web_file, 0, 0},
+    {"GET", "/web/util.js", h_web_file, 0, 0},
+    {"GET", "/web/api.js", h_web_file, 0, 0},
+    {"GET", "/web/chart.js", h_web_file, 0, 0},
+    {"GET", "/web/templates.js", h_web_file, 0, 0},
+    {"GET", "/web/views.js", h_web_file, 0, 0},
+    {"GET", "/web/job.js", h_web_file, 0, 0},
+    {"GET", "/web/app.js", h_web_file, 0, 0},
 };
 
 const struct http_route *api_routes(size_t *n)

@@ -21,6 +21,7 @@ struct api {
     const char *worker;       /* ddpd-worker, for the submission-time data check */
     const char *data_dir;     /* absolute */
     const char *jobs_dir;
+    const char *web_dir;      /* the dashboard's files (index.html, ...); NULL = none */
 };
 
 /* The route table (static; handlers get the struct api through http_request_ctx). */

@@ -368,6 +368,7 @@ struct http_server {
     struct http_config cfg;
     char *token;
     size_t token_len;
+    char *cors; /* Access-Control-Allow-Origin, NULL = none */
     size_t max_body;
     unsigned request_timeout_ms, idle_timeout_s;
 
@@ -407,6 +408,7 @@ struct http_request {
     ddpd_err pending;
     struct ddpd_error perr;
     bool query_failed; /* the handler's EJSON came from a query helper */
+    bool preflight;    /* a CORS preflight, answered 204 before any handler */
 
     size_t limit;
     uint64_t received;
@@ -913,6 +915,8 @@ static enum MHD_Result queue(struct http_request *req)
         MHD_add_response_header(req->resp, MHD_HTTP_HEADER_ETAG, req->etag);
     for (int i = 0; i < req->nhdr; i++)
         MHD_add_response_header(req->resp, req->hdr[i].name, req->hdr[i].value);
+    if (req->srv->cors)
+        MHD_add_response_header(req->resp, "Access-Control-Allow-Origin", req->srv->cors);
     enum MHD_Result rc = MHD_queue_response(req->mc, (unsigned)req->status, req->resp);
     MHD_destroy_response(req->resp);
     req->resp = NULL;
@@ -1107,6 +1111,13 @@ static bool request_begin(struct http_request *req)
     clean_copy(shown, sizeof shown, req->url, 128);
     if (req->route) {
         req->row = req->route->row;
+    } else if (path_hit && s->cors && !strcmp(req->method, "OPTIONS")) {
+        req->row = path_hit->row;
+        req->preflight = true;
+        http_response_header(req, "Access-Control-Allow-Methods", allow);
+        http_response_header(req, "Access-Control-Allow-Headers", "Authorization, Content-Type, Last-Event-ID");
+        http_response_header(req, "Access-Control-Max-Age", "600");
+        return true;
     } else if (path_hit) {
         req->row = path_hit->row;
         http_response_header(req, MHD_HTTP_HEADER_ALLOW, allow);
@@ -1242,7 +1253,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         *con_cls = req;
         if (request_begin(req)) {
             conn_set_deadline(s, req->conn, 0);
-            respond_error(req, req->pending, &req->perr);
+            if (req->preflight)
+                http_respond_empty(req, 204);
+            else
+                respond_error(req, req->pending, &req->perr);
             return queue(req);
         }
         return MHD_YES;
@@ -1392,6 +1406,9 @@ struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_e
         s->token = xstrdup(cfg->token);
         s->token_len = strlen(s->token);
     }
+    s->cfg.cors_origin = NULL;
+    if (cfg->cors_origin && cfg->cors_origin[0])
+        s->cors = xstrdup(cfg->cors_origin);
     snprintf(s->listen, sizeof s->listen, "%s", cfg->listen ? cfg->listen : "");
     s->max_body = cfg->max_body ? cfg->max_body : (size_t)1 << 20;
     s->request_timeout_ms = cfg->request_timeout_ms ? cfg->request_timeout_ms : 30000;
@@ -1519,6 +1536,7 @@ void http_server_free(struct http_server *s)
     free(s->patterns);
     free(s->routes);
     free(s->token);
+    free(s->cors);
     free(s);
 }
 

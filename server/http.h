@@ -56,6 +56,11 @@ struct http_config {
     size_t nroutes;
     void *ctx;         /* handed to handlers by http_request_ctx */
     const char *token; /* bearer token; NULL or "" = no auth. Copied. */
+    /* CORS: the Access-Control-Allow-Origin value put on every response ("*" lets any page,
+     * file URLs included, read the API; a token still guards /v1); with it an OPTIONS
+     * preflight on a routed path gets 204 and the allowed methods and headers. NULL or ""
+     * = no CORS headers (OPTIONS is a 405). Copied. */
+    const char *cors_origin;
 
     unsigned threads;          /* 0/1 = one internal epoll thread; N = a pool of N */
     unsigned connection_limit; /* 0 = 1024 */

@@ -86,6 +86,11 @@ static int write_all(int fd, const char *p, size_t n)
 /* In the child: wire stdin/stdout/stderr, join the group, exec. Never returns. */
 static void child_exec(const struct launch *l, char *const argv[], int in_fd, int out_fd, int log_fd)
 {
+    /* A blocked signal stays blocked across execv: the server blocks SIGTERM in its
+     * threads (it takes it with sigwait), and a worker must still hear cancellation. */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
     setpgid(0, l->pgid);
     if (l->o.die_with_parent)
         prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -517,6 +522,9 @@ ddpd_err launch_plan(const char *worker, json_t *doc, int world_size, double tim
     }
     pid = fork();
     if (pid == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
         dup2(in[0], 0);
         dup2(out[1], 1);
         char *argv[] = {(char *)worker, "--plan", NULL};

@@ -1,6 +1,6 @@
 /* serve.c — `ddpd serve [--listen ADDR:PORT] [--db PATH] [--data-dir DIR] [--jobs-dir DIR]
  * [--gpus auto|none|0,1,..] [--cpu-slots N] [--token-file F] [--insecure]
- * [--on-shutdown cancel|finish]`. Parses options, opens the store, starts the
+ * [--on-shutdown cancel|finish] [--web-dir DIR] [--cors-origin ORIGIN]`. Parses options, opens the store, starts the
  * supervisor and the HTTP server, waits for SIGTERM/SIGINT, then stops them in order:
  * no new requests, jobs cancelled (or finished), streams closed, the store flushed. */
 #include "serve.h"
@@ -28,7 +28,7 @@ static void usage(FILE *f)
 {
     fputs("usage: ddpd serve [--listen ADDR:PORT] [--db PATH] [--data-dir DIR] [--jobs-dir DIR]\n"
           "                  [--gpus auto|none|N,N,..] [--cpu-slots N] [--token-file F] [--insecure]\n"
-          "                  [--on-shutdown cancel|finish]\n"
+          "                  [--on-shutdown cancel|finish] [--web-dir DIR] [--cors-origin ORIGIN]\n"
           "  --listen       address to serve on (default 127.0.0.1:8080; port 0 = any free port)\n"
           "  --db           SQLite database, created on first start (default ./var/ddpd.db)\n"
           "  --data-dir     where jobs' data paths are resolved; they may not leave it (default .)\n"
@@ -37,7 +37,11 @@ static void usage(FILE *f)
           "  --cpu-slots    CPU ranks that may run at once (default: the number of cores)\n"
           "  --token-file   require `Authorization: Bearer <token>` on /v1 (the file's first line)\n"
           "  --insecure     allow a non-loopback address without a token\n"
-          "  --on-shutdown  on SIGTERM: cancel running jobs (default) or let them finish\n",
+          "  --on-shutdown  on SIGTERM: cancel running jobs (default) or let them finish\n"
+          "  --web-dir      the dashboard's files, served at / (default: the source tree's web/,\n"
+          "                 else web/ beside the folder of the ddpd binary)\n"
+          "  --cors-origin  send Access-Control-Allow-Origin: ORIGIN and answer preflights, so a\n"
+          "                 dashboard opened elsewhere (a file URL: use '*') can use this server\n",
           f);
 }
 
@@ -115,7 +119,7 @@ static int mkdirs(const char *path)
 int serve_main(int argc, char **argv, const char *self_dir)
 {
     const char *listen = "127.0.0.1:8080", *db = "var/ddpd.db", *data_dir = ".", *jobs_dir = NULL;
-    const char *gpus_arg = "auto", *token_file = NULL;
+    const char *gpus_arg = "auto", *token_file = NULL, *web_dir = NULL, *cors = NULL;
     long cpu_slots = sysconf(_SC_NPROCESSORS_ONLN);
     bool insecure = false, finish = false;
     for (int i = 0; i < argc; i++) {
@@ -145,6 +149,10 @@ int serve_main(int argc, char **argv, const char *self_dir)
             gpus_arg = v;
         else if (!strcmp(a, "--token-file"))
             token_file = v;
+        else if (!strcmp(a, "--web-dir"))
+            web_dir = v;
+        else if (!strcmp(a, "--cors-origin"))
+            cors = v;
         else if (!strcmp(a, "--cpu-slots")) {
             if (parse_count(v, 0, 1024, &cpu_slots)) {
                 fprintf(stderr, "ddpd serve: --cpu-slots: expected an integer in [0, %d], got '%s'\n",
@@ -201,6 +209,29 @@ int serve_main(int argc, char **argv, const char *self_dir)
         fprintf(stderr, "ddpd serve: cannot create %s: %s\n", jobs_dir, strerror(errno));
         return 1;
     }
+    /* The dashboard: --web-dir, else the source tree's web/ (a build), else web/ beside the
+     * binary's folder (an install that copied it there). */
+    char web_abs[PATH_MAX] = "", web_try[PATH_MAX + 16];
+    if (web_dir) {
+        snprintf(web_try, sizeof web_try, "%s/index.html", web_dir);
+        if (!realpath(web_dir, web_abs) || access(web_try, R_OK) != 0) {
+            fprintf(stderr, "ddpd serve: --web-dir %s: no readable index.html there\n", web_dir);
+            return 2;
+        }
+    } else {
+        const char *cands[2] = {NULL, NULL};
+        char beside[PATH_MAX];
+#ifdef DDPD_WEB_DIR
+        cands[0] = DDPD_WEB_DIR;
+#endif
+        snprintf(beside, sizeof beside, "%s/../web", self_dir);
+        cands[1] = beside;
+        for (int i = 0; i < 2 && !web_abs[0]; i++) {
+            snprintf(web_try, sizeof web_try, "%s/index.html", cands[i] ? cands[i] : "");
+            if (cands[i] && access(web_try, R_OK) == 0 && !realpath(cands[i], web_abs))
+                web_abs[0] = '\0';
+        }
+    }
     int gpus = 0;
     if (!strcmp(gpus_arg, "auto"))
         gpus = count_gpus(worker);
@@ -242,10 +273,10 @@ int serve_main(int argc, char **argv, const char *self_dir)
         goto out;
     }
     api = (struct api){.store = store, .hub = hub, .super = super, .worker = worker, .data_dir = data_abs,
-                       .jobs_dir = jobs_abs};
+                       .jobs_dir = jobs_abs, .web_dir = web_abs[0] ? web_abs : NULL};
     size_t nroutes;
     struct http_config hc = {.listen = listen, .routes = api_routes(&nroutes), .ctx = &api, .token = token,
-                             .threads = 4};
+                             .cors_origin = cors, .threads = 4};
     hc.nroutes = nroutes;
     if (api_start(&api, &err) != DDPD_OK || !(http = http_server_new(&hc, &err))) {
         fprintf(stderr, "ddpd serve: %s\n", err.message);

@@ -64,6 +64,7 @@ struct super {
     struct sched *sched;
     bool stopping;
     struct active *jobs; /* supervisor thread only */
+    struct pending *pending, **pending_tail; /* stored, not yet published */
 };
 
 static double now_s(void)
@@ -82,8 +83,18 @@ static void wake(struct super *s)
 
 /* ---- events and states -------------------------------------------------------------- */
 
-/* Numbers, stores and publishes one event of a job: the store first, so that a stream
- * that attaches to the hub later finds every earlier event in the store. */
+/* An event stored but not yet published: clients see an event only once it is
+ * committed, so that whatever a client saw survives a crash of the server. */
+struct pending {
+    struct event ev;
+    size_t len;
+    struct pending *next;
+    char body[];
+};
+
+/* Numbers one event of a job and queues it for the store; drain() publishes it after
+ * the commit. The store comes first also so that a stream that attaches to the hub
+ * later finds every earlier event in the store. */
 static void publish(struct super *s, struct active *a, struct event *ev)
 {
     char body[EVENT_LINE_MAX];
@@ -100,7 +111,31 @@ static void publish(struct super *s, struct active *a, struct event *ev)
     if (store_event_append(s->o.store, ev, body, (size_t)n, &err) != DDPD_OK)
         fprintf(stderr, "ddpd: job %" PRId64 ": event %" PRId64 " not stored: %s\n", a->job, ev->seq,
                 err.message);
-    hub_publish(s->o.hub, ev, body, (size_t)n);
+    struct pending *p = malloc(sizeof *p + (size_t)n + 1);
+    if (!p)
+        return;
+    p->ev = *ev;
+    p->len = (size_t)n;
+    memcpy(p->body, body, (size_t)n + 1);
+    p->next = NULL;
+    *s->pending_tail = p;
+    s->pending_tail = &p->next;
+}
+
+/* Commits what publish() queued (one transaction for everything that arrived in this
+ * turn of the loop), then hands it to the hub for the live streams. */
+static void drain(struct super *s)
+{
+    if (!s->pending)
+        return;
+    store_flush(s->o.store, NULL);
+    for (struct pending *p = s->pending, *n; p; p = n) {
+        n = p->next;
+        hub_publish(s->o.hub, &p->ev, p->body, p->len);
+        free(p);
+    }
+    s->pending = NULL;
+    s->pending_tail = &s->pending;
 }
 
 /* The state event is appended before the job row changes: a stream that finds the row
@@ -338,6 +373,8 @@ static void ended(struct super *s, struct active *a)
 {
     struct launch_result res;
     launch_result(a->l, &res);
+    /* The ranks' last loss events first, so the job's final row shows their progress. */
+    store_flush(s->o.store, NULL);
     for (int r = 0; r < a->spec.world_size; r++) {
         struct store_rank sr = {.attempt = a->attempt, .rank = r, .has_exit_code = true};
         sr.exit_code = launch_exit_code(a->l, r);
@@ -483,7 +520,9 @@ static void *run(void *arg)
             if (a->l && launch_poll(a->l, 0))
                 ended(s, a);
         }
+        drain(s);
     }
+    drain(s);
     free(fds);
     return NULL;
 }
@@ -572,6 +611,7 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
         return NULL;
     }
     s->o = *o;
+    s->pending_tail = &s->pending;
     if (s->o.grace_s <= 0)
         s->o.grace_s = 5;
     pthread_mutex_init(&s->lock, NULL);
@@ -583,7 +623,9 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
         return NULL;
     }
     mkdir(o->jobs_dir, 0755);
-    if (recover(s, err) != DDPD_OK || pthread_create(&s->thread, NULL, run, s) != 0) {
+    ddpd_err rc = recover(s, err);
+    drain(s);
+    if (rc != DDPD_OK || pthread_create(&s->thread, NULL, run, s) != 0) {
         super_stop(s);
         return NULL;
     }
@@ -602,6 +644,7 @@ void super_stop(struct super *s)
         wake(s);
         pthread_join(s->thread, NULL);
     }
+    drain(s);
     while (s->jobs)
         drop(s, s->jobs);
     while (s->head) {

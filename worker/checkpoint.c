@@ -2,6 +2,7 @@
  * optimizer's state tensors and the file format; nothing of data, DDP or the loop. */
 #include "checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -123,12 +124,18 @@ ddpd_err ckpt_save_dir(const char *dir, struct model *m, struct optim *o,
         return ddpd_error_set(err, DDPD_EIO, dir, "%s: checkpoint directory already exists", dir);
     /* A leftover from a crash in the middle of a write is garbage: start over. */
     if (stat(tmp, &st) == 0) {
-        char f[4200];
-        if (join_path(f, sizeof f, tmp, "model.safetensors"))
-            unlink(f);
-        if (join_path(f, sizeof f, tmp, "optim.safetensors"))
-            unlink(f);
-        rmdir(tmp);
+        DIR *d = opendir(tmp);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            char f[4400];
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && join_path(f, sizeof f, tmp, e->d_name))
+                unlink(f);
+        }
+        if (d)
+            closedir(d);
+        if (rmdir(tmp) != 0)
+            return ddpd_error_set(err, DDPD_EIO, tmp, "%s: cannot remove a torn checkpoint: %s", tmp,
+                                  strerror(errno));
     }
     if (mkdir(tmp, 0755) != 0)
         return ddpd_error_set(err, DDPD_EIO, tmp, "%s: cannot create: %s", tmp, strerror(errno));

@@ -1,0 +1,315 @@
+"""Bad input against the real server: malformed JSON (400 with line and column), invalid
+specs (422 naming the JSON path), bodies over 1 MiB (413), unknown routes (404), wrong
+methods (405), a missing or wrong token (401), data paths that leave the data directory
+(422), and clients that stall mid-request (cut off; they hold no thread meanwhile)."""
+import os
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from conftest import raw_http, seed_spec
+
+
+def err_of(r, status):
+    assert r.status_code == status, f"expected {status}, got {r.status_code}: {r.text[:500]}"
+    assert r.headers.get("Content-Type", "").startswith("application/json"), r.headers
+    e = r.json()["error"]
+    assert set(e) >= {"code", "message", "path"} and e["message"], e
+    return e
+
+
+def post_raw(server, body, **kw):
+    return server.post("/v1/jobs", data=body, headers={"Content-Type": "application/json"}, **kw)
+
+
+def no_jobs(server):
+    return server.get("/v1/jobs").json()["jobs"] == []
+
+
+@pytest.mark.parametrize("body,line,column", [
+    ('{\n  "name": "x",\n  "world_size": 2,,\n}', 3, 19),
+    ('{"name": "x", "world_size": }', 1, None),
+    ('{"name": "x"\n\n  "loss": "mse"}', 3, None),
+    ('{"name": "x", "model": [', 1, None),
+    ('{"a": tru}', 1, None),
+    ("{'name': 'x'}", 1, None),
+])
+def test_malformed_json_is_400_with_line_and_column(server, body, line, column):
+    e = err_of(post_raw(server, body.encode()), 400)
+    assert e["code"] == "bad_json", e
+    m = e["message"]
+    assert f"line {line}," in m and "column " in m, m
+    if column is not None:
+        assert f"column {column}:" in m, m
+    assert no_jobs(server)
+
+
+def test_empty_and_non_object_bodies(server):
+    e = err_of(post_raw(server, b""), 400)
+    assert "empty" in e["message"], e
+    e = err_of(post_raw(server, b"[]"), 422)
+    assert "object" in e["message"], e
+    e = err_of(post_raw(server, b'{"name": "x"} trailing'), 400)
+    assert no_jobs(server)
+
+
+LONG_MODEL = [{"type": "linear", "in": 10, "out": 10}] + [{"type": "relu"}] * 64 + [
+    {"type": "linear", "in": 10, "out": 5}]
+
+
+@pytest.mark.parametrize("over,path,fragment", [
+    ({"bogus": 1}, "bogus", "unknown key"),
+    ({"optimiser": {"type": "sgd", "lr": 0.1}}, "optimiser", "optimizer"),
+    ({"model": [{"type": "linear", "in": 10, "out": 32}, {"type": "relu"},
+                {"type": "linear", "in": 16, "out": 5}]}, "model[2].in", "32"),
+    ({"model": None}, "model", "missing"),
+    ({"model": [{"type": "conv"}]}, "model[0].type", "conv"),
+    ({"model": [{"type": "linear", "in": 10, "out": 5, "bogus": 1}]}, "model[0].bogus", "unknown key"),
+    ({"model": [{"type": "linear", "in": 10, "out": 2000000}]}, "model[0].out", "1048576"),
+    ({"model": LONG_MODEL}, "model", "64"),
+    ({"loss": "hinge"}, "loss", "hinge"),
+    ({"optimizer": {"type": "sgd", "lr": -1}}, "optimizer.lr", "-1"),
+    ({"optimizer": {"type": "sgd", "lr": 0.1, "momentum": "x"}}, "optimizer.momentum", None),
+    ({"world_size": 0}, "world_size", None),
+    ({"world_size": 1.5}, "world_size", None),
+    ({"batch_size": 0}, "batch_size", None),
+    ({"steps": 10}, "steps", "not both"),
+    ({"epochs": None}, "epochs", "missing"),
+    ({"ddp": {"join": "maybe"}}, "ddp.join", "maybe"),
+    ({"data": {"type": "parquet"}}, "data.type", "parquet"),
+    ({"data": {"type": "synthetic", "samples": 3000, "seed": 1, "shuffle": "yes"}}, "data.shuffle", None),
+    ({"checkpoint": {"every_steps": -5}}, "checkpoint.every_steps", None),
+    ({"log_every": 0}, "log_every", None),
+    ({"max_restarts": -1}, "max_restarts", None),
+    ({"device": "tpu"}, "device", "tpu"),
+    ({"name": 1}, "name", "string"),
+    ({"world_size": 3}, "world_size", "3"),  # can never fit on 2 CPU slots
+])
+def test_invalid_spec_is_422_with_path(server, over, path, fragment):
+    e = err_of(server.post("/v1/jobs", json=seed_spec(**over)), 422)
+    assert e["code"] == "invalid_spec", e
+    assert e["path"] == path, e
+    if fragment:
+        assert fragment in e["message"], e
+
+
+def test_cuda_job_on_a_server_without_gpus_is_422(server):
+    e = err_of(server.post("/v1/jobs", json=seed_spec(device="cuda")), 422)
+    assert "GPU" in e["message"], e
+    assert e["path"] in ("device", "world_size"), e
+
+
+@pytest.mark.parametrize("data,path", [
+    ({"type": "npy", "x": "../x.npy", "y": "y.npy"}, "data.x"),
+    ({"type": "npy", "x": "x.npy", "y": "../../etc/y.npy"}, "data.y"),
+    ({"type": "npy", "x": "sub/../../x.npy", "y": "y.npy"}, "data.x"),
+    ({"type": "npy", "x": "/etc/passwd", "y": "y.npy"}, "data.x"),
+    ({"type": "npy", "x": "{rank}/../../x.npy", "y": "y.npy"}, "data.x"),
+    ({"type": "csv", "path": "../d.csv", "target": "y"}, "data.path"),
+])
+def test_path_traversal_in_data_paths_is_422(server, data, path):
+    e = err_of(server.post("/v1/jobs", json=seed_spec(data=data)), 422)
+    assert e["path"] == path, e
+    assert no_jobs(server)
+
+
+def test_path_traversal_in_init_from_is_422(server):
+    e = err_of(server.post("/v1/jobs", json=seed_spec(init={"from": "../w.safetensors"})), 422)
+    assert e["path"] == "init.from", e
+
+
+def test_symlink_out_of_the_data_dir_is_422(server):
+    import numpy as np
+    outside = server.root / "outside_x.npy"
+    np.save(outside, np.zeros((4, 10), np.float32))
+    np.save(server.data_dir / "y.npy", np.zeros((4, 5), np.float32))
+    os.symlink(outside, server.data_dir / "link.npy")
+    e = err_of(server.post("/v1/jobs", json=seed_spec(data={"type": "npy", "x": "link.npy", "y": "y.npy"})), 422)
+    assert "data.x" in (e["path"] + " " + e["message"]) and "link.npy" in e["message"], (
+        f"the error should say that data.x (link.npy) leaves the data directory: {e}")
+
+
+def test_missing_data_file_names_the_file(server):
+    import numpy as np
+    np.save(server.data_dir / "y.npy", np.zeros((4, 5), np.float32))
+    e = err_of(server.post("/v1/jobs", json=seed_spec(data={"type": "npy", "x": "nope.npy", "y": "y.npy"})), 422)
+    assert e["path"].startswith("data"), e
+    assert "nope.npy" in e["message"], f"the error should name the missing file: {e}"
+
+
+def test_body_over_1mib_is_413(server):
+    big = b'{"name": "' + b"a" * (2 << 20) + b'"}'
+    e = err_of(post_raw(server, big), 413)
+    assert e["code"] == "too_large" and "1048576" in e["message"], e
+    # Chunked (no Content-Length): found while reading.
+    def gen():
+        yield b'{"name": "'
+        for _ in range(24):
+            yield b"a" * 65536  # 1.5 MiB
+        yield b'"}'
+    e = err_of(post_raw(server, gen()), 413)
+    # Just under the limit is read and judged on its content.
+    ok = b'{"name": "' + b"a" * ((1 << 20) - 20) + b'"}'
+    e = err_of(post_raw(server, ok), 422)
+    assert e["path"] == "name", e
+    assert no_jobs(server)
+
+
+@pytest.mark.parametrize("path", ["/v2/jobs", "/v1/job", "/v1/jobs/1/nope", "/v1/jobs/abc", "/v1/jobs/1/2/3",
+                                  "/nope", "/v1/jobs/999999", "/v1/jobs/999999/events", "/v1/jobs/999999/metrics",
+                                  "/v1/jobs/999999/logs", "/v1/jobs/999999/checkpoint"])
+def test_unknown_routes_and_jobs_are_404(server, path):
+    e = err_of(server.get(path), 404)
+    assert e["code"] == "not_found", e
+
+
+def test_checkpoint_of_a_job_without_one_is_404(server):
+    jid = server.submit(seed_spec(steps=10 ** 7, epochs=None, log_every=10 ** 6))["id"]
+    try:
+        e = err_of(server.get(f"/v1/jobs/{jid}/checkpoint"), 404)
+        assert "checkpoint" in e["message"], e
+    finally:
+        server.post(f"/v1/jobs/{jid}/cancel")
+        server.wait_state(jid, ("cancelled", "failed", "succeeded"), timeout=20)
+
+
+@pytest.mark.parametrize("method,path,allowed", [
+    ("PUT", "/v1/jobs", {"GET", "POST"}),
+    ("DELETE", "/v1/jobs", {"GET", "POST"}),
+    ("PATCH", "/v1/jobs/1", {"GET", "DELETE"}),
+    ("POST", "/v1/jobs/1", {"GET", "DELETE"}),
+    ("GET", "/v1/jobs/1/cancel", {"POST"}),
+    ("DELETE", "/v1/jobs/1/cancel", {"POST"}),
+    ("POST", "/v1/devices", {"GET"}),
+    ("POST", "/healthz", {"GET"}),
+    ("PUT", "/v1/jobs/1/events", {"GET"}),
+])
+def test_wrong_methods_are_405_with_allow(server, method, path, allowed):
+    e = err_of(server.request(method, path), 405)
+    assert e["code"] == "method_not_allowed", e
+    allow = {m.strip() for m in server.request(method, path).headers.get("Allow", "").split(",")}
+    assert allowed <= allow, allow
+
+
+def test_token_required_with_token_file(make_server):
+    srv = make_server(cpu_slots=2, token="s3cret-t0ken")
+    for method, path in [("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/v1/jobs/1"), ("GET", "/v1/devices"),
+                         ("GET", "/v1/jobs/1/events"), ("POST", "/v1/jobs/1/cancel"), ("DELETE", "/v1/jobs/1")]:
+        kw = {"json": seed_spec()} if method == "POST" and path == "/v1/jobs" else {}
+        r = srv.request(method, path, auth=False, **kw)
+        assert err_of(r, 401)["code"], r.text
+        assert r.headers.get("WWW-Authenticate", "").startswith("Bearer"), (path, r.headers)
+        for bad in ["Bearer wrong", "Bearer s3cret-t0ke", "Bearer s3cret-t0ken2", "Basic czNjcmV0LXQwa2Vu",
+                    "s3cret-t0ken", "Bearer "]:
+            r = srv.request(method, path, auth=False, headers={"Authorization": bad}, **kw)
+            err_of(r, 401)
+    assert srv.get("/healthz", auth=False).status_code == 200
+    assert srv.get("/v1/jobs").status_code == 200
+    assert srv.get("/v1/jobs").json()["jobs"] == [], "a job was created without a token"
+    j = srv.submit(seed_spec(steps=5, epochs=None))
+    assert srv.wait_state(j["id"], ("succeeded",), timeout=30)
+
+
+def test_token_file_that_is_empty_refuses_to_start(work):
+    from conftest import Server
+    s = Server(work / "bad", token="")
+    with pytest.raises(AssertionError, match="exited with 2"):
+        s.start(timeout=10)
+
+
+def _stall_body(port, results, key):
+    """Headers promise 100 bytes of body, 10 come, then nothing."""
+    t0 = time.monotonic()
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    try:
+        s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n" + b'{"name": "')
+        got = b""
+        while True:
+            try:
+                b = s.recv(4096)
+            except (socket.timeout, ConnectionResetError):
+                break
+            if not b:
+                break
+            got += b
+        results[key] = (time.monotonic() - t0, got)
+    finally:
+        s.close()
+
+
+def _trickle_headers(port, results, key, deadline_s=60):
+    """Sends the request line and headers one byte every 2 s (slowloris)."""
+    t0 = time.monotonic()
+    s = socket.create_connection(("127.0.0.1", port), timeout=3)
+    req = b"GET /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 1000
+    closed = False
+    try:
+        for ch in req:
+            if time.monotonic() - t0 > deadline_s:
+                break
+            try:
+                s.sendall(bytes([ch]))
+                s.settimeout(2)
+                b = s.recv(4096)
+                if not b:
+                    closed = True
+                    break
+            except socket.timeout:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+    finally:
+        s.close()
+    results[key] = (time.monotonic() - t0, closed)
+
+
+def test_slow_clients_are_cut_off(server):
+    """Clients that never finish their request hold no thread and are cut off: the server
+    cuts a request that is not in within 30 s of the connection (http.c, request_timeout_ms
+    default 30000), with no response. Eight stalled clients (more than the 4 HTTP
+    threads) while other requests are served promptly."""
+    results = {}
+    threads = [threading.Thread(target=_stall_body, args=(server.port, results, f"body{i}"), daemon=True)
+               for i in range(6)]
+    threads += [threading.Thread(target=_trickle_headers, args=(server.port, results, f"hdr{i}"), daemon=True)
+                for i in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    for _ in range(5):
+        t0 = time.monotonic()
+        assert server.get("/healthz", timeout=5).status_code == 200
+        assert server.get("/v1/jobs", timeout=5).status_code == 200
+        assert time.monotonic() - t0 < 2, "stalled clients slow everyone down"
+    jid = server.submit(seed_spec(steps=20, epochs=None))["id"]
+    assert server.wait_state(jid, ("succeeded",), timeout=30)
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), f"some stalled connections were never cut: {results}"
+    for k, v in results.items():
+        if k.startswith("body"):
+            took, got = v
+            assert 5 < took < 45, f"{k}: cut after {took:.1f}s"
+            assert got == b"" or got.startswith(b"HTTP/1.1 4"), got[:200]
+        else:
+            took, closed = v
+            assert closed and took < 45, f"{k}: closed={closed} after {took:.1f}s"
+    print("stalled clients cut after", {k: round(v[0], 1) for k, v in results.items()},
+          "; bodies answered:", {k: v[1][:40] for k, v in results.items() if k.startswith("body")})
+    assert server.get("/healthz").status_code == 200
+
+
+def test_keep_alive_and_raw_requests(server):
+    with requests.Session() as s:
+        for _ in range(20):
+            r = s.get(server.url + "/v1/devices", timeout=5)
+            assert r.status_code == 200
+    raw = raw_http(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
+    assert raw.startswith(b"HTTP/1.1 200") and b'"ok":true' in raw.replace(b" ", b""), raw[:300]
+    raw = raw_http(server.port, b"GARBAGE\r\n\r\n", timeout=5)
+    assert raw == b"" or raw.startswith(b"HTTP/1.1 400"), raw[:200]
