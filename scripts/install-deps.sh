@@ -10,6 +10,7 @@ build-essential cmake pkg-config
 libjansson-dev libopenblas-dev libmicrohttpd-dev libsqlite3-dev sqlite3
 python3 python3-pytest python3-numpy python3-requests python3-torch
 curl procps
+chromium
 "
 
 missing=""
@@ -18,6 +19,10 @@ for p in $PACKAGES; do
         missing="$missing $p"
     fi
 done
+# Node.js and npm for the browser test (tests/browser): Debian's only when there are none
+# (a Node.js from elsewhere, which brings its own npm, is kept).
+command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then

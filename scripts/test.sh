@@ -15,6 +15,11 @@ cmake -S . -B build -DDDPD_WERROR=ON >build-configure.log 2>&1 || { cat build-co
 grep -A8 'ddpd configuration' build-configure.log || true
 cmake --build build -j"$jobs"
 
+# The browser test's playwright-core, from tests/browser/package-lock.json.
+if [ ! -d tests/browser/node_modules/playwright-core ]; then
+    npm ci --prefix tests/browser --no-audit --no-fund --loglevel=error >/dev/null
+fi
+
 echo "== tests"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
 

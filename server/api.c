@@ -715,7 +715,12 @@ static ddpd_err serve_web_file(struct http_request *req, const char *name, struc
     struct api *a = ctx_of(req);
     const char *type = web_type(name);
     char path[PATH_MAX];
-    if (!type || !a->web_dir || snprintf(path, sizeof path, "%s/%s", a->web_dir, name) >= (int)sizeof path)
+    if (!a->web_dir)
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                              "no such resource: /web/%.128s (no dashboard: ddpd serve found no web/ folder; "
+                              "give it --web-dir)",
+                              name);
+    if (!type || snprintf(path, sizeof path, "%s/%s", a->web_dir, name) >= (int)sizeof path)
         return ddpd_error_set(err, DDPD_ENOTFOUND, "", "no such resource: /web/%.128s", name);
     /* no-cache: the browser keeps the file and revalidates it with its ETag (304). */
     ddpd_err rc = http_respond_file(req, path, type, "no-cache", err);

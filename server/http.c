@@ -1115,7 +1115,8 @@ static bool request_begin(struct http_request *req)
         req->row = path_hit->row;
         req->preflight = true;
         http_response_header(req, "Access-Control-Allow-Methods", allow);
-        http_response_header(req, "Access-Control-Allow-Headers", "Authorization, Content-Type, Last-Event-ID");
+        http_response_header(req, "Access-Control-Allow-Headers",
+                             "Authorization, Content-Type, Last-Event-ID");
         http_response_header(req, "Access-Control-Max-Age", "600");
         return true;
     } else if (path_hit) {

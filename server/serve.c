@@ -1,8 +1,9 @@
 /* serve.c — `ddpd serve [--listen ADDR:PORT] [--db PATH] [--data-dir DIR] [--jobs-dir DIR]
  * [--gpus auto|none|0,1,..] [--cpu-slots N] [--token-file F] [--insecure]
- * [--on-shutdown cancel|finish] [--web-dir DIR] [--cors-origin ORIGIN]`. Parses options, opens the store, starts the
- * supervisor and the HTTP server, waits for SIGTERM/SIGINT, then stops them in order:
- * no new requests, jobs cancelled (or finished), streams closed, the store flushed. */
+ * [--on-shutdown cancel|finish] [--web-dir DIR] [--cors-origin ORIGIN]`. Parses options,
+ * opens the store, starts the supervisor and the HTTP server, waits for SIGTERM/SIGINT,
+ * then stops them in order: no new requests, jobs cancelled (or finished), streams
+ * closed, the store flushed. */
 #include "serve.h"
 
 #include <errno.h>
@@ -227,10 +228,13 @@ int serve_main(int argc, char **argv, const char *self_dir)
         snprintf(beside, sizeof beside, "%s/../web", self_dir);
         cands[1] = beside;
         for (int i = 0; i < 2 && !web_abs[0]; i++) {
-            snprintf(web_try, sizeof web_try, "%s/index.html", cands[i] ? cands[i] : "");
-            if (cands[i] && access(web_try, R_OK) == 0 && !realpath(cands[i], web_abs))
+            if (!cands[i])
+                continue;
+            snprintf(web_try, sizeof web_try, "%s/index.html", cands[i]);
+            if (access(web_try, R_OK) != 0 || !realpath(cands[i], web_abs))
                 web_abs[0] = '\0';
         }
+        /* None: the dashboard's routes answer 404 and the API works as ever. */
     }
     int gpus = 0;
     if (!strcmp(gpus_arg, "auto"))

@@ -1,0 +1,408 @@
+// test_dashboard.mjs — the dashboard in a real browser: headless Chromium (Debian's
+// /usr/bin/chromium) driven by playwright-core, against a real `ddpd serve` on
+// 127.0.0.1:0 with a fresh database.
+//
+// It opens the dashboard, submits the seed example through the Submit page and sees it
+// succeed, watches a longer job's chart gain points while it runs, cancels a third job,
+// submits an invalid spec and sees the error at its path, pages and filters the job list,
+// downloads a checkpoint, sees the banner when the server goes away, and uses a server
+// with a token from a file URL (token prompt, CORS, the fetch()-based event stream).
+// Screenshots go to $DDPD_TEST_OUT (the build folder's tests/browser/).
+//
+// Exit 0 when every step passed, 1 on the first failure, 77 (skipped) without Chromium or
+// without node_modules (`npm ci --prefix tests/browser`): then only the first step, the
+// static files over plain HTTP, runs.
+import {spawn} from 'node:child_process';
+import {existsSync, mkdirSync, readFileSync, rmSync, writeFileSync, statSync} from 'node:fs';
+import path from 'node:path';
+import {fileURLToPath, pathToFileURL} from 'node:url';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const SRC = path.resolve(HERE, '../..');
+const BIN = process.env.DDPD_BIN || path.join(SRC, 'build');
+const WEB = process.env.DDPD_WEB_DIR || path.join(SRC, 'web');
+const TMP = path.join(process.env.DDPD_TEST_TMP || path.join(BIN, 'tests', 'tmp'), 'browser');
+const OUT = process.env.DDPD_TEST_OUT || path.join(BIN, 'tests', 'browser');
+const CHROMIUM = process.env.DDPD_CHROMIUM || '/usr/bin/chromium';
+
+// Without a browser only the first step (plain HTTP) runs, and the test counts as skipped.
+let chromium = null, noBrowser = '';
+if (!existsSync(CHROMIUM)) {
+  noBrowser = `no Chromium at ${CHROMIUM} (apt-get install chromium)`;
+} else {
+  try {
+    ({chromium} = await import('playwright-core'));
+  } catch (e) {
+    noBrowser = 'playwright-core is not installed (npm ci --prefix tests/browser)';
+  }
+}
+if (!existsSync(path.join(BIN, 'ddpd'))) {
+  console.error(`no ddpd in ${BIN} (set DDPD_BIN to the build folder)`);
+  process.exit(1);
+}
+
+rmSync(TMP, {recursive: true, force: true});
+mkdirSync(TMP, {recursive: true});
+mkdirSync(OUT, {recursive: true});
+
+const seed = JSON.parse(readFileSync(path.join(SRC, 'examples', 'seed.json'), 'utf8'));
+// Long enough to watch: a wider model, a loss event every step.
+const liveSpec = (name, epochs) => ({
+  ...seed,
+  name,
+  model: [
+    {type: 'linear', in: 10, out: 256}, {type: 'relu'},
+    {type: 'linear', in: 256, out: 256}, {type: 'relu'},
+    {type: 'linear', in: 256, out: 5},
+  ],
+  data: {type: 'synthetic', samples: 32000, seed: 1},
+  batch_size: 32,
+  epochs,
+  log_every: 1,
+});
+
+/* ---- the server ---- */
+
+const servers = [];
+
+function startServer(name, extra = []) {
+  const dir = path.join(TMP, name);
+  mkdirSync(dir, {recursive: true});
+  const args = ['serve', '--listen', '127.0.0.1:0', '--db', path.join(dir, 'ddpd.db'), '--data-dir', dir,
+    '--cpu-slots', '2', '--gpus', 'none', '--web-dir', WEB, ...extra];
+  const proc = spawn(path.join(BIN, 'ddpd'), args, {stdio: ['ignore', 'ignore', 'pipe'],
+    env: {...process.env, OMP_NUM_THREADS: '1', OPENBLAS_NUM_THREADS: '1'}});
+  const s = {proc, log: '', port: 0};
+  servers.push(s);
+  return new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error(`ddpd serve did not start:\n${s.log}`)), 15000);
+    proc.stderr.on('data', (d) => {
+      s.log += d;
+      const m = /listening on \S+.*?\(port (\d+)\)/.exec(s.log);
+      if (m && !s.port) {
+        s.port = Number(m[1]);
+        s.url = `http://127.0.0.1:${s.port}`;
+        clearTimeout(t);
+        resolve(s);
+      }
+    });
+    proc.on('exit', (code) => {
+      s.exited = true;
+      if (!s.port) {
+        clearTimeout(t);
+        reject(new Error(`ddpd serve exited with ${code}:\n${s.log}`));
+      }
+    });
+  });
+}
+
+function stopServer(s) {
+  return new Promise((resolve) => {
+    if (s.exited) return resolve();
+    s.proc.on('exit', () => resolve());
+    s.proc.kill('SIGTERM');
+    setTimeout(() => {
+      if (!s.exited) s.proc.kill('SIGKILL');
+    }, 10000);
+  });
+}
+
+/* ---- steps ---- */
+
+let browser = null, page = null, failed = false, n = 0;
+const pageErrors = [];
+const consoleLines = [];
+const t0 = Date.now();
+
+async function step(name, fn) {
+  n++;
+  const t = Date.now();
+  try {
+    await fn();
+    console.log(`ok ${n} - ${name} (${((Date.now() - t) / 1000).toFixed(1)}s)`);
+  } catch (e) {
+    failed = true;
+    console.log(`not ok ${n} - ${name}\n  ${String(e && e.stack || e).split('\n').join('\n  ')}`);
+    throw e;
+  }
+}
+
+function check(cond, what) {
+  if (!cond) throw new Error('check failed: ' + what);
+}
+
+async function until(fn, what, timeoutMs = 20000, everyMs = 100) {
+  const end = Date.now() + timeoutMs;
+  let last;
+  for (;;) {
+    last = await fn();
+    if (last) return last;
+    if (Date.now() > end) throw new Error(`timed out after ${timeoutMs / 1000}s waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+}
+
+const jobState = () => page.evaluate(() => {
+  const e = document.querySelector('#job-state');
+  return e ? e.dataset.state : null;
+});
+const chartPoints = () => page.evaluate(() => {
+  const c = document.querySelector('.chart-canvas');
+  return c ? Number(c.dataset.points) : -1;
+});
+const jobIdFromUrl = () => {
+  const m = /#\/jobs\/(\d+)$/.exec(page.url());
+  return m ? Number(m[1]) : 0;
+};
+
+async function submitSpec(spec) {
+  await page.click('nav a[data-nav=submit]');
+  await page.waitForSelector('#spec-editor');
+  await page.fill('#spec-editor', typeof spec === 'string' ? spec : JSON.stringify(spec, null, 2));
+  await page.click('#submit-btn');
+}
+
+async function main() {
+  const a = await startServer('a');
+
+  await step('the server serves the dashboard\'s files with types, Cache-Control and ETags', async () => {
+    let r = await fetch(a.url + '/', {redirect: 'manual'});
+    check(r.status === 302 && r.headers.get('location') === '/web/index.html', `GET / is a redirect (${r.status})`);
+    const want = {'/web/index.html': 'text/html', '/web/app.js': 'text/javascript', '/web/style.css': 'text/css',
+      '/web/favicon.svg': 'image/svg+xml'};
+    for (const [p, type] of Object.entries(want)) {
+      r = await fetch(a.url + p);
+      check(r.status === 200, `${p}: 200 (got ${r.status})`);
+      check((r.headers.get('content-type') || '').startsWith(type), `${p}: ${type} (got ${r.headers.get('content-type')})`);
+      check(r.headers.get('cache-control') === 'no-cache', `${p}: Cache-Control`);
+      const etag = r.headers.get('etag');
+      check(etag, `${p}: an ETag`);
+      const r2 = await fetch(a.url + p, {headers: {'If-None-Match': etag}});
+      check(r2.status === 304, `${p}: 304 for its ETag (got ${r2.status})`);
+    }
+    for (const p of ['/web/nope.js', '/web/%2e%2e/CMakeLists.txt', '/web/../CMakeLists.txt', '/index.html']) {
+      r = await fetch(a.url + p);
+      check(r.status === 404, `${p}: 404 (got ${r.status})`);
+    }
+    r = await fetch(a.url + '/v1/jobs', {method: 'OPTIONS'});
+    check(r.status === 405 && !r.headers.get('access-control-allow-origin'), 'no CORS without --cors-origin');
+  });
+
+  if (noBrowser) return 'skip';
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update'],
+  });
+  const ctx = await browser.newContext({viewport: {width: 1280, height: 900}, acceptDownloads: true});
+  page = await ctx.newPage();
+  page.on('pageerror', (e) => pageErrors.push(String(e && e.stack || e)));
+  page.on('console', (m) => consoleLines.push(`[${m.type()}] ${m.text()}`));
+
+  await step('the dashboard opens on an empty job list', async () => {
+    await page.goto(a.url + '/');
+    check(page.url().startsWith(a.url + '/web/index.html'), 'redirected to /web/index.html: ' + page.url());
+    await page.waitForSelector('#jobs-table');
+    await page.waitForSelector('.list-msg .empty');
+    check((await page.textContent('.list-msg')).includes('No jobs yet'), 'the empty list says so');
+  });
+
+  let seedId = 0;
+  await step('the seed example, submitted through the form, succeeds', async () => {
+    await page.click('nav a[data-nav=submit]');
+    await page.waitForSelector('#spec-editor');
+    const text = await page.inputValue('#spec-editor');
+    check(JSON.stringify(JSON.parse(text)) === JSON.stringify(seed), 'the editor starts with examples/seed.json');
+    await page.click('#submit-btn');
+    seedId = await until(jobIdFromUrl, 'the job page');
+    await until(async () => (await jobState()) === 'succeeded', 'the seed job to succeed', 60000);
+    await until(async () => (await chartPoints()) > 0, 'the chart to have points');
+    const ranks = await page.$$eval('#ranks-table tbody tr', (rows) => rows.length);
+    check(ranks === 1, 'one rank row');
+    check((await page.textContent('#job-spec')).includes('"seed-example"'), 'the spec is shown');
+    check((await page.textContent('.summary')).includes('1,000 / 1,000'), 'progress says 1,000 / 1,000');
+  });
+
+  let liveId = 0;
+  await step('a running job\'s chart gains points from the event stream', async () => {
+    await submitSpec(liveSpec('browser-live', 6));
+    liveId = await until(() => jobIdFromUrl() !== seedId && jobIdFromUrl(), 'the new job page');
+    const seen = [];
+    let sawLive = false;
+    await until(async () => {
+      const [st, pts] = [await jobState(), await chartPoints()];
+      if (st === 'running' && pts > 0 && (!seen.length || seen[seen.length - 1] !== pts)) seen.push(pts);
+      if (st === 'running') sawLive = sawLive || (await page.textContent('#stream-status')).includes('live');
+      return seen.length >= 3 || st === 'succeeded' || st === 'failed';
+    }, 'the chart to grow while the job runs', 60000, 150);
+    check(seen.length >= 2 && seen[seen.length - 1] > seen[0],
+      `points grew while the job was running (saw ${JSON.stringify(seen)}); the job may have been too fast`);
+    check(sawLive, 'the stream said live while the job ran');
+    check(await page.$('#series-toggles input[data-series=mean]'), 'a mean toggle');
+    check(await page.$('#series-toggles input[data-series=r0]'), 'a rank 0 toggle');
+    await until(async () => (await jobState()) === 'succeeded', 'the live job to succeed', 90000);
+    const pts = await chartPoints();
+    check(pts >= 2 * 6000, `every step's loss is on the chart (mean + rank 0: ${pts} points)`);
+  });
+
+  await step('log scale, series toggles and the hover read-out work; screenshot of a job page', async () => {
+    check(await page.isChecked('#log-scale'), 'log scale by default');
+    await page.uncheck('#log-scale');
+    await page.check('#log-scale');
+    await page.uncheck('#series-toggles input[data-series=r0]');
+    await page.check('#series-toggles input[data-series=r0]');
+    const box = await page.locator('.chart-canvas').boundingBox();
+    await page.mouse.move(box.x + box.width * 0.4, box.y + box.height * 0.5);
+    await page.waitForSelector('.chart-tip:not([hidden])');
+    const tip = await page.textContent('.chart-tip');
+    check(/step [\d,]+/.test(tip) && tip.includes('mean of ranks') && tip.includes('rank 0'), 'the tooltip: ' + tip);
+    await page.screenshot({path: path.join(OUT, 'job.png'), fullPage: true});
+  });
+
+  await step('a running job is cancelled after a confirmation', async () => {
+    await submitSpec(liveSpec('browser-cancel', 1000));
+    const id = await until(() => ![seedId, liveId].includes(jobIdFromUrl()) && jobIdFromUrl(), 'the new job page');
+    await until(async () => (await jobState()) === 'running' && (await chartPoints()) > 0, 'the job to run', 60000);
+    await page.click('#cancel-btn');
+    await page.waitForSelector('#confirm-dialog[open]');
+    check((await page.textContent('#confirm-dialog .confirm-title')).includes(`#${id}`), 'the dialog names the job');
+    await page.click('#confirm-dialog .confirm-yes');
+    await until(async () => (await jobState()) === 'cancelled', 'the job to be cancelled', 30000);
+    check(await page.$('#delete-btn'), 'a finished job offers Delete instead of Cancel');
+  });
+
+  await step('an invalid spec shows the server\'s error at its path', async () => {
+    const bad = {...seed, name: 'bad', model: [{type: 'linear', in: 10, out: 8}, {type: 'linear', in: 7, out: 5}]};
+    const text = JSON.stringify(bad, null, 2);
+    await submitSpec(text);
+    await page.waitForSelector('#submit-error:not([hidden])');
+    const msg = await page.textContent('#submit-error');
+    check(msg.includes('model[1].in') && /expected 8/.test(msg), 'the error names model[1].in: ' + msg);
+    const callout = await page.textContent('#spec-callout');
+    check(!(await page.$('#spec-callout[hidden]')) && callout.includes('model[1].in'), 'the callout next to the line');
+    // The line of model[1]'s "in" key.
+    const lines = text.split('\n');
+    const at = lines.findIndex((l, i) => i > lines.findIndex((x) => x.includes('"out": 8')) && l.includes('"in": 7')) + 1;
+    const marked = await page.textContent('.editor-gutter .gl-err');
+    check(Number(marked) === at, `the gutter marks line ${at} (marked ${marked})`);
+    check(page.url().endsWith('#/submit'), 'still on the Submit page');
+    await page.screenshot({path: path.join(OUT, 'submit-error.png')});
+  });
+
+  await step('the job list: states, filters, pagination; screenshot', async () => {
+    await page.click('nav a[data-nav=jobs]');
+    await page.waitForSelector('#jobs-table tbody tr');
+    const rows = () => page.$$eval('#jobs-table tbody tr', (tr) => tr.map((r) => [Number(r.dataset.jobId), r.dataset.state]));
+    const all = await until(async () => {
+      const r = await rows();
+      return r.length === 3 ? r : null;
+    }, 'three jobs in the list');
+    check(JSON.stringify(all.map((r) => r[1])) === JSON.stringify(['cancelled', 'succeeded', 'succeeded']), 'newest first: ' + JSON.stringify(all));
+    await page.screenshot({path: path.join(OUT, 'jobs.png'), fullPage: true});
+    await page.click('.chip[data-filter=cancelled]');
+    await until(async () => {
+      const r = await rows();
+      return r.length === 1 && r[0][1] === 'cancelled';
+    }, 'only the cancelled job');
+    await page.goto(a.url + '/web/index.html#/jobs?limit=2');
+    await until(async () => (await rows()).length === 2, 'a page of two');
+    const first = await rows();
+    await page.click('[data-page=older]');
+    await until(async () => {
+      const r = await rows();
+      return r.length === 1 && r[0][0] < first[1][0];
+    }, 'the older page');
+    await page.click('[data-page=newer]');
+    await until(async () => JSON.stringify(await rows()) === JSON.stringify(first), 'back to the newest page');
+  });
+
+  await step('the devices page shows the CPU slots', async () => {
+    await page.click('nav a[data-nav=devices]');
+    await page.waitForSelector('.device[data-kind=cpu]');
+    const n = await page.$$eval('.device[data-kind=cpu]', (d) => d.length);
+    check(n === 2, `two CPU slots (got ${n})`);
+    check((await page.textContent('.devices')).includes('This server has no GPUs'), 'no GPUs');
+  });
+
+  await step('the checkpoint downloads', async () => {
+    await page.goto(`${a.url}/web/index.html#/jobs/${seedId}`);
+    await page.waitForSelector('#checkpoint-btn');
+    const [dl] = await Promise.all([page.waitForEvent('download', {timeout: 15000}), page.click('#checkpoint-btn')]);
+    const file = path.join(OUT, 'model.safetensors');
+    await dl.saveAs(file);
+    check(statSync(file).size > 100, 'a model.safetensors of some size');
+    rmSync(file);
+  });
+
+  await step('a server that goes away shows the unreachable banner', async () => {
+    await page.click('nav a[data-nav=jobs]');
+    await page.waitForSelector('#jobs-table tbody tr');
+    await stopServer(a);
+    await page.waitForSelector('#banner:not([hidden])', {timeout: 15000});
+    check((await page.textContent('#banner')).includes('Cannot reach the ddpd server'), 'the banner says why');
+  });
+
+  const tokenFile = path.join(TMP, 'token');
+  writeFileSync(tokenFile, 's3cret-token\n');
+  const b = await startServer('b', ['--token-file', tokenFile, '--cors-origin', '*']);
+
+  await step('from a file URL against a server with a token: prompt, submit, live chart', async () => {
+    const r = await fetch(b.url + '/v1/jobs', {method: 'OPTIONS', headers: {Origin: 'null',
+      'Access-Control-Request-Method': 'POST', 'Access-Control-Request-Headers': 'authorization,content-type'}});
+    check(r.status === 204 && r.headers.get('access-control-allow-origin') === '*', `a CORS preflight (${r.status})`);
+    check(/Authorization/.test(r.headers.get('access-control-allow-headers') || ''), 'Authorization allowed');
+    const fileUrl = pathToFileURL(path.join(WEB, 'index.html')).href + '?api=' + encodeURIComponent(b.url);
+    await page.goto(fileUrl);
+    await page.waitForSelector('#token-dialog[open]', {timeout: 15000});
+    await page.click('#token-dialog button[value=cancel]');
+    await page.waitForSelector('#auth-banner:not([hidden])');
+    await page.waitForTimeout(2500); // the list's next poll must not prompt again
+    check(!(await page.$('#token-dialog[open]')), 'no new prompt after declining');
+    await page.click('#enter-token');
+    await page.waitForSelector('#token-dialog[open]', {timeout: 15000});
+    await page.fill('#token-input', 's3cret-token');
+    await page.click('#token-ok');
+    await page.waitForSelector('.list-msg .empty');
+    await submitSpec(liveSpec('token-live', 2));
+    await until(jobIdFromUrl, 'the job page');
+    const seen = new Set();
+    await until(async () => {
+      const [st, pts] = [await jobState(), await chartPoints()];
+      if (st === 'running' && pts > 0) seen.add(pts);
+      return st === 'succeeded' || st === 'failed';
+    }, 'the job to finish', 90000, 150);
+    check((await jobState()) === 'succeeded', 'it succeeded');
+    check(seen.size >= 2, `the chart grew while it ran (fetch() stream with the token; saw ${seen.size} sizes)`);
+    check((await chartPoints()) >= 2 * 2000, 'every step is on the chart');
+    const tok = await page.evaluate(() => sessionStorage.getItem('ddpd.token'));
+    check(tok === 's3cret-token', 'the token is in session storage');
+  });
+
+  check(pageErrors.length === 0, 'no uncaught errors in the page:\n' + pageErrors.join('\n'));
+}
+
+let code = 0;
+try {
+  if ((await main()) === 'skip') {
+    console.log(`SKIP: ${noBrowser}`);
+    code = 77;
+  }
+} catch (e) {
+  code = 1;
+  if (!failed) console.log(`not ok - ${String(e && e.stack || e)}`);
+  if (page) {
+    try {
+      await page.screenshot({path: path.join(OUT, 'failure.png'), fullPage: true});
+      console.log(`# screenshot of the failure: ${path.join(OUT, 'failure.png')}`);
+    } catch (e2) { /* the page is gone */ }
+  }
+  if (pageErrors.length) console.log('# page errors:\n' + pageErrors.join('\n'));
+  console.log('# browser console (last 30):\n' + consoleLines.slice(-30).join('\n'));
+  for (const s of servers) console.log(`# ddpd serve (port ${s.port}) stderr:\n${s.log.split('\n').slice(-20).join('\n')}`);
+} finally {
+  if (browser) await browser.close().catch(() => {});
+  for (const s of servers) await stopServer(s);
+}
+if (code !== 77) console.log(`# screenshots in ${OUT}`);
+console.log(`${code === 1 ? 'FAIL' : code ? 'SKIP' : 'PASS'}: ${n} steps in ${((Date.now() - t0) / 1000).toFixed(1)}s`);
+process.exit(code);

@@ -1,0 +1,497 @@
+/* chart.js — the loss chart: a <canvas> with the mean over ranks as the main line, one
+ * thin line per rank (each can be hidden), a linear or log y axis, markers (a rank that
+ * joined, a restart), and a hover read-out of the step and the values there.
+ *
+ * Fed either live, one loss event at a time (addLoss: the mean of a step is the mean of
+ * the ranks that reported it so far), or from /metrics (setMetrics), or both: a running
+ * job with a long history starts from /metrics and continues with the live tail. Drawing
+ * is at most once per animation frame and takes per pixel column the first, lowest,
+ * highest and last point, so a series of a million points draws as fast as one of a
+ * thousand. */
+'use strict';
+(function () {
+  const ddpd = (window.ddpd = window.ddpd || {});
+  const {el, fmtLoss, fmtInt} = ddpd.util;
+
+  const PALETTE = ['#e8590c', '#2f9e44', '#7048e8', '#d6336c', '#1098ad', '#f08c00', '#5c940d', '#ae3ec9',
+    '#0b7285', '#c92a2a', '#364fc7', '#862e9c'];
+  const PAD = {left: 64, right: 16, top: 18, bottom: 30};
+
+  function lowerBound(a, x) {
+    let lo = 0, hi = a.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (a[mid] < x) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+
+  /* Index of the element of sorted `a` nearest to x (-1 when empty). */
+  function nearest(a, x) {
+    if (!a.length) return -1;
+    const i = lowerBound(a, x);
+    if (i === 0) return 0;
+    if (i === a.length) return a.length - 1;
+    return x - a[i - 1] <= a[i] - x ? i - 1 : i;
+  }
+
+  function niceStep(range, count) {
+    const raw = range / Math.max(1, count);
+    const p = Math.pow(10, Math.floor(Math.log10(raw)));
+    const f = raw / p;
+    return (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * p;
+  }
+
+  function linearTicks(min, max, count) {
+    if (!(max > min)) return [min];
+    const step = niceStep(max - min, count);
+    const out = [];
+    for (let v = Math.ceil(min / step) * step; v <= max + step * 1e-9; v += step) out.push(Math.abs(v) < step * 1e-9 ? 0 : v);
+    return out;
+  }
+
+  function logTicks(min, max) {
+    const lo = Math.floor(Math.log10(min)), hi = Math.ceil(Math.log10(max));
+    const decades = hi - lo;
+    const every = decades > 8 ? Math.ceil(decades / 6) : 1;
+    const out = [];
+    for (let k = lo; k <= hi; k += every) {
+      const mults = decades <= 3 ? [1, 2, 5] : [1];
+      for (const m of mults) {
+        const v = m * Math.pow(10, k);
+        if (v >= min * 0.999 && v <= max * 1.001) out.push(v);
+      }
+    }
+    return out;
+  }
+
+  function fmtTick(v) {
+    if (v === 0) return '0';
+    const a = Math.abs(v);
+    if (a >= 1e5 || a < 1e-3) return v.toExponential(0).replace('e+', 'e');
+    return String(Number(v.toPrecision(3)));
+  }
+
+  /* A step on the axis, in the unit that suits the axis' largest step. */
+  function fmtStep(v, max) {
+    if (max >= 2e6) return Number((v / 1e6).toPrecision(4)) + 'M';
+    if (max >= 2e4) return Number((v / 1e3).toPrecision(4)) + 'k';
+    return String(Math.round(v));
+  }
+
+  class LossChart {
+    constructor(container) {
+      this.box = el('div', {class: 'chart-box'});
+      this.canvas = el('canvas', {class: 'chart-canvas', dataset: {points: '0'}, 'aria-label': 'loss chart'});
+      this.tip = el('div', {class: 'chart-tip', hidden: true});
+      this.box.append(this.canvas, this.tip);
+      container.appendChild(this.box);
+      this.series = new Map(); /* key -> {key, label, color, width, steps, loss, visible, attempt} */
+      this.order = [];
+      this.acc = new Map(); /* live mean: step -> {sum, n, ranks: Set, attempt} */
+      this.meanBase = 0; /* steps up to here came from /metrics */
+      this.baseAttempt = 0;
+      this.markers = [];
+      this.log = false;
+      this.hoverX = null;
+      this.onSeries = null; /* called with a series when one appears */
+      this.pending = false;
+      this.ensure('mean', 'mean of ranks');
+      this.canvas.addEventListener('mousemove', (e) => {
+        const r = this.canvas.getBoundingClientRect();
+        this.hoverX = e.clientX - r.left;
+        this.request();
+      });
+      this.canvas.addEventListener('mouseleave', () => {
+        this.hoverX = null;
+        this.request();
+      });
+      this.ro = new ResizeObserver(() => this.request());
+      this.ro.observe(this.box);
+    }
+
+    destroy() {
+      this.ro.disconnect();
+      this.box.remove();
+    }
+
+    ensure(key, label) {
+      let s = this.series.get(key);
+      if (!s) {
+        const rank = key === 'mean' ? -1 : Number(key.slice(1));
+        s = {key, rank, label, steps: [], loss: [], visible: true, attempt: 0,
+          color: rank < 0 ? null : PALETTE[rank % PALETTE.length], width: rank < 0 ? 2.25 : 1};
+        this.series.set(key, s);
+        this.order.push(key);
+        this.order.sort((a, b) => (a === 'mean' ? -1 : b === 'mean' ? 1 : Number(a.slice(1)) - Number(b.slice(1))));
+        if (this.onSeries) this.onSeries(s);
+      }
+      return s;
+    }
+
+    rank(r) {
+      return this.ensure('r' + r, 'rank ' + r);
+    }
+
+    points() {
+      let n = 0;
+      for (const s of this.series.values()) n += s.steps.length;
+      return n;
+    }
+
+    /* /metrics: {mean: {step, loss}, ranks: [{rank, step, loss}]}; `attempt` is the job's
+     * attempt when it was read (live events of that attempt at these steps are repeats). */
+    setMetrics(m, attempt) {
+      const put = (s, src) => {
+        s.steps = [];
+        s.loss = [];
+        if (!src) return;
+        for (let i = 0; i < src.step.length; i++) {
+          s.steps.push(src.step[i]);
+          s.loss.push(src.loss[i] === null ? NaN : src.loss[i]);
+        }
+        s.attempt = attempt || 0;
+      };
+      put(this.ensure('mean', 'mean of ranks'), m.mean);
+      for (const r of m.ranks || []) put(this.rank(r.rank), r);
+      const mean = this.series.get('mean');
+      this.meanBase = mean.steps.length ? mean.steps[mean.steps.length - 1] : 0;
+      this.baseAttempt = attempt || 0;
+      this.acc.clear();
+      this.request();
+    }
+
+    /* One loss event. A step at or before the rank's last one is a restart (a later
+     * attempt: the line is cut back to there) or a repeat (ignored). */
+    addLoss(rank, step, loss, attempt) {
+      attempt = attempt || 0;
+      const v = loss === null || loss === undefined ? NaN : loss;
+      const s = this.rank(rank);
+      const n = s.steps.length;
+      if (n && step <= s.steps[n - 1]) {
+        if (attempt <= s.attempt) return;
+        const k = lowerBound(s.steps, step);
+        s.steps.length = k;
+        s.loss.length = k;
+      }
+      s.attempt = Math.max(s.attempt, attempt);
+      s.steps.push(step);
+      s.loss.push(v);
+      this.addMean(rank, step, v, attempt);
+      this.request();
+    }
+
+    addMean(rank, step, v, attempt) {
+      const mean = this.series.get('mean');
+      if (step <= this.meanBase && attempt <= this.baseAttempt) return;
+      let a = this.acc.get(step);
+      if (a && (a.ranks.has(rank) || attempt > a.attempt)) {
+        if (attempt <= a.attempt) return;
+        /* A restart: the steps from here on are new. */
+        for (const k of Array.from(this.acc.keys())) if (k >= step) this.acc.delete(k);
+        const i = lowerBound(mean.steps, step);
+        mean.steps.length = i;
+        mean.loss.length = i;
+        a = null;
+      } else if (!a && attempt > this.baseAttempt && step <= this.meanBase) {
+        const i = lowerBound(mean.steps, step);
+        mean.steps.length = i;
+        mean.loss.length = i;
+        this.meanBase = step - 1;
+      }
+      if (!a) {
+        a = {sum: 0, n: 0, ranks: new Set(), attempt};
+        this.acc.set(step, a);
+        if (this.acc.size > 50000) {
+          let drop = 25000;
+          for (const k of this.acc.keys()) {
+            this.acc.delete(k);
+            if (--drop === 0) break;
+          }
+        }
+      }
+      a.ranks.add(rank);
+      if (Number.isFinite(v)) {
+        a.sum += v;
+        a.n++;
+      }
+      const m = a.n ? a.sum / a.n : NaN;
+      const n = mean.steps.length;
+      if (!n || step > mean.steps[n - 1]) {
+        mean.steps.push(step);
+        mean.loss.push(m);
+      } else {
+        const i = lowerBound(mean.steps, step);
+        if (mean.steps[i] === step) mean.loss[i] = m;
+        else {
+          mean.steps.splice(i, 0, step);
+          mean.loss.splice(i, 0, m);
+        }
+      }
+    }
+
+    addMarker(step, label, kind) {
+      if (this.markers.some((m) => m.step === step && m.label === label)) return;
+      this.markers.push({step, label, kind});
+      this.request();
+    }
+
+    setVisible(key, on) {
+      const s = this.series.get(key);
+      if (s) s.visible = on;
+      this.request();
+    }
+
+    setLog(on) {
+      this.log = on;
+      this.request();
+    }
+
+    request() {
+      if (this.pending) return;
+      this.pending = true;
+      requestAnimationFrame(() => {
+        this.pending = false;
+        this.draw();
+      });
+    }
+
+    visible() {
+      return this.order.map((k) => this.series.get(k)).filter((s) => s.visible && s.steps.length);
+    }
+
+    /* The axes' ranges over the visible series. */
+    ranges(vis) {
+      let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
+      for (const s of vis) {
+        x0 = Math.min(x0, s.steps[0]);
+        x1 = Math.max(x1, s.steps[s.steps.length - 1]);
+        for (const v of s.loss) {
+          if (!Number.isFinite(v) || (this.log && v <= 0)) continue;
+          if (v < y0) y0 = v;
+          if (v > y1) y1 = v;
+        }
+      }
+      for (const m of this.markers) {
+        if (Number.isFinite(x0)) {
+          x0 = Math.min(x0, m.step);
+          x1 = Math.max(x1, m.step);
+        }
+      }
+      if (!Number.isFinite(x0)) return null;
+      if (x1 === x0) x1 = x0 + 1;
+      if (!Number.isFinite(y0)) {
+        y0 = this.log ? 0.1 : 0;
+        y1 = 1;
+      }
+      if (this.log) {
+        const l0 = Math.log10(y0), l1 = Math.log10(y1);
+        const pad = Math.max((l1 - l0) * 0.05, 0.05);
+        return {x0, x1, y0: Math.pow(10, l0 - pad), y1: Math.pow(10, l1 + pad)};
+      }
+      const pad = (y1 - y0) * 0.06 || Math.abs(y1) * 0.1 || 1;
+      return {x0, x1, y0: Math.max(y0 >= 0 ? 0 : -Infinity, y0 - pad), y1: y1 + pad};
+    }
+
+    draw() {
+      const c = this.canvas, ctx = c.getContext('2d');
+      const dpr = window.devicePixelRatio || 1;
+      const W = Math.max(200, this.box.clientWidth), H = Math.max(160, this.box.clientHeight || 320);
+      if (c.width !== Math.round(W * dpr) || c.height !== Math.round(H * dpr)) {
+        c.width = Math.round(W * dpr);
+        c.height = Math.round(H * dpr);
+        c.style.width = W + 'px';
+        c.style.height = H + 'px';
+      }
+      ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+      const css = getComputedStyle(this.box);
+      const fg = css.getPropertyValue('--chart-fg').trim() || '#333';
+      const grid = css.getPropertyValue('--chart-grid').trim() || '#e5e5e5';
+      const meanColor = css.getPropertyValue('--chart-mean').trim() || '#1c7ed6';
+      ctx.clearRect(0, 0, W, H);
+      ctx.font = '11px system-ui, sans-serif';
+      c.dataset.points = String(this.points());
+
+      const vis = this.visible();
+      const R = this.ranges(vis);
+      if (!R) {
+        ctx.fillStyle = fg;
+        ctx.textAlign = 'center';
+        ctx.fillText(this.points() ? 'every series is hidden' : 'waiting for the first loss…', W / 2, H / 2);
+        this.tip.hidden = true;
+        return;
+      }
+      const pw = W - PAD.left - PAD.right, ph = H - PAD.top - PAD.bottom;
+      const X = (s) => PAD.left + ((s - R.x0) / (R.x1 - R.x0)) * pw;
+      const ly0 = this.log ? Math.log10(R.y0) : 0, ly1 = this.log ? Math.log10(R.y1) : 0;
+      const Y = this.log
+        ? (v) => PAD.top + (1 - (Math.log10(v) - ly0) / (ly1 - ly0)) * ph
+        : (v) => PAD.top + (1 - (v - R.y0) / (R.y1 - R.y0)) * ph;
+
+      /* grid and axes */
+      ctx.strokeStyle = grid;
+      ctx.fillStyle = fg;
+      ctx.lineWidth = 1;
+      ctx.textAlign = 'right';
+      ctx.textBaseline = 'middle';
+      const yt = this.log ? logTicks(R.y0, R.y1) : linearTicks(R.y0, R.y1, Math.max(2, Math.floor(ph / 45)));
+      for (const v of yt) {
+        const y = Math.round(Y(v)) + 0.5;
+        ctx.beginPath();
+        ctx.moveTo(PAD.left, y);
+        ctx.lineTo(PAD.left + pw, y);
+        ctx.stroke();
+        ctx.fillText(fmtTick(v), PAD.left - 6, y);
+      }
+      ctx.textAlign = 'center';
+      ctx.textBaseline = 'top';
+      const xt = linearTicks(R.x0, R.x1, Math.max(2, Math.floor(pw / 90))).filter((v) => Number.isInteger(v) || v > 10);
+      for (const v of xt) {
+        const x = Math.round(X(v)) + 0.5;
+        ctx.beginPath();
+        ctx.moveTo(x, PAD.top);
+        ctx.lineTo(x, PAD.top + ph);
+        ctx.stroke();
+        ctx.fillText(fmtStep(v, R.x1), x, PAD.top + ph + 6);
+      }
+      ctx.textAlign = 'left';
+      ctx.fillText('step', PAD.left + pw - 22, PAD.top + ph + 18);
+      ctx.save();
+      ctx.translate(12, PAD.top + ph / 2);
+      ctx.rotate(-Math.PI / 2);
+      ctx.textAlign = 'center';
+      ctx.textBaseline = 'middle';
+      ctx.fillText(this.log ? 'loss (log)' : 'loss', 0, 0);
+      ctx.restore();
+
+      /* markers */
+      ctx.save();
+      ctx.setLineDash([4, 4]);
+      ctx.textAlign = 'left';
+      ctx.textBaseline = 'top';
+      this.markers.forEach((m, i) => {
+        const x = Math.round(X(m.step)) + 0.5;
+        ctx.strokeStyle = m.kind === 'restart' ? '#c92a2a' : '#868e96';
+        ctx.beginPath();
+        ctx.moveTo(x, PAD.top);
+        ctx.lineTo(x, PAD.top + ph);
+        ctx.stroke();
+        ctx.fillStyle = ctx.strokeStyle;
+        const tw = ctx.measureText(m.label).width;
+        const tx = x + 4 + tw > PAD.left + pw ? x - 4 - tw : x + 4;
+        ctx.fillText(m.label, tx, PAD.top + 2 + (i % 3) * 13);
+      });
+      ctx.restore();
+
+      /* lines: ranks first, the mean on top */
+      ctx.save();
+      ctx.beginPath();
+      ctx.rect(PAD.left, PAD.top - 1, pw, ph + 2);
+      ctx.clip();
+      const ordered = vis.filter((s) => s.key !== 'mean').concat(vis.filter((s) => s.key === 'mean'));
+      for (const s of ordered) {
+        ctx.strokeStyle = s.color || meanColor;
+        ctx.globalAlpha = s.key === 'mean' ? 1 : 0.75;
+        ctx.lineWidth = s.width;
+        ctx.lineJoin = 'round';
+        this.line(ctx, s, X, Y, R);
+      }
+      ctx.restore();
+
+      this.hover(ctx, vis, X, Y, R, pw, ph, meanColor, fg, W);
+    }
+
+    /* One series, decimated per pixel column (first, min, max, last). */
+    line(ctx, s, X, Y, R) {
+      const st = s.steps, ls = s.loss, n = st.length;
+      const ok = (v) => Number.isFinite(v) && (!this.log || v > 0);
+      let start = Math.max(0, lowerBound(st, R.x0) - 1);
+      let col = null, first = 0, mn = 0, mx = 0, last = 0, pen = false;
+      const flush = () => {
+        if (col === null) return;
+        if (!pen) {
+          ctx.moveTo(col, first);
+          pen = true;
+        } else ctx.lineTo(col, first);
+        if (mn !== first) ctx.lineTo(col, mn);
+        if (mx !== mn) ctx.lineTo(col, mx);
+        if (last !== mx) ctx.lineTo(col, last);
+      };
+      ctx.beginPath();
+      if (n === 1 && ok(ls[0])) {
+        ctx.arc(X(st[0]), Y(ls[0]), 2.5, 0, Math.PI * 2);
+        ctx.fillStyle = ctx.strokeStyle;
+        ctx.fill();
+        return;
+      }
+      for (let i = start; i < n; i++) {
+        const v = ls[i];
+        if (!ok(v)) {
+          flush();
+          col = null;
+          pen = false;
+          continue;
+        }
+        const x = Math.round(X(st[i]) * 2) / 2, y = Y(v);
+        if (x !== col) {
+          flush();
+          col = x;
+          first = mn = mx = last = y;
+        } else {
+          if (y < mn) mn = y;
+          if (y > mx) mx = y;
+          last = y;
+        }
+      }
+      flush();
+      ctx.stroke();
+    }
+
+    hover(ctx, vis, X, Y, R, pw, ph, meanColor, fg, W) {
+      if (this.hoverX === null || this.hoverX < PAD.left || this.hoverX > PAD.left + pw) {
+        this.tip.hidden = true;
+        return;
+      }
+      const want = R.x0 + ((this.hoverX - PAD.left) / pw) * (R.x1 - R.x0);
+      const main = vis.find((s) => s.key === 'mean') || vis[0];
+      const i = nearest(main.steps, want);
+      if (i < 0) return;
+      const step = main.steps[i];
+      const x = Math.round(X(step)) + 0.5;
+      ctx.save();
+      ctx.strokeStyle = fg;
+      ctx.globalAlpha = 0.35;
+      ctx.beginPath();
+      ctx.moveTo(x, PAD.top);
+      ctx.lineTo(x, PAD.top + ph);
+      ctx.stroke();
+      ctx.restore();
+      const rows = [el('div', {class: 'tip-step'}, 'step ' + fmtInt(step))];
+      for (const s of vis) {
+        const j = nearest(s.steps, step);
+        if (j < 0) continue;
+        const v = s.loss[j];
+        if (Number.isFinite(v) && (!this.log || v > 0)) {
+          ctx.beginPath();
+          ctx.fillStyle = s.color || meanColor;
+          ctx.arc(X(s.steps[j]), Y(v), s.key === 'mean' ? 3.5 : 2.5, 0, Math.PI * 2);
+          ctx.fill();
+        }
+        rows.push(el('div', {class: 'tip-row'},
+          el('span', {class: 'swatch', style: {background: s.color || meanColor}}),
+          s.label + (s.steps[j] !== step ? ` (step ${fmtInt(s.steps[j])})` : '') + ': ',
+          el('b', {}, Number.isFinite(v) ? fmtLoss(v) : 'not finite')));
+      }
+      for (const m of this.markers) if (Math.abs(X(m.step) - x) < 4) rows.push(el('div', {class: 'tip-marker'}, m.label));
+      ddpd.util.fill(this.tip, rows);
+      this.tip.hidden = false;
+      const tw = this.tip.offsetWidth;
+      this.tip.style.left = (x + 12 + tw > W ? x - 12 - tw : x + 12) + 'px';
+      this.tip.style.top = PAD.top + 4 + 'px';
+    }
+  }
+
+  ddpd.LossChart = LossChart;
+  ddpd.chartPalette = PALETTE;
+})();

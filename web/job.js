@@ -1,0 +1,351 @@
+/* job.js — one job's page: its state and progress, the loss chart, the ranks, the spec,
+ * the tail of each rank's log, and the buttons (cancel, checkpoint, resubmit, delete).
+ *
+ * Where the chart's points come from:
+ *   - a finished job: /metrics, downsampled by the server (a million steps open at once),
+ *     and, when its history is short, the event stream as well for the markers (joins,
+ *     restarts) and each rank's batches;
+ *   - a job still going with a short history: the event stream from its first event;
+ *   - a job still going with a long history: /metrics for the past, then the stream from
+ *     a sequence number that /metrics is sure to cover (loss events of those steps are
+ *     recognised as repeats). */
+'use strict';
+(function () {
+  const ddpd = (window.ddpd = window.ddpd || {});
+  const U = ddpd.util, api = ddpd.api;
+  const {el, fill} = U;
+
+  /* Up to this many events (world size × steps / log_every) the lines are drawn from the
+   * event stream; beyond it from /metrics. */
+  const LINES_FROM_EVENTS = 20000;
+  /* Up to this many, the history is streamed anyway for the markers (joins, restarts);
+   * beyond it only a running job's recent events are, and older markers are not shown. */
+  const MARKERS_FROM_EVENTS = 200000;
+  const LOG_KEY = 'ddpd.logScale';
+
+  function jobView(root, params, id) {
+    let job = null, chart = null, stream = null, stopPoll = null, stopLogs = null, gone = false;
+    let attemptSeen = 0, logRank = 0, slots = null, streamStatus = '';
+    const batches = new Map();
+    const toggles = el('div', {class: 'series-toggles', id: 'series-toggles'});
+    const logBox = el('input', {type: 'checkbox', id: 'log-scale'});
+    const pill = el('span', {class: 'pill', id: 'stream-status'});
+    const chartHost = el('div', {class: 'chart-host'});
+    const head = el('div', {class: 'page-head job-head'});
+    const notices = el('div');
+    const summary = el('dl', {class: 'summary'});
+    const rankBody = el('tbody');
+    const specPre = el('pre', {class: 'spec mono', id: 'job-spec'});
+    const logPre = el('pre', {class: 'log mono', id: 'job-log'});
+    const logTabs = el('div', {class: 'tabs'});
+
+    fill(root,
+      el('a', {class: 'back', href: '#/jobs'}, '← Jobs'),
+      head, notices, summary,
+      el('section', {class: 'card'},
+        el('div', {class: 'card-head'}, el('h2', {}, 'Loss'), toggles, el('span', {class: 'grow'}),
+          el('label', {class: 'check'}, logBox, ' log scale'), pill),
+        chartHost),
+      el('section', {class: 'card'}, el('h2', {}, 'Ranks'),
+        el('div', {class: 'table-wrap'}, el('table', {class: 'ranks', id: 'ranks-table'},
+          el('thead', {}, el('tr', {}, el('th', {class: 'num'}, 'Rank'), el('th', {}, 'Device'), el('th', {class: 'num'}, 'PID'),
+            el('th', {}, 'State'), el('th', {class: 'num'}, 'Step'), el('th', {class: 'num'}, 'Last loss'),
+            el('th', {class: 'num'}, 'Samples/s'), el('th', {class: 'num'}, 'Exit code'))),
+          rankBody))),
+      el('div', {class: 'two-col'},
+        el('section', {class: 'card'}, el('h2', {}, 'Spec'), specPre),
+        el('section', {class: 'card'}, el('div', {class: 'card-head'}, el('h2', {}, 'Log'), logTabs, el('span', {class: 'grow'}),
+          el('button', {type: 'button', class: 'small', onclick: () => loadLog()}, 'Refresh')), logPre)));
+
+    chart = new ddpd.LossChart(chartHost);
+    chart.onSeries = (s) => addToggle(s);
+    addToggle(chart.series.get('mean'));
+    /* Log scale unless the user chose linear (losses span decades). */
+    try {
+      logBox.checked = localStorage.getItem(LOG_KEY) !== 'off';
+    } catch (e) {
+      logBox.checked = true;
+    }
+    chart.setLog(logBox.checked);
+    logBox.addEventListener('change', () => {
+      chart.setLog(logBox.checked);
+      try {
+        localStorage.setItem(LOG_KEY, logBox.checked ? 'on' : 'off');
+      } catch (e) { /* ignore */ }
+    });
+
+    function addToggle(s) {
+      if (toggles.querySelector(`[data-series="${s.key}"]`)) return;
+      const cb = el('input', {type: 'checkbox', checked: true, dataset: {series: s.key}});
+      cb.addEventListener('change', () => chart.setVisible(s.key, cb.checked));
+      const lab = el('label', {class: 'check series-toggle'}, cb,
+        el('span', {class: 'swatch' + (s.key === 'mean' ? ' swatch-mean' : ''), style: s.color ? {background: s.color} : {}}), s.label);
+      const all = Array.from(toggles.children);
+      const after = all.find((x) => {
+        const k = x.querySelector('input').dataset.series;
+        return k !== 'mean' && s.key !== 'mean' && Number(k.slice(1)) > s.rank;
+      });
+      toggles.insertBefore(lab, after || null);
+    }
+
+    function setPill(s) {
+      streamStatus = s;
+      const text = {connecting: 'connecting…', live: 'live', reconnecting: 'reconnecting…', ended: 'complete',
+        error: 'stream failed', closed: '', metrics: 'from /metrics'}[s];
+      fill(pill, text === undefined ? s : text);
+      pill.className = 'pill pill-' + s;
+      pill.hidden = !text;
+    }
+
+    /* ---- the job's data ---- */
+
+    function totalSteps() {
+      const b = batches.size ? Math.max(...batches.values()) : null;
+      return job ? U.totalSteps(job.spec, b) : null;
+    }
+
+    function renderHead() {
+      const j = job, final = U.isFinal(j.state);
+      fill(head,
+        el('h1', {}, `#${j.id} `, el('span', {class: 'job-name'}, j.name || '(unnamed)')),
+        el('span', {id: 'job-state', dataset: {state: j.state}}, U.stateBadge(j.state)),
+        el('span', {class: 'grow'}),
+        el('div', {class: 'buttons'},
+          el('button', {type: 'button', id: 'resubmit-btn', onclick: resubmit, title: 'Submit a copy of this spec now'}, 'Resubmit'),
+          el('a', {class: 'button', href: '#/submit?from=' + j.id, title: 'Open this spec in the editor'}, 'Edit & resubmit'),
+          el('button', {type: 'button', id: 'checkpoint-btn', onclick: download, title: 'The latest model.safetensors'}, 'Checkpoint'),
+          final ? el('button', {type: 'button', class: 'danger-ghost', id: 'delete-btn', onclick: remove}, 'Delete')
+            : el('button', {type: 'button', class: 'danger', id: 'cancel-btn', onclick: cancel}, 'Cancel job')));
+      fill(notices,
+        j.error && j.error !== j.state ? el('div', {class: 'notice ' + (j.state === 'failed' ? 'notice-error' : 'notice-wait'), id: 'job-error'},
+          el('b', {}, j.state === 'failed' ? 'Error: ' : 'Note: '), j.error) : null,
+        j.pending_reason && !final ? el('div', {class: 'notice notice-wait'}, el('b', {}, 'Waiting: '), j.pending_reason) : null);
+      const total = totalSteps();
+      const item = (k, v) => el('div', {class: 'summary-item'}, el('dt', {}, k), el('dd', {}, v));
+      fill(summary,
+        item('Progress', U.progress(j.step, total, j.state)),
+        item('Loss (mean)', el('span', {class: 'mono', id: 'job-loss'}, U.fmtLoss(j.loss))),
+        item('Ranks', `${j.world_size} × ${j.device}`),
+        item('Attempt', j.restarts ? `${j.attempt} (${j.restarts} restart${j.restarts === 1 ? '' : 's'})` : String(j.attempt || '—')),
+        item('Started', el('span', {title: 'submitted ' + U.fmtTime(j.created_at)},
+          j.started_at ? U.fmtTime(j.started_at) : 'submitted ' + U.fmtAge(j.created_at))),
+        item('Finished', j.finished_at ? U.fmtTime(j.finished_at) : '—'),
+        item(j.finished_at || !j.started_at ? 'Duration' : 'Running for', U.fmtDuration(U.jobDuration(j))));
+    }
+
+    /* Rank r on the r-th device the job holds (the scheduler hands slots in order). */
+    function deviceOf(r) {
+      if (slots && slots[r] !== undefined) return job.device === 'cuda' ? `cuda:${slots[r]}` : `cpu slot ${slots[r]}`;
+      return job.device;
+    }
+
+    function renderRanks() {
+      const ranks = job.ranks && job.ranks.length ? job.ranks
+        : Array.from({length: job.world_size}, (_, r) => ({rank: r, state: job.state === 'queued' ? 'queued' : '—'}));
+      fill(rankBody, ranks.map((r) => el('tr', {dataset: {rank: r.rank}},
+        el('td', {class: 'num'}, el('span', {class: 'swatch', style: {background: ddpd.chartPalette[r.rank % ddpd.chartPalette.length]}}), String(r.rank)),
+        el('td', {}, deviceOf(r.rank)),
+        el('td', {class: 'num mono'}, r.pid ? String(r.pid) : '—'),
+        el('td', {}, r.state ? U.stateBadge(r.state) : '—'),
+        el('td', {class: 'num'}, U.fmtInt(r.step)),
+        el('td', {class: 'num mono'}, U.fmtLoss(r.loss)),
+        el('td', {class: 'num'}, U.fmtRate(r.samples_per_s)),
+        el('td', {class: 'num'}, r.exit_code === null || r.exit_code === undefined ? '—' : String(r.exit_code)))));
+      if (logTabs.childElementCount !== job.world_size) {
+        fill(logTabs, Array.from({length: Math.min(job.world_size, 64)}, (_, r) =>
+          el('button', {type: 'button', class: 'tab' + (r === logRank ? ' tab-on' : ''), dataset: {rank: r},
+            onclick: () => {
+              logRank = r;
+              Array.from(logTabs.children).forEach((b, k) => b.classList.toggle('tab-on', k === r));
+              loadLog();
+            }}, 'rank ' + r)));
+      }
+    }
+
+    function render() {
+      renderHead();
+      renderRanks();
+      const text = JSON.stringify(job.spec, null, 2);
+      if (specPre.textContent !== text) specPre.textContent = text;
+      document.title = `#${job.id} ${job.name || ''} — ddpd`;
+    }
+
+    async function refresh() {
+      const j = await api.get('/v1/jobs/' + id);
+      const wasFinal = job && U.isFinal(job.state);
+      job = j;
+      if (!U.isFinal(j.state)) {
+        try {
+          const d = await api.get('/v1/devices');
+          const mine = (j.device === 'cuda' ? d.gpus : d.cpu_slots) || [];
+          const held = mine.filter((x) => x.job === j.id).map((x) => x.index);
+          slots = held.length ? held : slots;
+        } catch (e) { /* the device column falls back to the kind */ }
+      }
+      render();
+      if (U.isFinal(j.state) && !wasFinal && stopPoll) {
+        stopPoll();
+        stopPoll = null;
+        loadLog();
+        if (stopLogs) stopLogs();
+        stopLogs = null;
+      }
+      return j;
+    }
+
+    async function loadLog() {
+      if (!job) return;
+      try {
+        const t = await api.get(`/v1/jobs/${id}/logs?rank=${logRank}&tail=200`);
+        const text = t || '(nothing logged yet)';
+        if (logPre.textContent !== text) {
+          const atEnd = logPre.scrollTop + logPre.clientHeight >= logPre.scrollHeight - 4;
+          logPre.textContent = text;
+          if (atEnd) logPre.scrollTop = logPre.scrollHeight;
+        }
+      } catch (e) {
+        logPre.textContent = e.message;
+      }
+    }
+
+    /* ---- the chart's feed ---- */
+
+    function onEvent(ev, withLoss) {
+      switch (ev.event) {
+        case 'start':
+          if (ev.batches) batches.set(ev.rank, ev.batches);
+          break;
+        case 'loss':
+          /* A restart begins where the first loss of a later attempt is. */
+          if (attemptSeen && ev.attempt > attemptSeen) chart.addMarker(ev.step, `restart (attempt ${ev.attempt})`, 'restart');
+          attemptSeen = Math.max(attemptSeen, ev.attempt || 0);
+          if (withLoss) chart.addLoss(ev.rank, ev.step, ev.loss, ev.attempt);
+          break;
+        case 'join':
+          chart.addMarker(ev.step, `rank ${ev.rank} joined`, 'join');
+          break;
+        case 'state':
+          if (!job || !U.isFinal(job.state)) refresh().catch(() => {});
+          break;
+        default:
+          break;
+      }
+    }
+
+    function follow(after, withLoss) {
+      stream = api.stream(id, after, {
+        onEvent: (ev) => onEvent(ev, withLoss),
+        onStatus: (s) => setPill(withLoss || s === 'error' ? s : 'metrics'),
+      });
+    }
+
+    async function startChart(j) {
+      const W = j.world_size || 1, every = (j.spec && j.spec.log_every) || 1;
+      const est = (W * (j.step || 0)) / every;
+      const maxPoints = Math.max(200, Math.min(4000, Math.round(chartHost.clientWidth * 2) || 2000));
+      if (U.isFinal(j.state)) {
+        const m = await api.get(`/v1/jobs/${id}/metrics?max_points=${maxPoints}`);
+        chart.setMetrics(m, j.attempt);
+        setPill('metrics');
+        /* For the markers and batches only; the lines are /metrics'. */
+        if (est <= MARKERS_FROM_EVENTS) follow(0, false);
+        return;
+      }
+      if (est <= LINES_FROM_EVENTS) return follow(0, true);
+      const minStep = Math.min(...(j.ranks || []).map((r) => r.step || 0), j.step || 0);
+      const m = await api.get(`/v1/jobs/${id}/metrics?max_points=${maxPoints}`);
+      chart.setMetrics(m, j.attempt);
+      /* Loss events at steps /metrics has are repeats, which the chart drops. */
+      if (est <= MARKERS_FROM_EVENTS) return follow(0, true);
+      /* Only from a sequence number /metrics is sure to cover: each rank had sent at
+       * least minStep / log_every loss events before the job was read. */
+      attemptSeen = j.attempt || 0;
+      follow(Math.max(0, W * Math.floor(minStep / every) - 2000), true);
+    }
+
+    /* ---- buttons ---- */
+
+    async function cancel() {
+      const ok = await U.confirmDialog(`Cancel job #${id}?`,
+        `Its ranks get SIGTERM and the job ends as cancelled. Checkpoints written so far are kept.`, 'Cancel job');
+      if (!ok) return;
+      try {
+        await api.post(`/v1/jobs/${id}/cancel`);
+        U.toast(`Cancelling job #${id}…`);
+      } catch (e) {
+        U.toast(e.message, 'error');
+      }
+      refresh().catch(() => {});
+    }
+
+    async function remove() {
+      const ok = await U.confirmDialog(`Delete job #${id}?`, 'Its row, its events, its logs and its checkpoints are removed for good.', 'Delete');
+      if (!ok) return;
+      try {
+        await api.del('/v1/jobs/' + id);
+        U.toast(`Job #${id} deleted`);
+        location.hash = '#/jobs';
+      } catch (e) {
+        U.toast(e.message, 'error');
+      }
+    }
+
+    async function resubmit() {
+      try {
+        const copy = await api.post('/v1/jobs', job.spec);
+        U.toast(`Submitted a copy as job #${copy.id}`, 'ok');
+        location.hash = '#/jobs/' + copy.id;
+      } catch (e) {
+        U.toast(`Resubmit failed: ${e.path ? e.path + ': ' : ''}${e.message}`, 'error');
+      }
+    }
+
+    async function download() {
+      const path = `/v1/jobs/${id}/checkpoint`;
+      const name = `job-${id}-model.safetensors`;
+      try {
+        if (!api.token()) {
+          await api.request('HEAD', path); /* a 404 becomes a message, not a downloaded error */
+          el('a', {href: api.url(path), download: name}).click();
+          return;
+        }
+        const res = await api.request('GET', path, {raw: true});
+        const href = URL.createObjectURL(await res.blob());
+        el('a', {href, download: name}).click();
+        setTimeout(() => URL.revokeObjectURL(href), 10000);
+      } catch (e) {
+        U.toast(e.status === 404 ? `Job #${id} has no checkpoint yet` : e.message, 'error');
+      }
+    }
+
+    /* ---- start ---- */
+
+    (async () => {
+      try {
+        const j = await refresh();
+        if (gone) return;
+        await startChart(j);
+        if (gone) return;
+        if (!U.isFinal(j.state)) {
+          stopPoll = U.every(2000, refresh);
+          stopLogs = U.every(3000, loadLog);
+        } else {
+          loadLog();
+        }
+      } catch (e) {
+        if (!job) fill(head, el('h1', {}, `Job #${id}`));
+        fill(notices, el('div', {class: 'notice notice-error', role: 'alert'}, e.message));
+      }
+    })();
+
+    return () => {
+      gone = true;
+      if (stream) stream.close();
+      if (stopPoll) stopPoll();
+      if (stopLogs) stopLogs();
+      chart.destroy();
+    };
+  }
+
+  ddpd.views = Object.assign(ddpd.views || {}, {job: jobView});
+})();
