@@ -241,6 +241,10 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     start.params = model_numel(r.m);
     start.batches = r.nb;
     emit_event(&start);
+    emit_log("training %" PRId64 " steps: %" PRId64 " parameters, %" PRId64 " samples in %" PRId64
+             " batches of %" PRId64 " per epoch, %d rank%s%s",
+             r.total, model_numel(r.m), dataset_shard_size(r.ds), r.nb, s->batch_size, cfg->world_size,
+             cfg->world_size > 1 ? "s" : "", r.join ? ", join on" : "");
 
     const double t0 = emit_monotonic();
     double t_log = t0, last_loss = NAN;
@@ -331,6 +335,7 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     done.nonfinite = !isfinite(last_loss);
     done.seconds = seconds;
     emit_event(&done);
+    emit_log("done: %" PRId64 " steps in %.3f s, last loss %g", pos.step, seconds, last_loss);
     rc = DDPD_OK;
 out:
     if (r.dev.ops) {
