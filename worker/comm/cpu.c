@@ -1207,6 +1207,12 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
             unsigned char junk[256];
             ssize_t k = recv(c->fd_prev, junk, sizeof junk, MSG_DONTWAIT);
             if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                /* A peer that finished its part writes its last bytes into the FIFO and
+                 * may exit before we read them: data that is there comes first; the
+                 * hang-up only matters once the FIFO is empty and we still need input. */
+                const unsigned char *src;
+                if (shm_avail(&c->lin, &src) > 0)
+                    continue;
                 e = k == 0 ? 0 : errno;
                 goto prev_failed;
             }
