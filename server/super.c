@@ -65,6 +65,7 @@ struct super {
     bool stopping;
     struct active *jobs; /* supervisor thread only */
     struct pending *pending, **pending_tail; /* stored, not yet published */
+    bool queue_changed; /* pending reasons need a new look (supervisor thread only) */
 };
 
 static double now_s(void)
@@ -364,6 +365,7 @@ static void finish(struct super *s, struct active *a, job_state st, const char *
     sched_release(s->sched, a->job);
     sched_dequeue(s->sched, a->job);
     pthread_mutex_unlock(&s->lock);
+    s->queue_changed = true;
     set_state(s, a, st, error);
     drop(s, a);
 }
@@ -418,6 +420,7 @@ static void submit(struct super *s, int64_t job)
     pthread_mutex_lock(&s->lock);
     sched_enqueue(s->sched, job, a->spec.device, a->spec.world_size);
     pthread_mutex_unlock(&s->lock);
+    s->queue_changed = true;
     set_state(s, a, JOB_STATE_QUEUED, NULL);
 }
 
@@ -451,9 +454,13 @@ static void schedule(struct super *s)
         if (!a)
             continue;
         memcpy(a->slots, slots, (size_t)world * sizeof(int));
+        s->queue_changed = true;
         start(s, a, false, NULL);
     }
-    /* Queued jobs say why they wait. */
+    /* Queued jobs say why they wait; the reasons only change with the queue or the slots. */
+    if (!s->queue_changed)
+        return;
+    s->queue_changed = false;
     for (struct active *a = s->jobs; a; a = a->next) {
         if (a->state != JOB_STATE_QUEUED)
             continue;
@@ -594,6 +601,7 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
         pthread_mutex_lock(&s->lock);
         sched_enqueue(s->sched, a->job, a->spec.device, a->spec.world_size);
         pthread_mutex_unlock(&s->lock);
+        s->queue_changed = true;
         if (a->state != JOB_STATE_QUEUED)
             set_state(s, a, JOB_STATE_QUEUED, "server restarted; the job was queued again");
     }
