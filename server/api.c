@@ -650,7 +650,9 @@ static ddpd_err h_prometheus(struct http_request *req, struct ddpd_error *err)
     struct hub_stats hs;
     store_stats_get(a->store, &ss);
     hub_stats_get(a->hub, &hs);
-    char *httpm = a->http ? http_server_metrics(a->http) : NULL;
+    /* Set by serve.c after the HTTP server started, while requests may already run. */
+    struct http_server *srv = __atomic_load_n(&a->http, __ATOMIC_ACQUIRE);
+    char *httpm = srv ? http_server_metrics(srv) : NULL;
     size_t cap = 8192 + (httpm ? strlen(httpm) : 0), n = 0;
     char *out = malloc(cap);
     if (!out) {

@@ -286,7 +286,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
         fprintf(stderr, "ddpd serve: %s\n", err.message);
         goto out;
     }
-    api.http = http;
+    __atomic_store_n(&api.http, http, __ATOMIC_RELEASE); /* read by /metrics handlers */
     fprintf(stderr, "ddpd serve: listening on http://%s%s (port %d), database %s, %d GPU%s, %ld CPU slot%s\n",
             listen, token ? " with a token" : "", http_server_port(http), db, gpus, gpus == 1 ? "" : "s",
             cpu_slots, cpu_slots == 1 ? "" : "s");
