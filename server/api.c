@@ -601,23 +601,11 @@ static ddpd_err h_checkpoint(struct http_request *req, struct ddpd_error *err)
     struct stat st;
     if (stat(path, &st) != 0) {
         /* No final model yet: the newest checkpoint. */
-        DIR *d = opendir(dir);
-        long long best = -1;
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            char *end;
-            if (strncmp(e->d_name, "ckpt-", 5))
-                continue;
-            long long v = strtoll(e->d_name + 5, &end, 10);
-            if (!*end && v > best)
-                best = v;
-        }
-        if (d)
-            closedir(d);
-        if (best < 0)
+        char ck[PATH_MAX];
+        if (!super_latest_checkpoint(dir, ck, sizeof ck))
             return ddpd_error_set(err, DDPD_ENOTFOUND, "", "job %" PRId64 " has no checkpoint yet",
                                   http_request_id(req, 0));
-        snprintf(path, sizeof path, "%s/ckpt-%lld/model.safetensors", dir, best);
+        snprintf(path, sizeof path, "%s/model.safetensors", ck);
     }
     http_response_header(req, "Content-Disposition", "attachment; filename=\"model.safetensors\"");
     return http_respond_file(req, path, "application/octet-stream", "no-cache", err);

@@ -230,8 +230,7 @@ static struct active *load(struct super *s, int64_t job)
 
 /* ---- launching -------------------------------------------------------------------------- */
 
-/* The newest complete checkpoint of a job: OUT/ckpt-N with the largest N. */
-static bool latest_checkpoint(const char *out_dir, char *path, size_t cap)
+bool super_latest_checkpoint(const char *out_dir, char *path, size_t cap)
 {
     DIR *d = opendir(out_dir);
     if (!d)
@@ -312,7 +311,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
 {
     struct ddpd_error err;
     char resume[PATH_MAX];
-    bool has_resume = latest_checkpoint(a->out_dir, resume, sizeof resume);
+    bool has_resume = super_latest_checkpoint(a->out_dir, resume, sizeof resume);
     a->attempt++;
     mkdir(s->o.jobs_dir, 0755);
     json_t *doc = json_object();
