@@ -2,16 +2,18 @@
  * Events streams of one job on one epoll thread, cheap enough that the client does not
  * compete much with the server for the CPU (a 2-core machine also runs the job's worker).
  *
- * Usage: bench_sse_client PORT PATH N NSRC WARM_S MEASURE_S END_S
- *   Connects N sockets to 127.0.0.1:PORT from source addresses 127.0.0.1 .. 127.0.0.NSRC
- *   (round robin: ddpd limits connections per IP), sends `GET PATH` with
+ * Usage: bench_sse_client PORT PATH N NSRC WARM_S MEASURE_S END_S [SRC0]
+ *   Connects N sockets to 127.0.0.1:PORT from source addresses 127.0.0.SRC0 .. +NSRC-1
+ *   (SRC0 default 1; round robin: ddpd limits connections per IP), sends `GET PATH` with
  *   Accept: text/event-stream on each, reads everything (chunked encoding undone). After
  *   WARM_S seconds it measures for MEASURE_S seconds: for every `loss` frame whose `ts`
  *   (the worker's write time) is within the window, latency = the kernel's receive time of
  *   the read that completed the frame (SO_TIMESTAMPNS) − ts, and the same with the time
  *   epoll_wait returned. Then prints one JSON line with the statistics and keeps reading
  *   until every stream has ended (the terminating chunk) or END_S more seconds have passed,
- *   and prints a second JSON line ({"ended":..,"final":..}). Exit 0, or 1 on a setup error. */
+ *   and prints a second JSON line ({"ended":..,"final":..,"in_order":..}: in_order counts
+ *   the streams that got every frame from `id: 1` on, none missing or repeated, up to the
+ *   job's final state event). Exit 0, or 1 on a setup error. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -38,6 +40,9 @@ struct conn {
     char *body;       /* decoded bytes not yet split into frames */
     size_t nbody, cbody;
     long loss_frames; /* loss frames within the window */
+    long frames;      /* event frames in all */
+    long first_id, last_id; /* `id:` of the first and the latest frame; 0 = none yet */
+    long gaps;        /* frames whose id was not last_id + 1 (lost, repeated or reordered) */
 };
 
 static double now_real(void)
@@ -101,6 +106,16 @@ static void frames(struct conn *c, double kt, double ut, double since, double un
         *end = '\0';
         const char *f = c->body;
         if (f[0] != ':') { /* not a heartbeat comment */
+            const char *idl = strncmp(f, "id: ", 4) == 0 ? f : strstr(f, "\nid: ");
+            if (idl) {
+                long id = strtol(idl + (idl == f ? 4 : 5), NULL, 10);
+                if (c->frames == 0)
+                    c->first_id = id;
+                else if (id != c->last_id + 1)
+                    c->gaps++;
+                c->last_id = id;
+            }
+            c->frames++;
             if (strstr(f, "event: loss")) {
                 const char *t = strstr(f, "\"ts\":");
                 if (t) {
@@ -178,15 +193,16 @@ static double pct(double *v, size_t n, double p)
 
 int main(int argc, char **argv)
 {
-    if (argc != 8) {
-        fprintf(stderr, "usage: %s PORT PATH N NSRC WARM_S MEASURE_S END_S\n", argv[0]);
+    if (argc != 8 && argc != 9) {
+        fprintf(stderr, "usage: %s PORT PATH N NSRC WARM_S MEASURE_S END_S [SRC0]\n", argv[0]);
         return 2;
     }
+    int src0 = argc == 9 ? atoi(argv[8]) : 1; /* the first source address: 127.0.0.SRC0 */
     int port = atoi(argv[1]);
     const char *path = argv[2];
     int n = atoi(argv[3]), nsrc = atoi(argv[4]);
     double warm = atof(argv[5]), measure = atof(argv[6]), end_s = atof(argv[7]);
-    if (n < 1 || nsrc < 1 || nsrc > 250) {
+    if (n < 1 || nsrc < 1 || src0 < 1 || src0 + nsrc > 251) {
         fprintf(stderr, "%s: bad N or NSRC\n", argv[0]);
         return 2;
     }
@@ -211,7 +227,7 @@ int main(int argc, char **argv)
         }
         int one = 1;
         setsockopt(c->fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
-        struct sockaddr_in src = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001u + (uint32_t)(i % nsrc))};
+        struct sockaddr_in src = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000000u + (uint32_t)(src0 + i % nsrc))};
         struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
                                   .sin_addr.s_addr = htonl(0x7f000001u)};
         if (bind(c->fd, (struct sockaddr *)&src, sizeof src) || connect(c->fd, (struct sockaddr *)&dst, sizeof dst) ||
@@ -284,12 +300,23 @@ int main(int argc, char **argv)
             feed(c, buf, (size_t)r, kt, ut, since, until);
         }
     }
-    int ended = 0, final = 0;
+    /* In order: every frame from id 1 on, none missing or repeated, up to the final one. */
+    int ended = 0, final = 0, in_order = 0;
+    long gaps = 0, fmin = -1, fmax = 0, last_min = -1, last_max = 0;
     for (int i = 0; i < n; i++) {
-        ended += cs[i].ended;
-        final += cs[i].final;
-        close(cs[i].fd);
+        struct conn *c = &cs[i];
+        ended += c->ended;
+        final += c->final;
+        gaps += c->gaps;
+        in_order += c->final && c->gaps == 0 && c->first_id == 1 && c->last_id == c->frames;
+        fmin = fmin < 0 || c->frames < fmin ? c->frames : fmin;
+        fmax = c->frames > fmax ? c->frames : fmax;
+        last_min = last_min < 0 || c->last_id < last_min ? c->last_id : last_min;
+        last_max = c->last_id > last_max ? c->last_id : last_max;
+        close(c->fd);
     }
-    printf("{\"ended\":%d,\"final\":%d}\n", ended, final);
+    printf("{\"ended\":%d,\"final\":%d,\"in_order\":%d,\"gaps\":%ld,\"frames_min\":%ld,\"frames_max\":%ld,"
+           "\"last_id_min\":%ld,\"last_id_max\":%ld}\n",
+           ended, final, in_order, gaps, fmin, fmax, last_min, last_max);
     return 0;
 }

@@ -23,7 +23,8 @@
     X(ECONFLICT, 409, 1, "conflict")                             \
     X(EAUTH,     401, 1, "unauthorized")                         \
     X(EBUSY,     503, 1, "busy")                                 \
-    X(EINTERNAL, 500, 1, "internal error")
+    X(EINTERNAL, 500, 1, "internal error")                       \
+    X(EUNAVAIL,  503, 1, "store unavailable")
 
 typedef enum {
 #define DDPD__ERR_ENUM(name, http, exit, text) DDPD_##name,

@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #define MAX_SEGMENTS 16
-#define MAX_CAPTURES 4
+#define MAX_CAPTURES HTTP_MAX_CAPTURES
 #define MAX_HEADERS 8
 #define STREAM_BLOCK (16 * 1024)
 
@@ -108,6 +108,8 @@ const char *http_err_code(ddpd_err e)
         return "busy";
     case DDPD_EINTERNAL:
         return "internal";
+    case DDPD_EUNAVAIL:
+        return "unavailable";
     case DDPD_ERR_COUNT:
         break;
     }
@@ -348,6 +350,59 @@ static bool route_match(const struct route_rt *rt, int nseg, const char **seg, c
         }
     }
     return true;
+}
+
+/* The row of `rts` that answers `method` (HEAD as GET) on `url`, with its captures in ids;
+ * NULL when none does. *path_hit is the first row whose pattern matches the path whatever
+ * its method (NULL: a 404), and `allow` lists the methods of the rows that match it. */
+static const struct route_rt *route_find(const struct route_rt *rts, size_t n, const char *method,
+                                         const char *url, int64_t *ids, const struct route_rt **path_hit,
+                                         char *allow, size_t cap)
+{
+    const char *seg[MAX_SEGMENTS];
+    size_t len[MAX_SEGMENTS];
+    int64_t found[MAX_CAPTURES];
+    int nseg = split_path(url, seg, len);
+    const char *want = !strcmp(method, "HEAD") ? "GET" : method;
+    size_t used = 0;
+    *path_hit = NULL;
+    if (cap)
+        allow[0] = '\0';
+    for (size_t i = 0; nseg >= 0 && i < n; i++) {
+        const struct route_rt *rt = &rts[i];
+        if (!route_match(rt, nseg, seg, len, found))
+            continue;
+        if (!*path_hit)
+            *path_hit = rt;
+        if (!strcmp(rt->r->method, want)) {
+            memcpy(ids, found, sizeof found);
+            return rt;
+        }
+        if (!strstr(allow, rt->r->method)) {
+            int k = snprintf(allow + used, cap - used, "%s%s%s", used ? ", " : "", rt->r->method,
+                             !strcmp(rt->r->method, "GET") ? ", HEAD" : "");
+            if (k > 0 && (size_t)k < cap - used)
+                used += (size_t)k;
+        }
+    }
+    return NULL;
+}
+
+int http_route_lookup(const struct http_route *routes, size_t n, const char *method, const char *path,
+                      int64_t *ids, char *allow, size_t allow_cap)
+{
+    struct route_rt *rts = xcalloc(n ? n : 1, sizeof *rts);
+    const struct route_rt *hit = NULL, *rt = NULL;
+    int rc = -3;
+    for (size_t i = 0; i < n; i++)
+        if (!route_compile(&rts[i], &routes[i]))
+            goto out;
+    memset(ids, 0, MAX_CAPTURES * sizeof *ids);
+    rt = route_find(rts, n, method, path, ids, &hit, allow, allow_cap);
+    rc = rt ? (int)(rt - rts) : hit ? -2 : -1;
+out:
+    free(rts);
+    return rc;
 }
 
 /* ---- the server and its connections ----------------------------------------------------- */
@@ -981,6 +1036,18 @@ ddpd_err http_query_error(struct http_request *req, const char *name, struct ddp
     return DDPD_EJSON;
 }
 
+bool http_param_int(const char *v, int64_t min, int64_t max, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    bool digits = (v[0] >= '0' && v[0] <= '9') || (v[0] == '-' && v[1] >= '0' && v[1] <= '9');
+    if (!digits || *end || errno == ERANGE || x < min || x > max)
+        return false;
+    *out = x;
+    return true;
+}
+
 ddpd_err http_query_int(struct http_request *req, const char *name, int64_t min, int64_t max, int64_t dflt,
                         int64_t *out, struct ddpd_error *err)
 {
@@ -988,11 +1055,8 @@ ddpd_err http_query_int(struct http_request *req, const char *name, int64_t min,
     *out = dflt;
     if (!v || !*v)
         return DDPD_OK;
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    bool digits = (v[0] >= '0' && v[0] <= '9') || (v[0] == '-' && v[1] >= '0' && v[1] <= '9');
-    if (!digits || *end || errno == ERANGE || x < min || x > max) {
+    int64_t x;
+    if (!http_param_int(v, min, max, &x)) {
         char shown[48];
         clean_copy(shown, sizeof shown, v, 32);
         return http_query_error(req, name, err,
@@ -1031,14 +1095,19 @@ ddpd_err http_query_enum(struct http_request *req, const char *name, const char 
 /* ---- the dispatcher --------------------------------------------------------------------------- */
 
 /* Constant time in the provided token (depends only on the configured token's length). */
-static bool token_ok(const struct http_server *s, const char *given, size_t glen)
+bool http_token_equal(const char *token, size_t token_len, const char *given, size_t glen)
 {
-    unsigned char diff = (unsigned char)(glen != s->token_len);
-    for (size_t i = 0; i < s->token_len; i++) {
+    unsigned char diff = (unsigned char)(glen != token_len);
+    for (size_t i = 0; i < token_len; i++) {
         unsigned char g = i < glen ? (unsigned char)given[i] : 0;
-        diff |= g ^ (unsigned char)s->token[i];
+        diff |= g ^ (unsigned char)token[i];
     }
     return diff == 0;
+}
+
+static bool token_ok(const struct http_server *s, const char *given, size_t glen)
+{
+    return http_token_equal(s->token, s->token_len, given, glen);
 }
 
 static void check_auth(struct http_request *req)
@@ -1079,34 +1148,11 @@ static void conn_set_deadline(struct http_server *s, struct conn *c, int64_t dea
 static bool request_begin(struct http_request *req)
 {
     struct http_server *s = req->srv;
-    const char *seg[MAX_SEGMENTS];
-    size_t len[MAX_SEGMENTS];
-    int64_t ids[MAX_CAPTURES];
-    int nseg = split_path(req->url, seg, len);
-    const char *want = !strcmp(req->method, "HEAD") ? "GET" : req->method;
-
     const struct route_rt *path_hit = NULL;
-    char allow[128] = "";
-    size_t used = 0;
+    char allow[128];
     req->row = (int)s->npatterns;
-    for (size_t i = 0; nseg >= 0 && i < s->nroutes; i++) {
-        const struct route_rt *rt = &s->routes[i];
-        if (!route_match(rt, nseg, seg, len, ids))
-            continue;
-        if (!path_hit)
-            path_hit = rt;
-        if (!strcmp(rt->r->method, want)) {
-            req->route = rt;
-            memcpy(req->ids, ids, sizeof ids);
-            break;
-        }
-        if (!strstr(allow, rt->r->method)) {
-            int n = snprintf(allow + used, sizeof allow - used, "%s%s%s", used ? ", " : "", rt->r->method,
-                             !strcmp(rt->r->method, "GET") ? ", HEAD" : "");
-            if (n > 0 && (size_t)n < sizeof allow - used)
-                used += (size_t)n;
-        }
-    }
+    req->route =
+        route_find(s->routes, s->nroutes, req->method, req->url, req->ids, &path_hit, allow, sizeof allow);
     char shown[160];
     clean_copy(shown, sizeof shown, req->url, 128);
     if (req->route) {
@@ -1189,6 +1235,25 @@ static bool request_body(struct http_request *req, const char *data, size_t n)
     return true;
 }
 
+ddpd_err http_body_json(const char *body, size_t len, json_t **out, struct ddpd_error *err)
+{
+    json_error_t je;
+    *out = NULL;
+    if (len == 0)
+        return ddpd_error_set(err, DDPD_EJSON, "", "request body is empty; expected a JSON document");
+    *out = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!*out) {
+        ddpd_error_set(err, DDPD_EJSON, "", "malformed JSON at line %d, column %d: %s", je.line, je.column,
+                       je.text);
+        if (err) {
+            err->line = je.line;
+            err->column = je.column;
+        }
+        return DDPD_EJSON;
+    }
+    return DDPD_OK;
+}
+
 /* Final call: the checks that need the body, then the handler. */
 static void request_dispatch(struct http_request *req)
 {
@@ -1206,18 +1271,7 @@ static void request_dispatch(struct http_request *req)
     const struct http_route *r = req->route->r;
     if (r->flags & HTTP_ROUTE_JSON) {
         struct ddpd_error e;
-        if (req->body_len == 0) {
-            ddpd_error_set(&e, DDPD_EJSON, "", "request body is empty; expected a JSON document");
-            respond_error(req, DDPD_EJSON, &e);
-            return;
-        }
-        json_error_t je;
-        req->json = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
-        if (!req->json) {
-            ddpd_error_set(&e, DDPD_EJSON, "", "malformed JSON at line %d, column %d: %s", je.line, je.column,
-                           je.text);
-            e.line = je.line;
-            e.column = je.column;
+        if (http_body_json(req->body, req->body_len, &req->json, &e) != DDPD_OK) {
             respond_error(req, DDPD_EJSON, &e);
             return;
         }

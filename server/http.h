@@ -46,6 +46,26 @@ struct http_route {
     size_t max_body; /* bytes; 0 = the server's max_body */
 };
 
+/* Captures a pattern may hold. */
+#define HTTP_MAX_CAPTURES 4
+
+/* The dispatcher's route lookup without a server (for tests and the fuzz target): the row
+ * of `routes` that answers `method` (HEAD as GET) on `path` (decoded, without the query).
+ * Returns its index, with the `{...}` captures in ids[HTTP_MAX_CAPTURES]; -1 when no row
+ * has this path (404); -2 when rows have it but not this method (405: `allow` gets the
+ * Allow header's list); -3 when a row of the table is invalid. */
+int http_route_lookup(const struct http_route *routes, size_t n, const char *method, const char *path,
+                      int64_t *ids, char *allow, size_t allow_cap);
+
+/* The parse of a JSON route's body, as the dispatcher makes it before the handler runs:
+ * DDPD_OK with *out a new reference, or DDPD_EJSON for an empty body or malformed JSON
+ * (duplicate keys included) with err's line and column set. */
+ddpd_err http_body_json(const char *body, size_t len, struct json_t **out, struct ddpd_error *err);
+
+/* The bearer token check: true when `given` (glen bytes) is `token`. Its time depends only
+ * on token_len, never on where `given` first differs or on its length. */
+bool http_token_equal(const char *token, size_t token_len, const char *given, size_t glen);
+
 /* ---- the server -------------------------------------------------------------------- */
 
 struct http_config {
@@ -127,6 +147,9 @@ const char *http_request_body(const struct http_request *req, size_t *len);
 
 /* The raw value (decoded), NULL when absent. Borrowed. */
 const char *http_query(const struct http_request *req, const char *name);
+/* The value check of http_query_int: a decimal integer within [min, max], nothing else
+ * around it. */
+bool http_param_int(const char *v, int64_t min, int64_t max, int64_t *out);
 /* A decimal integer within [min, max]. */
 ddpd_err http_query_int(struct http_request *req, const char *name, int64_t min, int64_t max, int64_t dflt,
                         int64_t *out, struct ddpd_error *err);

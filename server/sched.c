@@ -80,7 +80,13 @@ void sched_enqueue(struct sched *s, int64_t job, device_kind kind, int world)
         k->q = nq;
         k->qcap = ncap;
     }
-    k->q[k->qlen++] = (struct queued){job, world};
+    /* FIFO by id: usually the newest, so the scan stops at once. */
+    int i = k->qlen;
+    while (i > 0 && k->q[i - 1].job > job)
+        i--;
+    memmove(&k->q[i + 1], &k->q[i], (size_t)(k->qlen - i) * sizeof *k->q);
+    k->q[i] = (struct queued){job, world};
+    k->qlen++;
 }
 
 bool sched_dequeue(struct sched *s, int64_t job)
@@ -136,21 +142,40 @@ void sched_release(struct sched *s, int64_t job)
                 s->k[t].holder[i] = 0;
 }
 
+/* The reason of the job at position i of kind t's queue. */
+static void reason_at(const struct kind_state *k, int t, int i, char *buf, size_t cap)
+{
+    if (i > 0)
+        snprintf(buf, cap, "queued behind job %" PRId64 " (%d earlier job%s waiting for %ss)", k->q[0].job, i,
+                 i > 1 ? "s" : "", kind_word((device_kind)t));
+    else
+        snprintf(buf, cap, "waiting for %d free %ss (%d of %d free)", k->q[i].world, kind_word((device_kind)t),
+                 free_slots(k), k->nslots);
+}
+
 void sched_pending_reason(const struct sched *s, int64_t job, char *buf, size_t cap)
 {
     buf[0] = '\0';
     for (int t = 0; t < 2; t++) {
         const struct kind_state *k = &s->k[t];
+        /* From the back: the jobs asked about most are the ones just appended. */
+        for (int i = k->qlen - 1; i >= 0; i--) {
+            if (k->q[i].job == job) {
+                reason_at(k, t, i, buf, cap);
+                return;
+            }
+        }
+    }
+}
+
+void sched_pending_reasons(const struct sched *s, void (*fn)(void *ctx, int64_t job, const char *why), void *ctx)
+{
+    char buf[1024];
+    for (int t = 0; t < 2; t++) {
+        const struct kind_state *k = &s->k[t];
         for (int i = 0; i < k->qlen; i++) {
-            if (k->q[i].job != job)
-                continue;
-            if (i > 0)
-                snprintf(buf, cap, "queued behind job %" PRId64 " (%d earlier job%s waiting for %ss)",
-                         k->q[0].job, i, i > 1 ? "s" : "", kind_word((device_kind)t));
-            else
-                snprintf(buf, cap, "waiting for %d free %ss (%d of %d free)", k->q[i].world,
-                         kind_word((device_kind)t), free_slots(k), k->nslots);
-            return;
+            reason_at(k, t, i, buf, sizeof buf);
+            fn(ctx, k->q[i].job, buf);
         }
     }
 }

@@ -25,7 +25,8 @@ int sched_slots(const struct sched *s, device_kind kind);
  * says so in a sentence ("world_size 4 needs 4 cpu slots but this server has 2"). */
 bool sched_fits(const struct sched *s, device_kind kind, int world, char *why, size_t cap);
 
-/* Appends a job to its kind's queue (FIFO by call order). */
+/* Adds a job to its kind's queue, which is kept in job id order: ids grow with
+ * submission, and concurrent submissions may reach the supervisor out of order. */
 void sched_enqueue(struct sched *s, int64_t job, device_kind kind, int world);
 /* Removes a queued job (cancelled before it started). False if it was not queued. */
 bool sched_dequeue(struct sched *s, int64_t job);
@@ -40,6 +41,9 @@ void sched_release(struct sched *s, int64_t job);
 
 /* Why a queued job is waiting, in a sentence; "" when it is not queued. */
 void sched_pending_reason(const struct sched *s, int64_t job, char *buf, size_t cap);
+/* Calls fn with every queued job and its reason, in queue order (one pass: for looking
+ * at every queued job at once). */
+void sched_pending_reasons(const struct sched *s, void (*fn)(void *ctx, int64_t job, const char *why), void *ctx);
 
 /* The job holding slot `i` of `kind`, or 0 when it is free. */
 int64_t sched_slot_holder(const struct sched *s, device_kind kind, int i);

@@ -109,18 +109,6 @@ static ddpd_err check_spec(const struct spec *s, int world, struct ddpd_error *e
     return DDPD_OK;
 }
 
-/* Batches of a shard of `rows` samples. */
-static int64_t batches_of(int64_t rows, int64_t batch, bool drop_last)
-{
-    return drop_last ? rows / batch : (rows + batch - 1) / batch;
-}
-
-/* Samples rank r takes from n by striding: positions r, r+W, ... < n. */
-static int64_t stride_count(int64_t n, int r, int w)
-{
-    return n / w + (r < n % w ? 1 : 0);
-}
-
 /* float32 of a double as an IEEE cast does, without the undefined behaviour C gives a
  * cast of a value beyond FLT_MAX. */
 static float to_f32(double d)
@@ -167,23 +155,17 @@ static bool subst_rank(char *out, size_t cap, const char *given, int rank)
     return true;
 }
 
-/* Opens spec field `field` (value `given`) under data_dir for `rank`, refusing anything
- * that leaves the data directory. */
-static ddpd_err file_open(struct dfile *f, const char *data_dir, const char *field, const char *given,
-                          int rank, struct ddpd_error *err)
+/* Resolves `name` (spec field `field`'s value `given`, {rank} replaced) under data_dir
+ * into rfile[PATH_MAX], refusing anything that leaves the data directory: an absolute
+ * path, "..", or a symbolic link that leads out of it. */
+static ddpd_err path_resolve(const char *data_dir, const char *field, const char *given, const char *name,
+                             char *rfile, struct ddpd_error *err)
 {
-    char joined[PATH_MAX + SPEC_PATH_MAX + 64], rdir[PATH_MAX], rfile[PATH_MAX];
-    struct stat st;
-    f->fd = -1;
-    f->size = 0;
-    if (!given[0])
-        return fail(err, DDPD_ESPEC, field, "missing file name");
-    if (!subst_rank(f->name, sizeof f->name, given, rank))
-        return fail(err, DDPD_ESPEC, field, "path is too long");
-    if (f->name[0] == '/')
+    char joined[PATH_MAX + SPEC_PATH_MAX + 64], rdir[PATH_MAX];
+    if (name[0] == '/')
         return fail(err, DDPD_ESPEC, field,
                     "\"%s\" is an absolute path; data paths are relative to the data directory", given);
-    for (const char *c = f->name; *c;) {
+    for (const char *c = name; *c;) {
         size_t len = strcspn(c, "/");
         if (len == 2 && c[0] == '.' && c[1] == '.')
             return fail(err, DDPD_ESPEC, field, "\"%s\" leaves the data directory", given);
@@ -194,16 +176,50 @@ static ddpd_err file_open(struct dfile *f, const char *data_dir, const char *fie
     if (!realpath(data_dir && data_dir[0] ? data_dir : ".", rdir))
         return fail(err, DDPD_EDATA, data_dir && data_dir[0] ? data_dir : ".", "data directory: %s",
                     strerror(errno));
-    int n = snprintf(joined, sizeof joined, "%s/%s", rdir, f->name);
+    int n = snprintf(joined, sizeof joined, "%s/%s", rdir, name);
     if (n < 0 || (size_t)n >= sizeof joined)
         return fail(err, DDPD_ESPEC, field, "path is too long");
     if (!realpath(joined, rfile))
-        return fail(err, DDPD_EDATA, f->name, "cannot open: %s", strerror(errno));
+        return fail(err, DDPD_EDATA, name, "cannot open: %s", strerror(errno));
     size_t dl = strlen(rdir);
     bool inside = strcmp(rdir, "/") == 0 || (strncmp(rfile, rdir, dl) == 0 && rfile[dl] == '/');
     if (!inside)
         return fail(err, DDPD_ESPEC, field, "\"%s\" leaves the data directory (through a symbolic link)",
                     given);
+    return DDPD_OK;
+}
+
+ddpd_err data_path_resolve(const char *data_dir, const char *field, const char *given, char *out, size_t cap,
+                           struct ddpd_error *err)
+{
+    char rfile[PATH_MAX];
+    if (!given[0])
+        return fail(err, DDPD_ESPEC, field, "missing file name");
+    ddpd_err rc = path_resolve(data_dir, field, given, given, rfile, err);
+    if (rc != DDPD_OK)
+        return rc;
+    int n = snprintf(out, cap, "%s", rfile);
+    if (n < 0 || (size_t)n >= cap)
+        return fail(err, DDPD_ESPEC, field, "path is too long");
+    return DDPD_OK;
+}
+
+/* Opens spec field `field` (value `given`) under data_dir for `rank`, refusing anything
+ * that leaves the data directory. */
+static ddpd_err file_open(struct dfile *f, const char *data_dir, const char *field, const char *given,
+                          int rank, struct ddpd_error *err)
+{
+    char rfile[PATH_MAX];
+    struct stat st;
+    ddpd_err rc;
+    f->fd = -1;
+    f->size = 0;
+    if (!given[0])
+        return fail(err, DDPD_ESPEC, field, "missing file name");
+    if (!subst_rank(f->name, sizeof f->name, given, rank))
+        return fail(err, DDPD_ESPEC, field, "path is too long");
+    if ((rc = path_resolve(data_dir, field, given, f->name, rfile, err)) != DDPD_OK)
+        return rc;
     f->fd = open(rfile, O_RDONLY | O_CLOEXEC);
     if (f->fd < 0)
         return fail(err, DDPD_EDATA, f->name, "cannot open: %s", strerror(errno));
@@ -1231,7 +1247,7 @@ static ddpd_err open_synthetic(struct dataset *ds, const struct spec *s, struct 
     ds->n_total = s->data.samples;
     /* With shuffling every rank needs every row; without, only its own. */
     ds->hold = ds->shuffle ? HOLD_WHOLE : HOLD_SHARD_ONLY;
-    int64_t n = ds->shuffle ? ds->n_total : stride_count(ds->n_total, ds->rank, ds->world);
+    int64_t n = ds->shuffle ? ds->n_total : spec_shard_rows(ds->n_total, ds->rank, ds->world);
     if ((rc = teacher_new(&t, s, err)))
         goto out;
     if ((rc = ds_alloc(ds, n, DDPD_ESPEC, "data.samples", err)))
@@ -1349,7 +1365,7 @@ struct dataset *dataset_open(const struct spec *spec, const char *data_dir, int 
         ds->n_total = ds->n;
         ds->shard = ds->n;
     } else {
-        ds->shard = stride_count(ds->n_total, rank, world_size);
+        ds->shard = spec_shard_rows(ds->n_total, rank, world_size);
     }
     rc = DDPD_ENOMEM;
     ds->idx = malloc((size_t)(ds->shard > 0 ? ds->shard : 1) * sizeof *ds->idx);
@@ -1388,7 +1404,7 @@ int64_t dataset_shard_size(const struct dataset *ds)
 
 int64_t dataset_batches(const struct dataset *ds)
 {
-    return batches_of(ds->shard, ds->batch, ds->drop_last);
+    return spec_batches(ds->shard, ds->batch, ds->drop_last);
 }
 
 void dataset_set_epoch(struct dataset *ds, int64_t epoch)
@@ -1482,6 +1498,6 @@ ddpd_err dataset_batch_counts(const struct spec *spec, const char *data_dir, int
     if ((rc = check_spec(spec, world_size, err)) || (rc = count_rows(spec, data_dir, &rows, err)))
         return rc;
     for (int r = 0; r < world_size; r++)
-        out[r] = batches_of(stride_count(rows, r, world_size), spec->batch_size, spec->data.drop_last);
+        out[r] = spec_batches(spec_shard_rows(rows, r, world_size), spec->batch_size, spec->data.drop_last);
     return DDPD_OK;
 }

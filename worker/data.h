@@ -24,6 +24,13 @@ struct dataset *dataset_open(const struct spec *spec, const char *data_dir, int 
                              int world_size, struct ddpd_error *err);
 void dataset_free(struct dataset *ds);
 
+/* The same check for any other file a spec names under the data directory (init.from):
+ * `given` (no {rank} replacement) resolved under data_dir into out[cap] as a real path
+ * inside it. DDPD_ESPEC naming `field` for an absolute path, "..", or a symbolic link that
+ * leads out of the data directory; DDPD_EDATA naming the file when it cannot be found. */
+ddpd_err data_path_resolve(const char *data_dir, const char *field, const char *given, char *out, size_t cap,
+                           struct ddpd_error *err);
+
 /* Samples in this rank's shard, and batches per epoch (ceil, or floor with drop_last). */
 int64_t dataset_shard_size(const struct dataset *ds);
 int64_t dataset_batches(const struct dataset *ds);

@@ -4,6 +4,7 @@
  * a clean error naming the file for every kind of bad file or path. */
 #include <errno.h>
 #include <ftw.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -603,6 +604,12 @@ static void test_npy_errors(void)
 
 /* ---- paths ---- */
 
+/* data_path_resolve as the worker calls it for init.from, into real[PATH_MAX]. */
+static ddpd_err resolve_from(const char *given, char *real, struct ddpd_error *err)
+{
+    return data_path_resolve(datadir, "init.from", given, real, PATH_MAX, err);
+}
+
 static void test_paths(void)
 {
     struct spec s;
@@ -664,6 +671,63 @@ static void test_paths(void)
     ds = dataset_open(&s, "/nonexistent-ddpd-dir", 0, 1, &err);
     CHECK(ds == NULL);
     CHECK(strstr(err.message, "/nonexistent-ddpd-dir: data directory: No such file") != NULL);
+
+    /* {rank} tricks: the path is checked after {rank} is replaced, per rank. Rank 0's own
+     * files are fine; rank 1's x is a symbolic link out of the data directory; {rank} in
+     * front of ".." or an absolute path does not hide them. */
+    put_npy("data/rx_0.npy", 1, "<f4", "(2, 2)", x, sizeof x);
+    put_npy("data/ry_0.npy", 1, "<f4", "(2, 2)", x, sizeof x);
+    put_npy("data/ry_1.npy", 1, "<f4", "(2, 2)", x, sizeof x);
+    snprintf(link, sizeof link, "%s/data/rx_1.npy", datadir);
+    CHECK(symlink(outside, link) == 0);
+    spec_npy(&s, "data/rx_{rank}.npy", "data/ry_{rank}.npy");
+    ds = open_ok(&s, 0, 2);
+    dataset_free(ds);
+    memset(&err, 0, sizeof err);
+    ds = dataset_open(&s, datadir, 1, 2, &err);
+    CHECK(ds == NULL);
+    CHECK_EQ_STR(err.message,
+                 "data.x: \"data/rx_{rank}.npy\" leaves the data directory (through a symbolic link)");
+    spec_npy(&s, "{rank}/../../outside.npy", "data/ry_{rank}.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_ESPEC, "data.x"),
+                 "data.x: \"{rank}/../../outside.npy\" leaves the data directory");
+    spec_npy(&s, "data/rx_{rank}.npy", "{rank}/../../etc/passwd");
+    open_fails(&s, DDPD_ESPEC, "data.y");
+    spec_npy(&s, "/{rank}/x.npy", "data/ry_{rank}.npy");
+    CHECK(strstr(open_fails(&s, DDPD_ESPEC, "data.x"), "is an absolute path") != NULL);
+    /* {rank} never makes a path longer (6 bytes become at most 4 digits: world <= 1024), so
+     * 170 of them still fit; the file name is then the operating system's to refuse. */
+    char longp[SPEC_PATH_MAX];
+    size_t lp = 0;
+    while (lp + 6 < sizeof longp - 1) {
+        memcpy(longp + lp, "{rank}", 6);
+        lp += 6;
+    }
+    longp[lp] = '\0';
+    spec_npy(&s, longp, "data/ry_{rank}.npy");
+    memset(&err, 0, sizeof err);
+    ds = dataset_open(&s, datadir, 123, 1000, &err);
+    CHECK(ds == NULL);
+    CHECK_EQ_STR(ddpd_err_name(err.code), "EDATA");
+    CHECK(strstr(err.message, "123123123: cannot open: File name too long") != NULL);
+
+    /* init.from goes through the same check (it used to be joined to the data directory and
+     * opened, symbolic links and all). */
+    char real[PATH_MAX], given[PATH_MAX + 32], want[PATH_MAX];
+    snprintf(given, sizeof given, "%s/data/px.npy", datadir);
+    CHECK(realpath(given, want));
+    CHECK_EQ_INT(resolve_from("data/in_link.npy", real, &err), DDPD_OK);
+    CHECK_EQ_STR(real, want);
+    CHECK_EQ_INT(resolve_from("data/link.npy", real, &err), DDPD_ESPEC);
+    CHECK_EQ_STR(err.message,
+                 "init.from: \"data/link.npy\" leaves the data directory (through a symbolic link)");
+    CHECK_EQ_STR(err.path, "init.from");
+    CHECK_EQ_INT(resolve_from("data/rel_link.npy", real, &err), DDPD_ESPEC);
+    CHECK_EQ_INT(resolve_from("data/../../w.st", real, &err), DDPD_ESPEC);
+    CHECK_EQ_INT(resolve_from("/etc/passwd", real, &err), DDPD_ESPEC);
+    CHECK_EQ_INT(resolve_from("", real, &err), DDPD_ESPEC);
+    CHECK_EQ_INT(resolve_from("data/none.st", real, &err), DDPD_EDATA);
+    CHECK_EQ_STR(err.message, "data/none.st: cannot open: No such file or directory");
 }
 
 /* ---- CSV ---- */

@@ -49,6 +49,20 @@ int main(void)
     CHECK(!sched_dequeue(s, 4));
     CHECK(sched_next(s, &job, &kind, slots, &world));
     CHECK_EQ_INT(job, 5);
+
+    /* Submissions that reach the queue out of order still run in id order (FIFO by
+     * submission): 8 and 7 arrive before 6. */
+    sched_release(s, 3);
+    sched_release(s, 5);
+    sched_enqueue(s, 9, DEVICE_CPU, 2);
+    sched_enqueue(s, 8, DEVICE_CPU, 1);
+    sched_enqueue(s, 7, DEVICE_CPU, 1);
+    sched_enqueue(s, 6, DEVICE_CPU, 1);
+    for (int64_t want = 6; want <= 9; want++) {
+        CHECK(sched_next(s, &job, &kind, slots, &world));
+        CHECK_EQ_INT(job, want);
+        sched_release(s, job);
+    }
     sched_free(s);
     sched_free(NULL);
     CHECK_DONE();

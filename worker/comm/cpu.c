@@ -4,6 +4,7 @@
  * reduce-scatter + all-gather: each sum is made once, by one rank, and copied, so every
  * rank gets the same bits. Every wait has a deadline; knows nothing of tensors or DDP. */
 #include "../comm.h"
+#include "cpu_wire.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -28,16 +29,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_WORLD 1024 /* a registration claiming more is refused */
-#define MAGIC_BYTES 16
-#define ADDR_BYTES 20    /* family, port, 16 address bytes (see addr_put) */
-#define REG_BYTES 64     /* a rank's registration with the root */
-#define MSG_HDR_BYTES 8  /* root -> rank messages: type, length */
-#define MSG_TEXT_MAX 512 /* longest error text the root sends */
-#define HELLO_BYTES 24   /* ring neighbours: magic, rank, tag */
-#define HDR_BYTES 24     /* per-collective header on the ring */
-#define NOTICE_HDR 12    /* failure notice: tag, origin rank, text length */
-#define NOTICE_TEXT_MAX 400
 #define NOTICE_TAG 0x4444504e      /* "DDPN" */
 #define SMALL_BYTES (16 * 1024)    /* all-reduces up to this take the latency path */
 #define STAGE_BYTES (256 * 1024)   /* receive staging of a reduction */
@@ -52,7 +43,6 @@
 #define MAX_ROOT_CONNS 4096    /* connections the root holds at once */
 #define PROTO_VERSION 1
 
-enum { MSG_PROGRESS = 1, MSG_ERROR = 2, MSG_TABLE = 3 };
 enum { OP_ALLREDUCE = 1, OP_BROADCAST, OP_ALLGATHER, OP_MAX_I64, OP_BARRIER, OP_COUNT };
 static const char *const op_names[OP_COUNT] = {"?",         "allreduce",     "broadcast",
                                                "allgather", "allreduce_max", "barrier"};
@@ -119,13 +109,7 @@ static uint64_t get64(const unsigned char *p)
 
 /* ---- addresses ---- */
 
-struct addr {
-    int family;           /* AF_INET or AF_INET6 */
-    uint16_t port;        /* host order */
-    unsigned char ip[16]; /* 4 bytes used for AF_INET */
-};
-
-static socklen_t addr_to_sa(const struct addr *a, struct sockaddr_storage *ss)
+static socklen_t addr_to_sa(const struct cpu_addr *a, struct sockaddr_storage *ss)
 {
     memset(ss, 0, sizeof *ss);
     if (a->family == AF_INET) {
@@ -142,7 +126,7 @@ static socklen_t addr_to_sa(const struct addr *a, struct sockaddr_storage *ss)
     return sizeof *s6;
 }
 
-static int addr_from_sa(const struct sockaddr_storage *ss, struct addr *a)
+static int addr_from_sa(const struct sockaddr_storage *ss, struct cpu_addr *a)
 {
     memset(a, 0, sizeof *a);
     if (ss->ss_family == AF_INET) {
@@ -163,7 +147,7 @@ static int addr_from_sa(const struct sockaddr_storage *ss, struct addr *a)
 }
 
 /* "127.0.0.1:43211" or "[::1]:43211". */
-static void addr_text(const struct addr *a, char *buf, size_t cap)
+static void addr_text(const struct cpu_addr *a, char *buf, size_t cap)
 {
     char ip[INET6_ADDRSTRLEN] = "?";
     inet_ntop(a->family, a->ip, ip, sizeof ip);
@@ -175,7 +159,7 @@ static void addr_text(const struct addr *a, char *buf, size_t cap)
 
 /* On the wire (in the id, the registration and the table): family as 4 or 6, port, then
  * 16 address bytes (an IPv4 address uses the first 4). */
-static void addr_put(unsigned char *p, const struct addr *a)
+static void addr_put(unsigned char *p, const struct cpu_addr *a)
 {
     memset(p, 0, ADDR_BYTES);
     put16(p, a->family == AF_INET6 ? 6 : 4);
@@ -183,7 +167,7 @@ static void addr_put(unsigned char *p, const struct addr *a)
     memcpy(p + 4, a->ip, a->family == AF_INET6 ? 16 : 4);
 }
 
-static int addr_get(const unsigned char *p, struct addr *a)
+static int addr_get(const unsigned char *p, struct cpu_addr *a)
 {
     memset(a, 0, sizeof *a);
     uint32_t fam = get16(p);
@@ -197,7 +181,7 @@ static int addr_get(const unsigned char *p, struct addr *a)
 
 /* The address the issuer listens on: DDPD_COMM_ADDR (a numeric address or a host name)
  * or 127.0.0.1, port 0 so the kernel picks a free one. */
-static int listen_addr(struct addr *a, char *err, size_t cap)
+static int listen_addr(struct cpu_addr *a, char *err, size_t cap)
 {
     const char *host = getenv("DDPD_COMM_ADDR");
     if (!host || !*host)
@@ -314,7 +298,7 @@ static int recv_all(int fd, void *buf, size_t len, double deadline)
 /* Connects to `a` before the deadline, retrying while nobody listens there yet (the root
  * or a neighbour may still be starting). Returns a non-blocking fd, or -1 with errno
  * (ETIMEDOUT at the deadline; *refused says whether the last try was refused). */
-static int connect_retry(const struct addr *a, double deadline, int *refused)
+static int connect_retry(const struct cpu_addr *a, double deadline, int *refused)
 {
     struct sockaddr_storage ss;
     socklen_t sl = addr_to_sa(a, &ss);
@@ -361,7 +345,7 @@ static int connect_retry(const struct addr *a, double deadline, int *refused)
 /* ---- the id ---- */
 
 /* bytes 0..15 magic, 16..35 the root's address (addr_put), the rest zero. */
-static int id_decode(const struct comm_id *id, unsigned char magic[MAGIC_BYTES], struct addr *root)
+int comm_cpu__id_decode(const struct comm_id *id, unsigned char magic[MAGIC_BYTES], struct cpu_addr *root)
 {
     memcpy(magic, id->bytes, MAGIC_BYTES);
     if (addr_get(id->bytes + MAGIC_BYTES, root) < 0)
@@ -421,29 +405,41 @@ static void root_refuse(struct root *R, size_t i, const char *text)
     root_drop(R, i);
 }
 
+int comm_cpu__reg_decode(const unsigned char reg[REG_BYTES], const unsigned char magic[MAGIC_BYTES],
+                         struct cpu_reg *out, char *text, size_t cap)
+{
+    if (memcmp(reg, magic, MAGIC_BYTES) != 0) {
+        snprintf(text, cap,
+                 "wrong magic: the id this rank was given does not belong to this "
+                 "rendezvous (a stale id from an earlier attempt?)");
+        return -1;
+    }
+    uint32_t version = get32(reg + 16);
+    out->rank = get32(reg + 20);
+    out->world = get32(reg + 24);
+    if (version != PROTO_VERSION || addr_get(reg + 28, &out->addr) < 0) {
+        snprintf(text, cap, "malformed registration (another ddpd version?)");
+        return -1;
+    }
+    if (out->world < 1 || out->world > MAX_WORLD) {
+        snprintf(text, cap, "world size %u is out of range (1..%d)", out->world, MAX_WORLD);
+        return -1;
+    }
+    return 0;
+}
+
 /* A full registration arrived on conns[i]: check it, record it, and when the last rank is
  * in send everyone the table. Returns 1 when conns[i] was removed. */
 static int root_register(struct root *R, size_t i)
 {
     struct rconn *cn = &R->conns[i];
     char text[MSG_TEXT_MAX];
-    if (memcmp(cn->buf, R->magic, MAGIC_BYTES) != 0) {
-        root_refuse(R, i,
-                    "wrong magic: the id this rank was given does not belong to this "
-                    "rendezvous (a stale id from an earlier attempt?)");
-        return 1;
-    }
-    uint32_t version = get32(cn->buf + 16), rank = get32(cn->buf + 20), world = get32(cn->buf + 24);
-    struct addr a;
-    if (version != PROTO_VERSION || addr_get(cn->buf + 28, &a) < 0) {
-        root_refuse(R, i, "malformed registration (another ddpd version?)");
-        return 1;
-    }
-    if (world < 1 || world > MAX_WORLD) {
-        snprintf(text, sizeof text, "world size %u is out of range (1..%d)", world, MAX_WORLD);
+    struct cpu_reg reg;
+    if (comm_cpu__reg_decode(cn->buf, R->magic, &reg, text, sizeof text) < 0) {
         root_refuse(R, i, text);
         return 1;
     }
+    uint32_t rank = reg.rank, world = reg.world;
     if (R->world == 0) {
         /* The first registration fixes the world size; the cap above bounds the tables. */
         free(R->slot);
@@ -504,7 +500,7 @@ int comm_cpu_issue_id(FILE *out, int stdin_fd)
     struct root R = {0};
     struct pollfd *pfd = NULL;
     char err[256] = "";
-    struct addr a;
+    struct cpu_addr a;
     struct comm_id id = {{0}};
     char hex[2 * COMM_ID_BYTES + 1];
 
@@ -738,14 +734,11 @@ struct origin {
 /* Anything readable from next means next has given up: a notice followed by its hang-up,
  * or just the hang-up (it died). Returns 1 with the failure in err and o, 0 when nothing
  * has arrived. */
-static int next_failed(struct cpu *c, const char *w, char *err, size_t cap, struct origin *o)
+int comm_cpu__notice_decode(const unsigned char *buf, size_t k, int world, int *origin,
+                            char text[NOTICE_TEXT_MAX + 1])
 {
-    unsigned char all[1024];
-    ssize_t k = recv(c->fd_next, all, sizeof all, MSG_DONTWAIT);
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-        return 0;
     /* Zero bytes are wake-up pings of a shared-memory link, not news. */
-    const unsigned char *buf = all;
+    const unsigned char *all = buf;
     while (k > 0 && *buf == 0) {
         buf++;
         k--;
@@ -756,16 +749,31 @@ static int next_failed(struct cpu *c, const char *w, char *err, size_t cap, stru
         uint32_t from = get32(buf + 4), len = get32(buf + 8);
         /* The origin and length are the peer's claims: both are checked against what
          * arrived and the world before use. */
-        if (from < (uint32_t)c->world && len <= (size_t)k - NOTICE_HDR && len <= NOTICE_TEXT_MAX) {
+        if (from < (uint32_t)world && len <= k - NOTICE_HDR && len <= NOTICE_TEXT_MAX) {
             for (uint32_t i = 0; i < len; i++) {
                 unsigned char ch = buf[NOTICE_HDR + i];
-                o->text[i] = ch >= 32 && ch < 127 ? (char)ch : '?';
+                text[i] = ch >= 32 && ch < 127 ? (char)ch : '?';
             }
-            o->text[len] = '\0';
-            o->rank = (int)from;
-            snprintf(err, cap, "rank %u reported: %s", from, o->text);
+            text[len] = '\0';
+            *origin = (int)from;
             return 1;
         }
+    }
+    return -1;
+}
+
+static int next_failed(struct cpu *c, const char *w, char *err, size_t cap, struct origin *o)
+{
+    unsigned char all[1024];
+    ssize_t k = recv(c->fd_next, all, sizeof all, MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return 0;
+    int got = k > 0 ? comm_cpu__notice_decode(all, (size_t)k, c->world, &o->rank, o->text) : -1;
+    if (got == 0)
+        return 0;
+    if (got > 0) {
+        snprintf(err, cap, "rank %d reported: %s", o->rank, o->text);
+        return 1;
     }
     snprintf(err, cap, "peer rank %d closed the connection during %s", c->next, w);
     return 1;
@@ -847,6 +855,11 @@ static void describe(char *buf, size_t cap, int op, uint32_t seq, uint64_t bytes
         snprintf(buf, cap, "%s #%u of %llu bytes from rank %u", name, seq, (unsigned long long)bytes, arg);
     else
         snprintf(buf, cap, "%s #%u of %llu bytes", name, seq, (unsigned long long)bytes);
+}
+
+void comm_cpu__header_describe(const unsigned char h[HDR_BYTES], char *buf, size_t cap)
+{
+    describe(buf, cap, (int)get32(h + 4), get32(h + 12), get64(h + 16), get32(h + 8));
 }
 
 /* "allreduce (bucket of 1048576 floats)": what the user's call was, for error texts. */
@@ -959,7 +972,7 @@ static int header_check(const struct cpu *c, const struct plan *p, const unsigne
                  c->prev, w);
         return -1;
     }
-    describe(got, sizeof got, (int)get32(rhdr + 4), get32(rhdr + 12), get64(rhdr + 16), get32(rhdr + 8));
+    comm_cpu__header_describe(rhdr, got, sizeof got);
     describe(want, sizeof want, p->op, seq, p->bytes, p->arg);
     snprintf(err, cap, "collective mismatch: rank %d sent %s, expected %s", c->prev, got, want);
     return -1;
@@ -1550,9 +1563,10 @@ static void hello_put(unsigned char *h, const struct cpu *c)
     put32(h + 20, 0x48454c4f); /* "HELO" */
 }
 
-static int hello_check(const unsigned char *h, const struct cpu *c, int expect, char *err, size_t cap)
+int comm_cpu__hello_check(const unsigned char h[HELLO_BYTES], const unsigned char magic[MAGIC_BYTES],
+                          int expect, char *err, size_t cap)
 {
-    if (memcmp(h, c->magic, MAGIC_BYTES) != 0 || get32(h + 20) != 0x48454c4f)
+    if (memcmp(h, magic, MAGIC_BYTES) != 0 || get32(h + 20) != 0x48454c4f)
         return fmt_err(err, cap,
                        "ring: the connection with rank %d carries the wrong magic "
                        "(a rank of another group?)",
@@ -1568,10 +1582,51 @@ static const char *io_text(int io)
     return io == IO_TIMEOUT ? "timed out" : io == IO_CLOSED ? "connection closed" : strerror(errno);
 }
 
+int comm_cpu__msg_head(const unsigned char h[MSG_HDR_BYTES], int world, uint32_t *type, uint32_t *len)
+{
+    *type = get32(h);
+    *len = get32(h + 4);
+    uint32_t expect = *type == MSG_PROGRESS ? 8u
+                      : *type == MSG_TABLE  ? (uint32_t)world * ADDR_BYTES
+                      : *type == MSG_ERROR  ? *len
+                                            : 0;
+    /* Lengths are the root's claims: anything not exactly what this type holds (or an
+     * error text longer than the cap) is refused before any allocation. A type we do not
+     * know is refused too: with length 0 it used to pass and be read as a table of
+     * world * ADDR_BYTES bytes from a 1-byte buffer (found by fuzz/fuzz_comm.c). */
+    if (*type != MSG_PROGRESS && *type != MSG_TABLE && *type != MSG_ERROR)
+        return -1;
+    if (*len != expect || *len > MAX_WORLD * ADDR_BYTES || (*type == MSG_ERROR && *len > MSG_TEXT_MAX))
+        return -1;
+    return 0;
+}
+
+int comm_cpu__msg_body(uint32_t type, unsigned char *payload, uint32_t len, int world, struct cpu_addr *table,
+                       int *registered)
+{
+    if (type == MSG_PROGRESS) {
+        *registered = (int)get32(payload);
+        return 0;
+    }
+    if (type == MSG_ERROR) {
+        payload[len] = '\0';
+        for (uint32_t i = 0; i < len; i++)
+            if (payload[i] < 32 || payload[i] > 126)
+                payload[i] = '?';
+        return 0;
+    }
+    if (type != MSG_TABLE || len != (uint32_t)world * ADDR_BYTES)
+        return -1;
+    for (int r = 0; r < world; r++)
+        if (addr_get(payload + (size_t)r * ADDR_BYTES, &table[r]) < 0)
+            return -1;
+    return 0;
+}
+
 /* Registers with the root over `fd` (connected) and receives the table: table[world] of
  * the ranks' listening addresses. */
-static int rendezvous(struct cpu *c, int fd, const struct addr *root, const struct addr *me, double deadline,
-                      struct addr *table, char *err, size_t cap)
+static int rendezvous(struct cpu *c, int fd, const struct cpu_addr *root, const struct cpu_addr *me,
+                      double deadline, struct cpu_addr *table, char *err, size_t cap)
 {
     int rc = -1, registered = 0;
     char at[80];
@@ -1609,14 +1664,8 @@ static int rendezvous(struct cpu *c, int fd, const struct addr *root, const stru
             fmt_err(err, cap, "rendezvous: root %s: %s", at, io_text(io));
             goto out;
         }
-        uint32_t type = get32(h), len = get32(h + 4);
-        uint32_t expect = type == MSG_PROGRESS ? 8u
-                          : type == MSG_TABLE  ? (uint32_t)c->world * ADDR_BYTES
-                          : type == MSG_ERROR  ? len
-                                               : 0;
-        /* Lengths are the root's claims: anything not exactly what this type holds (or an
-         * error text longer than the cap) is refused before any allocation. */
-        if (len != expect || len > MAX_WORLD * ADDR_BYTES || (type == MSG_ERROR && len > MSG_TEXT_MAX)) {
+        uint32_t type, len;
+        if (comm_cpu__msg_head(h, c->world, &type, &len) < 0) {
             fmt_err(err, cap, "rendezvous: malformed message from root %s", at);
             goto out;
         }
@@ -1631,23 +1680,16 @@ static int rendezvous(struct cpu *c, int fd, const struct addr *root, const stru
             fmt_err(err, cap, "rendezvous: root %s: %s", at, io_text(io));
             goto out;
         }
-        if (type == MSG_PROGRESS) {
-            registered = (int)get32(payload);
-            continue;
+        if (comm_cpu__msg_body(type, payload, len, c->world, table, &registered) < 0) {
+            fmt_err(err, cap, "rendezvous: malformed table from root %s", at);
+            goto out;
         }
+        if (type == MSG_PROGRESS)
+            continue;
         if (type == MSG_ERROR) {
-            payload[len] = '\0';
-            for (uint32_t i = 0; i < len; i++)
-                if (payload[i] < 32 || payload[i] > 126)
-                    payload[i] = '?';
             fmt_err(err, cap, "rendezvous: root %s refused rank %d: %s", at, c->rank, (char *)payload);
             goto out;
         }
-        for (int r = 0; r < c->world; r++)
-            if (addr_get(payload + (size_t)r * ADDR_BYTES, &table[r]) < 0) {
-                fmt_err(err, cap, "rendezvous: malformed table from root %s", at);
-                goto out;
-            }
         rc = 0;
         break;
     }
@@ -1658,7 +1700,6 @@ out:
 
 /* ---- same-host links ---- */
 
-#define SHM_OFFER_BYTES 32
 #define SHM_OFFER_TAG 0x53484d4f /* "SHMO" */
 #define SHM_ACK_TAG 0x53484d41   /* "SHMA" */
 
@@ -1733,6 +1774,13 @@ static void link_unmap(struct link *L)
     L->h = NULL;
 }
 
+int comm_cpu__shm_offer_decode(const unsigned char offer[SHM_OFFER_BYTES], uint32_t *pid, uint32_t *fdnum)
+{
+    *pid = get32(offer + 4);
+    *fdnum = get32(offer + 8);
+    return get32(offer) == SHM_OFFER_TAG && *pid != 0 && get32(offer + 12) == SHM_CAP;
+}
+
 /* Moves each ring link onto a shared FIFO where both ends share this host; a link whose
  * ends cannot (other host, other PID namespace, DDPD_COMM_SHM=0) stays on TCP. Each
  * rank offers its incoming FIFO to prev, maps next's, and the producer's answer decides,
@@ -1758,8 +1806,9 @@ static int setup_shm(struct cpu *c, double deadline, char *err, size_t cap)
         fmt_err(err, cap, "ring: shared-memory offer from rank %d: %s", c->next, io_text(io));
         goto out;
     }
-    int ok = get32(theirs) == SHM_OFFER_TAG && get32(theirs + 4) != 0 && get32(theirs + 12) == SHM_CAP &&
-             shm_enabled() && shm_open_peer(c, get32(theirs + 4), get32(theirs + 8), theirs + 16) == 0;
+    uint32_t pid = 0, fdnum = 0;
+    int ok = comm_cpu__shm_offer_decode(theirs, &pid, &fdnum) && shm_enabled() &&
+             shm_open_peer(c, pid, fdnum, theirs + 16) == 0;
     put32(ack, SHM_ACK_TAG);
     put32(ack + 4, (uint32_t)ok);
     io = send_all(c->fd_next, ack, sizeof ack, deadline);
@@ -1782,7 +1831,8 @@ out:
 }
 
 /* Connects to next, accepts prev, and checks both with a hello each way. */
-static int form_ring(struct cpu *c, int lfd, const struct addr *table, double deadline, char *err, size_t cap)
+static int form_ring(struct cpu *c, int lfd, const struct cpu_addr *table, double deadline, char *err,
+                     size_t cap)
 {
     unsigned char mine[HELLO_BYTES], theirs[HELLO_BYTES];
     char at[80];
@@ -1809,7 +1859,7 @@ static int form_ring(struct cpu *c, int lfd, const struct addr *table, double de
     io = recv_all(c->fd_prev, theirs, sizeof theirs, deadline);
     if (io != IO_OK)
         return fmt_err(err, cap, "ring: hello from rank %d: %s", c->prev, io_text(io));
-    if (hello_check(theirs, c, c->prev, err, cap) < 0)
+    if (comm_cpu__hello_check(theirs, c->magic, c->prev, err, cap) < 0)
         return -1;
     io = send_all(c->fd_prev, mine, sizeof mine, deadline);
     if (io != IO_OK)
@@ -1817,7 +1867,7 @@ static int form_ring(struct cpu *c, int lfd, const struct addr *table, double de
     io = recv_all(c->fd_next, theirs, sizeof theirs, deadline);
     if (io != IO_OK)
         return fmt_err(err, cap, "ring: answer from rank %d: %s", c->next, io_text(io));
-    if (hello_check(theirs, c, c->next, err, cap) < 0)
+    if (comm_cpu__hello_check(theirs, c->magic, c->next, err, cap) < 0)
         return -1;
     return setup_shm(c, deadline, err, cap);
 }
@@ -1826,7 +1876,7 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
                               char *errbuf, size_t errcap)
 {
     struct cpu *c = NULL;
-    struct addr *table = NULL;
+    struct cpu_addr *table = NULL;
     int lfd = -1, rfd = -1;
     ddpd_err rc = DDPD_ECOMM;
     *ctx = NULL;
@@ -1870,8 +1920,8 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
         rc = DDPD_OK;
         goto out;
     }
-    struct addr root;
-    if (id_decode(id, c->magic, &root) < 0) {
+    struct cpu_addr root;
+    if (comm_cpu__id_decode(id, c->magic, &root) < 0) {
         fmt_err(errbuf, errcap, "malformed communicator id (no root address in it)");
         goto out;
     }
@@ -1899,7 +1949,7 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
      * the root (and so every rank) can reach us by, in the root's address family. */
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
-    struct addr me;
+    struct cpu_addr me;
     if (getsockname(rfd, (struct sockaddr *)&ss, &sl) < 0 || addr_from_sa(&ss, &me) < 0) {
         fmt_err(errbuf, errcap, "getsockname: %s", strerror(errno));
         goto out;

@@ -1,0 +1,208 @@
+"""Security of the real server (tests/README.md, "Threats and tests"): the environment a
+job's processes get is an allow-list of the server's (server/env.c), the bearer token never
+lands in a log, a response or a worker, oversized request headers are refused without
+hurting anyone else, and one address cannot hold more than its share of connections.
+Route-by-route auth over the real route table is tests/unit/test_server_auth.c."""
+import os
+import re
+import socket
+import time
+
+from conftest import FOREVER_STEPS, heavy_spec, seed_spec, wait_until
+
+# What server/env.c lets through: exact names and prefixes. Kept here on purpose (not read
+# from the C file): a change to the list must change this test too, in review.
+ALLOWED_NAMES = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH"}
+ALLOWED_PREFIXES = ("LC_", "OMP_", "OPENBLAS_", "GOTO_", "MKL_", "CUDA_", "NVIDIA_", "NCCL_", "DDPD_",
+                    "SLURM_", "ASAN_", "UBSAN_", "TSAN_", "LSAN_")
+
+SECRETS = {
+    "AWS_SECRET_ACCESS_KEY": "aws-s3cr3t-9f1c2e",
+    "DATABASE_PASSWORD": "db-s3cr3t-77aa",
+    "GITHUB_TOKEN": "ghp_s3cr3t0123456789",
+    "LD_PRELOAD": "",  # empty: harmless in the server, and must not reach a worker either
+    "OMPX_NOT_OMP": "ompx-secret-value",  # a near miss of the OMP_ prefix
+}
+
+
+def environ_of(pid):
+    raw = open(f"/proc/{pid}/environ", "rb").read()
+    return dict(e.split(b"=", 1) for e in raw.split(b"\0") if b"=" in e)
+
+
+def allowed(name):
+    return name in ALLOWED_NAMES or any(name.startswith(p) and len(name) > len(p) for p in ALLOWED_PREFIXES)
+
+
+def test_worker_environment_is_an_allow_list(make_server):
+    """A job's ranks and its id issuer see the allow-listed part of the server's
+    environment and nothing else: secrets set on the server are not in
+    /proc/<pid>/environ of any process the server started."""
+    env = dict(SECRETS, LC_ALL="C.UTF-8", NCCL_DEBUG="WARN", DDPD_COMM_SHM="1", OPENBLAS_VERBOSE="0")
+    srv = make_server(cpu_slots=2, env=env)
+    jid = srv.submit(heavy_spec(world_size=2, steps=FOREVER_STEPS))["id"]
+    try:
+        srv.wait_running(jid, timeout=60)
+        pids = wait_until(lambda: (lambda w: w if len(w) >= 3 else None)(srv.note_workers()), 20,
+                          "two ranks and the id issuer among the server's children")
+        server_env = environ_of(srv.pid())
+        for k, v in SECRETS.items():
+            assert server_env.get(k.encode()) == v.encode(), f"the test did not reach the server: {k}"
+        seen = []
+        for pid in pids:
+            e = environ_of(pid)
+            names = sorted(k.decode() for k in e)
+            seen.append((pid, names))
+            leaked = sorted(n for n in names if not allowed(n))
+            assert not leaked, f"worker {pid} got variables outside the allow-list: {leaked}"
+            for k in SECRETS:
+                assert k.encode() not in e, f"worker {pid} got {k}"
+            blob = b"\0".join(e.values())
+            for v in SECRETS.values():
+                assert not v or v.encode() not in blob, f"worker {pid} got a secret's value"
+            # What workers need does cross.
+            assert e.get(b"OMP_NUM_THREADS") == b"1" and e.get(b"LC_ALL") == b"C.UTF-8", names
+            assert e.get(b"NCCL_DEBUG") == b"WARN" and e.get(b"DDPD_COMM_SHM") == b"1", names
+            assert e.get(b"PATH") == server_env.get(b"PATH"), names
+        print("worker environments:", seen)
+    finally:
+        srv.post(f"/v1/jobs/{jid}/cancel")
+        srv.wait_state(jid, ("cancelled", "failed", "succeeded"), timeout=30)
+
+
+def test_token_is_never_logged_or_echoed(make_server):
+    """With a token file: right and wrong tokens (the right one with a byte more or less,
+    in every Authorization form) go through every kind of request; afterwards the token's
+    text is in no file under the server's folder but the token file (stderr, database,
+    WAL, job logs, issuer log) and in no response."""
+    token = "tok-9c41e7d2b5a84f06-s3cret"
+    srv = make_server(cpu_slots=2, token=token)
+    bodies = []
+    for auth in [None, f"Bearer {token}x", f"Bearer {token[:-1]}", f"Basic {token}", token, f"bearer {token}"]:
+        hdr = {"Authorization": auth} if auth else {}
+        for method, path in [("GET", "/v1/jobs"), ("GET", "/v1/jobs/1"), ("POST", "/v1/jobs"),
+                             ("GET", "/v1/jobs/1/logs"), ("GET", "/nope"), ("GET", "/metrics")]:
+            r = srv.request(method, path, auth=False, headers=hdr, json={"name": 1} if method == "POST" else None)
+            bodies.append(r.text + str(r.headers))
+    jid = srv.submit(seed_spec(world_size=2, name="tok"))["id"]
+    srv.wait_state(jid, ("succeeded",), timeout=60)
+    for path in [f"/v1/jobs/{jid}", f"/v1/jobs/{jid}/events?format=ndjson", f"/v1/jobs/{jid}/logs",
+                 f"/v1/jobs/{jid}/logs?rank=1", "/metrics", "/v1/devices", "/healthz"]:
+        bodies.append(srv.get(path).text)
+    for b in bodies:
+        assert token not in b, f"a response holds the token: {b[:300]}"
+    srv.stop()
+    needle = token.encode()
+    scanned = 0
+    for dirpath, _, files in os.walk(srv.root):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            if os.path.samefile(p, srv.token_file):
+                continue
+            scanned += 1
+            with open(p, "rb") as fh:
+                assert needle not in fh.read(), f"the token is in {p}"
+    assert scanned >= 5, f"only {scanned} files under {srv.root}"
+    print(f"token in none of {len(bodies)} responses and {scanned} files")
+
+
+def test_init_from_symlink_out_of_the_data_dir_fails_the_job(server):
+    """init.from is a data path too: a symbolic link in the data directory that leads out of
+    it is refused by the ranks (they used to load whatever it pointed at), and the job
+    fails saying so; a file inside loads."""
+    import struct
+    import json as _json
+    hdr = _json.dumps({"0.weight": {"dtype": "F32", "shape": [5, 10], "data_offsets": [0, 200]},
+                       "0.bias": {"dtype": "F32", "shape": [5], "data_offsets": [200, 220]}}).encode()
+    blob = struct.pack("<Q", len(hdr)) + hdr + bytes(220)
+    outside = server.root / "outside.safetensors"
+    outside.write_bytes(blob)
+    (server.data_dir / "inside.safetensors").write_bytes(blob)
+    os.symlink(outside, server.data_dir / "w.safetensors")
+    bad = server.submit(seed_spec(init={"from": "w.safetensors"}))["id"]
+    j = server.wait_state(bad, ("failed", "succeeded"), timeout=60)
+    assert j["state"] == "failed" and "leaves the data directory" in (j["error"] or ""), j
+    print("init.from through a link:", j["error"])
+    ok = server.submit(seed_spec(init={"from": "inside.safetensors"}))["id"]
+    assert server.wait_state(ok, ("failed", "succeeded"), timeout=60)["state"] == "succeeded"
+
+
+def _raw(port, data, timeout=10):
+    """Sends `data` and returns whatever comes back until the server closes (or b"" when it
+    refused or reset the connection)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    got = b""
+    try:
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            return b""
+        while True:
+            try:
+                b = s.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                break
+            if not b:
+                break
+            got += b
+    finally:
+        s.close()
+    return got
+
+
+def test_oversized_headers_are_refused(server):
+    """One 100 KiB header line, 3000 small headers (96 KiB), and a 70 KiB request line:
+    each is answered with a 4xx (or the connection is closed) without a 2xx, quickly,
+    and the server serves everyone else meanwhile (64 KiB per connection,
+    http_config.memory_limit)."""
+    cases = {
+        "one huge header": b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (100 << 10) + b"\r\n\r\n",
+        "many headers": b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                        + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 20) for i in range(3000)) + b"\r\n",
+        "huge request line": b"GET /v1/jobs?state=" + b"q" * (70 << 10) + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    }
+    for what, req in cases.items():
+        t0 = time.monotonic()
+        got = _raw(server.port, req)
+        took = time.monotonic() - t0
+        status = re.match(rb"HTTP/1\.[01] (\d{3})", got)
+        assert got == b"" or (status and 400 <= int(status.group(1)) < 500), (what, got[:200])
+        assert took < 5, f"{what}: {took:.1f} s"
+        assert server.get("/healthz", timeout=5).status_code == 200, what
+        print(what, "->", status.group(1).decode() if status else "closed", f"in {took:.2f} s")
+
+
+def test_per_ip_connection_limit(server):
+    """One address holds at most 256 connections (http_config.per_ip_limit's default):
+    of 300 idle connections from 127.0.0.1, the server closes the ones past the limit
+    at once, and serves again as soon as they go."""
+    socks = []
+    try:
+        for _ in range(300):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            socks.append(s)
+        time.sleep(1.0)
+        closed = 0
+        for s in socks:
+            s.setblocking(False)
+            try:
+                if s.recv(1) == b"":
+                    closed += 1
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                closed += 1
+        print(f"{closed} of 300 connections closed by the server")
+        assert closed >= 300 - 256, f"only {closed} of 300 were refused: no per-address limit"
+        assert closed <= 300 - 200, f"{closed} were refused: the limit is lower than documented"
+    finally:
+        for s in socks:
+            s.close()
+    assert wait_until(lambda: _healthz_ok(server), 10, "the server to serve again")
+
+
+def _healthz_ok(server):
+    try:
+        return server.get("/healthz", timeout=2).status_code == 200
+    except Exception:
+        return False
