@@ -19,11 +19,12 @@ static const char *const optim_names[] = {"sgd", "adamw"};
 static const char *const data_names[] = {"synthetic", "npy", "csv"};
 static const char *const device_names[] = {"cpu", "cuda"};
 static const char *const backend_names[] = {"cpu", "nccl"};
+static const char *const precision_names[] = {"fp32", "tf32"};
 
 /* The keys each object may hold, in the order error messages list them. */
 static const char *const top_keys[] = {
-    "name", "world_size", "device", "model", "loss", "optimizer", "data", "batch_size",
-    "epochs", "steps", "grad_accum", "ddp", "init", "checkpoint", "log_every",
+    "name", "world_size", "device", "precision", "model", "loss", "optimizer", "data",
+    "batch_size", "epochs", "steps", "grad_accum", "ddp", "init", "checkpoint", "log_every",
     "max_restarts"};
 static const char *const linear_keys[] = {"type", "in", "out", "bias"};
 static const char *const activation_keys[] = {"type"};
@@ -206,18 +207,18 @@ static ddpd_err check_keys(struct ddpd_error *err, json_t *obj, const char *pare
     json_t *v;
     json_object_foreach(obj, key, v) {
         size_t i, best = 0, best_d = 99;
+        for (i = 0; i < n && strcmp(key, allowed[i]) != 0; i++)
+            ;
+        if (i < n)
+            continue;
+        /* Unknown: the nearest allowed key, for the hint. */
         for (i = 0; i < n; i++) {
-            size_t d;
-            if (strcmp(key, allowed[i]) == 0)
-                break;
-            d = edit_distance(key, allowed[i]);
+            size_t d = edit_distance(key, allowed[i]);
             if (d < best_d) {
                 best_d = d;
                 best = i;
             }
         }
-        if (i < n)
-            continue;
         char path[PATH_CAP], list[512];
         path_key(path, parent, key);
         if (only)
@@ -771,6 +772,15 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
         s->device = (device_kind)k;
         s->device_set = true;
     }
+    if (json_object_get(root, "precision")) {
+        if ((rc = get_enum(err, root, "", "precision", precision_names, COUNT(precision_names),
+                           true, &k)))
+            return rc;
+        s->precision = (precision_kind)k;
+        /* TF32 is a GPU tensor-core format; the CPU backend has no such mode. */
+        if (s->precision == PRECISION_TF32 && s->device != DEVICE_CUDA)
+            return fail(err, "precision", "tf32 needs device \"cuda\" (device is \"cpu\")");
+    }
     if ((rc = parse_model(err, root, s)) || (rc = parse_loss(err, root, s)) ||
         (rc = parse_optimizer(err, root, s)) || (rc = parse_data(err, root, s)))
         return rc;
@@ -859,6 +869,18 @@ ddpd_err spec_parse(const char *text, size_t len, const struct spec_parse_opts *
     }
     root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
+        /* jansson does not always say that it ran out of memory: it may report an empty
+         * message, or a syntax error where an allocation failed. A genuine syntax error
+         * comes back the same from a second parse; anything else was memory. */
+        json_error_t again;
+        root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &again);
+        if (!root && (json_error_code(&jerr) == json_error_out_of_memory || !jerr.text[0] ||
+                      again.position != jerr.position || strcmp(again.text, jerr.text) != 0)) {
+            rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory reading the spec");
+            goto out;
+        }
+    }
+    if (!root) {
         char what[200];
         if (json_error_code(&jerr) == json_error_duplicate_key)
             duplicate_key_text(text, len, (size_t)jerr.position, what, sizeof what);
@@ -891,76 +913,117 @@ static json_t *optim_to_json(const struct spec_optim *o)
                      o->beta1, o->beta2, "eps", o->eps, "weight_decay", o->weight_decay);
 }
 
-static json_t *data_to_json(const struct spec_data *d)
+/* Sets o[key] = v (stolen); clears *ok when an allocation failed (v or the member), so
+ * that an object missing a member is never taken for a whole spec. */
+static void put(json_t *o, const char *key, json_t *v, bool *ok)
+{
+    if (!v || json_object_set_new(o, key, v) != 0)
+        *ok = false;
+}
+
+static json_t *data_to_json(const struct spec_data *d, bool *ok)
 {
     json_t *j = json_pack("{s:s}", "type", data_names[d->kind]);
+    if (!j) {
+        *ok = false;
+        return NULL;
+    }
     switch (d->kind) {
     case DATA_SYNTHETIC:
-        json_object_set_new(j, "samples", json_integer(d->samples));
+        put(j, "samples", json_integer(d->samples), ok);
         break;
     case DATA_NPY:
-        json_object_set_new(j, "x", json_string(d->x));
-        json_object_set_new(j, "y", json_string(d->y));
+        put(j, "x", json_string(d->x), ok);
+        put(j, "y", json_string(d->y), ok);
         break;
     case DATA_CSV:
-        json_object_set_new(j, "path", json_string(d->path));
+        put(j, "path", json_string(d->path), ok);
         if (d->n_targets == 1) {
-            json_object_set_new(j, "target", json_string(d->targets[0]));
+            put(j, "target", json_string(d->targets[0]), ok);
         } else {
             json_t *t = json_array();
-            for (int i = 0; i < d->n_targets; i++)
-                json_array_append_new(t, json_string(d->targets[i]));
-            json_object_set_new(j, "target", t);
+            for (int i = 0; t && i < d->n_targets; i++)
+                if (json_array_append_new(t, json_string(d->targets[i])) != 0)
+                    *ok = false;
+            put(j, "target", t, ok);
         }
         break;
     }
-    json_object_set_new(j, "seed", json_integer((json_int_t)d->seed));
-    json_object_set_new(j, "shuffle", json_boolean(d->shuffle));
-    json_object_set_new(j, "drop_last", json_boolean(d->drop_last));
+    put(j, "seed", json_integer((json_int_t)d->seed), ok);
+    put(j, "shuffle", json_boolean(d->shuffle), ok);
+    put(j, "drop_last", json_boolean(d->drop_last), ok);
     return j;
 }
 
 struct json_t *spec_to_json(const struct spec *s)
 {
+    bool ok = true;
     json_t *j = json_object(), *model = json_array();
-    json_object_set_new(j, "name", json_string(s->name));
-    json_object_set_new(j, "world_size", json_integer(s->world_size));
-    json_object_set_new(j, "device", json_string(device_kind_name(s->device)));
+    if (!j || !model) {
+        json_decref(j);
+        json_decref(model);
+        return NULL;
+    }
+    put(j, "name", json_string(s->name), &ok);
+    put(j, "world_size", json_integer(s->world_size), &ok);
+    put(j, "device", json_string(device_kind_name(s->device)), &ok);
+    put(j, "precision", json_string(precision_names[s->precision]), &ok);
     for (int i = 0; i < s->n_layers; i++) {
         const struct spec_layer *l = &s->layers[i];
+        json_t *lj;
         if (l->kind == LAYER_LINEAR)
-            json_array_append_new(model, json_pack("{s:s, s:I, s:I, s:b}", "type", "linear",
-                                                   "in", (json_int_t)l->in, "out",
-                                                   (json_int_t)l->out, "bias", l->bias));
+            lj = json_pack("{s:s, s:I, s:I, s:b}", "type", "linear", "in", (json_int_t)l->in, "out",
+                           (json_int_t)l->out, "bias", l->bias);
         else
-            json_array_append_new(model, json_pack("{s:s}", "type", layer_kind_name(l->kind)));
+            lj = json_pack("{s:s}", "type", layer_kind_name(l->kind));
+        if (!lj || json_array_append_new(model, lj) != 0)
+            ok = false;
     }
-    json_object_set_new(j, "model", model);
-    json_object_set_new(j, "loss", json_string(loss_kind_name(s->loss)));
-    json_object_set_new(j, "optimizer", optim_to_json(&s->optim));
-    json_object_set_new(j, "data", data_to_json(&s->data));
-    json_object_set_new(j, "batch_size", json_integer(s->batch_size));
+    put(j, "model", model, &ok);
+    put(j, "loss", json_string(loss_kind_name(s->loss)), &ok);
+    put(j, "optimizer", optim_to_json(&s->optim), &ok);
+    put(j, "data", data_to_json(&s->data, &ok), &ok);
+    put(j, "batch_size", json_integer(s->batch_size), &ok);
     if (s->steps > 0)
-        json_object_set_new(j, "steps", json_integer(s->steps));
+        put(j, "steps", json_integer(s->steps), &ok);
     else
-        json_object_set_new(j, "epochs", json_integer(s->epochs));
-    json_object_set_new(j, "grad_accum", json_integer(s->grad_accum));
-    json_object_set_new(
-        j, "ddp",
-        json_pack("{s:f, s:o, s:b, s:s, s:f}", "bucket_cap_mb", s->ddp.bucket_cap_mb, "join",
-                  s->ddp.join == JOIN_AUTO ? json_string("auto")
-                                           : json_boolean(s->ddp.join == JOIN_TRUE),
-                  "divide_by_initial_world_size", s->ddp.divide_by_initial_world_size,
-                  "backend", backend_names[s->ddp.backend], "timeout_s", s->ddp.timeout_s));
+        put(j, "epochs", json_integer(s->epochs), &ok);
+    put(j, "grad_accum", json_integer(s->grad_accum), &ok);
+    json_t *join = s->ddp.join == JOIN_AUTO ? json_string("auto") : json_boolean(s->ddp.join == JOIN_TRUE);
+    if (!join)
+        ok = false;
+    put(j, "ddp",
+        join ? json_pack("{s:f, s:o, s:b, s:s, s:f}", "bucket_cap_mb", s->ddp.bucket_cap_mb, "join", join,
+                         "divide_by_initial_world_size", s->ddp.divide_by_initial_world_size, "backend",
+                         backend_names[s->ddp.backend], "timeout_s", s->ddp.timeout_s)
+             : NULL,
+        &ok);
     if (s->init_from[0])
-        json_object_set_new(j, "init", json_pack("{s:s}", "from", s->init_from));
+        put(j, "init", json_pack("{s:s}", "from", s->init_from), &ok);
     else
-        json_object_set_new(j, "init", json_pack("{s:I}", "seed", (json_int_t)s->init_seed));
-    json_object_set_new(j, "checkpoint",
-                        json_pack("{s:I}", "every_steps", (json_int_t)s->checkpoint_every));
-    json_object_set_new(j, "log_every", json_integer(s->log_every));
-    json_object_set_new(j, "max_restarts", json_integer(s->max_restarts));
+        put(j, "init", json_pack("{s:I}", "seed", (json_int_t)s->init_seed), &ok);
+    put(j, "checkpoint", json_pack("{s:I}", "every_steps", (json_int_t)s->checkpoint_every), &ok);
+    put(j, "log_every", json_integer(s->log_every), &ok);
+    put(j, "max_restarts", json_integer(s->max_restarts), &ok);
+    if (!ok) {
+        json_decref(j);
+        return NULL;
+    }
     return j;
+}
+
+char *spec_dumps(const struct spec *s)
+{
+    json_t *j = spec_to_json(s);
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_t *back = text ? json_loads(text, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    if (text && !json_equal(j, back)) {
+        free(text);
+        text = NULL;
+    }
+    json_decref(back);
+    json_decref(j);
+    return text;
 }
 
 /* ---- questions about a parsed spec ---- */
@@ -998,4 +1061,14 @@ const char *loss_kind_name(loss_kind k)
 const char *device_kind_name(device_kind k)
 {
     return (unsigned)k < COUNT(device_names) ? device_names[k] : "unknown";
+}
+
+int64_t spec_shard_rows(int64_t rows, int rank, int world)
+{
+    return rows / world + (rank < rows % world ? 1 : 0);
+}
+
+int64_t spec_batches(int64_t rows, int64_t batch, bool drop_last)
+{
+    return drop_last ? rows / batch : (rows + batch - 1) / batch;
 }

@@ -23,6 +23,7 @@ typedef enum { DATA_SYNTHETIC, DATA_NPY, DATA_CSV } data_kind;
 typedef enum { DEVICE_CPU, DEVICE_CUDA } device_kind;
 typedef enum { JOIN_AUTO, JOIN_TRUE, JOIN_FALSE } join_mode;
 typedef enum { BACKEND_CPU, BACKEND_NCCL } comm_backend;
+typedef enum { PRECISION_FP32, PRECISION_TF32 } precision_kind;
 
 /* One entry of `model`. For activations `in == out` = the width they act on
  * (filled in by the validator from the previous linear layer). */
@@ -66,6 +67,7 @@ struct spec {
     int world_size;       /* default 1 */
     device_kind device;   /* default cpu unless the caller says otherwise (spec_parse's opts) */
     bool device_set;
+    precision_kind precision; /* GEMM inputs on cuda: exact fp32 (default) or TF32 */
     int n_layers;
     struct spec_layer layers[SPEC_MAX_LAYERS];
     loss_kind loss;
@@ -102,8 +104,20 @@ ddpd_err spec_from_json(struct json_t *obj, const struct spec_parse_opts *opts,
                         struct spec *out, struct ddpd_error *err);
 
 /* The spec as a JSON object with every default written out; parses back to an equal
- * spec. Returns a new reference. */
+ * spec. Returns a new reference, or NULL when memory ran out (never a partial spec). */
 struct json_t *spec_to_json(const struct spec *s);
+
+/* spec_to_json's object as compact JSON text: a new string the caller frees, or NULL when
+ * memory ran out. (jansson's json_dumps can return damaged text, a key left out, when an
+ * allocation fails inside it; the text is parsed back and compared before it is
+ * returned, so what a caller stores is always the spec.) */
+char *spec_dumps(const struct spec *s);
+
+/* How ranks share the data (schema/README.md "Sharding"): rank r of `world` takes the
+ * samples at positions r, r+world, ... of `rows`, in batches of `batch`, the last one
+ * short unless drop_last. The worker reads with these; the server plans with them. */
+int64_t spec_shard_rows(int64_t rows, int rank, int world);
+int64_t spec_batches(int64_t rows, int64_t batch, bool drop_last);
 
 /* Parameter count of the model (weights + biases). */
 int64_t spec_param_count(const struct spec *s);

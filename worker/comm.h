@@ -1,7 +1,11 @@
 /* comm.h — the collective backend table (DESIGN.md "The worker's DDP"). Backends: `cpu`
  * (comm/cpu.c: a ring with its own rendezvous; links between ranks on one host carry
  * their bytes through a shared-memory FIFO, others through TCP; DDPD_COMM_SHM=0 forces
- * TCP) and `nccl` (comm/nccl.c, GPU issue).
+ * TCP) and `nccl` (comm/nccl.c: CUDA tensors, a comm stream and a watchdog).
+ * Memory: allreduce_start and broadcast take tensors of the compute backend bound with
+ * comm_bind_dev (host memory until then); allgather, allreduce_max_i64 and barrier take
+ * host memory. Binding CUDA tensors to the cpu backend stages them through pinned host
+ * memory (comm/staged.c), so compute and collectives are independent choices.
  * Ordering of collectives is the caller's contract, as with NCCL: every rank issues the
  * same collectives in the same order. A communicator is driven from one thread. Every
  * wait has a deadline; a dead or silent peer is an error (DDPD_ECOMM), never a hang. */
@@ -13,6 +17,7 @@
 #include <stdio.h>
 
 #include "../schema/err.h"
+#include "dev.h"
 
 #define COMM_ID_BYTES 128 /* like ncclUniqueId */
 
@@ -46,19 +51,33 @@ struct comm_ops {
     void (*abort)(void *ctx);
     const char *(*last_error)(void *ctx); /* text of the last failure, "" if none */
     void (*free)(void *ctx);
+    /* Optional: the backend takes the compute backend's tensors itself (NCCL: orders its
+     * stream after the compute stream). Without it, a device whose tensors are not host
+     * memory is staged through the host. */
+    ddpd_err (*bind_dev)(void *ctx, struct dev dev, char *errbuf, size_t errcap);
 };
 
 extern const struct comm_ops comm_cpu_ops;
+/* NCCL (comm/nccl.c); in a build without NCCL (comm/nccl_none.c) init_rank fails with
+ * "built without NCCL". Call comm_new on the thread that opened the rank's GPU. */
+extern const struct comm_ops comm_nccl_ops;
 
 /* Prints {"id":"<hex>"} as one line on `out`, then serves the rendezvous root until
  * `stdin_fd` reaches EOF (or one group has formed and stdin closed). This is
  * `ddpd-worker --issue-id cpu`. Returns 0, or 1 with a message on stderr. */
 int comm_cpu_issue_id(FILE *out, int stdin_fd);
+/* `ddpd-worker --issue-id nccl`: ncclGetUniqueId, printed the same way; NCCL's bootstrap
+ * root lives in this process, which stays until `stdin_fd` reaches EOF. A fresh id on
+ * every call. Returns 0, or 1 with a message on stderr. */
+int comm_nccl_issue_id(FILE *out, int stdin_fd);
 
 /* Thin wrappers over a backend: {ops, ctx} in one handle. */
 struct comm *comm_new(const struct comm_ops *ops, const struct comm_id *id, int rank, int world,
                       double timeout_s, struct ddpd_error *err);
 void comm_free(struct comm *c);
+/* Tells the communicator which compute backend's tensors it will be handed (borrowed,
+ * must outlive it). Call once, before the first collective on tensors. */
+ddpd_err comm_bind_dev(struct comm *c, struct dev dev, struct ddpd_error *err);
 int comm_rank(const struct comm *c);
 int comm_world(const struct comm *c);
 ddpd_err comm_allreduce_start(struct comm *c, float *buf, int64_t n, struct comm_req **req,

@@ -38,6 +38,8 @@ struct ddp {
     struct ddpd_error hook_err;
     /* join */
     float *zeros;        /* scratch for shadowed buckets */
+    float *live;         /* one tensor float: join's count of live ranks (a collective's
+                          * tensors are the compute backend's memory, comm.h) */
     int64_t max_bucket;
     int64_t steps;       /* synced steps this rank ran itself since the last join */
 };
@@ -194,7 +196,8 @@ static ddpd_err build_buckets(struct ddp *d, struct ddpd_error *err)
     }
     free(offset);
     d->zeros = d->dev.ops->alloc(d->dev.ctx, (size_t)(d->max_bucket ? d->max_bucket : 1) * sizeof(float));
-    rc = d->zeros ? DDPD_OK : DDPD_ENOMEM;
+    d->live = d->dev.ops->alloc(d->dev.ctx, sizeof(float));
+    rc = d->zeros && d->live ? DDPD_OK : DDPD_ENOMEM;
 out:
     if (rc)
         ddpd_error_set(err, rc, "", "out of memory allocating gradient buckets");
@@ -243,6 +246,8 @@ void ddp_free(struct ddp *d)
     }
     if (d->zeros)
         d->dev.ops->free(d->dev.ctx, d->zeros);
+    if (d->live)
+        d->dev.ops->free(d->dev.ctx, d->live);
     free(d->buckets);
     free(d->bucket_of);
     free(d);
@@ -256,6 +261,16 @@ static ddpd_err allreduce_now(struct ddp *d, float *v, int64_t n, struct ddpd_er
     return rc ? rc : comm_wait(d->comm, req, err);
 }
 
+/* Join's count of live ranks: this rank's vote (1 live, 0 joined) summed over ranks. */
+static ddpd_err count_live(struct ddp *d, float vote, float *live, struct ddpd_error *err)
+{
+    d->dev.ops->fill(d->dev.ctx, d->live, vote, 1);
+    ddpd_err rc = allreduce_now(d, d->live, 1, err);
+    if (rc == DDPD_OK)
+        d->dev.ops->to_host(d->dev.ctx, live, d->live, sizeof *live);
+    return rc;
+}
+
 ddpd_err ddp_forward_begin(struct ddp *d, struct ddpd_error *err)
 {
     d->armed = d->require_sync;
@@ -264,8 +279,8 @@ ddpd_err ddp_forward_begin(struct ddp *d, struct ddpd_error *err)
     int divisor = d->world;
     if (d->opts.join) {
         /* N1 of DDP.md §4.2, paired with the joined ranks' J1: the count of live ranks. */
-        float live = 1;
-        ddpd_err rc = allreduce_now(d, &live, 1, err);
+        float live;
+        ddpd_err rc = count_live(d, 1.0f, &live, err);
         if (rc)
             return rc;
         if (!d->opts.divide_by_initial_world_size)
@@ -345,8 +360,8 @@ ddpd_err ddp_join(struct ddp *d, int64_t *shadowed, struct ddpd_error *err)
     if (d->opts.join) {
         for (;;) {
             /* J1: pairs with a live rank's N1; 0 means every rank has joined. */
-            float live = 0;
-            rc = allreduce_now(d, &live, 1, err);
+            float live;
+            rc = count_live(d, 0.0f, &live, err);
             if (rc)
                 goto out;
             if (live < 0.5f)

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../schema/err.h"
 #include "../schema/spec.h"
 
 /* Hyper-parameters of one optimizer update, as PyTorch names them. */
@@ -70,6 +71,26 @@ struct dev_ops {
     void (*copy)(void *ctx, float *dst, const float *src, int64_t n);
     void (*scale)(void *ctx, float *x, float a, int64_t n);             /* x *= a */
     void (*scale_copy)(void *ctx, float *dst, const float *src, float a, int64_t n); /* dst = src*a */
+
+    /* Optional slots (NULL on the CPU, where the plain ops are already the fast path). */
+    /* One optimizer update over a parameter group of `count` tensors in one launch:
+     * tensor i is param[i], grad[i] (and buf[i] / exp_avg[i], exp_avg_sq[i]) of numel[i]
+     * elements. Same result as one sgd_step / adamw_step per tensor. */
+    void (*sgd_group)(void *ctx, const struct sgd_hyper *h, int count, float *const *param,
+                      const float *const *grad, float *const *buf, const int64_t *numel);
+    void (*adamw_group)(void *ctx, const struct adamw_hyper *h, int count, float *const *param,
+                        const float *const *grad, float *const *exp_avg,
+                        float *const *exp_avg_sq, const int64_t *numel);
+    /* A read of n floats that does not stall the queue: fetch_start copies them into
+     * pinned host memory behind the work queued so far and returns at once; fetch_wait
+     * waits for that copy only and writes them into dst. One fetch in flight at a time. */
+    void (*fetch_start)(void *ctx, const float *src, int64_t n);
+    void (*fetch_wait)(void *ctx, float *dst, int64_t n);
+    /* Host memory the backend copies to and from fastest (pinned on CUDA). */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
+    /* True when the backend's tensors are host memory that host code may read directly. */
+    bool host_memory;
 };
 
 /* A backend instance: its table and its state. */
@@ -89,5 +110,28 @@ bool dev_cpu_set_fused(struct dev d, bool fused);
 
 /* The CUDA backend (dev/cuda.cu); false when not compiled in or no device. */
 bool dev_cuda_available(void);
+
+/* The CUDA backend on visible device `device` (cudaSetDevice'd for the calling thread),
+ * with one compute stream and one cuBLAS handle. `tf32` lets cuBLAS round GEMM inputs to
+ * TF32 (the spec's "precision": "tf32"); otherwise GEMMs are exact float32.
+ * Every CUDA or cuBLAS failure inside an op, out of memory included, is a device failure:
+ * worker_die(DDPD_EDEVICE, "cuda: <op> on GPU <n> (<name>): <reason>"), exit code 4.
+ * Returns {NULL, NULL} with `err` set (DDPD_EDEVICE) when the device cannot be opened. */
+struct dev dev_cuda_new(int device, bool tf32, struct ddpd_error *err);
+void dev_cuda_free(struct dev d); /* a no-op on any other backend */
+/* The compute stream (a cudaStream_t) of a CUDA backend, NULL for any other. */
+void *dev_cuda_stream(struct dev d);
+/* The backend's device index and name, for messages ("GPU 0 (NVIDIA H200)"). */
+int dev_cuda_device(struct dev d);
+const char *dev_cuda_name(struct dev d);
+/* The visible CUDA devices (0 when there is no driver or no device), and what
+ * `ddpd-worker --devices` prints of device i. False when i cannot be queried. */
+struct dev_cuda_info {
+    char name[256];
+    uint64_t memory;  /* bytes */
+    char uuid[48];    /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi writes it */
+};
+int dev_cuda_device_count(void);
+bool dev_cuda_device_info(int i, struct dev_cuda_info *out);
 
 #endif

@@ -91,7 +91,7 @@ const char *emit_error_kind(ddpd_err code)
     }
 }
 
-_Noreturn void emit_die(const struct ddpd_error *e)
+void emit_error(const struct ddpd_error *e)
 {
     struct event ev;
     memset(&ev, 0, sizeof ev);
@@ -110,6 +110,11 @@ _Noreturn void emit_die(const struct ddpd_error *e)
     emit_event(&ev);
     emit_flush();
     fflush(stderr);
+}
+
+_Noreturn void emit_die(const struct ddpd_error *e)
+{
+    emit_error(e);
     exit(ddpd_err_exit(e->code));
 }
 

@@ -25,8 +25,9 @@ void emit_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * "cancelled", "io" or "internal". */
 const char *emit_error_kind(ddpd_err code);
 
-/* Writes an `error` event for `e` (and the log line), flushes, exits with
- * ddpd_err_exit(e->code). */
+/* Writes an `error` event for `e` (and the log line) and flushes. */
+void emit_error(const struct ddpd_error *e);
+/* The same, then exits with ddpd_err_exit(e->code). */
 _Noreturn void emit_die(const struct ddpd_error *e);
 /* The same from a code and a message, for failures detected deep inside (CUDA_CHECK). */
 _Noreturn void worker_die(ddpd_err code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -29,7 +29,8 @@ static void usage(FILE *f)
 {
     fputs("usage: ddpd-worker               read one job document on stdin and run one rank\n"
           "       ddpd-worker --devices     print the visible CUDA devices as JSON\n"
-          "       ddpd-worker --issue-id cpu  print a rendezvous id and serve its root until stdin closes\n"
+          "       ddpd-worker --issue-id cpu|nccl  print a rendezvous id and serve its root until\n"
+          "                                 stdin closes\n"
           "       ddpd-worker --plan        read {spec, data_dir, world_size} on stdin, print every\n"
           "                                 rank's batches per epoch ({\"batches\": [...]} or null)\n"
           "       ddpd-worker --version\n"
@@ -103,43 +104,141 @@ static int get_int(json_t *doc, const char *key, json_int_t lo, json_int_t hi, j
     return 0;
 }
 
-/* --plan: what the launcher checks before any rank starts (uneven batch counts with
- * join false, data sets too small, unreadable files). */
-static int plan_main(void)
+/* One plan request: the line's document {spec, data_dir, world_size} -> every rank's
+ * batches per epoch (null when only the ranks can tell), or an `error` event. */
+static void plan_one(const char *line, size_t len)
 {
     struct ddpd_error err;
     ddpd_error_clear(&err);
-    size_t len = 0;
-    char *text = read_stdin(&len, &err);
-    if (!text)
-        emit_die(&err);
-    json_t *doc = json_loadb(text, len, 0, NULL);
-    free(text);
+    json_error_t jerr;
+    json_t *doc = json_loadb(line, len, 0, &jerr);
     json_int_t world;
     const char *data_dir;
     struct spec spec;
-    if (!json_is_object(doc) || get_int(doc, "world_size", 1, SPEC_MAX_WORLD, &world, &err) ||
-        get_str(doc, "data_dir", &data_dir, &err))
-        emit_die(&err);
-    if (spec_from_json(json_object_get(doc, "spec"), NULL, &spec, &err) != DDPD_OK)
-        emit_die(&err);
     int64_t counts[SPEC_MAX_WORLD];
-    ddpd_err rc = dataset_batch_counts(&spec, data_dir ? data_dir : ".", (int)world, counts, &err);
-    json_decref(doc);
+    ddpd_err rc = DDPD_ESPEC;
+    if (!json_is_object(doc))
+        ddpd_error_set(&err, DDPD_ESPEC, "stdin", "the plan document is not a JSON object: %s", jerr.text);
+    else if (!get_int(doc, "world_size", 1, SPEC_MAX_WORLD, &world, &err) &&
+             !get_str(doc, "data_dir", &data_dir, &err) &&
+             spec_from_json(json_object_get(doc, "spec"), NULL, &spec, &err) == DDPD_OK)
+        rc = dataset_batch_counts(&spec, data_dir ? data_dir : ".", (int)world, counts, &err);
     if (rc == DDPD_ENOTFOUND) {
         puts("{\"batches\":null}");
-        return 0;
+    } else if (rc == DDPD_OK) {
+        json_t *out = json_array();
+        for (int r = 0; r < world; r++)
+            json_array_append_new(out, json_integer(counts[r]));
+        json_t *res = json_pack("{s:o}", "batches", out);
+        char *text = json_dumps(res, JSON_COMPACT);
+        puts(text ? text : "{\"batches\":null}");
+        free(text);
+        json_decref(res);
+    } else {
+        emit_error(&err);
     }
-    if (rc != DDPD_OK)
-        emit_die(&err);
-    json_t *out = json_array();
-    for (int r = 0; r < world; r++)
-        json_array_append_new(out, json_integer(counts[r]));
-    json_t *res = json_pack("{s:o}", "batches", out);
-    char *line = json_dumps(res, JSON_COMPACT);
-    puts(line);
+    json_decref(doc);
+    fflush(stdout);
+}
+
+/* --devices: the visible CUDA devices as one JSON array line, nothing when there are none
+ * (the server counts the array's entries, serve.c). */
+static int devices_main(void)
+{
+    int n = dev_cuda_device_count();
+    if (n == 0)
+        return 0;
+    json_t *arr = json_array();
+    for (int i = 0; i < n; i++) {
+        struct dev_cuda_info info;
+        if (!dev_cuda_device_info(i, &info))
+            continue;
+        json_array_append_new(arr, json_pack("{s:i, s:s, s:I, s:s}", "index", i, "name", info.name,
+                                             "memory", (json_int_t)info.memory, "uuid", info.uuid));
+    }
+    char *line = json_dumps(arr, JSON_COMPACT);
+    if (line)
+        puts(line);
     free(line);
-    json_decref(res);
+    json_decref(arr);
+    return 0;
+}
+
+/* The rank's GPU: device rank % visible devices, so that ranks spread over the GPUs they
+ * see (the server gives each rank one through CUDA_VISIBLE_DEVICES: device 0). */
+static struct dev open_device(const struct spec *spec, int rank, struct ddpd_error *err)
+{
+    int n = dev_cuda_device_count();
+    if (n == 0) {
+#ifdef DDPD_HAVE_CUDA
+        ddpd_error_set(err, DDPD_EDEVICE, "device",
+                       "device: cuda was asked for but no CUDA device is visible to rank %d", rank);
+#else
+        ddpd_error_set(err, DDPD_EDEVICE, "device",
+                       "device: this build of ddpd-worker trains on the CPU only; use \"device\": \"cpu\"");
+#endif
+        return (struct dev){NULL, NULL};
+    }
+    struct dev d = dev_cuda_new(rank % n, spec->precision == PRECISION_TF32, err);
+    if (d.ops)
+        emit_log("on GPU %d of %d visible (%s), %s matrix products", rank % n, n, dev_cuda_name(d),
+                 spec->precision == PRECISION_TF32 ? "TF32" : "float32");
+    return d;
+}
+
+/* Under `srun --input=all` every task reads the same document, so it carries no rank: the
+ * rank is SLURM_PROCID, and SLURM_NTASKS must be the document's world_size. Puts the rank
+ * into the document when it has none (CONTRACT.md §5); a document with a rank is left
+ * alone. */
+static int slurm_rank(json_t *doc, json_int_t world, json_int_t *rank, struct ddpd_error *err)
+{
+    if (json_object_get(doc, "rank"))
+        return 0;
+    const char *procid = getenv("SLURM_PROCID"), *ntasks = getenv("SLURM_NTASKS");
+    if (!procid) {
+        ddpd_error_set(err, DDPD_ESPEC, "rank", "rank: the job document has no rank and SLURM_PROCID is not set");
+        return -1;
+    }
+    char *end;
+    long long r = strtoll(procid, &end, 10), n = ntasks ? strtoll(ntasks, NULL, 10) : world;
+    if (end == procid || *end || r < 0 || r >= world) {
+        ddpd_error_set(err, DDPD_ESPEC, "rank", "rank: SLURM_PROCID '%s' is not a rank in [0, %lld)", procid,
+                       (long long)world);
+        return -1;
+    }
+    if (n != world) {
+        ddpd_error_set(err, DDPD_ESPEC, "world_size",
+                       "world_size: the job document says %lld but Slurm started %s tasks (SLURM_NTASKS) for "
+                       "rank %lld",
+                       (long long)world, ntasks, r);
+        return -1;
+    }
+    *rank = r;
+    json_object_set_new(doc, "rank", json_integer(r));
+    return 0;
+}
+
+/* --plan: what the launcher checks before any rank starts (uneven batch counts with
+ * join false, data sets too small, unreadable files). Reads one compact JSON document
+ * per line and answers each with one line, until stdin ends, so that the server can
+ * keep a planner running instead of starting a process per submission. */
+static int plan_main(void)
+{
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, stdin)) > 0) {
+        if (n > STDIN_MAX) {
+            struct ddpd_error err;
+            ddpd_error_set(&err, DDPD_ETOOBIG, "stdin", "the plan document is larger than %d bytes", STDIN_MAX);
+            emit_error(&err);
+            continue;
+        }
+        if (n == 1 && line[0] == '\n')
+            continue;
+        plan_one(line, (size_t)n);
+    }
+    free(line);
     return 0;
 }
 
@@ -149,18 +248,16 @@ int main(int argc, char **argv)
     ddpd_error_clear(&err);
 
     if (argc > 1) {
-        if (!strcmp(argv[1], "--devices")) {
-            /* No CUDA devices are visible without the CUDA backend: print nothing. */
-            return 0;
-        }
+        if (!strcmp(argv[1], "--devices"))
+            return devices_main();
         if (!strcmp(argv[1], "--issue-id")) {
-            if (argc < 3 || strcmp(argv[2], "cpu") != 0) {
-                fprintf(stderr, "ddpd-worker: --issue-id takes a backend: cpu%s\n",
-                        argc >= 3 && !strcmp(argv[2], "nccl") ? " (this build has no NCCL backend)" : "");
+            bool nccl = argc >= 3 && !strcmp(argv[2], "nccl");
+            if (argc < 3 || (!nccl && strcmp(argv[2], "cpu") != 0)) {
+                fprintf(stderr, "ddpd-worker: --issue-id takes a backend: cpu or nccl\n");
                 return 2;
             }
             signal(SIGPIPE, SIG_IGN);
-            return comm_cpu_issue_id(stdout, 0);
+            return nccl ? comm_nccl_issue_id(stdout, 0) : comm_cpu_issue_id(stdout, 0);
         }
         if (!strcmp(argv[1], "--plan"))
             return plan_main();
@@ -198,7 +295,7 @@ int main(int argc, char **argv)
 
     json_int_t rank, world;
     const char *data_dir, *out_dir, *resume;
-    if (get_int(doc, "world_size", 1, SPEC_MAX_WORLD, &world, &err) ||
+    if (get_int(doc, "world_size", 1, SPEC_MAX_WORLD, &world, &err) || slurm_rank(doc, world, &rank, &err) ||
         get_int(doc, "rank", 0, world - 1, &rank, &err))
         emit_die(&err);
     emit_set_rank((int)rank);
@@ -220,32 +317,33 @@ int main(int argc, char **argv)
                        spec.world_size);
         emit_die(&err);
     }
+    /* The GPU first: NCCL joins on the calling thread's current device. */
+    struct dev dev = {NULL, NULL};
     if (spec.device == DEVICE_CUDA) {
-        if (!dev_cuda_available())
-            ddpd_error_set(&err, DDPD_EDEVICE, "device",
-                           "device: cuda was asked for but no CUDA device is visible to rank %lld",
-                           (long long)rank);
-        else
-            ddpd_error_set(&err, DDPD_EDEVICE, "device",
-                           "device: this build of ddpd-worker trains on the CPU only; use \"device\": \"cpu\"");
-        emit_die(&err);
+        dev = open_device(&spec, (int)rank, &err);
+        if (!dev.ops)
+            emit_die(&err);
     }
 
-    /* The group: {"backend": "cpu", "id": "<hex>"} for more than one rank. */
+    /* The group: {"backend": "cpu" or "nccl", "id": "<hex>"} for more than one rank. */
     struct comm *comm = NULL;
     json_t *jc = json_object_get(doc, "comm");
     if (world > 1) {
         const char *backend = json_string_value(json_object_get(jc, "backend"));
         const char *hex = json_string_value(json_object_get(jc, "id"));
+        const struct comm_ops *ops = !backend                   ? NULL
+                                     : !strcmp(backend, "cpu")  ? &comm_cpu_ops
+                                     : !strcmp(backend, "nccl") ? &comm_nccl_ops
+                                                                : NULL;
         struct comm_id id;
-        if (!backend || strcmp(backend, "cpu") != 0 || !hex || comm_id_from_hex(hex, &id) != 0) {
+        if (!ops || !hex || comm_id_from_hex(hex, &id) != 0) {
             ddpd_error_set(&err, DDPD_ESPEC, "comm",
-                           "comm: %d ranks need {\"backend\": \"cpu\", \"id\": \"<hex>\"} in the job document",
+                           "comm: %d ranks need {\"backend\": \"cpu\" or \"nccl\", \"id\": \"<hex>\"} in the job document",
                            (int)world);
             emit_die(&err);
         }
-        comm = comm_new(&comm_cpu_ops, &id, (int)rank, (int)world, spec.ddp.timeout_s, &err);
-        if (!comm)
+        comm = comm_new(ops, &id, (int)rank, (int)world, spec.ddp.timeout_s, &err);
+        if (!comm || (dev.ops && comm_bind_dev(comm, dev, &err) != DDPD_OK))
             emit_die(&err);
     }
 
@@ -258,6 +356,7 @@ int main(int argc, char **argv)
         .resume = resume,
         .cancel = &cancelled,
         .comm = comm,
+        .dev = dev,
     };
     ddpd_err rc = train_run(&cfg, &err);
     json_decref(doc);
@@ -268,6 +367,7 @@ int main(int argc, char **argv)
         emit_die(&err);
     }
     comm_free(comm);
+    dev_cuda_free(dev);
     emit_flush();
     return 0;
 }

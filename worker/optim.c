@@ -28,6 +28,10 @@ struct optim {
     int64_t numel;  /* scalars in all parameters */
     int64_t *off;   /* [n] offset of each parameter's state within one state kind */
     float *state;   /* [per,numel] device memory: kind k of param i at k*numel + off[i] */
+    /* The group's tensors for a backend with one-launch group updates ([n] each). */
+    float **p, **s1, **s2;
+    const float **g;
+    int64_t *numel_of;
 };
 
 struct sgd_hyper optim_sgd_hyper(const struct spec_optim *o, bool first)
@@ -78,7 +82,12 @@ struct optim *optim_new(const struct spec_optim *cfg, struct model *m)
     o->n = model_param_count(m);
     o->per = cfg->kind == OPTIM_ADAMW ? 2 : cfg->momentum != 0.0 ? 1 : 0;
     o->off = calloc((size_t)(o->n ? o->n : 1), sizeof *o->off);
-    if (!o->off)
+    o->p = calloc((size_t)(o->n ? o->n : 1), sizeof *o->p);
+    o->s1 = calloc((size_t)(o->n ? o->n : 1), sizeof *o->s1);
+    o->s2 = calloc((size_t)(o->n ? o->n : 1), sizeof *o->s2);
+    o->g = calloc((size_t)(o->n ? o->n : 1), sizeof *o->g);
+    o->numel_of = calloc((size_t)(o->n ? o->n : 1), sizeof *o->numel_of);
+    if (!o->off || !o->p || !o->s1 || !o->s2 || !o->g || !o->numel_of)
         goto fail;
     for (int i = 0; i < o->n; i++) {
         o->off[i] = o->numel;
@@ -104,7 +113,44 @@ void optim_free(struct optim *o)
     if (o->state)
         o->dev.ops->free(o->dev.ctx, o->state);
     free(o->off);
+    free(o->p);
+    free(o->s1);
+    free(o->s2);
+    free(o->g);
+    free(o->numel_of);
     free(o);
+}
+
+/* The parameter group as arrays; gradients are re-read because DDP moves them. */
+static void gather_group(struct optim *o)
+{
+    for (int i = 0; i < o->n; i++) {
+        struct param *p = model_param(o->m, i);
+        o->p[i] = p->data;
+        o->g[i] = p->grad;
+        o->s1[i] = o->per ? o->state + o->off[i] : NULL;
+        o->s2[i] = o->per == 2 ? o->state + o->numel + o->off[i] : NULL;
+        o->numel_of[i] = p->numel;
+    }
+}
+
+/* One launch for the whole group where the backend has it (CUDA), so a step costs one
+ * kernel however many tensors the model has. */
+static bool group_step(struct optim *o)
+{
+    const struct dev_ops *ops = o->dev.ops;
+    if (o->cfg.kind == OPTIM_SGD ? !ops->sgd_group : !ops->adamw_group)
+        return false;
+    gather_group(o);
+    if (o->cfg.kind == OPTIM_SGD) {
+        const struct sgd_hyper h = optim_sgd_hyper(&o->cfg, !o->have_buf);
+        ops->sgd_group(o->dev.ctx, &h, o->n, o->p, o->g, o->s1, o->numel_of);
+        o->have_buf = o->per > 0;
+    } else {
+        const struct adamw_hyper h = optim_adamw_hyper(&o->cfg, o->steps);
+        ops->adamw_group(o->dev.ctx, &h, o->n, o->p, o->g, o->s1, o->s2, o->numel_of);
+    }
+    return true;
 }
 
 void optim_step(struct optim *o)
@@ -112,6 +158,8 @@ void optim_step(struct optim *o)
     const struct dev_ops *ops = o->dev.ops;
     void *ctx = o->dev.ctx;
     o->steps++;
+    if (group_step(o))
+        return;
     if (o->cfg.kind == OPTIM_SGD) {
         const struct sgd_hyper h = optim_sgd_hyper(&o->cfg, !o->have_buf);
         for (int i = 0; i < o->n; i++) {

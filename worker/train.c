@@ -73,8 +73,17 @@ struct run {
     struct ddp *ddp;
     bool join;
     int64_t in, out, nb, max_nb, total;
-    float *hx, *hy, *x, *y, *dpred, *dloss;
+    float *hx, *hy, *x, *y, *dpred, *dloss; /* dloss: one loss per micro-batch of a step */
+    float *hloss;
     int32_t *hl, *labels;
+};
+
+/* A logged step whose losses are on their way to the host. On CUDA the copy is queued
+ * behind the step and read after the next step is queued, so the GPU never waits for
+ * the host; on the CPU it is read at once. */
+struct pending_log {
+    bool on;
+    int64_t step, epoch, micro, samples;
 };
 
 /* Agrees with the other ranks on the batch counts: join on or off, and the global
@@ -113,8 +122,8 @@ static ddpd_err agree_on_batches(struct run *r, struct ddpd_error *err)
     return DDPD_OK;
 }
 
-/* One micro-batch: forward, loss, backward. Returns the loss and adds the rows. */
-static ddpd_err micro_batch(struct run *r, int64_t b, bool sync, double *loss, int64_t *rows_out,
+/* One micro-batch: forward, loss (into dloss[j], on the device), backward. Adds the rows. */
+static ddpd_err micro_batch(struct run *r, int64_t b, int64_t j, bool sync, int64_t *rows_out,
                             struct ddpd_error *err)
 {
     const struct dev_ops *ops = r->dev.ops;
@@ -133,10 +142,10 @@ static ddpd_err micro_batch(struct run *r, int64_t b, bool sync, double *loss, i
     const float *pred = model_forward(r->m, r->x, rows);
     if (r->s->loss == LOSS_CROSS_ENTROPY) {
         ops->to_device(ctx, r->labels, r->hl, (size_t)rows * sizeof(int32_t));
-        ops->cross_entropy(ctx, pred, r->labels, rows, r->out, r->dpred, r->dloss);
+        ops->cross_entropy(ctx, pred, r->labels, rows, r->out, r->dpred, r->dloss + j);
     } else {
         ops->to_device(ctx, r->y, r->hy, (size_t)(rows * r->out) * sizeof(float));
-        ops->mse(ctx, pred, r->y, rows, r->out, r->dpred, r->dloss);
+        ops->mse(ctx, pred, r->y, rows, r->out, r->dpred, r->dloss + j);
     }
     model_backward(r->m, r->dpred, r->ddp ? ddp_grad_ready : NULL, r->ddp);
     if (r->ddp) {
@@ -146,11 +155,47 @@ static ddpd_err micro_batch(struct run *r, int64_t b, bool sync, double *loss, i
         if (rc)
             return rc;
     }
-    float l;
-    ops->to_host(ctx, &l, r->dloss, sizeof l);
-    *loss = l;
     *rows_out = rows;
     return DDPD_OK;
+}
+
+/* Waits for the pending losses and emits the step's `loss` event. */
+static void log_finish(struct run *r, struct pending_log *p, double *t_log, double *last_loss)
+{
+    if (!p->on)
+        return;
+    p->on = false;
+    if (r->dev.ops->fetch_wait)
+        r->dev.ops->fetch_wait(r->dev.ctx, r->hloss, p->micro);
+    double loss_sum = 0;
+    for (int64_t j = 0; j < p->micro; j++)
+        loss_sum += r->hloss[j];
+    *last_loss = loss_sum / (double)p->micro;
+    double now = emit_monotonic(), dt = now - *t_log;
+    struct event ev = {.kind = EVENT_LOSS, .rank = r->cfg->rank};
+    ev.step = p->step;
+    ev.epoch = p->epoch;
+    ev.loss = *last_loss;
+    ev.nonfinite = !isfinite(*last_loss);
+    ev.samples_per_s = dt > 0 ? (double)p->samples / dt : 0;
+    emit_event(&ev);
+    *t_log = now;
+}
+
+/* Starts reading a logged step's micro-batch losses; emits at once where reads are
+ * immediate anyway (the CPU). */
+static void log_start(struct run *r, struct pending_log *p, const struct pending_log *now,
+                      double *t_log, double *last_loss)
+{
+    const struct dev_ops *ops = r->dev.ops;
+    *p = *now;
+    p->on = true;
+    if (ops->fetch_start) {
+        ops->fetch_start(r->dev.ctx, r->dloss, p->micro);
+        return;
+    }
+    ops->to_host(r->dev.ctx, r->hloss, r->dloss, (size_t)p->micro * sizeof(float));
+    log_finish(r, p, t_log, last_loss);
 }
 
 static ddpd_err save_checkpoint(struct run *r, const struct train_pos *pos, struct ddpd_error *err)
@@ -187,9 +232,12 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     r->y = ops->alloc(r->dev.ctx, (size_t)(bs * r->out) * sizeof(float));
     r->labels = ops->alloc(r->dev.ctx, (size_t)bs * sizeof(int32_t));
     r->dpred = ops->alloc(r->dev.ctx, (size_t)(bs * r->out) * sizeof(float));
-    r->dloss = ops->alloc(r->dev.ctx, sizeof(float));
+    /* A step has at most min(grad_accum, batches) micro-batches. */
+    const int64_t kmax = s->grad_accum < r->nb ? s->grad_accum : r->nb > 0 ? r->nb : 1;
+    r->dloss = ops->alloc(r->dev.ctx, (size_t)kmax * sizeof(float));
+    r->hloss = malloc((size_t)kmax * sizeof(float));
     if (!r->m || !r->o || !r->hx || !r->hy || !r->hl || !r->x || !r->y || !r->labels || !r->dpred ||
-        !r->dloss)
+        !r->dloss || !r->hloss)
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory building the model for batch %" PRId64,
                               bs);
 
@@ -202,7 +250,10 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
                  cfg->resume, pos->step, pos->epoch, pos->epoch_step);
     } else if (s->init_from[0]) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/%s", cfg->data_dir, s->init_from);
+        /* Inside the data directory, symbolic links included, as the data files are. */
+        rc = data_path_resolve(cfg->data_dir, "init.from", s->init_from, path, sizeof path, err);
+        if (rc)
+            return rc;
         rc = ckpt_load_weights(r->m, path, err);
         if (rc)
             return rc;
@@ -229,7 +280,8 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     const struct spec *s = cfg->spec;
     const int rank = cfg->rank;
     const int64_t k = s->grad_accum;
-    struct run r = {.cfg = cfg, .s = s, .dev = dev_cpu_new(1)};
+    struct run r = {.cfg = cfg, .s = s, .dev = cfg->dev.ops ? cfg->dev : dev_cpu_new(1)};
+    struct pending_log pend = {0};
     struct train_pos pos;
     ddpd_err rc = setup(&r, &pos, err);
     if (rc)
@@ -256,7 +308,7 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
         /* This rank's steps of the epoch. */
         while (pos.step < r.total && b < r.nb) {
             const int64_t epoch = pos.epoch, micro = k < r.nb - b ? k : r.nb - b;
-            double loss_sum = 0;
+            int64_t step_samples = 0;
             model_zero_grad(r.m);
             for (int64_t j = 0; j < micro; j++, b++) {
                 if (cfg->cancel && *cfg->cancel) {
@@ -264,34 +316,29 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
                                         pos.step + 1);
                     goto out;
                 }
-                double loss;
                 int64_t rows;
-                rc = micro_batch(&r, b, j == micro - 1, &loss, &rows, err);
+                rc = micro_batch(&r, b, j, j == micro - 1, &rows, err);
                 if (rc)
                     goto out;
-                loss_sum += loss;
-                samples_since_log += rows;
+                step_samples += rows;
             }
             optim_step(r.o);
             pos.step++;
             pos.epoch_step++;
-            last_loss = loss_sum / (double)micro;
+            samples_since_log += step_samples;
 
+            /* The previous logged step's losses have arrived while this one was queued. */
+            log_finish(&r, &pend, &t_log, &last_loss);
             if (pos.step % s->log_every == 0 || pos.step == r.total) {
-                double now = emit_monotonic(), dt = now - t_log;
-                struct event ev = {.kind = EVENT_LOSS, .rank = rank};
-                ev.step = pos.step;
-                ev.epoch = epoch;
-                ev.loss = last_loss;
-                ev.nonfinite = !isfinite(last_loss);
-                ev.samples_per_s = dt > 0 ? (double)samples_since_log / dt : 0;
-                emit_event(&ev);
-                t_log = now;
+                const struct pending_log now = {.step = pos.step, .epoch = epoch, .micro = micro,
+                                                .samples = samples_since_log};
+                log_start(&r, &pend, &now, &t_log, &last_loss);
                 samples_since_log = 0;
             }
             if (rank == 0 && s->checkpoint_every && pos.step % s->checkpoint_every == 0 &&
                 pos.step != r.total) {
                 struct train_pos at = pos;
+                log_finish(&r, &pend, &t_log, &last_loss); /* its loss event comes first */
                 if (b == r.nb && !r.join) { /* the epoch is over: resume at the next one */
                     at.epoch++;
                     at.epoch_step = 0;
@@ -301,6 +348,7 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
             }
         }
 
+        log_finish(&r, &pend, &t_log, &last_loss);
         if (r.join) {
             /* Out of batches (or out of steps): shadow the others, then resync. */
             int64_t shadowed, before = pos.step;
@@ -322,6 +370,7 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
         pos.epoch++;
         pos.epoch_step = 0;
     }
+    log_finish(&r, &pend, &t_log, &last_loss);
     const double seconds = emit_monotonic() - t0;
 
     if (rank == 0) {
@@ -348,10 +397,12 @@ out:
     free(r.hx);
     free(r.hy);
     free(r.hl);
+    free(r.hloss);
     ddp_free(r.ddp);
     optim_free(r.o);
     model_free(r.m);
     dataset_free(r.ds);
-    dev_cpu_free(r.dev);
+    if (!cfg->dev.ops)
+        dev_cpu_free(r.dev);
     return rc;
 }

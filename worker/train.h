@@ -10,6 +10,7 @@
 #include "../schema/err.h"
 #include "../schema/spec.h"
 #include "comm.h"
+#include "dev.h"
 
 struct train_config {
     const struct spec *spec; /* borrowed */
@@ -19,6 +20,7 @@ struct train_config {
     const char *resume;      /* a checkpoint directory to continue from, or NULL */
     volatile sig_atomic_t *cancel; /* set by SIGTERM: stop at the next micro-batch */
     struct comm *comm;       /* the group, NULL for a single rank without DDP */
+    struct dev dev;          /* the compute backend (borrowed); {NULL} = CPU, one thread */
 };
 
 /* Runs the job to the end. Emits start, loss, checkpoint and done events (emit.h).

@@ -2,11 +2,14 @@
  * W rank processes per case, forked from here, as the launcher runs them. Checks sums,
  * bitwise identity across ranks, ordering of async all-reduces, every collective, and the
  * failures: a rank that dies, never comes, goes silent, brings the wrong id, or desyncs. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -566,6 +569,55 @@ static void test_bad_registration(void)
     CHECK_EQ_INT(issuer_stop(&is), 0);
 }
 
+/* A root that answers a registration with a message of a type no ddpd sends, length 0 (a
+ * fuzz/fuzz_comm.c find, fuzz/regressions/comm/root_unknown_type_len0): the rank refuses
+ * it as malformed at once. It used to read it as the table, world * 20 bytes out of a
+ * 1-byte buffer. */
+static void test_bogus_root(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHECK(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 4) == 0 &&
+          getsockname(lfd, (struct sockaddr *)&a, &alen) == 0);
+    /* The id: 16 bytes of magic, then family 4, the port and 127.0.0.1 (comm/cpu_wire.h). */
+    struct comm_id id = {{0}};
+    memcpy(id.bytes, "bogus-root-magic", 16);
+    id.bytes[17] = 4;
+    memcpy(id.bytes + 18, &a.sin_port, 2);
+    memcpy(id.bytes + 20, &a.sin_addr, 4);
+    pid_t p = fork();
+    if (p == 0) {
+        alarm(20);
+        unsigned char reg[64], junk[64];
+        static const unsigned char msg[8] = {0, 0, 0, 7, 0, 0, 0, 0};
+        int fd = accept(lfd, NULL, NULL);
+        size_t got = 0;
+        while (fd >= 0 && got < sizeof reg) {
+            ssize_t n = read(fd, reg + got, sizeof reg - got);
+            if (n <= 0)
+                _exit(1);
+            got += (size_t)n;
+        }
+        if (fd < 0 || write(fd, msg, sizeof msg) != sizeof msg)
+            _exit(1);
+        while (read(fd, junk, sizeof junk) > 0) /* until the rank hangs up */
+            ;
+        _exit(0);
+    }
+    close(lfd);
+    struct ddpd_error err;
+    double t0 = now_s();
+    CHECK(comm_new(&comm_cpu_ops, &id, 0, 2, 5.0, &err) == NULL);
+    CHECK(now_s() - t0 < 2.0);
+    CHECK_EQ_INT(err.code, DDPD_ECOMM);
+    CHECK(strstr(err.message, "rendezvous: malformed message from root 127.0.0.1:") != NULL);
+    fprintf(stderr, "  bogus root: %s\n", err.message);
+    int st = 0;
+    waitpid(p, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 /* abort() from another thread ends a collective blocked on a silent peer. */
 static struct comm *abort_target;
 static void *aborter(void *arg)
@@ -640,6 +692,79 @@ static void test_hex(void)
     CHECK(strstr(err.message, "malformed") != NULL);
 }
 
+/* ---- tensors of a device: staged through the host (comm/staged.c) ----
+ * A device whose memory is not host memory, as the cpu backend sees it: the CPU backend's
+ * table with host_memory false and copies that count, so the test can tell that every
+ * tensor collective went through to_host / to_device and came back right. This is the
+ * path of `device: cuda` with `ddp.backend: cpu`, without a GPU. */
+static int staged_copies;
+
+static void counting_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx;
+    staged_copies++;
+    memcpy(dst, src, bytes);
+}
+
+static int rank_staged(int rank, int world, const struct comm_id *id)
+{
+    struct ddpd_error err;
+    struct comm_req *r1, *r2;
+    struct comm *c = join(rank, world, id, 10.0);
+    if (!c)
+        return 1;
+    struct dev cpu = dev_cpu_new(1);
+    struct dev_ops fake = *cpu.ops;
+    fake.name = "fake";
+    fake.host_memory = false;
+    fake.to_host = fake.to_device = counting_copy;
+    struct dev d = {&fake, cpu.ctx};
+    CHECK_OK(comm_bind_dev(c, d, &err));
+    const int64_t n = 1003, m = 7;
+    float *a = d.ops->alloc(d.ctx, (size_t)n * sizeof(float));
+    float *b = d.ops->alloc(d.ctx, (size_t)m * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        a[i] = val(rank, i);
+    for (int64_t i = 0; i < m; i++)
+        b[i] = val(rank, n + i);
+    /* Two in flight at once, waited in order, as the reducer's buckets. */
+    CHECK_OK(comm_allreduce_start(c, a, n, &r1, &err));
+    CHECK_OK(comm_allreduce_start(c, b, m, &r2, &err));
+    CHECK_OK(comm_wait(c, r1, &err));
+    CHECK_OK(comm_wait(c, r2, &err));
+    CHECK_EQ_INT(check_sum(a, world, n, 0), 0);
+    CHECK_EQ_INT(check_sum(b, world, m, n), 0);
+    /* A broadcast of a tensor from the last rank. */
+    for (int64_t i = 0; i < m; i++)
+        b[i] = (float)(rank * 100 + i);
+    CHECK_OK(comm_broadcast(c, b, (size_t)m * sizeof(float), world - 1, &err));
+    CHECK(b[0] == (float)((world - 1) * 100) && b[m - 1] == (float)((world - 1) * 100 + m - 1));
+    /* Host-memory collectives pass through without staging. */
+    const int before = staged_copies;
+    int64_t mine = rank, all[MAX_W];
+    CHECK_OK(comm_allgather(c, &mine, sizeof mine, all, &err));
+    CHECK_OK(comm_allreduce_max_i64(c, &mine, 1, &err));
+    CHECK_OK(comm_barrier(c, &err));
+    CHECK_EQ_INT(staged_copies, before);
+    CHECK_EQ_INT(all[world - 1], world - 1);
+    CHECK_EQ_INT(mine, world - 1);
+    /* Each tensor collective: one copy out, one back. */
+    CHECK_EQ_INT(staged_copies, 6);
+    d.ops->free(d.ctx, a);
+    d.ops->free(d.ctx, b);
+    comm_free(c);
+    dev_cpu_free(cpu);
+    return 0;
+}
+
+static void test_staged(int world)
+{
+    struct issuer is;
+    CHECK_EQ_INT(issuer_start(&is), 0);
+    CHECK_EQ_INT(run_ranks(world, &is.id, rank_staged), 0);
+    CHECK_EQ_INT(issuer_stop(&is), 0);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -654,6 +779,8 @@ int main(void)
     test_collectives(4, 0xf);
     test_collectives(3, 0x2); /* mixed: rank 1's two links on TCP, 2 -> 0 shared */
     test_ipv6();
+    test_staged(1);
+    test_staged(3);
     fprintf(stderr, "faults:\n");
     test_rank_dies(3, 2, 0, 0);
     test_rank_dies(4, 2, 1, 0);
@@ -665,6 +792,7 @@ int main(void)
     test_rank_silent(0x3);
     test_mismatch();
     test_bad_registration();
+    test_bogus_root();
     test_abort();
     fprintf(stderr, "test_comm: %.1f s\n", now_s() - t0);
     CHECK(now_s() - t0 < 60.0);

@@ -273,12 +273,12 @@ static const struct bad_case bad_cases[] = {
 
     /* unknown keys at every level */
     BAD(OK_PLUS(",\"epoch\":1"), DDPD_ESPEC, "epoch",
-     "unknown key (did you mean \"epochs\"? expected one of name, world_size, device, model, "
-     "loss, optimizer, data, batch_size, epochs, steps, grad_accum, ddp, init, checkpoint, "
+     "unknown key (did you mean \"epochs\"? expected one of name, world_size, device, precision, "
+     "model, loss, optimizer, data, batch_size, epochs, steps, grad_accum, ddp, init, checkpoint, "
      "log_every, max_restarts)"),
     BAD(OK_PLUS(",\"learning rate\":1"), DDPD_ESPEC, "[\"learning rate\"]",
-     "unknown key (expected one of name, world_size, device, model, loss, optimizer, data, "
-     "batch_size, epochs, steps, grad_accum, ddp, init, checkpoint, log_every, max_restarts)"),
+     "unknown key (expected one of name, world_size, device, precision, model, loss, optimizer, "
+     "data, batch_size, epochs, steps, grad_accum, ddp, init, checkpoint, log_every, max_restarts)"),
     BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"momentun\":0.9}"), DDPD_ESPEC, "optimizer.momentun",
      "unknown key (did you mean \"momentum\"? expected one of type, lr, momentum, dampening, "
      "weight_decay, nesterov)"),
@@ -463,6 +463,12 @@ static const struct bad_case bad_cases[] = {
      "expected one of cpu, nccl, got \"gloo\""),
     BAD(OK_PLUS(",\"device\":\"cpu\",\"ddp\":{\"backend\":\"nccl\"}"), DDPD_ESPEC, "ddp.backend",
      "nccl needs device \"cuda\" (device is \"cpu\")"),
+    BAD(OK_PLUS(",\"device\":\"cuda\",\"precision\":\"fp16\""), DDPD_ESPEC, "precision",
+     "expected one of fp32, tf32, got \"fp16\""),
+    BAD(OK_PLUS(",\"device\":\"cuda\",\"precision\":32"), DDPD_ESPEC, "precision",
+     "expected one of fp32, tf32, got 32"),
+    BAD(OK_PLUS(",\"device\":\"cpu\",\"precision\":\"tf32\""), DDPD_ESPEC, "precision",
+     "tf32 needs device \"cuda\" (device is \"cpu\")"),
 
     /* init */
     BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from\":\"w.safetensors\"}"), DDPD_ESPEC, "init.from",
@@ -550,7 +556,7 @@ static void test_round_trip(void)
              "\"shuffle\":false}",
              "\"batch_size\":17,\"steps\":1000",
              ",\"ddp\":{\"bucket_cap_mb\":0.1,\"join\":true,\"backend\":\"cpu\",\"timeout_s\":1.5,"
-             "\"divide_by_initial_world_size\":false},\"device\":\"cuda\",\"world_size\":8,"
+             "\"divide_by_initial_world_size\":false},\"device\":\"cuda\",\"precision\":\"tf32\",\"world_size\":8,"
              "\"init\":{\"from\":\"init/{rank}.safetensors\"},\"checkpoint\":{\"every_steps\":100},"
              "\"log_every\":10,\"max_restarts\":3,\"name\":\"q\\\"uote\\n\",\"grad_accum\":4"),
         SPEC("\"model\":[{\"type\":\"linear\",\"in\":2,\"out\":3}]", "\"loss\":\"cross_entropy\"",
@@ -574,7 +580,7 @@ static void test_round_trip(void)
         /* Every key is written out, so the printed spec is a fixed point. */
         json_t *j2 = spec_to_json(&b);
         CHECK(json_equal(j, j2));
-        CHECK(json_object_size(j) == 16 - 1); /* epochs or steps, not both */
+        CHECK_EQ_INT(json_object_size(j), 17 - 1); /* epochs or steps, not both */
         free(text);
         json_decref(j);
         json_decref(j2);

@@ -3,6 +3,7 @@
  * struct ddpd_error (DDPD_ECOMM with the backend's text), and the id's hex form.
  * Knows no sockets and no CUDA: everything below the table is the backend's. */
 #include "../comm.h"
+#include "comm_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +97,20 @@ void comm_free(struct comm *c)
         return;
     c->ops->free(c->ctx);
     free(c);
+}
+
+ddpd_err comm_bind_dev(struct comm *c, struct dev dev, struct ddpd_error *err)
+{
+    char text[512] = "";
+    ddpd_err rc = DDPD_OK;
+    if (c->ops->bind_dev)
+        rc = c->ops->bind_dev(c->ctx, dev, text, sizeof text);
+    else if (!dev.ops->host_memory)
+        rc = comm__staged_wrap(&c->ops, &c->ctx, dev, text, sizeof text);
+    if (rc != DDPD_OK)
+        return ddpd_error_set(err, rc, "comm", "rank %d: %s", c->rank,
+                              text[0] ? text : "binding the device failed");
+    return DDPD_OK;
 }
 
 int comm_rank(const struct comm *c)

@@ -599,6 +599,7 @@ static const struct dev_ops cpu_ops = {
     .copy = cpu_copy,
     .scale = cpu_scale,
     .scale_copy = cpu_scale_copy,
+    .host_memory = true,
 };
 
 struct dev dev_cpu_new(int threads)

@@ -1,22 +1,703 @@
-/* dev/cuda.cu — the CUDA compute backend. For now it only answers whether a device is
- * there; the CUDA ops (cuBLAS + kernels, each tested against dev/cpu.c) come with the
- * GPU issue. Device code lives only in the .cu files of worker/dev, behind the C
- * header dev.h. */
+/* dev/cuda.cu — the CUDA compute backend: cuBLAS for the matrix products, one kernel per
+ * op for the rest, all queued on one compute stream per rank. Each op computes what its
+ * dev/cpu.c twin computes, in the same order where that order decides the bits (the
+ * losses sum in double, multiply-adds are fused as the CPU's AVX2 path fuses them), and
+ * tests/unit/test_cuda.c compares them. Nothing here synchronises except to_host,
+ * synchronize and fetch_wait. Device code lives only in the .cu files of worker/dev,
+ * behind dev.h. */
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+/* emit.h is C11; its _Noreturn is C++'s [[noreturn]]. */
+#define _Noreturn [[noreturn]]
 extern "C" {
 #include "../dev.h"
+#include "../emit.h"
 }
+#undef _Noreturn
+
+#define THREADS 256
+#define MAX_BLOCKS 8192     /* grid-stride loops cover the rest */
+#define REDUCE_THREADS 1024 /* the losses: one block, so their sums are deterministic */
+#define GROUP_MAX 64        /* tensors per optimizer launch: 3 KiB of kernel arguments, < 4 KiB */
+#define GROUP_CHUNK 4096    /* elements per block in an optimizer launch */
+
+struct cuda {
+    int device;
+    char name[256];
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    float *pinned;          /* fetch_start's destination */
+    int64_t pinned_n;
+    cudaEvent_t fetched;    /* recorded after the copy into `pinned` */
+};
+
+/* ---- failures: every CUDA or cuBLAS error ends the worker as a device failure ---- */
+
+static void die(const struct cuda *c, const char *op, const char *why)
+{
+    worker_die(DDPD_EDEVICE, "cuda: %s on GPU %d (%s): %s", op, c->device, c->name, why);
+}
+
+static void check(const struct cuda *c, cudaError_t e, const char *op)
+{
+    if (e != cudaSuccess)
+        die(c, op, cudaGetErrorString(e));
+}
+
+static void check_blas(const struct cuda *c, cublasStatus_t s, const char *op)
+{
+    if (s != CUBLAS_STATUS_SUCCESS)
+        die(c, op, cublasGetStatusString(s));
+}
+
+/* A kernel launch fails at launch time (bad configuration) or later on the stream; the
+ * later failures surface at the next synchronising call, which checks them too. */
+#define LAUNCHED(c, op) check((c), cudaGetLastError(), (op))
+
+static unsigned blocks_for(int64_t n)
+{
+    int64_t b = (n + THREADS - 1) / THREADS;
+    return (unsigned)(b < 1 ? 1 : b > MAX_BLOCKS ? MAX_BLOCKS : b);
+}
+
+#define FOR_EACH(i, n)                                                                   \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);            \
+         i += (int64_t)blockDim.x * gridDim.x)
+
+/* ---- memory ---- */
+
+static void *cu_alloc(void *ctx, size_t bytes)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    void *p = NULL;
+    size_t n = bytes ? bytes : 4;
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e != cudaSuccess) {
+        char why[160];
+        snprintf(why, sizeof why, "%s (%zu bytes)", cudaGetErrorString(e), n);
+        die(c, "alloc", why);
+    }
+    /* On the stream, so later ops see zeros without a device-wide wait. */
+    check(c, cudaMemsetAsync(p, 0, n, c->stream), "alloc");
+    return p;
+}
+
+static void cu_free(void *ctx, void *p)
+{
+    if (p)
+        check((struct cuda *)ctx, cudaFree(p), "free");
+}
+
+static void cu_to_device(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (!bytes)
+        return;
+    check(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), "to_device");
+    /* From pageable memory the source is consumed before the call returns; from pinned
+     * memory the copy is truly asynchronous, and the caller may reuse src on return. */
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, src) == cudaSuccess && a.type == cudaMemoryTypeHost)
+        check(c, cudaStreamSynchronize(c->stream), "to_device");
+    (void)cudaGetLastError();
+}
+
+static void cu_to_host(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (!bytes)
+        return;
+    check(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream), "to_host");
+    check(c, cudaStreamSynchronize(c->stream), "to_host");
+}
+
+static void cu_synchronize(void *ctx)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    check(c, cudaStreamSynchronize(c->stream), "synchronize");
+}
+
+/* ---- matrix products ----
+ * Row-major C[M,N] is column-major C^T[N,M], so C = op(A) op(B) is computed as
+ * C^T = op(B)^T op(A)^T: cuBLAS gets B first, with the same transposition flags. */
+static void cu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                    float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                    float beta, float *cm, int64_t ldc)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (m == 0 || n == 0)
+        return;
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX ||
+        ldc > INT32_MAX)
+        die(c, "gemm", "a dimension exceeds 2^31-1");
+    /* cuBLAS refuses a leading dimension below 1 even where k = 0 makes it unused. */
+    const int la = lda < 1 ? 1 : (int)lda, lb = ldb < 1 ? 1 : (int)ldb;
+    check_blas(c,
+               cublasSgemm(c->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                           trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha, b, lb,
+                           a, la, &beta, cm, (int)ldc),
+               "gemm");
+}
+
+__global__ void k_add_bias(float *y, const float *b, int64_t m, int64_t n)
+{
+    FOR_EACH(i, m * n)
+    y[i] += b[i % n];
+}
+
+static void cu_add_bias(void *ctx, float *y, const float *b, int64_t m, int64_t n)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (m <= 0 || n <= 0)
+        return;
+    k_add_bias<<<blocks_for(m * n), THREADS, 0, c->stream>>>(y, b, m, n);
+    LAUNCHED(c, "add_bias");
+}
+
+/* db[j] += sum_i dy[i,j]: a block owns 32 columns; its 8 thread rows sum strided rows
+ * (coalesced across the 32 columns), then one row adds the 8 partial sums. */
+__global__ void k_bias_grad(float *db, const float *dy, int64_t m, int64_t n)
+{
+    __shared__ float part[8][33];
+    const int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (j < n)
+        for (int64_t i = threadIdx.y; i < m; i += 8)
+            s += dy[i * n + j];
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < n) {
+        for (int r = 1; r < 8; r++)
+            s += part[r][threadIdx.x];
+        db[j] += s;
+    }
+}
+
+static void cu_bias_grad(void *ctx, float *db, const float *dy, int64_t m, int64_t n)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (m <= 0 || n <= 0)
+        return;
+    k_bias_grad<<<(unsigned)((n + 31) / 32), dim3(32, 8), 0, c->stream>>>(db, dy, m, n);
+    LAUNCHED(c, "bias_grad");
+}
+
+/* ---- activations (formulas of dev/cpu.c; GELU's constants as PyTorch rounds them) ---- */
+
+#define GELU_ALPHA 0.70710678118654752440f           /* (float)M_SQRT1_2 */
+#define GELU_BETA ((float)(1.12837916709551257390 * 0.70710678118654752440 * 0.5))
+
+__global__ void k_act_forward(int kind, float *y, const float *x, int64_t n)
+{
+    FOR_EACH(i, n)
+    {
+        const float v = x[i];
+        switch (kind) {
+        case LAYER_RELU: y[i] = v < 0.0f ? 0.0f : v; break;
+        case LAYER_TANH: y[i] = tanhf(v); break;
+        case LAYER_SIGMOID: y[i] = 1.0f / (1.0f + expf(-v)); break;
+        default: y[i] = v * 0.5f * (1.0f + erff(v * GELU_ALPHA)); break;
+        }
+    }
+}
+
+__global__ void k_act_backward(int kind, float *dx, const float *dy, const float *x,
+                               const float *y, int64_t n)
+{
+    FOR_EACH(i, n)
+    {
+        switch (kind) {
+        case LAYER_RELU: dx[i] = y[i] <= 0.0f ? 0.0f : dy[i]; break;
+        case LAYER_TANH: dx[i] = dy[i] * fmaf(-y[i], y[i], 1.0f); break;
+        case LAYER_SIGMOID: dx[i] = __fmul_rn(__fmul_rn(dy[i], 1.0f - y[i]), y[i]); break;
+        default: {
+            const float cdf = 0.5f * (1.0f + erff(x[i] * GELU_ALPHA));
+            const float pdf = GELU_BETA * expf(__fmul_rn(x[i], x[i]) * -0.5f);
+            dx[i] = dy[i] * fmaf(x[i], pdf, cdf);
+        }
+        }
+    }
+}
+
+static void check_act(const struct cuda *c, layer_kind k, const char *op)
+{
+    if (k != LAYER_RELU && k != LAYER_TANH && k != LAYER_SIGMOID && k != LAYER_GELU)
+        die(c, op, "not an activation layer");
+}
+
+static void cu_act_forward(void *ctx, layer_kind k, float *y, const float *x, int64_t n)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    check_act(c, k, "act_forward");
+    if (n <= 0)
+        return;
+    k_act_forward<<<blocks_for(n), THREADS, 0, c->stream>>>((int)k, y, x, n);
+    LAUNCHED(c, "act_forward");
+}
+
+static void cu_act_backward(void *ctx, layer_kind k, float *dx, const float *dy, const float *x,
+                            const float *y, int64_t n)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    check_act(c, k, "act_backward");
+    if (n <= 0)
+        return;
+    k_act_backward<<<blocks_for(n), THREADS, 0, c->stream>>>((int)k, dx, dy, x, y, n);
+    LAUNCHED(c, "act_backward");
+}
+
+/* ---- losses: one block each, so that the sum over rows has one fixed order ---- */
+
+__device__ double warp_sum(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* The block's sum of v, valid in thread 0. */
+__device__ double block_sum(double v)
+{
+    __shared__ double part[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0;
+    return warp < 1 ? warp_sum(v) : 0.0;
+}
+
+__global__ void k_mse(const float *pred, const float *target, int64_t total, float norm,
+                      float *dpred, float *loss)
+{
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
+        const float d = pred[i] - target[i];
+        s += (double)d * (double)d;
+        dpred[i] = norm * d;
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0)
+        *loss = (float)(s / (double)total);
+}
+
+static void cu_mse(void *ctx, const float *pred, const float *target, int64_t m, int64_t n,
+                   float *dpred, float *loss)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    const int64_t total = m * n;
+    const float norm = (float)(2.0 / (double)total);
+    k_mse<<<1, REDUCE_THREADS, 0, c->stream>>>(pred, target, total, norm, dpred, loss);
+    LAUNCHED(c, "mse");
+}
+
+/* A warp per row: max, sum of exp in double, log-softmax, gradient; lane 0 of each warp
+ * keeps its rows' negative log-likelihoods, and the block adds them at the end. */
+__global__ void k_cross_entropy(const float *logits, const int32_t *labels, int64_t m, int64_t n,
+                                float *dlogits, float *loss)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const float g = -(1.0f / (float)m);
+    double nll = 0.0;
+    for (int64_t r = warp; r < m && n > 0; r += warps) {
+        const float *x = logits + r * n;
+        float *dx = dlogits + r * n;
+        const int32_t label = labels[r];
+        if (label < 0 || label >= n) {
+            for (int64_t j = lane; j < n; j += 32)
+                dx[j] = NAN;
+            nll += lane == 0 ? (double)NAN : 0.0;
+            continue;
+        }
+        float mx = x[0];
+        for (int64_t j = lane; j < n; j += 32)
+            mx = x[j] > mx ? x[j] : mx;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float other = __shfl_xor_sync(0xffffffffu, mx, o);
+            mx = other > mx ? other : mx;
+        }
+        double s = 0.0;
+        for (int64_t j = lane; j < n; j += 32)
+            s += (double)expf(x[j] - mx);
+        for (int o = 16; o > 0; o >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+        const float lse = (float)log(s);
+        for (int64_t j = lane; j < n; j += 32)
+            dx[j] = __fmul_rn(-expf((x[j] - mx) - lse), g);
+        __syncwarp();
+        if (lane == 0) {
+            /* The label's entry adds g itself: g - exp(logp) * g in one fused step. */
+            const float logp = (x[label] - mx) - lse;
+            dx[label] = fmaf(-expf(logp), g, g);
+            nll -= (double)logp;
+        }
+        __syncwarp();
+    }
+    nll = block_sum(nll);
+    if (threadIdx.x == 0)
+        *loss = m > 0 && n > 0 ? (float)(nll / (double)m) : NAN;
+}
+
+static void cu_cross_entropy(void *ctx, const float *logits, const int32_t *labels, int64_t m,
+                             int64_t n, float *dlogits, float *loss)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    k_cross_entropy<<<1, REDUCE_THREADS, 0, c->stream>>>(logits, labels, m < 0 ? 0 : m, n,
+                                                         dlogits, loss);
+    LAUNCHED(c, "cross_entropy");
+}
+
+/* ---- optimizers: one launch per parameter group ----
+ * A launch covers up to GROUP_MAX tensors; block b works on one GROUP_CHUNK of the
+ * tensor whose chunk range [first[t], first[t+1]) holds b. */
+struct group {
+    int count;
+    float *p[GROUP_MAX];
+    const float *g[GROUP_MAX];
+    float *s1[GROUP_MAX]; /* momentum buffer / exp_avg */
+    float *s2[GROUP_MAX]; /* exp_avg_sq */
+    int64_t n[GROUP_MAX];
+    int64_t first[GROUP_MAX + 1];
+};
+static_assert(sizeof(struct group) + sizeof(struct adamw_hyper) <= 4096,
+              "an optimizer launch's arguments fit the 4 KiB every CUDA device takes");
+
+/* Which tensor block b belongs to, and the element range [lo, hi) of its chunk. */
+__device__ int group_chunk(const struct group &gr, int64_t *lo, int64_t *hi)
+{
+    const int64_t b = blockIdx.x;
+    int t = 0;
+    while (t + 1 < gr.count && gr.first[t + 1] <= b)
+        t++;
+    *lo = (b - gr.first[t]) * GROUP_CHUNK;
+    *hi = *lo + GROUP_CHUNK < gr.n[t] ? *lo + GROUP_CHUNK : gr.n[t];
+    return t;
+}
+
+__global__ void k_sgd(struct sgd_hyper h, struct group gr)
+{
+    int64_t lo, hi;
+    const int t = group_chunk(gr, &lo, &hi);
+    float *p = gr.p[t], *buf = gr.s1[t];
+    const float *g = gr.g[t];
+    const bool has_wd = h.weight_decay != 0.0f, has_mom = h.momentum != 0.0f;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float d = g[i];
+        if (has_wd)
+            d = fmaf(p[i], h.weight_decay, d);
+        if (has_mom) {
+            const float b = h.first ? d : fmaf(d, h.one_minus_dampening, __fmul_rn(buf[i], h.momentum));
+            buf[i] = b;
+            d = h.nesterov ? fmaf(b, h.momentum, d) : b;
+        }
+        p[i] = fmaf(d, -h.lr, p[i]);
+    }
+}
+
+__global__ void k_adamw(struct adamw_hyper h, struct group gr)
+{
+    int64_t lo, hi;
+    const int t = group_chunk(gr, &lo, &hi);
+    float *p = gr.p[t], *m = gr.s1[t], *v = gr.s2[t];
+    const float *g = gr.g[t];
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const float gi = g[i];
+        const float pi = __fmul_rn(p[i], h.decay);
+        const float mi = fmaf(gi, h.one_minus_beta1, __fmul_rn(m[i], h.beta1));
+        const float vi = fmaf(__fmul_rn(h.one_minus_beta2, gi), gi, __fmul_rn(v[i], h.beta2));
+        const float denom = __fdiv_rn(__fsqrt_rn(vi), h.bc2_sqrt) + h.eps;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi + __fdiv_rn(__fmul_rn(h.neg_step_size, mi), denom);
+    }
+}
+
+/* Fills gr with tensors [from, from + count) of the arrays; returns the block count. */
+static unsigned group_fill(struct group *gr, int from, int count, float *const *p,
+                           const float *const *g, float *const *s1, float *const *s2,
+                           const int64_t *n)
+{
+    memset(gr, 0, sizeof *gr);
+    gr->count = count;
+    for (int i = 0; i < count; i++) {
+        gr->p[i] = p[from + i];
+        gr->g[i] = g[from + i];
+        gr->s1[i] = s1 ? s1[from + i] : NULL;
+        gr->s2[i] = s2 ? s2[from + i] : NULL;
+        gr->n[i] = n[from + i];
+        gr->first[i + 1] = gr->first[i] + (n[from + i] + GROUP_CHUNK - 1) / GROUP_CHUNK;
+    }
+    return (unsigned)gr->first[count];
+}
+
+static void cu_sgd_group(void *ctx, const struct sgd_hyper *h, int count, float *const *param,
+                         const float *const *grad, float *const *buf, const int64_t *numel)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    for (int i = 0; i < count; i += GROUP_MAX) {
+        struct group gr;
+        unsigned blocks = group_fill(&gr, i, count - i < GROUP_MAX ? count - i : GROUP_MAX,
+                                     param, grad, h->momentum != 0.0f ? buf : NULL, NULL, numel);
+        if (blocks)
+            k_sgd<<<blocks, THREADS, 0, c->stream>>>(*h, gr);
+        LAUNCHED(c, "sgd_step");
+    }
+}
+
+static void cu_adamw_group(void *ctx, const struct adamw_hyper *h, int count, float *const *param,
+                           const float *const *grad, float *const *exp_avg,
+                           float *const *exp_avg_sq, const int64_t *numel)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    for (int i = 0; i < count; i += GROUP_MAX) {
+        struct group gr;
+        unsigned blocks = group_fill(&gr, i, count - i < GROUP_MAX ? count - i : GROUP_MAX,
+                                     param, grad, exp_avg, exp_avg_sq, numel);
+        if (blocks)
+            k_adamw<<<blocks, THREADS, 0, c->stream>>>(*h, gr);
+        LAUNCHED(c, "adamw_step");
+    }
+}
+
+static void cu_sgd_step(void *ctx, const struct sgd_hyper *h, float *param, const float *grad,
+                        float *buf, int64_t n)
+{
+    cu_sgd_group(ctx, h, 1, &param, &grad, &buf, &n);
+}
+
+static void cu_adamw_step(void *ctx, const struct adamw_hyper *h, float *param, const float *grad,
+                          float *exp_avg, float *exp_avg_sq, int64_t n)
+{
+    cu_adamw_group(ctx, h, 1, &param, &grad, &exp_avg, &exp_avg_sq, &n);
+}
+
+/* ---- small helpers ---- */
+
+__global__ void k_fill(float *x, float v, int64_t n)
+{
+    FOR_EACH(i, n)
+    x[i] = v;
+}
+
+__global__ void k_scale_copy(float *dst, const float *src, float a, int64_t n)
+{
+    FOR_EACH(i, n)
+    dst[i] = src[i] * a;
+}
+
+static void cu_fill(void *ctx, float *x, float v, int64_t n)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (n <= 0)
+        return;
+    k_fill<<<blocks_for(n), THREADS, 0, c->stream>>>(x, v, n);
+    LAUNCHED(c, "fill");
+}
+
+static void cu_copy(void *ctx, float *dst, const float *src, int64_t n)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (n <= 0 || dst == src)
+        return;
+    check(c, cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, c->stream),
+          "copy");
+}
+
+static void cu_scale_copy(void *ctx, float *dst, const float *src, float a, int64_t n)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (n <= 0)
+        return;
+    k_scale_copy<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, src, a, n);
+    LAUNCHED(c, "scale");
+}
+
+static void cu_scale(void *ctx, float *x, float a, int64_t n) { cu_scale_copy(ctx, x, x, a, n); }
+
+/* ---- reads that do not stall the queue, and pinned host memory ---- */
+
+static void cu_fetch_start(void *ctx, const float *src, int64_t n)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (n > c->pinned_n) {
+        /* Grows once, to the largest read; waits for the previous read first. */
+        check(c, cudaEventSynchronize(c->fetched), "fetch");
+        check(c, cudaFreeHost(c->pinned), "fetch");
+        c->pinned = NULL;
+        check(c, cudaHostAlloc((void **)&c->pinned, (size_t)n * sizeof(float), cudaHostAllocDefault),
+              "fetch");
+        c->pinned_n = n;
+    }
+    if (n > 0)
+        check(c, cudaMemcpyAsync(c->pinned, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost,
+                                 c->stream),
+              "fetch");
+    check(c, cudaEventRecord(c->fetched, c->stream), "fetch");
+}
+
+static void cu_fetch_wait(void *ctx, float *dst, int64_t n)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    check(c, cudaEventSynchronize(c->fetched), "fetch");
+    if (n > 0)
+        memcpy(dst, c->pinned, (size_t)(n < c->pinned_n ? n : c->pinned_n) * sizeof(float));
+}
+
+static void *cu_host_alloc(void *ctx, size_t bytes)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    void *p = NULL;
+    check(c, cudaHostAlloc(&p, bytes ? bytes : 4, cudaHostAllocDefault), "host_alloc");
+    return p;
+}
+
+static void cu_host_free(void *ctx, void *p)
+{
+    if (p)
+        check((struct cuda *)ctx, cudaFreeHost(p), "host_free");
+}
+
+static const struct dev_ops cuda_ops = {
+    .name = "cuda",
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .to_device = cu_to_device,
+    .to_host = cu_to_host,
+    .synchronize = cu_synchronize,
+    .gemm = cu_gemm,
+    .add_bias = cu_add_bias,
+    .bias_grad = cu_bias_grad,
+    .act_forward = cu_act_forward,
+    .act_backward = cu_act_backward,
+    .mse = cu_mse,
+    .cross_entropy = cu_cross_entropy,
+    .sgd_step = cu_sgd_step,
+    .adamw_step = cu_adamw_step,
+    .fill = cu_fill,
+    .copy = cu_copy,
+    .scale = cu_scale,
+    .scale_copy = cu_scale_copy,
+    .sgd_group = cu_sgd_group,
+    .adamw_group = cu_adamw_group,
+    .fetch_start = cu_fetch_start,
+    .fetch_wait = cu_fetch_wait,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
+    .host_memory = false,
+};
+
+/* ---- the backend and the devices ---- */
 
 /* True when the CUDA runtime works and sees at least one device; any error (no driver,
  * no device, a runtime too new for the driver) reads as "no". */
-extern "C" bool dev_cuda_available(void)
+extern "C" bool dev_cuda_available(void) { return dev_cuda_device_count() > 0; }
+
+extern "C" int dev_cuda_device_count(void)
 {
     int n = 0;
-    cudaError_t rc = cudaGetDeviceCount(&n);
-    if (rc != cudaSuccess) {
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
         (void)cudaGetLastError(); /* clear the sticky error for later callers */
+        return 0;
+    }
+    return n;
+}
+
+extern "C" bool dev_cuda_device_info(int i, struct dev_cuda_info *out)
+{
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) {
+        (void)cudaGetLastError();
         return false;
     }
-    return n > 0;
+    snprintf(out->name, sizeof out->name, "%s", p.name);
+    out->memory = (uint64_t)p.totalGlobalMem;
+    const unsigned char *u = (const unsigned char *)p.uuid.bytes;
+    snprintf(out->uuid, sizeof out->uuid,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    return true;
+}
+
+/* Opening the device reports failures through `err` (the caller owns the exit). */
+static bool open_failed(struct cuda *c, cudaError_t e, const char *what, struct ddpd_error *err)
+{
+    if (e == cudaSuccess)
+        return false;
+    (void)cudaGetLastError();
+    ddpd_error_set(err, DDPD_EDEVICE, "device", "cuda: %s on GPU %d (%s): %s", what, c->device,
+                   c->name, cudaGetErrorString(e));
+    return true;
+}
+
+extern "C" struct dev dev_cuda_new(int device, bool tf32, struct ddpd_error *err)
+{
+    struct cuda *c = (struct cuda *)calloc(1, sizeof *c);
+    if (!c) {
+        ddpd_error_set(err, DDPD_ENOMEM, "device", "out of memory opening GPU %d", device);
+        return (struct dev){NULL, NULL};
+    }
+    c->device = device;
+    snprintf(c->name, sizeof c->name, "unknown");
+    cudaDeviceProp p;
+    if (open_failed(c, cudaSetDevice(device), "cudaSetDevice", err) ||
+        open_failed(c, cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties", err))
+        goto fail;
+    snprintf(c->name, sizeof c->name, "%s", p.name);
+    if (open_failed(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
+                    "cudaStreamCreate", err) ||
+        open_failed(c, cudaEventCreateWithFlags(&c->fetched, cudaEventDisableTiming),
+                    "cudaEventCreate", err))
+        goto fail;
+    if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS ||
+        /* Exact float32 unless the spec asks for TF32; PyTorch's default is the same. */
+        cublasSetMathMode(c->blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) !=
+            CUBLAS_STATUS_SUCCESS) {
+        ddpd_error_set(err, DDPD_EDEVICE, "device", "cuda: cublasCreate on GPU %d (%s) failed",
+                       device, c->name);
+        goto fail;
+    }
+    return (struct dev){&cuda_ops, c};
+fail:
+    dev_cuda_free((struct dev){&cuda_ops, c});
+    return (struct dev){NULL, NULL};
+}
+
+extern "C" void dev_cuda_free(struct dev d)
+{
+    if (d.ops != &cuda_ops || !d.ctx)
+        return;
+    struct cuda *c = (struct cuda *)d.ctx;
+    if (c->stream)
+        cudaStreamSynchronize(c->stream);
+    if (c->blas)
+        cublasDestroy(c->blas);
+    if (c->pinned)
+        cudaFreeHost(c->pinned);
+    if (c->fetched)
+        cudaEventDestroy(c->fetched);
+    if (c->stream)
+        cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+extern "C" void *dev_cuda_stream(struct dev d)
+{
+    return d.ops == &cuda_ops ? (void *)((struct cuda *)d.ctx)->stream : NULL;
+}
+
+extern "C" int dev_cuda_device(struct dev d)
+{
+    return d.ops == &cuda_ops ? ((struct cuda *)d.ctx)->device : -1;
+}
+
+extern "C" const char *dev_cuda_name(struct dev d)
+{
+    return d.ops == &cuda_ops ? ((struct cuda *)d.ctx)->name : "";
 }

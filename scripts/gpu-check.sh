@@ -1,0 +1,173 @@
+#!/bin/bash
+# gpu-check.sh — the one prepared check of the CUDA and NCCL backends, for a machine with
+# one NVIDIA GPU, CUDA, NCCL and PyTorch but no package registry. It builds against the
+# Debian packages unpacked in .gpu-debs (scripts/fetch-gpu-debs.sh, run beforehand where apt
+# works; the .deb files alone are enough, they are unpacked here), then:
+#   CPU side (any machine): the build, the CPU/spec/comm unit tests, `--devices`,
+#     `--issue-id nccl`, the step benchmark on the CPU;
+#   GPU side: the CUDA-vs-CPU op tests, the NCCL comm test, a 1-rank cuda job over NCCL,
+#     a 2-rank cuda job with ddp.backend cpu (both ranks on the one GPU) checked against
+#     the same job on the CPU, and ddpd's step time against PyTorch DDP (world size 1,
+#     NCCL) for Linear(10,5) batch 3 and the 4096-4096-4096-10 MLP batch 512, with
+#     ddpd's TFLOP/s.
+# Without a GPU (or with --cpu-only) it says so after the CPU side and exits 0.
+# Bounded to 8 minutes: every step has a timeout.
+#   scripts/gpu-check.sh [--cpu-only]          (BUILD=dir to choose the build folder)
+set -uo pipefail
+# Its own process group, so that the 8-minute budget below can stop every child at once.
+if [ -z "${DDPD_GPU_CHECK_GROUP:-}" ] && command -v setsid >/dev/null; then
+    DDPD_GPU_CHECK_GROUP=1 exec setsid --wait "$0" "$@"
+fi
+cd "$(dirname "$0")/.." || exit 1
+REPO=$(pwd)
+BUILD=${BUILD:-build-gpucheck}
+CPU_ONLY=0
+[ "${1:-}" = "--cpu-only" ] && CPU_ONLY=1
+T0=$SECONDS
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/ddpd-gpu-check.XXXXXX")
+# The whole check stays under 8 minutes: past 7m50s it stops, failed, whatever is running.
+# (The sleep holds no output, so that a finished check is not kept waiting by it.)
+budget() {
+    sleep "${GPU_CHECK_BUDGET_S:-470}" >/dev/null 2>&1 &
+    local s=$!
+    trap 'kill $s 2>/dev/null; exit 0' TERM
+    wait $s
+    echo "gpu-check: FAILED: over the 8-minute budget"
+    # timeout(1) puts each step in a process group of its own: stop the whole session,
+    # which setsid above made ours alone; without setsid, our process group.
+    if [ -n "${DDPD_GPU_CHECK_GROUP:-}" ]; then
+        pkill -TERM -s $$
+    else
+        kill -TERM -- -$$
+    fi
+}
+budget &
+BUDGET=$!
+trap 'kill $BUDGET 2>/dev/null; rm -rf "$TMP"' EXIT
+
+step() { printf '\n== %s  [%ds]\n' "$*" $((SECONDS - T0)); }
+die() {
+    echo "gpu-check: FAILED: $*"
+    exit 1
+}
+# A step that must pass within its seconds.
+run() {
+    local secs=$1
+    shift
+    timeout "$secs" "$@" || die "$* (exit $?)"
+}
+
+# ---- the unpacked packages ----
+DEBS=.gpu-debs/root
+if [ ! -d "$DEBS" ] && [ -d .gpu-debs/debs ]; then
+    step "unpacking .gpu-debs/debs"
+    run 120 scripts/fetch-gpu-debs.sh --unpack-only
+fi
+CMAKE_EXTRA=()
+if [ -d "$DEBS" ]; then
+    R=$(cd "$DEBS" && pwd)
+    # Only the unpacked .pc files, their /usr paths rewritten into the tree.
+    export PKG_CONFIG_SYSROOT_DIR=$R
+    export PKG_CONFIG_LIBDIR=$R/usr/lib/x86_64-linux-gnu/pkgconfig:$R/usr/share/pkgconfig
+    export LD_LIBRARY_PATH=$R/usr/lib/x86_64-linux-gnu/openblas-pthread:$R/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export CMAKE_PREFIX_PATH=$R/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+    CMAKE_EXTRA=(-DSQLite3_INCLUDE_DIR="$R/usr/include"
+                 -DSQLite3_LIBRARY="$R/usr/lib/x86_64-linux-gnu/libsqlite3.so")
+    echo "gpu-check: building against $R"
+else
+    echo "gpu-check: no .gpu-debs (scripts/fetch-gpu-debs.sh): building against the system's libraries"
+fi
+
+# ---- CPU side ----
+step "configure and build ($BUILD)"
+run 120 cmake -S . -B "$BUILD" -DDDPD_WERROR=ON "${CMAKE_EXTRA[@]}" >"$TMP/configure.log" 2>&1 ||
+    die "configure (see $TMP/configure.log)"
+grep -E "^--   (jansson|OpenBLAS|libmicrohttpd|SQLite|CUDA) " "$TMP/configure.log"
+HAVE_CUDA=0
+grep -q "^--   CUDA           ON" "$TMP/configure.log" && HAVE_CUDA=1
+run 300 cmake --build "$BUILD" -j"$(nproc)" --target ddpd ddpd-worker test_dev test_spec test_comm \
+    test_cuda test_nccl bench_gpu_step >"$TMP/build.log" 2>&1 || { tail -30 "$TMP/build.log"; die "build"; }
+W=$BUILD/ddpd-worker
+ldd "$W" | grep -E "jansson|openblas|cudart|cublas|nccl" | sed 's/^/    /'
+
+step "unit tests (the GPU ones skip without a GPU)"
+run 180 ctest --test-dir "$BUILD" -R 'unit\.test_(dev|spec|comm|cuda|nccl)$' --output-on-failure |
+    tee "$TMP/ctest.log" | grep -E "Test +#|tests passed"
+grep -q "100% tests passed" "$TMP/ctest.log" || die "unit tests"
+
+step "ddpd-worker --devices and --issue-id nccl"
+DEVICES=$(timeout 60 "$W" --devices) || die "--devices (exit $?)"
+echo "    --devices: ${DEVICES:-(nothing: no GPU visible)}"
+if [ "$HAVE_CUDA" = 1 ]; then
+    ID=$( (sleep 1) | timeout 30 "$W" --issue-id nccl) || die "--issue-id nccl (exit $?)"
+    echo "    --issue-id nccl: ${ID:0:24}... ($(( ${#ID} - 9 )) hex digits)"
+    [ $(( ${#ID} - 9 )) = 256 ] || die "--issue-id nccl printed $ID"
+fi
+
+step "step benchmark on the CPU (the bench program itself)"
+run 60 "$BUILD/bench/bench_gpu_step" --model tiny --cpu --steps 200 | sed 's/^/    /'
+
+if [ "$CPU_ONLY" = 1 ] || [ -z "$DEVICES" ] || [ "$HAVE_CUDA" = 0 ]; then
+    why="no GPU visible (ddpd-worker --devices printed nothing)"
+    [ "$HAVE_CUDA" = 0 ] && why="this build has no CUDA (nvcc, cuBLAS or NCCL not found)"
+    [ "$CPU_ONLY" = 1 ] && why="--cpu-only"
+    printf '\ngpu-check: CPU side passed in %ds; GPU checks NOT run: %s\n' $((SECONDS - T0)) "$why"
+    exit 0
+fi
+
+# ---- GPU side ----
+step "CUDA ops against the CPU, NCCL comm (must run, not skip)"
+run 240 ctest --test-dir "$BUILD" -R 'unit\.test_(cuda|nccl)$' --output-on-failure | tee "$TMP/gpu.log" |
+    grep -E "Test +#|tests passed"
+grep -q "100% tests passed" "$TMP/gpu.log" && ! grep -q "Skipped" "$TMP/gpu.log" || die "GPU unit tests"
+
+# A job spec: $1 device, $2 backend, $3 world size.
+job_spec() {
+    cat <<EOF
+{"name": "gpu-check", "world_size": $3, "device": "$1", "ddp": {"backend": "$2"},
+ "model": [{"type": "linear", "in": 16, "out": 32}, {"type": "gelu"},
+           {"type": "linear", "in": 32, "out": 4}],
+ "loss": "cross_entropy", "optimizer": {"type": "adamw", "lr": 0.01},
+ "data": {"type": "synthetic", "samples": 512, "seed": 3}, "batch_size": 16, "epochs": 2,
+ "init": {"seed": 5}, "log_every": 8}
+EOF
+}
+# Runs a job; prints its last loss.
+run_job() {
+    local name=$1
+    job_spec "$2" "$3" "$4" >"$TMP/$name.json"
+    (cd "$TMP" && timeout 120 "$REPO/$BUILD/ddpd" run --out "$TMP/$name" --data-dir "$TMP" "$TMP/$name.json" \
+        >"$TMP/$name.events" 2>"$TMP/$name.err") || { tail -5 "$TMP/$name.err"; cat "$TMP"/$name/rank-*.log; die "job $name"; }
+    python3 -c 'import json,sys
+ev=[json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+done=[e for e in ev if e["event"]=="done"]
+assert done, "no done event"
+print(done[-1]["loss"])' "$TMP/$name.events" || die "job $name: no done event"
+}
+
+step "jobs: 1 rank over NCCL, 2 ranks on one GPU with ddp.backend cpu, the same on the CPU"
+L1=$(run_job nccl1 cuda nccl 1)
+L2=$(run_job cuda2 cuda cpu 2)
+LC=$(run_job cpu2 cpu cpu 2)
+echo "    last loss: cuda 1 rank nccl $L1, cuda 2 ranks cpu-staged $L2, cpu 2 ranks $LC"
+python3 -c 'import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if abs(a-b)<=1e-3*max(1,abs(b)) else 1)' "$L2" "$LC" ||
+    die "2-rank cuda (cpu backend) and cpu runs disagree: $L2 vs $LC"
+
+step "step time: ddpd vs PyTorch DDP (world size 1, NCCL)"
+printf '    %-28s %12s %12s %8s %6s\n' model "ddpd ms" "torch ms" ratio goal
+for m in tiny mlp; do
+    D=$(timeout 120 "$BUILD/bench/bench_gpu_step" --model "$m") || die "bench_gpu_step --model $m"
+    P=$(timeout 180 python3 bench/gpu_step_torch.py --model "$m" 2>"$TMP/torch.err") ||
+        { tail -5 "$TMP/torch.err"; die "bench/gpu_step_torch.py --model $m"; }
+    python3 - "$m" "$D" "$P" <<'EOF'
+import json, sys
+m, d, p = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+goal = 0.3 if m == "tiny" else 1.05
+r = d["step_ms"] / p["step_ms"]
+name = "Linear(10,5) batch 3" if m == "tiny" else "MLP 4096x2+10 batch 512"
+print(f"    {name:<28} {d['step_ms']:12.4f} {p['step_ms']:12.4f} {r:8.3f} {'met' if r <= goal else 'MISSED'} (<= {goal})")
+if m == "mlp":
+    print(f"    ddpd on the MLP: {d['tflops']:.1f} TFLOP/s (fp32)")
+EOF
+done
+printf '\ngpu-check: all checks passed in %ds\n' $((SECONDS - T0))

@@ -1,0 +1,111 @@
+"""test_gpu_cli.py — the worker's GPU-facing command lines, on any machine: `--devices`
+prints the visible CUDA devices as one JSON array (nothing at all, exit 0, without a GPU);
+`--issue-id nccl` prints a fresh 128-byte NCCL unique id as 256 hex digits on one JSON line
+and stays until its stdin closes; and a `cuda` job on a machine without a GPU fails with a
+device error that says so (CONTRACT.md §5, §6). On a GPU machine the last check runs the
+job instead (one rank, NCCL): it must succeed."""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "ddpd_parity_helpers", Path(__file__).resolve().parents[1] / "parity" / "conftest.py")
+h = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(h)
+
+
+@pytest.fixture(autouse=True)
+def _skip_code(request):
+    h.install_skip_code(request.config)
+
+
+@pytest.fixture
+def work(request, tmp_path, _skip_code):
+    yield from h.workdir(request, tmp_path, "e2e-gpu-cli-")
+
+
+def worker():
+    return str(h.ddpd_path().parent / "ddpd-worker")
+
+
+def devices():
+    proc = subprocess.run([worker(), "--devices"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_devices_format():
+    out = devices()
+    if not out:
+        return  # no GPU: nothing at all, which the server reads as zero GPUs
+    lines = out.splitlines()
+    assert len(lines) == 1
+    devs = json.loads(lines[0])
+    assert isinstance(devs, list) and devs
+    for i, d in enumerate(devs):
+        assert d["index"] == i
+        assert d["name"] and d["memory"] > 0
+        assert re.fullmatch(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", d["uuid"])
+
+
+def issue_id():
+    """Starts `--issue-id nccl`, returns (process, id hex) once the id line is out."""
+    p = subprocess.Popen([worker(), "--issue-id", "nccl"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    if not line:
+        p.kill()
+        err = p.stderr.read()
+        if "built without NCCL" in err:
+            pytest.skip("this ddpd-worker was built without CUDA/NCCL")
+        raise AssertionError(f"--issue-id nccl printed nothing: {err}")
+    return p, json.loads(line)["id"]
+
+
+def test_issue_id_nccl():
+    p1, id1 = issue_id()
+    p2, id2 = issue_id()
+    try:
+        assert re.fullmatch(r"[0-9a-f]{256}", id1), id1
+        assert id1 != id2  # a fresh id for every attempt
+        time.sleep(0.3)
+        assert p1.poll() is None  # the bootstrap root stays while stdin is open
+    finally:
+        for p in (p1, p2):
+            p.stdin.close()
+    for p in (p1, p2):
+        assert p.wait(timeout=10) == 0  # and leaves once it closes
+
+
+def test_issue_id_unknown_backend():
+    proc = subprocess.run([worker(), "--issue-id", "gloo"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert "cpu or nccl" in proc.stderr
+
+
+def test_cuda_job(work):
+    spec = {"name": "cuda-cli", "device": "cuda", "model": [{"type": "linear", "in": 4, "out": 2}],
+            "loss": "mse", "optimizer": {"type": "sgd", "lr": 0.1},
+            "data": {"type": "synthetic", "samples": 16}, "batch_size": 4, "epochs": 1}
+    r = h.run_ddpd(spec, work, work / "out", timeout=300)
+    events = r.events
+    if devices():
+        assert r.rc == 0, r.stderr
+        assert events[-1]["event"] == "done"
+        assert any(e["event"] == "start" and e["device"] == "cuda" for e in events)
+        return
+    # No GPU: the rank stops with the device-failure exit and an error naming the cause.
+    assert r.rc != 0
+    errors = [e for e in events if e["event"] == "error"]
+    assert errors, r.stdout + r.stderr
+    assert errors[0]["kind"] == "device"
+    assert "no CUDA device is visible" in errors[0]["message"] or "CPU only" in errors[0]["message"]
+    logs = "".join(p.read_text() for p in (work / "out").glob("rank-*.log"))
+    assert "Traceback" not in logs and "Segmentation" not in logs
+    assert os.path.exists(work / "out")

@@ -1,0 +1,517 @@
+/* test_cuda.c — every op of the CUDA backend against the same op of the CPU backend (the
+ * reference, itself tested in test_dev.c) on random shapes: 1x1, odd sizes, sizes past
+ * one block or one optimizer chunk. The tolerance of each op is written where it is
+ * checked, with the reason. Also: device memory, the pinned fetch, the group optimizer
+ * launches, TF32, and that an out-of-memory is the worker's device-failure exit.
+ * Exits 77 (skipped) where no CUDA device is visible. */
+#include <stdint.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "worker/dev.h"
+#include "worker/optim.h"
+#include "worker/rng.h"
+
+#define SKIP 77
+
+static struct dev C, G; /* CPU reference, CUDA under test */
+static struct rng R;
+
+/* ---- buffers: a host array and its copy on the GPU ---- */
+
+static float *host_randn(int64_t n, double scale)
+{
+    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)(scale * rng_normal(&R));
+    return x;
+}
+
+static float *up(const float *h, int64_t n)
+{
+    float *d = G.ops->alloc(G.ctx, (size_t)(n > 0 ? n : 1) * sizeof(float));
+    G.ops->to_device(G.ctx, d, h, (size_t)n * sizeof(float));
+    return d;
+}
+
+/* The GPU's result in a new host array; frees the device buffer. */
+static float *down(float *d, int64_t n)
+{
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    G.ops->to_host(G.ctx, h, d, (size_t)n * sizeof(float));
+    G.ops->free(G.ctx, d);
+    return h;
+}
+
+static float *dup_host(const float *x, int64_t n)
+{
+    float *y = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    memcpy(y, x, (size_t)n * sizeof(float));
+    return y;
+}
+
+/* Checks |gpu - cpu| <= atol + rtol*|cpu| everywhere (NaN only where the CPU has NaN);
+ * prints the worst entry of a failure. */
+static void close_to(const char *what, const float *gpu, const float *cpu, int64_t n, double atol,
+                     double rtol)
+{
+    int64_t bad = -1;
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(cpu[i]) || isnan(gpu[i])) {
+            if (!(isnan(cpu[i]) && isnan(gpu[i])) && bad < 0)
+                bad = i, worst = INFINITY;
+            continue;
+        }
+        double e = fabs((double)gpu[i] - cpu[i]) / (atol + rtol * fabs((double)cpu[i]));
+        if (e > 1 && e > worst)
+            bad = i, worst = e;
+    }
+    check__count++;
+    if (bad >= 0)
+        CHECK__FAIL("%s: entry %lld of %lld: gpu %.9g vs cpu %.9g (%.3g x the tolerance)", what,
+                    (long long)bad, (long long)n, gpu[bad], cpu[bad], worst);
+}
+
+struct shape {
+    int64_t m, n, k;
+};
+static const struct shape shapes[] = {
+    {1, 1, 1}, {1, 7, 3}, {3, 1, 5}, {2, 3, 1}, {17, 33, 9}, {64, 128, 255}, {513, 257, 129},
+    {5, 1000, 31}, {1031, 3, 2},
+};
+#define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
+
+/* ---- memory ---- */
+
+static void test_memory(void)
+{
+    float *d = G.ops->alloc(G.ctx, 1001 * sizeof(float));
+    float *h = down(d, 1001);
+    int zero = 1;
+    for (int i = 0; i < 1001; i++)
+        zero &= h[i] == 0.0f;
+    CHECK(zero); /* alloc returns zeroed memory */
+    free(h);
+    float src[5] = {1, -2, 3.5f, NAN, 1e-30f}, *back = down(up(src, 5), 5);
+    CHECK(memcmp(src, back, sizeof src) == 0);
+    free(back);
+    void *z = G.ops->alloc(G.ctx, 0);
+    CHECK(z != NULL);
+    G.ops->free(G.ctx, z);
+    CHECK_EQ_STR(G.ops->name, "cuda");
+    CHECK(!G.ops->host_memory && C.ops->host_memory);
+    CHECK(dev_cuda_stream(G) != NULL && dev_cuda_stream(C) == NULL);
+    CHECK_EQ_INT(dev_cuda_device(G), 0);
+    /* Pinned host memory round trip. */
+    float *pin = G.ops->host_alloc(G.ctx, 3 * sizeof(float));
+    pin[0] = 4, pin[1] = 5, pin[2] = 6;
+    float *pd = up(pin, 3);
+    memset(pin, 0, 3 * sizeof(float)); /* to_device has consumed the source */
+    back = down(pd, 3);
+    CHECK(back[0] == 4 && back[1] == 5 && back[2] == 6);
+    free(back);
+    G.ops->host_free(G.ctx, pin);
+}
+
+/* ---- matrix products ---- */
+
+/* cuBLAS and OpenBLAS add the k products in different orders: each partial sum may
+ * round differently, so the error grows with k and with the size of the terms. The
+ * inputs are N(0,1), so a sum of k products is about sqrt(k) and its rounding about
+ * k * 2^-24 * sqrt(k); 4e-6 * k covers it with room for alpha, beta and C. TF32 keeps
+ * 10 mantissa bits of each input: 2e-3 * sqrt(k) relative to the terms' size. */
+static void gemm_case(const struct shape *s, bool ta, bool tb, bool tf32, struct dev g)
+{
+    const int64_t m = s->m, n = s->n, k = s->k;
+    const int64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
+    float *a = host_randn(m * k, 1), *b = host_randn(k * n, 1), *c = host_randn(m * n, 1);
+    const float alpha = (float)(0.5 + rng_uniform(&R)), beta = rng_uniform(&R) < 0.5 ? 0.0f : 0.75f;
+    float *dc = up(c, m * n), *da = up(a, m * k), *db = up(b, k * n);
+    g.ops->gemm(g.ctx, ta, tb, m, n, k, alpha, da, lda, db, ldb, beta, dc, ldc);
+    C.ops->gemm(C.ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    float *gc = down(dc, m * n);
+    G.ops->free(G.ctx, da);
+    G.ops->free(G.ctx, db);
+    char what[96];
+    snprintf(what, sizeof what, "gemm%s %lldx%lldx%lld ta=%d tb=%d", tf32 ? " tf32" : "",
+             (long long)m, (long long)n, (long long)k, ta, tb);
+    if (tf32)
+        close_to(what, gc, c, m * n, 2e-3 * sqrt((double)k) * 4, 2e-3);
+    else
+        close_to(what, gc, c, m * n, 4e-6 * (double)k, 1e-5);
+    free(a), free(b), free(c), free(gc);
+}
+
+static void test_gemm(struct dev tf32)
+{
+    for (int i = 0; i < NSHAPES; i++)
+        for (int t = 0; t < 4; t++) {
+            gemm_case(&shapes[i], t & 1, t & 2, false, G);
+            if (tf32.ops)
+                gemm_case(&shapes[i], t & 1, t & 2, true, tf32);
+        }
+}
+
+/* ---- bias ---- */
+
+static void test_bias(void)
+{
+    for (int i = 0; i < NSHAPES; i++) {
+        const int64_t m = shapes[i].m, n = shapes[i].n;
+        float *y = host_randn(m * n, 1), *b = host_randn(n, 1), *dy = host_randn(m * n, 1);
+        float *db = host_randn(n, 1);
+        float *gy = up(y, m * n), *gb = up(b, n), *gdy = up(dy, m * n), *gdb = up(db, n);
+        G.ops->add_bias(G.ctx, gy, gb, m, n);
+        C.ops->add_bias(C.ctx, y, b, m, n);
+        G.ops->bias_grad(G.ctx, gdb, gdy, m, n);
+        C.ops->bias_grad(C.ctx, db, dy, m, n);
+        float *hy = down(gy, m * n), *hdb = down(gdb, n);
+        /* One addition per entry, the same on both: exact. */
+        close_to("add_bias", hy, y, m * n, 0, 0);
+        /* A sum of m N(0,1) terms in another order: rounding about m * 2^-24 * sqrt(m). */
+        close_to("bias_grad", hdb, db, n, 1e-6 * (double)m + 1e-6, 1e-5);
+        G.ops->free(G.ctx, gb);
+        G.ops->free(G.ctx, gdy);
+        free(y), free(b), free(dy), free(db), free(hy), free(hdb);
+    }
+}
+
+/* ---- activations ---- */
+
+static void test_activations(void)
+{
+    const layer_kind kinds[] = {LAYER_RELU, LAYER_TANH, LAYER_SIGMOID, LAYER_GELU};
+    const int64_t sizes[] = {1, 2, 31, 257, 100003};
+    for (size_t a = 0; a < sizeof kinds / sizeof kinds[0]; a++)
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            const layer_kind k = kinds[a];
+            const int64_t n = sizes[s];
+            float *x = host_randn(n, 3), *dy = host_randn(n, 1);
+            if (n > 2)
+                x[0] = 0.0f, x[1] = -0.0f; /* ReLU's edge: zero passes, its gradient is 0 */
+            float *y = malloc((size_t)n * sizeof(float)), *dx = malloc((size_t)n * sizeof(float));
+            float *gx = up(x, n), *gdy = up(dy, n);
+            float *gy = G.ops->alloc(G.ctx, (size_t)n * sizeof(float));
+            float *gdx = G.ops->alloc(G.ctx, (size_t)n * sizeof(float));
+            C.ops->act_forward(C.ctx, k, y, x, n);
+            G.ops->act_forward(G.ctx, k, gy, gx, n);
+            /* Backward from the CPU's y on both sides, so only the op itself differs. */
+            float *gyc = up(y, n);
+            C.ops->act_backward(C.ctx, k, dx, dy, x, y, n);
+            G.ops->act_backward(G.ctx, k, gdx, gdy, gx, gyc, n);
+            float *hy = down(gy, n), *hdx = down(gdx, n);
+            char what[64];
+            /* ReLU is a select: exact. tanhf, expf and erff differ between glibc and CUDA's
+             * libdevice by up to 2 ulp, which the backward formulas carry through. */
+            const double tol = k == LAYER_RELU ? 0 : 4e-7;
+            snprintf(what, sizeof what, "act_forward %s n=%lld", layer_kind_name(k), (long long)n);
+            close_to(what, hy, y, n, tol, 4 * tol);
+            snprintf(what, sizeof what, "act_backward %s n=%lld", layer_kind_name(k), (long long)n);
+            close_to(what, hdx, dx, n, tol, 4 * tol);
+            G.ops->free(G.ctx, gx);
+            G.ops->free(G.ctx, gdy);
+            G.ops->free(G.ctx, gyc);
+            free(x), free(dy), free(y), free(dx), free(hy), free(hdx);
+        }
+}
+
+/* ---- losses ---- */
+
+static void test_mse(void)
+{
+    for (int i = 0; i < NSHAPES; i++) {
+        const int64_t m = shapes[i].m, n = shapes[i].n, t = m * n;
+        float *p = host_randn(t, 1), *y = host_randn(t, 1), *dp = malloc((size_t)t * sizeof(float));
+        float loss;
+        float *gp = up(p, t), *gy = up(y, t), *gdp = G.ops->alloc(G.ctx, (size_t)t * sizeof(float));
+        float *gl = G.ops->alloc(G.ctx, sizeof(float));
+        C.ops->mse(C.ctx, p, y, m, n, dp, &loss);
+        G.ops->mse(G.ctx, gp, gy, m, n, gdp, gl);
+        float *hdp = down(gdp, t), *hl = down(gl, 1);
+        /* The gradient is one subtraction and one product on both: exact. The loss sums
+         * in double in another order, then rounds once to float. */
+        close_to("mse grad", hdp, dp, t, 0, 0);
+        close_to("mse loss", hl, &loss, 1, 0, 2e-7);
+        G.ops->free(G.ctx, gp);
+        G.ops->free(G.ctx, gy);
+        free(p), free(y), free(dp), free(hdp), free(hl);
+    }
+}
+
+static void ce_case(int64_t m, int64_t n, double scale, bool bad_label)
+{
+    float *x = host_randn(m * n, scale), *dx = malloc((size_t)(m * n + 1) * sizeof(float));
+    int32_t *lab = malloc((size_t)(m > 0 ? m : 1) * sizeof(int32_t));
+    for (int64_t r = 0; r < m; r++)
+        lab[r] = (int32_t)rng_below(&R, (uint64_t)n);
+    if (bad_label && m > 1)
+        lab[1] = (int32_t)n; /* that row's gradient and the loss become NaN on both */
+    float loss;
+    float *gx = up(x, m * n), *gdx = G.ops->alloc(G.ctx, (size_t)(m * n + 1) * sizeof(float));
+    int32_t *glab = G.ops->alloc(G.ctx, (size_t)(m > 0 ? m : 1) * sizeof(int32_t));
+    G.ops->to_device(G.ctx, glab, lab, (size_t)m * sizeof(int32_t));
+    float *gl = G.ops->alloc(G.ctx, sizeof(float));
+    C.ops->cross_entropy(C.ctx, x, lab, m, n, dx, &loss);
+    G.ops->cross_entropy(G.ctx, gx, glab, m, n, gdx, gl);
+    float *hdx = down(gdx, m * n), *hl = down(gl, 1);
+    char what[80];
+    /* expf differs by up to 2 ulp and the exp sum is in double on both: the gradient
+     * (at most 1/m in size) within a few ulp of 1/m, the loss within a few ulp. */
+    snprintf(what, sizeof what, "cross_entropy grad %lldx%lld", (long long)m, (long long)n);
+    close_to(what, hdx, dx, m * n, 4e-7 / (double)(m > 0 ? m : 1), 1e-6);
+    snprintf(what, sizeof what, "cross_entropy loss %lldx%lld", (long long)m, (long long)n);
+    close_to(what, hl, &loss, 1, 1e-6, 1e-6);
+    G.ops->free(G.ctx, gx);
+    G.ops->free(G.ctx, glab);
+    free(x), free(dx), free(lab), free(hdx), free(hl);
+}
+
+static void test_cross_entropy(void)
+{
+    for (int i = 0; i < NSHAPES; i++)
+        if (shapes[i].n >= 2)
+            ce_case(shapes[i].m, shapes[i].n, 2, false);
+    ce_case(8, 10, 40, false); /* large logits: the max keeps exp in range */
+    ce_case(5, 3, 1, true);
+    ce_case(0, 4, 1, false); /* no rows: NaN, as PyTorch's mean over nothing */
+    ce_case(3, 1, 1, false); /* one class: loss 0, gradient 0 */
+}
+
+/* ---- optimizers: single tensors and groups ---- */
+
+/* The update formulas are the CPU's fused path (fmaf where it fuses), so the results
+ * agree to the last bit where the CPU fuses too; where it does not (no FMA), one
+ * rounding of a*b+c differs: 1 ulp of the parameter per step. */
+#define OPT_RTOL 4e-7
+#define OPT_ATOL 1e-8
+
+static void test_sgd(void)
+{
+    const int64_t sizes[] = {1, 7, 4096, 4097, 20001};
+    for (int flags = 0; flags < 16; flags++)
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            const int64_t n = sizes[s];
+            struct spec_optim o = {.kind = OPTIM_SGD, .lr = 0.05};
+            o.weight_decay = flags & 1 ? 0.01 : 0;
+            o.momentum = flags & 2 ? 0.9 : 0;
+            o.nesterov = (flags & 6) == 6;
+            o.dampening = (flags & 8) && !o.nesterov ? 0.1 : 0;
+            float *p = host_randn(n, 1), *g = host_randn(n, 1), *buf = host_randn(n, 1);
+            float *gp = up(p, n), *gg = up(g, n), *gbuf = up(buf, n);
+            for (int step = 0; step < 3; step++) {
+                const struct sgd_hyper h = optim_sgd_hyper(&o, step == 0);
+                C.ops->sgd_step(C.ctx, &h, p, g, o.momentum ? buf : NULL, n);
+                G.ops->sgd_step(G.ctx, &h, gp, gg, o.momentum ? gbuf : NULL, n);
+            }
+            float *hp = down(gp, n), *hb = down(gbuf, n);
+            char what[64];
+            snprintf(what, sizeof what, "sgd flags=%d n=%lld", flags, (long long)n);
+            close_to(what, hp, p, n, OPT_ATOL, OPT_RTOL);
+            if (o.momentum)
+                close_to(what, hb, buf, n, OPT_ATOL, OPT_RTOL);
+            G.ops->free(G.ctx, gg);
+            free(p), free(g), free(buf), free(hp), free(hb);
+        }
+}
+
+static void test_adamw(void)
+{
+    const int64_t sizes[] = {1, 3, 4096, 4099, 70001};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        const int64_t n = sizes[s];
+        struct spec_optim o = {.kind = OPTIM_ADAMW, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999,
+                               .eps = 1e-8, .weight_decay = 0.01};
+        float *p = host_randn(n, 1), *g = host_randn(n, 1);
+        float *m = calloc((size_t)n, sizeof(float)), *v = calloc((size_t)n, sizeof(float));
+        float *gp = up(p, n), *gg = up(g, n), *gm = up(m, n), *gv = up(v, n);
+        for (int64_t step = 1; step <= 3; step++) {
+            const struct adamw_hyper h = optim_adamw_hyper(&o, step);
+            C.ops->adamw_step(C.ctx, &h, p, g, m, v, n);
+            G.ops->adamw_step(G.ctx, &h, gp, gg, gm, gv, n);
+        }
+        float *hp = down(gp, n), *hm = down(gm, n), *hv = down(gv, n);
+        close_to("adamw param", hp, p, n, OPT_ATOL, OPT_RTOL);
+        close_to("adamw exp_avg", hm, m, n, OPT_ATOL, OPT_RTOL);
+        close_to("adamw exp_avg_sq", hv, v, n, OPT_ATOL, OPT_RTOL);
+        G.ops->free(G.ctx, gg);
+        free(p), free(g), free(m), free(v), free(hp), free(hm), free(hv);
+    }
+}
+
+/* A group of 70 tensors (more than one launch holds: 64) of odd sizes, one of them
+ * larger than a chunk: the group update equals the per-tensor CPU updates. */
+#define NT 70
+static void test_groups(void)
+{
+    int64_t numel[NT];
+    float *hp[NT], *hg[NT], *s1[NT], *s2[NT], *s3[NT];
+    float *dp[NT], *ds1[NT], *ds2[NT], *ds3[NT];
+    const float *dg[NT];
+    for (int t = 0; t < NT; t++) {
+        numel[t] = t == 5 ? 9000 : 1 + (int64_t)rng_below(&R, 300);
+        hp[t] = host_randn(numel[t], 1);
+        hg[t] = host_randn(numel[t], 1);
+        s1[t] = calloc((size_t)numel[t], sizeof(float));
+        s2[t] = calloc((size_t)numel[t], sizeof(float));
+        s3[t] = calloc((size_t)numel[t], sizeof(float));
+        dp[t] = up(hp[t], numel[t]);
+        dg[t] = up(hg[t], numel[t]);
+        ds1[t] = up(s1[t], numel[t]);
+        ds2[t] = up(s2[t], numel[t]);
+        ds3[t] = up(s3[t], numel[t]);
+    }
+    struct spec_optim a = {.kind = OPTIM_ADAMW, .lr = 1e-2, .beta1 = 0.9, .beta2 = 0.99,
+                           .eps = 1e-6, .weight_decay = 0.1};
+    struct spec_optim s = {.kind = OPTIM_SGD, .lr = 0.1, .momentum = 0.5, .weight_decay = 0.01};
+    for (int64_t step = 1; step <= 2; step++) {
+        const struct adamw_hyper ha = optim_adamw_hyper(&a, step);
+        const struct sgd_hyper hs = optim_sgd_hyper(&s, step == 1);
+        G.ops->adamw_group(G.ctx, &ha, NT, dp, dg, ds1, ds2, numel);
+        G.ops->sgd_group(G.ctx, &hs, NT, dp, dg, ds3, numel);
+        for (int t = 0; t < NT; t++) {
+            C.ops->adamw_step(C.ctx, &ha, hp[t], hg[t], s1[t], s2[t], numel[t]);
+            C.ops->sgd_step(C.ctx, &hs, hp[t], hg[t], s3[t], numel[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++) {
+        float *p = down(dp[t], numel[t]), *m = down(ds1[t], numel[t]), *v = down(ds2[t], numel[t]);
+        float *b = down(ds3[t], numel[t]);
+        char what[64];
+        snprintf(what, sizeof what, "group tensor %d (n=%lld)", t, (long long)numel[t]);
+        close_to(what, p, hp[t], numel[t], OPT_ATOL, OPT_RTOL);
+        close_to(what, m, s1[t], numel[t], OPT_ATOL, OPT_RTOL);
+        close_to(what, v, s2[t], numel[t], OPT_ATOL, OPT_RTOL);
+        close_to(what, b, s3[t], numel[t], OPT_ATOL, OPT_RTOL);
+        G.ops->free(G.ctx, (float *)dg[t]);
+        free(p), free(m), free(v), free(b), free(hp[t]), free(hg[t]), free(s1[t]), free(s2[t]);
+        free(s3[t]);
+    }
+}
+
+/* ---- helpers and the fetch ---- */
+
+static void test_helpers(void)
+{
+    const int64_t sizes[] = {1, 5, 1000, 300001};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        const int64_t n = sizes[s];
+        float *x = host_randn(n, 1), *y = malloc((size_t)n * sizeof(float));
+        float *gx = up(x, n), *gy = G.ops->alloc(G.ctx, (size_t)n * sizeof(float));
+        G.ops->scale_copy(G.ctx, gy, gx, 0.3f, n);
+        C.ops->scale_copy(C.ctx, y, x, 0.3f, n);
+        G.ops->scale(G.ctx, gx, -1.5f, n);
+        C.ops->scale(C.ctx, x, -1.5f, n);
+        float *hy = down(gy, n), *hx = dup_host(x, n);
+        float *gx2 = G.ops->alloc(G.ctx, (size_t)n * sizeof(float));
+        G.ops->copy(G.ctx, gx2, gx, n);
+        float *hx2 = down(gx2, n), *hxs = down(gx, n);
+        /* One product per entry on both: exact. */
+        close_to("scale_copy", hy, y, n, 0, 0);
+        close_to("scale", hxs, x, n, 0, 0);
+        close_to("copy", hx2, hx, n, 0, 0);
+        float *gf = G.ops->alloc(G.ctx, (size_t)n * sizeof(float));
+        G.ops->fill(G.ctx, gf, 2.5f, n);
+        C.ops->fill(C.ctx, y, 2.5f, n);
+        float *hf = down(gf, n);
+        close_to("fill", hf, y, n, 0, 0);
+        free(x), free(y), free(hy), free(hx), free(hx2), free(hxs), free(hf);
+    }
+    /* fetch: queued behind the work, read later; a larger read grows the buffer. */
+    float v[40], got[40];
+    for (int i = 0; i < 40; i++)
+        v[i] = (float)i * 0.25f;
+    float *gv = up(v, 40);
+    G.ops->fetch_start(G.ctx, gv, 3);
+    G.ops->scale(G.ctx, gv, 2.0f, 40); /* after the fetch on the stream: not seen by it */
+    G.ops->fetch_wait(G.ctx, got, 3);
+    CHECK(got[0] == 0.0f && got[1] == 0.25f && got[2] == 0.5f);
+    G.ops->fetch_start(G.ctx, gv, 40);
+    G.ops->fetch_wait(G.ctx, got, 40);
+    CHECK(got[39] == 19.5f && got[1] == 0.5f);
+    G.ops->free(G.ctx, gv);
+}
+
+/* ---- a device failure is exit code 4 with an error event that names op and GPU ---- */
+
+/* `test_cuda --oom`: a fresh process (CUDA does not survive fork) that asks for a
+ * petabyte. */
+static int oom_main(void)
+{
+    struct ddpd_error err;
+    struct dev g = dev_cuda_new(0, false, &err);
+    if (!g.ops)
+        return 1;
+    g.ops->alloc(g.ctx, (size_t)1 << 50);
+    return 0; /* not reached: alloc ends the process */
+}
+
+static void test_oom_exit(void)
+{
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        execl("/proc/self/exe", "test_cuda", "--oom", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    char out[4096] = "";
+    size_t len = 0;
+    ssize_t r;
+    while (len < sizeof out - 1 && (r = read(fds[0], out + len, sizeof out - 1 - len)) > 0)
+        len += (size_t)r;
+    out[len] = '\0';
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK_EQ_INT(WEXITSTATUS(status), 4);
+    CHECK(strstr(out, "\"event\":\"error\"") != NULL);
+    CHECK(strstr(out, "\"device\"") != NULL);
+    CHECK(strstr(out, "cuda: alloc on GPU 0 (") != NULL);
+    CHECK(strstr(out, "out of memory") != NULL);
+    if (!strstr(out, "cuda: alloc on GPU 0 ("))
+        fprintf(stderr, "the child printed: %s\n", out);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--oom"))
+        return oom_main();
+    if (!dev_cuda_available()) {
+        fprintf(stderr, "no CUDA device visible: skipped\n");
+        return SKIP;
+    }
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+    rng_seed(&R, 7);
+    C = dev_cpu_new(1);
+    G = dev_cuda_new(0, false, &err);
+    if (!G.ops) {
+        fprintf(stderr, "dev_cuda_new: %s\n", err.message);
+        return 1;
+    }
+    struct dev tf32 = dev_cuda_new(0, true, &err);
+    CHECK(tf32.ops != NULL);
+    fprintf(stderr, "GPU 0: %s\n", dev_cuda_name(G));
+    test_memory();
+    test_gemm(tf32);
+    test_bias();
+    test_activations();
+    test_mse();
+    test_cross_entropy();
+    test_sgd();
+    test_adamw();
+    test_groups();
+    test_helpers();
+    test_oom_exit();
+    dev_cuda_free(tf32);
+    dev_cuda_free(G);
+    dev_cpu_free(C);
+    CHECK_DONE();
+}
