@@ -1,7 +1,8 @@
 /* launch.c — fork/exec one job attempt's ranks into one process group, feed their stdin,
  * read their stdout line by line, reap them, and take the group down on the first
- * failure. No shell: execv with an argv. Knows the worker only through its program
- * path, the stdin document and the event lines (CONTRACT.md §5, §6). */
+ * failure. No shell: execve with an argv and an allow-listed environment (env.h). Knows
+ * the worker only through its program path, the stdin document and the event lines
+ * (CONTRACT.md §5, §6). */
 #include "launch.h"
 
 #include <errno.h>
@@ -19,6 +20,8 @@
 #include <unistd.h>
 
 #include "../schema/event.h"
+#include "slurm.h"
+#include "env.h"
 
 #define LINE_CAP (EVENT_LINE_MAX * 4)
 
@@ -44,6 +47,7 @@ struct launch {
     int failed_rank;       /* first failure, -1 if none */
     double kill_at;        /* when SIGKILL follows SIGTERM; 0 = not armed */
     bool cancelled;
+    struct slurm_run *sr;  /* the Slurm backend's srun, or NULL: ranks are our children */
 };
 
 static double now_mono(void)
@@ -83,8 +87,29 @@ static int write_all(int fd, const char *p, size_t n)
     return 0;
 }
 
-/* In the child: wire stdin/stdout/stderr, join the group, exec. Never returns. */
-static void child_exec(const struct launch *l, char *const argv[], int in_fd, int out_fd, int log_fd)
+/* The collective backend the job's spec asks for ("cpu" or "nccl"): the id issuer and
+ * every rank's comm document must speak the same one. */
+static const char *comm_backend(const struct launch *l)
+{
+    json_t *ddp = json_object_get(json_object_get(l->o.doc, "spec"), "ddp");
+    const char *b = json_string_value(json_object_get(ddp, "backend"));
+    return b && !strcmp(b, "nccl") ? "nccl" : "cpu";
+}
+
+/* The environment of a child: the allow-listed part of this process's (env.h), with
+ * `extra` (NAME=VALUE entries, NULL terminated) added or replacing the same names. Built
+ * before fork, so that the child only calls execve. Returns a malloc'd array of borrowed
+ * strings, or NULL. */
+static char **child_env(char *const extra[])
+{
+    return env_for_worker(extra);
+}
+
+/* In the child: wire stdin/stdout/stderr, join the group, exec with `envp` (an empty
+ * environment when NULL: building it ran out of memory, and the whole of the server's is
+ * never the fallback). Never returns. */
+static void child_exec(const struct launch *l, char *const argv[], char *const envp[], int in_fd,
+                       int out_fd, int log_fd)
 {
     /* A blocked signal stays blocked across execv: the server blocks SIGTERM in its
      * threads (it takes it with sigwait), and a worker must still hear cancellation. */
@@ -98,15 +123,17 @@ static void child_exec(const struct launch *l, char *const argv[], int in_fd, in
     dup2(out_fd, 1);
     dup2(log_fd, 2);
     /* Only 0, 1, 2 cross into the worker. */
-    for (int fd = 3; fd < 1024; fd++)
-        close(fd);
+    if (close_range(3, ~0u, 0) != 0) /* the server may hold more than 1,024 files */
+        for (int fd = 3; fd < 1024; fd++)
+            close(fd);
     signal(SIGPIPE, SIG_DFL);
-    execv(l->o.worker, argv);
+    static char *const no_env[] = {NULL};
+    execve(l->o.worker, argv, envp ? envp : no_env);
     dprintf(2, "ddpd: cannot execute %s: %s\n", l->o.worker, strerror(errno));
     _exit(127);
 }
 
-/* Starts `ddpd-worker --issue-id cpu` and reads the id it prints (one JSON line) within
+/* Starts `ddpd-worker --issue-id <backend>` and reads the id it prints (one JSON line) within
  * ISSUER_DEADLINE_S. Its stdin stays open: closing it ends the rendezvous root. */
 #define ISSUER_DEADLINE_S 10.0
 static int start_issuer(struct launch *l, char *id_hex, size_t cap, struct ddpd_error *err)
@@ -114,7 +141,11 @@ static int start_issuer(struct launch *l, char *id_hex, size_t cap, struct ddpd_
     int in[2] = {-1, -1}, out[2] = {-1, -1}, log_fd = -1, rc = -1;
     char log_path[4096], line[1024];
     size_t len = 0;
+    char nccl_log[4200], *extra[] = {nccl_log, NULL}, **env = NULL;
     snprintf(log_path, sizeof log_path, "%s/issuer.log", l->o.out_dir);
+    /* NCCL's own output (its bootstrap root lives in the issuer) goes to a file. */
+    snprintf(nccl_log, sizeof nccl_log, "NCCL_DEBUG_FILE=%s/issuer.nccl.log", l->o.out_dir);
+    env = child_env(extra);
     log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0 || pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
         ddpd_error_set(err, DDPD_EIO, log_path, "cannot start the id issuer: %s", strerror(errno));
@@ -126,8 +157,8 @@ static int start_issuer(struct launch *l, char *id_hex, size_t cap, struct ddpd_
         goto out;
     }
     if (pid == 0) {
-        char *argv[] = {(char *)l->o.worker, "--issue-id", "cpu", NULL};
-        child_exec(l, argv, in[0], out[1], log_fd);
+        char *argv[] = {(char *)l->o.worker, "--issue-id", (char *)comm_backend(l), NULL};
+        child_exec(l, argv, env, in[0], out[1], log_fd);
     }
     l->pgid = pid;
     setpgid(pid, pid);
@@ -178,6 +209,7 @@ out:
     }
     if (log_fd >= 0)
         close(log_fd);
+    free(env);
     return rc;
 }
 
@@ -185,13 +217,13 @@ static int start_rank(struct launch *l, int r, const char *id_hex, struct ddpd_e
 {
     struct rank_proc *p = &l->ranks[r];
     int in[2] = {-1, -1}, out[2] = {-1, -1}, log_fd = -1;
-    char *doc = NULL;
+    char *doc = NULL, **env = NULL;
     int rc = -1;
 
     json_t *d = json_deep_copy(l->o.doc);
     json_object_set_new(d, "rank", json_integer(r));
     if (id_hex)
-        json_object_set_new(d, "comm", json_pack("{s:s, s:s}", "backend", "cpu", "id", id_hex));
+        json_object_set_new(d, "comm", json_pack("{s:s, s:s}", "backend", comm_backend(l), "id", id_hex));
     doc = json_dumps(d, JSON_COMPACT);
     json_decref(d);
     if (!doc) {
@@ -201,6 +233,15 @@ static int start_rank(struct launch *l, int r, const char *id_hex, struct ddpd_e
 
     char log_path[4096];
     snprintf(log_path, sizeof log_path, "%s/rank-%d.log", l->o.out_dir, r);
+    /* NCCL writes to a file of its own, never into the event stream; a cuda rank sees
+     * only its GPU. */
+    char nccl_log[4200], gpu[48], *extra[3] = {nccl_log, NULL, NULL};
+    snprintf(nccl_log, sizeof nccl_log, "NCCL_DEBUG_FILE=%s/rank-%d.nccl.log", l->o.out_dir, r);
+    if (l->o.gpus) {
+        snprintf(gpu, sizeof gpu, "CUDA_VISIBLE_DEVICES=%d", l->o.gpus[r]);
+        extra[1] = gpu;
+    }
+    env = child_env(extra);
     log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0) {
         ddpd_error_set(err, DDPD_EIO, log_path, "%s: cannot open: %s", log_path, strerror(errno));
@@ -217,7 +258,7 @@ static int start_rank(struct launch *l, int r, const char *id_hex, struct ddpd_e
     }
     if (pid == 0) {
         char *argv[] = {(char *)l->o.worker, NULL};
-        child_exec(l, argv, in[0], out[1], log_fd);
+        child_exec(l, argv, env, in[0], out[1], log_fd);
     }
     if (l->pgid == 0)
         l->pgid = pid;
@@ -236,6 +277,7 @@ static int start_rank(struct launch *l, int r, const char *id_hex, struct ddpd_e
     rc = 0;
 out:
     free(doc);
+    free(env);
     for (int i = 0; i < 2; i++) {
         if (in[i] >= 0)
             close(in[i]);
@@ -245,6 +287,27 @@ out:
     if (log_fd >= 0)
         close(log_fd);
     return rc;
+}
+
+/* The Slurm backend: one document for every task (no rank: each takes SLURM_PROCID). */
+static int start_slurm(struct launch *l, const char *id_hex, struct ddpd_error *err)
+{
+    json_t *d = json_deep_copy(l->o.doc);
+    if (id_hex)
+        json_object_set_new(d, "comm", json_pack("{s:s, s:s}", "backend", comm_backend(l), "id", id_hex));
+    char *doc = json_dumps(d, JSON_COMPACT);
+    json_decref(d);
+    if (!doc) {
+        ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory building Slurm job %s's document", l->o.slurm_name);
+        return -1;
+    }
+    l->sr = slurm_run_start(&l->o, doc, l->pgid, err);
+    free(doc);
+    if (!l->sr)
+        return -1;
+    if (l->pgid == 0)
+        l->pgid = slurm_run_pid(l->sr);
+    return 0;
 }
 
 struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
@@ -280,7 +343,11 @@ struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
         launch_free(l);
         return NULL;
     }
-    for (int r = 0; r < l->n; r++) {
+    if (o->slurm && start_slurm(l, l->n > 1 ? id_hex : NULL, err) != 0) {
+        launch_free(l);
+        return NULL;
+    }
+    for (int r = 0; r < l->n && !o->slurm; r++) {
         if (start_rank(l, r, l->n > 1 ? id_hex : NULL, err) != 0) {
             launch_free(l);
             return NULL;
@@ -309,6 +376,10 @@ void launch_cancel(struct launch *l)
     if (!l)
         return;
     l->cancelled = true;
+    if (l->sr) { /* scancel: Slurm signals the tasks wherever they run */
+        slurm_run_cancel(l->sr);
+        return;
+    }
     arm_kill(l);
 }
 
@@ -326,10 +397,17 @@ static void deliver(struct launch *l, int r, const char *line, size_t len)
         l->o.on_line(l->o.ctx, r, line, len);
 }
 
+/* Reads of one rank's pipe per read_rank call (LINE_CAP bytes each, ~1000 short events in
+ * all): a rank that writes faster than the events are handled must not keep the caller
+ * here (the supervisor also serves other jobs, commands and the commit of what it read).
+ * What is left waits in the pipe, whose full buffer blocks the rank's writes: that is
+ * the backpressure on a flooding worker, and the server's memory stays bounded. */
+#define READS_PER_POLL 4
+
 static void read_rank(struct launch *l, int r)
 {
     struct rank_proc *p = &l->ranks[r];
-    for (;;) {
+    for (int reads = 0; reads < READS_PER_POLL; reads++) {
         ssize_t n = read(p->out_fd, p->buf + p->len, sizeof p->buf - p->len);
         if (n < 0 && errno == EINTR)
             continue;
@@ -411,6 +489,12 @@ static void stop_issuer(struct launch *l)
 
 bool launch_poll(struct launch *l, int timeout_ms)
 {
+    if (l->sr) {
+        if (!slurm_run_poll(l->sr, timeout_ms))
+            return false;
+        stop_issuer(l);
+        return true;
+    }
     struct pollfd fds[l->n];
     int map[l->n], nf = 0;
     for (int r = 0; r < l->n; r++) {
@@ -458,6 +542,10 @@ static void describe_exit(int st, char *out, size_t cap, int *code)
 
 void launch_result(const struct launch *l, struct launch_result *res)
 {
+    if (l->sr) {
+        slurm_run_result(l->sr, res);
+        return;
+    }
     memset(res, 0, sizeof *res);
     res->ok = true;
     res->rank = -1;
@@ -484,10 +572,16 @@ void launch_result(const struct launch *l, struct launch_result *res)
 
 pid_t launch_pgid(const struct launch *l) { return l->pgid; }
 
+bool launch_waiting(const struct launch *l, char *why, size_t cap)
+{
+    return l->sr && slurm_run_waiting(l->sr, why, cap);
+}
+
 void launch_free(struct launch *l)
 {
     if (!l)
         return;
+    slurm_run_free(l->sr);
     bool running = false;
     for (int r = 0; r < l->n; r++)
         running |= !l->ranks[r].exited;
@@ -507,85 +601,6 @@ void launch_free(struct launch *l)
     free(l);
 }
 
-ddpd_err launch_plan(const char *worker, json_t *doc, int world_size, double timeout_s,
-                     int64_t *counts, bool *known, struct ddpd_error *err)
-{
-    int in[2] = {-1, -1}, out[2] = {-1, -1};
-    char *text = json_dumps(doc, JSON_COMPACT), buf[EVENT_LINE_MAX * 2];
-    size_t len = 0;
-    ddpd_err rc = DDPD_EINTERNAL;
-    pid_t pid = -1;
-    *known = false;
-    if (!text || pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC)) {
-        rc = ddpd_error_set(err, DDPD_EIO, "", "cannot run %s --plan: %s", worker, strerror(errno));
-        goto out;
-    }
-    pid = fork();
-    if (pid == 0) {
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        char *argv[] = {(char *)worker, "--plan", NULL};
-        execv(worker, argv);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    in[0] = out[1] = -1;
-    if (pid < 0) {
-        rc = ddpd_error_set(err, DDPD_EIO, "", "cannot fork: %s", strerror(errno));
-        goto out;
-    }
-    write_all(in[1], text, strlen(text));
-    close(in[1]);
-    in[1] = -1;
-    double deadline = now_mono() + timeout_s;
-    for (;;) {
-        int left = (int)((deadline - now_mono()) * 1000);
-        struct pollfd p = {.fd = out[0], .events = POLLIN};
-        if (left <= 0 || poll(&p, 1, left) <= 0) {
-            rc = ddpd_error_set(err, DDPD_EIO, "", "%s --plan did not answer within %.0f s", worker, timeout_s);
-            goto out;
-        }
-        ssize_t n = read(out[0], buf + len, sizeof buf - 1 - len);
-        if (n <= 0 || (len += (size_t)n) == sizeof buf - 1)
-            break;
-    }
-    buf[len] = '\0';
-    struct event ev;
-    json_t *j = json_loads(buf, JSON_DISABLE_EOF_CHECK, NULL);
-    json_t *b = json_object_get(j, "batches");
-    if (json_is_array(b) && (int)json_array_size(b) == world_size) {
-        for (int r = 0; r < world_size; r++)
-            counts[r] = json_integer_value(json_array_get(b, (size_t)r));
-        *known = true;
-        rc = DDPD_OK;
-    } else if (json_is_null(b)) {
-        rc = DDPD_OK;
-    } else if (event_decode(buf, strcspn(buf, "\n"), &ev, NULL) == DDPD_OK && ev.kind == EVENT_ERROR) {
-        rc = ddpd_error_set(err, !strcmp(ev.error_kind, "data") ? DDPD_EDATA : DDPD_ESPEC, "", "%s",
-                            ev.message);
-    } else {
-        rc = ddpd_error_set(err, DDPD_EINTERNAL, "", "%s --plan answered: %.300s", worker, buf);
-    }
-    json_decref(j);
-out:
-    if (pid > 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-    }
-    for (int i = 0; i < 2; i++) {
-        if (in[i] >= 0)
-            close(in[i]);
-        if (out[i] >= 0)
-            close(out[i]);
-    }
-    free(text);
-    return rc;
-}
-
 pid_t launch_pid(const struct launch *l, int rank)
 {
     return rank >= 0 && rank < l->n ? l->ranks[rank].pid : 0;
@@ -593,6 +608,8 @@ pid_t launch_pid(const struct launch *l, int rank)
 
 int launch_fds(const struct launch *l, struct pollfd *fds, int cap)
 {
+    if (l->sr)
+        return slurm_run_fds(l->sr, fds, cap);
     int n = 0;
     for (int r = 0; r < l->n && n < cap; r++)
         if (l->ranks[r].out_fd >= 0)
@@ -602,6 +619,8 @@ int launch_fds(const struct launch *l, struct pollfd *fds, int cap)
 
 int launch_exit_code(const struct launch *l, int rank)
 {
+    if (l->sr)
+        return slurm_run_exit_code(l->sr, rank);
     if (rank < 0 || rank >= l->n || !l->ranks[rank].exited || !l->ranks[rank].pid)
         return -1;
     int code;

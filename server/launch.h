@@ -15,6 +15,7 @@
 #include "../schema/err.h"
 
 struct json_t;
+struct slurm_opts;
 
 struct launch_opts {
     const char *worker;        /* path of ddpd-worker */
@@ -23,10 +24,18 @@ struct launch_opts {
     struct json_t *doc;        /* borrowed: the stdin document without rank (added per rank) */
     double grace_s;            /* SIGTERM -> SIGKILL; default 5 */
     bool die_with_parent;      /* workers get SIGKILL when this process dies (ddpd run) */
+    const int *gpus;           /* cuda jobs: rank r sees only GPU gpus[r] (CUDA_VISIBLE_DEVICES);
+                                  NULL leaves the environment as it is */
     /* Called for every complete stdout line of a rank, in arrival order (line without
      * the newline, not NUL-terminated). May be NULL. */
     void (*on_line)(void *ctx, int rank, const char *line, size_t len);
     void *ctx;
+    /* The Slurm backend (slurm.h): NULL runs the ranks here as child processes; else one
+     * srun runs them as the tasks of Slurm job `slurm_name` (the issuer stays here), and
+     * `cuda` asks Slurm for one GPU per task. */
+    const struct slurm_opts *slurm;
+    const char *slurm_name;
+    bool cuda;
 };
 
 struct launch;
@@ -57,15 +66,11 @@ void launch_result(const struct launch *l, struct launch_result *r);
 
 pid_t launch_pgid(const struct launch *l);
 
-#endif
+/* True while a cluster manager holds the attempt pending (Slurm's queue), with its reason
+ * in `why`; always false for local processes. */
+bool launch_waiting(const struct launch *l, char *why, size_t cap);
 
-/* Asks `worker --plan` (with `doc` on stdin: spec, data_dir, world_size) for every rank's
- * batches per epoch, before any rank starts. On DDPD_OK, *known is false when only the
- * ranks can tell ({rank} files); else counts[0..world_size) are set. A bad spec or data
- * file comes back as the worker's error (DDPD_ESPEC / DDPD_EDATA) with its message.
- * Bounded by timeout_s. */
-ddpd_err launch_plan(const char *worker, struct json_t *doc, int world_size, double timeout_s,
-                     int64_t *counts, bool *known, struct ddpd_error *err);
+#endif
 
 /* The pid of rank r (0 before it started). */
 pid_t launch_pid(const struct launch *l, int rank);

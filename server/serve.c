@@ -1,6 +1,8 @@
 /* serve.c — `ddpd serve [--listen ADDR:PORT] [--db PATH] [--data-dir DIR] [--jobs-dir DIR]
  * [--gpus auto|none|0,1,..] [--cpu-slots N] [--token-file F] [--insecure]
- * [--on-shutdown cancel|finish] [--web-dir DIR] [--cors-origin ORIGIN]`. Parses options,
+ * [--on-shutdown cancel|finish] [--web-dir DIR] [--cors-origin ORIGIN] [--launcher local|slurm]
+ * [--slurm-partition P] [--slurm-account A] [--slurm-time T] [--slurm-cpus-per-task N]
+ * [--slurm-arg ARG]... [--comm-addr HOST]`. Parses options,
  * opens the store, starts the supervisor and the HTTP server, waits for SIGTERM/SIGINT,
  * then stops them in order: no new requests, jobs cancelled (or finished), streams
  * closed, the store flushed. */
@@ -11,17 +13,21 @@
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "api.h"
+#include "env.h"
 #include "http.h"
 #include "hub.h"
+#include "slurm.h"
 #include "store.h"
 #include "super.h"
 
@@ -30,6 +36,9 @@ static void usage(FILE *f)
     fputs("usage: ddpd serve [--listen ADDR:PORT] [--db PATH] [--data-dir DIR] [--jobs-dir DIR]\n"
           "                  [--gpus auto|none|N,N,..] [--cpu-slots N] [--token-file F] [--insecure]\n"
           "                  [--on-shutdown cancel|finish] [--web-dir DIR] [--cors-origin ORIGIN]\n"
+          "                  [--launcher local|slurm] [--slurm-partition P] [--slurm-account A]\n"
+          "                  [--slurm-time T] [--slurm-cpus-per-task N] [--slurm-arg ARG]...\n"
+          "                  [--comm-addr HOST]\n"
           "  --listen       address to serve on (default 127.0.0.1:8080; port 0 = any free port)\n"
           "  --db           SQLite database, created on first start (default ./var/ddpd.db)\n"
           "  --data-dir     where jobs' data paths are resolved; they may not leave it (default .)\n"
@@ -39,6 +48,13 @@ static void usage(FILE *f)
           "  --token-file   require `Authorization: Bearer <token>` on /v1 (the file's first line)\n"
           "  --insecure     allow a non-loopback address without a token\n"
           "  --on-shutdown  on SIGTERM: cancel running jobs (default) or let them finish\n"
+          "  --launcher     local: ranks run on this host's slots (default); slurm: every job is one\n"
+          "                 srun whose tasks are the ranks, queued and placed by Slurm\n"
+          "  --slurm-partition, --slurm-account, --slurm-time   srun's --partition, --account, --time\n"
+          "  --slurm-cpus-per-task  CPUs per rank of cpu jobs (default 1; cuda jobs get 1 GPU per rank)\n"
+          "  --slurm-arg    one more srun argument, as is (repeatable; no shell splitting)\n"
+          "  --comm-addr    address the rendezvous root listens on, reachable from the ranks\n"
+          "                 (DDPD_COMM_ADDR; default 127.0.0.1, with slurm this host's name)\n"
           "  --web-dir      the dashboard's files, served at / (default: the source tree's web/,\n"
           "                 else web/ beside the folder of the ddpd binary)\n"
           "  --cors-origin  send Access-Control-Allow-Origin: ORIGIN and answer preflights, so a\n"
@@ -57,6 +73,28 @@ static int parse_count(const char *v, long lo, long hi, long *out)
     return 0;
 }
 
+/* Event streams are long-lived connections (a dashboard, a `curl -N`): allow as many as
+ * the hub allows subscribers (10,000) within the files this process may open, raising
+ * the soft RLIMIT_NOFILE (often 1,024) towards the hard one; 256 descriptors stay for
+ * the workers' pipes, the database and the logs. */
+#define STREAM_CONNECTIONS 10000
+#define FD_RESERVE 256
+static unsigned connection_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 0; /* the HTTP layer's default */
+    rlim_t want = STREAM_CONNECTIONS + FD_RESERVE;
+    if (rl.rlim_cur < want) {
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur <= 2 * FD_RESERVE)
+        return 0;
+    return rl.rlim_cur - FD_RESERVE < STREAM_CONNECTIONS ? (unsigned)(rl.rlim_cur - FD_RESERVE) : STREAM_CONNECTIONS;
+}
+
 /* GPUs as ddpd-worker --devices prints them (one JSON array; nothing when none). */
 static int count_gpus(const char *worker)
 {
@@ -65,14 +103,18 @@ static int count_gpus(const char *worker)
     int fds[2];
     if (pipe(fds) != 0)
         return 0;
+    /* The worker's environment is an allow-list of ours (env.h), built before fork. */
+    static char *const no_env[] = {NULL};
+    char **env = env_for_worker(NULL);
     pid_t pid = fork();
     if (pid == 0) {
         dup2(fds[1], 1);
         close(fds[0]);
         char *argv[] = {cmd, "--devices", NULL};
-        execv(cmd, argv);
+        execve(cmd, argv, env ? env : no_env);
         _exit(127);
     }
+    free(env);
     close(fds[1]);
     char buf[65536];
     size_t n = 0;
@@ -122,7 +164,9 @@ int serve_main(int argc, char **argv, const char *self_dir)
     const char *listen = "127.0.0.1:8080", *db = "var/ddpd.db", *data_dir = ".", *jobs_dir = NULL;
     const char *gpus_arg = "auto", *token_file = NULL, *web_dir = NULL, *cors = NULL;
     long cpu_slots = sysconf(_SC_NPROCESSORS_ONLN);
-    bool insecure = false, finish = false;
+    bool insecure = false, finish = false, slurm = false;
+    const char *comm_addr = NULL;
+    struct slurm_opts so_slurm = {.cpus_per_task = 1};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -152,7 +196,34 @@ int serve_main(int argc, char **argv, const char *self_dir)
             token_file = v;
         else if (!strcmp(a, "--web-dir"))
             web_dir = v;
-        else if (!strcmp(a, "--cors-origin"))
+        else if (!strcmp(a, "--slurm-partition"))
+            so_slurm.partition = v;
+        else if (!strcmp(a, "--slurm-account"))
+            so_slurm.account = v;
+        else if (!strcmp(a, "--slurm-time"))
+            so_slurm.time_limit = v;
+        else if (!strcmp(a, "--comm-addr"))
+            comm_addr = v;
+        else if (!strcmp(a, "--slurm-arg")) {
+            if (so_slurm.n_extra == SLURM_MAX_EXTRA) {
+                fprintf(stderr, "ddpd serve: --slurm-arg: at most %d of them\n", SLURM_MAX_EXTRA);
+                return 2;
+            }
+            so_slurm.extra[so_slurm.n_extra++] = v;
+        } else if (!strcmp(a, "--slurm-cpus-per-task")) {
+            long c;
+            if (parse_count(v, 1, 4096, &c)) {
+                fprintf(stderr, "ddpd serve: --slurm-cpus-per-task: expected an integer in [1, 4096], got '%s'\n", v);
+                return 2;
+            }
+            so_slurm.cpus_per_task = (int)c;
+        } else if (!strcmp(a, "--launcher")) {
+            if (strcmp(v, "local") && strcmp(v, "slurm")) {
+                fprintf(stderr, "ddpd serve: --launcher: expected local or slurm, got '%s'\n", v);
+                return 2;
+            }
+            slurm = !strcmp(v, "slurm");
+        } else if (!strcmp(a, "--cors-origin"))
             cors = v;
         else if (!strcmp(a, "--cpu-slots")) {
             if (parse_count(v, 0, 1024, &cpu_slots)) {
@@ -245,6 +316,24 @@ int serve_main(int argc, char **argv, const char *self_dir)
             gpus += *p == ',';
     }
 
+    char why[PATH_MAX + 64];
+    if (slurm && !slurm_programs_found(&so_slurm, why, sizeof why)) {
+        fprintf(stderr, "ddpd serve: --launcher slurm: %s\n", why);
+        return 2;
+    }
+    /* The id issuer's root listens on DDPD_COMM_ADDR (worker/comm/cpu.c): loopback for
+     * local ranks; ranks on other nodes need an address of this host that they reach.
+     * Set before any thread starts; the launcher's environment allow-list passes it on. */
+    char host[256];
+    if (!comm_addr && slurm && !getenv("DDPD_COMM_ADDR") && gethostname(host, sizeof host) == 0) {
+        host[sizeof host - 1] = '\0';
+        comm_addr = host;
+    }
+    if (comm_addr && setenv("DDPD_COMM_ADDR", comm_addr, 1) != 0) {
+        fprintf(stderr, "ddpd serve: --comm-addr %s: %s\n", comm_addr, strerror(errno));
+        return 2;
+    }
+
     /* Signals are taken by sigwait in this thread; every thread started after this
      * inherits the mask. */
     sigset_t set;
@@ -268,7 +357,18 @@ int serve_main(int argc, char **argv, const char *self_dir)
         goto out;
     }
     hub = hub_new(NULL);
+    /* Slurm job names carry a tag of this server (its jobs folder), so that a restarted
+     * server finds its own leftovers and two servers never touch each other's jobs. */
+    char slurm_prefix[64];
+    if (slurm) {
+        uint32_t h = 2166136261u; /* FNV-1a */
+        for (const char *p = jobs_abs; *p; p++)
+            h = (h ^ (unsigned char)*p) * 16777619u;
+        snprintf(slurm_prefix, sizeof slurm_prefix, "ddpd.%08x.", (unsigned)h);
+        so_slurm.name_prefix = slurm_prefix;
+    }
     struct super_opts so = {.worker = worker, .data_dir = data_abs, .jobs_dir = jobs_abs, .gpus = gpus,
+                            .slurm = slurm ? &so_slurm : NULL,
                             .cpu_slots = (int)cpu_slots, .store = store, .hub = hub, .grace_s = 5,
                             .finish_on_shutdown = finish};
     super = hub ? super_start(&so, &err) : NULL;
@@ -280,7 +380,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
                        .jobs_dir = jobs_abs, .web_dir = web_abs[0] ? web_abs : NULL};
     size_t nroutes;
     struct http_config hc = {.listen = listen, .routes = api_routes(&nroutes), .ctx = &api, .token = token,
-                             .cors_origin = cors, .threads = 4};
+                             .cors_origin = cors, .threads = 4, .connection_limit = connection_limit()};
     hc.nroutes = nroutes;
     if (api_start(&api, &err) != DDPD_OK || !(http = http_server_new(&hc, &err))) {
         fprintf(stderr, "ddpd serve: %s\n", err.message);
@@ -290,6 +390,10 @@ int serve_main(int argc, char **argv, const char *self_dir)
     fprintf(stderr, "ddpd serve: listening on http://%s%s (port %d), database %s, %d GPU%s, %ld CPU slot%s\n",
             listen, token ? " with a token" : "", http_server_port(http), db, gpus, gpus == 1 ? "" : "s",
             cpu_slots, cpu_slots == 1 ? "" : "s");
+    if (slurm)
+        fprintf(stderr, "ddpd serve: launcher slurm: every job is one srun named %s<job>.<attempt>; the "
+                        "rendezvous root listens on %s\n",
+                slurm_prefix, getenv("DDPD_COMM_ADDR") ? getenv("DDPD_COMM_ADDR") : "127.0.0.1");
     fflush(stderr);
 
     int sig;
