@@ -22,6 +22,7 @@
 #include "http.h"
 #include "hub.h"
 #include "launch.h"
+#include "plan.h"
 #include "store.h"
 #include "super.h"
 
@@ -32,15 +33,13 @@ static struct api *ctx_of(struct http_request *req) { return http_request_ctx(re
 static json_t *num_or_null(bool has, double v) { return has && isfinite(v) ? json_real(v) : json_null(); }
 static json_t *time_or_null(double t) { return t > 0 ? json_real(t) : json_null(); }
 
-/* A job as CONTRACT.md §7 shows it. */
+/* A job as CONTRACT.md §7 shows it, without its spec (job_text adds it). */
 static json_t *job_json(const struct store_job *j)
 {
     json_t *o = json_object();
     json_object_set_new(o, "id", json_integer(j->id));
     json_object_set_new(o, "name", json_string(j->name));
     json_object_set_new(o, "state", json_string(job_state_name(j->state)));
-    json_t *spec = j->spec ? json_loads(j->spec, 0, NULL) : NULL;
-    json_object_set_new(o, "spec", spec ? spec : json_null());
     json_object_set_new(o, "world_size", json_integer(j->world_size));
     json_object_set_new(o, "device", json_string(device_kind_name(j->device)));
     json_object_set_new(o, "created_at", json_real(j->created_at));
@@ -69,6 +68,110 @@ static json_t *job_json(const struct store_job *j)
     return o;
 }
 
+/* A job's JSON text (NUL-terminated, malloc'd, *len bytes): job_json's object with the
+ * stored spec spliced in as its last member. The stored text is spec_to_json's compact
+ * output, valid JSON by the store's CHECK; parsing it back and dumping it again was most
+ * of the time of a GET. */
+static char *job_text(const struct store_job *j, size_t *len)
+{
+    json_t *o = job_json(j);
+    char *head = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!head)
+        return NULL;
+    const char *spec = j->spec ? j->spec : "null";
+    size_t hn = strlen(head), sn = strlen(spec);
+    char *t = malloc(hn + sn + 16);
+    if (t) {
+        /* head is "{...}": drop its '}' and append ,"spec":SPEC} */
+        memcpy(t, head, hn - 1);
+        static const char key[] = ",\"spec\":";
+        size_t n = sizeof key - 1;
+        memcpy(t + hn - 1, key, n);
+        memcpy(t + hn - 1 + n, spec, sn);
+        *len = hn - 1 + n + sn;
+        t[(*len)++] = '}';
+        t[*len] = '\0';
+    }
+    free(head);
+    return t;
+}
+
+static ddpd_err respond_job(struct http_request *req, int status, const struct store_job *j)
+{
+    size_t len;
+    char *t = job_text(j, &len);
+    if (!t)
+        return DDPD_ENOMEM;
+    t[len] = '\n'; /* every JSON answer ends with a newline */
+    ddpd_err rc = http_respond_bytes(req, status, "application/json", t, len + 1);
+    free(t);
+    return rc;
+}
+
+/* ---- the rendered-job cache --------------------------------------------------------------
+ * GET /v1/jobs/{id} is what dashboards and scripts poll. Its answer is kept per job with
+ * the store's version of the job (store_job_version, read before the store is), so a
+ * repeated GET of an unchanged job costs a lock and a copy, not two queries and a render. */
+
+#define JOB_CACHE_SLOTS 256
+
+struct job_cache_slot {
+    pthread_mutex_t mu;
+    int64_t id; /* 0 = empty */
+    uint64_t version;
+    char *text; /* with its trailing newline */
+    size_t len;
+};
+
+static struct job_cache_slot job_cache[JOB_CACHE_SLOTS];
+
+static void job_cache_init(void)
+{
+    for (int i = 0; i < JOB_CACHE_SLOTS; i++)
+        job_cache[i] = (struct job_cache_slot){.mu = PTHREAD_MUTEX_INITIALIZER};
+}
+
+static void job_cache_clear(void)
+{
+    for (int i = 0; i < JOB_CACHE_SLOTS; i++) {
+        free(job_cache[i].text);
+        job_cache[i].text = NULL;
+        job_cache[i].id = 0;
+        pthread_mutex_destroy(&job_cache[i].mu);
+    }
+}
+
+static struct job_cache_slot *job_cache_slot(int64_t id) { return &job_cache[(uint64_t)id % JOB_CACHE_SLOTS]; }
+
+/* Answers from the cache when it holds `id` at `version`; false when it does not. */
+static bool job_cache_respond(struct http_request *req, int64_t id, uint64_t version, ddpd_err *rc)
+{
+    struct job_cache_slot *c = job_cache_slot(id);
+    bool hit = false;
+    pthread_mutex_lock(&c->mu);
+    if (c->text && c->id == id && c->version == version) {
+        *rc = http_respond_bytes(req, 200, "application/json", c->text, c->len);
+        hit = true;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return hit;
+}
+
+/* Keeps `text` (taken) as job id's answer at `version`. */
+static void job_cache_put(int64_t id, uint64_t version, char *text, size_t len)
+{
+    struct job_cache_slot *c = job_cache_slot(id);
+    pthread_mutex_lock(&c->mu);
+    char *old = c->text;
+    c->id = id;
+    c->version = version;
+    c->text = text;
+    c->len = len;
+    pthread_mutex_unlock(&c->mu);
+    free(old);
+}
+
 static ddpd_err get_job(struct http_request *req, struct store_job *j, struct ddpd_error *err)
 {
     memset(j, 0, sizeof *j);
@@ -90,13 +193,22 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
     if (!super_fits(a->super, spec.device, spec.world_size, why, sizeof why))
         return ddpd_error_set(err, DDPD_ESPEC, "world_size", "%s", why);
 
-    /* The data must be readable and, with join false, even: ask the worker before queueing. */
-    json_t *doc = json_pack("{s:i, s:o, s:s}", "world_size", spec.world_size, "spec", spec_to_json(&spec),
-                            "data_dir", a->data_dir);
+    /* The data must be readable and, with join false, even: ask the worker before queueing
+     * (synthetic data has nothing to read: its counts follow from the spec). */
     int64_t counts[SPEC_MAX_WORLD];
-    bool known;
-    rc = launch_plan(a->worker, doc, spec.world_size, 30, counts, &known, err);
-    json_decref(doc);
+    bool known = spec.data.kind == DATA_SYNTHETIC;
+    if (known) {
+        for (int r = 0; r < spec.world_size; r++)
+            counts[r] = spec_batches(spec_shard_rows(spec.data.samples, r, spec.world_size), spec.batch_size,
+                                     spec.data.drop_last);
+    } else {
+        json_t *doc = json_pack("{s:i, s:o, s:s}", "world_size", spec.world_size, "spec", spec_to_json(&spec),
+                                "data_dir", a->data_dir);
+        if (!doc)
+            return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the job's data");
+        rc = planner_plan(a->planner, doc, spec.world_size, 30, counts, &known, err);
+        json_decref(doc);
+    }
     if ((rc == DDPD_EDATA || rc == DDPD_ESPEC) && !err->path[0])
         snprintf(err->path, sizeof err->path, "data");
     if (rc)
@@ -108,27 +220,29 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
                                   ", rank %d: %" PRId64 ") but join is false; use \"auto\" or true",
                                   counts[0], r, counts[r]);
 
-    json_t *sj = spec_to_json(&spec);
-    char *text = json_dumps(sj, JSON_COMPACT);
-    json_decref(sj);
+    char *text = spec_dumps(&spec);
+    if (!text)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory storing the job");
     struct store_job_new jn = {.name = spec.name, .spec = text, .world_size = spec.world_size,
                                .device = spec.device, .max_restarts = spec.max_restarts};
     int64_t id;
     double created;
     rc = store_job_insert(a->store, &jn, &id, &created, err);
-    free(text);
-    if (rc)
+    if (rc) {
+        free(text);
         return rc;
-    super_submit(a->super, id);
-    struct store_job j;
-    memset(&j, 0, sizeof j);
-    if ((rc = store_job_get(a->store, id, &j, err)))
-        return rc;
+    }
+    super_submit(a->super, id, &spec, spec.max_restarts);
+    /* The job as just stored (what store_job_get would read back): queued, attempt 0. */
+    struct store_job j = {.id = id, .state = JOB_STATE_QUEUED, .spec = text, .world_size = spec.world_size,
+                          .device = spec.device, .created_at = created, .max_restarts = spec.max_restarts};
+    _Static_assert(sizeof j.name == sizeof spec.name, "a spec's name fits the store's");
+    memcpy(j.name, spec.name, sizeof j.name);
     char loc[64];
     snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, id);
     http_response_header(req, "Location", loc);
-    rc = http_respond_json(req, 201, job_json(&j));
-    store_job_clear(&j);
+    rc = respond_job(req, 201, &j);
+    free(text);
     return rc;
 }
 
@@ -163,24 +277,58 @@ static ddpd_err h_list(struct http_request *req, struct ddpd_error *err)
     struct store_job_list l;
     if ((rc = store_job_list(a->store, &q, &l, err)))
         return rc;
-    json_t *arr = json_array();
-    for (size_t i = 0; i < l.n; i++)
-        json_array_append_new(arr, job_json(&l.jobs[i]));
-    char next[32];
-    snprintf(next, sizeof next, "%" PRId64, l.next);
-    json_t *out = json_pack("{s:o, s:o}", "jobs", arr, "next", l.next ? json_string(next) : json_null());
+    /* {"jobs":[JOB,...],"next":"N"|null}, each JOB rendered as job_text does. */
+    size_t cap = 64 + l.n * 1024, len = 0;
+    char *out = malloc(cap);
+    rc = out ? DDPD_OK : DDPD_ENOMEM;
+    if (out)
+        len = (size_t)snprintf(out, cap, "{\"jobs\":[");
+    for (size_t i = 0; rc == DDPD_OK && i < l.n; i++) {
+        size_t n;
+        char *t = job_text(&l.jobs[i], &n);
+        char *grown = t && len + n + 64 > cap ? realloc(out, cap = 2 * (len + n + 64)) : out;
+        if (!t || !grown) {
+            rc = DDPD_ENOMEM;
+        } else {
+            out = grown;
+            if (i)
+                out[len++] = ',';
+            memcpy(out + len, t, n);
+            len += n;
+        }
+        free(t);
+    }
+    if (rc == DDPD_OK) {
+        if (l.next)
+            len += (size_t)snprintf(out + len, cap - len, "],\"next\":\"%" PRId64 "\"}\n", l.next);
+        else
+            len += (size_t)snprintf(out + len, cap - len, "],\"next\":null}\n");
+        rc = http_respond_bytes(req, 200, "application/json", out, len);
+    }
+    free(out);
     store_job_list_free(&l);
-    return http_respond_json(req, 200, out);
+    return rc;
 }
 
 static ddpd_err h_get(struct http_request *req, struct ddpd_error *err)
 {
-    struct store_job j;
-    ddpd_err rc = get_job(req, &j, err);
-    if (rc)
+    struct api *a = ctx_of(req);
+    int64_t id = http_request_id(req, 0);
+    uint64_t version = store_job_version(a->store, id); /* before the read: see store.h */
+    ddpd_err rc;
+    if (job_cache_respond(req, id, version, &rc))
         return rc;
-    rc = http_respond_json(req, 200, job_json(&j));
+    struct store_job j;
+    if ((rc = get_job(req, &j, err)))
+        return rc;
+    size_t len;
+    char *t = job_text(&j, &len);
     store_job_clear(&j);
+    if (!t)
+        return DDPD_ENOMEM;
+    t[len++] = '\n';
+    rc = http_respond_bytes(req, 200, "application/json", t, len);
+    job_cache_put(id, version, t, len);
     return rc;
 }
 
@@ -483,18 +631,29 @@ static void *heartbeats(void *arg)
     return NULL;
 }
 
+/* Planner processes: two answer while a third submission waits (each answer takes
+ * microseconds to a few milliseconds; more processes would only cost memory). */
+#define PLANNERS 2
+
 ddpd_err api_start(struct api *a, struct ddpd_error *err)
 {
-    (void)a;
+    if (!(a->planner = planner_new(a->worker, PLANNERS)))
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory for the planner");
+    job_cache_init();
     hb_stop = 0;
-    if (pthread_create(&hb_thread, NULL, heartbeats, NULL) != 0)
+    if (pthread_create(&hb_thread, NULL, heartbeats, NULL) != 0) {
+        planner_free(a->planner);
+        a->planner = NULL;
         return ddpd_error_set(err, DDPD_EINTERNAL, "", "cannot start the heartbeat thread");
+    }
     return DDPD_OK;
 }
 
 void api_stop(struct api *a)
 {
-    (void)a;
+    planner_free(a->planner);
+    a->planner = NULL;
+    job_cache_clear();
     pthread_mutex_lock(&hb_mu);
     hb_stop = 1;
     pthread_cond_signal(&hb_cv);

@@ -22,12 +22,15 @@ struct api {
     const char *data_dir;     /* absolute */
     const char *jobs_dir;
     const char *web_dir;      /* the dashboard's files (index.html, ...); NULL = none */
+    /* Set up by api_start: */
+    struct planner *planner;  /* ddpd-worker --plan processes for the submission check */
 };
 
 /* The route table (static; handlers get the struct api through http_request_ctx). */
 const struct http_route *api_routes(size_t *n);
 
-/* Starts / stops the thread that sends heartbeats to idle event streams every 15 s. */
+/* Starts / stops the thread that sends heartbeats to idle event streams every 15 s, and
+ * the submission check's planner processes. */
 ddpd_err api_start(struct api *a, struct ddpd_error *err);
 void api_stop(struct api *a);
 

@@ -16,6 +16,7 @@
 #include "../schema/event.h"
 #include "../schema/spec.h"
 #include "launch.h"
+#include "plan.h"
 
 static volatile sig_atomic_t interrupted;
 
@@ -183,7 +184,7 @@ int run_main(int argc, char **argv, const char *self_dir)
     /* Fail before any rank starts when the data or the batch counts say it cannot work. */
     int64_t counts[SPEC_MAX_WORLD];
     bool known;
-    if (launch_plan(worker, doc, spec.world_size, 60, counts, &known, &err) != DDPD_OK) {
+    if (plan_once(worker, doc, spec.world_size, 60, counts, &known, &err) != DDPD_OK) {
         /* Scripts read stdout: the failure is an `error` event there too. */
         struct event ev = {.kind = EVENT_ERROR, .rank = 0};
         char line[EVENT_LINE_MAX];

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sqlite3.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -261,14 +262,23 @@ static ddpd_err sq_fail(struct ddpd_error *err, sqlite3 *db, int rc, const char 
     case SQLITE_MISMATCH:
         code = DDPD_EINTERNAL;
         break;
-    default: /* IOERR, FULL, CORRUPT, NOTADB, CANTOPEN, READONLY, PERM, PROTOCOL, ... */
+    case SQLITE_IOERR:
+    case SQLITE_FULL:
+        /* The disk, not the request: a client may retry later (503). */
+        code = DDPD_EUNAVAIL;
+        break;
+    default: /* CORRUPT, NOTADB, CANTOPEN, READONLY, PERM, PROTOCOL, ... */
         code = DDPD_EIO;
         break;
     }
     const char *msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc), *what = sqlite3_errstr(rc);
+    /* Busy or unavailable: say that nothing was written and that a retry may succeed. */
+    const char *hint = code == DDPD_EBUSY || code == DDPD_EUNAVAIL
+                           ? " (the job store is unavailable for now; retry later)"
+                           : "";
     if (strcmp(msg, what) == 0)
-        return ddpd_error_set(err, code, "", "store: %s: %s", op, msg);
-    return ddpd_error_set(err, code, "", "store: %s: %s (%s)", op, msg, what);
+        return ddpd_error_set(err, code, "", "store: %s: %s%s", op, msg, hint);
+    return ddpd_error_set(err, code, "", "store: %s: %s (%s)%s", op, msg, what, hint);
 }
 
 /* ---- connections and their prepared statements ---- */
@@ -501,7 +511,29 @@ struct store {
     struct store_stats st; /* counters (queued is filled in on read) */
     bool werr_set;         /* a writer error not yet reported by store_flush */
     struct ddpd_error werr;
+
+    /* Job inserts waiting for a group commit (store_job_insert). */
+    pthread_mutex_t imu;
+    pthread_cond_t icv;
+    struct insert_req *ihead, **itail;
+    bool ileader; /* a caller is committing a group now */
+
+    /* store_job_version: a change counter per hash bucket of job ids, bumped after every
+     * commit that touches a job (so colliding ids only cost a cache miss). */
+    _Atomic uint64_t jver[STORE_JOB_VERSIONS];
 };
+
+/* After the commit, never before: a reader that sees the new version then reads data at
+ * least as new as that commit. */
+static void job_changed(struct store *s, int64_t id)
+{
+    atomic_fetch_add_explicit(&s->jver[(uint64_t)id % STORE_JOB_VERSIONS], 1, memory_order_release);
+}
+
+uint64_t store_job_version(struct store *s, int64_t id)
+{
+    return atomic_load_explicit(&s->jver[(uint64_t)id % STORE_JOB_VERSIONS], memory_order_acquire);
+}
 
 /* ---- reader pool ---- */
 
@@ -744,8 +776,11 @@ static void batch_commit(struct store *s, struct qev *b, int n, struct qev **los
             break;
         sleep_ms(50 << tries);
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        if (i == 0 || b[i].job != b[i - 1].job)
+            job_changed(s, b[i].job);
         free(b[i].body);
+    }
     pthread_mutex_lock(&s->qmu);
     if (e == DDPD_OK) {
         s->st.batches++;
@@ -1016,6 +1051,9 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
     if (s->o.busy_timeout_ms <= 0)
         s->o.busy_timeout_ms = 5000;
     pthread_mutex_init(&s->wmu, NULL);
+    pthread_mutex_init(&s->imu, NULL);
+    pthread_cond_init(&s->icv, NULL);
+    s->itail = &s->ihead;
     pthread_mutex_init(&s->rmu, NULL);
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->rcv, NULL);
@@ -1093,6 +1131,8 @@ void store_close(struct store *s)
     }
     conn_close(s->w);
     pthread_cond_destroy(&s->done_cv);
+    pthread_cond_destroy(&s->icv);
+    pthread_mutex_destroy(&s->imu);
     pthread_cond_destroy(&s->space_cv);
     pthread_cond_destroy(&s->qcv);
     pthread_cond_destroy(&s->rcv);
@@ -1106,42 +1146,121 @@ void store_close(struct store *s)
 
 /* ---- jobs: writes ---- */
 
+/* One job insert waiting for its group's commit. */
+struct insert_req {
+    const struct store_job_new *job;
+    double now;
+    int64_t id;
+    ddpd_err e;
+    struct ddpd_error err;
+    bool done;
+    struct insert_req *next;
+};
+
+/* Inserts one job inside the group's transaction. A CHECK failure undoes only this
+ * statement; the group goes on. */
+static ddpd_err insert_one(struct store *s, struct insert_req *r)
+{
+    const struct store_job_new *job = r->job;
+    sqlite3_stmt *st = stmt(s->w, W_JOB_INSERT, &r->err);
+    if (!st)
+        return r->err.code;
+    sqlite3_bind_text(st, 1, job->name ? job->name : "", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, job->spec, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 3, job->world_size);
+    sqlite3_bind_text(st, 4, device_kind_name(job->device), -1, SQLITE_STATIC);
+    sqlite3_bind_double(st, 5, r->now);
+    sqlite3_bind_int(st, 6, job->max_restarts);
+    ddpd_err e = DDPD_OK;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_CONSTRAINT_CHECK) {
+        /* SQLite's json_valid() says false when it runs out of memory: a spec that fails
+         * the check is tried once more before it counts as invalid. */
+        sqlite3_reset(st);
+        rc = sqlite3_step(st);
+    }
+    if (rc == SQLITE_CONSTRAINT_CHECK)
+        e = ddpd_error_set(&r->err, DDPD_EINTERNAL, "",
+                           "store: insert job: %s (spec must be "
+                           "valid JSON, device cpu or cuda)",
+                           sqlite3_errmsg(s->w->db));
+    else if (rc != SQLITE_DONE)
+        e = sq_fail(&r->err, s->w->db, rc, "insert job");
+    else
+        r->id = sqlite3_last_insert_rowid(s->w->db);
+    stmt_done(st);
+    return e;
+}
+
+/* Inserts a group in one transaction. An error other than a row's CHECK (I/O, full disk,
+ * busy) rolls the whole group back and is every member's error. */
+static void insert_group(struct store *s, struct insert_req *g)
+{
+    struct ddpd_error gerr;
+    ddpd_err ge = DDPD_OK;
+    pthread_mutex_lock(&s->wmu);
+    int rc = step_simple(s->w, W_BEGIN);
+    if (rc != SQLITE_OK) {
+        ge = sq_fail(&gerr, s->w->db, rc, "insert job");
+        pthread_mutex_unlock(&s->wmu);
+    } else {
+        for (struct insert_req *r = g; r; r = r->next) {
+            r->e = insert_one(s, r);
+            if (r->e != DDPD_OK && r->e != DDPD_EINTERNAL) {
+                ge = r->e;
+                gerr = r->err;
+                break;
+            }
+        }
+        ge = wtx_end(s, ge, &gerr);
+    }
+    for (struct insert_req *r = g; r; r = r->next)
+        if (ge != DDPD_OK) {
+            r->e = ge;
+            r->err = gerr;
+        }
+}
+
+/* Group commit: callers queue their insert; one of them (the leader) takes every insert
+ * queued so far and commits them in one transaction while the next ones queue up. Under
+ * concurrent submissions a commit serves several, not one. */
 ddpd_err store_job_insert(struct store *s, const struct store_job_new *job, int64_t *id, double *created_at,
                           struct ddpd_error *err)
 {
     if (!job->spec || job->world_size < 1)
         return ddpd_error_set(err, DDPD_EINTERNAL, "", "store: a job needs a spec and world_size >= 1");
-    ddpd_err e = DDPD_OK;
-    double now = now_s();
-    pthread_mutex_lock(&s->wmu);
-    sqlite3_stmt *st = stmt(s->w, W_JOB_INSERT, err);
-    if (!st) {
-        e = err ? err->code : DDPD_EINTERNAL;
-        goto out;
+    struct insert_req me = {.job = job, .now = now_s()};
+    ddpd_error_clear(&me.err);
+    pthread_mutex_lock(&s->imu);
+    *s->itail = &me;
+    s->itail = &me.next;
+    while (!me.done) {
+        if (s->ileader) {
+            pthread_cond_wait(&s->icv, &s->imu);
+            continue;
+        }
+        s->ileader = true;
+        struct insert_req *g = s->ihead;
+        s->ihead = NULL;
+        s->itail = &s->ihead;
+        pthread_mutex_unlock(&s->imu);
+        insert_group(s, g);
+        pthread_mutex_lock(&s->imu);
+        for (struct insert_req *r = g; r; r = r->next)
+            r->done = true; /* after this, r (another caller's stack) is not touched */
+        s->ileader = false;
+        pthread_cond_broadcast(&s->icv);
     }
-    sqlite3_bind_text(st, 1, job->name ? job->name : "", -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, job->spec, -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 3, job->world_size);
-    sqlite3_bind_text(st, 4, device_kind_name(job->device), -1, SQLITE_STATIC);
-    sqlite3_bind_double(st, 5, now);
-    sqlite3_bind_int(st, 6, job->max_restarts);
-    /* One statement in autocommit mode: it is its own transaction, committed here. */
-    int rc = sqlite3_step(st);
-    if (rc == SQLITE_CONSTRAINT_CHECK)
-        e = ddpd_error_set(err, DDPD_EINTERNAL, "",
-                           "store: insert job: %s (spec must be "
-                           "valid JSON, device cpu or cuda)",
-                           sqlite3_errmsg(s->w->db));
-    else if (rc != SQLITE_DONE)
-        e = sq_fail(err, s->w->db, rc, "insert job");
-    else
-        *id = sqlite3_last_insert_rowid(s->w->db);
-out:
-    stmt_done(st);
-    pthread_mutex_unlock(&s->wmu);
-    if (e == DDPD_OK && created_at)
-        *created_at = now;
-    return e;
+    pthread_mutex_unlock(&s->imu);
+    if (me.e != DDPD_OK) {
+        if (err)
+            *err = me.err;
+        return me.e;
+    }
+    *id = me.id;
+    if (created_at)
+        *created_at = me.now;
+    return DDPD_OK;
 }
 
 /* Reads the state of job `id` on the writer connection (inside its transaction). */
@@ -1211,8 +1330,38 @@ ddpd_err store_job_update(struct store *s, int64_t id, const struct store_job_up
 out:
     stmt_done(st);
     e = wtx_end(s, e, err);
+    job_changed(s, id);
     if (old && e == DDPD_OK)
         *old = cur;
+    return e;
+}
+
+ddpd_err store_jobs_set_pending(struct store *s, size_t n, const int64_t *ids, const char *const *reasons,
+                                struct ddpd_error *err)
+{
+    if (n == 0)
+        return DDPD_OK;
+    ddpd_err e = wtx_begin(s, err);
+    if (e != DDPD_OK)
+        return e;
+    for (size_t i = 0; i < n && e == DDPD_OK; i++) {
+        sqlite3_stmt *st = stmt(s->w, W_JOB_UPDATE, err);
+        if (!st) {
+            e = err ? err->code : DDPD_EINTERNAL;
+            break;
+        }
+        sqlite3_bind_int64(st, 1, ids[i]);
+        sqlite3_bind_int(st, 2, STORE_SET_PENDING);
+        sqlite3_bind_text(st, 3, "", -1, SQLITE_STATIC); /* unused without STORE_SET_STATE */
+        bind_text_or_null(st, 7, reasons[i]);
+        int rc = sqlite3_step(st);
+        if (rc != SQLITE_DONE)
+            e = sq_fail(err, s->w->db, rc, "update pending reasons");
+        stmt_done(st);
+    }
+    e = wtx_end(s, e, err);
+    for (size_t i = 0; i < n; i++)
+        job_changed(s, ids[i]);
     return e;
 }
 
@@ -1240,7 +1389,9 @@ ddpd_err store_job_delete(struct store *s, int64_t id, unsigned if_states, struc
         e = sq_fail(err, s->w->db, rc, "delete job");
 out:
     stmt_done(st);
-    return wtx_end(s, e, err);
+    e = wtx_end(s, e, err);
+    job_changed(s, id);
+    return e;
 }
 
 /* ---- attempts and ranks ---- */
@@ -1279,6 +1430,7 @@ ddpd_err store_attempt_begin(struct store *s, int64_t job, int attempt, const ch
         e = w_exec(s, st, job, "begin attempt", false, err);
     }
     pthread_mutex_unlock(&s->wmu);
+    job_changed(s, job);
     return e;
 }
 
@@ -1298,6 +1450,7 @@ ddpd_err store_attempt_end(struct store *s, int64_t job, int attempt, const char
         e = w_exec(s, st, job, "end attempt", true, err);
     }
     pthread_mutex_unlock(&s->wmu);
+    job_changed(s, job);
     return e;
 }
 
@@ -1322,6 +1475,7 @@ ddpd_err store_rank_put(struct store *s, int64_t job, const struct store_rank *r
         e = w_exec(s, st, job, "put rank", false, err);
     }
     pthread_mutex_unlock(&s->wmu);
+    job_changed(s, job);
     return e;
 }
 

@@ -13,7 +13,13 @@
  * Durability. WAL with synchronous=NORMAL: whatever a function reported as committed
  * survives the process being killed (SIGKILL, crash). A power loss or kernel crash may
  * lose the last commits made since the previous WAL checkpoint, never corrupt the file.
- * Events are committed when store_flush returns, or a little later (`linger_ms`). */
+ * Events are committed when store_flush returns, or a little later (`linger_ms`).
+ *
+ * Errors. Where a function below lists DDPD_EIO, a failing disk (SQLite's IOERR, FULL)
+ * is DDPD_EUNAVAIL instead, and a lock held beyond busy_timeout is DDPD_EBUSY: both are
+ * 503 for a client, the transaction was rolled back, and the store stays usable. The
+ * event writer retries a batch that fails so twice and then drops it, counted in
+ * events_dropped (never stopping the caller or the jobs). */
 #ifndef DDPD_STORE_H
 #define DDPD_STORE_H
 
@@ -154,6 +160,13 @@ struct store_job {
 
 /* Frees what `j` owns and zeroes it. NULL is a no-op. */
 void store_job_clear(struct store_job *j);
+/* A number that changes after every commit that may change what store_job_get returns
+ * for job `id` (state, progress, ranks, attempts, deletion): read it before
+ * store_job_get, and a later equal value means the job still reads the same. Counters
+ * are shared by ids in the same bucket (a change of one is seen as a change of all in
+ * it) and start at 0 with each store_open. Lock-free. */
+#define STORE_JOB_VERSIONS 1024
+uint64_t store_job_version(struct store *s, int64_t id);
 
 /* Reads job `id` with its spec and the ranks of its current attempt into *out (which
  * the caller releases with store_job_clear, also after an error). DDPD_ENOTFOUND when
@@ -218,6 +231,11 @@ struct store_job_update {
 ddpd_err store_job_update(struct store *s, int64_t id, const struct store_job_update *u, job_state *old,
                           struct ddpd_error *err);
 
+/* Sets the pending_reason of jobs ids[0..n) to reasons[i] (NULL or "" clears it), all in
+ * one transaction, whatever their state; ids that do not exist are skipped. For the
+ * supervisor, whose queue changes every waiting job's reason at once. */
+ddpd_err store_jobs_set_pending(struct store *s, size_t n, const int64_t *ids, const char *const *reasons,
+                                struct ddpd_error *err);
 /* Deletes job `id` with its attempts, ranks, events and loss series, when its state is in
  * `if_states` (0 = any). Events of the job still queued are committed first, so none
  * outlives the delete; later appends for it are dropped (counted in events_dropped).

@@ -24,6 +24,7 @@
 #include "hub.h"
 #include "launch.h"
 #include "sched.h"
+#include "slurm.h"
 #include "store.h"
 
 #define POLL_MS 50
@@ -34,6 +35,8 @@ enum cmd_kind { CMD_SUBMIT, CMD_CANCEL };
 struct cmd {
     enum cmd_kind kind;
     int64_t job;
+    struct spec *spec; /* CMD_SUBMIT from super_submit: the parsed spec (owned) */
+    int max_restarts;
     struct cmd *next;
 };
 
@@ -51,7 +54,7 @@ struct active {
     char pending[STORE_TEXT_MAX];
     char out_dir[PATH_MAX];
     struct super *s;
-    struct active *next;
+    struct active *prev, *next;
 };
 
 struct super {
@@ -64,8 +67,14 @@ struct super {
     struct sched *sched;
     bool stopping;
     struct active *jobs; /* supervisor thread only */
+    struct active **index; /* jobs by id: open addressing, linear probing */
+    size_t index_cap, index_n;
     struct pending *pending, **pending_tail; /* stored, not yet published */
     bool queue_changed; /* pending reasons need a new look (supervisor thread only) */
+    /* Jobs appended to the queue since the last look, when nothing else changed: only
+     * their reasons are new (supervisor thread only). */
+    int64_t *appended;
+    size_t n_appended, cap_appended;
 };
 
 static double now_s(void)
@@ -141,13 +150,18 @@ static void drain(struct super *s)
 
 /* The state event is appended before the job row changes: a stream that finds the row
  * final can rely on the final event being in the store already. */
-static void set_state(struct super *s, struct active *a, job_state st, const char *error)
+static void publish_state(struct super *s, struct active *a, job_state st, const char *error)
 {
     struct event ev = {.kind = EVENT_STATE, .rank = -1};
     snprintf(ev.state, sizeof ev.state, "%s", job_state_name(st));
     if (error)
         snprintf(ev.message, sizeof ev.message, "%s", error);
     publish(s, a, &ev);
+}
+
+static void set_state(struct super *s, struct active *a, job_state st, const char *error)
+{
+    publish_state(s, a, st, error);
 
     struct store_job_update u = {.fields = STORE_SET_STATE | STORE_SET_ATTEMPT | STORE_SET_RESTARTS |
                                            STORE_SET_PENDING,
@@ -171,21 +185,87 @@ static void set_state(struct super *s, struct active *a, job_state st, const cha
 
 /* ---- the job table -------------------------------------------------------------------- */
 
+/* The table is a list (for walking every job) and an index by id (thousands of jobs can
+ * wait in the queue, and every submission and event looks one up). */
+
+static size_t index_home(int64_t job, size_t cap) { return (size_t)((uint64_t)job * 0x9E3779B97F4A7C15ull >> 17) & (cap - 1); }
+
 static struct active *find(struct super *s, int64_t job)
 {
-    for (struct active *a = s->jobs; a; a = a->next)
-        if (a->job == job)
+    if (!s->index_cap)
+        return NULL;
+    for (size_t i = index_home(job, s->index_cap);; i = (i + 1) & (s->index_cap - 1)) {
+        struct active *a = s->index[i];
+        if (!a || a->job == job)
             return a;
-    return NULL;
+    }
+}
+
+static void index_put(struct active **index, size_t cap, struct active *a)
+{
+    size_t i = index_home(a->job, cap);
+    while (index[i])
+        i = (i + 1) & (cap - 1);
+    index[i] = a;
+}
+
+/* Keeps the index at most half full. Out of memory: aborts, like every allocation the
+ * supervisor cannot do without. */
+static void index_add(struct super *s, struct active *a)
+{
+    if (2 * (s->index_n + 1) > s->index_cap) {
+        size_t cap = s->index_cap ? 2 * s->index_cap : 256;
+        struct active **ix = calloc(cap, sizeof *ix);
+        if (!ix)
+            abort();
+        for (size_t i = 0; i < s->index_cap; i++)
+            if (s->index[i])
+                index_put(ix, cap, s->index[i]);
+        free(s->index);
+        s->index = ix;
+        s->index_cap = cap;
+    }
+    index_put(s->index, s->index_cap, a);
+    s->index_n++;
+}
+
+/* Removes with backward shift: later entries of the probe run move up into the hole. */
+static void index_del(struct super *s, const struct active *a)
+{
+    size_t mask = s->index_cap - 1, i = index_home(a->job, s->index_cap);
+    while (s->index[i] != a)
+        i = (i + 1) & mask;
+    for (size_t j = (i + 1) & mask; s->index[j]; j = (j + 1) & mask) {
+        size_t h = index_home(s->index[j]->job, s->index_cap);
+        /* Entry j may fill hole i when its home is not in (i, j] (cyclically). */
+        if (((j - h) & mask) >= ((j - i) & mask)) {
+            s->index[i] = s->index[j];
+            i = j;
+        }
+    }
+    s->index[i] = NULL;
+    s->index_n--;
+}
+
+static void link_job(struct super *s, struct active *a)
+{
+    a->prev = NULL;
+    a->next = s->jobs;
+    if (s->jobs)
+        s->jobs->prev = a;
+    s->jobs = a;
+    index_add(s, a);
 }
 
 static void drop(struct super *s, struct active *a)
 {
-    for (struct active **p = &s->jobs; *p; p = &(*p)->next)
-        if (*p == a) {
-            *p = a->next;
-            break;
-        }
+    if (a->prev)
+        a->prev->next = a->next;
+    else
+        s->jobs = a->next;
+    if (a->next)
+        a->next->prev = a->prev;
+    index_del(s, a);
     launch_free(a->l);
     free(a->slots);
     free(a);
@@ -223,8 +303,7 @@ static struct active *load(struct super *s, int64_t job)
     a->next_seq = seq + 1;
     snprintf(a->out_dir, sizeof a->out_dir, "%s/%" PRId64, s->o.jobs_dir, job);
     store_job_clear(&j);
-    a->next = s->jobs;
-    s->jobs = a;
+    link_job(s, a);
     return a;
 }
 
@@ -300,6 +379,8 @@ static void on_line(void *ctx, int rank, const char *line, size_t len)
         r.start_time = proc_start_time((pid_t)r.pid);
         snprintf(r.state, sizeof r.state, "running");
         store_rank_put(s->o.store, a->job, &r, NULL);
+        if (a->state == JOB_STATE_QUEUED) /* Slurm started it before squeue said so */
+            set_state(s, a, JOB_STATE_STARTING, NULL);
         if (a->state == JOB_STATE_STARTING)
             set_state(s, a, JOB_STATE_RUNNING, NULL);
     }
@@ -330,11 +411,29 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         .doc = doc,
         .grace_s = s->o.grace_s,
         .die_with_parent = true,
+        .gpus = a->spec.device == DEVICE_CUDA && !s->o.slurm ? a->slots : NULL,
         .on_line = on_line,
         .ctx = a,
+        .slurm = s->o.slurm,
+        .cuda = a->spec.device == DEVICE_CUDA,
     };
+    char slurm_name[256];
+    if (s->o.slurm) {
+        slurm_job_name(s->o.slurm, (long long)a->job, a->attempt, slurm_name, sizeof slurm_name);
+        lo.slurm_name = slurm_name;
+    }
     store_attempt_begin(s->o.store, a->job, a->attempt, NULL, NULL);
-    set_state(s, a, JOB_STATE_STARTING, restart ? why : NULL);
+    /* Under Slurm the job stays queued (with Slurm's pending reason) until Slurm starts
+     * it: see slurm_waiting(). */
+    if (!s->o.slurm) {
+        set_state(s, a, JOB_STATE_STARTING, restart ? why : NULL);
+    } else {
+        if (restart)
+            set_state(s, a, JOB_STATE_QUEUED, why);
+        /* The attempt has begun (its Slurm job name and attempts row are taken). */
+        struct store_job_update u = {.fields = STORE_SET_ATTEMPT, .attempt = a->attempt};
+        store_job_update(s->o.store, a->job, &u, NULL, NULL);
+    }
     a->l = launch_start(&lo, &err);
     json_decref(doc);
     if (!a->l) {
@@ -394,7 +493,10 @@ static void ended(struct super *s, struct active *a)
         return;
     }
     char msg[1400];
-    snprintf(msg, sizeof msg, "rank %d failed (exit code %d): %s", res.rank, res.exit_code, res.message);
+    if (res.rank < 0) /* the cluster manager failed or ended it (srun, Slurm) */
+        snprintf(msg, sizeof msg, "%s", res.message);
+    else
+        snprintf(msg, sizeof msg, "rank %d failed (exit code %d): %s", res.rank, res.exit_code, res.message);
     if (a->restarts < a->max_restarts) {
         a->restarts++;
         char why[1600];
@@ -408,19 +510,57 @@ static void ended(struct super *s, struct active *a)
 
 /* ---- commands, scheduling ----------------------------------------------------------------- */
 
-static void submit(struct super *s, int64_t job)
+/* A job just inserted by the API, as the store holds it: queued, attempt 0, no events. */
+static struct active *fresh(struct super *s, int64_t job, const struct spec *spec, int max_restarts)
+{
+    struct active *a = calloc(1, sizeof *a);
+    if (!a)
+        return NULL;
+    a->s = s;
+    a->job = job;
+    a->state = JOB_STATE_QUEUED;
+    a->spec = *spec;
+    a->max_restarts = max_restarts;
+    a->next_seq = 1;
+    snprintf(a->out_dir, sizeof a->out_dir, "%s/%" PRId64, s->o.jobs_dir, job);
+    link_job(s, a);
+    return a;
+}
+
+/* Remembers a job appended to the queue, for the next look at pending reasons. */
+static void note_appended(struct super *s, int64_t job)
+{
+    if (s->n_appended == s->cap_appended) {
+        size_t cap = s->cap_appended ? 2 * s->cap_appended : 64;
+        int64_t *p = realloc(s->appended, cap * sizeof *p);
+        if (!p) {
+            s->queue_changed = true; /* look at every job instead */
+            return;
+        }
+        s->appended = p;
+        s->cap_appended = cap;
+    }
+    s->appended[s->n_appended++] = job;
+}
+
+/* `spec` is the API's parse of a job it has just inserted (no store round trip needed);
+ * NULL loads the job from the store. */
+static void submit(struct super *s, int64_t job, const struct spec *spec, int max_restarts)
 {
     if (find(s, job))
         return;
-    struct active *a = load(s, job);
+    struct active *a = spec ? fresh(s, job, spec, max_restarts) : load(s, job);
     if (!a)
         return;
     a->slots = calloc((size_t)a->spec.world_size, sizeof(int));
     pthread_mutex_lock(&s->lock);
     sched_enqueue(s->sched, job, a->spec.device, a->spec.world_size);
     pthread_mutex_unlock(&s->lock);
-    s->queue_changed = true;
-    set_state(s, a, JOB_STATE_QUEUED, NULL);
+    note_appended(s, job);
+    if (spec) /* the store has it queued already: the event is what is new */
+        publish_state(s, a, JOB_STATE_QUEUED, NULL);
+    else
+        set_state(s, a, JOB_STATE_QUEUED, NULL);
 }
 
 static void cancel(struct super *s, int64_t job, const char *reason)
@@ -435,6 +575,83 @@ static void cancel(struct super *s, int64_t job, const char *reason)
     a->cancel_requested = true;
     snprintf(a->cancel_reason, sizeof a->cancel_reason, "%s", reason);
     launch_cancel(a->l);
+}
+
+/* The reasons that changed in one look at the queue. */
+struct reasons {
+    struct active **look; /* the queued jobs looked at, sorted by job id */
+    size_t n;
+    int64_t *ids;
+    const char **why;
+    size_t nchanged;
+};
+
+static int cmp_active_job(const void *x, const void *y)
+{
+    int64_t a = (*(struct active *const *)x)->job, b = (*(struct active *const *)y)->job;
+    return a < b ? -1 : a > b;
+}
+
+static void note_reason(void *ctx, int64_t job, const char *why)
+{
+    struct reasons *r = ctx;
+    struct active key = {.job = job}, *kp = &key;
+    struct active **hit = bsearch(&kp, r->look, r->n, sizeof *r->look, cmp_active_job);
+    if (!hit || strcmp(why, (*hit)->pending) == 0)
+        return;
+    snprintf((*hit)->pending, sizeof (*hit)->pending, "%s", why);
+    r->ids[r->nchanged] = job;
+    r->why[r->nchanged++] = (*hit)->pending;
+}
+
+/* Queued jobs say why they wait. Reasons change with the queue's head or the slots (then
+ * every queued job is looked at, in one pass over the queue) or are new for jobs just
+ * appended (then only those are); the changed ones are stored in one transaction. */
+static void update_pending_reasons(struct super *s)
+{
+    if (!s->queue_changed && s->n_appended == 0)
+        return;
+    bool all = s->queue_changed;
+    size_t cap = all ? 0 : s->n_appended;
+    for (struct active *a = s->jobs; all && a; a = a->next)
+        cap += a->state == JOB_STATE_QUEUED && !a->l;
+    struct reasons r = {.look = malloc((cap + 1) * sizeof *r.look),
+                        .ids = malloc((cap + 1) * sizeof *r.ids),
+                        .why = malloc((cap + 1) * sizeof *r.why)};
+    if (r.look && r.ids && r.why) {
+        if (all) {
+            for (struct active *a = s->jobs; a; a = a->next)
+                if (a->state == JOB_STATE_QUEUED && !a->l)
+                    r.look[r.n++] = a;
+        } else {
+            for (size_t i = 0; i < s->n_appended; i++) {
+                struct active *a = find(s, s->appended[i]);
+                if (a && a->state == JOB_STATE_QUEUED && !a->l)
+                    r.look[r.n++] = a;
+            }
+        }
+        qsort(r.look, r.n, sizeof *r.look, cmp_active_job);
+        pthread_mutex_lock(&s->lock);
+        if (all) {
+            sched_pending_reasons(s->sched, note_reason, &r);
+        } else {
+            char why[STORE_TEXT_MAX];
+            for (size_t i = 0; i < r.n; i++) {
+                sched_pending_reason(s->sched, r.look[i]->job, why, sizeof why);
+                note_reason(&r, r.look[i]->job, why);
+            }
+        }
+        pthread_mutex_unlock(&s->lock);
+        struct ddpd_error err;
+        if (r.nchanged &&
+            store_jobs_set_pending(s->o.store, r.nchanged, r.ids, (const char *const *)r.why, &err) != DDPD_OK)
+            fprintf(stderr, "ddpd: pending reasons of %zu jobs not stored: %s\n", r.nchanged, err.message);
+        s->queue_changed = false;
+        s->n_appended = 0;
+    }
+    free(r.why);
+    free(r.ids);
+    free(r.look);
 }
 
 static void schedule(struct super *s)
@@ -456,17 +673,21 @@ static void schedule(struct super *s)
         s->queue_changed = true;
         start(s, a, false, NULL);
     }
-    /* Queued jobs say why they wait; the reasons only change with the queue or the slots. */
-    if (!s->queue_changed)
-        return;
-    s->queue_changed = false;
+    update_pending_reasons(s);
+}
+
+/* Jobs handed to Slurm but not started by it yet: queued with Slurm's reason; starting
+ * once Slurm has allocated them. */
+static void slurm_waiting(struct super *s)
+{
     for (struct active *a = s->jobs; a; a = a->next) {
-        if (a->state != JOB_STATE_QUEUED)
+        if (!a->l || a->state != JOB_STATE_QUEUED)
             continue;
         char why[STORE_TEXT_MAX];
-        pthread_mutex_lock(&s->lock);
-        sched_pending_reason(s->sched, a->job, why, sizeof why);
-        pthread_mutex_unlock(&s->lock);
+        if (!launch_waiting(a->l, why, sizeof why)) {
+            set_state(s, a, JOB_STATE_STARTING, NULL);
+            continue;
+        }
         if (strcmp(why, a->pending) == 0)
             continue;
         snprintf(a->pending, sizeof a->pending, "%s", why);
@@ -489,18 +710,29 @@ static void *run(void *arg)
         while (c) {
             struct cmd *next = c->next;
             if (c->kind == CMD_SUBMIT)
-                submit(s, c->job);
+                submit(s, c->job, c->spec, c->max_restarts);
             else
                 cancel(s, c->job, "cancelled");
+            free(c->spec);
             free(c);
             c = next;
         }
         if (stopping && !shutting) {
             shutting = true;
+            /* Running jobs are cancelled (or left to finish); queued ones stay queued in
+             * the store, and the next server queues them again in their order. */
             for (struct active *a = s->jobs, *n; a; a = n) {
                 n = a->next;
-                if (!a->l || !s->o.finish_on_shutdown)
+                if (a->l && a->state == JOB_STATE_QUEUED) {
+                    /* Still in Slurm's queue: taken out of it (scancel), and queued
+                     * again by the next server like any queued job. */
+                    launch_free(a->l);
+                    a->l = NULL;
+                    struct store_job_update u = {.fields = STORE_SET_PENDING, .pending_reason = ""};
+                    store_job_update(s->o.store, a->job, &u, NULL, NULL);
+                } else if (a->l && !s->o.finish_on_shutdown) {
                     cancel(s, a->job, "cancelled: the server is shutting down");
+                }
             }
         }
         schedule(s);
@@ -526,6 +758,8 @@ static void *run(void *arg)
             if (a->l && launch_poll(a->l, 0))
                 ended(s, a);
         }
+        if (s->o.slurm)
+            slurm_waiting(s);
         drain(s);
     }
     drain(s);
@@ -560,6 +794,9 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
                                 .with_ranks = true};
     int64_t *queued = NULL;
     size_t nq = 0, capq = 0;
+    /* An earlier server's sruns died with it; their Slurm jobs may still run. */
+    if (s->o.slurm)
+        slurm_cancel_orphans(s->o.slurm, 10);
     for (;;) {
         ddpd_err rc = store_job_list(s->o.store, &q, &l, err);
         if (rc)
@@ -623,7 +860,8 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
         s->o.grace_s = 5;
     pthread_mutex_init(&s->lock, NULL);
     s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    s->sched = sched_new(o->gpus, o->cpu_slots);
+    /* Under Slurm nothing is counted here: every job starts (is submitted) at once. */
+    s->sched = o->slurm ? sched_new(SCHED_MAX_SLOTS, SCHED_MAX_SLOTS) : sched_new(o->gpus, o->cpu_slots);
     if (s->wake_fd < 0 || !s->sched) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "cannot create the supervisor: %s", strerror(errno));
         super_stop(s);
@@ -656,9 +894,12 @@ void super_stop(struct super *s)
         drop(s, s->jobs);
     while (s->head) {
         struct cmd *n = s->head->next;
+        free(s->head->spec);
         free(s->head);
         s->head = n;
     }
+    free(s->appended);
+    free(s->index);
     if (s->o.store)
         store_flush(s->o.store, NULL);
     sched_free(s->sched);
@@ -668,13 +909,8 @@ void super_stop(struct super *s)
     free(s);
 }
 
-static void push(struct super *s, enum cmd_kind k, int64_t job)
+static void push_cmd(struct super *s, struct cmd *c)
 {
-    struct cmd *c = calloc(1, sizeof *c);
-    if (!c)
-        abort();
-    c->kind = k;
-    c->job = job;
     pthread_mutex_lock(&s->lock);
     if (s->tail)
         s->tail->next = c;
@@ -685,7 +921,28 @@ static void push(struct super *s, enum cmd_kind k, int64_t job)
     wake(s);
 }
 
-void super_submit(struct super *s, int64_t job) { push(s, CMD_SUBMIT, job); }
+static void push(struct super *s, enum cmd_kind k, int64_t job)
+{
+    struct cmd *c = calloc(1, sizeof *c);
+    if (!c)
+        abort();
+    c->kind = k;
+    c->job = job;
+    push_cmd(s, c);
+}
+
+void super_submit(struct super *s, int64_t job, const struct spec *spec, int max_restarts)
+{
+    struct cmd *c = calloc(1, sizeof *c);
+    if (!c)
+        abort();
+    c->kind = CMD_SUBMIT;
+    c->job = job;
+    c->max_restarts = max_restarts;
+    if (spec && (c->spec = malloc(sizeof *spec)))
+        *c->spec = *spec; /* else the supervisor loads it from the store */
+    push_cmd(s, c);
+}
 
 ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err)
 {
@@ -705,6 +962,8 @@ ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err)
 
 bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap)
 {
+    if (s->o.slurm) /* Slurm says whether it fits, as a pending reason */
+        return true;
     pthread_mutex_lock(&s->lock);
     bool ok = sched_fits(s->sched, kind, world, why, cap);
     pthread_mutex_unlock(&s->lock);
@@ -716,6 +975,12 @@ device_kind super_default_device(const struct super *s) { return s->o.gpus > 0 ?
 json_t *super_devices(struct super *s)
 {
     json_t *out = json_object();
+    if (s->o.slurm) { /* Slurm holds the devices: `squeue`, `sinfo` */
+        json_object_set_new(out, "gpus", json_array());
+        json_object_set_new(out, "cpu_slots", json_array());
+        json_object_set_new(out, "launcher", json_string("slurm"));
+        return out;
+    }
     pthread_mutex_lock(&s->lock);
     for (int t = 0; t < 2; t++) {
         json_t *arr = json_array();

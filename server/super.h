@@ -17,6 +17,7 @@
 struct store;
 struct hub;
 struct json_t;
+struct slurm_opts;
 
 struct super_opts {
     const char *worker;    /* path of ddpd-worker */
@@ -27,6 +28,10 @@ struct super_opts {
     struct hub *hub;       /* borrowed */
     double grace_s;        /* SIGTERM -> SIGKILL; default 5 */
     bool finish_on_shutdown; /* super_stop waits for running jobs instead of cancelling */
+    /* NULL: ranks run here on the slots above. Else every job goes to Slurm (slurm.h) as
+     * soon as it is queued: Slurm queues it and places its ranks; the slots are not
+     * counted and a job waits as `queued` with Slurm's pending reason. Borrowed. */
+    const struct slurm_opts *slurm;
 };
 
 /* Recovers from an earlier server (jobs left starting/running: their processes are
@@ -38,8 +43,9 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err);
  * the thread. NULL is a no-op. */
 void super_stop(struct super *s);
 
-/* A job just inserted as queued: schedule it. */
-void super_submit(struct super *s, int64_t job);
+/* A job just inserted as queued: schedule it. `spec` (copied; may be NULL, then the
+ * supervisor reads the job from the store) is its parsed spec, with max_restarts. */
+void super_submit(struct super *s, int64_t job, const struct spec *spec, int max_restarts);
 
 /* Cancels a queued or running job. DDPD_ENOTFOUND for an unknown job, DDPD_ECONFLICT
  * when it has already finished. */

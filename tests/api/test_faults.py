@@ -195,6 +195,8 @@ def test_sigterm_cancels_running_jobs_and_keeps_them(make_server):
     srv = make_server(cpu_slots=2)
     jid = srv.submit(heavy_spec(2, steps=FOREVER_STEPS, name="shutdown"))["id"]
     pids = rank_pids(srv.wait_running(jid))
+    waiting = srv.submit(heavy_spec(1, steps=5, name="waits"))["id"]
+    assert srv.job(waiting)["state"] == "queued"
     t0 = time.monotonic()
     rc = srv.stop(signal.SIGTERM, timeout=30)
     took = time.monotonic() - t0
@@ -206,4 +208,7 @@ def test_sigterm_cancels_running_jobs_and_keeps_them(make_server):
     evs = srv.events(jid, timeout=10)
     check_seqs(evs)
     assert evs[-1]["state"] == "cancelled"
+    # The queued job was not cancelled: the new server queued it again and ran it.
+    w = srv.wait_state(waiting, ("succeeded", "failed", "cancelled"), timeout=60)
+    assert w["state"] == "succeeded", w
     print(f"SIGTERM shutdown with a running 2-rank job took {took:.2f}s")

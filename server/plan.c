@@ -1,0 +1,274 @@
+/* plan.c — long-lived `ddpd-worker --plan` processes answering one request per line
+ * (plan.h). The callers ignore SIGPIPE (ddpd serve and ddpd run both do), so a planner
+ * that died shows up as a failed write or an early EOF, never as a signal. */
+#include "plan.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../schema/event.h"
+#include "env.h"
+
+#define ANSWER_MAX (EVENT_LINE_MAX * 2)
+
+struct proc {
+    pid_t pid; /* 0 = not running */
+    int in_fd, out_fd;
+    bool busy;
+};
+
+struct planner {
+    char *worker;
+    int n;
+    pthread_mutex_t mu;
+    pthread_cond_t free_cv;
+    struct proc *procs;
+};
+
+static double now_mono(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+struct planner *planner_new(const char *worker, int procs)
+{
+    struct planner *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->worker = strdup(worker);
+    p->n = procs < 1 ? 1 : procs;
+    p->procs = calloc((size_t)p->n, sizeof *p->procs);
+    if (!p->worker || !p->procs) {
+        free(p->worker);
+        free(p->procs);
+        free(p);
+        return NULL;
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->free_cv, NULL);
+    return p;
+}
+
+/* Ends a planner process: EOF on its stdin ends its loop; SIGKILL makes sure. */
+static void proc_stop(struct proc *c)
+{
+    if (c->pid > 0) {
+        close(c->in_fd);
+        close(c->out_fd);
+        kill(c->pid, SIGKILL);
+        while (waitpid(c->pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+    }
+    c->pid = 0;
+    c->in_fd = c->out_fd = -1;
+}
+
+void planner_free(struct planner *p)
+{
+    if (!p)
+        return;
+    for (int i = 0; i < p->n; i++)
+        proc_stop(&p->procs[i]);
+    pthread_cond_destroy(&p->free_cv);
+    pthread_mutex_destroy(&p->mu);
+    free(p->procs);
+    free(p->worker);
+    free(p);
+}
+
+static ddpd_err proc_start(struct proc *c, const char *worker, struct ddpd_error *err)
+{
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC))
+        return ddpd_error_set(err, DDPD_EIO, "", "cannot run %s --plan: %s", worker, strerror(errno));
+    if (pipe2(out, O_CLOEXEC)) {
+        close(in[0]);
+        close(in[1]);
+        return ddpd_error_set(err, DDPD_EIO, "", "cannot run %s --plan: %s", worker, strerror(errno));
+    }
+    /* The worker's environment is an allow-list of ours (env.h), built before fork. */
+    static char *const no_env[] = {NULL};
+    char **env = env_for_worker(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGPIPE, SIG_DFL);
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        char *argv[] = {(char *)worker, "--plan", NULL};
+        execve(worker, argv, env ? env : no_env);
+        _exit(127);
+    }
+    free(env);
+    close(in[0]);
+    close(out[1]);
+    if (pid < 0) {
+        close(in[1]);
+        close(out[0]);
+        return ddpd_error_set(err, DDPD_EIO, "", "cannot fork %s --plan: %s", worker, strerror(errno));
+    }
+    *c = (struct proc){.pid = pid, .in_fd = in[1], .out_fd = out[0], .busy = c->busy};
+    return DDPD_OK;
+}
+
+/* Reads one answer line (without the newline) into buf by `deadline`. */
+static ddpd_err read_line(struct proc *c, const char *worker, double deadline, double timeout_s, char *buf,
+                          struct ddpd_error *err)
+{
+    size_t len = 0;
+    for (;;) {
+        int left = (int)((deadline - now_mono()) * 1000);
+        struct pollfd pf = {.fd = c->out_fd, .events = POLLIN};
+        if (left <= 0 || poll(&pf, 1, left) == 0)
+            return ddpd_error_set(err, DDPD_EIO, "", "%s --plan did not answer within %.0f s", worker, timeout_s);
+        ssize_t n = read(c->out_fd, buf + len, ANSWER_MAX - 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return ddpd_error_set(err, DDPD_EIO, "", "%s --plan ended without an answer", worker);
+        char *nl = memchr(buf + len, '\n', (size_t)n);
+        len += (size_t)n;
+        if (nl) {
+            *nl = '\0';
+            return DDPD_OK;
+        }
+        if (len == ANSWER_MAX - 1)
+            return ddpd_error_set(err, DDPD_EIO, "", "%s --plan answered a line longer than %d bytes", worker,
+                                  ANSWER_MAX);
+    }
+}
+
+/* The answer: {"batches":[...]} or {"batches":null} or an `error` event. */
+static ddpd_err parse_answer(const char *line, const char *worker, int world_size, int64_t *counts, bool *known,
+                             struct ddpd_error *err)
+{
+    ddpd_err rc;
+    struct event ev;
+    json_t *j = json_loads(line, 0, NULL);
+    json_t *b = json_object_get(j, "batches");
+    if (json_is_array(b) && (int)json_array_size(b) == world_size) {
+        for (int r = 0; r < world_size; r++)
+            counts[r] = json_integer_value(json_array_get(b, (size_t)r));
+        *known = true;
+        rc = DDPD_OK;
+    } else if (b && json_is_null(b)) {
+        rc = DDPD_OK;
+    } else if (event_decode(line, strlen(line), &ev, NULL) == DDPD_OK && ev.kind == EVENT_ERROR) {
+        rc = ddpd_error_set(err, !strcmp(ev.error_kind, "data") ? DDPD_EDATA : DDPD_ESPEC, "", "%s", ev.message);
+    } else {
+        rc = ddpd_error_set(err, DDPD_EIO, "", "%s --plan answered: %.300s", worker, line);
+    }
+    json_decref(j);
+    return rc;
+}
+
+/* Takes a free process slot, waiting until `deadline`; -1 when none came free. */
+static int take_slot(struct planner *p, double deadline)
+{
+    pthread_mutex_lock(&p->mu);
+    int got = -1;
+    for (;;) {
+        for (int i = 0; i < p->n && got < 0; i++)
+            if (!p->procs[i].busy)
+                got = i;
+        if (got >= 0 || now_mono() >= deadline)
+            break;
+        double left = deadline - now_mono();
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + (left < 0.5 ? left : 0.5);
+        ts.tv_sec = (time_t)t;
+        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&p->free_cv, &p->mu, &ts);
+    }
+    if (got >= 0)
+        p->procs[got].busy = true;
+    pthread_mutex_unlock(&p->mu);
+    return got;
+}
+
+static void give_slot(struct planner *p, int i)
+{
+    pthread_mutex_lock(&p->mu);
+    p->procs[i].busy = false;
+    pthread_cond_signal(&p->free_cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+ddpd_err planner_plan(struct planner *p, json_t *doc, int world_size, double timeout_s, int64_t *counts,
+                      bool *known, struct ddpd_error *err)
+{
+    *known = false;
+    double deadline = now_mono() + timeout_s;
+    char *text = json_dumps(doc, JSON_COMPACT);
+    if (!text)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory encoding the plan request");
+    int i = take_slot(p, deadline);
+    if (i < 0) {
+        free(text);
+        return ddpd_error_set(err, DDPD_EIO, "", "no %s --plan process came free within %.0f s", p->worker,
+                              timeout_s);
+    }
+    /* The slot is ours alone until give_slot: its process is used without the lock. */
+    struct proc *c = &p->procs[i];
+    char *line = malloc(ANSWER_MAX);
+    ddpd_err rc = line ? DDPD_OK : ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory for the plan answer");
+    if (rc == DDPD_OK && c->pid == 0)
+        rc = proc_start(c, p->worker, err);
+    if (rc == DDPD_OK) {
+        size_t n = strlen(text);
+        text[n] = '\n'; /* json_dumps's NUL becomes the request's newline */
+        if (write_all(c->in_fd, text, n + 1))
+            rc = ddpd_error_set(err, DDPD_EIO, "", "%s --plan ended: %s", p->worker, strerror(errno));
+    }
+    if (rc == DDPD_OK)
+        rc = read_line(c, p->worker, deadline, timeout_s, line, err);
+    if (rc == DDPD_OK)
+        rc = parse_answer(line, p->worker, world_size, counts, known, err);
+    /* A process that failed to answer is out of step with its pipe: replace it. */
+    if (rc == DDPD_EIO || rc == DDPD_ENOMEM)
+        proc_stop(c);
+    give_slot(p, i);
+    free(line);
+    free(text);
+    return rc;
+}
+
+ddpd_err plan_once(const char *worker, json_t *doc, int world_size, double timeout_s, int64_t *counts,
+                   bool *known, struct ddpd_error *err)
+{
+    struct planner *p = planner_new(worker, 1);
+    if (!p)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory starting %s --plan", worker);
+    ddpd_err rc = planner_plan(p, doc, world_size, timeout_s, counts, known, err);
+    planner_free(p);
+    return rc;
+}
