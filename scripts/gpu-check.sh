@@ -88,7 +88,19 @@ grep -q "^--   CUDA           ON" "$TMP/configure.log" && HAVE_CUDA=1
 run 300 cmake --build "$BUILD" -j"$(nproc)" --target ddpd ddpd-worker test_dev test_spec test_comm \
     test_cuda test_nccl bench_gpu_step >"$TMP/build.log" 2>&1 || { tail -30 "$TMP/build.log"; die "build"; }
 W=$BUILD/ddpd-worker
+# The worker links no CUDA library; its module libddpd-cuda.so (dlopened on demand) does.
 ldd "$W" | grep -E "jansson|openblas|cudart|cublas|nccl" | sed 's/^/    /'
+LINKED=$(ldd "$W" | grep -E "cudart|cublas|nccl")
+[ -z "$LINKED" ] || die "ddpd-worker links CUDA libraries (they belong in libddpd-cuda.so): $LINKED"
+if [ "$HAVE_CUDA" = 1 ]; then
+    [ -f "$BUILD/libddpd-cuda.so" ] || die "no $BUILD/libddpd-cuda.so beside ddpd-worker"
+    ldd "$BUILD/libddpd-cuda.so" | grep -E "cudart|cublas|nccl|not found" | sed 's/^/    module: /'
+    UNRESOLVED=$(ldd "$BUILD/libddpd-cuda.so" | grep "not found")
+    [ -z "$UNRESOLVED" ] || die "libddpd-cuda.so: unresolved libraries: $UNRESOLVED"
+    # The benchmark is not beside the module: name it.
+    export DDPD_CUDA_PLUGIN=$REPO/$BUILD/libddpd-cuda.so
+    case $BUILD in /*) DDPD_CUDA_PLUGIN=$BUILD/libddpd-cuda.so ;; esac
+fi
 
 step "unit tests (the GPU ones skip without a GPU)"
 run 180 ctest --test-dir "$BUILD" -R 'unit\.test_(dev|spec|comm|cuda|nccl)$' --output-on-failure |

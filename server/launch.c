@@ -235,10 +235,10 @@ static int start_rank(struct launch *l, int r, const char *id_hex, struct ddpd_e
     snprintf(log_path, sizeof log_path, "%s/rank-%d.log", l->o.out_dir, r);
     /* NCCL writes to a file of its own, never into the event stream; a cuda rank sees
      * only its GPU. */
-    char nccl_log[4200], gpu[48], *extra[3] = {nccl_log, NULL, NULL};
+    char nccl_log[4200], gpu[128], *extra[3] = {nccl_log, NULL, NULL};
     snprintf(nccl_log, sizeof nccl_log, "NCCL_DEBUG_FILE=%s/rank-%d.nccl.log", l->o.out_dir, r);
     if (l->o.gpus) {
-        snprintf(gpu, sizeof gpu, "CUDA_VISIBLE_DEVICES=%d", l->o.gpus[r]);
+        snprintf(gpu, sizeof gpu, "CUDA_VISIBLE_DEVICES=%s", l->o.gpus[r]);
         extra[1] = gpu;
     }
     env = child_env(extra);

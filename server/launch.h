@@ -24,7 +24,8 @@ struct launch_opts {
     struct json_t *doc;        /* borrowed: the stdin document without rank (added per rank) */
     double grace_s;            /* SIGTERM -> SIGKILL; default 5 */
     bool die_with_parent;      /* workers get SIGKILL when this process dies (ddpd run) */
-    const int *gpus;           /* cuda jobs: rank r sees only GPU gpus[r] (CUDA_VISIBLE_DEVICES);
+    const char *const *gpus;   /* cuda jobs: rank r sees only GPU gpus[r] (its CUDA_VISIBLE_DEVICES:
+                                  a device number or UUID; borrowed, valid until launch_free);
                                   NULL leaves the environment as it is */
     /* Called for every complete stdout line of a rank, in arrival order (line without
      * the newline, not NUL-terminated). May be NULL. */

@@ -27,6 +27,7 @@
 #include "env.h"
 #include "http.h"
 #include "hub.h"
+#include "sched.h"
 #include "slurm.h"
 #include "store.h"
 #include "super.h"
@@ -307,13 +308,15 @@ int serve_main(int argc, char **argv, const char *self_dir)
         }
         /* None: the dashboard's routes answer 404 and the API works as ever. */
     }
-    int gpus = 0;
-    if (!strcmp(gpus_arg, "auto"))
-        gpus = count_gpus(worker);
-    else if (strcmp(gpus_arg, "none")) {
-        gpus = 1;
-        for (const char *p = gpus_arg; *p; p++)
-            gpus += *p == ',';
+    /* Slot i of the scheduler is the device gpu_ids[i] (--gpus 2,3: slot 0 is GPU 2). */
+    static char gpu_ids[SCHED_MAX_SLOTS][SUPER_GPU_ID_MAX];
+    char gpus_why[256];
+    int gpus = super_gpu_ids(gpus_arg, strcmp(gpus_arg, "auto") ? 0 : count_gpus(worker),
+                             getenv("CUDA_VISIBLE_DEVICES"), gpu_ids, SCHED_MAX_SLOTS, gpus_why,
+                             sizeof gpus_why);
+    if (gpus < 0) {
+        fprintf(stderr, "ddpd serve: %s\n", gpus_why);
+        return 2;
     }
 
     char why[PATH_MAX + 64];
@@ -368,6 +371,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
         so_slurm.name_prefix = slurm_prefix;
     }
     struct super_opts so = {.worker = worker, .data_dir = data_abs, .jobs_dir = jobs_abs, .gpus = gpus,
+                            .gpu_ids = (const char (*)[SUPER_GPU_ID_MAX])gpu_ids,
                             .slurm = slurm ? &so_slurm : NULL,
                             .cpu_slots = (int)cpu_slots, .store = store, .hub = hub, .grace_s = 5,
                             .finish_on_shutdown = finish};

@@ -48,6 +48,7 @@ struct active {
     int attempt, restarts, max_restarts;
     int64_t next_seq;
     int *slots;
+    const char **gpu; /* cuda jobs: the device of each rank's slot (launch_opts.gpus) */
     struct launch *l;
     bool cancel_requested;
     char cancel_reason[128];
@@ -65,6 +66,7 @@ struct super {
     pthread_mutex_t lock; /* cmds, sched, stopping */
     struct cmd *head, *tail;
     struct sched *sched;
+    char (*gpu_plain)[SUPER_GPU_ID_MAX]; /* o.gpu_ids when the options had none: "i" */
     bool stopping;
     struct active *jobs; /* supervisor thread only */
     struct active **index; /* jobs by id: open addressing, linear probing */
@@ -268,6 +270,7 @@ static void drop(struct super *s, struct active *a)
     index_del(s, a);
     launch_free(a->l);
     free(a->slots);
+    free(a->gpu);
     free(a);
 }
 
@@ -388,6 +391,63 @@ static void on_line(void *ctx, int rank, const char *line, size_t len)
 
 static void finish(struct super *s, struct active *a, job_state st, const char *error);
 
+/* The devices of the slots a cuda job was given (slot i is not GPU i under --gpus 2,3).
+ * NULL when out of memory: then the ranks see every GPU and pick by rank. */
+static const char *const *gpus_of_slots(struct super *s, struct active *a)
+{
+    if (!a->gpu && !(a->gpu = calloc((size_t)a->spec.world_size, sizeof *a->gpu)))
+        return NULL;
+    for (int r = 0; r < a->spec.world_size; r++)
+        a->gpu[r] = s->o.gpu_ids[a->slots[r]];
+    return a->gpu;
+}
+
+int super_gpu_ids(const char *arg, int found, const char *visible,
+                  char (*ids)[SUPER_GPU_ID_MAX], int cap, char *why, size_t whycap)
+{
+    int n = 0;
+    if (!strcmp(arg, "none"))
+        return 0;
+    if (!strcmp(arg, "auto")) {
+        /* CUDA numbers the devices it sees in the order CUDA_VISIBLE_DEVICES lists them. */
+        const char *v = visible;
+        for (; n < found && n < cap; n++) {
+            size_t len = v ? strcspn(v, ",") : 0;
+            if (len && len < SUPER_GPU_ID_MAX)
+                snprintf(ids[n], SUPER_GPU_ID_MAX, "%.*s", (int)len, v);
+            else
+                snprintf(ids[n], SUPER_GPU_ID_MAX, "%d", n);
+            v = v && v[len] == ',' ? v + len + 1 : NULL;
+        }
+        return n;
+    }
+    for (const char *p = arg;; n++) {
+        size_t len = strcspn(p, ",");
+        bool ok = len > 0 && len < SUPER_GPU_ID_MAX;
+        for (size_t i = 0; ok && i < len; i++)
+            ok = (p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'z') ||
+                 (p[i] >= 'A' && p[i] <= 'Z') || p[i] == '-' || p[i] == '/';
+        if (!ok) {
+            snprintf(why, whycap, "--gpus: '%.*s' is not a GPU (auto, none, or device numbers or "
+                                  "UUIDs as CUDA_VISIBLE_DEVICES takes them: 0,1)", (int)(len > 64 ? 64 : len), p);
+            return -1;
+        }
+        if (n == cap) {
+            snprintf(why, whycap, "--gpus: more than %d GPUs", cap);
+            return -1;
+        }
+        snprintf(ids[n], SUPER_GPU_ID_MAX, "%.*s", (int)len, p);
+        for (int j = 0; j < n; j++)
+            if (!strcmp(ids[j], ids[n])) {
+                snprintf(why, whycap, "--gpus: GPU %s is listed twice", ids[n]);
+                return -1;
+            }
+        if (!p[len])
+            return n + 1;
+        p += len + 1;
+    }
+}
+
 static void start(struct super *s, struct active *a, bool restart, const char *why)
 {
     struct ddpd_error err;
@@ -411,7 +471,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         .doc = doc,
         .grace_s = s->o.grace_s,
         .die_with_parent = true,
-        .gpus = a->spec.device == DEVICE_CUDA && !s->o.slurm ? a->slots : NULL,
+        .gpus = a->spec.device == DEVICE_CUDA && !s->o.slurm ? gpus_of_slots(s, a) : NULL,
         .on_line = on_line,
         .ctx = a,
         .slurm = s->o.slurm,
@@ -862,7 +922,12 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
     s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     /* Under Slurm nothing is counted here: every job starts (is submitted) at once. */
     s->sched = o->slurm ? sched_new(SCHED_MAX_SLOTS, SCHED_MAX_SLOTS) : sched_new(o->gpus, o->cpu_slots);
-    if (s->wake_fd < 0 || !s->sched) {
+    if (!s->o.gpu_ids && s->o.gpus > 0 && (s->gpu_plain = calloc((size_t)s->o.gpus, sizeof *s->gpu_plain))) {
+        for (int i = 0; i < s->o.gpus; i++)
+            snprintf(s->gpu_plain[i], sizeof s->gpu_plain[i], "%d", i);
+        s->o.gpu_ids = (const char (*)[SUPER_GPU_ID_MAX])s->gpu_plain;
+    }
+    if (s->wake_fd < 0 || !s->sched || (s->o.gpus > 0 && !s->o.gpu_ids)) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "cannot create the supervisor: %s", strerror(errno));
         super_stop(s);
         return NULL;
@@ -903,6 +968,7 @@ void super_stop(struct super *s)
     if (s->o.store)
         store_flush(s->o.store, NULL);
     sched_free(s->sched);
+    free(s->gpu_plain);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
     pthread_mutex_destroy(&s->lock);

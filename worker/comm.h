@@ -58,8 +58,10 @@ struct comm_ops {
 };
 
 extern const struct comm_ops comm_cpu_ops;
-/* NCCL (comm/nccl.c); in a build without NCCL (comm/nccl_none.c) init_rank fails with
- * "built without NCCL". Call comm_new on the thread that opened the rank's GPU. */
+/* NCCL (comm/nccl.c, inside libddpd-cuda.so; comm/nccl_plugin.c forwards to it and loads the
+ * module on init_rank). Where the module cannot be loaded, or in a build without CUDA,
+ * init_rank fails with the loader's message (the module's path and dlerror(), or "built
+ * without CUDA or NCCL"). Call comm_new on the thread that opened the rank's GPU. */
 extern const struct comm_ops comm_nccl_ops;
 
 /* Prints {"id":"<hex>"} as one line on `out`, then serves the rendezvous root until
@@ -68,7 +70,8 @@ extern const struct comm_ops comm_nccl_ops;
 int comm_cpu_issue_id(FILE *out, int stdin_fd);
 /* `ddpd-worker --issue-id nccl`: ncclGetUniqueId, printed the same way; NCCL's bootstrap
  * root lives in this process, which stays until `stdin_fd` reaches EOF. A fresh id on
- * every call. Returns 0, or 1 with a message on stderr. */
+ * every call. Returns 0, or 1 with a message on stderr (also when the CUDA module cannot
+ * be loaded: its path and dlerror()). */
 int comm_nccl_issue_id(FILE *out, int stdin_fd);
 
 /* Thin wrappers over a backend: {ops, ctx} in one handle. */

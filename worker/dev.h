@@ -108,7 +108,16 @@ void dev_cpu_free(struct dev d);
  * we. Tests switch it to check both paths. Returns the previous setting. */
 bool dev_cpu_set_fused(struct dev d, bool fused);
 
-/* The CUDA backend (dev/cuda.cu); false when not compiled in or no device. */
+/* The CUDA backend (dev/cuda.cu) lives in the module libddpd-cuda.so, which the functions
+ * below load on first need (dev/cuda_plugin.h); ddpd-worker itself links no CUDA library.
+ * dev_cuda_load loads it: false with `err` set (DDPD_EDEVICE: the module's path and
+ * dlerror(), or "built without CUDA") when it cannot be loaded. */
+bool dev_cuda_load(struct ddpd_error *err);
+/* Whether an NVIDIA driver is installed (/proc/driver/nvidia/version, /dev/nvidiactl, or
+ * WSL's /dev/dxg). Without one there is no device, and the functions below answer "none"
+ * without loading the module. */
+bool dev_cuda_driver_present(void);
+/* False when there is no NVIDIA driver, no module, or no device. */
 bool dev_cuda_available(void);
 
 /* The CUDA backend on visible device `device` (cudaSetDevice'd for the calling thread),
@@ -124,7 +133,7 @@ void *dev_cuda_stream(struct dev d);
 /* The backend's device index and name, for messages ("GPU 0 (NVIDIA H200)"). */
 int dev_cuda_device(struct dev d);
 const char *dev_cuda_name(struct dev d);
-/* The visible CUDA devices (0 when there is no driver or no device), and what
+/* The visible CUDA devices (0 when there is no driver, no module or no device), and what
  * `ddpd-worker --devices` prints of device i. False when i cannot be queried. */
 struct dev_cuda_info {
     char name[256];

@@ -142,10 +142,16 @@ static void plan_one(const char *line, size_t len)
 }
 
 /* --devices: the visible CUDA devices as one JSON array line, nothing when there are none
- * (the server counts the array's entries, serve.c). */
+ * (the server reads the array's entries, serve.c). The server runs this at every start:
+ * without an NVIDIA driver, dev_cuda_device_count answers 0 before loading the CUDA
+ * module, so it costs nothing on a CPU host; without the module it also prints nothing. */
 static int devices_main(void)
 {
     int n = dev_cuda_device_count();
+    struct ddpd_error err;
+    /* A driver but no loadable module: say why on stderr (the server's log), not stdout. */
+    if (n == 0 && dev_cuda_driver_present() && !dev_cuda_load(&err))
+        fprintf(stderr, "ddpd-worker --devices: %s\n", err.message);
     if (n == 0)
         return 0;
     json_t *arr = json_array();
@@ -170,13 +176,11 @@ static struct dev open_device(const struct spec *spec, int rank, struct ddpd_err
 {
     int n = dev_cuda_device_count();
     if (n == 0) {
-#ifdef DDPD_HAVE_CUDA
-        ddpd_error_set(err, DDPD_EDEVICE, "device",
-                       "device: cuda was asked for but no CUDA device is visible to rank %d", rank);
-#else
-        ddpd_error_set(err, DDPD_EDEVICE, "device",
-                       "device: this build of ddpd-worker trains on the CPU only; use \"device\": \"cpu\"");
-#endif
+        /* Why: the module cannot be loaded (its path and dlerror(), or a CPU-only build),
+         * or it can and there is no driver or no device. */
+        if (dev_cuda_load(err))
+            ddpd_error_set(err, DDPD_EDEVICE, "device",
+                           "device: cuda was asked for but no CUDA device is visible to rank %d", rank);
         return (struct dev){NULL, NULL};
     }
     struct dev d = dev_cuda_new(rank % n, spec->precision == PRECISION_TF32, err);

@@ -12,8 +12,9 @@ What runs here:
   source exists and is not dropped by .dockerignore, that CMakeLists.txt's folders are
   copied, a few hadolint rules (hadolint is not packaged by Debian), and that its apt
   package names are Ubuntu 24.04's (the table below says where each name was checked).
-- The built binaries: every shared library `ddpd` and `ddpd-worker` need is installed by
-  the runtime stage (or comes with the base image), cross-checked against this host's dpkg.
+- The built binaries: every shared library `ddpd`, `ddpd-worker` and the CUDA module
+  libddpd-cuda.so need is installed by the runtime stage (or comes with the base image),
+  cross-checked against this host's dpkg; ddpd-worker itself links no CUDA library.
 - The real `$DDPD_BIN/ddpd serve`, started with exactly the image's ENTRYPOINT plus each
   service's command, with container paths mapped to a temporary folder and the listen
   address to 127.0.0.1:<ephemeral>: it must start, answer /healthz (also through the
@@ -441,7 +442,10 @@ def test_dockerfile_stages_use_matching_cuda_13_0_images():
         assert ":" in s["image"] and not s["image"].endswith(":latest"), s["image"]
     # The build stage builds the CUDA backend or fails.
     runs = " ".join(instr(st[0], "RUN"))
-    assert "-DDDPD_CUDA=ON" in runs and "--target ddpd ddpd-worker" in runs, runs
+    assert "-DDDPD_CUDA=ON" in runs and "--target ddpd ddpd-worker ddpd_cuda" in runs, runs
+    # The runtime stage resolves the module's libraries too.
+    final_runs = " ".join(instr(st[-1], "RUN"))
+    assert "ldd /usr/local/bin/ddpd /usr/local/bin/ddpd-worker /usr/local/bin/libddpd-cuda.so" in final_runs
 
 
 def test_runtime_stage_user_healthcheck_entrypoint():
@@ -465,11 +469,13 @@ def test_runtime_stage_user_healthcheck_entrypoint():
     # CMD (when any) in JSON form too (hadolint DL3025).
     for c in instr(final, "CMD"):
         json_form(c, "CMD")
-    # Both programs side by side on PATH: ddpd finds ddpd-worker beside itself.
+    # Both programs side by side on PATH: ddpd finds ddpd-worker beside itself, and
+    # ddpd-worker its CUDA module (worker/dev/cuda_plugin.c).
     from_build = [c for c in copies(final) if c[0] == d["stages"][0]["name"]]
     assert from_build, "nothing copied from the build stage"
     srcs = [Path(s).name for c in from_build for s in c[1]]
-    assert sorted(srcs) == ["ddpd", "ddpd-worker"], srcs
+    assert sorted(srcs) == ["ddpd", "ddpd-worker", "libddpd-cuda.so"], srcs
+    assert all(s == "/build/" + Path(s).name for c in from_build for s in c[1]), from_build
     assert {c[2] for c in from_build} == {"/usr/local/bin/"}
     # The dashboard is copied where --web-dir points.
     web = opt(args, "--web-dir")
@@ -582,16 +588,23 @@ def test_runtime_stage_installs_every_library_the_programs_need():
         pytest.skip("readelf (binutils) is not installed")
     final = dockerfile()["stages"][-1]
     runtime = {p if isinstance(p, str) else p[1] for p in apt_packages(final)}
-    for prog in ("ddpd", "ddpd-worker"):
+    module = b / "libddpd-cuda.so"
+    progs = ("ddpd", "ddpd-worker") + (("libddpd-cuda.so",) if module.exists() else ())
+    for prog in progs:
         for so in needed(b / prog):
             if so in BASE_SONAMES:
                 continue
             assert so in SONAME_PACKAGE, f"{prog} needs {so}: which Ubuntu package has it?"
             assert SONAME_PACKAGE[so] in runtime, f"{prog} needs {so} ({SONAME_PACKAGE[so]}), " \
                                                   f"which the runtime stage does not install"
-    # The worker links cuBLAS and NCCL when it is built with CUDA (CMakeLists.txt), which
-    # the image always is (-DDDPD_CUDA=ON), even where the linker drops them as unused.
+    # The CUDA module links cuBLAS and NCCL (CMakeLists.txt), which the image always builds
+    # (-DDDPD_CUDA=ON), even where the linker drops them as unused; the worker itself links
+    # none of CUDA, so that CPU jobs start fast.
     assert {"libcublas-13-0", "libnccl2"} <= runtime
+    cuda = [so for so in needed(b / "ddpd-worker") if re.match(r"lib(cuda|cudart|cublas|nccl)", so)]
+    assert not cuda, f"ddpd-worker links {cuda}: they belong in libddpd-cuda.so"
+    if module.exists():
+        assert {"libcublas.so.13", "libnccl.so.2"} <= set(needed(module)), needed(module)
 
 
 def test_library_packages_match_this_hosts_dpkg():
@@ -603,8 +616,9 @@ def test_library_packages_match_this_hosts_dpkg():
     if shutil.which("dpkg") is None or shutil.which("ldd") is None:
         pytest.skip("dpkg and ldd are needed")
     checked = 0
-    for prog in ("ddpd", "ddpd-worker"):
-        r = subprocess.run(["ldd", str(b / prog)], capture_output=True, text=True, timeout=30)
+    progs = [b / "ddpd", b / "ddpd-worker"] + [m for m in [b / "libddpd-cuda.so"] if m.exists()]
+    for prog in progs:
+        r = subprocess.run(["ldd", str(prog)], capture_output=True, text=True, timeout=30)
         for so, path in re.findall(r"^\s*(\S+) => (/\S+)", r.stdout, re.M):
             pkg = SONAME_PACKAGE.get(so)
             if pkg is None or pkg in NVIDIA:

@@ -5,9 +5,8 @@
  * thread checks every outstanding collective against its deadline and polls
  * ncclCommGetAsyncError; either failure aborts the communicator (never destroys it) and
  * ends the worker with the comm exit code. Only this file and the .cu files of worker/dev
- * speak CUDA. */
+ * speak CUDA; they are built into libddpd-cuda.so, which comm/nccl_plugin.c forwards to. */
 #include <cuda_runtime.h>
-#include <errno.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "../emit.h"
+#include "../dev/cuda_plugin.h"
 #include "comm_impl.h"
 
 _Static_assert(sizeof(ncclUniqueId) == COMM_ID_BYTES, "a comm_id carries an ncclUniqueId");
@@ -597,27 +596,15 @@ const struct comm_ops comm_nccl_ops = {
     .bind_dev = nc_bind_dev,
 };
 
-int comm_nccl_issue_id(FILE *out, int stdin_fd)
+/* `--issue-id nccl`'s id (comm/nccl_plugin.c prints it and keeps this process alive). */
+int comm__nccl_unique_id(struct comm_id *id, char *errbuf, size_t errcap)
 {
     ncclUniqueId uid;
     ncclResult_t r = ncclGetUniqueId(&uid);
     if (r != ncclSuccess) {
-        fprintf(stderr, "ddpd-worker: ncclGetUniqueId: %s\n", ncclGetErrorString(r));
-        return 1;
+        snprintf(errbuf, errcap, "%s", ncclGetErrorString(r));
+        return -1;
     }
-    struct comm_id id;
-    char hex[2 * COMM_ID_BYTES + 1];
-    memcpy(id.bytes, &uid, sizeof uid);
-    comm_id_to_hex(&id, hex);
-    if (fprintf(out, "{\"id\":\"%s\"}\n", hex) < 0 || fflush(out) != 0) {
-        fprintf(stderr, "ddpd-worker: cannot write the id\n");
-        return 1;
-    }
-    /* NCCL's bootstrap root is a thread of this process: stay until stdin closes. */
-    char buf[256];
-    for (;;) {
-        ssize_t n = read(stdin_fd, buf, sizeof buf);
-        if (n == 0 || (n < 0 && errno != EINTR))
-            return 0;
-    }
+    memcpy(id->bytes, &uid, sizeof uid);
+    return 0;
 }

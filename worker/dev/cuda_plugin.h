@@ -1,0 +1,72 @@
+/* dev/cuda_plugin.h — the ABI between ddpd-worker and libddpd-cuda.so, the one module that
+ * links CUDA, cuBLAS and NCCL (dev/cuda.cu, comm/nccl.c, dev/cuda_module.c). Loading those
+ * libraries costs a second at every start, so ddpd-worker links none of them: dev/cuda_plugin.c
+ * dlopens the module the first time a CUDA or NCCL entry point of dev.h / comm.h needs it,
+ * and those entry points forward through the table below. Each side defines the dev.h /
+ * comm.h names once: the worker its forwarders, the module (built with hidden visibility,
+ * exporting only DDPD_CUDA_PLUGIN_SYMBOL) the real backends.
+ * Change DDPD_CUDA_PLUGIN_ABI whenever a struct below, or one they carry (dev_ops,
+ * comm_ops, dev_cuda_info, ddpd_error), changes: a module of another version is refused. */
+#ifndef DDPD_CUDA_PLUGIN_H
+#define DDPD_CUDA_PLUGIN_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "../comm.h"
+#include "../dev.h"
+
+#define DDPD_CUDA_PLUGIN_ABI 1
+#define DDPD_CUDA_PLUGIN_SYMBOL "ddpd_cuda_plugin"
+#define DDPD_CUDA_PLUGIN_FILE "libddpd-cuda.so"
+
+/* What the worker lends the module. The module needs two functions of the worker: the
+ * error setter and the classified exit (emit.c). It gets them here rather than linking the
+ * worker's objects a second time, which would duplicate emit's buffered stdout and rank,
+ * or resolving them from the executable (-rdynamic), which would tie the module to the
+ * executables that export them (every unit test and benchmark links the worker too). */
+struct ddpd_cuda_host {
+    int abi;
+    ddpd_err (*error_vset)(struct ddpd_error *e, ddpd_err code, const char *path,
+                           const char *fmt, va_list ap);
+    void (*die)(const struct ddpd_error *e); /* emit_die: writes the error event, exits */
+};
+
+/* What the module gives back: dev.h's CUDA functions and comm.h's NCCL table, with the
+ * meaning those headers give them. */
+struct ddpd_cuda_plugin {
+    int abi;
+    int (*device_count)(void);
+    bool (*device_info)(int i, struct dev_cuda_info *out);
+    struct dev (*dev_new)(int device, bool tf32, struct ddpd_error *err);
+    void (*dev_free)(struct dev d);
+    void *(*dev_stream)(struct dev d);
+    int (*dev_device)(struct dev d);
+    const char *(*dev_name)(struct dev d);
+    const struct comm_ops *nccl;
+    /* ncclGetUniqueId: 0, or -1 with the reason in errbuf. */
+    int (*nccl_unique_id)(struct comm_id *id, char *errbuf, size_t errcap);
+};
+
+/* The module's one exported function (DDPD_CUDA_PLUGIN_SYMBOL). `host` is borrowed and
+ * must outlive the module. Returns NULL when host->abi is not the module's version. */
+typedef const struct ddpd_cuda_plugin *ddpd_cuda_plugin_fn(const struct ddpd_cuda_host *host);
+
+/* ---- the worker's side (dev/cuda_plugin.c) ---- */
+
+/* The module, loaded on the first call (once per process; later calls return the first
+ * answer). NULL with `err` set (DDPD_EDEVICE, "<path>: <dlerror()>", or "built without
+ * CUDA" in a DDPD_CUDA=OFF build) when it cannot be loaded; `err` may be NULL.
+ * The module is DDPD_CUDA_PLUGIN beside /proc/self/exe; the environment variable
+ * DDPD_CUDA_PLUGIN names another file (tests, packaging). */
+const struct ddpd_cuda_plugin *cuda_plugin_get(struct ddpd_error *err);
+/* The module if it is loaded already, else NULL; never loads it. */
+const struct ddpd_cuda_plugin *cuda_plugin_loaded(void);
+
+/* ---- the module's side (hidden inside libddpd-cuda.so) ---- */
+
+/* comm/nccl.c's ncclGetUniqueId, for the table. */
+int comm__nccl_unique_id(struct comm_id *id, char *errbuf, size_t errcap);
+
+#endif
