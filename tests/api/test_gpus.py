@@ -60,12 +60,12 @@ def test_bad_gpu_list_is_refused(make_server):
 
 
 def test_cpu_job_worker_maps_no_cuda(server):
-    jid = server.submit(heavy_spec(world_size=1, steps=FOREVER_STEPS))["id"]
+    jid = server.submit(heavy_spec(world_size=1, steps=FOREVER_STEPS, log_every=10))["id"]
     try:
         job = server.wait_running(jid, timeout=60)
         pid = job["ranks"][0]["pid"]
         # Past its start: the model is built and steps are running.
-        wait_until(lambda: server.job(jid).get("step", 0) or None, 30, "a first step")
+        wait_until(lambda: server.job(jid).get("step", 0) or None, 60, "a first step")
         maps = open(f"/proc/{pid}/maps").read()
         assert "libopenblas" in maps, "not the worker's map"  # the check reads the right process
         mapped = sorted({m.group(0) for m in CUDA_LIBS.finditer(maps)})
