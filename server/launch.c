@@ -22,6 +22,7 @@
 #include "../schema/event.h"
 #include "slurm.h"
 #include "env.h"
+#include "proc.h"
 
 #define LINE_CAP (EVENT_LINE_MAX * 4)
 
@@ -50,13 +51,6 @@ struct launch {
     struct slurm_run *sr;  /* the Slurm backend's srun, or NULL: ranks are our children */
 };
 
-static double now_mono(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static int mkdir_p(const char *path)
 {
     char buf[4096];
@@ -70,21 +64,6 @@ static int mkdir_p(const char *path)
         }
     }
     return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
-
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
 }
 
 /* The collective backend the job's spec asks for ("cpu" or "nccl"): the id issuer and
@@ -170,9 +149,9 @@ static int start_issuer(struct launch *l, char *id_hex, size_t cap, struct ddpd_
     close(out[1]);
     out[1] = -1;
 
-    double deadline = now_mono() + ISSUER_DEADLINE_S;
+    double deadline = proc_now_mono() + ISSUER_DEADLINE_S;
     while (!memchr(line, '\n', len)) {
-        int left = (int)((deadline - now_mono()) * 1000);
+        int left = (int)((deadline - proc_now_mono()) * 1000);
         struct pollfd pfd = {.fd = out[0], .events = POLLIN};
         if (left <= 0 || poll(&pfd, 1, left) <= 0) {
             ddpd_error_set(err, DDPD_ECOMM, "", "the id issuer printed no id within %.0f s (see %s)",
@@ -270,7 +249,7 @@ static int start_rank(struct launch *l, int r, const char *id_hex, struct ddpd_e
     out[1] = -1;
     /* The worker reads its whole document before anything else; a worker that died
      * first shows up as EPIPE here and as its exit status later. */
-    write_all(in[1], doc, strlen(doc));
+    proc_write_all(in[1], doc, strlen(doc));
     p->out_fd = out[0];
     out[0] = -1;
     fcntl(p->out_fd, F_SETFL, fcntl(p->out_fd, F_GETFL) | O_NONBLOCK);
@@ -367,7 +346,7 @@ static void arm_kill(struct launch *l)
 {
     if (l->kill_at == 0) {
         signal_group(l, SIGTERM);
-        l->kill_at = now_mono() + l->o.grace_s;
+        l->kill_at = proc_now_mono() + l->o.grace_s;
     }
 }
 
@@ -515,9 +494,9 @@ bool launch_poll(struct launch *l, int timeout_ms)
         if (fds[i].revents)
             read_rank(l, map[i]);
     reap(l);
-    if (l->kill_at && now_mono() >= l->kill_at) {
+    if (l->kill_at && proc_now_mono() >= l->kill_at) {
         signal_group(l, SIGKILL);
-        l->kill_at = now_mono() + 3600; /* once */
+        l->kill_at = proc_now_mono() + 3600; /* once */
     }
     for (int r = 0; r < l->n; r++)
         if (!l->ranks[r].exited || l->ranks[r].out_fd >= 0)

@@ -18,6 +18,7 @@
 
 #include "../schema/event.h"
 #include "env.h"
+#include "proc.h"
 
 #define ANSWER_MAX (EVENT_LINE_MAX * 2)
 
@@ -34,27 +35,6 @@ struct planner {
     pthread_cond_t free_cv;
     struct proc *procs;
 };
-
-static double now_mono(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
 
 struct planner *planner_new(const char *worker, int procs)
 {
@@ -145,7 +125,7 @@ static ddpd_err read_line(struct proc *c, const char *worker, double deadline, d
 {
     size_t len = 0;
     for (;;) {
-        int left = (int)((deadline - now_mono()) * 1000);
+        int left = (int)((deadline - proc_now_mono()) * 1000);
         struct pollfd pf = {.fd = c->out_fd, .events = POLLIN};
         if (left <= 0 || poll(&pf, 1, left) == 0)
             return ddpd_error_set(err, DDPD_EIO, "", "%s --plan did not answer within %.0f s", worker, timeout_s);
@@ -199,9 +179,9 @@ static int take_slot(struct planner *p, double deadline)
         for (int i = 0; i < p->n && got < 0; i++)
             if (!p->procs[i].busy)
                 got = i;
-        if (got >= 0 || now_mono() >= deadline)
+        if (got >= 0 || proc_now_mono() >= deadline)
             break;
-        double left = deadline - now_mono();
+        double left = deadline - proc_now_mono();
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + (left < 0.5 ? left : 0.5);
@@ -227,7 +207,7 @@ ddpd_err planner_plan(struct planner *p, json_t *doc, int world_size, double tim
                       bool *known, struct ddpd_error *err)
 {
     *known = false;
-    double deadline = now_mono() + timeout_s;
+    double deadline = proc_now_mono() + timeout_s;
     char *text = json_dumps(doc, JSON_COMPACT);
     if (!text)
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory encoding the plan request");
@@ -246,7 +226,7 @@ ddpd_err planner_plan(struct planner *p, json_t *doc, int world_size, double tim
     if (rc == DDPD_OK) {
         size_t n = strlen(text);
         text[n] = '\n'; /* json_dumps's NUL becomes the request's newline */
-        if (write_all(c->in_fd, text, n + 1))
+        if (proc_write_all(c->in_fd, text, n + 1))
             rc = ddpd_error_set(err, DDPD_EIO, "", "%s --plan ended: %s", p->worker, strerror(errno));
     }
     if (rc == DDPD_OK)

@@ -22,6 +22,7 @@
 #include "../schema/event.h"
 #include "env.h"
 #include "launch.h"
+#include "proc.h"
 
 #define LINE_CAP (EVENT_LINE_MAX * 4)
 #define RAW_CAP (SLURM_IO_PIECE + 64) /* one labelled piece: label, payload, newline */
@@ -29,28 +30,6 @@
 #define SCANCEL_EVERY_S 2.0
 #define SLURM_KILL_WAIT_S 30.0 /* Slurm's default KillWait: TERM -> KILL of the tasks */
 #define FINAL_LOOK_S 8.0       /* how long to wait for an ended job's final state in squeue */
-
-static double now_mono(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
 
 /* ---- srun's command line ------------------------------------------------------------- */
 
@@ -318,7 +297,7 @@ static int helper_start(struct helper *h, const char *prog, char **args, int log
     h->pid = pid;
     h->fd = p[0];
     h->len = 0;
-    h->deadline = now_mono() + HELPER_TIMEOUT_S;
+    h->deadline = proc_now_mono() + HELPER_TIMEOUT_S;
     return 0;
 }
 
@@ -344,7 +323,7 @@ static int helper_poll(struct helper *h)
         h->pid = 0;
         return 1;
     }
-    if (now_mono() > h->deadline) {
+    if (proc_now_mono() > h->deadline) {
         kill(h->pid, SIGKILL);
         waitpid(h->pid, &h->status, 0);
         if (h->fd >= 0)
@@ -373,7 +352,7 @@ static int helper_run(struct helper *h, const char *prog, char **args, double ti
 {
     if (helper_start(h, prog, args, -1) != 0)
         return -1;
-    h->deadline = now_mono() + timeout_s;
+    h->deadline = proc_now_mono() + timeout_s;
     for (;;) {
         int rc = helper_poll(h);
         if (rc)
@@ -470,9 +449,9 @@ static void log_line(int fd, const char *line, size_t len, bool newline)
 {
     if (fd < 0)
         return;
-    write_all(fd, line, len);
+    proc_write_all(fd, line, len);
     if (newline)
-        write_all(fd, "\n", 1);
+        proc_write_all(fd, "\n", 1);
 }
 
 static int rank_log(struct slurm_run *r, int rank)
@@ -646,7 +625,7 @@ struct slurm_run *slurm_run_start(const struct launch_opts *lo, const char *doc,
      * (perhaps hours later), and the supervisor must not wait on a pipe for that. */
     snprintf(path, sizeof path, "%s/srun-stdin.json", lo->out_dir);
     int wfd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (wfd < 0 || write_all(wfd, doc, strlen(doc)) != 0 || close(wfd) != 0 ||
+    if (wfd < 0 || proc_write_all(wfd, doc, strlen(doc)) != 0 || close(wfd) != 0 ||
         (in_fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
         ddpd_error_set(err, DDPD_EIO, path, "Slurm job %s: cannot write its stdin document %s: %s", r->name,
                        path, strerror(errno));
@@ -679,7 +658,7 @@ struct slurm_run *slurm_run_start(const struct launch_opts *lo, const char *doc,
     r->err.fd = errp[0];
     fcntl(r->out.fd, F_SETFL, fcntl(r->out.fd, F_GETFL) | O_NONBLOCK);
     fcntl(r->err.fd, F_SETFL, fcntl(r->err.fd, F_GETFL) | O_NONBLOCK);
-    r->next_query = now_mono() + 0.2; /* a job that starts at once never looks pending long */
+    r->next_query = proc_now_mono() + 0.2; /* a job that starts at once never looks pending long */
     free(a);
     return r;
 fail:
@@ -763,7 +742,7 @@ bool slurm_run_poll(struct slurm_run *r, int timeout_ms)
     else if (qr != 0 && r->exited) /* squeue failed: no final state to wait for */
         r->settled = true;
     helper_poll(&r->c);
-    double now = now_mono();
+    double now = proc_now_mono();
     if (!r->exited && !r->allocated && !r->q.pid && now >= r->next_query) {
         char name[300], fmt[] = "--format=%i|%T|%r", nohdr[] = "--noheader";
         snprintf(name, sizeof name, "--name=%s", r->name);
@@ -814,7 +793,7 @@ void slurm_run_cancel(struct slurm_run *r)
         return;
     r->cancelled = true;
     r->next_scancel = 0;
-    r->kill_at = now_mono() + (r->o.grace_s > 0 ? r->o.grace_s : 5) + SLURM_KILL_WAIT_S;
+    r->kill_at = proc_now_mono() + (r->o.grace_s > 0 ? r->o.grace_s : 5) + SLURM_KILL_WAIT_S;
 }
 
 bool slurm_run_waiting(const struct slurm_run *r, char *why, size_t cap)
@@ -918,8 +897,8 @@ void slurm_run_free(struct slurm_run *r)
          * end srun. */
         helper_stop(&r->c);
         scancel_now(r);
-        double until = now_mono() + HELPER_TIMEOUT_S;
-        while (r->c.pid && now_mono() < until && !helper_poll(&r->c))
+        double until = proc_now_mono() + HELPER_TIMEOUT_S;
+        while (r->c.pid && proc_now_mono() < until && !helper_poll(&r->c))
             usleep(10000);
         helper_stop(&r->c);
         kill(r->pid, SIGKILL);
