@@ -31,6 +31,7 @@ struct rank_proc {
     int out_fd;           /* stdout pipe, -1 once at EOF */
     bool exited;
     int status;           /* from waitpid */
+    bool echo;            /* its failure echoed another's (is_echo when reaped) */
     size_t len;           /* bytes pending in buf */
     bool overlong;        /* dropping the rest of an over-long line */
     char buf[LINE_CAP];
@@ -417,7 +418,18 @@ static void read_rank(struct launch *l, int r)
     }
 }
 
-static bool is_comm_failure(int st) { return WIFEXITED(st) && WEXITSTATUS(st) == 3; }
+/* An echo of another rank's failure, not a cause: a communication failure (exit 3: a
+ * peer died), or, once the group is being stopped, the end our own SIGTERM or SIGKILL
+ * brought (exit 5 is a worker's answer to SIGTERM). */
+static bool is_echo(const struct launch *l, int st)
+{
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 3)
+        return true;
+    if (l->kill_at == 0)
+        return false;
+    return (WIFEXITED(st) && WEXITSTATUS(st) == 5) ||
+           (WIFSIGNALED(st) && (WTERMSIG(st) == SIGTERM || WTERMSIG(st) == SIGKILL));
+}
 
 static void reap(struct launch *l)
 {
@@ -436,9 +448,10 @@ static void reap(struct launch *l)
             continue;
         /* Blame the cause, not its echo: when a rank dies, its peers fail with a
          * communication error (exit 3) within milliseconds, often before the dead rank
-         * is reaped. A failure of another kind outranks those. */
-        if (l->failed_rank < 0 || (is_comm_failure(l->ranks[l->failed_rank].status) &&
-                                   !is_comm_failure(st)))
+         * is reaped, and the rest end by our SIGTERM. A failure of another kind
+         * outranks those. */
+        p->echo = is_echo(l, st);
+        if (l->failed_rank < 0 || (l->ranks[l->failed_rank].echo && !p->echo))
             l->failed_rank = r;
         arm_kill(l);
     }

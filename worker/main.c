@@ -17,12 +17,23 @@
 
 #define STDIN_MAX (4 * 1024 * 1024)
 
-static volatile sig_atomic_t cancelled;
+static volatile sig_atomic_t cancelled, in_loop;
 
+/* In the training loop SIGTERM stops the rank at the next micro-batch (exit 5, with an
+ * error event). Before it, the rank may be blocked in the rendezvous, the parameter
+ * broadcast or a data read, waiting for a peer that is gone; it has nothing to save,
+ * so it ends at once with the same code instead of holding the job's slots until the
+ * launcher's SIGKILL. */
 static void on_sigterm(int sig)
 {
     (void)sig;
     cancelled = 1;
+    if (!in_loop) {
+        static const char msg[] = "ddpd-worker: SIGTERM before training began: exiting\n";
+        ssize_t n = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)n;
+        _exit(5);
+    }
 }
 
 static void usage(FILE *f)
@@ -359,6 +370,7 @@ int main(int argc, char **argv)
         .out_dir = out_dir ? out_dir : "var/run",
         .resume = resume,
         .cancel = &cancelled,
+        .in_loop = &in_loop,
         .comm = comm,
         .dev = dev,
     };

@@ -301,6 +301,8 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     const double t0 = emit_monotonic();
     double t_log = t0, last_loss = NAN;
     int64_t samples_since_log = 0;
+    if (cfg->in_loop)
+        *cfg->in_loop = 1;
     while (pos.step < r.total) {
         dataset_set_epoch(r.ds, pos.epoch);
         int64_t b = pos.epoch_step * k < r.nb ? pos.epoch_step * k : r.nb;

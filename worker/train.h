@@ -19,6 +19,8 @@ struct train_config {
     const char *out_dir;     /* checkpoints and the final model (rank 0 writes them) */
     const char *resume;      /* a checkpoint directory to continue from, or NULL */
     volatile sig_atomic_t *cancel; /* set by SIGTERM: stop at the next micro-batch */
+    volatile sig_atomic_t *in_loop; /* set here on entering the training loop; before
+                                     * that the SIGTERM handler may end the process */
     struct comm *comm;       /* the group, NULL for a single rank without DDP */
     struct dev dev;          /* the compute backend (borrowed); {NULL} = CPU, one thread */
 };

@@ -249,7 +249,10 @@ os.execv(REAL, [REAL] + sys.argv[1:])
     assert f"timed out after {timeout_s:.1f} s" in err, err
     assert timeout_s - 0.5 <= ran <= timeout_s + 10, (
         f"failed {ran:.2f}s after it started ({took:.2f}s after the POST); ddp.timeout_s is {timeout_s}")
-    assert {r["exit_code"] for r in j["ranks"]} <= {3}, j["ranks"]
+    # The first rank to reach its deadline exits 3 (comm); a rank still waiting then
+    # ends at once on the launcher's SIGTERM (5) instead of holding the slots.
+    codes = [r["exit_code"] for r in j["ranks"]]
+    assert 3 in codes and set(codes) <= {3, 5}, j["ranks"]
     evs = srv.events(jid)
     errs = [e for e in evs if e["event"] == "error"]
     assert errs and all(e["kind"] == "comm" for e in errs), errs
@@ -257,3 +260,52 @@ os.execv(REAL, [REAL] + sys.argv[1:])
     wait_until(lambda: srv.free_cpu_slots() == 2, BOUND_S, "the slots to be free")
     print(f"issuer killed before the ranks connected: job failed {ran:.2f}s after it started, {took:.2f}s after the "
           f"POST (ddp.timeout_s {timeout_s}): {err}")
+
+
+def test_rank_dead_before_rendezvous_fails_the_job_at_once(make_server, work):
+    """Rank 0 of 3 dies during its startup while ranks 1 and 2 are still before their
+    rendezvous (blocked reading their stdin document, fed a second later). The
+    launcher's SIGTERM reaches them there: they must end on it at once (exit 5), not go
+    on into a rendezvous that waits for the dead rank until the launcher's SIGKILL
+    (exit 137, after its 5 s grace). The job's error names rank 0, not a peer that ended
+    on the launcher's signal."""
+    if bin_dir() is None:
+        import pytest
+        pytest.skip("ddpd is not built (set DDPD_BIN to the build folder)")
+    real = bin_dir() / "ddpd-worker"
+    wrapper = work / "rank0-dies"
+    wrapper.write_text(f'''#!/usr/bin/python3
+# Poses as ddpd-worker: rank 0 is killed during its startup; the other ranks are the
+# real worker, whose stdin document arrives a second late.
+import json, os, signal, sys, time
+REAL = {str(real)!r}
+if sys.argv[1:]:
+    os.execv(REAL, [REAL] + sys.argv[1:])
+doc = sys.stdin.buffer.read()
+if json.loads(doc)["rank"] == 0:
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGKILL)
+r, w = os.pipe()
+if os.fork() == 0:  # the feeder outlives the launcher's SIGTERM
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.close(r)
+    time.sleep(1.0)
+    os.write(w, doc)
+    os._exit(0)
+os.close(w)
+os.dup2(r, 0)
+os.execv(REAL, [REAL])
+''')
+    wrapper.chmod(0o755)
+    srv = make_server(cpu_slots=3, env={"DDPD_WORKER": str(wrapper)})
+    spec = heavy_spec(3, steps=100, name="rank0-dies")
+    spec["ddp"] = {"timeout_s": 60}
+    jid = srv.submit(spec)["id"]
+    j = srv.wait_state(jid, FINAL, timeout=30)
+    assert j["state"] == "failed", j
+    assert (j["error"] or "").startswith("rank 0 "), f"the error should name rank 0: {j['error']!r}"
+    codes = {r["rank"]: r["exit_code"] for r in j["ranks"]}
+    assert codes[1] == 5 and codes[2] == 5, f"ranks 1 and 2 should end on the launcher's SIGTERM (exit 5): {codes}"
+    wait_until(lambda: srv.free_cpu_slots() == 3, BOUND_S, "the slots to be free")
+    ran = j["finished_at"] - j["started_at"]
+    print(f"rank 0 dead before the rendezvous: job failed {ran:.2f}s after it started: {j['error']}")
