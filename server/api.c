@@ -180,6 +180,44 @@ static ddpd_err get_job(struct http_request *req, struct store_job *j, struct dd
 
 /* ---- POST /v1/jobs ---------------------------------------------------------------------- */
 
+/* A job between its validation and its commit. */
+struct submission {
+    struct http_request *req;
+    struct api *a;
+    char *text; /* the spec as stored */
+    char name[128];
+    int world_size, max_restarts;
+    device_kind device;
+};
+
+/* The store's inserter thread, after the commit: the answer, then the supervisor. */
+static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const struct ddpd_error *err)
+{
+    struct submission *sub = ctx;
+    struct http_request *req = sub->req;
+    if (rc != DDPD_OK) {
+        http_deferred_done(req, rc, err);
+        free(sub->text);
+        free(sub);
+        return;
+    }
+    /* The job as just stored (what store_job_get would read back): queued, attempt 0. */
+    struct store_job j = {.id = id, .state = JOB_STATE_QUEUED, .spec = sub->text, .world_size = sub->world_size,
+                          .device = sub->device, .created_at = created, .max_restarts = sub->max_restarts};
+    _Static_assert(sizeof j.name == sizeof sub->name, "a spec's name fits the store's");
+    memcpy(j.name, sub->name, sizeof j.name);
+    char loc[64];
+    snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, id);
+    http_response_header(req, "Location", loc);
+    struct ddpd_error e;
+    ddpd_err r = respond_job(req, 201, &j);
+    if (r != DDPD_OK)
+        ddpd_error_set(&e, r, "", "out of memory answering for job %" PRId64 " (it is stored)", id);
+    super_submit(sub->a->super, id, sub->text, sub->world_size, sub->device, sub->max_restarts);
+    http_deferred_done(req, r, &e);
+    free(sub);
+}
+
 static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
 {
     struct api *a = ctx_of(req);
@@ -220,30 +258,25 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
                                   ", rank %d: %" PRId64 ") but join is false; use \"auto\" or true",
                                   counts[0], r, counts[r]);
 
-    char *text = spec_dumps(&spec);
-    if (!text)
+    struct submission *sub = calloc(1, sizeof *sub);
+    if (!sub || !(sub->text = spec_dumps(&spec))) {
+        free(sub);
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory storing the job");
-    struct store_job_new jn = {.name = spec.name, .spec = text, .world_size = spec.world_size,
-                               .device = spec.device, .max_restarts = spec.max_restarts};
-    int64_t id;
-    double created;
-    rc = store_job_insert(a->store, &jn, &id, &created, err);
-    if (rc) {
-        free(text);
-        return rc;
     }
-    super_submit(a->super, id, &spec, spec.max_restarts);
-    /* The job as just stored (what store_job_get would read back): queued, attempt 0. */
-    struct store_job j = {.id = id, .state = JOB_STATE_QUEUED, .spec = text, .world_size = spec.world_size,
-                          .device = spec.device, .created_at = created, .max_restarts = spec.max_restarts};
-    _Static_assert(sizeof j.name == sizeof spec.name, "a spec's name fits the store's");
-    memcpy(j.name, spec.name, sizeof j.name);
-    char loc[64];
-    snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, id);
-    http_response_header(req, "Location", loc);
-    rc = respond_job(req, 201, &j);
-    free(text);
-    return rc;
+    sub->req = req;
+    sub->a = a;
+    _Static_assert(sizeof sub->name == sizeof spec.name, "a spec's name fits the store's");
+    memcpy(sub->name, spec.name, sizeof sub->name);
+    sub->world_size = spec.world_size;
+    sub->device = spec.device;
+    sub->max_restarts = spec.max_restarts;
+    /* Answered once the insert's group is committed: under load one commit serves many
+     * submissions, and no HTTP thread waits for it. */
+    http_defer(req);
+    struct store_job_new jn = {.name = sub->name, .spec = sub->text, .world_size = sub->world_size,
+                               .device = sub->device, .max_restarts = sub->max_restarts};
+    store_job_insert_async(a->store, &jn, submitted, sub);
+    return DDPD_OK;
 }
 
 /* ---- GET /v1/jobs, /v1/jobs/{id}, cancel, delete ------------------------------------------ */

@@ -443,6 +443,10 @@ struct http_server {
     bool reaper_stop;
     bool reaper_started;
     pthread_t reaper;
+
+    pthread_mutex_t dmu; /* deferred requests: their parked/answered, ndeferred */
+    pthread_cond_t dcv;
+    size_t ndeferred; /* deferred and not answered yet */
 };
 
 struct header {
@@ -479,6 +483,12 @@ struct http_request {
     int nhdr;
     char *etag;
     struct http_stream *stream; /* the request's reference */
+
+    /* An answer made on another thread (http_defer); parked and answered under
+     * srv->dmu. */
+    bool deferred, parked, answered;
+    ddpd_err deferred_rc;
+    struct ddpd_error deferred_err;
 };
 
 /* A streaming response. References: the owner's, the MHD response's and the request's. */
@@ -1254,6 +1264,18 @@ ddpd_err http_body_json(const char *body, size_t len, json_t **out, struct ddpd_
     return DDPD_OK;
 }
 
+/* A handler's error return: what it set is discarded and the error answered. */
+static void handler_failed(struct http_request *req, ddpd_err rc, const struct ddpd_error *e)
+{
+    if (req->resp) {
+        /* For a stream this ends it (on_close runs now, on this thread). */
+        MHD_destroy_response(req->resp);
+        req->resp = NULL;
+    }
+    clear_headers(req);
+    respond_error(req, rc, e);
+}
+
 /* Final call: the checks that need the body, then the handler. */
 static void request_dispatch(struct http_request *req)
 {
@@ -1279,15 +1301,55 @@ static void request_dispatch(struct http_request *req)
     struct ddpd_error e;
     ddpd_error_clear(&e);
     ddpd_err rc = r->handler(req, &e);
+    if (rc != DDPD_OK)
+        handler_failed(req, rc, &e);
+}
+
+void http_defer(struct http_request *req)
+{
+    struct http_server *s = req->srv;
+    ASSERT(!req->deferred);
+    req->deferred = true;
+    pthread_mutex_lock(&s->dmu);
+    s->ndeferred++;
+    pthread_mutex_unlock(&s->dmu);
+}
+
+void http_deferred_done(struct http_request *req, ddpd_err rc, const struct ddpd_error *err)
+{
+    struct http_server *s = req->srv;
+    pthread_mutex_lock(&s->dmu);
+    ASSERT(req->deferred && !req->answered);
+    req->deferred_rc = rc;
     if (rc != DDPD_OK) {
-        if (req->resp) {
-            /* For a stream this ends it (on_close runs now, on this thread). */
-            MHD_destroy_response(req->resp);
-            req->resp = NULL;
-        }
-        clear_headers(req);
-        respond_error(req, rc, &e);
+        if (err)
+            req->deferred_err = *err;
+        else
+            ddpd_error_clear(&req->deferred_err);
     }
+    req->answered = true;
+    if (req->parked) { /* else the HTTP thread has not parked it yet and answers at once */
+        req->parked = false;
+        MHD_resume_connection(req->mc);
+    }
+    if (--s->ndeferred == 0)
+        pthread_cond_broadcast(&s->dcv);
+    pthread_mutex_unlock(&s->dmu);
+}
+
+/* After a deferring handler returned: parks the connection until http_deferred_done,
+ * unless the answer is already there. True when parked. */
+static bool defer_park(struct http_request *req)
+{
+    struct http_server *s = req->srv;
+    pthread_mutex_lock(&s->dmu);
+    bool park = !req->answered;
+    if (park) {
+        req->parked = true;
+        MHD_suspend_connection(req->mc);
+    }
+    pthread_mutex_unlock(&s->dmu);
+    return park;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
@@ -1322,7 +1384,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         return request_body(req, upload, n) ? MHD_YES : MHD_NO;
     }
     conn_set_deadline(s, req->conn, 0);
-    request_dispatch(req);
+    if (!req->deferred) {
+        request_dispatch(req);
+        if (req->deferred && defer_park(req))
+            return MHD_YES; /* http_deferred_done resumes the connection: called again */
+    }
+    if (req->deferred && req->deferred_rc != DDPD_OK)
+        handler_failed(req, req->deferred_rc, &req->deferred_err);
     return queue(req);
 }
 
@@ -1474,6 +1542,8 @@ struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_e
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&s->dmu, NULL);
+    pthread_cond_init(&s->dcv, NULL);
 
     /* Routes and one counters row per distinct pattern. */
     s->nroutes = cfg->nroutes;
@@ -1572,6 +1642,13 @@ void http_server_free(struct http_server *s)
             pthread_mutex_unlock(&st->mu);
         }
         pthread_mutex_unlock(&s->mu);
+        /* Deferred requests are parked too: wait for their answers. Their owners answer
+         * each one they took (the store's inserter answers every queued insert, within its
+         * busy timeout), so this wait ends. */
+        pthread_mutex_lock(&s->dmu);
+        while (s->ndeferred > 0)
+            pthread_cond_wait(&s->dcv, &s->dmu);
+        pthread_mutex_unlock(&s->dmu);
         MHD_stop_daemon(s->d); /* closes connections and its listen socket: stream
                                   on_close callbacks run */
         s->d = NULL;
@@ -1588,6 +1665,8 @@ void http_server_free(struct http_server *s)
     ASSERT(s->streams == NULL && s->conns == NULL);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->dcv);
+    pthread_mutex_destroy(&s->dmu);
     free(s->counts);
     free(s->patterns);
     free(s->routes);

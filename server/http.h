@@ -180,6 +180,16 @@ ddpd_err http_respond_empty(struct http_request *req, int status);
 ddpd_err http_respond_file(struct http_request *req, const char *path, const char *content_type,
                            const char *cache_control, struct ddpd_error *err);
 
+/* A deferred answer, for a handler whose work finishes on another thread (a job insert
+ * waiting for its group commit): the handler calls http_defer and returns DDPD_OK without
+ * a response, and the connection waits, costing no thread. The other thread then answers
+ * as a handler would, with the http_respond_* functions (not a stream) and
+ * http_response_header, and calls http_deferred_done exactly once; with rc != DDPD_OK
+ * the error is answered instead, as for a handler's error return. `req` must not be used
+ * after http_deferred_done. http_server_free waits for every deferred answer. */
+void http_defer(struct http_request *req);
+void http_deferred_done(struct http_request *req, ddpd_err rc, const struct ddpd_error *err);
+
 /* Extra response header, e.g. ("Location", "/v1/jobs/7"). Copied; before or after the
  * respond call. At most 8 per request (more are dropped). */
 void http_response_header(struct http_request *req, const char *name, const char *value);

@@ -512,11 +512,13 @@ struct store {
     bool werr_set;         /* a writer error not yet reported by store_flush */
     struct ddpd_error werr;
 
-    /* Job inserts waiting for a group commit (store_job_insert). */
+    /* Job inserts waiting for the inserter thread's next group commit. */
     pthread_mutex_t imu;
-    pthread_cond_t icv;
+    pthread_cond_t icv; /* the inserter waits here: inserts, stop */
     struct insert_req *ihead, **itail;
-    bool ileader; /* a caller is committing a group now */
+    bool istop;
+    pthread_t inserter;
+    bool inserter_started;
 
     /* store_job_version: a change counter per hash bucket of job ids, bumped after every
      * commit that touches a job (so colliding ids only cost a cache miss). */
@@ -800,6 +802,8 @@ static void batch_commit(struct store *s, struct qev *b, int n, struct qev **los
     }
     pthread_mutex_unlock(&s->qmu);
 }
+
+static void *inserter_main(void *arg);
 
 static void *writer_main(void *arg)
 {
@@ -1101,6 +1105,11 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
         goto out;
     }
     s->thread_started = true;
+    if (pthread_create(&s->inserter, NULL, inserter_main, s) != 0) {
+        e = ddpd_error_set(err, DDPD_EINTERNAL, path, "store: cannot start the inserter thread");
+        goto out;
+    }
+    s->inserter_started = true;
 out:
     if (e != DDPD_OK) {
         if (err && !err->path[0])
@@ -1115,6 +1124,13 @@ void store_close(struct store *s)
 {
     if (!s)
         return;
+    if (s->inserter_started) { /* it commits what is queued before it ends */
+        pthread_mutex_lock(&s->imu);
+        s->istop = true;
+        pthread_cond_signal(&s->icv);
+        pthread_mutex_unlock(&s->imu);
+        pthread_join(s->inserter, NULL);
+    }
     if (s->thread_started) {
         pthread_mutex_lock(&s->qmu);
         s->stop = true;
@@ -1148,12 +1164,13 @@ void store_close(struct store *s)
 
 /* One job insert waiting for its group's commit. */
 struct insert_req {
-    const struct store_job_new *job;
+    struct store_job_new job; /* its strings are the caller's until done runs */
     double now;
     int64_t id;
     ddpd_err e;
     struct ddpd_error err;
-    bool done;
+    store_insert_done_fn done;
+    void *ctx;
     struct insert_req *next;
 };
 
@@ -1161,7 +1178,7 @@ struct insert_req {
  * statement; the group goes on. */
 static ddpd_err insert_one(struct store *s, struct insert_req *r)
 {
-    const struct store_job_new *job = r->job;
+    const struct store_job_new *job = &r->job;
     sqlite3_stmt *st = stmt(s->w, W_JOB_INSERT, &r->err);
     if (!st)
         return r->err.code;
@@ -1221,45 +1238,110 @@ static void insert_group(struct store *s, struct insert_req *g)
         }
 }
 
-/* Group commit: callers queue their insert; one of them (the leader) takes every insert
- * queued so far and commits them in one transaction while the next ones queue up. Under
- * concurrent submissions a commit serves several, not one. */
-ddpd_err store_job_insert(struct store *s, const struct store_job_new *job, int64_t *id, double *created_at,
-                          struct ddpd_error *err)
+/* Group commit: inserts queue up while the inserter thread commits the previous group,
+ * and the next transaction takes them all; the busier the server, the more jobs one
+ * commit serves. */
+static void *inserter_main(void *arg)
 {
-    if (!job->spec || job->world_size < 1)
-        return ddpd_error_set(err, DDPD_EINTERNAL, "", "store: a job needs a spec and world_size >= 1");
-    struct insert_req me = {.job = job, .now = now_s()};
-    ddpd_error_clear(&me.err);
+    struct store *s = arg;
     pthread_mutex_lock(&s->imu);
-    *s->itail = &me;
-    s->itail = &me.next;
-    while (!me.done) {
-        if (s->ileader) {
+    for (;;) {
+        while (!s->ihead && !s->istop)
             pthread_cond_wait(&s->icv, &s->imu);
-            continue;
-        }
-        s->ileader = true;
         struct insert_req *g = s->ihead;
+        if (!g)
+            break; /* stopping, and nothing is left */
         s->ihead = NULL;
         s->itail = &s->ihead;
         pthread_mutex_unlock(&s->imu);
         insert_group(s, g);
+        for (struct insert_req *r = g, *n; r; r = n) {
+            n = r->next;
+            r->done(r->ctx, r->e, r->id, r->now, &r->err);
+            free(r);
+        }
         pthread_mutex_lock(&s->imu);
-        for (struct insert_req *r = g; r; r = r->next)
-            r->done = true; /* after this, r (another caller's stack) is not touched */
-        s->ileader = false;
-        pthread_cond_broadcast(&s->icv);
     }
     pthread_mutex_unlock(&s->imu);
-    if (me.e != DDPD_OK) {
-        if (err)
-            *err = me.err;
-        return me.e;
+    return NULL;
+}
+
+void store_job_insert_async(struct store *s, const struct store_job_new *job, store_insert_done_fn done,
+                            void *ctx)
+{
+    struct insert_req *r = calloc(1, sizeof *r);
+    struct ddpd_error err;
+    if (!r) {
+        ddpd_error_set(&err, DDPD_ENOMEM, "", "out of memory storing the job");
+        done(ctx, DDPD_ENOMEM, 0, 0, &err);
+        return;
     }
-    *id = me.id;
+    if (!job->spec || job->world_size < 1) {
+        free(r);
+        ddpd_error_set(&err, DDPD_EINTERNAL, "", "store: a job needs a spec and world_size >= 1");
+        done(ctx, DDPD_EINTERNAL, 0, 0, &err);
+        return;
+    }
+    r->job = *job;
+    r->now = now_s();
+    r->done = done;
+    r->ctx = ctx;
+    ddpd_error_clear(&r->err);
+    pthread_mutex_lock(&s->imu);
+    bool first = s->ihead == NULL;
+    *s->itail = r;
+    s->itail = &r->next;
+    if (first)
+        pthread_cond_signal(&s->icv);
+    pthread_mutex_unlock(&s->imu);
+}
+
+/* store_job_insert: the async insert, waited for. */
+struct insert_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    ddpd_err e;
+    int64_t id;
+    double created_at;
+    struct ddpd_error err;
+};
+
+static void insert_waited(void *ctx, ddpd_err rc, int64_t id, double created_at, const struct ddpd_error *err)
+{
+    struct insert_wait *w = ctx;
+    pthread_mutex_lock(&w->mu);
+    w->e = rc;
+    w->id = id;
+    w->created_at = created_at;
+    if (rc != DDPD_OK)
+        w->err = *err;
+    w->done = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+ddpd_err store_job_insert(struct store *s, const struct store_job_new *job, int64_t *id, double *created_at,
+                          struct ddpd_error *err)
+{
+    struct insert_wait w = {.done = false};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    store_job_insert_async(s, job, insert_waited, &w);
+    pthread_mutex_lock(&w.mu);
+    while (!w.done)
+        pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mu);
+    if (w.e != DDPD_OK) {
+        if (err)
+            *err = w.err;
+        return w.e;
+    }
+    *id = w.id;
     if (created_at)
-        *created_at = me.now;
+        *created_at = w.created_at;
     return DDPD_OK;
 }
 

@@ -112,6 +112,15 @@ struct store_job_new {
 ddpd_err store_job_insert(struct store *s, const struct store_job_new *job, int64_t *id, double *created_at,
                           struct ddpd_error *err);
 
+/* The same insert without waiting: queued for the inserter thread's next group commit
+ * (one transaction for every insert queued meanwhile), after which `done` runs on that
+ * thread with the outcome (err only when rc != DDPD_OK). job's strings must stay valid
+ * until then. `done` must not block for long: the next group waits for it. */
+typedef void (*store_insert_done_fn)(void *ctx, ddpd_err rc, int64_t id, double created_at,
+                                     const struct ddpd_error *err);
+void store_job_insert_async(struct store *s, const struct store_job_new *job, store_insert_done_fn done,
+                            void *ctx);
+
 /* One rank of a job attempt. Read from the store, or written with store_rank_put (which
  * uses rank, attempt, pid, start_time, state and exit_code). */
 #define STORE_RANK_STATE_MAX 16

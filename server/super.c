@@ -35,27 +35,33 @@ enum cmd_kind { CMD_SUBMIT, CMD_CANCEL };
 struct cmd {
     enum cmd_kind kind;
     int64_t job;
-    struct spec *spec; /* CMD_SUBMIT from super_submit: the parsed spec (owned) */
-    int max_restarts;
+    char *spec_text; /* CMD_SUBMIT from super_submit: the stored spec (owned), or NULL */
+    int world_size, max_restarts;
+    device_kind device;
     struct cmd *next;
 };
 
-/* A job the supervisor holds: queued, starting or running. */
+/* A job the supervisor holds: queued, starting or running. Tens of thousands can wait
+ * in the queue, so a queued job is small: its spec stays the stored text (what the
+ * workers are given) until it starts. */
 struct active {
     int64_t job;
     job_state state;
-    struct spec spec;
+    char *spec_text; /* the spec as stored (canonical JSON) */
+    int world_size;
+    device_kind device;
     int attempt, restarts, max_restarts;
     int64_t next_seq;
     int *slots;
     const char **gpu; /* cuda jobs: the device of each rank's slot (launch_opts.gpus) */
-    struct launch *l;
+    struct launch *l; /* set with set_launch() only */
     bool cancel_requested;
     char cancel_reason[128];
-    char pending[STORE_TEXT_MAX];
-    char out_dir[PATH_MAX];
+    char *pending; /* the pending reason last stored, NULL for none */
+    char *out_dir;
     struct super *s;
-    struct active *prev, *next;
+    struct active *prev, *next;   /* every job */
+    struct active *lprev, *lnext; /* the jobs with a launch (their pipes are polled) */
 };
 
 struct super {
@@ -69,6 +75,7 @@ struct super {
     char (*gpu_plain)[SUPER_GPU_ID_MAX]; /* o.gpu_ids when the options had none: "i" */
     bool stopping;
     struct active *jobs; /* supervisor thread only */
+    struct active *launched; /* the jobs with a launch, linked by lnext */
     struct active **index; /* jobs by id: open addressing, linear probing */
     size_t index_cap, index_n;
     struct pending *pending, **pending_tail; /* stored, not yet published */
@@ -182,7 +189,21 @@ static void set_state(struct super *s, struct active *a, job_state st, const cha
         fprintf(stderr, "ddpd: job %" PRId64 ": state %s not stored: %s\n", a->job, job_state_name(st),
                 err.message);
     a->state = st;
-    a->pending[0] = '\0';
+    free(a->pending);
+    a->pending = NULL;
+}
+
+/* Replaces `a`'s pending reason; false when it is the same (or out of memory). */
+static bool set_pending(struct active *a, const char *why)
+{
+    if (strcmp(why, a->pending ? a->pending : "") == 0)
+        return false;
+    char *d = strdup(why);
+    if (!d)
+        return false;
+    free(a->pending);
+    a->pending = d;
+    return true;
 }
 
 /* ---- the job table -------------------------------------------------------------------- */
@@ -259,8 +280,58 @@ static void link_job(struct super *s, struct active *a)
     index_add(s, a);
 }
 
+/* Sets (or with NULL ends and frees) the job's launch, keeping the list of launched
+ * jobs whose pipes the loop polls. */
+static void set_launch(struct super *s, struct active *a, struct launch *l)
+{
+    if (a->l) {
+        launch_free(a->l);
+        if (a->lprev)
+            a->lprev->lnext = a->lnext;
+        else
+            s->launched = a->lnext;
+        if (a->lnext)
+            a->lnext->lprev = a->lprev;
+        a->lprev = a->lnext = NULL;
+    }
+    a->l = l;
+    if (l) {
+        a->lnext = s->launched;
+        if (s->launched)
+            s->launched->lprev = a;
+        s->launched = a;
+    }
+}
+
+/* A job for the table, not linked yet; takes spec_text. */
+static struct active *new_active(struct super *s, int64_t job, char *spec_text)
+{
+    struct active *a = calloc(1, sizeof *a);
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/%" PRId64, s->o.jobs_dir, job);
+    if (!a || !(a->out_dir = strdup(dir))) {
+        free(a);
+        return NULL;
+    }
+    a->s = s;
+    a->job = job;
+    a->spec_text = spec_text;
+    return a;
+}
+
+static void free_active(struct active *a)
+{
+    free(a->slots);
+    free(a->gpu);
+    free(a->pending);
+    free(a->out_dir);
+    free(a->spec_text);
+    free(a);
+}
+
 static void drop(struct super *s, struct active *a)
 {
+    set_launch(s, a, NULL);
     if (a->prev)
         a->prev->next = a->next;
     else
@@ -268,10 +339,7 @@ static void drop(struct super *s, struct active *a)
     if (a->next)
         a->next->prev = a->prev;
     index_del(s, a);
-    launch_free(a->l);
-    free(a->slots);
-    free(a->gpu);
-    free(a);
+    free_active(a);
 }
 
 /* Loads a stored job into the table (queued). NULL when it is gone or unreadable. */
@@ -284,18 +352,22 @@ static struct active *load(struct super *s, int64_t job)
         fprintf(stderr, "ddpd: job %" PRId64 ": cannot load: %s\n", job, err.message);
         return NULL;
     }
-    struct active *a = calloc(1, sizeof *a);
+    /* The stored spec must still be valid (an older server may have stored it). */
+    struct spec *spec = malloc(sizeof *spec);
     json_t *js = j.spec ? json_loads(j.spec, 0, NULL) : NULL;
-    if (!a || !js || spec_from_json(js, NULL, &a->spec, &err) != DDPD_OK) {
+    struct active *a = spec && js && spec_from_json(js, NULL, spec, &err) == DDPD_OK ? new_active(s, job, j.spec)
+                                                                                      : NULL;
+    json_decref(js);
+    if (!a) {
         fprintf(stderr, "ddpd: job %" PRId64 ": stored spec unreadable\n", job);
-        json_decref(js);
-        free(a);
+        free(spec);
         store_job_clear(&j);
         return NULL;
     }
-    json_decref(js);
-    a->s = s;
-    a->job = job;
+    j.spec = NULL; /* a has it */
+    a->world_size = spec->world_size;
+    a->device = spec->device;
+    free(spec);
     a->state = j.state;
     a->attempt = j.attempt;
     a->restarts = j.restarts;
@@ -304,7 +376,6 @@ static struct active *load(struct super *s, int64_t job)
     store_flush(s->o.store, NULL); /* queued events of the job count too */
     store_event_max_seq(s->o.store, job, &seq, NULL);
     a->next_seq = seq + 1;
-    snprintf(a->out_dir, sizeof a->out_dir, "%s/%" PRId64, s->o.jobs_dir, job);
     store_job_clear(&j);
     link_job(s, a);
     return a;
@@ -395,9 +466,9 @@ static void finish(struct super *s, struct active *a, job_state st, const char *
  * NULL when out of memory: then the ranks see every GPU and pick by rank. */
 static const char *const *gpus_of_slots(struct super *s, struct active *a)
 {
-    if (!a->gpu && !(a->gpu = calloc((size_t)a->spec.world_size, sizeof *a->gpu)))
+    if (!a->gpu && !(a->gpu = calloc((size_t)a->world_size, sizeof *a->gpu)))
         return NULL;
-    for (int r = 0; r < a->spec.world_size; r++)
+    for (int r = 0; r < a->world_size; r++)
         a->gpu[r] = s->o.gpu_ids[a->slots[r]];
     return a->gpu;
 }
@@ -458,24 +529,24 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
     json_t *doc = json_object();
     json_object_set_new(doc, "job", json_integer(a->job));
     json_object_set_new(doc, "attempt", json_integer(a->attempt));
-    json_object_set_new(doc, "world_size", json_integer(a->spec.world_size));
+    json_object_set_new(doc, "world_size", json_integer(a->world_size));
     json_object_set_new(doc, "comm", json_null());
-    json_object_set_new(doc, "spec", spec_to_json(&a->spec));
+    json_object_set_new(doc, "spec", json_loads(a->spec_text, 0, NULL));
     json_object_set_new(doc, "data_dir", json_string(s->o.data_dir));
     json_object_set_new(doc, "out_dir", json_string(a->out_dir));
     json_object_set_new(doc, "resume", has_resume ? json_string(resume) : json_null());
     struct launch_opts lo = {
         .worker = s->o.worker,
-        .world_size = a->spec.world_size,
+        .world_size = a->world_size,
         .out_dir = a->out_dir,
         .doc = doc,
         .grace_s = s->o.grace_s,
         .die_with_parent = true,
-        .gpus = a->spec.device == DEVICE_CUDA && !s->o.slurm ? gpus_of_slots(s, a) : NULL,
+        .gpus = a->device == DEVICE_CUDA && !s->o.slurm ? gpus_of_slots(s, a) : NULL,
         .on_line = on_line,
         .ctx = a,
         .slurm = s->o.slurm,
-        .cuda = a->spec.device == DEVICE_CUDA,
+        .cuda = a->device == DEVICE_CUDA,
     };
     char slurm_name[256];
     if (s->o.slurm) {
@@ -494,7 +565,10 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         struct store_job_update u = {.fields = STORE_SET_ATTEMPT, .attempt = a->attempt};
         store_job_update(s->o.store, a->job, &u, NULL, NULL);
     }
-    a->l = launch_start(&lo, &err);
+    if (!json_object_get(doc, "spec"))
+        ddpd_error_set(&err, DDPD_ENOMEM, "", "out of memory reading the job's spec");
+    else
+        set_launch(s, a, launch_start(&lo, &err));
     json_decref(doc);
     if (!a->l) {
         char msg[1200];
@@ -502,7 +576,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         finish(s, a, JOB_STATE_FAILED, msg);
         return;
     }
-    for (int r = 0; r < a->spec.world_size; r++) {
+    for (int r = 0; r < a->world_size; r++) {
         struct store_rank sr = {.attempt = a->attempt, .rank = r};
         sr.pid = launch_pid(a->l, r);
         sr.start_time = proc_start_time((pid_t)sr.pid);
@@ -514,10 +588,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
 /* A job leaves the table in a final state; its slots are freed. */
 static void finish(struct super *s, struct active *a, job_state st, const char *error)
 {
-    if (a->l) {
-        launch_free(a->l);
-        a->l = NULL;
-    }
+    set_launch(s, a, NULL);
     store_attempt_end(s->o.store, a->job, a->attempt, job_state_name(st), NULL);
     pthread_mutex_lock(&s->lock);
     sched_release(s->sched, a->job);
@@ -535,15 +606,14 @@ static void ended(struct super *s, struct active *a)
     launch_result(a->l, &res);
     /* The ranks' last loss events first, so the job's final row shows their progress. */
     store_flush(s->o.store, NULL);
-    for (int r = 0; r < a->spec.world_size; r++) {
+    for (int r = 0; r < a->world_size; r++) {
         struct store_rank sr = {.attempt = a->attempt, .rank = r, .has_exit_code = true};
         sr.exit_code = launch_exit_code(a->l, r);
         sr.pid = launch_pid(a->l, r);
         snprintf(sr.state, sizeof sr.state, "%s", sr.exit_code == 0 ? "succeeded" : "failed");
         store_rank_put(s->o.store, a->job, &sr, NULL);
     }
-    launch_free(a->l);
-    a->l = NULL;
+    set_launch(s, a, NULL);
     if (a->cancel_requested) {
         finish(s, a, JOB_STATE_CANCELLED, a->cancel_reason);
         return;
@@ -570,19 +640,19 @@ static void ended(struct super *s, struct active *a)
 
 /* ---- commands, scheduling ----------------------------------------------------------------- */
 
-/* A job just inserted by the API, as the store holds it: queued, attempt 0, no events. */
-static struct active *fresh(struct super *s, int64_t job, const struct spec *spec, int max_restarts)
+/* A job just inserted by the API, as the store holds it: queued, attempt 0, no events.
+ * Takes c->spec_text. */
+static struct active *fresh(struct super *s, struct cmd *c)
 {
-    struct active *a = calloc(1, sizeof *a);
+    struct active *a = new_active(s, c->job, c->spec_text);
     if (!a)
         return NULL;
-    a->s = s;
-    a->job = job;
+    c->spec_text = NULL;
     a->state = JOB_STATE_QUEUED;
-    a->spec = *spec;
-    a->max_restarts = max_restarts;
+    a->world_size = c->world_size;
+    a->device = c->device;
+    a->max_restarts = c->max_restarts;
     a->next_seq = 1;
-    snprintf(a->out_dir, sizeof a->out_dir, "%s/%" PRId64, s->o.jobs_dir, job);
     link_job(s, a);
     return a;
 }
@@ -603,21 +673,23 @@ static void note_appended(struct super *s, int64_t job)
     s->appended[s->n_appended++] = job;
 }
 
-/* `spec` is the API's parse of a job it has just inserted (no store round trip needed);
- * NULL loads the job from the store. */
-static void submit(struct super *s, int64_t job, const struct spec *spec, int max_restarts)
+/* A job the API has just inserted: from what the command carries (no store round trip),
+ * or loaded from the store when it carries no spec. */
+static void submit(struct super *s, struct cmd *c)
 {
+    int64_t job = c->job;
+    bool known = c->spec_text != NULL;
     if (find(s, job))
         return;
-    struct active *a = spec ? fresh(s, job, spec, max_restarts) : load(s, job);
+    struct active *a = known ? fresh(s, c) : load(s, job);
     if (!a)
         return;
-    a->slots = calloc((size_t)a->spec.world_size, sizeof(int));
+    a->slots = calloc((size_t)a->world_size, sizeof(int));
     pthread_mutex_lock(&s->lock);
-    sched_enqueue(s->sched, job, a->spec.device, a->spec.world_size);
+    sched_enqueue(s->sched, job, a->device, a->world_size);
     pthread_mutex_unlock(&s->lock);
     note_appended(s, job);
-    if (spec) /* the store has it queued already: the event is what is new */
+    if (known) /* the store has it queued already: the event is what is new */
         publish_state(s, a, JOB_STATE_QUEUED, NULL);
     else
         set_state(s, a, JOB_STATE_QUEUED, NULL);
@@ -657,9 +729,8 @@ static void note_reason(void *ctx, int64_t job, const char *why)
     struct reasons *r = ctx;
     struct active key = {.job = job}, *kp = &key;
     struct active **hit = bsearch(&kp, r->look, r->n, sizeof *r->look, cmp_active_job);
-    if (!hit || strcmp(why, (*hit)->pending) == 0)
+    if (!hit || !set_pending(*hit, why))
         return;
-    snprintf((*hit)->pending, sizeof (*hit)->pending, "%s", why);
     r->ids[r->nchanged] = job;
     r->why[r->nchanged++] = (*hit)->pending;
 }
@@ -740,17 +811,17 @@ static void schedule(struct super *s)
  * once Slurm has allocated them. */
 static void slurm_waiting(struct super *s)
 {
-    for (struct active *a = s->jobs; a; a = a->next) {
-        if (!a->l || a->state != JOB_STATE_QUEUED)
+    for (struct active *a = s->launched, *n; a; a = n) {
+        n = a->lnext;
+        if (a->state != JOB_STATE_QUEUED)
             continue;
         char why[STORE_TEXT_MAX];
         if (!launch_waiting(a->l, why, sizeof why)) {
             set_state(s, a, JOB_STATE_STARTING, NULL);
             continue;
         }
-        if (strcmp(why, a->pending) == 0)
+        if (!set_pending(a, why))
             continue;
-        snprintf(a->pending, sizeof a->pending, "%s", why);
         struct store_job_update u = {.fields = STORE_SET_PENDING, .pending_reason = why};
         store_job_update(s->o.store, a->job, &u, NULL, NULL);
     }
@@ -770,10 +841,10 @@ static void *run(void *arg)
         while (c) {
             struct cmd *next = c->next;
             if (c->kind == CMD_SUBMIT)
-                submit(s, c->job, c->spec, c->max_restarts);
+                submit(s, c);
             else
                 cancel(s, c->job, "cancelled");
-            free(c->spec);
+            free(c->spec_text);
             free(c);
             c = next;
         }
@@ -786,8 +857,7 @@ static void *run(void *arg)
                 if (a->l && a->state == JOB_STATE_QUEUED) {
                     /* Still in Slurm's queue: taken out of it (scancel), and queued
                      * again by the next server like any queued job. */
-                    launch_free(a->l);
-                    a->l = NULL;
+                    set_launch(s, a, NULL);
                     struct store_job_update u = {.fields = STORE_SET_PENDING, .pending_reason = ""};
                     store_job_update(s->o.store, a->job, &u, NULL, NULL);
                 } else if (a->l && !s->o.finish_on_shutdown) {
@@ -800,11 +870,10 @@ static void *run(void *arg)
         int nf = 1;
         fds[0] = (struct pollfd){.fd = s->wake_fd, .events = POLLIN};
         bool any = false;
-        for (struct active *a = s->jobs; a; a = a->next)
-            if (a->l) {
-                nf += launch_fds(a->l, fds + nf, MAX_FDS - nf);
-                any = true;
-            }
+        for (struct active *a = s->launched; a; a = a->lnext) {
+            nf += launch_fds(a->l, fds + nf, MAX_FDS - nf);
+            any = true;
+        }
         if (shutting && !any)
             break;
         poll(fds, (nfds_t)nf, POLL_MS);
@@ -813,9 +882,9 @@ static void *run(void *arg)
             ssize_t r = read(s->wake_fd, &v, sizeof v);
             (void)r;
         }
-        for (struct active *a = s->jobs, *n; a; a = n) {
-            n = a->next;
-            if (a->l && launch_poll(a->l, 0))
+        for (struct active *a = s->launched, *n; a; a = n) {
+            n = a->lnext;
+            if (launch_poll(a->l, 0))
                 ended(s, a);
         }
         if (s->o.slurm)
@@ -885,7 +954,7 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
         struct active *a = load(s, queued[i]);
         if (!a)
             continue;
-        a->slots = calloc((size_t)a->spec.world_size, sizeof(int));
+        a->slots = calloc((size_t)a->world_size, sizeof(int));
         if (a->state == JOB_STATE_STARTING || a->state == JOB_STATE_RUNNING) {
             store_attempt_end(s->o.store, a->job, a->attempt, "server restarted", NULL);
             if (a->restarts >= a->max_restarts) {
@@ -895,7 +964,7 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
             a->restarts++;
         }
         pthread_mutex_lock(&s->lock);
-        sched_enqueue(s->sched, a->job, a->spec.device, a->spec.world_size);
+        sched_enqueue(s->sched, a->job, a->device, a->world_size);
         pthread_mutex_unlock(&s->lock);
         s->queue_changed = true;
         if (a->state != JOB_STATE_QUEUED)
@@ -959,7 +1028,7 @@ void super_stop(struct super *s)
         drop(s, s->jobs);
     while (s->head) {
         struct cmd *n = s->head->next;
-        free(s->head->spec);
+        free(s->head->spec_text);
         free(s->head);
         s->head = n;
     }
@@ -997,16 +1066,18 @@ static void push(struct super *s, enum cmd_kind k, int64_t job)
     push_cmd(s, c);
 }
 
-void super_submit(struct super *s, int64_t job, const struct spec *spec, int max_restarts)
+void super_submit(struct super *s, int64_t job, char *spec_text, int world_size, device_kind device,
+                  int max_restarts)
 {
     struct cmd *c = calloc(1, sizeof *c);
     if (!c)
         abort();
     c->kind = CMD_SUBMIT;
     c->job = job;
+    c->spec_text = spec_text; /* NULL: the supervisor loads the job from the store */
+    c->world_size = world_size;
+    c->device = device;
     c->max_restarts = max_restarts;
-    if (spec && (c->spec = malloc(sizeof *spec)))
-        *c->spec = *spec; /* else the supervisor loads it from the store */
     push_cmd(s, c);
 }
 

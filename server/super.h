@@ -58,9 +58,11 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err);
  * the thread. NULL is a no-op. */
 void super_stop(struct super *s);
 
-/* A job just inserted as queued: schedule it. `spec` (copied; may be NULL, then the
- * supervisor reads the job from the store) is its parsed spec, with max_restarts. */
-void super_submit(struct super *s, int64_t job, const struct spec *spec, int max_restarts);
+/* A job just inserted as queued: schedule it. `spec_text` (taken, malloc'd) is the spec
+ * as stored, with the spec's world_size, device and max_restarts; with spec_text NULL
+ * the supervisor reads the job from the store. */
+void super_submit(struct super *s, int64_t job, char *spec_text, int world_size, device_kind device,
+                  int max_restarts);
 
 /* Cancels a queued or running job. DDPD_ENOTFOUND for an unknown job, DDPD_ECONFLICT
  * when it has already finished. */
