@@ -1012,18 +1012,47 @@ struct json_t *spec_to_json(const struct spec *s)
     return j;
 }
 
+/* json_dump_callback's sink for spec_dumps: a growing buffer that remembers a failure
+ * (jansson ignores the callback's answer for object keys). */
+struct dump_buf {
+    char *p;
+    size_t len, cap;
+    bool failed;
+};
+
+static int dump_append(const char *b, size_t n, void *arg)
+{
+    struct dump_buf *d = arg;
+    if (d->failed)
+        return -1;
+    if (d->len + n + 1 > d->cap) {
+        size_t cap = d->cap ? d->cap : 1024;
+        while (cap < d->len + n + 1)
+            cap *= 2;
+        char *p = realloc(d->p, cap);
+        if (!p) {
+            d->failed = true;
+            return -1;
+        }
+        d->p = p;
+        d->cap = cap;
+    }
+    memcpy(d->p + d->len, b, n);
+    d->len += n;
+    d->p[d->len] = '\0';
+    return 0;
+}
+
 char *spec_dumps(const struct spec *s)
 {
     json_t *j = spec_to_json(s);
-    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    json_t *back = text ? json_loads(text, JSON_REJECT_DUPLICATES, NULL) : NULL;
-    if (text && !json_equal(j, back)) {
-        free(text);
-        text = NULL;
+    struct dump_buf d = {0};
+    if (!j || json_dump_callback(j, dump_append, &d, JSON_COMPACT) != 0 || d.failed || !d.p) {
+        free(d.p);
+        d.p = NULL;
     }
-    json_decref(back);
     json_decref(j);
-    return text;
+    return d.p;
 }
 
 /* ---- questions about a parsed spec ---- */

@@ -109,8 +109,9 @@ struct json_t *spec_to_json(const struct spec *s);
 
 /* spec_to_json's object as compact JSON text: a new string the caller frees, or NULL when
  * memory ran out. (jansson's json_dumps can return damaged text, a key left out, when an
- * allocation fails inside it; the text is parsed back and compared before it is
- * returned, so what a caller stores is always the spec.) */
+ * allocation fails inside it: it ignores the failure of its own buffer while writing a
+ * key. spec_dumps writes through json_dump_callback into a buffer of its own whose
+ * failures it sees, so what a caller stores is always the spec.) */
 char *spec_dumps(const struct spec *s);
 
 /* How ranks share the data (schema/README.md "Sharding"): rank r of `world` takes the

@@ -808,6 +808,7 @@ static void *inserter_main(void *arg);
 static void *writer_main(void *arg)
 {
     struct store *s = arg;
+    pthread_setname_np(pthread_self(), "ddpd-events");
     struct qev *b = xcalloc((size_t)s->o.batch_max, sizeof *b);
     struct qev **loss = xcalloc((size_t)s->o.batch_max, sizeof *loss);
     int cap = s->o.queue_max;
@@ -1244,6 +1245,7 @@ static void insert_group(struct store *s, struct insert_req *g)
 static void *inserter_main(void *arg)
 {
     struct store *s = arg;
+    pthread_setname_np(pthread_self(), "ddpd-insert");
     pthread_mutex_lock(&s->imu);
     for (;;) {
         while (!s->ihead && !s->istop)

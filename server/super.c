@@ -830,6 +830,7 @@ static void slurm_waiting(struct super *s)
 static void *run(void *arg)
 {
     struct super *s = arg;
+    pthread_setname_np(pthread_self(), "ddpd-super");
     struct pollfd *fds = calloc(MAX_FDS, sizeof *fds);
     bool shutting = false;
     for (;;) {
@@ -1047,13 +1048,15 @@ void super_stop(struct super *s)
 static void push_cmd(struct super *s, struct cmd *c)
 {
     pthread_mutex_lock(&s->lock);
+    bool first = s->head == NULL; /* the loop takes the whole queue: one wake-up serves */
     if (s->tail)
         s->tail->next = c;
     else
         s->head = c;
     s->tail = c;
     pthread_mutex_unlock(&s->lock);
-    wake(s);
+    if (first)
+        wake(s);
 }
 
 static void push(struct super *s, enum cmd_kind k, int64_t job)
