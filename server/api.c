@@ -213,7 +213,7 @@ static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const 
     ddpd_err r = respond_job(req, 201, &j);
     if (r != DDPD_OK)
         ddpd_error_set(&e, r, "", "out of memory answering for job %" PRId64 " (it is stored)", id);
-    super_submit(sub->a->super, id, sub->text, sub->world_size, sub->device, sub->max_restarts);
+    super_submit(sub->a->super, id, sub->text, sub->world_size, sub->device, sub->max_restarts, created);
     http_deferred_done(req, r, &e);
     free(sub);
 }
@@ -274,7 +274,8 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
      * submissions, and no HTTP thread waits for it. */
     http_defer(req);
     struct store_job_new jn = {.name = sub->name, .spec = sub->text, .world_size = sub->world_size,
-                               .device = sub->device, .max_restarts = sub->max_restarts};
+                               .device = sub->device, .max_restarts = sub->max_restarts,
+                               .queued_event = true};
     store_job_insert_async(a->store, &jn, submitted, sub);
     return DDPD_OK;
 }

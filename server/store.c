@@ -1175,6 +1175,48 @@ struct insert_req {
     struct insert_req *next;
 };
 
+void store_job_queued_event(int64_t id, double created_at, struct event *ev)
+{
+    memset(ev, 0, sizeof *ev);
+    ev->kind = EVENT_STATE;
+    ev->rank = -1;
+    snprintf(ev->state, sizeof ev->state, "%s", job_state_name(JOB_STATE_QUEUED));
+    ev->has_server_fields = true;
+    ev->job = id;
+    ev->attempt = 0;
+    ev->seq = 1;
+    ev->ts = created_at;
+}
+
+/* The job's `queued` event, in its insert's transaction. Any failure fails the group: a
+ * job is never stored without it. */
+static ddpd_err insert_queued_event(struct store *s, struct insert_req *r)
+{
+    struct event ev;
+    char body[EVENT_LINE_MAX];
+    store_job_queued_event(r->id, r->now, &ev);
+    int n = event_encode(&ev, body, sizeof body);
+    if (n < 0)
+        return ddpd_error_set(&r->err, DDPD_EINTERNAL, "", "store: cannot encode job %lld's queued event",
+                              (long long)r->id);
+    sqlite3_stmt *st = stmt(s->w, W_EVENT_INSERT, &r->err);
+    if (!st)
+        return r->err.code == DDPD_EINTERNAL ? DDPD_EIO : r->err.code;
+    sqlite3_bind_int64(st, 1, ev.job);
+    sqlite3_bind_int64(st, 2, ev.seq);
+    sqlite3_bind_int(st, 3, ev.attempt);
+    sqlite3_bind_text(st, 4, event_kind_name(ev.kind), -1, SQLITE_STATIC);
+    sqlite3_bind_null(st, 5);
+    sqlite3_bind_text(st, 6, body, n, SQLITE_STATIC);
+    sqlite3_bind_double(st, 7, ev.ts);
+    int rc = sqlite3_step(st);
+    ddpd_err e = rc == SQLITE_DONE ? DDPD_OK : sq_fail(&r->err, s->w->db, rc, "insert the queued event");
+    if (e == DDPD_EINTERNAL) /* a row-level refusal must not leave the job without it */
+        e = DDPD_EIO;
+    stmt_done(st);
+    return e;
+}
+
 /* Inserts one job inside the group's transaction. A CHECK failure undoes only this
  * statement; the group goes on. */
 static ddpd_err insert_one(struct store *s, struct insert_req *r)
@@ -1207,6 +1249,8 @@ static ddpd_err insert_one(struct store *s, struct insert_req *r)
     else
         r->id = sqlite3_last_insert_rowid(s->w->db);
     stmt_done(st);
+    if (e == DDPD_OK && job->queued_event)
+        e = insert_queued_event(s, r);
     return e;
 }
 

@@ -103,7 +103,13 @@ struct store_job_new {
     int world_size;   /* >= 1 */
     device_kind device;
     int max_restarts;
+    /* Also store the job's first event, the `queued` state event (seq 1, attempt 0, ts =
+     * created_at: store_job_queued_event), in the same transaction. */
+    bool queued_event;
 };
+
+/* The `queued` state event store_job_insert stores with queued_event set. */
+void store_job_queued_event(int64_t id, double created_at, struct event *ev);
 
 /* Inserts a job in state `queued`, attempt 0. On DDPD_OK sets *id (never reused) and,
  * when not NULL, *created_at (seconds since the epoch); the row is committed (durable in

@@ -23,6 +23,7 @@
 #include "../schema/event.h"
 #include "hub.h"
 #include "launch.h"
+#include "proc.h"
 #include "sched.h"
 #include "slurm.h"
 #include "store.h"
@@ -38,6 +39,7 @@ struct cmd {
     char *spec_text; /* CMD_SUBMIT from super_submit: the stored spec (owned), or NULL */
     int world_size, max_restarts;
     device_kind device;
+    double created_at; /* with spec_text: the store has its queued event (seq 1) */
     struct cmd *next;
 };
 
@@ -84,6 +86,7 @@ struct super {
      * their reasons are new (supervisor thread only). */
     int64_t *appended;
     size_t n_appended, cap_appended;
+    double reasons_at; /* monotonic time of the last look at pending reasons */
 };
 
 static double now_s(void)
@@ -114,21 +117,17 @@ struct pending {
 /* Numbers one event of a job and queues it for the store; drain() publishes it after
  * the commit. The store comes first also so that a stream that attaches to the hub
  * later finds every earlier event in the store. */
-static void publish(struct super *s, struct active *a, struct event *ev)
+/* Queues `ev` (server fields set) for the hub, after the next commit; it is stored
+ * already when `stored`, else appended to the store now. */
+static void publish_ev(struct super *s, const struct event *ev, bool stored)
 {
     char body[EVENT_LINE_MAX];
-    ev->has_server_fields = true;
-    ev->job = a->job;
-    ev->attempt = a->attempt;
-    ev->seq = a->next_seq++;
-    if (ev->ts == 0)
-        ev->ts = now_s();
     int n = event_encode(ev, body, sizeof body);
     if (n < 0)
         return;
     struct ddpd_error err;
-    if (store_event_append(s->o.store, ev, body, (size_t)n, &err) != DDPD_OK)
-        fprintf(stderr, "ddpd: job %" PRId64 ": event %" PRId64 " not stored: %s\n", a->job, ev->seq,
+    if (!stored && store_event_append(s->o.store, ev, body, (size_t)n, &err) != DDPD_OK)
+        fprintf(stderr, "ddpd: job %" PRId64 ": event %" PRId64 " not stored: %s\n", ev->job, ev->seq,
                 err.message);
     struct pending *p = malloc(sizeof *p + (size_t)n + 1);
     if (!p)
@@ -139,6 +138,17 @@ static void publish(struct super *s, struct active *a, struct event *ev)
     p->next = NULL;
     *s->pending_tail = p;
     s->pending_tail = &p->next;
+}
+
+static void publish(struct super *s, struct active *a, struct event *ev)
+{
+    ev->has_server_fields = true;
+    ev->job = a->job;
+    ev->attempt = a->attempt;
+    ev->seq = a->next_seq++;
+    if (ev->ts == 0)
+        ev->ts = now_s();
+    publish_ev(s, ev, false);
 }
 
 /* Commits what publish() queued (one transaction for everything that arrived in this
@@ -689,10 +699,14 @@ static void submit(struct super *s, struct cmd *c)
     sched_enqueue(s->sched, job, a->device, a->world_size);
     pthread_mutex_unlock(&s->lock);
     note_appended(s, job);
-    if (known) /* the store has it queued already: the event is what is new */
-        publish_state(s, a, JOB_STATE_QUEUED, NULL);
-    else
+    if (known) { /* stored queued, with its queued event: the hub is what is new */
+        struct event ev;
+        store_job_queued_event(job, c->created_at, &ev);
+        a->next_seq = ev.seq + 1;
+        publish_ev(s, &ev, true);
+    } else {
         set_state(s, a, JOB_STATE_QUEUED, NULL);
+    }
 }
 
 static void cancel(struct super *s, int64_t job, const char *reason)
@@ -738,11 +752,19 @@ static void note_reason(void *ctx, int64_t job, const char *why)
 /* Queued jobs say why they wait. Reasons change with the queue's head or the slots (then
  * every queued job is looked at, in one pass over the queue) or are new for jobs just
  * appended (then only those are); the changed ones are stored in one transaction. */
+/* Under a burst of submissions the reasons of new jobs are stored together, at most every
+ * REASONS_EVERY_S (one transaction for many jobs, not one per turn of the loop). */
+#define REASONS_EVERY_S 0.02
+
 static void update_pending_reasons(struct super *s)
 {
     if (!s->queue_changed && s->n_appended == 0)
         return;
     bool all = s->queue_changed;
+    double now = proc_now_mono();
+    if (!all && now - s->reasons_at < REASONS_EVERY_S)
+        return; /* the loop's poll timeout brings it back */
+    s->reasons_at = now;
     size_t cap = all ? 0 : s->n_appended;
     for (struct active *a = s->jobs; all && a; a = a->next)
         cap += a->state == JOB_STATE_QUEUED && !a->l;
@@ -1070,7 +1092,7 @@ static void push(struct super *s, enum cmd_kind k, int64_t job)
 }
 
 void super_submit(struct super *s, int64_t job, char *spec_text, int world_size, device_kind device,
-                  int max_restarts)
+                  int max_restarts, double created_at)
 {
     struct cmd *c = calloc(1, sizeof *c);
     if (!c)
@@ -1081,6 +1103,7 @@ void super_submit(struct super *s, int64_t job, char *spec_text, int world_size,
     c->world_size = world_size;
     c->device = device;
     c->max_restarts = max_restarts;
+    c->created_at = created_at;
     push_cmd(s, c);
 }
 

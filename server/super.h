@@ -58,11 +58,12 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err);
  * the thread. NULL is a no-op. */
 void super_stop(struct super *s);
 
-/* A job just inserted as queued: schedule it. `spec_text` (taken, malloc'd) is the spec
- * as stored, with the spec's world_size, device and max_restarts; with spec_text NULL
- * the supervisor reads the job from the store. */
+/* A job just inserted as queued with its queued event (store_job_new.queued_event):
+ * schedule it. `spec_text` (taken, malloc'd) is the spec as stored, with the spec's
+ * world_size, device and max_restarts and the job's created_at; with spec_text NULL the
+ * supervisor reads the job from the store (and stores a queued event itself). */
 void super_submit(struct super *s, int64_t job, char *spec_text, int world_size, device_kind device,
-                  int max_restarts);
+                  int max_restarts, double created_at);
 
 /* Cancels a queued or running job. DDPD_ENOTFOUND for an unknown job, DDPD_ECONFLICT
  * when it has already finished. */
