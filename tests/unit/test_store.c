@@ -694,6 +694,102 @@ static void test_events(void)
 /* A database locked by another connection: synchronous writes report DDPD_EBUSY after
  * busy_timeout; the event writer retries and gets through once the lock goes; a stalled
  * writer fills the queue and append reports DDPD_EBUSY after append_wait_ms. */
+/* store_job_insert_async: every insert's callback runs once with its own id, ids in the
+ * order of the calls; queued_event stores the job's queued event (seq 1) with it; a bad
+ * insert fails alone; store_close commits what is still queued before it returns. */
+struct async_seen {
+    pthread_mutex_t mu;
+    int n, failed;
+    int64_t id[200];
+    double created[200];
+    int order[200]; /* callback order: index of the call */
+};
+
+struct async_call {
+    struct async_seen *seen;
+    int i;
+};
+
+static void async_done(void *ctx, ddpd_err rc, int64_t id, double created, const struct ddpd_error *err)
+{
+    struct async_call *c = ctx;
+    struct async_seen *a = c->seen;
+    pthread_mutex_lock(&a->mu);
+    if (rc != DDPD_OK) {
+        CHECK(err != NULL && err->message[0]);
+        a->failed++;
+        a->id[c->i] = -1;
+    } else {
+        a->id[c->i] = id;
+        a->created[c->i] = created;
+    }
+    a->order[a->n++] = c->i;
+    pthread_mutex_unlock(&a->mu);
+}
+
+static void test_insert_async(void)
+{
+    char path[700];
+    struct ddpd_error e;
+    db_path(path, sizeof path, "async.db");
+    struct store *s = open_ok(path, NULL);
+    if (!s)
+        return;
+    static struct async_seen seen = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    static struct async_call calls[200];
+    const int n = 200, bad = 77;
+    for (int i = 0; i < n; i++) {
+        calls[i] = (struct async_call){&seen, i};
+        struct store_job_new j = {.name = "async", .spec = i == bad ? "{not json" : SPEC, .world_size = 1,
+                                  .device = DEVICE_CPU, .queued_event = i % 2 == 0};
+        store_job_insert_async(s, &j, async_done, &calls[i]);
+    }
+    store_close(s); /* commits the queued inserts first */
+    CHECK_EQ_INT(seen.n, n);
+    CHECK_EQ_INT(seen.failed, 1);
+    CHECK_EQ_INT(seen.id[bad], -1);
+    for (int k = 0; k < n; k++)
+        CHECK_EQ_INT(seen.order[k], k); /* callbacks in the order of the calls */
+    int64_t prev = 0;
+    for (int i = 0; i < n; i++) {
+        if (i == bad)
+            continue;
+        CHECK(seen.id[i] > prev);
+        prev = seen.id[i];
+    }
+
+    s = open_ok(path, NULL);
+    if (!s)
+        return;
+    struct collect *c = calloc(1, sizeof *c);
+    for (int i = 0; i < n; i += 25) {
+        if (i == bad)
+            continue;
+        memset(c, 0, sizeof *c);
+        size_t count = 0;
+        CHECK_EQ_INT(store_events_read(s, seen.id[i], 0, 0, collect_fn, c, &count, &e), DDPD_OK);
+        if (i % 2) {
+            CHECK_EQ_INT(count, 0);
+            continue;
+        }
+        CHECK_EQ_INT(count, 1);
+        CHECK_EQ_INT(c->seq[0], 1);
+        CHECK_EQ_INT(c->kind[0], EVENT_STATE);
+        CHECK_EQ_INT(c->rank[0], -1);
+        struct event want;
+        char body[EVENT_LINE_MAX];
+        store_job_queued_event(seen.id[i], seen.created[i], &want);
+        CHECK(event_encode(&want, body, sizeof body) > 0);
+        CHECK_EQ_STR(c->body[0], body);
+        CHECK(strstr(c->body[0], "\"state\":\"queued\"") != NULL);
+        int64_t max = 0;
+        CHECK_EQ_INT(store_event_max_seq(s, seen.id[i], &max, &e), DDPD_OK);
+        CHECK_EQ_INT(max, 1);
+    }
+    free(c);
+    store_close(s);
+}
+
 static void test_busy(void)
 {
     char path[700];
@@ -1280,6 +1376,7 @@ int main(int argc, char **argv)
     test_open_errors();
     test_jobs();
     test_events();
+    test_insert_async();
     test_busy();
     test_ingest_rate();
     test_metrics();
