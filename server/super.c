@@ -1149,8 +1149,12 @@ json_t *super_devices(struct super *s)
         json_t *arr = json_array();
         for (int i = 0; i < sched_slots(s->sched, (device_kind)t); i++) {
             int64_t h = sched_slot_holder(s->sched, (device_kind)t, i);
-            json_array_append_new(arr, json_pack("{s:i, s:o}", "index", i, "job",
-                                                 h ? json_integer(h) : json_null()));
+            json_t *slot = json_pack("{s:i, s:o}", "index", i, "job", h ? json_integer(h) : json_null());
+            /* A GPU slot's device as CUDA_VISIBLE_DEVICES names it (slot 0 is GPU 2 under
+             * --gpus 2,3). */
+            if (slot && t == DEVICE_CUDA && s->o.gpu_ids)
+                json_object_set_new(slot, "device", json_string(s->o.gpu_ids[i]));
+            json_array_append_new(arr, slot);
         }
         json_object_set_new(out, t == DEVICE_CUDA ? "gpus" : "cpu_slots", arr);
     }

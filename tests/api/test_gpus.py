@@ -38,6 +38,7 @@ def test_rank_gets_the_gpu_of_its_slot(make_server, work):
     srv.start()
     gpus = srv.devices()["gpus"]
     assert [g["index"] for g in gpus] == [0, 1], gpus
+    assert [g["device"] for g in gpus] == ["2", "3"], gpus
     spec = seed_spec(name="gpus", device="cuda", world_size=2, ddp={"backend": "cpu"})
     jid = srv.submit(spec)["id"]
     # There is no GPU 2 or 3 here (nor, on most machines, a GPU): the ranks start, say
