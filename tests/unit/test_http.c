@@ -559,6 +559,102 @@ static ddpd_err h_metrics(struct http_request *req, struct ddpd_error *err)
     return rc;
 }
 
+/* POST /v1/deferred/{n}: deferred (http_defer), answered by the deferrer thread: 201
+ * {"n": n} with a Location, or for n = 422 a 422 error. While `gate_closed` the answers
+ * wait; `held` counts the requests the handler took. */
+struct deferred_job {
+    struct http_request *req;
+    int64_t n;
+    struct deferred_job *next;
+};
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct deferred_job *head, **tail;
+    int held;
+    bool gate_closed, stop;
+    pthread_t t;
+} dq = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void deferred_answer(struct deferred_job *j)
+{
+    if (j->n == 422) {
+        struct ddpd_error e;
+        ddpd_error_set(&e, DDPD_ESPEC, "n", "n %lld is refused", (long long)j->n);
+        http_deferred_done(j->req, DDPD_ESPEC, &e);
+    } else {
+        char loc[64];
+        snprintf(loc, sizeof loc, "/v1/deferred/%lld", (long long)j->n);
+        http_response_header(j->req, "Location", loc);
+        ddpd_err rc = http_respond_json(j->req, 201, json_pack("{s:I}", "n", (json_int_t)j->n));
+        http_deferred_done(j->req, rc, NULL);
+    }
+    free(j);
+}
+
+static void *deferrer_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&dq.mu);
+    for (;;) {
+        while (!dq.stop && (!dq.head || dq.gate_closed))
+            pthread_cond_wait(&dq.cv, &dq.mu);
+        struct deferred_job *j = dq.head;
+        if (!j)
+            break; /* stopping, and nothing is left */
+        dq.head = j->next;
+        if (!dq.head)
+            dq.tail = &dq.head;
+        pthread_mutex_unlock(&dq.mu);
+        deferred_answer(j);
+        pthread_mutex_lock(&dq.mu);
+    }
+    pthread_mutex_unlock(&dq.mu);
+    return NULL;
+}
+
+static ddpd_err h_deferred(struct http_request *req, struct ddpd_error *err)
+{
+    struct deferred_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
+    j->req = req;
+    j->n = http_request_id(req, 0);
+    http_defer(req);
+    pthread_mutex_lock(&dq.mu);
+    *dq.tail = j;
+    dq.tail = &j->next;
+    dq.held++;
+    pthread_cond_broadcast(&dq.cv);
+    pthread_mutex_unlock(&dq.mu);
+    return DDPD_OK;
+}
+
+static void gate(bool closed)
+{
+    pthread_mutex_lock(&dq.mu);
+    dq.gate_closed = closed;
+    pthread_cond_broadcast(&dq.cv);
+    pthread_mutex_unlock(&dq.mu);
+}
+
+/* Waits (bounded) until the handler has taken `n` deferred requests in all. */
+static bool held_reaches(int n, double secs)
+{
+    double end = now_s() + secs;
+    for (;;) {
+        pthread_mutex_lock(&dq.mu);
+        int h = dq.held;
+        pthread_mutex_unlock(&dq.mu);
+        if (h >= n)
+            return true;
+        if (now_s() > end)
+            return false;
+        sleep_ms(2);
+    }
+}
+
 static const struct http_route routes[] = {
     {"GET", "/v1/echo", h_echo_get, HTTP_ROUTE_AUTH, 0},
     {"POST", "/v1/echo", h_echo_post, HTTP_ROUTE_AUTH | HTTP_ROUTE_JSON, 0},
@@ -573,6 +669,7 @@ static const struct http_route routes[] = {
     {"DELETE", "/v1/jobs/{id}", h_empty, HTTP_ROUTE_AUTH, 0},
     {"GET", "/v1/streams/{slot}", h_stream, HTTP_ROUTE_AUTH, 0},
     {"GET", "/metrics", h_metrics, 0, 0},
+    {"POST", "/v1/deferred/{n}", h_deferred, HTTP_ROUTE_AUTH, 0},
 };
 
 static struct http_server *server;
@@ -1446,6 +1543,125 @@ static void test_free_with_streams(void)
     }
 }
 
+static bool send_deferred(struct cli *c, int64_t n)
+{
+    char head[256];
+    int k = snprintf(head, sizeof head,
+                     "POST /v1/deferred/%lld HTTP/1.1\r\nHost: test\r\n" AUTH "Content-Length: 0\r\n\r\n",
+                     (long long)n);
+    return send_all(c->fd, head, (size_t)k);
+}
+
+static void check_deferred_answer(struct cli *c, int64_t n)
+{
+    struct resp r;
+    bool ok = c && read_head(c, &r) && read_body(c, &r, false);
+    CHECK(ok);
+    if (!ok)
+        return;
+    char want[64], loc[64];
+    snprintf(want, sizeof want, "{\"n\":%lld}\n", (long long)n);
+    snprintf(loc, sizeof loc, "/v1/deferred/%lld", (long long)n);
+    CHECK_EQ_INT(r.status, 201);
+    CHECK_EQ_STR(r.body, want);
+    CHECK_EQ_STR(hdr(&r, "Location"), loc);
+    resp_free(&r);
+}
+
+struct freer {
+    struct http_server *s;
+    bool done;
+};
+
+static void *freer_main(void *arg)
+{
+    struct freer *f = arg;
+    http_server_free(f->s);
+    __atomic_store_n(&f->done, true, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Deferred answers (http_defer / http_deferred_done), on the one-thread server. */
+static void test_deferred(void)
+{
+    dq.tail = &dq.head;
+    dq.stop = false;
+    pthread_create(&dq.t, NULL, deferrer_main, NULL);
+
+    /* keep-alive: answers made on another thread, an error among them, the connection
+     * still serving the next request */
+    struct cli *c = cli_open(port);
+    CHECK(c != NULL);
+    const int64_t ns[] = {1, 422, 2, 3};
+    for (size_t i = 0; c && i < sizeof ns / sizeof ns[0]; i++) {
+        CHECK(send_deferred(c, ns[i]));
+        if (ns[i] != 422) {
+            check_deferred_answer(c, ns[i]);
+            continue;
+        }
+        struct resp r;
+        CHECK(read_head(c, &r) && read_body(c, &r, false));
+        CHECK_EQ_INT(r.status, 422);
+        CHECK(r.body && strstr(r.body, "n 422 is refused") != NULL);
+        resp_free(&r);
+    }
+    struct resp r;
+    CHECK(c && req_on(c, "GET", "/v1/jobs/7", AUTH, NULL, 0, &r));
+    CHECK_EQ_INT(r.status, 200);
+    resp_free(&r);
+    cli_close(c);
+
+    /* A deferred request holds no thread: with 10 answers held back, the server's one
+     * thread still answers others; then all 10 get theirs. */
+    gate(true);
+    pthread_mutex_lock(&dq.mu);
+    int before = dq.held;
+    pthread_mutex_unlock(&dq.mu);
+    struct cli *w[10];
+    for (int i = 0; i < 10; i++) {
+        w[i] = cli_open(port);
+        CHECK(w[i] && send_deferred(w[i], 100 + i));
+    }
+    CHECK(held_reaches(before + 10, 5));
+    CHECK(req1("GET", "/healthz", NULL, NULL, &r));
+    CHECK_EQ_INT(r.status, 200);
+    resp_free(&r);
+    gate(false);
+    for (int i = 0; i < 10; i++) {
+        check_deferred_answer(w[i], 100 + i);
+        cli_close(w[i]);
+    }
+
+    /* http_server_free waits for an answer still held back, and the client gets it */
+    struct ddpd_error err;
+    struct http_server *s2 = start(1, &err);
+    CHECK(s2 != NULL);
+    if (s2) {
+        gate(true);
+        pthread_mutex_lock(&dq.mu);
+        before = dq.held;
+        pthread_mutex_unlock(&dq.mu);
+        struct cli *d = cli_open(http_server_port(s2));
+        CHECK(d && send_deferred(d, 7));
+        CHECK(held_reaches(before + 1, 5));
+        struct freer f = {s2, false};
+        pthread_t t;
+        pthread_create(&t, NULL, freer_main, &f);
+        sleep_ms(100);
+        CHECK(!__atomic_load_n(&f.done, __ATOMIC_ACQUIRE)); /* still waiting for the answer */
+        gate(false);
+        pthread_join(t, NULL);
+        check_deferred_answer(d, 7);
+        cli_close(d);
+    }
+
+    pthread_mutex_lock(&dq.mu);
+    dq.stop = true;
+    pthread_cond_broadcast(&dq.cv);
+    pthread_mutex_unlock(&dq.mu);
+    pthread_join(dq.t, NULL);
+}
+
 /* A pool of threads: the same keep-alive and stream paths. */
 static void test_thread_pool(void)
 {
@@ -1537,6 +1753,7 @@ int main(void)
     RUN(test_limits());
     RUN(test_concurrent());
     RUN(test_metrics());
+    RUN(test_deferred());
     RUN(test_free_with_streams());
     RUN(test_thread_pool());
     RUN(test_ipv6());
