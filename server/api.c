@@ -33,9 +33,14 @@ static struct api *ctx_of(struct http_request *req) { return http_request_ctx(re
 static json_t *num_or_null(bool has, double v) { return has && isfinite(v) ? json_real(v) : json_null(); }
 static json_t *time_or_null(double t) { return t > 0 ? json_real(t) : json_null(); }
 
-/* A job as CONTRACT.md §7 shows it, without its spec (job_text adds it). */
-static json_t *job_json(const struct store_job *j)
+/* A job as CONTRACT.md §7 shows it, without its spec (job_text adds it). A queued job's
+ * pending reason is the scheduler's of now (super_pending_reason), else the stored one. */
+static json_t *job_json(struct api *a, const struct store_job *j)
 {
+    char live[STORE_TEXT_MAX];
+    const char *why = j->state == JOB_STATE_QUEUED && super_pending_reason(a->super, j->id, live, sizeof live)
+                          ? live
+                          : j->pending_reason;
     json_t *o = json_object();
     json_object_set_new(o, "id", json_integer(j->id));
     json_object_set_new(o, "name", json_string(j->name));
@@ -50,7 +55,7 @@ static json_t *job_json(const struct store_job *j)
     json_object_set_new(o, "step", j->has_progress ? json_integer(j->step) : json_null());
     json_object_set_new(o, "loss", num_or_null(j->has_progress && j->loss_finite, j->loss));
     json_object_set_new(o, "error", j->error[0] ? json_string(j->error) : json_null());
-    json_object_set_new(o, "pending_reason", j->pending_reason[0] ? json_string(j->pending_reason) : json_null());
+    json_object_set_new(o, "pending_reason", why[0] ? json_string(why) : json_null());
     json_t *ranks = json_array();
     for (size_t i = 0; i < j->n_ranks; i++) {
         const struct store_rank *r = &j->ranks[i];
@@ -72,9 +77,9 @@ static json_t *job_json(const struct store_job *j)
  * stored spec spliced in as its last member. The stored text is spec_to_json's compact
  * output, valid JSON by the store's CHECK; parsing it back and dumping it again was most
  * of the time of a GET. */
-static char *job_text(const struct store_job *j, size_t *len)
+static char *job_text(struct api *a, const struct store_job *j, size_t *len)
 {
-    json_t *o = job_json(j);
+    json_t *o = job_json(a, j);
     char *head = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (!head)
@@ -100,7 +105,7 @@ static char *job_text(const struct store_job *j, size_t *len)
 static ddpd_err respond_job(struct http_request *req, int status, const struct store_job *j)
 {
     size_t len;
-    char *t = job_text(j, &len);
+    char *t = job_text(ctx_of(req), j, &len);
     if (!t)
         return DDPD_ENOMEM;
     t[len] = '\n'; /* every JSON answer ends with a newline */
@@ -319,7 +324,7 @@ static ddpd_err h_list(struct http_request *req, struct ddpd_error *err)
         len = (size_t)snprintf(out, cap, "{\"jobs\":[");
     for (size_t i = 0; rc == DDPD_OK && i < l.n; i++) {
         size_t n;
-        char *t = job_text(&l.jobs[i], &n);
+        char *t = job_text(a, &l.jobs[i], &n);
         char *grown = t && len + n + 64 > cap ? realloc(out, cap = 2 * (len + n + 64)) : out;
         if (!t || !grown) {
             rc = DDPD_ENOMEM;
@@ -356,13 +361,17 @@ static ddpd_err h_get(struct http_request *req, struct ddpd_error *err)
     if ((rc = get_job(req, &j, err)))
         return rc;
     size_t len;
-    char *t = job_text(&j, &len);
+    char *t = job_text(a, &j, &len);
+    bool queued = j.state == JOB_STATE_QUEUED;
     store_job_clear(&j);
     if (!t)
         return DDPD_ENOMEM;
     t[len++] = '\n';
     rc = http_respond_bytes(req, 200, "application/json", t, len);
-    job_cache_put(id, version, t, len);
+    if (queued) /* its pending reason changes without the store */
+        free(t);
+    else
+        job_cache_put(id, version, t, len);
     return rc;
 }
 

@@ -158,24 +158,17 @@ void sched_pending_reason(const struct sched *s, int64_t job, char *buf, size_t 
     buf[0] = '\0';
     for (int t = 0; t < 2; t++) {
         const struct kind_state *k = &s->k[t];
-        /* From the back: the jobs asked about most are the ones just appended. */
-        for (int i = k->qlen - 1; i >= 0; i--) {
-            if (k->q[i].job == job) {
-                reason_at(k, t, i, buf, cap);
-                return;
-            }
+        int lo = 0, hi = k->qlen; /* the queue is in id order: a binary search */
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2;
+            if (k->q[mid].job < job)
+                lo = mid + 1;
+            else
+                hi = mid;
         }
-    }
-}
-
-void sched_pending_reasons(const struct sched *s, void (*fn)(void *ctx, int64_t job, const char *why), void *ctx)
-{
-    char buf[1024];
-    for (int t = 0; t < 2; t++) {
-        const struct kind_state *k = &s->k[t];
-        for (int i = 0; i < k->qlen; i++) {
-            reason_at(k, t, i, buf, sizeof buf);
-            fn(ctx, k->q[i].job, buf);
+        if (lo < k->qlen && k->q[lo].job == job) {
+            reason_at(k, t, lo, buf, cap);
+            return;
         }
     }
 }

@@ -41,9 +41,6 @@ void sched_release(struct sched *s, int64_t job);
 
 /* Why a queued job is waiting, in a sentence; "" when it is not queued. */
 void sched_pending_reason(const struct sched *s, int64_t job, char *buf, size_t cap);
-/* Calls fn with every queued job and its reason, in queue order (one pass: for looking
- * at every queued job at once). */
-void sched_pending_reasons(const struct sched *s, void (*fn)(void *ctx, int64_t job, const char *why), void *ctx);
 
 /* The job holding slot `i` of `kind`, or 0 when it is free. */
 int64_t sched_slot_holder(const struct sched *s, device_kind kind, int i);

@@ -1464,35 +1464,6 @@ out:
     return e;
 }
 
-ddpd_err store_jobs_set_pending(struct store *s, size_t n, const int64_t *ids, const char *const *reasons,
-                                struct ddpd_error *err)
-{
-    if (n == 0)
-        return DDPD_OK;
-    ddpd_err e = wtx_begin(s, err);
-    if (e != DDPD_OK)
-        return e;
-    for (size_t i = 0; i < n && e == DDPD_OK; i++) {
-        sqlite3_stmt *st = stmt(s->w, W_JOB_UPDATE, err);
-        if (!st) {
-            e = err ? err->code : DDPD_EINTERNAL;
-            break;
-        }
-        sqlite3_bind_int64(st, 1, ids[i]);
-        sqlite3_bind_int(st, 2, STORE_SET_PENDING);
-        sqlite3_bind_text(st, 3, "", -1, SQLITE_STATIC); /* unused without STORE_SET_STATE */
-        bind_text_or_null(st, 7, reasons[i]);
-        int rc = sqlite3_step(st);
-        if (rc != SQLITE_DONE)
-            e = sq_fail(err, s->w->db, rc, "update pending reasons");
-        stmt_done(st);
-    }
-    e = wtx_end(s, e, err);
-    for (size_t i = 0; i < n; i++)
-        job_changed(s, ids[i]);
-    return e;
-}
-
 ddpd_err store_job_delete(struct store *s, int64_t id, unsigned if_states, struct ddpd_error *err)
 {
     job_state cur;

@@ -246,11 +246,6 @@ struct store_job_update {
 ddpd_err store_job_update(struct store *s, int64_t id, const struct store_job_update *u, job_state *old,
                           struct ddpd_error *err);
 
-/* Sets the pending_reason of jobs ids[0..n) to reasons[i] (NULL or "" clears it), all in
- * one transaction, whatever their state; ids that do not exist are skipped. For the
- * supervisor, whose queue changes every waiting job's reason at once. */
-ddpd_err store_jobs_set_pending(struct store *s, size_t n, const int64_t *ids, const char *const *reasons,
-                                struct ddpd_error *err);
 /* Deletes job `id` with its attempts, ranks, events and loss series, when its state is in
  * `if_states` (0 = any). Events of the job still queued are committed first, so none
  * outlives the delete; later appends for it are dropped (counted in events_dropped).

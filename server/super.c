@@ -23,7 +23,6 @@
 #include "../schema/event.h"
 #include "hub.h"
 #include "launch.h"
-#include "proc.h"
 #include "sched.h"
 #include "slurm.h"
 #include "store.h"
@@ -81,12 +80,6 @@ struct super {
     struct active **index; /* jobs by id: open addressing, linear probing */
     size_t index_cap, index_n;
     struct pending *pending, **pending_tail; /* stored, not yet published */
-    bool queue_changed; /* pending reasons need a new look (supervisor thread only) */
-    /* Jobs appended to the queue since the last look, when nothing else changed: only
-     * their reasons are new (supervisor thread only). */
-    int64_t *appended;
-    size_t n_appended, cap_appended;
-    double reasons_at; /* monotonic time of the last look at pending reasons */
 };
 
 static double now_s(void)
@@ -604,7 +597,6 @@ static void finish(struct super *s, struct active *a, job_state st, const char *
     sched_release(s->sched, a->job);
     sched_dequeue(s->sched, a->job);
     pthread_mutex_unlock(&s->lock);
-    s->queue_changed = true;
     set_state(s, a, st, error);
     drop(s, a);
 }
@@ -667,22 +659,6 @@ static struct active *fresh(struct super *s, struct cmd *c)
     return a;
 }
 
-/* Remembers a job appended to the queue, for the next look at pending reasons. */
-static void note_appended(struct super *s, int64_t job)
-{
-    if (s->n_appended == s->cap_appended) {
-        size_t cap = s->cap_appended ? 2 * s->cap_appended : 64;
-        int64_t *p = realloc(s->appended, cap * sizeof *p);
-        if (!p) {
-            s->queue_changed = true; /* look at every job instead */
-            return;
-        }
-        s->appended = p;
-        s->cap_appended = cap;
-    }
-    s->appended[s->n_appended++] = job;
-}
-
 /* A job the API has just inserted: from what the command carries (no store round trip),
  * or loaded from the store when it carries no spec. */
 static void submit(struct super *s, struct cmd *c)
@@ -698,7 +674,6 @@ static void submit(struct super *s, struct cmd *c)
     pthread_mutex_lock(&s->lock);
     sched_enqueue(s->sched, job, a->device, a->world_size);
     pthread_mutex_unlock(&s->lock);
-    note_appended(s, job);
     if (known) { /* stored queued, with its queued event: the hub is what is new */
         struct event ev;
         store_job_queued_event(job, c->created_at, &ev);
@@ -723,90 +698,6 @@ static void cancel(struct super *s, int64_t job, const char *reason)
     launch_cancel(a->l);
 }
 
-/* The reasons that changed in one look at the queue. */
-struct reasons {
-    struct active **look; /* the queued jobs looked at, sorted by job id */
-    size_t n;
-    int64_t *ids;
-    const char **why;
-    size_t nchanged;
-};
-
-static int cmp_active_job(const void *x, const void *y)
-{
-    int64_t a = (*(struct active *const *)x)->job, b = (*(struct active *const *)y)->job;
-    return a < b ? -1 : a > b;
-}
-
-static void note_reason(void *ctx, int64_t job, const char *why)
-{
-    struct reasons *r = ctx;
-    struct active key = {.job = job}, *kp = &key;
-    struct active **hit = bsearch(&kp, r->look, r->n, sizeof *r->look, cmp_active_job);
-    if (!hit || !set_pending(*hit, why))
-        return;
-    r->ids[r->nchanged] = job;
-    r->why[r->nchanged++] = (*hit)->pending;
-}
-
-/* Queued jobs say why they wait. Reasons change with the queue's head or the slots (then
- * every queued job is looked at, in one pass over the queue) or are new for jobs just
- * appended (then only those are); the changed ones are stored in one transaction. */
-/* Under a burst of submissions the reasons of new jobs are stored together, at most every
- * REASONS_EVERY_S (one transaction for many jobs, not one per turn of the loop). */
-#define REASONS_EVERY_S 0.02
-
-static void update_pending_reasons(struct super *s)
-{
-    if (!s->queue_changed && s->n_appended == 0)
-        return;
-    bool all = s->queue_changed;
-    double now = proc_now_mono();
-    if (!all && now - s->reasons_at < REASONS_EVERY_S)
-        return; /* the loop's poll timeout brings it back */
-    s->reasons_at = now;
-    size_t cap = all ? 0 : s->n_appended;
-    for (struct active *a = s->jobs; all && a; a = a->next)
-        cap += a->state == JOB_STATE_QUEUED && !a->l;
-    struct reasons r = {.look = malloc((cap + 1) * sizeof *r.look),
-                        .ids = malloc((cap + 1) * sizeof *r.ids),
-                        .why = malloc((cap + 1) * sizeof *r.why)};
-    if (r.look && r.ids && r.why) {
-        if (all) {
-            for (struct active *a = s->jobs; a; a = a->next)
-                if (a->state == JOB_STATE_QUEUED && !a->l)
-                    r.look[r.n++] = a;
-        } else {
-            for (size_t i = 0; i < s->n_appended; i++) {
-                struct active *a = find(s, s->appended[i]);
-                if (a && a->state == JOB_STATE_QUEUED && !a->l)
-                    r.look[r.n++] = a;
-            }
-        }
-        qsort(r.look, r.n, sizeof *r.look, cmp_active_job);
-        pthread_mutex_lock(&s->lock);
-        if (all) {
-            sched_pending_reasons(s->sched, note_reason, &r);
-        } else {
-            char why[STORE_TEXT_MAX];
-            for (size_t i = 0; i < r.n; i++) {
-                sched_pending_reason(s->sched, r.look[i]->job, why, sizeof why);
-                note_reason(&r, r.look[i]->job, why);
-            }
-        }
-        pthread_mutex_unlock(&s->lock);
-        struct ddpd_error err;
-        if (r.nchanged &&
-            store_jobs_set_pending(s->o.store, r.nchanged, r.ids, (const char *const *)r.why, &err) != DDPD_OK)
-            fprintf(stderr, "ddpd: pending reasons of %zu jobs not stored: %s\n", r.nchanged, err.message);
-        s->queue_changed = false;
-        s->n_appended = 0;
-    }
-    free(r.why);
-    free(r.ids);
-    free(r.look);
-}
-
 static void schedule(struct super *s)
 {
     for (;;) {
@@ -823,10 +714,8 @@ static void schedule(struct super *s)
         if (!a)
             continue;
         memcpy(a->slots, slots, (size_t)world * sizeof(int));
-        s->queue_changed = true;
         start(s, a, false, NULL);
     }
-    update_pending_reasons(s);
 }
 
 /* Jobs handed to Slurm but not started by it yet: queued with Slurm's reason; starting
@@ -989,7 +878,6 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
         pthread_mutex_lock(&s->lock);
         sched_enqueue(s->sched, a->job, a->device, a->world_size);
         pthread_mutex_unlock(&s->lock);
-        s->queue_changed = true;
         if (a->state != JOB_STATE_QUEUED)
             set_state(s, a, JOB_STATE_QUEUED, "server restarted; the job was queued again");
     }
@@ -1055,7 +943,6 @@ void super_stop(struct super *s)
         free(s->head);
         s->head = n;
     }
-    free(s->appended);
     free(s->index);
     if (s->o.store)
         store_flush(s->o.store, NULL);
@@ -1121,6 +1008,17 @@ ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err)
                               job_state_name(st));
     push(s, CMD_CANCEL, job);
     return DDPD_OK;
+}
+
+bool super_pending_reason(struct super *s, int64_t job, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    if (s->o.slurm) /* Slurm's reasons are stored as squeue tells them */
+        return false;
+    pthread_mutex_lock(&s->lock);
+    sched_pending_reason(s->sched, job, buf, cap);
+    pthread_mutex_unlock(&s->lock);
+    return buf[0] != '\0';
 }
 
 bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap)

@@ -69,6 +69,12 @@ void super_submit(struct super *s, int64_t job, char *spec_text, int world_size,
  * when it has already finished. */
 ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err);
 
+/* Why queued job `job` waits, now ("queued behind job 7 (3 earlier jobs waiting for cpu
+ * slots)"): true with `buf` set when the scheduler holds it queued. Asked when a job is
+ * shown, not stored: every start or end would change the reason of every queued job.
+ * False under Slurm, whose reasons (squeue) are stored. Any thread. */
+bool super_pending_reason(struct super *s, int64_t job, char *buf, size_t cap);
+
 /* False with `why` when a job of `world` ranks on `kind` can never run here. */
 bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap);
 device_kind super_default_device(const struct super *s);
