@@ -65,5 +65,32 @@ int main(void)
     }
     sched_free(s);
     sched_free(NULL);
+
+    /* Reasons by binary search over a long queue of both kinds, ids with gaps and
+     * arriving out of order; ids not queued (between, before, after, running) have none. */
+    s = sched_new(1, 1);
+    sched_enqueue(s, 1000, DEVICE_CPU, 1); /* starts: holds the slot */
+    CHECK(sched_next(s, &job, &kind, slots, &world));
+    for (int64_t id = 2998; id >= 1002; id -= 2) /* backwards: every one an out-of-order arrival */
+        sched_enqueue(s, id, id % 4 ? DEVICE_CPU : DEVICE_CUDA, 1);
+    sched_enqueue(s, 1001, DEVICE_CUDA, 1); /* starts on the GPU */
+    CHECK(sched_next(s, &job, &kind, slots, &world));
+    CHECK_EQ_INT(job, 1001);
+    sched_pending_reason(s, 1002, why, sizeof why);
+    CHECK_EQ_STR(why, "waiting for 1 free CPU slots (0 of 1 free)");
+    sched_pending_reason(s, 1006, why, sizeof why);
+    CHECK_EQ_STR(why, "queued behind job 1002 (1 earlier job waiting for CPU slots)");
+    sched_pending_reason(s, 2998, why, sizeof why);
+    CHECK_EQ_STR(why, "queued behind job 1002 (499 earlier jobs waiting for CPU slots)");
+    sched_pending_reason(s, 1004, why, sizeof why);
+    CHECK_EQ_STR(why, "waiting for 1 free GPUs (0 of 1 free)");
+    sched_pending_reason(s, 2996, why, sizeof why);
+    CHECK_EQ_STR(why, "queued behind job 1004 (498 earlier jobs waiting for GPUs)");
+    const int64_t none[] = {1, 999, 1000, 1001, 1003, 2997, 2999, 3000, 100000};
+    for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+        sched_pending_reason(s, none[i], why, sizeof why);
+        CHECK_EQ_STR(why, "");
+    }
+    sched_free(s);
     CHECK_DONE();
 }
