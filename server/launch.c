@@ -48,6 +48,7 @@ struct launch {
     struct rank_proc *ranks;
     int failed_rank;       /* first failure, -1 if none */
     double kill_at;        /* when SIGKILL follows SIGTERM; 0 = not armed */
+    bool sent_term, sent_kill; /* signals we sent the group */
     bool cancelled;
     struct slurm_run *sr;  /* the Slurm backend's srun, or NULL: ranks are our children */
 };
@@ -341,6 +342,10 @@ static void signal_group(struct launch *l, int sig)
 {
     if (l->pgid > 0)
         kill(-l->pgid, sig);
+    if (sig == SIGTERM)
+        l->sent_term = true;
+    else if (sig == SIGKILL)
+        l->sent_kill = true;
 }
 
 static void arm_kill(struct launch *l)
@@ -419,16 +424,14 @@ static void read_rank(struct launch *l, int r)
 }
 
 /* An echo of another rank's failure, not a cause: a communication failure (exit 3: a
- * peer died), or, once the group is being stopped, the end our own SIGTERM or SIGKILL
- * brought (exit 5 is a worker's answer to SIGTERM). */
+ * peer died), or the end a signal we sent the group brought (exit 5 is a worker's answer
+ * to SIGTERM). A rank killed from outside by a signal we did not send is a cause, even
+ * when it is reaped after we began stopping the others. */
 static bool is_echo(const struct launch *l, int st)
 {
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 3)
-        return true;
-    if (l->kill_at == 0)
-        return false;
-    return (WIFEXITED(st) && WEXITSTATUS(st) == 5) ||
-           (WIFSIGNALED(st) && (WTERMSIG(st) == SIGTERM || WTERMSIG(st) == SIGKILL));
+    if (WIFEXITED(st))
+        return WEXITSTATUS(st) == 3 || (WEXITSTATUS(st) == 5 && l->sent_term);
+    return WIFSIGNALED(st) && ((WTERMSIG(st) == SIGTERM && l->sent_term) || (WTERMSIG(st) == SIGKILL && l->sent_kill));
 }
 
 static void reap(struct launch *l)

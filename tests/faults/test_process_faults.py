@@ -309,3 +309,56 @@ os.execv(REAL, [REAL])
     wait_until(lambda: srv.free_cpu_slots() == 3, BOUND_S, "the slots to be free")
     ran = j["finished_at"] - j["started_at"]
     print(f"rank 0 dead before the rendezvous: job failed {ran:.2f}s after it started: {j['error']}")
+
+
+def test_rank_killed_from_outside_is_blamed_when_reaped_after_its_echo(make_server, work):
+    """Rank 1 is killed with SIGKILL from outside (not by the launcher); rank 0 sees its
+    peer gone and ends with a communication error (exit 3) a few milliseconds later. A
+    child of rank 1 keeps its stdout open, so the launcher notices both exits in the same
+    pass of waitpid, rank 0's first. The launcher then signals the group, but the SIGKILL
+    that ended rank 1 was not its own: the job's error must name rank 1, not rank 0's echo.
+    (e2e.test_ddp_faults met this order by chance and blamed rank 0.)"""
+    if bin_dir() is None:
+        import pytest
+        pytest.skip("ddpd is not built (set DDPD_BIN to the build folder)")
+    real = bin_dir() / "ddpd-worker"
+    mark = work / "rank1-dead"
+    wrapper = work / "rank1-killed"
+    wrapper.write_text(f'''#!/usr/bin/python3
+# Poses as ddpd-worker: rank 1 SIGKILLs itself while a child holds its stdout; rank 0
+# waits for that, then exits 3 as a worker whose peer died does.
+import json, os, signal, sys, time
+REAL = {str(real)!r}
+MARK = {str(mark)!r}
+if sys.argv[1:]:
+    os.execv(REAL, [REAL] + sys.argv[1:])
+doc = json.loads(sys.stdin.buffer.read())
+if doc["rank"] == 1:
+    if os.fork() == 0:  # holds stdout open; the launcher's SIGTERM ends it
+        time.sleep(30)
+        os._exit(0)
+    time.sleep(0.3)
+    open(MARK, "w").close()
+    os.kill(os.getpid(), signal.SIGKILL)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # exit 3 whenever the launcher's SIGTERM comes
+deadline = time.monotonic() + 10
+while not os.path.exists(MARK) and time.monotonic() < deadline:
+    time.sleep(0.001)
+time.sleep(0.005)
+sys.stderr.write("comm: rank 0: peer rank 1 closed the connection\\n")
+sys.stdout.write(json.dumps({{"event": "error", "rank": 0, "kind": "comm",
+                              "message": "comm: rank 0: peer rank 1 closed the connection",
+                              "ts": time.time()}}) + "\\n")
+sys.stdout.flush()
+os._exit(3)
+''')
+    wrapper.chmod(0o755)
+    srv = make_server(cpu_slots=2, env={"DDPD_WORKER": str(wrapper)})
+    jid = srv.submit(heavy_spec(2, steps=100, name="rank1-killed"))["id"]
+    j = srv.wait_state(jid, FINAL, timeout=30)
+    assert j["state"] == "failed", j
+    assert (j["error"] or "").startswith("rank 1 "), f"the error should name rank 1: {j['error']!r}"
+    codes = {r["rank"]: r["exit_code"] for r in j["ranks"]}
+    assert codes[0] == 3, f"rank 0 should end with exit 3: {codes}"
+    wait_until(lambda: srv.free_cpu_slots() == 2, BOUND_S, "the slots to be free")
+    print(f"rank 1 killed from outside, reaped after rank 0's echo: {j['error']}")
