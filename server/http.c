@@ -446,7 +446,7 @@ struct http_server {
 
     pthread_mutex_t dmu; /* deferred requests: their parked/answered, ndeferred */
     pthread_cond_t dcv;
-    size_t ndeferred; /* deferred and not answered yet */
+    size_t ndeferred; /* deferred and not completed yet (answer sent, or connection ended) */
 };
 
 struct header {
@@ -1332,8 +1332,6 @@ void http_deferred_done(struct http_request *req, ddpd_err rc, const struct ddpd
         req->parked = false;
         MHD_resume_connection(req->mc);
     }
-    if (--s->ndeferred == 0)
-        pthread_cond_broadcast(&s->dcv);
     pthread_mutex_unlock(&s->dmu);
 }
 
@@ -1405,6 +1403,12 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     *con_cls = NULL;
     if (req->conn && s->request_timeout_ms)
         conn_set_deadline(s, req->conn, now_ms() + s->request_timeout_ms + (int64_t)s->idle_timeout_s * 1000);
+    if (req->deferred) { /* its answer is sent (or the client is gone): http_server_free may stop */
+        pthread_mutex_lock(&s->dmu);
+        if (--s->ndeferred == 0)
+            pthread_cond_broadcast(&s->dcv);
+        pthread_mutex_unlock(&s->dmu);
+    }
     if (req->resp)
         MHD_destroy_response(req->resp);
     if (req->stream) {
@@ -1642,9 +1646,11 @@ void http_server_free(struct http_server *s)
             pthread_mutex_unlock(&st->mu);
         }
         pthread_mutex_unlock(&s->mu);
-        /* Deferred requests are parked too: wait for their answers. Their owners answer
-         * each one they took (the store's inserter answers every queued insert, within its
-         * busy timeout), so this wait ends. */
+        /* Deferred requests are parked too: wait for their answers to be sent (stopping
+         * the daemon earlier would close a resumed connection before its answer leaves).
+         * Their owners answer each one they took (the store's inserter answers every
+         * queued insert, within its busy timeout), and a client that does not read its
+         * answer is cut off at the connection timeout, so this wait ends. */
         pthread_mutex_lock(&s->dmu);
         while (s->ndeferred > 0)
             pthread_cond_wait(&s->dcv, &s->dmu);

@@ -186,7 +186,7 @@ ddpd_err http_respond_file(struct http_request *req, const char *path, const cha
  * as a handler would, with the http_respond_* functions (not a stream) and
  * http_response_header, and calls http_deferred_done exactly once; with rc != DDPD_OK
  * the error is answered instead, as for a handler's error return. `req` must not be used
- * after http_deferred_done. http_server_free waits for every deferred answer. */
+ * after http_deferred_done. http_server_free waits until every deferred answer is sent. */
 void http_defer(struct http_request *req);
 void http_deferred_done(struct http_request *req, ddpd_err rc, const struct ddpd_error *err);
 
