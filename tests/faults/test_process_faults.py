@@ -205,18 +205,23 @@ def test_rank_killed_at_random_points(make_server):
     assert mid_ckpt >= 5, "too few kills landed while a checkpoint was being written"
 
 
-def test_issuer_killed_before_ranks_connect(make_server, work):
+
+def worker_wrapper(work, name, body):
+    """A DDPD_WORKER stand-in: a Python script `name` in `work` that runs `body` with REAL
+    set to the real ddpd-worker's path. Skips the test when ddpd is not built."""
     if bin_dir() is None:
         import pytest
         pytest.skip("ddpd is not built (set DDPD_BIN to the build folder)")
-    real = bin_dir() / "ddpd-worker"
-    wrapper = work / "worker-wrapper"
+    path = work / name
+    path.write_text(f"#!/usr/bin/python3\nREAL = {str(bin_dir() / 'ddpd-worker')!r}\n" + body)
+    path.chmod(0o755)
+    return path
+
+def test_issuer_killed_before_ranks_connect(make_server, work):
     log = work / "wrapper.log"
-    wrapper.write_text(f'''#!/usr/bin/python3
-# Poses as ddpd-worker: the id issuer prints its id and is killed at once, before any
+    wrapper = worker_wrapper(work, "worker-wrapper", f'''# Poses as ddpd-worker: the id issuer prints its id and is killed at once, before any
 # rank can connect to its rendezvous root; everything else is the real worker.
 import os, subprocess, sys
-REAL = {str(real)!r}
 if sys.argv[1:2] == ["--issue-id"]:
     p = subprocess.Popen([REAL] + sys.argv[1:], stdout=subprocess.PIPE)
     line = p.stdout.readline()
@@ -230,7 +235,6 @@ if sys.argv[1:2] == ["--issue-id"]:
     sys.exit(0)
 os.execv(REAL, [REAL] + sys.argv[1:])
 ''')
-    wrapper.chmod(0o755)
     srv = make_server(cpu_slots=2, env={"DDPD_WORKER": str(wrapper)})
     timeout_s = 3
     spec = heavy_spec(2, steps=100, name="no-root")
@@ -269,16 +273,9 @@ def test_rank_dead_before_rendezvous_fails_the_job_at_once(make_server, work):
     on into a rendezvous that waits for the dead rank until the launcher's SIGKILL
     (exit 137, after its 5 s grace). The job's error names rank 0, not a peer that ended
     on the launcher's signal."""
-    if bin_dir() is None:
-        import pytest
-        pytest.skip("ddpd is not built (set DDPD_BIN to the build folder)")
-    real = bin_dir() / "ddpd-worker"
-    wrapper = work / "rank0-dies"
-    wrapper.write_text(f'''#!/usr/bin/python3
-# Poses as ddpd-worker: rank 0 is killed during its startup; the other ranks are the
+    wrapper = worker_wrapper(work, "rank0-dies", '''# Poses as ddpd-worker: rank 0 is killed during its startup; the other ranks are the
 # real worker, whose stdin document arrives a second late.
 import json, os, signal, sys, time
-REAL = {str(real)!r}
 if sys.argv[1:]:
     os.execv(REAL, [REAL] + sys.argv[1:])
 doc = sys.stdin.buffer.read()
@@ -296,7 +293,6 @@ os.close(w)
 os.dup2(r, 0)
 os.execv(REAL, [REAL])
 ''')
-    wrapper.chmod(0o755)
     srv = make_server(cpu_slots=3, env={"DDPD_WORKER": str(wrapper)})
     spec = heavy_spec(3, steps=100, name="rank0-dies")
     spec["ddp"] = {"timeout_s": 60}
@@ -318,17 +314,10 @@ def test_rank_killed_from_outside_is_blamed_when_reaped_after_its_echo(make_serv
     pass of waitpid, rank 0's first. The launcher then signals the group, but the SIGKILL
     that ended rank 1 was not its own: the job's error must name rank 1, not rank 0's echo.
     (e2e.test_ddp_faults met this order by chance and blamed rank 0.)"""
-    if bin_dir() is None:
-        import pytest
-        pytest.skip("ddpd is not built (set DDPD_BIN to the build folder)")
-    real = bin_dir() / "ddpd-worker"
     mark = work / "rank1-dead"
-    wrapper = work / "rank1-killed"
-    wrapper.write_text(f'''#!/usr/bin/python3
-# Poses as ddpd-worker: rank 1 SIGKILLs itself while a child holds its stdout; rank 0
+    wrapper = worker_wrapper(work, "rank1-killed", f'''# Poses as ddpd-worker: rank 1 SIGKILLs itself while a child holds its stdout; rank 0
 # waits for that, then exits 3 as a worker whose peer died does.
 import json, os, signal, sys, time
-REAL = {str(real)!r}
 MARK = {str(mark)!r}
 if sys.argv[1:]:
     os.execv(REAL, [REAL] + sys.argv[1:])
@@ -352,7 +341,6 @@ sys.stdout.write(json.dumps({{"event": "error", "rank": 0, "kind": "comm",
 sys.stdout.flush()
 os._exit(3)
 ''')
-    wrapper.chmod(0o755)
     srv = make_server(cpu_slots=2, env={"DDPD_WORKER": str(wrapper)})
     jid = srv.submit(heavy_spec(2, steps=100, name="rank1-killed"))["id"]
     j = srv.wait_state(jid, FINAL, timeout=30)
