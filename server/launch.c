@@ -53,21 +53,6 @@ struct launch {
     struct slurm_run *sr;  /* the Slurm backend's srun, or NULL: ranks are our children */
 };
 
-static int mkdir_p(const char *path)
-{
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return -1;
-            *p = '/';
-        }
-    }
-    return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 /* The collective backend the job's spec asks for ("cpu" or "nccl"): the id issuer and
  * every rank's comm document must speak the same one. */
 static const char *comm_backend(const struct launch *l)
@@ -314,8 +299,9 @@ struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
         l->ranks[r].out_fd = -1;
         l->ranks[r].exited = true; /* until started */
     }
-    if (mkdir_p(o->out_dir) != 0) {
-        ddpd_error_set(err, DDPD_EIO, o->out_dir, "%s: cannot create: %s", o->out_dir, strerror(errno));
+    int en = proc_mkdirs(o->out_dir, true);
+    if (en) {
+        ddpd_error_set(err, DDPD_EIO, o->out_dir, "%s: cannot create: %s", o->out_dir, strerror(en));
         launch_free(l);
         return NULL;
     }

@@ -2,6 +2,9 @@
 #include "proc.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,5 +28,25 @@ int proc_write_all(int fd, const void *p, size_t n)
         c += w;
         n -= (size_t)w;
     }
+    return 0;
+}
+
+int proc_mkdirs(const char *path, bool whole)
+{
+    char buf[PATH_MAX];
+    size_t n = strlen(path);
+    if (n >= sizeof buf)
+        return ENAMETOOLONG;
+    memcpy(buf, path, n + 1);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return errno;
+        *p = '/';
+    }
+    if (whole && mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return errno;
     return 0;
 }

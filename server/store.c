@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include "proc.h"
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -218,25 +219,6 @@ static void copy_text(char *dst, size_t cap, const char *src)
     if (n)
         memcpy(dst, src, n);
     dst[n] = '\0';
-}
-
-/* Creates every missing folder above the file `path`. */
-static int mkdir_parents(const char *path)
-{
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n >= sizeof buf)
-        return ENAMETOOLONG;
-    memcpy(buf, path, n + 1);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return errno;
-        *p = '/';
-    }
-    return 0;
 }
 
 /* Maps an SQLite result to ddpd's errors; the text names the operation and carries
@@ -1027,7 +1009,7 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
         ddpd_error_set(err, DDPD_EINTERNAL, path ? path : "", "store: the database must be a file name");
         return NULL;
     }
-    int en = mkdir_parents(path);
+    int en = proc_mkdirs(path, false);
     if (en) {
         ddpd_error_set(err, DDPD_EIO, path, "store: cannot create the folders of %s: %s", path, strerror(en));
         return NULL;
