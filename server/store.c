@@ -556,6 +556,30 @@ static void reader_put(struct store *s, struct conn *c)
     pthread_mutex_unlock(&s->rmu);
 }
 
+/* A reader with a read transaction open, so that all it reads is from one moment; NULL
+ * with *e set when there is none. read_end ends the transaction and gives it back. */
+static struct conn *read_begin(struct store *s, struct ddpd_error *err, ddpd_err *e)
+{
+    struct conn *c = reader_get(s, err);
+    if (!c) {
+        *e = err ? err->code : DDPD_EIO;
+        return NULL;
+    }
+    int rc = sqlite3_exec(c->db, "BEGIN", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        *e = sq_fail(err, c->db, rc, "begin read");
+        reader_put(s, c);
+        return NULL;
+    }
+    return c;
+}
+
+static void read_end(struct store *s, struct conn *c)
+{
+    sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL);
+    reader_put(s, c);
+}
+
 /* ---- writer transactions ---- */
 
 static int step_simple(struct conn *c, int id)
@@ -1651,16 +1675,10 @@ static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_erro
 ddpd_err store_job_get(struct store *s, int64_t id, struct store_job *out, struct ddpd_error *err)
 {
     memset(out, 0, sizeof *out);
-    struct conn *c = reader_get(s, err);
-    if (!c)
-        return err ? err->code : DDPD_EIO;
     ddpd_err e = DDPD_OK;
-    /* One read transaction, so the job and its ranks are from the same moment. */
-    int rc = sqlite3_exec(c->db, "BEGIN", NULL, NULL, NULL);
-    if (rc != SQLITE_OK) {
-        e = sq_fail(err, c->db, rc, "begin read");
-        goto out;
-    }
+    struct conn *c = read_begin(s, err, &e); /* the job and its ranks from one moment */
+    if (!c)
+        return e;
     sqlite3_stmt *st = stmt(c, R_JOB_GET, err);
     if (!st) {
         e = err ? err->code : DDPD_EINTERNAL;
@@ -1668,7 +1686,7 @@ ddpd_err store_job_get(struct store *s, int64_t id, struct store_job *out, struc
     }
     sqlite3_bind_int64(st, 1, id);
     sqlite3_bind_int(st, 9, 1);
-    rc = sqlite3_step(st);
+    int rc = sqlite3_step(st);
     if (rc == SQLITE_ROW)
         job_from_row(st, out);
     else if (rc == SQLITE_DONE)
@@ -1679,9 +1697,7 @@ ddpd_err store_job_get(struct store *s, int64_t id, struct store_job *out, struc
     if (e == DDPD_OK)
         e = load_ranks(c, out, err);
 end:
-    sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL);
-out:
-    reader_put(s, c);
+    read_end(s, c);
     return e;
 }
 
@@ -1692,15 +1708,10 @@ ddpd_err store_job_list(struct store *s, const struct store_job_query *q, struct
     int limit = q->limit <= 0 ? 50 : q->limit > STORE_LIST_MAX ? STORE_LIST_MAX : q->limit;
     unsigned states = q->states & JOB_STATES_ALL;
     int nstates = __builtin_popcount(states);
-    struct conn *c = reader_get(s, err);
-    if (!c)
-        return err ? err->code : DDPD_EIO;
     ddpd_err e = DDPD_OK;
-    int rc = sqlite3_exec(c->db, "BEGIN", NULL, NULL, NULL);
-    if (rc != SQLITE_OK) {
-        e = sq_fail(err, c->db, rc, "begin read");
-        goto out;
-    }
+    struct conn *c = read_begin(s, err, &e);
+    if (!c)
+        return e;
     int which = states == 0 || states == JOB_STATES_ALL ? R_JOB_LIST_ALL
                 : nstates == 1                          ? R_JOB_LIST_ONE
                                                         : R_JOB_LIST_SOME;
@@ -1716,6 +1727,7 @@ ddpd_err store_job_list(struct store *s, const struct store_job_query *q, struct
     sqlite3_bind_int(st, 8, limit + 1); /* one more tells whether there is a next page */
     sqlite3_bind_int(st, 9, q->with_spec);
     out->jobs = xcalloc((size_t)limit, sizeof *out->jobs);
+    int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         if (out->n == (size_t)limit) {
             out->next = out->jobs[out->n - 1].id;
@@ -1729,9 +1741,7 @@ ddpd_err store_job_list(struct store *s, const struct store_job_query *q, struct
     for (size_t i = 0; e == DDPD_OK && q->with_ranks && i < out->n; i++)
         e = load_ranks(c, &out->jobs[i], err);
 end:
-    sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL);
-out:
-    reader_put(s, c);
+    read_end(s, c);
     return e;
 }
 
@@ -1960,22 +1970,17 @@ ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct 
         max_points = STORE_METRICS_MAX_POINTS;
     struct acc mean = {.bucket = -1}, **ranks = NULL;
     int nranks = 0; /* ranks[0..nranks) allocated, NULL where a rank has no rows */
-    struct conn *c = reader_get(s, err);
-    if (!c)
-        return err ? err->code : DDPD_EIO;
     ddpd_err e = DDPD_OK;
-    int rc = sqlite3_exec(c->db, "BEGIN", NULL, NULL, NULL);
-    if (rc != SQLITE_OK) {
-        e = sq_fail(err, c->db, rc, "begin read");
-        goto out;
-    }
+    struct conn *c = read_begin(s, err, &e);
+    if (!c)
+        return e;
     sqlite3_stmt *st = stmt(c, R_LOSS_RANGE, err);
     if (!st) {
         e = err ? err->code : DDPD_EINTERNAL;
         goto end;
     }
     sqlite3_bind_int64(st, 1, job);
-    rc = sqlite3_step(st);
+    int rc = sqlite3_step(st);
     if (rc != SQLITE_ROW) {
         e = sq_fail(err, c->db, rc, "read loss range");
         stmt_done(st);
@@ -2054,9 +2059,7 @@ ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct 
         ranks[r]->loss = NULL;
     }
 end:
-    sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL);
-out:
-    reader_put(s, c);
+    read_end(s, c);
     free(mean.step);
     free(mean.loss);
     for (int r = 0; r < nranks; r++) {
