@@ -29,6 +29,7 @@
 
 #define POLL_MS 50
 #define MAX_FDS 4096
+#define UNSAVED_RETRY_S 1.0
 
 enum cmd_kind { CMD_SUBMIT, CMD_CANCEL };
 
@@ -60,6 +61,7 @@ struct active {
     char cancel_reason[128];
     char *pending; /* the pending reason last stored, NULL for none */
     char *out_dir;
+    struct store_rank *unsaved_ranks; /* the ranks' end rows the store did not take */
     struct super *s;
     struct active *prev, *next;   /* every job */
     struct active *lprev, *lnext; /* the jobs with a launch (their pipes are polled) */
@@ -80,6 +82,26 @@ struct super {
     struct active **index; /* jobs by id: open addressing, linear probing */
     size_t index_cap, index_n;
     struct pending *pending, **pending_tail; /* stored, not yet published */
+    struct unsaved *unsaved; /* finished jobs whose end the store has not taken yet */
+};
+
+/* A finished job whose end the store could not take (a full disk, an I/O error): its
+ * final state event, its ranks' exit codes, then its attempt's end and its row, are
+ * tried again every second until they are stored, so that the job does not stay `running` in the store, and its
+ * final event missing, for as long as this server runs. */
+struct unsaved {
+    int64_t job;
+    int attempt, restarts;
+    job_state state;
+    char *error;      /* NULL for none */
+    struct event ev;  /* the final state event */
+    struct store_rank *ranks; /* the ranks' end rows, when !ranks_saved */
+    int nranks;
+    bool event_saved; /* committed */
+    bool row_saved;   /* the row and the attempt's end */
+    bool ranks_saved;
+    double next_try;
+    struct unsaved *next;
 };
 
 static double now_s(void)
@@ -144,15 +166,106 @@ static void publish(struct super *s, struct active *a, struct event *ev)
     publish_ev(s, ev, false);
 }
 
+/* ---- ends the store did not take ------------------------------------------------------- */
+
+/* The record of `ev`'s job, made when there is none (with every part saved until the
+ * caller says which is not). */
+static struct unsaved *unsaved_of(struct super *s, const struct event *ev)
+{
+    for (struct unsaved *u = s->unsaved; u; u = u->next)
+        if (u->job == ev->job)
+            return u;
+    struct unsaved *u = calloc(1, sizeof *u);
+    if (!u)
+        return NULL;
+    u->job = ev->job;
+    u->attempt = ev->attempt;
+    if (!job_state_parse(ev->state, &u->state))
+        u->state = JOB_STATE_FAILED;
+    u->ev = *ev;
+    u->event_saved = u->row_saved = u->ranks_saved = true;
+    u->next_try = now_s() + UNSAVED_RETRY_S;
+    u->next = s->unsaved;
+    s->unsaved = u;
+    return u;
+}
+
+/* Whether `u`'s final event is committed (call store_flush first). */
+static bool unsaved_event_in_store(struct super *s, const struct unsaved *u)
+{
+    int64_t seq = 0;
+    return store_event_max_seq(s->o.store, u->job, &seq, NULL) == DDPD_OK && seq >= u->ev.seq;
+}
+
+/* Tries again what is due (everything when `all`): the event first, then the attempt's
+ * end and the row, so that a row that says final finds its final event stored. */
+static void retry_unsaved(struct super *s, bool all)
+{
+    double now = now_s();
+    for (struct unsaved **pp = &s->unsaved, *u; (u = *pp);) {
+        if (!all && now < u->next_try) {
+            pp = &u->next;
+            continue;
+        }
+        u->next_try = now + UNSAVED_RETRY_S;
+        if (!u->event_saved) {
+            char body[EVENT_LINE_MAX];
+            int n = event_encode(&u->ev, body, sizeof body);
+            store_flush(s->o.store, NULL);
+            u->event_saved = unsaved_event_in_store(s, u) ||
+                             (n >= 0 && store_event_append(s->o.store, &u->ev, body, (size_t)n, NULL) == DDPD_OK &&
+                              store_flush(s->o.store, NULL) == DDPD_OK && unsaved_event_in_store(s, u));
+        }
+        if (!u->ranks_saved) {
+            bool ok = true;
+            for (int r = 0; ok && r < u->nranks; r++)
+                ok = store_rank_put(s->o.store, u->job, &u->ranks[r], NULL) == DDPD_OK;
+            u->ranks_saved = ok;
+        }
+        if (u->event_saved && !u->row_saved) {
+            struct store_job_update up = {.fields = STORE_SET_STATE | STORE_SET_RESTARTS | STORE_SET_PENDING,
+                                          .state = u->state,
+                                          .restarts = u->restarts,
+                                          .pending_reason = ""};
+            if (u->error) {
+                up.fields |= STORE_SET_ERROR;
+                up.error = u->error;
+            }
+            ddpd_err ae = store_attempt_end(s->o.store, u->job, u->attempt, job_state_name(u->state), NULL);
+            u->row_saved = (ae == DDPD_OK || ae == DDPD_ENOTFOUND) &&
+                           store_job_update(s->o.store, u->job, &up, NULL, NULL) == DDPD_OK;
+        }
+        if (u->event_saved && u->row_saved && u->ranks_saved) {
+            fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) is stored now\n", u->job, job_state_name(u->state));
+            *pp = u->next;
+            free(u->ranks);
+            free(u->error);
+            free(u);
+        } else {
+            pp = &u->next;
+        }
+    }
+}
+
 /* Commits what publish() queued (one transaction for everything that arrived in this
  * turn of the loop), then hands it to the hub for the live streams. */
 static void drain(struct super *s)
 {
     if (!s->pending)
         return;
-    store_flush(s->o.store, NULL);
+    bool failed = store_flush(s->o.store, NULL) != DDPD_OK;
     for (struct pending *p = s->pending, *n; p; p = n) {
         n = p->next;
+        if (failed && hub_event_is_final(&p->ev)) { /* dropped with its batch? */
+            struct unsaved *u = unsaved_of(s, &p->ev);
+            if (u && !unsaved_event_in_store(s, u)) {
+                u->event_saved = false;
+                u->ev = p->ev;
+                fprintf(stderr, "ddpd: job %" PRId64 ": its final event is not stored; trying again every %.0f s\n",
+                        p->ev.job, UNSAVED_RETRY_S);
+            }
+        }
+        /* Published all the same: a stream must end when its job does. */
         hub_publish(s->o.hub, &p->ev, p->body, p->len);
         free(p);
     }
@@ -161,19 +274,24 @@ static void drain(struct super *s)
 }
 
 /* The state event is appended before the job row changes: a stream that finds the row
- * final can rely on the final event being in the store already. */
-static void publish_state(struct super *s, struct active *a, job_state st, const char *error)
+ * final can rely on the final event being in the store already. Sets *out (may be NULL)
+ * to the event as published. */
+static void publish_state(struct super *s, struct active *a, job_state st, const char *error, struct event *out)
 {
     struct event ev = {.kind = EVENT_STATE, .rank = -1};
     snprintf(ev.state, sizeof ev.state, "%s", job_state_name(st));
     if (error)
         snprintf(ev.message, sizeof ev.message, "%s", error);
     publish(s, a, &ev);
+    if (out)
+        *out = ev;
 }
 
-static void set_state(struct super *s, struct active *a, job_state st, const char *error)
+/* The job's row is updated after its state event is queued. False when the store did
+ * not take the row (logged). *ev (may be NULL) is set to the state event. */
+static bool set_state_ev(struct super *s, struct active *a, job_state st, const char *error, struct event *ev)
 {
-    publish_state(s, a, st, error);
+    publish_state(s, a, st, error, ev);
 
     struct store_job_update u = {.fields = STORE_SET_STATE | STORE_SET_ATTEMPT | STORE_SET_RESTARTS |
                                            STORE_SET_PENDING,
@@ -188,12 +306,19 @@ static void set_state(struct super *s, struct active *a, job_state st, const cha
     if (st != JOB_STATE_STARTING)
         u.fields &= ~(unsigned)STORE_SET_ATTEMPT; /* keep the progress the attempt reported */
     struct ddpd_error err;
-    if (store_job_update(s->o.store, a->job, &u, NULL, &err) != DDPD_OK)
+    bool stored = store_job_update(s->o.store, a->job, &u, NULL, &err) == DDPD_OK;
+    if (!stored)
         fprintf(stderr, "ddpd: job %" PRId64 ": state %s not stored: %s\n", a->job, job_state_name(st),
                 err.message);
     a->state = st;
     free(a->pending);
     a->pending = NULL;
+    return stored;
+}
+
+static bool set_state(struct super *s, struct active *a, job_state st, const char *error)
+{
+    return set_state_ev(s, a, st, error, NULL);
 }
 
 /* Replaces `a`'s pending reason; false when it is the same (or out of memory). */
@@ -329,6 +454,7 @@ static void free_active(struct active *a)
     free(a->pending);
     free(a->out_dir);
     free(a->spec_text);
+    free(a->unsaved_ranks);
     free(a);
 }
 
@@ -592,12 +718,32 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
 static void finish(struct super *s, struct active *a, job_state st, const char *error)
 {
     set_launch(s, a, NULL);
-    store_attempt_end(s->o.store, a->job, a->attempt, job_state_name(st), NULL);
+    bool saved = store_attempt_end(s->o.store, a->job, a->attempt, job_state_name(st), NULL) == DDPD_OK;
     pthread_mutex_lock(&s->lock);
     sched_release(s->sched, a->job);
     sched_dequeue(s->sched, a->job);
     pthread_mutex_unlock(&s->lock);
-    set_state(s, a, st, error);
+    struct event ev;
+    if (!set_state_ev(s, a, st, error, &ev))
+        saved = false;
+    if (!saved || a->unsaved_ranks) {
+        struct unsaved *u = unsaved_of(s, &ev);
+        if (u) {
+            u->row_saved = saved;
+            u->restarts = a->restarts;
+            free(u->error);
+            u->error = error ? strdup(error) : NULL;
+            if (a->unsaved_ranks) {
+                free(u->ranks);
+                u->ranks = a->unsaved_ranks;
+                u->nranks = a->world_size;
+                u->ranks_saved = false;
+                a->unsaved_ranks = NULL;
+            }
+            fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) is not stored; trying again every %.0f s\n",
+                    a->job, job_state_name(st), UNSAVED_RETRY_S);
+        }
+    }
     drop(s, a);
 }
 
@@ -608,13 +754,22 @@ static void ended(struct super *s, struct active *a)
     launch_result(a->l, &res);
     /* The ranks' last loss events first, so the job's final row shows their progress. */
     store_flush(s->o.store, NULL);
+    struct store_rank *rows = calloc((size_t)a->world_size, sizeof *rows);
+    bool rows_saved = true;
     for (int r = 0; r < a->world_size; r++) {
         struct store_rank sr = {.attempt = a->attempt, .rank = r, .has_exit_code = true};
         sr.exit_code = launch_exit_code(a->l, r);
         sr.pid = launch_pid(a->l, r);
         snprintf(sr.state, sizeof sr.state, "%s", sr.exit_code == 0 ? "succeeded" : "failed");
-        store_rank_put(s->o.store, a->job, &sr, NULL);
+        if (store_rank_put(s->o.store, a->job, &sr, NULL) != DDPD_OK)
+            rows_saved = false;
+        if (rows)
+            rows[r] = sr;
     }
+    free(a->unsaved_ranks); /* kept for finish() when the store refused one */
+    a->unsaved_ranks = rows_saved ? NULL : rows;
+    if (rows_saved)
+        free(rows);
     set_launch(s, a, NULL);
     if (a->cancel_requested) {
         finish(s, a, JOB_STATE_CANCELLED, a->cancel_reason);
@@ -802,8 +957,14 @@ static void *run(void *arg)
         if (s->o.slurm)
             slurm_waiting(s);
         drain(s);
+        if (s->unsaved)
+            retry_unsaved(s, false);
     }
     drain(s);
+    retry_unsaved(s, true);
+    for (struct unsaved *u = s->unsaved; u; u = u->next)
+        fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) could not be stored; the next server marks it failed "
+                "(server restarted)\n", u->job, job_state_name(u->state));
     free(fds);
     return NULL;
 }
@@ -937,6 +1098,13 @@ void super_stop(struct super *s)
     drain(s);
     while (s->jobs)
         drop(s, s->jobs);
+    while (s->unsaved) {
+        struct unsaved *n = s->unsaved->next;
+        free(s->unsaved->ranks);
+        free(s->unsaved->error);
+        free(s->unsaved);
+        s->unsaved = n;
+    }
     while (s->head) {
         struct cmd *n = s->head->next;
         free(s->head->spec_text);

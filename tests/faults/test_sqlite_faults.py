@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import binary_has_faultvfs, heavy_spec, seed_spec, wait_until
+from conftest import alive, binary_has_faultvfs, heavy_spec, seed_spec, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -146,3 +146,38 @@ def test_disk_full_during_ingestion_does_not_harm_a_running_job(make_server, wor
     assert integrity(srv.db) == "ok"
     print(f"disk full for 1.5 s during ingestion: {dropped} events dropped (counted), the job succeeded; "
           f"{len(evs)} events stored")
+
+
+@needs_faultvfs
+def test_a_job_that_ends_on_a_full_disk_is_stored_once_there_is_room(make_server, work):
+    """The disk is full when a job ends: its final state event, its attempt's end, its
+    ranks' exit codes and its row cannot be stored. Its streams still end (the event is
+    published all the same), and once the disk has room again the supervisor stores the
+    end within seconds, without a restart: the row says succeeded, the ranks their exit
+    codes, and the final state event is the store's last event of the job."""
+    control = work / "sqlite-fault"
+    srv = make_server(cpu_slots=1, env={"DDPD_FAULT_SQLITE": str(control)})
+    jid = srv.submit(heavy_spec(1, seconds=1.5, name="ends-on-a-full-disk"))["id"]
+    j = srv.wait_running(jid)
+    pid = j["ranks"][0]["pid"]
+    control.write_text("full")
+    wait_until(lambda: not alive(pid), 60, "the worker to end")
+    wait_until(lambda: "is not stored; trying again" in srv.stderr(), 10, "the server to say the end is not stored")
+    during = srv.job(jid)
+    evs = srv.events(jid, timeout=30)  # ends: the final event was published
+    assert evs[-1]["event"] == "state" and evs[-1]["state"] == "succeeded", evs[-1]
+    control.write_text("")
+    t0 = time.monotonic()
+    j = srv.wait_state(jid, FINAL, timeout=10)
+    took = time.monotonic() - t0
+    assert during["state"] == "running", f"the row changed on a full disk: {during['state']}"
+    assert j["state"] == "succeeded", f"{j['state']}: {j['error']}"
+    assert [r["exit_code"] for r in j["ranks"]] == [0], j["ranks"]
+    wait_until(lambda: "is stored now" in srv.stderr(), 10, "the server to say the end is stored")
+    with sqlite3.connect(f"file:{srv.db}?mode=ro", uri=True) as c:
+        kind, body = c.execute("SELECT kind, body FROM events WHERE job = ? ORDER BY seq DESC LIMIT 1",
+                               (jid,)).fetchone()
+    assert kind == "state" and '"succeeded"' in body, body
+    assert srv.stop() == 0
+    assert integrity(srv.db) == "ok"
+    print(f"a job ended on a full disk: its end stored {took:.2f} s after the disk had room again")
