@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -62,43 +61,6 @@ static const char *comm_backend(const struct launch *l)
     return b && !strcmp(b, "nccl") ? "nccl" : "cpu";
 }
 
-/* The environment of a child: the allow-listed part of this process's (env.h), with
- * `extra` (NAME=VALUE entries, NULL terminated) added or replacing the same names. Built
- * before fork, so that the child only calls execve. Returns a malloc'd array of borrowed
- * strings, or NULL. */
-static char **child_env(char *const extra[])
-{
-    return env_for_worker(extra);
-}
-
-/* In the child: wire stdin/stdout/stderr, join the group, exec with `envp` (an empty
- * environment when NULL: building it ran out of memory, and the whole of the server's is
- * never the fallback). Never returns. */
-static void child_exec(const struct launch *l, char *const argv[], char *const envp[], int in_fd,
-                       int out_fd, int log_fd)
-{
-    /* A blocked signal stays blocked across execv: the server blocks SIGTERM in its
-     * threads (it takes it with sigwait), and a worker must still hear cancellation. */
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    setpgid(0, l->pgid);
-    if (l->o.die_with_parent)
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(in_fd, 0);
-    dup2(out_fd, 1);
-    dup2(log_fd, 2);
-    /* Only 0, 1, 2 cross into the worker. */
-    if (close_range(3, ~0u, 0) != 0) /* the server may hold more than 1,024 files */
-        for (int fd = 3; fd < 1024; fd++)
-            close(fd);
-    signal(SIGPIPE, SIG_DFL);
-    static char *const no_env[] = {NULL};
-    execve(l->o.worker, argv, envp ? envp : no_env);
-    dprintf(2, "ddpd: cannot execute %s: %s\n", l->o.worker, strerror(errno));
-    _exit(127);
-}
-
 /* Starts `ddpd-worker --issue-id <backend>` and reads the id it prints (one JSON line) within
  * ISSUER_DEADLINE_S. Its stdin stays open: closing it ends the rendezvous root. */
 #define ISSUER_DEADLINE_S 10.0
@@ -111,23 +73,21 @@ static int start_issuer(struct launch *l, char *id_hex, size_t cap, struct ddpd_
     snprintf(log_path, sizeof log_path, "%s/issuer.log", l->o.out_dir);
     /* NCCL's own output (its bootstrap root lives in the issuer) goes to a file. */
     snprintf(nccl_log, sizeof nccl_log, "NCCL_DEBUG_FILE=%s/issuer.nccl.log", l->o.out_dir);
-    env = child_env(extra);
+    env = env_for_worker(extra);
     log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0 || pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
         ddpd_error_set(err, DDPD_EIO, log_path, "cannot start the id issuer: %s", strerror(errno));
         goto out;
     }
-    pid_t pid = fork();
+    char *argv[] = {(char *)l->o.worker, "--issue-id", (char *)comm_backend(l), NULL};
+    struct proc_spawn sp = {.path = l->o.worker, .argv = argv, .env = env, .fd = {in[0], out[1], log_fd},
+                            .pgid = 0, .die_with_parent = l->o.die_with_parent};
+    pid_t pid = proc_spawn(&sp); /* it leads the job's process group */
     if (pid < 0) {
         ddpd_error_set(err, DDPD_EIO, "", "cannot fork the id issuer: %s", strerror(errno));
         goto out;
     }
-    if (pid == 0) {
-        char *argv[] = {(char *)l->o.worker, "--issue-id", (char *)comm_backend(l), NULL};
-        child_exec(l, argv, env, in[0], out[1], log_fd);
-    }
     l->pgid = pid;
-    setpgid(pid, pid);
     l->issuer = pid;
     close(in[0]);
     in[0] = -1;
@@ -207,7 +167,7 @@ static int start_rank(struct launch *l, int r, const char *id_hex, struct ddpd_e
         snprintf(gpu, sizeof gpu, "CUDA_VISIBLE_DEVICES=%s", l->o.gpus[r]);
         extra[1] = gpu;
     }
-    env = child_env(extra);
+    env = env_for_worker(extra);
     log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0) {
         ddpd_error_set(err, DDPD_EIO, log_path, "%s: cannot open: %s", log_path, strerror(errno));
@@ -217,18 +177,16 @@ static int start_rank(struct launch *l, int r, const char *id_hex, struct ddpd_e
         ddpd_error_set(err, DDPD_EIO, "", "cannot create pipes for rank %d: %s", r, strerror(errno));
         goto out;
     }
-    pid_t pid = fork();
+    char *argv[] = {(char *)l->o.worker, NULL};
+    struct proc_spawn sp = {.path = l->o.worker, .argv = argv, .env = env, .fd = {in[0], out[1], log_fd},
+                            .pgid = l->pgid, .die_with_parent = l->o.die_with_parent};
+    pid_t pid = proc_spawn(&sp); /* the first process of a job leads its group */
     if (pid < 0) {
         ddpd_error_set(err, DDPD_EIO, "", "cannot fork rank %d: %s", r, strerror(errno));
         goto out;
     }
-    if (pid == 0) {
-        char *argv[] = {(char *)l->o.worker, NULL};
-        child_exec(l, argv, env, in[0], out[1], log_fd);
-    }
     if (l->pgid == 0)
         l->pgid = pid;
-    setpgid(pid, l->pgid); /* both sides call it: no race with the exec */
     p->pid = pid;
     close(in[0]);
     in[0] = -1;

@@ -92,21 +92,13 @@ static ddpd_err proc_start(struct proc *c, const char *worker, struct ddpd_error
         close(in[1]);
         return ddpd_error_set(err, DDPD_EIO, "", "cannot run %s --plan: %s", worker, strerror(errno));
     }
-    /* The worker's environment is an allow-list of ours (env.h), built before fork. */
-    static char *const no_env[] = {NULL};
+    /* The worker's environment is an allow-list of ours (env.h), built before fork; its
+     * stderr is the server's. */
     char **env = env_for_worker(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        signal(SIGPIPE, SIG_DFL);
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        char *argv[] = {(char *)worker, "--plan", NULL};
-        execve(worker, argv, env ? env : no_env);
-        _exit(127);
-    }
+    char *argv[] = {(char *)worker, "--plan", NULL};
+    struct proc_spawn sp = {.path = worker, .argv = argv, .env = env, .fd = {in[0], out[1], PROC_FD_SAME},
+                            .pgid = -1};
+    pid_t pid = proc_spawn(&sp);
     free(env);
     close(in[0]);
     close(out[1]);

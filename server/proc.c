@@ -2,11 +2,54 @@
 #include "proc.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+pid_t proc_spawn(const struct proc_spawn *o)
+{
+    int null_fd = -1;
+    for (int i = 0; i < 3; i++)
+        if (o->fd[i] == PROC_FD_NULL && null_fd < 0 && (null_fd = open("/dev/null", O_RDWR | O_CLOEXEC)) < 0)
+            return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGPIPE, SIG_DFL);
+        if (o->pgid >= 0)
+            setpgid(0, o->pgid);
+        if (o->die_with_parent)
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+        for (int i = 0; i < 3; i++) {
+            int fd = o->fd[i] == PROC_FD_NULL ? null_fd : o->fd[i];
+            if (fd != PROC_FD_SAME && fd != i)
+                dup2(fd, i);
+        }
+        /* Only 0, 1, 2 cross into the child (the server may hold more than 1,024). */
+        if (close_range(3, ~0u, 0) != 0)
+            for (long fd = 3, max = sysconf(_SC_OPEN_MAX); fd < max; fd++)
+                close((int)fd);
+        static char *const no_env[] = {NULL};
+        execve(o->path, o->argv, o->env ? o->env : no_env);
+        dprintf(2, "ddpd: cannot execute %s: %s\n", o->path, strerror(errno));
+        _exit(127);
+    }
+    int en = errno;
+    if (pid > 0 && o->pgid >= 0)
+        setpgid(pid, o->pgid ? o->pgid : pid);
+    if (null_fd >= 0)
+        close(null_fd);
+    errno = en;
+    return pid;
+}
 
 double proc_now_mono(void)
 {

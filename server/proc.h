@@ -1,11 +1,31 @@
 /* proc.h — small helpers the server's process and file code shares (launch.c, plan.c,
- * slurm.c, store.c): a monotonic clock for deadlines, a write that finishes, and folders
- * made with their parents. */
+ * slurm.c, store.c): starting a child program, a monotonic clock for deadlines, a write
+ * that finishes, and folders made with their parents. */
 #ifndef DDPD_PROC_H
 #define DDPD_PROC_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
+
+/* How proc_spawn starts a child. */
+#define PROC_FD_NULL (-1) /* /dev/null */
+#define PROC_FD_SAME (-2) /* this process's own */
+struct proc_spawn {
+    const char *path;   /* the program, run as it is (no shell, no PATH search) */
+    char *const *argv;  /* argv[0] included, NULL-terminated */
+    char *const *env;   /* NAME=VALUE, NULL-terminated; NULL runs it with an empty environment
+                           (never with the whole of the server's: env.h builds the allow-list) */
+    int fd[3];          /* its stdin, stdout, stderr: a descriptor, PROC_FD_NULL or PROC_FD_SAME */
+    pid_t pgid;         /* the process group it joins: 0 a new one it leads, -1 the server's */
+    bool die_with_parent; /* SIGKILL when the server dies (PR_SET_PDEATHSIG) */
+};
+/* Forks and execs `o`. The child starts with no signal blocked (the server blocks
+ * SIGTERM in its threads), SIGPIPE at its default, and no descriptor of the server's but
+ * 0, 1 and 2; a failed exec is said on its stderr and ends it with 127. The group is set
+ * on both sides of the fork, so no signal to it can miss the child. Returns the pid, or
+ * -1 with errno set. */
+pid_t proc_spawn(const struct proc_spawn *o);
 
 /* Seconds on CLOCK_MONOTONIC. */
 double proc_now_mono(void);

@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -239,34 +238,15 @@ bool slurm_programs_found(const struct slurm_opts *o, char *why, size_t cap)
     return true;
 }
 
+/* Starts argv[0] (a full path) with the allow-listed environment plus `extra`; -1 for
+ * in/out/err is /dev/null, pgid 0 a new group it leads. */
 static pid_t spawn(char *const argv[], char *const extra[], int in_fd, int out_fd, int err_fd, pid_t pgid,
                    bool die_with_parent)
 {
-    static char *const no_env[] = {NULL};
     char **env = env_for_worker(extra);
-    int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-    pid_t pid = fork();
-    if (pid == 0) {
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        setpgid(0, pgid);
-        if (die_with_parent)
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(in_fd >= 0 ? in_fd : null_fd, 0);
-        dup2(out_fd >= 0 ? out_fd : null_fd, 1);
-        dup2(err_fd >= 0 ? err_fd : null_fd, 2);
-        for (int fd = 3; fd < 1024; fd++)
-            close(fd);
-        signal(SIGPIPE, SIG_DFL);
-        execve(argv[0], argv, env ? env : no_env);
-        dprintf(2, "ddpd: cannot execute %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    if (pid > 0)
-        setpgid(pid, pgid ? pgid : pid);
-    if (null_fd >= 0)
-        close(null_fd);
+    struct proc_spawn sp = {.path = argv[0], .argv = argv, .env = env, .fd = {in_fd, out_fd, err_fd},
+                            .pgid = pgid, .die_with_parent = die_with_parent};
+    pid_t pid = proc_spawn(&sp);
     free(env);
     return pid;
 }

@@ -1,0 +1,190 @@
+/* test_server_proc.c — server/proc.c: how every child of the server starts (proc_spawn:
+ * only descriptors 0-2 cross, even one numbered past 1,024; /dev/null, the server's own
+ * stderr, an empty environment, signals unblocked, its own process group, a failed exec
+ * said and exit 127) and proc_mkdirs. The children are coreutils programs: the test may
+ * use them; the server runs none. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "server/proc.h"
+
+/* Runs `o` with its stdout (and stderr, when err is not NULL) into buffers; its exit
+ * status, or -1. */
+static int run(struct proc_spawn *o, char *out, size_t cap, char *err, size_t ecap)
+{
+    int p[2], e[2] = {-1, -1};
+    if (pipe2(p, O_CLOEXEC) != 0 || (err && pipe2(e, O_CLOEXEC) != 0))
+        return -1;
+    o->fd[1] = p[1];
+    if (err)
+        o->fd[2] = e[1];
+    pid_t pid = proc_spawn(o);
+    close(p[1]);
+    if (err)
+        close(e[1]);
+    if (pid < 0)
+        return -1;
+    size_t n = 0;
+    ssize_t k;
+    while (n + 1 < cap && (k = read(p[0], out + n, cap - 1 - n)) > 0)
+        n += (size_t)k;
+    out[n] = '\0';
+    close(p[0]);
+    if (err) {
+        n = 0;
+        while (n + 1 < ecap && (k = read(e[0], err + n, ecap - 1 - n)) > 0)
+            n += (size_t)k;
+        err[n] = '\0';
+        close(e[0]);
+    }
+    int st;
+    if (waitpid(pid, &st, 0) != pid)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static const char *prog(const char *name)
+{
+    static char path[64];
+    snprintf(path, sizeof path, "/usr/bin/%s", name);
+    if (access(path, X_OK) != 0)
+        snprintf(path, sizeof path, "/bin/%s", name);
+    return path;
+}
+
+/* The child's descriptors are 0, 1, 2 (and ls's own directory handle): not a plain one of
+ * ours, nor one numbered past 1,024 (a server with many clients holds such). */
+static void test_only_stdio_crosses(void)
+{
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    int high = 1500;
+    if (rl.rlim_cur < 2048 && rl.rlim_max >= 2048) {
+        rl.rlim_cur = 2048;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    int plain = open("/dev/null", O_RDONLY); /* no O_CLOEXEC */
+    CHECK(plain >= 3);
+    bool have_high = rl.rlim_cur > (rlim_t)high && dup2(plain, high) == high;
+    char *argv[] = {"ls", "/proc/self/fd", NULL};
+    struct proc_spawn o = {.path = prog("ls"), .argv = argv, .fd = {PROC_FD_NULL, 0, PROC_FD_SAME}, .pgid = -1};
+    char out[4096];
+    CHECK_EQ_INT(run(&o, out, sizeof out, NULL, 0), 0);
+    /* ls lists 0 1 2 and the descriptor it reads the folder with (3). */
+    CHECK_EQ_STR(out, "0\n1\n2\n3\n");
+    if (!have_high)
+        fprintf(stderr, "note: could not open a descriptor numbered %d here; checked the plain one only\n", high);
+    else
+        close(high);
+    close(plain);
+}
+
+/* stdin from /dev/null reads nothing; a NULL environment is an empty one. */
+static void test_null_stdin_and_empty_env(void)
+{
+    char *cat[] = {"cat", NULL};
+    struct proc_spawn o = {.path = prog("cat"), .argv = cat, .fd = {PROC_FD_NULL, 0, PROC_FD_SAME}, .pgid = -1};
+    char out[256];
+    CHECK_EQ_INT(run(&o, out, sizeof out, NULL, 0), 0);
+    CHECK_EQ_STR(out, "");
+
+    setenv("DDPD_TEST_SECRET", "must-not-cross", 1);
+    char *env_argv[] = {"env", NULL};
+    o = (struct proc_spawn){.path = prog("env"), .argv = env_argv, .fd = {PROC_FD_NULL, 0, PROC_FD_SAME},
+                            .pgid = -1};
+    CHECK_EQ_INT(run(&o, out, sizeof out, NULL, 0), 0);
+    CHECK_EQ_STR(out, "");
+
+    char *given[] = {"A=1", "B=two", NULL};
+    o.env = given;
+    CHECK_EQ_INT(run(&o, out, sizeof out, NULL, 0), 0);
+    CHECK_EQ_STR(out, "A=1\nB=two\n");
+}
+
+/* A signal blocked in the server (as SIGTERM is in its threads) is not blocked in the
+ * child: a `sleep` ends on SIGTERM. pgid 0 makes it the leader of a group of its own. */
+static void test_signals_and_group(void)
+{
+    sigset_t term, old;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigprocmask(SIG_BLOCK, &term, &old);
+    char *argv[] = {"sleep", "30", NULL};
+    struct proc_spawn o = {.path = prog("sleep"), .argv = argv, .fd = {PROC_FD_NULL, PROC_FD_NULL, PROC_FD_SAME},
+                           .pgid = 0};
+    pid_t pid = proc_spawn(&o);
+    CHECK(pid > 0);
+    if (pid > 0) {
+        CHECK_EQ_INT(getpgid(pid), pid);
+        kill(-pid, SIGTERM); /* the group, as the launcher signals a job */
+        int st = 0;
+        CHECK_EQ_INT(waitpid(pid, &st, 0), pid);
+        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM);
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+}
+
+/* A program that cannot be executed: exit 127 and a message naming it on its stderr. */
+static void test_exec_failure(void)
+{
+    char *argv[] = {"no-such-program", NULL};
+    struct proc_spawn o = {.path = "/nonexistent/no-such-program", .argv = argv,
+                           .fd = {PROC_FD_NULL, 0, 0}, .pgid = -1};
+    char out[256], err[512];
+    CHECK_EQ_INT(run(&o, out, sizeof out, err, sizeof err), 127);
+    CHECK(strstr(err, "cannot execute /nonexistent/no-such-program: No such file or directory") != NULL);
+}
+
+static void test_mkdirs(void)
+{
+    const char *tmp = getenv("DDPD_TEST_TMP");
+    char base[PATH_MAX], path[PATH_MAX + 64];
+    snprintf(base, sizeof base, "%s/proc-mkdirs-%d", tmp && *tmp ? tmp : "/tmp", (int)getpid());
+    snprintf(path, sizeof path, "%s/a/b/c", base);
+    CHECK_EQ_INT(proc_mkdirs(path, false), 0); /* the parents only */
+    struct stat st;
+    char parent[PATH_MAX + 64];
+    snprintf(parent, sizeof parent, "%s/a/b", base);
+    CHECK(stat(parent, &st) == 0 && S_ISDIR(st.st_mode));
+    CHECK(stat(path, &st) != 0);
+    CHECK_EQ_INT(proc_mkdirs(path, true), 0);
+    CHECK(stat(path, &st) == 0 && S_ISDIR(st.st_mode));
+    CHECK_EQ_INT(proc_mkdirs(path, true), 0); /* already there */
+
+    char file[PATH_MAX + 64], under[PATH_MAX + 96];
+    snprintf(file, sizeof file, "%s/a/file", base);
+    FILE *f = fopen(file, "w");
+    CHECK(f != NULL);
+    if (f)
+        fclose(f);
+    snprintf(under, sizeof under, "%s/x/y", file);
+    CHECK_EQ_INT(proc_mkdirs(under, true), ENOTDIR);
+
+    char *longp = malloc(PATH_MAX + 10);
+    memset(longp, 'a', PATH_MAX + 9);
+    longp[0] = '/';
+    longp[PATH_MAX + 9] = '\0';
+    CHECK_EQ_INT(proc_mkdirs(longp, true), ENAMETOOLONG);
+    free(longp);
+}
+
+int main(void)
+{
+    test_only_stdio_crosses();
+    test_null_stdin_and_empty_env();
+    test_signals_and_group();
+    test_exec_failure();
+    test_mkdirs();
+    CHECK_DONE();
+}
