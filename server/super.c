@@ -766,6 +766,9 @@ static void ended(struct super *s, struct active *a)
         if (rows)
             rows[r] = sr;
     }
+    if (a->unsaved_ranks) /* an earlier attempt's, refused then: once more */
+        for (int r = 0; r < a->world_size; r++)
+            store_rank_put(s->o.store, a->job, &a->unsaved_ranks[r], NULL);
     free(a->unsaved_ranks); /* kept for finish() when the store refused one */
     a->unsaved_ranks = rows_saved ? NULL : rows;
     if (rows_saved)
