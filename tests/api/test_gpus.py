@@ -12,17 +12,28 @@ CUDA_LIBS = re.compile(r"lib(cuda|cudart|cublas|cublasLt|nccl|ddpd-cuda)[.-]")
 
 
 def fake_worker(path, real, record_dir):
-    """A ddpd-worker stand-in: as a rank it records its CUDA_VISIBLE_DEVICES, then runs
-    the real worker on the same document; anything else (the id issuer) is the real one."""
+    """A ddpd-worker stand-in: as a rank it records its CUDA_VISIBLE_DEVICES, waits (at
+    most 10 s) until every rank has, then runs the real worker on the same document;
+    anything else (the id issuer) is the real one. The wait matters where the real worker
+    fails at once (a build without CUDA): the first rank's failure makes the launcher stop
+    the others, which may not have recorded yet."""
     path.write_text(f"""#!{sys.executable}
-import json, os, subprocess, sys
+import json, os, subprocess, sys, time
 REAL = {str(real)!r}
+RECORD = {str(record_dir)!r}
 if len(sys.argv) > 1:
     os.execv(REAL, [REAL] + sys.argv[1:])
 doc = sys.stdin.buffer.read()
-rank = json.loads(doc)["rank"]
-with open(os.path.join({str(record_dir)!r}, f"rank-{{rank}}.json"), "w") as f:
+d = json.loads(doc)
+rank, world = d["rank"], d["world_size"]
+tmp = os.path.join(RECORD, f".rank-{{rank}}.tmp")
+with open(tmp, "w") as f:
     json.dump({{"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}}, f)
+os.rename(tmp, os.path.join(RECORD, f"rank-{{rank}}.json"))
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline and not all(
+        os.path.exists(os.path.join(RECORD, f"rank-{{r}}.json")) for r in range(world)):
+    time.sleep(0.01)
 sys.exit(subprocess.run([REAL], input=doc).returncode)
 """)
     path.chmod(0o755)
