@@ -225,7 +225,10 @@ async function main() {
 
   let liveId = 0;
   await step('a running job\'s chart gains points from the event stream', async () => {
-    await submitSpec(liveSpec('browser-live', 6));
+    /* 16,000 steps: ~8 s here alone, long enough to see the chart grow in a few polls
+     * even when the tests run in parallel on a slower machine (6,000 was missed once). */
+    const epochs = 16;
+    await submitSpec(liveSpec('browser-live', epochs));
     liveId = await until(() => jobIdFromUrl() !== seedId && jobIdFromUrl(), 'the new job page');
     const seen = [];
     let sawLive = false;
@@ -242,7 +245,7 @@ async function main() {
     check(await page.$('#series-toggles input[data-series=r0]'), 'a rank 0 toggle');
     await until(async () => (await jobState()) === 'succeeded', 'the live job to succeed', 90000);
     const pts = await chartPoints();
-    check(pts >= 2 * 6000, `every step's loss is on the chart (mean + rank 0: ${pts} points)`);
+    check(pts >= 2 * epochs * 1000, `every step's loss is on the chart (mean + rank 0: ${pts} points)`);
   });
 
   await step('log scale, series toggles and the hover read-out work; screenshot of a job page', async () => {
