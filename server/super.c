@@ -87,8 +87,8 @@ struct super {
 
 /* A finished job whose end the store could not take (a full disk, an I/O error): its
  * final state event, its ranks' exit codes, then its attempt's end and its row, are
- * tried again every second until they are stored, so that the job does not stay `running` in the store, and its
- * final event missing, for as long as this server runs. */
+ * tried again every second until they are stored, so that the job does not stay
+ * `running` in the store, its final event missing, for as long as this server runs. */
 struct unsaved {
     int64_t job;
     int attempt, restarts;
