@@ -53,6 +53,8 @@ static int chunk(char *out, size_t cap, long id, const char *event, const char *
     return snprintf(out, cap, "%x\r\n%s\r\n", n, frame);
 }
 
+/* A subscriber whose socket buffer is full misses the frame (its client counts a gap);
+ * one that failed otherwise is closed. */
 static void send_all(struct conn *c, int n, const char *buf, size_t len)
 {
     for (int i = 0; i < n; i++)
