@@ -438,3 +438,13 @@ out:
     json_decref(root);
     return rc;
 }
+
+bool event_error_message(const char *line, size_t len, char *out, size_t cap)
+{
+    struct event ev;
+    if (!memmem(line, len, "\"error\"", 7) || event_decode(line, len, &ev, NULL) != DDPD_OK ||
+        ev.kind != EVENT_ERROR)
+        return false;
+    snprintf(out, cap, "%s", ev.message);
+    return true;
+}

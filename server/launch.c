@@ -318,10 +318,7 @@ static void deliver(struct launch *l, int r, const char *line, size_t len)
     struct rank_proc *p = &l->ranks[r];
     if (len == 0)
         return;
-    struct event ev;
-    if (len >= 16 && memcmp(line, "{\"event\":\"error\"", 16) == 0 &&
-        event_decode(line, len, &ev, NULL) == DDPD_OK)
-        snprintf(p->last_error, sizeof p->last_error, "%s", ev.message);
+    event_error_message(line, len, p->last_error, sizeof p->last_error);
     if (l->o.on_line)
         l->o.on_line(l->o.ctx, r, line, len);
 }

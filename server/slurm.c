@@ -448,12 +448,9 @@ static int rank_log(struct slurm_run *r, int rank)
 static void deliver(struct slurm_run *r, int rank, const char *line, size_t len)
 {
     struct rank_out *ro = &r->ranks[rank];
-    struct event ev;
     if (len == 0)
         return;
-    if (len >= 16 && memcmp(line, "{\"event\":\"error\"", 16) == 0 &&
-        event_decode(line, len, &ev, NULL) == DDPD_OK)
-        snprintf(ro->last_error, sizeof ro->last_error, "%s", ev.message);
+    event_error_message(line, len, ro->last_error, sizeof ro->last_error);
     if (r->o.on_line)
         r->o.on_line(r->o.ctx, rank, line, len);
 }

@@ -367,6 +367,26 @@ static void test_decode_errors(void)
     CHECK(ev.loss == 2.0 && !ev.nonfinite);
 }
 
+/* The launcher blames a rank with its last error event: any valid JSON of one counts. */
+static void test_error_message(void)
+{
+    char msg[64] = "unchanged";
+    const char *compact = "{\"event\":\"error\",\"rank\":1,\"kind\":\"comm\",\"message\":\"peer gone\",\"ts\":1}";
+    const char *spaced = "{\"rank\": 0, \"event\": \"error\", \"kind\": \"data\", \"message\": \"bad row\", \"ts\": 2.5}";
+    const char *loss = "{\"event\":\"loss\",\"rank\":0,\"step\":1,\"epoch\":0,\"loss\":0.5,\"samples_per_s\":1,\"ts\":1}";
+    const char *named = "{\"event\":\"done\",\"rank\":0,\"steps\":1,\"loss\":0.5,\"seconds\":1,\"ts\":1,\"x\":\"error\"}";
+    CHECK(!event_error_message(loss, strlen(loss), msg, sizeof msg));
+    CHECK(!event_error_message(named, strlen(named), msg, sizeof msg));
+    CHECK(!event_error_message("not json \"error\"", 16, msg, sizeof msg));
+    CHECK_EQ_STR(msg, "unchanged");
+    CHECK(event_error_message(compact, strlen(compact), msg, sizeof msg));
+    CHECK_EQ_STR(msg, "peer gone");
+    CHECK(event_error_message(spaced, strlen(spaced), msg, sizeof msg));
+    CHECK_EQ_STR(msg, "bad row");
+    CHECK(event_error_message(compact, strlen(compact), msg, 5));
+    CHECK_EQ_STR(msg, "peer");
+}
+
 int main(void)
 {
     test_exact_text();
@@ -376,6 +396,7 @@ int main(void)
     test_escaping();
     test_cap();
     test_decode_errors();
+    test_error_message();
     CHECK_EQ_STR(event_kind_name(EVENT_CHECKPOINT), "checkpoint");
     CHECK_EQ_STR(event_kind_name(EVENT_STATE), "state");
     CHECK_EQ_STR(event_kind_name((event_kind)42), "unknown");
