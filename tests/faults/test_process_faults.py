@@ -272,20 +272,36 @@ def test_rank_dead_before_rendezvous_fails_the_job_at_once(make_server, work):
     launcher's SIGTERM reaches them there: they must end on it at once (exit 5), not go
     on into a rendezvous that waits for the dead rank until the launcher's SIGKILL
     (exit 137, after its 5 s grace). The job's error names rank 0, not a peer that ended
-    on the launcher's signal."""
-    wrapper = worker_wrapper(work, "rank0-dies", '''# Poses as ddpd-worker: rank 0 is killed during its startup; the other ranks are the
+    on the launcher's signal. Rank 0 dies only once ranks 1 and 2 are the real worker
+    with its SIGTERM handler in place, however slowly a loaded machine starts them."""
+    ready = work / "rank0-dies-ready"
+    ready.mkdir()
+    wrapper = worker_wrapper(work, "rank0-dies", f'''# Poses as ddpd-worker: rank 0 is killed during its startup; the other ranks are the
 # real worker, whose stdin document arrives a second late.
 import json, os, signal, sys, time
+READY = {str(ready)!r}
 if sys.argv[1:]:
     os.execv(REAL, [REAL] + sys.argv[1:])
 doc = sys.stdin.buffer.read()
-if json.loads(doc)["rank"] == 0:
-    time.sleep(0.3)
+rank = json.loads(doc)["rank"]
+if rank == 0:
+    deadline = time.monotonic() + 10
+    while len(os.listdir(READY)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
     os.kill(os.getpid(), signal.SIGKILL)
 r, w = os.pipe()
+worker = os.getpid()
 if os.fork() == 0:  # the feeder outlives the launcher's SIGTERM
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.close(r)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # until the worker catches SIGTERM (bit 15 of SigCgt)
+        with open(f"/proc/{{worker}}/status") as f:
+            caught = [l for l in f if l.startswith("SigCgt:")]
+        if caught and int(caught[0].split()[1], 16) & (1 << (signal.SIGTERM - 1)):
+            break
+        time.sleep(0.002)
+    open(os.path.join(READY, str(rank)), "w").close()
     time.sleep(1.0)
     os.write(w, doc)
     os._exit(0)
@@ -308,27 +324,35 @@ os.execv(REAL, [REAL])
 
 
 def test_rank_killed_from_outside_is_blamed_when_reaped_after_its_echo(make_server, work):
-    """Rank 1 is killed with SIGKILL from outside (not by the launcher); rank 0 sees its
-    peer gone and ends with a communication error (exit 3) a few milliseconds later. A
-    child of rank 1 keeps its stdout open, so the launcher notices both exits in the same
-    pass of waitpid, rank 0's first. The launcher then signals the group, but the SIGKILL
-    that ended rank 1 was not its own: the job's error must name rank 1, not rank 0's echo.
-    (e2e.test_ddp_faults met this order by chance and blamed rank 0.)"""
+    """Rank 1 is killed with SIGKILL from outside (not by the launcher: by its own child,
+    which then keeps rank 1's stdout open); rank 0 sees its peer gone and ends with a
+    communication error (exit 3) a few milliseconds later. With rank 1's pipe still open,
+    the launcher notices both exits in the same pass of waitpid, rank 0's first. The
+    launcher then signals the group, but the SIGKILL that ended rank 1 was not its own:
+    the job's error must name rank 1, not rank 0's echo. (e2e.test_ddp_faults met this
+    order by chance and blamed rank 0.) Rank 1 is dead before rank 0 learns of it, so no
+    signal of the launcher can end rank 1 first, however loaded the machine."""
     mark = work / "rank1-dead"
-    wrapper = worker_wrapper(work, "rank1-killed", f'''# Poses as ddpd-worker: rank 1 SIGKILLs itself while a child holds its stdout; rank 0
-# waits for that, then exits 3 as a worker whose peer died does.
+    wrapper = worker_wrapper(work, "rank1-killed", f'''# Poses as ddpd-worker: rank 1's child SIGKILLs it and then holds its stdout; rank 0
+# waits until rank 1 is gone, then exits 3 as a worker whose peer died does.
 import json, os, signal, sys, time
 MARK = {str(mark)!r}
 if sys.argv[1:]:
     os.execv(REAL, [REAL] + sys.argv[1:])
 doc = json.loads(sys.stdin.buffer.read())
 if doc["rank"] == 1:
-    if os.fork() == 0:  # holds stdout open; the launcher's SIGTERM ends it
+    rank1 = os.getpid()
+    if os.fork() == 0:  # the killer; the launcher's SIGTERM ends it
+        time.sleep(0.3)
+        os.kill(rank1, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while os.getppid() == rank1 and time.monotonic() < deadline:  # until rank 1 has died
+            time.sleep(0.001)
+        open(MARK, "w").close()
         time.sleep(30)
         os._exit(0)
-    time.sleep(0.3)
-    open(MARK, "w").close()
-    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(30)
+    os._exit(0)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # exit 3 whenever the launcher's SIGTERM comes
 deadline = time.monotonic() + 10
 while not os.path.exists(MARK) and time.monotonic() < deadline:
