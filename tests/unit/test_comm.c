@@ -765,6 +765,64 @@ static void test_staged(int world)
     CHECK_EQ_INT(issuer_stop(&is), 0);
 }
 
+/* A stand-in backend whose every call fails with stub_rc: comm.c must keep a device's
+ * failure (exit code 4) apart from the group's (exit code 3). */
+static ddpd_err stub_rc;
+static int stub_ctx;
+
+static ddpd_err stub_init(const struct comm_id *id, int rank, int world, double timeout_s,
+                          void **ctx, char *errbuf, size_t errcap)
+{
+    (void)id, (void)rank, (void)world, (void)timeout_s;
+    *ctx = &stub_ctx;
+    if (stub_rc != DDPD_OK)
+        snprintf(errbuf, errcap, "stub: %s", ddpd_err_name(stub_rc));
+    return stub_rc;
+}
+static ddpd_err stub_allreduce(void *ctx, float *buf, int64_t n, struct comm_req **req)
+{
+    (void)ctx, (void)buf, (void)n, (void)req;
+    return stub_rc;
+}
+static const char *stub_last_error(void *ctx)
+{
+    (void)ctx;
+    return stub_rc == DDPD_EDEVICE ? "nccl: all-reduce: CUDA error: an illegal memory access" : "";
+}
+static void stub_free(void *ctx) { (void)ctx; }
+
+static void test_failure_codes(void)
+{
+    const struct comm_ops stub = {.name = "stub", .init_rank = stub_init,
+                                  .allreduce_start = stub_allreduce,
+                                  .last_error = stub_last_error, .free = stub_free};
+    const ddpd_err backend[] = {DDPD_EDEVICE, DDPD_ECOMM, DDPD_ENOMEM};
+    const ddpd_err want[] = {DDPD_EDEVICE, DDPD_ECOMM, DDPD_ECOMM};
+    struct comm_id id = {{0}};
+    struct ddpd_error err;
+    for (int i = 0; i < 3; i++) {
+        stub_rc = backend[i];
+        CHECK(comm_new(&stub, &id, 1, 2, 1.0, &err) == NULL);
+        CHECK_EQ_INT(err.code, want[i]);
+        CHECK(strncmp(err.message, "rank 1: ", 8) == 0);
+    }
+    stub_rc = DDPD_OK;
+    struct comm *c = comm_new(&stub, &id, 1, 2, 1.0, &err);
+    CHECK(c != NULL);
+    float x = 1;
+    struct comm_req *req;
+    for (int i = 0; i < 3; i++) {
+        stub_rc = backend[i];
+        CHECK_EQ_INT(comm_allreduce_start(c, &x, 1, &req, &err), want[i]);
+        CHECK_EQ_INT(err.code, want[i]);
+    }
+    CHECK(strstr(err.message, "rank 1: ") == err.message);
+    stub_rc = DDPD_EDEVICE;
+    comm_allreduce_start(c, &x, 1, &req, &err);
+    CHECK_EQ_STR(err.message, "rank 1: nccl: all-reduce: CUDA error: an illegal memory access");
+    comm_free(c);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -773,6 +831,7 @@ int main(void)
     if (sh == MAP_FAILED)
         return 1;
     test_hex();
+    test_failure_codes();
     for (int w = 1; w <= MAX_W; w++)
         test_collectives(w, 0); /* shared-memory links (same host) */
     test_collectives(2, 0x3);   /* all TCP */

@@ -1,6 +1,7 @@
 /* comm/comm.c — the communicator handle: {ops, ctx} plus the rank and world, thin
  * wrappers that call a backend (comm/cpu.c, comm/nccl.c) and turn its failures into a
- * struct ddpd_error (DDPD_ECOMM with the backend's text), and the id's hex form.
+ * struct ddpd_error (DDPD_ECOMM with the backend's text; DDPD_EDEVICE where the backend
+ * says its device failed: a CUDA error in NCCL's stream), and the id's hex form.
  * Knows no sockets and no CUDA: everything below the table is the backend's. */
 #include "../comm.h"
 #include "comm_impl.h"
@@ -57,14 +58,21 @@ int comm_id_from_hex(const char *hex, struct comm_id *id)
     return 0;
 }
 
+/* A failure of the collective is the group's (exit code 3) unless the backend says its
+ * device failed (exit code 4): a peer's death must not read as a broken GPU, nor the
+ * reverse. */
+static ddpd_err failure_code(ddpd_err rc)
+{
+    return rc == DDPD_EDEVICE ? DDPD_EDEVICE : DDPD_ECOMM;
+}
+
 /* Every failure reads "rank R: <backend text>", so a job's log names the rank that saw it. */
 static ddpd_err fail(const struct comm *c, ddpd_err rc, struct ddpd_error *err)
 {
     const char *text = c->ops->last_error ? c->ops->last_error(c->ctx) : NULL;
     if (!text || !*text)
         text = ddpd_err_text(rc);
-    ddpd_error_set(err, DDPD_ECOMM, "comm", "rank %d: %s", c->rank, text);
-    return DDPD_ECOMM;
+    return ddpd_error_set(err, failure_code(rc), "comm", "rank %d: %s", c->rank, text);
 }
 
 struct comm *comm_new(const struct comm_ops *ops, const struct comm_id *id, int rank, int world,
@@ -74,7 +82,7 @@ struct comm *comm_new(const struct comm_ops *ops, const struct comm_id *id, int 
     void *ctx = NULL;
     ddpd_err rc = ops->init_rank(id, rank, world, timeout_s, &ctx, text, sizeof text);
     if (rc != DDPD_OK) {
-        ddpd_error_set(err, DDPD_ECOMM, "comm", "rank %d: %s", rank,
+        ddpd_error_set(err, failure_code(rc), "comm", "rank %d: %s", rank,
                        text[0] ? text : "joining the group failed");
         return NULL;
     }

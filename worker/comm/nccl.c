@@ -54,6 +54,7 @@ struct nccl {
     atomic_bool failed;  /* set once; every later call fails fast */
     atomic_bool aborted;
     char err[512];
+    ddpd_err code; /* the first failure's: DDPD_EDEVICE for CUDA's, DDPD_ECOMM otherwise */
 };
 
 static double now_s(void)
@@ -69,21 +70,31 @@ static void nap(void)
     nanosleep(&t, NULL);
 }
 
-/* Records the first failure's text; returns DDPD_ECOMM. */
-static ddpd_err fail(struct nccl *c, const char *fmt, const char *what, const char *why)
+/* Records the first failure's text and code; returns that first failure's code, so that
+ * every later call reports the same cause. */
+static ddpd_err fail_as(struct nccl *c, ddpd_err code, const char *fmt, const char *what,
+                        const char *why)
 {
     pthread_mutex_lock(&c->mu);
     if (!atomic_load(&c->failed)) {
         snprintf(c->err, sizeof c->err, fmt, what, why);
+        c->code = code;
         atomic_store(&c->failed, true);
     }
+    code = c->code;
     pthread_mutex_unlock(&c->mu);
-    return DDPD_ECOMM;
+    return code;
 }
 
+static ddpd_err fail(struct nccl *c, const char *fmt, const char *what, const char *why)
+{
+    return fail_as(c, DDPD_ECOMM, fmt, what, why);
+}
+
+/* A CUDA error is the device's failure (exit code 4), not the group's. */
 static ddpd_err cuda_fail(struct nccl *c, cudaError_t e, const char *what)
 {
-    return fail(c, "nccl: %s: CUDA error: %s", what, cudaGetErrorString(e));
+    return fail_as(c, DDPD_EDEVICE, "nccl: %s: CUDA error: %s", what, cudaGetErrorString(e));
 }
 
 static ddpd_err nccl_fail(struct nccl *c, ncclResult_t r, const char *what)
@@ -92,7 +103,17 @@ static ddpd_err nccl_fail(struct nccl *c, ncclResult_t r, const char *what)
     char why[400];
     snprintf(why, sizeof why, "%s%s%s", ncclGetErrorString(r), last && *last ? ": " : "",
              last ? last : "");
-    return fail(c, "nccl: %s: %s", what, why);
+    return fail_as(c, r == ncclUnhandledCudaError ? DDPD_EDEVICE : DDPD_ECOMM, "nccl: %s: %s",
+                   what, why);
+}
+
+/* The code of the failure already recorded (c->failed is set after it). */
+static ddpd_err failed_code(struct nccl *c)
+{
+    pthread_mutex_lock(&c->mu);
+    ddpd_err code = c->code;
+    pthread_mutex_unlock(&c->mu);
+    return code;
 }
 
 /* Aborts the communicator once, from whichever thread gets here first, within ABORT_S:
@@ -145,11 +166,12 @@ static void work_release_locked(struct nccl *c, struct work *w)
     c->spare = w;
 }
 
-/* Ends the worker: the first failure's text as an `error` event, exit code 3. */
+/* Ends the worker: the first failure's text as an `error` event, exit code 3 (4 when it
+ * was CUDA's). */
 static _Noreturn void watchdog_fatal(struct nccl *c)
 {
     abort_bounded(c);
-    worker_die(DDPD_ECOMM, "rank %d: %s", c->rank, c->err);
+    worker_die(failed_code(c), "rank %d: %s", c->rank, c->err);
 }
 
 static void *watchdog_main(void *arg)
@@ -215,7 +237,7 @@ static ddpd_err settle(struct nccl *c, ncclResult_t r, const char *what)
         if (now_s() > until) {
             fail(c, "nccl: %s: %s", what, "still in progress at the deadline");
             abort_bounded(c);
-            return DDPD_ECOMM;
+            return failed_code(c);
         }
         nap();
         if (ncclCommGetAsyncError(c->comm, &r) != ncclSuccess)
@@ -280,7 +302,7 @@ static ddpd_err watch(struct nccl *c, const char *what, bool keep, struct work *
 static ddpd_err ready(struct nccl *c, const char *what)
 {
     if (atomic_load(&c->failed))
-        return DDPD_ECOMM;
+        return failed_code(c);
     if (!c->compute)
         return fail(c, "nccl: %s: %s", what, "no CUDA device bound (comm_bind_dev)");
     return DDPD_OK;
@@ -354,6 +376,8 @@ static ddpd_err nc_init_rank(const struct comm_id *id, int rank, int world, doub
     rc = DDPD_OK;
 out:
     if (rc != DDPD_OK) {
+        if (failed_code(c) != DDPD_OK)
+            rc = failed_code(c);
         snprintf(errbuf, errcap, "%s", c->err);
         abort_bounded(c);
         atomic_store(&c->aborted, true); /* nothing left for free() to abort */
@@ -419,7 +443,7 @@ static ddpd_err nc_wait(void *ctx, struct comm_req *req)
     pthread_mutex_unlock(&c->mu);
     if (e != cudaSuccess)
         return cuda_fail(c, e, "waiting for an all-reduce");
-    return atomic_load(&c->failed) ? DDPD_ECOMM : DDPD_OK;
+    return atomic_load(&c->failed) ? failed_code(c) : DDPD_OK;
 }
 
 static ddpd_err nc_broadcast(void *ctx, void *buf, size_t bytes, int root)
