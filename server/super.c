@@ -61,7 +61,8 @@ struct active {
     char cancel_reason[128];
     char *pending; /* the pending reason last stored, NULL for none */
     char *out_dir;
-    struct store_rank *unsaved_ranks; /* the ranks' end rows the store did not take */
+    struct store_rank *unsaved_ranks; /* the ranks' end rows the store did not take, */
+    int n_unsaved_ranks;              /* of this attempt and earlier ones */
     struct super *s;
     struct active *prev, *next;   /* every job */
     struct active *lprev, *lnext; /* the jobs with a launch (their pipes are polled) */
@@ -223,8 +224,11 @@ static void retry_unsaved(struct super *s, bool all)
             u->ranks_saved = ok;
         }
         if (u->event_saved && !u->row_saved) {
-            struct store_job_update up = {.fields = STORE_SET_STATE | STORE_SET_RESTARTS | STORE_SET_PENDING,
+            /* The attempt too: a restart's own update may have met the same full disk. */
+            struct store_job_update up = {.fields = STORE_SET_STATE | STORE_SET_RESTARTS | STORE_SET_PENDING |
+                                                    STORE_SET_ATTEMPT,
                                           .state = u->state,
+                                          .attempt = u->attempt,
                                           .restarts = u->restarts,
                                           .pending_reason = ""};
             if (u->error) {
@@ -736,9 +740,10 @@ static void finish(struct super *s, struct active *a, job_state st, const char *
             if (a->unsaved_ranks) {
                 free(u->ranks);
                 u->ranks = a->unsaved_ranks;
-                u->nranks = a->world_size;
+                u->nranks = a->n_unsaved_ranks;
                 u->ranks_saved = false;
                 a->unsaved_ranks = NULL;
+                a->n_unsaved_ranks = 0;
             }
             fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) is not stored; trying again every %.0f s\n",
                     a->job, job_state_name(st), UNSAVED_RETRY_S);
@@ -754,24 +759,28 @@ static void ended(struct super *s, struct active *a)
     launch_result(a->l, &res);
     /* The ranks' last loss events first, so the job's final row shows their progress. */
     store_flush(s->o.store, NULL);
-    struct store_rank *rows = calloc((size_t)a->world_size, sizeof *rows);
-    bool rows_saved = true;
+    /* The ranks' end rows: those the store refuses are kept, with any an earlier attempt's
+     * end could not store (tried once more here), for finish() to hand to the retries. */
+    int kept = a->n_unsaved_ranks, n = 0;
+    struct store_rank *rows = malloc((size_t)(kept + a->world_size) * sizeof *rows);
+    for (int i = 0; i < kept; i++)
+        if (store_rank_put(s->o.store, a->job, &a->unsaved_ranks[i], NULL) != DDPD_OK && rows)
+            rows[n++] = a->unsaved_ranks[i];
     for (int r = 0; r < a->world_size; r++) {
         struct store_rank sr = {.attempt = a->attempt, .rank = r, .has_exit_code = true};
         sr.exit_code = launch_exit_code(a->l, r);
         sr.pid = launch_pid(a->l, r);
         snprintf(sr.state, sizeof sr.state, "%s", sr.exit_code == 0 ? "succeeded" : "failed");
-        if (store_rank_put(s->o.store, a->job, &sr, NULL) != DDPD_OK)
-            rows_saved = false;
-        if (rows)
-            rows[r] = sr;
+        if (store_rank_put(s->o.store, a->job, &sr, NULL) != DDPD_OK && rows)
+            rows[n++] = sr;
     }
-    if (a->unsaved_ranks) /* an earlier attempt's, refused then: once more */
-        for (int r = 0; r < a->world_size; r++)
-            store_rank_put(s->o.store, a->job, &a->unsaved_ranks[r], NULL);
-    free(a->unsaved_ranks); /* kept for finish() when the store refused one */
-    a->unsaved_ranks = rows_saved ? NULL : rows;
-    if (rows_saved)
+    if (!rows && kept + a->world_size > 0)
+        fprintf(stderr, "ddpd: job %" PRId64 ": out of memory: the ranks' end rows the store refused are not retried\n",
+                a->job);
+    free(a->unsaved_ranks);
+    a->unsaved_ranks = n ? rows : NULL;
+    a->n_unsaved_ranks = n;
+    if (!n)
         free(rows);
     set_launch(s, a, NULL);
     if (a->cancel_requested) {

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import alive, binary_has_faultvfs, heavy_spec, seed_spec, wait_until
+from conftest import alive, bin_dir, binary_has_faultvfs, heavy_spec, seed_spec, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -181,3 +181,49 @@ def test_a_job_that_ends_on_a_full_disk_is_stored_once_there_is_room(make_server
     assert srv.stop() == 0
     assert integrity(srv.db) == "ok"
     print(f"a job ended on a full disk: its end stored {took:.2f} s after the disk had room again")
+
+
+@needs_faultvfs
+def test_ends_of_two_attempts_on_a_full_disk_are_all_stored_once_there_is_room(make_server, work):
+    """A job with a restart: its first attempt fails (exit 1) and its second succeeds, both
+    while the disk is full. Once the disk has room, every end is stored: the row says
+    succeeded at attempt 2, and each attempt's rank row has its own exit code (the first
+    attempt's row is not lost because the second also ended on the full disk)."""
+    control = work / "sqlite-fault"
+    runs = work / "runs"
+    runs.mkdir()
+    wrapper = work / "worker-wrapper"
+    wrapper.write_text(f'''#!/usr/bin/python3
+# Poses as ddpd-worker: each start is a file in RUNS; run N ends when RUNS/go-N exists,
+# the first with exit code 1, the second with 0.
+import os, sys, time
+REAL, RUNS = {str(bin_dir() / "ddpd-worker")!r}, {str(runs)!r}
+if sys.argv[1:]:
+    os.execv(REAL, [REAL] + sys.argv[1:])
+sys.stdin.buffer.read()
+n = 1 + sum(1 for f in os.listdir(RUNS) if f.startswith("run-"))
+open(os.path.join(RUNS, f"run-{{n}}"), "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists(os.path.join(RUNS, f"go-{{n}}")) and time.monotonic() < deadline:
+    time.sleep(0.01)
+sys.exit(1 if n == 1 else 0)
+''')
+    wrapper.chmod(0o755)
+    srv = make_server(cpu_slots=1, env={"DDPD_FAULT_SQLITE": str(control), "DDPD_WORKER": str(wrapper)})
+    jid = srv.submit(dict(tiny("two-ends-on-a-full-disk"), max_restarts=1))["id"]
+    wait_until(lambda: (runs / "run-1").exists(), 30, "the first attempt to start")
+    control.write_text("full")
+    (runs / "go-1").touch()
+    wait_until(lambda: (runs / "run-2").exists(), 30, "the restart")
+    (runs / "go-2").touch()
+    wait_until(lambda: "is not stored; trying again" in srv.stderr(), 30, "the server to say the end is not stored")
+    control.write_text("")
+    wait_until(lambda: "is stored now" in srv.stderr(), 10, "the server to say the end is stored")
+    j = srv.job(jid)
+    assert j["state"] == "succeeded" and j["attempt"] == 2, f"{j['state']} at attempt {j['attempt']}: {j['error']}"
+    with sqlite3.connect(f"file:{srv.db}?mode=ro", uri=True) as c:
+        rows = c.execute("SELECT attempt, rank, exit_code FROM ranks WHERE job = ? ORDER BY attempt, rank",
+                         (jid,)).fetchall()
+    assert rows == [(1, 0, 1), (2, 0, 0)], f"the ranks' end rows (attempt, rank, exit code): {rows}"
+    assert srv.stop() == 0
+    assert integrity(srv.db) == "ok"
