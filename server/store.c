@@ -988,6 +988,11 @@ static ddpd_err migrate(struct store *s, sqlite3 *db, struct ddpd_error *err)
         return sq_fail(err, db, rc, "read user_version");
     if (v > store_schema_version())
         return too_new(s->path, v, err);
+    if (v < 0) /* PRAGMA user_version is any 32-bit integer; ddpd's are 0 and up */
+        return ddpd_error_set(err, DDPD_ECONFLICT, s->path,
+                              "store: %s has schema version %d, which no ddpd writes: it is not a "
+                              "ddpd database; move it aside or give --db another path",
+                              s->path, v);
     for (int ver = v + 1; ver <= store_schema_version(); ver++) {
         snprintf(op, sizeof op, "migration %s", migrations[ver - 1].name);
         rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);

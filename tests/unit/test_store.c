@@ -320,6 +320,22 @@ static void test_open_errors(void)
     CHECK(strstr(e.message, "newer") != NULL);
     CHECK_EQ_INT(raw_query(path, "PRAGMA user_version", NULL, 0), 99); /* left untouched */
 
+    /* Another program's database: a negative user_version (read as a version, it indexed
+     * the migrations at -1). */
+    db_path(path, sizeof path, "foreign.db");
+    CHECK_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
+    CHECK_EQ_INT(sqlite3_exec(db, "CREATE TABLE x (y); PRAGMA user_version = -7", NULL, NULL, NULL),
+                 SQLITE_OK);
+    sqlite3_close(db);
+    ddpd_error_clear(&e);
+    s = store_open(path, &e);
+    CHECK(s == NULL);
+    store_close(s);
+    CHECK_EQ_INT(e.code, DDPD_ECONFLICT);
+    CHECK(strstr(e.message, "-7") != NULL);
+    CHECK(strstr(e.message, "not a ddpd database") != NULL);
+    CHECK_EQ_INT(raw_query(path, "PRAGMA user_version", NULL, 0), -7); /* left untouched */
+
     /* A file that is not a database. */
     db_path(path, sizeof path, "garbage.db");
     FILE *f = fopen(path, "wb");
