@@ -775,8 +775,8 @@ static void ended(struct super *s, struct active *a)
             rows[n++] = sr;
     }
     if (!rows && kept + a->world_size > 0)
-        fprintf(stderr, "ddpd: job %" PRId64 ": out of memory: the ranks' end rows the store refused are not retried\n",
-                a->job);
+        fprintf(stderr, "ddpd: job %" PRId64 ": out of memory: the ranks' end rows the store refused "
+                "are not retried\n", a->job);
     free(a->unsaved_ranks);
     a->unsaved_ranks = n ? rows : NULL;
     a->n_unsaved_ranks = n;

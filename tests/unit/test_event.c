@@ -371,10 +371,14 @@ static void test_decode_errors(void)
 static void test_error_message(void)
 {
     char msg[64] = "unchanged";
-    const char *compact = "{\"event\":\"error\",\"rank\":1,\"kind\":\"comm\",\"message\":\"peer gone\",\"ts\":1}";
-    const char *spaced = "{\"rank\": 0, \"event\": \"error\", \"kind\": \"data\", \"message\": \"bad row\", \"ts\": 2.5}";
-    const char *loss = "{\"event\":\"loss\",\"rank\":0,\"step\":1,\"epoch\":0,\"loss\":0.5,\"samples_per_s\":1,\"ts\":1}";
-    const char *named = "{\"event\":\"done\",\"rank\":0,\"steps\":1,\"loss\":0.5,\"seconds\":1,\"ts\":1,\"x\":\"error\"}";
+    const char *compact = "{\"event\":\"error\",\"rank\":1,\"kind\":\"comm\","
+                          "\"message\":\"peer gone\",\"ts\":1}";
+    const char *spaced = "{\"rank\": 0, \"event\": \"error\", \"kind\": \"data\", "
+                         "\"message\": \"bad row\", \"ts\": 2.5}";
+    const char *loss = "{\"event\":\"loss\",\"rank\":0,\"step\":1,\"epoch\":0,\"loss\":0.5,"
+                       "\"samples_per_s\":1,\"ts\":1}";
+    const char *named = "{\"event\":\"done\",\"rank\":0,\"steps\":1,\"loss\":0.5,\"seconds\":1,"
+                        "\"ts\":1,\"x\":\"error\"}";
     CHECK(!event_error_message(loss, strlen(loss), msg, sizeof msg));
     CHECK(!event_error_message(named, strlen(named), msg, sizeof msg));
     CHECK(!event_error_message("not json \"error\"", 16, msg, sizeof msg));
