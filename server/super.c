@@ -1013,8 +1013,10 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
         slurm_cancel_orphans(s->o.slurm, 10);
     for (;;) {
         ddpd_err rc = store_job_list(s->o.store, &q, &l, err);
-        if (rc)
+        if (rc) {
+            free(queued);
             return rc;
+        }
         for (size_t i = 0; i < l.n; i++) {
             const struct store_job *j = &l.jobs[i];
             if (j->state != JOB_STATE_QUEUED)
