@@ -1,6 +1,7 @@
 /* fuzz_event.c — the NDJSON event decoder (schema/event.c) on any line, as the server reads
  * a worker's stdout. A line is either an error with its detail, or an event whose encoding
  * fits EVENT_LINE_MAX and decodes again; from there encoding is a fixed point. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static char line[EVENT_LINE_MAX], line2[EVENT_LINE_MAX];
     struct ddpd_error err;
     ddpd_err rc = event_decode((const char *)data, size, &ev, &err);
+    /* The launchers' shortcut agrees with the decoder: true exactly for error events. */
+    static char msg[EVENT_TEXT_MAX];
+    bool is_error = event_error_message((const char *)data, size, msg, sizeof msg);
+    if (is_error != (rc == DDPD_OK && ev.kind == EVENT_ERROR) || (is_error && strcmp(msg, ev.message))) {
+        fprintf(stderr, "event_error_message says %d, event_decode %s\n", is_error, ddpd_err_name(rc));
+        abort();
+    }
     if (rc != DDPD_OK) {
         if ((rc != DDPD_EJSON && rc != DDPD_ESPEC) || err.code != rc || !err.message[0]) {
             fprintf(stderr, "event_decode: %s without its detail\n", ddpd_err_name(rc));

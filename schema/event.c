@@ -442,8 +442,10 @@ out:
 bool event_error_message(const char *line, size_t len, char *out, size_t cap)
 {
     struct event ev;
-    if (!memmem(line, len, "\"error\"", 7) || event_decode(line, len, &ev, NULL) != DDPD_OK ||
-        ev.kind != EVENT_ERROR)
+    /* The string "error" is in the raw line as such, or spelled with a \u escape. */
+    if (!memmem(line, len, "\"error\"", 7) && !memmem(line, len, "\\u", 2))
+        return false;
+    if (event_decode(line, len, &ev, NULL) != DDPD_OK || ev.kind != EVENT_ERROR)
         return false;
     snprintf(out, cap, "%s", ev.message);
     return true;

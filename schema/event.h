@@ -67,8 +67,8 @@ int event_encode(const struct event *ev, char *buf, size_t cap);
 ddpd_err event_decode(const char *line, size_t len, struct event *out, struct ddpd_error *err);
 
 /* When the line is an error event, copies its message into out (cap bytes) and returns
- * true. Any valid JSON counts: spaces, key order. Cheap on the other kinds, which it does
- * not decode unless they hold the string "error". */
+ * true. Any valid JSON counts: spaces, key order, escapes. Cheap on the other kinds, which
+ * it does not decode unless they hold the string "error" or a \u escape. */
 bool event_error_message(const char *line, size_t len, char *out, size_t cap);
 
 #endif

@@ -387,6 +387,10 @@ static void test_error_message(void)
     CHECK_EQ_STR(msg, "peer gone");
     CHECK(event_error_message(spaced, strlen(spaced), msg, sizeof msg));
     CHECK_EQ_STR(msg, "bad row");
+    const char *escaped = "{\"event\":\"\\u0065rror\",\"rank\":1,\"kind\":\"comm\","
+                          "\"message\":\"x\",\"ts\":1}";
+    CHECK(event_error_message(escaped, strlen(escaped), msg, sizeof msg));
+    CHECK_EQ_STR(msg, "x");
     CHECK(event_error_message(compact, strlen(compact), msg, 5));
     CHECK_EQ_STR(msg, "peer");
 }
