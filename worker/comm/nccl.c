@@ -70,6 +70,16 @@ static void nap(void)
     nanosleep(&t, NULL);
 }
 
+/* The code of the failure recorded; DDPD_ECOMM when there is none (nc_abort sets
+ * c->failed without one). */
+static ddpd_err failed_code(struct nccl *c)
+{
+    pthread_mutex_lock(&c->mu);
+    ddpd_err code = c->code;
+    pthread_mutex_unlock(&c->mu);
+    return code != DDPD_OK ? code : DDPD_ECOMM;
+}
+
 /* Records the first failure's text and code; returns that first failure's code, so that
  * every later call reports the same cause. */
 static ddpd_err fail_as(struct nccl *c, ddpd_err code, const char *fmt, const char *what,
@@ -81,9 +91,8 @@ static ddpd_err fail_as(struct nccl *c, ddpd_err code, const char *fmt, const ch
         c->code = code;
         atomic_store(&c->failed, true);
     }
-    code = c->code;
     pthread_mutex_unlock(&c->mu);
-    return code;
+    return failed_code(c);
 }
 
 static ddpd_err fail(struct nccl *c, const char *fmt, const char *what, const char *why)
@@ -105,15 +114,6 @@ static ddpd_err nccl_fail(struct nccl *c, ncclResult_t r, const char *what)
              last ? last : "");
     return fail_as(c, r == ncclUnhandledCudaError ? DDPD_EDEVICE : DDPD_ECOMM, "nccl: %s: %s",
                    what, why);
-}
-
-/* The code of the failure already recorded (c->failed is set after it). */
-static ddpd_err failed_code(struct nccl *c)
-{
-    pthread_mutex_lock(&c->mu);
-    ddpd_err code = c->code;
-    pthread_mutex_unlock(&c->mu);
-    return code;
 }
 
 /* Aborts the communicator once, from whichever thread gets here first, within ABORT_S:
@@ -376,8 +376,7 @@ static ddpd_err nc_init_rank(const struct comm_id *id, int rank, int world, doub
     rc = DDPD_OK;
 out:
     if (rc != DDPD_OK) {
-        if (failed_code(c) != DDPD_OK)
-            rc = failed_code(c);
+        rc = failed_code(c);
         snprintf(errbuf, errcap, "%s", c->err);
         abort_bounded(c);
         atomic_store(&c->aborted, true); /* nothing left for free() to abort */
