@@ -774,7 +774,7 @@ static void ended(struct super *s, struct active *a)
         if (store_rank_put(s->o.store, a->job, &sr, NULL) != DDPD_OK && rows)
             rows[n++] = sr;
     }
-    if (!rows && kept + a->world_size > 0)
+    if (!rows)
         fprintf(stderr, "ddpd: job %" PRId64 ": out of memory: the ranks' end rows the store refused "
                 "are not retried\n", a->job);
     free(a->unsaved_ranks);
