@@ -39,7 +39,7 @@ static const char *const csv_keys[] = {"type", "path", "target", "seed", "shuffl
 static const char *const ddp_keys[] = {"bucket_cap_mb", "join", "divide_by_initial_world_size",
                                        "backend", "timeout_s"};
 static const char *const init_keys[] = {"seed", "from"};
-static const char *const checkpoint_keys[] = {"every_steps"};
+static const char *const checkpoint_keys[] = {"every_steps", "keep_last"};
 
 /* ---- paths and descriptions for error messages ---- */
 
@@ -757,6 +757,7 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
     s->device = opts ? opts->default_device : DEVICE_CPU;
     s->grad_accum = 1;
     s->log_every = 1;
+    s->checkpoint_keep_last = 3;
 
     rc = check_keys(err, root, "", top_keys, COUNT(top_keys), NULL);
     if (rc != DDPD_OK)
@@ -803,7 +804,9 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
     if (obj && ((rc = check_keys(err, obj, "checkpoint", checkpoint_keys,
                                  COUNT(checkpoint_keys), NULL)) ||
                 (rc = get_int(err, obj, "checkpoint", "every_steps", 0, INT64_MAX, false,
-                              &s->checkpoint_every))))
+                              &s->checkpoint_every)) ||
+                (rc = get_int(err, obj, "checkpoint", "keep_last", 1, INT64_MAX, false,
+                              &s->checkpoint_keep_last))))
         return rc;
     if ((rc = get_int(err, root, "", "log_every", 1, INT64_MAX, false, &s->log_every)) ||
         (rc = get_int32(err, root, "", "max_restarts", 0, 100, &s->max_restarts)))
@@ -1002,7 +1005,10 @@ struct json_t *spec_to_json(const struct spec *s)
         put(j, "init", json_pack("{s:s}", "from", s->init_from), &ok);
     else
         put(j, "init", json_pack("{s:I}", "seed", (json_int_t)s->init_seed), &ok);
-    put(j, "checkpoint", json_pack("{s:I}", "every_steps", (json_int_t)s->checkpoint_every), &ok);
+    put(j, "checkpoint",
+        json_pack("{s:I, s:I}", "every_steps", (json_int_t)s->checkpoint_every, "keep_last",
+                  (json_int_t)s->checkpoint_keep_last),
+        &ok);
     put(j, "log_every", json_integer(s->log_every), &ok);
     put(j, "max_restarts", json_integer(s->max_restarts), &ok);
     if (!ok) {

@@ -81,6 +81,7 @@ struct spec {
     uint64_t init_seed;   /* default 0 */
     char init_from[SPEC_PATH_MAX]; /* "" unless init.from */
     int64_t checkpoint_every; /* 0 = only at the end */
+    int64_t checkpoint_keep_last; /* newest ckpt-N folders kept, >= 1; default 3 */
     int64_t log_every;    /* default 1 */
     int max_restarts;     /* default 0 */
 };

@@ -87,6 +87,7 @@ static void test_seed_example(void)
     CHECK_EQ_INT(s.init_seed, 0);
     CHECK_EQ_STR(s.init_from, "");
     CHECK_EQ_INT(s.checkpoint_every, 0);
+    CHECK_EQ_INT(s.checkpoint_keep_last, 3);
     CHECK_EQ_INT(s.log_every, 1);
     CHECK_EQ_INT(s.max_restarts, 0);
     CHECK_EQ_INT(spec_param_count(&s), 55);
@@ -111,6 +112,7 @@ static void test_defaults(void)
     CHECK_EQ_INT(s.log_every, 1);
     CHECK_EQ_INT(s.max_restarts, 0);
     CHECK_EQ_INT(s.checkpoint_every, 0);
+    CHECK_EQ_INT(s.checkpoint_keep_last, 3); /* three checkpoints unless the spec says */
     CHECK(s.ddp.bucket_cap_mb == 25);
     CHECK_EQ_INT(s.ddp.join, JOIN_AUTO);
     CHECK(s.ddp.divide_by_initial_world_size);
@@ -296,7 +298,9 @@ static const struct bad_case bad_cases[] = {
     BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from_file\":\"w\"}"), DDPD_ESPEC, "init.from_file",
      "unknown key (expected one of seed, from)"),
     BAD(OK_PLUS(",\"checkpoint\":{\"every\":5}"), DDPD_ESPEC, "checkpoint.every",
-     "unknown key (expected one of every_steps)"),
+     "unknown key (expected one of every_steps, keep_last)"),
+    BAD(OK_PLUS(",\"checkpoint\":{\"keep_lsat\":2}"), DDPD_ESPEC, "checkpoint.keep_lsat",
+     "unknown key (did you mean \"keep_last\"? expected one of every_steps, keep_last)"),
 
     /* types of top-level values */
     BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":\"3\",\"epochs\":1", ""), DDPD_ESPEC,
@@ -333,6 +337,17 @@ static const struct bad_case bad_cases[] = {
     BAD(OK_PLUS(",\"checkpoint\":{\"every_steps\":-1}"), DDPD_ESPEC, "checkpoint.every_steps",
      "expected a non-negative integer, got -1"),
     BAD(OK_PLUS(",\"checkpoint\":5"), DDPD_ESPEC, "checkpoint", "expected an object, got 5"),
+    /* keep_last: at least the newest checkpoint stays (0 would prune what a restart needs). */
+    BAD(OK_PLUS(",\"checkpoint\":{\"every_steps\":1,\"keep_last\":0}"), DDPD_ESPEC,
+     "checkpoint.keep_last", "expected a positive integer, got 0"),
+    BAD(OK_PLUS(",\"checkpoint\":{\"keep_last\":-3}"), DDPD_ESPEC, "checkpoint.keep_last",
+     "expected a positive integer, got -3"),
+    BAD(OK_PLUS(",\"checkpoint\":{\"keep_last\":2.5}"), DDPD_ESPEC, "checkpoint.keep_last",
+     "expected a positive integer, got 2.5"),
+    BAD(OK_PLUS(",\"checkpoint\":{\"keep_last\":\"all\"}"), DDPD_ESPEC, "checkpoint.keep_last",
+     "expected a positive integer, got \"all\""),
+    BAD(OK_PLUS(",\"checkpoint\":{\"keep_last\":null}"), DDPD_ESPEC, "checkpoint.keep_last",
+     "expected a positive integer, got null"),
 
     /* model */
     BAD(SPEC(LOSS, OPTIM, DATA, BATCH, "\"grad_accum\":1", ""), DDPD_ESPEC, "model",
@@ -557,7 +572,7 @@ static void test_round_trip(void)
              "\"batch_size\":17,\"steps\":1000",
              ",\"ddp\":{\"bucket_cap_mb\":0.1,\"join\":true,\"backend\":\"cpu\",\"timeout_s\":1.5,"
              "\"divide_by_initial_world_size\":false},\"device\":\"cuda\",\"precision\":\"tf32\",\"world_size\":8,"
-             "\"init\":{\"from\":\"init/{rank}.safetensors\"},\"checkpoint\":{\"every_steps\":100},"
+             "\"init\":{\"from\":\"init/{rank}.safetensors\"},\"checkpoint\":{\"every_steps\":100,\"keep_last\":7},"
              "\"log_every\":10,\"max_restarts\":3,\"name\":\"q\\\"uote\\n\",\"grad_accum\":4"),
         SPEC("\"model\":[{\"type\":\"linear\",\"in\":2,\"out\":3}]", "\"loss\":\"cross_entropy\"",
              "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.3,\"momentum\":0.9,\"nesterov\":true,"
@@ -596,6 +611,14 @@ static void test_round_trip(void)
     CHECK_EQ_STR(json_string_value(json_object_get(json_object_get(j, "ddp"), "join")), "auto");
     CHECK_EQ_STR(json_string_value(json_object_get(json_object_get(j, "ddp"), "backend")), "cpu");
     CHECK(json_object_get(j, "steps") == NULL);
+    /* checkpoint.keep_last is printed with its default, and a given one as given. */
+    CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "checkpoint"), "keep_last")), 3);
+    json_decref(j);
+    CHECK_EQ_INT(parse(OK_PLUS(",\"checkpoint\":{\"keep_last\":9223372036854775807}"), &s, &e), DDPD_OK);
+    CHECK_EQ_INT(s.checkpoint_keep_last, INT64_MAX);
+    CHECK_EQ_INT(s.checkpoint_every, 0);
+    j = spec_to_json(&s);
+    CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "checkpoint"), "keep_last")), INT64_MAX);
     json_decref(j);
 }
 
