@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../schema/jobdir.h"
 #include "safetensors.h"
 
 #define CKPT_FORMAT "ddpd-checkpoint-1"
@@ -229,6 +230,9 @@ ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, struct
     struct st_file *mf = NULL, *of = NULL;
     ddpd_err rc;
     int64_t osteps = 0;
+    struct stat dst;
+    if (stat(dir, &dst) != 0 && errno == ENOENT) /* pruned by checkpoint.keep_last, or a typo */
+        return jobdir_missing_ckpt(dir, err);
 
     mf = st_read(mp, err);
     if (!mf) {
@@ -274,4 +278,25 @@ out:
     st_free(mf);
     st_free(of);
     return rc;
+}
+
+/* Retention (checkpoint.keep_last, the job disk quota): an upper bound of what one
+ * checkpoint writes, so that the quota is checked before a byte of it is. */
+#define CKPT_HEADER_PER_TENSOR 512 /* name <= 127 bytes, dtype, shape, offsets, JSON */
+#define CKPT_HEADER_FIXED 4096     /* length word, metadata, padding */
+
+int64_t ckpt_bytes_bound(struct model *m, struct optim *o)
+{
+    int64_t sum = 2 * CKPT_HEADER_FIXED;
+    for (int i = 0; i < model_param_count(m); i++) {
+        const struct param *p = model_param(m, i);
+        sum += p->numel * (int64_t)sizeof(float) + CKPT_HEADER_PER_TENSOR;
+    }
+    for (int i = 0; i < optim_state_count(o); i++) {
+        const struct param *like;
+        char name[128];
+        optim_state_at(o, i, name, sizeof name, &like);
+        sum += like->numel * (int64_t)sizeof(float) + CKPT_HEADER_PER_TENSOR;
+    }
+    return sum;
 }

@@ -38,4 +38,9 @@ ddpd_err ckpt_save_files(const char *dir, struct model *m, struct optim *o,
 ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, struct train_pos *pos,
                        struct ddpd_error *err);
 
+/* At least the bytes ckpt_save_dir / ckpt_save_files write for this model and
+ * optimizer (data plus a bound on the headers): what the disk quota is checked against
+ * before a checkpoint is written. */
+int64_t ckpt_bytes_bound(struct model *m, struct optim *o);
+
 #endif

@@ -317,6 +317,11 @@ int main(int argc, char **argv)
     if (get_str(doc, "data_dir", &data_dir, &err) || get_str(doc, "out_dir", &out_dir, &err) ||
         get_str(doc, "resume", &resume, &err))
         emit_die(&err);
+    /* The server's per-job disk quota (ddpd serve --job-disk-quota): absent or null, none. */
+    json_int_t disk_quota = 0;
+    if (!json_is_null(json_object_get(doc, "disk_quota")) && json_object_get(doc, "disk_quota") &&
+        get_int(doc, "disk_quota", 0, INT64_MAX, &disk_quota, &err))
+        emit_die(&err);
 
     struct spec spec;
     json_t *js = json_object_get(doc, "spec");
@@ -369,6 +374,7 @@ int main(int argc, char **argv)
         .data_dir = data_dir ? data_dir : ".",
         .out_dir = out_dir ? out_dir : "var/run",
         .resume = resume,
+        .disk_quota = (int64_t)disk_quota,
         .cancel = &cancelled,
         .in_loop = &in_loop,
         .comm = comm,

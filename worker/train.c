@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../schema/jobdir.h"
 #include "checkpoint.h"
 #include "data.h"
 #include "ddp.h"
@@ -198,14 +199,32 @@ static void log_start(struct run *r, struct pending_log *p, const struct pending
     log_finish(r, p, t_log, last_loss);
 }
 
+/* Writes OUT/ckpt-STEP when the job folder has room for it under the disk quota, then
+ * deletes the oldest checkpoints beyond checkpoint.keep_last (only now: the new one is
+ * complete, so there are never fewer than keep_last). */
 static ddpd_err save_checkpoint(struct run *r, const struct train_pos *pos, struct ddpd_error *err)
 {
-    char dir[4096];
+    char dir[4096], what[64];
     snprintf(dir, sizeof dir, "%s/ckpt-%" PRId64, r->cfg->out_dir, pos->step);
-    ddpd_err rc = ckpt_save_dir(dir, r->m, r->o, pos, err);
+    snprintf(what, sizeof what, "checkpoint ckpt-%" PRId64, pos->step);
+    ddpd_err rc = jobdir_check_quota(r->cfg->out_dir, r->cfg->disk_quota, ckpt_bytes_bound(r->m, r->o), what,
+                                     err);
     if (!rc)
-        emit_checkpoint(r->cfg->rank, pos->step, dir);
-    return rc;
+        rc = ckpt_save_dir(dir, r->m, r->o, pos, err);
+    if (rc)
+        return rc;
+    emit_checkpoint(r->cfg->rank, pos->step, dir);
+    struct ddpd_error perr;
+    int pruned = 0;
+    if (jobdir_prune(r->cfg->out_dir, r->s->checkpoint_keep_last, pos->step, &pruned, &perr) != DDPD_OK)
+        emit_log("warning: old checkpoints not pruned (the disk quota still holds): %s", perr.message);
+    static bool said; /* once per run: a line per checkpoint would grow the log without end */
+    if (pruned && !said) {
+        said = true;
+        emit_log("checkpoint.keep_last %" PRId64 ": older checkpoints are deleted as newer ones are written",
+                 r->s->checkpoint_keep_last);
+    }
+    return DDPD_OK;
 }
 
 static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *err)
@@ -376,7 +395,9 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     const double seconds = emit_monotonic() - t0;
 
     if (rank == 0) {
-        if ((rc = ckpt_save_files(cfg->out_dir, r.m, r.o, &pos, err)))
+        if ((rc = jobdir_check_quota(cfg->out_dir, cfg->disk_quota, ckpt_bytes_bound(r.m, r.o), "the final model",
+                                     err)) ||
+            (rc = ckpt_save_files(cfg->out_dir, r.m, r.o, &pos, err)))
             goto out;
         emit_checkpoint(rank, pos.step, cfg->out_dir);
     }

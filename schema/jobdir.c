@@ -1,0 +1,329 @@
+/* jobdir.c — a job folder's size, checkpoint pruning and the quota's size syntax
+ * (jobdir.h). Plain POSIX directory walks from directory descriptors, never following a
+ * symbolic link; knows nothing of what the files hold. */
+#include "jobdir.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+bool jobdir_ckpt_step(const char *name, int64_t *step)
+{
+    if (strncmp(name, "ckpt-", 5) != 0)
+        return false;
+    const char *p = name + 5;
+    int64_t n = 0;
+    if (!*p)
+        return false;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9' || n > (INT64_MAX - 9) / 10)
+            return false;
+        n = n * 10 + (*p - '0');
+    }
+    *step = n;
+    return true;
+}
+
+/* Adds the sizes of the regular files under the open directory `fd` (taken: closed
+ * here) to *sum. `path` names it for messages. */
+static ddpd_err walk_bytes(int fd, const char *path, int depth, int64_t *sum, struct ddpd_error *err)
+{
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int en = errno;
+        close(fd);
+        return ddpd_error_set(err, DDPD_EIO, path, "%s: cannot read the folder: %s", path, strerror(en));
+    }
+    ddpd_err rc = DDPD_OK;
+    struct dirent *e;
+    errno = 0;
+    while (rc == DDPD_OK && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+            continue; /* gone meanwhile (pruned, renamed into place): not there to count */
+        if (S_ISREG(st.st_mode)) {
+            int64_t sz = st.st_size > 0 ? (int64_t)st.st_size : 0;
+            *sum = *sum > INT64_MAX - sz ? INT64_MAX : *sum + sz;
+        } else if (S_ISDIR(st.st_mode) && depth < JOBDIR_MAX_DEPTH) {
+            int sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub < 0)
+                continue;
+            char child[4096];
+            snprintf(child, sizeof child, "%s/%s", path, e->d_name);
+            rc = walk_bytes(sub, child, depth + 1, sum, err);
+        }
+        errno = 0;
+    }
+    if (rc == DDPD_OK && errno)
+        rc = ddpd_error_set(err, DDPD_EIO, path, "%s: cannot read the folder: %s", path, strerror(errno));
+    closedir(d);
+    return rc;
+}
+
+ddpd_err jobdir_bytes(const char *dir, int64_t *bytes, struct ddpd_error *err)
+{
+    *bytes = 0;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return ddpd_error_set(err, DDPD_EIO, dir, "%s: cannot open the job folder: %s", dir, strerror(errno));
+    return walk_bytes(fd, dir, 0, bytes, err);
+}
+
+ddpd_err jobdir_check_quota(const char *dir, int64_t quota, int64_t adding, const char *what,
+                            struct ddpd_error *err)
+{
+    if (quota <= 0)
+        return DDPD_OK;
+    int64_t have;
+    ddpd_err rc = jobdir_bytes(dir, &have, err);
+    if (rc)
+        return rc;
+    if (adding < 0)
+        adding = 0;
+    if (have <= quota && adding <= quota - have)
+        return DDPD_OK;
+    if (!adding)
+        return ddpd_error_set(err, DDPD_EIO, dir,
+                              "the job folder %s holds %" PRId64 " bytes, over the job disk quota of %" PRId64
+                              " bytes (ddpd serve --job-disk-quota)",
+                              dir, have, quota);
+    return ddpd_error_set(err, DDPD_EIO, dir,
+                          "writing %s (%" PRId64 " bytes) would bring the job folder %s from %" PRId64
+                          " to %" PRId64 " bytes, over the job disk quota of %" PRId64
+                          " bytes (ddpd serve --job-disk-quota); nothing was written",
+                          what, adding, dir, have, have > INT64_MAX - adding ? INT64_MAX : have + adding, quota);
+}
+
+/* Removes `name` under the directory `at`, a file or a whole folder (depth-capped, links
+ * removed as links). 0, or an errno value. */
+static int remove_tree(int at, const char *name, int depth)
+{
+    if (unlinkat(at, name, 0) == 0 || errno == ENOENT)
+        return 0;
+    if (errno != EISDIR && errno != EPERM)
+        return errno;
+    if (depth >= JOBDIR_MAX_DEPTH)
+        return ELOOP;
+    int fd = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : errno;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int en = errno;
+        close(fd);
+        return en;
+    }
+    int en = 0;
+    struct dirent *e;
+    while (!en && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            en = remove_tree(dirfd(d), e->d_name, depth + 1);
+    closedir(d);
+    if (!en && unlinkat(at, name, AT_REMOVEDIR) != 0 && errno != ENOENT)
+        en = errno;
+    return en;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* A leftover of a crash: "ckpt-N.del" (a prune cut short), or "ckpt-N.tmp" with
+ * N < newest (a write cut short; the one at `newest` or later may be another rank's
+ * write in progress and is left alone). */
+static bool is_leftover(const char *name, int64_t newest)
+{
+    size_t len = strlen(name);
+    if (len < 9 || len >= 64 || strncmp(name, "ckpt-", 5) != 0)
+        return false;
+    const char *suffix = name + len - 4;
+    if (strcmp(suffix, ".del") && strcmp(suffix, ".tmp"))
+        return false;
+    char base[64];
+    memcpy(base, name, len - 4);
+    base[len - 4] = '\0';
+    int64_t n;
+    if (!jobdir_ckpt_step(base, &n))
+        return false;
+    return !strcmp(suffix, ".del") || n < newest;
+}
+
+ddpd_err jobdir_prune(const char *dir, int64_t keep_last, int64_t newest, int *pruned,
+                      struct ddpd_error *err)
+{
+    int64_t *steps = NULL;
+    size_t n = 0, cap = 0;
+    int dfd = -1, gone = 0;
+    DIR *d = NULL;
+    ddpd_err rc = DDPD_OK;
+    char name[64];
+
+    if (pruned)
+        *pruned = 0;
+    if (keep_last < 1)
+        keep_last = 1;
+    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int lfd = dfd >= 0 ? dup(dfd) : -1;
+    if (lfd < 0 || !(d = fdopendir(lfd))) {
+        if (lfd >= 0)
+            close(lfd);
+        rc = ddpd_error_set(err, DDPD_EIO, dir, "%s: cannot read the job folder to prune checkpoints: %s", dir,
+                            strerror(errno));
+        goto out;
+    }
+    /* Leftovers first, then the list of complete checkpoints other than the newest. */
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t step;
+        if (is_leftover(e->d_name, newest)) {
+            int en = remove_tree(dfd, e->d_name, 0);
+            if (en) {
+                rc = ddpd_error_set(err, DDPD_EIO, dir, "%s/%s: cannot remove: %s", dir, e->d_name, strerror(en));
+                goto out;
+            }
+            continue;
+        }
+        if (!jobdir_ckpt_step(e->d_name, &step) || step == newest)
+            continue;
+        if (n == cap) {
+            size_t ncap = cap ? cap * 2 : 16;
+            int64_t *p = realloc(steps, ncap * sizeof *p);
+            if (!p) {
+                rc = ddpd_error_set(err, DDPD_ENOMEM, dir, "%s: out of memory listing checkpoints", dir);
+                goto out;
+            }
+            steps = p;
+            cap = ncap;
+        }
+        steps[n++] = step;
+    }
+    /* The newest keep_last - 1 of the others stay beside the one just written. */
+    if ((int64_t)n <= keep_last - 1)
+        goto out;
+    qsort(steps, n, sizeof *steps, cmp_i64);
+    size_t drop = n - (size_t)(keep_last - 1);
+    /* Each goes out of the set of checkpoints in one rename; only then is it removed, so
+     * that a crash leaves a ".del" folder that nothing reads as a checkpoint. */
+    for (size_t i = 0; i < drop; i++) {
+        char del[80];
+        snprintf(name, sizeof name, "ckpt-%" PRId64, steps[i]);
+        snprintf(del, sizeof del, "%s.del", name);
+        if (renameat(dfd, name, dfd, del) != 0) {
+            if (errno == ENOENT)
+                continue;
+            rc = ddpd_error_set(err, DDPD_EIO, dir, "%s/%s: cannot remove: %s", dir, name, strerror(errno));
+            goto out;
+        }
+        int en = remove_tree(dfd, del, 0);
+        if (en) {
+            rc = ddpd_error_set(err, DDPD_EIO, dir, "%s/%s: cannot remove: %s", dir, del, strerror(en));
+            goto out;
+        }
+        gone++;
+    }
+    fsync(dfd);
+out:
+    if (pruned)
+        *pruned = gone;
+    if (d)
+        closedir(d);
+    if (dfd >= 0)
+        close(dfd);
+    free(steps);
+    return rc;
+}
+
+ddpd_err jobdir_missing_ckpt(const char *ckpt_dir, struct ddpd_error *err)
+{
+    char parent[4096], list[512] = "";
+    snprintf(parent, sizeof parent, "%s", ckpt_dir);
+    size_t len = strlen(parent);
+    while (len > 1 && parent[len - 1] == '/')
+        parent[--len] = '\0';
+    char *slash = strrchr(parent, '/');
+    if (!slash)
+        snprintf(parent, sizeof parent, ".");
+    else if (slash == parent)
+        parent[1] = '\0';
+    else
+        *slash = '\0';
+    /* The newest few complete checkpoints beside it, newest first. */
+    int64_t best[4];
+    int nb = 0;
+    DIR *d = opendir(parent);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        int64_t step;
+        if (!jobdir_ckpt_step(e->d_name, &step))
+            continue;
+        int i = nb < 4 ? nb++ : 4;
+        while (i > 0 && best[i - 1] < step) {
+            if (i < 4)
+                best[i] = best[i - 1];
+            i--;
+        }
+        if (i < 4)
+            best[i] = step;
+    }
+    if (d)
+        closedir(d);
+    for (int i = 0; i < nb; i++) {
+        size_t at = strlen(list);
+        snprintf(list + at, sizeof list - at, "%s%s/ckpt-%" PRId64, i ? ", " : "", parent, best[i]);
+    }
+    return ddpd_error_set(err, DDPD_EDATA, ckpt_dir,
+                          "%s: no such checkpoint (checkpoint.keep_last deletes all but the newest ones); %s%s",
+                          ckpt_dir, nb ? "the newest there: " : "there is no complete checkpoint in ",
+                          nb ? list : parent);
+}
+
+bool jobdir_size_parse(const char *text, int64_t *bytes)
+{
+    if (!text || !*text)
+        return false;
+    if (!strcasecmp(text, "none")) {
+        *bytes = 0;
+        return true;
+    }
+    const char *p = text;
+    int64_t n = 0;
+    if (*p < '0' || *p > '9')
+        return false;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (n > (INT64_MAX - 9) / 10)
+            return false;
+        n = n * 10 + (*p - '0');
+    }
+    int shift = 0;
+    switch (*p) {
+    case 'k': case 'K': shift = 10; break;
+    case 'm': case 'M': shift = 20; break;
+    case 'g': case 'G': shift = 30; break;
+    case 't': case 'T': shift = 40; break;
+    default: break;
+    }
+    if (shift) {
+        p++;
+        if (!strcasecmp(p, "ib") || !strcasecmp(p, "b"))
+            p += strlen(p);
+    } else if (!strcasecmp(p, "b")) {
+        p++;
+    }
+    if (*p)
+        return false;
+    if (n > (INT64_MAX >> shift))
+        return false;
+    *bytes = n << shift;
+    return true;
+}
