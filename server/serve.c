@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../schema/jobdir.h"
 #include "api.h"
 #include "env.h"
 #include "http.h"
@@ -39,11 +40,14 @@ static void usage(FILE *f)
           "                  [--on-shutdown cancel|finish] [--web-dir DIR] [--cors-origin ORIGIN]\n"
           "                  [--launcher local|slurm] [--slurm-partition P] [--slurm-account A]\n"
           "                  [--slurm-time T] [--slurm-cpus-per-task N] [--slurm-arg ARG]...\n"
-          "                  [--comm-addr HOST]\n"
+          "                  [--comm-addr HOST] [--job-disk-quota SIZE]\n"
           "  --listen       address to serve on (default 127.0.0.1:8080; port 0 = any free port)\n"
           "  --db           SQLite database, created on first start (default ./var/ddpd.db)\n"
           "  --data-dir     where jobs' data paths are resolved; they may not leave it (default .)\n"
           "  --jobs-dir     each job's checkpoints and logs (default: jobs/ beside the database)\n"
+          "  --job-disk-quota  bytes one job's folder may hold (checkpoints, final model, logs):\n"
+          "                 a number with K, M, G or T (powers of 1024), or none (default 10G); a job\n"
+          "                 that would go over it fails with an error naming the quota\n"
           "  --gpus         GPUs to use (default auto: what ddpd-worker --devices finds)\n"
           "  --cpu-slots    CPU ranks that may run at once (default: the number of cores)\n"
           "  --token-file   require `Authorization: Bearer <token>` on /v1 (the file's first line)\n"
@@ -168,6 +172,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
     bool insecure = false, finish = false, slurm = false;
     const char *comm_addr = NULL;
     struct slurm_opts so_slurm = {.cpus_per_task = 1};
+    int64_t job_disk_quota = JOBDIR_DEFAULT_QUOTA;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -226,7 +231,13 @@ int serve_main(int argc, char **argv, const char *self_dir)
             slurm = !strcmp(v, "slurm");
         } else if (!strcmp(a, "--cors-origin"))
             cors = v;
-        else if (!strcmp(a, "--cpu-slots")) {
+        else if (!strcmp(a, "--job-disk-quota")) {
+            if (!jobdir_size_parse(v, &job_disk_quota)) {
+                fprintf(stderr, "ddpd serve: --job-disk-quota: expected a size such as 10G, 500M or 1048576 "
+                        "(bytes; K, M, G, T are powers of 1024) or none, got '%s'\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--cpu-slots")) {
             if (parse_count(v, 0, 1024, &cpu_slots)) {
                 fprintf(stderr, "ddpd serve: --cpu-slots: expected an integer in [0, %d], got '%s'\n",
                         1024, v);
@@ -374,7 +385,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
                             .gpu_ids = (const char (*)[SUPER_GPU_ID_MAX])gpu_ids,
                             .slurm = slurm ? &so_slurm : NULL,
                             .cpu_slots = (int)cpu_slots, .store = store, .hub = hub, .grace_s = 5,
-                            .finish_on_shutdown = finish};
+                            .finish_on_shutdown = finish, .job_disk_quota = job_disk_quota};
     super = hub ? super_start(&so, &err) : NULL;
     if (!super) {
         fprintf(stderr, "ddpd serve: %s\n", err.message);

@@ -21,8 +21,10 @@
 #include <unistd.h>
 
 #include "../schema/event.h"
+#include "../schema/jobdir.h"
 #include "hub.h"
 #include "launch.h"
+#include "proc.h"
 #include "sched.h"
 #include "slurm.h"
 #include "store.h"
@@ -61,6 +63,8 @@ struct active {
     char cancel_reason[128];
     char *pending; /* the pending reason last stored, NULL for none */
     char *out_dir;
+    char *quota_error;        /* the job folder went over the disk quota: why it failed */
+    double next_quota_check;  /* monotonic time of its next measurement */
     struct store_rank *unsaved_ranks; /* the ranks' end rows the store did not take, */
     int n_unsaved_ranks;              /* of this attempt and earlier ones */
     struct super *s;
@@ -457,6 +461,7 @@ static void free_active(struct active *a)
     free(a->gpu);
     free(a->pending);
     free(a->out_dir);
+    free(a->quota_error);
     free(a->spec_text);
     free(a->unsaved_ranks);
     free(a);
@@ -668,6 +673,8 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
     json_object_set_new(doc, "data_dir", json_string(s->o.data_dir));
     json_object_set_new(doc, "out_dir", json_string(a->out_dir));
     json_object_set_new(doc, "resume", has_resume ? json_string(resume) : json_null());
+    json_object_set_new(doc, "disk_quota",
+                        s->o.job_disk_quota > 0 ? json_integer(s->o.job_disk_quota) : json_null());
     struct launch_opts lo = {
         .worker = s->o.worker,
         .world_size = a->world_size,
@@ -783,6 +790,10 @@ static void ended(struct super *s, struct active *a)
     if (!n)
         free(rows);
     set_launch(s, a, NULL);
+    if (a->quota_error) { /* stopped by check_quotas(): a restart would only go over it again */
+        finish(s, a, JOB_STATE_FAILED, a->quota_error);
+        return;
+    }
     if (a->cancel_requested) {
         finish(s, a, JOB_STATE_CANCELLED, a->cancel_reason);
         return;
@@ -885,6 +896,35 @@ static void schedule(struct super *s)
     }
 }
 
+/* The disk quota of running jobs: every SUPER_QUOTA_CHECK_S each job folder is measured
+ * (rank 0 checks before its checkpoints; this catches what it cannot see, such as a rank
+ * that logs without end), and a job over the quota is stopped and fails naming it. */
+static void check_quotas(struct super *s)
+{
+    if (s->o.job_disk_quota <= 0)
+        return;
+    double now = proc_now_mono();
+    for (struct active *a = s->launched; a; a = a->lnext) {
+        if (a->quota_error || a->cancel_requested || now < a->next_quota_check)
+            continue;
+        a->next_quota_check = now + SUPER_QUOTA_CHECK_S;
+        int64_t bytes = 0;
+        /* An unreadable folder (a stale mount) is not a quota matter: the ranks fail on it. */
+        if (jobdir_bytes(a->out_dir, &bytes, NULL) != DDPD_OK || bytes <= s->o.job_disk_quota)
+            continue;
+        char msg[1200];
+        snprintf(msg, sizeof msg,
+                 "the job folder %s holds %" PRId64 " bytes, over the job disk quota of %" PRId64
+                 " bytes (ddpd serve --job-disk-quota); its ranks were stopped",
+                 a->out_dir, bytes, s->o.job_disk_quota);
+        a->quota_error = strdup(msg);
+        if (!a->quota_error)
+            continue; /* measured again next time */
+        fprintf(stderr, "ddpd: job %" PRId64 ": %s\n", a->job, msg);
+        launch_cancel(a->l);
+    }
+}
+
 /* Jobs handed to Slurm but not started by it yet: queued with Slurm's reason; starting
  * once Slurm has allocated them. */
 static void slurm_waiting(struct super *s)
@@ -968,6 +1008,7 @@ static void *run(void *arg)
         }
         if (s->o.slurm)
             slurm_waiting(s);
+        check_quotas(s);
         drain(s);
         if (s->unsaved)
             retry_unsaved(s, false);

@@ -47,7 +47,14 @@ struct super_opts {
      * soon as it is queued: Slurm queues it and places its ranks; the slots are not
      * counted and a job waits as `queued` with Slurm's pending reason. Borrowed. */
     const struct slurm_opts *slurm;
+    /* Bytes each job's folder may hold (ddpd serve --job-disk-quota); 0 = no quota. The
+     * ranks get it in their stdin document (rank 0 checks before each checkpoint), and
+     * the supervisor measures the folder of every running job every SUPER_QUOTA_CHECK_S
+     * (rank logs count too) and fails a job that is over it. */
+    int64_t job_disk_quota;
 };
+
+#define SUPER_QUOTA_CHECK_S 1.0
 
 /* Recovers from an earlier server (jobs left starting/running: their processes are
  * killed, then each is requeued when it has restarts left, else failed with "server
