@@ -23,7 +23,7 @@ bool jobdir_ckpt_step(const char *name, int64_t *step)
     if (!*p)
         return false;
     for (; *p; p++) {
-        if (*p < '0' || *p > '9' || n > (INT64_MAX - 9) / 10)
+        if (*p < '0' || *p > '9' || n > (INT64_MAX - (*p - '0')) / 10)
             return false;
         n = n * 10 + (*p - '0');
     }
@@ -301,7 +301,7 @@ bool jobdir_size_parse(const char *text, int64_t *bytes)
     if (*p < '0' || *p > '9')
         return false;
     for (; *p >= '0' && *p <= '9'; p++) {
-        if (n > (INT64_MAX - 9) / 10)
+        if (n > (INT64_MAX - (*p - '0')) / 10)
             return false;
         n = n * 10 + (*p - '0');
     }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "../schema/spec.h"
@@ -322,6 +323,16 @@ int main(int argc, char **argv)
     if (!json_is_null(json_object_get(doc, "disk_quota")) && json_object_get(doc, "disk_quota") &&
         get_int(doc, "disk_quota", 0, INT64_MAX, &disk_quota, &err))
         emit_die(&err);
+    /* No file this rank writes may outgrow the quota, its log (our stderr) included: a
+     * rank that logs without end is stopped by the server's measurement within a second,
+     * and meanwhile its writes past the quota fail (EFBIG) instead of filling the disk. */
+    struct rlimit fsz;
+    if (disk_quota > 0 && getrlimit(RLIMIT_FSIZE, &fsz) == 0 &&
+        (fsz.rlim_cur == RLIM_INFINITY || fsz.rlim_cur > (rlim_t)disk_quota)) {
+        signal(SIGXFSZ, SIG_IGN);
+        fsz.rlim_cur = (rlim_t)disk_quota;
+        setrlimit(RLIMIT_FSIZE, &fsz);
+    }
 
     struct spec spec;
     json_t *js = json_object_get(doc, "spec");

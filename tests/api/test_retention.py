@@ -169,6 +169,7 @@ def test_quota_exceeded_by_a_checkpoint_fails_the_job_and_writes_nothing(make_se
     evs = srv.events(jid)
     assert [e for e in evs if e["event"] == "error" and "job disk quota" in e["message"]], evs[-5:]
     assert max(e["step"] for e in evs if e["event"] == "loss") == refused
+    print(f"job error: {err}; folder {folder_bytes(folder)} bytes")
 
 
 def test_quota_reached_by_the_final_model_fails_the_job(make_server):
@@ -230,3 +231,19 @@ def test_job_disk_quota_option_is_checked(make_server):
         s = make_server(extra=["--job-disk-quota", ok])
         assert s.get("/healthz").status_code == 200
         s.stop()
+
+
+def test_ranks_cannot_write_a_file_past_the_quota(make_server):
+    """Each rank runs with RLIMIT_FSIZE at the quota (its log is its stderr): between two of
+    the supervisor's measurements no file of it grows past the quota. A 2-rank job under a
+    quota smaller than the CPU backend's 2 MiB shared-memory FIFO still runs (over TCP)."""
+    quota = 1 << 20
+    srv = make_server(cpu_slots=2, extra=["--job-disk-quota", "1M"])
+    jid = srv.submit(heavy_spec(2, seconds=4.0, name="limits"))["id"]
+    j = srv.wait_running(jid)
+    for rk in j["ranks"]:
+        with open(f"/proc/{rk['pid']}/limits") as f:
+            line = next(l for l in f if l.startswith("Max file size"))
+        assert line.split()[3] == str(quota), line
+    j = srv.wait_state(jid, FINAL, timeout=120)
+    assert j["state"] == "succeeded", j
