@@ -45,7 +45,7 @@ specs = {
                                optimizer={"type": "sgd", "lr": 0.1, "momentum": 0.9, "dampening": 0,
                                           "weight_decay": 1e-4, "nesterov": True},
                                ddp={"join": False, "bucket_cap_mb": 0.5}, init={"from": "w.safetensors"},
-                               checkpoint={"every_steps": 10}, log_every=5, max_restarts=2),
+                               checkpoint={"every_steps": 10, "keep_last": 2}, log_every=5, max_restarts=2),
     "cuda_nccl": dict(base, device="cuda", ddp={"backend": "nccl", "join": True}),
 }
 for name, s in specs.items():

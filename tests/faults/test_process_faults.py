@@ -62,14 +62,15 @@ def safetensors_whole(path):
 
 
 def check_checkpoints(job_dir):
-    """Every ckpt-N (not .tmp) folder is whole; returns (whole, torn .tmp) counts."""
+    """Every ckpt-N folder is whole; returns (whole, torn) counts: torn are .tmp (a write
+    cut short) and .del (checkpoint.keep_last's prune cut short), neither a checkpoint."""
     whole = tmp = 0
     if not job_dir.exists():
         return 0, 0
     for d in sorted(job_dir.iterdir()):
         if not d.name.startswith("ckpt-"):
             continue
-        if d.name.endswith(".tmp"):
+        if d.name.endswith((".tmp", ".del")):
             tmp += 1
             continue
         for f in ("model.safetensors", "optim.safetensors"):
