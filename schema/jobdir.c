@@ -100,7 +100,8 @@ ddpd_err jobdir_check_quota(const char *dir, int64_t quota, int64_t adding, cons
                           "writing %s (%" PRId64 " bytes) would bring the job folder %s from %" PRId64
                           " to %" PRId64 " bytes, over the job disk quota of %" PRId64
                           " bytes (ddpd serve --job-disk-quota); nothing was written",
-                          what, adding, dir, have, have > INT64_MAX - adding ? INT64_MAX : have + adding, quota);
+                          what, adding, dir, have, have > INT64_MAX - adding ? INT64_MAX : have + adding,
+                          quota);
 }
 
 /* Removes `name` under the directory `at`, a file or a whole folder (depth-capped, links
@@ -159,8 +160,7 @@ static bool is_leftover(const char *name, int64_t newest)
     return !strcmp(suffix, ".del") || n < newest;
 }
 
-ddpd_err jobdir_prune(const char *dir, int64_t keep_last, int64_t newest, int *pruned,
-                      struct ddpd_error *err)
+ddpd_err jobdir_prune(const char *dir, int64_t keep_last, int64_t newest, int *pruned, struct ddpd_error *err)
 {
     int64_t *steps = NULL;
     size_t n = 0, cap = 0;
@@ -178,8 +178,8 @@ ddpd_err jobdir_prune(const char *dir, int64_t keep_last, int64_t newest, int *p
     if (lfd < 0 || !(d = fdopendir(lfd))) {
         if (lfd >= 0)
             close(lfd);
-        rc = ddpd_error_set(err, DDPD_EIO, dir, "%s: cannot read the job folder to prune checkpoints: %s", dir,
-                            strerror(errno));
+        rc = ddpd_error_set(err, DDPD_EIO, dir, "%s: cannot read the job folder to prune checkpoints: %s",
+                            dir, strerror(errno));
         goto out;
     }
     /* Leftovers first, then the list of complete checkpoints other than the newest. */
@@ -189,7 +189,8 @@ ddpd_err jobdir_prune(const char *dir, int64_t keep_last, int64_t newest, int *p
         if (is_leftover(e->d_name, newest)) {
             int en = remove_tree(dfd, e->d_name, 0);
             if (en) {
-                rc = ddpd_error_set(err, DDPD_EIO, dir, "%s/%s: cannot remove: %s", dir, e->d_name, strerror(en));
+                rc = ddpd_error_set(err, DDPD_EIO, dir, "%s/%s: cannot remove: %s", dir, e->d_name,
+                                    strerror(en));
                 goto out;
             }
             continue;
@@ -282,10 +283,10 @@ ddpd_err jobdir_missing_ckpt(const char *ckpt_dir, struct ddpd_error *err)
         size_t at = strlen(list);
         snprintf(list + at, sizeof list - at, "%s%s/ckpt-%" PRId64, i ? ", " : "", parent, best[i]);
     }
-    return ddpd_error_set(err, DDPD_EDATA, ckpt_dir,
-                          "%s: no such checkpoint (checkpoint.keep_last deletes all but the newest ones); %s%s",
-                          ckpt_dir, nb ? "the newest there: " : "there is no complete checkpoint in ",
-                          nb ? list : parent);
+    return ddpd_error_set(
+        err, DDPD_EDATA, ckpt_dir,
+        "%s: no such checkpoint (checkpoint.keep_last deletes all but the newest ones); %s%s", ckpt_dir,
+        nb ? "the newest there: " : "there is no complete checkpoint in ", nb ? list : parent);
 }
 
 bool jobdir_size_parse(const char *text, int64_t *bytes)
@@ -307,11 +308,24 @@ bool jobdir_size_parse(const char *text, int64_t *bytes)
     }
     int shift = 0;
     switch (*p) {
-    case 'k': case 'K': shift = 10; break;
-    case 'm': case 'M': shift = 20; break;
-    case 'g': case 'G': shift = 30; break;
-    case 't': case 'T': shift = 40; break;
-    default: break;
+    case 'k':
+    case 'K':
+        shift = 10;
+        break;
+    case 'm':
+    case 'M':
+        shift = 20;
+        break;
+    case 'g':
+    case 'G':
+        shift = 30;
+        break;
+    case 't':
+    case 'T':
+        shift = 40;
+        break;
+    default:
+        break;
     }
     if (shift) {
         p++;

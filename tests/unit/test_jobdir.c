@@ -165,10 +165,11 @@ static void test_bytes_and_quota(void)
     CHECK_EQ_INT(jobdir_bytes(out, &b, &e), DDPD_OK);
     CHECK_EQ_INT(b, 2500);
 
-    CHECK_EQ_INT(jobdir_check_quota(out, 0, INT64_MAX, "x", &e), DDPD_OK); /* no quota */
+    CHECK_EQ_INT(jobdir_check_quota(out, 0, INT64_MAX, "x", &e), DDPD_OK);              /* no quota */
     CHECK_EQ_INT(jobdir_check_quota(out, 3000, 500, "checkpoint ckpt-2", &e), DDPD_OK); /* exactly full */
     CHECK_EQ_INT(jobdir_check_quota(out, 3000, 501, "checkpoint ckpt-2", &e), DDPD_EIO);
-    CHECK(strstr(e.message, "writing checkpoint ckpt-2 (501 bytes) would bring the job folder ") == e.message);
+    CHECK(strstr(e.message, "writing checkpoint ckpt-2 (501 bytes) would bring the job folder ") ==
+          e.message);
     CHECK(strstr(e.message, " from 2500 to 3001 bytes, over the job disk quota of 3000 bytes "
                             "(ddpd serve --job-disk-quota); nothing was written") != NULL);
     CHECK(strstr(e.message, out) != NULL);
@@ -194,10 +195,11 @@ static void test_missing_ckpt(void)
     snprintf(ck, sizeof ck, "%s/ckpt-5", out);
     CHECK_EQ_INT(jobdir_missing_ckpt(ck, &e), DDPD_EDATA);
     char want[32768];
-    snprintf(want, sizeof want,
-             "%s: no such checkpoint (checkpoint.keep_last deletes all but the newest ones); the newest there: "
-             "%s/ckpt-60, %s/ckpt-50, %s/ckpt-40, %s/ckpt-30",
-             ck, out, out, out, out);
+    snprintf(
+        want, sizeof want,
+        "%s: no such checkpoint (checkpoint.keep_last deletes all but the newest ones); the newest there: "
+        "%s/ckpt-60, %s/ckpt-50, %s/ckpt-40, %s/ckpt-30",
+        ck, out, out, out, out);
     CHECK_EQ_STR(e.message, want);
     snprintf(ck, sizeof ck, "%s/nothing/ckpt-5/", root);
     CHECK_EQ_INT(jobdir_missing_ckpt(ck, &e), DDPD_EDATA);
@@ -225,7 +227,8 @@ static void test_size_parse(void)
     CHECK(jobdir_size_parse("9223372036854775807", &b) && b == INT64_MAX);
     CHECK(!jobdir_size_parse("9223372036854775808", &b));
     CHECK(!jobdir_size_parse("99999999999999999999", &b));
-    const char *bad[] = {"", "G", "-1", "+1", " 1", "1 ", "1.5G", "10X", "10GG", "10Gi", "10iB", "1e9", "0x10", "none1"};
+    const char *bad[] = {"",    "G",    "-1",   "+1",   " 1",  "1 ",   "1.5G",
+                         "10X", "10GG", "10Gi", "10iB", "1e9", "0x10", "none1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         b = 77;
         if (jobdir_size_parse(bad[i], &b))
