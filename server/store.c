@@ -5,6 +5,8 @@
 #include "store.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -12,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include "proc.h"
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -1044,6 +1048,12 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
         return NULL;
     }
 
+    /* Created here, not by SQLite (0644): jobs' specs and events are their users' own.
+     * The WAL and the shared-memory file take the database's mode. */
+    int dbfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (dbfd >= 0)
+        close(dbfd); /* else SQLite's open below says why */
+
     s = xcalloc(1, sizeof *s);
     s->path = strdup(path);
     if (!s->path)
@@ -1170,6 +1180,79 @@ void store_close(struct store *s)
     free(s->q);
     free(s->path);
     free(s);
+}
+
+/* ---- one server per database ---- */
+
+struct store_lock {
+    int fd;
+};
+
+struct store_lock *store_lock_take(const char *path, struct ddpd_error *err)
+{
+    char lp[PATH_MAX];
+    struct store_lock *l = NULL;
+    int fd = -1;
+    if (!path || !*path || snprintf(lp, sizeof lp, "%s.lock", path) >= (int)sizeof lp) {
+        ddpd_error_set(err, DDPD_EIO, path ? path : "", "store: no lock file name for database '%s'",
+                       path ? path : "");
+        goto out;
+    }
+    int en = proc_mkdirs(path, false);
+    if (en) {
+        ddpd_error_set(err, DDPD_EIO, path, "store: cannot create the folders of %s: %s", path, strerror(en));
+        goto out;
+    }
+    fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        ddpd_error_set(err, DDPD_EIO, lp, "store: cannot open the lock file %s: %s", lp, strerror(errno));
+        goto out;
+    }
+    /* flock: held by the open file, released by the kernel however this process ends
+     * (SIGKILL included), never by closing another descriptor of the same file. */
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK) {
+            ddpd_error_set(err, DDPD_EIO, lp, "store: cannot lock %s: %s", lp, strerror(errno));
+            goto out;
+        }
+        char buf[32];
+        ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+        buf[n > 0 ? n : 0] = '\0';
+        char *end;
+        long pid = strtol(buf, &end, 10);
+        if (end != buf && pid > 0)
+            ddpd_error_set(err, DDPD_ECONFLICT, path,
+                           "store: the database %s is in use by another ddpd server (pid %ld holds %s): "
+                           "stop that server first, or give this one another --db",
+                           path, pid, lp);
+        else
+            ddpd_error_set(err, DDPD_ECONFLICT, path,
+                           "store: the database %s is in use by another ddpd server (it holds %s): stop "
+                           "that server first, or give this one another --db",
+                           path, lp);
+        goto out;
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
+        ddpd_error_set(err, DDPD_EIO, lp, "store: cannot write %s: %s", lp, strerror(errno));
+        goto out;
+    }
+    l = xmalloc(sizeof *l);
+    l->fd = fd;
+    fd = -1;
+out:
+    if (fd >= 0)
+        close(fd);
+    return l;
+}
+
+void store_lock_release(struct store_lock *l)
+{
+    if (!l)
+        return;
+    close(l->fd); /* the lock goes with it; the file stays (its pid is only a hint) */
+    free(l);
 }
 
 /* ---- jobs: writes ---- */

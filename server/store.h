@@ -71,7 +71,7 @@ struct store_opts {
     int busy_timeout_ms;    /* SQLite busy_timeout on every connection; default 5000 */
 };
 
-/* Opens (creating it and its parent folders) the database at `path`, a file name (not
+/* Opens (creating it 0600 and its parent folders 0700) the database at `path`, a file name (not
  * ":memory:" or a URI: readers need their own connections to the same file), sets WAL,
  * synchronous=NORMAL, busy_timeout and foreign keys, applies the migrations the database
  * lacks (each in its own transaction, up to store_schema_version()) and starts the writer
@@ -93,6 +93,20 @@ int store_schema_version(void);
  * it) and, when `name` is not NULL, its file name ("001_init.sql"). Static storage;
  * NULL when there is no such migration. */
 const char *store_migration_sql(int version, const char **name);
+
+/* ---- one server per database ---- */
+
+/* A database has one server at a time: two would both recover (kill) each other's ranks and
+ * run each queued job twice. store_lock_take locks PATH.lock beside the database at `path`
+ * (made 0600 with its folders) with flock, exclusively, for as long as the handle lives,
+ * and writes this process's pid into it; the kernel releases the lock however the process
+ * ends. Take it before store_open and before anything changes the jobs. Errors:
+ * DDPD_ECONFLICT when another process holds it (the message names its pid, as the file
+ * says it), DDPD_EIO when the file cannot be made or locked. Returns a new handle that the
+ * caller releases with store_lock_release (NULL is a no-op). */
+struct store_lock;
+struct store_lock *store_lock_take(const char *path, struct ddpd_error *err);
+void store_lock_release(struct store_lock *l);
 
 /* ---- jobs ---- */
 
