@@ -29,7 +29,12 @@
 
 #define POLL_MS 50
 #define MAX_FDS 4096
+/* The ends the store did not take are tried again once a second, but only until one
+ * try fails: the others wait for the next second. A disk that stays full costs one try
+ * (a few transactions) a second however many ends wait, and an end is stored within about
+ * a second of the disk having room. At most UNSAVED_PER_TURN ends are stored per turn. */
 #define UNSAVED_RETRY_S 1.0
+#define UNSAVED_PER_TURN 16
 
 enum cmd_kind { CMD_SUBMIT, CMD_CANCEL };
 
@@ -198,14 +203,43 @@ static bool unsaved_event_in_store(struct super *s, const struct unsaved *u)
     return store_event_max_seq(s->o.store, u->job, &seq, NULL) == DDPD_OK && seq >= u->ev.seq;
 }
 
+static void unsaved_free(struct unsaved *u)
+{
+    free(u->ranks);
+    free(u->error);
+    free(u);
+}
+
+/* Whether job `job` is gone from the store (deleted by a client): then nothing of its
+ * end is to be stored any more. A read that fails otherwise says no. */
+static bool job_deleted(struct super *s, int64_t job)
+{
+    struct store_job j;
+    ddpd_err e = store_job_get(s->o.store, job, &j, NULL);
+    store_job_clear(&j);
+    return e == DDPD_ENOTFOUND;
+}
+
 /* Tries again what is due (everything when `all`): the event first, then the attempt's
- * end and the row, so that a row that says final finds its final event stored. */
+ * end and the row, so that a row that says final finds its final event stored. An end
+ * whose job was deleted meanwhile is dropped. After a try that fails, the others wait
+ * (UNSAVED_RETRY_S). */
 static void retry_unsaved(struct super *s, bool all)
 {
     double now = now_s();
+    int tried = 0;
+    bool failed = false;
     for (struct unsaved **pp = &s->unsaved, *u; (u = *pp);) {
-        if (!all && now < u->next_try) {
+        if (!all && (now < u->next_try || failed || tried == UNSAVED_PER_TURN)) {
             pp = &u->next;
+            continue;
+        }
+        tried++;
+        if (job_deleted(s, u->job)) {
+            fprintf(stderr, "ddpd: job %" PRId64 ": deleted before its end (%s) could be stored; no longer "
+                    "retried\n", u->job, job_state_name(u->state));
+            *pp = u->next;
+            unsaved_free(u);
             continue;
         }
         u->next_try = now + UNSAVED_RETRY_S;
@@ -242,13 +276,14 @@ static void retry_unsaved(struct super *s, bool all)
         if (u->event_saved && u->row_saved && u->ranks_saved) {
             fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) is stored now\n", u->job, job_state_name(u->state));
             *pp = u->next;
-            free(u->ranks);
-            free(u->error);
-            free(u);
+            unsaved_free(u);
         } else {
+            failed = true;
             pp = &u->next;
         }
     }
+    for (struct unsaved *u = s->unsaved; failed && u; u = u->next)
+        u->next_try = fmax(u->next_try, now + UNSAVED_RETRY_S);
 }
 
 /* Commits what publish() queued (one transaction for everything that arrived in this
@@ -658,7 +693,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
     char resume[PATH_MAX];
     bool has_resume = super_latest_checkpoint(a->out_dir, resume, sizeof resume);
     a->attempt++;
-    mkdir(s->o.jobs_dir, 0755);
+    mkdir(s->o.jobs_dir, 0700);
     json_t *doc = json_object();
     json_object_set_new(doc, "job", json_integer(a->job));
     json_object_set_new(doc, "attempt", json_integer(a->attempt));
@@ -1087,7 +1122,7 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
         super_stop(s);
         return NULL;
     }
-    mkdir(o->jobs_dir, 0755);
+    mkdir(o->jobs_dir, 0700);
     ddpd_err rc = recover(s, err);
     drain(s);
     if (rc != DDPD_OK || pthread_create(&s->thread, NULL, run, s) != 0) {
@@ -1114,9 +1149,7 @@ void super_stop(struct super *s)
         drop(s, s->jobs);
     while (s->unsaved) {
         struct unsaved *n = s->unsaved->next;
-        free(s->unsaved->ranks);
-        free(s->unsaved->error);
-        free(s->unsaved);
+        unsaved_free(s->unsaved);
         s->unsaved = n;
     }
     while (s->head) {
