@@ -105,10 +105,31 @@ static const char mig_001[] =
     "    PRIMARY KEY (job, step, rank)\n"
     ") WITHOUT ROWID;\n";
 
+static const char mig_002[] =
+    "-- 002_restart_history.sql — why each restart of a job happened, in a column of its own, so\n"
+    "-- that `error` says only why a job failed or was cancelled (a job that succeeded after a\n"
+    "-- restart kept the restart's reason as its error). server/store.c embeds this file byte for\n"
+    "-- byte and applies it when the database's PRAGMA user_version is below 2.\n"
+    "--\n"
+    "-- restart_history is a JSON array, oldest first, of {\"attempt\": N, \"reason\": \"...\",\n"
+    "-- \"ts\": T}: the attempt that ended, why the job was started again, and when.\n"
+    "ALTER TABLE jobs ADD COLUMN restart_history TEXT NOT NULL DEFAULT '[]'\n"
+    "    CHECK (json_valid(restart_history));\n"
+    "\n"
+    "-- Under version 1 a job that was not failed or cancelled could hold an error only from a\n"
+    "-- restart (the latest one): it moves into the history. A requeued job still has the\n"
+    "-- attempt that ended; a started one has the next.\n"
+    "UPDATE jobs SET restart_history = json_array(json_object(\n"
+    "        'attempt', CASE WHEN state = 'queued' THEN attempt ELSE attempt - 1 END,\n"
+    "        'reason', error, 'ts', NULL)),\n"
+    "    error = NULL\n"
+    "    WHERE error IS NOT NULL AND state IN ('queued', 'starting', 'running', 'succeeded');\n";
+
 static const struct {
     const char *name, *sql;
 } migrations[] = {
     {"001_init.sql", mig_001},
+    {"002_restart_history.sql", mig_002},
 };
 
 int store_schema_version(void)
@@ -277,6 +298,7 @@ enum {
     W_EVENT_INSERT,
     W_LOSS_INSERT,
     W_RANK_PROGRESS,
+    W_RANK_STEP,
     W_JOB_PROGRESS,
     W_JOB_INSERT,
     W_JOB_STATE,
@@ -300,10 +322,14 @@ enum {
     ST_COUNT
 };
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define RESTART_HISTORY_MAX_S STR(STORE_RESTART_HISTORY_MAX)
+
 #define JOB_COLS                                                                                             \
     "id, name, state, CASE WHEN ?9 THEN spec END, world_size, device, created_at, "                          \
     "started_at, finished_at, attempt, step, loss, error, pending_reason, max_restarts, "                    \
-    "restarts "
+    "restarts, restart_history "
 
 static const char *const sql_text[ST_COUNT] = {
     [W_BEGIN] = "BEGIN IMMEDIATE",
@@ -315,6 +341,10 @@ static const char *const sql_text[ST_COUNT] = {
     [W_RANK_PROGRESS] = "UPDATE ranks SET step = ?4, loss = ?5, samples_per_s = ?6 "
                         "WHERE job = ?1 AND attempt = ?2 AND rank = ?3 "
                         "AND (step IS NULL OR step <= ?4)",
+    /* A rank's join and done events: the steps it took, also those it shadowed after it
+     * joined (which have no loss events of its own). */
+    [W_RANK_STEP] = "UPDATE ranks SET step = ?4 WHERE job = ?1 AND attempt = ?2 AND rank = ?3 "
+                    "AND (step IS NULL OR step < ?4)",
     /* The job's loss is the mean over the ranks that reported the step so far; NULL when
      * any of them was not finite. Events of an older attempt leave the job alone. */
     [W_JOB_PROGRESS] = "UPDATE jobs SET step = ?2, loss = (SELECT CASE WHEN count(loss) = "
@@ -336,8 +366,13 @@ static const char *const sql_text[ST_COUNT] = {
                      "error = CASE WHEN ?2 & 8 THEN ?6 ELSE error END, "
                      "pending_reason = CASE WHEN ?2 & 16 THEN ?7 WHEN ?2 & 1 AND ?3 <> 'queued' THEN NULL "
                      "ELSE pending_reason END, "
-                     "step = CASE WHEN ?2 & 32 THEN ?8 WHEN ?2 & 2 THEN NULL ELSE step END, "
-                     "loss = CASE WHEN ?2 & 32 THEN ?9 WHEN ?2 & 2 THEN NULL ELSE loss END "
+                     /* Only another attempt clears the progress: setting the same one again
+                      * (a retried end after a full disk) keeps what the attempt reported. */
+                     "step = CASE WHEN ?2 & 32 THEN ?8 WHEN ?2 & 2 AND attempt <> ?4 THEN NULL ELSE step END, "
+                     "loss = CASE WHEN ?2 & 32 THEN ?9 WHEN ?2 & 2 AND attempt <> ?4 THEN NULL ELSE loss END, "
+                     "restart_history = CASE WHEN ?2 & 64 AND json_array_length(restart_history) < " RESTART_HISTORY_MAX_S " "
+                     "THEN json_insert(restart_history, '$[#]', json_object('attempt', ?11, 'reason', ?12, "
+                     "'ts', ?10)) ELSE restart_history END "
                      "WHERE id = ?1",
     [W_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1",
     [W_ATTEMPT_INSERT] = "INSERT INTO attempts (job, attempt, comm_id, started_at) "
@@ -505,6 +540,10 @@ struct store {
     bool istop;
     pthread_t inserter;
     bool inserter_started;
+
+    /* PRAGMA quick_check at open: what store_ping reports when it failed. */
+    bool corrupt;
+    struct ddpd_error corrupt_err;
 
     /* store_job_version: a change counter per hash bucket of job ids, bumped after every
      * commit that touches a job (so colliding ids only cost a cache miss). */
@@ -698,6 +737,29 @@ static int batch_progress(struct conn *c, struct qev **loss, int n)
     return rc;
 }
 
+/* After the loss progress of a batch: the step of each rank that joined or is done (a
+ * done event's `steps`), which may be past its last loss step. */
+static int batch_rank_steps(struct conn *c, const struct qev *b, int n)
+{
+    sqlite3_stmt *st = NULL;
+    for (int i = 0; i < n; i++) {
+        const struct qev *q = &b[i];
+        if (!q->stored || q->rank < 0 || q->step <= 0 || (q->kind != EVENT_DONE && q->kind != EVENT_JOIN))
+            continue;
+        if (!st && !(st = stmt(c, W_RANK_STEP, NULL)))
+            return SQLITE_ERROR;
+        sqlite3_bind_int64(st, 1, q->job);
+        sqlite3_bind_int(st, 2, q->attempt);
+        sqlite3_bind_int(st, 3, q->rank);
+        sqlite3_bind_int64(st, 4, q->step);
+        int rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        if (rc != SQLITE_DONE)
+            return rc;
+    }
+    return SQLITE_OK;
+}
+
 /* One try at committing a batch. Rows that a constraint refuses (deleted job, seq taken)
  * are left out and counted; any other error fails the whole try (rolled back). */
 static ddpd_err batch_try(struct store *s, struct qev *b, int n, struct qev **loss, uint64_t *refused,
@@ -758,6 +820,8 @@ static ddpd_err batch_try(struct store *s, struct qev *b, int n, struct qev **lo
         loss[nloss++] = q;
     }
     rc = batch_progress(c, loss, nloss);
+    if (rc == SQLITE_OK)
+        rc = batch_rank_steps(c, b, n);
     if (rc != SQLITE_OK) {
         e = sq_fail(err, c->db, rc, "update progress");
         goto out;
@@ -907,7 +971,7 @@ ddpd_err store_event_append(struct store *s, const struct event *ev, const char 
     struct qev q = {
         .job = ev->job,
         .seq = ev->seq,
-        .step = ev->step,
+        .step = ev->kind == EVENT_DONE ? ev->steps : ev->step,
         .attempt = (int)ev->attempt,
         .rank = ev->kind == EVENT_STATE ? -1 : ev->rank,
         .kind = ev->kind,
@@ -1029,6 +1093,35 @@ static ddpd_err migrate(struct store *s, sqlite3 *db, struct ddpd_error *err)
     return DDPD_OK;
 }
 
+/* PRAGMA quick_check: every page of the file is read and its b-tree structure checked (not
+ * the indexes against their tables: that is integrity_check, far slower). A database whose
+ * interior pages are damaged reads fine until a query reaches them; found here, it is
+ * what store_ping (so /healthz) says from the start, and it is said on stderr. */
+static void quick_check(struct store *s)
+{
+    sqlite3_stmt *st = NULL;
+    char first[512] = "";
+    int problems = 0;
+    int rc = sqlite3_prepare_v2(s->w->db, "PRAGMA quick_check(20)", -1, &st, NULL);
+    while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *line = col_text(st, 0);
+        if (strcmp(line, "ok") != 0 && problems++ == 0)
+            copy_text(first, sizeof first, line);
+        rc = SQLITE_OK;
+    }
+    if (rc != SQLITE_DONE && rc != SQLITE_OK && !problems++) /* the check itself met the damage */
+        snprintf(first, sizeof first, "%s (%s)", sqlite3_errmsg(s->w->db), sqlite3_errstr(rc));
+    sqlite3_finalize(st);
+    if (!problems)
+        return;
+    s->corrupt = true;
+    ddpd_error_set(&s->corrupt_err, DDPD_EIO, s->path,
+                   "store: %s failed its quick check at start: %s%s; the database is damaged: stop the "
+                   "server, move the file aside and restore a backup (sqlite3 .recover saves what it can)",
+                   s->path, first, problems > 1 ? " (and more)" : "");
+    fprintf(stderr, "ddpd: %s\n", s->corrupt_err.message);
+}
+
 struct store *store_open(const char *path, struct ddpd_error *err)
 {
     return store_open_with(path, NULL, err);
@@ -1122,6 +1215,7 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
     e = migrate(s, s->w->db, err);
     if (e != DDPD_OK)
         goto out;
+    quick_check(s);
     if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
         e = ddpd_error_set(err, DDPD_EINTERNAL, path, "store: cannot start the writer thread");
         goto out;
@@ -1546,6 +1640,8 @@ ddpd_err store_job_update(struct store *s, int64_t id, const struct store_job_up
     else
         sqlite3_bind_null(st, 9);
     sqlite3_bind_double(st, 10, now_s());
+    sqlite3_bind_int(st, 11, u->restart_attempt);
+    sqlite3_bind_text(st, 12, u->restart_reason ? u->restart_reason : "", -1, SQLITE_TRANSIENT);
     int rc = sqlite3_step(st);
     if (rc != SQLITE_DONE)
         e = sq_fail(err, s->w->db, rc, "update job");
@@ -1680,6 +1776,7 @@ void store_job_clear(struct store_job *j)
         return;
     free(j->spec);
     free(j->ranks);
+    free(j->restart_history);
     memset(j, 0, sizeof *j);
 }
 
@@ -1722,6 +1819,11 @@ static void job_from_row(sqlite3_stmt *st, struct store_job *j)
     copy_text(j->pending_reason, sizeof j->pending_reason, col_text(st, 13));
     j->max_restarts = sqlite3_column_int(st, 14);
     j->restarts = sqlite3_column_int(st, 15);
+    const char *h = col_text(st, 16);
+    size_t hn = (size_t)sqlite3_column_bytes(st, 16);
+    j->restart_history = xmalloc(hn + 1);
+    memcpy(j->restart_history, h, hn);
+    j->restart_history[hn] = '\0';
 }
 
 static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_error *err)
@@ -1861,6 +1963,11 @@ out:
 
 ddpd_err store_ping(struct store *s, struct ddpd_error *err)
 {
+    if (s->corrupt) {
+        if (err)
+            *err = s->corrupt_err;
+        return s->corrupt_err.code;
+    }
     struct conn *c = reader_get(s, err);
     if (!c)
         return err ? err->code : DDPD_EIO;
