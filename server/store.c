@@ -1104,9 +1104,13 @@ static void quick_check(struct store *s)
     int problems = 0;
     int rc = sqlite3_prepare_v2(s->w->db, "PRAGMA quick_check(20)", -1, &st, NULL);
     while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-        const char *line = col_text(st, 0);
-        if (strcmp(line, "ok") != 0 && problems++ == 0)
-            copy_text(first, sizeof first, line);
+        /* A row may hold several lines ("*** in database main ***\nOn tree page 7 ..."). */
+        for (const char *line = col_text(st, 0); *line;) {
+            size_t n = strcspn(line, "\n");
+            if (strncmp(line, "ok", n > 2 ? n : 2) != 0 && strncmp(line, "***", 3) != 0 && problems++ == 0)
+                snprintf(first, sizeof first, "%.*s", (int)(n < sizeof first ? n : sizeof first - 1), line);
+            line += n + (line[n] == '\n');
+        }
         rc = SQLITE_OK;
     }
     if (rc != SQLITE_DONE && rc != SQLITE_OK && !problems++) /* the check itself met the damage */
@@ -1118,7 +1122,7 @@ static void quick_check(struct store *s)
     ddpd_error_set(&s->corrupt_err, DDPD_EIO, s->path,
                    "store: %s failed its quick check at start: %s%s; the database is damaged: stop the "
                    "server, move the file aside and restore a backup (sqlite3 .recover saves what it can)",
-                   s->path, first, problems > 1 ? " (and more)" : "");
+                   s->path, first, problems > 1 ? " (and more problems)" : "");
     fprintf(stderr, "ddpd: %s\n", s->corrupt_err.message);
 }
 

@@ -778,7 +778,9 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
 static void finish(struct super *s, struct active *a, job_state st, const char *error)
 {
     set_launch(s, a, NULL);
-    bool saved = store_attempt_end(s->o.store, a->job, a->attempt, job_state_name(st), NULL) == DDPD_OK;
+    /* A job that never started (cancelled queued) has no attempt to end. */
+    bool saved = a->attempt == 0 ||
+                 store_attempt_end(s->o.store, a->job, a->attempt, job_state_name(st), NULL) == DDPD_OK;
     pthread_mutex_lock(&s->lock);
     sched_release(s->sched, a->job);
     sched_dequeue(s->sched, a->job);
