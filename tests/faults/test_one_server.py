@@ -4,8 +4,9 @@ it then failed to bind its port, and with both running a queued job ran twice. N
 database's lock file (DB.lock, flock) refuses the second server, naming the holder's pid,
 before it touches anything; the lock goes with the process however it ends; and the port
 is bound before recovery, so a server that cannot listen leaves the database as it was.
-Also here: a restarted server leaves no rank reading `running` (item 15), and a deleted
-job's end is not retried forever (item 10)."""
+Also here: a restarted server leaves no rank reading `running` (item 15), a job's end
+stored late (after a full disk) keeps its progress (item 15), and a deleted job's end is
+not retried forever (item 10)."""
 import os
 import re
 import socket
@@ -13,7 +14,9 @@ import sqlite3
 import subprocess
 import time
 
-from conftest import FOREVER_STEPS, alive, heavy_spec, proc_stat, seed_spec, wait_until
+import pytest
+
+from conftest import FOREVER_STEPS, alive, binary_has_faultvfs, heavy_spec, proc_stat, seed_spec, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -198,3 +201,29 @@ def test_deleted_jobs_ends_are_not_retried(make_server):
     assert srv.get("/v1/jobs").json()["jobs"] == []
     print(f"{cycles} cancel+delete cycles: no commit in 4 s afterwards; "
           f"{retried} ends of deleted jobs found unsaved and dropped")
+
+
+@pytest.mark.skipif(not binary_has_faultvfs(), reason="ddpd built without -DDDPD_FAULT_INJECTION=ON")
+def test_an_end_stored_after_a_full_disk_keeps_the_jobs_progress(make_server, work):
+    """The disk is full when a job ends; once it has room the supervisor stores the end.
+    Before: that retried update set the attempt again, which cleared the job's step and
+    loss (null after the recovery although the job had reported them)."""
+    control = work / "sqlite-fault"
+    srv = make_server(cpu_slots=1, env={"DDPD_FAULT_SQLITE": str(control)})
+    spec = heavy_spec(1, seconds=1.5, name="progress-kept")
+    jid = srv.submit(spec)["id"]
+    srv.wait_running(jid)
+    wait_until(lambda: srv.job(jid)["step"], 30, "a loss to be stored")
+    control.write_text("full")
+    wait_until(lambda: "is not stored; trying again" in srv.stderr(), 60, "the end, refused")
+    during = srv.job(jid)
+    assert during["state"] == "running" and during["step"] and during["loss"] is not None, during
+    control.write_text("")
+    wait_until(lambda: "is stored now" in srv.stderr(), 30, "the end to be stored")
+    j = srv.job(jid)
+    assert j["state"] == "succeeded", j
+    assert (j["step"], j["loss"]) == (during["step"], during["loss"]), (
+        f"progress before the end ({during['step']}, {during['loss']}) vs after it was stored "
+        f"({j['step']}, {j['loss']})")
+    assert [r["exit_code"] for r in j["ranks"]] == [0] and j["ranks"][0]["step"], j["ranks"]
+    print(f"end stored after a full disk: step {j['step']}, loss {j['loss']:.4f} kept")
