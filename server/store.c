@@ -1126,6 +1126,24 @@ static void quick_check(struct store *s)
     fprintf(stderr, "ddpd: %s\n", s->corrupt_err.message);
 }
 
+/* A database made by an older ddpd (0644, its WAL and SHM too) loses the group's and
+ * others' permissions: what an upgrade keeps must not stay readable by everyone. Only
+ * files this user owns; a failure is left to the administrator (no error). */
+static void make_private(const char *path)
+{
+    static const char *const sfx[] = {"", "-wal", "-shm"};
+    for (size_t i = 0; i < COUNT(sfx); i++) {
+        char f[PATH_MAX];
+        struct stat st;
+        if (snprintf(f, sizeof f, "%s%s", path, sfx[i]) >= (int)sizeof f || lstat(f, &st) != 0 ||
+            !S_ISREG(st.st_mode) || st.st_uid != geteuid() || !(st.st_mode & 077))
+            continue;
+        if (chmod(f, st.st_mode & 0700) == 0)
+            fprintf(stderr, "ddpd: store: %s was readable by others (mode %03o): now %03o\n", f,
+                    (unsigned)(st.st_mode & 0777), (unsigned)(st.st_mode & 0700));
+    }
+}
+
 struct store *store_open(const char *path, struct ddpd_error *err)
 {
     return store_open_with(path, NULL, err);
@@ -1150,6 +1168,7 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
     int dbfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (dbfd >= 0)
         close(dbfd); /* else SQLite's open below says why */
+    make_private(path);
 
     s = xcalloc(1, sizeof *s);
     s->path = strdup(path);

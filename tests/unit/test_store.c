@@ -1411,6 +1411,16 @@ static void test_lock(void)
     db_path(wal, sizeof wal, "locked");
     CHECK(stat(wal, &st) == 0 && (st.st_mode & 0777) == 0700);
     store_close(s);
+    /* An older ddpd's database (0644, and its WAL) is made private when opened. */
+    CHECK(chmod(path, 0644) == 0);
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    int wfd = open(wal, O_RDWR | O_CREAT, 0644);
+    CHECK(wfd >= 0 && fchmod(wfd, 0644) == 0);
+    close(wfd);
+    s = open_ok(path, NULL);
+    CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600);
+    CHECK(stat(wal, &st) == 0 && (st.st_mode & 0777) == 0600);
+    store_close(s);
 }
 
 static void test_state_truth(void)
