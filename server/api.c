@@ -55,6 +55,9 @@ static json_t *job_json(struct api *a, const struct store_job *j)
     json_object_set_new(o, "step", j->has_progress ? json_integer(j->step) : json_null());
     json_object_set_new(o, "loss", num_or_null(j->has_progress && j->loss_finite, j->loss));
     json_object_set_new(o, "error", j->error[0] ? json_string(j->error) : json_null());
+    /* Why the job was restarted, oldest first (store.h); its error is only a final one. */
+    json_t *hist = j->restart_history ? json_loads(j->restart_history, 0, NULL) : NULL;
+    json_object_set_new(o, "restart_history", json_is_array(hist) ? hist : (json_decref(hist), json_array()));
     json_object_set_new(o, "pending_reason", why[0] ? json_string(why) : json_null());
     json_t *ranks = json_array();
     for (size_t i = 0; i < j->n_ranks; i++) {

@@ -1523,10 +1523,23 @@ static int listen_on(const char *addr, struct ddpd_error *err)
     return fd;
 }
 
+int http_listen(const char *addr, struct ddpd_error *err)
+{
+    int fd = listen_on(addr, err);
+    if (fd >= 0 && fd <= 2) { /* 0..2 mean "none" in http_config.listen_fd */
+        int high = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (high < 0)
+            ddpd_error_set(err, DDPD_EIO, "listen", "cannot listen on %s: %s", addr, strerror(errno));
+        close(fd);
+        fd = high;
+    }
+    return fd;
+}
+
 struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_error *err)
 {
     struct http_server *s = xcalloc(1, sizeof *s);
-    s->listen_fd = -1;
+    s->listen_fd = cfg->listen_fd > 2 ? cfg->listen_fd : -1; /* from http_listen: ours now */
     s->cfg = *cfg;
     s->cfg.token = NULL;
     if (cfg->token && cfg->token[0]) {
@@ -1570,8 +1583,7 @@ struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_e
     }
     s->counts = xcalloc((s->npatterns + 1) * NSTATUS, sizeof *s->counts);
 
-    s->listen_fd = listen_on(cfg->listen, err);
-    if (s->listen_fd < 0)
+    if (s->listen_fd < 0 && (s->listen_fd = listen_on(cfg->listen, err)) < 0)
         goto fail;
     /* libmicrohttpd gets its own descriptor of the socket: whatever it does with it on a
      * failed start or at stop, ours is closed exactly once, by us. */

@@ -72,6 +72,9 @@ struct http_config {
     /* "ADDR:PORT" with a numeric address: "127.0.0.1:8080", "0.0.0.0:0", "[::1]:8080",
      * "[::]:8080". Port 0 picks a free port (http_server_port tells which). */
     const char *listen;
+    /* A socket http_listen made (> 2), taken: the server serves on it and closes it, also
+     * when http_server_new fails. 0: bind `listen` here. */
+    int listen_fd;
     const struct http_route *routes; /* borrowed; must outlive the server */
     size_t nroutes;
     void *ctx;         /* handed to handlers by http_request_ctx */
@@ -101,6 +104,12 @@ struct http_config {
  * malformed, cannot be bound ("cannot listen on 127.0.0.1:8080: Address already in use"),
  * or a route pattern is invalid. Caller frees with http_server_free. */
 struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_error *err);
+
+/* Binds and listens on `addr` (as http_config.listen) without serving yet, so that a
+ * program holds its port before it does anything it cannot undo; connections wait in the
+ * backlog until http_server_new serves the socket (http_config.listen_fd). Returns it
+ * (never 0, 1 or 2), or -1 with `err` set as http_server_new sets it. */
+int http_listen(const char *addr, struct ddpd_error *err);
 
 /* Stops accepting, ends every open stream (their on_close gets HTTP_STREAM_SHUTDOWN, on
  * this or an HTTP thread, before this returns), closes all connections, waits for the

@@ -74,7 +74,7 @@ static int start_issuer(struct launch *l, char *id_hex, size_t cap, struct ddpd_
     /* NCCL's own output (its bootstrap root lives in the issuer) goes to a file. */
     snprintf(nccl_log, sizeof nccl_log, "NCCL_DEBUG_FILE=%s/issuer.nccl.log", l->o.out_dir);
     env = env_for_worker(extra);
-    log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (log_fd < 0 || pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
         ddpd_error_set(err, DDPD_EIO, log_path, "cannot start the id issuer: %s", strerror(errno));
         goto out;
@@ -168,7 +168,7 @@ static int start_rank(struct launch *l, int r, const char *id_hex, struct ddpd_e
         extra[1] = gpu;
     }
     env = env_for_worker(extra);
-    log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (log_fd < 0) {
         ddpd_error_set(err, DDPD_EIO, log_path, "%s: cannot open: %s", log_path, strerror(errno));
         goto out;

@@ -28,6 +28,9 @@ pid_t proc_spawn(const struct proc_spawn *o)
             setpgid(0, o->pgid);
         if (o->die_with_parent)
             prctl(PR_SET_PDEATHSIG, SIGKILL);
+        /* What a rank writes (checkpoints, the final model) is the user's training data:
+         * its own, not the host's (files 0600, folders 0700). */
+        umask(077);
         for (int i = 0; i < 3; i++) {
             int fd = o->fd[i] == PROC_FD_NULL ? null_fd : o->fd[i];
             if (fd != PROC_FD_SAME && fd != i)
@@ -85,11 +88,11 @@ int proc_mkdirs(const char *path, bool whole)
         if (*p != '/')
             continue;
         *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
             return errno;
         *p = '/';
     }
-    if (whole && mkdir(buf, 0755) != 0 && errno != EEXIST)
+    if (whole && mkdir(buf, 0700) != 0 && errno != EEXIST)
         return errno;
     return 0;
 }

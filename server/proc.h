@@ -21,8 +21,8 @@ struct proc_spawn {
     bool die_with_parent; /* SIGKILL when the server dies (PR_SET_PDEATHSIG) */
 };
 /* Forks and execs `o`. The child starts with no signal blocked (the server blocks
- * SIGTERM in its threads), SIGPIPE at its default, and no descriptor of the server's but
- * 0, 1 and 2; a failed exec is said on its stderr and ends it with 127. The group is set
+ * SIGTERM in its threads), SIGPIPE at its default, umask 077 (what it creates is
+ * readable by this user only), and no descriptor of the server's but 0, 1 and 2; a failed exec is said on its stderr and ends it with 127. The group is set
  * on both sides of the fork, so no signal to it can miss the child. Returns the pid, or
  * -1 with errno set. */
 pid_t proc_spawn(const struct proc_spawn *o);
@@ -31,7 +31,8 @@ pid_t proc_spawn(const struct proc_spawn *o);
 double proc_now_mono(void);
 /* Writes all n bytes (retrying short writes and EINTR): 0, or -1 with errno set. */
 int proc_write_all(int fd, const void *p, size_t n);
-/* Creates the missing folders of `path` (mode 0755): its parents, and `path` itself when
+/* Creates the missing folders of `path` (mode 0700: job folders and the database's hold
+ * users' data): its parents, and `path` itself when
  * `whole`. 0, or an errno value (ENAMETOOLONG past PATH_MAX). */
 int proc_mkdirs(const char *path, bool whole);
 

@@ -7,6 +7,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,24 @@ static int parse_int(const char *s, long lo, long hi, long *out)
         return -1;
     *out = v;
     return 0;
+}
+
+/* The spec's name as one file name under var/runs/: letters, digits, '-', '_' and '.' are
+ * kept, every other byte ('/', spaces, control bytes, UTF-8) and a leading '.' become '_',
+ * so that no name ("../../x", "/etc", ".hidden") puts the run anywhere else; at most 64
+ * bytes; "job" when the name is empty. */
+static void name_component(const char *name, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (const char *p = name; *p && n + 1 < cap && n < 64; p++) {
+        char c = *p;
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                  c == '_' || (c == '.' && n > 0);
+        out[n++] = ok ? c : '_';
+    }
+    out[n] = '\0';
+    if (!n)
+        snprintf(out, cap, "job");
 }
 
 int run_main(int argc, char **argv, const char *self_dir)
@@ -150,11 +169,11 @@ int run_main(int argc, char **argv, const char *self_dir)
 
     char out_buf[PATH_MAX], data_abs[PATH_MAX], worker[PATH_MAX];
     if (!out) {
-        char stamp[32];
+        char stamp[32], name[72];
         time_t t = time(NULL);
         strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", localtime(&t));
-        snprintf(out_buf, sizeof out_buf, "var/runs/%s-%s-%d", spec.name[0] ? spec.name : "job", stamp,
-                 (int)getpid());
+        name_component(spec.name, name, sizeof name);
+        snprintf(out_buf, sizeof out_buf, "var/runs/%s-%s-%d", name, stamp, (int)getpid());
         out = out_buf;
     }
     if (!realpath(data_dir, data_abs)) {

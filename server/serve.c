@@ -28,6 +28,7 @@
 #include "env.h"
 #include "http.h"
 #include "hub.h"
+#include "proc.h"
 #include "sched.h"
 #include "slurm.h"
 #include "store.h"
@@ -42,7 +43,8 @@ static void usage(FILE *f)
           "                  [--slurm-time T] [--slurm-cpus-per-task N] [--slurm-arg ARG]...\n"
           "                  [--comm-addr HOST] [--job-disk-quota SIZE]\n"
           "  --listen       address to serve on (default 127.0.0.1:8080; port 0 = any free port)\n"
-          "  --db           SQLite database, created on first start (default ./var/ddpd.db)\n"
+          "  --db           SQLite database, created on first start (default ./var/ddpd.db); one\n"
+          "                 server per database (DB.lock beside it names the holder's pid)\n"
           "  --data-dir     where jobs' data paths are resolved; they may not leave it (default .)\n"
           "  --jobs-dir     each job's checkpoints and logs (default: jobs/ beside the database)\n"
           "  --job-disk-quota  bytes one job's folder may hold (checkpoints, final model, logs):\n"
@@ -148,20 +150,6 @@ static char *read_token(const char *path)
         return NULL;
     buf[strcspn(buf, "\r\n")] = '\0';
     return buf[0] ? strdup(buf) : NULL;
-}
-
-static int mkdirs(const char *path)
-{
-    char buf[PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return -1;
-            *p = '/';
-        }
-    return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
 int serve_main(int argc, char **argv, const char *self_dir)
@@ -280,7 +268,9 @@ int serve_main(int argc, char **argv, const char *self_dir)
     }
     snprintf(db_dir, sizeof db_dir, "%s", db);
     const char *dd = dirname(db_dir);
-    if (mkdirs(dd) != 0) {
+    int en = proc_mkdirs(dd, true);
+    if (en != 0) {
+        errno = en;
         fprintf(stderr, "ddpd serve: cannot create %s: %s\n", dd, strerror(errno));
         return 1;
     }
@@ -289,7 +279,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
         jobs_dir = jobs_buf;
     }
     char jobs_abs[PATH_MAX];
-    if (mkdirs(jobs_dir) != 0 || !realpath(jobs_dir, jobs_abs)) {
+    if ((errno = proc_mkdirs(jobs_dir, true)) != 0 || !realpath(jobs_dir, jobs_abs)) {
         fprintf(stderr, "ddpd serve: cannot create %s: %s\n", jobs_dir, strerror(errno));
         return 1;
     }
@@ -364,7 +354,17 @@ int serve_main(int argc, char **argv, const char *self_dir)
     struct super *super = NULL;
     struct http_server *http = NULL;
     struct api api = {0};
+    struct store_lock *lock = NULL;
+    int listen_fd = -1;
 
+    /* One server per database, and the port held, before recovery kills an earlier
+     * server's orphans and requeues its jobs: a second server (a second Compose service
+     * on the same volume, a typo in --listen) must leave a live one's jobs alone. */
+    lock = store_lock_take(db, &err);
+    if (!lock || (listen_fd = http_listen(listen, &err)) < 0) {
+        fprintf(stderr, "ddpd serve: %s\n", err.message);
+        goto out;
+    }
     store = store_open(db, &err);
     if (!store) {
         fprintf(stderr, "ddpd serve: %s\n", err.message);
@@ -394,10 +394,14 @@ int serve_main(int argc, char **argv, const char *self_dir)
     api = (struct api){.store = store, .hub = hub, .super = super, .worker = worker, .data_dir = data_abs,
                        .jobs_dir = jobs_abs, .web_dir = web_abs[0] ? web_abs : NULL};
     size_t nroutes;
-    struct http_config hc = {.listen = listen, .routes = api_routes(&nroutes), .ctx = &api, .token = token,
+    struct http_config hc = {.listen = listen, .listen_fd = listen_fd, .routes = api_routes(&nroutes), .ctx = &api, .token = token,
                              .cors_origin = cors, .threads = 4, .connection_limit = connection_limit()};
     hc.nroutes = nroutes;
-    if (api_start(&api, &err) != DDPD_OK || !(http = http_server_new(&hc, &err))) {
+    if (api_start(&api, &err) == DDPD_OK) {
+        http = http_server_new(&hc, &err);
+        listen_fd = -1; /* taken, also on failure */
+    }
+    if (!http) {
         fprintf(stderr, "ddpd serve: %s\n", err.message);
         goto out;
     }
@@ -426,6 +430,9 @@ out:
         hub_close_all(hub, "server shutting down");
     hub_free(hub);
     store_close(store);
+    if (listen_fd >= 0)
+        close(listen_fd);
+    store_lock_release(lock); /* last: the jobs are left as the next server expects them */
     free(token);
     return rc;
 }

@@ -440,7 +440,7 @@ static int rank_log(struct slurm_run *r, int rank)
     if (ro->log_fd < 0) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/rank-%d.log", r->o.out_dir, rank);
-        ro->log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        ro->log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     }
     return ro->log_fd;
 }
@@ -597,7 +597,7 @@ struct slurm_run *slurm_run_start(const struct launch_opts *lo, const char *doc,
     }
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/srun.log", lo->out_dir);
-    r->srun_log = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    r->srun_log = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     /* The document goes through a file: srun reads its stdin whenever the tasks start
      * (perhaps hours later), and the supervisor must not wait on a pipe for that. */
     snprintf(path, sizeof path, "%s/srun-stdin.json", lo->out_dir);

@@ -5,6 +5,8 @@
 #include "store.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -12,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include "proc.h"
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -101,10 +105,31 @@ static const char mig_001[] =
     "    PRIMARY KEY (job, step, rank)\n"
     ") WITHOUT ROWID;\n";
 
+static const char mig_002[] =
+    "-- 002_restart_history.sql — why each restart of a job happened, in a column of its own, so\n"
+    "-- that `error` says only why a job failed or was cancelled (a job that succeeded after a\n"
+    "-- restart kept the restart's reason as its error). server/store.c embeds this file byte for\n"
+    "-- byte and applies it when the database's PRAGMA user_version is below 2.\n"
+    "--\n"
+    "-- restart_history is a JSON array, oldest first, of {\"attempt\": N, \"reason\": \"...\",\n"
+    "-- \"ts\": T}: the attempt that ended, why the job was started again, and when.\n"
+    "ALTER TABLE jobs ADD COLUMN restart_history TEXT NOT NULL DEFAULT '[]'\n"
+    "    CHECK (json_valid(restart_history));\n"
+    "\n"
+    "-- Under version 1 a job that was not failed or cancelled could hold an error only from a\n"
+    "-- restart (the latest one): it moves into the history. A requeued job still has the\n"
+    "-- attempt that ended; a started one has the next.\n"
+    "UPDATE jobs SET restart_history = json_array(json_object(\n"
+    "        'attempt', CASE WHEN state = 'queued' THEN attempt ELSE attempt - 1 END,\n"
+    "        'reason', error, 'ts', NULL)),\n"
+    "    error = NULL\n"
+    "    WHERE error IS NOT NULL AND state IN ('queued', 'starting', 'running', 'succeeded');\n";
+
 static const struct {
     const char *name, *sql;
 } migrations[] = {
     {"001_init.sql", mig_001},
+    {"002_restart_history.sql", mig_002},
 };
 
 int store_schema_version(void)
@@ -273,6 +298,7 @@ enum {
     W_EVENT_INSERT,
     W_LOSS_INSERT,
     W_RANK_PROGRESS,
+    W_RANK_STEP,
     W_JOB_PROGRESS,
     W_JOB_INSERT,
     W_JOB_STATE,
@@ -296,10 +322,14 @@ enum {
     ST_COUNT
 };
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define RESTART_HISTORY_MAX_S STR(STORE_RESTART_HISTORY_MAX)
+
 #define JOB_COLS                                                                                             \
     "id, name, state, CASE WHEN ?9 THEN spec END, world_size, device, created_at, "                          \
     "started_at, finished_at, attempt, step, loss, error, pending_reason, max_restarts, "                    \
-    "restarts "
+    "restarts, restart_history "
 
 static const char *const sql_text[ST_COUNT] = {
     [W_BEGIN] = "BEGIN IMMEDIATE",
@@ -311,6 +341,10 @@ static const char *const sql_text[ST_COUNT] = {
     [W_RANK_PROGRESS] = "UPDATE ranks SET step = ?4, loss = ?5, samples_per_s = ?6 "
                         "WHERE job = ?1 AND attempt = ?2 AND rank = ?3 "
                         "AND (step IS NULL OR step <= ?4)",
+    /* A rank's join and done events: the steps it took, also those it shadowed after it
+     * joined (which have no loss events of its own). */
+    [W_RANK_STEP] = "UPDATE ranks SET step = ?4 WHERE job = ?1 AND attempt = ?2 AND rank = ?3 "
+                    "AND (step IS NULL OR step < ?4)",
     /* The job's loss is the mean over the ranks that reported the step so far; NULL when
      * any of them was not finite. Events of an older attempt leave the job alone. */
     [W_JOB_PROGRESS] = "UPDATE jobs SET step = ?2, loss = (SELECT CASE WHEN count(loss) = "
@@ -332,8 +366,13 @@ static const char *const sql_text[ST_COUNT] = {
                      "error = CASE WHEN ?2 & 8 THEN ?6 ELSE error END, "
                      "pending_reason = CASE WHEN ?2 & 16 THEN ?7 WHEN ?2 & 1 AND ?3 <> 'queued' THEN NULL "
                      "ELSE pending_reason END, "
-                     "step = CASE WHEN ?2 & 32 THEN ?8 WHEN ?2 & 2 THEN NULL ELSE step END, "
-                     "loss = CASE WHEN ?2 & 32 THEN ?9 WHEN ?2 & 2 THEN NULL ELSE loss END "
+                     /* Only another attempt clears the progress: setting the same one again
+                      * (a retried end after a full disk) keeps what the attempt reported. */
+                     "step = CASE WHEN ?2 & 32 THEN ?8 WHEN ?2 & 2 AND attempt <> ?4 THEN NULL ELSE step END, "
+                     "loss = CASE WHEN ?2 & 32 THEN ?9 WHEN ?2 & 2 AND attempt <> ?4 THEN NULL ELSE loss END, "
+                     "restart_history = CASE WHEN ?2 & 64 AND json_array_length(restart_history) < " RESTART_HISTORY_MAX_S " "
+                     "THEN json_insert(restart_history, '$[#]', json_object('attempt', ?11, 'reason', ?12, "
+                     "'ts', ?10)) ELSE restart_history END "
                      "WHERE id = ?1",
     [W_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1",
     [W_ATTEMPT_INSERT] = "INSERT INTO attempts (job, attempt, comm_id, started_at) "
@@ -501,6 +540,10 @@ struct store {
     bool istop;
     pthread_t inserter;
     bool inserter_started;
+
+    /* PRAGMA quick_check at open: what store_ping reports when it failed. */
+    bool corrupt;
+    struct ddpd_error corrupt_err;
 
     /* store_job_version: a change counter per hash bucket of job ids, bumped after every
      * commit that touches a job (so colliding ids only cost a cache miss). */
@@ -694,6 +737,29 @@ static int batch_progress(struct conn *c, struct qev **loss, int n)
     return rc;
 }
 
+/* After the loss progress of a batch: the step of each rank that joined or is done (a
+ * done event's `steps`), which may be past its last loss step. */
+static int batch_rank_steps(struct conn *c, const struct qev *b, int n)
+{
+    sqlite3_stmt *st = NULL;
+    for (int i = 0; i < n; i++) {
+        const struct qev *q = &b[i];
+        if (!q->stored || q->rank < 0 || q->step <= 0 || (q->kind != EVENT_DONE && q->kind != EVENT_JOIN))
+            continue;
+        if (!st && !(st = stmt(c, W_RANK_STEP, NULL)))
+            return SQLITE_ERROR;
+        sqlite3_bind_int64(st, 1, q->job);
+        sqlite3_bind_int(st, 2, q->attempt);
+        sqlite3_bind_int(st, 3, q->rank);
+        sqlite3_bind_int64(st, 4, q->step);
+        int rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        if (rc != SQLITE_DONE)
+            return rc;
+    }
+    return SQLITE_OK;
+}
+
 /* One try at committing a batch. Rows that a constraint refuses (deleted job, seq taken)
  * are left out and counted; any other error fails the whole try (rolled back). */
 static ddpd_err batch_try(struct store *s, struct qev *b, int n, struct qev **loss, uint64_t *refused,
@@ -754,6 +820,8 @@ static ddpd_err batch_try(struct store *s, struct qev *b, int n, struct qev **lo
         loss[nloss++] = q;
     }
     rc = batch_progress(c, loss, nloss);
+    if (rc == SQLITE_OK)
+        rc = batch_rank_steps(c, b, n);
     if (rc != SQLITE_OK) {
         e = sq_fail(err, c->db, rc, "update progress");
         goto out;
@@ -903,7 +971,7 @@ ddpd_err store_event_append(struct store *s, const struct event *ev, const char 
     struct qev q = {
         .job = ev->job,
         .seq = ev->seq,
-        .step = ev->step,
+        .step = ev->kind == EVENT_DONE ? ev->steps : ev->step,
         .attempt = (int)ev->attempt,
         .rank = ev->kind == EVENT_STATE ? -1 : ev->rank,
         .kind = ev->kind,
@@ -1025,6 +1093,57 @@ static ddpd_err migrate(struct store *s, sqlite3 *db, struct ddpd_error *err)
     return DDPD_OK;
 }
 
+/* PRAGMA quick_check: every page of the file is read and its b-tree structure checked (not
+ * the indexes against their tables: that is integrity_check, far slower). A database whose
+ * interior pages are damaged reads fine until a query reaches them; found here, it is
+ * what store_ping (so /healthz) says from the start, and it is said on stderr. */
+static void quick_check(struct store *s)
+{
+    sqlite3_stmt *st = NULL;
+    char first[512] = "";
+    int problems = 0;
+    int rc = sqlite3_prepare_v2(s->w->db, "PRAGMA quick_check(20)", -1, &st, NULL);
+    while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        /* A row may hold several lines ("*** in database main ***\nOn tree page 7 ..."). */
+        for (const char *line = col_text(st, 0); *line;) {
+            size_t n = strcspn(line, "\n");
+            if (strncmp(line, "ok", n > 2 ? n : 2) != 0 && strncmp(line, "***", 3) != 0 && problems++ == 0)
+                snprintf(first, sizeof first, "%.*s", (int)(n < sizeof first ? n : sizeof first - 1), line);
+            line += n + (line[n] == '\n');
+        }
+        rc = SQLITE_OK;
+    }
+    if (rc != SQLITE_DONE && rc != SQLITE_OK && !problems++) /* the check itself met the damage */
+        snprintf(first, sizeof first, "%s (%s)", sqlite3_errmsg(s->w->db), sqlite3_errstr(rc));
+    sqlite3_finalize(st);
+    if (!problems)
+        return;
+    s->corrupt = true;
+    ddpd_error_set(&s->corrupt_err, DDPD_EIO, s->path,
+                   "store: %s failed its quick check at start: %s%s; the database is damaged: stop the "
+                   "server, move the file aside and restore a backup (sqlite3 .recover saves what it can)",
+                   s->path, first, problems > 1 ? " (and more problems)" : "");
+    fprintf(stderr, "ddpd: %s\n", s->corrupt_err.message);
+}
+
+/* A database made by an older ddpd (0644, its WAL and SHM too) loses the group's and
+ * others' permissions: what an upgrade keeps must not stay readable by everyone. Only
+ * files this user owns; a failure is left to the administrator (no error). */
+static void make_private(const char *path)
+{
+    static const char *const sfx[] = {"", "-wal", "-shm"};
+    for (size_t i = 0; i < COUNT(sfx); i++) {
+        char f[PATH_MAX];
+        struct stat st;
+        if (snprintf(f, sizeof f, "%s%s", path, sfx[i]) >= (int)sizeof f || lstat(f, &st) != 0 ||
+            !S_ISREG(st.st_mode) || st.st_uid != geteuid() || !(st.st_mode & 077))
+            continue;
+        if (chmod(f, st.st_mode & 0700) == 0)
+            fprintf(stderr, "ddpd: store: %s was readable by others (mode %03o): now %03o\n", f,
+                    (unsigned)(st.st_mode & 0777), (unsigned)(st.st_mode & 0700));
+    }
+}
+
 struct store *store_open(const char *path, struct ddpd_error *err)
 {
     return store_open_with(path, NULL, err);
@@ -1043,6 +1162,13 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
         ddpd_error_set(err, DDPD_EIO, path, "store: cannot create the folders of %s: %s", path, strerror(en));
         return NULL;
     }
+
+    /* Created here, not by SQLite (0644): jobs' specs and events are their users' own.
+     * The WAL and the shared-memory file take the database's mode. */
+    int dbfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (dbfd >= 0)
+        close(dbfd); /* else SQLite's open below says why */
+    make_private(path);
 
     s = xcalloc(1, sizeof *s);
     s->path = strdup(path);
@@ -1112,6 +1238,7 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
     e = migrate(s, s->w->db, err);
     if (e != DDPD_OK)
         goto out;
+    quick_check(s);
     if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
         e = ddpd_error_set(err, DDPD_EINTERNAL, path, "store: cannot start the writer thread");
         goto out;
@@ -1170,6 +1297,79 @@ void store_close(struct store *s)
     free(s->q);
     free(s->path);
     free(s);
+}
+
+/* ---- one server per database ---- */
+
+struct store_lock {
+    int fd;
+};
+
+struct store_lock *store_lock_take(const char *path, struct ddpd_error *err)
+{
+    char lp[PATH_MAX];
+    struct store_lock *l = NULL;
+    int fd = -1;
+    if (!path || !*path || snprintf(lp, sizeof lp, "%s.lock", path) >= (int)sizeof lp) {
+        ddpd_error_set(err, DDPD_EIO, path ? path : "", "store: no lock file name for database '%s'",
+                       path ? path : "");
+        goto out;
+    }
+    int en = proc_mkdirs(path, false);
+    if (en) {
+        ddpd_error_set(err, DDPD_EIO, path, "store: cannot create the folders of %s: %s", path, strerror(en));
+        goto out;
+    }
+    fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        ddpd_error_set(err, DDPD_EIO, lp, "store: cannot open the lock file %s: %s", lp, strerror(errno));
+        goto out;
+    }
+    /* flock: held by the open file, released by the kernel however this process ends
+     * (SIGKILL included), never by closing another descriptor of the same file. */
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK) {
+            ddpd_error_set(err, DDPD_EIO, lp, "store: cannot lock %s: %s", lp, strerror(errno));
+            goto out;
+        }
+        char buf[32];
+        ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+        buf[n > 0 ? n : 0] = '\0';
+        char *end;
+        long pid = strtol(buf, &end, 10);
+        if (end != buf && pid > 0)
+            ddpd_error_set(err, DDPD_ECONFLICT, path,
+                           "store: the database %s is in use by another ddpd server (pid %ld holds %s): "
+                           "stop that server first, or give this one another --db",
+                           path, pid, lp);
+        else
+            ddpd_error_set(err, DDPD_ECONFLICT, path,
+                           "store: the database %s is in use by another ddpd server (it holds %s): stop "
+                           "that server first, or give this one another --db",
+                           path, lp);
+        goto out;
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
+        ddpd_error_set(err, DDPD_EIO, lp, "store: cannot write %s: %s", lp, strerror(errno));
+        goto out;
+    }
+    l = xmalloc(sizeof *l);
+    l->fd = fd;
+    fd = -1;
+out:
+    if (fd >= 0)
+        close(fd);
+    return l;
+}
+
+void store_lock_release(struct store_lock *l)
+{
+    if (!l)
+        return;
+    close(l->fd); /* the lock goes with it; the file stays (its pid is only a hint) */
+    free(l);
 }
 
 /* ---- jobs: writes ---- */
@@ -1463,6 +1663,8 @@ ddpd_err store_job_update(struct store *s, int64_t id, const struct store_job_up
     else
         sqlite3_bind_null(st, 9);
     sqlite3_bind_double(st, 10, now_s());
+    sqlite3_bind_int(st, 11, u->restart_attempt);
+    sqlite3_bind_text(st, 12, u->restart_reason ? u->restart_reason : "", -1, SQLITE_TRANSIENT);
     int rc = sqlite3_step(st);
     if (rc != SQLITE_DONE)
         e = sq_fail(err, s->w->db, rc, "update job");
@@ -1597,6 +1799,7 @@ void store_job_clear(struct store_job *j)
         return;
     free(j->spec);
     free(j->ranks);
+    free(j->restart_history);
     memset(j, 0, sizeof *j);
 }
 
@@ -1639,6 +1842,11 @@ static void job_from_row(sqlite3_stmt *st, struct store_job *j)
     copy_text(j->pending_reason, sizeof j->pending_reason, col_text(st, 13));
     j->max_restarts = sqlite3_column_int(st, 14);
     j->restarts = sqlite3_column_int(st, 15);
+    const char *h = col_text(st, 16);
+    size_t hn = (size_t)sqlite3_column_bytes(st, 16);
+    j->restart_history = xmalloc(hn + 1);
+    memcpy(j->restart_history, h, hn);
+    j->restart_history[hn] = '\0';
 }
 
 static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_error *err)
@@ -1778,6 +1986,11 @@ out:
 
 ddpd_err store_ping(struct store *s, struct ddpd_error *err)
 {
+    if (s->corrupt) {
+        if (err)
+            *err = s->corrupt_err;
+        return s->corrupt_err.code;
+    }
     struct conn *c = reader_get(s, err);
     if (!c)
         return err ? err->code : DDPD_EIO;

@@ -71,7 +71,7 @@ struct store_opts {
     int busy_timeout_ms;    /* SQLite busy_timeout on every connection; default 5000 */
 };
 
-/* Opens (creating it and its parent folders) the database at `path`, a file name (not
+/* Opens (creating it 0600 and its parent folders 0700) the database at `path`, a file name (not
  * ":memory:" or a URI: readers need their own connections to the same file), sets WAL,
  * synchronous=NORMAL, busy_timeout and foreign keys, applies the migrations the database
  * lacks (each in its own transaction, up to store_schema_version()) and starts the writer
@@ -93,6 +93,20 @@ int store_schema_version(void);
  * it) and, when `name` is not NULL, its file name ("001_init.sql"). Static storage;
  * NULL when there is no such migration. */
 const char *store_migration_sql(int version, const char **name);
+
+/* ---- one server per database ---- */
+
+/* A database has one server at a time: two would both recover (kill) each other's ranks and
+ * run each queued job twice. store_lock_take locks PATH.lock beside the database at `path`
+ * (made 0600 with its folders) with flock, exclusively, for as long as the handle lives,
+ * and writes this process's pid into it; the kernel releases the lock however the process
+ * ends. Take it before store_open and before anything changes the jobs. Errors:
+ * DDPD_ECONFLICT when another process holds it (the message names its pid, as the file
+ * says it), DDPD_EIO when the file cannot be made or locked. Returns a new handle that the
+ * caller releases with store_lock_release (NULL is a no-op). */
+struct store_lock;
+struct store_lock *store_lock_take(const char *path, struct ddpd_error *err);
+void store_lock_release(struct store_lock *l);
 
 /* ---- jobs ---- */
 
@@ -169,10 +183,15 @@ struct store_job {
     char error[STORE_TEXT_MAX];          /* "" when none */
     char pending_reason[STORE_TEXT_MAX]; /* "" when none */
     int max_restarts, restarts;
+    /* Why the job was restarted: JSON text of an array, oldest first, of {"attempt": N (the
+     * attempt that ended), "reason": "...", "ts": seconds} (at most
+     * STORE_RESTART_HISTORY_MAX entries); "[]" when never. Owned. */
+    char *restart_history;
     size_t n_ranks; /* ranks of the current attempt, by rank; owned */
     struct store_rank *ranks;
 };
 
+#define STORE_RESTART_HISTORY_MAX 256
 /* Frees what `j` owns and zeroes it. NULL is a no-op. */
 void store_job_clear(struct store_job *j);
 /* A number that changes after every commit that may change what store_job_get returns
@@ -216,12 +235,15 @@ ddpd_err store_job_count(struct store *s, int64_t *counts, struct ddpd_error *er
 /* Which columns store_job_update writes (bit mask in `fields`). */
 enum {
     STORE_SET_STATE = 1u << 0,    /* state; also the timestamps, see below */
-    STORE_SET_ATTEMPT = 1u << 1,  /* attempt; clears step and loss (a new attempt
-                                     reports its own) unless STORE_SET_PROGRESS is set */
+    STORE_SET_ATTEMPT = 1u << 1,  /* attempt; when it changes, clears step and loss (a
+                                     new attempt reports its own) unless
+                                     STORE_SET_PROGRESS is set */
     STORE_SET_RESTARTS = 1u << 2, /* restarts */
     STORE_SET_ERROR = 1u << 3,    /* error (NULL or "" clears it) */
     STORE_SET_PENDING = 1u << 4,  /* pending_reason (NULL or "" clears it) */
     STORE_SET_PROGRESS = 1u << 5, /* step and loss (the event writer also sets them) */
+    STORE_SET_RESTART = 1u << 6,  /* appends {restart_attempt, restart_reason, now} to
+                                     restart_history (up to STORE_RESTART_HISTORY_MAX) */
 };
 /* A change to one job. Pointers are borrowed for the call. */
 struct store_job_update {
@@ -235,6 +257,8 @@ struct store_job_update {
     const char *pending_reason;
     int64_t step;
     double loss; /* NaN/inf is stored as "not finite" */
+    int restart_attempt;        /* STORE_SET_RESTART: the attempt that ended */
+    const char *restart_reason; /* and why the job starts again */
 };
 /* Applies `u` to job `id` in one transaction, committed when this returns. Setting the
  * state also keeps the timestamps true: `starting`/`running` set started_at when it is
@@ -347,8 +371,12 @@ void store_metrics_free(struct store_metrics *m);
 
 /* ---- health and counters ---- */
 
-/* A cheap read on a reader connection (for /healthz). */
+/* A cheap read on a reader connection (for /healthz). DDPD_EIO, naming the file and the
+ * first problem, when the database failed PRAGMA quick_check at store_open (damaged
+ * pages: it may read fine until a query reaches them). */
 ddpd_err store_ping(struct store *s, struct ddpd_error *err);
+/* store_open runs PRAGMA quick_check once, after the migrations, and says on stderr
+ * when it fails; the store stays open (what is intact can still be read). */
 
 struct store_stats {
     uint64_t events_appended;  /* accepted by store_event_append */

@@ -30,8 +30,14 @@
 #include "store.h"
 
 #define POLL_MS 50
+#define RANK_EXIT_CANCELLED 5 /* a worker's exit code for a cancel (CONTRACT.md §6) */
 #define MAX_FDS 4096
+/* The ends the store did not take are tried again once a second, but only until one
+ * try fails: the others wait for the next second. A disk that stays full costs one try
+ * (a few transactions) a second however many ends wait, and an end is stored within about
+ * a second of the disk having room. At most UNSAVED_PER_TURN ends are stored per turn. */
 #define UNSAVED_RETRY_S 1.0
+#define UNSAVED_PER_TURN 16
 
 enum cmd_kind { CMD_SUBMIT, CMD_CANCEL };
 
@@ -202,14 +208,43 @@ static bool unsaved_event_in_store(struct super *s, const struct unsaved *u)
     return store_event_max_seq(s->o.store, u->job, &seq, NULL) == DDPD_OK && seq >= u->ev.seq;
 }
 
+static void unsaved_free(struct unsaved *u)
+{
+    free(u->ranks);
+    free(u->error);
+    free(u);
+}
+
+/* Whether job `job` is gone from the store (deleted by a client): then nothing of its
+ * end is to be stored any more. A read that fails otherwise says no. */
+static bool job_deleted(struct super *s, int64_t job)
+{
+    struct store_job j;
+    ddpd_err e = store_job_get(s->o.store, job, &j, NULL);
+    store_job_clear(&j);
+    return e == DDPD_ENOTFOUND;
+}
+
 /* Tries again what is due (everything when `all`): the event first, then the attempt's
- * end and the row, so that a row that says final finds its final event stored. */
+ * end and the row, so that a row that says final finds its final event stored. An end
+ * whose job was deleted meanwhile is dropped. After a try that fails, the others wait
+ * (UNSAVED_RETRY_S). */
 static void retry_unsaved(struct super *s, bool all)
 {
     double now = now_s();
+    int tried = 0;
+    bool failed = false;
     for (struct unsaved **pp = &s->unsaved, *u; (u = *pp);) {
-        if (!all && now < u->next_try) {
+        if (!all && (now < u->next_try || failed || tried == UNSAVED_PER_TURN)) {
             pp = &u->next;
+            continue;
+        }
+        tried++;
+        if (job_deleted(s, u->job)) {
+            fprintf(stderr, "ddpd: job %" PRId64 ": deleted before its end (%s) could be stored; no longer "
+                    "retried\n", u->job, job_state_name(u->state));
+            *pp = u->next;
+            unsaved_free(u);
             continue;
         }
         u->next_try = now + UNSAVED_RETRY_S;
@@ -246,13 +281,14 @@ static void retry_unsaved(struct super *s, bool all)
         if (u->event_saved && u->row_saved && u->ranks_saved) {
             fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) is stored now\n", u->job, job_state_name(u->state));
             *pp = u->next;
-            free(u->ranks);
-            free(u->error);
-            free(u);
+            unsaved_free(u);
         } else {
+            failed = true;
             pp = &u->next;
         }
     }
+    for (struct unsaved *u = s->unsaved; failed && u; u = u->next)
+        u->next_try = fmax(u->next_try, now + UNSAVED_RETRY_S);
 }
 
 /* Commits what publish() queued (one transaction for everything that arrived in this
@@ -296,8 +332,12 @@ static void publish_state(struct super *s, struct active *a, job_state st, const
 }
 
 /* The job's row is updated after its state event is queued. False when the store did
- * not take the row (logged). *ev (may be NULL) is set to the state event. */
-static bool set_state_ev(struct super *s, struct active *a, job_state st, const char *error, struct event *ev)
+ * not take the row (logged). *ev (may be NULL) is set to the state event. `error` is the
+ * event's message; the row keeps it as its error in a final state, and in the others as
+ * the reason of a restart of attempt `ended` (restart_history): only a final state has an
+ * error, so a job that succeeds after a restart shows none. */
+static bool set_state_full(struct super *s, struct active *a, job_state st, const char *error, int ended,
+                           struct event *ev)
 {
     publish_state(s, a, st, error, ev);
 
@@ -307,9 +347,14 @@ static bool set_state_ev(struct super *s, struct active *a, job_state st, const 
                                  .attempt = a->attempt,
                                  .restarts = a->restarts,
                                  .pending_reason = ""};
-    if (error) {
+    if (error && (JOB_STATE_BIT(st) & JOB_STATES_FINAL)) {
         u.fields |= STORE_SET_ERROR;
         u.error = error;
+    } else if (error) {
+        u.fields |= STORE_SET_RESTART | STORE_SET_ERROR;
+        u.error = NULL;
+        u.restart_reason = error;
+        u.restart_attempt = ended;
     }
     if (st != JOB_STATE_STARTING)
         u.fields &= ~(unsigned)STORE_SET_ATTEMPT; /* keep the progress the attempt reported */
@@ -324,9 +369,20 @@ static bool set_state_ev(struct super *s, struct active *a, job_state st, const 
     return stored;
 }
 
+static bool set_state_ev(struct super *s, struct active *a, job_state st, const char *error, struct event *ev)
+{
+    return set_state_full(s, a, st, error, a->attempt, ev);
+}
+
 static bool set_state(struct super *s, struct active *a, job_state st, const char *error)
 {
     return set_state_ev(s, a, st, error, NULL);
+}
+
+/* A restart of attempt `ended`, for `why`: the job goes to `st` (starting, or queued). */
+static bool set_state_restart(struct super *s, struct active *a, job_state st, const char *why, int ended)
+{
+    return set_state_full(s, a, st, why, ended, NULL);
 }
 
 /* Replaces `a`'s pending reason; false when it is the same (or out of memory). */
@@ -663,7 +719,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
     char resume[PATH_MAX];
     bool has_resume = super_latest_checkpoint(a->out_dir, resume, sizeof resume);
     a->attempt++;
-    mkdir(s->o.jobs_dir, 0755);
+    mkdir(s->o.jobs_dir, 0700);
     json_t *doc = json_object();
     json_object_set_new(doc, "job", json_integer(a->job));
     json_object_set_new(doc, "attempt", json_integer(a->attempt));
@@ -697,10 +753,10 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
     /* Under Slurm the job stays queued (with Slurm's pending reason) until Slurm starts
      * it: see slurm_waiting(). */
     if (!s->o.slurm) {
-        set_state(s, a, JOB_STATE_STARTING, restart ? why : NULL);
+        set_state_restart(s, a, JOB_STATE_STARTING, restart ? why : NULL, a->attempt - 1);
     } else {
         if (restart)
-            set_state(s, a, JOB_STATE_QUEUED, why);
+            set_state_restart(s, a, JOB_STATE_QUEUED, why, a->attempt - 1);
         /* The attempt has begun (its Slurm job name and attempts row are taken). */
         struct store_job_update u = {.fields = STORE_SET_ATTEMPT, .attempt = a->attempt};
         store_job_update(s->o.store, a->job, &u, NULL, NULL);
@@ -729,7 +785,9 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
 static void finish(struct super *s, struct active *a, job_state st, const char *error)
 {
     set_launch(s, a, NULL);
-    bool saved = store_attempt_end(s->o.store, a->job, a->attempt, job_state_name(st), NULL) == DDPD_OK;
+    /* A job that never started (cancelled queued) has no attempt to end. */
+    bool saved = a->attempt == 0 ||
+                 store_attempt_end(s->o.store, a->job, a->attempt, job_state_name(st), NULL) == DDPD_OK;
     pthread_mutex_lock(&s->lock);
     sched_release(s->sched, a->job);
     sched_dequeue(s->sched, a->job);
@@ -759,6 +817,19 @@ static void finish(struct super *s, struct active *a, job_state st, const char *
     drop(s, a);
 }
 
+/* What a rank's end row says. Of a job being cancelled, a rank that the cancel ended reads
+ * `cancelled`: its own exit for a cancel (5, CONTRACT.md §6) or the launcher's SIGTERM or
+ * SIGKILL; a rank that had finished (0) or failed on its own before reads as it ended. */
+static const char *rank_state(const struct active *a, int exit_code)
+{
+    if (exit_code == 0)
+        return "succeeded";
+    if (a->cancel_requested && (exit_code == RANK_EXIT_CANCELLED || exit_code == 128 + SIGTERM ||
+                                exit_code == 128 + SIGKILL))
+        return "cancelled";
+    return "failed";
+}
+
 /* Every process of the attempt has exited. */
 static void ended(struct super *s, struct active *a)
 {
@@ -777,7 +848,7 @@ static void ended(struct super *s, struct active *a)
         struct store_rank sr = {.attempt = a->attempt, .rank = r, .has_exit_code = true};
         sr.exit_code = launch_exit_code(a->l, r);
         sr.pid = launch_pid(a->l, r);
-        snprintf(sr.state, sizeof sr.state, "%s", sr.exit_code == 0 ? "succeeded" : "failed");
+        snprintf(sr.state, sizeof sr.state, "%s", rank_state(a, sr.exit_code));
         if (store_rank_put(s->o.store, a->job, &sr, NULL) != DDPD_OK && rows)
             rows[n++] = sr;
     }
@@ -1041,6 +1112,25 @@ static void kill_orphans(const struct store_job *j)
     }
 }
 
+/* The rank rows of an attempt whose server died: none of its ranks runs any more (they
+ * died with it, or kill_orphans ended them), so none may still read `starting` or
+ * `running` with a pid that is gone. Each that had not ended reads `failed`, its exit
+ * code unknown. */
+static void ranks_lost(struct super *s, const struct store_job *j)
+{
+    for (size_t i = 0; i < j->n_ranks; i++) {
+        struct store_rank r = j->ranks[i];
+        if (r.has_exit_code || !strcmp(r.state, "succeeded") || !strcmp(r.state, "failed") ||
+            !strcmp(r.state, "cancelled"))
+            continue;
+        snprintf(r.state, sizeof r.state, "failed");
+        struct ddpd_error err;
+        if (store_rank_put(s->o.store, j->id, &r, &err) != DDPD_OK)
+            fprintf(stderr, "ddpd: job %" PRId64 ": rank %d's row still says it runs: %s\n", j->id, r.rank,
+                    err.message);
+    }
+}
+
 static ddpd_err recover(struct super *s, struct ddpd_error *err)
 {
     struct store_job_list l;
@@ -1060,8 +1150,10 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
         }
         for (size_t i = 0; i < l.n; i++) {
             const struct store_job *j = &l.jobs[i];
-            if (j->state != JOB_STATE_QUEUED)
+            if (j->state != JOB_STATE_QUEUED) {
                 kill_orphans(j);
+                ranks_lost(s, j);
+            }
             if (nq == capq) {
                 capq = capq ? 2 * capq : 64;
                 int64_t *nqp = realloc(queued, capq * sizeof *queued);
@@ -1095,7 +1187,7 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
         sched_enqueue(s->sched, a->job, a->device, a->world_size);
         pthread_mutex_unlock(&s->lock);
         if (a->state != JOB_STATE_QUEUED)
-            set_state(s, a, JOB_STATE_QUEUED, "server restarted; the job was queued again");
+            set_state_restart(s, a, JOB_STATE_QUEUED, "server restarted; the job was queued again", a->attempt);
     }
     free(queued);
     return DDPD_OK;
@@ -1128,7 +1220,7 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
         super_stop(s);
         return NULL;
     }
-    mkdir(o->jobs_dir, 0755);
+    mkdir(o->jobs_dir, 0700);
     ddpd_err rc = recover(s, err);
     drain(s);
     if (rc != DDPD_OK || pthread_create(&s->thread, NULL, run, s) != 0) {
@@ -1155,9 +1247,7 @@ void super_stop(struct super *s)
         drop(s, s->jobs);
     while (s->unsaved) {
         struct unsaved *n = s->unsaved->next;
-        free(s->unsaved->ranks);
-        free(s->unsaved->error);
-        free(s->unsaved);
+        unsaved_free(s->unsaved);
         s->unsaved = n;
     }
     while (s->head) {

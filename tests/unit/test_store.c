@@ -1369,6 +1369,228 @@ static void test_crash(const char *self)
     CHECK(jobs_total > 0);
 }
 
+
+/* ---- issue 15: one server per database, state that tells the truth ---- */
+
+static void test_lock(void)
+{
+    char path[600], lock[640], text[64];
+    db_path(path, sizeof path, "locked/one.db");
+    snprintf(lock, sizeof lock, "%s.lock", path);
+    struct ddpd_error e;
+    struct store_lock *l = store_lock_take(path, &e);
+    CHECK(l != NULL);
+    /* Another holder (another open of the file: flock locks belong to it, so this process
+     * stands for a second server) is refused, naming the pid the file holds. */
+    CHECK(store_lock_take(path, &e) == NULL);
+    CHECK_EQ_INT(e.code, DDPD_ECONFLICT);
+    char want[64];
+    snprintf(want, sizeof want, "(pid %ld holds ", (long)getpid());
+    CHECK(strstr(e.message, want) != NULL);
+    CHECK(strstr(e.message, "in use by another ddpd server") != NULL);
+    struct stat st;
+    CHECK(stat(lock, &st) == 0 && (st.st_mode & 0777) == 0600);
+    int fd = open(lock, O_RDONLY);
+    ssize_t n = fd >= 0 ? read(fd, text, sizeof text - 1) : -1;
+    text[n > 0 ? n : 0] = '\0';
+    close(fd);
+    CHECK_EQ_INT(strtol(text, NULL, 10), (long)getpid());
+    store_lock_release(l);
+    /* Released: taken again (the file stays). */
+    l = store_lock_take(path, &e);
+    CHECK(l != NULL);
+    store_lock_release(l);
+    store_lock_release(NULL);
+    /* The database and its folder: the user's own. */
+    struct store *s = open_ok(path, NULL);
+    insert_job(s, "x", 1);
+    char wal[640];
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600);
+    CHECK(stat(wal, &st) == 0 && (st.st_mode & 0777) == 0600);
+    db_path(wal, sizeof wal, "locked");
+    CHECK(stat(wal, &st) == 0 && (st.st_mode & 0777) == 0700);
+    store_close(s);
+    /* An older ddpd's database (0644, and its WAL) is made private when opened. */
+    CHECK(chmod(path, 0644) == 0);
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    int wfd = open(wal, O_RDWR | O_CREAT, 0644);
+    CHECK(wfd >= 0 && fchmod(wfd, 0644) == 0);
+    close(wfd);
+    s = open_ok(path, NULL);
+    CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600);
+    CHECK(stat(wal, &st) == 0 && (st.st_mode & 0777) == 0600);
+    store_close(s);
+}
+
+static void test_state_truth(void)
+{
+    char path[600];
+    db_path(path, sizeof path, "truth.db");
+    struct store *s = open_ok(path, NULL);
+    struct ddpd_error e;
+    struct store_job j;
+    int64_t id = insert_job(s, "restarts", 2);
+    CHECK_EQ_INT(store_job_get(s, id, &j, &e), DDPD_OK);
+    CHECK_EQ_STR(j.restart_history, "[]");
+    store_job_clear(&j);
+
+    /* Attempt 1 runs and reports progress: loss at step 2 on both ranks, rank 1 joins at
+     * step 2 and both are done after 5 steps. */
+    CHECK_EQ_INT(store_attempt_begin(s, id, 1, NULL, &e), DDPD_OK);
+    struct store_job_update u = {.fields = STORE_SET_STATE | STORE_SET_ATTEMPT, .state = JOB_STATE_RUNNING,
+                                 .attempt = 1};
+    CHECK_EQ_INT(store_job_update(s, id, &u, NULL, &e), DDPD_OK);
+    for (int r = 0; r < 2; r++) {
+        struct store_rank rk = {.attempt = 1, .rank = r, .pid = 100 + r};
+        snprintf(rk.state, sizeof rk.state, "running");
+        CHECK_EQ_INT(store_rank_put(s, id, &rk, &e), DDPD_OK);
+    }
+    CHECK_EQ_INT(append(s, id, 1, 1, EVENT_LOSS, 0, 2, 0.5), DDPD_OK);
+    CHECK_EQ_INT(append(s, id, 2, 1, EVENT_LOSS, 1, 2, 0.25), DDPD_OK);
+    struct event ev;
+    make_event(&ev, NULL, 0, id, 3, 1, EVENT_JOIN, 1, 2, 0);
+    CHECK_EQ_INT(store_event_append(s, &ev, NULL, 0, &e), DDPD_OK);
+    CHECK_EQ_INT(flush(s), DDPD_OK);
+    CHECK_EQ_INT(store_job_get(s, id, &j, &e), DDPD_OK);
+    CHECK_EQ_INT(j.ranks[1].step, 2);
+    store_job_clear(&j);
+    for (int r = 0; r < 2; r++) {
+        make_event(&ev, NULL, 0, id, 4 + r, 1, EVENT_DONE, r, 0, 0);
+        ev.steps = 5;
+        ev.loss = r ? 0.25 : 0.5;
+        CHECK_EQ_INT(store_event_append(s, &ev, NULL, 0, &e), DDPD_OK);
+    }
+    CHECK_EQ_INT(flush(s), DDPD_OK);
+    CHECK_EQ_INT(store_job_get(s, id, &j, &e), DDPD_OK);
+    CHECK_EQ_INT(j.n_ranks, 2);
+    for (int r = 0; r < 2; r++) { /* done says 5 steps; the loss stays the latest reported */
+        CHECK_EQ_INT(j.ranks[r].step, 5);
+        CHECK_NEAR(j.ranks[r].loss, r ? 0.25 : 0.5, 0, 0);
+    }
+    CHECK(j.has_progress);
+    CHECK_EQ_INT(j.step, 2);
+    CHECK_NEAR(j.loss, 0.375, 1e-12, 0);
+    store_job_clear(&j);
+
+    /* The same attempt set again (a retried end) keeps the progress; another clears it. */
+    u = (struct store_job_update){.fields = STORE_SET_STATE | STORE_SET_ATTEMPT, .state = JOB_STATE_RUNNING,
+                                  .attempt = 1};
+    CHECK_EQ_INT(store_job_update(s, id, &u, NULL, &e), DDPD_OK);
+    CHECK_EQ_INT(store_job_get(s, id, &j, &e), DDPD_OK);
+    CHECK(j.has_progress);
+    CHECK_EQ_INT(j.step, 2);
+    store_job_clear(&j);
+
+    /* A restart: its reason goes to the history, not to error; a later success shows none. */
+    u = (struct store_job_update){.fields = STORE_SET_STATE | STORE_SET_ATTEMPT | STORE_SET_RESTART |
+                                            STORE_SET_ERROR,
+                                  .state = JOB_STATE_STARTING,
+                                  .attempt = 2,
+                                  .restart_attempt = 1,
+                                  .restart_reason = "restart 1 of 3 after rank 1 failed (exit code 3): \"x\""};
+    CHECK_EQ_INT(store_job_update(s, id, &u, NULL, &e), DDPD_OK);
+    u.restart_attempt = 2;
+    u.attempt = 3;
+    u.restart_reason = "server restarted; the job was queued again";
+    u.state = JOB_STATE_QUEUED;
+    CHECK_EQ_INT(store_job_update(s, id, &u, NULL, &e), DDPD_OK);
+    CHECK_EQ_INT(set_state(s, id, JOB_STATE_SUCCEEDED, 0), DDPD_OK);
+    CHECK_EQ_INT(store_job_get(s, id, &j, &e), DDPD_OK);
+    CHECK(!j.has_progress); /* attempt 2 cleared attempt 1's */
+    CHECK_EQ_STR(j.error, "");
+    char want[512];
+    double ts = 0;
+    int pos = 0;
+    CHECK(sscanf(j.restart_history, "[{\"attempt\":1,\"reason\":\"restart 1 of 3 after rank 1 failed (exit code 3): "
+                                    "\\\"x\\\"\",\"ts\":%lf}%n",
+                 &ts, &pos) == 1 && pos > 0);
+    CHECK(ts > 1.6e9);
+    snprintf(want, sizeof want, ",{\"attempt\":2,\"reason\":\"server restarted; the job was queued again\",");
+    CHECK(strstr(j.restart_history + pos, want) == j.restart_history + pos);
+    store_job_clear(&j);
+    store_close(s);
+
+    /* A version 1 database: the restart reasons kept as errors move into the history. */
+    db_path(path, sizeof path, "v1.db");
+    sqlite3 *db = NULL;
+    CHECK_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
+    CHECK_EQ_INT(sqlite3_exec(db, store_migration_sql(1, NULL), NULL, NULL, NULL), SQLITE_OK);
+    CHECK_EQ_INT(sqlite3_exec(db,
+                              "PRAGMA user_version = 1; INSERT INTO jobs (name, state, spec, world_size, device, "
+                              "created_at, attempt, error) VALUES "
+                              "('ok', 'succeeded', '{}', 1, 'cpu', 0, 2, 'restart 1 of 1 after rank 0 failed'), "
+                              "('bad', 'failed', '{}', 1, 'cpu', 0, 2, 'rank 0 failed (exit code 2)'), "
+                              "('requeued', 'queued', '{}', 1, 'cpu', 0, 1, "
+                              "'server restarted; the job was queued again'), "
+                              "('plain', 'succeeded', '{}', 1, 'cpu', 0, 1, NULL)",
+                              NULL, NULL, NULL),
+                 SQLITE_OK);
+    sqlite3_close(db);
+    s = open_ok(path, NULL);
+    const char *errs[4] = {"", "rank 0 failed (exit code 2)", "", ""};
+    const char *hist[4] = {"[{\"attempt\":1,\"reason\":\"restart 1 of 1 after rank 0 failed\",\"ts\":null}]", "[]",
+                           "[{\"attempt\":1,\"reason\":\"server restarted; the job was queued again\",\"ts\":null}]",
+                           "[]"};
+    for (int i = 0; i < 4; i++) {
+        CHECK_EQ_INT(store_job_get(s, i + 1, &j, &e), DDPD_OK);
+        CHECK_EQ_STR(j.error, errs[i]);
+        CHECK_EQ_STR(j.restart_history, hist[i]);
+        store_job_clear(&j);
+    }
+    store_close(s);
+}
+
+/* A database whose interior b-tree page is damaged opens (what is intact can be read),
+ * and store_ping says what quick_check found. */
+static void test_quick_check(void)
+{
+    char path[600];
+    db_path(path, sizeof path, "damaged.db");
+    struct store *s = open_ok(path, NULL);
+    struct ddpd_error e;
+    int64_t id = insert_job(s, "fill", 1);
+    for (int i = 1; i <= 3000; i++)
+        CHECK_EQ_INT(append(s, id, i, 1, EVENT_LOSS, 0, i, 1.0 / i), DDPD_OK);
+    CHECK_EQ_INT(flush(s), DDPD_OK);
+    CHECK_EQ_INT(store_ping(s, &e), DDPD_OK);
+    store_close(s);
+    sqlite3 *db = NULL;
+    CHECK_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
+    CHECK_EQ_INT(sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    s = open_ok(path, NULL); /* healthy: the check passes */
+    CHECK_EQ_INT(store_ping(s, &e), DDPD_OK);
+    store_close(s);
+    CHECK_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
+    CHECK_EQ_INT(sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    /* The first interior page after the schema page: its cells overwritten. */
+    int fd = open(path, O_RDWR);
+    CHECK(fd >= 0);
+    unsigned char hdr[100], page[65536];
+    CHECK(pread(fd, hdr, sizeof hdr, 0) == (ssize_t)sizeof hdr);
+    size_t psize = (size_t)hdr[16] << 8 | hdr[17];
+    psize = psize == 1 ? 65536 : psize;
+    bool damaged = false;
+    for (off_t off = (off_t)psize; !damaged && pread(fd, page, psize, off) == (ssize_t)psize; off += (off_t)psize) {
+        if (page[0] != 0x02 && page[0] != 0x05)
+            continue;
+        size_t start = (size_t)page[5] << 8 | page[6];
+        memset(page + start, 0xA5, psize - start);
+        CHECK(pwrite(fd, page, psize, off) == (ssize_t)psize);
+        damaged = true;
+    }
+    close(fd);
+    CHECK(damaged);
+    s = open_ok(path, NULL);
+    ddpd_error_clear(&e);
+    CHECK_EQ_INT(store_ping(s, &e), DDPD_EIO);
+    CHECK(strstr(e.message, "failed its quick check at start: ") != NULL);
+    CHECK(strstr(e.message, path) != NULL);
+    store_close(s);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "crash-child") == 0)
@@ -1398,6 +1620,9 @@ int main(int argc, char **argv)
     test_metrics();
     test_concurrent();
     test_delete();
+    test_lock();
+    test_state_truth();
+    test_quick_check();
     test_crash(self);
 
     if (check__failures == 0)
