@@ -20,12 +20,13 @@ static const char *const data_names[] = {"synthetic", "npy", "csv"};
 static const char *const device_names[] = {"cpu", "cuda"};
 static const char *const backend_names[] = {"cpu", "nccl"};
 static const char *const precision_names[] = {"fp32", "tf32"};
+static const char *const nonfinite_names[] = {"fail", "continue"}; /* nonfinite_mode order */
 
 /* The keys each object may hold, in the order error messages list them. */
 static const char *const top_keys[] = {
     "name", "world_size", "device", "precision", "model", "loss", "optimizer", "data",
     "batch_size", "epochs", "steps", "grad_accum", "ddp", "init", "checkpoint", "log_every",
-    "max_restarts"};
+    "max_restarts", "on_nonfinite"};
 static const char *const linear_keys[] = {"type", "in", "out", "bias"};
 static const char *const activation_keys[] = {"type"};
 static const char *const sgd_keys[] = {"type", "lr", "momentum", "dampening",
@@ -808,6 +809,12 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
     if ((rc = get_int(err, root, "", "log_every", 1, INT64_MAX, false, &s->log_every)) ||
         (rc = get_int32(err, root, "", "max_restarts", 0, 100, &s->max_restarts)))
         return rc;
+    if (json_object_get(root, "on_nonfinite")) {
+        if ((rc = get_enum(err, root, "", "on_nonfinite", nonfinite_names, COUNT(nonfinite_names), true,
+                           &k)))
+            return rc;
+        s->on_nonfinite = (nonfinite_mode)k;
+    }
     return DDPD_OK;
 }
 
@@ -1005,6 +1012,7 @@ struct json_t *spec_to_json(const struct spec *s)
     put(j, "checkpoint", json_pack("{s:I}", "every_steps", (json_int_t)s->checkpoint_every), &ok);
     put(j, "log_every", json_integer(s->log_every), &ok);
     put(j, "max_restarts", json_integer(s->max_restarts), &ok);
+    put(j, "on_nonfinite", json_string(nonfinite_names[s->on_nonfinite]), &ok);
     if (!ok) {
         json_decref(j);
         return NULL;

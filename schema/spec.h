@@ -24,6 +24,7 @@ typedef enum { DEVICE_CPU, DEVICE_CUDA } device_kind;
 typedef enum { JOIN_AUTO, JOIN_TRUE, JOIN_FALSE } join_mode;
 typedef enum { BACKEND_CPU, BACKEND_NCCL } comm_backend;
 typedef enum { PRECISION_FP32, PRECISION_TF32 } precision_kind;
+typedef enum { NONFINITE_FAIL, NONFINITE_CONTINUE } nonfinite_mode;
 
 /* One entry of `model`. For activations `in == out` = the width they act on
  * (filled in by the validator from the previous linear layer). */
@@ -83,6 +84,7 @@ struct spec {
     int64_t checkpoint_every; /* 0 = only at the end */
     int64_t log_every;    /* default 1 */
     int max_restarts;     /* default 0 */
+    nonfinite_mode on_nonfinite; /* a NaN/inf loss: fail the job at that step (default) or train on */
 };
 
 struct spec_parse_opts {
