@@ -4,6 +4,7 @@
  * shape here; the worker resolves them against the data directory). */
 #include "spec.h"
 
+#include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -1108,4 +1109,32 @@ int64_t spec_shard_rows(int64_t rows, int rank, int world)
 int64_t spec_batches(int64_t rows, int64_t batch, bool drop_last)
 {
     return drop_last ? rows / batch : (rows + batch - 1) / batch;
+}
+
+ddpd_err spec_check_batch_counts(const struct spec *s, const int64_t *counts, struct ddpd_error *err)
+{
+    int uneven = -1, empty = -1, busy = -1;
+    for (int r = 0; r < s->world_size; r++) {
+        if (counts[r] != counts[0] && uneven < 0)
+            uneven = r;
+        if (counts[r] == 0 && empty < 0)
+            empty = r;
+        if (counts[r] > 0 && busy < 0)
+            busy = r;
+    }
+    if (uneven < 0 || s->ddp.join != JOIN_FALSE)
+        return DDPD_OK;
+    /* PyTorch runs a rank without inputs under join: it joins at once and shadows every
+     * step of the others. */
+    if (empty >= 0 && busy >= 0)
+        return ddpd_error_set(err, DDPD_ESPEC, "ddp.join",
+                              "ddp.join: rank %d has no batch of %" PRId64 " (its shard is empty%s) while rank %d "
+                              "has %" PRId64 "; with join \"auto\" or true it would join at once and shadow the "
+                              "others' steps, but join is false",
+                              empty, s->batch_size, s->data.drop_last ? " or smaller than a batch" : "", busy,
+                              counts[busy]);
+    return ddpd_error_set(err, DDPD_ESPEC, "ddp.join",
+                          "ddp.join: the ranks have uneven batch counts per epoch (rank 0: %" PRId64
+                          ", rank %d: %" PRId64 ") but join is false; use \"auto\" or true",
+                          counts[0], uneven, counts[uneven]);
 }

@@ -122,6 +122,12 @@ char *spec_dumps(const struct spec *s);
 int64_t spec_shard_rows(int64_t rows, int rank, int world);
 int64_t spec_batches(int64_t rows, int64_t batch, bool drop_last);
 
+/* With ddp.join false every rank must have the same number of batches per epoch
+ * (`counts`: world_size of them): DDPD_ESPEC naming ddp.join otherwise, with its own
+ * sentence for a rank without a batch (join would run it). The server, `ddpd run` and the
+ * ranks check with it. */
+ddpd_err spec_check_batch_counts(const struct spec *s, const int64_t *counts, struct ddpd_error *err);
+
 /* Parameter count of the model (weights + biases). */
 int64_t spec_param_count(const struct spec *s);
 /* Input width (model[0].in) and output width (last linear's out). */

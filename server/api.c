@@ -256,12 +256,8 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
         snprintf(err->path, sizeof err->path, "data");
     if (rc)
         return rc;
-    for (int r = 1; known && r < spec.world_size; r++)
-        if (counts[r] != counts[0] && spec.ddp.join == JOIN_FALSE)
-            return ddpd_error_set(err, DDPD_ESPEC, "ddp.join",
-                                  "the ranks would have uneven batch counts per epoch (rank 0: %" PRId64
-                                  ", rank %d: %" PRId64 ") but join is false; use \"auto\" or true",
-                                  counts[0], r, counts[r]);
+    if (known && (rc = spec_check_batch_counts(&spec, counts, err)))
+        return rc;
 
     struct submission *sub = calloc(1, sizeof *sub);
     if (!sub || !(sub->text = spec_dumps(&spec))) {

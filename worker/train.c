@@ -106,11 +106,8 @@ static ddpd_err agree_on_batches(struct run *r, struct ddpd_error *err)
             if (counts[i] != counts[0] && uneven_rank < 0)
                 uneven_rank = i;
         }
-        if (uneven_rank >= 0 && s->ddp.join == JOIN_FALSE)
-            return ddpd_error_set(err, DDPD_ESPEC, "ddp.join",
-                                  "ddp.join: the ranks have uneven batch counts (rank 0: %" PRId64
-                                  ", rank %d: %" PRId64 ") but join is false; use \"auto\" or true",
-                                  counts[0], uneven_rank, counts[uneven_rank]);
+        if ((rc = spec_check_batch_counts(s, counts, err)))
+            return rc;
         r->join = s->ddp.join == JOIN_TRUE || (s->ddp.join == JOIN_AUTO && uneven_rank >= 0);
     }
     if (r->max_nb == 0)
