@@ -54,6 +54,10 @@ static json_t *job_json(struct api *a, const struct store_job *j)
     json_object_set_new(o, "restarts", json_integer(j->restarts));
     json_object_set_new(o, "step", j->has_progress ? json_integer(j->step) : json_null());
     json_object_set_new(o, "loss", num_or_null(j->has_progress && j->loss_finite, j->loss));
+    /* A step with a null loss: it was NaN or infinite (the store keeps no non-finite
+     * number), which the dashboard marks. */
+    if (j->has_progress && !j->loss_finite)
+        json_object_set_new(o, "loss_nonfinite", json_true());
     json_object_set_new(o, "error", j->error[0] ? json_string(j->error) : json_null());
     json_object_set_new(o, "pending_reason", why[0] ? json_string(why) : json_null());
     json_t *ranks = json_array();
@@ -66,6 +70,8 @@ static json_t *job_json(struct api *a, const struct store_job *j)
         json_object_set_new(jr, "exit_code", r->has_exit_code ? json_integer(r->exit_code) : json_null());
         json_object_set_new(jr, "step", r->has_progress ? json_integer(r->step) : json_null());
         json_object_set_new(jr, "loss", num_or_null(r->has_progress && r->loss_finite, r->loss));
+        if (r->has_progress && !r->loss_finite)
+            json_object_set_new(jr, "loss_nonfinite", json_true());
         json_object_set_new(jr, "samples_per_s", num_or_null(r->has_progress, r->samples_per_s));
         json_array_append_new(ranks, jr);
     }
