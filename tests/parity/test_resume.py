@@ -224,3 +224,25 @@ def test_checkpoint_files_are_private(work):
                 mode = stat.S_IMODE(os.stat(os.path.join(root, f)).st_mode)
                 assert mode == 0o600, f"{os.path.join(root, f)} is {oct(mode)}"
     assert found >= 3 * 4, found
+
+
+def test_mixed_or_missing_rank_files_are_refused(work):
+    """A checkpoint folder whose per-rank files do not belong to it (copied from another
+    checkpoint) or are missing is refused, naming the file, instead of resuming a mixture."""
+    import shutil
+    H.need_bin()
+    spec, world = write_job(work, OPTIMIZERS["sgd_momentum"], "sharded", "npy")
+    full = H.run_ddpd(spec, world, work, name="full").check_ok(world)
+    bad = full.out / "ckpt-8"
+    shutil.copy(full.out / "ckpt-4" / "optim-rank-1.safetensors", bad / "optim-rank-1.safetensors")
+    res = H.run_ddpd(spec, world, work, name="mixed", extra=["--resume", str(bad)])
+    assert res.rc == 2, res.describe()
+    msgs = [e["message"] for e in res.of("error", rank=1)]
+    assert msgs and "optim-rank-1.safetensors" in msgs[0] and "not rank 1's state of step 8" in msgs[0], msgs
+
+    bad = full.out / "ckpt-12"
+    (bad / "optim-rank-2.safetensors").unlink()
+    res = H.run_ddpd(spec, world, work, name="missing", extra=["--resume", str(bad)])
+    assert res.rc == 2, res.describe()
+    msgs = [e["message"] for e in res.of("error", rank=2)]
+    assert msgs and "optim-rank-2.safetensors" in msgs[0], msgs
