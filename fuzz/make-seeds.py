@@ -47,6 +47,7 @@ specs = {
                                ddp={"join": False, "bucket_cap_mb": 0.5}, init={"from": "w.safetensors"},
                                checkpoint={"every_steps": 10, "keep_last": 2}, log_every=5, max_restarts=2),
     "cuda_nccl": dict(base, device="cuda", ddp={"backend": "nccl", "join": True}),
+    "on_nonfinite": dict(base, on_nonfinite="continue"),
 }
 for name, s in specs.items():
     put("spec", name + ".json", json.dumps(s, indent=1))

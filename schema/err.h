@@ -24,7 +24,8 @@
     X(EAUTH,     401, 1, "unauthorized")                         \
     X(EBUSY,     503, 1, "busy")                                 \
     X(EINTERNAL, 500, 1, "internal error")                       \
-    X(EUNAVAIL,  503, 1, "store unavailable")
+    X(EUNAVAIL,  503, 1, "store unavailable")                    \
+    X(ENONFINITE, 500, 1, "non-finite loss")
 
 typedef enum {
 #define DDPD__ERR_ENUM(name, http, exit, text) DDPD_##name,

@@ -45,7 +45,8 @@ struct event {
     double seconds;           /* done */
     char path[EVENT_TEXT_MAX];    /* checkpoint */
     /* error */
-    char error_kind[16];      /* "spec", "data", "comm", "device", "cancelled", "internal" */
+    char error_kind[16];      /* "spec", "data", "comm", "device", "cancelled", "nonfinite",
+                               * "io", "internal" */
     char message[EVENT_TEXT_MAX]; /* error; state: error text if any */
     /* state */
     char state[16];

@@ -4,6 +4,7 @@
  * shape here; the worker resolves them against the data directory). */
 #include "spec.h"
 
+#include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,12 +21,13 @@ static const char *const data_names[] = {"synthetic", "npy", "csv"};
 static const char *const device_names[] = {"cpu", "cuda"};
 static const char *const backend_names[] = {"cpu", "nccl"};
 static const char *const precision_names[] = {"fp32", "tf32"};
+static const char *const nonfinite_names[] = {"fail", "continue"}; /* nonfinite_mode order */
 
 /* The keys each object may hold, in the order error messages list them. */
 static const char *const top_keys[] = {
     "name", "world_size", "device", "precision", "model", "loss", "optimizer", "data",
     "batch_size", "epochs", "steps", "grad_accum", "ddp", "init", "checkpoint", "log_every",
-    "max_restarts"};
+    "max_restarts", "on_nonfinite"};
 static const char *const linear_keys[] = {"type", "in", "out", "bias"};
 static const char *const activation_keys[] = {"type"};
 static const char *const sgd_keys[] = {"type", "lr", "momentum", "dampening",
@@ -811,6 +813,12 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
     if ((rc = get_int(err, root, "", "log_every", 1, INT64_MAX, false, &s->log_every)) ||
         (rc = get_int32(err, root, "", "max_restarts", 0, 100, &s->max_restarts)))
         return rc;
+    if (json_object_get(root, "on_nonfinite")) {
+        if ((rc = get_enum(err, root, "", "on_nonfinite", nonfinite_names, COUNT(nonfinite_names), true,
+                           &k)))
+            return rc;
+        s->on_nonfinite = (nonfinite_mode)k;
+    }
     return DDPD_OK;
 }
 
@@ -1011,6 +1019,7 @@ struct json_t *spec_to_json(const struct spec *s)
         &ok);
     put(j, "log_every", json_integer(s->log_every), &ok);
     put(j, "max_restarts", json_integer(s->max_restarts), &ok);
+    put(j, "on_nonfinite", json_string(nonfinite_names[s->on_nonfinite]), &ok);
     if (!ok) {
         json_decref(j);
         return NULL;
@@ -1106,4 +1115,32 @@ int64_t spec_shard_rows(int64_t rows, int rank, int world)
 int64_t spec_batches(int64_t rows, int64_t batch, bool drop_last)
 {
     return drop_last ? rows / batch : (rows + batch - 1) / batch;
+}
+
+ddpd_err spec_check_batch_counts(const struct spec *s, const int64_t *counts, struct ddpd_error *err)
+{
+    int uneven = -1, empty = -1, busy = -1;
+    for (int r = 0; r < s->world_size; r++) {
+        if (counts[r] != counts[0] && uneven < 0)
+            uneven = r;
+        if (counts[r] == 0 && empty < 0)
+            empty = r;
+        if (counts[r] > 0 && busy < 0)
+            busy = r;
+    }
+    if (uneven < 0 || s->ddp.join != JOIN_FALSE)
+        return DDPD_OK;
+    /* PyTorch runs a rank without inputs under join: it joins at once and shadows every
+     * step of the others. */
+    if (empty >= 0 && busy >= 0)
+        return ddpd_error_set(err, DDPD_ESPEC, "ddp.join",
+                              "ddp.join: rank %d has no batch of %" PRId64 " (its shard is empty%s) while rank %d "
+                              "has %" PRId64 "; with join \"auto\" or true it would join at once and shadow the "
+                              "others' steps, but join is false",
+                              empty, s->batch_size, s->data.drop_last ? " or smaller than a batch" : "", busy,
+                              counts[busy]);
+    return ddpd_error_set(err, DDPD_ESPEC, "ddp.join",
+                          "ddp.join: the ranks have uneven batch counts per epoch (rank 0: %" PRId64
+                          ", rank %d: %" PRId64 ") but join is false; use \"auto\" or true",
+                          counts[0], uneven, counts[uneven]);
 }

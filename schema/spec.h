@@ -24,6 +24,7 @@ typedef enum { DEVICE_CPU, DEVICE_CUDA } device_kind;
 typedef enum { JOIN_AUTO, JOIN_TRUE, JOIN_FALSE } join_mode;
 typedef enum { BACKEND_CPU, BACKEND_NCCL } comm_backend;
 typedef enum { PRECISION_FP32, PRECISION_TF32 } precision_kind;
+typedef enum { NONFINITE_FAIL, NONFINITE_CONTINUE } nonfinite_mode;
 
 /* One entry of `model`. For activations `in == out` = the width they act on
  * (filled in by the validator from the previous linear layer). */
@@ -84,6 +85,7 @@ struct spec {
     int64_t checkpoint_keep_last; /* newest ckpt-N folders kept, >= 1; default 3 */
     int64_t log_every;    /* default 1 */
     int max_restarts;     /* default 0 */
+    nonfinite_mode on_nonfinite; /* a NaN/inf loss: fail the job at that step (default) or train on */
 };
 
 struct spec_parse_opts {
@@ -120,6 +122,12 @@ char *spec_dumps(const struct spec *s);
  * short unless drop_last. The worker reads with these; the server plans with them. */
 int64_t spec_shard_rows(int64_t rows, int rank, int world);
 int64_t spec_batches(int64_t rows, int64_t batch, bool drop_last);
+
+/* With ddp.join false every rank must have the same number of batches per epoch
+ * (`counts`: world_size of them): DDPD_ESPEC naming ddp.join otherwise, with its own
+ * sentence for a rank without a batch (join would run it). The server, `ddpd run` and the
+ * ranks check with it. */
+ddpd_err spec_check_batch_counts(const struct spec *s, const int64_t *counts, struct ddpd_error *err);
 
 /* Parameter count of the model (weights + biases). */
 int64_t spec_param_count(const struct spec *s);

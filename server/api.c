@@ -54,6 +54,10 @@ static json_t *job_json(struct api *a, const struct store_job *j)
     json_object_set_new(o, "restarts", json_integer(j->restarts));
     json_object_set_new(o, "step", j->has_progress ? json_integer(j->step) : json_null());
     json_object_set_new(o, "loss", num_or_null(j->has_progress && j->loss_finite, j->loss));
+    /* A step with a null loss: it was NaN or infinite (the store keeps no non-finite
+     * number), which the dashboard marks. */
+    if (j->has_progress && !j->loss_finite)
+        json_object_set_new(o, "loss_nonfinite", json_true());
     json_object_set_new(o, "error", j->error[0] ? json_string(j->error) : json_null());
     /* Why the job was restarted, oldest first (store.h); its error is only a final one. */
     json_t *hist = j->restart_history ? json_loads(j->restart_history, 0, NULL) : NULL;
@@ -69,6 +73,8 @@ static json_t *job_json(struct api *a, const struct store_job *j)
         json_object_set_new(jr, "exit_code", r->has_exit_code ? json_integer(r->exit_code) : json_null());
         json_object_set_new(jr, "step", r->has_progress ? json_integer(r->step) : json_null());
         json_object_set_new(jr, "loss", num_or_null(r->has_progress && r->loss_finite, r->loss));
+        if (r->has_progress && !r->loss_finite)
+            json_object_set_new(jr, "loss_nonfinite", json_true());
         json_object_set_new(jr, "samples_per_s", num_or_null(r->has_progress, r->samples_per_s));
         json_array_append_new(ranks, jr);
     }
@@ -259,12 +265,8 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
         snprintf(err->path, sizeof err->path, "data");
     if (rc)
         return rc;
-    for (int r = 1; known && r < spec.world_size; r++)
-        if (counts[r] != counts[0] && spec.ddp.join == JOIN_FALSE)
-            return ddpd_error_set(err, DDPD_ESPEC, "ddp.join",
-                                  "the ranks would have uneven batch counts per epoch (rank 0: %" PRId64
-                                  ", rank %d: %" PRId64 ") but join is false; use \"auto\" or true",
-                                  counts[0], r, counts[r]);
+    if (known && (rc = spec_check_batch_counts(&spec, counts, err)))
+        return rc;
 
     struct submission *sub = calloc(1, sizeof *sub);
     if (!sub || !(sub->text = spec_dumps(&spec))) {

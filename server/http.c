@@ -96,6 +96,8 @@ const char *http_err_code(ddpd_err e)
         return "device_failure";
     case DDPD_ECANCELED:
         return "cancelled";
+    case DDPD_ENONFINITE:
+        return "nonfinite_loss";
     case DDPD_ENOTFOUND:
         return "not_found";
     case DDPD_EMETHOD:

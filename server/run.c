@@ -217,15 +217,10 @@ int run_main(int argc, char **argv, const char *self_dir)
         json_decref(doc);
         return err.code == DDPD_EDATA || err.code == DDPD_ESPEC ? 2 : 1;
     }
-    for (int r = 1; known && r < spec.world_size; r++) {
-        if (counts[r] != counts[0] && spec.ddp.join == JOIN_FALSE) {
-            fprintf(stderr,
-                    "ddpd run: %s: ddp.join: the ranks would have uneven batch counts per epoch "
-                    "(rank 0: %lld, rank %d: %lld) but join is false; use \"auto\" or true\n",
-                    spec_path, (long long)counts[0], r, (long long)counts[r]);
-            json_decref(doc);
-            return 2;
-        }
+    if (known && spec_check_batch_counts(&spec, counts, &err) != DDPD_OK) {
+        fprintf(stderr, "ddpd run: %s: %s\n", spec_path, err.message);
+        json_decref(doc);
+        return 2;
     }
 
     struct sigaction sa;

@@ -372,7 +372,7 @@
       ctx.textBaseline = 'top';
       this.markers.forEach((m, i) => {
         const x = Math.round(X(m.step)) + 0.5;
-        ctx.strokeStyle = m.kind === 'restart' ? '#c92a2a' : '#868e96';
+        ctx.strokeStyle = m.kind === 'restart' || m.kind === 'nonfinite' ? '#c92a2a' : '#868e96';
         ctx.beginPath();
         ctx.moveTo(x, PAD.top);
         ctx.lineTo(x, PAD.top + ph);

@@ -124,7 +124,7 @@
       const item = (k, v) => el('div', {class: 'summary-item'}, el('dt', {}, k), el('dd', {}, v));
       fill(summary,
         item('Progress', U.progress(j.step, total, j.state)),
-        item('Loss (mean)', el('span', {class: 'mono', id: 'job-loss'}, U.fmtLoss(j.loss))),
+        item('Loss (mean)', el('span', {class: 'mono', id: 'job-loss'}, U.lossCell(j.loss, j.loss_nonfinite))),
         item('Ranks', `${j.world_size} × ${j.device}`),
         item('Attempt', j.restarts ? `${j.attempt} (${j.restarts} restart${j.restarts === 1 ? '' : 's'})` : String(j.attempt || '—')),
         item('Started', el('span', {title: 'submitted ' + U.fmtTime(j.created_at)},
@@ -148,7 +148,7 @@
         el('td', {class: 'num mono'}, r.pid ? String(r.pid) : '—'),
         el('td', {}, r.state ? U.stateBadge(r.state) : '—'),
         el('td', {class: 'num'}, U.fmtInt(r.step)),
-        el('td', {class: 'num mono'}, U.fmtLoss(r.loss)),
+        el('td', {class: 'num mono'}, U.lossCell(r.loss, r.loss_nonfinite)),
         el('td', {class: 'num'}, U.fmtRate(r.samples_per_s)),
         el('td', {class: 'num'}, r.exit_code === null || r.exit_code === undefined ? '—' : String(r.exit_code)))));
       if (logTabs.childElementCount !== job.world_size) {
@@ -219,6 +219,8 @@
           /* A restart begins where the first loss of a later attempt is. */
           if (attemptSeen && ev.attempt > attemptSeen) chart.addMarker(ev.step, `restart (attempt ${ev.attempt})`, 'restart');
           attemptSeen = Math.max(attemptSeen, ev.attempt || 0);
+          /* A NaN or infinite loss leaves a gap in the lines: mark where it happened. */
+          if (ev.nonfinite) chart.addMarker(ev.step, `non-finite loss (rank ${ev.rank})`, 'nonfinite');
           if (withLoss) chart.addLoss(ev.rank, ev.step, ev.loss, ev.attempt);
           break;
         case 'join':

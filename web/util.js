@@ -63,6 +63,16 @@
     return String(Number(v.toPrecision(4)));
   }
 
+  /* A loss for a table cell: a non-finite one (the API's loss_nonfinite, an event's
+   * nonfinite) is marked in red rather than shown as a dash. */
+  function lossCell(v, nonfinite) {
+    if (nonfinite) {
+      return el('span', {class: 'loss-nonfinite', title: 'the loss is NaN or infinite: training diverged'},
+        '\u26a0 NaN/\u221e');
+    }
+    return fmtLoss(v);
+  }
+
   function fmtInt(v) {
     if (v === null || v === undefined) return '—';
     return Number(v).toLocaleString('en-US');
@@ -204,7 +214,7 @@
   }
 
   ddpd.util = {
-    el, append, clear, fill, isFinal, STATES, stateBadge, fmtLoss, fmtInt, fmtRate, fmtDuration,
+    el, append, clear, fill, isFinal, STATES, stateBadge, fmtLoss, lossCell, fmtInt, fmtRate, fmtDuration,
     fmtAge, fmtTime, jobDuration, batchesFromSpec, totalSteps, progress, every, toast, confirmDialog, now,
   };
 })();

@@ -70,7 +70,7 @@
           el('td', {}, U.stateBadge(j.state)),
           el('td', {}, `${j.world_size} × ${j.device}`),
           el('td', {class: 'col-progress'}, U.progress(j.step, total, j.state)),
-          el('td', {class: 'num mono'}, U.fmtLoss(j.loss)),
+          el('td', {class: 'num mono'}, U.lossCell(j.loss, j.loss_nonfinite)),
           el('td', {title: U.fmtTime(j.created_at)}, U.fmtAge(j.created_at)),
           el('td', {}, U.fmtDuration(U.jobDuration(j))));
         tr.addEventListener('click', (e) => {

@@ -20,70 +20,11 @@
 
 static float *host_buffer(int64_t n) { return malloc((size_t)n * sizeof(float)); }
 
-static ddpd_err write_pair(const char *model_path, const char *optim_path, struct model *m,
-                           struct optim *o, const struct train_pos *pos, struct ddpd_error *err)
+int ckpt_rank_file(char *out, size_t cap, const char *what, int rank)
 {
-    struct dev dev = model_dev(m);
-    int np = model_param_count(m);
-    int ns = optim_state_count(o);
-    struct st_tensor *t = calloc((size_t)(np > ns ? np : ns) + 1, sizeof *t);
-    float **host = calloc((size_t)(np + ns) + 1, sizeof *host);
-    ddpd_err rc = DDPD_ENOMEM;
-    if (!t || !host)
-        goto out;
-
-    for (int i = 0; i < np; i++) {
-        struct param *p = model_param(m, i);
-        host[i] = host_buffer(p->numel);
-        if (!host[i])
-            goto out;
-        dev.ops->to_host(dev.ctx, host[i], p->data, (size_t)p->numel * sizeof(float));
-        snprintf(t[i].name, sizeof t[i].name, "%s", p->name);
-        t[i].ndim = p->ndim;
-        t[i].shape[0] = p->shape[0];
-        t[i].shape[1] = p->shape[1];
-        t[i].data = host[i];
-    }
-    char step[32], epoch[32], estep[32], osteps[32];
-    snprintf(step, sizeof step, "%" PRId64, pos->step);
-    snprintf(epoch, sizeof epoch, "%" PRId64, pos->epoch);
-    snprintf(estep, sizeof estep, "%" PRId64, pos->epoch_step);
-    snprintf(osteps, sizeof osteps, "%" PRId64, optim_steps(o));
-    struct st_meta meta[] = {
-        {"format", CKPT_FORMAT}, {"step", step}, {"epoch", epoch}, {"epoch_step", estep},
-        {"optim_steps", osteps},
-    };
-    int nmeta = (int)(sizeof meta / sizeof meta[0]);
-    rc = st_write(model_path, t, np, meta, nmeta, err);
-    if (rc)
-        goto out;
-
-    for (int i = 0; i < ns; i++) {
-        const struct param *like;
-        char name[128];
-        float *d = optim_state_at(o, i, name, sizeof name, &like);
-        float **h = &host[np + i];
-        *h = host_buffer(like->numel);
-        rc = DDPD_ENOMEM;
-        if (!*h)
-            goto out;
-        dev.ops->to_host(dev.ctx, *h, d, (size_t)like->numel * sizeof(float));
-        snprintf(t[i].name, sizeof t[i].name, "%s", name);
-        t[i].ndim = like->ndim;
-        t[i].shape[0] = like->shape[0];
-        t[i].shape[1] = like->shape[1];
-        t[i].data = *h;
-    }
-    rc = st_write(optim_path, t, ns, meta, nmeta, err);
-out:
-    if (rc == DDPD_ENOMEM)
-        ddpd_error_set(err, rc, model_path, "out of memory while writing a checkpoint");
-    if (host)
-        for (int i = 0; i < np + ns; i++)
-            free(host[i]);
-    free(host);
-    free(t);
-    return rc;
+    int n = rank == 0 ? snprintf(out, cap, "%s.safetensors", what)
+                      : snprintf(out, cap, "%s-rank-%d.safetensors", what, rank);
+    return n >= 0 && (size_t)n < cap ? 0 : -1;
 }
 
 /* dir/file into out; false when it does not fit. */
@@ -91,6 +32,104 @@ static bool join_path(char *out, size_t cap, const char *dir, const char *file)
 {
     int n = snprintf(out, cap, "%s/%s", dir, file);
     return n >= 0 && (size_t)n < cap;
+}
+
+/* The metadata every file of a checkpoint holds (strings in `buf`). */
+struct meta_text {
+    char step[32], epoch[32], estep[32], osteps[32], ws[32], rk[32];
+    struct st_meta kv[9];
+};
+
+static int meta_fill(struct meta_text *t, struct optim *o, const struct train_pos *pos, int rank,
+                     int world, bool per_rank, bool replicas)
+{
+    snprintf(t->step, sizeof t->step, "%" PRId64, pos->step);
+    snprintf(t->epoch, sizeof t->epoch, "%" PRId64, pos->epoch);
+    snprintf(t->estep, sizeof t->estep, "%" PRId64, pos->epoch_step);
+    snprintf(t->osteps, sizeof t->osteps, "%" PRId64, optim_steps(o));
+    snprintf(t->ws, sizeof t->ws, "%d", world);
+    snprintf(t->rk, sizeof t->rk, "%d", rank);
+    const struct st_meta kv[] = {
+        {"format", CKPT_FORMAT}, {"step", t->step}, {"epoch", t->epoch}, {"epoch_step", t->estep},
+        {"optim_steps", t->osteps}, {"world_size", t->ws}, {"rank", t->rk},
+        {"per_rank", per_rank ? "true" : "false"}, {"replicas", replicas ? "true" : "false"},
+    };
+    memcpy(t->kv, kv, sizeof kv);
+    return (int)(sizeof kv / sizeof kv[0]);
+}
+
+/* Writes the model's weights (state = false) or the optimizer's state tensors to path. */
+static ddpd_err write_one(const char *path, struct model *m, struct optim *o, bool state,
+                          const struct meta_text *meta, int nmeta, struct ddpd_error *err)
+{
+    struct dev dev = model_dev(m);
+    int n = state ? optim_state_count(o) : model_param_count(m);
+    struct st_tensor *t = calloc((size_t)n + 1, sizeof *t);
+    float **host = calloc((size_t)n + 1, sizeof *host);
+    ddpd_err rc = DDPD_ENOMEM;
+    if (!t || !host)
+        goto out;
+    for (int i = 0; i < n; i++) {
+        const struct param *like;
+        float *d;
+        if (state) {
+            d = optim_state_at(o, i, t[i].name, sizeof t[i].name, &like);
+        } else {
+            struct param *p = model_param(m, i);
+            like = p;
+            d = p->data;
+            snprintf(t[i].name, sizeof t[i].name, "%s", p->name);
+        }
+        host[i] = host_buffer(like->numel);
+        if (!host[i])
+            goto out;
+        dev.ops->to_host(dev.ctx, host[i], d, (size_t)like->numel * sizeof(float));
+        t[i].ndim = like->ndim;
+        t[i].shape[0] = like->shape[0];
+        t[i].shape[1] = like->shape[1];
+        t[i].data = host[i];
+    }
+    rc = st_write(path, t, n, meta->kv, nmeta, err);
+out:
+    if (rc == DDPD_ENOMEM)
+        ddpd_error_set(err, rc, path, "%s: out of memory while writing a checkpoint", path);
+    if (host)
+        for (int i = 0; i < n; i++)
+            free(host[i]);
+    free(host);
+    free(t);
+    return rc;
+}
+
+ddpd_err ckpt_write_rank(const char *dir, struct model *m, struct optim *o,
+                         const struct train_pos *pos, int rank, int world, bool with_model,
+                         bool per_rank, bool replicas, struct ddpd_error *err)
+{
+    char path[4096], file[64];
+    struct meta_text meta;
+    replicas = replicas && per_rank;
+    int nmeta = meta_fill(&meta, o, pos, rank, world, per_rank, replicas);
+    ddpd_err rc = DDPD_OK;
+    if (with_model) {
+        if (!join_path(path, sizeof path, dir, "model.safetensors"))
+            goto long_name;
+        if ((rc = write_one(path, m, o, false, &meta, nmeta, err)))
+            return rc;
+    }
+    if (rank == 0 || per_rank) {
+        if (ckpt_rank_file(file, sizeof file, "optim", rank) || !join_path(path, sizeof path, dir, file))
+            goto long_name;
+        if ((rc = write_one(path, m, o, true, &meta, nmeta, err)))
+            return rc;
+    }
+    if (rank > 0 && replicas) {
+        if (ckpt_rank_file(file, sizeof file, "model", rank) || !join_path(path, sizeof path, dir, file))
+            goto long_name;
+        rc = write_one(path, m, o, false, &meta, nmeta, err);
+    }
+    return rc;
+long_name:
+    return ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
 }
 
 static int fsync_dir(const char *dir)
@@ -103,23 +142,11 @@ static int fsync_dir(const char *dir)
     return rc;
 }
 
-ddpd_err ckpt_save_files(const char *dir, struct model *m, struct optim *o,
-                         const struct train_pos *pos, struct ddpd_error *err)
+ddpd_err ckpt_dir_begin(const char *dir, char *tmp, size_t cap, struct ddpd_error *err)
 {
-    char mp[4096], op[4096];
-    if (!join_path(mp, sizeof mp, dir, "model.safetensors") ||
-        !join_path(op, sizeof op, dir, "optim.safetensors"))
+    int n = snprintf(tmp, cap, "%s.tmp", dir);
+    if (n < 0 || (size_t)n >= cap || strlen(dir) + 64 >= 4096)
         return ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
-    return write_pair(mp, op, m, o, pos, err);
-}
-
-ddpd_err ckpt_save_dir(const char *dir, struct model *m, struct optim *o,
-                       const struct train_pos *pos, struct ddpd_error *err)
-{
-    char tmp[4096], parent[4096];
-    if (!join_path(tmp, sizeof tmp - 4, dir, "") )
-        return ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
-    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
     struct stat st;
     if (stat(dir, &st) == 0)
         return ddpd_error_set(err, DDPD_EIO, dir, "%s: checkpoint directory already exists", dir);
@@ -138,11 +165,15 @@ ddpd_err ckpt_save_dir(const char *dir, struct model *m, struct optim *o,
             return ddpd_error_set(err, DDPD_EIO, tmp, "%s: cannot remove a torn checkpoint: %s", tmp,
                                   strerror(errno));
     }
-    if (mkdir(tmp, 0755) != 0)
+    /* Only the job's owner reads its checkpoints (the files inside are 0600 too). */
+    if (mkdir(tmp, 0700) != 0)
         return ddpd_error_set(err, DDPD_EIO, tmp, "%s: cannot create: %s", tmp, strerror(errno));
-    ddpd_err rc = ckpt_save_files(tmp, m, o, pos, err);
-    if (rc)
-        return rc;
+    return DDPD_OK;
+}
+
+ddpd_err ckpt_dir_commit(const char *tmp, const char *dir, struct ddpd_error *err)
+{
+    char parent[4096];
     if (rename(tmp, dir) != 0)
         return ddpd_error_set(err, DDPD_EIO, dir, "%s: cannot rename from %s: %s", dir, tmp,
                               strerror(errno));
@@ -154,6 +185,24 @@ ddpd_err ckpt_save_dir(const char *dir, struct model *m, struct optim *o,
         snprintf(parent, sizeof parent, "%s", slash ? "/" : ".");
     fsync_dir(parent);
     return DDPD_OK;
+}
+
+ddpd_err ckpt_save_files(const char *dir, struct model *m, struct optim *o,
+                         const struct train_pos *pos, struct ddpd_error *err)
+{
+    return ckpt_write_rank(dir, m, o, pos, 0, 1, true, false, false, err);
+}
+
+ddpd_err ckpt_save_dir(const char *dir, struct model *m, struct optim *o,
+                       const struct train_pos *pos, struct ddpd_error *err)
+{
+    char tmp[4096];
+    ddpd_err rc = ckpt_dir_begin(dir, tmp, sizeof tmp, err);
+    if (!rc)
+        rc = ckpt_save_files(tmp, m, o, pos, err);
+    if (!rc)
+        rc = ckpt_dir_commit(tmp, dir, err);
+    return rc;
 }
 
 /* Copies the tensors of `f` into the model's parameters, checking that the names and
@@ -220,28 +269,47 @@ static int meta_i64(const struct st_file *f, const char *key, int64_t *out)
     return 0;
 }
 
-ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, struct train_pos *pos,
-                       struct ddpd_error *err)
+/* Reads a file of the checkpoint `dir` whose metadata must say rank `rank`, step `step`. */
+static struct st_file *read_rank_file(const char *dir, const char *what, int rank, int64_t step,
+                                      char *path, size_t cap, struct ddpd_error *err)
 {
-    char mp[4096], op[4096];
-    if (!join_path(mp, sizeof mp, dir, "model.safetensors") ||
-        !join_path(op, sizeof op, dir, "optim.safetensors"))
-        return ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
-    struct st_file *mf = NULL, *of = NULL;
+    char file[64];
+    if (ckpt_rank_file(file, sizeof file, what, rank) || !join_path(path, cap, dir, file)) {
+        ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
+        return NULL;
+    }
+    struct st_file *f = st_read(path, err);
+    int64_t frank = -1, fstep = -1;
+    if (f && (meta_i64(f, "rank", &frank) || meta_i64(f, "step", &fstep) || frank != rank || fstep != step)) {
+        ddpd_error_set(err, DDPD_EDATA, path,
+                       "%s: not rank %d's state of step %" PRId64 " (metadata rank/step missing or different)",
+                       path, rank, step);
+        st_free(f);
+        return NULL;
+    }
+    return f;
+}
+
+ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, int rank, int world,
+                       struct train_pos *pos, struct ddpd_error *err)
+{
+    char mp[4096], op[4096], rp[4096];
+    struct st_file *mf = NULL, *ofile = NULL, *rf = NULL;
     ddpd_err rc;
-    int64_t osteps = 0;
+    int64_t osteps = 0, ws = 0;
     struct stat dst;
+
     if (stat(dir, &dst) != 0 && errno == ENOENT) /* pruned by checkpoint.keep_last, or a typo */
         return jobdir_missing_ckpt(dir, err);
-
+    if (!join_path(mp, sizeof mp, dir, "model.safetensors")) {
+        rc = ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
+        goto out;
+    }
     mf = st_read(mp, err);
     if (!mf) {
         rc = err ? err->code : DDPD_EDATA;
         goto out;
     }
-    rc = load_params(m, mf, mp, err);
-    if (rc)
-        goto out;
     const char *fmt = st_meta_get(mf, "format");
     if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0 || meta_i64(mf, "step", &pos->step) ||
         meta_i64(mf, "epoch", &pos->epoch) || meta_i64(mf, "epoch_step", &pos->epoch_step) ||
@@ -250,10 +318,47 @@ ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, struct
                             "%s: not a ddpd checkpoint (metadata format/step/epoch/epoch_step missing)", mp);
         goto out;
     }
-
-    of = st_read(op, err);
-    if (!of) {
+    /* A checkpoint from before world_size was recorded holds rank 0's state only, which
+     * every rank then loads, as it always did. */
+    bool legacy = st_meta_get(mf, "world_size") == NULL;
+    if (!legacy && (meta_i64(mf, "world_size", &ws) || ws < 1)) {
+        rc = ddpd_error_set(err, DDPD_EDATA, mp, "%s: metadata world_size is not a positive integer", mp);
+        goto out;
+    }
+    if (!legacy && ws != world) {
+        rc = ddpd_error_set(err, DDPD_ESPEC, "world_size",
+                            "world_size: the checkpoint %s was written by %" PRId64
+                            " rank%s; resuming needs the same world size, got %d",
+                            dir, ws, ws == 1 ? "" : "s", world);
+        goto out;
+    }
+    /* With per-rank state each rank continues from its own replica and optimizer state:
+     * ranks that joined early stepped less often (DDP.md §4.5). */
+    const char *pr = st_meta_get(mf, "per_rank"), *rr = st_meta_get(mf, "replicas");
+    bool per_rank = !legacy && pr && strcmp(pr, "true") == 0;
+    bool replicas = per_rank && rr && strcmp(rr, "true") == 0;
+    int from = per_rank ? rank : 0;
+    if (replicas && rank > 0) {
+        rf = read_rank_file(dir, "model", rank, pos->step, rp, sizeof rp, err);
+        if (!rf) {
+            rc = err ? err->code : DDPD_EDATA;
+            goto out;
+        }
+        rc = load_params(m, rf, rp, err);
+    } else {
+        rc = load_params(m, mf, mp, err);
+    }
+    if (rc)
+        goto out;
+    ofile = legacy ? NULL : read_rank_file(dir, "optim", from, pos->step, op, sizeof op, err);
+    if (legacy && join_path(op, sizeof op, dir, "optim.safetensors"))
+        ofile = st_read(op, err);
+    if (!ofile) {
         rc = err ? err->code : DDPD_EDATA;
+        goto out;
+    }
+    if (!legacy && meta_i64(ofile, "optim_steps", &osteps)) {
+        rc = ddpd_error_set(err, DDPD_EDATA, op, "%s: metadata optim_steps missing", op);
         goto out;
     }
     struct dev dev = model_dev(m);
@@ -261,7 +366,7 @@ ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, struct
         const struct param *like;
         char name[128];
         float *d = optim_state_at(o, i, name, sizeof name, &like);
-        const struct st_tensor *t = st_get(of, name);
+        const struct st_tensor *t = st_get(ofile, name);
         int64_t n = 1;
         for (int k = 0; t && k < t->ndim; k++)
             n *= t->shape[k];
@@ -276,7 +381,8 @@ ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, struct
     rc = DDPD_OK;
 out:
     st_free(mf);
-    st_free(of);
+    st_free(rf);
+    st_free(ofile);
     return rc;
 }
 

@@ -555,9 +555,11 @@ static void shape_text(char *out, size_t cap, const struct npy *h)
 
 enum npy_role { NPY_X, NPY_Y_MSE, NPY_Y_CE };
 
-/* Checks an .npy header's dtype and shape against its role and the model. Sets *rows. */
+/* Checks an .npy header's dtype and shape against its role and the model. Sets *rows.
+ * `empty_ok`: zero rows are allowed (a rank's own {rank} file: that rank joins at once
+ * and shadows the others, as PyTorch's DDP runs a rank without inputs). */
 static ddpd_err npy_check(const struct dfile *f, const struct npy *h, enum npy_role role,
-                          const struct spec *s, int64_t *rows, struct ddpd_error *err)
+                          const struct spec *s, bool empty_ok, int64_t *rows, struct ddpd_error *err)
 {
     int fi = first_linear(s), li = last_linear(s);
     int64_t in = s->layers[fi].in, out = s->layers[li].out;
@@ -572,7 +574,7 @@ static ddpd_err npy_check(const struct dfile *f, const struct npy *h, enum npy_r
                     "dtype '%s': cross_entropy targets are integer class ids "
                     "(int32 '<i4' or int64 '<i8')",
                     h->descr);
-    if (h->ndim < 1 || h->shape[0] < 1)
+    if (h->ndim < 1 || (h->shape[0] < 1 && !empty_ok))
         return fail(err, DDPD_EDATA, f->name, "no samples: shape %s", sh);
     *rows = h->shape[0];
     if (role == NPY_X) {
@@ -836,7 +838,7 @@ static void layout_free(struct csv_layout *lo)
 /* Reads the header, maps columns to inputs and targets and counts the data rows,
  * checking every row has the header's number of fields. */
 static ddpd_err csv_scan(const char *name, const char *buf, int64_t len, const struct spec *s,
-                         struct csv_layout *lo, struct ddpd_error *err)
+                         bool empty_ok, struct csv_layout *lo, struct ddpd_error *err)
 {
     struct csv c = {buf, buf + len, 1, 0, NULL};
     char text[CSV_MAX_CELL];
@@ -930,7 +932,7 @@ static ddpd_err csv_scan(const char *name, const char *buf, int64_t len, const s
                             n, lo->ncols);
         lo->rows++;
     }
-    if (lo->rows == 0)
+    if (lo->rows == 0 && !empty_ok) /* empty_ok: a {rank} file, as for npy_check */
         return fail(err, DDPD_EDATA, name, "no data rows after the header");
     return DDPD_OK;
 }
@@ -1276,11 +1278,11 @@ static ddpd_err open_npy(struct dataset *ds, const struct spec *s, const char *d
         return fail(err, DDPD_ESPEC, rx ? "data.y" : "data.x", "x and y must both hold {rank} or neither");
     ds->hold = rx ? HOLD_PER_RANK : HOLD_WHOLE;
     if ((rc = file_open(&fx, data_dir, "data.x", s->data.x, ds->rank, err)) ||
-        (rc = npy_header(&fx, &hx, err)) || (rc = npy_check(&fx, &hx, NPY_X, s, &nx, err)))
+        (rc = npy_header(&fx, &hx, err)) || (rc = npy_check(&fx, &hx, NPY_X, s, rx, &nx, err)))
         goto out;
     if ((rc = file_open(&fy, data_dir, "data.y", s->data.y, ds->rank, err)) ||
         (rc = npy_header(&fy, &hy, err)) ||
-        (rc = npy_check(&fy, &hy, ds->ce ? NPY_Y_CE : NPY_Y_MSE, s, &ny, err)))
+        (rc = npy_check(&fy, &hy, ds->ce ? NPY_Y_CE : NPY_Y_MSE, s, ry, &ny, err)))
         goto out;
     if (nx != ny) {
         rc = fail(err, DDPD_EDATA, fy.name, "y has %" PRId64 " rows but %s has %" PRId64, ny, fx.name, nx);
@@ -1306,7 +1308,8 @@ static ddpd_err open_csv(struct dataset *ds, const struct spec *s, const char *d
     ddpd_err rc;
     ds->hold = has_rank(s->data.path) ? HOLD_PER_RANK : HOLD_WHOLE;
     if ((rc = file_open(&f, data_dir, "data.path", s->data.path, ds->rank, err)) ||
-        (rc = read_whole(&f, &buf, err)) || (rc = csv_scan(f.name, buf, f.size, s, &lo, err)) ||
+        (rc = read_whole(&f, &buf, err)) ||
+        (rc = csv_scan(f.name, buf, f.size, s, ds->hold == HOLD_PER_RANK, &lo, err)) ||
         (rc = ds_alloc(ds, lo.rows, DDPD_EDATA, f.name, err)) ||
         (rc = csv_fill(f.name, buf, f.size, &lo, ds, err)))
         goto out;
@@ -1461,9 +1464,9 @@ static ddpd_err count_rows(const struct spec *s, const char *data_dir, int64_t *
         if (has_rank(s->data.x) || has_rank(s->data.y))
             break;
         if ((rc = file_open(&f, data_dir, "data.x", s->data.x, 0, err)) || (rc = npy_header(&f, &h, err)) ||
-            (rc = npy_check(&f, &h, NPY_X, s, rows, err)) ||
+            (rc = npy_check(&f, &h, NPY_X, s, false, rows, err)) ||
             (rc = file_open(&g, data_dir, "data.y", s->data.y, 0, err)) || (rc = npy_header(&g, &hy, err)) ||
-            (rc = npy_check(&g, &hy, s->loss == LOSS_CROSS_ENTROPY ? NPY_Y_CE : NPY_Y_MSE, s, &ny, err)))
+            (rc = npy_check(&g, &hy, s->loss == LOSS_CROSS_ENTROPY ? NPY_Y_CE : NPY_Y_MSE, s, false, &ny, err)))
             goto out;
         if (ny != *rows)
             rc = fail(err, DDPD_EDATA, g.name, "y has %" PRId64 " rows but %s has %" PRId64, ny, f.name,
@@ -1473,7 +1476,7 @@ static ddpd_err count_rows(const struct spec *s, const char *data_dir, int64_t *
         if (has_rank(s->data.path))
             break;
         if ((rc = file_open(&f, data_dir, "data.path", s->data.path, 0, err)) ||
-            (rc = read_whole(&f, &buf, err)) || (rc = csv_scan(f.name, buf, f.size, s, &lo, err)))
+            (rc = read_whole(&f, &buf, err)) || (rc = csv_scan(f.name, buf, f.size, s, false, &lo, err)))
             goto out;
         *rows = lo.rows;
         goto out;

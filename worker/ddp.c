@@ -226,7 +226,8 @@ struct ddp *ddp_new(struct model *model, struct comm *comm, const struct ddp_opt
         ddpd_error_set(err, DDPD_ESPEC, "model", "DDP needs a model with trainable parameters");
         goto fail;
     }
-    if (check_same_model(d, err) || broadcast_params(d, 0, err) || build_buckets(d, err))
+    if (check_same_model(d, err) || (!opts->keep_params && broadcast_params(d, 0, err)) ||
+        build_buckets(d, err))
         goto fail;
     return d;
 fail:
@@ -355,6 +356,12 @@ void ddp_no_sync_exit(struct ddp *d, bool prev) { d->require_sync = prev; }
 
 ddpd_err ddp_join(struct ddp *d, int64_t *shadowed, struct ddpd_error *err)
 {
+    return ddp_join_each(d, NULL, NULL, shadowed, err);
+}
+
+ddpd_err ddp_join_each(struct ddp *d, ddp_step_hook hook, void *ctx, int64_t *shadowed,
+                       struct ddpd_error *err)
+{
     ddpd_err rc = DDPD_OK;
     int64_t n = 0;
     if (d->opts.join) {
@@ -374,6 +381,9 @@ ddpd_err ddp_join(struct ddp *d, int64_t *shadowed, struct ddpd_error *err)
                     goto out;
             }
             n++;
+            /* The live ranks' own collectives after their optimizer step. */
+            if (hook && (rc = hook(ctx, n, err)))
+                goto out;
         }
     }
     /* Final sync (DDP.md §4.5): the last joiner is the highest rank among those that

@@ -28,13 +28,16 @@ struct ddp_opts {
     double bucket_cap_mb;               /* default 25; the first bucket is capped at 1 MiB */
     bool join;                          /* join mode: per-step notifications, shadowing */
     bool divide_by_initial_world_size;  /* join's divisor: W (true) or the live ranks */
+    bool keep_params;                   /* skip the construction broadcast: every rank
+                                         * resumes its own replica from a checkpoint
+                                         * (replicas differ between joins, DDP.md §4.5) */
 };
 
 struct ddp;
 
 /* Construction, collective on every rank (DDP.md §1.2): all-gathers the parameter count
  * and the shapes and fails on every rank with the same message when any rank's model
- * differs; broadcasts rank 0's parameters; lays gradients out as views into flat buckets
+ * differs; broadcasts rank 0's parameters (unless opts->keep_params); lays gradients out as views into flat buckets
  * over the parameters in reverse registration order (first bucket <= 1 MiB, then
  * bucket_cap_mb). `model` and `comm` are borrowed and must outlive the ddp. */
 struct ddp *ddp_new(struct model *model, struct comm *comm, const struct ddp_opts *opts,
@@ -65,6 +68,15 @@ void ddp_no_sync_exit(struct ddp *d, bool prev);
  * the most steps) so that all replicas are equal. *shadowed = steps shadowed here. In
  * non-join mode only the final parameter sync runs. */
 ddpd_err ddp_join(struct ddp *d, int64_t *shadowed, struct ddpd_error *err);
+
+/* ddp_join that calls hook(ctx, n, err) after the n-th shadowed step (n from 1), where
+ * the live ranks have finished that step's all-reduces and run their optimizer step:
+ * the place for the collectives a training loop issues after every step (a loss check,
+ * a checkpoint), so that a joined rank pairs with them. A hook's error ends the join
+ * and is returned. hook may be NULL. */
+typedef ddpd_err (*ddp_step_hook)(void *ctx, int64_t n, struct ddpd_error *err);
+ddpd_err ddp_join_each(struct ddp *d, ddp_step_hook hook, void *ctx, int64_t *shadowed,
+                       struct ddpd_error *err);
 
 /* The bucket plan, for tests and logs: bucket count, and for bucket b its parameter
  * indices in layout order (written into idx, at most cap) and its size in bytes. */

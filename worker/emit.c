@@ -86,6 +86,7 @@ const char *emit_error_kind(ddpd_err code)
     case DDPD_ECOMM: return "comm";
     case DDPD_EDEVICE: return "device";
     case DDPD_ECANCELED: return "cancelled";
+    case DDPD_ENONFINITE: return "nonfinite";
     case DDPD_EIO: return "io";
     default: return "internal";
     }

@@ -227,7 +227,7 @@ ddpd_err st_write(const char *path, const struct st_tensor *t, int n, const stru
     for (int i = 0; i < 8; i++)
         len8[i] = (unsigned char)(len >> (8 * i));
 
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* weights are the owner's */
     if (fd < 0)
         goto io;
     made_tmp = true;

@@ -38,11 +38,12 @@ static ddpd_err mkdir_p(const char *path, struct ddpd_error *err)
         if (*p != '/')
             continue;
         *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
             return ddpd_error_set(err, DDPD_EIO, path, "%s: cannot create: %s", buf, strerror(errno));
         *p = '/';
     }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+    /* Checkpoints are the job owner's: folders 0700, files 0600 (checkpoint.h). */
+    if (mkdir(buf, 0700) != 0 && errno != EEXIST)
         return ddpd_error_set(err, DDPD_EIO, path, "%s: cannot create: %s", buf, strerror(errno));
     return DDPD_OK;
 }
@@ -73,9 +74,10 @@ struct run {
     struct optim *o;
     struct ddp *ddp;
     bool join;
+    bool said_pruned; /* the keep_last note is logged once per run */
     int64_t in, out, nb, max_nb, total;
     float *hx, *hy, *x, *y, *dpred, *dloss; /* dloss: one loss per micro-batch of a step */
-    float *hloss;
+    float *hloss, *hcheck; /* hcheck: the step's losses read for on_nonfinite */
     int32_t *hl, *labels;
 };
 
@@ -106,11 +108,8 @@ static ddpd_err agree_on_batches(struct run *r, struct ddpd_error *err)
             if (counts[i] != counts[0] && uneven_rank < 0)
                 uneven_rank = i;
         }
-        if (uneven_rank >= 0 && s->ddp.join == JOIN_FALSE)
-            return ddpd_error_set(err, DDPD_ESPEC, "ddp.join",
-                                  "ddp.join: the ranks have uneven batch counts (rank 0: %" PRId64
-                                  ", rank %d: %" PRId64 ") but join is false; use \"auto\" or true",
-                                  counts[0], uneven_rank, counts[uneven_rank]);
+        if ((rc = spec_check_batch_counts(s, counts, err)))
+            return rc;
         r->join = s->ddp.join == JOIN_TRUE || (s->ddp.join == JOIN_AUTO && uneven_rank >= 0);
     }
     if (r->max_nb == 0)
@@ -199,32 +198,179 @@ static void log_start(struct run *r, struct pending_log *p, const struct pending
     log_finish(r, p, t_log, last_loss);
 }
 
-/* Writes OUT/ckpt-STEP when the job folder has room for it under the disk quota, then
- * deletes the oldest checkpoints beyond checkpoint.keep_last (only now: the new one is
- * complete, so there are never fewer than keep_last). */
-static ddpd_err save_checkpoint(struct run *r, const struct train_pos *pos, struct ddpd_error *err)
+/* Deletes the oldest checkpoints beyond checkpoint.keep_last, newest = the one just
+ * written. A failure is only a warning: the disk quota is the hard limit. */
+static void prune_checkpoints(struct run *r, int64_t newest)
 {
-    char dir[4096], what[64];
-    snprintf(dir, sizeof dir, "%s/ckpt-%" PRId64, r->cfg->out_dir, pos->step);
-    snprintf(what, sizeof what, "checkpoint ckpt-%" PRId64, pos->step);
-    ddpd_err rc = jobdir_check_quota(r->cfg->out_dir, r->cfg->disk_quota, ckpt_bytes_bound(r->m, r->o), what,
-                                     err);
-    if (!rc)
-        rc = ckpt_save_dir(dir, r->m, r->o, pos, err);
-    if (rc)
-        return rc;
-    emit_checkpoint(r->cfg->rank, pos->step, dir);
     struct ddpd_error perr;
     int pruned = 0;
-    if (jobdir_prune(r->cfg->out_dir, r->s->checkpoint_keep_last, pos->step, &pruned, &perr) != DDPD_OK)
+    if (jobdir_prune(r->cfg->out_dir, r->s->checkpoint_keep_last, newest, &pruned, &perr) != DDPD_OK)
         emit_log("warning: old checkpoints not pruned (the disk quota still holds): %s", perr.message);
-    static bool said; /* once per run: a line per checkpoint would grow the log without end */
-    if (pruned && !said) {
-        said = true;
+    if (pruned && !r->said_pruned) { /* once per run: a line per checkpoint would grow the log */
+        r->said_pruned = true;
         emit_log("checkpoint.keep_last %" PRId64 ": older checkpoints are deleted as newer ones are written",
                  r->s->checkpoint_keep_last);
     }
+}
+
+/* A collective's failure, after which the caller's own error (if any) stays in err. */
+static ddpd_err comm_failed(ddpd_err rc, const struct ddpd_error *cerr, struct ddpd_error *err)
+{
+    if (err)
+        *err = *cerr;
+    return rc;
+}
+
+/* Writes a checkpoint at `pos`: the folder OUT/ckpt-STEP, or with `final` the run's final
+ * files in OUT. Collective (every rank calls it at the same point): rank 0 makes the
+ * temporary folder; every rank writes its own optimizer state (ranks that joined early
+ * stepped less often, so theirs differs: DDP.md §4.5); the lowest rank that ran this
+ * step itself writes the weights (a joined rank's are stale until the final sync); once
+ * every rank has reported success, rank 0 renames the folder into place and emits the
+ * event. A failure on any rank fails every rank, naming it. */
+static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, bool live, bool final,
+                                 struct ddpd_error *err)
+{
+    const struct train_config *cfg = r->cfg;
+    const int rank = cfg->rank, W = cfg->world_size;
+    struct train_pos at = *pos;
+    struct ddpd_error cerr;
+    char dir[4096], tmp[4096 + 8];
+    int64_t *all = NULL;
+    int writer = 0;
+    ddpd_err rc = DDPD_OK, crc;
+
+    /* A checkpoint taken as the epoch ends resumes at the start of the next one, after
+     * the join's final sync has made the replicas equal: each rank then resumes from
+     * the weights of the writer, one of the last joiners. Inside an epoch a rank that
+     * stepped less often holds a replica of its own. */
+    bool replicas = !final;
+    if (!final && at.epoch_step >= train_steps_per_epoch(r->max_nb, r->s->grad_accum)) {
+        at.epoch++;
+        at.epoch_step = 0;
+        replicas = false;
+    }
+    if (final)
+        snprintf(dir, sizeof dir, "%s", cfg->out_dir);
+    else if (snprintf(dir, sizeof dir, "%s/ckpt-%" PRId64, cfg->out_dir, at.step) >= (int)sizeof dir - 8)
+        rc = ddpd_error_set(err, DDPD_EIO, cfg->out_dir, "%s: output directory name too long", cfg->out_dir);
+    if (final)
+        snprintf(tmp, sizeof tmp, "%s", dir);
+    else
+        snprintf(tmp, sizeof tmp, "%s.tmp", dir);
+    /* The disk quota is checked before a byte is written; with per-rank state every
+     * rank adds its own files, so the bound counts every rank. */
+    if (!rc && rank == 0) {
+        char what[64];
+        if (final)
+            snprintf(what, sizeof what, "the final model");
+        else
+            snprintf(what, sizeof what, "checkpoint ckpt-%" PRId64, at.step);
+        int64_t bound = ckpt_bytes_bound(r->m, r->o);
+        if (r->join && W > 1)
+            bound = bound > INT64_MAX / W ? INT64_MAX : bound * W;
+        rc = jobdir_check_quota(cfg->out_dir, cfg->disk_quota, bound, what, err);
+    }
+    if (!rc && !final && rank == 0)
+        rc = ckpt_dir_begin(dir, tmp, sizeof tmp, err);
+    if (cfg->comm) {
+        all = calloc((size_t)W * 2, sizeof *all);
+        if (!all)
+            return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory writing a checkpoint");
+        int64_t mine[2] = {live || final, rc};
+        if ((crc = comm_allgather(cfg->comm, mine, sizeof mine, all, &cerr))) {
+            rc = comm_failed(crc, &cerr, err);
+            goto out;
+        }
+        while (writer < W && !all[2 * writer])
+            writer++;
+        if (writer == W)
+            writer = 0; /* cannot happen: the step was run by some rank */
+        if (!rc && all[1] != DDPD_OK)
+            rc = ddpd_error_set(err, DDPD_EIO, tmp,
+                                "checkpoint of step %" PRId64 ": rank 0 could not start %s (rank 0's error says why)",
+                                at.step, tmp);
+    }
+    if (rc)
+        goto out;
+    rc = ckpt_write_rank(tmp, r->m, r->o, &at, rank, W, rank == writer, r->join, replicas, err);
+    if (cfg->comm) {
+        int64_t mine = rc;
+        if ((crc = comm_allgather(cfg->comm, &mine, sizeof mine, all, &cerr))) {
+            rc = rc ? rc : comm_failed(crc, &cerr, err);
+            goto out;
+        }
+        for (int q = 0; !rc && q < W; q++)
+            if (all[q] != DDPD_OK)
+                rc = ddpd_error_set(err, DDPD_EIO, dir,
+                                    "checkpoint of step %" PRId64 ": rank %d could not write its part of %s",
+                                    at.step, q, dir);
+    }
+    if (!rc && !final && rank == 0)
+        rc = ckpt_dir_commit(tmp, dir, err);
+    if (!rc && rank == 0)
+        emit_checkpoint(rank, at.step, dir);
+    /* Only now, with the new one complete, are the oldest beyond checkpoint.keep_last
+     * deleted: there are never fewer than keep_last. */
+    if (!rc && !final && rank == 0)
+        prune_checkpoints(r, at.step);
+out:
+    free(all);
+    return rc;
+}
+
+/* Whether the losses of the step just run (micro of them, on the device) hold a NaN or
+ * an infinity. */
+static bool step_nonfinite(struct run *r, int64_t micro)
+{
+    r->dev.ops->to_host(r->dev.ctx, r->hcheck, r->dloss, (size_t)micro * sizeof(float));
+    double sum = 0;
+    for (int64_t j = 0; j < micro; j++)
+        sum += r->hcheck[j];
+    return !isfinite(sum);
+}
+
+/* What every rank does after each optimizer step of the job, whether it ran the step
+ * (live) or shadowed it (joined: called from ddp_join_each), at the same point of the
+ * collective order, so that the ranks' collectives pair up:
+ *   1. with on_nonfinite "fail", agree on whether any rank's loss of this step is NaN or
+ *      infinite (a MAX over the ranks that names the lowest such rank) and, if one is,
+ *      fail every rank at this step;
+ *   2. at a checkpoint step, write the checkpoint. */
+static ddpd_err after_step(struct run *r, const struct train_pos *pos, bool live, bool nonfinite,
+                           struct ddpd_error *err)
+{
+    const struct train_config *cfg = r->cfg;
+    const struct spec *s = r->s;
+    if (s->on_nonfinite == NONFINITE_FAIL) {
+        int64_t v = nonfinite ? cfg->world_size - cfg->rank : 0;
+        struct ddpd_error cerr;
+        ddpd_err rc;
+        if (cfg->comm && (rc = comm_allreduce_max_i64(cfg->comm, &v, 1, &cerr)))
+            return comm_failed(rc, &cerr, err);
+        if (v > 0)
+            return ddpd_error_set(err, DDPD_ENONFINITE, "on_nonfinite",
+                                  "the loss of step %" PRId64 " on rank %d is not finite (NaN or infinite): "
+                                  "training diverged; the job fails (on_nonfinite is \"fail\"; "
+                                  "\"continue\" would train on)",
+                                  pos->step, (int)(cfg->world_size - v));
+    }
+    if (s->checkpoint_every && pos->step % s->checkpoint_every == 0 && pos->step != r->total)
+        return write_checkpoint(r, pos, live, false, err);
     return DDPD_OK;
+}
+
+/* A joined rank's after_step for each step it shadows (ddp_join_each's hook). */
+struct shadow {
+    struct run *r;
+    struct train_pos at; /* where this rank joined */
+};
+
+static ddpd_err shadow_step(void *ctx, int64_t n, struct ddpd_error *err)
+{
+    struct shadow *sh = ctx;
+    struct train_pos pos = {sh->at.step + n, sh->at.epoch, sh->at.epoch_step + n};
+    return after_step(sh->r, &pos, false, false, err);
 }
 
 static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *err)
@@ -255,14 +401,15 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     const int64_t kmax = s->grad_accum < r->nb ? s->grad_accum : r->nb > 0 ? r->nb : 1;
     r->dloss = ops->alloc(r->dev.ctx, (size_t)kmax * sizeof(float));
     r->hloss = malloc((size_t)kmax * sizeof(float));
+    r->hcheck = malloc((size_t)kmax * sizeof(float));
     if (!r->m || !r->o || !r->hx || !r->hy || !r->hl || !r->x || !r->y || !r->labels || !r->dpred ||
-        !r->dloss || !r->hloss)
+        !r->dloss || !r->hloss || !r->hcheck)
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory building the model for batch %" PRId64,
                               bs);
 
     memset(pos, 0, sizeof *pos);
     if (cfg->resume) {
-        rc = ckpt_load_dir(cfg->resume, r->m, r->o, pos, err);
+        rc = ckpt_load_dir(cfg->resume, r->m, r->o, cfg->rank, cfg->world_size, pos, err);
         if (rc)
             return rc;
         emit_log("resumed from %s at step %" PRId64 " (epoch %" PRId64 ", step %" PRId64 " of the epoch)",
@@ -286,6 +433,8 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
             .bucket_cap_mb = s->ddp.bucket_cap_mb,
             .join = r->join,
             .divide_by_initial_world_size = s->ddp.divide_by_initial_world_size,
+            /* Resumed replicas are the checkpoint's, each rank its own: no broadcast. */
+            .keep_params = cfg->resume != NULL,
         };
         r->ddp = ddp_new(r->m, cfg->comm, &opts, err);
         if (!r->ddp)
@@ -347,44 +496,35 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
             pos.step++;
             pos.epoch_step++;
             samples_since_log += step_samples;
+            /* With on_nonfinite "fail" each step's losses are read at once (on CUDA this
+             * waits for the step), so that every rank stops at the same step. */
+            const bool nonfinite = s->on_nonfinite == NONFINITE_FAIL && step_nonfinite(&r, micro);
 
             /* The previous logged step's losses have arrived while this one was queued. */
             log_finish(&r, &pend, &t_log, &last_loss);
-            if (pos.step % s->log_every == 0 || pos.step == r.total) {
+            if (pos.step % s->log_every == 0 || pos.step == r.total || nonfinite) {
                 const struct pending_log now = {.step = pos.step, .epoch = epoch, .micro = micro,
                                                 .samples = samples_since_log};
                 log_start(&r, &pend, &now, &t_log, &last_loss);
                 samples_since_log = 0;
             }
-            if (rank == 0 && s->checkpoint_every && pos.step % s->checkpoint_every == 0 &&
-                pos.step != r.total) {
-                struct train_pos at = pos;
+            if (nonfinite || (s->checkpoint_every && pos.step % s->checkpoint_every == 0))
                 log_finish(&r, &pend, &t_log, &last_loss); /* its loss event comes first */
-                if (b == r.nb && !r.join) { /* the epoch is over: resume at the next one */
-                    at.epoch++;
-                    at.epoch_step = 0;
-                }
-                if ((rc = save_checkpoint(&r, &at, err)))
-                    goto out;
-            }
+            if ((rc = after_step(&r, &pos, true, nonfinite, err)))
+                goto out;
         }
 
         log_finish(&r, &pend, &t_log, &last_loss);
         if (r.join) {
             /* Out of batches (or out of steps): shadow the others, then resync. */
-            int64_t shadowed, before = pos.step;
+            int64_t shadowed;
+            struct shadow sh = {.r = &r, .at = pos};
             if (b == r.nb && r.nb < r.max_nb)
                 emit_simple(EVENT_JOIN, rank, pos.step);
-            if ((rc = ddp_join(r.ddp, &shadowed, err)))
+            if ((rc = ddp_join_each(r.ddp, shadow_step, &sh, &shadowed, err)))
                 goto out;
             pos.step += shadowed;
             pos.epoch_step += shadowed;
-            if (rank == 0 && s->checkpoint_every && pos.step != r.total &&
-                pos.step / s->checkpoint_every > before / s->checkpoint_every) {
-                struct train_pos at = {pos.step, pos.epoch + 1, 0};
-                if ((rc = save_checkpoint(&r, &at, err)))
-                    goto out;
-            }
         }
         if (b < r.nb)
             break; /* the step budget ended inside the epoch */
@@ -394,13 +534,8 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     log_finish(&r, &pend, &t_log, &last_loss);
     const double seconds = emit_monotonic() - t0;
 
-    if (rank == 0) {
-        if ((rc = jobdir_check_quota(cfg->out_dir, cfg->disk_quota, ckpt_bytes_bound(r.m, r.o), "the final model",
-                                     err)) ||
-            (rc = ckpt_save_files(cfg->out_dir, r.m, r.o, &pos, err)))
-            goto out;
-        emit_checkpoint(rank, pos.step, cfg->out_dir);
-    }
+    if ((rc = write_checkpoint(&r, &pos, true, true, err)))
+        goto out;
     struct event done = {.kind = EVENT_DONE, .rank = rank};
     done.steps = pos.step;
     done.loss = last_loss;
@@ -421,6 +556,7 @@ out:
     free(r.hy);
     free(r.hl);
     free(r.hloss);
+    free(r.hcheck);
     ddp_free(r.ddp);
     optim_free(r.o);
     model_free(r.m);

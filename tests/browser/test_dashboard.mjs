@@ -337,6 +337,22 @@ async function main() {
     rmSync(file);
   });
 
+  await step('a diverging job fails at its step, and the page marks the non-finite loss', async () => {
+    /* lr 1e18 blows the weights up within a few steps: on_nonfinite "fail" (the default)
+     * ends the job at the first step whose loss is NaN or infinite. */
+    await submitSpec(Object.assign({}, seed, {name: 'browser-diverge', optimizer: {type: 'sgd', lr: 1e18}}));
+    const id = await until(() => jobIdFromUrl() !== seedId && jobIdFromUrl() !== liveId && jobIdFromUrl(), 'the job page');
+    await until(async () => (await jobState()) === 'failed', 'the diverging job to fail', 60000);
+    await page.waitForSelector('#job-error');
+    const err = await page.textContent('#job-error');
+    check(/loss of step \d+ on rank 0 is not finite/.test(err), `the error names the step and the rank: ${err}`);
+    await until(() => page.$('#ranks-table .loss-nonfinite'), 'the rank row to mark its non-finite loss');
+    await until(() => page.$('#job-loss .loss-nonfinite'), 'the summary to mark the non-finite loss');
+    await page.screenshot({path: path.join(OUT, 'job-nonfinite.png')});
+    await page.click('nav a[data-nav=jobs]');
+    await until(() => page.$(`#jobs-table tr[data-job-id="${id}"] .loss-nonfinite`), 'the job list to mark it');
+  });
+
   await step('a server that goes away shows the unreachable banner', async () => {
     await page.click('nav a[data-nav=jobs]');
     await page.waitForSelector('#jobs-table tbody tr');

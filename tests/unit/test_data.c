@@ -465,6 +465,46 @@ static void test_rank_files(void)
     open_fails(&s, DDPD_ESPEC, "data.y");
 }
 
+/* A rank whose own {rank} file has no rows opens with zero batches (it joins at once and
+ * shadows the others, as PyTorch's DDP runs it), as .npy and as CSV, shuffled or not; a
+ * whole file with no rows is still refused (every rank would be empty). */
+static void test_empty_rank_file(void)
+{
+    struct spec s;
+    float none[1] = {0};
+    put_ids("data/e_x_0.npy", "data/e_y_0.npy", 3, 100);
+    put_npy("data/e_x_1.npy", 1, "<f4", "(0, 2)", none, 0);
+    put_npy("data/e_y_1.npy", 1, "<f4", "(0, 1)", none, 0);
+    put_str("data/e_0.csv", "a,b,y\n1,2,3\n4,5,6\n");
+    put_str("data/e_1.csv", "a,b,y\n");
+    for (int shuffle = 0; shuffle < 2; shuffle++)
+        for (int csv = 0; csv < 2; csv++) {
+            spec_base(&s, 2, 1, LOSS_MSE);
+            if (csv)
+                spec_csv(&s, "data/e_{rank}.csv", "y");
+            else
+                spec_npy(&s, "data/e_x_{rank}.npy", "data/e_y_{rank}.npy");
+            s.batch_size = 2;
+            s.data.shuffle = shuffle;
+            struct dataset *ds = open_ok(&s, 1, 2);
+            if (ds) {
+                dataset_set_epoch(ds, 1);
+                CHECK_EQ_INT(dataset_shard_size(ds), 0);
+                CHECK_EQ_INT(dataset_batches(ds), 0);
+            }
+            dataset_free(ds);
+            ds = open_ok(&s, 0, 2);
+            if (ds)
+                CHECK_EQ_INT(dataset_batches(ds), csv ? 1 : 2);
+            dataset_free(ds);
+        }
+    spec_base(&s, 2, 1, LOSS_MSE);
+    spec_npy(&s, "data/e_x_1.npy", "data/e_y_1.npy");
+    CHECK(strstr(open_fails(&s, DDPD_EDATA, "data/e_x_1.npy"), "no samples") != NULL);
+    spec_csv(&s, "data/e_1.csv", "y");
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/e_1.csv"), "data/e_1.csv: no data rows after the header");
+}
+
 static void test_npy_errors(void)
 {
     struct spec s;
@@ -1123,6 +1163,7 @@ int main(void)
     test_sharding();
     test_shuffle();
     test_rank_files();
+    test_empty_rank_file();
     test_npy_errors();
     test_paths();
     test_csv();

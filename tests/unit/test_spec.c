@@ -90,6 +90,7 @@ static void test_seed_example(void)
     CHECK_EQ_INT(s.checkpoint_keep_last, 3);
     CHECK_EQ_INT(s.log_every, 1);
     CHECK_EQ_INT(s.max_restarts, 0);
+    CHECK_EQ_INT(s.on_nonfinite, NONFINITE_FAIL);
     CHECK_EQ_INT(spec_param_count(&s), 55);
     CHECK_EQ_INT(spec_in_width(&s), 10);
     CHECK_EQ_INT(spec_out_width(&s), 5);
@@ -277,10 +278,11 @@ static const struct bad_case bad_cases[] = {
     BAD(OK_PLUS(",\"epoch\":1"), DDPD_ESPEC, "epoch",
      "unknown key (did you mean \"epochs\"? expected one of name, world_size, device, precision, "
      "model, loss, optimizer, data, batch_size, epochs, steps, grad_accum, ddp, init, checkpoint, "
-     "log_every, max_restarts)"),
+     "log_every, max_restarts, on_nonfinite)"),
     BAD(OK_PLUS(",\"learning rate\":1"), DDPD_ESPEC, "[\"learning rate\"]",
      "unknown key (expected one of name, world_size, device, precision, model, loss, optimizer, "
-     "data, batch_size, epochs, steps, grad_accum, ddp, init, checkpoint, log_every, max_restarts)"),
+     "data, batch_size, epochs, steps, grad_accum, ddp, init, checkpoint, log_every, max_restarts, "
+     "on_nonfinite)"),
     BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"momentun\":0.9}"), DDPD_ESPEC, "optimizer.momentun",
      "unknown key (did you mean \"momentum\"? expected one of type, lr, momentum, dampening, "
      "weight_decay, nesterov)"),
@@ -334,6 +336,9 @@ static const struct bad_case bad_cases[] = {
     BAD(OK_PLUS(",\"log_every\":true"), DDPD_ESPEC, "log_every", "expected a positive integer, got true"),
     BAD(OK_PLUS(",\"max_restarts\":101"), DDPD_ESPEC, "max_restarts",
      "expected an integer from 0 to 100, got 101"),
+    BAD(OK_PLUS(",\"on_nonfinite\":\"ignore\""), DDPD_ESPEC, "on_nonfinite",
+     "expected one of fail, continue, got \"ignore\""),
+    BAD(OK_PLUS(",\"on_nonfinite\":false"), DDPD_ESPEC, "on_nonfinite", "expected one of fail, continue, got false"),
     BAD(OK_PLUS(",\"checkpoint\":{\"every_steps\":-1}"), DDPD_ESPEC, "checkpoint.every_steps",
      "expected a non-negative integer, got -1"),
     BAD(OK_PLUS(",\"checkpoint\":5"), DDPD_ESPEC, "checkpoint", "expected an object, got 5"),
@@ -573,7 +578,8 @@ static void test_round_trip(void)
              ",\"ddp\":{\"bucket_cap_mb\":0.1,\"join\":true,\"backend\":\"cpu\",\"timeout_s\":1.5,"
              "\"divide_by_initial_world_size\":false},\"device\":\"cuda\",\"precision\":\"tf32\",\"world_size\":8,"
              "\"init\":{\"from\":\"init/{rank}.safetensors\"},\"checkpoint\":{\"every_steps\":100,\"keep_last\":7},"
-             "\"log_every\":10,\"max_restarts\":3,\"name\":\"q\\\"uote\\n\",\"grad_accum\":4"),
+             "\"log_every\":10,\"max_restarts\":3,\"name\":\"q\\\"uote\\n\",\"grad_accum\":4,"
+             "\"on_nonfinite\":\"continue\""),
         SPEC("\"model\":[{\"type\":\"linear\",\"in\":2,\"out\":3}]", "\"loss\":\"cross_entropy\"",
              "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.3,\"momentum\":0.9,\"nesterov\":true,"
              "\"weight_decay\":1e-4}",
@@ -595,7 +601,7 @@ static void test_round_trip(void)
         /* Every key is written out, so the printed spec is a fixed point. */
         json_t *j2 = spec_to_json(&b);
         CHECK(json_equal(j, j2));
-        CHECK_EQ_INT(json_object_size(j), 17 - 1); /* epochs or steps, not both */
+        CHECK_EQ_INT(json_object_size(j), 18 - 1); /* epochs or steps, not both */
         free(text);
         json_decref(j);
         json_decref(j2);

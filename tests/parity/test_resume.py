@@ -1,0 +1,248 @@
+"""test_resume.py — resuming a multi-rank job gives exactly the numbers of the uninterrupted
+run (README "Running a job", issue 15 item 12), for every optimizer the spec allows, with
+join (uneven ranks: sharded data whose shards differ by a sample, and `{rank}` files where
+rank 0 runs out first), with grad_accum, and for each data kind (synthetic, npy, csv).
+
+Ranks that join early step their optimizer less often (DDP.md §4.5: a joined rank's
+optimizer does not step), so their momentum buffers, Adam moments and step counts differ
+from rank 0's. Each case runs the job straight, then again from each of its checkpoints,
+and asserts: every rank's losses after the checkpoint are bitwise those of the straight
+run, and the final model.safetensors and every rank's optimizer file are bitwise equal.
+Also: a checkpoint records world_size and a resume with another world size is refused
+naming it; checkpoint files are 0600 and their folders 0700.
+"""
+import json
+import os
+import stat
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ddp_helpers as H  # noqa: E402
+from conftest import write_csv  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _skip_code(request):
+    H.install_skip_code(request.config)
+
+
+@pytest.fixture
+def work(tmp_path):
+    return H.workdir("resume-") if H.os.environ.get("DDPD_TEST_TMP") else tmp_path
+
+
+MODEL = H.mlp(4, 8, 3, act="tanh")
+
+OPTIMIZERS = {
+    "sgd_momentum": {"type": "sgd", "lr": 0.05, "momentum": 0.9, "dampening": 0.1, "weight_decay": 1e-3},
+    "sgd_nesterov": {"type": "sgd", "lr": 0.05, "momentum": 0.8, "nesterov": True},
+    "adamw": {"type": "adamw", "lr": 0.01, "weight_decay": 0.05},
+}
+
+# layout: (W, per-rank sample counts or None for sharded, total samples, batch, grad_accum,
+# epochs, every_steps)
+LAYOUTS = {
+    # 3 ranks over 25 samples: shards 9, 8, 8 -> 5, 4, 4 batches of 2; ranks 1 and 2 join
+    # for the last step of every epoch (steps 5, 10, 15); checkpoints at 4, 8, 12
+    "sharded": (3, None, 25, 2, 1, 3, 4),
+    # {rank} files of 5, 14 and 9 rows -> 3, 7, 5 batches: rank 0 runs out first (so the
+    # weights of a checkpoint taken while it shadows come from another rank); 2 epochs of
+    # 7 steps, checkpoints at 3, 6 (ranks 0 and 2 shadowing) and 9, 12
+    "rank": (3, [5, 14, 9], None, 2, 1, 2, 3),
+    # the same files in steps of 3 micro-batches: 1, 3 and 2 steps per epoch
+    "rank_accum": (3, [5, 14, 9], None, 2, 3, 3, 2),
+}
+
+CASES = [(o, lay, d) for o in sorted(OPTIMIZERS)
+         for lay, d in [("sharded", "synthetic"), ("sharded", "npy"), ("sharded", "csv"),
+                        ("rank", "npy"), ("rank", "csv"), ("rank_accum", "npy"), ("rank_accum", "csv")]]
+
+
+def write_job(work, optimizer, layout, kind):
+    """The data files and the spec of one case."""
+    world, sizes, total, bs, k, epochs, every = LAYOUTS[layout]
+    data = Path(work) / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    n = total if total else sum(sizes)
+    x, y = H.make_xy(n, 4, 3, "mse", seed=41)
+    spec = {"name": "resume", "device": "cpu", "model": MODEL, "loss": "mse", "optimizer": optimizer,
+            "batch_size": bs, "epochs": epochs, "grad_accum": k, "log_every": 1, "world_size": world,
+            "checkpoint": {"every_steps": every, "keep_last": 1000}, "init": {"seed": 3}}
+    if kind == "synthetic":
+        spec["data"] = {"type": "synthetic", "samples": n, "seed": 5}
+    elif sizes is None:
+        if kind == "npy":
+            np.save(data / "x.npy", x)
+            np.save(data / "y.npy", y)
+            spec["data"] = {"type": "npy", "x": "x.npy", "y": "y.npy", "seed": 5}
+        else:
+            write_csv(data / "d.csv", x, y, ["t0", "t1", "t2"], "mse")
+            spec["data"] = {"type": "csv", "path": "d.csv", "target": ["t0", "t1", "t2"], "seed": 5}
+    else:
+        lo = 0
+        for r, m in enumerate(sizes):
+            if kind == "npy":
+                np.save(data / f"x_{r}.npy", x[lo:lo + m])
+                np.save(data / f"y_{r}.npy", y[lo:lo + m])
+            else:
+                write_csv(data / f"d_{r}.csv", x[lo:lo + m], y[lo:lo + m], ["t0", "t1", "t2"], "mse")
+            lo += m
+        if kind == "npy":
+            spec["data"] = {"type": "npy", "x": "x_{rank}.npy", "y": "y_{rank}.npy", "seed": 5}
+        else:
+            spec["data"] = {"type": "csv", "path": "d_{rank}.csv", "target": ["t0", "t1", "t2"], "seed": 5}
+    return spec, world
+
+
+def raw_tensors(path):
+    """{name: raw bytes} and the metadata of a safetensors file."""
+    buf = Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", buf[:8])
+    hdr = json.loads(buf[8:8 + n])
+    meta = hdr.pop("__metadata__", {})
+    body = buf[8 + n:]
+    return {k: body[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in hdr.items()}, meta
+
+
+def bitwise_diff(a, b):
+    """None when the two files hold the same tensors bit for bit, else what differs."""
+    ta, _ = raw_tensors(a)
+    tb, _ = raw_tensors(b)
+    if sorted(ta) != sorted(tb):
+        return f"{b}: tensors {sorted(tb)} vs {sorted(ta)}"
+    for k in sorted(ta):
+        if ta[k] != tb[k]:
+            va, vb = np.frombuffer(ta[k], "<f4"), np.frombuffer(tb[k], "<f4")
+            return (f"{b.name} {k}: {int((va != vb).sum())}/{va.size} elements differ, max "
+                    f"{np.abs(va.astype(np.float64) - vb).max():.3g}")
+    return None
+
+
+def state_files(world, replicas=False):
+    """The files of a checkpoint with per-rank state (join on)."""
+    return (["model.safetensors", "optim.safetensors"] + [f"optim-rank-{r}.safetensors" for r in range(1, world)]
+            + ([f"model-rank-{r}.safetensors" for r in range(1, world)] if replicas else []))
+
+
+@pytest.mark.parametrize("opt,layout,kind", CASES, ids=[f"{o}-{l}-{d}" for o, l, d in CASES])
+def test_resume_is_exact(work, opt, layout, kind):
+    H.need_bin()
+    spec, world = write_job(work, OPTIMIZERS[opt], layout, kind)
+    check_resumes(work, spec, world)
+
+
+def test_resume_with_a_step_budget_is_exact(work):
+    # `steps` instead of epochs: 11 steps of 7 per epoch end inside the second epoch, while
+    # ranks 0 and 2 shadow rank 1 (their {rank} files hold fewer batches)
+    H.need_bin()
+    spec, world = write_job(work, OPTIMIZERS["adamw"], "rank", "npy")
+    del spec["epochs"]
+    spec["steps"] = 11
+    check_resumes(work, spec, world)
+
+
+def check_resumes(work, spec, world):
+    """Runs the job straight, then from each of its checkpoints, and compares."""
+    full = H.run_ddpd(spec, world, work, name="full").check_ok(world)
+    want = full.losses()
+    total = full.of("done", rank=0)[0]["steps"]
+    ckpts = sorted(int(p.name.split("-")[1]) for p in full.out.glob("ckpt-*"))
+    every = spec["checkpoint"]["every_steps"]
+    assert ckpts == list(range(every, total, every)), f"checkpoints {ckpts} of {total} steps"
+    for c in ckpts:
+        d = full.out / f"ckpt-{c}"
+        res = H.run_ddpd(spec, world, work, name=f"from-{c}", extra=["--resume", str(d)]).check_ok(world)
+        got = res.losses()
+        for r in range(world):
+            later = {s: v for s, v in want.get(r, {}).items() if s > c}
+            mine = got.get(r, {})
+            assert sorted(mine) == sorted(later), f"rank {r} logged steps {sorted(mine)} after ckpt-{c}"
+            diff = [(s, mine[s], later[s]) for s in sorted(later) if mine[s] != later[s]]
+            assert not diff, f"resumed from ckpt-{c}: rank {r}'s losses differ (step, resumed, straight): {diff}"
+        msg = bitwise_diff(full.out / "model.safetensors", res.out / "model.safetensors")
+        assert msg is None, f"resumed from ckpt-{c}: {msg}"
+
+        names = sorted(p.name for p in d.iterdir())
+        # each rank's replica is there unless the checkpoint ends an epoch (then the join's
+        # final sync makes them equal)
+        replicas = raw_tensors(d / "model.safetensors")[1].get("replicas") == "true"
+        assert names == sorted(state_files(world, replicas)), f"{d}: {names}"
+        for f in names:
+            _, meta = raw_tensors(d / f)
+            assert meta.get("world_size") == str(world) and meta.get("step") == str(c), (f, meta)
+        for f in state_files(world):
+            msg = bitwise_diff(full.out / f, res.out / f)
+            assert msg is None, f"resumed from ckpt-{c}: {msg}"
+        for later_c in (x for x in ckpts if x > c):
+            for f in sorted(p.name for p in (full.out / f"ckpt-{later_c}").iterdir()):
+                msg = bitwise_diff(full.out / f"ckpt-{later_c}" / f, res.out / f"ckpt-{later_c}" / f)
+                assert msg is None, f"resumed from ckpt-{c}, its ckpt-{later_c}: {msg}"
+
+    # the ranks really held different optimizer state (else the case would test nothing)
+    assert any(bitwise_diff(full.out / f"ckpt-{c}" / "optim.safetensors",
+                            full.out / f"ckpt-{c}" / f"optim-rank-{r}.safetensors")
+               for c in ckpts for r in range(1, world)), "every rank's optimizer state is rank 0's"
+
+
+def test_resume_with_another_world_size_is_refused(work):
+    H.need_bin()
+    spec, world = write_job(work, OPTIMIZERS["adamw"], "sharded", "synthetic")
+    full = H.run_ddpd(spec, world, work, name="full").check_ok(world)
+    for other in (2, 4):
+        s = dict(spec, world_size=other)
+        res = H.run_ddpd(s, other, work, name=f"w{other}", extra=["--resume", str(full.out / "ckpt-4")])
+        assert res.rc == 2, res.describe()
+        errs = res.of("error")
+        assert errs and all("world_size" in e["message"] and f"written by {world} ranks" in e["message"]
+                            and f"got {other}" in e["message"] for e in errs), errs
+    # the final files resume too (nothing left to do but the count of ranks must match)
+    res = H.run_ddpd(dict(spec, world_size=1), 1, work, name="w1", extra=["--resume", str(full.out)])
+    assert res.rc == 2 and "world_size" in res.of("error")[0]["message"], res.describe()
+
+
+def test_checkpoint_files_are_private(work):
+    H.need_bin()
+    spec, world = write_job(work, OPTIMIZERS["sgd_momentum"], "rank", "npy")
+    old = os.umask(0o022)  # the usual umask: without care, files come out 0644
+    try:
+        full = H.run_ddpd(spec, world, work, name="full").check_ok(world)
+    finally:
+        os.umask(old)
+    found = 0
+    for root, dirs, files in os.walk(full.out):
+        for d in dirs:
+            mode = stat.S_IMODE(os.stat(os.path.join(root, d)).st_mode)
+            assert mode == 0o700, f"{os.path.join(root, d)} is {oct(mode)}"
+        for f in files:
+            if f.endswith(".safetensors"):
+                found += 1
+                mode = stat.S_IMODE(os.stat(os.path.join(root, f)).st_mode)
+                assert mode == 0o600, f"{os.path.join(root, f)} is {oct(mode)}"
+    assert found >= 3 * 4, found
+
+
+def test_mixed_or_missing_rank_files_are_refused(work):
+    """A checkpoint folder whose per-rank files do not belong to it (copied from another
+    checkpoint) or are missing is refused, naming the file, instead of resuming a mixture."""
+    import shutil
+    H.need_bin()
+    spec, world = write_job(work, OPTIMIZERS["sgd_momentum"], "sharded", "npy")
+    full = H.run_ddpd(spec, world, work, name="full").check_ok(world)
+    bad = full.out / "ckpt-8"
+    shutil.copy(full.out / "ckpt-4" / "optim-rank-1.safetensors", bad / "optim-rank-1.safetensors")
+    res = H.run_ddpd(spec, world, work, name="mixed", extra=["--resume", str(bad)])
+    assert res.rc == 2, res.describe()
+    msgs = [e["message"] for e in res.of("error", rank=1)]
+    assert msgs and "optim-rank-1.safetensors" in msgs[0] and "not rank 1's state of step 8" in msgs[0], msgs
+
+    bad = full.out / "ckpt-12"
+    (bad / "optim-rank-2.safetensors").unlink()
+    res = H.run_ddpd(spec, world, work, name="missing", extra=["--resume", str(bad)])
+    assert res.rc == 2, res.describe()
+    msgs = [e["message"] for e in res.of("error", rank=2)]
+    assert msgs and "optim-rank-2.safetensors" in msgs[0], msgs
