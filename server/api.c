@@ -1,7 +1,7 @@
 /* api.c — the /v1 handlers. Each validates what the client sent (errors name the JSON
  * path or the query parameter), reads the store for answers, and hands job changes to
- * the supervisor. Event streams follow hub.h's recipe: attach to the hub, fill the gap
- * from the store, then pull live events. */
+ * the supervisor. Event streams are stream.h's: the history paged from the store as the
+ * client reads it, then the hub's live events. */
 #include "api.h"
 
 #include <dirent.h>
@@ -24,6 +24,7 @@
 #include "launch.h"
 #include "plan.h"
 #include "store.h"
+#include "stream.h"
 #include "super.h"
 
 #define HEARTBEAT_S 15.0
@@ -423,8 +424,8 @@ static ddpd_err h_delete(struct http_request *req, struct ddpd_error *err)
 
 struct evstream {
     pthread_mutex_t mu;
-    int refs;             /* the handler's and on_close's */
-    struct hub_sub *sub;
+    int refs;               /* the handler's and on_close's */
+    struct stream *stream;  /* history from the store, then the hub (stream.h) */
     struct http_stream *st;
     hub_format fmt;
     _Atomic int64_t last_write_us; /* written by the pulling thread, read by the heartbeats */
@@ -444,8 +445,8 @@ static int64_t mono_us(void)
 
 static double idle_s(const struct evstream *es) { return (double)(mono_us() - es->last_write_us) * 1e-6; }
 
-/* The last reference (the handler's or on_close's) ends the subscription, gives the
- * owner's reference of the stream back and frees. */
+/* The last reference (the handler's or on_close's) ends the stream, gives the owner's
+ * reference of the HTTP stream back and frees. */
 static void es_unref(struct evstream *es)
 {
     pthread_mutex_lock(&es->mu);
@@ -453,7 +454,7 @@ static void es_unref(struct evstream *es)
     pthread_mutex_unlock(&es->mu);
     if (left > 0)
         return;
-    hub_unsubscribe(es->sub); /* no on_ready after this */
+    stream_free(es->stream); /* no wake after this */
     http_stream_close(es->st);
     pthread_mutex_destroy(&es->mu);
     free(es);
@@ -468,21 +469,17 @@ static void es_wake(void *arg)
     pthread_mutex_unlock(&es->mu);
 }
 
-static void es_drop(void *arg, const char *reason)
-{
-    (void)reason;
-    es_wake(arg);
-}
-
+/* The HTTP layer's pull: called when the client can take bytes, so a page of history is
+ * read from the store only when the previous one has gone out. */
 static long es_pull(void *arg, char *buf, size_t cap)
 {
     struct evstream *es = arg;
     size_t len = 0;
-    switch (hub_sub_next(es->sub, buf, cap, &len)) {
-    case HUB_DATA:
+    switch (stream_next(es->stream, buf, cap, &len)) {
+    case STREAM_DATA:
         es->last_write_us = mono_us();
         return (long)len;
-    case HUB_AGAIN:
+    case STREAM_AGAIN:
         if (idle_s(es) >= HEARTBEAT_S) {
             /* Finds dead clients: a write to a closed connection fails. */
             const char *hb = hub_heartbeat(es->fmt, &len);
@@ -493,8 +490,8 @@ static long es_pull(void *arg, char *buf, size_t cap)
             }
         }
         return 0;
-    case HUB_END:
-    case HUB_DROPPED:
+    case STREAM_END:
+    case STREAM_CLOSED:
         return -1;
     }
     return -1;
@@ -517,33 +514,6 @@ static void es_close(void *arg, enum http_stream_end why)
     es->closed = true;
     pthread_mutex_unlock(&es->mu);
     es_unref(es);
-}
-
-struct gap {
-    struct evstream *es;
-    int64_t from, last;
-    bool final, failed;
-};
-
-static bool gap_row(void *ctx, const struct store_event_row *row)
-{
-    struct gap *g = ctx;
-    if (row->seq >= g->from)
-        return false;
-    char frame[HUB_FRAME_MAX];
-    int n = hub_format_event(g->es->fmt, row->seq, event_kind_name(row->kind), row->body, row->len, frame,
-                             sizeof frame);
-    if (n > 0 && http_stream_write(g->es->st, frame, (size_t)n) != DDPD_OK) {
-        g->failed = true;
-        return false;
-    }
-    g->last = row->seq;
-    if (row->kind == EVENT_STATE) {
-        struct event ev;
-        if (event_decode(row->body, row->len, &ev, NULL) == DDPD_OK && hub_event_is_final(&ev))
-            g->final = true;
-    }
-    return true;
 }
 
 static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
@@ -584,26 +554,24 @@ static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
     es->refs = 2;
     es->fmt = fmt_idx == 1 ? HUB_FORMAT_NDJSON : HUB_FORMAT_SSE;
     es->last_write_us = mono_us();
-    struct hub_sub_opts so = {.format = es->fmt, .on_ready = es_wake, .on_drop = es_drop, .ctx = es};
-    int64_t from;
-    if ((rc = hub_subscribe(a->hub, job, after, &so, &es->sub, &from))) {
+    struct stream_opts so = {.format = es->fmt, .wake = es_wake, .ctx = es};
+    if ((rc = stream_open(a->hub, a->store, job, after, &so, &es->stream, err))) {
         pthread_mutex_destroy(&es->mu);
         free(es);
-        return ddpd_error_set(err, rc, "", "cannot follow job %" PRId64 " now: too many subscribers", job);
+        return rc;
     }
     struct http_stream_opts ho = {
         .content_type = es->fmt == HUB_FORMAT_SSE ? "text/event-stream" : "application/x-ndjson",
-        /* The history from the store is written before the client reads: room for it.
-         * A longer history ends the stream as slow; an SSE client resumes from its
-         * Last-Event-ID. */
-        .max_buffer = 32u << 20,
+        /* Everything is pulled (es_pull), nothing written ahead: the history is paged
+         * from the store as the client reads it. */
+        .max_buffer = 64u << 10,
         .on_close = es_close,
         .arg = es,
         .pull = es_pull,
     };
     struct http_stream *st;
     if ((rc = http_respond_stream(req, &ho, &st, err))) {
-        hub_unsubscribe(es->sub);
+        stream_free(es->stream);
         pthread_mutex_destroy(&es->mu);
         free(es);
         return rc;
@@ -617,30 +585,6 @@ static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
         streams->prev = es;
     streams = es;
     pthread_mutex_unlock(&streams_mu);
-
-    /* The history the hub no longer (or never) held comes from the store. */
-    if (from > after + 1) {
-        struct gap g = {.es = es, .from = from, .last = after};
-        store_flush(a->store, NULL);
-        for (;;) {
-            size_t count = 0;
-            int64_t before = g.last;
-            if (store_events_read(a->store, job, g.last, 10000, gap_row, &g, &count, NULL) != DDPD_OK ||
-                g.failed || count == 0 || g.last == before || g.last + 1 >= from)
-                break;
-        }
-        if (!g.final && from == HUB_SEQ_UNKNOWN) {
-            /* The hub never saw this job: when it has finished, its final event was in
-             * the store before the row said so, and the client has it already. */
-            struct store_job jj;
-            memset(&jj, 0, sizeof jj);
-            if (store_job_get(a->store, job, &jj, NULL) == DDPD_OK &&
-                (JOB_STATE_BIT(jj.state) & JOB_STATES_FINAL))
-                g.final = true;
-            store_job_clear(&jj);
-        }
-        hub_sub_gap_filled(es->sub, g.last, g.final);
-    }
     es_wake(es);
     es_unref(es);
     return DDPD_OK;
