@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
@@ -224,66 +225,122 @@ static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const 
     free(sub);
 }
 
-static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
+/* The rest of a submission once its data counts are known (on the HTTP thread for
+ * synthetic data, on a planner thread otherwise): the join check, then the insert, whose
+ * commit answers the deferred request (submitted). Returns an error to answer with
+ * instead; then nothing was queued. */
+static ddpd_err submit_checked(struct http_request *req, struct api *a, const struct spec *spec,
+                               const int64_t *counts, bool known, struct ddpd_error *err)
 {
-    struct api *a = ctx_of(req);
-    json_t *body = http_request_json(req);
-    struct spec spec;
-    struct spec_parse_opts po = {.default_device = super_default_device(a->super)};
-    ddpd_err rc = spec_from_json(body, &po, &spec, err);
-    if (rc)
-        return rc;
-    char why[512];
-    if (!super_fits(a->super, spec.device, spec.world_size, why, sizeof why))
-        return ddpd_error_set(err, DDPD_ESPEC, "world_size", "%s", why);
-
-    /* The data must be readable and, with join false, even: ask the worker before queueing
-     * (synthetic data has nothing to read: its counts follow from the spec). */
-    int64_t counts[SPEC_MAX_WORLD];
-    bool known = spec.data.kind == DATA_SYNTHETIC;
-    if (known) {
-        for (int r = 0; r < spec.world_size; r++)
-            counts[r] = spec_batches(spec_shard_rows(spec.data.samples, r, spec.world_size), spec.batch_size,
-                                     spec.data.drop_last);
-    } else {
-        json_t *doc = json_pack("{s:i, s:o, s:s}", "world_size", spec.world_size, "spec", spec_to_json(&spec),
-                                "data_dir", a->data_dir);
-        if (!doc)
-            return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the job's data");
-        rc = planner_plan(a->planner, doc, spec.world_size, 30, counts, &known, err);
-        json_decref(doc);
-    }
-    if ((rc == DDPD_EDATA || rc == DDPD_ESPEC) && !err->path[0])
-        snprintf(err->path, sizeof err->path, "data");
-    if (rc)
-        return rc;
-    for (int r = 1; known && r < spec.world_size; r++)
-        if (counts[r] != counts[0] && spec.ddp.join == JOIN_FALSE)
+    for (int r = 1; known && r < spec->world_size; r++)
+        if (counts[r] != counts[0] && spec->ddp.join == JOIN_FALSE)
             return ddpd_error_set(err, DDPD_ESPEC, "ddp.join",
                                   "the ranks would have uneven batch counts per epoch (rank 0: %" PRId64
                                   ", rank %d: %" PRId64 ") but join is false; use \"auto\" or true",
                                   counts[0], r, counts[r]);
 
     struct submission *sub = calloc(1, sizeof *sub);
-    if (!sub || !(sub->text = spec_dumps(&spec))) {
+    if (!sub || !(sub->text = spec_dumps(spec))) {
         free(sub);
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory storing the job");
     }
     sub->req = req;
     sub->a = a;
-    _Static_assert(sizeof sub->name == sizeof spec.name, "a spec's name fits the store's");
-    memcpy(sub->name, spec.name, sizeof sub->name);
-    sub->world_size = spec.world_size;
-    sub->device = spec.device;
-    sub->max_restarts = spec.max_restarts;
+    _Static_assert(sizeof sub->name == sizeof spec->name, "a spec's name fits the store's");
+    memcpy(sub->name, spec->name, sizeof sub->name);
+    sub->world_size = spec->world_size;
+    sub->device = spec->device;
+    sub->max_restarts = spec->max_restarts;
     /* Answered once the insert's group is committed: under load one commit serves many
      * submissions, and no HTTP thread waits for it. */
-    http_defer(req);
     struct store_job_new jn = {.name = sub->name, .spec = sub->text, .world_size = sub->world_size,
                                .device = sub->device, .max_restarts = sub->max_restarts,
                                .queued_event = true};
     store_job_insert_async(a->store, &jn, submitted, sub);
     return DDPD_OK;
+}
+
+/* A submission waiting for its data check. */
+struct planning {
+    struct http_request *req; /* deferred */
+    struct api *a;
+    struct spec spec;
+};
+
+/* The planner's answer, on a planner thread. */
+static void planned(void *ctx, ddpd_err rc, const int64_t *counts, bool known, const struct ddpd_error *perr)
+{
+    struct planning *pl = ctx;
+    struct ddpd_error err;
+    if (rc != DDPD_OK) {
+        err = *perr;
+        if ((rc == DDPD_EDATA || rc == DDPD_ESPEC) && !err.path[0])
+            snprintf(err.path, sizeof err.path, "data");
+    } else {
+        rc = submit_checked(pl->req, pl->a, &pl->spec, counts, known, &err);
+    }
+    if (rc != DDPD_OK)
+        http_deferred_done(pl->req, rc, &err);
+    free(pl);
+}
+
+_Static_assert(SPEC_MAX_WORLD <= PLAN_MAX_WORLD, "the planner takes every world size a spec allows");
+
+/* The data check's deadline: a data file that blocks on open holds a planner process
+ * (never an HTTP thread) this long. DDPD_PLAN_TIMEOUT_S (seconds, 1-3600) changes it, for
+ * tests of that case. */
+#define PLAN_TIMEOUT_S 30.0
+static double plan_timeout_s = PLAN_TIMEOUT_S;
+
+static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = ctx_of(req);
+    json_t *body = http_request_json(req);
+    struct spec_parse_opts po = {.default_device = super_default_device(a->super)};
+    struct planning *pl = calloc(1, sizeof *pl);
+    if (!pl)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the job");
+    struct spec *spec = &pl->spec;
+    ddpd_err rc = spec_from_json(body, &po, spec, err);
+    char why[512];
+    if (rc == DDPD_OK && !super_fits(a->super, spec->device, spec->world_size, why, sizeof why))
+        rc = ddpd_error_set(err, DDPD_ESPEC, "world_size", "%s", why);
+    if (rc)
+        goto out;
+
+    /* The data must be readable and, with join false, even. Synthetic data has nothing to
+     * read: its counts follow from the spec, here. Files are the planner's to read, on
+     * its own threads and processes: nothing that can block on a file runs here. */
+    if (spec->data.kind == DATA_SYNTHETIC) {
+        int64_t counts[SPEC_MAX_WORLD];
+        for (int r = 0; r < spec->world_size; r++)
+            counts[r] = spec_batches(spec_shard_rows(spec->data.samples, r, spec->world_size), spec->batch_size,
+                                     spec->data.drop_last);
+        /* Deferred first: the insert may answer before submit_checked returns. */
+        http_defer(req);
+        if ((rc = submit_checked(req, a, spec, counts, true, err)))
+            http_deferred_done(req, rc, err);
+        free(pl);
+        return DDPD_OK;
+    }
+    json_t *doc = json_pack("{s:i, s:o, s:s}", "world_size", spec->world_size, "spec", spec_to_json(spec),
+                            "data_dir", a->data_dir);
+    if (!doc) {
+        rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the job's data");
+        goto out;
+    }
+    pl->req = req;
+    pl->a = a;
+    http_defer(req);
+    if ((rc = planner_plan_async(a->planner, doc, spec->world_size, plan_timeout_s, planned, pl, err))) {
+        /* Nothing queued: answer the deferred request with the error now. */
+        http_deferred_done(req, rc, err);
+        return DDPD_OK;
+    }
+    return DDPD_OK; /* pl is the planner's now */
+out:
+    free(pl);
+    return rc;
 }
 
 /* ---- GET /v1/jobs, /v1/jobs/{id}, cancel, delete ------------------------------------------ */
@@ -624,6 +681,10 @@ static void *heartbeats(void *arg)
 
 ddpd_err api_start(struct api *a, struct ddpd_error *err)
 {
+    const char *pt = getenv("DDPD_PLAN_TIMEOUT_S");
+    char *end = NULL;
+    double t = pt ? strtod(pt, &end) : 0;
+    plan_timeout_s = pt && end != pt && !*end && t >= 1 && t <= 3600 ? t : PLAN_TIMEOUT_S;
     if (!(a->planner = planner_new(a->worker, PLANNERS)))
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory for the planner");
     job_cache_init();
@@ -705,9 +766,21 @@ static ddpd_err h_logs(struct http_request *req, struct ddpd_error *err)
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%" PRId64 "/rank-%" PRId64 ".log", a->jobs_dir, http_request_id(req, 0),
              rank);
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* Not blocking, no links, a regular file only: a FIFO or a device in the job's folder
+     * must not hold an HTTP thread (nor a link make it read another file). */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+        close(fd);
+        return ddpd_error_set(err, DDPD_EIO, "", "rank-%" PRId64 ".log of job %" PRId64 " is not a regular file",
+                              rank, http_request_id(req, 0));
+    }
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        if (fd >= 0)
+            close(fd);
         return http_respond_text(req, 200, "");
+    }
     /* The last `tail` lines: read at most 4 MiB from the end. */
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
