@@ -355,8 +355,9 @@ ddpd_err planner_plan_async(struct planner *p, json_t *doc, int world_size, doub
         rc = ddpd_error_set(err, DDPD_EBUSY, "",
                             "%zu data checks are waiting or running (at most %d); try again later", p->pending,
                             PLAN_QUEUE_MAX);
-    } else if (!p->threads) {
-        p->threads = calloc((size_t)p->n, sizeof *p->threads);
+    } else if (p->nthreads == 0) {
+        if (!p->threads)
+            p->threads = calloc((size_t)p->n, sizeof *p->threads);
         for (int i = 0; p->threads && i < p->n; i++)
             if (pthread_create(&p->threads[p->nthreads], NULL, plan_thread, p) == 0)
                 p->nthreads++;

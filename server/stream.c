@@ -15,6 +15,7 @@
 
 #define PAGE_EVENTS 1000
 #define PAGE_BYTES (64u * 1024)
+#define STREAM_AFTER_MAX (INT64_MAX / 2)
 
 /* Where a stream is. HISTORY: paging the store, no hub subscription. GAP: subscribed,
  * the hub delivers seq >= from; paging the store for seq < from. LIVE: pulling the hub.
@@ -115,7 +116,10 @@ ddpd_err stream_open(struct hub *h, struct store *s, int64_t job, int64_t after,
         st->page_events = STORE_EVENTS_MAX;
     st->wake = o->wake;
     st->ctx = o->ctx;
-    st->last = after;
+    /* No job gets near 2^62 events: a larger `after` means "nothing yet" as well, and
+     * keeps every seq + 1 here and in the hub from overflowing. */
+    st->last = after < 0 ? 0 : after > STREAM_AFTER_MAX ? STREAM_AFTER_MAX : after;
+    after = st->last;
 
     /* Subscribing first answers the common cases at once: a client that follows a live
      * job from the hub's tail (no gap), and the subscriber limit (503 now, not later). */
@@ -128,7 +132,7 @@ ddpd_err stream_open(struct hub *h, struct store *s, int64_t job, int64_t after,
     }
     if (from == after + 1) {
         st->ph = PH_LIVE;
-    } else if (from != HUB_SEQ_UNKNOWN && (uint64_t)(from - after - 1) <= st->page_events) {
+    } else if (from != HUB_SEQ_UNKNOWN && from > after && (uint64_t)(from - after - 1) <= st->page_events) {
         /* A short gap: fill it while the hub keeps what follows. */
         store_flush(s, NULL);
         st->ph = PH_GAP;
@@ -211,7 +215,7 @@ static void page_read(struct stream *st, int64_t bound)
         return;
     }
     if (f.bad) {
-        fail(st, "event %" PRId64 " of job %" PRId64 " cannot be framed", st->last + 1, st->job);
+        fail(st, "the event after seq %" PRId64 " of job %" PRId64 " cannot be framed", st->last, st->job);
         return;
     }
     if (f.final) {

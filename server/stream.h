@@ -48,7 +48,8 @@ struct stream_opts {
     void *ctx; /* borrowed, passed to wake */
 };
 
-/* Opens the stream of `job`'s events with seq > after (0 = from its first). `h` and `s`
+/* Opens the stream of `job`'s events with seq > after (0 = from its first; values past
+ * 2^62, where no seq gets, are taken as 2^62). `h` and `s`
  * are borrowed and must outlive the stream; `o` is borrowed. On DDPD_OK *out is a new
  * stream that the caller frees with stream_free. Errors: DDPD_EBUSY (the hub's
  * subscriber limit), DDPD_ENOMEM; err says which. The job's existence is the caller's

@@ -297,6 +297,16 @@ static void test_history(void)
     run_client(&c);
     CHECK(c.ended);
     CHECK_EQ_INT(c.frames, 0);
+    /* Past any seq, up to INT64_MAX (no overflow of seq + 1 in the stream or the hub,
+     * which UBSan would report): nothing, then the end. */
+    static const int64_t far[] = {N + 1, INT64_MAX / 2, INT64_MAX - 1, INT64_MAX};
+    for (size_t i = 0; i < sizeof far / sizeof far[0]; i++) {
+        struct client z = {.h = h, .s = s, .job = job, .after = far[i], .total = N, .fmt = HUB_FORMAT_SSE};
+        run_client(&z);
+        CHECK(z.ended);
+        CHECK_EQ_INT(z.frames, 0);
+        CHECK_EQ_INT(z.bad, 0);
+    }
     /* Default pages. */
     struct client d = {.h = h, .s = s, .job = job, .total = N, .fmt = HUB_FORMAT_SSE};
     run_client(&d);
@@ -368,6 +378,12 @@ static void test_seam(void)
             /* Every reopen was announced by a stream_error frame. */
             CHECK_EQ_INT(c[i].errors, c[i].reopens);
         }
+        /* The hub holds this finished job: past its last seq, up to INT64_MAX, nothing. */
+        struct client z = {.h = h, .s = s, .job = p.job, .after = INT64_MAX, .total = p.total,
+                           .fmt = HUB_FORMAT_NDJSON};
+        run_client(&z);
+        CHECK(z.ended);
+        CHECK_EQ_INT(z.frames, 0);
         hub_free(h);
         store_close(s);
     }
