@@ -1,11 +1,12 @@
 /* api.c — the /v1 handlers. Each validates what the client sent (errors name the JSON
  * path or the query parameter), reads the store for answers, and hands job changes to
- * the supervisor. Event streams follow hub.h's recipe: attach to the hub, fill the gap
- * from the store, then pull live events. */
+ * the supervisor. Event streams are stream.h's: the history paged from the store as the
+ * client reads it, then the hub's live events. */
 #include "api.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
@@ -24,6 +25,7 @@
 #include "launch.h"
 #include "plan.h"
 #include "store.h"
+#include "stream.h"
 #include "super.h"
 
 #define HEARTBEAT_S 15.0
@@ -232,62 +234,119 @@ static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const 
     free(sub);
 }
 
-static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
+/* The rest of a submission once its data counts are known (on the HTTP thread for
+ * synthetic data, on a planner thread otherwise): the join check, then the insert, whose
+ * commit answers the deferred request (submitted). Returns an error to answer with
+ * instead; then nothing was queued. */
+static ddpd_err submit_checked(struct http_request *req, struct api *a, const struct spec *spec,
+                               const int64_t *counts, bool known, struct ddpd_error *err)
 {
-    struct api *a = ctx_of(req);
-    json_t *body = http_request_json(req);
-    struct spec spec;
-    struct spec_parse_opts po = {.default_device = super_default_device(a->super)};
-    ddpd_err rc = spec_from_json(body, &po, &spec, err);
-    if (rc)
-        return rc;
-    char why[512];
-    if (!super_fits(a->super, spec.device, spec.world_size, why, sizeof why))
-        return ddpd_error_set(err, DDPD_ESPEC, "world_size", "%s", why);
-
-    /* The data must be readable and, with join false, even: ask the worker before queueing
-     * (synthetic data has nothing to read: its counts follow from the spec). */
-    int64_t counts[SPEC_MAX_WORLD];
-    bool known = spec.data.kind == DATA_SYNTHETIC;
-    if (known) {
-        for (int r = 0; r < spec.world_size; r++)
-            counts[r] = spec_batches(spec_shard_rows(spec.data.samples, r, spec.world_size), spec.batch_size,
-                                     spec.data.drop_last);
-    } else {
-        json_t *doc = json_pack("{s:i, s:o, s:s}", "world_size", spec.world_size, "spec", spec_to_json(&spec),
-                                "data_dir", a->data_dir);
-        if (!doc)
-            return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the job's data");
-        rc = planner_plan(a->planner, doc, spec.world_size, 30, counts, &known, err);
-        json_decref(doc);
-    }
-    if ((rc == DDPD_EDATA || rc == DDPD_ESPEC) && !err->path[0])
-        snprintf(err->path, sizeof err->path, "data");
-    if (rc)
-        return rc;
-    if (known && (rc = spec_check_batch_counts(&spec, counts, err)))
+    ddpd_err rc;
+    if (known && (rc = spec_check_batch_counts(spec, counts, err)))
         return rc;
 
     struct submission *sub = calloc(1, sizeof *sub);
-    if (!sub || !(sub->text = spec_dumps(&spec))) {
+    if (!sub || !(sub->text = spec_dumps(spec))) {
         free(sub);
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory storing the job");
     }
     sub->req = req;
     sub->a = a;
-    _Static_assert(sizeof sub->name == sizeof spec.name, "a spec's name fits the store's");
-    memcpy(sub->name, spec.name, sizeof sub->name);
-    sub->world_size = spec.world_size;
-    sub->device = spec.device;
-    sub->max_restarts = spec.max_restarts;
+    _Static_assert(sizeof sub->name == sizeof spec->name, "a spec's name fits the store's");
+    memcpy(sub->name, spec->name, sizeof sub->name);
+    sub->world_size = spec->world_size;
+    sub->device = spec->device;
+    sub->max_restarts = spec->max_restarts;
     /* Answered once the insert's group is committed: under load one commit serves many
      * submissions, and no HTTP thread waits for it. */
-    http_defer(req);
     struct store_job_new jn = {.name = sub->name, .spec = sub->text, .world_size = sub->world_size,
                                .device = sub->device, .max_restarts = sub->max_restarts,
                                .queued_event = true};
     store_job_insert_async(a->store, &jn, submitted, sub);
     return DDPD_OK;
+}
+
+/* A submission waiting for its data check. */
+struct planning {
+    struct http_request *req; /* deferred */
+    struct api *a;
+    struct spec spec;
+};
+
+/* The planner's answer, on a planner thread. */
+static void planned(void *ctx, ddpd_err rc, const int64_t *counts, bool known, const struct ddpd_error *perr)
+{
+    struct planning *pl = ctx;
+    struct ddpd_error err;
+    if (rc != DDPD_OK) {
+        err = *perr;
+        if ((rc == DDPD_EDATA || rc == DDPD_ESPEC) && !err.path[0])
+            snprintf(err.path, sizeof err.path, "data");
+    } else {
+        rc = submit_checked(pl->req, pl->a, &pl->spec, counts, known, &err);
+    }
+    if (rc != DDPD_OK)
+        http_deferred_done(pl->req, rc, &err);
+    free(pl);
+}
+
+_Static_assert(SPEC_MAX_WORLD <= PLAN_MAX_WORLD, "the planner takes every world size a spec allows");
+
+/* The data check's deadline: a data file that blocks on open holds a planner process
+ * (never an HTTP thread) this long. DDPD_PLAN_TIMEOUT_S (seconds, 1-3600) changes it, for
+ * tests of that case. */
+#define PLAN_TIMEOUT_S 30.0
+static double plan_timeout_s = PLAN_TIMEOUT_S;
+
+static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = ctx_of(req);
+    json_t *body = http_request_json(req);
+    struct spec_parse_opts po = {.default_device = super_default_device(a->super)};
+    struct planning *pl = calloc(1, sizeof *pl);
+    if (!pl)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the job");
+    struct spec *spec = &pl->spec;
+    ddpd_err rc = spec_from_json(body, &po, spec, err);
+    char why[512];
+    if (rc == DDPD_OK && !super_fits(a->super, spec->device, spec->world_size, why, sizeof why))
+        rc = ddpd_error_set(err, DDPD_ESPEC, "world_size", "%s", why);
+    if (rc)
+        goto out;
+
+    /* The data must be readable and, with join false, even. Synthetic data has nothing to
+     * read: its counts follow from the spec, here. Files are the planner's to read, on
+     * its own threads and processes: nothing that can block on a file runs here. */
+    if (spec->data.kind == DATA_SYNTHETIC) {
+        int64_t counts[SPEC_MAX_WORLD];
+        for (int r = 0; r < spec->world_size; r++)
+            counts[r] = spec_batches(spec_shard_rows(spec->data.samples, r, spec->world_size), spec->batch_size,
+                                     spec->data.drop_last);
+        /* Deferred first: the insert may answer before submit_checked returns. */
+        http_defer(req);
+        if ((rc = submit_checked(req, a, spec, counts, true, err)))
+            http_deferred_done(req, rc, err);
+        free(pl);
+        return DDPD_OK;
+    }
+    json_t *doc = json_pack("{s:i, s:o, s:s}", "world_size", spec->world_size, "spec", spec_to_json(spec),
+                            "data_dir", a->data_dir);
+    if (!doc) {
+        rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the job's data");
+        goto out;
+    }
+    pl->req = req;
+    pl->a = a;
+    http_defer(req);
+    if ((rc = planner_plan_async(a->planner, doc, spec->world_size, plan_timeout_s, planned, pl, err))) {
+        /* Nothing queued: answer the deferred request with the error now. */
+        http_deferred_done(req, rc, err);
+        return DDPD_OK;
+    }
+    return DDPD_OK; /* pl is the planner's now */
+out:
+    free(pl);
+    return rc;
 }
 
 /* ---- GET /v1/jobs, /v1/jobs/{id}, cancel, delete ------------------------------------------ */
@@ -428,8 +487,8 @@ static ddpd_err h_delete(struct http_request *req, struct ddpd_error *err)
 
 struct evstream {
     pthread_mutex_t mu;
-    int refs;             /* the handler's and on_close's */
-    struct hub_sub *sub;
+    int refs;               /* the handler's and on_close's */
+    struct stream *stream;  /* history from the store, then the hub (stream.h) */
     struct http_stream *st;
     hub_format fmt;
     _Atomic int64_t last_write_us; /* written by the pulling thread, read by the heartbeats */
@@ -449,8 +508,8 @@ static int64_t mono_us(void)
 
 static double idle_s(const struct evstream *es) { return (double)(mono_us() - es->last_write_us) * 1e-6; }
 
-/* The last reference (the handler's or on_close's) ends the subscription, gives the
- * owner's reference of the stream back and frees. */
+/* The last reference (the handler's or on_close's) ends the stream, gives the owner's
+ * reference of the HTTP stream back and frees. */
 static void es_unref(struct evstream *es)
 {
     pthread_mutex_lock(&es->mu);
@@ -458,7 +517,7 @@ static void es_unref(struct evstream *es)
     pthread_mutex_unlock(&es->mu);
     if (left > 0)
         return;
-    hub_unsubscribe(es->sub); /* no on_ready after this */
+    stream_free(es->stream); /* no wake after this */
     http_stream_close(es->st);
     pthread_mutex_destroy(&es->mu);
     free(es);
@@ -473,21 +532,17 @@ static void es_wake(void *arg)
     pthread_mutex_unlock(&es->mu);
 }
 
-static void es_drop(void *arg, const char *reason)
-{
-    (void)reason;
-    es_wake(arg);
-}
-
+/* The HTTP layer's pull: called when the client can take bytes, so a page of history is
+ * read from the store only when the previous one has gone out. */
 static long es_pull(void *arg, char *buf, size_t cap)
 {
     struct evstream *es = arg;
     size_t len = 0;
-    switch (hub_sub_next(es->sub, buf, cap, &len)) {
-    case HUB_DATA:
+    switch (stream_next(es->stream, buf, cap, &len)) {
+    case STREAM_DATA:
         es->last_write_us = mono_us();
         return (long)len;
-    case HUB_AGAIN:
+    case STREAM_AGAIN:
         if (idle_s(es) >= HEARTBEAT_S) {
             /* Finds dead clients: a write to a closed connection fails. */
             const char *hb = hub_heartbeat(es->fmt, &len);
@@ -498,8 +553,8 @@ static long es_pull(void *arg, char *buf, size_t cap)
             }
         }
         return 0;
-    case HUB_END:
-    case HUB_DROPPED:
+    case STREAM_END:
+    case STREAM_CLOSED:
         return -1;
     }
     return -1;
@@ -522,33 +577,6 @@ static void es_close(void *arg, enum http_stream_end why)
     es->closed = true;
     pthread_mutex_unlock(&es->mu);
     es_unref(es);
-}
-
-struct gap {
-    struct evstream *es;
-    int64_t from, last;
-    bool final, failed;
-};
-
-static bool gap_row(void *ctx, const struct store_event_row *row)
-{
-    struct gap *g = ctx;
-    if (row->seq >= g->from)
-        return false;
-    char frame[HUB_FRAME_MAX];
-    int n = hub_format_event(g->es->fmt, row->seq, event_kind_name(row->kind), row->body, row->len, frame,
-                             sizeof frame);
-    if (n > 0 && http_stream_write(g->es->st, frame, (size_t)n) != DDPD_OK) {
-        g->failed = true;
-        return false;
-    }
-    g->last = row->seq;
-    if (row->kind == EVENT_STATE) {
-        struct event ev;
-        if (event_decode(row->body, row->len, &ev, NULL) == DDPD_OK && hub_event_is_final(&ev))
-            g->final = true;
-    }
-    return true;
 }
 
 static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
@@ -589,26 +617,24 @@ static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
     es->refs = 2;
     es->fmt = fmt_idx == 1 ? HUB_FORMAT_NDJSON : HUB_FORMAT_SSE;
     es->last_write_us = mono_us();
-    struct hub_sub_opts so = {.format = es->fmt, .on_ready = es_wake, .on_drop = es_drop, .ctx = es};
-    int64_t from;
-    if ((rc = hub_subscribe(a->hub, job, after, &so, &es->sub, &from))) {
+    struct stream_opts so = {.format = es->fmt, .wake = es_wake, .ctx = es};
+    if ((rc = stream_open(a->hub, a->store, job, after, &so, &es->stream, err))) {
         pthread_mutex_destroy(&es->mu);
         free(es);
-        return ddpd_error_set(err, rc, "", "cannot follow job %" PRId64 " now: too many subscribers", job);
+        return rc;
     }
     struct http_stream_opts ho = {
         .content_type = es->fmt == HUB_FORMAT_SSE ? "text/event-stream" : "application/x-ndjson",
-        /* The history from the store is written before the client reads: room for it.
-         * A longer history ends the stream as slow; an SSE client resumes from its
-         * Last-Event-ID. */
-        .max_buffer = 32u << 20,
+        /* Everything is pulled (es_pull), nothing written ahead: the history is paged
+         * from the store as the client reads it. */
+        .max_buffer = 64u << 10,
         .on_close = es_close,
         .arg = es,
         .pull = es_pull,
     };
     struct http_stream *st;
     if ((rc = http_respond_stream(req, &ho, &st, err))) {
-        hub_unsubscribe(es->sub);
+        stream_free(es->stream);
         pthread_mutex_destroy(&es->mu);
         free(es);
         return rc;
@@ -622,30 +648,6 @@ static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
         streams->prev = es;
     streams = es;
     pthread_mutex_unlock(&streams_mu);
-
-    /* The history the hub no longer (or never) held comes from the store. */
-    if (from > after + 1) {
-        struct gap g = {.es = es, .from = from, .last = after};
-        store_flush(a->store, NULL);
-        for (;;) {
-            size_t count = 0;
-            int64_t before = g.last;
-            if (store_events_read(a->store, job, g.last, 10000, gap_row, &g, &count, NULL) != DDPD_OK ||
-                g.failed || count == 0 || g.last == before || g.last + 1 >= from)
-                break;
-        }
-        if (!g.final && from == HUB_SEQ_UNKNOWN) {
-            /* The hub never saw this job: when it has finished, its final event was in
-             * the store before the row said so, and the client has it already. */
-            struct store_job jj;
-            memset(&jj, 0, sizeof jj);
-            if (store_job_get(a->store, job, &jj, NULL) == DDPD_OK &&
-                (JOB_STATE_BIT(jj.state) & JOB_STATES_FINAL))
-                g.final = true;
-            store_job_clear(&jj);
-        }
-        hub_sub_gap_filled(es->sub, g.last, g.final);
-    }
     es_wake(es);
     es_unref(es);
     return DDPD_OK;
@@ -685,6 +687,10 @@ static void *heartbeats(void *arg)
 
 ddpd_err api_start(struct api *a, struct ddpd_error *err)
 {
+    const char *pt = getenv("DDPD_PLAN_TIMEOUT_S");
+    char *end = NULL;
+    double t = pt ? strtod(pt, &end) : 0;
+    plan_timeout_s = pt && end != pt && !*end && t >= 1 && t <= 3600 ? t : PLAN_TIMEOUT_S;
     if (!(a->planner = planner_new(a->worker, PLANNERS)))
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory for the planner");
     job_cache_init();
@@ -766,9 +772,21 @@ static ddpd_err h_logs(struct http_request *req, struct ddpd_error *err)
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%" PRId64 "/rank-%" PRId64 ".log", a->jobs_dir, http_request_id(req, 0),
              rank);
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* Not blocking, no links, a regular file only: a FIFO or a device in the job's folder
+     * must not hold an HTTP thread (nor a link make it read another file). */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+        close(fd);
+        return ddpd_error_set(err, DDPD_EIO, "", "rank-%" PRId64 ".log of job %" PRId64 " is not a regular file",
+                              rank, http_request_id(req, 0));
+    }
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        if (fd >= 0)
+            close(fd);
         return http_respond_text(req, 200, "");
+    }
     /* The last `tail` lines: read at most 4 MiB from the end. */
     fseek(f, 0, SEEK_END);
     long size = ftell(f);

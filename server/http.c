@@ -793,7 +793,9 @@ ddpd_err http_respond_file(struct http_request *req, const char *path, const cha
 {
     if (responded(req))
         return ddpd_error_set(err, DDPD_EINTERNAL, "", "a response was already set");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO where a file was expected must not hold the HTTP thread in
+     * open (it is then refused as not a regular file). */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         if (fd >= 0)

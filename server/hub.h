@@ -18,7 +18,8 @@
  * (on_ready, on_drop) run on the thread that caused them (usually the publisher), never
  * under a hub lock, and never after hub_unsubscribe has returned.
  *
- * Serving GET /v1/jobs/{id}/events (the handler's recipe, gap-free and duplicate-free):
+ * Serving GET /v1/jobs/{id}/events (the recipe, gap-free and duplicate-free; server/stream.c
+ * follows it, paging the store's part, and joins the hub only once it has caught up):
  *   The supervisor appends every event to the store BEFORE it publishes it here. Then:
  *   1. sub = hub_subscribe(hub, job, after_seq, ..., &from)    (attaches atomically)
  *   2. if from > after_seq + 1: store_flush(), then send the store's events with

@@ -28,12 +28,30 @@ struct proc {
     bool busy;
 };
 
+/* A queued asynchronous plan (planner_plan_async). */
+struct plan_req {
+    json_t *doc;
+    int world_size;
+    double deadline, timeout_s;
+    planner_done_fn done;
+    void *ctx;
+    struct plan_req *next;
+};
+
 struct planner {
     char *worker;
     int n;
     pthread_mutex_t mu;
     pthread_cond_t free_cv;
     struct proc *procs;
+    /* Asynchronous plans, under mu: a FIFO of requests, `n` threads that run them (started
+     * on first use), and the count of requests queued or running (capped). */
+    pthread_cond_t queue_cv;
+    struct plan_req *head, *tail;
+    size_t pending;
+    pthread_t *threads;
+    int nthreads;
+    bool stop;
 };
 
 struct planner *planner_new(const char *worker, int procs)
@@ -52,6 +70,7 @@ struct planner *planner_new(const char *worker, int procs)
     }
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->free_cv, NULL);
+    pthread_cond_init(&p->queue_cv, NULL);
     return p;
 }
 
@@ -73,8 +92,18 @@ void planner_free(struct planner *p)
 {
     if (!p)
         return;
+    /* The threads finish what they run (within its deadline) and answer what is still
+     * queued as refused. */
+    pthread_mutex_lock(&p->mu);
+    p->stop = true;
+    pthread_cond_broadcast(&p->queue_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->nthreads; i++)
+        pthread_join(p->threads[i], NULL);
+    free(p->threads);
     for (int i = 0; i < p->n; i++)
         proc_stop(&p->procs[i]);
+    pthread_cond_destroy(&p->queue_cv);
     pthread_cond_destroy(&p->free_cv);
     pthread_mutex_destroy(&p->mu);
     free(p->procs);
@@ -120,7 +149,10 @@ static ddpd_err read_line(struct proc *c, const char *worker, double deadline, d
         int left = (int)((deadline - proc_now_mono()) * 1000);
         struct pollfd pf = {.fd = c->out_fd, .events = POLLIN};
         if (left <= 0 || poll(&pf, 1, left) == 0)
-            return ddpd_error_set(err, DDPD_EIO, "", "%s --plan did not answer within %.0f s", worker, timeout_s);
+            return ddpd_error_set(err, DDPD_EDATA, "data",
+                                  "the data files could not be read within %.0f s (does one block on open: a "
+                                  "FIFO, a device, a hung network mount?); the check was given up",
+                                  timeout_s);
         ssize_t n = read(c->out_fd, buf + len, ANSWER_MAX - 1 - len);
         if (n < 0 && errno == EINTR)
             continue;
@@ -195,19 +227,22 @@ static void give_slot(struct planner *p, int i)
     pthread_mutex_unlock(&p->mu);
 }
 
-ddpd_err planner_plan(struct planner *p, json_t *doc, int world_size, double timeout_s, int64_t *counts,
-                      bool *known, struct ddpd_error *err)
+/* planner_plan by `deadline` (monotonic); its messages say `timeout_s`, the whole
+ * deadline the caller was given (an asynchronous plan spent part of it queued). */
+static ddpd_err plan_by(struct planner *p, json_t *doc, int world_size, double deadline, double timeout_s,
+                        int64_t *counts, bool *known, struct ddpd_error *err)
 {
     *known = false;
-    double deadline = proc_now_mono() + timeout_s;
     char *text = json_dumps(doc, JSON_COMPACT);
     if (!text)
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory encoding the plan request");
     int i = take_slot(p, deadline);
     if (i < 0) {
         free(text);
-        return ddpd_error_set(err, DDPD_EIO, "", "no %s --plan process came free within %.0f s", p->worker,
-                              timeout_s);
+        return ddpd_error_set(err, DDPD_EBUSY, "",
+                              "every data check was busy for %.0f s (%d at a time, each up to its own "
+                              "deadline); try again later",
+                              timeout_s, p->n);
     }
     /* The slot is ours alone until give_slot: its process is used without the lock. */
     struct proc *c = &p->procs[i];
@@ -221,17 +256,26 @@ ddpd_err planner_plan(struct planner *p, json_t *doc, int world_size, double tim
         if (proc_write_all(c->in_fd, text, n + 1))
             rc = ddpd_error_set(err, DDPD_EIO, "", "%s --plan ended: %s", p->worker, strerror(errno));
     }
+    bool line_ok = false;
     if (rc == DDPD_OK)
         rc = read_line(c, p->worker, deadline, timeout_s, line, err);
-    if (rc == DDPD_OK)
+    if (rc == DDPD_OK) {
+        line_ok = true;
         rc = parse_answer(line, p->worker, world_size, counts, known, err);
-    /* A process that failed to answer is out of step with its pipe: replace it. */
-    if (rc == DDPD_EIO || rc == DDPD_ENOMEM)
+    }
+    /* A process that failed to answer (in time) is out of step with its pipe: replace it. */
+    if (rc == DDPD_EIO || rc == DDPD_ENOMEM || (rc == DDPD_EDATA && !line_ok))
         proc_stop(c);
     give_slot(p, i);
     free(line);
     free(text);
     return rc;
+}
+
+ddpd_err planner_plan(struct planner *p, json_t *doc, int world_size, double timeout_s, int64_t *counts,
+                      bool *known, struct ddpd_error *err)
+{
+    return plan_by(p, doc, world_size, proc_now_mono() + timeout_s, timeout_s, counts, known, err);
 }
 
 ddpd_err plan_once(const char *worker, json_t *doc, int world_size, double timeout_s, int64_t *counts,
@@ -242,5 +286,98 @@ ddpd_err plan_once(const char *worker, json_t *doc, int world_size, double timeo
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory starting %s --plan", worker);
     ddpd_err rc = planner_plan(p, doc, world_size, timeout_s, counts, known, err);
     planner_free(p);
+    return rc;
+}
+
+/* ---- asynchronous plans ---------------------------------------------------------------- */
+
+static void *plan_thread(void *arg)
+{
+    struct planner *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->head && !p->stop)
+            pthread_cond_wait(&p->queue_cv, &p->mu);
+        if (!p->head)
+            break; /* stopping, nothing left */
+        struct plan_req *r = p->head;
+        p->head = r->next;
+        if (!p->head)
+            p->tail = NULL;
+        bool stopping = p->stop;
+        pthread_mutex_unlock(&p->mu);
+
+        int64_t counts[PLAN_MAX_WORLD];
+        bool known = false;
+        struct ddpd_error err;
+        ddpd_error_clear(&err);
+        double left = r->deadline - proc_now_mono();
+        ddpd_err rc;
+        if (stopping)
+            rc = ddpd_error_set(&err, DDPD_EBUSY, "", "the server is shutting down");
+        else if (left <= 0)
+            rc = ddpd_error_set(&err, DDPD_EBUSY, "",
+                                "every data check was busy for %.0f s (%d at a time, each up to its own "
+                                "deadline); try again later",
+                                r->timeout_s, p->n);
+        else
+            rc = plan_by(p, r->doc, r->world_size, r->deadline, r->timeout_s, counts, &known, &err);
+        r->done(r->ctx, rc, counts, known, &err);
+        json_decref(r->doc);
+        free(r);
+
+        pthread_mutex_lock(&p->mu);
+        p->pending--;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+ddpd_err planner_plan_async(struct planner *p, json_t *doc, int world_size, double timeout_s,
+                            planner_done_fn done, void *ctx, struct ddpd_error *err)
+{
+    ddpd_err rc = DDPD_OK;
+    struct plan_req *r = NULL;
+    if (world_size < 1 || world_size > PLAN_MAX_WORLD) {
+        rc = ddpd_error_set(err, DDPD_EINTERNAL, "", "plan of %d ranks (at most %d)", world_size, PLAN_MAX_WORLD);
+        goto out;
+    }
+    if (!(r = calloc(1, sizeof *r))) {
+        rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory queueing the data check");
+        goto out;
+    }
+    *r = (struct plan_req){.doc = doc, .world_size = world_size, .timeout_s = timeout_s,
+                           .deadline = proc_now_mono() + timeout_s, .done = done, .ctx = ctx};
+    pthread_mutex_lock(&p->mu);
+    if (p->stop) {
+        rc = ddpd_error_set(err, DDPD_EBUSY, "", "the server is shutting down");
+    } else if (p->pending >= PLAN_QUEUE_MAX) {
+        rc = ddpd_error_set(err, DDPD_EBUSY, "",
+                            "%zu data checks are waiting or running (at most %d); try again later", p->pending,
+                            PLAN_QUEUE_MAX);
+    } else if (p->nthreads == 0) {
+        if (!p->threads)
+            p->threads = calloc((size_t)p->n, sizeof *p->threads);
+        for (int i = 0; p->threads && i < p->n; i++)
+            if (pthread_create(&p->threads[p->nthreads], NULL, plan_thread, p) == 0)
+                p->nthreads++;
+        if (p->nthreads == 0)
+            rc = ddpd_error_set(err, DDPD_EINTERNAL, "", "cannot start the data check threads");
+    }
+    if (rc == DDPD_OK) {
+        if (p->tail)
+            p->tail->next = r;
+        else
+            p->head = r;
+        p->tail = r;
+        p->pending++;
+        pthread_cond_signal(&p->queue_cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+out:
+    if (rc != DDPD_OK) {
+        free(r);
+        json_decref(doc);
+    }
     return rc;
 }

@@ -2018,11 +2018,11 @@ static event_kind kind_parse(const char *name)
     return EVENT_STATE; /* NEVER: only the writer stores kinds, by event_kind_name */
 }
 
-ddpd_err store_events_read(struct store *s, int64_t job, int64_t after_seq, int max,
+ddpd_err store_events_page(struct store *s, int64_t job, int64_t after_seq, int max, size_t max_bytes,
                            bool (*fn)(void *ctx, const struct store_event_row *row), void *ctx, size_t *count,
                            struct ddpd_error *err)
 {
-    size_t got = 0;
+    size_t got = 0, bytes = 0;
     if (max <= 0 || max > STORE_EVENTS_MAX)
         max = STORE_EVENTS_MAX;
     struct conn *c = reader_get(s, err);
@@ -2049,11 +2049,18 @@ ddpd_err store_events_read(struct store *s, int64_t job, int64_t after_seq, int 
             .body = col_text(st, 5),
         };
         row.len = (size_t)sqlite3_column_bytes(st, 5);
-        got++;
+        /* The byte cap: never more than max_bytes of bodies, but always the first row
+         * (a page that could hold nothing would never advance). */
+        if (max_bytes && got > 0 && row.len > max_bytes - bytes) {
+            rc = SQLITE_DONE;
+            break;
+        }
         if (!fn(ctx, &row)) {
             rc = SQLITE_DONE;
             break;
         }
+        got++;
+        bytes += row.len;
     }
     if (rc != SQLITE_DONE)
         e = sq_fail(err, c->db, rc, "read events");
@@ -2063,6 +2070,13 @@ out:
     if (count)
         *count = got;
     return e;
+}
+
+ddpd_err store_events_read(struct store *s, int64_t job, int64_t after_seq, int max,
+                           bool (*fn)(void *ctx, const struct store_event_row *row), void *ctx, size_t *count,
+                           struct ddpd_error *err)
+{
+    return store_events_page(s, job, after_seq, max, 0, fn, ctx, count, err);
 }
 
 ddpd_err store_event_max_seq(struct store *s, int64_t job, int64_t *seq, struct ddpd_error *err)

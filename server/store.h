@@ -327,11 +327,19 @@ struct store_event_row {
 };
 /* Calls `fn` for each committed event of `job` with seq > after_seq, in seq order, at
  * most `max` of them (0 = STORE_EVENTS_MAX; larger is cut to it); `fn` returns false to
- * stop. `fn` runs while a reader connection is held: it must not call the store. Sets
- * *count (may be NULL) to the number delivered. A job without events (or no such job)
- * delivers none. */
+ * stop (that row does not count as delivered). `fn` runs while a reader connection is
+ * held: it must not call the store. Sets *count (may be NULL) to the number delivered
+ * (accepted by `fn`). A job without events (or no such job) delivers none. */
 #define STORE_EVENTS_MAX 100000
 ddpd_err store_events_read(struct store *s, int64_t job, int64_t after_seq, int max,
+                           bool (*fn)(void *ctx, const struct store_event_row *row), void *ctx, size_t *count,
+                           struct ddpd_error *err);
+/* One page of the same read, for a stream that pages a long history as its client reads
+ * it: also stops before the row that would take the bodies delivered past max_bytes (0 =
+ * no byte cap; the first row is always delivered, whatever its size). One statement on a
+ * reader connection: it never takes or waits for the write lock, and holds nothing
+ * between pages (the next page is the read with after_seq = the last seq delivered). */
+ddpd_err store_events_page(struct store *s, int64_t job, int64_t after_seq, int max, size_t max_bytes,
                            bool (*fn)(void *ctx, const struct store_event_row *row), void *ctx, size_t *count,
                            struct ddpd_error *err);
 
