@@ -24,7 +24,10 @@
     X(EAUTH,     401, 1, "unauthorized")                         \
     X(EBUSY,     503, 1, "busy")                                 \
     X(EINTERNAL, 500, 1, "internal error")                       \
-    X(EUNAVAIL,  503, 1, "store unavailable")
+    X(EUNAVAIL,  503, 1, "store unavailable")                    \
+    X(EREQUEST,  400, 1, "bad request")                          \
+    X(EFORBIDDEN, 403, 1, "forbidden")                           \
+    X(EMEDIATYPE, 415, 1, "unsupported media type")
 
 typedef enum {
 #define DDPD__ERR_ENUM(name, http, exit, text) DDPD_##name,
