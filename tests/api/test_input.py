@@ -397,7 +397,8 @@ def test_chunked_body_far_over_the_limit_is_413(server):
     (b"a" * 5000 + b"\n", "5000 bytes; the limit is 4095"),
     (b"a" * 9000, "larger than 8192 bytes"),
     (b" \n\t\n", "no token"),
-])
+], ids=["space", "tab", "control", "two-lines", "leading-space", "non-ascii", "5000-bytes", "9000-byte-file",
+        "blank"])
 def test_token_file_that_no_client_can_send_refuses_to_start(work, content, why):
     """A token with whitespace or control bytes inside, or over 4095 bytes (it used to be
     cut there silently), can never be sent back: the server refuses to start (exit 2) with
@@ -411,7 +412,8 @@ def test_token_file_that_no_client_can_send_refuses_to_start(work, content, why)
     assert str(s.token_file) in err and why in err, err[-600:]
 
 
-@pytest.mark.parametrize("content", [b"s3cret  \n\n", b"s3cret\r\n", b"s3cret", b"s3cret\t \n \n"])
+@pytest.mark.parametrize("content", [b"s3cret  \n\n", b"s3cret\r\n", b"s3cret", b"s3cret\t \n \n"],
+                         ids=["spaces-blank-line", "crlf", "no-newline", "tab-space-lines"])
 def test_token_file_trailing_whitespace_is_trimmed(make_server, content):
     """Trailing spaces, CRLF or blank lines after the token made a token no client could
     send (every request was 401); they are trimmed."""
