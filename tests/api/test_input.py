@@ -423,3 +423,25 @@ def test_token_file_trailing_whitespace_is_trimmed(make_server, content):
     assert srv.get("/v1/jobs").status_code == 200
     assert srv.get("/v1/jobs", auth=False).status_code == 401
     assert srv.get("/v1/jobs", auth=False, headers={"Authorization": "Bearer s3cret  "}).status_code == 200
+
+
+def test_fifo_data_file_is_refused_at_submit_and_in_the_worker(server):
+    """A FIFO named as a data file blocked the open until a writer came: the POST waited for
+    its planner's 30 s deadline, a rank for ever. Data files are opened O_NONBLOCK and must
+    be regular files: 422 at submit, and a failed job (not a hung one) for {rank} files,
+    which only the ranks open."""
+    import numpy as np
+    os.mkfifo(server.data_dir / "fifo.npy")
+    os.mkfifo(server.data_dir / "fx_0.npy")
+    np.save(server.data_dir / "y.npy", np.zeros((4, 5), np.float32))
+    np.save(server.data_dir / "fy_0.npy", np.zeros((4, 5), np.float32))
+    t0 = time.monotonic()
+    e = err_of(server.post("/v1/jobs", json=seed_spec(data={"type": "npy", "x": "fifo.npy", "y": "y.npy"}),
+                           timeout=20), 422)
+    assert "fifo.npy" in e["message"] and "not a regular file (a FIFO)" in e["message"], e
+    print(f"FIFO refused at submit after {time.monotonic() - t0:.2f} s")
+    assert no_jobs(server)
+    jid = server.submit(seed_spec(steps=3, epochs=None, data={"type": "npy", "x": "fx_{rank}.npy",
+                                                              "y": "fy_{rank}.npy"}))["id"]
+    j = server.wait_state(jid, ("failed", "succeeded", "cancelled"), timeout=60)
+    assert j["state"] == "failed" and "FIFO" in (j["error"] or ""), j

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -767,11 +768,24 @@ static void race_run(const char *how, int tries)
     char one;
     CHECK(pid > 0 && read(ready[0], &one, 1) == 1); /* it is swapping */
     close(ready[0]);
-    /* At least `tries` opens, and on until both outcomes were seen often (or 20 times the
-     * tries): a busy machine may run the swapper rarely. */
+    /* At least `tries` opens, and on until both outcomes were seen often (at most 200 times
+     * the tries, or a minute): a busy machine may run the swapper rarely. */
     int inside = 0, outside = 0, refused = 0, n = 0;
     float x[4], y[4];
-    for (; pid > 0 && n < 20 * tries && (n < tries || inside < tries / 10 || refused < tries / 10); n++) {
+    unsigned seed = 15;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (; pid > 0 && n < 200 * tries && (n < tries || inside < tries / 10 || refused < tries / 10); n++) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (n >= tries && t1.tv_sec - t0.tv_sec > 60)
+            break;
+        /* Back to back first (what found the old window: 64 of 300 read outside); then,
+         * should the opens have fallen into step with the swaps (one outcome only), with
+         * random pauses until both outcomes were met. */
+        if (n >= tries) {
+            struct timespec pause = {0, (long)(rand_r(&seed) % 50000)};
+            nanosleep(&pause, NULL);
+        }
         struct ddpd_error err = {0};
         struct dataset *ds = dataset_open(&s, datadir, 0, 1, &err);
         if (!ds) {
@@ -794,6 +808,13 @@ static void race_run(const char *how, int tries)
         waitpid(pid, &status, 0);
         CHECK(WIFSIGNALED(status)); /* it was still swapping: every exchange worked */
     }
+    /* Leave race/sub the directory and race/alt the link, whichever they were at the end. */
+    char a[8192], b[8192];
+    struct stat st;
+    snprintf(a, sizeof a, "%s/race/sub", datadir);
+    snprintf(b, sizeof b, "%s/race/alt", datadir);
+    if (lstat(a, &st) == 0 && S_ISLNK(st.st_mode))
+        CHECK(renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0);
     fprintf(stderr, "  %s: %d opens while swapping: %d inside, %d refused, %d outside\n", how, n, inside, refused,
             outside);
     CHECK_EQ_INT(outside, 0);
@@ -822,9 +843,9 @@ static void test_confinement_race(void)
     CHECK_EQ_STR(open_fails(&s, DDPD_ESPEC, "data.x"),
                  "data.x: \"race/alt/x.npy\" leaves the data directory (through a symbolic link)");
 
-    race_run("openat2", 300);
+    race_run("openat2", 1000);
     setenv("DDPD_NO_OPENAT2", "1", 1); /* the walk used where the kernel has no openat2 */
-    race_run("O_NOFOLLOW walk", 300);
+    race_run("O_NOFOLLOW walk", 1000);
     spec_npy(&s, "race/alt/x.npy", "data/py.npy");
     CHECK_EQ_STR(open_fails(&s, DDPD_ESPEC, "data.x"),
                  "data.x: \"race/alt/x.npy\" leaves the data directory (through a symbolic link)");
