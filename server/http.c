@@ -487,7 +487,7 @@ struct http_server {
     char *token;
     size_t token_len;
     char *cors; /* Access-Control-Allow-Origin, NULL = none */
-    bool host_check;       /* no token: only local Host names (http_config.cors_origin) */
+    bool host_check;       /* no token: AUTH routes answer only local Host names (http.h) */
     bool listen_loopback;  /* the listen address is a loopback one */
     size_t max_body;
     unsigned request_timeout_ms, idle_timeout_s;
