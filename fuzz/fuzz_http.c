@@ -147,7 +147,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (l == 0 || (l == 1 && ls[0] == '\r'))
             break;
         size_t vl = l && ls[l - 1] == '\r' ? l - 1 : l;
-        char *dst = vl > 6 && !strncasecmp(ls, "Host: ", 6) ? host : vl > 8 && !strncasecmp(ls, "Origin: ", 8) ? origin : NULL;
+        char *dst = vl > 6 && !strncasecmp(ls, "Host: ", 6)     ? host
+                    : vl > 8 && !strncasecmp(ls, "Origin: ", 8) ? origin
+                                                                : NULL;
         size_t skip = dst == host ? 6 : 8;
         if (dst && vl - skip < sizeof host && !memchr(ls + skip, '\0', vl - skip)) {
             memcpy(dst, ls + skip, vl - skip);

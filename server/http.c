@@ -486,9 +486,9 @@ struct http_server {
     struct http_config cfg;
     char *token;
     size_t token_len;
-    char *cors; /* Access-Control-Allow-Origin, NULL = none */
-    bool host_check;       /* no token: AUTH routes answer only local Host names (http.h) */
-    bool listen_loopback;  /* the listen address is a loopback one */
+    char *cors;           /* Access-Control-Allow-Origin, NULL = none */
+    bool host_check;      /* no token: AUTH routes answer only local Host names (http.h) */
+    bool listen_loopback; /* the listen address is a loopback one */
     size_t max_body;
     unsigned request_timeout_ms, idle_timeout_s;
 
@@ -1846,9 +1846,9 @@ struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_e
         flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_log, s, MHD_OPTION_LISTEN_SOCKET,
         mhd_fd, MHD_OPTION_CONNECTION_LIMIT, cfg->connection_limit ? cfg->connection_limit : 1024u,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, cfg->per_ip_limit ? cfg->per_ip_limit : 256u,
-        MHD_OPTION_CONNECTION_TIMEOUT, s->idle_timeout_s, MHD_OPTION_URI_LOG_CALLBACK, uri_seen, s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        cfg->memory_limit ? cfg->memory_limit : (size_t)64 * 1024, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-        s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_CONNECTION_TIMEOUT, s->idle_timeout_s, MHD_OPTION_URI_LOG_CALLBACK, uri_seen, s,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, cfg->memory_limit ? cfg->memory_limit : (size_t)64 * 1024,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
         /* The pool option last: without a pool it is the end marker itself. */
         pool ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, pool, MHD_OPTION_END);
     if (!s->d) {

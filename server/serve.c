@@ -181,7 +181,9 @@ static char *read_token(const char *path, char *why, size_t cap)
             snprintf(why, cap,
                      "the token holds %s (byte 0x%02x) at offset %zu; a token is one line of printable "
                      "ASCII without spaces, which a client can send as 'Authorization: Bearer <token>'",
-                     c == ' ' || c == '\t' ? "whitespace" : c >= 0x7f ? "a non-ASCII byte" : "a control byte",
+                     c == ' ' || c == '\t' ? "whitespace"
+                     : c >= 0x7f           ? "a non-ASCII byte"
+                                           : "a control byte",
                      c, i);
             return NULL;
         }

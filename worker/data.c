@@ -336,8 +336,8 @@ static int path_open(const char *data_dir, const char *field, const char *given,
     int root = -1, fd = -1;
     struct stat st;
     if (name[0] == '/') {
-        fail(err, DDPD_ESPEC, field, "\"%s\" is an absolute path; data paths are relative to the data directory",
-             given);
+        fail(err, DDPD_ESPEC, field,
+             "\"%s\" is an absolute path; data paths are relative to the data directory", given);
         goto out;
     }
     for (const char *c = name; *c;) {
@@ -369,15 +369,15 @@ static int path_open(const char *data_dir, const char *field, const char *given,
     }
     if (!S_ISREG(st.st_mode)) {
         fail(err, DDPD_EDATA, name, "not a regular file%s",
-             S_ISFIFO(st.st_mode)                          ? " (a FIFO)"
+             S_ISFIFO(st.st_mode)                         ? " (a FIFO)"
              : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? " (a device)"
-             : S_ISSOCK(st.st_mode)                        ? " (a socket)"
-                                                           : "");
+             : S_ISSOCK(st.st_mode)                       ? " (a socket)"
+                                                          : "");
         goto fail;
     }
     if ((int64_t)st.st_size > DATA_MAX_FILE) {
-        fail(err, DDPD_EDATA, name, "too large: %" PRId64 " bytes (the limit is %lld GiB)", (int64_t)st.st_size,
-             DATA_MAX_FILE >> 30);
+        fail(err, DDPD_EDATA, name, "too large: %" PRId64 " bytes (the limit is %lld GiB)",
+             (int64_t)st.st_size, DATA_MAX_FILE >> 30);
         goto fail;
     }
     if (size)

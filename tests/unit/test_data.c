@@ -815,8 +815,8 @@ static void race_run(const char *how, int tries)
     snprintf(b, sizeof b, "%s/race/alt", datadir);
     if (lstat(a, &st) == 0 && S_ISLNK(st.st_mode))
         CHECK(renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0);
-    fprintf(stderr, "  %s: %d opens while swapping: %d inside, %d refused, %d outside\n", how, n, inside, refused,
-            outside);
+    fprintf(stderr, "  %s: %d opens while swapping: %d inside, %d refused, %d outside\n", how, n, inside,
+            refused, outside);
     CHECK_EQ_INT(outside, 0);
     CHECK(inside > 0 && refused > 0); /* the race was run: both states were met */
 }
@@ -871,9 +871,11 @@ static void test_special_files(void)
         struct spec s;
         spec_base(&s, 2, 2, LOSS_MSE);
         spec_npy(&s, "data/fifo.npy", "data/py.npy");
-        CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/fifo.npy"), "data/fifo.npy: not a regular file (a FIFO)");
+        CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/fifo.npy"),
+                     "data/fifo.npy: not a regular file (a FIFO)");
         spec_csv(&s, "data/fifo.csv", "y");
-        CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/fifo.csv"), "data/fifo.csv: not a regular file (a FIFO)");
+        CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/fifo.csv"),
+                     "data/fifo.csv: not a regular file (a FIFO)");
         int64_t counts[2];
         struct ddpd_error err = {0};
         CHECK_EQ_INT(dataset_batch_counts(&s, datadir, 2, counts, &err), DDPD_EDATA);
@@ -884,7 +886,8 @@ static void test_special_files(void)
         snprintf(p, sizeof p, "%s/data/null.npy", datadir);
         if (walk == 0 && mknod(p, S_IFCHR | 0600, makedev(1, 3)) == 0) {
             spec_npy(&s, "data/null.npy", "data/py.npy");
-            CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/null.npy"), "data/null.npy: not a regular file (a device)");
+            CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/null.npy"),
+                         "data/null.npy: not a regular file (a device)");
         }
         unsetenv("DDPD_NO_OPENAT2");
     }

@@ -822,11 +822,12 @@ static void test_request_hygiene(void)
 
     /* A JSON body needs Content-Type: application/json (forms and text are what a page
      * can post across sites without a preflight). */
-    const char *bad_types[] = {"Content-Type: text/plain\r\n", "Content-Type: application/x-www-form-urlencoded\r\n",
-                               "Content-Type: multipart/form-data; boundary=x\r\n",
-                               "Content-Type: application/jsonp\r\n", ""};
+    const char *bad_types[] = {
+        "Content-Type: text/plain\r\n", "Content-Type: application/x-www-form-urlencoded\r\n",
+        "Content-Type: multipart/form-data; boundary=x\r\n", "Content-Type: application/jsonp\r\n", ""};
     for (size_t i = 0; i < sizeof bad_types / sizeof bad_types[0]; i++) {
-        snprintf(req, sizeof req, "POST /v1/echo HTTP/1.1\r\nHost: test\r\n" AUTH "%sContent-Length: 2\r\n\r\n{}",
+        snprintf(req, sizeof req,
+                 "POST /v1/echo HTTP/1.1\r\nHost: test\r\n" AUTH "%sContent-Length: 2\r\n\r\n{}",
                  bad_types[i]);
         CHECK_EQ_INT(raw_status(port, req, code, sizeof code, NULL), 415);
         CHECK_EQ_STR(code, "unsupported_media_type");
@@ -837,7 +838,8 @@ static void test_request_hygiene(void)
 
     /* A state-changing request from a foreign origin is 403; from the server's own, or a
      * read from anywhere, passes. */
-    CHECK_EQ_INT(raw_status(port, POST_ECHO("Content-Type: application/json\r\nOrigin: http://evil.example\r\n"),
+    CHECK_EQ_INT(raw_status(port,
+                            POST_ECHO("Content-Type: application/json\r\nOrigin: http://evil.example\r\n"),
                             code, sizeof code, &r),
                  403);
     CHECK_EQ_STR(code, "forbidden");
@@ -846,13 +848,15 @@ static void test_request_hygiene(void)
     CHECK_EQ_INT(raw_status(port, POST_ECHO("Content-Type: application/json\r\nOrigin: null\r\n"), code,
                             sizeof code, NULL),
                  403);
-    CHECK_EQ_INT(raw_status(port, POST_ECHO("Content-Type: application/json\r\nOrigin: http://test\r\n"), code,
-                            sizeof code, NULL),
+    CHECK_EQ_INT(raw_status(port, POST_ECHO("Content-Type: application/json\r\nOrigin: http://test\r\n"),
+                            code, sizeof code, NULL),
                  201);
-    CHECK_EQ_INT(raw_status(port, POST_ECHO("Content-Type: application/json\r\nSec-Fetch-Site: cross-site\r\n"),
+    CHECK_EQ_INT(raw_status(port,
+                            POST_ECHO("Content-Type: application/json\r\nSec-Fetch-Site: cross-site\r\n"),
                             code, sizeof code, NULL),
                  403);
-    CHECK_EQ_INT(raw_status(port, POST_ECHO("Content-Type: application/json\r\nSec-Fetch-Site: same-origin\r\n"),
+    CHECK_EQ_INT(raw_status(port,
+                            POST_ECHO("Content-Type: application/json\r\nSec-Fetch-Site: same-origin\r\n"),
                             code, sizeof code, NULL),
                  201);
     CHECK_EQ_INT(raw_status(port,
@@ -882,8 +886,11 @@ static void test_site_checks(void)
 {
     struct ddpd_error err;
     char code[256];
-    struct http_config cfg = {.listen = "127.0.0.1:0", .routes = routes, .nroutes = sizeof routes / sizeof routes[0],
-                              .ctx = &server, .cors_origin = "http://app.example"};
+    struct http_config cfg = {.listen = "127.0.0.1:0",
+                              .routes = routes,
+                              .nroutes = sizeof routes / sizeof routes[0],
+                              .ctx = &server,
+                              .cors_origin = "http://app.example"};
     struct http_server *s = http_server_new(&cfg, &err);
     CHECK(s != NULL);
     if (!s)
@@ -1183,7 +1190,8 @@ static void test_body_limits(void)
 
     /* a chunked body that grows past the limit: 413 when it ends, connection kept */
     c = cli_open(port);
-    h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+    h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
     CHECK(c && send_all(c->fd, h, strlen(h)));
     static char chunk[65536];
     memset(chunk, ' ', sizeof chunk);
@@ -1210,7 +1218,8 @@ static void test_body_limits(void)
      * buffering, and still answered 413 when it ends (it used to be cut off at twice the
      * limit: an empty reply); the connection stays usable */
     c = cli_open(port);
-    h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+    h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
     CHECK(c && send_all(c->fd, h, strlen(h)));
     sent = true;
     for (int i = 0; c && sent && i < 512; i++) { /* 32 MiB */
