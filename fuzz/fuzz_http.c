@@ -6,11 +6,13 @@
  * names and values are percent-decoded by libmicrohttpd's own MHD_http_unescape, as
  * libmicrohttpd does before ddpd sees them. */
 #include <jansson.h>
+#include <stdbool.h>
 #include <microhttpd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "schema/spec.h"
 #include "server/api.h"
@@ -133,7 +135,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (query)
         check_query(query);
 
-    /* headers up to an empty line, then the body */
+    /* headers up to an empty line, then the body; Host and Origin go through the
+     * dispatcher's cross-site checks (a loopback name is also an IP-or-loopback one) */
+    static char host[1024], origin[1024];
+    host[0] = origin[0] = '\0';
     const char *q = nl ? nl + 1 : end;
     while (q < end) {
         const char *ls = q, *e = memchr(q, '\n', (size_t)(end - q));
@@ -141,6 +146,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         q = e ? e + 1 : end;
         if (l == 0 || (l == 1 && ls[0] == '\r'))
             break;
+        size_t vl = l && ls[l - 1] == '\r' ? l - 1 : l;
+        char *dst = vl > 6 && !strncasecmp(ls, "Host: ", 6)     ? host
+                    : vl > 8 && !strncasecmp(ls, "Origin: ", 8) ? origin
+                                                                : NULL;
+        size_t skip = dst == host ? 6 : 8;
+        if (dst && vl - skip < sizeof host && !memchr(ls + skip, '\0', vl - skip)) {
+            memcpy(dst, ls + skip, vl - skip);
+            dst[vl - skip] = '\0';
+        }
+    }
+    if (host[0]) {
+        bool local = http_host_is_local(host, false);
+        if (local && !http_host_is_local(host, true))
+            abort();
+        if (origin[0] && http_origin_is_host(origin, host) && strlen(origin) <= strlen(host))
+            abort();
     }
     int64_t ids[HTTP_MAX_CAPTURES];
     char allow[128];

@@ -25,7 +25,10 @@
     X(EBUSY,     503, 1, "busy")                                 \
     X(EINTERNAL, 500, 1, "internal error")                       \
     X(EUNAVAIL,  503, 1, "store unavailable")                    \
-    X(ENONFINITE, 500, 1, "non-finite loss")
+    X(ENONFINITE, 500, 1, "non-finite loss")                     \
+    X(EREQUEST,  400, 1, "bad request")                          \
+    X(EFORBIDDEN, 403, 1, "forbidden")                           \
+    X(EMEDIATYPE, 415, 1, "unsupported media type")
 
 typedef enum {
 #define DDPD__ERR_ENUM(name, http, exit, text) DDPD_##name,

@@ -112,6 +112,12 @@ const char *http_err_code(ddpd_err e)
         return "internal";
     case DDPD_EUNAVAIL:
         return "unavailable";
+    case DDPD_EREQUEST:
+        return "bad_request";
+    case DDPD_EFORBIDDEN:
+        return "forbidden";
+    case DDPD_EMEDIATYPE:
+        return "unsupported_media_type";
     case DDPD_ERR_COUNT:
         break;
     }
@@ -181,6 +187,63 @@ bool http_addr_is_loopback(const char *addr)
     if (IN6_IS_ADDR_LOOPBACK(&a->sin6_addr))
         return true;
     return IN6_IS_ADDR_V4MAPPED(&a->sin6_addr) && a->sin6_addr.s6_addr[12] == 127;
+}
+
+/* A numeric port after a host: "" or ":1".. ":65535" (digits only). */
+static bool port_ok(const char *p)
+{
+    if (!*p)
+        return true;
+    if (*p != ':' || !p[1] || strlen(p + 1) > 5 || strspn(p + 1, "0123456789") != strlen(p + 1))
+        return false;
+    return strtol(p + 1, NULL, 10) <= 65535;
+}
+
+bool http_host_is_local(const char *host, bool any_ip)
+{
+    char h[INET6_ADDRSTRLEN + 1];
+    const char *rest;
+    if (!host)
+        return false;
+    if (host[0] == '[') {
+        const char *end = strchr(host, ']');
+        if (!end || (size_t)(end - host - 1) >= sizeof h)
+            return false;
+        memcpy(h, host + 1, (size_t)(end - host - 1));
+        h[end - host - 1] = '\0';
+        rest = end + 1;
+        struct in6_addr a6;
+        if (!port_ok(rest) || inet_pton(AF_INET6, h, &a6) != 1)
+            return false;
+        return any_ip || IN6_IS_ADDR_LOOPBACK(&a6);
+    }
+    size_t n = strcspn(host, ":");
+    if (n == 0 || n >= sizeof h)
+        return false;
+    memcpy(h, host, n);
+    h[n] = '\0';
+    rest = host + n;
+    if (!port_ok(rest))
+        return false;
+    if (!strcasecmp(h, "localhost"))
+        return true;
+    /* Dotted quad only: inet_pton refuses the short forms ("127.1") and octal. */
+    struct in_addr a4;
+    if (inet_pton(AF_INET, h, &a4) != 1)
+        return false;
+    return any_ip || (ntohl(a4.s_addr) >> 24) == 127;
+}
+
+bool http_origin_is_host(const char *origin, const char *host)
+{
+    if (!origin || !host || !*host)
+        return false;
+    const char *o = NULL;
+    if (!strncasecmp(origin, "http://", 7))
+        o = origin + 7;
+    else if (!strncasecmp(origin, "https://", 8))
+        o = origin + 8;
+    return o && !strcasecmp(o, host);
 }
 
 /* ---- text helpers ---------------------------------------------------------------------- */
@@ -425,7 +488,9 @@ struct http_server {
     struct http_config cfg;
     char *token;
     size_t token_len;
-    char *cors; /* Access-Control-Allow-Origin, NULL = none */
+    char *cors;           /* Access-Control-Allow-Origin, NULL = none */
+    bool host_check;      /* no token: AUTH routes answer only local Host names (http.h) */
+    bool listen_loopback; /* the listen address is a loopback one */
     size_t max_body;
     unsigned request_timeout_ms, idle_timeout_s;
 
@@ -457,6 +522,9 @@ struct header {
 
 struct http_request {
     struct http_server *srv;
+    bool begun;        /* the access handler's first call has run */
+    unsigned nparams;  /* query parameters in the raw target (uri_seen) */
+    size_t target_len; /* bytes of the raw target */
     struct MHD_Connection *mc;
     struct conn *conn;
     const char *method;
@@ -1158,20 +1226,160 @@ static void conn_set_deadline(struct http_server *s, struct conn *c, int64_t dea
     pthread_mutex_unlock(&s->mu);
 }
 
-/* First call: route, method, auth, declared size. Returns true to answer at once. */
+/* The headers that frame the body, counted over every copy (MHD's lookup sees only the
+ * first one, so "Content-Length: 2" then "Content-Length: 30" read as 2). */
+struct framing {
+    unsigned cl, te;
+    bool cl_bad;
+};
+
+static enum MHD_Result framing_count(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    struct framing *f = cls;
+    if (key && !strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+        f->cl++;
+        size_t n = value ? strlen(value) : 0;
+        if (n == 0 || n > 19 || strspn(value, "0123456789") != n)
+            f->cl_bad = true;
+    } else if (key && !strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+        f->te++;
+    }
+    return MHD_YES;
+}
+
+/* A body whose length two parsers could read two ways is refused (request smuggling,
+ * RFC 9112 6.3): every Content-Length copy counts, equal ones too. The answer closes the
+ * connection, since where this request ends is not known. True when refused. */
+static bool check_framing(struct http_request *req)
+{
+    struct framing f = {0};
+    MHD_get_connection_values(req->mc, MHD_HEADER_KIND, framing_count, &f);
+    if (f.cl > 1)
+        set_pending(req, DDPD_EREQUEST, "Content-Length",
+                    "the request has %u Content-Length headers; send exactly one", f.cl);
+    else if (f.cl && f.te)
+        set_pending(req, DDPD_EREQUEST, "Content-Length",
+                    "the request has both Content-Length and Transfer-Encoding; send one of them");
+    else if (f.te > 1)
+        set_pending(req, DDPD_EREQUEST, "Transfer-Encoding",
+                    "the request has %u Transfer-Encoding headers; send at most one", f.te);
+    else if (f.cl_bad)
+        set_pending(req, DDPD_EREQUEST, "Content-Length",
+                    "Content-Length must be a decimal number of bytes (at most 19 digits)");
+    else
+        return false;
+    http_response_header(req, MHD_HTTP_HEADER_CONNECTION, "close");
+    return true;
+}
+
+/* Changes state: every method but the safe ones (RFC 9110 9.2.1). */
+static bool method_changes_state(const char *method)
+{
+    return strcmp(method, "GET") && strcmp(method, "HEAD") && strcmp(method, "OPTIONS");
+}
+
+/* Without a token, the routes a token would guard answer only local Host names: a page
+ * whose DNS name was rebound to 127.0.0.1 sends its own name. True when refused. */
+static bool check_host(struct http_request *req)
+{
+    const char *host = http_request_header(req, MHD_HTTP_HEADER_HOST);
+    if (!req->srv->host_check || !host || http_host_is_local(host, !req->srv->listen_loopback))
+        return false;
+    char shown[96];
+    clean_copy(shown, sizeof shown, host, 64);
+    set_pending(req, DDPD_EFORBIDDEN, "Host",
+                "Host '%s' is not a loopback name; a server without a token answers only localhost, "
+                "127.x.y.z and [::1] (give --token-file to serve other names)",
+                shown);
+    return true;
+}
+
+/* A state-changing method from a foreign origin (http_config): a browser says where a
+ * request comes from in Origin (sent on every cross-origin POST/DELETE, form posts
+ * included) or, without it, in Sec-Fetch-Site. True when refused. */
+static bool check_origin(struct http_request *req)
+{
+    struct http_server *s = req->srv;
+    char shown[96];
+    if (!method_changes_state(req->method))
+        return false;
+    const char *host = http_request_header(req, MHD_HTTP_HEADER_HOST);
+    const char *origin = http_request_header(req, "Origin");
+    if (origin) {
+        bool ok = http_origin_is_host(origin, host) ||
+                  (s->cors && (!strcmp(s->cors, "*") || !strcasecmp(s->cors, origin)));
+        if (!ok) {
+            clean_copy(shown, sizeof shown, origin, 64);
+            set_pending(req, DDPD_EFORBIDDEN, "Origin",
+                        "%s from origin '%s' is refused: it is not this server's origin%s", req->method,
+                        shown, s->cors ? " nor --cors-origin" : " (see --cors-origin)");
+        }
+        return !ok;
+    }
+    const char *site = http_request_header(req, "Sec-Fetch-Site");
+    if (site && (!strcasecmp(site, "cross-site") || !strcasecmp(site, "same-site")) &&
+        !(s->cors && !strcmp(s->cors, "*"))) {
+        set_pending(req, DDPD_EFORBIDDEN, "Sec-Fetch-Site",
+                    "%s from another site (Sec-Fetch-Site: %s) is refused", req->method,
+                    !strcasecmp(site, "cross-site") ? "cross-site" : "same-site");
+        return true;
+    }
+    return false;
+}
+
+/* A JSON route's body must say it is JSON ("application/json", any parameters after ';'):
+ * a form or a "simple" cross-site fetch, which needs no preflight, cannot. True when
+ * refused. */
+static bool check_media_type(struct http_request *req)
+{
+    const char *ct = http_request_header(req, MHD_HTTP_HEADER_CONTENT_TYPE);
+    const char *p = ct ? ct : "";
+    while (*p == ' ' || *p == '\t')
+        p++;
+    static const char want[] = "application/json";
+    size_t n = sizeof want - 1;
+    if (!strncasecmp(p, want, n) && (p[n] == '\0' || p[n] == ';' || p[n] == ' ' || p[n] == '\t'))
+        return false;
+    char shown[96];
+    clean_copy(shown, sizeof shown, p, 64);
+    set_pending(req, DDPD_EMEDIATYPE, "Content-Type",
+                "%s %s needs 'Content-Type: application/json'; got %s%s%s", req->method,
+                req->route->r->pattern, ct ? "'" : "none", ct ? shown : "", ct ? "'" : "");
+    return true;
+}
+
+/* First call: framing, target, route, method, Host and Origin, auth, media type, declared
+ * size. Returns true to answer at once. */
 static bool request_begin(struct http_request *req)
 {
     struct http_server *s = req->srv;
     const struct route_rt *path_hit = NULL;
     char allow[128];
     req->row = (int)s->npatterns;
+    if (check_framing(req))
+        return true;
+    if (req->target_len > HTTP_MAX_TARGET) {
+        set_pending(req, DDPD_EREQUEST, "", "the request target is %zu bytes; the limit is %d",
+                    req->target_len, HTTP_MAX_TARGET);
+        return true;
+    }
+    if (req->nparams > HTTP_MAX_QUERY_PARAMS) {
+        set_pending(req, DDPD_EJSON, "", "the query has %u parameters; the limit is %d", req->nparams,
+                    HTTP_MAX_QUERY_PARAMS);
+        req->query_failed = true;
+        return true;
+    }
+    /* Refused from another site: answered after the body is dropped, as for 401, so the
+     * client reads its answer on a connection that stays in step. */
+    bool refused = check_origin(req);
     req->route =
         route_find(s->routes, s->nroutes, req->method, req->url, req->ids, &path_hit, allow, sizeof allow);
     char shown[160];
     clean_copy(shown, sizeof shown, req->url, 128);
     if (req->route) {
         req->row = req->route->row;
-    } else if (path_hit && s->cors && !strcmp(req->method, "OPTIONS")) {
+    } else if (path_hit && s->cors && !strcmp(req->method, "OPTIONS") && !refused) {
         req->row = path_hit->row;
         req->preflight = true;
         http_response_header(req, "Access-Control-Allow-Methods", allow);
@@ -1181,14 +1389,20 @@ static bool request_begin(struct http_request *req)
         return true;
     } else if (path_hit) {
         req->row = path_hit->row;
-        http_response_header(req, MHD_HTTP_HEADER_ALLOW, allow);
-        set_pending(req, DDPD_EMETHOD, "", "%s is not allowed on %s (allowed: %s)", req->method, shown,
-                    allow);
-    } else {
+        if (!refused) {
+            http_response_header(req, MHD_HTTP_HEADER_ALLOW, allow);
+            set_pending(req, DDPD_EMETHOD, "", "%s is not allowed on %s (allowed: %s)", req->method, shown,
+                        allow);
+        }
+    } else if (!refused) {
         set_pending(req, DDPD_ENOTFOUND, "", "no such resource: %s", shown);
     }
-    if (req->route && (req->route->r->flags & HTTP_ROUTE_AUTH) && s->token)
+    if (!req->pending && req->route && (req->route->r->flags & HTTP_ROUTE_AUTH))
+        check_host(req);
+    if (!req->pending && req->route && (req->route->r->flags & HTTP_ROUTE_AUTH) && s->token)
         check_auth(req);
+    if (!req->pending && req->route && (req->route->r->flags & HTTP_ROUTE_JSON))
+        check_media_type(req);
 
     req->limit = (req->route && req->route->r->max_body) ? req->route->r->max_body : s->max_body;
     req->keep_body =
@@ -1215,8 +1429,12 @@ static bool request_begin(struct http_request *req)
     return false;
 }
 
-/* Upload calls. False closes the connection (a body far past the limit). */
-static bool request_body(struct http_request *req, const char *data, size_t n)
+/* Upload calls. The body past the limit (a chunked one, whose size was not declared) is
+ * dropped to its end: libmicrohttpd cannot queue an answer mid-body, and cutting the
+ * connection left the client with an empty reply instead of its 413. Dropping costs no
+ * memory, and the request deadline (request_timeout_ms) still bounds how long a client
+ * may keep sending. */
+static void request_body(struct http_request *req, const char *data, size_t n)
 {
     req->received += n;
     if (req->received > req->limit) {
@@ -1226,12 +1444,10 @@ static bool request_body(struct http_request *req, const char *data, size_t n)
             req->body = NULL;
             req->body_len = req->body_cap = 0;
         }
-        /* A response cannot be queued mid-body; drop up to one more limit's worth so the
-         * client can still get its 413 when the body ends, then give up on it. */
-        return req->received - req->limit <= req->limit;
+        return;
     }
     if (!req->keep_body)
-        return true;
+        return;
     if (req->body_len + n + 1 > req->body_cap) {
         size_t cap = req->body_cap ? req->body_cap : 4096;
         while (cap < req->body_len + n + 1)
@@ -1246,7 +1462,6 @@ static bool request_body(struct http_request *req, const char *data, size_t n)
     memcpy(req->body + req->body_len, data, n);
     req->body_len += n;
     req->body[req->body_len] = '\0';
-    return true;
 }
 
 ddpd_err http_body_json(const char *body, size_t len, json_t **out, struct ddpd_error *err)
@@ -1354,6 +1569,37 @@ static bool defer_park(struct http_request *req)
     return park;
 }
 
+static struct http_request *request_new(struct http_server *s)
+{
+    struct http_request *req = xcalloc(1, sizeof *req);
+    req->srv = s;
+    return req;
+}
+
+/* libmicrohttpd's URI callback: the raw request target, before it parses the query into
+ * its fixed per-connection memory pool. There, in 0.9.75, running out of pool (about 900
+ * parameters) queued an error answer that was never sent, and the client waited for its
+ * deadline. A target with more parameters than HTTP_MAX_QUERY_PARAMS, or longer than
+ * HTTP_MAX_TARGET, is noted on the request, which request_begin answers with 400, and
+ * its query is cut to nothing before the library parses it: the callback runs on the
+ * library's own writable copy of the request line, between finding the '?' and parsing
+ * what follows it. Its return value becomes the request's context. */
+static void *uri_seen(void *cls, const char *uri, struct MHD_Connection *mc)
+{
+    (void)mc;
+    struct http_request *req = request_new(cls);
+    req->target_len = strlen(uri);
+    char *q = strchr(uri, '?');
+    if (q && q[1]) {
+        req->nparams = 1;
+        for (const char *p = q + 1; *p; p++)
+            req->nparams += *p == '&';
+    }
+    if (q && (req->nparams > HTTP_MAX_QUERY_PARAMS || req->target_len > HTTP_MAX_TARGET))
+        q[1] = '\0';
+    return req;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size,
                                   void **con_cls)
@@ -1361,9 +1607,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     (void)version;
     struct http_server *s = cls;
     struct http_request *req = *con_cls;
-    if (!req) {
-        req = xcalloc(1, sizeof *req);
-        req->srv = s;
+    if (!req) /* made by uri_seen; a daemon without it would still work */
+        *con_cls = req = request_new(s);
+    if (!req->begun) {
+        req->begun = true;
         req->mc = mc;
         req->url = url;
         req->method = method;
@@ -1383,7 +1630,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
-        return request_body(req, upload, n) ? MHD_YES : MHD_NO;
+        request_body(req, upload, n);
+        return MHD_YES;
     }
     conn_set_deadline(s, req->conn, 0);
     if (!req->deferred) {
@@ -1553,6 +1801,8 @@ struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_e
     s->cfg.cors_origin = NULL;
     if (cfg->cors_origin && cfg->cors_origin[0])
         s->cors = xstrdup(cfg->cors_origin);
+    s->host_check = s->token == NULL;
+    s->listen_loopback = http_addr_is_loopback(cfg->listen);
     snprintf(s->listen, sizeof s->listen, "%s", cfg->listen ? cfg->listen : "");
     s->max_body = cfg->max_body ? cfg->max_body : (size_t)1 << 20;
     s->request_timeout_ms = cfg->request_timeout_ms ? cfg->request_timeout_ms : 30000;
@@ -1612,9 +1862,9 @@ struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_e
         flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_log, s, MHD_OPTION_LISTEN_SOCKET,
         mhd_fd, MHD_OPTION_CONNECTION_LIMIT, cfg->connection_limit ? cfg->connection_limit : 1024u,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, cfg->per_ip_limit ? cfg->per_ip_limit : 256u,
-        MHD_OPTION_CONNECTION_TIMEOUT, s->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        cfg->memory_limit ? cfg->memory_limit : (size_t)64 * 1024, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-        s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_CONNECTION_TIMEOUT, s->idle_timeout_s, MHD_OPTION_URI_LOG_CALLBACK, uri_seen, s,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, cfg->memory_limit ? cfg->memory_limit : (size_t)64 * 1024,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
         /* The pool option last: without a pool it is the end marker itself. */
         pool ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, pool, MHD_OPTION_END);
     if (!s->d) {

@@ -28,7 +28,8 @@ struct http_stream;
 typedef ddpd_err (*http_handler_fn)(struct http_request *req, struct ddpd_error *err);
 
 enum http_route_flags {
-    HTTP_ROUTE_AUTH = 1u << 0, /* needs `Authorization: Bearer <token>` when a token is set */
+    HTTP_ROUTE_AUTH = 1u << 0, /* needs `Authorization: Bearer <token>` when a token is set,
+                                  a loopback Host name when none is (http_config) */
     HTTP_ROUTE_JSON = 1u << 1, /* the body is a JSON document, parsed before the handler */
     HTTP_ROUTE_BODY = 1u << 2, /* the body is kept as bytes (http_request_body) */
 };
@@ -48,6 +49,13 @@ struct http_route {
 
 /* Captures a pattern may hold. */
 #define HTTP_MAX_CAPTURES 4
+
+/* Query parameters a request may carry ("?a=1&b=2" is 2); more is 400 bad_query at once.
+ * libmicrohttpd keeps each one in the connection's fixed memory pool and, in 0.9.75,
+ * leaves the connection without an answer when the pool runs out (922 parameters did). */
+#define HTTP_MAX_QUERY_PARAMS 64
+/* Bytes of the request target (path and query); more is 400 bad_request at once. */
+#define HTTP_MAX_TARGET 8192
 
 /* The dispatcher's route lookup without a server (for tests and the fuzz target): the row
  * of `routes` that answers `method` (HEAD as GET) on `path` (decoded, without the query).
@@ -84,6 +92,17 @@ struct http_config {
      * preflight on a routed path gets 204 and the allowed methods and headers. NULL or ""
      * = no CORS headers (OPTIONS is a 405). Copied. */
     const char *cors_origin;
+    /* Cross-site defences (CONTRACT.md §7, README "Security"), always on:
+     * - a state-changing request (any method but GET, HEAD, OPTIONS) from a foreign
+     *   origin is 403: its Origin is neither the server's own (http(s)://<Host>) nor
+     *   cors_origin ("*" admits every origin), or, without Origin, Sec-Fetch-Site says
+     *   cross-site or same-site;
+     * - a JSON route's body needs Content-Type: application/json (415 otherwise), so
+     *   an HTML form or a "simple" cross-site fetch cannot post one;
+     * - without a token, a route with HTTP_ROUTE_AUTH (what a token would guard) needs a
+     *   Host header that names a loopback address (localhost, 127.x.y.z, [::1], with or
+     *   without a port; any IP literal too when `listen` is not a loopback address) or
+     *   it is 403: a DNS name that was rebound to 127.0.0.1 cannot reach the API. */
 
     unsigned threads;          /* 0/1 = one internal epoll thread; N = a pool of N */
     unsigned connection_limit; /* 0 = 1024 */
@@ -129,6 +148,15 @@ char *http_server_metrics(struct http_server *s);
 /* True when `addr` ("ADDR:PORT" as in http_config.listen) is a loopback address
  * (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104). False for wildcards, others and malformed. */
 bool http_addr_is_loopback(const char *addr);
+
+/* True when `host` (a Host header: "localhost:8080", "127.0.0.1", "[::1]:80") names the
+ * loopback interface: localhost (case-insensitive), an IPv4 address in 127.0.0.0/8, or
+ * [::1], each with an optional numeric port. With `any_ip`, any IPv4 or [IPv6] literal. */
+bool http_host_is_local(const char *host, bool any_ip);
+
+/* True when the Origin header value `origin` is the server's own origin for `host` (the
+ * Host header): "http://HOST" or "https://HOST", host compared case-insensitively. */
+bool http_origin_is_host(const char *origin, const char *host);
 
 /* The `code` string of the error body for `e` ("invalid_spec", "not_found", ...). */
 const char *http_err_code(ddpd_err e);

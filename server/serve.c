@@ -52,7 +52,8 @@ static void usage(FILE *f)
           "                 that would go over it fails with an error naming the quota\n"
           "  --gpus         GPUs to use (default auto: what ddpd-worker --devices finds)\n"
           "  --cpu-slots    CPU ranks that may run at once (default: the number of cores)\n"
-          "  --token-file   require `Authorization: Bearer <token>` on /v1 (the file's first line)\n"
+          "  --token-file   require `Authorization: Bearer <token>` on /v1 (the file's bytes less\n"
+          "                 trailing whitespace: printable ASCII, no spaces, at most 4095 bytes)\n"
           "  --insecure     allow a non-loopback address without a token\n"
           "  --on-shutdown  on SIGTERM: cancel running jobs (default) or let them finish\n"
           "  --launcher     local: ranks run on this host's slots (default); slurm: every job is one\n"
@@ -65,7 +66,8 @@ static void usage(FILE *f)
           "  --web-dir      the dashboard's files, served at / (default: the source tree's web/,\n"
           "                 else web/ beside the folder of the ddpd binary)\n"
           "  --cors-origin  send Access-Control-Allow-Origin: ORIGIN and answer preflights, so a\n"
-          "                 dashboard opened elsewhere (a file URL: use '*') can use this server\n",
+          "                 dashboard opened elsewhere (a file URL: use '*') can use this server;\n"
+          "                 POST/DELETE from any other foreign Origin are refused (403)\n",
           f);
 }
 
@@ -138,18 +140,62 @@ static int count_gpus(const char *worker)
     return count;
 }
 
-static char *read_token(const char *path)
+/* The longest token, and the most a token file may hold (the token and the whitespace
+ * after it). */
+#define TOKEN_MAX 4095
+#define TOKEN_FILE_MAX 8192
+
+/* The bearer token of --token-file: the file's bytes less the whitespace that ends them
+ * (an editor's newline). A token is what a client can send back in its Authorization
+ * header, so one with whitespace or a control byte inside it (a second line included),
+ * or longer than TOKEN_MAX, is refused rather than cut or kept unusable. Returns a new
+ * string, or NULL with the reason in why[cap]. */
+static char *read_token(const char *path, char *why, size_t cap)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
+    char buf[TOKEN_FILE_MAX + 1];
+    size_t n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(why, cap, "cannot open: %s", strerror(errno));
         return NULL;
-    char buf[4096];
-    char *line = fgets(buf, sizeof buf, f);
+    }
+    n = fread(buf, 1, sizeof buf, f);
+    bool failed = ferror(f);
     fclose(f);
-    if (!line)
+    if (failed) {
+        snprintf(why, cap, "cannot read it");
         return NULL;
-    buf[strcspn(buf, "\r\n")] = '\0';
-    return buf[0] ? strdup(buf) : NULL;
+    }
+    if (n > TOKEN_FILE_MAX) {
+        snprintf(why, cap, "the file is larger than %d bytes; a token is at most %d bytes", TOKEN_FILE_MAX,
+                 TOKEN_MAX);
+        return NULL;
+    }
+    while (n > 0 && strchr(" \t\r\n\v\f", buf[n - 1]) && buf[n - 1] != '\0')
+        n--;
+    if (n == 0) {
+        snprintf(why, cap, "the file holds no token");
+        return NULL;
+    }
+    if (n > TOKEN_MAX) {
+        snprintf(why, cap, "the token is %zu bytes; the limit is %d", n, TOKEN_MAX);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)buf[i];
+        if (c <= 0x20 || c >= 0x7f) {
+            snprintf(why, cap,
+                     "the token holds %s (byte 0x%02x) at offset %zu; a token is one line of printable "
+                     "ASCII without spaces, which a client can send as 'Authorization: Bearer <token>'",
+                     c == ' ' || c == '\t' ? "whitespace"
+                     : c >= 0x7f           ? "a non-ASCII byte"
+                                           : "a control byte",
+                     c, i);
+            return NULL;
+        }
+    }
+    buf[n] = '\0';
+    return strdup(buf);
 }
 
 int serve_main(int argc, char **argv, const char *self_dir)
@@ -244,10 +290,9 @@ int serve_main(int argc, char **argv, const char *self_dir)
         }
     }
 
-    char *token = NULL;
-    if (token_file && !(token = read_token(token_file))) {
-        fprintf(stderr, "ddpd serve: --token-file %s: cannot read a token from its first line%s%s\n",
-                token_file, errno ? ": " : "", errno ? strerror(errno) : "");
+    char *token = NULL, token_why[256];
+    if (token_file && !(token = read_token(token_file, token_why, sizeof token_why))) {
+        fprintf(stderr, "ddpd serve: --token-file %s: %s\n", token_file, token_why);
         return 2;
     }
     if (!token && !insecure && !http_addr_is_loopback(listen)) {

@@ -245,6 +245,16 @@ static ddpd_err load_params(struct model *m, const struct st_file *f, const char
     return DDPD_OK;
 }
 
+ddpd_err ckpt_load_weights_fd(struct model *m, int fd, const char *name, struct ddpd_error *err)
+{
+    struct st_file *f = st_read_fd(fd, name, err);
+    if (!f)
+        return err ? err->code : DDPD_EDATA;
+    ddpd_err rc = load_params(m, f, name, err);
+    st_free(f);
+    return rc;
+}
+
 ddpd_err ckpt_load_weights(struct model *m, const char *path, struct ddpd_error *err)
 {
     struct st_file *f = st_read(path, err);

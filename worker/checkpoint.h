@@ -24,6 +24,8 @@ struct train_pos {
  * with its shape; extra tensors are an error too (a different model). DDPD_EDATA names
  * the file and the tensor. */
 ddpd_err ckpt_load_weights(struct model *m, const char *path, struct ddpd_error *err);
+/* The same from an open descriptor (steals `fd`); `name` names the file in errors. */
+ddpd_err ckpt_load_weights_fd(struct model *m, int fd, const char *name, struct ddpd_error *err);
 
 /* A checkpoint folder holds model.safetensors (the current weights: those of the lowest
  * rank that ran the step itself) and optim.safetensors (rank 0's optimizer state, the

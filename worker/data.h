@@ -25,9 +25,18 @@ struct dataset *dataset_open(const struct spec *spec, const char *data_dir, int 
 void dataset_free(struct dataset *ds);
 
 /* The same check for any other file a spec names under the data directory (init.from):
- * `given` (no {rank} replacement) resolved under data_dir into out[cap] as a real path
- * inside it. DDPD_ESPEC naming `field` for an absolute path, "..", or a symbolic link that
- * leads out of the data directory; DDPD_EDATA naming the file when it cannot be found. */
+ * `given` (no {rank} replacement) opened beneath data_dir in one step (openat2
+ * RESOLVE_BENEATH, or an O_NOFOLLOW walk where the kernel lacks it), so nothing swapped in
+ * meanwhile leads out. Returns a read-only descriptor of a regular file (caller closes), or
+ * -1 with DDPD_ESPEC naming `field` for an absolute path, "..", or a symbolic link that
+ * leads out of the data directory (an absolute link target counts as leaving), and
+ * DDPD_EDATA naming the file when it cannot be opened or is not a regular file (a FIFO or
+ * a device is never waited on). */
+int data_path_open(const char *data_dir, const char *field, const char *given, struct ddpd_error *err);
+
+/* data_path_open, then the real path of what it opened into out[cap]. For naming only: a
+ * reader must use data_path_open's descriptor, since the path may lead elsewhere by the
+ * time it is opened again. */
 ddpd_err data_path_resolve(const char *data_dir, const char *field, const char *given, char *out, size_t cap,
                            struct ddpd_error *err);
 

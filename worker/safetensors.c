@@ -444,11 +444,17 @@ static ddpd_err check_layout(const char *path, const struct st_file *f, const st
 
 struct st_file *st_read(const char *path, struct ddpd_error *err)
 {
+    return st_read_fd(open(path, O_RDONLY | O_CLOEXEC), path, err);
+}
+
+struct st_file *st_read_fd(int fd_in, const char *path, struct ddpd_error *err)
+{
+    int open_errno = errno;
     struct st_file *f = NULL;
     struct entry *e = NULL;
     unsigned char *chunk = NULL, len8[8];
     char *hdr = NULL;
-    int fd = -1;
+    int fd = fd_in;
     ddpd_err rc = DDPD_OK;
     struct stat st;
 
@@ -457,7 +463,7 @@ struct st_file *st_read(const char *path, struct ddpd_error *err)
         rc = fail(err, DDPD_ENOMEM, path, "out of memory");
         goto out;
     }
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    errno = open_errno;
     if (fd < 0 || fstat(fd, &st) != 0) {
         rc = fail(err, DDPD_EDATA, path, "cannot open: %s", strerror(errno));
         goto out;

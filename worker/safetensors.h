@@ -37,6 +37,9 @@ struct st_file;
  * not overlapping, shapes matching byte sizes. NULL with DDPD_EDATA naming the file and
  * what was wrong. Caller frees with st_free. */
 struct st_file *st_read(const char *path, struct ddpd_error *err);
+/* The same from an open descriptor (steals `fd`, closed in every case; -1 = the open
+ * failed with errno); `path` names it in errors. */
+struct st_file *st_read_fd(int fd, const char *path, struct ddpd_error *err);
 void st_free(struct st_file *f);
 int st_count(const struct st_file *f);
 const struct st_tensor *st_at(const struct st_file *f, int i);

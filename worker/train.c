@@ -415,12 +415,12 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
         emit_log("resumed from %s at step %" PRId64 " (epoch %" PRId64 ", step %" PRId64 " of the epoch)",
                  cfg->resume, pos->step, pos->epoch, pos->epoch_step);
     } else if (s->init_from[0]) {
-        char path[4096];
-        /* Inside the data directory, symbolic links included, as the data files are. */
-        rc = data_path_resolve(cfg->data_dir, "init.from", s->init_from, path, sizeof path, err);
-        if (rc)
-            return rc;
-        rc = ckpt_load_weights(r->m, path, err);
+        /* Opened beneath the data directory in one step, as the data files are: nothing
+         * swapped in between a check and the open can lead out of it. */
+        int fd = data_path_open(cfg->data_dir, "init.from", s->init_from, err);
+        if (fd < 0)
+            return err ? err->code : DDPD_EDATA;
+        rc = ckpt_load_weights_fd(r->m, fd, s->init_from, err);
         if (rc)
             return rc;
     }

@@ -2,6 +2,7 @@
 specs (422 naming the JSON path), bodies over 1 MiB (413), unknown routes (404), wrong
 methods (405), a missing or wrong token (401), data paths that leave the data directory
 (422), and clients that stall mid-request (cut off; they hold no thread meanwhile)."""
+import json
 import os
 import socket
 import threading
@@ -313,3 +314,134 @@ def test_keep_alive_and_raw_requests(server):
     assert raw.startswith(b"HTTP/1.1 200") and b'"ok":true' in raw.replace(b" ", b""), raw[:300]
     raw = raw_http(server.port, b"GARBAGE\r\n\r\n", timeout=5)
     assert raw == b"" or raw.startswith(b"HTTP/1.1 400"), raw[:200]
+
+
+# ---- issue 15: request framing, query size, chunked bodies (tests/README.md matrix) -------
+
+
+def _status_of(raw):
+    head = raw.split(b"\r\n", 1)[0]
+    return int(head.split()[1]) if head.startswith(b"HTTP/1.") else None
+
+
+def test_duplicate_content_length_is_400(server):
+    """Two Content-Length headers used to be read as the first: a body framed one way by
+    ddpd and another by a proxy in front of it (request smuggling). Every ambiguous framing
+    is 400 and closes the connection; no job is created."""
+    spec = json.dumps(seed_spec(steps=3, epochs=None)).encode()
+    head = b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    cases = {
+        # the first value frames exactly the spec: the old server created the job
+        "different": head + b"Content-Length: %d\r\nContent-Length: %d\r\n\r\n" % (len(spec), len(spec) + 9)
+        + spec + b"{garbage}",
+        "equal": head + b"Content-Length: %d\r\nContent-Length: %d\r\n\r\n" % (len(spec), len(spec)) + spec,
+        "with chunked": head + b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n" % len(spec)
+        + b"%x\r\n" % len(spec) + spec + b"\r\n0\r\n\r\n",
+    }
+    for name, req in cases.items():
+        raw = raw_http(server.port, req, timeout=15)
+        assert _status_of(raw) == 400, (name, raw[:300])
+        body = json.loads(raw.split(b"\r\n\r\n", 1)[1])
+        assert body["error"]["code"] == "bad_request" and "Content-Length" in body["error"]["message"], body
+        assert b"\r\nConnection: close\r\n" in raw.split(b"\r\n\r\n", 1)[0] + b"\r\n", raw[:300]
+    assert no_jobs(server)
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/jobs/1/events", "/healthz"])
+def test_many_query_parameters_are_answered_400_at_once(server, path):
+    """922+ query parameters got no answer until the 30 s request deadline (libmicrohttpd
+    ran out of its per-connection pool parsing them). Past 64 the answer is 400 at once
+    (well within the 20 s the client waits here), naming the limit; 64 still work."""
+    many = "&".join(f"p{i}=1" for i in range(1000))
+    raw = raw_http(server.port, f"GET {path}?{many} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+                   .encode(), timeout=20)
+    assert _status_of(raw) == 400, raw[:300]
+    e = json.loads(raw.split(b"\r\n\r\n", 1)[1])["error"]
+    assert e["code"] == "bad_query" and "1000" in e["message"] and "64" in e["message"], e
+    assert err_of(server.get("/v1/jobs?" + "&".join(f"p{i}=1" for i in range(65))), 400)["code"] == "bad_query"
+    assert server.get("/v1/jobs?" + "&".join(f"p{i}=1" for i in range(64))).status_code == 200
+    # a target over 8 KiB with a few long parameters: 400 too, at once
+    raw = raw_http(server.port, b"GET /v1/jobs?a=" + b"x" * 20000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   b"Connection: close\r\n\r\n", timeout=20)
+    assert _status_of(raw) == 400 and b"8192" in raw, raw[:300]
+
+
+def _chunked_post(server, path, mib, ctype="application/json"):
+    def gen():
+        yield b'{"name": "'
+        for _ in range(mib * 16):
+            yield b"a" * 65536
+        yield b'"}'
+    return server.post(path, data=gen(), headers={"Content-Type": ctype}, timeout=60)
+
+
+def test_chunked_body_far_over_the_limit_is_413(server):
+    """A chunked body more than twice the 1 MiB limit got an empty reply (the connection was
+    cut). Now the excess is dropped as it comes and the client gets its 413, also on a
+    route that keeps no body (cancel)."""
+    e = err_of(_chunked_post(server, "/v1/jobs", 16), 413)
+    assert e["code"] == "too_large" and "1048576" in e["message"], e
+    e = err_of(_chunked_post(server, "/v1/jobs/1/cancel", 4), 413)
+    assert e["code"] == "too_large", e
+    assert no_jobs(server)
+    assert server.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("content,why", [
+    (b"tok en\n", "whitespace"),
+    (b"tok\tx\n", "whitespace"),
+    (b"tok\x01en\n", "control byte"),
+    (b"first\nsecond\n", "control byte"),
+    (b" lead\n", "whitespace"),
+    (b"t\xc3\xa9\n", "non-ASCII"),
+    (b"a" * 5000 + b"\n", "5000 bytes; the limit is 4095"),
+    (b"a" * 9000, "larger than 8192 bytes"),
+    (b" \n\t\n", "no token"),
+], ids=["space", "tab", "control", "two-lines", "leading-space", "non-ascii", "5000-bytes", "9000-byte-file",
+        "blank"])
+def test_token_file_that_no_client_can_send_refuses_to_start(work, content, why):
+    """A token with whitespace or control bytes inside, or over 4095 bytes (it used to be
+    cut there silently), can never be sent back: the server refuses to start (exit 2) with
+    a message naming the file and what is wrong."""
+    from conftest import Server
+    s = Server(work / "bad", token="placeholder")
+    s.token_file.write_bytes(content)
+    with pytest.raises(AssertionError, match="exited with 2"):
+        s.start(timeout=10)
+    err = s.stderr()
+    assert str(s.token_file) in err and why in err, err[-600:]
+
+
+@pytest.mark.parametrize("content", [b"s3cret  \n\n", b"s3cret\r\n", b"s3cret", b"s3cret\t \n \n"],
+                         ids=["spaces-blank-line", "crlf", "no-newline", "tab-space-lines"])
+def test_token_file_trailing_whitespace_is_trimmed(make_server, content):
+    """Trailing spaces, CRLF or blank lines after the token made a token no client could
+    send (every request was 401); they are trimmed."""
+    srv = make_server(start=False, token="s3cret")
+    srv.token_file.write_bytes(content)
+    srv.start()
+    assert srv.get("/v1/jobs").status_code == 200
+    assert srv.get("/v1/jobs", auth=False).status_code == 401
+    assert srv.get("/v1/jobs", auth=False, headers={"Authorization": "Bearer s3cret  "}).status_code == 200
+
+
+def test_fifo_data_file_is_refused_at_submit_and_in_the_worker(server):
+    """A FIFO named as a data file blocked the open until a writer came: the POST waited for
+    its planner's 30 s deadline, a rank for ever. Data files are opened O_NONBLOCK and must
+    be regular files: 422 at submit, and a failed job (not a hung one) for {rank} files,
+    which only the ranks open."""
+    import numpy as np
+    os.mkfifo(server.data_dir / "fifo.npy")
+    os.mkfifo(server.data_dir / "fx_0.npy")
+    np.save(server.data_dir / "y.npy", np.zeros((4, 5), np.float32))
+    np.save(server.data_dir / "fy_0.npy", np.zeros((4, 5), np.float32))
+    t0 = time.monotonic()
+    e = err_of(server.post("/v1/jobs", json=seed_spec(data={"type": "npy", "x": "fifo.npy", "y": "y.npy"}),
+                           timeout=20), 422)
+    assert "fifo.npy" in e["message"] and "not a regular file (a FIFO)" in e["message"], e
+    print(f"FIFO refused at submit after {time.monotonic() - t0:.2f} s")
+    assert no_jobs(server)
+    jid = server.submit(seed_spec(steps=3, epochs=None, data={"type": "npy", "x": "fx_{rank}.npy",
+                                                              "y": "fy_{rank}.npy"}))["id"]
+    j = server.wait_state(jid, ("failed", "succeeded", "cancelled"), timeout=60)
+    assert j["state"] == "failed" and "FIFO" in (j["error"] or ""), j

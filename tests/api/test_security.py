@@ -206,3 +206,66 @@ def _healthz_ok(server):
         return server.get("/healthz", timeout=2).status_code == 200
     except Exception:
         return False
+
+
+# ---- issue 15 item 3: cross-site requests on a tokenless loopback server ---------------
+
+def _err(r, status):
+    assert r.status_code == status, f"expected {status}, got {r.status_code}: {r.text[:400]}"
+    return r.json()["error"]
+
+
+def test_cross_site_requests_are_refused(server):
+    """Any page the user visits could submit and cancel jobs on a tokenless server (a form
+    or text/plain post needs no preflight), and a DNS name rebound to 127.0.0.1 read the
+    API. A JSON body needs its content type (415), a state-changing request from a foreign
+    origin is 403, and without a token /v1 answers only loopback Host names (403)."""
+    import json
+    body = json.dumps(seed_spec(steps=3, epochs=None))
+    for ctype in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None]:
+        h = {"Content-Type": ctype} if ctype else {}
+        r = server.request("POST", "/v1/jobs", data=body, headers=h)
+        e = _err(r, 415)
+        assert e["code"] == "unsupported_media_type" and "application/json" in e["message"], e
+    for h in [{"Origin": "http://evil.example"}, {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"},
+              {"Origin": f"http://localhost:{server.port + 1}"}]:
+        e = _err(server.post("/v1/jobs", json=seed_spec(steps=3, epochs=None), headers=h), 403)
+        assert e["code"] == "forbidden", (h, e)
+    assert server.get("/v1/jobs").json()["jobs"] == [], "a cross-site request created a job"
+
+    # the dashboard's own origin may submit; a foreign one may not cancel or delete it
+    same = {"Origin": f"http://127.0.0.1:{server.port}", "Sec-Fetch-Site": "same-origin"}
+    r = server.post("/v1/jobs", json=seed_spec(steps=FOREVER_STEPS, epochs=None, log_every=10 ** 6), headers=same)
+    assert r.status_code == 201, r.text
+    jid = r.json()["id"]
+    for method, path in [("POST", f"/v1/jobs/{jid}/cancel"), ("DELETE", f"/v1/jobs/{jid}")]:
+        e = _err(server.request(method, path, headers={"Origin": "http://evil.example"}), 403)
+        assert "evil.example" in e["message"], e
+        _err(server.request(method, path, headers={"Sec-Fetch-Site": "same-site"}), 403)
+    assert server.job(jid)["state"] in ("queued", "starting", "running")
+
+    # DNS rebinding: the page's own name arrives as Host
+    for host in ["evil.example", f"evil.example:{server.port}", f"localhost.evil.example:{server.port}",
+                 f"127.0.0.1.nip.io:{server.port}"]:
+        for path in ["/v1/jobs", f"/v1/jobs/{jid}", f"/v1/jobs/{jid}/logs", f"/v1/jobs/{jid}/checkpoint"]:
+            e = _err(server.get(path, headers={"Host": host}), 403)
+            assert e["code"] == "forbidden" and "Host" in e["message"], (host, path, e)
+    for host in [f"localhost:{server.port}", f"127.0.0.1:{server.port}", f"127.4.5.6:{server.port}", "localhost"]:
+        assert server.get("/v1/jobs", headers={"Host": host}).status_code == 200, host
+    assert server.get("/healthz", headers={"Host": "evil.example"}).status_code == 200
+
+    assert server.post(f"/v1/jobs/{jid}/cancel", headers=same).status_code == 202
+    assert server.wait_state(jid, ("cancelled",), timeout=30)
+
+
+def test_cors_origin_and_token_relax_the_site_checks(make_server):
+    """--cors-origin names the one foreign origin that may change state; with a token any
+    Host name is served (the token guards the API, not the name)."""
+    srv = make_server(cpu_slots=2, token="t0ken-x", extra=["--cors-origin", "http://app.example"])
+    r = srv.post("/v1/jobs", json=seed_spec(steps=3, epochs=None), headers={"Origin": "http://app.example"})
+    assert r.status_code == 201, r.text
+    assert r.headers.get("Access-Control-Allow-Origin") == "http://app.example"
+    _err(srv.post("/v1/jobs", json=seed_spec(steps=3, epochs=None), headers={"Origin": "http://other.example"}),
+         403)
+    assert srv.get("/v1/jobs", headers={"Host": "ddpd.internal.example:8080"}).status_code == 200
+    assert srv.get("/v1/jobs", auth=False, headers={"Host": "ddpd.internal.example:8080"}).status_code == 401

@@ -3,7 +3,13 @@
  * files, batch counts before the ranks start, the synthetic teacher's determinism, and
  * a clean error naming the file for every kind of bad file or path. */
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -770,6 +776,172 @@ static void test_paths(void)
     CHECK_EQ_STR(err.message, "data/none.st: cannot open: No such file or directory");
 }
 
+/* Issue 15 item 4: a directory swapped for a symbolic link while the reader opens must
+ * never lead outside. A child process exchanges race/sub (a directory holding x.npy, all
+ * 1s) and race/alt (a relative link to root/outside_race, whose x.npy is all 999s) as fast
+ * as it can, while this process opens race/sub/x.npy `tries` times and reads the rows it
+ * got. Resolving first and opening afterwards read the outside file 89 times in 300. */
+static void race_run(const char *how, int tries)
+{
+    struct spec s;
+    spec_base(&s, 2, 2, LOSS_MSE);
+    spec_npy(&s, "race/sub/x.npy", "data/py.npy");
+    int ready[2];
+    CHECK(pipe(ready) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char a[8192], b[8192];
+        snprintf(a, sizeof a, "%s/race/sub", datadir);
+        snprintf(b, sizeof b, "%s/race/alt", datadir);
+        alarm(120); /* a bound of its own, should the parent not end it */
+        close(ready[0]);
+        for (long i = 0; i < 100000000L; i++) {
+            if (renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) != 0)
+                _exit(3);
+            if (i == 1000 && write(ready[1], "1", 1) != 1)
+                _exit(4);
+        }
+        _exit(0);
+    }
+    CHECK(pid > 0);
+    close(ready[1]);
+    char one;
+    CHECK(pid > 0 && read(ready[0], &one, 1) == 1); /* it is swapping */
+    close(ready[0]);
+    /* At least `tries` opens, and on until both outcomes were seen often (at most 200 times
+     * the tries, or a minute): a busy machine may run the swapper rarely. */
+    int inside = 0, outside = 0, refused = 0, n = 0;
+    float x[4], y[4];
+    unsigned seed = 15;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (; pid > 0 && n < 200 * tries && (n < tries || inside < tries / 10 || refused < tries / 10); n++) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (n >= tries && t1.tv_sec - t0.tv_sec > 60)
+            break;
+        /* Back to back first (what found the old window: 64 of 300 read outside); then,
+         * should the opens have fallen into step with the swaps (one outcome only), with
+         * random pauses until both outcomes were met. */
+        if (n >= tries) {
+            struct timespec pause = {0, (long)(rand_r(&seed) % 50000)};
+            nanosleep(&pause, NULL);
+        }
+        struct ddpd_error err = {0};
+        struct dataset *ds = dataset_open(&s, datadir, 0, 1, &err);
+        if (!ds) {
+            refused++;
+            /* the link is refused as leaving, or the name is briefly a link's */
+            CHECK(err.code == DDPD_ESPEC || err.code == DDPD_EDATA);
+            continue;
+        }
+        dataset_set_epoch(ds, 0);
+        CHECK_EQ_INT(dataset_batch(ds, 0, x, y, NULL), 2);
+        if (x[0] == 999.0f)
+            outside++;
+        else
+            inside++;
+        dataset_free(ds);
+    }
+    int status = 0;
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        CHECK(WIFSIGNALED(status)); /* it was still swapping: every exchange worked */
+    }
+    /* Leave race/sub the directory and race/alt the link, whichever they were at the end. */
+    char a[8192], b[8192];
+    struct stat st;
+    snprintf(a, sizeof a, "%s/race/sub", datadir);
+    snprintf(b, sizeof b, "%s/race/alt", datadir);
+    if (lstat(a, &st) == 0 && S_ISLNK(st.st_mode))
+        CHECK(renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0);
+    fprintf(stderr, "  %s: %d opens while swapping: %d inside, %d refused, %d outside\n", how, n, inside,
+            refused, outside);
+    CHECK_EQ_INT(outside, 0);
+    CHECK(inside > 0 && refused > 0); /* the race was run: both states were met */
+}
+
+static void test_confinement_race(void)
+{
+    float ones[4] = {1, 1, 1, 1}, far[4] = {999, 999, 999, 999};
+    char p[8192];
+    snprintf(p, sizeof p, "%s/race", datadir);
+    CHECK(mkdir(p, 0755) == 0);
+    snprintf(p, sizeof p, "%s/race/sub", datadir);
+    CHECK(mkdir(p, 0755) == 0);
+    snprintf(p, sizeof p, "%s/outside_race", root);
+    CHECK(mkdir(p, 0755) == 0);
+    put_npy("race/sub/x.npy", 1, "<f4", "(2, 2)", ones, sizeof ones);
+    put_npy("../outside_race/x.npy", 1, "<f4", "(2, 2)", far, sizeof far);
+    put_npy("data/py.npy", 1, "<f4", "(2, 2)", ones, sizeof ones);
+    snprintf(p, sizeof p, "%s/race/alt", datadir);
+    CHECK(symlink("../../outside_race", p) == 0);
+    /* Outside the race: the link is refused, the directory read. */
+    struct spec s;
+    spec_base(&s, 2, 2, LOSS_MSE);
+    spec_npy(&s, "race/alt/x.npy", "data/py.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_ESPEC, "data.x"),
+                 "data.x: \"race/alt/x.npy\" leaves the data directory (through a symbolic link)");
+
+    race_run("openat2", 1000);
+    setenv("DDPD_NO_OPENAT2", "1", 1); /* the walk used where the kernel has no openat2 */
+    race_run("O_NOFOLLOW walk", 1000);
+    spec_npy(&s, "race/alt/x.npy", "data/py.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_ESPEC, "data.x"),
+                 "data.x: \"race/alt/x.npy\" leaves the data directory (through a symbolic link)");
+    unsetenv("DDPD_NO_OPENAT2");
+}
+
+/* Issue 15 item 4: a FIFO (or a device) named as a data file used to block the open until
+ * a writer came (the planner of a POST, or a rank, hung); it is refused at once, by the
+ * ranks and by the batch counts the server asks for at submit. */
+static void test_special_files(void)
+{
+    char p[8192];
+    float ones[4] = {1, 1, 1, 1};
+    put_npy("data/py.npy", 1, "<f4", "(2, 2)", ones, sizeof ones);
+    snprintf(p, sizeof p, "%s/data/fifo.npy", datadir);
+    CHECK(mkfifo(p, 0600) == 0);
+    snprintf(p, sizeof p, "%s/data/fifo.csv", datadir);
+    CHECK(mkfifo(p, 0600) == 0);
+    alarm(60); /* the old open blocked for ever: fail by the alarm rather than hang */
+    for (int walk = 0; walk < 2; walk++) {
+        if (walk)
+            setenv("DDPD_NO_OPENAT2", "1", 1);
+        struct spec s;
+        spec_base(&s, 2, 2, LOSS_MSE);
+        spec_npy(&s, "data/fifo.npy", "data/py.npy");
+        CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/fifo.npy"),
+                     "data/fifo.npy: not a regular file (a FIFO)");
+        spec_csv(&s, "data/fifo.csv", "y");
+        CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/fifo.csv"),
+                     "data/fifo.csv: not a regular file (a FIFO)");
+        int64_t counts[2];
+        struct ddpd_error err = {0};
+        CHECK_EQ_INT(dataset_batch_counts(&s, datadir, 2, counts, &err), DDPD_EDATA);
+        CHECK(strstr(err.message, "a FIFO") != NULL);
+        CHECK_EQ_INT(data_path_open(datadir, "init.from", "data/fifo.npy", &err), -1);
+        CHECK(strstr(err.message, "not a regular file (a FIFO)") != NULL);
+        /* a character device, where this user may make one (root) */
+        snprintf(p, sizeof p, "%s/data/null.npy", datadir);
+        if (walk == 0 && mknod(p, S_IFCHR | 0600, makedev(1, 3)) == 0) {
+            spec_npy(&s, "data/null.npy", "data/py.npy");
+            CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/null.npy"),
+                         "data/null.npy: not a regular file (a device)");
+        }
+        unsetenv("DDPD_NO_OPENAT2");
+    }
+    alarm(0);
+    /* a descriptor for a regular file, which the reader of init.from reads */
+    struct ddpd_error err = {0};
+    int fd = data_path_open(datadir, "init.from", "data/py.npy", &err);
+    CHECK(fd >= 0);
+    char magic[6] = {0};
+    CHECK(fd >= 0 && pread(fd, magic, 6, 0) == 6 && !memcmp(magic, "\x93NUMPY", 6));
+    if (fd >= 0)
+        close(fd);
+}
+
 /* ---- CSV ---- */
 
 static void test_csv(void)
@@ -1166,6 +1338,8 @@ int main(void)
     test_empty_rank_file();
     test_npy_errors();
     test_paths();
+    test_confinement_race();
+    test_special_files();
     test_csv();
     test_csv_errors();
     test_synthetic();

@@ -278,6 +278,9 @@ static bool req_on(struct cli *c, const char *method, const char *path, const ch
         snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: test\r\n%s", method, path, extra ? extra : "");
     if (body)
         n += snprintf(head + n, sizeof head - (size_t)n, "Content-Length: %zu\r\n", blen);
+    /* A body is JSON unless the caller says otherwise (the layer requires it to say so). */
+    if (body && !(extra && strcasestr(extra, "Content-Type:")))
+        n += snprintf(head + n, sizeof head - (size_t)n, "Content-Type: application/json\r\n");
     n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
     if (!send_all(c->fd, head, (size_t)n) || (body && blen && !send_all(c->fd, body, blen)))
         return false;
@@ -691,6 +694,30 @@ static struct http_server *start(unsigned threads, struct ddpd_error *err)
 
 /* ---- tests -------------------------------------------------------------------------------- */
 
+/* Sends `text` (a whole request, body included) on a fresh connection to `p` and reads
+ * the answer: its status, or -1 when none came. `code` gets the error body's code ("" when
+ * none). */
+static int raw_status(int p, const char *text, char *code, size_t cap, struct resp *out)
+{
+    struct cli *c = cli_open(p);
+    struct resp r;
+    int status = -1;
+    char path[256], msg[512];
+    if (code)
+        code[0] = '\0';
+    if (c && send_all(c->fd, text, strlen(text)) && read_head(c, &r) && read_body(c, &r, false)) {
+        status = r.status;
+        if (code && !err_body(&r, code, path, msg, cap))
+            code[0] = '\0';
+        if (out)
+            *out = r;
+        else
+            resp_free(&r);
+    }
+    cli_close(c);
+    return status;
+}
+
 static void test_addresses(void)
 {
     CHECK(http_addr_is_loopback("127.0.0.1:8080"));
@@ -708,6 +735,195 @@ static void test_addresses(void)
     CHECK_EQ_STR(http_err_code(DDPD_ESPEC), "invalid_spec");
     CHECK_EQ_STR(http_err_code(DDPD_ENOTFOUND), "not_found");
     CHECK_EQ_STR(http_err_code(DDPD_EJSON), "bad_json");
+}
+
+/* Item 3 of issue 15: the names a tokenless server answers, and its own origin. */
+static void test_host_names(void)
+{
+    CHECK(http_host_is_local("localhost", false));
+    CHECK(http_host_is_local("LocalHost:8080", false));
+    CHECK(http_host_is_local("127.0.0.1:8080", false));
+    CHECK(http_host_is_local("127.200.3.4", false));
+    CHECK(http_host_is_local("[::1]", false));
+    CHECK(http_host_is_local("[::1]:65535", false));
+    CHECK(!http_host_is_local("localhost.evil.example", false));
+    CHECK(!http_host_is_local("127.0.0.1.nip.io", false));
+    CHECK(!http_host_is_local("evil.example:8080", false));
+    CHECK(!http_host_is_local("127.1", false)); /* a short form a resolver may read otherwise */
+    CHECK(!http_host_is_local("10.0.0.1:8080", false));
+    CHECK(!http_host_is_local("[::]:80", false));
+    CHECK(!http_host_is_local("localhost:80x", false));
+    CHECK(!http_host_is_local("localhost:99999", false));
+    CHECK(!http_host_is_local("", false));
+    CHECK(!http_host_is_local(NULL, false));
+    CHECK(http_host_is_local("10.0.0.1:8080", true));
+    CHECK(http_host_is_local("[2001:db8::1]:80", true));
+    CHECK(!http_host_is_local("evil.example", true));
+    CHECK(http_origin_is_host("http://127.0.0.1:8080", "127.0.0.1:8080"));
+    CHECK(http_origin_is_host("https://LOCALHOST:1", "localhost:1"));
+    CHECK(!http_origin_is_host("http://127.0.0.1:8081", "127.0.0.1:8080"));
+    CHECK(!http_origin_is_host("http://evil.example", "127.0.0.1:8080"));
+    CHECK(!http_origin_is_host("null", "127.0.0.1:8080"));
+    CHECK(!http_origin_is_host("http://127.0.0.1:8080", NULL));
+    CHECK_EQ_STR(http_err_code(DDPD_EFORBIDDEN), "forbidden");
+    CHECK_EQ_STR(http_err_code(DDPD_EMEDIATYPE), "unsupported_media_type");
+    CHECK_EQ_STR(http_err_code(DDPD_EREQUEST), "bad_request");
+}
+
+/* Items 3, 5 and 10 of issue 15 against the token server of the other tests. */
+static void test_request_hygiene(void)
+{
+    char code[256], req[16384];
+    struct resp r;
+#define POST_ECHO(hdrs) "POST /v1/echo HTTP/1.1\r\nHost: test\r\n" AUTH hdrs "Content-Length: 2\r\n\r\n{}"
+
+    /* Duplicate Content-Length (different or equal), or with Transfer-Encoding: 400 and
+     * the connection closed, since where the request ends is not known. */
+    const char *framing[] = {
+        "POST /v1/echo HTTP/1.1\r\nHost: test\r\n" AUTH "Content-Type: application/json\r\n"
+        "Content-Length: 2\r\nContent-Length: 30\r\n\r\n{}xxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+        "POST /v1/echo HTTP/1.1\r\nHost: test\r\n" AUTH "Content-Type: application/json\r\n"
+        "Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
+        "POST /v1/echo HTTP/1.1\r\nHost: test\r\n" AUTH "Content-Type: application/json\r\n"
+        "Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        "DELETE /v1/jobs/1 HTTP/1.1\r\nHost: test\r\n" AUTH "Content-Length: 0\r\nContent-Length: 5\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof framing / sizeof framing[0]; i++) {
+        CHECK_EQ_INT(raw_status(port, framing[i], code, sizeof code, &r), 400);
+        CHECK_EQ_STR(code, "bad_request");
+        CHECK(hdr(&r, "Connection") && !strcasecmp(hdr(&r, "Connection"), "close"));
+        CHECK(strstr(r.body, "Content-Length") != NULL);
+        resp_free(&r);
+    }
+
+    /* Query parameters: the limit answers 400 at once (1000 used to get no answer until
+     * the deadline), 64 pass; a target over 8 KiB is 400 too. */
+    int sizes[] = {1000, 65, 64, 30000};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        int n = snprintf(req, sizeof req, "GET /v1/echo?");
+        for (int i = 0; i < sizes[k] && n < (int)sizeof req - 64; i++)
+            n += snprintf(req + n, sizeof req - (size_t)n, "%s%d", i ? "&" : "", i % 10);
+        snprintf(req + n, sizeof req - (size_t)n, " HTTP/1.1\r\nHost: test\r\n" AUTH "\r\n");
+        int st = raw_status(port, req, code, sizeof code, &r);
+        if (sizes[k] == 64) {
+            CHECK_EQ_INT(st, 200);
+        } else if (sizes[k] == 30000) { /* cut at 16 KiB of request: over the target limit */
+            CHECK_EQ_INT(st, 400);
+            CHECK_EQ_STR(code, "bad_request");
+            CHECK(strstr(r.body, "8192") != NULL);
+        } else {
+            CHECK_EQ_INT(st, 400);
+            CHECK_EQ_STR(code, "bad_query");
+            CHECK(strstr(r.body, "the limit is 64") != NULL);
+        }
+        if (st > 0)
+            resp_free(&r);
+    }
+
+    /* A JSON body needs Content-Type: application/json (forms and text are what a page
+     * can post across sites without a preflight). */
+    const char *bad_types[] = {
+        "Content-Type: text/plain\r\n", "Content-Type: application/x-www-form-urlencoded\r\n",
+        "Content-Type: multipart/form-data; boundary=x\r\n", "Content-Type: application/jsonp\r\n", ""};
+    for (size_t i = 0; i < sizeof bad_types / sizeof bad_types[0]; i++) {
+        snprintf(req, sizeof req,
+                 "POST /v1/echo HTTP/1.1\r\nHost: test\r\n" AUTH "%sContent-Length: 2\r\n\r\n{}",
+                 bad_types[i]);
+        CHECK_EQ_INT(raw_status(port, req, code, sizeof code, NULL), 415);
+        CHECK_EQ_STR(code, "unsupported_media_type");
+    }
+    CHECK_EQ_INT(raw_status(port, POST_ECHO("Content-Type: Application/JSON; charset=utf-8\r\n"), code,
+                            sizeof code, NULL),
+                 201);
+
+    /* A state-changing request from a foreign origin is 403; from the server's own, or a
+     * read from anywhere, passes. */
+    CHECK_EQ_INT(raw_status(port,
+                            POST_ECHO("Content-Type: application/json\r\nOrigin: http://evil.example\r\n"),
+                            code, sizeof code, &r),
+                 403);
+    CHECK_EQ_STR(code, "forbidden");
+    CHECK(strstr(r.body, "evil.example") != NULL);
+    resp_free(&r);
+    CHECK_EQ_INT(raw_status(port, POST_ECHO("Content-Type: application/json\r\nOrigin: null\r\n"), code,
+                            sizeof code, NULL),
+                 403);
+    CHECK_EQ_INT(raw_status(port, POST_ECHO("Content-Type: application/json\r\nOrigin: http://test\r\n"),
+                            code, sizeof code, NULL),
+                 201);
+    CHECK_EQ_INT(raw_status(port,
+                            POST_ECHO("Content-Type: application/json\r\nSec-Fetch-Site: cross-site\r\n"),
+                            code, sizeof code, NULL),
+                 403);
+    CHECK_EQ_INT(raw_status(port,
+                            POST_ECHO("Content-Type: application/json\r\nSec-Fetch-Site: same-origin\r\n"),
+                            code, sizeof code, NULL),
+                 201);
+    CHECK_EQ_INT(raw_status(port,
+                            "DELETE /v1/jobs/1 HTTP/1.1\r\nHost: test\r\n" AUTH
+                            "Origin: http://evil.example\r\n\r\n",
+                            code, sizeof code, NULL),
+                 403);
+    CHECK_EQ_INT(raw_status(port,
+                            "DELETE /v1/jobs/1 HTTP/1.1\r\nHost: test\r\n" AUTH
+                            "Sec-Fetch-Site: same-site\r\n\r\n",
+                            code, sizeof code, NULL),
+                 403);
+    CHECK_EQ_INT(raw_status(port,
+                            "GET /v1/echo HTTP/1.1\r\nHost: test\r\n" AUTH
+                            "Origin: http://evil.example\r\nSec-Fetch-Site: cross-site\r\n\r\n",
+                            code, sizeof code, NULL),
+                 200);
+    /* With a token, any Host name is served (the token guards the API). */
+    CHECK_EQ_INT(raw_status(port, "GET /v1/echo HTTP/1.1\r\nHost: evil.example\r\n" AUTH "\r\n", code,
+                            sizeof code, NULL),
+                 200);
+#undef POST_ECHO
+}
+
+/* Item 3 of issue 15: a server without a token (DNS rebinding), and --cors-origin. */
+static void test_site_checks(void)
+{
+    struct ddpd_error err;
+    char code[256];
+    struct http_config cfg = {.listen = "127.0.0.1:0",
+                              .routes = routes,
+                              .nroutes = sizeof routes / sizeof routes[0],
+                              .ctx = &server,
+                              .cors_origin = "http://app.example"};
+    struct http_server *s = http_server_new(&cfg, &err);
+    CHECK(s != NULL);
+    if (!s)
+        return;
+    int p = http_server_port(s);
+    char req[512];
+    const char *ok_hosts[] = {"localhost", "localhost:8080", "127.0.0.1", "127.1.2.3:9", "[::1]:8080"};
+    const char *bad_hosts[] = {"evil.example", "evil.example:8080", "localhost.evil.example",
+                               "127.0.0.1.nip.io:8080", "10.0.0.1"};
+    for (size_t i = 0; i < sizeof ok_hosts / sizeof ok_hosts[0]; i++) {
+        snprintf(req, sizeof req, "GET /v1/echo HTTP/1.1\r\nHost: %s\r\n\r\n", ok_hosts[i]);
+        CHECK_EQ_INT(raw_status(p, req, code, sizeof code, NULL), 200);
+    }
+    for (size_t i = 0; i < sizeof bad_hosts / sizeof bad_hosts[0]; i++) {
+        snprintf(req, sizeof req, "GET /v1/echo HTTP/1.1\r\nHost: %s\r\n\r\n", bad_hosts[i]);
+        CHECK_EQ_INT(raw_status(p, req, code, sizeof code, NULL), 403);
+        CHECK_EQ_STR(code, "forbidden");
+        /* what a token would not guard stays open */
+        snprintf(req, sizeof req, "GET /healthz HTTP/1.1\r\nHost: %s\r\n\r\n", bad_hosts[i]);
+        CHECK_EQ_INT(raw_status(p, req, code, sizeof code, NULL), 200);
+    }
+    /* --cors-origin admits its origin, and only it */
+    CHECK_EQ_INT(raw_status(p,
+                            "POST /v1/echo HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://app.example\r\n"
+                            "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+                            code, sizeof code, NULL),
+                 201);
+    CHECK_EQ_INT(raw_status(p,
+                            "POST /v1/echo HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://app.example.evil\r\n"
+                            "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+                            code, sizeof code, NULL),
+                 403);
+    http_server_free(s);
 }
 
 static void test_start_errors(void)
@@ -965,7 +1181,7 @@ static void test_body_limits(void)
     /* the same with Expect: 100-continue: no 100, straight 413 */
     c = cli_open(port);
     h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH
-        "Expect: 100-continue\r\nContent-Length: 2097152\r\n\r\n";
+        "Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 2097152\r\n\r\n";
     CHECK(c && send_all(c->fd, h, strlen(h)));
     CHECK(c && read_head(c, &r) && read_body(c, &r, false));
     CHECK_EQ_INT(r.status, 413);
@@ -974,7 +1190,8 @@ static void test_body_limits(void)
 
     /* a chunked body that grows past the limit: 413 when it ends, connection kept */
     c = cli_open(port);
-    h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH "Transfer-Encoding: chunked\r\n\r\n";
+    h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
     CHECK(c && send_all(c->fd, h, strlen(h)));
     static char chunk[65536];
     memset(chunk, ' ', sizeof chunk);
@@ -997,18 +1214,47 @@ static void test_body_limits(void)
     resp_free(&r);
     cli_close(c);
 
-    /* a chunked body far past the limit: the connection is cut, no body is buffered */
+    /* a chunked body far past the limit (32 times it): dropped as it comes, without
+     * buffering, and still answered 413 when it ends (it used to be cut off at twice the
+     * limit: an empty reply); the connection stays usable */
     c = cli_open(port);
-    h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH "Transfer-Encoding: chunked\r\n\r\n";
+    h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
     CHECK(c && send_all(c->fd, h, strlen(h)));
     sent = true;
-    for (int i = 0; c && sent && i < 512; i++) { /* up to 32 MiB */
+    for (int i = 0; c && sent && i < 512; i++) { /* 32 MiB */
         snprintf(line, sizeof line, "%zx\r\n", sizeof chunk);
         sent = send_all(c->fd, line, strlen(line)) && send_all(c->fd, chunk, sizeof chunk) &&
                send_all(c->fd, "\r\n", 2);
     }
-    CHECK(!sent); /* the server stopped reading and reset the connection */
-    CHECK(c && wait_closed(c->fd, 5));
+    CHECK(sent);
+    CHECK(c && send_all(c->fd, "0\r\n\r\n", 5));
+    CHECK(c && read_head(c, &r) && read_body(c, &r, false));
+    CHECK_EQ_INT(r.status, 413);
+    CHECK(err_body(&r, code, path, msg, sizeof code));
+    CHECK_EQ_STR(code, "too_large");
+    CHECK(strstr(msg, "1048576") != NULL);
+    resp_free(&r);
+    CHECK(c && req_on(c, "GET", "/v1/jobs/1", AUTH, NULL, 0, &r));
+    CHECK_EQ_INT(r.status, 200);
+    resp_free(&r);
+    cli_close(c);
+
+    /* the same on a route that drops its body (no JSON): 413 too, not an empty reply */
+    c = cli_open(port);
+    h = "DELETE /v1/jobs/1 HTTP/1.1\r\nHost: t\r\n" AUTH "Transfer-Encoding: chunked\r\n\r\n";
+    CHECK(c && send_all(c->fd, h, strlen(h)));
+    sent = true;
+    for (int i = 0; c && sent && i < 64; i++) { /* 4 MiB */
+        snprintf(line, sizeof line, "%zx\r\n", sizeof chunk);
+        sent = send_all(c->fd, line, strlen(line)) && send_all(c->fd, chunk, sizeof chunk) &&
+               send_all(c->fd, "\r\n", 2);
+    }
+    CHECK(sent);
+    CHECK(c && send_all(c->fd, "0\r\n\r\n", 5));
+    CHECK(c && read_head(c, &r) && read_body(c, &r, false));
+    CHECK_EQ_INT(r.status, 413);
+    resp_free(&r);
     cli_close(c);
 
     /* a route's own limit (100 bytes) */
@@ -1722,6 +1968,7 @@ int main(void)
     }
 
     test_addresses();
+    test_host_names();
     struct ddpd_error err;
     server = start(1, &err);
     if (!server) {
@@ -1740,6 +1987,8 @@ int main(void)
     } while (0)
     RUN(test_start_errors());
     RUN(test_basics());
+    RUN(test_request_hygiene());
+    RUN(test_site_checks());
     RUN(test_auth());
     RUN(test_json_and_query());
     RUN(test_body_limits());
