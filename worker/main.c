@@ -96,7 +96,8 @@ static char *read_stdin(size_t *len, struct ddpd_error *err)
         }
         if (r < 0) {
             /* It used to retry this read forever, at 100% CPU (issue 15, item 10). */
-            ddpd_error_set(err, DDPD_EIO, "stdin", "stdin: cannot read the job document: %s", strerror(errno));
+            ddpd_error_set(err, DDPD_EIO, "stdin", "stdin: cannot read the job document: %s",
+                           strerror(errno));
             free(buf);
             return NULL;
         }
