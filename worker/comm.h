@@ -103,5 +103,8 @@ void comm_abort(struct comm *c);
  * may call it. Returns 1 when the backend took it, 0 when it has no such call (NCCL: the
  * caller aborts with comm_abort, outside a signal handler). NULL does nothing. */
 int comm_cancel(struct comm *c);
+/* Whether a peer's cancel reaches this rank as DDPD_ECANCELED (the backend has a cancel
+ * slot): then a DDPD_ECOMM is a real failure of a peer, never a cancel in disguise. */
+int comm_carries_cancel(const struct comm *c);
 
 #endif

@@ -23,23 +23,25 @@ static volatile sig_atomic_t cancelled, in_loop;
 /* The rank's communicator once it is whole (bound to its device), for the handler. */
 static struct comm *volatile group;
 
-/* SIGTERM is a cancel (exit 5), and the whole group must end as one: the handler tells the
- * peers at once through the communicator (comm_cancel, async-signal-safe), so a collective
- * blocked on any rank ends now, and a peer whose collective fails because of it ends as
- * cancelled too, not as a failed collective (issue 15, item 14). In the training loop the
- * rank then stops at the next micro-batch or at the failed collective; main reports
- * cancelled either way. Before the loop, the rank may be blocked in the rendezvous, the
- * parameter broadcast or a data read, waiting for a peer that is gone; it has nothing to
- * save, so it ends at once with the same code instead of holding the job's slots until the
- * launcher's SIGKILL. */
+/* SIGTERM is a cancel (exit 5), and the whole group ends as one: a rank that stops for it
+ * tells its peers through the communicator (comm_cancel), so a peer whose collective ends
+ * because of it ends as cancelled too, not as a failed collective (issue 15, item 14).
+ * In the training loop the rank stops at the next micro-batch; main then cancels the
+ * communicator. The handler does not: the launcher also sends SIGTERM to stop a group
+ * after a rank died, and a rank in a collective with the dead rank must report that
+ * death (comm, exit 3), not a cancel it would make up by cutting the collective short.
+ * Before the loop, the rank may be blocked in the rendezvous, the parameter broadcast or
+ * a data read, waiting for a peer that is gone; it has nothing to save, so it tells its
+ * peers (comm_cancel is async-signal-safe) and ends at once with the same code instead of
+ * holding the job's slots until the launcher's SIGKILL. */
 static void on_sigterm(int sig)
 {
     (void)sig;
     cancelled = 1;
-    struct comm *c = group;
-    if (c)
-        comm_cancel(c);
     if (!in_loop) {
+        struct comm *c = group;
+        if (c)
+            comm_cancel(c);
         static const char msg[] = "ddpd-worker: SIGTERM before training began: exiting\n";
         ssize_t n = write(STDERR_FILENO, msg, sizeof msg - 1);
         (void)n;
@@ -388,8 +390,6 @@ int main(int argc, char **argv)
         if (!comm || (dev.ops && comm_bind_dev(comm, dev, &err) != DDPD_OK))
             emit_die(&err);
         group = comm;
-        if (cancelled) /* the SIGTERM came while the group was forming */
-            comm_cancel(comm);
     }
 
     struct train_config cfg = {
@@ -406,9 +406,12 @@ int main(int argc, char **argv)
     };
     ddpd_err rc = train_run(&cfg, &err);
     json_decref(doc);
-    if (rc != DDPD_OK && cancelled && rc != DDPD_ECANCELED) {
-        /* A rank told to cancel reports cancelled whatever its last call said: the
-         * collective it was in may have failed first, because a peer cancelled before it. */
+    if (rc == DDPD_ECOMM && cancelled && !comm_carries_cancel(comm)) {
+        /* A rank told to cancel whose collective failed first, because a peer stopped for
+         * the same cancel, reports cancelled. Only where the backend cannot say why a
+         * peer stopped (NCCL): the cpu backend returns DDPD_ECANCELED for a peer's cancel,
+         * so its DDPD_ECOMM is a peer's real failure, which a SIGTERM from the launcher
+         * stopping the group must not hide. */
         char was[sizeof err.message];
         snprintf(was, sizeof was, "%s", err.message);
         ddpd_error_set(&err, DDPD_ECANCELED, "", "cancelled by SIGTERM (%s)", was);

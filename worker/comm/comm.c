@@ -203,3 +203,8 @@ int comm_cancel(struct comm *c)
 {
     return c && c->ops->cancel ? c->ops->cancel(c->ctx) : 0;
 }
+
+int comm_carries_cancel(const struct comm *c)
+{
+    return c && c->ops->cancel;
+}
