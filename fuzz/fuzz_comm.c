@@ -90,7 +90,7 @@ static void notice(const uint8_t *data, size_t size)
     if (k == 0)
         return;
     int rc = comm_cpu__notice_decode(data + 1, k, world, &origin, text);
-    if (rc == 1 && (origin < 0 || origin >= world || strlen(text) > NOTICE_TEXT_MAX))
+    if (rc > 2 || (rc >= 1 && (origin < 0 || origin >= world || strlen(text) > NOTICE_TEXT_MAX)))
         abort();
 }
 

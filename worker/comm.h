@@ -49,6 +49,11 @@ struct comm_ops {
     ddpd_err (*barrier)(void *ctx);
     /* Makes every pending and later call fail fast; safe from another thread. */
     void (*abort)(void *ctx);
+    /* Optional: abort, and the peers learn why: this rank was cancelled. Their pending and
+     * later calls then fail with DDPD_ECANCELED (exit code 5), not DDPD_ECOMM, so a cancel
+     * ends every rank as cancelled whichever rank it reached first. Async-signal-safe.
+     * Returns 1 when the peers were told, 0 when they could not be. */
+    int (*cancel)(void *ctx);
     const char *(*last_error)(void *ctx); /* text of the last failure, "" if none */
     void (*free)(void *ctx);
     /* Optional: the backend takes the compute backend's tensors itself (NCCL: orders its
@@ -92,5 +97,14 @@ ddpd_err comm_allgather(struct comm *c, const void *in, size_t bytes, void *out,
 ddpd_err comm_allreduce_max_i64(struct comm *c, int64_t *v, int n, struct ddpd_error *err);
 ddpd_err comm_barrier(struct comm *c, struct ddpd_error *err);
 void comm_abort(struct comm *c);
+/* This rank is being cancelled (SIGTERM): ends the communicator as comm_abort does and tells
+ * the peers so, where the backend can (the cpu backend; see comm_ops.cancel), and then a
+ * failed call of this rank returns DDPD_ECANCELED. Async-signal-safe: a SIGTERM handler
+ * may call it. Returns 1 when the backend took it, 0 when it has no such call (NCCL: the
+ * caller aborts with comm_abort, outside a signal handler). NULL does nothing. */
+int comm_cancel(struct comm *c);
+/* Whether a peer's cancel reaches this rank as DDPD_ECANCELED (the backend has a cancel
+ * slot): then a DDPD_ECOMM is a real failure of a peer, never a cancel in disguise. */
+int comm_carries_cancel(const struct comm *c);
 
 #endif

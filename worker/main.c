@@ -1,7 +1,9 @@
 /* main.c — ddpd-worker: one rank. Reads the stdin document (CONTRACT.md §5), builds
  * everything, runs, and maps failures to the documented exit codes. Thin on purpose:
  * the logic lives in train.c and the modules it calls. */
+#include <errno.h>
 #include <jansson.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,17 +21,28 @@
 #define STDIN_MAX (4 * 1024 * 1024)
 
 static volatile sig_atomic_t cancelled, in_loop;
+/* The rank's communicator once it is whole (bound to its device), for the handler. */
+static struct comm *volatile group;
 
-/* In the training loop SIGTERM stops the rank at the next micro-batch (exit 5, with an
- * error event). Before it, the rank may be blocked in the rendezvous, the parameter
- * broadcast or a data read, waiting for a peer that is gone; it has nothing to save,
- * so it ends at once with the same code instead of holding the job's slots until the
- * launcher's SIGKILL. */
+/* SIGTERM is a cancel (exit 5), and the whole group ends as one: a rank that stops for it
+ * tells its peers through the communicator (comm_cancel), so a peer whose collective ends
+ * because of it ends as cancelled too, not as a failed collective (issue 15, item 14).
+ * In the training loop the rank stops at the next micro-batch; main then cancels the
+ * communicator. The handler does not: the launcher also sends SIGTERM to stop a group
+ * after a rank died, and a rank in a collective with the dead rank must report that
+ * death (comm, exit 3), not a cancel it would make up by cutting the collective short.
+ * Before the loop, the rank may be blocked in the rendezvous, the parameter broadcast or
+ * a data read, waiting for a peer that is gone; it has nothing to save, so it tells its
+ * peers (comm_cancel is async-signal-safe) and ends at once with the same code instead of
+ * holding the job's slots until the launcher's SIGKILL. */
 static void on_sigterm(int sig)
 {
     (void)sig;
     cancelled = 1;
     if (!in_loop) {
+        struct comm *c = group;
+        if (c)
+            comm_cancel(c);
         static const char msg[] = "ddpd-worker: SIGTERM before training began: exiting\n";
         ssize_t n = write(STDERR_FILENO, msg, sizeof msg - 1);
         (void)n;
@@ -50,7 +63,10 @@ static void usage(FILE *f)
           f);
 }
 
-/* Reads all of stdin (capped). Returns a malloc'd NUL-terminated buffer or NULL. */
+/* Reads all of stdin (capped) up to its end: the launcher writes the document and closes
+ * (CONTRACT.md §5). A read error ends the rank with an error naming it; a non-blocking
+ * stdin is waited for in poll, not in a loop of reads. Returns a malloc'd NUL-terminated
+ * buffer or NULL. */
 static char *read_stdin(size_t *len, struct ddpd_error *err)
 {
     size_t cap = 1 << 16, n = 0;
@@ -73,8 +89,21 @@ static char *read_stdin(size_t *len, struct ddpd_error *err)
             buf = nb;
         }
         ssize_t r = read(0, buf + n, cap - n);
-        if (r < 0)
+        if (r < 0 && errno == EINTR)
             continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            /* Sleeps until there is input, its end, or an error the next read reports. */
+            struct pollfd p = {0, POLLIN, 0};
+            if (poll(&p, 1, -1) >= 0 || errno == EINTR)
+                continue;
+        }
+        if (r < 0) {
+            /* It used to retry this read forever, at 100% CPU (issue 15, item 10). */
+            ddpd_error_set(err, DDPD_EIO, "stdin", "stdin: cannot read the job document: %s",
+                           strerror(errno));
+            free(buf);
+            return NULL;
+        }
         if (r == 0)
             break;
         n += (size_t)r;
@@ -376,6 +405,7 @@ int main(int argc, char **argv)
         comm = comm_new(ops, &id, (int)rank, (int)world, spec.ddp.timeout_s, &err);
         if (!comm || (dev.ops && comm_bind_dev(comm, dev, &err) != DDPD_OK))
             emit_die(&err);
+        group = comm;
     }
 
     struct train_config cfg = {
@@ -393,12 +423,25 @@ int main(int argc, char **argv)
     };
     ddpd_err rc = train_run(&cfg, &err);
     json_decref(doc);
+    if (rc == DDPD_ECOMM && cancelled && !comm_carries_cancel(comm)) {
+        /* A rank told to cancel whose collective failed first, because a peer stopped for
+         * the same cancel, reports cancelled. Only where the backend cannot say why a
+         * peer stopped (NCCL): the cpu backend returns DDPD_ECANCELED for a peer's cancel,
+         * so its DDPD_ECOMM is a peer's real failure, which a SIGTERM from the launcher
+         * stopping the group must not hide. */
+        char was[sizeof err.message];
+        snprintf(was, sizeof was, "%s", err.message);
+        ddpd_error_set(&err, DDPD_ECANCELED, "", "cancelled by SIGTERM (%s)", was);
+        rc = DDPD_ECANCELED;
+    }
     if (rc != DDPD_OK) {
-        /* Peers blocked on us learn of it from the closed sockets at once. */
-        if (comm)
+        /* Peers blocked on us learn of it from the closed sockets at once, and of a
+         * cancel from its notice. */
+        if (comm && !(rc == DDPD_ECANCELED && comm_cancel(comm)))
             comm_abort(comm);
         emit_die(&err);
     }
+    group = NULL;
     comm_free(comm);
     dev_cuda_free(dev);
     emit_flush();

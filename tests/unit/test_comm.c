@@ -30,6 +30,7 @@ struct shared {
     int later_code[MAX_W]; /* a call after the failure */
     char msg[MAX_W][800];
     char later_msg[MAX_W][800];
+    int victim_pid; /* set by a victim just before it SIGKILLs itself */
 };
 static struct shared *sh;
 static unsigned tcp_ranks; /* ranks that keep their links on TCP (DDPD_COMM_SHM=0) */
@@ -381,6 +382,27 @@ static int rank_dies(int rank, int world, const struct comm_id *id)
     return 0;
 }
 
+/* What every survivor of a dead rank must show, however busy the machine and whichever
+ * rank saw the death first: a comm error well within its 10 s deadline (the hang-up is
+ * seen, not waited out), naming the dead rank, and the same error on the next call. */
+#define FAULT_TIMEOUT_S 10.0
+static void check_survivors(int world, int who, const char *what)
+{
+    char needle[32];
+    snprintf(needle, sizeof needle, "rank %d", who);
+    for (int r = 0; r < world; r++) {
+        if (r == who)
+            continue;
+        fprintf(stderr, "  %s W=%d rank %d after %.3f s: %s\n", what, world, r, sh->elapsed[r], sh->msg[r]);
+        CHECK_EQ_INT(sh->code[r], DDPD_ECOMM);
+        CHECK(sh->elapsed[r] < FAULT_TIMEOUT_S);
+        CHECK(strstr(sh->msg[r], needle) != NULL);
+        CHECK(strstr(sh->msg[r], "closed the connection during") != NULL);
+        CHECK_EQ_INT(sh->later_code[r], DDPD_ECOMM);
+        CHECK_EQ_STR(sh->later_msg[r], sh->msg[r]);
+    }
+}
+
 static void test_rank_dies(int world, int who, int kill9, unsigned tcp)
 {
     struct issuer is;
@@ -392,21 +414,203 @@ static void test_rank_dies(int world, int who, int kill9, unsigned tcp)
     int bad = run_ranks(world, &is.id, rank_dies);
     CHECK_EQ_INT(bad, kill9); /* a SIGKILLed victim counts as a failed rank */
     issuer_stop(&is);
-    char needle[32];
-    snprintf(needle, sizeof needle, "rank %d", who);
-    for (int r = 0; r < world; r++) {
-        if (r == who)
-            continue;
-        fprintf(stderr, "  %s W=%d rank %d after %.3f s: %s\n", kill9 ? "killed" : "exits", world, r,
-                sh->elapsed[r], sh->msg[r]);
-        CHECK_EQ_INT(sh->code[r], DDPD_ECOMM);
-        CHECK(sh->elapsed[r] < 2.0);
-        /* Its neighbours name it; the others name the neighbour that passed the failure on. */
-        if (r == (who + 1) % world || r == (who + world - 1) % world)
-            CHECK(strstr(sh->msg[r], needle) != NULL);
-        CHECK(strstr(sh->msg[r], "closed the connection during allreduce") != NULL);
-        CHECK_EQ_INT(sh->later_code[r], DDPD_ECOMM);
-        CHECK_EQ_STR(sh->later_msg[r], sh->msg[r]);
+    check_survivors(world, who, kill9 ? "killed" : "exits");
+    for (int r = 0; r < world; r++)
+        if (r != who)
+            CHECK(strstr(sh->msg[r], "during allreduce") != NULL);
+    tcp_ranks = 0;
+}
+
+/* The victim is SIGKILLed at a random moment of a large all-reduce (0..20 ms after it
+ * starts, while data flows), W=4 over shared memory; repeated. Some survivors may have
+ * finished the all-reduce before the death: their next call (a barrier) fails instead. */
+static int kill_delay_us;
+static int rank_dies_anytime(int rank, int world, const struct comm_id *id)
+{
+    struct ddpd_error err;
+    struct comm_req *req;
+    struct comm *c = join(rank, world, id, FAULT_TIMEOUT_S);
+    if (!c)
+        return 1;
+    int64_t n = 1 << 22;
+    float *buf = calloc((size_t)n, sizeof *buf);
+    CHECK_OK(comm_barrier(c, &err));
+    CHECK_OK(comm_allreduce_start(c, buf, n, &req, &err));
+    if (rank == victim) {
+        struct timespec t = {0, kill_delay_us * 1000L};
+        nanosleep(&t, NULL);
+        kill(getpid(), SIGKILL);
+    }
+    double t0 = now_s();
+    ddpd_err rc = comm_wait(c, req, &err);
+    if (rc == DDPD_OK) {
+        ddpd_error_clear(&err);
+        rc = comm_barrier(c, &err);
+    }
+    sh->code[rank] = rc;
+    sh->elapsed[rank] = now_s() - t0;
+    snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
+    ddpd_error_clear(&err);
+    sh->later_code[rank] = comm_barrier(c, &err);
+    snprintf(sh->later_msg[rank], sizeof sh->later_msg[rank], "%s", err.message);
+    comm_free(c);
+    free(buf);
+    return 0;
+}
+
+static void test_rank_dies_anytime(int rounds)
+{
+    unsigned seed = (unsigned)getpid();
+    for (int i = 0; i < rounds; i++) {
+        struct issuer is;
+        memset(sh, 0, sizeof *sh);
+        victim = (int)(rand_r(&seed) % 4);
+        kill_delay_us = (int)(rand_r(&seed) % 20000);
+        CHECK_EQ_INT(issuer_start(&is), 0);
+        CHECK_EQ_INT(run_ranks(4, &is.id, rank_dies_anytime), 1);
+        issuer_stop(&is);
+        fprintf(stderr, "  anytime: rank %d killed %d us into the all-reduce\n", victim, kill_delay_us);
+        check_survivors(4, victim, "anytime");
+    }
+}
+
+/* The victim fills its shared FIFO to the next rank (a large all-reduce the next rank has
+ * not started) and is SIGKILLed; only then does the next rank start. The padding at the
+ * start of a collective used to let the FIFO end in the middle of a float, and the
+ * consumer spun on that fragment forever, past its deadline and blind to the hang-up
+ * (issue 15, item 19). Now: a comm error naming the dead rank, from its hang-up. */
+/* A process that has exited (a zombie its parent has not reaped counts). */
+static int gone(int pid)
+{
+    char path[64], st[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1;
+    size_t n = fread(st, 1, sizeof st - 1, f);
+    fclose(f);
+    st[n] = '\0';
+    const char *p = strrchr(st, ')');
+    return !p || p[1] == '\0' || p[2] == 'Z' || p[2] == 'X';
+}
+
+static int rank_fragment(int rank, int world, const struct comm_id *id)
+{
+    struct ddpd_error err;
+    struct comm_req *req;
+    struct comm *c = join(rank, world, id, FAULT_TIMEOUT_S);
+    if (!c)
+        return 1;
+    int64_t n = 1 << 23;
+    float *buf = calloc((size_t)n, sizeof *buf);
+    CHECK_OK(comm_barrier(c, &err)); /* leaves the FIFOs at a position that is not 8-aligned */
+    if (rank == victim) {
+        CHECK_OK(comm_allreduce_start(c, buf, n, &req, &err));
+        /* Long enough to fill a 2 MiB FIFO many times over: if it were not full the test
+         * would only be weaker, never fail. */
+        struct timespec t = {1, 0};
+        nanosleep(&t, NULL);
+        __atomic_store_n(&sh->victim_pid, (int)getpid(), __ATOMIC_SEQ_CST);
+        kill(getpid(), SIGKILL);
+    }
+    /* The rank after the victim starts once the victim is gone (bounded: 30 s). */
+    if (rank == (victim + 1) % world) {
+        int i = 0;
+        while (i++ < 3000 && !__atomic_load_n(&sh->victim_pid, __ATOMIC_SEQ_CST))
+            nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+        while (i++ < 3000 && !gone(__atomic_load_n(&sh->victim_pid, __ATOMIC_SEQ_CST)))
+            nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+    CHECK_OK(comm_allreduce_start(c, buf, n, &req, &err));
+    double t0 = now_s();
+    sh->code[rank] = comm_wait(c, req, &err);
+    sh->elapsed[rank] = now_s() - t0;
+    snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
+    ddpd_error_clear(&err);
+    sh->later_code[rank] = comm_barrier(c, &err);
+    snprintf(sh->later_msg[rank], sizeof sh->later_msg[rank], "%s", err.message);
+    comm_free(c);
+    free(buf);
+    return 0;
+}
+
+static void test_fifo_fragment(int world, int who)
+{
+    struct issuer is;
+    memset(sh, 0, sizeof *sh);
+    victim = who;
+    CHECK_EQ_INT(issuer_start(&is), 0);
+    CHECK_EQ_INT(run_ranks(world, &is.id, rank_fragment), 1);
+    issuer_stop(&is);
+    check_survivors(world, who, "fragment");
+}
+
+/* comm_cancel on one rank (what a SIGTERM handler calls) in the middle of a large
+ * all-reduce: every rank's call fails with DDPD_ECANCELED (exit code 5), not DDPD_ECOMM,
+ * whichever way the news reached it (the notice backwards, the hang-up forwards), and so
+ * does every later call (issue 15, item 14). From a signal handler, as the worker does. */
+static struct comm *volatile cancel_target;
+static void on_term(int sig)
+{
+    (void)sig;
+    comm_cancel(cancel_target);
+}
+
+static int rank_cancel(int rank, int world, const struct comm_id *id)
+{
+    struct ddpd_error err;
+    struct comm_req *req;
+    struct comm *c = join(rank, world, id, FAULT_TIMEOUT_S);
+    if (!c)
+        return 1;
+    int64_t n = 1 << 22;
+    float *buf = calloc((size_t)n, sizeof *buf);
+    cancel_target = c;
+    signal(SIGTERM, on_term);
+    CHECK_OK(comm_barrier(c, &err));
+    CHECK_OK(comm_allreduce_start(c, buf, n, &req, &err));
+    if (rank == victim) {
+        struct timespec t = {0, kill_delay_us * 1000L};
+        nanosleep(&t, NULL);
+        kill(getpid(), SIGTERM);
+    }
+    double t0 = now_s();
+    ddpd_err rc = comm_wait(c, req, &err);
+    if (rc == DDPD_OK) { /* finished before the cancel: the next call sees it */
+        ddpd_error_clear(&err);
+        rc = comm_barrier(c, &err);
+    }
+    sh->code[rank] = rc;
+    sh->elapsed[rank] = now_s() - t0;
+    snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
+    ddpd_error_clear(&err);
+    sh->later_code[rank] = comm_barrier(c, &err);
+    cancel_target = NULL;
+    comm_free(c);
+    free(buf);
+    return 0;
+}
+
+static void test_cancel(int world, int rounds, unsigned tcp)
+{
+    tcp_ranks = tcp;
+    unsigned seed = (unsigned)getpid() ^ 0x5eed;
+    for (int i = 0; i < rounds; i++) {
+        struct issuer is;
+        memset(sh, 0, sizeof *sh);
+        victim = (int)(rand_r(&seed) % (unsigned)world);
+        kill_delay_us = (int)(rand_r(&seed) % 20000);
+        CHECK_EQ_INT(issuer_start(&is), 0);
+        CHECK_EQ_INT(run_ranks(world, &is.id, rank_cancel), 0);
+        issuer_stop(&is);
+        for (int r = 0; r < world; r++) {
+            fprintf(stderr, "  cancel W=%d of rank %d at %d us: rank %d after %.3f s: %s\n", world, victim,
+                    kill_delay_us, r, sh->elapsed[r], sh->msg[r]);
+            CHECK_EQ_INT(sh->code[r], DDPD_ECANCELED);
+            CHECK_EQ_INT(sh->later_code[r], DDPD_ECANCELED);
+            CHECK(sh->elapsed[r] < FAULT_TIMEOUT_S);
+            CHECK(strstr(sh->msg[r], "cancelled") != NULL);
+        }
     }
     tcp_ranks = 0;
 }
@@ -846,6 +1050,12 @@ int main(void)
     test_rank_dies(4, 1, 0, 0);
     test_rank_dies(3, 2, 1, 0x7);
     test_rank_dies(3, 0, 0, 0x7);
+    test_fifo_fragment(2, 0);
+    test_fifo_fragment(3, 1);
+    test_rank_dies_anytime(4);
+    test_cancel(2, 4, 0);
+    test_cancel(4, 4, 0);
+    test_cancel(3, 2, 0x7); /* over TCP */
     test_rank_absent();
     test_rank_silent(0);
     test_rank_silent(0x3);
@@ -854,6 +1064,5 @@ int main(void)
     test_bogus_root();
     test_abort();
     fprintf(stderr, "test_comm: %.1f s\n", now_s() - t0);
-    CHECK(now_s() - t0 < 60.0);
     CHECK_DONE();
 }

@@ -59,11 +59,11 @@ int comm_id_from_hex(const char *hex, struct comm_id *id)
 }
 
 /* A failure of the collective is the group's (exit code 3) unless the backend says its
- * device failed (exit code 4): a peer's death must not read as a broken GPU, nor the
- * reverse. */
+ * device failed (exit code 4) or the group ends because a rank was cancelled (exit code
+ * 5): a peer's death must not read as a broken GPU, nor a cancel as a failure. */
 static ddpd_err failure_code(ddpd_err rc)
 {
-    return rc == DDPD_EDEVICE ? DDPD_EDEVICE : DDPD_ECOMM;
+    return rc == DDPD_EDEVICE || rc == DDPD_ECANCELED ? rc : DDPD_ECOMM;
 }
 
 /* Every failure reads "rank R: <backend text>", so a job's log names the rank that saw it. */
@@ -197,4 +197,14 @@ void comm_abort(struct comm *c)
 {
     if (c && c->ops->abort)
         c->ops->abort(c->ctx);
+}
+
+int comm_cancel(struct comm *c)
+{
+    return c && c->ops->cancel ? c->ops->cancel(c->ctx) : 0;
+}
+
+int comm_carries_cancel(const struct comm *c)
+{
+    return c && c->ops->cancel;
 }

@@ -29,7 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define NOTICE_TAG 0x4444504e      /* "DDPN" */
+#define NOTICE_TAG 0x4444504e      /* "DDPN": a failure notice */
+#define CANCEL_TAG 0x44445051      /* "DDPQ": the same, for a rank that was cancelled */
 #define SMALL_BYTES (16 * 1024)    /* all-reduces up to this take the latency path */
 #define STAGE_BYTES (256 * 1024)   /* receive staging of a reduction */
 #define SEND_SLICE (256 * 1024)    /* most bytes handed to one sendmsg */
@@ -676,13 +677,17 @@ struct cpu {
     int have_thread, have_sync;
     struct comm_req *head, *tail, *live;
     int busy, stopping, failed;
+    ddpd_err fail_rc; /* DDPD_ECOMM, or DDPD_ECANCELED when the group ends by a cancel */
     double run_start;
     char err[ERR_CAP];
 
     char err_copy[ERR_CAP];                      /* what last_error hands the driving thread */
     atomic_int aborted;                          /* abort() may come from any thread or a signal handler */
+    atomic_int cancelled;                        /* ... and so may cancel(), which also sets aborted */
     unsigned char abort_notice[NOTICE_HDR + 64]; /* prebuilt: abort() may not format */
     size_t abort_notice_len;
+    unsigned char cancel_notice[NOTICE_HDR + 64];
+    size_t cancel_notice_len;
 };
 
 /* Shuts both ring sockets: a blocked executor wakes, and the neighbours see the
@@ -702,32 +707,34 @@ static void shut_sockets(struct cpu *c)
  * readable, and names the rank where the failure began instead of the neighbour that
  * merely passed the hang-up on. A dead process sends no notice: its neighbours see the
  * connection close, which names it just as well. */
-static size_t notice_put(unsigned char *buf, size_t cap, int origin, const char *text)
+static size_t notice_put(unsigned char *buf, size_t cap, int origin, int cancel, const char *text)
 {
     size_t len = strlen(text);
     if (len > NOTICE_TEXT_MAX)
         len = NOTICE_TEXT_MAX;
     if (len > cap - NOTICE_HDR)
         len = cap - NOTICE_HDR;
-    put32(buf, NOTICE_TAG);
+    put32(buf, cancel ? CANCEL_TAG : NOTICE_TAG);
     put32(buf + 4, (uint32_t)origin);
     put32(buf + 8, (uint32_t)len);
     memcpy(buf + NOTICE_HDR, text, len);
     return NOTICE_HDR + len;
 }
 
-static void send_notice(struct cpu *c, int origin, const char *text)
+static void send_notice(struct cpu *c, int origin, int cancel, const char *text)
 {
     unsigned char buf[NOTICE_HDR + NOTICE_TEXT_MAX];
-    size_t n = notice_put(buf, sizeof buf, origin, text);
+    size_t n = notice_put(buf, sizeof buf, origin, cancel, text);
     /* Best effort: the reverse direction is empty, so a few hundred bytes always fit. */
     if (c->fd_prev >= 0)
         (void)!send(c->fd_prev, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-/* Where a failure began and its first text, passed along backwards unchanged. */
+/* Where a failure began, its first text, and whether it was a cancel (a rank told to
+ * stop, not a fault), passed along backwards unchanged. */
 struct origin {
     int rank;
+    int cancel;
     char text[NOTICE_TEXT_MAX + 1];
 };
 
@@ -745,7 +752,7 @@ int comm_cpu__notice_decode(const unsigned char *buf, size_t k, int world, int *
     }
     if (k == 0 && buf != all)
         return 0;
-    if (k >= NOTICE_HDR && get32(buf) == NOTICE_TAG) {
+    if (k >= NOTICE_HDR && (get32(buf) == NOTICE_TAG || get32(buf) == CANCEL_TAG)) {
         uint32_t from = get32(buf + 4), len = get32(buf + 8);
         /* The origin and length are the peer's claims: both are checked against what
          * arrived and the world before use. */
@@ -756,7 +763,7 @@ int comm_cpu__notice_decode(const unsigned char *buf, size_t k, int world, int *
             }
             text[len] = '\0';
             *origin = (int)from;
-            return 1;
+            return get32(buf) == CANCEL_TAG ? 2 : 1;
         }
     }
     return -1;
@@ -772,6 +779,7 @@ static int next_failed(struct cpu *c, const char *w, char *err, size_t cap, stru
     if (got == 0)
         return 0;
     if (got > 0) {
+        o->cancel = got == 2;
         snprintf(err, cap, "rank %d reported: %s", o->rank, o->text);
         return 1;
     }
@@ -898,12 +906,18 @@ static void ping(int fd)
     (void)!send(fd, &zero, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-/* Bytes the producer may write now. The position can run up to 7 bytes past a full FIFO
- * (alignment padding, see run_plan), hence the guard. */
+/* Bytes the producer may write now, in whole 8-byte units. The position can run up to 7
+ * bytes past a full FIFO (alignment padding, see run_plan), hence the guard. The consumer's
+ * padding at the start of a collective is not published until it first consumes, so the
+ * raw room can be a few bytes odd; a put that used them would end the FIFO in the middle
+ * of a float, which a reducing consumer cannot take. Were this producer then to die, the
+ * consumer would see bytes it can never use, and those bytes used to keep it spinning,
+ * past its deadline and blind to the hang-up (issue 15, item 19). Rounding here, where
+ * both shm_put and the wait's re-check read it, keeps them agreeing on "no room". */
 static size_t shm_room(const struct link *L)
 {
     uint64_t used = L->pos - atomic_load_explicit(&L->h->tail, memory_order_acquire);
-    return used >= SHM_CAP ? 0 : SHM_CAP - (size_t)used;
+    return used >= SHM_CAP ? 0 : (SHM_CAP - (size_t)used) & ~(size_t)7;
 }
 
 /* Copies as much of iov as fits into the FIFO to next and publishes it. */
@@ -946,6 +960,17 @@ static size_t shm_avail(const struct link *L, const unsigned char **ptr)
     size_t n = (size_t)(head - L->pos);
     *ptr = L->data + off;
     return n < SHM_CAP - off ? n : SHM_CAP - off;
+}
+
+/* Whether the consumer can take anything at its position now: bytes, and for a reducing
+ * segment at least one whole float (a stray fragment is nothing it can use). */
+static int shm_usable(const struct cpu *c, const struct plan *p, const struct stream *r)
+{
+    const unsigned char *src;
+    size_t n = shm_avail(&c->lin, &src);
+    if (r->hdr == HDR_BYTES && r->seg < p->nreduce)
+        return n >= sizeof(float);
+    return n > 0;
 }
 
 static void shm_consume(struct cpu *c, size_t n)
@@ -1154,6 +1179,18 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
             spin_until = 0;
             continue;
         }
+        /* Nothing moved this round. Every way of waiting below (a spin, a re-check of the
+         * FIFOs, a poll) comes back here, so this one check bounds them all: a wait that
+         * ends early for any reason, or a peer that stops in any state, cannot keep this
+         * rank past its deadline. */
+        if (mono() >= deadline) {
+            what(w, sizeof w, p);
+            /* Name whom we wait for: the sender if its bytes are missing, else the
+             * receiver that does not drain its socket or FIFO. */
+            int whom = want_in || !want_out ? c->prev : c->next;
+            snprintf(err, cap, "%s timed out after %.1f s waiting for rank %d", w, c->timeout_s, whom);
+            goto fail;
+        }
         if (!want_in && !want_out)
             continue;
         /* A shared-memory peer is usually about to write or drain: spin briefly before
@@ -1163,7 +1200,7 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
             double t = mono();
             if (spin_until == 0)
                 spin_until = t + SPIN_S;
-            if (t < spin_until && t < deadline) {
+            if (t < spin_until) {
                 /* sched_yield, not a pause loop: with more runnable threads than CPUs
                  * (two ranks packed on one vCPU) a pure spin would keep the very peer
                  * we wait for off the CPU until the spin ends. */
@@ -1179,9 +1216,8 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
             if (shm_out)
                 atomic_store(&c->lout.h->prod_sleep, 1);
             atomic_thread_fence(memory_order_seq_cst); /* the flags before the re-reads */
-            const unsigned char *src;
             if (shm_in)
-                ready |= shm_avail(&c->lin, &src) > 0;
+                ready |= shm_usable(c, p, &r);
             if (shm_out)
                 ready |= shm_room(&c->lout) > 0;
             if (ready) {
@@ -1222,21 +1258,13 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
             if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
                 /* A peer that finished its part writes its last bytes into the FIFO and
                  * may exit before we read them: data that is there comes first; the
-                 * hang-up only matters once the FIFO is empty and we still need input. */
-                const unsigned char *src;
-                if (shm_avail(&c->lin, &src) > 0)
+                 * hang-up only matters once nothing usable is left and we still need
+                 * input. */
+                if (shm_usable(c, p, &r))
                     continue;
                 e = k == 0 ? 0 : errno;
                 goto prev_failed;
             }
-        }
-        if (pr == 0 && mono() >= deadline) {
-            what(w, sizeof w, p);
-            /* Name whom we wait for: the sender if its bytes are missing, else the
-             * receiver that does not drain its socket. */
-            int whom = want_in ? c->prev : c->next;
-            snprintf(err, cap, "%s timed out after %.1f s waiting for rank %d", w, c->timeout_s, whom);
-            goto fail;
         }
         if (pr < 0 && perr != EINTR) {
             snprintf(err, cap, "poll: %s", strerror(perr));
@@ -1249,14 +1277,26 @@ prev_failed:
         goto fail;
     what(w, sizeof w, p);
     {
-        /* Prev hung up. If next has told us why the ring broke, that says more (with W=2
-         * they are the same rank). If next hung up without a word while we still owe it
-         * bytes, it died (a live rank sends a notice first), and prev only passed that
-         * on: name next. */
+        /* Prev hung up. Hang-ups travel forward around the ring and notices backward, so
+         * whatever broke it, the news comes back to us from next: a notice naming the rank
+         * where the failure began (and whether that rank was cancelled), or next's own
+         * hang-up. Pass the hang-up on first (a next that has sent its part watches only
+         * prev), then wait for the news until the deadline or an abort: which rank
+         * happened to see the hang-up first then changes nothing in what every rank
+         * reports. With W=2 next is prev, and its notice or hang-up is already there.
+         * If next hung up without a word while we still owe it bytes, it died (a live
+         * rank sends a notice first), and prev only passed that on: name next. */
         struct origin o2 = {.rank = -1};
         char t2[ERR_CAP];
         int sdone = p->nsend == 0 || (s.hdr == HDR_BYTES && s.seg == p->nsend);
-        if (next_failed(c, w, t2, sizeof t2, &o2) && (o2.rank >= 0 || !sdone)) {
+        int got = 0;
+        shutdown(c->fd_next, SHUT_WR);
+        while (!(got = next_failed(c, w, t2, sizeof t2, &o2)) && !atomic_load(&c->aborted))
+            if (wait_fd(c->fd_next, POLLIN, deadline) <= 0)
+                break;
+        if (atomic_load(&c->aborted))
+            goto fail;
+        if (got && (o2.rank >= 0 || !sdone)) {
             o = o2;
             snprintf(err, cap, "%s", t2);
         } else if (e == 0 || e == ECONNRESET) {
@@ -1267,19 +1307,21 @@ prev_failed:
     }
 fail:
     if (atomic_load(&c->aborted)) {
-        /* Whatever broke after abort() is its doing; it sent its own notice. */
+        /* Whatever broke after abort() or cancel() is its doing; it sent its own notice. */
+        int cancelled = atomic_load(&c->cancelled);
         what(w, sizeof w, p);
-        snprintf(err, cap, "communicator aborted during %s", w);
+        snprintf(err, cap, "%s during %s", cancelled ? "cancelled" : "communicator aborted", w);
         shut_sockets(c);
-        return DDPD_ECOMM;
+        return cancelled ? DDPD_ECANCELED : DDPD_ECOMM;
     }
     if (o.rank < 0) {
         o.rank = c->rank;
         snprintf(o.text, sizeof o.text, "%s", err);
     }
-    send_notice(c, o.rank, o.text);
+    /* A cancel stays a cancel as it travels: every rank ends as cancelled, not failed. */
+    send_notice(c, o.rank, o.cancel, o.text);
     shut_sockets(c);
-    return DDPD_ECOMM;
+    return o.cancel ? DDPD_ECANCELED : DDPD_ECOMM;
 }
 
 /* Grows the executor's scratch to at least `bytes`. */
@@ -1428,20 +1470,26 @@ static ddpd_err execute(struct cpu *c, struct comm_req *q, char *err, size_t cap
 
 /* ---- the queue and the progress thread ---- */
 
-/* Records the first failure; every later call fails fast with its text. Under mu. */
-static void set_failed(struct cpu *c, const char *text)
+/* Records the first failure; every later call fails fast with its text and its code
+ * (DDPD_ECANCELED when the group ended by a cancel, else DDPD_ECOMM). Under mu. */
+static void set_failed(struct cpu *c, ddpd_err rc, const char *text)
 {
     if (c->failed)
         return;
     c->failed = 1;
+    c->fail_rc = rc == DDPD_ECANCELED ? DDPD_ECANCELED : DDPD_ECOMM;
     snprintf(c->err, sizeof c->err, "%s", text && *text ? text : "communication failure");
 }
 
-/* Fails fast if the communicator is poisoned or aborted. Under mu. */
+/* Fails fast if the communicator is poisoned, aborted or cancelled. Under mu. */
 static int check_usable(struct cpu *c)
 {
-    if (!c->failed && atomic_load(&c->aborted))
-        set_failed(c, "communicator aborted");
+    if (!c->failed && atomic_load(&c->aborted)) {
+        if (atomic_load(&c->cancelled))
+            set_failed(c, DDPD_ECANCELED, "cancelled");
+        else
+            set_failed(c, DDPD_ECOMM, "communicator aborted");
+    }
     return c->failed ? -1 : 0;
 }
 
@@ -1464,8 +1512,8 @@ static void run_head(struct cpu *c)
         rc = execute(c, q, text, sizeof text);
     pthread_mutex_lock(&c->mu);
     if (rc != DDPD_OK)
-        set_failed(c, text);
-    q->rc = rc;
+        set_failed(c, rc, text);
+    q->rc = rc == DDPD_OK ? DDPD_OK : c->fail_rc;
     q->done = 1;
     c->busy = 0;
     pthread_cond_broadcast(&c->done);
@@ -1530,8 +1578,9 @@ static ddpd_err blocking(struct cpu *c, struct comm_req *q)
 {
     pthread_mutex_lock(&c->mu);
     if (check_usable(c) < 0) {
+        ddpd_err rc = c->fail_rc;
         pthread_mutex_unlock(&c->mu);
-        return DDPD_ECOMM;
+        return rc;
     }
     /* No wake-up: if the ring is idle we run it ourselves at once, and otherwise the
      * progress thread is running (or we run what it has not taken yet). */
@@ -1901,6 +1950,8 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
     c->timeout_s = timeout_s;
     c->fd_next = c->fd_prev = -1;
     atomic_init(&c->aborted, 0);
+    atomic_init(&c->cancelled, 0);
+    c->fail_rc = DDPD_ECOMM;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1977,7 +2028,8 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
 
     char text[64];
     snprintf(text, sizeof text, "rank %d aborted its communicator", rank);
-    c->abort_notice_len = notice_put(c->abort_notice, sizeof c->abort_notice, rank, text);
+    c->abort_notice_len = notice_put(c->abort_notice, sizeof c->abort_notice, rank, 0, text);
+    c->cancel_notice_len = notice_put(c->cancel_notice, sizeof c->cancel_notice, rank, 1, "it was cancelled");
 
     /* The progress thread takes no signals: they belong to the worker's main thread. */
     sigset_t all, old;
@@ -2013,10 +2065,11 @@ static ddpd_err cpu_allreduce_start(void *ctx, float *buf, int64_t n, struct com
     pthread_mutex_lock(&c->mu);
     if (check_usable(c) < 0 || !q || n < 0 || (uint64_t)n > SIZE_MAX / sizeof(float) / 4) {
         if (!c->failed)
-            set_failed(c, !q ? "out of memory" : "all-reduce of a negative or impossible count");
+            set_failed(c, DDPD_ECOMM, !q ? "out of memory" : "all-reduce of a negative or impossible count");
+        ddpd_err rc = c->fail_rc;
         pthread_mutex_unlock(&c->mu);
         free(q);
-        return DDPD_ECOMM;
+        return rc;
     }
     q->op = OP_ALLREDUCE;
     q->buf = buf;
@@ -2044,7 +2097,7 @@ static ddpd_err cpu_wait(void *ctx, struct comm_req *q)
     struct cpu *c = ctx;
     if (!q) {
         pthread_mutex_lock(&c->mu);
-        ddpd_err rc = check_usable(c) < 0 ? DDPD_ECOMM : DDPD_OK;
+        ddpd_err rc = check_usable(c) < 0 ? c->fail_rc : DDPD_OK;
         pthread_mutex_unlock(&c->mu);
         return rc;
     }
@@ -2066,7 +2119,7 @@ static ddpd_err cpu_broadcast(void *ctx, void *buf, size_t bytes, int root)
     struct cpu *c = ctx;
     if (root < 0 || root >= c->world) {
         pthread_mutex_lock(&c->mu);
-        set_failed(c, "broadcast from a rank outside the group");
+        set_failed(c, DDPD_ECOMM, "broadcast from a rank outside the group");
         pthread_mutex_unlock(&c->mu);
         return DDPD_ECOMM;
     }
@@ -2105,12 +2158,27 @@ static void cpu_abort(void *ctx)
     shut_sockets(c);
 }
 
+/* abort(), and the notice says why: prev learns that this rank was cancelled and passes
+ * that on, so the whole ring ends as cancelled (DDPD_ECANCELED), not failed. Only atomics,
+ * send and shutdown: safe in a signal handler. */
+static int cpu_cancel(void *ctx)
+{
+    struct cpu *c = ctx;
+    if (!c)
+        return 0;
+    atomic_store(&c->cancelled, 1);
+    atomic_store(&c->aborted, 1);
+    if (c->fd_prev >= 0 && c->cancel_notice_len)
+        (void)!send(c->fd_prev, c->cancel_notice, c->cancel_notice_len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    shut_sockets(c);
+    return 1;
+}
+
 static const char *cpu_last_error(void *ctx)
 {
     struct cpu *c = ctx;
     pthread_mutex_lock(&c->mu);
-    if (!c->failed && atomic_load(&c->aborted))
-        set_failed(c, "communicator aborted");
+    check_usable(c);
     snprintf(c->err_copy, sizeof c->err_copy, "%s", c->failed ? c->err : "");
     pthread_mutex_unlock(&c->mu);
     return c->err_copy;
@@ -2164,6 +2232,7 @@ const struct comm_ops comm_cpu_ops = {
     .allreduce_max_i64 = cpu_allreduce_max_i64,
     .barrier = cpu_barrier,
     .abort = cpu_abort,
+    .cancel = cpu_cancel,
     .last_error = cpu_last_error,
     .free = cpu_free,
 };

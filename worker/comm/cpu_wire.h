@@ -64,9 +64,10 @@ int comm_cpu__hello_check(const unsigned char h[HELLO_BYTES], const unsigned cha
                           int expect, char *err, size_t cap);
 
 /* What a rank read from next when it expected nothing (k > 0 bytes): 0 when they are only
- * wake-up pings (zero bytes); 1 for a failure notice from a rank < world, with its origin
- * and its text made printable (text holds NOTICE_TEXT_MAX + 1); -1 for anything else (the
- * caller reports the peer's hang-up). */
+ * wake-up pings (zero bytes); 1 for a failure notice from a rank < world, 2 for a cancel
+ * notice (the origin rank was cancelled), each with its origin and its text made printable
+ * (text holds NOTICE_TEXT_MAX + 1); -1 for anything else (the caller reports the peer's
+ * hang-up). */
 int comm_cpu__notice_decode(const unsigned char *buf, size_t k, int world, int *origin,
                             char text[NOTICE_TEXT_MAX + 1]);
 

@@ -3,6 +3,7 @@
  * group loads the module; where it cannot be loaded (no module, no NCCL, a DDPD_CUDA=OFF
  * build) init_rank and the id issuer fail with the loader's message. */
 #include <errno.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include "../dev/cuda_plugin.h"
@@ -94,6 +95,12 @@ int comm_nccl_issue_id(FILE *out, int stdin_fd)
     char buf[256];
     for (;;) {
         ssize_t n = read(stdin_fd, buf, sizeof buf);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            /* A non-blocking stdin: sleep until it has input or ends, never spin. */
+            struct pollfd pf = {stdin_fd, POLLIN, 0};
+            (void)poll(&pf, 1, -1);
+            continue;
+        }
         if (n == 0 || (n < 0 && errno != EINTR))
             return 0;
     }

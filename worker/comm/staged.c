@@ -164,6 +164,12 @@ static void st_abort(void *ctx)
         s->inner->abort(s->ictx);
 }
 
+static int st_cancel(void *ctx)
+{
+    struct staged *s = ctx;
+    return s->inner->cancel ? s->inner->cancel(s->ictx) : 0;
+}
+
 static const char *st_last_error(void *ctx)
 {
     struct staged *s = ctx;
@@ -195,6 +201,7 @@ static const struct comm_ops staged_ops = {
     .allreduce_max_i64 = st_allreduce_max_i64,
     .barrier = st_barrier,
     .abort = st_abort,
+    .cancel = st_cancel,
     .last_error = st_last_error,
     .free = st_free,
 };
