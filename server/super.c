@@ -668,6 +668,8 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
     json_object_set_new(doc, "data_dir", json_string(s->o.data_dir));
     json_object_set_new(doc, "out_dir", json_string(a->out_dir));
     json_object_set_new(doc, "resume", has_resume ? json_string(resume) : json_null());
+    if (s->o.max_rank_memory > 0) /* each rank checks itself against it at start */
+        json_object_set_new(doc, "max_rank_memory", json_integer(s->o.max_rank_memory));
     struct launch_opts lo = {
         .worker = s->o.worker,
         .world_size = a->world_size,

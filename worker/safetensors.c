@@ -442,7 +442,19 @@ static ddpd_err check_layout(const char *path, const struct st_file *f, const st
     return DDPD_OK;
 }
 
+static struct st_file *read_file(const char *path, bool values, struct ddpd_error *err);
+
 struct st_file *st_read(const char *path, struct ddpd_error *err)
+{
+    return read_file(path, true, err);
+}
+
+struct st_file *st_read_header(const char *path, struct ddpd_error *err)
+{
+    return read_file(path, false, err);
+}
+
+static struct st_file *read_file(const char *path, bool values, struct ddpd_error *err)
 {
     struct st_file *f = NULL;
     struct entry *e = NULL;
@@ -551,6 +563,8 @@ struct st_file *st_read(const char *path, struct ddpd_error *err)
     if ((rc = check_layout(path, f, e, f->n, data_len, err)))
         goto out;
 
+    if (!values)
+        goto out;
     /* Every element is at least 2 bytes, so the floats fit in twice the data section. */
     int64_t total = 0;
     for (int i = 0; i < f->n; i++)

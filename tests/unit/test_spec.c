@@ -182,10 +182,10 @@ static void test_valid_variants(void)
     CHECK_EQ_INT(s.data.n_targets, 1);
     CHECK_EQ_STR(s.data.targets[0], "label");
     CHECK_EQ_INT(parse(WITH_DATA("{\"type\":\"npy\",\"x\":\"shards/x-{rank}.npy\",\"y\":"
-                                 "\"./y..npy\",\"shuffle\":false,\"drop_last\":true,\"seed\":7}"),
+                                 "\"./y-{rank}..npy\",\"shuffle\":false,\"drop_last\":true,\"seed\":7}"),
                        &s, &e), DDPD_OK);
     CHECK_EQ_STR(s.data.x, "shards/x-{rank}.npy");
-    CHECK_EQ_STR(s.data.y, "./y..npy");
+    CHECK_EQ_STR(s.data.y, "./y-{rank}..npy");
     CHECK(!s.data.shuffle && s.data.drop_last);
     CHECK_EQ_INT(s.data.seed, 7);
 
@@ -417,6 +417,11 @@ static const struct bad_case bad_cases[] = {
      "expected a non-negative integer, got -1"),
     BAD(WITH_DATA("{\"type\":\"synthetic\",\"samples\":10,\"shuffle\":\"no\"}"), DDPD_ESPEC,
      "data.shuffle", "expected true or false, got \"no\""),
+    /* {rank} in one of x and y only: a rank would read its own x beside everyone's y. */
+    BAD(WITH_DATA("{\"type\":\"npy\",\"x\":\"x-{rank}.npy\",\"y\":\"y.npy\"}"), DDPD_ESPEC, "data.y",
+        "x and y must both hold {rank} (one file per rank) or neither (got x \"x-{rank}.npy\", y \"y.npy\")"),
+    BAD(WITH_DATA("{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"{rank}/y.npy\"}"), DDPD_ESPEC, "data.x",
+        "x and y must both hold {rank} (one file per rank) or neither (got x \"x.npy\", y \"{rank}/y.npy\")"),
     BAD(WITH_DATA("{\"type\":\"npy\",\"y\":\"y.npy\"}"), DDPD_ESPEC, "data.x",
      "missing (expected a file path relative to the data directory)"),
     BAD(WITH_DATA("{\"type\":\"npy\",\"x\":\"../secret/x.npy\",\"y\":\"y.npy\"}"), DDPD_ESPEC,
@@ -599,6 +604,105 @@ static void test_round_trip(void)
     json_decref(j);
 }
 
+/* Sizes near the limits: the batch arithmetic never overflows (it is signed overflow, UB,
+ * for rows + batch - 1 near INT64_MAX), and a batch is never larger than the shard. */
+static void test_sizes_near_limits(void)
+{
+    const int64_t M = INT64_MAX;
+    CHECK_EQ_INT(spec_batches(M, M, false), 1);
+    CHECK_EQ_INT(spec_batches(M, M - 1, false), 2);
+    CHECK_EQ_INT(spec_batches(M, M - 1, true), 1);
+    CHECK_EQ_INT(spec_batches(M, 1, false), M);
+    CHECK_EQ_INT(spec_batches(100, 4611686018427387904LL, false), 1);
+    CHECK_EQ_INT(spec_batches(100, 4611686018427387904LL, true), 0);
+    CHECK_EQ_INT(spec_batches(M - 1, 2, false), M / 2);
+    CHECK_EQ_INT(spec_batches(0, 3, false), 0);
+    CHECK_EQ_INT(spec_batches(7, 3, false), 3);
+    CHECK_EQ_INT(spec_batches(7, 3, true), 2);
+    CHECK_EQ_INT(spec_shard_rows(M, 0, 1024), M / 1024 + 1);
+    CHECK_EQ_INT(spec_shard_rows(M, 1023, 1024), M / 1024);
+
+    struct spec s;
+    struct ddpd_error e;
+    CHECK_EQ_INT(parse(SPEC(MODEL, LOSS, OPTIM, "\"data\":{\"type\":\"synthetic\",\"samples\":9223372036854775807}",
+                            "\"batch_size\":9223372036854775807,\"epochs\":1", ""),
+                       &s, &e),
+                 DDPD_OK);
+    CHECK_EQ_INT(spec_batches(s.data.samples, s.batch_size, s.data.drop_last), 1);
+    CHECK_EQ_INT(parse(SPEC(MODEL, LOSS, OPTIM, "\"data\":{\"type\":\"synthetic\",\"samples\":100}",
+                            "\"batch_size\":4611686018427387904,\"epochs\":1", ""),
+                       &s, &e),
+                 DDPD_OK);
+    CHECK_EQ_INT(spec_batch_rows(&s, 100), 100);
+    CHECK_EQ_INT(spec_batch_rows(&s, 0), 1);
+    s.batch_size = 3;
+    CHECK_EQ_INT(spec_batch_rows(&s, 100), 3);
+
+    /* The memory estimate: the seed-like spec, by hand. linear 4->2 with bias: 10 params. */
+    struct spec_memory m;
+    CHECK_EQ_INT(parse(OK_PLUS(""), &s, &e), DDPD_OK);
+    spec_memory_estimate(&s, 10, false, 0, &m);
+    CHECK_EQ_INT(m.rows, 2);
+    CHECK_EQ_INT(m.params, 40);
+    CHECK_EQ_INT(m.grads, 40);
+    CHECK_EQ_INT(m.optim, 0);   /* sgd without momentum keeps no state */
+    CHECK_EQ_INT(m.buckets, 0); /* one rank: no DDP */
+    CHECK_EQ_INT(m.activations, 2 * 4 * (2 + 2 * 4));
+    CHECK_EQ_INT(m.batch, 2 * 4 * (4 + 2 + 1) + 2 * 4 * (4 + 4 + 1));
+    CHECK(m.data >= 10 * 4 * (4 + 2) + 10 * 8 + 10 * 8);
+    CHECK_EQ_INT(m.staging, 40);
+    CHECK_EQ_INT(m.device, 0);
+    CHECK_EQ_INT(m.host, m.total);
+    CHECK_EQ_INT(spec_memory_check(&s, &m, m.host, "--max-rank-memory", DDPD_ESPEC, &e), DDPD_OK);
+    CHECK_EQ_INT(spec_memory_check(&s, &m, 0, "--max-rank-memory", DDPD_ESPEC, &e), DDPD_OK);
+    CHECK_EQ_INT(spec_memory_check(&s, &m, m.host - 1, "--max-rank-memory", DDPD_ESPEC, &e), DDPD_ESPEC);
+
+    /* AdamW keeps two moments; 2 ranks add the buckets. */
+    CHECK_EQ_INT(parse(SPEC(MODEL, LOSS, "\"optimizer\":{\"type\":\"adamw\"}", DATA, BATCH, ",\"world_size\":2"),
+                       &s, &e),
+                 DDPD_OK);
+    spec_memory_estimate(&s, 10, false, 0, &m);
+    CHECK_EQ_INT(m.optim, 80);
+    CHECK_EQ_INT(m.buckets, 80);
+    CHECK_EQ_INT(m.staging, 120);
+
+    /* The largest model the caps allow saturates instead of wrapping, and is refused
+     * at the model with the sizes and the limit in the message. */
+    CHECK_EQ_INT(parse(WITH_MODEL("[{\"type\":\"linear\",\"in\":1048576,\"out\":1048576},{\"type\":\"relu\"},"
+                                  "{\"type\":\"linear\",\"in\":1048576,\"out\":2}]"),
+                       &s, &e),
+                 DDPD_OK);
+    CHECK_EQ_INT(spec_param_count(&s), 1048576LL * 1048576 + 1048576 + 2 * 1048576 + 2);
+    spec_memory_estimate(&s, INT64_MAX, false, INT64_MAX, &m);
+    CHECK_EQ_INT(m.total, INT64_MAX);
+    CHECK_EQ_INT(m.data, INT64_MAX);
+    spec_memory_estimate(&s, 10, false, 0, &m);
+    CHECK_EQ_INT(m.params, (1048576LL * 1048576 + 3 * 1048576 + 2) * 4);
+    CHECK_EQ_INT(spec_memory_check(&s, &m, 8LL << 30, "--max-rank-memory", DDPD_ESPEC, &e), DDPD_ESPEC);
+    CHECK_EQ_STR(e.path, "model");
+    CHECK(strstr(e.message, "the job needs about 20.0 TiB of memory per rank (parameters 4.0 TiB") != NULL);
+    CHECK(strstr(e.message, "more than the limit of 8.0 GiB per rank (--max-rank-memory)") != NULL);
+
+    /* A huge batch on a huge data set is blamed on the batch, huge data on the data. */
+    CHECK_EQ_INT(parse(SPEC(MODEL, LOSS, OPTIM, "\"data\":{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"y.npy\","
+                            "\"shuffle\":false}",
+                            "\"batch_size\":1000000000,\"epochs\":1", ""),
+                       &s, &e),
+                 DDPD_OK);
+    spec_memory_estimate(&s, 1000000000, true, 0, &m);
+    CHECK_EQ_INT(m.rows, 1000000000);
+    CHECK_EQ_INT(spec_memory_check(&s, &m, 1 << 30, "limit", DDPD_EDEVICE, &e), DDPD_EDEVICE);
+    CHECK_EQ_STR(e.path, "batch_size");
+    s.batch_size = 10;
+    spec_memory_estimate(&s, 1000000000, true, 0, &m);
+    CHECK_EQ_INT(spec_memory_check(&s, &m, 1 << 30, "limit", DDPD_ESPEC, &e), DDPD_ESPEC);
+    CHECK_EQ_STR(e.path, "data");
+    CHECK(strstr(e.message, "micro-batches of 10 rows") != NULL);
+    s.device = DEVICE_CUDA; /* the model and activations are on the GPU */
+    spec_memory_estimate(&s, 10, true, 0, &m);
+    CHECK(m.device > 0 && m.host < m.total && m.host + m.device == m.total);
+}
+
 int main(void)
 {
     test_seed_example();
@@ -606,6 +710,7 @@ int main(void)
     test_valid_variants();
     int n = test_invalid();
     test_round_trip();
+    test_sizes_near_limits();
     fprintf(stderr, "%d invalid specs\n", n);
     CHECK_DONE();
 }
