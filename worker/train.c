@@ -97,6 +97,24 @@ static void emit_checkpoint(int rank, int64_t step, const char *dir)
     emit_event(&ev);
 }
 
+/* The memory estimate of this rank for a data set of `rows` (its own with rank_file)
+ * against memory_limit: DDPD_EDEVICE naming the largest part's field and the rank. */
+static ddpd_err check_memory(const struct train_config *cfg, int64_t rows, bool rank_file, struct spec_memory *mem,
+                             struct ddpd_error *err)
+{
+    const char *limit_name;
+    const int64_t limit = memory_limit(cfg, &limit_name);
+    spec_memory_estimate(cfg->spec, rows, rank_file, 0, mem);
+    ddpd_err rc = spec_memory_check(cfg->spec, mem, limit, limit_name, DDPD_EDEVICE, err);
+    if (rc) {
+        char msg[sizeof err->message], path[sizeof err->path];
+        snprintf(msg, sizeof msg, "%s", err->message);
+        snprintf(path, sizeof path, "%s", err->path);
+        ddpd_error_set(err, rc, path, "%s: rank %d: %s", path, cfg->rank, msg);
+    }
+    return rc;
+}
+
 /* Everything one rank trains with. */
 struct run {
     const struct train_config *cfg;
@@ -253,24 +271,22 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     const struct spec *s = r->s;
     ddpd_err rc;
 
+    /* This rank's memory before anything large is allocated: a job that cannot fit ends
+     * here with the sizes (exit 4), not in the OOM killer. Synthetic data is sized by the
+     * spec, so it is checked before it is generated; files once their rows are known. */
+    struct spec_memory mem;
+    if (s->data.kind == DATA_SYNTHETIC && (rc = check_memory(cfg, s->data.samples, false, &mem, err)))
+        return rc;
     r->ds = dataset_open(s, cfg->data_dir, cfg->rank, cfg->world_size, err);
     if (!r->ds)
         return err ? err->code : DDPD_EDATA;
     r->nb = dataset_batches(r->ds);
     r->in = spec_in_width(s);
     r->out = spec_out_width(s);
-
-    /* This rank's memory, with its real shard, before anything large is allocated: a job
-     * that cannot fit ends here with the sizes (exit 4), not in the OOM killer. */
-    struct spec_memory mem;
+    if ((rc = check_memory(cfg, dataset_rows(r->ds), dataset_rank_file(r->ds), &mem, err)))
+        return rc;
     const char *limit_name;
-    spec_memory_estimate(s, dataset_rows(r->ds), dataset_rank_file(r->ds), 0, &mem);
-    int64_t limit = memory_limit(cfg, &limit_name);
-    if ((rc = spec_memory_check(s, &mem, limit, limit_name, DDPD_EDEVICE, err))) {
-        char msg[sizeof err->message];
-        snprintf(msg, sizeof msg, "%s", err->message);
-        return ddpd_error_set(err, rc, err->path, "%s: rank %d: %s", err->path, cfg->rank, msg);
-    }
+    const int64_t limit = memory_limit(cfg, &limit_name);
     emit_log("memory: about %.1f MiB on the host and %.1f MiB on the device (limit %.1f MiB, %s); "
              "micro-batches of at most %" PRId64 " rows",
              (double)mem.host / (1 << 20), (double)mem.device / (1 << 20), (double)limit / (1 << 20), limit_name,
