@@ -457,3 +457,19 @@ def test_bad_values_in_data_files_are_422_at_submit(server, kind):
     for w in words:
         assert w in e["message"], (w, e)
     assert no_jobs(server)
+
+
+def test_rank_killed_by_a_sigkill_nobody_sent_is_reported_as_likely_oom(server):
+    """The kernel's OOM killer sends SIGKILL; the launcher, which did not send it and
+    cannot read the kernel log, names the likely cause and what the job needed."""
+    import re
+    import signal
+    from conftest import FOREVER_STEPS, heavy_spec
+    jid = server.submit(heavy_spec(1, steps=FOREVER_STEPS, name="oom"))["id"]
+    j = server.wait_running(jid)
+    os.kill(j["ranks"][0]["pid"], signal.SIGKILL)
+    j = server.wait_state(jid, ("failed",), timeout=30)
+    err = j["error"] or ""
+    assert "killed by signal 9" in err and "likely the out-of-memory killer" in err, err
+    m = re.search(r"the job needed about (\d+) MiB per rank\)", err)
+    assert m and int(m.group(1)) >= 1, err

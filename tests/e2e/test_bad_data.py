@@ -279,3 +279,21 @@ def test_job_over_the_memory_limit_is_refused_before_the_ranks(work):
     assert not (work / "out" / "rank-0.log").exists() or "training" not in run.log_text(), run.describe()
     run = run_env(work, big_spec({"type": "npy", "x": "x.npy", "y": "y.npy"}), extra=["--max-rank-memory", "bad"])
     assert run.rc == 2 and "--max-rank-memory" in run.stderr, run.describe()
+
+
+def test_rank_killed_by_sigkill_from_outside_names_the_likely_oom_killer(work):
+    """`ddpd run`: a rank that dies of a SIGKILL ddpd did not send (here its own, standing
+    in for the kernel's OOM killer) is reported with the memory the job needed."""
+    d = work / "data"
+    d.mkdir(parents=True, exist_ok=True)
+    w = work / "killed-worker.sh"
+    # The planner (--plan) runs normally; a rank (no arguments) is killed at once.
+    w.write_text(f'#!/bin/sh\n[ $# -gt 0 ] && exec {worker_path()} "$@"\nkill -9 $$\n')
+    w.chmod(0o755)
+    spec = {"name": "k", "model": [{"type": "linear", "in": 1000, "out": 1000}], "loss": "mse",
+            "optimizer": {"type": "sgd", "lr": 0.1}, "data": {"type": "synthetic", "samples": 100},
+            "batch_size": 10, "epochs": 1}
+    run = run_env(work, spec, env={"DDPD_WORKER": str(w)})
+    assert run.rc != 0, run.describe()
+    assert "killed by signal 9" in run.stderr and "likely the out-of-memory killer" in run.stderr, run.describe()
+    assert "the job needed about 2" in run.stderr, run.describe()  # 3 x 4 MB of weights + the teacher's 8 MB
