@@ -643,6 +643,17 @@ static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
         rc = check_keys(err, obj, P, synthetic_keys, COUNT(synthetic_keys), NULL);
         if (rc == DDPD_OK)
             rc = get_int(err, obj, P, "samples", 1, INT64_MAX, true, &d->samples);
+        if (rc == DDPD_OK) { /* the teacher's cap, found here rather than by every rank */
+            int64_t weights = 0;
+            for (int i = 0; i < s->n_layers; i++)
+                if (s->layers[i].kind == LAYER_LINEAR)
+                    weights += s->layers[i].in * s->layers[i].out; /* <= 64 * 2^40: no overflow */
+            if (weights > SPEC_MAX_SYNTHETIC_WEIGHTS)
+                rc = fail(err, "data.type",
+                          "synthetic data is drawn from a teacher of the model's shape, at most %lld weights; "
+                          "the model has %lld (use npy or csv data)",
+                          SPEC_MAX_SYNTHETIC_WEIGHTS, (long long)weights);
+        }
         break;
     case DATA_NPY:
         rc = check_keys(err, obj, P, npy_keys, COUNT(npy_keys), NULL);

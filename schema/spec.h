@@ -15,6 +15,9 @@
 #define SPEC_MAX_TARGETS 64
 #define SPEC_MAX_WORLD 1024
 #define SPEC_PATH_MAX 1024
+/* Synthetic data comes from a teacher of the model's shape in double precision: its
+ * weights (not counting biases) are capped (2 GiB of doubles). */
+#define SPEC_MAX_SYNTHETIC_WEIGHTS (1LL << 28)
 
 typedef enum { LAYER_LINEAR, LAYER_RELU, LAYER_TANH, LAYER_SIGMOID, LAYER_GELU } layer_kind;
 typedef enum { LOSS_MSE, LOSS_CROSS_ENTROPY } loss_kind;

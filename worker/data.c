@@ -25,7 +25,7 @@
 #define NPY_MAX_DIMS 8
 #define CSV_MAX_CELL 256 /* a number longer than this is not a number */
 #define CSV_MAX_COLS (SPEC_MAX_WIDTH + SPEC_MAX_TARGETS)
-#define TEACHER_MAX_PARAMS (1LL << 28)
+#define TEACHER_MAX_PARAMS SPEC_MAX_SYNTHETIC_WEIGHTS
 #define IO_CHUNK (1 << 20)
 
 /* Salts that keep the synthetic streams apart from the shuffle streams, which are

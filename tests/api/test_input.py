@@ -360,10 +360,11 @@ def test_batch_size_beyond_the_data_runs(server, batch_size, samples):
       {"type": "linear", "in": 30000, "out": 5}], "model"),
 ])
 def test_model_that_cannot_fit_is_422_naming_sizes_and_limit(make_server, model, path):
+    import numpy as np
     srv = make_server(cpu_slots=2, extra=["--max-rank-memory", "2G"])
-    spec = seed_spec(model=model)
-    spec["model"][0]["in"] = model[0]["in"]
-    spec["data"] = {"type": "synthetic", "samples": 10, "seed": 1}
+    np.save(srv.data_dir / "x.npy", np.zeros((2, model[0]["in"]), np.float32))
+    np.save(srv.data_dir / "y.npy", np.zeros((2, model[-1]["out"]), np.float32))
+    spec = seed_spec(model=model, data={"type": "npy", "x": "x.npy", "y": "y.npy"})
     e = err_of(srv.post("/v1/jobs", json=spec), 422)
     assert e["path"] == path, e
     m = e["message"]
@@ -391,6 +392,14 @@ def test_memory_limit_with_data_files_goes_through_the_planner(make_server):
     assert no_jobs(srv)
     j = srv.submit(seed_spec(data=data, batch_size=1000, log_every=50))
     assert srv.wait_state(j["id"], ("succeeded",), timeout=60), srv.job(j["id"])
+
+
+def test_synthetic_model_over_the_teachers_cap_is_422(server):
+    e = err_of(server.post("/v1/jobs", json=seed_spec(model=[{"type": "linear", "in": 30000, "out": 30000},
+                                                              {"type": "relu"},
+                                                              {"type": "linear", "in": 30000, "out": 5}])), 422)
+    assert e["path"] == "data.type" and "268435456" in e["message"] and "900150000" in e["message"], e
+    assert no_jobs(server)
 
 
 def test_rank_in_x_but_not_y_is_422(server):

@@ -17,6 +17,9 @@
     "{" model "," loss "," optim "," data "," batch more "}"
 /* A valid spec plus `more` (which starts with a comma). */
 #define OK_PLUS(more) SPEC(MODEL, LOSS, OPTIM, DATA, BATCH, more)
+/* The widest model the caps allow (2^40 + 2^21 weights). */
+#define WIDE_MODEL "\"model\":[{\"type\":\"linear\",\"in\":1048576,\"out\":1048576},{\"type\":\"relu\"}," \
+                   "{\"type\":\"linear\",\"in\":1048576,\"out\":2}]"
 #define WITH_MODEL(m) SPEC("\"model\":" m, LOSS, OPTIM, DATA, BATCH, "")
 #define WITH_OPTIM(o) SPEC(MODEL, LOSS, "\"optimizer\":" o, DATA, BATCH, "")
 #define WITH_DATA(d) SPEC(MODEL, LOSS, OPTIM, "\"data\":" d, BATCH, "")
@@ -417,6 +420,10 @@ static const struct bad_case bad_cases[] = {
      "expected a non-negative integer, got -1"),
     BAD(WITH_DATA("{\"type\":\"synthetic\",\"samples\":10,\"shuffle\":\"no\"}"), DDPD_ESPEC,
      "data.shuffle", "expected true or false, got \"no\""),
+    /* Synthetic data's teacher is capped at 2^28 weights: found at parse, not in the ranks. */
+    BAD(SPEC(WIDE_MODEL, LOSS, OPTIM, DATA, BATCH, ""), DDPD_ESPEC, "data.type",
+        "synthetic data is drawn from a teacher of the model's shape, at most 268435456 weights; the model "
+        "has 1099513724928 (use npy or csv data)"),
     /* {rank} in one of x and y only: a rank would read its own x beside everyone's y. */
     BAD(WITH_DATA("{\"type\":\"npy\",\"x\":\"x-{rank}.npy\",\"y\":\"y.npy\"}"), DDPD_ESPEC, "data.y",
         "x and y must both hold {rank} (one file per rank) or neither (got x \"x-{rank}.npy\", y \"y.npy\")"),
@@ -668,8 +675,8 @@ static void test_sizes_near_limits(void)
 
     /* The largest model the caps allow saturates instead of wrapping, and is refused
      * at the model with the sizes and the limit in the message. */
-    CHECK_EQ_INT(parse(WITH_MODEL("[{\"type\":\"linear\",\"in\":1048576,\"out\":1048576},{\"type\":\"relu\"},"
-                                  "{\"type\":\"linear\",\"in\":1048576,\"out\":2}]"),
+    CHECK_EQ_INT(parse(SPEC(WIDE_MODEL, LOSS, OPTIM, "\"data\":{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"y.npy\"}",
+                            BATCH, ""),
                        &s, &e),
                  DDPD_OK);
     CHECK_EQ_INT(spec_param_count(&s), 1048576LL * 1048576 + 1048576 + 2 * 1048576 + 2);
@@ -680,7 +687,7 @@ static void test_sizes_near_limits(void)
     CHECK_EQ_INT(m.params, (1048576LL * 1048576 + 3 * 1048576 + 2) * 4);
     CHECK_EQ_INT(spec_memory_check(&s, &m, 8LL << 30, "--max-rank-memory", DDPD_ESPEC, &e), DDPD_ESPEC);
     CHECK_EQ_STR(e.path, "model");
-    CHECK(strstr(e.message, "the job needs about 20.0 TiB of memory per rank (parameters 4.0 TiB") != NULL);
+    CHECK(strstr(e.message, "the job needs about 12.0 TiB of memory per rank (parameters 4.0 TiB") != NULL);
     CHECK(strstr(e.message, "more than the limit of 8.0 GiB per rank (--max-rank-memory)") != NULL);
 
     /* A huge batch on a huge data set is blamed on the batch, huge data on the data. */
