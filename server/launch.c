@@ -494,7 +494,7 @@ static void describe_exit(const struct launch *l, int st, char *out, size_t cap,
         if (l->need >= 0)
             snprintf(out, cap,
                      "killed by signal 9 (SIGKILL, not sent by ddpd: likely the out-of-memory killer; the job "
-                     "needed about %.0f MiB per rank%s)",
+                     "needed about %.1f MiB per rank%s)",
                      (double)l->need / (1 << 20), l->need_with_data ? "" : " besides its data");
         else
             snprintf(out, cap, "killed by signal 9 (SIGKILL, not sent by ddpd: likely the out-of-memory killer)");
