@@ -32,22 +32,21 @@ int64_t train_steps_per_epoch(int64_t batches, int64_t grad_accum)
 }
 
 /* Room for `n` elements of `size` bytes for the tensor `what` (device memory with `dev`,
- * else host memory). The byte count is checked, never wrapped; a failure is
- * DDPD_EDEVICE (exit 4) naming the tensor and the bytes, with *p NULL. */
-static ddpd_err alloc_tensor(const struct dev *dev, void **p, int64_t n, size_t size, const char *what,
-                             struct ddpd_error *err)
+ * else host memory). The byte count is checked, never wrapped; NULL with DDPD_EDEVICE
+ * (exit 4) in `err`, naming the tensor and the bytes, when it cannot be had. */
+static void *alloc_tensor(const struct dev *dev, int64_t n, size_t size, const char *what, struct ddpd_error *err)
 {
     int64_t bytes;
-    *p = NULL;
+    void *p = NULL;
     if (n < 1)
         n = 1;
     if (!__builtin_mul_overflow(n, (int64_t)size, &bytes) && (uint64_t)bytes <= SIZE_MAX)
-        *p = dev ? dev->ops->alloc(dev->ctx, (size_t)bytes) : malloc((size_t)bytes);
-    if (*p)
-        return DDPD_OK;
-    return ddpd_error_set(err, DDPD_EDEVICE, "batch_size",
-                          "out of memory: cannot allocate the %s (%" PRId64 " x %zu bytes, %.1f MiB)", what, n,
-                          size, (double)n * (double)size / (1 << 20));
+        p = dev ? dev->ops->alloc(dev->ctx, (size_t)bytes) : malloc((size_t)bytes);
+    if (!p)
+        ddpd_error_set(err, DDPD_EDEVICE, "batch_size",
+                       "out of memory: cannot allocate the %s (%" PRId64 " x %zu bytes, %.1f MiB)", what, n, size,
+                       (double)n * (double)size / (1 << 20));
+    return p;
 }
 
 /* Where a rank's memory must fit: the server's --max-rank-memory (the job document's
@@ -310,16 +309,16 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     const struct dev *dv = &r->dev;
     /* A step has at most min(grad_accum, batches) micro-batches. */
     const int64_t kmax = s->grad_accum < r->nb ? s->grad_accum : r->nb > 0 ? r->nb : 1;
-    if ((rc = alloc_tensor(NULL, (void **)&r->hx, rows_in, sizeof(float), "batch inputs (host)", err)) ||
-        (rc = alloc_tensor(NULL, (void **)&r->hy, rows_out, sizeof(float), "batch targets (host)", err)) ||
-        (rc = alloc_tensor(NULL, (void **)&r->hl, rows, sizeof(int32_t), "batch labels (host)", err)) ||
-        (rc = alloc_tensor(dv, (void **)&r->x, rows_in, sizeof(float), "batch inputs", err)) ||
-        (rc = alloc_tensor(dv, (void **)&r->y, rows_out, sizeof(float), "batch targets", err)) ||
-        (rc = alloc_tensor(dv, (void **)&r->labels, rows, sizeof(int32_t), "batch labels", err)) ||
-        (rc = alloc_tensor(dv, (void **)&r->dpred, rows_out, sizeof(float), "loss gradient", err)) ||
-        (rc = alloc_tensor(dv, (void **)&r->dloss, kmax, sizeof(float), "micro-batch losses", err)) ||
-        (rc = alloc_tensor(NULL, (void **)&r->hloss, kmax, sizeof(float), "micro-batch losses (host)", err)))
-        return rc;
+    if (!(r->hx = alloc_tensor(NULL, rows_in, sizeof(float), "batch inputs (host)", err)) ||
+        !(r->hy = alloc_tensor(NULL, rows_out, sizeof(float), "batch targets (host)", err)) ||
+        !(r->hl = alloc_tensor(NULL, rows, sizeof(int32_t), "batch labels (host)", err)) ||
+        !(r->x = alloc_tensor(dv, rows_in, sizeof(float), "batch inputs", err)) ||
+        !(r->y = alloc_tensor(dv, rows_out, sizeof(float), "batch targets", err)) ||
+        !(r->labels = alloc_tensor(dv, rows, sizeof(int32_t), "batch labels", err)) ||
+        !(r->dpred = alloc_tensor(dv, rows_out, sizeof(float), "loss gradient", err)) ||
+        !(r->dloss = alloc_tensor(dv, kmax, sizeof(float), "micro-batch losses", err)) ||
+        !(r->hloss = alloc_tensor(NULL, kmax, sizeof(float), "micro-batch losses (host)", err)))
+        return DDPD_EDEVICE;
 
     memset(pos, 0, sizeof *pos);
     if (cfg->resume) {
