@@ -46,8 +46,10 @@ static void usage(FILE *f)
           "       ddpd-worker --devices     print the visible CUDA devices as JSON\n"
           "       ddpd-worker --issue-id cpu|nccl  print a rendezvous id and serve its root until\n"
           "                                 stdin closes\n"
-          "       ddpd-worker --plan        read {spec, data_dir, world_size} on stdin, print every\n"
-          "                                 rank's batches per epoch ({\"batches\": [...]} or null)\n"
+          "       ddpd-worker --plan        read {spec, data_dir, world_size[, max_rank_memory]} lines on\n"
+          "                                 stdin; check the data, init.from and the memory a rank\n"
+          "                                 needs; print every rank's batches per epoch\n"
+          "                                 ({\"batches\": [...]} or null) or an error event\n"
           "       ddpd-worker --version\n"
           "ddpd-worker is started by ddpd (`ddpd serve` or `ddpd run`), not by hand.\n",
           f);
