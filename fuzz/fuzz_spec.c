@@ -43,7 +43,7 @@ static void check_sizes(const struct spec *s)
     const int64_t rows_cases[] = {0, 1, s->batch_size, s->data.samples, INT64_MAX};
     for (size_t i = 0; i < sizeof rows_cases / sizeof rows_cases[0]; i++) {
         const int64_t rows = rows_cases[i];
-        for (int r = 0; r < s->world_size; r += s->world_size > 8 ? s->world_size / 4 : 1) {
+        for (int r = 0; r<s->world_size; r += s->world_size> 8 ? s->world_size / 4 : 1) {
             int64_t shard = spec_shard_rows(rows, r, s->world_size);
             int64_t nb = spec_batches(shard, s->batch_size, s->data.drop_last);
             int64_t br = spec_batch_rows(s, shard);

@@ -649,10 +649,11 @@ static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
                 if (s->layers[i].kind == LAYER_LINEAR)
                     weights += s->layers[i].in * s->layers[i].out; /* <= 64 * 2^40: no overflow */
             if (weights > SPEC_MAX_SYNTHETIC_WEIGHTS)
-                rc = fail(err, "data.type",
-                          "synthetic data is drawn from a teacher of the model's shape, at most %lld weights; "
-                          "the model has %lld (use npy or csv data)",
-                          SPEC_MAX_SYNTHETIC_WEIGHTS, (long long)weights);
+                rc =
+                    fail(err, "data.type",
+                         "synthetic data is drawn from a teacher of the model's shape, at most %lld weights; "
+                         "the model has %lld (use npy or csv data)",
+                         SPEC_MAX_SYNTHETIC_WEIGHTS, (long long)weights);
         }
         break;
     case DATA_NPY:
@@ -1147,8 +1148,8 @@ void spec_memory_estimate(const struct spec *s, int64_t rows, bool rank_file, in
     const int64_t batch_dev = sat_mul(sat_mul(R, F), sat_add(sat_add(in, sat_mul(2, out)), 1));
     m->batch = sat_add(batch_host, batch_dev);
     m->data = sat_mul(sat_mul(held, F), sat_add(in, ce ? 1 : out));
-    m->data = sat_add(m->data, sat_mul(shard, 8));                       /* the shard's order */
-    m->data = sat_add(m->data, s->data.shuffle ? sat_mul(rows, 8) : 0);  /* the permutation */
+    m->data = sat_add(m->data, sat_mul(shard, 8));                      /* the shard's order */
+    m->data = sat_add(m->data, s->data.shuffle ? sat_mul(rows, 8) : 0); /* the permutation */
     if (s->data.kind == DATA_SYNTHETIC)
         m->data = sat_add(m->data, sat_add(teacher, sat_mul(2 * 64 * 8, width)));
     m->data = sat_add(m->data, file_bytes > 0 ? file_bytes : 0);
@@ -1185,9 +1186,9 @@ ddpd_err spec_memory_check(const struct spec *s, const struct spec_memory *m, in
     /* Blame the part of the host's share that weighs most. On cuda the model and the
      * activations live on the GPU and only their host copies count here. */
     const bool cuda = s->device == DEVICE_CUDA;
-    const int64_t model = cuda ? m->staging
-                               : sat_add(sat_add(sat_add(m->params, m->grads), sat_add(m->optim, m->buckets)),
-                                         m->staging);
+    const int64_t model =
+        cuda ? m->staging
+             : sat_add(sat_add(sat_add(m->params, m->grads), sat_add(m->optim, m->buckets)), m->staging);
     const int64_t batch = cuda ? m->host - model - m->data : sat_add(m->activations, m->batch);
     const char *path = model >= batch && model >= m->data ? "model"
                        : batch >= m->data                 ? "batch_size"
@@ -1209,8 +1210,8 @@ ddpd_err spec_memory_check(const struct spec *s, const struct spec_memory *m, in
                           "optimizer state %s, DDP buckets %s, activations %s and batch %s for micro-batches "
                           "of %lld rows, data %s, checkpoint copies %s), more than the limit of %s per rank "
                           "(%s)",
-                          need, cuda ? "host " : "", pa, gr, op, bu, ac, ba, (long long)m->rows, da, st,
-                          lim, limit_name);
+                          need, cuda ? "host " : "", pa, gr, op, bu, ac, ba, (long long)m->rows, da, st, lim,
+                          limit_name);
 }
 
 int64_t spec_in_width(const struct spec *s)

@@ -245,15 +245,16 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
          * checks it against the same limit where there are files). */
         struct spec_memory mem;
         spec_memory_estimate(&spec, spec.data.samples, false, 0, &mem);
-        if ((rc = spec_memory_check(&spec, &mem, a->max_rank_memory, "the server's --max-rank-memory", DDPD_ESPEC,
-                                    err)))
+        if ((rc = spec_memory_check(&spec, &mem, a->max_rank_memory, "the server's --max-rank-memory",
+                                    DDPD_ESPEC, err)))
             return rc;
         for (int r = 0; r < spec.world_size; r++)
             counts[r] = spec_batches(spec_shard_rows(spec.data.samples, r, spec.world_size), spec.batch_size,
                                      spec.data.drop_last);
     } else {
-        json_t *doc = json_pack("{s:i, s:o, s:s, s:I}", "world_size", spec.world_size, "spec", spec_to_json(&spec),
-                                "data_dir", a->data_dir, "max_rank_memory", (json_int_t)a->max_rank_memory);
+        json_t *doc =
+            json_pack("{s:i, s:o, s:s, s:I}", "world_size", spec.world_size, "spec", spec_to_json(&spec),
+                      "data_dir", a->data_dir, "max_rank_memory", (json_int_t)a->max_rank_memory);
         if (!doc)
             return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the job's data");
         rc = planner_plan(a->planner, doc, spec.world_size, 30, counts, &known, err);

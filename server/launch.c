@@ -492,12 +492,14 @@ static void describe_exit(const struct launch *l, int st, char *out, size_t cap,
          * out-of-memory killer is the likely sender; say so, with what the job needed. */
         *code = 128 + SIGKILL;
         if (l->need >= 0)
-            snprintf(out, cap,
-                     "killed by signal 9 (SIGKILL, not sent by ddpd: likely the out-of-memory killer; the job "
-                     "needed about %.1f MiB per rank%s)",
-                     (double)l->need / (1 << 20), l->need_with_data ? "" : " besides its data");
+            snprintf(
+                out, cap,
+                "killed by signal 9 (SIGKILL, not sent by ddpd: likely the out-of-memory killer; the job "
+                "needed about %.1f MiB per rank%s)",
+                (double)l->need / (1 << 20), l->need_with_data ? "" : " besides its data");
         else
-            snprintf(out, cap, "killed by signal 9 (SIGKILL, not sent by ddpd: likely the out-of-memory killer)");
+            snprintf(out, cap,
+                     "killed by signal 9 (SIGKILL, not sent by ddpd: likely the out-of-memory killer)");
     } else if (WIFSIGNALED(st)) {
         *code = 128 + WTERMSIG(st);
         snprintf(out, cap, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));

@@ -112,7 +112,8 @@ int run_main(int argc, char **argv, const char *self_dir)
             resume = argv[++i];
         } else if (!strcmp(a, "--max-rank-memory")) {
             if (spec_parse_bytes(v, &max_rank_memory)) {
-                fprintf(stderr, "ddpd run: --max-rank-memory: expected a size (bytes, or 512M, 4G, ...), got '%s'\n",
+                fprintf(stderr,
+                        "ddpd run: --max-rank-memory: expected a size (bytes, or 512M, 4G, ...), got '%s'\n",
                         v);
                 return 2;
             }

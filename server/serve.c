@@ -234,7 +234,8 @@ int serve_main(int argc, char **argv, const char *self_dir)
             cors = v;
         else if (!strcmp(a, "--max-rank-memory")) {
             if (spec_parse_bytes(v, &max_rank_memory)) {
-                fprintf(stderr, "ddpd serve: --max-rank-memory: expected a size (bytes, or 512M, 4G, ...), got '%s'\n",
+                fprintf(stderr, "ddpd serve: --max-rank-memory: expected a size (bytes, or 512M, 4G, ...), "
+                                "got '%s'\n",
                         v);
                 return 2;
             }
@@ -384,7 +385,8 @@ int serve_main(int argc, char **argv, const char *self_dir)
     }
     if (max_rank_memory < 0) { /* every slot busy must still fit in this host's memory */
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE), slots = cpu_slots + gpus;
-        max_rank_memory = slurm || pages <= 0 || page <= 0 ? 0 : (int64_t)pages * page / (slots > 0 ? slots : 1);
+        max_rank_memory =
+            slurm || pages <= 0 || page <= 0 ? 0 : (int64_t)pages * page / (slots > 0 ? slots : 1);
     }
     struct super_opts so = {.worker = worker, .data_dir = data_abs, .jobs_dir = jobs_abs, .gpus = gpus,
                             .gpu_ids = (const char (*)[SUPER_GPU_ID_MAX])gpu_ids,

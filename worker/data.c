@@ -1152,7 +1152,8 @@ static ddpd_err teacher_new(struct teacher *t, const struct spec *s, struct ddpd
     t->a = malloc((size_t)(TEACHER_BLOCK * t->max_width) * sizeof(double));
     t->t = malloc((size_t)(TEACHER_BLOCK * t->max_width) * sizeof(double));
     if (!t->a || !t->t)
-        return fail(err, DDPD_EDEVICE, "data", "out of memory: cannot allocate the synthetic teacher's activations");
+        return fail(err, DDPD_EDEVICE, "data",
+                    "out of memory: cannot allocate the synthetic teacher's activations");
     rng_seed2(&r, s->data.seed ^ SALT_TEACHER, 0);
     for (int i = 0; i < s->n_layers; i++) {
         const struct spec_layer *L = &s->layers[i];
@@ -1242,8 +1243,10 @@ static ddpd_err ds_alloc(struct dataset *ds, int64_t n, ddpd_err code, const cha
     else
         ds->y = malloc((size_t)(n * ds->out) * sizeof(float));
     if (!ds->x || (ds->ce ? !ds->labels : !ds->y))
-        return fail(err, DDPD_EDEVICE, what, "out of memory: cannot allocate the data set (%" PRId64
-                    " rows of %" PRId64 " bytes, %.1f MiB)", n, per, (double)n * (double)per / (1 << 20));
+        return fail(err, DDPD_EDEVICE, what,
+                    "out of memory: cannot allocate the data set (%" PRId64 " rows of %" PRId64
+                    " bytes, %.1f MiB)",
+                    n, per, (double)n * (double)per / (1 << 20));
     return DDPD_OK;
 }
 

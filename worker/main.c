@@ -146,8 +146,8 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
         const struct param *p = &params[i];
         const struct st_tensor *t = st_get(f, p->name);
         char want[64], got[96];
-        snprintf(want, sizeof want, p->ndim == 2 ? "[%" PRId64 ", %" PRId64 "]" : "[%" PRId64 "]", p->shape[0],
-                 p->shape[1]);
+        snprintf(want, sizeof want, p->ndim == 2 ? "[%" PRId64 ", %" PRId64 "]" : "[%" PRId64 "]",
+                 p->shape[0], p->shape[1]);
         if (!t) {
             rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
                                 "init.from: %s has no tensor \"%s\" (the model's %s %s of model[%d])",
@@ -165,8 +165,8 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
         if (o < sizeof got)
             snprintf(got + o, sizeof got - o, "]");
         rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
-                            "init.from: %s: tensor \"%s\" has shape %s but model[%d]'s is %s", spec->init_from,
-                            p->name, got, p->layer, want);
+                            "init.from: %s: tensor \"%s\" has shape %s but model[%d]'s is %s",
+                            spec->init_from, p->name, got, p->layer, want);
     }
     for (int i = 0; i < st_count(f) && !rc; i++) {
         const char *name = st_at(f, i)->name;
@@ -175,8 +175,8 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
             known = strcmp(params[j].name, name) == 0;
         if (!known)
             rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
-                                "init.from: %s: tensor \"%.100s\" is not a parameter of this model", spec->init_from,
-                                name);
+                                "init.from: %s: tensor \"%.100s\" is not a parameter of this model",
+                                spec->init_from, name);
     }
     st_free(f);
     return rc;

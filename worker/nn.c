@@ -91,8 +91,8 @@ static float *alloc_floats(struct dev dev, int64_t n, const char *what, struct d
         p = dev.ops->alloc(dev.ctx, (size_t)bytes);
     if (!p)
         ddpd_error_set(err, DDPD_EDEVICE, "model",
-                       "out of memory: cannot allocate the %s (%" PRId64 " floats, %.0f bytes, %.1f MiB)", what, n,
-                       (double)n * sizeof(float), (double)n * sizeof(float) / (1 << 20));
+                       "out of memory: cannot allocate the %s (%" PRId64 " floats, %.0f bytes, %.1f MiB)",
+                       what, n, (double)n * sizeof(float), (double)n * sizeof(float) / (1 << 20));
     return p;
 }
 

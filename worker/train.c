@@ -34,7 +34,8 @@ int64_t train_steps_per_epoch(int64_t batches, int64_t grad_accum)
 /* Room for `n` elements of `size` bytes for the tensor `what` (device memory with `dev`,
  * else host memory). The byte count is checked, never wrapped; NULL with DDPD_EDEVICE
  * (exit 4) in `err`, naming the tensor and the bytes, when it cannot be had. */
-static void *alloc_tensor(const struct dev *dev, int64_t n, size_t size, const char *what, struct ddpd_error *err)
+static void *alloc_tensor(const struct dev *dev, int64_t n, size_t size, const char *what,
+                          struct ddpd_error *err)
 {
     int64_t bytes;
     void *p = NULL;
@@ -44,8 +45,8 @@ static void *alloc_tensor(const struct dev *dev, int64_t n, size_t size, const c
         p = dev ? dev->ops->alloc(dev->ctx, (size_t)bytes) : malloc((size_t)bytes);
     if (!p)
         ddpd_error_set(err, DDPD_EDEVICE, "batch_size",
-                       "out of memory: cannot allocate the %s (%" PRId64 " x %zu bytes, %.1f MiB)", what, n, size,
-                       (double)n * (double)size / (1 << 20));
+                       "out of memory: cannot allocate the %s (%" PRId64 " x %zu bytes, %.1f MiB)", what, n,
+                       size, (double)n * (double)size / (1 << 20));
     return p;
 }
 
@@ -98,8 +99,8 @@ static void emit_checkpoint(int rank, int64_t step, const char *dir)
 
 /* The memory estimate of this rank for a data set of `rows` (its own with rank_file)
  * against memory_limit: DDPD_EDEVICE naming the largest part's field and the rank. */
-static ddpd_err check_memory(const struct train_config *cfg, int64_t rows, bool rank_file, struct spec_memory *mem,
-                             struct ddpd_error *err)
+static ddpd_err check_memory(const struct train_config *cfg, int64_t rows, bool rank_file,
+                             struct spec_memory *mem, struct ddpd_error *err)
 {
     const char *limit_name;
     const int64_t limit = memory_limit(cfg, &limit_name);
@@ -288,8 +289,8 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     const int64_t limit = memory_limit(cfg, &limit_name);
     emit_log("memory: about %.1f MiB on the host and %.1f MiB on the device (limit %.1f MiB, %s); "
              "micro-batches of at most %" PRId64 " rows",
-             (double)mem.host / (1 << 20), (double)mem.device / (1 << 20), (double)limit / (1 << 20), limit_name,
-             mem.rows);
+             (double)mem.host / (1 << 20), (double)mem.device / (1 << 20), (double)limit / (1 << 20),
+             limit_name, mem.rows);
 
     /* A micro-batch is at most the shard: batch_size alone (which may be near INT64_MAX
      * on a small data set) sizes nothing. */
@@ -297,7 +298,8 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     int64_t rows_in, rows_out;
     if (__builtin_mul_overflow(rows, r->in, &rows_in) || __builtin_mul_overflow(rows, r->out, &rows_out))
         return ddpd_error_set(err, DDPD_EDEVICE, "batch_size",
-                              "batch_size: micro-batches of %" PRId64 " rows are larger than any memory", rows);
+                              "batch_size: micro-batches of %" PRId64 " rows are larger than any memory",
+                              rows);
     r->m = model_new_err(r->dev, s, rows, err);
     if (!r->m)
         return err ? err->code : DDPD_EDEVICE;

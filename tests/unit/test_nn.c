@@ -599,7 +599,9 @@ static void test_huge_sizes(void)
     CHECK(strstr(err.message, "cannot allocate the activations (") != NULL);
     /* The parameters model_spec_params lists are the ones model_new makes. */
     struct param ps[2 * SPEC_MAX_LAYERS];
-    t = (struct net){.n = 3, .kind = {LAYER_LINEAR, LAYER_TANH, LAYER_LINEAR}, .width = {5, 4, 4, 2},
+    t = (struct net){.n = 3,
+                     .kind = {LAYER_LINEAR, LAYER_TANH, LAYER_LINEAR},
+                     .width = {5, 4, 4, 2},
                      .nobias = {false, false, true}};
     make_spec(&s, &t);
     m = model_new_err(D, &s, 3, &err);

@@ -66,7 +66,11 @@ static ddpd_err run(const struct spec *s, int64_t max_rank_memory, struct ddpd_e
     static int n;
     char out[4200];
     snprintf(out, sizeof out, "%s/out-%d", root, n++);
-    struct train_config cfg = {.spec = s, .rank = 0, .world_size = 1, .data_dir = root, .out_dir = out,
+    struct train_config cfg = {.spec = s,
+                               .rank = 0,
+                               .world_size = 1,
+                               .data_dir = root,
+                               .out_dir = out,
                                .max_rank_memory = max_rank_memory};
     memset(err, 0, sizeof *err);
     ddpd_err rc = train_run(&cfg, err);
