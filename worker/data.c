@@ -26,6 +26,9 @@
 #define CSV_MAX_CELL 256 /* a number longer than this is not a number */
 #define CSV_MAX_COLS (SPEC_MAX_WIDTH + SPEC_MAX_TARGETS)
 #define TEACHER_MAX_PARAMS SPEC_MAX_SYNTHETIC_WEIGHTS
+/* Class ids the planner reads before a job is accepted (it answers within 30 s); larger
+ * label files are checked by the ranks as they load them. */
+#define DATA_MAX_CHECK (1LL << 30)
 #define IO_CHUNK (1 << 20)
 
 /* Salts that keep the synthetic streams apart from the shuffle streams, which are
@@ -1496,7 +1499,7 @@ static ddpd_err count_rows(const struct spec *s, const char *data_dir, bool chec
         if (ny != *rows)
             rc = fail(err, DDPD_EDATA, g.name, "y has %" PRId64 " rows but %s has %" PRId64, ny, f.name,
                       *rows);
-        else if (check && s->loss == LOSS_CROSS_ENTROPY)
+        else if (check && s->loss == LOSS_CROSS_ENTROPY && hy.numel * hy.size <= DATA_MAX_CHECK)
             rc = npy_values(&g, &hy, NULL, NULL, s->layers[last_linear(s)].out, err);
         goto out;
     case DATA_CSV:
