@@ -3,7 +3,7 @@
  * ranks) and once for cross_entropy (class ids in "y", 3 classes). */
 #include "fuzz_data.h"
 
-static struct spec mse_spec, ce_spec;
+static struct spec mse_spec, ce_spec, huge_spec; /* huge: mse, batch_size INT64_MAX */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -16,6 +16,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
                            "\"loss\":\"cross_entropy\",\"optimizer\":{\"type\":\"sgd\",\"lr\":0.1},"
                            "\"data\":{\"type\":\"csv\",\"path\":\"f.csv\",\"target\":[\"y\"],"
                            "\"shuffle\":false},\"batch_size\":3,\"epochs\":1}");
+    huge_spec = mse_spec;
+    huge_spec.batch_size = INT64_MAX; /* a batch is the whole shard; nothing sized by batch_size */
     return 0;
 }
 
@@ -24,5 +26,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_write("f.csv", data, size);
     fuzz_dataset(&mse_spec, 2);
     fuzz_dataset(&ce_spec, 1);
+    fuzz_dataset(&huge_spec, 3);
     return 0;
 }

@@ -1,5 +1,5 @@
 /* fuzz_data.h — for fuzz_npy and fuzz_csv: a built-in spec, and a data set loaded the way a
- * worker (dataset_open) and `ddpd-worker --plan` (dataset_batch_counts) load it, with
+ * worker (dataset_open) and `ddpd-worker --plan` (dataset_batch_counts, dataset_check) load it, with
  * every batch copied out. A file either fails with an error naming a code and a sentence,
  * or loads, its plan agrees with its ranks, and every class id is in range. */
 #ifndef DDPD_FUZZ_DATA_H
@@ -45,10 +45,21 @@ static void fuzz_dataset(const struct spec *s, int world)
     ddpd_err rc = dataset_batch_counts(s, fuzz_dir(), world, counts, &err);
     if (rc != DDPD_OK)
         fuzz_data_error(rc, &err);
+    /* The planner's full check (every value read): what it accepts, every rank loads. */
+    int64_t rows, file_bytes;
+    ddpd_err checked = dataset_check(s, fuzz_dir(), world, &rows, &file_bytes, &err);
+    if (checked != DDPD_OK)
+        fuzz_data_error(checked, &err);
+    if (checked == DDPD_OK && rc != DDPD_OK)
+        abort();
     for (int rank = 0; rank < world; rank++) {
         struct dataset *ds = dataset_open(s, fuzz_dir(), rank, world, &err);
         if (!ds) {
             fuzz_data_error(err.code, &err);
+            if (checked == DDPD_OK) {
+                fprintf(stderr, "fuzz: the plan's check passed but rank %d fails: %s\n", rank, err.message);
+                abort();
+            }
             continue;
         }
         int64_t nb = dataset_batches(ds);
@@ -57,6 +68,8 @@ static void fuzz_dataset(const struct spec *s, int world)
                     rank, (long long)nb);
             abort();
         }
+        /* Sized as train.c sizes them: a batch is at most the shard. */
+        bs = spec_batch_rows(s, dataset_shard_size(ds));
         float *x = malloc((size_t)(bs * in) * sizeof *x), *y = malloc((size_t)(bs * out) * sizeof *y);
         int32_t *labels = malloc((size_t)bs * sizeof *labels);
         dataset_set_epoch(ds, 1);

@@ -4,7 +4,7 @@
  * (cross_entropy, beside a valid x of 4 rows). */
 #include "fuzz_data.h"
 
-static struct spec mse_spec, ce_spec;
+static struct spec mse_spec, ce_spec, huge_spec; /* huge: mse, batch_size INT64_MAX */
 
 /* A valid float32 [4,3] x4.npy (version 1.0, header padded to 64 bytes as numpy does). */
 static void write_x4(void)
@@ -34,6 +34,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
                            "\"loss\":\"cross_entropy\",\"optimizer\":{\"type\":\"sgd\",\"lr\":0.1},"
                            "\"data\":{\"type\":\"npy\",\"x\":\"x4.npy\",\"y\":\"f.npy\",\"shuffle\":false},"
                            "\"batch_size\":3,\"epochs\":1}");
+    huge_spec = mse_spec;
+    huge_spec.batch_size = INT64_MAX; /* a batch is the whole shard; nothing sized by batch_size */
     write_x4();
     return 0;
 }
@@ -43,5 +45,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_write("f.npy", data, size);
     fuzz_dataset(&mse_spec, 2);
     fuzz_dataset(&ce_spec, 1);
+    fuzz_dataset(&huge_spec, 3);
     return 0;
 }

@@ -36,6 +36,48 @@ static char *print(const struct spec *s)
     return text;
 }
 
+/* The size questions of a parsed spec, with its own sizes and at the extremes: no
+ * overflow (UBSan), every figure in range, a batch never larger than the shard. */
+static void check_sizes(const struct spec *s)
+{
+    const int64_t rows_cases[] = {0, 1, s->batch_size, s->data.samples, INT64_MAX};
+    for (size_t i = 0; i < sizeof rows_cases / sizeof rows_cases[0]; i++) {
+        const int64_t rows = rows_cases[i];
+        for (int r = 0; r<s->world_size; r += s->world_size> 8 ? s->world_size / 4 : 1) {
+            int64_t shard = spec_shard_rows(rows, r, s->world_size);
+            int64_t nb = spec_batches(shard, s->batch_size, s->data.drop_last);
+            int64_t br = spec_batch_rows(s, shard);
+            if (shard < 0 || shard > rows || nb < 0 || nb > shard || br < 1 || br > s->batch_size ||
+                (shard > 0 && br > shard)) {
+                fprintf(stderr, "sizes out of range: rows %lld rank %d shard %lld batches %lld rows %lld\n",
+                        (long long)rows, r, (long long)shard, (long long)nb, (long long)br);
+                abort();
+            }
+        }
+        for (int rank_file = 0; rank_file < 2; rank_file++) {
+            struct spec_memory m;
+            struct ddpd_error err;
+            spec_memory_estimate(s, rows, rank_file, rows, &m);
+            const int64_t *f = &m.rows;
+            for (size_t k = 0; k < sizeof m / sizeof m.rows; k++)
+                if (f[k] < 0) {
+                    fprintf(stderr, "memory estimate field %zu is negative\n", k);
+                    abort();
+                }
+            if (m.host > m.total || m.device > m.total) {
+                fprintf(stderr, "memory estimate: host %lld device %lld total %lld\n", (long long)m.host,
+                        (long long)m.device, (long long)m.total);
+                abort();
+            }
+            ddpd_err rc = spec_memory_check(s, &m, 1 << 30, "limit", DDPD_ESPEC, &err);
+            if (rc != DDPD_OK && (rc != DDPD_ESPEC || !err.path[0] || !err.message[0]))
+                abort();
+        }
+    }
+    if (spec_param_count(s) < 0)
+        abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static struct spec s, back; /* about 200 KiB each: not on the stack */
@@ -47,6 +89,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check_error(rc, &err);
             continue;
         }
+        check_sizes(&s);
         char *text = print(&s);
         rc = spec_parse(text, strlen(text), &opts, &back, &err);
         if (rc != DDPD_OK) {

@@ -49,6 +49,25 @@ specs = {
     "cuda_nccl": dict(base, device="cuda", ddp={"backend": "nccl", "join": True}),
     "on_nonfinite": dict(base, on_nonfinite="continue"),
 }
+# Sizes at and near the limits (issue 15): batch_size and samples near INT64_MAX (the
+# batch arithmetic and every buffer a batch sizes), widths at the 1048576 cap, 64 layers,
+# grad_accum and epochs near INT64_MAX, 1024 ranks.
+I64 = 2**63 - 1
+WIDE = [{"type": "linear", "in": 1048576, "out": 1048576}, {"type": "relu"},
+        {"type": "linear", "in": 1048576, "out": 2}]
+specs.update({
+    "size_batch_2p62": dict(base, model=[{"type": "linear", "in": 1, "out": 1}], batch_size=2**62,
+                            data={"type": "synthetic", "samples": 100}),
+    "size_int64_max": dict(base, batch_size=I64, data={"type": "synthetic", "samples": I64, "drop_last": True},
+                           grad_accum=I64, epochs=I64, log_every=I64, world_size=1024),
+    "size_near_max": dict(base, batch_size=I64 - 1, data={"type": "synthetic", "samples": I64 - 1, "seed": I64},
+                          grad_accum=I64 - 1, checkpoint={"every_steps": I64}),
+    "size_wide_ce": dict(base, model=WIDE, loss="cross_entropy", optimizer={"type": "adamw"}, world_size=1024,
+                         batch_size=2**31, data={"type": "npy", "x": "x.npy", "y": "y.npy"}),
+    "size_64_layers": dict(base, model=[{"type": "linear", "in": 1048576, "out": 1048576}] * 63 +
+                           [{"type": "gelu"}], batch_size=1_000_000_000, data={"type": "synthetic", "samples": 300}),
+    "size_over_cap": dict(base, model=[{"type": "linear", "in": 1048577, "out": 5}], batch_size=I64),
+})
 for name, s in specs.items():
     put("spec", name + ".json", json.dumps(s, indent=1))
 put("spec", "bad_typo.json", seed.replace('"epochs"', '"epoch"'))

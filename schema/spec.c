@@ -645,6 +645,18 @@ static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
         rc = check_keys(err, obj, P, synthetic_keys, COUNT(synthetic_keys), NULL);
         if (rc == DDPD_OK)
             rc = get_int(err, obj, P, "samples", 1, INT64_MAX, true, &d->samples);
+        if (rc == DDPD_OK) { /* the teacher's cap, found here rather than by every rank */
+            int64_t weights = 0;
+            for (int i = 0; i < s->n_layers; i++)
+                if (s->layers[i].kind == LAYER_LINEAR)
+                    weights += s->layers[i].in * s->layers[i].out; /* <= 64 * 2^40: no overflow */
+            if (weights > SPEC_MAX_SYNTHETIC_WEIGHTS)
+                rc =
+                    fail(err, "data.type",
+                         "synthetic data is drawn from a teacher of the model's shape, at most %lld weights; "
+                         "the model has %lld (use npy or csv data)",
+                         SPEC_MAX_SYNTHETIC_WEIGHTS, (long long)weights);
+        }
         break;
     case DATA_NPY:
         rc = check_keys(err, obj, P, npy_keys, COUNT(npy_keys), NULL);
@@ -652,6 +664,13 @@ static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
             rc = get_path(err, obj, P, "x", true, d->x);
         if (rc == DDPD_OK)
             rc = get_path(err, obj, P, "y", true, d->y);
+        /* A {rank} x is one rank's file, so its y must be one too (and the other way round):
+         * found here, not by every rank after the job was accepted. */
+        if (rc == DDPD_OK && !strstr(d->x, "{rank}") != !strstr(d->y, "{rank}"))
+            rc = fail(err, strstr(d->x, "{rank}") ? "data.y" : "data.x",
+                      "x and y must both hold {rank} (one file per rank) or neither (got x \"%.100s\", "
+                      "y \"%.100s\")",
+                      d->x, d->y);
         break;
     case DATA_CSV:
         rc = check_keys(err, obj, P, csv_keys, COUNT(csv_keys), NULL);
@@ -1072,13 +1091,142 @@ char *spec_dumps(const struct spec *s)
 
 /* ---- questions about a parsed spec ---- */
 
+/* Saturating arithmetic for sizes: a size that would not fit in int64_t is INT64_MAX,
+ * which no limit admits, instead of a wrapped small number. Arguments are >= 0. */
+static int64_t sat_mul(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+static int64_t sat_add(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
 int64_t spec_param_count(const struct spec *s)
 {
     int64_t n = 0;
     for (int i = 0; i < s->n_layers; i++)
         if (s->layers[i].kind == LAYER_LINEAR)
-            n += s->layers[i].in * s->layers[i].out + (s->layers[i].bias ? s->layers[i].out : 0);
+            n = sat_add(n, sat_add(sat_mul(s->layers[i].in, s->layers[i].out),
+                                   s->layers[i].bias ? s->layers[i].out : 0));
     return n;
+}
+
+int64_t spec_batch_rows(const struct spec *s, int64_t shard_rows)
+{
+    int64_t r = s->batch_size < shard_rows ? s->batch_size : shard_rows;
+    return r > 0 ? r : 1;
+}
+
+void spec_memory_estimate(const struct spec *s, int64_t rows, bool rank_file, int64_t file_bytes,
+                          struct spec_memory *m)
+{
+    const int64_t F = (int64_t)sizeof(float), P = spec_param_count(s);
+    const int64_t in = spec_in_width(s), out = spec_out_width(s);
+    const bool ce = s->loss == LOSS_CROSS_ENTROPY, cuda = s->device == DEVICE_CUDA;
+    const int per = s->optim.kind == OPTIM_ADAMW ? 2 : s->optim.momentum != 0.0 ? 1 : 0;
+    const int world = s->world_size > 0 ? s->world_size : 1;
+    rows = rows > 0 ? rows : 0;
+    memset(m, 0, sizeof *m);
+
+    /* The largest shard (rank 0's) and the rows a rank keeps: the whole set when it
+     * shuffles it or reads a shared file; synthetic data without shuffling generates
+     * only its own shard. */
+    const int64_t shard = rank_file ? rows : spec_shard_rows(rows, 0, world);
+    const int64_t held = rank_file || (s->data.kind == DATA_SYNTHETIC && !s->data.shuffle) ? shard : rows;
+    const int64_t R = spec_batch_rows(s, shard);
+    int64_t sum_out = 0, width = 1, teacher = 0;
+    for (int i = 0; i < s->n_layers; i++) {
+        const struct spec_layer *l = &s->layers[i];
+        sum_out = sat_add(sum_out, l->out);
+        width = l->in > width ? l->in : width;
+        width = l->out > width ? l->out : width;
+        if (l->kind == LAYER_LINEAR) /* the teacher keeps its weights in double */
+            teacher = sat_add(teacher, sat_mul(8, sat_add(sat_mul(l->in, l->out), l->out)));
+    }
+    m->rows = R;
+    m->params = sat_mul(P, F);
+    m->grads = m->params;
+    m->optim = sat_mul(m->params, per);
+    if (world > 1) {
+        /* The buckets hold every gradient once more; the zero bucket is the largest one. */
+        int64_t cap = (int64_t)(s->ddp.bucket_cap_mb * 1024 * 1024);
+        cap = cap > (1 << 20) ? cap : (1 << 20);
+        m->buckets = sat_add(m->params, m->params < cap ? m->params : cap);
+    }
+    m->activations = sat_mul(sat_mul(R, F), sat_add(sum_out, sat_mul(2, width)));
+    /* x (host and device), y (host and device), the loss gradient, the labels. */
+    const int64_t batch_host = sat_mul(sat_mul(R, F), sat_add(sat_add(in, out), 1));
+    const int64_t batch_dev = sat_mul(sat_mul(R, F), sat_add(sat_add(in, sat_mul(2, out)), 1));
+    m->batch = sat_add(batch_host, batch_dev);
+    m->data = sat_mul(sat_mul(held, F), sat_add(in, ce ? 1 : out));
+    m->data = sat_add(m->data, sat_mul(shard, 8));                      /* the shard's order */
+    m->data = sat_add(m->data, s->data.shuffle ? sat_mul(rows, 8) : 0); /* the permutation */
+    if (s->data.kind == DATA_SYNTHETIC)
+        m->data = sat_add(m->data, sat_add(teacher, sat_mul(2 * 64 * 8, width)));
+    m->data = sat_add(m->data, file_bytes > 0 ? file_bytes : 0);
+    m->staging = sat_mul(m->params, 1 + per);
+
+    const int64_t on_dev = sat_add(sat_add(sat_add(m->params, m->grads), sat_add(m->optim, m->buckets)),
+                                   sat_add(m->activations, batch_dev));
+    m->total = sat_add(sat_add(on_dev, batch_host), sat_add(m->data, m->staging));
+    m->device = cuda ? on_dev : 0;
+    m->host = cuda ? sat_add(batch_host, sat_add(m->data, m->staging)) : m->total;
+}
+
+/* "12.3 MiB", "4.0 TiB": sizes for messages. */
+static void fmt_bytes(char *dst, size_t cap, int64_t b)
+{
+    static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double x = (double)b;
+    int u = 0;
+    while (x >= 1024 && u < 6) {
+        x /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(dst, cap, "%lld bytes", (long long)b);
+    else
+        snprintf(dst, cap, "%.1f %s", x, units[u]);
+}
+
+ddpd_err spec_memory_check(const struct spec *s, const struct spec_memory *m, int64_t limit,
+                           const char *limit_name, ddpd_err code, struct ddpd_error *err)
+{
+    if (limit <= 0 || m->host <= limit)
+        return DDPD_OK;
+    /* Blame the part of the host's share that weighs most. On cuda the model and the
+     * activations live on the GPU and only their host copies count here. */
+    const bool cuda = s->device == DEVICE_CUDA;
+    const int64_t model =
+        cuda ? m->staging
+             : sat_add(sat_add(sat_add(m->params, m->grads), sat_add(m->optim, m->buckets)), m->staging);
+    const int64_t batch = cuda ? m->host - model - m->data : sat_add(m->activations, m->batch);
+    const char *path = model >= batch && model >= m->data ? "model"
+                       : batch >= m->data                 ? "batch_size"
+                       : s->data.kind == DATA_SYNTHETIC   ? "data.samples"
+                                                          : "data";
+    char need[32], lim[32], pa[32], gr[32], op[32], bu[32], ac[32], ba[32], da[32], st[32];
+    fmt_bytes(need, sizeof need, m->host);
+    fmt_bytes(lim, sizeof lim, limit);
+    fmt_bytes(pa, sizeof pa, m->params);
+    fmt_bytes(gr, sizeof gr, m->grads);
+    fmt_bytes(op, sizeof op, m->optim);
+    fmt_bytes(bu, sizeof bu, m->buckets);
+    fmt_bytes(ac, sizeof ac, m->activations);
+    fmt_bytes(ba, sizeof ba, m->batch);
+    fmt_bytes(da, sizeof da, m->data);
+    fmt_bytes(st, sizeof st, m->staging);
+    return ddpd_error_set(err, code, path,
+                          "the job needs about %s of %smemory per rank (parameters %s, gradients %s, "
+                          "optimizer state %s, DDP buckets %s, activations %s and batch %s for micro-batches "
+                          "of %lld rows, data %s, checkpoint copies %s), more than the limit of %s per rank "
+                          "(%s)",
+                          need, cuda ? "host " : "", pa, gr, op, bu, ac, ba, (long long)m->rows, da, st, lim,
+                          limit_name);
 }
 
 int64_t spec_in_width(const struct spec *s)
@@ -1114,7 +1262,8 @@ int64_t spec_shard_rows(int64_t rows, int rank, int world)
 
 int64_t spec_batches(int64_t rows, int64_t batch, bool drop_last)
 {
-    return drop_last ? rows / batch : (rows + batch - 1) / batch;
+    /* Not (rows + batch - 1) / batch: that overflows for sizes near INT64_MAX. */
+    return rows / batch + (!drop_last && rows % batch != 0);
 }
 
 ddpd_err spec_check_batch_counts(const struct spec *s, const int64_t *counts, struct ddpd_error *err)

@@ -15,6 +15,9 @@
 #define SPEC_MAX_TARGETS 64
 #define SPEC_MAX_WORLD 1024
 #define SPEC_PATH_MAX 1024
+/* Synthetic data comes from a teacher of the model's shape in double precision: its
+ * weights (not counting biases) are capped (2 GiB of doubles). */
+#define SPEC_MAX_SYNTHETIC_WEIGHTS (1LL << 28)
 
 typedef enum { LAYER_LINEAR, LAYER_RELU, LAYER_TANH, LAYER_SIGMOID, LAYER_GELU } layer_kind;
 typedef enum { LOSS_MSE, LOSS_CROSS_ENTROPY } loss_kind;
@@ -128,6 +131,46 @@ int64_t spec_batches(int64_t rows, int64_t batch, bool drop_last);
  * sentence for a rank without a batch (join would run it). The server, `ddpd run` and the
  * ranks check with it. */
 ddpd_err spec_check_batch_counts(const struct spec *s, const int64_t *counts, struct ddpd_error *err);
+
+/* The most rows one micro-batch of a rank whose shard holds `shard_rows` can have:
+ * min(batch_size, shard_rows), and at least 1 so that buffers are never empty. Every
+ * buffer sized by a batch is sized by this, never by batch_size alone (a batch_size near
+ * INT64_MAX on a small data set is valid and must not size anything). */
+int64_t spec_batch_rows(const struct spec *s, int64_t shard_rows);
+
+/* What one rank of a job holds in memory, in bytes, by tensor (schema/README.md
+ * "Memory"). The one estimate the server (at submit, `ddpd run` before it starts
+ * the ranks) and each rank (at start, with its real shard) judge a job by. Every figure
+ * saturates at INT64_MAX instead of wrapping. */
+struct spec_memory {
+    int64_t rows;        /* the largest micro-batch: spec_batch_rows of the largest shard */
+    int64_t params;      /* weights and biases, float32 */
+    int64_t grads;       /* their gradients */
+    int64_t optim;       /* momentum buffers (sgd with momentum) or AdamW's two moments */
+    int64_t buckets;     /* DDP's flat gradient buckets and its zero bucket (world > 1) */
+    int64_t activations; /* every layer's output for `rows` rows, and backward's scratch */
+    int64_t batch;       /* the batch's inputs, targets and loss gradient, host and device */
+    int64_t data;        /* the rank's data set in memory, its sample order, the synthetic
+                            teacher, and a CSV file while it is read */
+    int64_t staging;     /* host copies of parameters and optimizer state for checkpoints
+                            and init.from */
+    int64_t device;      /* of the above, what lives on the GPU (cuda jobs; 0 on cpu) */
+    int64_t host;        /* the rest: what --max-rank-memory limits */
+    int64_t total;
+};
+
+/* Fills `m` for a data set of `rows` samples: the whole set, sharded over the ranks,
+ * or with `rank_file` one rank's own {rank} file. `file_bytes` is the size of a data file
+ * that is read whole while loading (CSV), else 0. */
+void spec_memory_estimate(const struct spec *s, int64_t rows, bool rank_file, int64_t file_bytes,
+                          struct spec_memory *m);
+
+/* DDPD_OK when m->host <= limit (limit <= 0: no limit). Else `code` (DDPD_ESPEC at submit,
+ * DDPD_EDEVICE in a rank) at the field the largest part comes from (`model`,
+ * `batch_size`, `data.samples` or `data`), with a message that gives the need, its parts
+ * and the limit; `limit_name` says where the limit comes from ("--max-rank-memory"). */
+ddpd_err spec_memory_check(const struct spec *s, const struct spec_memory *m, int64_t limit,
+                           const char *limit_name, ddpd_err code, struct ddpd_error *err);
 
 /* Parameter count of the model (weights + biases). */
 int64_t spec_param_count(const struct spec *s);

@@ -314,10 +314,17 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
     if (rc)
         goto out;
 
-    /* The data must be readable and, with join false, even. Synthetic data has nothing to
-     * read: its counts follow from the spec, here. Files are the planner's to read, on
+    /* The data must be readable and, with join false, even, and a rank must fit in memory.
+     * Synthetic data has nothing to read: its counts follow from the spec, here. Files are the planner's to read, on
      * its own threads and processes: nothing that can block on a file runs here. */
-    if (spec->data.kind == DATA_SYNTHETIC) {
+    if (spec->data.kind == DATA_SYNTHETIC && !spec->init_from[0]) {
+        /* The memory a rank needs follows from the spec too (the planner checks it
+         * against the same limit where there are files, or an init.from to check). */
+        struct spec_memory mem;
+        spec_memory_estimate(spec, spec->data.samples, false, 0, &mem);
+        if ((rc = spec_memory_check(spec, &mem, a->max_rank_memory, "the server's --max-rank-memory", DDPD_ESPEC,
+                                    err)))
+            goto out;
         int64_t counts[SPEC_MAX_WORLD];
         for (int r = 0; r < spec->world_size; r++)
             counts[r] = spec_batches(spec_shard_rows(spec->data.samples, r, spec->world_size), spec->batch_size,
@@ -329,8 +336,8 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
         free(pl);
         return DDPD_OK;
     }
-    json_t *doc = json_pack("{s:i, s:o, s:s}", "world_size", spec->world_size, "spec", spec_to_json(spec),
-                            "data_dir", a->data_dir);
+    json_t *doc = json_pack("{s:i, s:o, s:s, s:I}", "world_size", spec->world_size, "spec", spec_to_json(spec),
+                            "data_dir", a->data_dir, "max_rank_memory", (json_int_t)a->max_rank_memory);
     if (!doc) {
         rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the job's data");
         goto out;

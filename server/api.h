@@ -4,6 +4,7 @@
 #define DDPD_API_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "../schema/err.h"
 
@@ -22,6 +23,7 @@ struct api {
     const char *data_dir;     /* absolute */
     const char *jobs_dir;
     const char *web_dir;      /* the dashboard's files (index.html, ...); NULL = none */
+    int64_t max_rank_memory;  /* bytes one rank may need (--max-rank-memory); 0 = no limit */
     /* Set up by api_start: */
     struct planner *planner;  /* ddpd-worker --plan processes for the submission check */
 };

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "../schema/event.h"
+#include "../schema/spec.h"
 #include "slurm.h"
 #include "env.h"
 #include "proc.h"
@@ -50,11 +51,13 @@ struct launch {
     bool sent_term, sent_kill; /* signals we sent the group */
     bool cancelled;
     struct slurm_run *sr;  /* the Slurm backend's srun, or NULL: ranks are our children */
+    int64_t need;          /* bytes a rank needs (the spec's estimate), -1 if unknown */
+    bool need_with_data;   /* ... its data included (synthetic) */
 };
 
 /* The collective backend the job's spec asks for ("cpu" or "nccl"): the id issuer and
  * every rank's comm document must speak the same one. */
-static const char *comm_backend(const struct launch *l)
+static const char *backend_name(const struct launch *l)
 {
     json_t *ddp = json_object_get(json_object_get(l->o.doc, "spec"), "ddp");
     const char *b = json_string_value(json_object_get(ddp, "backend"));
@@ -79,7 +82,7 @@ static int start_issuer(struct launch *l, char *id_hex, size_t cap, struct ddpd_
         ddpd_error_set(err, DDPD_EIO, log_path, "cannot start the id issuer: %s", strerror(errno));
         goto out;
     }
-    char *argv[] = {(char *)l->o.worker, "--issue-id", (char *)comm_backend(l), NULL};
+    char *argv[] = {(char *)l->o.worker, "--issue-id", (char *)backend_name(l), NULL};
     struct proc_spawn sp = {.path = l->o.worker, .argv = argv, .env = env, .fd = {in[0], out[1], log_fd},
                             .pgid = 0, .die_with_parent = l->o.die_with_parent};
     pid_t pid = proc_spawn(&sp); /* it leads the job's process group */
@@ -149,7 +152,7 @@ static int start_rank(struct launch *l, int r, const char *id_hex, struct ddpd_e
     json_t *d = json_deep_copy(l->o.doc);
     json_object_set_new(d, "rank", json_integer(r));
     if (id_hex)
-        json_object_set_new(d, "comm", json_pack("{s:s, s:s}", "backend", comm_backend(l), "id", id_hex));
+        json_object_set_new(d, "comm", json_pack("{s:s, s:s}", "backend", backend_name(l), "id", id_hex));
     doc = json_dumps(d, JSON_COMPACT);
     json_decref(d);
     if (!doc) {
@@ -218,7 +221,7 @@ static int start_slurm(struct launch *l, const char *id_hex, struct ddpd_error *
 {
     json_t *d = json_deep_copy(l->o.doc);
     if (id_hex)
-        json_object_set_new(d, "comm", json_pack("{s:s, s:s}", "backend", comm_backend(l), "id", id_hex));
+        json_object_set_new(d, "comm", json_pack("{s:s, s:s}", "backend", backend_name(l), "id", id_hex));
     char *doc = json_dumps(d, JSON_COMPACT);
     json_decref(d);
     if (!doc) {
@@ -234,6 +237,22 @@ static int start_slurm(struct launch *l, const char *id_hex, struct ddpd_error *
     return 0;
 }
 
+/* What a rank of this job needs, for the message of a rank the kernel killed: the
+ * spec's estimate (schema/spec.h), with synthetic data's rows; for data files without
+ * the data, which only the planner and the ranks measure. -1 when the spec cannot be
+ * read. */
+static int64_t memory_need(json_t *doc, bool *with_data)
+{
+    struct spec spec;
+    struct spec_memory m;
+    struct ddpd_error e;
+    if (spec_from_json(json_object_get(doc, "spec"), NULL, &spec, &e) != DDPD_OK)
+        return -1;
+    *with_data = spec.data.kind == DATA_SYNTHETIC;
+    spec_memory_estimate(&spec, *with_data ? spec.data.samples : 0, false, 0, &m);
+    return m.host;
+}
+
 struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
 {
     struct launch *l = calloc(1, sizeof *l);
@@ -242,6 +261,7 @@ struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
         return NULL;
     }
     l->o = *o;
+    l->need = memory_need(o->doc, &l->need_with_data); /* the doc is borrowed for this call only */
     l->issuer_in = -1;
     if (l->o.grace_s <= 0)
         l->o.grace_s = 5;
@@ -462,11 +482,24 @@ bool launch_poll(struct launch *l, int timeout_ms)
     return true;
 }
 
-static void describe_exit(int st, char *out, size_t cap, int *code)
+static void describe_exit(const struct launch *l, int st, char *out, size_t cap, int *code)
 {
     if (WIFEXITED(st)) {
         *code = WEXITSTATUS(st);
         snprintf(out, cap, "exited with code %d", *code);
+    } else if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && !l->sent_kill) {
+        /* A SIGKILL nobody here sent: on a host where the kernel log cannot be read, the
+         * out-of-memory killer is the likely sender; say so, with what the job needed. */
+        *code = 128 + SIGKILL;
+        if (l->need >= 0)
+            snprintf(
+                out, cap,
+                "killed by signal 9 (SIGKILL, not sent by ddpd: likely the out-of-memory killer; the job "
+                "needed about %.1f MiB per rank%s)",
+                (double)l->need / (1 << 20), l->need_with_data ? "" : " besides its data");
+        else
+            snprintf(out, cap,
+                     "killed by signal 9 (SIGKILL, not sent by ddpd: likely the out-of-memory killer)");
     } else if (WIFSIGNALED(st)) {
         *code = 128 + WTERMSIG(st);
         snprintf(out, cap, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
@@ -495,10 +528,10 @@ void launch_result(const struct launch *l, struct launch_result *res)
             return;
     }
     const struct rank_proc *p = &l->ranks[r];
-    char how[128];
+    char how[256];
     res->ok = false;
     res->rank = r;
-    describe_exit(p->status, how, sizeof how, &res->exit_code);
+    describe_exit(l, p->status, how, sizeof how, &res->exit_code);
     if (p->last_error[0])
         snprintf(res->message, sizeof res->message, "%s", p->last_error);
     else
@@ -560,7 +593,7 @@ int launch_exit_code(const struct launch *l, int rank)
     if (rank < 0 || rank >= l->n || !l->ranks[rank].exited || !l->ranks[rank].pid)
         return -1;
     int code;
-    char how[128];
-    describe_exit(l->ranks[rank].status, how, sizeof how, &code);
+    char how[256];
+    describe_exit(l, l->ranks[rank].status, how, sizeof how, &code);
     return code;
 }

@@ -186,7 +186,10 @@ static ddpd_err parse_answer(const char *line, const char *worker, int world_siz
     } else if (b && json_is_null(b)) {
         rc = DDPD_OK;
     } else if (event_decode(line, strlen(line), &ev, NULL) == DDPD_OK && ev.kind == EVENT_ERROR) {
-        rc = ddpd_error_set(err, !strcmp(ev.error_kind, "data") ? DDPD_EDATA : DDPD_ESPEC, "", "%s", ev.message);
+        /* "path": the spec field a spec error is at (the planner adds it to its event). */
+        const char *path = json_string_value(json_object_get(j, "path"));
+        rc = ddpd_error_set(err, !strcmp(ev.error_kind, "data") ? DDPD_EDATA : DDPD_ESPEC, path ? path : "",
+                            "%s", ev.message);
     } else {
         rc = ddpd_error_set(err, DDPD_EIO, "", "%s --plan answered: %.300s", worker, line);
     }

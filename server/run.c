@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../schema/event.h"
+#include "../schema/jobdir.h"
 #include "../schema/spec.h"
 #include "launch.h"
 #include "plan.h"
@@ -30,13 +31,15 @@ static void on_signal(int sig)
 static void usage(FILE *f)
 {
     fputs("usage: ddpd run [--world-size N] [--device cpu|cuda] [--out DIR] [--data-dir DIR]\n"
-          "                [--resume CKPT_DIR] SPEC.json\n"
+          "                [--resume CKPT_DIR] [--max-rank-memory SIZE] SPEC.json\n"
           "Runs one job on this host and prints its events as NDJSON.\n"
           "  --world-size N  ranks (default: the spec's world_size)\n"
           "  --device D      cpu or cuda (default: the spec's device, else cpu)\n"
           "  --out DIR       checkpoints, final model, rank logs (default var/runs/NAME-TIME)\n"
           "  --data-dir DIR  where data paths and init.from are resolved (default .)\n"
-          "  --resume DIR    continue from a checkpoint directory (OUT/ckpt-STEP or OUT)\n",
+          "  --resume DIR    continue from a checkpoint directory (OUT/ckpt-STEP or OUT)\n"
+          "  --max-rank-memory SIZE  refuse a job whose rank needs more (bytes, or 512M, 4G, ...;\n"
+          "                  default: this host's memory divided by the ranks; 0 = no limit)\n",
           f);
 }
 
@@ -95,6 +98,7 @@ int run_main(int argc, char **argv, const char *self_dir)
 {
     long world = 0;
     const char *device = NULL, *out = NULL, *data_dir = ".", *resume = NULL, *spec_path = NULL;
+    int64_t max_rank_memory = -1; /* -1: this host's memory divided by the ranks */
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -126,6 +130,14 @@ int run_main(int argc, char **argv, const char *self_dir)
             data_dir = argv[++i];
         } else if (!strcmp(a, "--resume")) {
             resume = argv[++i];
+        } else if (!strcmp(a, "--max-rank-memory")) {
+            if (!jobdir_size_parse(v, &max_rank_memory)) {
+                fprintf(stderr,
+                        "ddpd run: --max-rank-memory: expected a size (bytes, or 512M, 4G, ...; 0 or none: no limit), got '%s'\n",
+                        v);
+                return 2;
+            }
+            i++;
         } else if (a[0] == '-') {
             fprintf(stderr, "ddpd run: unknown option '%s'\n", a);
             usage(stderr);
@@ -199,6 +211,12 @@ int run_main(int argc, char **argv, const char *self_dir)
     json_object_set_new(doc, "data_dir", json_string(data_abs));
     json_object_set_new(doc, "out_dir", json_string(out));
     json_object_set_new(doc, "resume", resume ? json_string(resume) : json_null());
+    /* The ranks all run here: each gets its share of the memory, as on the server. */
+    if (max_rank_memory < 0) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        max_rank_memory = pages > 0 && page > 0 ? (int64_t)pages * page / spec.world_size : 0;
+    }
+    json_object_set_new(doc, "max_rank_memory", json_integer(max_rank_memory));
 
     /* Fail before any rank starts when the data or the batch counts say it cannot work. */
     int64_t counts[SPEC_MAX_WORLD];

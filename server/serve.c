@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "../schema/jobdir.h"
+#include "../schema/spec.h"
 #include "api.h"
 #include "env.h"
 #include "http.h"
@@ -37,7 +38,8 @@
 static void usage(FILE *f)
 {
     fputs("usage: ddpd serve [--listen ADDR:PORT] [--db PATH] [--data-dir DIR] [--jobs-dir DIR]\n"
-          "                  [--gpus auto|none|N,N,..] [--cpu-slots N] [--token-file F] [--insecure]\n"
+          "                  [--gpus auto|none|N,N,..] [--cpu-slots N] [--max-rank-memory SIZE]\n"
+          "                  [--token-file F] [--insecure]\n"
           "                  [--on-shutdown cancel|finish] [--web-dir DIR] [--cors-origin ORIGIN]\n"
           "                  [--launcher local|slurm] [--slurm-partition P] [--slurm-account A]\n"
           "                  [--slurm-time T] [--slurm-cpus-per-task N] [--slurm-arg ARG]...\n"
@@ -52,6 +54,9 @@ static void usage(FILE *f)
           "                 that would go over it fails with an error naming the quota\n"
           "  --gpus         GPUs to use (default auto: what ddpd-worker --devices finds)\n"
           "  --cpu-slots    CPU ranks that may run at once (default: the number of cores)\n"
+          "  --max-rank-memory  refuse at submit a job whose rank needs more memory (bytes, or\n"
+          "                 512M, 4G, ...; default: this host's memory divided by the slots, no\n"
+          "                 limit with slurm; 0 = no limit)\n"
           "  --token-file   require `Authorization: Bearer <token>` on /v1 (the file's bytes less\n"
           "                 trailing whitespace: printable ASCII, no spaces, at most 4095 bytes)\n"
           "  --insecure     allow a non-loopback address without a token\n"
@@ -203,6 +208,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
     const char *listen = "127.0.0.1:8080", *db = "var/ddpd.db", *data_dir = ".", *jobs_dir = NULL;
     const char *gpus_arg = "auto", *token_file = NULL, *web_dir = NULL, *cors = NULL;
     long cpu_slots = sysconf(_SC_NPROCESSORS_ONLN);
+    int64_t max_rank_memory = -1; /* -1: the host's memory divided by the slots */
     bool insecure = false, finish = false, slurm = false;
     const char *comm_addr = NULL;
     struct slurm_opts so_slurm = {.cpus_per_task = 1};
@@ -269,6 +275,13 @@ int serve_main(int argc, char **argv, const char *self_dir)
             if (!jobdir_size_parse(v, &job_disk_quota)) {
                 fprintf(stderr, "ddpd serve: --job-disk-quota: expected a size such as 10G, 500M or 1048576 "
                         "(bytes; K, M, G, T are powers of 1024) or none, got '%s'\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--max-rank-memory")) {
+            if (!jobdir_size_parse(v, &max_rank_memory)) {
+                fprintf(stderr, "ddpd serve: --max-rank-memory: expected a size (bytes, or 512M, 4G, ...; 0 or none: no limit), "
+                                "got '%s'\n",
+                        v);
                 return 2;
             }
         } else if (!strcmp(a, "--cpu-slots")) {
@@ -426,18 +439,25 @@ int serve_main(int argc, char **argv, const char *self_dir)
         snprintf(slurm_prefix, sizeof slurm_prefix, "ddpd.%08x.", (unsigned)h);
         so_slurm.name_prefix = slurm_prefix;
     }
+    if (max_rank_memory < 0) { /* every slot busy must still fit in this host's memory */
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE), slots = cpu_slots + gpus;
+        max_rank_memory =
+            slurm || pages <= 0 || page <= 0 ? 0 : (int64_t)pages * page / (slots > 0 ? slots : 1);
+    }
     struct super_opts so = {.worker = worker, .data_dir = data_abs, .jobs_dir = jobs_abs, .gpus = gpus,
                             .gpu_ids = (const char (*)[SUPER_GPU_ID_MAX])gpu_ids,
                             .slurm = slurm ? &so_slurm : NULL,
                             .cpu_slots = (int)cpu_slots, .store = store, .hub = hub, .grace_s = 5,
-                            .finish_on_shutdown = finish, .job_disk_quota = job_disk_quota};
+                            .finish_on_shutdown = finish, .job_disk_quota = job_disk_quota,
+                            .max_rank_memory = max_rank_memory};
     super = hub ? super_start(&so, &err) : NULL;
     if (!super) {
         fprintf(stderr, "ddpd serve: %s\n", err.message);
         goto out;
     }
     api = (struct api){.store = store, .hub = hub, .super = super, .worker = worker, .data_dir = data_abs,
-                       .jobs_dir = jobs_abs, .web_dir = web_abs[0] ? web_abs : NULL};
+                       .jobs_dir = jobs_abs, .web_dir = web_abs[0] ? web_abs : NULL,
+                       .max_rank_memory = max_rank_memory};
     size_t nroutes;
     struct http_config hc = {.listen = listen, .listen_fd = listen_fd, .routes = api_routes(&nroutes), .ctx = &api, .token = token,
                              .cors_origin = cors, .threads = 4, .connection_limit = connection_limit()};

@@ -731,6 +731,8 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
     json_object_set_new(doc, "resume", has_resume ? json_string(resume) : json_null());
     json_object_set_new(doc, "disk_quota",
                         s->o.job_disk_quota > 0 ? json_integer(s->o.job_disk_quota) : json_null());
+    if (s->o.max_rank_memory > 0) /* each rank checks itself against it at start */
+        json_object_set_new(doc, "max_rank_memory", json_integer(s->o.max_rank_memory));
     struct launch_opts lo = {
         .worker = s->o.worker,
         .world_size = a->world_size,

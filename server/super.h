@@ -43,6 +43,7 @@ struct super_opts {
     struct hub *hub;       /* borrowed */
     double grace_s;        /* SIGTERM -> SIGKILL; default 5 */
     bool finish_on_shutdown; /* super_stop waits for running jobs instead of cancelling */
+    int64_t max_rank_memory; /* bytes a rank may need, sent to every rank (0 = no limit) */
     /* NULL: ranks run here on the slots above. Else every job goes to Slurm (slurm.h) as
      * soon as it is queued: Slurm queues it and places its ranks; the slots are not
      * counted and a job waits as `queued` with Slurm's pending reason. Borrowed. */

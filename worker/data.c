@@ -29,7 +29,10 @@
 #define NPY_MAX_DIMS 8
 #define CSV_MAX_CELL 256 /* a number longer than this is not a number */
 #define CSV_MAX_COLS (SPEC_MAX_WIDTH + SPEC_MAX_TARGETS)
-#define TEACHER_MAX_PARAMS (1LL << 28)
+#define TEACHER_MAX_PARAMS SPEC_MAX_SYNTHETIC_WEIGHTS
+/* Class ids the planner reads before a job is accepted (it answers within 30 s); larger
+ * label files are checked by the ranks as they load them. */
+#define DATA_MAX_CHECK (1LL << 30)
 #define IO_CHUNK (1 << 20)
 #define WALK_MAX_LINKS 40  /* symbolic links one open may follow (the kernel's own limit) */
 #define WALK_MAX_DEPTH 256 /* directories one open may hold on its way down */
@@ -816,7 +819,7 @@ static uint64_t load_le(const unsigned char *p, int size)
 }
 
 /* Reads all values of an .npy file into f32[numel] (float files) or, checking each is a
- * class id in [0, classes), into i32[numel] (integer files). */
+ * class id in [0, classes), into i32[numel] (integer files; i32 NULL only checks them). */
 static ddpd_err npy_values(const struct dfile *f, const struct npy *h, float *f32, int32_t *i32,
                            int64_t classes, struct ddpd_error *err)
 {
@@ -872,7 +875,8 @@ static ddpd_err npy_values(const struct dfile *f, const struct npy *h, float *f3
                           done + i, classes);
                 goto out;
             }
-            i32[done + i] = (int32_t)v;
+            if (i32)
+                i32[done + i] = (int32_t)v;
         }
         done += n;
     }
@@ -1171,7 +1175,8 @@ static ddpd_err csv_number(const char *name, const struct csv_layout *lo, int co
     return DDPD_OK;
 }
 
-/* Second pass, over a file csv_scan accepted: every cell into x, y or labels. */
+/* Second pass, over a file csv_scan accepted: every cell into x, y or labels (or, with
+ * those NULL, every cell checked: numbers, class ids in range). */
 static ddpd_err csv_fill(const char *name, const char *buf, int64_t len, const struct csv_layout *lo,
                          struct dataset *ds, struct ddpd_error *err)
 {
@@ -1189,11 +1194,13 @@ static ddpd_err csv_fill(const char *name, const char *buf, int64_t len, const s
                 return rc;
             int32_t role = lo->role[j];
             if (role >= 0) {
-                ds->x[row * ds->in + role] = to_f32(v);
+                if (ds->x)
+                    ds->x[row * ds->in + role] = to_f32(v);
                 continue;
             }
             if (!ds->ce) {
-                ds->y[row * ds->out + (-role - 1)] = to_f32(v);
+                if (ds->y)
+                    ds->y[row * ds->out + (-role - 1)] = to_f32(v);
                 continue;
             }
             cell_text(&lo->names[j], col_name, sizeof col_name);
@@ -1206,7 +1213,8 @@ static ddpd_err csv_fill(const char *name, const char *buf, int64_t len, const s
                                 "line %" PRId64 ", column \"%s\": class id %.0f is out of range "
                                 "[0, %" PRId64 ")",
                                 line, col_name, v, ds->out);
-            ds->labels[row] = (int32_t)v;
+            if (ds->labels)
+                ds->labels[row] = (int32_t)v;
         }
     }
     return DDPD_OK;
@@ -1354,7 +1362,8 @@ static ddpd_err teacher_new(struct teacher *t, const struct spec *s, struct ddpd
     t->a = malloc((size_t)(TEACHER_BLOCK * t->max_width) * sizeof(double));
     t->t = malloc((size_t)(TEACHER_BLOCK * t->max_width) * sizeof(double));
     if (!t->a || !t->t)
-        return fail(err, DDPD_ENOMEM, "data", "out of memory for the synthetic teacher");
+        return fail(err, DDPD_EDEVICE, "data",
+                    "out of memory: cannot allocate the synthetic teacher's activations");
     rng_seed2(&r, s->data.seed ^ SALT_TEACHER, 0);
     for (int i = 0; i < s->n_layers; i++) {
         const struct spec_layer *L = &s->layers[i];
@@ -1364,7 +1373,10 @@ static ddpd_err teacher_new(struct teacher *t, const struct spec *s, struct ddpd
         t->w[i] = malloc((size_t)(L->in * L->out) * sizeof(double));
         t->b[i] = L->bias ? malloc((size_t)L->out * sizeof(double)) : NULL;
         if (!t->w[i] || (L->bias && !t->b[i]))
-            return fail(err, DDPD_ENOMEM, "data", "out of memory for the synthetic teacher");
+            return fail(err, DDPD_EDEVICE, "data",
+                        "out of memory: cannot allocate the synthetic teacher's layer %d (%" PRId64
+                        " doubles, %.1f MiB)",
+                        i, L->in * L->out, (double)(L->in * L->out) * sizeof(double) / (1 << 20));
         for (int64_t k = 0; k < L->in * L->out; k++)
             t->w[i][k] = (2 * rng_uniform(&r) - 1) * bound;
         for (int64_t k = 0; L->bias && k < L->out; k++)
@@ -1441,7 +1453,10 @@ static ddpd_err ds_alloc(struct dataset *ds, int64_t n, ddpd_err code, const cha
     else
         ds->y = malloc((size_t)(n * ds->out) * sizeof(float));
     if (!ds->x || (ds->ce ? !ds->labels : !ds->y))
-        return fail(err, DDPD_ENOMEM, what, "out of memory for %" PRId64 " rows", n);
+        return fail(err, DDPD_EDEVICE, what,
+                    "out of memory: cannot allocate the data set (%" PRId64 " rows of %" PRId64
+                    " bytes, %.1f MiB)",
+                    n, per, (double)n * (double)per / (1 << 20));
     return DDPD_OK;
 }
 
@@ -1605,6 +1620,16 @@ void dataset_free(struct dataset *ds)
     free(ds);
 }
 
+int64_t dataset_rows(const struct dataset *ds)
+{
+    return ds->n_total;
+}
+
+bool dataset_rank_file(const struct dataset *ds)
+{
+    return ds->hold == HOLD_PER_RANK;
+}
+
 int64_t dataset_shard_size(const struct dataset *ds)
 {
     return ds->shard;
@@ -1633,9 +1658,11 @@ void dataset_set_epoch(struct dataset *ds, int64_t epoch)
 
 int64_t dataset_batch(const struct dataset *ds, int64_t b, float *x, float *y, int32_t *labels)
 {
-    int64_t first = b * ds->batch;
-    if (b < 0 || first >= ds->shard)
+    /* b < the batch count (partial last batch included) keeps b * batch below the shard:
+     * batch_size may be near INT64_MAX. */
+    if (b < 0 || b >= spec_batches(ds->shard, ds->batch, false))
         return 0;
+    int64_t first = b * ds->batch;
     int64_t rows = ds->shard - first < ds->batch ? ds->shard - first : ds->batch;
     for (int64_t k = 0; k < rows; k++) {
         int64_t i = ds->idx[first + k];
@@ -1650,8 +1677,12 @@ int64_t dataset_batch(const struct dataset *ds, int64_t b, float *x, float *y, i
 
 /* ---- batch counts before any rank starts ---- */
 
-/* Rows of the whole data set, read from the files' headers (or the spec). */
-static ddpd_err count_rows(const struct spec *s, const char *data_dir, int64_t *rows, struct ddpd_error *err)
+/* Rows of the whole data set, read from the files' headers (or the spec). With `check`
+ * the values are read too, for what a rank would otherwise find only after the job was
+ * accepted: class ids out of range, CSV cells that are not numbers. *file_bytes is the
+ * size of a file a rank reads whole (CSV), else 0. */
+static ddpd_err count_rows(const struct spec *s, const char *data_dir, bool check, int64_t *rows,
+                           int64_t *file_bytes, struct ddpd_error *err)
 {
     struct dfile f = {.fd = -1}, g = {.fd = -1};
     struct npy h, hy;
@@ -1676,6 +1707,8 @@ static ddpd_err count_rows(const struct spec *s, const char *data_dir, int64_t *
         if (ny != *rows)
             rc = fail(err, DDPD_EDATA, g.name, "y has %" PRId64 " rows but %s has %" PRId64, ny, f.name,
                       *rows);
+        else if (check && s->loss == LOSS_CROSS_ENTROPY && hy.numel * hy.size <= DATA_MAX_CHECK)
+            rc = npy_values(&g, &hy, NULL, NULL, s->layers[last_linear(s)].out, err);
         goto out;
     case DATA_CSV:
         if (has_rank(s->data.path))
@@ -1684,6 +1717,13 @@ static ddpd_err count_rows(const struct spec *s, const char *data_dir, int64_t *
             (rc = read_whole(&f, &buf, err)) || (rc = csv_scan(f.name, buf, f.size, s, false, &lo, err)))
             goto out;
         *rows = lo.rows;
+        *file_bytes = f.size;
+        if (check) {
+            struct dataset cells = {.in = s->layers[first_linear(s)].in,
+                                    .out = s->layers[last_linear(s)].out,
+                                    .ce = s->loss == LOSS_CROSS_ENTROPY};
+            rc = csv_fill(f.name, buf, f.size, &lo, &cells, err);
+        }
         goto out;
     default:
         return fail(err, DDPD_ESPEC, "data.type", "unknown data type");
@@ -1701,11 +1741,22 @@ out:
 ddpd_err dataset_batch_counts(const struct spec *spec, const char *data_dir, int world_size, int64_t *out,
                               struct ddpd_error *err)
 {
-    int64_t rows = 0;
+    int64_t rows = 0, file_bytes = 0;
     ddpd_err rc;
-    if ((rc = check_spec(spec, world_size, err)) || (rc = count_rows(spec, data_dir, &rows, err)))
+    if ((rc = check_spec(spec, world_size, err)) ||
+        (rc = count_rows(spec, data_dir, false, &rows, &file_bytes, err)))
         return rc;
     for (int r = 0; r < world_size; r++)
         out[r] = spec_batches(spec_shard_rows(rows, r, world_size), spec->batch_size, spec->data.drop_last);
     return DDPD_OK;
+}
+
+ddpd_err dataset_check(const struct spec *spec, const char *data_dir, int world_size, int64_t *rows,
+                       int64_t *file_bytes, struct ddpd_error *err)
+{
+    ddpd_err rc;
+    *rows = *file_bytes = 0;
+    if ((rc = check_spec(spec, world_size, err)))
+        return rc;
+    return count_rows(spec, data_dir, true, rows, file_bytes, err);
 }

@@ -40,6 +40,11 @@ int data_path_open(const char *data_dir, const char *field, const char *given, s
 ddpd_err data_path_resolve(const char *data_dir, const char *field, const char *given, char *out, size_t cap,
                            struct ddpd_error *err);
 
+/* Samples of the data set as spec_memory_estimate counts them: the whole set, or with
+ * dataset_rank_file this rank's own {rank} file. */
+int64_t dataset_rows(const struct dataset *ds);
+bool dataset_rank_file(const struct dataset *ds);
+
 /* Samples in this rank's shard, and batches per epoch (ceil, or floor with drop_last). */
 int64_t dataset_shard_size(const struct dataset *ds);
 int64_t dataset_batches(const struct dataset *ds);
@@ -50,6 +55,15 @@ int64_t dataset_batches(const struct dataset *ds);
  * DDPD_ENOTFOUND when they can only be known by the ranks ({rank} files). */
 ddpd_err dataset_batch_counts(const struct spec *spec, const char *data_dir, int world_size,
                               int64_t *out, struct ddpd_error *err);
+
+/* What the planner checks before a job is accepted: the rows of the whole data set
+ * (synthetic: the spec's; files: their headers) and, reading every value, that class
+ * ids are in range (.npy label files up to 1 GiB; the ranks check larger ones) and CSV
+ * cells are numbers. *file_bytes is the size of a file a rank
+ * reads whole while loading (CSV), else 0. DDPD_ENOTFOUND for {rank} files (only the
+ * ranks see them); else the error a rank would die of, naming the file and the row. */
+ddpd_err dataset_check(const struct spec *spec, const char *data_dir, int world_size, int64_t *rows,
+                       int64_t *file_bytes, struct ddpd_error *err);
 
 /* Fixes the sample order of `epoch`: when shuffling, a permutation of the whole data set
  * drawn from (data.seed, epoch) — the same on every rank, like DistributedSampler with

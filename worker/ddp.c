@@ -199,8 +199,11 @@ static ddpd_err build_buckets(struct ddp *d, struct ddpd_error *err)
     d->live = d->dev.ops->alloc(d->dev.ctx, sizeof(float));
     rc = d->zeros && d->live ? DDPD_OK : DDPD_ENOMEM;
 out:
-    if (rc)
-        ddpd_error_set(err, rc, "", "out of memory allocating gradient buckets");
+    if (rc) /* a rank out of memory: exit 4 naming the tensor and its size */
+        rc = ddpd_error_set(err, DDPD_EDEVICE, "model",
+                            "out of memory: cannot allocate the DDP gradient buckets (%" PRId64
+                            " floats, %.1f MiB)",
+                            model_numel(d->m), (double)model_numel(d->m) * sizeof(float) / (1 << 20));
     free(bytes);
     free(order);
     free(bucket_of);

@@ -2,6 +2,7 @@
  * everything, runs, and maps failures to the documented exit codes. Thin on purpose:
  * the logic lives in train.c and the modules it calls. */
 #include <errno.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <poll.h>
 #include <signal.h>
@@ -11,11 +12,14 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "../schema/event.h"
 #include "../schema/spec.h"
 #include "dev.h"
 #include "comm.h"
 #include "data.h"
 #include "emit.h"
+#include "nn.h"
+#include "safetensors.h"
 #include "train.h"
 
 #define STDIN_MAX (4 * 1024 * 1024)
@@ -56,8 +60,10 @@ static void usage(FILE *f)
           "       ddpd-worker --devices     print the visible CUDA devices as JSON\n"
           "       ddpd-worker --issue-id cpu|nccl  print a rendezvous id and serve its root until\n"
           "                                 stdin closes\n"
-          "       ddpd-worker --plan        read {spec, data_dir, world_size} on stdin, print every\n"
-          "                                 rank's batches per epoch ({\"batches\": [...]} or null)\n"
+          "       ddpd-worker --plan        read {spec, data_dir, world_size[, max_rank_memory]} lines on\n"
+          "                                 stdin; check the data, init.from and the memory a rank\n"
+          "                                 needs; print every rank's batches per epoch\n"
+          "                                 ({\"batches\": [...]} or null) or an error event\n"
           "       ddpd-worker --version\n"
           "ddpd-worker is started by ddpd (`ddpd serve` or `ddpd run`), not by hand.\n",
           f);
@@ -145,38 +151,138 @@ static int get_int(json_t *doc, const char *key, json_int_t lo, json_int_t hi, j
     return 0;
 }
 
-/* One plan request: the line's document {spec, data_dir, world_size} -> every rank's
- * batches per epoch (null when only the ranks can tell), or an `error` event. */
+/* init.from against the model, from the file's header alone: every parameter there with
+ * its shape, nothing else (what ckpt_load_weights would refuse in every rank). */
+static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, struct ddpd_error *err)
+{
+    char path[4096];
+    struct param params[2 * SPEC_MAX_LAYERS];
+    struct st_file *f = NULL;
+    ddpd_err rc = data_path_resolve(data_dir, "init.from", spec->init_from, path, sizeof path, err);
+    if (rc)
+        return rc;
+    int np = model_spec_params(spec, params);
+    if (np < 0)
+        return ddpd_error_set(err, DDPD_ENOMEM, "init.from", "out of memory checking init.from");
+    if (!(f = st_read_header(path, err))) {
+        /* Name the field and the file as the spec gives it, not the server's path. */
+        char msg[sizeof err->message];
+        const char *rest = strstr(err->message, ": ");
+        snprintf(msg, sizeof msg, "%s", rest ? rest + 2 : err->message);
+        return ddpd_error_set(err, DDPD_ESPEC, "init.from", "init.from: %s: %s", spec->init_from, msg);
+    }
+    rc = DDPD_OK;
+    for (int i = 0; i < np && !rc; i++) {
+        const struct param *p = &params[i];
+        const struct st_tensor *t = st_get(f, p->name);
+        char want[64], got[96];
+        snprintf(want, sizeof want, p->ndim == 2 ? "[%" PRId64 ", %" PRId64 "]" : "[%" PRId64 "]",
+                 p->shape[0], p->shape[1]);
+        if (!t) {
+            rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
+                                "init.from: %s has no tensor \"%s\" (the model's %s %s of model[%d])",
+                                spec->init_from, p->name, p->ndim == 2 ? "weight" : "bias", want, p->layer);
+            break;
+        }
+        bool same = t->ndim == p->ndim;
+        for (int d = 0; same && d < p->ndim; d++)
+            same = t->shape[d] == p->shape[d];
+        if (same)
+            continue;
+        size_t o = (size_t)snprintf(got, sizeof got, "[");
+        for (int d = 0; d < t->ndim && o < sizeof got; d++)
+            o += (size_t)snprintf(got + o, sizeof got - o, d ? ", %" PRId64 : "%" PRId64, t->shape[d]);
+        if (o < sizeof got)
+            snprintf(got + o, sizeof got - o, "]");
+        rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
+                            "init.from: %s: tensor \"%s\" has shape %s but model[%d]'s is %s",
+                            spec->init_from, p->name, got, p->layer, want);
+    }
+    for (int i = 0; i < st_count(f) && !rc; i++) {
+        const char *name = st_at(f, i)->name;
+        bool known = false;
+        for (int j = 0; j < np && !known; j++)
+            known = strcmp(params[j].name, name) == 0;
+        if (!known)
+            rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
+                                "init.from: %s: tensor \"%.100s\" is not a parameter of this model",
+                                spec->init_from, name);
+    }
+    st_free(f);
+    return rc;
+}
+
+/* Writes an `error` event for a failed plan, with the error's JSON path as "path" when
+ * it is a spec field (DDPD_ESPEC), so the server answers 422 at that path. */
+static void plan_error(const struct ddpd_error *err)
+{
+    struct event ev;
+    char line[EVENT_LINE_MAX + 300];
+    memset(&ev, 0, sizeof ev);
+    ev.kind = EVENT_ERROR;
+    snprintf(ev.error_kind, sizeof ev.error_kind, "%s", emit_error_kind(err->code));
+    snprintf(ev.message, sizeof ev.message, "%s", err->message);
+    ev.ts = emit_now();
+    int n = event_encode(&ev, line, EVENT_LINE_MAX);
+    if (n < 2) {
+        emit_error(err);
+        return;
+    }
+    bool plain = err->code == DDPD_ESPEC && err->path[0];
+    for (const char *c = err->path; plain && *c; c++)
+        plain = *c > 0x20 && *c < 0x7f && *c != '"' && *c != '\\';
+    if (plain && line[n - 1] == '}')
+        snprintf(line + n - 1, sizeof line - (size_t)(n - 1), ",\"path\":\"%s\"}", err->path);
+    puts(line);
+}
+
+/* One plan request: the line's document {spec, data_dir, world_size, max_rank_memory}
+ * -> every rank's batches per epoch (null when only the ranks can tell), or an `error`
+ * event. Checks what a rank would otherwise find after the job was accepted: the data's
+ * values, init.from's shapes, and the memory a rank needs against max_rank_memory. */
 static void plan_one(const char *line, size_t len)
 {
     struct ddpd_error err;
     ddpd_error_clear(&err);
     json_error_t jerr;
     json_t *doc = json_loadb(line, len, 0, &jerr);
-    json_int_t world;
+    json_int_t world, limit = 0;
     const char *data_dir;
     struct spec spec;
-    int64_t counts[SPEC_MAX_WORLD];
+    int64_t rows = 0, file_bytes = 0;
     ddpd_err rc = DDPD_ESPEC;
     if (!json_is_object(doc))
         ddpd_error_set(&err, DDPD_ESPEC, "stdin", "the plan document is not a JSON object: %s", jerr.text);
     else if (!get_int(doc, "world_size", 1, SPEC_MAX_WORLD, &world, &err) &&
              !get_str(doc, "data_dir", &data_dir, &err) &&
+             (!json_object_get(doc, "max_rank_memory") ||
+              !get_int(doc, "max_rank_memory", 0, INT64_MAX, &limit, &err)) &&
              spec_from_json(json_object_get(doc, "spec"), NULL, &spec, &err) == DDPD_OK)
-        rc = dataset_batch_counts(&spec, data_dir ? data_dir : ".", (int)world, counts, &err);
-    if (rc == DDPD_ENOTFOUND) {
+        rc = dataset_check(&spec, data_dir ? data_dir : ".", (int)world, &rows, &file_bytes, &err);
+    bool known = rc == DDPD_OK;
+    if (rc == DDPD_ENOTFOUND) /* {rank} files: the model and one-row batches at least */
+        rc = DDPD_OK;
+    if (rc == DDPD_OK) {
+        struct spec_memory mem;
+        spec_memory_estimate(&spec, rows, !known, file_bytes, &mem);
+        rc = spec_memory_check(&spec, &mem, limit, "the server's --max-rank-memory", DDPD_ESPEC, &err);
+    }
+    if (rc == DDPD_OK && spec.init_from[0])
+        rc = plan_init_from(&spec, data_dir ? data_dir : ".", &err);
+    if (rc == DDPD_OK && !known) {
         puts("{\"batches\":null}");
     } else if (rc == DDPD_OK) {
         json_t *out = json_array();
         for (int r = 0; r < world; r++)
-            json_array_append_new(out, json_integer(counts[r]));
+            json_array_append_new(out, json_integer(spec_batches(spec_shard_rows(rows, r, (int)world),
+                                                                 spec.batch_size, spec.data.drop_last)));
         json_t *res = json_pack("{s:o}", "batches", out);
         char *text = json_dumps(res, JSON_COMPACT);
         puts(text ? text : "{\"batches\":null}");
         free(text);
         json_decref(res);
     } else {
-        emit_error(&err);
+        plan_error(&err);
     }
     json_decref(doc);
     fflush(stdout);
@@ -408,7 +514,14 @@ int main(int argc, char **argv)
         group = comm;
     }
 
+    /* The server's --max-rank-memory, when it sends one (CONTRACT.md §5's document may
+     * carry it); 0 leaves this machine's memory as the only limit. */
+    json_int_t max_rank_memory = 0;
+    if (json_object_get(doc, "max_rank_memory") &&
+        get_int(doc, "max_rank_memory", 0, INT64_MAX, &max_rank_memory, &err))
+        emit_die(&err);
     struct train_config cfg = {
+        .max_rank_memory = max_rank_memory,
         .spec = &spec,
         .rank = (int)rank,
         .world_size = (int)world,

@@ -5,6 +5,7 @@
  * reports, through a callback, each parameter whose gradient is complete. */
 #include "nn.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,20 +79,48 @@ static void init_params(struct model *m, uint64_t seed, float *host)
     }
 }
 
+/* Allocates `n` floats on the device for `what`; a count whose bytes do not fit, or an
+ * allocation that fails, is DDPD_EDEVICE (exit 4) naming the tensor and the bytes. */
+static float *alloc_floats(struct dev dev, int64_t n, const char *what, struct ddpd_error *err)
+{
+    int64_t bytes;
+    float *p = NULL;
+    if (n < 1)
+        n = 1;
+    if (!__builtin_mul_overflow(n, (int64_t)sizeof(float), &bytes) && (uint64_t)bytes <= SIZE_MAX)
+        p = dev.ops->alloc(dev.ctx, (size_t)bytes);
+    if (!p)
+        ddpd_error_set(err, DDPD_EDEVICE, "model",
+                       "out of memory: cannot allocate the %s (%" PRId64 " floats, %.0f bytes, %.1f MiB)",
+                       what, n, (double)n * sizeof(float), (double)n * sizeof(float) / (1 << 20));
+    return p;
+}
+
 struct model *model_new(struct dev dev, const struct spec *spec, int64_t max_batch)
+{
+    return model_new_err(dev, spec, max_batch, NULL);
+}
+
+struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max_batch,
+                            struct ddpd_error *err)
 {
     const struct dev_ops *ops = dev.ops;
     struct model *m = calloc(1, sizeof *m);
     float *host = NULL;
-    if (!m)
+    if (!m) {
+        ddpd_error_set(err, DDPD_EDEVICE, "model", "out of memory: cannot allocate the model");
         return NULL;
+    }
     NN_ASSERT(spec->n_layers >= 0 && spec->n_layers <= SPEC_MAX_LAYERS);
     m->dev = dev;
     m->n_layers = spec->n_layers;
     m->max_batch = max_batch > 0 ? max_batch : 1;
     m->first_linear = spec->n_layers;
 
-    int64_t acts = 0, width = 1;
+    /* Every size here comes from the spec: checked, so that a batch or a width near the
+     * caps is an allocation that fails, never a product that wraps into a small buffer. */
+    int64_t acts = 0, width = 1, acts_n, scratch_n;
+    bool over = false;
     for (int i = 0; i < spec->n_layers; i++) {
         const struct spec_layer *sl = &spec->layers[i];
         struct layer *l = &m->layers[i];
@@ -109,22 +138,37 @@ struct model *model_new(struct dev dev, const struct spec *spec, int64_t max_bat
                 add_param(m, i, "bias", 1, sl->out, 0);
             }
         }
-        acts += sl->out;
+        over |= __builtin_add_overflow(acts, sl->out, &acts);
         width = sl->in > width ? sl->in : width;
         width = sl->out > width ? sl->out : width;
     }
     for (int i = 0; i < m->n_params; i++)
-        m->numel += m->params[i].numel;
+        over |= m->params[i].numel < 0 || __builtin_add_overflow(m->numel, m->params[i].numel, &m->numel);
+    over |= __builtin_mul_overflow(m->max_batch, acts ? acts : 1, &acts_n);
+    over |= __builtin_mul_overflow(m->max_batch, width, &scratch_n);
+    if (over) {
+        ddpd_error_set(err, DDPD_EDEVICE, "model",
+                       "out of memory: the model's tensors for micro-batches of %" PRId64
+                       " rows are larger than any memory",
+                       m->max_batch);
+        goto fail;
+    }
 
     const size_t fsz = sizeof(float);
-    m->data = ops->alloc(dev.ctx, (size_t)(m->numel ? m->numel : 1) * fsz);
-    m->grads = ops->alloc(dev.ctx, (size_t)(m->numel ? m->numel : 1) * fsz);
-    m->acts = ops->alloc(dev.ctx, (size_t)(m->max_batch * (acts ? acts : 1)) * fsz);
-    m->scratch[0] = ops->alloc(dev.ctx, (size_t)(m->max_batch * width) * fsz);
-    m->scratch[1] = ops->alloc(dev.ctx, (size_t)(m->max_batch * width) * fsz);
-    host = malloc((size_t)(m->numel ? m->numel : 1) * fsz);
-    if (!m->data || !m->grads || !m->acts || !m->scratch[0] || !m->scratch[1] || !host)
+    if (!(m->data = alloc_floats(dev, m->numel, "parameters", err)) ||
+        !(m->grads = alloc_floats(dev, m->numel, "gradients", err)) ||
+        !(m->acts = alloc_floats(dev, acts_n, "activations", err)) ||
+        !(m->scratch[0] = alloc_floats(dev, scratch_n, "backward scratch", err)) ||
+        !(m->scratch[1] = alloc_floats(dev, scratch_n, "backward scratch", err)))
         goto fail;
+    host = malloc((size_t)(m->numel ? m->numel : 1) * fsz);
+    if (!host) {
+        ddpd_error_set(err, DDPD_EDEVICE, "model",
+                       "out of memory: cannot allocate the host copy of the parameters (%" PRId64
+                       " floats, %.1f MiB)",
+                       m->numel, (double)m->numel * fsz / (1 << 20));
+        goto fail;
+    }
 
     int64_t off = 0;
     for (int i = 0; i < m->n_params; i++) {
@@ -146,6 +190,26 @@ fail:
     free(host);
     model_free(m);
     return NULL;
+}
+
+int model_spec_params(const struct spec *spec, struct param *out)
+{
+    struct model *m = calloc(1, sizeof *m);
+    if (!m)
+        return -1;
+    NN_ASSERT(spec->n_layers >= 0 && spec->n_layers <= SPEC_MAX_LAYERS);
+    for (int i = 0; i < spec->n_layers; i++) {
+        const struct spec_layer *sl = &spec->layers[i];
+        if (sl->kind != LAYER_LINEAR)
+            continue;
+        add_param(m, i, "weight", 2, sl->out, sl->in);
+        if (sl->bias)
+            add_param(m, i, "bias", 1, sl->out, 0);
+    }
+    int n = m->n_params;
+    memcpy(out, m->params, (size_t)n * sizeof *out);
+    free(m);
+    return n;
 }
 
 void model_free(struct model *m)

@@ -30,7 +30,17 @@ struct model;
  * ±1/sqrt(in) for weight and bias) drawn from spec->init_seed. Gradients start zero.
  * Returns NULL only on out of memory. */
 struct model *model_new(struct dev dev, const struct spec *spec, int64_t max_batch);
+/* The same, saying why it failed: DDPD_EDEVICE (a rank's exit 4) naming the tensor that
+ * could not be allocated and its size. Sizes are checked: a max_batch or a width near
+ * the caps fails here instead of wrapping into a small buffer. `err` may be NULL. */
+struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max_batch,
+                            struct ddpd_error *err);
 void model_free(struct model *m);
+
+/* The parameters model_new would make for `spec` (names, shapes, numel; data and grad
+ * NULL), without allocating them: out[] has room for 2 * SPEC_MAX_LAYERS. Returns their
+ * count, or -1 when memory ran out. */
+int model_spec_params(const struct spec *spec, struct param *out);
 
 struct dev model_dev(const struct model *m);           /* the backend it lives on */
 int model_param_count(const struct model *m);       /* tensors */

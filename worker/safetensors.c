@@ -442,12 +442,25 @@ static ddpd_err check_layout(const char *path, const struct st_file *f, const st
     return DDPD_OK;
 }
 
+static struct st_file *read_file(int fd_in, const char *path, bool values, struct ddpd_error *err);
+
 struct st_file *st_read(const char *path, struct ddpd_error *err)
 {
     return st_read_fd(open(path, O_RDONLY | O_CLOEXEC), path, err);
 }
 
+struct st_file *st_read_header(const char *path, struct ddpd_error *err)
+{
+    return read_file(open(path, O_RDONLY | O_CLOEXEC), path, false, err);
+}
+
 struct st_file *st_read_fd(int fd_in, const char *path, struct ddpd_error *err)
+{
+    return read_file(fd_in, path, true, err);
+}
+
+/* Steals fd_in (-1: the open failed, with errno). */
+static struct st_file *read_file(int fd_in, const char *path, bool values, struct ddpd_error *err)
 {
     int open_errno = errno;
     struct st_file *f = NULL;
@@ -557,6 +570,8 @@ struct st_file *st_read_fd(int fd_in, const char *path, struct ddpd_error *err)
     if ((rc = check_layout(path, f, e, f->n, data_len, err)))
         goto out;
 
+    if (!values)
+        goto out;
     /* Every element is at least 2 bytes, so the floats fit in twice the data section. */
     int64_t total = 0;
     for (int i = 0; i < f->n; i++)

@@ -40,6 +40,10 @@ struct st_file *st_read(const char *path, struct ddpd_error *err);
 /* The same from an open descriptor (steals `fd`, closed in every case; -1 = the open
  * failed with errno); `path` names it in errors. */
 struct st_file *st_read_fd(int fd, const char *path, struct ddpd_error *err);
+
+/* The same checks without reading the values: names, shapes and layout only (every
+ * tensor's data is NULL). For a check before a job starts (ddpd-worker --plan). */
+struct st_file *st_read_header(const char *path, struct ddpd_error *err);
 void st_free(struct st_file *f);
 int st_count(const struct st_file *f);
 const struct st_tensor *st_at(const struct st_file *f, int i);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../schema/jobdir.h"
 #include "checkpoint.h"
@@ -27,7 +28,41 @@
 
 int64_t train_steps_per_epoch(int64_t batches, int64_t grad_accum)
 {
-    return (batches + grad_accum - 1) / grad_accum;
+    /* Not (batches + grad_accum - 1) / grad_accum: grad_accum may be near INT64_MAX. */
+    return batches / grad_accum + (batches % grad_accum != 0);
+}
+
+/* Room for `n` elements of `size` bytes for the tensor `what` (device memory with `dev`,
+ * else host memory). The byte count is checked, never wrapped; NULL with DDPD_EDEVICE
+ * (exit 4) in `err`, naming the tensor and the bytes, when it cannot be had. */
+static void *alloc_tensor(const struct dev *dev, int64_t n, size_t size, const char *what,
+                          struct ddpd_error *err)
+{
+    int64_t bytes;
+    void *p = NULL;
+    if (n < 1)
+        n = 1;
+    if (!__builtin_mul_overflow(n, (int64_t)size, &bytes) && (uint64_t)bytes <= SIZE_MAX)
+        p = dev ? dev->ops->alloc(dev->ctx, (size_t)bytes) : malloc((size_t)bytes);
+    if (!p)
+        ddpd_error_set(err, DDPD_EDEVICE, "batch_size",
+                       "out of memory: cannot allocate the %s (%" PRId64 " x %zu bytes, %.1f MiB)", what, n,
+                       size, (double)n * (double)size / (1 << 20));
+    return p;
+}
+
+/* Where a rank's memory must fit: the server's --max-rank-memory (the job document's
+ * max_rank_memory, 0 = none) and this machine's memory; the smaller one and its name. */
+static int64_t memory_limit(const struct train_config *cfg, const char **name)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    int64_t phys = pages > 0 && page > 0 && pages <= INT64_MAX / page ? (int64_t)pages * page : 0;
+    *name = "this machine's memory";
+    if (cfg->max_rank_memory > 0 && (phys <= 0 || cfg->max_rank_memory <= phys)) {
+        *name = "the server's --max-rank-memory";
+        return cfg->max_rank_memory;
+    }
+    return phys;
 }
 
 static ddpd_err mkdir_p(const char *path, struct ddpd_error *err)
@@ -62,6 +97,24 @@ static void emit_checkpoint(int rank, int64_t step, const char *dir)
     if (snprintf(ev.path, sizeof ev.path, "%s/model.safetensors", dir) >= (int)sizeof ev.path)
         ev.path[0] = '\0'; /* a path that long is refused earlier by the writer */
     emit_event(&ev);
+}
+
+/* The memory estimate of this rank for a data set of `rows` (its own with rank_file)
+ * against memory_limit: DDPD_EDEVICE naming the largest part's field and the rank. */
+static ddpd_err check_memory(const struct train_config *cfg, int64_t rows, bool rank_file,
+                             struct spec_memory *mem, struct ddpd_error *err)
+{
+    const char *limit_name;
+    const int64_t limit = memory_limit(cfg, &limit_name);
+    spec_memory_estimate(cfg->spec, rows, rank_file, 0, mem);
+    ddpd_err rc = spec_memory_check(cfg->spec, mem, limit, limit_name, DDPD_EDEVICE, err);
+    if (rc) {
+        char msg[sizeof err->message], path[sizeof err->path];
+        snprintf(msg, sizeof msg, "%s", err->message);
+        snprintf(path, sizeof path, "%s", err->path);
+        ddpd_error_set(err, rc, path, "%s: rank %d: %s", path, cfg->rank, msg);
+    }
+    return rc;
 }
 
 /* Everything one rank trains with. */
@@ -118,7 +171,11 @@ static ddpd_err agree_on_batches(struct run *r, struct ddpd_error *err)
                               " samples on rank %d, drop_last %s)",
                               s->batch_size, cfg->world_size > 1 ? "any rank's shard" : "the data set",
                               dataset_shard_size(r->ds), cfg->rank, s->data.drop_last ? "on" : "off");
-    r->total = s->steps ? s->steps : s->epochs * train_steps_per_epoch(r->max_nb, s->grad_accum);
+    /* Saturated: epochs near INT64_MAX is a job that runs until it is cancelled. */
+    if (s->steps)
+        r->total = s->steps;
+    else if (__builtin_mul_overflow(s->epochs, train_steps_per_epoch(r->max_nb, s->grad_accum), &r->total))
+        r->total = INT64_MAX;
     return DDPD_OK;
 }
 
@@ -377,35 +434,59 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
 {
     const struct train_config *cfg = r->cfg;
     const struct spec *s = r->s;
-    const int64_t bs = s->batch_size;
     ddpd_err rc;
 
+    /* This rank's memory before anything large is allocated: a job that cannot fit ends
+     * here with the sizes (exit 4), not in the OOM killer. Synthetic data is sized by the
+     * spec, so it is checked before it is generated; files once their rows are known. */
+    struct spec_memory mem;
+    if (s->data.kind == DATA_SYNTHETIC && (rc = check_memory(cfg, s->data.samples, false, &mem, err)))
+        return rc;
     r->ds = dataset_open(s, cfg->data_dir, cfg->rank, cfg->world_size, err);
     if (!r->ds)
         return err ? err->code : DDPD_EDATA;
     r->nb = dataset_batches(r->ds);
     r->in = spec_in_width(s);
     r->out = spec_out_width(s);
+    if ((rc = check_memory(cfg, dataset_rows(r->ds), dataset_rank_file(r->ds), &mem, err)))
+        return rc;
+    const char *limit_name;
+    const int64_t limit = memory_limit(cfg, &limit_name);
+    emit_log("memory: about %.1f MiB on the host and %.1f MiB on the device (limit %.1f MiB, %s); "
+             "micro-batches of at most %" PRId64 " rows",
+             (double)mem.host / (1 << 20), (double)mem.device / (1 << 20), (double)limit / (1 << 20),
+             limit_name, mem.rows);
 
-    r->m = model_new(r->dev, s, bs);
-    r->o = r->m ? optim_new(&s->optim, r->m) : NULL;
-    r->hx = malloc((size_t)(bs * r->in) * sizeof(float));
-    r->hy = malloc((size_t)(bs * r->out) * sizeof(float));
-    r->hl = malloc((size_t)bs * sizeof(int32_t));
-    const struct dev_ops *ops = r->dev.ops;
-    r->x = ops->alloc(r->dev.ctx, (size_t)(bs * r->in) * sizeof(float));
-    r->y = ops->alloc(r->dev.ctx, (size_t)(bs * r->out) * sizeof(float));
-    r->labels = ops->alloc(r->dev.ctx, (size_t)bs * sizeof(int32_t));
-    r->dpred = ops->alloc(r->dev.ctx, (size_t)(bs * r->out) * sizeof(float));
+    /* A micro-batch is at most the shard: batch_size alone (which may be near INT64_MAX
+     * on a small data set) sizes nothing. */
+    const int64_t rows = spec_batch_rows(s, dataset_shard_size(r->ds));
+    int64_t rows_in, rows_out;
+    if (__builtin_mul_overflow(rows, r->in, &rows_in) || __builtin_mul_overflow(rows, r->out, &rows_out))
+        return ddpd_error_set(err, DDPD_EDEVICE, "batch_size",
+                              "batch_size: micro-batches of %" PRId64 " rows are larger than any memory",
+                              rows);
+    r->m = model_new_err(r->dev, s, rows, err);
+    if (!r->m)
+        return err ? err->code : DDPD_EDEVICE;
+    r->o = optim_new(&s->optim, r->m);
+    if (!r->o)
+        return ddpd_error_set(err, DDPD_EDEVICE, "optimizer",
+                              "out of memory: cannot allocate the optimizer state (%.1f MiB)",
+                              (double)mem.optim / (1 << 20));
+    const struct dev *dv = &r->dev;
     /* A step has at most min(grad_accum, batches) micro-batches. */
     const int64_t kmax = s->grad_accum < r->nb ? s->grad_accum : r->nb > 0 ? r->nb : 1;
-    r->dloss = ops->alloc(r->dev.ctx, (size_t)kmax * sizeof(float));
-    r->hloss = malloc((size_t)kmax * sizeof(float));
-    r->hcheck = malloc((size_t)kmax * sizeof(float));
-    if (!r->m || !r->o || !r->hx || !r->hy || !r->hl || !r->x || !r->y || !r->labels || !r->dpred ||
-        !r->dloss || !r->hloss || !r->hcheck)
-        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory building the model for batch %" PRId64,
-                              bs);
+    if (!(r->hx = alloc_tensor(NULL, rows_in, sizeof(float), "batch inputs (host)", err)) ||
+        !(r->hy = alloc_tensor(NULL, rows_out, sizeof(float), "batch targets (host)", err)) ||
+        !(r->hl = alloc_tensor(NULL, rows, sizeof(int32_t), "batch labels (host)", err)) ||
+        !(r->x = alloc_tensor(dv, rows_in, sizeof(float), "batch inputs", err)) ||
+        !(r->y = alloc_tensor(dv, rows_out, sizeof(float), "batch targets", err)) ||
+        !(r->labels = alloc_tensor(dv, rows, sizeof(int32_t), "batch labels", err)) ||
+        !(r->dpred = alloc_tensor(dv, rows_out, sizeof(float), "loss gradient", err)) ||
+        !(r->dloss = alloc_tensor(dv, kmax, sizeof(float), "micro-batch losses", err)) ||
+        !(r->hloss = alloc_tensor(NULL, kmax, sizeof(float), "micro-batch losses (host)", err)) ||
+        !(r->hcheck = alloc_tensor(NULL, kmax, sizeof(float), "micro-batch losses (on_nonfinite)", err)))
+        return DDPD_EDEVICE;
 
     memset(pos, 0, sizeof *pos);
     if (cfg->resume) {
@@ -473,7 +554,9 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
         *cfg->in_loop = 1;
     while (pos.step < r.total) {
         dataset_set_epoch(r.ds, pos.epoch);
-        int64_t b = pos.epoch_step * k < r.nb ? pos.epoch_step * k : r.nb;
+        int64_t b;
+        if (__builtin_mul_overflow(pos.epoch_step, k, &b) || b > r.nb)
+            b = r.nb; /* grad_accum may be near INT64_MAX */
 
         /* This rank's steps of the epoch. */
         while (pos.step < r.total && b < r.nb) {

@@ -25,6 +25,8 @@ struct train_config {
                                      * that the SIGTERM handler may end the process */
     struct comm *comm;       /* the group, NULL for a single rank without DDP */
     struct dev dev;          /* the compute backend (borrowed); {NULL} = CPU, one thread */
+    int64_t max_rank_memory; /* bytes a rank may use (the server's --max-rank-memory), 0 = no
+                              * limit but this machine's memory */
 };
 
 /* Runs the job to the end. Emits start, loss, checkpoint and done events (emit.h).

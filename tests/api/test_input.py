@@ -445,3 +445,171 @@ def test_fifo_data_file_is_refused_at_submit_and_in_the_worker(server):
                                                               "y": "fy_{rank}.npy"}))["id"]
     j = server.wait_state(jid, ("failed", "succeeded", "cancelled"), timeout=60)
     assert j["state"] == "failed" and "FIFO" in (j["error"] or ""), j
+# ---------------------------------------------------------------------------------------
+# sizes from the spec, memory, and what can be checked at submit (issue 15, items 1, 9, 16)
+
+
+def st_bytes(tensors):
+    """A safetensors file of float32 arrays (name -> array)."""
+    import json as _json
+    import struct as _struct
+    import numpy as np
+    hdr, off, blobs = {}, 0, []
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name], dtype="<f4")
+        hdr[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+        blobs.append(a.tobytes())
+    h = _json.dumps(hdr).encode()
+    h += b" " * (-len(h) % 8)
+    return _struct.pack("<Q", len(h)) + h + b"".join(blobs)
+
+
+@pytest.mark.parametrize("batch_size,samples", [
+    (4611686018427387904, 100),   # the report's: (bs * in) * 4 wrapped to a 1-byte buffer
+    (9223372036854775807, 9223372036854775807),  # spec_batches overflowed
+    (1_000_000_000, 300),         # a batch is at most the shard: no 4 GiB buffer
+])
+def test_batch_size_beyond_the_data_runs(server, batch_size, samples):
+    steps = {"steps": 2, "epochs": None} if samples > 10**6 else {}
+    spec = seed_spec(batch_size=batch_size, data={"type": "synthetic", "samples": samples, "seed": 1}, **steps)
+    if samples > 10**6:
+        e = err_of(server.post("/v1/jobs", json=spec), 422)  # no rank can hold that batch or data
+        assert e["path"] in ("batch_size", "data.samples") and "--max-rank-memory" in e["message"], e
+        assert "EiB" in e["message"], e
+        return
+    j = server.submit(spec)
+    assert server.wait_state(j["id"], ("succeeded",), timeout=60), server.job(j["id"])
+    ev = server.get(f"/v1/jobs/{j['id']}/events?format=ndjson").text
+    assert '"batches":1' in ev, ev[:2000]
+
+
+@pytest.mark.parametrize("model,path", [
+    ([{"type": "linear", "in": 1048576, "out": 1048576}], "model"),  # 4 TiB of weights
+    ([{"type": "linear", "in": 30000, "out": 30000}, {"type": "relu"},
+      {"type": "linear", "in": 30000, "out": 5}], "model"),
+])
+def test_model_that_cannot_fit_is_422_naming_sizes_and_limit(make_server, model, path):
+    import numpy as np
+    srv = make_server(cpu_slots=2, extra=["--max-rank-memory", "2G"])
+    np.save(srv.data_dir / "x.npy", np.zeros((2, model[0]["in"]), np.float32))
+    np.save(srv.data_dir / "y.npy", np.zeros((2, model[-1]["out"]), np.float32))
+    spec = seed_spec(model=model, data={"type": "npy", "x": "x.npy", "y": "y.npy"})
+    e = err_of(srv.post("/v1/jobs", json=spec), 422)
+    assert e["path"] == path, e
+    m = e["message"]
+    assert "the job needs about" in m and "parameters" in m and "limit of 2.0 GiB per rank" in m, m
+    assert "--max-rank-memory" in m, m
+    assert no_jobs(srv)
+
+
+def test_memory_limit_with_data_files_goes_through_the_planner(make_server):
+    """npy data: the planner knows the rows; a batch that fills 64 MiB is refused at
+    batch_size, the same job with small batches at data, a smaller one runs."""
+    import numpy as np
+    srv = make_server(cpu_slots=2, extra=["--max-rank-memory", "64M"])
+    np.save(srv.data_dir / "x.npy", np.zeros((200000, 10), np.float32))  # 8 MB
+    np.save(srv.data_dir / "y.npy", np.zeros((200000, 5), np.float32))
+    data = {"type": "npy", "x": "x.npy", "y": "y.npy"}
+    model = [{"type": "linear", "in": 10, "out": 4096}, {"type": "relu"}, {"type": "linear", "in": 4096, "out": 5}]
+    e = err_of(srv.post("/v1/jobs", json=seed_spec(model=model, data=data, batch_size=200000)), 422)
+    assert e["path"] == "batch_size", e
+    assert "micro-batches of 200000 rows" in e["message"] and "64.0 MiB" in e["message"], e
+    np.save(srv.data_dir / "xb.npy", np.zeros((2_000_000, 10), np.float32))  # 80 MB
+    np.save(srv.data_dir / "yb.npy", np.zeros((2_000_000, 5), np.float32))
+    e = err_of(srv.post("/v1/jobs", json=seed_spec(data={"type": "npy", "x": "xb.npy", "y": "yb.npy"})), 422)
+    assert e["path"] == "data", e
+    assert no_jobs(srv)
+    j = srv.submit(seed_spec(data=data, batch_size=1000, log_every=50))
+    assert srv.wait_state(j["id"], ("succeeded",), timeout=60), srv.job(j["id"])
+
+
+def test_synthetic_model_over_the_teachers_cap_is_422(server):
+    e = err_of(server.post("/v1/jobs", json=seed_spec(model=[{"type": "linear", "in": 30000, "out": 30000},
+                                                              {"type": "relu"},
+                                                              {"type": "linear", "in": 30000, "out": 5}])), 422)
+    assert e["path"] == "data.type" and "268435456" in e["message"] and "900150000" in e["message"], e
+    assert no_jobs(server)
+
+
+def test_rank_in_x_but_not_y_is_422(server):
+    import numpy as np
+    for r in range(2):
+        np.save(server.data_dir / f"x{r}.npy", np.zeros((4, 10), np.float32))
+    np.save(server.data_dir / "y.npy", np.zeros((4, 5), np.float32))
+    e = err_of(server.post("/v1/jobs", json=seed_spec(world_size=2, data={"type": "npy", "x": "x{rank}.npy",
+                                                                             "y": "y.npy"})), 422)
+    assert e["path"] == "data.y" and "{rank}" in e["message"], e
+    e = err_of(server.post("/v1/jobs", json=seed_spec(data={"type": "npy", "x": "x0.npy", "y": "y{rank}.npy"})),
+               422)
+    assert e["path"] == "data.x", e
+    assert no_jobs(server)
+
+
+@pytest.mark.parametrize("tensors,words", [
+    ({"0.weight": (5, 11), "0.bias": (5,)}, ['"0.weight"', "[5, 11]", "[5, 10]"]),   # wrong shape
+    ({"0.weight": (5, 10)}, ['"0.bias"', "no tensor"]),                              # missing
+    ({"0.weight": (5, 10), "0.bias": (5,), "2.weight": (3, 5)}, ['"2.weight"', "not a parameter"]),
+    ({"0.weight": (5, 10), "0.bias": (4,)}, ['"0.bias"', "[4]", "[5]"]),
+])
+@pytest.mark.parametrize("synthetic", [True, False])
+def test_init_from_that_does_not_fit_the_model_is_422(server, tensors, words, synthetic):
+    import numpy as np
+    (server.data_dir / "w.safetensors").write_bytes(
+        st_bytes({k: np.zeros(v, np.float32) for k, v in tensors.items()}))
+    spec = seed_spec(init={"from": "w.safetensors"})
+    if not synthetic:
+        np.save(server.data_dir / "x.npy", np.zeros((6, 10), np.float32))
+        np.save(server.data_dir / "y.npy", np.zeros((6, 5), np.float32))
+        spec["data"] = {"type": "npy", "x": "x.npy", "y": "y.npy"}
+    e = err_of(server.post("/v1/jobs", json=spec), 422)
+    assert e["path"] == "init.from", e
+    for w in words:
+        assert w in e["message"], (w, e)
+    assert "w.safetensors" in e["message"] and str(server.data_dir) not in e["message"], e
+    assert no_jobs(server)
+    # The same file with the right shapes is accepted and used.
+    (server.data_dir / "w.safetensors").write_bytes(
+        st_bytes({"0.weight": np.ones((5, 10), np.float32), "0.bias": np.zeros(5, np.float32)}))
+    j = server.submit(spec)
+    assert server.wait_state(j["id"], ("succeeded",), timeout=60), server.job(j["id"])
+
+
+@pytest.mark.parametrize("kind", ["npy_i64", "npy_i32_negative", "csv", "csv_text"])
+def test_bad_values_in_data_files_are_422_at_submit(server, kind):
+    import numpy as np
+    model = [{"type": "linear", "in": 3, "out": 4}]
+    if kind.startswith("npy"):
+        np.save(server.data_dir / "x.npy", np.zeros((50, 3), np.float32))
+        y = np.arange(50) % 4
+        y[37] = 4 if kind == "npy_i64" else -2
+        np.save(server.data_dir / "y.npy", y.astype(np.int64 if kind == "npy_i64" else np.int32))
+        data, words = {"type": "npy", "x": "x.npy", "y": "y.npy"}, ["y.npy", "row 37", "[0, 4)"]
+    else:
+        rows = ["a,b,c,label"] + [f"1,2,3,{i % 4}" for i in range(30)]
+        rows[21] = "1,2,3,9" if kind == "csv" else "1,two,3,1"
+        (server.data_dir / "d.csv").write_text("\n".join(rows) + "\n")
+        data = {"type": "csv", "path": "d.csv", "target": "label"}
+        words = ["d.csv", "line 22", "[0, 4)" if kind == "csv" else '"two" is not a number']
+    e = err_of(server.post("/v1/jobs", json=seed_spec(model=model, loss="cross_entropy", data=data)), 422)
+    assert e["path"].startswith("data"), e
+    for w in words:
+        assert w in e["message"], (w, e)
+    assert no_jobs(server)
+
+
+def test_rank_killed_by_a_sigkill_nobody_sent_is_reported_as_likely_oom(server):
+    """The kernel's OOM killer sends SIGKILL; the launcher, which did not send it and
+    cannot read the kernel log, names the likely cause and what the job needed."""
+    import re
+    import signal
+    from conftest import FOREVER_STEPS, heavy_spec
+    jid = server.submit(heavy_spec(1, steps=FOREVER_STEPS, name="oom"))["id"]
+    j = server.wait_running(jid)
+    os.kill(j["ranks"][0]["pid"], signal.SIGKILL)
+    j = server.wait_state(jid, ("failed",), timeout=30)
+    err = j["error"] or ""
+    assert "killed by signal 9" in err and "likely the out-of-memory killer" in err, err
+    m = re.search(r"the job needed about (\d+\.\d) MiB per rank\)", err)
+    assert m and float(m.group(1)) > 0.1, err
+    print(err)

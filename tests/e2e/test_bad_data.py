@@ -206,3 +206,94 @@ def test_path_leaving_data_dir(work):
     np.save(work / "outside.npy", np.zeros((20, 4), np.float32))
     run = run_case(work, spec_npy(x="../outside.npy"))
     expect_spec_error(run, ["data.x"])
+
+
+# ---------------------------------------------------------------------------------------
+# memory (issue 15, item 9): a rank whose allocation fails ends with exit 4 and an error
+# naming the tensor and its size; a job over the memory limit is refused before any rank.
+
+BIG = [{"type": "linear", "in": 16384, "out": 16384}]  # 268M parameters: 1 GiB of float32
+
+
+def worker_path():
+    return h.ddpd_path().parent / "ddpd-worker"
+
+
+def limited_worker(work, kib):
+    """A DDPD_WORKER wrapper that runs ddpd-worker under `ulimit -v kib` (RLIMIT_AS)."""
+    w = work / "limited-worker.sh"
+    w.write_text(f"#!/bin/sh\nulimit -v {kib}\nexec {worker_path()} \"$@\"\n")
+    w.chmod(0o755)
+    return w
+
+
+def run_env(work, spec, extra=(), env=None):
+    import json
+    import os
+    import subprocess
+    (work / "spec.json").write_text(json.dumps(spec))
+    cmd = [str(h.ddpd_path()), "run", "--world-size", "1", "--out", str(work / "out"), "--data-dir",
+           str(work / "data")] + list(extra) + [str(work / "spec.json")]
+    e = h.ddpd_env()
+    e.update(env or {})
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=e, cwd=str(work))
+    return h.Run(p, work / "out", cmd)
+
+
+def big_spec(data):
+    return {"name": "big", "model": BIG, "loss": "mse", "optimizer": {"type": "sgd", "lr": 0.1},
+            "data": data, "batch_size": 2, "epochs": 1}
+
+
+@pytest.mark.parametrize("data,tensor", [
+    ("npy", "cannot allocate the parameters (268451840 floats, 1073807360 bytes"),
+    ("synthetic", "cannot allocate the synthetic teacher's layer 0 (268435456 doubles"),
+])
+def test_allocation_failure_in_a_rank_is_exit_4_naming_the_tensor(work, data, tensor):
+    if b"__asan_init" in worker_path().read_bytes():
+        pytest.skip("RLIMIT_AS cannot be combined with AddressSanitizer's shadow memory")
+    d = work / "data"
+    d.mkdir(parents=True, exist_ok=True)
+    np.save(d / "x.npy", np.zeros((2, 16384), np.float32))
+    np.save(d / "y.npy", np.zeros((2, 16384), np.float32))
+    spec = big_spec({"type": "npy", "x": "x.npy", "y": "y.npy"} if data == "npy"
+                    else {"type": "synthetic", "samples": 4})
+    run = run_env(work, spec, env={"DDPD_WORKER": str(limited_worker(work, 1 << 20))})
+    assert run.rc == 4, f"want exit code 4 (device: out of memory)\n{run.describe()}"
+    errs = run.of("error")
+    assert errs and errs[0]["kind"] == "device", run.describe()
+    assert "out of memory" in errs[0]["message"] and tensor in errs[0]["message"], errs
+    for m in CRASH_MARKS:
+        assert m not in run.stdout + run.stderr + run.log_text(), f"crash marker {m!r}\n{run.describe()}"
+
+
+def test_job_over_the_memory_limit_is_refused_before_the_ranks(work):
+    d = work / "data"
+    d.mkdir(parents=True, exist_ok=True)
+    np.save(d / "x.npy", np.zeros((2, 16384), np.float32))
+    np.save(d / "y.npy", np.zeros((2, 16384), np.float32))
+    run = run_env(work, big_spec({"type": "npy", "x": "x.npy", "y": "y.npy"}), extra=["--max-rank-memory", "512M"])
+    assert run.rc == 2, run.describe()
+    msg = run.of("error")[0]["message"]
+    assert "the job needs about 3.0 GiB" in msg and "parameters 1.0 GiB" in msg and "512.0 MiB" in msg, msg
+    assert not (work / "out" / "rank-0.log").exists() or "training" not in run.log_text(), run.describe()
+    run = run_env(work, big_spec({"type": "npy", "x": "x.npy", "y": "y.npy"}), extra=["--max-rank-memory", "bad"])
+    assert run.rc == 2 and "--max-rank-memory" in run.stderr, run.describe()
+
+
+def test_rank_killed_by_sigkill_from_outside_names_the_likely_oom_killer(work):
+    """`ddpd run`: a rank that dies of a SIGKILL ddpd did not send (here its own, standing
+    in for the kernel's OOM killer) is reported with the memory the job needed."""
+    d = work / "data"
+    d.mkdir(parents=True, exist_ok=True)
+    w = work / "killed-worker.sh"
+    # The planner (--plan) runs normally; a rank (no arguments) is killed at once.
+    w.write_text(f'#!/bin/sh\n[ $# -gt 0 ] && exec {worker_path()} "$@"\nkill -9 $$\n')
+    w.chmod(0o755)
+    spec = {"name": "k", "model": [{"type": "linear", "in": 1000, "out": 1000}], "loss": "mse",
+            "optimizer": {"type": "sgd", "lr": 0.1}, "data": {"type": "synthetic", "samples": 100},
+            "batch_size": 10, "epochs": 1}
+    run = run_env(work, spec, env={"DDPD_WORKER": str(w)})
+    assert run.rc != 0, run.describe()
+    assert "killed by signal 9" in run.stderr and "likely the out-of-memory killer" in run.stderr, run.describe()
+    assert "the job needed about 2" in run.stderr, run.describe()  # 3 x 4 MB of weights + the teacher's 8 MB

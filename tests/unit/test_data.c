@@ -1328,9 +1328,109 @@ static void test_batch_counts_npy(void)
     CHECK_EQ_STR(err.path, "data.x");
 }
 
+/* A batch_size near INT64_MAX: a batch is the whole shard, the buffers a caller sizes by
+ * spec_batch_rows hold it, and batch indices past the end are empty, with no overflow of
+ * b * batch_size (signed overflow, UB, before). Synthetic, npy and drop_last. */
+static void test_huge_batch(void)
+{
+    struct spec s;
+    const int64_t huge[] = {4611686018427387904LL, INT64_MAX - 1, INT64_MAX};
+    put_ids("data/hb_x.npy", "data/hb_y.npy", 7, 0);
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        for (int kind = 0; kind < 2; kind++) {
+            spec_base(&s, 2, 1, LOSS_MSE);
+            if (kind == 0) {
+                s.data.kind = DATA_SYNTHETIC;
+                s.data.samples = 7;
+            } else {
+                spec_npy(&s, "data/hb_x.npy", "data/hb_y.npy");
+            }
+            s.batch_size = huge[i];
+            struct dataset *ds = open_ok(&s, 0, 1);
+            if (!ds)
+                continue;
+            const int64_t rows = spec_batch_rows(&s, dataset_shard_size(ds));
+            CHECK_EQ_INT(rows, 7);
+            CHECK_EQ_INT(dataset_batches(ds), 1);
+            float *x = malloc((size_t)rows * 2 * sizeof(float)), *y = malloc((size_t)rows * sizeof(float));
+            CHECK_EQ_INT(dataset_batch(ds, 0, x, y, NULL), 7);
+            CHECK_EQ_INT(dataset_batch(ds, 1, x, y, NULL), 0);
+            CHECK_EQ_INT(dataset_batch(ds, 2, x, y, NULL), 0);
+            CHECK_EQ_INT(dataset_batch(ds, INT64_MAX, x, y, NULL), 0);
+            free(x);
+            free(y);
+            dataset_free(ds);
+            s.data.drop_last = true;
+            ds = open_ok(&s, 0, 1);
+            if (ds)
+                CHECK_EQ_INT(dataset_batches(ds), 0);
+            dataset_free(ds);
+        }
+    }
+}
+
+/* dataset_check, the planner's look at the data before a job is accepted: rows from the
+ * headers, and the values a rank would otherwise die of (class ids, CSV cells). */
+static void test_check(void)
+{
+    struct spec s;
+    struct ddpd_error err = {0};
+    int64_t rows = -1, bytes = -1;
+    float x[5 * 2] = {0};
+    int64_t ids[5] = {0, 2, 1, 2, 0}, bad[5] = {0, 2, 1, 3, 0};
+    int32_t neg[5] = {0, 1, -1, 1, 0};
+    put_npy("data/ck_x.npy", 1, "<f4", "(5, 2)", x, sizeof x);
+    put_npy("data/ck_y.npy", 1, "<i8", "(5,)", ids, sizeof ids);
+    put_npy("data/ck_bad.npy", 1, "<i8", "(5,)", bad, sizeof bad);
+    put_npy("data/ck_neg.npy", 1, "<i4", "(5,)", neg, sizeof neg);
+    spec_base(&s, 2, 3, LOSS_CROSS_ENTROPY);
+    spec_npy(&s, "data/ck_x.npy", "data/ck_y.npy");
+    CHECK_EQ_INT(dataset_check(&s, datadir, 2, &rows, &bytes, &err), DDPD_OK);
+    CHECK_EQ_INT(rows, 5);
+    CHECK_EQ_INT(bytes, 0);
+    spec_npy(&s, "data/ck_x.npy", "data/ck_bad.npy");
+    CHECK_EQ_INT(dataset_check(&s, datadir, 2, &rows, &bytes, &err), DDPD_EDATA);
+    CHECK_EQ_STR(err.path, "data/ck_bad.npy");
+    CHECK(strstr(err.message, "class id 3 at row 3 is out of range [0, 3)") != NULL);
+    /* The headers alone (the batch counts) do not read the values. */
+    int64_t counts[2];
+    CHECK_EQ_INT(dataset_batch_counts(&s, datadir, 2, counts, &err), DDPD_OK);
+    spec_npy(&s, "data/ck_x.npy", "data/ck_neg.npy");
+    CHECK_EQ_INT(dataset_check(&s, datadir, 1, &rows, &bytes, &err), DDPD_EDATA);
+    CHECK(strstr(err.message, "class id -1 at row 2") != NULL);
+    /* {rank} files are the ranks' business. */
+    spec_npy(&s, "data/ck_x{rank}.npy", "data/ck_y{rank}.npy");
+    CHECK_EQ_INT(dataset_check(&s, datadir, 2, &rows, &bytes, &err), DDPD_ENOTFOUND);
+
+    /* CSV: every cell is read; the file's size is reported (a rank reads it whole). */
+    const char *good = "a,b,label\n1,2,0\n3,4,2\n";
+    put_str("data/ck.csv", good);
+    put_str("data/ck_bad.csv", "a,b,label\n1,2,0\n3,4,7\n");
+    put_str("data/ck_text.csv", "a,b,label\n1,2,0\n3,x,1\n");
+    spec_csv(&s, "data/ck.csv", "label");
+    CHECK_EQ_INT(dataset_check(&s, datadir, 1, &rows, &bytes, &err), DDPD_OK);
+    CHECK_EQ_INT(rows, 2);
+    CHECK_EQ_INT(bytes, (int64_t)strlen(good));
+    spec_csv(&s, "data/ck_bad.csv", "label");
+    CHECK_EQ_INT(dataset_check(&s, datadir, 1, &rows, &bytes, &err), DDPD_EDATA);
+    CHECK(strstr(err.message, "line 3, column \"label\": class id 7 is out of range [0, 3)") != NULL);
+    spec_csv(&s, "data/ck_text.csv", "label");
+    CHECK_EQ_INT(dataset_check(&s, datadir, 1, &rows, &bytes, &err), DDPD_EDATA);
+    CHECK(strstr(err.message, "line 3, column \"b\": \"x\" is not a number") != NULL);
+
+    /* Synthetic: the spec's samples, nothing read. */
+    spec_base(&s, 2, 3, LOSS_CROSS_ENTROPY);
+    s.data.kind = DATA_SYNTHETIC;
+    s.data.samples = INT64_MAX;
+    CHECK_EQ_INT(dataset_check(&s, datadir, 1024, &rows, &bytes, &err), DDPD_OK);
+    CHECK_EQ_INT(rows, INT64_MAX);
+}
+
 int main(void)
 {
     setup();
+    test_huge_batch();
+    test_check();
     test_npy_values();
     test_sharding();
     test_shuffle();

@@ -573,9 +573,55 @@ static void test_init(void)
     model_free(NULL);
 }
 
+/* Sizes near the caps: a max_batch whose activations cannot be counted in 64 bits is an
+ * error naming the model, never a wrapped small buffer (model_new sized them with
+ * unchecked products); the widest layers allowed fail cleanly or succeed, never
+ * half-allocate. */
+static void test_huge_sizes(void)
+{
+    struct spec s;
+    struct ddpd_error err = {0};
+    struct net t = {.n = 2, .kind = {LAYER_LINEAR, LAYER_RELU}, .width = {4, 3, 3}};
+    make_spec(&s, &t);
+    const int64_t huge[] = {4611686018427387904LL, INT64_MAX / 2, INT64_MAX};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        struct model *m = model_new_err(D, &s, huge[i], &err);
+        CHECK(m == NULL);
+        model_free(m);
+        CHECK_EQ_STR(ddpd_err_name(err.code), "EDEVICE");
+        CHECK_EQ_STR(err.path, "model");
+        CHECK(strstr(err.message, "out of memory") != NULL);
+    }
+    /* 2^62 / 8 rows: the products fit, the allocation cannot: named with its size. */
+    struct model *m = model_new_err(D, &s, (INT64_C(1) << 59), &err);
+    CHECK(m == NULL);
+    CHECK_EQ_STR(ddpd_err_name(err.code), "EDEVICE");
+    CHECK(strstr(err.message, "cannot allocate the activations (") != NULL);
+    /* The parameters model_spec_params lists are the ones model_new makes. */
+    struct param ps[2 * SPEC_MAX_LAYERS];
+    t = (struct net){.n = 3,
+                     .kind = {LAYER_LINEAR, LAYER_TANH, LAYER_LINEAR},
+                     .width = {5, 4, 4, 2},
+                     .nobias = {false, false, true}};
+    make_spec(&s, &t);
+    m = model_new_err(D, &s, 3, &err);
+    CHECK(m != NULL);
+    CHECK_EQ_INT(model_spec_params(&s, ps), 3);
+    for (int i = 0; m && i < 3; i++) {
+        CHECK_EQ_STR(ps[i].name, model_param(m, i)->name);
+        CHECK_EQ_INT(ps[i].numel, model_param(m, i)->numel);
+        CHECK_EQ_INT(ps[i].shape[0], model_param(m, i)->shape[0]);
+        CHECK_EQ_INT(ps[i].shape[1], model_param(m, i)->shape[1]);
+        CHECK(ps[i].data == NULL);
+    }
+    CHECK_EQ_STR(ps[2].name, "2.weight");
+    model_free(m);
+}
+
 int main(void)
 {
     D = dev_cpu_new(1);
+    test_huge_sizes();
     test_grad_checks();
     test_torch_tanh_mse();
     test_torch_deep_ce();

@@ -17,6 +17,10 @@
     "{" model "," loss "," optim "," data "," batch more "}"
 /* A valid spec plus `more` (which starts with a comma). */
 #define OK_PLUS(more) SPEC(MODEL, LOSS, OPTIM, DATA, BATCH, more)
+/* The widest model the caps allow (2^40 + 2^21 weights). */
+#define WIDE_MODEL                                                                                           \
+    "\"model\":[{\"type\":\"linear\",\"in\":1048576,\"out\":1048576},{\"type\":\"relu\"},"                   \
+    "{\"type\":\"linear\",\"in\":1048576,\"out\":2}]"
 #define WITH_MODEL(m) SPEC("\"model\":" m, LOSS, OPTIM, DATA, BATCH, "")
 #define WITH_OPTIM(o) SPEC(MODEL, LOSS, "\"optimizer\":" o, DATA, BATCH, "")
 #define WITH_DATA(d) SPEC(MODEL, LOSS, OPTIM, "\"data\":" d, BATCH, "")
@@ -185,10 +189,11 @@ static void test_valid_variants(void)
     CHECK_EQ_INT(s.data.n_targets, 1);
     CHECK_EQ_STR(s.data.targets[0], "label");
     CHECK_EQ_INT(parse(WITH_DATA("{\"type\":\"npy\",\"x\":\"shards/x-{rank}.npy\",\"y\":"
-                                 "\"./y..npy\",\"shuffle\":false,\"drop_last\":true,\"seed\":7}"),
-                       &s, &e), DDPD_OK);
+                                 "\"./y-{rank}..npy\",\"shuffle\":false,\"drop_last\":true,\"seed\":7}"),
+                       &s, &e),
+                 DDPD_OK);
     CHECK_EQ_STR(s.data.x, "shards/x-{rank}.npy");
-    CHECK_EQ_STR(s.data.y, "./y..npy");
+    CHECK_EQ_STR(s.data.y, "./y-{rank}..npy");
     CHECK(!s.data.shuffle && s.data.drop_last);
     CHECK_EQ_INT(s.data.seed, 7);
 
@@ -259,17 +264,15 @@ static const struct bad_case bad_cases[] = {
     /* JSON itself */
     {"{\n  \"loss\": \"mse\",\n}", DDPD_EJSON, "",
      "malformed JSON at line 3, column 1: string or '}' expected near '}'", 3, 1},
-    {"", DDPD_EJSON, "", "malformed JSON at line 1, column 1: '[' or '{' expected near end of file",
-     1, 1},
+    {"", DDPD_EJSON, "", "malformed JSON at line 1, column 1: '[' or '{' expected near end of file", 1, 1},
     {OK_PLUS("") " x", DDPD_EJSON, "", "malformed JSON at line 1, column 162: end of file expected near 'x'",
      1, 162},
     {"{\"loss\":\"mse\",\n \"loss\":\"mse\"}", DDPD_EJSON, "",
      "malformed JSON at line 2, column 7: duplicate key \"loss\"", 2, 7},
-    {"{\"optimizer\":{\"divide_by_initial_world_size\":1,\"divide_by_initial_world_size\":2}}",
-     DDPD_EJSON, "", "malformed JSON at line 1, column 77: duplicate key \"divide_by_initial_world_size\"",
-     1, 77},
-    {"{\"a\":1e999}", DDPD_EJSON, "", "malformed JSON at line 1, column 10: real number overflow near '1e999'",
-     1, 10},
+    {"{\"optimizer\":{\"divide_by_initial_world_size\":1,\"divide_by_initial_world_size\":2}}", DDPD_EJSON,
+     "", "malformed JSON at line 1, column 77: duplicate key \"divide_by_initial_world_size\"", 1, 77},
+    {"{\"a\":1e999}", DDPD_EJSON, "",
+     "malformed JSON at line 1, column 10: real number overflow near '1e999'", 1, 10},
     {"5", DDPD_EJSON, "", "malformed JSON at line 1, column 1: '[' or '{' expected near '5'", 1, 1},
     BAD("[" OK_PLUS("") "]", DDPD_ESPEC, "", "expected a JSON object at the top level, got an array"),
     BAD("@big", DDPD_ETOOBIG, "", "the spec is 1048577 bytes; the limit is 1048576 bytes (1 MiB)"),
@@ -284,54 +287,55 @@ static const struct bad_case bad_cases[] = {
      "data, batch_size, epochs, steps, grad_accum, ddp, init, checkpoint, log_every, max_restarts, "
      "on_nonfinite)"),
     BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"momentun\":0.9}"), DDPD_ESPEC, "optimizer.momentun",
-     "unknown key (did you mean \"momentum\"? expected one of type, lr, momentum, dampening, "
-     "weight_decay, nesterov)"),
+        "unknown key (did you mean \"momentum\"? expected one of type, lr, momentum, dampening, "
+        "weight_decay, nesterov)"),
     BAD(WITH_OPTIM("{\"type\":\"adamw\",\"momentum\":0.9}"), DDPD_ESPEC, "optimizer.momentum",
-     "unknown key (expected one of type, lr, betas, eps, weight_decay)"),
+        "unknown key (expected one of type, lr, betas, eps, weight_decay)"),
     BAD(WITH_DATA("{\"type\":\"synthetic\",\"samples\":10,\"x\":\"a.npy\"}"), DDPD_ESPEC, "data.x",
-     "unknown key (expected one of type, samples, seed, shuffle, drop_last)"),
+        "unknown key (expected one of type, samples, seed, shuffle, drop_last)"),
     BAD(OK_PLUS(",\"ddp\":{\"bucket_cap\":1}"), DDPD_ESPEC, "ddp.bucket_cap",
-     "unknown key (expected one of bucket_cap_mb, join, divide_by_initial_world_size, backend, "
-     "timeout_s)"),
-    BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2,\"biass\":true}]"), DDPD_ESPEC,
-     "model[0].biass", "unknown key (did you mean \"bias\"? expected one of type, in, out, bias)"),
-    BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2},{\"type\":\"relu\",\"in\":2}]"),
-     DDPD_ESPEC, "model[1].in", "unknown key (a relu layer takes only \"type\")"),
+        "unknown key (expected one of bucket_cap_mb, join, divide_by_initial_world_size, backend, "
+        "timeout_s)"),
+    BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2,\"biass\":true}]"), DDPD_ESPEC, "model[0].biass",
+        "unknown key (did you mean \"bias\"? expected one of type, in, out, bias)"),
+    BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2},{\"type\":\"relu\",\"in\":2}]"), DDPD_ESPEC,
+        "model[1].in", "unknown key (a relu layer takes only \"type\")"),
     BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from_file\":\"w\"}"), DDPD_ESPEC, "init.from_file",
-     "unknown key (expected one of seed, from)"),
+        "unknown key (expected one of seed, from)"),
     BAD(OK_PLUS(",\"checkpoint\":{\"every\":5}"), DDPD_ESPEC, "checkpoint.every",
      "unknown key (expected one of every_steps, keep_last)"),
     BAD(OK_PLUS(",\"checkpoint\":{\"keep_lsat\":2}"), DDPD_ESPEC, "checkpoint.keep_lsat",
      "unknown key (did you mean \"keep_last\"? expected one of every_steps, keep_last)"),
 
     /* types of top-level values */
-    BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":\"3\",\"epochs\":1", ""), DDPD_ESPEC,
-     "batch_size", "expected a positive integer, got \"3\""),
-    BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":3.5,\"epochs\":1", ""), DDPD_ESPEC,
-     "batch_size", "expected a positive integer, got 3.5"),
-    BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":3.0,\"epochs\":1", ""), DDPD_ESPEC,
-     "batch_size", "expected a positive integer, got 3.0"),
-    BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":0,\"epochs\":1", ""), DDPD_ESPEC,
-     "batch_size", "expected a positive integer, got 0"),
+    BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":\"3\",\"epochs\":1", ""), DDPD_ESPEC, "batch_size",
+        "expected a positive integer, got \"3\""),
+    BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":3.5,\"epochs\":1", ""), DDPD_ESPEC, "batch_size",
+        "expected a positive integer, got 3.5"),
+    BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":3.0,\"epochs\":1", ""), DDPD_ESPEC, "batch_size",
+        "expected a positive integer, got 3.0"),
+    BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":0,\"epochs\":1", ""), DDPD_ESPEC, "batch_size",
+        "expected a positive integer, got 0"),
     BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"epochs\":1", ""), DDPD_ESPEC, "batch_size",
-     "missing (expected a positive integer)"),
+        "missing (expected a positive integer)"),
     BAD(OK_PLUS(",\"world_size\":2000"), DDPD_ESPEC, "world_size",
-     "expected an integer from 1 to 1024, got 2000"),
+        "expected an integer from 1 to 1024, got 2000"),
     BAD(OK_PLUS(",\"world_size\":null"), DDPD_ESPEC, "world_size",
-     "expected an integer from 1 to 1024, got null"),
+        "expected an integer from 1 to 1024, got null"),
     BAD(OK_PLUS(",\"device\":\"tpu\""), DDPD_ESPEC, "device", "expected one of cpu, cuda, got \"tpu\""),
     BAD(OK_PLUS(",\"name\":5"), DDPD_ESPEC, "name", "expected a string, got 5"),
-    BAD(OK_PLUS(",\"name\":\"" "0123456789012345678901234567890123456789012345678901234567890123"
-             "456789012345678901234567890123456789012345678901234567890123456789\""),
-     DDPD_ESPEC, "name", "expected a string of at most 127 bytes, got 130 bytes"),
-    BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":2,\"epochs\":1,\"steps\":10", ""), DDPD_ESPEC,
-     "steps", "give either epochs or steps, not both"),
+    BAD(OK_PLUS(",\"name\":\""
+                "0123456789012345678901234567890123456789012345678901234567890123"
+                "456789012345678901234567890123456789012345678901234567890123456789\""),
+        DDPD_ESPEC, "name", "expected a string of at most 127 bytes, got 130 bytes"),
+    BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":2,\"epochs\":1,\"steps\":10", ""), DDPD_ESPEC, "steps",
+        "give either epochs or steps, not both"),
     BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":2", ""), DDPD_ESPEC, "epochs",
-     "missing (give either epochs or steps)"),
+        "missing (give either epochs or steps)"),
     BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":2,\"epochs\":0", ""), DDPD_ESPEC, "epochs",
-     "expected a positive integer, got 0"),
+        "expected a positive integer, got 0"),
     BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":2,\"steps\":-1", ""), DDPD_ESPEC, "steps",
-     "expected a positive integer, got -1"),
+        "expected a positive integer, got -1"),
     BAD(OK_PLUS(",\"grad_accum\":0"), DDPD_ESPEC, "grad_accum", "expected a positive integer, got 0"),
     BAD(OK_PLUS(",\"log_every\":true"), DDPD_ESPEC, "log_every", "expected a positive integer, got true"),
     BAD(OK_PLUS(",\"max_restarts\":101"), DDPD_ESPEC, "max_restarts",
@@ -340,7 +344,7 @@ static const struct bad_case bad_cases[] = {
      "expected one of fail, continue, got \"ignore\""),
     BAD(OK_PLUS(",\"on_nonfinite\":false"), DDPD_ESPEC, "on_nonfinite", "expected one of fail, continue, got false"),
     BAD(OK_PLUS(",\"checkpoint\":{\"every_steps\":-1}"), DDPD_ESPEC, "checkpoint.every_steps",
-     "expected a non-negative integer, got -1"),
+        "expected a non-negative integer, got -1"),
     BAD(OK_PLUS(",\"checkpoint\":5"), DDPD_ESPEC, "checkpoint", "expected an object, got 5"),
     /* keep_last: at least the newest checkpoint stays (0 would prune what a restart needs). */
     BAD(OK_PLUS(",\"checkpoint\":{\"every_steps\":1,\"keep_last\":0}"), DDPD_ESPEC,
@@ -356,148 +360,155 @@ static const struct bad_case bad_cases[] = {
 
     /* model */
     BAD(SPEC(LOSS, OPTIM, DATA, BATCH, "\"grad_accum\":1", ""), DDPD_ESPEC, "model",
-     "missing (expected a list of layers such as [{\"type\": \"linear\", \"in\": 10, \"out\": 1}])"),
-    BAD(WITH_MODEL("{\"type\":\"linear\"}"), DDPD_ESPEC, "model",
-     "expected a list of layers, got an object"),
+        "missing (expected a list of layers such as [{\"type\": \"linear\", \"in\": 10, \"out\": 1}])"),
+    BAD(WITH_MODEL("{\"type\":\"linear\"}"), DDPD_ESPEC, "model", "expected a list of layers, got an object"),
     BAD(WITH_MODEL("[]"), DDPD_ESPEC, "model", "expected at least one layer, got an empty list"),
     BAD("@70layers", DDPD_ESPEC, "model", "at most 64 layers, got 70"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2},5]"), DDPD_ESPEC, "model[1]",
-     "expected a layer object such as {\"type\": \"relu\"}, got 5"),
+        "expected a layer object such as {\"type\": \"relu\"}, got 5"),
     BAD(WITH_MODEL("[{\"in\":4,\"out\":2}]"), DDPD_ESPEC, "model[0].type",
-     "missing (expected one of linear, relu, tanh, sigmoid, gelu)"),
+        "missing (expected one of linear, relu, tanh, sigmoid, gelu)"),
     BAD(WITH_MODEL("[{\"type\":\"conv2d\",\"in\":4,\"out\":2}]"), DDPD_ESPEC, "model[0].type",
-     "expected one of linear, relu, tanh, sigmoid, gelu, got \"conv2d\""),
+        "expected one of linear, relu, tanh, sigmoid, gelu, got \"conv2d\""),
     BAD(WITH_MODEL("[{\"type\":\"relu\"},{\"type\":\"linear\",\"in\":4,\"out\":2}]"), DDPD_ESPEC,
-     "model[0].type",
-     "the first layer must be \"linear\" (an activation takes its width from the layer before "
-     "it), got \"relu\""),
+        "model[0].type",
+        "the first layer must be \"linear\" (an activation takes its width from the layer before "
+        "it), got \"relu\""),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":32},{\"type\":\"relu\"},"
-                "{\"type\":\"linear\",\"in\":16,\"out\":2}]"),
-     DDPD_ESPEC, "model[2].in", "expected 32 (model[0].out), got 16"),
+                   "{\"type\":\"linear\",\"in\":16,\"out\":2}]"),
+        DDPD_ESPEC, "model[2].in", "expected 32 (model[0].out), got 16"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2000000}]"), DDPD_ESPEC, "model[0].out",
-     "expected an integer from 1 to 1048576, got 2000000"),
+        "expected an integer from 1 to 1048576, got 2000000"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":0,\"out\":2}]"), DDPD_ESPEC, "model[0].in",
-     "expected an integer from 1 to 1048576, got 0"),
+        "expected an integer from 1 to 1048576, got 0"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4}]"), DDPD_ESPEC, "model[0].out",
-     "missing (expected an integer from 1 to 1048576)"),
+        "missing (expected an integer from 1 to 1048576)"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2,\"bias\":\"yes\"}]"), DDPD_ESPEC,
-     "model[0].bias", "expected true or false, got \"yes\""),
+        "model[0].bias", "expected true or false, got \"yes\""),
 
     /* loss */
     BAD(SPEC(MODEL, "\"grad_accum\":1", OPTIM, DATA, BATCH, ""), DDPD_ESPEC, "loss",
-     "missing (expected one of mse, cross_entropy)"),
+        "missing (expected one of mse, cross_entropy)"),
     BAD(SPEC(MODEL, "\"loss\":\"hinge\"", OPTIM, DATA, BATCH, ""), DDPD_ESPEC, "loss",
-     "expected one of mse, cross_entropy, got \"hinge\""),
+        "expected one of mse, cross_entropy, got \"hinge\""),
     BAD(SPEC("\"model\":[{\"type\":\"linear\",\"in\":4,\"out\":1},{\"type\":\"sigmoid\"}]",
-          "\"loss\":\"cross_entropy\"", OPTIM, DATA, BATCH, ""),
-     DDPD_ESPEC, "loss", "cross_entropy needs at least 2 outputs (model[0].out is 1)"),
+             "\"loss\":\"cross_entropy\"", OPTIM, DATA, BATCH, ""),
+        DDPD_ESPEC, "loss", "cross_entropy needs at least 2 outputs (model[0].out is 1)"),
 
     /* optimizer */
     BAD(SPEC(MODEL, LOSS, "\"grad_accum\":1", DATA, BATCH, ""), DDPD_ESPEC, "optimizer",
-     "missing (expected an object such as {\"type\": \"sgd\", \"lr\": 0.01})"),
+        "missing (expected an object such as {\"type\": \"sgd\", \"lr\": 0.01})"),
     BAD(WITH_OPTIM("\"sgd\""), DDPD_ESPEC, "optimizer", "expected an object, got \"sgd\""),
     BAD(WITH_OPTIM("{\"lr\":0.1}"), DDPD_ESPEC, "optimizer.type", "missing (expected one of sgd, adamw)"),
     BAD(WITH_OPTIM("{\"type\":\"adam\"}"), DDPD_ESPEC, "optimizer.type",
-     "expected one of sgd, adamw, got \"adam\""),
-    BAD(WITH_OPTIM("{\"type\":\"sgd\"}"), DDPD_ESPEC, "optimizer.lr",
-     "missing (expected a positive number)"),
+        "expected one of sgd, adamw, got \"adam\""),
+    BAD(WITH_OPTIM("{\"type\":\"sgd\"}"), DDPD_ESPEC, "optimizer.lr", "missing (expected a positive number)"),
     BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0}"), DDPD_ESPEC, "optimizer.lr",
-     "expected a positive number, got 0"),
+        "expected a positive number, got 0"),
     BAD(WITH_OPTIM("{\"type\":\"adamw\",\"lr\":-0.001}"), DDPD_ESPEC, "optimizer.lr",
-     "expected a positive number, got -0.001"),
+        "expected a positive number, got -0.001"),
     BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":\"1e-3\"}"), DDPD_ESPEC, "optimizer.lr",
-     "expected a positive number, got \"1e-3\""),
-    BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"momentum\":-0.9}"), DDPD_ESPEC,
-     "optimizer.momentum", "expected a non-negative number, got -0.9"),
-    BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"nesterov\":true}"), DDPD_ESPEC,
-     "optimizer.nesterov", "nesterov momentum requires a momentum and zero dampening"),
+        "expected a positive number, got \"1e-3\""),
+    BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"momentum\":-0.9}"), DDPD_ESPEC, "optimizer.momentum",
+        "expected a non-negative number, got -0.9"),
+    BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"nesterov\":true}"), DDPD_ESPEC, "optimizer.nesterov",
+        "nesterov momentum requires a momentum and zero dampening"),
     BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"nesterov\":true,\"momentum\":0.9,\"dampening\":0.1}"),
-     DDPD_ESPEC, "optimizer.nesterov", "nesterov momentum requires a momentum and zero dampening"),
+        DDPD_ESPEC, "optimizer.nesterov", "nesterov momentum requires a momentum and zero dampening"),
     BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"nesterov\":1}"), DDPD_ESPEC, "optimizer.nesterov",
-     "expected true or false, got 1"),
+        "expected true or false, got 1"),
     BAD(WITH_OPTIM("{\"type\":\"adamw\",\"betas\":[0.9]}"), DDPD_ESPEC, "optimizer.betas",
-     "expected a list of 2 numbers, got 1"),
+        "expected a list of 2 numbers, got 1"),
     BAD(WITH_OPTIM("{\"type\":\"adamw\",\"betas\":[0.9,1]}"), DDPD_ESPEC, "optimizer.betas[1]",
-     "expected a number in [0, 1), got 1"),
+        "expected a number in [0, 1), got 1"),
     BAD(WITH_OPTIM("{\"type\":\"adamw\",\"betas\":{\"b1\":0.9}}"), DDPD_ESPEC, "optimizer.betas",
-     "expected a list of 2 numbers, got an object"),
+        "expected a list of 2 numbers, got an object"),
     BAD(WITH_OPTIM("{\"type\":\"adamw\",\"eps\":0}"), DDPD_ESPEC, "optimizer.eps",
-     "expected a positive number, got 0"),
-    BAD(WITH_OPTIM("{\"type\":\"adamw\",\"weight_decay\":-1e-2}"), DDPD_ESPEC,
-     "optimizer.weight_decay", "expected a non-negative number, got -0.01"),
+        "expected a positive number, got 0"),
+    BAD(WITH_OPTIM("{\"type\":\"adamw\",\"weight_decay\":-1e-2}"), DDPD_ESPEC, "optimizer.weight_decay",
+        "expected a non-negative number, got -0.01"),
 
     /* data */
     BAD(SPEC(MODEL, LOSS, OPTIM, "\"grad_accum\":1", BATCH, ""), DDPD_ESPEC, "data",
-     "missing (expected an object such as {\"type\": \"synthetic\", \"samples\": 1000})"),
+        "missing (expected an object such as {\"type\": \"synthetic\", \"samples\": 1000})"),
     BAD(WITH_DATA("{\"type\":\"parquet\"}"), DDPD_ESPEC, "data.type",
-     "expected one of synthetic, npy, csv, got \"parquet\""),
+        "expected one of synthetic, npy, csv, got \"parquet\""),
     BAD(WITH_DATA("{\"type\":\"synthetic\"}"), DDPD_ESPEC, "data.samples",
-     "missing (expected a positive integer)"),
+        "missing (expected a positive integer)"),
     BAD(WITH_DATA("{\"type\":\"synthetic\",\"samples\":10,\"seed\":-1}"), DDPD_ESPEC, "data.seed",
-     "expected a non-negative integer, got -1"),
-    BAD(WITH_DATA("{\"type\":\"synthetic\",\"samples\":10,\"shuffle\":\"no\"}"), DDPD_ESPEC,
-     "data.shuffle", "expected true or false, got \"no\""),
+        "expected a non-negative integer, got -1"),
+    BAD(WITH_DATA("{\"type\":\"synthetic\",\"samples\":10,\"shuffle\":\"no\"}"), DDPD_ESPEC, "data.shuffle",
+        "expected true or false, got \"no\""),
+    /* Synthetic data's teacher is capped at 2^28 weights: found at parse, not in the ranks. */
+    BAD(SPEC(WIDE_MODEL, LOSS, OPTIM, DATA, BATCH, ""), DDPD_ESPEC, "data.type",
+        "synthetic data is drawn from a teacher of the model's shape, at most 268435456 weights; the model "
+        "has 1099513724928 (use npy or csv data)"),
+    /* {rank} in one of x and y only: a rank would read its own x beside everyone's y. */
+    BAD(WITH_DATA("{\"type\":\"npy\",\"x\":\"x-{rank}.npy\",\"y\":\"y.npy\"}"), DDPD_ESPEC, "data.y",
+        "x and y must both hold {rank} (one file per rank) or neither (got x \"x-{rank}.npy\", y \"y.npy\")"),
+    BAD(WITH_DATA("{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"{rank}/y.npy\"}"), DDPD_ESPEC, "data.x",
+        "x and y must both hold {rank} (one file per rank) or neither (got x \"x.npy\", y \"{rank}/y.npy\")"),
     BAD(WITH_DATA("{\"type\":\"npy\",\"y\":\"y.npy\"}"), DDPD_ESPEC, "data.x",
-     "missing (expected a file path relative to the data directory)"),
-    BAD(WITH_DATA("{\"type\":\"npy\",\"x\":\"../secret/x.npy\",\"y\":\"y.npy\"}"), DDPD_ESPEC,
-     "data.x", "must stay inside the data directory (\"..\" not allowed)"),
-    BAD(WITH_DATA("{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"a/b/../../../y.npy\"}"), DDPD_ESPEC,
-     "data.y", "must stay inside the data directory (\"..\" not allowed)"),
+        "missing (expected a file path relative to the data directory)"),
+    BAD(WITH_DATA("{\"type\":\"npy\",\"x\":\"../secret/x.npy\",\"y\":\"y.npy\"}"), DDPD_ESPEC, "data.x",
+        "must stay inside the data directory (\"..\" not allowed)"),
+    BAD(WITH_DATA("{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"a/b/../../../y.npy\"}"), DDPD_ESPEC, "data.y",
+        "must stay inside the data directory (\"..\" not allowed)"),
     BAD(WITH_DATA("{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"a/..\"}"), DDPD_ESPEC, "data.y",
-     "must stay inside the data directory (\"..\" not allowed)"),
+        "must stay inside the data directory (\"..\" not allowed)"),
     BAD(WITH_DATA("{\"type\":\"npy\",\"x\":\"/etc/passwd\",\"y\":\"y.npy\"}"), DDPD_ESPEC, "data.x",
-     "must be relative to the data directory, got \"/etc/passwd\""),
+        "must be relative to the data directory, got \"/etc/passwd\""),
     BAD(WITH_DATA("{\"type\":\"npy\",\"x\":\"\",\"y\":\"y.npy\"}"), DDPD_ESPEC, "data.x",
-     "expected a file path, got an empty string"),
+        "expected a file path, got an empty string"),
     BAD(WITH_DATA("{\"type\":\"npy\",\"x\":[\"x.npy\"],\"y\":\"y.npy\"}"), DDPD_ESPEC, "data.x",
-     "expected a string, got an array"),
+        "expected a string, got an array"),
     BAD(WITH_DATA("{\"type\":\"csv\",\"target\":\"y\"}"), DDPD_ESPEC, "data.path",
-     "missing (expected a file path relative to the data directory)"),
+        "missing (expected a file path relative to the data directory)"),
     BAD(WITH_DATA("{\"type\":\"csv\",\"path\":\"t.csv\"}"), DDPD_ESPEC, "data.target",
-     "missing (expected a column name or a list of column names)"),
+        "missing (expected a column name or a list of column names)"),
     BAD(WITH_CSV("mse", "[]"), DDPD_ESPEC, "data.target",
-     "expected at least one column name, got an empty list"),
+        "expected at least one column name, got an empty list"),
     BAD(WITH_CSV("mse", "[\"a\",5]"), DDPD_ESPEC, "data.target[1]", "expected a string, got 5"),
     BAD(WITH_CSV("mse", "[\"a\",\"a\"]"), DDPD_ESPEC, "data.target[1]",
-     "column \"a\" is already data.target[0]"),
+        "column \"a\" is already data.target[0]"),
     BAD(WITH_CSV("mse", "\"y\""), DDPD_ESPEC, "data.target",
-     "mse needs 2 target columns (model[0].out), got 1"),
+        "mse needs 2 target columns (model[0].out), got 1"),
     BAD(WITH_CSV("cross_entropy", "[\"a\",\"b\"]"), DDPD_ESPEC, "data.target",
-     "cross_entropy needs exactly one target column (the class id), got 2"),
+        "cross_entropy needs exactly one target column (the class id), got 2"),
 
     /* ddp */
     BAD(OK_PLUS(",\"ddp\":[]"), DDPD_ESPEC, "ddp", "expected an object, got an array"),
     BAD(OK_PLUS(",\"ddp\":{\"bucket_cap_mb\":-1}"), DDPD_ESPEC, "ddp.bucket_cap_mb",
-     "expected a number greater than 0 and at most 1024, got -1"),
+        "expected a number greater than 0 and at most 1024, got -1"),
     BAD(OK_PLUS(",\"ddp\":{\"bucket_cap_mb\":2048}"), DDPD_ESPEC, "ddp.bucket_cap_mb",
-     "expected a number greater than 0 and at most 1024, got 2048"),
+        "expected a number greater than 0 and at most 1024, got 2048"),
     BAD(OK_PLUS(",\"ddp\":{\"timeout_s\":0}"), DDPD_ESPEC, "ddp.timeout_s",
-     "expected a number of seconds greater than 0 and at most 86400, got 0"),
+        "expected a number of seconds greater than 0 and at most 86400, got 0"),
     BAD(OK_PLUS(",\"ddp\":{\"timeout_s\":1e6}"), DDPD_ESPEC, "ddp.timeout_s",
-     "expected a number of seconds greater than 0 and at most 86400, got 1000000.0"),
+        "expected a number of seconds greater than 0 and at most 86400, got 1000000.0"),
     BAD(OK_PLUS(",\"ddp\":{\"join\":\"sometimes\"}"), DDPD_ESPEC, "ddp.join",
-     "expected true, false or \"auto\", got \"sometimes\""),
+        "expected true, false or \"auto\", got \"sometimes\""),
     BAD(OK_PLUS(",\"ddp\":{\"divide_by_initial_world_size\":0}"), DDPD_ESPEC,
-     "ddp.divide_by_initial_world_size", "expected true or false, got 0"),
+        "ddp.divide_by_initial_world_size", "expected true or false, got 0"),
     BAD(OK_PLUS(",\"ddp\":{\"backend\":\"gloo\"}"), DDPD_ESPEC, "ddp.backend",
-     "expected one of cpu, nccl, got \"gloo\""),
+        "expected one of cpu, nccl, got \"gloo\""),
     BAD(OK_PLUS(",\"device\":\"cpu\",\"ddp\":{\"backend\":\"nccl\"}"), DDPD_ESPEC, "ddp.backend",
-     "nccl needs device \"cuda\" (device is \"cpu\")"),
+        "nccl needs device \"cuda\" (device is \"cpu\")"),
     BAD(OK_PLUS(",\"device\":\"cuda\",\"precision\":\"fp16\""), DDPD_ESPEC, "precision",
-     "expected one of fp32, tf32, got \"fp16\""),
+        "expected one of fp32, tf32, got \"fp16\""),
     BAD(OK_PLUS(",\"device\":\"cuda\",\"precision\":32"), DDPD_ESPEC, "precision",
-     "expected one of fp32, tf32, got 32"),
+        "expected one of fp32, tf32, got 32"),
     BAD(OK_PLUS(",\"device\":\"cpu\",\"precision\":\"tf32\""), DDPD_ESPEC, "precision",
-     "tf32 needs device \"cuda\" (device is \"cpu\")"),
+        "tf32 needs device \"cuda\" (device is \"cpu\")"),
 
     /* init */
     BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from\":\"w.safetensors\"}"), DDPD_ESPEC, "init.from",
-     "give either seed or from, not both"),
+        "give either seed or from, not both"),
     BAD(OK_PLUS(",\"init\":{}"), DDPD_ESPEC, "init.seed", "missing (give either seed or from)"),
     BAD(OK_PLUS(",\"init\":{\"from\":\"../w.safetensors\"}"), DDPD_ESPEC, "init.from",
-     "must stay inside the data directory (\"..\" not allowed)"),
+        "must stay inside the data directory (\"..\" not allowed)"),
     BAD(OK_PLUS(",\"init\":{\"seed\":1.5}"), DDPD_ESPEC, "init.seed",
-     "expected a non-negative integer, got 1.5"),
+        "expected a non-negative integer, got 1.5"),
     BAD(OK_PLUS(",\"init\":\"random\""), DDPD_ESPEC, "init", "expected an object, got \"random\""),
 };
 
@@ -628,6 +639,108 @@ static void test_round_trip(void)
     json_decref(j);
 }
 
+/* Sizes near the limits: the batch arithmetic never overflows (it is signed overflow, UB,
+ * for rows + batch - 1 near INT64_MAX), and a batch is never larger than the shard. */
+static void test_sizes_near_limits(void)
+{
+    const int64_t M = INT64_MAX;
+    CHECK_EQ_INT(spec_batches(M, M, false), 1);
+    CHECK_EQ_INT(spec_batches(M, M - 1, false), 2);
+    CHECK_EQ_INT(spec_batches(M, M - 1, true), 1);
+    CHECK_EQ_INT(spec_batches(M, 1, false), M);
+    CHECK_EQ_INT(spec_batches(100, 4611686018427387904LL, false), 1);
+    CHECK_EQ_INT(spec_batches(100, 4611686018427387904LL, true), 0);
+    CHECK_EQ_INT(spec_batches(M - 1, 2, false), M / 2);
+    CHECK_EQ_INT(spec_batches(0, 3, false), 0);
+    CHECK_EQ_INT(spec_batches(7, 3, false), 3);
+    CHECK_EQ_INT(spec_batches(7, 3, true), 2);
+    CHECK_EQ_INT(spec_shard_rows(M, 0, 1024), M / 1024 + 1);
+    CHECK_EQ_INT(spec_shard_rows(M, 1023, 1024), M / 1024);
+
+    struct spec s;
+    struct ddpd_error e;
+    CHECK_EQ_INT(
+        parse(SPEC(MODEL, LOSS, OPTIM, "\"data\":{\"type\":\"synthetic\",\"samples\":9223372036854775807}",
+                   "\"batch_size\":9223372036854775807,\"epochs\":1", ""),
+              &s, &e),
+        DDPD_OK);
+    CHECK_EQ_INT(spec_batches(s.data.samples, s.batch_size, s.data.drop_last), 1);
+    CHECK_EQ_INT(parse(SPEC(MODEL, LOSS, OPTIM, "\"data\":{\"type\":\"synthetic\",\"samples\":100}",
+                            "\"batch_size\":4611686018427387904,\"epochs\":1", ""),
+                       &s, &e),
+                 DDPD_OK);
+    CHECK_EQ_INT(spec_batch_rows(&s, 100), 100);
+    CHECK_EQ_INT(spec_batch_rows(&s, 0), 1);
+    s.batch_size = 3;
+    CHECK_EQ_INT(spec_batch_rows(&s, 100), 3);
+
+    /* The memory estimate: the seed-like spec, by hand. linear 4->2 with bias: 10 params. */
+    struct spec_memory m;
+    CHECK_EQ_INT(parse(OK_PLUS(""), &s, &e), DDPD_OK);
+    spec_memory_estimate(&s, 10, false, 0, &m);
+    CHECK_EQ_INT(m.rows, 2);
+    CHECK_EQ_INT(m.params, 40);
+    CHECK_EQ_INT(m.grads, 40);
+    CHECK_EQ_INT(m.optim, 0);   /* sgd without momentum keeps no state */
+    CHECK_EQ_INT(m.buckets, 0); /* one rank: no DDP */
+    CHECK_EQ_INT(m.activations, 2 * 4 * (2 + 2 * 4));
+    CHECK_EQ_INT(m.batch, 2 * 4 * (4 + 2 + 1) + 2 * 4 * (4 + 4 + 1));
+    CHECK(m.data >= 10 * 4 * (4 + 2) + 10 * 8 + 10 * 8);
+    CHECK_EQ_INT(m.staging, 40);
+    CHECK_EQ_INT(m.device, 0);
+    CHECK_EQ_INT(m.host, m.total);
+    CHECK_EQ_INT(spec_memory_check(&s, &m, m.host, "--max-rank-memory", DDPD_ESPEC, &e), DDPD_OK);
+    CHECK_EQ_INT(spec_memory_check(&s, &m, 0, "--max-rank-memory", DDPD_ESPEC, &e), DDPD_OK);
+    CHECK_EQ_INT(spec_memory_check(&s, &m, m.host - 1, "--max-rank-memory", DDPD_ESPEC, &e), DDPD_ESPEC);
+
+    /* AdamW keeps two moments; 2 ranks add the buckets. */
+    CHECK_EQ_INT(
+        parse(SPEC(MODEL, LOSS, "\"optimizer\":{\"type\":\"adamw\"}", DATA, BATCH, ",\"world_size\":2"), &s,
+              &e),
+        DDPD_OK);
+    spec_memory_estimate(&s, 10, false, 0, &m);
+    CHECK_EQ_INT(m.optim, 80);
+    CHECK_EQ_INT(m.buckets, 80);
+    CHECK_EQ_INT(m.staging, 120);
+
+    /* The largest model the caps allow saturates instead of wrapping, and is refused
+     * at the model with the sizes and the limit in the message. */
+    CHECK_EQ_INT(parse(SPEC(WIDE_MODEL, LOSS, OPTIM,
+                            "\"data\":{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"y.npy\"}", BATCH, ""),
+                       &s, &e),
+                 DDPD_OK);
+    CHECK_EQ_INT(spec_param_count(&s), 1048576LL * 1048576 + 1048576 + 2 * 1048576 + 2);
+    spec_memory_estimate(&s, INT64_MAX, false, INT64_MAX, &m);
+    CHECK_EQ_INT(m.total, INT64_MAX);
+    CHECK_EQ_INT(m.data, INT64_MAX);
+    spec_memory_estimate(&s, 10, false, 0, &m);
+    CHECK_EQ_INT(m.params, (1048576LL * 1048576 + 3 * 1048576 + 2) * 4);
+    CHECK_EQ_INT(spec_memory_check(&s, &m, 8LL << 30, "--max-rank-memory", DDPD_ESPEC, &e), DDPD_ESPEC);
+    CHECK_EQ_STR(e.path, "model");
+    CHECK(strstr(e.message, "the job needs about 12.0 TiB of memory per rank (parameters 4.0 TiB") != NULL);
+    CHECK(strstr(e.message, "more than the limit of 8.0 GiB per rank (--max-rank-memory)") != NULL);
+
+    /* A huge batch on a huge data set is blamed on the batch, huge data on the data. */
+    CHECK_EQ_INT(parse(SPEC(MODEL, LOSS, OPTIM,
+                            "\"data\":{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"y.npy\","
+                            "\"shuffle\":false}",
+                            "\"batch_size\":1000000000,\"epochs\":1", ""),
+                       &s, &e),
+                 DDPD_OK);
+    spec_memory_estimate(&s, 1000000000, true, 0, &m);
+    CHECK_EQ_INT(m.rows, 1000000000);
+    CHECK_EQ_INT(spec_memory_check(&s, &m, 1 << 30, "limit", DDPD_EDEVICE, &e), DDPD_EDEVICE);
+    CHECK_EQ_STR(e.path, "batch_size");
+    s.batch_size = 10;
+    spec_memory_estimate(&s, 1000000000, true, 0, &m);
+    CHECK_EQ_INT(spec_memory_check(&s, &m, 1 << 30, "limit", DDPD_ESPEC, &e), DDPD_ESPEC);
+    CHECK_EQ_STR(e.path, "data");
+    CHECK(strstr(e.message, "micro-batches of 10 rows") != NULL);
+    s.device = DEVICE_CUDA; /* the model and activations are on the GPU */
+    spec_memory_estimate(&s, 10, true, 0, &m);
+    CHECK(m.device > 0 && m.host < m.total && m.host + m.device == m.total);
+}
+
 int main(void)
 {
     test_seed_example();
@@ -635,6 +748,7 @@ int main(void)
     test_valid_variants();
     int n = test_invalid();
     test_round_trip();
+    test_sizes_near_limits();
     fprintf(stderr, "%d invalid specs\n", n);
     CHECK_DONE();
 }

@@ -1,0 +1,138 @@
+/* test_train.c — one rank's training loop with sizes from the spec near their limits:
+ * a batch_size far beyond the data set trains on the whole shard (the batch buffers were
+ * sized by batch_size and wrapped to a few bytes: an ASan heap overflow), grad_accum and
+ * epochs near INT64_MAX do not overflow the step arithmetic, and a rank whose memory need
+ * is over its limit stops before allocating with the sizes, as DDPD_EDEVICE (exit 4). */
+#include <errno.h>
+#include <ftw.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "worker/train.h"
+
+static char root[2048];
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(p);
+}
+
+static void setup(void)
+{
+    const char *base = getenv("DDPD_TEST_TMP");
+    if (!base || !base[0])
+        base = "/tmp";
+    mkdir(base, 0755);
+    snprintf(root, sizeof root, "%s/train.XXXXXX", base);
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        exit(1);
+    }
+}
+
+/* linear in -> hidden (relu, linear hidden -> out), synthetic samples, sgd. */
+static void spec_net(struct spec *s, int64_t in, int64_t hidden, int64_t out, loss_kind loss, int64_t samples)
+{
+    memset(s, 0, sizeof *s);
+    s->world_size = 1;
+    s->n_layers = 3;
+    s->layers[0] = (struct spec_layer){LAYER_LINEAR, in, hidden, true};
+    s->layers[1] = (struct spec_layer){LAYER_RELU, hidden, hidden, false};
+    s->layers[2] = (struct spec_layer){LAYER_LINEAR, hidden, out, true};
+    s->loss = loss;
+    s->optim = (struct spec_optim){.kind = OPTIM_SGD, .lr = 0.01};
+    s->data.kind = DATA_SYNTHETIC;
+    s->data.samples = samples;
+    s->data.shuffle = true;
+    s->batch_size = 2;
+    s->epochs = 1;
+    s->grad_accum = 1;
+    s->log_every = 1;
+    s->ddp.bucket_cap_mb = 25;
+}
+
+static void spec_small(struct spec *s, int64_t in, int64_t out, loss_kind loss, int64_t samples)
+{
+    spec_net(s, in, 3, out, loss, samples);
+}
+
+static ddpd_err run(const struct spec *s, int64_t max_rank_memory, struct ddpd_error *err)
+{
+    static int n;
+    char out[4200];
+    snprintf(out, sizeof out, "%s/out-%d", root, n++);
+    struct train_config cfg = {.spec = s,
+                               .rank = 0,
+                               .world_size = 1,
+                               .data_dir = root,
+                               .out_dir = out,
+                               .max_rank_memory = max_rank_memory};
+    memset(err, 0, sizeof *err);
+    ddpd_err rc = train_run(&cfg, err);
+    if (rc)
+        fprintf(stderr, "    train_run: %s %s: %s\n", ddpd_err_name(rc), err->path, err->message);
+    return rc;
+}
+
+static void test_huge_batch(void)
+{
+    struct spec s;
+    struct ddpd_error err;
+    /* The report's case: 2^62 rows per batch on 100 samples, 1 input. */
+    spec_small(&s, 1, 1, LOSS_MSE, 100);
+    s.batch_size = 4611686018427387904LL;
+    CHECK_EQ_INT(run(&s, 0, &err), DDPD_OK);
+    /* Variants: every size up to INT64_MAX, cross_entropy (labels), several steps over
+     * epochs of one batch, drop_last off, a wider input. */
+    const int64_t huge[] = {INT64_MAX, INT64_MAX - 1, (INT64_C(1) << 62) + 1, 1 << 30};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        spec_small(&s, 5, 4, i % 2 ? LOSS_CROSS_ENTROPY : LOSS_MSE, 37);
+        s.batch_size = huge[i];
+        s.epochs = 0;
+        s.steps = 3;
+        CHECK_EQ_INT(run(&s, 0, &err), DDPD_OK);
+    }
+    /* grad_accum near INT64_MAX: one step per epoch of all the batches (the step count
+     * per epoch overflowed: (batches + grad_accum - 1) / grad_accum). */
+    spec_small(&s, 2, 1, LOSS_MSE, 9);
+    s.grad_accum = INT64_MAX;
+    s.epochs = 2;
+    CHECK_EQ_INT(run(&s, 0, &err), DDPD_OK);
+    s.grad_accum = INT64_MAX - 1;
+    s.batch_size = INT64_MAX;
+    CHECK_EQ_INT(run(&s, 0, &err), DDPD_OK);
+}
+
+static void test_memory_limit(void)
+{
+    struct spec s;
+    struct ddpd_error err;
+    /* A job over the rank's limit stops before training, naming the sizes and the limit. */
+    spec_net(&s, 512, 512, 10, LOSS_MSE, 10);
+    CHECK_EQ_INT(run(&s, 64 << 10, &err), DDPD_EDEVICE);
+    CHECK_EQ_STR(err.path, "model");
+    CHECK(strstr(err.message, "model: rank 0: the job needs about ") == err.message);
+    CHECK(strstr(err.message, "limit of 64.0 KiB per rank (the server's --max-rank-memory)") != NULL);
+    CHECK_EQ_INT(ddpd_err_exit(err.code), 4);
+    /* The data is blamed when the data is what is large. */
+    spec_small(&s, 2, 1, LOSS_MSE, 200000);
+    CHECK_EQ_INT(run(&s, 1 << 20, &err), DDPD_EDEVICE);
+    CHECK_EQ_STR(err.path, "data.samples");
+    /* Within the limit it runs. */
+    spec_small(&s, 2, 1, LOSS_MSE, 20);
+    CHECK_EQ_INT(run(&s, 64 << 20, &err), DDPD_OK);
+}
+
+int main(void)
+{
+    setup();
+    test_huge_batch();
+    test_memory_limit();
+    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    CHECK_DONE();
+}
