@@ -724,9 +724,11 @@ class Served:
                 pass
             self.proc.wait(timeout=10)
 
-    def req(self, method, path, auth=True, **kw):
+    def req(self, method, path, auth=True, ctype=None, **kw):
         import requests
         h = {"Authorization": f"Bearer {self.token}"} if auth else {}
+        if ctype:
+            h["Content-Type"] = ctype
         return requests.request(method, self.url + path, headers=h, timeout=15, **kw)
 
     def wait_job(self, jid, states, timeout):
@@ -772,7 +774,7 @@ def test_image_arguments_start_the_real_server(work, name):
     if shutil.which(hc[0]):
         assert subprocess.run(hc, capture_output=True, timeout=20).returncode == 0, hc
     # The README's example job runs and leaves its files in the state volume.
-    r = s.req("POST", "/v1/jobs", data=SEED.read_bytes())
+    r = s.req("POST", "/v1/jobs", data=SEED.read_bytes(), ctype="application/json")
     assert r.status_code == 201, r.text
     jid = r.json()["id"]
     j = s.wait_job(jid, ("succeeded", "failed", "cancelled"), 120)

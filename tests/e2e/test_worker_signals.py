@@ -84,7 +84,9 @@ class Group:
             text = self.outs[r].read_text(errors="replace")
         except OSError:
             return []
-        return [json.loads(ln) for ln in text.splitlines() if ln.strip().startswith("{")]
+        # Only whole lines: the rank may be in the middle of writing the last one.
+        lines = text.split("\n")[:-1]
+        return [json.loads(ln) for ln in lines if ln.strip().startswith("{")]
 
     def wait_training(self, timeout=60):
         """Until every rank has logged a loss (bounded)."""
