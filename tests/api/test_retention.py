@@ -7,6 +7,7 @@ folder over it (a rank that logs without end). Before: every checkpoint stayed f
 (`every_steps: 1` wrote 577 MB in 3 s) and nothing bounded a job's folder."""
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -33,7 +34,8 @@ def tiny_spec(**over):
 
 
 def ckpt_dirs(folder):
-    return sorted((p.name for p in folder.iterdir() if p.name.startswith("ckpt-")),
+    """The complete checkpoints: ckpt-N, not ckpt-N.tmp (being written) or ckpt-N.del."""
+    return sorted((p.name for p in folder.iterdir() if re.fullmatch(r"ckpt-\d+", p.name)),
                   key=lambda n: (len(n), n))
 
 
