@@ -182,7 +182,12 @@ static int start_rank(struct launch *l, int r, const char *id_hex, struct ddpd_e
     }
     char *argv[] = {(char *)l->o.worker, NULL};
     struct proc_spawn sp = {.path = l->o.worker, .argv = argv, .env = env, .fd = {in[0], out[1], log_fd},
-                            .pgid = l->pgid, .die_with_parent = l->o.die_with_parent};
+                            .pgid = l->pgid, .die_with_parent = l->o.die_with_parent,
+                            /* A cancel (SIGTERM to the group) may come before the rank has
+                             * installed its handler, even before its exec: held, it reaches
+                             * the handler then, and the rank exits 5 having told its peers,
+                             * instead of dying of the signal (issue 15, item 14). */
+                            .hold_term = true};
     pid_t pid = proc_spawn(&sp); /* the first process of a job leads its group */
     if (pid < 0) {
         ddpd_error_set(err, DDPD_EIO, "", "cannot fork rank %d: %s", r, strerror(errno));

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,12 +19,26 @@ pid_t proc_spawn(const struct proc_spawn *o)
     for (int i = 0; i < 3; i++)
         if (o->fd[i] == PROC_FD_NULL && null_fd < 0 && (null_fd = open("/dev/null", O_RDWR | O_CLOEXEC)) < 0)
             return -1;
+    /* Every signal stays blocked across the fork, so none reaches the child before it has
+     * its own mask and dispositions: a SIGTERM to its group right after the fork is held
+     * for a rank (hold_term), and never runs one of the server's handlers in the child
+     * (where it would be lost). The parent's mask comes back after the fork. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
     pid_t pid = fork();
     if (pid == 0) {
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
+        for (int sig = 1; sig < SIGRTMAX; sig++) {
+            struct sigaction sa;
+            if (sigaction(sig, NULL, &sa) == 0 && sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN)
+                signal(sig, SIG_DFL);
+        }
         signal(SIGPIPE, SIG_DFL);
+        sigset_t mask;
+        sigemptyset(&mask);
+        if (o->hold_term)
+            sigaddset(&mask, SIGTERM);
+        sigprocmask(SIG_SETMASK, &mask, NULL);
         if (o->pgid >= 0)
             setpgid(0, o->pgid);
         if (o->die_with_parent)
@@ -46,6 +61,7 @@ pid_t proc_spawn(const struct proc_spawn *o)
         _exit(127);
     }
     int en = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (pid > 0 && o->pgid >= 0)
         setpgid(pid, o->pgid ? o->pgid : pid);
     if (null_fd >= 0)

@@ -19,9 +19,14 @@ struct proc_spawn {
     int fd[3];          /* its stdin, stdout, stderr: a descriptor, PROC_FD_NULL or PROC_FD_SAME */
     pid_t pgid;         /* the process group it joins: 0 a new one it leads, -1 the server's */
     bool die_with_parent; /* SIGKILL when the server dies (PR_SET_PDEATHSIG) */
+    bool hold_term;     /* SIGTERM starts blocked: one sent before the child has its handler
+                           waits, pending, until the child unblocks it (a rank does so once
+                           its cancel handler is installed) instead of killing it */
 };
 /* Forks and execs `o`. The child starts with no signal blocked (the server blocks
- * SIGTERM in its threads), SIGPIPE at its default, umask 077 (what it creates is
+ * SIGTERM in its threads) but SIGTERM where `hold_term` says so, and no signal reaches it
+ * before that (all are blocked across the fork), every signal at its default but those
+ * the server ignores, SIGPIPE at its default, umask 077 (what it creates is
  * readable by this user only), and no descriptor of the server's but 0, 1 and 2; a failed exec is said on its stderr and ends it with 127. The group is set
  * on both sides of the fork, so no signal to it can miss the child. Returns the pid, or
  * -1 with errno set. */

@@ -430,6 +430,13 @@ int main(int argc, char **argv)
     sa.sa_handler = on_sigterm;
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* The launcher starts a rank with SIGTERM blocked (proc.h, hold_term): a cancel sent
+     * between its fork and this handler has waited, pending, and arrives now, as a cancel
+     * (exit 5) rather than a death by the signal. */
+    sigset_t term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigprocmask(SIG_UNBLOCK, &term, NULL);
 
     size_t len = 0;
     char *text = read_stdin(&len, &err);

@@ -5,7 +5,10 @@ are cancelled or their stdin fails (issue 15, items 14 and 10):
 * a cancel is a cancel: SIGTERM at a random moment (rendezvous, start, training) to every
   rank of a 2- or 4-rank group (as the launcher's process-group signal), or during training
   to one rank only, ends every rank with exit code 5 and, where a rank says why, an error
-  event of kind `cancelled`, never a `comm` failure (exit code 3);
+  event of kind `cancelled`, never a `comm` failure (exit code 3); the ranks start with
+  SIGTERM blocked, as the launcher starts them (server/proc.c, hold_term), so a SIGTERM
+  that comes before a rank has installed its handler, even before its exec, waits for it
+  and is a cancel too, never a death by the signal (exit -15);
 * a stdin that cannot be read (a directory, a write-only descriptor) ends the rank with an
   `io` error naming stdin, and a non-blocking stdin with nothing in it yet is waited for
   without using the CPU: the CPU time the process consumed is read from /proc (or its
@@ -49,10 +52,24 @@ def long_spec(world):
             "ddp": {"timeout_s": 60}}
 
 
+def hold_term():
+    """In the child between fork and exec: SIGTERM blocked, as the launcher starts a rank
+    (server/launch.c, proc_spawn's hold_term); the rank unblocks it once its handler is in
+    place."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def term_before_exec():
+    """hold_term, and a SIGTERM sent there: the earliest moment a launcher's cancel can
+    reach a rank, before the program has run at all."""
+    hold_term()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 class Group:
     """An issuer and `world` ranks in one process group (as the launcher starts them)."""
 
-    def __init__(self, work, world, name):
+    def __init__(self, work, world, name, preexec=hold_term):
         worker = str(H.need_bin() / "ddpd-worker")
         self.world = world
         self.issuer = subprocess.Popen([worker, "--issue-id", "cpu"], stdin=subprocess.PIPE,
@@ -71,11 +88,19 @@ class Group:
                    "data_dir": str(Path(work) / "data"), "out_dir": str(out), "resume": None}
             with open(self.outs[r], "wb") as so, open(self.logs[r], "wb") as se:
                 p = subprocess.Popen([worker], stdin=subprocess.PIPE, stdout=so, stderr=se, env=H.env1(),
-                                     cwd=str(work), process_group=pgid)
+                                     cwd=str(work), process_group=pgid, preexec_fn=preexec)
             if pgid == 0:
                 pgid = p.pid
-            p.stdin.write(json.dumps(doc).encode())
-            p.stdin.close()
+            # As the launcher does: a rank already ended (a SIGTERM before its exec) has
+            # closed its stdin; its exit status says the rest.
+            try:
+                p.stdin.write(json.dumps(doc).encode())
+                p.stdin.close()
+            except BrokenPipeError:
+                try:
+                    p.stdin.close()
+                except BrokenPipeError:
+                    pass
             self.ranks.append(p)
         self.pgid = pgid
 
@@ -157,6 +182,24 @@ def test_sigterm_to_every_rank_at_any_moment_ends_every_rank_cancelled(work, wor
             check_cancelled(g, f"round {i}, SIGTERM to all {world} ranks {delay:.3f} s after start")
         finally:
             g.close()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_sigterm_before_the_handler_is_a_cancel(work, world):
+    """A cancel right after the launch reaches a rank before its handler exists. Without
+    the hold the rank died of the signal (exit -15: no cancel notice for its peers, a
+    signal death in its status); with SIGTERM held but never unblocked it would train on
+    to the launcher's SIGKILL. Sent between fork and exec, it must end every rank at once
+    with exit code 5, the rank saying it was stopped before training."""
+    g = Group(work, world, f"held-{world}", preexec=term_before_exec)
+    try:
+        g.wait_all(timeout=60)
+        check_cancelled(g, f"SIGTERM to {world} rank(s) before their exec")
+        for r in range(world):
+            log = g.logs[r].read_text(errors="replace")
+            assert "SIGTERM before training began" in log, g.describe(f"rank {r} did not say why it stopped")
+    finally:
+        g.close()
 
 
 @pytest.mark.parametrize("world,rounds", [(2, 4), (4, 4)])

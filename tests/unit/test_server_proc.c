@@ -1,7 +1,7 @@
 /* test_server_proc.c — server/proc.c: how every child of the server starts (proc_spawn:
  * only descriptors 0-2 cross, even one numbered past 1,024; /dev/null, the server's own
- * stderr, an empty environment, signals unblocked, its own process group, a failed exec
- * said and exit 127) and proc_mkdirs. The children are coreutils programs: the test may
+ * stderr, an empty environment, signals unblocked (SIGTERM held where asked), its own
+ * process group, a failed exec said and exit 127) and proc_mkdirs. The children are coreutils programs: the test may
  * use them; the server runs none. */
 #include <errno.h>
 #include <fcntl.h>
@@ -135,6 +135,53 @@ static void test_signals_and_group(void)
     sigprocmask(SIG_SETMASK, &old, NULL);
 }
 
+/* Whether `status` (a /proc/PID/status text) shows SIGTERM in its blocked set. */
+static bool term_blocked(const char *status)
+{
+    const char *line = strstr(status, "\nSigBlk:");
+    if (!line)
+        return false;
+    unsigned long long mask = strtoull(line + strlen("\nSigBlk:"), NULL, 16);
+    return (mask >> (SIGTERM - 1)) & 1;
+}
+
+/* hold_term, how a rank starts: SIGTERM blocked in the child (and only there where asked),
+ * so a SIGTERM to its group at once, before the program could install a handler, waits
+ * pending for it to be unblocked instead of killing it: `cat`, which never unblocks it,
+ * ends normally at the end of its input. */
+static void test_hold_term(void)
+{
+    char *argv[] = {"cat", "/proc/self/status", NULL};
+    struct proc_spawn o = {.path = prog("cat"), .argv = argv, .fd = {PROC_FD_NULL, 0, PROC_FD_SAME}, .pgid = -1,
+                           .hold_term = true};
+    char out[8192];
+    CHECK_EQ_INT(run(&o, out, sizeof out, NULL, 0), 0);
+    CHECK(strstr(out, "\nSigBlk:") != NULL);
+    CHECK(term_blocked(out));
+    o.hold_term = false;
+    CHECK_EQ_INT(run(&o, out, sizeof out, NULL, 0), 0);
+    CHECK(strstr(out, "\nSigBlk:") != NULL);
+    CHECK(!term_blocked(out));
+
+    int in[2];
+    CHECK_EQ_INT(pipe2(in, O_CLOEXEC), 0);
+    char *cat[] = {"cat", NULL};
+    o = (struct proc_spawn){.path = prog("cat"), .argv = cat, .fd = {in[0], PROC_FD_NULL, PROC_FD_SAME}, .pgid = 0,
+                            .hold_term = true};
+    pid_t pid = proc_spawn(&o);
+    close(in[0]);
+    CHECK(pid > 0);
+    if (pid > 0) {
+        CHECK_EQ_INT(kill(-pid, SIGTERM), 0); /* the launcher's cancel, right after the fork */
+        close(in[1]);                          /* cat reads EOF and exits 0: the signal waited */
+        int st = 0;
+        CHECK_EQ_INT(waitpid(pid, &st, 0), pid);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    } else {
+        close(in[1]);
+    }
+}
+
 /* A program that cannot be executed: exit 127 and a message naming it on its stderr. */
 static void test_exec_failure(void)
 {
@@ -184,6 +231,7 @@ int main(void)
     test_only_stdio_crosses();
     test_null_stdin_and_empty_env();
     test_signals_and_group();
+    test_hold_term();
     test_exec_failure();
     test_mkdirs();
     CHECK_DONE();
