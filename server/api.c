@@ -45,9 +45,9 @@ struct api {
     struct http_server *http; /* for /metrics; set by api_set_http after the server starts */
     const char *worker, *data_dir, *jobs_dir, *web_dir;
     int64_t max_rank_memory;
-    double plan_timeout_s;     /* see PLAN_TIMEOUT_S */
-    struct planner *planner;   /* ddpd-worker --plan processes for the submission check */
-    struct streams *streams;   /* the event streams and their heartbeats */
+    double plan_timeout_s;   /* see PLAN_TIMEOUT_S */
+    struct planner *planner; /* ddpd-worker --plan processes for the submission check */
+    struct streams *streams; /* the event streams and their heartbeats */
     struct job_cache_slot job_cache[JOB_CACHE_SLOTS];
 };
 

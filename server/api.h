@@ -21,8 +21,8 @@ struct api_config {
     struct store *store;
     struct hub *hub;
     struct super *super;
-    const char *worker;      /* ddpd-worker, for the submission-time data check */
-    const char *data_dir;    /* absolute */
+    const char *worker;   /* ddpd-worker, for the submission-time data check */
+    const char *data_dir; /* absolute */
     const char *jobs_dir;
     const char *web_dir;     /* the dashboard's files (index.html, ...); NULL = none */
     int64_t max_rank_memory; /* bytes one rank may need (--max-rank-memory); 0 = no limit */

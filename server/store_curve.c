@@ -80,14 +80,13 @@ static void acc_add(struct acc *a, int64_t bucket, struct pt p)
     a->n++;
 }
 
-
 struct store__curve {
     int64_t lo, hi;
-    uint64_t width;   /* steps per bucket */
-    struct acc mean;  /* the mean over ranks per step */
+    uint64_t width;     /* steps per bucket */
+    struct acc mean;    /* the mean over ranks per step */
     struct acc **ranks; /* [nranks], NULL where a rank has no points */
     int nranks;
-    int64_t cur;      /* the step whose mean is being summed */
+    int64_t cur; /* the step whose mean is being summed */
     double sum;
     int cnt;
     int64_t points;
@@ -196,4 +195,3 @@ void store_metrics_free(struct store_metrics *m)
     free(m->series);
     memset(m, 0, sizeof *m);
 }
-

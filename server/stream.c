@@ -473,8 +473,8 @@ ddpd_err streams_new(struct hub *h, struct store *s, double heartbeat_s, struct 
     return DDPD_OK;
 }
 
-ddpd_err streams_open(struct streams *ss, int64_t job, int64_t after, hub_format format, void (*wake)(void *ctx),
-                      void *ctx, struct stream **out, struct ddpd_error *err)
+ddpd_err streams_open(struct streams *ss, int64_t job, int64_t after, hub_format format,
+                      void (*wake)(void *ctx), void *ctx, struct stream **out, struct ddpd_error *err)
 {
     struct stream_opts o = {.format = format, .wake = wake, .ctx = ctx, .heartbeat_s = ss->heartbeat_s};
     ddpd_err rc = stream_open(ss->hub, ss->store, job, after, &o, out, err);

@@ -91,8 +91,8 @@ ddpd_err streams_new(struct hub *h, struct store *s, double heartbeat_s, struct 
  * borrowed, valid until stream_free). On DDPD_OK *out is a new stream that the caller
  * frees with stream_free before streams_free. Errors as stream_open's. The job's
  * existence is the caller's check. Any thread. */
-ddpd_err streams_open(struct streams *ss, int64_t job, int64_t after, hub_format format, void (*wake)(void *ctx),
-                      void *ctx, struct stream **out, struct ddpd_error *err);
+ddpd_err streams_open(struct streams *ss, int64_t job, int64_t after, hub_format format,
+                      void (*wake)(void *ctx), void *ctx, struct stream **out, struct ddpd_error *err);
 
 /* Stops the heartbeat thread and frees the handle. Every stream opened through it must
  * have been freed. NULL is a no-op. */
