@@ -49,8 +49,9 @@ struct stream_opts {
     size_t page_events; /* events per page read from the store; 0 = 1000 */
     size_t page_bytes;  /* event bodies per page; 0 = 64 KiB (a page always takes one event) */
     /* Called when a stream_next that returned STREAM_AGAIN would now return something
-     * else; runs on the hub's publisher thread; must be quick and must not call stream_*
-     * functions of this stream. May be NULL (then poll). */
+     * else (or, for a stream of `struct streams`, when a keep-alive is due); runs on the
+     * hub's publisher thread or the streams' heartbeat thread (see Threads); must be
+     * quick and must not call stream_* or streams_* functions. May be NULL (then poll). */
     void (*wake)(void *ctx);
     void *ctx; /* borrowed, passed to wake */
     /* Seconds without a byte for the client after which stream_next, having nothing
