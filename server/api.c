@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "../schema/spec.h"
@@ -28,7 +27,29 @@
 #include "stream.h"
 #include "super.h"
 
-#define HEARTBEAT_S 15.0
+/* The rendered-job cache's size (see job_cache_respond). */
+#define JOB_CACHE_SLOTS 256
+
+struct job_cache_slot {
+    pthread_mutex_t mu;
+    int64_t id; /* 0 = empty */
+    uint64_t version;
+    char *text; /* with its trailing newline */
+    size_t len;
+};
+
+struct api {
+    struct store *store;
+    struct hub *hub;
+    struct super *super;
+    struct http_server *http; /* for /metrics; set by api_set_http after the server starts */
+    const char *worker, *data_dir, *jobs_dir, *web_dir;
+    int64_t max_rank_memory;
+    double plan_timeout_s;   /* see PLAN_TIMEOUT_S */
+    struct planner *planner; /* ddpd-worker --plan processes for the submission check */
+    struct streams *streams; /* the event streams and their heartbeats */
+    struct job_cache_slot job_cache[JOB_CACHE_SLOTS];
+};
 
 static struct api *ctx_of(struct http_request *req) { return http_request_ctx(req); }
 
@@ -130,40 +151,31 @@ static ddpd_err respond_job(struct http_request *req, int status, const struct s
  * the store's version of the job (store_job_version, read before the store is), so a
  * repeated GET of an unchanged job costs a lock and a copy, not two queries and a render. */
 
-#define JOB_CACHE_SLOTS 256
-
-struct job_cache_slot {
-    pthread_mutex_t mu;
-    int64_t id; /* 0 = empty */
-    uint64_t version;
-    char *text; /* with its trailing newline */
-    size_t len;
-};
-
-static struct job_cache_slot job_cache[JOB_CACHE_SLOTS];
-
-static void job_cache_init(void)
+static void job_cache_init(struct api *a)
 {
     for (int i = 0; i < JOB_CACHE_SLOTS; i++)
-        job_cache[i] = (struct job_cache_slot){.mu = PTHREAD_MUTEX_INITIALIZER};
+        pthread_mutex_init(&a->job_cache[i].mu, NULL);
 }
 
-static void job_cache_clear(void)
+static void job_cache_clear(struct api *a)
 {
     for (int i = 0; i < JOB_CACHE_SLOTS; i++) {
-        free(job_cache[i].text);
-        job_cache[i].text = NULL;
-        job_cache[i].id = 0;
-        pthread_mutex_destroy(&job_cache[i].mu);
+        free(a->job_cache[i].text);
+        a->job_cache[i].text = NULL;
+        a->job_cache[i].id = 0;
+        pthread_mutex_destroy(&a->job_cache[i].mu);
     }
 }
 
-static struct job_cache_slot *job_cache_slot(int64_t id) { return &job_cache[(uint64_t)id % JOB_CACHE_SLOTS]; }
+static struct job_cache_slot *job_cache_slot(struct api *a, int64_t id)
+{
+    return &a->job_cache[(uint64_t)id % JOB_CACHE_SLOTS];
+}
 
 /* Answers from the cache when it holds `id` at `version`; false when it does not. */
 static bool job_cache_respond(struct http_request *req, int64_t id, uint64_t version, ddpd_err *rc)
 {
-    struct job_cache_slot *c = job_cache_slot(id);
+    struct job_cache_slot *c = job_cache_slot(ctx_of(req), id);
     bool hit = false;
     pthread_mutex_lock(&c->mu);
     if (c->text && c->id == id && c->version == version) {
@@ -175,9 +187,9 @@ static bool job_cache_respond(struct http_request *req, int64_t id, uint64_t ver
 }
 
 /* Keeps `text` (taken) as job id's answer at `version`. */
-static void job_cache_put(int64_t id, uint64_t version, char *text, size_t len)
+static void job_cache_put(struct api *a, int64_t id, uint64_t version, char *text, size_t len)
 {
-    struct job_cache_slot *c = job_cache_slot(id);
+    struct job_cache_slot *c = job_cache_slot(a, id);
     pthread_mutex_lock(&c->mu);
     char *old = c->text;
     c->id = id;
@@ -296,7 +308,6 @@ _Static_assert(SPEC_MAX_WORLD <= PLAN_MAX_WORLD, "the planner takes every world 
  * (never an HTTP thread) this long. DDPD_PLAN_TIMEOUT_S (seconds, 1-3600) changes it, for
  * tests of that case. */
 #define PLAN_TIMEOUT_S 30.0
-static double plan_timeout_s = PLAN_TIMEOUT_S;
 
 static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
 {
@@ -345,7 +356,7 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
     pl->req = req;
     pl->a = a;
     http_defer(req);
-    if ((rc = planner_plan_async(a->planner, doc, spec->world_size, plan_timeout_s, planned, pl, err))) {
+    if ((rc = planner_plan_async(a->planner, doc, spec->world_size, a->plan_timeout_s, planned, pl, err))) {
         /* Nothing queued: answer the deferred request with the error now. */
         http_deferred_done(req, rc, err);
         return DDPD_OK;
@@ -442,7 +453,7 @@ static ddpd_err h_get(struct http_request *req, struct ddpd_error *err)
     if (queued) /* its pending reason changes without the store */
         free(t);
     else
-        job_cache_put(id, version, t, len);
+        job_cache_put(a, id, version, t, len);
     return rc;
 }
 
@@ -492,31 +503,18 @@ static ddpd_err h_delete(struct http_request *req, struct ddpd_error *err)
 
 /* ---- events ---------------------------------------------------------------------------------- */
 
+/* One GET .../events: the stream (stream.h: history, live tail, keep-alives) tied to its
+ * HTTP response. Two references, the handler's and on_close's; the last frees. */
 struct evstream {
     pthread_mutex_t mu;
-    int refs;               /* the handler's and on_close's */
-    struct stream *stream;  /* history from the store, then the hub (stream.h) */
-    struct http_stream *st;
-    hub_format fmt;
-    _Atomic int64_t last_write_us; /* written by the pulling thread, read by the heartbeats */
+    int refs;
+    struct stream *stream;
+    struct http_stream *st; /* set once the response exists */
     bool closed;
-    struct evstream *prev, *next; /* the heartbeat list */
 };
 
-static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct evstream *streams;
-
-static int64_t mono_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
-}
-
-static double idle_s(const struct evstream *es) { return (double)(mono_us() - es->last_write_us) * 1e-6; }
-
-/* The last reference (the handler's or on_close's) ends the stream, gives the owner's
- * reference of the HTTP stream back and frees. */
+/* The last reference ends the stream, gives the owner's reference of the HTTP stream back
+ * and frees. */
 static void es_unref(struct evstream *es)
 {
     pthread_mutex_lock(&es->mu);
@@ -530,6 +528,7 @@ static void es_unref(struct evstream *es)
     free(es);
 }
 
+/* The stream's wake: its pull would find something (data, the end, a keep-alive). */
 static void es_wake(void *arg)
 {
     struct evstream *es = arg;
@@ -547,18 +546,8 @@ static long es_pull(void *arg, char *buf, size_t cap)
     size_t len = 0;
     switch (stream_next(es->stream, buf, cap, &len)) {
     case STREAM_DATA:
-        es->last_write_us = mono_us();
         return (long)len;
     case STREAM_AGAIN:
-        if (idle_s(es) >= HEARTBEAT_S) {
-            /* Finds dead clients: a write to a closed connection fails. */
-            const char *hb = hub_heartbeat(es->fmt, &len);
-            if (len && len <= cap) {
-                memcpy(buf, hb, len);
-                es->last_write_us = mono_us();
-                return (long)len;
-            }
-        }
         return 0;
     case STREAM_END:
     case STREAM_CLOSED:
@@ -571,15 +560,6 @@ static void es_close(void *arg, enum http_stream_end why)
 {
     (void)why;
     struct evstream *es = arg;
-    pthread_mutex_lock(&streams_mu);
-    if (es->prev)
-        es->prev->next = es->next;
-    else if (streams == es)
-        streams = es->next;
-    if (es->next)
-        es->next->prev = es->prev;
-    es->prev = es->next = NULL;
-    pthread_mutex_unlock(&streams_mu);
     pthread_mutex_lock(&es->mu);
     es->closed = true;
     pthread_mutex_unlock(&es->mu);
@@ -616,22 +596,20 @@ static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
     if ((rc = http_query_int(req, "after", 0, INT64_MAX, after, &q_after, err)))
         return rc;
     after = q_after;
+    hub_format fmt = fmt_idx == 1 ? HUB_FORMAT_NDJSON : HUB_FORMAT_SSE;
 
     struct evstream *es = calloc(1, sizeof *es);
     if (!es)
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
     pthread_mutex_init(&es->mu, NULL);
     es->refs = 2;
-    es->fmt = fmt_idx == 1 ? HUB_FORMAT_NDJSON : HUB_FORMAT_SSE;
-    es->last_write_us = mono_us();
-    struct stream_opts so = {.format = es->fmt, .wake = es_wake, .ctx = es};
-    if ((rc = stream_open(a->hub, a->store, job, after, &so, &es->stream, err))) {
+    if ((rc = streams_open(a->streams, job, after, fmt, es_wake, es, &es->stream, err))) {
         pthread_mutex_destroy(&es->mu);
         free(es);
         return rc;
     }
     struct http_stream_opts ho = {
-        .content_type = es->fmt == HUB_FORMAT_SSE ? "text/event-stream" : "application/x-ndjson",
+        .content_type = fmt == HUB_FORMAT_SSE ? "text/event-stream" : "application/x-ndjson",
         /* Everything is pulled (es_pull), nothing written ahead: the history is paged
          * from the store as the client reads it. */
         .max_buffer = 64u << 10,
@@ -649,77 +627,50 @@ static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
     pthread_mutex_lock(&es->mu);
     es->st = st;
     pthread_mutex_unlock(&es->mu);
-    pthread_mutex_lock(&streams_mu);
-    es->next = streams;
-    if (streams)
-        streams->prev = es;
-    streams = es;
-    pthread_mutex_unlock(&streams_mu);
     es_wake(es);
     es_unref(es);
     return DDPD_OK;
-}
-
-/* The heartbeat thread: wakes every stream now and then so that its pull can send a
- * keep-alive comment (and find clients that went away). */
-static pthread_t hb_thread;
-static volatile int hb_stop;
-static pthread_mutex_t hb_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t hb_cv = PTHREAD_COND_INITIALIZER;
-
-static void *heartbeats(void *arg)
-{
-    (void)arg;
-    pthread_mutex_lock(&hb_mu);
-    while (!hb_stop) {
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        t.tv_sec += 5;
-        pthread_cond_timedwait(&hb_cv, &hb_mu, &t);
-        if (hb_stop)
-            break;
-        pthread_mutex_lock(&streams_mu);
-        for (struct evstream *es = streams; es; es = es->next)
-            if (idle_s(es) >= HEARTBEAT_S)
-                es_wake(es);
-        pthread_mutex_unlock(&streams_mu);
-    }
-    pthread_mutex_unlock(&hb_mu);
-    return NULL;
 }
 
 /* Planner processes: two answer while a third submission waits (each answer takes
  * microseconds to a few milliseconds; more processes would only cost memory). */
 #define PLANNERS 2
 
-ddpd_err api_start(struct api *a, struct ddpd_error *err)
+ddpd_err api_new(const struct api_config *c, struct api **out, struct ddpd_error *err)
 {
+    *out = NULL;
+    struct api *a = calloc(1, sizeof *a);
+    if (!a)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory for the api");
+    *a = (struct api){.store = c->store, .hub = c->hub, .super = c->super, .worker = c->worker,
+                      .data_dir = c->data_dir, .jobs_dir = c->jobs_dir, .web_dir = c->web_dir,
+                      .max_rank_memory = c->max_rank_memory};
     const char *pt = getenv("DDPD_PLAN_TIMEOUT_S");
     char *end = NULL;
     double t = pt ? strtod(pt, &end) : 0;
-    plan_timeout_s = pt && end != pt && !*end && t >= 1 && t <= 3600 ? t : PLAN_TIMEOUT_S;
-    if (!(a->planner = planner_new(a->worker, PLANNERS)))
-        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory for the planner");
-    job_cache_init();
-    hb_stop = 0;
-    if (pthread_create(&hb_thread, NULL, heartbeats, NULL) != 0) {
-        planner_free(a->planner);
-        a->planner = NULL;
-        return ddpd_error_set(err, DDPD_EINTERNAL, "", "cannot start the heartbeat thread");
+    a->plan_timeout_s = pt && end != pt && !*end && t >= 1 && t <= 3600 ? t : PLAN_TIMEOUT_S;
+    job_cache_init(a);
+    ddpd_err rc = streams_new(a->hub, a->store, 0, &a->streams, err);
+    if (rc == DDPD_OK && !(a->planner = planner_new(a->worker, PLANNERS)))
+        rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory for the planner");
+    if (rc) {
+        api_free(a);
+        return rc;
     }
+    *out = a;
     return DDPD_OK;
 }
 
-void api_stop(struct api *a)
+void api_set_http(struct api *a, struct http_server *http) { __atomic_store_n(&a->http, http, __ATOMIC_RELEASE); }
+
+void api_free(struct api *a)
 {
+    if (!a)
+        return;
     planner_free(a->planner);
-    a->planner = NULL;
-    job_cache_clear();
-    pthread_mutex_lock(&hb_mu);
-    hb_stop = 1;
-    pthread_cond_signal(&hb_cv);
-    pthread_mutex_unlock(&hb_mu);
-    pthread_join(hb_thread, NULL);
+    streams_free(a->streams);
+    job_cache_clear(a);
+    free(a);
 }
 
 /* ---- metrics, logs, checkpoint ----------------------------------------------------------- */
@@ -870,7 +821,7 @@ static ddpd_err h_prometheus(struct http_request *req, struct ddpd_error *err)
     struct hub_stats hs;
     store_stats_get(a->store, &ss);
     hub_stats_get(a->hub, &hs);
-    /* Set by serve.c after the HTTP server started, while requests may already run. */
+    /* Set by api_set_http after the HTTP server started, while requests may already run. */
     struct http_server *srv = __atomic_load_n(&a->http, __ATOMIC_ACQUIRE);
     char *httpm = srv ? http_server_metrics(srv) : NULL;
     size_t cap = 8192 + (httpm ? strlen(httpm) : 0), n = 0;

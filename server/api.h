@@ -1,5 +1,6 @@
 /* api.h — the /v1 handlers of CONTRACT.md §7 and the route table that binds them. They
- * validate input, read the store, and hand job changes to the supervisor. */
+ * validate input, read the store, hand job changes to the supervisor and open event
+ * streams (stream.h). */
 #ifndef DDPD_API_H
 #define DDPD_API_H
 
@@ -13,27 +14,35 @@ struct hub;
 struct super;
 struct http_server;
 struct http_route;
+struct api;
 
-struct api {
+/* What the handlers work with; every pointer is borrowed and must outlive the api. */
+struct api_config {
     struct store *store;
     struct hub *hub;
     struct super *super;
-    struct http_server *http; /* for /metrics; set after the server starts */
-    const char *worker;       /* ddpd-worker, for the submission-time data check */
-    const char *data_dir;     /* absolute */
+    const char *worker;   /* ddpd-worker, for the submission-time data check */
+    const char *data_dir; /* absolute */
     const char *jobs_dir;
-    const char *web_dir;      /* the dashboard's files (index.html, ...); NULL = none */
-    int64_t max_rank_memory;  /* bytes one rank may need (--max-rank-memory); 0 = no limit */
-    /* Set up by api_start: */
-    struct planner *planner;  /* ddpd-worker --plan processes for the submission check */
+    const char *web_dir;     /* the dashboard's files (index.html, ...); NULL = none */
+    int64_t max_rank_memory; /* bytes one rank may need (--max-rank-memory); 0 = no limit */
 };
 
 /* The route table (static; handlers get the struct api through http_request_ctx). */
 const struct http_route *api_routes(size_t *n);
 
-/* Starts / stops the thread that sends heartbeats to idle event streams every 15 s, and
- * the submission check's planner processes. */
-ddpd_err api_start(struct api *a, struct ddpd_error *err);
-void api_stop(struct api *a);
+/* A new api over `c` (borrowed; its strings are borrowed too) with its event streams
+ * (heartbeats to idle ones every 15 s) and the submission check's planner processes.
+ * On DDPD_OK *out is a new api that the caller frees with api_free after the HTTP server
+ * that serves it. Errors: DDPD_ENOMEM, DDPD_EINTERNAL; err says which. */
+ddpd_err api_new(const struct api_config *c, struct api **out, struct ddpd_error *err);
+
+/* Tells the api its HTTP server (borrowed), for /metrics; may be called while requests
+ * run. */
+void api_set_http(struct api *a, struct http_server *http);
+
+/* Stops the planner and the streams' heartbeats and frees the api. Every stream must have
+ * been closed (free the HTTP server first). NULL is a no-op. */
+void api_free(struct api *a);
 
 #endif

@@ -18,8 +18,9 @@
  * (on_ready, on_drop) run on the thread that caused them (usually the publisher), never
  * under a hub lock, and never after hub_unsubscribe has returned.
  *
- * Serving GET /v1/jobs/{id}/events (the recipe, gap-free and duplicate-free; server/stream.c
- * follows it, paging the store's part, and joins the hub only once it has caught up):
+ * Serving a job's events gap-free and duplicate-free (the recipe; server/stream.c is the
+ * one caller that carries it out, paging the store's part, and joins the hub only once it
+ * has caught up: everything else opens a stream there):
  *   The supervisor appends every event to the store BEFORE it publishes it here. Then:
  *   1. sub = hub_subscribe(hub, job, after_seq, ..., &from)    (attaches atomically)
  *   2. if from > after_seq + 1: store_flush(), then send the store's events with
@@ -35,13 +36,8 @@
  *      past it), end the stream at once. For that, the supervisor appends a job's final
  *      `state` event before it writes the final state into the job row.
  *   3. then pull: hub_sub_next until HUB_END (the stream is complete: close it) or
- *      HUB_DROPPED (close it; an SSE client resumes with Last-Event-ID).
- *   With libmicrohttpd: MHD_create_response_from_callback's reader calls hub_sub_next;
- *   on HUB_AGAIN it suspends the connection (or writes a heartbeat when 15 s passed)
- *   and returns 0; on_ready / on_drop call MHD_resume_connection. A wake-up may arrive
- *   before the suspend; keep a flag under your own lock (on_ready sets it when the
- *   connection is not suspended yet; the reader pulls again instead of suspending).
- *   The response's free callback calls hub_unsubscribe. */
+ *      HUB_DROPPED (close it; an SSE client resumes with Last-Event-ID); on HUB_AGAIN
+ *      wait for on_ready / on_drop, which may come before the caller starts waiting. */
 #ifndef DDPD_HUB_H
 #define DDPD_HUB_H
 

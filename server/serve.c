@@ -411,7 +411,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
     struct hub *hub = NULL;
     struct super *super = NULL;
     struct http_server *http = NULL;
-    struct api api = {0};
+    struct api *api = NULL;
     struct store_lock *lock = NULL;
     int listen_fd = -1;
 
@@ -455,14 +455,15 @@ int serve_main(int argc, char **argv, const char *self_dir)
         fprintf(stderr, "ddpd serve: %s\n", err.message);
         goto out;
     }
-    api = (struct api){.store = store, .hub = hub, .super = super, .worker = worker, .data_dir = data_abs,
-                       .jobs_dir = jobs_abs, .web_dir = web_abs[0] ? web_abs : NULL,
-                       .max_rank_memory = max_rank_memory};
+    struct api_config ac = {.store = store, .hub = hub, .super = super, .worker = worker, .data_dir = data_abs,
+                            .jobs_dir = jobs_abs, .web_dir = web_abs[0] ? web_abs : NULL,
+                            .max_rank_memory = max_rank_memory};
     size_t nroutes;
-    struct http_config hc = {.listen = listen, .listen_fd = listen_fd, .routes = api_routes(&nroutes), .ctx = &api, .token = token,
+    struct http_config hc = {.listen = listen, .listen_fd = listen_fd, .routes = api_routes(&nroutes), .ctx = NULL, .token = token,
                              .cors_origin = cors, .threads = 4, .connection_limit = connection_limit()};
     hc.nroutes = nroutes;
-    if (api_start(&api, &err) == DDPD_OK) {
+    if (api_new(&ac, &api, &err) == DDPD_OK) {
+        hc.ctx = api;
         http = http_server_new(&hc, &err);
         listen_fd = -1; /* taken, also on failure */
     }
@@ -470,7 +471,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
         fprintf(stderr, "ddpd serve: %s\n", err.message);
         goto out;
     }
-    __atomic_store_n(&api.http, http, __ATOMIC_RELEASE); /* read by /metrics handlers */
+    api_set_http(api, http); /* read by /metrics handlers */
     fprintf(stderr, "ddpd serve: listening on http://%s%s (port %d), database %s, %d GPU%s, %ld CPU slot%s\n",
             listen, token ? " with a token" : "", http_server_port(http), db, gpus, gpus == 1 ? "" : "s",
             cpu_slots, cpu_slots == 1 ? "" : "s");
@@ -488,8 +489,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
 out:
     /* Order: no new requests, then the jobs, then the streams, then the store. */
     http_server_free(http);
-    if (api.store)
-        api_stop(&api);
+    api_free(api);
     super_stop(super);
     if (hub)
         hub_close_all(hub, "server shutting down");

@@ -19,118 +19,13 @@
 #include <time.h>
 #include <unistd.h>
 #include "proc.h"
+#include "store_impl.h"
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-/* ---- migrations: schema/migrations/NNN_*.sql, byte for byte (test_store compares) ---- */
+/* ---- migrations: schema/migrations/NNN_*.sql, generated into C by the build ---- */
 
-static const char mig_001[] =
-    "-- 001_init.sql — ddpd's first schema: jobs, their attempts and ranks, the event log and\n"
-    "-- the loss series (CONTRACT.md §6, §7). server/store.c embeds this file byte for byte\n"
-    "-- (test_store checks that the two are identical) and applies it when the database's\n"
-    "-- PRAGMA user_version is below 1. Times are seconds since the epoch (REAL).\n"
-    "\n"
-    "-- One row per submitted job. AUTOINCREMENT: an id is never reused, even after the newest\n"
-    "-- job is deleted, so URLs, cursors and var/jobs/ID folders never point at a stranger.\n"
-    "CREATE TABLE jobs (\n"
-    "    id             INTEGER PRIMARY KEY AUTOINCREMENT,\n"
-    "    name           TEXT    NOT NULL,\n"
-    "    state          TEXT    NOT NULL CHECK (state IN ('queued', 'starting', 'running',\n"
-    "                                                     'succeeded', 'failed', 'cancelled')),\n"
-    "    spec           TEXT    NOT NULL CHECK (json_valid(spec)),\n"
-    "    world_size     INTEGER NOT NULL CHECK (world_size >= 1),\n"
-    "    device         TEXT    NOT NULL CHECK (device IN ('cpu', 'cuda')),\n"
-    "    created_at     REAL    NOT NULL,\n"
-    "    started_at     REAL,\n"
-    "    finished_at    REAL,\n"
-    "    attempt        INTEGER NOT NULL DEFAULT 0,   -- 0 until the first start, then 1, 2, ...\n"
-    "    step           INTEGER,                      -- latest optimizer step with a loss\n"
-    "    loss           REAL,                         -- mean over the ranks that reported it\n"
-    "    error          TEXT,\n"
-    "    pending_reason TEXT,\n"
-    "    max_restarts   INTEGER NOT NULL DEFAULT 0,\n"
-    "    restarts       INTEGER NOT NULL DEFAULT 0\n"
-    ");\n"
-    "-- GET /v1/jobs?state=... newest first, and restart recovery (jobs left starting/running).\n"
-    "CREATE INDEX jobs_state_id ON jobs (state, id);\n"
-    "\n"
-    "-- One row per start of a job's process group (a restart makes a new attempt).\n"
-    "CREATE TABLE attempts (\n"
-    "    job         INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,\n"
-    "    attempt     INTEGER NOT NULL,\n"
-    "    comm_id     TEXT,                            -- the rendezvous id, hex\n"
-    "    started_at  REAL    NOT NULL,\n"
-    "    finished_at REAL,\n"
-    "    outcome     TEXT,                            -- succeeded, failed, cancelled, restarted, ...\n"
-    "    PRIMARY KEY (job, attempt)\n"
-    ") WITHOUT ROWID;\n"
-    "\n"
-    "-- One row per worker process of an attempt. pid + start_time (field 22 of /proc/PID/stat,\n"
-    "-- clock ticks after boot) recognise an orphan after a server restart even when the pid\n"
-    "-- has been reused. step/loss/samples_per_s: the rank's latest loss event.\n"
-    "CREATE TABLE ranks (\n"
-    "    job           INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,\n"
-    "    attempt       INTEGER NOT NULL,\n"
-    "    rank          INTEGER NOT NULL,\n"
-    "    pid           INTEGER,\n"
-    "    start_time    INTEGER,\n"
-    "    state         TEXT    NOT NULL,\n"
-    "    exit_code     INTEGER,\n"
-    "    step          INTEGER,\n"
-    "    loss          REAL,\n"
-    "    samples_per_s REAL,\n"
-    "    PRIMARY KEY (job, attempt, rank)\n"
-    ") WITHOUT ROWID;\n"
-    "\n"
-    "-- Every event the server stored for a job, in its per-job order. body is the JSON line as\n"
-    "-- sent to clients (with job, attempt and seq); rank is NULL for the server's own events.\n"
-    "CREATE TABLE events (\n"
-    "    job     INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,\n"
-    "    seq     INTEGER NOT NULL,\n"
-    "    attempt INTEGER NOT NULL,\n"
-    "    kind    TEXT    NOT NULL,\n"
-    "    rank    INTEGER,\n"
-    "    body    TEXT    NOT NULL,\n"
-    "    ts      REAL    NOT NULL,\n"
-    "    PRIMARY KEY (job, seq)\n"
-    ") WITHOUT ROWID;\n"
-    "\n"
-    "-- The loss curve for /metrics: one value per (job, step, rank). A restart that repeats a\n"
-    "-- step replaces the earlier value; a non-finite loss is NULL.\n"
-    "CREATE TABLE loss (\n"
-    "    job  INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,\n"
-    "    step INTEGER NOT NULL,\n"
-    "    rank INTEGER NOT NULL,\n"
-    "    loss REAL,\n"
-    "    PRIMARY KEY (job, step, rank)\n"
-    ") WITHOUT ROWID;\n";
-
-static const char mig_002[] =
-    "-- 002_restart_history.sql — why each restart of a job happened, in a column of its own, so\n"
-    "-- that `error` says only why a job failed or was cancelled (a job that succeeded after a\n"
-    "-- restart kept the restart's reason as its error). server/store.c embeds this file byte for\n"
-    "-- byte and applies it when the database's PRAGMA user_version is below 2.\n"
-    "--\n"
-    "-- restart_history is a JSON array, oldest first, of {\"attempt\": N, \"reason\": \"...\",\n"
-    "-- \"ts\": T}: the attempt that ended, why the job was started again, and when.\n"
-    "ALTER TABLE jobs ADD COLUMN restart_history TEXT NOT NULL DEFAULT '[]'\n"
-    "    CHECK (json_valid(restart_history));\n"
-    "\n"
-    "-- Under version 1 a job that was not failed or cancelled could hold an error only from a\n"
-    "-- restart (the latest one): it moves into the history. A requeued job still has the\n"
-    "-- attempt that ended; a started one has the next.\n"
-    "UPDATE jobs SET restart_history = json_array(json_object(\n"
-    "        'attempt', CASE WHEN state = 'queued' THEN attempt ELSE attempt - 1 END,\n"
-    "        'reason', error, 'ts', NULL)),\n"
-    "    error = NULL\n"
-    "    WHERE error IS NOT NULL AND state IN ('queued', 'starting', 'running', 'succeeded');\n";
-
-static const struct {
-    const char *name, *sql;
-} migrations[] = {
-    {"001_init.sql", mig_001},
-    {"002_restart_history.sql", mig_002},
-};
+#include "store_migrations.h" /* migrations[]: {name, sql} (cmake/embed_migrations.cmake) */
 
 int store_schema_version(void)
 {
@@ -177,7 +72,7 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-static void *xcalloc(size_t n, size_t size)
+void *store__xcalloc(size_t n, size_t size)
 {
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (!p)
@@ -185,7 +80,7 @@ static void *xcalloc(size_t n, size_t size)
     return p;
 }
 
-static void *xrealloc(void *p, size_t n)
+void *store__xrealloc(void *p, size_t n)
 {
     p = realloc(p, n ? n : 1);
     if (!p)
@@ -425,7 +320,7 @@ static ddpd_err conn_open(const char *path, bool writer, int busy_ms, struct con
                           struct ddpd_error *err)
 {
     ddpd_err e = DDPD_OK;
-    struct conn *c = xcalloc(1, sizeof *c);
+    struct conn *c = store__xcalloc(1, sizeof *c);
     int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (writer ? SQLITE_OPEN_CREATE : 0);
     int rc = sqlite3_open_v2(path, &c->db, flags, NULL);
     if (rc != SQLITE_OK) {
@@ -883,8 +778,8 @@ static void *writer_main(void *arg)
 {
     struct store *s = arg;
     pthread_setname_np(pthread_self(), "ddpd-events");
-    struct qev *b = xcalloc((size_t)s->o.batch_max, sizeof *b);
-    struct qev **loss = xcalloc((size_t)s->o.batch_max, sizeof *loss);
+    struct qev *b = store__xcalloc((size_t)s->o.batch_max, sizeof *b);
+    struct qev **loss = store__xcalloc((size_t)s->o.batch_max, sizeof *loss);
     int cap = s->o.queue_max;
     pthread_mutex_lock(&s->qmu);
     for (;;) {
@@ -1170,7 +1065,7 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
         close(dbfd); /* else SQLite's open below says why */
     make_private(path);
 
-    s = xcalloc(1, sizeof *s);
+    s = store__xcalloc(1, sizeof *s);
     s->path = strdup(path);
     if (!s->path)
         abort();
@@ -1202,7 +1097,7 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
     cond_init_mono(&s->qcv);
     cond_init_mono(&s->space_cv);
     pthread_cond_init(&s->done_cv, NULL);
-    s->q = xcalloc((size_t)s->o.queue_max, sizeof *s->q);
+    s->q = store__xcalloc((size_t)s->o.queue_max, sizeof *s->q);
 
     e = conn_open(path, true, s->o.busy_timeout_ms, &s->w, err);
     if (e != DDPD_OK)
@@ -1862,7 +1757,7 @@ static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_erro
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         if (j->n_ranks == cap) {
             cap = cap ? 2 * cap : 8;
-            j->ranks = xrealloc(j->ranks, cap * sizeof *j->ranks);
+            j->ranks = store__xrealloc(j->ranks, cap * sizeof *j->ranks);
         }
         struct store_rank *r = &j->ranks[j->n_ranks++];
         memset(r, 0, sizeof *r);
@@ -1939,7 +1834,7 @@ ddpd_err store_job_list(struct store *s, const struct store_job_query *q, struct
             sqlite3_bind_text(st, p++, state_names[i], -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 8, limit + 1); /* one more tells whether there is a next page */
     sqlite3_bind_int(st, 9, q->with_spec);
-    out->jobs = xcalloc((size_t)limit, sizeof *out->jobs);
+    out->jobs = store__xcalloc((size_t)limit, sizeof *out->jobs);
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         if (out->n == (size_t)limit) {
@@ -2103,92 +1998,7 @@ out:
     return e;
 }
 
-/* ---- metrics: min/max-preserving buckets over one streamed pass ---- */
-
-struct pt {
-    int64_t step;
-    double v;
-};
-
-/* One series being downsampled: the open bucket and the points already kept. */
-struct acc {
-    int64_t bucket; /* index of the open bucket; -1 before the first point */
-    int n;          /* points seen in the open bucket */
-    struct pt buf[4], first, min, max, last;
-    size_t n_out, cap;
-    int64_t *step;
-    double *loss;
-};
-
-static void acc_put(struct acc *a, struct pt p)
-{
-    if (a->n_out == a->cap) {
-        a->cap = a->cap ? 2 * a->cap : 64;
-        a->step = xrealloc(a->step, a->cap * sizeof *a->step);
-        a->loss = xrealloc(a->loss, a->cap * sizeof *a->loss);
-    }
-    a->step[a->n_out] = p.step;
-    a->loss[a->n_out] = p.v;
-    a->n_out++;
-}
-
-/* Closes the open bucket: all its points when it has at most 4, else its first,
- * minimum, maximum and last point, distinct and in step order. */
-static void acc_emit(struct acc *a)
-{
-    if (a->n <= 4) {
-        for (int i = 0; i < a->n; i++)
-            acc_put(a, a->buf[i]);
-    } else {
-        struct pt mid[2] = {a->min, a->max};
-        if (mid[1].step < mid[0].step) {
-            struct pt t = mid[0];
-            mid[0] = mid[1];
-            mid[1] = t;
-        }
-        int64_t prev = a->first.step;
-        acc_put(a, a->first);
-        for (int i = 0; i < 2; i++)
-            if (mid[i].step != prev && mid[i].step != a->last.step) {
-                acc_put(a, mid[i]);
-                prev = mid[i].step;
-            }
-        acc_put(a, a->last);
-    }
-    a->n = 0;
-}
-
-static void acc_add(struct acc *a, int64_t bucket, struct pt p)
-{
-    if (bucket != a->bucket) {
-        acc_emit(a);
-        a->bucket = bucket;
-    }
-    if (a->n < 4)
-        a->buf[a->n] = p;
-    if (a->n == 0) {
-        a->first = a->min = a->max = p;
-    } else {
-        if (p.v < a->min.v)
-            a->min = p;
-        if (p.v > a->max.v)
-            a->max = p;
-    }
-    a->last = p;
-    a->n++;
-}
-
-void store_metrics_free(struct store_metrics *m)
-{
-    if (!m)
-        return;
-    for (size_t i = 0; i < m->n_series; i++) {
-        free(m->series[i].step);
-        free(m->series[i].loss);
-    }
-    free(m->series);
-    memset(m, 0, sizeof *m);
-}
+/* ---- metrics: the loss curve, downsampled by store_curve.c ---- */
 
 ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct store_metrics *out,
                            struct ddpd_error *err)
@@ -2200,8 +2010,7 @@ ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct 
         max_points = 4;
     if (max_points > STORE_METRICS_MAX_POINTS)
         max_points = STORE_METRICS_MAX_POINTS;
-    struct acc mean = {.bucket = -1}, **ranks = NULL;
-    int nranks = 0; /* ranks[0..nranks) allocated, NULL where a rank has no rows */
+    struct store__curve *curve = NULL;
     ddpd_err e = DDPD_OK;
     struct conn *c = read_begin(s, err, &e);
     if (!c)
@@ -2223,9 +2032,6 @@ ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct 
     stmt_done(st);
     if (!any)
         goto end;
-    /* Buckets of equal width over [lo, hi]; one step per bucket when that fits. */
-    uint64_t range = (uint64_t)(hi - lo) + 1, nb = (uint64_t)max_points / 4;
-    uint64_t width = range <= (uint64_t)max_points ? 1 : (range + nb - 1) / nb;
 
     st = stmt(c, R_LOSS_SCAN, err);
     if (!st) {
@@ -2233,74 +2039,19 @@ ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct 
         goto end;
     }
     sqlite3_bind_int64(st, 1, job);
-    int64_t cur = INT64_MIN;
-    double sum = 0;
-    int cnt = 0;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        int64_t step = sqlite3_column_int64(st, 0);
-        int rank = sqlite3_column_int(st, 1);
-        if (step != cur) {
-            if (cnt)
-                acc_add(&mean, (int64_t)((uint64_t)(cur - lo) / width), (struct pt){cur, sum / cnt});
-            cur = step;
-            sum = 0;
-            cnt = 0;
-        }
-        if (sqlite3_column_type(st, 2) == SQLITE_NULL || rank < 0 || rank >= STORE_METRICS_MAX_RANKS)
-            continue;
-        double v = sqlite3_column_double(st, 2);
-        sum += v;
-        cnt++;
-        out->points++;
-        if (rank >= nranks) {
-            ranks = xrealloc(ranks, (size_t)(rank + 1) * sizeof *ranks);
-            memset(ranks + nranks, 0, (size_t)(rank + 1 - nranks) * sizeof *ranks);
-            nranks = rank + 1;
-        }
-        if (!ranks[rank]) {
-            ranks[rank] = xcalloc(1, sizeof **ranks);
-            ranks[rank]->bucket = -1;
-        }
-        acc_add(ranks[rank], (int64_t)((uint64_t)(step - lo) / width), (struct pt){step, v});
-    }
+    curve = store__curve_new(lo, hi, max_points);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+        store__curve_add(curve, sqlite3_column_int64(st, 0), sqlite3_column_int(st, 1),
+                         sqlite3_column_type(st, 2) != SQLITE_NULL, sqlite3_column_double(st, 2));
     if (rc != SQLITE_DONE) {
         e = sq_fail(err, c->db, rc, "read loss series");
         stmt_done(st);
         goto end;
     }
     stmt_done(st);
-    if (cnt)
-        acc_add(&mean, (int64_t)((uint64_t)(cur - lo) / width), (struct pt){cur, sum / cnt});
-    out->first_step = lo;
-    out->last_step = hi;
-
-    /* series[0] is the mean, then every rank that has points. */
-    out->series = xcalloc((size_t)nranks + 1, sizeof *out->series);
-    acc_emit(&mean);
-    out->series[0] = (struct store_series){-1, mean.n_out, mean.step, mean.loss};
-    mean.step = NULL;
-    mean.loss = NULL;
-    out->n_series = 1;
-    for (int r = 0; r < nranks; r++) {
-        if (!ranks[r])
-            continue;
-        acc_emit(ranks[r]);
-        out->series[out->n_series++] =
-            (struct store_series){r, ranks[r]->n_out, ranks[r]->step, ranks[r]->loss};
-        ranks[r]->step = NULL;
-        ranks[r]->loss = NULL;
-    }
+    store__curve_finish(curve, out);
 end:
     read_end(s, c);
-    free(mean.step);
-    free(mean.loss);
-    for (int r = 0; r < nranks; r++) {
-        if (ranks[r]) {
-            free(ranks[r]->step);
-            free(ranks[r]->loss);
-            free(ranks[r]);
-        }
-    }
-    free(ranks);
+    store__curve_free(curve);
     return e;
 }

@@ -1,21 +1,39 @@
 /* stream.c — one client's event stream: the history paged from the store, then the hub's
- * live tail (stream.h). Holds one page at most; never buffers a history whole. Knows
- * nothing of HTTP or of the supervisor. */
+ * live tail, with its keep-alives; and the streams of a server, whose heartbeat thread
+ * wakes the idle ones (stream.h). Holds one page at most; never buffers a history whole.
+ * Knows nothing of HTTP or of the supervisor. */
 #include "stream.h"
 
 #include <inttypes.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "store.h"
 
 #define PAGE_EVENTS 1000
 #define PAGE_BYTES (64u * 1024)
 #define STREAM_AFTER_MAX (INT64_MAX / 2)
+#define HEARTBEAT_S 15.0
+#define HEARTBEAT_POLL_MAX_S 5.0 /* the heartbeat thread looks at least this often */
+
+/* The streams of a server: the open ones (for the heartbeat thread) and that thread. */
+struct streams {
+    struct hub *hub;
+    struct store *store;
+    double heartbeat_s;
+    pthread_mutex_t mu; /* the list; held while the heartbeat thread wakes streams */
+    pthread_cond_t cv;  /* stop */
+    bool stop;
+    struct stream *head;
+    pthread_t thread;
+};
 
 /* Where a stream is. HISTORY: paging the store, no hub subscription. GAP: subscribed,
  * the hub delivers seq >= from; paging the store for seq < from. LIVE: pulling the hub.
@@ -30,6 +48,10 @@ struct stream {
     size_t page_events, page_bytes;
     void (*wake)(void *ctx);
     void *ctx;
+    double heartbeat_s;
+    _Atomic int64_t last_write_us; /* the pull writes it, the heartbeat thread reads it */
+    struct streams *owner;         /* NULL when opened alone (stream_open) */
+    struct stream *prev, *next;    /* in owner's list, under owner->mu */
 
     enum phase ph;
     struct hub_sub *sub;
@@ -41,6 +63,18 @@ struct stream {
     size_t off, len, cap;
     char why[512];
 };
+
+static int64_t mono_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
+}
+
+static bool idle(const struct stream *st)
+{
+    return st->heartbeat_s > 0 && (double)(mono_us() - st->last_write_us) * 1e-6 >= st->heartbeat_s;
+}
 
 static void on_ready(void *ctx)
 {
@@ -116,6 +150,8 @@ ddpd_err stream_open(struct hub *h, struct store *s, int64_t job, int64_t after,
         st->page_events = STORE_EVENTS_MAX;
     st->wake = o->wake;
     st->ctx = o->ctx;
+    st->heartbeat_s = o->heartbeat_s > 0 ? o->heartbeat_s : 0;
+    st->last_write_us = mono_us();
     /* No job gets near 2^62 events: a larger `after` means "nothing yet" as well, and
      * keeps every seq + 1 here and in the hub from overflowing. */
     st->last = after < 0 ? 0 : after > STREAM_AFTER_MAX ? STREAM_AFTER_MAX : after;
@@ -299,7 +335,7 @@ static void gap_done(struct stream *st)
     go_live(st);
 }
 
-stream_pull stream_next(struct stream *st, char *buf, size_t cap, size_t *len)
+static stream_pull next(struct stream *st, char *buf, size_t cap, size_t *len)
 {
     *len = 0;
     for (;;) {
@@ -346,13 +382,125 @@ stream_pull stream_next(struct stream *st, char *buf, size_t cap, size_t *len)
     }
 }
 
+stream_pull stream_next(struct stream *st, char *buf, size_t cap, size_t *len)
+{
+    stream_pull r = next(st, buf, cap, len);
+    if (r == STREAM_AGAIN && idle(st)) {
+        /* Between frames (the hub and the page only say AGAIN there): a keep-alive. */
+        size_t n;
+        const char *hb = hub_heartbeat(st->fmt, &n);
+        if (hb && n <= cap) {
+            memcpy(buf, hb, n);
+            *len = n;
+            r = STREAM_DATA;
+        }
+    }
+    if (r == STREAM_DATA)
+        st->last_write_us = mono_us();
+    return r;
+}
+
 const char *stream_why(const struct stream *st) { return st->why; }
 
 void stream_free(struct stream *st)
 {
     if (!st)
         return;
+    struct streams *ss = st->owner;
+    if (ss) {
+        /* Out of the heartbeat thread's list: no wake from it after this. */
+        pthread_mutex_lock(&ss->mu);
+        if (st->prev)
+            st->prev->next = st->next;
+        else
+            ss->head = st->next;
+        if (st->next)
+            st->next->prev = st->prev;
+        pthread_mutex_unlock(&ss->mu);
+    }
     hub_unsubscribe(st->sub);
     free(st->page);
     free(st);
+}
+
+/* ---- the streams of a server ---- */
+
+/* The heartbeat thread: wakes each idle stream now and then so that its pull sends a
+ * keep-alive (and finds clients that went away). */
+static void *heartbeats(void *arg)
+{
+    struct streams *ss = arg;
+    /* A third of the interval: a keep-alive goes out at most a third late. */
+    double poll = ss->heartbeat_s / 3 < HEARTBEAT_POLL_MAX_S ? ss->heartbeat_s / 3 : HEARTBEAT_POLL_MAX_S;
+    int64_t poll_ns = (int64_t)(poll * 1e9) > 1000000 ? (int64_t)(poll * 1e9) : 1000000;
+    pthread_mutex_lock(&ss->mu);
+    while (!ss->stop) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        int64_t ns = t.tv_nsec + poll_ns;
+        t.tv_sec += (time_t)(ns / 1000000000);
+        t.tv_nsec = (long)(ns % 1000000000);
+        pthread_cond_timedwait(&ss->cv, &ss->mu, &t);
+        if (ss->stop)
+            break;
+        for (struct stream *st = ss->head; st; st = st->next)
+            if (st->wake && idle(st))
+                st->wake(st->ctx);
+    }
+    pthread_mutex_unlock(&ss->mu);
+    return NULL;
+}
+
+ddpd_err streams_new(struct hub *h, struct store *s, double heartbeat_s, struct streams **out,
+                     struct ddpd_error *err)
+{
+    *out = NULL;
+    struct streams *ss = calloc(1, sizeof *ss);
+    if (!ss)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory for the event streams");
+    ss->hub = h;
+    ss->store = s;
+    ss->heartbeat_s = heartbeat_s > 0 ? heartbeat_s : HEARTBEAT_S;
+    pthread_mutex_init(&ss->mu, NULL);
+    pthread_cond_init(&ss->cv, NULL);
+    if (pthread_create(&ss->thread, NULL, heartbeats, ss) != 0) {
+        pthread_cond_destroy(&ss->cv);
+        pthread_mutex_destroy(&ss->mu);
+        free(ss);
+        return ddpd_error_set(err, DDPD_EINTERNAL, "", "cannot start the event streams' heartbeat thread");
+    }
+    *out = ss;
+    return DDPD_OK;
+}
+
+ddpd_err streams_open(struct streams *ss, int64_t job, int64_t after, hub_format format,
+                      void (*wake)(void *ctx), void *ctx, struct stream **out, struct ddpd_error *err)
+{
+    struct stream_opts o = {.format = format, .wake = wake, .ctx = ctx, .heartbeat_s = ss->heartbeat_s};
+    ddpd_err rc = stream_open(ss->hub, ss->store, job, after, &o, out, err);
+    if (rc)
+        return rc;
+    struct stream *st = *out;
+    st->owner = ss;
+    pthread_mutex_lock(&ss->mu);
+    st->next = ss->head;
+    if (ss->head)
+        ss->head->prev = st;
+    ss->head = st;
+    pthread_mutex_unlock(&ss->mu);
+    return DDPD_OK;
+}
+
+void streams_free(struct streams *ss)
+{
+    if (!ss)
+        return;
+    pthread_mutex_lock(&ss->mu);
+    ss->stop = true;
+    pthread_cond_signal(&ss->cv);
+    pthread_mutex_unlock(&ss->mu);
+    pthread_join(ss->thread, NULL);
+    pthread_cond_destroy(&ss->cv);
+    pthread_mutex_destroy(&ss->mu);
+    free(ss);
 }

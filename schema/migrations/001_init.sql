@@ -1,6 +1,6 @@
 -- 001_init.sql — ddpd's first schema: jobs, their attempts and ranks, the event log and
--- the loss series (CONTRACT.md §6, §7). server/store.c embeds this file byte for byte
--- (test_store checks that the two are identical) and applies it when the database's
+-- the loss series (CONTRACT.md §6, §7). The build embeds this file byte for byte in
+-- server/store.c (cmake/embed_migrations.cmake), which applies it when the database's
 -- PRAGMA user_version is below 1. Times are seconds since the epoch (REAL).
 
 -- One row per submitted job. AUTOINCREMENT: an id is never reused, even after the newest

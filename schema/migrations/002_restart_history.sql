@@ -1,7 +1,7 @@
 -- 002_restart_history.sql — why each restart of a job happened, in a column of its own, so
 -- that `error` says only why a job failed or was cancelled (a job that succeeded after a
--- restart kept the restart's reason as its error). server/store.c embeds this file byte for
--- byte and applies it when the database's PRAGMA user_version is below 2.
+-- restart kept the restart's reason as its error). The build embeds this file byte for
+-- byte in server/store.c, which applies it when the database's PRAGMA user_version is below 2.
 --
 -- restart_history is a JSON array, oldest first, of {"attempt": N, "reason": "...",
 -- "ts": T}: the attempt that ended, why the job was started again, and when.

@@ -1,7 +1,7 @@
 /* test_server_stream.c — server/stream.c: a job's history paged from a real store, then the
  * hub's live events, with no event lost or repeated at the seam; resume exact; the end
  * only after the final event; a read error, a deleted job or a drop end with a
- * stream_error frame, never as the job's end. */
+ * stream_error frame, never as the job's end; the streams handle's keep-alives. */
 #include <errno.h>
 #include <ftw.h>
 #include <inttypes.h>
@@ -492,6 +492,79 @@ static void test_deleted(void)
     store_close(s);
 }
 
+/* Waits (bounded) for the client's wake; true when it came. */
+static bool wait_woken(struct client *c, double limit_s)
+{
+    double end = now_mono() + limit_s;
+    pthread_mutex_lock(&c->mu);
+    while (!c->woken && now_mono() < end) {
+        pthread_mutex_unlock(&c->mu);
+        sleep_us(2000);
+        pthread_mutex_lock(&c->mu);
+    }
+    bool w = c->woken;
+    c->woken = false;
+    pthread_mutex_unlock(&c->mu);
+    return w;
+}
+
+/* streams_new / streams_open: an idle SSE stream is woken by the heartbeat thread and its
+ * pull sends the keep-alive comment, between frames; NDJSON has none; live events still
+ * come; every stream leaves the handle's list on stream_free (streams_free after). */
+static void test_streams_heartbeat(void)
+{
+    struct store *s = open_store("heartbeat.db");
+    struct hub *h = hub_new(NULL);
+    int64_t job = new_job(s);
+    struct streams *ss;
+    struct ddpd_error e;
+    CHECK_EQ_INT(streams_new(h, s, 0.2, &ss, &e), DDPD_OK);
+    struct client sse = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    struct client nd = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    struct stream *a, *b;
+    CHECK_EQ_INT(streams_open(ss, job, 0, HUB_FORMAT_SSE, wake, &sse, &a, &e), DDPD_OK);
+    CHECK_EQ_INT(streams_open(ss, job, 0, HUB_FORMAT_NDJSON, wake, &nd, &b, &e), DDPD_OK);
+    char buf[4096];
+    size_t len, hbn;
+    const char *hb = hub_heartbeat(HUB_FORMAT_SSE, &hbn);
+    /* Drain to AGAIN (the empty history), then wait for the heartbeat thread's wake. */
+    stream_pull r;
+    int n = 0;
+    while ((r = stream_next(a, buf, sizeof buf, &len)) == STREAM_DATA && n++ < 100)
+        CHECK(len == hbn && !memcmp(buf, hb, hbn)); /* only keep-alives before any event */
+    CHECK_EQ_INT(r, STREAM_AGAIN);
+    CHECK(wait_woken(&sse, 60));
+    CHECK_EQ_INT(stream_next(a, buf, sizeof buf, &len), STREAM_DATA);
+    CHECK(len == hbn && !memcmp(buf, hb, hbn));
+    /* A buffer too small for the keep-alive gets nothing, not a part of it. */
+    CHECK(wait_woken(&sse, 60));
+    CHECK_EQ_INT(stream_next(a, buf, 1, &len), STREAM_AGAIN);
+    /* NDJSON has no comment syntax: no keep-alive, however idle. */
+    while ((r = stream_next(b, buf, sizeof buf, &len)) == STREAM_DATA && n++ < 100)
+        ;
+    CHECK_EQ_INT(r, STREAM_AGAIN);
+    CHECK(wait_woken(&nd, 60));
+    CHECK_EQ_INT(stream_next(b, buf, sizeof buf, &len), STREAM_AGAIN);
+    /* An event reaches both, as a frame of its own. */
+    emit(s, h, job, 1, false);
+    for (int i = 0; i < 2; i++) {
+        struct stream *st = i ? b : a;
+        bool got = false;
+        for (n = 0; n < 100 && (r = stream_next(st, buf, sizeof buf - 1, &len)) == STREAM_DATA; n++) {
+            buf[len] = '\0';
+            if (strstr(buf, "\"seq\":1"))
+                got = true;
+        }
+        CHECK(got);
+    }
+    stream_free(a);
+    stream_free(b);
+    streams_free(ss);
+    streams_free(NULL);
+    hub_free(h);
+    store_close(s);
+}
+
 int main(void)
 {
     const char *base = getenv("DDPD_TEST_TMP");
@@ -507,6 +580,7 @@ int main(void)
     test_seam();
     test_read_error();
     test_deleted();
+    test_streams_heartbeat();
     nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     CHECK_DONE();
 }
