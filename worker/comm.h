@@ -1,5 +1,5 @@
 /* comm.h — the collective backend table (DESIGN.md "The worker's DDP"). Backends: `cpu`
- * (comm/cpu.c: a ring with its own rendezvous; links between ranks on one host carry
+ * (comm/cpu/: a ring with its own rendezvous; links between ranks on one host carry
  * their bytes through a shared-memory FIFO, others through TCP; DDPD_COMM_SHM=0 forces
  * TCP) and `nccl` (comm/nccl.c: CUDA tensors, a comm stream and a watchdog).
  * Memory: allreduce_start and broadcast take tensors of the compute backend bound with
