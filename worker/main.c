@@ -483,13 +483,12 @@ int main(int argc, char **argv)
                        spec.world_size);
         emit_die(&err);
     }
-    /* The GPU first: NCCL joins on the calling thread's current device. */
-    struct dev dev = {NULL, NULL};
-    if (spec.device == DEVICE_CUDA) {
-        dev = open_device(&spec, (int)rank, &err);
-        if (!dev.ops)
-            emit_die(&err);
-    }
+    /* The compute backend, before the group: NCCL joins on the calling thread's current
+     * device. On the CPU one BLAS thread per rank: the ranks of a host share its cores. */
+    const bool cuda = spec.device == DEVICE_CUDA;
+    struct dev dev = cuda ? open_device(&spec, (int)rank, &err) : dev_cpu_new(1);
+    if (!dev.ops)
+        emit_die(&err);
 
     /* The group: {"backend": "cpu" or "nccl", "id": "<hex>"} for more than one rank. */
     struct comm *comm = NULL;
@@ -509,7 +508,7 @@ int main(int argc, char **argv)
             emit_die(&err);
         }
         comm = comm_new(ops, &id, (int)rank, (int)world, spec.ddp.timeout_s, &err);
-        if (!comm || (dev.ops && comm_bind_dev(comm, dev, &err) != DDPD_OK))
+        if (!comm || (cuda && comm_bind_dev(comm, dev, &err) != DDPD_OK))
             emit_die(&err);
         group = comm;
     }
@@ -556,7 +555,10 @@ int main(int argc, char **argv)
     }
     group = NULL;
     comm_free(comm);
-    dev_cuda_free(dev);
+    if (cuda)
+        dev_cuda_free(dev);
+    else
+        dev_cpu_free(dev);
     emit_flush();
     return 0;
 }

@@ -529,7 +529,10 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     const struct spec *s = cfg->spec;
     const int rank = cfg->rank;
     const int64_t k = s->grad_accum;
-    struct run r = {.cfg = cfg, .s = s, .dev = cfg->dev.ops ? cfg->dev : dev_cpu_new(1)};
+    if (!cfg->dev.ops)
+        return ddpd_error_set(err, DDPD_EINTERNAL, "device",
+                              "train_run: no compute backend (the caller opens it)");
+    struct run r = {.cfg = cfg, .s = s, .dev = cfg->dev};
     struct pending_log pend = {0};
     struct train_pos pos;
     ddpd_err rc = setup(&r, &pos, err);
@@ -644,7 +647,5 @@ out:
     optim_free(r.o);
     model_free(r.m);
     dataset_free(r.ds);
-    if (!cfg->dev.ops)
-        dev_cpu_free(r.dev);
     return rc;
 }

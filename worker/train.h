@@ -24,7 +24,7 @@ struct train_config {
     volatile sig_atomic_t *in_loop; /* set here on entering the training loop; before
                                      * that the SIGTERM handler may end the process */
     struct comm *comm;       /* the group, NULL for a single rank without DDP */
-    struct dev dev;          /* the compute backend (borrowed); {NULL} = CPU, one thread */
+    struct dev dev;          /* the compute backend (borrowed; the caller made it) */
     int64_t max_rank_memory; /* bytes a rank may use (the server's --max-rank-memory), 0 = no
                               * limit but this machine's memory */
 };

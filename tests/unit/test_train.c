@@ -71,9 +71,11 @@ static ddpd_err run(const struct spec *s, int64_t max_rank_memory, struct ddpd_e
                                .world_size = 1,
                                .data_dir = root,
                                .out_dir = out,
+                               .dev = dev_cpu_new(1),
                                .max_rank_memory = max_rank_memory};
     memset(err, 0, sizeof *err);
     ddpd_err rc = train_run(&cfg, err);
+    dev_cpu_free(cfg.dev);
     if (rc)
         fprintf(stderr, "    train_run: %s %s: %s\n", ddpd_err_name(rc), err->path, err->message);
     return rc;
