@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "../schema/err.h"
-#include "nn.h"
+#include "model.h"
 #include "optim.h"
 
 /* Where training stands after an optimizer step: `step` optimizer steps done in all,

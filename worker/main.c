@@ -18,7 +18,7 @@
 #include "comm.h"
 #include "data.h"
 #include "emit.h"
-#include "nn.h"
+#include "model.h"
 #include "safetensors.h"
 #include "train.h"
 

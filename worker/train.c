@@ -23,7 +23,7 @@
 #include "ddp.h"
 #include "dev.h"
 #include "emit.h"
-#include "nn.h"
+#include "model.h"
 #include "optim.h"
 
 int64_t train_steps_per_epoch(int64_t batches, int64_t grad_accum)
