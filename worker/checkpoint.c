@@ -20,7 +20,7 @@
 
 static float *host_buffer(int64_t n) { return malloc((size_t)n * sizeof(float)); }
 
-int ckpt_rank_file(char *out, size_t cap, const char *what, int rank)
+int checkpoint_rank_file(char *out, size_t cap, const char *what, int rank)
 {
     int n = rank == 0 ? snprintf(out, cap, "%s.safetensors", what)
                       : snprintf(out, cap, "%s-rank-%d.safetensors", what, rank);
@@ -101,9 +101,9 @@ out:
     return rc;
 }
 
-ddpd_err ckpt_write_rank(const char *dir, struct model *m, struct optim *o,
-                         const struct train_pos *pos, int rank, int world, bool with_model,
-                         bool per_rank, bool replicas, struct ddpd_error *err)
+ddpd_err checkpoint_write_rank(const char *dir, struct model *m, struct optim *o, const struct train_pos *pos,
+                               int rank, int world, bool with_model, bool per_rank, bool replicas,
+                               struct ddpd_error *err)
 {
     char path[4096], file[64];
     struct meta_text meta;
@@ -117,13 +117,15 @@ ddpd_err ckpt_write_rank(const char *dir, struct model *m, struct optim *o,
             return rc;
     }
     if (rank == 0 || per_rank) {
-        if (ckpt_rank_file(file, sizeof file, "optim", rank) || !join_path(path, sizeof path, dir, file))
+        if (checkpoint_rank_file(file, sizeof file, "optim", rank) ||
+            !join_path(path, sizeof path, dir, file))
             goto long_name;
         if ((rc = write_one(path, m, o, true, &meta, nmeta, err)))
             return rc;
     }
     if (rank > 0 && replicas) {
-        if (ckpt_rank_file(file, sizeof file, "model", rank) || !join_path(path, sizeof path, dir, file))
+        if (checkpoint_rank_file(file, sizeof file, "model", rank) ||
+            !join_path(path, sizeof path, dir, file))
             goto long_name;
         rc = write_one(path, m, o, false, &meta, nmeta, err);
     }
@@ -142,7 +144,7 @@ static int fsync_dir(const char *dir)
     return rc;
 }
 
-ddpd_err ckpt_dir_begin(const char *dir, char *tmp, size_t cap, struct ddpd_error *err)
+ddpd_err checkpoint_dir_begin(const char *dir, char *tmp, size_t cap, struct ddpd_error *err)
 {
     int n = snprintf(tmp, cap, "%s.tmp", dir);
     if (n < 0 || (size_t)n >= cap || strlen(dir) + 64 >= 4096)
@@ -171,7 +173,7 @@ ddpd_err ckpt_dir_begin(const char *dir, char *tmp, size_t cap, struct ddpd_erro
     return DDPD_OK;
 }
 
-ddpd_err ckpt_dir_commit(const char *tmp, const char *dir, struct ddpd_error *err)
+ddpd_err checkpoint_dir_commit(const char *tmp, const char *dir, struct ddpd_error *err)
 {
     char parent[4096];
     if (rename(tmp, dir) != 0)
@@ -187,21 +189,21 @@ ddpd_err ckpt_dir_commit(const char *tmp, const char *dir, struct ddpd_error *er
     return DDPD_OK;
 }
 
-ddpd_err ckpt_save_files(const char *dir, struct model *m, struct optim *o,
-                         const struct train_pos *pos, struct ddpd_error *err)
+ddpd_err checkpoint_save_files(const char *dir, struct model *m, struct optim *o, const struct train_pos *pos,
+                               struct ddpd_error *err)
 {
-    return ckpt_write_rank(dir, m, o, pos, 0, 1, true, false, false, err);
+    return checkpoint_write_rank(dir, m, o, pos, 0, 1, true, false, false, err);
 }
 
-ddpd_err ckpt_save_dir(const char *dir, struct model *m, struct optim *o,
-                       const struct train_pos *pos, struct ddpd_error *err)
+ddpd_err checkpoint_save_dir(const char *dir, struct model *m, struct optim *o, const struct train_pos *pos,
+                             struct ddpd_error *err)
 {
     char tmp[4096];
-    ddpd_err rc = ckpt_dir_begin(dir, tmp, sizeof tmp, err);
+    ddpd_err rc = checkpoint_dir_begin(dir, tmp, sizeof tmp, err);
     if (!rc)
-        rc = ckpt_save_files(tmp, m, o, pos, err);
+        rc = checkpoint_save_files(tmp, m, o, pos, err);
     if (!rc)
-        rc = ckpt_dir_commit(tmp, dir, err);
+        rc = checkpoint_dir_commit(tmp, dir, err);
     return rc;
 }
 
@@ -245,7 +247,7 @@ static ddpd_err load_params(struct model *m, const struct st_file *f, const char
     return DDPD_OK;
 }
 
-ddpd_err ckpt_load_weights_fd(struct model *m, int fd, const char *name, struct ddpd_error *err)
+ddpd_err checkpoint_load_weights_fd(struct model *m, int fd, const char *name, struct ddpd_error *err)
 {
     struct st_file *f = st_read_fd(fd, name, err);
     if (!f)
@@ -255,7 +257,7 @@ ddpd_err ckpt_load_weights_fd(struct model *m, int fd, const char *name, struct 
     return rc;
 }
 
-ddpd_err ckpt_load_weights(struct model *m, const char *path, struct ddpd_error *err)
+ddpd_err checkpoint_load_weights(struct model *m, const char *path, struct ddpd_error *err)
 {
     struct st_file *f = st_read(path, err);
     if (!f)
@@ -284,7 +286,7 @@ static struct st_file *read_rank_file(const char *dir, const char *what, int ran
                                       char *path, size_t cap, struct ddpd_error *err)
 {
     char file[64];
-    if (ckpt_rank_file(file, sizeof file, what, rank) || !join_path(path, cap, dir, file)) {
+    if (checkpoint_rank_file(file, sizeof file, what, rank) || !join_path(path, cap, dir, file)) {
         ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
         return NULL;
     }
@@ -300,8 +302,8 @@ static struct st_file *read_rank_file(const char *dir, const char *what, int ran
     return f;
 }
 
-ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, int rank, int world,
-                       struct train_pos *pos, struct ddpd_error *err)
+ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, int rank, int world,
+                             struct train_pos *pos, struct ddpd_error *err)
 {
     char mp[4096], op[4096], rp[4096];
     struct st_file *mf = NULL, *ofile = NULL, *rf = NULL;
@@ -401,7 +403,7 @@ out:
 #define CKPT_HEADER_PER_TENSOR 512 /* name <= 127 bytes, dtype, shape, offsets, JSON */
 #define CKPT_HEADER_FIXED 4096     /* length word, metadata, padding */
 
-int64_t ckpt_bytes_bound(struct model *m, struct optim *o)
+int64_t checkpoint_bytes_bound(struct model *m, struct optim *o)
 {
     int64_t sum = 2 * CKPT_HEADER_FIXED;
     for (int i = 0; i < model_param_count(m); i++) {

@@ -152,7 +152,7 @@ static int get_int(json_t *doc, const char *key, json_int_t lo, json_int_t hi, j
 }
 
 /* init.from against the model, from the file's header alone: every parameter there with
- * its shape, nothing else (what ckpt_load_weights would refuse in every rank). */
+ * its shape, nothing else (what checkpoint_load_weights would refuse in every rank). */
 static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, struct ddpd_error *err)
 {
     char path[4096];

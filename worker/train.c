@@ -323,13 +323,13 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
             snprintf(what, sizeof what, "the final model");
         else
             snprintf(what, sizeof what, "checkpoint ckpt-%" PRId64, at.step);
-        int64_t bound = ckpt_bytes_bound(r->m, r->o);
+        int64_t bound = checkpoint_bytes_bound(r->m, r->o);
         if (r->join && W > 1)
             bound = bound > INT64_MAX / W ? INT64_MAX : bound * W;
         rc = jobdir_check_quota(cfg->out_dir, cfg->disk_quota, bound, what, err);
     }
     if (!rc && !final && rank == 0)
-        rc = ckpt_dir_begin(dir, tmp, sizeof tmp, err);
+        rc = checkpoint_dir_begin(dir, tmp, sizeof tmp, err);
     if (cfg->comm) {
         all = calloc((size_t)W * 2, sizeof *all);
         if (!all)
@@ -350,7 +350,7 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
     }
     if (rc)
         goto out;
-    rc = ckpt_write_rank(tmp, r->m, r->o, &at, rank, W, rank == writer, r->join, replicas, err);
+    rc = checkpoint_write_rank(tmp, r->m, r->o, &at, rank, W, rank == writer, r->join, replicas, err);
     if (cfg->comm) {
         int64_t mine = rc;
         if ((crc = comm_allgather(cfg->comm, &mine, sizeof mine, all, &cerr))) {
@@ -364,7 +364,7 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
                                     at.step, q, dir);
     }
     if (!rc && !final && rank == 0)
-        rc = ckpt_dir_commit(tmp, dir, err);
+        rc = checkpoint_dir_commit(tmp, dir, err);
     if (!rc && rank == 0)
         emit_checkpoint(rank, at.step, dir);
     /* Only now, with the new one complete, are the oldest beyond checkpoint.keep_last
@@ -490,7 +490,7 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
 
     memset(pos, 0, sizeof *pos);
     if (cfg->resume) {
-        rc = ckpt_load_dir(cfg->resume, r->m, r->o, cfg->rank, cfg->world_size, pos, err);
+        rc = checkpoint_load_dir(cfg->resume, r->m, r->o, cfg->rank, cfg->world_size, pos, err);
         if (rc)
             return rc;
         emit_log("resumed from %s at step %" PRId64 " (epoch %" PRId64 ", step %" PRId64 " of the epoch)",
@@ -501,7 +501,7 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
         int fd = data_path_open(cfg->data_dir, "init.from", s->init_from, err);
         if (fd < 0)
             return err ? err->code : DDPD_EDATA;
-        rc = ckpt_load_weights_fd(r->m, fd, s->init_from, err);
+        rc = checkpoint_load_weights_fd(r->m, fd, s->init_from, err);
         if (rc)
             return rc;
     }
