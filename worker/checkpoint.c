@@ -37,7 +37,7 @@ static bool join_path(char *out, size_t cap, const char *dir, const char *file)
 /* The metadata every file of a checkpoint holds (strings in `buf`). */
 struct meta_text {
     char step[32], epoch[32], estep[32], osteps[32], ws[32], rk[32];
-    struct st_meta kv[9];
+    struct safetensors_meta kv[9];
 };
 
 static int meta_fill(struct meta_text *t, struct optim *o, const struct train_pos *pos, int rank,
@@ -49,10 +49,16 @@ static int meta_fill(struct meta_text *t, struct optim *o, const struct train_po
     snprintf(t->osteps, sizeof t->osteps, "%" PRId64, optim_steps(o));
     snprintf(t->ws, sizeof t->ws, "%d", world);
     snprintf(t->rk, sizeof t->rk, "%d", rank);
-    const struct st_meta kv[] = {
-        {"format", CKPT_FORMAT}, {"step", t->step}, {"epoch", t->epoch}, {"epoch_step", t->estep},
-        {"optim_steps", t->osteps}, {"world_size", t->ws}, {"rank", t->rk},
-        {"per_rank", per_rank ? "true" : "false"}, {"replicas", replicas ? "true" : "false"},
+    const struct safetensors_meta kv[] = {
+        {"format", CKPT_FORMAT},
+        {"step", t->step},
+        {"epoch", t->epoch},
+        {"epoch_step", t->estep},
+        {"optim_steps", t->osteps},
+        {"world_size", t->ws},
+        {"rank", t->rk},
+        {"per_rank", per_rank ? "true" : "false"},
+        {"replicas", replicas ? "true" : "false"},
     };
     memcpy(t->kv, kv, sizeof kv);
     return (int)(sizeof kv / sizeof kv[0]);
@@ -64,7 +70,7 @@ static ddpd_err write_one(const char *path, struct model *m, struct optim *o, bo
 {
     struct dev dev = model_dev(m);
     int n = state ? optim_state_count(o) : model_param_count(m);
-    struct st_tensor *t = calloc((size_t)n + 1, sizeof *t);
+    struct safetensors_tensor *t = calloc((size_t)n + 1, sizeof *t);
     float **host = calloc((size_t)n + 1, sizeof *host);
     ddpd_err rc = DDPD_ENOMEM;
     if (!t || !host)
@@ -89,7 +95,7 @@ static ddpd_err write_one(const char *path, struct model *m, struct optim *o, bo
         t[i].shape[1] = like->shape[1];
         t[i].data = host[i];
     }
-    rc = st_write(path, t, n, meta->kv, nmeta, err);
+    rc = safetensors_write(path, t, n, meta->kv, nmeta, err);
 out:
     if (rc == DDPD_ENOMEM)
         ddpd_error_set(err, rc, path, "%s: out of memory while writing a checkpoint", path);
@@ -209,14 +215,14 @@ ddpd_err checkpoint_save_dir(const char *dir, struct model *m, struct optim *o, 
 
 /* Copies the tensors of `f` into the model's parameters, checking that the names and
  * shapes are exactly the model's. */
-static ddpd_err load_params(struct model *m, const struct st_file *f, const char *path,
+static ddpd_err load_params(struct model *m, const struct safetensors_file *f, const char *path,
                             struct ddpd_error *err)
 {
     struct dev dev = model_dev(m);
     int np = model_param_count(m);
     for (int i = 0; i < np; i++) {
         struct param *p = model_param(m, i);
-        const struct st_tensor *t = st_get(f, p->name);
+        const struct safetensors_tensor *t = safetensors_get(f, p->name);
         if (!t)
             return ddpd_error_set(err, DDPD_EDATA, path, "%s: tensor \"%s\" is missing", path,
                                   p->name);
@@ -235,8 +241,8 @@ static ddpd_err load_params(struct model *m, const struct st_file *f, const char
         }
         dev.ops->to_device(dev.ctx, p->data, t->data, (size_t)p->numel * sizeof(float));
     }
-    for (int i = 0; i < st_count(f); i++) {
-        const char *name = st_at(f, i)->name;
+    for (int i = 0; i < safetensors_count(f); i++) {
+        const char *name = safetensors_at(f, i)->name;
         int known = 0;
         for (int j = 0; j < np && !known; j++)
             known = strcmp(model_param(m, j)->name, name) == 0;
@@ -249,27 +255,27 @@ static ddpd_err load_params(struct model *m, const struct st_file *f, const char
 
 ddpd_err checkpoint_load_weights_fd(struct model *m, int fd, const char *name, struct ddpd_error *err)
 {
-    struct st_file *f = st_read_fd(fd, name, err);
+    struct safetensors_file *f = safetensors_read_fd(fd, name, err);
     if (!f)
         return err ? err->code : DDPD_EDATA;
     ddpd_err rc = load_params(m, f, name, err);
-    st_free(f);
+    safetensors_free(f);
     return rc;
 }
 
 ddpd_err checkpoint_load_weights(struct model *m, const char *path, struct ddpd_error *err)
 {
-    struct st_file *f = st_read(path, err);
+    struct safetensors_file *f = safetensors_read(path, err);
     if (!f)
         return err ? err->code : DDPD_EDATA;
     ddpd_err rc = load_params(m, f, path, err);
-    st_free(f);
+    safetensors_free(f);
     return rc;
 }
 
-static int meta_i64(const struct st_file *f, const char *key, int64_t *out)
+static int meta_i64(const struct safetensors_file *f, const char *key, int64_t *out)
 {
-    const char *v = st_meta_get(f, key);
+    const char *v = safetensors_meta_get(f, key);
     if (!v)
         return -1;
     char *end;
@@ -282,21 +288,21 @@ static int meta_i64(const struct st_file *f, const char *key, int64_t *out)
 }
 
 /* Reads a file of the checkpoint `dir` whose metadata must say rank `rank`, step `step`. */
-static struct st_file *read_rank_file(const char *dir, const char *what, int rank, int64_t step,
-                                      char *path, size_t cap, struct ddpd_error *err)
+static struct safetensors_file *read_rank_file(const char *dir, const char *what, int rank, int64_t step,
+                                               char *path, size_t cap, struct ddpd_error *err)
 {
     char file[64];
     if (checkpoint_rank_file(file, sizeof file, what, rank) || !join_path(path, cap, dir, file)) {
         ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
         return NULL;
     }
-    struct st_file *f = st_read(path, err);
+    struct safetensors_file *f = safetensors_read(path, err);
     int64_t frank = -1, fstep = -1;
     if (f && (meta_i64(f, "rank", &frank) || meta_i64(f, "step", &fstep) || frank != rank || fstep != step)) {
         ddpd_error_set(err, DDPD_EDATA, path,
                        "%s: not rank %d's state of step %" PRId64 " (metadata rank/step missing or different)",
                        path, rank, step);
-        st_free(f);
+        safetensors_free(f);
         return NULL;
     }
     return f;
@@ -306,7 +312,7 @@ ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, 
                              struct train_pos *pos, struct ddpd_error *err)
 {
     char mp[4096], op[4096], rp[4096];
-    struct st_file *mf = NULL, *ofile = NULL, *rf = NULL;
+    struct safetensors_file *mf = NULL, *ofile = NULL, *rf = NULL;
     ddpd_err rc;
     int64_t osteps = 0, ws = 0;
     struct stat dst;
@@ -317,12 +323,12 @@ ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, 
         rc = ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
         goto out;
     }
-    mf = st_read(mp, err);
+    mf = safetensors_read(mp, err);
     if (!mf) {
         rc = err ? err->code : DDPD_EDATA;
         goto out;
     }
-    const char *fmt = st_meta_get(mf, "format");
+    const char *fmt = safetensors_meta_get(mf, "format");
     if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0 || meta_i64(mf, "step", &pos->step) ||
         meta_i64(mf, "epoch", &pos->epoch) || meta_i64(mf, "epoch_step", &pos->epoch_step) ||
         meta_i64(mf, "optim_steps", &osteps)) {
@@ -332,7 +338,7 @@ ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, 
     }
     /* A checkpoint from before world_size was recorded holds rank 0's state only, which
      * every rank then loads, as it always did. */
-    bool legacy = st_meta_get(mf, "world_size") == NULL;
+    bool legacy = safetensors_meta_get(mf, "world_size") == NULL;
     if (!legacy && (meta_i64(mf, "world_size", &ws) || ws < 1)) {
         rc = ddpd_error_set(err, DDPD_EDATA, mp, "%s: metadata world_size is not a positive integer", mp);
         goto out;
@@ -346,7 +352,7 @@ ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, 
     }
     /* With per-rank state each rank continues from its own replica and optimizer state:
      * ranks that joined early stepped less often (DDP.md §4.5). */
-    const char *pr = st_meta_get(mf, "per_rank"), *rr = st_meta_get(mf, "replicas");
+    const char *pr = safetensors_meta_get(mf, "per_rank"), *rr = safetensors_meta_get(mf, "replicas");
     bool per_rank = !legacy && pr && strcmp(pr, "true") == 0;
     bool replicas = per_rank && rr && strcmp(rr, "true") == 0;
     int from = per_rank ? rank : 0;
@@ -364,7 +370,7 @@ ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, 
         goto out;
     ofile = legacy ? NULL : read_rank_file(dir, "optim", from, pos->step, op, sizeof op, err);
     if (legacy && join_path(op, sizeof op, dir, "optim.safetensors"))
-        ofile = st_read(op, err);
+        ofile = safetensors_read(op, err);
     if (!ofile) {
         rc = err ? err->code : DDPD_EDATA;
         goto out;
@@ -378,7 +384,7 @@ ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, 
         const struct param *like;
         char name[128];
         float *d = optim_state_at(o, i, name, sizeof name, &like);
-        const struct st_tensor *t = st_get(ofile, name);
+        const struct safetensors_tensor *t = safetensors_get(ofile, name);
         int64_t n = 1;
         for (int k = 0; t && k < t->ndim; k++)
             n *= t->shape[k];
@@ -392,9 +398,9 @@ ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, 
     optim_restore(o, osteps);
     rc = DDPD_OK;
 out:
-    st_free(mf);
-    st_free(rf);
-    st_free(ofile);
+    safetensors_free(mf);
+    safetensors_free(rf);
+    safetensors_free(ofile);
     return rc;
 }
 

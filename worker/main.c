@@ -157,14 +157,14 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
 {
     char path[4096];
     struct param params[2 * SPEC_MAX_LAYERS];
-    struct st_file *f = NULL;
+    struct safetensors_file *f = NULL;
     ddpd_err rc = data_path_resolve(data_dir, "init.from", spec->init_from, path, sizeof path, err);
     if (rc)
         return rc;
     int np = model_spec_params(spec, params);
     if (np < 0)
         return ddpd_error_set(err, DDPD_ENOMEM, "init.from", "out of memory checking init.from");
-    if (!(f = st_read_header(path, err))) {
+    if (!(f = safetensors_read_header(path, err))) {
         /* Name the field and the file as the spec gives it, not the server's path. */
         char msg[sizeof err->message];
         const char *rest = strstr(err->message, ": ");
@@ -174,7 +174,7 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
     rc = DDPD_OK;
     for (int i = 0; i < np && !rc; i++) {
         const struct param *p = &params[i];
-        const struct st_tensor *t = st_get(f, p->name);
+        const struct safetensors_tensor *t = safetensors_get(f, p->name);
         char want[64], got[96];
         snprintf(want, sizeof want, p->ndim == 2 ? "[%" PRId64 ", %" PRId64 "]" : "[%" PRId64 "]",
                  p->shape[0], p->shape[1]);
@@ -198,8 +198,8 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
                             "init.from: %s: tensor \"%s\" has shape %s but model[%d]'s is %s",
                             spec->init_from, p->name, got, p->layer, want);
     }
-    for (int i = 0; i < st_count(f) && !rc; i++) {
-        const char *name = st_at(f, i)->name;
+    for (int i = 0; i < safetensors_count(f) && !rc; i++) {
+        const char *name = safetensors_at(f, i)->name;
         bool known = false;
         for (int j = 0; j < np && !known; j++)
             known = strcmp(params[j].name, name) == 0;
@@ -208,7 +208,7 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
                                 "init.from: %s: tensor \"%.100s\" is not a parameter of this model",
                                 spec->init_from, name);
     }
-    st_free(f);
+    safetensors_free(f);
     return rc;
 }
 
