@@ -20,7 +20,9 @@
 
 static float *host_buffer(int64_t n) { return malloc((size_t)n * sizeof(float)); }
 
-int checkpoint_rank_file(char *out, size_t cap, const char *what, int rank)
+/* "<what>.safetensors" for rank 0, "<what>-rank-R.safetensors" for R > 0 into out[cap]:
+ * 0, or -1 when it does not fit. */
+static int rank_file(char *out, size_t cap, const char *what, int rank)
 {
     int n = rank == 0 ? snprintf(out, cap, "%s.safetensors", what)
                       : snprintf(out, cap, "%s-rank-%d.safetensors", what, rank);
@@ -123,14 +125,14 @@ ddpd_err checkpoint_write_rank(const char *dir, struct model *m, struct optim *o
             return rc;
     }
     if (rank == 0 || per_rank) {
-        if (checkpoint_rank_file(file, sizeof file, "optim", rank) ||
+        if (rank_file(file, sizeof file, "optim", rank) ||
             !join_path(path, sizeof path, dir, file))
             goto long_name;
         if ((rc = write_one(path, m, o, true, &meta, nmeta, err)))
             return rc;
     }
     if (rank > 0 && replicas) {
-        if (checkpoint_rank_file(file, sizeof file, "model", rank) ||
+        if (rank_file(file, sizeof file, "model", rank) ||
             !join_path(path, sizeof path, dir, file))
             goto long_name;
         rc = write_one(path, m, o, false, &meta, nmeta, err);
@@ -193,24 +195,6 @@ ddpd_err checkpoint_dir_commit(const char *tmp, const char *dir, struct ddpd_err
         snprintf(parent, sizeof parent, "%s", slash ? "/" : ".");
     fsync_dir(parent);
     return DDPD_OK;
-}
-
-ddpd_err checkpoint_save_files(const char *dir, struct model *m, struct optim *o, const struct train_pos *pos,
-                               struct ddpd_error *err)
-{
-    return checkpoint_write_rank(dir, m, o, pos, 0, 1, true, false, false, err);
-}
-
-ddpd_err checkpoint_save_dir(const char *dir, struct model *m, struct optim *o, const struct train_pos *pos,
-                             struct ddpd_error *err)
-{
-    char tmp[4096];
-    ddpd_err rc = checkpoint_dir_begin(dir, tmp, sizeof tmp, err);
-    if (!rc)
-        rc = checkpoint_save_files(tmp, m, o, pos, err);
-    if (!rc)
-        rc = checkpoint_dir_commit(tmp, dir, err);
-    return rc;
 }
 
 /* Copies the tensors of `f` into the model's parameters, checking that the names and
@@ -292,7 +276,7 @@ static struct safetensors_file *read_rank_file(const char *dir, const char *what
                                                char *path, size_t cap, struct ddpd_error *err)
 {
     char file[64];
-    if (checkpoint_rank_file(file, sizeof file, what, rank) || !join_path(path, cap, dir, file)) {
+    if (rank_file(file, sizeof file, what, rank) || !join_path(path, cap, dir, file)) {
         ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
         return NULL;
     }

@@ -37,10 +37,6 @@ ddpd_err checkpoint_load_weights_fd(struct model *m, int fd, const char *name, s
  * file's metadata holds format, step, epoch, epoch_step, world_size, rank, per_rank,
  * replicas and the writing rank's optim_steps. Files are created 0600, folders 0700. */
 
-/* "<what>.safetensors" for rank 0, "<what>-rank-R.safetensors" for R > 0 into out[cap]:
- * 0, or -1 when it does not fit. */
-int checkpoint_rank_file(char *out, size_t cap, const char *what, int rank);
-
 /* Starts a checkpoint folder `dir`: makes "<dir>.tmp" (removing a torn leftover of an
  * earlier crash) and writes its name into tmp[cap]. DDPD_EIO when dir exists already. */
 ddpd_err checkpoint_dir_begin(const char *dir, char *tmp, size_t cap, struct ddpd_error *err);
@@ -56,15 +52,6 @@ ddpd_err checkpoint_write_rank(const char *dir, struct model *m, struct optim *o
 /* Renames tmp into place as dir (and syncs the parent folder). */
 ddpd_err checkpoint_dir_commit(const char *tmp, const char *dir, struct ddpd_error *err);
 
-/* A single-rank checkpoint: begin, write_rank(rank 0 of 1, with the model), commit. */
-ddpd_err checkpoint_save_dir(const char *dir, struct model *m, struct optim *o, const struct train_pos *pos,
-                             struct ddpd_error *err);
-
-/* Writes a single rank's model.safetensors and optim.safetensors into an existing
- * directory, each file atomically. */
-ddpd_err checkpoint_save_files(const char *dir, struct model *m, struct optim *o, const struct train_pos *pos,
-                               struct ddpd_error *err);
-
 /* Restores rank `rank`'s replica and optimizer state and the position from a folder
  * written by the functions above: its own files with per-rank state, else
  * model.safetensors and optim.safetensors. A checkpoint of another world size is
@@ -73,8 +60,8 @@ ddpd_err checkpoint_save_files(const char *dir, struct model *m, struct optim *o
 ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, int rank, int world,
                              struct train_pos *pos, struct ddpd_error *err);
 
-/* At least the bytes checkpoint_save_dir / checkpoint_save_files write for this model and
- * optimizer (data plus a bound on the headers): what the disk quota is checked against
+/* At least the bytes one rank's checkpoint_write_rank (with the model) writes for this
+ * model and optimizer (data plus a bound on the headers): what the disk quota is checked against
  * before a checkpoint is written. */
 int64_t checkpoint_bytes_bound(struct model *m, struct optim *o);
 

@@ -26,7 +26,9 @@
 #include "model.h"
 #include "optim.h"
 
-int64_t train_steps_per_epoch(int64_t batches, int64_t grad_accum)
+/* Optimizer steps in one epoch of `batches` micro-batches with grad_accum k: the last
+ * step of an epoch takes the remaining micro-batches when k does not divide them. */
+static int64_t steps_per_epoch(int64_t batches, int64_t grad_accum)
 {
     /* Not (batches + grad_accum - 1) / grad_accum: grad_accum may be near INT64_MAX. */
     return batches / grad_accum + (batches % grad_accum != 0);
@@ -174,7 +176,7 @@ static ddpd_err agree_on_batches(struct run *r, struct ddpd_error *err)
     /* Saturated: epochs near INT64_MAX is a job that runs until it is cancelled. */
     if (s->steps)
         r->total = s->steps;
-    else if (__builtin_mul_overflow(s->epochs, train_steps_per_epoch(r->max_nb, s->grad_accum), &r->total))
+    else if (__builtin_mul_overflow(s->epochs, steps_per_epoch(r->max_nb, s->grad_accum), &r->total))
         r->total = INT64_MAX;
     return DDPD_OK;
 }
@@ -302,7 +304,7 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
      * the weights of the writer, one of the last joiners. Inside an epoch a rank that
      * stepped less often holds a replica of its own. */
     bool replicas = !final;
-    if (!final && at.epoch_step >= train_steps_per_epoch(r->max_nb, r->s->grad_accum)) {
+    if (!final && at.epoch_step >= steps_per_epoch(r->max_nb, r->s->grad_accum)) {
         at.epoch++;
         at.epoch_step = 0;
         replicas = false;

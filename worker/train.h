@@ -34,8 +34,4 @@ struct train_config {
  * event and an exit code). */
 ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err);
 
-/* Optimizer steps in one epoch of `batches` micro-batches with grad_accum k: the last
- * step of an epoch takes the remaining micro-batches when k does not divide them. */
-int64_t train_steps_per_epoch(int64_t batches, int64_t grad_accum);
-
 #endif

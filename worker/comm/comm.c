@@ -7,7 +7,6 @@
 #include "comm_impl.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 struct comm {
     const struct comm_ops *ops;
