@@ -3,7 +3,7 @@
 repository). Real inputs, small: specs like examples/seed.json, event lines as CONTRACT.md
 §6 shows them, .npy files written by numpy.save, CSV files as spreadsheets write them,
 safetensors files in the format of CONTRACT.md §4 (torch tensors' bytes), the CPU
-backend's frames as comm/cpu.c lays them out, and HTTP requests as curl sends them."""
+backend's frames as comm/cpu/ lays them out, and HTTP requests as curl sends them."""
 import io
 import json
 import os
