@@ -172,7 +172,8 @@ int comm_cpu__wait_fd(int fd, short events, double deadline);
 int comm_cpu__send_all(int fd, const void *buf, size_t len, double deadline);
 int comm_cpu__recv_all(int fd, void *buf, size_t len, double deadline);
 int comm_cpu__connect_retry(const struct cpu_addr *a, double deadline, int *refused);
-/* Formats into buf (when cap > 0) and returns -1, so error paths read `return fmt_err(...)`. */
+/* Formats into buf (when cap > 0) and returns -1, so that error paths read
+ * `return comm_cpu__fmt_err(...)`. */
 int comm_cpu__fmt_err(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 const char *comm_cpu__io_text(int io);
 
