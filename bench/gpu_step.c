@@ -1,6 +1,6 @@
 /* gpu_step.c — time per training step of ddpd's compute path on one device, for
  * scripts/gpu-check.sh and its PyTorch twin bench/gpu_step_torch.py: the worker's own
- * model, loss and optimizer (nn.c, optim.c, the dev backend), one step = batch copied from
+ * model, loss and optimizer (model.c, optim.c, the dev backend), one step = batch copied from
  * host memory, forward, MSE loss, backward, SGD update, as train.c runs it for one rank
  * (one rank needs no DDP, as PyTorch's DDP at world size 1 reduces nothing). Warm-up
  * steps first, then `steps` steps between two synchronisations.
@@ -15,7 +15,7 @@
 
 #include "../schema/spec.h"
 #include "../worker/dev.h"
-#include "../worker/nn.h"
+#include "../worker/model.h"
 #include "../worker/optim.h"
 #include "../worker/rng.h"
 
@@ -39,7 +39,7 @@ static double now_s(void)
 }
 
 /* Floating-point operations of one step: forward 2*B*in*out per linear layer, backward
- * the same for dW and again for dx except below the first layer (nn.c skips that dx). */
+ * the same for dW and again for dx except below the first layer (model.c skips that dx). */
 static double step_flops(const struct spec *s)
 {
     double f = 0;

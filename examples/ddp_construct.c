@@ -7,7 +7,7 @@
 
 #include "spawn.h"
 #include "worker/ddp.h"
-#include "worker/nn.h"
+#include "worker/model.h"
 
 static int example(int rank, int world, struct comm *comm)
 {

@@ -9,7 +9,7 @@
 
 #include "spawn.h"
 #include "worker/ddp.h"
-#include "worker/nn.h"
+#include "worker/model.h"
 #include "worker/rng.h"
 
 static int example(int rank, int world, struct comm *comm)

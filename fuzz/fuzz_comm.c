@@ -1,4 +1,4 @@
-/* fuzz_comm.c — the CPU collective backend's wire decoders (worker/comm/cpu_wire.h) on any
+/* fuzz_comm.c — the CPU collective backend's wire decoders (worker/comm/cpu/wire.h) on any
  * bytes a peer could send. The first byte picks the frame, the rest is its bytes:
  *   0 a rank's registration with the root      1 a stream of root -> rank messages
  *   2 what a rank reads from next (notices)    3 a ring hello
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/comm/cpu_wire.h"
+#include "worker/comm/cpu/wire.h"
 
 static const unsigned char magic[MAGIC_BYTES] = "ddpd-fuzz-magic";
 

@@ -1,4 +1,4 @@
-/* fuzz_csv.c — the CSV reader (worker/data.c) on any file, through dataset_open and
+/* fuzz_csv.c — the CSV reader (worker/data/csv.c) on any file, through dataset_open and
  * dataset_batch_counts (fuzz_data.h): once for mse (two input columns, target "y", two
  * ranks) and once for cross_entropy (class ids in "y", 3 classes). */
 #include "fuzz_data.h"

@@ -1,4 +1,4 @@
-/* fuzz_npy.c — the .npy reader (worker/data.c) on any file, through dataset_open and
+/* fuzz_npy.c — the .npy reader (worker/data/npy.c) on any file, through dataset_open and
  * dataset_batch_counts (fuzz_data.h). The input is the file's bytes, read as inputs x and
  * targets y at once (mse, x and y the same file: [N,3] float), and as class ids y
  * (cross_entropy, beside a valid x of 4 rows). */

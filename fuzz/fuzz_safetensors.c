@@ -16,7 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct ddpd_error err;
     fuzz_write("f.safetensors", data, size);
     snprintf(path, sizeof path, "%s/f.safetensors", fuzz_dir());
-    struct st_file *f = st_read(path, &err);
+    struct safetensors_file *f = safetensors_read(path, &err);
     if (!f) {
         if (err.code != DDPD_EDATA || !strstr(err.message, "f.safetensors")) {
             fprintf(stderr, "fuzz_safetensors: unexpected %s: %s\n", ddpd_err_name(err.code), err.message);
@@ -25,23 +25,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     float sum = 0; /* read every value: ASan checks each one is inside the tensor's block */
-    for (int i = 0; i < st_count(f); i++) {
-        const struct st_tensor *t = st_at(f, i);
+    for (int i = 0; i < safetensors_count(f); i++) {
+        const struct safetensors_tensor *t = safetensors_at(f, i);
         int64_t numel = 1;
-        if (t->ndim < 0 || t->ndim > ST_MAX_DIMS)
+        if (t->ndim < 0 || t->ndim > SAFETENSORS_MAX_DIMS)
             abort();
         for (int d = 0; d < t->ndim; d++)
             numel *= t->shape[d];
         for (int64_t k = 0; k < numel; k++)
             sum += t->data[k];
-        if (st_get(f, t->name) == NULL) {
+        if (safetensors_get(f, t->name) == NULL) {
             fprintf(stderr, "fuzz_safetensors: tensor \"%s\" is listed but not found\n", t->name);
             abort();
         }
     }
-    if (sum != sum && st_count(f) < 0) /* keeps the reads; never true */
+    if (sum != sum && safetensors_count(f) < 0) /* keeps the reads; never true */
         abort();
-    (void)st_meta_get(f, "step");
-    st_free(f);
+    (void)safetensors_meta_get(f, "step");
+    safetensors_free(f);
     return 0;
 }

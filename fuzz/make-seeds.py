@@ -3,7 +3,7 @@
 repository). Real inputs, small: specs like examples/seed.json, event lines as CONTRACT.md
 §6 shows them, .npy files written by numpy.save, CSV files as spreadsheets write them,
 safetensors files in the format of CONTRACT.md §4 (torch tensors' bytes), the CPU
-backend's frames as comm/cpu.c lays them out, and HTTP requests as curl sends them."""
+backend's frames as comm/cpu/ lays them out, and HTTP requests as curl sends them."""
 import io
 import json
 import os
@@ -138,7 +138,7 @@ put("safetensors", "optim.safetensors",
     st({"0.weight.exp_avg": ("F32", torch.randn(2, 3)), "0.weight.exp_avg_sq": ("F32", torch.rand(2, 3))},
        {"step": "10", "epoch": "1", "epoch_step": "3"}))
 
-# ---- comm (worker/comm/cpu_wire.h; selector byte first)
+# ---- comm (worker/comm/cpu/wire.h; selector byte first)
 MAGIC = b"ddpd-fuzz-magic\0"
 def be32(v): return struct.pack(">I", v)
 def addr4(port, ip=(127, 0, 0, 1)): return struct.pack(">HH", 4, port) + bytes(ip) + bytes(12)

@@ -20,7 +20,9 @@
 
 static float *host_buffer(int64_t n) { return malloc((size_t)n * sizeof(float)); }
 
-int ckpt_rank_file(char *out, size_t cap, const char *what, int rank)
+/* "<what>.safetensors" for rank 0, "<what>-rank-R.safetensors" for R > 0 into out[cap]:
+ * 0, or -1 when it does not fit. */
+static int rank_file(char *out, size_t cap, const char *what, int rank)
 {
     int n = rank == 0 ? snprintf(out, cap, "%s.safetensors", what)
                       : snprintf(out, cap, "%s-rank-%d.safetensors", what, rank);
@@ -37,7 +39,7 @@ static bool join_path(char *out, size_t cap, const char *dir, const char *file)
 /* The metadata every file of a checkpoint holds (strings in `buf`). */
 struct meta_text {
     char step[32], epoch[32], estep[32], osteps[32], ws[32], rk[32];
-    struct st_meta kv[9];
+    struct safetensors_meta kv[9];
 };
 
 static int meta_fill(struct meta_text *t, struct optim *o, const struct train_pos *pos, int rank,
@@ -49,10 +51,16 @@ static int meta_fill(struct meta_text *t, struct optim *o, const struct train_po
     snprintf(t->osteps, sizeof t->osteps, "%" PRId64, optim_steps(o));
     snprintf(t->ws, sizeof t->ws, "%d", world);
     snprintf(t->rk, sizeof t->rk, "%d", rank);
-    const struct st_meta kv[] = {
-        {"format", CKPT_FORMAT}, {"step", t->step}, {"epoch", t->epoch}, {"epoch_step", t->estep},
-        {"optim_steps", t->osteps}, {"world_size", t->ws}, {"rank", t->rk},
-        {"per_rank", per_rank ? "true" : "false"}, {"replicas", replicas ? "true" : "false"},
+    const struct safetensors_meta kv[] = {
+        {"format", CKPT_FORMAT},
+        {"step", t->step},
+        {"epoch", t->epoch},
+        {"epoch_step", t->estep},
+        {"optim_steps", t->osteps},
+        {"world_size", t->ws},
+        {"rank", t->rk},
+        {"per_rank", per_rank ? "true" : "false"},
+        {"replicas", replicas ? "true" : "false"},
     };
     memcpy(t->kv, kv, sizeof kv);
     return (int)(sizeof kv / sizeof kv[0]);
@@ -64,7 +72,7 @@ static ddpd_err write_one(const char *path, struct model *m, struct optim *o, bo
 {
     struct dev dev = model_dev(m);
     int n = state ? optim_state_count(o) : model_param_count(m);
-    struct st_tensor *t = calloc((size_t)n + 1, sizeof *t);
+    struct safetensors_tensor *t = calloc((size_t)n + 1, sizeof *t);
     float **host = calloc((size_t)n + 1, sizeof *host);
     ddpd_err rc = DDPD_ENOMEM;
     if (!t || !host)
@@ -89,7 +97,7 @@ static ddpd_err write_one(const char *path, struct model *m, struct optim *o, bo
         t[i].shape[1] = like->shape[1];
         t[i].data = host[i];
     }
-    rc = st_write(path, t, n, meta->kv, nmeta, err);
+    rc = safetensors_write(path, t, n, meta->kv, nmeta, err);
 out:
     if (rc == DDPD_ENOMEM)
         ddpd_error_set(err, rc, path, "%s: out of memory while writing a checkpoint", path);
@@ -101,9 +109,9 @@ out:
     return rc;
 }
 
-ddpd_err ckpt_write_rank(const char *dir, struct model *m, struct optim *o,
-                         const struct train_pos *pos, int rank, int world, bool with_model,
-                         bool per_rank, bool replicas, struct ddpd_error *err)
+ddpd_err checkpoint_write_rank(const char *dir, struct model *m, struct optim *o, const struct train_pos *pos,
+                               int rank, int world, bool with_model, bool per_rank, bool replicas,
+                               struct ddpd_error *err)
 {
     char path[4096], file[64];
     struct meta_text meta;
@@ -117,13 +125,15 @@ ddpd_err ckpt_write_rank(const char *dir, struct model *m, struct optim *o,
             return rc;
     }
     if (rank == 0 || per_rank) {
-        if (ckpt_rank_file(file, sizeof file, "optim", rank) || !join_path(path, sizeof path, dir, file))
+        if (rank_file(file, sizeof file, "optim", rank) ||
+            !join_path(path, sizeof path, dir, file))
             goto long_name;
         if ((rc = write_one(path, m, o, true, &meta, nmeta, err)))
             return rc;
     }
     if (rank > 0 && replicas) {
-        if (ckpt_rank_file(file, sizeof file, "model", rank) || !join_path(path, sizeof path, dir, file))
+        if (rank_file(file, sizeof file, "model", rank) ||
+            !join_path(path, sizeof path, dir, file))
             goto long_name;
         rc = write_one(path, m, o, false, &meta, nmeta, err);
     }
@@ -142,7 +152,7 @@ static int fsync_dir(const char *dir)
     return rc;
 }
 
-ddpd_err ckpt_dir_begin(const char *dir, char *tmp, size_t cap, struct ddpd_error *err)
+ddpd_err checkpoint_dir_begin(const char *dir, char *tmp, size_t cap, struct ddpd_error *err)
 {
     int n = snprintf(tmp, cap, "%s.tmp", dir);
     if (n < 0 || (size_t)n >= cap || strlen(dir) + 64 >= 4096)
@@ -171,7 +181,7 @@ ddpd_err ckpt_dir_begin(const char *dir, char *tmp, size_t cap, struct ddpd_erro
     return DDPD_OK;
 }
 
-ddpd_err ckpt_dir_commit(const char *tmp, const char *dir, struct ddpd_error *err)
+ddpd_err checkpoint_dir_commit(const char *tmp, const char *dir, struct ddpd_error *err)
 {
     char parent[4096];
     if (rename(tmp, dir) != 0)
@@ -187,34 +197,16 @@ ddpd_err ckpt_dir_commit(const char *tmp, const char *dir, struct ddpd_error *er
     return DDPD_OK;
 }
 
-ddpd_err ckpt_save_files(const char *dir, struct model *m, struct optim *o,
-                         const struct train_pos *pos, struct ddpd_error *err)
-{
-    return ckpt_write_rank(dir, m, o, pos, 0, 1, true, false, false, err);
-}
-
-ddpd_err ckpt_save_dir(const char *dir, struct model *m, struct optim *o,
-                       const struct train_pos *pos, struct ddpd_error *err)
-{
-    char tmp[4096];
-    ddpd_err rc = ckpt_dir_begin(dir, tmp, sizeof tmp, err);
-    if (!rc)
-        rc = ckpt_save_files(tmp, m, o, pos, err);
-    if (!rc)
-        rc = ckpt_dir_commit(tmp, dir, err);
-    return rc;
-}
-
 /* Copies the tensors of `f` into the model's parameters, checking that the names and
  * shapes are exactly the model's. */
-static ddpd_err load_params(struct model *m, const struct st_file *f, const char *path,
+static ddpd_err load_params(struct model *m, const struct safetensors_file *f, const char *path,
                             struct ddpd_error *err)
 {
     struct dev dev = model_dev(m);
     int np = model_param_count(m);
     for (int i = 0; i < np; i++) {
         struct param *p = model_param(m, i);
-        const struct st_tensor *t = st_get(f, p->name);
+        const struct safetensors_tensor *t = safetensors_get(f, p->name);
         if (!t)
             return ddpd_error_set(err, DDPD_EDATA, path, "%s: tensor \"%s\" is missing", path,
                                   p->name);
@@ -233,8 +225,8 @@ static ddpd_err load_params(struct model *m, const struct st_file *f, const char
         }
         dev.ops->to_device(dev.ctx, p->data, t->data, (size_t)p->numel * sizeof(float));
     }
-    for (int i = 0; i < st_count(f); i++) {
-        const char *name = st_at(f, i)->name;
+    for (int i = 0; i < safetensors_count(f); i++) {
+        const char *name = safetensors_at(f, i)->name;
         int known = 0;
         for (int j = 0; j < np && !known; j++)
             known = strcmp(model_param(m, j)->name, name) == 0;
@@ -245,29 +237,29 @@ static ddpd_err load_params(struct model *m, const struct st_file *f, const char
     return DDPD_OK;
 }
 
-ddpd_err ckpt_load_weights_fd(struct model *m, int fd, const char *name, struct ddpd_error *err)
+ddpd_err checkpoint_load_weights_fd(struct model *m, int fd, const char *name, struct ddpd_error *err)
 {
-    struct st_file *f = st_read_fd(fd, name, err);
+    struct safetensors_file *f = safetensors_read_fd(fd, name, err);
     if (!f)
         return err ? err->code : DDPD_EDATA;
     ddpd_err rc = load_params(m, f, name, err);
-    st_free(f);
+    safetensors_free(f);
     return rc;
 }
 
-ddpd_err ckpt_load_weights(struct model *m, const char *path, struct ddpd_error *err)
+ddpd_err checkpoint_load_weights(struct model *m, const char *path, struct ddpd_error *err)
 {
-    struct st_file *f = st_read(path, err);
+    struct safetensors_file *f = safetensors_read(path, err);
     if (!f)
         return err ? err->code : DDPD_EDATA;
     ddpd_err rc = load_params(m, f, path, err);
-    st_free(f);
+    safetensors_free(f);
     return rc;
 }
 
-static int meta_i64(const struct st_file *f, const char *key, int64_t *out)
+static int meta_i64(const struct safetensors_file *f, const char *key, int64_t *out)
 {
-    const char *v = st_meta_get(f, key);
+    const char *v = safetensors_meta_get(f, key);
     if (!v)
         return -1;
     char *end;
@@ -280,31 +272,31 @@ static int meta_i64(const struct st_file *f, const char *key, int64_t *out)
 }
 
 /* Reads a file of the checkpoint `dir` whose metadata must say rank `rank`, step `step`. */
-static struct st_file *read_rank_file(const char *dir, const char *what, int rank, int64_t step,
-                                      char *path, size_t cap, struct ddpd_error *err)
+static struct safetensors_file *read_rank_file(const char *dir, const char *what, int rank, int64_t step,
+                                               char *path, size_t cap, struct ddpd_error *err)
 {
     char file[64];
-    if (ckpt_rank_file(file, sizeof file, what, rank) || !join_path(path, cap, dir, file)) {
+    if (rank_file(file, sizeof file, what, rank) || !join_path(path, cap, dir, file)) {
         ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
         return NULL;
     }
-    struct st_file *f = st_read(path, err);
+    struct safetensors_file *f = safetensors_read(path, err);
     int64_t frank = -1, fstep = -1;
     if (f && (meta_i64(f, "rank", &frank) || meta_i64(f, "step", &fstep) || frank != rank || fstep != step)) {
         ddpd_error_set(err, DDPD_EDATA, path,
                        "%s: not rank %d's state of step %" PRId64 " (metadata rank/step missing or different)",
                        path, rank, step);
-        st_free(f);
+        safetensors_free(f);
         return NULL;
     }
     return f;
 }
 
-ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, int rank, int world,
-                       struct train_pos *pos, struct ddpd_error *err)
+ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, int rank, int world,
+                             struct train_pos *pos, struct ddpd_error *err)
 {
     char mp[4096], op[4096], rp[4096];
-    struct st_file *mf = NULL, *ofile = NULL, *rf = NULL;
+    struct safetensors_file *mf = NULL, *ofile = NULL, *rf = NULL;
     ddpd_err rc;
     int64_t osteps = 0, ws = 0;
     struct stat dst;
@@ -315,12 +307,12 @@ ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, int ra
         rc = ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
         goto out;
     }
-    mf = st_read(mp, err);
+    mf = safetensors_read(mp, err);
     if (!mf) {
         rc = err ? err->code : DDPD_EDATA;
         goto out;
     }
-    const char *fmt = st_meta_get(mf, "format");
+    const char *fmt = safetensors_meta_get(mf, "format");
     if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0 || meta_i64(mf, "step", &pos->step) ||
         meta_i64(mf, "epoch", &pos->epoch) || meta_i64(mf, "epoch_step", &pos->epoch_step) ||
         meta_i64(mf, "optim_steps", &osteps)) {
@@ -330,7 +322,7 @@ ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, int ra
     }
     /* A checkpoint from before world_size was recorded holds rank 0's state only, which
      * every rank then loads, as it always did. */
-    bool legacy = st_meta_get(mf, "world_size") == NULL;
+    bool legacy = safetensors_meta_get(mf, "world_size") == NULL;
     if (!legacy && (meta_i64(mf, "world_size", &ws) || ws < 1)) {
         rc = ddpd_error_set(err, DDPD_EDATA, mp, "%s: metadata world_size is not a positive integer", mp);
         goto out;
@@ -344,7 +336,7 @@ ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, int ra
     }
     /* With per-rank state each rank continues from its own replica and optimizer state:
      * ranks that joined early stepped less often (DDP.md §4.5). */
-    const char *pr = st_meta_get(mf, "per_rank"), *rr = st_meta_get(mf, "replicas");
+    const char *pr = safetensors_meta_get(mf, "per_rank"), *rr = safetensors_meta_get(mf, "replicas");
     bool per_rank = !legacy && pr && strcmp(pr, "true") == 0;
     bool replicas = per_rank && rr && strcmp(rr, "true") == 0;
     int from = per_rank ? rank : 0;
@@ -362,7 +354,7 @@ ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, int ra
         goto out;
     ofile = legacy ? NULL : read_rank_file(dir, "optim", from, pos->step, op, sizeof op, err);
     if (legacy && join_path(op, sizeof op, dir, "optim.safetensors"))
-        ofile = st_read(op, err);
+        ofile = safetensors_read(op, err);
     if (!ofile) {
         rc = err ? err->code : DDPD_EDATA;
         goto out;
@@ -376,7 +368,7 @@ ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, int ra
         const struct param *like;
         char name[128];
         float *d = optim_state_at(o, i, name, sizeof name, &like);
-        const struct st_tensor *t = st_get(ofile, name);
+        const struct safetensors_tensor *t = safetensors_get(ofile, name);
         int64_t n = 1;
         for (int k = 0; t && k < t->ndim; k++)
             n *= t->shape[k];
@@ -390,9 +382,9 @@ ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, int ra
     optim_restore(o, osteps);
     rc = DDPD_OK;
 out:
-    st_free(mf);
-    st_free(rf);
-    st_free(ofile);
+    safetensors_free(mf);
+    safetensors_free(rf);
+    safetensors_free(ofile);
     return rc;
 }
 
@@ -401,7 +393,7 @@ out:
 #define CKPT_HEADER_PER_TENSOR 512 /* name <= 127 bytes, dtype, shape, offsets, JSON */
 #define CKPT_HEADER_FIXED 4096     /* length word, metadata, padding */
 
-int64_t ckpt_bytes_bound(struct model *m, struct optim *o)
+int64_t checkpoint_bytes_bound(struct model *m, struct optim *o)
 {
     int64_t sum = 2 * CKPT_HEADER_FIXED;
     for (int i = 0; i < model_param_count(m); i++) {

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "../schema/err.h"
-#include "nn.h"
+#include "model.h"
 #include "optim.h"
 
 /* Where training stands after an optimizer step: `step` optimizer steps done in all,
@@ -23,9 +23,9 @@ struct train_pos {
 /* Loads weights from a safetensors file into the model: every parameter must be there
  * with its shape; extra tensors are an error too (a different model). DDPD_EDATA names
  * the file and the tensor. */
-ddpd_err ckpt_load_weights(struct model *m, const char *path, struct ddpd_error *err);
+ddpd_err checkpoint_load_weights(struct model *m, const char *path, struct ddpd_error *err);
 /* The same from an open descriptor (steals `fd`); `name` names the file in errors. */
-ddpd_err ckpt_load_weights_fd(struct model *m, int fd, const char *name, struct ddpd_error *err);
+ddpd_err checkpoint_load_weights_fd(struct model *m, int fd, const char *name, struct ddpd_error *err);
 
 /* A checkpoint folder holds model.safetensors (the current weights: those of the lowest
  * rank that ran the step itself) and optim.safetensors (rank 0's optimizer state, the
@@ -37,45 +37,32 @@ ddpd_err ckpt_load_weights_fd(struct model *m, int fd, const char *name, struct 
  * file's metadata holds format, step, epoch, epoch_step, world_size, rank, per_rank,
  * replicas and the writing rank's optim_steps. Files are created 0600, folders 0700. */
 
-/* "<what>.safetensors" for rank 0, "<what>-rank-R.safetensors" for R > 0 into out[cap]:
- * 0, or -1 when it does not fit. */
-int ckpt_rank_file(char *out, size_t cap, const char *what, int rank);
-
 /* Starts a checkpoint folder `dir`: makes "<dir>.tmp" (removing a torn leftover of an
  * earlier crash) and writes its name into tmp[cap]. DDPD_EIO when dir exists already. */
-ddpd_err ckpt_dir_begin(const char *dir, char *tmp, size_t cap, struct ddpd_error *err);
+ddpd_err checkpoint_dir_begin(const char *dir, char *tmp, size_t cap, struct ddpd_error *err);
 
 /* One rank's share of a checkpoint, written into the existing folder `dir`:
  * model.safetensors when `with_model` (exactly one rank, whose weights are current);
  * optim.safetensors on rank 0; with `per_rank`, optim-rank-R on a rank R > 0, and with
  * `replicas` too, model-rank-R. Each file is written atomically. */
-ddpd_err ckpt_write_rank(const char *dir, struct model *m, struct optim *o,
-                         const struct train_pos *pos, int rank, int world, bool with_model,
-                         bool per_rank, bool replicas, struct ddpd_error *err);
+ddpd_err checkpoint_write_rank(const char *dir, struct model *m, struct optim *o, const struct train_pos *pos,
+                               int rank, int world, bool with_model, bool per_rank, bool replicas,
+                               struct ddpd_error *err);
 
 /* Renames tmp into place as dir (and syncs the parent folder). */
-ddpd_err ckpt_dir_commit(const char *tmp, const char *dir, struct ddpd_error *err);
-
-/* A single-rank checkpoint: begin, write_rank(rank 0 of 1, with the model), commit. */
-ddpd_err ckpt_save_dir(const char *dir, struct model *m, struct optim *o,
-                       const struct train_pos *pos, struct ddpd_error *err);
-
-/* Writes a single rank's model.safetensors and optim.safetensors into an existing
- * directory, each file atomically. */
-ddpd_err ckpt_save_files(const char *dir, struct model *m, struct optim *o,
-                         const struct train_pos *pos, struct ddpd_error *err);
+ddpd_err checkpoint_dir_commit(const char *tmp, const char *dir, struct ddpd_error *err);
 
 /* Restores rank `rank`'s replica and optimizer state and the position from a folder
  * written by the functions above: its own files with per-rank state, else
  * model.safetensors and optim.safetensors. A checkpoint of another world size is
  * DDPD_ESPEC naming world_size; one without world_size (written before it was recorded)
  * gives every rank model.safetensors and optim.safetensors. */
-ddpd_err ckpt_load_dir(const char *dir, struct model *m, struct optim *o, int rank, int world,
-                       struct train_pos *pos, struct ddpd_error *err);
+ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, int rank, int world,
+                             struct train_pos *pos, struct ddpd_error *err);
 
-/* At least the bytes ckpt_save_dir / ckpt_save_files write for this model and
- * optimizer (data plus a bound on the headers): what the disk quota is checked against
+/* At least the bytes one rank's checkpoint_write_rank (with the model) writes for this
+ * model and optimizer (data plus a bound on the headers): what the disk quota is checked against
  * before a checkpoint is written. */
-int64_t ckpt_bytes_bound(struct model *m, struct optim *o);
+int64_t checkpoint_bytes_bound(struct model *m, struct optim *o);
 
 #endif

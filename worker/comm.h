@@ -1,7 +1,7 @@
 /* comm.h — the collective backend table (DESIGN.md "The worker's DDP"). Backends: `cpu`
- * (comm/cpu.c: a ring with its own rendezvous; links between ranks on one host carry
+ * (comm/cpu/: a ring with its own rendezvous; links between ranks on one host carry
  * their bytes through a shared-memory FIFO, others through TCP; DDPD_COMM_SHM=0 forces
- * TCP) and `nccl` (comm/nccl.c: CUDA tensors, a comm stream and a watchdog).
+ * TCP) and `nccl` (cuda/nccl.c: CUDA tensors, a comm stream and a watchdog).
  * Memory: allreduce_start and broadcast take tensors of the compute backend bound with
  * comm_bind_dev (host memory until then); allgather, allreduce_max_i64 and barrier take
  * host memory. Binding CUDA tensors to the cpu backend stages them through pinned host
@@ -63,7 +63,7 @@ struct comm_ops {
 };
 
 extern const struct comm_ops comm_cpu_ops;
-/* NCCL (comm/nccl.c, inside libddpd-cuda.so; comm/nccl_plugin.c forwards to it and loads the
+/* NCCL (cuda/nccl.c, inside libddpd-cuda.so; cuda/nccl_forward.c forwards to it and loads the
  * module on init_rank). Where the module cannot be loaded, or in a build without CUDA,
  * init_rank fails with the loader's message (the module's path and dlerror(), or "built
  * without CUDA or NCCL"). Call comm_new on the thread that opened the rank's GPU. */

@@ -22,7 +22,7 @@
 
 #include "../schema/err.h"
 #include "comm.h"
-#include "nn.h"
+#include "model.h"
 
 struct ddp_opts {
     double bucket_cap_mb;               /* default 25; the first bucket is capped at 1 MiB */
@@ -49,7 +49,7 @@ void ddp_free(struct ddp *d);
  * synced forward also tells the joined ranks that one more synced step is coming. */
 ddpd_err ddp_forward_begin(struct ddp *d, struct ddpd_error *err);
 
-/* The model's gradient-ready hook (nn.h): pass it with the ddp as ctx to
+/* The model's gradient-ready hook (model.h): pass it with the ddp as ctx to
  * model_backward. Launches each bucket's all-reduce, in bucket order, once all of its
  * gradients are ready: scaled by float(1/W) first, then summed across ranks. */
 void ddp_grad_ready(void *ddp, int param_index);

@@ -1,6 +1,6 @@
 /* dev.h — the compute backend table. Every tensor the model, loss and optimizer touch
  * lives in the backend's memory and is changed only through these ops, so the CPU
- * backend (dev/cpu.c, OpenBLAS) and the CUDA backend (dev/cuda.cu) are interchangeable.
+ * backend (dev/cpu.c, OpenBLAS) and the CUDA backend (cuda/dev.cu) are interchangeable.
  * The CPU ops are the reference every CUDA op is tested against.
  * Matrices are row-major float32; shapes are written [rows,cols]. */
 #ifndef DDPD_DEV_H
@@ -108,8 +108,8 @@ void dev_cpu_free(struct dev d);
  * we. Tests switch it to check both paths. Returns the previous setting. */
 bool dev_cpu_set_fused(struct dev d, bool fused);
 
-/* The CUDA backend (dev/cuda.cu) lives in the module libddpd-cuda.so, which the functions
- * below load on first need (dev/cuda_plugin.h); ddpd-worker itself links no CUDA library.
+/* The CUDA backend (cuda/dev.cu) lives in the module libddpd-cuda.so, which the functions
+ * below load on first need (cuda/plugin.h); ddpd-worker itself links no CUDA library.
  * dev_cuda_load loads it: false with `err` set (DDPD_EDEVICE: the module's path and
  * dlerror(), or "built without CUDA") when it cannot be loaded. */
 bool dev_cuda_load(struct ddpd_error *err);

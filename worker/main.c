@@ -18,7 +18,7 @@
 #include "comm.h"
 #include "data.h"
 #include "emit.h"
-#include "nn.h"
+#include "model.h"
 #include "safetensors.h"
 #include "train.h"
 
@@ -152,19 +152,19 @@ static int get_int(json_t *doc, const char *key, json_int_t lo, json_int_t hi, j
 }
 
 /* init.from against the model, from the file's header alone: every parameter there with
- * its shape, nothing else (what ckpt_load_weights would refuse in every rank). */
+ * its shape, nothing else (what checkpoint_load_weights would refuse in every rank). */
 static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, struct ddpd_error *err)
 {
     char path[4096];
     struct param params[2 * SPEC_MAX_LAYERS];
-    struct st_file *f = NULL;
+    struct safetensors_file *f = NULL;
     ddpd_err rc = data_path_resolve(data_dir, "init.from", spec->init_from, path, sizeof path, err);
     if (rc)
         return rc;
     int np = model_spec_params(spec, params);
     if (np < 0)
         return ddpd_error_set(err, DDPD_ENOMEM, "init.from", "out of memory checking init.from");
-    if (!(f = st_read_header(path, err))) {
+    if (!(f = safetensors_read_header(path, err))) {
         /* Name the field and the file as the spec gives it, not the server's path. */
         char msg[sizeof err->message];
         const char *rest = strstr(err->message, ": ");
@@ -174,7 +174,7 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
     rc = DDPD_OK;
     for (int i = 0; i < np && !rc; i++) {
         const struct param *p = &params[i];
-        const struct st_tensor *t = st_get(f, p->name);
+        const struct safetensors_tensor *t = safetensors_get(f, p->name);
         char want[64], got[96];
         snprintf(want, sizeof want, p->ndim == 2 ? "[%" PRId64 ", %" PRId64 "]" : "[%" PRId64 "]",
                  p->shape[0], p->shape[1]);
@@ -198,8 +198,8 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
                             "init.from: %s: tensor \"%s\" has shape %s but model[%d]'s is %s",
                             spec->init_from, p->name, got, p->layer, want);
     }
-    for (int i = 0; i < st_count(f) && !rc; i++) {
-        const char *name = st_at(f, i)->name;
+    for (int i = 0; i < safetensors_count(f) && !rc; i++) {
+        const char *name = safetensors_at(f, i)->name;
         bool known = false;
         for (int j = 0; j < np && !known; j++)
             known = strcmp(params[j].name, name) == 0;
@@ -208,7 +208,7 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
                                 "init.from: %s: tensor \"%.100s\" is not a parameter of this model",
                                 spec->init_from, name);
     }
-    st_free(f);
+    safetensors_free(f);
     return rc;
 }
 
@@ -490,13 +490,12 @@ int main(int argc, char **argv)
                        spec.world_size);
         emit_die(&err);
     }
-    /* The GPU first: NCCL joins on the calling thread's current device. */
-    struct dev dev = {NULL, NULL};
-    if (spec.device == DEVICE_CUDA) {
-        dev = open_device(&spec, (int)rank, &err);
-        if (!dev.ops)
-            emit_die(&err);
-    }
+    /* The compute backend, before the group: NCCL joins on the calling thread's current
+     * device. On the CPU one BLAS thread per rank: the ranks of a host share its cores. */
+    const bool cuda = spec.device == DEVICE_CUDA;
+    struct dev dev = cuda ? open_device(&spec, (int)rank, &err) : dev_cpu_new(1);
+    if (!dev.ops)
+        emit_die(&err);
 
     /* The group: {"backend": "cpu" or "nccl", "id": "<hex>"} for more than one rank. */
     struct comm *comm = NULL;
@@ -516,7 +515,7 @@ int main(int argc, char **argv)
             emit_die(&err);
         }
         comm = comm_new(ops, &id, (int)rank, (int)world, spec.ddp.timeout_s, &err);
-        if (!comm || (dev.ops && comm_bind_dev(comm, dev, &err) != DDPD_OK))
+        if (!comm || (cuda && comm_bind_dev(comm, dev, &err) != DDPD_OK))
             emit_die(&err);
         group = comm;
     }
@@ -563,7 +562,10 @@ int main(int argc, char **argv)
     }
     group = NULL;
     comm_free(comm);
-    dev_cuda_free(dev);
+    if (cuda)
+        dev_cuda_free(dev);
+    else
+        dev_cpu_free(dev);
     emit_flush();
     return 0;
 }

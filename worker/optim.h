@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "../schema/spec.h"
-#include "nn.h"
+#include "model.h"
 
 struct optim;
 

@@ -22,7 +22,7 @@ void rng_seed(struct rng *r, uint64_t seed) { rng_seed2(r, seed, 0); }
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
-uint64_t rng_next(struct rng *r)
+static uint64_t next(struct rng *r)
 {
     uint64_t *s = r->s;
     uint64_t result = rotl(s[1] * 5, 7) * 9;
@@ -36,7 +36,7 @@ uint64_t rng_next(struct rng *r)
     return result;
 }
 
-double rng_uniform(struct rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
+double rng_uniform(struct rng *r) { return (double)(next(r) >> 11) * 0x1.0p-53; }
 
 double rng_normal(struct rng *r)
 {
@@ -54,7 +54,7 @@ uint64_t rng_below(struct rng *r, uint64_t n)
     uint64_t limit = UINT64_MAX - UINT64_MAX % n;
     uint64_t x;
     do
-        x = rng_next(r);
+        x = next(r);
     while (x >= limit);
     return x % n;
 }

@@ -13,7 +13,6 @@ struct rng {
 void rng_seed(struct rng *r, uint64_t seed);
 /* A generator for stream `stream` of `seed`: independent sequences from one seed. */
 void rng_seed2(struct rng *r, uint64_t seed, uint64_t stream);
-uint64_t rng_next(struct rng *r);
 double rng_uniform(struct rng *r);            /* [0, 1) with 53 bits */
 double rng_normal(struct rng *r);             /* N(0,1), Box-Muller, no cached pair */
 uint64_t rng_below(struct rng *r, uint64_t n); /* uniform in [0, n), unbiased */

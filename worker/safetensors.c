@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define ST_MAX_FILE (64LL << 30)
+#define SAFETENSORS_MAX_FILE (64LL << 30)
 #define IO_CHUNK (1 << 20)
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -26,9 +26,9 @@
 #define HOST_LE 0
 #endif
 
-struct st_file {
+struct safetensors_file {
     int n;
-    struct st_tensor *t; /* [n], in the header's order */
+    struct safetensors_tensor *t; /* [n], in the header's order */
     float *block;        /* every tensor's data */
     json_t *root;        /* the header; "__metadata__" strings are borrowed from it */
     json_t *meta;
@@ -72,8 +72,8 @@ static bool shape_numel(int ndim, const int64_t *shape, int64_t *numel)
 
 static int by_name(const void *a, const void *b)
 {
-    const struct st_tensor *x = *(const struct st_tensor *const *)a;
-    const struct st_tensor *y = *(const struct st_tensor *const *)b;
+    const struct safetensors_tensor *x = *(const struct safetensors_tensor *const *)a;
+    const struct safetensors_tensor *y = *(const struct safetensors_tensor *const *)b;
     return strcmp(x->name, y->name);
 }
 
@@ -119,8 +119,9 @@ static int fsync_parent(const char *path)
 }
 
 /* The header JSON: "__metadata__" first, then the tensors in data order. */
-static json_t *header_json(const struct st_tensor **sorted, int n, const struct st_meta *meta, int n_meta,
-                           const char *path, struct ddpd_error *err)
+static json_t *header_json(const struct safetensors_tensor **sorted, int n,
+                           const struct safetensors_meta *meta, int n_meta, const char *path,
+                           struct ddpd_error *err)
 {
     json_t *root = json_object(), *m = NULL;
     int64_t off = 0;
@@ -140,7 +141,7 @@ static json_t *header_json(const struct st_tensor **sorted, int n, const struct 
         }
     }
     for (int i = 0; i < n; i++) {
-        const struct st_tensor *t = sorted[i];
+        const struct safetensors_tensor *t = sorted[i];
         int64_t numel = 0;
         shape_numel(t->ndim, t->shape, &numel);
         json_t *e = json_object(), *shape = json_array(), *offs = json_array();
@@ -171,10 +172,10 @@ nomem:
     return NULL;
 }
 
-ddpd_err st_write(const char *path, const struct st_tensor *t, int n, const struct st_meta *meta, int n_meta,
-                  struct ddpd_error *err)
+ddpd_err safetensors_write(const char *path, const struct safetensors_tensor *t, int n,
+                           const struct safetensors_meta *meta, int n_meta, struct ddpd_error *err)
 {
-    const struct st_tensor **sorted = NULL;
+    const struct safetensors_tensor **sorted = NULL;
     json_t *root = NULL;
     char *hdr = NULL, tmp[4096];
     FILE *fp = NULL;
@@ -183,14 +184,14 @@ ddpd_err st_write(const char *path, const struct st_tensor *t, int n, const stru
     int64_t total = 0;
 
     if (n < 0 || n_meta < 0 || (n > 0 && !t) || (n_meta > 0 && !meta))
-        return fail(err, DDPD_EINTERNAL, path, "bad arguments to st_write");
+        return fail(err, DDPD_EINTERNAL, path, "bad arguments to safetensors_write");
     int tl = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (tl < 0 || (size_t)tl >= sizeof tmp)
         return fail(err, DDPD_EIO, path, "path is too long");
     for (int i = 0; i < n; i++) {
         int64_t numel;
         if (!memchr(t[i].name, '\0', sizeof t[i].name) || !t[i].name[0] ||
-            strcmp(t[i].name, "__metadata__") == 0 || t[i].ndim < 0 || t[i].ndim > ST_MAX_DIMS ||
+            strcmp(t[i].name, "__metadata__") == 0 || t[i].ndim < 0 || t[i].ndim > SAFETENSORS_MAX_DIMS ||
             !shape_numel(t[i].ndim, t[i].shape, &numel) || (numel > 0 && !t[i].data) ||
             numel > (INT64_MAX - total) / 4)
             return fail(err, DDPD_EINTERNAL, path, "tensor %d is not a valid tensor", i);
@@ -276,9 +277,9 @@ struct dtype {
 
 static const struct dtype dtypes[] = {{"F32", 4}, {"F64", 8}, {"F16", 2}, {"BF16", 2}};
 
-/* What st_read learns of one tensor before reading its data. */
+/* What safetensors_read learns of one tensor before reading its data. */
 struct entry {
-    int index; /* into st_file.t */
+    int index; /* into safetensors_file.t */
     int64_t begin, end, numel;
     const struct dtype *dt;
 };
@@ -354,7 +355,7 @@ static bool get_i64(json_t *v, int64_t *out)
 
 /* Checks one header entry and fills the tensor's name and shape. */
 static ddpd_err parse_entry(const char *path, const char *name, json_t *v, int64_t data_len,
-                            struct st_tensor *t, struct entry *e, struct ddpd_error *err)
+                            struct safetensors_tensor *t, struct entry *e, struct ddpd_error *err)
 {
     char sh[128];
     if (strlen(name) >= sizeof t->name)
@@ -377,9 +378,9 @@ static ddpd_err parse_entry(const char *path, const char *name, json_t *v, int64
                     json_string_value(dt));
     if (!json_is_array(shape))
         return fail(err, DDPD_EDATA, path, "tensor \"%s\": \"shape\" is missing or not an array", name);
-    if (json_array_size(shape) > ST_MAX_DIMS)
+    if (json_array_size(shape) > SAFETENSORS_MAX_DIMS)
         return fail(err, DDPD_EDATA, path, "tensor \"%s\": %zu dimensions (at most %d are supported)", name,
-                    json_array_size(shape), ST_MAX_DIMS);
+                    json_array_size(shape), SAFETENSORS_MAX_DIMS);
     t->ndim = (int)json_array_size(shape);
     for (int d = 0; d < t->ndim; d++)
         if (!get_i64(json_array_get(shape, (size_t)d), &t->shape[d]))
@@ -419,7 +420,7 @@ static int by_offset(const void *a, const void *b)
 
 /* The tensors must tile the data section: no overlaps, no gaps, nothing left over (as the
  * reference implementation checks). `e` is sorted by offset. */
-static ddpd_err check_layout(const char *path, const struct st_file *f, const struct entry *e, int n,
+static ddpd_err check_layout(const char *path, const struct safetensors_file *f, const struct entry *e, int n,
                              int64_t data_len, struct ddpd_error *err)
 {
     int64_t at = 0;
@@ -442,28 +443,28 @@ static ddpd_err check_layout(const char *path, const struct st_file *f, const st
     return DDPD_OK;
 }
 
-static struct st_file *read_file(int fd_in, const char *path, bool values, struct ddpd_error *err);
+static struct safetensors_file *read_file(int fd_in, const char *path, bool values, struct ddpd_error *err);
 
-struct st_file *st_read(const char *path, struct ddpd_error *err)
+struct safetensors_file *safetensors_read(const char *path, struct ddpd_error *err)
 {
-    return st_read_fd(open(path, O_RDONLY | O_CLOEXEC), path, err);
+    return safetensors_read_fd(open(path, O_RDONLY | O_CLOEXEC), path, err);
 }
 
-struct st_file *st_read_header(const char *path, struct ddpd_error *err)
+struct safetensors_file *safetensors_read_header(const char *path, struct ddpd_error *err)
 {
     return read_file(open(path, O_RDONLY | O_CLOEXEC), path, false, err);
 }
 
-struct st_file *st_read_fd(int fd_in, const char *path, struct ddpd_error *err)
+struct safetensors_file *safetensors_read_fd(int fd_in, const char *path, struct ddpd_error *err)
 {
     return read_file(fd_in, path, true, err);
 }
 
 /* Steals fd_in (-1: the open failed, with errno). */
-static struct st_file *read_file(int fd_in, const char *path, bool values, struct ddpd_error *err)
+static struct safetensors_file *read_file(int fd_in, const char *path, bool values, struct ddpd_error *err)
 {
     int open_errno = errno;
-    struct st_file *f = NULL;
+    struct safetensors_file *f = NULL;
     struct entry *e = NULL;
     unsigned char *chunk = NULL, len8[8];
     char *hdr = NULL;
@@ -486,9 +487,9 @@ static struct st_file *read_file(int fd_in, const char *path, bool values, struc
         rc = fail(err, DDPD_EDATA, path, "not a regular file");
         goto out;
     }
-    if (size > ST_MAX_FILE) {
+    if (size > SAFETENSORS_MAX_FILE) {
         rc = fail(err, DDPD_EDATA, path, "too large: %" PRId64 " bytes (the limit is %lld GiB)", size,
-                  ST_MAX_FILE >> 30);
+                  SAFETENSORS_MAX_FILE >> 30);
         goto out;
     }
     if (size < 8 || read_at(fd, len8, 8, 0) != 8) {
@@ -499,9 +500,9 @@ static struct st_file *read_file(int fd_in, const char *path, bool values, struc
     uint64_t hl = 0;
     for (int i = 7; i >= 0; i--)
         hl = hl << 8 | len8[i];
-    if (hl > ST_MAX_HEADER) {
+    if (hl > SAFETENSORS_MAX_HEADER) {
         rc = fail(err, DDPD_EDATA, path, "header length %" PRIu64 " is too large (the limit is %d bytes)", hl,
-                  ST_MAX_HEADER);
+                  SAFETENSORS_MAX_HEADER);
         goto out;
     }
     if ((int64_t)hl > size - 8) {
@@ -584,7 +585,7 @@ static struct st_file *read_file(int fd_in, const char *path, bool values, struc
     }
     int64_t at = 0;
     for (int i = 0; i < f->n; i++) {
-        struct st_tensor *t = &f->t[e[i].index];
+        struct safetensors_tensor *t = &f->t[e[i].index];
         const struct dtype *dt = e[i].dt;
         int64_t off = 8 + (int64_t)hl + e[i].begin, per = IO_CHUNK / dt->size;
         t->data = f->block + at;
@@ -614,13 +615,13 @@ out:
     if (fd >= 0)
         close(fd);
     if (rc) {
-        st_free(f);
+        safetensors_free(f);
         return NULL;
     }
     return f;
 }
 
-void st_free(struct st_file *f)
+void safetensors_free(struct safetensors_file *f)
 {
     if (!f)
         return;
@@ -630,17 +631,17 @@ void st_free(struct st_file *f)
     free(f);
 }
 
-int st_count(const struct st_file *f)
+int safetensors_count(const struct safetensors_file *f)
 {
     return f->n;
 }
 
-const struct st_tensor *st_at(const struct st_file *f, int i)
+const struct safetensors_tensor *safetensors_at(const struct safetensors_file *f, int i)
 {
     return i >= 0 && i < f->n ? &f->t[i] : NULL;
 }
 
-const struct st_tensor *st_get(const struct st_file *f, const char *name)
+const struct safetensors_tensor *safetensors_get(const struct safetensors_file *f, const char *name)
 {
     for (int i = 0; i < f->n; i++)
         if (strcmp(f->t[i].name, name) == 0)
@@ -648,7 +649,7 @@ const struct st_tensor *st_get(const struct st_file *f, const char *name)
     return NULL;
 }
 
-const char *st_meta_get(const struct st_file *f, const char *key)
+const char *safetensors_meta_get(const struct safetensors_file *f, const char *key)
 {
     return f->meta ? json_string_value(json_object_get(f->meta, key)) : NULL;
 }

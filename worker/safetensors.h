@@ -9,45 +9,46 @@
 
 #include "../schema/err.h"
 
-#define ST_MAX_DIMS 4
-#define ST_MAX_HEADER (16 * 1024 * 1024)
+#define SAFETENSORS_MAX_DIMS 4
+#define SAFETENSORS_MAX_HEADER (16 * 1024 * 1024)
 
-struct st_tensor {
+struct safetensors_tensor {
     char name[128];
     int ndim;
-    int64_t shape[ST_MAX_DIMS];
-    float *data; /* write: borrowed; read: owned by the st_file */
+    int64_t shape[SAFETENSORS_MAX_DIMS];
+    float *data; /* write: borrowed; read: owned by the safetensors_file */
 };
 
 /* `meta` holds n_meta key/value string pairs for "__metadata__" (may be 0). */
-struct st_meta {
+struct safetensors_meta {
     const char *key, *value;
 };
 
 /* Writes the tensors (in the given order; the header lists them sorted by name as the
  * reference implementation does, data laid out in the same order) to `path`
  * atomically. Returns DDPD_OK or DDPD_EIO naming the file. */
-ddpd_err st_write(const char *path, const struct st_tensor *t, int n,
-                  const struct st_meta *meta, int n_meta, struct ddpd_error *err);
+ddpd_err safetensors_write(const char *path, const struct safetensors_tensor *t, int n,
+                           const struct safetensors_meta *meta, int n_meta, struct ddpd_error *err);
 
-struct st_file;
+struct safetensors_file;
 
 /* Reads and checks a whole file: header length within the file, valid JSON, every
  * tensor F32 (F64/F16/BF16 are converted to float32), offsets inside the data and
  * not overlapping, shapes matching byte sizes. NULL with DDPD_EDATA naming the file and
- * what was wrong. Caller frees with st_free. */
-struct st_file *st_read(const char *path, struct ddpd_error *err);
+ * what was wrong. Caller frees with safetensors_free. */
+struct safetensors_file *safetensors_read(const char *path, struct ddpd_error *err);
 /* The same from an open descriptor (steals `fd`, closed in every case; -1 = the open
  * failed with errno); `path` names it in errors. */
-struct st_file *st_read_fd(int fd, const char *path, struct ddpd_error *err);
+struct safetensors_file *safetensors_read_fd(int fd, const char *path, struct ddpd_error *err);
 
 /* The same checks without reading the values: names, shapes and layout only (every
  * tensor's data is NULL). For a check before a job starts (ddpd-worker --plan). */
-struct st_file *st_read_header(const char *path, struct ddpd_error *err);
-void st_free(struct st_file *f);
-int st_count(const struct st_file *f);
-const struct st_tensor *st_at(const struct st_file *f, int i);
-const struct st_tensor *st_get(const struct st_file *f, const char *name); /* NULL if absent */
-const char *st_meta_get(const struct st_file *f, const char *key);        /* NULL if absent */
+struct safetensors_file *safetensors_read_header(const char *path, struct ddpd_error *err);
+void safetensors_free(struct safetensors_file *f);
+int safetensors_count(const struct safetensors_file *f);
+const struct safetensors_tensor *safetensors_at(const struct safetensors_file *f, int i);
+const struct safetensors_tensor *safetensors_get(const struct safetensors_file *f,
+                                                 const char *name);                  /* NULL if absent */
+const char *safetensors_meta_get(const struct safetensors_file *f, const char *key); /* NULL if absent */
 
 #endif

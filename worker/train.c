@@ -23,10 +23,12 @@
 #include "ddp.h"
 #include "dev.h"
 #include "emit.h"
-#include "nn.h"
+#include "model.h"
 #include "optim.h"
 
-int64_t train_steps_per_epoch(int64_t batches, int64_t grad_accum)
+/* Optimizer steps in one epoch of `batches` micro-batches with grad_accum k: the last
+ * step of an epoch takes the remaining micro-batches when k does not divide them. */
+static int64_t steps_per_epoch(int64_t batches, int64_t grad_accum)
 {
     /* Not (batches + grad_accum - 1) / grad_accum: grad_accum may be near INT64_MAX. */
     return batches / grad_accum + (batches % grad_accum != 0);
@@ -174,7 +176,7 @@ static ddpd_err agree_on_batches(struct run *r, struct ddpd_error *err)
     /* Saturated: epochs near INT64_MAX is a job that runs until it is cancelled. */
     if (s->steps)
         r->total = s->steps;
-    else if (__builtin_mul_overflow(s->epochs, train_steps_per_epoch(r->max_nb, s->grad_accum), &r->total))
+    else if (__builtin_mul_overflow(s->epochs, steps_per_epoch(r->max_nb, s->grad_accum), &r->total))
         r->total = INT64_MAX;
     return DDPD_OK;
 }
@@ -302,7 +304,7 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
      * the weights of the writer, one of the last joiners. Inside an epoch a rank that
      * stepped less often holds a replica of its own. */
     bool replicas = !final;
-    if (!final && at.epoch_step >= train_steps_per_epoch(r->max_nb, r->s->grad_accum)) {
+    if (!final && at.epoch_step >= steps_per_epoch(r->max_nb, r->s->grad_accum)) {
         at.epoch++;
         at.epoch_step = 0;
         replicas = false;
@@ -323,13 +325,13 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
             snprintf(what, sizeof what, "the final model");
         else
             snprintf(what, sizeof what, "checkpoint ckpt-%" PRId64, at.step);
-        int64_t bound = ckpt_bytes_bound(r->m, r->o);
+        int64_t bound = checkpoint_bytes_bound(r->m, r->o);
         if (r->join && W > 1)
             bound = bound > INT64_MAX / W ? INT64_MAX : bound * W;
         rc = jobdir_check_quota(cfg->out_dir, cfg->disk_quota, bound, what, err);
     }
     if (!rc && !final && rank == 0)
-        rc = ckpt_dir_begin(dir, tmp, sizeof tmp, err);
+        rc = checkpoint_dir_begin(dir, tmp, sizeof tmp, err);
     if (cfg->comm) {
         all = calloc((size_t)W * 2, sizeof *all);
         if (!all)
@@ -350,7 +352,7 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
     }
     if (rc)
         goto out;
-    rc = ckpt_write_rank(tmp, r->m, r->o, &at, rank, W, rank == writer, r->join, replicas, err);
+    rc = checkpoint_write_rank(tmp, r->m, r->o, &at, rank, W, rank == writer, r->join, replicas, err);
     if (cfg->comm) {
         int64_t mine = rc;
         if ((crc = comm_allgather(cfg->comm, &mine, sizeof mine, all, &cerr))) {
@@ -364,7 +366,7 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
                                     at.step, q, dir);
     }
     if (!rc && !final && rank == 0)
-        rc = ckpt_dir_commit(tmp, dir, err);
+        rc = checkpoint_dir_commit(tmp, dir, err);
     if (!rc && rank == 0)
         emit_checkpoint(rank, at.step, dir);
     /* Only now, with the new one complete, are the oldest beyond checkpoint.keep_last
@@ -490,7 +492,7 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
 
     memset(pos, 0, sizeof *pos);
     if (cfg->resume) {
-        rc = ckpt_load_dir(cfg->resume, r->m, r->o, cfg->rank, cfg->world_size, pos, err);
+        rc = checkpoint_load_dir(cfg->resume, r->m, r->o, cfg->rank, cfg->world_size, pos, err);
         if (rc)
             return rc;
         emit_log("resumed from %s at step %" PRId64 " (epoch %" PRId64 ", step %" PRId64 " of the epoch)",
@@ -501,7 +503,7 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
         int fd = data_path_open(cfg->data_dir, "init.from", s->init_from, err);
         if (fd < 0)
             return err ? err->code : DDPD_EDATA;
-        rc = ckpt_load_weights_fd(r->m, fd, s->init_from, err);
+        rc = checkpoint_load_weights_fd(r->m, fd, s->init_from, err);
         if (rc)
             return rc;
     }
@@ -529,7 +531,10 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     const struct spec *s = cfg->spec;
     const int rank = cfg->rank;
     const int64_t k = s->grad_accum;
-    struct run r = {.cfg = cfg, .s = s, .dev = cfg->dev.ops ? cfg->dev : dev_cpu_new(1)};
+    if (!cfg->dev.ops)
+        return ddpd_error_set(err, DDPD_EINTERNAL, "device",
+                              "train_run: no compute backend (the caller opens it)");
+    struct run r = {.cfg = cfg, .s = s, .dev = cfg->dev};
     struct pending_log pend = {0};
     struct train_pos pos;
     ddpd_err rc = setup(&r, &pos, err);
@@ -644,7 +649,5 @@ out:
     optim_free(r.o);
     model_free(r.m);
     dataset_free(r.ds);
-    if (!cfg->dev.ops)
-        dev_cpu_free(r.dev);
     return rc;
 }

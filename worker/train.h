@@ -24,7 +24,7 @@ struct train_config {
     volatile sig_atomic_t *in_loop; /* set here on entering the training loop; before
                                      * that the SIGTERM handler may end the process */
     struct comm *comm;       /* the group, NULL for a single rank without DDP */
-    struct dev dev;          /* the compute backend (borrowed); {NULL} = CPU, one thread */
+    struct dev dev;          /* the compute backend (borrowed; the caller made it) */
     int64_t max_rank_memory; /* bytes a rank may use (the server's --max-rank-memory), 0 = no
                               * limit but this machine's memory */
 };
@@ -33,9 +33,5 @@ struct train_config {
  * Returns DDPD_OK, or an error with `err` filled (the caller turns it into an `error`
  * event and an exit code). */
 ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err);
-
-/* Optimizer steps in one epoch of `batches` micro-batches with grad_accum k: the last
- * step of an epoch takes the remaining micro-batches when k does not divide them. */
-int64_t train_steps_per_epoch(int64_t batches, int64_t grad_accum);
 
 #endif

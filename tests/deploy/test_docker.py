@@ -470,7 +470,7 @@ def test_runtime_stage_user_healthcheck_entrypoint():
     for c in instr(final, "CMD"):
         json_form(c, "CMD")
     # Both programs side by side on PATH: ddpd finds ddpd-worker beside itself, and
-    # ddpd-worker its CUDA module (worker/dev/cuda_plugin.c).
+    # ddpd-worker its CUDA module (worker/cuda/loader.c).
     from_build = [c for c in copies(final) if c[0] == d["stages"][0]["name"]]
     assert from_build, "nothing copied from the build stage"
     srcs = [Path(s).name for c in from_build for s in c[1]]

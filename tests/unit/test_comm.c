@@ -1,4 +1,4 @@
-/* test_comm.c — the CPU collective backend (worker/comm/cpu.c) end to end: an issuer and
+/* test_comm.c — the CPU collective backend (worker/comm/cpu/) end to end: an issuer and
  * W rank processes per case, forked from here, as the launcher runs them. Checks sums,
  * bitwise identity across ranks, ordering of async all-reduces, every collective, and the
  * failures: a rank that dies, never comes, goes silent, brings the wrong id, or desyncs. */
@@ -784,7 +784,7 @@ static void test_bogus_root(void)
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     CHECK(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 4) == 0 &&
           getsockname(lfd, (struct sockaddr *)&a, &alen) == 0);
-    /* The id: 16 bytes of magic, then family 4, the port and 127.0.0.1 (comm/cpu_wire.h). */
+    /* The id: 16 bytes of magic, then family 4, the port and 127.0.0.1 (comm/cpu/wire.h). */
     struct comm_id id = {{0}};
     memcpy(id.bytes, "bogus-root-magic", 16);
     id.bytes[17] = 4;

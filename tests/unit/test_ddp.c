@@ -10,7 +10,7 @@
 #include "check.h"
 #include "examples/spawn.h"
 #include "worker/ddp.h"
-#include "worker/nn.h"
+#include "worker/model.h"
 #include "worker/optim.h"
 #include "worker/rng.h"
 

@@ -1,4 +1,4 @@
-/* test_nn.c — the model: gradients of every layer kind and both losses against finite
+/* test_nn.c — the model (model.c): gradients of every layer kind and both losses against finite
  * differences, numbers PyTorch produced for the same weights, the order and timing of
  * the gradient-ready callback, accumulation, zero_grad, re-pointed gradient storage and
  * the init distribution. */
@@ -6,7 +6,7 @@
 
 #include "check.h"
 #include "worker/dev.h"
-#include "worker/nn.h"
+#include "worker/model.h"
 #include "worker/rng.h"
 
 static struct dev D;

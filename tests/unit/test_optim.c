@@ -6,7 +6,7 @@
 
 #include "check.h"
 #include "worker/dev.h"
-#include "worker/nn.h"
+#include "worker/model.h"
 #include "worker/optim.h"
 
 enum { N = 11 };

@@ -106,7 +106,7 @@ static void test_round_trip(void)
     /* Values whose bits must survive exactly. */
     uint32_t odd[3] = {0x7fc00001u, 0x80000000u, 0x00000001u}; /* NaN payload, -0, denormal */
     memcpy(b2, odd, sizeof odd);
-    struct st_tensor t[6] = {
+    struct safetensors_tensor t[6] = {
         {.name = "2.weight", .ndim = 2, .shape = {3, 5}, .data = w2},
         {.name = "0.weight", .ndim = 2, .shape = {5, 10}, .data = w0},
         {.name = "2.bias", .ndim = 1, .shape = {3}, .data = b2},
@@ -114,30 +114,30 @@ static void test_round_trip(void)
         {.name = "scalar", .ndim = 0, .data = scalar},
         {.name = "empty", .ndim = 2, .shape = {0, 4}, .data = NULL},
     };
-    struct st_meta meta[] = {{"format", "ddpd-checkpoint-1"}, {"step", "17"}};
+    struct safetensors_meta meta[] = {{"format", "ddpd-checkpoint-1"}, {"step", "17"}};
     struct ddpd_error err = {0};
     int before = count_dir_entries();
-    CHECK_EQ_INT(st_write("model.safetensors", t, 6, meta, 2, &err), DDPD_OK);
+    CHECK_EQ_INT(safetensors_write("model.safetensors", t, 6, meta, 2, &err), DDPD_OK);
     /* Only the file itself: the temporary file was renamed away. */
     CHECK_EQ_INT(count_dir_entries(), before + 1);
     char tmp[64];
     snprintf(tmp, sizeof tmp, "model.safetensors.tmp.%ld", (long)getpid());
     CHECK(access(tmp, F_OK) != 0);
 
-    struct st_file *f = st_read("model.safetensors", &err);
+    struct safetensors_file *f = safetensors_read("model.safetensors", &err);
     CHECK(f != NULL);
     if (!f) {
-        fprintf(stderr, "st_read: %s\n", err.message);
+        fprintf(stderr, "safetensors_read: %s\n", err.message);
         return;
     }
-    CHECK_EQ_INT(st_count(f), 6);
+    CHECK_EQ_INT(safetensors_count(f), 6);
     /* The header lists tensors sorted by name. */
     const char *order[] = {"0.bias", "0.weight", "2.bias", "2.weight", "empty", "scalar"};
     for (int i = 0; i < 6; i++)
-        CHECK_EQ_STR(st_at(f, i)->name, order[i]);
-    CHECK(st_at(f, 6) == NULL);
+        CHECK_EQ_STR(safetensors_at(f, i)->name, order[i]);
+    CHECK(safetensors_at(f, 6) == NULL);
     for (int i = 0; i < 6; i++) {
-        const struct st_tensor *r = st_get(f, t[i].name);
+        const struct safetensors_tensor *r = safetensors_get(f, t[i].name);
         CHECK(r != NULL);
         if (!r)
             continue;
@@ -150,21 +150,22 @@ static void test_round_trip(void)
         if (numel)
             CHECK(memcmp(r->data, t[i].data, (size_t)numel * sizeof(float)) == 0);
     }
-    CHECK(st_get(f, "1.weight") == NULL);
-    CHECK_EQ_STR(st_meta_get(f, "format"), "ddpd-checkpoint-1");
-    CHECK_EQ_STR(st_meta_get(f, "step"), "17");
-    CHECK(st_meta_get(f, "epoch") == NULL);
-    st_free(f);
-    st_free(NULL);
+    CHECK(safetensors_get(f, "1.weight") == NULL);
+    CHECK_EQ_STR(safetensors_meta_get(f, "format"), "ddpd-checkpoint-1");
+    CHECK_EQ_STR(safetensors_meta_get(f, "step"), "17");
+    CHECK(safetensors_meta_get(f, "epoch") == NULL);
+    safetensors_free(f);
+    safetensors_free(NULL);
 
     /* Overwriting an existing file replaces it. */
     float one = 1;
-    struct st_tensor t1 = {.name = "x", .ndim = 1, .shape = {1}, .data = &one};
-    CHECK_EQ_INT(st_write("model.safetensors", &t1, 1, NULL, 0, &err), DDPD_OK);
-    f = st_read("model.safetensors", &err);
-    CHECK(f && st_count(f) == 1 && st_get(f, "x") && st_get(f, "x")->data[0] == 1.0f);
-    CHECK(f && st_meta_get(f, "format") == NULL);
-    st_free(f);
+    struct safetensors_tensor t1 = {.name = "x", .ndim = 1, .shape = {1}, .data = &one};
+    CHECK_EQ_INT(safetensors_write("model.safetensors", &t1, 1, NULL, 0, &err), DDPD_OK);
+    f = safetensors_read("model.safetensors", &err);
+    CHECK(f && safetensors_count(f) == 1 && safetensors_get(f, "x") &&
+          safetensors_get(f, "x")->data[0] == 1.0f);
+    CHECK(f && safetensors_meta_get(f, "format") == NULL);
+    safetensors_free(f);
     remove("model.safetensors");
 }
 
@@ -173,12 +174,12 @@ static void test_exact_bytes(void)
 {
     struct ddpd_error err = {0};
     float ab[2] = {1.0f, -2.0f}, c[1] = {0.5f};
-    struct st_tensor t[2] = {
+    struct safetensors_tensor t[2] = {
         {.name = "b", .ndim = 1, .shape = {1}, .data = c},
         {.name = "a", .ndim = 1, .shape = {2}, .data = ab},
     };
-    struct st_meta meta[] = {{"k", "v"}};
-    CHECK_EQ_INT(st_write("exact.safetensors", t, 2, meta, 1, &err), DDPD_OK);
+    struct safetensors_meta meta[] = {{"k", "v"}};
+    CHECK_EQ_INT(safetensors_write("exact.safetensors", t, 2, meta, 1, &err), DDPD_OK);
 
     const char *json = "{\"__metadata__\":{\"k\":\"v\"},"
                        "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
@@ -208,8 +209,8 @@ static void test_exact_bytes(void)
 
     /* Without metadata there is no "__metadata__" key; a scalar has shape []. */
     float s = 3.0f;
-    struct st_tensor one = {.name = "s", .ndim = 0, .data = &s};
-    CHECK_EQ_INT(st_write("exact.safetensors", &one, 1, NULL, 0, &err), DDPD_OK);
+    struct safetensors_tensor one = {.name = "s", .ndim = 0, .data = &s};
+    CHECK_EQ_INT(safetensors_write("exact.safetensors", &one, 1, NULL, 0, &err), DDPD_OK);
     const char *json2 = "{\"s\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}";
     got = read_bytes("exact.safetensors", &got_n);
     jl = strlen(json2);
@@ -238,34 +239,34 @@ static void test_conversions(void)
                   "\"__metadata__\":{}}",
                   d, sizeof d);
     struct ddpd_error err = {0};
-    struct st_file *f = st_read("conv.safetensors", &err);
+    struct safetensors_file *f = safetensors_read("conv.safetensors", &err);
     CHECK(f != NULL);
     if (!f) {
-        fprintf(stderr, "st_read: %s\n", err.message);
+        fprintf(stderr, "safetensors_read: %s\n", err.message);
         return;
     }
     /* Header order is file order. */
-    CHECK_EQ_STR(st_at(f, 0)->name, "d");
-    CHECK_EQ_STR(st_at(f, 2)->name, "b");
-    const struct st_tensor *t = st_get(f, "d");
+    CHECK_EQ_STR(safetensors_at(f, 0)->name, "d");
+    CHECK_EQ_STR(safetensors_at(f, 2)->name, "b");
+    const struct safetensors_tensor *t = safetensors_get(f, "d");
     CHECK(t->data[0] == 1.5f && t->data[1] == -3.25f);
-    t = st_get(f, "h");
+    t = safetensors_get(f, "h");
     CHECK(t->data[0] == 1.0f && t->data[1] == -2.0f && t->data[2] == 0x1p-24f);
-    t = st_get(f, "b");
+    t = safetensors_get(f, "b");
     CHECK_EQ_INT(t->ndim, 2);
     CHECK(t->data[0] == 1.0f && t->data[1] == -3.0f);
-    st_free(f);
+    safetensors_free(f);
     remove("conv.safetensors");
 }
 
-/* st_read of `path` fails with EDATA; returns the message (static). */
+/* safetensors_read of `path` fails with EDATA; returns the message (static). */
 static const char *read_fails(const char *path)
 {
     static struct ddpd_error err;
     memset(&err, 0, sizeof err);
-    struct st_file *f = st_read(path, &err);
+    struct safetensors_file *f = safetensors_read(path, &err);
     CHECK(f == NULL);
-    st_free(f);
+    safetensors_free(f);
     CHECK_EQ_INT(err.code, DDPD_EDATA);
     CHECK_EQ_STR(err.path, path);
     CHECK(strstr(err.message, path) == err.message);
@@ -402,9 +403,9 @@ static void test_bad_files(void)
     /* An empty header is a valid file with no tensors. */
     write_st_json(p, "{}      ", NULL, 0);
     struct ddpd_error err = {0};
-    struct st_file *f = st_read(p, &err);
-    CHECK(f && st_count(f) == 0);
-    st_free(f);
+    struct safetensors_file *f = safetensors_read(p, &err);
+    CHECK(f && safetensors_count(f) == 0);
+    safetensors_free(f);
     remove(p);
 }
 
@@ -412,24 +413,24 @@ static void test_write_errors(void)
 {
     struct ddpd_error err = {0};
     float v[2] = {1, 2};
-    struct st_tensor t[2] = {
+    struct safetensors_tensor t[2] = {
         {.name = "a", .ndim = 1, .shape = {2}, .data = v},
         {.name = "a", .ndim = 1, .shape = {2}, .data = v},
     };
-    CHECK_EQ_INT(st_write("nodir/x.safetensors", t, 1, NULL, 0, &err), DDPD_EIO);
+    CHECK_EQ_INT(safetensors_write("nodir/x.safetensors", t, 1, NULL, 0, &err), DDPD_EIO);
     CHECK_EQ_STR(err.path, "nodir/x.safetensors");
     CHECK_EQ_STR(err.message, "nodir/x.safetensors: cannot write: No such file or directory");
 
-    CHECK_EQ_INT(st_write("dup.safetensors", t, 2, NULL, 0, &err), DDPD_EINTERNAL);
+    CHECK_EQ_INT(safetensors_write("dup.safetensors", t, 2, NULL, 0, &err), DDPD_EINTERNAL);
     CHECK(strstr(err.message, "\"a\" is given twice") != NULL);
     CHECK(access("dup.safetensors", F_OK) != 0);
 
-    struct st_tensor bad = {.name = "b", .ndim = 5, .shape = {1, 1, 1, 1}, .data = v};
-    CHECK_EQ_INT(st_write("bad.safetensors", &bad, 1, NULL, 0, &err), DDPD_EINTERNAL);
+    struct safetensors_tensor bad = {.name = "b", .ndim = 5, .shape = {1, 1, 1, 1}, .data = v};
+    CHECK_EQ_INT(safetensors_write("bad.safetensors", &bad, 1, NULL, 0, &err), DDPD_EINTERNAL);
 
     /* A directory in the way of the final name: the temporary file is cleaned up. */
     mkdir("adir.safetensors", 0755);
-    CHECK_EQ_INT(st_write("adir.safetensors", t, 1, NULL, 0, &err), DDPD_EIO);
+    CHECK_EQ_INT(safetensors_write("adir.safetensors", t, 1, NULL, 0, &err), DDPD_EIO);
     CHECK(strstr(err.message, "adir.safetensors: cannot write: ") == err.message);
     char tmp[64];
     snprintf(tmp, sizeof tmp, "adir.safetensors.tmp.%ld", (long)getpid());

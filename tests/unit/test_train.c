@@ -71,9 +71,11 @@ static ddpd_err run(const struct spec *s, int64_t max_rank_memory, struct ddpd_e
                                .world_size = 1,
                                .data_dir = root,
                                .out_dir = out,
+                               .dev = dev_cpu_new(1),
                                .max_rank_memory = max_rank_memory};
     memset(err, 0, sizeof *err);
     ddpd_err rc = train_run(&cfg, err);
+    dev_cpu_free(cfg.dev);
     if (rc)
         fprintf(stderr, "    train_run: %s %s: %s\n", ddpd_err_name(rc), err->path, err->message);
     return rc;
@@ -128,11 +130,25 @@ static void test_memory_limit(void)
     CHECK_EQ_INT(run(&s, 64 << 20, &err), DDPD_OK);
 }
 
+/* The caller opens the compute backend (worker/main.c); train_run only borrows it and
+ * refuses a config without one rather than choosing a device itself. */
+static void test_needs_backend(void)
+{
+    struct spec s;
+    struct ddpd_error err = {0};
+    spec_small(&s, 2, 1, LOSS_MSE, 20);
+    struct train_config cfg = {.spec = &s, .rank = 0, .world_size = 1, .data_dir = root, .out_dir = root};
+    CHECK_EQ_INT(train_run(&cfg, &err), DDPD_EINTERNAL);
+    CHECK_EQ_STR(err.path, "device");
+    CHECK(strstr(err.message, "no compute backend") != NULL);
+}
+
 int main(void)
 {
     setup();
     test_huge_batch();
     test_memory_limit();
+    test_needs_backend();
     nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
     CHECK_DONE();
 }

@@ -1,5 +1,5 @@
 /* comm/comm.c — the communicator handle: {ops, ctx} plus the rank and world, thin
- * wrappers that call a backend (comm/cpu.c, comm/nccl.c) and turn its failures into a
+ * wrappers that call a backend (comm/cpu/, cuda/nccl.c) and turn its failures into a
  * struct ddpd_error (DDPD_ECOMM with the backend's text; DDPD_EDEVICE where the backend
  * says its device failed: a CUDA error in NCCL's stream), and the id's hex form.
  * Knows no sockets and no CUDA: everything below the table is the backend's. */
@@ -7,7 +7,6 @@
 #include "comm_impl.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 struct comm {
     const struct comm_ops *ops;

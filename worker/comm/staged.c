@@ -4,7 +4,6 @@
  * Only the compute backend's table is used (to_host orders the copy after the work that
  * produced the tensor); host-memory collectives pass straight through. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "comm_impl.h"
 

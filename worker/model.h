@@ -1,10 +1,10 @@
-/* nn.h — an nn.Sequential of linear layers and activations with hand-written backward.
+/* model.h — an nn.Sequential of linear layers and activations with hand-written backward.
  * Parameters are kept in registration order (0.weight, 0.bias, 2.weight, ...) as
  * PyTorch's state_dict names them. Knows the compute backend, nothing of data, DDP or
  * the optimizer: backward reports each parameter whose gradient is complete through a
  * callback, which is where DDP hooks in. */
-#ifndef DDPD_NN_H
-#define DDPD_NN_H
+#ifndef DDPD_MODEL_H
+#define DDPD_MODEL_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -1,10 +1,11 @@
-/* dev/cuda_plugin.h — the ABI between ddpd-worker and libddpd-cuda.so, the one module that
- * links CUDA, cuBLAS and NCCL (dev/cuda.cu, comm/nccl.c, dev/cuda_module.c). Loading those
- * libraries costs a second at every start, so ddpd-worker links none of them: dev/cuda_plugin.c
+/* cuda/plugin.h — the ABI between ddpd-worker and libddpd-cuda.so, the one module that
+ * links CUDA, cuBLAS and NCCL. worker/cuda holds both sides: the worker's (loader.c, which
  * dlopens the module the first time a CUDA or NCCL entry point of dev.h / comm.h needs it,
- * and those entry points forward through the table below. Each side defines the dev.h /
- * comm.h names once: the worker its forwarders, the module (built with hidden visibility,
- * exporting only DDPD_CUDA_PLUGIN_SYMBOL) the real backends.
+ * and nccl_forward.c; those entry points forward through the table below) and the module's
+ * (dev.cu, nccl.c, module.c; built with hidden visibility, exporting only
+ * DDPD_CUDA_PLUGIN_SYMBOL). Loading those libraries costs a second at every start, so
+ * ddpd-worker links none of them. The dev.h / comm.h names are defined once, by the
+ * worker's forwarders; the module's backends carry the cuda__ prefix.
  * Change DDPD_CUDA_PLUGIN_ABI whenever a struct below, or one they carry (dev_ops,
  * comm_ops, dev_cuda_info, ddpd_error), changes: a module of another version is refused. */
 #ifndef DDPD_CUDA_PLUGIN_H
@@ -53,7 +54,7 @@ struct ddpd_cuda_plugin {
  * must outlive the module. Returns NULL when host->abi is not the module's version. */
 typedef const struct ddpd_cuda_plugin *ddpd_cuda_plugin_fn(const struct ddpd_cuda_host *host);
 
-/* ---- the worker's side (dev/cuda_plugin.c) ---- */
+/* ---- the worker's side (cuda/loader.c) ---- */
 
 /* The module, loaded on the first call (once per process; later calls return the first
  * answer). NULL with `err` set (DDPD_EDEVICE, "<path>: <dlerror()>", or "built without
@@ -66,7 +67,18 @@ const struct ddpd_cuda_plugin *cuda_plugin_loaded(void);
 
 /* ---- the module's side (hidden inside libddpd-cuda.so) ---- */
 
-/* comm/nccl.c's ncclGetUniqueId, for the table. */
-int comm__nccl_unique_id(struct comm_id *id, char *errbuf, size_t errcap);
+/* cuda/dev.cu: the CUDA device backend, with the meaning dev.h gives dev_cuda_*. */
+int cuda__device_count(void);
+bool cuda__device_info(int i, struct dev_cuda_info *out);
+struct dev cuda__dev_new(int device, bool tf32, struct ddpd_error *err);
+void cuda__dev_free(struct dev d);
+void *cuda__dev_stream(struct dev d);
+int cuda__dev_device(struct dev d);
+const char *cuda__dev_name(struct dev d);
+
+/* cuda/nccl.c: the NCCL collective backend (comm.h's comm_nccl_ops), and
+ * ncclGetUniqueId: 0, or -1 with the reason in errbuf. */
+extern const struct comm_ops cuda__nccl_ops;
+int cuda__nccl_unique_id(struct comm_id *id, char *errbuf, size_t errcap);
 
 #endif

@@ -1,11 +1,12 @@
-/* comm/nccl.c — the NCCL collective backend for CUDA tensors. Collectives run on a comm
+/* cuda/nccl.c — the NCCL collective backend for CUDA tensors. Collectives run on a comm
  * stream of their own: each waits for an event recorded on the compute stream (the
  * gradients are produced), and the compute stream waits for an event recorded after it
  * (the optimizer reads the sums), so the host never blocks on an all-reduce. A watchdog
  * thread checks every outstanding collective against its deadline and polls
  * ncclCommGetAsyncError; either failure aborts the communicator (never destroys it) and
- * ends the worker with the comm exit code. Only this file and the .cu files of worker/dev
- * speak CUDA; they are built into libddpd-cuda.so, which comm/nccl_plugin.c forwards to. */
+ * ends the worker with the comm exit code. Only the module side of worker/cuda speaks CUDA
+ * (this file, module.c and the .cu files); it is built into libddpd-cuda.so, which
+ * cuda/nccl_forward.c forwards to. */
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <pthread.h>
@@ -16,8 +17,8 @@
 #include <time.h>
 
 #include "../emit.h"
-#include "../dev/cuda_plugin.h"
-#include "comm_impl.h"
+#include "../comm.h"
+#include "plugin.h"
 
 _Static_assert(sizeof(ncclUniqueId) == COMM_ID_BYTES, "a comm_id carries an ncclUniqueId");
 
@@ -397,15 +398,15 @@ out:
 static ddpd_err nc_bind_dev(void *ctx, struct dev dev, char *errbuf, size_t errcap)
 {
     struct nccl *c = ctx;
-    c->compute = dev_cuda_stream(dev);
+    c->compute = cuda__dev_stream(dev);
     if (!c->compute) {
         snprintf(errbuf, errcap, "nccl takes CUDA tensors, not %s ones (use ddp.backend \"cpu\")",
                  dev.ops->name);
         return DDPD_ESPEC;
     }
-    if (dev_cuda_device(dev) != c->device) {
+    if (cuda__dev_device(dev) != c->device) {
         snprintf(errbuf, errcap, "nccl joined on GPU %d but the tensors are on GPU %d", c->device,
-                 dev_cuda_device(dev));
+                 cuda__dev_device(dev));
         return DDPD_EINTERNAL;
     }
     return DDPD_OK;
@@ -604,7 +605,7 @@ static void nc_free(void *ctx)
     free(c);
 }
 
-const struct comm_ops comm_nccl_ops = {
+const struct comm_ops cuda__nccl_ops = {
     .name = "nccl",
     .init_rank = nc_init_rank,
     .allreduce_start = nc_allreduce_start,
@@ -619,8 +620,8 @@ const struct comm_ops comm_nccl_ops = {
     .bind_dev = nc_bind_dev,
 };
 
-/* `--issue-id nccl`'s id (comm/nccl_plugin.c prints it and keeps this process alive). */
-int comm__nccl_unique_id(struct comm_id *id, char *errbuf, size_t errcap)
+/* `--issue-id nccl`'s id (cuda/nccl_forward.c prints it and keeps this process alive). */
+int cuda__nccl_unique_id(struct comm_id *id, char *errbuf, size_t errcap)
 {
     ncclUniqueId uid;
     ncclResult_t r = ncclGetUniqueId(&uid);

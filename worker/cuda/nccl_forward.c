@@ -1,12 +1,12 @@
-/* comm/nccl_plugin.c — comm.h's NCCL entry points in ddpd-worker: a table that forwards to
- * comm/nccl.c inside libddpd-cuda.so (dev/cuda_plugin.h), and `--issue-id nccl`. Joining a
+/* cuda/nccl_forward.c — comm.h's NCCL entry points in ddpd-worker: a table that forwards to
+ * cuda/nccl.c inside libddpd-cuda.so (cuda/plugin.h), and `--issue-id nccl`. Joining a
  * group loads the module; where it cannot be loaded (no module, no NCCL, a DDPD_CUDA=OFF
  * build) init_rank and the id issuer fail with the loader's message. */
 #include <errno.h>
 #include <poll.h>
 #include <unistd.h>
 
-#include "../dev/cuda_plugin.h"
+#include "plugin.h"
 
 /* The module's table. Only reached with a context that its init_rank made, so the
  * module is loaded. */
@@ -65,7 +65,7 @@ const struct comm_ops comm_nccl_ops = {
     .broadcast = fw_broadcast,
     .allgather = fw_allgather,
     .allreduce_max_i64 = fw_allreduce_max_i64,
-    .barrier = NULL, /* as in comm/nccl.c: comm.c's default, a max over one value */
+    .barrier = NULL, /* as in cuda/nccl.c: comm.c's default, a max over one value */
     .abort = fw_abort,
     .last_error = fw_last_error,
     .free = fw_free,

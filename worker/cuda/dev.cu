@@ -1,10 +1,10 @@
-/* dev/cuda.cu — the CUDA compute backend: cuBLAS for the matrix products, one kernel per
+/* cuda/dev.cu — the CUDA compute backend: cuBLAS for the matrix products, one kernel per
  * op for the rest, all queued on one compute stream per rank. Each op computes what its
  * dev/cpu.c twin computes, in the same order where that order decides the bits (the
  * losses sum in double, multiply-adds are fused as the CPU's AVX2 path fuses them), and
  * tests/unit/test_cuda.c compares them. Nothing here synchronises except to_host,
- * synchronize and fetch_wait. Device code lives only in the .cu files of worker/dev,
- * behind dev.h. */
+ * synchronize and fetch_wait. Device code lives only in the .cu files of worker/cuda,
+ * behind dev.h; this file is built into libddpd-cuda.so only (cuda/plugin.h). */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -17,6 +17,7 @@
 extern "C" {
 #include "../dev.h"
 #include "../emit.h"
+#include "plugin.h"
 }
 #undef _Noreturn
 
@@ -596,9 +597,7 @@ static const struct dev_ops cuda_ops = {
 
 /* True when the CUDA runtime works and sees at least one device; any error (no driver,
  * no device, a runtime too new for the driver) reads as "no". */
-extern "C" bool dev_cuda_available(void) { return dev_cuda_device_count() > 0; }
-
-extern "C" int dev_cuda_device_count(void)
+extern "C" int cuda__device_count(void)
 {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -608,7 +607,7 @@ extern "C" int dev_cuda_device_count(void)
     return n;
 }
 
-extern "C" bool dev_cuda_device_info(int i, struct dev_cuda_info *out)
+extern "C" bool cuda__device_info(int i, struct dev_cuda_info *out)
 {
     cudaDeviceProp p;
     if (cudaGetDeviceProperties(&p, i) != cudaSuccess) {
@@ -635,7 +634,7 @@ static bool open_failed(struct cuda *c, cudaError_t e, const char *what, struct 
     return true;
 }
 
-extern "C" struct dev dev_cuda_new(int device, bool tf32, struct ddpd_error *err)
+extern "C" struct dev cuda__dev_new(int device, bool tf32, struct ddpd_error *err)
 {
     struct cuda *c = (struct cuda *)calloc(1, sizeof *c);
     if (!c) {
@@ -665,11 +664,11 @@ extern "C" struct dev dev_cuda_new(int device, bool tf32, struct ddpd_error *err
     }
     return (struct dev){&cuda_ops, c};
 fail:
-    dev_cuda_free((struct dev){&cuda_ops, c});
+    cuda__dev_free((struct dev){&cuda_ops, c});
     return (struct dev){NULL, NULL};
 }
 
-extern "C" void dev_cuda_free(struct dev d)
+extern "C" void cuda__dev_free(struct dev d)
 {
     if (d.ops != &cuda_ops || !d.ctx)
         return;
@@ -687,17 +686,17 @@ extern "C" void dev_cuda_free(struct dev d)
     free(c);
 }
 
-extern "C" void *dev_cuda_stream(struct dev d)
+extern "C" void *cuda__dev_stream(struct dev d)
 {
     return d.ops == &cuda_ops ? (void *)((struct cuda *)d.ctx)->stream : NULL;
 }
 
-extern "C" int dev_cuda_device(struct dev d)
+extern "C" int cuda__dev_device(struct dev d)
 {
     return d.ops == &cuda_ops ? ((struct cuda *)d.ctx)->device : -1;
 }
 
-extern "C" const char *dev_cuda_name(struct dev d)
+extern "C" const char *cuda__dev_name(struct dev d)
 {
     return d.ops == &cuda_ops ? ((struct cuda *)d.ctx)->name : "";
 }

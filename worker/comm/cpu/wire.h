@@ -1,4 +1,4 @@
-/* cpu_wire.h — the wire formats of the CPU collective backend (comm/cpu.c), shared with its
+/* comm/cpu/wire.h — the wire formats of the CPU collective backend (comm/cpu/), shared with its
  * unit test and its fuzz target: sizes, addresses, and pure decoders of the bytes a peer
  * sends (a rank's registration with the root, the root's messages, a ring hello, a failure
  * notice, a shared-memory offer, a collective header). The decoders read only the buffer
@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../comm.h"
+#include "../../comm.h"
 
 #define MAX_WORLD 1024 /* a registration claiming more is refused */
 #define MAGIC_BYTES 16

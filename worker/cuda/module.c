@@ -1,12 +1,12 @@
-/* dev/cuda_module.c — the entry point of libddpd-cuda.so (dev/cuda_plugin.h): the table of
- * dev/cuda.cu's and comm/nccl.c's functions, and the two worker functions they call
+/* cuda/module.c — the entry point of libddpd-cuda.so (cuda/plugin.h): the table of
+ * cuda/dev.cu's and cuda/nccl.c's functions, and the two worker functions they call
  * (ddpd_error_set, worker_die), forwarded to the worker that loaded the module. Built only
  * into the module, with hidden visibility: nothing but the entry point is exported, so
  * these names never meet the worker's own. */
 #include <stdlib.h>
 
 #include "../emit.h"
-#include "cuda_plugin.h"
+#include "plugin.h"
 
 static const struct ddpd_cuda_host *host;
 
@@ -32,15 +32,15 @@ _Noreturn void worker_die(ddpd_err code, const char *fmt, ...)
 
 static const struct ddpd_cuda_plugin table = {
     .abi = DDPD_CUDA_PLUGIN_ABI,
-    .device_count = dev_cuda_device_count,
-    .device_info = dev_cuda_device_info,
-    .dev_new = dev_cuda_new,
-    .dev_free = dev_cuda_free,
-    .dev_stream = dev_cuda_stream,
-    .dev_device = dev_cuda_device,
-    .dev_name = dev_cuda_name,
-    .nccl = &comm_nccl_ops,
-    .nccl_unique_id = comm__nccl_unique_id,
+    .device_count = cuda__device_count,
+    .device_info = cuda__device_info,
+    .dev_new = cuda__dev_new,
+    .dev_free = cuda__dev_free,
+    .dev_stream = cuda__dev_stream,
+    .dev_device = cuda__dev_device,
+    .dev_name = cuda__dev_name,
+    .nccl = &cuda__nccl_ops,
+    .nccl_unique_id = cuda__nccl_unique_id,
 };
 
 __attribute__((visibility("default"))) const struct ddpd_cuda_plugin *

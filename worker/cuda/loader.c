@@ -1,5 +1,5 @@
-/* dev/cuda_plugin.c — dev.h's CUDA entry points in ddpd-worker: they load libddpd-cuda.so
- * (dev/cuda_plugin.h) the first time one needs a device, and forward through its table.
+/* cuda/loader.c — dev.h's CUDA entry points in ddpd-worker: they load libddpd-cuda.so
+ * (cuda/plugin.h) the first time one needs a device, and forward through its table.
  * The only code of the worker that calls dlopen; it never links CUDA, so a CPU job,
  * --plan and --version start without mapping a byte of it. In a DDPD_CUDA=OFF build there
  * is no module: every call answers "no device" or "built without CUDA". */
@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "../emit.h"
-#include "cuda_plugin.h"
+#include "plugin.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static const struct ddpd_cuda_plugin *plugin; /* set once, by load() */
@@ -62,7 +62,7 @@ static void module_path(char *out, size_t cap)
 static bool table_complete(const struct ddpd_cuda_plugin *p)
 {
     const struct comm_ops *c = p->nccl;
-    /* The optional barrier is not forwarded (comm/nccl_plugin.c). */
+    /* The optional barrier is not forwarded (cuda/nccl_forward.c). */
     return p->device_count && p->device_info && p->dev_new && p->dev_free && p->dev_stream &&
            p->dev_device && p->dev_name && p->nccl_unique_id && c && c->init_rank &&
            c->allreduce_start && c->wait && c->broadcast && c->allgather && c->allreduce_max_i64 &&

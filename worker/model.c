@@ -1,9 +1,9 @@
-/* nn.c — an nn.Sequential of linear layers and activations with hand-written backward,
+/* model.c — an nn.Sequential of linear layers and activations with hand-written backward,
  * computed through the backend table so that it runs on any device. Issues the same
  * products PyTorch's autograd issues for nn.Linear (addmm forward, mm backward), so the
  * numbers agree with it. Knows nothing of data, DDP or the optimizer: backward only
  * reports, through a callback, each parameter whose gradient is complete. */
-#include "nn.h"
+#include "model.h"
 
 #include <inttypes.h>
 #include <math.h>

@@ -1,0 +1,77 @@
+/* data/data_impl.h — what the files of the data module share and nobody else sees: the
+ * dataset's struct, a data file, and the helpers each format reader uses (data.c: errors,
+ * the model's shape, rows; path.c: files opened beneath the data directory). One file per
+ * format (npy.c, csv.c, synthetic.c) fills a dataset through its `data__<format>_open`. */
+#ifndef DDPD_DATA_IMPL_H
+#define DDPD_DATA_IMPL_H
+
+#include "../data.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct dataset {
+    int64_t in, out;
+    bool ce;
+    int64_t n;       /* rows held below */
+    float *x;        /* [n, in] */
+    float *y;        /* [n, out], mse */
+    int32_t *labels; /* [n], cross_entropy */
+
+    int rank, world;
+    int64_t batch;
+    bool shuffle, drop_last;
+    uint64_t seed;
+    /* How shard positions map to held rows:
+     * PER_RANK: the held rows are the shard ({rank} files); shuffling permutes them.
+     * WHOLE: the held rows are the whole data set; rank r takes positions r, r+W, ...
+     *        of the epoch's order.
+     * SHARD_ONLY: synthetic without shuffling: only this rank's rows r, r+W, ... were
+     *        generated, in that order. */
+    enum { HOLD_PER_RANK, HOLD_WHOLE, HOLD_SHARD_ONLY } hold;
+    int64_t n_total; /* length of the epoch's order */
+    int64_t shard;
+    int64_t *perm; /* [n_total] when shuffling */
+    int64_t *idx;  /* [shard] held row of each shard position in this epoch */
+};
+
+/* A data file: the name as the spec gives it ({rank} replaced) and its open descriptor. */
+struct dfile {
+    char name[SPEC_PATH_MAX + 32];
+    int fd;
+    int64_t size;
+};
+
+/* data.c */
+/* Sets `err` to "<path>: <message>" with `path` also as the error's path. */
+ddpd_err data__fail(struct ddpd_error *err, ddpd_err code, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int data__first_linear(const struct spec *s);
+int data__last_linear(const struct spec *s);
+float data__to_f32(double d);
+ddpd_err data__alloc_rows(struct dataset *ds, int64_t n, ddpd_err code, const char *what,
+                          struct ddpd_error *err);
+
+/* path.c */
+bool data__has_rank(const char *p);
+ddpd_err data__file_open(struct dfile *f, const char *data_dir, const char *field, const char *given,
+                         int rank, struct ddpd_error *err);
+void data__file_close(struct dfile *f);
+int64_t data__read_at(int fd, void *buf, int64_t n, int64_t off);
+ddpd_err data__read_whole(const struct dfile *f, char **out, struct ddpd_error *err);
+
+/* npy.c, csv.c, synthetic.c: fill ds (its shape and rank set) with the rows of this rank
+ * and set ds->hold and ds->n_total. The file readers also answer the planner's question
+ * before any rank starts: the rows of a whole (not {rank}) data set, and with `check`
+ * whatever a rank would die of while reading the values. */
+ddpd_err data__npy_open(struct dataset *ds, const struct spec *s, const char *data_dir,
+                        struct ddpd_error *err);
+ddpd_err data__csv_open(struct dataset *ds, const struct spec *s, const char *data_dir,
+                        struct ddpd_error *err);
+ddpd_err data__synthetic_open(struct dataset *ds, const struct spec *s, struct ddpd_error *err);
+ddpd_err data__npy_rows(const struct spec *s, const char *data_dir, bool check, int64_t *rows,
+                        struct ddpd_error *err);
+ddpd_err data__csv_rows(const struct spec *s, const char *data_dir, bool check, int64_t *rows,
+                        int64_t *file_bytes, struct ddpd_error *err);
+
+#endif
