@@ -86,7 +86,6 @@ struct super {
     pthread_mutex_t lock; /* cmds, sched, stopping */
     struct cmd *head, *tail;
     struct sched *sched;
-    char (*gpu_plain)[SUPER_GPU_ID_MAX]; /* o.gpu_ids when the options had none: "i" */
     bool stopping;
     struct active *jobs; /* supervisor thread only */
     struct active *launched; /* the jobs with a launch, linked by lnext */
@@ -603,30 +602,6 @@ bool super_latest_checkpoint(const char *out_dir, char *path, size_t cap)
     return snprintf(path, cap, "%s/ckpt-%lld", out_dir, best) < (int)cap;
 }
 
-/* /proc/PID/stat field 22: when the process started, in clock ticks after boot. */
-static uint64_t proc_start_time(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
-    if (!p)
-        return 0;
-    unsigned long long v = 0;
-    int field = 2;
-    for (char *t = strtok(p + 1, " "); t; t = strtok(NULL, " "))
-        if (++field == 22) {
-            v = strtoull(t, NULL, 10);
-            break;
-        }
-    return v;
-}
-
 static void on_line(void *ctx, int rank, const char *line, size_t len)
 {
     struct active *a = ctx;
@@ -663,54 +638,8 @@ static const char *const *gpus_of_slots(struct super *s, struct active *a)
     if (!a->gpu && !(a->gpu = calloc((size_t)a->world_size, sizeof *a->gpu)))
         return NULL;
     for (int r = 0; r < a->world_size; r++)
-        a->gpu[r] = s->o.gpu_ids[a->slots[r]];
+        a->gpu[r] = sched_gpu_device(s->sched, a->slots[r]);
     return a->gpu;
-}
-
-int super_gpu_ids(const char *arg, int found, const char *visible,
-                  char (*ids)[SUPER_GPU_ID_MAX], int cap, char *why, size_t whycap)
-{
-    int n = 0;
-    if (!strcmp(arg, "none"))
-        return 0;
-    if (!strcmp(arg, "auto")) {
-        /* CUDA numbers the devices it sees in the order CUDA_VISIBLE_DEVICES lists them. */
-        const char *v = visible;
-        for (; n < found && n < cap; n++) {
-            size_t len = v ? strcspn(v, ",") : 0;
-            if (len && len < SUPER_GPU_ID_MAX)
-                snprintf(ids[n], SUPER_GPU_ID_MAX, "%.*s", (int)len, v);
-            else
-                snprintf(ids[n], SUPER_GPU_ID_MAX, "%d", n);
-            v = v && v[len] == ',' ? v + len + 1 : NULL;
-        }
-        return n;
-    }
-    for (const char *p = arg;; n++) {
-        size_t len = strcspn(p, ",");
-        bool ok = len > 0 && len < SUPER_GPU_ID_MAX;
-        for (size_t i = 0; ok && i < len; i++)
-            ok = (p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'z') ||
-                 (p[i] >= 'A' && p[i] <= 'Z') || p[i] == '-' || p[i] == '/';
-        if (!ok) {
-            snprintf(why, whycap, "--gpus: '%.*s' is not a GPU (auto, none, or device numbers or "
-                                  "UUIDs as CUDA_VISIBLE_DEVICES takes them: 0,1)", (int)(len > 64 ? 64 : len), p);
-            return -1;
-        }
-        if (n == cap) {
-            snprintf(why, whycap, "--gpus: more than %d GPUs", cap);
-            return -1;
-        }
-        snprintf(ids[n], SUPER_GPU_ID_MAX, "%.*s", (int)len, p);
-        for (int j = 0; j < n; j++)
-            if (!strcmp(ids[j], ids[n])) {
-                snprintf(why, whycap, "--gpus: GPU %s is listed twice", ids[n]);
-                return -1;
-            }
-        if (!p[len])
-            return n + 1;
-        p += len + 1;
-    }
 }
 
 static void start(struct super *s, struct active *a, bool restart, const char *why)
@@ -1103,12 +1032,8 @@ static void kill_orphans(const struct store_job *j)
 {
     for (size_t i = 0; i < j->n_ranks; i++) {
         const struct store_rank *r = &j->ranks[i];
-        if (r->pid <= 0 || r->start_time == 0 || proc_start_time((pid_t)r->pid) != r->start_time)
+        if (!proc_kill_if_same((pid_t)r->pid, r->start_time))
             continue;
-        pid_t pg = getpgid((pid_t)r->pid);
-        if (pg > 1 && pg != getpgid(0))
-            kill(-pg, SIGKILL);
-        kill((pid_t)r->pid, SIGKILL);
         fprintf(stderr, "ddpd: job %" PRId64 ": killed rank %d (pid %lld) left by an earlier server\n", j->id,
                 r->rank, (long long)r->pid);
     }
@@ -1212,12 +1137,9 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
     s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     /* Under Slurm nothing is counted here: every job starts (is submitted) at once. */
     s->sched = o->slurm ? sched_new(SCHED_MAX_SLOTS, SCHED_MAX_SLOTS) : sched_new(o->gpus, o->cpu_slots);
-    if (!s->o.gpu_ids && s->o.gpus > 0 && (s->gpu_plain = calloc((size_t)s->o.gpus, sizeof *s->gpu_plain))) {
-        for (int i = 0; i < s->o.gpus; i++)
-            snprintf(s->gpu_plain[i], sizeof s->gpu_plain[i], "%d", i);
-        s->o.gpu_ids = (const char (*)[SUPER_GPU_ID_MAX])s->gpu_plain;
-    }
-    if (s->wake_fd < 0 || !s->sched || (s->o.gpus > 0 && !s->o.gpu_ids)) {
+    if (s->sched && !o->slurm)
+        sched_name_gpus(s->sched, o->gpu_ids);
+    if (s->wake_fd < 0 || !s->sched) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "cannot create the supervisor: %s", strerror(errno));
         super_stop(s);
         return NULL;
@@ -1262,7 +1184,6 @@ void super_stop(struct super *s)
     if (s->o.store)
         store_flush(s->o.store, NULL);
     sched_free(s->sched);
-    free(s->gpu_plain);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
     pthread_mutex_destroy(&s->lock);
@@ -1365,8 +1286,8 @@ json_t *super_devices(struct super *s)
             json_t *slot = json_pack("{s:i, s:o}", "index", i, "job", h ? json_integer(h) : json_null());
             /* A GPU slot's device as CUDA_VISIBLE_DEVICES names it (slot 0 is GPU 2 under
              * --gpus 2,3). */
-            if (slot && t == DEVICE_CUDA && s->o.gpu_ids)
-                json_object_set_new(slot, "device", json_string(s->o.gpu_ids[i]));
+            if (slot && t == DEVICE_CUDA)
+                json_object_set_new(slot, "device", json_string(sched_gpu_device(s->sched, i)));
             json_array_append_new(arr, slot);
         }
         json_object_set_new(out, t == DEVICE_CUDA ? "gpus" : "cpu_slots", arr);

@@ -13,23 +13,12 @@
 
 #include "../schema/err.h"
 #include "../schema/spec.h"
+#include "sched.h"
 
 struct store;
 struct hub;
 struct json_t;
 struct slurm_opts;
-
-#define SUPER_GPU_ID_MAX 64 /* one CUDA_VISIBLE_DEVICES entry, NUL included */
-
-/* The GPU slots of `ddpd serve --gpus ARG`, in slot order, as what each rank's
- * CUDA_VISIBLE_DEVICES must say: "none" is no GPU; "N,M,..." names the devices
- * (numbers or UUIDs, as CUDA_VISIBLE_DEVICES takes them), so `--gpus 2,3` puts slot 0 on
- * GPU 2; "auto" is the `found` devices `ddpd-worker --devices` listed, which it numbered
- * among the server's own CUDA_VISIBLE_DEVICES (`visible`, NULL when unset): device i is
- * the i-th entry of that list, or "i" without one. Fills ids[0..n) and returns n, or -1
- * with `why` for a malformed list, a repeated device or more than `cap`. */
-int super_gpu_ids(const char *arg, int found, const char *visible,
-                  char (*ids)[SUPER_GPU_ID_MAX], int cap, char *why, size_t whycap);
 
 struct super_opts {
     const char *worker;    /* path of ddpd-worker */
@@ -37,8 +26,8 @@ struct super_opts {
     const char *jobs_dir;  /* each job's files go to JOBS_DIR/<id>/ */
     int gpus, cpu_slots;
     /* The CUDA device of GPU slot i, as its rank's CUDA_VISIBLE_DEVICES names it
-     * (super_gpu_ids); gpus entries, borrowed. NULL: slot i is device "i". */
-    const char (*gpu_ids)[SUPER_GPU_ID_MAX];
+     * (sched_gpu_ids); gpus entries, borrowed. NULL: slot i is device "i". */
+    const char (*gpu_ids)[SCHED_GPU_ID_MAX];
     struct store *store;   /* borrowed */
     struct hub *hub;       /* borrowed */
     double grace_s;        /* SIGTERM -> SIGKILL; default 5 */
