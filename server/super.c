@@ -26,7 +26,6 @@
 #include "launch.h"
 #include "proc.h"
 #include "sched.h"
-#include "slurm.h"
 #include "store.h"
 
 #define POLL_MS 50
@@ -622,7 +621,7 @@ static void on_line(void *ctx, int rank, const char *line, size_t len)
         r.start_time = proc_start_time((pid_t)r.pid);
         snprintf(r.state, sizeof r.state, "running");
         store_rank_put(s->o.store, a->job, &r, NULL);
-        if (a->state == JOB_STATE_QUEUED) /* Slurm started it before squeue said so */
+        if (a->state == JOB_STATE_QUEUED) /* the launcher started it before it said so */
             set_state(s, a, JOB_STATE_STARTING, NULL);
         if (a->state == JOB_STATE_STARTING)
             set_state(s, a, JOB_STATE_RUNNING, NULL);
@@ -669,26 +668,23 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         .doc = doc,
         .grace_s = s->o.grace_s,
         .die_with_parent = true,
-        .gpus = a->device == DEVICE_CUDA && !s->o.slurm ? gpus_of_slots(s, a) : NULL,
+        .gpus = a->device == DEVICE_CUDA ? gpus_of_slots(s, a) : NULL,
+        .cuda = a->device == DEVICE_CUDA,
+        .job = a->job,
+        .attempt = a->attempt,
         .on_line = on_line,
         .ctx = a,
-        .slurm = s->o.slurm,
-        .cuda = a->device == DEVICE_CUDA,
+        .launcher = s->o.launcher,
     };
-    char slurm_name[256];
-    if (s->o.slurm) {
-        slurm_job_name(s->o.slurm, (long long)a->job, a->attempt, slurm_name, sizeof slurm_name);
-        lo.slurm_name = slurm_name;
-    }
     store_attempt_begin(s->o.store, a->job, a->attempt, NULL, NULL);
-    /* Under Slurm the job stays queued (with Slurm's pending reason) until Slurm starts
-     * it: see slurm_waiting(). */
-    if (!s->o.slurm) {
+    /* A launcher with a queue of its own keeps the job queued (with its pending reason)
+     * until it starts it: see launcher_waiting(). */
+    if (!launcher_queues(s->o.launcher)) {
         set_state_restart(s, a, JOB_STATE_STARTING, restart ? why : NULL, a->attempt - 1);
     } else {
         if (restart)
             set_state_restart(s, a, JOB_STATE_QUEUED, why, a->attempt - 1);
-        /* The attempt has begun (its Slurm job name and attempts row are taken). */
+        /* The attempt has begun (its name in the launcher's queue and attempts row are taken). */
         struct store_job_update u = {.fields = STORE_SET_ATTEMPT, .attempt = a->attempt};
         store_job_update(s->o.store, a->job, &u, NULL, NULL);
     }
@@ -927,9 +923,9 @@ static void check_quotas(struct super *s)
     }
 }
 
-/* Jobs handed to Slurm but not started by it yet: queued with Slurm's reason; starting
- * once Slurm has allocated them. */
-static void slurm_waiting(struct super *s)
+/* Jobs handed to a launcher that queues (Slurm) but not started by it yet: queued with
+ * its reason; starting once it has placed them. Local jobs are never queued with a launch. */
+static void launcher_waiting(struct super *s)
 {
     for (struct active *a = s->launched, *n; a; a = n) {
         n = a->lnext;
@@ -976,8 +972,8 @@ static void *run(void *arg)
             for (struct active *a = s->jobs, *n; a; a = n) {
                 n = a->next;
                 if (a->l && a->state == JOB_STATE_QUEUED) {
-                    /* Still in Slurm's queue: taken out of it (scancel), and queued
-                     * again by the next server like any queued job. */
+                    /* Still in the launcher's queue (Slurm's): taken out of it, and
+                     * queued again by the next server like any queued job. */
                     set_launch(s, a, NULL);
                     struct store_job_update u = {.fields = STORE_SET_PENDING, .pending_reason = ""};
                     store_job_update(s->o.store, a->job, &u, NULL, NULL);
@@ -1008,8 +1004,7 @@ static void *run(void *arg)
             if (launch_poll(a->l, 0))
                 ended(s, a);
         }
-        if (s->o.slurm)
-            slurm_waiting(s);
+        launcher_waiting(s);
         check_quotas(s);
         drain(s);
         if (s->unsaved)
@@ -1026,21 +1021,25 @@ static void *run(void *arg)
 
 /* ---- recovery ------------------------------------------------------------------------------ */
 
-/* Kills what an earlier server left running of a job: each rank whose pid still belongs
- * to the process that was started (same start time), with its process group. */
-static void kill_orphans(const struct store_job *j)
+/* Notes the ranks an earlier server started of a job, for the launcher to end. */
+static void add_orphans(const struct store_job *j, struct launch_orphan **o, size_t *n, size_t *cap)
 {
     for (size_t i = 0; i < j->n_ranks; i++) {
+        if (*n == *cap) {
+            *cap = *cap ? 2 * *cap : 64;
+            struct launch_orphan *no = realloc(*o, *cap * sizeof **o);
+            if (!no)
+                abort();
+            *o = no;
+        }
         const struct store_rank *r = &j->ranks[i];
-        if (!proc_kill_if_same((pid_t)r->pid, r->start_time))
-            continue;
-        fprintf(stderr, "ddpd: job %" PRId64 ": killed rank %d (pid %lld) left by an earlier server\n", j->id,
-                r->rank, (long long)r->pid);
+        (*o)[(*n)++] = (struct launch_orphan){.job = j->id, .rank = r->rank, .pid = r->pid,
+                                              .start_time = r->start_time};
     }
 }
 
 /* The rank rows of an attempt whose server died: none of its ranks runs any more (they
- * died with it, or kill_orphans ended them), so none may still read `starting` or
+ * died with it, or launcher_recover_orphans ends them), so none may still read `starting` or
  * `running` with a pid that is gone. Each that had not ended reads `failed`, its exit
  * code unknown. */
 static void ranks_lost(struct super *s, const struct store_job *j)
@@ -1065,20 +1064,19 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
                                 .limit = STORE_LIST_MAX,
                                 .with_ranks = true};
     int64_t *queued = NULL;
-    size_t nq = 0, capq = 0;
-    /* An earlier server's sruns died with it; their Slurm jobs may still run. */
-    if (s->o.slurm)
-        slurm_cancel_orphans(s->o.slurm, 10);
+    size_t nq = 0, capq = 0, no = 0, capo = 0;
+    struct launch_orphan *orphans = NULL;
     for (;;) {
         ddpd_err rc = store_job_list(s->o.store, &q, &l, err);
         if (rc) {
             free(queued);
+            free(orphans);
             return rc;
         }
         for (size_t i = 0; i < l.n; i++) {
             const struct store_job *j = &l.jobs[i];
             if (j->state != JOB_STATE_QUEUED) {
-                kill_orphans(j);
+                add_orphans(j, &orphans, &no, &capo);
                 ranks_lost(s, j);
             }
             if (nq == capq) {
@@ -1096,6 +1094,9 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
             break;
         q.before = next;
     }
+    /* Before anything starts again: what the earlier server left running is ended. */
+    launcher_recover_orphans(s->o.launcher, orphans, no);
+    free(orphans);
     /* Oldest first, so the queue keeps its order. */
     for (size_t i = nq; i-- > 0;) {
         struct active *a = load(s, queued[i]);
@@ -1135,9 +1136,11 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
         s->o.grace_s = 5;
     pthread_mutex_init(&s->lock, NULL);
     s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    /* Under Slurm nothing is counted here: every job starts (is submitted) at once. */
-    s->sched = o->slurm ? sched_new(SCHED_MAX_SLOTS, SCHED_MAX_SLOTS) : sched_new(o->gpus, o->cpu_slots);
-    if (s->sched && !o->slurm)
+    /* A launcher with its own queue counts its own devices: every job starts (is handed to
+     * it) at once. */
+    bool counted = !launcher_queues(o->launcher);
+    s->sched = counted ? sched_new(o->gpus, o->cpu_slots) : sched_new(SCHED_MAX_SLOTS, SCHED_MAX_SLOTS);
+    if (s->sched && counted)
         sched_name_gpus(s->sched, o->gpu_ids);
     if (s->wake_fd < 0 || !s->sched) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "cannot create the supervisor: %s", strerror(errno));
@@ -1248,21 +1251,16 @@ ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err)
 
 bool super_pending_reason(struct super *s, int64_t job, char *buf, size_t cap)
 {
-    buf[0] = '\0';
-    if (s->o.slurm) /* Slurm's reasons are stored as squeue tells them */
-        return false;
     pthread_mutex_lock(&s->lock);
-    sched_pending_reason(s->sched, job, buf, cap);
+    bool known = launcher_pending_reason(s->o.launcher, s->sched, job, buf, cap);
     pthread_mutex_unlock(&s->lock);
-    return buf[0] != '\0';
+    return known;
 }
 
 bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap)
 {
-    if (s->o.slurm) /* Slurm says whether it fits, as a pending reason */
-        return true;
     pthread_mutex_lock(&s->lock);
-    bool ok = sched_fits(s->sched, kind, world, why, cap);
+    bool ok = launcher_fits(s->o.launcher, s->sched, kind, world, why, cap);
     pthread_mutex_unlock(&s->lock);
     return ok;
 }
@@ -1271,27 +1269,8 @@ device_kind super_default_device(const struct super *s) { return s->o.gpus > 0 ?
 
 json_t *super_devices(struct super *s)
 {
-    json_t *out = json_object();
-    if (s->o.slurm) { /* Slurm holds the devices: `squeue`, `sinfo` */
-        json_object_set_new(out, "gpus", json_array());
-        json_object_set_new(out, "cpu_slots", json_array());
-        json_object_set_new(out, "launcher", json_string("slurm"));
-        return out;
-    }
     pthread_mutex_lock(&s->lock);
-    for (int t = 0; t < 2; t++) {
-        json_t *arr = json_array();
-        for (int i = 0; i < sched_slots(s->sched, (device_kind)t); i++) {
-            int64_t h = sched_slot_holder(s->sched, (device_kind)t, i);
-            json_t *slot = json_pack("{s:i, s:o}", "index", i, "job", h ? json_integer(h) : json_null());
-            /* A GPU slot's device as CUDA_VISIBLE_DEVICES names it (slot 0 is GPU 2 under
-             * --gpus 2,3). */
-            if (slot && t == DEVICE_CUDA)
-                json_object_set_new(slot, "device", json_string(sched_gpu_device(s->sched, i)));
-            json_array_append_new(arr, slot);
-        }
-        json_object_set_new(out, t == DEVICE_CUDA ? "gpus" : "cpu_slots", arr);
-    }
+    json_t *out = launcher_devices_json(s->o.launcher, s->sched);
     pthread_mutex_unlock(&s->lock);
     return out;
 }

@@ -18,7 +18,7 @@
 struct store;
 struct hub;
 struct json_t;
-struct slurm_opts;
+struct launcher;
 
 struct super_opts {
     const char *worker;    /* path of ddpd-worker */
@@ -33,10 +33,11 @@ struct super_opts {
     double grace_s;        /* SIGTERM -> SIGKILL; default 5 */
     bool finish_on_shutdown; /* super_stop waits for running jobs instead of cancelling */
     int64_t max_rank_memory; /* bytes a rank may need, sent to every rank (0 = no limit) */
-    /* NULL: ranks run here on the slots above. Else every job goes to Slurm (slurm.h) as
-     * soon as it is queued: Slurm queues it and places its ranks; the slots are not
-     * counted and a job waits as `queued` with Slurm's pending reason. Borrowed. */
-    const struct slurm_opts *slurm;
+    /* What runs the ranks (launch.h), borrowed; NULL: the local launcher, on the slots
+     * above. A launcher that queues (launcher_queues: Slurm) gets every job as soon as it
+     * is queued: it places the ranks, the slots are not counted, and a job waits as
+     * `queued` with the launcher's pending reason. */
+    const struct launcher *launcher;
     /* Bytes each job's folder may hold (ddpd serve --job-disk-quota); 0 = no quota. The
      * ranks get it in their stdin document (rank 0 checks before each checkpoint), and
      * the supervisor measures the folder of every running job every SUPER_QUOTA_CHECK_S
