@@ -8,7 +8,6 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
-#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -22,6 +21,7 @@
 
 #include "../schema/event.h"
 #include "../schema/jobdir.h"
+#include "evpipe.h"
 #include "hub.h"
 #include "launch.h"
 #include "proc.h"
@@ -31,12 +31,6 @@
 #define POLL_MS 50
 #define RANK_EXIT_CANCELLED 5 /* a worker's exit code for a cancel (CONTRACT.md §6) */
 #define MAX_FDS 4096
-/* The ends the store did not take are tried again once a second, but only until one
- * try fails: the others wait for the next second. A disk that stays full costs one try
- * (a few transactions) a second however many ends wait, and an end is stored within about
- * a second of the disk having room. At most UNSAVED_PER_TURN ends are stored per turn. */
-#define UNSAVED_RETRY_S 1.0
-#define UNSAVED_PER_TURN 16
 
 enum cmd_kind { CMD_SUBMIT, CMD_CANCEL };
 
@@ -90,27 +84,7 @@ struct super {
     struct active *launched; /* the jobs with a launch, linked by lnext */
     struct active **index; /* jobs by id: open addressing, linear probing */
     size_t index_cap, index_n;
-    struct pending *pending, **pending_tail; /* stored, not yet published */
-    struct unsaved *unsaved; /* finished jobs whose end the store has not taken yet */
-};
-
-/* A finished job whose end the store could not take (a full disk, an I/O error): its
- * final state event, its ranks' exit codes, then its attempt's end and its row, are
- * tried again every second until they are stored, so that the job does not stay
- * `running` in the store, its final event missing, for as long as this server runs. */
-struct unsaved {
-    int64_t job;
-    int attempt, restarts;
-    job_state state;
-    char *error;      /* NULL for none */
-    struct event ev;  /* the final state event */
-    struct store_rank *ranks; /* the ranks' end rows, when !ranks_saved */
-    int nranks;
-    bool event_saved; /* committed */
-    bool row_saved;   /* the row and the attempt's end */
-    bool ranks_saved;
-    double next_try;
-    struct unsaved *next;
+    struct evpipe *pipe; /* events: stored, committed, then published */
 };
 
 static double now_s(void)
@@ -129,41 +103,6 @@ static void wake(struct super *s)
 
 /* ---- events and states -------------------------------------------------------------- */
 
-/* An event stored but not yet published: clients see an event only once it is
- * committed, so that whatever a client saw survives a crash of the server. */
-struct pending {
-    struct event ev;
-    size_t len;
-    struct pending *next;
-    char body[];
-};
-
-/* Numbers one event of a job and queues it for the store; drain() publishes it after
- * the commit. The store comes first also so that a stream that attaches to the hub
- * later finds every earlier event in the store. */
-/* Queues `ev` (server fields set) for the hub, after the next commit; it is stored
- * already when `stored`, else appended to the store now. */
-static void publish_ev(struct super *s, const struct event *ev, bool stored)
-{
-    char body[EVENT_LINE_MAX];
-    int n = event_encode(ev, body, sizeof body);
-    if (n < 0)
-        return;
-    struct ddpd_error err;
-    if (!stored && store_event_append(s->o.store, ev, body, (size_t)n, &err) != DDPD_OK)
-        fprintf(stderr, "ddpd: job %" PRId64 ": event %" PRId64 " not stored: %s\n", ev->job, ev->seq,
-                err.message);
-    struct pending *p = malloc(sizeof *p + (size_t)n + 1);
-    if (!p)
-        return;
-    p->ev = *ev;
-    p->len = (size_t)n;
-    memcpy(p->body, body, (size_t)n + 1);
-    p->next = NULL;
-    *s->pending_tail = p;
-    s->pending_tail = &p->next;
-}
-
 static void publish(struct super *s, struct active *a, struct event *ev)
 {
     ev->has_server_fields = true;
@@ -172,147 +111,7 @@ static void publish(struct super *s, struct active *a, struct event *ev)
     ev->seq = a->next_seq++;
     if (ev->ts == 0)
         ev->ts = now_s();
-    publish_ev(s, ev, false);
-}
-
-/* ---- ends the store did not take ------------------------------------------------------- */
-
-/* The record of `ev`'s job, made when there is none (with every part saved until the
- * caller says which is not). */
-static struct unsaved *unsaved_of(struct super *s, const struct event *ev)
-{
-    for (struct unsaved *u = s->unsaved; u; u = u->next)
-        if (u->job == ev->job)
-            return u;
-    struct unsaved *u = calloc(1, sizeof *u);
-    if (!u)
-        return NULL;
-    u->job = ev->job;
-    u->attempt = ev->attempt;
-    if (!job_state_parse(ev->state, &u->state))
-        u->state = JOB_STATE_FAILED;
-    u->ev = *ev;
-    u->event_saved = u->row_saved = u->ranks_saved = true;
-    u->next_try = now_s() + UNSAVED_RETRY_S;
-    u->next = s->unsaved;
-    s->unsaved = u;
-    return u;
-}
-
-/* Whether `u`'s final event is committed (call store_flush first). */
-static bool unsaved_event_in_store(struct super *s, const struct unsaved *u)
-{
-    int64_t seq = 0;
-    return store_event_max_seq(s->o.store, u->job, &seq, NULL) == DDPD_OK && seq >= u->ev.seq;
-}
-
-static void unsaved_free(struct unsaved *u)
-{
-    free(u->ranks);
-    free(u->error);
-    free(u);
-}
-
-/* Whether job `job` is gone from the store (deleted by a client): then nothing of its
- * end is to be stored any more. A read that fails otherwise says no. */
-static bool job_deleted(struct super *s, int64_t job)
-{
-    struct store_job j;
-    ddpd_err e = store_job_get(s->o.store, job, &j, NULL);
-    store_job_clear(&j);
-    return e == DDPD_ENOTFOUND;
-}
-
-/* Tries again what is due (everything when `all`): the event first, then the attempt's
- * end and the row, so that a row that says final finds its final event stored. An end
- * whose job was deleted meanwhile is dropped. After a try that fails, the others wait
- * (UNSAVED_RETRY_S). */
-static void retry_unsaved(struct super *s, bool all)
-{
-    double now = now_s();
-    int tried = 0;
-    bool failed = false;
-    for (struct unsaved **pp = &s->unsaved, *u; (u = *pp);) {
-        if (!all && (now < u->next_try || failed || tried == UNSAVED_PER_TURN)) {
-            pp = &u->next;
-            continue;
-        }
-        tried++;
-        if (job_deleted(s, u->job)) {
-            fprintf(stderr, "ddpd: job %" PRId64 ": deleted before its end (%s) could be stored; no longer "
-                    "retried\n", u->job, job_state_name(u->state));
-            *pp = u->next;
-            unsaved_free(u);
-            continue;
-        }
-        u->next_try = now + UNSAVED_RETRY_S;
-        if (!u->event_saved) {
-            char body[EVENT_LINE_MAX];
-            int n = event_encode(&u->ev, body, sizeof body);
-            store_flush(s->o.store, NULL);
-            u->event_saved = unsaved_event_in_store(s, u) ||
-                             (n >= 0 && store_event_append(s->o.store, &u->ev, body, (size_t)n, NULL) == DDPD_OK &&
-                              store_flush(s->o.store, NULL) == DDPD_OK && unsaved_event_in_store(s, u));
-        }
-        if (!u->ranks_saved) {
-            bool ok = true;
-            for (int r = 0; ok && r < u->nranks; r++)
-                ok = store_rank_put(s->o.store, u->job, &u->ranks[r], NULL) == DDPD_OK;
-            u->ranks_saved = ok;
-        }
-        if (u->event_saved && !u->row_saved) {
-            /* The attempt too: a restart's own update may have met the same full disk. */
-            struct store_job_update up = {.fields = STORE_SET_STATE | STORE_SET_RESTARTS | STORE_SET_PENDING |
-                                                    STORE_SET_ATTEMPT,
-                                          .state = u->state,
-                                          .attempt = u->attempt,
-                                          .restarts = u->restarts,
-                                          .pending_reason = ""};
-            if (u->error) {
-                up.fields |= STORE_SET_ERROR;
-                up.error = u->error;
-            }
-            ddpd_err ae = store_attempt_end(s->o.store, u->job, u->attempt, job_state_name(u->state), NULL);
-            u->row_saved = (ae == DDPD_OK || ae == DDPD_ENOTFOUND) &&
-                           store_job_update(s->o.store, u->job, &up, NULL, NULL) == DDPD_OK;
-        }
-        if (u->event_saved && u->row_saved && u->ranks_saved) {
-            fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) is stored now\n", u->job, job_state_name(u->state));
-            *pp = u->next;
-            unsaved_free(u);
-        } else {
-            failed = true;
-            pp = &u->next;
-        }
-    }
-    for (struct unsaved *u = s->unsaved; failed && u; u = u->next)
-        u->next_try = fmax(u->next_try, now + UNSAVED_RETRY_S);
-}
-
-/* Commits what publish() queued (one transaction for everything that arrived in this
- * turn of the loop), then hands it to the hub for the live streams. */
-static void drain(struct super *s)
-{
-    if (!s->pending)
-        return;
-    bool failed = store_flush(s->o.store, NULL) != DDPD_OK;
-    for (struct pending *p = s->pending, *n; p; p = n) {
-        n = p->next;
-        if (failed && hub_event_is_final(&p->ev)) { /* dropped with its batch? */
-            struct unsaved *u = unsaved_of(s, &p->ev);
-            if (u && !unsaved_event_in_store(s, u)) {
-                u->event_saved = false;
-                u->ev = p->ev;
-                fprintf(stderr, "ddpd: job %" PRId64 ": its final event is not stored; trying again every %.0f s\n",
-                        p->ev.job, UNSAVED_RETRY_S);
-            }
-        }
-        /* Published all the same: a stream must end when its job does. */
-        hub_publish(s->o.hub, &p->ev, p->body, p->len);
-        free(p);
-    }
-    s->pending = NULL;
-    s->pending_tail = &s->pending;
+    evpipe_add(s->pipe, ev, false);
 }
 
 /* The state event is appended before the job row changes: a stream that finds the row
@@ -723,23 +522,9 @@ static void finish(struct super *s, struct active *a, job_state st, const char *
     if (!set_state_ev(s, a, st, error, &ev))
         saved = false;
     if (!saved || a->unsaved_ranks) {
-        struct unsaved *u = unsaved_of(s, &ev);
-        if (u) {
-            u->row_saved = saved;
-            u->restarts = a->restarts;
-            free(u->error);
-            u->error = error ? strdup(error) : NULL;
-            if (a->unsaved_ranks) {
-                free(u->ranks);
-                u->ranks = a->unsaved_ranks;
-                u->nranks = a->n_unsaved_ranks;
-                u->ranks_saved = false;
-                a->unsaved_ranks = NULL;
-                a->n_unsaved_ranks = 0;
-            }
-            fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) is not stored; trying again every %.0f s\n",
-                    a->job, job_state_name(st), UNSAVED_RETRY_S);
-        }
+        evpipe_end_unsaved(s->pipe, &ev, saved, a->restarts, error, a->unsaved_ranks, a->n_unsaved_ranks);
+        a->unsaved_ranks = NULL;
+        a->n_unsaved_ranks = 0;
     }
     drop(s, a);
 }
@@ -854,7 +639,7 @@ static void submit(struct super *s, struct cmd *c)
         struct event ev;
         store_job_queued_event(job, c->created_at, &ev);
         a->next_seq = ev.seq + 1;
-        publish_ev(s, &ev, true);
+        evpipe_add(s->pipe, &ev, true);
     } else {
         set_state(s, a, JOB_STATE_QUEUED, NULL);
     }
@@ -1006,15 +791,12 @@ static void *run(void *arg)
         }
         launcher_waiting(s);
         check_quotas(s);
-        drain(s);
-        if (s->unsaved)
-            retry_unsaved(s, false);
+        evpipe_drain(s->pipe);
+        evpipe_retry(s->pipe, false);
     }
-    drain(s);
-    retry_unsaved(s, true);
-    for (struct unsaved *u = s->unsaved; u; u = u->next)
-        fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) could not be stored; the next server marks it failed "
-                "(server restarted)\n", u->job, job_state_name(u->state));
+    evpipe_drain(s->pipe);
+    evpipe_retry(s->pipe, true);
+    evpipe_report_unsaved(s->pipe);
     free(fds);
     return NULL;
 }
@@ -1131,25 +913,25 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
         return NULL;
     }
     s->o = *o;
-    s->pending_tail = &s->pending;
     if (s->o.grace_s <= 0)
         s->o.grace_s = 5;
     pthread_mutex_init(&s->lock, NULL);
     s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    s->pipe = evpipe_new(o->store, o->hub);
     /* A launcher with its own queue counts its own devices: every job starts (is handed to
      * it) at once. */
     bool counted = !launcher_queues(o->launcher);
     s->sched = counted ? sched_new(o->gpus, o->cpu_slots) : sched_new(SCHED_MAX_SLOTS, SCHED_MAX_SLOTS);
     if (s->sched && counted)
         sched_name_gpus(s->sched, o->gpu_ids);
-    if (s->wake_fd < 0 || !s->sched) {
+    if (s->wake_fd < 0 || !s->sched || !s->pipe) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "cannot create the supervisor: %s", strerror(errno));
         super_stop(s);
         return NULL;
     }
     mkdir(o->jobs_dir, 0700);
     ddpd_err rc = recover(s, err);
-    drain(s);
+    evpipe_drain(s->pipe);
     if (rc != DDPD_OK || pthread_create(&s->thread, NULL, run, s) != 0) {
         super_stop(s);
         return NULL;
@@ -1169,14 +951,11 @@ void super_stop(struct super *s)
         wake(s);
         pthread_join(s->thread, NULL);
     }
-    drain(s);
+    if (s->pipe)
+        evpipe_drain(s->pipe);
     while (s->jobs)
         drop(s, s->jobs);
-    while (s->unsaved) {
-        struct unsaved *n = s->unsaved->next;
-        unsaved_free(s->unsaved);
-        s->unsaved = n;
-    }
+    evpipe_free(s->pipe);
     while (s->head) {
         struct cmd *n = s->head->next;
         free(s->head->spec_text);
