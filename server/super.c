@@ -32,7 +32,16 @@
 #define RANK_EXIT_CANCELLED 5 /* a worker's exit code for a cancel (CONTRACT.md §6) */
 #define MAX_FDS 4096
 
-enum cmd_kind { CMD_SUBMIT, CMD_CANCEL };
+enum cmd_kind { CMD_SUBMIT, CMD_CANCEL, CMD_DELETE };
+
+/* A command whose caller waits for its answer (CMD_DELETE): on the caller's stack; the
+ * supervisor sets `done` under the lock and signals `cv`. */
+struct answer {
+    pthread_cond_t cv;
+    bool done;
+    ddpd_err rc;
+    struct ddpd_error *err;
+};
 
 struct cmd {
     enum cmd_kind kind;
@@ -41,6 +50,7 @@ struct cmd {
     int world_size, max_restarts;
     device_kind device;
     double created_at; /* with spec_text: the store has its queued event (seq 1) */
+    struct answer *answer; /* CMD_DELETE: borrowed from the waiting caller */
     struct cmd *next;
 };
 
@@ -728,6 +738,27 @@ static void launcher_waiting(struct super *s)
     }
 }
 
+/* A finished job leaves the server: its rows and events, its history in the hub and its
+ * folder. On the supervisor's thread, between turns, so that no end of the job is being
+ * stored or published while it goes (the final event of a job that ends in this turn is
+ * published before the next turn reads the command). */
+static void delete_job(struct super *s, struct cmd *c)
+{
+    struct answer *ans = c->answer;
+    ddpd_err rc = store_job_delete(s->o.store, c->job, JOB_STATES_FINAL, ans->err);
+    if (rc == DDPD_OK) {
+        hub_job_forget(s->o.hub, c->job);
+        char dir[PATH_MAX];
+        if (snprintf(dir, sizeof dir, "%s/%" PRId64, s->o.jobs_dir, c->job) < (int)sizeof dir)
+            proc_remove_tree(dir);
+    }
+    pthread_mutex_lock(&s->lock);
+    ans->rc = rc;
+    ans->done = true;
+    pthread_cond_broadcast(&ans->cv);
+    pthread_mutex_unlock(&s->lock);
+}
+
 static void *run(void *arg)
 {
     struct super *s = arg;
@@ -744,6 +775,8 @@ static void *run(void *arg)
             struct cmd *next = c->next;
             if (c->kind == CMD_SUBMIT)
                 submit(s, c);
+            else if (c->kind == CMD_DELETE)
+                delete_job(s, c);
             else
                 cancel(s, c->job, "cancelled");
             free(c->spec_text);
@@ -958,6 +991,8 @@ void super_stop(struct super *s)
     evpipe_free(s->pipe);
     while (s->head) {
         struct cmd *n = s->head->next;
+        if (s->head->kind == CMD_DELETE) /* came after the loop's last turn: its caller waits */
+            delete_job(s, s->head);
         free(s->head->spec_text);
         free(s->head);
         s->head = n;
@@ -1026,6 +1061,25 @@ ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err)
                               job_state_name(st));
     push(s, CMD_CANCEL, job);
     return DDPD_OK;
+}
+
+ddpd_err super_delete(struct super *s, int64_t job, struct ddpd_error *err)
+{
+    struct answer ans = {.err = err};
+    struct cmd *c = calloc(1, sizeof *c);
+    if (!c)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory deleting job %" PRId64, job);
+    pthread_cond_init(&ans.cv, NULL);
+    c->kind = CMD_DELETE;
+    c->job = job;
+    c->answer = &ans;
+    push_cmd(s, c);
+    pthread_mutex_lock(&s->lock);
+    while (!ans.done)
+        pthread_cond_wait(&ans.cv, &s->lock);
+    pthread_mutex_unlock(&s->lock);
+    pthread_cond_destroy(&ans.cv);
+    return ans.rc;
 }
 
 bool super_pending_reason(struct super *s, int64_t job, char *buf, size_t cap)

@@ -67,6 +67,12 @@ void super_submit(struct super *s, int64_t job, char *spec_text, int world_size,
  * when it has already finished. */
 ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err);
 
+/* Deletes a finished job: its rows and events from the store, its history from the hub
+ * and its folder under jobs_dir, on the supervisor's thread (between two turns of its
+ * loop); waits for it. DDPD_ENOTFOUND for an unknown job, DDPD_ECONFLICT when it has not
+ * finished (store_job_delete's errors, in `err`). Any thread but the supervisor's. */
+ddpd_err super_delete(struct super *s, int64_t job, struct ddpd_error *err);
+
 /* Why queued job `job` waits, now ("queued behind job 7 (3 earlier jobs waiting for cpu
  * slots)"): true with `buf` set when the scheduler holds it queued. Asked when a job is
  * shown, not stored: every start or end would change the reason of every queued job.
