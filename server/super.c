@@ -23,6 +23,7 @@
 #include "../schema/jobdir.h"
 #include "evpipe.h"
 #include "hub.h"
+#include "idmap.h"
 #include "launch.h"
 #include "proc.h"
 #include "sched.h"
@@ -92,8 +93,7 @@ struct super {
     bool stopping;
     struct active *jobs; /* supervisor thread only */
     struct active *launched; /* the jobs with a launch, linked by lnext */
-    struct active **index; /* jobs by id: open addressing, linear probing */
-    size_t index_cap, index_n;
+    struct idmap *index; /* jobs by id */
     struct evpipe *pipe; /* events: stored, committed, then published */
 };
 
@@ -210,64 +210,7 @@ static bool set_pending(struct active *a, const char *why)
 /* The table is a list (for walking every job) and an index by id (thousands of jobs can
  * wait in the queue, and every submission and event looks one up). */
 
-static size_t index_home(int64_t job, size_t cap) { return (size_t)((uint64_t)job * 0x9E3779B97F4A7C15ull >> 17) & (cap - 1); }
-
-static struct active *find(struct super *s, int64_t job)
-{
-    if (!s->index_cap)
-        return NULL;
-    for (size_t i = index_home(job, s->index_cap);; i = (i + 1) & (s->index_cap - 1)) {
-        struct active *a = s->index[i];
-        if (!a || a->job == job)
-            return a;
-    }
-}
-
-static void index_put(struct active **index, size_t cap, struct active *a)
-{
-    size_t i = index_home(a->job, cap);
-    while (index[i])
-        i = (i + 1) & (cap - 1);
-    index[i] = a;
-}
-
-/* Keeps the index at most half full. Out of memory: aborts, like every allocation the
- * supervisor cannot do without. */
-static void index_add(struct super *s, struct active *a)
-{
-    if (2 * (s->index_n + 1) > s->index_cap) {
-        size_t cap = s->index_cap ? 2 * s->index_cap : 256;
-        struct active **ix = calloc(cap, sizeof *ix);
-        if (!ix)
-            abort();
-        for (size_t i = 0; i < s->index_cap; i++)
-            if (s->index[i])
-                index_put(ix, cap, s->index[i]);
-        free(s->index);
-        s->index = ix;
-        s->index_cap = cap;
-    }
-    index_put(s->index, s->index_cap, a);
-    s->index_n++;
-}
-
-/* Removes with backward shift: later entries of the probe run move up into the hole. */
-static void index_del(struct super *s, const struct active *a)
-{
-    size_t mask = s->index_cap - 1, i = index_home(a->job, s->index_cap);
-    while (s->index[i] != a)
-        i = (i + 1) & mask;
-    for (size_t j = (i + 1) & mask; s->index[j]; j = (j + 1) & mask) {
-        size_t h = index_home(s->index[j]->job, s->index_cap);
-        /* Entry j may fill hole i when its home is not in (i, j] (cyclically). */
-        if (((j - h) & mask) >= ((j - i) & mask)) {
-            s->index[i] = s->index[j];
-            i = j;
-        }
-    }
-    s->index[i] = NULL;
-    s->index_n--;
-}
+static struct active *find(struct super *s, int64_t job) { return idmap_get(s->index, job); }
 
 static void link_job(struct super *s, struct active *a)
 {
@@ -276,7 +219,7 @@ static void link_job(struct super *s, struct active *a)
     if (s->jobs)
         s->jobs->prev = a;
     s->jobs = a;
-    index_add(s, a);
+    idmap_put(s->index, a->job, a);
 }
 
 /* Sets (or with NULL ends and frees) the job's launch, keeping the list of launched
@@ -339,7 +282,7 @@ static void drop(struct super *s, struct active *a)
         s->jobs = a->next;
     if (a->next)
         a->next->prev = a->prev;
-    index_del(s, a);
+    idmap_del(s->index, a->job);
     free_active(a);
 }
 
@@ -951,13 +894,14 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
     pthread_mutex_init(&s->lock, NULL);
     s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     s->pipe = evpipe_new(o->store, o->hub);
+    s->index = idmap_new();
     /* A launcher with its own queue counts its own devices: every job starts (is handed to
      * it) at once. */
     bool counted = !launcher_queues(o->launcher);
     s->sched = counted ? sched_new(o->gpus, o->cpu_slots) : sched_new(SCHED_MAX_SLOTS, SCHED_MAX_SLOTS);
     if (s->sched && counted)
         sched_name_gpus(s->sched, o->gpu_ids);
-    if (s->wake_fd < 0 || !s->sched || !s->pipe) {
+    if (s->wake_fd < 0 || !s->sched || !s->pipe || !s->index) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "cannot create the supervisor: %s", strerror(errno));
         super_stop(s);
         return NULL;
@@ -997,7 +941,7 @@ void super_stop(struct super *s)
         free(s->head);
         s->head = n;
     }
-    free(s->index);
+    idmap_free(s->index);
     if (s->o.store)
         store_flush(s->o.store, NULL);
     sched_free(s->sched);
