@@ -463,42 +463,12 @@ static ddpd_err h_cancel(struct http_request *req, struct ddpd_error *err)
     return rc ? rc : http_respond_empty(req, 202);
 }
 
-/* rm -r of a job's folder (its own files only: no links are followed). */
-static void remove_tree(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) != 0)
-        return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-                continue;
-            char sub[PATH_MAX];
-            if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) < (int)sizeof sub)
-                remove_tree(sub);
-        }
-        if (d)
-            closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
-
 static ddpd_err h_delete(struct http_request *req, struct ddpd_error *err)
 {
-    struct api *a = ctx_of(req);
-    int64_t id = http_request_id(req, 0);
-    ddpd_err rc = store_job_delete(a->store, id, JOB_STATES_FINAL, err);
-    if (rc)
-        return rc;
-    hub_job_forget(a->hub, id);
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s/%" PRId64, a->jobs_dir, id);
-    remove_tree(dir);
-    return http_respond_empty(req, 204);
+    /* The supervisor deletes: between two turns of its loop no end of the job is half
+     * stored or published. */
+    ddpd_err rc = super_delete(ctx_of(req)->super, http_request_id(req, 0), err);
+    return rc ? rc : http_respond_empty(req, 204);
 }
 
 /* ---- events ---------------------------------------------------------------------------------- */

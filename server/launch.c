@@ -1,65 +1,36 @@
-/* launch.c — fork/exec one job attempt's ranks into one process group, feed their stdin,
- * read their stdout line by line, reap them, and take the group down on the first
- * failure. No shell: execve with an argv and an allow-listed environment (env.h). Knows
- * the worker only through its program path, the stdin document and the event lines
- * (CONTRACT.md §5, §6). */
-#include "launch.h"
+/* launch.c — what every launcher shares: the id issuer of a multi-rank attempt (one
+ * `ddpd-worker --issue-id` on this host, whose stdin stays open for as long as the ranks
+ * run) and the dispatch to the backend's table (launch_impl.h). Knows no backend but by
+ * its table; knows the worker only through its program path, the stdin document and the
+ * issuer's one line (CONTRACT.md §5). */
+#include "launch_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "../schema/event.h"
-#include "../schema/spec.h"
-#include "slurm.h"
 #include "env.h"
 #include "proc.h"
 
-#define LINE_CAP (EVENT_LINE_MAX * 4)
-
-struct rank_proc {
-    pid_t pid;
-    int out_fd;           /* stdout pipe, -1 once at EOF */
-    bool exited;
-    int status;           /* from waitpid */
-    bool echo;            /* its failure echoed another's (is_echo when reaped) */
-    size_t len;           /* bytes pending in buf */
-    bool overlong;        /* dropping the rest of an over-long line */
-    char buf[LINE_CAP];
-    char last_error[1024];
-};
-
 struct launch {
-    struct launch_opts o;
+    const struct launch_ops *ops;
+    void *run;             /* the backend's attempt */
     pid_t pgid;
     pid_t issuer;          /* the id issuer (world_size > 1), 0 if none */
     int issuer_in;         /* its stdin: closing it ends the issuer */
     bool issuer_exited;
-    int n;
-    struct rank_proc *ranks;
-    int failed_rank;       /* first failure, -1 if none */
-    double kill_at;        /* when SIGKILL follows SIGTERM; 0 = not armed */
-    bool sent_term, sent_kill; /* signals we sent the group */
-    bool cancelled;
-    struct slurm_run *sr;  /* the Slurm backend's srun, or NULL: ranks are our children */
-    int64_t need;          /* bytes a rank needs (the spec's estimate), -1 if unknown */
-    bool need_with_data;   /* ... its data included (synthetic) */
 };
 
 /* The collective backend the job's spec asks for ("cpu" or "nccl"): the id issuer and
  * every rank's comm document must speak the same one. */
-static const char *backend_name(const struct launch *l)
+static const char *backend_name(const json_t *doc)
 {
-    json_t *ddp = json_object_get(json_object_get(l->o.doc, "spec"), "ddp");
+    json_t *ddp = json_object_get(json_object_get(doc, "spec"), "ddp");
     const char *b = json_string_value(json_object_get(ddp, "backend"));
     return b && !strcmp(b, "nccl") ? "nccl" : "cpu";
 }
@@ -67,24 +38,25 @@ static const char *backend_name(const struct launch *l)
 /* Starts `ddpd-worker --issue-id <backend>` and reads the id it prints (one JSON line) within
  * ISSUER_DEADLINE_S. Its stdin stays open: closing it ends the rendezvous root. */
 #define ISSUER_DEADLINE_S 10.0
-static int start_issuer(struct launch *l, char *id_hex, size_t cap, struct ddpd_error *err)
+static int start_issuer(struct launch *l, const struct launch_opts *o, char *id_hex, size_t cap,
+                        struct ddpd_error *err)
 {
     int in[2] = {-1, -1}, out[2] = {-1, -1}, log_fd = -1, rc = -1;
     char log_path[4096], line[1024];
     size_t len = 0;
     char nccl_log[4200], *extra[] = {nccl_log, NULL}, **env = NULL;
-    snprintf(log_path, sizeof log_path, "%s/issuer.log", l->o.out_dir);
+    snprintf(log_path, sizeof log_path, "%s/issuer.log", o->out_dir);
     /* NCCL's own output (its bootstrap root lives in the issuer) goes to a file. */
-    snprintf(nccl_log, sizeof nccl_log, "NCCL_DEBUG_FILE=%s/issuer.nccl.log", l->o.out_dir);
+    snprintf(nccl_log, sizeof nccl_log, "NCCL_DEBUG_FILE=%s/issuer.nccl.log", o->out_dir);
     env = env_for_worker(extra);
     log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (log_fd < 0 || pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
         ddpd_error_set(err, DDPD_EIO, log_path, "cannot start the id issuer: %s", strerror(errno));
         goto out;
     }
-    char *argv[] = {(char *)l->o.worker, "--issue-id", (char *)backend_name(l), NULL};
-    struct proc_spawn sp = {.path = l->o.worker, .argv = argv, .env = env, .fd = {in[0], out[1], log_fd},
-                            .pgid = 0, .die_with_parent = l->o.die_with_parent};
+    char *argv[] = {(char *)o->worker, "--issue-id", (char *)backend_name(o->doc), NULL};
+    struct proc_spawn sp = {.path = o->worker, .argv = argv, .env = env, .fd = {in[0], out[1], log_fd},
+                            .pgid = 0, .die_with_parent = o->die_with_parent};
     pid_t pid = proc_spawn(&sp); /* it leads the job's process group */
     if (pid < 0) {
         ddpd_error_set(err, DDPD_EIO, "", "cannot fork the id issuer: %s", strerror(errno));
@@ -142,290 +114,6 @@ out:
     return rc;
 }
 
-static int start_rank(struct launch *l, int r, const char *id_hex, struct ddpd_error *err)
-{
-    struct rank_proc *p = &l->ranks[r];
-    int in[2] = {-1, -1}, out[2] = {-1, -1}, log_fd = -1;
-    char *doc = NULL, **env = NULL;
-    int rc = -1;
-
-    json_t *d = json_deep_copy(l->o.doc);
-    json_object_set_new(d, "rank", json_integer(r));
-    if (id_hex)
-        json_object_set_new(d, "comm", json_pack("{s:s, s:s}", "backend", backend_name(l), "id", id_hex));
-    doc = json_dumps(d, JSON_COMPACT);
-    json_decref(d);
-    if (!doc) {
-        ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory building rank %d's job document", r);
-        goto out;
-    }
-
-    char log_path[4096];
-    snprintf(log_path, sizeof log_path, "%s/rank-%d.log", l->o.out_dir, r);
-    /* NCCL writes to a file of its own, never into the event stream; a cuda rank sees
-     * only its GPU. */
-    char nccl_log[4200], gpu[128], *extra[3] = {nccl_log, NULL, NULL};
-    snprintf(nccl_log, sizeof nccl_log, "NCCL_DEBUG_FILE=%s/rank-%d.nccl.log", l->o.out_dir, r);
-    if (l->o.gpus) {
-        snprintf(gpu, sizeof gpu, "CUDA_VISIBLE_DEVICES=%s", l->o.gpus[r]);
-        extra[1] = gpu;
-    }
-    env = env_for_worker(extra);
-    log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (log_fd < 0) {
-        ddpd_error_set(err, DDPD_EIO, log_path, "%s: cannot open: %s", log_path, strerror(errno));
-        goto out;
-    }
-    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
-        ddpd_error_set(err, DDPD_EIO, "", "cannot create pipes for rank %d: %s", r, strerror(errno));
-        goto out;
-    }
-    char *argv[] = {(char *)l->o.worker, NULL};
-    struct proc_spawn sp = {.path = l->o.worker, .argv = argv, .env = env, .fd = {in[0], out[1], log_fd},
-                            .pgid = l->pgid, .die_with_parent = l->o.die_with_parent,
-                            /* A cancel (SIGTERM to the group) may come before the rank has
-                             * installed its handler, even before its exec: held, it reaches
-                             * the handler then, and the rank exits 5 having told its peers,
-                             * instead of dying of the signal (issue 15, item 14). */
-                            .hold_term = true};
-    pid_t pid = proc_spawn(&sp); /* the first process of a job leads its group */
-    if (pid < 0) {
-        ddpd_error_set(err, DDPD_EIO, "", "cannot fork rank %d: %s", r, strerror(errno));
-        goto out;
-    }
-    if (l->pgid == 0)
-        l->pgid = pid;
-    p->pid = pid;
-    close(in[0]);
-    in[0] = -1;
-    close(out[1]);
-    out[1] = -1;
-    /* The worker reads its whole document before anything else; a worker that died
-     * first shows up as EPIPE here and as its exit status later. */
-    proc_write_all(in[1], doc, strlen(doc));
-    p->out_fd = out[0];
-    out[0] = -1;
-    fcntl(p->out_fd, F_SETFL, fcntl(p->out_fd, F_GETFL) | O_NONBLOCK);
-    rc = 0;
-out:
-    free(doc);
-    free(env);
-    for (int i = 0; i < 2; i++) {
-        if (in[i] >= 0)
-            close(in[i]);
-        if (out[i] >= 0)
-            close(out[i]);
-    }
-    if (log_fd >= 0)
-        close(log_fd);
-    return rc;
-}
-
-/* The Slurm backend: one document for every task (no rank: each takes SLURM_PROCID). */
-static int start_slurm(struct launch *l, const char *id_hex, struct ddpd_error *err)
-{
-    json_t *d = json_deep_copy(l->o.doc);
-    if (id_hex)
-        json_object_set_new(d, "comm", json_pack("{s:s, s:s}", "backend", backend_name(l), "id", id_hex));
-    char *doc = json_dumps(d, JSON_COMPACT);
-    json_decref(d);
-    if (!doc) {
-        ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory building Slurm job %s's document", l->o.slurm_name);
-        return -1;
-    }
-    l->sr = slurm_run_start(&l->o, doc, l->pgid, err);
-    free(doc);
-    if (!l->sr)
-        return -1;
-    if (l->pgid == 0)
-        l->pgid = slurm_run_pid(l->sr);
-    return 0;
-}
-
-/* What a rank of this job needs, for the message of a rank the kernel killed: the
- * spec's estimate (schema/spec.h), with synthetic data's rows; for data files without
- * the data, which only the planner and the ranks measure. -1 when the spec cannot be
- * read. */
-static int64_t memory_need(json_t *doc, bool *with_data)
-{
-    struct spec spec;
-    struct spec_memory m;
-    struct ddpd_error e;
-    if (spec_from_json(json_object_get(doc, "spec"), NULL, &spec, &e) != DDPD_OK)
-        return -1;
-    *with_data = spec.data.kind == DATA_SYNTHETIC;
-    spec_memory_estimate(&spec, *with_data ? spec.data.samples : 0, false, 0, &m);
-    return m.host;
-}
-
-struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
-{
-    struct launch *l = calloc(1, sizeof *l);
-    if (!l) {
-        ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory starting a job");
-        return NULL;
-    }
-    l->o = *o;
-    l->need = memory_need(o->doc, &l->need_with_data); /* the doc is borrowed for this call only */
-    l->issuer_in = -1;
-    if (l->o.grace_s <= 0)
-        l->o.grace_s = 5;
-    l->n = o->world_size;
-    l->failed_rank = -1;
-    l->ranks = calloc((size_t)l->n, sizeof *l->ranks);
-    if (!l->ranks) {
-        free(l);
-        ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory starting a job");
-        return NULL;
-    }
-    for (int r = 0; r < l->n; r++) {
-        l->ranks[r].out_fd = -1;
-        l->ranks[r].exited = true; /* until started */
-    }
-    int en = proc_mkdirs(o->out_dir, true);
-    if (en) {
-        ddpd_error_set(err, DDPD_EIO, o->out_dir, "%s: cannot create: %s", o->out_dir, strerror(en));
-        launch_free(l);
-        return NULL;
-    }
-    char id_hex[512];
-    if (l->n > 1 && start_issuer(l, id_hex, sizeof id_hex, err) != 0) {
-        launch_free(l);
-        return NULL;
-    }
-    if (o->slurm && start_slurm(l, l->n > 1 ? id_hex : NULL, err) != 0) {
-        launch_free(l);
-        return NULL;
-    }
-    for (int r = 0; r < l->n && !o->slurm; r++) {
-        if (start_rank(l, r, l->n > 1 ? id_hex : NULL, err) != 0) {
-            launch_free(l);
-            return NULL;
-        }
-        l->ranks[r].exited = false;
-    }
-    return l;
-}
-
-static void signal_group(struct launch *l, int sig)
-{
-    if (l->pgid > 0)
-        kill(-l->pgid, sig);
-    if (sig == SIGTERM)
-        l->sent_term = true;
-    else if (sig == SIGKILL)
-        l->sent_kill = true;
-}
-
-static void arm_kill(struct launch *l)
-{
-    if (l->kill_at == 0) {
-        signal_group(l, SIGTERM);
-        l->kill_at = proc_now_mono() + l->o.grace_s;
-    }
-}
-
-void launch_cancel(struct launch *l)
-{
-    if (!l)
-        return;
-    l->cancelled = true;
-    if (l->sr) { /* scancel: Slurm signals the tasks wherever they run */
-        slurm_run_cancel(l->sr);
-        return;
-    }
-    arm_kill(l);
-}
-
-/* Hands complete lines to the callback; remembers each rank's last error message. */
-static void deliver(struct launch *l, int r, const char *line, size_t len)
-{
-    struct rank_proc *p = &l->ranks[r];
-    if (len == 0)
-        return;
-    event_error_message(line, len, p->last_error, sizeof p->last_error);
-    if (l->o.on_line)
-        l->o.on_line(l->o.ctx, r, line, len);
-}
-
-/* Reads of one rank's pipe per read_rank call (LINE_CAP bytes each, ~1000 short events in
- * all): a rank that writes faster than the events are handled must not keep the caller
- * here (the supervisor also serves other jobs, commands and the commit of what it read).
- * What is left waits in the pipe, whose full buffer blocks the rank's writes: that is
- * the backpressure on a flooding worker, and the server's memory stays bounded. */
-#define READS_PER_POLL 4
-
-static void read_rank(struct launch *l, int r)
-{
-    struct rank_proc *p = &l->ranks[r];
-    for (int reads = 0; reads < READS_PER_POLL; reads++) {
-        ssize_t n = read(p->out_fd, p->buf + p->len, sizeof p->buf - p->len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return;
-        if (n <= 0) { /* EOF or error: deliver a last unterminated line */
-            if (p->len && !p->overlong)
-                deliver(l, r, p->buf, p->len);
-            p->len = 0;
-            close(p->out_fd);
-            p->out_fd = -1;
-            return;
-        }
-        p->len += (size_t)n;
-        char *start = p->buf, *end = p->buf + p->len, *nl;
-        while ((nl = memchr(start, '\n', (size_t)(end - start)))) {
-            if (!p->overlong)
-                deliver(l, r, start, (size_t)(nl - start));
-            p->overlong = false;
-            start = nl + 1;
-        }
-        p->len = (size_t)(end - start);
-        memmove(p->buf, start, p->len);
-        if (p->len == sizeof p->buf) { /* no newline in LINE_CAP bytes: not an event */
-            p->overlong = true;
-            p->len = 0;
-        }
-    }
-}
-
-/* An echo of another rank's failure, not a cause: a communication failure (exit 3: a
- * peer died), or the end a signal we sent the group brought (exit 5 is a worker's answer
- * to SIGTERM). A rank killed from outside by a signal we did not send is a cause, even
- * when it is reaped after we began stopping the others. */
-static bool is_echo(const struct launch *l, int st)
-{
-    if (WIFEXITED(st))
-        return WEXITSTATUS(st) == 3 || (WEXITSTATUS(st) == 5 && l->sent_term);
-    return WIFSIGNALED(st) && ((WTERMSIG(st) == SIGTERM && l->sent_term) || (WTERMSIG(st) == SIGKILL && l->sent_kill));
-}
-
-static void reap(struct launch *l)
-{
-    for (int r = 0; r < l->n; r++) {
-        struct rank_proc *p = &l->ranks[r];
-        if (p->exited)
-            continue;
-        int st;
-        pid_t w = waitpid(p->pid, &st, WNOHANG);
-        if (w != p->pid)
-            continue;
-        p->exited = true;
-        p->status = st;
-        bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-        if (ok || l->cancelled)
-            continue;
-        /* Blame the cause, not its echo: when a rank dies, its peers fail with a
-         * communication error (exit 3) within milliseconds, often before the dead rank
-         * is reaped, and the rest end by our SIGTERM. A failure of another kind
-         * outranks those. */
-        p->echo = is_echo(l, st);
-        if (l->failed_rank < 0 || (l->ranks[l->failed_rank].echo && !p->echo))
-            l->failed_rank = r;
-        arm_kill(l);
-    }
-}
-
 /* Every rank is gone: closing its stdin ends the issuer; it must not outlive them. */
 static void stop_issuer(struct launch *l)
 {
@@ -448,157 +136,138 @@ static void stop_issuer(struct launch *l)
     l->issuer_exited = true;
 }
 
+static const struct launch_ops *ops_of(const struct launcher *L) { return L ? L->ops : &launch__local_ops; }
+static void *ctx_of(const struct launcher *L) { return L ? L->ctx : NULL; }
+
+struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
+{
+    struct launch *l = calloc(1, sizeof *l);
+    json_t *doc = NULL;
+    if (!l) {
+        ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory starting a job");
+        return NULL;
+    }
+    struct launch_opts lo = *o;
+    if (lo.grace_s <= 0)
+        lo.grace_s = 5;
+    l->ops = ops_of(o->launcher);
+    l->issuer_in = -1;
+    int en = proc_mkdirs(o->out_dir, true);
+    if (en) {
+        ddpd_error_set(err, DDPD_EIO, o->out_dir, "%s: cannot create: %s", o->out_dir, strerror(en));
+        goto fail;
+    }
+    char id_hex[512];
+    if (o->world_size > 1 && start_issuer(l, o, id_hex, sizeof id_hex, err) != 0)
+        goto fail;
+    /* Every rank's document: the caller's, with the rendezvous every rank joins. */
+    doc = json_deep_copy(o->doc);
+    if (!doc) {
+        ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory building the job document");
+        goto fail;
+    }
+    if (o->world_size > 1)
+        json_object_set_new(doc, "comm", json_pack("{s:s, s:s}", "backend", backend_name(o->doc), "id", id_hex));
+    l->run = l->ops->start(ctx_of(o->launcher), &lo, doc, &l->pgid, err);
+    json_decref(doc);
+    if (!l->run)
+        goto fail;
+    return l;
+fail:
+    launch_free(l);
+    return NULL;
+}
+
 bool launch_poll(struct launch *l, int timeout_ms)
 {
-    if (l->sr) {
-        if (!slurm_run_poll(l->sr, timeout_ms))
-            return false;
-        stop_issuer(l);
-        return true;
-    }
-    struct pollfd fds[l->n];
-    int map[l->n], nf = 0;
-    for (int r = 0; r < l->n; r++) {
-        if (l->ranks[r].out_fd >= 0) {
-            fds[nf].fd = l->ranks[r].out_fd;
-            fds[nf].events = POLLIN;
-            map[nf++] = r;
-        }
-    }
-    /* Exits are noticed by polling waitpid; keep the wait short while any process runs. */
-    int wait_ms = timeout_ms < 50 ? timeout_ms : 50;
-    if (nf)
-        poll(fds, (nfds_t)nf, wait_ms);
-    else if (wait_ms > 0)
-        usleep((useconds_t)wait_ms * 1000);
-    /* With timeout 0 the caller has polled already: read what is there. */
-    for (int i = 0; i < nf; i++)
-        if (fds[i].revents)
-            read_rank(l, map[i]);
-    reap(l);
-    if (l->kill_at && proc_now_mono() >= l->kill_at) {
-        signal_group(l, SIGKILL);
-        l->kill_at = proc_now_mono() + 3600; /* once */
-    }
-    for (int r = 0; r < l->n; r++)
-        if (!l->ranks[r].exited || l->ranks[r].out_fd >= 0)
-            return false;
+    if (!l->ops->poll(l->run, timeout_ms))
+        return false;
     stop_issuer(l);
     return true;
 }
 
-static void describe_exit(const struct launch *l, int st, char *out, size_t cap, int *code)
+int launch_fds(const struct launch *l, struct pollfd *fds, int cap) { return l->ops->fds(l->run, fds, cap); }
+
+void launch_cancel(struct launch *l)
 {
-    if (WIFEXITED(st)) {
-        *code = WEXITSTATUS(st);
-        snprintf(out, cap, "exited with code %d", *code);
-    } else if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && !l->sent_kill) {
-        /* A SIGKILL nobody here sent: on a host where the kernel log cannot be read, the
-         * out-of-memory killer is the likely sender; say so, with what the job needed. */
-        *code = 128 + SIGKILL;
-        if (l->need >= 0)
-            snprintf(
-                out, cap,
-                "killed by signal 9 (SIGKILL, not sent by ddpd: likely the out-of-memory killer; the job "
-                "needed about %.1f MiB per rank%s)",
-                (double)l->need / (1 << 20), l->need_with_data ? "" : " besides its data");
-        else
-            snprintf(out, cap,
-                     "killed by signal 9 (SIGKILL, not sent by ddpd: likely the out-of-memory killer)");
-    } else if (WIFSIGNALED(st)) {
-        *code = 128 + WTERMSIG(st);
-        snprintf(out, cap, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
-    } else {
-        *code = 1;
-        snprintf(out, cap, "ended with status %d", st);
-    }
+    if (l)
+        l->ops->cancel(l->run);
 }
 
-void launch_result(const struct launch *l, struct launch_result *res)
-{
-    if (l->sr) {
-        slurm_run_result(l->sr, res);
-        return;
-    }
-    memset(res, 0, sizeof *res);
-    res->ok = true;
-    res->rank = -1;
-    int r = l->failed_rank;
-    if (r < 0) {
-        /* No failure seen first-hand; a cancelled job's ranks may still have failed. */
-        for (int i = 0; i < l->n && r < 0; i++)
-            if (!(WIFEXITED(l->ranks[i].status) && WEXITSTATUS(l->ranks[i].status) == 0))
-                r = i;
-        if (r < 0)
-            return;
-    }
-    const struct rank_proc *p = &l->ranks[r];
-    char how[256];
-    res->ok = false;
-    res->rank = r;
-    describe_exit(l, p->status, how, sizeof how, &res->exit_code);
-    if (p->last_error[0])
-        snprintf(res->message, sizeof res->message, "%s", p->last_error);
-    else
-        snprintf(res->message, sizeof res->message, "rank %d %s without an error event (see %s/rank-%d.log)",
-                 r, how, l->o.out_dir, r);
-}
+void launch_result(const struct launch *l, struct launch_result *res) { l->ops->result(l->run, res); }
 
 pid_t launch_pgid(const struct launch *l) { return l->pgid; }
 
+pid_t launch_pid(const struct launch *l, int rank) { return l->ops->pid ? l->ops->pid(l->run, rank) : 0; }
+
+int launch_exit_code(const struct launch *l, int rank) { return l->ops->exit_code(l->run, rank); }
+
 bool launch_waiting(const struct launch *l, char *why, size_t cap)
 {
-    return l->sr && slurm_run_waiting(l->sr, why, cap);
+    return l->ops->waiting && l->ops->waiting(l->run, why, cap);
 }
 
 void launch_free(struct launch *l)
 {
     if (!l)
         return;
-    slurm_run_free(l->sr);
-    bool running = false;
-    for (int r = 0; r < l->n; r++)
-        running |= !l->ranks[r].exited;
-    if (running) {
-        signal_group(l, SIGKILL);
-        for (int r = 0; r < l->n; r++)
-            if (!l->ranks[r].exited)
-                waitpid(l->ranks[r].pid, &l->ranks[r].status, 0);
-    }
-    for (int r = 0; r < l->n; r++)
-        if (l->ranks[r].out_fd >= 0)
-            close(l->ranks[r].out_fd);
+    if (l->run)
+        l->ops->free(l->run);
     if (l->issuer && !l->issuer_exited)
         kill(l->issuer, SIGKILL);
     stop_issuer(l);
-    free(l->ranks);
     free(l);
 }
 
-pid_t launch_pid(const struct launch *l, int rank)
+/* ---- launchers ------------------------------------------------------------------------- */
+
+struct launcher *launch__new(const struct launch_ops *ops, void *ctx)
 {
-    return rank >= 0 && rank < l->n ? l->ranks[rank].pid : 0;
+    struct launcher *L = calloc(1, sizeof *L);
+    if (!L) {
+        if (ops->free_ctx)
+            ops->free_ctx(ctx);
+        return NULL;
+    }
+    L->ops = ops;
+    L->ctx = ctx;
+    return L;
 }
 
-int launch_fds(const struct launch *l, struct pollfd *fds, int cap)
+struct launcher *launcher_local_new(void) { return launch__new(&launch__local_ops, NULL); }
+
+void launcher_free(struct launcher *L)
 {
-    if (l->sr)
-        return slurm_run_fds(l->sr, fds, cap);
-    int n = 0;
-    for (int r = 0; r < l->n && n < cap; r++)
-        if (l->ranks[r].out_fd >= 0)
-            fds[n++] = (struct pollfd){.fd = l->ranks[r].out_fd, .events = POLLIN};
-    return n;
+    if (!L)
+        return;
+    if (L->ops->free_ctx)
+        L->ops->free_ctx(L->ctx);
+    free(L);
 }
 
-int launch_exit_code(const struct launch *l, int rank)
+const char *launcher_name(const struct launcher *L) { return ops_of(L)->name; }
+
+bool launcher_queues(const struct launcher *L) { return ops_of(L)->queues; }
+
+bool launcher_fits(const struct launcher *L, const struct sched *s, device_kind kind, int world, char *why,
+                   size_t cap)
 {
-    if (l->sr)
-        return slurm_run_exit_code(l->sr, rank);
-    if (rank < 0 || rank >= l->n || !l->ranks[rank].exited || !l->ranks[rank].pid)
-        return -1;
-    int code;
-    char how[256];
-    describe_exit(l, l->ranks[rank].status, how, sizeof how, &code);
-    return code;
+    return ops_of(L)->fits(ctx_of(L), s, kind, world, why, cap);
+}
+
+bool launcher_pending_reason(const struct launcher *L, const struct sched *s, int64_t job, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    return ops_of(L)->pending_reason(ctx_of(L), s, job, buf, cap);
+}
+
+json_t *launcher_devices_json(const struct launcher *L, const struct sched *s)
+{
+    return ops_of(L)->devices_json(ctx_of(L), s);
+}
+
+void launcher_recover_orphans(const struct launcher *L, const struct launch_orphan *o, size_t n)
+{
+    if (ops_of(L)->recover_orphans)
+        ops_of(L)->recover_orphans(ctx_of(L), o, n);
 }

@@ -1,8 +1,12 @@
-/* launch.h — starts one job attempt's processes and watches them: (later) the id issuer,
- * and one ddpd-worker per rank in one process group, each with its stdin document
- * (CONTRACT.md §5), its stdout read as NDJSON events and its stderr in OUT/rank-R.log.
- * The first rank that fails takes the group down (SIGTERM, SIGKILL after a grace
- * period). Shared by `ddpd run` and the server's supervisor; single-threaded. */
+/* launch.h — starts one job attempt's processes and watches them, through a launcher: a
+ * backend that runs the ranks (launch_local.c: child processes of this host; launch_slurm.c:
+ * the tasks of one srun) behind one table (launch_impl.h). launch.c keeps what every backend
+ * shares: the id issuer (`ddpd-worker --issue-id`, on this host, leading the attempt's
+ * process group) and the dispatch. Each rank gets its stdin document (CONTRACT.md §5), its
+ * stdout is read as NDJSON events and its stderr goes to OUT/rank-R.log; the first rank
+ * that fails takes the attempt down (SIGTERM, SIGKILL after a grace period).
+ * Shared by `ddpd run` and the server's supervisor; single-threaded, except the launcher
+ * policy functions, which are pure and take the caller's scheduler. */
 #ifndef DDPD_LAUNCH_H
 #define DDPD_LAUNCH_H
 
@@ -13,11 +17,14 @@
 #include <sys/types.h>
 
 #include "../schema/err.h"
+#include "../schema/spec.h"
 
 struct json_t;
-struct slurm_opts;
+struct sched;
+struct launcher;
 
 struct launch_opts {
+    const struct launcher *launcher; /* borrowed; NULL: launch_local, ranks as child processes */
     const char *worker;        /* path of ddpd-worker */
     int world_size;
     const char *out_dir;       /* created; rank logs go to OUT/rank-R.log */
@@ -26,17 +33,15 @@ struct launch_opts {
     bool die_with_parent;      /* workers get SIGKILL when this process dies (ddpd run) */
     const char *const *gpus;   /* cuda jobs: rank r sees only GPU gpus[r] (its CUDA_VISIBLE_DEVICES:
                                   a device number or UUID; borrowed, valid until launch_free);
-                                  NULL leaves the environment as it is */
+                                  NULL leaves the environment as it is. A launcher that places
+                                  the ranks itself (launcher_queues) ignores it. */
+    bool cuda;                 /* the job runs on GPUs (a cluster manager gives each rank one) */
+    int64_t job;               /* the job and attempt, for a cluster manager's job name; */
+    int attempt;               /* 0 for `ddpd run` */
     /* Called for every complete stdout line of a rank, in arrival order (line without
      * the newline, not NUL-terminated). May be NULL. */
     void (*on_line)(void *ctx, int rank, const char *line, size_t len);
     void *ctx;
-    /* The Slurm backend (slurm.h): NULL runs the ranks here as child processes; else one
-     * srun runs them as the tasks of Slurm job `slurm_name` (the issuer stays here), and
-     * `cuda` asks Slurm for one GPU per task. */
-    const struct slurm_opts *slurm;
-    const char *slurm_name;
-    bool cuda;
 };
 
 struct launch;
@@ -51,12 +56,18 @@ void launch_free(struct launch *l);
  * line has been delivered. */
 bool launch_poll(struct launch *l, int timeout_ms);
 
+/* Adds the file descriptors launch_poll reads (POLLIN) to fds[0..cap) and returns how
+ * many, so that one thread can wait on several launches at once and then call
+ * launch_poll(l, 0) on each. */
+int launch_fds(const struct launch *l, struct pollfd *fds, int cap);
+
 /* Asks every rank to stop (SIGTERM to the group; SIGKILL after the grace period). */
 void launch_cancel(struct launch *l);
 
 /* After launch_poll returned true: DDPD_OK when every rank exited 0; else the first rank
  * that failed, its exit code (128+signal when killed) and the message of its last
- * `error` event (or a description of how it died). */
+ * `error` event (or a description of how it died). rank -1: the cluster manager failed
+ * or ended the attempt, `message` says how. */
 struct launch_result {
     bool ok;
     int rank;
@@ -65,21 +76,52 @@ struct launch_result {
 };
 void launch_result(const struct launch *l, struct launch_result *r);
 
+/* The attempt's process group (led by the id issuer, or by the first process started). */
 pid_t launch_pgid(const struct launch *l);
-
-/* True while a cluster manager holds the attempt pending (Slurm's queue), with its reason
- * in `why`; always false for local processes. */
-bool launch_waiting(const struct launch *l, char *why, size_t cap);
-
-#endif
-
-/* The pid of rank r (0 before it started). */
+/* The pid of rank r on this host (0 before it started, or when it runs elsewhere). */
 pid_t launch_pid(const struct launch *l, int rank);
-
-/* Adds the file descriptors launch_poll reads (POLLIN) to fds[0..cap) and returns how
- * many, so that one thread can wait on several launches at once and then call
- * launch_poll(l, 0) on each. */
-int launch_fds(const struct launch *l, struct pollfd *fds, int cap);
-
 /* Rank r's exit code once it has exited (128+signal when killed), else -1. */
 int launch_exit_code(const struct launch *l, int rank);
+/* True while a cluster manager holds the attempt pending, with its reason in `why`;
+ * always false for local processes. */
+bool launch_waiting(const struct launch *l, char *why, size_t cap);
+
+/* ---- launchers: one per server, chosen at startup ---------------------------------------- */
+
+/* Ranks as child processes of this host, on the scheduler's slots. New reference; NULL
+ * when out of memory. */
+struct launcher *launcher_local_new(void);
+/* Releases a launcher (after every launch of it is freed). NULL is a no-op. */
+void launcher_free(struct launcher *L);
+/* The launcher's name, as `GET /v1/devices` and the logs say it ("local", "slurm"). */
+const char *launcher_name(const struct launcher *L);
+
+/* Whether the launcher keeps a queue of its own and places the ranks itself (a cluster
+ * manager): then the server counts no slots (every job starts as soon as it is queued)
+ * and a started attempt stays `queued` while launch_waiting says so. */
+bool launcher_queues(const struct launcher *L);
+/* False with `why` when a job of `world` ranks on `kind` can never run (`s`: the
+ * server's slots, borrowed for the call). */
+bool launcher_fits(const struct launcher *L, const struct sched *s, device_kind kind, int world, char *why,
+                   size_t cap);
+/* Why queued job `job` waits now, when the server's scheduler holds it (true with `buf`);
+ * false when the launcher's own reasons are stored instead. */
+bool launcher_pending_reason(const struct launcher *L, const struct sched *s, int64_t job, char *buf,
+                             size_t cap);
+/* GET /v1/devices: {"gpus":[{"index":0,"job":7|null,"device":"2"},...],"cpu_slots":[...]}
+ * (a cluster manager's: empty lists and "launcher"). A new reference. */
+struct json_t *launcher_devices_json(const struct launcher *L, const struct sched *s);
+
+/* A rank an earlier server started and recorded (store_rank), perhaps still running. */
+struct launch_orphan {
+    int64_t job;
+    int rank;
+    int64_t pid;
+    uint64_t start_time; /* proc_start_time when it started; 0 unknown */
+};
+/* After a server restart: ends what an earlier server's attempts left running (the
+ * ranks in o[0..n), or whatever the cluster manager still runs under this server's
+ * names). Blocks a few seconds at most. */
+void launcher_recover_orphans(const struct launcher *L, const struct launch_orphan *o, size_t n);
+
+#endif

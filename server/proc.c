@@ -1,12 +1,14 @@
 /* proc.c — see proc.h. */
 #include "proc.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -111,4 +113,62 @@ int proc_mkdirs(const char *path, bool whole)
     if (whole && mkdir(buf, 0700) != 0 && errno != EEXIST)
         return errno;
     return 0;
+}
+
+uint64_t proc_start_time(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    if (!p)
+        return 0;
+    unsigned long long v = 0;
+    int field = 2;
+    char *save = NULL;
+    for (char *t = strtok_r(p + 1, " ", &save); t; t = strtok_r(NULL, " ", &save))
+        if (++field == 22) {
+            v = strtoull(t, NULL, 10);
+            break;
+        }
+    return v;
+}
+
+bool proc_kill_if_same(pid_t pid, uint64_t start_time)
+{
+    if (pid <= 0 || start_time == 0 || proc_start_time(pid) != start_time)
+        return false;
+    pid_t pg = getpgid(pid);
+    if (pg > 1 && pg != getpgid(0))
+        kill(-pg, SIGKILL);
+    kill(pid, SIGKILL);
+    return true;
+}
+
+void proc_remove_tree(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                continue;
+            char sub[PATH_MAX];
+            if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) < (int)sizeof sub)
+                proc_remove_tree(sub);
+        }
+        if (d)
+            closedir(d);
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
 }

@@ -1,11 +1,13 @@
-/* proc.h — small helpers the server's process and file code shares (launch.c, plan.c,
- * slurm.c, store.c): starting a child program, a monotonic clock for deadlines, a write
- * that finishes, and folders made with their parents. */
+/* proc.h — small helpers the server's process and file code shares (the launchers, plan.c,
+ * super.c, store.c): starting a child program, telling a process from a later one with
+ * its pid and killing what an earlier server left, a monotonic clock for deadlines, a
+ * write that finishes, and folders made with their parents or removed with their files. */
 #ifndef DDPD_PROC_H
 #define DDPD_PROC_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /* How proc_spawn starts a child. */
@@ -40,5 +42,15 @@ int proc_write_all(int fd, const void *p, size_t n);
  * users' data): its parents, and `path` itself when
  * `whole`. 0, or an errno value (ENAMETOOLONG past PATH_MAX). */
 int proc_mkdirs(const char *path, bool whole);
+
+/* When process `pid` started (/proc/PID/stat field 22, clock ticks after boot): with the
+ * pid it names one process, not a later one that reuses the number. 0 when it is gone. */
+uint64_t proc_start_time(pid_t pid);
+/* Kills (SIGKILL) process `pid` and its process group (unless that is the caller's) when
+ * it is still the process that started at `start_time`. True when it was. */
+bool proc_kill_if_same(pid_t pid, uint64_t start_time);
+
+/* rm -r of `path`: its own files only, no link is followed. Errors are ignored. */
+void proc_remove_tree(const char *path);
 
 #endif

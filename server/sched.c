@@ -21,6 +21,7 @@ struct kind_state {
 
 struct sched {
     struct kind_state k[2]; /* DEVICE_CPU, DEVICE_CUDA */
+    char (*gpu_ids)[SCHED_GPU_ID_MAX]; /* [k[DEVICE_CUDA].nslots]: each GPU slot's device */
 };
 
 static const char *kind_word(device_kind k) { return k == DEVICE_CUDA ? "GPU" : "CPU slot"; }
@@ -39,7 +40,25 @@ struct sched *sched_new(int gpus, int cpu_slots)
             return NULL;
         }
     }
+    int g = s->k[DEVICE_CUDA].nslots;
+    if (!(s->gpu_ids = calloc((size_t)g + 1, sizeof *s->gpu_ids))) {
+        sched_free(s);
+        return NULL;
+    }
+    for (int i = 0; i < g; i++)
+        snprintf(s->gpu_ids[i], sizeof s->gpu_ids[i], "%d", i);
     return s;
+}
+
+void sched_name_gpus(struct sched *s, const char (*ids)[SCHED_GPU_ID_MAX])
+{
+    for (int i = 0; ids && i < s->k[DEVICE_CUDA].nslots; i++)
+        snprintf(s->gpu_ids[i], sizeof s->gpu_ids[i], "%s", ids[i]);
+}
+
+const char *sched_gpu_device(const struct sched *s, int i)
+{
+    return i >= 0 && i < s->k[DEVICE_CUDA].nslots ? s->gpu_ids[i] : NULL;
 }
 
 void sched_free(struct sched *s)
@@ -50,6 +69,7 @@ void sched_free(struct sched *s)
         free(s->k[i].holder);
         free(s->k[i].q);
     }
+    free(s->gpu_ids);
     free(s);
 }
 
@@ -176,4 +196,50 @@ void sched_pending_reason(const struct sched *s, int64_t job, char *buf, size_t 
 int64_t sched_slot_holder(const struct sched *s, device_kind kind, int i)
 {
     return i >= 0 && i < s->k[kind].nslots ? s->k[kind].holder[i] : 0;
+}
+
+int sched_gpu_ids(const char *arg, int found, const char *visible,
+                  char (*ids)[SCHED_GPU_ID_MAX], int cap, char *why, size_t whycap)
+{
+    int n = 0;
+    if (!strcmp(arg, "none"))
+        return 0;
+    if (!strcmp(arg, "auto")) {
+        /* CUDA numbers the devices it sees in the order CUDA_VISIBLE_DEVICES lists them. */
+        const char *v = visible;
+        for (; n < found && n < cap; n++) {
+            size_t len = v ? strcspn(v, ",") : 0;
+            if (len && len < SCHED_GPU_ID_MAX)
+                snprintf(ids[n], SCHED_GPU_ID_MAX, "%.*s", (int)len, v);
+            else
+                snprintf(ids[n], SCHED_GPU_ID_MAX, "%d", n);
+            v = v && v[len] == ',' ? v + len + 1 : NULL;
+        }
+        return n;
+    }
+    for (const char *p = arg;; n++) {
+        size_t len = strcspn(p, ",");
+        bool ok = len > 0 && len < SCHED_GPU_ID_MAX;
+        for (size_t i = 0; ok && i < len; i++)
+            ok = (p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'z') ||
+                 (p[i] >= 'A' && p[i] <= 'Z') || p[i] == '-' || p[i] == '/';
+        if (!ok) {
+            snprintf(why, whycap, "--gpus: '%.*s' is not a GPU (auto, none, or device numbers or "
+                                  "UUIDs as CUDA_VISIBLE_DEVICES takes them: 0,1)", (int)(len > 64 ? 64 : len), p);
+            return -1;
+        }
+        if (n == cap) {
+            snprintf(why, whycap, "--gpus: more than %d GPUs", cap);
+            return -1;
+        }
+        snprintf(ids[n], SCHED_GPU_ID_MAX, "%.*s", (int)len, p);
+        for (int j = 0; j < n; j++)
+            if (!strcmp(ids[j], ids[n])) {
+                snprintf(why, whycap, "--gpus: GPU %s is listed twice", ids[n]);
+                return -1;
+            }
+        if (!p[len])
+            return n + 1;
+        p += len + 1;
+    }
 }

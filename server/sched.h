@@ -12,11 +12,28 @@
 #include "../schema/spec.h"
 
 #define SCHED_MAX_SLOTS 1024
+#define SCHED_GPU_ID_MAX 64 /* one CUDA_VISIBLE_DEVICES entry, NUL included */
+
+/* The GPU slots of `ddpd serve --gpus ARG`, in slot order, as what each rank's
+ * CUDA_VISIBLE_DEVICES must say: "none" is no GPU; "N,M,..." names the devices
+ * (numbers or UUIDs, as CUDA_VISIBLE_DEVICES takes them), so `--gpus 2,3` puts slot 0 on
+ * GPU 2; "auto" is the `found` devices `ddpd-worker --devices` listed, which it numbered
+ * among the server's own CUDA_VISIBLE_DEVICES (`visible`, NULL when unset): device i is
+ * the i-th entry of that list, or "i" without one. Fills ids[0..n) and returns n, or -1
+ * with `why` for a malformed list, a repeated device or more than `cap`. */
+int sched_gpu_ids(const char *arg, int found, const char *visible,
+                  char (*ids)[SCHED_GPU_ID_MAX], int cap, char *why, size_t whycap);
 
 struct sched;
 
-/* `gpus` CUDA devices (indices 0..gpus-1) and `cpu_slots` CPU slots. */
+/* `gpus` CUDA devices (indices 0..gpus-1) and `cpu_slots` CPU slots. GPU slot i is
+ * device "i" until sched_name_gpus names it. */
 struct sched *sched_new(int gpus, int cpu_slots);
+/* Names the GPU slots: slot i is device ids[i] (sched_gpu_ids; one entry per GPU slot). */
+void sched_name_gpus(struct sched *s, const char (*ids)[SCHED_GPU_ID_MAX]);
+/* GPU slot i's device, as its rank's CUDA_VISIBLE_DEVICES names it; borrowed, valid until
+ * sched_free. NULL past the GPU slots. */
+const char *sched_gpu_device(const struct sched *s, int i);
 void sched_free(struct sched *s);
 
 int sched_slots(const struct sched *s, device_kind kind);

@@ -31,7 +31,8 @@
 #include "hub.h"
 #include "proc.h"
 #include "sched.h"
-#include "slurm.h"
+#include "launch.h"
+#include "launch_slurm.h"
 #include "store.h"
 #include "super.h"
 
@@ -368,9 +369,9 @@ int serve_main(int argc, char **argv, const char *self_dir)
         /* None: the dashboard's routes answer 404 and the API works as ever. */
     }
     /* Slot i of the scheduler is the device gpu_ids[i] (--gpus 2,3: slot 0 is GPU 2). */
-    static char gpu_ids[SCHED_MAX_SLOTS][SUPER_GPU_ID_MAX];
+    static char gpu_ids[SCHED_MAX_SLOTS][SCHED_GPU_ID_MAX];
     char gpus_why[256];
-    int gpus = super_gpu_ids(gpus_arg, strcmp(gpus_arg, "auto") ? 0 : count_gpus(worker),
+    int gpus = sched_gpu_ids(gpus_arg, strcmp(gpus_arg, "auto") ? 0 : count_gpus(worker),
                              getenv("CUDA_VISIBLE_DEVICES"), gpu_ids, SCHED_MAX_SLOTS, gpus_why,
                              sizeof gpus_why);
     if (gpus < 0) {
@@ -410,6 +411,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
     struct store *store = NULL;
     struct hub *hub = NULL;
     struct super *super = NULL;
+    struct launcher *launcher = NULL;
     struct http_server *http = NULL;
     struct api *api = NULL;
     struct store_lock *lock = NULL;
@@ -444,9 +446,14 @@ int serve_main(int argc, char **argv, const char *self_dir)
         max_rank_memory =
             slurm || pages <= 0 || page <= 0 ? 0 : (int64_t)pages * page / (slots > 0 ? slots : 1);
     }
+    launcher = slurm ? launcher_slurm_new(&so_slurm) : launcher_local_new();
+    if (!launcher) {
+        fprintf(stderr, "ddpd serve: out of memory\n");
+        goto out;
+    }
     struct super_opts so = {.worker = worker, .data_dir = data_abs, .jobs_dir = jobs_abs, .gpus = gpus,
-                            .gpu_ids = (const char (*)[SUPER_GPU_ID_MAX])gpu_ids,
-                            .slurm = slurm ? &so_slurm : NULL,
+                            .gpu_ids = (const char (*)[SCHED_GPU_ID_MAX])gpu_ids,
+                            .launcher = launcher,
                             .cpu_slots = (int)cpu_slots, .store = store, .hub = hub, .grace_s = 5,
                             .finish_on_shutdown = finish, .job_disk_quota = job_disk_quota,
                             .max_rank_memory = max_rank_memory};
@@ -491,6 +498,7 @@ out:
     http_server_free(http);
     api_free(api);
     super_stop(super);
+    launcher_free(launcher);
     if (hub)
         hub_close_all(hub, "server shutting down");
     hub_free(hub);

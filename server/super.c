@@ -8,7 +8,6 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
-#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -22,24 +21,28 @@
 
 #include "../schema/event.h"
 #include "../schema/jobdir.h"
+#include "evpipe.h"
 #include "hub.h"
+#include "idmap.h"
 #include "launch.h"
 #include "proc.h"
 #include "sched.h"
-#include "slurm.h"
 #include "store.h"
 
 #define POLL_MS 50
 #define RANK_EXIT_CANCELLED 5 /* a worker's exit code for a cancel (CONTRACT.md §6) */
 #define MAX_FDS 4096
-/* The ends the store did not take are tried again once a second, but only until one
- * try fails: the others wait for the next second. A disk that stays full costs one try
- * (a few transactions) a second however many ends wait, and an end is stored within about
- * a second of the disk having room. At most UNSAVED_PER_TURN ends are stored per turn. */
-#define UNSAVED_RETRY_S 1.0
-#define UNSAVED_PER_TURN 16
 
-enum cmd_kind { CMD_SUBMIT, CMD_CANCEL };
+enum cmd_kind { CMD_SUBMIT, CMD_CANCEL, CMD_DELETE };
+
+/* A command whose caller waits for its answer (CMD_DELETE): on the caller's stack; the
+ * supervisor sets `done` under the lock and signals `cv`. */
+struct answer {
+    pthread_cond_t cv;
+    bool done;
+    ddpd_err rc;
+    struct ddpd_error *err;
+};
 
 struct cmd {
     enum cmd_kind kind;
@@ -48,6 +51,7 @@ struct cmd {
     int world_size, max_restarts;
     device_kind device;
     double created_at; /* with spec_text: the store has its queued event (seq 1) */
+    struct answer *answer; /* CMD_DELETE: borrowed from the waiting caller */
     struct cmd *next;
 };
 
@@ -86,33 +90,11 @@ struct super {
     pthread_mutex_t lock; /* cmds, sched, stopping */
     struct cmd *head, *tail;
     struct sched *sched;
-    char (*gpu_plain)[SUPER_GPU_ID_MAX]; /* o.gpu_ids when the options had none: "i" */
     bool stopping;
     struct active *jobs; /* supervisor thread only */
     struct active *launched; /* the jobs with a launch, linked by lnext */
-    struct active **index; /* jobs by id: open addressing, linear probing */
-    size_t index_cap, index_n;
-    struct pending *pending, **pending_tail; /* stored, not yet published */
-    struct unsaved *unsaved; /* finished jobs whose end the store has not taken yet */
-};
-
-/* A finished job whose end the store could not take (a full disk, an I/O error): its
- * final state event, its ranks' exit codes, then its attempt's end and its row, are
- * tried again every second until they are stored, so that the job does not stay
- * `running` in the store, its final event missing, for as long as this server runs. */
-struct unsaved {
-    int64_t job;
-    int attempt, restarts;
-    job_state state;
-    char *error;      /* NULL for none */
-    struct event ev;  /* the final state event */
-    struct store_rank *ranks; /* the ranks' end rows, when !ranks_saved */
-    int nranks;
-    bool event_saved; /* committed */
-    bool row_saved;   /* the row and the attempt's end */
-    bool ranks_saved;
-    double next_try;
-    struct unsaved *next;
+    struct idmap *index; /* jobs by id */
+    struct evpipe *pipe; /* events: stored, committed, then published */
 };
 
 static double now_s(void)
@@ -131,41 +113,6 @@ static void wake(struct super *s)
 
 /* ---- events and states -------------------------------------------------------------- */
 
-/* An event stored but not yet published: clients see an event only once it is
- * committed, so that whatever a client saw survives a crash of the server. */
-struct pending {
-    struct event ev;
-    size_t len;
-    struct pending *next;
-    char body[];
-};
-
-/* Numbers one event of a job and queues it for the store; drain() publishes it after
- * the commit. The store comes first also so that a stream that attaches to the hub
- * later finds every earlier event in the store. */
-/* Queues `ev` (server fields set) for the hub, after the next commit; it is stored
- * already when `stored`, else appended to the store now. */
-static void publish_ev(struct super *s, const struct event *ev, bool stored)
-{
-    char body[EVENT_LINE_MAX];
-    int n = event_encode(ev, body, sizeof body);
-    if (n < 0)
-        return;
-    struct ddpd_error err;
-    if (!stored && store_event_append(s->o.store, ev, body, (size_t)n, &err) != DDPD_OK)
-        fprintf(stderr, "ddpd: job %" PRId64 ": event %" PRId64 " not stored: %s\n", ev->job, ev->seq,
-                err.message);
-    struct pending *p = malloc(sizeof *p + (size_t)n + 1);
-    if (!p)
-        return;
-    p->ev = *ev;
-    p->len = (size_t)n;
-    memcpy(p->body, body, (size_t)n + 1);
-    p->next = NULL;
-    *s->pending_tail = p;
-    s->pending_tail = &p->next;
-}
-
 static void publish(struct super *s, struct active *a, struct event *ev)
 {
     ev->has_server_fields = true;
@@ -174,147 +121,7 @@ static void publish(struct super *s, struct active *a, struct event *ev)
     ev->seq = a->next_seq++;
     if (ev->ts == 0)
         ev->ts = now_s();
-    publish_ev(s, ev, false);
-}
-
-/* ---- ends the store did not take ------------------------------------------------------- */
-
-/* The record of `ev`'s job, made when there is none (with every part saved until the
- * caller says which is not). */
-static struct unsaved *unsaved_of(struct super *s, const struct event *ev)
-{
-    for (struct unsaved *u = s->unsaved; u; u = u->next)
-        if (u->job == ev->job)
-            return u;
-    struct unsaved *u = calloc(1, sizeof *u);
-    if (!u)
-        return NULL;
-    u->job = ev->job;
-    u->attempt = ev->attempt;
-    if (!job_state_parse(ev->state, &u->state))
-        u->state = JOB_STATE_FAILED;
-    u->ev = *ev;
-    u->event_saved = u->row_saved = u->ranks_saved = true;
-    u->next_try = now_s() + UNSAVED_RETRY_S;
-    u->next = s->unsaved;
-    s->unsaved = u;
-    return u;
-}
-
-/* Whether `u`'s final event is committed (call store_flush first). */
-static bool unsaved_event_in_store(struct super *s, const struct unsaved *u)
-{
-    int64_t seq = 0;
-    return store_event_max_seq(s->o.store, u->job, &seq, NULL) == DDPD_OK && seq >= u->ev.seq;
-}
-
-static void unsaved_free(struct unsaved *u)
-{
-    free(u->ranks);
-    free(u->error);
-    free(u);
-}
-
-/* Whether job `job` is gone from the store (deleted by a client): then nothing of its
- * end is to be stored any more. A read that fails otherwise says no. */
-static bool job_deleted(struct super *s, int64_t job)
-{
-    struct store_job j;
-    ddpd_err e = store_job_get(s->o.store, job, &j, NULL);
-    store_job_clear(&j);
-    return e == DDPD_ENOTFOUND;
-}
-
-/* Tries again what is due (everything when `all`): the event first, then the attempt's
- * end and the row, so that a row that says final finds its final event stored. An end
- * whose job was deleted meanwhile is dropped. After a try that fails, the others wait
- * (UNSAVED_RETRY_S). */
-static void retry_unsaved(struct super *s, bool all)
-{
-    double now = now_s();
-    int tried = 0;
-    bool failed = false;
-    for (struct unsaved **pp = &s->unsaved, *u; (u = *pp);) {
-        if (!all && (now < u->next_try || failed || tried == UNSAVED_PER_TURN)) {
-            pp = &u->next;
-            continue;
-        }
-        tried++;
-        if (job_deleted(s, u->job)) {
-            fprintf(stderr, "ddpd: job %" PRId64 ": deleted before its end (%s) could be stored; no longer "
-                    "retried\n", u->job, job_state_name(u->state));
-            *pp = u->next;
-            unsaved_free(u);
-            continue;
-        }
-        u->next_try = now + UNSAVED_RETRY_S;
-        if (!u->event_saved) {
-            char body[EVENT_LINE_MAX];
-            int n = event_encode(&u->ev, body, sizeof body);
-            store_flush(s->o.store, NULL);
-            u->event_saved = unsaved_event_in_store(s, u) ||
-                             (n >= 0 && store_event_append(s->o.store, &u->ev, body, (size_t)n, NULL) == DDPD_OK &&
-                              store_flush(s->o.store, NULL) == DDPD_OK && unsaved_event_in_store(s, u));
-        }
-        if (!u->ranks_saved) {
-            bool ok = true;
-            for (int r = 0; ok && r < u->nranks; r++)
-                ok = store_rank_put(s->o.store, u->job, &u->ranks[r], NULL) == DDPD_OK;
-            u->ranks_saved = ok;
-        }
-        if (u->event_saved && !u->row_saved) {
-            /* The attempt too: a restart's own update may have met the same full disk. */
-            struct store_job_update up = {.fields = STORE_SET_STATE | STORE_SET_RESTARTS | STORE_SET_PENDING |
-                                                    STORE_SET_ATTEMPT,
-                                          .state = u->state,
-                                          .attempt = u->attempt,
-                                          .restarts = u->restarts,
-                                          .pending_reason = ""};
-            if (u->error) {
-                up.fields |= STORE_SET_ERROR;
-                up.error = u->error;
-            }
-            ddpd_err ae = store_attempt_end(s->o.store, u->job, u->attempt, job_state_name(u->state), NULL);
-            u->row_saved = (ae == DDPD_OK || ae == DDPD_ENOTFOUND) &&
-                           store_job_update(s->o.store, u->job, &up, NULL, NULL) == DDPD_OK;
-        }
-        if (u->event_saved && u->row_saved && u->ranks_saved) {
-            fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) is stored now\n", u->job, job_state_name(u->state));
-            *pp = u->next;
-            unsaved_free(u);
-        } else {
-            failed = true;
-            pp = &u->next;
-        }
-    }
-    for (struct unsaved *u = s->unsaved; failed && u; u = u->next)
-        u->next_try = fmax(u->next_try, now + UNSAVED_RETRY_S);
-}
-
-/* Commits what publish() queued (one transaction for everything that arrived in this
- * turn of the loop), then hands it to the hub for the live streams. */
-static void drain(struct super *s)
-{
-    if (!s->pending)
-        return;
-    bool failed = store_flush(s->o.store, NULL) != DDPD_OK;
-    for (struct pending *p = s->pending, *n; p; p = n) {
-        n = p->next;
-        if (failed && hub_event_is_final(&p->ev)) { /* dropped with its batch? */
-            struct unsaved *u = unsaved_of(s, &p->ev);
-            if (u && !unsaved_event_in_store(s, u)) {
-                u->event_saved = false;
-                u->ev = p->ev;
-                fprintf(stderr, "ddpd: job %" PRId64 ": its final event is not stored; trying again every %.0f s\n",
-                        p->ev.job, UNSAVED_RETRY_S);
-            }
-        }
-        /* Published all the same: a stream must end when its job does. */
-        hub_publish(s->o.hub, &p->ev, p->body, p->len);
-        free(p);
-    }
-    s->pending = NULL;
-    s->pending_tail = &s->pending;
+    evpipe_add(s->pipe, ev, false);
 }
 
 /* The state event is appended before the job row changes: a stream that finds the row
@@ -403,64 +210,7 @@ static bool set_pending(struct active *a, const char *why)
 /* The table is a list (for walking every job) and an index by id (thousands of jobs can
  * wait in the queue, and every submission and event looks one up). */
 
-static size_t index_home(int64_t job, size_t cap) { return (size_t)((uint64_t)job * 0x9E3779B97F4A7C15ull >> 17) & (cap - 1); }
-
-static struct active *find(struct super *s, int64_t job)
-{
-    if (!s->index_cap)
-        return NULL;
-    for (size_t i = index_home(job, s->index_cap);; i = (i + 1) & (s->index_cap - 1)) {
-        struct active *a = s->index[i];
-        if (!a || a->job == job)
-            return a;
-    }
-}
-
-static void index_put(struct active **index, size_t cap, struct active *a)
-{
-    size_t i = index_home(a->job, cap);
-    while (index[i])
-        i = (i + 1) & (cap - 1);
-    index[i] = a;
-}
-
-/* Keeps the index at most half full. Out of memory: aborts, like every allocation the
- * supervisor cannot do without. */
-static void index_add(struct super *s, struct active *a)
-{
-    if (2 * (s->index_n + 1) > s->index_cap) {
-        size_t cap = s->index_cap ? 2 * s->index_cap : 256;
-        struct active **ix = calloc(cap, sizeof *ix);
-        if (!ix)
-            abort();
-        for (size_t i = 0; i < s->index_cap; i++)
-            if (s->index[i])
-                index_put(ix, cap, s->index[i]);
-        free(s->index);
-        s->index = ix;
-        s->index_cap = cap;
-    }
-    index_put(s->index, s->index_cap, a);
-    s->index_n++;
-}
-
-/* Removes with backward shift: later entries of the probe run move up into the hole. */
-static void index_del(struct super *s, const struct active *a)
-{
-    size_t mask = s->index_cap - 1, i = index_home(a->job, s->index_cap);
-    while (s->index[i] != a)
-        i = (i + 1) & mask;
-    for (size_t j = (i + 1) & mask; s->index[j]; j = (j + 1) & mask) {
-        size_t h = index_home(s->index[j]->job, s->index_cap);
-        /* Entry j may fill hole i when its home is not in (i, j] (cyclically). */
-        if (((j - h) & mask) >= ((j - i) & mask)) {
-            s->index[i] = s->index[j];
-            i = j;
-        }
-    }
-    s->index[i] = NULL;
-    s->index_n--;
-}
+static struct active *find(struct super *s, int64_t job) { return idmap_get(s->index, job); }
 
 static void link_job(struct super *s, struct active *a)
 {
@@ -469,7 +219,7 @@ static void link_job(struct super *s, struct active *a)
     if (s->jobs)
         s->jobs->prev = a;
     s->jobs = a;
-    index_add(s, a);
+    idmap_put(s->index, a->job, a);
 }
 
 /* Sets (or with NULL ends and frees) the job's launch, keeping the list of launched
@@ -532,7 +282,7 @@ static void drop(struct super *s, struct active *a)
         s->jobs = a->next;
     if (a->next)
         a->next->prev = a->prev;
-    index_del(s, a);
+    idmap_del(s->index, a->job);
     free_active(a);
 }
 
@@ -603,30 +353,6 @@ bool super_latest_checkpoint(const char *out_dir, char *path, size_t cap)
     return snprintf(path, cap, "%s/ckpt-%lld", out_dir, best) < (int)cap;
 }
 
-/* /proc/PID/stat field 22: when the process started, in clock ticks after boot. */
-static uint64_t proc_start_time(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
-    if (!p)
-        return 0;
-    unsigned long long v = 0;
-    int field = 2;
-    for (char *t = strtok(p + 1, " "); t; t = strtok(NULL, " "))
-        if (++field == 22) {
-            v = strtoull(t, NULL, 10);
-            break;
-        }
-    return v;
-}
-
 static void on_line(void *ctx, int rank, const char *line, size_t len)
 {
     struct active *a = ctx;
@@ -647,7 +373,7 @@ static void on_line(void *ctx, int rank, const char *line, size_t len)
         r.start_time = proc_start_time((pid_t)r.pid);
         snprintf(r.state, sizeof r.state, "running");
         store_rank_put(s->o.store, a->job, &r, NULL);
-        if (a->state == JOB_STATE_QUEUED) /* Slurm started it before squeue said so */
+        if (a->state == JOB_STATE_QUEUED) /* the launcher started it before it said so */
             set_state(s, a, JOB_STATE_STARTING, NULL);
         if (a->state == JOB_STATE_STARTING)
             set_state(s, a, JOB_STATE_RUNNING, NULL);
@@ -663,54 +389,8 @@ static const char *const *gpus_of_slots(struct super *s, struct active *a)
     if (!a->gpu && !(a->gpu = calloc((size_t)a->world_size, sizeof *a->gpu)))
         return NULL;
     for (int r = 0; r < a->world_size; r++)
-        a->gpu[r] = s->o.gpu_ids[a->slots[r]];
+        a->gpu[r] = sched_gpu_device(s->sched, a->slots[r]);
     return a->gpu;
-}
-
-int super_gpu_ids(const char *arg, int found, const char *visible,
-                  char (*ids)[SUPER_GPU_ID_MAX], int cap, char *why, size_t whycap)
-{
-    int n = 0;
-    if (!strcmp(arg, "none"))
-        return 0;
-    if (!strcmp(arg, "auto")) {
-        /* CUDA numbers the devices it sees in the order CUDA_VISIBLE_DEVICES lists them. */
-        const char *v = visible;
-        for (; n < found && n < cap; n++) {
-            size_t len = v ? strcspn(v, ",") : 0;
-            if (len && len < SUPER_GPU_ID_MAX)
-                snprintf(ids[n], SUPER_GPU_ID_MAX, "%.*s", (int)len, v);
-            else
-                snprintf(ids[n], SUPER_GPU_ID_MAX, "%d", n);
-            v = v && v[len] == ',' ? v + len + 1 : NULL;
-        }
-        return n;
-    }
-    for (const char *p = arg;; n++) {
-        size_t len = strcspn(p, ",");
-        bool ok = len > 0 && len < SUPER_GPU_ID_MAX;
-        for (size_t i = 0; ok && i < len; i++)
-            ok = (p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'z') ||
-                 (p[i] >= 'A' && p[i] <= 'Z') || p[i] == '-' || p[i] == '/';
-        if (!ok) {
-            snprintf(why, whycap, "--gpus: '%.*s' is not a GPU (auto, none, or device numbers or "
-                                  "UUIDs as CUDA_VISIBLE_DEVICES takes them: 0,1)", (int)(len > 64 ? 64 : len), p);
-            return -1;
-        }
-        if (n == cap) {
-            snprintf(why, whycap, "--gpus: more than %d GPUs", cap);
-            return -1;
-        }
-        snprintf(ids[n], SUPER_GPU_ID_MAX, "%.*s", (int)len, p);
-        for (int j = 0; j < n; j++)
-            if (!strcmp(ids[j], ids[n])) {
-                snprintf(why, whycap, "--gpus: GPU %s is listed twice", ids[n]);
-                return -1;
-            }
-        if (!p[len])
-            return n + 1;
-        p += len + 1;
-    }
 }
 
 static void start(struct super *s, struct active *a, bool restart, const char *why)
@@ -740,26 +420,23 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         .doc = doc,
         .grace_s = s->o.grace_s,
         .die_with_parent = true,
-        .gpus = a->device == DEVICE_CUDA && !s->o.slurm ? gpus_of_slots(s, a) : NULL,
+        .gpus = a->device == DEVICE_CUDA ? gpus_of_slots(s, a) : NULL,
+        .cuda = a->device == DEVICE_CUDA,
+        .job = a->job,
+        .attempt = a->attempt,
         .on_line = on_line,
         .ctx = a,
-        .slurm = s->o.slurm,
-        .cuda = a->device == DEVICE_CUDA,
+        .launcher = s->o.launcher,
     };
-    char slurm_name[256];
-    if (s->o.slurm) {
-        slurm_job_name(s->o.slurm, (long long)a->job, a->attempt, slurm_name, sizeof slurm_name);
-        lo.slurm_name = slurm_name;
-    }
     store_attempt_begin(s->o.store, a->job, a->attempt, NULL, NULL);
-    /* Under Slurm the job stays queued (with Slurm's pending reason) until Slurm starts
-     * it: see slurm_waiting(). */
-    if (!s->o.slurm) {
+    /* A launcher with a queue of its own keeps the job queued (with its pending reason)
+     * until it starts it: see launcher_waiting(). */
+    if (!launcher_queues(s->o.launcher)) {
         set_state_restart(s, a, JOB_STATE_STARTING, restart ? why : NULL, a->attempt - 1);
     } else {
         if (restart)
             set_state_restart(s, a, JOB_STATE_QUEUED, why, a->attempt - 1);
-        /* The attempt has begun (its Slurm job name and attempts row are taken). */
+        /* The attempt has begun (its name in the launcher's queue and attempts row are taken). */
         struct store_job_update u = {.fields = STORE_SET_ATTEMPT, .attempt = a->attempt};
         store_job_update(s->o.store, a->job, &u, NULL, NULL);
     }
@@ -798,23 +475,9 @@ static void finish(struct super *s, struct active *a, job_state st, const char *
     if (!set_state_ev(s, a, st, error, &ev))
         saved = false;
     if (!saved || a->unsaved_ranks) {
-        struct unsaved *u = unsaved_of(s, &ev);
-        if (u) {
-            u->row_saved = saved;
-            u->restarts = a->restarts;
-            free(u->error);
-            u->error = error ? strdup(error) : NULL;
-            if (a->unsaved_ranks) {
-                free(u->ranks);
-                u->ranks = a->unsaved_ranks;
-                u->nranks = a->n_unsaved_ranks;
-                u->ranks_saved = false;
-                a->unsaved_ranks = NULL;
-                a->n_unsaved_ranks = 0;
-            }
-            fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) is not stored; trying again every %.0f s\n",
-                    a->job, job_state_name(st), UNSAVED_RETRY_S);
-        }
+        evpipe_end_unsaved(s->pipe, &ev, saved, a->restarts, error, a->unsaved_ranks, a->n_unsaved_ranks);
+        a->unsaved_ranks = NULL;
+        a->n_unsaved_ranks = 0;
     }
     drop(s, a);
 }
@@ -929,7 +592,7 @@ static void submit(struct super *s, struct cmd *c)
         struct event ev;
         store_job_queued_event(job, c->created_at, &ev);
         a->next_seq = ev.seq + 1;
-        publish_ev(s, &ev, true);
+        evpipe_add(s->pipe, &ev, true);
     } else {
         set_state(s, a, JOB_STATE_QUEUED, NULL);
     }
@@ -998,9 +661,9 @@ static void check_quotas(struct super *s)
     }
 }
 
-/* Jobs handed to Slurm but not started by it yet: queued with Slurm's reason; starting
- * once Slurm has allocated them. */
-static void slurm_waiting(struct super *s)
+/* Jobs handed to a launcher that queues (Slurm) but not started by it yet: queued with
+ * its reason; starting once it has placed them. Local jobs are never queued with a launch. */
+static void launcher_waiting(struct super *s)
 {
     for (struct active *a = s->launched, *n; a; a = n) {
         n = a->lnext;
@@ -1016,6 +679,27 @@ static void slurm_waiting(struct super *s)
         struct store_job_update u = {.fields = STORE_SET_PENDING, .pending_reason = why};
         store_job_update(s->o.store, a->job, &u, NULL, NULL);
     }
+}
+
+/* A finished job leaves the server: its rows and events, its history in the hub and its
+ * folder. On the supervisor's thread, between turns, so that no end of the job is being
+ * stored or published while it goes (the final event of a job that ends in this turn is
+ * published before the next turn reads the command). */
+static void delete_job(struct super *s, struct cmd *c)
+{
+    struct answer *ans = c->answer;
+    ddpd_err rc = store_job_delete(s->o.store, c->job, JOB_STATES_FINAL, ans->err);
+    if (rc == DDPD_OK) {
+        hub_job_forget(s->o.hub, c->job);
+        char dir[PATH_MAX];
+        if (snprintf(dir, sizeof dir, "%s/%" PRId64, s->o.jobs_dir, c->job) < (int)sizeof dir)
+            proc_remove_tree(dir);
+    }
+    pthread_mutex_lock(&s->lock);
+    ans->rc = rc;
+    ans->done = true;
+    pthread_cond_broadcast(&ans->cv);
+    pthread_mutex_unlock(&s->lock);
 }
 
 static void *run(void *arg)
@@ -1034,6 +718,8 @@ static void *run(void *arg)
             struct cmd *next = c->next;
             if (c->kind == CMD_SUBMIT)
                 submit(s, c);
+            else if (c->kind == CMD_DELETE)
+                delete_job(s, c);
             else
                 cancel(s, c->job, "cancelled");
             free(c->spec_text);
@@ -1047,8 +733,8 @@ static void *run(void *arg)
             for (struct active *a = s->jobs, *n; a; a = n) {
                 n = a->next;
                 if (a->l && a->state == JOB_STATE_QUEUED) {
-                    /* Still in Slurm's queue: taken out of it (scancel), and queued
-                     * again by the next server like any queued job. */
+                    /* Still in the launcher's queue (Slurm's): taken out of it, and
+                     * queued again by the next server like any queued job. */
                     set_launch(s, a, NULL);
                     struct store_job_update u = {.fields = STORE_SET_PENDING, .pending_reason = ""};
                     store_job_update(s->o.store, a->job, &u, NULL, NULL);
@@ -1079,43 +765,39 @@ static void *run(void *arg)
             if (launch_poll(a->l, 0))
                 ended(s, a);
         }
-        if (s->o.slurm)
-            slurm_waiting(s);
+        launcher_waiting(s);
         check_quotas(s);
-        drain(s);
-        if (s->unsaved)
-            retry_unsaved(s, false);
+        evpipe_drain(s->pipe);
+        evpipe_retry(s->pipe, false);
     }
-    drain(s);
-    retry_unsaved(s, true);
-    for (struct unsaved *u = s->unsaved; u; u = u->next)
-        fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) could not be stored; the next server marks it failed "
-                "(server restarted)\n", u->job, job_state_name(u->state));
+    evpipe_drain(s->pipe);
+    evpipe_retry(s->pipe, true);
+    evpipe_report_unsaved(s->pipe);
     free(fds);
     return NULL;
 }
 
 /* ---- recovery ------------------------------------------------------------------------------ */
 
-/* Kills what an earlier server left running of a job: each rank whose pid still belongs
- * to the process that was started (same start time), with its process group. */
-static void kill_orphans(const struct store_job *j)
+/* Notes the ranks an earlier server started of a job, for the launcher to end. */
+static void add_orphans(const struct store_job *j, struct launch_orphan **o, size_t *n, size_t *cap)
 {
     for (size_t i = 0; i < j->n_ranks; i++) {
+        if (*n == *cap) {
+            *cap = *cap ? 2 * *cap : 64;
+            struct launch_orphan *no = realloc(*o, *cap * sizeof **o);
+            if (!no)
+                abort();
+            *o = no;
+        }
         const struct store_rank *r = &j->ranks[i];
-        if (r->pid <= 0 || r->start_time == 0 || proc_start_time((pid_t)r->pid) != r->start_time)
-            continue;
-        pid_t pg = getpgid((pid_t)r->pid);
-        if (pg > 1 && pg != getpgid(0))
-            kill(-pg, SIGKILL);
-        kill((pid_t)r->pid, SIGKILL);
-        fprintf(stderr, "ddpd: job %" PRId64 ": killed rank %d (pid %lld) left by an earlier server\n", j->id,
-                r->rank, (long long)r->pid);
+        (*o)[(*n)++] = (struct launch_orphan){.job = j->id, .rank = r->rank, .pid = r->pid,
+                                              .start_time = r->start_time};
     }
 }
 
 /* The rank rows of an attempt whose server died: none of its ranks runs any more (they
- * died with it, or kill_orphans ended them), so none may still read `starting` or
+ * died with it, or launcher_recover_orphans ends them), so none may still read `starting` or
  * `running` with a pid that is gone. Each that had not ended reads `failed`, its exit
  * code unknown. */
 static void ranks_lost(struct super *s, const struct store_job *j)
@@ -1140,20 +822,19 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
                                 .limit = STORE_LIST_MAX,
                                 .with_ranks = true};
     int64_t *queued = NULL;
-    size_t nq = 0, capq = 0;
-    /* An earlier server's sruns died with it; their Slurm jobs may still run. */
-    if (s->o.slurm)
-        slurm_cancel_orphans(s->o.slurm, 10);
+    size_t nq = 0, capq = 0, no = 0, capo = 0;
+    struct launch_orphan *orphans = NULL;
     for (;;) {
         ddpd_err rc = store_job_list(s->o.store, &q, &l, err);
         if (rc) {
             free(queued);
+            free(orphans);
             return rc;
         }
         for (size_t i = 0; i < l.n; i++) {
             const struct store_job *j = &l.jobs[i];
             if (j->state != JOB_STATE_QUEUED) {
-                kill_orphans(j);
+                add_orphans(j, &orphans, &no, &capo);
                 ranks_lost(s, j);
             }
             if (nq == capq) {
@@ -1171,6 +852,9 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
             break;
         q.before = next;
     }
+    /* Before anything starts again: what the earlier server left running is ended. */
+    launcher_recover_orphans(s->o.launcher, orphans, no);
+    free(orphans);
     /* Oldest first, so the queue keeps its order. */
     for (size_t i = nq; i-- > 0;) {
         struct active *a = load(s, queued[i]);
@@ -1205,26 +889,26 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
         return NULL;
     }
     s->o = *o;
-    s->pending_tail = &s->pending;
     if (s->o.grace_s <= 0)
         s->o.grace_s = 5;
     pthread_mutex_init(&s->lock, NULL);
     s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    /* Under Slurm nothing is counted here: every job starts (is submitted) at once. */
-    s->sched = o->slurm ? sched_new(SCHED_MAX_SLOTS, SCHED_MAX_SLOTS) : sched_new(o->gpus, o->cpu_slots);
-    if (!s->o.gpu_ids && s->o.gpus > 0 && (s->gpu_plain = calloc((size_t)s->o.gpus, sizeof *s->gpu_plain))) {
-        for (int i = 0; i < s->o.gpus; i++)
-            snprintf(s->gpu_plain[i], sizeof s->gpu_plain[i], "%d", i);
-        s->o.gpu_ids = (const char (*)[SUPER_GPU_ID_MAX])s->gpu_plain;
-    }
-    if (s->wake_fd < 0 || !s->sched || (s->o.gpus > 0 && !s->o.gpu_ids)) {
+    s->pipe = evpipe_new(o->store, o->hub);
+    s->index = idmap_new();
+    /* A launcher with its own queue counts its own devices: every job starts (is handed to
+     * it) at once. */
+    bool counted = !launcher_queues(o->launcher);
+    s->sched = counted ? sched_new(o->gpus, o->cpu_slots) : sched_new(SCHED_MAX_SLOTS, SCHED_MAX_SLOTS);
+    if (s->sched && counted)
+        sched_name_gpus(s->sched, o->gpu_ids);
+    if (s->wake_fd < 0 || !s->sched || !s->pipe || !s->index) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "cannot create the supervisor: %s", strerror(errno));
         super_stop(s);
         return NULL;
     }
     mkdir(o->jobs_dir, 0700);
     ddpd_err rc = recover(s, err);
-    drain(s);
+    evpipe_drain(s->pipe);
     if (rc != DDPD_OK || pthread_create(&s->thread, NULL, run, s) != 0) {
         super_stop(s);
         return NULL;
@@ -1244,25 +928,23 @@ void super_stop(struct super *s)
         wake(s);
         pthread_join(s->thread, NULL);
     }
-    drain(s);
+    if (s->pipe)
+        evpipe_drain(s->pipe);
     while (s->jobs)
         drop(s, s->jobs);
-    while (s->unsaved) {
-        struct unsaved *n = s->unsaved->next;
-        unsaved_free(s->unsaved);
-        s->unsaved = n;
-    }
+    evpipe_free(s->pipe);
     while (s->head) {
         struct cmd *n = s->head->next;
+        if (s->head->kind == CMD_DELETE) /* came after the loop's last turn: its caller waits */
+            delete_job(s, s->head);
         free(s->head->spec_text);
         free(s->head);
         s->head = n;
     }
-    free(s->index);
+    idmap_free(s->index);
     if (s->o.store)
         store_flush(s->o.store, NULL);
     sched_free(s->sched);
-    free(s->gpu_plain);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
     pthread_mutex_destroy(&s->lock);
@@ -1325,23 +1007,37 @@ ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err)
     return DDPD_OK;
 }
 
+ddpd_err super_delete(struct super *s, int64_t job, struct ddpd_error *err)
+{
+    struct answer ans = {.err = err};
+    struct cmd *c = calloc(1, sizeof *c);
+    if (!c)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory deleting job %" PRId64, job);
+    pthread_cond_init(&ans.cv, NULL);
+    c->kind = CMD_DELETE;
+    c->job = job;
+    c->answer = &ans;
+    push_cmd(s, c);
+    pthread_mutex_lock(&s->lock);
+    while (!ans.done)
+        pthread_cond_wait(&ans.cv, &s->lock);
+    pthread_mutex_unlock(&s->lock);
+    pthread_cond_destroy(&ans.cv);
+    return ans.rc;
+}
+
 bool super_pending_reason(struct super *s, int64_t job, char *buf, size_t cap)
 {
-    buf[0] = '\0';
-    if (s->o.slurm) /* Slurm's reasons are stored as squeue tells them */
-        return false;
     pthread_mutex_lock(&s->lock);
-    sched_pending_reason(s->sched, job, buf, cap);
+    bool known = launcher_pending_reason(s->o.launcher, s->sched, job, buf, cap);
     pthread_mutex_unlock(&s->lock);
-    return buf[0] != '\0';
+    return known;
 }
 
 bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap)
 {
-    if (s->o.slurm) /* Slurm says whether it fits, as a pending reason */
-        return true;
     pthread_mutex_lock(&s->lock);
-    bool ok = sched_fits(s->sched, kind, world, why, cap);
+    bool ok = launcher_fits(s->o.launcher, s->sched, kind, world, why, cap);
     pthread_mutex_unlock(&s->lock);
     return ok;
 }
@@ -1350,27 +1046,8 @@ device_kind super_default_device(const struct super *s) { return s->o.gpus > 0 ?
 
 json_t *super_devices(struct super *s)
 {
-    json_t *out = json_object();
-    if (s->o.slurm) { /* Slurm holds the devices: `squeue`, `sinfo` */
-        json_object_set_new(out, "gpus", json_array());
-        json_object_set_new(out, "cpu_slots", json_array());
-        json_object_set_new(out, "launcher", json_string("slurm"));
-        return out;
-    }
     pthread_mutex_lock(&s->lock);
-    for (int t = 0; t < 2; t++) {
-        json_t *arr = json_array();
-        for (int i = 0; i < sched_slots(s->sched, (device_kind)t); i++) {
-            int64_t h = sched_slot_holder(s->sched, (device_kind)t, i);
-            json_t *slot = json_pack("{s:i, s:o}", "index", i, "job", h ? json_integer(h) : json_null());
-            /* A GPU slot's device as CUDA_VISIBLE_DEVICES names it (slot 0 is GPU 2 under
-             * --gpus 2,3). */
-            if (slot && t == DEVICE_CUDA && s->o.gpu_ids)
-                json_object_set_new(slot, "device", json_string(s->o.gpu_ids[i]));
-            json_array_append_new(arr, slot);
-        }
-        json_object_set_new(out, t == DEVICE_CUDA ? "gpus" : "cpu_slots", arr);
-    }
+    json_t *out = launcher_devices_json(s->o.launcher, s->sched);
     pthread_mutex_unlock(&s->lock);
     return out;
 }

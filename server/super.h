@@ -13,23 +13,12 @@
 
 #include "../schema/err.h"
 #include "../schema/spec.h"
+#include "sched.h"
 
 struct store;
 struct hub;
 struct json_t;
-struct slurm_opts;
-
-#define SUPER_GPU_ID_MAX 64 /* one CUDA_VISIBLE_DEVICES entry, NUL included */
-
-/* The GPU slots of `ddpd serve --gpus ARG`, in slot order, as what each rank's
- * CUDA_VISIBLE_DEVICES must say: "none" is no GPU; "N,M,..." names the devices
- * (numbers or UUIDs, as CUDA_VISIBLE_DEVICES takes them), so `--gpus 2,3` puts slot 0 on
- * GPU 2; "auto" is the `found` devices `ddpd-worker --devices` listed, which it numbered
- * among the server's own CUDA_VISIBLE_DEVICES (`visible`, NULL when unset): device i is
- * the i-th entry of that list, or "i" without one. Fills ids[0..n) and returns n, or -1
- * with `why` for a malformed list, a repeated device or more than `cap`. */
-int super_gpu_ids(const char *arg, int found, const char *visible,
-                  char (*ids)[SUPER_GPU_ID_MAX], int cap, char *why, size_t whycap);
+struct launcher;
 
 struct super_opts {
     const char *worker;    /* path of ddpd-worker */
@@ -37,17 +26,18 @@ struct super_opts {
     const char *jobs_dir;  /* each job's files go to JOBS_DIR/<id>/ */
     int gpus, cpu_slots;
     /* The CUDA device of GPU slot i, as its rank's CUDA_VISIBLE_DEVICES names it
-     * (super_gpu_ids); gpus entries, borrowed. NULL: slot i is device "i". */
-    const char (*gpu_ids)[SUPER_GPU_ID_MAX];
+     * (sched_gpu_ids); gpus entries, borrowed. NULL: slot i is device "i". */
+    const char (*gpu_ids)[SCHED_GPU_ID_MAX];
     struct store *store;   /* borrowed */
     struct hub *hub;       /* borrowed */
     double grace_s;        /* SIGTERM -> SIGKILL; default 5 */
     bool finish_on_shutdown; /* super_stop waits for running jobs instead of cancelling */
     int64_t max_rank_memory; /* bytes a rank may need, sent to every rank (0 = no limit) */
-    /* NULL: ranks run here on the slots above. Else every job goes to Slurm (slurm.h) as
-     * soon as it is queued: Slurm queues it and places its ranks; the slots are not
-     * counted and a job waits as `queued` with Slurm's pending reason. Borrowed. */
-    const struct slurm_opts *slurm;
+    /* What runs the ranks (launch.h), borrowed; NULL: the local launcher, on the slots
+     * above. A launcher that queues (launcher_queues: Slurm) gets every job as soon as it
+     * is queued: it places the ranks, the slots are not counted, and a job waits as
+     * `queued` with the launcher's pending reason. */
+    const struct launcher *launcher;
     /* Bytes each job's folder may hold (ddpd serve --job-disk-quota); 0 = no quota. The
      * ranks get it in their stdin document (rank 0 checks before each checkpoint), and
      * the supervisor measures the folder of every running job every SUPER_QUOTA_CHECK_S
@@ -76,6 +66,12 @@ void super_submit(struct super *s, int64_t job, char *spec_text, int world_size,
 /* Cancels a queued or running job. DDPD_ENOTFOUND for an unknown job, DDPD_ECONFLICT
  * when it has already finished. */
 ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err);
+
+/* Deletes a finished job: its rows and events from the store, its history from the hub
+ * and its folder under jobs_dir, on the supervisor's thread (between two turns of its
+ * loop); waits for it. DDPD_ENOTFOUND for an unknown job, DDPD_ECONFLICT when it has not
+ * finished (store_job_delete's errors, in `err`). Any thread but the supervisor's. */
+ddpd_err super_delete(struct super *s, int64_t job, struct ddpd_error *err);
 
 /* Why queued job `job` waits, now ("queued behind job 7 (3 earlier jobs waiting for cpu
  * slots)"): true with `buf` set when the scheduler holds it queued. Asked when a job is

@@ -4,7 +4,7 @@
  * the real ones print (pieces of 1024 bytes, interleaved ranks, "task 1: Killed"). */
 #include "check.h"
 #include "server/launch.h"
-#include "server/slurm.h"
+#include "server/launch_slurm.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -203,11 +203,9 @@ static void test_attempt_output(void)
                              .out_dir = outdir,
                              .grace_s = 1,
                              .on_line = on_line,
-                             .ctx = &got,
-                             .slurm = &so,
-                             .slurm_name = "ddpd.t.1.1"};
+                             .ctx = &got};
     struct ddpd_error err;
-    struct slurm_run *r = slurm_run_start(&lo, "{\"job\":1}", 0, &err);
+    struct slurm_run *r = slurm_run_start(&so, "ddpd.t.1.1", &lo, "{\"job\":1}", 0, &err);
     CHECK(r != NULL);
     if (!r) {
         fprintf(stderr, "%s\n", err.message);
@@ -269,12 +267,10 @@ static void test_attempt_pending_cancel(void)
                              .out_dir = outdir,
                              .grace_s = 1,
                              .on_line = on_line,
-                             .ctx = &got,
-                             .slurm = &so,
-                             .slurm_name = "ddpd.t.2.1"};
+                             .ctx = &got};
     mkdir(outdir, 0755);
     struct ddpd_error err;
-    struct slurm_run *r = slurm_run_start(&lo, "{}", 0, &err);
+    struct slurm_run *r = slurm_run_start(&so, "ddpd.t.2.1", &lo, "{}", 0, &err);
     CHECK(r != NULL);
     if (!r)
         return;
@@ -297,7 +293,7 @@ static void test_attempt_pending_cancel(void)
 
     /* srun that cannot be found: an error naming the Slurm job, no process. */
     so.srun = "/nonexistent/srun";
-    CHECK(slurm_run_start(&lo, "{}", 0, &err) == NULL);
+    CHECK(slurm_run_start(&so, "ddpd.t.2.1", &lo, "{}", 0, &err) == NULL);
     CHECK(strstr(err.message, "ddpd.t.2.1") != NULL);
 }
 
@@ -314,11 +310,9 @@ static void test_node_failure_with_exit_0(void)
     struct launch_opts lo = {.worker = "/w",
                              .world_size = 2,
                              .out_dir = outdir,
-                             .grace_s = 1,
-                             .slurm = &so,
-                             .slurm_name = "ddpd.t.3.1"};
+                             .grace_s = 1};
     struct ddpd_error err;
-    struct slurm_run *r = slurm_run_start(&lo, "{}", 0, &err);
+    struct slurm_run *r = slurm_run_start(&so, "ddpd.t.3.1", &lo, "{}", 0, &err);
     CHECK(r != NULL);
     if (!r)
         return;

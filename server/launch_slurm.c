@@ -1,10 +1,10 @@
-/* slurm.c — runs one job attempt as one srun whose tasks are the ranks, and turns what
- * srun and Slurm say back into what launch.c promises: per-rank event lines, rank logs,
+/* launch_slurm.c — the Slurm launcher: runs one job attempt as one srun whose tasks are
+ * the ranks, and turns what srun and Slurm say back into what launch.h promises: per-rank event lines, rank logs,
  * a result naming the failed rank, a pending reason. Knows Slurm only through its
  * programs (srun, squeue, scancel: execve with an argv and the allow-listed environment of
  * env.h, never a shell) and their output.
  * Blocks nowhere: squeue and scancel run as child processes read by launch_poll. */
-#include "slurm.h"
+#include "launch_slurm.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,7 +20,7 @@
 
 #include "../schema/event.h"
 #include "env.h"
-#include "launch.h"
+#include "launch_impl.h"
 #include "proc.h"
 
 #define LINE_CAP (EVENT_LINE_MAX * 4)
@@ -573,24 +573,25 @@ static void read_raw(struct slurm_run *r, struct raw *w, void (*fn)(struct slurm
     }
 }
 
-struct slurm_run *slurm_run_start(const struct launch_opts *lo, const char *doc, pid_t pgid,
-                                  struct ddpd_error *err)
+struct slurm_run *slurm_run_start(const struct slurm_opts *so, const char *name, const struct launch_opts *lo,
+                                  const char *doc, pid_t pgid, struct ddpd_error *err)
 {
     struct slurm_run *r = calloc(1, sizeof *r);
     struct slurm_argv *a = calloc(1, sizeof *a);
     int in_fd = -1, out[2] = {-1, -1}, errp[2] = {-1, -1};
     if (!r || !a || !(r->ranks = calloc((size_t)lo->world_size, sizeof *r->ranks))) {
-        ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory starting Slurm job %s", lo->slurm_name);
+        ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory starting Slurm job %s", name);
         goto fail;
     }
     r->o = *lo;
-    r->so = *lo->slurm;
+    r->o.doc = NULL; /* borrowed for this call only */
+    r->so = *so;
     if (r->so.poll_s <= 0)
         r->so.poll_s = 2;
     r->n = lo->world_size;
     r->out.fd = r->err.fd = r->srun_log = -1;
     r->q.fd = r->c.fd = -1;
-    snprintf(r->name, sizeof r->name, "%s", lo->slurm_name);
+    snprintf(r->name, sizeof r->name, "%s", name);
     for (int i = 0; i < r->n; i++) {
         r->ranks[i].log_fd = -1;
         r->ranks[i].code = -1;
@@ -897,4 +898,92 @@ void slurm_run_free(struct slurm_run *r)
     }
     free(r->ranks);
     free(r);
+}
+
+/* ---- the launcher table ------------------------------------------------------------------- */
+
+/* One document for every task (no rank: each takes SLURM_PROCID). */
+static void *run_start(void *ctx, const struct launch_opts *o, const json_t *doc, pid_t *pgid,
+                       struct ddpd_error *err)
+{
+    const struct slurm_opts *so = ctx;
+    char name[256];
+    slurm_job_name(so, (long long)o->job, o->attempt, name, sizeof name);
+    char *text = json_dumps(doc, JSON_COMPACT);
+    if (!text) {
+        ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory building Slurm job %s's document", name);
+        return NULL;
+    }
+    struct slurm_run *r = slurm_run_start(so, name, o, text, *pgid, err);
+    free(text);
+    if (r && *pgid == 0)
+        *pgid = slurm_run_pid(r);
+    return r;
+}
+
+static bool run_poll(void *run, int timeout_ms) { return slurm_run_poll(run, timeout_ms); }
+static int run_fds(const void *run, struct pollfd *fds, int cap) { return slurm_run_fds(run, fds, cap); }
+static void run_cancel(void *run) { slurm_run_cancel(run); } /* scancel: Slurm signals the tasks */
+static void run_result(const void *run, struct launch_result *res) { slurm_run_result(run, res); }
+static int run_exit_code(const void *run, int rank) { return slurm_run_exit_code(run, rank); }
+static bool run_waiting(const void *run, char *why, size_t cap) { return slurm_run_waiting(run, why, cap); }
+static void run_free(void *run) { slurm_run_free(run); }
+
+/* Slurm says whether a job fits, as a pending reason. */
+static bool policy_fits(void *ctx, const struct sched *s, device_kind kind, int world, char *why, size_t cap)
+{
+    (void)ctx, (void)s, (void)kind, (void)world, (void)why, (void)cap;
+    return true;
+}
+
+/* Slurm's reasons are stored as squeue tells them. */
+static bool policy_pending_reason(void *ctx, const struct sched *s, int64_t job, char *buf, size_t cap)
+{
+    (void)ctx, (void)s, (void)job, (void)buf, (void)cap;
+    return false;
+}
+
+/* Slurm holds the devices: `squeue`, `sinfo`. */
+static json_t *policy_devices_json(void *ctx, const struct sched *s)
+{
+    (void)ctx, (void)s;
+    json_t *out = json_object();
+    json_object_set_new(out, "gpus", json_array());
+    json_object_set_new(out, "cpu_slots", json_array());
+    json_object_set_new(out, "launcher", json_string("slurm"));
+    return out;
+}
+
+/* An earlier server's sruns died with it; their Slurm jobs may still run. */
+static void policy_recover_orphans(void *ctx, const struct launch_orphan *o, size_t n)
+{
+    (void)o, (void)n;
+    slurm_cancel_orphans(ctx, 10);
+}
+
+static const struct launch_ops slurm_ops = {
+    .name = "slurm",
+    .queues = true,
+    .start = run_start,
+    .poll = run_poll,
+    .fds = run_fds,
+    .cancel = run_cancel,
+    .result = run_result,
+    .exit_code = run_exit_code,
+    .waiting = run_waiting,
+    .free = run_free,
+    .fits = policy_fits,
+    .pending_reason = policy_pending_reason,
+    .devices_json = policy_devices_json,
+    .recover_orphans = policy_recover_orphans,
+    .free_ctx = free,
+};
+
+struct launcher *launcher_slurm_new(const struct slurm_opts *o)
+{
+    struct slurm_opts *c = malloc(sizeof *c);
+    if (!c)
+        return NULL;
+    *c = *o;
+    return launch__new(&slurm_ops, c);
 }

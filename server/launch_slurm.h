@@ -1,11 +1,11 @@
-/* slurm.h — the Slurm launcher backend: one job attempt as one
+/* launch_slurm.h — the Slurm launcher backend (launch_impl.h's table): one job attempt as one
  * `srun --ntasks=W --kill-on-bad-exit=1 --input=all --label ... ddpd-worker` whose tasks are
  * the ranks (rank = SLURM_PROCID). Reads srun's labelled stdout/stderr back into per-rank
  * event lines and rank logs, asks squeue why the job waits, cancels with scancel, and maps
  * how srun and Slurm ended to a result that names the rank. launch.c drives it (the id
  * issuer stays there, on the server host); single-threaded; no shell anywhere. */
-#ifndef DDPD_SLURM_H
-#define DDPD_SLURM_H
+#ifndef DDPD_LAUNCH_SLURM_H
+#define DDPD_LAUNCH_SLURM_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -16,6 +16,7 @@
 
 struct launch_opts;
 struct launch_result;
+struct launcher;
 
 #define SLURM_MAX_EXTRA 32
 
@@ -46,6 +47,12 @@ struct slurm_argv {
 ddpd_err slurm_srun_argv(const struct slurm_opts *o, const char *name, int world, bool cuda,
                          const char *worker, struct slurm_argv *a, struct ddpd_error *err);
 
+/* The Slurm launcher: every job is one srun as soon as it is queued (launcher_queues):
+ * Slurm queues it and places its ranks, squeue's reason is its pending reason, and the
+ * orphans of an earlier server are the Slurm jobs with this server's name prefix. `o` is
+ * copied; its strings are borrowed for the launcher's life. NULL when out of memory. */
+struct launcher *launcher_slurm_new(const struct slurm_opts *o);
+
 /* The Slurm job name of a job's attempt: PREFIX<job>.<attempt>. */
 void slurm_job_name(const struct slurm_opts *o, long long job, int attempt, char *buf, size_t cap);
 
@@ -59,13 +66,13 @@ bool slurm_programs_found(const struct slurm_opts *o, char *why, size_t cap);
 
 struct slurm_run;
 
-/* Starts srun for one attempt of lo->world_size ranks as Slurm job lo->slurm_name with
- * lo->slurm's options: `doc` (the stdin document without a rank, with the comm id) goes
- * to a file in lo->out_dir that is srun's stdin (--input=all: every task reads it whole).
- * `pgid`: the process group to join (the issuer's), 0 for a new one. NULL with `err`
- * set, naming the Slurm job. */
-struct slurm_run *slurm_run_start(const struct launch_opts *lo, const char *doc, pid_t pgid,
-                                  struct ddpd_error *err);
+/* Starts srun for one attempt of lo->world_size ranks as Slurm job `name` with `so`'s
+ * options: `doc` (the stdin document without a rank, with the comm id) goes to a file in
+ * lo->out_dir that is srun's stdin (--input=all: every task reads it whole). `pgid`: the
+ * process group to join (the issuer's), 0 for a new one. NULL with `err` set, naming the
+ * Slurm job. */
+struct slurm_run *slurm_run_start(const struct slurm_opts *so, const char *name, const struct launch_opts *lo,
+                                  const char *doc, pid_t pgid, struct ddpd_error *err);
 /* Reads srun's output, reaps, runs the squeue/scancel helpers; true once srun has exited,
  * its output is delivered and the final look at the Slurm job is done. */
 bool slurm_run_poll(struct slurm_run *r, int timeout_ms);
