@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from conftest import wait_until
+from conftest import slowdown, wait_until
 
 
 def mkjob(server, events, state="succeeded"):
@@ -130,7 +130,10 @@ def test_stalled_streams_of_a_long_history_hold_one_page_each(make_server, work)
         health_s = time.monotonic() - t0
         print(f"RSS {before} KiB -> +{grown} KiB for {n} stalled streams "
               f"({grown / n:.0f} KiB each); /healthz {health_s * 1000:.1f} ms")
-        assert grown < 64 * 1024, f"RSS grew by {grown} KiB for {n} stalled streams"
+        # Under a sanitizer RSS measures its allocator (shadow memory, quarantine), not
+        # ddpd's: the plain build's run holds the bound (the old code grew 410 MiB).
+        if slowdown() == 1.0:
+            assert grown < 64 * 1024, f"RSS grew by {grown} KiB for {n} stalled streams"
         assert health_s < 2.0
         # The variant: a stalled client that starts reading gets the whole history.
         s = socks.pop()
