@@ -1,0 +1,22 @@
+/* clock.h — the clocks every part reads: the monotonic one for deadlines and intervals,
+ * the wall clock for timestamps that leave the process (events, rows). Thread-safe, no
+ * state. Nothing here sleeps long or knows what it is timing. */
+#ifndef DDPD_BASE_CLOCK_H
+#define DDPD_BASE_CLOCK_H
+
+#include <stdint.h>
+#include <time.h>
+
+/* CLOCK_MONOTONIC in seconds, milliseconds and microseconds. */
+double base_mono_s(void);
+int64_t base_mono_ms(void);
+int64_t base_mono_us(void);
+/* CLOCK_REALTIME in seconds since the epoch (what events and the store record). */
+double base_wall_s(void);
+/* The time `s` seconds (>= 0) after now on clock `clk` (CLOCK_MONOTONIC or CLOCK_REALTIME),
+ * as pthread_cond_timedwait takes it for a condvar of that clock. */
+struct timespec base_timespec_after(clockid_t clk, double s);
+/* Sleeps about `s` seconds (<= 0: not at all); a signal may end it early. */
+void base_sleep_s(double s);
+
+#endif
