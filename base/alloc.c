@@ -1,7 +1,7 @@
 /* alloc.c — malloc & co. that abort with a line on stderr instead of returning NULL. They
  * call the C library's functions by name, so a test that wraps malloc (--wrap, see
  * tests/unit/test_store_alloc.c) sees these allocations too. */
-#include "base/alloc.h"
+#include "alloc.h"
 
 #include <stdio.h>
 #include <stdlib.h>

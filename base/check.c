@@ -1,6 +1,6 @@
 /* check.c — where a failed ASSERT (or, in debug builds, ALWAYS/NEVER) ends: one line on
  * stderr naming the file, the line and the expression, then abort(). */
-#include "base/check.h"
+#include "check.h"
 
 #include <stdio.h>
 #include <stdlib.h>

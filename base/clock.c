@@ -1,5 +1,7 @@
 /* clock.c — thin, stateless readings of clock_gettime. */
-#include "base/clock.h"
+#include "clock.h"
+
+#include <errno.h>
 
 static struct timespec now(clockid_t clk)
 {
@@ -54,5 +56,6 @@ void base_sleep_s(double s)
         s = 1e9;
     time_t whole = (time_t)s;
     struct timespec t = {whole, (long)((s - (double)whole) * 1e9)};
-    nanosleep(&t, NULL);
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+    }
 }

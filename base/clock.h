@@ -16,7 +16,8 @@ double base_wall_s(void);
 /* The time `s` seconds (>= 0) after now on clock `clk` (CLOCK_MONOTONIC or CLOCK_REALTIME),
  * as pthread_cond_timedwait takes it for a condvar of that clock. */
 struct timespec base_timespec_after(clockid_t clk, double s);
-/* Sleeps about `s` seconds (<= 0: not at all); a signal may end it early. */
+/* Sleeps `s` seconds (<= 0: not at all), resuming after a signal's handler. For short
+ * naps in bounded poll loops and retry back-offs, never to wait for another thread. */
 void base_sleep_s(double s);
 
 #endif

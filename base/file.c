@@ -1,8 +1,10 @@
 /* file.c — folders and writes (file.h). Knows no job layout. */
-#include "base/file.h"
+#include "file.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -43,4 +45,27 @@ int base_write_all(int fd, const void *p, size_t n)
         n -= (size_t)w;
     }
     return 0;
+}
+
+void base_remove_tree(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                continue;
+            char sub[PATH_MAX];
+            if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) < (int)sizeof sub)
+                base_remove_tree(sub);
+        }
+        if (d)
+            closedir(d);
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
 }

@@ -1,6 +1,7 @@
 /* test_base.c — the base library (base/): ASSERT ends the process naming file and line;
  * ALWAYS/NEVER as release builds compile them (they are x; debug builds abort instead);
- * the xmalloc family; the clocks; mkdir -p and whole writes; whole-string number parsing. */
+ * the xmalloc family; the clocks; mkdir -p, whole writes and rm -r; whole-string number
+ * parsing. */
 #undef DDPD_DEBUG /* ALWAYS/NEVER in release mode, whatever this build is */
 #include "check.h"
 
@@ -197,6 +198,48 @@ static void test_parse(void)
     CHECK_EQ_INT(base_parse_long("99999999999999999999999", 0, LONG_MAX, &v), -1); /* ERANGE */
     CHECK_EQ_INT(base_parse_long(NULL, 0, 1, &v), -1);
     CHECK_EQ_INT((int)v, 7); /* untouched by every failure */
+
+    int64_t w = -1;
+    CHECK_EQ_INT(base_parse_i64("9223372036854775807", 0, INT64_MAX, &w), 0);
+    CHECK(w == INT64_MAX);
+    CHECK_EQ_INT(base_parse_i64("-9223372036854775808", INT64_MIN, 0, &w), 0);
+    CHECK(w == INT64_MIN);
+    w = 3;
+    CHECK_EQ_INT(base_parse_i64("9223372036854775808", 0, INT64_MAX, &w), -1); /* ERANGE */
+    CHECK_EQ_INT(base_parse_i64("-1", 0, INT64_MAX, &w), -1);
+    CHECK_EQ_INT(base_parse_i64("7.0", 0, 10, &w), -1);
+    CHECK_EQ_INT(base_parse_i64("", 0, 10, &w), -1);
+    CHECK(w == 3);
+}
+
+static void test_remove_tree(void)
+{
+    const char *tmp = getenv("DDPD_TEST_TMP");
+    char base[PATH_MAX], p[PATH_MAX + 128], outside[PATH_MAX + 64], link[PATH_MAX + 64];
+    snprintf(base, sizeof base, "%s/base-rmtree-%d", tmp && *tmp ? tmp : "/tmp", (int)getpid());
+    snprintf(outside, sizeof outside, "%s-outside", base);
+    CHECK_EQ_INT(base_mkdirs(outside, true), 0);
+    snprintf(p, sizeof p, "%s/a/b", base);
+    CHECK_EQ_INT(base_mkdirs(p, true), 0);
+    snprintf(p, sizeof p, "%s/a/b/f", base);
+    FILE *f = fopen(p, "w");
+    CHECK(f != NULL);
+    if (f)
+        fclose(f);
+    snprintf(p, sizeof p, "%s/keep", outside);
+    f = fopen(p, "w");
+    CHECK(f != NULL);
+    if (f)
+        fclose(f);
+    snprintf(link, sizeof link, "%s/a/out", base);
+    CHECK(symlink(outside, link) == 0);
+    base_remove_tree(base);
+    struct stat st;
+    CHECK(lstat(base, &st) != 0 && errno == ENOENT);
+    CHECK(stat(p, &st) == 0); /* the link was removed, not followed */
+    base_remove_tree(outside);
+    CHECK(lstat(outside, &st) != 0);
+    base_remove_tree(outside); /* gone: nothing to do */
 }
 
 int main(void)
@@ -208,5 +251,6 @@ int main(void)
     test_mkdirs();
     test_write_all();
     test_parse();
+    test_remove_tree();
     CHECK_DONE();
 }
