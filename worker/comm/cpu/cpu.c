@@ -144,7 +144,7 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
         comm_cpu__fmt_err(errbuf, errcap, "malformed communicator id (no root address in it)");
         goto out;
     }
-    double deadline = comm_cpu__mono() + timeout_s;
+    double deadline = base_mono_s() + timeout_s;
     c->stage = malloc(STAGE_BYTES);
     table = calloc((size_t)world, sizeof *table);
     if (!c->stage || !table) {
