@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../base/check.h"
 #include "../base/clock.h"
 #include "../base/file.h"
 #include "../schema/jobdir.h"
@@ -327,8 +328,8 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
         }
         while (writer < W && !all[2 * writer])
             writer++;
-        if (writer == W)
-            writer = 0; /* cannot happen: the step was run by some rank */
+        if (NEVER(writer == W)) /* the step was run by some rank */
+            writer = 0;
         if (!rc && all[1] != DDPD_OK)
             rc = ddpd_error_set(err, DDPD_EIO, tmp,
                                 "checkpoint of step %" PRId64 ": rank 0 could not start %s (rank 0's error says why)",
