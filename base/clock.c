@@ -59,3 +59,13 @@ void base_sleep_s(double s)
     while (nanosleep(&t, &t) != 0 && errno == EINTR) {
     }
 }
+
+int base_cond_init_mono(pthread_cond_t *cv)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+    return rc;
+}

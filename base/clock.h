@@ -4,6 +4,7 @@
 #ifndef DDPD_BASE_CLOCK_H
 #define DDPD_BASE_CLOCK_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -16,6 +17,10 @@ double base_wall_s(void);
 /* The time `s` seconds (>= 0) after now on clock `clk` (CLOCK_MONOTONIC or CLOCK_REALTIME),
  * as pthread_cond_timedwait takes it for a condvar of that clock. */
 struct timespec base_timespec_after(clockid_t clk, double s);
+/* pthread_cond_init of a condvar that waits on CLOCK_MONOTONIC (deadlines from
+ * base_timespec_after(CLOCK_MONOTONIC, ...) survive changes of the wall clock); returns
+ * what pthread_cond_init does. */
+int base_cond_init_mono(pthread_cond_t *cv);
 /* Sleeps `s` seconds (<= 0: not at all), resuming after a signal's handler. For short
  * naps in bounded poll loops and retry back-offs, never to wait for another thread. */
 void base_sleep_s(double s);

@@ -1766,11 +1766,7 @@ struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_e
     s->request_timeout_ms = cfg->request_timeout_ms ? cfg->request_timeout_ms : 30000;
     s->idle_timeout_s = cfg->idle_timeout_s ? cfg->idle_timeout_s : 60;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    base_cond_init_mono(&s->cv);
     pthread_mutex_init(&s->dmu, NULL);
     pthread_cond_init(&s->dcv, NULL);
 

@@ -74,15 +74,6 @@ static void cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t dea
     pthread_cond_timedwait(cv, mu, &ts);
 }
 
-static void cond_init_mono(pthread_cond_t *cv)
-{
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(cv, &a);
-    pthread_condattr_destroy(&a);
-}
-
 /* Copies NUL-terminated `src` (NULL = "") into dst[cap], cutting at a UTF-8 character
  * boundary when it does not fit. */
 static void copy_text(char *dst, size_t cap, const char *src)
@@ -1049,8 +1040,8 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
     pthread_mutex_init(&s->rmu, NULL);
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->rcv, NULL);
-    cond_init_mono(&s->qcv);
-    cond_init_mono(&s->space_cv);
+    base_cond_init_mono(&s->qcv);
+    base_cond_init_mono(&s->space_cv);
     pthread_cond_init(&s->done_cv, NULL);
     s->q = xcalloc((size_t)s->o.queue_max, sizeof *s->q);
 

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -120,6 +121,24 @@ static void test_clock(void)
     CHECK(d >= 0 && d < 60);
     t = base_timespec_after(CLOCK_MONOTONIC, 1e300); /* capped, no overflow */
     CHECK(t.tv_sec > now.tv_sec && t.tv_nsec >= 0 && t.tv_nsec < 1000000000L);
+}
+
+/* A condvar on the monotonic clock times out at a monotonic deadline. */
+static void test_cond_mono(void)
+{
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv;
+    CHECK_EQ_INT(base_cond_init_mono(&cv), 0);
+    pthread_mutex_lock(&mu);
+    double t0 = base_mono_s();
+    struct timespec until = base_timespec_after(CLOCK_MONOTONIC, 0.05);
+    int rc = 0;
+    while (rc == 0) /* a spurious wakeup waits again */
+        rc = pthread_cond_timedwait(&cv, &mu, &until);
+    pthread_mutex_unlock(&mu);
+    CHECK_EQ_INT(rc, ETIMEDOUT);
+    CHECK(base_mono_s() - t0 >= 0.04);
+    pthread_cond_destroy(&cv);
 }
 
 static void test_mkdirs(void)
@@ -248,6 +267,7 @@ int main(void)
     test_assert_aborts();
     test_alloc();
     test_clock();
+    test_cond_mono();
     test_mkdirs();
     test_write_all();
     test_parse();
