@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../base/parse.h"
 #include "../schema/spec.h"
 #include "http.h"
 #include "hub.h"
@@ -554,13 +555,9 @@ static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
         return rc;
     const char *last_id = http_request_header(req, "Last-Event-ID");
     if (last_id && last_id[0]) {
-        char *end;
-        errno = 0;
-        long long v = strtoll(last_id, &end, 10);
-        if (errno || *end || v < 0)
+        if (base_parse_i64(last_id, 0, INT64_MAX, &after))
             return ddpd_error_set(err, DDPD_EJSON, "Last-Event-ID", "Last-Event-ID: expected a sequence number, got \"%.40s\"",
                                   last_id);
-        after = v;
     }
     int64_t q_after;
     if ((rc = http_query_int(req, "after", 0, INT64_MAX, after, &q_after, err)))

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../base/clock.h"
 #include "hub.h"
 
 /* The ends the store did not take are tried again once a second, but only until one
@@ -76,13 +77,6 @@ void evpipe_add(struct evpipe *p, const struct event *ev, bool stored)
     p->pending_tail = &pe->next;
 }
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 struct evpipe *evpipe_new(struct store *store, struct hub *hub)
 {
     struct evpipe *p = calloc(1, sizeof *p);
@@ -110,7 +104,7 @@ static struct unsaved *unsaved_of(struct evpipe *p, const struct event *ev)
         u->state = JOB_STATE_FAILED;
     u->ev = *ev;
     u->event_saved = u->row_saved = u->ranks_saved = true;
-    u->next_try = now_s() + UNSAVED_RETRY_S;
+    u->next_try = base_wall_s() + UNSAVED_RETRY_S;
     u->next = p->unsaved;
     p->unsaved = u;
     return u;
@@ -148,7 +142,7 @@ void evpipe_retry(struct evpipe *p, bool all)
 {
     if (!p->unsaved)
         return;
-    double now = now_s();
+    double now = base_wall_s();
     int tried = 0;
     bool failed = false;
     for (struct unsaved **pp = &p->unsaved, *u; (u = *pp);) {

@@ -27,48 +27,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../base/alloc.h"
+#include "../base/check.h"
+#include "../base/clock.h"
+#include "../base/parse.h"
+
 #define MAX_SEGMENTS 16
 #define MAX_CAPTURES HTTP_MAX_CAPTURES
 #define MAX_HEADERS 8
 #define STREAM_BLOCK (16 * 1024)
-
-/* Checks no input can break; on in every build (STYLE.md "three strengths"). */
-#define ASSERT(c)                                                                                            \
-    do {                                                                                                     \
-        if (!(c)) {                                                                                          \
-            fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #c);                        \
-            abort();                                                                                         \
-        }                                                                                                    \
-    } while (0)
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    ASSERT(p);
-    return p;
-}
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    ASSERT(p);
-    return p;
-}
-
-static char *xstrdup(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *p = xmalloc(n);
-    memcpy(p, s, n);
-    return p;
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- error codes -------------------------------------------------------------------- */
 
@@ -1120,14 +1087,9 @@ ddpd_err http_query_error(struct http_request *req, const char *name, struct ddp
 
 bool http_param_int(const char *v, int64_t min, int64_t max, int64_t *out)
 {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
+    /* Digits first: no white space or '+' before the number in a URL. */
     bool digits = (v[0] >= '0' && v[0] <= '9') || (v[0] == '-' && v[1] >= '0' && v[1] <= '9');
-    if (!digits || *end || errno == ERANGE || x < min || x > max)
-        return false;
-    *out = x;
-    return true;
+    return digits && base_parse_i64(v, min, max, out) == 0;
 }
 
 ddpd_err http_query_int(struct http_request *req, const char *name, int64_t min, int64_t max, int64_t dflt,
@@ -1654,7 +1616,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         return;
     *con_cls = NULL;
     if (req->conn && s->request_timeout_ms)
-        conn_set_deadline(s, req->conn, now_ms() + s->request_timeout_ms + (int64_t)s->idle_timeout_s * 1000);
+        conn_set_deadline(s, req->conn, base_mono_ms() + s->request_timeout_ms + (int64_t)s->idle_timeout_s * 1000);
     if (req->deferred) { /* its answer is sent (or the client is gone): http_server_free may stop */
         pthread_mutex_lock(&s->dmu);
         if (--s->ndeferred == 0)
@@ -1682,7 +1644,7 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
         c->fd = ci ? ci->connect_fd : -1;
         pthread_mutex_lock(&s->mu);
-        c->deadline = s->request_timeout_ms ? now_ms() + s->request_timeout_ms : 0;
+        c->deadline = s->request_timeout_ms ? base_mono_ms() + s->request_timeout_ms : 0;
         c->next = s->conns;
         if (s->conns)
             s->conns->prev = c;
@@ -1720,18 +1682,14 @@ static void *reaper_main(void *arg)
         period = 500;
     pthread_mutex_lock(&s->mu);
     while (!s->reaper_stop) {
-        int64_t now = now_ms();
+        int64_t now = base_mono_ms();
         for (struct conn *c = s->conns; c; c = c->next) {
             if (c->deadline && now >= c->deadline && !c->cut && c->fd >= 0) {
                 shutdown(c->fd, SHUT_RDWR);
                 c->cut = true;
             }
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += (long)(period % 1000) * 1000000L;
-        ts.tv_sec += period / 1000 + ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
+        struct timespec ts = base_timespec_after(CLOCK_MONOTONIC, (double)period / 1000);
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     }
     pthread_mutex_unlock(&s->mu);
@@ -1808,11 +1766,7 @@ struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_e
     s->request_timeout_ms = cfg->request_timeout_ms ? cfg->request_timeout_ms : 30000;
     s->idle_timeout_s = cfg->idle_timeout_s ? cfg->idle_timeout_s : 60;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    base_cond_init_mono(&s->cv);
     pthread_mutex_init(&s->dmu, NULL);
     pthread_cond_init(&s->dcv, NULL);
 

@@ -16,45 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ASSERT(c)                                                                                            \
-    do {                                                                                                     \
-        if (!(c)) {                                                                                          \
-            fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #c);                        \
-            abort();                                                                                         \
-        }                                                                                                    \
-    } while (0)
-
-/* Internal small allocations abort on OOM (STYLE.md): nothing here is sized by a client
- * beyond the caps that the limits enforce. */
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "hub: out of memory (%zu bytes)\n", n);
-        abort();
-    }
-    return p;
-}
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) {
-        fprintf(stderr, "hub: out of memory (%zu x %zu bytes)\n", n, size);
-        abort();
-    }
-    return p;
-}
-
-static void *xrealloc(void *old, size_t n)
-{
-    void *p = realloc(old, n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "hub: out of memory (%zu bytes)\n", n);
-        abort();
-    }
-    return p;
-}
+#include "../base/alloc.h"
+#include "../base/check.h"
 
 #define KIND_MAX 16 /* longest kind name hub_format_event accepts */
 

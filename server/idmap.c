@@ -4,6 +4,8 @@
 
 #include <stdlib.h>
 
+#include "../base/alloc.h"
+
 struct slot {
     int64_t id;
     void *v; /* NULL: free */
@@ -42,8 +44,7 @@ void idmap_put(struct idmap *m, int64_t id, void *v)
         size_t cap = m->cap ? 2 * m->cap : 256;
         struct slot *old = m->t;
         size_t ocap = m->cap;
-        if (!(m->t = calloc(cap, sizeof *m->t)))
-            abort();
+        m->t = xcalloc(cap, sizeof *m->t);
         m->cap = cap;
         for (size_t i = 0; i < ocap; i++)
             if (old[i].v)

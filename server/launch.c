@@ -14,6 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../base/clock.h"
+#include "../base/file.h"
 #include "env.h"
 #include "proc.h"
 
@@ -71,9 +73,9 @@ static int start_issuer(struct launch *l, const struct launch_opts *o, char *id_
     close(out[1]);
     out[1] = -1;
 
-    double deadline = proc_now_mono() + ISSUER_DEADLINE_S;
+    double deadline = base_mono_s() + ISSUER_DEADLINE_S;
     while (!memchr(line, '\n', len)) {
-        int left = (int)((deadline - proc_now_mono()) * 1000);
+        int left = (int)((deadline - base_mono_s()) * 1000);
         struct pollfd pfd = {.fd = out[0], .events = POLLIN};
         if (left <= 0 || poll(&pfd, 1, left) <= 0) {
             ddpd_error_set(err, DDPD_ECOMM, "", "the id issuer printed no id within %.0f s (see %s)",
@@ -152,7 +154,7 @@ struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
         lo.grace_s = 5;
     l->ops = ops_of(o->launcher);
     l->issuer_in = -1;
-    int en = proc_mkdirs(o->out_dir, true);
+    int en = base_mkdirs(o->out_dir, true);
     if (en) {
         ddpd_error_set(err, DDPD_EIO, o->out_dir, "%s: cannot create: %s", o->out_dir, strerror(en));
         goto fail;

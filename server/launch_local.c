@@ -19,6 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../base/clock.h"
+#include "../base/file.h"
 #include "../schema/event.h"
 #include "../schema/spec.h"
 #include "env.h"
@@ -110,7 +112,7 @@ static int start_rank(struct local *l, int r, const json_t *every, struct ddpd_e
     out[1] = -1;
     /* The worker reads its whole document before anything else; a worker that died
      * first shows up as EPIPE here and as its exit status later. */
-    proc_write_all(in[1], doc, strlen(doc));
+    base_write_all(in[1], doc, strlen(doc));
     p->out_fd = out[0];
     out[0] = -1;
     fcntl(p->out_fd, F_SETFL, fcntl(p->out_fd, F_GETFL) | O_NONBLOCK);
@@ -197,7 +199,7 @@ static void arm_kill(struct local *l)
 {
     if (l->kill_at == 0) {
         signal_group(l, SIGTERM);
-        l->kill_at = proc_now_mono() + l->o.grace_s;
+        l->kill_at = base_mono_s() + l->o.grace_s;
     }
 }
 
@@ -320,9 +322,9 @@ static bool local_poll(void *run, int timeout_ms)
         if (fds[i].revents)
             read_rank(l, map[i]);
     reap(l);
-    if (l->kill_at && proc_now_mono() >= l->kill_at) {
+    if (l->kill_at && base_mono_s() >= l->kill_at) {
         signal_group(l, SIGKILL);
-        l->kill_at = proc_now_mono() + 3600; /* once */
+        l->kill_at = base_mono_s() + 3600; /* once */
     }
     for (int r = 0; r < l->n; r++)
         if (!l->ranks[r].exited || l->ranks[r].out_fd >= 0)

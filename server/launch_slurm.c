@@ -18,6 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../base/clock.h"
+#include "../base/file.h"
 #include "../schema/event.h"
 #include "env.h"
 #include "launch_impl.h"
@@ -277,7 +279,7 @@ static int helper_start(struct helper *h, const char *prog, char **args, int log
     h->pid = pid;
     h->fd = p[0];
     h->len = 0;
-    h->deadline = proc_now_mono() + HELPER_TIMEOUT_S;
+    h->deadline = base_mono_s() + HELPER_TIMEOUT_S;
     return 0;
 }
 
@@ -303,7 +305,7 @@ static int helper_poll(struct helper *h)
         h->pid = 0;
         return 1;
     }
-    if (proc_now_mono() > h->deadline) {
+    if (base_mono_s() > h->deadline) {
         kill(h->pid, SIGKILL);
         waitpid(h->pid, &h->status, 0);
         if (h->fd >= 0)
@@ -332,7 +334,7 @@ static int helper_run(struct helper *h, const char *prog, char **args, double ti
 {
     if (helper_start(h, prog, args, -1) != 0)
         return -1;
-    h->deadline = proc_now_mono() + timeout_s;
+    h->deadline = base_mono_s() + timeout_s;
     for (;;) {
         int rc = helper_poll(h);
         if (rc)
@@ -429,9 +431,9 @@ static void log_line(int fd, const char *line, size_t len, bool newline)
 {
     if (fd < 0)
         return;
-    proc_write_all(fd, line, len);
+    base_write_all(fd, line, len);
     if (newline)
-        proc_write_all(fd, "\n", 1);
+        base_write_all(fd, "\n", 1);
 }
 
 static int rank_log(struct slurm_run *r, int rank)
@@ -603,7 +605,7 @@ struct slurm_run *slurm_run_start(const struct slurm_opts *so, const char *name,
      * (perhaps hours later), and the supervisor must not wait on a pipe for that. */
     snprintf(path, sizeof path, "%s/srun-stdin.json", lo->out_dir);
     int wfd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (wfd < 0 || proc_write_all(wfd, doc, strlen(doc)) != 0 || close(wfd) != 0 ||
+    if (wfd < 0 || base_write_all(wfd, doc, strlen(doc)) != 0 || close(wfd) != 0 ||
         (in_fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
         ddpd_error_set(err, DDPD_EIO, path, "Slurm job %s: cannot write its stdin document %s: %s", r->name,
                        path, strerror(errno));
@@ -636,7 +638,7 @@ struct slurm_run *slurm_run_start(const struct slurm_opts *so, const char *name,
     r->err.fd = errp[0];
     fcntl(r->out.fd, F_SETFL, fcntl(r->out.fd, F_GETFL) | O_NONBLOCK);
     fcntl(r->err.fd, F_SETFL, fcntl(r->err.fd, F_GETFL) | O_NONBLOCK);
-    r->next_query = proc_now_mono() + 0.2; /* a job that starts at once never looks pending long */
+    r->next_query = base_mono_s() + 0.2; /* a job that starts at once never looks pending long */
     free(a);
     return r;
 fail:
@@ -720,7 +722,7 @@ bool slurm_run_poll(struct slurm_run *r, int timeout_ms)
     else if (qr != 0 && r->exited) /* squeue failed: no final state to wait for */
         r->settled = true;
     helper_poll(&r->c);
-    double now = proc_now_mono();
+    double now = base_mono_s();
     if (!r->exited && !r->allocated && !r->q.pid && now >= r->next_query) {
         char name[300], fmt[] = "--format=%i|%T|%r", nohdr[] = "--noheader";
         snprintf(name, sizeof name, "--name=%s", r->name);
@@ -771,7 +773,7 @@ void slurm_run_cancel(struct slurm_run *r)
         return;
     r->cancelled = true;
     r->next_scancel = 0;
-    r->kill_at = proc_now_mono() + (r->o.grace_s > 0 ? r->o.grace_s : 5) + SLURM_KILL_WAIT_S;
+    r->kill_at = base_mono_s() + (r->o.grace_s > 0 ? r->o.grace_s : 5) + SLURM_KILL_WAIT_S;
 }
 
 bool slurm_run_waiting(const struct slurm_run *r, char *why, size_t cap)
@@ -875,8 +877,8 @@ void slurm_run_free(struct slurm_run *r)
          * end srun. */
         helper_stop(&r->c);
         scancel_now(r);
-        double until = proc_now_mono() + HELPER_TIMEOUT_S;
-        while (r->c.pid && proc_now_mono() < until && !helper_poll(&r->c))
+        double until = base_mono_s() + HELPER_TIMEOUT_S;
+        while (r->c.pid && base_mono_s() < until && !helper_poll(&r->c))
             usleep(10000);
         helper_stop(&r->c);
         kill(r->pid, SIGKILL);

@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../base/clock.h"
+#include "../base/file.h"
 #include "../schema/event.h"
 #include "env.h"
 #include "proc.h"
@@ -146,7 +148,7 @@ static ddpd_err read_line(struct proc *c, const char *worker, double deadline, d
 {
     size_t len = 0;
     for (;;) {
-        int left = (int)((deadline - proc_now_mono()) * 1000);
+        int left = (int)((deadline - base_mono_s()) * 1000);
         struct pollfd pf = {.fd = c->out_fd, .events = POLLIN};
         if (left <= 0 || poll(&pf, 1, left) == 0)
             return ddpd_error_set(err, DDPD_EDATA, "data",
@@ -206,14 +208,10 @@ static int take_slot(struct planner *p, double deadline)
         for (int i = 0; i < p->n && got < 0; i++)
             if (!p->procs[i].busy)
                 got = i;
-        if (got >= 0 || proc_now_mono() >= deadline)
+        if (got >= 0 || base_mono_s() >= deadline)
             break;
-        double left = deadline - proc_now_mono();
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + (left < 0.5 ? left : 0.5);
-        ts.tv_sec = (time_t)t;
-        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+        double left = deadline - base_mono_s();
+        struct timespec ts = base_timespec_after(CLOCK_REALTIME, left < 0.5 ? left : 0.5);
         pthread_cond_timedwait(&p->free_cv, &p->mu, &ts);
     }
     if (got >= 0)
@@ -256,7 +254,7 @@ static ddpd_err plan_by(struct planner *p, json_t *doc, int world_size, double d
     if (rc == DDPD_OK) {
         size_t n = strlen(text);
         text[n] = '\n'; /* json_dumps's NUL becomes the request's newline */
-        if (proc_write_all(c->in_fd, text, n + 1))
+        if (base_write_all(c->in_fd, text, n + 1))
             rc = ddpd_error_set(err, DDPD_EIO, "", "%s --plan ended: %s", p->worker, strerror(errno));
     }
     bool line_ok = false;
@@ -278,7 +276,7 @@ static ddpd_err plan_by(struct planner *p, json_t *doc, int world_size, double d
 ddpd_err planner_plan(struct planner *p, json_t *doc, int world_size, double timeout_s, int64_t *counts,
                       bool *known, struct ddpd_error *err)
 {
-    return plan_by(p, doc, world_size, proc_now_mono() + timeout_s, timeout_s, counts, known, err);
+    return plan_by(p, doc, world_size, base_mono_s() + timeout_s, timeout_s, counts, known, err);
 }
 
 ddpd_err plan_once(const char *worker, json_t *doc, int world_size, double timeout_s, int64_t *counts,
@@ -314,7 +312,7 @@ static void *plan_thread(void *arg)
         bool known = false;
         struct ddpd_error err;
         ddpd_error_clear(&err);
-        double left = r->deadline - proc_now_mono();
+        double left = r->deadline - base_mono_s();
         ddpd_err rc;
         if (stopping)
             rc = ddpd_error_set(&err, DDPD_EBUSY, "", "the server is shutting down");
@@ -350,7 +348,7 @@ ddpd_err planner_plan_async(struct planner *p, json_t *doc, int world_size, doub
         goto out;
     }
     *r = (struct plan_req){.doc = doc, .world_size = world_size, .timeout_s = timeout_s,
-                           .deadline = proc_now_mono() + timeout_s, .done = done, .ctx = ctx};
+                           .deadline = base_mono_s() + timeout_s, .done = done, .ctx = ctx};
     pthread_mutex_lock(&p->mu);
     if (p->stop) {
         rc = ddpd_error_set(err, DDPD_EBUSY, "", "the server is shutting down");

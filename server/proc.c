@@ -1,7 +1,6 @@
 /* proc.c — see proc.h. */
 #include "proc.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -12,7 +11,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 pid_t proc_spawn(const struct proc_spawn *o)
@@ -72,49 +70,6 @@ pid_t proc_spawn(const struct proc_spawn *o)
     return pid;
 }
 
-double proc_now_mono(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-int proc_write_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        c += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-int proc_mkdirs(const char *path, bool whole)
-{
-    char buf[PATH_MAX];
-    size_t n = strlen(path);
-    if (n >= sizeof buf)
-        return ENAMETOOLONG;
-    memcpy(buf, path, n + 1);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-            return errno;
-        *p = '/';
-    }
-    if (whole && mkdir(buf, 0700) != 0 && errno != EEXIST)
-        return errno;
-    return 0;
-}
-
 uint64_t proc_start_time(pid_t pid)
 {
     char path[64], buf[1024];
@@ -150,25 +105,3 @@ bool proc_kill_if_same(pid_t pid, uint64_t start_time)
     return true;
 }
 
-void proc_remove_tree(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) != 0)
-        return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-                continue;
-            char sub[PATH_MAX];
-            if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) < (int)sizeof sub)
-                proc_remove_tree(sub);
-        }
-        if (d)
-            closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}

@@ -1,7 +1,6 @@
-/* proc.h — small helpers the server's process and file code shares (the launchers, plan.c,
- * super.c, store.c): starting a child program, telling a process from a later one with
- * its pid and killing what an earlier server left, a monotonic clock for deadlines, a
- * write that finishes, and folders made with their parents or removed with their files. */
+/* proc.h — the server's child processes (the launchers, plan.c, super.c): starting a child
+ * program, and telling a process from a later one with its pid to kill what an earlier
+ * server left. Clocks, files and writes are base/'s (base/clock.h, base/file.h). */
 #ifndef DDPD_PROC_H
 #define DDPD_PROC_H
 
@@ -34,23 +33,11 @@ struct proc_spawn {
  * -1 with errno set. */
 pid_t proc_spawn(const struct proc_spawn *o);
 
-/* Seconds on CLOCK_MONOTONIC. */
-double proc_now_mono(void);
-/* Writes all n bytes (retrying short writes and EINTR): 0, or -1 with errno set. */
-int proc_write_all(int fd, const void *p, size_t n);
-/* Creates the missing folders of `path` (mode 0700: job folders and the database's hold
- * users' data): its parents, and `path` itself when
- * `whole`. 0, or an errno value (ENAMETOOLONG past PATH_MAX). */
-int proc_mkdirs(const char *path, bool whole);
-
 /* When process `pid` started (/proc/PID/stat field 22, clock ticks after boot): with the
  * pid it names one process, not a later one that reuses the number. 0 when it is gone. */
 uint64_t proc_start_time(pid_t pid);
 /* Kills (SIGKILL) process `pid` and its process group (unless that is the caller's) when
  * it is still the process that started at `start_time`. True when it was. */
 bool proc_kill_if_same(pid_t pid, uint64_t start_time);
-
-/* rm -r of `path`: its own files only, no link is followed. Errors are ignored. */
-void proc_remove_tree(const char *path);
 
 #endif

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../base/parse.h"
 #include "../schema/event.h"
 #include "../schema/jobdir.h"
 #include "../schema/spec.h"
@@ -65,17 +66,6 @@ static void print_line(void *ctx, int rank, const char *line, size_t len)
     fputc('\n', stdout);
 }
 
-static int parse_int(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 /* The spec's name as one file name under var/runs/: letters, digits, '-', '_' and '.' are
  * kept, every other byte ('/', spaces, control bytes, UTF-8) and a leading '.' become '_',
  * so that no name ("../../x", "/etc", ".hidden") puts the run anywhere else; at most 64
@@ -111,7 +101,7 @@ int run_main(int argc, char **argv, const char *self_dir)
             return 2;
         }
         if (!strcmp(a, "--world-size")) {
-            if (parse_int(v, 1, SPEC_MAX_WORLD, &world)) {
+            if (base_parse_long(v, 1, SPEC_MAX_WORLD, &world)) {
                 fprintf(stderr, "ddpd run: --world-size: expected an integer in [1, %d], got '%s'\n",
                         SPEC_MAX_WORLD, v);
                 return 2;

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/alloc.h"
+
 struct queued {
     int64_t job;
     int world;
@@ -94,10 +96,8 @@ void sched_enqueue(struct sched *s, int64_t job, device_kind kind, int world)
     struct kind_state *k = &s->k[kind];
     if (k->qlen == k->qcap) {
         int ncap = k->qcap ? 2 * k->qcap : 16;
-        struct queued *nq = realloc(k->q, (size_t)ncap * sizeof *nq);
-        if (!nq)
-            abort(); /* a few bytes per queued job: out of memory here is fatal */
-        k->q = nq;
+        /* A few bytes per queued job: out of memory here is fatal. */
+        k->q = xrealloc(k->q, (size_t)ncap * sizeof *k->q);
         k->qcap = ncap;
     }
     /* FIFO by id: usually the newest, so the scan stops at once. */

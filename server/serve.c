@@ -23,6 +23,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../base/file.h"
+#include "../base/parse.h"
 #include "../schema/jobdir.h"
 #include "../schema/spec.h"
 #include "api.h"
@@ -75,17 +77,6 @@ static void usage(FILE *f)
           "                 dashboard opened elsewhere (a file URL: use '*') can use this server;\n"
           "                 POST/DELETE from any other foreign Origin are refused (403)\n",
           f);
-}
-
-static int parse_count(const char *v, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi)
-        return -1;
-    *out = x;
-    return 0;
 }
 
 /* Event streams are long-lived connections (a dashboard, a `curl -N`): allow as many as
@@ -259,7 +250,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
             so_slurm.extra[so_slurm.n_extra++] = v;
         } else if (!strcmp(a, "--slurm-cpus-per-task")) {
             long c;
-            if (parse_count(v, 1, 4096, &c)) {
+            if (base_parse_long(v, 1, 4096, &c)) {
                 fprintf(stderr, "ddpd serve: --slurm-cpus-per-task: expected an integer in [1, 4096], got '%s'\n", v);
                 return 2;
             }
@@ -286,7 +277,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
                 return 2;
             }
         } else if (!strcmp(a, "--cpu-slots")) {
-            if (parse_count(v, 0, 1024, &cpu_slots)) {
+            if (base_parse_long(v, 0, 1024, &cpu_slots)) {
                 fprintf(stderr, "ddpd serve: --cpu-slots: expected an integer in [0, %d], got '%s'\n",
                         1024, v);
                 return 2;
@@ -327,7 +318,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
     }
     snprintf(db_dir, sizeof db_dir, "%s", db);
     const char *dd = dirname(db_dir);
-    int en = proc_mkdirs(dd, true);
+    int en = base_mkdirs(dd, true);
     if (en != 0) {
         errno = en;
         fprintf(stderr, "ddpd serve: cannot create %s: %s\n", dd, strerror(errno));
@@ -338,7 +329,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
         jobs_dir = jobs_buf;
     }
     char jobs_abs[PATH_MAX];
-    if ((errno = proc_mkdirs(jobs_dir, true)) != 0 || !realpath(jobs_dir, jobs_abs)) {
+    if ((errno = base_mkdirs(jobs_dir, true)) != 0 || !realpath(jobs_dir, jobs_abs)) {
         fprintf(stderr, "ddpd serve: cannot create %s: %s\n", jobs_dir, strerror(errno));
         return 1;
     }

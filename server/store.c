@@ -18,7 +18,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include "proc.h"
+#include "../base/alloc.h"
+#include "../base/clock.h"
+#include "../base/file.h"
 #include "store_impl.h"
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -64,66 +66,12 @@ bool job_state_parse(const char *name, job_state *out)
 
 /* ---- small helpers ---- */
 
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p)
-        abort(); /* internal bookkeeping: out of memory here is fatal (STYLE.md) */
-    return p;
-}
-
-void *store__xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p)
-        abort();
-    return p;
-}
-
-void *store__xrealloc(void *p, size_t n)
-{
-    p = realloc(p, n ? n : 1);
-    if (!p)
-        abort();
-    return p;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
 /* Waits on `cv` until the CLOCK_MONOTONIC time `deadline_ms` (the condvars of this file
  * are made with that clock). */
 static void cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadline_ms)
 {
     struct timespec ts = {(time_t)(deadline_ms / 1000), (long)(deadline_ms % 1000) * 1000000L};
     pthread_cond_timedwait(cv, mu, &ts);
-}
-
-static void cond_init_mono(pthread_cond_t *cv)
-{
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(cv, &a);
-    pthread_condattr_destroy(&a);
 }
 
 /* Copies NUL-terminated `src` (NULL = "") into dst[cap], cutting at a UTF-8 character
@@ -320,7 +268,7 @@ static ddpd_err conn_open(const char *path, bool writer, int busy_ms, struct con
                           struct ddpd_error *err)
 {
     ddpd_err e = DDPD_OK;
-    struct conn *c = store__xcalloc(1, sizeof *c);
+    struct conn *c = xcalloc(1, sizeof *c);
     int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (writer ? SQLITE_OPEN_CREATE : 0);
     int rc = sqlite3_open_v2(path, &c->db, flags, NULL);
     if (rc != SQLITE_OK) {
@@ -745,7 +693,7 @@ static void batch_commit(struct store *s, struct qev *b, int n, struct qev **los
         pthread_mutex_unlock(&s->wmu);
         if (e == DDPD_OK || tries == 2)
             break;
-        sleep_ms(50 << tries);
+        base_sleep_s((double)(50 << tries) / 1000);
     }
     for (int i = 0; i < n; i++) {
         if (i == 0 || b[i].job != b[i - 1].job)
@@ -778,8 +726,8 @@ static void *writer_main(void *arg)
 {
     struct store *s = arg;
     pthread_setname_np(pthread_self(), "ddpd-events");
-    struct qev *b = store__xcalloc((size_t)s->o.batch_max, sizeof *b);
-    struct qev **loss = store__xcalloc((size_t)s->o.batch_max, sizeof *loss);
+    struct qev *b = xcalloc((size_t)s->o.batch_max, sizeof *b);
+    struct qev **loss = xcalloc((size_t)s->o.batch_max, sizeof *loss);
     int cap = s->o.queue_max;
     pthread_mutex_lock(&s->qmu);
     for (;;) {
@@ -789,7 +737,7 @@ static void *writer_main(void *arg)
             break; /* stopping, and nothing is left */
         /* Linger for a fuller batch, unless someone waits for these events. */
         int64_t deadline = s->q[s->qhead].t_ms + s->o.linger_ms;
-        while (!s->stop && s->qn < s->o.batch_max && s->flush_req <= s->taken && mono_ms() < deadline)
+        while (!s->stop && s->qn < s->o.batch_max && s->flush_req <= s->taken && base_mono_ms() < deadline)
             cond_wait_until(&s->qcv, &s->qmu, deadline);
         int n = s->qn < s->o.batch_max ? s->qn : s->o.batch_max;
         for (int i = 0; i < n; i++) {
@@ -881,10 +829,10 @@ ddpd_err store_event_append(struct store *s, const struct event *ev, const char 
     q.body[len] = '\0';
 
     pthread_mutex_lock(&s->qmu);
-    q.t_ms = mono_ms();
+    q.t_ms = base_mono_ms();
     int64_t deadline = q.t_ms + s->o.append_wait_ms;
     while ((s->qn >= s->o.queue_max || s->qbytes + len > s->o.queue_max_bytes) && s->qn > 0) {
-        if (mono_ms() >= deadline) {
+        if (base_mono_ms() >= deadline) {
             s->st.events_rejected++;
             pthread_mutex_unlock(&s->qmu);
             free(q.body);
@@ -1052,7 +1000,7 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
         ddpd_error_set(err, DDPD_EINTERNAL, path ? path : "", "store: the database must be a file name");
         return NULL;
     }
-    int en = proc_mkdirs(path, false);
+    int en = base_mkdirs(path, false);
     if (en) {
         ddpd_error_set(err, DDPD_EIO, path, "store: cannot create the folders of %s: %s", path, strerror(en));
         return NULL;
@@ -1065,10 +1013,8 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
         close(dbfd); /* else SQLite's open below says why */
     make_private(path);
 
-    s = store__xcalloc(1, sizeof *s);
-    s->path = strdup(path);
-    if (!s->path)
-        abort();
+    s = xcalloc(1, sizeof *s);
+    s->path = xstrdup(path);
     if (opts)
         s->o = *opts;
     if (s->o.batch_max <= 0)
@@ -1094,10 +1040,10 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
     pthread_mutex_init(&s->rmu, NULL);
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->rcv, NULL);
-    cond_init_mono(&s->qcv);
-    cond_init_mono(&s->space_cv);
+    base_cond_init_mono(&s->qcv);
+    base_cond_init_mono(&s->space_cv);
     pthread_cond_init(&s->done_cv, NULL);
-    s->q = store__xcalloc((size_t)s->o.queue_max, sizeof *s->q);
+    s->q = xcalloc((size_t)s->o.queue_max, sizeof *s->q);
 
     e = conn_open(path, true, s->o.busy_timeout_ms, &s->w, err);
     if (e != DDPD_OK)
@@ -1210,7 +1156,7 @@ struct store_lock *store_lock_take(const char *path, struct ddpd_error *err)
                        path ? path : "");
         goto out;
     }
-    int en = proc_mkdirs(path, false);
+    int en = base_mkdirs(path, false);
     if (en) {
         ddpd_error_set(err, DDPD_EIO, path, "store: cannot create the folders of %s: %s", path, strerror(en));
         goto out;
@@ -1435,7 +1381,7 @@ void store_job_insert_async(struct store *s, const struct store_job_new *job, st
         return;
     }
     r->job = *job;
-    r->now = now_s();
+    r->now = base_wall_s();
     r->done = done;
     r->ctx = ctx;
     ddpd_error_clear(&r->err);
@@ -1557,7 +1503,7 @@ ddpd_err store_job_update(struct store *s, int64_t id, const struct store_job_up
         sqlite3_bind_double(st, 9, u->loss);
     else
         sqlite3_bind_null(st, 9);
-    sqlite3_bind_double(st, 10, now_s());
+    sqlite3_bind_double(st, 10, base_wall_s());
     sqlite3_bind_int(st, 11, u->restart_attempt);
     sqlite3_bind_text(st, 12, u->restart_reason ? u->restart_reason : "", -1, SQLITE_TRANSIENT);
     int rc = sqlite3_step(st);
@@ -1633,7 +1579,7 @@ ddpd_err store_attempt_begin(struct store *s, int64_t job, int attempt, const ch
         sqlite3_bind_int64(st, 1, job);
         sqlite3_bind_int(st, 2, attempt);
         bind_text_or_null(st, 3, comm_id);
-        sqlite3_bind_double(st, 4, now_s());
+        sqlite3_bind_double(st, 4, base_wall_s());
         e = w_exec(s, st, job, "begin attempt", false, err);
     }
     pthread_mutex_unlock(&s->wmu);
@@ -1652,7 +1598,7 @@ ddpd_err store_attempt_end(struct store *s, int64_t job, int attempt, const char
     } else {
         sqlite3_bind_int64(st, 1, job);
         sqlite3_bind_int(st, 2, attempt);
-        sqlite3_bind_double(st, 3, now_s());
+        sqlite3_bind_double(st, 3, base_wall_s());
         bind_text_or_null(st, 4, outcome);
         e = w_exec(s, st, job, "end attempt", true, err);
     }
@@ -1757,7 +1703,7 @@ static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_erro
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         if (j->n_ranks == cap) {
             cap = cap ? 2 * cap : 8;
-            j->ranks = store__xrealloc(j->ranks, cap * sizeof *j->ranks);
+            j->ranks = xrealloc(j->ranks, cap * sizeof *j->ranks);
         }
         struct store_rank *r = &j->ranks[j->n_ranks++];
         memset(r, 0, sizeof *r);
@@ -1834,7 +1780,7 @@ ddpd_err store_job_list(struct store *s, const struct store_job_query *q, struct
             sqlite3_bind_text(st, p++, state_names[i], -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 8, limit + 1); /* one more tells whether there is a next page */
     sqlite3_bind_int(st, 9, q->with_spec);
-    out->jobs = store__xcalloc((size_t)limit, sizeof *out->jobs);
+    out->jobs = xcalloc((size_t)limit, sizeof *out->jobs);
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         if (out->n == (size_t)limit) {

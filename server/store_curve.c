@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/alloc.h"
 #include "store.h"
 #include "store_impl.h"
 
@@ -26,8 +27,8 @@ static void acc_put(struct acc *a, struct pt p)
 {
     if (a->n_out == a->cap) {
         a->cap = a->cap ? 2 * a->cap : 64;
-        a->step = store__xrealloc(a->step, a->cap * sizeof *a->step);
-        a->loss = store__xrealloc(a->loss, a->cap * sizeof *a->loss);
+        a->step = xrealloc(a->step, a->cap * sizeof *a->step);
+        a->loss = xrealloc(a->loss, a->cap * sizeof *a->loss);
     }
     a->step[a->n_out] = p.step;
     a->loss[a->n_out] = p.v;
@@ -99,7 +100,7 @@ static int64_t bucket_of(const struct store__curve *c, int64_t step)
 
 struct store__curve *store__curve_new(int64_t lo, int64_t hi, int max_points)
 {
-    struct store__curve *c = store__xcalloc(1, sizeof *c);
+    struct store__curve *c = xcalloc(1, sizeof *c);
     /* Buckets of equal width over [lo, hi]; one step per bucket when that fits. */
     uint64_t range = (uint64_t)(hi - lo) + 1, nb = (uint64_t)max_points / 4;
     c->lo = lo;
@@ -131,12 +132,12 @@ void store__curve_add(struct store__curve *c, int64_t step, int rank, bool has_v
     c->cnt++;
     c->points++;
     if (rank >= c->nranks) {
-        c->ranks = store__xrealloc(c->ranks, (size_t)(rank + 1) * sizeof *c->ranks);
+        c->ranks = xrealloc(c->ranks, (size_t)(rank + 1) * sizeof *c->ranks);
         memset(c->ranks + c->nranks, 0, (size_t)(rank + 1 - c->nranks) * sizeof *c->ranks);
         c->nranks = rank + 1;
     }
     if (!c->ranks[rank]) {
-        c->ranks[rank] = store__xcalloc(1, sizeof **c->ranks);
+        c->ranks[rank] = xcalloc(1, sizeof **c->ranks);
         c->ranks[rank]->bucket = -1;
     }
     acc_add(c->ranks[rank], bucket_of(c, step), (struct pt){step, v});
@@ -150,7 +151,7 @@ void store__curve_finish(struct store__curve *c, struct store_metrics *out)
     out->first_step = c->lo;
     out->last_step = c->hi;
     /* series[0] is the mean, then every rank that has points. */
-    out->series = store__xcalloc((size_t)c->nranks + 1, sizeof *out->series);
+    out->series = xcalloc((size_t)c->nranks + 1, sizeof *out->series);
     acc_emit(&c->mean);
     out->series[0] = (struct store_series){-1, c->mean.n_out, c->mean.step, c->mean.loss};
     c->mean.step = NULL;

@@ -1,6 +1,6 @@
 /* store_impl.h — what the store's own files share (not part of store.h's contract): the
- * loss-curve downsampler (store_curve.c) that store.c feeds from SQL, and the allocation
- * wrappers both use. Nothing outside server/store*.c includes this. */
+ * loss-curve downsampler (store_curve.c) that store.c feeds from SQL. Nothing outside
+ * server/store*.c includes this. */
 #ifndef DDPD_STORE_IMPL_H
 #define DDPD_STORE_IMPL_H
 
@@ -9,10 +9,6 @@
 #include <stdint.h>
 
 struct store_metrics;
-
-/* calloc / realloc for the store's internal bookkeeping: out of memory aborts (STYLE.md). */
-void *store__xcalloc(size_t n, size_t size);
-void *store__xrealloc(void *p, size_t n);
 
 /* The downsampling of one job's loss curve (store_metrics_get's contract in store.h):
  * the mean over ranks per step and each rank's series, bucketed over [lo, hi]. Pure

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../base/clock.h"
 #include "store.h"
 
 #define PAGE_EVENTS 1000
@@ -64,16 +65,9 @@ struct stream {
     char why[512];
 };
 
-static int64_t mono_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
-}
-
 static bool idle(const struct stream *st)
 {
-    return st->heartbeat_s > 0 && (double)(mono_us() - st->last_write_us) * 1e-6 >= st->heartbeat_s;
+    return st->heartbeat_s > 0 && (double)(base_mono_us() - st->last_write_us) * 1e-6 >= st->heartbeat_s;
 }
 
 static void on_ready(void *ctx)
@@ -151,7 +145,7 @@ ddpd_err stream_open(struct hub *h, struct store *s, int64_t job, int64_t after,
     st->wake = o->wake;
     st->ctx = o->ctx;
     st->heartbeat_s = o->heartbeat_s > 0 ? o->heartbeat_s : 0;
-    st->last_write_us = mono_us();
+    st->last_write_us = base_mono_us();
     /* No job gets near 2^62 events: a larger `after` means "nothing yet" as well, and
      * keeps every seq + 1 here and in the hub from overflowing. */
     st->last = after < 0 ? 0 : after > STREAM_AFTER_MAX ? STREAM_AFTER_MAX : after;
@@ -396,7 +390,7 @@ stream_pull stream_next(struct stream *st, char *buf, size_t cap, size_t *len)
         }
     }
     if (r == STREAM_DATA)
-        st->last_write_us = mono_us();
+        st->last_write_us = base_mono_us();
     return r;
 }
 
@@ -435,11 +429,7 @@ static void *heartbeats(void *arg)
     int64_t poll_ns = (int64_t)(poll * 1e9) > 1000000 ? (int64_t)(poll * 1e9) : 1000000;
     pthread_mutex_lock(&ss->mu);
     while (!ss->stop) {
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        int64_t ns = t.tv_nsec + poll_ns;
-        t.tv_sec += (time_t)(ns / 1000000000);
-        t.tv_nsec = (long)(ns % 1000000000);
+        struct timespec t = base_timespec_after(CLOCK_REALTIME, (double)poll_ns * 1e-9);
         pthread_cond_timedwait(&ss->cv, &ss->mu, &t);
         if (ss->stop)
             break;

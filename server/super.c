@@ -19,6 +19,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../base/alloc.h"
+#include "../base/clock.h"
+#include "../base/file.h"
 #include "../schema/event.h"
 #include "../schema/jobdir.h"
 #include "evpipe.h"
@@ -97,13 +100,6 @@ struct super {
     struct evpipe *pipe; /* events: stored, committed, then published */
 };
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static void wake(struct super *s)
 {
     uint64_t one = 1;
@@ -120,7 +116,7 @@ static void publish(struct super *s, struct active *a, struct event *ev)
     ev->attempt = a->attempt;
     ev->seq = a->next_seq++;
     if (ev->ts == 0)
-        ev->ts = now_s();
+        ev->ts = base_wall_s();
     evpipe_add(s->pipe, ev, false);
 }
 
@@ -639,7 +635,7 @@ static void check_quotas(struct super *s)
 {
     if (s->o.job_disk_quota <= 0)
         return;
-    double now = proc_now_mono();
+    double now = base_mono_s();
     for (struct active *a = s->launched; a; a = a->lnext) {
         if (a->quota_error || a->cancel_requested || now < a->next_quota_check)
             continue;
@@ -693,7 +689,7 @@ static void delete_job(struct super *s, struct cmd *c)
         hub_job_forget(s->o.hub, c->job);
         char dir[PATH_MAX];
         if (snprintf(dir, sizeof dir, "%s/%" PRId64, s->o.jobs_dir, c->job) < (int)sizeof dir)
-            proc_remove_tree(dir);
+            base_remove_tree(dir);
     }
     pthread_mutex_lock(&s->lock);
     ans->rc = rc;
@@ -785,9 +781,7 @@ static void add_orphans(const struct store_job *j, struct launch_orphan **o, siz
     for (size_t i = 0; i < j->n_ranks; i++) {
         if (*n == *cap) {
             *cap = *cap ? 2 * *cap : 64;
-            struct launch_orphan *no = realloc(*o, *cap * sizeof **o);
-            if (!no)
-                abort();
+            struct launch_orphan *no = xrealloc(*o, *cap * sizeof **o);
             *o = no;
         }
         const struct store_rank *r = &j->ranks[i];
@@ -839,9 +833,7 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
             }
             if (nq == capq) {
                 capq = capq ? 2 * capq : 64;
-                int64_t *nqp = realloc(queued, capq * sizeof *queued);
-                if (!nqp)
-                    abort();
+                int64_t *nqp = xrealloc(queued, capq * sizeof *queued);
                 queued = nqp;
             }
             queued[nq++] = j->id;
@@ -967,9 +959,7 @@ static void push_cmd(struct super *s, struct cmd *c)
 
 static void push(struct super *s, enum cmd_kind k, int64_t job)
 {
-    struct cmd *c = calloc(1, sizeof *c);
-    if (!c)
-        abort();
+    struct cmd *c = xcalloc(1, sizeof *c);
     c->kind = k;
     c->job = job;
     push_cmd(s, c);
@@ -978,9 +968,7 @@ static void push(struct super *s, enum cmd_kind k, int64_t job)
 void super_submit(struct super *s, int64_t job, char *spec_text, int world_size, device_kind device,
                   int max_restarts, double created_at)
 {
-    struct cmd *c = calloc(1, sizeof *c);
-    if (!c)
-        abort();
+    struct cmd *c = xcalloc(1, sizeof *c);
     c->kind = CMD_SUBMIT;
     c->job = job;
     c->spec_text = spec_text; /* NULL: the supervisor loads the job from the store */

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../base/parse.h"
 #include "../schema/jobdir.h"
 #include "safetensors.h"
 
@@ -262,13 +263,7 @@ static int meta_i64(const struct safetensors_file *f, const char *key, int64_t *
     const char *v = safetensors_meta_get(f, key);
     if (!v)
         return -1;
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < 0)
-        return -1;
-    *out = x;
-    return 0;
+    return base_parse_i64(v, 0, INT64_MAX, out);
 }
 
 /* Reads a file of the checkpoint `dir` whose metadata must say rank `rank`, step `step`. */

@@ -6,7 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "../base/clock.h"
 
 #define FLUSH_INTERVAL_S 0.010
 
@@ -15,24 +16,10 @@ static double last_flush;
 static char out_buf[1 << 16];
 static int buffered;
 
-double emit_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-double emit_monotonic(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 void emit_flush(void)
 {
     fflush(stdout);
-    last_flush = emit_monotonic();
+    last_flush = base_mono_s();
 }
 
 void emit_event(struct event *ev)
@@ -44,7 +31,7 @@ void emit_event(struct event *ev)
         buffered = 1;
     }
     if (ev->ts == 0)
-        ev->ts = emit_now();
+        ev->ts = base_wall_s();
     int n = event_encode(ev, line, sizeof line - 1);
     if (n < 0) {
         /* Only an oversized message can do this; say so rather than drop the event. */
@@ -57,7 +44,7 @@ void emit_event(struct event *ev)
     }
     line[n++] = '\n';
     fwrite(line, 1, (size_t)n, stdout);
-    if (ev->kind != EVENT_LOSS || emit_monotonic() - last_flush >= FLUSH_INTERVAL_S)
+    if (ev->kind != EVENT_LOSS || base_mono_s() - last_flush >= FLUSH_INTERVAL_S)
         emit_flush();
 }
 

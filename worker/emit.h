@@ -7,10 +7,6 @@
 #include "../schema/err.h"
 #include "../schema/event.h"
 
-/* Seconds since the epoch (the events' `ts`) and a monotonic clock for durations. */
-double emit_now(void);
-double emit_monotonic(void);
-
 /* Writes one event line. Output is buffered and flushed at most 10 ms after the last
  * flush, and at once for every event other than `loss`, so a fast loop does not pay a
  * system call per step yet the stream stays live. `ev->ts` is filled in when 0. */

@@ -12,6 +12,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "../base/clock.h"
 #include "../schema/event.h"
 #include "../schema/spec.h"
 #include "dev.h"
@@ -222,7 +223,7 @@ static void plan_error(const struct ddpd_error *err)
     ev.kind = EVENT_ERROR;
     snprintf(ev.error_kind, sizeof ev.error_kind, "%s", emit_error_kind(err->code));
     snprintf(ev.message, sizeof ev.message, "%s", err->message);
-    ev.ts = emit_now();
+    ev.ts = base_wall_s();
     int n = event_encode(&ev, line, EVENT_LINE_MAX);
     if (n < 2) {
         emit_error(err);

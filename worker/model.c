@@ -12,14 +12,7 @@
 #include <string.h>
 
 #include "rng.h"
-
-#define NN_ASSERT(c)                                                                     \
-    do {                                                                                 \
-        if (!(c)) {                                                                      \
-            fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #c);   \
-            abort();                                                                     \
-        }                                                                                \
-    } while (0)
+#include "../base/check.h"
 
 struct layer {
     layer_kind kind;
@@ -111,7 +104,7 @@ struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max
         ddpd_error_set(err, DDPD_EDEVICE, "model", "out of memory: cannot allocate the model");
         return NULL;
     }
-    NN_ASSERT(spec->n_layers >= 0 && spec->n_layers <= SPEC_MAX_LAYERS);
+    ASSERT(spec->n_layers >= 0 && spec->n_layers <= SPEC_MAX_LAYERS);
     m->dev = dev;
     m->n_layers = spec->n_layers;
     m->max_batch = max_batch > 0 ? max_batch : 1;
@@ -197,7 +190,7 @@ int model_spec_params(const struct spec *spec, struct param *out)
     struct model *m = calloc(1, sizeof *m);
     if (!m)
         return -1;
-    NN_ASSERT(spec->n_layers >= 0 && spec->n_layers <= SPEC_MAX_LAYERS);
+    ASSERT(spec->n_layers >= 0 && spec->n_layers <= SPEC_MAX_LAYERS);
     for (int i = 0; i < spec->n_layers; i++) {
         const struct spec_layer *sl = &spec->layers[i];
         if (sl->kind != LAYER_LINEAR)
@@ -236,7 +229,7 @@ int64_t model_numel(const struct model *m) { return m->numel; }
 
 struct param *model_param(struct model *m, int i)
 {
-    NN_ASSERT(i >= 0 && i < m->n_params);
+    ASSERT(i >= 0 && i < m->n_params);
     return &m->params[i];
 }
 
@@ -248,7 +241,7 @@ const float *model_forward(struct model *m, const float *x, int64_t batch)
 {
     const struct dev_ops *ops = m->dev.ops;
     void *ctx = m->dev.ctx;
-    NN_ASSERT(batch >= 0 && batch <= m->max_batch);
+    ASSERT(batch >= 0 && batch <= m->max_batch);
     m->x = x;
     m->batch = batch;
     const float *in = x;

@@ -8,13 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define OPTIM_ASSERT(c)                                                                  \
-    do {                                                                                 \
-        if (!(c)) {                                                                      \
-            fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #c);   \
-            abort();                                                                     \
-        }                                                                                \
-    } while (0)
+#include "../base/check.h"
 
 struct optim {
     struct spec_optim cfg;
@@ -74,7 +68,7 @@ struct optim *optim_new(const struct spec_optim *cfg, struct model *m)
     struct optim *o = calloc(1, sizeof *o);
     if (!o)
         return NULL;
-    OPTIM_ASSERT(cfg->kind == OPTIM_SGD || cfg->kind == OPTIM_ADAMW);
+    ASSERT(cfg->kind == OPTIM_SGD || cfg->kind == OPTIM_ADAMW);
     o->cfg = *cfg;
     o->m = m;
     o->dev = model_dev(m);
@@ -183,7 +177,7 @@ int optim_state_count(const struct optim *o) { return o->per * o->n; }
 
 float *optim_state_at(struct optim *o, int i, char *name, int cap, const struct param **like)
 {
-    OPTIM_ASSERT(i >= 0 && i < o->per * o->n);
+    ASSERT(i >= 0 && i < o->per * o->n);
     const int pi = i / o->per, kind = i % o->per;
     const struct param *p = model_param(o->m, pi);
     const char *what = o->per == 1 ? "momentum_buffer" : kind == 0 ? "exp_avg" : "exp_avg_sq";

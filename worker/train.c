@@ -17,6 +17,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../base/check.h"
+#include "../base/clock.h"
+#include "../base/file.h"
 #include "../schema/jobdir.h"
 #include "checkpoint.h"
 #include "data.h"
@@ -65,24 +68,6 @@ static int64_t memory_limit(const struct train_config *cfg, const char **name)
         return cfg->max_rank_memory;
     }
     return phys;
-}
-
-static ddpd_err mkdir_p(const char *path, struct ddpd_error *err)
-{
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-            return ddpd_error_set(err, DDPD_EIO, path, "%s: cannot create: %s", buf, strerror(errno));
-        *p = '/';
-    }
-    /* Checkpoints are the job owner's: folders 0700, files 0600 (checkpoint.h). */
-    if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-        return ddpd_error_set(err, DDPD_EIO, path, "%s: cannot create: %s", buf, strerror(errno));
-    return DDPD_OK;
 }
 
 static void emit_simple(event_kind kind, int rank, int64_t step)
@@ -230,7 +215,7 @@ static void log_finish(struct run *r, struct pending_log *p, double *t_log, doub
     for (int64_t j = 0; j < p->micro; j++)
         loss_sum += r->hloss[j];
     *last_loss = loss_sum / (double)p->micro;
-    double now = emit_monotonic(), dt = now - *t_log;
+    double now = base_mono_s(), dt = now - *t_log;
     struct event ev = {.kind = EVENT_LOSS, .rank = r->cfg->rank};
     ev.step = p->step;
     ev.epoch = p->epoch;
@@ -343,8 +328,8 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
         }
         while (writer < W && !all[2 * writer])
             writer++;
-        if (writer == W)
-            writer = 0; /* cannot happen: the step was run by some rank */
+        if (NEVER(writer == W)) /* the step was run by some rank */
+            writer = 0;
         if (!rc && all[1] != DDPD_OK)
             rc = ddpd_error_set(err, DDPD_EIO, tmp,
                                 "checkpoint of step %" PRId64 ": rank 0 could not start %s (rank 0's error says why)",
@@ -507,8 +492,10 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
         if (rc)
             return rc;
     }
-    if (cfg->rank == 0 && (rc = mkdir_p(cfg->out_dir, err)))
-        return rc;
+    /* Checkpoints are the job owner's: folders 0700, files 0600 (checkpoint.h). */
+    int en = cfg->rank == 0 ? base_mkdirs(cfg->out_dir, true) : 0;
+    if (en)
+        return ddpd_error_set(err, DDPD_EIO, cfg->out_dir, "%s: cannot create: %s", cfg->out_dir, strerror(en));
     if ((rc = agree_on_batches(r, err)))
         return rc;
     if (cfg->comm) {
@@ -552,7 +539,7 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
              r.total, model_numel(r.m), dataset_shard_size(r.ds), r.nb, s->batch_size, cfg->world_size,
              cfg->world_size > 1 ? "s" : "", r.join ? ", join on" : "");
 
-    const double t0 = emit_monotonic();
+    const double t0 = base_mono_s();
     double t_log = t0, last_loss = NAN;
     int64_t samples_since_log = 0;
     if (cfg->in_loop)
@@ -620,7 +607,7 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
         pos.epoch_step = 0;
     }
     log_finish(&r, &pend, &t_log, &last_loss);
-    const double seconds = emit_monotonic() - t0;
+    const double seconds = base_mono_s() - t0;
 
     if ((rc = write_checkpoint(&r, &pos, true, true, err)))
         goto out;

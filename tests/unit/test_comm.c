@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "base/clock.h"
 #include "../../worker/comm.h"
 
 #define MAX_W 4
@@ -44,13 +45,6 @@ static unsigned tcp_ranks; /* ranks that keep their links on TCP (DDPD_COMM_SHM=
             CHECK__FAIL("%s: %s: %s", #call, ddpd_err_name(check__rc), err.message);                         \
     } while (0)
 static int issuer_stdin = -1; /* the write end the parent holds; children close it */
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static uint64_t fnv(const void *p, size_t n)
 {
@@ -284,7 +278,7 @@ static void test_collectives(int world, unsigned tcp)
     struct issuer is;
     memset(sh, 0, sizeof *sh);
     tcp_ranks = tcp;
-    double t0 = now_s();
+    double t0 = base_mono_s();
     CHECK_EQ_INT(issuer_start(&is), 0);
     CHECK_EQ_INT(run_ranks(world, &is.id, rank_collectives), 0);
     CHECK_EQ_INT(issuer_stop(&is), 0);
@@ -295,7 +289,7 @@ static void test_collectives(int world, unsigned tcp)
                             (long long)sizes[s], r);
         CHECK(sh->async_hash[r] == sh->async_hash[0]);
     }
-    fprintf(stderr, "collectives W=%d tcp ranks %#x: %.2f s\n", world, tcp, now_s() - t0);
+    fprintf(stderr, "collectives W=%d tcp ranks %#x: %.2f s\n", world, tcp, base_mono_s() - t0);
     tcp_ranks = 0;
 }
 
@@ -369,9 +363,9 @@ static int rank_dies(int rank, int world, const struct comm_id *id)
         kill(getpid(), SIGKILL);
     }
     CHECK_OK(comm_allreduce_start(c, buf, n, &req, &err));
-    double t0 = now_s();
+    double t0 = base_mono_s();
     sh->code[rank] = comm_wait(c, req, &err);
-    sh->elapsed[rank] = now_s() - t0;
+    sh->elapsed[rank] = base_mono_s() - t0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
     /* Poisoned: the next call fails at once with the same text. */
     ddpd_error_clear(&err);
@@ -441,14 +435,14 @@ static int rank_dies_anytime(int rank, int world, const struct comm_id *id)
         nanosleep(&t, NULL);
         kill(getpid(), SIGKILL);
     }
-    double t0 = now_s();
+    double t0 = base_mono_s();
     ddpd_err rc = comm_wait(c, req, &err);
     if (rc == DDPD_OK) {
         ddpd_error_clear(&err);
         rc = comm_barrier(c, &err);
     }
     sh->code[rank] = rc;
-    sh->elapsed[rank] = now_s() - t0;
+    sh->elapsed[rank] = base_mono_s() - t0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
     ddpd_error_clear(&err);
     sh->later_code[rank] = comm_barrier(c, &err);
@@ -522,9 +516,9 @@ static int rank_fragment(int rank, int world, const struct comm_id *id)
             nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
     }
     CHECK_OK(comm_allreduce_start(c, buf, n, &req, &err));
-    double t0 = now_s();
+    double t0 = base_mono_s();
     sh->code[rank] = comm_wait(c, req, &err);
-    sh->elapsed[rank] = now_s() - t0;
+    sh->elapsed[rank] = base_mono_s() - t0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
     ddpd_error_clear(&err);
     sh->later_code[rank] = comm_barrier(c, &err);
@@ -574,14 +568,14 @@ static int rank_cancel(int rank, int world, const struct comm_id *id)
         nanosleep(&t, NULL);
         kill(getpid(), SIGTERM);
     }
-    double t0 = now_s();
+    double t0 = base_mono_s();
     ddpd_err rc = comm_wait(c, req, &err);
     if (rc == DDPD_OK) { /* finished before the cancel: the next call sees it */
         ddpd_error_clear(&err);
         rc = comm_barrier(c, &err);
     }
     sh->code[rank] = rc;
-    sh->elapsed[rank] = now_s() - t0;
+    sh->elapsed[rank] = base_mono_s() - t0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
     ddpd_error_clear(&err);
     sh->later_code[rank] = comm_barrier(c, &err);
@@ -622,9 +616,9 @@ static int rank_absent(int rank, int world, const struct comm_id *id)
         return 0;
     struct ddpd_error err;
     ddpd_error_clear(&err);
-    double t0 = now_s();
+    double t0 = base_mono_s();
     struct comm *c = comm_new(&comm_cpu_ops, id, rank, world, 1.0, &err);
-    sh->elapsed[rank] = now_s() - t0;
+    sh->elapsed[rank] = base_mono_s() - t0;
     sh->code[rank] = c ? DDPD_OK : err.code;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
     comm_free(c);
@@ -650,9 +644,9 @@ static void test_rank_absent(void)
     /* No issuer at all: refused until the deadline. */
     struct comm_id gone = is.id;
     struct ddpd_error err;
-    double t0 = now_s();
+    double t0 = base_mono_s();
     CHECK(comm_new(&comm_cpu_ops, &gone, 0, 2, 0.5, &err) == NULL);
-    CHECK(now_s() - t0 > 0.4 && now_s() - t0 < 2.0);
+    CHECK(base_mono_s() - t0 > 0.4 && base_mono_s() - t0 < 2.0);
     CHECK_EQ_INT(err.code, DDPD_ECOMM);
     CHECK(strstr(err.message, "rank 0: rendezvous with root 127.0.0.1:") != NULL);
     fprintf(stderr, "  no issuer: %s\n", err.message);
@@ -672,10 +666,10 @@ static int rank_silent(int rank, int world, const struct comm_id *id)
         comm_free(c);
         return 0;
     }
-    double t0 = now_s();
+    double t0 = base_mono_s();
     CHECK_OK(comm_allreduce_start(c, buf, 64, &req, &err));
     sh->code[rank] = comm_wait(c, req, &err);
-    sh->elapsed[rank] = now_s() - t0;
+    sh->elapsed[rank] = base_mono_s() - t0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
     comm_free(c);
     return 0;
@@ -743,9 +737,9 @@ static void test_bad_registration(void)
     CHECK_EQ_INT(issuer_start(&is), 0);
     struct comm_id bad = is.id;
     bad.bytes[3] ^= 0x5a;
-    double t0 = now_s();
+    double t0 = base_mono_s();
     CHECK(comm_new(&comm_cpu_ops, &bad, 0, 2, 5.0, &err) == NULL);
-    CHECK(now_s() - t0 < 1.0);
+    CHECK(base_mono_s() - t0 < 1.0);
     CHECK(strstr(err.message, "wrong magic") != NULL);
     fprintf(stderr, "  magic: %s\n", err.message);
 
@@ -811,9 +805,9 @@ static void test_bogus_root(void)
     }
     close(lfd);
     struct ddpd_error err;
-    double t0 = now_s();
+    double t0 = base_mono_s();
     CHECK(comm_new(&comm_cpu_ops, &id, 0, 2, 5.0, &err) == NULL);
-    CHECK(now_s() - t0 < 2.0);
+    CHECK(base_mono_s() - t0 < 2.0);
     CHECK_EQ_INT(err.code, DDPD_ECOMM);
     CHECK(strstr(err.message, "rendezvous: malformed message from root 127.0.0.1:") != NULL);
     fprintf(stderr, "  bogus root: %s\n", err.message);
@@ -851,10 +845,10 @@ static int rank_abort(int rank, int world, const struct comm_id *id)
     pthread_t th;
     abort_target = c;
     pthread_create(&th, NULL, aborter, NULL);
-    double t0 = now_s();
+    double t0 = base_mono_s();
     CHECK_OK(comm_allreduce_start(c, buf, 1 << 16, &req, &err));
     sh->code[rank] = comm_wait(c, req, &err);
-    sh->elapsed[rank] = now_s() - t0;
+    sh->elapsed[rank] = base_mono_s() - t0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
     pthread_join(th, NULL);
     CHECK_EQ_INT(comm_barrier(c, &err), DDPD_ECOMM);
@@ -1030,7 +1024,7 @@ static void test_failure_codes(void)
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
-    double t0 = now_s();
+    double t0 = base_mono_s();
     sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (sh == MAP_FAILED)
         return 1;
@@ -1063,6 +1057,6 @@ int main(void)
     test_bad_registration();
     test_bogus_root();
     test_abort();
-    fprintf(stderr, "test_comm: %.1f s\n", now_s() - t0);
+    fprintf(stderr, "test_comm: %.1f s\n", base_mono_s() - t0);
     CHECK_DONE();
 }

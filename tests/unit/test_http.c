@@ -21,16 +21,10 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "base/clock.h"
 #include "server/http.h"
 
 #define TOKEN "s3cret-token"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void sleep_ms(int ms)
 {
@@ -324,9 +318,9 @@ static bool err_body(const struct resp *r, char *code, char *path, char *msg, si
 /* Waits until the peer closes (EOF or reset) within `secs`; true when it did. */
 static bool wait_closed(int fd, double secs)
 {
-    double end = now_s() + secs;
+    double end = base_mono_s() + secs;
     char b[65536];
-    while (now_s() < end) {
+    while (base_mono_s() < end) {
         struct pollfd p = {fd, POLLIN, 0};
         if (poll(&p, 1, 50) <= 0)
             continue;
@@ -645,14 +639,14 @@ static void gate(bool closed)
 /* Waits (bounded) until the handler has taken `n` deferred requests in all. */
 static bool held_reaches(int n, double secs)
 {
-    double end = now_s() + secs;
+    double end = base_mono_s() + secs;
     for (;;) {
         pthread_mutex_lock(&dq.mu);
         int h = dq.held;
         pthread_mutex_unlock(&dq.mu);
         if (h >= n)
             return true;
-        if (now_s() > end)
+        if (base_mono_s() > end)
             return false;
         sleep_ms(2);
     }
@@ -1491,9 +1485,9 @@ static void test_stream_slow(void)
     pthread_mutex_lock(&sl->mu);
     CHECK_EQ_INT(http_stream_write(sl->s, "x", 1), DDPD_ECANCELED);
     pthread_mutex_unlock(&sl->mu);
-    double t0 = now_s();
+    double t0 = base_mono_s();
     CHECK(slot_wait(sl, &sl->closed, 5));
-    CHECK(now_s() - t0 < 1.5); /* cut at once, not after the idle timeout */
+    CHECK(base_mono_s() - t0 < 1.5); /* cut at once, not after the idle timeout */
     CHECK_EQ_INT(sl->why, HTTP_STREAM_SLOW);
     CHECK(c && wait_closed(c->fd, 5));
     http_stream_close(sl->s);
@@ -1510,10 +1504,10 @@ static void test_stream_client_gone(void)
     CHECK(slot_wait(sl, &sl->opened, 5));
     cli_close(c);
     /* heartbeats until the layer notices the client went away */
-    double end = now_s() + 5;
+    double end = base_mono_s() + 5;
     bool closed = false;
     int pings = 0;
-    while (!closed && now_s() < end) {
+    while (!closed && base_mono_s() < end) {
         pthread_mutex_lock(&sl->mu);
         http_stream_write(sl->s, ": ping\n\n", 8);
         closed = sl->closed;
@@ -1566,9 +1560,9 @@ static void test_stream_idle_cpu(void)
     CHECK(slot_wait(&slots[0], &slots[0].opened, 5));
     CHECK(slot_wait(&slots[1], &slots[1].opened, 5));
     sleep_ms(100);
-    double c0 = cpu_s(), t0 = now_s();
+    double c0 = cpu_s(), t0 = base_mono_s();
     sleep_ms(1000);
-    double cpu = cpu_s() - c0, wall = now_s() - t0;
+    double cpu = cpu_s() - c0, wall = base_mono_s() - t0;
     fprintf(stderr, "  two parked streams: %.3f s CPU in %.2f s\n", cpu, wall);
     CHECK(cpu < 0.2 * wall);
     /* still alive: a write and a wake get through */
@@ -1652,9 +1646,9 @@ static void test_slow_clients(void)
      * idle timeout never trips, the request deadline (700 ms) does. */
     struct cli *c = cli_open(port);
     const char *h = "GET /v1/echo HTTP/1.1\r\nHost: test\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
-    double t0 = now_s();
+    double t0 = base_mono_s();
     bool cut = false;
-    for (size_t i = 0; c && i < strlen(h) && now_s() - t0 < 5; i++) {
+    for (size_t i = 0; c && i < strlen(h) && base_mono_s() - t0 < 5; i++) {
         if (!send_all(c->fd, h + i, 1))
             break;
         struct pollfd p = {c->fd, POLLIN, 0};
@@ -1669,7 +1663,7 @@ static void test_slow_clients(void)
     }
     if (!cut)
         cut = c && wait_closed(c->fd, 3);
-    double dt = now_s() - t0;
+    double dt = base_mono_s() - t0;
     fprintf(stderr, "  slow loris cut after %.2f s\n", dt);
     CHECK(cut);
     CHECK(dt > 0.5 && dt < 2.5);
@@ -1678,19 +1672,19 @@ static void test_slow_clients(void)
     /* a body that never finishes */
     c = cli_open(port);
     h = "POST /v1/echo HTTP/1.1\r\nHost: t\r\n" AUTH "Content-Length: 100\r\n\r\n{\"a\":";
-    t0 = now_s();
+    t0 = base_mono_s();
     CHECK(c && send_all(c->fd, h, strlen(h)));
     CHECK(c && wait_closed(c->fd, 5));
-    dt = now_s() - t0;
+    dt = base_mono_s() - t0;
     fprintf(stderr, "  stalled body cut after %.2f s\n", dt);
     CHECK(dt < 2.5);
     cli_close(c);
 
     /* a connection that never sends anything */
     c = cli_open(port);
-    t0 = now_s();
+    t0 = base_mono_s();
     CHECK(c && wait_closed(c->fd, 5));
-    CHECK(now_s() - t0 < 2.5);
+    CHECK(base_mono_s() - t0 < 2.5);
     cli_close(c);
 }
 
@@ -1978,12 +1972,12 @@ int main(void)
     port = http_server_port(server);
     CHECK(port > 0);
 
-    double t0 = now_s();
+    double t0 = base_mono_s();
 #define RUN(t)                                                                                               \
     do {                                                                                                     \
-        double t1 = now_s();                                                                                 \
+        double t1 = base_mono_s();                                                                                 \
         t;                                                                                                   \
-        fprintf(stderr, "%-28s %.2f s\n", #t, now_s() - t1);                                                 \
+        fprintf(stderr, "%-28s %.2f s\n", #t, base_mono_s() - t1);                                                 \
     } while (0)
     RUN(test_start_errors());
     RUN(test_basics());
@@ -2006,7 +2000,7 @@ int main(void)
     RUN(test_free_with_streams());
     RUN(test_thread_pool());
     RUN(test_ipv6());
-    fprintf(stderr, "total %.2f s\n", now_s() - t0);
+    fprintf(stderr, "total %.2f s\n", base_mono_s() - t0);
     unlink(file_path);
     CHECK_DONE();
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "base/clock.h"
 #include "worker/comm.h"
 #include "worker/dev.h"
 
@@ -57,13 +58,6 @@ static int issuer_stop(struct issuer *is)
     int st = 0;
     waitpid(is->pid, &st, 0);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
 #define CHECK_OK(call)                                                                   \
@@ -170,9 +164,9 @@ static void test_absent_rank(const struct comm_id *id)
 {
     struct ddpd_error err;
     ddpd_error_clear(&err);
-    double t0 = now_s();
+    double t0 = base_mono_s();
     struct comm *c = comm_new(&comm_nccl_ops, id, 0, 2, 2.0, &err);
-    double took = now_s() - t0;
+    double took = base_mono_s() - t0;
     CHECK(c == NULL);
     comm_free(c);
     CHECK(took >= 1.9 && took < 15.0);

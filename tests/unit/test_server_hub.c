@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "server/hub.h"
 
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
@@ -17,13 +18,6 @@
 #else
 #define SANITIZED 0
 #endif
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* ---- a job's events and a fake store ---- */
 
@@ -708,11 +702,11 @@ static void fanout_run(int nsubs, int nconsumers, int64_t events, bool paced)
     for (int i = 0; i < nconsumers; i++)
         pthread_create(&th[i], NULL, consumer_main, &cons[i]);
 
-    double t0 = now_s(), tmax = 0;
+    double t0 = base_mono_s(), tmax = 0;
     for (int64_t q = 1; q <= events; q++) {
-        double a = now_s();
+        double a = base_mono_s();
         CHECK_EQ_INT(publish(h, job, q, events, true), DDPD_OK);
-        double d = now_s() - a;
+        double d = base_mono_s() - a;
         if (d > tmax)
             tmax = d;
         if (paced && q % 100 == 0) {
@@ -720,10 +714,10 @@ static void fanout_run(int nsubs, int nconsumers, int64_t events, bool paced)
             nanosleep(&ts, NULL);
         }
     }
-    double t1 = now_s();
+    double t1 = base_mono_s();
     for (int i = 0; i < nconsumers; i++)
         pthread_join(th[i], NULL);
-    double t2 = now_s();
+    double t2 = base_mono_s();
 
     long ok = 0, pulls = 0;
     for (int i = 0; i < nsubs; i++) {
@@ -779,10 +773,10 @@ static void test_publish_cost_idle_subs(void)
         s[i] = sub_counted(h, 1, 0, HUB_FORMAT_SSE, &c[i], &from);
     }
     const int64_t events = SANITIZED ? 2000 : 9000; /* under sub_events: nobody dropped */
-    double t0 = now_s();
+    double t0 = base_mono_s();
     for (int64_t q = 1; q <= events; q++)
         publish(h, 1, q, events + 1, false);
-    double dt = now_s() - t0;
+    double dt = base_mono_s() - t0;
     fprintf(stderr, "publish with %d subscribers that never pull: %.0f events/s\n", N, (double)events / dt);
     struct hub_stats st;
     hub_stats_get(h, &st);
@@ -1068,9 +1062,9 @@ static void test_forget_and_close(void)
 
 #define RUN(t)                                                                                               \
     do {                                                                                                     \
-        double t0_ = now_s();                                                                                \
+        double t0_ = base_mono_s();                                                                                \
         t();                                                                                                 \
-        fprintf(stderr, "%-36s %6.2f s\n", #t, now_s() - t0_);                                               \
+        fprintf(stderr, "%-36s %6.2f s\n", #t, base_mono_s() - t0_);                                               \
     } while (0)
 
 int main(void)

@@ -1,8 +1,8 @@
 /* test_server_proc.c — server/proc.c: how every child of the server starts (proc_spawn:
  * only descriptors 0-2 cross, even one numbered past 1,024; /dev/null, the server's own
  * stderr, an empty environment, signals unblocked (SIGTERM held where asked), its own
- * process group, a failed exec said and exit 127) and proc_mkdirs. The children are coreutils programs: the test may
- * use them; the server runs none. */
+ * process group, a failed exec said and exit 127). The children are coreutils programs:
+ * the test may use them; the server runs none. (mkdir -p moved to base/: test_base.c.) */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -193,39 +193,6 @@ static void test_exec_failure(void)
     CHECK(strstr(err, "cannot execute /nonexistent/no-such-program: No such file or directory") != NULL);
 }
 
-static void test_mkdirs(void)
-{
-    const char *tmp = getenv("DDPD_TEST_TMP");
-    char base[PATH_MAX], path[PATH_MAX + 64];
-    snprintf(base, sizeof base, "%s/proc-mkdirs-%d", tmp && *tmp ? tmp : "/tmp", (int)getpid());
-    snprintf(path, sizeof path, "%s/a/b/c", base);
-    CHECK_EQ_INT(proc_mkdirs(path, false), 0); /* the parents only */
-    struct stat st;
-    char parent[PATH_MAX + 64];
-    snprintf(parent, sizeof parent, "%s/a/b", base);
-    CHECK(stat(parent, &st) == 0 && S_ISDIR(st.st_mode));
-    CHECK(stat(path, &st) != 0);
-    CHECK_EQ_INT(proc_mkdirs(path, true), 0);
-    CHECK(stat(path, &st) == 0 && S_ISDIR(st.st_mode));
-    CHECK_EQ_INT(proc_mkdirs(path, true), 0); /* already there */
-
-    char file[PATH_MAX + 64], under[PATH_MAX + 96];
-    snprintf(file, sizeof file, "%s/a/file", base);
-    FILE *f = fopen(file, "w");
-    CHECK(f != NULL);
-    if (f)
-        fclose(f);
-    snprintf(under, sizeof under, "%s/x/y", file);
-    CHECK_EQ_INT(proc_mkdirs(under, true), ENOTDIR);
-
-    char *longp = malloc(PATH_MAX + 10);
-    memset(longp, 'a', PATH_MAX + 9);
-    longp[0] = '/';
-    longp[PATH_MAX + 9] = '\0';
-    CHECK_EQ_INT(proc_mkdirs(longp, true), ENAMETOOLONG);
-    free(longp);
-}
-
 int main(void)
 {
     test_only_stdio_crosses();
@@ -233,6 +200,5 @@ int main(void)
     test_signals_and_group();
     test_hold_term();
     test_exec_failure();
-    test_mkdirs();
     CHECK_DONE();
 }

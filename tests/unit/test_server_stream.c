@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "base/clock.h"
 #include "server/hub.h"
 #include "server/store.h"
 #include "server/stream.h"
@@ -27,13 +28,6 @@ static void sleep_us(long us)
 {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
     nanosleep(&ts, NULL);
-}
-
-static double now_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *f)
@@ -194,8 +188,8 @@ static void *run_client(void *arg)
     char buf[65536];
     size_t cap = c->cap ? c->cap : sizeof buf;
     long pulls = 0;
-    double deadline = now_mono() + 120;
-    while (now_mono() < deadline) {
+    double deadline = base_mono_s() + 120;
+    while (base_mono_s() < deadline) {
         struct stream_opts o = {.format = c->fmt, .page_events = c->page_events, .page_bytes = c->page_bytes,
                                 .wake = wake, .ctx = c};
         struct stream *st;
@@ -245,7 +239,7 @@ static void *run_client(void *arg)
                 pthread_cond_timedwait(&c->cv, &c->mu, &t);
             }
             pthread_mutex_unlock(&c->mu);
-            if (now_mono() > deadline)
+            if (base_mono_s() > deadline)
                 break;
         }
         if (acc_len)
@@ -495,9 +489,9 @@ static void test_deleted(void)
 /* Waits (bounded) for the client's wake; true when it came. */
 static bool wait_woken(struct client *c, double limit_s)
 {
-    double end = now_mono() + limit_s;
+    double end = base_mono_s() + limit_s;
     pthread_mutex_lock(&c->mu);
-    while (!c->woken && now_mono() < end) {
+    while (!c->woken && base_mono_s() < end) {
         pthread_mutex_unlock(&c->mu);
         sleep_us(2000);
         pthread_mutex_lock(&c->mu);

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "schema/event.h"
 #include "server/store.h"
 
@@ -37,13 +38,6 @@
 #define SPEC "{\"name\":\"t\",\"model\":[{\"type\":\"linear\",\"in\":2,\"out\":1}]}"
 
 static char tmpdir[512];
-
-static double now_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void sleep_ms(int ms)
 {
@@ -810,7 +804,7 @@ static double raw_ingest(const char *path, char (*bodies)[256], int n)
                        "INSERT OR REPLACE INTO loss (job, step, rank, loss) "
                        "VALUES (1, ?1, ?2, ?3)",
                        -1, &ls, NULL);
-    double t0 = now_mono();
+    double t0 = base_mono_s();
     for (int i = 0; i < n; i++) {
         if (i % 1000 == 0)
             sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
@@ -828,7 +822,7 @@ static double raw_ingest(const char *path, char (*bodies)[256], int n)
         if (i % 1000 == 999 || i == n - 1)
             sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
     }
-    double dt = now_mono() - t0;
+    double dt = base_mono_s() - t0;
     sqlite3_finalize(ev);
     sqlite3_finalize(ls);
     sqlite3_close(db);
@@ -854,7 +848,7 @@ static void test_ingest_rate(void)
                              i / INGEST_RANKS + 1, 1.0 / (i + 1));
         CHECK(len > 0 && len < 256);
     }
-    double t0 = now_mono();
+    double t0 = base_mono_s();
     int bad = 0;
     for (int i = 0; i < n; i++) {
         ev.seq = i + 1;
@@ -865,7 +859,7 @@ static void test_ingest_rate(void)
             bad++;
     }
     CHECK_EQ_INT(flush(s), DDPD_OK);
-    double dt = now_mono() - t0;
+    double dt = base_mono_s() - t0;
     CHECK_EQ_INT(bad, 0);
     struct store_stats st;
     store_stats_get(s, &st);
@@ -996,9 +990,9 @@ static void test_metrics(void)
     CHECK_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
     CHECK_EQ_INT(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(db);
-    double t0 = now_mono();
+    double t0 = base_mono_s();
     CHECK_EQ_INT(store_metrics_get(s, job3, 1000, &m, &e), DDPD_OK);
-    double dt = now_mono() - t0;
+    double dt = base_mono_s() - t0;
     CHECK(m.n_series == 5 && m.series[0].n <= 1000 && m.series[4].n <= 1000);
     CHECK(m.n_series == 5 && m.series[0].step[m.series[0].n - 1] == big / 4);
     CHECK_EQ_INT(m.points, big);

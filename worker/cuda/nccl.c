@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../../base/clock.h"
 #include "../emit.h"
 #include "../comm.h"
 #include "plugin.h"
@@ -57,19 +58,6 @@ struct nccl {
     char err[512];
     ddpd_err code; /* the first failure's: DDPD_EDEVICE for CUDA's, DDPD_ECOMM otherwise */
 };
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void nap(void)
-{
-    struct timespec t = {0, 50 * 1000}; /* 50 us: well below a collective's deadline */
-    nanosleep(&t, NULL);
-}
 
 /* The code of the failure recorded; DDPD_ECOMM when there is none (nc_abort sets
  * c->failed without one). */
@@ -146,9 +134,9 @@ static void abort_bounded(struct nccl *c)
         free(a);
         return;
     }
-    const double until = now_s() + ABORT_S;
-    while (!atomic_load(&a->done) && now_s() < until)
-        nap();
+    const double until = base_mono_s() + ABORT_S;
+    while (!atomic_load(&a->done) && base_mono_s() < until)
+        base_sleep_s(50e-6); /* 50 us: well below a collective's deadline */
     if (atomic_load(&a->done)) {
         pthread_join(t, NULL);
         free(a);
@@ -193,7 +181,7 @@ static void *watchdog_main(void *arg)
                 work_release_locked(c, w);
                 continue;
             }
-            if (q != cudaErrorNotReady || now_s() > w->deadline) {
+            if (q != cudaErrorNotReady || base_mono_s() > w->deadline) {
                 char what[128];
                 snprintf(what, sizeof what, "%s", w->what);
                 pthread_mutex_unlock(&c->mu);
@@ -216,11 +204,7 @@ static void *watchdog_main(void *arg)
             watchdog_fatal(c);
         }
         /* A new collective wakes it (watch signals); otherwise it looks again soon. */
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += (w ? WATCH_BUSY_MS : WATCH_IDLE_MS) * 1000000L;
-        until.tv_sec += until.tv_nsec / 1000000000L;
-        until.tv_nsec %= 1000000000L;
+        struct timespec until = base_timespec_after(CLOCK_REALTIME, (w ? WATCH_BUSY_MS : WATCH_IDLE_MS) / 1000.0);
         pthread_cond_timedwait(&c->cv, &c->mu, &until);
     }
     pthread_mutex_unlock(&c->mu);
@@ -233,14 +217,14 @@ static void *watchdog_main(void *arg)
  * background and the communicator's state says when. Waits for it up to the deadline. */
 static ddpd_err settle(struct nccl *c, ncclResult_t r, const char *what)
 {
-    const double until = now_s() + c->timeout_s;
+    const double until = base_mono_s() + c->timeout_s;
     while (r == ncclInProgress) {
-        if (now_s() > until) {
+        if (base_mono_s() > until) {
             fail(c, "nccl: %s: %s", what, "still in progress at the deadline");
             abort_bounded(c);
             return failed_code(c);
         }
-        nap();
+        base_sleep_s(50e-6); /* 50 us: well below a collective's deadline */
         if (ncclCommGetAsyncError(c->comm, &r) != ncclSuccess)
             break;
     }
@@ -284,7 +268,7 @@ static ddpd_err watch(struct nccl *c, const char *what, bool keep, struct work *
         return cuda_fail(c, e, what);
     }
     snprintf(w->what, sizeof w->what, "%s", what);
-    w->deadline = now_s() + c->timeout_s;
+    w->deadline = base_mono_s() + c->timeout_s;
     w->refs = keep ? 2 : 1;
     w->next = NULL;
     pthread_mutex_lock(&c->mu);
@@ -321,11 +305,11 @@ static ddpd_err finish(struct nccl *c, struct work *w)
             rc = cuda_fail(c, q, w->what);
             break;
         }
-        if (atomic_load(&c->failed) || now_s() > w->deadline) {
+        if (atomic_load(&c->failed) || base_mono_s() > w->deadline) {
             rc = fail(c, "nccl: %s %s", w->what, "not done by its deadline");
             break;
         }
-        nap();
+        base_sleep_s(50e-6); /* 50 us: well below a collective's deadline */
     }
     pthread_mutex_lock(&c->mu);
     work_release_locked(c, w);

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../base/check.h"
+
 #define CSV_MAX_CELL 256 /* a number longer than this is not a number */
 #define CSV_MAX_COLS (SPEC_MAX_WIDTH + SPEC_MAX_TARGETS)
 
@@ -318,7 +320,7 @@ static ddpd_err csv_fill(const char *name, const char *buf, int64_t len, const s
         for (int j = 0; j < lo->ncols; j++) {
             double v = 0;
             char col_name[64];
-            if (csv_field(&c, &cl) == CSV_ERR) /* cannot happen: csv_scan parsed it */
+            if (NEVER(csv_field(&c, &cl) == CSV_ERR)) /* csv_scan parsed it */
                 return csv_fail(err, name, c.err_line, 0, "line %" PRId64 ": %s", c.err_line, c.err_what);
             if ((rc = csv_number(name, lo, j, line, &cl, &v, err)))
                 return rc;

@@ -20,18 +20,12 @@
 #include <string.h>
 
 #include "../dev.h"
+#include "../../base/alloc.h"
+#include "../../base/check.h"
 
 /* OpenBLAS declares this in its cblas.h; repeated here for builds against a cblas.h
  * that lacks it (a compatible redeclaration is harmless). */
 void openblas_set_num_threads(int num_threads);
-
-#define CPU_ASSERT(c)                                                                    \
-    do {                                                                                 \
-        if (!(c)) {                                                                      \
-            fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #c);   \
-            abort();                                                                     \
-        }                                                                                \
-    } while (0)
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -99,8 +93,8 @@ static void cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n
                      float beta, float *c, int64_t ldc)
 {
     (void)ctx;
-    CPU_ASSERT(m >= 0 && n >= 0 && k >= 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX);
-    CPU_ASSERT(lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
+    ASSERT(m >= 0 && n >= 0 && k >= 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX);
+    ASSERT(lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
     if (m == 0 || n == 0)
         return;
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
@@ -273,7 +267,7 @@ static void cpu_act_forward(void *ctx, layer_kind k, float *restrict y, const fl
             y[i] = x[i] * 0.5f * (1.0f + erff(x[i] * GELU_ALPHA));
         break;
     case LAYER_LINEAR:
-        CPU_ASSERT(!"act_forward on a linear layer");
+        ASSERT(!"act_forward on a linear layer");
     }
 }
 
@@ -333,7 +327,7 @@ static void cpu_act_backward(void *ctx, layer_kind k, float *restrict dx,
         (c->fused ? gelu_backward_fused : gelu_backward_plain)(dx, dy, x, n);
         break;
     case LAYER_LINEAR:
-        CPU_ASSERT(!"act_backward on a linear layer");
+        ASSERT(!"act_backward on a linear layer");
     }
 }
 
@@ -486,7 +480,7 @@ static void cpu_sgd_step(void *ctx, const struct sgd_hyper *h, float *param, con
                          float *buf, int64_t n)
 {
     const struct cpu *c = ctx;
-    CPU_ASSERT(h->momentum == 0.0f || buf);
+    ASSERT(h->momentum == 0.0f || buf);
     (c->fused ? sgd_fused : sgd_plain)(h, param, grad, buf, n);
 }
 
@@ -604,8 +598,7 @@ static const struct dev_ops cpu_ops = {
 
 struct dev dev_cpu_new(int threads)
 {
-    struct cpu *c = calloc(1, sizeof *c);
-    CPU_ASSERT(c); /* a few bytes: out of memory here is fatal */
+    struct cpu *c = xcalloc(1, sizeof *c); /* a few bytes: out of memory here is fatal */
 #if DDPD_CPU_X86
     __builtin_cpu_init();
     /* PyTorch 1.13 picks its AVX2 kernels exactly when the CPU has AVX2 and FMA. */
@@ -626,7 +619,7 @@ void dev_cpu_free(struct dev d)
 
 bool dev_cpu_set_fused(struct dev d, bool fused)
 {
-    CPU_ASSERT(d.ops == &cpu_ops);
+    ASSERT(d.ops == &cpu_ops);
     struct cpu *c = d.ctx;
     bool was = c->fused;
     c->fused = fused && c->has_fma; /* never run FMA instructions on a CPU without them */

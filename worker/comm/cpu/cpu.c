@@ -120,12 +120,8 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
     atomic_init(&c->aborted, 0);
     atomic_init(&c->cancelled, 0);
     c->fail_rc = DDPD_ECOMM;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    int sync_ok = pthread_mutex_init(&c->mu, NULL) == 0 && pthread_cond_init(&c->work, &ca) == 0 &&
-                  pthread_cond_init(&c->done, &ca) == 0;
-    pthread_condattr_destroy(&ca);
+    int sync_ok = pthread_mutex_init(&c->mu, NULL) == 0 && base_cond_init_mono(&c->work) == 0 &&
+                  base_cond_init_mono(&c->done) == 0;
     if (!sync_ok) {
         comm_cpu__fmt_err(errbuf, errcap, "cannot create the communicator's lock");
         free(c);
@@ -144,7 +140,7 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
         comm_cpu__fmt_err(errbuf, errcap, "malformed communicator id (no root address in it)");
         goto out;
     }
-    double deadline = comm_cpu__mono() + timeout_s;
+    double deadline = base_mono_s() + timeout_s;
     c->stage = malloc(STAGE_BYTES);
     table = calloc((size_t)world, sizeof *table);
     if (!c->stage || !table) {

@@ -14,6 +14,8 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "../../../base/clock.h"
+
 #define NOTICE_TAG 0x4444504e      /* "DDPN": a failure notice */
 #define CANCEL_TAG 0x44445051      /* "DDPQ": the same, for a rank that was cancelled */
 #define SMALL_BYTES (16 * 1024)    /* all-reduces up to this take the latency path */
@@ -159,7 +161,6 @@ struct stream {
 };
 
 /* sock.c */
-double comm_cpu__mono(void);
 int comm_cpu__ms_until(double deadline);
 socklen_t comm_cpu__addr_to_sa(const struct cpu_addr *a, struct sockaddr_storage *ss);
 int comm_cpu__addr_from_sa(const struct sockaddr_storage *ss, struct cpu_addr *a);

@@ -238,7 +238,7 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
 
     struct stream s = {0}, r = {0};
     struct origin o = {.rank = -1};
-    double deadline = comm_cpu__mono() + c->timeout_s, spin_until = 0;
+    double deadline = base_mono_s() + c->timeout_s, spin_until = 0;
     char w[160];
     int e = 0;
 
@@ -402,7 +402,7 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
          * FIFOs, a poll) comes back here, so this one check bounds them all: a wait that
          * ends early for any reason, or a peer that stops in any state, cannot keep this
          * rank past its deadline. */
-        if (comm_cpu__mono() >= deadline) {
+        if (base_mono_s() >= deadline) {
             what(w, sizeof w, p);
             /* Name whom we wait for: the sender if its bytes are missing, else the
              * receiver that does not drain its socket or FIFO. */
@@ -416,7 +416,7 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
          * paying for a sleep and a wake-up. */
         int shm_in = want_in && c->lin.h, shm_out = want_out && c->lout.h;
         if (shm_in || shm_out) {
-            double t = comm_cpu__mono();
+            double t = base_mono_s();
             if (spin_until == 0)
                 spin_until = t + SPIN_S;
             if (t < spin_until) {
@@ -722,7 +722,7 @@ static void run_head(struct cpu *c)
         c->tail = NULL;
     q->qnext = NULL;
     c->busy = 1;
-    c->run_start = comm_cpu__mono();
+    c->run_start = base_mono_s();
     int skip = comm_cpu__check_usable(c) < 0;
     ddpd_err rc = DDPD_ECOMM;
     char text[ERR_CAP] = "";
@@ -776,13 +776,11 @@ ddpd_err comm_cpu__wait_done(struct cpu *c, struct comm_req *q)
             run_head(c);
             continue;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += 1;
+        struct timespec ts = base_timespec_after(CLOCK_MONOTONIC, 1);
         pthread_cond_timedwait(&c->done, &c->mu, &ts);
         /* Safety net: run_plan bounds every socket wait by the deadline, so a collective
          * running far past it is stuck somewhere unexpected; shutting the sockets frees it. */
-        if (c->busy && !kicked && comm_cpu__mono() > c->run_start + c->timeout_s + 5.0) {
+        if (c->busy && !kicked && base_mono_s() > c->run_start + c->timeout_s + 5.0) {
             comm_cpu__shut_sockets(c);
             kicked = 1;
         }

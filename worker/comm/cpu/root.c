@@ -50,7 +50,7 @@ static void root_send_msg(int fd, uint32_t type, const void *payload, size_t len
     unsigned char h[MSG_HDR_BYTES];
     put32(h, type);
     put32(h + 4, (uint32_t)len);
-    double deadline = comm_cpu__mono() + ROOT_SEND_S;
+    double deadline = base_mono_s() + ROOT_SEND_S;
     /* A rank that does not read its messages only hurts itself: it times out. */
     if (comm_cpu__send_all(fd, h, sizeof h, deadline) == IO_OK && len)
         comm_cpu__send_all(fd, payload, len, deadline);

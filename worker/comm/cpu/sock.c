@@ -19,23 +19,10 @@
 
 /* ---- small helpers ---- */
 
-double comm_cpu__mono(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void sleep_s(double s)
-{
-    struct timespec t = {(time_t)s, (long)((s - floor(s)) * 1e9)};
-    nanosleep(&t, NULL);
-}
-
 /* Milliseconds until `deadline` for poll, rounded up so a wait never ends early. */
 int comm_cpu__ms_until(double deadline)
 {
-    double left = deadline - comm_cpu__mono();
+    double left = deadline - base_mono_s();
     if (left <= 0)
         return 0;
     if (left > 3600)
@@ -168,7 +155,7 @@ int comm_cpu__wait_fd(int fd, short events, double deadline)
         if (r > 0)
             return 1;
         if (r == 0) {
-            if (comm_cpu__mono() >= deadline)
+            if (base_mono_s() >= deadline)
                 return 0;
             continue;
         }
@@ -270,11 +257,11 @@ int comm_cpu__connect_retry(const struct cpu_addr *a, double deadline, int *refu
             return -1;
         }
         *refused = e == ECONNREFUSED;
-        if (comm_cpu__mono() + 0.01 >= deadline) {
+        if (base_mono_s() + 0.01 >= deadline) {
             errno = ETIMEDOUT;
             return -1;
         }
-        sleep_s(0.01);
+        base_sleep_s(0.01);
     }
 }
 
