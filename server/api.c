@@ -22,7 +22,7 @@
 #include "http.h"
 #include "hub.h"
 #include "launch.h"
-#include "plan.h"
+#include "planner.h"
 #include "store.h"
 #include "stream.h"
 #include "super.h"

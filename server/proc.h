@@ -1,4 +1,4 @@
-/* proc.h — small helpers the server's process and file code shares (the launchers, plan.c,
+/* proc.h — small helpers the server's process and file code shares (the launchers, planner.c,
  * super.c, store.c): starting a child program, telling a process from a later one with
  * its pid and killing what an earlier server left, a monotonic clock for deadlines, a
  * write that finishes, and folders made with their parents or removed with their files. */

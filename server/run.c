@@ -18,7 +18,7 @@
 #include "../schema/jobdir.h"
 #include "../schema/spec.h"
 #include "launch.h"
-#include "plan.h"
+#include "planner.h"
 
 static volatile sig_atomic_t interrupted;
 

@@ -1,7 +1,7 @@
-/* plan.c — long-lived `ddpd-worker --plan` processes answering one request per line
- * (plan.h). The callers ignore SIGPIPE (ddpd serve and ddpd run both do), so a planner
+/* planner.c — long-lived `ddpd-worker --plan` processes answering one request per line
+ * (planner.h). The callers ignore SIGPIPE (ddpd serve and ddpd run both do), so a planner
  * that died shows up as a failed write or an early EOF, never as a signal. */
-#include "plan.h"
+#include "planner.h"
 
 #include <errno.h>
 #include <fcntl.h>
