@@ -8,7 +8,7 @@ import re
 import socket
 import time
 
-from conftest import FOREVER_STEPS, heavy_spec, seed_spec, wait_until
+from pylib.server import FOREVER_STEPS, heavy_spec, seed_spec, wait_until
 
 # What server/env.c lets through: exact names and prefixes. Kept here on purpose (not read
 # from the C file): a change to the list must change this test too, in review.

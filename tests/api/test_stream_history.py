@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from conftest import wait_until
+from pylib.server import wait_until
 
 
 def mkjob(server, events, state="succeeded"):
