@@ -2,7 +2,7 @@
 job's processes get is an allow-list of the server's (server/env.c), the bearer token never
 lands in a log, a response or a worker, oversized request headers are refused without
 hurting anyone else, and one address cannot hold more than its share of connections.
-Route-by-route auth over the real route table is tests/unit/test_server_auth.c."""
+Route-by-route auth over the real route table is tests/unit/server/test_server_auth.c."""
 import os
 import re
 import socket

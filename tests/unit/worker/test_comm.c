@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "../../worker/comm.h"
+#include "worker/comm.h"
 
 #define MAX_W 4
 #define NSIZES 5
