@@ -117,8 +117,7 @@ static ddpd_err proc_start(struct proc *c, const char *worker, struct ddpd_error
     if (pipe2(in, O_CLOEXEC))
         return ddpd_error_set(err, DDPD_EIO, "", "cannot run %s --plan: %s", worker, strerror(errno));
     if (pipe2(out, O_CLOEXEC)) {
-        close(in[0]);
-        close(in[1]);
+        proc_pipe_close(in);
         return ddpd_error_set(err, DDPD_EIO, "", "cannot run %s --plan: %s", worker, strerror(errno));
     }
     /* The worker's environment is an allow-list of ours (env.h), built before fork; its

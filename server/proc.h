@@ -33,6 +33,8 @@ struct proc_spawn {
  * on both sides of the fork, so no signal to it can miss the child. Returns the pid, or
  * -1 with errno set. */
 pid_t proc_spawn(const struct proc_spawn *o);
+/* Closes the open ends (>= 0) of a pipe made for a child and marks them -1. */
+void proc_pipe_close(int p[2]);
 
 /* Seconds on CLOCK_MONOTONIC. */
 double proc_now_mono(void);
