@@ -4,7 +4,6 @@
  * client reads it, then the hub's live events. */
 #include "api.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
