@@ -31,6 +31,7 @@ import numpy as np
 
 from pylib import safetensors as _st
 from pylib.common import REPO, bin_dir, install_skip_code, make_workdir  # noqa: F401
+from pylib.parity import init_weights, make_xy  # noqa: F401 (the same draws for one rank and many)
 
 TORCH_PYTHON = "/usr/bin/python3"
 
@@ -95,32 +96,6 @@ def mlp(*widths, act="relu", bias=True):
             layers.append({"type": act})
         layers.append({"type": "linear", "in": widths[i], "out": widths[i + 1], "bias": bias})
     return layers
-
-
-def init_weights(model, seed):
-    """state_dict (float32) drawn like nn.Linear's default init (uniform ±1/√in)."""
-    rng = np.random.default_rng(seed)
-    sd = {}
-    for i, l in enumerate(model):
-        if l["type"] != "linear":
-            continue
-        k = 1.0 / math.sqrt(l["in"])
-        sd[f"{i}.weight"] = rng.uniform(-k, k, size=(l["out"], l["in"])).astype(np.float32)
-        if l.get("bias", True):
-            sd[f"{i}.bias"] = rng.uniform(-k, k, size=(l["out"],)).astype(np.float32)
-    return sd
-
-
-def make_xy(n, fin, fout, loss, seed):
-    """x [n,fin] float32 ~ N(0,1); y [n,fout] float32 (mse: a noisy linear teacher) or
-    [n] int64 class ids (cross_entropy: argmax of the teacher)."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, fin)).astype(np.float32)
-    w = rng.standard_normal((fin, fout)).astype(np.float32) / math.sqrt(fin)
-    t = x @ w + 0.1 * rng.standard_normal((n, fout)).astype(np.float32)
-    if loss == "mse":
-        return x, t.astype(np.float32)
-    return x, np.argmax(t, axis=1).astype(np.int64)
 
 
 class Case:
