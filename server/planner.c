@@ -280,8 +280,8 @@ ddpd_err planner_plan(struct planner *p, json_t *doc, int world_size, double tim
     return plan_by(p, doc, world_size, proc_now_mono() + timeout_s, timeout_s, counts, known, err);
 }
 
-ddpd_err plan_once(const char *worker, json_t *doc, int world_size, double timeout_s, int64_t *counts,
-                   bool *known, struct ddpd_error *err)
+ddpd_err planner_plan_once(const char *worker, json_t *doc, int world_size, double timeout_s, int64_t *counts,
+                           bool *known, struct ddpd_error *err)
 {
     struct planner *p = planner_new(worker, 1);
     if (!p)

@@ -57,7 +57,7 @@ ddpd_err planner_plan_async(struct planner *p, struct json_t *doc, int world_siz
                             planner_done_fn done, void *ctx, struct ddpd_error *err);
 
 /* One plan through a process started for it alone (`ddpd run`). */
-ddpd_err plan_once(const char *worker, struct json_t *doc, int world_size, double timeout_s, int64_t *counts,
-                   bool *known, struct ddpd_error *err);
+ddpd_err planner_plan_once(const char *worker, struct json_t *doc, int world_size, double timeout_s,
+                           int64_t *counts, bool *known, struct ddpd_error *err);
 
 #endif

@@ -102,7 +102,7 @@ static int check_plan(const char *worker, json_t *doc, const struct spec *spec, 
     struct ddpd_error err;
     int64_t counts[SPEC_MAX_WORLD];
     bool known;
-    if (plan_once(worker, doc, spec->world_size, 60, counts, &known, &err) != DDPD_OK) {
+    if (planner_plan_once(worker, doc, spec->world_size, 60, counts, &known, &err) != DDPD_OK) {
         /* Scripts read stdout: the failure is an `error` event there too. */
         struct event ev = {.kind = EVENT_ERROR, .rank = 0};
         char line[EVENT_LINE_MAX];
