@@ -4,7 +4,6 @@
  * client reads it, then the hub's live events. */
 #include "api.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -23,7 +22,7 @@
 #include "http.h"
 #include "hub.h"
 #include "launch.h"
-#include "plan.h"
+#include "planner.h"
 #include "store.h"
 #include "stream.h"
 #include "super.h"

@@ -104,12 +104,8 @@ static int start_issuer(struct launch *l, const struct launch_opts *o, char *id_
     json_decref(j);
     rc = 0;
 out:
-    for (int i = 0; i < 2; i++) {
-        if (in[i] >= 0)
-            close(in[i]);
-        if (out[i] >= 0)
-            close(out[i]);
-    }
+    proc_pipe_close(in);
+    proc_pipe_close(out);
     if (log_fd >= 0)
         close(log_fd);
     free(env);

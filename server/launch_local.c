@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -120,12 +119,8 @@ static int start_rank(struct local *l, int r, const json_t *every, struct ddpd_e
 out:
     free(doc);
     free(env);
-    for (int i = 0; i < 2; i++) {
-        if (in[i] >= 0)
-            close(in[i]);
-        if (out[i] >= 0)
-            close(out[i]);
-    }
+    proc_pipe_close(in);
+    proc_pipe_close(out);
     if (log_fd >= 0)
         close(log_fd);
     return rc;

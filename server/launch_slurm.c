@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -642,12 +641,8 @@ struct slurm_run *slurm_run_start(const struct slurm_opts *so, const char *name,
     free(a);
     return r;
 fail:
-    for (int i = 0; i < 2; i++) {
-        if (out[i] >= 0)
-            close(out[i]);
-        if (errp[i] >= 0)
-            close(errp[i]);
-    }
+    proc_pipe_close(out);
+    proc_pipe_close(errp);
     if (in_fd >= 0)
         close(in_fd);
     free(a);

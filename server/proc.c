@@ -70,6 +70,15 @@ pid_t proc_spawn(const struct proc_spawn *o)
     return pid;
 }
 
+void proc_pipe_close(int p[2])
+{
+    for (int i = 0; i < 2; i++) {
+        if (p[i] >= 0)
+            close(p[i]);
+        p[i] = -1;
+    }
+}
+
 uint64_t proc_start_time(pid_t pid)
 {
     char path[64], buf[1024];

@@ -1,6 +1,7 @@
-/* proc.h — the server's child processes (the launchers, plan.c, super.c): starting a child
- * program, and telling a process from a later one with its pid to kill what an earlier
- * server left. Clocks, files and writes are base/'s (base/clock.h, base/file.h). */
+/* proc.h — the server's child processes (the launchers, planner.c, super.c): starting a
+ * child program, closing its pipes, and telling a process from a later one with its pid to
+ * kill what an earlier server left. Clocks, files and writes are base/'s (base/clock.h,
+ * base/file.h). */
 #ifndef DDPD_PROC_H
 #define DDPD_PROC_H
 
@@ -32,6 +33,8 @@ struct proc_spawn {
  * on both sides of the fork, so no signal to it can miss the child. Returns the pid, or
  * -1 with errno set. */
 pid_t proc_spawn(const struct proc_spawn *o);
+/* Closes the open ends (>= 0) of a pipe made for a child and marks them -1. */
+void proc_pipe_close(int p[2]);
 
 /* When process `pid` started (/proc/PID/stat field 22, clock ticks after boot): with the
  * pid it names one process, not a later one that reuses the number. 0 when it is gone. */

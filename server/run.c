@@ -19,7 +19,7 @@
 #include "../schema/jobdir.h"
 #include "../schema/spec.h"
 #include "launch.h"
-#include "plan.h"
+#include "planner.h"
 
 static volatile sig_atomic_t interrupted;
 
@@ -84,7 +84,102 @@ static void name_component(const char *name, char *out, size_t cap)
         snprintf(out, cap, "job");
 }
 
-int run_main(int argc, char **argv, const char *self_dir)
+/* Asks `ddpd-worker --plan` whether the data and the batch counts can work, before any
+ * rank starts. Returns -1 to go on, else the exit status, with the failure on stderr
+ * (and as an `error` event on stdout); on failure, releases doc. */
+static int check_plan(const char *worker, json_t *doc, const struct spec *spec, const char *spec_path)
+{
+    struct ddpd_error err;
+    int64_t counts[SPEC_MAX_WORLD];
+    bool known;
+    if (planner_plan_once(worker, doc, spec->world_size, 60, counts, &known, &err) != DDPD_OK) {
+        /* Scripts read stdout: the failure is an `error` event there too. */
+        struct event ev = {.kind = EVENT_ERROR, .rank = 0};
+        char line[EVENT_LINE_MAX];
+        snprintf(ev.error_kind, sizeof ev.error_kind, "%s",
+                 err.code == DDPD_EDATA ? "data" : err.code == DDPD_ESPEC ? "spec" : "internal");
+        snprintf(ev.message, sizeof ev.message, "%s", err.message);
+        ev.ts = (double)time(NULL);
+        if (event_encode(&ev, line, sizeof line) > 0)
+            puts(line);
+        fprintf(stderr, "ddpd run: %s\n", err.message);
+        json_decref(doc);
+        return err.code == DDPD_EDATA || err.code == DDPD_ESPEC ? 2 : 1;
+    }
+    if (known && spec_check_batch_counts(spec, counts, &err) != DDPD_OK) {
+        fprintf(stderr, "ddpd run: %s: %s\n", spec_path, err.message);
+        json_decref(doc);
+        return 2;
+    }
+    return -1;
+}
+
+/* Runs the ranks through the local launcher, their events to stdout, until they end or
+ * SIGINT/SIGTERM stops them. Steals doc. The exit status: 0, a rank's exit code, or 1. */
+static int run_ranks(const char *worker, json_t *doc, const struct spec *spec, const char *out)
+{
+    struct ddpd_error err;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct launch_opts lo = {
+        .worker = worker,
+        .world_size = spec->world_size,
+        .out_dir = out,
+        .doc = doc,
+        .grace_s = 5,
+        .die_with_parent = true,
+        .on_line = print_line,
+    };
+    fprintf(stderr, "ddpd run: %d rank%s, output in %s\n", spec->world_size, spec->world_size > 1 ? "s" : "",
+            out);
+    struct launch *l = launch_start(&lo, &err);
+    json_decref(doc);
+    if (!l) {
+        fprintf(stderr, "ddpd run: %s\n", err.message);
+        return 1;
+    }
+    bool stopping = false;
+    while (!launch_poll(l, 100)) {
+        fflush(stdout);
+        if (interrupted && !stopping) {
+            fprintf(stderr, "ddpd run: interrupted, stopping the ranks\n");
+            launch_cancel(l);
+            stopping = true;
+        }
+    }
+    fflush(stdout);
+    struct launch_result res;
+    launch_result(l, &res);
+    launch_free(l);
+    if (res.ok) {
+        fprintf(stderr, "ddpd run: all %d rank%s succeeded; final model in %s/model.safetensors\n",
+                spec->world_size, spec->world_size > 1 ? "s" : "", out);
+        return 0;
+    }
+    if (stopping)
+        fprintf(stderr, "ddpd run: cancelled; rank %d stopped with exit code %d: %s\n", res.rank,
+                res.exit_code, res.message);
+    else
+        fprintf(stderr, "ddpd run: rank %d failed (exit code %d): %s\n", res.rank, res.exit_code,
+                res.message);
+    return res.exit_code > 0 && res.exit_code < 126 ? res.exit_code : 1;
+}
+
+/* What the command line says. */
+struct run_opts {
+    long world; /* 0: the spec's */
+    const char *device, *out, *data_dir, *resume, *spec_path;
+    int64_t max_rank_memory; /* -1: this host's memory divided by the ranks */
+};
+
+/* Fills o from argv. Returns -1 to go on, else the exit status (0 after --help, 2 with
+ * the message on stderr naming the option). */
+static int parse_options(int argc, char **argv, struct run_opts *o)
 {
     long world = 0;
     const char *device = NULL, *out = NULL, *data_dir = ".", *resume = NULL, *spec_path = NULL;
@@ -144,6 +239,17 @@ int run_main(int argc, char **argv, const char *self_dir)
         return 2;
     }
 
+    *o = (struct run_opts){.world = world, .device = device, .out = out, .data_dir = data_dir, .resume = resume,
+                           .spec_path = spec_path, .max_rank_memory = max_rank_memory};
+    return -1;
+}
+
+/* Reads and checks the spec file into *out, with --world-size and --device over it.
+ * Returns -1 to go on, else the exit status, with the message on stderr. */
+static int load_spec(const struct run_opts *o, struct spec *out)
+{
+    const char *spec_path = o->spec_path, *device = o->device;
+    long world = o->world;
     size_t len;
     char *text = read_file(spec_path, &len);
     if (!text) {
@@ -168,6 +274,21 @@ int run_main(int argc, char **argv, const char *self_dir)
         spec.world_size = (int)world;
     if (device)
         spec.device = !strcmp(device, "cuda") ? DEVICE_CUDA : DEVICE_CPU;
+    *out = spec;
+    return -1;
+}
+
+int run_main(int argc, char **argv, const char *self_dir)
+{
+    struct run_opts o;
+    int st = parse_options(argc, argv, &o);
+    if (st >= 0)
+        return st;
+    struct spec spec;
+    if ((st = load_spec(&o, &spec)) >= 0)
+        return st;
+    const char *out = o.out, *resume = o.resume;
+    int64_t max_rank_memory = o.max_rank_memory;
 
     char out_buf[PATH_MAX], data_abs[PATH_MAX], worker[PATH_MAX];
     if (!out) {
@@ -178,8 +299,8 @@ int run_main(int argc, char **argv, const char *self_dir)
         snprintf(out_buf, sizeof out_buf, "var/runs/%s-%s-%d", name, stamp, (int)getpid());
         out = out_buf;
     }
-    if (!realpath(data_dir, data_abs)) {
-        fprintf(stderr, "ddpd run: --data-dir %s: %s\n", data_dir, strerror(errno));
+    if (!realpath(o.data_dir, data_abs)) {
+        fprintf(stderr, "ddpd run: --data-dir %s: %s\n", o.data_dir, strerror(errno));
         return 2;
     }
     const char *env_worker = getenv("DDPD_WORKER");
@@ -209,75 +330,7 @@ int run_main(int argc, char **argv, const char *self_dir)
     json_object_set_new(doc, "max_rank_memory", json_integer(max_rank_memory));
 
     /* Fail before any rank starts when the data or the batch counts say it cannot work. */
-    int64_t counts[SPEC_MAX_WORLD];
-    bool known;
-    if (plan_once(worker, doc, spec.world_size, 60, counts, &known, &err) != DDPD_OK) {
-        /* Scripts read stdout: the failure is an `error` event there too. */
-        struct event ev = {.kind = EVENT_ERROR, .rank = 0};
-        char line[EVENT_LINE_MAX];
-        snprintf(ev.error_kind, sizeof ev.error_kind, "%s",
-                 err.code == DDPD_EDATA ? "data" : err.code == DDPD_ESPEC ? "spec" : "internal");
-        snprintf(ev.message, sizeof ev.message, "%s", err.message);
-        ev.ts = (double)time(NULL);
-        if (event_encode(&ev, line, sizeof line) > 0)
-            puts(line);
-        fprintf(stderr, "ddpd run: %s\n", err.message);
-        json_decref(doc);
-        return err.code == DDPD_EDATA || err.code == DDPD_ESPEC ? 2 : 1;
-    }
-    if (known && spec_check_batch_counts(&spec, counts, &err) != DDPD_OK) {
-        fprintf(stderr, "ddpd run: %s: %s\n", spec_path, err.message);
-        json_decref(doc);
-        return 2;
-    }
-
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
-    struct launch_opts lo = {
-        .worker = worker,
-        .world_size = spec.world_size,
-        .out_dir = out,
-        .doc = doc,
-        .grace_s = 5,
-        .die_with_parent = true,
-        .on_line = print_line,
-    };
-    fprintf(stderr, "ddpd run: %d rank%s, output in %s\n", spec.world_size, spec.world_size > 1 ? "s" : "",
-            out);
-    struct launch *l = launch_start(&lo, &err);
-    json_decref(doc);
-    if (!l) {
-        fprintf(stderr, "ddpd run: %s\n", err.message);
-        return 1;
-    }
-    bool stopping = false;
-    while (!launch_poll(l, 100)) {
-        fflush(stdout);
-        if (interrupted && !stopping) {
-            fprintf(stderr, "ddpd run: interrupted, stopping the ranks\n");
-            launch_cancel(l);
-            stopping = true;
-        }
-    }
-    fflush(stdout);
-    struct launch_result res;
-    launch_result(l, &res);
-    launch_free(l);
-    if (res.ok) {
-        fprintf(stderr, "ddpd run: all %d rank%s succeeded; final model in %s/model.safetensors\n",
-                spec.world_size, spec.world_size > 1 ? "s" : "", out);
-        return 0;
-    }
-    if (stopping)
-        fprintf(stderr, "ddpd run: cancelled; rank %d stopped with exit code %d: %s\n", res.rank,
-                res.exit_code, res.message);
-    else
-        fprintf(stderr, "ddpd run: rank %d failed (exit code %d): %s\n", res.rank, res.exit_code,
-                res.message);
-    return res.exit_code > 0 && res.exit_code < 126 ? res.exit_code : 1;
+    if ((st = check_plan(worker, doc, &spec, o.spec_path)) >= 0)
+        return st;
+    return run_ranks(worker, doc, &spec, out);
 }

@@ -19,7 +19,6 @@
 #include <string.h>
 #include <pthread.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -195,16 +194,36 @@ static char *read_token(const char *path, char *why, size_t cap)
     return strdup(buf);
 }
 
-int serve_main(int argc, char **argv, const char *self_dir)
+/* What the command line says, with the defaults of `usage`. */
+struct serve_opts {
+    const char *listen, *db, *data_dir, *jobs_dir, *gpus_arg, *token_file, *web_dir, *cors, *comm_addr;
+    long cpu_slots;
+    int64_t max_rank_memory; /* -1: the host's memory divided by the slots */
+    int64_t job_disk_quota;
+    bool insecure, finish, slurm;
+    struct slurm_opts slurm_opts;
+};
+
+/* What the options resolve to before anything starts: the worker, absolute folders, the
+ * token, the GPU slots. */
+struct serve_setup {
+    char worker[PATH_MAX], data_abs[PATH_MAX], jobs_abs[PATH_MAX], web_abs[PATH_MAX];
+    char *token; /* NULL: none */
+    int gpus;
+    /* Slot i of the scheduler is the device gpu_ids[i] (--gpus 2,3: slot 0 is GPU 2). */
+    char gpu_ids[SCHED_MAX_SLOTS][SCHED_GPU_ID_MAX];
+    char slurm_prefix[64];
+};
+
+/* Fills o from argv. Returns -1 to go on, else the exit status (0 after --help, 2 with
+ * the message on stderr naming the option). */
+static int parse_options(int argc, char **argv, struct serve_opts *o)
 {
-    const char *listen = "127.0.0.1:8080", *db = "var/ddpd.db", *data_dir = ".", *jobs_dir = NULL;
-    const char *gpus_arg = "auto", *token_file = NULL, *web_dir = NULL, *cors = NULL;
-    long cpu_slots = sysconf(_SC_NPROCESSORS_ONLN);
-    int64_t max_rank_memory = -1; /* -1: the host's memory divided by the slots */
-    bool insecure = false, finish = false, slurm = false;
-    const char *comm_addr = NULL;
-    struct slurm_opts so_slurm = {.cpus_per_task = 1};
-    int64_t job_disk_quota = JOBDIR_DEFAULT_QUOTA;
+    *o = (struct serve_opts){.listen = "127.0.0.1:8080", .db = "var/ddpd.db", .data_dir = ".",
+                             .gpus_arg = "auto", .cpu_slots = sysconf(_SC_NPROCESSORS_ONLN),
+                             .max_rank_memory = -1, .job_disk_quota = JOBDIR_DEFAULT_QUOTA,
+                             .slurm_opts = {.cpus_per_task = 1}};
+    struct slurm_opts *so_slurm = &o->slurm_opts;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -212,7 +231,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
             return 0;
         }
         if (!strcmp(a, "--insecure")) {
-            insecure = true;
+            o->insecure = true;
             continue;
         }
         if (!v) {
@@ -221,63 +240,63 @@ int serve_main(int argc, char **argv, const char *self_dir)
         }
         i++;
         if (!strcmp(a, "--listen"))
-            listen = v;
+            o->listen = v;
         else if (!strcmp(a, "--db"))
-            db = v;
+            o->db = v;
         else if (!strcmp(a, "--data-dir"))
-            data_dir = v;
+            o->data_dir = v;
         else if (!strcmp(a, "--jobs-dir"))
-            jobs_dir = v;
+            o->jobs_dir = v;
         else if (!strcmp(a, "--gpus"))
-            gpus_arg = v;
+            o->gpus_arg = v;
         else if (!strcmp(a, "--token-file"))
-            token_file = v;
+            o->token_file = v;
         else if (!strcmp(a, "--web-dir"))
-            web_dir = v;
+            o->web_dir = v;
         else if (!strcmp(a, "--slurm-partition"))
-            so_slurm.partition = v;
+            so_slurm->partition = v;
         else if (!strcmp(a, "--slurm-account"))
-            so_slurm.account = v;
+            so_slurm->account = v;
         else if (!strcmp(a, "--slurm-time"))
-            so_slurm.time_limit = v;
+            so_slurm->time_limit = v;
         else if (!strcmp(a, "--comm-addr"))
-            comm_addr = v;
+            o->comm_addr = v;
         else if (!strcmp(a, "--slurm-arg")) {
-            if (so_slurm.n_extra == SLURM_MAX_EXTRA) {
+            if (so_slurm->n_extra == SLURM_MAX_EXTRA) {
                 fprintf(stderr, "ddpd serve: --slurm-arg: at most %d of them\n", SLURM_MAX_EXTRA);
                 return 2;
             }
-            so_slurm.extra[so_slurm.n_extra++] = v;
+            so_slurm->extra[so_slurm->n_extra++] = v;
         } else if (!strcmp(a, "--slurm-cpus-per-task")) {
             long c;
             if (base_parse_long(v, 1, 4096, &c)) {
                 fprintf(stderr, "ddpd serve: --slurm-cpus-per-task: expected an integer in [1, 4096], got '%s'\n", v);
                 return 2;
             }
-            so_slurm.cpus_per_task = (int)c;
+            so_slurm->cpus_per_task = (int)c;
         } else if (!strcmp(a, "--launcher")) {
             if (strcmp(v, "local") && strcmp(v, "slurm")) {
                 fprintf(stderr, "ddpd serve: --launcher: expected local or slurm, got '%s'\n", v);
                 return 2;
             }
-            slurm = !strcmp(v, "slurm");
+            o->slurm = !strcmp(v, "slurm");
         } else if (!strcmp(a, "--cors-origin"))
-            cors = v;
+            o->cors = v;
         else if (!strcmp(a, "--job-disk-quota")) {
-            if (!jobdir_size_parse(v, &job_disk_quota)) {
+            if (!jobdir_size_parse(v, &o->job_disk_quota)) {
                 fprintf(stderr, "ddpd serve: --job-disk-quota: expected a size such as 10G, 500M or 1048576 "
                         "(bytes; K, M, G, T are powers of 1024) or none, got '%s'\n", v);
                 return 2;
             }
         } else if (!strcmp(a, "--max-rank-memory")) {
-            if (!jobdir_size_parse(v, &max_rank_memory)) {
+            if (!jobdir_size_parse(v, &o->max_rank_memory)) {
                 fprintf(stderr, "ddpd serve: --max-rank-memory: expected a size (bytes, or 512M, 4G, ...; 0 or none: no limit), "
                                 "got '%s'\n",
                         v);
                 return 2;
             }
         } else if (!strcmp(a, "--cpu-slots")) {
-            if (base_parse_long(v, 0, 1024, &cpu_slots)) {
+            if (base_parse_long(v, 0, 1024, &o->cpu_slots)) {
                 fprintf(stderr, "ddpd serve: --cpu-slots: expected an integer in [0, %d], got '%s'\n",
                         1024, v);
                 return 2;
@@ -287,36 +306,72 @@ int serve_main(int argc, char **argv, const char *self_dir)
                 fprintf(stderr, "ddpd serve: --on-shutdown: expected cancel or finish, got '%s'\n", v);
                 return 2;
             }
-            finish = !strcmp(v, "finish");
+            o->finish = !strcmp(v, "finish");
         } else {
             fprintf(stderr, "ddpd serve: unknown option '%s'\n", a);
             usage(stderr);
             return 2;
         }
     }
+    return -1;
+}
 
-    char *token = NULL, token_why[256];
-    if (token_file && !(token = read_token(token_file, token_why, sizeof token_why))) {
-        fprintf(stderr, "ddpd serve: --token-file %s: %s\n", token_file, token_why);
+/* The dashboard into web_abs[PATH_MAX]: --web-dir, else the source tree's web/ (a build),
+ * else web/ beside the binary's folder (an install that copied it there); none found
+ * leaves it empty: the dashboard's routes answer 404 and the API works as ever. False
+ * when --web-dir names a folder without a readable index.html. */
+static bool find_web_dir(const char *web_dir, const char *self_dir, char *web_abs)
+{
+    char web_try[PATH_MAX + 16];
+    web_abs[0] = '\0';
+    if (web_dir) {
+        snprintf(web_try, sizeof web_try, "%s/index.html", web_dir);
+        return realpath(web_dir, web_abs) && access(web_try, R_OK) == 0;
+    }
+    const char *cands[2] = {NULL, NULL};
+    char beside[PATH_MAX];
+#ifdef DDPD_WEB_DIR
+    cands[0] = DDPD_WEB_DIR;
+#endif
+    snprintf(beside, sizeof beside, "%s/../web", self_dir);
+    cands[1] = beside;
+    for (int i = 0; i < 2 && !web_abs[0]; i++) {
+        if (!cands[i])
+            continue;
+        snprintf(web_try, sizeof web_try, "%s/index.html", cands[i]);
+        if (access(web_try, R_OK) != 0 || !realpath(cands[i], web_abs))
+            web_abs[0] = '\0';
+    }
+    return true;
+}
+
+/* Resolves what the options name into s (the token, the worker, folders made, the GPUs,
+ * the Slurm programs and names, DDPD_COMM_ADDR) before any thread starts. Returns -1 to
+ * go on, else the exit status, with the message on stderr. */
+static int prepare(struct serve_opts *o, const char *self_dir, struct serve_setup *s)
+{
+    char token_why[256];
+    if (o->token_file && !(s->token = read_token(o->token_file, token_why, sizeof token_why))) {
+        fprintf(stderr, "ddpd serve: --token-file %s: %s\n", o->token_file, token_why);
         return 2;
     }
-    if (!token && !insecure && !http_addr_is_loopback(listen)) {
+    if (!s->token && !o->insecure && !http_addr_is_loopback(o->listen)) {
         fprintf(stderr, "ddpd serve: refusing to listen on %s without --token-file (anyone could run "
-                        "jobs); use a loopback address, a token, or --insecure\n", listen);
+                        "jobs); use a loopback address, a token, or --insecure\n", o->listen);
         return 2;
     }
-    char worker[PATH_MAX], data_abs[PATH_MAX], jobs_buf[PATH_MAX], db_dir[PATH_MAX];
+    char jobs_buf[PATH_MAX], db_dir[PATH_MAX];
     const char *env_worker = getenv("DDPD_WORKER");
-    snprintf(worker, sizeof worker, "%s%s", env_worker ? env_worker : self_dir, env_worker ? "" : "/ddpd-worker");
-    if (access(worker, X_OK) != 0) {
-        fprintf(stderr, "ddpd serve: cannot execute the worker %s: %s\n", worker, strerror(errno));
+    snprintf(s->worker, sizeof s->worker, "%s%s", env_worker ? env_worker : self_dir, env_worker ? "" : "/ddpd-worker");
+    if (access(s->worker, X_OK) != 0) {
+        fprintf(stderr, "ddpd serve: cannot execute the worker %s: %s\n", s->worker, strerror(errno));
         return 1;
     }
-    if (!realpath(data_dir, data_abs)) {
-        fprintf(stderr, "ddpd serve: --data-dir %s: %s\n", data_dir, strerror(errno));
+    if (!realpath(o->data_dir, s->data_abs)) {
+        fprintf(stderr, "ddpd serve: --data-dir %s: %s\n", o->data_dir, strerror(errno));
         return 2;
     }
-    snprintf(db_dir, sizeof db_dir, "%s", db);
+    snprintf(db_dir, sizeof db_dir, "%s", o->db);
     const char *dd = dirname(db_dir);
     int en = base_mkdirs(dd, true);
     if (en != 0) {
@@ -324,62 +379,39 @@ int serve_main(int argc, char **argv, const char *self_dir)
         fprintf(stderr, "ddpd serve: cannot create %s: %s\n", dd, strerror(errno));
         return 1;
     }
+    const char *jobs_dir = o->jobs_dir;
     if (!jobs_dir) {
         snprintf(jobs_buf, sizeof jobs_buf, "%s/jobs", dd);
         jobs_dir = jobs_buf;
     }
-    char jobs_abs[PATH_MAX];
-    if ((errno = base_mkdirs(jobs_dir, true)) != 0 || !realpath(jobs_dir, jobs_abs)) {
+    if ((errno = base_mkdirs(jobs_dir, true)) != 0 || !realpath(jobs_dir, s->jobs_abs)) {
         fprintf(stderr, "ddpd serve: cannot create %s: %s\n", jobs_dir, strerror(errno));
         return 1;
     }
-    /* The dashboard: --web-dir, else the source tree's web/ (a build), else web/ beside the
-     * binary's folder (an install that copied it there). */
-    char web_abs[PATH_MAX] = "", web_try[PATH_MAX + 16];
-    if (web_dir) {
-        snprintf(web_try, sizeof web_try, "%s/index.html", web_dir);
-        if (!realpath(web_dir, web_abs) || access(web_try, R_OK) != 0) {
-            fprintf(stderr, "ddpd serve: --web-dir %s: no readable index.html there\n", web_dir);
-            return 2;
-        }
-    } else {
-        const char *cands[2] = {NULL, NULL};
-        char beside[PATH_MAX];
-#ifdef DDPD_WEB_DIR
-        cands[0] = DDPD_WEB_DIR;
-#endif
-        snprintf(beside, sizeof beside, "%s/../web", self_dir);
-        cands[1] = beside;
-        for (int i = 0; i < 2 && !web_abs[0]; i++) {
-            if (!cands[i])
-                continue;
-            snprintf(web_try, sizeof web_try, "%s/index.html", cands[i]);
-            if (access(web_try, R_OK) != 0 || !realpath(cands[i], web_abs))
-                web_abs[0] = '\0';
-        }
-        /* None: the dashboard's routes answer 404 and the API works as ever. */
+    if (!find_web_dir(o->web_dir, self_dir, s->web_abs)) {
+        fprintf(stderr, "ddpd serve: --web-dir %s: no readable index.html there\n", o->web_dir);
+        return 2;
     }
-    /* Slot i of the scheduler is the device gpu_ids[i] (--gpus 2,3: slot 0 is GPU 2). */
-    static char gpu_ids[SCHED_MAX_SLOTS][SCHED_GPU_ID_MAX];
     char gpus_why[256];
-    int gpus = sched_gpu_ids(gpus_arg, strcmp(gpus_arg, "auto") ? 0 : count_gpus(worker),
-                             getenv("CUDA_VISIBLE_DEVICES"), gpu_ids, SCHED_MAX_SLOTS, gpus_why,
-                             sizeof gpus_why);
-    if (gpus < 0) {
+    s->gpus = sched_gpu_ids(o->gpus_arg, strcmp(o->gpus_arg, "auto") ? 0 : count_gpus(s->worker),
+                            getenv("CUDA_VISIBLE_DEVICES"), s->gpu_ids, SCHED_MAX_SLOTS, gpus_why,
+                            sizeof gpus_why);
+    if (s->gpus < 0) {
         fprintf(stderr, "ddpd serve: %s\n", gpus_why);
         return 2;
     }
 
     char why[PATH_MAX + 64];
-    if (slurm && !slurm_programs_found(&so_slurm, why, sizeof why)) {
+    if (o->slurm && !slurm_programs_found(&o->slurm_opts, why, sizeof why)) {
         fprintf(stderr, "ddpd serve: --launcher slurm: %s\n", why);
         return 2;
     }
-    /* The id issuer's root listens on DDPD_COMM_ADDR (worker/comm/cpu.c): loopback for
+    /* The id issuer's root listens on DDPD_COMM_ADDR (worker/comm/cpu/root.c): loopback for
      * local ranks; ranks on other nodes need an address of this host that they reach.
      * Set before any thread starts; the launcher's environment allow-list passes it on. */
     char host[256];
-    if (!comm_addr && slurm && !getenv("DDPD_COMM_ADDR") && gethostname(host, sizeof host) == 0) {
+    const char *comm_addr = o->comm_addr;
+    if (!comm_addr && o->slurm && !getenv("DDPD_COMM_ADDR") && gethostname(host, sizeof host) == 0) {
         host[sizeof host - 1] = '\0';
         comm_addr = host;
     }
@@ -387,16 +419,28 @@ int serve_main(int argc, char **argv, const char *self_dir)
         fprintf(stderr, "ddpd serve: --comm-addr %s: %s\n", comm_addr, strerror(errno));
         return 2;
     }
+    /* Slurm job names carry a tag of this server (its jobs folder), so that a restarted
+     * server finds its own leftovers and two servers never touch each other's jobs. */
+    if (o->slurm) {
+        uint32_t h = 2166136261u; /* FNV-1a */
+        for (const char *p = s->jobs_abs; *p; p++)
+            h = (h ^ (unsigned char)*p) * 16777619u;
+        snprintf(s->slurm_prefix, sizeof s->slurm_prefix, "ddpd.%08x.", (unsigned)h);
+        o->slurm_opts.name_prefix = s->slurm_prefix;
+    }
+    if (o->max_rank_memory < 0) { /* every slot busy must still fit in this host's memory */
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE), slots = o->cpu_slots + s->gpus;
+        o->max_rank_memory =
+            o->slurm || pages <= 0 || page <= 0 ? 0 : (int64_t)pages * page / (slots > 0 ? slots : 1);
+    }
+    return -1;
+}
 
-    /* Signals are taken by sigwait in this thread; every thread started after this
-     * inherits the mask. */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
+/* Wires the store, the hub, the launcher, the supervisor, the API and the HTTP server,
+ * waits for SIGINT/SIGTERM (blocked in every thread: the caller blocked them), and
+ * stops them in order. The exit status. */
+static int run_server(const struct serve_opts *o, const struct serve_setup *s, const sigset_t *set)
+{
     struct ddpd_error err;
     int rc = 1;
     struct store *store = NULL;
@@ -411,54 +455,40 @@ int serve_main(int argc, char **argv, const char *self_dir)
     /* One server per database, and the port held, before recovery kills an earlier
      * server's orphans and requeues its jobs: a second server (a second Compose service
      * on the same volume, a typo in --listen) must leave a live one's jobs alone. */
-    lock = store_lock_take(db, &err);
-    if (!lock || (listen_fd = http_listen(listen, &err)) < 0) {
+    lock = store_lock_take(o->db, &err);
+    if (!lock || (listen_fd = http_listen(o->listen, &err)) < 0) {
         fprintf(stderr, "ddpd serve: %s\n", err.message);
         goto out;
     }
-    store = store_open(db, &err);
+    store = store_open(o->db, &err);
     if (!store) {
         fprintf(stderr, "ddpd serve: %s\n", err.message);
         goto out;
     }
     hub = hub_new(NULL);
-    /* Slurm job names carry a tag of this server (its jobs folder), so that a restarted
-     * server finds its own leftovers and two servers never touch each other's jobs. */
-    char slurm_prefix[64];
-    if (slurm) {
-        uint32_t h = 2166136261u; /* FNV-1a */
-        for (const char *p = jobs_abs; *p; p++)
-            h = (h ^ (unsigned char)*p) * 16777619u;
-        snprintf(slurm_prefix, sizeof slurm_prefix, "ddpd.%08x.", (unsigned)h);
-        so_slurm.name_prefix = slurm_prefix;
-    }
-    if (max_rank_memory < 0) { /* every slot busy must still fit in this host's memory */
-        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE), slots = cpu_slots + gpus;
-        max_rank_memory =
-            slurm || pages <= 0 || page <= 0 ? 0 : (int64_t)pages * page / (slots > 0 ? slots : 1);
-    }
-    launcher = slurm ? launcher_slurm_new(&so_slurm) : launcher_local_new();
+    launcher = o->slurm ? launcher_slurm_new(&o->slurm_opts) : launcher_local_new();
     if (!launcher) {
         fprintf(stderr, "ddpd serve: out of memory\n");
         goto out;
     }
-    struct super_opts so = {.worker = worker, .data_dir = data_abs, .jobs_dir = jobs_abs, .gpus = gpus,
-                            .gpu_ids = (const char (*)[SCHED_GPU_ID_MAX])gpu_ids,
+    struct super_opts so = {.worker = s->worker, .data_dir = s->data_abs, .jobs_dir = s->jobs_abs, .gpus = s->gpus,
+                            .gpu_ids = (const char (*)[SCHED_GPU_ID_MAX])s->gpu_ids,
                             .launcher = launcher,
-                            .cpu_slots = (int)cpu_slots, .store = store, .hub = hub, .grace_s = 5,
-                            .finish_on_shutdown = finish, .job_disk_quota = job_disk_quota,
-                            .max_rank_memory = max_rank_memory};
+                            .cpu_slots = (int)o->cpu_slots, .store = store, .hub = hub, .grace_s = 5,
+                            .finish_on_shutdown = o->finish, .job_disk_quota = o->job_disk_quota,
+                            .max_rank_memory = o->max_rank_memory};
     super = hub ? super_start(&so, &err) : NULL;
     if (!super) {
         fprintf(stderr, "ddpd serve: %s\n", err.message);
         goto out;
     }
-    struct api_config ac = {.store = store, .hub = hub, .super = super, .worker = worker, .data_dir = data_abs,
-                            .jobs_dir = jobs_abs, .web_dir = web_abs[0] ? web_abs : NULL,
-                            .max_rank_memory = max_rank_memory};
+    struct api_config ac = {.store = store, .hub = hub, .super = super, .worker = s->worker, .data_dir = s->data_abs,
+                            .jobs_dir = s->jobs_abs, .web_dir = s->web_abs[0] ? s->web_abs : NULL,
+                            .max_rank_memory = o->max_rank_memory};
     size_t nroutes;
-    struct http_config hc = {.listen = listen, .listen_fd = listen_fd, .routes = api_routes(&nroutes), .ctx = NULL, .token = token,
-                             .cors_origin = cors, .threads = 4, .connection_limit = connection_limit()};
+    struct http_config hc = {.listen = o->listen, .listen_fd = listen_fd, .routes = api_routes(&nroutes), .ctx = NULL,
+                             .token = s->token, .cors_origin = o->cors, .threads = 4,
+                             .connection_limit = connection_limit()};
     hc.nroutes = nroutes;
     if (api_new(&ac, &api, &err) == DDPD_OK) {
         hc.ctx = api;
@@ -471,18 +501,18 @@ int serve_main(int argc, char **argv, const char *self_dir)
     }
     api_set_http(api, http); /* read by /metrics handlers */
     fprintf(stderr, "ddpd serve: listening on http://%s%s (port %d), database %s, %d GPU%s, %ld CPU slot%s\n",
-            listen, token ? " with a token" : "", http_server_port(http), db, gpus, gpus == 1 ? "" : "s",
-            cpu_slots, cpu_slots == 1 ? "" : "s");
-    if (slurm)
+            o->listen, s->token ? " with a token" : "", http_server_port(http), o->db, s->gpus,
+            s->gpus == 1 ? "" : "s", o->cpu_slots, o->cpu_slots == 1 ? "" : "s");
+    if (o->slurm)
         fprintf(stderr, "ddpd serve: launcher slurm: every job is one srun named %s<job>.<attempt>; the "
                         "rendezvous root listens on %s\n",
-                slurm_prefix, getenv("DDPD_COMM_ADDR") ? getenv("DDPD_COMM_ADDR") : "127.0.0.1");
+                s->slurm_prefix, getenv("DDPD_COMM_ADDR") ? getenv("DDPD_COMM_ADDR") : "127.0.0.1");
     fflush(stderr);
 
     int sig;
-    sigwait(&set, &sig);
+    sigwait(set, &sig);
     fprintf(stderr, "ddpd serve: %s: shutting down (%s running jobs)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-            finish ? "finishing" : "cancelling");
+            o->finish ? "finishing" : "cancelling");
     rc = 0;
 out:
     /* Order: no new requests, then the jobs, then the streams, then the store. */
@@ -497,6 +527,32 @@ out:
     if (listen_fd >= 0)
         close(listen_fd);
     store_lock_release(lock); /* last: the jobs are left as the next server expects them */
-    free(token);
+    return rc;
+}
+
+int serve_main(int argc, char **argv, const char *self_dir)
+{
+    struct serve_opts o;
+    int rc = parse_options(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    struct serve_setup *s = calloc(1, sizeof *s);
+    if (!s) {
+        fprintf(stderr, "ddpd serve: out of memory\n");
+        return 1;
+    }
+    if ((rc = prepare(&o, self_dir, s)) < 0) {
+        /* Signals are taken by sigwait in run_server; every thread started after this
+         * inherits the mask. */
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGINT);
+        sigaddset(&set, SIGTERM);
+        pthread_sigmask(SIG_BLOCK, &set, NULL);
+        signal(SIGPIPE, SIG_IGN);
+        rc = run_server(&o, s, &set);
+    }
+    free(s->token);
+    free(s);
     return rc;
 }

@@ -1,4 +1,4 @@
-/* api.js — the ddpd REST API (CONTRACT.md §7) as the dashboard uses it: where the server
+/* api.js — the ddpd REST API (schema/README.md, docs/architecture.md) as the dashboard uses it: where the server
  * is, the bearer token, requests with their errors, and a job's event stream.
  *
  * The server: `?api=http://host:port` in the page's address (kept in localStorage), else

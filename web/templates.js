@@ -1,4 +1,4 @@
-/* templates.js — job specs to start from on the Submit page (CONTRACT.md §2). The first is
+/* templates.js — job specs to start from on the Submit page (schema/README.md). The first is
  * examples/seed.json as it is (the browser test checks that they agree). */
 'use strict';
 (function () {

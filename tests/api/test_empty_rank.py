@@ -4,7 +4,7 @@ has an empty `{rank}` file, and one with fewer synthetic samples than ranks, are
 one is refused at submit (422 at `ddp.join`, the message naming the rank and join)."""
 import numpy as np
 
-from conftest import seed_spec
+from pylib.server import seed_spec
 
 FINAL = ("succeeded", "failed", "cancelled")
 

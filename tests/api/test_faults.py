@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from conftest import FOREVER_STEPS, alive, final_state_events, heavy_spec, st_decode, wait_until
+from pylib.server import FOREVER_STEPS, alive, final_state_events, heavy_spec, st_decode, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 

@@ -6,7 +6,7 @@ import json
 import re
 import sys
 
-from conftest import FOREVER_STEPS, heavy_spec, seed_spec, wait_until
+from pylib.server import FOREVER_STEPS, heavy_spec, seed_spec, wait_until
 
 CUDA_LIBS = re.compile(r"lib(cuda|cudart|cublas|cublasLt|nccl|ddpd-cuda)[.-]")
 

@@ -11,7 +11,7 @@ import time
 import pytest
 import requests
 
-from conftest import raw_http, seed_spec
+from pylib.server import raw_http, seed_spec
 
 
 def err_of(r, status):
@@ -215,7 +215,7 @@ def test_token_required_with_token_file(make_server):
 
 
 def test_token_file_that_is_empty_refuses_to_start(work):
-    from conftest import Server
+    from pylib.server import Server
     s = Server(work / "bad", token="")
     with pytest.raises(AssertionError, match="exited with 2"):
         s.start(timeout=10)
@@ -403,7 +403,7 @@ def test_token_file_that_no_client_can_send_refuses_to_start(work, content, why)
     """A token with whitespace or control bytes inside, or over 4095 bytes (it used to be
     cut there silently), can never be sent back: the server refuses to start (exit 2) with
     a message naming the file and what is wrong."""
-    from conftest import Server
+    from pylib.server import Server
     s = Server(work / "bad", token="placeholder")
     s.token_file.write_bytes(content)
     with pytest.raises(AssertionError, match="exited with 2"):
@@ -603,7 +603,7 @@ def test_rank_killed_by_a_sigkill_nobody_sent_is_reported_as_likely_oom(server):
     cannot read the kernel log, names the likely cause and what the job needed."""
     import re
     import signal
-    from conftest import FOREVER_STEPS, heavy_spec
+    from pylib.server import FOREVER_STEPS, heavy_spec
     jid = server.submit(heavy_spec(1, steps=FOREVER_STEPS, name="oom"))["id"]
     j = server.wait_running(jid)
     os.kill(j["ranks"][0]["pid"], signal.SIGKILL)

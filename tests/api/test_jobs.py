@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import final_state_events, seed_spec, st_decode
+from pylib.server import final_state_events, seed_spec, st_decode
 
 FINAL = ("succeeded", "failed", "cancelled")
 

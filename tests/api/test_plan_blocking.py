@@ -10,7 +10,7 @@ import time
 
 import requests
 
-from conftest import seed_spec
+from pylib.server import seed_spec
 
 TIMEOUT_S = 6
 

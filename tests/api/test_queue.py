@@ -3,7 +3,7 @@ gang allocation (a job starts only when all its slots are free, and a younger jo
 overtakes the head of the queue even when it would fit), and say why they wait."""
 import time
 
-from conftest import heavy_spec, wait_until
+from pylib.server import heavy_spec, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import bin_dir, heavy_spec, seed_spec, st_decode, wait_until
+from pylib.server import bin_dir, heavy_spec, seed_spec, st_decode, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 

@@ -2,13 +2,13 @@
 job's processes get is an allow-list of the server's (server/env.c), the bearer token never
 lands in a log, a response or a worker, oversized request headers are refused without
 hurting anyone else, and one address cannot hold more than its share of connections.
-Route-by-route auth over the real route table is tests/unit/test_server_auth.c."""
+Route-by-route auth over the real route table is tests/unit/server/test_server_auth.c."""
 import os
 import re
 import socket
 import time
 
-from conftest import FOREVER_STEPS, heavy_spec, seed_spec, wait_until
+from pylib.server import FOREVER_STEPS, heavy_spec, seed_spec, wait_until
 
 # What server/env.c lets through: exact names and prefixes. Kept here on purpose (not read
 # from the C file): a change to the list must change this test too, in review.

@@ -10,7 +10,7 @@ import sqlite3
 import stat
 import subprocess
 
-from conftest import FOREVER_STEPS, bin_dir, heavy_spec, seed_spec
+from pylib.server import FOREVER_STEPS, bin_dir, heavy_spec, seed_spec
 
 FINAL = ("succeeded", "failed", "cancelled")
 

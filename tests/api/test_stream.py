@@ -7,7 +7,7 @@ import time
 
 import requests
 
-from conftest import heavy_spec, seed_spec, wait_until
+from pylib.server import heavy_spec, seed_spec, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 

@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from conftest import slowdown, wait_until
+from pylib.server import slowdown, wait_until
 
 
 def mkjob(server, events, state="succeeded"):

@@ -3,16 +3,11 @@
 ...) ends the job with exit code 2 and an `error` event whose message names the file,
 the log says it too, and nothing crashes. An invalid spec file is exit code 2 naming the
 JSON path (CONTRACT.md §2, §3, §6)."""
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "ddpd_parity_helpers", Path(__file__).resolve().parents[1] / "parity" / "conftest.py")
-h = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(h)
+from pylib import parity as h
 
 CRASH_MARKS = ("Traceback", "Segmentation fault", "AddressSanitizer", "UndefinedBehaviorSanitizer",
                "runtime error:", "core dumped", "Assertion", "Aborted", "SIGSEGV", "panic")

@@ -6,14 +6,12 @@ as `ddpd run --world-size 2` jobs, each against real PyTorch 1.13 DDP on the sam
 """
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
-import ddp_helpers as H  # noqa: E402
+from pylib import ddp as H
 
 REPO = Path(__file__).resolve().parents[2]
 LINEAR_10_5 = [{"type": "linear", "in": 10, "out": 5}]

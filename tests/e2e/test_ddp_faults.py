@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,8 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
-import ddp_helpers as H  # noqa: E402
+from pylib import ddp as H
 
 
 @pytest.fixture(autouse=True)

@@ -9,20 +9,15 @@ needed: --version, --plan and (without an NVIDIA driver) --devices load none of 
 module that is missing or is not ddpd's makes a cuda job fail with the device exit (4), the
 id issuer with exit 1, both naming the module and dlerror()'s reason, and --devices print
 nothing."""
-import importlib.util
 import json
 import os
 import re
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "ddpd_parity_helpers", Path(__file__).resolve().parents[1] / "parity" / "conftest.py")
-h = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(h)
+from pylib import parity as h
 
 
 @pytest.fixture(autouse=True)

@@ -19,14 +19,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
-import ddp_helpers as H  # noqa: E402
+from pylib import ddp as H
 
 TICK = os.sysconf("SC_CLK_TCK")
 

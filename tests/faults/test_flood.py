@@ -9,7 +9,7 @@ import re
 import threading
 import time
 
-from conftest import bin_dir, seed_spec, wait_until
+from pylib.server import bin_dir, seed_spec, wait_until
 
 EVENTS = 200_000
 RSS_LIMIT_MIB = 150  # the server holds a bounded tail (hub, store queue), not the flood

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import FOREVER_STEPS, alive, binary_has_faultvfs, heavy_spec, proc_stat, seed_spec, wait_until
+from pylib.server import FOREVER_STEPS, alive, binary_has_faultvfs, heavy_spec, proc_stat, seed_spec, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 

@@ -18,7 +18,7 @@ import signal
 import struct
 import time
 
-from conftest import FOREVER_STEPS, alive, bin_dir, heavy_spec, proc_stat, wait_until
+from pylib.server import FOREVER_STEPS, alive, bin_dir, heavy_spec, proc_stat, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 TRIALS = 30

@@ -8,7 +8,7 @@ without a kill, and so is every loss the second attempt logged.
 import os
 import signal
 
-from conftest import seed_spec, wait_until
+from pylib.server import seed_spec, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 

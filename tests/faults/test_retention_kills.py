@@ -12,7 +12,7 @@ import re
 import subprocess
 import time
 
-from conftest import bin_dir, heavy_spec, st_decode, wait_until
+from pylib.server import bin_dir, heavy_spec, st_decode, wait_until
 
 TRIALS = 20
 KEEP = 2

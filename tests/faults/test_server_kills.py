@@ -11,7 +11,7 @@ import time
 
 import requests
 
-from conftest import FOREVER_STEPS, heavy_spec, seed_spec, wait_until
+from pylib.server import FOREVER_STEPS, heavy_spec, seed_spec, wait_until
 
 TRIALS = 20
 CLIENTS = 4

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import alive, bin_dir, binary_has_faultvfs, heavy_spec, seed_spec, wait_until
+from pylib.server import alive, bin_dir, binary_has_faultvfs, heavy_spec, seed_spec, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 

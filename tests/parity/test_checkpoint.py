@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import (Reference, compare_losses, compare_tensors, init_weights, make_xy, run_ddpd, st_load,
+from pylib.parity import (Reference, compare_losses, compare_tensors, init_weights, make_xy, run_ddpd, st_load,
                       torch_mod, write_case)
 
 MODEL = [{"type": "linear", "in": 8, "out": 16}, {"type": "gelu"},
@@ -56,7 +56,7 @@ def test_model_loads_in_pytorch(work):
         assert tuple(v.shape) == tuple(ref.model.state_dict()[k].shape), k
 
     # strict load into a fresh nn.Sequential; its outputs equal the PyTorch-trained model's
-    from conftest import build_model
+    from pylib.parity import build_model
     m = build_model(MODEL)
     m.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=True)
     probe = torch.from_numpy(np.random.default_rng(22).standard_normal((64, 8)).astype(np.float32))

@@ -18,14 +18,12 @@ epochs; drop_last making shards uneven; join forced on with even counts; a rank 
 batches; DDP.md §4.6's worked example (no PyTorch needed; also checked
 against PyTorch); W=2 equal shards = W=1 on the concatenated batch (no PyTorch needed).
 """
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ddp_helpers as H  # noqa: E402
+from pylib import ddp as H
 
 
 @pytest.fixture(autouse=True)

@@ -5,15 +5,13 @@ the live ranks with divide_by_initial_world_size false). Compared: every rank's 
 the final weights, the join events. Without join such a rank is an error that names it
 and says that join would run it. Fewer synthetic samples than ranks runs the same way.
 """
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ddp_helpers as H  # noqa: E402
-from conftest import write_csv  # noqa: E402
+from pylib import ddp as H
+from pylib.parity import write_csv
 
 
 @pytest.fixture(autouse=True)

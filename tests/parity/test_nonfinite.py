@@ -6,14 +6,12 @@ the others; the step's loss event (null, nonfinite) comes before the error. With
 third batch makes the step known in advance; an overflow to infinity (no NaN anywhere in
 the data) and a learning rate that blows the weights up are the variants.
 """
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ddp_helpers as H  # noqa: E402
+from pylib import ddp as H
 
 
 @pytest.fixture(autouse=True)

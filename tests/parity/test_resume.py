@@ -15,15 +15,13 @@ import json
 import os
 import stat
 import struct
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ddp_helpers as H  # noqa: E402
-from conftest import write_csv  # noqa: E402
+from pylib import ddp as H
+from pylib.parity import write_csv
 
 
 @pytest.fixture(autouse=True)

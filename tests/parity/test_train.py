@@ -6,7 +6,7 @@ RNG is its own) and init.from everywhere, so both sides see the same numbers."""
 import numpy as np
 import pytest
 
-from conftest import (Reference, compare_losses, compare_tensors, init_weights, make_xy, run_ddpd,
+from pylib.parity import (Reference, compare_losses, compare_tensors, init_weights, make_xy, run_ddpd,
                       st_load, write_case, write_csv)
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import api, slurm_cmd, slurm_workers, squeue
+from pylib import server as api
+from pylib.slurm import slurm_cmd, slurm_workers, squeue
 
 FINAL = ("succeeded", "failed", "cancelled")
 

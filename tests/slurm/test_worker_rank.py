@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import api
+from pylib import server as api
 
 
 def run_worker(tmp_path, env_extra, rank=None):

@@ -2,7 +2,7 @@
  * op for the rest, all queued on one compute stream per rank. Each op computes what its
  * dev/cpu.c twin computes, in the same order where that order decides the bits (the
  * losses sum in double, multiply-adds are fused as the CPU's AVX2 path fuses them), and
- * tests/unit/test_cuda.c compares them. Nothing here synchronises except to_host,
+ * tests/unit/worker/test_cuda.c compares them. Nothing here synchronises except to_host,
  * synchronize and fetch_wait. Device code lives only in the .cu files of worker/cuda,
  * behind dev.h; this file is built into libddpd-cuda.so only (cuda/plugin.h). */
 #include <cublas_v2.h>

@@ -1,7 +1,7 @@
-/* plan.c — long-lived `ddpd-worker --plan` processes answering one request per line
- * (plan.h). The callers ignore SIGPIPE (ddpd serve and ddpd run both do), so a planner
+/* planner.c — long-lived `ddpd-worker --plan` processes answering one request per line
+ * (planner.h). The callers ignore SIGPIPE (ddpd serve and ddpd run both do), so a planner
  * that died shows up as a failed write or an early EOF, never as a signal. */
-#include "plan.h"
+#include "planner.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -119,8 +119,7 @@ static ddpd_err proc_start(struct proc *c, const char *worker, struct ddpd_error
     if (pipe2(in, O_CLOEXEC))
         return ddpd_error_set(err, DDPD_EIO, "", "cannot run %s --plan: %s", worker, strerror(errno));
     if (pipe2(out, O_CLOEXEC)) {
-        close(in[0]);
-        close(in[1]);
+        proc_pipe_close(in);
         return ddpd_error_set(err, DDPD_EIO, "", "cannot run %s --plan: %s", worker, strerror(errno));
     }
     /* The worker's environment is an allow-list of ours (env.h), built before fork; its
@@ -279,8 +278,8 @@ ddpd_err planner_plan(struct planner *p, json_t *doc, int world_size, double tim
     return plan_by(p, doc, world_size, base_mono_s() + timeout_s, timeout_s, counts, known, err);
 }
 
-ddpd_err plan_once(const char *worker, json_t *doc, int world_size, double timeout_s, int64_t *counts,
-                   bool *known, struct ddpd_error *err)
+ddpd_err planner_plan_once(const char *worker, json_t *doc, int world_size, double timeout_s, int64_t *counts,
+                           bool *known, struct ddpd_error *err)
 {
     struct planner *p = planner_new(worker, 1);
     if (!p)

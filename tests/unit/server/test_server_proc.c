@@ -193,6 +193,30 @@ static void test_exec_failure(void)
     CHECK(strstr(err, "cannot execute /nonexistent/no-such-program: No such file or directory") != NULL);
 }
 
+/* proc_pipe_close closes the ends still open, marks both -1, and leaves a half-closed or
+ * fully closed pipe alone (the launchers' cleanup runs it on any of the three). */
+static void test_pipe_close(void)
+{
+    int p[2];
+    CHECK_EQ_INT(pipe2(p, O_CLOEXEC), 0);
+    int r = p[0], w = p[1];
+    proc_pipe_close(p);
+    CHECK_EQ_INT(p[0], -1);
+    CHECK_EQ_INT(p[1], -1);
+    CHECK(fcntl(r, F_GETFD) == -1 && errno == EBADF);
+    CHECK(fcntl(w, F_GETFD) == -1 && errno == EBADF);
+    proc_pipe_close(p); /* both -1: nothing to close */
+    CHECK_EQ_INT(p[0], -1);
+
+    CHECK_EQ_INT(pipe2(p, O_CLOEXEC), 0);
+    w = p[1];
+    close(p[0]);
+    p[0] = -1; /* the read end handed on, as the launchers do */
+    proc_pipe_close(p);
+    CHECK_EQ_INT(p[1], -1);
+    CHECK(fcntl(w, F_GETFD) == -1 && errno == EBADF);
+}
+
 int main(void)
 {
     test_only_stdio_crosses();
@@ -200,5 +224,6 @@ int main(void)
     test_signals_and_group();
     test_hold_term();
     test_exec_failure();
+    test_pipe_close();
     CHECK_DONE();
 }

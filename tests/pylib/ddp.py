@@ -1,4 +1,4 @@
-"""ddp_helpers.py — shared helpers of the multi-rank tests (tests/parity/test_ddp.py,
+"""ddp.py — shared helpers of the multi-rank tests (tests/parity/test_ddp.py,
 tests/e2e/test_ddp_faults.py): a small safetensors reader/writer (numpy + json), data
 layout for `ddpd run --world-size W` (one sharded file, or per-rank `{rank}` files),
 running `ddpd run` with W ranks and splitting its events by rank, a reference run of the
@@ -8,7 +8,7 @@ comparisons with the parity tolerances (losses 1e-5 relative with a 1e-7 floor, 
 1e-5 + 1e-5·|ref|).
 
 The PyTorch side runs one forked child per rank (torch is imported once, in the test
-process; `/usr/bin/python3 ddp_helpers.py rank CFG RANK PORT` runs one rank by hand): each
+process; `cd tests && /usr/bin/python3 -m pylib.ddp rank CFG RANK PORT` runs one rank by hand): each
 reads the case (a pickle) and writes res-RANK.pkl with that rank's per-step losses, the
 steps at which it joined, and its final state_dict and optimizer state.
 
@@ -22,16 +22,17 @@ import os
 import pickle
 import signal
 import socket
-import struct
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+from pylib import safetensors as _st
+from pylib.common import REPO, bin_dir, install_skip_code, make_workdir  # noqa: F401
+from pylib.parity import init_weights, make_xy  # noqa: F401 (the same draws for one rank and many)
+
 TORCH_PYTHON = "/usr/bin/python3"
 
 LOSS_RTOL = 1e-5
@@ -41,15 +42,6 @@ W_ATOL = 1e-5
 
 # ---------------------------------------------------------------------------------------
 # binaries and folders
-
-
-def bin_dir():
-    """The folder holding ddpd and ddpd-worker, or None when they are not built."""
-    d = os.environ.get("DDPD_BIN")
-    c = Path(d) if d else REPO / "build"
-    if (c / "ddpd").is_file() and os.access(c / "ddpd", os.X_OK) and (c / "ddpd-worker").is_file():
-        return c.resolve()
-    return None
 
 
 def need_bin():
@@ -71,10 +63,7 @@ def need_torch():
 
 
 def workdir(prefix):
-    t = os.environ.get("DDPD_TEST_TMP")
-    if t:
-        Path(t).mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=t or None))
+    return make_workdir(prefix)
 
 
 def env1():
@@ -86,34 +75,13 @@ def env1():
 # ---------------------------------------------------------------------------------------
 # safetensors (CONTRACT.md §4)
 
-_ST = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "U8": "u1"}
-_NP = {np.dtype(v): k for k, v in _ST.items()}
-
-
 def st_save(path, tensors):
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
-        raw = a.tobytes()
-        header[name] = {"dtype": _NP[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((-len(h)) % 8)
-    Path(path).write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    _st.st_save(path, tensors)
 
 
 def st_load(path):
-    buf = Path(path).read_bytes()
-    (n,) = struct.unpack("<Q", buf[:8])
-    hdr = json.loads(buf[8:8 + n])
-    hdr.pop("__metadata__", None)
-    data = buf[8 + n:]
-    out = {}
-    for name, info in hdr.items():
-        b, e = info["data_offsets"]
-        out[name] = np.frombuffer(data[b:e], dtype=_ST[info["dtype"]]).reshape(info["shape"]).copy()
-    return out
+    """The tensors of a safetensors file (name -> array), its metadata dropped."""
+    return _st.st_load(path, strict=False)[0]
 
 
 # ---------------------------------------------------------------------------------------
@@ -128,32 +96,6 @@ def mlp(*widths, act="relu", bias=True):
             layers.append({"type": act})
         layers.append({"type": "linear", "in": widths[i], "out": widths[i + 1], "bias": bias})
     return layers
-
-
-def init_weights(model, seed):
-    """state_dict (float32) drawn like nn.Linear's default init (uniform ±1/√in)."""
-    rng = np.random.default_rng(seed)
-    sd = {}
-    for i, l in enumerate(model):
-        if l["type"] != "linear":
-            continue
-        k = 1.0 / math.sqrt(l["in"])
-        sd[f"{i}.weight"] = rng.uniform(-k, k, size=(l["out"], l["in"])).astype(np.float32)
-        if l.get("bias", True):
-            sd[f"{i}.bias"] = rng.uniform(-k, k, size=(l["out"],)).astype(np.float32)
-    return sd
-
-
-def make_xy(n, fin, fout, loss, seed):
-    """x [n,fin] float32 ~ N(0,1); y [n,fout] float32 (mse: a noisy linear teacher) or
-    [n] int64 class ids (cross_entropy: argmax of the teacher)."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, fin)).astype(np.float32)
-    w = rng.standard_normal((fin, fout)).astype(np.float32) / math.sqrt(fin)
-    t = x @ w + 0.1 * rng.standard_normal((n, fout)).astype(np.float32)
-    if loss == "mse":
-        return x, t.astype(np.float32)
-    return x, np.argmax(t, axis=1).astype(np.int64)
 
 
 class Case:
@@ -341,7 +283,7 @@ def torch_ddp(case, work, timeout=120):
 
 def _fork_ranks(cfg_path, world, port, ref, timeout):
     """Runs _torch_rank for every rank in a child process. Forks this process (torch is
-    imported once, here) when it may; else starts `python3 ddp_helpers.py rank ...`.
+    imported once, here) when it may; else starts `python3 -m pylib.ddp rank ...`.
     Returns (exit codes, outputs)."""
     import torch  # noqa: F401  (imported before forking, once)
     torch.set_num_threads(1)
@@ -570,32 +512,6 @@ def compare_tensors(got, ref, what="final weights", rtol=W_RTOL, atol=W_ATOL):
 
 
 # ---------------------------------------------------------------------------------------
-# exit code 77 when every test was skipped (ctest's SKIP_RETURN_CODE)
-
-
-class _SkipCode:
-    def __init__(self):
-        self.passed = self.failed = self.skipped = 0
-
-    def pytest_runtest_logreport(self, report):
-        if report.skipped:
-            self.skipped += 1
-        elif report.failed:
-            self.failed += 1
-        elif report.passed and report.when == "call":
-            self.passed += 1
-
-    def pytest_sessionfinish(self, session, exitstatus):
-        if self.skipped and not self.passed and not self.failed and int(exitstatus) == 0:
-            session.exitstatus = 77
-
-
-def install_skip_code(config):
-    if not config.pluginmanager.has_plugin("ddpd-skip77"):
-        config.pluginmanager.register(_SkipCode(), "ddpd-skip77")
-
-
-# ---------------------------------------------------------------------------------------
 # processes
 
 
@@ -670,4 +586,4 @@ if __name__ == "__main__":
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         _torch_rank(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     else:
-        sys.exit("usage: ddp_helpers.py rank CFG.pkl RANK PORT")
+        sys.exit("usage: python3 -m pylib.ddp rank CFG.pkl RANK PORT")

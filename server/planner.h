@@ -1,4 +1,4 @@
-/* plan.h — the check a job passes before it is queued or started: `ddpd-worker --plan`
+/* planner.h — the check a job passes before it is queued or started: `ddpd-worker --plan`
  * reads the spec and the data (the server never links the worker's data readers) and
  * answers every rank's batches per epoch, or the error a rank would die of.
  *
@@ -12,8 +12,8 @@
  * hung network mount, would hold the thread for the whole deadline): it queues the plan
  * with planner_plan_async, answers the request later (http_defer), and the planner's own
  * threads run the plan and call back. */
-#ifndef DDPD_PLAN_H
-#define DDPD_PLAN_H
+#ifndef DDPD_PLANNER_H
+#define DDPD_PLANNER_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -57,7 +57,7 @@ ddpd_err planner_plan_async(struct planner *p, struct json_t *doc, int world_siz
                             planner_done_fn done, void *ctx, struct ddpd_error *err);
 
 /* One plan through a process started for it alone (`ddpd run`). */
-ddpd_err plan_once(const char *worker, struct json_t *doc, int world_size, double timeout_s, int64_t *counts,
-                   bool *known, struct ddpd_error *err);
+ddpd_err planner_plan_once(const char *worker, struct json_t *doc, int world_size, double timeout_s,
+                           int64_t *counts, bool *known, struct ddpd_error *err);
 
 #endif

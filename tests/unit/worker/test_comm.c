@@ -16,7 +16,7 @@
 
 #include "check.h"
 #include "base/clock.h"
-#include "../../worker/comm.h"
+#include "worker/comm.h"
 
 #define MAX_W 4
 #define NSIZES 5
