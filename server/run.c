@@ -225,8 +225,7 @@ int run_main(int argc, char **argv, const char *self_dir)
         /* Scripts read stdout: the failure is an `error` event there too. */
         struct event ev = {.kind = EVENT_ERROR, .rank = 0};
         char line[EVENT_LINE_MAX];
-        snprintf(ev.error_kind, sizeof ev.error_kind, "%s",
-                 err.code == DDPD_EDATA ? "data" : err.code == DDPD_ESPEC ? "spec" : "internal");
+        snprintf(ev.error_kind, sizeof ev.error_kind, "%s", ddpd_err_kind(err.code));
         snprintf(ev.message, sizeof ev.message, "%s", err.message);
         ev.ts = (double)time(NULL);
         if (event_encode(&ev, line, sizeof line) > 0)

@@ -220,7 +220,7 @@ static void plan_error(const struct ddpd_error *err)
     char line[EVENT_LINE_MAX + 300];
     memset(&ev, 0, sizeof ev);
     ev.kind = EVENT_ERROR;
-    snprintf(ev.error_kind, sizeof ev.error_kind, "%s", emit_error_kind(err->code));
+    snprintf(ev.error_kind, sizeof ev.error_kind, "%s", ddpd_err_kind(err->code));
     snprintf(ev.message, sizeof ev.message, "%s", err->message);
     ev.ts = emit_now();
     int n = event_encode(&ev, line, EVENT_LINE_MAX);
