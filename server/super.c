@@ -488,11 +488,11 @@ static void finish(struct super *s, struct active *a, job_state st, const char *
 static const char *rank_state(const struct active *a, int exit_code)
 {
     if (exit_code == 0)
-        return "succeeded";
+        return job_state_name(JOB_STATE_SUCCEEDED);
     if (a->cancel_requested && (exit_code == RANK_EXIT_CANCELLED || exit_code == 128 + SIGTERM ||
                                 exit_code == 128 + SIGKILL))
-        return "cancelled";
-    return "failed";
+        return job_state_name(JOB_STATE_CANCELLED);
+    return job_state_name(JOB_STATE_FAILED);
 }
 
 /* Every process of the attempt has exited. */
@@ -804,8 +804,7 @@ static void ranks_lost(struct super *s, const struct store_job *j)
 {
     for (size_t i = 0; i < j->n_ranks; i++) {
         struct store_rank r = j->ranks[i];
-        if (r.has_exit_code || !strcmp(r.state, "succeeded") || !strcmp(r.state, "failed") ||
-            !strcmp(r.state, "cancelled"))
+        if (r.has_exit_code || job_state_name_is_final(r.state))
             continue;
         snprintf(r.state, sizeof r.state, "failed");
         struct ddpd_error err;
