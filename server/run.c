@@ -16,6 +16,7 @@
 
 #include "../schema/event.h"
 #include "../schema/jobdir.h"
+#include "../schema/jobdoc.h"
 #include "../schema/spec.h"
 #include "launch.h"
 #include "plan.h"
@@ -202,21 +203,21 @@ int run_main(int argc, char **argv, const char *self_dir)
         return 1;
     }
 
-    json_t *doc = json_object();
-    json_object_set_new(doc, "job", json_integer(0));
-    json_object_set_new(doc, "attempt", json_integer(1));
-    json_object_set_new(doc, "world_size", json_integer(spec.world_size));
-    json_object_set_new(doc, "comm", json_null());
-    json_object_set_new(doc, "spec", spec_to_json(&spec));
-    json_object_set_new(doc, "data_dir", json_string(data_abs));
-    json_object_set_new(doc, "out_dir", json_string(out));
-    json_object_set_new(doc, "resume", resume ? json_string(resume) : json_null());
     /* The ranks all run here: each gets its share of the memory, as on the server. */
     if (max_rank_memory < 0) {
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         max_rank_memory = pages > 0 && page > 0 ? (int64_t)pages * page / spec.world_size : 0;
     }
-    json_object_set_new(doc, "max_rank_memory", json_integer(max_rank_memory));
+    struct jobdoc jd = {.job = 0, .attempt = 1, .world_size = spec.world_size, .rank = -1, .spec = spec,
+                        .max_rank_memory = max_rank_memory};
+    snprintf(jd.data_dir, sizeof jd.data_dir, "%s", data_abs);
+    snprintf(jd.out_dir, sizeof jd.out_dir, "%s", out);
+    snprintf(jd.resume, sizeof jd.resume, "%s", resume ? resume : "");
+    json_t *doc = jobdoc_to_json(&jd);
+    if (!doc) {
+        fprintf(stderr, "ddpd run: out of memory building the job document\n");
+        return 1;
+    }
 
     /* Fail before any rank starts when the data or the batch counts say it cannot work. */
     int64_t counts[SPEC_MAX_WORLD];

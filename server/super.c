@@ -21,6 +21,7 @@
 
 #include "../schema/event.h"
 #include "../schema/jobdir.h"
+#include "../schema/jobdoc.h"
 #include "evpipe.h"
 #include "hub.h"
 #include "idmap.h"
@@ -400,19 +401,25 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
     bool has_resume = super_latest_checkpoint(a->out_dir, resume, sizeof resume);
     a->attempt++;
     mkdir(s->o.jobs_dir, 0700);
-    json_t *doc = json_object();
-    json_object_set_new(doc, "job", json_integer(a->job));
-    json_object_set_new(doc, "attempt", json_integer(a->attempt));
-    json_object_set_new(doc, "world_size", json_integer(a->world_size));
-    json_object_set_new(doc, "comm", json_null());
-    json_object_set_new(doc, "spec", json_loads(a->spec_text, 0, NULL));
-    json_object_set_new(doc, "data_dir", json_string(s->o.data_dir));
-    json_object_set_new(doc, "out_dir", json_string(a->out_dir));
-    json_object_set_new(doc, "resume", has_resume ? json_string(resume) : json_null());
-    json_object_set_new(doc, "disk_quota",
-                        s->o.job_disk_quota > 0 ? json_integer(s->o.job_disk_quota) : json_null());
-    if (s->o.max_rank_memory > 0) /* each rank checks itself against it at start */
-        json_object_set_new(doc, "max_rank_memory", json_integer(s->o.max_rank_memory));
+    struct jobdoc *jd = calloc(1, sizeof *jd);
+    json_t *doc = NULL;
+    if (!jd)
+        ddpd_error_set(&err, DDPD_ENOMEM, "", "out of memory building the job document");
+    else if (spec_parse(a->spec_text, strlen(a->spec_text), NULL, &jd->spec, &err) == DDPD_OK) {
+        jd->job = a->job;
+        jd->attempt = a->attempt;
+        jd->world_size = a->world_size;
+        jd->rank = -1; /* each launcher names the rank its own way */
+        jd->disk_quota = s->o.job_disk_quota;
+        jd->max_rank_memory = s->o.max_rank_memory; /* each rank checks itself against it at start */
+        snprintf(jd->data_dir, sizeof jd->data_dir, "%s", s->o.data_dir);
+        snprintf(jd->out_dir, sizeof jd->out_dir, "%s", a->out_dir);
+        if (has_resume)
+            snprintf(jd->resume, sizeof jd->resume, "%s", resume);
+        if (!(doc = jobdoc_to_json(jd)))
+            ddpd_error_set(&err, DDPD_ENOMEM, "", "out of memory building the job document");
+    }
+    free(jd);
     struct launch_opts lo = {
         .worker = s->o.worker,
         .world_size = a->world_size,
@@ -440,9 +447,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         struct store_job_update u = {.fields = STORE_SET_ATTEMPT, .attempt = a->attempt};
         store_job_update(s->o.store, a->job, &u, NULL, NULL);
     }
-    if (!json_object_get(doc, "spec"))
-        ddpd_error_set(&err, DDPD_ENOMEM, "", "out of memory reading the job's spec");
-    else
+    if (doc)
         set_launch(s, a, launch_start(&lo, &err));
     json_decref(doc);
     if (!a->l) {
