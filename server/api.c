@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../schema/plan.h"
 #include "../schema/spec.h"
 #include "http.h"
 #include "hub.h"
@@ -347,8 +348,16 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
         free(pl);
         return DDPD_OK;
     }
-    json_t *doc = json_pack("{s:i, s:o, s:s, s:I}", "world_size", spec->world_size, "spec", spec_to_json(spec),
-                            "data_dir", a->data_dir, "max_rank_memory", (json_int_t)a->max_rank_memory);
+    struct plan_request *preq = malloc(sizeof *preq); /* ~19 KiB: not on an HTTP thread's stack */
+    json_t *doc = NULL;
+    if (preq) {
+        preq->world_size = spec->world_size;
+        preq->spec = *spec;
+        preq->max_rank_memory = a->max_rank_memory;
+        snprintf(preq->data_dir, sizeof preq->data_dir, "%s", a->data_dir);
+        doc = plan_request_to_json(preq);
+        free(preq);
+    }
     if (!doc) {
         rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the job's data");
         goto out;

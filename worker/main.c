@@ -14,6 +14,7 @@
 
 #include "../schema/event.h"
 #include "../schema/jobdoc.h"
+#include "../schema/plan.h"
 #include "../schema/spec.h"
 #include "dev.h"
 #include "comm.h"
@@ -124,34 +125,6 @@ static char *read_stdin(size_t *len, struct ddpd_error *err)
     return buf;
 }
 
-/* A string member, or NULL when absent or null; a wrong type is an error. */
-static int get_str(json_t *doc, const char *key, const char **out, struct ddpd_error *err)
-{
-    json_t *v = json_object_get(doc, key);
-    *out = NULL;
-    if (!v || json_is_null(v))
-        return 0;
-    if (!json_is_string(v)) {
-        ddpd_error_set(err, DDPD_ESPEC, key, "%s: expected a string in the job document", key);
-        return -1;
-    }
-    *out = json_string_value(v);
-    return 0;
-}
-
-static int get_int(json_t *doc, const char *key, json_int_t lo, json_int_t hi, json_int_t *out,
-                   struct ddpd_error *err)
-{
-    json_t *v = json_object_get(doc, key);
-    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
-        ddpd_error_set(err, DDPD_ESPEC, key, "%s: expected an integer in [%lld, %lld] in the job document",
-                       key, (long long)lo, (long long)hi);
-        return -1;
-    }
-    *out = json_integer_value(v);
-    return 0;
-}
-
 /* init.from against the model, from the file's header alone: every parameter there with
  * its shape, nothing else (what checkpoint_load_weights would refuse in every rank). */
 static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, struct ddpd_error *err)
@@ -213,79 +186,59 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
     return rc;
 }
 
-/* Writes an `error` event for a failed plan, with the error's JSON path as "path" when
- * it is a spec field (DDPD_ESPEC), so the server answers 422 at that path. */
-static void plan_error(const struct ddpd_error *err)
-{
-    struct event ev;
-    char line[EVENT_LINE_MAX + 300];
-    memset(&ev, 0, sizeof ev);
-    ev.kind = EVENT_ERROR;
-    snprintf(ev.error_kind, sizeof ev.error_kind, "%s", ddpd_err_kind(err->code));
-    snprintf(ev.message, sizeof ev.message, "%s", err->message);
-    ev.ts = emit_now();
-    int n = event_encode(&ev, line, EVENT_LINE_MAX);
-    if (n < 2) {
-        emit_error(err);
-        return;
-    }
-    bool plain = err->code == DDPD_ESPEC && err->path[0];
-    for (const char *c = err->path; plain && *c; c++)
-        plain = *c > 0x20 && *c < 0x7f && *c != '"' && *c != '\\';
-    if (plain && line[n - 1] == '}')
-        snprintf(line + n - 1, sizeof line - (size_t)(n - 1), ",\"path\":\"%s\"}", err->path);
-    puts(line);
-}
-
-/* One plan request: the line's document {spec, data_dir, world_size, max_rank_memory}
- * -> every rank's batches per epoch (null when only the ranks can tell), or an `error`
- * event. Checks what a rank would otherwise find after the job was accepted: the data's
- * values, init.from's shapes, and the memory a rank needs against max_rank_memory. */
+/* One plan request line (schema/plan.h) -> every rank's batches per epoch (unknown when
+ * only the ranks can tell), or the error a rank would die of. Checks what a rank would
+ * otherwise find after the job was accepted: the data's values, init.from's shapes, and
+ * the memory a rank needs against max_rank_memory. */
 static void plan_one(const char *line, size_t len)
 {
     struct ddpd_error err;
     ddpd_error_clear(&err);
     json_error_t jerr;
     json_t *doc = json_loadb(line, len, 0, &jerr);
-    json_int_t world, limit = 0;
-    const char *data_dir;
-    struct spec spec;
+    struct plan_request req;
+    struct plan_answer ans;
+    memset(&req, 0, sizeof req);
     int64_t rows = 0, file_bytes = 0;
     ddpd_err rc = DDPD_ESPEC;
     if (!json_is_object(doc))
         ddpd_error_set(&err, DDPD_ESPEC, "stdin", "the plan document is not a JSON object: %s", jerr.text);
-    else if (!get_int(doc, "world_size", 1, SPEC_MAX_WORLD, &world, &err) &&
-             !get_str(doc, "data_dir", &data_dir, &err) &&
-             (!json_object_get(doc, "max_rank_memory") ||
-              !get_int(doc, "max_rank_memory", 0, INT64_MAX, &limit, &err)) &&
-             spec_from_json(json_object_get(doc, "spec"), NULL, &spec, &err) == DDPD_OK)
-        rc = dataset_check(&spec, data_dir ? data_dir : ".", (int)world, &rows, &file_bytes, &err);
+    else if (plan_request_from_json(doc, &req, &err) == DDPD_OK)
+        rc = dataset_check(&req.spec, req.data_dir[0] ? req.data_dir : ".", req.world_size, &rows, &file_bytes,
+                           &err);
+    json_decref(doc);
+    const struct spec *spec = &req.spec;
+    const char *data_dir = req.data_dir[0] ? req.data_dir : ".";
     bool known = rc == DDPD_OK;
     if (rc == DDPD_ENOTFOUND) /* {rank} files: the model and one-row batches at least */
         rc = DDPD_OK;
     if (rc == DDPD_OK) {
         struct spec_memory mem;
-        spec_memory_estimate(&spec, rows, !known, file_bytes, &mem);
-        rc = spec_memory_check(&spec, &mem, limit, "the server's --max-rank-memory", DDPD_ESPEC, &err);
+        spec_memory_estimate(spec, rows, !known, file_bytes, &mem);
+        rc = spec_memory_check(spec, &mem, req.max_rank_memory, "the server's --max-rank-memory", DDPD_ESPEC,
+                               &err);
     }
-    if (rc == DDPD_OK && spec.init_from[0])
-        rc = plan_init_from(&spec, data_dir ? data_dir : ".", &err);
-    if (rc == DDPD_OK && !known) {
+    if (rc == DDPD_OK && spec->init_from[0])
+        rc = plan_init_from(spec, data_dir, &err);
+    memset(&ans, 0, sizeof ans);
+    ans.code = rc;
+    ans.known = known;
+    ans.world_size = req.world_size;
+    for (int r = 0; rc == DDPD_OK && known && r < req.world_size; r++)
+        ans.batches[r] = spec_batches(spec_shard_rows(rows, r, req.world_size), spec->batch_size,
+                                      spec->data.drop_last);
+    if (rc != DDPD_OK) {
+        snprintf(ans.path, sizeof ans.path, "%s", err.path);
+        snprintf(ans.message, sizeof ans.message, "%s", err.message);
+    }
+    char *text = plan_answer_encode(&ans, emit_now());
+    if (text)
+        puts(text);
+    else if (rc != DDPD_OK)
+        emit_error(&err);
+    else
         puts("{\"batches\":null}");
-    } else if (rc == DDPD_OK) {
-        json_t *out = json_array();
-        for (int r = 0; r < world; r++)
-            json_array_append_new(out, json_integer(spec_batches(spec_shard_rows(rows, r, (int)world),
-                                                                 spec.batch_size, spec.data.drop_last)));
-        json_t *res = json_pack("{s:o}", "batches", out);
-        char *text = json_dumps(res, JSON_COMPACT);
-        puts(text ? text : "{\"batches\":null}");
-        free(text);
-        json_decref(res);
-    } else {
-        plan_error(&err);
-    }
-    json_decref(doc);
+    free(text);
     fflush(stdout);
 }
 
