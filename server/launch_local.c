@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "../schema/event.h"
+#include "../schema/jobdir.h"
 #include "../schema/spec.h"
 #include "env.h"
 #include "proc.h"
@@ -69,11 +70,12 @@ static int start_rank(struct local *l, int r, const json_t *every, struct ddpd_e
     }
 
     char log_path[4096];
-    snprintf(log_path, sizeof log_path, "%s/rank-%d.log", l->o.out_dir, r);
+    jobdir_rank_log_path(log_path, sizeof log_path, l->o.out_dir, r);
     /* NCCL writes to a file of its own, never into the event stream; a cuda rank sees
      * only its GPU. */
-    char nccl_log[4200], gpu[128], *extra[3] = {nccl_log, NULL, NULL};
-    snprintf(nccl_log, sizeof nccl_log, "NCCL_DEBUG_FILE=%s/rank-%d.nccl.log", l->o.out_dir, r);
+    char nccl_path[4096], nccl_log[4200], gpu[128], *extra[3] = {nccl_log, NULL, NULL};
+    jobdir_nccl_log_path(nccl_path, sizeof nccl_path, l->o.out_dir, r);
+    snprintf(nccl_log, sizeof nccl_log, "NCCL_DEBUG_FILE=%s", nccl_path);
     if (l->o.gpus) {
         snprintf(gpu, sizeof gpu, "CUDA_VISIBLE_DEVICES=%s", l->o.gpus[r]);
         extra[1] = gpu;
@@ -379,9 +381,12 @@ static void local_result(const void *run, struct launch_result *res)
     describe_exit(l, p->status, how, sizeof how, &res->exit_code);
     if (p->last_error[0])
         snprintf(res->message, sizeof res->message, "%s", p->last_error);
-    else
-        snprintf(res->message, sizeof res->message, "rank %d %s without an error event (see %s/rank-%d.log)",
-                 r, how, l->o.out_dir, r);
+    else {
+        char logp[4096];
+        jobdir_rank_log_path(logp, sizeof logp, l->o.out_dir, r);
+        snprintf(res->message, sizeof res->message, "rank %d %s without an error event (see %.600s)", r, how,
+                 logp);
+    }
 }
 
 static void local_free(void *run)

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "../schema/event.h"
+#include "../schema/jobdir.h"
 #include "env.h"
 #include "launch_impl.h"
 #include "proc.h"
@@ -439,7 +440,7 @@ static int rank_log(struct slurm_run *r, int rank)
     struct rank_out *ro = &r->ranks[rank];
     if (ro->log_fd < 0) {
         char path[PATH_MAX];
-        snprintf(path, sizeof path, "%s/rank-%d.log", r->o.out_dir, rank);
+        jobdir_rank_log_path(path, sizeof path, r->o.out_dir, rank);
         ro->log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     }
     return ro->log_fd;
@@ -836,10 +837,12 @@ void slurm_run_result(const struct slurm_run *r, struct launch_result *res)
             snprintf(how, sizeof how, "exited with code %d", ro->code);
         if (ro->last_error[0])
             snprintf(res->message, sizeof res->message, "%s%s", ro->last_error, tail);
-        else
-            snprintf(res->message, sizeof res->message,
-                     "rank %d %s without an error event (see %s/rank-%d.log)%s", rank, how, r->o.out_dir,
-                     rank, tail);
+        else {
+            char logp[PATH_MAX];
+            jobdir_rank_log_path(logp, sizeof logp, r->o.out_dir, rank);
+            snprintf(res->message, sizeof res->message, "rank %d %s without an error event (see %.600s)%s", rank,
+                     how, logp, tail);
+        }
         return;
     }
     /* No task failed: srun itself did (no allocation, a bad option, killed). */

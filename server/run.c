@@ -279,8 +279,10 @@ int run_main(int argc, char **argv, const char *self_dir)
     launch_result(l, &res);
     launch_free(l);
     if (res.ok) {
-        fprintf(stderr, "ddpd run: all %d rank%s succeeded; final model in %s/model.safetensors\n",
-                spec.world_size, spec.world_size > 1 ? "s" : "", out);
+        char model[PATH_MAX];
+        jobdir_model_path(model, sizeof model, out);
+        fprintf(stderr, "ddpd run: all %d rank%s succeeded; final model in %s\n",
+                spec.world_size, spec.world_size > 1 ? "s" : "", model);
         return 0;
     }
     if (stopping)

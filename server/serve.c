@@ -334,7 +334,7 @@ int serve_main(int argc, char **argv, const char *self_dir)
         return 1;
     }
     if (!jobs_dir) {
-        snprintf(jobs_buf, sizeof jobs_buf, "%s/jobs", dd);
+        snprintf(jobs_buf, sizeof jobs_buf, "%s/" JOBDIR_JOBS, dd);
         jobs_dir = jobs_buf;
     }
     char jobs_abs[PATH_MAX];

@@ -251,7 +251,7 @@ static struct active *new_active(struct super *s, int64_t job, char *spec_text)
 {
     struct active *a = calloc(1, sizeof *a);
     char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s/%" PRId64, s->o.jobs_dir, job);
+    jobdir_job_path(dir, sizeof dir, s->o.jobs_dir, job);
     if (!a || !(a->out_dir = strdup(dir))) {
         free(a);
         return NULL;
@@ -328,32 +328,6 @@ static struct active *load(struct super *s, int64_t job)
 
 /* ---- launching -------------------------------------------------------------------------- */
 
-bool super_latest_checkpoint(const char *out_dir, char *path, size_t cap)
-{
-    DIR *d = opendir(out_dir);
-    if (!d)
-        return false;
-    long long best = -1;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char *end;
-        if (strncmp(e->d_name, "ckpt-", 5) != 0)
-            continue;
-        long long n = strtoll(e->d_name + 5, &end, 10);
-        if (*end || n <= best) /* "ckpt-7.tmp" is a torn write: skipped */
-            continue;
-        char f[PATH_MAX + 320];
-        struct stat st;
-        if (snprintf(f, sizeof f, "%s/%s/optim.safetensors", out_dir, e->d_name) < (int)sizeof f &&
-            stat(f, &st) == 0)
-            best = n;
-    }
-    closedir(d);
-    if (best < 0)
-        return false;
-    return snprintf(path, cap, "%s/ckpt-%lld", out_dir, best) < (int)cap;
-}
-
 static void on_line(void *ctx, int rank, const char *line, size_t len)
 {
     struct active *a = ctx;
@@ -398,7 +372,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
 {
     struct ddpd_error err;
     char resume[PATH_MAX];
-    bool has_resume = super_latest_checkpoint(a->out_dir, resume, sizeof resume);
+    bool has_resume = jobdir_latest_ckpt(a->out_dir, resume, sizeof resume);
     a->attempt++;
     mkdir(s->o.jobs_dir, 0700);
     struct jobdoc *jd = calloc(1, sizeof *jd);
@@ -697,7 +671,7 @@ static void delete_job(struct super *s, struct cmd *c)
     if (rc == DDPD_OK) {
         hub_job_forget(s->o.hub, c->job);
         char dir[PATH_MAX];
-        if (snprintf(dir, sizeof dir, "%s/%" PRId64, s->o.jobs_dir, c->job) < (int)sizeof dir)
+        if (jobdir_job_path(dir, sizeof dir, s->o.jobs_dir, c->job))
             proc_remove_tree(dir);
     }
     pthread_mutex_lock(&s->lock);
