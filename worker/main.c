@@ -199,16 +199,18 @@ static void plan_one(const char *line, size_t len)
     struct plan_request req;
     struct plan_answer ans;
     memset(&req, 0, sizeof req);
+    const struct spec *spec = &req.spec;
+    const char *data_dir = req.data_dir;
     int64_t rows = 0, file_bytes = 0;
     ddpd_err rc = DDPD_ESPEC;
-    if (!json_is_object(doc))
+    if (!json_is_object(doc)) {
         ddpd_error_set(&err, DDPD_ESPEC, "stdin", "the plan document is not a JSON object: %s", jerr.text);
-    else if (plan_request_from_json(doc, &req, &err) == DDPD_OK)
-        rc = dataset_check(&req.spec, req.data_dir[0] ? req.data_dir : ".", req.world_size, &rows, &file_bytes,
-                           &err);
+    } else if (plan_request_from_json(doc, &req, &err) == DDPD_OK) {
+        if (!req.data_dir[0])
+            snprintf(req.data_dir, sizeof req.data_dir, ".");
+        rc = dataset_check(spec, data_dir, req.world_size, &rows, &file_bytes, &err);
+    }
     json_decref(doc);
-    const struct spec *spec = &req.spec;
-    const char *data_dir = req.data_dir[0] ? req.data_dir : ".";
     bool known = rc == DDPD_OK;
     if (rc == DDPD_ENOTFOUND) /* {rank} files: the model and one-row batches at least */
         rc = DDPD_OK;
