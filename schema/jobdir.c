@@ -59,6 +59,11 @@ bool jobdir_model_path(char *out, size_t cap, const char *dir)
     return name_fits(out, cap, "%s/" JOBDIR_MODEL_FILE, dir);
 }
 
+bool jobdir_file_path(char *out, size_t cap, const char *dir, const char *name)
+{
+    return name_fits(out, cap, "%s/%s", dir, name);
+}
+
 bool jobdir_rank_file(char *out, size_t cap, const char *what, int rank)
 {
     return rank == 0 ? name_fits(out, cap, "%s.safetensors", what)

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../schema/jobdir.h"
 #include "env.h"
 #include "proc.h"
 
@@ -45,7 +46,7 @@ static int start_issuer(struct launch *l, const struct launch_opts *o, char *id_
     char log_path[4096], line[1024];
     size_t len = 0;
     char nccl_log[4200], *extra[] = {nccl_log, NULL}, **env = NULL;
-    snprintf(log_path, sizeof log_path, "%s/issuer.log", o->out_dir);
+    jobdir_file_path(log_path, sizeof log_path, o->out_dir, JOBDIR_ISSUER_LOG);
     /* NCCL's own output (its bootstrap root lives in the issuer) goes to a file. */
     snprintf(nccl_log, sizeof nccl_log, "NCCL_DEBUG_FILE=%s/issuer.nccl.log", o->out_dir);
     env = env_for_worker(extra);

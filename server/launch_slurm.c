@@ -598,11 +598,11 @@ struct slurm_run *slurm_run_start(const struct slurm_opts *so, const char *name,
         r->ranks[i].code = -1;
     }
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/srun.log", lo->out_dir);
+    jobdir_file_path(path, sizeof path, lo->out_dir, JOBDIR_SRUN_LOG);
     r->srun_log = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     /* The document goes through a file: srun reads its stdin whenever the tasks start
      * (perhaps hours later), and the supervisor must not wait on a pipe for that. */
-    snprintf(path, sizeof path, "%s/srun-stdin.json", lo->out_dir);
+    jobdir_file_path(path, sizeof path, lo->out_dir, JOBDIR_SRUN_STDIN);
     int wfd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (wfd < 0 || proc_write_all(wfd, doc, strlen(doc)) != 0 || close(wfd) != 0 ||
         (in_fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {

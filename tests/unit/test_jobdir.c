@@ -273,6 +273,10 @@ static void test_names(void)
     CHECK(jobdir_rank_file(b, sizeof b, JOBDIR_MODEL, 1));
     CHECK_EQ_STR(b, "model-rank-1.safetensors");
     CHECK_EQ_STR(JOBDIR_MODEL_FILE, "model.safetensors");
+    CHECK(jobdir_file_path(b, sizeof b, "/o", JOBDIR_SRUN_STDIN));
+    CHECK_EQ_STR(b, "/o/srun-stdin.json");
+    CHECK_EQ_STR(JOBDIR_SRUN_LOG, "srun.log");
+    CHECK_EQ_STR(JOBDIR_ISSUER_LOG, "issuer.log");
     /* A name that does not fit is refused, never silently cut. */
     char small[12];
     CHECK(!jobdir_ckpt_path(small, sizeof small, "/var/jobs/42", 300));
