@@ -29,11 +29,9 @@ struct launch {
 
 /* The collective backend the job's spec asks for ("cpu" or "nccl"): the id issuer and
  * every rank's comm document must speak the same one. */
-static const char *backend_name(const json_t *doc)
+static const char *backend_name(const struct jobdoc *doc)
 {
-    json_t *ddp = json_object_get(json_object_get(doc, "spec"), "ddp");
-    const char *b = json_string_value(json_object_get(ddp, "backend"));
-    return b && !strcmp(b, "nccl") ? "nccl" : "cpu";
+    return doc->spec.ddp.backend == BACKEND_NCCL ? "nccl" : "cpu";
 }
 
 /* Starts `ddpd-worker --issue-id <backend>` and reads the id it prints (one JSON line) within
@@ -143,7 +141,7 @@ static void *ctx_of(const struct launcher *L) { return L ? L->ctx : NULL; }
 struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
 {
     struct launch *l = calloc(1, sizeof *l);
-    json_t *doc = NULL;
+    struct jobdoc *doc = NULL;
     if (!l) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory starting a job");
         return NULL;
@@ -162,15 +160,19 @@ struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
     if (o->world_size > 1 && start_issuer(l, o, id_hex, sizeof id_hex, err) != 0)
         goto fail;
     /* Every rank's document: the caller's, with the rendezvous every rank joins. */
-    doc = json_deep_copy(o->doc);
-    if (!doc) {
+    if (!(doc = malloc(sizeof *doc))) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory building the job document");
         goto fail;
     }
-    if (o->world_size > 1)
-        json_object_set_new(doc, "comm", json_pack("{s:s, s:s}", "backend", backend_name(o->doc), "id", id_hex));
+    *doc = *o->doc;
+    doc->rank = -1;
+    doc->comm_backend[0] = doc->comm_id[0] = '\0';
+    if (o->world_size > 1) {
+        snprintf(doc->comm_backend, sizeof doc->comm_backend, "%s", backend_name(o->doc));
+        snprintf(doc->comm_id, sizeof doc->comm_id, "%s", id_hex);
+    }
     l->run = l->ops->start(ctx_of(o->launcher), &lo, doc, &l->pgid, err);
-    json_decref(doc);
+    free(doc);
     if (!l->run)
         goto fail;
     return l;

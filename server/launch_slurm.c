@@ -906,13 +906,15 @@ void slurm_run_free(struct slurm_run *r)
 /* ---- the launcher table ------------------------------------------------------------------- */
 
 /* One document for every task (no rank: each takes SLURM_PROCID). */
-static void *run_start(void *ctx, const struct launch_opts *o, const json_t *doc, pid_t *pgid,
+static void *run_start(void *ctx, const struct launch_opts *o, struct jobdoc *doc, pid_t *pgid,
                        struct ddpd_error *err)
 {
     const struct slurm_opts *so = ctx;
     char name[256];
     slurm_job_name(so, (long long)o->job, o->attempt, name, sizeof name);
-    char *text = json_dumps(doc, JSON_COMPACT);
+    json_t *j = jobdoc_to_json(doc); /* rank -1: left out */
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
     if (!text) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory building Slurm job %s's document", name);
         return NULL;

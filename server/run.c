@@ -252,7 +252,7 @@ int run_main(int argc, char **argv, const char *self_dir)
         .worker = worker,
         .world_size = spec.world_size,
         .out_dir = out,
-        .doc = doc,
+        .doc = &jd,
         .grace_s = 5,
         .die_with_parent = true,
         .on_line = print_line,

@@ -375,8 +375,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
     bool has_resume = jobdir_latest_ckpt(a->out_dir, resume, sizeof resume);
     a->attempt++;
     mkdir(s->o.jobs_dir, 0700);
-    struct jobdoc *jd = calloc(1, sizeof *jd);
-    json_t *doc = NULL;
+    struct jobdoc *jd = calloc(1, sizeof *jd), *doc = NULL;
     if (!jd)
         ddpd_error_set(&err, DDPD_ENOMEM, "", "out of memory building the job document");
     else if (spec_parse(a->spec_text, strlen(a->spec_text), NULL, &jd->spec, &err) == DDPD_OK) {
@@ -390,10 +389,8 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         snprintf(jd->out_dir, sizeof jd->out_dir, "%s", a->out_dir);
         if (has_resume)
             snprintf(jd->resume, sizeof jd->resume, "%s", resume);
-        if (!(doc = jobdoc_to_json(jd)))
-            ddpd_error_set(&err, DDPD_ENOMEM, "", "out of memory building the job document");
+        doc = jd;
     }
-    free(jd);
     struct launch_opts lo = {
         .worker = s->o.worker,
         .world_size = a->world_size,
@@ -423,7 +420,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
     }
     if (doc)
         set_launch(s, a, launch_start(&lo, &err));
-    json_decref(doc);
+    free(jd);
     if (!a->l) {
         char msg[1200];
         snprintf(msg, sizeof msg, "cannot start the job: %s", err.message);
