@@ -90,7 +90,7 @@ static void check_body(const struct http_route *r, const char *body, size_t len)
     static struct spec s;
     struct spec_parse_opts po = {.default_device = DEVICE_CPU};
     rc = spec_from_json(doc, &po, &s, &err);
-    if (rc != DDPD_OK && (rc != DDPD_ESPEC || !err.message[0] || !http_err_code(rc)))
+    if (rc != DDPD_OK && (rc != DDPD_ESPEC || !err.message[0] || !ddpd_err_code(rc)))
         abort();
     if (rc == DDPD_OK) {
         json_t *back = spec_to_json(&s);

@@ -5,10 +5,10 @@
 #include <string.h>
 
 static const struct {
-    const char *name, *text;
+    const char *name, *text, *code, *kind;
     int http, exit;
 } table[] = {
-#define DDPD__ERR_ROW(name, http, exit, text) {#name, text, http, exit},
+#define DDPD__ERR_ROW(name, http, exit, code, kind, text) {#name, text, code, kind, http, exit},
     DDPD_ERR_MAP(DDPD__ERR_ROW)
 #undef DDPD__ERR_ROW
 };
@@ -19,6 +19,8 @@ const char *ddpd_err_name(ddpd_err e) { return valid(e) ? table[e].name : "EINTE
 const char *ddpd_err_text(ddpd_err e) { return valid(e) ? table[e].text : "internal error"; }
 int ddpd_err_http(ddpd_err e) { return valid(e) ? table[e].http : 500; }
 int ddpd_err_exit(ddpd_err e) { return valid(e) ? table[e].exit : 1; }
+const char *ddpd_err_code(ddpd_err e) { return valid(e) ? table[e].code : "internal"; }
+const char *ddpd_err_kind(ddpd_err e) { return valid(e) ? table[e].kind : "internal"; }
 
 ddpd_err ddpd_error_vset(struct ddpd_error *e, ddpd_err code, const char *path,
                          const char *fmt, va_list ap)

@@ -1,37 +1,40 @@
 /* err.h — the one error enum of ddpd, built from one table that also holds each
- * error's HTTP status and worker exit code (CONTRACT.md §6, §7). Functions return a
- * ddpd_err and put the detail (JSON path, sentence) into a struct ddpd_error. */
+ * error's HTTP status, worker exit code, API error code and event kind (CONTRACT.md §6,
+ * §7). Functions return a ddpd_err and put the detail (JSON path, sentence) into a
+ * struct ddpd_error. */
 #ifndef DDPD_ERR_H
 #define DDPD_ERR_H
 
 #include <stdarg.h>
 
-/* X(NAME, http status, worker exit code, short text) */
-#define DDPD_ERR_MAP(X)                                          \
-    X(OK,        200, 0, "ok")                                   \
-    X(EJSON,     400, 2, "malformed JSON")                       \
-    X(ESPEC,     422, 2, "invalid job spec")                     \
-    X(EDATA,     422, 2, "bad data file")                        \
-    X(ETOOBIG,   413, 2, "too large")                            \
-    X(EIO,       500, 1, "input/output error")                   \
-    X(ENOMEM,    500, 1, "out of memory")                        \
-    X(ECOMM,     500, 3, "communication failure")                \
-    X(EDEVICE,   500, 4, "device failure")                       \
-    X(ECANCELED, 500, 5, "cancelled")                            \
-    X(ENOTFOUND, 404, 1, "not found")                            \
-    X(EMETHOD,   405, 1, "method not allowed")                   \
-    X(ECONFLICT, 409, 1, "conflict")                             \
-    X(EAUTH,     401, 1, "unauthorized")                         \
-    X(EBUSY,     503, 1, "busy")                                 \
-    X(EINTERNAL, 500, 1, "internal error")                       \
-    X(EUNAVAIL,  503, 1, "store unavailable")                    \
-    X(ENONFINITE, 500, 1, "non-finite loss")                     \
-    X(EREQUEST,  400, 1, "bad request")                          \
-    X(EFORBIDDEN, 403, 1, "forbidden")                           \
-    X(EMEDIATYPE, 415, 1, "unsupported media type")
+/* X(NAME, http status, worker exit code, API error code (the "code" of an HTTP error body,
+ * CONTRACT.md §7), event kind (the "kind" of an `error` event, §6), short text). The API
+ * codes and event kinds are part of the contract: clients and tests compare them. */
+#define DDPD_ERR_MAP(X)                                                                    \
+    X(OK,         200, 0, "ok",                     "internal",  "ok")                     \
+    X(EJSON,      400, 2, "bad_json",               "spec",      "malformed JSON")         \
+    X(ESPEC,      422, 2, "invalid_spec",           "spec",      "invalid job spec")       \
+    X(EDATA,      422, 2, "bad_data",               "data",      "bad data file")          \
+    X(ETOOBIG,    413, 2, "too_large",              "spec",      "too large")              \
+    X(EIO,        500, 1, "io_error",               "io",        "input/output error")     \
+    X(ENOMEM,     500, 1, "out_of_memory",          "internal",  "out of memory")          \
+    X(ECOMM,      500, 3, "comm_failure",           "comm",      "communication failure")  \
+    X(EDEVICE,    500, 4, "device_failure",         "device",    "device failure")         \
+    X(ECANCELED,  500, 5, "cancelled",              "cancelled", "cancelled")              \
+    X(ENOTFOUND,  404, 1, "not_found",              "internal",  "not found")              \
+    X(EMETHOD,    405, 1, "method_not_allowed",     "internal",  "method not allowed")     \
+    X(ECONFLICT,  409, 1, "conflict",               "internal",  "conflict")               \
+    X(EAUTH,      401, 1, "unauthorized",           "internal",  "unauthorized")           \
+    X(EBUSY,      503, 1, "busy",                   "internal",  "busy")                   \
+    X(EINTERNAL,  500, 1, "internal",               "internal",  "internal error")         \
+    X(EUNAVAIL,   503, 1, "unavailable",            "internal",  "store unavailable")      \
+    X(ENONFINITE, 500, 1, "nonfinite_loss",         "nonfinite", "non-finite loss")        \
+    X(EREQUEST,   400, 1, "bad_request",            "internal",  "bad request")            \
+    X(EFORBIDDEN, 403, 1, "forbidden",              "internal",  "forbidden")              \
+    X(EMEDIATYPE, 415, 1, "unsupported_media_type", "internal",  "unsupported media type")
 
 typedef enum {
-#define DDPD__ERR_ENUM(name, http, exit, text) DDPD_##name,
+#define DDPD__ERR_ENUM(name, http, exit, code, kind, text) DDPD_##name,
     DDPD_ERR_MAP(DDPD__ERR_ENUM)
 #undef DDPD__ERR_ENUM
     DDPD_ERR_COUNT
@@ -51,6 +54,8 @@ const char *ddpd_err_name(ddpd_err e);  /* "ESPEC" */
 const char *ddpd_err_text(ddpd_err e);  /* "invalid job spec" */
 int ddpd_err_http(ddpd_err e);          /* 422 */
 int ddpd_err_exit(ddpd_err e);          /* worker exit code: 2 */
+const char *ddpd_err_code(ddpd_err e);  /* API error code: "invalid_spec" */
+const char *ddpd_err_kind(ddpd_err e);  /* event kind: "spec" */
 
 /* Fills `e` (may be NULL) and returns `code`, so callers can write
  * `return ddpd_error_set(err, DDPD_ESPEC, "model[0].in", "expected ...");`. */

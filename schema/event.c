@@ -2,6 +2,7 @@
  * every training step, so it writes straight into the caller's buffer with snprintf and
  * allocates nothing; the decoder (server side) uses jansson. */
 #include "event.h"
+#include "job_state.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -19,6 +20,11 @@ static const char *const kind_names[] = {"start", "loss",  "join", "checkpoint",
 const char *event_kind_name(event_kind k)
 {
     return (unsigned)k < COUNT(kind_names) ? kind_names[k] : "unknown";
+}
+
+bool event_is_final(const struct event *ev)
+{
+    return ev->kind == EVENT_STATE && job_state_name_is_final(ev->state);
 }
 
 /* ---- encoding ---- */

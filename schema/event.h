@@ -57,6 +57,10 @@ struct event {
 
 const char *event_kind_name(event_kind k); /* "loss" */
 
+/* True for the event that ends a job's stream: a `state` event whose state is final
+ * (succeeded, failed or cancelled; job_state.h). */
+bool event_is_final(const struct event *ev);
+
 /* Writes one JSON object (no newline) into buf and returns its length, or -1 when
  * cap is too small. Strings are escaped; a non-finite loss is written as null with
  * "nonfinite": true. */

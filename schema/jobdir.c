@@ -1,4 +1,4 @@
-/* jobdir.c — a job folder's size, checkpoint pruning and the quota's size syntax
+/* jobdir.c — a job folder's names, its size, checkpoint pruning and the quota's size syntax
  * (jobdir.h). Plain POSIX directory walks from directory descriptors, never following a
  * symbolic link; knows nothing of what the files hold. */
 #include "jobdir.h"
@@ -7,6 +7,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,11 +16,85 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define CKPT_PREFIX "ckpt-"
+
+/* snprintf into out[cap]: false when it did not fit. */
+static bool name_fits(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static bool name_fits(char *out, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, cap, fmt, ap);
+    va_end(ap);
+    return n >= 0 && (size_t)n < cap;
+}
+
+bool jobdir_job_path(char *out, size_t cap, const char *jobs_dir, int64_t job)
+{
+    return name_fits(out, cap, "%s/%" PRId64, jobs_dir, job);
+}
+
+bool jobdir_ckpt_path(char *out, size_t cap, const char *out_dir, int64_t step)
+{
+    return name_fits(out, cap, "%s/" CKPT_PREFIX "%" PRId64, out_dir, step);
+}
+
+bool jobdir_tmp_path(char *out, size_t cap, const char *ckpt_dir)
+{
+    return name_fits(out, cap, "%s.tmp", ckpt_dir);
+}
+
+bool jobdir_rank_log_path(char *out, size_t cap, const char *out_dir, int rank)
+{
+    return name_fits(out, cap, "%s/rank-%d.log", out_dir, rank);
+}
+
+bool jobdir_nccl_log_path(char *out, size_t cap, const char *out_dir, int rank)
+{
+    return name_fits(out, cap, "%s/rank-%d.nccl.log", out_dir, rank);
+}
+
+bool jobdir_model_path(char *out, size_t cap, const char *dir)
+{
+    return name_fits(out, cap, "%s/" JOBDIR_MODEL_FILE, dir);
+}
+
+bool jobdir_file_path(char *out, size_t cap, const char *dir, const char *name)
+{
+    return name_fits(out, cap, "%s/%s", dir, name);
+}
+
+bool jobdir_rank_file(char *out, size_t cap, const char *what, int rank)
+{
+    return rank == 0 ? name_fits(out, cap, "%s.safetensors", what)
+                     : name_fits(out, cap, "%s-rank-%d.safetensors", what, rank);
+}
+
+bool jobdir_latest_ckpt(const char *out_dir, char *path, size_t cap)
+{
+    DIR *d = opendir(out_dir);
+    if (!d)
+        return false;
+    int64_t best = -1, n;
+    struct dirent *e;
+    char f[PATH_MAX + 320], optim[64];
+    jobdir_rank_file(optim, sizeof optim, JOBDIR_OPTIM, 0);
+    while ((e = readdir(d))) {
+        struct stat st;
+        /* "ckpt-7.tmp" is a torn write: not a checkpoint */
+        if (jobdir_ckpt_step(e->d_name, &n) && n > best &&
+            name_fits(f, sizeof f, "%s/%s/%s", out_dir, e->d_name, optim) && stat(f, &st) == 0)
+            best = n;
+    }
+    closedir(d);
+    return best >= 0 && jobdir_ckpt_path(path, cap, out_dir, best);
+}
+
 bool jobdir_ckpt_step(const char *name, int64_t *step)
 {
-    if (strncmp(name, "ckpt-", 5) != 0)
+    if (strncmp(name, CKPT_PREFIX, strlen(CKPT_PREFIX)) != 0)
         return false;
-    const char *p = name + 5;
+    const char *p = name + strlen(CKPT_PREFIX);
     int64_t n = 0;
     if (!*p)
         return false;
@@ -146,7 +222,7 @@ static int cmp_i64(const void *a, const void *b)
 static bool is_leftover(const char *name, int64_t newest)
 {
     size_t len = strlen(name);
-    if (len < 9 || len >= 64 || strncmp(name, "ckpt-", 5) != 0)
+    if (len < 9 || len >= 64 || strncmp(name, CKPT_PREFIX, strlen(CKPT_PREFIX)) != 0)
         return false;
     const char *suffix = name + len - 4;
     if (strcmp(suffix, ".del") && strcmp(suffix, ".tmp"))
@@ -218,7 +294,7 @@ ddpd_err jobdir_prune(const char *dir, int64_t keep_last, int64_t newest, int *p
      * that a crash leaves a ".del" folder that nothing reads as a checkpoint. */
     for (size_t i = 0; i < drop; i++) {
         char del[80];
-        snprintf(name, sizeof name, "ckpt-%" PRId64, steps[i]);
+        snprintf(name, sizeof name, CKPT_PREFIX "%" PRId64, steps[i]);
         snprintf(del, sizeof del, "%s.del", name);
         if (renameat(dfd, name, dfd, del) != 0) {
             if (errno == ENOENT)
@@ -281,7 +357,7 @@ ddpd_err jobdir_missing_ckpt(const char *ckpt_dir, struct ddpd_error *err)
         closedir(d);
     for (int i = 0; i < nb; i++) {
         size_t at = strlen(list);
-        snprintf(list + at, sizeof list - at, "%s%s/ckpt-%" PRId64, i ? ", " : "", parent, best[i]);
+        snprintf(list + at, sizeof list - at, "%s%s/" CKPT_PREFIX "%" PRId64, i ? ", " : "", parent, best[i]);
     }
     return ddpd_error_set(
         err, DDPD_EDATA, ckpt_dir,

@@ -1,8 +1,9 @@
 /* jobdir.h — a job's folder on disk, as the server and the worker both see it: complete
  * checkpoints are OUT/ckpt-N (N the optimizer step), one being written is OUT/ckpt-N.tmp,
  * one being deleted OUT/ckpt-N.del; the final model and the rank logs lie in OUT itself.
- * Here: how big the folder is (the server's per-job disk quota), which checkpoints to
- * delete (checkpoint.keep_last) and the quota's size syntax. Knows no tensors, no HTTP. */
+ * Here: every name in it (the one place that spells them), how big the folder is (the
+ * server's per-job disk quota), which checkpoints to delete (checkpoint.keep_last) and
+ * the quota's size syntax. Knows no tensors, no HTTP. */
 #ifndef DDPD_JOBDIR_H
 #define DDPD_JOBDIR_H
 
@@ -18,6 +19,40 @@
 /* Folders deeper than this under a job folder are not walked (the layout has one level;
  * the cap only stops a loop of bind mounts or a hostile tree). */
 #define JOBDIR_MAX_DEPTH 16
+
+/* ---- names: the one place that spells the layout ----
+ *   JOBS/ID                  a job's folder (ddpd serve --jobs-dir JOBS, by default
+ *                            DATA/jobs beside the database), called OUT below
+ *   OUT/rank-R.log           rank R's stderr; OUT/rank-R.nccl.log NCCL's own log
+ *   OUT/ckpt-N               a complete checkpoint (N the optimizer step)
+ *   OUT/ckpt-N.tmp, .del     one being written, one being deleted
+ *   DIR/model.safetensors    the weights, in OUT (final) or in a checkpoint;
+ *                            model-rank-R.safetensors rank R's replica of them
+ *   DIR/optim.safetensors    rank 0's optimizer state; optim-rank-R.safetensors rank R's
+ *   OUT/issuer.log           the group id issuer's stderr (more than one rank)
+ *   OUT/srun.log, OUT/srun-stdin.json   srun's own output and the tasks' document (Slurm)
+ * Each function writes the name into out[cap] and returns false when it does not fit. */
+#define JOBDIR_JOBS "jobs"   /* the default JOBS's name in the server's data folder */
+#define JOBDIR_MODEL "model" /* the weights' files: jobdir_rank_file(JOBDIR_MODEL, R) */
+#define JOBDIR_OPTIM "optim" /* the optimizer state's files */
+#define JOBDIR_MODEL_FILE JOBDIR_MODEL ".safetensors"
+#define JOBDIR_ISSUER_LOG "issuer.log"
+#define JOBDIR_SRUN_LOG "srun.log"
+#define JOBDIR_SRUN_STDIN "srun-stdin.json"
+
+bool jobdir_job_path(char *out, size_t cap, const char *jobs_dir, int64_t job); /* JOBS/ID */
+bool jobdir_ckpt_path(char *out, size_t cap, const char *out_dir, int64_t step); /* OUT/ckpt-N */
+bool jobdir_tmp_path(char *out, size_t cap, const char *ckpt_dir);              /* OUT/ckpt-N.tmp */
+bool jobdir_rank_log_path(char *out, size_t cap, const char *out_dir, int rank); /* OUT/rank-R.log */
+bool jobdir_nccl_log_path(char *out, size_t cap, const char *out_dir, int rank); /* OUT/rank-R.nccl.log */
+bool jobdir_model_path(char *out, size_t cap, const char *dir); /* DIR/model.safetensors */
+bool jobdir_file_path(char *out, size_t cap, const char *dir, const char *name); /* DIR/NAME */
+/* "<what>.safetensors" for rank 0, "<what>-rank-R.safetensors" for R > 0. */
+bool jobdir_rank_file(char *out, size_t cap, const char *what, int rank);
+
+/* The newest checkpoint under `out_dir` that a run can resume from (a complete "ckpt-N"
+ * holding rank 0's optimizer state) into path[cap]; false when there is none. */
+bool jobdir_latest_ckpt(const char *out_dir, char *path, size_t cap);
 
 /* True when `name` is a complete checkpoint's folder name "ckpt-N" (N decimal, no sign,
  * no suffix such as ".tmp" or ".del"), with N in *step. */

@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include "../base/parse.h"
+#include "../schema/jobdir.h"
+#include "../schema/plan.h"
 #include "../schema/spec.h"
 #include "http.h"
 #include "hub.h"
@@ -347,8 +349,16 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
         free(pl);
         return DDPD_OK;
     }
-    json_t *doc = json_pack("{s:i, s:o, s:s, s:I}", "world_size", spec->world_size, "spec", spec_to_json(spec),
-                            "data_dir", a->data_dir, "max_rank_memory", (json_int_t)a->max_rank_memory);
+    struct plan_request *preq = malloc(sizeof *preq); /* ~19 KiB: not on an HTTP thread's stack */
+    json_t *doc = NULL;
+    if (preq) {
+        preq->world_size = spec->world_size;
+        preq->spec = *spec;
+        preq->max_rank_memory = a->max_rank_memory;
+        snprintf(preq->data_dir, sizeof preq->data_dir, "%s", a->data_dir);
+        doc = plan_request_to_json(preq);
+        free(preq);
+    }
     if (!doc) {
         rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the job's data");
         goto out;
@@ -694,16 +704,17 @@ static ddpd_err h_logs(struct http_request *req, struct ddpd_error *err)
         (rc = http_query_int(req, "tail", 1, 100000, 200, &tail, err)))
         return rc;
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%" PRId64 "/rank-%" PRId64 ".log", a->jobs_dir, http_request_id(req, 0),
-             rank);
+    char dir[PATH_MAX];
+    jobdir_job_path(dir, sizeof dir, a->jobs_dir, http_request_id(req, 0));
+    jobdir_rank_log_path(path, sizeof path, dir, (int)rank);
     /* Not blocking, no links, a regular file only: a FIFO or a device in the job's folder
      * must not hold an HTTP thread (nor a link make it read another file). */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
     if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
         close(fd);
-        return ddpd_error_set(err, DDPD_EIO, "", "rank-%" PRId64 ".log of job %" PRId64 " is not a regular file",
-                              rank, http_request_id(req, 0));
+        return ddpd_error_set(err, DDPD_EIO, "", "%s of job %" PRId64 " is not a regular file",
+                              strrchr(path, '/') + 1, http_request_id(req, 0));
     }
     FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
     if (!f) {
@@ -745,18 +756,18 @@ static ddpd_err h_checkpoint(struct http_request *req, struct ddpd_error *err)
         return rc;
     store_job_clear(&j);
     char dir[PATH_MAX], path[PATH_MAX + 64];
-    snprintf(dir, sizeof dir, "%s/%" PRId64, a->jobs_dir, http_request_id(req, 0));
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    jobdir_job_path(dir, sizeof dir, a->jobs_dir, http_request_id(req, 0));
+    jobdir_model_path(path, sizeof path, dir);
     struct stat st;
     if (stat(path, &st) != 0) {
         /* No final model yet: the newest checkpoint. */
         char ck[PATH_MAX];
-        if (!super_latest_checkpoint(dir, ck, sizeof ck))
+        if (!jobdir_latest_ckpt(dir, ck, sizeof ck))
             return ddpd_error_set(err, DDPD_ENOTFOUND, "", "job %" PRId64 " has no checkpoint yet",
                                   http_request_id(req, 0));
-        snprintf(path, sizeof path, "%s/model.safetensors", ck);
+        jobdir_model_path(path, sizeof path, ck);
     }
-    http_response_header(req, "Content-Disposition", "attachment; filename=\"model.safetensors\"");
+    http_response_header(req, "Content-Disposition", "attachment; filename=\"" JOBDIR_MODEL_FILE "\"");
     return http_respond_file(req, path, "application/octet-stream", "no-cache", err);
 }
 

@@ -209,7 +209,7 @@ void evpipe_drain(struct evpipe *p)
     bool failed = store_flush(p->store, NULL) != DDPD_OK;
     for (struct pending *pe = p->pending, *n; pe; pe = n) {
         n = pe->next;
-        if (failed && hub_event_is_final(&pe->ev)) { /* dropped with its batch? */
+        if (failed && event_is_final(&pe->ev)) { /* dropped with its batch? */
             struct unsaved *u = unsaved_of(p, &pe->ev);
             if (u && !unsaved_event_in_store(p, u)) {
                 u->event_saved = false;

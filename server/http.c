@@ -37,60 +37,6 @@
 #define MAX_HEADERS 8
 #define STREAM_BLOCK (16 * 1024)
 
-/* ---- error codes -------------------------------------------------------------------- */
-
-const char *http_err_code(ddpd_err e)
-{
-    /* No default: a new ddpd_err without a code string fails the -Werror build here. */
-    switch (e) {
-    case DDPD_OK:
-        return "ok";
-    case DDPD_EJSON:
-        return "bad_json";
-    case DDPD_ESPEC:
-        return "invalid_spec";
-    case DDPD_EDATA:
-        return "bad_data";
-    case DDPD_ETOOBIG:
-        return "too_large";
-    case DDPD_EIO:
-        return "io_error";
-    case DDPD_ENOMEM:
-        return "out_of_memory";
-    case DDPD_ECOMM:
-        return "comm_failure";
-    case DDPD_EDEVICE:
-        return "device_failure";
-    case DDPD_ECANCELED:
-        return "cancelled";
-    case DDPD_ENONFINITE:
-        return "nonfinite_loss";
-    case DDPD_ENOTFOUND:
-        return "not_found";
-    case DDPD_EMETHOD:
-        return "method_not_allowed";
-    case DDPD_ECONFLICT:
-        return "conflict";
-    case DDPD_EAUTH:
-        return "unauthorized";
-    case DDPD_EBUSY:
-        return "busy";
-    case DDPD_EINTERNAL:
-        return "internal";
-    case DDPD_EUNAVAIL:
-        return "unavailable";
-    case DDPD_EREQUEST:
-        return "bad_request";
-    case DDPD_EFORBIDDEN:
-        return "forbidden";
-    case DDPD_EMEDIATYPE:
-        return "unsupported_media_type";
-    case DDPD_ERR_COUNT:
-        break;
-    }
-    return "internal";
-}
-
 /* ---- addresses ------------------------------------------------------------------------ */
 
 /* "ADDR:PORT" / "[ADDR6]:PORT" with a numeric address -> sockaddr. */
@@ -936,7 +882,7 @@ ddpd_err http_respond_stream(struct http_request *req, const struct http_stream_
 /* The error body of CONTRACT.md §7 with the status of the error table. */
 static void respond_error(struct http_request *req, ddpd_err code, const struct ddpd_error *e)
 {
-    const char *cs = (code == DDPD_EJSON && req->query_failed) ? "bad_query" : http_err_code(code);
+    const char *cs = (code == DDPD_EJSON && req->query_failed) ? "bad_query" : ddpd_err_code(code);
     const char *msg = e && e->message[0] ? e->message : ddpd_err_text(code);
     json_t *body = json_object();
     json_t *inner = json_object();

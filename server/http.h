@@ -158,9 +158,6 @@ bool http_host_is_local(const char *host, bool any_ip);
  * Host header): "http://HOST" or "https://HOST", host compared case-insensitively. */
 bool http_origin_is_host(const char *origin, const char *host);
 
-/* The `code` string of the error body for `e` ("invalid_spec", "not_found", ...). */
-const char *http_err_code(ddpd_err e);
-
 /* ---- the request (borrowed by handlers; valid until the handler returns) --------------- */
 
 void *http_request_ctx(const struct http_request *req);          /* http_config.ctx */

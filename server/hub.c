@@ -489,13 +489,6 @@ void hub_free(struct hub *h)
     free(h);
 }
 
-bool hub_event_is_final(const struct event *ev)
-{
-    return ev->kind == EVENT_STATE &&
-           (strcmp(ev->state, "succeeded") == 0 || strcmp(ev->state, "failed") == 0 ||
-            strcmp(ev->state, "cancelled") == 0);
-}
-
 struct evict_item {
     struct job *j;
     bool finished;
@@ -577,7 +570,7 @@ ddpd_err hub_publish(struct hub *h, const struct event *ev, const char *body, si
     /* A raw newline would end an SSE field or an NDJSON line early. */
     if (memchr(body, '\n', len) || memchr(body, '\r', len))
         return DDPD_EINTERNAL;
-    bool final = hub_event_is_final(ev);
+    bool final = event_is_final(ev);
     /* Encoding and allocating happen before the lock: the lock covers pointer work. */
     struct frame *f = frame_new(ev->seq, event_kind_name(ev->kind), body, len, final);
 

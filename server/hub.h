@@ -26,7 +26,7 @@
  *   2. if from > after_seq + 1: store_flush(), then send the store's events with
  *      after_seq < seq < from, in order (store_events_read, stopping at seq >= from);
  *      then hub_sub_gap_filled(sub, last seq sent, whether one was the job's final
- *      `state` event (hub_event_is_final)). Every event with seq < from was published
+ *      `state` event (event_is_final)). Every event with seq < from was published
  *      before the subscription, so it was appended before it, so store_flush commits it.
  *      `from` is HUB_SEQ_UNKNOWN when the hub holds nothing of the job (a job that ran
  *      before a server restart, or not yet): read everything after after_seq; events
@@ -84,10 +84,6 @@ struct hub *hub_new(const struct hub_limits *lim);
 void hub_free(struct hub *h);
 
 /* ---- publishing (one thread) ---- */
-
-/* True for the event that ends a job's stream: a `state` event whose state is
- * succeeded, failed or cancelled. */
-bool hub_event_is_final(const struct event *ev);
 
 /* Appends `ev` to its job's tail and wakes the job's waiting subscribers. `ev` is
  * borrowed and must carry the server's fields (job, attempt, seq); `body` (len bytes,

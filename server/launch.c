@@ -16,6 +16,7 @@
 
 #include "../base/clock.h"
 #include "../base/file.h"
+#include "../schema/jobdir.h"
 #include "env.h"
 #include "proc.h"
 
@@ -30,11 +31,9 @@ struct launch {
 
 /* The collective backend the job's spec asks for ("cpu" or "nccl"): the id issuer and
  * every rank's comm document must speak the same one. */
-static const char *backend_name(const json_t *doc)
+static const char *backend_name(const struct jobdoc *doc)
 {
-    json_t *ddp = json_object_get(json_object_get(doc, "spec"), "ddp");
-    const char *b = json_string_value(json_object_get(ddp, "backend"));
-    return b && !strcmp(b, "nccl") ? "nccl" : "cpu";
+    return doc->spec.ddp.backend == BACKEND_NCCL ? "nccl" : "cpu";
 }
 
 /* Starts `ddpd-worker --issue-id <backend>` and reads the id it prints (one JSON line) within
@@ -47,7 +46,7 @@ static int start_issuer(struct launch *l, const struct launch_opts *o, char *id_
     char log_path[4096], line[1024];
     size_t len = 0;
     char nccl_log[4200], *extra[] = {nccl_log, NULL}, **env = NULL;
-    snprintf(log_path, sizeof log_path, "%s/issuer.log", o->out_dir);
+    jobdir_file_path(log_path, sizeof log_path, o->out_dir, JOBDIR_ISSUER_LOG);
     /* NCCL's own output (its bootstrap root lives in the issuer) goes to a file. */
     snprintf(nccl_log, sizeof nccl_log, "NCCL_DEBUG_FILE=%s/issuer.nccl.log", o->out_dir);
     env = env_for_worker(extra);
@@ -140,7 +139,7 @@ static void *ctx_of(const struct launcher *L) { return L ? L->ctx : NULL; }
 struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
 {
     struct launch *l = calloc(1, sizeof *l);
-    json_t *doc = NULL;
+    struct jobdoc *doc = NULL;
     if (!l) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory starting a job");
         return NULL;
@@ -159,15 +158,19 @@ struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
     if (o->world_size > 1 && start_issuer(l, o, id_hex, sizeof id_hex, err) != 0)
         goto fail;
     /* Every rank's document: the caller's, with the rendezvous every rank joins. */
-    doc = json_deep_copy(o->doc);
-    if (!doc) {
+    if (!(doc = malloc(sizeof *doc))) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory building the job document");
         goto fail;
     }
-    if (o->world_size > 1)
-        json_object_set_new(doc, "comm", json_pack("{s:s, s:s}", "backend", backend_name(o->doc), "id", id_hex));
+    *doc = *o->doc;
+    doc->rank = -1;
+    doc->comm_backend[0] = doc->comm_id[0] = '\0';
+    if (o->world_size > 1) {
+        snprintf(doc->comm_backend, sizeof doc->comm_backend, "%s", backend_name(o->doc));
+        snprintf(doc->comm_id, sizeof doc->comm_id, "%s", id_hex);
+    }
     l->run = l->ops->start(ctx_of(o->launcher), &lo, doc, &l->pgid, err);
-    json_decref(doc);
+    free(doc);
     if (!l->run)
         goto fail;
     return l;

@@ -20,6 +20,7 @@
 #include "../schema/spec.h"
 
 struct json_t;
+struct jobdoc;
 struct sched;
 struct launcher;
 
@@ -28,7 +29,8 @@ struct launch_opts {
     const char *worker;        /* path of ddpd-worker */
     int world_size;
     const char *out_dir;       /* created; rank logs go to OUT/rank-R.log */
-    struct json_t *doc;        /* borrowed: the stdin document without rank (added per rank) */
+    const struct jobdoc *doc;  /* borrowed: the stdin document; its rank and comm are the
+                                  launcher's to set (schema/jobdoc.h) */
     double grace_s;            /* SIGTERM -> SIGKILL; default 5 */
     bool die_with_parent;      /* workers get SIGKILL when this process dies (ddpd run) */
     const char *const *gpus;   /* cuda jobs: rank r sees only GPU gpus[r] (its CUDA_VISIBLE_DEVICES:

@@ -8,17 +8,19 @@
 
 #include <jansson.h>
 
+#include "../schema/jobdoc.h"
 #include "launch.h"
 
 struct launch_ops {
     const char *name;
     bool queues; /* launcher_queues */
 
-    /* One attempt of o->world_size ranks. `doc` (borrowed for the call): the stdin
-     * document every rank gets, with its "comm" set, without "rank". `*pgid`: the process
+    /* One attempt of o->world_size ranks. `doc` (borrowed for the call, the backend's to
+     * change): the stdin document every rank gets, with its comm set and rank -1 (the
+     * backend names each rank or leaves it to the cluster manager). `*pgid`: the process
      * group to join (the issuer's), 0 for a new one, which the backend then sets. Returns
      * the backend's attempt (freed with `free`), or NULL with `err` set. */
-    void *(*start)(void *ctx, const struct launch_opts *o, const json_t *doc, pid_t *pgid,
+    void *(*start)(void *ctx, const struct launch_opts *o, struct jobdoc *doc, pid_t *pgid,
                    struct ddpd_error *err);
     bool (*poll)(void *run, int timeout_ms);                    /* launch_poll */
     int (*fds)(const void *run, struct pollfd *fds, int cap);  /* launch_fds */

@@ -21,6 +21,7 @@
 #include "../base/clock.h"
 #include "../base/file.h"
 #include "../schema/event.h"
+#include "../schema/jobdir.h"
 #include "../schema/spec.h"
 #include "env.h"
 #include "proc.h"
@@ -53,16 +54,16 @@ struct local {
     bool need_with_data;   /* ... its data included (synthetic) */
 };
 
-static int start_rank(struct local *l, int r, const json_t *every, struct ddpd_error *err)
+static int start_rank(struct local *l, int r, struct jobdoc *every, struct ddpd_error *err)
 {
     struct rank_proc *p = &l->ranks[r];
     int in[2] = {-1, -1}, out[2] = {-1, -1}, log_fd = -1;
     char *doc = NULL, **env = NULL;
     int rc = -1;
 
-    json_t *d = json_deep_copy(every);
-    json_object_set_new(d, "rank", json_integer(r));
-    doc = json_dumps(d, JSON_COMPACT);
+    every->rank = r;
+    json_t *d = jobdoc_to_json(every);
+    doc = d ? json_dumps(d, JSON_COMPACT) : NULL;
     json_decref(d);
     if (!doc) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory building rank %d's job document", r);
@@ -70,11 +71,12 @@ static int start_rank(struct local *l, int r, const json_t *every, struct ddpd_e
     }
 
     char log_path[4096];
-    snprintf(log_path, sizeof log_path, "%s/rank-%d.log", l->o.out_dir, r);
+    jobdir_rank_log_path(log_path, sizeof log_path, l->o.out_dir, r);
     /* NCCL writes to a file of its own, never into the event stream; a cuda rank sees
      * only its GPU. */
-    char nccl_log[4200], gpu[128], *extra[3] = {nccl_log, NULL, NULL};
-    snprintf(nccl_log, sizeof nccl_log, "NCCL_DEBUG_FILE=%s/rank-%d.nccl.log", l->o.out_dir, r);
+    char nccl_path[4096], nccl_log[4200], gpu[128], *extra[3] = {nccl_log, NULL, NULL};
+    jobdir_nccl_log_path(nccl_path, sizeof nccl_path, l->o.out_dir, r);
+    snprintf(nccl_log, sizeof nccl_log, "NCCL_DEBUG_FILE=%s", nccl_path);
     if (l->o.gpus) {
         snprintf(gpu, sizeof gpu, "CUDA_VISIBLE_DEVICES=%s", l->o.gpus[r]);
         extra[1] = gpu;
@@ -128,23 +130,18 @@ out:
 
 /* What a rank of this job needs, for the message of a rank the kernel killed: the
  * spec's estimate (schema/spec.h), with synthetic data's rows; for data files without
- * the data, which only the planner and the ranks measure. -1 when the spec cannot be
- * read. */
-static int64_t memory_need(const json_t *doc, bool *with_data)
+ * the data, which only the planner and the ranks measure. */
+static int64_t memory_need(const struct spec *spec, bool *with_data)
 {
-    struct spec spec;
     struct spec_memory m;
-    struct ddpd_error e;
-    if (spec_from_json(json_object_get(doc, "spec"), NULL, &spec, &e) != DDPD_OK)
-        return -1;
-    *with_data = spec.data.kind == DATA_SYNTHETIC;
-    spec_memory_estimate(&spec, *with_data ? spec.data.samples : 0, false, 0, &m);
+    *with_data = spec->data.kind == DATA_SYNTHETIC;
+    spec_memory_estimate(spec, *with_data ? spec->data.samples : 0, false, 0, &m);
     return m.host;
 }
 
 static void local_free(void *run);
 
-static void *local_start(void *ctx, const struct launch_opts *o, const json_t *doc, pid_t *pgid,
+static void *local_start(void *ctx, const struct launch_opts *o, struct jobdoc *doc, pid_t *pgid,
                          struct ddpd_error *err)
 {
     (void)ctx;
@@ -155,7 +152,7 @@ static void *local_start(void *ctx, const struct launch_opts *o, const json_t *d
     }
     l->o = *o;
     l->o.doc = NULL; /* borrowed for this call only */
-    l->need = memory_need(doc, &l->need_with_data);
+    l->need = memory_need(&doc->spec, &l->need_with_data);
     l->pgid = *pgid;
     l->n = o->world_size;
     l->failed_rank = -1;
@@ -376,9 +373,12 @@ static void local_result(const void *run, struct launch_result *res)
     describe_exit(l, p->status, how, sizeof how, &res->exit_code);
     if (p->last_error[0])
         snprintf(res->message, sizeof res->message, "%s", p->last_error);
-    else
-        snprintf(res->message, sizeof res->message, "rank %d %s without an error event (see %s/rank-%d.log)",
-                 r, how, l->o.out_dir, r);
+    else {
+        char logp[4096];
+        jobdir_rank_log_path(logp, sizeof logp, l->o.out_dir, r);
+        snprintf(res->message, sizeof res->message, "rank %d %s without an error event (see %.600s)", r, how,
+                 logp);
+    }
 }
 
 static void local_free(void *run)

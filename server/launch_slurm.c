@@ -20,6 +20,7 @@
 #include "../base/clock.h"
 #include "../base/file.h"
 #include "../schema/event.h"
+#include "../schema/jobdir.h"
 #include "env.h"
 #include "launch_impl.h"
 #include "proc.h"
@@ -440,7 +441,7 @@ static int rank_log(struct slurm_run *r, int rank)
     struct rank_out *ro = &r->ranks[rank];
     if (ro->log_fd < 0) {
         char path[PATH_MAX];
-        snprintf(path, sizeof path, "%s/rank-%d.log", r->o.out_dir, rank);
+        jobdir_rank_log_path(path, sizeof path, r->o.out_dir, rank);
         ro->log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     }
     return ro->log_fd;
@@ -598,11 +599,11 @@ struct slurm_run *slurm_run_start(const struct slurm_opts *so, const char *name,
         r->ranks[i].code = -1;
     }
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/srun.log", lo->out_dir);
+    jobdir_file_path(path, sizeof path, lo->out_dir, JOBDIR_SRUN_LOG);
     r->srun_log = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     /* The document goes through a file: srun reads its stdin whenever the tasks start
      * (perhaps hours later), and the supervisor must not wait on a pipe for that. */
-    snprintf(path, sizeof path, "%s/srun-stdin.json", lo->out_dir);
+    jobdir_file_path(path, sizeof path, lo->out_dir, JOBDIR_SRUN_STDIN);
     int wfd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (wfd < 0 || base_write_all(wfd, doc, strlen(doc)) != 0 || close(wfd) != 0 ||
         (in_fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
@@ -833,10 +834,12 @@ void slurm_run_result(const struct slurm_run *r, struct launch_result *res)
             snprintf(how, sizeof how, "exited with code %d", ro->code);
         if (ro->last_error[0])
             snprintf(res->message, sizeof res->message, "%s%s", ro->last_error, tail);
-        else
-            snprintf(res->message, sizeof res->message,
-                     "rank %d %s without an error event (see %s/rank-%d.log)%s", rank, how, r->o.out_dir,
-                     rank, tail);
+        else {
+            char logp[PATH_MAX];
+            jobdir_rank_log_path(logp, sizeof logp, r->o.out_dir, rank);
+            snprintf(res->message, sizeof res->message, "rank %d %s without an error event (see %.600s)%s", rank,
+                     how, logp, tail);
+        }
         return;
     }
     /* No task failed: srun itself did (no allocation, a bad option, killed). */
@@ -900,13 +903,15 @@ void slurm_run_free(struct slurm_run *r)
 /* ---- the launcher table ------------------------------------------------------------------- */
 
 /* One document for every task (no rank: each takes SLURM_PROCID). */
-static void *run_start(void *ctx, const struct launch_opts *o, const json_t *doc, pid_t *pgid,
+static void *run_start(void *ctx, const struct launch_opts *o, struct jobdoc *doc, pid_t *pgid,
                        struct ddpd_error *err)
 {
     const struct slurm_opts *so = ctx;
     char name[256];
     slurm_job_name(so, (long long)o->job, o->attempt, name, sizeof name);
-    char *text = json_dumps(doc, JSON_COMPACT);
+    json_t *j = jobdoc_to_json(doc); /* rank -1: left out */
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
     if (!text) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory building Slurm job %s's document", name);
         return NULL;

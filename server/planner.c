@@ -19,6 +19,7 @@
 #include "../base/clock.h"
 #include "../base/file.h"
 #include "../schema/event.h"
+#include "../schema/plan.h"
 #include "env.h"
 #include "proc.h"
 
@@ -171,30 +172,26 @@ static ddpd_err read_line(struct proc *c, const char *worker, double deadline, d
     }
 }
 
-/* The answer: {"batches":[...]} or {"batches":null} or an `error` event. */
+/* The answer line (schema/plan.h): the counts, "only the ranks can tell", or the worker's
+ * error; anything else is the process's failure. */
 static ddpd_err parse_answer(const char *line, const char *worker, int world_size, int64_t *counts, bool *known,
                              struct ddpd_error *err)
 {
+    struct plan_answer *ans = malloc(sizeof *ans);
     ddpd_err rc;
-    struct event ev;
-    json_t *j = json_loads(line, 0, NULL);
-    json_t *b = json_object_get(j, "batches");
-    if (json_is_array(b) && (int)json_array_size(b) == world_size) {
-        for (int r = 0; r < world_size; r++)
-            counts[r] = json_integer_value(json_array_get(b, (size_t)r));
-        *known = true;
-        rc = DDPD_OK;
-    } else if (b && json_is_null(b)) {
-        rc = DDPD_OK;
-    } else if (event_decode(line, strlen(line), &ev, NULL) == DDPD_OK && ev.kind == EVENT_ERROR) {
-        /* "path": the spec field a spec error is at (the planner adds it to its event). */
-        const char *path = json_string_value(json_object_get(j, "path"));
-        rc = ddpd_error_set(err, !strcmp(ev.error_kind, "data") ? DDPD_EDATA : DDPD_ESPEC, path ? path : "",
-                            "%s", ev.message);
-    } else {
+    if (!ans)
+        rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory reading the plan answer");
+    else if (!plan_answer_decode(line, strlen(line), world_size, ans))
         rc = ddpd_error_set(err, DDPD_EIO, "", "%s --plan answered: %.300s", worker, line);
+    else if (ans->code != DDPD_OK)
+        rc = ddpd_error_set(err, ans->code, ans->path, "%s", ans->message);
+    else {
+        *known = ans->known;
+        for (int r = 0; ans->known && r < world_size; r++)
+            counts[r] = ans->batches[r];
+        rc = DDPD_OK;
     }
-    json_decref(j);
+    free(ans);
     return rc;
 }
 

@@ -17,6 +17,7 @@
 #include "../base/parse.h"
 #include "../schema/event.h"
 #include "../schema/jobdir.h"
+#include "../schema/jobdoc.h"
 #include "../schema/spec.h"
 #include "launch.h"
 #include "planner.h"
@@ -96,8 +97,7 @@ static int check_plan(const char *worker, json_t *doc, const struct spec *spec, 
         /* Scripts read stdout: the failure is an `error` event there too. */
         struct event ev = {.kind = EVENT_ERROR, .rank = 0};
         char line[EVENT_LINE_MAX];
-        snprintf(ev.error_kind, sizeof ev.error_kind, "%s",
-                 err.code == DDPD_EDATA ? "data" : err.code == DDPD_ESPEC ? "spec" : "internal");
+        snprintf(ev.error_kind, sizeof ev.error_kind, "%s", ddpd_err_kind(err.code));
         snprintf(ev.message, sizeof ev.message, "%s", err.message);
         ev.ts = (double)time(NULL);
         if (event_encode(&ev, line, sizeof line) > 0)
@@ -116,7 +116,8 @@ static int check_plan(const char *worker, json_t *doc, const struct spec *spec, 
 
 /* Runs the ranks through the local launcher, their events to stdout, until they end or
  * SIGINT/SIGTERM stops them. Steals doc. The exit status: 0, a rank's exit code, or 1. */
-static int run_ranks(const char *worker, json_t *doc, const struct spec *spec, const char *out)
+static int run_ranks(const char *worker, json_t *doc, const struct jobdoc *jd, const struct spec *spec,
+                     const char *out)
 {
     struct ddpd_error err;
     struct sigaction sa;
@@ -130,7 +131,7 @@ static int run_ranks(const char *worker, json_t *doc, const struct spec *spec, c
         .worker = worker,
         .world_size = spec->world_size,
         .out_dir = out,
-        .doc = doc,
+        .doc = jd,
         .grace_s = 5,
         .die_with_parent = true,
         .on_line = print_line,
@@ -157,8 +158,10 @@ static int run_ranks(const char *worker, json_t *doc, const struct spec *spec, c
     launch_result(l, &res);
     launch_free(l);
     if (res.ok) {
-        fprintf(stderr, "ddpd run: all %d rank%s succeeded; final model in %s/model.safetensors\n",
-                spec->world_size, spec->world_size > 1 ? "s" : "", out);
+        char model[PATH_MAX];
+        jobdir_model_path(model, sizeof model, out);
+        fprintf(stderr, "ddpd run: all %d rank%s succeeded; final model in %s\n", spec->world_size,
+                spec->world_size > 1 ? "s" : "", model);
         return 0;
     }
     if (stopping)
@@ -313,24 +316,24 @@ int run_main(int argc, char **argv, const char *self_dir)
         return 1;
     }
 
-    json_t *doc = json_object();
-    json_object_set_new(doc, "job", json_integer(0));
-    json_object_set_new(doc, "attempt", json_integer(1));
-    json_object_set_new(doc, "world_size", json_integer(spec.world_size));
-    json_object_set_new(doc, "comm", json_null());
-    json_object_set_new(doc, "spec", spec_to_json(&spec));
-    json_object_set_new(doc, "data_dir", json_string(data_abs));
-    json_object_set_new(doc, "out_dir", json_string(out));
-    json_object_set_new(doc, "resume", resume ? json_string(resume) : json_null());
     /* The ranks all run here: each gets its share of the memory, as on the server. */
     if (max_rank_memory < 0) {
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         max_rank_memory = pages > 0 && page > 0 ? (int64_t)pages * page / spec.world_size : 0;
     }
-    json_object_set_new(doc, "max_rank_memory", json_integer(max_rank_memory));
+    struct jobdoc jd = {.job = 0, .attempt = 1, .world_size = spec.world_size, .rank = -1, .spec = spec,
+                        .max_rank_memory = max_rank_memory};
+    snprintf(jd.data_dir, sizeof jd.data_dir, "%s", data_abs);
+    snprintf(jd.out_dir, sizeof jd.out_dir, "%s", out);
+    snprintf(jd.resume, sizeof jd.resume, "%s", resume ? resume : "");
+    json_t *doc = jobdoc_to_json(&jd);
+    if (!doc) {
+        fprintf(stderr, "ddpd run: out of memory building the job document\n");
+        return 1;
+    }
 
     /* Fail before any rank starts when the data or the batch counts say it cannot work. */
     if ((st = check_plan(worker, doc, &spec, o.spec_path)) >= 0)
         return st;
-    return run_ranks(worker, doc, &spec, out);
+    return run_ranks(worker, doc, &jd, &spec, out);
 }

@@ -381,7 +381,7 @@ static int prepare(struct serve_opts *o, const char *self_dir, struct serve_setu
     }
     const char *jobs_dir = o->jobs_dir;
     if (!jobs_dir) {
-        snprintf(jobs_buf, sizeof jobs_buf, "%s/jobs", dd);
+        snprintf(jobs_buf, sizeof jobs_buf, "%s/" JOBDIR_JOBS, dd);
         jobs_dir = jobs_buf;
     }
     if ((errno = base_mkdirs(jobs_dir, true)) != 0 || !realpath(jobs_dir, s->jobs_abs)) {

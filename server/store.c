@@ -43,27 +43,6 @@ const char *store_migration_sql(int version, const char **name)
     return migrations[version - 1].sql;
 }
 
-/* ---- job states ---- */
-
-static const char *const state_names[JOB_STATE_COUNT] = {
-    "queued", "starting", "running", "succeeded", "failed", "cancelled",
-};
-
-const char *job_state_name(job_state s)
-{
-    return (unsigned)s < JOB_STATE_COUNT ? state_names[s] : "?";
-}
-
-bool job_state_parse(const char *name, job_state *out)
-{
-    for (int i = 0; name && i < JOB_STATE_COUNT; i++)
-        if (strcmp(name, state_names[i]) == 0) {
-            *out = (job_state)i;
-            return true;
-        }
-    return false;
-}
-
 /* ---- small helpers ---- */
 
 /* Waits on `cv` until the CLOCK_MONOTONIC time `deadline_ms` (the condvars of this file
@@ -1777,7 +1756,7 @@ ddpd_err store_job_list(struct store *s, const struct store_job_query *q, struct
     sqlite3_bind_int64(st, 1, q->before > 0 ? q->before : INT64_MAX);
     for (int i = 0, p = 2; which != R_JOB_LIST_ALL && i < JOB_STATE_COUNT; i++)
         if (states & JOB_STATE_BIT(i))
-            sqlite3_bind_text(st, p++, state_names[i], -1, SQLITE_STATIC);
+            sqlite3_bind_text(st, p++, job_state_name((job_state)i), -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 8, limit + 1); /* one more tells whether there is a next page */
     sqlite3_bind_int(st, 9, q->with_spec);
     out->jobs = xcalloc((size_t)limit, sizeof *out->jobs);

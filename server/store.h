@@ -29,31 +29,8 @@
 
 #include "../schema/err.h"
 #include "../schema/event.h"
+#include "../schema/job_state.h"
 #include "../schema/spec.h"
-
-/* ---- job states (CONTRACT.md §7) ---- */
-
-typedef enum {
-    JOB_STATE_QUEUED,
-    JOB_STATE_STARTING,
-    JOB_STATE_RUNNING,
-    JOB_STATE_SUCCEEDED,
-    JOB_STATE_FAILED,
-    JOB_STATE_CANCELLED,
-    JOB_STATE_COUNT
-} job_state;
-
-/* Sets of states, as bit masks: JOB_STATE_BIT(JOB_STATE_QUEUED) | ... */
-#define JOB_STATE_BIT(s) (1u << (s))
-#define JOB_STATES_ALL ((1u << JOB_STATE_COUNT) - 1)
-#define JOB_STATES_ACTIVE (JOB_STATE_BIT(JOB_STATE_STARTING) | JOB_STATE_BIT(JOB_STATE_RUNNING))
-#define JOB_STATES_FINAL                                                                                     \
-    (JOB_STATE_BIT(JOB_STATE_SUCCEEDED) | JOB_STATE_BIT(JOB_STATE_FAILED) |                                  \
-     JOB_STATE_BIT(JOB_STATE_CANCELLED))
-
-const char *job_state_name(job_state s); /* "running"; "?" when out of range */
-/* Parses "running" into *out. False for anything else (exact, lower case). */
-bool job_state_parse(const char *name, job_state *out);
 
 /* ---- opening ---- */
 

@@ -213,7 +213,7 @@ static bool fill_row(void *ctx, const struct store_event_row *row)
     f->bytes += row->len;
     if (row->kind == EVENT_STATE) {
         struct event ev;
-        if (event_decode(row->body, row->len, &ev, NULL) == DDPD_OK && hub_event_is_final(&ev)) {
+        if (event_decode(row->body, row->len, &ev, NULL) == DDPD_OK && event_is_final(&ev)) {
             f->final = true;
             return false; /* nothing of the job follows its final event */
         }

@@ -24,6 +24,7 @@
 #include "../base/file.h"
 #include "../schema/event.h"
 #include "../schema/jobdir.h"
+#include "../schema/jobdoc.h"
 #include "evpipe.h"
 #include "hub.h"
 #include "idmap.h"
@@ -246,7 +247,7 @@ static struct active *new_active(struct super *s, int64_t job, char *spec_text)
 {
     struct active *a = calloc(1, sizeof *a);
     char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s/%" PRId64, s->o.jobs_dir, job);
+    jobdir_job_path(dir, sizeof dir, s->o.jobs_dir, job);
     if (!a || !(a->out_dir = strdup(dir))) {
         free(a);
         return NULL;
@@ -323,32 +324,6 @@ static struct active *load(struct super *s, int64_t job)
 
 /* ---- launching -------------------------------------------------------------------------- */
 
-bool super_latest_checkpoint(const char *out_dir, char *path, size_t cap)
-{
-    DIR *d = opendir(out_dir);
-    if (!d)
-        return false;
-    long long best = -1;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char *end;
-        if (strncmp(e->d_name, "ckpt-", 5) != 0)
-            continue;
-        long long n = strtoll(e->d_name + 5, &end, 10);
-        if (*end || n <= best) /* "ckpt-7.tmp" is a torn write: skipped */
-            continue;
-        char f[PATH_MAX + 320];
-        struct stat st;
-        if (snprintf(f, sizeof f, "%s/%s/optim.safetensors", out_dir, e->d_name) < (int)sizeof f &&
-            stat(f, &st) == 0)
-            best = n;
-    }
-    closedir(d);
-    if (best < 0)
-        return false;
-    return snprintf(path, cap, "%s/ckpt-%lld", out_dir, best) < (int)cap;
-}
-
 static void on_line(void *ctx, int rank, const char *line, size_t len)
 {
     struct active *a = ctx;
@@ -393,22 +368,25 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
 {
     struct ddpd_error err;
     char resume[PATH_MAX];
-    bool has_resume = super_latest_checkpoint(a->out_dir, resume, sizeof resume);
+    bool has_resume = jobdir_latest_ckpt(a->out_dir, resume, sizeof resume);
     a->attempt++;
     mkdir(s->o.jobs_dir, 0700);
-    json_t *doc = json_object();
-    json_object_set_new(doc, "job", json_integer(a->job));
-    json_object_set_new(doc, "attempt", json_integer(a->attempt));
-    json_object_set_new(doc, "world_size", json_integer(a->world_size));
-    json_object_set_new(doc, "comm", json_null());
-    json_object_set_new(doc, "spec", json_loads(a->spec_text, 0, NULL));
-    json_object_set_new(doc, "data_dir", json_string(s->o.data_dir));
-    json_object_set_new(doc, "out_dir", json_string(a->out_dir));
-    json_object_set_new(doc, "resume", has_resume ? json_string(resume) : json_null());
-    json_object_set_new(doc, "disk_quota",
-                        s->o.job_disk_quota > 0 ? json_integer(s->o.job_disk_quota) : json_null());
-    if (s->o.max_rank_memory > 0) /* each rank checks itself against it at start */
-        json_object_set_new(doc, "max_rank_memory", json_integer(s->o.max_rank_memory));
+    struct jobdoc *jd = calloc(1, sizeof *jd), *doc = NULL;
+    if (!jd)
+        ddpd_error_set(&err, DDPD_ENOMEM, "", "out of memory building the job document");
+    else if (spec_parse(a->spec_text, strlen(a->spec_text), NULL, &jd->spec, &err) == DDPD_OK) {
+        jd->job = a->job;
+        jd->attempt = a->attempt;
+        jd->world_size = a->world_size;
+        jd->rank = -1; /* each launcher names the rank its own way */
+        jd->disk_quota = s->o.job_disk_quota;
+        jd->max_rank_memory = s->o.max_rank_memory; /* each rank checks itself against it at start */
+        snprintf(jd->data_dir, sizeof jd->data_dir, "%s", s->o.data_dir);
+        snprintf(jd->out_dir, sizeof jd->out_dir, "%s", a->out_dir);
+        if (has_resume)
+            snprintf(jd->resume, sizeof jd->resume, "%s", resume);
+        doc = jd;
+    }
     struct launch_opts lo = {
         .worker = s->o.worker,
         .world_size = a->world_size,
@@ -436,11 +414,9 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         struct store_job_update u = {.fields = STORE_SET_ATTEMPT, .attempt = a->attempt};
         store_job_update(s->o.store, a->job, &u, NULL, NULL);
     }
-    if (!json_object_get(doc, "spec"))
-        ddpd_error_set(&err, DDPD_ENOMEM, "", "out of memory reading the job's spec");
-    else
+    if (doc)
         set_launch(s, a, launch_start(&lo, &err));
-    json_decref(doc);
+    free(jd);
     if (!a->l) {
         char msg[1200];
         snprintf(msg, sizeof msg, "cannot start the job: %s", err.message);
@@ -484,11 +460,11 @@ static void finish(struct super *s, struct active *a, job_state st, const char *
 static const char *rank_state(const struct active *a, int exit_code)
 {
     if (exit_code == 0)
-        return "succeeded";
+        return job_state_name(JOB_STATE_SUCCEEDED);
     if (a->cancel_requested && (exit_code == RANK_EXIT_CANCELLED || exit_code == 128 + SIGTERM ||
                                 exit_code == 128 + SIGKILL))
-        return "cancelled";
-    return "failed";
+        return job_state_name(JOB_STATE_CANCELLED);
+    return job_state_name(JOB_STATE_FAILED);
 }
 
 /* Every process of the attempt has exited. */
@@ -688,7 +664,7 @@ static void delete_job(struct super *s, struct cmd *c)
     if (rc == DDPD_OK) {
         hub_job_forget(s->o.hub, c->job);
         char dir[PATH_MAX];
-        if (snprintf(dir, sizeof dir, "%s/%" PRId64, s->o.jobs_dir, c->job) < (int)sizeof dir)
+        if (jobdir_job_path(dir, sizeof dir, s->o.jobs_dir, c->job))
             base_remove_tree(dir);
     }
     pthread_mutex_lock(&s->lock);
@@ -798,8 +774,7 @@ static void ranks_lost(struct super *s, const struct store_job *j)
 {
     for (size_t i = 0; i < j->n_ranks; i++) {
         struct store_rank r = j->ranks[i];
-        if (r.has_exit_code || !strcmp(r.state, "succeeded") || !strcmp(r.state, "failed") ||
-            !strcmp(r.state, "cancelled"))
+        if (r.has_exit_code || job_state_name_is_final(r.state))
             continue;
         snprintf(r.state, sizeof r.state, "failed");
         struct ddpd_error err;

@@ -83,11 +83,6 @@ bool super_pending_reason(struct super *s, int64_t job, char *buf, size_t cap);
 bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap);
 device_kind super_default_device(const struct super *s);
 
-/* The newest complete checkpoint under a job's folder: OUT/ckpt-N with the largest N
- * whose optimizer state was written (a torn "ckpt-N.tmp" never counts). False when
- * there is none. */
-bool super_latest_checkpoint(const char *out_dir, char *path, size_t cap);
-
 /* {"gpus":[{"index":0,"job":7|null},...],"cpu_slots":[...]}: a new reference. */
 struct json_t *super_devices(struct super *s);
 

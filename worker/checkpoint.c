@@ -21,15 +21,6 @@
 
 static float *host_buffer(int64_t n) { return malloc((size_t)n * sizeof(float)); }
 
-/* "<what>.safetensors" for rank 0, "<what>-rank-R.safetensors" for R > 0 into out[cap]:
- * 0, or -1 when it does not fit. */
-static int rank_file(char *out, size_t cap, const char *what, int rank)
-{
-    int n = rank == 0 ? snprintf(out, cap, "%s.safetensors", what)
-                      : snprintf(out, cap, "%s-rank-%d.safetensors", what, rank);
-    return n >= 0 && (size_t)n < cap ? 0 : -1;
-}
-
 /* dir/file into out; false when it does not fit. */
 static bool join_path(char *out, size_t cap, const char *dir, const char *file)
 {
@@ -120,20 +111,20 @@ ddpd_err checkpoint_write_rank(const char *dir, struct model *m, struct optim *o
     int nmeta = meta_fill(&meta, o, pos, rank, world, per_rank, replicas);
     ddpd_err rc = DDPD_OK;
     if (with_model) {
-        if (!join_path(path, sizeof path, dir, "model.safetensors"))
+        if (!jobdir_model_path(path, sizeof path, dir))
             goto long_name;
         if ((rc = write_one(path, m, o, false, &meta, nmeta, err)))
             return rc;
     }
     if (rank == 0 || per_rank) {
-        if (rank_file(file, sizeof file, "optim", rank) ||
+        if (!jobdir_rank_file(file, sizeof file, JOBDIR_OPTIM, rank) ||
             !join_path(path, sizeof path, dir, file))
             goto long_name;
         if ((rc = write_one(path, m, o, true, &meta, nmeta, err)))
             return rc;
     }
     if (rank > 0 && replicas) {
-        if (rank_file(file, sizeof file, "model", rank) ||
+        if (!jobdir_rank_file(file, sizeof file, JOBDIR_MODEL, rank) ||
             !join_path(path, sizeof path, dir, file))
             goto long_name;
         rc = write_one(path, m, o, false, &meta, nmeta, err);
@@ -155,8 +146,7 @@ static int fsync_dir(const char *dir)
 
 ddpd_err checkpoint_dir_begin(const char *dir, char *tmp, size_t cap, struct ddpd_error *err)
 {
-    int n = snprintf(tmp, cap, "%s.tmp", dir);
-    if (n < 0 || (size_t)n >= cap || strlen(dir) + 64 >= 4096)
+    if (!jobdir_tmp_path(tmp, cap, dir) || strlen(dir) + 64 >= 4096)
         return ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
     struct stat st;
     if (stat(dir, &st) == 0)
@@ -271,7 +261,7 @@ static struct safetensors_file *read_rank_file(const char *dir, const char *what
                                                char *path, size_t cap, struct ddpd_error *err)
 {
     char file[64];
-    if (rank_file(file, sizeof file, what, rank) || !join_path(path, cap, dir, file)) {
+    if (!jobdir_rank_file(file, sizeof file, what, rank) || !join_path(path, cap, dir, file)) {
         ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
         return NULL;
     }
@@ -298,7 +288,7 @@ ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, 
 
     if (stat(dir, &dst) != 0 && errno == ENOENT) /* pruned by checkpoint.keep_last, or a typo */
         return jobdir_missing_ckpt(dir, err);
-    if (!join_path(mp, sizeof mp, dir, "model.safetensors")) {
+    if (!jobdir_model_path(mp, sizeof mp, dir)) {
         rc = ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
         goto out;
     }
@@ -336,7 +326,7 @@ ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, 
     bool replicas = per_rank && rr && strcmp(rr, "true") == 0;
     int from = per_rank ? rank : 0;
     if (replicas && rank > 0) {
-        rf = read_rank_file(dir, "model", rank, pos->step, rp, sizeof rp, err);
+        rf = read_rank_file(dir, JOBDIR_MODEL, rank, pos->step, rp, sizeof rp, err);
         if (!rf) {
             rc = err ? err->code : DDPD_EDATA;
             goto out;
@@ -347,8 +337,8 @@ ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, 
     }
     if (rc)
         goto out;
-    ofile = legacy ? NULL : read_rank_file(dir, "optim", from, pos->step, op, sizeof op, err);
-    if (legacy && join_path(op, sizeof op, dir, "optim.safetensors"))
+    ofile = legacy ? NULL : read_rank_file(dir, JOBDIR_OPTIM, from, pos->step, op, sizeof op, err);
+    if (legacy && join_path(op, sizeof op, dir, JOBDIR_OPTIM ".safetensors"))
         ofile = safetensors_read(op, err);
     if (!ofile) {
         rc = err ? err->code : DDPD_EDATA;

@@ -63,29 +63,13 @@ void emit_log(const char *fmt, ...)
         fprintf(stderr, "%s\n", msg);
 }
 
-const char *emit_error_kind(ddpd_err code)
-{
-    switch (code) {
-    case DDPD_EJSON:
-    case DDPD_ESPEC:
-    case DDPD_ETOOBIG: return "spec";
-    case DDPD_EDATA: return "data";
-    case DDPD_ECOMM: return "comm";
-    case DDPD_EDEVICE: return "device";
-    case DDPD_ECANCELED: return "cancelled";
-    case DDPD_ENONFINITE: return "nonfinite";
-    case DDPD_EIO: return "io";
-    default: return "internal";
-    }
-}
-
 void emit_error(const struct ddpd_error *e)
 {
     struct event ev;
     memset(&ev, 0, sizeof ev);
     ev.kind = EVENT_ERROR;
     ev.rank = rank < 0 ? 0 : rank;
-    snprintf(ev.error_kind, sizeof ev.error_kind, "%s", emit_error_kind(e->code));
+    snprintf(ev.error_kind, sizeof ev.error_kind, "%s", ddpd_err_kind(e->code));
     /* The message names its path already in most cases; prefix it where it does not. */
     int n;
     if (e->path[0] && !strstr(e->message, e->path))

@@ -17,10 +17,6 @@ void emit_flush(void);
 void emit_set_rank(int rank);
 void emit_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* The `kind` of an error event for an error code: "spec", "data", "comm", "device",
- * "cancelled", "io" or "internal". */
-const char *emit_error_kind(ddpd_err code);
-
 /* Writes an `error` event for `e` (and the log line) and flushes. */
 void emit_error(const struct ddpd_error *e);
 /* The same, then exits with ddpd_err_exit(e->code). */

@@ -14,6 +14,8 @@
 
 #include "../base/clock.h"
 #include "../schema/event.h"
+#include "../schema/jobdoc.h"
+#include "../schema/plan.h"
 #include "../schema/spec.h"
 #include "dev.h"
 #include "comm.h"
@@ -124,34 +126,6 @@ static char *read_stdin(size_t *len, struct ddpd_error *err)
     return buf;
 }
 
-/* A string member, or NULL when absent or null; a wrong type is an error. */
-static int get_str(json_t *doc, const char *key, const char **out, struct ddpd_error *err)
-{
-    json_t *v = json_object_get(doc, key);
-    *out = NULL;
-    if (!v || json_is_null(v))
-        return 0;
-    if (!json_is_string(v)) {
-        ddpd_error_set(err, DDPD_ESPEC, key, "%s: expected a string in the job document", key);
-        return -1;
-    }
-    *out = json_string_value(v);
-    return 0;
-}
-
-static int get_int(json_t *doc, const char *key, json_int_t lo, json_int_t hi, json_int_t *out,
-                   struct ddpd_error *err)
-{
-    json_t *v = json_object_get(doc, key);
-    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
-        ddpd_error_set(err, DDPD_ESPEC, key, "%s: expected an integer in [%lld, %lld] in the job document",
-                       key, (long long)lo, (long long)hi);
-        return -1;
-    }
-    *out = json_integer_value(v);
-    return 0;
-}
-
 /* init.from against the model, from the file's header alone: every parameter there with
  * its shape, nothing else (what checkpoint_load_weights would refuse in every rank). */
 static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, struct ddpd_error *err)
@@ -213,79 +187,61 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
     return rc;
 }
 
-/* Writes an `error` event for a failed plan, with the error's JSON path as "path" when
- * it is a spec field (DDPD_ESPEC), so the server answers 422 at that path. */
-static void plan_error(const struct ddpd_error *err)
-{
-    struct event ev;
-    char line[EVENT_LINE_MAX + 300];
-    memset(&ev, 0, sizeof ev);
-    ev.kind = EVENT_ERROR;
-    snprintf(ev.error_kind, sizeof ev.error_kind, "%s", emit_error_kind(err->code));
-    snprintf(ev.message, sizeof ev.message, "%s", err->message);
-    ev.ts = base_wall_s();
-    int n = event_encode(&ev, line, EVENT_LINE_MAX);
-    if (n < 2) {
-        emit_error(err);
-        return;
-    }
-    bool plain = err->code == DDPD_ESPEC && err->path[0];
-    for (const char *c = err->path; plain && *c; c++)
-        plain = *c > 0x20 && *c < 0x7f && *c != '"' && *c != '\\';
-    if (plain && line[n - 1] == '}')
-        snprintf(line + n - 1, sizeof line - (size_t)(n - 1), ",\"path\":\"%s\"}", err->path);
-    puts(line);
-}
-
-/* One plan request: the line's document {spec, data_dir, world_size, max_rank_memory}
- * -> every rank's batches per epoch (null when only the ranks can tell), or an `error`
- * event. Checks what a rank would otherwise find after the job was accepted: the data's
- * values, init.from's shapes, and the memory a rank needs against max_rank_memory. */
+/* One plan request line (schema/plan.h) -> every rank's batches per epoch (unknown when
+ * only the ranks can tell), or the error a rank would die of. Checks what a rank would
+ * otherwise find after the job was accepted: the data's values, init.from's shapes, and
+ * the memory a rank needs against max_rank_memory. */
 static void plan_one(const char *line, size_t len)
 {
     struct ddpd_error err;
     ddpd_error_clear(&err);
     json_error_t jerr;
     json_t *doc = json_loadb(line, len, 0, &jerr);
-    json_int_t world, limit = 0;
-    const char *data_dir;
-    struct spec spec;
+    struct plan_request req;
+    struct plan_answer ans;
+    memset(&req, 0, sizeof req);
+    const struct spec *spec = &req.spec;
+    const char *data_dir = req.data_dir;
     int64_t rows = 0, file_bytes = 0;
     ddpd_err rc = DDPD_ESPEC;
-    if (!json_is_object(doc))
+    if (!json_is_object(doc)) {
         ddpd_error_set(&err, DDPD_ESPEC, "stdin", "the plan document is not a JSON object: %s", jerr.text);
-    else if (!get_int(doc, "world_size", 1, SPEC_MAX_WORLD, &world, &err) &&
-             !get_str(doc, "data_dir", &data_dir, &err) &&
-             (!json_object_get(doc, "max_rank_memory") ||
-              !get_int(doc, "max_rank_memory", 0, INT64_MAX, &limit, &err)) &&
-             spec_from_json(json_object_get(doc, "spec"), NULL, &spec, &err) == DDPD_OK)
-        rc = dataset_check(&spec, data_dir ? data_dir : ".", (int)world, &rows, &file_bytes, &err);
+    } else if (plan_request_from_json(doc, &req, &err) == DDPD_OK) {
+        if (!req.data_dir[0])
+            snprintf(req.data_dir, sizeof req.data_dir, ".");
+        rc = dataset_check(spec, data_dir, req.world_size, &rows, &file_bytes, &err);
+    }
+    json_decref(doc);
     bool known = rc == DDPD_OK;
     if (rc == DDPD_ENOTFOUND) /* {rank} files: the model and one-row batches at least */
         rc = DDPD_OK;
     if (rc == DDPD_OK) {
         struct spec_memory mem;
-        spec_memory_estimate(&spec, rows, !known, file_bytes, &mem);
-        rc = spec_memory_check(&spec, &mem, limit, "the server's --max-rank-memory", DDPD_ESPEC, &err);
+        spec_memory_estimate(spec, rows, !known, file_bytes, &mem);
+        rc = spec_memory_check(spec, &mem, req.max_rank_memory, "the server's --max-rank-memory", DDPD_ESPEC,
+                               &err);
     }
-    if (rc == DDPD_OK && spec.init_from[0])
-        rc = plan_init_from(&spec, data_dir ? data_dir : ".", &err);
-    if (rc == DDPD_OK && !known) {
+    if (rc == DDPD_OK && spec->init_from[0])
+        rc = plan_init_from(spec, data_dir, &err);
+    memset(&ans, 0, sizeof ans);
+    ans.code = rc;
+    ans.known = known;
+    ans.world_size = req.world_size;
+    for (int r = 0; rc == DDPD_OK && known && r < req.world_size; r++)
+        ans.batches[r] = spec_batches(spec_shard_rows(rows, r, req.world_size), spec->batch_size,
+                                      spec->data.drop_last);
+    if (rc != DDPD_OK) {
+        snprintf(ans.path, sizeof ans.path, "%s", err.path);
+        snprintf(ans.message, sizeof ans.message, "%s", err.message);
+    }
+    char *text = plan_answer_encode(&ans, base_wall_s());
+    if (text)
+        puts(text);
+    else if (rc != DDPD_OK)
+        emit_error(&err);
+    else
         puts("{\"batches\":null}");
-    } else if (rc == DDPD_OK) {
-        json_t *out = json_array();
-        for (int r = 0; r < world; r++)
-            json_array_append_new(out, json_integer(spec_batches(spec_shard_rows(rows, r, (int)world),
-                                                                 spec.batch_size, spec.data.drop_last)));
-        json_t *res = json_pack("{s:o}", "batches", out);
-        char *text = json_dumps(res, JSON_COMPACT);
-        puts(text ? text : "{\"batches\":null}");
-        free(text);
-        json_decref(res);
-    } else {
-        plan_error(&err);
-    }
-    json_decref(doc);
+    free(text);
     fflush(stdout);
 }
 
@@ -339,34 +295,31 @@ static struct dev open_device(const struct spec *spec, int rank, struct ddpd_err
 }
 
 /* Under `srun --input=all` every task reads the same document, so it carries no rank: the
- * rank is SLURM_PROCID, and SLURM_NTASKS must be the document's world_size. Puts the rank
- * into the document when it has none (CONTRACT.md §5); a document with a rank is left
- * alone. */
-static int slurm_rank(json_t *doc, json_int_t world, json_int_t *rank, struct ddpd_error *err)
+ * rank is SLURM_PROCID, and SLURM_NTASKS must be the document's world_size (CONTRACT.md
+ * §5). Called for a document without a rank. */
+static int slurm_rank(struct jobdoc *d, struct ddpd_error *err)
 {
-    if (json_object_get(doc, "rank"))
-        return 0;
     const char *procid = getenv("SLURM_PROCID"), *ntasks = getenv("SLURM_NTASKS");
     if (!procid) {
         ddpd_error_set(err, DDPD_ESPEC, "rank", "rank: the job document has no rank and SLURM_PROCID is not set");
         return -1;
     }
     char *end;
+    long long world = d->world_size;
     long long r = strtoll(procid, &end, 10), n = ntasks ? strtoll(ntasks, NULL, 10) : world;
     if (end == procid || *end || r < 0 || r >= world) {
         ddpd_error_set(err, DDPD_ESPEC, "rank", "rank: SLURM_PROCID '%s' is not a rank in [0, %lld)", procid,
-                       (long long)world);
+                       world);
         return -1;
     }
     if (n != world) {
         ddpd_error_set(err, DDPD_ESPEC, "world_size",
                        "world_size: the job document says %lld but Slurm started %s tasks (SLURM_NTASKS) for "
                        "rank %lld",
-                       (long long)world, ntasks, r);
+                       world, ntasks, r);
         return -1;
     }
-    *rank = r;
-    json_object_set_new(doc, "rank", json_integer(r));
+    d->rank = (int)r;
     return 0;
 }
 
@@ -452,97 +405,70 @@ int main(int argc, char **argv)
         emit_die(&err);
     }
 
-    json_int_t rank, world;
-    const char *data_dir, *out_dir, *resume;
-    if (get_int(doc, "world_size", 1, SPEC_MAX_WORLD, &world, &err) || slurm_rank(doc, world, &rank, &err) ||
-        get_int(doc, "rank", 0, world - 1, &rank, &err))
+    /* The document (jobdoc.h); under Slurm the rank comes from the environment, and its
+     * errors come first, as the rank is the document's second key. */
+    struct jobdoc jd;
+    ddpd_err drc = jobdoc_from_json(doc, &jd, &err);
+    const bool has_rank = json_object_get(doc, "rank") != NULL;
+    json_decref(doc);
+    if (jd.world_size > 0 && !has_rank && slurm_rank(&jd, &err) != 0)
+        drc = DDPD_ESPEC;
+    if (jd.rank >= 0)
+        emit_set_rank(jd.rank);
+    if (drc != DDPD_OK)
         emit_die(&err);
-    emit_set_rank((int)rank);
-    if (get_str(doc, "data_dir", &data_dir, &err) || get_str(doc, "out_dir", &out_dir, &err) ||
-        get_str(doc, "resume", &resume, &err))
-        emit_die(&err);
-    /* The server's per-job disk quota (ddpd serve --job-disk-quota): absent or null, none. */
-    json_int_t disk_quota = 0;
-    if (!json_is_null(json_object_get(doc, "disk_quota")) && json_object_get(doc, "disk_quota") &&
-        get_int(doc, "disk_quota", 0, INT64_MAX, &disk_quota, &err))
-        emit_die(&err);
+    const struct spec *spec = &jd.spec;
+    const int rank = jd.rank, world = jd.world_size;
     /* No file this rank writes may outgrow the quota, its log (our stderr) included: a
      * rank that logs without end is stopped by the server's measurement within a second,
      * and meanwhile its writes past the quota fail (EFBIG) instead of filling the disk. */
     struct rlimit fsz;
-    if (disk_quota > 0 && getrlimit(RLIMIT_FSIZE, &fsz) == 0 &&
-        (fsz.rlim_cur == RLIM_INFINITY || fsz.rlim_cur > (rlim_t)disk_quota)) {
+    if (jd.disk_quota > 0 && getrlimit(RLIMIT_FSIZE, &fsz) == 0 &&
+        (fsz.rlim_cur == RLIM_INFINITY || fsz.rlim_cur > (rlim_t)jd.disk_quota)) {
         signal(SIGXFSZ, SIG_IGN);
-        fsz.rlim_cur = (rlim_t)disk_quota;
+        fsz.rlim_cur = (rlim_t)jd.disk_quota;
         setrlimit(RLIMIT_FSIZE, &fsz);
     }
 
-    struct spec spec;
-    json_t *js = json_object_get(doc, "spec");
-    if (!json_is_object(js)) {
-        ddpd_error_set(&err, DDPD_ESPEC, "spec", "spec: the job document has no spec object");
-        emit_die(&err);
-    }
-    if (spec_from_json(js, NULL, &spec, &err) != DDPD_OK)
-        emit_die(&err);
-    if (spec.world_size != world) {
-        ddpd_error_set(&err, DDPD_ESPEC, "world_size",
-                       "world_size: the job document says %lld but the spec says %d", (long long)world,
-                       spec.world_size);
-        emit_die(&err);
-    }
     /* The compute backend, before the group: NCCL joins on the calling thread's current
      * device. On the CPU one BLAS thread per rank: the ranks of a host share its cores. */
-    const bool cuda = spec.device == DEVICE_CUDA;
-    struct dev dev = cuda ? open_device(&spec, (int)rank, &err) : dev_cpu_new(1);
+    const bool cuda = spec->device == DEVICE_CUDA;
+    struct dev dev = cuda ? open_device(spec, rank, &err) : dev_cpu_new(1);
     if (!dev.ops)
         emit_die(&err);
 
     /* The group: {"backend": "cpu" or "nccl", "id": "<hex>"} for more than one rank. */
     struct comm *comm = NULL;
-    json_t *jc = json_object_get(doc, "comm");
     if (world > 1) {
-        const char *backend = json_string_value(json_object_get(jc, "backend"));
-        const char *hex = json_string_value(json_object_get(jc, "id"));
-        const struct comm_ops *ops = !backend                   ? NULL
-                                     : !strcmp(backend, "cpu")  ? &comm_cpu_ops
-                                     : !strcmp(backend, "nccl") ? &comm_nccl_ops
-                                                                : NULL;
+        const struct comm_ops *ops = !strcmp(jd.comm_backend, "nccl") ? &comm_nccl_ops : &comm_cpu_ops;
         struct comm_id id;
-        if (!ops || !hex || comm_id_from_hex(hex, &id) != 0) {
+        if (comm_id_from_hex(jd.comm_id, &id) != 0) {
             ddpd_error_set(&err, DDPD_ESPEC, "comm",
                            "comm: %d ranks need {\"backend\": \"cpu\" or \"nccl\", \"id\": \"<hex>\"} in the job document",
-                           (int)world);
+                           world);
             emit_die(&err);
         }
-        comm = comm_new(ops, &id, (int)rank, (int)world, spec.ddp.timeout_s, &err);
+        comm = comm_new(ops, &id, rank, world, spec->ddp.timeout_s, &err);
         if (!comm || (cuda && comm_bind_dev(comm, dev, &err) != DDPD_OK))
             emit_die(&err);
         group = comm;
     }
 
-    /* The server's --max-rank-memory, when it sends one (CONTRACT.md §5's document may
-     * carry it); 0 leaves this machine's memory as the only limit. */
-    json_int_t max_rank_memory = 0;
-    if (json_object_get(doc, "max_rank_memory") &&
-        get_int(doc, "max_rank_memory", 0, INT64_MAX, &max_rank_memory, &err))
-        emit_die(&err);
     struct train_config cfg = {
-        .max_rank_memory = max_rank_memory,
-        .spec = &spec,
-        .rank = (int)rank,
-        .world_size = (int)world,
-        .data_dir = data_dir ? data_dir : ".",
-        .out_dir = out_dir ? out_dir : "var/run",
-        .resume = resume,
-        .disk_quota = (int64_t)disk_quota,
+        .max_rank_memory = jd.max_rank_memory, /* the server's --max-rank-memory; 0: none */
+        .spec = spec,
+        .rank = rank,
+        .world_size = world,
+        .data_dir = jd.data_dir[0] ? jd.data_dir : ".",
+        .out_dir = jd.out_dir[0] ? jd.out_dir : "var/run",
+        .resume = jd.resume[0] ? jd.resume : NULL,
+        .disk_quota = jd.disk_quota,
         .cancel = &cancelled,
         .in_loop = &in_loop,
         .comm = comm,
         .dev = dev,
     };
     ddpd_err rc = train_run(&cfg, &err);
-    json_decref(doc);
     if (rc == DDPD_ECOMM && cancelled && !comm_carries_cancel(comm)) {
         /* A rank told to cancel whose collective failed first, because a peer stopped for
          * the same cancel, reports cancelled. Only where the backend cannot say why a

@@ -81,7 +81,7 @@ static void emit_checkpoint(int rank, int64_t step, const char *dir)
 {
     struct event ev = {.kind = EVENT_CHECKPOINT, .rank = rank};
     ev.step = step;
-    if (snprintf(ev.path, sizeof ev.path, "%s/model.safetensors", dir) >= (int)sizeof ev.path)
+    if (!jobdir_model_path(ev.path, sizeof ev.path, dir))
         ev.path[0] = '\0'; /* a path that long is refused earlier by the writer */
     emit_event(&ev);
 }
@@ -296,12 +296,12 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
     }
     if (final)
         snprintf(dir, sizeof dir, "%s", cfg->out_dir);
-    else if (snprintf(dir, sizeof dir, "%s/ckpt-%" PRId64, cfg->out_dir, at.step) >= (int)sizeof dir - 8)
+    else if (!jobdir_ckpt_path(dir, sizeof dir - 8, cfg->out_dir, at.step))
         rc = ddpd_error_set(err, DDPD_EIO, cfg->out_dir, "%s: output directory name too long", cfg->out_dir);
     if (final)
         snprintf(tmp, sizeof tmp, "%s", dir);
     else
-        snprintf(tmp, sizeof tmp, "%s.tmp", dir);
+        jobdir_tmp_path(tmp, sizeof tmp, dir);
     /* The disk quota is checked before a byte is written; with per-rank state every
      * rank adds its own files, so the bound counts every rank. */
     if (!rc && rank == 0) {
@@ -309,7 +309,7 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
         if (final)
             snprintf(what, sizeof what, "the final model");
         else
-            snprintf(what, sizeof what, "checkpoint ckpt-%" PRId64, at.step);
+            snprintf(what, sizeof what, "checkpoint %s", strrchr(dir, '/') + 1);
         int64_t bound = checkpoint_bytes_bound(r->m, r->o);
         if (r->join && W > 1)
             bound = bound > INT64_MAX / W ? INT64_MAX : bound * W;

@@ -1,6 +1,8 @@
 /* test_err.c — the error table (schema/err.h): every code has a distinct name, a short
  * text, an HTTP status and a worker exit code; the store's "cannot write now" codes are
- * 503 (a client may retry), and out-of-range values read as internal errors. */
+ * 503 (a client may retry), and out-of-range values read as internal errors. The API
+ * error codes and event kinds are the contract's strings (CONTRACT.md §6, §7): each is
+ * pinned here, so a changed or missing column fails this test. */
 #include "check.h"
 #include "schema/err.h"
 
@@ -23,6 +25,40 @@ int main(void)
     CHECK_EQ_INT(ddpd_err_exit(DDPD_ECOMM), 3);
     CHECK_EQ_INT(ddpd_err_http(DDPD_ERR_COUNT), 500);
     CHECK_EQ_STR(ddpd_err_name((ddpd_err)-1), "EINTERNAL");
+
+    static const struct {
+        ddpd_err e;
+        const char *code, *kind;
+    } pinned[] = {
+        {DDPD_OK, "ok", "internal"},
+        {DDPD_EJSON, "bad_json", "spec"},
+        {DDPD_ESPEC, "invalid_spec", "spec"},
+        {DDPD_EDATA, "bad_data", "data"},
+        {DDPD_ETOOBIG, "too_large", "spec"},
+        {DDPD_EIO, "io_error", "io"},
+        {DDPD_ENOMEM, "out_of_memory", "internal"},
+        {DDPD_ECOMM, "comm_failure", "comm"},
+        {DDPD_EDEVICE, "device_failure", "device"},
+        {DDPD_ECANCELED, "cancelled", "cancelled"},
+        {DDPD_ENOTFOUND, "not_found", "internal"},
+        {DDPD_EMETHOD, "method_not_allowed", "internal"},
+        {DDPD_ECONFLICT, "conflict", "internal"},
+        {DDPD_EAUTH, "unauthorized", "internal"},
+        {DDPD_EBUSY, "busy", "internal"},
+        {DDPD_EINTERNAL, "internal", "internal"},
+        {DDPD_EUNAVAIL, "unavailable", "internal"},
+        {DDPD_ENONFINITE, "nonfinite_loss", "nonfinite"},
+        {DDPD_EREQUEST, "bad_request", "internal"},
+        {DDPD_EFORBIDDEN, "forbidden", "internal"},
+        {DDPD_EMEDIATYPE, "unsupported_media_type", "internal"},
+    };
+    CHECK_EQ_INT((int)(sizeof pinned / sizeof pinned[0]), DDPD_ERR_COUNT);
+    for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++) {
+        CHECK_EQ_STR(ddpd_err_code(pinned[i].e), pinned[i].code);
+        CHECK_EQ_STR(ddpd_err_kind(pinned[i].e), pinned[i].kind);
+    }
+    CHECK_EQ_STR(ddpd_err_code(DDPD_ERR_COUNT), "internal");
+    CHECK_EQ_STR(ddpd_err_kind((ddpd_err)-1), "internal");
 
     struct ddpd_error e;
     CHECK_EQ_INT(ddpd_error_set(&e, DDPD_EUNAVAIL, "db", "disk %s", "full"), DDPD_EUNAVAIL);

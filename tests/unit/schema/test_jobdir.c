@@ -1,4 +1,5 @@
-/* test_jobdir.c — schema/jobdir.c: checkpoint folder names, pruning to keep_last (the one
+/* test_jobdir.c — schema/jobdir.c: the layout's names (written out here as the contract
+ * spells them) and the newest checkpoint to resume from, checkpoint folder names, pruning to keep_last (the one
  * just written always stays; leftovers of a crash go; a stale newer folder of another
  * run does not evict it), the folder's size and the quota's sentence, the message for a
  * pruned --resume, and the quota's size syntax. */
@@ -245,6 +246,70 @@ static int rm_entry(const char *path, const struct stat *st, int type, struct FT
     return type == FTW_DP ? rmdir(path) : unlink(path);
 }
 
+/* The names are the contract's (CONTRACT.md, schema/README.md): spelled out here once
+ * more on purpose, so that a changed name fails this test. */
+static void test_names(void)
+{
+    char b[64];
+    CHECK(jobdir_job_path(b, sizeof b, "/var/jobs", 42));
+    CHECK_EQ_STR(b, "/var/jobs/42");
+    CHECK(jobdir_ckpt_path(b, sizeof b, "/var/jobs/42", 300));
+    CHECK_EQ_STR(b, "/var/jobs/42/ckpt-300");
+    int64_t step = 0;
+    CHECK(jobdir_ckpt_step(strrchr(b, '/') + 1, &step));
+    CHECK_EQ_INT(step, 300);
+    CHECK(jobdir_tmp_path(b, sizeof b, "/o/ckpt-3"));
+    CHECK_EQ_STR(b, "/o/ckpt-3.tmp");
+    CHECK(jobdir_rank_log_path(b, sizeof b, "/o", 3));
+    CHECK_EQ_STR(b, "/o/rank-3.log");
+    CHECK(jobdir_nccl_log_path(b, sizeof b, "/o", 0));
+    CHECK_EQ_STR(b, "/o/rank-0.nccl.log");
+    CHECK(jobdir_model_path(b, sizeof b, "/o/ckpt-3"));
+    CHECK_EQ_STR(b, "/o/ckpt-3/model.safetensors");
+    CHECK(jobdir_rank_file(b, sizeof b, JOBDIR_OPTIM, 0));
+    CHECK_EQ_STR(b, "optim.safetensors");
+    CHECK(jobdir_rank_file(b, sizeof b, JOBDIR_OPTIM, 2));
+    CHECK_EQ_STR(b, "optim-rank-2.safetensors");
+    CHECK(jobdir_rank_file(b, sizeof b, JOBDIR_MODEL, 1));
+    CHECK_EQ_STR(b, "model-rank-1.safetensors");
+    CHECK_EQ_STR(JOBDIR_MODEL_FILE, "model.safetensors");
+    CHECK(jobdir_file_path(b, sizeof b, "/o", JOBDIR_SRUN_STDIN));
+    CHECK_EQ_STR(b, "/o/srun-stdin.json");
+    CHECK_EQ_STR(JOBDIR_SRUN_LOG, "srun.log");
+    CHECK_EQ_STR(JOBDIR_ISSUER_LOG, "issuer.log");
+    /* A name that does not fit is refused, never silently cut. */
+    char small[12];
+    CHECK(!jobdir_ckpt_path(small, sizeof small, "/var/jobs/42", 300));
+    CHECK(!jobdir_rank_file(small, sizeof small, JOBDIR_OPTIM, 12));
+    CHECK(jobdir_job_path(small, sizeof small, "/j", 12345678));
+    CHECK(!jobdir_job_path(small, sizeof small, "/j", 123456789));
+}
+
+/* The newest complete checkpoint with rank 0's optimizer state; torn or foreign folders
+ * never count. */
+static void test_latest_ckpt(void)
+{
+    char out[4096], path[4096];
+    fresh(out, sizeof out, "latest");
+    CHECK(!jobdir_latest_ckpt(out, path, sizeof path));
+    put_ckpt(out, "ckpt-20", 1);
+    put_ckpt(out, "ckpt-100", 1);
+    put_ckpt(out, "ckpt-300.tmp", 1); /* being written */
+    put_ckpt(out, "ckpt-400.del", 1); /* being deleted */
+    put_ckpt(out, "ckpt-x", 1);
+    char d[8192];
+    snprintf(d, sizeof d, "%s/ckpt-200", out); /* no optimizer state: not complete */
+    CHECK(mkdir(d, 0700) == 0);
+    put_file(d, "model.safetensors", 1);
+    CHECK(jobdir_latest_ckpt(out, path, sizeof path));
+    char want[8192];
+    snprintf(want, sizeof want, "%s/ckpt-100", out);
+    CHECK_EQ_STR(path, want);
+    CHECK(!jobdir_latest_ckpt(out, path, 8)); /* does not fit */
+    snprintf(d, sizeof d, "%s/none", root);
+    CHECK(!jobdir_latest_ckpt(d, path, sizeof path));
+}
+
 int main(void)
 {
     const char *tmp = getenv("DDPD_TEST_TMP");
@@ -256,6 +321,8 @@ int main(void)
         fprintf(stderr, "mkdtemp %s: %s\n", root, strerror(errno));
         return 1;
     }
+    test_names();
+    test_latest_ckpt();
     test_ckpt_step();
     test_prune();
     test_bytes_and_quota();

@@ -726,9 +726,9 @@ static void test_addresses(void)
     CHECK(!http_addr_is_loopback("127.0.0.1:65536"));
     CHECK(!http_addr_is_loopback("[::1]8080"));
     CHECK(!http_addr_is_loopback(""));
-    CHECK_EQ_STR(http_err_code(DDPD_ESPEC), "invalid_spec");
-    CHECK_EQ_STR(http_err_code(DDPD_ENOTFOUND), "not_found");
-    CHECK_EQ_STR(http_err_code(DDPD_EJSON), "bad_json");
+    CHECK_EQ_STR(ddpd_err_code(DDPD_ESPEC), "invalid_spec");
+    CHECK_EQ_STR(ddpd_err_code(DDPD_ENOTFOUND), "not_found");
+    CHECK_EQ_STR(ddpd_err_code(DDPD_EJSON), "bad_json");
 }
 
 /* Item 3 of issue 15: the names a tokenless server answers, and its own origin. */
@@ -759,9 +759,9 @@ static void test_host_names(void)
     CHECK(!http_origin_is_host("http://evil.example", "127.0.0.1:8080"));
     CHECK(!http_origin_is_host("null", "127.0.0.1:8080"));
     CHECK(!http_origin_is_host("http://127.0.0.1:8080", NULL));
-    CHECK_EQ_STR(http_err_code(DDPD_EFORBIDDEN), "forbidden");
-    CHECK_EQ_STR(http_err_code(DDPD_EMEDIATYPE), "unsupported_media_type");
-    CHECK_EQ_STR(http_err_code(DDPD_EREQUEST), "bad_request");
+    CHECK_EQ_STR(ddpd_err_code(DDPD_EFORBIDDEN), "forbidden");
+    CHECK_EQ_STR(ddpd_err_code(DDPD_EMEDIATYPE), "unsupported_media_type");
+    CHECK_EQ_STR(ddpd_err_code(DDPD_EREQUEST), "bad_request");
 }
 
 /* Items 3, 5 and 10 of issue 15 against the token server of the other tests. */

@@ -129,7 +129,7 @@ static void parser_frame(struct parser *p, const char *fr, size_t len)
             parser_error(p, "id differs from seq", fr, len);
         if (p->fmt == HUB_FORMAT_SSE && strcmp(kind, event_kind_name(ev.kind)) != 0)
             parser_error(p, "event name differs from kind", fr, len);
-        if (hub_event_is_final(&ev))
+        if (event_is_final(&ev))
             p->saw_final = true;
     }
     if (seq != p->last + 1)
@@ -208,7 +208,7 @@ static void serve_gap(struct hub_sub *s, struct parser *p, int64_t job, int64_t 
         }
         parser_feed(p, frame, (size_t)m);
         last = seq;
-        saw_final |= hub_event_is_final(&ev);
+        saw_final |= event_is_final(&ev);
     }
     hub_sub_gap_filled(s, last, saw_final);
 }
@@ -276,15 +276,15 @@ static void test_formats(void)
     CHECK_EQ_INT(len, 0);
 
     struct event e = job_event(1, 5, 5, true);
-    CHECK(hub_event_is_final(&e));
+    CHECK(event_is_final(&e));
     snprintf(e.state, sizeof e.state, "failed");
-    CHECK(hub_event_is_final(&e));
+    CHECK(event_is_final(&e));
     snprintf(e.state, sizeof e.state, "cancelled");
-    CHECK(hub_event_is_final(&e));
+    CHECK(event_is_final(&e));
     snprintf(e.state, sizeof e.state, "starting");
-    CHECK(!hub_event_is_final(&e));
+    CHECK(!event_is_final(&e));
     e = job_event(1, 3, 5, true);
-    CHECK(!hub_event_is_final(&e));
+    CHECK(!event_is_final(&e));
 }
 
 static void test_publish_errors(void)

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "schema/jobdoc.h"
 #include "server/launch.h"
 #include "server/launch_slurm.h"
 #include "server/sched.h"
@@ -94,13 +95,25 @@ static void test_local_attempt(const char *tmp)
     fclose(f);
     chmod(worker, 0755);
 
-    json_t *doc = json_pack("{s:i, s:n}", "job", 3, "comm");
+    static const char spec_text[] =
+        "{\"model\":[{\"type\":\"linear\",\"in\":4,\"out\":2}],\"loss\":\"mse\","
+        "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.1},\"data\":{\"type\":\"synthetic\",\"samples\":10},"
+        "\"batch_size\":2,\"epochs\":1}";
+    struct jobdoc *doc = calloc(1, sizeof *doc);
+    struct ddpd_error err;
+    CHECK(doc && spec_parse(spec_text, strlen(spec_text), NULL, &doc->spec, &err) == DDPD_OK);
+    if (!doc)
+        return;
+    doc->job = 3;
+    doc->attempt = 1;
+    doc->world_size = 1;
+    doc->rank = -1;
+    snprintf(doc->out_dir, sizeof doc->out_dir, "%s", out);
     struct lines got = {0};
     struct launch_opts lo = {.worker = worker, .world_size = 1, .out_dir = out, .doc = doc, .grace_s = 1,
                              .on_line = on_line, .ctx = &got};
-    struct ddpd_error err;
     struct launch *l = launch_start(&lo, &err);
-    json_decref(doc);
+    free(doc);
     CHECK(l != NULL);
     if (!l) {
         fprintf(stderr, "    %s\n", err.message);

@@ -1,0 +1,157 @@
+/* test_jobdoc.c — the worker's stdin document (schema/jobdoc.h): a document survives
+ * jobdoc_to_json / jobdoc_from_json with every key, the optional keys read as unset when
+ * absent or null, and each bad value is DDPD_ESPEC naming its key in err->path and in the
+ * message. */
+#include <jansson.h>
+
+#include "check.h"
+#include "schema/jobdoc.h"
+
+#define SPEC2                                                                                               \
+    "{\"world_size\":2,\"model\":[{\"type\":\"linear\",\"in\":4,\"out\":2}],\"loss\":\"mse\","              \
+    "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.1},\"data\":{\"type\":\"synthetic\",\"samples\":10},"         \
+    "\"batch_size\":2,\"epochs\":1}"
+
+static void full_doc(struct jobdoc *d)
+{
+    struct ddpd_error e;
+    memset(d, 0, sizeof *d);
+    CHECK_EQ_INT(spec_parse(SPEC2, strlen(SPEC2), NULL, &d->spec, &e), DDPD_OK);
+    d->job = 7;
+    d->attempt = 3;
+    d->world_size = 2;
+    d->rank = 1;
+    snprintf(d->comm_backend, sizeof d->comm_backend, "cpu");
+    snprintf(d->comm_id, sizeof d->comm_id, "00ff");
+    snprintf(d->data_dir, sizeof d->data_dir, "/data");
+    snprintf(d->out_dir, sizeof d->out_dir, "/var/jobs/7");
+    snprintf(d->resume, sizeof d->resume, "/var/jobs/7/ckpt-4");
+    d->disk_quota = (int64_t)10 << 30;
+    d->max_rank_memory = (int64_t)1 << 33;
+}
+
+static void test_round_trip(void)
+{
+    struct jobdoc d, back;
+    struct ddpd_error e;
+    full_doc(&d);
+    json_t *j = jobdoc_to_json(&d);
+    CHECK(j != NULL);
+    const char *keys[] = {"job",     "attempt", "world_size", "rank",       "comm",           "spec",
+                          "data_dir", "out_dir", "resume",     "disk_quota", "max_rank_memory"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (!json_object_get(j, keys[i]))
+            CHECK__FAIL("jobdoc_to_json left out %s", keys[i]);
+    CHECK_EQ_STR(json_string_value(json_object_get(json_object_get(j, "comm"), "backend")), "cpu");
+    CHECK_EQ_INT(jobdoc_from_json(j, &back, &e), DDPD_OK);
+    CHECK_EQ_INT(back.job, 7);
+    CHECK_EQ_INT(back.attempt, 3);
+    CHECK_EQ_INT(back.world_size, 2);
+    CHECK_EQ_INT(back.rank, 1);
+    CHECK_EQ_STR(back.comm_backend, "cpu");
+    CHECK_EQ_STR(back.comm_id, "00ff");
+    CHECK_EQ_STR(back.data_dir, "/data");
+    CHECK_EQ_STR(back.out_dir, "/var/jobs/7");
+    CHECK_EQ_STR(back.resume, "/var/jobs/7/ckpt-4");
+    CHECK_EQ_INT(back.disk_quota, (int64_t)10 << 30);
+    CHECK_EQ_INT(back.max_rank_memory, (int64_t)1 << 33);
+    CHECK_EQ_INT(back.spec.world_size, 2);
+    CHECK_EQ_INT(back.spec.batch_size, 2);
+    CHECK_EQ_INT(back.spec.n_layers, d.spec.n_layers);
+    json_decref(j);
+
+    /* Unset: no rank (Slurm), no group, no resume, no quota, no memory limit. */
+    d.rank = -1;
+    d.comm_backend[0] = d.comm_id[0] = d.resume[0] = '\0';
+    d.disk_quota = d.max_rank_memory = 0;
+    d.world_size = d.spec.world_size = 1;
+    j = jobdoc_to_json(&d);
+    CHECK(j && !json_object_get(j, "rank") && !json_object_get(j, "max_rank_memory"));
+    CHECK(json_is_null(json_object_get(j, "comm")) && json_is_null(json_object_get(j, "resume")) &&
+          json_is_null(json_object_get(j, "disk_quota")));
+    CHECK_EQ_INT(jobdoc_from_json(j, &back, &e), DDPD_OK);
+    CHECK_EQ_INT(back.rank, -1);
+    CHECK_EQ_STR(back.comm_backend, "");
+    CHECK_EQ_STR(back.resume, "");
+    CHECK_EQ_INT(back.disk_quota, 0);
+    CHECK_EQ_INT(back.max_rank_memory, 0);
+    /* One rank ignores whatever `comm` holds. */
+    json_object_set_new(j, "comm", json_string("garbage"));
+    CHECK_EQ_INT(jobdoc_from_json(j, &back, &e), DDPD_OK);
+    json_decref(j);
+}
+
+/* The full document with `key` set to the JSON `value` (NULL: removed) must fail naming
+ * `path` with `words` in the message. */
+static void bad(const char *key, const char *value, const char *path, const char *words)
+{
+    struct jobdoc d, back;
+    struct ddpd_error e;
+    full_doc(&d);
+    json_t *j = jobdoc_to_json(&d);
+    if (value)
+        json_object_set_new(j, key, json_loads(value, JSON_DECODE_ANY, NULL));
+    else
+        json_object_del(j, key);
+    ddpd_error_clear(&e);
+    CHECK_EQ_INT(jobdoc_from_json(j, &back, &e), DDPD_ESPEC);
+    CHECK_EQ_STR(e.path, path);
+    if (!strstr(e.message, words))
+        CHECK__FAIL("%s = %s: message '%s' lacks '%s'", key, value ? value : "(none)", e.message, words);
+    json_decref(j);
+}
+
+static void test_bad_values(void)
+{
+    bad("world_size", NULL, "world_size", "world_size: expected an integer in [1, 1024]");
+    bad("world_size", "0", "world_size", "world_size: expected an integer");
+    bad("world_size", "\"2\"", "world_size", "world_size: expected an integer");
+    bad("world_size", "3", "world_size", "the job document says 3 but the spec says 2");
+    bad("rank", "2", "rank", "rank: expected an integer in [0, 1]");
+    bad("rank", "-1", "rank", "rank: expected an integer");
+    bad("rank", "null", "rank", "rank: expected an integer");
+    bad("data_dir", "5", "data_dir", "data_dir: expected a string");
+    bad("out_dir", "[]", "out_dir", "out_dir: expected a string");
+    bad("resume", "true", "resume", "resume: expected a string");
+    bad("disk_quota", "-1", "disk_quota", "disk_quota: expected an integer");
+    bad("disk_quota", "1.5", "disk_quota", "disk_quota: expected an integer");
+    bad("max_rank_memory", "null", "max_rank_memory", "max_rank_memory: expected an integer");
+    bad("job", "\"7\"", "job", "job: expected an integer");
+    bad("attempt", "-3", "attempt", "attempt: expected an integer");
+    bad("spec", NULL, "spec", "spec: the job document has no spec object");
+    bad("spec", "[]", "spec", "spec: the job document has no spec object");
+    bad("spec", "{\"world_size\":2}", "model", "");
+    bad("comm", "null", "comm", "comm: 2 ranks need");
+    bad("comm", "{\"backend\":\"gloo\",\"id\":\"00\"}", "comm", "comm: 2 ranks need");
+    bad("comm", "{\"backend\":\"cpu\"}", "comm", "comm: 2 ranks need");
+    bad("comm", "{\"backend\":\"nccl\",\"id\":7}", "comm", "comm: 2 ranks need");
+
+    char long_path[JOBDOC_PATH_MAX + 3];
+    memset(long_path, 'a', sizeof long_path);
+    long_path[0] = long_path[sizeof long_path - 2] = '"';
+    long_path[sizeof long_path - 1] = '\0';
+    bad("out_dir", long_path, "out_dir", "out_dir: longer than 4095 bytes");
+
+    struct jobdoc back;
+    struct ddpd_error e;
+    json_t *arr = json_array();
+    CHECK_EQ_INT(jobdoc_from_json(arr, &back, &e), DDPD_ESPEC);
+    json_decref(arr);
+
+    /* What came before the bad key is kept: the worker names the failing rank. */
+    struct jobdoc d;
+    full_doc(&d);
+    json_t *j = jobdoc_to_json(&d);
+    json_object_set_new(j, "out_dir", json_integer(1));
+    CHECK_EQ_INT(jobdoc_from_json(j, &back, &e), DDPD_ESPEC);
+    CHECK_EQ_INT(back.world_size, 2);
+    CHECK_EQ_INT(back.rank, 1);
+    json_decref(j);
+}
+
+int main(void)
+{
+    test_round_trip();
+    test_bad_values();
+    CHECK_DONE();
+}
