@@ -6,6 +6,7 @@
 
 #include <stdarg.h>
 
+/* clang-format off */
 /* X(NAME, http status, worker exit code, short text) */
 #define DDPD_ERR_MAP(X)                                          \
     X(OK,        200, 0, "ok")                                   \
@@ -36,6 +37,7 @@ typedef enum {
 #undef DDPD__ERR_ENUM
     DDPD_ERR_COUNT
 } ddpd_err;
+/* clang-format on */
 
 /* Detail of one error. `path` is a JSON path ("model[2].in"), a file name, or empty;
  * `message` is a full sentence a user understands; `line`/`column` are set (1-based)
