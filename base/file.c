@@ -69,3 +69,19 @@ void base_remove_tree(const char *path)
         unlink(path);
     }
 }
+
+int64_t base_read_at(int fd, void *buf, int64_t n, int64_t off)
+{
+    int64_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, (size_t)(n - got), (off_t)(off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -1;
+        if (r == 0)
+            break;
+        got += r;
+    }
+    return got;
+}

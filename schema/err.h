@@ -7,6 +7,7 @@
 
 #include <stdarg.h>
 
+/* clang-format off */
 /* X(NAME, http status, worker exit code, API error code (the "code" of an HTTP error body,
  * CONTRACT.md §7), event kind (the "kind" of an `error` event, §6), short text). The API
  * codes and event kinds are part of the contract: clients and tests compare them. */
@@ -39,6 +40,7 @@ typedef enum {
 #undef DDPD__ERR_ENUM
     DDPD_ERR_COUNT
 } ddpd_err;
+/* clang-format on */
 
 /* Detail of one error. `path` is a JSON path ("model[2].in"), a file name, or empty;
  * `message` is a full sentence a user understands; `line`/`column` are set (1-based)

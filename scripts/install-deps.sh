@@ -4,7 +4,7 @@
 # The CUDA toolkit (nvcc, cuBLAS, NCCL) is not a Debian package: where it is installed
 # under /usr/local/cuda the build picks it up; without it the build is CPU-only.
 # clang and libclang-rt-14-dev (libFuzzer, ASan, UBSan runtimes) build the fuzz targets
-# of fuzz/ (scripts/test.sh's fuzz stage).
+# of fuzz/ (scripts/test.sh's fuzz stage); clang-format checks the C sources' layout (.clang-format).
 # docker-compose (Compose v1, Python) only validates docker/docker-compose.yml in
 # tests/deploy; these machines run no Docker engine.
 # slurm-wlm and munge: the one-host Slurm of scripts/slurm-up.sh for tests/slurm.
@@ -16,7 +16,7 @@ libjansson-dev libopenblas-dev libmicrohttpd-dev libsqlite3-dev sqlite3
 python3 python3-pytest python3-numpy python3-requests python3-torch
 curl procps
 chromium
-clang libclang-rt-14-dev
+clang libclang-rt-14-dev clang-format
 docker-compose python3-yaml
 slurm-wlm munge
 "

@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../base/file.h"
+
 #define SAFETENSORS_MAX_FILE (64LL << 30)
 #define IO_CHUNK (1 << 20)
 
@@ -329,22 +331,6 @@ static void convert(const struct dtype *dt, const unsigned char *p, float *out, 
     }
 }
 
-static int64_t read_at(int fd, void *buf, int64_t n, int64_t off)
-{
-    int64_t got = 0;
-    while (got < n) {
-        ssize_t r = pread(fd, (char *)buf + got, (size_t)(n - got), (off_t)(off + got));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return -1;
-        if (r == 0)
-            break;
-        got += r;
-    }
-    return got;
-}
-
 static bool get_i64(json_t *v, int64_t *out)
 {
     if (!json_is_integer(v) || json_integer_value(v) < 0)
@@ -492,7 +478,7 @@ static struct safetensors_file *read_file(int fd_in, const char *path, bool valu
                   SAFETENSORS_MAX_FILE >> 30);
         goto out;
     }
-    if (size < 8 || read_at(fd, len8, 8, 0) != 8) {
+    if (size < 8 || base_read_at(fd, len8, 8, 0) != 8) {
         rc = fail(err, DDPD_EDATA, path,
                   "truncated: the file is %" PRId64 " bytes, shorter than the 8-byte header length", size);
         goto out;
@@ -517,7 +503,7 @@ static struct safetensors_file *read_file(int fd_in, const char *path, bool valu
         rc = fail(err, DDPD_ENOMEM, path, "out of memory");
         goto out;
     }
-    if (read_at(fd, hdr, (int64_t)hl, 8) != (int64_t)hl) {
+    if (base_read_at(fd, hdr, (int64_t)hl, 8) != (int64_t)hl) {
         rc = fail(err, DDPD_EDATA, path, "cannot read the header: %s", strerror(errno));
         goto out;
     }
@@ -594,10 +580,10 @@ static struct safetensors_file *read_file(int fd_in, const char *path, bool valu
             int64_t k = e[i].numel - done < per ? e[i].numel - done : per;
             errno = 0;
             if (HOST_LE && dt->size == 4) {
-                if (read_at(fd, t->data + done, k * 4, off + done * 4) != k * 4)
+                if (base_read_at(fd, t->data + done, k * 4, off + done * 4) != k * 4)
                     goto short_read;
             } else {
-                if (read_at(fd, chunk, k * dt->size, off + done * dt->size) != k * dt->size)
+                if (base_read_at(fd, chunk, k * dt->size, off + done * dt->size) != k * dt->size)
                     goto short_read;
                 convert(dt, chunk, t->data + done, k);
             }

@@ -57,7 +57,6 @@ bool data__has_rank(const char *p);
 ddpd_err data__file_open(struct dfile *f, const char *data_dir, const char *field, const char *given,
                          int rank, struct ddpd_error *err);
 void data__file_close(struct dfile *f);
-int64_t data__read_at(int fd, void *buf, int64_t n, int64_t off);
 ddpd_err data__read_whole(const struct dfile *f, char **out, struct ddpd_error *err);
 
 /* npy.c, csv.c, synthetic.c: fill ds (its shape and rank set) with the rows of this rank

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../base/file.h"
+
 #define NPY_MAX_HEADER (64 * 1024)
 #define NPY_MAX_DIMS 8
 /* Class ids the planner reads before a job is accepted (it answers within 30 s); larger
@@ -204,7 +206,7 @@ static ddpd_err npy_header(const struct dfile *f, struct npy *h, struct ddpd_err
     char *text = NULL;
     ddpd_err rc;
     memset(h, 0, sizeof *h);
-    int64_t got = data__read_at(f->fd, pre, sizeof pre, 0);
+    int64_t got = base_read_at(f->fd, pre, sizeof pre, 0);
     if (got < 0)
         return data__fail(err, DDPD_EDATA, f->name, "cannot read: %s", strerror(errno));
     if (got < 8 || memcmp(pre, "\x93NUMPY", 6) != 0)
@@ -235,7 +237,7 @@ static ddpd_err npy_header(const struct dfile *f, struct npy *h, struct ddpd_err
     if (!text)
         return data__fail(err, DDPD_ENOMEM, f->name, "out of memory reading the header");
     errno = 0;
-    if (data__read_at(f->fd, text, hl, pl) != hl) {
+    if (base_read_at(f->fd, text, hl, pl) != hl) {
         rc = data__fail(err, DDPD_EDATA, f->name, "cannot read the header: %s",
                         errno ? strerror(errno) : "short read");
         goto out;
@@ -378,7 +380,7 @@ static ddpd_err npy_values(const struct dfile *f, const struct npy *h, float *f3
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     if (h->kind == 'f' && h->size == 4) { /* the common case needs no conversion */
         errno = 0;
-        if (data__read_at(f->fd, f32, h->numel * 4, h->data_off) != h->numel * 4)
+        if (base_read_at(f->fd, f32, h->numel * 4, h->data_off) != h->numel * 4)
             return data__fail(err, DDPD_EDATA, f->name, "cannot read at offset %" PRId64 ": %s", h->data_off,
                               errno ? strerror(errno) : "file shrank while reading");
         return DDPD_OK;
@@ -393,7 +395,7 @@ static ddpd_err npy_values(const struct dfile *f, const struct npy *h, float *f3
         int64_t n = h->numel - done < per ? h->numel - done : per;
         int64_t off = h->data_off + done * h->size;
         errno = 0;
-        if (data__read_at(f->fd, buf, n * h->size, off) != n * h->size) {
+        if (base_read_at(f->fd, buf, n * h->size, off) != n * h->size) {
             rc = data__fail(err, DDPD_EDATA, f->name, "cannot read at offset %" PRId64 ": %s", off,
                             errno ? strerror(errno) : "file shrank while reading");
             goto out;

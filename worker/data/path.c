@@ -14,6 +14,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "../../base/file.h"
+
 #define DATA_MAX_FILE (64LL << 30) /* bytes of one data file */
 #define WALK_MAX_LINKS 40          /* symbolic links one open may follow (the kernel's own limit) */
 #define WALK_MAX_DEPTH 256         /* directories one open may hold on its way down */
@@ -336,23 +338,6 @@ void data__file_close(struct dfile *f)
     f->fd = -1;
 }
 
-/* Reads up to n bytes at off; returns the bytes read (fewer only at end of file) or -1. */
-int64_t data__read_at(int fd, void *buf, int64_t n, int64_t off)
-{
-    int64_t got = 0;
-    while (got < n) {
-        ssize_t r = pread(fd, (char *)buf + got, (size_t)(n - got), (off_t)(off + got));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return -1;
-        if (r == 0)
-            break;
-        got += r;
-    }
-    return got;
-}
-
 /* Reads a whole (capped) file into a NUL-terminated buffer. */
 ddpd_err data__read_whole(const struct dfile *f, char **out, struct ddpd_error *err)
 {
@@ -360,7 +345,7 @@ ddpd_err data__read_whole(const struct dfile *f, char **out, struct ddpd_error *
     *out = NULL;
     if (!buf)
         return data__fail(err, DDPD_ENOMEM, f->name, "out of memory reading %" PRId64 " bytes", f->size);
-    int64_t got = data__read_at(f->fd, buf, f->size, 0);
+    int64_t got = base_read_at(f->fd, buf, f->size, 0);
     if (got != f->size) {
         free(buf);
         return data__fail(err, DDPD_EDATA, f->name, "cannot read: %s",
