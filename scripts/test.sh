@@ -7,12 +7,21 @@
 #   3. the tests of threaded code (collectives, DDP, the server) under ThreadSanitizer;
 #   4. the fuzz targets of fuzz/ (clang, libFuzzer + ASan + UBSan): each replays its seeds
 #      and past crashes, then fuzzes for DDPD_FUZZ_SECONDS (20) seconds.
+# First of all, the C sources' layout is checked against .clang-format (clang-format
+# --dry-run): `clang-format -i FILE` fixes a file it names.
 # Exits non-zero on the first failure. The README's test command; .ci/run calls it.
 set -eu
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 
 scripts/install-deps.sh
+
+echo "== format (.clang-format)"
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git ls-files '*.c' '*.h' '*.cu'
+else
+    find base schema server worker tests fuzz bench examples -name '*.[ch]' -o -name '*.cu'
+fi | xargs clang-format --dry-run --Werror
 
 echo "== build (build/)"
 cmake -S . -B build -DDDPD_WERROR=ON >build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
