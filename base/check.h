@@ -24,10 +24,10 @@ _Noreturn void base_check_fail(const char *file, int line, const char *expr);
 
 #ifdef DDPD_DEBUG
 #define ALWAYS(x) ((x) ? true : (base_check_fail(__FILE__, __LINE__, "ALWAYS(" #x ")"), false))
-#define NEVER(x) ((x) ? (base_check_fail(__FILE__, __LINE__, "NEVER(" #x ")"), true) : false)
+#define NEVER(x)  ((x) ? (base_check_fail(__FILE__, __LINE__, "NEVER(" #x ")"), true) : false)
 #else
 #define ALWAYS(x) ((x) ? true : false)
-#define NEVER(x) ((x) ? true : false)
+#define NEVER(x)  ((x) ? true : false)
 #endif
 
 #endif

@@ -64,9 +64,10 @@ int main(int argc, char **argv)
         double ts = now_real();
         while (step < want) {
             step++;
-            printf("{\"event\":\"loss\",\"rank\":0,\"step\":%ld,\"epoch\":0,\"loss\":0.5,\"samples_per_s\":1.0,"
-                   "\"ts\":%.6f}\n",
-                   step, ts);
+            printf(
+                "{\"event\":\"loss\",\"rank\":0,\"step\":%ld,\"epoch\":0,\"loss\":0.5,\"samples_per_s\":1.0,"
+                "\"ts\":%.6f}\n",
+                step, ts);
         }
         fflush(stdout);
         double next = t0 + tick * 0.001, left = next - now_mono();
@@ -76,8 +77,8 @@ int main(int argc, char **argv)
         }
     }
     double took = now_mono() - t0;
-    printf("{\"event\":\"done\",\"rank\":0,\"steps\":%ld,\"loss\":0.5,\"seconds\":%.6f,\"ts\":%.6f}\n", step, took,
-           now_real());
+    printf("{\"event\":\"done\",\"rank\":0,\"steps\":%ld,\"loss\":0.5,\"seconds\":%.6f,\"ts\":%.6f}\n", step,
+           took, now_real());
     fflush(stdout);
     fprintf(stderr, "flood_worker: %ld loss events in %.2f s (%.0f/s; asked for %.0f/s)\n", step, took,
             step / took, rate);

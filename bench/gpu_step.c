@@ -90,7 +90,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tf32"))
             tf32 = true;
         else {
-            fprintf(stderr, "usage: bench_gpu_step --model tiny|mlp [--steps N] [--warmup N] [--cpu] [--tf32]\n");
+            fprintf(stderr,
+                    "usage: bench_gpu_step --model tiny|mlp [--steps N] [--warmup N] [--cpu] [--tf32]\n");
             return 2;
         }
     }
@@ -148,8 +149,8 @@ int main(int argc, char **argv)
     d.ops->to_host(d.ctx, &loss, b.loss, sizeof loss);
     printf("{\"model\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"params\":%lld,\"step_ms\":%.6f,"
            "\"tflops\":%.3f,\"loss\":%.6g}\n",
-           model, d.ops->name, (long long)B, (long long)model_numel(m), dt * 1e3,
-           step_flops(&s) / dt / 1e12, loss);
+           model, d.ops->name, (long long)B, (long long)model_numel(m), dt * 1e3, step_flops(&s) / dt / 1e12,
+           loss);
 
     d.ops->free(d.ctx, b.x);
     d.ops->free(d.ctx, b.y);

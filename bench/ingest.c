@@ -92,8 +92,8 @@ static int run_store(const char *path, long n, int ranks)
         fprintf(stderr, "setup: %s\n", err.message);
         return 1;
     }
-    struct store_job_update u = {.fields = STORE_SET_STATE | STORE_SET_ATTEMPT, .state = JOB_STATE_RUNNING,
-                                 .attempt = 1};
+    struct store_job_update u = {
+        .fields = STORE_SET_STATE | STORE_SET_ATTEMPT, .state = JOB_STATE_RUNNING, .attempt = 1};
     if (store_job_update(s, id, &u, NULL, &err)) {
         fprintf(stderr, "setup: %s\n", err.message);
         return 1;
@@ -127,7 +127,8 @@ static int run_store(const char *path, long n, int ranks)
     memset(&j, 0, sizeof j);
     ddpd_err ge = store_job_get(s, id, &j, &err);
     printf("{\"mode\":\"store\",\"events\":%ld,\"seconds\":%.6f,\"per_s\":%.1f,\"batches\":%" PRIu64
-           ",\"committed\":%" PRIu64 ",\"dropped\":%" PRIu64 ",\"job_step\":%" PRId64 ",\"job_has_progress\":%s,"
+           ",\"committed\":%" PRIu64 ",\"dropped\":%" PRIu64 ",\"job_step\":%" PRId64
+           ",\"job_has_progress\":%s,"
            "\"rank0_step\":%" PRId64 "}\n",
            n, dt, (double)n / dt, st.batches, st.events_committed, st.events_dropped,
            ge == DDPD_OK && j.has_progress ? j.step : (int64_t)-1,
@@ -165,8 +166,10 @@ static int run_raw(const char *path, long n, int ranks, int batch)
                              "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                              -1, &ins, NULL),
           "prepare");
-    check(db, sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO loss (job, step, rank, loss) VALUES (?1, ?2, ?3, ?4)",
-                                 -1, &li, NULL),
+    check(db,
+          sqlite3_prepare_v2(db,
+                             "INSERT OR REPLACE INTO loss (job, step, rank, loss) VALUES (?1, ?2, ?3, ?4)",
+                             -1, &li, NULL),
           "prepare");
     check(db, sqlite3_prepare_v2(db, "BEGIN IMMEDIATE", -1, &begin, NULL), "prepare");
     check(db, sqlite3_prepare_v2(db, "COMMIT", -1, &commit, NULL), "prepare");

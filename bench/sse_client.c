@@ -29,20 +29,20 @@
 
 struct conn {
     int fd;
-    int status;       /* HTTP status; 0 until the headers are in */
-    bool ended;       /* terminating chunk seen */
-    bool closed;      /* EOF or error */
-    bool final;       /* a final state event seen */
-    long chunk_left;  /* bytes of the current chunk still to come */
-    int skip;         /* CRLF after a chunk still to skip */
-    char *raw;        /* undecoded bytes (headers, chunk-size lines) */
+    int status;      /* HTTP status; 0 until the headers are in */
+    bool ended;      /* terminating chunk seen */
+    bool closed;     /* EOF or error */
+    bool final;      /* a final state event seen */
+    long chunk_left; /* bytes of the current chunk still to come */
+    int skip;        /* CRLF after a chunk still to skip */
+    char *raw;       /* undecoded bytes (headers, chunk-size lines) */
     size_t nraw, craw;
-    char *body;       /* decoded bytes not yet split into frames */
+    char *body; /* decoded bytes not yet split into frames */
     size_t nbody, cbody;
-    long loss_frames; /* loss frames within the window */
-    long frames;      /* event frames in all */
+    long loss_frames;       /* loss frames within the window */
+    long frames;            /* event frames in all */
     long first_id, last_id; /* `id:` of the first and the latest frame; 0 = none yet */
-    long gaps;        /* frames whose id was not last_id + 1 (lost, repeated or reordered) */
+    long gaps;              /* frames whose id was not last_id + 1 (lost, repeated or reordered) */
 };
 
 static double now_real(void)
@@ -134,7 +134,8 @@ static void frames(struct conn *c, double kt, double ut, double since, double un
     }
 }
 
-static void feed(struct conn *c, const char *data, size_t len, double kt, double ut, double since, double until)
+static void feed(struct conn *c, const char *data, size_t len, double kt, double ut, double since,
+                 double until)
 {
     append(&c->raw, &c->nraw, &c->craw, data, len);
     for (;;) {
@@ -209,12 +210,14 @@ int main(int argc, char **argv)
     struct rlimit rl;
     getrlimit(RLIMIT_NOFILE, &rl);
     if (rl.rlim_cur < (rlim_t)n + 64) {
-        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > (rlim_t)n + 64 ? (rlim_t)n + 64 : rl.rlim_max;
+        rl.rlim_cur =
+            rl.rlim_max == RLIM_INFINITY || rl.rlim_max > (rlim_t)n + 64 ? (rlim_t)n + 64 : rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
     char req[512];
-    int reqlen = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAccept: text/event-stream\r\n\r\n",
-                          path, port);
+    int reqlen =
+        snprintf(req, sizeof req,
+                 "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAccept: text/event-stream\r\n\r\n", path, port);
     struct conn *cs = calloc((size_t)n, sizeof *cs);
     int ep = epoll_create1(EPOLL_CLOEXEC);
     double t_conn = now_real();
@@ -227,10 +230,12 @@ int main(int argc, char **argv)
         }
         int one = 1;
         setsockopt(c->fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
-        struct sockaddr_in src = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000000u + (uint32_t)(src0 + i % nsrc))};
-        struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                                  .sin_addr.s_addr = htonl(0x7f000001u)};
-        if (bind(c->fd, (struct sockaddr *)&src, sizeof src) || connect(c->fd, (struct sockaddr *)&dst, sizeof dst) ||
+        struct sockaddr_in src = {.sin_family = AF_INET,
+                                  .sin_addr.s_addr = htonl(0x7f000000u + (uint32_t)(src0 + i % nsrc))};
+        struct sockaddr_in dst = {
+            .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(0x7f000001u)};
+        if (bind(c->fd, (struct sockaddr *)&src, sizeof src) ||
+            connect(c->fd, (struct sockaddr *)&dst, sizeof dst) ||
             write(c->fd, req, (size_t)reqlen) != reqlen) {
             fprintf(stderr, "%s: connection %d: %s\n", argv[0], i, strerror(errno));
             return 1;
@@ -260,12 +265,13 @@ int main(int argc, char **argv)
                 if (cs[i].loss_frames > maxf)
                     maxf = cs[i].loss_frames;
             }
-            printf("{\"subscribers\":%d,\"ok200\":%d,\"closed\":%d,\"samples\":%zu,\"connect_s\":%.3f,"
-                   "\"k_p50\":%.6f,\"k_p99\":%.6f,\"k_max\":%.6f,\"u_p50\":%.6f,\"u_p99\":%.6f,\"u_max\":%.6f,"
-                   "\"frames_min\":%ld,\"frames_max\":%ld}\n",
-                   n, ok200, closed, nlat, t_connected - t_conn, pct(lat_k, nlat, 50), pct(lat_k, nlat, 99),
-                   nlat ? lat_k[nlat - 1] : -1, pct(lat_u, nlat, 50), pct(lat_u, nlat, 99),
-                   nlat ? lat_u[nlat - 1] : -1, minf, maxf);
+            printf(
+                "{\"subscribers\":%d,\"ok200\":%d,\"closed\":%d,\"samples\":%zu,\"connect_s\":%.3f,"
+                "\"k_p50\":%.6f,\"k_p99\":%.6f,\"k_max\":%.6f,\"u_p50\":%.6f,\"u_p99\":%.6f,\"u_max\":%.6f,"
+                "\"frames_min\":%ld,\"frames_max\":%ld}\n",
+                n, ok200, closed, nlat, t_connected - t_conn, pct(lat_k, nlat, 50), pct(lat_k, nlat, 99),
+                nlat ? lat_k[nlat - 1] : -1, pct(lat_u, nlat, 50), pct(lat_u, nlat, 99),
+                nlat ? lat_u[nlat - 1] : -1, minf, maxf);
             fflush(stdout);
             reported = true;
         }
@@ -281,7 +287,8 @@ int main(int argc, char **argv)
         for (int e = 0; e < k; e++) {
             struct conn *c = &cs[evs[e].data.u32];
             struct iovec iov = {.iov_base = buf, .iov_len = sizeof buf - 1};
-            struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+            struct msghdr mh = {
+                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
             ssize_t r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
             if (r < 0 && (errno == EAGAIN || errno == EINTR))
                 continue;

@@ -35,4 +35,7 @@ static int example(int rank, int world, struct comm *comm)
     return 0;
 }
 
-int main(void) { return example_spawn(2, example); }
+int main(void)
+{
+    return example_spawn(2, example);
+}

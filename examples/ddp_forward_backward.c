@@ -55,4 +55,7 @@ fail:
     return 1;
 }
 
-int main(void) { return example_spawn(2, example); }
+int main(void)
+{
+    return example_spawn(2, example);
+}

@@ -60,8 +60,8 @@ static int example(int rank, int world, struct comm *comm)
         goto fail;
     float w;
     dev.ops->to_host(dev.ctx, &w, model_param(model, 0)->data, sizeof w);
-    printf("rank %d: joined after %d batches, shadowed %lld steps; 0.weight[0,0] = %.7f\n", rank,
-           batches, (long long)shadowed, w);
+    printf("rank %d: joined after %d batches, shadowed %lld steps; 0.weight[0,0] = %.7f\n", rank, batches,
+           (long long)shadowed, w);
     dev.ops->free(dev.ctx, loss);
     ddp_free(ddp);
     optim_free(opt);
@@ -73,4 +73,7 @@ fail:
     return 1;
 }
 
-int main(void) { return example_spawn(2, example); }
+int main(void)
+{
+    return example_spawn(2, example);
+}

@@ -148,27 +148,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *p = data + 1;
     size_t n = size - 1;
     switch (data[0] % 7) {
-    case 0:
-        registration(p, n);
-        break;
-    case 1:
-        root_stream(p, n);
-        break;
-    case 2:
-        notice(p, n);
-        break;
-    case 3:
-        hello(p, n);
-        break;
-    case 4:
-        shm_offer(p, n);
-        break;
-    case 5:
-        header(p, n);
-        break;
-    default:
-        id(p, n);
-        break;
+    case 0: registration(p, n); break;
+    case 1: root_stream(p, n); break;
+    case 2: notice(p, n); break;
+    case 3: hello(p, n); break;
+    case 4: shm_offer(p, n); break;
+    case 5: header(p, n); break;
+    default: id(p, n); break;
     }
     return 0;
 }

@@ -15,7 +15,7 @@
 #include "worker/data.h"
 
 #define FUZZ_MAX_BATCHES 8
-#define FUZZ_MAX_WORLD 4
+#define FUZZ_MAX_WORLD   4
 
 static void fuzz_spec_of(struct spec *s, const char *json)
 {

@@ -13,17 +13,37 @@ static const struct {
 #undef DDPD__ERR_ROW
 };
 
-static int valid(ddpd_err e) { return (int)e >= 0 && e < DDPD_ERR_COUNT; }
+static int valid(ddpd_err e)
+{
+    return (int)e >= 0 && e < DDPD_ERR_COUNT;
+}
 
-const char *ddpd_err_name(ddpd_err e) { return valid(e) ? table[e].name : "EINTERNAL"; }
-const char *ddpd_err_text(ddpd_err e) { return valid(e) ? table[e].text : "internal error"; }
-int ddpd_err_http(ddpd_err e) { return valid(e) ? table[e].http : 500; }
-int ddpd_err_exit(ddpd_err e) { return valid(e) ? table[e].exit : 1; }
-const char *ddpd_err_code(ddpd_err e) { return valid(e) ? table[e].code : "internal"; }
-const char *ddpd_err_kind(ddpd_err e) { return valid(e) ? table[e].kind : "internal"; }
+const char *ddpd_err_name(ddpd_err e)
+{
+    return valid(e) ? table[e].name : "EINTERNAL";
+}
+const char *ddpd_err_text(ddpd_err e)
+{
+    return valid(e) ? table[e].text : "internal error";
+}
+int ddpd_err_http(ddpd_err e)
+{
+    return valid(e) ? table[e].http : 500;
+}
+int ddpd_err_exit(ddpd_err e)
+{
+    return valid(e) ? table[e].exit : 1;
+}
+const char *ddpd_err_code(ddpd_err e)
+{
+    return valid(e) ? table[e].code : "internal";
+}
+const char *ddpd_err_kind(ddpd_err e)
+{
+    return valid(e) ? table[e].kind : "internal";
+}
 
-ddpd_err ddpd_error_vset(struct ddpd_error *e, ddpd_err code, const char *path,
-                         const char *fmt, va_list ap)
+ddpd_err ddpd_error_vset(struct ddpd_error *e, ddpd_err code, const char *path, const char *fmt, va_list ap)
 {
     if (!e)
         return code;
@@ -34,8 +54,7 @@ ddpd_err ddpd_error_vset(struct ddpd_error *e, ddpd_err code, const char *path,
     return code;
 }
 
-ddpd_err ddpd_error_set(struct ddpd_error *e, ddpd_err code, const char *path,
-                        const char *fmt, ...)
+ddpd_err ddpd_error_set(struct ddpd_error *e, ddpd_err code, const char *path, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);

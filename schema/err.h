@@ -52,19 +52,18 @@ struct ddpd_error {
     char message[768];
 };
 
-const char *ddpd_err_name(ddpd_err e);  /* "ESPEC" */
-const char *ddpd_err_text(ddpd_err e);  /* "invalid job spec" */
-int ddpd_err_http(ddpd_err e);          /* 422 */
-int ddpd_err_exit(ddpd_err e);          /* worker exit code: 2 */
-const char *ddpd_err_code(ddpd_err e);  /* API error code: "invalid_spec" */
-const char *ddpd_err_kind(ddpd_err e);  /* event kind: "spec" */
+const char *ddpd_err_name(ddpd_err e); /* "ESPEC" */
+const char *ddpd_err_text(ddpd_err e); /* "invalid job spec" */
+int ddpd_err_http(ddpd_err e);         /* 422 */
+int ddpd_err_exit(ddpd_err e);         /* worker exit code: 2 */
+const char *ddpd_err_code(ddpd_err e); /* API error code: "invalid_spec" */
+const char *ddpd_err_kind(ddpd_err e); /* event kind: "spec" */
 
 /* Fills `e` (may be NULL) and returns `code`, so callers can write
  * `return ddpd_error_set(err, DDPD_ESPEC, "model[0].in", "expected ...");`. */
-ddpd_err ddpd_error_set(struct ddpd_error *e, ddpd_err code, const char *path,
-                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-ddpd_err ddpd_error_vset(struct ddpd_error *e, ddpd_err code, const char *path,
-                         const char *fmt, va_list ap);
+ddpd_err ddpd_error_set(struct ddpd_error *e, ddpd_err code, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+ddpd_err ddpd_error_vset(struct ddpd_error *e, ddpd_err code, const char *path, const char *fmt, va_list ap);
 void ddpd_error_clear(struct ddpd_error *e);
 
 #endif

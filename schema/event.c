@@ -14,8 +14,7 @@
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-static const char *const kind_names[] = {"start", "loss",  "join", "checkpoint",
-                                         "done",  "error", "state"};
+static const char *const kind_names[] = {"start", "loss", "join", "checkpoint", "done", "error", "state"};
 
 const char *event_kind_name(event_kind k)
 {
@@ -163,16 +162,15 @@ int event_encode(const struct event *ev, char *buf, size_t cap)
     put_raw(&o, "{\"event\":", 9);
     put_str(&o, event_kind_name(ev->kind), 16);
     if (ev->has_server_fields)
-        put_fmt(&o, ",\"job\":%lld,\"attempt\":%lld,\"seq\":%lld", (long long)ev->job,
-                (long long)ev->attempt, (long long)ev->seq);
+        put_fmt(&o, ",\"job\":%lld,\"attempt\":%lld,\"seq\":%lld", (long long)ev->job, (long long)ev->attempt,
+                (long long)ev->seq);
     if (ev->kind != EVENT_STATE)
         put_fmt(&o, ",\"rank\":%d", ev->rank);
     switch (ev->kind) {
     case EVENT_START:
         put_fmt(&o, ",\"world_size\":%d,\"device\":", ev->world_size);
         put_str(&o, ev->device, sizeof ev->device);
-        put_fmt(&o, ",\"params\":%lld,\"batches\":%lld", (long long)ev->params,
-                (long long)ev->batches);
+        put_fmt(&o, ",\"params\":%lld,\"batches\":%lld", (long long)ev->params, (long long)ev->batches);
         break;
     case EVENT_LOSS:
         put_fmt(&o, ",\"step\":%lld,\"epoch\":%lld", (long long)ev->step, (long long)ev->epoch);
@@ -180,9 +178,7 @@ int event_encode(const struct event *ev, char *buf, size_t cap)
         put_raw(&o, ",\"samples_per_s\":", 17);
         put_fixed(&o, ev->samples_per_s, 1);
         break;
-    case EVENT_JOIN:
-        put_fmt(&o, ",\"step\":%lld", (long long)ev->step);
-        break;
+    case EVENT_JOIN: put_fmt(&o, ",\"step\":%lld", (long long)ev->step); break;
     case EVENT_CHECKPOINT:
         put_fmt(&o, ",\"step\":%lld,\"path\":", (long long)ev->step);
         put_str(&o, ev->path, sizeof ev->path);
@@ -210,8 +206,7 @@ int event_encode(const struct event *ev, char *buf, size_t cap)
             put_str(&o, ev->message, sizeof ev->message);
         }
         break;
-    default:
-        return -1;
+    default: return -1;
     }
     put_raw(&o, ",\"ts\":", 6);
     put_fixed(&o, ev->ts, 6);
@@ -240,8 +235,7 @@ static ddpd_err bad(struct ddpd_error *err, const char *key, const char *want, j
     return ddpd_error_set(err, DDPD_EJSON, key, "expected %s, got %s", want, got);
 }
 
-static ddpd_err need(struct ddpd_error *err, json_t *obj, const char *key, const char *want,
-                     json_t **v)
+static ddpd_err need(struct ddpd_error *err, json_t *obj, const char *key, const char *want, json_t **v)
 {
     *v = json_object_get(obj, key);
     if (!*v)
@@ -268,8 +262,8 @@ static ddpd_err get_int(struct ddpd_error *err, json_t *obj, const char *key, in
     if (rc != DDPD_OK)
         return rc;
     if (x < lo || x > INT_MAX)
-        return ddpd_error_set(err, DDPD_EJSON, key, "expected an integer from %d to %d, got %lld",
-                              lo, INT_MAX, (long long)x);
+        return ddpd_error_set(err, DDPD_EJSON, key, "expected an integer from %d to %d, got %lld", lo,
+                              INT_MAX, (long long)x);
     *out = (int)x;
     return DDPD_OK;
 }
@@ -291,20 +285,18 @@ static ddpd_err get_num(struct ddpd_error *err, json_t *obj, const char *key, do
     return DDPD_OK;
 }
 
-static ddpd_err get_str(struct ddpd_error *err, json_t *obj, const char *key, bool required,
-                        char *dst, size_t cap)
+static ddpd_err get_str(struct ddpd_error *err, json_t *obj, const char *key, bool required, char *dst,
+                        size_t cap)
 {
     json_t *v = json_object_get(obj, key);
     if (!v)
-        return required ? ddpd_error_set(err, DDPD_EJSON, key, "missing (expected a string)")
-                        : DDPD_OK;
+        return required ? ddpd_error_set(err, DDPD_EJSON, key, "missing (expected a string)") : DDPD_OK;
     if (!json_is_string(v))
         return bad(err, key, "a string", v);
     size_t len = json_string_length(v);
     if (len >= cap)
-        return ddpd_error_set(err, DDPD_EJSON, key,
-                              "expected a string of at most %zu bytes, got %zu bytes", cap - 1,
-                              len);
+        return ddpd_error_set(err, DDPD_EJSON, key, "expected a string of at most %zu bytes, got %zu bytes",
+                              cap - 1, len);
     memcpy(dst, json_string_value(v), len + 1);
     return DDPD_OK;
 }
@@ -341,8 +333,7 @@ static ddpd_err decode_fields(json_t *root, struct event *ev, struct ddpd_error 
         /* At most 40 bytes of it, not cut inside a UTF-8 character. */
         char q[48];
         size_t n = json_string_length(v) < 40 ? json_string_length(v) : 40;
-        while (n > 0 && n < json_string_length(v) &&
-               ((unsigned char)json_string_value(v)[n] & 0xC0) == 0x80)
+        while (n > 0 && n < json_string_length(v) && ((unsigned char)json_string_value(v)[n] & 0xC0) == 0x80)
             n--;
         memcpy(q, json_string_value(v), n);
         q[n] = '\0';
@@ -354,12 +345,10 @@ static ddpd_err decode_fields(json_t *root, struct event *ev, struct ddpd_error 
     ev->kind = (event_kind)k;
 
     /* The server's fields come as a set. */
-    if (json_object_get(root, "job") || json_object_get(root, "attempt") ||
-        json_object_get(root, "seq")) {
+    if (json_object_get(root, "job") || json_object_get(root, "attempt") || json_object_get(root, "seq")) {
         ev->has_server_fields = true;
         if ((rc = get_i64(err, root, "job", &ev->job)) ||
-            (rc = get_i64(err, root, "attempt", &ev->attempt)) ||
-            (rc = get_i64(err, root, "seq", &ev->seq)))
+            (rc = get_i64(err, root, "attempt", &ev->attempt)) || (rc = get_i64(err, root, "seq", &ev->seq)))
             return rc;
     }
     ev->rank = -1;
@@ -385,9 +374,7 @@ static ddpd_err decode_fields(json_t *root, struct event *ev, struct ddpd_error 
         if (!rc)
             rc = get_num(err, root, "samples_per_s", &ev->samples_per_s);
         break;
-    case EVENT_JOIN:
-        rc = get_i64(err, root, "step", &ev->step);
-        break;
+    case EVENT_JOIN: rc = get_i64(err, root, "step", &ev->step); break;
     case EVENT_CHECKPOINT:
         rc = get_i64(err, root, "step", &ev->step);
         if (!rc)
@@ -427,8 +414,7 @@ ddpd_err event_decode(const char *line, size_t len, struct event *out, struct dd
     root = json_loadb(line, len, 0, &jerr);
     if (!root) {
         int l = jerr.line > 0 ? jerr.line : 1, c = jerr.column > 0 ? jerr.column : 1;
-        rc = ddpd_error_set(err, DDPD_EJSON, "", "malformed JSON at line %d, column %d: %s", l,
-                            c, jerr.text);
+        rc = ddpd_error_set(err, DDPD_EJSON, "", "malformed JSON at line %d, column %d: %s", l, c, jerr.text);
         if (err) {
             err->line = l;
             err->column = c;

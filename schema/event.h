@@ -30,23 +30,23 @@ typedef enum {
 struct event {
     event_kind kind;
     int rank;
-    double ts;                /* seconds since the epoch */
+    double ts; /* seconds since the epoch */
     /* start */
     int world_size;
     char device[16];
     int64_t params, batches;
     /* loss, join, checkpoint, done */
-    int64_t step;             /* loss/join/checkpoint: optimizer step (from 1) */
-    int64_t epoch;            /* loss */
-    double loss;              /* loss, done */
-    bool nonfinite;           /* loss/done: loss is NaN or inf, sent as null */
-    double samples_per_s;     /* loss */
-    int64_t steps;            /* done */
-    double seconds;           /* done */
-    char path[EVENT_TEXT_MAX];    /* checkpoint */
+    int64_t step;              /* loss/join/checkpoint: optimizer step (from 1) */
+    int64_t epoch;             /* loss */
+    double loss;               /* loss, done */
+    bool nonfinite;            /* loss/done: loss is NaN or inf, sent as null */
+    double samples_per_s;      /* loss */
+    int64_t steps;             /* done */
+    double seconds;            /* done */
+    char path[EVENT_TEXT_MAX]; /* checkpoint */
     /* error */
-    char error_kind[16];      /* "spec", "data", "comm", "device", "cancelled", "nonfinite",
-                               * "io", "internal" */
+    char error_kind[16];          /* "spec", "data", "comm", "device", "cancelled", "nonfinite",
+                                   * "io", "internal" */
     char message[EVENT_TEXT_MAX]; /* error; state: error text if any */
     /* state */
     char state[16];

@@ -17,8 +17,8 @@ typedef enum {
 } job_state;
 
 /* Sets of states, as bit masks: JOB_STATE_BIT(JOB_STATE_QUEUED) | ... */
-#define JOB_STATE_BIT(s) (1u << (s))
-#define JOB_STATES_ALL ((1u << JOB_STATE_COUNT) - 1)
+#define JOB_STATE_BIT(s)  (1u << (s))
+#define JOB_STATES_ALL    ((1u << JOB_STATE_COUNT) - 1)
 #define JOB_STATES_ACTIVE (JOB_STATE_BIT(JOB_STATE_STARTING) | JOB_STATE_BIT(JOB_STATE_RUNNING))
 #define JOB_STATES_FINAL                                                                                     \
     (JOB_STATE_BIT(JOB_STATE_SUCCEEDED) | JOB_STATE_BIT(JOB_STATE_FAILED) |                                  \

@@ -385,23 +385,14 @@ bool jobdir_size_parse(const char *text, int64_t *bytes)
     int shift = 0;
     switch (*p) {
     case 'k':
-    case 'K':
-        shift = 10;
-        break;
+    case 'K': shift = 10; break;
     case 'm':
-    case 'M':
-        shift = 20;
-        break;
+    case 'M': shift = 20; break;
     case 'g':
-    case 'G':
-        shift = 30;
-        break;
+    case 'G': shift = 30; break;
     case 't':
-    case 'T':
-        shift = 40;
-        break;
-    default:
-        break;
+    case 'T': shift = 40; break;
+    default: break;
     }
     if (shift) {
         p++;

@@ -32,20 +32,20 @@
  *   OUT/issuer.log           the group id issuer's stderr (more than one rank)
  *   OUT/srun.log, OUT/srun-stdin.json   srun's own output and the tasks' document (Slurm)
  * Each function writes the name into out[cap] and returns false when it does not fit. */
-#define JOBDIR_JOBS "jobs"   /* the default JOBS's name in the server's data folder */
-#define JOBDIR_MODEL "model" /* the weights' files: jobdir_rank_file(JOBDIR_MODEL, R) */
-#define JOBDIR_OPTIM "optim" /* the optimizer state's files */
+#define JOBDIR_JOBS       "jobs"  /* the default JOBS's name in the server's data folder */
+#define JOBDIR_MODEL      "model" /* the weights' files: jobdir_rank_file(JOBDIR_MODEL, R) */
+#define JOBDIR_OPTIM      "optim" /* the optimizer state's files */
 #define JOBDIR_MODEL_FILE JOBDIR_MODEL ".safetensors"
 #define JOBDIR_ISSUER_LOG "issuer.log"
-#define JOBDIR_SRUN_LOG "srun.log"
+#define JOBDIR_SRUN_LOG   "srun.log"
 #define JOBDIR_SRUN_STDIN "srun-stdin.json"
 
-bool jobdir_job_path(char *out, size_t cap, const char *jobs_dir, int64_t job); /* JOBS/ID */
+bool jobdir_job_path(char *out, size_t cap, const char *jobs_dir, int64_t job);  /* JOBS/ID */
 bool jobdir_ckpt_path(char *out, size_t cap, const char *out_dir, int64_t step); /* OUT/ckpt-N */
-bool jobdir_tmp_path(char *out, size_t cap, const char *ckpt_dir);              /* OUT/ckpt-N.tmp */
+bool jobdir_tmp_path(char *out, size_t cap, const char *ckpt_dir);               /* OUT/ckpt-N.tmp */
 bool jobdir_rank_log_path(char *out, size_t cap, const char *out_dir, int rank); /* OUT/rank-R.log */
 bool jobdir_nccl_log_path(char *out, size_t cap, const char *out_dir, int rank); /* OUT/rank-R.nccl.log */
-bool jobdir_model_path(char *out, size_t cap, const char *dir); /* DIR/model.safetensors */
+bool jobdir_model_path(char *out, size_t cap, const char *dir);                  /* DIR/model.safetensors */
 bool jobdir_file_path(char *out, size_t cap, const char *dir, const char *name); /* DIR/NAME */
 /* "<what>.safetensors" for rank 0, "<what>-rank-R.safetensors" for R > 0. */
 bool jobdir_rank_file(char *out, size_t cap, const char *what, int rank);

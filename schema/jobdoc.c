@@ -23,18 +23,19 @@ ddpd_err schema__get_str(const json_t *obj, const char *key, char *buf, size_t c
 }
 
 ddpd_err schema__get_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
-                        struct ddpd_error *err)
+                         struct ddpd_error *err)
 {
     json_t *v = json_object_get(obj, key);
     if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
-        return ddpd_error_set(err, DDPD_ESPEC, key, "%s: expected an integer in [%lld, %lld] in the job document",
-                              key, (long long)lo, (long long)hi);
+        return ddpd_error_set(err, DDPD_ESPEC, key,
+                              "%s: expected an integer in [%lld, %lld] in the job document", key,
+                              (long long)lo, (long long)hi);
     *out = json_integer_value(v);
     return DDPD_OK;
 }
 
 ddpd_err schema__get_opt_int(const json_t *obj, const char *key, bool null_ok, int64_t none, int64_t *out,
-                            struct ddpd_error *err)
+                             struct ddpd_error *err)
 {
     json_t *v = json_object_get(obj, key);
     *out = none;
@@ -50,10 +51,11 @@ static ddpd_err get_comm(const json_t *obj, struct jobdoc *out, struct ddpd_erro
     json_t *id = json_object_get(jc, "id");
     if (!backend || (strcmp(backend, "cpu") != 0 && strcmp(backend, "nccl") != 0) || !json_is_string(id) ||
         json_string_length(id) >= sizeof out->comm_id)
-        return ddpd_error_set(err, DDPD_ESPEC, "comm",
-                              "comm: %d ranks need {\"backend\": \"cpu\" or \"nccl\", \"id\": \"<hex>\"} in the "
-                              "job document",
-                              out->world_size);
+        return ddpd_error_set(
+            err, DDPD_ESPEC, "comm",
+            "comm: %d ranks need {\"backend\": \"cpu\" or \"nccl\", \"id\": \"<hex>\"} in the "
+            "job document",
+            out->world_size);
     snprintf(out->comm_backend, sizeof out->comm_backend, "%s", backend);
     memcpy(out->comm_id, json_string_value(id), json_string_length(id) + 1);
     return DDPD_OK;
@@ -111,14 +113,14 @@ json_t *jobdoc_to_json(const struct jobdoc *d)
         return NULL;
     json_t *comm = d->comm_backend[0] ? json_pack("{s:s, s:s}", "backend", d->comm_backend, "id", d->comm_id)
                                       : json_null();
-    bool ok = put(o, "comm", comm) && put(o, "job", json_integer(d->job)) &&
-              put(o, "attempt", json_integer(d->attempt)) && put(o, "world_size", json_integer(d->world_size)) &&
-              (d->rank < 0 || put(o, "rank", json_integer(d->rank))) &&
-              put(o, "spec", spec_to_json(&d->spec)) && put(o, "data_dir", json_string(d->data_dir)) &&
-              put(o, "out_dir", json_string(d->out_dir)) &&
-              put(o, "resume", d->resume[0] ? json_string(d->resume) : json_null()) &&
-              put(o, "disk_quota", d->disk_quota > 0 ? json_integer(d->disk_quota) : json_null()) &&
-              (d->max_rank_memory <= 0 || put(o, "max_rank_memory", json_integer(d->max_rank_memory)));
+    bool ok =
+        put(o, "comm", comm) && put(o, "job", json_integer(d->job)) &&
+        put(o, "attempt", json_integer(d->attempt)) && put(o, "world_size", json_integer(d->world_size)) &&
+        (d->rank < 0 || put(o, "rank", json_integer(d->rank))) && put(o, "spec", spec_to_json(&d->spec)) &&
+        put(o, "data_dir", json_string(d->data_dir)) && put(o, "out_dir", json_string(d->out_dir)) &&
+        put(o, "resume", d->resume[0] ? json_string(d->resume) : json_null()) &&
+        put(o, "disk_quota", d->disk_quota > 0 ? json_integer(d->disk_quota) : json_null()) &&
+        (d->max_rank_memory <= 0 || put(o, "max_rank_memory", json_integer(d->max_rank_memory)));
     if (!ok) {
         json_decref(o);
         return NULL;

@@ -12,23 +12,23 @@
 struct json_t;
 
 /* The longest path the document carries, and the longest group id (hex), with the NUL. */
-#define JOBDOC_PATH_MAX 4096
+#define JOBDOC_PATH_MAX    4096
 #define JOBDOC_COMM_ID_MAX 512
 
 /* A plain value. Strings are "" when the document has null or nothing there. */
 struct jobdoc {
-    int64_t job;             /* 0 under `ddpd run` */
-    int64_t attempt;         /* from 1 */
-    int world_size;          /* 1..SPEC_MAX_WORLD, equal to spec.world_size */
-    int rank;                /* -1: none (under Slurm every task gets the same document) */
-    char comm_backend[8];    /* "cpu" or "nccl": the group to join; "" (null) for one rank */
+    int64_t job;                      /* 0 under `ddpd run` */
+    int64_t attempt;                  /* from 1 */
+    int world_size;                   /* 1..SPEC_MAX_WORLD, equal to spec.world_size */
+    int rank;                         /* -1: none (under Slurm every task gets the same document) */
+    char comm_backend[8];             /* "cpu" or "nccl": the group to join; "" (null) for one rank */
     char comm_id[JOBDOC_COMM_ID_MAX]; /* the group's id as hex; "" with no group */
     struct spec spec;
     char data_dir[JOBDOC_PATH_MAX];
     char out_dir[JOBDOC_PATH_MAX];
     char resume[JOBDOC_PATH_MAX]; /* the checkpoint folder to resume from; "" for none */
-    int64_t disk_quota;      /* bytes the job folder may hold; 0 for no quota (null) */
-    int64_t max_rank_memory; /* bytes one rank may need; 0 for no limit (absent) */
+    int64_t disk_quota;           /* bytes the job folder may hold; 0 for no quota (null) */
+    int64_t max_rank_memory;      /* bytes one rank may need; 0 for no limit (absent) */
 };
 
 /* The document as a JSON object: a new reference, or NULL when memory ran out. `rank` is

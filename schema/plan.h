@@ -18,7 +18,7 @@ struct json_t;
 /* {world_size, spec, data_dir, max_rank_memory}: a job's spec and data to check before it
  * is queued. A job document (jobdoc.h) is a valid request too (its other keys ignored). */
 struct plan_request {
-    int world_size;                 /* 1..SPEC_MAX_WORLD */
+    int world_size; /* 1..SPEC_MAX_WORLD */
     struct spec spec;
     char data_dir[JOBDOC_PATH_MAX]; /* "" reads as "." */
     int64_t max_rank_memory;        /* 0: no limit */
@@ -35,12 +35,12 @@ ddpd_err plan_request_from_json(const struct json_t *obj, struct plan_request *o
  * tell" ({"batches":null}: {rank} files), or the error a rank would die of (an `error`
  * event line, with "path": the spec field of a spec error). */
 struct plan_answer {
-    ddpd_err code;               /* DDPD_OK, or the error (DDPD_ESPEC / DDPD_EDATA as read back) */
-    bool known;                  /* with DDPD_OK: batches[0..world_size) are set */
+    ddpd_err code; /* DDPD_OK, or the error (DDPD_ESPEC / DDPD_EDATA as read back) */
+    bool known;    /* with DDPD_OK: batches[0..world_size) are set */
     int world_size;
     int64_t batches[SPEC_MAX_WORLD];
-    char path[256];              /* with an error: the spec field, or "" */
-    char message[1024];          /* with an error: the sentence */
+    char path[256];     /* with an error: the spec field, or "" */
+    char message[1024]; /* with an error: the sentence */
 };
 
 /* The answer as one line without its newline: a new string the caller frees, or NULL when

@@ -24,22 +24,19 @@ static const char *const precision_names[] = {"fp32", "tf32"};
 static const char *const nonfinite_names[] = {"fail", "continue"}; /* nonfinite_mode order */
 
 /* The keys each object may hold, in the order error messages list them. */
-static const char *const top_keys[] = {
-    "name", "world_size", "device", "precision", "model", "loss", "optimizer", "data",
-    "batch_size", "epochs", "steps", "grad_accum", "ddp", "init", "checkpoint", "log_every",
-    "max_restarts", "on_nonfinite"};
+static const char *const top_keys[] = {"name",      "world_size",   "device",      "precision",  "model",
+                                       "loss",      "optimizer",    "data",        "batch_size", "epochs",
+                                       "steps",     "grad_accum",   "ddp",         "init",       "checkpoint",
+                                       "log_every", "max_restarts", "on_nonfinite"};
 static const char *const linear_keys[] = {"type", "in", "out", "bias"};
 static const char *const activation_keys[] = {"type"};
-static const char *const sgd_keys[] = {"type", "lr", "momentum", "dampening",
-                                       "weight_decay", "nesterov"};
+static const char *const sgd_keys[] = {"type", "lr", "momentum", "dampening", "weight_decay", "nesterov"};
 static const char *const adamw_keys[] = {"type", "lr", "betas", "eps", "weight_decay"};
-static const char *const synthetic_keys[] = {"type", "samples", "seed", "shuffle",
-                                             "drop_last"};
+static const char *const synthetic_keys[] = {"type", "samples", "seed", "shuffle", "drop_last"};
 static const char *const npy_keys[] = {"type", "x", "y", "seed", "shuffle", "drop_last"};
-static const char *const csv_keys[] = {"type", "path", "target", "seed", "shuffle",
-                                       "drop_last"};
-static const char *const ddp_keys[] = {"bucket_cap_mb", "join", "divide_by_initial_world_size",
-                                       "backend", "timeout_s"};
+static const char *const csv_keys[] = {"type", "path", "target", "seed", "shuffle", "drop_last"};
+static const char *const ddp_keys[] = {"bucket_cap_mb", "join", "divide_by_initial_world_size", "backend",
+                                       "timeout_s"};
 static const char *const init_keys[] = {"seed", "from"};
 static const char *const checkpoint_keys[] = {"every_steps", "keep_last"};
 
@@ -61,8 +58,7 @@ static int is_ident(const char *key)
     if (!*key)
         return 0;
     for (const char *p = key; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
-              (*p >= '0' && *p <= '9') || *p == '_'))
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_'))
             return 0;
     return 1;
 }
@@ -132,12 +128,8 @@ static const char *describe(const json_t *v, char *buf, size_t cap)
         snprintf(buf, cap, "\"%s\"", q);
         break;
     }
-    case JSON_INTEGER:
-        snprintf(buf, cap, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-        break;
-    case JSON_REAL:
-        fmt_real(buf, cap, json_real_value(v));
-        break;
+    case JSON_INTEGER: snprintf(buf, cap, "%" JSON_INTEGER_FORMAT, json_integer_value(v)); break;
+    case JSON_REAL: fmt_real(buf, cap, json_real_value(v)); break;
     case JSON_TRUE: snprintf(buf, cap, "true"); break;
     case JSON_FALSE: snprintf(buf, cap, "false"); break;
     case JSON_NULL: snprintf(buf, cap, "null"); break;
@@ -158,8 +150,7 @@ static ddpd_err fail(struct ddpd_error *err, const char *path, const char *fmt, 
     return DDPD_ESPEC;
 }
 
-static ddpd_err fail_type(struct ddpd_error *err, const char *path, const char *want,
-                          const json_t *got)
+static ddpd_err fail_type(struct ddpd_error *err, const char *path, const char *want, const json_t *got)
 {
     char d[200];
     return fail(err, path, "expected %s, got %s", want, describe(got, d, sizeof d));
@@ -207,7 +198,7 @@ static ddpd_err check_keys(struct ddpd_error *err, json_t *obj, const char *pare
 {
     const char *key;
     json_t *v;
-    json_object_foreach(obj, key, v) {
+    json_object_foreach (obj, key, v) {
         size_t i, best = 0, best_d = 99;
         for (i = 0; i < n && strcmp(key, allowed[i]) != 0; i++)
             ;
@@ -227,8 +218,8 @@ static ddpd_err check_keys(struct ddpd_error *err, json_t *obj, const char *pare
             return fail(err, path, "unknown key (%s)", only);
         join_names(list, sizeof list, allowed, n);
         if (best_d <= 2 && best_d < strlen(key))
-            return fail(err, path, "unknown key (did you mean \"%s\"? expected one of %s)",
-                        allowed[best], list);
+            return fail(err, path, "unknown key (did you mean \"%s\"? expected one of %s)", allowed[best],
+                        list);
         return fail(err, path, "unknown key (expected one of %s)", list);
     }
     return DDPD_OK;
@@ -251,8 +242,8 @@ static void int_phrase(char *dst, size_t cap, int64_t lo, int64_t hi)
         snprintf(dst, cap, "an integer from %lld to %lld", (long long)lo, (long long)hi);
 }
 
-static ddpd_err get_int(struct ddpd_error *err, json_t *obj, const char *parent,
-                        const char *key, int64_t lo, int64_t hi, bool required, int64_t *out)
+static ddpd_err get_int(struct ddpd_error *err, json_t *obj, const char *parent, const char *key, int64_t lo,
+                        int64_t hi, bool required, int64_t *out)
 {
     char path[PATH_CAP], want[96];
     json_t *v = json_object_get(obj, key);
@@ -267,8 +258,8 @@ static ddpd_err get_int(struct ddpd_error *err, json_t *obj, const char *parent,
     return DDPD_OK;
 }
 
-static ddpd_err get_int32(struct ddpd_error *err, json_t *obj, const char *parent,
-                          const char *key, int lo, int hi, int *out)
+static ddpd_err get_int32(struct ddpd_error *err, json_t *obj, const char *parent, const char *key, int lo,
+                          int hi, int *out)
 {
     int64_t x = *out;
     ddpd_err rc = get_int(err, obj, parent, key, lo, hi, false, &x);
@@ -279,9 +270,8 @@ static ddpd_err get_int32(struct ddpd_error *err, json_t *obj, const char *paren
 
 /* A finite number with lo < x (lo_open) or lo <= x, and x <= hi; `want` is the phrase
  * for messages ("a positive number"). Integers are numbers too. */
-static ddpd_err get_num(struct ddpd_error *err, json_t *obj, const char *parent,
-                        const char *key, double lo, bool lo_open, double hi, bool hi_open,
-                        const char *want, bool required, double *out)
+static ddpd_err get_num(struct ddpd_error *err, json_t *obj, const char *parent, const char *key, double lo,
+                        bool lo_open, double hi, bool hi_open, const char *want, bool required, double *out)
 {
     char path[PATH_CAP];
     json_t *v = json_object_get(obj, key);
@@ -297,8 +287,7 @@ static ddpd_err get_num(struct ddpd_error *err, json_t *obj, const char *parent,
     return DDPD_OK;
 }
 
-static ddpd_err get_bool(struct ddpd_error *err, json_t *obj, const char *parent,
-                         const char *key, bool *out)
+static ddpd_err get_bool(struct ddpd_error *err, json_t *obj, const char *parent, const char *key, bool *out)
 {
     char path[PATH_CAP];
     json_t *v = json_object_get(obj, key);
@@ -313,15 +302,13 @@ static ddpd_err get_bool(struct ddpd_error *err, json_t *obj, const char *parent
 }
 
 /* A string that fits in dst (cap bytes with the NUL) and holds no NUL byte. */
-static ddpd_err get_str_value(struct ddpd_error *err, json_t *v, const char *path, char *dst,
-                              size_t cap)
+static ddpd_err get_str_value(struct ddpd_error *err, json_t *v, const char *path, char *dst, size_t cap)
 {
     if (!json_is_string(v))
         return fail_type(err, path, "a string", v);
     size_t len = json_string_length(v);
     if (len >= cap)
-        return fail(err, path, "expected a string of at most %zu bytes, got %zu bytes",
-                    cap - 1, len);
+        return fail(err, path, "expected a string of at most %zu bytes, got %zu bytes", cap - 1, len);
     if (strlen(json_string_value(v)) != len)
         return fail(err, path, "must not contain NUL bytes");
     memcpy(dst, json_string_value(v), len + 1);
@@ -329,9 +316,8 @@ static ddpd_err get_str_value(struct ddpd_error *err, json_t *v, const char *pat
 }
 
 /* One of names[]; *out is the index. A missing required key lists the choices. */
-static ddpd_err get_enum(struct ddpd_error *err, json_t *obj, const char *parent,
-                         const char *key, const char *const *names, size_t n, bool required,
-                         int *out)
+static ddpd_err get_enum(struct ddpd_error *err, json_t *obj, const char *parent, const char *key,
+                         const char *const *names, size_t n, bool required, int *out)
 {
     char path[PATH_CAP], list[256], want[300];
     json_t *v = json_object_get(obj, key);
@@ -342,8 +328,7 @@ static ddpd_err get_enum(struct ddpd_error *err, json_t *obj, const char *parent
         return required ? missing(err, path, want) : DDPD_OK;
     if (json_is_string(v))
         for (size_t i = 0; i < n; i++)
-            if (strcmp(json_string_value(v), names[i]) == 0 &&
-                strlen(names[i]) == json_string_length(v)) {
+            if (strcmp(json_string_value(v), names[i]) == 0 && strlen(names[i]) == json_string_length(v)) {
                 *out = (int)i;
                 return DDPD_OK;
             }
@@ -359,8 +344,7 @@ static ddpd_err get_obj(struct ddpd_error *err, json_t *obj, const char *key, bo
     path_key(path, "", key);
     *out = NULL;
     if (!v)
-        return required ? fail(err, path, "missing (expected an object such as %s)", example)
-                        : DDPD_OK;
+        return required ? fail(err, path, "missing (expected an object such as %s)", example) : DDPD_OK;
     if (!json_is_object(v))
         return fail_type(err, path, "an object", v);
     *out = v;
@@ -378,8 +362,7 @@ static ddpd_err get_path_value(struct ddpd_error *err, json_t *v, const char *pa
         return fail(err, path, "expected a file path, got an empty string");
     if (dst[0] == '/') {
         char d[200];
-        return fail(err, path, "must be relative to the data directory, got %s",
-                    describe(v, d, sizeof d));
+        return fail(err, path, "must be relative to the data directory, got %s", describe(v, d, sizeof d));
     }
     for (const char *p = dst; *p;) {
         size_t n = strcspn(p, "/");
@@ -391,15 +374,14 @@ static ddpd_err get_path_value(struct ddpd_error *err, json_t *v, const char *pa
     return DDPD_OK;
 }
 
-static ddpd_err get_path(struct ddpd_error *err, json_t *obj, const char *parent,
-                         const char *key, bool required, char *dst)
+static ddpd_err get_path(struct ddpd_error *err, json_t *obj, const char *parent, const char *key,
+                         bool required, char *dst)
 {
     char path[PATH_CAP];
     json_t *v = json_object_get(obj, key);
     path_key(path, parent, key);
     if (!v)
-        return required ? missing(err, path, "a file path relative to the data directory")
-                        : DDPD_OK;
+        return required ? missing(err, path, "a file path relative to the data directory") : DDPD_OK;
     return get_path_value(err, v, path, dst);
 }
 
@@ -418,8 +400,9 @@ static ddpd_err parse_model(struct ddpd_error *err, json_t *root, struct spec *s
     json_t *model = json_object_get(root, "model");
     ddpd_err rc;
     if (!model)
-        return fail(err, "model", "missing (expected a list of layers such as "
-                                  "[{\"type\": \"linear\", \"in\": 10, \"out\": 1}])");
+        return fail(err, "model",
+                    "missing (expected a list of layers such as "
+                    "[{\"type\": \"linear\", \"in\": 10, \"out\": 1}])");
     if (!json_is_array(model))
         return fail_type(err, "model", "a list of layers", model);
     size_t n = json_array_size(model);
@@ -428,7 +411,7 @@ static ddpd_err parse_model(struct ddpd_error *err, json_t *root, struct spec *s
     if (n > SPEC_MAX_LAYERS)
         return fail(err, "model", "at most %d layers, got %zu", SPEC_MAX_LAYERS, n);
 
-    int64_t width = 0; /* the width flowing out of the layers so far */
+    int64_t width = 0;     /* the width flowing out of the layers so far */
     size_t width_from = 0; /* the linear layer that set it */
     for (size_t i = 0; i < n; i++) {
         char lp[PATH_CAP], path[PATH_CAP];
@@ -465,8 +448,8 @@ static ddpd_err parse_model(struct ddpd_error *err, json_t *root, struct spec *s
             return rc;
         if (i > 0 && l->in != width) {
             path_key(path, lp, "in");
-            return fail(err, path, "expected %lld (model[%zu].out), got %lld",
-                        (long long)width, width_from, (long long)l->in);
+            return fail(err, path, "expected %lld (model[%zu].out), got %lld", (long long)width, width_from,
+                        (long long)l->in);
         }
         l->bias = true;
         rc = get_int(err, layer, lp, "out", 1, SPEC_MAX_WIDTH, true, &l->out);
@@ -513,17 +496,16 @@ static ddpd_err parse_optimizer(struct ddpd_error *err, json_t *root, struct spe
         o->nesterov = false;
         rc = check_keys(err, obj, P, sgd_keys, COUNT(sgd_keys), NULL);
         if (rc == DDPD_OK)
-            rc = get_num(err, obj, P, "lr", 0, true, INFINITY, false, "a positive number",
-                         true, &o->lr);
+            rc = get_num(err, obj, P, "lr", 0, true, INFINITY, false, "a positive number", true, &o->lr);
         if (rc == DDPD_OK)
-            rc = get_num(err, obj, P, "momentum", 0, false, INFINITY, false,
-                         "a non-negative number", false, &o->momentum);
+            rc = get_num(err, obj, P, "momentum", 0, false, INFINITY, false, "a non-negative number", false,
+                         &o->momentum);
         if (rc == DDPD_OK)
-            rc = get_num(err, obj, P, "dampening", 0, false, INFINITY, false,
-                         "a non-negative number", false, &o->dampening);
+            rc = get_num(err, obj, P, "dampening", 0, false, INFINITY, false, "a non-negative number", false,
+                         &o->dampening);
         if (rc == DDPD_OK)
-            rc = get_num(err, obj, P, "weight_decay", 0, false, INFINITY, false,
-                         "a non-negative number", false, &o->weight_decay);
+            rc = get_num(err, obj, P, "weight_decay", 0, false, INFINITY, false, "a non-negative number",
+                         false, &o->weight_decay);
         if (rc == DDPD_OK)
             rc = get_bool(err, obj, P, "nesterov", &o->nesterov);
         if (rc != DDPD_OK)
@@ -542,8 +524,7 @@ static ddpd_err parse_optimizer(struct ddpd_error *err, json_t *root, struct spe
     o->weight_decay = 0.01;
     rc = check_keys(err, obj, P, adamw_keys, COUNT(adamw_keys), NULL);
     if (rc == DDPD_OK)
-        rc = get_num(err, obj, P, "lr", 0, true, INFINITY, false, "a positive number", false,
-                     &o->lr);
+        rc = get_num(err, obj, P, "lr", 0, true, INFINITY, false, "a positive number", false, &o->lr);
     if (rc != DDPD_OK)
         return rc;
     json_t *betas = json_object_get(obj, "betas");
@@ -563,11 +544,10 @@ static ddpd_err parse_optimizer(struct ddpd_error *err, json_t *root, struct spe
             *(i ? &o->beta2 : &o->beta1) = x;
         }
     }
-    rc = get_num(err, obj, P, "eps", 0, true, INFINITY, false, "a positive number", false,
-                 &o->eps);
+    rc = get_num(err, obj, P, "eps", 0, true, INFINITY, false, "a positive number", false, &o->eps);
     if (rc == DDPD_OK)
-        rc = get_num(err, obj, P, "weight_decay", 0, false, INFINITY, false,
-                     "a non-negative number", false, &o->weight_decay);
+        rc = get_num(err, obj, P, "weight_decay", 0, false, INFINITY, false, "a non-negative number", false,
+                     &o->weight_decay);
     return rc;
 }
 
@@ -590,21 +570,18 @@ static ddpd_err parse_targets(struct ddpd_error *err, json_t *data, struct spec 
         if (n == 0)
             return fail(err, "data.target", "expected at least one column name, got an empty list");
         if (n > SPEC_MAX_TARGETS)
-            return fail(err, "data.target", "at most %d target columns, got %zu",
-                        SPEC_MAX_TARGETS, n);
+            return fail(err, "data.target", "at most %d target columns, got %zu", SPEC_MAX_TARGETS, n);
         for (size_t i = 0; i < n; i++) {
             char path[PATH_CAP];
             path_index(path, "data.target", i);
-            rc = get_str_value(err, json_array_get(t, i), path, d->targets[i],
-                               sizeof d->targets[i]);
+            rc = get_str_value(err, json_array_get(t, i), path, d->targets[i], sizeof d->targets[i]);
             if (rc != DDPD_OK)
                 return rc;
             if (!d->targets[i][0])
                 return fail(err, path, "expected a column name, got an empty string");
             for (size_t j = 0; j < i; j++)
                 if (strcmp(d->targets[i], d->targets[j]) == 0)
-                    return fail(err, path, "column \"%s\" is already data.target[%zu]",
-                                d->targets[i], j);
+                    return fail(err, path, "column \"%s\" is already data.target[%zu]", d->targets[i], j);
         }
         d->n_targets = (int)n;
     } else {
@@ -616,8 +593,7 @@ static ddpd_err parse_targets(struct ddpd_error *err, json_t *data, struct spec 
     int64_t out = spec_out_width(s);
     if (s->loss == LOSS_CROSS_ENTROPY && d->n_targets != 1)
         return fail(err, "data.target",
-                    "cross_entropy needs exactly one target column (the class id), got %d",
-                    d->n_targets);
+                    "cross_entropy needs exactly one target column (the class id), got %d", d->n_targets);
     if (s->loss == LOSS_MSE && d->n_targets != out)
         return fail(err, "data.target", "mse needs %lld target columns (model[%lld].out), got %d",
                     (long long)out, (long long)last_linear(s), d->n_targets);
@@ -631,8 +607,7 @@ static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
     json_t *obj;
     int k = 0;
     int64_t seed = 0;
-    ddpd_err rc = get_obj(err, root, "data", true,
-                          "{\"type\": \"synthetic\", \"samples\": 1000}", &obj);
+    ddpd_err rc = get_obj(err, root, "data", true, "{\"type\": \"synthetic\", \"samples\": 1000}", &obj);
     if (rc == DDPD_OK)
         rc = get_enum(err, obj, P, "type", data_names, COUNT(data_names), true, &k);
     if (rc != DDPD_OK)
@@ -720,15 +695,12 @@ static ddpd_err parse_ddp(struct ddpd_error *err, json_t *root, struct spec *s)
             else
                 return fail_type(err, "ddp.join", "true, false or \"auto\"", join);
         }
-        rc = get_bool(err, obj, P, "divide_by_initial_world_size",
-                      &d->divide_by_initial_world_size);
+        rc = get_bool(err, obj, P, "divide_by_initial_world_size", &d->divide_by_initial_world_size);
         if (rc == DDPD_OK)
-            rc = get_enum(err, obj, P, "backend", backend_names, COUNT(backend_names), false,
-                          &backend);
+            rc = get_enum(err, obj, P, "backend", backend_names, COUNT(backend_names), false, &backend);
         if (rc == DDPD_OK)
             rc = get_num(err, obj, P, "timeout_s", 0, true, 86400, false,
-                         "a number of seconds greater than 0 and at most 86400", false,
-                         &d->timeout_s);
+                         "a number of seconds greater than 0 and at most 86400", false, &d->timeout_s);
         if (rc != DDPD_OK)
             return rc;
     }
@@ -795,8 +767,7 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
         s->device_set = true;
     }
     if (json_object_get(root, "precision")) {
-        if ((rc = get_enum(err, root, "", "precision", precision_names, COUNT(precision_names),
-                           true, &k)))
+        if ((rc = get_enum(err, root, "", "precision", precision_names, COUNT(precision_names), true, &k)))
             return rc;
         s->precision = (precision_kind)k;
         /* TF32 is a GPU tensor-core format; the CPU backend has no such mode. */
@@ -822,27 +793,24 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
         return rc;
     if ((rc = get_obj(err, root, "checkpoint", false, "", &obj)))
         return rc;
-    if (obj && ((rc = check_keys(err, obj, "checkpoint", checkpoint_keys,
-                                 COUNT(checkpoint_keys), NULL)) ||
-                (rc = get_int(err, obj, "checkpoint", "every_steps", 0, INT64_MAX, false,
-                              &s->checkpoint_every)) ||
-                (rc = get_int(err, obj, "checkpoint", "keep_last", 1, INT64_MAX, false,
-                              &s->checkpoint_keep_last))))
+    if (obj &&
+        ((rc = check_keys(err, obj, "checkpoint", checkpoint_keys, COUNT(checkpoint_keys), NULL)) ||
+         (rc = get_int(err, obj, "checkpoint", "every_steps", 0, INT64_MAX, false, &s->checkpoint_every)) ||
+         (rc = get_int(err, obj, "checkpoint", "keep_last", 1, INT64_MAX, false, &s->checkpoint_keep_last))))
         return rc;
     if ((rc = get_int(err, root, "", "log_every", 1, INT64_MAX, false, &s->log_every)) ||
         (rc = get_int32(err, root, "", "max_restarts", 0, 100, &s->max_restarts)))
         return rc;
     if (json_object_get(root, "on_nonfinite")) {
-        if ((rc = get_enum(err, root, "", "on_nonfinite", nonfinite_names, COUNT(nonfinite_names), true,
-                           &k)))
+        if ((rc = get_enum(err, root, "", "on_nonfinite", nonfinite_names, COUNT(nonfinite_names), true, &k)))
             return rc;
         s->on_nonfinite = (nonfinite_mode)k;
     }
     return DDPD_OK;
 }
 
-ddpd_err spec_from_json(struct json_t *obj, const struct spec_parse_opts *opts,
-                        struct spec *out, struct ddpd_error *err)
+ddpd_err spec_from_json(struct json_t *obj, const struct spec_parse_opts *opts, struct spec *out,
+                        struct ddpd_error *err)
 {
     char d[200];
     memset(out, 0, sizeof *out);
@@ -850,8 +818,7 @@ ddpd_err spec_from_json(struct json_t *obj, const struct spec_parse_opts *opts,
     if (!obj)
         return fail(err, "", "expected a JSON object, got nothing");
     if (!json_is_object(obj))
-        return fail(err, "", "expected a JSON object at the top level, got %s",
-                    describe(obj, d, sizeof d));
+        return fail(err, "", "expected a JSON object at the top level, got %s", describe(obj, d, sizeof d));
     return parse_spec(obj, opts, out, err);
 }
 
@@ -882,8 +849,8 @@ static void duplicate_key_text(const char *text, size_t len, size_t pos, char *d
     }
 }
 
-ddpd_err spec_parse(const char *text, size_t len, const struct spec_parse_opts *opts,
-                    struct spec *out, struct ddpd_error *err)
+ddpd_err spec_parse(const char *text, size_t len, const struct spec_parse_opts *opts, struct spec *out,
+                    struct ddpd_error *err)
 {
     json_error_t jerr;
     json_t *root = NULL;
@@ -892,9 +859,8 @@ ddpd_err spec_parse(const char *text, size_t len, const struct spec_parse_opts *
     memset(out, 0, sizeof *out);
     ddpd_error_clear(err);
     if (len > SPEC_MAX_BODY) {
-        rc = ddpd_error_set(err, DDPD_ETOOBIG, "",
-                            "the spec is %zu bytes; the limit is %d bytes (1 MiB)", len,
-                            SPEC_MAX_BODY);
+        rc = ddpd_error_set(err, DDPD_ETOOBIG, "", "the spec is %zu bytes; the limit is %d bytes (1 MiB)",
+                            len, SPEC_MAX_BODY);
         goto out;
     }
     root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -917,8 +883,8 @@ ddpd_err spec_parse(const char *text, size_t len, const struct spec_parse_opts *
         else
             snprintf(what, sizeof what, "%s", jerr.text);
         int line = jerr.line > 0 ? jerr.line : 1, column = jerr.column > 0 ? jerr.column : 1;
-        rc = ddpd_error_set(err, DDPD_EJSON, "", "malformed JSON at line %d, column %d: %s",
-                            line, column, what);
+        rc = ddpd_error_set(err, DDPD_EJSON, "", "malformed JSON at line %d, column %d: %s", line, column,
+                            what);
         if (err) {
             err->line = line;
             err->column = column;
@@ -936,11 +902,11 @@ out:
 static json_t *optim_to_json(const struct spec_optim *o)
 {
     if (o->kind == OPTIM_SGD)
-        return json_pack("{s:s, s:f, s:f, s:f, s:f, s:b}", "type", "sgd", "lr", o->lr,
-                         "momentum", o->momentum, "dampening", o->dampening, "weight_decay",
-                         o->weight_decay, "nesterov", o->nesterov);
-    return json_pack("{s:s, s:f, s:[f, f], s:f, s:f}", "type", "adamw", "lr", o->lr, "betas",
-                     o->beta1, o->beta2, "eps", o->eps, "weight_decay", o->weight_decay);
+        return json_pack("{s:s, s:f, s:f, s:f, s:f, s:b}", "type", "sgd", "lr", o->lr, "momentum",
+                         o->momentum, "dampening", o->dampening, "weight_decay", o->weight_decay, "nesterov",
+                         o->nesterov);
+    return json_pack("{s:s, s:f, s:[f, f], s:f, s:f}", "type", "adamw", "lr", o->lr, "betas", o->beta1,
+                     o->beta2, "eps", o->eps, "weight_decay", o->weight_decay);
 }
 
 /* Sets o[key] = v (stolen); clears *ok when an allocation failed (v or the member), so
@@ -959,9 +925,7 @@ static json_t *data_to_json(const struct spec_data *d, bool *ok)
         return NULL;
     }
     switch (d->kind) {
-    case DATA_SYNTHETIC:
-        put(j, "samples", json_integer(d->samples), ok);
-        break;
+    case DATA_SYNTHETIC: put(j, "samples", json_integer(d->samples), ok); break;
     case DATA_NPY:
         put(j, "x", json_string(d->x), ok);
         put(j, "y", json_string(d->y), ok);
@@ -1282,12 +1246,12 @@ ddpd_err spec_check_batch_counts(const struct spec *s, const int64_t *counts, st
     /* PyTorch runs a rank without inputs under join: it joins at once and shadows every
      * step of the others. */
     if (empty >= 0 && busy >= 0)
-        return ddpd_error_set(err, DDPD_ESPEC, "ddp.join",
-                              "ddp.join: rank %d has no batch of %" PRId64 " (its shard is empty%s) while rank %d "
-                              "has %" PRId64 "; with join \"auto\" or true it would join at once and shadow the "
-                              "others' steps, but join is false",
-                              empty, s->batch_size, s->data.drop_last ? " or smaller than a batch" : "", busy,
-                              counts[busy]);
+        return ddpd_error_set(
+            err, DDPD_ESPEC, "ddp.join",
+            "ddp.join: rank %d has no batch of %" PRId64 " (its shard is empty%s) while rank %d "
+            "has %" PRId64 "; with join \"auto\" or true it would join at once and shadow the "
+            "others' steps, but join is false",
+            empty, s->batch_size, s->data.drop_last ? " or smaller than a batch" : "", busy, counts[busy]);
     return ddpd_error_set(err, DDPD_ESPEC, "ddp.join",
                           "ddp.join: the ranks have uneven batch counts per epoch (rank 0: %" PRId64
                           ", rank %d: %" PRId64 ") but join is false; use \"auto\" or true",

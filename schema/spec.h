@@ -9,12 +9,12 @@
 
 #include "err.h"
 
-#define SPEC_MAX_LAYERS 64
-#define SPEC_MAX_WIDTH 1048576
-#define SPEC_MAX_BODY (1024 * 1024)
+#define SPEC_MAX_LAYERS  64
+#define SPEC_MAX_WIDTH   1048576
+#define SPEC_MAX_BODY    (1024 * 1024)
 #define SPEC_MAX_TARGETS 64
-#define SPEC_MAX_WORLD 1024
-#define SPEC_PATH_MAX 1024
+#define SPEC_MAX_WORLD   1024
+#define SPEC_PATH_MAX    1024
 /* Synthetic data comes from a teacher of the model's shape in double precision: its
  * weights (not counting biases) are capped (2 GiB of doubles). */
 #define SPEC_MAX_SYNTHETIC_WEIGHTS (1LL << 28)
@@ -47,8 +47,8 @@ struct spec_optim {
 
 struct spec_data {
     data_kind kind;
-    int64_t samples; /* synthetic */
-    uint64_t seed;   /* synthetic data and shuffling; default 0 */
+    int64_t samples;                         /* synthetic */
+    uint64_t seed;                           /* synthetic data and shuffling; default 0 */
     char x[SPEC_PATH_MAX], y[SPEC_PATH_MAX]; /* npy, relative to data_dir; may hold {rank} */
     char path[SPEC_PATH_MAX];                /* csv */
     int n_targets;                           /* csv: target column names */
@@ -58,18 +58,18 @@ struct spec_data {
 };
 
 struct spec_ddp {
-    double bucket_cap_mb; /* default 25 */
-    join_mode join;       /* default auto */
+    double bucket_cap_mb;              /* default 25 */
+    join_mode join;                    /* default auto */
     bool divide_by_initial_world_size; /* default true */
-    comm_backend backend; /* default: nccl for cuda, cpu for cpu */
-    bool backend_set;     /* backend was given explicitly */
-    double timeout_s;     /* default 300 */
+    comm_backend backend;              /* default: nccl for cuda, cpu for cpu */
+    bool backend_set;                  /* backend was given explicitly */
+    double timeout_s;                  /* default 300 */
 };
 
 struct spec {
-    char name[128];       /* default "" */
-    int world_size;       /* default 1 */
-    device_kind device;   /* default cpu unless the caller says otherwise (spec_parse's opts) */
+    char name[128];     /* default "" */
+    int world_size;     /* default 1 */
+    device_kind device; /* default cpu unless the caller says otherwise (spec_parse's opts) */
     bool device_set;
     precision_kind precision; /* GEMM inputs on cuda: exact fp32 (default) or TF32 */
     int n_layers;
@@ -77,18 +77,18 @@ struct spec {
     loss_kind loss;
     struct spec_optim optim;
     struct spec_data data;
-    int64_t batch_size;   /* required */
-    int64_t epochs;       /* exactly one of epochs / steps is > 0 */
+    int64_t batch_size; /* required */
+    int64_t epochs;     /* exactly one of epochs / steps is > 0 */
     int64_t steps;
-    int64_t grad_accum;   /* default 1 */
+    int64_t grad_accum; /* default 1 */
     struct spec_ddp ddp;
-    uint64_t init_seed;   /* default 0 */
+    uint64_t init_seed;            /* default 0 */
     char init_from[SPEC_PATH_MAX]; /* "" unless init.from */
-    int64_t checkpoint_every; /* 0 = only at the end */
-    int64_t checkpoint_keep_last; /* newest ckpt-N folders kept, >= 1; default 3 */
-    int64_t log_every;    /* default 1 */
-    int max_restarts;     /* default 0 */
-    nonfinite_mode on_nonfinite; /* a NaN/inf loss: fail the job at that step (default) or train on */
+    int64_t checkpoint_every;      /* 0 = only at the end */
+    int64_t checkpoint_keep_last;  /* newest ckpt-N folders kept, >= 1; default 3 */
+    int64_t log_every;             /* default 1 */
+    int max_restarts;              /* default 0 */
+    nonfinite_mode on_nonfinite;   /* a NaN/inf loss: fail the job at that step (default) or train on */
 };
 
 struct spec_parse_opts {
@@ -100,14 +100,14 @@ struct spec_parse_opts {
  * On error returns DDPD_EJSON (err->line/column set), DDPD_ETOOBIG or DDPD_ESPEC
  * (err->path is the JSON path, err->message says what was expected and what came).
  * `opts` may be NULL (default device cpu). */
-ddpd_err spec_parse(const char *text, size_t len, const struct spec_parse_opts *opts,
-                    struct spec *out, struct ddpd_error *err);
+ddpd_err spec_parse(const char *text, size_t len, const struct spec_parse_opts *opts, struct spec *out,
+                    struct ddpd_error *err);
 
 /* The same from a jansson object (borrowed). Used for the `spec` member of the worker's
  * stdin document. */
 struct json_t;
-ddpd_err spec_from_json(struct json_t *obj, const struct spec_parse_opts *opts,
-                        struct spec *out, struct ddpd_error *err);
+ddpd_err spec_from_json(struct json_t *obj, const struct spec_parse_opts *opts, struct spec *out,
+                        struct ddpd_error *err);
 
 /* The spec as a JSON object with every default written out; parses back to an equal
  * spec. Returns a new reference, or NULL when memory ran out (never a partial spec). */

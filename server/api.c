@@ -53,10 +53,19 @@ struct api {
     struct job_cache_slot job_cache[JOB_CACHE_SLOTS];
 };
 
-static struct api *ctx_of(struct http_request *req) { return http_request_ctx(req); }
+static struct api *ctx_of(struct http_request *req)
+{
+    return http_request_ctx(req);
+}
 
-static json_t *num_or_null(bool has, double v) { return has && isfinite(v) ? json_real(v) : json_null(); }
-static json_t *time_or_null(double t) { return t > 0 ? json_real(t) : json_null(); }
+static json_t *num_or_null(bool has, double v)
+{
+    return has && isfinite(v) ? json_real(v) : json_null();
+}
+static json_t *time_or_null(double t)
+{
+    return t > 0 ? json_real(t) : json_null();
+}
 
 /* A job as CONTRACT.md §7 shows it, without its spec (job_text adds it). A queued job's
  * pending reason is the scheduler's of now (super_pending_reason), else the stored one. */
@@ -232,8 +241,13 @@ static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const 
         return;
     }
     /* The job as just stored (what store_job_get would read back): queued, attempt 0. */
-    struct store_job j = {.id = id, .state = JOB_STATE_QUEUED, .spec = sub->text, .world_size = sub->world_size,
-                          .device = sub->device, .created_at = created, .max_restarts = sub->max_restarts};
+    struct store_job j = {.id = id,
+                          .state = JOB_STATE_QUEUED,
+                          .spec = sub->text,
+                          .world_size = sub->world_size,
+                          .device = sub->device,
+                          .created_at = created,
+                          .max_restarts = sub->max_restarts};
     _Static_assert(sizeof j.name == sizeof sub->name, "a spec's name fits the store's");
     memcpy(j.name, sub->name, sizeof j.name);
     char loc[64];
@@ -273,8 +287,11 @@ static ddpd_err submit_checked(struct http_request *req, struct api *a, const st
     sub->max_restarts = spec->max_restarts;
     /* Answered once the insert's group is committed: under load one commit serves many
      * submissions, and no HTTP thread waits for it. */
-    struct store_job_new jn = {.name = sub->name, .spec = sub->text, .world_size = sub->world_size,
-                               .device = sub->device, .max_restarts = sub->max_restarts,
+    struct store_job_new jn = {.name = sub->name,
+                               .spec = sub->text,
+                               .world_size = sub->world_size,
+                               .device = sub->device,
+                               .max_restarts = sub->max_restarts,
                                .queued_event = true};
     store_job_insert_async(a->store, &jn, submitted, sub);
     return DDPD_OK;
@@ -328,20 +345,20 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
         goto out;
 
     /* The data must be readable and, with join false, even, and a rank must fit in memory.
-     * Synthetic data has nothing to read: its counts follow from the spec, here. Files are the planner's to read, on
-     * its own threads and processes: nothing that can block on a file runs here. */
+     * Synthetic data has nothing to read: its counts follow from the spec, here. Files are the planner's to
+     * read, on its own threads and processes: nothing that can block on a file runs here. */
     if (spec->data.kind == DATA_SYNTHETIC && !spec->init_from[0]) {
         /* The memory a rank needs follows from the spec too (the planner checks it
          * against the same limit where there are files, or an init.from to check). */
         struct spec_memory mem;
         spec_memory_estimate(spec, spec->data.samples, false, 0, &mem);
-        if ((rc = spec_memory_check(spec, &mem, a->max_rank_memory, "the server's --max-rank-memory", DDPD_ESPEC,
-                                    err)))
+        if ((rc = spec_memory_check(spec, &mem, a->max_rank_memory, "the server's --max-rank-memory",
+                                    DDPD_ESPEC, err)))
             goto out;
         int64_t counts[SPEC_MAX_WORLD];
         for (int r = 0; r < spec->world_size; r++)
-            counts[r] = spec_batches(spec_shard_rows(spec->data.samples, r, spec->world_size), spec->batch_size,
-                                     spec->data.drop_last);
+            counts[r] = spec_batches(spec_shard_rows(spec->data.samples, r, spec->world_size),
+                                     spec->batch_size, spec->data.drop_last);
         /* Deferred first: the insert may answer before submit_checked returns. */
         http_defer(req);
         if ((rc = submit_checked(req, a, spec, counts, true, err)))
@@ -525,13 +542,10 @@ static long es_pull(void *arg, char *buf, size_t cap)
     struct evstream *es = arg;
     size_t len = 0;
     switch (stream_next(es->stream, buf, cap, &len)) {
-    case STREAM_DATA:
-        return (long)len;
-    case STREAM_AGAIN:
-        return 0;
+    case STREAM_DATA: return (long)len;
+    case STREAM_AGAIN: return 0;
     case STREAM_END:
-    case STREAM_CLOSED:
-        return -1;
+    case STREAM_CLOSED: return -1;
     }
     return -1;
 }
@@ -565,8 +579,8 @@ static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
     const char *last_id = http_request_header(req, "Last-Event-ID");
     if (last_id && last_id[0]) {
         if (base_parse_i64(last_id, 0, INT64_MAX, &after))
-            return ddpd_error_set(err, DDPD_EJSON, "Last-Event-ID", "Last-Event-ID: expected a sequence number, got \"%.40s\"",
-                                  last_id);
+            return ddpd_error_set(err, DDPD_EJSON, "Last-Event-ID",
+                                  "Last-Event-ID: expected a sequence number, got \"%.40s\"", last_id);
     }
     int64_t q_after;
     if ((rc = http_query_int(req, "after", 0, INT64_MAX, after, &q_after, err)))
@@ -618,8 +632,13 @@ ddpd_err api_new(const struct api_config *c, struct api **out, struct ddpd_error
     struct api *a = calloc(1, sizeof *a);
     if (!a)
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory for the api");
-    *a = (struct api){.store = c->store, .hub = c->hub, .super = c->super, .worker = c->worker,
-                      .data_dir = c->data_dir, .jobs_dir = c->jobs_dir, .web_dir = c->web_dir,
+    *a = (struct api){.store = c->store,
+                      .hub = c->hub,
+                      .super = c->super,
+                      .worker = c->worker,
+                      .data_dir = c->data_dir,
+                      .jobs_dir = c->jobs_dir,
+                      .web_dir = c->web_dir,
                       .max_rank_memory = c->max_rank_memory};
     const char *pt = getenv("DDPD_PLAN_TIMEOUT_S");
     char *end = NULL;
@@ -637,7 +656,10 @@ ddpd_err api_new(const struct api_config *c, struct api **out, struct ddpd_error
     return DDPD_OK;
 }
 
-void api_set_http(struct api *a, struct http_server *http) { __atomic_store_n(&a->http, http, __ATOMIC_RELEASE); }
+void api_set_http(struct api *a, struct http_server *http)
+{
+    __atomic_store_n(&a->http, http, __ATOMIC_RELEASE);
+}
 
 void api_free(struct api *a)
 {
@@ -850,8 +872,8 @@ static const char *web_type(const char *name)
     if (n == 0 || n > 128 || name[0] == '.')
         return NULL;
     for (const char *p = name; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-              *p == '-' || *p == '_' || *p == '.'))
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' ||
+              *p == '_' || *p == '.'))
             return NULL;
     const char *dot = strrchr(name, '.');
     for (size_t i = 0; dot && i < sizeof types / sizeof types[0]; i++)

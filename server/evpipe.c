@@ -18,7 +18,7 @@
  * try fails: the others wait for the next second. A disk that stays full costs one try
  * (a few transactions) a second however many ends wait, and an end is stored within about
  * a second of the disk having room. At most UNSAVED_PER_TURN ends are stored per turn. */
-#define UNSAVED_RETRY_S EVPIPE_RETRY_S
+#define UNSAVED_RETRY_S  EVPIPE_RETRY_S
 #define UNSAVED_PER_TURN 16
 
 /* A finished job whose end the store could not take (a full disk, an I/O error): its
@@ -29,8 +29,8 @@ struct unsaved {
     int64_t job;
     int attempt, restarts;
     job_state state;
-    char *error;      /* NULL for none */
-    struct event ev;  /* the final state event */
+    char *error;              /* NULL for none */
+    struct event ev;          /* the final state event */
     struct store_rank *ranks; /* the ranks' end rows, when !ranks_saved */
     int nranks;
     bool event_saved; /* committed */
@@ -53,7 +53,7 @@ struct evpipe {
     struct store *store;
     struct hub *hub;
     struct pending *pending, **pending_tail; /* stored, not yet published */
-    struct unsaved *unsaved; /* finished jobs whose end the store has not taken yet */
+    struct unsaved *unsaved;                 /* finished jobs whose end the store has not taken yet */
 };
 
 void evpipe_add(struct evpipe *p, const struct event *ev, bool stored)
@@ -152,8 +152,10 @@ void evpipe_retry(struct evpipe *p, bool all)
         }
         tried++;
         if (job_deleted(p, u->job)) {
-            fprintf(stderr, "ddpd: job %" PRId64 ": deleted before its end (%s) could be stored; no longer "
-                    "retried\n", u->job, job_state_name(u->state));
+            fprintf(stderr,
+                    "ddpd: job %" PRId64 ": deleted before its end (%s) could be stored; no longer "
+                    "retried\n",
+                    u->job, job_state_name(u->state));
             *pp = u->next;
             unsaved_free(u);
             continue;
@@ -163,9 +165,10 @@ void evpipe_retry(struct evpipe *p, bool all)
             char body[EVENT_LINE_MAX];
             int n = event_encode(&u->ev, body, sizeof body);
             store_flush(p->store, NULL);
-            u->event_saved = unsaved_event_in_store(p, u) ||
-                             (n >= 0 && store_event_append(p->store, &u->ev, body, (size_t)n, NULL) == DDPD_OK &&
-                              store_flush(p->store, NULL) == DDPD_OK && unsaved_event_in_store(p, u));
+            u->event_saved =
+                unsaved_event_in_store(p, u) ||
+                (n >= 0 && store_event_append(p->store, &u->ev, body, (size_t)n, NULL) == DDPD_OK &&
+                 store_flush(p->store, NULL) == DDPD_OK && unsaved_event_in_store(p, u));
         }
         if (!u->ranks_saved) {
             bool ok = true;
@@ -190,7 +193,8 @@ void evpipe_retry(struct evpipe *p, bool all)
                            store_job_update(p->store, u->job, &up, NULL, NULL) == DDPD_OK;
         }
         if (u->event_saved && u->row_saved && u->ranks_saved) {
-            fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) is stored now\n", u->job, job_state_name(u->state));
+            fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) is stored now\n", u->job,
+                    job_state_name(u->state));
             *pp = u->next;
             unsaved_free(u);
         } else {
@@ -214,7 +218,8 @@ void evpipe_drain(struct evpipe *p)
             if (u && !unsaved_event_in_store(p, u)) {
                 u->event_saved = false;
                 u->ev = pe->ev;
-                fprintf(stderr, "ddpd: job %" PRId64 ": its final event is not stored; trying again every %.0f s\n",
+                fprintf(stderr,
+                        "ddpd: job %" PRId64 ": its final event is not stored; trying again every %.0f s\n",
                         pe->ev.job, UNSAVED_RETRY_S);
             }
         }
@@ -251,8 +256,10 @@ void evpipe_end_unsaved(struct evpipe *p, const struct event *ev, bool row_saved
 void evpipe_report_unsaved(const struct evpipe *p)
 {
     for (struct unsaved *u = p->unsaved; u; u = u->next)
-        fprintf(stderr, "ddpd: job %" PRId64 ": its end (%s) could not be stored; the next server marks it failed "
-                "(server restarted)\n", u->job, job_state_name(u->state));
+        fprintf(stderr,
+                "ddpd: job %" PRId64 ": its end (%s) could not be stored; the next server marks it failed "
+                "(server restarted)\n",
+                u->job, job_state_name(u->state));
 }
 
 void evpipe_free(struct evpipe *p)

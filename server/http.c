@@ -34,7 +34,7 @@
 
 #define MAX_SEGMENTS 16
 #define MAX_CAPTURES HTTP_MAX_CAPTURES
-#define MAX_HEADERS 8
+#define MAX_HEADERS  8
 #define STREAM_BLOCK (16 * 1024)
 
 /* ---- addresses ------------------------------------------------------------------------ */
@@ -1562,7 +1562,8 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         return;
     *con_cls = NULL;
     if (req->conn && s->request_timeout_ms)
-        conn_set_deadline(s, req->conn, base_mono_ms() + s->request_timeout_ms + (int64_t)s->idle_timeout_s * 1000);
+        conn_set_deadline(s, req->conn,
+                          base_mono_ms() + s->request_timeout_ms + (int64_t)s->idle_timeout_s * 1000);
     if (req->deferred) { /* its answer is sent (or the client is gone): http_server_free may stop */
         pthread_mutex_lock(&s->dmu);
         if (--s->ndeferred == 0)

@@ -16,9 +16,15 @@ struct idmap {
     size_t cap, n; /* cap: 0 or a power of two */
 };
 
-static size_t home(int64_t id, size_t cap) { return (size_t)((uint64_t)id * 0x9E3779B97F4A7C15ull >> 17) & (cap - 1); }
+static size_t home(int64_t id, size_t cap)
+{
+    return (size_t)((uint64_t)id * 0x9E3779B97F4A7C15ull >> 17) & (cap - 1);
+}
 
-struct idmap *idmap_new(void) { return calloc(1, sizeof(struct idmap)); }
+struct idmap *idmap_new(void)
+{
+    return calloc(1, sizeof(struct idmap));
+}
 
 void idmap_free(struct idmap *m)
 {
@@ -36,7 +42,10 @@ static size_t find(const struct idmap *m, int64_t id)
     return i;
 }
 
-void *idmap_get(const struct idmap *m, int64_t id) { return m->cap ? m->t[find(m, id)].v : NULL; }
+void *idmap_get(const struct idmap *m, int64_t id)
+{
+    return m->cap ? m->t[find(m, id)].v : NULL;
+}
 
 void idmap_put(struct idmap *m, int64_t id, void *v)
 {
@@ -74,4 +83,7 @@ void idmap_del(struct idmap *m, int64_t id)
     m->n--;
 }
 
-size_t idmap_count(const struct idmap *m) { return m->n; }
+size_t idmap_count(const struct idmap *m)
+{
+    return m->n;
+}

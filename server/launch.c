@@ -22,10 +22,10 @@
 
 struct launch {
     const struct launch_ops *ops;
-    void *run;             /* the backend's attempt */
+    void *run; /* the backend's attempt */
     pid_t pgid;
-    pid_t issuer;          /* the id issuer (world_size > 1), 0 if none */
-    int issuer_in;         /* its stdin: closing it ends the issuer */
+    pid_t issuer;  /* the id issuer (world_size > 1), 0 if none */
+    int issuer_in; /* its stdin: closing it ends the issuer */
     bool issuer_exited;
 };
 
@@ -56,8 +56,12 @@ static int start_issuer(struct launch *l, const struct launch_opts *o, char *id_
         goto out;
     }
     char *argv[] = {(char *)o->worker, "--issue-id", (char *)backend_name(o->doc), NULL};
-    struct proc_spawn sp = {.path = o->worker, .argv = argv, .env = env, .fd = {in[0], out[1], log_fd},
-                            .pgid = 0, .die_with_parent = o->die_with_parent};
+    struct proc_spawn sp = {.path = o->worker,
+                            .argv = argv,
+                            .env = env,
+                            .fd = {in[0], out[1], log_fd},
+                            .pgid = 0,
+                            .die_with_parent = o->die_with_parent};
     pid_t pid = proc_spawn(&sp); /* it leads the job's process group */
     if (pid < 0) {
         ddpd_error_set(err, DDPD_EIO, "", "cannot fork the id issuer: %s", strerror(errno));
@@ -133,8 +137,14 @@ static void stop_issuer(struct launch *l)
     l->issuer_exited = true;
 }
 
-static const struct launch_ops *ops_of(const struct launcher *L) { return L ? L->ops : &launch__local_ops; }
-static void *ctx_of(const struct launcher *L) { return L ? L->ctx : NULL; }
+static const struct launch_ops *ops_of(const struct launcher *L)
+{
+    return L ? L->ops : &launch__local_ops;
+}
+static void *ctx_of(const struct launcher *L)
+{
+    return L ? L->ctx : NULL;
+}
 
 struct launch *launch_start(const struct launch_opts *o, struct ddpd_error *err)
 {
@@ -187,7 +197,10 @@ bool launch_poll(struct launch *l, int timeout_ms)
     return true;
 }
 
-int launch_fds(const struct launch *l, struct pollfd *fds, int cap) { return l->ops->fds(l->run, fds, cap); }
+int launch_fds(const struct launch *l, struct pollfd *fds, int cap)
+{
+    return l->ops->fds(l->run, fds, cap);
+}
 
 void launch_cancel(struct launch *l)
 {
@@ -195,13 +208,25 @@ void launch_cancel(struct launch *l)
         l->ops->cancel(l->run);
 }
 
-void launch_result(const struct launch *l, struct launch_result *res) { l->ops->result(l->run, res); }
+void launch_result(const struct launch *l, struct launch_result *res)
+{
+    l->ops->result(l->run, res);
+}
 
-pid_t launch_pgid(const struct launch *l) { return l->pgid; }
+pid_t launch_pgid(const struct launch *l)
+{
+    return l->pgid;
+}
 
-pid_t launch_pid(const struct launch *l, int rank) { return l->ops->pid ? l->ops->pid(l->run, rank) : 0; }
+pid_t launch_pid(const struct launch *l, int rank)
+{
+    return l->ops->pid ? l->ops->pid(l->run, rank) : 0;
+}
 
-int launch_exit_code(const struct launch *l, int rank) { return l->ops->exit_code(l->run, rank); }
+int launch_exit_code(const struct launch *l, int rank)
+{
+    return l->ops->exit_code(l->run, rank);
+}
 
 bool launch_waiting(const struct launch *l, char *why, size_t cap)
 {
@@ -235,7 +260,10 @@ struct launcher *launch__new(const struct launch_ops *ops, void *ctx)
     return L;
 }
 
-struct launcher *launcher_local_new(void) { return launch__new(&launch__local_ops, NULL); }
+struct launcher *launcher_local_new(void)
+{
+    return launch__new(&launch__local_ops, NULL);
+}
 
 void launcher_free(struct launcher *L)
 {
@@ -246,9 +274,15 @@ void launcher_free(struct launcher *L)
     free(L);
 }
 
-const char *launcher_name(const struct launcher *L) { return ops_of(L)->name; }
+const char *launcher_name(const struct launcher *L)
+{
+    return ops_of(L)->name;
+}
 
-bool launcher_queues(const struct launcher *L) { return ops_of(L)->queues; }
+bool launcher_queues(const struct launcher *L)
+{
+    return ops_of(L)->queues;
+}
 
 bool launcher_fits(const struct launcher *L, const struct sched *s, device_kind kind, int world, char *why,
                    size_t cap)
@@ -256,7 +290,8 @@ bool launcher_fits(const struct launcher *L, const struct sched *s, device_kind 
     return ops_of(L)->fits(ctx_of(L), s, kind, world, why, cap);
 }
 
-bool launcher_pending_reason(const struct launcher *L, const struct sched *s, int64_t job, char *buf, size_t cap)
+bool launcher_pending_reason(const struct launcher *L, const struct sched *s, int64_t job, char *buf,
+                             size_t cap)
 {
     buf[0] = '\0';
     return ops_of(L)->pending_reason(ctx_of(L), s, job, buf, cap);

@@ -26,20 +26,20 @@ struct launcher;
 
 struct launch_opts {
     const struct launcher *launcher; /* borrowed; NULL: launch_local, ranks as child processes */
-    const char *worker;        /* path of ddpd-worker */
+    const char *worker;              /* path of ddpd-worker */
     int world_size;
-    const char *out_dir;       /* created; rank logs go to OUT/rank-R.log */
-    const struct jobdoc *doc;  /* borrowed: the stdin document; its rank and comm are the
-                                  launcher's to set (schema/jobdoc.h) */
-    double grace_s;            /* SIGTERM -> SIGKILL; default 5 */
-    bool die_with_parent;      /* workers get SIGKILL when this process dies (ddpd run) */
-    const char *const *gpus;   /* cuda jobs: rank r sees only GPU gpus[r] (its CUDA_VISIBLE_DEVICES:
-                                  a device number or UUID; borrowed, valid until launch_free);
-                                  NULL leaves the environment as it is. A launcher that places
-                                  the ranks itself (launcher_queues) ignores it. */
-    bool cuda;                 /* the job runs on GPUs (a cluster manager gives each rank one) */
-    int64_t job;               /* the job and attempt, for a cluster manager's job name; */
-    int attempt;               /* 0 for `ddpd run` */
+    const char *out_dir;      /* created; rank logs go to OUT/rank-R.log */
+    const struct jobdoc *doc; /* borrowed: the stdin document; its rank and comm are the
+                                 launcher's to set (schema/jobdoc.h) */
+    double grace_s;           /* SIGTERM -> SIGKILL; default 5 */
+    bool die_with_parent;     /* workers get SIGKILL when this process dies (ddpd run) */
+    const char *const *gpus;  /* cuda jobs: rank r sees only GPU gpus[r] (its CUDA_VISIBLE_DEVICES:
+                                 a device number or UUID; borrowed, valid until launch_free);
+                                 NULL leaves the environment as it is. A launcher that places
+                                 the ranks itself (launcher_queues) ignores it. */
+    bool cuda;                /* the job runs on GPUs (a cluster manager gives each rank one) */
+    int64_t job;              /* the job and attempt, for a cluster manager's job name; */
+    int attempt;              /* 0 for `ddpd run` */
     /* Called for every complete stdout line of a rank, in arrival order (line without
      * the newline, not NUL-terminated). May be NULL. */
     void (*on_line)(void *ctx, int rank, const char *line, size_t len);

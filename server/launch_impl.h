@@ -23,7 +23,7 @@ struct launch_ops {
     void *(*start)(void *ctx, const struct launch_opts *o, struct jobdoc *doc, pid_t *pgid,
                    struct ddpd_error *err);
     bool (*poll)(void *run, int timeout_ms);                    /* launch_poll */
-    int (*fds)(const void *run, struct pollfd *fds, int cap);  /* launch_fds */
+    int (*fds)(const void *run, struct pollfd *fds, int cap);   /* launch_fds */
     void (*cancel)(void *run);                                  /* launch_cancel */
     void (*result)(const void *run, struct launch_result *res); /* launch_result */
     int (*exit_code)(const void *run, int rank);                /* launch_exit_code */

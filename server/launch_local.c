@@ -31,27 +31,27 @@
 
 struct rank_proc {
     pid_t pid;
-    int out_fd;           /* stdout pipe, -1 once at EOF */
+    int out_fd; /* stdout pipe, -1 once at EOF */
     bool exited;
-    int status;           /* from waitpid */
-    bool echo;            /* its failure echoed another's (is_echo when reaped) */
-    size_t len;           /* bytes pending in buf */
-    bool overlong;        /* dropping the rest of an over-long line */
+    int status;    /* from waitpid */
+    bool echo;     /* its failure echoed another's (is_echo when reaped) */
+    size_t len;    /* bytes pending in buf */
+    bool overlong; /* dropping the rest of an over-long line */
     char buf[LINE_CAP];
     char last_error[1024];
 };
 
 struct local {
     struct launch_opts o;
-    pid_t pgid;            /* the issuer's, or rank 0's */
+    pid_t pgid; /* the issuer's, or rank 0's */
     int n;
     struct rank_proc *ranks;
-    int failed_rank;       /* first failure, -1 if none */
-    double kill_at;        /* when SIGKILL follows SIGTERM; 0 = not armed */
+    int failed_rank;           /* first failure, -1 if none */
+    double kill_at;            /* when SIGKILL follows SIGTERM; 0 = not armed */
     bool sent_term, sent_kill; /* signals we sent the group */
     bool cancelled;
-    int64_t need;          /* bytes a rank needs (the spec's estimate), -1 if unknown */
-    bool need_with_data;   /* ... its data included (synthetic) */
+    int64_t need;        /* bytes a rank needs (the spec's estimate), -1 if unknown */
+    bool need_with_data; /* ... its data included (synthetic) */
 };
 
 static int start_rank(struct local *l, int r, struct jobdoc *every, struct ddpd_error *err)
@@ -92,8 +92,12 @@ static int start_rank(struct local *l, int r, struct jobdoc *every, struct ddpd_
         goto out;
     }
     char *argv[] = {(char *)l->o.worker, NULL};
-    struct proc_spawn sp = {.path = l->o.worker, .argv = argv, .env = env, .fd = {in[0], out[1], log_fd},
-                            .pgid = l->pgid, .die_with_parent = l->o.die_with_parent,
+    struct proc_spawn sp = {.path = l->o.worker,
+                            .argv = argv,
+                            .env = env,
+                            .fd = {in[0], out[1], log_fd},
+                            .pgid = l->pgid,
+                            .die_with_parent = l->o.die_with_parent,
                             /* A cancel (SIGTERM to the group) may come before the rank has
                              * installed its handler, even before its exec: held, it reaches
                              * the handler then, and the rank exits 5 having told its peers,
@@ -262,7 +266,8 @@ static bool is_echo(const struct local *l, int st)
 {
     if (WIFEXITED(st))
         return WEXITSTATUS(st) == 3 || (WEXITSTATUS(st) == 5 && l->sent_term);
-    return WIFSIGNALED(st) && ((WTERMSIG(st) == SIGTERM && l->sent_term) || (WTERMSIG(st) == SIGKILL && l->sent_kill));
+    return WIFSIGNALED(st) &&
+           ((WTERMSIG(st) == SIGTERM && l->sent_term) || (WTERMSIG(st) == SIGKILL && l->sent_kill));
 }
 
 static void reap(struct local *l)

@@ -1,9 +1,8 @@
 /* launch_slurm.c — the Slurm launcher: runs one job attempt as one srun whose tasks are
- * the ranks, and turns what srun and Slurm say back into what launch.h promises: per-rank event lines, rank logs,
- * a result naming the failed rank, a pending reason. Knows Slurm only through its
- * programs (srun, squeue, scancel: execve with an argv and the allow-listed environment of
- * env.h, never a shell) and their output.
- * Blocks nowhere: squeue and scancel run as child processes read by launch_poll. */
+ * the ranks, and turns what srun and Slurm say back into what launch.h promises: per-rank event lines, rank
+ * logs, a result naming the failed rank, a pending reason. Knows Slurm only through its programs (srun,
+ * squeue, scancel: execve with an argv and the allow-listed environment of env.h, never a shell) and their
+ * output. Blocks nowhere: squeue and scancel run as child processes read by launch_poll. */
 #include "launch_slurm.h"
 
 #include <errno.h>
@@ -25,12 +24,12 @@
 #include "launch_impl.h"
 #include "proc.h"
 
-#define LINE_CAP (EVENT_LINE_MAX * 4)
-#define RAW_CAP (SLURM_IO_PIECE + 64) /* one labelled piece: label, payload, newline */
-#define HELPER_TIMEOUT_S 10.0
-#define SCANCEL_EVERY_S 2.0
+#define LINE_CAP          (EVENT_LINE_MAX * 4)
+#define RAW_CAP           (SLURM_IO_PIECE + 64) /* one labelled piece: label, payload, newline */
+#define HELPER_TIMEOUT_S  10.0
+#define SCANCEL_EVERY_S   2.0
 #define SLURM_KILL_WAIT_S 30.0 /* Slurm's default KillWait: TERM -> KILL of the tasks */
-#define FINAL_LOOK_S 8.0       /* how long to wait for an ended job's final state in squeue */
+#define FINAL_LOOK_S      8.0  /* how long to wait for an ended job's final state in squeue */
 
 /* ---- srun's command line ------------------------------------------------------------- */
 
@@ -246,8 +245,12 @@ static pid_t spawn(char *const argv[], char *const extra[], int in_fd, int out_f
                    bool die_with_parent)
 {
     char **env = env_for_worker(extra);
-    struct proc_spawn sp = {.path = argv[0], .argv = argv, .env = env, .fd = {in_fd, out_fd, err_fd},
-                            .pgid = pgid, .die_with_parent = die_with_parent};
+    struct proc_spawn sp = {.path = argv[0],
+                            .argv = argv,
+                            .env = env,
+                            .fd = {in_fd, out_fd, err_fd},
+                            .pgid = pgid,
+                            .die_with_parent = die_with_parent};
     pid_t pid = proc_spawn(&sp);
     free(env);
     return pid;
@@ -837,8 +840,8 @@ void slurm_run_result(const struct slurm_run *r, struct launch_result *res)
         else {
             char logp[PATH_MAX];
             jobdir_rank_log_path(logp, sizeof logp, r->o.out_dir, rank);
-            snprintf(res->message, sizeof res->message, "rank %d %s without an error event (see %.600s)%s", rank,
-                     how, logp, tail);
+            snprintf(res->message, sizeof res->message, "rank %d %s without an error event (see %.600s)%s",
+                     rank, how, logp, tail);
         }
         return;
     }
@@ -923,13 +926,34 @@ static void *run_start(void *ctx, const struct launch_opts *o, struct jobdoc *do
     return r;
 }
 
-static bool run_poll(void *run, int timeout_ms) { return slurm_run_poll(run, timeout_ms); }
-static int run_fds(const void *run, struct pollfd *fds, int cap) { return slurm_run_fds(run, fds, cap); }
-static void run_cancel(void *run) { slurm_run_cancel(run); } /* scancel: Slurm signals the tasks */
-static void run_result(const void *run, struct launch_result *res) { slurm_run_result(run, res); }
-static int run_exit_code(const void *run, int rank) { return slurm_run_exit_code(run, rank); }
-static bool run_waiting(const void *run, char *why, size_t cap) { return slurm_run_waiting(run, why, cap); }
-static void run_free(void *run) { slurm_run_free(run); }
+static bool run_poll(void *run, int timeout_ms)
+{
+    return slurm_run_poll(run, timeout_ms);
+}
+static int run_fds(const void *run, struct pollfd *fds, int cap)
+{
+    return slurm_run_fds(run, fds, cap);
+}
+static void run_cancel(void *run)
+{
+    slurm_run_cancel(run);
+} /* scancel: Slurm signals the tasks */
+static void run_result(const void *run, struct launch_result *res)
+{
+    slurm_run_result(run, res);
+}
+static int run_exit_code(const void *run, int rank)
+{
+    return slurm_run_exit_code(run, rank);
+}
+static bool run_waiting(const void *run, char *why, size_t cap)
+{
+    return slurm_run_waiting(run, why, cap);
+}
+static void run_free(void *run)
+{
+    slurm_run_free(run);
+}
 
 /* Slurm says whether a job fits, as a pending reason. */
 static bool policy_fits(void *ctx, const struct sched *s, device_kind kind, int world, char *why, size_t cap)

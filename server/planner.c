@@ -127,8 +127,8 @@ static ddpd_err proc_start(struct proc *c, const char *worker, struct ddpd_error
      * stderr is the server's. */
     char **env = env_for_worker(NULL);
     char *argv[] = {(char *)worker, "--plan", NULL};
-    struct proc_spawn sp = {.path = worker, .argv = argv, .env = env, .fd = {in[0], out[1], PROC_FD_SAME},
-                            .pgid = -1};
+    struct proc_spawn sp = {
+        .path = worker, .argv = argv, .env = env, .fd = {in[0], out[1], PROC_FD_SAME}, .pgid = -1};
     pid_t pid = proc_spawn(&sp);
     free(env);
     close(in[0]);
@@ -174,8 +174,8 @@ static ddpd_err read_line(struct proc *c, const char *worker, double deadline, d
 
 /* The answer line (schema/plan.h): the counts, "only the ranks can tell", or the worker's
  * error; anything else is the process's failure. */
-static ddpd_err parse_answer(const char *line, const char *worker, int world_size, int64_t *counts, bool *known,
-                             struct ddpd_error *err)
+static ddpd_err parse_answer(const char *line, const char *worker, int world_size, int64_t *counts,
+                             bool *known, struct ddpd_error *err)
 {
     struct plan_answer *ans = malloc(sizeof *ans);
     ddpd_err rc;
@@ -336,22 +336,27 @@ ddpd_err planner_plan_async(struct planner *p, json_t *doc, int world_size, doub
     ddpd_err rc = DDPD_OK;
     struct plan_req *r = NULL;
     if (world_size < 1 || world_size > PLAN_MAX_WORLD) {
-        rc = ddpd_error_set(err, DDPD_EINTERNAL, "", "plan of %d ranks (at most %d)", world_size, PLAN_MAX_WORLD);
+        rc = ddpd_error_set(err, DDPD_EINTERNAL, "", "plan of %d ranks (at most %d)", world_size,
+                            PLAN_MAX_WORLD);
         goto out;
     }
     if (!(r = calloc(1, sizeof *r))) {
         rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory queueing the data check");
         goto out;
     }
-    *r = (struct plan_req){.doc = doc, .world_size = world_size, .timeout_s = timeout_s,
-                           .deadline = base_mono_s() + timeout_s, .done = done, .ctx = ctx};
+    *r = (struct plan_req){.doc = doc,
+                           .world_size = world_size,
+                           .timeout_s = timeout_s,
+                           .deadline = base_mono_s() + timeout_s,
+                           .done = done,
+                           .ctx = ctx};
     pthread_mutex_lock(&p->mu);
     if (p->stop) {
         rc = ddpd_error_set(err, DDPD_EBUSY, "", "the server is shutting down");
     } else if (p->pending >= PLAN_QUEUE_MAX) {
         rc = ddpd_error_set(err, DDPD_EBUSY, "",
-                            "%zu data checks are waiting or running (at most %d); try again later", p->pending,
-                            PLAN_QUEUE_MAX);
+                            "%zu data checks are waiting or running (at most %d); try again later",
+                            p->pending, PLAN_QUEUE_MAX);
     } else if (p->nthreads == 0) {
         if (!p->threads)
             p->threads = calloc((size_t)p->n, sizeof *p->threads);

@@ -35,8 +35,8 @@ void planner_free(struct planner *p);
  * "data") when the process did not answer within the deadline (it is killed: it was stuck
  * on the job's data); DDPD_EBUSY when no process came free in time; DDPD_EIO when it
  * ended or answered garbage. */
-ddpd_err planner_plan(struct planner *p, struct json_t *doc, int world_size, double timeout_s, int64_t *counts,
-                      bool *known, struct ddpd_error *err);
+ddpd_err planner_plan(struct planner *p, struct json_t *doc, int world_size, double timeout_s,
+                      int64_t *counts, bool *known, struct ddpd_error *err);
 
 /* The most ranks and the most queued or running plans of planner_plan_async. */
 #define PLAN_MAX_WORLD 1024

@@ -113,4 +113,3 @@ bool proc_kill_if_same(pid_t pid, uint64_t start_time)
     kill(pid, SIGKILL);
     return true;
 }
-

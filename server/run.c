@@ -221,7 +221,8 @@ static int parse_options(int argc, char **argv, struct run_opts *o)
         } else if (!strcmp(a, "--max-rank-memory")) {
             if (!jobdir_size_parse(v, &max_rank_memory)) {
                 fprintf(stderr,
-                        "ddpd run: --max-rank-memory: expected a size (bytes, or 512M, 4G, ...; 0 or none: no limit), got '%s'\n",
+                        "ddpd run: --max-rank-memory: expected a size (bytes, or 512M, 4G, ...; 0 or none: "
+                        "no limit), got '%s'\n",
                         v);
                 return 2;
             }
@@ -242,8 +243,13 @@ static int parse_options(int argc, char **argv, struct run_opts *o)
         return 2;
     }
 
-    *o = (struct run_opts){.world = world, .device = device, .out = out, .data_dir = data_dir, .resume = resume,
-                           .spec_path = spec_path, .max_rank_memory = max_rank_memory};
+    *o = (struct run_opts){.world = world,
+                           .device = device,
+                           .out = out,
+                           .data_dir = data_dir,
+                           .resume = resume,
+                           .spec_path = spec_path,
+                           .max_rank_memory = max_rank_memory};
     return -1;
 }
 
@@ -321,7 +327,11 @@ int run_main(int argc, char **argv, const char *self_dir)
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         max_rank_memory = pages > 0 && page > 0 ? (int64_t)pages * page / spec.world_size : 0;
     }
-    struct jobdoc jd = {.job = 0, .attempt = 1, .world_size = spec.world_size, .rank = -1, .spec = spec,
+    struct jobdoc jd = {.job = 0,
+                        .attempt = 1,
+                        .world_size = spec.world_size,
+                        .rank = -1,
+                        .spec = spec,
                         .max_rank_memory = max_rank_memory};
     snprintf(jd.data_dir, sizeof jd.data_dir, "%s", data_abs);
     snprintf(jd.out_dir, sizeof jd.out_dir, "%s", out);

@@ -16,17 +16,20 @@ struct queued {
 
 struct kind_state {
     int nslots;
-    int64_t *holder;       /* [nslots], 0 = free */
-    struct queued *q;      /* FIFO: q[0] is the head */
+    int64_t *holder;  /* [nslots], 0 = free */
+    struct queued *q; /* FIFO: q[0] is the head */
     int qlen, qcap;
 };
 
 struct sched {
-    struct kind_state k[2]; /* DEVICE_CPU, DEVICE_CUDA */
+    struct kind_state k[2];            /* DEVICE_CPU, DEVICE_CUDA */
     char (*gpu_ids)[SCHED_GPU_ID_MAX]; /* [k[DEVICE_CUDA].nslots]: each GPU slot's device */
 };
 
-static const char *kind_word(device_kind k) { return k == DEVICE_CUDA ? "GPU" : "CPU slot"; }
+static const char *kind_word(device_kind k)
+{
+    return k == DEVICE_CUDA ? "GPU" : "CPU slot";
+}
 
 struct sched *sched_new(int gpus, int cpu_slots)
 {
@@ -75,7 +78,10 @@ void sched_free(struct sched *s)
     free(s);
 }
 
-int sched_slots(const struct sched *s, device_kind kind) { return s->k[kind].nslots; }
+int sched_slots(const struct sched *s, device_kind kind)
+{
+    return s->k[kind].nslots;
+}
 
 bool sched_fits(const struct sched *s, device_kind kind, int world, char *why, size_t cap)
 {
@@ -86,8 +92,8 @@ bool sched_fits(const struct sched *s, device_kind kind, int world, char *why, s
         snprintf(why, cap, "device %s: this server has no %ss", device_kind_name(kind),
                  kind == DEVICE_CUDA ? "GPU" : "CPU slot");
     else
-        snprintf(why, cap, "world_size %d needs %d %ss but this server has %d", world, world,
-                 kind_word(kind), n);
+        snprintf(why, cap, "world_size %d needs %d %ss but this server has %d", world, world, kind_word(kind),
+                 n);
     return false;
 }
 
@@ -169,8 +175,8 @@ static void reason_at(const struct kind_state *k, int t, int i, char *buf, size_
         snprintf(buf, cap, "queued behind job %" PRId64 " (%d earlier job%s waiting for %ss)", k->q[0].job, i,
                  i > 1 ? "s" : "", kind_word((device_kind)t));
     else
-        snprintf(buf, cap, "waiting for %d free %ss (%d of %d free)", k->q[i].world, kind_word((device_kind)t),
-                 free_slots(k), k->nslots);
+        snprintf(buf, cap, "waiting for %d free %ss (%d of %d free)", k->q[i].world,
+                 kind_word((device_kind)t), free_slots(k), k->nslots);
 }
 
 void sched_pending_reason(const struct sched *s, int64_t job, char *buf, size_t cap)
@@ -198,8 +204,8 @@ int64_t sched_slot_holder(const struct sched *s, device_kind kind, int i)
     return i >= 0 && i < s->k[kind].nslots ? s->k[kind].holder[i] : 0;
 }
 
-int sched_gpu_ids(const char *arg, int found, const char *visible,
-                  char (*ids)[SCHED_GPU_ID_MAX], int cap, char *why, size_t whycap)
+int sched_gpu_ids(const char *arg, int found, const char *visible, char (*ids)[SCHED_GPU_ID_MAX], int cap,
+                  char *why, size_t whycap)
 {
     int n = 0;
     if (!strcmp(arg, "none"))
@@ -224,8 +230,10 @@ int sched_gpu_ids(const char *arg, int found, const char *visible,
             ok = (p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'z') ||
                  (p[i] >= 'A' && p[i] <= 'Z') || p[i] == '-' || p[i] == '/';
         if (!ok) {
-            snprintf(why, whycap, "--gpus: '%.*s' is not a GPU (auto, none, or device numbers or "
-                                  "UUIDs as CUDA_VISIBLE_DEVICES takes them: 0,1)", (int)(len > 64 ? 64 : len), p);
+            snprintf(why, whycap,
+                     "--gpus: '%.*s' is not a GPU (auto, none, or device numbers or "
+                     "UUIDs as CUDA_VISIBLE_DEVICES takes them: 0,1)",
+                     (int)(len > 64 ? 64 : len), p);
             return -1;
         }
         if (n == cap) {

@@ -11,7 +11,7 @@
 
 #include "../schema/spec.h"
 
-#define SCHED_MAX_SLOTS 1024
+#define SCHED_MAX_SLOTS  1024
 #define SCHED_GPU_ID_MAX 64 /* one CUDA_VISIBLE_DEVICES entry, NUL included */
 
 /* The GPU slots of `ddpd serve --gpus ARG`, in slot order, as what each rank's
@@ -21,8 +21,8 @@
  * among the server's own CUDA_VISIBLE_DEVICES (`visible`, NULL when unset): device i is
  * the i-th entry of that list, or "i" without one. Fills ids[0..n) and returns n, or -1
  * with `why` for a malformed list, a repeated device or more than `cap`. */
-int sched_gpu_ids(const char *arg, int found, const char *visible,
-                  char (*ids)[SCHED_GPU_ID_MAX], int cap, char *why, size_t whycap);
+int sched_gpu_ids(const char *arg, int found, const char *visible, char (*ids)[SCHED_GPU_ID_MAX], int cap,
+                  char *why, size_t whycap);
 
 struct sched;
 

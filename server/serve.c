@@ -83,7 +83,7 @@ static void usage(FILE *f)
  * the soft RLIMIT_NOFILE (often 1,024) towards the hard one; 256 descriptors stay for
  * the workers' pipes, the database and the logs. */
 #define STREAM_CONNECTIONS 10000
-#define FD_RESERVE 256
+#define FD_RESERVE         256
 static unsigned connection_limit(void)
 {
     struct rlimit rl;
@@ -97,7 +97,8 @@ static unsigned connection_limit(void)
     }
     if (rl.rlim_cur <= 2 * FD_RESERVE)
         return 0;
-    return rl.rlim_cur - FD_RESERVE < STREAM_CONNECTIONS ? (unsigned)(rl.rlim_cur - FD_RESERVE) : STREAM_CONNECTIONS;
+    return rl.rlim_cur - FD_RESERVE < STREAM_CONNECTIONS ? (unsigned)(rl.rlim_cur - FD_RESERVE)
+                                                         : STREAM_CONNECTIONS;
 }
 
 /* GPUs as ddpd-worker --devices prints them (one JSON array; nothing when none). */
@@ -138,7 +139,7 @@ static int count_gpus(const char *worker)
 
 /* The longest token, and the most a token file may hold (the token and the whitespace
  * after it). */
-#define TOKEN_MAX 4095
+#define TOKEN_MAX      4095
 #define TOKEN_FILE_MAX 8192
 
 /* The bearer token of --token-file: the file's bytes less the whitespace that ends them
@@ -219,9 +220,13 @@ struct serve_setup {
  * the message on stderr naming the option). */
 static int parse_options(int argc, char **argv, struct serve_opts *o)
 {
-    *o = (struct serve_opts){.listen = "127.0.0.1:8080", .db = "var/ddpd.db", .data_dir = ".",
-                             .gpus_arg = "auto", .cpu_slots = sysconf(_SC_NPROCESSORS_ONLN),
-                             .max_rank_memory = -1, .job_disk_quota = JOBDIR_DEFAULT_QUOTA,
+    *o = (struct serve_opts){.listen = "127.0.0.1:8080",
+                             .db = "var/ddpd.db",
+                             .data_dir = ".",
+                             .gpus_arg = "auto",
+                             .cpu_slots = sysconf(_SC_NPROCESSORS_ONLN),
+                             .max_rank_memory = -1,
+                             .job_disk_quota = JOBDIR_DEFAULT_QUOTA,
                              .slurm_opts = {.cpus_per_task = 1}};
     struct slurm_opts *so_slurm = &o->slurm_opts;
     for (int i = 0; i < argc; i++) {
@@ -270,7 +275,8 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
         } else if (!strcmp(a, "--slurm-cpus-per-task")) {
             long c;
             if (base_parse_long(v, 1, 4096, &c)) {
-                fprintf(stderr, "ddpd serve: --slurm-cpus-per-task: expected an integer in [1, 4096], got '%s'\n", v);
+                fprintf(stderr,
+                        "ddpd serve: --slurm-cpus-per-task: expected an integer in [1, 4096], got '%s'\n", v);
                 return 2;
             }
             so_slurm->cpus_per_task = (int)c;
@@ -284,21 +290,25 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
             o->cors = v;
         else if (!strcmp(a, "--job-disk-quota")) {
             if (!jobdir_size_parse(v, &o->job_disk_quota)) {
-                fprintf(stderr, "ddpd serve: --job-disk-quota: expected a size such as 10G, 500M or 1048576 "
-                        "(bytes; K, M, G, T are powers of 1024) or none, got '%s'\n", v);
+                fprintf(stderr,
+                        "ddpd serve: --job-disk-quota: expected a size such as 10G, 500M or 1048576 "
+                        "(bytes; K, M, G, T are powers of 1024) or none, got '%s'\n",
+                        v);
                 return 2;
             }
         } else if (!strcmp(a, "--max-rank-memory")) {
             if (!jobdir_size_parse(v, &o->max_rank_memory)) {
-                fprintf(stderr, "ddpd serve: --max-rank-memory: expected a size (bytes, or 512M, 4G, ...; 0 or none: no limit), "
-                                "got '%s'\n",
+                fprintf(stderr,
+                        "ddpd serve: --max-rank-memory: expected a size (bytes, or 512M, 4G, ...; 0 or none: "
+                        "no limit), "
+                        "got '%s'\n",
                         v);
                 return 2;
             }
         } else if (!strcmp(a, "--cpu-slots")) {
             if (base_parse_long(v, 0, 1024, &o->cpu_slots)) {
-                fprintf(stderr, "ddpd serve: --cpu-slots: expected an integer in [0, %d], got '%s'\n",
-                        1024, v);
+                fprintf(stderr, "ddpd serve: --cpu-slots: expected an integer in [0, %d], got '%s'\n", 1024,
+                        v);
                 return 2;
             }
         } else if (!strcmp(a, "--on-shutdown")) {
@@ -356,13 +366,16 @@ static int prepare(struct serve_opts *o, const char *self_dir, struct serve_setu
         return 2;
     }
     if (!s->token && !o->insecure && !http_addr_is_loopback(o->listen)) {
-        fprintf(stderr, "ddpd serve: refusing to listen on %s without --token-file (anyone could run "
-                        "jobs); use a loopback address, a token, or --insecure\n", o->listen);
+        fprintf(stderr,
+                "ddpd serve: refusing to listen on %s without --token-file (anyone could run "
+                "jobs); use a loopback address, a token, or --insecure\n",
+                o->listen);
         return 2;
     }
     char jobs_buf[PATH_MAX], db_dir[PATH_MAX];
     const char *env_worker = getenv("DDPD_WORKER");
-    snprintf(s->worker, sizeof s->worker, "%s%s", env_worker ? env_worker : self_dir, env_worker ? "" : "/ddpd-worker");
+    snprintf(s->worker, sizeof s->worker, "%s%s", env_worker ? env_worker : self_dir,
+             env_worker ? "" : "/ddpd-worker");
     if (access(s->worker, X_OK) != 0) {
         fprintf(stderr, "ddpd serve: cannot execute the worker %s: %s\n", s->worker, strerror(errno));
         return 1;
@@ -393,9 +406,9 @@ static int prepare(struct serve_opts *o, const char *self_dir, struct serve_setu
         return 2;
     }
     char gpus_why[256];
-    s->gpus = sched_gpu_ids(o->gpus_arg, strcmp(o->gpus_arg, "auto") ? 0 : count_gpus(s->worker),
-                            getenv("CUDA_VISIBLE_DEVICES"), s->gpu_ids, SCHED_MAX_SLOTS, gpus_why,
-                            sizeof gpus_why);
+    s->gpus =
+        sched_gpu_ids(o->gpus_arg, strcmp(o->gpus_arg, "auto") ? 0 : count_gpus(s->worker),
+                      getenv("CUDA_VISIBLE_DEVICES"), s->gpu_ids, SCHED_MAX_SLOTS, gpus_why, sizeof gpus_why);
     if (s->gpus < 0) {
         fprintf(stderr, "ddpd serve: %s\n", gpus_why);
         return 2;
@@ -471,23 +484,40 @@ static int run_server(const struct serve_opts *o, const struct serve_setup *s, c
         fprintf(stderr, "ddpd serve: out of memory\n");
         goto out;
     }
-    struct super_opts so = {.worker = s->worker, .data_dir = s->data_abs, .jobs_dir = s->jobs_abs, .gpus = s->gpus,
-                            .gpu_ids = (const char (*)[SCHED_GPU_ID_MAX])s->gpu_ids,
+    struct super_opts so = {.worker = s->worker,
+                            .data_dir = s->data_abs,
+                            .jobs_dir = s->jobs_abs,
+                            .gpus = s->gpus,
+                            .gpu_ids = (const char(*)[SCHED_GPU_ID_MAX])s->gpu_ids,
                             .launcher = launcher,
-                            .cpu_slots = (int)o->cpu_slots, .store = store, .hub = hub, .grace_s = 5,
-                            .finish_on_shutdown = o->finish, .job_disk_quota = o->job_disk_quota,
+                            .cpu_slots = (int)o->cpu_slots,
+                            .store = store,
+                            .hub = hub,
+                            .grace_s = 5,
+                            .finish_on_shutdown = o->finish,
+                            .job_disk_quota = o->job_disk_quota,
                             .max_rank_memory = o->max_rank_memory};
     super = hub ? super_start(&so, &err) : NULL;
     if (!super) {
         fprintf(stderr, "ddpd serve: %s\n", err.message);
         goto out;
     }
-    struct api_config ac = {.store = store, .hub = hub, .super = super, .worker = s->worker, .data_dir = s->data_abs,
-                            .jobs_dir = s->jobs_abs, .web_dir = s->web_abs[0] ? s->web_abs : NULL,
+    struct api_config ac = {.store = store,
+                            .hub = hub,
+                            .super = super,
+                            .worker = s->worker,
+                            .data_dir = s->data_abs,
+                            .jobs_dir = s->jobs_abs,
+                            .web_dir = s->web_abs[0] ? s->web_abs : NULL,
                             .max_rank_memory = o->max_rank_memory};
     size_t nroutes;
-    struct http_config hc = {.listen = o->listen, .listen_fd = listen_fd, .routes = api_routes(&nroutes), .ctx = NULL,
-                             .token = s->token, .cors_origin = o->cors, .threads = 4,
+    struct http_config hc = {.listen = o->listen,
+                             .listen_fd = listen_fd,
+                             .routes = api_routes(&nroutes),
+                             .ctx = NULL,
+                             .token = s->token,
+                             .cors_origin = o->cors,
+                             .threads = 4,
                              .connection_limit = connection_limit()};
     hc.nroutes = nroutes;
     if (api_new(&ac, &api, &err) == DDPD_OK) {
@@ -504,8 +534,9 @@ static int run_server(const struct serve_opts *o, const struct serve_setup *s, c
             o->listen, s->token ? " with a token" : "", http_server_port(http), o->db, s->gpus,
             s->gpus == 1 ? "" : "s", o->cpu_slots, o->cpu_slots == 1 ? "" : "s");
     if (o->slurm)
-        fprintf(stderr, "ddpd serve: launcher slurm: every job is one srun named %s<job>.<attempt>; the "
-                        "rendezvous root listens on %s\n",
+        fprintf(stderr,
+                "ddpd serve: launcher slurm: every job is one srun named %s<job>.<attempt>; the "
+                "rendezvous root listens on %s\n",
                 s->slurm_prefix, getenv("DDPD_COMM_ADDR") ? getenv("DDPD_COMM_ADDR") : "127.0.0.1");
     fflush(stderr);
 

@@ -76,29 +76,19 @@ static ddpd_err sq_fail(struct ddpd_error *err, sqlite3 *db, int rc, const char 
     ddpd_err code;
     switch (rc & 0xff) {
     case SQLITE_BUSY:
-    case SQLITE_LOCKED:
-        code = DDPD_EBUSY;
-        break;
-    case SQLITE_NOMEM:
-        code = DDPD_ENOMEM;
-        break;
-    case SQLITE_CONSTRAINT:
-        code = DDPD_ECONFLICT;
-        break;
+    case SQLITE_LOCKED: code = DDPD_EBUSY; break;
+    case SQLITE_NOMEM: code = DDPD_ENOMEM; break;
+    case SQLITE_CONSTRAINT: code = DDPD_ECONFLICT; break;
     case SQLITE_ERROR:
     case SQLITE_MISUSE:
     case SQLITE_RANGE:
-    case SQLITE_MISMATCH:
-        code = DDPD_EINTERNAL;
-        break;
+    case SQLITE_MISMATCH: code = DDPD_EINTERNAL; break;
     case SQLITE_IOERR:
     case SQLITE_FULL:
         /* The disk, not the request: a client may retry later (503). */
         code = DDPD_EUNAVAIL;
         break;
-    default: /* CORRUPT, NOTADB, CANTOPEN, READONLY, PERM, PROTOCOL, ... */
-        code = DDPD_EIO;
-        break;
+    default: /* CORRUPT, NOTADB, CANTOPEN, READONLY, PERM, PROTOCOL, ... */ code = DDPD_EIO; break;
     }
     const char *msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc), *what = sqlite3_errstr(rc);
     /* Busy or unavailable: say that nothing was written and that a retry may succeed. */
@@ -144,8 +134,8 @@ enum {
     ST_COUNT
 };
 
-#define STR_(x) #x
-#define STR(x) STR_(x)
+#define STR_(x)               #x
+#define STR(x)                STR_(x)
 #define RESTART_HISTORY_MAX_S STR(STORE_RESTART_HISTORY_MAX)
 
 #define JOB_COLS                                                                                             \
@@ -176,26 +166,28 @@ static const char *const sql_text[ST_COUNT] = {
                      "max_restarts) VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6)",
     [W_JOB_STATE] = "SELECT state FROM jobs WHERE id = ?1",
     /* ?2 is the STORE_SET_* mask, ?3 the new state, ?10 now. */
-    [W_JOB_UPDATE] = "UPDATE jobs SET "
-                     "state = CASE WHEN ?2 & 1 THEN ?3 ELSE state END, "
-                     "started_at = CASE WHEN ?2 & 1 AND ?3 IN ('starting', 'running') AND started_at IS NULL "
-                     "THEN ?10 ELSE started_at END, "
-                     "finished_at = CASE WHEN NOT ?2 & 1 THEN finished_at "
-                     "WHEN ?3 IN ('succeeded', 'failed', 'cancelled') THEN coalesce(finished_at, ?10) "
-                     "ELSE NULL END, "
-                     "attempt = CASE WHEN ?2 & 2 THEN ?4 ELSE attempt END, "
-                     "restarts = CASE WHEN ?2 & 4 THEN ?5 ELSE restarts END, "
-                     "error = CASE WHEN ?2 & 8 THEN ?6 ELSE error END, "
-                     "pending_reason = CASE WHEN ?2 & 16 THEN ?7 WHEN ?2 & 1 AND ?3 <> 'queued' THEN NULL "
-                     "ELSE pending_reason END, "
-                     /* Only another attempt clears the progress: setting the same one again
-                      * (a retried end after a full disk) keeps what the attempt reported. */
-                     "step = CASE WHEN ?2 & 32 THEN ?8 WHEN ?2 & 2 AND attempt <> ?4 THEN NULL ELSE step END, "
-                     "loss = CASE WHEN ?2 & 32 THEN ?9 WHEN ?2 & 2 AND attempt <> ?4 THEN NULL ELSE loss END, "
-                     "restart_history = CASE WHEN ?2 & 64 AND json_array_length(restart_history) < " RESTART_HISTORY_MAX_S " "
-                     "THEN json_insert(restart_history, '$[#]', json_object('attempt', ?11, 'reason', ?12, "
-                     "'ts', ?10)) ELSE restart_history END "
-                     "WHERE id = ?1",
+    [W_JOB_UPDATE] =
+        "UPDATE jobs SET "
+        "state = CASE WHEN ?2 & 1 THEN ?3 ELSE state END, "
+        "started_at = CASE WHEN ?2 & 1 AND ?3 IN ('starting', 'running') AND started_at IS NULL "
+        "THEN ?10 ELSE started_at END, "
+        "finished_at = CASE WHEN NOT ?2 & 1 THEN finished_at "
+        "WHEN ?3 IN ('succeeded', 'failed', 'cancelled') THEN coalesce(finished_at, ?10) "
+        "ELSE NULL END, "
+        "attempt = CASE WHEN ?2 & 2 THEN ?4 ELSE attempt END, "
+        "restarts = CASE WHEN ?2 & 4 THEN ?5 ELSE restarts END, "
+        "error = CASE WHEN ?2 & 8 THEN ?6 ELSE error END, "
+        "pending_reason = CASE WHEN ?2 & 16 THEN ?7 WHEN ?2 & 1 AND ?3 <> 'queued' THEN NULL "
+        "ELSE pending_reason END, "
+        /* Only another attempt clears the progress: setting the same one again
+         * (a retried end after a full disk) keeps what the attempt reported. */
+        "step = CASE WHEN ?2 & 32 THEN ?8 WHEN ?2 & 2 AND attempt <> ?4 THEN NULL ELSE step END, "
+        "loss = CASE WHEN ?2 & 32 THEN ?9 WHEN ?2 & 2 AND attempt <> ?4 THEN NULL ELSE loss END, "
+        "restart_history = CASE WHEN ?2 & 64 AND json_array_length(restart_history) < " RESTART_HISTORY_MAX_S
+        " "
+        "THEN json_insert(restart_history, '$[#]', json_object('attempt', ?11, 'reason', ?12, "
+        "'ts', ?10)) ELSE restart_history END "
+        "WHERE id = ?1",
     [W_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1",
     [W_ATTEMPT_INSERT] = "INSERT INTO attempts (job, attempt, comm_id, started_at) "
                          "VALUES (?1, ?2, ?3, ?4)",

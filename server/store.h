@@ -233,7 +233,7 @@ struct store_job_update {
     const char *error;
     const char *pending_reason;
     int64_t step;
-    double loss; /* NaN/inf is stored as "not finite" */
+    double loss;                /* NaN/inf is stored as "not finite" */
     int restart_attempt;        /* STORE_SET_RESTART: the attempt that ended */
     const char *restart_reason; /* and why the job starts again */
 };
@@ -341,7 +341,7 @@ struct store_metrics {
     struct store_series *series;
 };
 #define STORE_METRICS_MAX_POINTS 100000
-#define STORE_METRICS_MAX_RANKS 4096
+#define STORE_METRICS_MAX_RANKS  4096
 /* The loss curve of `job`, each series downsampled to at most max_points (clamped to
  * 4..STORE_METRICS_MAX_POINTS; 0 = 1000): the step range is cut into max_points/4
  * buckets of equal width and each bucket keeps its first, minimum, maximum and last

@@ -18,10 +18,10 @@
 #include "../base/clock.h"
 #include "store.h"
 
-#define PAGE_EVENTS 1000
-#define PAGE_BYTES (64u * 1024)
-#define STREAM_AFTER_MAX (INT64_MAX / 2)
-#define HEARTBEAT_S 15.0
+#define PAGE_EVENTS          1000
+#define PAGE_BYTES           (64u * 1024)
+#define STREAM_AFTER_MAX     (INT64_MAX / 2)
+#define HEARTBEAT_S          15.0
 #define HEARTBEAT_POLL_MAX_S 5.0 /* the heartbeat thread looks at least this often */
 
 /* The streams of a server: the open ones (for the heartbeat thread) and that thread. */
@@ -56,11 +56,11 @@ struct stream {
 
     enum phase ph;
     struct hub_sub *sub;
-    int64_t last;      /* the seq of the last event put into the page (after, at first) */
-    int64_t from;      /* GAP: the smallest seq the hub delivers */
-    bool caught_up;    /* the last page was not full: the store (or the gap) has no more */
-    bool row_checked;  /* GAP with an unknown `from`: the job row was read once (see gap_done) */
-    char *page;        /* frames not yet taken: page[off .. len) */
+    int64_t last;     /* the seq of the last event put into the page (after, at first) */
+    int64_t from;     /* GAP: the smallest seq the hub delivers */
+    bool caught_up;   /* the last page was not full: the store (or the gap) has no more */
+    bool row_checked; /* GAP with an unknown `from`: the job row was read once (see gap_done) */
+    char *page;       /* frames not yet taken: page[off .. len) */
     size_t off, len, cap;
     char why[512];
 };
@@ -107,8 +107,8 @@ static void fail(struct stream *st, const char *fmt, ...)
     vsnprintf(st->why, sizeof st->why, fmt, ap);
     va_end(ap);
     st->ph = PH_CLOSED;
-    json_t *o = json_pack("{s:s, s:I, s:s}", "event", "stream_error", "job", (json_int_t)st->job, "message",
-                          st->why);
+    json_t *o =
+        json_pack("{s:s, s:I, s:s}", "event", "stream_error", "job", (json_int_t)st->job, "message", st->why);
     char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     /* The frame fits in the room a page keeps (fill_row): the message is at most
@@ -235,13 +235,13 @@ static void page_read(struct stream *st, int64_t bound)
     struct fill f = {.st = st, .bound = bound};
     struct ddpd_error e = {0};
     st->off = st->len = 0;
-    ddpd_err rc = store_events_page(st->store, st->job, st->last, (int)st->page_events, st->page_bytes, fill_row,
-                                    &f, NULL, &e);
+    ddpd_err rc = store_events_page(st->store, st->job, st->last, (int)st->page_events, st->page_bytes,
+                                    fill_row, &f, NULL, &e);
     if (rc != DDPD_OK) {
         /* The events read before the error are whole and in order: they go first, and
          * the client resumes after the last of them. */
-        fail(st, "cannot read the events of job %" PRId64 " after seq %" PRId64 " from the database: %s", st->job,
-             st->last, e.message[0] ? e.message : ddpd_err_text(rc));
+        fail(st, "cannot read the events of job %" PRId64 " after seq %" PRId64 " from the database: %s",
+             st->job, st->last, e.message[0] ? e.message : ddpd_err_text(rc));
         return;
     }
     if (f.bad) {
@@ -342,10 +342,8 @@ static stream_pull next(struct stream *st, char *buf, size_t cap, size_t *len)
         }
         st->off = st->len = 0;
         switch (st->ph) {
-        case PH_DONE:
-            return STREAM_END;
-        case PH_CLOSED:
-            return STREAM_CLOSED;
+        case PH_DONE: return STREAM_END;
+        case PH_CLOSED: return STREAM_CLOSED;
         case PH_HISTORY:
             if (st->caught_up)
                 join_hub(st);
@@ -360,15 +358,12 @@ static stream_pull next(struct stream *st, char *buf, size_t cap, size_t *len)
             break;
         case PH_LIVE:
             switch (hub_sub_next(st->sub, buf, cap, len)) {
-            case HUB_DATA:
-                return STREAM_DATA;
-            case HUB_AGAIN:
-                return STREAM_AGAIN;
-            case HUB_END:
-                st->ph = PH_DONE;
-                return STREAM_END;
+            case HUB_DATA: return STREAM_DATA;
+            case HUB_AGAIN: return STREAM_AGAIN;
+            case HUB_END: st->ph = PH_DONE; return STREAM_END;
             case HUB_DROPPED:
-                fail(st, "%s", hub_sub_reason(st->sub)[0] ? hub_sub_reason(st->sub) : "dropped by the server");
+                fail(st, "%s",
+                     hub_sub_reason(st->sub)[0] ? hub_sub_reason(st->sub) : "dropped by the server");
                 break;
             }
             break;
@@ -394,7 +389,10 @@ stream_pull stream_next(struct stream *st, char *buf, size_t cap, size_t *len)
     return r;
 }
 
-const char *stream_why(const struct stream *st) { return st->why; }
+const char *stream_why(const struct stream *st)
+{
+    return st->why;
+}
 
 void stream_free(struct stream *st)
 {

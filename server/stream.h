@@ -18,7 +18,8 @@
  * STREAM_CLOSED, after a last `stream_error` frame that says why: SSE
  * `event: stream_error` (no `id:`, so Last-Event-ID stays the last event's: the client
  * resumes from there) with data {"event":"stream_error","job":N,"message":"..."}, or that
- * JSON line in NDJSON (resume with after= the last line's seq). It never ends a stream as if the job had finished when it does not know so.
+ * JSON line in NDJSON (resume with after= the last line's seq). It never ends a stream as if the job had
+ * finished when it does not know so.
  *
  * Keep-alives. A stream with a heartbeat interval sends hub_heartbeat's keep-alive from
  * stream_next when it has nothing else and its client had nothing for that long (a

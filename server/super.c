@@ -33,9 +33,9 @@
 #include "sched.h"
 #include "store.h"
 
-#define POLL_MS 50
+#define POLL_MS             50
 #define RANK_EXIT_CANCELLED 5 /* a worker's exit code for a cancel (CONTRACT.md §6) */
-#define MAX_FDS 4096
+#define MAX_FDS             4096
 
 enum cmd_kind { CMD_SUBMIT, CMD_CANCEL, CMD_DELETE };
 
@@ -54,7 +54,7 @@ struct cmd {
     char *spec_text; /* CMD_SUBMIT from super_submit: the stored spec (owned), or NULL */
     int world_size, max_restarts;
     device_kind device;
-    double created_at; /* with spec_text: the store has its queued event (seq 1) */
+    double created_at;     /* with spec_text: the store has its queued event (seq 1) */
     struct answer *answer; /* CMD_DELETE: borrowed from the waiting caller */
     struct cmd *next;
 };
@@ -77,8 +77,8 @@ struct active {
     char cancel_reason[128];
     char *pending; /* the pending reason last stored, NULL for none */
     char *out_dir;
-    char *quota_error;        /* the job folder went over the disk quota: why it failed */
-    double next_quota_check;  /* monotonic time of its next measurement */
+    char *quota_error;                /* the job folder went over the disk quota: why it failed */
+    double next_quota_check;          /* monotonic time of its next measurement */
     struct store_rank *unsaved_ranks; /* the ranks' end rows the store did not take, */
     int n_unsaved_ranks;              /* of this attempt and earlier ones */
     struct super *s;
@@ -95,10 +95,10 @@ struct super {
     struct cmd *head, *tail;
     struct sched *sched;
     bool stopping;
-    struct active *jobs; /* supervisor thread only */
+    struct active *jobs;     /* supervisor thread only */
     struct active *launched; /* the jobs with a launch, linked by lnext */
-    struct idmap *index; /* jobs by id */
-    struct evpipe *pipe; /* events: stored, committed, then published */
+    struct idmap *index;     /* jobs by id */
+    struct evpipe *pipe;     /* events: stored, committed, then published */
 };
 
 static void wake(struct super *s)
@@ -124,7 +124,8 @@ static void publish(struct super *s, struct active *a, struct event *ev)
 /* The state event is appended before the job row changes: a stream that finds the row
  * final can rely on the final event being in the store already. Sets *out (may be NULL)
  * to the event as published. */
-static void publish_state(struct super *s, struct active *a, job_state st, const char *error, struct event *out)
+static void publish_state(struct super *s, struct active *a, job_state st, const char *error,
+                          struct event *out)
 {
     struct event ev = {.kind = EVENT_STATE, .rank = -1};
     snprintf(ev.state, sizeof ev.state, "%s", job_state_name(st));
@@ -207,7 +208,10 @@ static bool set_pending(struct active *a, const char *why)
 /* The table is a list (for walking every job) and an index by id (thousands of jobs can
  * wait in the queue, and every submission and event looks one up). */
 
-static struct active *find(struct super *s, int64_t job) { return idmap_get(s->index, job); }
+static struct active *find(struct super *s, int64_t job)
+{
+    return idmap_get(s->index, job);
+}
 
 static void link_job(struct super *s, struct active *a)
 {
@@ -296,8 +300,8 @@ static struct active *load(struct super *s, int64_t job)
     /* The stored spec must still be valid (an older server may have stored it). */
     struct spec *spec = malloc(sizeof *spec);
     json_t *js = j.spec ? json_loads(j.spec, 0, NULL) : NULL;
-    struct active *a = spec && js && spec_from_json(js, NULL, spec, &err) == DDPD_OK ? new_active(s, job, j.spec)
-                                                                                      : NULL;
+    struct active *a =
+        spec && js && spec_from_json(js, NULL, spec, &err) == DDPD_OK ? new_active(s, job, j.spec) : NULL;
     json_decref(js);
     if (!a) {
         fprintf(stderr, "ddpd: job %" PRId64 ": stored spec unreadable\n", job);
@@ -461,8 +465,8 @@ static const char *rank_state(const struct active *a, int exit_code)
 {
     if (exit_code == 0)
         return job_state_name(JOB_STATE_SUCCEEDED);
-    if (a->cancel_requested && (exit_code == RANK_EXIT_CANCELLED || exit_code == 128 + SIGTERM ||
-                                exit_code == 128 + SIGKILL))
+    if (a->cancel_requested &&
+        (exit_code == RANK_EXIT_CANCELLED || exit_code == 128 + SIGTERM || exit_code == 128 + SIGKILL))
         return job_state_name(JOB_STATE_CANCELLED);
     return job_state_name(JOB_STATE_FAILED);
 }
@@ -490,8 +494,10 @@ static void ended(struct super *s, struct active *a)
             rows[n++] = sr;
     }
     if (!rows)
-        fprintf(stderr, "ddpd: job %" PRId64 ": out of memory: the ranks' end rows the store refused "
-                "are not retried\n", a->job);
+        fprintf(stderr,
+                "ddpd: job %" PRId64 ": out of memory: the ranks' end rows the store refused "
+                "are not retried\n",
+                a->job);
     free(a->unsaved_ranks);
     a->unsaved_ranks = n ? rows : NULL;
     a->n_unsaved_ranks = n;
@@ -761,8 +767,8 @@ static void add_orphans(const struct store_job *j, struct launch_orphan **o, siz
             *o = no;
         }
         const struct store_rank *r = &j->ranks[i];
-        (*o)[(*n)++] = (struct launch_orphan){.job = j->id, .rank = r->rank, .pid = r->pid,
-                                              .start_time = r->start_time};
+        (*o)[(*n)++] =
+            (struct launch_orphan){.job = j->id, .rank = r->rank, .pid = r->pid, .start_time = r->start_time};
     }
 }
 
@@ -840,7 +846,8 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
         sched_enqueue(s->sched, a->job, a->device, a->world_size);
         pthread_mutex_unlock(&s->lock);
         if (a->state != JOB_STATE_QUEUED)
-            set_state_restart(s, a, JOB_STATE_QUEUED, "server restarted; the job was queued again", a->attempt);
+            set_state_restart(s, a, JOB_STATE_QUEUED, "server restarted; the job was queued again",
+                              a->attempt);
     }
     free(queued);
     return DDPD_OK;
@@ -1005,7 +1012,10 @@ bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t 
     return ok;
 }
 
-device_kind super_default_device(const struct super *s) { return s->o.gpus > 0 ? DEVICE_CUDA : DEVICE_CPU; }
+device_kind super_default_device(const struct super *s)
+{
+    return s->o.gpus > 0 ? DEVICE_CUDA : DEVICE_CPU;
+}
 
 json_t *super_devices(struct super *s)
 {

@@ -21,16 +21,16 @@ struct json_t;
 struct launcher;
 
 struct super_opts {
-    const char *worker;    /* path of ddpd-worker */
-    const char *data_dir;  /* absolute; the workers resolve data paths there */
-    const char *jobs_dir;  /* each job's files go to JOBS_DIR/<id>/ */
+    const char *worker;   /* path of ddpd-worker */
+    const char *data_dir; /* absolute; the workers resolve data paths there */
+    const char *jobs_dir; /* each job's files go to JOBS_DIR/<id>/ */
     int gpus, cpu_slots;
     /* The CUDA device of GPU slot i, as its rank's CUDA_VISIBLE_DEVICES names it
      * (sched_gpu_ids); gpus entries, borrowed. NULL: slot i is device "i". */
     const char (*gpu_ids)[SCHED_GPU_ID_MAX];
-    struct store *store;   /* borrowed */
-    struct hub *hub;       /* borrowed */
-    double grace_s;        /* SIGTERM -> SIGKILL; default 5 */
+    struct store *store;     /* borrowed */
+    struct hub *hub;         /* borrowed */
+    double grace_s;          /* SIGTERM -> SIGKILL; default 5 */
     bool finish_on_shutdown; /* super_stop waits for running jobs instead of cancelling */
     int64_t max_rank_memory; /* bytes a rank may need, sent to every rank (0 = no limit) */
     /* What runs the ranks (launch.h), borrowed; NULL: the local launcher, on the slots

@@ -19,7 +19,10 @@
 
 #define CKPT_FORMAT "ddpd-checkpoint-1"
 
-static float *host_buffer(int64_t n) { return malloc((size_t)n * sizeof(float)); }
+static float *host_buffer(int64_t n)
+{
+    return malloc((size_t)n * sizeof(float));
+}
 
 /* dir/file into out; false when it does not fit. */
 static bool join_path(char *out, size_t cap, const char *dir, const char *file)
@@ -34,8 +37,8 @@ struct meta_text {
     struct safetensors_meta kv[9];
 };
 
-static int meta_fill(struct meta_text *t, struct optim *o, const struct train_pos *pos, int rank,
-                     int world, bool per_rank, bool replicas)
+static int meta_fill(struct meta_text *t, struct optim *o, const struct train_pos *pos, int rank, int world,
+                     bool per_rank, bool replicas)
 {
     snprintf(t->step, sizeof t->step, "%" PRId64, pos->step);
     snprintf(t->epoch, sizeof t->epoch, "%" PRId64, pos->epoch);
@@ -176,8 +179,7 @@ ddpd_err checkpoint_dir_commit(const char *tmp, const char *dir, struct ddpd_err
 {
     char parent[4096];
     if (rename(tmp, dir) != 0)
-        return ddpd_error_set(err, DDPD_EIO, dir, "%s: cannot rename from %s: %s", dir, tmp,
-                              strerror(errno));
+        return ddpd_error_set(err, DDPD_EIO, dir, "%s: cannot rename from %s: %s", dir, tmp, strerror(errno));
     snprintf(parent, sizeof parent, "%s", dir);
     char *slash = strrchr(parent, '/');
     if (slash && slash != parent)
@@ -199,8 +201,7 @@ static ddpd_err load_params(struct model *m, const struct safetensors_file *f, c
         struct param *p = model_param(m, i);
         const struct safetensors_tensor *t = safetensors_get(f, p->name);
         if (!t)
-            return ddpd_error_set(err, DDPD_EDATA, path, "%s: tensor \"%s\" is missing", path,
-                                  p->name);
+            return ddpd_error_set(err, DDPD_EDATA, path, "%s: tensor \"%s\" is missing", path, p->name);
         int same = t->ndim == p->ndim;
         for (int d = 0; same && d < p->ndim; d++)
             same = t->shape[d] == p->shape[d];
@@ -222,8 +223,8 @@ static ddpd_err load_params(struct model *m, const struct safetensors_file *f, c
         for (int j = 0; j < np && !known; j++)
             known = strcmp(model_param(m, j)->name, name) == 0;
         if (!known)
-            return ddpd_error_set(err, DDPD_EDATA, path,
-                                  "%s: tensor \"%s\" is not a parameter of this model", path, name);
+            return ddpd_error_set(err, DDPD_EDATA, path, "%s: tensor \"%s\" is not a parameter of this model",
+                                  path, name);
     }
     return DDPD_OK;
 }
@@ -269,7 +270,8 @@ static struct safetensors_file *read_rank_file(const char *dir, const char *what
     int64_t frank = -1, fstep = -1;
     if (f && (meta_i64(f, "rank", &frank) || meta_i64(f, "step", &fstep) || frank != rank || fstep != step)) {
         ddpd_error_set(err, DDPD_EDATA, path,
-                       "%s: not rank %d's state of step %" PRId64 " (metadata rank/step missing or different)",
+                       "%s: not rank %d's state of step %" PRId64
+                       " (metadata rank/step missing or different)",
                        path, rank, step);
         safetensors_free(f);
         return NULL;
@@ -375,8 +377,8 @@ out:
 
 /* Retention (checkpoint.keep_last, the job disk quota): an upper bound of what one
  * checkpoint writes, so that the quota is checked before a byte of it is. */
-#define CKPT_HEADER_PER_TENSOR 512 /* name <= 127 bytes, dtype, shape, offsets, JSON */
-#define CKPT_HEADER_FIXED 4096     /* length word, metadata, padding */
+#define CKPT_HEADER_PER_TENSOR 512  /* name <= 127 bytes, dtype, shape, offsets, JSON */
+#define CKPT_HEADER_FIXED      4096 /* length word, metadata, padding */
 
 int64_t checkpoint_bytes_bound(struct model *m, struct optim *o)
 {

@@ -29,15 +29,15 @@ struct comm_id {
 void comm_id_to_hex(const struct comm_id *id, char *hex /* [2*COMM_ID_BYTES+1] */);
 int comm_id_from_hex(const char *hex, struct comm_id *id); /* 0, or -1 if malformed */
 
-struct comm;      /* a communicator: {ops, ctx} behind an opaque handle */
-struct comm_req;  /* an outstanding asynchronous collective */
+struct comm;     /* a communicator: {ops, ctx} behind an opaque handle */
+struct comm_req; /* an outstanding asynchronous collective */
 
 struct comm_ops {
     const char *name;
     /* Joins the group of `world` ranks named by `id` as `rank`, within timeout_s (also
      * the deadline of every later collective). */
-    ddpd_err (*init_rank)(const struct comm_id *id, int rank, int world, double timeout_s,
-                          void **ctx, char *errbuf, size_t errcap);
+    ddpd_err (*init_rank)(const struct comm_id *id, int rank, int world, double timeout_s, void **ctx,
+                          char *errbuf, size_t errcap);
     /* Starts an in-place SUM all-reduce of n floats; the buffer must stay untouched until
      * wait returns. Results are bitwise identical on every rank. */
     ddpd_err (*allreduce_start)(void *ctx, float *buf, int64_t n, struct comm_req **req);
@@ -92,8 +92,7 @@ ddpd_err comm_allreduce_start(struct comm *c, float *buf, int64_t n, struct comm
                               struct ddpd_error *err);
 ddpd_err comm_wait(struct comm *c, struct comm_req *req, struct ddpd_error *err);
 ddpd_err comm_broadcast(struct comm *c, void *buf, size_t bytes, int root, struct ddpd_error *err);
-ddpd_err comm_allgather(struct comm *c, const void *in, size_t bytes, void *out,
-                        struct ddpd_error *err);
+ddpd_err comm_allgather(struct comm *c, const void *in, size_t bytes, void *out, struct ddpd_error *err);
 ddpd_err comm_allreduce_max_i64(struct comm *c, int64_t *v, int n, struct ddpd_error *err);
 ddpd_err comm_barrier(struct comm *c, struct ddpd_error *err);
 void comm_abort(struct comm *c);

@@ -20,8 +20,8 @@ struct dataset;
  * for mse or [N] int32 class ids for cross_entropy (int64 converted, range checked
  * against out). Returns NULL with `err` set (DDPD_EDATA names the file, and the row or
  * byte offset where known). Caller frees with dataset_free. */
-struct dataset *dataset_open(const struct spec *spec, const char *data_dir, int rank,
-                             int world_size, struct ddpd_error *err);
+struct dataset *dataset_open(const struct spec *spec, const char *data_dir, int rank, int world_size,
+                             struct ddpd_error *err);
 void dataset_free(struct dataset *ds);
 
 /* The same check for any other file a spec names under the data directory (init.from):
@@ -53,8 +53,8 @@ int64_t dataset_batches(const struct dataset *ds);
  * are known from the spec alone (synthetic) or from the .npy/CSV headers (whole files
  * sharded by rank). Writes world_size counts into `out` and returns DDPD_OK; returns
  * DDPD_ENOTFOUND when they can only be known by the ranks ({rank} files). */
-ddpd_err dataset_batch_counts(const struct spec *spec, const char *data_dir, int world_size,
-                              int64_t *out, struct ddpd_error *err);
+ddpd_err dataset_batch_counts(const struct spec *spec, const char *data_dir, int world_size, int64_t *out,
+                              struct ddpd_error *err);
 
 /* What the planner checks before a job is accepted: the rows of the whole data set
  * (synthetic: the spec's; files: their headers) and, reading every value, that class

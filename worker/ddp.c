@@ -12,11 +12,11 @@
 #define FIRST_BUCKET_BYTES (1 << 20) /* dist._DEFAULT_FIRST_BUCKET_BYTES */
 
 struct bucket {
-    float *buf;          /* flat gradient storage; each parameter's grad is a view */
+    float *buf; /* flat gradient storage; each parameter's grad is a view */
     int64_t numel;
     int nparams;
-    int *params;         /* parameter indices in layout order */
-    int pending;         /* gradients not yet ready in this backward */
+    int *params; /* parameter indices in layout order */
+    int pending; /* gradients not yet ready in this backward */
     struct comm_req *req;
 };
 
@@ -28,20 +28,20 @@ struct ddp {
     int world, rank;
     int nbuckets;
     struct bucket *buckets;
-    int *bucket_of;      /* parameter index -> bucket */
+    int *bucket_of; /* parameter index -> bucket */
     /* per backward */
-    bool require_sync;   /* no_sync sets it false */
-    bool armed;          /* the last forward decided to reduce */
-    int next_bucket;     /* next bucket to launch, in index order */
-    float scale;         /* float(1/divisor) for this backward */
-    ddpd_err hook_rc;    /* first failure inside a hook */
+    bool require_sync; /* no_sync sets it false */
+    bool armed;        /* the last forward decided to reduce */
+    int next_bucket;   /* next bucket to launch, in index order */
+    float scale;       /* float(1/divisor) for this backward */
+    ddpd_err hook_rc;  /* first failure inside a hook */
     struct ddpd_error hook_err;
     /* join */
-    float *zeros;        /* scratch for shadowed buckets */
-    float *live;         /* one tensor float: join's count of live ranks (a collective's
-                          * tensors are the compute backend's memory, comm.h) */
+    float *zeros; /* scratch for shadowed buckets */
+    float *live;  /* one tensor float: join's count of live ranks (a collective's
+                   * tensors are the compute backend's memory, comm.h) */
     int64_t max_bucket;
-    int64_t steps;       /* synced steps this rank ran itself since the last join */
+    int64_t steps; /* synced steps this rank ran itself since the last join */
 };
 
 int ddp_assign_buckets(const int64_t *bytes, int n, const int64_t *limits, int nlim, int *bucket_of)
@@ -131,8 +131,8 @@ static ddpd_err broadcast_params(struct ddp *d, int root, struct ddpd_error *err
         contiguous &= p->data + p->numel == model_param(d->m, i + 1)->data;
     }
     if (contiguous)
-        return comm_broadcast(d->comm, model_param(d->m, 0)->data,
-                              (size_t)model_numel(d->m) * sizeof(float), root, err);
+        return comm_broadcast(d->comm, model_param(d->m, 0)->data, (size_t)model_numel(d->m) * sizeof(float),
+                              root, err);
     for (int i = 0; i < np; i++) {
         struct param *p = model_param(d->m, i);
         ddpd_err rc = comm_broadcast(d->comm, p->data, (size_t)p->numel * sizeof(float), root, err);
@@ -341,8 +341,8 @@ ddpd_err ddp_backward_end(struct ddp *d, struct ddpd_error *err)
                 rc = w;
         } else if (!rc) {
             rc = ddpd_error_set(err, DDPD_EINTERNAL, "",
-                                "bucket %d was never reduced: parameter %s got no gradient in backward",
-                                b, model_param(d->m, bk->params[0])->name);
+                                "bucket %d was never reduced: parameter %s got no gradient in backward", b,
+                                model_param(d->m, bk->params[0])->name);
         }
     }
     return rc;
@@ -355,7 +355,10 @@ bool ddp_no_sync_enter(struct ddp *d)
     return prev;
 }
 
-void ddp_no_sync_exit(struct ddp *d, bool prev) { d->require_sync = prev; }
+void ddp_no_sync_exit(struct ddp *d, bool prev)
+{
+    d->require_sync = prev;
+}
 
 ddpd_err ddp_join(struct ddp *d, int64_t *shadowed, struct ddpd_error *err)
 {
@@ -403,7 +406,10 @@ out:
     return rc;
 }
 
-int ddp_bucket_count(const struct ddp *d) { return d->nbuckets; }
+int ddp_bucket_count(const struct ddp *d)
+{
+    return d->nbuckets;
+}
 
 int ddp_bucket_params(const struct ddp *d, int b, int *idx, int cap, int64_t *bytes)
 {

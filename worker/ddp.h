@@ -25,21 +25,21 @@
 #include "model.h"
 
 struct ddp_opts {
-    double bucket_cap_mb;               /* default 25; the first bucket is capped at 1 MiB */
-    bool join;                          /* join mode: per-step notifications, shadowing */
-    bool divide_by_initial_world_size;  /* join's divisor: W (true) or the live ranks */
-    bool keep_params;                   /* skip the construction broadcast: every rank
-                                         * resumes its own replica from a checkpoint
-                                         * (replicas differ between joins, DDP.md §4.5) */
+    double bucket_cap_mb;              /* default 25; the first bucket is capped at 1 MiB */
+    bool join;                         /* join mode: per-step notifications, shadowing */
+    bool divide_by_initial_world_size; /* join's divisor: W (true) or the live ranks */
+    bool keep_params;                  /* skip the construction broadcast: every rank
+                                        * resumes its own replica from a checkpoint
+                                        * (replicas differ between joins, DDP.md §4.5) */
 };
 
 struct ddp;
 
 /* Construction, collective on every rank (DDP.md §1.2): all-gathers the parameter count
  * and the shapes and fails on every rank with the same message when any rank's model
- * differs; broadcasts rank 0's parameters (unless opts->keep_params); lays gradients out as views into flat buckets
- * over the parameters in reverse registration order (first bucket <= 1 MiB, then
- * bucket_cap_mb). `model` and `comm` are borrowed and must outlive the ddp. */
+ * differs; broadcasts rank 0's parameters (unless opts->keep_params); lays gradients out as views into flat
+ * buckets over the parameters in reverse registration order (first bucket <= 1 MiB, then bucket_cap_mb).
+ * `model` and `comm` are borrowed and must outlive the ddp. */
 struct ddp *ddp_new(struct model *model, struct comm *comm, const struct ddp_opts *opts,
                     struct ddpd_error *err);
 void ddp_free(struct ddp *d);

@@ -20,12 +20,12 @@
 struct sgd_hyper {
     float lr, momentum, dampening, weight_decay;
     bool nesterov;
-    bool first; /* first step for this parameter: buf = grad (no dampening) */
+    bool first;                /* first step for this parameter: buf = grad (no dampening) */
     float one_minus_dampening; /* 1 - dampening */
 };
 struct adamw_hyper {
     float lr, beta1, beta2, eps, weight_decay;
-    int64_t step; /* 1-based step count after increment */
+    int64_t step;                           /* 1-based step count after increment */
     float decay;                            /* 1 - lr * weight_decay */
     float one_minus_beta1, one_minus_beta2; /* 1 - beta1, 1 - beta2 */
     float neg_step_size;                    /* -lr / (1 - beta1^step) */
@@ -43,33 +43,32 @@ struct dev_ops {
 
     /* C[M,N] = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T; lda/ldb/ldc are
      * row strides. (cblas_sgemm with CblasRowMajor.) */
-    void (*gemm)(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                 float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                 float beta, float *c, int64_t ldc);
+    void (*gemm)(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
     /* y[M,N] += b[N] broadcast over rows. */
     void (*add_bias)(void *ctx, float *y, const float *b, int64_t m, int64_t n);
     /* db[N] += sum over rows of dy[M,N]. */
     void (*bias_grad)(void *ctx, float *db, const float *dy, int64_t m, int64_t n);
     /* y = f(x) elementwise; dx = f'(x) * dy (y is f(x), for tanh/sigmoid). */
     void (*act_forward)(void *ctx, layer_kind k, float *y, const float *x, int64_t n);
-    void (*act_backward)(void *ctx, layer_kind k, float *dx, const float *dy, const float *x,
-                         const float *y, int64_t n);
+    void (*act_backward)(void *ctx, layer_kind k, float *dx, const float *dy, const float *x, const float *y,
+                         int64_t n);
     /* Losses (means, as PyTorch): write the loss into *loss (one device float) and the
      * gradient of the loss w.r.t. pred into dpred (overwritten).
      * mse: pred/target [M,N]; cross_entropy: logits [M,N], labels [M] int32 in [0,N). */
-    void (*mse)(void *ctx, const float *pred, const float *target, int64_t m, int64_t n,
-                float *dpred, float *loss);
-    void (*cross_entropy)(void *ctx, const float *logits, const int32_t *labels, int64_t m,
-                          int64_t n, float *dlogits, float *loss);
+    void (*mse)(void *ctx, const float *pred, const float *target, int64_t m, int64_t n, float *dpred,
+                float *loss);
+    void (*cross_entropy)(void *ctx, const float *logits, const int32_t *labels, int64_t m, int64_t n,
+                          float *dlogits, float *loss);
     /* Optimizer updates of one parameter tensor of n elements, in place. */
-    void (*sgd_step)(void *ctx, const struct sgd_hyper *h, float *param, const float *grad,
-                     float *buf, int64_t n);
-    void (*adamw_step)(void *ctx, const struct adamw_hyper *h, float *param,
-                       const float *grad, float *exp_avg, float *exp_avg_sq, int64_t n);
+    void (*sgd_step)(void *ctx, const struct sgd_hyper *h, float *param, const float *grad, float *buf,
+                     int64_t n);
+    void (*adamw_step)(void *ctx, const struct adamw_hyper *h, float *param, const float *grad,
+                       float *exp_avg, float *exp_avg_sq, int64_t n);
     /* Small helpers. */
     void (*fill)(void *ctx, float *x, float v, int64_t n);
     void (*copy)(void *ctx, float *dst, const float *src, int64_t n);
-    void (*scale)(void *ctx, float *x, float a, int64_t n);             /* x *= a */
+    void (*scale)(void *ctx, float *x, float a, int64_t n);                          /* x *= a */
     void (*scale_copy)(void *ctx, float *dst, const float *src, float a, int64_t n); /* dst = src*a */
 
     /* Optional slots (NULL on the CPU, where the plain ops are already the fast path). */
@@ -79,8 +78,8 @@ struct dev_ops {
     void (*sgd_group)(void *ctx, const struct sgd_hyper *h, int count, float *const *param,
                       const float *const *grad, float *const *buf, const int64_t *numel);
     void (*adamw_group)(void *ctx, const struct adamw_hyper *h, int count, float *const *param,
-                        const float *const *grad, float *const *exp_avg,
-                        float *const *exp_avg_sq, const int64_t *numel);
+                        const float *const *grad, float *const *exp_avg, float *const *exp_avg_sq,
+                        const int64_t *numel);
     /* A read of n floats that does not stall the queue: fetch_start copies them into
      * pinned host memory behind the work queued so far and returns at once; fetch_wait
      * waits for that copy only and writes them into dst. One fetch in flight at a time. */
@@ -137,8 +136,8 @@ const char *dev_cuda_name(struct dev d);
  * `ddpd-worker --devices` prints of device i. False when i cannot be queried. */
 struct dev_cuda_info {
     char name[256];
-    uint64_t memory;  /* bytes */
-    char uuid[48];    /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi writes it */
+    uint64_t memory; /* bytes */
+    char uuid[48];   /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi writes it */
 };
 int dev_cuda_device_count(void);
 bool dev_cuda_device_info(int i, struct dev_cuda_info *out);

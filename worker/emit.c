@@ -48,7 +48,10 @@ void emit_event(struct event *ev)
         emit_flush();
 }
 
-void emit_set_rank(int r) { rank = r; }
+void emit_set_rank(int r)
+{
+    rank = r;
+}
 
 void emit_log(const char *fmt, ...)
 {

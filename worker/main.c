@@ -228,8 +228,8 @@ static void plan_one(const char *line, size_t len)
     ans.known = known;
     ans.world_size = req.world_size;
     for (int r = 0; rc == DDPD_OK && known && r < req.world_size; r++)
-        ans.batches[r] = spec_batches(spec_shard_rows(rows, r, req.world_size), spec->batch_size,
-                                      spec->data.drop_last);
+        ans.batches[r] =
+            spec_batches(spec_shard_rows(rows, r, req.world_size), spec->batch_size, spec->data.drop_last);
     if (rc != DDPD_OK) {
         snprintf(ans.path, sizeof ans.path, "%s", err.path);
         snprintf(ans.message, sizeof ans.message, "%s", err.message);
@@ -263,8 +263,8 @@ static int devices_main(void)
         struct dev_cuda_info info;
         if (!dev_cuda_device_info(i, &info))
             continue;
-        json_array_append_new(arr, json_pack("{s:i, s:s, s:I, s:s}", "index", i, "name", info.name,
-                                             "memory", (json_int_t)info.memory, "uuid", info.uuid));
+        json_array_append_new(arr, json_pack("{s:i, s:s, s:I, s:s}", "index", i, "name", info.name, "memory",
+                                             (json_int_t)info.memory, "uuid", info.uuid));
     }
     char *line = json_dumps(arr, JSON_COMPACT);
     if (line)
@@ -301,7 +301,8 @@ static int slurm_rank(struct jobdoc *d, struct ddpd_error *err)
 {
     const char *procid = getenv("SLURM_PROCID"), *ntasks = getenv("SLURM_NTASKS");
     if (!procid) {
-        ddpd_error_set(err, DDPD_ESPEC, "rank", "rank: the job document has no rank and SLURM_PROCID is not set");
+        ddpd_error_set(err, DDPD_ESPEC, "rank",
+                       "rank: the job document has no rank and SLURM_PROCID is not set");
         return -1;
     }
     char *end;
@@ -335,7 +336,8 @@ static int plan_main(void)
     while ((n = getline(&line, &cap, stdin)) > 0) {
         if (n > STDIN_MAX) {
             struct ddpd_error err;
-            ddpd_error_set(&err, DDPD_ETOOBIG, "stdin", "the plan document is larger than %d bytes", STDIN_MAX);
+            ddpd_error_set(&err, DDPD_ETOOBIG, "stdin", "the plan document is larger than %d bytes",
+                           STDIN_MAX);
             emit_error(&err);
             continue;
         }
@@ -400,8 +402,9 @@ int main(int argc, char **argv)
     json_t *doc = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     free(text);
     if (!json_is_object(doc)) {
-        ddpd_error_set(&err, DDPD_EJSON, "stdin", "the job document on stdin is not a JSON object (line %d, column %d: %s)",
-                       jerr.line, jerr.column, doc ? "not an object" : jerr.text);
+        ddpd_error_set(&err, DDPD_EJSON, "stdin",
+                       "the job document on stdin is not a JSON object (line %d, column %d: %s)", jerr.line,
+                       jerr.column, doc ? "not an object" : jerr.text);
         emit_die(&err);
     }
 
@@ -444,7 +447,8 @@ int main(int argc, char **argv)
         struct comm_id id;
         if (comm_id_from_hex(jd.comm_id, &id) != 0) {
             ddpd_error_set(&err, DDPD_ESPEC, "comm",
-                           "comm: %d ranks need {\"backend\": \"cpu\" or \"nccl\", \"id\": \"<hex>\"} in the job document",
+                           "comm: %d ranks need {\"backend\": \"cpu\" or \"nccl\", \"id\": \"<hex>\"} in the "
+                           "job document",
                            world);
             emit_die(&err);
         }

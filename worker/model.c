@@ -17,15 +17,15 @@
 struct layer {
     layer_kind kind;
     int64_t in, out;
-    int w, b;   /* param indices of weight and bias; -1 if none */
-    float *y;   /* output [max_batch,out] (device) */
+    int w, b; /* param indices of weight and bias; -1 if none */
+    float *y; /* output [max_batch,out] (device) */
 };
 
 struct model {
     struct dev dev;
     int n_layers;
     struct layer layers[SPEC_MAX_LAYERS];
-    int first_linear;  /* backward stops there: nothing before it has parameters */
+    int first_linear; /* backward stops there: nothing before it has parameters */
     int n_params;
     struct param params[2 * SPEC_MAX_LAYERS];
     int64_t numel, max_batch;
@@ -40,8 +40,7 @@ struct model {
     bool grad_zero;
 };
 
-static void add_param(struct model *m, int layer, const char *what, int ndim, int64_t rows,
-                      int64_t cols)
+static void add_param(struct model *m, int layer, const char *what, int ndim, int64_t rows, int64_t cols)
 {
     struct param *p = &m->params[m->n_params];
     snprintf(p->name, sizeof p->name, "%d.%s", layer, what);
@@ -223,9 +222,18 @@ void model_free(struct model *m)
     free(m);
 }
 
-struct dev model_dev(const struct model *m) { return m->dev; }
-int model_param_count(const struct model *m) { return m->n_params; }
-int64_t model_numel(const struct model *m) { return m->numel; }
+struct dev model_dev(const struct model *m)
+{
+    return m->dev;
+}
+int model_param_count(const struct model *m)
+{
+    return m->n_params;
+}
+int64_t model_numel(const struct model *m)
+{
+    return m->numel;
+}
 
 struct param *model_param(struct model *m, int i)
 {
@@ -254,8 +262,8 @@ const float *model_forward(struct model *m, const float *x, int64_t batch)
                 ops->add_bias(ctx, l->y, m->params[l->b].data, batch, l->out);
                 beta = 1.0f;
             }
-            ops->gemm(ctx, false, true, batch, l->out, l->in, 1.0f, in, l->in,
-                      m->params[l->w].data, l->in, beta, l->y, l->out);
+            ops->gemm(ctx, false, true, batch, l->out, l->in, 1.0f, in, l->in, m->params[l->w].data, l->in,
+                      beta, l->y, l->out);
         } else {
             ops->act_forward(ctx, l->kind, l->y, in, batch * l->out);
         }
@@ -298,8 +306,8 @@ void model_backward(struct model *m, const float *dy, model_grad_ready_fn ready,
                 ready(ctx, l->w);
             if (i == m->first_linear)
                 break; /* nothing below needs dx */
-            ops->gemm(dctx, false, false, B, l->in, l->out, 1.0f, cur, l->out, w->data, l->in,
-                      0.0f, next, l->in);
+            ops->gemm(dctx, false, false, B, l->in, l->out, 1.0f, cur, l->out, w->data, l->in, 0.0f, next,
+                      l->in);
         } else {
             ops->act_backward(dctx, l->kind, next, cur, in, l->y, B * l->out);
         }
@@ -308,7 +316,10 @@ void model_backward(struct model *m, const float *dy, model_grad_ready_fn ready,
     m->grad_zero = false;
 }
 
-void model_zero_grad(struct model *m) { m->grad_zero = true; }
+void model_zero_grad(struct model *m)
+{
+    m->grad_zero = true;
+}
 
 void model_set_grad_storage(struct model *m, int i, float *grad)
 {

@@ -13,14 +13,14 @@
 #include "dev.h"
 
 struct param {
-    char name[32];  /* "0.weight" */
-    int index;      /* position in registration order */
-    int layer;      /* index into the spec's model */
-    int ndim;       /* 2 for weights [out,in], 1 for biases [out] */
+    char name[32]; /* "0.weight" */
+    int index;     /* position in registration order */
+    int layer;     /* index into the spec's model */
+    int ndim;      /* 2 for weights [out,in], 1 for biases [out] */
     int64_t shape[2];
     int64_t numel;
-    float *data;    /* device memory, owned by the model */
-    float *grad;    /* device memory; owned by the model unless re-pointed (see below) */
+    float *data; /* device memory, owned by the model */
+    float *grad; /* device memory; owned by the model unless re-pointed (see below) */
 };
 
 struct model;
@@ -42,10 +42,10 @@ void model_free(struct model *m);
  * count, or -1 when memory ran out. */
 int model_spec_params(const struct spec *spec, struct param *out);
 
-struct dev model_dev(const struct model *m);           /* the backend it lives on */
-int model_param_count(const struct model *m);       /* tensors */
-int64_t model_numel(const struct model *m);         /* scalars */
-struct param *model_param(struct model *m, int i);  /* borrowed, 0 <= i < count */
+struct dev model_dev(const struct model *m);       /* the backend it lives on */
+int model_param_count(const struct model *m);      /* tensors */
+int64_t model_numel(const struct model *m);        /* scalars */
+struct param *model_param(struct model *m, int i); /* borrowed, 0 <= i < count */
 
 /* Forward pass of x[B,in] (device memory, B <= max_batch). Returns the output
  * [B,out] (borrowed: valid until the next forward). Keeps the activations backward needs. */

@@ -15,12 +15,12 @@ struct optim {
     struct model *m;
     struct dev dev;
     int64_t steps;
-    bool have_buf;  /* SGD momentum buffers hold a value (PyTorch: buf is not None) */
-    int per;        /* state tensors per parameter: 0, 1 (momentum) or 2 (AdamW) */
-    int n;          /* parameters */
-    int64_t numel;  /* scalars in all parameters */
-    int64_t *off;   /* [n] offset of each parameter's state within one state kind */
-    float *state;   /* [per,numel] device memory: kind k of param i at k*numel + off[i] */
+    bool have_buf; /* SGD momentum buffers hold a value (PyTorch: buf is not None) */
+    int per;       /* state tensors per parameter: 0, 1 (momentum) or 2 (AdamW) */
+    int n;         /* parameters */
+    int64_t numel; /* scalars in all parameters */
+    int64_t *off;  /* [n] offset of each parameter's state within one state kind */
+    float *state;  /* [per,numel] device memory: kind k of param i at k*numel + off[i] */
     /* The group's tensors for a backend with one-launch group updates ([n] each). */
     float **p, **s1, **s2;
     const float **g;
@@ -88,8 +88,8 @@ struct optim *optim_new(const struct spec_optim *cfg, struct model *m)
     }
     if (o->per) {
         /* alloc zeroes: AdamW's moments start at zero, as torch.zeros_like. */
-        o->state = o->dev.ops->alloc(o->dev.ctx,
-                                     (size_t)(o->per * (o->numel ? o->numel : 1)) * sizeof(float));
+        o->state =
+            o->dev.ops->alloc(o->dev.ctx, (size_t)(o->per * (o->numel ? o->numel : 1)) * sizeof(float));
         if (!o->state)
             goto fail;
     }
@@ -171,9 +171,15 @@ void optim_step(struct optim *o)
     }
 }
 
-int64_t optim_steps(const struct optim *o) { return o->steps; }
+int64_t optim_steps(const struct optim *o)
+{
+    return o->steps;
+}
 
-int optim_state_count(const struct optim *o) { return o->per * o->n; }
+int optim_state_count(const struct optim *o)
+{
+    return o->per * o->n;
+}
 
 float *optim_state_at(struct optim *o, int i, char *name, int cap, const struct param **like)
 {

@@ -18,9 +18,15 @@ void rng_seed2(struct rng *r, uint64_t seed, uint64_t stream)
         r->s[i] = splitmix64(&x);
 }
 
-void rng_seed(struct rng *r, uint64_t seed) { rng_seed2(r, seed, 0); }
+void rng_seed(struct rng *r, uint64_t seed)
+{
+    rng_seed2(r, seed, 0);
+}
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
 
 static uint64_t next(struct rng *r)
 {
@@ -36,7 +42,10 @@ static uint64_t next(struct rng *r)
     return result;
 }
 
-double rng_uniform(struct rng *r) { return (double)(next(r) >> 11) * 0x1.0p-53; }
+double rng_uniform(struct rng *r)
+{
+    return (double)(next(r) >> 11) * 0x1.0p-53;
+}
 
 double rng_normal(struct rng *r)
 {

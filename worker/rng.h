@@ -13,8 +13,8 @@ struct rng {
 void rng_seed(struct rng *r, uint64_t seed);
 /* A generator for stream `stream` of `seed`: independent sequences from one seed. */
 void rng_seed2(struct rng *r, uint64_t seed, uint64_t stream);
-double rng_uniform(struct rng *r);            /* [0, 1) with 53 bits */
-double rng_normal(struct rng *r);             /* N(0,1), Box-Muller, no cached pair */
+double rng_uniform(struct rng *r);             /* [0, 1) with 53 bits */
+double rng_normal(struct rng *r);              /* N(0,1), Box-Muller, no cached pair */
 uint64_t rng_below(struct rng *r, uint64_t n); /* uniform in [0, n), unbiased */
 /* Fisher-Yates shuffle of idx[0..n). */
 void rng_shuffle(struct rng *r, int64_t *idx, int64_t n);

@@ -20,7 +20,7 @@
 #include "../base/file.h"
 
 #define SAFETENSORS_MAX_FILE (64LL << 30)
-#define IO_CHUNK (1 << 20)
+#define IO_CHUNK             (1 << 20)
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define HOST_LE 1
@@ -31,8 +31,8 @@
 struct safetensors_file {
     int n;
     struct safetensors_tensor *t; /* [n], in the header's order */
-    float *block;        /* every tensor's data */
-    json_t *root;        /* the header; "__metadata__" strings are borrowed from it */
+    float *block;                 /* every tensor's data */
+    json_t *root;                 /* the header; "__metadata__" strings are borrowed from it */
     json_t *meta;
 };
 
@@ -528,8 +528,7 @@ static struct safetensors_file *read_file(int fd_in, const char *path, bool valu
     }
     const char *key;
     json_t *v;
-    json_object_foreach(f->root, key, v)
-    {
+    json_object_foreach (f->root, key, v) {
         if (strcmp(key, "__metadata__") == 0) {
             const char *mk;
             json_t *mv;
@@ -537,8 +536,7 @@ static struct safetensors_file *read_file(int fd_in, const char *path, bool valu
                 rc = fail(err, DDPD_EDATA, path, "\"__metadata__\" is not an object");
                 goto out;
             }
-            json_object_foreach(v, mk, mv)
-            {
+            json_object_foreach (v, mk, mv) {
                 if (!json_is_string(mv)) {
                     rc = fail(err, DDPD_EDATA, path, "\"__metadata__\" value of \"%.64s\" is not a string",
                               mk);

@@ -9,7 +9,7 @@
 
 #include "../schema/err.h"
 
-#define SAFETENSORS_MAX_DIMS 4
+#define SAFETENSORS_MAX_DIMS   4
 #define SAFETENSORS_MAX_HEADER (16 * 1024 * 1024)
 
 struct safetensors_tensor {

@@ -117,7 +117,7 @@ struct run {
     bool said_pruned; /* the keep_last note is logged once per run */
     int64_t in, out, nb, max_nb, total;
     float *hx, *hy, *x, *y, *dpred, *dloss; /* dloss: one loss per micro-batch of a step */
-    float *hloss, *hcheck; /* hcheck: the step's losses read for on_nonfinite */
+    float *hloss, *hcheck;                  /* hcheck: the step's losses read for on_nonfinite */
     int32_t *hl, *labels;
 };
 
@@ -228,8 +228,8 @@ static void log_finish(struct run *r, struct pending_log *p, double *t_log, doub
 
 /* Starts reading a logged step's micro-batch losses; emits at once where reads are
  * immediate anyway (the CPU). */
-static void log_start(struct run *r, struct pending_log *p, const struct pending_log *now,
-                      double *t_log, double *last_loss)
+static void log_start(struct run *r, struct pending_log *p, const struct pending_log *now, double *t_log,
+                      double *last_loss)
 {
     const struct dev_ops *ops = r->dev.ops;
     *p = *now;
@@ -332,7 +332,8 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
             writer = 0;
         if (!rc && all[1] != DDPD_OK)
             rc = ddpd_error_set(err, DDPD_EIO, tmp,
-                                "checkpoint of step %" PRId64 ": rank 0 could not start %s (rank 0's error says why)",
+                                "checkpoint of step %" PRId64
+                                ": rank 0 could not start %s (rank 0's error says why)",
                                 at.step, tmp);
     }
     if (rc)
@@ -495,7 +496,8 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     /* Checkpoints are the job owner's: folders 0700, files 0600 (checkpoint.h). */
     int en = cfg->rank == 0 ? base_mkdirs(cfg->out_dir, true) : 0;
     if (en)
-        return ddpd_error_set(err, DDPD_EIO, cfg->out_dir, "%s: cannot create: %s", cfg->out_dir, strerror(en));
+        return ddpd_error_set(err, DDPD_EIO, cfg->out_dir, "%s: cannot create: %s", cfg->out_dir,
+                              strerror(en));
     if ((rc = agree_on_batches(r, err)))
         return rc;
     if (cfg->comm) {
@@ -578,8 +580,8 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
             /* The previous logged step's losses have arrived while this one was queued. */
             log_finish(&r, &pend, &t_log, &last_loss);
             if (pos.step % s->log_every == 0 || pos.step == r.total || nonfinite) {
-                const struct pending_log now = {.step = pos.step, .epoch = epoch, .micro = micro,
-                                                .samples = samples_since_log};
+                const struct pending_log now = {
+                    .step = pos.step, .epoch = epoch, .micro = micro, .samples = samples_since_log};
                 log_start(&r, &pend, &now, &t_log, &last_loss);
                 samples_since_log = 0;
             }

@@ -15,18 +15,18 @@
 struct train_config {
     const struct spec *spec; /* borrowed */
     int rank, world_size;
-    const char *data_dir;    /* where data paths and init.from are resolved */
-    const char *out_dir;     /* checkpoints and the final model (rank 0 writes them) */
-    const char *resume;      /* a checkpoint directory to continue from, or NULL */
-    int64_t disk_quota;      /* bytes the job folder may hold (rank 0 checks before each
-                              * checkpoint); 0 = no quota */
-    volatile sig_atomic_t *cancel; /* set by SIGTERM: stop at the next micro-batch */
+    const char *data_dir;           /* where data paths and init.from are resolved */
+    const char *out_dir;            /* checkpoints and the final model (rank 0 writes them) */
+    const char *resume;             /* a checkpoint directory to continue from, or NULL */
+    int64_t disk_quota;             /* bytes the job folder may hold (rank 0 checks before each
+                                     * checkpoint); 0 = no quota */
+    volatile sig_atomic_t *cancel;  /* set by SIGTERM: stop at the next micro-batch */
     volatile sig_atomic_t *in_loop; /* set here on entering the training loop; before
                                      * that the SIGTERM handler may end the process */
-    struct comm *comm;       /* the group, NULL for a single rank without DDP */
-    struct dev dev;          /* the compute backend (borrowed; the caller made it) */
-    int64_t max_rank_memory; /* bytes a rank may use (the server's --max-rank-memory), 0 = no
-                              * limit but this machine's memory */
+    struct comm *comm;              /* the group, NULL for a single rank without DDP */
+    struct dev dev;                 /* the compute backend (borrowed; the caller made it) */
+    int64_t max_rank_memory;        /* bytes a rank may use (the server's --max-rank-memory), 0 = no
+                                     * limit but this machine's memory */
 };
 
 /* Runs the job to the end. Emits start, loss, checkpoint and done events (emit.h).

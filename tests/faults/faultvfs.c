@@ -61,14 +61,9 @@ static enum mode mode_now(void)
 static int fault(int ioerr_kind)
 {
     switch (mode_now()) {
-    case MODE_FULL:
-        atomic_fetch_add(&injected, 1);
-        return SQLITE_FULL;
-    case MODE_IOERR:
-        atomic_fetch_add(&injected, 1);
-        return ioerr_kind;
-    case MODE_OFF:
-        break;
+    case MODE_FULL: atomic_fetch_add(&injected, 1); return SQLITE_FULL;
+    case MODE_IOERR: atomic_fetch_add(&injected, 1); return ioerr_kind;
+    case MODE_OFF: break;
     }
     return SQLITE_OK;
 }
@@ -80,7 +75,10 @@ struct ffile {
 
 #define REAL(f) (((struct ffile *)(f))->real)
 
-static int f_close(sqlite3_file *f) { return REAL(f)->pMethods->xClose(REAL(f)); }
+static int f_close(sqlite3_file *f)
+{
+    return REAL(f)->pMethods->xClose(REAL(f));
+}
 static int f_read(sqlite3_file *f, void *p, int n, sqlite3_int64 off)
 {
     return REAL(f)->pMethods->xRead(REAL(f), p, n, off);
@@ -100,13 +98,34 @@ static int f_sync(sqlite3_file *f, int flags)
     int rc = fault(SQLITE_IOERR_FSYNC);
     return rc ? rc : REAL(f)->pMethods->xSync(REAL(f), flags);
 }
-static int f_size(sqlite3_file *f, sqlite3_int64 *size) { return REAL(f)->pMethods->xFileSize(REAL(f), size); }
-static int f_lock(sqlite3_file *f, int l) { return REAL(f)->pMethods->xLock(REAL(f), l); }
-static int f_unlock(sqlite3_file *f, int l) { return REAL(f)->pMethods->xUnlock(REAL(f), l); }
-static int f_check(sqlite3_file *f, int *out) { return REAL(f)->pMethods->xCheckReservedLock(REAL(f), out); }
-static int f_fcntl(sqlite3_file *f, int op, void *arg) { return REAL(f)->pMethods->xFileControl(REAL(f), op, arg); }
-static int f_sector(sqlite3_file *f) { return REAL(f)->pMethods->xSectorSize(REAL(f)); }
-static int f_devchar(sqlite3_file *f) { return REAL(f)->pMethods->xDeviceCharacteristics(REAL(f)); }
+static int f_size(sqlite3_file *f, sqlite3_int64 *size)
+{
+    return REAL(f)->pMethods->xFileSize(REAL(f), size);
+}
+static int f_lock(sqlite3_file *f, int l)
+{
+    return REAL(f)->pMethods->xLock(REAL(f), l);
+}
+static int f_unlock(sqlite3_file *f, int l)
+{
+    return REAL(f)->pMethods->xUnlock(REAL(f), l);
+}
+static int f_check(sqlite3_file *f, int *out)
+{
+    return REAL(f)->pMethods->xCheckReservedLock(REAL(f), out);
+}
+static int f_fcntl(sqlite3_file *f, int op, void *arg)
+{
+    return REAL(f)->pMethods->xFileControl(REAL(f), op, arg);
+}
+static int f_sector(sqlite3_file *f)
+{
+    return REAL(f)->pMethods->xSectorSize(REAL(f));
+}
+static int f_devchar(sqlite3_file *f)
+{
+    return REAL(f)->pMethods->xDeviceCharacteristics(REAL(f));
+}
 static int f_shm_map(sqlite3_file *f, int pg, int pgsz, int extend, void volatile **pp)
 {
     return REAL(f)->pMethods->xShmMap(REAL(f), pg, pgsz, extend, pp);
@@ -115,13 +134,22 @@ static int f_shm_lock(sqlite3_file *f, int off, int n, int flags)
 {
     return REAL(f)->pMethods->xShmLock(REAL(f), off, n, flags);
 }
-static void f_shm_barrier(sqlite3_file *f) { REAL(f)->pMethods->xShmBarrier(REAL(f)); }
-static int f_shm_unmap(sqlite3_file *f, int del) { return REAL(f)->pMethods->xShmUnmap(REAL(f), del); }
+static void f_shm_barrier(sqlite3_file *f)
+{
+    REAL(f)->pMethods->xShmBarrier(REAL(f));
+}
+static int f_shm_unmap(sqlite3_file *f, int del)
+{
+    return REAL(f)->pMethods->xShmUnmap(REAL(f), del);
+}
 static int f_fetch(sqlite3_file *f, sqlite3_int64 off, int n, void **pp)
 {
     return REAL(f)->pMethods->xFetch(REAL(f), off, n, pp);
 }
-static int f_unfetch(sqlite3_file *f, sqlite3_int64 off, void *p) { return REAL(f)->pMethods->xUnfetch(REAL(f), off, p); }
+static int f_unfetch(sqlite3_file *f, sqlite3_int64 off, void *p)
+{
+    return REAL(f)->pMethods->xUnfetch(REAL(f), off, p);
+}
 
 static const sqlite3_io_methods fault_io = {
     .iVersion = 3,
@@ -163,7 +191,11 @@ static int v_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags
     return SQLITE_OK;
 }
 
-static int v_delete(sqlite3_vfs *v, const char *n, int sync) { (void)v; return real_vfs->xDelete(real_vfs, n, sync); }
+static int v_delete(sqlite3_vfs *v, const char *n, int sync)
+{
+    (void)v;
+    return real_vfs->xDelete(real_vfs, n, sync);
+}
 static int v_access(sqlite3_vfs *v, const char *n, int flags, int *out)
 {
     (void)v;
@@ -174,18 +206,46 @@ static int v_fullpath(sqlite3_vfs *v, const char *n, int cap, char *out)
     (void)v;
     return real_vfs->xFullPathname(real_vfs, n, cap, out);
 }
-static void *v_dlopen(sqlite3_vfs *v, const char *n) { (void)v; return real_vfs->xDlOpen(real_vfs, n); }
-static void v_dlerror(sqlite3_vfs *v, int n, char *out) { (void)v; real_vfs->xDlError(real_vfs, n, out); }
+static void *v_dlopen(sqlite3_vfs *v, const char *n)
+{
+    (void)v;
+    return real_vfs->xDlOpen(real_vfs, n);
+}
+static void v_dlerror(sqlite3_vfs *v, int n, char *out)
+{
+    (void)v;
+    real_vfs->xDlError(real_vfs, n, out);
+}
 static void (*v_dlsym(sqlite3_vfs *v, void *h, const char *s))(void)
 {
     (void)v;
     return real_vfs->xDlSym(real_vfs, h, s);
 }
-static void v_dlclose(sqlite3_vfs *v, void *h) { (void)v; real_vfs->xDlClose(real_vfs, h); }
-static int v_random(sqlite3_vfs *v, int n, char *out) { (void)v; return real_vfs->xRandomness(real_vfs, n, out); }
-static int v_sleep(sqlite3_vfs *v, int us) { (void)v; return real_vfs->xSleep(real_vfs, us); }
-static int v_time(sqlite3_vfs *v, double *out) { (void)v; return real_vfs->xCurrentTime(real_vfs, out); }
-static int v_lasterr(sqlite3_vfs *v, int n, char *out) { (void)v; return real_vfs->xGetLastError(real_vfs, n, out); }
+static void v_dlclose(sqlite3_vfs *v, void *h)
+{
+    (void)v;
+    real_vfs->xDlClose(real_vfs, h);
+}
+static int v_random(sqlite3_vfs *v, int n, char *out)
+{
+    (void)v;
+    return real_vfs->xRandomness(real_vfs, n, out);
+}
+static int v_sleep(sqlite3_vfs *v, int us)
+{
+    (void)v;
+    return real_vfs->xSleep(real_vfs, us);
+}
+static int v_time(sqlite3_vfs *v, double *out)
+{
+    (void)v;
+    return real_vfs->xCurrentTime(real_vfs, out);
+}
+static int v_lasterr(sqlite3_vfs *v, int n, char *out)
+{
+    (void)v;
+    return real_vfs->xGetLastError(real_vfs, n, out);
+}
 static int v_time64(sqlite3_vfs *v, sqlite3_int64 *out)
 {
     (void)v;
@@ -194,7 +254,8 @@ static int v_time64(sqlite3_vfs *v, sqlite3_int64 *out)
 
 static void report(void)
 {
-    fprintf(stderr, "ddpd: faultvfs: %lu SQLite I/O faults injected\n", (unsigned long)atomic_load(&injected));
+    fprintf(stderr, "ddpd: faultvfs: %lu SQLite I/O faults injected\n",
+            (unsigned long)atomic_load(&injected));
 }
 
 __attribute__((constructor)) static void faultvfs_install(void)

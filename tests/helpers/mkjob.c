@@ -57,34 +57,52 @@ int main(int argc, char **argv)
     if (!s)
         return fail("open", &e);
     static const char spec[] = "{\"name\":\"long\",\"world_size\":1}";
-    struct store_job_new jn = {.name = "long", .spec = spec, .world_size = 1, .device = DEVICE_CPU,
-                               .queued_event = true};
+    struct store_job_new jn = {
+        .name = "long", .spec = spec, .world_size = 1, .device = DEVICE_CPU, .queued_event = true};
     int64_t id;
     double created;
     if (store_job_insert(s, &jn, &id, &created, &e) || store_attempt_begin(s, id, 1, NULL, &e))
         return fail("insert", &e);
-    struct store_job_update u = {.fields = STORE_SET_STATE | STORE_SET_ATTEMPT, .state = JOB_STATE_RUNNING,
-                                 .attempt = 1};
+    struct store_job_update u = {
+        .fields = STORE_SET_STATE | STORE_SET_ATTEMPT, .state = JOB_STATE_RUNNING, .attempt = 1};
     struct store_rank sr = {.attempt = 1, .rank = 0, .pid = 1};
     snprintf(sr.state, sizeof sr.state, "running");
     if (store_job_update(s, id, &u, NULL, &e) || store_rank_put(s, id, &sr, &e))
         return fail("start", &e);
 
-    struct event ev = {.kind = EVENT_STATE, .rank = -1, .ts = created, .has_server_fields = true, .job = id,
-                       .attempt = 1, .seq = 2};
+    struct event ev = {.kind = EVENT_STATE,
+                       .rank = -1,
+                       .ts = created,
+                       .has_server_fields = true,
+                       .job = id,
+                       .attempt = 1,
+                       .seq = 2};
     snprintf(ev.state, sizeof ev.state, "running");
     if (append(s, &ev))
         return 1;
     for (int64_t seq = 3; seq < n; seq++) {
-        ev = (struct event){.kind = EVENT_LOSS, .rank = 0, .step = seq - 2, .epoch = (seq - 2) / 1000,
-                            .loss = 1.0 / (double)seq, .samples_per_s = 51234.5, .ts = created + 1e-3 * (double)seq,
-                            .has_server_fields = true, .job = id, .attempt = 1, .seq = seq};
+        ev = (struct event){.kind = EVENT_LOSS,
+                            .rank = 0,
+                            .step = seq - 2,
+                            .epoch = (seq - 2) / 1000,
+                            .loss = 1.0 / (double)seq,
+                            .samples_per_s = 51234.5,
+                            .ts = created + 1e-3 * (double)seq,
+                            .has_server_fields = true,
+                            .job = id,
+                            .attempt = 1,
+                            .seq = seq};
         if (append(s, &ev))
             return 1;
     }
     if (final) {
-        ev = (struct event){.kind = EVENT_STATE, .rank = -1, .ts = created + 1e-3 * (double)n,
-                            .has_server_fields = true, .job = id, .attempt = 1, .seq = n};
+        ev = (struct event){.kind = EVENT_STATE,
+                            .rank = -1,
+                            .ts = created + 1e-3 * (double)n,
+                            .has_server_fields = true,
+                            .job = id,
+                            .attempt = 1,
+                            .seq = n};
         snprintf(ev.state, sizeof ev.state, "succeeded");
         if (append(s, &ev))
             return 1;

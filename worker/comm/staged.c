@@ -9,7 +9,7 @@
 
 struct slab {
     float *p;
-    int64_t cap;  /* floats */
+    int64_t cap; /* floats */
     bool busy;
 };
 
@@ -25,7 +25,7 @@ struct staged {
 /* What comm_req points at for this backend: the wrapped request and the staging. */
 struct staged_req {
     struct comm_req *inner;
-    int slab;           /* index: the slab array may move as it grows */
+    int slab; /* index: the slab array may move as it grows */
     float *buf;
     int64_t n;
 };
@@ -78,8 +78,8 @@ static ddpd_err fail(struct staged *s, ddpd_err rc, const char *what)
     return rc;
 }
 
-static ddpd_err st_init_rank(const struct comm_id *id, int rank, int world, double timeout_s,
-                             void **ctx, char *errbuf, size_t errcap)
+static ddpd_err st_init_rank(const struct comm_id *id, int rank, int world, double timeout_s, void **ctx,
+                             char *errbuf, size_t errcap)
 {
     (void)id, (void)rank, (void)world, (void)timeout_s, (void)ctx;
     snprintf(errbuf, errcap, "the staging adaptor wraps a joined backend (comm_bind_dev)");
@@ -209,8 +209,8 @@ ddpd_err comm__staged_wrap(const struct comm_ops **ops, void **ctx, struct dev d
                            size_t errcap)
 {
     if (!(*ops)->allreduce_max_i64 || !(*ops)->barrier) {
-        snprintf(errbuf, errcap, "the %s backend cannot stage %s tensors through the host",
-                 (*ops)->name, dev.ops->name);
+        snprintf(errbuf, errcap, "the %s backend cannot stage %s tensors through the host", (*ops)->name,
+                 dev.ops->name);
         return DDPD_EINTERNAL;
     }
     struct staged *s = calloc(1, sizeof *s);

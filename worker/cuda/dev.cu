@@ -21,20 +21,20 @@ extern "C" {
 }
 #undef _Noreturn
 
-#define THREADS 256
-#define MAX_BLOCKS 8192     /* grid-stride loops cover the rest */
+#define THREADS        256
+#define MAX_BLOCKS     8192 /* grid-stride loops cover the rest */
 #define REDUCE_THREADS 1024 /* the losses: one block, so their sums are deterministic */
-#define GROUP_MAX 64        /* tensors per optimizer launch: 3 KiB of kernel arguments, < 4 KiB */
-#define GROUP_CHUNK 4096    /* elements per block in an optimizer launch */
+#define GROUP_MAX      64   /* tensors per optimizer launch: 3 KiB of kernel arguments, < 4 KiB */
+#define GROUP_CHUNK    4096 /* elements per block in an optimizer launch */
 
 struct cuda {
     int device;
     char name[256];
     cudaStream_t stream;
     cublasHandle_t blas;
-    float *pinned;          /* fetch_start's destination */
+    float *pinned; /* fetch_start's destination */
     int64_t pinned_n;
-    cudaEvent_t fetched;    /* recorded after the copy into `pinned` */
+    cudaEvent_t fetched; /* recorded after the copy into `pinned` */
 };
 
 /* ---- failures: every CUDA or cuBLAS error ends the worker as a device failure ---- */
@@ -66,8 +66,8 @@ static unsigned blocks_for(int64_t n)
     return (unsigned)(b < 1 ? 1 : b > MAX_BLOCKS ? MAX_BLOCKS : b);
 }
 
-#define FOR_EACH(i, n)                                                                   \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);            \
+#define FOR_EACH(i, n)                                                                                       \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                                \
          i += (int64_t)blockDim.x * gridDim.x)
 
 /* ---- memory ---- */
@@ -126,9 +126,9 @@ static void cu_synchronize(void *ctx)
 /* ---- matrix products ----
  * Row-major C[M,N] is column-major C^T[N,M], so C = op(A) op(B) is computed as
  * C^T = op(B)^T op(A)^T: cuBLAS gets B first, with the same transposition flags. */
-static void cu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                    float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                    float beta, float *cm, int64_t ldc)
+static void cu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *cm,
+                    int64_t ldc)
 {
     struct cuda *c = (struct cuda *)ctx;
     if (m == 0 || n == 0)
@@ -139,9 +139,8 @@ static void cu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n,
     /* cuBLAS refuses a leading dimension below 1 even where k = 0 makes it unused. */
     const int la = lda < 1 ? 1 : (int)lda, lb = ldb < 1 ? 1 : (int)ldb;
     check_blas(c,
-               cublasSgemm(c->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                           trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha, b, lb,
-                           a, la, &beta, cm, (int)ldc),
+               cublasSgemm(c->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                           (int)n, (int)m, (int)k, &alpha, b, lb, a, la, &beta, cm, (int)ldc),
                "gemm");
 }
 
@@ -190,8 +189,8 @@ static void cu_bias_grad(void *ctx, float *db, const float *dy, int64_t m, int64
 
 /* ---- activations (formulas of dev/cpu.c; GELU's constants as PyTorch rounds them) ---- */
 
-#define GELU_ALPHA 0.70710678118654752440f           /* (float)M_SQRT1_2 */
-#define GELU_BETA ((float)(1.12837916709551257390 * 0.70710678118654752440 * 0.5))
+#define GELU_ALPHA 0.70710678118654752440f /* (float)M_SQRT1_2 */
+#define GELU_BETA  ((float)(1.12837916709551257390 * 0.70710678118654752440 * 0.5))
 
 __global__ void k_act_forward(int kind, float *y, const float *x, int64_t n)
 {
@@ -207,8 +206,8 @@ __global__ void k_act_forward(int kind, float *y, const float *x, int64_t n)
     }
 }
 
-__global__ void k_act_backward(int kind, float *dx, const float *dy, const float *x,
-                               const float *y, int64_t n)
+__global__ void k_act_backward(int kind, float *dx, const float *dy, const float *x, const float *y,
+                               int64_t n)
 {
     FOR_EACH(i, n)
     {
@@ -274,8 +273,8 @@ __device__ double block_sum(double v)
     return warp < 1 ? warp_sum(v) : 0.0;
 }
 
-__global__ void k_mse(const float *pred, const float *target, int64_t total, float norm,
-                      float *dpred, float *loss)
+__global__ void k_mse(const float *pred, const float *target, int64_t total, float norm, float *dpred,
+                      float *loss)
 {
     double s = 0.0;
     for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
@@ -288,8 +287,8 @@ __global__ void k_mse(const float *pred, const float *target, int64_t total, flo
         *loss = (float)(s / (double)total);
 }
 
-static void cu_mse(void *ctx, const float *pred, const float *target, int64_t m, int64_t n,
-                   float *dpred, float *loss)
+static void cu_mse(void *ctx, const float *pred, const float *target, int64_t m, int64_t n, float *dpred,
+                   float *loss)
 {
     struct cuda *c = (struct cuda *)ctx;
     const int64_t total = m * n;
@@ -345,12 +344,11 @@ __global__ void k_cross_entropy(const float *logits, const int32_t *labels, int6
         *loss = m > 0 && n > 0 ? (float)(nll / (double)m) : NAN;
 }
 
-static void cu_cross_entropy(void *ctx, const float *logits, const int32_t *labels, int64_t m,
-                             int64_t n, float *dlogits, float *loss)
+static void cu_cross_entropy(void *ctx, const float *logits, const int32_t *labels, int64_t m, int64_t n,
+                             float *dlogits, float *loss)
 {
     struct cuda *c = (struct cuda *)ctx;
-    k_cross_entropy<<<1, REDUCE_THREADS, 0, c->stream>>>(logits, labels, m < 0 ? 0 : m, n,
-                                                         dlogits, loss);
+    k_cross_entropy<<<1, REDUCE_THREADS, 0, c->stream>>>(logits, labels, m < 0 ? 0 : m, n, dlogits, loss);
     LAUNCHED(c, "cross_entropy");
 }
 
@@ -420,9 +418,8 @@ __global__ void k_adamw(struct adamw_hyper h, struct group gr)
 }
 
 /* Fills gr with tensors [from, from + count) of the arrays; returns the block count. */
-static unsigned group_fill(struct group *gr, int from, int count, float *const *p,
-                           const float *const *g, float *const *s1, float *const *s2,
-                           const int64_t *n)
+static unsigned group_fill(struct group *gr, int from, int count, float *const *p, const float *const *g,
+                           float *const *s1, float *const *s2, const int64_t *n)
 {
     memset(gr, 0, sizeof *gr);
     gr->count = count;
@@ -443,8 +440,8 @@ static void cu_sgd_group(void *ctx, const struct sgd_hyper *h, int count, float 
     struct cuda *c = (struct cuda *)ctx;
     for (int i = 0; i < count; i += GROUP_MAX) {
         struct group gr;
-        unsigned blocks = group_fill(&gr, i, count - i < GROUP_MAX ? count - i : GROUP_MAX,
-                                     param, grad, h->momentum != 0.0f ? buf : NULL, NULL, numel);
+        unsigned blocks = group_fill(&gr, i, count - i < GROUP_MAX ? count - i : GROUP_MAX, param, grad,
+                                     h->momentum != 0.0f ? buf : NULL, NULL, numel);
         if (blocks)
             k_sgd<<<blocks, THREADS, 0, c->stream>>>(*h, gr);
         LAUNCHED(c, "sgd_step");
@@ -452,22 +449,22 @@ static void cu_sgd_group(void *ctx, const struct sgd_hyper *h, int count, float 
 }
 
 static void cu_adamw_group(void *ctx, const struct adamw_hyper *h, int count, float *const *param,
-                           const float *const *grad, float *const *exp_avg,
-                           float *const *exp_avg_sq, const int64_t *numel)
+                           const float *const *grad, float *const *exp_avg, float *const *exp_avg_sq,
+                           const int64_t *numel)
 {
     struct cuda *c = (struct cuda *)ctx;
     for (int i = 0; i < count; i += GROUP_MAX) {
         struct group gr;
-        unsigned blocks = group_fill(&gr, i, count - i < GROUP_MAX ? count - i : GROUP_MAX,
-                                     param, grad, exp_avg, exp_avg_sq, numel);
+        unsigned blocks = group_fill(&gr, i, count - i < GROUP_MAX ? count - i : GROUP_MAX, param, grad,
+                                     exp_avg, exp_avg_sq, numel);
         if (blocks)
             k_adamw<<<blocks, THREADS, 0, c->stream>>>(*h, gr);
         LAUNCHED(c, "adamw_step");
     }
 }
 
-static void cu_sgd_step(void *ctx, const struct sgd_hyper *h, float *param, const float *grad,
-                        float *buf, int64_t n)
+static void cu_sgd_step(void *ctx, const struct sgd_hyper *h, float *param, const float *grad, float *buf,
+                        int64_t n)
 {
     cu_sgd_group(ctx, h, 1, &param, &grad, &buf, &n);
 }
@@ -519,7 +516,10 @@ static void cu_scale_copy(void *ctx, float *dst, const float *src, float a, int6
     LAUNCHED(c, "scale");
 }
 
-static void cu_scale(void *ctx, float *x, float a, int64_t n) { cu_scale_copy(ctx, x, x, a, n); }
+static void cu_scale(void *ctx, float *x, float a, int64_t n)
+{
+    cu_scale_copy(ctx, x, x, a, n);
+}
 
 /* ---- reads that do not stall the queue, and pinned host memory ---- */
 
@@ -536,8 +536,8 @@ static void cu_fetch_start(void *ctx, const float *src, int64_t n)
         c->pinned_n = n;
     }
     if (n > 0)
-        check(c, cudaMemcpyAsync(c->pinned, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost,
-                                 c->stream),
+        check(c,
+              cudaMemcpyAsync(c->pinned, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost, c->stream),
               "fetch");
     check(c, cudaEventRecord(c->fetched, c->stream), "fetch");
 }
@@ -618,8 +618,8 @@ extern "C" bool cuda__device_info(int i, struct dev_cuda_info *out)
     out->memory = (uint64_t)p.totalGlobalMem;
     const unsigned char *u = (const unsigned char *)p.uuid.bytes;
     snprintf(out->uuid, sizeof out->uuid,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
+             u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
     return true;
 }
 
@@ -629,8 +629,8 @@ static bool open_failed(struct cuda *c, cudaError_t e, const char *what, struct 
     if (e == cudaSuccess)
         return false;
     (void)cudaGetLastError();
-    ddpd_error_set(err, DDPD_EDEVICE, "device", "cuda: %s on GPU %d (%s): %s", what, c->device,
-                   c->name, cudaGetErrorString(e));
+    ddpd_error_set(err, DDPD_EDEVICE, "device", "cuda: %s on GPU %d (%s): %s", what, c->device, c->name,
+                   cudaGetErrorString(e));
     return true;
 }
 
@@ -648,18 +648,17 @@ extern "C" struct dev cuda__dev_new(int device, bool tf32, struct ddpd_error *er
         open_failed(c, cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties", err))
         goto fail;
     snprintf(c->name, sizeof c->name, "%s", p.name);
-    if (open_failed(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
-                    "cudaStreamCreate", err) ||
-        open_failed(c, cudaEventCreateWithFlags(&c->fetched, cudaEventDisableTiming),
-                    "cudaEventCreate", err))
+    if (open_failed(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreate",
+                    err) ||
+        open_failed(c, cudaEventCreateWithFlags(&c->fetched, cudaEventDisableTiming), "cudaEventCreate", err))
         goto fail;
     if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS ||
         cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS ||
         /* Exact float32 unless the spec asks for TF32; PyTorch's default is the same. */
         cublasSetMathMode(c->blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) !=
             CUBLAS_STATUS_SUCCESS) {
-        ddpd_error_set(err, DDPD_EDEVICE, "device", "cuda: cublasCreate on GPU %d (%s) failed",
-                       device, c->name);
+        ddpd_error_set(err, DDPD_EDEVICE, "device", "cuda: cublasCreate on GPU %d (%s) failed", device,
+                       c->name);
         goto fail;
     }
     return (struct dev){&cuda_ops, c};

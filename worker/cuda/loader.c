@@ -30,7 +30,10 @@ static void refuse(const char *fmt, ...)
 }
 
 #ifdef DDPD_HAVE_CUDA
-static void host_die(const struct ddpd_error *e) { emit_die(e); }
+static void host_die(const struct ddpd_error *e)
+{
+    emit_die(e);
+}
 
 static const struct ddpd_cuda_host host = {
     .abi = DDPD_CUDA_PLUGIN_ABI,
@@ -63,10 +66,10 @@ static bool table_complete(const struct ddpd_cuda_plugin *p)
 {
     const struct comm_ops *c = p->nccl;
     /* The optional barrier is not forwarded (cuda/nccl_forward.c). */
-    return p->device_count && p->device_info && p->dev_new && p->dev_free && p->dev_stream &&
-           p->dev_device && p->dev_name && p->nccl_unique_id && c && c->init_rank &&
-           c->allreduce_start && c->wait && c->broadcast && c->allgather && c->allreduce_max_i64 &&
-           c->abort && c->last_error && c->free && c->bind_dev;
+    return p->device_count && p->device_info && p->dev_new && p->dev_free && p->dev_stream && p->dev_device &&
+           p->dev_name && p->nccl_unique_id && c && c->init_rank && c->allreduce_start && c->wait &&
+           c->broadcast && c->allgather && c->allreduce_max_i64 && c->abort && c->last_error && c->free &&
+           c->bind_dev;
 }
 
 static void load(void)
@@ -92,8 +95,8 @@ static void load(void)
     }
     const struct ddpd_cuda_plugin *p = entry(&host);
     if (!p || p->abi != DDPD_CUDA_PLUGIN_ABI || !table_complete(p)) {
-        refuse("the CUDA module %s was built for another ddpd-worker (module ABI %d expected)",
-               path, DDPD_CUDA_PLUGIN_ABI);
+        refuse("the CUDA module %s was built for another ddpd-worker (module ABI %d expected)", path,
+               DDPD_CUDA_PLUGIN_ABI);
         dlclose(h);
         return;
     }
@@ -131,9 +134,15 @@ bool dev_cuda_driver_present(void)
 
 /* ---- dev.h ---- */
 
-bool dev_cuda_load(struct ddpd_error *err) { return cuda_plugin_get(err) != NULL; }
+bool dev_cuda_load(struct ddpd_error *err)
+{
+    return cuda_plugin_get(err) != NULL;
+}
 
-bool dev_cuda_available(void) { return dev_cuda_device_count() > 0; }
+bool dev_cuda_available(void)
+{
+    return dev_cuda_device_count() > 0;
+}
 
 int dev_cuda_device_count(void)
 {

@@ -23,13 +23,13 @@
 
 _Static_assert(sizeof(ncclUniqueId) == COMM_ID_BYTES, "a comm_id carries an ncclUniqueId");
 
-#define ABORT_S 10.0      /* ncclCommAbort is bounded too: after this the worker just exits */
-#define WATCH_IDLE_MS 100 /* the watchdog's async-error poll when nothing is outstanding */
-#define WATCH_BUSY_MS 2   /* and while collectives are: deadlines are seconds, so no spinning */
+#define ABORT_S       10.0 /* ncclCommAbort is bounded too: after this the worker just exits */
+#define WATCH_IDLE_MS 100  /* the watchdog's async-error poll when nothing is outstanding */
+#define WATCH_BUSY_MS 2    /* and while collectives are: deadlines are seconds, so no spinning */
 
 /* One collective the watchdog watches; shared with its request until both let go. */
 struct work {
-    cudaEvent_t done;  /* recorded on the comm stream after the collective */
+    cudaEvent_t done; /* recorded on the comm stream after the collective */
     double deadline;
     char what[64];
     int refs;
@@ -53,7 +53,7 @@ struct nccl {
     pthread_cond_t cv;
     struct work *head, *tail, *spare;
     bool stop;
-    atomic_bool failed;  /* set once; every later call fails fast */
+    atomic_bool failed; /* set once; every later call fails fast */
     atomic_bool aborted;
     char err[512];
     ddpd_err code; /* the first failure's: DDPD_EDEVICE for CUDA's, DDPD_ECOMM otherwise */
@@ -71,8 +71,7 @@ static ddpd_err failed_code(struct nccl *c)
 
 /* Records the first failure's text and code; returns that first failure's code, so that
  * every later call reports the same cause. */
-static ddpd_err fail_as(struct nccl *c, ddpd_err code, const char *fmt, const char *what,
-                        const char *why)
+static ddpd_err fail_as(struct nccl *c, ddpd_err code, const char *fmt, const char *what, const char *why)
 {
     pthread_mutex_lock(&c->mu);
     if (!atomic_load(&c->failed)) {
@@ -99,10 +98,8 @@ static ddpd_err nccl_fail(struct nccl *c, ncclResult_t r, const char *what)
 {
     const char *last = ncclGetLastError(c->comm);
     char why[400];
-    snprintf(why, sizeof why, "%s%s%s", ncclGetErrorString(r), last && *last ? ": " : "",
-             last ? last : "");
-    return fail_as(c, r == ncclUnhandledCudaError ? DDPD_EDEVICE : DDPD_ECOMM, "nccl: %s: %s",
-                   what, why);
+    snprintf(why, sizeof why, "%s%s%s", ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
+    return fail_as(c, r == ncclUnhandledCudaError ? DDPD_EDEVICE : DDPD_ECOMM, "nccl: %s: %s", what, why);
 }
 
 /* Aborts the communicator once, from whichever thread gets here first, within ABORT_S:
@@ -204,7 +201,8 @@ static void *watchdog_main(void *arg)
             watchdog_fatal(c);
         }
         /* A new collective wakes it (watch signals); otherwise it looks again soon. */
-        struct timespec until = base_timespec_after(CLOCK_REALTIME, (w ? WATCH_BUSY_MS : WATCH_IDLE_MS) / 1000.0);
+        struct timespec until =
+            base_timespec_after(CLOCK_REALTIME, (w ? WATCH_BUSY_MS : WATCH_IDLE_MS) / 1000.0);
         pthread_cond_timedwait(&c->cv, &c->mu, &until);
     }
     pthread_mutex_unlock(&c->mu);
@@ -319,8 +317,8 @@ static ddpd_err finish(struct nccl *c, struct work *w)
 
 /* ---- the table ---- */
 
-static ddpd_err nc_init_rank(const struct comm_id *id, int rank, int world, double timeout_s,
-                             void **ctx, char *errbuf, size_t errcap)
+static ddpd_err nc_init_rank(const struct comm_id *id, int rank, int world, double timeout_s, void **ctx,
+                             char *errbuf, size_t errcap)
 {
     struct nccl *c = calloc(1, sizeof *c);
     if (!c) {
@@ -405,8 +403,7 @@ static ddpd_err nc_allreduce_start(void *ctx, float *buf, int64_t n, struct comm
     if (!rc)
         rc = after_compute(c, what);
     if (!rc)
-        rc = settle(c, ncclAllReduce(buf, buf, (size_t)n, ncclFloat, ncclSum, c->comm, c->stream),
-                    what);
+        rc = settle(c, ncclAllReduce(buf, buf, (size_t)n, ncclFloat, ncclSum, c->comm, c->stream), what);
     struct work *w = NULL;
     if (!rc)
         rc = watch(c, what, true, &w);
@@ -485,8 +482,8 @@ static ddpd_err host_collective(struct nccl *c, const char *what, const void *in
     if (e != cudaSuccess)
         return cuda_fail(c, e, what);
     rc = settle(c, run(c, arg), what);
-    if (!rc && (e = cudaMemcpyAsync(c->hbuf, c->dbuf, out_bytes, cudaMemcpyDeviceToHost,
-                                    c->stream)) != cudaSuccess)
+    if (!rc &&
+        (e = cudaMemcpyAsync(c->hbuf, c->dbuf, out_bytes, cudaMemcpyDeviceToHost, c->stream)) != cudaSuccess)
         rc = cuda_fail(c, e, what);
     struct work *w = NULL;
     if (!rc)
@@ -513,8 +510,8 @@ static ddpd_err nc_allgather(void *ctx, const void *in, size_t bytes, void *out)
     struct nccl *c = ctx;
     /* In place: rank r's contribution sits where the gathered array keeps it. */
     struct gather_arg g = {bytes, (size_t)c->rank * bytes};
-    return host_collective(c, "all-gather", in, bytes, g.at, out, bytes * (size_t)c->world,
-                           run_allgather, &g);
+    return host_collective(c, "all-gather", in, bytes, g.at, out, bytes * (size_t)c->world, run_allgather,
+                           &g);
 }
 
 static ncclResult_t run_max(struct nccl *c, void *arg)
@@ -529,8 +526,8 @@ static ddpd_err nc_allreduce_max_i64(void *ctx, int64_t *v, int n)
     size_t count = n > 0 ? (size_t)n : 0;
     if (!count)
         return DDPD_OK;
-    return host_collective(c, "max all-reduce", v, count * sizeof *v, 0, v, count * sizeof *v,
-                           run_max, &count);
+    return host_collective(c, "max all-reduce", v, count * sizeof *v, 0, v, count * sizeof *v, run_max,
+                           &count);
 }
 
 static void nc_abort(void *ctx)

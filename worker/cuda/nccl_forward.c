@@ -10,10 +10,13 @@
 
 /* The module's table. Only reached with a context that its init_rank made, so the
  * module is loaded. */
-static const struct comm_ops *real(void) { return cuda_plugin_loaded()->nccl; }
+static const struct comm_ops *real(void)
+{
+    return cuda_plugin_loaded()->nccl;
+}
 
-static ddpd_err fw_init_rank(const struct comm_id *id, int rank, int world, double timeout_s,
-                             void **ctx, char *errbuf, size_t errcap)
+static ddpd_err fw_init_rank(const struct comm_id *id, int rank, int world, double timeout_s, void **ctx,
+                             char *errbuf, size_t errcap)
 {
     struct ddpd_error err;
     const struct ddpd_cuda_plugin *p = cuda_plugin_get(&err);
@@ -29,7 +32,10 @@ static ddpd_err fw_allreduce_start(void *ctx, float *buf, int64_t n, struct comm
     return real()->allreduce_start(ctx, buf, n, req);
 }
 
-static ddpd_err fw_wait(void *ctx, struct comm_req *req) { return real()->wait(ctx, req); }
+static ddpd_err fw_wait(void *ctx, struct comm_req *req)
+{
+    return real()->wait(ctx, req);
+}
 
 static ddpd_err fw_broadcast(void *ctx, void *buf, size_t bytes, int root)
 {
@@ -46,11 +52,20 @@ static ddpd_err fw_allreduce_max_i64(void *ctx, int64_t *v, int n)
     return real()->allreduce_max_i64(ctx, v, n);
 }
 
-static void fw_abort(void *ctx) { real()->abort(ctx); }
+static void fw_abort(void *ctx)
+{
+    real()->abort(ctx);
+}
 
-static const char *fw_last_error(void *ctx) { return real()->last_error(ctx); }
+static const char *fw_last_error(void *ctx)
+{
+    return real()->last_error(ctx);
+}
 
-static void fw_free(void *ctx) { real()->free(ctx); }
+static void fw_free(void *ctx)
+{
+    real()->free(ctx);
+}
 
 static ddpd_err fw_bind_dev(void *ctx, struct dev dev, char *errbuf, size_t errcap)
 {

@@ -18,9 +18,9 @@
 #include "../comm.h"
 #include "../dev.h"
 
-#define DDPD_CUDA_PLUGIN_ABI 1
+#define DDPD_CUDA_PLUGIN_ABI    1
 #define DDPD_CUDA_PLUGIN_SYMBOL "ddpd_cuda_plugin"
-#define DDPD_CUDA_PLUGIN_FILE "libddpd-cuda.so"
+#define DDPD_CUDA_PLUGIN_FILE   "libddpd-cuda.so"
 
 /* What the worker lends the module. The module needs two functions of the worker: the
  * error setter and the classified exit (emit.c). It gets them here rather than linking the
@@ -29,8 +29,8 @@
  * executables that export them (every unit test and benchmark links the worker too). */
 struct ddpd_cuda_host {
     int abi;
-    ddpd_err (*error_vset)(struct ddpd_error *e, ddpd_err code, const char *path,
-                           const char *fmt, va_list ap);
+    ddpd_err (*error_vset)(struct ddpd_error *e, ddpd_err code, const char *path, const char *fmt,
+                           va_list ap);
     void (*die)(const struct ddpd_error *e); /* emit_die: writes the error event, exits */
 };
 

@@ -128,18 +128,10 @@ struct dataset *dataset_open(const struct spec *spec, const char *data_dir, int 
     ds->drop_last = spec->data.drop_last;
     ds->seed = spec->data.seed;
     switch (spec->data.kind) {
-    case DATA_SYNTHETIC:
-        rc = data__synthetic_open(ds, spec, err);
-        break;
-    case DATA_NPY:
-        rc = data__npy_open(ds, spec, data_dir, err);
-        break;
-    case DATA_CSV:
-        rc = data__csv_open(ds, spec, data_dir, err);
-        break;
-    default:
-        rc = data__fail(err, DDPD_ESPEC, "data.type", "unknown data type");
-        break;
+    case DATA_SYNTHETIC: rc = data__synthetic_open(ds, spec, err); break;
+    case DATA_NPY: rc = data__npy_open(ds, spec, data_dir, err); break;
+    case DATA_CSV: rc = data__csv_open(ds, spec, data_dir, err); break;
+    default: rc = data__fail(err, DDPD_ESPEC, "data.type", "unknown data type"); break;
     }
     if (rc)
         goto out;
@@ -259,8 +251,7 @@ static ddpd_err count_rows(const struct spec *s, const char *data_dir, bool chec
         if (data__has_rank(s->data.path))
             break;
         return data__csv_rows(s, data_dir, check, rows, file_bytes, err);
-    default:
-        return data__fail(err, DDPD_ESPEC, "data.type", "unknown data type");
+    default: return data__fail(err, DDPD_ESPEC, "data.type", "unknown data type");
     }
     return ddpd_error_set(err, DDPD_ENOTFOUND, "data",
                           "batch counts of {rank} files are known only to the ranks");

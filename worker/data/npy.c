@@ -12,11 +12,11 @@
 #include "../../base/file.h"
 
 #define NPY_MAX_HEADER (64 * 1024)
-#define NPY_MAX_DIMS 8
+#define NPY_MAX_DIMS   8
 /* Class ids the planner reads before a job is accepted (it answers within 30 s); larger
  * label files are checked by the ranks as they load them. */
 #define DATA_MAX_CHECK (1LL << 30)
-#define IO_CHUNK (1 << 20)
+#define IO_CHUNK       (1 << 20)
 
 /* ---- .npy ---- */
 

@@ -16,9 +16,9 @@
 
 #include "../../base/file.h"
 
-#define DATA_MAX_FILE (64LL << 30) /* bytes of one data file */
-#define WALK_MAX_LINKS 40          /* symbolic links one open may follow (the kernel's own limit) */
-#define WALK_MAX_DEPTH 256         /* directories one open may hold on its way down */
+#define DATA_MAX_FILE  (64LL << 30) /* bytes of one data file */
+#define WALK_MAX_LINKS 40           /* symbolic links one open may follow (the kernel's own limit) */
+#define WALK_MAX_DEPTH 256          /* directories one open may hold on its way down */
 
 #ifdef SYS_openat2
 #include <linux/openat2.h>

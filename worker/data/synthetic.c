@@ -16,9 +16,9 @@
  * rng_seed2(seed, epoch). Row i is rng_seed2(seed ^ SALT_ROWS, i); the teacher's weights
  * are rng_seed2(seed ^ SALT_TEACHER, 0); calibration input c (cross_entropy) is
  * rng_seed2(seed ^ SALT_CALIB, c). */
-#define SALT_ROWS 0x73616d706c657321ull    /* "samples!" */
+#define SALT_ROWS    0x73616d706c657321ull /* "samples!" */
 #define SALT_TEACHER 0x7465616368657221ull /* "teacher!" */
-#define SALT_CALIB 0x63616c6962726174ull   /* "calibrat" */
+#define SALT_CALIB   0x63616c6962726174ull /* "calibrat" */
 
 /* ---- synthetic ---- */
 

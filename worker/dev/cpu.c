@@ -30,7 +30,7 @@ void openblas_set_num_threads(int num_threads);
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define DDPD_CPU_X86 1
-#define FMA_TARGET __attribute__((target("avx2,fma")))
+#define FMA_TARGET   __attribute__((target("avx2,fma")))
 #else
 /* Elsewhere the fused kernels are never selected (dev_cpu_new), only compiled. */
 #define DDPD_CPU_X86 0
@@ -79,7 +79,10 @@ static void cpu_memcpy(void *ctx, void *dst, const void *src, size_t bytes)
         memcpy(dst, src, bytes);
 }
 
-static void cpu_synchronize(void *ctx) { (void)ctx; }
+static void cpu_synchronize(void *ctx)
+{
+    (void)ctx;
+}
 
 /* ---- matrix products ---- */
 
@@ -88,22 +91,20 @@ static void cpu_synchronize(void *ctx) { (void)ctx; }
  * cblas_sgemm(RowMajor) turns into), so the results are bitwise PyTorch's -- provided
  * both run OpenBLAS with the same thread count (its blocking, and so its summation
  * order, depends on it; the parity tests and bench/step use 1 on both sides). */
-static void cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                     float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                     float beta, float *c, int64_t ldc)
+static void cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                     int64_t ldc)
 {
     (void)ctx;
     ASSERT(m >= 0 && n >= 0 && k >= 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX);
     ASSERT(lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
     if (m == 0 || n == 0)
         return;
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a, (int)lda,
-                b, (int)ldb, beta, c, (int)ldc);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
-static void cpu_add_bias(void *ctx, float *restrict y, const float *restrict b, int64_t m,
-                         int64_t n)
+static void cpu_add_bias(void *ctx, float *restrict y, const float *restrict b, int64_t m, int64_t n)
 {
     (void)ctx;
     for (int64_t i = 0; i < m; i++) {
@@ -129,8 +130,8 @@ static int64_t ceil_log2(int64_t x)
 
 /* multi_row_sum: `size` rows, row r at base + r*rstride; each holds nk*nc accumulated
  * entries, entry (k, c) at + k*kstride + c. out[k*nc + c] gets the sums (nk*nc <= 32). */
-static void multi_row_sum(float *restrict out, const float *restrict base, int64_t rstride,
-                          int64_t size, int nk, int64_t kstride, int nc)
+static void multi_row_sum(float *restrict out, const float *restrict base, int64_t rstride, int64_t size,
+                          int nk, int64_t kstride, int nc)
 {
     enum { LEVELS = 4 };
     float acc[LEVELS][32];
@@ -173,8 +174,7 @@ static void multi_row_sum(float *restrict out, const float *restrict base, int64
 
 /* row_sum: sums `size` rows of nc (<= 8) entries, row r at base + r*rstride, with four
  * interleaved accumulators (rows r, r+1, r+2, r+3 go to different ones). */
-static void row_sum(float *restrict out, const float *restrict base, int64_t rstride,
-                    int64_t size, int nc)
+static void row_sum(float *restrict out, const float *restrict base, int64_t rstride, int64_t size, int nc)
 {
     float p[4 * 8];
     const int64_t size_ilp = size / 4;
@@ -188,8 +188,7 @@ static void row_sum(float *restrict out, const float *restrict base, int64_t rst
     memcpy(out, p, (size_t)nc * sizeof(float));
 }
 
-static void cpu_bias_grad(void *ctx, float *restrict db, const float *restrict dy, int64_t m,
-                          int64_t n)
+static void cpu_bias_grad(void *ctx, float *restrict db, const float *restrict dy, int64_t m, int64_t n)
 {
     (void)ctx;
     float s[32];
@@ -242,10 +241,9 @@ static void cpu_bias_grad(void *ctx, float *restrict db, const float *restrict d
 
 /* PyTorch's GELU constants, computed in double and rounded to float as its kernel does. */
 #define GELU_ALPHA ((float)M_SQRT1_2)
-#define GELU_BETA ((float)(M_2_SQRTPI * M_SQRT1_2 * 0.5))
+#define GELU_BETA  ((float)(M_2_SQRTPI * M_SQRT1_2 * 0.5))
 
-static void cpu_act_forward(void *ctx, layer_kind k, float *restrict y, const float *restrict x,
-                            int64_t n)
+static void cpu_act_forward(void *ctx, layer_kind k, float *restrict y, const float *restrict x, int64_t n)
 {
     (void)ctx;
     switch (k) {
@@ -266,8 +264,7 @@ static void cpu_act_forward(void *ctx, layer_kind k, float *restrict y, const fl
         for (int64_t i = 0; i < n; i++)
             y[i] = x[i] * 0.5f * (1.0f + erff(x[i] * GELU_ALPHA));
         break;
-    case LAYER_LINEAR:
-        ASSERT(!"act_forward on a linear layer");
+    case LAYER_LINEAR: ASSERT(!"act_forward on a linear layer");
     }
 }
 
@@ -305,9 +302,8 @@ static FMA_TARGET void gelu_backward_fused(float *dx, const float *dy, const flo
     gelu_backward(true, dx, dy, x, n);
 }
 
-static void cpu_act_backward(void *ctx, layer_kind k, float *restrict dx,
-                             const float *restrict dy, const float *restrict x,
-                             const float *restrict y, int64_t n)
+static void cpu_act_backward(void *ctx, layer_kind k, float *restrict dx, const float *restrict dy,
+                             const float *restrict x, const float *restrict y, int64_t n)
 {
     const struct cpu *c = ctx;
     switch (k) {
@@ -316,18 +312,13 @@ static void cpu_act_backward(void *ctx, layer_kind k, float *restrict dx,
         for (int64_t i = 0; i < n; i++)
             dx[i] = y[i] <= 0.0f ? 0.0f : dy[i];
         break;
-    case LAYER_TANH:
-        (c->fused ? tanh_backward_fused : tanh_backward_plain)(dx, dy, y, n);
-        break;
+    case LAYER_TANH: (c->fused ? tanh_backward_fused : tanh_backward_plain)(dx, dy, y, n); break;
     case LAYER_SIGMOID:
         for (int64_t i = 0; i < n; i++)
             dx[i] = dy[i] * (1.0f - y[i]) * y[i];
         break;
-    case LAYER_GELU:
-        (c->fused ? gelu_backward_fused : gelu_backward_plain)(dx, dy, x, n);
-        break;
-    case LAYER_LINEAR:
-        ASSERT(!"act_backward on a linear layer");
+    case LAYER_GELU: (c->fused ? gelu_backward_fused : gelu_backward_plain)(dx, dy, x, n); break;
+    case LAYER_LINEAR: ASSERT(!"act_backward on a linear layer");
     }
 }
 
@@ -336,8 +327,8 @@ static void cpu_act_backward(void *ctx, layer_kind k, float *restrict dx,
 /* mse_loss(pred, target) with reduction mean. The value is summed in double (PyTorch
  * sums in float; the difference is below float resolution of the mean); the gradient is
  * mse_loss_backward's norm * (p - t) * grad_output with norm = (float)(2 / numel). */
-static void cpu_mse(void *ctx, const float *restrict pred, const float *restrict target,
-                    int64_t m, int64_t n, float *restrict dpred, float *restrict loss)
+static void cpu_mse(void *ctx, const float *restrict pred, const float *restrict target, int64_t m, int64_t n,
+                    float *restrict dpred, float *restrict loss)
 {
     (void)ctx;
     const int64_t total = m * n;
@@ -391,19 +382,19 @@ static ALWAYS_INLINE void cross_entropy(bool fused, const float *restrict logits
     *loss = (float)(total / (double)m);
 }
 
-static void cross_entropy_plain(const float *logits, const int32_t *labels, int64_t m,
-                                int64_t n, float *dlogits, float *loss)
+static void cross_entropy_plain(const float *logits, const int32_t *labels, int64_t m, int64_t n,
+                                float *dlogits, float *loss)
 {
     cross_entropy(false, logits, labels, m, n, dlogits, loss);
 }
-static FMA_TARGET void cross_entropy_fused(const float *logits, const int32_t *labels,
-                                           int64_t m, int64_t n, float *dlogits, float *loss)
+static FMA_TARGET void cross_entropy_fused(const float *logits, const int32_t *labels, int64_t m, int64_t n,
+                                           float *dlogits, float *loss)
 {
     cross_entropy(true, logits, labels, m, n, dlogits, loss);
 }
 
-static void cpu_cross_entropy(void *ctx, const float *logits, const int32_t *labels, int64_t m,
-                              int64_t n, float *dlogits, float *loss)
+static void cpu_cross_entropy(void *ctx, const float *logits, const int32_t *labels, int64_t m, int64_t n,
+                              float *dlogits, float *loss)
 {
     const struct cpu *c = ctx;
     if (m <= 0 || n <= 0) {
@@ -420,9 +411,8 @@ static void cpu_cross_entropy(void *ctx, const float *logits, const int32_t *lab
 
 /* One SGD loop with its flags as constants, so that each of the cases below is a
  * straight-line loop the compiler vectorizes. */
-static ALWAYS_INLINE void sgd_loop(bool fused, bool has_wd, bool has_mom, bool first,
-                                   bool nesterov, const struct sgd_hyper *h,
-                                   float *restrict p, const float *restrict g,
+static ALWAYS_INLINE void sgd_loop(bool fused, bool has_wd, bool has_mom, bool first, bool nesterov,
+                                   const struct sgd_hyper *h, float *restrict p, const float *restrict g,
                                    float *restrict buf, int64_t n)
 {
     const float neg_lr = -h->lr, wd = h->weight_decay, mom = h->momentum;
@@ -470,14 +460,13 @@ static void sgd_plain(const struct sgd_hyper *h, float *p, const float *g, float
 {
     sgd(false, h, p, g, buf, n);
 }
-static FMA_TARGET void sgd_fused(const struct sgd_hyper *h, float *p, const float *g,
-                                 float *buf, int64_t n)
+static FMA_TARGET void sgd_fused(const struct sgd_hyper *h, float *p, const float *g, float *buf, int64_t n)
 {
     sgd(true, h, p, g, buf, n);
 }
 
-static void cpu_sgd_step(void *ctx, const struct sgd_hyper *h, float *param, const float *grad,
-                         float *buf, int64_t n)
+static void cpu_sgd_step(void *ctx, const struct sgd_hyper *h, float *param, const float *grad, float *buf,
+                         int64_t n)
 {
     const struct cpu *c = ctx;
     ASSERT(h->momentum == 0.0f || buf);
@@ -485,16 +474,15 @@ static void cpu_sgd_step(void *ctx, const struct sgd_hyper *h, float *param, con
 }
 
 static ALWAYS_INLINE void adamw(bool fused, const struct adamw_hyper *h, float *restrict p,
-                                const float *restrict g, float *restrict m, float *restrict v,
-                                int64_t n)
+                                const float *restrict g, float *restrict m, float *restrict v, int64_t n)
 {
     const float decay = h->decay, b1 = h->beta1, b2 = h->beta2;
     const float omb1 = h->one_minus_beta1, omb2 = h->one_minus_beta2;
     const float nss = h->neg_step_size, bc2s = h->bc2_sqrt, eps = h->eps;
     for (int64_t i = 0; i < n; i++) {
         const float gi = g[i];
-        const float pi = p[i] * decay;                         /* param.mul_(1 - lr*wd) */
-        const float mi = madd(fused, gi, omb1, m[i] * b1);     /* exp_avg.mul_.add_ */
+        const float pi = p[i] * decay;                          /* param.mul_(1 - lr*wd) */
+        const float mi = madd(fused, gi, omb1, m[i] * b1);      /* exp_avg.mul_.add_ */
         const float vi = madd(fused, omb2 * gi, gi, v[i] * b2); /* exp_avg_sq.mul_.addcmul_ */
         const float denom = sqrtf(vi) / bc2s + eps;
         m[i] = mi;
@@ -503,16 +491,15 @@ static ALWAYS_INLINE void adamw(bool fused, const struct adamw_hyper *h, float *
     }
 }
 
-static void adamw_plain(const struct adamw_hyper *h, float *p, const float *g, float *m,
-                        float *v, int64_t n)
+static void adamw_plain(const struct adamw_hyper *h, float *p, const float *g, float *m, float *v, int64_t n)
 {
     adamw(false, h, p, g, m, v, n);
 }
 /* The fused path runs on AVX2 only, so it may say so: with errno semantics (C's default)
  * gcc will not vectorize sqrtf, and this loop is memory-bound enough that scalar code
  * costs 5x. The same IEEE operations in the same order as adamw() above: equal bits. */
-static FMA_TARGET void adamw_fused(const struct adamw_hyper *h, float *p, const float *g,
-                                   float *m, float *v, int64_t n)
+static FMA_TARGET void adamw_fused(const struct adamw_hyper *h, float *p, const float *g, float *m, float *v,
+                                   int64_t n)
 {
     int64_t i = 0;
 #if DDPD_CPU_X86
@@ -535,8 +522,8 @@ static FMA_TARGET void adamw_fused(const struct adamw_hyper *h, float *p, const 
     adamw(true, h, p + i, g + i, m + i, v + i, n - i);
 }
 
-static void cpu_adamw_step(void *ctx, const struct adamw_hyper *h, float *param,
-                           const float *grad, float *exp_avg, float *exp_avg_sq, int64_t n)
+static void cpu_adamw_step(void *ctx, const struct adamw_hyper *h, float *param, const float *grad,
+                           float *exp_avg, float *exp_avg_sq, int64_t n)
 {
     const struct cpu *c = ctx;
     (c->fused ? adamw_fused : adamw_plain)(h, param, grad, exp_avg, exp_avg_sq, n);
@@ -565,8 +552,7 @@ static void cpu_scale(void *ctx, float *restrict x, float a, int64_t n)
         x[i] *= a;
 }
 
-static void cpu_scale_copy(void *ctx, float *restrict dst, const float *restrict src, float a,
-                           int64_t n)
+static void cpu_scale_copy(void *ctx, float *restrict dst, const float *restrict src, float a, int64_t n)
 {
     (void)ctx;
     for (int64_t i = 0; i < n; i++)

@@ -208,7 +208,7 @@ static void test_parse(void)
     CHECK_EQ_INT((int)v, -5);
     CHECK_EQ_INT(base_parse_long("1", 1, 1, &v), 0); /* bounds are inclusive */
     v = 7;
-    CHECK_EQ_INT(base_parse_long("0", 1, 100, &v), -1); /* below */
+    CHECK_EQ_INT(base_parse_long("0", 1, 100, &v), -1);   /* below */
     CHECK_EQ_INT(base_parse_long("101", 1, 100, &v), -1); /* above */
     CHECK_EQ_INT(base_parse_long("", 1, 100, &v), -1);
     CHECK_EQ_INT(base_parse_long("12x", 1, 100, &v), -1);

@@ -34,14 +34,24 @@ static int same_bits(double a, double b)
 
 static void test_exact_text(void)
 {
-    struct event ev = {.kind = EVENT_START, .rank = 0, .world_size = 2, .device = "cpu",
-                       .params = 55, .batches = 1000, .ts = 1764680000.123};
+    struct event ev = {.kind = EVENT_START,
+                       .rank = 0,
+                       .world_size = 2,
+                       .device = "cpu",
+                       .params = 55,
+                       .batches = 1000,
+                       .ts = 1764680000.123};
     encode(&ev);
     CHECK_EQ_STR(line, "{\"event\":\"start\",\"rank\":0,\"world_size\":2,\"device\":\"cpu\","
                        "\"params\":55,\"batches\":1000,\"ts\":1764680000.123000}");
 
-    ev = (struct event){.kind = EVENT_LOSS, .rank = 0, .step = 17, .epoch = 0, .loss = 0.2345,
-                        .samples_per_s = 51234.5, .ts = 2.5};
+    ev = (struct event){.kind = EVENT_LOSS,
+                        .rank = 0,
+                        .step = 17,
+                        .epoch = 0,
+                        .loss = 0.2345,
+                        .samples_per_s = 51234.5,
+                        .ts = 2.5};
     encode(&ev);
     CHECK_EQ_STR(line, "{\"event\":\"loss\",\"rank\":0,\"step\":17,\"epoch\":0,\"loss\":0.2345,"
                        "\"samples_per_s\":51234.5,\"ts\":2.500000}");
@@ -50,27 +60,39 @@ static void test_exact_text(void)
     encode(&ev);
     CHECK_EQ_STR(line, "{\"event\":\"join\",\"rank\":1,\"step\":499,\"ts\":3.000000}");
 
-    ev = (struct event){.kind = EVENT_CHECKPOINT, .rank = 0, .step = 500, .ts = 4,
+    ev = (struct event){.kind = EVENT_CHECKPOINT,
+                        .rank = 0,
+                        .step = 500,
+                        .ts = 4,
                         .path = "var/jobs/42/ckpt-500/model.safetensors"};
     encode(&ev);
     CHECK_EQ_STR(line, "{\"event\":\"checkpoint\",\"rank\":0,\"step\":500,"
                        "\"path\":\"var/jobs/42/ckpt-500/model.safetensors\",\"ts\":4.000000}");
 
-    ev = (struct event){.kind = EVENT_DONE, .rank = 0, .steps = 1000, .loss = 0.0123,
-                        .seconds = 3.21, .ts = 5};
+    ev = (struct event){
+        .kind = EVENT_DONE, .rank = 0, .steps = 1000, .loss = 0.0123, .seconds = 3.21, .ts = 5};
     encode(&ev);
     CHECK_EQ_STR(line, "{\"event\":\"done\",\"rank\":0,\"steps\":1000,\"loss\":0.0123,"
                        "\"seconds\":3.21,\"ts\":5.000000}");
 
-    ev = (struct event){.kind = EVENT_ERROR, .rank = 1, .error_kind = "comm", .ts = 6,
+    ev = (struct event){.kind = EVENT_ERROR,
+                        .rank = 1,
+                        .error_kind = "comm",
+                        .ts = 6,
                         .message = "rank 0 closed the connection during allreduce of bucket 2"};
     encode(&ev);
     CHECK_EQ_STR(line, "{\"event\":\"error\",\"rank\":1,\"kind\":\"comm\",\"message\":\"rank 0 "
                        "closed the connection during allreduce of bucket 2\",\"ts\":6.000000}");
 
     /* The server's events: no rank; server fields right after "event". */
-    ev = (struct event){.kind = EVENT_STATE, .rank = -1, .state = "running", .ts = 7,
-                        .has_server_fields = true, .job = 42, .attempt = 1, .seq = 9};
+    ev = (struct event){.kind = EVENT_STATE,
+                        .rank = -1,
+                        .state = "running",
+                        .ts = 7,
+                        .has_server_fields = true,
+                        .job = 42,
+                        .attempt = 1,
+                        .seq = 9};
     encode(&ev);
     CHECK_EQ_STR(line, "{\"event\":\"state\",\"job\":42,\"attempt\":1,\"seq\":9,"
                        "\"state\":\"running\",\"ts\":7.000000}");
@@ -85,8 +107,13 @@ static void test_round_trip_kinds(void)
 {
     struct event in, out;
 
-    in = (struct event){.kind = EVENT_START, .rank = 3, .world_size = 4, .device = "cuda",
-                        .params = 123456789012LL, .batches = 77, .ts = 1764680000.5};
+    in = (struct event){.kind = EVENT_START,
+                        .rank = 3,
+                        .world_size = 4,
+                        .device = "cuda",
+                        .params = 123456789012LL,
+                        .batches = 77,
+                        .ts = 1764680000.5};
     round_trip(&in, &out);
     CHECK_EQ_INT(out.kind, EVENT_START);
     CHECK_EQ_INT(out.rank, 3);
@@ -97,8 +124,13 @@ static void test_round_trip_kinds(void)
     CHECK(out.ts == 1764680000.5);
     CHECK(!out.has_server_fields);
 
-    in = (struct event){.kind = EVENT_LOSS, .rank = 1, .step = 17, .epoch = 2, .loss = 1.0 / 3,
-                        .samples_per_s = 51234.5, .ts = 1764680000.25};
+    in = (struct event){.kind = EVENT_LOSS,
+                        .rank = 1,
+                        .step = 17,
+                        .epoch = 2,
+                        .loss = 1.0 / 3,
+                        .samples_per_s = 51234.5,
+                        .ts = 1764680000.25};
     round_trip(&in, &out);
     CHECK_EQ_INT(out.kind, EVENT_LOSS);
     CHECK_EQ_INT(out.rank, 1);
@@ -115,31 +147,40 @@ static void test_round_trip_kinds(void)
     CHECK_EQ_INT(out.rank, 2);
     CHECK_EQ_INT(out.step, 499);
 
-    in = (struct event){.kind = EVENT_CHECKPOINT, .rank = 0, .step = 500, .ts = 1,
+    in = (struct event){.kind = EVENT_CHECKPOINT,
+                        .rank = 0,
+                        .step = 500,
+                        .ts = 1,
                         .path = "var/jobs/42/ckpt-500/model.safetensors"};
     round_trip(&in, &out);
     CHECK_EQ_INT(out.kind, EVENT_CHECKPOINT);
     CHECK_EQ_INT(out.step, 500);
     CHECK_EQ_STR(out.path, in.path);
 
-    in = (struct event){.kind = EVENT_DONE, .rank = 0, .steps = 1000, .loss = 0.0123,
-                        .seconds = 3.21, .ts = 1};
+    in = (struct event){
+        .kind = EVENT_DONE, .rank = 0, .steps = 1000, .loss = 0.0123, .seconds = 3.21, .ts = 1};
     round_trip(&in, &out);
     CHECK_EQ_INT(out.kind, EVENT_DONE);
     CHECK_EQ_INT(out.steps, 1000);
     CHECK(same_bits(out.loss, 0.0123));
     CHECK(out.seconds == 3.21);
 
-    in = (struct event){.kind = EVENT_ERROR, .rank = 1, .error_kind = "device", .ts = 1,
-                        .message = "CUDA out of memory"};
+    in = (struct event){
+        .kind = EVENT_ERROR, .rank = 1, .error_kind = "device", .ts = 1, .message = "CUDA out of memory"};
     round_trip(&in, &out);
     CHECK_EQ_INT(out.kind, EVENT_ERROR);
     CHECK_EQ_INT(out.rank, 1);
     CHECK_EQ_STR(out.error_kind, "device");
     CHECK_EQ_STR(out.message, "CUDA out of memory");
 
-    in = (struct event){.kind = EVENT_STATE, .rank = -1, .state = "succeeded", .ts = 1,
-                        .has_server_fields = true, .job = 1LL << 40, .attempt = 2, .seq = 12345};
+    in = (struct event){.kind = EVENT_STATE,
+                        .rank = -1,
+                        .state = "succeeded",
+                        .ts = 1,
+                        .has_server_fields = true,
+                        .job = 1LL << 40,
+                        .attempt = 2,
+                        .seq = 12345};
     round_trip(&in, &out);
     CHECK_EQ_INT(out.kind, EVENT_STATE);
     CHECK_EQ_INT(out.rank, -1);
@@ -151,8 +192,14 @@ static void test_round_trip_kinds(void)
     CHECK_EQ_INT(out.seq, 12345);
 
     /* Server fields on a worker event. */
-    in = (struct event){.kind = EVENT_JOIN, .rank = 5, .step = 3, .ts = 1,
-                        .has_server_fields = true, .job = 7, .attempt = 1, .seq = 0};
+    in = (struct event){.kind = EVENT_JOIN,
+                        .rank = 5,
+                        .step = 3,
+                        .ts = 1,
+                        .has_server_fields = true,
+                        .job = 7,
+                        .attempt = 1,
+                        .seq = 0};
     round_trip(&in, &out);
     CHECK(out.has_server_fields);
     CHECK_EQ_INT(out.job, 7);
@@ -162,9 +209,22 @@ static void test_round_trip_kinds(void)
 
 static void test_loss_bits(void)
 {
-    const double values[] = {0.1, 1.0 / 3, 2.0, 0.0, -0.0, 5e-324, DBL_MIN, DBL_MAX, -DBL_MAX,
-                             1e-300, 123456.789, 9007199254740993.0, 1e17, 0.30000000000000004,
-                             2.220446049250313e-16, -7.5};
+    const double values[] = {0.1,
+                             1.0 / 3,
+                             2.0,
+                             0.0,
+                             -0.0,
+                             5e-324,
+                             DBL_MIN,
+                             DBL_MAX,
+                             -DBL_MAX,
+                             1e-300,
+                             123456.789,
+                             9007199254740993.0,
+                             1e17,
+                             0.30000000000000004,
+                             2.220446049250313e-16,
+                             -7.5};
     for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
         struct event in = {.kind = EVENT_LOSS, .rank = 0, .step = 1, .loss = values[i], .ts = 1};
         struct event out;
@@ -182,8 +242,8 @@ static void test_nonfinite(void)
 {
     const double values[] = {NAN, INFINITY, -INFINITY};
     for (size_t i = 0; i < 3; i++) {
-        struct event in = {.kind = EVENT_LOSS, .rank = 0, .step = 4, .loss = values[i],
-                           .samples_per_s = 10, .ts = 1};
+        struct event in = {
+            .kind = EVENT_LOSS, .rank = 0, .step = 4, .loss = values[i], .samples_per_s = 10, .ts = 1};
         struct event out;
         round_trip(&in, &out);
         CHECK(strstr(line, "\"loss\":null,\"nonfinite\":true") != NULL);
@@ -225,7 +285,8 @@ static void test_escaping(void)
     round_trip(&in, &out);
     CHECK_EQ_STR(out.message, msg);
     CHECK(strstr(line, "say \\\"hi\\\" \\\\ back\\\\slash\\nnew line\\ttab\\r\\u0001\\u001f end "
-                       "\xc3\xbcnic\xc3\xb6" "de \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x8e\x89") != NULL);
+                       "\xc3\xbcnic\xc3\xb6"
+                       "de \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x8e\x89") != NULL);
 
     /* Bytes that are not UTF-8 (a message cut mid-character) become U+FFFD, so the line
      * stays JSON that decodes. */
@@ -239,18 +300,31 @@ static void test_escaping(void)
     CHECK(strstr(line, "\"\\ufffd\\ufffd \\ufffd\\ufffd\\ufffd\"") != NULL);
 
     /* Paths and state strings are escaped too. */
-    in = (struct event){.kind = EVENT_CHECKPOINT, .rank = 0, .step = 1, .ts = 1,
+    in = (struct event){.kind = EVENT_CHECKPOINT,
+                        .rank = 0,
+                        .step = 1,
+                        .ts = 1,
                         .path = "dir with \"quotes\"/model.safetensors"};
     round_trip(&in, &out);
     CHECK_EQ_STR(out.path, in.path);
 
     /* The worst case fits EVENT_LINE_MAX: every string full, every byte a control char. */
     for (int k = EVENT_START; k <= EVENT_STATE; k++) {
-        struct event ev = {.kind = (event_kind)k, .rank = 1 << 30, .world_size = 1 << 30,
-                           .params = INT64_MAX, .batches = INT64_MIN, .step = INT64_MIN,
-                           .epoch = INT64_MAX, .loss = -DBL_MIN, .samples_per_s = -DBL_MAX,
-                           .steps = INT64_MAX, .seconds = -DBL_MAX, .ts = -DBL_MAX,
-                           .has_server_fields = true, .job = INT64_MIN, .attempt = INT64_MIN,
+        struct event ev = {.kind = (event_kind)k,
+                           .rank = 1 << 30,
+                           .world_size = 1 << 30,
+                           .params = INT64_MAX,
+                           .batches = INT64_MIN,
+                           .step = INT64_MIN,
+                           .epoch = INT64_MAX,
+                           .loss = -DBL_MIN,
+                           .samples_per_s = -DBL_MAX,
+                           .steps = INT64_MAX,
+                           .seconds = -DBL_MAX,
+                           .ts = -DBL_MAX,
+                           .has_server_fields = true,
+                           .job = INT64_MIN,
+                           .attempt = INT64_MIN,
                            .seq = INT64_MIN};
         memset(ev.device, 1, sizeof ev.device - 1);
         memset(ev.path, 1, sizeof ev.path - 1);
@@ -268,8 +342,8 @@ static void test_escaping(void)
 
 static void test_cap(void)
 {
-    struct event ev = {.kind = EVENT_LOSS, .rank = 0, .step = 17, .loss = 0.25,
-                       .samples_per_s = 100, .ts = 1764680000.123};
+    struct event ev = {
+        .kind = EVENT_LOSS, .rank = 0, .step = 17, .loss = 0.25, .samples_per_s = 100, .ts = 1764680000.123};
     char buf[512];
     int n = event_encode(&ev, buf, sizeof buf);
     CHECK(n > 0);
@@ -300,36 +374,43 @@ static const struct bad_line bad_lines[] = {
     {"{\"event\":\"loss\",\"step\":1,\"epoch\":0,\"loss\":1,\"samples_per_s\":1,\"ts\":1}", "rank",
      "missing (expected an integer)"},
     {"{\"event\":\"loss\",\"rank\":-1,\"step\":1,\"epoch\":0,\"loss\":1,\"samples_per_s\":1,"
-     "\"ts\":1}", "rank", "expected an integer from 0 to 2147483647, got -1"},
+     "\"ts\":1}",
+     "rank", "expected an integer from 0 to 2147483647, got -1"},
     {"{\"event\":\"loss\",\"rank\":0,\"step\":\"1\",\"epoch\":0,\"loss\":1,\"samples_per_s\":1,"
-     "\"ts\":1}", "step", "expected an integer, got a string"},
+     "\"ts\":1}",
+     "step", "expected an integer, got a string"},
     {"{\"event\":\"loss\",\"rank\":0,\"step\":1.5,\"epoch\":0,\"loss\":1,\"samples_per_s\":1,"
-     "\"ts\":1}", "step", "expected an integer, got a real number"},
+     "\"ts\":1}",
+     "step", "expected an integer, got a real number"},
     {"{\"event\":\"loss\",\"rank\":0,\"step\":1,\"epoch\":0,\"samples_per_s\":1,\"ts\":1}", "loss",
      "missing (expected a number or null)"},
     {"{\"event\":\"loss\",\"rank\":0,\"step\":1,\"epoch\":0,\"loss\":\"nan\",\"samples_per_s\":1,"
-     "\"ts\":1}", "loss", "expected a number or null, got a string"},
+     "\"ts\":1}",
+     "loss", "expected a number or null, got a string"},
     {"{\"event\":\"loss\",\"rank\":0,\"step\":1,\"epoch\":0,\"loss\":1,\"nonfinite\":true,"
-     "\"samples_per_s\":1,\"ts\":1}", "nonfinite", "is true but loss is a number"},
+     "\"samples_per_s\":1,\"ts\":1}",
+     "nonfinite", "is true but loss is a number"},
     {"{\"event\":\"loss\",\"rank\":0,\"step\":1,\"epoch\":0,\"loss\":null,\"nonfinite\":1,"
-     "\"samples_per_s\":1,\"ts\":1}", "nonfinite", "expected true or false, got an integer"},
+     "\"samples_per_s\":1,\"ts\":1}",
+     "nonfinite", "expected true or false, got an integer"},
     {"{\"event\":\"loss\",\"rank\":0,\"step\":1,\"epoch\":0,\"loss\":1,\"samples_per_s\":1}", "ts",
      "missing (expected a number or null)"},
     {"{\"event\":\"start\",\"rank\":0,\"world_size\":2,\"device\":\"a-very-long-device\","
-     "\"params\":1,\"batches\":1,\"ts\":1}", "device",
-     "expected a string of at most 15 bytes, got 18 bytes"},
+     "\"params\":1,\"batches\":1,\"ts\":1}",
+     "device", "expected a string of at most 15 bytes, got 18 bytes"},
     {"{\"event\":\"start\",\"rank\":0,\"world_size\":0,\"device\":\"cpu\",\"params\":1,"
-     "\"batches\":1,\"ts\":1}", "world_size", "expected an integer from 1 to 2147483647, got 0"},
+     "\"batches\":1,\"ts\":1}",
+     "world_size", "expected an integer from 1 to 2147483647, got 0"},
     {"{\"event\":\"checkpoint\",\"rank\":0,\"step\":1,\"path\":[],\"ts\":1}", "path",
      "expected a string, got an array"},
-    {"{\"event\":\"error\",\"rank\":0,\"message\":\"x\",\"ts\":1}", "kind",
-     "missing (expected a string)"},
+    {"{\"event\":\"error\",\"rank\":0,\"message\":\"x\",\"ts\":1}", "kind", "missing (expected a string)"},
     {"{\"event\":\"state\",\"state\":\"failed\",\"error\":false,\"ts\":1}", "error",
      "expected a string, got a boolean"},
     {"{\"event\":\"join\",\"job\":1,\"rank\":0,\"step\":1,\"ts\":1}", "attempt",
      "missing (expected an integer)"},
     {"[1,2]", "", "expected an event object, got an array"},
-    {"{\"event\":\"join\",", "", "malformed JSON at line 1, column 16: string or '}' expected near end of file"},
+    {"{\"event\":\"join\",", "",
+     "malformed JSON at line 1, column 16: string or '}' expected near end of file"},
     {"not json", "", "malformed JSON at line 1, column 3: '[' or '{' expected near 'not'"},
 };
 

@@ -1,8 +1,8 @@
 /* test_jobdir.c — schema/jobdir.c: the layout's names (written out here as the contract
- * spells them) and the newest checkpoint to resume from, checkpoint folder names, pruning to keep_last (the one
- * just written always stays; leftovers of a crash go; a stale newer folder of another
- * run does not evict it), the folder's size and the quota's sentence, the message for a
- * pruned --resume, and the quota's size syntax. */
+ * spells them) and the newest checkpoint to resume from, checkpoint folder names, pruning to keep_last (the
+ * one just written always stays; leftovers of a crash go; a stale newer folder of another run does not evict
+ * it), the folder's size and the quota's sentence, the message for a pruned --resume, and the quota's size
+ * syntax. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -7,9 +7,9 @@
 #include "check.h"
 #include "schema/jobdoc.h"
 
-#define SPEC2                                                                                               \
-    "{\"world_size\":2,\"model\":[{\"type\":\"linear\",\"in\":4,\"out\":2}],\"loss\":\"mse\","              \
-    "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.1},\"data\":{\"type\":\"synthetic\",\"samples\":10},"         \
+#define SPEC2                                                                                                \
+    "{\"world_size\":2,\"model\":[{\"type\":\"linear\",\"in\":4,\"out\":2}],\"loss\":\"mse\","               \
+    "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.1},\"data\":{\"type\":\"synthetic\",\"samples\":10},"          \
     "\"batch_size\":2,\"epochs\":1}"
 
 static void full_doc(struct jobdoc *d)
@@ -37,7 +37,7 @@ static void test_round_trip(void)
     full_doc(&d);
     json_t *j = jobdoc_to_json(&d);
     CHECK(j != NULL);
-    const char *keys[] = {"job",     "attempt", "world_size", "rank",       "comm",           "spec",
+    const char *keys[] = {"job",      "attempt", "world_size", "rank",       "comm",           "spec",
                           "data_dir", "out_dir", "resume",     "disk_quota", "max_rank_memory"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (!json_object_get(j, keys[i]))

@@ -7,9 +7,9 @@
 #include "check.h"
 #include "schema/plan.h"
 
-#define SPEC3                                                                                               \
-    "{\"world_size\":3,\"model\":[{\"type\":\"linear\",\"in\":4,\"out\":2}],\"loss\":\"mse\","              \
-    "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.1},\"data\":{\"type\":\"synthetic\",\"samples\":10},"         \
+#define SPEC3                                                                                                \
+    "{\"world_size\":3,\"model\":[{\"type\":\"linear\",\"in\":4,\"out\":2}],\"loss\":\"mse\","               \
+    "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.1},\"data\":{\"type\":\"synthetic\",\"samples\":10},"          \
     "\"batch_size\":2,\"epochs\":1}"
 
 static struct plan_request req, back;
@@ -134,8 +134,8 @@ static void test_answer(void)
     const char *garbage[] = {
         "",
         "not json",
-        "{\"batches\":[1,2]}",        /* another world size */
-        "{\"batches\":[1,2,-1]}",     /* not a count */
+        "{\"batches\":[1,2]}",    /* another world size */
+        "{\"batches\":[1,2,-1]}", /* not a count */
         "{\"batches\":[1,2,\"3\"]}",
         "{\"batches\":7}",
         "{\"event\":\"loss\",\"rank\":0,\"step\":1,\"epoch\":0,\"loss\":1,\"samples_per_s\":1,\"ts\":1}",

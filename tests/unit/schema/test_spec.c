@@ -8,13 +8,12 @@
 #include "schema/spec.h"
 
 /* Pieces of a valid spec, to build specs that are wrong in exactly one place. */
-#define MODEL "\"model\":[{\"type\":\"linear\",\"in\":4,\"out\":2}]"
-#define LOSS "\"loss\":\"mse\""
-#define OPTIM "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.1}"
-#define DATA "\"data\":{\"type\":\"synthetic\",\"samples\":10}"
-#define BATCH "\"batch_size\":2,\"epochs\":1"
-#define SPEC(model, loss, optim, data, batch, more) \
-    "{" model "," loss "," optim "," data "," batch more "}"
+#define MODEL                                       "\"model\":[{\"type\":\"linear\",\"in\":4,\"out\":2}]"
+#define LOSS                                        "\"loss\":\"mse\""
+#define OPTIM                                       "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.1}"
+#define DATA                                        "\"data\":{\"type\":\"synthetic\",\"samples\":10}"
+#define BATCH                                       "\"batch_size\":2,\"epochs\":1"
+#define SPEC(model, loss, optim, data, batch, more) "{" model "," loss "," optim "," data "," batch more "}"
 /* A valid spec plus `more` (which starts with a comma). */
 #define OK_PLUS(more) SPEC(MODEL, LOSS, OPTIM, DATA, BATCH, more)
 /* The widest model the caps allow (2^40 + 2^21 weights). */
@@ -23,9 +22,9 @@
     "{\"type\":\"linear\",\"in\":1048576,\"out\":2}]"
 #define WITH_MODEL(m) SPEC("\"model\":" m, LOSS, OPTIM, DATA, BATCH, "")
 #define WITH_OPTIM(o) SPEC(MODEL, LOSS, "\"optimizer\":" o, DATA, BATCH, "")
-#define WITH_DATA(d) SPEC(MODEL, LOSS, OPTIM, "\"data\":" d, BATCH, "")
-#define WITH_CSV(loss, target)                                                        \
-    SPEC(MODEL, "\"loss\":\"" loss "\"", OPTIM,                                        \
+#define WITH_DATA(d)  SPEC(MODEL, LOSS, OPTIM, "\"data\":" d, BATCH, "")
+#define WITH_CSV(loss, target)                                                                               \
+    SPEC(MODEL, "\"loss\":\"" loss "\"", OPTIM,                                                              \
          "\"data\":{\"type\":\"csv\",\"path\":\"t.csv\",\"target\":" target "}", BATCH, "")
 
 static const char *seed_example =
@@ -176,8 +175,8 @@ static void test_valid_variants(void)
     CHECK_EQ_INT(spec_out_width(&s), 2);
 
     /* Numbers: integers are accepted where reals are expected. */
-    CHECK_EQ_INT(parse(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":1,\"momentum\":0.9,\"nesterov\":true}"),
-                       &s, &e), DDPD_OK);
+    CHECK_EQ_INT(parse(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":1,\"momentum\":0.9,\"nesterov\":true}"), &s, &e),
+                 DDPD_OK);
     CHECK(s.optim.lr == 1.0 && s.optim.momentum == 0.9 && s.optim.nesterov);
 
     /* csv with one target written as a string or a list, cross_entropy, per-rank files. */
@@ -215,8 +214,9 @@ static void test_valid_variants(void)
 
     /* 64 layers is the limit, not over it; width 1048576 is allowed. */
     char big[4096];
-    size_t o = (size_t)snprintf(big, sizeof big, "{\"model\":[{\"type\":\"linear\",\"in\":1048576,"
-                                                 "\"out\":2}");
+    size_t o = (size_t)snprintf(big, sizeof big,
+                                "{\"model\":[{\"type\":\"linear\",\"in\":1048576,"
+                                "\"out\":2}");
     for (int i = 1; i < SPEC_MAX_LAYERS; i++)
         o += (size_t)snprintf(big + o, sizeof big - o, ",{\"type\":\"relu\"}");
     snprintf(big + o, sizeof big - o, "]," LOSS "," OPTIM "," DATA "," BATCH "}");
@@ -258,7 +258,10 @@ struct bad_case {
 };
 
 /* A row without line and column (they are checked for EJSON only). */
-#define BAD(json, code, path, message) {json, code, path, message, 0, 0}
+#define BAD(json, code, path, message)                                                                       \
+    {                                                                                                        \
+        json, code, path, message, 0, 0                                                                      \
+    }
 
 static const struct bad_case bad_cases[] = {
     /* JSON itself */
@@ -279,13 +282,13 @@ static const struct bad_case bad_cases[] = {
 
     /* unknown keys at every level */
     BAD(OK_PLUS(",\"epoch\":1"), DDPD_ESPEC, "epoch",
-     "unknown key (did you mean \"epochs\"? expected one of name, world_size, device, precision, "
-     "model, loss, optimizer, data, batch_size, epochs, steps, grad_accum, ddp, init, checkpoint, "
-     "log_every, max_restarts, on_nonfinite)"),
+        "unknown key (did you mean \"epochs\"? expected one of name, world_size, device, precision, "
+        "model, loss, optimizer, data, batch_size, epochs, steps, grad_accum, ddp, init, checkpoint, "
+        "log_every, max_restarts, on_nonfinite)"),
     BAD(OK_PLUS(",\"learning rate\":1"), DDPD_ESPEC, "[\"learning rate\"]",
-     "unknown key (expected one of name, world_size, device, precision, model, loss, optimizer, "
-     "data, batch_size, epochs, steps, grad_accum, ddp, init, checkpoint, log_every, max_restarts, "
-     "on_nonfinite)"),
+        "unknown key (expected one of name, world_size, device, precision, model, loss, optimizer, "
+        "data, batch_size, epochs, steps, grad_accum, ddp, init, checkpoint, log_every, max_restarts, "
+        "on_nonfinite)"),
     BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"momentun\":0.9}"), DDPD_ESPEC, "optimizer.momentun",
         "unknown key (did you mean \"momentum\"? expected one of type, lr, momentum, dampening, "
         "weight_decay, nesterov)"),
@@ -303,9 +306,9 @@ static const struct bad_case bad_cases[] = {
     BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from_file\":\"w\"}"), DDPD_ESPEC, "init.from_file",
         "unknown key (expected one of seed, from)"),
     BAD(OK_PLUS(",\"checkpoint\":{\"every\":5}"), DDPD_ESPEC, "checkpoint.every",
-     "unknown key (expected one of every_steps, keep_last)"),
+        "unknown key (expected one of every_steps, keep_last)"),
     BAD(OK_PLUS(",\"checkpoint\":{\"keep_lsat\":2}"), DDPD_ESPEC, "checkpoint.keep_lsat",
-     "unknown key (did you mean \"keep_last\"? expected one of every_steps, keep_last)"),
+        "unknown key (did you mean \"keep_last\"? expected one of every_steps, keep_last)"),
 
     /* types of top-level values */
     BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":\"3\",\"epochs\":1", ""), DDPD_ESPEC, "batch_size",
@@ -339,24 +342,25 @@ static const struct bad_case bad_cases[] = {
     BAD(OK_PLUS(",\"grad_accum\":0"), DDPD_ESPEC, "grad_accum", "expected a positive integer, got 0"),
     BAD(OK_PLUS(",\"log_every\":true"), DDPD_ESPEC, "log_every", "expected a positive integer, got true"),
     BAD(OK_PLUS(",\"max_restarts\":101"), DDPD_ESPEC, "max_restarts",
-     "expected an integer from 0 to 100, got 101"),
+        "expected an integer from 0 to 100, got 101"),
     BAD(OK_PLUS(",\"on_nonfinite\":\"ignore\""), DDPD_ESPEC, "on_nonfinite",
-     "expected one of fail, continue, got \"ignore\""),
-    BAD(OK_PLUS(",\"on_nonfinite\":false"), DDPD_ESPEC, "on_nonfinite", "expected one of fail, continue, got false"),
+        "expected one of fail, continue, got \"ignore\""),
+    BAD(OK_PLUS(",\"on_nonfinite\":false"), DDPD_ESPEC, "on_nonfinite",
+        "expected one of fail, continue, got false"),
     BAD(OK_PLUS(",\"checkpoint\":{\"every_steps\":-1}"), DDPD_ESPEC, "checkpoint.every_steps",
         "expected a non-negative integer, got -1"),
     BAD(OK_PLUS(",\"checkpoint\":5"), DDPD_ESPEC, "checkpoint", "expected an object, got 5"),
     /* keep_last: at least the newest checkpoint stays (0 would prune what a restart needs). */
-    BAD(OK_PLUS(",\"checkpoint\":{\"every_steps\":1,\"keep_last\":0}"), DDPD_ESPEC,
-     "checkpoint.keep_last", "expected a positive integer, got 0"),
+    BAD(OK_PLUS(",\"checkpoint\":{\"every_steps\":1,\"keep_last\":0}"), DDPD_ESPEC, "checkpoint.keep_last",
+        "expected a positive integer, got 0"),
     BAD(OK_PLUS(",\"checkpoint\":{\"keep_last\":-3}"), DDPD_ESPEC, "checkpoint.keep_last",
-     "expected a positive integer, got -3"),
+        "expected a positive integer, got -3"),
     BAD(OK_PLUS(",\"checkpoint\":{\"keep_last\":2.5}"), DDPD_ESPEC, "checkpoint.keep_last",
-     "expected a positive integer, got 2.5"),
+        "expected a positive integer, got 2.5"),
     BAD(OK_PLUS(",\"checkpoint\":{\"keep_last\":\"all\"}"), DDPD_ESPEC, "checkpoint.keep_last",
-     "expected a positive integer, got \"all\""),
+        "expected a positive integer, got \"all\""),
     BAD(OK_PLUS(",\"checkpoint\":{\"keep_last\":null}"), DDPD_ESPEC, "checkpoint.keep_last",
-     "expected a positive integer, got null"),
+        "expected a positive integer, got null"),
 
     /* model */
     BAD(SPEC(LOSS, OPTIM, DATA, BATCH, "\"grad_accum\":1", ""), DDPD_ESPEC, "model",
@@ -587,8 +591,10 @@ static void test_round_trip(void)
              "\"shuffle\":false}",
              "\"batch_size\":17,\"steps\":1000",
              ",\"ddp\":{\"bucket_cap_mb\":0.1,\"join\":true,\"backend\":\"cpu\",\"timeout_s\":1.5,"
-             "\"divide_by_initial_world_size\":false},\"device\":\"cuda\",\"precision\":\"tf32\",\"world_size\":8,"
-             "\"init\":{\"from\":\"init/{rank}.safetensors\"},\"checkpoint\":{\"every_steps\":100,\"keep_last\":7},"
+             "\"divide_by_initial_world_size\":false},\"device\":\"cuda\",\"precision\":\"tf32\",\"world_"
+             "size\":8,"
+             "\"init\":{\"from\":\"init/"
+             "{rank}.safetensors\"},\"checkpoint\":{\"every_steps\":100,\"keep_last\":7},"
              "\"log_every\":10,\"max_restarts\":3,\"name\":\"q\\\"uote\\n\",\"grad_accum\":4,"
              "\"on_nonfinite\":\"continue\""),
         SPEC("\"model\":[{\"type\":\"linear\",\"in\":2,\"out\":3}]", "\"loss\":\"cross_entropy\"",
@@ -635,7 +641,8 @@ static void test_round_trip(void)
     CHECK_EQ_INT(s.checkpoint_keep_last, INT64_MAX);
     CHECK_EQ_INT(s.checkpoint_every, 0);
     j = spec_to_json(&s);
-    CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "checkpoint"), "keep_last")), INT64_MAX);
+    CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "checkpoint"), "keep_last")),
+                 INT64_MAX);
     json_decref(j);
 }
 

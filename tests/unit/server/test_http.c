@@ -1975,9 +1975,9 @@ int main(void)
     double t0 = base_mono_s();
 #define RUN(t)                                                                                               \
     do {                                                                                                     \
-        double t1 = base_mono_s();                                                                                 \
+        double t1 = base_mono_s();                                                                           \
         t;                                                                                                   \
-        fprintf(stderr, "%-28s %.2f s\n", #t, base_mono_s() - t1);                                                 \
+        fprintf(stderr, "%-28s %.2f s\n", #t, base_mono_s() - t1);                                           \
     } while (0)
     RUN(test_start_errors());
     RUN(test_basics());

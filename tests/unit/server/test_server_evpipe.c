@@ -24,8 +24,13 @@ static int64_t new_job(struct store *s)
 
 static struct event state_event(int64_t job, int64_t seq, const char *state)
 {
-    struct event ev = {.kind = EVENT_STATE, .rank = -1, .has_server_fields = true, .job = job, .attempt = 1,
-                       .seq = seq, .ts = 1764680000.0 + (double)seq};
+    struct event ev = {.kind = EVENT_STATE,
+                       .rank = -1,
+                       .has_server_fields = true,
+                       .job = job,
+                       .attempt = 1,
+                       .seq = seq,
+                       .ts = 1764680000.0 + (double)seq};
     snprintf(ev.state, sizeof ev.state, "%s", state);
     return ev;
 }

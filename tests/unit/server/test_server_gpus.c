@@ -19,8 +19,8 @@ int main(void)
     CHECK_EQ_STR(ids[1], "3");
     CHECK_EQ_INT(sched_gpu_ids("5", 0, "0,1", ids, CAP, why, sizeof why), 1);
     CHECK_EQ_STR(ids[0], "5");
-    CHECK_EQ_INT(sched_gpu_ids("GPU-8f2c1a3b-0000-1111-2222-333344445555,1", 0, NULL, ids, CAP, why,
-                               sizeof why), 2);
+    CHECK_EQ_INT(
+        sched_gpu_ids("GPU-8f2c1a3b-0000-1111-2222-333344445555,1", 0, NULL, ids, CAP, why, sizeof why), 2);
     CHECK_EQ_STR(ids[0], "GPU-8f2c1a3b-0000-1111-2222-333344445555");
     CHECK_EQ_STR(ids[1], "1");
 
@@ -53,7 +53,7 @@ int main(void)
     CHECK(s != NULL);
     CHECK_EQ_STR(sched_gpu_device(s, 1), "1");
     CHECK_EQ_INT(sched_gpu_ids("GPU-a,7", 0, NULL, ids, CAP, why, sizeof why), 2);
-    sched_name_gpus(s, (const char (*)[SCHED_GPU_ID_MAX])ids);
+    sched_name_gpus(s, (const char(*)[SCHED_GPU_ID_MAX])ids);
     CHECK_EQ_STR(sched_gpu_device(s, 0), "GPU-a");
     CHECK_EQ_STR(sched_gpu_device(s, 1), "7");
     CHECK(sched_gpu_device(s, 2) == NULL);

@@ -1062,9 +1062,9 @@ static void test_forget_and_close(void)
 
 #define RUN(t)                                                                                               \
     do {                                                                                                     \
-        double t0_ = base_mono_s();                                                                                \
+        double t0_ = base_mono_s();                                                                          \
         t();                                                                                                 \
-        fprintf(stderr, "%-36s %6.2f s\n", #t, base_mono_s() - t0_);                                               \
+        fprintf(stderr, "%-36s %6.2f s\n", #t, base_mono_s() - t0_);                                         \
     } while (0)
 
 int main(void)

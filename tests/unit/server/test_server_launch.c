@@ -32,7 +32,7 @@ static void test_policy(void)
 
     struct sched *s = sched_new(2, 1);
     char ids[2][SCHED_GPU_ID_MAX] = {"5", "GPU-x"}, why[256] = "";
-    sched_name_gpus(s, (const char (*)[SCHED_GPU_ID_MAX])ids);
+    sched_name_gpus(s, (const char(*)[SCHED_GPU_ID_MAX])ids);
     CHECK(launcher_fits(local, s, DEVICE_CUDA, 2, why, sizeof why));
     CHECK(!launcher_fits(local, s, DEVICE_CPU, 2, why, sizeof why));
     CHECK_EQ_STR(why, "world_size 2 needs 2 CPU slots but this server has 1");
@@ -110,8 +110,13 @@ static void test_local_attempt(const char *tmp)
     doc->rank = -1;
     snprintf(doc->out_dir, sizeof doc->out_dir, "%s", out);
     struct lines got = {0};
-    struct launch_opts lo = {.worker = worker, .world_size = 1, .out_dir = out, .doc = doc, .grace_s = 1,
-                             .on_line = on_line, .ctx = &got};
+    struct launch_opts lo = {.worker = worker,
+                             .world_size = 1,
+                             .out_dir = out,
+                             .doc = doc,
+                             .grace_s = 1,
+                             .on_line = on_line,
+                             .ctx = &got};
     struct launch *l = launch_start(&lo, &err);
     free(doc);
     CHECK(l != NULL);

@@ -78,13 +78,15 @@ static void test_only_stdio_crosses(void)
     CHECK(plain >= 3);
     bool have_high = rl.rlim_cur > (rlim_t)high && dup2(plain, high) == high;
     char *argv[] = {"ls", "/proc/self/fd", NULL};
-    struct proc_spawn o = {.path = prog("ls"), .argv = argv, .fd = {PROC_FD_NULL, 0, PROC_FD_SAME}, .pgid = -1};
+    struct proc_spawn o = {
+        .path = prog("ls"), .argv = argv, .fd = {PROC_FD_NULL, 0, PROC_FD_SAME}, .pgid = -1};
     char out[4096];
     CHECK_EQ_INT(run(&o, out, sizeof out, NULL, 0), 0);
     /* ls lists 0 1 2 and the descriptor it reads the folder with (3). */
     CHECK_EQ_STR(out, "0\n1\n2\n3\n");
     if (!have_high)
-        fprintf(stderr, "note: could not open a descriptor numbered %d here; checked the plain one only\n", high);
+        fprintf(stderr, "note: could not open a descriptor numbered %d here; checked the plain one only\n",
+                high);
     else
         close(high);
     close(plain);
@@ -94,15 +96,16 @@ static void test_only_stdio_crosses(void)
 static void test_null_stdin_and_empty_env(void)
 {
     char *cat[] = {"cat", NULL};
-    struct proc_spawn o = {.path = prog("cat"), .argv = cat, .fd = {PROC_FD_NULL, 0, PROC_FD_SAME}, .pgid = -1};
+    struct proc_spawn o = {
+        .path = prog("cat"), .argv = cat, .fd = {PROC_FD_NULL, 0, PROC_FD_SAME}, .pgid = -1};
     char out[256];
     CHECK_EQ_INT(run(&o, out, sizeof out, NULL, 0), 0);
     CHECK_EQ_STR(out, "");
 
     setenv("DDPD_TEST_SECRET", "must-not-cross", 1);
     char *env_argv[] = {"env", NULL};
-    o = (struct proc_spawn){.path = prog("env"), .argv = env_argv, .fd = {PROC_FD_NULL, 0, PROC_FD_SAME},
-                            .pgid = -1};
+    o = (struct proc_spawn){
+        .path = prog("env"), .argv = env_argv, .fd = {PROC_FD_NULL, 0, PROC_FD_SAME}, .pgid = -1};
     CHECK_EQ_INT(run(&o, out, sizeof out, NULL, 0), 0);
     CHECK_EQ_STR(out, "");
 
@@ -121,8 +124,8 @@ static void test_signals_and_group(void)
     sigaddset(&term, SIGTERM);
     sigprocmask(SIG_BLOCK, &term, &old);
     char *argv[] = {"sleep", "30", NULL};
-    struct proc_spawn o = {.path = prog("sleep"), .argv = argv, .fd = {PROC_FD_NULL, PROC_FD_NULL, PROC_FD_SAME},
-                           .pgid = 0};
+    struct proc_spawn o = {
+        .path = prog("sleep"), .argv = argv, .fd = {PROC_FD_NULL, PROC_FD_NULL, PROC_FD_SAME}, .pgid = 0};
     pid_t pid = proc_spawn(&o);
     CHECK(pid > 0);
     if (pid > 0) {
@@ -152,7 +155,10 @@ static bool term_blocked(const char *status)
 static void test_hold_term(void)
 {
     char *argv[] = {"cat", "/proc/self/status", NULL};
-    struct proc_spawn o = {.path = prog("cat"), .argv = argv, .fd = {PROC_FD_NULL, 0, PROC_FD_SAME}, .pgid = -1,
+    struct proc_spawn o = {.path = prog("cat"),
+                           .argv = argv,
+                           .fd = {PROC_FD_NULL, 0, PROC_FD_SAME},
+                           .pgid = -1,
                            .hold_term = true};
     char out[8192];
     CHECK_EQ_INT(run(&o, out, sizeof out, NULL, 0), 0);
@@ -166,14 +172,17 @@ static void test_hold_term(void)
     int in[2];
     CHECK_EQ_INT(pipe2(in, O_CLOEXEC), 0);
     char *cat[] = {"cat", NULL};
-    o = (struct proc_spawn){.path = prog("cat"), .argv = cat, .fd = {in[0], PROC_FD_NULL, PROC_FD_SAME}, .pgid = 0,
+    o = (struct proc_spawn){.path = prog("cat"),
+                            .argv = cat,
+                            .fd = {in[0], PROC_FD_NULL, PROC_FD_SAME},
+                            .pgid = 0,
                             .hold_term = true};
     pid_t pid = proc_spawn(&o);
     close(in[0]);
     CHECK(pid > 0);
     if (pid > 0) {
         CHECK_EQ_INT(kill(-pid, SIGTERM), 0); /* the launcher's cancel, right after the fork */
-        close(in[1]);                          /* cat reads EOF and exits 0: the signal waited */
+        close(in[1]);                         /* cat reads EOF and exits 0: the signal waited */
         int st = 0;
         CHECK_EQ_INT(waitpid(pid, &st, 0), pid);
         CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
@@ -186,8 +195,8 @@ static void test_hold_term(void)
 static void test_exec_failure(void)
 {
     char *argv[] = {"no-such-program", NULL};
-    struct proc_spawn o = {.path = "/nonexistent/no-such-program", .argv = argv,
-                           .fd = {PROC_FD_NULL, 0, 0}, .pgid = -1};
+    struct proc_spawn o = {
+        .path = "/nonexistent/no-such-program", .argv = argv, .fd = {PROC_FD_NULL, 0, 0}, .pgid = -1};
     char out[256], err[512];
     CHECK_EQ_INT(run(&o, out, sizeof out, err, sizeof err), 127);
     CHECK(strstr(err, "cannot execute /nonexistent/no-such-program: No such file or directory") != NULL);

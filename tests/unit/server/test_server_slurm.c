@@ -262,12 +262,8 @@ static void test_attempt_pending_cancel(void)
     snprintf(outdir, sizeof outdir, "%s/job2", tmp);
     struct slurm_opts so = {.srun = srun, .squeue = squeue, .scancel = scancel, .poll_s = 0.1};
     struct lines got = {0};
-    struct launch_opts lo = {.worker = "/w",
-                             .world_size = 2,
-                             .out_dir = outdir,
-                             .grace_s = 1,
-                             .on_line = on_line,
-                             .ctx = &got};
+    struct launch_opts lo = {
+        .worker = "/w", .world_size = 2, .out_dir = outdir, .grace_s = 1, .on_line = on_line, .ctx = &got};
     mkdir(outdir, 0755);
     struct ddpd_error err;
     struct slurm_run *r = slurm_run_start(&so, "ddpd.t.2.1", &lo, "{}", 0, &err);
@@ -307,10 +303,7 @@ static void test_node_failure_with_exit_0(void)
     snprintf(outdir, sizeof outdir, "%s/job3", tmp);
     mkdir(outdir, 0755);
     struct slurm_opts so = {.srun = srun, .squeue = "/bin/false", .scancel = "/bin/false"};
-    struct launch_opts lo = {.worker = "/w",
-                             .world_size = 2,
-                             .out_dir = outdir,
-                             .grace_s = 1};
+    struct launch_opts lo = {.worker = "/w", .world_size = 2, .out_dir = outdir, .grace_s = 1};
     struct ddpd_error err;
     struct slurm_run *r = slurm_run_start(&so, "ddpd.t.3.1", &lo, "{}", 0, &err);
     CHECK(r != NULL);

@@ -106,13 +106,13 @@ struct client {
     int64_t job, after, total; /* expects after+1 .. total */
     hub_format fmt;
     size_t page_events, page_bytes, cap;
-    int stall_every;           /* sleep 2 ms every this many pulls; 0 = never */
-    bool resume;               /* reopen after a CLOSED at the last seq seen */
+    int stall_every; /* sleep 2 ms every this many pulls; 0 = never */
+    bool resume;     /* reopen after a CLOSED at the last seq seen */
     /* results */
     int64_t last;
     long frames, errors, reopens, bad;
-    bool ended;                /* STREAM_END */
-    bool closed;               /* STREAM_CLOSED without resume */
+    bool ended;  /* STREAM_END */
+    bool closed; /* STREAM_CLOSED without resume */
     char why[512];
     char last_error[1024];
     /* wake */
@@ -190,8 +190,11 @@ static void *run_client(void *arg)
     long pulls = 0;
     double deadline = base_mono_s() + 120;
     while (base_mono_s() < deadline) {
-        struct stream_opts o = {.format = c->fmt, .page_events = c->page_events, .page_bytes = c->page_bytes,
-                                .wake = wake, .ctx = c};
+        struct stream_opts o = {.format = c->fmt,
+                                .page_events = c->page_events,
+                                .page_bytes = c->page_bytes,
+                                .wake = wake,
+                                .ctx = c};
         struct stream *st;
         struct ddpd_error e;
         if (stream_open(c->h, c->s, c->job, c->last, &o, &st, &e) != DDPD_OK) {
@@ -276,9 +279,15 @@ static void test_history(void)
     static const int64_t afters[] = {0, 1, 12345, 19999};
     for (int f = 0; f < 2; f++)
         for (size_t i = 0; i < sizeof afters / sizeof afters[0]; i++) {
-            struct client c = {.h = h, .s = s, .job = job, .after = afters[i], .total = N,
-                               .fmt = f ? HUB_FORMAT_SSE : HUB_FORMAT_NDJSON, .page_events = 97,
-                               .page_bytes = 3000, .cap = 777};
+            struct client c = {.h = h,
+                               .s = s,
+                               .job = job,
+                               .after = afters[i],
+                               .total = N,
+                               .fmt = f ? HUB_FORMAT_SSE : HUB_FORMAT_NDJSON,
+                               .page_events = 97,
+                               .page_bytes = 3000,
+                               .cap = 777};
             run_client(&c);
             CHECK(c.ended);
             CHECK_EQ_INT(c.last, N);
@@ -352,11 +361,16 @@ static void test_seam(void)
             /* Start at different points of the run. */
             for (int k = 0; k < 2000 && atomic_load(&p.done) < (int64_t)i * 1200; k++)
                 sleep_us(1000);
-            c[i] = (struct client){.h = h, .s = s, .job = p.job, .total = p.total,
+            c[i] = (struct client){.h = h,
+                                   .s = s,
+                                   .job = p.job,
+                                   .total = p.total,
                                    .after = i % 3 == 2 ? atomic_load(&p.done) / 2 : 0,
                                    .fmt = i % 2 ? HUB_FORMAT_SSE : HUB_FORMAT_NDJSON,
-                                   .page_events = (size_t)(50 + 37 * i), .page_bytes = 4096 + 999 * (size_t)i,
-                                   .cap = i % 4 == 0 ? 100 : 0, .stall_every = i % 4 == 3 ? 50 : 0,
+                                   .page_events = (size_t)(50 + 37 * i),
+                                   .page_bytes = 4096 + 999 * (size_t)i,
+                                   .cap = i % 4 == 0 ? 100 : 0,
+                                   .stall_every = i % 4 == 3 ? 50 : 0,
                                    .resume = true};
             pthread_create(&ct[i], NULL, run_client, &c[i]);
         }
@@ -364,7 +378,8 @@ static void test_seam(void)
         for (int i = 0; i < NC; i++) {
             pthread_join(ct[i], NULL);
             if (getenv("VERBOSE") || !c[i].ended || c[i].bad || c[i].last != p.total)
-                fprintf(stderr, "    round %d client %d: ended %d last %" PRId64 " bad %ld reopens %ld why %s\n",
+                fprintf(stderr,
+                        "    round %d client %d: ended %d last %" PRId64 " bad %ld reopens %ld why %s\n",
                         round, i, c[i].ended, c[i].last, c[i].bad, c[i].reopens, c[i].why);
             CHECK(c[i].ended);
             CHECK_EQ_INT(c[i].last, p.total);
@@ -373,8 +388,8 @@ static void test_seam(void)
             CHECK_EQ_INT(c[i].errors, c[i].reopens);
         }
         /* The hub holds this finished job: past its last seq, up to INT64_MAX, nothing. */
-        struct client z = {.h = h, .s = s, .job = p.job, .after = INT64_MAX, .total = p.total,
-                           .fmt = HUB_FORMAT_NDJSON};
+        struct client z = {
+            .h = h, .s = s, .job = p.job, .after = INT64_MAX, .total = p.total, .fmt = HUB_FORMAT_NDJSON};
         run_client(&z);
         CHECK(z.ended);
         CHECK_EQ_INT(z.frames, 0);
@@ -425,7 +440,8 @@ static void test_read_error(void)
     s = open_store("corrupt.db");
     struct hub *h = hub_new(NULL);
     for (int f = 0; f < 2; f++) {
-        struct client c = {.h = h, .s = s, .job = job, .total = N, .fmt = f ? HUB_FORMAT_SSE : HUB_FORMAT_NDJSON};
+        struct client c = {
+            .h = h, .s = s, .job = job, .total = N, .fmt = f ? HUB_FORMAT_SSE : HUB_FORMAT_NDJSON};
         run_client(&c);
         CHECK(!c.ended);
         CHECK(c.closed);

@@ -668,8 +668,11 @@ static void test_insert_async(void)
     const int n = 200, bad = 77;
     for (int i = 0; i < n; i++) {
         calls[i] = (struct async_call){&seen, i};
-        struct store_job_new j = {.name = "async", .spec = i == bad ? "{not json" : SPEC, .world_size = 1,
-                                  .device = DEVICE_CPU, .queued_event = i % 2 == 0};
+        struct store_job_new j = {.name = "async",
+                                  .spec = i == bad ? "{not json" : SPEC,
+                                  .world_size = 1,
+                                  .device = DEVICE_CPU,
+                                  .queued_event = i % 2 == 0};
         store_job_insert_async(s, &j, async_done, &calls[i]);
     }
     store_close(s); /* commits the queued inserts first */
@@ -1281,7 +1284,6 @@ static void test_crash(const char *self)
     CHECK(jobs_total > 0);
 }
 
-
 /* ---- issue 15: one server per database, state that tells the truth ---- */
 
 static void test_lock(void)
@@ -1350,8 +1352,8 @@ static void test_state_truth(void)
     /* Attempt 1 runs and reports progress: loss at step 2 on both ranks, rank 1 joins at
      * step 2 and both are done after 5 steps. */
     CHECK_EQ_INT(store_attempt_begin(s, id, 1, NULL, &e), DDPD_OK);
-    struct store_job_update u = {.fields = STORE_SET_STATE | STORE_SET_ATTEMPT, .state = JOB_STATE_RUNNING,
-                                 .attempt = 1};
+    struct store_job_update u = {
+        .fields = STORE_SET_STATE | STORE_SET_ATTEMPT, .state = JOB_STATE_RUNNING, .attempt = 1};
     CHECK_EQ_INT(store_job_update(s, id, &u, NULL, &e), DDPD_OK);
     for (int r = 0; r < 2; r++) {
         struct store_rank rk = {.attempt = 1, .rank = r, .pid = 100 + r};
@@ -1386,8 +1388,8 @@ static void test_state_truth(void)
     store_job_clear(&j);
 
     /* The same attempt set again (a retried end) keeps the progress; another clears it. */
-    u = (struct store_job_update){.fields = STORE_SET_STATE | STORE_SET_ATTEMPT, .state = JOB_STATE_RUNNING,
-                                  .attempt = 1};
+    u = (struct store_job_update){
+        .fields = STORE_SET_STATE | STORE_SET_ATTEMPT, .state = JOB_STATE_RUNNING, .attempt = 1};
     CHECK_EQ_INT(store_job_update(s, id, &u, NULL, &e), DDPD_OK);
     CHECK_EQ_INT(store_job_get(s, id, &j, &e), DDPD_OK);
     CHECK(j.has_progress);
@@ -1395,12 +1397,12 @@ static void test_state_truth(void)
     store_job_clear(&j);
 
     /* A restart: its reason goes to the history, not to error; a later success shows none. */
-    u = (struct store_job_update){.fields = STORE_SET_STATE | STORE_SET_ATTEMPT | STORE_SET_RESTART |
-                                            STORE_SET_ERROR,
-                                  .state = JOB_STATE_STARTING,
-                                  .attempt = 2,
-                                  .restart_attempt = 1,
-                                  .restart_reason = "restart 1 of 3 after rank 1 failed (exit code 3): \"x\""};
+    u = (struct store_job_update){
+        .fields = STORE_SET_STATE | STORE_SET_ATTEMPT | STORE_SET_RESTART | STORE_SET_ERROR,
+        .state = JOB_STATE_STARTING,
+        .attempt = 2,
+        .restart_attempt = 1,
+        .restart_reason = "restart 1 of 3 after rank 1 failed (exit code 3): \"x\""};
     CHECK_EQ_INT(store_job_update(s, id, &u, NULL, &e), DDPD_OK);
     u.restart_attempt = 2;
     u.attempt = 3;
@@ -1414,9 +1416,11 @@ static void test_state_truth(void)
     char want[512];
     double ts = 0;
     int pos = 0;
-    CHECK(sscanf(j.restart_history, "[{\"attempt\":1,\"reason\":\"restart 1 of 3 after rank 1 failed (exit code 3): "
-                                    "\\\"x\\\"\",\"ts\":%lf}%n",
-                 &ts, &pos) == 1 && pos > 0);
+    CHECK(sscanf(j.restart_history,
+                 "[{\"attempt\":1,\"reason\":\"restart 1 of 3 after rank 1 failed (exit code 3): "
+                 "\\\"x\\\"\",\"ts\":%lf}%n",
+                 &ts, &pos) == 1 &&
+          pos > 0);
     CHECK(ts > 1.6e9);
     snprintf(want, sizeof want, ",{\"attempt\":2,\"reason\":\"server restarted; the job was queued again\",");
     CHECK(strstr(j.restart_history + pos, want) == j.restart_history + pos);
@@ -1428,22 +1432,23 @@ static void test_state_truth(void)
     sqlite3 *db = NULL;
     CHECK_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
     CHECK_EQ_INT(sqlite3_exec(db, store_migration_sql(1, NULL), NULL, NULL, NULL), SQLITE_OK);
-    CHECK_EQ_INT(sqlite3_exec(db,
-                              "PRAGMA user_version = 1; INSERT INTO jobs (name, state, spec, world_size, device, "
-                              "created_at, attempt, error) VALUES "
-                              "('ok', 'succeeded', '{}', 1, 'cpu', 0, 2, 'restart 1 of 1 after rank 0 failed'), "
-                              "('bad', 'failed', '{}', 1, 'cpu', 0, 2, 'rank 0 failed (exit code 2)'), "
-                              "('requeued', 'queued', '{}', 1, 'cpu', 0, 1, "
-                              "'server restarted; the job was queued again'), "
-                              "('plain', 'succeeded', '{}', 1, 'cpu', 0, 1, NULL)",
-                              NULL, NULL, NULL),
-                 SQLITE_OK);
+    CHECK_EQ_INT(
+        sqlite3_exec(db,
+                     "PRAGMA user_version = 1; INSERT INTO jobs (name, state, spec, world_size, device, "
+                     "created_at, attempt, error) VALUES "
+                     "('ok', 'succeeded', '{}', 1, 'cpu', 0, 2, 'restart 1 of 1 after rank 0 failed'), "
+                     "('bad', 'failed', '{}', 1, 'cpu', 0, 2, 'rank 0 failed (exit code 2)'), "
+                     "('requeued', 'queued', '{}', 1, 'cpu', 0, 1, "
+                     "'server restarted; the job was queued again'), "
+                     "('plain', 'succeeded', '{}', 1, 'cpu', 0, 1, NULL)",
+                     NULL, NULL, NULL),
+        SQLITE_OK);
     sqlite3_close(db);
     s = open_ok(path, NULL);
     const char *errs[4] = {"", "rank 0 failed (exit code 2)", "", ""};
-    const char *hist[4] = {"[{\"attempt\":1,\"reason\":\"restart 1 of 1 after rank 0 failed\",\"ts\":null}]", "[]",
-                           "[{\"attempt\":1,\"reason\":\"server restarted; the job was queued again\",\"ts\":null}]",
-                           "[]"};
+    const char *hist[4] = {
+        "[{\"attempt\":1,\"reason\":\"restart 1 of 1 after rank 0 failed\",\"ts\":null}]", "[]",
+        "[{\"attempt\":1,\"reason\":\"server restarted; the job was queued again\",\"ts\":null}]", "[]"};
     for (int i = 0; i < 4; i++) {
         CHECK_EQ_INT(store_job_get(s, i + 1, &j, &e), DDPD_OK);
         CHECK_EQ_STR(j.error, errs[i]);
@@ -1485,7 +1490,8 @@ static void test_quick_check(void)
     size_t psize = (size_t)hdr[16] << 8 | hdr[17];
     psize = psize == 1 ? 65536 : psize;
     bool damaged = false;
-    for (off_t off = (off_t)psize; !damaged && pread(fd, page, psize, off) == (ssize_t)psize; off += (off_t)psize) {
+    for (off_t off = (off_t)psize; !damaged && pread(fd, page, psize, off) == (ssize_t)psize;
+         off += (off_t)psize) {
         if (page[0] != 0x02 && page[0] != 0x05)
             continue;
         size_t start = (size_t)page[5] << 8 | page[6];

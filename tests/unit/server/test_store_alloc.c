@@ -31,9 +31,9 @@ void *__real_calloc(size_t n, size_t size);
 void *__real_realloc(void *p, size_t n);
 char *__real_strdup(const char *s);
 
-static atomic_long fail_at;   /* the allocation to fail, counted from 1; 0 = disarmed */
-static atomic_long calls;     /* allocations since armed */
-static atomic_bool injected;  /* the armed allocation was reached and failed */
+static atomic_long fail_at;    /* the allocation to fail, counted from 1; 0 = disarmed */
+static atomic_long calls;      /* allocations since armed */
+static atomic_bool injected;   /* the armed allocation was reached and failed */
 static pthread_t armed_thread; /* only this thread's allocations count (the store's writer
                                   thread runs beside the test) */
 
@@ -47,10 +47,22 @@ static bool should_fail(void)
     return true;
 }
 
-void *__wrap_malloc(size_t n) { return should_fail() ? NULL : __real_malloc(n); }
-void *__wrap_calloc(size_t n, size_t size) { return should_fail() ? NULL : __real_calloc(n, size); }
-void *__wrap_realloc(void *p, size_t n) { return should_fail() ? NULL : __real_realloc(p, n); }
-char *__wrap_strdup(const char *s) { return should_fail() ? NULL : __real_strdup(s); }
+void *__wrap_malloc(size_t n)
+{
+    return should_fail() ? NULL : __real_malloc(n);
+}
+void *__wrap_calloc(size_t n, size_t size)
+{
+    return should_fail() ? NULL : __real_calloc(n, size);
+}
+void *__wrap_realloc(void *p, size_t n)
+{
+    return should_fail() ? NULL : __real_realloc(p, n);
+}
+char *__wrap_strdup(const char *s)
+{
+    return should_fail() ? NULL : __real_strdup(s);
+}
 
 static void arm(long n)
 {
@@ -68,7 +80,10 @@ static bool disarm(void)
 }
 
 /* jansson's allocations. */
-static void *json_alloc(size_t n) { return __wrap_malloc(n); }
+static void *json_alloc(size_t n)
+{
+    return __wrap_malloc(n);
+}
 
 /* SQLite's: a 16-byte header keeps the size for xSize. */
 static void *sq_malloc(int n)
@@ -88,7 +103,10 @@ static void sq_free(void *p)
         free((int64_t *)p - 2);
 }
 
-static int sq_size(void *p) { return p ? (int)((int64_t *)p - 2)[0] : 0; }
+static int sq_size(void *p)
+{
+    return p ? (int)((int64_t *)p - 2)[0] : 0;
+}
 
 static void *sq_realloc(void *p, int n)
 {
@@ -105,15 +123,25 @@ static void *sq_realloc(void *p, int n)
     return q + 2;
 }
 
-static int sq_roundup(int n) { return (n + 7) & ~7; }
-static int sq_init(void *ctx) { (void)ctx; return SQLITE_OK; }
-static void sq_shutdown(void *ctx) { (void)ctx; }
+static int sq_roundup(int n)
+{
+    return (n + 7) & ~7;
+}
+static int sq_init(void *ctx)
+{
+    (void)ctx;
+    return SQLITE_OK;
+}
+static void sq_shutdown(void *ctx)
+{
+    (void)ctx;
+}
 
 static void hook_install(void)
 {
     json_set_alloc_funcs(json_alloc, free);
-    static const sqlite3_mem_methods mm = {sq_malloc, sq_free, sq_realloc, sq_size, sq_roundup,
-                                           sq_init,   sq_shutdown, NULL};
+    static const sqlite3_mem_methods mm = {sq_malloc,  sq_free, sq_realloc,  sq_size,
+                                           sq_roundup, sq_init, sq_shutdown, NULL};
     int rc = sqlite3_config(SQLITE_CONFIG_MALLOC, &mm);
     if (rc != SQLITE_OK) {
         fprintf(stderr, "sqlite3_config(SQLITE_CONFIG_MALLOC): %d\n", rc);
@@ -134,8 +162,11 @@ static ddpd_err submit(struct store *s, const char *text, int64_t *id, struct dd
     char *js = spec_dumps(&spec);
     if (!js)
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory storing the job");
-    struct store_job_new jn = {.name = spec.name, .spec = js, .world_size = spec.world_size,
-                               .device = spec.device, .max_restarts = spec.max_restarts};
+    struct store_job_new jn = {.name = spec.name,
+                               .spec = js,
+                               .world_size = spec.world_size,
+                               .device = spec.device,
+                               .max_restarts = spec.max_restarts};
     rc = store_job_insert(s, &jn, id, NULL, err);
     free(js);
     return rc;
@@ -180,8 +211,8 @@ static long torture(struct store *s, const char *what, const char *text, ddpd_er
         } else if (rc == want) {
             absorbed++; /* e.g. SQLite freed its cache and tried again */
         } else {
-            CHECK__FAIL("%s, allocation %ld failed: %s (%s), expected ENOMEM or %s", what, n, ddpd_err_name(rc),
-                        e.message, ddpd_err_name(want));
+            CHECK__FAIL("%s, allocation %ld failed: %s (%s), expected ENOMEM or %s", what, n,
+                        ddpd_err_name(rc), e.message, ddpd_err_name(want));
         }
         /* A job is stored exactly when the insert said so. */
         CHECK_EQ_INT(after - before, rc == DDPD_OK);

@@ -18,7 +18,7 @@
 #include "base/clock.h"
 #include "worker/comm.h"
 
-#define MAX_W 4
+#define MAX_W  4
 #define NSIZES 5
 static const int64_t sizes[NSIZES] = {0, 1, 7, 1000, (1 << 20) + 3};
 
@@ -968,8 +968,8 @@ static void test_staged(int world)
 static ddpd_err stub_rc;
 static int stub_ctx;
 
-static ddpd_err stub_init(const struct comm_id *id, int rank, int world, double timeout_s,
-                          void **ctx, char *errbuf, size_t errcap)
+static ddpd_err stub_init(const struct comm_id *id, int rank, int world, double timeout_s, void **ctx,
+                          char *errbuf, size_t errcap)
 {
     (void)id, (void)rank, (void)world, (void)timeout_s;
     *ctx = &stub_ctx;
@@ -987,13 +987,18 @@ static const char *stub_last_error(void *ctx)
     (void)ctx;
     return stub_rc == DDPD_EDEVICE ? "nccl: all-reduce: CUDA error: an illegal memory access" : "";
 }
-static void stub_free(void *ctx) { (void)ctx; }
+static void stub_free(void *ctx)
+{
+    (void)ctx;
+}
 
 static void test_failure_codes(void)
 {
-    const struct comm_ops stub = {.name = "stub", .init_rank = stub_init,
+    const struct comm_ops stub = {.name = "stub",
+                                  .init_rank = stub_init,
                                   .allreduce_start = stub_allreduce,
-                                  .last_error = stub_last_error, .free = stub_free};
+                                  .last_error = stub_last_error,
+                                  .free = stub_free};
     const ddpd_err backend[] = {DDPD_EDEVICE, DDPD_ECOMM, DDPD_ENOMEM};
     const ddpd_err want[] = {DDPD_EDEVICE, DDPD_ECOMM, DDPD_ECOMM};
     struct comm_id id = {{0}};

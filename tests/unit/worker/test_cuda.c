@@ -78,8 +78,8 @@ struct shape {
     int64_t m, n, k;
 };
 static const struct shape shapes[] = {
-    {1, 1, 1}, {1, 7, 3}, {3, 1, 5}, {2, 3, 1}, {17, 33, 9}, {64, 128, 255}, {513, 257, 129},
-    {5, 1000, 31}, {1031, 3, 2},
+    {1, 1, 1},      {1, 7, 3},       {3, 1, 5},     {2, 3, 1},    {17, 33, 9},
+    {64, 128, 255}, {513, 257, 129}, {5, 1000, 31}, {1031, 3, 2},
 };
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
 
@@ -135,8 +135,8 @@ static void gemm_case(const struct shape *s, bool ta, bool tb, bool tf32, struct
     G.ops->free(G.ctx, da);
     G.ops->free(G.ctx, db);
     char what[96];
-    snprintf(what, sizeof what, "gemm%s %lldx%lldx%lld ta=%d tb=%d", tf32 ? " tf32" : "",
-             (long long)m, (long long)n, (long long)k, ta, tb);
+    snprintf(what, sizeof what, "gemm%s %lldx%lldx%lld ta=%d tb=%d", tf32 ? " tf32" : "", (long long)m,
+             (long long)n, (long long)k, ta, tb);
     if (tf32)
         close_to(what, gc, c, m * n, 2e-3 * sqrt((double)k) * 4, 2e-3);
     else
@@ -321,8 +321,8 @@ static void test_adamw(void)
     const int64_t sizes[] = {1, 3, 4096, 4099, 70001};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         const int64_t n = sizes[s];
-        struct spec_optim o = {.kind = OPTIM_ADAMW, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999,
-                               .eps = 1e-8, .weight_decay = 0.01};
+        struct spec_optim o = {
+            .kind = OPTIM_ADAMW, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01};
         float *p = host_randn(n, 1), *g = host_randn(n, 1);
         float *m = calloc((size_t)n, sizeof(float)), *v = calloc((size_t)n, sizeof(float));
         float *gp = up(p, n), *gg = up(g, n), *gm = up(m, n), *gv = up(v, n);
@@ -362,8 +362,8 @@ static void test_groups(void)
         ds2[t] = up(s2[t], numel[t]);
         ds3[t] = up(s3[t], numel[t]);
     }
-    struct spec_optim a = {.kind = OPTIM_ADAMW, .lr = 1e-2, .beta1 = 0.9, .beta2 = 0.99,
-                           .eps = 1e-6, .weight_decay = 0.1};
+    struct spec_optim a = {
+        .kind = OPTIM_ADAMW, .lr = 1e-2, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.1};
     struct spec_optim s = {.kind = OPTIM_SGD, .lr = 0.1, .momentum = 0.5, .weight_decay = 0.01};
     for (int64_t step = 1; step <= 2; step++) {
         const struct adamw_hyper ha = optim_adamw_hyper(&a, step);

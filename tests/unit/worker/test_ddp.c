@@ -210,8 +210,8 @@ static void test_world(int world, bool no_sync)
                 worst = rel;
         }
     }
-    fprintf(stderr, "W=%d no_sync=%d: worst relative difference to one process %.3g\n", world,
-            no_sync, worst);
+    fprintf(stderr, "W=%d no_sync=%d: worst relative difference to one process %.3g\n", world, no_sync,
+            worst);
     CHECK_EQ_INT(bad_replica, 0);
     CHECK(worst < 1e-4);
     for (int r = 0; r < world; r++)

@@ -13,8 +13,14 @@ static struct dev D;
 #define OPS D.ops
 #define CTX D.ctx
 
-static float *dalloc(int64_t n) { return OPS->alloc(CTX, (size_t)(n > 0 ? n : 1) * sizeof(float)); }
-static void dfree(void *p) { OPS->free(CTX, p); }
+static float *dalloc(int64_t n)
+{
+    return OPS->alloc(CTX, (size_t)(n > 0 ? n : 1) * sizeof(float));
+}
+static void dfree(void *p)
+{
+    OPS->free(CTX, p);
+}
 
 static void randn(struct rng *r, float *x, int64_t n, double scale)
 {
@@ -60,7 +66,7 @@ static void test_memory(void)
 
 static void test_gemm(struct rng *r)
 {
-    static const int64_t shapes[][3] = {{1, 1, 1}, {1, 7, 1}, {3, 5, 7}, {17, 1, 9},
+    static const int64_t shapes[][3] = {{1, 1, 1}, {1, 7, 1},    {3, 5, 7},     {17, 1, 9},
                                         {8, 8, 8}, {33, 65, 17}, {64, 10, 130}, {5, 129, 3}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
@@ -93,8 +99,8 @@ static void test_gemm(struct rng *r)
                     got[i * N + j] = c[i * ldc + j];
             double w = worst(got, ref, M * N, 1e-5 * sqrt((double)K), 1e-5);
             if (!(w <= 1))
-                fprintf(stderr, "gemm %" PRId64 "x%" PRId64 "x%" PRId64 " ta=%d tb=%d: worst %g\n",
-                        M, N, K, ta, tb, w);
+                fprintf(stderr, "gemm %" PRId64 "x%" PRId64 "x%" PRId64 " ta=%d tb=%d: worst %g\n", M, N, K,
+                        ta, tb, w);
             CHECK(w <= 1);
             free(ref);
             dfree(a);
@@ -106,8 +112,8 @@ static void test_gemm(struct rng *r)
 
 static void test_bias(struct rng *r)
 {
-    static const int64_t shapes[][2] = {{1, 1},  {1, 7},   {2, 1},   {5, 1},   {9, 1},
-                                        {1000, 1}, {3, 5}, {37, 4}, {16, 9}, {17, 33},
+    static const int64_t shapes[][2] = {{1, 1},    {1, 7},    {2, 1},    {5, 1},   {9, 1},
+                                        {1000, 1}, {3, 5},    {37, 4},   {16, 9},  {17, 33},
                                         {128, 40}, {300, 13}, {70, 100}, {4100, 3}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int64_t M = shapes[s][0], N = shapes[s][1];
@@ -150,13 +156,10 @@ static void test_bias_grad_torch_bits(void)
         float want[5];
         int k;
     } cases[] = {
-        {128, 40, {0, 7, 31, 32, 39},
-         {-11.2857113f, 11.5714273f, 5.42856884f, 4.57142544f, -1.42857218f}, 5},
+        {128, 40, {0, 7, 31, 32, 39}, {-11.2857113f, 11.5714273f, 5.42856884f, 4.57142544f, -1.42857218f}, 5},
         {1000, 1, {0}, {1.42856979f}, 1},
-        {37, 5, {0, 1, 2, 3, 4},
-         {-4.85714245f, -4.4285717f, -4.00000095f, -3.57142925f, -3.14285731f}, 5},
-        {300, 13, {0, 3, 4, 8, 12},
-         {-4.57143164f, -4.28572083f, 5.42856503f, 0.999998093f, -3.42857456f}, 5},
+        {37, 5, {0, 1, 2, 3, 4}, {-4.85714245f, -4.4285717f, -4.00000095f, -3.57142925f, -3.14285731f}, 5},
+        {300, 13, {0, 3, 4, 8, 12}, {-4.57143164f, -4.28572083f, 5.42856503f, 0.999998093f, -3.42857456f}, 5},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int64_t M = cases[c].m, N = cases[c].n;
@@ -196,8 +199,7 @@ static double ref_dact(layer_kind k, double x)
         double s = 1 / (1 + exp(-x));
         return s * (1 - s);
     }
-    case LAYER_GELU:
-        return 0.5 * (1 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2 * M_PI);
+    case LAYER_GELU: return 0.5 * (1 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2 * M_PI);
     default: return NAN;
     }
 }
@@ -255,12 +257,11 @@ static void test_gelu_torch(void)
 {
     static const float x[11] = {-3, -1.5f, -0.5f, -0.1f, 0, 0.2f, 0.7f, 1, 2.5f, 4, -6};
     static const float dy[11] = {1, -0.5f, 2, 1.5f, 1, -1, 0.25f, 3, -2, 1, 1};
-    static const float want_y[11] = {-0.00404986739f, -0.10021086f, -0.154268786f,
-                                     -0.0460172109f,  0.0f,          0.115851954f,
-                                     0.530625463f,    0.841344714f,  2.48447585f,
-                                     3.99987316f,     0.0f};
-    static const float want_dx[11] = {-0.0119456053f, 0.0637345761f, 0.26500982f, 0.630715251f,
-                                      0.5f,           -0.657468319f, 0.244153529f, 3.24994612f,
+    static const float want_y[11] = {
+        -0.00404986739f, -0.10021086f, -0.154268786f, -0.0460172109f, 0.0f, 0.115851954f,
+        0.530625463f,    0.841344714f, 2.48447585f,   3.99987316f,    0.0f};
+    static const float want_dx[11] = {-0.0119456053f, 0.0637345761f, 0.26500982f,     0.630715251f,
+                                      0.5f,           -0.657468319f, 0.244153529f,    3.24994612f,
                                       -2.07522202f,   1.00050366f,   -2.98023224e-08f};
     float y[11], dx[11];
     OPS->act_forward(CTX, LAYER_GELU, y, x, 11);
@@ -377,8 +378,8 @@ static void test_optim_ops(struct rng *r)
     float *p = dalloc(n), *g = dalloc(n), *b = dalloc(n), *v = dalloc(n);
     double rp[37], rb[37], rv[37];
     for (int variant = 0; variant < 6; variant++) {
-        struct spec_optim so = {.kind = OPTIM_SGD, .lr = 0.1, .momentum = 0.9, .dampening = 0.25,
-                                .weight_decay = 0.01};
+        struct spec_optim so = {
+            .kind = OPTIM_SGD, .lr = 0.1, .momentum = 0.9, .dampening = 0.25, .weight_decay = 0.01};
         bool first = variant == 1;
         so.nesterov = variant == 2;
         if (variant == 2)
@@ -408,8 +409,8 @@ static void test_optim_ops(struct rng *r)
         CHECK(worst(b, rb, n, 1e-7, 1e-6) <= 1);
     }
     for (int step = 1; step <= 3; step++) {
-        struct spec_optim so = {.kind = OPTIM_ADAMW, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.99,
-                                .eps = 1e-6, .weight_decay = 0.1};
+        struct spec_optim so = {
+            .kind = OPTIM_ADAMW, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.1};
         struct adamw_hyper h = optim_adamw_hyper(&so, step);
         randn(r, p, n, 1);
         randn(r, g, n, 1);

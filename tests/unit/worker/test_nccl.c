@@ -60,12 +60,12 @@ static int issuer_stop(struct issuer *is)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-#define CHECK_OK(call)                                                                   \
-    do {                                                                                 \
-        ddpd_err check__rc = (call);                                                     \
-        check__count++;                                                                  \
-        if (check__rc != DDPD_OK)                                                        \
-            CHECK__FAIL("%s: %s", #call, err.message);                                   \
+#define CHECK_OK(call)                                                                                       \
+    do {                                                                                                     \
+        ddpd_err check__rc = (call);                                                                         \
+        check__count++;                                                                                      \
+        if (check__rc != DDPD_OK)                                                                            \
+            CHECK__FAIL("%s: %s", #call, err.message);                                                       \
     } while (0)
 
 /* A one-rank group on `id`, or NULL (a failed check) with the reason on stderr. */

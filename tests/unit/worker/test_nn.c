@@ -23,8 +23,8 @@ static void make_spec(struct spec *s, const struct net *t)
     memset(s, 0, sizeof *s);
     s->n_layers = t->n;
     for (int i = 0; i < t->n; i++)
-        s->layers[i] = (struct spec_layer){.kind = t->kind[i], .in = t->width[i],
-                                           .out = t->width[i + 1], .bias = !t->nobias[i]};
+        s->layers[i] = (struct spec_layer){
+            .kind = t->kind[i], .in = t->width[i], .out = t->width[i + 1], .bias = !t->nobias[i]};
 }
 
 static void get(float *h, const float *dptr, int64_t n)
@@ -52,8 +52,8 @@ static double act(layer_kind k, double x)
 enum { MAXW = 8, MAXB = 6 };
 
 /* Loss of the network with weights w[param][...] (double) on x[B,in]. */
-static double ref_loss(const struct net *t, double **w, const double *x, int64_t B,
-                       loss_kind loss, const double *target, const int32_t *labels, double *out)
+static double ref_loss(const struct net *t, double **w, const double *x, int64_t B, loss_kind loss,
+                       const double *target, const int32_t *labels, double *out)
 {
     double a[MAXB][MAXW], b[MAXB][MAXW];
     for (int64_t r = 0; r < B; r++)
@@ -100,9 +100,8 @@ static double ref_loss(const struct net *t, double **w, const double *x, int64_t
 }
 
 /* Runs forward, the loss op and backward on the model; returns the float loss. */
-static float model_loss_backward(struct model *m, const float *x, int64_t B, int64_t in,
-                                 int64_t C, loss_kind loss, const float *target,
-                                 const int32_t *labels)
+static float model_loss_backward(struct model *m, const float *x, int64_t B, int64_t in, int64_t C,
+                                 loss_kind loss, const float *target, const int32_t *labels)
 {
     float *dx = D.ops->alloc(D.ctx, (size_t)(B * in) * sizeof(float));
     float *dt = D.ops->alloc(D.ctx, (size_t)(B * C) * sizeof(float));
@@ -188,8 +187,7 @@ static void grad_check(const struct net *t, loss_kind loss, uint64_t seed)
             double num = (lp - lm) / (2 * h);
             if (!(fabs(g[j] - num) <= 2e-6 + 1e-4 * fabs(num))) {
                 if (bad++ < 5)
-                    fprintf(stderr, "  %s[%" PRId64 "]: analytic %.9g numeric %.9g\n", p->name, j,
-                            g[j], num);
+                    fprintf(stderr, "  %s[%" PRId64 "]: analytic %.9g numeric %.9g\n", p->name, j, g[j], num);
             }
         }
     }
@@ -211,14 +209,12 @@ static void test_grad_checks(void)
         /* Two linear layers: layer 0's gradient needs dx of layer 1. */
         grad_check(&(struct net){2, {LAYER_LINEAR, LAYER_LINEAR}, {4, 5, 3}, {false}}, loss, 2);
         /* A linear layer without bias. */
-        grad_check(&(struct net){3, {LAYER_LINEAR, LAYER_TANH, LAYER_LINEAR}, {3, 4, 4, 2}, {true}},
-                   loss, 3);
+        grad_check(&(struct net){3, {LAYER_LINEAR, LAYER_TANH, LAYER_LINEAR}, {3, 4, 4, 2}, {true}}, loss, 3);
         for (int a = 0; a < 4; a++) {
-            grad_check(&(struct net){3, {LAYER_LINEAR, acts[a], LAYER_LINEAR}, {4, 6, 6, 3}, {false}},
-                       loss, 10 + (uint64_t)a);
+            grad_check(&(struct net){3, {LAYER_LINEAR, acts[a], LAYER_LINEAR}, {4, 6, 6, 3}, {false}}, loss,
+                       10 + (uint64_t)a);
             /* Activation last, then straight into the loss. */
-            grad_check(&(struct net){2, {LAYER_LINEAR, acts[a]}, {3, 4, 4}, {false}}, loss,
-                       20 + (uint64_t)a);
+            grad_check(&(struct net){2, {LAYER_LINEAR, acts[a]}, {3, 4, 4}, {false}}, loss, 20 + (uint64_t)a);
         }
         /* Everything in one deep net. */
         grad_check(&(struct net){8,
@@ -277,12 +273,11 @@ static void check_grads(struct model *m, int i, const float *want, int64_t n)
 static void test_torch_tanh_mse(void)
 {
     /* nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)), mse_loss */
-    static const float out[10] = {-1.0910995f,  1.20134807f, -1.05292583f, 1.20715475f,
-                                  0.192183793f, 0.407203704f, 0.253709614f, 0.423419297f,
-                                  -0.4624421f,  0.9324404f};
-    static const float g0w[12] = {-0.0678941756f, -0.034178514f, 0.0213763975f, 0.0892446339f,
-                                  0.171814859f,   -0.14817223f,  0.0662085339f, -0.227677345f,
-                                  -0.00420902763f, -0.0920194238f, 0.102605686f, -0.00804375485f};
+    static const float out[10] = {-1.0910995f,  1.20134807f,  -1.05292583f, 1.20715475f, 0.192183793f,
+                                  0.407203704f, 0.253709614f, 0.423419297f, -0.4624421f, 0.9324404f};
+    static const float g0w[12] = {-0.0678941756f,  -0.034178514f,  0.0213763975f, 0.0892446339f,
+                                  0.171814859f,    -0.14817223f,   0.0662085339f, -0.227677345f,
+                                  -0.00420902763f, -0.0920194238f, 0.102605686f,  -0.00804375485f};
     static const float g0b[3] = {0.493692577f, -0.318020523f, 0.335902691f};
     static const float g2w[6] = {-0.174192145f, 0.0991863385f, -0.261812329f,
                                  0.0479703881f, -0.332762063f, 0.0414603353f};
@@ -314,16 +309,15 @@ static void test_torch_deep_ce(void)
     /* nn.Sequential(Linear(4,6), ReLU(), Linear(6,5), GELU(), Linear(5,3), Sigmoid(),
      * Linear(3,4)), cross_entropy; the first layer's gradient depends on all of it. */
     static const float g0w[24] = {
-        -0.0029110671f, 0.037342526f,   -0.0238862671f, 0.032589443f,   0.0112832841f,
-        0.00965108071f, 0.0109568434f,  0.00932464004f, -0.0100425892f, 0.00320828054f,
-        -0.00739241531f, 0.00585845485f, 0.00737122539f, -0.0221320689f, 0.0147470487f,
-        -0.0147562437f, -0.00518591283f, -0.00554718962f, -0.00509559363f, -0.00545687042f,
-        0.0234600287f,  -0.0249299146f, 0.00400084816f, -0.0128324283f};
+        -0.0029110671f,  0.037342526f,    -0.0238862671f, 0.032589443f,   0.0112832841f,   0.00965108071f,
+        0.0109568434f,   0.00932464004f,  -0.0100425892f, 0.00320828054f, -0.00739241531f, 0.00585845485f,
+        0.00737122539f,  -0.0221320689f,  0.0147470487f,  -0.0147562437f, -0.00518591283f, -0.00554718962f,
+        -0.00509559363f, -0.00545687042f, 0.0234600287f,  -0.0249299146f, 0.00400084816f,  -0.0128324283f};
     static const float g0b[6] = {-0.019012332f, -0.00130576268f, 0.0106006963f,
                                  0.0295032933f, 0.00036127679f,  0.0483899415f};
-    static const float g6w[12] = {-0.140867844f, -0.0803179294f, -0.0627991036f, 0.0371536538f,
-                                  0.12564756f,   0.0457184836f,  0.0203734376f,  -0.0488000996f,
-                                  -0.00677494286f, 0.0833407342f, 0.00347044552f, 0.0238555521f};
+    static const float g6w[12] = {-0.140867844f,   -0.0803179294f, -0.0627991036f, 0.0371536538f,
+                                  0.12564756f,     0.0457184836f,  0.0203734376f,  -0.0488000996f,
+                                  -0.00677494286f, 0.0833407342f,  0.00347044552f, 0.0238555521f};
     static const float g6b[4] = {-0.252128243f, 0.176877379f, -0.0279835984f, 0.10323444f};
     struct spec s;
     make_spec(&s, &(struct net){7,

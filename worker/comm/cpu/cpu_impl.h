@@ -16,20 +16,20 @@
 
 #include "../../../base/clock.h"
 
-#define NOTICE_TAG 0x4444504e      /* "DDPN": a failure notice */
-#define CANCEL_TAG 0x44445051      /* "DDPQ": the same, for a rank that was cancelled */
-#define SMALL_BYTES (16 * 1024)    /* all-reduces up to this take the latency path */
-#define STAGE_BYTES (256 * 1024)   /* receive staging of a reduction */
-#define SEND_SLICE (256 * 1024)    /* most bytes handed to one sendmsg */
-#define SOCK_BUF (4 * 1024 * 1024) /* SO_SNDBUF / SO_RCVBUF */
-#define ERR_CAP 512
-#define ROOT_SEND_S 2.0        /* the root's bound on writing to one rank */
-#define SHM_HDR 4096           /* shared FIFO: control page, then the ring of bytes */
-#define SHM_CAP (2u << 20)     /* bytes of a shared FIFO (a power of two) */
-#define SHM_PIECE (128 * 1024) /* most bytes moved before publishing the position */
-#define SPIN_S 50e-6           /* a shared-memory wait spins this long before sleeping */
-#define MAX_ROOT_CONNS 4096    /* connections the root holds at once */
-#define PROTO_VERSION 1
+#define NOTICE_TAG     0x4444504e        /* "DDPN": a failure notice */
+#define CANCEL_TAG     0x44445051        /* "DDPQ": the same, for a rank that was cancelled */
+#define SMALL_BYTES    (16 * 1024)       /* all-reduces up to this take the latency path */
+#define STAGE_BYTES    (256 * 1024)      /* receive staging of a reduction */
+#define SEND_SLICE     (256 * 1024)      /* most bytes handed to one sendmsg */
+#define SOCK_BUF       (4 * 1024 * 1024) /* SO_SNDBUF / SO_RCVBUF */
+#define ERR_CAP        512
+#define ROOT_SEND_S    2.0          /* the root's bound on writing to one rank */
+#define SHM_HDR        4096         /* shared FIFO: control page, then the ring of bytes */
+#define SHM_CAP        (2u << 20)   /* bytes of a shared FIFO (a power of two) */
+#define SHM_PIECE      (128 * 1024) /* most bytes moved before publishing the position */
+#define SPIN_S         50e-6        /* a shared-memory wait spins this long before sleeping */
+#define MAX_ROOT_CONNS 4096         /* connections the root holds at once */
+#define PROTO_VERSION  1
 
 enum { OP_ALLREDUCE = 1, OP_BROADCAST, OP_ALLGATHER, OP_MAX_I64, OP_BARRIER, OP_COUNT };
 

@@ -190,8 +190,7 @@ static void what(char *buf, size_t cap, const struct plan *p)
     case OP_MAX_I64:
         snprintf(buf, cap, "%s (%llu values)", name, (unsigned long long)(p->bytes / sizeof(int64_t)));
         break;
-    default:
-        snprintf(buf, cap, "%s", name);
+    default: snprintf(buf, cap, "%s", name);
     }
 }
 
@@ -672,16 +671,11 @@ static ddpd_err do_barrier(struct cpu *c, char *err, size_t cap)
 static ddpd_err execute(struct cpu *c, struct comm_req *q, char *err, size_t cap)
 {
     switch (q->op) {
-    case OP_ALLREDUCE:
-        return do_allreduce(c, q->buf, q->n, err, cap);
-    case OP_BROADCAST:
-        return do_broadcast(c, q->buf, q->bytes, q->root, err, cap);
-    case OP_ALLGATHER:
-        return do_allgather(c, q->in, q->bytes, q->buf, err, cap);
-    case OP_MAX_I64:
-        return do_max(c, q->buf, (int)q->n, err, cap);
-    case OP_BARRIER:
-        return do_barrier(c, err, cap);
+    case OP_ALLREDUCE: return do_allreduce(c, q->buf, q->n, err, cap);
+    case OP_BROADCAST: return do_broadcast(c, q->buf, q->bytes, q->root, err, cap);
+    case OP_ALLGATHER: return do_allgather(c, q->in, q->bytes, q->buf, err, cap);
+    case OP_MAX_I64: return do_max(c, q->buf, (int)q->n, err, cap);
+    case OP_BARRIER: return do_barrier(c, err, cap);
     }
     snprintf(err, cap, "unknown collective %d", q->op);
     return DDPD_ECOMM;

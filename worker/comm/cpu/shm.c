@@ -99,7 +99,7 @@ void comm_cpu__shm_consume(struct cpu *c, size_t n)
 /* ---- same-host links ---- */
 
 #define SHM_OFFER_TAG 0x53484d4f /* "SHMO" */
-#define SHM_ACK_TAG 0x53484d41   /* "SHMA" */
+#define SHM_ACK_TAG   0x53484d41 /* "SHMA" */
 
 /* DDPD_COMM_SHM=0 keeps every link on TCP (for tests, or to rule the FIFOs out). */
 static int shm_enabled(void)

@@ -11,15 +11,15 @@
 
 #include "../../comm.h"
 
-#define MAX_WORLD 1024 /* a registration claiming more is refused */
-#define MAGIC_BYTES 16
-#define ADDR_BYTES 20    /* family, port, 16 address bytes (see addr_put) */
-#define REG_BYTES 64     /* a rank's registration with the root */
-#define MSG_HDR_BYTES 8  /* root -> rank messages: type, length */
-#define MSG_TEXT_MAX 512 /* longest error text the root sends */
-#define HELLO_BYTES 24   /* ring neighbours: magic, rank, tag */
-#define HDR_BYTES 24     /* per-collective header on the ring */
-#define NOTICE_HDR 12    /* failure notice: tag, origin rank, text length */
+#define MAX_WORLD       1024 /* a registration claiming more is refused */
+#define MAGIC_BYTES     16
+#define ADDR_BYTES      20  /* family, port, 16 address bytes (see addr_put) */
+#define REG_BYTES       64  /* a rank's registration with the root */
+#define MSG_HDR_BYTES   8   /* root -> rank messages: type, length */
+#define MSG_TEXT_MAX    512 /* longest error text the root sends */
+#define HELLO_BYTES     24  /* ring neighbours: magic, rank, tag */
+#define HDR_BYTES       24  /* per-collective header on the ring */
+#define NOTICE_HDR      12  /* failure notice: tag, origin rank, text length */
 #define NOTICE_TEXT_MAX 400
 #define SHM_OFFER_BYTES 32 /* tag, pid, fd, FIFO size, nonce */
 
