@@ -6,13 +6,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "base/file.h"
 #include "schema/jobdir.h"
 
 static char root[2048];
@@ -240,12 +240,6 @@ static void test_size_parse(void)
     CHECK_EQ_INT(JOBDIR_DEFAULT_QUOTA, 10LL << 30);
 }
 
-static int rm_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
-{
-    (void)st, (void)ftw;
-    return type == FTW_DP ? rmdir(path) : unlink(path);
-}
-
 /* The names are the contract's (CONTRACT.md, schema/README.md): spelled out here once
  * more on purpose, so that a changed name fails this test. */
 static void test_names(void)
@@ -330,6 +324,6 @@ int main(void)
     test_size_parse();
     /* The folder stays for a look when something failed. */
     if (!check__failures)
-        nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        base_remove_tree(root);
     CHECK_DONE();
 }

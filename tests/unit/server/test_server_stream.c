@@ -3,7 +3,6 @@
  * only after the final event; a read error, a deleted job or a drop end with a
  * stream_error frame, never as the job's end; the streams handle's keep-alives. */
 #include <errno.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -17,6 +16,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "base/file.h"
 #include "base/clock.h"
 #include "server/hub.h"
 #include "server/store.h"
@@ -28,12 +28,6 @@ static void sleep_us(long us)
 {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
     nanosleep(&ts, NULL);
-}
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb, (void)flag, (void)f;
-    return remove(p);
 }
 
 static struct store *open_store(const char *name)
@@ -591,6 +585,6 @@ int main(void)
     test_read_error();
     test_deleted();
     test_streams_heartbeat();
-    nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    base_remove_tree(tmpdir);
     CHECK_DONE();
 }

@@ -5,10 +5,10 @@
  * queue, a locked database), 100k loss events ingested (rate printed), the metrics
  * downsampling, readers beside the writer, delete, and SIGKILL at random moments. */
 #include "check.h"
+#include "base/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -48,12 +48,6 @@ static void sleep_ms(int ms)
 static void db_path(char *buf, size_t cap, const char *name)
 {
     snprintf(buf, cap, "%s/%s", tmpdir, name);
-}
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb, (void)flag, (void)f;
-    return remove(p);
 }
 
 static struct store *open_ok(const char *path, const struct store_opts *o)
@@ -1544,7 +1538,7 @@ int main(int argc, char **argv)
     test_crash(self);
 
     if (check__failures == 0)
-        nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        base_remove_tree(tmpdir);
     else
         fprintf(stderr, "files kept in %s\n", tmpdir);
     CHECK_DONE();

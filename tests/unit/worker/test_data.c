@@ -4,7 +4,6 @@
  * a clean error naming the file for every kind of bad file or path. */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/sysmacros.h>
@@ -17,18 +16,11 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "base/file.h"
 #include "worker/data.h"
 
 static char root[2048];    /* the test's temporary folder */
 static char datadir[4096]; /* root/dd: the data directory; files live in dd/data/ */
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
 
 static void setup(void)
 {
@@ -1444,6 +1436,6 @@ int main(void)
     test_csv_errors();
     test_synthetic();
     test_batch_counts_npy();
-    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    base_remove_tree(root);
     CHECK_DONE();
 }

@@ -3,23 +3,15 @@
  * F64/F16/BF16, and clean errors for every kind of damaged file. */
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "base/file.h"
 #include "worker/safetensors.h"
 
 static char tmpdir[4096];
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
 
 static void make_tmpdir(void)
 {
@@ -447,6 +439,6 @@ int main(void)
     test_bad_files();
     test_write_errors();
     if (chdir("/") == 0)
-        nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+        base_remove_tree(tmpdir);
     CHECK_DONE();
 }

@@ -4,23 +4,15 @@
  * epochs near INT64_MAX do not overflow the step arithmetic, and a rank whose memory need
  * is over its limit stops before allocating with the sizes, as DDPD_EDEVICE (exit 4). */
 #include <errno.h>
-#include <ftw.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "base/file.h"
 #include "worker/train.h"
 
 static char root[2048];
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
 
 static void setup(void)
 {
@@ -149,6 +141,6 @@ int main(void)
     test_huge_batch();
     test_memory_limit();
     test_needs_backend();
-    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    base_remove_tree(root);
     CHECK_DONE();
 }
