@@ -408,8 +408,8 @@ static ddpd_err parse_model(struct ddpd_error *err, json_t *root, struct spec *s
     size_t n = json_array_size(model);
     if (n == 0)
         return fail(err, "model", "expected at least one layer, got an empty list");
-    if (n > SPEC_MAX_LAYERS)
-        return fail(err, "model", "at most %d layers, got %zu", SPEC_MAX_LAYERS, n);
+    if (n > SPEC_MAX_LIST)
+        return fail(err, "model", "at most %d layers, got %zu", SPEC_MAX_LIST, n);
 
     int64_t width = 0;     /* the width flowing out of the layers so far */
     size_t width_from = 0; /* the linear layer that set it */
@@ -461,6 +461,7 @@ static ddpd_err parse_model(struct ddpd_error *err, json_t *root, struct spec *s
         width_from = i;
     }
     s->n_layers = (int)n;
+    spec_flat_layers(s);
     return DDPD_OK;
 }
 
@@ -616,6 +617,7 @@ static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
     d->shuffle = true;
     d->drop_last = false;
     switch (d->kind) {
+    case DATA_TOKENS: /* not parsed yet: data_names stops at csv */ break;
     case DATA_SYNTHETIC:
         rc = check_keys(err, obj, P, synthetic_keys, COUNT(synthetic_keys), NULL);
         if (rc == DDPD_OK)
@@ -926,6 +928,7 @@ static json_t *data_to_json(const struct spec_data *d, bool *ok)
     }
     switch (d->kind) {
     case DATA_SYNTHETIC: put(j, "samples", json_integer(d->samples), ok); break;
+    case DATA_TOKENS: /* not parsed yet: data_names stops at csv */ break;
     case DATA_NPY:
         put(j, "x", json_string(d->x), ok);
         put(j, "y", json_string(d->y), ok);
@@ -1202,6 +1205,72 @@ int64_t spec_out_width(const struct spec *s)
 {
     int64_t i = last_linear(s);
     return i >= 0 ? s->layers[i].out : 0;
+}
+
+void spec_flat_layers(struct spec *s)
+{
+    for (int i = 0; i < s->n_layers; i++) {
+        struct spec_layer *l = &s->layers[i];
+        l->parent = -1;
+        l->end = i + 1;
+        snprintf(l->key, sizeof l->key, "%d", i);
+        l->in_rank = l->out_rank = 1;
+        l->in_shape[0] = l->in;
+        l->out_shape[0] = l->out;
+    }
+    s->input_rank = s->n_layers > 0 ? 1 : 0;
+    s->input_shape[0] = s->n_layers > 0 ? s->layers[0].in : 0;
+    s->input_shape_set = false;
+}
+
+static int64_t shape_numel(int rank, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++)
+        n *= shape[i];
+    return n;
+}
+
+int64_t spec_sample_numel(const struct spec *s)
+{
+    return s->input_rank > 0 ? shape_numel(s->input_rank, s->input_shape) : spec_in_width(s);
+}
+
+bool spec_input_ids(const struct spec *s)
+{
+    return s->n_layers > 0 && s->layers[0].kind == LAYER_EMBEDDING;
+}
+
+int64_t spec_vocab(const struct spec *s)
+{
+    return spec_input_ids(s) ? s->layers[0].num : 0;
+}
+
+/* The top-level layer that produces the model's output. */
+static const struct spec_layer *output_layer(const struct spec *s)
+{
+    int i = 0, last = -1;
+    while (i < s->n_layers) {
+        last = i;
+        i = s->layers[i].end > i ? s->layers[i].end : i + 1;
+    }
+    return last >= 0 ? &s->layers[last] : NULL;
+}
+
+int64_t spec_target_numel(const struct spec *s)
+{
+    const struct spec_layer *l = output_layer(s);
+    if (!l || l->out_rank < 1)
+        return s->loss == LOSS_CROSS_ENTROPY ? 1 : spec_out_width(s);
+    if (s->loss == LOSS_CROSS_ENTROPY)
+        return shape_numel(l->out_rank - 1, l->out_shape);
+    return shape_numel(l->out_rank, l->out_shape);
+}
+
+int64_t spec_classes(const struct spec *s)
+{
+    const struct spec_layer *l = output_layer(s);
+    return l && l->out_rank > 0 ? l->out_shape[l->out_rank - 1] : spec_out_width(s);
 }
 
 const char *layer_kind_name(layer_kind k)

@@ -9,7 +9,12 @@
 
 #include "err.h"
 
-#define SPEC_MAX_LAYERS  64
+/* v2 (CONTRACT.md §2a): `model` and every residual's `layers` hold at most SPEC_MAX_LIST
+ * entries, and the whole tree at most SPEC_MAX_LAYERS layers, nested ones counted. */
+#define SPEC_MAX_LAYERS  256
+#define SPEC_MAX_LIST    64
+#define SPEC_MAX_PARAMS  (4 * SPEC_MAX_LAYERS) /* attention has four tensors */
+#define SPEC_MAX_RANK    4                     /* dims of one sample, batch not counted */
 #define SPEC_MAX_WIDTH   1048576
 #define SPEC_MAX_BODY    (1024 * 1024)
 #define SPEC_MAX_TARGETS 64
@@ -19,22 +24,62 @@
  * weights (not counting biases) are capped (2 GiB of doubles). */
 #define SPEC_MAX_SYNTHETIC_WEIGHTS (1LL << 28)
 
-typedef enum { LAYER_LINEAR, LAYER_RELU, LAYER_TANH, LAYER_SIGMOID, LAYER_GELU } layer_kind;
+/* LAYER_GELU_TANH is `gelu` with "approximate": "tanh" (its name is "gelu"). */
+typedef enum {
+    LAYER_LINEAR,
+    LAYER_RELU,
+    LAYER_TANH,
+    LAYER_SIGMOID,
+    LAYER_GELU,
+    LAYER_GELU_TANH,
+    LAYER_EMBEDDING,
+    LAYER_POSITION,
+    LAYER_LAYERNORM,
+    LAYER_ATTENTION,
+    LAYER_RESIDUAL,
+    LAYER_DROPOUT,
+    LAYER_CONV2D,
+    LAYER_MAXPOOL2D,
+    LAYER_AVGPOOL2D,
+    LAYER_BATCHNORM,
+    LAYER_FLATTEN,
+} layer_kind;
 typedef enum { LOSS_MSE, LOSS_CROSS_ENTROPY } loss_kind;
 typedef enum { OPTIM_SGD, OPTIM_ADAMW } optim_kind;
-typedef enum { DATA_SYNTHETIC, DATA_NPY, DATA_CSV } data_kind;
+typedef enum { SCHED_CONSTANT, SCHED_LINEAR, SCHED_COSINE } sched_kind;
+typedef enum { DATA_SYNTHETIC, DATA_NPY, DATA_CSV, DATA_TOKENS } data_kind;
+typedef enum { TOKENS_UINT16, TOKENS_INT32 } tokens_dtype;
 typedef enum { DEVICE_CPU, DEVICE_CUDA } device_kind;
 typedef enum { JOIN_AUTO, JOIN_TRUE, JOIN_FALSE } join_mode;
 typedef enum { BACKEND_CPU, BACKEND_NCCL } comm_backend;
 typedef enum { PRECISION_FP32, PRECISION_TF32 } precision_kind;
 typedef enum { NONFINITE_FAIL, NONFINITE_CONTINUE } nonfinite_mode;
 
-/* One entry of `model`. For activations `in == out` = the width they act on
- * (filled in by the validator from the previous linear layer). */
+/* One layer of `model`. The tree is kept flat, in preorder: a residual comes before
+ * its inner layers, which run from its index + 1 to its `end` (nested residuals
+ * included). A v1 list is the same array with every parent -1.
+ * The validator fills the shapes: in_shape/out_shape are one sample's shape (the batch
+ * dimension not counted) entering and leaving the layer, inferred from `input_shape`
+ * (or, for a model of linear layers and activations alone, from model[0].in). For
+ * layers acting on the last dimension `in` and `out` are that width (v1 code reads
+ * them); for conv2d they are the channels. */
 struct spec_layer {
     layer_kind kind;
+    int parent;   /* index of the enclosing residual, -1 at the top level */
+    int end;      /* one past the last layer inside it (residual), else own index + 1 */
+    char key[48]; /* state_dict prefix: "3", or "2.1" inside residual 2 */
     int64_t in, out;
-    bool bias; /* linear only; default true */
+    bool bias;       /* linear, layernorm, attention, conv2d; default true */
+    int64_t num;     /* embedding: vocabulary size `num`; position: `max` */
+    int64_t dim;     /* embedding, position, layernorm, attention: `dim`; batchnorm: `features` */
+    int64_t heads;   /* attention */
+    bool causal;     /* attention; default true */
+    double eps;      /* layernorm, batchnorm; default 1e-5 */
+    double momentum; /* batchnorm; default 0.1 */
+    double p;        /* dropout */
+    int64_t kernel[2], stride[2], padding[2]; /* conv2d, pooling: [h, w] */
+    int in_rank, out_rank;
+    int64_t in_shape[SPEC_MAX_RANK], out_shape[SPEC_MAX_RANK];
 };
 
 struct spec_optim {
@@ -43,6 +88,11 @@ struct spec_optim {
     double momentum, dampening, weight_decay; /* sgd; weight_decay also adamw */
     bool nesterov;
     double beta1, beta2, eps; /* adamw */
+    /* optimizer.schedule; the default (constant, no warmup) keeps lr fixed */
+    sched_kind schedule;
+    int64_t warmup_steps; /* default 0 */
+    double min_lr;        /* default 0 */
+    int64_t total_steps;  /* default 0: the job's number of optimizer steps */
 };
 
 struct spec_data {
@@ -50,11 +100,20 @@ struct spec_data {
     int64_t samples;                         /* synthetic */
     uint64_t seed;                           /* synthetic data and shuffling; default 0 */
     char x[SPEC_PATH_MAX], y[SPEC_PATH_MAX]; /* npy, relative to data_dir; may hold {rank} */
-    char path[SPEC_PATH_MAX];                /* csv */
+    char path[SPEC_PATH_MAX];                /* csv, tokens */
+    int64_t block_size;                      /* tokens: T */
+    tokens_dtype dtype;                      /* tokens: default uint16 */
     int n_targets;                           /* csv: target column names */
     char targets[SPEC_MAX_TARGETS][128];
     bool shuffle;   /* default true */
     bool drop_last; /* default false */
+};
+
+/* `eval` (§2a): off unless `every_steps` > 0. */
+struct spec_eval {
+    struct spec_data data;
+    int64_t every_steps;
+    int64_t max_batches; /* per rank; 0 = the whole shard */
 };
 
 struct spec_ddp {
@@ -72,8 +131,13 @@ struct spec {
     device_kind device; /* default cpu unless the caller says otherwise (spec_parse's opts) */
     bool device_set;
     precision_kind precision; /* GEMM inputs on cuda: exact fp32 (default) or TF32 */
-    int n_layers;
+    int n_layers;             /* every layer, nested ones included (see struct spec_layer) */
     struct spec_layer layers[SPEC_MAX_LAYERS];
+    /* input_shape: one sample's shape without the batch dimension. Given, or for a model
+     * of linear layers and activations alone [model[0].in] (input_shape_set false). */
+    int input_rank;
+    int64_t input_shape[SPEC_MAX_RANK];
+    bool input_shape_set;
     loss_kind loss;
     struct spec_optim optim;
     struct spec_data data;
@@ -81,6 +145,8 @@ struct spec {
     int64_t epochs;     /* exactly one of epochs / steps is > 0 */
     int64_t steps;
     int64_t grad_accum; /* default 1 */
+    double grad_clip;   /* 0 = off; else clip_grad_norm_ to this */
+    struct spec_eval eval;
     struct spec_ddp ddp;
     uint64_t init_seed;            /* default 0 */
     char init_from[SPEC_PATH_MAX]; /* "" unless init.from */
@@ -177,6 +243,24 @@ int64_t spec_param_count(const struct spec *s);
 /* Input width (model[0].in) and output width (last linear's out). */
 int64_t spec_in_width(const struct spec *s);
 int64_t spec_out_width(const struct spec *s);
+
+/* What one sample is to the data readers (v2):
+ * spec_sample_numel: elements of one input sample (the product of input_shape);
+ * spec_input_ids: the model starts with `embedding`, so inputs are integer ids (int32 in
+ *   a batch) in [0, spec_vocab) instead of floats;
+ * spec_target_numel: per sample, the mse target's elements (the product of the model's
+ *   output shape) or, for cross_entropy, the class ids (1, or T for [T,C] logits);
+ * spec_classes: cross_entropy's C, the last dimension of the output. */
+int64_t spec_sample_numel(const struct spec *s);
+bool spec_input_ids(const struct spec *s);
+int64_t spec_vocab(const struct spec *s);
+int64_t spec_target_numel(const struct spec *s);
+int64_t spec_classes(const struct spec *s);
+
+/* For a flat list of linear layers and activations built in code (tests, tools): fills
+ * what the validator would (parent, end, key, the shapes, input_shape) from each layer's
+ * in/out. */
+void spec_flat_layers(struct spec *s);
 
 const char *layer_kind_name(layer_kind k);
 const char *loss_kind_name(loss_kind k);

@@ -71,6 +71,54 @@ struct dev_ops {
     void (*scale)(void *ctx, float *x, float a, int64_t n);                          /* x *= a */
     void (*scale_copy)(void *ctx, float *dst, const float *src, float a, int64_t n); /* dst = src*a */
 
+    /* v2 ops (CONTRACT.md §2a). Every one has a CPU reference here and a CUDA version in
+     * cuda/dev.cu, compared by unit.test_cuda. Gradients of parameters (dw, db) are added
+     * to (+=), as autograd accumulates; the model zeroes them when a step starts afresh.
+     * Gradients of inputs (dx) are overwritten. */
+    /* Batched GEMM: for i < batch, C_i = alpha * op(A_i) * op(B_i) + beta * C_i, with
+     * X_i = X + i * stride_x (cblas_sgemm per i on the CPU; cublasSgemmStridedBatched). */
+    void (*gemm_batched)(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb,
+                         int64_t stride_b, float beta, float *c, int64_t ldc, int64_t stride_c,
+                         int64_t batch);
+    /* y[n,dim] = w[ids[i], :] (ids int32, already checked to be in range). */
+    void (*embedding_forward)(void *ctx, float *y, const float *w, const int32_t *ids, int64_t n,
+                              int64_t dim);
+    /* dw[ids[i], :] += dy[i, :], rows in order i = 0..n-1 on the CPU. */
+    void (*embedding_backward)(void *ctx, float *dw, const float *dy, const int32_t *ids, int64_t n,
+                               int64_t dim);
+    /* LayerNorm over the last dim of x[rows,dim]: y = (x - mean) * rstd * w + b, rstd =
+     * 1/sqrt(biased var + eps); b may be NULL (no bias). Saves mean[rows], rstd[rows]. */
+    void (*layernorm_forward)(void *ctx, float *y, float *mean, float *rstd, const float *x, const float *w,
+                              const float *b, int64_t rows, int64_t dim, float eps);
+    /* dx (overwritten), dw += , db += (db may be NULL). */
+    void (*layernorm_backward)(void *ctx, float *dx, float *dw, float *db, const float *dy, const float *x,
+                               const float *mean, const float *rstd, const float *w, int64_t rows,
+                               int64_t dim);
+    /* Row softmax of scale * x over x[rows, n]. With `causal` the rows are square blocks
+     * of n query positions: row r is query r % n and keys j > r % n count as -inf (y 0). */
+    void (*softmax_forward)(void *ctx, float *y, const float *x, int64_t rows, int64_t n, float scale,
+                            bool causal);
+    /* dx = scale * y * (dy - sum_j dy_j * y_j), row by row (dx overwritten). */
+    void (*softmax_backward)(void *ctx, float *dx, const float *dy, const float *y, int64_t rows, int64_t n,
+                             float scale);
+    /* Attention's head layout: qkv [b,t,3,h,hd] -> q, k, v [b,h,t,hd] each; its backward
+     * writes dqkv [b,t,3,h,hd] from dq, dk, dv. merge: yh [b,h,t,hd] -> y [b,t,h,hd];
+     * its backward writes dyh from dy. All outputs overwritten. */
+    void (*heads_split)(void *ctx, float *q, float *k, float *v, const float *qkv, int64_t b, int64_t t,
+                        int64_t h, int64_t hd);
+    void (*heads_split_backward)(void *ctx, float *dqkv, const float *dq, const float *dk, const float *dv,
+                                 int64_t b, int64_t t, int64_t h, int64_t hd);
+    void (*heads_merge)(void *ctx, float *y, const float *yh, int64_t b, int64_t t, int64_t h, int64_t hd);
+    void (*heads_merge_backward)(void *ctx, float *dyh, const float *dy, int64_t b, int64_t t, int64_t h,
+                                 int64_t hd);
+    /* Elementwise: y = a + b, y = a * b (y may alias a or b). */
+    void (*add)(void *ctx, float *y, const float *a, const float *b, int64_t n);
+    void (*mul)(void *ctx, float *y, const float *a, const float *b, int64_t n);
+    /* Dropout's mask: mask[i] = 1/(1-p) where rng_hash_uniform(seed, i) >= p, else 0
+     * (rng_hash.h: the same draw on every backend). */
+    void (*dropout_mask)(void *ctx, float *mask, int64_t n, float p, uint64_t seed);
+
     /* Optional slots (NULL on the CPU, where the plain ops are already the fast path). */
     /* One optimizer update over a parameter group of `count` tensors in one launch:
      * tensor i is param[i], grad[i] (and buf[i] / exp_avg[i], exp_avg_sq[i]) of numel[i]

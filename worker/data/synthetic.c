@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../rng.h"
+#include "../../base/check.h"
 
 #define TEACHER_MAX_PARAMS SPEC_MAX_SYNTHETIC_WEIGHTS
 
@@ -108,6 +109,9 @@ static const double *teacher_forward(struct teacher *t, int64_t rows)
         case LAYER_GELU:
             for (int64_t k = 0; k < n; k++)
                 a[k] = 0.5 * a[k] * (1 + erf(a[k] / sqrt(2.0)));
+            break;
+        default: /* the validator lets synthetic data take only linear layers and activations */
+            ASSERT(!"synthetic teacher: not an MLP layer");
             break;
         }
     }

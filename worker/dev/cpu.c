@@ -264,7 +264,7 @@ static void cpu_act_forward(void *ctx, layer_kind k, float *restrict y, const fl
         for (int64_t i = 0; i < n; i++)
             y[i] = x[i] * 0.5f * (1.0f + erff(x[i] * GELU_ALPHA));
         break;
-    case LAYER_LINEAR: ASSERT(!"act_forward on a linear layer");
+    default: ASSERT(!"act_forward on a layer that is not an activation");
     }
 }
 
@@ -318,7 +318,7 @@ static void cpu_act_backward(void *ctx, layer_kind k, float *restrict dx, const 
             dx[i] = dy[i] * (1.0f - y[i]) * y[i];
         break;
     case LAYER_GELU: (c->fused ? gelu_backward_fused : gelu_backward_plain)(dx, dy, x, n); break;
-    case LAYER_LINEAR: ASSERT(!"act_backward on a linear layer");
+    default: ASSERT(!"act_backward on a layer that is not an activation");
     }
 }
 

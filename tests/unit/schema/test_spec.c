@@ -217,7 +217,7 @@ static void test_valid_variants(void)
     size_t o = (size_t)snprintf(big, sizeof big,
                                 "{\"model\":[{\"type\":\"linear\",\"in\":1048576,"
                                 "\"out\":2}");
-    for (int i = 1; i < SPEC_MAX_LAYERS; i++)
+    for (int i = 1; i < SPEC_MAX_LIST; i++)
         o += (size_t)snprintf(big + o, sizeof big - o, ",{\"type\":\"relu\"}");
     snprintf(big + o, sizeof big - o, "]," LOSS "," OPTIM "," DATA "," BATCH "}");
     CHECK_EQ_INT(parse(big, &s, &e), DDPD_OK);

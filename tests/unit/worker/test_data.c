@@ -111,7 +111,8 @@ static void spec_base(struct spec *s, int64_t in, int64_t out, loss_kind loss)
     memset(s, 0, sizeof *s);
     s->world_size = 1;
     s->n_layers = 1;
-    s->layers[0] = (struct spec_layer){LAYER_LINEAR, in, out, true};
+    s->layers[0] = (struct spec_layer){.kind = LAYER_LINEAR, .in = in, .out = out, .bias = true};
+    spec_flat_layers(s);
     s->loss = loss;
     s->batch_size = 2;
     s->epochs = 1;
@@ -1124,11 +1125,12 @@ static void spec_synth(struct spec *s, loss_kind loss, int64_t samples, uint64_t
     memset(s, 0, sizeof *s);
     s->world_size = 1;
     s->n_layers = 5;
-    s->layers[0] = (struct spec_layer){LAYER_LINEAR, 4, 8, true};
-    s->layers[1] = (struct spec_layer){LAYER_GELU, 8, 8, false};
-    s->layers[2] = (struct spec_layer){LAYER_LINEAR, 8, 6, false};
-    s->layers[3] = (struct spec_layer){LAYER_TANH, 6, 6, false};
-    s->layers[4] = (struct spec_layer){LAYER_LINEAR, 6, 3, true};
+    s->layers[0] = (struct spec_layer){.kind = LAYER_LINEAR, .in = 4, .out = 8, .bias = true};
+    s->layers[1] = (struct spec_layer){.kind = LAYER_GELU, .in = 8, .out = 8, .bias = false};
+    s->layers[2] = (struct spec_layer){.kind = LAYER_LINEAR, .in = 8, .out = 6, .bias = false};
+    s->layers[3] = (struct spec_layer){.kind = LAYER_TANH, .in = 6, .out = 6, .bias = false};
+    s->layers[4] = (struct spec_layer){.kind = LAYER_LINEAR, .in = 6, .out = 3, .bias = true};
+    spec_flat_layers(s);
     s->loss = loss;
     s->batch_size = 7;
     s->data.kind = DATA_SYNTHETIC;

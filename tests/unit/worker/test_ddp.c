@@ -36,11 +36,12 @@ static void mlp_spec(struct spec *s)
 {
     memset(s, 0, sizeof *s);
     s->n_layers = 5;
-    s->layers[0] = (struct spec_layer){LAYER_LINEAR, 6, 16, true};
-    s->layers[1] = (struct spec_layer){LAYER_RELU, 16, 16, false};
-    s->layers[2] = (struct spec_layer){LAYER_LINEAR, 16, 16, true};
-    s->layers[3] = (struct spec_layer){LAYER_TANH, 16, 16, false};
-    s->layers[4] = (struct spec_layer){LAYER_LINEAR, 16, 3, true};
+    s->layers[0] = (struct spec_layer){.kind = LAYER_LINEAR, .in = 6, .out = 16, .bias = true};
+    s->layers[1] = (struct spec_layer){.kind = LAYER_RELU, .in = 16, .out = 16, .bias = false};
+    s->layers[2] = (struct spec_layer){.kind = LAYER_LINEAR, .in = 16, .out = 16, .bias = true};
+    s->layers[3] = (struct spec_layer){.kind = LAYER_TANH, .in = 16, .out = 16, .bias = false};
+    s->layers[4] = (struct spec_layer){.kind = LAYER_LINEAR, .in = 16, .out = 3, .bias = true};
+    spec_flat_layers(s);
     s->init_seed = 3;
 }
 
@@ -250,10 +251,13 @@ static void test_plan(double cap_mb, int nb, const int *expect_params, const int
     memset(&s, 0, sizeof s);
     int64_t w[5] = {512, 1024, 1024, 256, 10};
     for (int i = 0; i < 4; i++) {
-        s.layers[s.n_layers++] = (struct spec_layer){LAYER_LINEAR, w[i], w[i + 1], true};
+        s.layers[s.n_layers++] =
+            (struct spec_layer){.kind = LAYER_LINEAR, .in = w[i], .out = w[i + 1], .bias = true};
         if (i < 3)
-            s.layers[s.n_layers++] = (struct spec_layer){LAYER_RELU, w[i + 1], w[i + 1], false};
+            s.layers[s.n_layers++] =
+                (struct spec_layer){.kind = LAYER_RELU, .in = w[i + 1], .out = w[i + 1], .bias = false};
     }
+    spec_flat_layers(&s);
     struct dev dev = dev_cpu_new(1);
     struct model *m = model_new(dev, &s, 1);
     struct comm_id id;

@@ -25,6 +25,7 @@ static void make_spec(struct spec *s, const struct net *t)
     for (int i = 0; i < t->n; i++)
         s->layers[i] = (struct spec_layer){
             .kind = t->kind[i], .in = t->width[i], .out = t->width[i + 1], .bias = !t->nobias[i]};
+    spec_flat_layers(s);
 }
 
 static void get(float *h, const float *dptr, int64_t n)

@@ -31,6 +31,7 @@ static struct model *one_param_model(struct dev d)
     memset(&s, 0, sizeof s);
     s.n_layers = 1;
     s.layers[0] = (struct spec_layer){.kind = LAYER_LINEAR, .in = N, .out = 1, .bias = false};
+    spec_flat_layers(&s);
     struct model *m = model_new(d, &s, 1);
     CHECK(m != NULL);
     CHECK_EQ_INT(model_param_count(m), 1);
@@ -244,6 +245,7 @@ static struct model *mlp(struct dev d)
     s.layers[0] = (struct spec_layer){.kind = LAYER_LINEAR, .in = 4, .out = 3, .bias = true};
     s.layers[1] = (struct spec_layer){.kind = LAYER_RELU, .in = 3, .out = 3};
     s.layers[2] = (struct spec_layer){.kind = LAYER_LINEAR, .in = 3, .out = 2, .bias = true};
+    spec_flat_layers(&s);
     return model_new(d, &s, 8);
 }
 

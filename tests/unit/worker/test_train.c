@@ -33,9 +33,10 @@ static void spec_net(struct spec *s, int64_t in, int64_t hidden, int64_t out, lo
     memset(s, 0, sizeof *s);
     s->world_size = 1;
     s->n_layers = 3;
-    s->layers[0] = (struct spec_layer){LAYER_LINEAR, in, hidden, true};
-    s->layers[1] = (struct spec_layer){LAYER_RELU, hidden, hidden, false};
-    s->layers[2] = (struct spec_layer){LAYER_LINEAR, hidden, out, true};
+    s->layers[0] = (struct spec_layer){.kind = LAYER_LINEAR, .in = in, .out = hidden, .bias = true};
+    s->layers[1] = (struct spec_layer){.kind = LAYER_RELU, .in = hidden, .out = hidden, .bias = false};
+    s->layers[2] = (struct spec_layer){.kind = LAYER_LINEAR, .in = hidden, .out = out, .bias = true};
+    spec_flat_layers(s);
     s->loss = loss;
     s->optim = (struct spec_optim){.kind = OPTIM_SGD, .lr = 0.01};
     s->data.kind = DATA_SYNTHETIC;
