@@ -118,6 +118,9 @@ struct dev_ops {
     /* Dropout's mask: mask[i] = 1/(1-p) where rng_hash_uniform(seed, i) >= p, else 0
      * (rng_hash.h: the same draw on every backend). */
     void (*dropout_mask)(void *ctx, float *mask, int64_t n, float p, uint64_t seed);
+    /* The sum of squares of x[n], accumulated in double, returned to the host (waits for
+     * the queued work): gradient clipping's per-tensor norm is sqrt of it. */
+    double (*sumsq)(void *ctx, const float *x, int64_t n);
 
     /* Optional slots (NULL on the CPU, where the plain ops are already the fast path). */
     /* One optimizer update over a parameter group of `count` tensors in one launch:

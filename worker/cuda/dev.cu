@@ -521,6 +521,33 @@ static void cu_scale(void *ctx, float *x, float a, int64_t n)
     cu_scale_copy(ctx, x, x, a, n);
 }
 
+/* The sum of squares in double: one block (REDUCE_THREADS), so the sum is deterministic,
+ * written to the context's device double and read back. */
+__global__ void k_sumsq(const float *x, int64_t n, double *out)
+{
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        s += (double)x[i] * (double)x[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0)
+        *out = s;
+}
+
+static double cu_sumsq(void *ctx, const float *x, int64_t n)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    double *d = NULL, h = 0.0;
+    if (n <= 0)
+        return 0.0;
+    check(c, cudaMallocAsync((void **)&d, sizeof *d, c->stream), "sumsq");
+    k_sumsq<<<1, REDUCE_THREADS, 0, c->stream>>>(x, n, d);
+    LAUNCHED(c, "sumsq");
+    check(c, cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, c->stream), "sumsq");
+    check(c, cudaFreeAsync(d, c->stream), "sumsq");
+    check(c, cudaStreamSynchronize(c->stream), "sumsq");
+    return h;
+}
+
 /* ---- reads that do not stall the queue, and pinned host memory ---- */
 
 static void cu_fetch_start(void *ctx, const float *src, int64_t n)
@@ -600,6 +627,7 @@ static const struct dev_ops cuda_ops = {
     .add = NULL,
     .mul = NULL,
     .dropout_mask = NULL,
+    .sumsq = cu_sumsq,
     .sgd_group = cu_sgd_group,
     .adamw_group = cu_adamw_group,
     .fetch_start = cu_fetch_start,

@@ -559,6 +559,15 @@ static void cpu_scale_copy(void *ctx, float *restrict dst, const float *restrict
         dst[i] = src[i] * a;
 }
 
+static double cpu_sumsq(void *ctx, const float *x, int64_t n)
+{
+    (void)ctx;
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)x[i] * (double)x[i];
+    return s;
+}
+
 static const struct dev_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -579,6 +588,7 @@ static const struct dev_ops cpu_ops = {
     .copy = cpu_copy,
     .scale = cpu_scale,
     .scale_copy = cpu_scale_copy,
+    .sumsq = cpu_sumsq,
     .host_memory = true,
 };
 
