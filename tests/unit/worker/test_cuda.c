@@ -416,6 +416,12 @@ static void test_helpers(void)
         C.ops->fill(C.ctx, y, 2.5f, n);
         float *hf = down(gf, n);
         close_to("fill", hf, y, n, 0, 0);
+        /* sumsq: double sums in another order, so equal to rounding of a double */
+        const double gs = G.ops->sumsq(G.ctx, gx, n), cs = C.ops->sumsq(C.ctx, x, n);
+        if (!(fabs(gs - cs) <= 1e-12 * cs)) {
+            fprintf(stderr, "sumsq of %lld: cuda %.17g, cpu %.17g\n", (long long)n, gs, cs);
+            CHECK(0);
+        }
         free(x), free(y), free(hy), free(hx), free(hx2), free(hxs), free(hf);
     }
     /* fetch: queued behind the work, read later; a larger read grows the buffer. */
