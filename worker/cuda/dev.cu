@@ -35,6 +35,7 @@ struct cuda {
     float *pinned; /* fetch_start's destination */
     int64_t pinned_n;
     cudaEvent_t fetched; /* recorded after the copy into `pinned` */
+    double *sumsq;       /* sumsq's device result, allocated on first use */
 };
 
 /* ---- failures: every CUDA or cuBLAS error ends the worker as a device failure ---- */
@@ -536,14 +537,14 @@ __global__ void k_sumsq(const float *x, int64_t n, double *out)
 static double cu_sumsq(void *ctx, const float *x, int64_t n)
 {
     struct cuda *c = (struct cuda *)ctx;
-    double *d = NULL, h = 0.0;
+    double h = 0.0;
     if (n <= 0)
         return 0.0;
-    check(c, cudaMallocAsync((void **)&d, sizeof *d, c->stream), "sumsq");
-    k_sumsq<<<1, REDUCE_THREADS, 0, c->stream>>>(x, n, d);
+    if (!c->sumsq)
+        check(c, cudaMalloc((void **)&c->sumsq, sizeof *c->sumsq), "sumsq");
+    k_sumsq<<<1, REDUCE_THREADS, 0, c->stream>>>(x, n, c->sumsq);
     LAUNCHED(c, "sumsq");
-    check(c, cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, c->stream), "sumsq");
-    check(c, cudaFreeAsync(d, c->stream), "sumsq");
+    check(c, cudaMemcpyAsync(&h, c->sumsq, sizeof h, cudaMemcpyDeviceToHost, c->stream), "sumsq");
     check(c, cudaStreamSynchronize(c->stream), "sumsq");
     return h;
 }
@@ -722,6 +723,8 @@ extern "C" void cuda__dev_free(struct dev d)
         cublasDestroy(c->blas);
     if (c->pinned)
         cudaFreeHost(c->pinned);
+    if (c->sumsq)
+        cudaFree(c->sumsq);
     if (c->fetched)
         cudaEventDestroy(c->fetched);
     if (c->stream)
