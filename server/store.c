@@ -217,10 +217,11 @@ static const char *const sql_text[ST_COUNT] = {
                      "(SELECT max(step) FROM loss WHERE job = ?1)",
     [R_LOSS_SCAN] = "SELECT step, rank, loss FROM loss WHERE job = ?1 ORDER BY step, rank",
     /* The lr each logged step used, from rank 0's loss events (every rank that ran a
-     * step used the same); a restart's repeat of a step comes after the first. */
-    [R_LR_SCAN] = "SELECT json_extract(body, '$.step') AS step, json_extract(body, '$.lr') FROM events "
-                  "WHERE job = ?1 AND kind = 'loss' AND rank = 0 AND json_extract(body, '$.lr') IS NOT NULL "
-                  "ORDER BY step, seq",
+     * step used the same); of a step a restart ran again, the latest (SQLite takes the
+     * bare columns from the row of max(seq)). */
+    [R_LR_SCAN] = "SELECT json_extract(body, '$.step') AS step, json_extract(body, '$.lr'), max(seq) "
+                  "FROM events WHERE job = ?1 AND kind = 'loss' AND rank = 0 AND "
+                  "json_extract(body, '$.lr') IS NOT NULL GROUP BY step ORDER BY step",
     [R_EVAL_SCAN] = "SELECT body FROM events WHERE job = ?1 AND kind = 'eval' ORDER BY seq",
     [R_JOB_COUNT] = "SELECT state, count(*) FROM jobs GROUP BY state",
     [R_PING] = "SELECT count(*) FROM sqlite_schema",
