@@ -551,6 +551,13 @@ static ddpd_err open_eval(struct run *r, struct ddpd_error *err)
             memcpy(err->path, "eval.", 5);
             err->path[n + 5] = '\0';
         }
+        if (err) { /* the file alone would not say it is the eval data */
+            static const char pre[] = "eval.data: ";
+            const size_t n = strnlen(err->message, sizeof err->message - sizeof pre);
+            memmove(err->message + sizeof pre - 1, err->message, n);
+            memcpy(err->message, pre, sizeof pre - 1);
+            err->message[n + sizeof pre - 1] = '\0';
+        }
         return err ? err->code : DDPD_EDATA;
     }
     dataset_set_epoch(r->eds, 0);

@@ -171,3 +171,22 @@ def test_adamw_linear_mse_eval_max_batches(work):
     # max_batches 2 of batch 4 on each of 2 ranks; past total_steps 5 the lr stays at min_lr
     assert {e["samples"] for e in run.of("eval")} == {16}
     assert [e["lr"] for e in run.of("loss", 0) if e["step"] > 5] == [pytest.approx(0.001, rel=1e-12)]
+
+
+def test_eval_data_errors_name_the_eval_data(work):
+    H.need_bin()
+    data = Path(work) / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    x, y = H.make_xy(16, 4, 2, "mse", seed=51)
+    np.save(data / "x.npy", x)
+    np.save(data / "y.npy", y)
+    np.save(data / "ex.npy", x[:, :3])
+    np.save(data / "ey.npy", y)
+    spec = {"name": "eval-err", "device": "cpu", "model": H.mlp(4, 2), "loss": "mse",
+            "optimizer": {"type": "sgd", "lr": 0.1}, "batch_size": 4, "epochs": 1,
+            "data": {"type": "npy", "x": "x.npy", "y": "y.npy"},
+            "eval": {"data": {"type": "npy", "x": "ex.npy", "y": "ey.npy"}, "every_steps": 2}}
+    run = H.run_ddpd(spec, 2, work)
+    assert run.rc == 2, run.describe()
+    msgs = [e["message"] for e in run.of("error")]
+    assert msgs and all(m.startswith("eval.data: ex.npy: ") and "3 columns" in m for m in msgs), msgs
