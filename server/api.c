@@ -311,8 +311,11 @@ static void planned(void *ctx, ddpd_err rc, const int64_t *counts, bool known, c
     struct ddpd_error err;
     if (rc != DDPD_OK) {
         err = *perr;
+        /* A data error's answer has no path: the data, or the eval data that the
+         * worker's message names (train_check_eval_data). */
         if ((rc == DDPD_EDATA || rc == DDPD_ESPEC) && !err.path[0])
-            snprintf(err.path, sizeof err.path, "data");
+            snprintf(err.path, sizeof err.path, "%s",
+                     strncmp(err.message, "eval.data: ", 11) == 0 ? "eval.data" : "data");
     } else {
         rc = submit_checked(pl->req, pl->a, &pl->spec, counts, known, &err);
     }

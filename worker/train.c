@@ -529,6 +529,56 @@ static ddpd_err shadow_step(void *ctx, int64_t n, struct ddpd_error *err)
     return after_step(sh->r, &pos, false, false, err);
 }
 
+/* A copy of the spec whose data is eval.data, never shuffled (heap: a spec is large);
+ * NULL when out of memory. */
+static struct spec *eval_spec(const struct spec *s)
+{
+    struct spec *es = malloc(sizeof *es);
+    if (es) {
+        *es = *s;
+        es->data = s->eval.data;
+        es->data.shuffle = false;
+    }
+    return es;
+}
+
+/* An error of the data layer about eval.data: its path "data.x" becomes "eval.data.x"
+ * and its message says it is the eval data (the file alone would not). */
+static void eval_error(struct ddpd_error *err)
+{
+    if (!err)
+        return;
+    if (strncmp(err->path, "data", 4) == 0) {
+        const size_t n = strnlen(err->path, sizeof err->path - 6); /* room for "eval." */
+        memmove(err->path + 5, err->path, n);
+        memcpy(err->path, "eval.", 5);
+        err->path[n + 5] = '\0';
+    }
+    static const char pre[] = "eval.data: ";
+    const size_t n = strnlen(err->message, sizeof err->message - sizeof pre);
+    memmove(err->message + sizeof pre - 1, err->message, n);
+    memcpy(err->message, pre, sizeof pre - 1);
+    err->message[n + sizeof pre - 1] = '\0';
+}
+
+ddpd_err train_check_eval_data(const struct spec *s, const char *data_dir, int world_size,
+                               struct ddpd_error *err)
+{
+    if (s->eval.every_steps <= 0)
+        return DDPD_OK;
+    struct spec *es = eval_spec(s);
+    if (!es)
+        return ddpd_error_set(err, DDPD_ENOMEM, "eval", "out of memory checking eval.data");
+    int64_t rows = 0, file_bytes = 0;
+    ddpd_err rc = dataset_check(es, data_dir, world_size, &rows, &file_bytes, err);
+    free(es);
+    if (rc == DDPD_ENOTFOUND) /* {rank} files: the ranks check them */
+        return DDPD_OK;
+    if (rc)
+        eval_error(err);
+    return rc;
+}
+
 /* This rank's shard of eval.data, opened like the training data but never shuffled;
  * its batch count capped by eval.max_batches. An error names the eval.data field. */
 static ddpd_err open_eval(struct run *r, struct ddpd_error *err)
@@ -536,28 +586,13 @@ static ddpd_err open_eval(struct run *r, struct ddpd_error *err)
     const struct spec *s = r->s;
     if (s->eval.every_steps <= 0)
         return DDPD_OK;
-    struct spec *es = malloc(sizeof *es);
+    struct spec *es = eval_spec(s);
     if (!es)
         return ddpd_error_set(err, DDPD_ENOMEM, "eval", "out of memory opening eval.data");
-    *es = *s;
-    es->data = s->eval.data;
-    es->data.shuffle = false;
     r->eds = dataset_open(es, r->cfg->data_dir, r->cfg->rank, r->cfg->world_size, err);
     free(es);
     if (!r->eds) {
-        if (err && strncmp(err->path, "data", 4) == 0) {               /* "data.x" of eval.data */
-            const size_t n = strnlen(err->path, sizeof err->path - 6); /* room for "eval." */
-            memmove(err->path + 5, err->path, n);
-            memcpy(err->path, "eval.", 5);
-            err->path[n + 5] = '\0';
-        }
-        if (err) { /* the file alone would not say it is the eval data */
-            static const char pre[] = "eval.data: ";
-            const size_t n = strnlen(err->message, sizeof err->message - sizeof pre);
-            memmove(err->message + sizeof pre - 1, err->message, n);
-            memcpy(err->message, pre, sizeof pre - 1);
-            err->message[n + sizeof pre - 1] = '\0';
-        }
+        eval_error(err);
         return err ? err->code : DDPD_EDATA;
     }
     dataset_set_epoch(r->eds, 0);

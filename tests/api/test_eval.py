@@ -52,3 +52,20 @@ def test_metrics_without_eval_or_lr(server):
     assert "eval" in m, m
     assert m["eval"] == {"step": [], "loss": [], "accuracy": [], "samples": []}
     assert m["lr"] == {"step": [1, 2, 3, 4, 5], "lr": [0.01] * 5}
+
+
+def test_eval_data_checked_at_submission(server):
+    """A missing or misshapen eval file is a 422 at submission that names eval.data and the
+    file, as for the training data (the planner checks it before the job is accepted)."""
+    import numpy as np
+    np.save(server.data_dir / "x.npy", np.zeros((8, 10), np.float32))
+    np.save(server.data_dir / "y.npy", np.zeros((8, 5), np.float32))
+    np.save(server.data_dir / "ex.npy", np.zeros((8, 9), np.float32))
+    base = dict(data={"type": "npy", "x": "x.npy", "y": "y.npy"})
+    for x, want in (("nope.npy", "nope.npy"), ("ex.npy", "ex.npy")):
+        r = server.post("/v1/jobs", json=seed_spec(
+            **base, eval={"data": {"type": "npy", "x": x, "y": "y.npy"}, "every_steps": 2}))
+        assert r.status_code == 422, r.text
+        e = r.json()["error"]
+        assert e["path"].startswith("eval.data"), e
+        assert e["message"].startswith("eval.data: ") and want in e["message"], e
