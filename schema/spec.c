@@ -21,7 +21,9 @@ static const char *const layer_names[] = {"linear",    "relu",      "tanh",     
                                           "batchnorm", "flatten"};
 static const char *const loss_names[] = {"mse", "cross_entropy"};
 static const char *const optim_names[] = {"sgd", "adamw"};
-static const char *const data_names[] = {"synthetic", "npy", "csv"};
+static const char *const data_names[] = {"synthetic", "npy", "csv", "tokens"};
+static const char *const dtype_names[] = {"uint16", "int32"};
+static const char *const sched_names[] = {"constant", "linear", "cosine"};
 static const char *const device_names[] = {"cpu", "cuda"};
 static const char *const backend_names[] = {"cpu", "nccl"};
 static const char *const precision_names[] = {"fp32", "tf32"};
@@ -34,11 +36,16 @@ static const char *const top_keys[] = {
     "grad_clip", "ddp",        "init",   "checkpoint", "log_every", "max_restarts", "on_nonfinite"};
 static const char *const linear_keys[] = {"type", "in", "out", "bias"};
 static const char *const activation_keys[] = {"type"};
-static const char *const sgd_keys[] = {"type", "lr", "momentum", "dampening", "weight_decay", "nesterov"};
-static const char *const adamw_keys[] = {"type", "lr", "betas", "eps", "weight_decay"};
+static const char *const sgd_keys[] = {"type",         "lr",       "momentum", "dampening",
+                                       "weight_decay", "nesterov", "schedule"};
+static const char *const adamw_keys[] = {"type", "lr", "betas", "eps", "weight_decay", "schedule"};
+static const char *const schedule_keys[] = {"type", "warmup_steps", "min_lr", "total_steps"};
 static const char *const synthetic_keys[] = {"type", "samples", "seed", "shuffle", "drop_last"};
 static const char *const npy_keys[] = {"type", "x", "y", "seed", "shuffle", "drop_last"};
 static const char *const csv_keys[] = {"type", "path", "target", "seed", "shuffle", "drop_last"};
+static const char *const tokens_keys[] = {"type", "path",    "block_size", "dtype",
+                                          "seed", "shuffle", "drop_last"};
+static const char *const eval_keys[] = {"data", "every_steps", "max_batches"};
 static const char *const ddp_keys[] = {"bucket_cap_mb", "join", "divide_by_initial_world_size", "backend",
                                        "timeout_s"};
 static const char *const init_keys[] = {"seed", "from"};
@@ -1028,7 +1035,7 @@ static ddpd_err parse_loss(struct ddpd_error *err, json_t *root, struct spec *s)
     return DDPD_OK;
 }
 
-static ddpd_err parse_optimizer(struct ddpd_error *err, json_t *root, struct spec *s)
+static ddpd_err parse_optimizer_kind(struct ddpd_error *err, json_t *root, struct spec *s)
 {
     struct spec_optim *o = &s->optim;
     const char *P = "optimizer";
@@ -1101,29 +1108,86 @@ static ddpd_err parse_optimizer(struct ddpd_error *err, json_t *root, struct spe
     return rc;
 }
 
-static ddpd_err parse_targets(struct ddpd_error *err, json_t *data, struct spec *s)
+/* optimizer.schedule (§2a); warmup_steps < total_steps is checked once `steps` is known
+ * (check_schedule). */
+static ddpd_err parse_optimizer(struct ddpd_error *err, json_t *root, struct spec *s)
 {
-    struct spec_data *d = &s->data;
+    struct spec_optim *o = &s->optim;
+    const char *P = "optimizer.schedule";
+    int k = 0;
+    ddpd_err rc = parse_optimizer_kind(err, root, s);
+    if (rc != DDPD_OK)
+        return rc;
+    json_t *obj = json_object_get(json_object_get(root, "optimizer"), "schedule");
+    if (!obj)
+        return DDPD_OK;
+    if (!json_is_object(obj))
+        return fail_type(err, P, "an object such as {\"type\": \"cosine\", \"warmup_steps\": 100}", obj);
+    rc = check_keys(err, obj, P, schedule_keys, COUNT(schedule_keys), NULL);
+    if (rc == DDPD_OK)
+        rc = get_enum(err, obj, P, "type", sched_names, COUNT(sched_names), true, &k);
+    o->schedule = (sched_kind)k;
+    if (rc == DDPD_OK)
+        rc = get_int(err, obj, P, "warmup_steps", 0, INT64_MAX, false, &o->warmup_steps);
+    if (rc == DDPD_OK)
+        rc = get_num(err, obj, P, "min_lr", 0, false, INFINITY, false, "a non-negative number", false,
+                     &o->min_lr);
+    if (rc == DDPD_OK && o->min_lr > o->lr) {
+        char lr[40];
+        fmt_real(lr, sizeof lr, o->lr);
+        json_t *v = json_object_get(obj, "min_lr");
+        char want[80], d[200];
+        snprintf(want, sizeof want, "a number from 0 to optimizer.lr (%s)", lr);
+        return fail(err, "optimizer.schedule.min_lr", "expected %s, got %s", want, describe(v, d, sizeof d));
+    }
+    if (rc == DDPD_OK)
+        rc = get_int(err, obj, P, "total_steps", 1, INT64_MAX, false, &o->total_steps);
+    return rc;
+}
+
+/* warmup_steps < total_steps when both are known: the schedule divides by their
+ * difference after the warmup. */
+static ddpd_err check_schedule(struct ddpd_error *err, const struct spec *s)
+{
+    const struct spec_optim *o = &s->optim;
+    if (o->warmup_steps == 0)
+        return DDPD_OK;
+    if (o->total_steps > 0 && o->warmup_steps >= o->total_steps)
+        return fail(err, "optimizer.schedule.warmup_steps",
+                    "expected fewer than total_steps (%lld), got %lld", (long long)o->total_steps,
+                    (long long)o->warmup_steps);
+    if (o->total_steps == 0 && s->steps > 0 && o->warmup_steps >= s->steps)
+        return fail(err, "optimizer.schedule.warmup_steps",
+                    "expected fewer than the job's steps (%lld: total_steps defaults to them), got %lld",
+                    (long long)s->steps, (long long)o->warmup_steps);
+    return DDPD_OK;
+}
+
+static ddpd_err parse_targets(struct ddpd_error *err, json_t *data, const char *P, struct spec *s,
+                              struct spec_data *d)
+{
     json_t *t = json_object_get(data, "target");
+    char tp[PATH_CAP];
     ddpd_err rc;
+    path_key(tp, P, "target");
     if (!t)
-        return missing(err, "data.target", "a column name or a list of column names");
+        return missing(err, tp, "a column name or a list of column names");
     if (json_is_string(t)) {
-        rc = get_str_value(err, t, "data.target", d->targets[0], sizeof d->targets[0]);
+        rc = get_str_value(err, t, tp, d->targets[0], sizeof d->targets[0]);
         if (rc != DDPD_OK)
             return rc;
         if (!d->targets[0][0])
-            return fail(err, "data.target", "expected a column name, got an empty string");
+            return fail(err, tp, "expected a column name, got an empty string");
         d->n_targets = 1;
     } else if (json_is_array(t)) {
         size_t n = json_array_size(t);
         if (n == 0)
-            return fail(err, "data.target", "expected at least one column name, got an empty list");
+            return fail(err, tp, "expected at least one column name, got an empty list");
         if (n > SPEC_MAX_TARGETS)
-            return fail(err, "data.target", "at most %d target columns, got %zu", SPEC_MAX_TARGETS, n);
+            return fail(err, tp, "at most %d target columns, got %zu", SPEC_MAX_TARGETS, n);
         for (size_t i = 0; i < n; i++) {
             char path[PATH_CAP];
-            path_index(path, "data.target", i);
+            path_index(path, tp, i);
             rc = get_str_value(err, json_array_get(t, i), path, d->targets[i], sizeof d->targets[i]);
             if (rc != DDPD_OK)
                 return rc;
@@ -1131,42 +1195,101 @@ static ddpd_err parse_targets(struct ddpd_error *err, json_t *data, struct spec 
                 return fail(err, path, "expected a column name, got an empty string");
             for (size_t j = 0; j < i; j++)
                 if (strcmp(d->targets[i], d->targets[j]) == 0)
-                    return fail(err, path, "column \"%s\" is already data.target[%zu]", d->targets[i], j);
+                    return fail(err, path, "column \"%s\" is already %s[%zu]", d->targets[i], tp, j);
         }
         d->n_targets = (int)n;
     } else {
-        return fail_type(err, "data.target", "a column name or a list of column names", t);
+        return fail_type(err, tp, "a column name or a list of column names", t);
     }
 
     /* The targets' shape is known here, so check it against the loss (CONTRACT.md §2:
      * mse wants [N,out], cross_entropy wants class ids [N]). */
     int64_t out = spec_out_width(s);
     if (s->loss == LOSS_CROSS_ENTROPY && d->n_targets != 1)
-        return fail(err, "data.target",
-                    "cross_entropy needs exactly one target column (the class id), got %d", d->n_targets);
+        return fail(err, tp, "cross_entropy needs exactly one target column (the class id), got %d",
+                    d->n_targets);
     if (s->loss == LOSS_MSE && d->n_targets != out)
-        return fail(err, "data.target", "mse needs %lld target columns (model[%lld].out), got %d",
-                    (long long)out, (long long)last_linear(s), d->n_targets);
+        return fail(err, tp, "mse needs %lld target columns (model[%lld].out), got %d", (long long)out,
+                    (long long)last_linear(s), d->n_targets);
     return DDPD_OK;
 }
 
-static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
+/* tokens data (§2a): ids for a model that starts with embedding, samples [block_size]
+ * = input_shape, next-token targets [T] for cross_entropy on logits [T,C]. */
+static ddpd_err check_tokens(struct ddpd_error *err, const char *P, const struct spec *s,
+                             const struct spec_data *d)
 {
-    struct spec_data *d = &s->data;
-    const char *P = "data";
-    json_t *obj;
+    char path[PATH_CAP], sh[128];
+    const struct spec_layer *o = output_layer(s);
+    path_key(path, P, "type");
+    if (s->layers[0].kind != LAYER_EMBEDDING)
+        return fail(err, path,
+                    "tokens data holds integer ids: the model must start with embedding (model[0] is %s)",
+                    layer_kind_name(s->layers[0].kind));
+    shape_str(sh, sizeof sh, s->input_rank, s->input_shape);
+    if (s->input_rank != 1 || s->input_shape[0] != d->block_size) {
+        path_key(path, P, "block_size");
+        return fail(err, path,
+                    "expected input_shape [%lld] for samples of block_size %lld, got input_shape %s",
+                    (long long)d->block_size, (long long)d->block_size, sh);
+    }
+    if (s->loss != LOSS_CROSS_ENTROPY || o->out_rank != 2 || o->out_shape[0] != d->block_size) {
+        shape_str(sh, sizeof sh, o->out_rank, o->out_shape);
+        return fail(err, path,
+                    "tokens data gives each sample [%lld] next-token targets: it needs loss cross_entropy on "
+                    "logits [%lld,C] (the loss is %s, the model's output %s)",
+                    (long long)d->block_size, (long long)d->block_size, loss_kind_name(s->loss), sh);
+    }
+    return DDPD_OK;
+}
+
+/* A data object at P ("data" or "eval.data"), into d. */
+static ddpd_err parse_data_obj(struct ddpd_error *err, json_t *obj, const char *P, struct spec *s,
+                               struct spec_data *d)
+{
+    char path[PATH_CAP];
     int k = 0;
     int64_t seed = 0;
-    ddpd_err rc = get_obj(err, root, "data", true, "{\"type\": \"synthetic\", \"samples\": 1000}", &obj);
-    if (rc == DDPD_OK)
-        rc = get_enum(err, obj, P, "type", data_names, COUNT(data_names), true, &k);
+    ddpd_err rc = get_enum(err, obj, P, "type", data_names, COUNT(data_names), true, &k);
     if (rc != DDPD_OK)
         return rc;
     d->kind = (data_kind)k;
     d->shuffle = true;
     d->drop_last = false;
+    /* Synthetic data comes from a teacher MLP, and a CSV row is a vector: both feed
+     * models of linear layers and activations alone. */
+    const int odd = first_non_mlp(s);
+    if ((d->kind == DATA_SYNTHETIC || d->kind == DATA_CSV) && odd >= 0) {
+        char lp[PATH_CAP];
+        layer_path(lp, s, odd);
+        path_key(path, P, "type");
+        return fail(err, path,
+                    "%s data feeds only models of linear layers and activations (%s is %s); use npy%s data",
+                    data_names[k], lp, layer_kind_name(s->layers[odd].kind),
+                    spec_input_ids(s) ? " or tokens" : "");
+    }
     switch (d->kind) {
-    case DATA_TOKENS: /* not parsed yet: data_names stops at csv */ break;
+    case DATA_TOKENS:
+        rc = check_keys(err, obj, P, tokens_keys, COUNT(tokens_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_path(err, obj, P, "path", true, d->path);
+        if (rc == DDPD_OK && strstr(d->path, "{rank}")) {
+            path_key(path, P, "path");
+            return fail(err, path,
+                        "{rank} is not supported for tokens: every rank reads the one file and takes its own "
+                        "samples from it (got \"%.100s\")",
+                        d->path);
+        }
+        if (rc == DDPD_OK)
+            rc = get_int(err, obj, P, "block_size", 1, SPEC_MAX_T, true, &d->block_size);
+        if (rc == DDPD_OK) {
+            int dt = 0;
+            rc = get_enum(err, obj, P, "dtype", dtype_names, COUNT(dtype_names), false, &dt);
+            d->dtype = (tokens_dtype)dt;
+        }
+        if (rc == DDPD_OK)
+            rc = check_tokens(err, P, s, d);
+        break;
     case DATA_SYNTHETIC:
         rc = check_keys(err, obj, P, synthetic_keys, COUNT(synthetic_keys), NULL);
         if (rc == DDPD_OK)
@@ -1176,15 +1299,19 @@ static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
             for (int i = 0; i < s->n_layers; i++)
                 if (s->layers[i].kind == LAYER_LINEAR)
                     weights += s->layers[i].in * s->layers[i].out; /* <= 64 * 2^40: no overflow */
+            path_key(path, P, "type");
             if (weights > SPEC_MAX_SYNTHETIC_WEIGHTS)
                 rc =
-                    fail(err, "data.type",
+                    fail(err, path,
                          "synthetic data is drawn from a teacher of the model's shape, at most %lld weights; "
                          "the model has %lld (use npy or csv data)",
                          SPEC_MAX_SYNTHETIC_WEIGHTS, (long long)weights);
         }
         break;
-    case DATA_NPY:
+    case DATA_NPY: {
+        char xp[PATH_CAP], yp[PATH_CAP];
+        path_key(xp, P, "x");
+        path_key(yp, P, "y");
         rc = check_keys(err, obj, P, npy_keys, COUNT(npy_keys), NULL);
         if (rc == DDPD_OK)
             rc = get_path(err, obj, P, "x", true, d->x);
@@ -1193,17 +1320,18 @@ static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
         /* A {rank} x is one rank's file, so its y must be one too (and the other way round):
          * found here, not by every rank after the job was accepted. */
         if (rc == DDPD_OK && !strstr(d->x, "{rank}") != !strstr(d->y, "{rank}"))
-            rc = fail(err, strstr(d->x, "{rank}") ? "data.y" : "data.x",
+            rc = fail(err, strstr(d->x, "{rank}") ? yp : xp,
                       "x and y must both hold {rank} (one file per rank) or neither (got x \"%.100s\", "
                       "y \"%.100s\")",
                       d->x, d->y);
         break;
+    }
     case DATA_CSV:
         rc = check_keys(err, obj, P, csv_keys, COUNT(csv_keys), NULL);
         if (rc == DDPD_OK)
             rc = get_path(err, obj, P, "path", true, d->path);
         if (rc == DDPD_OK)
-            rc = parse_targets(err, obj, s);
+            rc = parse_targets(err, obj, P, s, d);
         break;
     }
     if (rc == DDPD_OK)
@@ -1213,6 +1341,48 @@ static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
     if (rc == DDPD_OK)
         rc = get_bool(err, obj, P, "drop_last", &d->drop_last);
     d->seed = (uint64_t)seed;
+    return rc;
+}
+
+static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
+{
+    json_t *obj;
+    ddpd_err rc = get_obj(err, root, "data", true, "{\"type\": \"synthetic\", \"samples\": 1000}", &obj);
+    if (rc != DDPD_OK)
+        return rc;
+    return parse_data_obj(err, obj, "data", s, &s->data);
+}
+
+/* eval (§2a): a data object evaluated every every_steps optimizer steps, never shuffled. */
+static ddpd_err parse_eval(struct ddpd_error *err, json_t *root, struct spec *s)
+{
+    struct spec_eval *e = &s->eval;
+    const char *P = "eval";
+    json_t *obj;
+    ddpd_err rc = get_obj(err, root, "eval", false, "", &obj);
+    if (rc != DDPD_OK || !obj)
+        return rc;
+    rc = check_keys(err, obj, P, eval_keys, COUNT(eval_keys), NULL);
+    if (rc != DDPD_OK)
+        return rc;
+    json_t *data = json_object_get(obj, "data");
+    if (!data)
+        return fail(
+            err, "eval.data",
+            "missing (expected a data object such as {\"type\": \"npy\", \"x\": \"val_x.npy\", \"y\": "
+            "\"val_y.npy\"})");
+    if (!json_is_object(data))
+        return fail_type(err, "eval.data", "a data object", data);
+    if ((rc = parse_data_obj(err, data, "eval.data", s, &e->data)) != DDPD_OK)
+        return rc;
+    /* Eval data is never shuffled (§2a): false by default, and true is refused. */
+    json_t *shuffle = json_object_get(data, "shuffle");
+    if (json_is_true(shuffle))
+        return fail(err, "eval.data.shuffle", "expected false (eval data is never shuffled), got true");
+    e->data.shuffle = false;
+    rc = get_int(err, obj, P, "every_steps", 1, INT64_MAX, true, &e->every_steps);
+    if (rc == DDPD_OK)
+        rc = get_int(err, obj, P, "max_batches", 1, INT64_MAX, false, &e->max_batches);
     return rc;
 }
 
@@ -1326,7 +1496,8 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
             return fail(err, "precision", "tf32 needs device \"cuda\" (device is \"cpu\")");
     }
     if ((rc = parse_model(err, root, s)) || (rc = parse_loss(err, root, s)) ||
-        (rc = parse_optimizer(err, root, s)) || (rc = parse_data(err, root, s)))
+        (rc = parse_optimizer(err, root, s)) || (rc = parse_data(err, root, s)) ||
+        (rc = parse_eval(err, root, s)))
         return rc;
     if ((rc = get_int(err, root, "", "batch_size", 1, INT64_MAX, true, &s->batch_size)))
         return rc;
@@ -1338,7 +1509,10 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
         return fail(err, "epochs", "missing (give either epochs or steps)");
     if ((rc = get_int(err, root, "", "epochs", 1, INT64_MAX, false, &s->epochs)) ||
         (rc = get_int(err, root, "", "steps", 1, INT64_MAX, false, &s->steps)) ||
-        (rc = get_int(err, root, "", "grad_accum", 1, INT64_MAX, false, &s->grad_accum)))
+        (rc = get_int(err, root, "", "grad_accum", 1, INT64_MAX, false, &s->grad_accum)) ||
+        (rc = check_schedule(err, s)) ||
+        (rc = get_num(err, root, "", "grad_clip", 0, true, INFINITY, false, "a positive number", false,
+                      &s->grad_clip)))
         return rc;
     if ((rc = parse_ddp(err, root, s)) || (rc = parse_init(err, root, s)))
         return rc;
@@ -1452,12 +1626,26 @@ out:
 
 static json_t *optim_to_json(const struct spec_optim *o)
 {
+    json_t *j, *sched = json_pack("{s:s, s:I, s:f}", "type", sched_names[o->schedule], "warmup_steps",
+                                  (json_int_t)o->warmup_steps, "min_lr", o->min_lr);
+    if (sched && o->total_steps > 0 &&
+        json_object_set_new(sched, "total_steps", json_integer(o->total_steps)))
+        goto fail;
+    if (!sched)
+        return NULL;
     if (o->kind == OPTIM_SGD)
-        return json_pack("{s:s, s:f, s:f, s:f, s:f, s:b}", "type", "sgd", "lr", o->lr, "momentum",
-                         o->momentum, "dampening", o->dampening, "weight_decay", o->weight_decay, "nesterov",
-                         o->nesterov);
-    return json_pack("{s:s, s:f, s:[f, f], s:f, s:f}", "type", "adamw", "lr", o->lr, "betas", o->beta1,
-                     o->beta2, "eps", o->eps, "weight_decay", o->weight_decay);
+        j = json_pack("{s:s, s:f, s:f, s:f, s:f, s:b}", "type", "sgd", "lr", o->lr, "momentum", o->momentum,
+                      "dampening", o->dampening, "weight_decay", o->weight_decay, "nesterov", o->nesterov);
+    else
+        j = json_pack("{s:s, s:f, s:[f, f], s:f, s:f}", "type", "adamw", "lr", o->lr, "betas", o->beta1,
+                      o->beta2, "eps", o->eps, "weight_decay", o->weight_decay);
+    if (j && json_object_set_new(j, "schedule", sched) == 0)
+        return j;
+    json_decref(j);
+    return NULL;
+fail:
+    json_decref(sched);
+    return NULL;
 }
 
 /* Sets o[key] = v (stolen); clears *ok when an allocation failed (v or the member), so
@@ -1477,7 +1665,11 @@ static json_t *data_to_json(const struct spec_data *d, bool *ok)
     }
     switch (d->kind) {
     case DATA_SYNTHETIC: put(j, "samples", json_integer(d->samples), ok); break;
-    case DATA_TOKENS: /* not parsed yet: data_names stops at csv */ break;
+    case DATA_TOKENS:
+        put(j, "path", json_string(d->path), ok);
+        put(j, "block_size", json_integer(d->block_size), ok);
+        put(j, "dtype", json_string(dtype_names[d->dtype]), ok);
+        break;
     case DATA_NPY:
         put(j, "x", json_string(d->x), ok);
         put(j, "y", json_string(d->y), ok);
@@ -1601,12 +1793,21 @@ struct json_t *spec_to_json(const struct spec *s)
     put(j, "loss", json_string(loss_kind_name(s->loss)), &ok);
     put(j, "optimizer", optim_to_json(&s->optim), &ok);
     put(j, "data", data_to_json(&s->data, &ok), &ok);
+    if (s->eval.every_steps > 0) {
+        json_t *ev = json_pack("{s:o, s:I}", "data", data_to_json(&s->eval.data, &ok), "every_steps",
+                               (json_int_t)s->eval.every_steps);
+        if (ev && s->eval.max_batches > 0)
+            put(ev, "max_batches", json_integer(s->eval.max_batches), &ok);
+        put(j, "eval", ev, &ok);
+    }
     put(j, "batch_size", json_integer(s->batch_size), &ok);
     if (s->steps > 0)
         put(j, "steps", json_integer(s->steps), &ok);
     else
         put(j, "epochs", json_integer(s->epochs), &ok);
     put(j, "grad_accum", json_integer(s->grad_accum), &ok);
+    if (s->grad_clip > 0)
+        put(j, "grad_clip", json_real(s->grad_clip), &ok);
     json_t *join = s->ddp.join == JOIN_AUTO ? json_string("auto") : json_boolean(s->ddp.join == JOIN_TRUE);
     if (!join)
         ok = false;
