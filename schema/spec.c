@@ -1927,12 +1927,37 @@ int64_t spec_batch_rows(const struct spec *s, int64_t shard_rows)
     return r > 0 ? r : 1;
 }
 
+/* What a layer keeps for one sample beyond its output, in floats, for backward:
+ * layernorm's mean and rstd, attention's q, k, v (and their split copies), scores and
+ * probabilities (heads·T·T each) and merged heads, dropout's mask, conv2d's im2col buffer,
+ * max pooling's argmax. */
+static int64_t layer_scratch(const struct spec_layer *l)
+{
+    const int64_t out = shape_numel(l->out_rank, l->out_shape);
+    switch (l->kind) {
+    case LAYER_LAYERNORM: return l->dim > 0 ? sat_mul(2, out / l->dim) : 0;
+    case LAYER_ATTENTION: {
+        const int64_t T = l->in_shape[0];
+        return sat_add(sat_mul(7, sat_mul(T, l->dim)), sat_mul(2, sat_mul(l->heads, sat_mul(T, T))));
+    }
+    case LAYER_DROPOUT:
+    case LAYER_MAXPOOL2D: return out;
+    case LAYER_CONV2D:
+        return sat_mul(sat_mul(l->in, sat_mul(l->kernel[0], l->kernel[1])),
+                       sat_mul(l->out_shape[1], l->out_shape[2]));
+    default: return 0;
+    }
+}
+
 void spec_memory_estimate(const struct spec *s, int64_t rows, bool rank_file, int64_t file_bytes,
                           struct spec_memory *m)
 {
     const int64_t F = (int64_t)sizeof(float), P = spec_param_count(s);
-    const int64_t in = spec_in_width(s), out = spec_out_width(s);
-    const bool ce = s->loss == LOSS_CROSS_ENTROPY, cuda = s->device == DEVICE_CUDA;
+    const int64_t in = spec_sample_numel(s);
+    const struct spec_layer *ol = output_layer(s);
+    const int64_t out = ol && ol->out_rank ? shape_numel(ol->out_rank, ol->out_shape) : spec_out_width(s);
+    const int64_t target = spec_target_numel(s);
+    const bool cuda = s->device == DEVICE_CUDA;
     const int per = s->optim.kind == OPTIM_ADAMW ? 2 : s->optim.momentum != 0.0 ? 1 : 0;
     const int world = s->world_size > 0 ? s->world_size : 1;
     rows = rows > 0 ? rows : 0;
@@ -1944,14 +1969,19 @@ void spec_memory_estimate(const struct spec *s, int64_t rows, bool rank_file, in
     const int64_t shard = rank_file ? rows : spec_shard_rows(rows, 0, world);
     const int64_t held = rank_file || (s->data.kind == DATA_SYNTHETIC && !s->data.shuffle) ? shard : rows;
     const int64_t R = spec_batch_rows(s, shard);
-    int64_t sum_out = 0, width = 1, teacher = 0;
+    int64_t sum_out = 0, width = 1, teacher = 0, fixed = 0;
     for (int i = 0; i < s->n_layers; i++) {
         const struct spec_layer *l = &s->layers[i];
-        sum_out = sat_add(sum_out, l->out);
-        width = l->in > width ? l->in : width;
-        width = l->out > width ? l->out : width;
+        /* A list built in code without spec_flat_layers has widths only. */
+        const int64_t li = l->in_rank ? shape_numel(l->in_rank, l->in_shape) : l->in;
+        const int64_t lo = l->out_rank ? shape_numel(l->out_rank, l->out_shape) : l->out;
+        sum_out = sat_add(sum_out, sat_add(lo, layer_scratch(l)));
+        width = li > width ? li : width;
+        width = lo > width ? lo : width;
         if (l->kind == LAYER_LINEAR) /* the teacher keeps its weights in double */
             teacher = sat_add(teacher, sat_mul(8, sat_add(sat_mul(l->in, l->out), l->out)));
+        if (l->kind == LAYER_BATCHNORM) /* running mean and var, the batch's mean and invstd */
+            fixed = sat_add(fixed, sat_mul(4 * F, l->dim));
     }
     m->rows = R;
     m->params = sat_mul(P, F);
@@ -1963,12 +1993,15 @@ void spec_memory_estimate(const struct spec *s, int64_t rows, bool rank_file, in
         cap = cap > (1 << 20) ? cap : (1 << 20);
         m->buckets = sat_add(m->params, m->params < cap ? m->params : cap);
     }
-    m->activations = sat_mul(sat_mul(R, F), sat_add(sum_out, sat_mul(2, width)));
+    m->activations = sat_add(sat_mul(sat_mul(R, F), sat_add(sum_out, sat_mul(2, width))), fixed);
     /* x (host and device), y (host and device), the loss gradient, the labels. */
     const int64_t batch_host = sat_mul(sat_mul(R, F), sat_add(sat_add(in, out), 1));
     const int64_t batch_dev = sat_mul(sat_mul(R, F), sat_add(sat_add(in, sat_mul(2, out)), 1));
     m->batch = sat_add(batch_host, batch_dev);
-    m->data = sat_mul(sat_mul(held, F), sat_add(in, ce ? 1 : out));
+    /* Synthetic and CSV samples are held as floats; tokens files and npy files are
+     * memory-mapped and read window by window, so only the sample order is the rank's. */
+    if (s->data.kind == DATA_SYNTHETIC || s->data.kind == DATA_CSV)
+        m->data = sat_mul(sat_mul(held, F), sat_add(in, target));
     m->data = sat_add(m->data, sat_mul(shard, 8));                      /* the shard's order */
     m->data = sat_add(m->data, s->data.shuffle ? sat_mul(rows, 8) : 0); /* the permutation */
     if (s->data.kind == DATA_SYNTHETIC)
@@ -2042,6 +2075,9 @@ int64_t spec_in_width(const struct spec *s)
 
 int64_t spec_out_width(const struct spec *s)
 {
+    const struct spec_layer *o = output_layer(s);
+    if (o && o->out_rank > 0) /* the last dimension of the output: the last linear's out in v1 */
+        return o->out_shape[o->out_rank - 1];
     int64_t i = last_linear(s);
     return i >= 0 ? s->layers[i].out : 0;
 }
