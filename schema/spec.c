@@ -720,7 +720,7 @@ static ddpd_err flow_fail_rank(struct ddpd_error *err, const char *lp, const cha
 {
     char sh[128];
     shape_str(sh, sizeof sh, f->rank, f->shape);
-    return fail(err, lp, "a %s, got %s", what, sh);
+    return fail(err, lp, "%s, got %s", what, sh);
 }
 
 /* A key that must equal a dimension of the tensor entering the layer. */
@@ -793,8 +793,9 @@ static ddpd_err infer_layer(struct ddpd_error *err, struct spec *s, int i, struc
                         "embedding must be the first layer of the model (it reads the input's ids)");
         }
         if (r + 1 > SPEC_MAX_RANK)
-            return flow_fail_rank(err, lp, "embedding adds a dimension: it takes ids of at most 3 dimensions",
-                                  f);
+            return flow_fail_rank(
+                err, lp, "embedding adds a dimension: it takes the ids of one sample in at most 3 dimensions",
+                f);
         f->shape[r] = l->dim;
         f->rank = r + 1;
         l->in = l->num;
@@ -805,8 +806,9 @@ static ddpd_err infer_layer(struct ddpd_error *err, struct spec *s, int i, struc
     case LAYER_ATTENTION:
         if (r != 2)
             return flow_fail_rank(err, lp,
-                                  l->kind == LAYER_POSITION ? "position layer acts on [T,dim] (one sample)"
-                                                            : "attention layer acts on [T,dim] (one sample)",
+                                  l->kind == LAYER_POSITION
+                                      ? "a position layer acts on [T,dim] (one sample)"
+                                      : "an attention layer acts on [T,dim] (one sample)",
                                   f);
         if ((rc = expect_dim(err, lp, "dim", *last, "the width entering it", l->dim)))
             return rc;
@@ -831,7 +833,7 @@ static ddpd_err infer_layer(struct ddpd_error *err, struct spec *s, int i, struc
     case LAYER_BATCHNORM:
         if (r != 1 && r != 3)
             return flow_fail_rank(err, lp,
-                                  "batchnorm layer acts on [features] or [features,H,W] (one sample)", f);
+                                  "a batchnorm layer acts on [features] or [features,H,W] (one sample)", f);
         if ((rc = expect_dim(err, lp, "features", f->shape[0],
                              r == 1 ? "the width entering it" : "the channels entering it", l->dim)))
             return rc;
@@ -842,7 +844,8 @@ static ddpd_err infer_layer(struct ddpd_error *err, struct spec *s, int i, struc
     case LAYER_AVGPOOL2D: {
         int64_t hw[2] = {0, 0};
         char what[64];
-        snprintf(what, sizeof what, "%s layer acts on [C,H,W] (one sample)", layer_kind_name(l->kind));
+        snprintf(what, sizeof what, "%s %s layer acts on [C,H,W] (one sample)",
+                 l->kind == LAYER_AVGPOOL2D ? "an" : "a", layer_kind_name(l->kind));
         if (r != 3)
             return flow_fail_rank(err, lp, what, f);
         if (l->kind == LAYER_CONV2D &&
@@ -906,7 +909,7 @@ static ddpd_err parse_input_shape(struct ddpd_error *err, json_t *root, struct s
         return DDPD_OK;
     if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > SPEC_MAX_RANK) {
         if (json_is_array(v))
-            return fail(err, "input_shape", "expected %s, got %zu", want, json_array_size(v));
+            return fail(err, "input_shape", "expected %s, got a list of %zu", want, json_array_size(v));
         return fail_type(err, "input_shape", want, v);
     }
     for (size_t i = 0; i < json_array_size(v); i++) {
