@@ -509,11 +509,14 @@ static const char *const conv2d_keys[] = {"type", "in", "out", "kernel", "stride
 static const char *const pool_keys[] = {"type", "kernel", "stride", "padding"};
 static const char *const batchnorm_keys[] = {"type", "features", "eps", "momentum"};
 
-#define SPEC_MAX_DEPTH  8           /* residuals inside residuals */
-#define SPEC_MAX_KERNEL 1024        /* kernel, stride and padding of conv2d and pooling */
-#define SPEC_MAX_HEADS  1024        /* attention heads */
-#define SPEC_MAX_T      65536       /* positions entering an attention or position layer */
-#define SPEC_MAX_NUMEL  (1LL << 32) /* elements of one sample entering or leaving a layer */
+/* An .npy file with more bytes of values than this is memory-mapped by the ranks, not
+ * loaded (worker/data/npy.c's DATA_MAP_MIN): the memory estimate counts it as not held. */
+#define SPEC_DATA_MAP_MIN (64LL << 20)
+#define SPEC_MAX_DEPTH    8           /* residuals inside residuals */
+#define SPEC_MAX_KERNEL   1024        /* kernel, stride and padding of conv2d and pooling */
+#define SPEC_MAX_HEADS    1024        /* attention heads */
+#define SPEC_MAX_T        65536       /* positions entering an attention or position layer */
+#define SPEC_MAX_NUMEL    (1LL << 32) /* elements of one sample entering or leaving a layer */
 
 static ddpd_err parse_layer_list(struct ddpd_error *err, struct spec *s, json_t *list, const char *lpath,
                                  int parent, int depth);
@@ -2001,10 +2004,14 @@ void spec_memory_estimate(const struct spec *s, int64_t rows, bool rank_file, in
     const int64_t batch_host = sat_mul(sat_mul(R, F), sat_add(sat_add(in, out), 1));
     const int64_t batch_dev = sat_mul(sat_mul(R, F), sat_add(sat_add(in, sat_mul(2, out)), 1));
     m->batch = sat_add(batch_host, batch_dev);
-    /* Synthetic and CSV samples are held as floats; tokens files and npy files are
-     * memory-mapped and read window by window, so only the sample order is the rank's. */
+    /* Synthetic and CSV samples are held as 4-byte values. A tokens file is memory-mapped
+     * and read window by window, so only the sample order is the rank's; so is an .npy
+     * file of more than SPEC_DATA_MAP_MIN bytes of values (a smaller one is loaded). */
+    const int64_t xs = sat_mul(sat_mul(held, F), in), ys = sat_mul(sat_mul(held, F), target);
     if (s->data.kind == DATA_SYNTHETIC || s->data.kind == DATA_CSV)
-        m->data = sat_mul(sat_mul(held, F), sat_add(in, target));
+        m->data = sat_add(xs, ys);
+    else if (s->data.kind == DATA_NPY)
+        m->data = sat_add(xs > SPEC_DATA_MAP_MIN ? 0 : xs, ys > SPEC_DATA_MAP_MIN ? 0 : ys);
     m->data = sat_add(m->data, sat_mul(shard, 8));                      /* the shard's order */
     m->data = sat_add(m->data, s->data.shuffle ? sat_mul(rows, 8) : 0); /* the permutation */
     if (s->data.kind == DATA_SYNTHETIC)

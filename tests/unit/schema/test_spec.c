@@ -1191,8 +1191,13 @@ static void test_v2_memory(void)
     CHECK_EQ_INT(m.activations, 2 * 4 * (12 + 12 + 84 + 36 + 2 * 12));
     /* x [3] ids, y and the loss gradient [3,4]. */
     CHECK_EQ_INT(m.batch, 2 * 4 * (3 + 12 + 1) + 2 * 4 * (3 + 24 + 1));
-    /* npy is memory-mapped: the shard's order and the permutation only. */
-    CHECK_EQ_INT(m.data, 10 * 8 + 10 * 8);
+    /* A small npy file is loaded (x ids and y as 4-byte values), with the shard's order
+     * and the permutation; a large one is memory-mapped: only the order and permutation. */
+    CHECK_EQ_INT(m.data, 10 * 4 * (3 + 12) + 10 * 8 + 10 * 8);
+    spec_memory_estimate(&s, 10000000, false, 0, &m);
+    CHECK_EQ_INT(m.data, 10000000LL * 8 + 10000000LL * 8);
+    spec_memory_estimate(&s, 2000000, false, 0, &m); /* x 24 MB loaded, y 96 MB mapped */
+    CHECK_EQ_INT(m.data, 2000000LL * 4 * 3 + 2000000LL * 8 + 2000000LL * 8);
     /* tokens likewise */
     CHECK_EQ_INT(parse(GPT_WITH(ADAMW, TOKENS, ""), &s, &e), DDPD_OK);
     spec_memory_estimate(&s, 1000000, false, 0, &m);
