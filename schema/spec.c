@@ -1645,7 +1645,9 @@ static json_t *optim_to_json(const struct spec_optim *o)
     else
         j = json_pack("{s:s, s:f, s:[f, f], s:f, s:f}", "type", "adamw", "lr", o->lr, "betas", o->beta1,
                       o->beta2, "eps", o->eps, "weight_decay", o->weight_decay);
-    if (j && json_object_set_new(j, "schedule", sched) == 0)
+    if (!j)
+        goto fail;
+    if (json_object_set_new(j, "schedule", sched) == 0) /* steals sched, even when it fails */
         return j;
     json_decref(j);
     return NULL;
