@@ -1,7 +1,8 @@
-/* spec.c — parses and validates the job spec of CONTRACT.md §2 into a struct spec, and
- * prints it back. Every error names the JSON path and says what was expected and what
- * came. Knows jansson and nothing else: it opens no files (paths are only checked for
- * shape here; the worker resolves them against the data directory). */
+/* spec.c — parses and validates the job spec of CONTRACT.md §2 and §2a (v2: the layer
+ * tree, input_shape and the shapes inferred from it, tokens data, eval, the lr schedule,
+ * grad_clip) into a struct spec, and prints it back. Every error names the JSON path and says what was
+ * expected and what came. Knows jansson and nothing else: it opens no files (paths are only checked for shape
+ * here; the worker resolves them against the data directory). */
 #include "spec.h"
 
 #include <inttypes.h>
