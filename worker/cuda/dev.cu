@@ -686,8 +686,8 @@ static void cu_embedding_backward(void *ctx, float *dw, const float *dy, const i
 
 /* LayerNorm: a warp per row (LN_ROWS rows a block). Mean and variance are two passes over
  * the row summed in double, so both are the row's float statistics correctly rounded;
- * then rstd = 1/sqrt(var + eps) in float, and y = (x * rstd + (-rstd * mean)) * w + b,
- * the order of PyTorch's CPU kernel. */
+ * then rstd = 1/sqrt(var + eps) in float, and y = (x - mean) * rstd * w + b as dev.h
+ * writes it (a constant row gives exactly b). */
 #define LN_ROWS 8
 
 __device__ double warp_allsum(double v)
@@ -724,10 +724,10 @@ __global__ void k_layernorm_forward(float *y, float *mean, float *rstd, const fl
         q += d * d;
     }
     const float var = (float)(warp_allsum(q) / (double)dim);
-    const float m = (float)mu, rs = 1.0f / sqrtf(var + eps), sh = -rs * m;
+    const float m = (float)mu, rs = 1.0f / sqrtf(var + eps);
     float *yr = y + r * dim;
     for (int64_t j = lane; j < dim; j += 32) {
-        const float v = __fmul_rn(fmaf(xr[j], rs, sh), w[j]);
+        const float v = __fmul_rn(__fmul_rn(xr[j] - m, rs), w[j]);
         yr[j] = b ? v + b[j] : v;
     }
     if (lane == 0) {
@@ -1008,6 +1008,386 @@ static void cu_dropout_mask(void *ctx, float *mask, int64_t n, float p, uint64_t
     LAUNCHED(c, "dropout_mask");
 }
 
+/* ---- v2 conv-net ops (issue 18): dev.h's contract, dev/cpu_conv.c's order ----
+ * The scatters of the CPU (col2im, the pools' backwards) are gathers here: a thread per
+ * input entry adds its terms in the order the CPU's loops add them, so the results are
+ * the same bits, with no atomics. */
+
+__device__ int64_t win_out(int64_t in, int64_t k, int64_t s, int64_t p)
+{
+    return (in + 2 * p - k) / s + 1;
+}
+
+/* The outputs o in [lo, hi] whose window (o*s - p, k wide) holds input position i. */
+__device__ void win_range(int64_t i, int64_t k, int64_t s, int64_t p, int64_t out, int64_t *lo, int64_t *hi)
+{
+    const int64_t first = i + p - k + 1; /* o*s >= first */
+    *lo = first <= 0 ? 0 : (first + s - 1) / s;
+    const int64_t last = (i + p) / s; /* o*s <= i + p, i + p >= 0 */
+    *hi = last < out - 1 ? last : out - 1;
+}
+
+static void win_check(const struct cuda *c, const struct dev_window *win, int64_t h, int64_t w,
+                      const char *op)
+{
+    if (win->kh < 1 || win->kw < 1 || win->sh < 1 || win->sw < 1 || win->ph < 0 || win->pw < 0 ||
+        (h + 2 * win->ph - win->kh) < 0 || (w + 2 * win->pw - win->kw) < 0)
+        die(c, op, "a window with no output");
+}
+
+__global__ void k_im2col(float *col, const float *x, int64_t planes, int64_t h, int64_t w,
+                         struct dev_window win)
+{
+    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    const int64_t l = oh * ow, kk = win.kh * win.kw;
+    FOR_EACH(i, planes * kk * l)
+    {
+        const int64_t p = i % l, r = (i / l) % kk, plane = i / (l * kk);
+        const int64_t iy = p / ow * win.sh - win.ph + r / win.kw, ix = p % ow * win.sw - win.pw + r % win.kw;
+        col[i] = iy >= 0 && iy < h && ix >= 0 && ix < w ? x[(plane * h + iy) * w + ix] : 0.0f;
+    }
+}
+
+static void cu_im2col(void *ctx, float *col, const float *x, int64_t b, int64_t ch, int64_t h, int64_t w,
+                      const struct dev_window *win)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    win_check(c, win, h, w, "im2col");
+    const int64_t n = b * ch * win->kh * win->kw * ((h + 2 * win->ph - win->kh) / win->sh + 1) *
+                      ((w + 2 * win->pw - win->kw) / win->sw + 1);
+    if (n <= 0)
+        return;
+    k_im2col<<<blocks_for(n), THREADS, 0, c->stream>>>(col, x, b * ch, h, w, *win);
+    LAUNCHED(c, "im2col");
+}
+
+/* dx entry += its col terms in (ki, kj) order. */
+__global__ void k_col2im(float *dx, const float *col, int64_t planes, int64_t h, int64_t w,
+                         struct dev_window win)
+{
+    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    const int64_t l = oh * ow, kk = win.kh * win.kw;
+    FOR_EACH(i, planes * h * w)
+    {
+        const int64_t ix = i % w, iy = (i / w) % h, plane = i / (h * w);
+        float s = dx[i];
+        for (int64_t ki = 0; ki < win.kh; ki++) {
+            const int64_t ty = iy + win.ph - ki;
+            if (ty < 0 || ty % win.sh || ty / win.sh >= oh)
+                continue;
+            for (int64_t kj = 0; kj < win.kw; kj++) {
+                const int64_t tx = ix + win.pw - kj;
+                if (tx < 0 || tx % win.sw || tx / win.sw >= ow)
+                    continue;
+                s += col[(plane * kk + ki * win.kw + kj) * l + ty / win.sh * ow + tx / win.sw];
+            }
+        }
+        dx[i] = s;
+    }
+}
+
+static void cu_col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t ch, int64_t h, int64_t w,
+                      const struct dev_window *win)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    win_check(c, win, h, w, "col2im");
+    if (b * ch * h * w <= 0)
+        return;
+    k_col2im<<<blocks_for(b * ch * h * w), THREADS, 0, c->stream>>>(dx, col, b * ch, h, w, *win);
+    LAUNCHED(c, "col2im");
+}
+
+__global__ void k_maxpool_forward(float *y, int32_t *idx, const float *x, int64_t planes, int64_t h,
+                                  int64_t w, struct dev_window win)
+{
+    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    FOR_EACH(o, planes * oh * ow)
+    {
+        const int64_t ox = o % ow, oy = (o / ow) % oh, plane = o / (oh * ow);
+        const float *xp = x + plane * h * w;
+        int64_t y0 = oy * win.sh - win.ph, x0 = ox * win.sw - win.pw;
+        const int64_t y1 = y0 + win.kh < h ? y0 + win.kh : h, x1 = x0 + win.kw < w ? x0 + win.kw : w;
+        y0 = y0 < 0 ? 0 : y0;
+        x0 = x0 < 0 ? 0 : x0;
+        int64_t best = y0 * w + x0;
+        float m = -INFINITY;
+        for (int64_t iy = y0; iy < y1; iy++)
+            for (int64_t ix = x0; ix < x1; ix++) {
+                const float v = xp[iy * w + ix];
+                if (v > m || isnan(v)) {
+                    m = v;
+                    best = iy * w + ix;
+                }
+            }
+        y[o] = m;
+        idx[o] = (int32_t)best;
+    }
+}
+
+static void cu_maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float *x, int64_t planes, int64_t h,
+                                 int64_t w, const struct dev_window *win)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    win_check(c, win, h, w, "maxpool2d_forward");
+    if (h * w > INT32_MAX)
+        die(c, "maxpool2d_forward", "a plane of more than 2^31-1 entries");
+    const int64_t n =
+        planes * ((h + 2 * win->ph - win->kh) / win->sh + 1) * ((w + 2 * win->pw - win->kw) / win->sw + 1);
+    if (n <= 0)
+        return;
+    k_maxpool_forward<<<blocks_for(n), THREADS, 0, c->stream>>>(y, idx, x, planes, h, w, *win);
+    LAUNCHED(c, "maxpool2d_forward");
+}
+
+/* dx entry = 0 + the dy of every output (in order) whose argmax it is. */
+__global__ void k_maxpool_backward(float *dx, const float *dy, const int32_t *idx, int64_t planes, int64_t h,
+                                   int64_t w, struct dev_window win)
+{
+    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    FOR_EACH(i, planes * h * w)
+    {
+        const int64_t ix = i % w, iy = (i / w) % h, plane = i / (h * w), self = iy * w + ix;
+        int64_t ylo, yhi, xlo, xhi;
+        win_range(iy, win.kh, win.sh, win.ph, oh, &ylo, &yhi);
+        win_range(ix, win.kw, win.sw, win.pw, ow, &xlo, &xhi);
+        float s = 0.0f;
+        for (int64_t oy = ylo; oy <= yhi; oy++)
+            for (int64_t ox = xlo; ox <= xhi; ox++) {
+                const int64_t o = (plane * oh + oy) * ow + ox;
+                if (idx[o] == self)
+                    s += dy[o];
+            }
+        dx[i] = s;
+    }
+}
+
+static void cu_maxpool2d_backward(void *ctx, float *dx, const float *dy, const int32_t *idx, int64_t planes,
+                                  int64_t h, int64_t w, const struct dev_window *win)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    win_check(c, win, h, w, "maxpool2d_backward");
+    if (planes * h * w <= 0)
+        return;
+    k_maxpool_backward<<<blocks_for(planes * h * w), THREADS, 0, c->stream>>>(dx, dy, idx, planes, h, w,
+                                                                              *win);
+    LAUNCHED(c, "maxpool2d_backward");
+}
+
+/* count_include_pad: the window clipped to the padded image (cpu_conv.c's avg_divisor). */
+__device__ float avg_divisor(int64_t oy, int64_t ox, int64_t h, int64_t w, const struct dev_window &win)
+{
+    const int64_t y0 = oy * win.sh - win.ph, x0 = ox * win.sw - win.pw;
+    const int64_t y1 = y0 + win.kh < h + win.ph ? y0 + win.kh : h + win.ph;
+    const int64_t x1 = x0 + win.kw < w + win.pw ? x0 + win.kw : w + win.pw;
+    return (float)((y1 - y0) * (x1 - x0));
+}
+
+__global__ void k_avgpool_forward(float *y, const float *x, int64_t planes, int64_t h, int64_t w,
+                                  struct dev_window win)
+{
+    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    FOR_EACH(o, planes * oh * ow)
+    {
+        const int64_t ox = o % ow, oy = (o / ow) % oh, plane = o / (oh * ow);
+        const float *xp = x + plane * h * w;
+        int64_t y0 = oy * win.sh - win.ph, x0 = ox * win.sw - win.pw;
+        const int64_t y1 = y0 + win.kh < h ? y0 + win.kh : h, x1 = x0 + win.kw < w ? x0 + win.kw : w;
+        y0 = y0 < 0 ? 0 : y0;
+        x0 = x0 < 0 ? 0 : x0;
+        float s = 0.0f;
+        for (int64_t iy = y0; iy < y1; iy++)
+            for (int64_t ix = x0; ix < x1; ix++)
+                s += xp[iy * w + ix];
+        y[o] = __fdiv_rn(s, avg_divisor(oy, ox, h, w, win));
+    }
+}
+
+static void cu_avgpool2d_forward(void *ctx, float *y, const float *x, int64_t planes, int64_t h, int64_t w,
+                                 const struct dev_window *win)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    win_check(c, win, h, w, "avgpool2d_forward");
+    const int64_t n =
+        planes * ((h + 2 * win->ph - win->kh) / win->sh + 1) * ((w + 2 * win->pw - win->kw) / win->sw + 1);
+    if (n <= 0)
+        return;
+    k_avgpool_forward<<<blocks_for(n), THREADS, 0, c->stream>>>(y, x, planes, h, w, *win);
+    LAUNCHED(c, "avgpool2d_forward");
+}
+
+/* dx entry = 0 + dy / divisor of every window holding it, in output order. */
+__global__ void k_avgpool_backward(float *dx, const float *dy, int64_t planes, int64_t h, int64_t w,
+                                   struct dev_window win)
+{
+    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    FOR_EACH(i, planes * h * w)
+    {
+        const int64_t ix = i % w, iy = (i / w) % h, plane = i / (h * w);
+        int64_t ylo, yhi, xlo, xhi;
+        win_range(iy, win.kh, win.sh, win.ph, oh, &ylo, &yhi);
+        win_range(ix, win.kw, win.sw, win.pw, ow, &xlo, &xhi);
+        float s = 0.0f;
+        for (int64_t oy = ylo; oy <= yhi; oy++)
+            for (int64_t ox = xlo; ox <= xhi; ox++)
+                s += __fdiv_rn(dy[(plane * oh + oy) * ow + ox], avg_divisor(oy, ox, h, w, win));
+        dx[i] = s;
+    }
+}
+
+static void cu_avgpool2d_backward(void *ctx, float *dx, const float *dy, int64_t planes, int64_t h, int64_t w,
+                                  const struct dev_window *win)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    win_check(c, win, h, w, "avgpool2d_backward");
+    if (planes * h * w <= 0)
+        return;
+    k_avgpool_backward<<<blocks_for(planes * h * w), THREADS, 0, c->stream>>>(dx, dy, planes, h, w, *win);
+    LAUNCHED(c, "avgpool2d_backward");
+}
+
+/* BatchNorm: a block per channel takes its statistics over the m = n*s entries in double
+ * (block_sum: a fixed order), as cpu_conv.c does; then y = x * a + k in float with two
+ * roundings (no contraction), a thread per entry. The backward's dx is written by the
+ * channel's block itself, after its two sums: enough for conv nets' channel counts. */
+#define BN_THREADS 512
+
+/* Entry q in [0, m) of channel ch of x[n,c,s]. */
+__device__ int64_t bn_at(int64_t q, int64_t ch, int64_t c, int64_t s)
+{
+    return (q / s * c + ch) * s + q % s;
+}
+
+__global__ void k_bn_stats(float *mean, float *invstd, float *running_mean, float *running_var,
+                           const float *x, int64_t n, int64_t c, int64_t s, double eps, double momentum)
+{
+    __shared__ double mu_shared;
+    const int64_t ch = blockIdx.x, m = n * s;
+    double sum = 0.0;
+    for (int64_t q = threadIdx.x; q < m; q += blockDim.x)
+        sum += (double)x[bn_at(q, ch, c, s)];
+    sum = block_sum(sum);
+    if (threadIdx.x == 0)
+        mu_shared = sum / (double)m;
+    __syncthreads(); /* mu_shared is set, and block_sum's scratch is free again */
+    const double mu = mu_shared;
+    double sq = 0.0;
+    for (int64_t q = threadIdx.x; q < m; q += blockDim.x) {
+        const double d = (double)x[bn_at(q, ch, c, s)] - mu;
+        sq += d * d;
+    }
+    sq = block_sum(sq);
+    if (threadIdx.x == 0) {
+        mean[ch] = (float)mu;
+        invstd[ch] = (float)(1.0 / sqrt(sq / (double)m + eps));
+        if (running_mean)
+            running_mean[ch] = (float)__dadd_rn(__dmul_rn(momentum, mu),
+                                                __dmul_rn(1.0 - momentum, (double)running_mean[ch]));
+        if (running_var)
+            running_var[ch] = (float)__dadd_rn(__dmul_rn(momentum, sq / (double)(m - 1)),
+                                               __dmul_rn(1.0 - momentum, (double)running_var[ch]));
+    }
+}
+
+/* y = x * a + k; with `eval` the statistics are the running ones (invstd in float). */
+__global__ void k_bn_apply(float *y, const float *x, const float *w, const float *b, const float *mean,
+                           const float *invstd_or_var, bool eval, float eps, int64_t n, int64_t c, int64_t s)
+{
+    FOR_EACH(e, n * c * s)
+    {
+        const int64_t ch = e / s % c;
+        const float is = eval ? 1.0f / sqrtf(invstd_or_var[ch] + eps) : invstd_or_var[ch];
+        const float a = __fmul_rn(is, w ? w[ch] : 1.0f);
+        const float k = __fsub_rn(b ? b[ch] : 0.0f, __fmul_rn(mean[ch], a));
+        y[e] = __fadd_rn(__fmul_rn(x[e], a), k);
+    }
+}
+
+static void bn_check(const struct cuda *c, int64_t n, int64_t ch, int64_t s, const char *op)
+{
+    if (ch > INT32_MAX || n < 0 || s < 0)
+        die(c, op, "a channel count over 2^31-1");
+}
+
+static void cu_batchnorm_forward_train(void *ctx, float *y, float *mean, float *invstd, float *running_mean,
+                                       float *running_var, const float *x, const float *w, const float *b,
+                                       int64_t n, int64_t ch, int64_t s, double eps, double momentum)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    bn_check(c, n, ch, s, "batchnorm_forward_train");
+    if (n * ch * s <= 0)
+        return;
+    k_bn_stats<<<(unsigned)ch, BN_THREADS, 0, c->stream>>>(mean, invstd, running_mean, running_var, x, n, ch,
+                                                           s, eps, momentum);
+    LAUNCHED(c, "batchnorm_forward_train");
+    k_bn_apply<<<blocks_for(n * ch * s), THREADS, 0, c->stream>>>(y, x, w, b, mean, invstd, false, 0.0f, n,
+                                                                  ch, s);
+    LAUNCHED(c, "batchnorm_forward_train");
+}
+
+static void cu_batchnorm_forward_eval(void *ctx, float *y, const float *x, const float *w, const float *b,
+                                      const float *running_mean, const float *running_var, int64_t n,
+                                      int64_t ch, int64_t s, double eps)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    bn_check(c, n, ch, s, "batchnorm_forward_eval");
+    if (n * ch * s <= 0)
+        return;
+    k_bn_apply<<<blocks_for(n * ch * s), THREADS, 0, c->stream>>>(y, x, w, b, running_mean, running_var, true,
+                                                                  (float)eps, n, ch, s);
+    LAUNCHED(c, "batchnorm_forward_eval");
+}
+
+/* A block per channel: the two sums in double, then the channel's dx entries. */
+__global__ void k_bn_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                              const float *mean, const float *invstd, const float *w, int64_t n, int64_t c,
+                              int64_t s)
+{
+    __shared__ double sums[2];
+    const int64_t ch = blockIdx.x, m = n * s;
+    const double mu = mean[ch], is = invstd[ch];
+    double sdy = 0.0, dot = 0.0;
+    for (int64_t q = threadIdx.x; q < m; q += blockDim.x) {
+        const int64_t e = bn_at(q, ch, c, s);
+        sdy += (double)dy[e];
+        dot += ((double)x[e] - mu) * (double)dy[e];
+    }
+    sdy = block_sum(sdy);
+    if (threadIdx.x == 0)
+        sums[0] = sdy;
+    __syncthreads();
+    dot = block_sum(dot);
+    if (threadIdx.x == 0)
+        sums[1] = dot;
+    __syncthreads();
+    sdy = sums[0];
+    dot = sums[1];
+    const double gmean = sdy / (double)m, k = dot * is * is / (double)m;
+    const double scale = is * (w ? (double)w[ch] : 1.0);
+    for (int64_t q = threadIdx.x; q < m; q += blockDim.x) {
+        const int64_t e = bn_at(q, ch, c, s);
+        /* Two roundings where the CPU rounds twice (nvcc would fuse them). */
+        dx[e] = (float)(((double)dy[e] - gmean - __dmul_rn((double)x[e] - mu, k)) * scale);
+    }
+    if (threadIdx.x == 0) {
+        if (dw)
+            dw[ch] += (float)(dot * is);
+        if (db)
+            db[ch] += (float)sdy;
+    }
+}
+
+static void cu_batchnorm_backward(void *ctx, float *dx, float *dw, float *db, const float *dy, const float *x,
+                                  const float *mean, const float *invstd, const float *w, int64_t n,
+                                  int64_t ch, int64_t s)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    bn_check(c, n, ch, s, "batchnorm_backward");
+    if (n * ch * s <= 0)
+        return;
+    k_bn_backward<<<(unsigned)ch, BN_THREADS, 0, c->stream>>>(dx, dw, db, dy, x, mean, invstd, w, n, ch, s);
+    LAUNCHED(c, "batchnorm_backward");
+}
+
 static const struct dev_ops cuda_ops = {
     .name = "cuda",
     .alloc = cu_alloc,
@@ -1042,6 +1422,15 @@ static const struct dev_ops cuda_ops = {
     .add = cu_add,
     .mul = cu_mul,
     .dropout_mask = cu_dropout_mask,
+    .im2col = cu_im2col,
+    .col2im = cu_col2im,
+    .maxpool2d_forward = cu_maxpool2d_forward,
+    .maxpool2d_backward = cu_maxpool2d_backward,
+    .avgpool2d_forward = cu_avgpool2d_forward,
+    .avgpool2d_backward = cu_avgpool2d_backward,
+    .batchnorm_forward_train = cu_batchnorm_forward_train,
+    .batchnorm_forward_eval = cu_batchnorm_forward_eval,
+    .batchnorm_backward = cu_batchnorm_backward,
     .sgd_group = cu_sgd_group,
     .adamw_group = cu_adamw_group,
     .fetch_start = cu_fetch_start,

@@ -2,7 +2,9 @@
  * reference, itself tested in test_dev.c) on random shapes: 1x1, odd sizes, sizes past
  * one block or one optimizer chunk. The tolerance of each op is written where it is
  * checked, with the reason. Also: device memory, the pinned fetch, the group optimizer
- * launches, TF32, and that an out-of-memory is the worker's device-failure exit.
+ * launches, TF32, the v2 ops (transformer and conv-net: each skipped with a message while
+ * its CPU reference is missing), and that an out-of-memory is the worker's device-failure
+ * exit.
  * Exits 77 (skipped) where no CUDA device is visible. */
 #include <stdint.h>
 #include <sys/wait.h>
@@ -750,6 +752,207 @@ static void test_dropout_mask(void)
         }
 }
 
+/* ---- v2 conv-net ops (issue 18) ---- */
+
+struct wcase {
+    int64_t b, c, h, w;
+    struct dev_window win;
+};
+/* 1x1, gaps (stride > kernel), overlaps with padding, non-square, one of conv-net size. */
+static const struct wcase WCASES[] = {
+    {1, 1, 1, 1, {1, 1, 1, 1, 0, 0}}, {2, 3, 5, 4, {2, 2, 2, 2, 0, 0}},   {1, 2, 7, 6, {3, 2, 2, 1, 1, 1}},
+    {3, 1, 6, 9, {3, 3, 1, 2, 1, 0}}, {2, 2, 8, 5, {2, 3, 3, 1, 0, 1}},   {1, 3, 4, 4, {1, 1, 2, 2, 0, 0}},
+    {2, 1, 9, 7, {5, 3, 2, 2, 2, 1}}, {4, 8, 32, 32, {3, 3, 1, 1, 1, 1}},
+};
+
+static int64_t out_dim(int64_t in, int64_t k, int64_t s, int64_t p)
+{
+    return (in + 2 * p - k) / s + 1;
+}
+
+static float *down_ids_as_float(int32_t *d, int64_t n)
+{
+    int32_t *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    float *f = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    G.ops->to_host(G.ctx, h, d, (size_t)n * sizeof(int32_t));
+    G.ops->free(G.ctx, d);
+    for (int64_t i = 0; i < n; i++)
+        f[i] = (float)h[i];
+    free(h);
+    return f;
+}
+
+static void test_conv_windows(void)
+{
+    if (!HAVE(im2col) || !HAVE(col2im) || !HAVE(maxpool2d_forward) || !HAVE(maxpool2d_backward) ||
+        !HAVE(avgpool2d_forward) || !HAVE(avgpool2d_backward))
+        return;
+    for (size_t t = 0; t < sizeof WCASES / sizeof WCASES[0]; t++) {
+        const struct wcase *k = &WCASES[t];
+        const struct dev_window *win = &k->win;
+        const int64_t planes = k->b * k->c, nx = planes * k->h * k->w;
+        const int64_t oh = out_dim(k->h, win->kh, win->sh, win->ph),
+                      ow = out_dim(k->w, win->kw, win->sw, win->pw);
+        const int64_t ny = planes * oh * ow, ncol = ny * win->kh * win->kw;
+        char what[128];
+#define W_WHAT(s)                                                                                            \
+    snprintf(what, sizeof what, "%s b=%lld c=%lld %lldx%lld k%lldx%lld s%lldx%lld p%lldx%lld", s,            \
+             (long long)k->b, (long long)k->c, (long long)k->h, (long long)k->w, (long long)win->kh,         \
+             (long long)win->kw, (long long)win->sh, (long long)win->sw, (long long)win->ph,                 \
+             (long long)win->pw)
+        float *x = host_randn(nx, 1), *g = host_randn(ncol, 1), *dx = host_randn(nx, 1),
+              *dy = host_randn(ny, 1);
+        if (nx > 4)
+            x[3] = NAN, x[nx - 1] = x[nx - 2]; /* a NaN wins its windows; a tie keeps the first */
+        float *col = malloc((size_t)ncol * sizeof(float));
+        float *gx = up(x, nx), *gg = up(g, ncol), *gdx = up(dx, nx), *gdy = up(dy, ny);
+        float *gcol = G.ops->alloc(G.ctx, (size_t)ncol * sizeof(float));
+        C.ops->im2col(C.ctx, col, x, k->b, k->c, k->h, k->w, win);
+        G.ops->im2col(G.ctx, gcol, gx, k->b, k->c, k->h, k->w, win);
+        C.ops->col2im(C.ctx, dx, g, k->b, k->c, k->h, k->w, win);
+        G.ops->col2im(G.ctx, gdx, gg, k->b, k->c, k->h, k->w, win);
+        float *hcol = down(gcol, ncol), *hdx = down(gdx, nx);
+        /* Copies, and the CPU's additions in the CPU's order (onto dx): exact. */
+        W_WHAT("im2col");
+        close_to(what, hcol, col, ncol, 0, 0);
+        W_WHAT("col2im");
+        close_to(what, hdx, dx, nx, 0, 0);
+        free(hcol), free(hdx);
+        if (win->ph * 2 <= win->kh && win->pw * 2 <= win->kw) {
+            float *y = malloc((size_t)ny * sizeof(float)), *fidx = malloc((size_t)ny * sizeof(float));
+            int32_t *idx = malloc((size_t)ny * sizeof(int32_t));
+            float *gy = G.ops->alloc(G.ctx, (size_t)ny * sizeof(float));
+            int32_t *gidx = G.ops->alloc(G.ctx, (size_t)ny * sizeof(int32_t));
+            gdx = G.ops->alloc(G.ctx, (size_t)nx * sizeof(float));
+            C.ops->maxpool2d_forward(C.ctx, y, idx, x, planes, k->h, k->w, win);
+            G.ops->maxpool2d_forward(G.ctx, gy, gidx, gx, planes, k->h, k->w, win);
+            /* The backward from the CPU's indices on both sides. */
+            int32_t *cidx = G.ops->alloc(G.ctx, (size_t)ny * sizeof(int32_t));
+            G.ops->to_device(G.ctx, cidx, idx, (size_t)ny * sizeof(int32_t));
+            C.ops->maxpool2d_backward(C.ctx, dx, dy, idx, planes, k->h, k->w, win);
+            G.ops->maxpool2d_backward(G.ctx, gdx, gdy, cidx, planes, k->h, k->w, win);
+            for (int64_t i = 0; i < ny; i++)
+                fidx[i] = (float)idx[i];
+            float *hy = down(gy, ny), *hidx = down_ids_as_float(gidx, ny);
+            hdx = down(gdx, nx);
+            /* Selections, and sums onto 0 in output order on both: exact. */
+            W_WHAT("maxpool2d y");
+            close_to(what, hy, y, ny, 0, 0);
+            W_WHAT("maxpool2d indices");
+            close_to(what, hidx, fidx, ny, 0, 0);
+            W_WHAT("maxpool2d dx");
+            close_to(what, hdx, dx, nx, 0, 0);
+            free(hy), free(hidx), free(hdx);
+            /* avgpool on finite inputs */
+            if (nx > 4)
+                x[3] = 0.5f;
+            G.ops->free(G.ctx, gx);
+            gx = up(x, nx);
+            gy = G.ops->alloc(G.ctx, (size_t)ny * sizeof(float));
+            gdx = G.ops->alloc(G.ctx, (size_t)nx * sizeof(float));
+            C.ops->avgpool2d_forward(C.ctx, y, x, planes, k->h, k->w, win);
+            G.ops->avgpool2d_forward(G.ctx, gy, gx, planes, k->h, k->w, win);
+            C.ops->avgpool2d_backward(C.ctx, dx, dy, planes, k->h, k->w, win);
+            G.ops->avgpool2d_backward(G.ctx, gdx, gdy, planes, k->h, k->w, win);
+            hy = down(gy, ny);
+            hdx = down(gdx, nx);
+            /* The same sums in the same order, the same divisions: exact. */
+            W_WHAT("avgpool2d y");
+            close_to(what, hy, y, ny, 0, 0);
+            W_WHAT("avgpool2d dx");
+            close_to(what, hdx, dx, nx, 0, 0);
+            G.ops->free(G.ctx, cidx);
+            free(y), free(fidx), free(idx), free(hy), free(hdx);
+        }
+#undef W_WHAT
+        G.ops->free(G.ctx, gx);
+        G.ops->free(G.ctx, gg);
+        G.ops->free(G.ctx, gdy);
+        free(x), free(g), free(dx), free(dy), free(col);
+    }
+}
+
+static void test_batchnorm(void)
+{
+    if (!HAVE(batchnorm_forward_train) || !HAVE(batchnorm_forward_eval) || !HAVE(batchnorm_backward))
+        return;
+    /* {n, c, s}: [B,C] (s = 1), one channel, a channel of 16384 entries (past one block). */
+    const int64_t shapes[][3] = {{2, 1, 1}, {4, 3, 1}, {2, 3, 20}, {5, 2, 7}, {16, 8, 1024}, {33, 1, 1}};
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++)
+        for (int affine = 0; affine < 2; affine++) {
+            const int64_t n = shapes[t][0], c = shapes[t][1], s = shapes[t][2], tot = n * c * s;
+            float *x = host_randn(tot, 2), *w = affine ? host_randn(c, 1) : NULL,
+                  *b = affine ? host_randn(c, 1) : NULL;
+            float *rm = host_randn(c, 1), *rv = host_randn(c, 1), *dy = host_randn(tot, 1);
+            float *dw = host_randn(c, 1), *db = host_randn(c, 1);
+            for (int64_t i = 0; i < tot; i++)
+                x[i] += 0.75f; /* a mean away from 0 */
+            for (int64_t i = 0; i < c; i++)
+                rv[i] = 0.5f + fabsf(rv[i]);
+            float *y = malloc((size_t)tot * sizeof(float)), *ye = malloc((size_t)tot * sizeof(float));
+            float *dx = malloc((size_t)tot * sizeof(float));
+            float *mean = malloc((size_t)c * sizeof(float)), *invstd = malloc((size_t)c * sizeof(float));
+            float *gx = up(x, tot), *gw = affine ? up(w, c) : NULL, *gb = affine ? up(b, c) : NULL;
+            float *grm = up(rm, c), *grv = up(rv, c), *gdy = up(dy, tot), *gdw = up(dw, c), *gdb = up(db, c);
+            float *gy = G.ops->alloc(G.ctx, (size_t)tot * sizeof(float));
+            float *gye = G.ops->alloc(G.ctx, (size_t)tot * sizeof(float));
+            float *gdx = G.ops->alloc(G.ctx, (size_t)tot * sizeof(float));
+            float *gmean = G.ops->alloc(G.ctx, (size_t)c * sizeof(float));
+            float *ginv = G.ops->alloc(G.ctx, (size_t)c * sizeof(float));
+            C.ops->batchnorm_forward_train(C.ctx, y, mean, invstd, rm, rv, x, w, b, n, c, s, 1e-5, 0.1);
+            G.ops->batchnorm_forward_train(G.ctx, gy, gmean, ginv, grm, grv, gx, gw, gb, n, c, s, 1e-5, 0.1);
+            /* Eval and backward from the CPU's statistics on both sides. */
+            float *crm = up(rm, c), *crv = up(rv, c), *cmean = up(mean, c), *cinv = up(invstd, c);
+            C.ops->batchnorm_forward_eval(C.ctx, ye, x, w, b, rm, rv, n, c, s, 1e-5);
+            G.ops->batchnorm_forward_eval(G.ctx, gye, gx, gw, gb, crm, crv, n, c, s, 1e-5);
+            C.ops->batchnorm_backward(C.ctx, dx, affine ? dw : NULL, affine ? db : NULL, dy, x, mean, invstd,
+                                      w, n, c, s);
+            G.ops->batchnorm_backward(G.ctx, gdx, affine ? gdw : NULL, affine ? gdb : NULL, gdy, gx, cmean,
+                                      cinv, gw, n, c, s);
+            float *hy = down(gy, tot), *hye = down(gye, tot), *hdx = down(gdx, tot), *hm = down(gmean, c);
+            float *hi = down(ginv, c), *hrm = down(grm, c), *hrv = down(grv, c), *hdw = down(gdw, c);
+            float *hdb = down(gdb, c);
+            char what[96];
+#define B_WHAT(str)                                                                                          \
+    snprintf(what, sizeof what, "batchnorm %s n=%lld c=%lld s=%lld affine=%d", str, (long long)n,            \
+             (long long)c, (long long)s, affine)
+            /* The statistics are double sums in another order, rounded to float: equal
+             * but for a rare last-bit tie; y carries that ulp of invstd times |xhat*w|. */
+            B_WHAT("mean");
+            close_to(what, hm, mean, c, 1e-7, 2.5e-7);
+            B_WHAT("invstd");
+            close_to(what, hi, invstd, c, 0, 2.5e-7);
+            B_WHAT("running_mean");
+            close_to(what, hrm, rm, c, 1e-7, 2.5e-7);
+            B_WHAT("running_var");
+            close_to(what, hrv, rv, c, 0, 2.5e-7);
+            B_WHAT("y");
+            close_to(what, hy, y, tot, 2e-6, 1e-6);
+            /* Eval: the same float operations on the same statistics: exact. */
+            B_WHAT("eval y");
+            close_to(what, hye, ye, tot, 0, 0);
+            /* dx: double math from sums in another order, rounded once: within an ulp. */
+            B_WHAT("dx");
+            close_to(what, hdx, dx, tot, 1e-7, 2.5e-7);
+            B_WHAT("dweight");
+            close_to(what, hdw, dw, c, 1e-7, 2.5e-7);
+            B_WHAT("dbias");
+            close_to(what, hdb, db, c, 1e-7, 2.5e-7);
+#undef B_WHAT
+            G.ops->free(G.ctx, gx);
+            G.ops->free(G.ctx, gw);
+            G.ops->free(G.ctx, gb);
+            G.ops->free(G.ctx, gdy);
+            G.ops->free(G.ctx, crm);
+            G.ops->free(G.ctx, crv);
+            G.ops->free(G.ctx, cmean);
+            G.ops->free(G.ctx, cinv);
+            free(x), free(w), free(b), free(rm), free(rv), free(dy), free(dw), free(db), free(y), free(ye);
+            free(dx), free(mean), free(invstd), free(hy), free(hye), free(hdx), free(hm), free(hi), free(hrm);
+            free(hrv), free(hdw), free(hdb);
+        }
+}
+
 /* ---- a device failure is exit code 4 with an error event that names op and GPU ---- */
 
 /* `test_cuda --oom`: a fresh process (CUDA does not survive fork) that asks for a
@@ -833,6 +1036,8 @@ int main(int argc, char **argv)
     test_heads();
     test_elementwise();
     test_dropout_mask();
+    test_conv_windows();
+    test_batchnorm();
     test_oom_exit();
     dev_cuda_free(tf32);
     dev_cuda_free(G);
