@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "../dev.h"
+#include "cpu_conv.h"
 #include "../../base/alloc.h"
 #include "../../base/check.h"
 
@@ -589,6 +590,16 @@ static const struct dev_ops cpu_ops = {
     .scale = cpu_scale,
     .scale_copy = cpu_scale_copy,
     .sumsq = cpu_sumsq,
+    /* The conv-net ops: dev/cpu_conv.c. */
+    .im2col = cpu_im2col,
+    .col2im = cpu_col2im,
+    .maxpool2d_forward = cpu_maxpool2d_forward,
+    .maxpool2d_backward = cpu_maxpool2d_backward,
+    .avgpool2d_forward = cpu_avgpool2d_forward,
+    .avgpool2d_backward = cpu_avgpool2d_backward,
+    .batchnorm_forward_train = cpu_batchnorm_forward_train,
+    .batchnorm_forward_eval = cpu_batchnorm_forward_eval,
+    .batchnorm_backward = cpu_batchnorm_backward,
     .host_memory = true,
 };
 
