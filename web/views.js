@@ -236,7 +236,7 @@
     fill(root,
       el('div', {class: 'page-head'}, el('h1', {}, 'Submit a job')),
       el('div', {class: 'templates'}, el('span', {class: 'label'}, 'Start from:'), tplButtons),
-      el('p', {class: 'hint'}, 'The job spec (schema/README.md in the ddpd source): model, loss, optimizer, data, batch_size, epochs or steps, … ',
+      el('p', {class: 'hint'}, 'The job spec (docs/spec.md in the ddpd source: every key with its default and limits, an example per model family): model, loss, optimizer, data, batch_size, epochs or steps, … ',
         'Unknown keys are errors; the server names the path of anything it does not accept.'),
       el('div', {class: 'editor'}, gutter, el('div', {class: 'editor-main'}, band, ta, callout)),
       errors,

@@ -1,0 +1,237 @@
+"""The documents cannot drift from the code (issue 19): every route of the route table
+(server/api.c), its query parameters, every error code of schema/err.h, every /metrics name
+is in docs/api.md; every key and enum value the validator accepts (the key lists of
+schema/spec.c) is in docs/spec.md, each layer's keys in its own row; every event and event
+key the encoder writes (schema/event.c) and every error kind is in docs/events.md; every
+source file is in docs/architecture.md; the README and the dashboard link the docs and no
+longer send readers to CONTRACT.md or DESIGN.md. The lists are read from the C source, so a
+key added to the code without its line in the docs fails here, naming it.
+
+Each check returns what is missing, and test_checks_can_fail removes one item of each kind
+from a copy of the docs to show the check then names it."""
+import json
+import re
+
+import pytest
+
+from pylib.common import REPO
+
+DOCS = REPO / "docs"
+
+
+def read(rel):
+    return (REPO / rel).read_text(encoding="utf-8")
+
+
+def c_arrays(src, suffix):
+    """{name: [strings]} of `static const char *const NAME<suffix>[] = {...};` in src."""
+    out = {}
+    pat = r"static const char \*const (\w+)" + suffix + r"\[\]\s*=\s*\{(.*?)\};"
+    for name, body in re.findall(pat, src, re.S):
+        out[name] = re.findall(r'"([^"]*)"', body)
+    return out
+
+
+def backticked(text, word):
+    """`word`, or a dotted path ending in it (`ddp.timeout_s`, `init.from_job`)."""
+    return re.search(r"`(?:[\w\[\]]+\.)*" + re.escape(word) + r"`", text) is not None
+
+
+# ---- what the code says ----------------------------------------------------------------
+
+def routes():
+    src = read("server/api.c")
+    table = src[src.index("static const struct http_route routes[]"):]
+    table = table[:table.index("};")]
+    return re.findall(r'\{"(GET|POST|DELETE|PUT|PATCH)",\s*"([^"]+)"', table)
+
+
+def query_params():
+    """{param} every route takes (http_query_allow's lists, and the ones http_query_* read)."""
+    src = read("server/api.c")
+    names = set()
+    for lst in re.findall(r'http_query_allow\(req,\s*"([^"]*)"', src):
+        names.update(lst.split())
+    names.update(re.findall(r'http_query(?:_int|_enum)?\(req,\s*"(\w+)"', src))
+    return names
+
+
+def error_codes():
+    src = read("schema/err.h")
+    rows = re.findall(r'X\((\w+),\s*(\d+),\s*(\d+),\s*"(\w+)",\s*"(\w+)"', src)
+    assert len(rows) >= 20, "could not read DDPD_ERR_MAP from schema/err.h"
+    return {code for _, _, _, code, _ in rows}, {kind for *_, kind in rows}
+
+
+def metric_names():
+    names = set()
+    for f in ("server/api.c", "server/http.c"):
+        names.update(re.findall(r"# HELP (ddpd_\w+)", read(f)))
+    assert names, "no /metrics names found"
+    return names
+
+
+def spec_lists():
+    src = read("schema/spec.c")
+    keys = c_arrays(src, "_keys")
+    names = c_arrays(src, "_names")
+    assert "top_keys" in {k + "_keys" for k in keys} and len(keys) >= 15, sorted(keys)
+    return keys, names
+
+
+# layer key list -> the layer types whose row in docs/spec.md must list those keys
+LAYER_ROWS = {"linear": ["linear"], "gelu": ["gelu"], "embedding": ["embedding"], "position": ["position"],
+              "layernorm": ["layernorm"], "attention": ["attention"], "residual": ["residual"],
+              "dropout": ["dropout"], "conv2d": ["conv2d"], "pool": ["maxpool2d", "avgpool2d"],
+              "batchnorm": ["batchnorm"]}
+
+
+def event_lists():
+    src = read("schema/event.c")
+    kinds = c_arrays(src, "_names").get("kind", [])
+    enc = src[src.index("int event_encode("):src.index("/* ---- decoding")]
+    keys = set(re.findall(r'\\"(\w+)\\":', enc))
+    return set(kinds), keys
+
+
+def source_files():
+    """Every C/CUDA source and header under the code folders, and every dashboard file,
+    as docs/architecture.md names them (relative to their top folder)."""
+    out = []
+    for top in ("base", "schema", "server", "worker", "web"):
+        for p in sorted((REPO / top).rglob("*")):
+            if p.is_file() and p.suffix in (".c", ".h", ".cu", ".js", ".html", ".css", ".svg"):
+                out.append((top, str(p.relative_to(REPO / top))))
+    return out
+
+
+# ---- the checks: each returns what the docs miss -----------------------------------------
+
+def missing_routes(api_md):
+    miss = []
+    for method, path in routes():
+        if path.startswith("/web/"):
+            ok = f"`{path}`" in api_md or f"`{method} {path}`" in api_md
+        else:
+            ok = f"`{method} {path}`" in api_md
+        if not ok:
+            miss.append(f"{method} {path}")
+    return miss
+
+
+def missing_api_words(api_md):
+    codes, _ = error_codes()
+    miss = [f"query parameter {q}" for q in sorted(query_params()) if not backticked(api_md, q)]
+    miss += [f"error code {c}" for c in sorted(codes) if f"`{c}`" not in api_md]
+    miss += [f"metric {m}" for m in sorted(metric_names()) if not re.search(r"`" + m + r"[`{]", api_md)]
+    return miss
+
+
+def missing_spec_keys(spec_md):
+    keys, names = spec_lists()
+    miss = []
+    for arr, lst in sorted(keys.items()):
+        miss += [f"{arr}_keys: {k}" for k in lst if not backticked(spec_md, k)]
+    for arr, lst in sorted(names.items()):
+        miss += [f"{arr}_names: \"{v}\"" for v in lst if f'"{v}"' not in spec_md]
+    rows = [ln for ln in spec_md.splitlines() if ln.startswith("| `\"")]
+    for arr, types in LAYER_ROWS.items():
+        for t in types:
+            row = next((ln for ln in rows if f'`"{t}"`' in ln.split("|")[1]), None)
+            if row is None:
+                miss.append(f"layer row {t}")
+                continue
+            cells = "|".join(row.split("|")[2:])
+            miss += [f"layer {t}: {k}" for k in keys[arr] if k != "type" and f"`{k}`" not in cells]
+    return miss
+
+
+def missing_events(events_md):
+    kinds, keys = event_lists()
+    _, err_kinds = error_codes()
+    assert {"start", "loss", "state"} <= kinds, kinds
+    miss = [f"event {k}" for k in sorted(kinds) if f"| `{k}`" not in events_md]
+    miss += [f"event key {k}" for k in sorted(keys) if f"`{k}`" not in events_md]
+    miss += [f"error kind {k}" for k in sorted(err_kinds) if f"| `{k}`" not in events_md]
+    return miss
+
+
+def missing_files(arch_md):
+    return [f"{top}/{rel}" for top, rel in source_files() if f"`{rel}`" not in arch_md]
+
+
+# ---- the tests ---------------------------------------------------------------------------
+
+def test_every_route_and_its_parameters_codes_and_metrics_are_in_api_md():
+    api_md = (DOCS / "api.md").read_text(encoding="utf-8")
+    assert len(routes()) >= 14
+    assert missing_routes(api_md) == []
+    assert missing_api_words(api_md) == []
+
+
+def test_every_spec_key_and_value_the_validator_accepts_is_in_spec_md():
+    spec_md = (DOCS / "spec.md").read_text(encoding="utf-8")
+    assert missing_spec_keys(spec_md) == []
+
+
+def test_spec_md_examples_are_whole_specs_of_known_keys():
+    spec_md = (DOCS / "spec.md").read_text(encoding="utf-8")
+    top = set(spec_lists()[0]["top"])
+    whole = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", spec_md, re.S) if b.lstrip().startswith("{")]
+    assert len(whole) >= 3, "an example per model family"
+    kinds = set()
+    for spec in whole:
+        assert set(spec) <= top, set(spec) - top
+        assert {"model", "loss", "optimizer", "data", "batch_size"} <= set(spec), spec.get("name")
+        todo = list(spec["model"])
+        while todo:
+            layer = todo.pop()
+            kinds.add(layer["type"])
+            todo += layer.get("layers", [])
+    assert {"linear", "attention", "embedding", "conv2d"} <= kinds, kinds
+
+
+def test_every_event_key_and_error_kind_is_in_events_md():
+    assert missing_events((DOCS / "events.md").read_text(encoding="utf-8")) == []
+
+
+def test_every_source_file_is_in_architecture_md():
+    assert missing_files((DOCS / "architecture.md").read_text(encoding="utf-8")) == []
+
+
+def test_readme_and_dashboard_link_the_docs_not_contract_or_design():
+    readme = read("README.md")
+    for d in ("docs/spec.md", "docs/api.md", "docs/events.md", "docs/architecture.md"):
+        assert f"({d})" in readme, f"README.md does not link {d}"
+    web = "".join(p.read_text(encoding="utf-8") for p in sorted((REPO / "web").glob("*.*"))
+                  if p.suffix in (".js", ".html"))
+    for d in ("docs/spec.md", "docs/api.md", "docs/events.md"):
+        assert d in web, f"the dashboard does not link {d}"
+    for text, where in ((readme, "README.md"), (web, "web/")):
+        for bad in ("CONTRACT.md", "DESIGN.md"):
+            assert bad not in text, f"{where} still points at {bad}"
+
+
+def drop(text, pattern):
+    """text with every match of pattern made unrecognisable."""
+    out = re.sub(pattern, "REMOVED", text)
+    assert out != text, pattern
+    return out
+
+
+@pytest.mark.parametrize("doc, pattern, check, expect", [
+    ("api.md", r"`GET /v1/jobs/\{id\}/logs`", missing_routes, "GET /v1/jobs/{id}/logs"),
+    ("api.md", r"`tail`", missing_api_words, "query parameter tail"),
+    ("api.md", r"`conflict`", missing_api_words, "error code conflict"),
+    ("api.md", r"`ddpd_events_committed_total", missing_api_words, "metric ddpd_events_committed_total"),
+    ("spec.md", r"`(ddp\.)?timeout_s`", missing_spec_keys, "ddp_keys: timeout_s"),
+    ("spec.md", r'"cosine"', missing_spec_keys, 'sched_names: "cosine"'),
+    ("spec.md", r"`causal`", missing_spec_keys, "layer attention: causal"),
+    ("events.md", r"`grad_norm`", missing_events, "event key grad_norm"),
+    ("events.md", r"\| `join`", missing_events, "event join"),
+    ("architecture.md", r"`store_curve\.c`", missing_files, "server/store_curve.c"),
+])
+def test_checks_can_fail(doc, pattern, check, expect):
+    text = (DOCS / doc).read_text(encoding="utf-8")
+    assert expect not in check(text)
+    assert expect in check(drop(text, pattern))
