@@ -135,9 +135,8 @@ struct opts {
 static int next_option(struct opts *o, int argc, char **argv, const char *shorts, const struct option *longs)
 {
     for (;;) {
-        int prev = optind;
         int c = getopt_long(argc, argv, shorts, longs, NULL);
-        const char *arg = prev < argc ? argv[prev] : "";
+        const char *arg = optind > 0 && optind <= argc ? argv[optind - 1] : "";
         switch (c) {
         case OPT_SERVER: o->server = optarg; continue;
         case OPT_TOKEN_FILE: o->token_file = optarg; continue;
@@ -635,6 +634,8 @@ static int cmd_submit(struct client *c, int argc, char **argv)
     return follow_job(c, id);
 }
 
+/* The options of a command whose one operand is a job id. Returns -1 to go on, else the
+ * exit status (0 after --help). */
 static int one_id_command(struct client *c, int argc, char **argv, const char *name, int64_t *id)
 {
     static const struct option longs[] = {COMMON_OPTIONS};
@@ -647,21 +648,22 @@ static int one_id_command(struct client *c, int argc, char **argv, const char *n
         return o.rc;
     if (!parse_id(name, argv[optind], id))
         return EXIT_USAGE;
-    return client_setup(c, &o);
+    int rc = client_setup(c, &o);
+    return rc ? rc : -1;
 }
 
 static int cmd_watch(struct client *c, int argc, char **argv)
 {
     int64_t id;
     int rc = one_id_command(c, argc, argv, "watch", &id);
-    return rc ? rc : follow_job(c, id);
+    return rc >= 0 ? rc : follow_job(c, id);
 }
 
 static int cmd_show(struct client *c, int argc, char **argv)
 {
     int64_t id;
     int rc = one_id_command(c, argc, argv, "show", &id);
-    if (rc)
+    if (rc >= 0)
         return rc;
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%" PRId64, id);
@@ -682,7 +684,7 @@ static int change_job(struct client *c, int argc, char **argv, const char *name)
 {
     int64_t id;
     int rc = one_id_command(c, argc, argv, name, &id);
-    if (rc)
+    if (rc >= 0)
         return rc;
     bool cancel = !strcmp(name, "cancel");
     char path[64];
@@ -857,7 +859,7 @@ static int cmd_checkpoints(struct client *c, int argc, char **argv)
 {
     int64_t id;
     int rc = one_id_command(c, argc, argv, "checkpoints", &id);
-    if (rc)
+    if (rc >= 0)
         return rc;
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "/checkpoints", id);

@@ -220,7 +220,6 @@ static int parse_options(int argc, char **argv, struct run_opts *o)
     optind = 1;
     opterr = 0;
     for (;;) {
-        int prev = optind;
         int c = getopt_long(argc, argv, ":h", longs, NULL);
         if (c == -1)
             break;
@@ -234,9 +233,7 @@ static int parse_options(int argc, char **argv, struct run_opts *o)
                 fprintf(stderr, "ddpd run: unknown option '%s'\n", argv[optind - 1]);
             usage(stderr);
             return 2;
-        case ':':
-            fprintf(stderr, "ddpd run: option '%s' needs a value\n", prev < argc ? argv[prev] : "");
-            return 2;
+        case ':': fprintf(stderr, "ddpd run: option '%s' needs a value\n", argv[optind - 1]); return 2;
         case OPT_WORLD:
             if (base_parse_long(v, 1, SPEC_MAX_WORLD, &world)) {
                 fprintf(stderr, "ddpd run: --world-size: expected an integer in [1, %d], got '%s'\n",

@@ -200,7 +200,7 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
     optind = 1;
     opterr = 0;
     for (;;) {
-        int idx = -1, prev = optind;
+        int idx = -1;
         int c = getopt_long(argc, argv, ":h", longs, &idx);
         if (c == -1)
             break;
@@ -217,7 +217,7 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
             return 2;
         }
         if (c == ':') {
-            fprintf(stderr, "ddpd serve: option '%s' needs a value\n", prev < argc ? argv[prev] : "");
+            fprintf(stderr, "ddpd serve: option '%s' needs a value\n", argv[optind - 1]);
             return 2;
         }
         char a[64];
