@@ -12,6 +12,7 @@ import pty
 import select
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -158,6 +159,37 @@ def test_cancel_and_watch_exit_5(server, work):
     # Cancelling a finished job: the server's 409 and its message, exit 1.
     again = cli(server, "cancel", str(jid))
     assert again.returncode == 1 and "already finished" in again.stderr and "409" in again.stderr, again.stderr
+
+
+def test_watch_reconnects_after_the_server_restarts(make_server, work):
+    """The stream breaks off with the server (SIGKILL); the same address comes back and
+    watch goes on after the last event it got: nothing lost, nothing twice."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = make_server(extra=["--listen", f"127.0.0.1:{port}"])
+    jid = submit(srv, work, heavy_spec(steps=FOREVER_STEPS, name="orphaned", log_every=5))
+    watcher = subprocess.Popen([ddpd(), "watch", str(jid)], env=client_env(srv), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(watcher.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: sum('"loss"' in ln for ln in lines) >= 20, 60, "20 loss events through watch")
+        srv.kill9()
+        srv.start()
+        assert srv.url.endswith(f":{port}")
+        rc = watcher.wait(timeout=90)
+        reader.join(timeout=10)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    err = watcher.stderr.read()
+    assert rc == 1, err
+    evs = ndjson("".join(lines))
+    assert [e["seq"] for e in evs] == [e["seq"] for e in srv.events(jid)], "lost or repeated events"
+    assert evs[-1]["state"] == "failed" and "server restarted" in err, (evs[-1], err)
 
 
 def test_invalid_spec_exit_2_names_the_path(server, work):
