@@ -45,6 +45,7 @@ struct client {
     char base[URL_MAX];
     char *token;
     char auth[TOKEN_MAX + 32];
+    char why[CURL_ERROR_SIZE + 64]; /* why the last stream request got no (whole) answer */
     CURL *curl;
 };
 
@@ -277,7 +278,8 @@ static size_t on_data(char *p, size_t size, size_t nmemb, void *arg)
 enum req_kind { REQ_PLAIN, REQ_DOWNLOAD, REQ_STREAM };
 
 /* One request: method, path (with its query) and an optional JSON body. Returns the HTTP
- * status, or 0 when no answer came (the message, naming the server, already printed). */
+ * status, or 0 when no answer came (the message, naming the server, already printed), or
+ * for a stream -1 when it broke off or could not be opened (the reason in c->why). */
 static long request(struct client *c, const char *method, const char *path, const char *body, size_t body_len,
                     enum req_kind kind, struct sink *s)
 {
@@ -331,8 +333,12 @@ static long request(struct client *c, const char *method, const char *path, cons
         fprintf(stderr, "ddpd %s: writing the download: %s\n", c->cmd, strerror(s->file_errno));
         return 0;
     }
-    if (kind == REQ_STREAM && status == 200)
-        return -1; /* the stream broke off: the caller reconnects */
+    if (kind == REQ_STREAM) {
+        /* Refused, reset, silent for STREAM_IDLE_S: the caller tries again (or the stream's
+         * parser stopped it, and the caller knows why). */
+        snprintf(c->why, sizeof c->why, "%s", errbuf[0] ? errbuf : curl_easy_strerror(rc));
+        return -1;
+    }
     if (status == 0)
         fprintf(stderr,
                 "ddpd %s: cannot reach the server at %s: %s (is `ddpd serve` running there? --server or "
@@ -405,6 +411,7 @@ struct follow {
     char ev_name[32];
     int64_t id;
     bool has_id, out_failed;
+    bool fatal; /* the parser stopped the stream: a line over SSE_LINE_MAX, stdout closed */
 };
 
 static bool final_state(const char *s)
@@ -483,6 +490,7 @@ static size_t follow_bytes(void *ctx, const char *p, size_t n)
             if (!buf_add(&f->line, p + i, 1)) {
                 fprintf(stderr, "ddpd %s: a line of the event stream is longer than %u bytes\n", f->c->cmd,
                         SSE_LINE_MAX);
+                f->fatal = true;
                 return 0;
             }
             continue;
@@ -491,8 +499,10 @@ static size_t follow_bytes(void *ctx, const char *p, size_t n)
         f->line.n = 0;
         if (f->line.p)
             f->line.p[0] = '\0';
-        if (f->out_failed || f->data.over)
+        if (f->out_failed || f->data.over) {
+            f->fatal = true;
             return 0;
+        }
     }
     return n;
 }
@@ -528,7 +538,7 @@ static int follow_job(struct client *c, int64_t job)
         if (status > 0 && status != 200)
             rc = http_failed(c, "GET", path, status, &s.body, false);
         buf_free(&s.body);
-        if (f.final[0] || f.out_failed || (status != 200 && status != -1))
+        if (f.final[0] || f.fatal || (status != 200 && status != -1))
             break;
         /* The stream ended before the job did: the server stopped, restarted or dropped
          * this client; open it again after the last event. */
@@ -541,9 +551,13 @@ static int follow_job(struct client *c, int64_t job)
                 progress_finish(f.prog);
             fprintf(stderr,
                     "ddpd %s: the event stream of job %" PRId64
-                    " from %s ended before the job did%s%s; gave up "
-                    "after %d attempts to reconnect\n",
-                    c->cmd, job, c->base, f.stream_error[0] ? ": " : "", f.stream_error, RECONNECT_MAX);
+                    " from %s ended before the job did (%s); gave "
+                    "up after %d attempts to reconnect in %.0f s\n",
+                    c->cmd, job, c->base,
+                    f.stream_error[0] ? f.stream_error
+                    : status == -1    ? c->why
+                                      : "closed",
+                    attempts - 1, base_mono_s() - first_fail);
             goto out;
         }
         base_sleep_s(attempts < 5 ? 0.2 * (1 << attempts) : 5.0);
