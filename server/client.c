@@ -504,6 +504,8 @@ static size_t follow_bytes(void *ctx, const char *p, size_t n)
             return 0;
         }
     }
+    if (f->prog)
+        progress_flush(f->prog);
     return n;
 }
 

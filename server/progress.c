@@ -30,6 +30,7 @@ struct progress {
     json_t *spec;   /* a copy, for the total once the start events tell the batches */
     double drawn_s; /* when the line was last drawn (monotonic), 0: never */
     int width;      /* the last line's length, to blank what a shorter one leaves */
+    bool dirty;     /* an event changed the line since it was drawn */
 };
 
 int64_t progress_total_steps(const json_t *spec, int64_t batches)
@@ -139,12 +140,15 @@ static void draw(struct progress *p, bool final)
     if (n >= sizeof line)
         n = sizeof line - 1;
     int pad = p->width > (int)n ? p->width - (int)n : 0;
-    fprintf(p->out, "\r%s%*s%s", line, pad, "", final ? "\n" : "");
-    if (pad)
-        fprintf(p->out, "\r%s", line); /* the cursor after the text, not after the blanks */
+    fprintf(p->out, "\r%s", line);
+    if (pad) /* blank what a longer line left, and put the cursor back after the text */
+        fprintf(p->out, "%*s\r%s", pad, "", line);
+    if (final)
+        fputc('\n', p->out);
     fflush(p->out);
     p->width = (int)n;
     p->drawn_s = base_mono_s();
+    p->dirty = false;
 }
 
 static double num(const json_t *ev, const char *key)
@@ -219,7 +223,14 @@ void progress_event(struct progress *p, const json_t *ev)
     } else {
         return;
     }
+    p->dirty = true;
     if (force || !p->drawn_s || base_mono_s() - p->drawn_s >= 0.1)
+        draw(p, false);
+}
+
+void progress_flush(struct progress *p)
+{
+    if (p->dirty)
         draw(p, false);
 }
 

@@ -20,6 +20,10 @@ struct progress *progress_new(FILE *out, int64_t job, const json_t *spec, const 
  * most ten times a second unless the state changed. */
 void progress_event(struct progress *p, const json_t *ev);
 
+/* Draws the line when an event changed it since it was last drawn: after a batch of
+ * events (what a read of the stream brought), so that the last of them shows. */
+void progress_flush(struct progress *p);
+
 /* Sets the state shown (borrowed string, copied) and redraws. */
 void progress_set_state(struct progress *p, const char *state);
 

@@ -163,6 +163,8 @@ static int run_ranks(const char *worker, json_t *doc, const struct jobdoc *jd, c
     bool stopping = false;
     while (!launch_poll(l, 100)) {
         fflush(stdout);
+        if (prog)
+            progress_flush(prog);
         if (interrupted && !stopping) {
             fprintf(stderr, "%sddpd run: interrupted, stopping the ranks\n", prog ? "\n" : "");
             launch_cancel(l);
