@@ -21,6 +21,7 @@
 #include "../base/file.h"
 #include "../base/parse.h"
 #include "../schema/spec.h"
+#include "opt.h"
 #include "progress.h"
 #include "token.h"
 
@@ -137,7 +138,6 @@ static int next_option(struct opts *o, int argc, char **argv, const char *shorts
 {
     for (;;) {
         int c = getopt_long(argc, argv, shorts, longs, NULL);
-        const char *arg = optind > 0 && optind <= argc ? argv[optind - 1] : "";
         switch (c) {
         case OPT_SERVER: o->server = optarg; continue;
         case OPT_TOKEN_FILE: o->token_file = optarg; continue;
@@ -146,18 +146,10 @@ static int next_option(struct opts *o, int argc, char **argv, const char *shorts
             o->rc = 0;
             return -2;
         case '?':
-            if (optopt && optopt < 256)
-                fprintf(stderr, "ddpd %s: unknown option '-%c'\n", o->cmd->name, optopt);
-            else
-                fprintf(stderr, "ddpd %s: unknown option '%s'\n", o->cmd->name, argv[optind - 1]);
-            fprintf(stderr, "(ddpd %s --help lists the options)\n", o->cmd->name);
-            o->rc = EXIT_USAGE;
-            return -2;
         case ':':
-            if (optopt && optopt < 256)
-                fprintf(stderr, "ddpd %s: option '-%c' needs a value\n", o->cmd->name, optopt);
-            else
-                fprintf(stderr, "ddpd %s: option '%s' needs a value\n", o->cmd->name, arg);
+            opt_complain(o->cmd->name, c, argv, longs);
+            if (c == '?')
+                fprintf(stderr, "(ddpd %s --help lists the options)\n", o->cmd->name);
             o->rc = EXIT_USAGE;
             return -2;
         default: return c;

@@ -21,6 +21,7 @@
 #include "../schema/jobdoc.h"
 #include "../schema/spec.h"
 #include "launch.h"
+#include "opt.h"
 #include "planner.h"
 #include "progress.h"
 
@@ -229,13 +230,11 @@ static int parse_options(int argc, char **argv, struct run_opts *o)
         switch (c) {
         case 'h': usage(stdout); return 0;
         case '?':
-            if (optopt && optopt < 256)
-                fprintf(stderr, "ddpd run: unknown option '-%c'\n", optopt);
-            else
-                fprintf(stderr, "ddpd run: unknown option '%s'\n", argv[optind - 1]);
-            usage(stderr);
+        case ':':
+            opt_complain("run", c, argv, longs);
+            if (c == '?')
+                usage(stderr);
             return 2;
-        case ':': fprintf(stderr, "ddpd run: option '%s' needs a value\n", argv[optind - 1]); return 2;
         case OPT_WORLD:
             if (base_parse_long(v, 1, SPEC_MAX_WORLD, &world)) {
                 fprintf(stderr, "ddpd run: --world-size: expected an integer in [1, %d], got '%s'\n",

@@ -36,6 +36,7 @@
 #include "token.h"
 #include "launch.h"
 #include "launch_slurm.h"
+#include "opt.h"
 #include "store.h"
 #include "super.h"
 
@@ -173,28 +174,29 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
                              .job_disk_quota = JOBDIR_DEFAULT_QUOTA,
                              .slurm_opts = {.cpus_per_task = 1}};
     struct slurm_opts *so_slurm = &o->slurm_opts;
-    /* getopt_long finds the option and its value (--db X, --db=X); the chain below reads
-     * it by name. */
-    static const struct option longs[] = {{"listen", required_argument, NULL, 0},
-                                          {"db", required_argument, NULL, 0},
-                                          {"data-dir", required_argument, NULL, 0},
-                                          {"jobs-dir", required_argument, NULL, 0},
-                                          {"gpus", required_argument, NULL, 0},
-                                          {"token-file", required_argument, NULL, 0},
-                                          {"web-dir", required_argument, NULL, 0},
-                                          {"slurm-partition", required_argument, NULL, 0},
-                                          {"slurm-account", required_argument, NULL, 0},
-                                          {"slurm-time", required_argument, NULL, 0},
-                                          {"comm-addr", required_argument, NULL, 0},
-                                          {"slurm-arg", required_argument, NULL, 0},
-                                          {"slurm-cpus-per-task", required_argument, NULL, 0},
-                                          {"launcher", required_argument, NULL, 0},
-                                          {"cors-origin", required_argument, NULL, 0},
-                                          {"job-disk-quota", required_argument, NULL, 0},
-                                          {"max-rank-memory", required_argument, NULL, 0},
-                                          {"cpu-slots", required_argument, NULL, 0},
-                                          {"on-shutdown", required_argument, NULL, 0},
-                                          {"insecure", no_argument, NULL, 0},
+    /* getopt_long finds the option and its value (--db X, --db=X, or an unambiguous prefix:
+     * each has its own value, so that glibc tells a prefix of two apart); the chain below
+     * reads it by name. */
+    static const struct option longs[] = {{"listen", required_argument, NULL, 1001},
+                                          {"db", required_argument, NULL, 1002},
+                                          {"data-dir", required_argument, NULL, 1003},
+                                          {"jobs-dir", required_argument, NULL, 1004},
+                                          {"gpus", required_argument, NULL, 1005},
+                                          {"token-file", required_argument, NULL, 1006},
+                                          {"web-dir", required_argument, NULL, 1007},
+                                          {"slurm-partition", required_argument, NULL, 1008},
+                                          {"slurm-account", required_argument, NULL, 1009},
+                                          {"slurm-time", required_argument, NULL, 1010},
+                                          {"comm-addr", required_argument, NULL, 1011},
+                                          {"slurm-arg", required_argument, NULL, 1012},
+                                          {"slurm-cpus-per-task", required_argument, NULL, 1013},
+                                          {"launcher", required_argument, NULL, 1014},
+                                          {"cors-origin", required_argument, NULL, 1015},
+                                          {"job-disk-quota", required_argument, NULL, 1016},
+                                          {"max-rank-memory", required_argument, NULL, 1017},
+                                          {"cpu-slots", required_argument, NULL, 1018},
+                                          {"on-shutdown", required_argument, NULL, 1019},
+                                          {"insecure", no_argument, NULL, 1020},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     optind = 1;
@@ -208,16 +210,10 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
             usage(stdout);
             return 0;
         }
-        if (c == '?') {
-            if (optopt && optopt < 256)
-                fprintf(stderr, "ddpd serve: unknown option '-%c'\n", optopt);
-            else
-                fprintf(stderr, "ddpd serve: unknown option '%s'\n", argv[optind - 1]);
-            usage(stderr);
-            return 2;
-        }
-        if (c == ':') {
-            fprintf(stderr, "ddpd serve: option '%s' needs a value\n", argv[optind - 1]);
+        if (c == '?' || c == ':') {
+            opt_complain("serve", c, argv, longs);
+            if (c == '?')
+                usage(stderr);
             return 2;
         }
         char a[64];

@@ -341,6 +341,10 @@ def test_options_are_named():
     assert r.returncode == 2 and "unknown option '--bogus'" in r.stderr, r.stderr
     r = subprocess.run([b, "serve", "--listen"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "'--listen' needs a value" in r.stderr, r.stderr
+    r = subprocess.run([b, "serve", "--s", "x"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "'--s' is ambiguous: --slurm-partition" in r.stderr, r.stderr
+    r = subprocess.run([b, "serve", "--insecure=yes"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "'--insecure' takes no value" in r.stderr, r.stderr
     r = subprocess.run([b, "run", "--frob", "x.json"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "unknown option '--frob'" in r.stderr, r.stderr
     r = subprocess.run([b, "frobnicate"], capture_output=True, text=True, timeout=30)
@@ -352,7 +356,8 @@ def test_options_are_named():
     for args, what in ((["jobs", "--bogus"], "unknown option '--bogus'"), (["logs", "-x", "1"], "unknown option '-x'"),
                        (["pull", "1", "--step"], "'--step' needs a value"), (["show"], "missing ID"),
                        (["show", "abc"], "expected a job id"), (["logs", "--rank", "-1", "1"], "--rank"),
-                       (["show", "1", "2"], "expected only ID")):
+                       (["show", "1", "2"], "expected only ID"), (["logs", "--t", "2", "1"], "is ambiguous"),
+                       (["pull", "--output"], "'--output' needs a value")):
         r = subprocess.run([b, *args], capture_output=True, text=True, timeout=30,
                            env=dict(os.environ, DDPD_SERVER="127.0.0.1:9"))
         assert r.returncode == 2 and what in r.stderr, (args, r.stderr)
