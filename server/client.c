@@ -35,6 +35,7 @@
 #define RECONNECT_MAX      10   /* attempts in a row without an event in between ... */
 #define RECONNECT_WINDOW_S 60.0 /* ... and within this long */
 #define LOGS_POLL_S        1.0
+#define LOGS_MATCH         256 /* bytes of the log that logs -f finds again in the next read */
 
 /* Exit codes (client.h). */
 #define EXIT_FAIL      1
@@ -829,14 +830,17 @@ static int cmd_logs(struct client *c, int argc, char **argv)
     if (rc)
         return rc;
     char path[128], job_path[64];
-    /* Following reads the whole log each time (the server's window: the last 100000 lines
-     * or 4 MiB) and prints what is new. */
+    /* Following reads the server's window of the log each time (the last 100000 lines or
+     * 4 MiB: the whole log while it is smaller) and prints what follows the bytes printed
+     * last: at the same offset while the window is the whole log, else found by its last
+     * LOGS_MATCH bytes. */
     snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "/logs?rank=%ld&tail=%ld", id, rank,
              follow ? 100000
              : tail ? tail
                     : 200);
     snprintf(job_path, sizeof job_path, "/v1/jobs/%" PRId64, id);
-    size_t printed = 0;
+    size_t printed = 0, seen_n = 0;
+    char seen[LOGS_MATCH];
     for (bool last = !follow;;) {
         struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
         long status = request(c, "GET", path, NULL, 0, REQ_PLAIN, &s);
@@ -845,11 +849,26 @@ static int cmd_logs(struct client *c, int argc, char **argv)
             buf_free(&s.body);
             return rc;
         }
-        if (s.body.n < printed) /* a new attempt started the log again */
-            printed = 0;
-        fwrite(s.body.p ? s.body.p + printed : "", 1, s.body.n - printed, stdout);
+        const char *body = s.body.p ? s.body.p : "";
+        size_t from = 0;
+        if (seen_n && printed <= s.body.n && !memcmp(body + printed - seen_n, seen, seen_n)) {
+            from = printed;
+        } else if (seen_n) {
+            const char *at = memmem(body, s.body.n, seen, seen_n);
+            if (at)
+                from = (size_t)(at - body) + seen_n;
+            else
+                fprintf(stderr,
+                        "ddpd logs: [the log grew past the server's window of 4 MiB between two reads; "
+                        "some lines are not shown]\n");
+        }
+        fwrite(body + from, 1, s.body.n - from, stdout);
         fflush(stdout);
         printed = s.body.n;
+        if (s.body.n) {
+            seen_n = s.body.n < LOGS_MATCH ? s.body.n : LOGS_MATCH;
+            memcpy(seen, body + s.body.n - seen_n, seen_n);
+        }
         buf_free(&s.body);
         if (last)
             return 0;
