@@ -147,9 +147,11 @@ static int run_ranks(const char *worker, json_t *doc, const struct jobdoc *jd, c
     };
     fprintf(stderr, "ddpd run: %d rank%s, output in %s\n", spec->world_size, spec->world_size > 1 ? "s" : "",
             out);
-    /* A long run shows where it is on a terminal; stdout stays the events. */
+    /* A long run shows where it is on a terminal; stdout stays the events. When stdout is
+     * a terminal too, the events show it there, and a line redrawn between them would
+     * only garble them. */
     struct progress *prog = NULL;
-    if (isatty(STDERR_FILENO)) {
+    if (isatty(STDERR_FILENO) && !isatty(STDOUT_FILENO)) {
         json_t *spec_json = json_object_get(doc, "spec");
         prog = progress_new(stderr, 0, spec_json, "starting");
         lo.ctx = prog;

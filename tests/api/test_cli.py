@@ -403,6 +403,9 @@ def test_run_shows_progress_on_a_terminal(work):
     assert evs[-1]["event"] == "done", evs[-1]
     final = got.replace("\r\n", "\n").split("\r")[-1]
     assert "succeeded  step 1000/1000 (100%)" in final, repr(got[-500:])
+    # stdout a terminal too: the events show there, no line is drawn between them.
+    rc, got, _ = on_pty([ddpd(), "run", "--out", str(work / "out1"), spec], env)
+    assert rc == 0 and "succeeded  step" not in got and '"event":"done"' in got, got[-500:]
     # Not a terminal: no progress line at all.
     r = subprocess.run([ddpd(), "run", "--out", str(work / "out2"), spec], capture_output=True, text=True,
                        timeout=120, env=env)
