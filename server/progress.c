@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 
 #include "../base/clock.h"
 
@@ -139,6 +140,13 @@ static void draw(struct progress *p, bool final)
 #undef ADD
     if (n >= sizeof line)
         n = sizeof line - 1;
+    /* A line wider than the terminal wraps, and '\r' goes back to the start of its last
+     * row only: cut it to the width (less one column, where some terminals wrap early). */
+    struct winsize ws;
+    if (ioctl(fileno(p->out), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 && n > (size_t)ws.ws_col - 1) {
+        n = (size_t)ws.ws_col - 1;
+        line[n] = '\0';
+    }
     int pad = p->width > (int)n ? p->width - (int)n : 0;
     fprintf(p->out, "\r%s", line);
     if (pad) /* blank what a longer line left, and put the cursor back after the text */

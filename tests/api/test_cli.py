@@ -6,12 +6,15 @@ with getopt_long: an unknown option is named as such.
 
 Every client run has a timeout; every wait is bounded (pylib.server.wait_until).
 """
+import fcntl
 import json
 import os
 import pty
 import select
 import socket
+import struct
 import subprocess
+import termios
 import threading
 import time
 
@@ -62,10 +65,12 @@ def ndjson(text):
     return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
 
 
-def on_pty(argv, env, timeout=120, stdout_pty=True):
-    """Runs argv with stdout (or only stderr) on a pseudo-terminal; (exit code, what the
-    terminal got, stdout when that was a pipe)."""
+def on_pty(argv, env, timeout=120, stdout_pty=True, cols=None):
+    """Runs argv with stdout (or only stderr) on a pseudo-terminal (`cols` wide); (exit
+    code, what the terminal got, stdout when that was a pipe)."""
     master, slave = pty.openpty()
+    if cols:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, cols, 0, 0))
     out = subprocess.PIPE if not stdout_pty else slave
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=slave, env=env)
     os.close(slave)
@@ -392,6 +397,13 @@ def test_watch_on_a_terminal_draws_one_line(server, work):
     frames = [f.strip() for f in got.replace("\r\n", "\r").split("\r") if f.strip()]
     assert any(" running " in f and "samples/s" in f and "ETA" in f for f in frames), frames[:20]
     assert frames[-1].split()[2] == "succeeded", frames[-1]
+
+    # A narrow terminal: the line is cut to its width, never wrapped.
+    rc, got, _ = on_pty([ddpd(), "watch", str(jid)], client_env(server), cols=30)
+    assert rc == 0, got
+    frames = [f for f in got.replace("\r\n", "\r").split("\r") if f.strip()]
+    assert frames and all(len(f) <= 29 for f in frames), frames
+    assert frames[-1].startswith(f"job {jid} succeeded  step"), frames
 
 
 def test_run_shows_progress_on_a_terminal(work):
