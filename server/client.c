@@ -34,6 +34,7 @@
 #define STREAM_IDLE_S      45L  /* three of the server's 15 s SSE heartbeats */
 #define RECONNECT_MAX      10   /* attempts in a row without an event in between ... */
 #define RECONNECT_WINDOW_S 60.0 /* ... and within this long */
+#define SUBMIT_RETRIES     5    /* a submission the server is too busy for: 0.5 s, 1 s, .. 8 s apart */
 #define LOGS_POLL_S        1.0
 #define LOGS_MATCH         256 /* bytes of the log that logs -f finds again in the next read */
 
@@ -618,8 +619,19 @@ static int cmd_submit(struct client *c, int argc, char **argv)
         buf_free(&spec);
         return EXIT_USAGE;
     }
+    /* 503 busy: every planner is checking other submissions; the server says to retry. */
     struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
-    long status = request(c, "POST", "/v1/jobs", spec.p ? spec.p : "", spec.n, REQ_PLAIN, &s);
+    long status = 0;
+    for (int attempt = 0;; attempt++) {
+        s.body.n = 0;
+        status = request(c, "POST", "/v1/jobs", spec.p ? spec.p : "", spec.n, REQ_PLAIN, &s);
+        if (status != 503 || attempt == SUBMIT_RETRIES || !s.body.p || !strstr(s.body.p, "\"busy\""))
+            break;
+        fprintf(stderr,
+                "ddpd submit: the server at %s is busy checking other submissions; trying again in %.1f s\n",
+                c->base, 0.5 * (1 << attempt));
+        base_sleep_s(0.5 * (1 << attempt));
+    }
     buf_free(&spec);
     int64_t id = 0;
     if (status == 201) {

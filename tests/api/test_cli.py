@@ -197,6 +197,64 @@ def test_watch_reconnects_after_the_server_restarts(make_server, work):
     assert evs[-1]["state"] == "failed" and "server restarted" in err, (evs[-1], err)
 
 
+class FakeServer:
+    """A stand-in for the server on 127.0.0.1: POST /v1/jobs answers each status of
+    `answers` in turn ((status, JSON body)); records the bodies it got."""
+
+    def __init__(self, answers):
+        import http.server
+        fake = self
+        self.answers = list(answers)
+        self.bodies = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                fake.bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+                status, body = fake.answers.pop(0)
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.token = None
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_submit_retries_while_the_server_is_busy(work):
+    """503 with code busy (every planner is checking other submissions; the server says
+    to try again) is retried a few times, further apart each time; another 503 is not."""
+    busy = (503, {"error": {"code": "busy", "message": "every data check was busy", "path": ""}})
+    fake = FakeServer([busy, busy, (201, {"id": 42, "state": "queued"})])
+    try:
+        r = cli(fake, "submit", spec_file(work, seed_spec()))
+    finally:
+        fake.close()
+    assert r.returncode == 0 and r.stdout == "42\n", (r.stdout, r.stderr)
+    assert r.stderr.count("is busy checking other submissions; trying again") == 2, r.stderr
+    assert len(fake.bodies) == 3 and len(set(fake.bodies)) == 1
+    assert json.loads(fake.bodies[0]) == seed_spec()
+
+    down = (503, {"error": {"code": "unavailable", "message": "the database is unavailable", "path": ""}})
+    fake = FakeServer([down])
+    try:
+        r = cli(fake, "submit", spec_file(work, seed_spec()))
+    finally:
+        fake.close()
+    assert r.returncode == 1 and "the database is unavailable (HTTP 503 unavailable" in r.stderr, r.stderr
+    assert len(fake.bodies) == 1
+
+
 def test_invalid_spec_exit_2_names_the_path(server, work):
     bad = seed_spec(model=[{"type": "linear", "in": 10, "out": 5}, {"type": "linear", "in": 4, "out": 5}])
     r = cli(server, "submit", spec_file(work, bad))
