@@ -199,18 +199,19 @@ static bool parse_opt_long(const char *cmd, const char *opt, const char *v, long
 static int client_setup(struct client *c, const struct opts *o)
 {
     const char *server = o->server ? o->server : getenv("DDPD_SERVER");
+    const char *from = o->server ? "--server" : "DDPD_SERVER";
     if (!server || !server[0])
         server = DEFAULT_SERVER;
     bool scheme = !strncmp(server, "http://", 7) || !strncmp(server, "https://", 8);
     int n = snprintf(c->base, sizeof c->base, "%s%s", scheme ? "" : "http://", server);
     if (n < 0 || (size_t)n >= sizeof c->base - 256) {
-        fprintf(stderr, "ddpd %s: --server: the address is longer than %d bytes\n", c->cmd, URL_MAX - 256);
+        fprintf(stderr, "ddpd %s: %s: the address is longer than %d bytes\n", c->cmd, from, URL_MAX - 256);
         return EXIT_USAGE;
     }
     while (n > 0 && c->base[n - 1] == '/')
         c->base[--n] = '\0';
     if (strstr(server, "://") && !scheme) {
-        fprintf(stderr, "ddpd %s: --server %s: expected an http:// or https:// address\n", c->cmd, server);
+        fprintf(stderr, "ddpd %s: %s %s: expected an http:// or https:// address\n", c->cmd, from, server);
         return EXIT_USAGE;
     }
     char why[512];

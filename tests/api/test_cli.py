@@ -403,6 +403,8 @@ def test_server_down(work):
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     r = cli(None, "jobs", "--server", f"http://127.0.0.1:{port}/")
     assert r.returncode == 1 and f"http://127.0.0.1:{port}:" in r.stderr, r.stderr
+    r = cli(None, "jobs", env={"DDPD_SERVER": "ftp://127.0.0.1"})
+    assert r.returncode == 2 and "DDPD_SERVER ftp://127.0.0.1: expected an http:// or https://" in r.stderr, r.stderr
 
 
 def test_options_are_named():
