@@ -131,7 +131,7 @@ static char *read_stdin(size_t *len, struct ddpd_error *err)
 static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, struct ddpd_error *err)
 {
     char path[4096];
-    struct param params[2 * SPEC_MAX_LAYERS];
+    struct param params[SPEC_MAX_PARAMS];
     struct safetensors_file *f = NULL;
     ddpd_err rc = data_path_resolve(data_dir, "init.from", spec->init_from, path, sizeof path, err);
     if (rc)
