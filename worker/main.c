@@ -155,8 +155,9 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
                  p->shape[0], p->shape[1]);
         if (!t) {
             rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
-                                "init.from: %s has no tensor \"%s\" (the model's %s %s of model[%d])",
-                                spec->init_from, p->name, p->ndim == 2 ? "weight" : "bias", want, p->layer);
+                                "init.from: %s has no tensor \"%s\" (the model's %s %s of layer %s)",
+                                spec->init_from, p->name, strrchr(p->name, '.') + 1, want,
+                                spec->layers[p->layer].key);
             break;
         }
         bool same = t->ndim == p->ndim;
