@@ -458,9 +458,10 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     /* A micro-batch is at most the shard: batch_size alone (which may be near INT64_MAX
      * on a small data set) sizes nothing. */
     const int64_t rows = spec_batch_rows(s, dataset_shard_size(r->ds));
-    int64_t rows_in, rows_out, rows_tn;
+    int64_t rows_in, rows_out, rows_xn, rows_yn; /* host batches: a sample's values (data.h) */
     if (__builtin_mul_overflow(rows, r->in, &rows_in) || __builtin_mul_overflow(rows, r->out, &rows_out) ||
-        __builtin_mul_overflow(rows, r->tn, &rows_tn))
+        __builtin_mul_overflow(rows, spec_sample_numel(s), &rows_xn) ||
+        __builtin_mul_overflow(rows, spec_target_numel(s), &rows_yn))
         return ddpd_error_set(err, DDPD_EDEVICE, "batch_size",
                               "batch_size: micro-batches of %" PRId64 " rows are larger than any memory",
                               rows);
@@ -476,12 +477,12 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     const struct dev *dv = &r->dev;
     /* A step has at most min(grad_accum, batches) micro-batches. */
     const int64_t kmax = s->grad_accum < r->nb ? s->grad_accum : r->nb > 0 ? r->nb : 1;
-    if (!(r->hx = alloc_tensor(NULL, rows_in, sizeof(float), "batch inputs (host)", err)) ||
-        !(r->hy = alloc_tensor(NULL, rows_tn, sizeof(float), "batch targets (host)", err)) ||
-        !(r->hl = alloc_tensor(NULL, rows_tn, sizeof(int32_t), "batch labels (host)", err)) ||
+    if (!(r->hx = alloc_tensor(NULL, rows_xn, sizeof(float), "batch inputs (host)", err)) ||
+        !(r->hy = alloc_tensor(NULL, rows_yn, sizeof(float), "batch targets (host)", err)) ||
+        !(r->hl = alloc_tensor(NULL, rows_yn, sizeof(int32_t), "batch labels (host)", err)) ||
         !(r->x = alloc_tensor(dv, rows_in, sizeof(float), "batch inputs", err)) ||
-        !(r->y = alloc_tensor(dv, rows_tn, sizeof(float), "batch targets", err)) ||
-        !(r->labels = alloc_tensor(dv, rows_tn, sizeof(int32_t), "batch labels", err)) ||
+        !(r->y = alloc_tensor(dv, rows_yn, sizeof(float), "batch targets", err)) ||
+        !(r->labels = alloc_tensor(dv, rows_yn, sizeof(int32_t), "batch labels", err)) ||
         !(r->dpred = alloc_tensor(dv, rows_out, sizeof(float), "loss gradient", err)) ||
         !(r->dloss = alloc_tensor(dv, kmax, sizeof(float), "micro-batch losses", err)) ||
         !(r->hloss = alloc_tensor(NULL, kmax, sizeof(float), "micro-batch losses (host)", err)) ||
