@@ -1,0 +1,143 @@
+"""test_gpt.py — the v2 layers (CONTRACT.md §2a) through `ddpd run` against PyTorch 1.13 on
+the same module tree (pylib.torch_models: residual = nn.Sequential returning x + inner(x),
+attention with children qkv and proj), from the same init.from weights on the same data.
+
+Per layer (one rank, SGD, a few steps: the losses check the forward, the weights after each
+update the backward): layernorm, attention causal and not (T = 1, one head, odd sizes),
+gelu tanh, nested residuals on [B, T, dim] float inputs, and embedding + position with
+sequence cross_entropy on int32 ids. End to end: a 2-block GPT (vocab 32, T 8, dim 16,
+2 heads) trained by 2 ranks with AdamW, grad_accum 2 and uneven shards (join) against
+PyTorch DDP (gloo); the same GPT at W = 1 and W = 3 with SGD momentum. ddpd's
+model.safetensors loads into the PyTorch tree with load_state_dict(strict=True).
+Tolerances are the existing parity tests' (losses 1e-5 relative, weights 1e-5 + 1e-5·|ref|)."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pylib import ddp as H
+from pylib import torch_models
+
+
+@pytest.fixture(autouse=True)
+def _skip_code(request):
+    H.install_skip_code(request.config)
+
+
+@pytest.fixture
+def work(tmp_path):
+    return H.workdir("gpt-parity-") if H.os.environ.get("DDPD_TEST_TMP") else tmp_path
+
+
+def spec_of(model, input_shape, loss, optimizer, batch_size, grad_accum=1, epochs=1):
+    return {"name": "gpt-parity", "device": "cpu", "model": model, "input_shape": input_shape, "loss": loss,
+            "optimizer": optimizer, "batch_size": batch_size, "epochs": epochs, "grad_accum": grad_accum,
+            "log_every": 1}
+
+
+def check(case, work):
+    """Runs the case on both sides; asserts losses, final weights and the strict load."""
+    H.need_bin()
+    H.need_torch()
+    spec = case.write(Path(work) / "data")
+    run = H.run_ddpd(spec, case.world, work)
+    run.check_ok(case.world)
+    ref = H.torch_ddp(case, work)
+    start = run.of("start", 0)[0]
+    assert start["params"] == sum(v.size for v in case.init_sd.values()), "start.params"
+    assert start.get("activation_bytes", 0) > 0, f"start.activation_bytes: {start}"
+    problems = [m for m in (H.compare_all_losses(run.losses(), ref), H.compare_tensors(run.model(), ref[0]["state"]))
+                if m]
+    assert not problems, "\n".join(problems)
+
+    import torch
+    tree = torch_models.build(case.spec["model"])
+    got = run.model()
+    tree.load_state_dict({k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in got.items()},
+                         strict=True)
+    return run
+
+
+def float_case(model, T, fin, fout, n=12, world=1, batch_size=3, seed=0, steps_opt=None):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, size=(n, T, fin)).astype(np.float32)
+    y = rng.uniform(-1, 1, size=(n, T, fout)).astype(np.float32)
+    opt = steps_opt or {"type": "sgd", "lr": 0.1}
+    spec = spec_of(model, [T, fin], "mse", opt, batch_size)
+    return H.Case.sharded(spec, world, x, y, torch_models.init_state(model, seed))
+
+
+def lin(i, o, bias=True):
+    return {"type": "linear", "in": i, "out": o, "bias": bias}
+
+
+def test_layernorm(work):
+    model = [lin(3, 6), {"type": "layernorm", "dim": 6}, {"type": "tanh"}, lin(6, 2)]
+    case = float_case(model, 4, 3, 2)
+    # Non-trivial affine parameters, so their gradients and use both show.
+    rng = np.random.default_rng(1)
+    case.init_sd["1.weight"] = rng.uniform(0.5, 1.5, 6).astype(np.float32)
+    case.init_sd["1.bias"] = rng.uniform(-0.5, 0.5, 6).astype(np.float32)
+    check(case, work)
+
+
+@pytest.mark.parametrize("T,dim,heads,causal", [(5, 6, 2, True), (5, 6, 3, False), (1, 4, 2, True), (3, 5, 1, True)])
+def test_attention(work, T, dim, heads, causal):
+    model = [lin(3, dim), {"type": "attention", "dim": dim, "heads": heads, "causal": causal}, lin(dim, 2)]
+    check(float_case(model, T, 3, 2, seed=T * 10 + heads), work)
+
+
+def test_gelu_tanh_and_nested_residuals(work):
+    model = [lin(3, 6),
+             {"type": "residual", "layers": [
+                 {"type": "layernorm", "dim": 6},
+                 {"type": "residual", "layers": [lin(6, 6), {"type": "gelu", "approximate": "tanh"}]},
+                 lin(6, 6)]},
+             {"type": "gelu", "approximate": "tanh"}, lin(6, 2)]
+    check(float_case(model, 3, 3, 2, seed=5), work)
+
+
+def gpt(vocab=32, T=8, dim=16, heads=2, blocks=2, attn_bias=True):
+    model = [{"type": "embedding", "num": vocab, "dim": dim}, {"type": "position", "max": T, "dim": dim}]
+    for _ in range(blocks):
+        model.append({"type": "residual", "layers": [{"type": "layernorm", "dim": dim},
+                                                     {"type": "attention", "dim": dim, "heads": heads,
+                                                      "bias": attn_bias}]})
+        model.append({"type": "residual", "layers": [{"type": "layernorm", "dim": dim}, lin(dim, 4 * dim),
+                                                     {"type": "gelu", "approximate": "tanh"}, lin(4 * dim, dim),
+                                                     {"type": "dropout", "p": 0.0}]})
+    model += [{"type": "layernorm", "dim": dim}, lin(dim, vocab)]
+    return model
+
+
+def token_case(model, vocab, T, n, world, opt, batch_size, grad_accum=1, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, vocab, size=(n, T)).astype(np.int32)
+    y = rng.integers(0, vocab, size=(n, T)).astype(np.int32)
+    spec = spec_of(model, [T], "cross_entropy", opt, batch_size, grad_accum)
+    return H.Case.sharded(spec, world, x, y, torch_models.init_state(model, seed))
+
+
+def test_embedding_position_sequence_ce(work):
+    model = [{"type": "embedding", "num": 7, "dim": 6}, {"type": "position", "max": 5, "dim": 6}, lin(6, 7)]
+    check(token_case(model, 7, 4, 9, 1, {"type": "sgd", "lr": 0.5}, 2, seed=3), work)
+
+
+def test_gpt_two_ranks_adamw_accum_join(work):
+    """Per-rank files of 12 and 8 samples in batches of 2 with grad_accum 2: 3 and 2 steps,
+    rank 1 joins after its second (a whole number of steps each, so PyTorch's own collectives
+    stay matched). Attention without biases here: the key bias's true gradient is zero
+    (softmax ignores a shift shared by a query's scores), so both sides' float noise there
+    would be scaled up to lr-sized steps by AdamW's normalisation; SGD cases keep them."""
+    case = token_case(gpt(attn_bias=False), 32, 8, 20, 2, {"type": "adamw", "lr": 0.01}, 2, grad_accum=2, seed=7)
+    x, y = case.full
+    case = H.Case.per_rank(case.spec, [x[:12], x[12:]], [y[:12], y[12:]], case.init_sd)
+    assert case.batch_counts() == [6, 4]
+    run = check(case, work)
+    assert run.of("join"), "rank 1 should have joined"
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_gpt_sgd_momentum(work, world):
+    case = token_case(gpt(), 32, 8, 12, world, {"type": "sgd", "lr": 0.1, "momentum": 0.9}, 2, seed=11 + world)
+    check(case, work)
