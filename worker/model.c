@@ -26,6 +26,8 @@ struct model {
     int first_param; /* the first layer (preorder) with parameters: nothing before needs dx */
     int n_params;
     struct param params[SPEC_MAX_PARAMS];
+    int n_buffers;
+    struct model_buffer buffers[SPEC_MAX_PARAMS];
     int64_t numel, max_batch;
     int64_t act_floats;  /* outputs, saved tensors, scratch: model_activation_bytes / 4 */
     float *data, *grads; /* all parameters / their own gradients, registration order */
@@ -232,6 +234,21 @@ struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max
         }
         layer_params(sl, i, m->params, &m->n_params);
         n->np = m->n_params - n->p0;
+        n->b0 = m->n_buffers;
+        if (n->ops && n->ops->buffers) {
+            struct lparam lb[4];
+            bool i64[4] = {false};
+            const int k = n->ops->buffers(sl, lb, i64);
+            for (int j = 0; j < k && m->n_buffers < SPEC_MAX_PARAMS; j++) {
+                struct model_buffer *b = &m->buffers[m->n_buffers];
+                snprintf(b->name, sizeof b->name, "%s.%s", sl->key, lb[j].suffix);
+                b->index = m->n_buffers++;
+                b->layer = i;
+                b->i64 = i64[j];
+                b->numel = lb[j].ndim == 2 ? lb[j].shape[0] * lb[j].shape[1] : lb[j].shape[0];
+            }
+        }
+        n->nb = m->n_buffers - n->b0;
         if (n->np && m->first_param == m->n_layers)
             m->first_param = i;
         if (n->depth + 1 > m->depths)
@@ -303,6 +320,22 @@ struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max
     }
     init_params(m, spec->init_seed, host);
     ops->to_device(dev.ctx, m->data, host, (size_t)m->numel * fsz);
+    for (int i = 0; i < m->n_buffers; i++) {
+        struct model_buffer *b = &m->buffers[i];
+        const struct lnode *n = &m->nodes[b->layer];
+        const size_t bytes = (size_t)(b->numel > 0 ? b->numel : 1) * 8;
+        void *h = calloc(1, bytes);
+        if (!h || !(b->data = ops->alloc(dev.ctx, bytes))) {
+            free(h);
+            ddpd_error_set(err, DDPD_EDEVICE, "model", "out of memory: cannot allocate the buffer %s",
+                           b->name);
+            goto fail;
+        }
+        if (n->ops->init_buffer)
+            n->ops->init_buffer(n, i - n->b0, h, b->numel);
+        ops->to_device(dev.ctx, b->data, h, (size_t)b->numel * (b->i64 ? 8 : 4));
+        free(h);
+    }
     ops->synchronize(dev.ctx);
     free(host);
     return m;
@@ -322,6 +355,9 @@ void model_free(struct model *m)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             ops->free(ctx, bufs[i]);
+    for (int i = 0; i < m->n_buffers; i++)
+        if (m->buffers[i].data)
+            ops->free(ctx, m->buffers[i].data);
     free(m);
 }
 
@@ -348,6 +384,17 @@ struct param *model_param(struct model *m, int i)
     return &m->params[i];
 }
 
+int model_buffer_count(const struct model *m)
+{
+    return m->n_buffers;
+}
+
+struct model_buffer *model_buffer(struct model *m, int i)
+{
+    ASSERT(i >= 0 && i < m->n_buffers);
+    return &m->buffers[i];
+}
+
 void model_set_training(struct model *m, bool training)
 {
     m->training = training;
@@ -370,6 +417,7 @@ static struct layer_env env_of(struct model *m)
     struct layer_env e = {
         .dev = m->dev,
         .params = m->params,
+        .buffers = m->buffers,
         .work = m->work,
         .batch = m->batch,
         .training = m->last_training,

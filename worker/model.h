@@ -25,6 +25,19 @@ struct param {
     float *grad; /* device memory; owned by the model unless re-pointed (see below) */
 };
 
+/* A buffer: state a layer keeps that is not trained (BatchNorm's running_mean,
+ * running_var, num_batches_tracked; CONTRACT.md §2a), named like a parameter, saved in
+ * the model file, broadcast by DDP (DDP.md §1.3). Registered in preorder beside the
+ * parameters; no v2 layer of issue 17 has one. */
+struct model_buffer {
+    char name[64]; /* "3.running_mean" */
+    int index;     /* position among the buffers */
+    int layer;     /* index into the spec's layers */
+    bool i64;      /* int64 elements (num_batches_tracked), else float32 */
+    int64_t numel;
+    void *data; /* device memory, owned by the model */
+};
+
 struct model;
 
 /* Builds the model of `spec` on `dev` for micro-batches of at most `max_batch` samples,
@@ -52,6 +65,8 @@ struct dev model_dev(const struct model *m);       /* the backend it lives on */
 int model_param_count(const struct model *m);      /* tensors */
 int64_t model_numel(const struct model *m);        /* scalars */
 struct param *model_param(struct model *m, int i); /* borrowed, 0 <= i < count */
+int model_buffer_count(const struct model *m);
+struct model_buffer *model_buffer(struct model *m, int i); /* borrowed, 0 <= i < count */
 /* Bytes of device memory the activation plan holds: every layer's output for max_batch
  * samples, what layers keep for backward (layernorm's mean/rstd, attention's q, k, v and
  * probabilities, dropout's masks), their shared scratch and backward's dy buffers. */

@@ -20,6 +20,7 @@ struct lnode {
     int depth;                   /* residuals around it */
     int64_t in_numel, out_numel; /* one sample's elements entering and leaving */
     int p0, np;                  /* its parameters: params[p0 .. p0+np) */
+    int b0, nb;                  /* its buffers: the model's buffers[b0 .. b0+nb) */
     float *y;                    /* output [max_batch, out_numel] (device) */
     float *save;                 /* what its forward keeps for backward (ops->saved floats) */
 };
@@ -28,11 +29,12 @@ struct lnode {
 struct layer_env {
     struct dev dev;
     struct param *params; /* the model's, registration order */
-    float *work;          /* scratch shared by all layers, ops->work floats at least */
-    int64_t batch;        /* rows of this forward */
-    bool training;        /* dropout active */
-    uint64_t seed;        /* this forward's dropout stream (model.c derives it) */
-    bool grad_write;      /* first backward after zero_grad: write gradients, don't add */
+    struct model_buffer *buffers;
+    float *work;     /* scratch shared by all layers, ops->work floats at least */
+    int64_t batch;   /* rows of this forward */
+    bool training;   /* dropout active */
+    uint64_t seed;   /* this forward's dropout stream (model.c derives it) */
+    bool grad_write; /* first backward after zero_grad: write gradients, don't add */
     model_grad_ready_fn ready;
     void *ready_ctx;
 };
@@ -47,6 +49,11 @@ struct lparam {
 struct layer_ops {
     /* Fills out[] (at most 4) and returns the count. */
     int (*params)(const struct spec_layer *sl, struct lparam *out);
+    /* Optional (NULL: none): the layer's buffers, as params declares parameters; `i64`
+     * marks int64 ones. Their initial values come from init_buffer (device memory is
+     * zeroed before). */
+    int (*buffers)(const struct spec_layer *sl, struct lparam *out, bool *i64);
+    void (*init_buffer)(const struct lnode *n, int k, void *h, int64_t numel);
     /* Floats kept per forward for backward beyond the output, for `rows` samples. */
     int64_t (*saved)(const struct lnode *n, int64_t rows);
     /* Floats of scratch forward or backward borrow, for `rows` samples. */
