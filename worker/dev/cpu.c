@@ -38,6 +38,13 @@ void openblas_set_num_threads(int num_threads);
 #define FMA_TARGET
 #endif
 #define ALWAYS_INLINE inline __attribute__((always_inline))
+/* Comparisons that cannot trap, so that a clamp in a loop becomes a vector select (the
+ * results are the same: no code here reads the floating-point exception flags). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_TRAP __attribute__((optimize("no-trapping-math")))
+#else
+#define NO_TRAP
+#endif
 
 struct cpu {
     bool has_fma; /* the CPU can run the *_fused kernels */
@@ -247,9 +254,74 @@ static void cpu_bias_grad(void *ctx, float *restrict db, const float *restrict d
 #define GELU_TANH_BETA  ((float)(M_SQRT2 * M_2_SQRTPI * 0.5))
 #define GELU_TANH_KAPPA 0.044715f
 
+/* e^x without a call, so that loops over it vectorize: Cody-Waite reduction x = k ln2 + r
+ * (k rounded to nearest by the 1.5 * 2^23 trick), Cephes' degree-6 polynomial for e^r
+ * (about 1 ulp), 2^k built in the exponent bits. x is clamped to [-87.3, 88.3], where e^x
+ * is a normal float; NaN stays NaN. */
+static ALWAYS_INLINE NO_TRAP float exp_poly(float x)
+{
+    x = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
+    const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    union {
+        int32_t i;
+        float f;
+    } scale = {.i = ((int32_t)k + 127) * (1 << 23)};
+    return p * scale.f;
+}
+
+/* gelu with approximate='tanh', y = 0.5 x (1 + tanh(u)), u = beta (x + kappa x^3), as
+ * x * s with s = 0.5 (1 + tanh(u)) = 1 / (1 + e^(-2u)): the same function without tanh's
+ * cancellation near -1, in a loop that vectorizes (tanhf does not; PyTorch's kernel
+ * runs Sleef's vector tanh, within an ulp of tanhf). Backward, PyTorch's terms in s:
+ * left' = 0.5 (1 + t) = s and 0.5 x (1 - t^2) u' = 2 x s (1 - s) u'. */
+static ALWAYS_INLINE NO_TRAP void gelu_tanh_forward(float *restrict y, const float *restrict x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float u = GELU_TANH_BETA * (x[i] + GELU_TANH_KAPPA * (x[i] * x[i] * x[i]));
+        y[i] = x[i] / (1.0f + exp_poly(-2.0f * u));
+    }
+}
+
+static ALWAYS_INLINE NO_TRAP void gelu_tanh_backward(float *restrict dx, const float *restrict dy,
+                                                     const float *restrict x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float x_sq = x[i] * x[i];
+        const float u = GELU_TANH_BETA * (x[i] + GELU_TANH_KAPPA * (x_sq * x[i]));
+        const float s = 1.0f / (1.0f + exp_poly(-2.0f * u));
+        const float du = GELU_TANH_BETA * (1.0f + 3.0f * GELU_TANH_KAPPA * x_sq);
+        dx[i] = dy[i] * (s + 2.0f * x[i] * s * (1.0f - s) * du);
+    }
+}
+
+static NO_TRAP void gelu_tanh_forward_plain(float *y, const float *x, int64_t n)
+{
+    gelu_tanh_forward(y, x, n);
+}
+static FMA_TARGET NO_TRAP void gelu_tanh_forward_fused(float *y, const float *x, int64_t n)
+{
+    gelu_tanh_forward(y, x, n);
+}
+static NO_TRAP void gelu_tanh_backward_plain(float *dx, const float *dy, const float *x, int64_t n)
+{
+    gelu_tanh_backward(dx, dy, x, n);
+}
+static FMA_TARGET NO_TRAP void gelu_tanh_backward_fused(float *dx, const float *dy, const float *x, int64_t n)
+{
+    gelu_tanh_backward(dx, dy, x, n);
+}
+
 static void cpu_act_forward(void *ctx, layer_kind k, float *restrict y, const float *restrict x, int64_t n)
 {
-    (void)ctx;
+    const struct cpu *c = ctx;
     switch (k) {
     case LAYER_RELU:
         /* clamp_min(x, 0): NaN and -0 pass through, as in PyTorch. */
@@ -268,14 +340,7 @@ static void cpu_act_forward(void *ctx, layer_kind k, float *restrict y, const fl
         for (int64_t i = 0; i < n; i++)
             y[i] = x[i] * 0.5f * (1.0f + erff(x[i] * GELU_ALPHA));
         break;
-    case LAYER_GELU_TANH:
-        /* GeluKernel's approximate='tanh': 0.5 x (1 + tanh(beta (x + kappa x^3))). */
-        for (int64_t i = 0; i < n; i++) {
-            const float xc = x[i] * x[i] * x[i];
-            const float inner = GELU_TANH_BETA * (x[i] + GELU_TANH_KAPPA * xc);
-            y[i] = 0.5f * x[i] * (1.0f + tanhf(inner));
-        }
-        break;
+    case LAYER_GELU_TANH: (c->fused ? gelu_tanh_forward_fused : gelu_tanh_forward_plain)(y, x, n); break;
     default: ASSERT(!"act_forward on a layer that is not an activation");
     }
 }
@@ -331,18 +396,7 @@ static void cpu_act_backward(void *ctx, layer_kind k, float *restrict dx, const 
         break;
     case LAYER_GELU: (c->fused ? gelu_backward_fused : gelu_backward_plain)(dx, dy, x, n); break;
     case LAYER_GELU_TANH:
-        /* GeluBackwardKernel's approximate='tanh' branch, term by term. */
-        for (int64_t i = 0; i < n; i++) {
-            const float x_sq = x[i] * x[i], x_cube = x_sq * x[i];
-            const float inner = GELU_TANH_BETA * (x[i] + GELU_TANH_KAPPA * x_cube);
-            const float t = tanhf(inner);
-            const float left = 0.5f * x[i], right = 1.0f + t;
-            const float left_d = 0.5f * right;
-            const float tanh_d = 1.0f - t * t;
-            const float inner_d = GELU_TANH_BETA * (1.0f + 3.0f * GELU_TANH_KAPPA * x_sq);
-            const float right_d = left * tanh_d * inner_d;
-            dx[i] = dy[i] * (left_d + right_d);
-        }
+        (c->fused ? gelu_tanh_backward_fused : gelu_tanh_backward_plain)(dx, dy, x, n);
         break;
     default: ASSERT(!"act_backward on a layer that is not an activation");
     }

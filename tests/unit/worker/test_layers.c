@@ -425,9 +425,39 @@ static void test_memory_and_missing_op(void)
     free(s);
 }
 
+/* gelu tanh against PyTorch's formula in double, forward and backward, over [-12, 12]. */
+static void test_gelu_tanh_values(void)
+{
+    enum { N = 4801 };
+    static float x[N], y[N], dy[N], dx[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = -12.0f + 24.0f * (float)i / (N - 1);
+        dy[i] = 1.0f;
+    }
+    D.ops->act_forward(D.ctx, LAYER_GELU_TANH, y, x, N);
+    D.ops->act_backward(D.ctx, LAYER_GELU_TANH, dx, dy, x, y, N);
+    int bad = 0;
+    const double beta = sqrt(2.0) * (2.0 / sqrt(M_PI)) * 0.5, kappa = 0.044715;
+    for (int i = 0; i < N; i++) {
+        const double v = x[i], u = beta * (v + kappa * v * v * v), t = tanh(u);
+        const double want = 0.5 * v * (1 + t);
+        const double dwant = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * beta * (1 + 3 * kappa * v * v);
+        if (!(fabs(y[i] - want) <= 1e-6 + 1e-6 * fabs(want)) ||
+            !(fabs(dx[i] - dwant) <= 1e-6 + 1e-6 * fabs(dwant)))
+            if (bad++ < 5)
+                fprintf(stderr, "gelu tanh at %.9g: y %.9g (want %.9g), dx %.9g (want %.9g)\n", v, y[i], want,
+                        dx[i], dwant);
+    }
+    CHECK_EQ_INT(bad, 0);
+    float big[3] = {NAN, 200.0f, -200.0f}, out[3];
+    D.ops->act_forward(D.ctx, LAYER_GELU_TANH, out, big, 3);
+    CHECK(isnan(out[0]) && out[1] == 200.0f && fabsf(out[2]) < 1e-30f);
+}
+
 int main(void)
 {
     D = dev_cpu_new(1);
+    test_gelu_tanh_values();
     test_layernorm_gelu_rank3();
     test_attention();
     test_gpt_and_nesting();
