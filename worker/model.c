@@ -40,7 +40,8 @@ struct model {
     int64_t batch; /* rows of the last forward */
     bool training; /* dropout on (default) */
     bool last_training;
-    uint64_t init_seed, rank, forwards;
+    uint64_t init_seed, rank;
+    uint64_t forwards; /* dropout's position: counted, or model_set_position's */
     /* model_zero_grad only sets this: the next backward writes gradients instead of
      * adding to them (gemm beta 0), which gives the same bits as adding to zeros and
      * saves a pass over every gradient per step. */
@@ -412,6 +413,11 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
+void model_set_position(struct model *m, int64_t step, int64_t micro)
+{
+    m->forwards = mix64((uint64_t)step) ^ ((uint64_t)micro * 0x9E3779B97F4A7C15ull);
+}
+
 static struct layer_env env_of(struct model *m)
 {
     struct layer_env e = {
@@ -421,7 +427,7 @@ static struct layer_env env_of(struct model *m)
         .work = m->work,
         .batch = m->batch,
         .training = m->last_training,
-        .seed = mix64(mix64(mix64(m->init_seed) ^ m->rank) ^ m->forwards),
+        .seed = mix64(mix64(mix64(m->init_seed) ^ m->rank) ^ m->forwards), /* before the count moves on */
         .grad_write = m->grad_zero,
     };
     return e;
@@ -450,10 +456,11 @@ const float *model_forward(struct model *m, const void *x, int64_t batch)
     m->x = x;
     m->batch = batch;
     m->last_training = m->training;
-    if (m->training)
-        m->forwards++;
     struct layer_env e = env_of(m);
-    return forward_range(m, &e, 0, m->n_layers, x);
+    const void *y = forward_range(m, &e, 0, m->n_layers, x);
+    if (m->training)
+        m->forwards++; /* the next forward's masks differ unless a position is set */
+    return y;
 }
 
 static float *other_scratch(struct model *m, int depth, const float *cur)

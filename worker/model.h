@@ -74,9 +74,13 @@ int64_t model_activation_bytes(const struct model *m);
 
 /* Training mode (the default) or eval: dropout is off in eval (nn.Module.train/eval). */
 void model_set_training(struct model *m, bool training);
-/* The rank, one of the inputs of dropout's seeds (init seed, rank, training forward
- * count, layer index), so that ranks draw different masks and a run is reproducible. */
+/* Dropout's masks are drawn from a seed mixed from (init seed, rank, position, layer
+ * index), so that ranks draw different masks and a run is reproducible. The position is
+ * a count of training forwards unless the caller sets it: the training loop sets it to
+ * (optimizer step, micro-batch) before each forward, so a resumed run draws the masks
+ * the uninterrupted run drew. */
 void model_set_rank(struct model *m, int rank);
+void model_set_position(struct model *m, int64_t step, int64_t micro);
 
 /* Forward pass of batch samples x (device memory, batch <= max_batch): float32
  * [B, input_shape], or int32 ids [B, T] when the model starts with embedding

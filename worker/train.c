@@ -578,6 +578,7 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
                     goto out;
                 }
                 int64_t rows;
+                model_set_position(r.m, pos.step, j); /* dropout's masks: resumes draw the same */
                 rc = micro_batch(&r, b, j, j == micro - 1, &rows, err);
                 if (rc)
                     goto out;

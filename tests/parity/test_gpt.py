@@ -8,7 +8,9 @@ gelu tanh, nested residuals on [B, T, dim] float inputs, and embedding + positio
 sequence cross_entropy on int32 ids. End to end: a 2-block GPT (vocab 32, T 8, dim 16,
 2 heads) trained by 2 ranks with AdamW, grad_accum 2 and uneven shards (join) against
 PyTorch DDP (gloo); the same GPT at W = 1 and W = 3 with SGD momentum. ddpd's
-model.safetensors loads into the PyTorch tree with load_state_dict(strict=True).
+model.safetensors loads into the PyTorch tree with load_state_dict(strict=True). A GPT with
+dropout resumed from a checkpoint gives exactly the numbers of the uninterrupted run (the
+masks depend on the step, not on how many forwards this process ran).
 Tolerances are the existing parity tests' (losses 1e-5 relative, weights 1e-5 + 1e-5·|ref|)."""
 from pathlib import Path
 
@@ -97,7 +99,7 @@ def test_gelu_tanh_and_nested_residuals(work):
     check(float_case(model, 3, 3, 2, seed=5), work)
 
 
-def gpt(vocab=32, T=8, dim=16, heads=2, blocks=2, attn_bias=True):
+def gpt(vocab=32, T=8, dim=16, heads=2, blocks=2, attn_bias=True, p=0.0):
     model = [{"type": "embedding", "num": vocab, "dim": dim}, {"type": "position", "max": T, "dim": dim}]
     for _ in range(blocks):
         model.append({"type": "residual", "layers": [{"type": "layernorm", "dim": dim},
@@ -105,7 +107,7 @@ def gpt(vocab=32, T=8, dim=16, heads=2, blocks=2, attn_bias=True):
                                                       "bias": attn_bias}]})
         model.append({"type": "residual", "layers": [{"type": "layernorm", "dim": dim}, lin(dim, 4 * dim),
                                                      {"type": "gelu", "approximate": "tanh"}, lin(4 * dim, dim),
-                                                     {"type": "dropout", "p": 0.0}]})
+                                                     {"type": "dropout", "p": p}]})
     model += [{"type": "layernorm", "dim": dim}, lin(dim, vocab)]
     return model
 
@@ -141,3 +143,25 @@ def test_gpt_two_ranks_adamw_accum_join(work):
 def test_gpt_sgd_momentum(work, world):
     case = token_case(gpt(), 32, 8, 12, world, {"type": "sgd", "lr": 0.1, "momentum": 0.9}, 2, seed=11 + world)
     check(case, work)
+
+
+def test_gpt_dropout_resume_is_exact(work):
+    H.need_bin()
+    model = gpt(p=0.2)
+    case = token_case(model, 32, 8, 24, 2, {"type": "adamw", "lr": 0.01}, 2, grad_accum=2, seed=5)
+    spec = case.write(Path(work) / "data")
+    spec["epochs"] = 2
+    spec["checkpoint"] = {"every_steps": 2, "keep_last": 100}
+    full = H.run_ddpd(spec, 2, work, name="full").check_ok(2)
+    res = H.run_ddpd(spec, 2, work, name="resumed", extra=["--resume", str(full.out / "ckpt-4")]).check_ok(2)
+    want, got = full.losses(), res.losses()
+    for r in range(2):
+        later = {s: v for s, v in want[r].items() if s > 4}
+        assert later and got[r] == later, f"rank {r}: resumed {got[r]} vs straight {later}"
+    a, b = full.model(), res.model()
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a), "final weights differ"
+    # the masks are live: the same job without dropout ends elsewhere
+    spec0 = dict(spec, model=gpt(p=0.0))
+    spec0.pop("checkpoint")
+    plain = H.run_ddpd(spec0, 2, work, name="plain").check_ok(2)
+    assert plain.losses()[0] != want[0], "dropout p=0.2 changed nothing"

@@ -361,7 +361,31 @@ static void test_dropout(void)
     struct model *m3 = model_new(D, s, 2);
     model_set_rank(m3, 1);
     CHECK(memcmp(y1, model_forward(m3, x, 2), (size_t)n * sizeof *y1) != 0);
-    /* Backward: dx = dy * mask, seen through the linear's weight gradient. */
+    /* A set position draws the same masks again (a resumed run), another one others. */
+    model_set_position(m, 5, 1);
+    memcpy(y1, model_forward(m, x, 2), (size_t)n * sizeof *y1);
+    model_set_position(m2, 5, 1);
+    CHECK(memcmp(y1, model_forward(m2, x, 2), (size_t)n * sizeof *y1) == 0);
+    model_set_position(m2, 5, 0);
+    CHECK(memcmp(y1, model_forward(m2, x, 2), (size_t)n * sizeof *y1) != 0);
+    /* Backward through the mask of the last forward: with dy = 1 the linear's bias
+     * gradient is, per output, the sum of the mask over the rows. */
+    memcpy(y1, model_forward(m, x, 2), (size_t)n * sizeof *y1);
+    float *ones = malloc((size_t)n * sizeof *ones);
+    for (int64_t i = 0; i < n; i++)
+        ones[i] = 1.0f;
+    model_zero_grad(m);
+    model_backward(m, ones, NULL, NULL);
+    const struct param *bias = model_param(m, 1);
+    int off = 0;
+    for (int o = 0; o < 64; o++) {
+        double want = 0;
+        for (int r = 0; r < 10; r++)
+            want += y1[r * 64 + o] != 0.0f ? 1.0 / 0.75 : 0.0;
+        off += fabs(bias->grad[o] - want) > 1e-5;
+    }
+    CHECK_EQ_INT(off, 0);
+    free(ones);
     model_free(m3);
     model_free(m2);
     model_free(m);
