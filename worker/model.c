@@ -433,11 +433,17 @@ static struct layer_env env_of(struct model *m)
     return e;
 }
 
+/* The layer after i at i's level of the tree (past a residual's inner layers). */
+static int next_layer(const struct model *m, int i)
+{
+    return m->sl[i].end > i ? m->sl[i].end : i + 1;
+}
+
 /* Runs the layers of [begin, end) (one level of the tree) on x; returns the output. */
 static const void *forward_range(struct model *m, const struct layer_env *e, int begin, int end,
                                  const void *x)
 {
-    for (int i = begin; i<end; i = m->sl[i].end> i ? m->sl[i].end : i + 1) {
+    for (int i = begin; i < end; i = next_layer(m, i)) {
         struct lnode *n = &m->nodes[i];
         if (n->sl->kind == LAYER_RESIDUAL) {
             const float *inner = forward_range(m, e, i + 1, n->sl->end, x);
@@ -474,8 +480,8 @@ static float *other_scratch(struct model *m, int depth, const float *cur)
 static const float *backward_range(struct model *m, const struct layer_env *e, int begin, int end,
                                    const void *x, const float *dy, int depth)
 {
-    int idx[SPEC_MAX_LIST + 1], k = 0;
-    for (int i = begin; i < end && k<SPEC_MAX_LIST + 1; i = m->sl[i].end> i ? m->sl[i].end : i + 1)
+    int idx[SPEC_MAX_LAYERS], k = 0; /* a v1 list may hold every layer */
+    for (int i = begin; i < end && k < SPEC_MAX_LAYERS; i = next_layer(m, i))
         idx[k++] = i;
     const float *cur = dy;
     for (int j = k - 1; j >= 0; j--) {

@@ -272,6 +272,19 @@ static void test_gpt_and_nesting(void)
     free(s);
 }
 
+/* A v1 list longer than a residual may hold (SPEC_MAX_LIST): every layer runs backward. */
+static void test_long_flat_list(void)
+{
+    struct spec *s = new_spec();
+    s->n_layers = 101;
+    for (int i = 0; i < 101; i++)
+        s->layers[i] =
+            (struct spec_layer){.kind = i % 2 ? LAYER_TANH : LAYER_LINEAR, .in = 3, .out = 3, .bias = true};
+    spec_flat_layers(s);
+    grad_check("101 flat layers", s, 2, 9);
+    free(s);
+}
+
 static void ready_cb(void *ctx, int index)
 {
     int *log = ctx;
@@ -485,6 +498,7 @@ int main(void)
     test_layernorm_gelu_rank3();
     test_attention();
     test_gpt_and_nesting();
+    test_long_flat_list();
     test_names_and_order();
     test_dropout();
     test_memory_and_missing_op();
