@@ -260,9 +260,10 @@ static void cpu_bias_grad(void *ctx, float *restrict db, const float *restrict d
  * is a normal float; NaN stays NaN. */
 static ALWAYS_INLINE NO_TRAP float exp_poly(float x)
 {
-    x = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
-    const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    const float r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
+    float c = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
+    c = x == x ? c : 0.0f; /* k must be a number whatever x is; NaN is put back below */
+    const float k = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float r = (c - k * 0.693359375f) - k * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -274,7 +275,7 @@ static ALWAYS_INLINE NO_TRAP float exp_poly(float x)
         int32_t i;
         float f;
     } scale = {.i = ((int32_t)k + 127) * (1 << 23)};
-    return p * scale.f;
+    return x == x ? p * scale.f : x;
 }
 
 /* gelu with approximate='tanh', y = 0.5 x (1 + tanh(u)), u = beta (x + kappa x^3), as
