@@ -72,8 +72,6 @@ struct model_buffer *model_buffer(struct model *m, int i); /* borrowed, 0 <= i <
  * probabilities, dropout's masks), their shared scratch and backward's dy buffers. */
 int64_t model_activation_bytes(const struct model *m);
 
-/* Training mode (the default) or eval: dropout is off in eval (nn.Module.train/eval). */
-void model_set_training(struct model *m, bool training);
 /* Dropout's masks are drawn from a seed mixed from (init seed, rank, position, layer
  * index), so that ranks draw different masks and a run is reproducible. The position is
  * a count of training forwards unless the caller sets it: the training loop sets it to
@@ -87,6 +85,10 @@ void model_set_position(struct model *m, int64_t step, int64_t micro);
  * (spec_input_ids). Returns the output [B, output shape] (borrowed: valid until the
  * next forward). Keeps the activations backward needs. */
 const float *model_forward(struct model *m, const void *x, int64_t batch);
+
+/* Training mode (the default) or eval mode, as nn.Module.train(training): dropout and
+ * BatchNorm act by it. */
+void model_set_training(struct model *m, bool training);
 
 /* Called during backward as soon as param `index`'s gradient for this backward has been
  * accumulated into its ->grad. Fires once per parameter, in reverse registration order

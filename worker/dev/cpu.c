@@ -21,6 +21,7 @@
 
 #include "../dev.h"
 #include "../rng_hash.h"
+#include "cpu_conv.h"
 #include "../../base/alloc.h"
 #include "../../base/check.h"
 
@@ -850,6 +851,15 @@ static void cpu_dropout_mask(void *ctx, float *restrict mask, int64_t n, float p
         mask[i] = rng_hash_uniform(seed, (uint64_t)i) >= p ? keep : 0.0f;
 }
 
+static double cpu_sumsq(void *ctx, const float *x, int64_t n)
+{
+    (void)ctx;
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)x[i] * (double)x[i];
+    return s;
+}
+
 static const struct dev_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -884,6 +894,17 @@ static const struct dev_ops cpu_ops = {
     .add = cpu_add,
     .mul = cpu_mul,
     .dropout_mask = cpu_dropout_mask,
+    .sumsq = cpu_sumsq,
+    /* The conv-net ops: dev/cpu_conv.c. */
+    .im2col = cpu_im2col,
+    .col2im = cpu_col2im,
+    .maxpool2d_forward = cpu_maxpool2d_forward,
+    .maxpool2d_backward = cpu_maxpool2d_backward,
+    .avgpool2d_forward = cpu_avgpool2d_forward,
+    .avgpool2d_backward = cpu_avgpool2d_backward,
+    .batchnorm_forward_train = cpu_batchnorm_forward_train,
+    .batchnorm_forward_eval = cpu_batchnorm_forward_eval,
+    .batchnorm_backward = cpu_batchnorm_backward,
     .host_memory = true,
 };
 
