@@ -199,3 +199,15 @@ def test_gpt_eval_per_position(work):
     assert ev[0]["samples"] == 10
     assert ev[0]["loss"] == pytest.approx(loss, rel=1e-5, abs=1e-7), (ev[0], loss)
     assert ev[0]["accuracy"] == pytest.approx(acc, abs=1e-9), (ev[0], acc)
+
+
+def test_gpt_init_from_missing_nested_tensor(work):
+    """init.from without one of the nested tensors: refused before training, naming it."""
+    H.need_bin()
+    case = token_case(gpt(), 32, 8, 4, 1, {"type": "sgd", "lr": 0.1}, 2, seed=1)
+    del case.init_sd["4.1.qkv.weight"]
+    spec = case.write(Path(work) / "data")
+    run = H.run_ddpd(spec, 1, work)
+    assert run.rc != 0, run.describe()
+    text = run.stdout + run.stderr
+    assert 'no tensor "4.1.qkv.weight"' in text and "qkv.weight [48, 16] of layer 4.1" in text, run.describe()
