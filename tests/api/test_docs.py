@@ -169,6 +169,54 @@ def test_every_route_and_its_parameters_codes_and_metrics_are_in_api_md():
     assert missing_api_words(api_md) == []
 
 
+def handler_params():
+    """{(method, path): set of query parameters} from the route table and each handler's
+    http_query_allow list; None for a route whose handler has no such list."""
+    src = read("server/api.c")
+    table = src[src.index("static const struct http_route routes[]"):]
+    table = table[:table.index("};")]
+    out = {}
+    for method, path, fn in re.findall(r'\{"(GET|POST|DELETE|PUT|PATCH)",\s*"([^"]+)",\s*(\w+)', table):
+        m = re.search(r"static ddpd_err " + fn + r"\(struct http_request[^{]*\{(.*?)\n\}", src, re.S)
+        allow = re.search(r'http_query_allow\(req,\s*"([^"]*)"', m.group(1)) if m else None
+        out[(method, path)] = set(allow.group(1).split()) if allow else None
+    return out
+
+
+def bad_curl_examples(api_md):
+    """The curl examples of api.md whose method and path match no route, or whose query
+    names a parameter the route does not take."""
+    table = handler_params()
+    bad = []
+    lines = [ln for ln in api_md.splitlines() if ln.startswith("curl ")]
+    assert len(lines) >= 15, "curl examples"
+    for ln in lines:
+        url = re.search(r"\$S(/[^\s\"']*)", ln)
+        if not url:
+            bad.append(ln)
+            continue
+        path, _, query = url.group(1).partition("?")
+        method = "GET"
+        if re.search(r"-X (\w+)", ln):
+            method = re.search(r"-X (\w+)", ln).group(1)
+        elif " -d " in ln:
+            method = "POST"
+        hit = [k for k in table if k[0] == method and
+               re.fullmatch(re.escape(k[1]).replace(r"\{id\}", r"\d+"), path)]
+        if not hit:
+            bad.append(f"{ln}: no route {method} {path}")
+            continue
+        allowed = table[hit[0]]
+        names = {kv.partition("=")[0] for kv in query.split("&") if kv}
+        if allowed is not None and not names <= allowed:
+            bad.append(f"{ln}: {method} {hit[0][1]} does not take {sorted(names - allowed)}")
+    return bad
+
+
+def test_curl_examples_use_routes_and_parameters_that_exist():
+    assert bad_curl_examples((DOCS / "api.md").read_text(encoding="utf-8")) == []
+
+
 def test_every_spec_key_and_value_the_validator_accepts_is_in_spec_md():
     spec_md = (DOCS / "spec.md").read_text(encoding="utf-8")
     assert missing_spec_keys(spec_md) == []
@@ -230,8 +278,15 @@ def drop(text, pattern):
     ("events.md", r"`grad_norm`", missing_events, "event key grad_norm"),
     ("events.md", r"\| `join`", missing_events, "event join"),
     ("architecture.md", r"`store_curve\.c`", missing_files, "server/store_curve.c"),
+    ("api.md", r"tail=50", bad_curl_examples, "curl -s \"$S/v1/jobs/1/logs?rank=1&tial=50\": "
+     "GET /v1/jobs/{id}/logs does not take ['tial']"),
 ])
 def test_checks_can_fail(doc, pattern, check, expect):
     text = (DOCS / doc).read_text(encoding="utf-8")
     assert expect not in check(text)
+    if check is bad_curl_examples:  # a misspelt parameter instead of a missing word
+        if handler_params()[("GET", "/v1/jobs/{id}/logs")] is None:
+            pytest.skip("the handlers do not list their query parameters (http_query_allow)")
+        assert expect in check(re.sub(pattern, "tial=50", text))
+        return
     assert expect in check(drop(text, pattern))
