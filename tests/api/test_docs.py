@@ -260,6 +260,25 @@ def test_readme_and_dashboard_link_the_docs_not_contract_or_design():
             assert bad not in text, f"{where} still points at {bad}"
 
 
+def test_relative_links_of_the_docs_lead_to_files_and_headings():
+    pages = sorted(DOCS.glob("*.md")) + [REPO / "README.md", REPO / "schema" / "README.md"]
+    bad = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                bad.append(f"{page.relative_to(REPO)}: {target}")
+            elif anchor and dest.suffix == ".md":
+                heads = [re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-")
+                         for h in re.findall(r"^#+ (.*)$", dest.read_text(encoding="utf-8"), re.M)]
+                if anchor not in heads:
+                    bad.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
+    assert bad == []
+
+
 def drop(text, pattern):
     """text with every match of pattern made unrecognisable."""
     out = re.sub(pattern, "REMOVED", text)
