@@ -173,6 +173,12 @@ static ddpd_err micro_batch(struct run *r, int64_t b, int64_t j, bool sync, int6
     const struct dev_ops *ops = r->dev.ops;
     void *ctx = r->dev.ctx;
     int64_t rows = dataset_batch(r->ds, b, r->hx, r->hy, r->hl);
+    if (rows < 0) {
+        *rows_out = 0;
+        if (err)
+            *err = *dataset_error(r->ds);
+        return dataset_error(r->ds)->code;
+    }
     ops->to_device(ctx, r->x, r->hx, (size_t)(rows * r->in) * sizeof(float));
 
     bool prev = false;
@@ -448,8 +454,10 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     /* A micro-batch is at most the shard: batch_size alone (which may be near INT64_MAX
      * on a small data set) sizes nothing. */
     const int64_t rows = spec_batch_rows(s, dataset_shard_size(r->ds));
-    int64_t rows_in, rows_out;
-    if (__builtin_mul_overflow(rows, r->in, &rows_in) || __builtin_mul_overflow(rows, r->out, &rows_out))
+    int64_t rows_in, rows_out, rows_xn, rows_yn; /* host batches: a sample's values (data.h) */
+    if (__builtin_mul_overflow(rows, r->in, &rows_in) || __builtin_mul_overflow(rows, r->out, &rows_out) ||
+        __builtin_mul_overflow(rows, spec_sample_numel(s), &rows_xn) ||
+        __builtin_mul_overflow(rows, spec_target_numel(s), &rows_yn))
         return ddpd_error_set(err, DDPD_EDEVICE, "batch_size",
                               "batch_size: micro-batches of %" PRId64 " rows are larger than any memory",
                               rows);
@@ -464,9 +472,9 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     const struct dev *dv = &r->dev;
     /* A step has at most min(grad_accum, batches) micro-batches. */
     const int64_t kmax = s->grad_accum < r->nb ? s->grad_accum : r->nb > 0 ? r->nb : 1;
-    if (!(r->hx = alloc_tensor(NULL, rows_in, sizeof(float), "batch inputs (host)", err)) ||
-        !(r->hy = alloc_tensor(NULL, rows_out, sizeof(float), "batch targets (host)", err)) ||
-        !(r->hl = alloc_tensor(NULL, rows, sizeof(int32_t), "batch labels (host)", err)) ||
+    if (!(r->hx = alloc_tensor(NULL, rows_xn, sizeof(float), "batch inputs (host)", err)) ||
+        !(r->hy = alloc_tensor(NULL, rows_yn, sizeof(float), "batch targets (host)", err)) ||
+        !(r->hl = alloc_tensor(NULL, rows_yn, sizeof(int32_t), "batch labels (host)", err)) ||
         !(r->x = alloc_tensor(dv, rows_in, sizeof(float), "batch inputs", err)) ||
         !(r->y = alloc_tensor(dv, rows_out, sizeof(float), "batch targets", err)) ||
         !(r->labels = alloc_tensor(dv, rows, sizeof(int32_t), "batch labels", err)) ||
