@@ -94,6 +94,13 @@ static ddpd_err check_spec(const struct spec *s, int world, struct ddpd_error *e
     if (table && (s->layers[f].in < 1 || s->layers[f].in > SPEC_MAX_WIDTH || s->layers[l].out < 1 ||
                   s->layers[l].out > SPEC_MAX_WIDTH))
         return data__fail(err, DDPD_ESPEC, "model", "layer widths must be in [1, %d]", SPEC_MAX_WIDTH);
+    if (table && (spec_input_ids(s) || spec_sample_numel(s) != s->layers[f].in))
+        return data__fail(err, DDPD_ESPEC, "data.type",
+                          "%s data is rows of float inputs for a list of linear layers; a model on %s "
+                          "needs npy%s data",
+                          s->data.kind == DATA_CSV ? "csv" : "synthetic",
+                          spec_input_ids(s) ? "token ids" : "samples of another shape",
+                          spec_input_ids(s) ? " or tokens" : "");
     int64_t xn = spec_sample_numel(s), yn = spec_target_numel(s), c = spec_classes(s);
     if (xn < 1 || xn > DATA_MAX_SAMPLE || yn < 1 || yn > DATA_MAX_SAMPLE || c < 1)
         return data__fail(err, DDPD_ESPEC, "input_shape",

@@ -1641,6 +1641,11 @@ static void test_tokens_errors(void)
     spec_tokens(&s, "data/ok.bin", 4, TOKENS_UINT16);
     m = open_fails(&s, DDPD_ESPEC, "data.type");
     CHECK(strstr(m, "must start with an embedding layer") != NULL);
+    spec_ids(&s, 4, 50, 50, LOSS_CROSS_ENTROPY);
+    spec_csv(&s, "data/ck.csv", "label");
+    CHECK_EQ_STR(open_fails(&s, DDPD_ESPEC, "data.type"),
+                 "data.type: csv data is rows of float inputs for a list of linear layers; a model on "
+                 "token ids needs npy or tokens data");
 
     /* An id outside the vocabulary: found at submit (dataset_check) and by the rank that
      * reads it, naming the file, the sample and the position. Token 9 is sample 2,
