@@ -14,27 +14,38 @@
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 #define PATH_CAP sizeof(((struct ddpd_error *)0)->path)
 
-static const char *const layer_names[] = {"linear", "relu", "tanh", "sigmoid", "gelu"};
+/* By layer_kind: LAYER_GELU_TANH is "gelu" too (its "approximate" says which). */
+static const char *const layer_names[] = {"linear",    "relu",      "tanh",     "sigmoid",   "gelu",
+                                          "gelu",      "embedding", "position", "layernorm", "attention",
+                                          "residual",  "dropout",   "conv2d",   "maxpool2d", "avgpool2d",
+                                          "batchnorm", "flatten"};
 static const char *const loss_names[] = {"mse", "cross_entropy"};
 static const char *const optim_names[] = {"sgd", "adamw"};
-static const char *const data_names[] = {"synthetic", "npy", "csv"};
+static const char *const data_names[] = {"synthetic", "npy", "csv", "tokens"};
+static const char *const dtype_names[] = {"uint16", "int32"};
+static const char *const sched_names[] = {"constant", "linear", "cosine"};
 static const char *const device_names[] = {"cpu", "cuda"};
 static const char *const backend_names[] = {"cpu", "nccl"};
 static const char *const precision_names[] = {"fp32", "tf32"};
 static const char *const nonfinite_names[] = {"fail", "continue"}; /* nonfinite_mode order */
 
 /* The keys each object may hold, in the order error messages list them. */
-static const char *const top_keys[] = {"name",      "world_size",   "device",      "precision",  "model",
-                                       "loss",      "optimizer",    "data",        "batch_size", "epochs",
-                                       "steps",     "grad_accum",   "ddp",         "init",       "checkpoint",
-                                       "log_every", "max_restarts", "on_nonfinite"};
+static const char *const top_keys[] = {
+    "name",      "world_size", "device", "precision",  "model",     "input_shape",  "loss",
+    "optimizer", "data",       "eval",   "batch_size", "epochs",    "steps",        "grad_accum",
+    "grad_clip", "ddp",        "init",   "checkpoint", "log_every", "max_restarts", "on_nonfinite"};
 static const char *const linear_keys[] = {"type", "in", "out", "bias"};
 static const char *const activation_keys[] = {"type"};
-static const char *const sgd_keys[] = {"type", "lr", "momentum", "dampening", "weight_decay", "nesterov"};
-static const char *const adamw_keys[] = {"type", "lr", "betas", "eps", "weight_decay"};
+static const char *const sgd_keys[] = {"type",         "lr",       "momentum", "dampening",
+                                       "weight_decay", "nesterov", "schedule"};
+static const char *const adamw_keys[] = {"type", "lr", "betas", "eps", "weight_decay", "schedule"};
+static const char *const schedule_keys[] = {"type", "warmup_steps", "min_lr", "total_steps"};
 static const char *const synthetic_keys[] = {"type", "samples", "seed", "shuffle", "drop_last"};
 static const char *const npy_keys[] = {"type", "x", "y", "seed", "shuffle", "drop_last"};
 static const char *const csv_keys[] = {"type", "path", "target", "seed", "shuffle", "drop_last"};
+static const char *const tokens_keys[] = {"type", "path",    "block_size", "dtype",
+                                          "seed", "shuffle", "drop_last"};
+static const char *const eval_keys[] = {"data", "every_steps", "max_batches"};
 static const char *const ddp_keys[] = {"bucket_cap_mb", "join", "divide_by_initial_world_size", "backend",
                                        "timeout_s"};
 static const char *const init_keys[] = {"seed", "from"};
@@ -101,7 +112,8 @@ static void path_key(char *dst, const char *parent, const char *key)
 
 static void path_index(char *dst, const char *parent, size_t i)
 {
-    snprintf(dst, PATH_CAP, "%s[%zu]", parent, i);
+    if (snprintf(dst, PATH_CAP, "%s[%zu]", parent, i) >= (int)PATH_CAP)
+        dst[PATH_CAP - 1] = '\0'; /* cut short: residuals nest at most SPEC_MAX_DEPTH deep */
 }
 
 /* Shortest %g that reads back as the same double. */
@@ -395,74 +407,606 @@ static int64_t last_linear(const struct spec *s)
     return -1;
 }
 
+/* A model of linear layers and activations alone: what v1 took, and what synthetic and
+ * CSV data can feed. */
+static bool is_mlp_kind(layer_kind k)
+{
+    return k == LAYER_LINEAR || k == LAYER_RELU || k == LAYER_TANH || k == LAYER_SIGMOID || k == LAYER_GELU ||
+           k == LAYER_GELU_TANH;
+}
+
+/* The first layer that is not linear or an activation, or -1. */
+static int first_non_mlp(const struct spec *s)
+{
+    for (int i = 0; i < s->n_layers; i++)
+        if (!is_mlp_kind(s->layers[i].kind))
+            return i;
+    return -1;
+}
+
+/* "model[2].layers[1]" for the layer whose key is "2.1". */
+static void layer_path(char *dst, const struct spec *s, int i)
+{
+    int o = snprintf(dst, PATH_CAP, "model");
+    for (const char *k = s->layers[i].key; *k && o < (int)PATH_CAP;) {
+        size_t n = strcspn(k, ".");
+        o += snprintf(dst + o, PATH_CAP - (size_t)o, "%s[%.*s]", k == s->layers[i].key ? "" : ".layers",
+                      (int)n, k);
+        k += n;
+        k += (*k == '.');
+    }
+}
+
+/* "[32,4,4]" */
+static void shape_str(char *dst, size_t cap, int rank, const int64_t *shape)
+{
+    size_t o = (size_t)snprintf(dst, cap, "[");
+    for (int i = 0; i < rank && o < cap; i++)
+        o += (size_t)snprintf(dst + o, cap - o, "%s%lld", i ? "," : "", (long long)shape[i]);
+    if (o < cap)
+        snprintf(dst + o, cap - o, "]");
+}
+
+static int64_t shape_numel(int rank, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++)
+        if (__builtin_mul_overflow(n, shape[i], &n))
+            return INT64_MAX;
+    return n;
+}
+
+/* An int, or a list of two ints, each in [lo, hi] (kernel, stride, padding: [h, w]). */
+static ddpd_err get_pair(struct ddpd_error *err, json_t *obj, const char *parent, const char *key, int64_t lo,
+                         int64_t hi, bool required, int64_t out[2])
+{
+    char path[PATH_CAP], one[96], want[200];
+    json_t *v = json_object_get(obj, key);
+    path_key(path, parent, key);
+    int_phrase(one, sizeof one, lo, hi);
+    snprintf(want, sizeof want, "%s or a list of 2 of them [h, w]", one);
+    if (!v)
+        return required ? missing(err, path, want) : DDPD_OK;
+    if (json_is_integer(v) && json_integer_value(v) >= lo && json_integer_value(v) <= hi) {
+        out[0] = out[1] = json_integer_value(v);
+        return DDPD_OK;
+    }
+    if (!json_is_array(v))
+        return fail_type(err, path, want, v);
+    if (json_array_size(v) != 2)
+        return fail(err, path, "expected a list of 2 integers [h, w], got %zu", json_array_size(v));
+    for (size_t i = 0; i < 2; i++) {
+        char ip[PATH_CAP];
+        json_t *x = json_array_get(v, i);
+        path_index(ip, path, i);
+        if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
+            return fail_type(err, ip, one, x);
+        out[i] = json_integer_value(x);
+    }
+    return DDPD_OK;
+}
+
+/* ---- the model: layers, their keys, and the shapes flowing through them ---- */
+
+/* The names `type` takes, and the kind each one is (gelu's approximation is a key). */
+static const char *const type_names[] = {
+    "linear",    "relu",     "tanh",    "sigmoid", "gelu",      "embedding", "position",  "layernorm",
+    "attention", "residual", "dropout", "conv2d",  "maxpool2d", "avgpool2d", "batchnorm", "flatten"};
+static const layer_kind type_kinds[] = {LAYER_LINEAR,    LAYER_RELU,      LAYER_TANH,      LAYER_SIGMOID,
+                                        LAYER_GELU,      LAYER_EMBEDDING, LAYER_POSITION,  LAYER_LAYERNORM,
+                                        LAYER_ATTENTION, LAYER_RESIDUAL,  LAYER_DROPOUT,   LAYER_CONV2D,
+                                        LAYER_MAXPOOL2D, LAYER_AVGPOOL2D, LAYER_BATCHNORM, LAYER_FLATTEN};
+static const char *const gelu_approx_names[] = {"none", "tanh"};
+
+static const char *const gelu_keys[] = {"type", "approximate"};
+static const char *const embedding_keys[] = {"type", "num", "dim"};
+static const char *const position_keys[] = {"type", "max", "dim"};
+static const char *const layernorm_keys[] = {"type", "dim", "eps", "bias"};
+static const char *const attention_keys[] = {"type", "dim", "heads", "causal", "bias"};
+static const char *const residual_keys[] = {"type", "layers"};
+static const char *const dropout_keys[] = {"type", "p"};
+static const char *const conv2d_keys[] = {"type", "in", "out", "kernel", "stride", "padding", "bias"};
+static const char *const pool_keys[] = {"type", "kernel", "stride", "padding"};
+static const char *const batchnorm_keys[] = {"type", "features", "eps", "momentum"};
+
+#define SPEC_MAX_DEPTH  8           /* residuals inside residuals */
+#define SPEC_MAX_KERNEL 1024        /* kernel, stride and padding of conv2d and pooling */
+#define SPEC_MAX_HEADS  1024        /* attention heads */
+#define SPEC_MAX_T      65536       /* positions entering an attention or position layer */
+#define SPEC_MAX_NUMEL  (1LL << 32) /* elements of one sample entering or leaving a layer */
+
+static ddpd_err parse_layer_list(struct ddpd_error *err, struct spec *s, json_t *list, const char *lpath,
+                                 int parent, int depth);
+
+static ddpd_err parse_layer(struct ddpd_error *err, struct spec *s, int idx, json_t *layer, const char *lp,
+                            int depth)
+{
+    struct spec_layer *l = &s->layers[idx];
+    char path[PATH_CAP], only[64];
+    int t = 0;
+    ddpd_err rc;
+    if (!json_is_object(layer))
+        return fail_type(err, lp, "a layer object such as {\"type\": \"relu\"}", layer);
+    rc = get_enum(err, layer, lp, "type", type_names, COUNT(type_names), true, &t);
+    if (rc != DDPD_OK)
+        return rc;
+    l->kind = type_kinds[t];
+    l->bias = true;
+    l->causal = true;
+    l->eps = 1e-5;
+    l->momentum = 0.1;
+    switch (l->kind) {
+    case LAYER_LINEAR:
+        rc = check_keys(err, layer, lp, linear_keys, COUNT(linear_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_int(err, layer, lp, "in", 1, SPEC_MAX_WIDTH, true, &l->in);
+        if (rc == DDPD_OK)
+            rc = get_int(err, layer, lp, "out", 1, SPEC_MAX_WIDTH, true, &l->out);
+        if (rc == DDPD_OK)
+            rc = get_bool(err, layer, lp, "bias", &l->bias);
+        return rc;
+    case LAYER_RELU:
+    case LAYER_TANH:
+    case LAYER_SIGMOID:
+    case LAYER_FLATTEN:
+        snprintf(only, sizeof only, "a %s layer takes only \"type\"", type_names[t]);
+        return check_keys(err, layer, lp, activation_keys, COUNT(activation_keys), only);
+    case LAYER_GELU:
+    case LAYER_GELU_TANH: {
+        int a = 0;
+        rc = check_keys(err, layer, lp, gelu_keys, COUNT(gelu_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_enum(err, layer, lp, "approximate", gelu_approx_names, COUNT(gelu_approx_names), false,
+                          &a);
+        l->kind = a ? LAYER_GELU_TANH : LAYER_GELU;
+        return rc;
+    }
+    case LAYER_EMBEDDING:
+        rc = check_keys(err, layer, lp, embedding_keys, COUNT(embedding_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_int(err, layer, lp, "num", 1, SPEC_MAX_WIDTH, true, &l->num);
+        if (rc == DDPD_OK)
+            rc = get_int(err, layer, lp, "dim", 1, SPEC_MAX_WIDTH, true, &l->dim);
+        return rc;
+    case LAYER_POSITION:
+        rc = check_keys(err, layer, lp, position_keys, COUNT(position_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_int(err, layer, lp, "max", 1, SPEC_MAX_T, true, &l->num);
+        if (rc == DDPD_OK)
+            rc = get_int(err, layer, lp, "dim", 1, SPEC_MAX_WIDTH, true, &l->dim);
+        return rc;
+    case LAYER_LAYERNORM:
+        rc = check_keys(err, layer, lp, layernorm_keys, COUNT(layernorm_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_int(err, layer, lp, "dim", 1, SPEC_MAX_WIDTH, true, &l->dim);
+        if (rc == DDPD_OK)
+            rc =
+                get_num(err, layer, lp, "eps", 0, true, INFINITY, false, "a positive number", false, &l->eps);
+        if (rc == DDPD_OK)
+            rc = get_bool(err, layer, lp, "bias", &l->bias);
+        return rc;
+    case LAYER_ATTENTION:
+        rc = check_keys(err, layer, lp, attention_keys, COUNT(attention_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_int(err, layer, lp, "dim", 1, SPEC_MAX_WIDTH, true, &l->dim);
+        if (rc == DDPD_OK)
+            rc = get_int(err, layer, lp, "heads", 1, SPEC_MAX_HEADS, true, &l->heads);
+        if (rc == DDPD_OK)
+            rc = get_bool(err, layer, lp, "causal", &l->causal);
+        if (rc == DDPD_OK)
+            rc = get_bool(err, layer, lp, "bias", &l->bias);
+        if (rc == DDPD_OK && l->dim % l->heads != 0) {
+            path_key(path, lp, "heads");
+            return fail(err, path, "expected a divisor of dim %lld, got %lld", (long long)l->dim,
+                        (long long)l->heads);
+        }
+        return rc;
+    case LAYER_RESIDUAL: {
+        rc = check_keys(err, layer, lp, residual_keys, COUNT(residual_keys), NULL);
+        if (rc != DDPD_OK)
+            return rc;
+        path_key(path, lp, "layers");
+        json_t *inner = json_object_get(layer, "layers");
+        if (depth >= SPEC_MAX_DEPTH)
+            return fail(err, path, "residuals nest at most %d deep", SPEC_MAX_DEPTH);
+        if (!inner)
+            return missing(err, path, "a non-empty list of layers");
+        rc = parse_layer_list(err, s, inner, path, idx, depth + 1);
+        s->layers[idx].end = s->n_layers;
+        return rc;
+    }
+    case LAYER_DROPOUT:
+        rc = check_keys(err, layer, lp, dropout_keys, COUNT(dropout_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_num(err, layer, lp, "p", 0, false, 1, true, "a number in [0, 1)", true, &l->p);
+        return rc;
+    case LAYER_CONV2D:
+        rc = check_keys(err, layer, lp, conv2d_keys, COUNT(conv2d_keys), NULL);
+        l->stride[0] = l->stride[1] = 1;
+        if (rc == DDPD_OK)
+            rc = get_int(err, layer, lp, "in", 1, SPEC_MAX_WIDTH, true, &l->in);
+        if (rc == DDPD_OK)
+            rc = get_int(err, layer, lp, "out", 1, SPEC_MAX_WIDTH, true, &l->out);
+        if (rc == DDPD_OK)
+            rc = get_pair(err, layer, lp, "kernel", 1, SPEC_MAX_KERNEL, true, l->kernel);
+        if (rc == DDPD_OK)
+            rc = get_pair(err, layer, lp, "stride", 1, SPEC_MAX_KERNEL, false, l->stride);
+        if (rc == DDPD_OK)
+            rc = get_pair(err, layer, lp, "padding", 0, SPEC_MAX_KERNEL, false, l->padding);
+        if (rc == DDPD_OK)
+            rc = get_bool(err, layer, lp, "bias", &l->bias);
+        return rc;
+    case LAYER_MAXPOOL2D:
+    case LAYER_AVGPOOL2D:
+        rc = check_keys(err, layer, lp, pool_keys, COUNT(pool_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_pair(err, layer, lp, "kernel", 1, SPEC_MAX_KERNEL, true, l->kernel);
+        l->stride[0] = l->kernel[0];
+        l->stride[1] = l->kernel[1];
+        if (rc == DDPD_OK)
+            rc = get_pair(err, layer, lp, "stride", 1, SPEC_MAX_KERNEL, false, l->stride);
+        if (rc == DDPD_OK)
+            rc = get_pair(err, layer, lp, "padding", 0, SPEC_MAX_KERNEL, false, l->padding);
+        /* PyTorch's own rule: "pad should be at most half of effective kernel size". */
+        if (rc == DDPD_OK && (2 * l->padding[0] > l->kernel[0] || 2 * l->padding[1] > l->kernel[1])) {
+            path_key(path, lp, "padding");
+            return fail(err, path, "expected at most half the kernel [%lld,%lld], got [%lld,%lld]",
+                        (long long)l->kernel[0], (long long)l->kernel[1], (long long)l->padding[0],
+                        (long long)l->padding[1]);
+        }
+        l->bias = false;
+        return rc;
+    case LAYER_BATCHNORM:
+        rc = check_keys(err, layer, lp, batchnorm_keys, COUNT(batchnorm_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_int(err, layer, lp, "features", 1, SPEC_MAX_WIDTH, true, &l->dim);
+        if (rc == DDPD_OK)
+            rc =
+                get_num(err, layer, lp, "eps", 0, true, INFINITY, false, "a positive number", false, &l->eps);
+        if (rc == DDPD_OK)
+            rc = get_num(err, layer, lp, "momentum", 0, false, 1, false, "a number in [0, 1]", false,
+                         &l->momentum);
+        l->bias = true; /* its affine shift */
+        return rc;
+    }
+    return DDPD_OK;
+}
+
+static ddpd_err parse_layer_list(struct ddpd_error *err, struct spec *s, json_t *list, const char *lpath,
+                                 int parent, int depth)
+{
+    if (!json_is_array(list))
+        return fail_type(err, lpath, "a list of layers", list);
+    size_t n = json_array_size(list);
+    if (n == 0)
+        return fail(err, lpath, "expected at least one layer, got an empty list");
+    if (n > SPEC_MAX_LIST)
+        return fail(err, lpath, "at most %d layers, got %zu", SPEC_MAX_LIST, n);
+    for (size_t i = 0; i < n; i++) {
+        char lp[PATH_CAP];
+        path_index(lp, lpath, i);
+        if (s->n_layers >= SPEC_MAX_LAYERS)
+            return fail(err, lp, "at most %d layers in the whole model, the residuals' layers counted",
+                        SPEC_MAX_LAYERS);
+        int idx = s->n_layers++;
+        struct spec_layer *l = &s->layers[idx];
+        l->parent = parent;
+        l->end = idx + 1;
+        if (parent < 0)
+            snprintf(l->key, sizeof l->key, "%zu", i);
+        else {
+            char pk[sizeof l->key];
+            memcpy(pk, s->layers[parent].key, sizeof pk);
+            /* at most 9 levels of "63.": never cut short */
+            if (snprintf(l->key, sizeof l->key, "%s.%zu", pk, i) >= (int)sizeof l->key)
+                return fail(err, lp, "residuals nest too deep");
+        }
+        ddpd_err rc = parse_layer(err, s, idx, json_array_get(list, i), lp, depth);
+        if (rc != DDPD_OK)
+            return rc;
+    }
+    return DDPD_OK;
+}
+
+/* The shape of one sample flowing through the model, and where its last dimension
+ * came from, for messages ("model[0].out", "flatten of [32,4,4]"). */
+struct flow {
+    int rank;
+    int64_t shape[SPEC_MAX_RANK];
+    char src[PATH_CAP + 64];
+};
+
+static ddpd_err flow_fail_rank(struct ddpd_error *err, const char *lp, const char *what, const struct flow *f)
+{
+    char sh[128];
+    shape_str(sh, sizeof sh, f->rank, f->shape);
+    return fail(err, lp, "a %s, got %s", what, sh);
+}
+
+/* A key that must equal a dimension of the tensor entering the layer. */
+static ddpd_err expect_dim(struct ddpd_error *err, const char *lp, const char *key, int64_t want,
+                           const char *why, int64_t got)
+{
+    char path[PATH_CAP];
+    if (want == got)
+        return DDPD_OK;
+    path_key(path, lp, key);
+    return fail(err, path, "expected %lld (%s), got %lld", (long long)want, why, (long long)got);
+}
+
+/* Output height and width of a conv2d or pooling layer on [C,H,W]; an error at the
+ * kernel when the padded input is smaller than it. */
+static ddpd_err window_out(struct ddpd_error *err, const char *lp, const struct spec_layer *l,
+                           const struct flow *f, int64_t hw[2])
+{
+    for (int d = 0; d < 2; d++) {
+        int64_t padded = f->shape[1 + d] + 2 * l->padding[d];
+        if (padded < l->kernel[d]) {
+            char path[PATH_CAP], sh[128];
+            path_key(path, lp, "kernel");
+            shape_str(sh, sizeof sh, f->rank, f->shape);
+            return fail(err, path,
+                        "kernel [%lld,%lld] does not fit the input %s with padding [%lld,%lld]: the output "
+                        "would be smaller than 1",
+                        (long long)l->kernel[0], (long long)l->kernel[1], sh, (long long)l->padding[0],
+                        (long long)l->padding[1]);
+        }
+        hw[d] = (padded - l->kernel[d]) / l->stride[d] + 1;
+    }
+    return DDPD_OK;
+}
+
+/* Layer i with the tensor `f` entering it: checks its keys against f, records its
+ * shapes and leaves in f what comes out. */
+static ddpd_err infer_layer(struct ddpd_error *err, struct spec *s, int i, struct flow *f)
+{
+    struct spec_layer *l = &s->layers[i];
+    char lp[PATH_CAP], sh[128];
+    const int r = f->rank;
+    int64_t *last = &f->shape[r - 1];
+    ddpd_err rc = DDPD_OK;
+    layer_path(lp, s, i);
+    l->in_rank = r;
+    memcpy(l->in_shape, f->shape, sizeof l->in_shape);
+    switch (l->kind) {
+    case LAYER_LINEAR:
+        if (l->in != *last) {
+            char path[PATH_CAP];
+            path_key(path, lp, "in");
+            return fail(err, path, "expected %lld (%s), got %lld", (long long)*last,
+                        f->src[0] ? f->src : "the width entering it", (long long)l->in);
+        }
+        *last = l->out;
+        snprintf(f->src, sizeof f->src, "%s.out", lp);
+        break;
+    case LAYER_RELU:
+    case LAYER_TANH:
+    case LAYER_SIGMOID:
+    case LAYER_GELU:
+    case LAYER_GELU_TANH:
+    case LAYER_DROPOUT: l->in = l->out = *last; break;
+    case LAYER_EMBEDDING:
+        if (i != 0) {
+            char path[PATH_CAP];
+            path_key(path, lp, "type");
+            return fail(err, path,
+                        "embedding must be the first layer of the model (it reads the input's ids)");
+        }
+        if (r + 1 > SPEC_MAX_RANK)
+            return flow_fail_rank(err, lp, "embedding adds a dimension: it takes ids of at most 3 dimensions",
+                                  f);
+        f->shape[r] = l->dim;
+        f->rank = r + 1;
+        l->in = l->num;
+        l->out = l->dim;
+        snprintf(f->src, sizeof f->src, "%s.dim", lp);
+        break;
+    case LAYER_POSITION:
+    case LAYER_ATTENTION:
+        if (r != 2)
+            return flow_fail_rank(err, lp,
+                                  l->kind == LAYER_POSITION ? "position layer acts on [T,dim] (one sample)"
+                                                            : "attention layer acts on [T,dim] (one sample)",
+                                  f);
+        if ((rc = expect_dim(err, lp, "dim", *last, "the width entering it", l->dim)))
+            return rc;
+        if (l->kind == LAYER_POSITION && f->shape[0] > l->num) {
+            char path[PATH_CAP];
+            path_key(path, lp, "max");
+            shape_str(sh, sizeof sh, r, f->shape);
+            return fail(err, path, "expected at least %lld (T of the input %s), got %lld",
+                        (long long)f->shape[0], sh, (long long)l->num);
+        }
+        if (f->shape[0] > SPEC_MAX_T) {
+            shape_str(sh, sizeof sh, r, f->shape);
+            return fail(err, lp, "at most %d positions, got %s", SPEC_MAX_T, sh);
+        }
+        l->in = l->out = l->dim;
+        break;
+    case LAYER_LAYERNORM:
+        if ((rc = expect_dim(err, lp, "dim", *last, "the width entering it", l->dim)))
+            return rc;
+        l->in = l->out = l->dim;
+        break;
+    case LAYER_BATCHNORM:
+        if (r != 1 && r != 3)
+            return flow_fail_rank(err, lp,
+                                  "batchnorm layer acts on [features] or [features,H,W] (one sample)", f);
+        if ((rc = expect_dim(err, lp, "features", f->shape[0],
+                             r == 1 ? "the width entering it" : "the channels entering it", l->dim)))
+            return rc;
+        l->in = l->out = l->dim;
+        break;
+    case LAYER_CONV2D:
+    case LAYER_MAXPOOL2D:
+    case LAYER_AVGPOOL2D: {
+        int64_t hw[2] = {0, 0};
+        char what[64];
+        snprintf(what, sizeof what, "%s layer acts on [C,H,W] (one sample)", layer_kind_name(l->kind));
+        if (r != 3)
+            return flow_fail_rank(err, lp, what, f);
+        if (l->kind == LAYER_CONV2D &&
+            (rc = expect_dim(err, lp, "in", f->shape[0], "the channels entering it", l->in)))
+            return rc;
+        if ((rc = window_out(err, lp, l, f, hw)))
+            return rc;
+        if (l->kind == LAYER_CONV2D)
+            f->shape[0] = l->out;
+        else
+            l->in = l->out = f->shape[0];
+        f->shape[1] = hw[0];
+        f->shape[2] = hw[1];
+        f->src[0] = '\0';
+        break;
+    }
+    case LAYER_FLATTEN: {
+        int64_t n = shape_numel(r, f->shape);
+        shape_str(sh, sizeof sh, r, f->shape);
+        snprintf(f->src, sizeof f->src, "flatten of %s", sh);
+        f->rank = 1;
+        f->shape[0] = n;
+        l->in = l->out = n;
+        break;
+    }
+    case LAYER_RESIDUAL: {
+        struct flow in = *f;
+        for (int j = i + 1; j < l->end; j = s->layers[j].end)
+            if ((rc = infer_layer(err, s, j, f)))
+                return rc;
+        if (f->rank != in.rank || memcmp(f->shape, in.shape, sizeof f->shape) != 0) {
+            char a[128];
+            shape_str(sh, sizeof sh, in.rank, in.shape);
+            shape_str(a, sizeof a, f->rank, f->shape);
+            return fail(err, lp,
+                        "the output of its layers %s must have the shape of its input %s (x + layers(x))", a,
+                        sh);
+        }
+        *f = in; /* the same shape, and the same source of its width */
+        l->in = l->out = in.shape[in.rank - 1];
+        break;
+    }
+    }
+    if (shape_numel(f->rank, f->shape) > SPEC_MAX_NUMEL) {
+        shape_str(sh, sizeof sh, f->rank, f->shape);
+        return fail(err, lp, "one sample's output %s has more than %lld elements", sh, SPEC_MAX_NUMEL);
+    }
+    l->out_rank = f->rank;
+    memset(l->out_shape, 0, sizeof l->out_shape);
+    memcpy(l->out_shape, f->shape, sizeof(int64_t) * (size_t)f->rank);
+    return DDPD_OK;
+}
+
+/* input_shape: 1..SPEC_MAX_RANK positive integers. */
+static ddpd_err parse_input_shape(struct ddpd_error *err, json_t *root, struct spec *s)
+{
+    json_t *v = json_object_get(root, "input_shape");
+    char want[96];
+    snprintf(want, sizeof want, "a list of 1 to %d integers from 1 to %d", SPEC_MAX_RANK, SPEC_MAX_WIDTH);
+    if (!v)
+        return DDPD_OK;
+    if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > SPEC_MAX_RANK) {
+        if (json_is_array(v))
+            return fail(err, "input_shape", "expected %s, got %zu", want, json_array_size(v));
+        return fail_type(err, "input_shape", want, v);
+    }
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        char path[PATH_CAP];
+        json_t *x = json_array_get(v, i);
+        path_index(path, "input_shape", i);
+        if (!json_is_integer(x) || json_integer_value(x) < 1 || json_integer_value(x) > SPEC_MAX_WIDTH)
+            return fail_type(err, path, "an integer from 1 to 1048576", x);
+        s->input_shape[i] = json_integer_value(x);
+    }
+    s->input_rank = (int)json_array_size(v);
+    s->input_shape_set = true;
+    if (shape_numel(s->input_rank, s->input_shape) > SPEC_MAX_NUMEL) {
+        char sh[128];
+        shape_str(sh, sizeof sh, s->input_rank, s->input_shape);
+        return fail(err, "input_shape", "one sample of %s has more than %lld elements", sh, SPEC_MAX_NUMEL);
+    }
+    return DDPD_OK;
+}
+
 static ddpd_err parse_model(struct ddpd_error *err, json_t *root, struct spec *s)
 {
     json_t *model = json_object_get(root, "model");
+    char lp[PATH_CAP], path[PATH_CAP];
     ddpd_err rc;
     if (!model)
         return fail(err, "model",
                     "missing (expected a list of layers such as "
                     "[{\"type\": \"linear\", \"in\": 10, \"out\": 1}])");
-    if (!json_is_array(model))
-        return fail_type(err, "model", "a list of layers", model);
-    size_t n = json_array_size(model);
-    if (n == 0)
-        return fail(err, "model", "expected at least one layer, got an empty list");
-    if (n > SPEC_MAX_LIST)
-        return fail(err, "model", "at most %d layers, got %zu", SPEC_MAX_LIST, n);
+    s->n_layers = 0;
+    if ((rc = parse_layer_list(err, s, model, "model", -1, 0)) != DDPD_OK)
+        return rc;
+    if ((rc = parse_input_shape(err, root, s)) != DDPD_OK)
+        return rc;
 
-    int64_t width = 0;     /* the width flowing out of the layers so far */
-    size_t width_from = 0; /* the linear layer that set it */
-    for (size_t i = 0; i < n; i++) {
-        char lp[PATH_CAP], path[PATH_CAP];
-        json_t *layer = json_array_get(model, i);
-        struct spec_layer *l = &s->layers[i];
-        int kind = 0;
-        path_index(lp, "model", i);
-        if (!json_is_object(layer))
-            return fail_type(err, lp, "a layer object such as {\"type\": \"relu\"}", layer);
-        rc = get_enum(err, layer, lp, "type", layer_names, COUNT(layer_names), true, &kind);
-        if (rc != DDPD_OK)
-            return rc;
-        l->kind = (layer_kind)kind;
-        if (l->kind != LAYER_LINEAR) {
-            if (i == 0) {
-                path_key(path, lp, "type");
-                return fail(err, path,
-                            "the first layer must be \"linear\" (an activation takes its "
-                            "width from the layer before it), got \"%s\"",
-                            layer_names[kind]);
-            }
-            char only[64];
-            snprintf(only, sizeof only, "a %s layer takes only \"type\"", layer_names[kind]);
-            rc = check_keys(err, layer, lp, activation_keys, COUNT(activation_keys), only);
-            if (rc != DDPD_OK)
-                return rc;
-            l->in = l->out = width;
-            continue;
-        }
-        rc = check_keys(err, layer, lp, linear_keys, COUNT(linear_keys), NULL);
-        if (rc == DDPD_OK)
-            rc = get_int(err, layer, lp, "in", 1, SPEC_MAX_WIDTH, true, &l->in);
-        if (rc != DDPD_OK)
-            return rc;
-        if (i > 0 && l->in != width) {
-            path_key(path, lp, "in");
-            return fail(err, path, "expected %lld (model[%zu].out), got %lld", (long long)width, width_from,
-                        (long long)l->in);
-        }
-        l->bias = true;
-        rc = get_int(err, layer, lp, "out", 1, SPEC_MAX_WIDTH, true, &l->out);
-        if (rc == DDPD_OK)
-            rc = get_bool(err, layer, lp, "bias", &l->bias);
-        if (rc != DDPD_OK)
-            return rc;
-        width = l->out;
-        width_from = i;
+    const struct spec_layer *l0 = &s->layers[0];
+    const int odd = first_non_mlp(s);
+    if (odd < 0 && l0->kind != LAYER_LINEAR) {
+        path_key(path, "model[0]", "type");
+        return fail(err, path,
+                    "the first layer must be \"linear\" (an activation takes its width from the layer "
+                    "before it), got \"%s\"",
+                    layer_kind_name(l0->kind));
     }
-    s->n_layers = (int)n;
-    spec_flat_layers(s);
+    if (odd < 0 && s->input_shape_set && (s->input_rank != 1 || s->input_shape[0] != l0->in)) {
+        char sh[128];
+        shape_str(sh, sizeof sh, s->input_rank, s->input_shape);
+        return fail(err, "input_shape",
+                    "expected [%lld] (model[0].in) for a model of linear layers and activations, got %s",
+                    (long long)l0->in, sh);
+    }
+    if (!s->input_shape_set) {
+        int needs = -1;
+        for (int i = 0; i < s->n_layers && needs < 0; i++) {
+            layer_kind k = s->layers[i].kind;
+            if (k == LAYER_CONV2D || k == LAYER_MAXPOOL2D || k == LAYER_AVGPOOL2D || k == LAYER_FLATTEN)
+                needs = i;
+        }
+        if (l0->kind == LAYER_EMBEDDING)
+            return fail(err, "input_shape",
+                        "missing (expected the shape of one sample's ids, such as [64]: the model starts "
+                        "with embedding)");
+        if (needs >= 0) {
+            layer_path(lp, s, needs);
+            return fail(err, "input_shape",
+                        "missing (expected the shape of one sample without the batch dimension, such as "
+                        "[1,28,28]: %s is %s)",
+                        lp, layer_kind_name(s->layers[needs].kind));
+        }
+        if (l0->kind != LAYER_LINEAR)
+            return fail(err, "input_shape",
+                        "missing (expected the shape of one sample without the batch dimension, such as "
+                        "[64]: model[0] is %s, which takes its shape from its input)",
+                        layer_kind_name(l0->kind));
+        s->input_rank = 1;
+        s->input_shape[0] = l0->in;
+    }
+
+    struct flow f = {.rank = s->input_rank};
+    memcpy(f.shape, s->input_shape, sizeof f.shape);
+    if (s->input_shape_set) {
+        char sh[128];
+        shape_str(sh, sizeof sh, s->input_rank, s->input_shape);
+        snprintf(f.src, sizeof f.src, "input_shape %s", sh);
+    }
+    for (int i = 0; i < s->n_layers; i = s->layers[i].end)
+        if ((rc = infer_layer(err, s, i, &f)) != DDPD_OK)
+            return rc;
     return DDPD_OK;
+}
+
+/* The top-level layer that produces the model's output. */
+static const struct spec_layer *output_layer(const struct spec *s)
+{
+    int i = 0, last = -1;
+    while (i < s->n_layers) {
+        last = i;
+        i = s->layers[i].end > i ? s->layers[i].end : i + 1;
+    }
+    return last >= 0 ? &s->layers[last] : NULL;
 }
 
 static ddpd_err parse_loss(struct ddpd_error *err, json_t *root, struct spec *s)
@@ -472,14 +1016,26 @@ static ddpd_err parse_loss(struct ddpd_error *err, json_t *root, struct spec *s)
     if (rc != DDPD_OK)
         return rc;
     s->loss = (loss_kind)k;
+    if (s->loss != LOSS_CROSS_ENTROPY)
+        return DDPD_OK; /* mse: any output shape */
+    const struct spec_layer *o = output_layer(s);
+    char sh[128];
+    shape_str(sh, sizeof sh, o->out_rank, o->out_shape);
+    if (o->out_rank > 2)
+        return fail(err, "loss",
+                    "cross_entropy needs logits [C] or [T,C] per sample, the model's output is %s", sh);
     /* Cross entropy over one class is always zero: surely a mistake. */
-    if (s->loss == LOSS_CROSS_ENTROPY && spec_out_width(s) < 2)
-        return fail(err, "loss", "cross_entropy needs at least 2 outputs (model[%lld].out is %lld)",
-                    (long long)last_linear(s), (long long)spec_out_width(s));
+    if (spec_classes(s) < 2) {
+        int64_t ll = last_linear(s);
+        if (o->out_rank == 1 && ll >= 0 && s->layers[ll].parent < 0 && s->layers[ll].out == spec_classes(s))
+            return fail(err, "loss", "cross_entropy needs at least 2 outputs (model[%lld].out is %lld)",
+                        (long long)ll, (long long)s->layers[ll].out);
+        return fail(err, "loss", "cross_entropy needs at least 2 classes, the model's output is %s", sh);
+    }
     return DDPD_OK;
 }
 
-static ddpd_err parse_optimizer(struct ddpd_error *err, json_t *root, struct spec *s)
+static ddpd_err parse_optimizer_kind(struct ddpd_error *err, json_t *root, struct spec *s)
 {
     struct spec_optim *o = &s->optim;
     const char *P = "optimizer";
@@ -552,29 +1108,86 @@ static ddpd_err parse_optimizer(struct ddpd_error *err, json_t *root, struct spe
     return rc;
 }
 
-static ddpd_err parse_targets(struct ddpd_error *err, json_t *data, struct spec *s)
+/* optimizer.schedule (§2a); warmup_steps < total_steps is checked once `steps` is known
+ * (check_schedule). */
+static ddpd_err parse_optimizer(struct ddpd_error *err, json_t *root, struct spec *s)
 {
-    struct spec_data *d = &s->data;
+    struct spec_optim *o = &s->optim;
+    const char *P = "optimizer.schedule";
+    int k = 0;
+    ddpd_err rc = parse_optimizer_kind(err, root, s);
+    if (rc != DDPD_OK)
+        return rc;
+    json_t *obj = json_object_get(json_object_get(root, "optimizer"), "schedule");
+    if (!obj)
+        return DDPD_OK;
+    if (!json_is_object(obj))
+        return fail_type(err, P, "an object such as {\"type\": \"cosine\", \"warmup_steps\": 100}", obj);
+    rc = check_keys(err, obj, P, schedule_keys, COUNT(schedule_keys), NULL);
+    if (rc == DDPD_OK)
+        rc = get_enum(err, obj, P, "type", sched_names, COUNT(sched_names), true, &k);
+    o->schedule = (sched_kind)k;
+    if (rc == DDPD_OK)
+        rc = get_int(err, obj, P, "warmup_steps", 0, INT64_MAX, false, &o->warmup_steps);
+    if (rc == DDPD_OK)
+        rc = get_num(err, obj, P, "min_lr", 0, false, INFINITY, false, "a non-negative number", false,
+                     &o->min_lr);
+    if (rc == DDPD_OK && o->min_lr > o->lr) {
+        char lr[40];
+        fmt_real(lr, sizeof lr, o->lr);
+        json_t *v = json_object_get(obj, "min_lr");
+        char want[80], d[200];
+        snprintf(want, sizeof want, "a number from 0 to optimizer.lr (%s)", lr);
+        return fail(err, "optimizer.schedule.min_lr", "expected %s, got %s", want, describe(v, d, sizeof d));
+    }
+    if (rc == DDPD_OK)
+        rc = get_int(err, obj, P, "total_steps", 1, INT64_MAX, false, &o->total_steps);
+    return rc;
+}
+
+/* warmup_steps < total_steps when both are known: the schedule divides by their
+ * difference after the warmup. */
+static ddpd_err check_schedule(struct ddpd_error *err, const struct spec *s)
+{
+    const struct spec_optim *o = &s->optim;
+    if (o->warmup_steps == 0)
+        return DDPD_OK;
+    if (o->total_steps > 0 && o->warmup_steps >= o->total_steps)
+        return fail(err, "optimizer.schedule.warmup_steps",
+                    "expected fewer than total_steps (%lld), got %lld", (long long)o->total_steps,
+                    (long long)o->warmup_steps);
+    if (o->total_steps == 0 && s->steps > 0 && o->warmup_steps >= s->steps)
+        return fail(err, "optimizer.schedule.warmup_steps",
+                    "expected fewer than the job's steps (%lld: total_steps defaults to them), got %lld",
+                    (long long)s->steps, (long long)o->warmup_steps);
+    return DDPD_OK;
+}
+
+static ddpd_err parse_targets(struct ddpd_error *err, json_t *data, const char *P, struct spec *s,
+                              struct spec_data *d)
+{
     json_t *t = json_object_get(data, "target");
+    char tp[PATH_CAP];
     ddpd_err rc;
+    path_key(tp, P, "target");
     if (!t)
-        return missing(err, "data.target", "a column name or a list of column names");
+        return missing(err, tp, "a column name or a list of column names");
     if (json_is_string(t)) {
-        rc = get_str_value(err, t, "data.target", d->targets[0], sizeof d->targets[0]);
+        rc = get_str_value(err, t, tp, d->targets[0], sizeof d->targets[0]);
         if (rc != DDPD_OK)
             return rc;
         if (!d->targets[0][0])
-            return fail(err, "data.target", "expected a column name, got an empty string");
+            return fail(err, tp, "expected a column name, got an empty string");
         d->n_targets = 1;
     } else if (json_is_array(t)) {
         size_t n = json_array_size(t);
         if (n == 0)
-            return fail(err, "data.target", "expected at least one column name, got an empty list");
+            return fail(err, tp, "expected at least one column name, got an empty list");
         if (n > SPEC_MAX_TARGETS)
-            return fail(err, "data.target", "at most %d target columns, got %zu", SPEC_MAX_TARGETS, n);
+            return fail(err, tp, "at most %d target columns, got %zu", SPEC_MAX_TARGETS, n);
         for (size_t i = 0; i < n; i++) {
             char path[PATH_CAP];
-            path_index(path, "data.target", i);
+            path_index(path, tp, i);
             rc = get_str_value(err, json_array_get(t, i), path, d->targets[i], sizeof d->targets[i]);
             if (rc != DDPD_OK)
                 return rc;
@@ -582,42 +1195,101 @@ static ddpd_err parse_targets(struct ddpd_error *err, json_t *data, struct spec 
                 return fail(err, path, "expected a column name, got an empty string");
             for (size_t j = 0; j < i; j++)
                 if (strcmp(d->targets[i], d->targets[j]) == 0)
-                    return fail(err, path, "column \"%s\" is already data.target[%zu]", d->targets[i], j);
+                    return fail(err, path, "column \"%s\" is already %s[%zu]", d->targets[i], tp, j);
         }
         d->n_targets = (int)n;
     } else {
-        return fail_type(err, "data.target", "a column name or a list of column names", t);
+        return fail_type(err, tp, "a column name or a list of column names", t);
     }
 
     /* The targets' shape is known here, so check it against the loss (CONTRACT.md §2:
      * mse wants [N,out], cross_entropy wants class ids [N]). */
     int64_t out = spec_out_width(s);
     if (s->loss == LOSS_CROSS_ENTROPY && d->n_targets != 1)
-        return fail(err, "data.target",
-                    "cross_entropy needs exactly one target column (the class id), got %d", d->n_targets);
+        return fail(err, tp, "cross_entropy needs exactly one target column (the class id), got %d",
+                    d->n_targets);
     if (s->loss == LOSS_MSE && d->n_targets != out)
-        return fail(err, "data.target", "mse needs %lld target columns (model[%lld].out), got %d",
-                    (long long)out, (long long)last_linear(s), d->n_targets);
+        return fail(err, tp, "mse needs %lld target columns (model[%lld].out), got %d", (long long)out,
+                    (long long)last_linear(s), d->n_targets);
     return DDPD_OK;
 }
 
-static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
+/* tokens data (§2a): ids for a model that starts with embedding, samples [block_size]
+ * = input_shape, next-token targets [T] for cross_entropy on logits [T,C]. */
+static ddpd_err check_tokens(struct ddpd_error *err, const char *P, const struct spec *s,
+                             const struct spec_data *d)
 {
-    struct spec_data *d = &s->data;
-    const char *P = "data";
-    json_t *obj;
+    char path[PATH_CAP], sh[128];
+    const struct spec_layer *o = output_layer(s);
+    path_key(path, P, "type");
+    if (s->layers[0].kind != LAYER_EMBEDDING)
+        return fail(err, path,
+                    "tokens data holds integer ids: the model must start with embedding (model[0] is %s)",
+                    layer_kind_name(s->layers[0].kind));
+    shape_str(sh, sizeof sh, s->input_rank, s->input_shape);
+    if (s->input_rank != 1 || s->input_shape[0] != d->block_size) {
+        path_key(path, P, "block_size");
+        return fail(err, path,
+                    "expected input_shape [%lld] for samples of block_size %lld, got input_shape %s",
+                    (long long)d->block_size, (long long)d->block_size, sh);
+    }
+    if (s->loss != LOSS_CROSS_ENTROPY || o->out_rank != 2 || o->out_shape[0] != d->block_size) {
+        shape_str(sh, sizeof sh, o->out_rank, o->out_shape);
+        return fail(err, path,
+                    "tokens data gives each sample [%lld] next-token targets: it needs loss cross_entropy on "
+                    "logits [%lld,C] (the loss is %s, the model's output %s)",
+                    (long long)d->block_size, (long long)d->block_size, loss_kind_name(s->loss), sh);
+    }
+    return DDPD_OK;
+}
+
+/* A data object at P ("data" or "eval.data"), into d. */
+static ddpd_err parse_data_obj(struct ddpd_error *err, json_t *obj, const char *P, struct spec *s,
+                               struct spec_data *d)
+{
+    char path[PATH_CAP];
     int k = 0;
     int64_t seed = 0;
-    ddpd_err rc = get_obj(err, root, "data", true, "{\"type\": \"synthetic\", \"samples\": 1000}", &obj);
-    if (rc == DDPD_OK)
-        rc = get_enum(err, obj, P, "type", data_names, COUNT(data_names), true, &k);
+    ddpd_err rc = get_enum(err, obj, P, "type", data_names, COUNT(data_names), true, &k);
     if (rc != DDPD_OK)
         return rc;
     d->kind = (data_kind)k;
     d->shuffle = true;
     d->drop_last = false;
+    /* Synthetic data comes from a teacher MLP, and a CSV row is a vector: both feed
+     * models of linear layers and activations alone. */
+    const int odd = first_non_mlp(s);
+    if ((d->kind == DATA_SYNTHETIC || d->kind == DATA_CSV) && odd >= 0) {
+        char lp[PATH_CAP];
+        layer_path(lp, s, odd);
+        path_key(path, P, "type");
+        return fail(err, path,
+                    "%s data feeds only models of linear layers and activations (%s is %s); use npy%s data",
+                    data_names[k], lp, layer_kind_name(s->layers[odd].kind),
+                    spec_input_ids(s) ? " or tokens" : "");
+    }
     switch (d->kind) {
-    case DATA_TOKENS: /* not parsed yet: data_names stops at csv */ break;
+    case DATA_TOKENS:
+        rc = check_keys(err, obj, P, tokens_keys, COUNT(tokens_keys), NULL);
+        if (rc == DDPD_OK)
+            rc = get_path(err, obj, P, "path", true, d->path);
+        if (rc == DDPD_OK && strstr(d->path, "{rank}")) {
+            path_key(path, P, "path");
+            return fail(err, path,
+                        "{rank} is not supported for tokens: every rank reads the one file and takes its own "
+                        "samples from it (got \"%.100s\")",
+                        d->path);
+        }
+        if (rc == DDPD_OK)
+            rc = get_int(err, obj, P, "block_size", 1, SPEC_MAX_T, true, &d->block_size);
+        if (rc == DDPD_OK) {
+            int dt = 0;
+            rc = get_enum(err, obj, P, "dtype", dtype_names, COUNT(dtype_names), false, &dt);
+            d->dtype = (tokens_dtype)dt;
+        }
+        if (rc == DDPD_OK)
+            rc = check_tokens(err, P, s, d);
+        break;
     case DATA_SYNTHETIC:
         rc = check_keys(err, obj, P, synthetic_keys, COUNT(synthetic_keys), NULL);
         if (rc == DDPD_OK)
@@ -627,15 +1299,19 @@ static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
             for (int i = 0; i < s->n_layers; i++)
                 if (s->layers[i].kind == LAYER_LINEAR)
                     weights += s->layers[i].in * s->layers[i].out; /* <= 64 * 2^40: no overflow */
+            path_key(path, P, "type");
             if (weights > SPEC_MAX_SYNTHETIC_WEIGHTS)
                 rc =
-                    fail(err, "data.type",
+                    fail(err, path,
                          "synthetic data is drawn from a teacher of the model's shape, at most %lld weights; "
                          "the model has %lld (use npy or csv data)",
                          SPEC_MAX_SYNTHETIC_WEIGHTS, (long long)weights);
         }
         break;
-    case DATA_NPY:
+    case DATA_NPY: {
+        char xp[PATH_CAP], yp[PATH_CAP];
+        path_key(xp, P, "x");
+        path_key(yp, P, "y");
         rc = check_keys(err, obj, P, npy_keys, COUNT(npy_keys), NULL);
         if (rc == DDPD_OK)
             rc = get_path(err, obj, P, "x", true, d->x);
@@ -644,17 +1320,18 @@ static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
         /* A {rank} x is one rank's file, so its y must be one too (and the other way round):
          * found here, not by every rank after the job was accepted. */
         if (rc == DDPD_OK && !strstr(d->x, "{rank}") != !strstr(d->y, "{rank}"))
-            rc = fail(err, strstr(d->x, "{rank}") ? "data.y" : "data.x",
+            rc = fail(err, strstr(d->x, "{rank}") ? yp : xp,
                       "x and y must both hold {rank} (one file per rank) or neither (got x \"%.100s\", "
                       "y \"%.100s\")",
                       d->x, d->y);
         break;
+    }
     case DATA_CSV:
         rc = check_keys(err, obj, P, csv_keys, COUNT(csv_keys), NULL);
         if (rc == DDPD_OK)
             rc = get_path(err, obj, P, "path", true, d->path);
         if (rc == DDPD_OK)
-            rc = parse_targets(err, obj, s);
+            rc = parse_targets(err, obj, P, s, d);
         break;
     }
     if (rc == DDPD_OK)
@@ -664,6 +1341,48 @@ static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
     if (rc == DDPD_OK)
         rc = get_bool(err, obj, P, "drop_last", &d->drop_last);
     d->seed = (uint64_t)seed;
+    return rc;
+}
+
+static ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s)
+{
+    json_t *obj;
+    ddpd_err rc = get_obj(err, root, "data", true, "{\"type\": \"synthetic\", \"samples\": 1000}", &obj);
+    if (rc != DDPD_OK)
+        return rc;
+    return parse_data_obj(err, obj, "data", s, &s->data);
+}
+
+/* eval (§2a): a data object evaluated every every_steps optimizer steps, never shuffled. */
+static ddpd_err parse_eval(struct ddpd_error *err, json_t *root, struct spec *s)
+{
+    struct spec_eval *e = &s->eval;
+    const char *P = "eval";
+    json_t *obj;
+    ddpd_err rc = get_obj(err, root, "eval", false, "", &obj);
+    if (rc != DDPD_OK || !obj)
+        return rc;
+    rc = check_keys(err, obj, P, eval_keys, COUNT(eval_keys), NULL);
+    if (rc != DDPD_OK)
+        return rc;
+    json_t *data = json_object_get(obj, "data");
+    if (!data)
+        return fail(
+            err, "eval.data",
+            "missing (expected a data object such as {\"type\": \"npy\", \"x\": \"val_x.npy\", \"y\": "
+            "\"val_y.npy\"})");
+    if (!json_is_object(data))
+        return fail_type(err, "eval.data", "a data object", data);
+    if ((rc = parse_data_obj(err, data, "eval.data", s, &e->data)) != DDPD_OK)
+        return rc;
+    /* Eval data is never shuffled (§2a): false by default, and true is refused. */
+    json_t *shuffle = json_object_get(data, "shuffle");
+    if (json_is_true(shuffle))
+        return fail(err, "eval.data.shuffle", "expected false (eval data is never shuffled), got true");
+    e->data.shuffle = false;
+    rc = get_int(err, obj, P, "every_steps", 1, INT64_MAX, true, &e->every_steps);
+    if (rc == DDPD_OK)
+        rc = get_int(err, obj, P, "max_batches", 1, INT64_MAX, false, &e->max_batches);
     return rc;
 }
 
@@ -777,7 +1496,8 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
             return fail(err, "precision", "tf32 needs device \"cuda\" (device is \"cpu\")");
     }
     if ((rc = parse_model(err, root, s)) || (rc = parse_loss(err, root, s)) ||
-        (rc = parse_optimizer(err, root, s)) || (rc = parse_data(err, root, s)))
+        (rc = parse_optimizer(err, root, s)) || (rc = parse_data(err, root, s)) ||
+        (rc = parse_eval(err, root, s)))
         return rc;
     if ((rc = get_int(err, root, "", "batch_size", 1, INT64_MAX, true, &s->batch_size)))
         return rc;
@@ -789,7 +1509,10 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
         return fail(err, "epochs", "missing (give either epochs or steps)");
     if ((rc = get_int(err, root, "", "epochs", 1, INT64_MAX, false, &s->epochs)) ||
         (rc = get_int(err, root, "", "steps", 1, INT64_MAX, false, &s->steps)) ||
-        (rc = get_int(err, root, "", "grad_accum", 1, INT64_MAX, false, &s->grad_accum)))
+        (rc = get_int(err, root, "", "grad_accum", 1, INT64_MAX, false, &s->grad_accum)) ||
+        (rc = check_schedule(err, s)) ||
+        (rc = get_num(err, root, "", "grad_clip", 0, true, INFINITY, false, "a positive number", false,
+                      &s->grad_clip)))
         return rc;
     if ((rc = parse_ddp(err, root, s)) || (rc = parse_init(err, root, s)))
         return rc;
@@ -903,12 +1626,26 @@ out:
 
 static json_t *optim_to_json(const struct spec_optim *o)
 {
+    json_t *j, *sched = json_pack("{s:s, s:I, s:f}", "type", sched_names[o->schedule], "warmup_steps",
+                                  (json_int_t)o->warmup_steps, "min_lr", o->min_lr);
+    if (sched && o->total_steps > 0 &&
+        json_object_set_new(sched, "total_steps", json_integer(o->total_steps)))
+        goto fail;
+    if (!sched)
+        return NULL;
     if (o->kind == OPTIM_SGD)
-        return json_pack("{s:s, s:f, s:f, s:f, s:f, s:b}", "type", "sgd", "lr", o->lr, "momentum",
-                         o->momentum, "dampening", o->dampening, "weight_decay", o->weight_decay, "nesterov",
-                         o->nesterov);
-    return json_pack("{s:s, s:f, s:[f, f], s:f, s:f}", "type", "adamw", "lr", o->lr, "betas", o->beta1,
-                     o->beta2, "eps", o->eps, "weight_decay", o->weight_decay);
+        j = json_pack("{s:s, s:f, s:f, s:f, s:f, s:b}", "type", "sgd", "lr", o->lr, "momentum", o->momentum,
+                      "dampening", o->dampening, "weight_decay", o->weight_decay, "nesterov", o->nesterov);
+    else
+        j = json_pack("{s:s, s:f, s:[f, f], s:f, s:f}", "type", "adamw", "lr", o->lr, "betas", o->beta1,
+                      o->beta2, "eps", o->eps, "weight_decay", o->weight_decay);
+    if (j && json_object_set_new(j, "schedule", sched) == 0)
+        return j;
+    json_decref(j);
+    return NULL;
+fail:
+    json_decref(sched);
+    return NULL;
 }
 
 /* Sets o[key] = v (stolen); clears *ok when an allocation failed (v or the member), so
@@ -928,7 +1665,11 @@ static json_t *data_to_json(const struct spec_data *d, bool *ok)
     }
     switch (d->kind) {
     case DATA_SYNTHETIC: put(j, "samples", json_integer(d->samples), ok); break;
-    case DATA_TOKENS: /* not parsed yet: data_names stops at csv */ break;
+    case DATA_TOKENS:
+        put(j, "path", json_string(d->path), ok);
+        put(j, "block_size", json_integer(d->block_size), ok);
+        put(j, "dtype", json_string(dtype_names[d->dtype]), ok);
+        break;
     case DATA_NPY:
         put(j, "x", json_string(d->x), ok);
         put(j, "y", json_string(d->y), ok);
@@ -952,10 +1693,86 @@ static json_t *data_to_json(const struct spec_data *d, bool *ok)
     return j;
 }
 
+/* [kh, kw] */
+static json_t *pair_json(const int64_t v[2])
+{
+    return json_pack("[I, I]", (json_int_t)v[0], (json_int_t)v[1]);
+}
+
+/* The top-level layers from `from` to `to` (and, inside residuals, theirs), every key
+ * written out. */
+static json_t *layers_to_json(const struct spec *s, int from, int to, bool *ok)
+{
+    json_t *list = json_array();
+    if (!list) {
+        *ok = false;
+        return NULL;
+    }
+    for (int i = from; i<to; i = s->layers[i].end> i ? s->layers[i].end : i + 1) {
+        const struct spec_layer *l = &s->layers[i];
+        json_t *lj = NULL;
+        switch (l->kind) {
+        case LAYER_LINEAR:
+            lj = json_pack("{s:s, s:I, s:I, s:b}", "type", "linear", "in", (json_int_t)l->in, "out",
+                           (json_int_t)l->out, "bias", l->bias);
+            break;
+        case LAYER_RELU:
+        case LAYER_TANH:
+        case LAYER_SIGMOID:
+        case LAYER_FLATTEN: lj = json_pack("{s:s}", "type", layer_kind_name(l->kind)); break;
+        case LAYER_GELU:
+        case LAYER_GELU_TANH:
+            lj = json_pack("{s:s, s:s}", "type", "gelu", "approximate",
+                           l->kind == LAYER_GELU_TANH ? "tanh" : "none");
+            break;
+        case LAYER_EMBEDDING:
+            lj = json_pack("{s:s, s:I, s:I}", "type", "embedding", "num", (json_int_t)l->num, "dim",
+                           (json_int_t)l->dim);
+            break;
+        case LAYER_POSITION:
+            lj = json_pack("{s:s, s:I, s:I}", "type", "position", "max", (json_int_t)l->num, "dim",
+                           (json_int_t)l->dim);
+            break;
+        case LAYER_LAYERNORM:
+            lj = json_pack("{s:s, s:I, s:f, s:b}", "type", "layernorm", "dim", (json_int_t)l->dim, "eps",
+                           l->eps, "bias", l->bias);
+            break;
+        case LAYER_ATTENTION:
+            lj = json_pack("{s:s, s:I, s:I, s:b, s:b}", "type", "attention", "dim", (json_int_t)l->dim,
+                           "heads", (json_int_t)l->heads, "causal", l->causal, "bias", l->bias);
+            break;
+        case LAYER_RESIDUAL: {
+            json_t *inner = layers_to_json(s, i + 1, l->end, ok);
+            lj = inner ? json_pack("{s:s, s:o}", "type", "residual", "layers", inner) : NULL;
+            break;
+        }
+        case LAYER_DROPOUT: lj = json_pack("{s:s, s:f}", "type", "dropout", "p", l->p); break;
+        case LAYER_CONV2D:
+            lj = json_pack("{s:s, s:I, s:I, s:o, s:o, s:o, s:b}", "type", "conv2d", "in", (json_int_t)l->in,
+                           "out", (json_int_t)l->out, "kernel", pair_json(l->kernel), "stride",
+                           pair_json(l->stride), "padding", pair_json(l->padding), "bias", l->bias);
+            break;
+        case LAYER_MAXPOOL2D:
+        case LAYER_AVGPOOL2D:
+            lj = json_pack("{s:s, s:o, s:o, s:o}", "type", layer_kind_name(l->kind), "kernel",
+                           pair_json(l->kernel), "stride", pair_json(l->stride), "padding",
+                           pair_json(l->padding));
+            break;
+        case LAYER_BATCHNORM:
+            lj = json_pack("{s:s, s:I, s:f, s:f}", "type", "batchnorm", "features", (json_int_t)l->dim, "eps",
+                           l->eps, "momentum", l->momentum);
+            break;
+        }
+        if (!lj || json_array_append_new(list, lj) != 0)
+            *ok = false;
+    }
+    return list;
+}
+
 struct json_t *spec_to_json(const struct spec *s)
 {
     bool ok = true;
-    json_t *j = json_object(), *model = json_array();
+    json_t *j = json_object(), *model = layers_to_json(s, 0, s->n_layers, &ok);
     if (!j || !model) {
         json_decref(j);
         json_decref(model);
@@ -965,27 +1782,32 @@ struct json_t *spec_to_json(const struct spec *s)
     put(j, "world_size", json_integer(s->world_size), &ok);
     put(j, "device", json_string(device_kind_name(s->device)), &ok);
     put(j, "precision", json_string(precision_names[s->precision]), &ok);
-    for (int i = 0; i < s->n_layers; i++) {
-        const struct spec_layer *l = &s->layers[i];
-        json_t *lj;
-        if (l->kind == LAYER_LINEAR)
-            lj = json_pack("{s:s, s:I, s:I, s:b}", "type", "linear", "in", (json_int_t)l->in, "out",
-                           (json_int_t)l->out, "bias", l->bias);
-        else
-            lj = json_pack("{s:s}", "type", layer_kind_name(l->kind));
-        if (!lj || json_array_append_new(model, lj) != 0)
-            ok = false;
-    }
     put(j, "model", model, &ok);
+    if (s->input_shape_set) {
+        json_t *shape = json_array();
+        for (int i = 0; shape && i < s->input_rank; i++)
+            if (json_array_append_new(shape, json_integer(s->input_shape[i])) != 0)
+                ok = false;
+        put(j, "input_shape", shape, &ok);
+    }
     put(j, "loss", json_string(loss_kind_name(s->loss)), &ok);
     put(j, "optimizer", optim_to_json(&s->optim), &ok);
     put(j, "data", data_to_json(&s->data, &ok), &ok);
+    if (s->eval.every_steps > 0) {
+        json_t *ev = json_pack("{s:o, s:I}", "data", data_to_json(&s->eval.data, &ok), "every_steps",
+                               (json_int_t)s->eval.every_steps);
+        if (ev && s->eval.max_batches > 0)
+            put(ev, "max_batches", json_integer(s->eval.max_batches), &ok);
+        put(j, "eval", ev, &ok);
+    }
     put(j, "batch_size", json_integer(s->batch_size), &ok);
     if (s->steps > 0)
         put(j, "steps", json_integer(s->steps), &ok);
     else
         put(j, "epochs", json_integer(s->epochs), &ok);
     put(j, "grad_accum", json_integer(s->grad_accum), &ok);
+    if (s->grad_clip > 0)
+        put(j, "grad_clip", json_real(s->grad_clip), &ok);
     json_t *join = s->ddp.join == JOIN_AUTO ? json_string("auto") : json_boolean(s->ddp.join == JOIN_TRUE);
     if (!join)
         ok = false;
@@ -1072,13 +1894,30 @@ static int64_t sat_add(int64_t a, int64_t b)
     return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
 }
 
+/* Parameters of one layer (weights and biases; batchnorm's running statistics are
+ * buffers, not parameters). */
+static int64_t layer_params(const struct spec_layer *l)
+{
+    switch (l->kind) {
+    case LAYER_LINEAR: return sat_add(sat_mul(l->in, l->out), l->bias ? l->out : 0);
+    case LAYER_EMBEDDING:
+    case LAYER_POSITION: return sat_mul(l->num, l->dim);
+    case LAYER_LAYERNORM: return l->bias ? sat_mul(2, l->dim) : l->dim;
+    case LAYER_ATTENTION: /* qkv [3·dim, dim] and proj [dim, dim], and their biases */
+        return sat_add(sat_mul(4, sat_mul(l->dim, l->dim)), l->bias ? sat_mul(4, l->dim) : 0);
+    case LAYER_CONV2D:
+        return sat_add(sat_mul(sat_mul(l->out, l->in), sat_mul(l->kernel[0], l->kernel[1])),
+                       l->bias ? l->out : 0);
+    case LAYER_BATCHNORM: return sat_mul(2, l->dim);
+    default: return 0;
+    }
+}
+
 int64_t spec_param_count(const struct spec *s)
 {
     int64_t n = 0;
     for (int i = 0; i < s->n_layers; i++)
-        if (s->layers[i].kind == LAYER_LINEAR)
-            n = sat_add(n, sat_add(sat_mul(s->layers[i].in, s->layers[i].out),
-                                   s->layers[i].bias ? s->layers[i].out : 0));
+        n = sat_add(n, layer_params(&s->layers[i]));
     return n;
 }
 
@@ -1223,14 +2062,6 @@ void spec_flat_layers(struct spec *s)
     s->input_shape_set = false;
 }
 
-static int64_t shape_numel(int rank, const int64_t *shape)
-{
-    int64_t n = 1;
-    for (int i = 0; i < rank; i++)
-        n *= shape[i];
-    return n;
-}
-
 int64_t spec_sample_numel(const struct spec *s)
 {
     return s->input_rank > 0 ? shape_numel(s->input_rank, s->input_shape) : spec_in_width(s);
@@ -1244,17 +2075,6 @@ bool spec_input_ids(const struct spec *s)
 int64_t spec_vocab(const struct spec *s)
 {
     return spec_input_ids(s) ? s->layers[0].num : 0;
-}
-
-/* The top-level layer that produces the model's output. */
-static const struct spec_layer *output_layer(const struct spec *s)
-{
-    int i = 0, last = -1;
-    while (i < s->n_layers) {
-        last = i;
-        i = s->layers[i].end > i ? s->layers[i].end : i + 1;
-    }
-    return last >= 0 ? &s->layers[last] : NULL;
 }
 
 int64_t spec_target_numel(const struct spec *s)

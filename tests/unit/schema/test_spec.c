@@ -263,6 +263,10 @@ struct bad_case {
         json, code, path, message, 0, 0                                                                      \
     }
 
+#define TYPES                                                                                                \
+    "linear, relu, tanh, sigmoid, gelu, embedding, position, layernorm, attention, residual, dropout, "      \
+    "conv2d, maxpool2d, avgpool2d, batchnorm, flatten"
+
 static const struct bad_case bad_cases[] = {
     /* JSON itself */
     {"{\n  \"loss\": \"mse\",\n}", DDPD_EJSON, "",
@@ -283,17 +287,17 @@ static const struct bad_case bad_cases[] = {
     /* unknown keys at every level */
     BAD(OK_PLUS(",\"epoch\":1"), DDPD_ESPEC, "epoch",
         "unknown key (did you mean \"epochs\"? expected one of name, world_size, device, precision, "
-        "model, loss, optimizer, data, batch_size, epochs, steps, grad_accum, ddp, init, checkpoint, "
-        "log_every, max_restarts, on_nonfinite)"),
+        "model, input_shape, loss, optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, "
+        "ddp, init, checkpoint, log_every, max_restarts, on_nonfinite)"),
     BAD(OK_PLUS(",\"learning rate\":1"), DDPD_ESPEC, "[\"learning rate\"]",
-        "unknown key (expected one of name, world_size, device, precision, model, loss, optimizer, "
-        "data, batch_size, epochs, steps, grad_accum, ddp, init, checkpoint, log_every, max_restarts, "
-        "on_nonfinite)"),
+        "unknown key (expected one of name, world_size, device, precision, model, input_shape, loss, "
+        "optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, ddp, init, checkpoint, "
+        "log_every, max_restarts, on_nonfinite)"),
     BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"momentun\":0.9}"), DDPD_ESPEC, "optimizer.momentun",
         "unknown key (did you mean \"momentum\"? expected one of type, lr, momentum, dampening, "
-        "weight_decay, nesterov)"),
+        "weight_decay, nesterov, schedule)"),
     BAD(WITH_OPTIM("{\"type\":\"adamw\",\"momentum\":0.9}"), DDPD_ESPEC, "optimizer.momentum",
-        "unknown key (expected one of type, lr, betas, eps, weight_decay)"),
+        "unknown key (expected one of type, lr, betas, eps, weight_decay, schedule)"),
     BAD(WITH_DATA("{\"type\":\"synthetic\",\"samples\":10,\"x\":\"a.npy\"}"), DDPD_ESPEC, "data.x",
         "unknown key (expected one of type, samples, seed, shuffle, drop_last)"),
     BAD(OK_PLUS(",\"ddp\":{\"bucket_cap\":1}"), DDPD_ESPEC, "ddp.bucket_cap",
@@ -371,9 +375,9 @@ static const struct bad_case bad_cases[] = {
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2},5]"), DDPD_ESPEC, "model[1]",
         "expected a layer object such as {\"type\": \"relu\"}, got 5"),
     BAD(WITH_MODEL("[{\"in\":4,\"out\":2}]"), DDPD_ESPEC, "model[0].type",
-        "missing (expected one of linear, relu, tanh, sigmoid, gelu)"),
-    BAD(WITH_MODEL("[{\"type\":\"conv2d\",\"in\":4,\"out\":2}]"), DDPD_ESPEC, "model[0].type",
-        "expected one of linear, relu, tanh, sigmoid, gelu, got \"conv2d\""),
+        "missing (expected one of " TYPES ")"),
+    BAD(WITH_MODEL("[{\"type\":\"conv3d\",\"in\":4,\"out\":2}]"), DDPD_ESPEC, "model[0].type",
+        "expected one of " TYPES ", got \"conv3d\""),
     BAD(WITH_MODEL("[{\"type\":\"relu\"},{\"type\":\"linear\",\"in\":4,\"out\":2}]"), DDPD_ESPEC,
         "model[0].type",
         "the first layer must be \"linear\" (an activation takes its width from the layer before "
@@ -436,7 +440,7 @@ static const struct bad_case bad_cases[] = {
     BAD(SPEC(MODEL, LOSS, OPTIM, "\"grad_accum\":1", BATCH, ""), DDPD_ESPEC, "data",
         "missing (expected an object such as {\"type\": \"synthetic\", \"samples\": 1000})"),
     BAD(WITH_DATA("{\"type\":\"parquet\"}"), DDPD_ESPEC, "data.type",
-        "expected one of synthetic, npy, csv, got \"parquet\""),
+        "expected one of synthetic, npy, csv, tokens, got \"parquet\""),
     BAD(WITH_DATA("{\"type\":\"synthetic\"}"), DDPD_ESPEC, "data.samples",
         "missing (expected a positive integer)"),
     BAD(WITH_DATA("{\"type\":\"synthetic\",\"samples\":10,\"seed\":-1}"), DDPD_ESPEC, "data.seed",
