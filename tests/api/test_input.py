@@ -650,3 +650,20 @@ def test_tokens_file_shorter_than_one_window_is_422_naming_it(server):
     np.arange(40, dtype=np.uint16).tofile(server.data_dir / "ok.bin")
     r = server.post("/v1/jobs", json=_gpt_spec({"type": "tokens", "path": "ok.bin", "block_size": 8}))
     assert r.status_code == 201, r.text
+
+
+def test_tokens_id_out_of_range_in_a_large_file_fails_the_job_naming_it(server):
+    """Over 1 GiB the planner leaves the ids to the ranks, which read the file mapped, window
+    by window: the rank that reads a bad id ends the job (exit 2, kind data) naming the file,
+    the sample and the position. The file is sparse: it costs no disk and no memory."""
+    with open(server.data_dir / "big.bin", "wb") as f:
+        f.truncate((1 << 30) + 4096)
+        f.seek(2 * 70)  # token 70: sample 1 (rank 1's first), position 6
+        f.write((300).to_bytes(2, "little"))
+    spec = _gpt_spec({"type": "tokens", "path": "big.bin", "block_size": 64, "shuffle": False}, T=64)
+    spec.update(world_size=2, steps=3)
+    spec.pop("epochs")
+    jid = server.submit(spec)["id"]
+    j = server.wait_state(jid, ("failed", "succeeded", "cancelled"), timeout=60)
+    assert j["state"] == "failed", j
+    assert "big.bin: id 300 at sample 1, position 6 is out of range [0, 256)" in (j["error"] or ""), j
