@@ -448,45 +448,12 @@ ddpd_err dataset_batch_counts(const struct spec *spec, const char *data_dir, int
     return DDPD_OK;
 }
 
-/* The same checks of eval.data (when eval is on), its errors at `eval.data…`: a short or
- * bad eval file is refused at submit, not at the job's first eval. */
-static ddpd_err check_eval(const struct spec *spec, const char *data_dir, struct ddpd_error *err)
-{
-    int64_t rows = 0, file_bytes = 0;
-    if (spec->eval.every_steps <= 0)
-        return DDPD_OK;
-    struct spec *es = malloc(sizeof *es);
-    if (!es)
-        return data__fail(err, DDPD_ENOMEM, "eval", "out of memory");
-    *es = *spec;
-    es->data = spec->eval.data;
-    ddpd_err rc = count_rows(es, data_dir, true, &rows, &file_bytes, err);
-    free(es);
-    if (rc == DDPD_ENOTFOUND) /* {rank} files: the ranks' business */
-        return DDPD_OK;
-    if (rc && err) {
-        /* A field of the data object ("data.block_size: ...") becomes eval's; a file
-         * ("data/eval.bin: ...") is said to be the eval data. */
-        bool field = strcmp(err->path, "data") == 0 || strncmp(err->path, "data.", 5) == 0;
-        struct ddpd_error e = *err;
-        size_t n = strlen(e.path);
-        if (field && strncmp(e.message, e.path, n) == 0)
-            ddpd_error_set(err, rc, "", "eval.%s", e.message);
-        else
-            ddpd_error_set(err, rc, "", "eval.data: %s", e.message);
-        snprintf(err->path, sizeof err->path, "%s%.*s", field ? "eval." : "", (int)(sizeof err->path - 6),
-                 e.path);
-    }
-    return rc;
-}
-
 ddpd_err dataset_check(const struct spec *spec, const char *data_dir, int world_size, int64_t *rows,
                        int64_t *file_bytes, struct ddpd_error *err)
 {
     ddpd_err rc;
     *rows = *file_bytes = 0;
-    if ((rc = check_spec(spec, world_size, err)) ||
-        (rc = count_rows(spec, data_dir, true, rows, file_bytes, err)))
+    if ((rc = check_spec(spec, world_size, err)))
         return rc;
-    return check_eval(spec, data_dir, err);
+    return count_rows(spec, data_dir, true, rows, file_bytes, err);
 }

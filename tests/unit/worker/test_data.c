@@ -1689,25 +1689,6 @@ static void test_tokens_errors(void)
     int64_t rows, bytes;
     CHECK_EQ_INT(dataset_check(&s, datadir, 1, &rows, &bytes, &err), DDPD_OK);
     CHECK_EQ_INT(rows, 5);
-
-    /* eval.data is checked at submit too, its errors said to be eval's. */
-    s.eval.every_steps = 10;
-    s.eval.data = s.data;
-    snprintf(s.eval.data.path, sizeof s.eval.data.path, "data/short.bin");
-    put_tokens("data/short.bin", TOKENS_UINT16, 4, 50, -1, 0);
-    CHECK_EQ_INT(dataset_check(&s, datadir, 1, &rows, &bytes, &err), DDPD_EDATA);
-    CHECK_EQ_STR(err.path, "data/short.bin");
-    CHECK_EQ_STR(err.message, "eval.data: data/short.bin: too short: 4 tokens, fewer than one window of "
-                              "block_size + 1 = 5");
-    s.eval.data.block_size = 3;
-    CHECK_EQ_INT(dataset_check(&s, datadir, 1, &rows, &bytes, &err), DDPD_ESPEC);
-    CHECK_EQ_STR(err.path, "eval.data.block_size");
-    CHECK_EQ_STR(err.message, "eval.data.block_size: is 3 but input_shape is [4] (it must be [3])");
-    snprintf(s.eval.data.path, sizeof s.eval.data.path, "data/ev{rank}.bin");
-    CHECK_EQ_INT(dataset_check(&s, datadir, 1, &rows, &bytes, &err), DDPD_OK);
-    s.eval.data = s.data;
-    CHECK_EQ_INT(dataset_check(&s, datadir, 1, &rows, &bytes, &err), DDPD_OK);
-    CHECK_EQ_INT(rows, 5);
 }
 
 /* .npy token ids: uint8, uint16, int32 and int64 x [N, T] with [N, T] class ids. */
