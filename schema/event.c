@@ -14,7 +14,8 @@
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-static const char *const kind_names[] = {"start", "loss", "join", "checkpoint", "done", "error", "state"};
+static const char *const kind_names[] = {"start", "loss",  "join", "checkpoint",
+                                         "done",  "error", "eval", "state"};
 
 const char *event_kind_name(event_kind k)
 {
@@ -147,6 +148,15 @@ static void put_fixed(struct out *o, double x, int decimals)
         put_double(o, x);
 }
 
+/* put_double, or null when not finite (JSON has no NaN; null reads back as NaN). */
+static void put_num(struct out *o, double x)
+{
+    if (isfinite(x))
+        put_double(o, x);
+    else
+        put_raw(o, "null", 4);
+}
+
 static void put_loss(struct out *o, const struct event *ev)
 {
     put_raw(o, ",\"loss\":", 8);
@@ -177,6 +187,23 @@ int event_encode(const struct event *ev, char *buf, size_t cap)
         put_loss(&o, ev);
         put_raw(&o, ",\"samples_per_s\":", 17);
         put_fixed(&o, ev->samples_per_s, 1);
+        if (ev->has_lr) {
+            put_raw(&o, ",\"lr\":", 6);
+            put_num(&o, ev->lr);
+        }
+        if (ev->has_grad_norm) {
+            put_raw(&o, ",\"grad_norm\":", 13);
+            put_num(&o, ev->grad_norm);
+        }
+        break;
+    case EVENT_EVAL:
+        put_fmt(&o, ",\"step\":%lld", (long long)ev->step);
+        put_loss(&o, ev);
+        if (ev->has_accuracy) {
+            put_raw(&o, ",\"accuracy\":", 12);
+            put_num(&o, ev->accuracy);
+        }
+        put_fmt(&o, ",\"samples\":%lld", (long long)ev->samples);
         break;
     case EVENT_JOIN: put_fmt(&o, ",\"step\":%lld", (long long)ev->step); break;
     case EVENT_CHECKPOINT:
@@ -285,6 +312,13 @@ static ddpd_err get_num(struct ddpd_error *err, json_t *obj, const char *key, do
     return DDPD_OK;
 }
 
+/* An optional number (or null): *has says whether the key was there. */
+static ddpd_err get_opt_num(struct ddpd_error *err, json_t *obj, const char *key, double *out, bool *has)
+{
+    *has = json_object_get(obj, key) != NULL;
+    return *has ? get_num(err, obj, key, out) : DDPD_OK;
+}
+
 static ddpd_err get_str(struct ddpd_error *err, json_t *obj, const char *key, bool required, char *dst,
                         size_t cap)
 {
@@ -339,7 +373,7 @@ static ddpd_err decode_fields(json_t *root, struct event *ev, struct ddpd_error 
         q[n] = '\0';
         return ddpd_error_set(err, DDPD_EJSON, "event",
                               "unknown event \"%s\" (expected one of start, loss, join, "
-                              "checkpoint, done, error, state)",
+                              "checkpoint, done, error, eval, state)",
                               q);
     }
     ev->kind = (event_kind)k;
@@ -373,6 +407,19 @@ static ddpd_err decode_fields(json_t *root, struct event *ev, struct ddpd_error 
             rc = get_loss(err, root, ev);
         if (!rc)
             rc = get_num(err, root, "samples_per_s", &ev->samples_per_s);
+        if (!rc)
+            rc = get_opt_num(err, root, "lr", &ev->lr, &ev->has_lr);
+        if (!rc)
+            rc = get_opt_num(err, root, "grad_norm", &ev->grad_norm, &ev->has_grad_norm);
+        break;
+    case EVENT_EVAL:
+        rc = get_i64(err, root, "step", &ev->step);
+        if (!rc)
+            rc = get_loss(err, root, ev);
+        if (!rc)
+            rc = get_opt_num(err, root, "accuracy", &ev->accuracy, &ev->has_accuracy);
+        if (!rc)
+            rc = get_i64(err, root, "samples", &ev->samples);
         break;
     case EVENT_JOIN: rc = get_i64(err, root, "step", &ev->step); break;
     case EVENT_CHECKPOINT:

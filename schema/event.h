@@ -16,6 +16,7 @@ typedef enum {
     EVENT_CHECKPOINT,
     EVENT_DONE,
     EVENT_ERROR,
+    EVENT_EVAL,  /* held-out metrics (CONTRACT.md §2a) */
     EVENT_STATE, /* the server's own */
 } event_kind;
 
@@ -36,11 +37,17 @@ struct event {
     char device[16];
     int64_t params, batches;
     /* loss, join, checkpoint, done */
-    int64_t step;              /* loss/join/checkpoint: optimizer step (from 1) */
-    int64_t epoch;             /* loss */
-    double loss;               /* loss, done */
-    bool nonfinite;            /* loss/done: loss is NaN or inf, sent as null */
-    double samples_per_s;      /* loss */
+    int64_t step;         /* loss/join/checkpoint/eval: optimizer step (from 1) */
+    int64_t epoch;        /* loss */
+    double loss;          /* loss, done, eval */
+    bool nonfinite;       /* loss/done: loss is NaN or inf, sent as null */
+    double samples_per_s; /* loss */
+    double lr;            /* loss: the lr that step used (when has_lr) */
+    double grad_norm;     /* loss: the gradients' L2 norm before clipping (when has_grad_norm) */
+    bool has_lr, has_grad_norm;
+    double accuracy; /* eval, cross_entropy only (when has_accuracy) */
+    bool has_accuracy;
+    int64_t samples;           /* eval: rows evaluated over all ranks */
     int64_t steps;             /* done */
     double seconds;            /* done */
     char path[EVENT_TEXT_MAX]; /* checkpoint */

@@ -1,7 +1,8 @@
-/* spec.c — parses and validates the job spec of CONTRACT.md §2 into a struct spec, and
- * prints it back. Every error names the JSON path and says what was expected and what
- * came. Knows jansson and nothing else: it opens no files (paths are only checked for
- * shape here; the worker resolves them against the data directory). */
+/* spec.c — parses and validates the job spec of CONTRACT.md §2 and §2a (v2: the layer
+ * tree, input_shape and the shapes inferred from it, tokens data, eval, the lr schedule,
+ * grad_clip) into a struct spec, and prints it back. Every error names the JSON path and says what was
+ * expected and what came. Knows jansson and nothing else: it opens no files (paths are only checked for shape
+ * here; the worker resolves them against the data directory). */
 #include "spec.h"
 
 #include <inttypes.h>
@@ -509,11 +510,14 @@ static const char *const conv2d_keys[] = {"type", "in", "out", "kernel", "stride
 static const char *const pool_keys[] = {"type", "kernel", "stride", "padding"};
 static const char *const batchnorm_keys[] = {"type", "features", "eps", "momentum"};
 
-#define SPEC_MAX_DEPTH  8           /* residuals inside residuals */
-#define SPEC_MAX_KERNEL 1024        /* kernel, stride and padding of conv2d and pooling */
-#define SPEC_MAX_HEADS  1024        /* attention heads */
-#define SPEC_MAX_T      65536       /* positions entering an attention or position layer */
-#define SPEC_MAX_NUMEL  (1LL << 32) /* elements of one sample entering or leaving a layer */
+/* An .npy file with more bytes of values than this is memory-mapped by the ranks, not
+ * loaded (worker/data/npy.c's DATA_MAP_MIN): the memory estimate counts it as not held. */
+#define SPEC_DATA_MAP_MIN (64LL << 20)
+#define SPEC_MAX_DEPTH    8           /* residuals inside residuals */
+#define SPEC_MAX_KERNEL   1024        /* kernel, stride and padding of conv2d and pooling */
+#define SPEC_MAX_HEADS    1024        /* attention heads */
+#define SPEC_MAX_T        65536       /* positions entering an attention or position layer */
+#define SPEC_MAX_NUMEL    (1LL << 32) /* elements of one sample entering or leaving a layer */
 
 static ddpd_err parse_layer_list(struct ddpd_error *err, struct spec *s, json_t *list, const char *lpath,
                                  int parent, int depth);
@@ -720,7 +724,7 @@ static ddpd_err flow_fail_rank(struct ddpd_error *err, const char *lp, const cha
 {
     char sh[128];
     shape_str(sh, sizeof sh, f->rank, f->shape);
-    return fail(err, lp, "a %s, got %s", what, sh);
+    return fail(err, lp, "%s, got %s", what, sh);
 }
 
 /* A key that must equal a dimension of the tensor entering the layer. */
@@ -793,8 +797,9 @@ static ddpd_err infer_layer(struct ddpd_error *err, struct spec *s, int i, struc
                         "embedding must be the first layer of the model (it reads the input's ids)");
         }
         if (r + 1 > SPEC_MAX_RANK)
-            return flow_fail_rank(err, lp, "embedding adds a dimension: it takes ids of at most 3 dimensions",
-                                  f);
+            return flow_fail_rank(
+                err, lp, "embedding adds a dimension: it takes the ids of one sample in at most 3 dimensions",
+                f);
         f->shape[r] = l->dim;
         f->rank = r + 1;
         l->in = l->num;
@@ -805,8 +810,9 @@ static ddpd_err infer_layer(struct ddpd_error *err, struct spec *s, int i, struc
     case LAYER_ATTENTION:
         if (r != 2)
             return flow_fail_rank(err, lp,
-                                  l->kind == LAYER_POSITION ? "position layer acts on [T,dim] (one sample)"
-                                                            : "attention layer acts on [T,dim] (one sample)",
+                                  l->kind == LAYER_POSITION
+                                      ? "a position layer acts on [T,dim] (one sample)"
+                                      : "an attention layer acts on [T,dim] (one sample)",
                                   f);
         if ((rc = expect_dim(err, lp, "dim", *last, "the width entering it", l->dim)))
             return rc;
@@ -831,7 +837,7 @@ static ddpd_err infer_layer(struct ddpd_error *err, struct spec *s, int i, struc
     case LAYER_BATCHNORM:
         if (r != 1 && r != 3)
             return flow_fail_rank(err, lp,
-                                  "batchnorm layer acts on [features] or [features,H,W] (one sample)", f);
+                                  "a batchnorm layer acts on [features] or [features,H,W] (one sample)", f);
         if ((rc = expect_dim(err, lp, "features", f->shape[0],
                              r == 1 ? "the width entering it" : "the channels entering it", l->dim)))
             return rc;
@@ -842,7 +848,8 @@ static ddpd_err infer_layer(struct ddpd_error *err, struct spec *s, int i, struc
     case LAYER_AVGPOOL2D: {
         int64_t hw[2] = {0, 0};
         char what[64];
-        snprintf(what, sizeof what, "%s layer acts on [C,H,W] (one sample)", layer_kind_name(l->kind));
+        snprintf(what, sizeof what, "%s %s layer acts on [C,H,W] (one sample)",
+                 l->kind == LAYER_AVGPOOL2D ? "an" : "a", layer_kind_name(l->kind));
         if (r != 3)
             return flow_fail_rank(err, lp, what, f);
         if (l->kind == LAYER_CONV2D &&
@@ -906,7 +913,7 @@ static ddpd_err parse_input_shape(struct ddpd_error *err, json_t *root, struct s
         return DDPD_OK;
     if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > SPEC_MAX_RANK) {
         if (json_is_array(v))
-            return fail(err, "input_shape", "expected %s, got %zu", want, json_array_size(v));
+            return fail(err, "input_shape", "expected %s, got a list of %zu", want, json_array_size(v));
         return fail_type(err, "input_shape", want, v);
     }
     for (size_t i = 0; i < json_array_size(v); i++) {
@@ -1639,7 +1646,9 @@ static json_t *optim_to_json(const struct spec_optim *o)
     else
         j = json_pack("{s:s, s:f, s:[f, f], s:f, s:f}", "type", "adamw", "lr", o->lr, "betas", o->beta1,
                       o->beta2, "eps", o->eps, "weight_decay", o->weight_decay);
-    if (j && json_object_set_new(j, "schedule", sched) == 0)
+    if (!j)
+        goto fail;
+    if (json_object_set_new(j, "schedule", sched) == 0) /* steals sched, even when it fails */
         return j;
     json_decref(j);
     return NULL;
@@ -1927,12 +1936,37 @@ int64_t spec_batch_rows(const struct spec *s, int64_t shard_rows)
     return r > 0 ? r : 1;
 }
 
+/* What a layer keeps for one sample beyond its output, in floats, for backward:
+ * layernorm's mean and rstd, attention's q, k, v (and their split copies), scores and
+ * probabilities (heads·T·T each) and merged heads, dropout's mask, conv2d's im2col buffer,
+ * max pooling's argmax. */
+static int64_t layer_scratch(const struct spec_layer *l)
+{
+    const int64_t out = shape_numel(l->out_rank, l->out_shape);
+    switch (l->kind) {
+    case LAYER_LAYERNORM: return l->dim > 0 ? sat_mul(2, out / l->dim) : 0;
+    case LAYER_ATTENTION: {
+        const int64_t T = l->in_shape[0];
+        return sat_add(sat_mul(7, sat_mul(T, l->dim)), sat_mul(2, sat_mul(l->heads, sat_mul(T, T))));
+    }
+    case LAYER_DROPOUT:
+    case LAYER_MAXPOOL2D: return out;
+    case LAYER_CONV2D:
+        return sat_mul(sat_mul(l->in, sat_mul(l->kernel[0], l->kernel[1])),
+                       sat_mul(l->out_shape[1], l->out_shape[2]));
+    default: return 0;
+    }
+}
+
 void spec_memory_estimate(const struct spec *s, int64_t rows, bool rank_file, int64_t file_bytes,
                           struct spec_memory *m)
 {
     const int64_t F = (int64_t)sizeof(float), P = spec_param_count(s);
-    const int64_t in = spec_in_width(s), out = spec_out_width(s);
-    const bool ce = s->loss == LOSS_CROSS_ENTROPY, cuda = s->device == DEVICE_CUDA;
+    const int64_t in = spec_sample_numel(s);
+    const struct spec_layer *ol = output_layer(s);
+    const int64_t out = ol && ol->out_rank ? shape_numel(ol->out_rank, ol->out_shape) : spec_out_width(s);
+    const int64_t target = spec_target_numel(s);
+    const bool cuda = s->device == DEVICE_CUDA;
     const int per = s->optim.kind == OPTIM_ADAMW ? 2 : s->optim.momentum != 0.0 ? 1 : 0;
     const int world = s->world_size > 0 ? s->world_size : 1;
     rows = rows > 0 ? rows : 0;
@@ -1944,14 +1978,19 @@ void spec_memory_estimate(const struct spec *s, int64_t rows, bool rank_file, in
     const int64_t shard = rank_file ? rows : spec_shard_rows(rows, 0, world);
     const int64_t held = rank_file || (s->data.kind == DATA_SYNTHETIC && !s->data.shuffle) ? shard : rows;
     const int64_t R = spec_batch_rows(s, shard);
-    int64_t sum_out = 0, width = 1, teacher = 0;
+    int64_t sum_out = 0, width = 1, teacher = 0, fixed = 0;
     for (int i = 0; i < s->n_layers; i++) {
         const struct spec_layer *l = &s->layers[i];
-        sum_out = sat_add(sum_out, l->out);
-        width = l->in > width ? l->in : width;
-        width = l->out > width ? l->out : width;
+        /* A list built in code without spec_flat_layers has widths only. */
+        const int64_t li = l->in_rank ? shape_numel(l->in_rank, l->in_shape) : l->in;
+        const int64_t lo = l->out_rank ? shape_numel(l->out_rank, l->out_shape) : l->out;
+        sum_out = sat_add(sum_out, sat_add(lo, layer_scratch(l)));
+        width = li > width ? li : width;
+        width = lo > width ? lo : width;
         if (l->kind == LAYER_LINEAR) /* the teacher keeps its weights in double */
             teacher = sat_add(teacher, sat_mul(8, sat_add(sat_mul(l->in, l->out), l->out)));
+        if (l->kind == LAYER_BATCHNORM) /* running mean and var, the batch's mean and invstd */
+            fixed = sat_add(fixed, sat_mul(4 * F, l->dim));
     }
     m->rows = R;
     m->params = sat_mul(P, F);
@@ -1963,12 +2002,19 @@ void spec_memory_estimate(const struct spec *s, int64_t rows, bool rank_file, in
         cap = cap > (1 << 20) ? cap : (1 << 20);
         m->buckets = sat_add(m->params, m->params < cap ? m->params : cap);
     }
-    m->activations = sat_mul(sat_mul(R, F), sat_add(sum_out, sat_mul(2, width)));
+    m->activations = sat_add(sat_mul(sat_mul(R, F), sat_add(sum_out, sat_mul(2, width))), fixed);
     /* x (host and device), y (host and device), the loss gradient, the labels. */
     const int64_t batch_host = sat_mul(sat_mul(R, F), sat_add(sat_add(in, out), 1));
     const int64_t batch_dev = sat_mul(sat_mul(R, F), sat_add(sat_add(in, sat_mul(2, out)), 1));
     m->batch = sat_add(batch_host, batch_dev);
-    m->data = sat_mul(sat_mul(held, F), sat_add(in, ce ? 1 : out));
+    /* Synthetic and CSV samples are held as 4-byte values. A tokens file is memory-mapped
+     * and read window by window, so only the sample order is the rank's; so is an .npy
+     * file of more than SPEC_DATA_MAP_MIN bytes of values (a smaller one is loaded). */
+    const int64_t xs = sat_mul(sat_mul(held, F), in), ys = sat_mul(sat_mul(held, F), target);
+    if (s->data.kind == DATA_SYNTHETIC || s->data.kind == DATA_CSV)
+        m->data = sat_add(xs, ys);
+    else if (s->data.kind == DATA_NPY)
+        m->data = sat_add(xs > SPEC_DATA_MAP_MIN ? 0 : xs, ys > SPEC_DATA_MAP_MIN ? 0 : ys);
     m->data = sat_add(m->data, sat_mul(shard, 8));                      /* the shard's order */
     m->data = sat_add(m->data, s->data.shuffle ? sat_mul(rows, 8) : 0); /* the permutation */
     if (s->data.kind == DATA_SYNTHETIC)
@@ -2042,6 +2088,9 @@ int64_t spec_in_width(const struct spec *s)
 
 int64_t spec_out_width(const struct spec *s)
 {
+    const struct spec_layer *o = output_layer(s);
+    if (o && o->out_rank > 0) /* the last dimension of the output: the last linear's out in v1 */
+        return o->out_shape[o->out_rank - 1];
     int64_t i = last_linear(s);
     return i >= 0 ? s->layers[i].out : 0;
 }

@@ -62,7 +62,8 @@ typedef enum { NONFINITE_FAIL, NONFINITE_CONTINUE } nonfinite_mode;
  * dimension not counted) entering and leaving the layer, inferred from `input_shape`
  * (or, for a model of linear layers and activations alone, from model[0].in). For
  * layers acting on the last dimension `in` and `out` are that width (v1 code reads
- * them); for conv2d they are the channels. */
+ * them); for conv2d they are the channels, for pooling and 2d batchnorm the channels
+ * kept, for flatten the product, for embedding `num` and `dim`. */
 struct spec_layer {
     layer_kind kind;
     int parent;   /* index of the enclosing residual, -1 at the top level */
@@ -216,8 +217,9 @@ struct spec_memory {
     int64_t buckets;     /* DDP's flat gradient buckets and its zero bucket (world > 1) */
     int64_t activations; /* every layer's output for `rows` rows, and backward's scratch */
     int64_t batch;       /* the batch's inputs, targets and loss gradient, host and device */
-    int64_t data;        /* the rank's data set in memory, its sample order, the synthetic
-                            teacher, and a CSV file while it is read */
+    int64_t data;        /* the rank's data set in memory (not memory-mapped tokens files
+                            and .npy files over 64 MiB of values), its sample order, the
+                            synthetic teacher, and a CSV file while it is read */
     int64_t staging;     /* host copies of parameters and optimizer state for checkpoints
                             and init.from */
     int64_t device;      /* of the above, what lives on the GPU (cuda jobs; 0 on cpu) */
@@ -240,7 +242,8 @@ ddpd_err spec_memory_check(const struct spec *s, const struct spec_memory *m, in
 
 /* Parameter count of the model (weights + biases). */
 int64_t spec_param_count(const struct spec *s);
-/* Input width (model[0].in) and output width (last linear's out). */
+/* Input width (model[0].in; embedding: its num) and output width (the last dimension of
+ * the model's output: the last linear's out in a v1 MLP). */
 int64_t spec_in_width(const struct spec *s);
 int64_t spec_out_width(const struct spec *s);
 

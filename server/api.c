@@ -311,8 +311,11 @@ static void planned(void *ctx, ddpd_err rc, const int64_t *counts, bool known, c
     struct ddpd_error err;
     if (rc != DDPD_OK) {
         err = *perr;
+        /* A data error's answer has no path: the data, or the eval data that the
+         * worker's message names (train_check_eval_data). */
         if ((rc == DDPD_EDATA || rc == DDPD_ESPEC) && !err.path[0])
-            snprintf(err.path, sizeof err.path, "data");
+            snprintf(err.path, sizeof err.path, "%s",
+                     strncmp(err.message, "eval.data: ", 11) == 0 ? "eval.data" : "data");
     } else {
         rc = submit_checked(pl->req, pl->a, &pl->spec, counts, known, &err);
     }
@@ -705,9 +708,26 @@ static ddpd_err h_metrics(struct http_request *req, struct ddpd_error *err)
             json_array_append_new(series, o);
         }
     }
-    json_t *out = json_pack("{s:I, s:I, s:I, s:o, s:o}", "points", (json_int_t)m.points, "first_step",
-                            (json_int_t)m.first_step, "last_step", (json_int_t)m.last_step, "mean", mean,
-                            "ranks", series);
+    /* The lr of each logged step, and the eval points (CONTRACT.md §2a), as columns. */
+    json_t *lr_step = json_array(), *lr = json_array();
+    for (size_t k = 0; k < m.lr.n; k++) {
+        json_array_append_new(lr_step, json_integer(m.lr.step[k]));
+        json_array_append_new(lr, json_real(m.lr.loss[k]));
+    }
+    json_t *ev_step = json_array(), *ev_loss = json_array(), *ev_acc = json_array(), *ev_n = json_array();
+    for (size_t k = 0; k < m.n_eval; k++) {
+        const struct store_eval *e = &m.eval[k];
+        json_array_append_new(ev_step, json_integer(e->step));
+        json_array_append_new(ev_loss, isfinite(e->loss) ? json_real(e->loss) : json_null());
+        json_array_append_new(ev_acc, e->has_accuracy && isfinite(e->accuracy) ? json_real(e->accuracy)
+                                                                               : json_null());
+        json_array_append_new(ev_n, json_integer(e->samples));
+    }
+    json_t *out =
+        json_pack("{s:I, s:I, s:I, s:o, s:o, s:{s:o, s:o}, s:{s:o, s:o, s:o, s:o}}", "points",
+                  (json_int_t)m.points, "first_step", (json_int_t)m.first_step, "last_step",
+                  (json_int_t)m.last_step, "mean", mean, "ranks", series, "lr", "step", lr_step, "lr", lr,
+                  "eval", "step", ev_step, "loss", ev_loss, "accuracy", ev_acc, "samples", ev_n);
     store_metrics_free(&m);
     return http_respond_json(req, 200, out);
 }

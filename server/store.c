@@ -129,6 +129,8 @@ enum {
     R_MAX_SEQ,
     R_LOSS_RANGE,
     R_LOSS_SCAN,
+    R_LR_SCAN,
+    R_EVAL_SCAN,
     R_JOB_COUNT,
     R_PING,
     ST_COUNT
@@ -214,6 +216,13 @@ static const char *const sql_text[ST_COUNT] = {
     [R_LOSS_RANGE] = "SELECT (SELECT min(step) FROM loss WHERE job = ?1), "
                      "(SELECT max(step) FROM loss WHERE job = ?1)",
     [R_LOSS_SCAN] = "SELECT step, rank, loss FROM loss WHERE job = ?1 ORDER BY step, rank",
+    /* The lr each logged step used, from rank 0's loss events (every rank that ran a
+     * step used the same); of a step a restart ran again, the latest (SQLite takes the
+     * bare columns from the row of max(seq)). */
+    [R_LR_SCAN] = "SELECT json_extract(body, '$.step') AS step, json_extract(body, '$.lr'), max(seq) "
+                  "FROM events WHERE job = ?1 AND kind = 'loss' AND rank = 0 AND "
+                  "json_extract(body, '$.lr') IS NOT NULL GROUP BY step ORDER BY step",
+    [R_EVAL_SCAN] = "SELECT body FROM events WHERE job = ?1 AND kind = 'eval' ORDER BY seq",
     [R_JOB_COUNT] = "SELECT state, count(*) FROM jobs GROUP BY state",
     [R_PING] = "SELECT count(*) FROM sqlite_schema",
 };
@@ -1917,6 +1926,50 @@ out:
 
 /* ---- metrics: the loss curve, downsampled by store_curve.c ---- */
 
+/* The eval events of `job` into out->eval, in step order: a restart that runs a step
+ * again replaces the points from that step on (the current attempt's history wins). At
+ * most max_points: beyond, every k-th is kept, and the last. */
+static ddpd_err eval_scan(struct conn *c, int64_t job, int max_points, struct store_metrics *out,
+                          struct ddpd_error *err)
+{
+    size_t cap = 0;
+    sqlite3_stmt *st = stmt(c, R_EVAL_SCAN, err);
+    if (!st)
+        return err ? err->code : DDPD_EINTERNAL;
+    sqlite3_bind_int64(st, 1, job);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        struct event ev;
+        const char *body = (const char *)sqlite3_column_text(st, 0);
+        if (!body || event_decode(body, (size_t)sqlite3_column_bytes(st, 0), &ev, NULL) != DDPD_OK ||
+            ev.kind != EVENT_EVAL)
+            continue; /* the writer stored only events that decode */
+        while (out->n_eval > 0 && out->eval[out->n_eval - 1].step >= ev.step)
+            out->n_eval--;
+        if (out->n_eval == cap) {
+            cap = cap ? 2 * cap : 64;
+            out->eval = xrealloc(out->eval, cap * sizeof *out->eval);
+        }
+        out->eval[out->n_eval++] = (struct store_eval){.step = ev.step,
+                                                       .loss = ev.nonfinite ? NAN : ev.loss,
+                                                       .accuracy = ev.accuracy,
+                                                       .has_accuracy = ev.has_accuracy,
+                                                       .samples = ev.samples};
+    }
+    stmt_done(st);
+    if (rc != SQLITE_DONE)
+        return sq_fail(err, c->db, rc, "read eval series");
+    if (out->n_eval > (size_t)max_points) {
+        const size_t k = (out->n_eval + (size_t)max_points - 1) / (size_t)max_points, last = out->n_eval - 1;
+        size_t n = 0;
+        for (size_t i = 0; i < last; i += k)
+            out->eval[n++] = out->eval[i];
+        out->eval[n++] = out->eval[last];
+        out->n_eval = n;
+    }
+    return DDPD_OK;
+}
+
 ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct store_metrics *out,
                            struct ddpd_error *err)
 {
@@ -1967,6 +2020,36 @@ ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct 
     }
     stmt_done(st);
     store__curve_finish(curve, out);
+    store__curve_free(curve);
+    curve = NULL;
+
+    /* The lr series, downsampled like a loss curve of one rank over the same steps. */
+    st = stmt(c, R_LR_SCAN, err);
+    if (!st) {
+        e = err ? err->code : DDPD_EINTERNAL;
+        goto end;
+    }
+    sqlite3_bind_int64(st, 1, job);
+    curve = store__curve_new(lo, hi, max_points);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const int64_t step = sqlite3_column_int64(st, 0);
+        if (step >= lo && step <= hi) /* a loss event's step always is: it has a loss row */
+            store__curve_add(curve, step, 0, sqlite3_column_type(st, 1) != SQLITE_NULL,
+                             sqlite3_column_double(st, 1));
+    }
+    if (rc != SQLITE_DONE) {
+        e = sq_fail(err, c->db, rc, "read lr series");
+        stmt_done(st);
+        goto end;
+    }
+    stmt_done(st);
+    struct store_metrics lr = {0};
+    store__curve_finish(curve, &lr);
+    out->lr = lr.series[0]; /* the mean over one rank: its own values */
+    lr.series[0] = (struct store_series){0};
+    store_metrics_free(&lr);
+
+    e = eval_scan(c, job, max_points, out, err);
 end:
     read_end(s, c);
     store__curve_free(curve);

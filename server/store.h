@@ -333,22 +333,36 @@ struct store_series {
     int64_t *step; /* [n], ascending; owned by the enclosing store_metrics */
     double *loss;  /* [n] */
 };
-/* Owns `series` and their arrays: release with store_metrics_free. */
+/* One eval event (CONTRACT.md §2a): loss NAN when it was not finite; accuracy only for
+ * cross_entropy. */
+struct store_eval {
+    int64_t step;
+    double loss, accuracy;
+    bool has_accuracy;
+    int64_t samples;
+};
+/* Owns `series`, `lr`, `eval` and their arrays: release with store_metrics_free. */
 struct store_metrics {
     int64_t points;                /* finite loss values stored (all ranks) */
     int64_t first_step, last_step; /* 0 when there is none */
     size_t n_series;               /* series[0] is the mean (rank -1), then ranks ascending */
     struct store_series *series;
+    /* The lr of each logged step (from rank 0's loss events; `loss` holds the lr),
+     * downsampled like a loss series; n 0 for a job whose events carry none. */
+    struct store_series lr;
+    /* Every eval event of the job, in step order (a restart's rerun replaces the steps
+     * from its first on), thinned to max_points. */
+    size_t n_eval;
+    struct store_eval *eval;
 };
 #define STORE_METRICS_MAX_POINTS 100000
 #define STORE_METRICS_MAX_RANKS  4096
-/* The loss curve of `job`, each series downsampled to at most max_points (clamped to
- * 4..STORE_METRICS_MAX_POINTS; 0 = 1000): the step range is cut into max_points/4
- * buckets of equal width and each bucket keeps its first, minimum, maximum and last
- * point (all of them when it has at most 4), in step order; so the first and last step
- * and the global minimum and maximum of every series are always kept. Non-finite losses
- * are left out. One streamed pass over the rows; memory O(max_points × ranks). Release
- * *out with store_metrics_free, also after an error. An unknown job gives no series. */
+/* The loss curve of `job` (and its lr series and eval points), each series downsampled to at most max_points
+ * (clamped to 4..STORE_METRICS_MAX_POINTS; 0 = 1000): the step range is cut into max_points/4 buckets of
+ * equal width and each bucket keeps its first, minimum, maximum and last point (all of them when it has at
+ * most 4), in step order; so the first and last step and the global minimum and maximum of every series are
+ * always kept. Non-finite losses are left out. One streamed pass over the rows; memory O(max_points × ranks).
+ * Release *out with store_metrics_free, also after an error. An unknown job gives no series. */
 ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct store_metrics *out,
                            struct ddpd_error *err);
 /* Frees what `m` owns and zeroes it. NULL is a no-op. */

@@ -194,5 +194,8 @@ void store_metrics_free(struct store_metrics *m)
         free(m->series[i].loss);
     }
     free(m->series);
+    free(m->lr.step);
+    free(m->lr.loss);
+    free(m->eval);
     memset(m, 0, sizeof *m);
 }

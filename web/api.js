@@ -253,7 +253,7 @@
       const u = url(path) + (first ? `?after=${first}` : '');
       es = new EventSource(u);
       const onFrame = (e) => handle(e.data);
-      for (const name of ['state', 'start', 'loss', 'join', 'checkpoint', 'done', 'message'])
+      for (const name of ['state', 'start', 'loss', 'join', 'eval', 'checkpoint', 'done', 'message'])
         es.addEventListener(name, onFrame);
       es.addEventListener('open', () => {
         retryMs = 1000;

@@ -1,6 +1,8 @@
 /* chart.js — the loss chart: a <canvas> with the mean over ranks as the main line, one
- * thin line per rank (each can be hidden), a linear or log y axis, markers (a rank that
- * joined, a restart), and a hover read-out of the step and the values there.
+ * thin line per rank (each can be hidden), a linear or log y axis, optional smoothing
+ * (TensorBoard's debiased exponential moving average), markers (a rank that joined, a
+ * restart), and a hover read-out of the step and the values there. EvalChart: the eval
+ * events' loss (left axis) and accuracy (right axis, 0..1) per step, with a read-out.
  *
  * Fed either live, one loss event at a time (addLoss: the mean of a step is the mean of
  * the ranks that reported it so far), or from /metrics (setMetrics), or both: a running
@@ -80,6 +82,25 @@
     return String(Math.round(v));
   }
 
+  /* TensorBoard's smoothing: an exponential moving average with weight w (0 = none),
+   * debiased so that the first points are not pulled towards 0; non-finite values pass
+   * through and do not count. */
+  function ema(vals, w) {
+    const out = new Array(vals.length);
+    let last = 0, n = 0;
+    for (let i = 0; i < vals.length; i++) {
+      const v = vals[i];
+      if (!Number.isFinite(v)) {
+        out[i] = v;
+        continue;
+      }
+      last = last * w + (1 - w) * v;
+      n++;
+      out[i] = last / (1 - Math.pow(w, n));
+    }
+    return out;
+  }
+
   class LossChart {
     constructor(container) {
       this.box = el('div', {class: 'chart-box'});
@@ -94,6 +115,7 @@
       this.baseAttempt = 0;
       this.markers = [];
       this.log = false;
+      this.smoothing = 0;
       this.hoverX = null;
       this.onSeries = null; /* called with a series when one appears */
       this.pending = false;
@@ -248,6 +270,12 @@
       this.request();
     }
 
+    /* 0 (off) .. 0.99: the weight of the moving average the lines are drawn with. */
+    setSmoothing(w) {
+      this.smoothing = Math.min(0.999, Math.max(0, Number(w) || 0));
+      this.request();
+    }
+
     request() {
       if (this.pending) return;
       this.pending = true;
@@ -257,8 +285,11 @@
       });
     }
 
+    /* The visible series as drawn: smoothed copies (raw: the values) when smoothing is on. */
     visible() {
-      return this.order.map((k) => this.series.get(k)).filter((s) => s.visible && s.steps.length);
+      const vis = this.order.map((k) => this.series.get(k)).filter((s) => s.visible && s.steps.length);
+      if (!this.smoothing) return vis;
+      return vis.map((s) => Object.assign({}, s, {loss: ema(s.loss, this.smoothing), raw: s.loss}));
     }
 
     /* The axes' ranges over the visible series. */
@@ -478,10 +509,12 @@
           ctx.arc(X(s.steps[j]), Y(v), s.key === 'mean' ? 3.5 : 2.5, 0, Math.PI * 2);
           ctx.fill();
         }
+        const raw = s.raw ? s.raw[j] : v;
         rows.push(el('div', {class: 'tip-row'},
           el('span', {class: 'swatch', style: {background: s.color || meanColor}}),
           s.label + (s.steps[j] !== step ? ` (step ${fmtInt(s.steps[j])})` : '') + ': ',
-          el('b', {}, Number.isFinite(v) ? fmtLoss(v) : 'not finite')));
+          el('b', {}, Number.isFinite(v) ? fmtLoss(v) : 'not finite'),
+          s.raw && Number.isFinite(raw) ? ` (raw ${fmtLoss(raw)})` : ''));
       }
       for (const m of this.markers) if (Math.abs(X(m.step) - x) < 4) rows.push(el('div', {class: 'tip-marker'}, m.label));
       ddpd.util.fill(this.tip, rows);
@@ -492,6 +525,205 @@
     }
   }
 
+  /* The eval events of a job: loss on the left axis, accuracy (cross_entropy) on the
+   * right one, a point per eval. Fed from /metrics' `eval` columns (set) and live eval
+   * events (add: a step at or before the last one is a restart's rerun, which replaces
+   * the points from there on). */
+  class EvalChart {
+    constructor(container) {
+      this.box = el('div', {class: 'chart-box eval-box'});
+      this.canvas = el('canvas', {class: 'eval-canvas', dataset: {points: '0'}, 'aria-label': 'eval chart'});
+      this.tip = el('div', {class: 'chart-tip', hidden: true});
+      this.box.append(this.canvas, this.tip);
+      container.appendChild(this.box);
+      this.steps = [];
+      this.loss = [];
+      this.acc = [];
+      this.samples = [];
+      this.hoverX = null;
+      this.pending = false;
+      this.canvas.addEventListener('mousemove', (e) => {
+        this.hoverX = e.clientX - this.canvas.getBoundingClientRect().left;
+        this.request();
+      });
+      this.canvas.addEventListener('mouseleave', () => {
+        this.hoverX = null;
+        this.request();
+      });
+      this.ro = new ResizeObserver(() => this.request());
+      this.ro.observe(this.box);
+    }
+
+    destroy() {
+      this.ro.disconnect();
+      this.box.remove();
+    }
+
+    /* /metrics' eval: {step, loss, accuracy, samples} columns. */
+    set(ev) {
+      this.steps = [];
+      this.loss = [];
+      this.acc = [];
+      this.samples = [];
+      for (let i = 0; ev && i < ev.step.length; i++)
+        this.add({step: ev.step[i], loss: ev.loss[i], accuracy: ev.accuracy[i], samples: ev.samples[i]});
+      this.request();
+    }
+
+    add(ev) {
+      const k = lowerBound(this.steps, ev.step);
+      for (const a of [this.steps, this.loss, this.acc, this.samples]) a.length = k;
+      this.steps.push(ev.step);
+      this.loss.push(ev.loss === null || ev.loss === undefined ? NaN : ev.loss);
+      this.acc.push(ev.accuracy === null || ev.accuracy === undefined ? NaN : ev.accuracy);
+      this.samples.push(ev.samples);
+      this.request();
+    }
+
+    request() {
+      if (this.pending) return;
+      this.pending = true;
+      requestAnimationFrame(() => {
+        this.pending = false;
+        this.draw();
+      });
+    }
+
+    draw() {
+      const c = this.canvas, ctx = c.getContext('2d');
+      const dpr = window.devicePixelRatio || 1;
+      const W = Math.max(200, this.box.clientWidth), H = Math.max(160, this.box.clientHeight || 260);
+      if (c.width !== Math.round(W * dpr) || c.height !== Math.round(H * dpr)) {
+        c.width = Math.round(W * dpr);
+        c.height = Math.round(H * dpr);
+        c.style.width = W + 'px';
+        c.style.height = H + 'px';
+      }
+      ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+      const css = getComputedStyle(this.box);
+      const fg = css.getPropertyValue('--chart-fg').trim() || '#333';
+      const grid = css.getPropertyValue('--chart-grid').trim() || '#e5e5e5';
+      const lossColor = css.getPropertyValue('--chart-mean').trim() || '#1c7ed6';
+      const accColor = '#2f9e44';
+      ctx.clearRect(0, 0, W, H);
+      ctx.font = '11px system-ui, sans-serif';
+      c.dataset.points = String(this.steps.length);
+      const n = this.steps.length;
+      if (!n) {
+        ctx.fillStyle = fg;
+        ctx.textAlign = 'center';
+        ctx.fillText('waiting for the first eval…', W / 2, H / 2);
+        this.tip.hidden = true;
+        return;
+      }
+      const hasAcc = this.acc.some(Number.isFinite);
+      const pad = {left: PAD.left, right: hasAcc ? 52 : PAD.right, top: PAD.top, bottom: PAD.bottom};
+      const pw = W - pad.left - pad.right, ph = H - pad.top - pad.bottom;
+      let x0 = this.steps[0], x1 = this.steps[n - 1];
+      if (x1 === x0) {
+        x0 -= 1;
+        x1 += 1;
+      }
+      const fin = this.loss.filter(Number.isFinite);
+      let y0 = fin.length ? Math.min(...fin) : 0, y1 = fin.length ? Math.max(...fin) : 1;
+      const yp = (y1 - y0) * 0.08 || Math.abs(y1) * 0.1 || 1;
+      y0 = Math.max(y0 >= 0 ? 0 : -Infinity, y0 - yp);
+      y1 += yp;
+      const X = (s) => pad.left + ((s - x0) / (x1 - x0)) * pw;
+      const Y = (v) => pad.top + (1 - (v - y0) / (y1 - y0)) * ph;
+      const A = (v) => pad.top + (1 - v) * ph;
+
+      ctx.strokeStyle = grid;
+      ctx.fillStyle = fg;
+      ctx.lineWidth = 1;
+      ctx.textAlign = 'right';
+      ctx.textBaseline = 'middle';
+      for (const v of linearTicks(y0, y1, Math.max(2, Math.floor(ph / 45)))) {
+        const y = Math.round(Y(v)) + 0.5;
+        ctx.beginPath();
+        ctx.moveTo(pad.left, y);
+        ctx.lineTo(pad.left + pw, y);
+        ctx.stroke();
+        ctx.fillText(fmtTick(v), pad.left - 6, y);
+      }
+      if (hasAcc) {
+        ctx.textAlign = 'left';
+        ctx.fillStyle = accColor;
+        for (const v of [0, 0.25, 0.5, 0.75, 1]) ctx.fillText(Math.round(v * 100) + '%', pad.left + pw + 6, A(v));
+      }
+      ctx.fillStyle = fg;
+      ctx.textAlign = 'center';
+      ctx.textBaseline = 'top';
+      for (const v of linearTicks(x0, x1, Math.max(2, Math.floor(pw / 90))).filter((v) => Number.isInteger(v))) {
+        if (v < this.steps[0] && n > 1) continue;
+        ctx.fillText(fmtStep(v, x1), X(v), pad.top + ph + 6);
+      }
+      ctx.save();
+      ctx.translate(12, pad.top + ph / 2);
+      ctx.rotate(-Math.PI / 2);
+      ctx.textAlign = 'center';
+      ctx.textBaseline = 'middle';
+      ctx.fillStyle = lossColor;
+      ctx.fillText('eval loss', 0, 0);
+      ctx.restore();
+
+      const series = [[this.loss, Y, lossColor]];
+      if (hasAcc) series.push([this.acc, A, accColor]);
+      for (const [vals, F, color] of series) {
+        ctx.strokeStyle = color;
+        ctx.fillStyle = color;
+        ctx.lineWidth = 2;
+        ctx.beginPath();
+        let pen = false;
+        for (let i = 0; i < n; i++) {
+          if (!Number.isFinite(vals[i])) {
+            pen = false;
+            continue;
+          }
+          if (pen) ctx.lineTo(X(this.steps[i]), F(vals[i]));
+          else ctx.moveTo(X(this.steps[i]), F(vals[i]));
+          pen = true;
+        }
+        ctx.stroke();
+        for (let i = 0; i < n; i++) {
+          if (!Number.isFinite(vals[i])) continue;
+          ctx.beginPath();
+          ctx.arc(X(this.steps[i]), F(vals[i]), 2.5, 0, Math.PI * 2);
+          ctx.fill();
+        }
+      }
+
+      if (this.hoverX === null || this.hoverX < pad.left || this.hoverX > pad.left + pw) {
+        this.tip.hidden = true;
+        return;
+      }
+      const i = nearest(this.steps, x0 + ((this.hoverX - pad.left) / pw) * (x1 - x0));
+      const x = Math.round(X(this.steps[i])) + 0.5;
+      ctx.save();
+      ctx.strokeStyle = fg;
+      ctx.globalAlpha = 0.35;
+      ctx.beginPath();
+      ctx.moveTo(x, pad.top);
+      ctx.lineTo(x, pad.top + ph);
+      ctx.stroke();
+      ctx.restore();
+      const rows = [el('div', {class: 'tip-step'}, 'eval at step ' + fmtInt(this.steps[i])),
+        el('div', {class: 'tip-row'}, el('span', {class: 'swatch', style: {background: lossColor}}), 'loss: ',
+          el('b', {}, Number.isFinite(this.loss[i]) ? fmtLoss(this.loss[i]) : 'not finite'))];
+      if (Number.isFinite(this.acc[i]))
+        rows.push(el('div', {class: 'tip-row'}, el('span', {class: 'swatch', style: {background: accColor}}),
+          'accuracy: ', el('b', {}, (this.acc[i] * 100).toFixed(2) + '%')));
+      rows.push(el('div', {class: 'tip-row'}, 'samples: ', el('b', {}, fmtInt(this.samples[i]))));
+      ddpd.util.fill(this.tip, rows);
+      this.tip.hidden = false;
+      const tw = this.tip.offsetWidth;
+      this.tip.style.left = (x + 12 + tw > W ? x - 12 - tw : x + 12) + 'px';
+      this.tip.style.top = pad.top + 4 + 'px';
+    }
+  }
+
   ddpd.LossChart = LossChart;
+  ddpd.EvalChart = EvalChart;
+  ddpd.chartEma = ema;
   ddpd.chartPalette = PALETTE;
 })();

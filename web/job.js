@@ -1,4 +1,5 @@
-/* job.js — one job's page: its state and progress, the loss chart, the ranks, the spec,
+/* job.js — one job's page: its state and progress, the loss chart (with smoothing and the
+ * current lr), the eval chart (loss and accuracy of the eval events), the ranks, the spec,
  * the tail of each rank's log, and the buttons (cancel, checkpoint, resubmit, delete).
  *
  * Where the chart's points come from:
@@ -22,6 +23,7 @@
    * beyond it only a running job's recent events are, and older markers are not shown. */
   const MARKERS_FROM_EVENTS = 200000;
   const LOG_KEY = 'ddpd.logScale';
+  const SMOOTH_KEY = 'ddpd.smoothing';
 
   function jobView(root, params, id) {
     let job = null, chart = null, stream = null, stopPoll = null, stopLogs = null, gone = false;
@@ -31,6 +33,11 @@
     const logBox = el('input', {type: 'checkbox', id: 'log-scale'});
     const pill = el('span', {class: 'pill', id: 'stream-status'});
     const chartHost = el('div', {class: 'chart-host'});
+    const evalHost = el('div', {class: 'chart-host', id: 'eval-host'});
+    const smoothBox = el('input', {type: 'range', id: 'smoothing', min: '0', max: '0.99', step: '0.01', value: '0'});
+    const smoothVal = el('span', {class: 'muted', id: 'smoothing-value'}, '0');
+    const lrNow = el('span', {class: 'muted lr-now', id: 'lr-now'});
+    let lrStep = 0, evalCard = null;
     const head = el('div', {class: 'page-head job-head'});
     const notices = el('div');
     const summary = el('dl', {class: 'summary'});
@@ -43,9 +50,15 @@
       el('a', {class: 'back', href: '#/jobs'}, '← Jobs'),
       head, notices, summary,
       el('section', {class: 'card'},
-        el('div', {class: 'card-head'}, el('h2', {}, 'Loss'), toggles, el('span', {class: 'grow'}),
+        el('div', {class: 'card-head'}, el('h2', {}, 'Loss'), toggles, el('span', {class: 'grow'}), lrNow,
+          el('label', {class: 'check smoothing', title: 'exponential moving average of the lines, as TensorBoard\'s'},
+            'smoothing ', smoothBox, ' ', smoothVal),
           el('label', {class: 'check'}, logBox, ' log scale'), pill),
         chartHost),
+      evalCard = el('section', {class: 'card', id: 'eval-card', hidden: true},
+        el('div', {class: 'card-head'}, el('h2', {}, 'Evaluation'),
+          el('span', {class: 'muted'}, 'loss (left axis) and accuracy (right axis) on the eval data')),
+        evalHost),
       el('section', {class: 'card'}, el('h2', {}, 'Ranks'),
         el('div', {class: 'table-wrap'}, el('table', {class: 'ranks', id: 'ranks-table'},
           el('thead', {}, el('tr', {}, el('th', {class: 'num'}, 'Rank'), el('th', {}, 'Device'), el('th', {class: 'num'}, 'PID'),
@@ -58,6 +71,32 @@
           el('button', {type: 'button', class: 'small', onclick: () => loadLog()}, 'Refresh')), logPre)));
 
     chart = new ddpd.LossChart(chartHost);
+    const evalChart = new ddpd.EvalChart(evalHost);
+    try {
+      smoothBox.value = localStorage.getItem(SMOOTH_KEY) || '0';
+    } catch (e) { /* ignore */ }
+    const setSmoothing = () => {
+      chart.setSmoothing(smoothBox.value);
+      fill(smoothVal, Number(smoothBox.value).toFixed(2));
+      try {
+        localStorage.setItem(SMOOTH_KEY, smoothBox.value);
+      } catch (e) { /* ignore */ }
+    };
+    smoothBox.addEventListener('input', setSmoothing);
+    setSmoothing();
+
+    /* The lr of the latest step seen (loss events and /metrics carry it). */
+    function showLr(step, lr) {
+      if (typeof lr !== 'number' || step < lrStep) return;
+      lrStep = step;
+      fill(lrNow, `lr ${Number(lr.toPrecision(4))} (step ${U.fmtInt(step)})`);
+    }
+
+    function setMetrics(m, attempt) {
+      chart.setMetrics(m, attempt);
+      if (m.eval) evalChart.set(m.eval);
+      if (m.lr && m.lr.step.length) showLr(m.lr.step[m.lr.step.length - 1], m.lr.lr[m.lr.lr.length - 1]);
+    }
     chart.onSeries = (s) => addToggle(s);
     addToggle(chart.series.get('mean'));
     /* Log scale unless the user chose linear (losses span decades). */
@@ -165,6 +204,8 @@
     function render() {
       renderHead();
       renderRanks();
+      /* The eval chart is for jobs with eval (or that sent eval events anyway). */
+      evalCard.hidden = !(job.spec && job.spec.eval) && !evalChart.steps.length;
       const text = JSON.stringify(job.spec, null, 2);
       if (specPre.textContent !== text) specPre.textContent = text;
       document.title = `#${job.id} ${job.name || ''} — ddpd`;
@@ -222,6 +263,11 @@
           /* A NaN or infinite loss leaves a gap in the lines: mark where it happened. */
           if (ev.nonfinite) chart.addMarker(ev.step, `non-finite loss (rank ${ev.rank})`, 'nonfinite');
           if (withLoss) chart.addLoss(ev.rank, ev.step, ev.loss, ev.attempt);
+          showLr(ev.step, ev.lr);
+          break;
+        case 'eval':
+          evalChart.add(ev);
+          evalCard.hidden = false;
           break;
         case 'join':
           chart.addMarker(ev.step, `rank ${ev.rank} joined`, 'join');
@@ -247,7 +293,7 @@
       const maxPoints = Math.max(200, Math.min(4000, Math.round(chartHost.clientWidth * 2) || 2000));
       if (U.isFinal(j.state)) {
         const m = await api.get(`/v1/jobs/${id}/metrics?max_points=${maxPoints}`);
-        chart.setMetrics(m, j.attempt);
+        setMetrics(m, j.attempt);
         setPill('metrics');
         /* For the markers and batches only; the lines are /metrics'. */
         if (est <= MARKERS_FROM_EVENTS) follow(0, false);
@@ -256,7 +302,7 @@
       if (est <= LINES_FROM_EVENTS) return follow(0, true);
       const minStep = Math.min(...(j.ranks || []).map((r) => r.step || 0), j.step || 0);
       const m = await api.get(`/v1/jobs/${id}/metrics?max_points=${maxPoints}`);
-      chart.setMetrics(m, j.attempt);
+      setMetrics(m, j.attempt);
       /* Loss events at steps /metrics has are repeats, which the chart drops. */
       if (est <= MARKERS_FROM_EVENTS) return follow(0, true);
       /* Only from a sequence number /metrics is sure to cover: each rank had sent at
@@ -346,6 +392,7 @@
       if (stopPoll) stopPoll();
       if (stopLogs) stopLogs();
       chart.destroy();
+      evalChart.destroy();
     };
   }
 

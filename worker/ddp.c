@@ -406,6 +406,26 @@ out:
     return rc;
 }
 
+ddpd_err ddp_eval_params(struct ddp *d, bool live, struct ddpd_error *err)
+{
+    if (!d->opts.join)
+        return DDPD_OK;
+    /* The highest live rank, and whether any rank has joined. */
+    int64_t v[2] = {live ? d->rank : -1, live ? 0 : 1};
+    ddpd_err rc = comm_allreduce_max_i64(d->comm, v, 2, err);
+    if (rc || v[1] == 0 || v[0] < 0)
+        return rc;
+    const int root = (int)v[0];
+    for (int i = 0; i < model_param_count(d->m); i++) {
+        struct param *p = model_param(d->m, i);
+        /* A parameter is never larger than its bucket, nor the scratch than the largest. */
+        float *dst = live && d->rank != root ? d->zeros : p->data;
+        if ((rc = comm_broadcast(d->comm, dst, (size_t)p->numel * sizeof(float), root, err)))
+            return rc;
+    }
+    return DDPD_OK;
+}
+
 int ddp_bucket_count(const struct ddp *d)
 {
     return d->nbuckets;

@@ -78,6 +78,14 @@ typedef ddpd_err (*ddp_step_hook)(void *ctx, int64_t n, struct ddpd_error *err);
 ddpd_err ddp_join_each(struct ddp *d, ddp_step_hook hook, void *ctx, int64_t *shadowed,
                        struct ddpd_error *err);
 
+/* Before an eval (collective, every rank at the same point, `live` = this rank ran the
+ * step itself): in join mode, when some rank has joined, the parameters of the highest
+ * live rank are broadcast to the joined ranks, whose own replicas are stale until the
+ * final sync, so that every rank scores its eval shard with the model of this step. The
+ * live ranks' replicas are left as they are (the other live ones receive into scratch).
+ * Without join, or with every rank live, nothing is sent. */
+ddpd_err ddp_eval_params(struct ddp *d, bool live, struct ddpd_error *err);
+
 /* The bucket plan, for tests and logs: bucket count, and for bucket b its parameter
  * indices in layout order (written into idx, at most cap) and its size in bytes. */
 int ddp_bucket_count(const struct ddp *d);

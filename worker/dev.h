@@ -32,6 +32,14 @@ struct adamw_hyper {
     float bc2_sqrt;                         /* sqrt(1 - beta2^step) */
 };
 
+/* A 2d window (conv2d, max/avg pool2d): kernel, stride and zero padding per dim (h, w),
+ * no dilation, floor mode. An input plane [H,W] gives the output plane [OH,OW] with
+ * OH = (H + 2*ph - kh) / sh + 1, OW = (W + 2*pw - kw) / sw + 1 (the caller has checked
+ * that both are >= 1 and, for the pools, that ph <= kh/2 and pw <= kw/2, as PyTorch). */
+struct dev_window {
+    int64_t kh, kw, sh, sw, ph, pw;
+};
+
 struct dev_ops {
     const char *name;
     /* Memory. alloc returns zeroed memory or NULL. */
@@ -118,6 +126,70 @@ struct dev_ops {
     /* Dropout's mask: mask[i] = 1/(1-p) where rng_hash_uniform(seed, i) >= p, else 0
      * (rng_hash.h: the same draw on every backend). */
     void (*dropout_mask)(void *ctx, float *mask, int64_t n, float p, uint64_t seed);
+    /* The sum of squares of x[n], accumulated in double, returned to the host (waits for
+     * the queued work): gradient clipping's per-tensor norm is sqrt of it. */
+    double (*sumsq)(void *ctx, const float *x, int64_t n);
+
+    /* v2 conv-net ops (issue 18). Images are NCHW float32: x[b,c,H,W]; output sizes OH,
+     * OW as struct dev_window says. A conv2d is im2col, then per image the gemm
+     * y_i[O, OH*OW] = w[O, c*kh*kw] col_i (gemm_batched with stride_a 0); its backward is
+     * dcol_i = w^T dy_i, then col2im, and dw += dy_i col_i^T. */
+    /* col[b, c*kh*kw, OH*OW]: col[i, (ci*kh + ki)*kw + kj, oy*OW + ox] =
+     * x[i, ci, oy*sh - ph + ki, ox*sw - pw + kj], 0 where that falls in the padding
+     * (PyTorch's im2col layout). col is overwritten. */
+    void (*im2col)(void *ctx, float *col, const float *x, int64_t b, int64_t c, int64_t h, int64_t w,
+                   const struct dev_window *win);
+    /* Its adjoint, accumulating: every entry of col[b, c*kh*kw, OH*OW] is added to the
+     * entry of dx[b,c,H,W] that im2col read it from (padding entries are dropped). Each
+     * dx entry receives its terms one by one in increasing (ki, kj) order, added onto
+     * its current value (a sequential float sum, the same bits on every backend). */
+    void (*col2im)(void *ctx, float *dx, const float *col, int64_t b, int64_t c, int64_t h, int64_t w,
+                   const struct dev_window *win);
+    /* Max pooling over `planes` = b*c planes x[planes,H,W] -> y[planes,OH,OW], padding
+     * as -inf. idx[planes,OH,OW] (int32) is the argmax's index iy*W + ix inside its plane,
+     * PyTorch's `indices`: the window is scanned row by row, a value replaces the maximum
+     * when greater than it or NaN, so ties keep the first; a window of -inf only keeps
+     * its first in-image position. H*W < 2^31. */
+    void (*maxpool2d_forward)(void *ctx, float *y, int32_t *idx, const float *x, int64_t planes, int64_t h,
+                              int64_t w, const struct dev_window *win);
+    /* dx[planes,H,W] (overwritten) = sum of dy over the outputs whose idx points at the
+     * entry, added onto 0 in increasing output order (oy, then ox). */
+    void (*maxpool2d_backward)(void *ctx, float *dx, const float *dy, const int32_t *idx, int64_t planes,
+                               int64_t h, int64_t w, const struct dev_window *win);
+    /* Average pooling, count_include_pad true: y = (float sum of the window's in-image
+     * entries, row by row from 0) / (kh*kw as PyTorch clips it: the window's extent
+     * inside [-ph, H+ph) x [-pw, W+pw)). */
+    void (*avgpool2d_forward)(void *ctx, float *y, const float *x, int64_t planes, int64_t h, int64_t w,
+                              const struct dev_window *win);
+    /* dx[planes,H,W] (overwritten) = sum over the windows holding the entry of dy / that
+     * window's divisor (one division per term), added onto 0 in increasing output order. */
+    void (*avgpool2d_backward)(void *ctx, float *dx, const float *dy, int64_t planes, int64_t h, int64_t w,
+                               const struct dev_window *win);
+    /* BatchNorm over x[n,c,s] (s = H*W; [B,C] is s = 1), per channel ch over its m = n*s
+     * entries, as PyTorch 1.13's CPU kernel (statistics in double):
+     * training: mean = sum(x)/m and var = sum((x - mean)^2)/m (biased) in double; saves
+     * mean[c] = (float)mean and invstd[c] = (float)(1/sqrt(var + eps)) (double math);
+     * running_mean = momentum*mean + (1-momentum)*running_mean and running_var =
+     * momentum*var*m/(m-1) + (1-momentum)*running_var (UNBIASED), in double, stored as
+     * float (both skipped when running_mean / running_var are NULL; the caller ensures
+     * m > 1, PyTorch's "Expected more than 1 value per channel"). Then, in float,
+     * a = invstd[ch] * w[ch], k = b[ch] - mean[ch] * a, y = x * a + k (two roundings,
+     * no fused multiply-add); w, b NULL mean 1, 0 (affine false). y is overwritten. */
+    void (*batchnorm_forward_train)(void *ctx, float *y, float *mean, float *invstd, float *running_mean,
+                                    float *running_var, const float *x, const float *w, const float *b,
+                                    int64_t n, int64_t c, int64_t s, double eps, double momentum);
+    /* Eval: the same y with mean = running_mean[ch] and invstd = 1/sqrtf(running_var[ch] +
+     * (float)eps) in float (PyTorch's opmath); nothing is saved or updated. */
+    void (*batchnorm_forward_eval)(void *ctx, float *y, const float *x, const float *w, const float *b,
+                                   const float *running_mean, const float *running_var, int64_t n, int64_t c,
+                                   int64_t s, double eps);
+    /* Training-mode backward from the saved mean/invstd, per channel in double:
+     * sdy = sum(dy), dot = sum((x - mean) * dy); dx = (float)((dy - sdy/m - (x - mean) *
+     * dot*invstd*invstd/m) * (invstd * w)) (dx overwritten; w NULL is 1); dw += (float)(dot *
+     * invstd) and db += (float)sdy, each skipped when NULL. */
+    void (*batchnorm_backward)(void *ctx, float *dx, float *dw, float *db, const float *dy, const float *x,
+                               const float *mean, const float *invstd, const float *w, int64_t n, int64_t c,
+                               int64_t s);
 
     /* Optional slots (NULL on the CPU, where the plain ops are already the fast path). */
     /* One optimizer update over a parameter group of `count` tensors in one launch:

@@ -223,6 +223,8 @@ static void plan_one(const char *line, size_t len)
     }
     if (rc == DDPD_OK && spec->init_from[0])
         rc = plan_init_from(spec, data_dir, &err);
+    if (rc == DDPD_OK)
+        rc = train_check_eval_data(spec, data_dir, req.world_size, &err);
     memset(&ans, 0, sizeof ans);
     ans.code = rc;
     ans.known = known;

@@ -38,6 +38,7 @@ struct model {
      * of adding to them (gemm beta 0), which gives the same bits as adding to zeros
      * and saves a pass over every gradient per step. */
     bool grad_zero;
+    bool training; /* model_set_training; no layer here acts on it yet */
 };
 
 static void add_param(struct model *m, int layer, const char *what, int ndim, int64_t rows, int64_t cols)
@@ -105,6 +106,7 @@ struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max
     }
     ASSERT(spec->n_layers >= 0 && spec->n_layers <= SPEC_MAX_LAYERS);
     m->dev = dev;
+    m->training = true;
     m->n_layers = spec->n_layers;
     m->max_batch = max_batch > 0 ? max_batch : 1;
     m->first_linear = spec->n_layers;
@@ -245,6 +247,11 @@ struct param *model_param(struct model *m, int i)
  * the output with the broadcast bias and then runs sgemm with beta = 1, so the bias
  * joins the sum before the partial products of later k-blocks; doing the same keeps
  * its rounding for any `in`. */
+void model_set_training(struct model *m, bool training)
+{
+    m->training = training;
+}
+
 const float *model_forward(struct model *m, const float *x, int64_t batch)
 {
     const struct dev_ops *ops = m->dev.ops;

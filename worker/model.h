@@ -51,6 +51,10 @@ struct param *model_param(struct model *m, int i); /* borrowed, 0 <= i < count *
  * [B,out] (borrowed: valid until the next forward). Keeps the activations backward needs. */
 const float *model_forward(struct model *m, const float *x, int64_t batch);
 
+/* Training mode (the default) or eval mode, as nn.Module.train(training): dropout and
+ * BatchNorm act by it. */
+void model_set_training(struct model *m, bool training);
+
 /* Called during backward as soon as param `index`'s gradient for this backward has been
  * accumulated into its ->grad. Fires once per parameter, last layer first. */
 typedef void (*model_grad_ready_fn)(void *ctx, int index);

@@ -11,7 +11,7 @@
 #include "../base/check.h"
 
 struct optim {
-    struct spec_optim cfg;
+    struct spec_optim cfg; /* cfg.lr: the lr of the next step (optim_set_lr) */
     struct model *m;
     struct dev dev;
     int64_t steps;
@@ -169,6 +169,54 @@ void optim_step(struct optim *o)
             ops->adamw_step(ctx, &h, p->data, p->grad, avg, avg + o->numel, p->numel);
         }
     }
+}
+
+void optim_set_lr(struct optim *o, double lr)
+{
+    o->cfg.lr = lr;
+}
+
+double optim_schedule_lr(const struct spec_optim *o, int64_t step, int64_t job_steps)
+{
+    const double lr = o->lr, m = o->min_lr;
+    const int64_t w = o->warmup_steps > 0 ? o->warmup_steps : 0;
+    const int64_t total = o->total_steps > 0 ? o->total_steps : job_steps;
+    if (step <= w)
+        return lr * (double)step / (double)w;
+    /* p = 1 when the schedule has no steps after the warmup (S <= W). */
+    double p = total > w ? (double)(step - w) / (double)(total - w) : 1.0;
+    if (p > 1.0)
+        p = 1.0;
+    switch (o->schedule) {
+    case SCHED_LINEAR: return lr + (m - lr) * p;
+    case SCHED_COSINE: return m + (lr - m) * (1.0 + cos(M_PI * p)) / 2.0;
+    case SCHED_CONSTANT:
+    default: return lr;
+    }
+}
+
+double optim_clip_grad_norm(struct optim *o, double max_norm)
+{
+    const struct dev_ops *ops = o->dev.ops;
+    /* torch.norm(torch.stack([torch.norm(g) for g in grads])): each norm a float. */
+    double sq = 0.0;
+    for (int i = 0; i < o->n; i++) {
+        const struct param *p = model_param(o->m, i);
+        const float norm_i = (float)sqrt(ops->sumsq(o->dev.ctx, p->grad, p->numel));
+        sq += (double)norm_i * (double)norm_i;
+    }
+    const float total = (float)sqrt(sq);
+    /* max_norm / (total_norm + 1e-6): Tensor.__rtruediv__ is reciprocal() * max_norm,
+     * every step in float; clamp(max=1.0) then mul_, which leaves the gradients alone at
+     * 1 (a NaN norm scales by NaN, as PyTorch does). */
+    const float denom = total + 1e-6f;
+    const float coef = (1.0f / denom) * (float)max_norm;
+    if (coef < 1.0f || isnan(coef))
+        for (int i = 0; i < o->n; i++) {
+            struct param *p = model_param(o->m, i);
+            ops->scale(o->dev.ctx, p->grad, coef, p->numel);
+        }
+    return total;
 }
 
 int64_t optim_steps(const struct optim *o)

@@ -16,8 +16,26 @@ struct optim;
 struct optim *optim_new(const struct spec_optim *o, struct model *m);
 void optim_free(struct optim *o);
 
-/* One update of every parameter from its ->grad. */
+/* One update of every parameter from its ->grad, at the lr set last (optim_set_lr;
+ * the spec's lr until then). */
 void optim_step(struct optim *o);
+
+/* The lr of the next optim_step: AdamW's decay and step size use it, as a
+ * torch.optim.lr_scheduler.LambdaLR feeding the optimizer would. */
+void optim_set_lr(struct optim *o, double lr);
+
+/* The lr at optimizer step `step` (from 1) under the spec's schedule (CONTRACT.md §2a):
+ * lr*s/W while s <= W (warmup_steps); after it, with p = min(1, (s-W)/(S-W)), constant
+ * lr, linear lr + (min_lr-lr)*p, cosine min_lr + (lr-min_lr)*(1+cos(pi*p))/2. S is
+ * total_steps, or `job_steps` (the job's number of optimizer steps) when that is 0; a
+ * step past S keeps p = 1. In double, as Python computes it. */
+double optim_schedule_lr(const struct spec_optim *o, int64_t step, int64_t job_steps);
+
+/* torch.nn.utils.clip_grad_norm_(params, max_norm) of PyTorch 1.13 over every
+ * parameter's ->grad: the L2 norm of the per-tensor L2 norms (each a float32, as
+ * torch.norm returns), and when max_norm/(norm+1e-6) (float32 arithmetic) is below 1,
+ * every gradient scaled by it. Returns the norm before clipping. */
+double optim_clip_grad_norm(struct optim *o, double max_norm);
 
 int64_t optim_steps(const struct optim *o); /* updates applied so far */
 

@@ -119,6 +119,11 @@ struct run {
     float *hx, *hy, *x, *y, *dpred, *dloss; /* dloss: one loss per micro-batch of a step */
     float *hloss, *hcheck;                  /* hcheck: the step's losses read for on_nonfinite */
     int32_t *hl, *labels;
+    /* eval (spec->eval.every_steps > 0): this rank's shard of eval.data, its batch count
+     * (after max_batches), a device float for a batch's loss and the host logits */
+    struct dataset *eds;
+    int64_t enb;
+    float *eloss, *hpred;
 };
 
 /* A logged step whose losses are on their way to the host. On CUDA the copy is queued
@@ -127,6 +132,7 @@ struct run {
 struct pending_log {
     bool on;
     int64_t step, epoch, micro, samples;
+    double lr, grad_norm; /* grad_norm: NAN without grad_clip */
 };
 
 /* Agrees with the other ranks on the batch counts: join on or off, and the global
@@ -228,6 +234,10 @@ static void log_finish(struct run *r, struct pending_log *p, double *t_log, doub
     ev.loss = *last_loss;
     ev.nonfinite = !isfinite(*last_loss);
     ev.samples_per_s = dt > 0 ? (double)p->samples / dt : 0;
+    ev.lr = p->lr;
+    ev.has_lr = true;
+    ev.grad_norm = p->grad_norm;
+    ev.has_grad_norm = r->s->grad_clip > 0;
     emit_event(&ev);
     *t_log = now;
 }
@@ -381,13 +391,109 @@ static bool step_nonfinite(struct run *r, int64_t micro)
     return !isfinite(sum);
 }
 
+/* Whether eval runs after optimizer step `step`: every eval.every_steps-th and the last
+ * (once when both). */
+static bool eval_due(const struct run *r, int64_t step)
+{
+    const int64_t every = r->s->eval.every_steps;
+    return every > 0 && (step % every == 0 || step == r->total);
+}
+
+/* One rank's eval sums, all-gathered as bytes and added in rank order on every rank, so
+ * the counts stay exact integers however large the eval set. */
+struct eval_sums {
+    double loss;     /* sum of the per-element losses */
+    int64_t elems;   /* loss elements: rows (cross_entropy) or rows x outputs (mse) */
+    int64_t correct; /* cross_entropy: rows whose argmax is the label */
+    int64_t samples; /* rows */
+};
+
+/* The eval of step `step` (CONTRACT.md §2a), collective: every rank, live or joined,
+ * runs its shard of eval.data (at most max_batches batches) forward in eval mode with no
+ * gradients and no buffer broadcast, then the ranks all-gather their sums and rank 0
+ * emits the `eval` event. With join, the joined ranks first take the replica of the
+ * highest live rank (ddp_eval_params), so every shard is scored with the model of this
+ * step. The loss of a batch is the backend's loss op (its mean times its elements); the
+ * argmax is taken on the host from the logits, on every backend. */
+static ddpd_err run_eval(struct run *r, int64_t step, bool live, struct ddpd_error *err)
+{
+    const struct train_config *cfg = r->cfg;
+    const struct dev_ops *ops = r->dev.ops;
+    void *ctx = r->dev.ctx;
+    const bool ce = r->s->loss == LOSS_CROSS_ENTROPY;
+    struct eval_sums mine = {0}, *all = NULL;
+    ddpd_err rc;
+    if (r->ddp && (rc = ddp_eval_params(r->ddp, live, err)))
+        return rc;
+    model_set_training(r->m, false);
+    for (int64_t b = 0; b < r->enb; b++) {
+        const int64_t rows = dataset_batch(r->eds, b, r->hx, r->hy, r->hl);
+        ops->to_device(ctx, r->x, r->hx, (size_t)(rows * r->in) * sizeof(float));
+        const float *pred = model_forward(r->m, r->x, rows);
+        float loss;
+        if (ce) {
+            ops->to_device(ctx, r->labels, r->hl, (size_t)rows * sizeof(int32_t));
+            ops->cross_entropy(ctx, pred, r->labels, rows, r->out, r->dpred, r->eloss);
+            ops->to_host(ctx, r->hpred, pred, (size_t)(rows * r->out) * sizeof(float));
+            for (int64_t i = 0; i < rows; i++) {
+                const float *row = r->hpred + i * r->out;
+                int64_t best = 0; /* the first maximum, as torch.argmax */
+                for (int64_t j = 1; j < r->out; j++)
+                    if (row[j] > row[best] || (isnan(row[j]) && !isnan(row[best])))
+                        best = j;
+                mine.correct += best == r->hl[i];
+            }
+            mine.elems += rows;
+        } else {
+            ops->to_device(ctx, r->y, r->hy, (size_t)(rows * r->out) * sizeof(float));
+            ops->mse(ctx, pred, r->y, rows, r->out, r->dpred, r->eloss);
+            mine.elems += rows * r->out;
+        }
+        ops->to_host(ctx, &loss, r->eloss, sizeof loss);
+        mine.loss += (double)loss * (double)(ce ? rows : rows * r->out);
+        mine.samples += rows;
+    }
+    model_set_training(r->m, true);
+
+    struct eval_sums sum = mine;
+    if (cfg->comm) {
+        if (!(all = calloc((size_t)cfg->world_size, sizeof *all)))
+            return ddpd_error_set(err, DDPD_ENOMEM, "eval", "out of memory gathering the eval sums");
+        struct ddpd_error cerr;
+        if ((rc = comm_allgather(cfg->comm, &mine, sizeof mine, all, &cerr))) {
+            free(all);
+            return comm_failed(rc, &cerr, err);
+        }
+        sum = (struct eval_sums){0};
+        for (int q = 0; q < cfg->world_size; q++) {
+            sum.loss += all[q].loss;
+            sum.elems += all[q].elems;
+            sum.correct += all[q].correct;
+            sum.samples += all[q].samples;
+        }
+        free(all);
+    }
+    if (cfg->rank == 0) {
+        struct event ev = {.kind = EVENT_EVAL, .rank = 0};
+        ev.step = step;
+        ev.loss = sum.elems > 0 ? sum.loss / (double)sum.elems : NAN;
+        ev.nonfinite = !isfinite(ev.loss);
+        ev.has_accuracy = ce;
+        ev.accuracy = sum.elems > 0 ? (double)sum.correct / (double)sum.elems : NAN;
+        ev.samples = sum.samples;
+        emit_event(&ev);
+    }
+    return DDPD_OK;
+}
+
 /* What every rank does after each optimizer step of the job, whether it ran the step
  * (live) or shadowed it (joined: called from ddp_join_each), at the same point of the
  * collective order, so that the ranks' collectives pair up:
  *   1. with on_nonfinite "fail", agree on whether any rank's loss of this step is NaN or
  *      infinite (a MAX over the ranks that names the lowest such rank) and, if one is,
  *      fail every rank at this step;
- *   2. at a checkpoint step, write the checkpoint. */
+ *   2. at an eval step, run the eval (every rank takes part);
+ *   3. at a checkpoint step, write the checkpoint. */
 static ddpd_err after_step(struct run *r, const struct train_pos *pos, bool live, bool nonfinite,
                            struct ddpd_error *err)
 {
@@ -406,6 +512,11 @@ static ddpd_err after_step(struct run *r, const struct train_pos *pos, bool live
                                   "\"continue\" would train on)",
                                   pos->step, (int)(cfg->world_size - v));
     }
+    if (eval_due(r, pos->step)) {
+        ddpd_err rc = run_eval(r, pos->step, live, err);
+        if (rc)
+            return rc;
+    }
     if (s->checkpoint_every && pos->step % s->checkpoint_every == 0 && pos->step != r->total)
         return write_checkpoint(r, pos, live, false, err);
     return DDPD_OK;
@@ -422,6 +533,79 @@ static ddpd_err shadow_step(void *ctx, int64_t n, struct ddpd_error *err)
     struct shadow *sh = ctx;
     struct train_pos pos = {sh->at.step + n, sh->at.epoch, sh->at.epoch_step + n};
     return after_step(sh->r, &pos, false, false, err);
+}
+
+/* A copy of the spec whose data is eval.data, never shuffled (heap: a spec is large);
+ * NULL when out of memory. */
+static struct spec *eval_spec(const struct spec *s)
+{
+    struct spec *es = malloc(sizeof *es);
+    if (es) {
+        *es = *s;
+        es->data = s->eval.data;
+        es->data.shuffle = false;
+    }
+    return es;
+}
+
+/* An error of the data layer about eval.data: its path "data.x" becomes "eval.data.x"
+ * and its message says it is the eval data (the file alone would not). */
+static void eval_error(struct ddpd_error *err)
+{
+    if (!err)
+        return;
+    if (strncmp(err->path, "data", 4) == 0) {
+        const size_t n = strnlen(err->path, sizeof err->path - 6); /* room for "eval." */
+        memmove(err->path + 5, err->path, n);
+        memcpy(err->path, "eval.", 5);
+        err->path[n + 5] = '\0';
+    }
+    static const char pre[] = "eval.data: ";
+    const size_t n = strnlen(err->message, sizeof err->message - sizeof pre);
+    memmove(err->message + sizeof pre - 1, err->message, n);
+    memcpy(err->message, pre, sizeof pre - 1);
+    err->message[n + sizeof pre - 1] = '\0';
+}
+
+ddpd_err train_check_eval_data(const struct spec *s, const char *data_dir, int world_size,
+                               struct ddpd_error *err)
+{
+    if (s->eval.every_steps <= 0)
+        return DDPD_OK;
+    struct spec *es = eval_spec(s);
+    if (!es)
+        return ddpd_error_set(err, DDPD_ENOMEM, "eval", "out of memory checking eval.data");
+    int64_t rows = 0, file_bytes = 0;
+    ddpd_err rc = dataset_check(es, data_dir, world_size, &rows, &file_bytes, err);
+    free(es);
+    if (rc == DDPD_ENOTFOUND) /* {rank} files: the ranks check them */
+        return DDPD_OK;
+    if (rc)
+        eval_error(err);
+    return rc;
+}
+
+/* This rank's shard of eval.data, opened like the training data but never shuffled;
+ * its batch count capped by eval.max_batches. An error names the eval.data field. */
+static ddpd_err open_eval(struct run *r, struct ddpd_error *err)
+{
+    const struct spec *s = r->s;
+    if (s->eval.every_steps <= 0)
+        return DDPD_OK;
+    struct spec *es = eval_spec(s);
+    if (!es)
+        return ddpd_error_set(err, DDPD_ENOMEM, "eval", "out of memory opening eval.data");
+    r->eds = dataset_open(es, r->cfg->data_dir, r->cfg->rank, r->cfg->world_size, err);
+    free(es);
+    if (!r->eds) {
+        eval_error(err);
+        return err ? err->code : DDPD_EDATA;
+    }
+    dataset_set_epoch(r->eds, 0);
+    r->enb = dataset_batches(r->eds);
+    if (s->eval.max_batches > 0 && r->enb > s->eval.max_batches)
+        r->enb = s->eval.max_batches;
+    return DDPD_OK;
 }
 
 static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *err)
@@ -451,9 +635,14 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
              (double)mem.host / (1 << 20), (double)mem.device / (1 << 20), (double)limit / (1 << 20),
              limit_name, mem.rows);
 
+    if ((rc = open_eval(r, err)))
+        return rc;
+
     /* A micro-batch is at most the shard: batch_size alone (which may be near INT64_MAX
-     * on a small data set) sizes nothing. */
-    const int64_t rows = spec_batch_rows(s, dataset_shard_size(r->ds));
+     * on a small data set) sizes nothing. An eval batch is at most the eval shard. */
+    int64_t rows = spec_batch_rows(s, dataset_shard_size(r->ds));
+    if (r->eds && spec_batch_rows(s, dataset_shard_size(r->eds)) > rows)
+        rows = spec_batch_rows(s, dataset_shard_size(r->eds));
     int64_t rows_in, rows_out, rows_xn, rows_yn; /* host batches: a sample's values (data.h) */
     if (__builtin_mul_overflow(rows, r->in, &rows_in) || __builtin_mul_overflow(rows, r->out, &rows_out) ||
         __builtin_mul_overflow(rows, spec_sample_numel(s), &rows_xn) ||
@@ -482,6 +671,9 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
         !(r->dloss = alloc_tensor(dv, kmax, sizeof(float), "micro-batch losses", err)) ||
         !(r->hloss = alloc_tensor(NULL, kmax, sizeof(float), "micro-batch losses (host)", err)) ||
         !(r->hcheck = alloc_tensor(NULL, kmax, sizeof(float), "micro-batch losses (on_nonfinite)", err)))
+        return DDPD_EDEVICE;
+    if (r->eds && (!(r->eloss = alloc_tensor(dv, 1, sizeof(float), "eval loss", err)) ||
+                   !(r->hpred = alloc_tensor(NULL, rows_out, sizeof(float), "eval outputs (host)", err))))
         return DDPD_EDEVICE;
 
     memset(pos, 0, sizeof *pos);
@@ -564,6 +756,8 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
         while (pos.step < r.total && b < r.nb) {
             const int64_t epoch = pos.epoch, micro = k < r.nb - b ? k : r.nb - b;
             int64_t step_samples = 0;
+            const double lr = optim_schedule_lr(&s->optim, pos.step + 1, r.total);
+            double grad_norm = NAN;
             model_zero_grad(r.m);
             for (int64_t j = 0; j < micro; j++, b++) {
                 if (cfg->cancel && *cfg->cancel) {
@@ -577,6 +771,10 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
                     goto out;
                 step_samples += rows;
             }
+            /* After the all-reduce of the step's last micro-batch, before the update. */
+            if (s->grad_clip > 0)
+                grad_norm = optim_clip_grad_norm(r.o, s->grad_clip);
+            optim_set_lr(r.o, lr);
             optim_step(r.o);
             pos.step++;
             pos.epoch_step++;
@@ -588,12 +786,17 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
             /* The previous logged step's losses have arrived while this one was queued. */
             log_finish(&r, &pend, &t_log, &last_loss);
             if (pos.step % s->log_every == 0 || pos.step == r.total || nonfinite) {
-                const struct pending_log now = {
-                    .step = pos.step, .epoch = epoch, .micro = micro, .samples = samples_since_log};
+                const struct pending_log now = {.step = pos.step,
+                                                .epoch = epoch,
+                                                .micro = micro,
+                                                .samples = samples_since_log,
+                                                .lr = lr,
+                                                .grad_norm = grad_norm};
                 log_start(&r, &pend, &now, &t_log, &last_loss);
                 samples_since_log = 0;
             }
-            if (nonfinite || (s->checkpoint_every && pos.step % s->checkpoint_every == 0))
+            if (nonfinite || (s->checkpoint_every && pos.step % s->checkpoint_every == 0) ||
+                eval_due(&r, pos.step))
                 log_finish(&r, &pend, &t_log, &last_loss); /* its loss event comes first */
             if ((rc = after_step(&r, &pos, true, nonfinite, err)))
                 goto out;
@@ -636,7 +839,10 @@ out:
         r.dev.ops->free(r.dev.ctx, r.labels);
         r.dev.ops->free(r.dev.ctx, r.dpred);
         r.dev.ops->free(r.dev.ctx, r.dloss);
+        r.dev.ops->free(r.dev.ctx, r.eloss);
     }
+    free(r.hpred);
+    dataset_free(r.eds);
     free(r.hx);
     free(r.hy);
     free(r.hl);

@@ -34,4 +34,10 @@ struct train_config {
  * event and an exit code). */
 ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err);
 
+/* The planner's check of `eval.data` (CONTRACT.md §2a) before a job is accepted: what
+ * dataset_check finds in the eval data, with the error's path and message naming
+ * eval.data. DDPD_OK without eval, and for {rank} files (only the ranks see them). */
+ddpd_err train_check_eval_data(const struct spec *s, const char *data_dir, int world_size,
+                               struct ddpd_error *err);
+
 #endif

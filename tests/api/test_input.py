@@ -97,6 +97,49 @@ def test_invalid_spec_is_422_with_path(server, over, path, fragment):
         assert fragment in e["message"], e
 
 
+def _gpt(ln_dim=32, data=None, **over):
+    """A tiny GPT (CONTRACT.md §2a) on tokens, with overrides."""
+    model = [{"type": "embedding", "num": 65, "dim": 32}, {"type": "position", "max": 16, "dim": 32},
+             {"type": "residual", "layers": [{"type": "layernorm", "dim": 32},
+                                             {"type": "layernorm", "dim": ln_dim},
+                                             {"type": "attention", "dim": 32, "heads": 4}]},
+             {"type": "linear", "in": 32, "out": 65}]
+    spec = dict(model=model, input_shape=[16], loss="cross_entropy",
+                data=data or {"type": "tokens", "path": "train.bin", "block_size": 16})
+    spec.update(over)
+    return seed_spec(**spec)
+
+
+CONV = [{"type": "conv2d", "in": 3, "out": 32, "kernel": 3, "padding": 1}, {"type": "relu"},
+        {"type": "maxpool2d", "kernel": 2}, {"type": "batchnorm", "features": 32}, {"type": "flatten"},
+        {"type": "linear", "in": 256, "out": 10}]
+
+
+@pytest.mark.parametrize("spec,path,fragment", [
+    (_gpt(ln_dim=16), "model[2].layers[1].dim", "expected 32 (the width entering it), got 16"),
+    (seed_spec(model=CONV, input_shape=[3, 8, 8], loss="cross_entropy",
+               data={"type": "npy", "x": "x.npy", "y": "y.npy"}),
+     "model[5].in", "expected 512 (flatten of [32,4,4]), got 256"),
+    (_gpt(input_shape=None), "input_shape", "starts with embedding"),
+    (_gpt(data={"type": "tokens", "path": "train.bin", "block_size": 8}), "data.block_size",
+     "input_shape [8]"),
+    (_gpt(data={"type": "synthetic", "samples": 100}), "data.type", "linear layers and activations"),
+    (_gpt(eval={"data": {"type": "tokens", "path": "val.bin", "block_size": 16}, "every_steps": 0}),
+     "eval.every_steps", "positive integer"),
+    (_gpt(optimizer={"type": "adamw", "lr": 0.001, "schedule": {"type": "cosine", "min_lr": 0.1}}),
+     "optimizer.schedule.min_lr", "optimizer.lr"),
+    (_gpt(grad_clip=-1), "grad_clip", "positive number"),
+])
+def test_invalid_v2_spec_is_422_with_path(server, spec, path, fragment):
+    """The v2 validator over HTTP: the first mismatch of shapes, data, eval, schedule or
+    clipping is a 422 naming the JSON path, and no job is made."""
+    e = err_of(server.post("/v1/jobs", json=spec), 422)
+    assert e["code"] == "invalid_spec", e
+    assert e["path"] == path, e
+    assert fragment in e["message"], e
+    assert no_jobs(server)
+
+
 def test_cuda_job_on_a_server_without_gpus_is_422(server):
     e = err_of(server.post("/v1/jobs", json=seed_spec(device="cuda")), 422)
     assert "GPU" in e["message"], e

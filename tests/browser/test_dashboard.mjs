@@ -262,6 +262,42 @@ async function main() {
     await page.screenshot({path: path.join(OUT, 'job.png'), fullPage: true});
   });
 
+  await step('a job with eval: the eval chart (loss and accuracy), smoothing and the lr; screenshot', async () => {
+    const spec = {...seed, name: 'browser-eval', epochs: undefined, steps: 300, log_every: 10, batch_size: 16,
+      model: [{type: 'linear', in: 10, out: 16}, {type: 'relu'}, {type: 'linear', in: 16, out: 3}],
+      loss: 'cross_entropy',
+      optimizer: {type: 'sgd', lr: 0.1, schedule: {type: 'cosine', warmup_steps: 20, min_lr: 0.001}},
+      eval: {data: {type: 'synthetic', samples: 200, seed: 1}, every_steps: 50}};
+    await submitSpec(spec);
+    await until(() => ![seedId, liveId].includes(jobIdFromUrl()) && jobIdFromUrl(), 'the eval job page');
+    await until(async () => (await jobState()) === 'succeeded', 'the eval job to succeed', 60000);
+    const evalPoints = () => page.evaluate(() => {
+      const c = document.querySelector('.eval-canvas');
+      return c ? Number(c.dataset.points) : -1;
+    });
+    await until(async () => (await evalPoints()) === 6, 'the eval chart to have the 6 evals (steps 50..300)');
+    check(!(await page.$('#eval-card[hidden]')), 'the eval card is shown');
+    const box = await page.locator('.eval-canvas').boundingBox();
+    await page.mouse.move(box.x + box.width - 54, box.y + box.height * 0.5); // the plot's right end
+    await page.waitForSelector('#eval-card .chart-tip:not([hidden])');
+    const tip = await page.textContent('#eval-card .chart-tip');
+    check(/eval at step 300/.test(tip) && /accuracy: [\d.]+%/.test(tip) && /samples: 200/.test(tip), 'the eval tooltip: ' + tip);
+    check(/^lr [\d.e-]+ \(step 300\)$/.test(await page.textContent('#lr-now')), 'the lr of the last step: ' + (await page.textContent('#lr-now')));
+    await page.fill('#smoothing', '0.9');
+    const lb = await page.locator('.chart-canvas').boundingBox();
+    await page.mouse.move(lb.x + lb.width * 0.5, lb.y + lb.height * 0.5);
+    await page.waitForSelector('.chart-host:not(#eval-host) .chart-tip:not([hidden])');
+    const ltip = await page.textContent('.chart-host:not(#eval-host) .chart-tip');
+    check(ltip.includes('(raw '), 'smoothing on: the loss tooltip shows the raw value beside the smoothed one: ' + ltip);
+    await page.screenshot({path: path.join(OUT, 'job-eval.png'), fullPage: true});
+    await page.fill('#smoothing', '0');
+    /* Deleted again: the steps below count the jobs of the list. */
+    await page.click('#delete-btn');
+    await page.waitForSelector('#confirm-dialog[open]');
+    await page.click('#confirm-dialog .confirm-yes');
+    await until(() => /#\/jobs$/.test(page.url()), 'the job list after deleting the eval job');
+  });
+
   await step('a running job is cancelled after a confirmation', async () => {
     await submitSpec(liveSpec('browser-cancel', 1000));
     const id = await until(() => ![seedId, liveId].includes(jobIdFromUrl()) && jobIdFromUrl(), 'the new job page');

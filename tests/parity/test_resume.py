@@ -187,6 +187,28 @@ def check_resumes(work, spec, world):
                for c in ckpts for r in range(1, world)), "every rank's optimizer state is rank 0's"
 
 
+def test_resume_continues_the_schedule_clipping_and_eval(work):
+    # CONTRACT.md §2a: the lr schedule runs on the global step, so a resumed job continues
+    # it (warmup and cosine across the checkpoints); clipping and eval carry on too. Every
+    # number after the checkpoint is bitwise the straight run's: losses, lr, grad_norm,
+    # eval events, the weights and the optimizer state.
+    H.need_bin()
+    spec, world = write_job(work, OPTIMIZERS["sgd_momentum"], "rank", "npy")
+    spec["optimizer"] = dict(spec["optimizer"], schedule={"type": "cosine", "warmup_steps": 4, "min_lr": 0.001})
+    spec["grad_clip"] = 0.05
+    spec["eval"] = {"data": {"type": "npy", "x": "x_1.npy", "y": "y_1.npy"}, "every_steps": 5}
+    check_resumes(work, spec, world)
+    full = H.run_ddpd(spec, world, work, name="full-events").check_ok(world)
+    res = H.run_ddpd(spec, world, work, name="from-6-events",
+                     extra=["--resume", str(Path(work) / "full" / "ckpt-6")]).check_ok(world)
+    assert any(e["grad_norm"] > 0.05 for e in full.of("loss")), "no step clipped"
+    pick = lambda run: sorted((e["event"], e["rank"], e["step"], e.get("lr"), e.get("grad_norm"), e.get("loss"),
+                               e.get("samples")) for e in run.events if e.get("event") in ("loss", "eval")
+                              and e["step"] > 6)
+    assert pick(res) == pick(full)
+    assert [e["step"] for e in full.of("eval")] == [5, 10, 14], full.of("eval")
+
+
 def test_resume_with_another_world_size_is_refused(work):
     H.need_bin()
     spec, world = write_job(work, OPTIMIZERS["adamw"], "sharded", "synthetic")

@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -264,6 +265,7 @@ def torch_ddp(case, work, timeout=120):
         "join": _join_on(spec, case), "divide": spec.get("ddp", {}).get("divide_by_initial_world_size", True),
         "bucket_cap_mb": spec.get("ddp", {}).get("bucket_cap_mb", 25),
         "xs": case.xs, "ys": case.ys, "init": case.init_sd, "max_steps": max(case.steps_per_epoch()),
+        "grad_clip": spec.get("grad_clip", 0), "snapshots": bool(spec.get("eval")),
     }
     cfg_path = ref / "case.pkl"
     cfg_path.write_bytes(pickle.dumps(cfg))
@@ -335,6 +337,24 @@ def _join_on(spec, case):
     return bool(j)
 
 
+def schedule_lr(o, step, job_steps):
+    """The lr at optimizer step `step` (from 1) of CONTRACT.md §2a's optimizer.schedule,
+    as a factor of o["lr"] (what a LambdaLR lambda returns)."""
+    sc = o.get("schedule") or {}
+    lr, m = o["lr"], sc.get("min_lr", 0.0)
+    w = sc.get("warmup_steps", 0)
+    total = sc.get("total_steps", 0) or job_steps
+    if step <= w:
+        return step / w
+    p = min(1.0, (step - w) / (total - w)) if total > w else 1.0
+    kind = sc.get("type", "constant")
+    if kind == "linear":
+        return (lr + (m - lr) * p) / lr
+    if kind == "cosine":
+        return (m + (lr - m) * (1 + math.cos(math.pi * p)) / 2) / lr
+    return 1.0
+
+
 def _torch_rank(cfg_path, rank, port):
     """One rank of the PyTorch reference (runs in its own process)."""
     import datetime
@@ -367,6 +387,11 @@ def _torch_rank(cfg_path, rank, port):
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], betas=tuple(o.get("betas", (0.9, 0.999))),
                                 eps=o.get("eps", 1e-8), weight_decay=o.get("weight_decay", 0.01))
+    # optimizer.schedule through LambdaLR: its lambda is the factor of the global step about
+    # to run (a joined rank's shadowed steps count too, as ddpd counts them).
+    gstep = [1]
+    job_steps = cfg["max_steps"] * cfg["epochs"]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _e: schedule_lr(o, gstep[0], job_steps))
     loss_fn = nn.MSELoss() if cfg["loss"] == "mse" else nn.CrossEntropyLoss()
     X = torch.from_numpy(np.ascontiguousarray(cfg["xs"][rank], dtype=np.float32))
     yv = cfg["ys"][rank]
@@ -382,7 +407,7 @@ def _torch_rank(cfg_path, rank, port):
     batches = [(b * bs, min(n, (b + 1) * bs)) for b in range(nb)]
     groups = [batches[i:i + k] for i in range(0, nb, k)]
     S = cfg["max_steps"]
-    losses, joins = {}, []
+    losses, joins, lrs, norms, snaps = {}, [], {}, {}, {}
     for epoch in range(cfg["epochs"]):
         ctx = ddp.join(divide_by_initial_world_size=cfg["divide"]) if cfg["join"] else contextlib.nullcontext()
         with ctx:
@@ -395,8 +420,18 @@ def _torch_rank(cfg_path, rank, port):
                         loss = loss_fn(ddp(X[lo:hi]), Y[lo:hi])
                         loss.backward()
                     ls.append(loss.item())
+                g = epoch * S + gi + 1
+                if cfg.get("grad_clip"):
+                    norms[g] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"]))
+                gstep[0] = g
+                with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()"
+                    warnings.simplefilter("ignore")
+                    sched.step()
+                lrs[g] = opt.param_groups[0]["lr"]
                 opt.step()
-                losses[epoch * S + gi + 1] = sum(ls) / len(ls)
+                losses[g] = sum(ls) / len(ls)
+                if cfg.get("snapshots"):
+                    snaps[g] = {kk: v.detach().numpy().copy() for kk, v in model.state_dict().items()}
             if cfg["join"] and len(groups) < S:
                 joins.append(epoch * S + len(groups))
     names = {id(p): nm for nm, p in model.named_parameters()}
@@ -405,7 +440,7 @@ def _torch_rank(cfg_path, rank, port):
         for key, v in st.items():
             if torch.is_tensor(v) and v.numel() == p.numel():
                 optim[f"{names[id(p)]}.{key}"] = v.detach().numpy().copy()
-    res = {"losses": losses, "joins": joins, "optim": optim,
+    res = {"losses": losses, "joins": joins, "optim": optim, "lr": lrs, "grad_norm": norms, "snapshots": snaps,
            "state": {kk: v.detach().numpy().copy() for kk, v in model.state_dict().items()}}
     dist.barrier()
     dist.destroy_process_group()

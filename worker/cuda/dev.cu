@@ -17,9 +17,14 @@
 extern "C" {
 #include "../dev.h"
 #include "../emit.h"
+#include "../rng_hash.h"
 #include "plugin.h"
 }
 #undef _Noreturn
+
+/* cuda/sort.cu: CUB's stable radix sort of int32 pairs on a stream. */
+cudaError_t cuda_sort_pairs_i32(void *temp, size_t *temp_bytes, const int32_t *keys_in, int32_t *keys_out,
+                                const int32_t *vals_in, int32_t *vals_out, int n, cudaStream_t stream);
 
 #define THREADS        256
 #define MAX_BLOCKS     8192 /* grid-stride loops cover the rest */
@@ -35,6 +40,7 @@ struct cuda {
     float *pinned; /* fetch_start's destination */
     int64_t pinned_n;
     cudaEvent_t fetched; /* recorded after the copy into `pinned` */
+    double *sumsq;       /* sumsq's device result, allocated on first use */
 };
 
 /* ---- failures: every CUDA or cuBLAS error ends the worker as a device failure ---- */
@@ -191,6 +197,10 @@ static void cu_bias_grad(void *ctx, float *db, const float *dy, int64_t m, int64
 
 #define GELU_ALPHA 0.70710678118654752440f /* (float)M_SQRT1_2 */
 #define GELU_BETA  ((float)(1.12837916709551257390 * 0.70710678118654752440 * 0.5))
+/* gelu(approximate="tanh"): 0.5 x (1 + tanh(K_BETA (x + K_KAPPA x^3))), K_BETA =
+ * sqrt(2) * 2/sqrt(pi) * 0.5 = sqrt(2/pi), PyTorch's GeluKernel constants. */
+#define GELU_K_BETA  ((float)(1.41421356237309504880 * 1.12837916709551257390 * 0.5))
+#define GELU_K_KAPPA 0.044715f
 
 __global__ void k_act_forward(int kind, float *y, const float *x, int64_t n)
 {
@@ -201,7 +211,13 @@ __global__ void k_act_forward(int kind, float *y, const float *x, int64_t n)
         case LAYER_RELU: y[i] = v < 0.0f ? 0.0f : v; break;
         case LAYER_TANH: y[i] = tanhf(v); break;
         case LAYER_SIGMOID: y[i] = 1.0f / (1.0f + expf(-v)); break;
-        default: y[i] = v * 0.5f * (1.0f + erff(v * GELU_ALPHA)); break;
+        case LAYER_GELU_TANH: {
+            const float cube = __fmul_rn(__fmul_rn(v, v), v);
+            const float inner = __fmul_rn(GELU_K_BETA, v + __fmul_rn(GELU_K_KAPPA, cube));
+            y[i] = __fmul_rn(__fmul_rn(0.5f, v), 1.0f + tanhf(inner));
+            break;
+        }
+        default: y[i] = v * 0.5f * (1.0f + erff(v * GELU_ALPHA)); break; /* LAYER_GELU */
         }
     }
 }
@@ -215,7 +231,20 @@ __global__ void k_act_backward(int kind, float *dx, const float *dy, const float
         case LAYER_RELU: dx[i] = y[i] <= 0.0f ? 0.0f : dy[i]; break;
         case LAYER_TANH: dx[i] = dy[i] * fmaf(-y[i], y[i], 1.0f); break;
         case LAYER_SIGMOID: dx[i] = __fmul_rn(__fmul_rn(dy[i], 1.0f - y[i]), y[i]); break;
-        default: {
+        case LAYER_GELU_TANH: {
+            /* PyTorch's GeluBackward (tanh): left' + right', as its kernel names them. */
+            const float v = x[i], sq = __fmul_rn(v, v), cube = __fmul_rn(sq, v);
+            const float inner = __fmul_rn(GELU_K_BETA, v + __fmul_rn(GELU_K_KAPPA, cube));
+            const float th = tanhf(inner);
+            const float left = __fmul_rn(0.5f, v), right = 1.0f + th;
+            const float left_d = __fmul_rn(0.5f, right);
+            const float tanh_d = 1.0f - __fmul_rn(th, th);
+            const float inner_d = __fmul_rn(GELU_K_BETA, 1.0f + __fmul_rn(3.0f * GELU_K_KAPPA, sq));
+            const float right_d = __fmul_rn(__fmul_rn(left, tanh_d), inner_d);
+            dx[i] = __fmul_rn(dy[i], left_d + right_d);
+            break;
+        }
+        default: { /* LAYER_GELU */
             const float cdf = 0.5f * (1.0f + erff(x[i] * GELU_ALPHA));
             const float pdf = GELU_BETA * expf(__fmul_rn(x[i], x[i]) * -0.5f);
             dx[i] = dy[i] * fmaf(x[i], pdf, cdf);
@@ -226,7 +255,7 @@ __global__ void k_act_backward(int kind, float *dx, const float *dy, const float
 
 static void check_act(const struct cuda *c, layer_kind k, const char *op)
 {
-    if (k != LAYER_RELU && k != LAYER_TANH && k != LAYER_SIGMOID && k != LAYER_GELU)
+    if (k != LAYER_RELU && k != LAYER_TANH && k != LAYER_SIGMOID && k != LAYER_GELU && k != LAYER_GELU_TANH)
         die(c, op, "not an activation layer");
 }
 
@@ -521,6 +550,33 @@ static void cu_scale(void *ctx, float *x, float a, int64_t n)
     cu_scale_copy(ctx, x, x, a, n);
 }
 
+/* The sum of squares in double: one block (REDUCE_THREADS), so the sum is deterministic,
+ * written to the context's device double and read back. */
+__global__ void k_sumsq(const float *x, int64_t n, double *out)
+{
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        s += (double)x[i] * (double)x[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0)
+        *out = s;
+}
+
+static double cu_sumsq(void *ctx, const float *x, int64_t n)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    double h = 0.0;
+    if (n <= 0)
+        return 0.0;
+    if (!c->sumsq)
+        check(c, cudaMalloc((void **)&c->sumsq, sizeof *c->sumsq), "sumsq");
+    k_sumsq<<<1, REDUCE_THREADS, 0, c->stream>>>(x, n, c->sumsq);
+    LAUNCHED(c, "sumsq");
+    check(c, cudaMemcpyAsync(&h, c->sumsq, sizeof h, cudaMemcpyDeviceToHost, c->stream), "sumsq");
+    check(c, cudaStreamSynchronize(c->stream), "sumsq");
+    return h;
+}
+
 /* ---- reads that do not stall the queue, and pinned host memory ---- */
 
 static void cu_fetch_start(void *ctx, const float *src, int64_t n)
@@ -564,6 +620,802 @@ static void cu_host_free(void *ctx, void *p)
         check((struct cuda *)ctx, cudaFreeHost(p), "host_free");
 }
 
+/* ---- v2 ops (CONTRACT.md §2a): the transformer's building blocks ---- */
+
+/* The same product per batch entry as cu_gemm (B first, the flags as they are), i in
+ * [0, batch) at X + i * stride_x. */
+static void cu_gemm_batched(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float *a, int64_t lda, int64_t stride_a, const float *b,
+                            int64_t ldb, int64_t stride_b, float beta, float *cm, int64_t ldc,
+                            int64_t stride_c, int64_t batch)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (m == 0 || n == 0 || batch <= 0)
+        return;
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX ||
+        ldc > INT32_MAX || batch > INT32_MAX)
+        die(c, "gemm_batched", "a dimension exceeds 2^31-1");
+    const int la = lda < 1 ? 1 : (int)lda, lb = ldb < 1 ? 1 : (int)ldb;
+    check_blas(c,
+               cublasSgemmStridedBatched(c->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha,
+                                         b, lb, (long long)stride_b, a, la, (long long)stride_a, &beta, cm,
+                                         (int)ldc, (long long)stride_c, (int)batch),
+               "gemm_batched");
+}
+
+__global__ void k_embedding_forward(float *y, const float *w, const int32_t *ids, int64_t n, int64_t dim)
+{
+    FOR_EACH(i, n * dim)
+    y[i] = w[(int64_t)ids[i / dim] * dim + i % dim];
+}
+
+static void cu_embedding_forward(void *ctx, float *y, const float *w, const int32_t *ids, int64_t n,
+                                 int64_t dim)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (n <= 0 || dim <= 0)
+        return;
+    k_embedding_forward<<<blocks_for(n * dim), THREADS, 0, c->stream>>>(y, w, ids, n, dim);
+    LAUNCHED(c, "embedding_forward");
+}
+
+__global__ void k_iota(int32_t *x, int64_t n)
+{
+    FOR_EACH(i, n)
+    x[i] = (int32_t)i;
+}
+
+/* Entry (r, j) with r the first of a run of equal ids in the sorted order adds the run's
+ * rows of dy to dw[id, j], one after another in increasing position: the CPU's additions
+ * in the CPU's order, so the same bits, and no two threads touch the same entry. */
+__global__ void k_embedding_backward(float *dw, const float *dy, const int32_t *sorted_ids,
+                                     const int32_t *pos, int64_t n, int64_t dim)
+{
+    FOR_EACH(i, n * dim)
+    {
+        const int64_t r = i / dim, j = i % dim;
+        const int32_t id = sorted_ids[r];
+        if (r > 0 && sorted_ids[r - 1] == id)
+            continue;
+        float s = dw[(int64_t)id * dim + j];
+        for (int64_t q = r; q < n && sorted_ids[q] == id; q++)
+            s += dy[(int64_t)pos[q] * dim + j];
+        dw[(int64_t)id * dim + j] = s;
+    }
+}
+
+/* Deterministic, without atomics: a stable radix sort of (id, position) pairs (CUB, cuda/sort.cu, on
+ * the stream, scratch from the stream-ordered allocator), then one thread per run of
+ * equal ids and column (k_embedding_backward). */
+static void cu_embedding_backward(void *ctx, float *dw, const float *dy, const int32_t *ids, int64_t n,
+                                  int64_t dim)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (n <= 0 || dim <= 0)
+        return;
+    if (n > INT32_MAX)
+        die(c, "embedding_backward", "more than 2^31-1 ids");
+    size_t temp = 0;
+    check(c, cuda_sort_pairs_i32(NULL, &temp, NULL, NULL, NULL, NULL, (int)n, c->stream),
+          "embedding_backward");
+    const size_t ints = ((size_t)n * 3 * sizeof(int32_t) + 255) & ~(size_t)255;
+    char *scratch = NULL;
+    check(c, cudaMallocAsync((void **)&scratch, ints + temp, c->stream), "embedding_backward");
+    int32_t *pos_in = (int32_t *)scratch, *keys = pos_in + n, *pos = keys + n;
+    k_iota<<<blocks_for(n), THREADS, 0, c->stream>>>(pos_in, n);
+    LAUNCHED(c, "embedding_backward");
+    check(c, cuda_sort_pairs_i32(scratch + ints, &temp, ids, keys, pos_in, pos, (int)n, c->stream),
+          "embedding_backward");
+    k_embedding_backward<<<blocks_for(n * dim), THREADS, 0, c->stream>>>(dw, dy, keys, pos, n, dim);
+    LAUNCHED(c, "embedding_backward");
+    check(c, cudaFreeAsync(scratch, c->stream), "embedding_backward");
+}
+
+/* LayerNorm: a warp per row (LN_ROWS rows a block). Mean and variance are two passes over
+ * the row summed in double, so both are the row's float statistics correctly rounded;
+ * then rstd = 1/sqrt(var + eps) in float, and y = (x - mean) * rstd * w + b as dev.h
+ * writes it (a constant row gives exactly b). */
+#define LN_ROWS 8
+
+__device__ double warp_allsum(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ float warp_allmax(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, v, o);
+        v = other > v ? other : v;
+    }
+    return v;
+}
+
+__global__ void k_layernorm_forward(float *y, float *mean, float *rstd, const float *x, const float *w,
+                                    const float *b, int64_t rows, int64_t dim, float eps)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * LN_ROWS + (threadIdx.x >> 5);
+    if (r >= rows)
+        return; /* the whole warp: no shuffle is left waiting */
+    const float *xr = x + r * dim;
+    double s = 0.0;
+    for (int64_t j = lane; j < dim; j += 32)
+        s += (double)xr[j];
+    const double mu = warp_allsum(s) / (double)dim;
+    double q = 0.0;
+    for (int64_t j = lane; j < dim; j += 32) {
+        const double d = (double)xr[j] - mu;
+        q += d * d;
+    }
+    const float var = (float)(warp_allsum(q) / (double)dim);
+    const float m = (float)mu, rs = 1.0f / sqrtf(var + eps);
+    float *yr = y + r * dim;
+    for (int64_t j = lane; j < dim; j += 32) {
+        const float v = __fmul_rn(__fmul_rn(xr[j] - m, rs), w[j]);
+        yr[j] = b ? v + b[j] : v;
+    }
+    if (lane == 0) {
+        mean[r] = m;
+        rstd[r] = rs;
+    }
+}
+
+static void cu_layernorm_forward(void *ctx, float *y, float *mean, float *rstd, const float *x,
+                                 const float *w, const float *b, int64_t rows, int64_t dim, float eps)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (rows <= 0 || dim <= 0)
+        return;
+    k_layernorm_forward<<<(unsigned)((rows + LN_ROWS - 1) / LN_ROWS), 32 * LN_ROWS, 0, c->stream>>>(
+        y, mean, rstd, x, w, b, rows, dim, eps);
+    LAUNCHED(c, "layernorm_forward");
+}
+
+/* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w, xhat = (x - mean) * rstd:
+ * a warp per row, the two means summed in double. */
+__global__ void k_layernorm_dx(float *dx, const float *dy, const float *x, const float *mean,
+                               const float *rstd, const float *w, int64_t rows, int64_t dim)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * LN_ROWS + (threadIdx.x >> 5);
+    if (r >= rows)
+        return;
+    const float *xr = x + r * dim, *dyr = dy + r * dim;
+    const float m = mean[r], rs = rstd[r];
+    double sg = 0.0, sgx = 0.0;
+    for (int64_t j = lane; j < dim; j += 32) {
+        const float g = __fmul_rn(dyr[j], w[j]), xh = __fmul_rn(xr[j] - m, rs);
+        sg += (double)g;
+        sgx += (double)g * (double)xh;
+    }
+    const float a = (float)(warp_allsum(sg) / (double)dim), bx = (float)(warp_allsum(sgx) / (double)dim);
+    float *dxr = dx + r * dim;
+    for (int64_t j = lane; j < dim; j += 32) {
+        const float g = __fmul_rn(dyr[j], w[j]), xh = __fmul_rn(xr[j] - m, rs);
+        dxr[j] = __fmul_rn(rs, fmaf(-xh, bx, g - a));
+    }
+}
+
+/* dw[j] += sum over rows of dy * xhat: k_bias_grad's layout (32 columns a block, 8 thread
+ * rows, a fixed order). */
+__global__ void k_layernorm_dw(float *dw, const float *dy, const float *x, const float *mean,
+                               const float *rstd, int64_t rows, int64_t dim)
+{
+    __shared__ float part[8][33];
+    const int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (j < dim)
+        for (int64_t i = threadIdx.y; i < rows; i += 8)
+            s = fmaf(dy[i * dim + j], __fmul_rn(x[i * dim + j] - mean[i], rstd[i]), s);
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < dim) {
+        for (int r = 1; r < 8; r++)
+            s += part[r][threadIdx.x];
+        dw[j] += s;
+    }
+}
+
+static void cu_layernorm_backward(void *ctx, float *dx, float *dw, float *db, const float *dy, const float *x,
+                                  const float *mean, const float *rstd, const float *w, int64_t rows,
+                                  int64_t dim)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (rows <= 0 || dim <= 0)
+        return;
+    k_layernorm_dx<<<(unsigned)((rows + LN_ROWS - 1) / LN_ROWS), 32 * LN_ROWS, 0, c->stream>>>(
+        dx, dy, x, mean, rstd, w, rows, dim);
+    LAUNCHED(c, "layernorm_backward");
+    k_layernorm_dw<<<(unsigned)((dim + 31) / 32), dim3(32, 8), 0, c->stream>>>(dw, dy, x, mean, rstd, rows,
+                                                                               dim);
+    LAUNCHED(c, "layernorm_backward");
+    if (db)
+        cu_bias_grad(ctx, db, dy, rows, dim);
+}
+
+/* Softmax: a warp per row (SM_ROWS rows a block). Attention's rows are T keys long, a few
+ * thousand at most, so every reduction stays in shuffles. v = scale * x (masked keys of a
+ * causal row are left out, their y 0); y = exp(v - max) / sum, the sum in double. */
+#define SM_ROWS 8
+
+__global__ void k_softmax_forward(float *y, const float *x, int64_t rows, int64_t n, float scale, bool causal)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * SM_ROWS + (threadIdx.x >> 5);
+    if (r >= rows)
+        return;
+    const float *xr = x + r * n;
+    float *yr = y + r * n;
+    const int64_t len = causal ? r % n + 1 : n; /* keys [0, len) count */
+    float mx = -INFINITY;
+    for (int64_t j = lane; j < len; j += 32) {
+        const float v = __fmul_rn(xr[j], scale);
+        mx = v > mx ? v : mx;
+    }
+    mx = warp_allmax(mx);
+    double s = 0.0;
+    for (int64_t j = lane; j < len; j += 32)
+        s += (double)expf(__fmul_rn(xr[j], scale) - mx);
+    const float sum = (float)warp_allsum(s);
+    for (int64_t j = lane; j < n; j += 32)
+        yr[j] = j < len ? expf(__fmul_rn(xr[j], scale) - mx) / sum : 0.0f;
+}
+
+static void cu_softmax_forward(void *ctx, float *y, const float *x, int64_t rows, int64_t n, float scale,
+                               bool causal)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (rows <= 0 || n <= 0)
+        return;
+    k_softmax_forward<<<(unsigned)((rows + SM_ROWS - 1) / SM_ROWS), 32 * SM_ROWS, 0, c->stream>>>(
+        y, x, rows, n, scale, causal);
+    LAUNCHED(c, "softmax_forward");
+}
+
+/* dx = (y * (dy - dot)) * scale, dot = sum_j dy_j * y_j in double: softmax's backward,
+ * then the chain rule through v = scale * x. */
+__global__ void k_softmax_backward(float *dx, const float *dy, const float *y, int64_t rows, int64_t n,
+                                   float scale)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * SM_ROWS + (threadIdx.x >> 5);
+    if (r >= rows)
+        return;
+    const float *dyr = dy + r * n, *yr = y + r * n;
+    float *dxr = dx + r * n;
+    double s = 0.0;
+    for (int64_t j = lane; j < n; j += 32)
+        s += (double)dyr[j] * (double)yr[j];
+    const float dot = (float)warp_allsum(s);
+    for (int64_t j = lane; j < n; j += 32)
+        dxr[j] = __fmul_rn(__fmul_rn(yr[j], dyr[j] - dot), scale);
+}
+
+static void cu_softmax_backward(void *ctx, float *dx, const float *dy, const float *y, int64_t rows,
+                                int64_t n, float scale)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (rows <= 0 || n <= 0)
+        return;
+    k_softmax_backward<<<(unsigned)((rows + SM_ROWS - 1) / SM_ROWS), 32 * SM_ROWS, 0, c->stream>>>(
+        dx, dy, y, rows, n, scale);
+    LAUNCHED(c, "softmax_backward");
+}
+
+/* Head layouts: a thread per element of the [b,t,3,h,hd] (or [b,t,h,hd]) tensor, which is
+ * read (split, merge) or written (their backwards) in order; `back` swaps the direction. */
+__global__ void k_heads_split(float *q, float *k, float *v, float *qkv, int64_t b, int64_t t, int64_t h,
+                              int64_t hd, bool back)
+{
+    FOR_EACH(i, b * t * 3 * h * hd)
+    {
+        int64_t rest = i;
+        const int64_t d = rest % hd;
+        rest /= hd;
+        const int64_t hh = rest % h;
+        rest /= h;
+        const int64_t s = rest % 3;
+        rest /= 3;
+        const int64_t tt = rest % t, bb = rest / t;
+        float *dst = (s == 0 ? q : s == 1 ? k : v) + ((bb * h + hh) * t + tt) * hd + d;
+        if (back)
+            qkv[i] = *dst;
+        else
+            *dst = qkv[i];
+    }
+}
+
+__global__ void k_heads_merge(float *y, float *yh, int64_t b, int64_t t, int64_t h, int64_t hd, bool back)
+{
+    FOR_EACH(i, b * t * h * hd)
+    {
+        int64_t rest = i;
+        const int64_t d = rest % hd;
+        rest /= hd;
+        const int64_t hh = rest % h;
+        rest /= h;
+        const int64_t tt = rest % t, bb = rest / t;
+        const int64_t o = ((bb * h + hh) * t + tt) * hd + d;
+        if (back)
+            yh[o] = y[i];
+        else
+            y[i] = yh[o];
+    }
+}
+
+static void cu_heads_split(void *ctx, float *q, float *k, float *v, const float *qkv, int64_t b, int64_t t,
+                           int64_t h, int64_t hd)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    const int64_t n = b * t * 3 * h * hd;
+    if (b <= 0 || t <= 0 || h <= 0 || hd <= 0)
+        return;
+    k_heads_split<<<blocks_for(n), THREADS, 0, c->stream>>>(q, k, v, (float *)qkv, b, t, h, hd, false);
+    LAUNCHED(c, "heads_split");
+}
+
+static void cu_heads_split_backward(void *ctx, float *dqkv, const float *dq, const float *dk, const float *dv,
+                                    int64_t b, int64_t t, int64_t h, int64_t hd)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    const int64_t n = b * t * 3 * h * hd;
+    if (b <= 0 || t <= 0 || h <= 0 || hd <= 0)
+        return;
+    k_heads_split<<<blocks_for(n), THREADS, 0, c->stream>>>((float *)dq, (float *)dk, (float *)dv, dqkv, b, t,
+                                                            h, hd, true);
+    LAUNCHED(c, "heads_split_backward");
+}
+
+static void cu_heads_merge(void *ctx, float *y, const float *yh, int64_t b, int64_t t, int64_t h, int64_t hd)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (b <= 0 || t <= 0 || h <= 0 || hd <= 0)
+        return;
+    k_heads_merge<<<blocks_for(b * t * h * hd), THREADS, 0, c->stream>>>(y, (float *)yh, b, t, h, hd, false);
+    LAUNCHED(c, "heads_merge");
+}
+
+static void cu_heads_merge_backward(void *ctx, float *dyh, const float *dy, int64_t b, int64_t t, int64_t h,
+                                    int64_t hd)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (b <= 0 || t <= 0 || h <= 0 || hd <= 0)
+        return;
+    k_heads_merge<<<blocks_for(b * t * h * hd), THREADS, 0, c->stream>>>((float *)dy, dyh, b, t, h, hd, true);
+    LAUNCHED(c, "heads_merge_backward");
+}
+
+__global__ void k_add(float *y, const float *a, const float *b, int64_t n)
+{
+    FOR_EACH(i, n)
+    y[i] = a[i] + b[i];
+}
+
+__global__ void k_mul(float *y, const float *a, const float *b, int64_t n)
+{
+    FOR_EACH(i, n)
+    y[i] = __fmul_rn(a[i], b[i]);
+}
+
+static void cu_add(void *ctx, float *y, const float *a, const float *b, int64_t n)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (n <= 0)
+        return;
+    k_add<<<blocks_for(n), THREADS, 0, c->stream>>>(y, a, b, n);
+    LAUNCHED(c, "add");
+}
+
+static void cu_mul(void *ctx, float *y, const float *a, const float *b, int64_t n)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (n <= 0)
+        return;
+    k_mul<<<blocks_for(n), THREADS, 0, c->stream>>>(y, a, b, n);
+    LAUNCHED(c, "mul");
+}
+
+/* rng_hash_uniform is the CPU's draw, so the kept positions are the CPU's. */
+__global__ void k_dropout_mask(float *mask, int64_t n, float p, float keep, uint64_t seed)
+{
+    FOR_EACH(i, n)
+    mask[i] = rng_hash_uniform(seed, (uint64_t)i) >= p ? keep : 0.0f;
+}
+
+static void cu_dropout_mask(void *ctx, float *mask, int64_t n, float p, uint64_t seed)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (n <= 0)
+        return;
+    const float keep = 1.0f / (1.0f - p); /* p < 1 (the validator's range) */
+    k_dropout_mask<<<blocks_for(n), THREADS, 0, c->stream>>>(mask, n, p, keep, seed);
+    LAUNCHED(c, "dropout_mask");
+}
+
+/* ---- v2 conv-net ops (issue 18): dev.h's contract, dev/cpu_conv.c's order ----
+ * The scatters of the CPU (col2im, the pools' backwards) are gathers here: a thread per
+ * input entry adds its terms in the order the CPU's loops add them, so the results are
+ * the same bits, with no atomics. */
+
+__device__ int64_t win_out(int64_t in, int64_t k, int64_t s, int64_t p)
+{
+    return (in + 2 * p - k) / s + 1;
+}
+
+/* The outputs o in [lo, hi] whose window (o*s - p, k wide) holds input position i. */
+__device__ void win_range(int64_t i, int64_t k, int64_t s, int64_t p, int64_t out, int64_t *lo, int64_t *hi)
+{
+    const int64_t first = i + p - k + 1; /* o*s >= first */
+    *lo = first <= 0 ? 0 : (first + s - 1) / s;
+    const int64_t last = (i + p) / s; /* o*s <= i + p, i + p >= 0 */
+    *hi = last < out - 1 ? last : out - 1;
+}
+
+static void win_check(const struct cuda *c, const struct dev_window *win, int64_t h, int64_t w,
+                      const char *op)
+{
+    if (win->kh < 1 || win->kw < 1 || win->sh < 1 || win->sw < 1 || win->ph < 0 || win->pw < 0 ||
+        (h + 2 * win->ph - win->kh) < 0 || (w + 2 * win->pw - win->kw) < 0)
+        die(c, op, "a window with no output");
+}
+
+__global__ void k_im2col(float *col, const float *x, int64_t planes, int64_t h, int64_t w,
+                         struct dev_window win)
+{
+    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    const int64_t l = oh * ow, kk = win.kh * win.kw;
+    FOR_EACH(i, planes * kk * l)
+    {
+        const int64_t p = i % l, r = (i / l) % kk, plane = i / (l * kk);
+        const int64_t iy = p / ow * win.sh - win.ph + r / win.kw, ix = p % ow * win.sw - win.pw + r % win.kw;
+        col[i] = iy >= 0 && iy < h && ix >= 0 && ix < w ? x[(plane * h + iy) * w + ix] : 0.0f;
+    }
+}
+
+static void cu_im2col(void *ctx, float *col, const float *x, int64_t b, int64_t ch, int64_t h, int64_t w,
+                      const struct dev_window *win)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    win_check(c, win, h, w, "im2col");
+    const int64_t n = b * ch * win->kh * win->kw * ((h + 2 * win->ph - win->kh) / win->sh + 1) *
+                      ((w + 2 * win->pw - win->kw) / win->sw + 1);
+    if (n <= 0)
+        return;
+    k_im2col<<<blocks_for(n), THREADS, 0, c->stream>>>(col, x, b * ch, h, w, *win);
+    LAUNCHED(c, "im2col");
+}
+
+/* dx entry += its col terms in (ki, kj) order. */
+__global__ void k_col2im(float *dx, const float *col, int64_t planes, int64_t h, int64_t w,
+                         struct dev_window win)
+{
+    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    const int64_t l = oh * ow, kk = win.kh * win.kw;
+    FOR_EACH(i, planes * h * w)
+    {
+        const int64_t ix = i % w, iy = (i / w) % h, plane = i / (h * w);
+        float s = dx[i];
+        for (int64_t ki = 0; ki < win.kh; ki++) {
+            const int64_t ty = iy + win.ph - ki;
+            if (ty < 0 || ty % win.sh || ty / win.sh >= oh)
+                continue;
+            for (int64_t kj = 0; kj < win.kw; kj++) {
+                const int64_t tx = ix + win.pw - kj;
+                if (tx < 0 || tx % win.sw || tx / win.sw >= ow)
+                    continue;
+                s += col[(plane * kk + ki * win.kw + kj) * l + ty / win.sh * ow + tx / win.sw];
+            }
+        }
+        dx[i] = s;
+    }
+}
+
+static void cu_col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t ch, int64_t h, int64_t w,
+                      const struct dev_window *win)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    win_check(c, win, h, w, "col2im");
+    if (b * ch * h * w <= 0)
+        return;
+    k_col2im<<<blocks_for(b * ch * h * w), THREADS, 0, c->stream>>>(dx, col, b * ch, h, w, *win);
+    LAUNCHED(c, "col2im");
+}
+
+__global__ void k_maxpool_forward(float *y, int32_t *idx, const float *x, int64_t planes, int64_t h,
+                                  int64_t w, struct dev_window win)
+{
+    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    FOR_EACH(o, planes * oh * ow)
+    {
+        const int64_t ox = o % ow, oy = (o / ow) % oh, plane = o / (oh * ow);
+        const float *xp = x + plane * h * w;
+        int64_t y0 = oy * win.sh - win.ph, x0 = ox * win.sw - win.pw;
+        const int64_t y1 = y0 + win.kh < h ? y0 + win.kh : h, x1 = x0 + win.kw < w ? x0 + win.kw : w;
+        y0 = y0 < 0 ? 0 : y0;
+        x0 = x0 < 0 ? 0 : x0;
+        int64_t best = y0 * w + x0;
+        float m = -INFINITY;
+        for (int64_t iy = y0; iy < y1; iy++)
+            for (int64_t ix = x0; ix < x1; ix++) {
+                const float v = xp[iy * w + ix];
+                if (v > m || isnan(v)) {
+                    m = v;
+                    best = iy * w + ix;
+                }
+            }
+        y[o] = m;
+        idx[o] = (int32_t)best;
+    }
+}
+
+static void cu_maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float *x, int64_t planes, int64_t h,
+                                 int64_t w, const struct dev_window *win)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    win_check(c, win, h, w, "maxpool2d_forward");
+    if (h * w > INT32_MAX)
+        die(c, "maxpool2d_forward", "a plane of more than 2^31-1 entries");
+    const int64_t n =
+        planes * ((h + 2 * win->ph - win->kh) / win->sh + 1) * ((w + 2 * win->pw - win->kw) / win->sw + 1);
+    if (n <= 0)
+        return;
+    k_maxpool_forward<<<blocks_for(n), THREADS, 0, c->stream>>>(y, idx, x, planes, h, w, *win);
+    LAUNCHED(c, "maxpool2d_forward");
+}
+
+/* dx entry = 0 + the dy of every output (in order) whose argmax it is. */
+__global__ void k_maxpool_backward(float *dx, const float *dy, const int32_t *idx, int64_t planes, int64_t h,
+                                   int64_t w, struct dev_window win)
+{
+    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    FOR_EACH(i, planes * h * w)
+    {
+        const int64_t ix = i % w, iy = (i / w) % h, plane = i / (h * w), self = iy * w + ix;
+        int64_t ylo, yhi, xlo, xhi;
+        win_range(iy, win.kh, win.sh, win.ph, oh, &ylo, &yhi);
+        win_range(ix, win.kw, win.sw, win.pw, ow, &xlo, &xhi);
+        float s = 0.0f;
+        for (int64_t oy = ylo; oy <= yhi; oy++)
+            for (int64_t ox = xlo; ox <= xhi; ox++) {
+                const int64_t o = (plane * oh + oy) * ow + ox;
+                if (idx[o] == self)
+                    s += dy[o];
+            }
+        dx[i] = s;
+    }
+}
+
+static void cu_maxpool2d_backward(void *ctx, float *dx, const float *dy, const int32_t *idx, int64_t planes,
+                                  int64_t h, int64_t w, const struct dev_window *win)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    win_check(c, win, h, w, "maxpool2d_backward");
+    if (planes * h * w <= 0)
+        return;
+    k_maxpool_backward<<<blocks_for(planes * h * w), THREADS, 0, c->stream>>>(dx, dy, idx, planes, h, w,
+                                                                              *win);
+    LAUNCHED(c, "maxpool2d_backward");
+}
+
+/* count_include_pad: the window clipped to the padded image (cpu_conv.c's avg_divisor). */
+__device__ float avg_divisor(int64_t oy, int64_t ox, int64_t h, int64_t w, const struct dev_window &win)
+{
+    const int64_t y0 = oy * win.sh - win.ph, x0 = ox * win.sw - win.pw;
+    const int64_t y1 = y0 + win.kh < h + win.ph ? y0 + win.kh : h + win.ph;
+    const int64_t x1 = x0 + win.kw < w + win.pw ? x0 + win.kw : w + win.pw;
+    return (float)((y1 - y0) * (x1 - x0));
+}
+
+__global__ void k_avgpool_forward(float *y, const float *x, int64_t planes, int64_t h, int64_t w,
+                                  struct dev_window win)
+{
+    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    FOR_EACH(o, planes * oh * ow)
+    {
+        const int64_t ox = o % ow, oy = (o / ow) % oh, plane = o / (oh * ow);
+        const float *xp = x + plane * h * w;
+        int64_t y0 = oy * win.sh - win.ph, x0 = ox * win.sw - win.pw;
+        const int64_t y1 = y0 + win.kh < h ? y0 + win.kh : h, x1 = x0 + win.kw < w ? x0 + win.kw : w;
+        y0 = y0 < 0 ? 0 : y0;
+        x0 = x0 < 0 ? 0 : x0;
+        float s = 0.0f;
+        for (int64_t iy = y0; iy < y1; iy++)
+            for (int64_t ix = x0; ix < x1; ix++)
+                s += xp[iy * w + ix];
+        y[o] = __fdiv_rn(s, avg_divisor(oy, ox, h, w, win));
+    }
+}
+
+static void cu_avgpool2d_forward(void *ctx, float *y, const float *x, int64_t planes, int64_t h, int64_t w,
+                                 const struct dev_window *win)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    win_check(c, win, h, w, "avgpool2d_forward");
+    const int64_t n =
+        planes * ((h + 2 * win->ph - win->kh) / win->sh + 1) * ((w + 2 * win->pw - win->kw) / win->sw + 1);
+    if (n <= 0)
+        return;
+    k_avgpool_forward<<<blocks_for(n), THREADS, 0, c->stream>>>(y, x, planes, h, w, *win);
+    LAUNCHED(c, "avgpool2d_forward");
+}
+
+/* dx entry = 0 + dy / divisor of every window holding it, in output order. */
+__global__ void k_avgpool_backward(float *dx, const float *dy, int64_t planes, int64_t h, int64_t w,
+                                   struct dev_window win)
+{
+    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    FOR_EACH(i, planes * h * w)
+    {
+        const int64_t ix = i % w, iy = (i / w) % h, plane = i / (h * w);
+        int64_t ylo, yhi, xlo, xhi;
+        win_range(iy, win.kh, win.sh, win.ph, oh, &ylo, &yhi);
+        win_range(ix, win.kw, win.sw, win.pw, ow, &xlo, &xhi);
+        float s = 0.0f;
+        for (int64_t oy = ylo; oy <= yhi; oy++)
+            for (int64_t ox = xlo; ox <= xhi; ox++)
+                s += __fdiv_rn(dy[(plane * oh + oy) * ow + ox], avg_divisor(oy, ox, h, w, win));
+        dx[i] = s;
+    }
+}
+
+static void cu_avgpool2d_backward(void *ctx, float *dx, const float *dy, int64_t planes, int64_t h, int64_t w,
+                                  const struct dev_window *win)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    win_check(c, win, h, w, "avgpool2d_backward");
+    if (planes * h * w <= 0)
+        return;
+    k_avgpool_backward<<<blocks_for(planes * h * w), THREADS, 0, c->stream>>>(dx, dy, planes, h, w, *win);
+    LAUNCHED(c, "avgpool2d_backward");
+}
+
+/* BatchNorm: a block per channel takes its statistics over the m = n*s entries in double
+ * (block_sum: a fixed order), as cpu_conv.c does; then y = x * a + k in float with two
+ * roundings (no contraction), a thread per entry. The backward's dx is written by the
+ * channel's block itself, after its two sums: enough for conv nets' channel counts. */
+#define BN_THREADS 512
+
+/* Entry q in [0, m) of channel ch of x[n,c,s]. */
+__device__ int64_t bn_at(int64_t q, int64_t ch, int64_t c, int64_t s)
+{
+    return (q / s * c + ch) * s + q % s;
+}
+
+__global__ void k_bn_stats(float *mean, float *invstd, float *running_mean, float *running_var,
+                           const float *x, int64_t n, int64_t c, int64_t s, double eps, double momentum)
+{
+    __shared__ double mu_shared;
+    const int64_t ch = blockIdx.x, m = n * s;
+    double sum = 0.0;
+    for (int64_t q = threadIdx.x; q < m; q += blockDim.x)
+        sum += (double)x[bn_at(q, ch, c, s)];
+    sum = block_sum(sum);
+    if (threadIdx.x == 0)
+        mu_shared = sum / (double)m;
+    __syncthreads(); /* mu_shared is set, and block_sum's scratch is free again */
+    const double mu = mu_shared;
+    double sq = 0.0;
+    for (int64_t q = threadIdx.x; q < m; q += blockDim.x) {
+        const double d = (double)x[bn_at(q, ch, c, s)] - mu;
+        sq += d * d;
+    }
+    sq = block_sum(sq);
+    if (threadIdx.x == 0) {
+        mean[ch] = (float)mu;
+        invstd[ch] = (float)(1.0 / sqrt(sq / (double)m + eps));
+        if (running_mean)
+            running_mean[ch] = (float)__dadd_rn(__dmul_rn(momentum, mu),
+                                                __dmul_rn(1.0 - momentum, (double)running_mean[ch]));
+        if (running_var)
+            running_var[ch] = (float)__dadd_rn(__dmul_rn(momentum, sq / (double)(m - 1)),
+                                               __dmul_rn(1.0 - momentum, (double)running_var[ch]));
+    }
+}
+
+/* y = x * a + k; with `eval` the statistics are the running ones (invstd in float). */
+__global__ void k_bn_apply(float *y, const float *x, const float *w, const float *b, const float *mean,
+                           const float *invstd_or_var, bool eval, float eps, int64_t n, int64_t c, int64_t s)
+{
+    FOR_EACH(e, n * c * s)
+    {
+        const int64_t ch = e / s % c;
+        const float is = eval ? 1.0f / sqrtf(invstd_or_var[ch] + eps) : invstd_or_var[ch];
+        const float a = __fmul_rn(is, w ? w[ch] : 1.0f);
+        const float k = __fsub_rn(b ? b[ch] : 0.0f, __fmul_rn(mean[ch], a));
+        y[e] = __fadd_rn(__fmul_rn(x[e], a), k);
+    }
+}
+
+static void bn_check(const struct cuda *c, int64_t n, int64_t ch, int64_t s, const char *op)
+{
+    if (ch > INT32_MAX || n < 0 || s < 0)
+        die(c, op, "a channel count over 2^31-1");
+}
+
+static void cu_batchnorm_forward_train(void *ctx, float *y, float *mean, float *invstd, float *running_mean,
+                                       float *running_var, const float *x, const float *w, const float *b,
+                                       int64_t n, int64_t ch, int64_t s, double eps, double momentum)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    bn_check(c, n, ch, s, "batchnorm_forward_train");
+    if (n * ch * s <= 0)
+        return;
+    k_bn_stats<<<(unsigned)ch, BN_THREADS, 0, c->stream>>>(mean, invstd, running_mean, running_var, x, n, ch,
+                                                           s, eps, momentum);
+    LAUNCHED(c, "batchnorm_forward_train");
+    k_bn_apply<<<blocks_for(n * ch * s), THREADS, 0, c->stream>>>(y, x, w, b, mean, invstd, false, 0.0f, n,
+                                                                  ch, s);
+    LAUNCHED(c, "batchnorm_forward_train");
+}
+
+static void cu_batchnorm_forward_eval(void *ctx, float *y, const float *x, const float *w, const float *b,
+                                      const float *running_mean, const float *running_var, int64_t n,
+                                      int64_t ch, int64_t s, double eps)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    bn_check(c, n, ch, s, "batchnorm_forward_eval");
+    if (n * ch * s <= 0)
+        return;
+    k_bn_apply<<<blocks_for(n * ch * s), THREADS, 0, c->stream>>>(y, x, w, b, running_mean, running_var, true,
+                                                                  (float)eps, n, ch, s);
+    LAUNCHED(c, "batchnorm_forward_eval");
+}
+
+/* A block per channel: the two sums in double, then the channel's dx entries. */
+__global__ void k_bn_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                              const float *mean, const float *invstd, const float *w, int64_t n, int64_t c,
+                              int64_t s)
+{
+    __shared__ double sums[2];
+    const int64_t ch = blockIdx.x, m = n * s;
+    const double mu = mean[ch], is = invstd[ch];
+    double sdy = 0.0, dot = 0.0;
+    for (int64_t q = threadIdx.x; q < m; q += blockDim.x) {
+        const int64_t e = bn_at(q, ch, c, s);
+        sdy += (double)dy[e];
+        dot += ((double)x[e] - mu) * (double)dy[e];
+    }
+    sdy = block_sum(sdy);
+    if (threadIdx.x == 0)
+        sums[0] = sdy;
+    __syncthreads();
+    dot = block_sum(dot);
+    if (threadIdx.x == 0)
+        sums[1] = dot;
+    __syncthreads();
+    sdy = sums[0];
+    dot = sums[1];
+    const double gmean = sdy / (double)m, k = dot * is * is / (double)m;
+    const double scale = is * (w ? (double)w[ch] : 1.0);
+    for (int64_t q = threadIdx.x; q < m; q += blockDim.x) {
+        const int64_t e = bn_at(q, ch, c, s);
+        /* Two roundings where the CPU rounds twice (nvcc would fuse them). */
+        dx[e] = (float)(((double)dy[e] - gmean - __dmul_rn((double)x[e] - mu, k)) * scale);
+    }
+    if (threadIdx.x == 0) {
+        if (dw)
+            dw[ch] += (float)(dot * is);
+        if (db)
+            db[ch] += (float)sdy;
+    }
+}
+
+static void cu_batchnorm_backward(void *ctx, float *dx, float *dw, float *db, const float *dy, const float *x,
+                                  const float *mean, const float *invstd, const float *w, int64_t n,
+                                  int64_t ch, int64_t s)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    bn_check(c, n, ch, s, "batchnorm_backward");
+    if (n * ch * s <= 0)
+        return;
+    k_bn_backward<<<(unsigned)ch, BN_THREADS, 0, c->stream>>>(dx, dw, db, dy, x, mean, invstd, w, n, ch, s);
+    LAUNCHED(c, "batchnorm_backward");
+}
+
 static const struct dev_ops cuda_ops = {
     .name = "cuda",
     .alloc = cu_alloc,
@@ -584,22 +1436,30 @@ static const struct dev_ops cuda_ops = {
     .copy = cu_copy,
     .scale = cu_scale,
     .scale_copy = cu_scale_copy,
-    /* v2 ops: not written for CUDA yet; a model that needs one fails at build time
-     * (model_new) naming the op. */
-    .gemm_batched = NULL,
-    .embedding_forward = NULL,
-    .embedding_backward = NULL,
-    .layernorm_forward = NULL,
-    .layernorm_backward = NULL,
-    .softmax_forward = NULL,
-    .softmax_backward = NULL,
-    .heads_split = NULL,
-    .heads_split_backward = NULL,
-    .heads_merge = NULL,
-    .heads_merge_backward = NULL,
-    .add = NULL,
-    .mul = NULL,
-    .dropout_mask = NULL,
+    .gemm_batched = cu_gemm_batched,
+    .embedding_forward = cu_embedding_forward,
+    .embedding_backward = cu_embedding_backward,
+    .layernorm_forward = cu_layernorm_forward,
+    .layernorm_backward = cu_layernorm_backward,
+    .softmax_forward = cu_softmax_forward,
+    .softmax_backward = cu_softmax_backward,
+    .heads_split = cu_heads_split,
+    .heads_split_backward = cu_heads_split_backward,
+    .heads_merge = cu_heads_merge,
+    .heads_merge_backward = cu_heads_merge_backward,
+    .add = cu_add,
+    .mul = cu_mul,
+    .dropout_mask = cu_dropout_mask,
+    .sumsq = cu_sumsq,
+    .im2col = cu_im2col,
+    .col2im = cu_col2im,
+    .maxpool2d_forward = cu_maxpool2d_forward,
+    .maxpool2d_backward = cu_maxpool2d_backward,
+    .avgpool2d_forward = cu_avgpool2d_forward,
+    .avgpool2d_backward = cu_avgpool2d_backward,
+    .batchnorm_forward_train = cu_batchnorm_forward_train,
+    .batchnorm_forward_eval = cu_batchnorm_forward_eval,
+    .batchnorm_backward = cu_batchnorm_backward,
     .sgd_group = cu_sgd_group,
     .adamw_group = cu_adamw_group,
     .fetch_start = cu_fetch_start,
@@ -694,6 +1554,8 @@ extern "C" void cuda__dev_free(struct dev d)
         cublasDestroy(c->blas);
     if (c->pinned)
         cudaFreeHost(c->pinned);
+    if (c->sumsq)
+        cudaFree(c->sumsq);
     if (c->fetched)
         cudaEventDestroy(c->fetched);
     if (c->stream)

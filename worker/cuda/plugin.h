@@ -18,7 +18,7 @@
 #include "../comm.h"
 #include "../dev.h"
 
-#define DDPD_CUDA_PLUGIN_ABI    1
+#define DDPD_CUDA_PLUGIN_ABI    3
 #define DDPD_CUDA_PLUGIN_SYMBOL "ddpd_cuda_plugin"
 #define DDPD_CUDA_PLUGIN_FILE   "libddpd-cuda.so"
 

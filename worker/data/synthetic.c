@@ -110,6 +110,10 @@ static const double *teacher_forward(struct teacher *t, int64_t rows)
             for (int64_t k = 0; k < n; k++)
                 a[k] = 0.5 * a[k] * (1 + erf(a[k] / sqrt(2.0)));
             break;
+        case LAYER_GELU_TANH:
+            for (int64_t k = 0; k < n; k++)
+                a[k] = 0.5 * a[k] * (1 + tanh(sqrt(2.0 / M_PI) * (a[k] + 0.044715 * a[k] * a[k] * a[k])));
+            break;
         default: /* the validator lets synthetic data take only linear layers and activations */
             ASSERT(!"synthetic teacher: not an MLP layer");
             break;

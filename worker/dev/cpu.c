@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "../dev.h"
+#include "cpu_conv.h"
 #include "../../base/alloc.h"
 #include "../../base/check.h"
 
@@ -559,6 +560,15 @@ static void cpu_scale_copy(void *ctx, float *restrict dst, const float *restrict
         dst[i] = src[i] * a;
 }
 
+static double cpu_sumsq(void *ctx, const float *x, int64_t n)
+{
+    (void)ctx;
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)x[i] * (double)x[i];
+    return s;
+}
+
 static const struct dev_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -579,6 +589,17 @@ static const struct dev_ops cpu_ops = {
     .copy = cpu_copy,
     .scale = cpu_scale,
     .scale_copy = cpu_scale_copy,
+    .sumsq = cpu_sumsq,
+    /* The conv-net ops: dev/cpu_conv.c. */
+    .im2col = cpu_im2col,
+    .col2im = cpu_col2im,
+    .maxpool2d_forward = cpu_maxpool2d_forward,
+    .maxpool2d_backward = cpu_maxpool2d_backward,
+    .avgpool2d_forward = cpu_avgpool2d_forward,
+    .avgpool2d_backward = cpu_avgpool2d_backward,
+    .batchnorm_forward_train = cpu_batchnorm_forward_train,
+    .batchnorm_forward_eval = cpu_batchnorm_forward_eval,
+    .batchnorm_backward = cpu_batchnorm_backward,
     .host_memory = true,
 };
 

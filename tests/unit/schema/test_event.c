@@ -56,6 +56,44 @@ static void test_exact_text(void)
     CHECK_EQ_STR(line, "{\"event\":\"loss\",\"rank\":0,\"step\":17,\"epoch\":0,\"loss\":0.2345,"
                        "\"samples_per_s\":51234.5,\"ts\":2.500000}");
 
+    /* §2a: lr and grad_norm on a loss event; the eval event */
+    ev = (struct event){.kind = EVENT_LOSS,
+                        .rank = 1,
+                        .step = 3,
+                        .loss = 0.5,
+                        .samples_per_s = 2,
+                        .lr = 0.0025,
+                        .has_lr = true,
+                        .grad_norm = 1.25,
+                        .has_grad_norm = true,
+                        .ts = 2.5};
+    encode(&ev);
+    CHECK_EQ_STR(line, "{\"event\":\"loss\",\"rank\":1,\"step\":3,\"epoch\":0,\"loss\":0.5,"
+                       "\"samples_per_s\":2.0,\"lr\":0.0025,\"grad_norm\":1.25,\"ts\":2.500000}");
+    struct event back;
+    CHECK_EQ_INT(event_decode(line, strlen(line), &back, NULL), DDPD_OK);
+    CHECK(back.has_lr && back.lr == 0.0025 && back.has_grad_norm && back.grad_norm == 1.25);
+    ev = (struct event){.kind = EVENT_EVAL,
+                        .rank = 0,
+                        .step = 40,
+                        .loss = 0.125,
+                        .accuracy = 0.75,
+                        .has_accuracy = true,
+                        .samples = 1797,
+                        .ts = 4};
+    encode(&ev);
+    CHECK_EQ_STR(line, "{\"event\":\"eval\",\"rank\":0,\"step\":40,\"loss\":0.125,\"accuracy\":0.75,"
+                       "\"samples\":1797,\"ts\":4.000000}");
+    CHECK_EQ_INT(event_decode(line, strlen(line), &back, NULL), DDPD_OK);
+    CHECK(back.kind == EVENT_EVAL && back.step == 40 && back.loss == 0.125 && back.has_accuracy &&
+          back.accuracy == 0.75 && back.samples == 1797);
+    ev.has_accuracy = false; /* mse: no accuracy */
+    encode(&ev);
+    CHECK_EQ_STR(line, "{\"event\":\"eval\",\"rank\":0,\"step\":40,\"loss\":0.125,\"samples\":1797,"
+                       "\"ts\":4.000000}");
+    CHECK_EQ_INT(event_decode(line, strlen(line), &back, NULL), DDPD_OK);
+    CHECK(!back.has_accuracy && !back.has_lr);
+
     ev = (struct event){.kind = EVENT_JOIN, .rank = 1, .step = 499, .ts = 3};
     encode(&ev);
     CHECK_EQ_STR(line, "{\"event\":\"join\",\"rank\":1,\"step\":499,\"ts\":3.000000}");
@@ -370,7 +408,7 @@ static const struct bad_line bad_lines[] = {
     {"{\"rank\":0,\"ts\":1}", "event", "missing (expected the event's kind)"},
     {"{\"event\":5,\"ts\":1}", "event", "expected a string, got an integer"},
     {"{\"event\":\"epoch\",\"rank\":0,\"ts\":1}", "event",
-     "unknown event \"epoch\" (expected one of start, loss, join, checkpoint, done, error, state)"},
+     "unknown event \"epoch\" (expected one of start, loss, join, checkpoint, done, error, eval, state)"},
     {"{\"event\":\"loss\",\"step\":1,\"epoch\":0,\"loss\":1,\"samples_per_s\":1,\"ts\":1}", "rank",
      "missing (expected an integer)"},
     {"{\"event\":\"loss\",\"rank\":-1,\"step\":1,\"epoch\":0,\"loss\":1,\"samples_per_s\":1,"

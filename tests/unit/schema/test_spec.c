@@ -263,6 +263,30 @@ struct bad_case {
         json, code, path, message, 0, 0                                                                      \
     }
 
+/* v2 (§2a) pieces: a tiny GPT on tokens, and specs around any model and input_shape. */
+#define ADAMW  "{\"type\":\"adamw\"}"
+#define EMB    "{\"type\":\"embedding\",\"num\":8,\"dim\":4}"
+#define TOKENS "{\"type\":\"tokens\",\"path\":\"t.bin\",\"block_size\":3}"
+#define GPT_MODEL                                                                                            \
+    "[" EMB ",{\"type\":\"position\",\"max\":3,\"dim\":4},{\"type\":\"residual\",\"layers\":["               \
+    "{\"type\":\"layernorm\",\"dim\":4},{\"type\":\"attention\",\"dim\":4,\"heads\":2}]},"                   \
+    "{\"type\":\"linear\",\"in\":4,\"out\":8}]"
+#define GPT_WITH(optim, data, more)                                                                          \
+    "{\"model\":" GPT_MODEL ",\"input_shape\":[3],\"loss\":\"cross_entropy\",\"optimizer\":" optim           \
+    ",\"data\":" data ",\"batch_size\":2,\"steps\":10" more "}"
+#define V2_TAIL                                                                                              \
+    "\"loss\":\"cross_entropy\",\"optimizer\":" ADAMW ",\"data\":{\"type\":\"npy\",\"x\":\"x.npy\","         \
+    "\"y\":\"y.npy\"},\"batch_size\":2,\"steps\":10"
+#define V2(model, shape, loss)                                                                               \
+    "{\"model\":" model ",\"input_shape\":" shape ",\"loss\":\"" loss "\",\"optimizer\":" ADAMW              \
+    ",\"data\":{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"y.npy\"},\"batch_size\":2,\"steps\":10}"
+#define V2CE(model, shape)  V2(model, shape, "cross_entropy")
+#define V2MSE(model, shape) V2(model, shape, "mse")
+#define V2_CONV_DATA(data)                                                                                   \
+    "{\"model\":[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":3},{\"type\":\"flatten\"}],"             \
+    "\"input_shape\":[1,4,4],\"loss\":\"mse\",\"optimizer\":" ADAMW ",\"data\":" data                        \
+    ",\"batch_size\":2,\"steps\":10}"
+
 #define TYPES                                                                                                \
     "linear, relu, tanh, sigmoid, gelu, embedding, position, layernorm, attention, residual, dropout, "      \
     "conv2d, maxpool2d, avgpool2d, batchnorm, flatten"
@@ -517,7 +541,206 @@ static const struct bad_case bad_cases[] = {
         "must stay inside the data directory (\"..\" not allowed)"),
     BAD(OK_PLUS(",\"init\":{\"seed\":1.5}"), DDPD_ESPEC, "init.seed",
         "expected a non-negative integer, got 1.5"),
-    BAD(OK_PLUS(",\"init\":\"random\""), DDPD_ESPEC, "init", "expected an object, got \"random\""),
+    BAD(OK_PLUS(",\"init\":\"random\""), DDPD_ESPEC, "init",
+        "expected an object, got \"random\""), /* v2 layers: keys, nesting, shapes (CONTRACT.md §2a) */
+    BAD(V2CE("[" EMB ",{\"type\":\"layernorm\",\"dim\":4,\"epsilon\":1}]", "[3]"), DDPD_ESPEC,
+        "model[1].epsilon", "unknown key (expected one of type, dim, eps, bias)"),
+    BAD(V2CE("[" EMB ",{\"type\":\"residual\",\"layers\":[{\"type\":\"attention\",\"dim\":4,\"head\":2}]}]",
+             "[3]"),
+        DDPD_ESPEC, "model[1].layers[0].head",
+        "unknown key (did you mean \"heads\"? expected one of type, dim, heads, causal, bias)"),
+    BAD(V2CE("[" EMB ",{\"type\":\"residual\",\"layers\":[]}]", "[3]"), DDPD_ESPEC, "model[1].layers",
+        "expected at least one layer, got an empty list"),
+    BAD(V2CE("[" EMB ",{\"type\":\"residual\"}]", "[3]"), DDPD_ESPEC, "model[1].layers",
+        "missing (expected a non-empty list of layers)"),
+    BAD(V2CE("[" EMB ",{\"type\":\"residual\",\"layers\":{\"type\":\"relu\"}}]", "[3]"), DDPD_ESPEC,
+        "model[1].layers", "expected a list of layers, got an object"),
+    BAD("@residual65", DDPD_ESPEC, "model[1].layers", "at most 64 layers, got 65"),
+    BAD("@300layers", DDPD_ESPEC, "model[5].layers[10]",
+        "at most 256 layers in the whole model, the residuals' layers counted"),
+    BAD("@deep", DDPD_ESPEC,
+        "model[1].layers[1].layers[1].layers[1].layers[1].layers[1].layers[1].layers[1].layers[1].layers",
+        "residuals nest at most 8 deep"),
+    BAD(V2CE("[" EMB ",{\"type\":\"position\",\"max\":3,\"dim\":4},{\"type\":\"residual\",\"layers\":[{"
+             "\"type\":\"layernorm\",\"dim\":4}]},{\"type\":\"residual\",\"layers\":[{\"type\":"
+             "\"layernorm\",\"dim\":4},{\"type\":\"layernorm\",\"dim\":2}]}]",
+             "[3]"),
+        DDPD_ESPEC, "model[3].layers[1].dim", "expected 4 (the width entering it), got 2"),
+    BAD(V2CE("[{\"type\":\"conv2d\",\"in\":3,\"out\":32,\"kernel\":3,\"padding\":1},{\"type\":\"relu\"},{"
+             "\"type\":\"maxpool2d\",\"kernel\":2},{\"type\":\"batchnorm\",\"features\":32},{\"type\":"
+             "\"flatten\"},{\"type\":\"linear\",\"in\":256,\"out\":10}]",
+             "[3,8,8]"),
+        DDPD_ESPEC, "model[5].in", "expected 512 (flatten of [32,4,4]), got 256"),
+    BAD(V2MSE("[{\"type\":\"residual\",\"layers\":[{\"type\":\"linear\",\"in\":4,\"out\":8}]}]", "[3,4]"),
+        DDPD_ESPEC, "model[0]",
+        "the output of its layers [3,8] must have the shape of its input [3,4] (x + layers(x))"),
+    BAD(V2CE("[" EMB ",{\"type\":\"attention\",\"dim\":4,\"heads\":3}]", "[3]"), DDPD_ESPEC, "model[1].heads",
+        "expected a divisor of dim 4, got 3"),
+    BAD(V2CE("[" EMB ",{\"type\":\"position\",\"max\":2,\"dim\":4}]", "[3]"), DDPD_ESPEC, "model[1].max",
+        "expected at least 3 (T of the input [3,4]), got 2"),
+    BAD(V2CE("[{\"type\":\"linear\",\"in\":3,\"out\":4}," EMB "]", "[3]"), DDPD_ESPEC, "model[1].type",
+        "embedding must be the first layer of the model (it reads the input's ids)"),
+    BAD(V2CE("[{\"type\":\"residual\",\"layers\":[" EMB "]}]", "[3]"), DDPD_ESPEC, "model[0].layers[0].type",
+        "embedding must be the first layer of the model (it reads the input's ids)"),
+    BAD(V2CE("[{\"type\":\"attention\",\"dim\":8,\"heads\":2}]", "[3,8,8]"), DDPD_ESPEC, "model[0]",
+        "an attention layer acts on [T,dim] (one sample), got [3,8,8]"),
+    BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":3}]", "[64]"), DDPD_ESPEC, "model[0]",
+        "a conv2d layer acts on [C,H,W] (one sample), got [64]"),
+    BAD(V2CE("[{\"type\":\"avgpool2d\",\"kernel\":3}]", "[4,4]"), DDPD_ESPEC, "model[0]",
+        "an avgpool2d layer acts on [C,H,W] (one sample), got [4,4]"),
+    BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":3}]", "[3,8,8]"), DDPD_ESPEC, "model[0].in",
+        "expected 3 (the channels entering it), got 1"),
+    BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":[3,7],\"padding\":1}]", "[1,8,4]"),
+        DDPD_ESPEC, "model[0].kernel",
+        "kernel [3,7] does not fit the input [1,8,4] with padding [1,1]: the output would be smaller than 1"),
+    BAD(V2CE("[{\"type\":\"maxpool2d\",\"kernel\":3,\"padding\":2}]", "[1,8,8]"), DDPD_ESPEC,
+        "model[0].padding", "expected at most half the kernel [3,3], got [2,2]"),
+    BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":[3]}]", "[1,8,8]"), DDPD_ESPEC,
+        "model[0].kernel", "expected a list of 2 integers [h, w], got 1"),
+    BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":0}]", "[1,8,8]"), DDPD_ESPEC,
+        "model[0].kernel", "expected an integer from 1 to 1024 or a list of 2 of them [h, w], got 0"),
+    BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":[3,0]}]", "[1,8,8]"), DDPD_ESPEC,
+        "model[0].kernel[1]", "expected an integer from 1 to 1024, got 0"),
+    BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":3,\"stride\":2000}]", "[1,8,8]"),
+        DDPD_ESPEC, "model[0].stride",
+        "expected an integer from 1 to 1024 or a list of 2 of them [h, w], got 2000"),
+    BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2}]", "[1,8,8]"), DDPD_ESPEC, "model[0].kernel",
+        "missing (expected an integer from 1 to 1024 or a list of 2 of them [h, w])"),
+    BAD(V2CE("[" EMB ",{\"type\":\"batchnorm\",\"features\":4}]", "[3]"), DDPD_ESPEC, "model[1]",
+        "a batchnorm layer acts on [features] or [features,H,W] (one sample), got [3,4]"),
+    BAD(V2CE("[{\"type\":\"batchnorm\",\"features\":3}]", "[1,8,8]"), DDPD_ESPEC, "model[0].features",
+        "expected 1 (the channels entering it), got 3"),
+    BAD(V2CE("[{\"type\":\"batchnorm\",\"features\":3,\"momentum\":1.5}]", "[3,8,8]"), DDPD_ESPEC,
+        "model[0].momentum", "expected a number in [0, 1], got 1.5"),
+    BAD(V2CE("[" EMB ",{\"type\":\"dropout\",\"p\":1}]", "[3]"), DDPD_ESPEC, "model[1].p",
+        "expected a number in [0, 1), got 1"),
+    BAD(V2CE("[" EMB ",{\"type\":\"dropout\"}]", "[3]"), DDPD_ESPEC, "model[1].p",
+        "missing (expected a number in [0, 1))"),
+    BAD(V2CE("[" EMB ",{\"type\":\"gelu\",\"approximate\":\"fast\"}]", "[3]"), DDPD_ESPEC,
+        "model[1].approximate", "expected one of none, tanh, got \"fast\""),
+    BAD(V2CE("[" EMB ",{\"type\":\"flatten\",\"dim\":1}]", "[3]"), DDPD_ESPEC, "model[1].dim",
+        "unknown key (a flatten layer takes only \"type\")"),
+    BAD(V2CE("[" EMB ",{\"type\":\"layernorm\",\"dim\":4,\"eps\":0}]", "[3]"), DDPD_ESPEC, "model[1].eps",
+        "expected a positive number, got 0"),
+    BAD(V2CE("[" EMB "]", "[1,2,3,4]"), DDPD_ESPEC, "model[0]",
+        "embedding adds a dimension: it takes the ids of one sample in at most 3 dimensions, got [1,2,3,4]"),
+
+    /* input_shape */
+    BAD("{\"model\":[" EMB "]," V2_TAIL "}", DDPD_ESPEC, "input_shape",
+        "missing (expected the shape of one sample's ids, such as [64]: the model starts with embedding)"),
+    BAD("{\"model\":[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":3}]," V2_TAIL "}", DDPD_ESPEC,
+        "input_shape",
+        "missing (expected the shape of one sample without the batch dimension, such as [1,28,28]: model[0] "
+        "is conv2d)"),
+    BAD("{\"model\":[{\"type\":\"layernorm\",\"dim\":4}]," V2_TAIL "}", DDPD_ESPEC, "input_shape",
+        "missing (expected the shape of one sample without the batch dimension, such as [64]: model[0] is "
+        "layernorm, which takes its shape from its input)"),
+    BAD(V2CE("[" EMB "]", "[]"), DDPD_ESPEC, "input_shape",
+        "expected a list of 1 to 4 integers from 1 to 1048576, got a list of 0"),
+    BAD(V2CE("[" EMB "]", "[1,1,1,1,1]"), DDPD_ESPEC, "input_shape",
+        "expected a list of 1 to 4 integers from 1 to 1048576, got a list of 5"),
+    BAD(V2CE("[" EMB "]", "[3,0]"), DDPD_ESPEC, "input_shape[1]",
+        "expected an integer from 1 to 1048576, got 0"),
+    BAD(V2CE("[" EMB "]", "\"3\""), DDPD_ESPEC, "input_shape",
+        "expected a list of 1 to 4 integers from 1 to 1048576, got \"3\""),
+    BAD(V2CE("[{\"type\":\"flatten\"}]", "[1048576,1048576]"), DDPD_ESPEC, "input_shape",
+        "one sample of [1048576,1048576] has more than 4294967296 elements"),
+    BAD(V2MSE("[{\"type\":\"linear\",\"in\":4,\"out\":2},{\"type\":\"relu\"}]", "[2,4]"), DDPD_ESPEC,
+        "input_shape", "expected [4] (model[0].in) for a model of linear layers and activations, got [2,4]"),
+
+    /* losses on v2 outputs */
+    BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":3}]", "[1,8,8]"), DDPD_ESPEC, "loss",
+        "cross_entropy needs logits [C] or [T,C] per sample, the model's output is [2,6,6]"),
+    BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":1}]", "[3]"), DDPD_ESPEC, "loss",
+        "cross_entropy needs at least 2 classes, the model's output is [3,1]"),
+
+    /* data for v2 models */
+    BAD(GPT_WITH(ADAMW, "{\"type\":\"synthetic\",\"samples\":10}", ""), DDPD_ESPEC, "data.type",
+        "synthetic data feeds only models of linear layers and activations (model[0] is embedding); use npy "
+        "or tokens data"),
+    BAD(V2_CONV_DATA("{\"type\":\"csv\",\"path\":\"t.csv\",\"target\":\"y\"}"), DDPD_ESPEC, "data.type",
+        "csv data feeds only models of linear layers and activations (model[0] is conv2d); use npy data"),
+    BAD(SPEC(MODEL, LOSS, OPTIM, "\"data\":{\"type\":\"tokens\",\"path\":\"t.bin\",\"block_size\":4}", BATCH,
+             ""),
+        DDPD_ESPEC, "data.type",
+        "tokens data holds integer ids: the model must start with embedding (model[0] is linear)"),
+    BAD(GPT_WITH(ADAMW, "{\"type\":\"tokens\",\"path\":\"t.bin\",\"block_size\":4}", ""), DDPD_ESPEC,
+        "data.block_size", "expected input_shape [4] for samples of block_size 4, got input_shape [3]"),
+    BAD(GPT_WITH(ADAMW, "{\"type\":\"tokens\",\"path\":\"t.bin\"}", ""), DDPD_ESPEC, "data.block_size",
+        "missing (expected an integer from 1 to 65536)"),
+    BAD(GPT_WITH(ADAMW, "{\"type\":\"tokens\",\"path\":\"t-{rank}.bin\",\"block_size\":3}", ""), DDPD_ESPEC,
+        "data.path",
+        "{rank} is not supported for tokens: every rank reads the one file and takes its own samples from it "
+        "(got \"t-{rank}.bin\")"),
+    BAD(GPT_WITH(ADAMW, "{\"type\":\"tokens\",\"path\":\"t.bin\",\"block_size\":3,\"dtype\":\"uint8\"}", ""),
+        DDPD_ESPEC, "data.dtype", "expected one of uint16, int32, got \"uint8\""),
+    BAD(GPT_WITH(ADAMW, "{\"type\":\"tokens\",\"path\":\"t.bin\",\"block_size\":3,\"x\":\"a\"}", ""),
+        DDPD_ESPEC, "data.x",
+        "unknown key (expected one of type, path, block_size, dtype, seed, shuffle, drop_last)"),
+    BAD("{\"model\":" GPT_MODEL ",\"input_shape\":[3],\"loss\":\"mse\",\"optimizer\":" ADAMW
+        ",\"data\":" TOKENS ",\"batch_size\":2,\"steps\":10}",
+        DDPD_ESPEC, "data.type",
+        "tokens data gives each sample [3] next-token targets: it needs loss cross_entropy on logits [3,C] "
+        "(the loss is mse, the model's output [3,8])"),
+
+    /* eval */
+    BAD(GPT_WITH(ADAMW, TOKENS, ",\"eval\":{\"every_steps\":5}"), DDPD_ESPEC, "eval.data",
+        "missing (expected a data object such as {\"type\": \"npy\", \"x\": \"val_x.npy\", \"y\": "
+        "\"val_y.npy\"})"),
+    BAD(GPT_WITH(ADAMW, TOKENS, ",\"eval\":{\"data\":" TOKENS "}"), DDPD_ESPEC, "eval.every_steps",
+        "missing (expected a positive integer)"),
+    BAD(GPT_WITH(ADAMW, TOKENS, ",\"eval\":{\"data\":" TOKENS ",\"every_steps\":0}"), DDPD_ESPEC,
+        "eval.every_steps", "expected a positive integer, got 0"),
+    BAD(GPT_WITH(ADAMW, TOKENS, ",\"eval\":{\"data\":" TOKENS ",\"every_steps\":5,\"max_batches\":0}"),
+        DDPD_ESPEC, "eval.max_batches", "expected a positive integer, got 0"),
+    BAD(GPT_WITH(ADAMW, TOKENS, ",\"eval\":{\"data\":" TOKENS ",\"every\":5}"), DDPD_ESPEC, "eval.every",
+        "unknown key (expected one of data, every_steps, max_batches)"),
+    BAD(GPT_WITH(ADAMW, TOKENS,
+                 ",\"eval\":{\"data\":{\"type\":\"tokens\",\"path\":\"v.bin\",\"block_size\":3,\"shuffle\":"
+                 "true},\"every_steps\":5}"),
+        DDPD_ESPEC, "eval.data.shuffle", "expected false (eval data is never shuffled), got true"),
+    BAD(GPT_WITH(ADAMW, TOKENS,
+                 ",\"eval\":{\"data\":{\"type\":\"synthetic\",\"samples\":5},\"every_steps\":5}"),
+        DDPD_ESPEC, "eval.data.type",
+        "synthetic data feeds only models of linear layers and activations (model[0] is embedding); use npy "
+        "or tokens data"),
+    BAD(GPT_WITH(ADAMW, TOKENS,
+                 ",\"eval\":{\"data\":{\"type\":\"tokens\",\"path\":\"v.bin\",\"block_size\":2},\"every_"
+                 "steps\":5}"),
+        DDPD_ESPEC, "eval.data.block_size",
+        "expected input_shape [2] for samples of block_size 2, got input_shape [3]"),
+    BAD(GPT_WITH(ADAMW, TOKENS, ",\"eval\":[]"), DDPD_ESPEC, "eval", "expected an object, got an array"),
+    BAD(OK_PLUS(
+            ",\"eval\":{\"data\":{\"type\":\"csv\",\"path\":\"t.csv\",\"target\":\"y\"},\"every_steps\":1}"),
+        DDPD_ESPEC, "eval.data.target", "mse needs 2 target columns (model[0].out), got 1"),
+
+    /* optimizer.schedule, grad_clip */
+    BAD(GPT_WITH("{\"type\":\"adamw\",\"schedule\":{\"type\":\"step\"}}", TOKENS, ""), DDPD_ESPEC,
+        "optimizer.schedule.type", "expected one of constant, linear, cosine, got \"step\""),
+    BAD(GPT_WITH("{\"type\":\"adamw\",\"schedule\":{\"warmup_steps\":2}}", TOKENS, ""), DDPD_ESPEC,
+        "optimizer.schedule.type", "missing (expected one of constant, linear, cosine)"),
+    BAD(GPT_WITH("{\"type\":\"adamw\",\"schedule\":{\"type\":\"cosine\",\"min_lr\":0.01}}", TOKENS, ""),
+        DDPD_ESPEC, "optimizer.schedule.min_lr",
+        "expected a number from 0 to optimizer.lr (0.001), got 0.01"),
+    BAD(GPT_WITH("{\"type\":\"adamw\",\"schedule\":{\"type\":\"cosine\",\"warmup_steps\":-1}}", TOKENS, ""),
+        DDPD_ESPEC, "optimizer.schedule.warmup_steps", "expected a non-negative integer, got -1"),
+    BAD(GPT_WITH(
+            "{\"type\":\"adamw\",\"schedule\":{\"type\":\"cosine\",\"warmup_steps\":5,\"total_steps\":5}}",
+            TOKENS, ""),
+        DDPD_ESPEC, "optimizer.schedule.warmup_steps", "expected fewer than total_steps (5), got 5"),
+    BAD(GPT_WITH("{\"type\":\"adamw\",\"schedule\":{\"type\":\"linear\",\"warmup_steps\":10}}", TOKENS, ""),
+        DDPD_ESPEC, "optimizer.schedule.warmup_steps",
+        "expected fewer than the job's steps (10: total_steps defaults to them), got 10"),
+    BAD(GPT_WITH("{\"type\":\"adamw\",\"schedule\":{\"type\":\"linear\",\"total_steps\":0}}", TOKENS, ""),
+        DDPD_ESPEC, "optimizer.schedule.total_steps", "expected a positive integer, got 0"),
+    BAD(GPT_WITH("{\"type\":\"sgd\",\"lr\":0.1,\"schedule\":{\"type\":\"linear\",\"warmup\":1}}", TOKENS, ""),
+        DDPD_ESPEC, "optimizer.schedule.warmup",
+        "unknown key (expected one of type, warmup_steps, min_lr, total_steps)"),
+    BAD(GPT_WITH("{\"type\":\"sgd\",\"lr\":0.1,\"schedule\":\"cosine\"}", TOKENS, ""), DDPD_ESPEC,
+        "optimizer.schedule",
+        "expected an object such as {\"type\": \"cosine\", \"warmup_steps\": 100}, got \"cosine\""),
+    BAD(OK_PLUS(",\"grad_clip\":0"), DDPD_ESPEC, "grad_clip", "expected a positive number, got 0"),
+    BAD(OK_PLUS(",\"grad_clip\":\"1\""), DDPD_ESPEC, "grad_clip", "expected a positive number, got \"1\""),
 };
 
 /* The rows too big to write out. Returns a malloc'ed string. */
@@ -531,6 +754,34 @@ static char *make_json(const char *what)
         memset(buf, ' ', n);
         memcpy(buf, OK_PLUS(""), strlen(OK_PLUS("")));
         buf[n] = '\0';
+        return buf;
+    }
+    if (strcmp(what, "@residual65") == 0 || strcmp(what, "@300layers") == 0 || strcmp(what, "@deep") == 0) {
+        size_t cap = 65536, o = 0;
+        buf = malloc(cap);
+        o += (size_t)snprintf(buf + o, cap - o, "{\"model\":[{\"type\":\"linear\",\"in\":4,\"out\":4}");
+        if (what[1] == 'r') { /* one residual of 65 layers */
+            o +=
+                (size_t)snprintf(buf + o, cap - o, ",{\"type\":\"residual\",\"layers\":[{\"type\":\"relu\"}");
+            for (int i = 1; i < 65; i++)
+                o += (size_t)snprintf(buf + o, cap - o, ",{\"type\":\"relu\"}");
+            o += (size_t)snprintf(buf + o, cap - o, "]}");
+        } else if (what[1] == '3') { /* 5 residuals of 60 layers: 306 in all */
+            for (int r = 0; r < 5; r++) {
+                o += (size_t)snprintf(buf + o, cap - o,
+                                      ",{\"type\":\"residual\",\"layers\":[{\"type\":\"relu\"}");
+                for (int i = 1; i < 60; i++)
+                    o += (size_t)snprintf(buf + o, cap - o, ",{\"type\":\"tanh\"}");
+                o += (size_t)snprintf(buf + o, cap - o, "]}");
+            }
+        } else { /* residuals 9 deep */
+            for (int d = 0; d < 9; d++)
+                o += (size_t)snprintf(buf + o, cap - o,
+                                      ",{\"type\":\"residual\",\"layers\":[{\"type\":\"relu\"}");
+            for (int d = 0; d < 9; d++)
+                o += (size_t)snprintf(buf + o, cap - o, "]}");
+        }
+        snprintf(buf + o, cap - o, "]," LOSS "," OPTIM "," DATA "," BATCH "}");
         return buf;
     }
     /* "@70layers" */
@@ -650,6 +901,318 @@ static void test_round_trip(void)
     json_decref(j);
 }
 
+/* A GPT (§2a) on tokens with eval, a schedule and clipping: every layer's keys, defaults,
+ * place in the tree and shapes, and what the data readers ask of it. */
+static const char *gpt_spec =
+    "{\"model\":[{\"type\":\"embedding\",\"num\":65,\"dim\":32},{\"type\":\"position\",\"max\":16,\"dim\":32}"
+    ","
+    "{\"type\":\"residual\",\"layers\":[{\"type\":\"layernorm\",\"dim\":32},"
+    "{\"type\":\"attention\",\"dim\":32,\"heads\":4}]},"
+    "{\"type\":\"residual\",\"layers\":[{\"type\":\"layernorm\",\"dim\":32,\"eps\":1e-6},"
+    "{\"type\":\"linear\",\"in\":32,\"out\":128},{\"type\":\"gelu\",\"approximate\":\"tanh\"},"
+    "{\"type\":\"linear\",\"in\":128,\"out\":32},{\"type\":\"dropout\",\"p\":0.1}]},"
+    "{\"type\":\"residual\",\"layers\":[{\"type\":\"attention\",\"dim\":32,\"heads\":2,\"causal\":false,"
+    "\"bias\":false},{\"type\":\"residual\",\"layers\":[{\"type\":\"gelu\"}]}]},"
+    "{\"type\":\"layernorm\",\"dim\":32,\"bias\":false},{\"type\":\"linear\",\"in\":32,\"out\":65,\"bias\":"
+    "false}],"
+    "\"input_shape\":[16],\"loss\":\"cross_entropy\","
+    "\"optimizer\":{\"type\":\"adamw\",\"lr\":0.001,\"schedule\":{\"type\":\"cosine\",\"warmup_steps\":2,"
+    "\"min_lr\":1e-5}},"
+    "\"data\":{\"type\":\"tokens\",\"path\":\"train.bin\",\"block_size\":16},"
+    "\"eval\":{\"data\":{\"type\":\"tokens\",\"path\":\"val.bin\",\"block_size\":16,\"dtype\":\"int32\"},"
+    "\"every_steps\":5,\"max_batches\":2},"
+    "\"grad_clip\":1,\"batch_size\":4,\"steps\":10}";
+
+/* A conv net: conv2d, both poolings, batchnorm 2d and 1d, flatten. */
+static const char *conv_spec =
+    "{\"model\":[{\"type\":\"conv2d\",\"in\":1,\"out\":8,\"kernel\":3,\"padding\":1},"
+    "{\"type\":\"batchnorm\",\"features\":8},{\"type\":\"relu\"},{\"type\":\"maxpool2d\",\"kernel\":2},"
+    "{\"type\":\"conv2d\",\"in\":8,\"out\":16,\"kernel\":[3,2],\"stride\":[1,2],\"bias\":false},"
+    "{\"type\":\"avgpool2d\",\"kernel\":2,\"stride\":1,\"padding\":1},{\"type\":\"flatten\"},"
+    "{\"type\":\"linear\",\"in\":144,\"out\":10},"
+    "{\"type\":\"batchnorm\",\"features\":10,\"momentum\":0.2,\"eps\":0.001}],"
+    "\"input_shape\":[1,8,8],\"loss\":\"cross_entropy\",\"optimizer\":{\"type\":\"sgd\",\"lr\":0.1},"
+    "\"data\":{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"y.npy\"},\"batch_size\":4,\"epochs\":1}";
+
+static void check_shape(const struct spec_layer *l, int in_rank, const int64_t *in, int out_rank,
+                        const int64_t *out)
+{
+    CHECK_EQ_INT(l->in_rank, in_rank);
+    CHECK_EQ_INT(l->out_rank, out_rank);
+    for (int i = 0; i < in_rank; i++)
+        CHECK_EQ_INT(l->in_shape[i], in[i]);
+    for (int i = 0; i < out_rank; i++)
+        CHECK_EQ_INT(l->out_shape[i], out[i]);
+}
+
+static void test_v2_gpt(void)
+{
+    struct spec s;
+    struct ddpd_error e;
+    const int64_t T16[] = {16}, TD[] = {16, 32}, TH[] = {16, 128}, TV[] = {16, 65};
+    CHECK_EQ_INT(parse(gpt_spec, &s, &e), DDPD_OK);
+    CHECK_EQ_STR(e.message, "");
+    CHECK_EQ_INT(s.n_layers, 17);
+    CHECK(s.input_shape_set);
+    CHECK_EQ_INT(s.input_rank, 1);
+    CHECK_EQ_INT(s.input_shape[0], 16);
+    /* The tree, flat in preorder. */
+    static const struct {
+        layer_kind kind;
+        int parent, end;
+        const char *key;
+    } tree[] = {
+        {LAYER_EMBEDDING, -1, 1, "0"},    {LAYER_POSITION, -1, 2, "1"},    {LAYER_RESIDUAL, -1, 5, "2"},
+        {LAYER_LAYERNORM, 2, 4, "2.0"},   {LAYER_ATTENTION, 2, 5, "2.1"},  {LAYER_RESIDUAL, -1, 11, "3"},
+        {LAYER_LAYERNORM, 5, 7, "3.0"},   {LAYER_LINEAR, 5, 8, "3.1"},     {LAYER_GELU_TANH, 5, 9, "3.2"},
+        {LAYER_LINEAR, 5, 10, "3.3"},     {LAYER_DROPOUT, 5, 11, "3.4"},   {LAYER_RESIDUAL, -1, 15, "4"},
+        {LAYER_ATTENTION, 11, 13, "4.0"}, {LAYER_RESIDUAL, 11, 15, "4.1"}, {LAYER_GELU, 13, 15, "4.1.0"},
+        {LAYER_LAYERNORM, -1, 16, "5"},   {LAYER_LINEAR, -1, 17, "6"}};
+    for (int i = 0; i < 17; i++) {
+        CHECK_EQ_INT(s.layers[i].kind, tree[i].kind);
+        CHECK_EQ_INT(s.layers[i].parent, tree[i].parent);
+        CHECK_EQ_INT(s.layers[i].end, tree[i].end);
+        CHECK_EQ_STR(s.layers[i].key, tree[i].key);
+    }
+    CHECK_EQ_INT(s.n_layers, 17);
+    /* Keys and defaults. */
+    const struct spec_layer *L = s.layers;
+    CHECK_EQ_INT(L[0].num, 65);
+    CHECK_EQ_INT(L[0].dim, 32);
+    CHECK_EQ_INT(L[0].in, 65);
+    CHECK_EQ_INT(L[0].out, 32);
+    CHECK_EQ_INT(L[1].num, 16); /* position: max */
+    CHECK_EQ_INT(L[1].dim, 32);
+    CHECK(L[3].eps == 1e-5 && L[3].bias);
+    CHECK(L[6].eps == 1e-6);
+    CHECK_EQ_INT(L[4].heads, 4);
+    CHECK(L[4].causal && L[4].bias);
+    CHECK_EQ_INT(L[12].heads, 2);
+    CHECK(!L[12].causal && !L[12].bias);
+    CHECK(L[10].p == 0.1);
+    CHECK_EQ_INT(L[8].in, 128); /* activations: the width */
+    CHECK_EQ_INT(L[8].out, 128);
+    CHECK(!L[15].bias && !L[16].bias);
+    /* Shapes. */
+    check_shape(&L[0], 1, T16, 2, TD);
+    check_shape(&L[2], 2, TD, 2, TD);
+    check_shape(&L[7], 2, TD, 2, TH);
+    check_shape(&L[8], 2, TH, 2, TH);
+    check_shape(&L[13], 2, TD, 2, TD);
+    check_shape(&L[15], 2, TD, 2, TD);
+    check_shape(&L[16], 2, TD, 2, TV);
+    /* What the data readers ask. */
+    CHECK(spec_input_ids(&s));
+    CHECK_EQ_INT(spec_vocab(&s), 65);
+    CHECK_EQ_INT(spec_sample_numel(&s), 16);
+    CHECK_EQ_INT(spec_target_numel(&s), 16); /* [T] class ids */
+    CHECK_EQ_INT(spec_classes(&s), 65);
+    CHECK_EQ_INT(spec_in_width(&s), 65);
+    CHECK_EQ_INT(spec_out_width(&s), 65);
+    /* embedding 65·32, position 16·32, layernorm 2·32, attention 4·32²+4·32, layernorm, mlp
+     * 32·128+128 + 128·32+32, attention without bias 4·32², layernorm without bias 32, head 32·65. */
+    CHECK_EQ_INT(spec_param_count(&s), 65 * 32 + 16 * 32 + 64 + (4 * 1024 + 128) + 64 + (32 * 128 + 128) +
+                                           (128 * 32 + 32) + 4 * 1024 + 32 + 32 * 65);
+    /* Data, eval, schedule, clipping. */
+    CHECK_EQ_INT(s.data.kind, DATA_TOKENS);
+    CHECK_EQ_STR(s.data.path, "train.bin");
+    CHECK_EQ_INT(s.data.block_size, 16);
+    CHECK_EQ_INT(s.data.dtype, TOKENS_UINT16);
+    CHECK(s.data.shuffle && !s.data.drop_last);
+    CHECK_EQ_INT(s.eval.every_steps, 5);
+    CHECK_EQ_INT(s.eval.max_batches, 2);
+    CHECK_EQ_INT(s.eval.data.kind, DATA_TOKENS);
+    CHECK_EQ_INT(s.eval.data.dtype, TOKENS_INT32);
+    CHECK_EQ_STR(s.eval.data.path, "val.bin");
+    CHECK(!s.eval.data.shuffle); /* eval data is never shuffled */
+    CHECK_EQ_INT(s.optim.schedule, SCHED_COSINE);
+    CHECK_EQ_INT(s.optim.warmup_steps, 2);
+    CHECK(s.optim.min_lr == 1e-5);
+    CHECK_EQ_INT(s.optim.total_steps, 0);
+    CHECK(s.grad_clip == 1.0);
+
+    /* Without them: off. */
+    CHECK_EQ_INT(parse(OK_PLUS(""), &s, &e), DDPD_OK);
+    CHECK_EQ_INT(s.eval.every_steps, 0);
+    CHECK_EQ_INT(s.optim.schedule, SCHED_CONSTANT);
+    CHECK_EQ_INT(s.optim.warmup_steps, 0);
+    CHECK(s.optim.min_lr == 0 && s.grad_clip == 0);
+    CHECK(!s.input_shape_set);
+    CHECK_EQ_INT(s.input_rank, 1);
+    CHECK_EQ_INT(s.input_shape[0], 4);
+    CHECK(!spec_input_ids(&s));
+    CHECK_EQ_INT(spec_vocab(&s), 0);
+    CHECK_EQ_INT(spec_target_numel(&s), 2);
+    /* A v1 MLP may give input_shape, as [model[0].in]. */
+    CHECK_EQ_INT(parse(OK_PLUS(",\"input_shape\":[4]"), &s, &e), DDPD_OK);
+    CHECK(s.input_shape_set);
+    /* Sequence mse on [T,dim], linear acting on the last dimension. */
+    CHECK_EQ_INT(parse(V2MSE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":2}]", "[3]"), &s, &e), DDPD_OK);
+    CHECK_EQ_INT(spec_target_numel(&s), 6);
+    CHECK_EQ_INT(spec_classes(&s), 2);
+    /* warmup below total_steps given explicitly, though not below steps */
+    CHECK_EQ_INT(parse(GPT_WITH("{\"type\":\"adamw\",\"schedule\":{\"type\":\"linear\",\"warmup_steps\":20,"
+                                "\"total_steps\":30}}",
+                                TOKENS, ""),
+                       &s, &e),
+                 DDPD_OK);
+    CHECK_EQ_INT(s.optim.schedule, SCHED_LINEAR);
+    CHECK_EQ_INT(s.optim.total_steps, 30);
+
+    for (int k = LAYER_LINEAR; k <= LAYER_FLATTEN; k++)
+        CHECK(strcmp(layer_kind_name((layer_kind)k), "unknown") != 0);
+    CHECK_EQ_STR(layer_kind_name(LAYER_GELU_TANH), "gelu");
+    CHECK_EQ_STR(layer_kind_name(LAYER_AVGPOOL2D), "avgpool2d");
+    CHECK_EQ_STR(layer_kind_name(LAYER_FLATTEN), "flatten");
+    CHECK_EQ_STR(layer_kind_name((layer_kind)(LAYER_FLATTEN + 1)), "unknown");
+}
+
+static void test_v2_conv(void)
+{
+    struct spec s;
+    struct ddpd_error e;
+    CHECK_EQ_INT(parse(conv_spec, &s, &e), DDPD_OK);
+    CHECK_EQ_STR(e.message, "");
+    CHECK_EQ_INT(s.n_layers, 9);
+    const struct spec_layer *L = s.layers;
+    for (int i = 0; i < 9; i++) {
+        CHECK_EQ_INT(L[i].parent, -1);
+        CHECK_EQ_INT(L[i].end, i + 1);
+    }
+    /* conv2d: an int kernel is [k,k]; stride 1 and padding 0 by default. */
+    CHECK_EQ_INT(L[0].kernel[0], 3);
+    CHECK_EQ_INT(L[0].kernel[1], 3);
+    CHECK_EQ_INT(L[0].stride[0], 1);
+    CHECK_EQ_INT(L[0].stride[1], 1);
+    CHECK_EQ_INT(L[0].padding[0], 1);
+    CHECK(L[0].bias);
+    CHECK_EQ_INT(L[0].in, 1);
+    CHECK_EQ_INT(L[0].out, 8);
+    CHECK(L[1].eps == 1e-5 && L[1].momentum == 0.1);
+    CHECK_EQ_INT(L[1].dim, 8);
+    /* pooling: stride = kernel by default */
+    CHECK_EQ_INT(L[3].stride[0], 2);
+    CHECK_EQ_INT(L[3].stride[1], 2);
+    CHECK_EQ_INT(L[3].padding[1], 0);
+    CHECK_EQ_INT(L[3].in, 8);
+    CHECK_EQ_INT(L[4].kernel[1], 2);
+    CHECK_EQ_INT(L[4].stride[1], 2);
+    CHECK(!L[4].bias);
+    CHECK_EQ_INT(L[5].stride[0], 1);
+    CHECK_EQ_INT(L[5].padding[0], 1);
+    CHECK(L[8].eps == 0.001 && L[8].momentum == 0.2);
+    const int64_t x[] = {1, 8, 8}, c1[] = {8, 8, 8}, p1[] = {8, 4, 4}, c2[] = {16, 2, 2}, p2[] = {16, 3, 3},
+                  f[] = {144}, o[] = {10};
+    check_shape(&L[0], 3, x, 3, c1);
+    check_shape(&L[3], 3, c1, 3, p1);
+    check_shape(&L[4], 3, p1, 3, c2);
+    check_shape(&L[5], 3, c2, 3, p2);
+    check_shape(&L[6], 3, p2, 1, f);
+    check_shape(&L[8], 1, o, 1, o);
+    CHECK_EQ_INT(L[6].in, 144);
+    CHECK(!spec_input_ids(&s));
+    CHECK_EQ_INT(spec_sample_numel(&s), 64);
+    CHECK_EQ_INT(spec_target_numel(&s), 1);
+    CHECK_EQ_INT(spec_classes(&s), 10);
+    /* conv 8·1·9+8, batchnorm 2·8 (its running statistics are buffers), conv 16·8·6, linear
+     * 144·10+10, batchnorm 2·10: PyTorch counts 2334. */
+    CHECK_EQ_INT(spec_param_count(&s), 2334);
+    /* mse on [C,H,W]: every element is a target. */
+    CHECK_EQ_INT(parse(V2MSE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":3}]", "[1,8,8]"), &s, &e),
+                 DDPD_OK);
+    CHECK_EQ_INT(spec_target_numel(&s), 2 * 6 * 6);
+}
+
+static void test_v2_round_trip(void)
+{
+    const char *specs[] = {gpt_spec, conv_spec};
+    for (size_t i = 0; i < 2; i++) {
+        struct spec a, b;
+        struct ddpd_error e;
+        CHECK_EQ_INT(parse(specs[i], &a, &e), DDPD_OK);
+        char *text = spec_dumps(&a);
+        CHECK(text != NULL);
+        CHECK_EQ_INT(parse(text, &b, &e), DDPD_OK);
+        CHECK_EQ_STR(e.message, "");
+        check_same(&a, &b);
+        json_t *j = spec_to_json(&a), *j2 = spec_to_json(&b);
+        CHECK(json_equal(j, j2));
+        /* Every default written out. */
+        json_t *model = json_object_get(j, "model");
+        if (i == 0) {
+            json_t *ln = json_array_get(json_object_get(json_array_get(model, 2), "layers"), 0);
+            CHECK(json_real_value(json_object_get(ln, "eps")) == 1e-5);
+            CHECK(json_is_true(json_object_get(ln, "bias")));
+            json_t *att = json_array_get(json_object_get(json_array_get(model, 2), "layers"), 1);
+            CHECK(json_is_true(json_object_get(att, "causal")));
+            CHECK_EQ_STR(
+                json_string_value(json_object_get(
+                    json_array_get(json_object_get(json_array_get(model, 3), "layers"), 2), "approximate")),
+                "tanh");
+            json_t *sched = json_object_get(json_object_get(j, "optimizer"), "schedule");
+            CHECK_EQ_STR(json_string_value(json_object_get(sched, "type")), "cosine");
+            CHECK(json_object_get(sched, "total_steps") == NULL);
+            CHECK_EQ_STR(json_string_value(json_object_get(json_object_get(j, "data"), "dtype")), "uint16");
+            CHECK(json_is_false(
+                json_object_get(json_object_get(json_object_get(j, "eval"), "data"), "shuffle")));
+            CHECK(json_real_value(json_object_get(j, "grad_clip")) == 1.0);
+            CHECK_EQ_INT(json_array_size(json_object_get(j, "input_shape")), 1);
+        } else {
+            json_t *pool = json_array_get(model, 3);
+            CHECK_EQ_INT(json_integer_value(json_array_get(json_object_get(pool, "stride"), 1)), 2);
+            CHECK_EQ_INT(json_integer_value(json_array_get(json_object_get(pool, "padding"), 0)), 0);
+            CHECK(json_real_value(json_object_get(json_array_get(model, 1), "momentum")) == 0.1);
+            CHECK(json_object_get(j, "eval") == NULL && json_object_get(j, "grad_clip") == NULL);
+        }
+        free(text);
+        json_decref(j);
+        json_decref(j2);
+    }
+}
+
+/* The memory estimate of v2 layers, by hand for a tiny GPT: embedding [3] -> [3,4], then
+ * attention (heads 2) on [3,4]. */
+static void test_v2_memory(void)
+{
+    struct spec s;
+    struct spec_memory m;
+    struct ddpd_error e;
+    CHECK_EQ_INT(
+        parse("{\"model\":[" EMB ",{\"type\":\"attention\",\"dim\":4,\"heads\":2}],\"input_shape\":[3],"
+              "\"loss\":\"mse\",\"optimizer\":{\"type\":\"sgd\",\"lr\":0.1},\"data\":{\"type\":\"npy\","
+              "\"x\":\"x.npy\",\"y\":\"y.npy\"},\"batch_size\":2,\"steps\":10}",
+              &s, &e),
+        DDPD_OK);
+    spec_memory_estimate(&s, 10, false, 0, &m);
+    CHECK_EQ_INT(m.rows, 2);
+    CHECK_EQ_INT(m.params, 4 * (8 * 4 + 4 * 16 + 4 * 4));
+    /* outputs 12 + 12; attention keeps q,k,v twice and the merged heads (7·T·dim = 84) and
+     * scores and probabilities (2·heads·T·T = 36); backward's scratch 2 × 12. */
+    CHECK_EQ_INT(m.activations, 2 * 4 * (12 + 12 + 84 + 36 + 2 * 12));
+    /* x [3] ids, y and the loss gradient [3,4]. */
+    CHECK_EQ_INT(m.batch, 2 * 4 * (3 + 12 + 1) + 2 * 4 * (3 + 24 + 1));
+    /* A small npy file is loaded (x ids and y as 4-byte values), with the shard's order
+     * and the permutation; a large one is memory-mapped: only the order and permutation. */
+    CHECK_EQ_INT(m.data, 10 * 4 * (3 + 12) + 10 * 8 + 10 * 8);
+    spec_memory_estimate(&s, 10000000, false, 0, &m);
+    CHECK_EQ_INT(m.data, 10000000LL * 8 + 10000000LL * 8);
+    spec_memory_estimate(&s, 2000000, false, 0, &m); /* x 24 MB loaded, y 96 MB mapped */
+    CHECK_EQ_INT(m.data, 2000000LL * 4 * 3 + 2000000LL * 8 + 2000000LL * 8);
+    /* tokens likewise */
+    CHECK_EQ_INT(parse(GPT_WITH(ADAMW, TOKENS, ""), &s, &e), DDPD_OK);
+    spec_memory_estimate(&s, 1000000, false, 0, &m);
+    CHECK_EQ_INT(m.data, 1000000 * 8 + 1000000 * 8);
+    /* conv2d's im2col and batchnorm's statistics count. */
+    CHECK_EQ_INT(parse(V2MSE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":3},{\"type\":\"batchnorm\","
+                             "\"features\":2}]",
+                             "[1,4,4]"),
+                       &s, &e),
+                 DDPD_OK);
+    spec_memory_estimate(&s, 2, false, 0, &m);
+    /* outputs 8 + 8, im2col 1·9·2·2 = 36, scratch 2 × 16; batchnorm 4 × 2 floats. */
+    CHECK_EQ_INT(m.activations, 2 * 4 * (8 + 36 + 8 + 2 * 16) + 4 * 4 * 2);
+}
+
 /* Sizes near the limits: the batch arithmetic never overflows (it is signed overflow, UB,
  * for rows + batch - 1 near INT64_MAX), and a batch is never larger than the shard. */
 static void test_sizes_near_limits(void)
@@ -760,6 +1323,10 @@ int main(void)
     int n = test_invalid();
     test_round_trip();
     test_sizes_near_limits();
+    test_v2_gpt();
+    test_v2_conv();
+    test_v2_round_trip();
+    test_v2_memory();
     fprintf(stderr, "%d invalid specs\n", n);
     CHECK_DONE();
 }

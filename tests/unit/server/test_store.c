@@ -1080,6 +1080,89 @@ static void *inserter_main(void *arg)
     return NULL;
 }
 
+/* An event of any kind with its server fields, stored as event_encode writes it. */
+static ddpd_err append_ev(struct store *s, struct event *ev, int64_t job, int64_t seq, int attempt)
+{
+    char body[EVENT_LINE_MAX];
+    struct ddpd_error e;
+    ev->has_server_fields = true;
+    ev->job = job;
+    ev->seq = seq;
+    ev->attempt = attempt;
+    ev->ts = 1.0;
+    int n = event_encode(ev, body, sizeof body);
+    CHECK(n > 0);
+    return store_event_append(s, ev, body, (size_t)n, &e);
+}
+
+/* §2a in /metrics: the lr series from rank 0's loss events and every eval event; a
+ * restart's rerun of steps replaces the eval points from its first step on. */
+static void test_metrics_eval_lr(void)
+{
+    char path[700];
+    struct ddpd_error e;
+    db_path(path, sizeof path, "metrics-eval.db");
+    struct store *s = open_ok(path, NULL);
+    if (!s)
+        return;
+    int64_t job = insert_job(s, "eval", 2), seq = 0;
+    for (int attempt = 1; attempt <= 2; attempt++)
+        for (int64_t step = attempt == 1 ? 1 : 7; step <= (attempt == 1 ? 10 : 12); step++) {
+            for (int r = 0; r < 2; r++) {
+                struct event ev = {.kind = EVENT_LOSS, .rank = r, .step = step, .loss = 1.0 / (double)step};
+                ev.lr = 0.01 * (double)step + (attempt == 2 ? 1 : 0); /* the rerun's values win */
+                ev.has_lr = true;
+                CHECK_EQ_INT(append_ev(s, &ev, job, ++seq, attempt), DDPD_OK);
+            }
+            if (step % 4 == 0 || step == 12) {
+                struct event ev = {.kind = EVENT_EVAL, .rank = 0, .step = step, .samples = 100};
+                ev.loss = step == 8 && attempt == 1 ? NAN : 2.0 / (double)step;
+                ev.nonfinite = !isfinite(ev.loss);
+                ev.accuracy = 0.5 + 0.01 * (double)step + (attempt == 2 ? 0.1 : 0);
+                ev.has_accuracy = true;
+                CHECK_EQ_INT(append_ev(s, &ev, job, ++seq, attempt), DDPD_OK);
+            }
+        }
+    CHECK_EQ_INT(flush(s), DDPD_OK);
+    struct store_metrics m;
+    CHECK_EQ_INT(store_metrics_get(s, job, 1000, &m, &e), DDPD_OK);
+    /* eval: 4 and 8 of attempt 1 were replaced from step 8 on by attempt 2's 8 and 12 */
+    CHECK_EQ_INT((int64_t)m.n_eval, 3);
+    if (m.n_eval == 3) {
+        CHECK(m.eval[0].step == 4 && m.eval[1].step == 8 && m.eval[2].step == 12);
+        CHECK_NEAR(m.eval[0].accuracy, 0.54, 1e-15, 0);
+        CHECK_NEAR(m.eval[1].accuracy, 0.68, 1e-15, 0);
+        CHECK(isfinite(m.eval[1].loss) && m.eval[1].has_accuracy && m.eval[2].samples == 100);
+    }
+    /* lr: steps 1..12, the rerun's values from step 7 on */
+    CHECK_EQ_INT((int64_t)m.lr.n, 12);
+    if (m.lr.n == 12) {
+        CHECK(m.lr.step[0] == 1 && m.lr.step[11] == 12);
+        CHECK_NEAR(m.lr.loss[0], 0.01, 1e-15, 0);
+        CHECK_NEAR(m.lr.loss[5], 0.06, 1e-15, 0);
+        CHECK_NEAR(m.lr.loss[6], 1.07, 1e-12, 0);
+        CHECK_NEAR(m.lr.loss[9], 1.10, 1e-12, 0);
+        CHECK_NEAR(m.lr.loss[11], 1.12, 1e-12, 0);
+    }
+    store_metrics_free(&m);
+    CHECK(m.lr.n == 0 && m.n_eval == 0 && !m.eval);
+    /* thinned to max_points, keeping the last */
+    int64_t job2 = insert_job(s, "many-evals", 1);
+    seq = 0;
+    for (int64_t step = 1; step <= 50; step++) {
+        struct event ev = {.kind = EVENT_LOSS, .rank = 0, .step = step, .loss = 1};
+        CHECK_EQ_INT(append_ev(s, &ev, job2, ++seq, 1), DDPD_OK);
+        struct event ev2 = {.kind = EVENT_EVAL, .rank = 0, .step = step, .loss = 1, .samples = 1};
+        CHECK_EQ_INT(append_ev(s, &ev2, job2, ++seq, 1), DDPD_OK);
+    }
+    CHECK_EQ_INT(flush(s), DDPD_OK);
+    CHECK_EQ_INT(store_metrics_get(s, job2, 10, &m, &e), DDPD_OK);
+    CHECK(m.n_eval >= 2 && m.n_eval <= 11 && m.eval[0].step == 1 && m.eval[m.n_eval - 1].step == 50);
+    CHECK_EQ_INT((int64_t)m.lr.n, 0); /* loss events without lr */
+    store_metrics_free(&m);
+    store_close(s);
+}
+
 static void test_concurrent(void)
 {
     char path[700];
@@ -1530,6 +1613,7 @@ int main(int argc, char **argv)
     test_busy();
     test_ingest_rate();
     test_metrics();
+    test_metrics_eval_lr();
     test_concurrent();
     test_delete();
     test_lock();

@@ -448,6 +448,10 @@ static void test_helpers(void)
     CHECK(y[0] == 7.0f && y[3] == 7.0f && y[4] == -5.0f);
     OPS->fill(CTX, y, 1.0f, 0); /* n = 0 is a no-op */
     CHECK(y[0] == 7.0f);
+    /* sumsq: in double, so float squares that would round away still count */
+    const float z[3] = {3.0f, -4.0f, 1e-4f};
+    CHECK(OPS->sumsq(CTX, z, 3) == 9.0 + 16.0 + (double)1e-4f * (double)1e-4f);
+    CHECK(OPS->sumsq(CTX, z, 0) == 0.0);
 }
 
 int main(void)

@@ -1,7 +1,8 @@
 /* test_optim.c — SGD (plain, momentum, dampening, nesterov, weight decay) and AdamW over
  * three steps against PyTorch 1.13's update formulas evaluated in double here, against
  * numbers PyTorch itself produced, and the optimizer's state tensors (names, counts,
- * restore). */
+ * restore); the lr schedules of CONTRACT.md §2a and clip_grad_norm_. */
+#include <math.h>
 #include <stdint.h>
 
 #include "check.h"
@@ -358,6 +359,106 @@ static void test_restore(struct dev d)
     }
 }
 
+/* The schedule formula of §2a, each type, with its edges. */
+static void test_schedule(void)
+{
+    struct spec_optim o = {.kind = OPTIM_SGD, .lr = 0.1};
+    /* constant, no warmup: lr at every step, also past the end */
+    for (int64_t st = 1; st <= 12; st++)
+        CHECK_NEAR(optim_schedule_lr(&o, st, 10), 0.1, 0, 0);
+    /* warmup: lr*s/W up to and including W, then the schedule from there */
+    o.warmup_steps = 4;
+    CHECK_NEAR(optim_schedule_lr(&o, 1, 10), 0.1 * 1 / 4, 0, 0);
+    CHECK_NEAR(optim_schedule_lr(&o, 3, 10), 0.1 * 3 / 4, 0, 0);
+    CHECK_NEAR(optim_schedule_lr(&o, 4, 10), 0.1, 0, 0);
+    CHECK_NEAR(optim_schedule_lr(&o, 5, 10), 0.1, 0, 0);
+    /* linear from lr at W to min_lr at S, S from the job when total_steps is 0 */
+    o.schedule = SCHED_LINEAR;
+    o.min_lr = 0.01;
+    CHECK_NEAR(optim_schedule_lr(&o, 4, 10), 0.1, 0, 0);
+    CHECK_NEAR(optim_schedule_lr(&o, 7, 10), 0.1 + (0.01 - 0.1) * 0.5, 1e-15, 0);
+    CHECK_NEAR(optim_schedule_lr(&o, 10, 10), 0.01, 1e-15, 0);
+    CHECK_NEAR(optim_schedule_lr(&o, 25, 10), 0.01, 1e-15, 0); /* s > S: p stays 1 */
+    o.total_steps = 24;                                        /* the spec's S wins */
+    CHECK_NEAR(optim_schedule_lr(&o, 14, 10), 0.1 + (0.01 - 0.1) * 0.5, 1e-15, 0);
+    /* cosine: lr at p = 0, the midpoint at p = 1/2, min_lr from p = 1 on */
+    o.schedule = SCHED_COSINE;
+    o.total_steps = 0;
+    CHECK_NEAR(optim_schedule_lr(&o, 4, 10), 0.1, 1e-15, 0);
+    CHECK_NEAR(optim_schedule_lr(&o, 7, 10), 0.055, 1e-15, 0);
+    CHECK_NEAR(optim_schedule_lr(&o, 5, 10), 0.01 + 0.09 * (1 + cos(M_PI / 6)) / 2, 1e-15, 0);
+    CHECK_NEAR(optim_schedule_lr(&o, 10, 10), 0.01, 1e-15, 0);
+    CHECK_NEAR(optim_schedule_lr(&o, 11, 10), 0.01, 1e-15, 0);
+    /* S <= W: nothing after the warmup to schedule over, min_lr right after it */
+    CHECK_NEAR(optim_schedule_lr(&o, 4, 3), 0.1, 0, 0);
+    CHECK_NEAR(optim_schedule_lr(&o, 5, 3), 0.01, 1e-15, 0);
+    /* warmup 1: full lr at the first step */
+    o.warmup_steps = 1;
+    CHECK_NEAR(optim_schedule_lr(&o, 1, 10), 0.1, 0, 0);
+}
+
+/* optim_set_lr feeds the update: AdamW's decay and step size take the step's lr. */
+static void test_set_lr(struct dev d)
+{
+    struct spec_optim so = {
+        .kind = OPTIM_ADAMW, .lr = 0.5, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1};
+    struct spec_optim at = so;
+    at.lr = 0.02;
+    const struct adamw_hyper want = optim_adamw_hyper(&at, 1);
+    struct model *m = one_param_model(d);
+    struct optim *o = optim_new(&so, m);
+    struct param *p = model_param(m, 0);
+    d.ops->to_device(d.ctx, p->grad, G[0], sizeof G[0]);
+    optim_set_lr(o, 0.02);
+    optim_step(o);
+    float got[N];
+    d.ops->to_host(d.ctx, got, p->data, sizeof got);
+    for (int i = 0; i < N; i++) {
+        /* the first AdamW step: p*decay - step_size * g/|g|-ish, from the same scalars */
+        const float g = G[0][i], ea = want.one_minus_beta1 * g, es = want.one_minus_beta2 * g * g;
+        const float expect =
+            P0[i] * want.decay + want.neg_step_size * (ea / (sqrtf(es) / want.bc2_sqrt + want.eps));
+        CHECK_NEAR(got[i], expect, 1e-6, 1e-5);
+    }
+    optim_free(o);
+    model_free(m);
+}
+
+/* clip_grad_norm_ against PyTorch 1.13's own numbers: weight [1,11] with G[0] and a bias
+ * of 2.5, max_norm 1 (clips), then max_norm 10 (leaves the gradients alone). */
+static void test_clip(struct dev d)
+{
+    static struct spec s;
+    memset(&s, 0, sizeof s);
+    s.n_layers = 1;
+    s.layers[0] = (struct spec_layer){.kind = LAYER_LINEAR, .in = N, .out = 1, .bias = true};
+    spec_flat_layers(&s);
+    struct model *m = model_new(d, &s, 1);
+    CHECK(m != NULL);
+    struct spec_optim so = {.kind = OPTIM_SGD, .lr = 0.1};
+    struct optim *o = optim_new(&so, m);
+    struct param *w = model_param(m, 0), *b = model_param(m, 1);
+    const float bias = 2.5f;
+    static const float want_w[N] = {0.02973504364490509f,  -0.05947008728981018f, 0.08920513093471527f,
+                                    -0.11894017457962036f, 0.14867521822452545f,  -0.17841026186943054f,
+                                    0.20814530551433563f,  -0.23788034915924072f, 0.2676153779029846f,
+                                    -0.2973504364490509f,  0.3270854949951172f};
+    float gw[N], gb;
+    for (int round = 0; round < 2; round++) {
+        d.ops->to_device(d.ctx, w->grad, G[0], sizeof G[0]);
+        d.ops->to_device(d.ctx, b->grad, &bias, sizeof bias);
+        const double norm = optim_clip_grad_norm(o, round == 0 ? 1.0 : 10.0);
+        CHECK_NEAR(norm, 3.363034248352051, 1e-6, 0);
+        d.ops->to_host(d.ctx, gw, w->grad, sizeof gw);
+        d.ops->to_host(d.ctx, &gb, b->grad, sizeof gb);
+        for (int i = 0; i < N; i++)
+            CHECK_NEAR(gw[i], round == 0 ? want_w[i] : G[0][i], 1e-7, 1e-6);
+        CHECK_NEAR(gb, round == 0 ? 0.7433760762214661 : 2.5, 1e-7, 1e-6);
+    }
+    optim_free(o);
+    model_free(m);
+}
+
 int main(void)
 {
     make_grads();
@@ -373,6 +474,9 @@ int main(void)
     dev_cpu_set_fused(d, fused);
     test_state(d);
     test_restore(d);
+    test_schedule();
+    test_set_lr(d);
+    test_clip(d);
     dev_cpu_free(d);
     CHECK_DONE();
 }

@@ -1,0 +1,254 @@
+/* dev/cpu_conv.c — the CPU reference of the conv-net ops (dev.h: struct dev_window, im2col,
+ * col2im, max/avg pool2d, batchnorm): plain loops in the order dev.h fixes, which the
+ * CUDA kernels (cuda/dev.cu) reproduce, so most agree to the bit. */
+
+/* Contraction stays off: each multiply-add below rounds twice, as dev.h says. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include "cpu_conv.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "../../base/check.h"
+
+static int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t p)
+{
+    return (in + 2 * p - k) / s + 1;
+}
+
+void cpu_im2col(void *ctx, float *col, const float *x, int64_t b, int64_t c, int64_t h, int64_t w,
+                const struct dev_window *win)
+{
+    (void)ctx;
+    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    ASSERT(oh >= 1 && ow >= 1);
+    for (int64_t i = 0; i < b * c; i++) {
+        const float *plane = x + i * h * w;
+        float *rows = col + i * win->kh * win->kw * oh * ow; /* the plane's kh*kw rows */
+        for (int64_t ki = 0; ki < win->kh; ki++)
+            for (int64_t kj = 0; kj < win->kw; kj++) {
+                float *row = rows + (ki * win->kw + kj) * oh * ow;
+                for (int64_t oy = 0; oy < oh; oy++) {
+                    const int64_t iy = oy * win->sh - win->ph + ki;
+                    for (int64_t ox = 0; ox < ow; ox++) {
+                        const int64_t ix = ox * win->sw - win->pw + kj;
+                        row[oy * ow + ox] =
+                            iy >= 0 && iy < h && ix >= 0 && ix < w ? plane[iy * w + ix] : 0.0f;
+                    }
+                }
+            }
+    }
+}
+
+void cpu_col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t c, int64_t h, int64_t w,
+                const struct dev_window *win)
+{
+    (void)ctx;
+    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    ASSERT(oh >= 1 && ow >= 1);
+    /* Rows of col in (ki, kj) order: each dx entry gets its terms in that order. */
+    for (int64_t i = 0; i < b * c; i++) {
+        float *plane = dx + i * h * w;
+        const float *rows = col + i * win->kh * win->kw * oh * ow;
+        for (int64_t ki = 0; ki < win->kh; ki++)
+            for (int64_t kj = 0; kj < win->kw; kj++) {
+                const float *row = rows + (ki * win->kw + kj) * oh * ow;
+                for (int64_t oy = 0; oy < oh; oy++) {
+                    const int64_t iy = oy * win->sh - win->ph + ki;
+                    if (iy < 0 || iy >= h)
+                        continue;
+                    for (int64_t ox = 0; ox < ow; ox++) {
+                        const int64_t ix = ox * win->sw - win->pw + kj;
+                        if (ix >= 0 && ix < w)
+                            plane[iy * w + ix] += row[oy * ow + ox];
+                    }
+                }
+            }
+    }
+}
+
+void cpu_maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float *x, int64_t planes, int64_t h,
+                           int64_t w, const struct dev_window *win)
+{
+    (void)ctx;
+    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    ASSERT(oh >= 1 && ow >= 1 && h * w <= INT32_MAX);
+    for (int64_t p = 0; p < planes; p++) {
+        const float *plane = x + p * h * w;
+        for (int64_t oy = 0; oy < oh; oy++)
+            for (int64_t ox = 0; ox < ow; ox++) {
+                int64_t y0 = oy * win->sh - win->ph, x0 = ox * win->sw - win->pw;
+                const int64_t y1 = y0 + win->kh < h ? y0 + win->kh : h,
+                              x1 = x0 + win->kw < w ? x0 + win->kw : w;
+                y0 = y0 < 0 ? 0 : y0;
+                x0 = x0 < 0 ? 0 : x0;
+                int64_t best = y0 * w + x0;
+                float m = -INFINITY;
+                for (int64_t iy = y0; iy < y1; iy++)
+                    for (int64_t ix = x0; ix < x1; ix++) {
+                        const float v = plane[iy * w + ix];
+                        if (v > m || isnan(v)) {
+                            m = v;
+                            best = iy * w + ix;
+                        }
+                    }
+                const int64_t o = (p * oh + oy) * ow + ox;
+                y[o] = m;
+                idx[o] = (int32_t)best;
+            }
+    }
+}
+
+void cpu_maxpool2d_backward(void *ctx, float *dx, const float *dy, const int32_t *idx, int64_t planes,
+                            int64_t h, int64_t w, const struct dev_window *win)
+{
+    (void)ctx;
+    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    ASSERT(oh >= 1 && ow >= 1);
+    memset(dx, 0, (size_t)(planes * h * w) * sizeof(float));
+    for (int64_t p = 0; p < planes; p++)
+        for (int64_t o = 0; o < oh * ow; o++)
+            dx[p * h * w + idx[p * oh * ow + o]] += dy[p * oh * ow + o];
+}
+
+/* PyTorch's divisor with count_include_pad: the window clipped to the padded image. */
+static int64_t avg_divisor(int64_t oy, int64_t ox, int64_t h, int64_t w, const struct dev_window *win)
+{
+    const int64_t y0 = oy * win->sh - win->ph, x0 = ox * win->sw - win->pw;
+    const int64_t y1 = y0 + win->kh < h + win->ph ? y0 + win->kh : h + win->ph;
+    const int64_t x1 = x0 + win->kw < w + win->pw ? x0 + win->kw : w + win->pw;
+    return (y1 - y0) * (x1 - x0);
+}
+
+void cpu_avgpool2d_forward(void *ctx, float *y, const float *x, int64_t planes, int64_t h, int64_t w,
+                           const struct dev_window *win)
+{
+    (void)ctx;
+    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    ASSERT(oh >= 1 && ow >= 1);
+    for (int64_t p = 0; p < planes; p++) {
+        const float *plane = x + p * h * w;
+        for (int64_t oy = 0; oy < oh; oy++)
+            for (int64_t ox = 0; ox < ow; ox++) {
+                int64_t y0 = oy * win->sh - win->ph, x0 = ox * win->sw - win->pw;
+                const int64_t y1 = y0 + win->kh < h ? y0 + win->kh : h,
+                              x1 = x0 + win->kw < w ? x0 + win->kw : w;
+                y0 = y0 < 0 ? 0 : y0;
+                x0 = x0 < 0 ? 0 : x0;
+                float sum = 0.0f;
+                for (int64_t iy = y0; iy < y1; iy++)
+                    for (int64_t ix = x0; ix < x1; ix++)
+                        sum += plane[iy * w + ix];
+                y[(p * oh + oy) * ow + ox] = sum / (float)avg_divisor(oy, ox, h, w, win);
+            }
+    }
+}
+
+void cpu_avgpool2d_backward(void *ctx, float *dx, const float *dy, int64_t planes, int64_t h, int64_t w,
+                            const struct dev_window *win)
+{
+    (void)ctx;
+    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    ASSERT(oh >= 1 && ow >= 1);
+    memset(dx, 0, (size_t)(planes * h * w) * sizeof(float));
+    for (int64_t p = 0; p < planes; p++) {
+        float *plane = dx + p * h * w;
+        for (int64_t oy = 0; oy < oh; oy++)
+            for (int64_t ox = 0; ox < ow; ox++) {
+                const float g = dy[(p * oh + oy) * ow + ox] / (float)avg_divisor(oy, ox, h, w, win);
+                int64_t y0 = oy * win->sh - win->ph, x0 = ox * win->sw - win->pw;
+                const int64_t y1 = y0 + win->kh < h ? y0 + win->kh : h,
+                              x1 = x0 + win->kw < w ? x0 + win->kw : w;
+                y0 = y0 < 0 ? 0 : y0;
+                x0 = x0 < 0 ? 0 : x0;
+                for (int64_t iy = y0; iy < y1; iy++)
+                    for (int64_t ix = x0; ix < x1; ix++)
+                        plane[iy * w + ix] += g;
+            }
+    }
+}
+
+/* y = x * a + k over channel ch's entries, a = invstd * w, k = b - mean * a (float). */
+static void bn_apply(float *y, const float *x, const float *w, const float *b, int64_t n, int64_t c,
+                     int64_t s, int64_t ch, float mean, float invstd)
+{
+    const float a = invstd * (w ? w[ch] : 1.0f);
+    const float k = (b ? b[ch] : 0.0f) - mean * a;
+    for (int64_t i = 0; i < n; i++) {
+        const float *xr = x + (i * c + ch) * s;
+        float *yr = y + (i * c + ch) * s;
+        for (int64_t j = 0; j < s; j++)
+            yr[j] = xr[j] * a + k;
+    }
+}
+
+void cpu_batchnorm_forward_train(void *ctx, float *y, float *mean, float *invstd, float *running_mean,
+                                 float *running_var, const float *x, const float *w, const float *b,
+                                 int64_t n, int64_t c, int64_t s, double eps, double momentum)
+{
+    (void)ctx;
+    const int64_t m = n * s;
+    for (int64_t ch = 0; ch < c; ch++) {
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < s; j++)
+                sum += (double)x[(i * c + ch) * s + j];
+        const double mu = sum / (double)m;
+        double sq = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < s; j++) {
+                const double d = (double)x[(i * c + ch) * s + j] - mu;
+                sq += d * d;
+            }
+        const double var = sq / (double)m;
+        mean[ch] = (float)mu;
+        invstd[ch] = (float)(1.0 / sqrt(var + eps));
+        if (running_mean)
+            running_mean[ch] = (float)(momentum * mu + (1.0 - momentum) * (double)running_mean[ch]);
+        if (running_var)
+            running_var[ch] =
+                (float)(momentum * (sq / (double)(m - 1)) + (1.0 - momentum) * (double)running_var[ch]);
+        bn_apply(y, x, w, b, n, c, s, ch, mean[ch], invstd[ch]);
+    }
+}
+
+void cpu_batchnorm_forward_eval(void *ctx, float *y, const float *x, const float *w, const float *b,
+                                const float *running_mean, const float *running_var, int64_t n, int64_t c,
+                                int64_t s, double eps)
+{
+    (void)ctx;
+    for (int64_t ch = 0; ch < c; ch++)
+        bn_apply(y, x, w, b, n, c, s, ch, running_mean[ch], 1.0f / sqrtf(running_var[ch] + (float)eps));
+}
+
+void cpu_batchnorm_backward(void *ctx, float *dx, float *dw, float *db, const float *dy, const float *x,
+                            const float *mean, const float *invstd, const float *w, int64_t n, int64_t c,
+                            int64_t s)
+{
+    (void)ctx;
+    const int64_t m = n * s;
+    for (int64_t ch = 0; ch < c; ch++) {
+        const double mu = mean[ch], is = invstd[ch];
+        double sdy = 0.0, dot = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < s; j++) {
+                const int64_t e = (i * c + ch) * s + j;
+                sdy += (double)dy[e];
+                dot += ((double)x[e] - mu) * (double)dy[e];
+            }
+        const double gmean = sdy / (double)m, k = dot * is * is / (double)m;
+        const double scale = is * (w ? (double)w[ch] : 1.0);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < s; j++) {
+                const int64_t e = (i * c + ch) * s + j;
+                dx[e] = (float)(((double)dy[e] - gmean - ((double)x[e] - mu) * k) * scale);
+            }
+        if (dw)
+            dw[ch] += (float)(dot * is);
+        if (db)
+            db[ch] += (float)sdy;
+    }
+}
