@@ -181,6 +181,8 @@ int event_encode(const struct event *ev, char *buf, size_t cap)
         put_fmt(&o, ",\"world_size\":%d,\"device\":", ev->world_size);
         put_str(&o, ev->device, sizeof ev->device);
         put_fmt(&o, ",\"params\":%lld,\"batches\":%lld", (long long)ev->params, (long long)ev->batches);
+        if (ev->activation_bytes > 0) /* a worker before v2 sent none */
+            put_fmt(&o, ",\"activation_bytes\":%lld", (long long)ev->activation_bytes);
         break;
     case EVENT_LOSS:
         put_fmt(&o, ",\"step\":%lld,\"epoch\":%lld", (long long)ev->step, (long long)ev->epoch);
@@ -398,6 +400,9 @@ static ddpd_err decode_fields(json_t *root, struct event *ev, struct ddpd_error 
             rc = get_i64(err, root, "params", &ev->params);
         if (!rc)
             rc = get_i64(err, root, "batches", &ev->batches);
+        /* Optional: start events of workers before v2 lack it. */
+        if (!rc && json_object_get(root, "activation_bytes"))
+            rc = get_i64(err, root, "activation_bytes", &ev->activation_bytes);
         break;
     case EVENT_LOSS:
         rc = get_i64(err, root, "step", &ev->step);

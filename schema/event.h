@@ -36,6 +36,7 @@ struct event {
     int world_size;
     char device[16];
     int64_t params, batches;
+    int64_t activation_bytes; /* the model's activation plan (0: not reported) */
     /* loss, join, checkpoint, done */
     int64_t step;         /* loss/join/checkpoint/eval: optimizer step (from 1) */
     int64_t epoch;        /* loss */

@@ -131,7 +131,7 @@ static char *read_stdin(size_t *len, struct ddpd_error *err)
 static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, struct ddpd_error *err)
 {
     char path[4096];
-    struct param params[2 * SPEC_MAX_LAYERS];
+    struct param params[SPEC_MAX_PARAMS];
     struct safetensors_file *f = NULL;
     ddpd_err rc = data_path_resolve(data_dir, "init.from", spec->init_from, path, sizeof path, err);
     if (rc)
@@ -155,8 +155,9 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
                  p->shape[0], p->shape[1]);
         if (!t) {
             rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
-                                "init.from: %s has no tensor \"%s\" (the model's %s %s of model[%d])",
-                                spec->init_from, p->name, p->ndim == 2 ? "weight" : "bias", want, p->layer);
+                                "init.from: %s has no tensor \"%s\" (the model's %s %s of layer %s)",
+                                spec->init_from, p->name, p->name + strlen(spec->layers[p->layer].key) + 1,
+                                want, spec->layers[p->layer].key);
             break;
         }
         bool same = t->ndim == p->ndim;

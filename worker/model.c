@@ -1,8 +1,9 @@
-/* model.c — an nn.Sequential of linear layers and activations with hand-written backward,
- * computed through the backend table so that it runs on any device. Issues the same
- * products PyTorch's autograd issues for nn.Linear (addmm forward, mm backward), so the
- * numbers agree with it. Knows nothing of data, DDP or the optimizer: backward only
- * reports, through a callback, each parameter whose gradient is complete. */
+/* model.c — the engine of the layer tree: builds the parameters and the activation plan
+ * from the spec's flat preorder tree (schema/spec.h), runs forward and backward through
+ * the layer families of worker/layers/ and the backend table, so it runs on any device.
+ * Residuals are run here: x + inner(x), nested. Knows nothing of data, DDP or the
+ * optimizer: backward only reports, through a callback, each parameter whose gradient is
+ * complete. Every tensor is allocated once, in model_new; a step allocates nothing. */
 #include "model.h"
 
 #include <inttypes.h>
@@ -11,65 +12,97 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "layers/layers.h"
 #include "rng.h"
 #include "../base/check.h"
 
-struct layer {
-    layer_kind kind;
-    int64_t in, out;
-    int w, b; /* param indices of weight and bias; -1 if none */
-    float *y; /* output [max_batch,out] (device) */
-};
+enum { MAX_DEPTH = SPEC_MAX_LAYERS };
 
 struct model {
     struct dev dev;
     int n_layers;
-    struct layer layers[SPEC_MAX_LAYERS];
-    int first_linear; /* backward stops there: nothing before it has parameters */
+    struct spec_layer sl[SPEC_MAX_LAYERS];
+    struct lnode nodes[SPEC_MAX_LAYERS];
+    int first_param; /* the first layer (preorder) with parameters: nothing before needs dx */
     int n_params;
-    struct param params[2 * SPEC_MAX_LAYERS];
+    struct param params[SPEC_MAX_PARAMS];
+    int n_buffers;
+    struct model_buffer buffers[SPEC_MAX_PARAMS];
     int64_t numel, max_batch;
+    int64_t act_floats;  /* outputs, saved tensors, scratch: model_activation_bytes / 4 */
     float *data, *grads; /* all parameters / their own gradients, registration order */
-    float *acts;         /* every layer's output */
-    float *scratch[2];   /* [max_batch,max_width] each: dy ping-pong of backward */
-    const float *x;      /* input of the last forward (borrowed) */
-    int64_t batch;       /* rows of the last forward */
-    /* model_zero_grad only sets this: the next backward then writes gradients instead
-     * of adding to them (gemm beta 0), which gives the same bits as adding to zeros
-     * and saves a pass over every gradient per step. */
+    float *acts;         /* every layer's output and what it keeps for backward */
+    float *work;         /* the layers' shared scratch */
+    float *scratch;      /* backward's dy ping-pong: two buffers per residual depth */
+    int64_t scratch_n;   /* floats of one of them */
+    int depths;
+    const void *x; /* input of the last forward (borrowed) */
+    int64_t batch; /* rows of the last forward */
+    bool training; /* dropout on (default) */
+    bool last_training;
+    uint64_t init_seed, rank;
+    uint64_t forwards; /* dropout's position: counted, or model_set_position's */
+    /* model_zero_grad only sets this: the next backward writes gradients instead of
+     * adding to them (gemm beta 0), which gives the same bits as adding to zeros and
+     * saves a pass over every gradient per step. */
     bool grad_zero;
-    bool training; /* model_set_training; no layer here acts on it yet */
 };
 
-static void add_param(struct model *m, int layer, const char *what, int ndim, int64_t rows, int64_t cols)
+const struct layer_ops *layer_ops_of(layer_kind k)
 {
-    struct param *p = &m->params[m->n_params];
-    snprintf(p->name, sizeof p->name, "%d.%s", layer, what);
-    p->index = m->n_params++;
-    p->layer = layer;
-    p->ndim = ndim;
-    p->shape[0] = rows;
-    p->shape[1] = ndim == 2 ? cols : 0;
-    p->numel = ndim == 2 ? rows * cols : rows;
+    switch (k) {
+    case LAYER_LINEAR: return &layer_linear;
+    case LAYER_RELU:
+    case LAYER_TANH:
+    case LAYER_SIGMOID:
+    case LAYER_GELU:
+    case LAYER_GELU_TANH: return &layer_activation;
+    case LAYER_EMBEDDING: return &layer_embedding;
+    case LAYER_POSITION: return &layer_position;
+    case LAYER_LAYERNORM: return &layer_layernorm;
+    case LAYER_ATTENTION: return &layer_attention;
+    case LAYER_DROPOUT: return &layer_dropout;
+    default: return NULL; /* residual: run here; conv2d, pooling, batchnorm, flatten: issue 18 */
+    }
 }
 
-/* PyTorch's nn.Linear init (kaiming_uniform_ with a = sqrt(5), which works out to
- * U(-1/sqrt(in), 1/sqrt(in)) for the weight, and the same bound for the bias) drawn from
- * ddpd's own generator: one stream seeded with init_seed, consumed layer by layer, the
- * weight [out,in] in row-major order and then the bias [out]. The values differ from
- * PyTorch's (another generator); the distribution is the same, and `init.from` loads
- * PyTorch's exact weights when they matter. */
-static void init_params(struct model *m, uint64_t seed, float *host)
+static int64_t shape_numel(int rank, const int64_t *shape, int64_t fallback)
 {
-    struct rng r;
-    rng_seed(&r, seed);
-    for (int i = 0; i < m->n_params; i++) {
-        const struct param *p = &m->params[i];
-        const double bound = 1.0 / sqrt((double)m->layers[p->layer].in);
-        float *h = host + (p->data - m->data);
-        for (int64_t j = 0; j < p->numel; j++)
-            h[j] = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
+    if (rank < 1)
+        return fallback;
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++)
+        if (__builtin_mul_overflow(n, shape[i], &n))
+            return -1;
+    return n;
+}
+
+/* The layer's parameters, named "<key>.<suffix>", appended to out[*n]. */
+static void layer_params(const struct spec_layer *sl, int index, struct param *out, int *n)
+{
+    const struct layer_ops *ops = layer_ops_of(sl->kind);
+    struct lparam lp[4];
+    int k = ops ? ops->params(sl, lp) : 0;
+    for (int j = 0; j < k; j++) {
+        struct param *p = &out[*n];
+        memset(p, 0, sizeof *p);
+        snprintf(p->name, sizeof p->name, "%s.%s", sl->key[0] ? sl->key : "?", lp[j].suffix);
+        p->index = (*n)++;
+        p->layer = index;
+        p->ndim = lp[j].ndim;
+        p->shape[0] = lp[j].shape[0];
+        p->shape[1] = lp[j].ndim == 2 ? lp[j].shape[1] : 0;
+        p->numel = lp[j].ndim == 2 ? lp[j].shape[0] * lp[j].shape[1] : lp[j].shape[0];
     }
+}
+
+int model_spec_params(const struct spec *spec, struct param *out)
+{
+    ASSERT(spec->n_layers >= 0 && spec->n_layers <= SPEC_MAX_LAYERS);
+    int n = 0;
+    for (int i = 0; i < spec->n_layers; i++)
+        layer_params(&spec->layers[i], i, out, &n);
+    return n;
 }
 
 /* Allocates `n` floats on the device for `what`; a count whose bytes do not fit, or an
@@ -89,9 +122,64 @@ static float *alloc_floats(struct dev dev, int64_t n, const char *what, struct d
     return p;
 }
 
+/* The backend ops a layer needs beyond the v1 set: a backend whose slot is still NULL
+ * cannot run it, which model_new says naming the op and the layer. */
+static const char *missing_op(const struct dev_ops *o, const struct spec_layer *sl)
+{
+    switch (sl->kind) {
+    case LAYER_EMBEDDING:
+        return !o->embedding_forward    ? "embedding_forward"
+               : !o->embedding_backward ? "embedding_backward"
+                                        : NULL;
+    case LAYER_LAYERNORM:
+        return !o->layernorm_forward    ? "layernorm_forward"
+               : !o->layernorm_backward ? "layernorm_backward"
+                                        : NULL;
+    case LAYER_ATTENTION:
+        return !o->gemm_batched           ? "gemm_batched"
+               : !o->softmax_forward      ? "softmax_forward"
+               : !o->softmax_backward     ? "softmax_backward"
+               : !o->heads_split          ? "heads_split"
+               : !o->heads_split_backward ? "heads_split_backward"
+               : !o->heads_merge          ? "heads_merge"
+               : !o->heads_merge_backward ? "heads_merge_backward"
+                                          : NULL;
+    case LAYER_RESIDUAL: return !o->add ? "add" : NULL;
+    case LAYER_DROPOUT:
+        return sl->p <= 0.0 ? NULL : !o->dropout_mask ? "dropout_mask" : !o->mul ? "mul" : NULL;
+    default: return NULL;
+    }
+}
+
+/* The init stream: one generator seeded with init_seed, consumed parameter by parameter
+ * in registration order, each family drawing its own way (linear, qkv, proj: PyTorch's
+ * nn.Linear U(±1/sqrt(in)), weight [out,in] row-major then bias; embedding, position:
+ * N(0,1); layernorm: 1 and 0, no draws). For a v1 MLP this is the stream ddpd has always
+ * drawn. The values differ from PyTorch's (another generator); `init.from` loads
+ * PyTorch's exact weights when they matter. */
+static void init_params(struct model *m, uint64_t seed, float *host)
+{
+    struct rng r;
+    rng_seed(&r, seed);
+    for (int i = 0; i < m->n_params; i++) {
+        const struct param *p = &m->params[i];
+        const struct lnode *n = &m->nodes[p->layer];
+        float *h = host + (p->data - m->data);
+        if (n->ops->init)
+            n->ops->init(n, i - n->p0, h, p->numel, &r);
+    }
+}
+
 struct model *model_new(struct dev dev, const struct spec *spec, int64_t max_batch)
 {
     return model_new_err(dev, spec, max_batch, NULL);
+}
+
+/* a += b * c, saturating into `over`. */
+static void add_mul(int64_t *a, int64_t b, int64_t c, bool *over)
+{
+    int64_t t;
+    *over |= b < 0 || c < 0 || __builtin_mul_overflow(b, c, &t) || __builtin_add_overflow(*a, t, a);
 }
 
 struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max_batch,
@@ -106,40 +194,87 @@ struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max
     }
     ASSERT(spec->n_layers >= 0 && spec->n_layers <= SPEC_MAX_LAYERS);
     m->dev = dev;
-    m->training = true;
     m->n_layers = spec->n_layers;
     m->max_batch = max_batch > 0 ? max_batch : 1;
-    m->first_linear = spec->n_layers;
+    m->first_param = spec->n_layers;
+    m->training = true;
+    m->init_seed = spec->init_seed;
+    memcpy(m->sl, spec->layers, (size_t)spec->n_layers * sizeof m->sl[0]);
 
     /* Every size here comes from the spec: checked, so that a batch or a width near the
      * caps is an allocation that fails, never a product that wraps into a small buffer. */
-    int64_t acts = 0, width = 1, acts_n, scratch_n;
+    int64_t outs = 0, saved = 0, work = 0, widest = 1;
     bool over = false;
-    for (int i = 0; i < spec->n_layers; i++) {
-        const struct spec_layer *sl = &spec->layers[i];
-        struct layer *l = &m->layers[i];
-        l->kind = sl->kind;
-        l->in = sl->in;
-        l->out = sl->out;
-        l->w = l->b = -1;
-        if (sl->kind == LAYER_LINEAR) {
-            if (m->first_linear == spec->n_layers)
-                m->first_linear = i;
-            l->w = m->n_params;
-            add_param(m, i, "weight", 2, sl->out, sl->in);
-            if (sl->bias) {
-                l->b = m->n_params;
-                add_param(m, i, "bias", 1, sl->out, 0);
+    for (int i = 0; i < m->n_layers; i++) {
+        const struct spec_layer *sl = &m->sl[i];
+        struct lnode *n = &m->nodes[i];
+        n->sl = sl;
+        n->index = i;
+        n->depth = sl->parent >= 0 ? m->nodes[sl->parent].depth + 1 : 0;
+        n->ops = layer_ops_of(sl->kind);
+        n->in_numel = shape_numel(sl->in_rank, sl->in_shape, sl->in);
+        n->out_numel = shape_numel(sl->out_rank, sl->out_shape, sl->out);
+        if (!n->ops && sl->kind != LAYER_RESIDUAL) {
+            ddpd_error_set(err, DDPD_ESPEC, "model", "model (layer %s): %s layers are not supported yet",
+                           sl->key, layer_kind_name(sl->kind));
+            goto fail;
+        }
+        const char *op = missing_op(ops, sl);
+        if (op) {
+            ddpd_error_set(err, DDPD_EDEVICE, "model",
+                           "the %s backend has no %s op: it cannot run %s layer %s", ops->name, op,
+                           layer_kind_name(sl->kind), sl->key);
+            goto fail;
+        }
+        over |= n->in_numel < 0 || n->out_numel < 0;
+        n->p0 = m->n_params;
+        if (m->n_params + 4 > SPEC_MAX_PARAMS) {
+            ddpd_error_set(err, DDPD_ESPEC, "model", "model: more than %d parameter tensors",
+                           SPEC_MAX_PARAMS);
+            goto fail;
+        }
+        layer_params(sl, i, m->params, &m->n_params);
+        n->np = m->n_params - n->p0;
+        n->b0 = m->n_buffers;
+        if (n->ops && n->ops->buffers) {
+            struct lparam lb[4];
+            bool i64[4] = {false};
+            const int k = n->ops->buffers(sl, lb, i64);
+            for (int j = 0; j < k && m->n_buffers < SPEC_MAX_PARAMS; j++) {
+                struct model_buffer *b = &m->buffers[m->n_buffers];
+                snprintf(b->name, sizeof b->name, "%s.%s", sl->key, lb[j].suffix);
+                b->index = m->n_buffers++;
+                b->layer = i;
+                b->i64 = i64[j];
+                b->numel = lb[j].ndim == 2 ? lb[j].shape[0] * lb[j].shape[1] : lb[j].shape[0];
             }
         }
-        over |= __builtin_add_overflow(acts, sl->out, &acts);
-        width = sl->in > width ? sl->in : width;
-        width = sl->out > width ? sl->out : width;
+        n->nb = m->n_buffers - n->b0;
+        if (n->np && m->first_param == m->n_layers)
+            m->first_param = i;
+        if (n->depth + 1 > m->depths)
+            m->depths = n->depth + 1;
+        if (over)
+            break;
+        add_mul(&outs, m->max_batch, n->out_numel, &over);
+        if (n->ops) {
+            add_mul(&saved, n->ops->saved(n, m->max_batch), 1, &over);
+            int64_t w = n->ops->work(n, m->max_batch);
+            work = w > work ? w : work;
+        }
+        widest = n->in_numel > widest ? n->in_numel : widest;
+        widest = n->out_numel > widest ? n->out_numel : widest;
     }
     for (int i = 0; i < m->n_params; i++)
         over |= m->params[i].numel < 0 || __builtin_add_overflow(m->numel, m->params[i].numel, &m->numel);
-    over |= __builtin_mul_overflow(m->max_batch, acts ? acts : 1, &acts_n);
-    over |= __builtin_mul_overflow(m->max_batch, width, &scratch_n);
+    int64_t scratch_all = 0;
+    add_mul(&m->scratch_n, m->max_batch, widest, &over);
+    add_mul(&scratch_all, m->scratch_n, 2 * (int64_t)(m->depths ? m->depths : 1), &over);
+    m->act_floats = 0;
+    add_mul(&m->act_floats, outs, 1, &over);
+    add_mul(&m->act_floats, saved, 1, &over);
+    add_mul(&m->act_floats, work, 1, &over);
+    add_mul(&m->act_floats, scratch_all, 1, &over);
     if (over) {
         ddpd_error_set(err, DDPD_EDEVICE, "model",
                        "out of memory: the model's tensors for micro-batches of %" PRId64
@@ -151,9 +286,9 @@ struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max
     const size_t fsz = sizeof(float);
     if (!(m->data = alloc_floats(dev, m->numel, "parameters", err)) ||
         !(m->grads = alloc_floats(dev, m->numel, "gradients", err)) ||
-        !(m->acts = alloc_floats(dev, acts_n, "activations", err)) ||
-        !(m->scratch[0] = alloc_floats(dev, scratch_n, "backward scratch", err)) ||
-        !(m->scratch[1] = alloc_floats(dev, scratch_n, "backward scratch", err)))
+        !(m->acts = alloc_floats(dev, outs + saved, "activations", err)) ||
+        !(m->work = alloc_floats(dev, work, "layers' scratch", err)) ||
+        !(m->scratch = alloc_floats(dev, scratch_all, "backward scratch", err)))
         goto fail;
     host = malloc((size_t)(m->numel ? m->numel : 1) * fsz);
     if (!host) {
@@ -172,11 +307,36 @@ struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max
     }
     off = 0;
     for (int i = 0; i < m->n_layers; i++) {
-        m->layers[i].y = m->acts + off;
-        off += m->max_batch * m->layers[i].out;
+        struct lnode *n = &m->nodes[i];
+        n->y = m->acts + off;
+        off += m->max_batch * n->out_numel;
+    }
+    int64_t soff = outs;
+    for (int i = 0; i < m->n_layers; i++) {
+        struct lnode *n = &m->nodes[i];
+        if (n->ops) {
+            n->save = m->acts + soff;
+            soff += n->ops->saved(n, m->max_batch);
+        }
     }
     init_params(m, spec->init_seed, host);
     ops->to_device(dev.ctx, m->data, host, (size_t)m->numel * fsz);
+    for (int i = 0; i < m->n_buffers; i++) {
+        struct model_buffer *b = &m->buffers[i];
+        const struct lnode *n = &m->nodes[b->layer];
+        const size_t bytes = (size_t)(b->numel > 0 ? b->numel : 1) * 8;
+        void *h = calloc(1, bytes);
+        if (!h || !(b->data = ops->alloc(dev.ctx, bytes))) {
+            free(h);
+            ddpd_error_set(err, DDPD_EDEVICE, "model", "out of memory: cannot allocate the buffer %s",
+                           b->name);
+            goto fail;
+        }
+        if (n->ops->init_buffer)
+            n->ops->init_buffer(n, i - n->b0, h, b->numel);
+        ops->to_device(dev.ctx, b->data, h, (size_t)b->numel * (b->i64 ? 8 : 4));
+        free(h);
+    }
     ops->synchronize(dev.ctx);
     free(host);
     return m;
@@ -186,41 +346,19 @@ fail:
     return NULL;
 }
 
-int model_spec_params(const struct spec *spec, struct param *out)
-{
-    struct model *m = calloc(1, sizeof *m);
-    if (!m)
-        return -1;
-    ASSERT(spec->n_layers >= 0 && spec->n_layers <= SPEC_MAX_LAYERS);
-    for (int i = 0; i < spec->n_layers; i++) {
-        const struct spec_layer *sl = &spec->layers[i];
-        if (sl->kind != LAYER_LINEAR)
-            continue;
-        add_param(m, i, "weight", 2, sl->out, sl->in);
-        if (sl->bias)
-            add_param(m, i, "bias", 1, sl->out, 0);
-    }
-    int n = m->n_params;
-    memcpy(out, m->params, (size_t)n * sizeof *out);
-    free(m);
-    return n;
-}
-
 void model_free(struct model *m)
 {
     if (!m)
         return;
     const struct dev_ops *ops = m->dev.ops;
     void *ctx = m->dev.ctx;
-    if (m->data)
-        ops->free(ctx, m->data);
-    if (m->grads)
-        ops->free(ctx, m->grads);
-    if (m->acts)
-        ops->free(ctx, m->acts);
-    for (int i = 0; i < 2; i++)
-        if (m->scratch[i])
-            ops->free(ctx, m->scratch[i]);
+    float *bufs[] = {m->data, m->grads, m->acts, m->work, m->scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i])
+            ops->free(ctx, bufs[i]);
+    for (int i = 0; i < m->n_buffers; i++)
+        if (m->buffers[i].data)
+            ops->free(ctx, m->buffers[i].data);
     free(m);
 }
 
@@ -236,6 +374,10 @@ int64_t model_numel(const struct model *m)
 {
     return m->numel;
 }
+int64_t model_activation_bytes(const struct model *m)
+{
+    return m->act_floats > INT64_MAX / 4 ? INT64_MAX : m->act_floats * 4;
+}
 
 struct param *model_param(struct model *m, int i)
 {
@@ -243,83 +385,137 @@ struct param *model_param(struct model *m, int i)
     return &m->params[i];
 }
 
-/* Linear: y[B,out] = x[B,in] W[out,in]^T + b. PyTorch's addmm(b, x, W^T) first fills
- * the output with the broadcast bias and then runs sgemm with beta = 1, so the bias
- * joins the sum before the partial products of later k-blocks; doing the same keeps
- * its rounding for any `in`. */
+int model_buffer_count(const struct model *m)
+{
+    return m->n_buffers;
+}
+
+struct model_buffer *model_buffer(struct model *m, int i)
+{
+    ASSERT(i >= 0 && i < m->n_buffers);
+    return &m->buffers[i];
+}
+
 void model_set_training(struct model *m, bool training)
 {
     m->training = training;
 }
 
-const float *model_forward(struct model *m, const float *x, int64_t batch)
+void model_set_rank(struct model *m, int rank)
 {
-    const struct dev_ops *ops = m->dev.ops;
-    void *ctx = m->dev.ctx;
+    m->rank = (uint64_t)rank;
+}
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void model_set_position(struct model *m, int64_t step, int64_t micro)
+{
+    m->forwards = mix64((uint64_t)step) ^ ((uint64_t)micro * 0x9E3779B97F4A7C15ull);
+}
+
+static struct layer_env env_of(struct model *m)
+{
+    struct layer_env e = {
+        .dev = m->dev,
+        .params = m->params,
+        .buffers = m->buffers,
+        .work = m->work,
+        .batch = m->batch,
+        .training = m->last_training,
+        .seed = mix64(mix64(mix64(m->init_seed) ^ m->rank) ^ m->forwards), /* before the count moves on */
+        .grad_write = m->grad_zero,
+    };
+    return e;
+}
+
+/* The layer after i at i's level of the tree (past a residual's inner layers). */
+static int next_layer(const struct model *m, int i)
+{
+    return m->sl[i].end > i ? m->sl[i].end : i + 1;
+}
+
+/* Runs the layers of [begin, end) (one level of the tree) on x; returns the output. */
+static const void *forward_range(struct model *m, const struct layer_env *e, int begin, int end,
+                                 const void *x)
+{
+    for (int i = begin; i < end; i = next_layer(m, i)) {
+        struct lnode *n = &m->nodes[i];
+        if (n->sl->kind == LAYER_RESIDUAL) {
+            const float *inner = forward_range(m, e, i + 1, n->sl->end, x);
+            m->dev.ops->add(m->dev.ctx, n->y, x, inner, e->batch * n->out_numel);
+        } else {
+            n->ops->forward(n, e, x);
+        }
+        x = n->y;
+    }
+    return x;
+}
+
+const float *model_forward(struct model *m, const void *x, int64_t batch)
+{
     ASSERT(batch >= 0 && batch <= m->max_batch);
     m->x = x;
     m->batch = batch;
-    const float *in = x;
-    for (int i = 0; i < m->n_layers; i++) {
-        struct layer *l = &m->layers[i];
-        if (l->kind == LAYER_LINEAR) {
-            float beta = 0.0f;
-            if (l->b >= 0) {
-                ops->fill(ctx, l->y, 0.0f, batch * l->out);
-                ops->add_bias(ctx, l->y, m->params[l->b].data, batch, l->out);
-                beta = 1.0f;
-            }
-            ops->gemm(ctx, false, true, batch, l->out, l->in, 1.0f, in, l->in, m->params[l->w].data, l->in,
-                      beta, l->y, l->out);
-        } else {
-            ops->act_forward(ctx, l->kind, l->y, in, batch * l->out);
-        }
-        in = l->y;
-    }
-    return in;
+    m->last_training = m->training;
+    struct layer_env e = env_of(m);
+    const void *y = forward_range(m, &e, 0, m->n_layers, x);
+    if (m->training)
+        m->forwards++; /* the next forward's masks differ unless a position is set */
+    return y;
 }
 
-/* Reverse walk. For a linear layer the parameter gradients come first (dW += dy^T x as
- * PyTorch's mm_mat2_backward computes it, db += dy summed over rows), are reported
- * (bias, then weight, the order PyTorch's hooks fire in), and only then is dx = dy W
- * computed, so DDP can reduce them while the rest of backward runs. dy alternates
- * between the two scratch buffers; the caller's dy is never written.
- * dW accumulates through gemm's beta = 1 rather than PyTorch's mm-then-add: after
- * zero_grad the two are the same bits; when micro-batches accumulate they differ only
- * if B spans several of OpenBLAS's k-blocks (hundreds of rows), by float rounding. */
+static float *other_scratch(struct model *m, int depth, const float *cur)
+{
+    float *a = m->scratch + (int64_t)2 * depth * m->scratch_n;
+    return cur == a ? a + m->scratch_n : a;
+}
+
+/* Backward of the layers of [begin, end) at `depth` given dy of their output; x is the
+ * input of the range. Returns dx of that input, or NULL where nothing below needs it. */
+static const float *backward_range(struct model *m, const struct layer_env *e, int begin, int end,
+                                   const void *x, const float *dy, int depth)
+{
+    int idx[SPEC_MAX_LAYERS], k = 0; /* a v1 list may hold every layer */
+    for (int i = begin; i < end && k < SPEC_MAX_LAYERS; i = next_layer(m, i))
+        idx[k++] = i;
+    const float *cur = dy;
+    for (int j = k - 1; j >= 0; j--) {
+        struct lnode *n = &m->nodes[idx[j]];
+        if (n->index < m->first_param && n->sl->kind != LAYER_RESIDUAL)
+            return NULL; /* no parameters at or below this layer */
+        const void *in = j ? (const void *)m->nodes[idx[j - 1]].y : x;
+        float *dx = m->first_param < n->index ? other_scratch(m, depth, cur) : NULL;
+        if (n->sl->kind == LAYER_RESIDUAL) {
+            const float *inner = backward_range(m, e, n->index + 1, n->sl->end, in, cur, depth + 1);
+            if (dx && inner)
+                m->dev.ops->add(m->dev.ctx, dx, cur, inner, e->batch * n->in_numel);
+            else if (dx)
+                m->dev.ops->copy(m->dev.ctx, dx, cur, e->batch * n->in_numel);
+        } else {
+            n->ops->backward(n, e, in, cur, dx);
+        }
+        if (!dx)
+            return NULL;
+        cur = dx;
+    }
+    return cur;
+}
+
+/* Reverse walk. Each family computes its parameters' gradients first and reports them
+ * (last registered first, the order PyTorch's hooks fire in), and only then dx, so DDP
+ * can reduce them while the rest of backward runs. dy alternates between two scratch
+ * buffers per residual depth; the caller's dy is never written. */
 void model_backward(struct model *m, const float *dy, model_grad_ready_fn ready, void *ctx)
 {
-    const struct dev_ops *ops = m->dev.ops;
-    void *dctx = m->dev.ctx;
-    const int64_t B = m->batch;
-    const float *cur = dy;
-    for (int i = m->n_layers - 1; i >= m->first_linear; i--) {
-        struct layer *l = &m->layers[i];
-        const float *in = i ? m->layers[i - 1].y : m->x;
-        float *next = cur == m->scratch[0] ? m->scratch[1] : m->scratch[0];
-        if (l->kind == LAYER_LINEAR) {
-            struct param *w = &m->params[l->w];
-            ops->gemm(dctx, true, false, l->out, l->in, B, 1.0f, cur, l->out, in, l->in,
-                      m->grad_zero ? 0.0f : 1.0f, w->grad, l->in);
-            if (l->b >= 0) {
-                struct param *b = &m->params[l->b];
-                if (m->grad_zero)
-                    ops->fill(dctx, b->grad, 0.0f, b->numel);
-                ops->bias_grad(dctx, b->grad, cur, B, l->out);
-                if (ready)
-                    ready(ctx, l->b);
-            }
-            if (ready)
-                ready(ctx, l->w);
-            if (i == m->first_linear)
-                break; /* nothing below needs dx */
-            ops->gemm(dctx, false, false, B, l->in, l->out, 1.0f, cur, l->out, w->data, l->in, 0.0f, next,
-                      l->in);
-        } else {
-            ops->act_backward(dctx, l->kind, next, cur, in, l->y, B * l->out);
-        }
-        cur = next;
-    }
+    struct layer_env e = env_of(m);
+    e.ready = ready;
+    e.ready_ctx = ctx;
+    backward_range(m, &e, 0, m->n_layers, m->x, dy, 0);
     m->grad_zero = false;
 }
 

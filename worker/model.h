@@ -1,6 +1,8 @@
-/* model.h — an nn.Sequential of linear layers and activations with hand-written backward.
- * Parameters are kept in registration order (0.weight, 0.bias, 2.weight, ...) as
- * PyTorch's state_dict names them. Knows the compute backend, nothing of data, DDP or
+/* model.h — the model of a spec's layer tree (CONTRACT.md §2a: linear, activations,
+ * embedding, position, layernorm, attention, residual, dropout) with hand-written
+ * backward, on tensors whose first dimension is the batch. Parameters are kept in
+ * registration order (0.weight, 0.bias, 2.1.qkv.weight, ...) as PyTorch's state_dict
+ * names them. Knows the compute backend, nothing of data, DDP or
  * the optimizer: backward reports each parameter whose gradient is complete through a
  * callback, which is where DDP hooks in. */
 #ifndef DDPD_MODEL_H
@@ -13,9 +15,9 @@
 #include "dev.h"
 
 struct param {
-    char name[32]; /* "0.weight" */
+    char name[64]; /* "0.weight", "2.1.qkv.weight" */
     int index;     /* position in registration order */
-    int layer;     /* index into the spec's model */
+    int layer;     /* index into the spec's layers (the flat preorder list) */
     int ndim;      /* 2 for weights [out,in], 1 for biases [out] */
     int64_t shape[2];
     int64_t numel;
@@ -23,43 +25,77 @@ struct param {
     float *grad; /* device memory; owned by the model unless re-pointed (see below) */
 };
 
+/* A buffer: state a layer keeps that is not trained (BatchNorm's running_mean,
+ * running_var, num_batches_tracked; CONTRACT.md §2a), named like a parameter, saved in
+ * the model file, broadcast by DDP (DDP.md §1.3). Registered in preorder beside the
+ * parameters; no v2 layer of issue 17 has one. */
+struct model_buffer {
+    char name[64]; /* "3.running_mean" */
+    int index;     /* position among the buffers */
+    int layer;     /* index into the spec's layers */
+    bool i64;      /* int64 elements (num_batches_tracked), else float32 */
+    int64_t numel;
+    void *data; /* device memory, owned by the model */
+};
+
 struct model;
 
-/* Builds the model of `spec` on `dev` for micro-batches of at most `max_batch` rows,
- * with parameters from PyTorch's default nn.Linear init distribution (uniform in
- * ±1/sqrt(in) for weight and bias) drawn from spec->init_seed. Gradients start zero.
+/* Builds the model of `spec` on `dev` for micro-batches of at most `max_batch` samples,
+ * with parameters initialised as §2a says (linear, qkv, proj: PyTorch's nn.Linear
+ * U(±1/sqrt(in)); embedding, position: N(0,1); layernorm: 1, 0), drawn from one stream
+ * of spec->init_seed in registration order. Gradients start zero. Every activation a
+ * step needs is allocated here, once (model_activation_bytes says how much).
  * Returns NULL only on out of memory. */
 struct model *model_new(struct dev dev, const struct spec *spec, int64_t max_batch);
 /* The same, saying why it failed: DDPD_EDEVICE (a rank's exit 4) naming the tensor that
- * could not be allocated and its size. Sizes are checked: a max_batch or a width near
- * the caps fails here instead of wrapping into a small buffer. `err` may be NULL. */
+ * could not be allocated and its size, or the backend op (a NULL dev_ops slot) a layer
+ * needs and the layer's key; DDPD_ESPEC for a layer kind this engine cannot run. Sizes are checked: a
+ * max_batch or a width near the caps fails here instead of wrapping into a small buffer. `err` may be NULL.
+ */
 struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max_batch,
                             struct ddpd_error *err);
 void model_free(struct model *m);
 
 /* The parameters model_new would make for `spec` (names, shapes, numel; data and grad
- * NULL), without allocating them: out[] has room for 2 * SPEC_MAX_LAYERS. Returns their
- * count, or -1 when memory ran out. */
+ * NULL), without allocating them: out[] has room for SPEC_MAX_PARAMS. Returns their
+ * count (never negative). */
 int model_spec_params(const struct spec *spec, struct param *out);
 
 struct dev model_dev(const struct model *m);       /* the backend it lives on */
 int model_param_count(const struct model *m);      /* tensors */
 int64_t model_numel(const struct model *m);        /* scalars */
 struct param *model_param(struct model *m, int i); /* borrowed, 0 <= i < count */
+int model_buffer_count(const struct model *m);
+struct model_buffer *model_buffer(struct model *m, int i); /* borrowed, 0 <= i < count */
+/* Bytes of device memory the activation plan holds: every layer's output for max_batch
+ * samples, what layers keep for backward (layernorm's mean/rstd, attention's q, k, v and
+ * probabilities, dropout's masks), their shared scratch and backward's dy buffers. */
+int64_t model_activation_bytes(const struct model *m);
 
-/* Forward pass of x[B,in] (device memory, B <= max_batch). Returns the output
- * [B,out] (borrowed: valid until the next forward). Keeps the activations backward needs. */
-const float *model_forward(struct model *m, const float *x, int64_t batch);
+/* Dropout's masks are drawn from a seed mixed from (init seed, rank, position, layer
+ * index), so that ranks draw different masks and a run is reproducible. The position is
+ * a count of training forwards unless the caller sets it: the training loop sets it to
+ * (optimizer step, micro-batch) before each forward, so a resumed run draws the masks
+ * the uninterrupted run drew. */
+void model_set_rank(struct model *m, int rank);
+void model_set_position(struct model *m, int64_t step, int64_t micro);
+
+/* Forward pass of batch samples x (device memory, batch <= max_batch): float32
+ * [B, input_shape], or int32 ids [B, T] when the model starts with embedding
+ * (spec_input_ids). Returns the output [B, output shape] (borrowed: valid until the
+ * next forward). Keeps the activations backward needs. */
+const float *model_forward(struct model *m, const void *x, int64_t batch);
 
 /* Training mode (the default) or eval mode, as nn.Module.train(training): dropout and
  * BatchNorm act by it. */
 void model_set_training(struct model *m, bool training);
 
 /* Called during backward as soon as param `index`'s gradient for this backward has been
- * accumulated into its ->grad. Fires once per parameter, last layer first. */
+ * accumulated into its ->grad. Fires once per parameter, in reverse registration order
+ * (last layer first; within a layer, last registered first): DDP's bucket order. */
 typedef void (*model_grad_ready_fn)(void *ctx, int index);
 
-/* Backward of the last forward given dy[B,out] = dLoss/dOutput (device memory).
+/* Backward of the last forward given dy = dLoss/dOutput (device memory, its shape).
  * Accumulates (+=) into every param->grad, as autograd does, so micro-batches add up
  * until model_zero_grad. `ready` may be NULL. */
 void model_backward(struct model *m, const float *dy, model_grad_ready_fn ready, void *ctx);

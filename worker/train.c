@@ -115,7 +115,10 @@ struct run {
     struct ddp *ddp;
     bool join;
     bool said_pruned; /* the keep_last note is logged once per run */
-    int64_t in, out, nb, max_nb, total;
+    /* Per sample: in, the input's 4-byte values (float32, or int32 ids for a model that
+     * starts with embedding); tn, the target's values (mse: the output's elements;
+     * cross_entropy: its class ids, 1 or T); out, the output's elements; classes, C. */
+    int64_t in, tn, out, classes, nb, max_nb, total;
     float *hx, *hy, *x, *y, *dpred, *dloss; /* dloss: one loss per micro-batch of a step */
     float *hloss, *hcheck;                  /* hcheck: the step's losses read for on_nonfinite */
     int32_t *hl, *labels;
@@ -197,11 +200,13 @@ static ddpd_err micro_batch(struct run *r, int64_t b, int64_t j, bool sync, int6
     }
     const float *pred = model_forward(r->m, r->x, rows);
     if (r->s->loss == LOSS_CROSS_ENTROPY) {
-        ops->to_device(ctx, r->labels, r->hl, (size_t)rows * sizeof(int32_t));
-        ops->cross_entropy(ctx, pred, r->labels, rows, r->out, r->dpred, r->dloss + j);
+        /* Sequence logits [B,T,C] with targets [B,T]: cross_entropy over B·T rows, the
+         * mean over all positions (CONTRACT.md §2a). */
+        ops->to_device(ctx, r->labels, r->hl, (size_t)(rows * r->tn) * sizeof(int32_t));
+        ops->cross_entropy(ctx, pred, r->labels, rows * r->tn, r->classes, r->dpred, r->dloss + j);
     } else {
-        ops->to_device(ctx, r->y, r->hy, (size_t)(rows * r->out) * sizeof(float));
-        ops->mse(ctx, pred, r->y, rows, r->out, r->dpred, r->dloss + j);
+        ops->to_device(ctx, r->y, r->hy, (size_t)(rows * r->tn) * sizeof(float));
+        ops->mse(ctx, pred, r->y, rows, r->tn, r->dpred, r->dloss + j);
     }
     model_backward(r->m, r->dpred, r->ddp ? ddp_grad_ready : NULL, r->ddp);
     if (r->ddp) {
@@ -403,8 +408,8 @@ static bool eval_due(const struct run *r, int64_t step)
  * the counts stay exact integers however large the eval set. */
 struct eval_sums {
     double loss;     /* sum of the per-element losses */
-    int64_t elems;   /* loss elements: rows (cross_entropy) or rows x outputs (mse) */
-    int64_t correct; /* cross_entropy: rows whose argmax is the label */
+    int64_t elems;   /* loss elements: positions (cross_entropy: rows, or rows x T) or rows x outputs (mse) */
+    int64_t correct; /* cross_entropy: positions whose argmax is the label */
     int64_t samples; /* rows */
 };
 
@@ -436,26 +441,27 @@ static ddpd_err run_eval(struct run *r, int64_t step, bool live, struct ddpd_err
         ops->to_device(ctx, r->x, r->hx, (size_t)(rows * r->in) * sizeof(float));
         const float *pred = model_forward(r->m, r->x, rows);
         float loss;
+        const int64_t positions = rows * r->tn; /* cross_entropy rows: B, or B·T for sequences */
         if (ce) {
-            ops->to_device(ctx, r->labels, r->hl, (size_t)rows * sizeof(int32_t));
-            ops->cross_entropy(ctx, pred, r->labels, rows, r->out, r->dpred, r->eloss);
+            ops->to_device(ctx, r->labels, r->hl, (size_t)positions * sizeof(int32_t));
+            ops->cross_entropy(ctx, pred, r->labels, positions, r->classes, r->dpred, r->eloss);
             ops->to_host(ctx, r->hpred, pred, (size_t)(rows * r->out) * sizeof(float));
-            for (int64_t i = 0; i < rows; i++) {
-                const float *row = r->hpred + i * r->out;
+            for (int64_t i = 0; i < positions; i++) {
+                const float *row = r->hpred + i * r->classes;
                 int64_t best = 0; /* the first maximum, as torch.argmax */
-                for (int64_t j = 1; j < r->out; j++)
+                for (int64_t j = 1; j < r->classes; j++)
                     if (row[j] > row[best] || (isnan(row[j]) && !isnan(row[best])))
                         best = j;
                 mine.correct += best == r->hl[i];
             }
-            mine.elems += rows;
+            mine.elems += positions;
         } else {
             ops->to_device(ctx, r->y, r->hy, (size_t)(rows * r->out) * sizeof(float));
             ops->mse(ctx, pred, r->y, rows, r->out, r->dpred, r->eloss);
             mine.elems += rows * r->out;
         }
         ops->to_host(ctx, &loss, r->eloss, sizeof loss);
-        mine.loss += (double)loss * (double)(ce ? rows : rows * r->out);
+        mine.loss += (double)loss * (double)(ce ? positions : rows * r->out);
         mine.samples += rows;
     }
     model_set_training(r->m, true);
@@ -629,8 +635,13 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     if (!r->ds)
         return err ? err->code : DDPD_EDATA;
     r->nb = dataset_batches(r->ds);
-    r->in = spec_in_width(s);
-    r->out = spec_out_width(s);
+    r->in = spec_sample_numel(s);
+    r->tn = spec_target_numel(s);
+    r->classes = spec_classes(s);
+    if (s->loss != LOSS_CROSS_ENTROPY)
+        r->out = r->tn;
+    else if (__builtin_mul_overflow(r->tn, r->classes, &r->out))
+        r->out = INT64_MAX; /* fails the size check below */
     if ((rc = check_memory(cfg, dataset_rows(r->ds), dataset_rank_file(r->ds), &mem, err)))
         return rc;
     const char *limit_name;
@@ -658,6 +669,7 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     r->m = model_new_err(r->dev, s, rows, err);
     if (!r->m)
         return err ? err->code : DDPD_EDEVICE;
+    model_set_rank(r->m, cfg->rank);
     r->o = optim_new(&s->optim, r->m);
     if (!r->o)
         return ddpd_error_set(err, DDPD_EDEVICE, "optimizer",
@@ -670,8 +682,8 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
         !(r->hy = alloc_tensor(NULL, rows_yn, sizeof(float), "batch targets (host)", err)) ||
         !(r->hl = alloc_tensor(NULL, rows_yn, sizeof(int32_t), "batch labels (host)", err)) ||
         !(r->x = alloc_tensor(dv, rows_in, sizeof(float), "batch inputs", err)) ||
-        !(r->y = alloc_tensor(dv, rows_out, sizeof(float), "batch targets", err)) ||
-        !(r->labels = alloc_tensor(dv, rows, sizeof(int32_t), "batch labels", err)) ||
+        !(r->y = alloc_tensor(dv, rows_yn, sizeof(float), "batch targets", err)) ||
+        !(r->labels = alloc_tensor(dv, rows_yn, sizeof(int32_t), "batch labels", err)) ||
         !(r->dpred = alloc_tensor(dv, rows_out, sizeof(float), "loss gradient", err)) ||
         !(r->dloss = alloc_tensor(dv, kmax, sizeof(float), "micro-batch losses", err)) ||
         !(r->hloss = alloc_tensor(NULL, kmax, sizeof(float), "micro-batch losses (host)", err)) ||
@@ -739,6 +751,7 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     start.world_size = cfg->world_size;
     snprintf(start.device, sizeof start.device, "%s", device_kind_name(s->device));
     start.params = model_numel(r.m);
+    start.activation_bytes = model_activation_bytes(r.m);
     start.batches = r.nb;
     emit_event(&start);
     emit_log("training %" PRId64 " steps: %" PRId64 " parameters, %" PRId64 " samples in %" PRId64
@@ -771,6 +784,7 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
                     goto out;
                 }
                 int64_t rows;
+                model_set_position(r.m, pos.step, j); /* dropout's masks: resumes draw the same */
                 rc = micro_batch(&r, b, j, j == micro - 1, &rows, err);
                 if (rc)
                     goto out;

@@ -369,14 +369,8 @@ def _torch_rank(cfg_path, rank, port):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=W,
                             timeout=datetime.timedelta(seconds=60))
     nn = torch.nn
-    layers = []
-    acts = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "gelu": nn.GELU}
-    for l in cfg["model"]:
-        if l["type"] == "linear":
-            layers.append(nn.Linear(l["in"], l["out"], bias=l.get("bias", True)))
-        else:
-            layers.append(acts[l["type"]]())
-    model = nn.Sequential(*layers).float()
+    from pylib import torch_models
+    model = torch_models.build(cfg["model"])  # §2a's module tree; nn.Sequential for an MLP
     model.load_state_dict({k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in cfg["init"].items()})
     ddp = DDP(model, bucket_cap_mb=cfg["bucket_cap_mb"])
     o = cfg["optimizer"]
@@ -393,15 +387,19 @@ def _torch_rank(cfg_path, rank, port):
     job_steps = cfg["max_steps"] * cfg["epochs"]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _e: schedule_lr(o, gstep[0], job_steps))
     loss_fn = nn.MSELoss() if cfg["loss"] == "mse" else nn.CrossEntropyLoss()
-    X = torch.from_numpy(np.ascontiguousarray(cfg["xs"][rank], dtype=np.float32))
+    ids = torch_models.uses_ids(cfg["model"])
+    X = torch.from_numpy(np.ascontiguousarray(cfg["xs"][rank], dtype=np.int64 if ids else np.float32))
     yv = cfg["ys"][rank]
     if cfg["loss"] == "mse":
         yv = np.asarray(yv, dtype=np.float32)
         if yv.ndim == 1:
             yv = yv[:, None]
     else:
-        yv = np.asarray(yv, dtype=np.int64).reshape(-1)
+        yv = np.asarray(yv, dtype=np.int64)  # [N] classes, or [N, T] for sequence logits
     Y = torch.from_numpy(np.ascontiguousarray(yv))
+    if cfg["loss"] != "mse":  # sequence cross_entropy: the mean over all B·T positions
+        ce = loss_fn
+        loss_fn = lambda out, y: ce(out.reshape(-1, out.shape[-1]), y.reshape(-1))  # noqa: E731
     n, bs, k = len(X), cfg["batch_size"], cfg["grad_accum"]
     nb = n // bs if cfg["drop_last"] else -(-n // bs)
     batches = [(b * bs, min(n, (b + 1) * bs)) for b in range(nb)]

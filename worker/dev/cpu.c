@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "../dev.h"
+#include "../rng_hash.h"
 #include "cpu_conv.h"
 #include "../../base/alloc.h"
 #include "../../base/check.h"
@@ -38,6 +39,13 @@ void openblas_set_num_threads(int num_threads);
 #define FMA_TARGET
 #endif
 #define ALWAYS_INLINE inline __attribute__((always_inline))
+/* Comparisons that cannot trap, so that a clamp in a loop becomes a vector select (the
+ * results are the same: no code here reads the floating-point exception flags). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_TRAP __attribute__((optimize("no-trapping-math")))
+#else
+#define NO_TRAP
+#endif
 
 struct cpu {
     bool has_fma; /* the CPU can run the *_fused kernels */
@@ -243,10 +251,79 @@ static void cpu_bias_grad(void *ctx, float *restrict db, const float *restrict d
 /* PyTorch's GELU constants, computed in double and rounded to float as its kernel does. */
 #define GELU_ALPHA ((float)M_SQRT1_2)
 #define GELU_BETA  ((float)(M_2_SQRTPI * M_SQRT1_2 * 0.5))
+/* approximate='tanh': kBeta = sqrt(2) * (2/sqrt(pi)) * 0.5 and kKappa, as floats. */
+#define GELU_TANH_BETA  ((float)(M_SQRT2 * M_2_SQRTPI * 0.5))
+#define GELU_TANH_KAPPA 0.044715f
+
+/* e^x without a call, so that loops over it vectorize: Cody-Waite reduction x = k ln2 + r
+ * (k rounded to nearest by the 1.5 * 2^23 trick), Cephes' degree-6 polynomial for e^r
+ * (about 1 ulp), 2^k built in the exponent bits. x is clamped to [-87.3, 88.3], where e^x
+ * is a normal float; NaN stays NaN. */
+static ALWAYS_INLINE NO_TRAP float exp_poly(float x)
+{
+    float c = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
+    c = x == x ? c : 0.0f; /* k must be a number whatever x is; NaN is put back below */
+    const float k = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float r = (c - k * 0.693359375f) - k * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    union {
+        int32_t i;
+        float f;
+    } scale = {.i = ((int32_t)k + 127) * (1 << 23)};
+    return x == x ? p * scale.f : x;
+}
+
+/* gelu with approximate='tanh', y = 0.5 x (1 + tanh(u)), u = beta (x + kappa x^3), as
+ * x * s with s = 0.5 (1 + tanh(u)) = 1 / (1 + e^(-2u)): the same function without tanh's
+ * cancellation near -1, in a loop that vectorizes (tanhf does not; PyTorch's kernel
+ * runs Sleef's vector tanh, within an ulp of tanhf). Backward, PyTorch's terms in s:
+ * left' = 0.5 (1 + t) = s and 0.5 x (1 - t^2) u' = 2 x s (1 - s) u'. */
+static ALWAYS_INLINE NO_TRAP void gelu_tanh_forward(float *restrict y, const float *restrict x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float u = GELU_TANH_BETA * (x[i] + GELU_TANH_KAPPA * (x[i] * x[i] * x[i]));
+        y[i] = x[i] / (1.0f + exp_poly(-2.0f * u));
+    }
+}
+
+static ALWAYS_INLINE NO_TRAP void gelu_tanh_backward(float *restrict dx, const float *restrict dy,
+                                                     const float *restrict x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float x_sq = x[i] * x[i];
+        const float u = GELU_TANH_BETA * (x[i] + GELU_TANH_KAPPA * (x_sq * x[i]));
+        const float s = 1.0f / (1.0f + exp_poly(-2.0f * u));
+        const float du = GELU_TANH_BETA * (1.0f + 3.0f * GELU_TANH_KAPPA * x_sq);
+        dx[i] = dy[i] * (s + 2.0f * x[i] * s * (1.0f - s) * du);
+    }
+}
+
+static NO_TRAP void gelu_tanh_forward_plain(float *y, const float *x, int64_t n)
+{
+    gelu_tanh_forward(y, x, n);
+}
+static FMA_TARGET NO_TRAP void gelu_tanh_forward_fused(float *y, const float *x, int64_t n)
+{
+    gelu_tanh_forward(y, x, n);
+}
+static NO_TRAP void gelu_tanh_backward_plain(float *dx, const float *dy, const float *x, int64_t n)
+{
+    gelu_tanh_backward(dx, dy, x, n);
+}
+static FMA_TARGET NO_TRAP void gelu_tanh_backward_fused(float *dx, const float *dy, const float *x, int64_t n)
+{
+    gelu_tanh_backward(dx, dy, x, n);
+}
 
 static void cpu_act_forward(void *ctx, layer_kind k, float *restrict y, const float *restrict x, int64_t n)
 {
-    (void)ctx;
+    const struct cpu *c = ctx;
     switch (k) {
     case LAYER_RELU:
         /* clamp_min(x, 0): NaN and -0 pass through, as in PyTorch. */
@@ -265,6 +342,7 @@ static void cpu_act_forward(void *ctx, layer_kind k, float *restrict y, const fl
         for (int64_t i = 0; i < n; i++)
             y[i] = x[i] * 0.5f * (1.0f + erff(x[i] * GELU_ALPHA));
         break;
+    case LAYER_GELU_TANH: (c->fused ? gelu_tanh_forward_fused : gelu_tanh_forward_plain)(y, x, n); break;
     default: ASSERT(!"act_forward on a layer that is not an activation");
     }
 }
@@ -319,6 +397,9 @@ static void cpu_act_backward(void *ctx, layer_kind k, float *restrict dx, const 
             dx[i] = dy[i] * (1.0f - y[i]) * y[i];
         break;
     case LAYER_GELU: (c->fused ? gelu_backward_fused : gelu_backward_plain)(dx, dy, x, n); break;
+    case LAYER_GELU_TANH:
+        (c->fused ? gelu_tanh_backward_fused : gelu_tanh_backward_plain)(dx, dy, x, n);
+        break;
     default: ASSERT(!"act_backward on a layer that is not an activation");
     }
 }
@@ -560,6 +641,216 @@ static void cpu_scale_copy(void *ctx, float *restrict dst, const float *restrict
         dst[i] = src[i] * a;
 }
 
+/* ---- v2 ops (CONTRACT.md §2a) ---- */
+
+static void cpu_gemm_batched(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                             float alpha, const float *a, int64_t lda, int64_t stride_a, const float *b,
+                             int64_t ldb, int64_t stride_b, float beta, float *c, int64_t ldc,
+                             int64_t stride_c, int64_t batch)
+{
+    /* One sgemm per batch item (per (batch, head) in attention), as PyTorch's bmm on the
+     * CPU does with MKL/OpenBLAS absent a batched BLAS. */
+    for (int64_t i = 0; i < batch; i++)
+        cpu_gemm(ctx, trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
+                 c + i * stride_c, ldc);
+}
+
+static void cpu_embedding_forward(void *ctx, float *restrict y, const float *restrict w,
+                                  const int32_t *restrict ids, int64_t n, int64_t dim)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++)
+        memcpy(y + i * dim, w + (int64_t)ids[i] * dim, (size_t)dim * sizeof(float));
+}
+
+static void cpu_embedding_backward(void *ctx, float *restrict dw, const float *restrict dy,
+                                   const int32_t *restrict ids, int64_t n, int64_t dim)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++) {
+        float *restrict row = dw + (int64_t)ids[i] * dim;
+        const float *restrict g = dy + i * dim;
+        for (int64_t j = 0; j < dim; j++)
+            row[j] += g[j];
+    }
+}
+
+/* PyTorch's LayerNormKernelImpl: mean and biased variance of the row (here summed in
+ * double, then rounded once), rstd = 1 / sqrt(max(var, 0) + eps), and
+ * y = (x * rstd + (-rstd * mean)) * w + b. */
+static void cpu_layernorm_forward(void *ctx, float *restrict y, float *restrict mean, float *restrict rstd,
+                                  const float *restrict x, const float *restrict w, const float *restrict b,
+                                  int64_t rows, int64_t dim, float eps)
+{
+    (void)ctx;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *restrict xr = x + r * dim;
+        float *restrict yr = y + r * dim;
+        double s = 0.0;
+        for (int64_t j = 0; j < dim; j++)
+            s += xr[j];
+        const double mu = s / (double)dim;
+        double v = 0.0;
+        for (int64_t j = 0; j < dim; j++)
+            v += ((double)xr[j] - mu) * ((double)xr[j] - mu);
+        const float fm = (float)mu, fv = (float)(v / (double)dim);
+        const float rs = 1.0f / sqrtf((fv > 0.0f ? fv : 0.0f) + eps);
+        const float bias = -rs * fm;
+        for (int64_t j = 0; j < dim; j++) {
+            const float t = xr[j] * rs + bias;
+            yr[j] = b ? t * w[j] + b[j] : t * w[j];
+        }
+        mean[r] = fm;
+        rstd[r] = rs;
+    }
+}
+
+/* LayerNormBackwardKernelImplInternal: ds = sum(dy w x), db = sum(dy w);
+ * b' = (db mean - ds) rstd^3 / N, c' = -b' mean - db rstd / N; dx = rstd dy w + b' x + c'.
+ * dw += dy (x - mean) rstd, db += dy. */
+static void cpu_layernorm_backward(void *ctx, float *restrict dx, float *restrict dw, float *restrict db,
+                                   const float *restrict dy, const float *restrict x,
+                                   const float *restrict mean, const float *restrict rstd,
+                                   const float *restrict w, int64_t rows, int64_t dim)
+{
+    (void)ctx;
+    const float scale = 1.0f / (float)dim;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *restrict xr = x + r * dim, *restrict gr = dy + r * dim;
+        float *restrict dxr = dx + r * dim;
+        const float mu = mean[r], rs = rstd[r];
+        float ds = 0.0f, dbs = 0.0f;
+        for (int64_t j = 0; j < dim; j++) {
+            ds += gr[j] * w[j] * xr[j];
+            dbs += gr[j] * w[j];
+        }
+        const float a = rs;
+        const float bb = (dbs * mu - ds) * a * a * a * scale;
+        const float c = -bb * mu - dbs * a * scale;
+        for (int64_t j = 0; j < dim; j++)
+            dxr[j] = a * gr[j] * w[j] + bb * xr[j] + c;
+        for (int64_t j = 0; j < dim; j++)
+            dw[j] += gr[j] * (xr[j] - mu) * rs;
+        if (db)
+            for (int64_t j = 0; j < dim; j++)
+                db[j] += gr[j];
+    }
+}
+
+/* One pass per row: scale (the `/ sqrt(hd)` PyTorch applies to the scores), the causal
+ * mask, the max, exp(x - max) and its sum, then y *= 1/sum as _vec_softmax_lastdim does. */
+static void cpu_softmax_forward(void *ctx, float *restrict y, const float *restrict x, int64_t rows,
+                                int64_t n, float scale, bool causal)
+{
+    (void)ctx;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *restrict xr = x + r * n;
+        float *restrict yr = y + r * n;
+        const int64_t len = causal ? r % n + 1 : n;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < len; j++) {
+            yr[j] = xr[j] * scale;
+            mx = yr[j] > mx ? yr[j] : mx;
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < len; j++) {
+            yr[j] = expf(yr[j] - mx);
+            sum += yr[j];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j < len; j++)
+            yr[j] *= inv;
+        for (int64_t j = len; j < n; j++)
+            yr[j] = 0.0f;
+    }
+}
+
+static void cpu_softmax_backward(void *ctx, float *restrict dx, const float *restrict dy,
+                                 const float *restrict y, int64_t rows, int64_t n, float scale)
+{
+    (void)ctx;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *restrict gr = dy + r * n, *restrict yr = y + r * n;
+        float *restrict dxr = dx + r * n;
+        float dot = 0.0f;
+        for (int64_t j = 0; j < n; j++)
+            dot += gr[j] * yr[j];
+        for (int64_t j = 0; j < n; j++)
+            dxr[j] = yr[j] * (gr[j] - dot) * scale;
+    }
+}
+
+/* qkv [b,t,3,h,hd] <-> q, k, v [b,h,t,hd]. */
+static void cpu_heads_split(void *ctx, float *q, float *k, float *v, const float *qkv, int64_t b, int64_t t,
+                            int64_t h, int64_t hd)
+{
+    (void)ctx;
+    float *out[3] = {q, k, v};
+    for (int64_t i = 0; i < b; i++)
+        for (int64_t s = 0; s < t; s++)
+            for (int w = 0; w < 3; w++)
+                for (int64_t j = 0; j < h; j++)
+                    memcpy(out[w] + ((i * h + j) * t + s) * hd, qkv + (((i * t + s) * 3 + w) * h + j) * hd,
+                           (size_t)hd * sizeof(float));
+}
+
+static void cpu_heads_split_backward(void *ctx, float *dqkv, const float *dq, const float *dk,
+                                     const float *dv, int64_t b, int64_t t, int64_t h, int64_t hd)
+{
+    (void)ctx;
+    const float *in[3] = {dq, dk, dv};
+    for (int64_t i = 0; i < b; i++)
+        for (int64_t s = 0; s < t; s++)
+            for (int w = 0; w < 3; w++)
+                for (int64_t j = 0; j < h; j++)
+                    memcpy(dqkv + (((i * t + s) * 3 + w) * h + j) * hd, in[w] + ((i * h + j) * t + s) * hd,
+                           (size_t)hd * sizeof(float));
+}
+
+/* yh [b,h,t,hd] -> y [b,t,h,hd], and back for the gradient. */
+static void cpu_heads_merge(void *ctx, float *y, const float *yh, int64_t b, int64_t t, int64_t h, int64_t hd)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < b; i++)
+        for (int64_t j = 0; j < h; j++)
+            for (int64_t s = 0; s < t; s++)
+                memcpy(y + ((i * t + s) * h + j) * hd, yh + ((i * h + j) * t + s) * hd,
+                       (size_t)hd * sizeof(float));
+}
+
+static void cpu_heads_merge_backward(void *ctx, float *dyh, const float *dy, int64_t b, int64_t t, int64_t h,
+                                     int64_t hd)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < b; i++)
+        for (int64_t j = 0; j < h; j++)
+            for (int64_t s = 0; s < t; s++)
+                memcpy(dyh + ((i * h + j) * t + s) * hd, dy + ((i * t + s) * h + j) * hd,
+                       (size_t)hd * sizeof(float));
+}
+
+static void cpu_add(void *ctx, float *y, const float *a, const float *b, int64_t n)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = a[i] + b[i];
+}
+
+static void cpu_mul(void *ctx, float *y, const float *a, const float *b, int64_t n)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = a[i] * b[i];
+}
+
+static void cpu_dropout_mask(void *ctx, float *restrict mask, int64_t n, float p, uint64_t seed)
+{
+    (void)ctx;
+    const float keep = 1.0f / (1.0f - p);
+    for (int64_t i = 0; i < n; i++)
+        mask[i] = rng_hash_uniform(seed, (uint64_t)i) >= p ? keep : 0.0f;
+}
+
 static double cpu_sumsq(void *ctx, const float *x, int64_t n)
 {
     (void)ctx;
@@ -589,6 +880,20 @@ static const struct dev_ops cpu_ops = {
     .copy = cpu_copy,
     .scale = cpu_scale,
     .scale_copy = cpu_scale_copy,
+    .gemm_batched = cpu_gemm_batched,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .softmax_forward = cpu_softmax_forward,
+    .softmax_backward = cpu_softmax_backward,
+    .heads_split = cpu_heads_split,
+    .heads_split_backward = cpu_heads_split_backward,
+    .heads_merge = cpu_heads_merge,
+    .heads_merge_backward = cpu_heads_merge_backward,
+    .add = cpu_add,
+    .mul = cpu_mul,
+    .dropout_mask = cpu_dropout_mask,
     .sumsq = cpu_sumsq,
     /* The conv-net ops: dev/cpu_conv.c. */
     .im2col = cpu_im2col,

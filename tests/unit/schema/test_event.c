@@ -44,6 +44,17 @@ static void test_exact_text(void)
     encode(&ev);
     CHECK_EQ_STR(line, "{\"event\":\"start\",\"rank\":0,\"world_size\":2,\"device\":\"cpu\","
                        "\"params\":55,\"batches\":1000,\"ts\":1764680000.123000}");
+    ev.activation_bytes = 123456;
+    encode(&ev);
+    CHECK_EQ_STR(line,
+                 "{\"event\":\"start\",\"rank\":0,\"world_size\":2,\"device\":\"cpu\","
+                 "\"params\":55,\"batches\":1000,\"activation_bytes\":123456,\"ts\":1764680000.123000}");
+    {
+        struct event back;
+        struct ddpd_error e = {0};
+        CHECK_EQ_INT(event_decode(line, strlen(line), &back, &e), DDPD_OK);
+        CHECK_EQ_INT(back.activation_bytes, 123456);
+    }
 
     ev = (struct event){.kind = EVENT_LOSS,
                         .rank = 0,

@@ -1,0 +1,86 @@
+"""torch_models.py — the PyTorch module tree of a ddpd `model` list (CONTRACT.md §2a), the
+reference the parity tests train: nn.Sequential of the layers, `residual` an
+nn.Sequential subclass whose forward returns x + super().forward(x), `attention` a module
+with children `qkv` and `proj` (nanoGPT's CausalSelfAttention without dropout), `position`
+a module with a `weight` [max, dim] added over the positions. Its state_dict keys are the
+ones ddpd writes ("2.1.qkv.weight")."""
+import math
+
+
+def build(model):
+    """nn.Sequential for a §2a model list (torch imported here, in the caller's process)."""
+    import torch
+    from torch import nn
+
+    class Residual(nn.Sequential):
+        def forward(self, x):
+            return x + super().forward(x)
+
+    class Position(nn.Module):
+        def __init__(self, max_t, dim):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(max_t, dim))
+
+        def forward(self, x):
+            return x + self.weight[: x.shape[-2]]
+
+    class Attention(nn.Module):
+        def __init__(self, dim, heads, causal=True, bias=True):
+            super().__init__()
+            self.dim, self.heads, self.causal = dim, heads, causal
+            self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+            self.proj = nn.Linear(dim, dim, bias=bias)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            h = self.heads
+            q, k, v = self.qkv(x).split(C, dim=2)
+            q = q.view(B, T, h, C // h).transpose(1, 2)
+            k = k.view(B, T, h, C // h).transpose(1, 2)
+            v = v.view(B, T, h, C // h).transpose(1, 2)
+            a = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            if self.causal:
+                mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+                a = a.masked_fill(~mask, float("-inf"))
+            y = torch.softmax(a, dim=-1) @ v
+            y = y.transpose(1, 2).contiguous().view(B, T, C)
+            return self.proj(y)
+
+    def one(l):
+        t = l["type"]
+        if t == "linear":
+            return nn.Linear(l["in"], l["out"], bias=l.get("bias", True))
+        if t == "relu":
+            return nn.ReLU()
+        if t == "tanh":
+            return nn.Tanh()
+        if t == "sigmoid":
+            return nn.Sigmoid()
+        if t == "gelu":
+            return nn.GELU(approximate=l.get("approximate", "none"))
+        if t == "embedding":
+            return nn.Embedding(l["num"], l["dim"])
+        if t == "position":
+            return Position(l["max"], l["dim"])
+        if t == "layernorm":
+            return nn.LayerNorm(l["dim"], eps=l.get("eps", 1e-5), elementwise_affine=True)
+        if t == "attention":
+            return Attention(l["dim"], l["heads"], l.get("causal", True), l.get("bias", True))
+        if t == "residual":
+            return Residual(*[one(i) for i in l["layers"]])
+        if t == "dropout":
+            return nn.Dropout(l["p"])
+        raise ValueError(f"no PyTorch module for layer type {t!r}")
+
+    return nn.Sequential(*[one(l) for l in model]).float()
+
+
+def init_state(model, seed):
+    """A state_dict (name -> float32 numpy array) of the tree with torch's init of `seed`."""
+    import torch
+    torch.manual_seed(seed)
+    return {k: v.detach().numpy().copy() for k, v in build(model).state_dict().items()}
+
+
+def uses_ids(model):
+    return bool(model) and model[0]["type"] == "embedding"
