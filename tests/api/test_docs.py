@@ -7,14 +7,18 @@ source file is in docs/architecture.md; the README and the dashboard link the do
 longer send readers to CONTRACT.md or DESIGN.md. The lists are read from the C source, so a
 key added to the code without its line in the docs fails here, naming it.
 
-Each check returns what is missing, and test_checks_can_fail removes one item of each kind
+The examples of spec.md go through the real validator and planner (`ddpd-worker --plan`)
+on data files of their shapes, and api.md's curl examples must name routes and query
+parameters that exist. Each check returns what is missing, and test_checks_can_fail removes one item of each kind
 from a copy of the docs to show the check then names it."""
 import json
 import re
+import subprocess
 
+import numpy as np
 import pytest
 
-from pylib.common import REPO
+from pylib.common import REPO, bin_dir
 
 DOCS = REPO / "docs"
 
@@ -223,9 +227,8 @@ def test_every_spec_key_and_value_the_validator_accepts_is_in_spec_md():
 
 
 def test_spec_md_examples_are_whole_specs_of_known_keys():
-    spec_md = (DOCS / "spec.md").read_text(encoding="utf-8")
     top = set(spec_lists()[0]["top"])
-    whole = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", spec_md, re.S) if b.lstrip().startswith("{")]
+    whole = spec_examples()
     assert len(whole) >= 3, "an example per model family"
     kinds = set()
     for spec in whole:
@@ -237,6 +240,39 @@ def test_spec_md_examples_are_whole_specs_of_known_keys():
             kinds.add(layer["type"])
             todo += layer.get("layers", [])
     assert {"linear", "attention", "embedding", "conv2d"} <= kinds, kinds
+
+
+def spec_examples():
+    spec_md = (DOCS / "spec.md").read_text(encoding="utf-8")
+    return [json.loads(b) for b in re.findall(r"```json\n(.*?)```", spec_md, re.S) if b.lstrip().startswith("{")]
+
+
+def test_spec_md_examples_pass_the_validator_and_the_planner_on_data_of_their_shape(work):
+    """Each example as the server checks a submission: `ddpd-worker --plan` parses it with
+    the validator (every shape inferred) and reads data files of the shapes it names."""
+    b = bin_dir()
+    if b is None:
+        pytest.skip("ddpd and ddpd-worker are not built (DDPD_BIN)")
+    data = work / "data"
+    rng = np.random.default_rng(0)
+    for sub, n in (("train", 96), ("val", 40)):
+        (data / sub).mkdir(parents=True)
+        np.save(data / sub / "x.npy", rng.standard_normal((n, 20), dtype=np.float32))
+        np.save(data / sub / "y.npy", rng.integers(0, 4, n, dtype=np.int64))
+    (data / "digits").mkdir()
+    np.save(data / "digits" / "x.npy", rng.standard_normal((256, 1, 8, 8), dtype=np.float32))
+    np.save(data / "digits" / "y.npy", rng.integers(0, 10, 256, dtype=np.int64))
+    for name, n in (("train.bin", 64 * 50 + 1), ("eval.bin", 64 * 10 + 1)):
+        rng.integers(0, 256, n, dtype=np.uint16).astype("<u2").tofile(data / name)
+    examples = spec_examples()
+    lines = "".join(json.dumps({"world_size": s.get("world_size", 1), "spec": s, "data_dir": str(data),
+                                "max_rank_memory": 0}) + "\n" for s in examples)
+    p = subprocess.run([str(b / "ddpd-worker"), "--plan"], input=lines, capture_output=True, text=True,
+                       timeout=120)
+    answers = [json.loads(ln) for ln in p.stdout.splitlines() if ln.strip()]
+    assert len(answers) == len(examples), (p.stdout, p.stderr)
+    for spec, ans in zip(examples, answers):
+        assert isinstance(ans.get("batches"), list) and all(n > 0 for n in ans["batches"]), (spec.get("name"), ans)
 
 
 def test_every_event_key_and_error_kind_is_in_events_md():
