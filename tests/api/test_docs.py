@@ -123,9 +123,17 @@ def missing_routes(api_md):
     return miss
 
 
+def job_fields():
+    """The fields of a job object (api.c's job_json, and the spec job_text adds)."""
+    src = read("server/api.c")
+    body = re.search(r"static json_t \*job_json\(.*?\n\}", src, re.S).group(0)
+    return set(re.findall(r'json_object_set_new\(\w+, "(\w+)"', body)) | {"spec"}
+
+
 def missing_api_words(api_md):
     codes, _ = error_codes()
-    miss = [f"query parameter {q}" for q in sorted(query_params()) if not backticked(api_md, q)]
+    miss = [f"job field {f}" for f in sorted(job_fields()) if not re.search(r"`" + f + r"`", api_md)]
+    miss += [f"query parameter {q}" for q in sorted(query_params()) if not backticked(api_md, q)]
     miss += [f"error code {c}" for c in sorted(codes) if f"`{c}`" not in api_md]
     miss += [f"metric {m}" for m in sorted(metric_names()) if not re.search(r"`" + m + r"[`{]", api_md)]
     return miss
@@ -326,6 +334,7 @@ def drop(text, pattern):
     ("api.md", r"`GET /v1/jobs/\{id\}/logs`", missing_routes, "GET /v1/jobs/{id}/logs"),
     ("api.md", r"`tail`", missing_api_words, "query parameter tail"),
     ("api.md", r"`conflict`", missing_api_words, "error code conflict"),
+    ("api.md", r"`restart_history`", missing_api_words, "job field restart_history"),
     ("api.md", r"`ddpd_events_committed_total", missing_api_words, "metric ddpd_events_committed_total"),
     ("spec.md", r"`(ddp\.)?timeout_s`", missing_spec_keys, "ddp_keys: timeout_s"),
     ("spec.md", r'"cosine"', missing_spec_keys, 'sched_names: "cosine"'),
