@@ -76,18 +76,24 @@ def leftovers(n):
                 continue
             if comm in ("unshare",) and "sleep infinity" in cmd:
                 continue
-            left.append(f"host {i}: pid {pid} {cmd.strip()}")
+            left.append((pid, f"host {i}: pid {pid} {cmd.strip()}"))
     return left
 
 
 def wait_no_leftovers(n, timeout=20.0):
-    """Bounded wait until no process but the host inits is on any host; returns what is left."""
+    """Bounded wait until no process but the host inits is on any host; returns what was
+    left (and kills it, so that one test's leftovers do not fail the next)."""
     deadline = time.monotonic() + timeout
     left = leftovers(n)
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
         left = leftovers(n)
-    return left
+    for pid, _ in left:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    return [what for _, what in left]
 
 
 def down():
