@@ -59,7 +59,10 @@ while [ "$i" -le "$n" ]; do
     pidf=$dir/h$i.pid
     pid=$(cat "$pidf" 2>/dev/null || true)
     if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null || [ "$(ip netns identify "$pid" 2>/dev/null)" != "$ns" ]; then
-        ip netns exec "$ns" unshare --pid --fork --mount-proc --kill-child sleep infinity </dev/null >/dev/null 2>&1 &
+        # nsenter, not ip netns exec: the host keeps this machine's /sys (with its cgroup
+        # mounts, which slurmd needs) instead of a sysfs remounted for the namespace.
+        nsenter --net="/run/netns/$ns" unshare --pid --fork --mount-proc --kill-child sleep infinity \
+            </dev/null >/dev/null 2>&1 &
         up=$!
         # The init is unshare's child; find it (bounded: 500 x 10 ms).
         pid=
@@ -72,7 +75,7 @@ while [ "$i" -le "$n" ]; do
             [ -n "$pid" ] || sleep 0.01
             k=$((k + 1))
         done
-        # The unshare wrapper itself may have forked ip netns exec's child: find sleep.
+        # Should the pid found be a wrapper, its child is the init.
         if [ -n "$pid" ] && [ "$(cat /proc/"$pid"/comm 2>/dev/null)" != sleep ]; then
             c=$(cat "/proc/$pid/task/$pid/children" 2>/dev/null | awk '{print $1}')
             [ -n "$c" ] && pid=$c
