@@ -40,6 +40,14 @@ for f in /proc/sys/net/bridge/bridge-nf-call-iptables /proc/sys/net/bridge/bridg
     [ -w "$f" ] && echo 0 >"$f" 2>/dev/null || true
 done
 
+init='import os, time
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        time.sleep(0.5)
+    except InterruptedError:
+        pass'
 i=1
 while [ "$i" -le "$n" ]; do
     ns=ddpd-h$i
@@ -61,8 +69,10 @@ while [ "$i" -le "$n" ]; do
     if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null || [ "$(ip netns identify "$pid" 2>/dev/null)" != "$ns" ]; then
         # nsenter, not ip netns exec: the host keeps this machine's /sys (with its cgroup
         # mounts, which slurmd needs) instead of a sysfs remounted for the namespace.
-        nsenter --net="/run/netns/$ns" unshare --pid --fork --mount-proc --kill-child sleep infinity \
-            </dev/null >/dev/null 2>&1 &
+        # The init reaps every orphan of the host (a daemon's parent that exits, like
+        # slurmd's), as a real init does: a zombie would still look like a process.
+        nsenter --net="/run/netns/$ns" unshare --pid --fork --mount-proc --kill-child \
+            /usr/bin/python3 -c "$init" ddpd-host-init </dev/null >/dev/null 2>&1 &
         up=$!
         # The init is unshare's child; find it (bounded: 500 x 10 ms).
         pid=
@@ -76,7 +86,7 @@ while [ "$i" -le "$n" ]; do
             k=$((k + 1))
         done
         # Should the pid found be a wrapper, its child is the init.
-        if [ -n "$pid" ] && [ "$(cat /proc/"$pid"/comm 2>/dev/null)" != sleep ]; then
+        if [ -n "$pid" ] && [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = unshare ]; then
             c=$(cat "/proc/$pid/task/$pid/children" 2>/dev/null | awk '{print $1}')
             [ -n "$c" ] && pid=$c
         fi

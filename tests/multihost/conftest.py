@@ -6,6 +6,7 @@ import pytest
 
 import hostlib
 from pylib.common import folder_for_test, install_skip_code
+from pylib.server import make_server  # noqa: F401 (fixture)
 
 NHOSTS = 4
 

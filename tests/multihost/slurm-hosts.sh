@@ -9,6 +9,7 @@
 #   slurm-hosts.sh slurmd DIR I  (re)starts host I's slurmd and resumes its node
 #   slurm-hosts.sh down DIR      cancels the jobs, stops the daemons (pid files only)
 #
+# Functions use their own variable names (sh has no locals): the loops' i is global.
 # Environment: DDPD_SLURM_HOSTS_PORT (slurmctld's port, default 16917; slurmd the next).
 set -eu
 PATH=$PATH:/usr/sbin
@@ -26,25 +27,25 @@ stop() { # pid file
     [ -s "$1" ] || return 0
     pid=$(cat "$1")
     kill -TERM "$pid" 2>/dev/null || return 0
-    i=0
-    while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 50 ]; do
+    t=0
+    while kill -0 "$pid" 2>/dev/null && [ "$t" -lt 50 ]; do
         sleep 0.2
-        i=$((i + 1))
+        t=$((t + 1))
     done
     kill -KILL "$pid" 2>/dev/null || true
     rm -f "$1"
 }
 
 wait_idle() { # node
-    i=0
+    w=0
     while :; do
         st=$(sinfo -h -N -n "$1" -o %t 2>/dev/null || true)
         case "$st" in
         idle*) return 0 ;;
         down* | drain* | inval*) scontrol update NodeName="$1" State=RESUME 2>/dev/null || true ;;
         esac
-        i=$((i + 1))
-        if [ "$i" -ge 120 ]; then
+        w=$((w + 1))
+        if [ "$w" -ge 120 ]; then
             echo "slurm-hosts: node $1 is not idle after 60 s (state '$st'); logs in $dir/log" >&2
             tail -n 20 "$dir/log/slurmctld.log" "$dir/log/slurmd-$1.log" >&2 2>/dev/null || true
             return 1
@@ -53,11 +54,20 @@ wait_idle() { # node
     done
 }
 
+# slurmd's pids on host I as this (the root) namespace sees them: its pid file holds the
+# pid in the host's own PID namespace, which means another process here.
+slurmd_pids() { # host number
+    for p in $(ip netns pids "ddpd-h$1" 2>/dev/null); do
+        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = slurmd ] && echo "$p"
+    done
+    return 0
+}
+
 start_slurmd() { # host number
     h=h$1
-    pidf=$dir/slurmd-$h.pid
-    if [ -s "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then
-        return 0
+    if [ -n "$(slurmd_pids "$1")" ]; then
+        wait_idle "$h"
+        return
     fi
     mkdir -p "$dir/spool/$h"
     "$run" "$1" slurmd -f "$conf" -N "$h"
@@ -130,8 +140,21 @@ slurmd)
 down)
     [ -f "$conf" ] || exit 0
     scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
-    for f in "$dir"/slurmd-h*.pid; do
-        [ -f "$f" ] && stop "$f"
+    for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^ddpd-h[0-9]*$'); do
+        for p in $(slurmd_pids "${ns#ddpd-h}"); do
+            kill -TERM "$p" 2>/dev/null || true
+        done
+    done
+    k=0
+    while [ "$k" -lt 50 ] && ip netns list 2>/dev/null | awk '{print $1}' | grep '^ddpd-h[0-9]*$' |
+        while read -r ns; do slurmd_pids "${ns#ddpd-h}"; done | grep -q .; do
+        sleep 0.2
+        k=$((k + 1))
+    done
+    for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^ddpd-h[0-9]*$'); do
+        for p in $(slurmd_pids "${ns#ddpd-h}"); do
+            kill -KILL "$p" 2>/dev/null || true
+        done
     done
     stop "$dir/slurmctld.pid"
     stop "$dir/munge/munged.pid"
