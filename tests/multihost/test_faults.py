@@ -2,7 +2,8 @@
   - a link cut (`ip link set ... down`) in the middle of a large all-reduce: the job fails
     within ddp.timeout_s plus a few seconds, its error names the rank it lost, and no
     process is left on any host;
-  - latency and loss (`tc netem`, skipped where the kernel lacks it): the job completes
+  - latency and loss (`tc netem`, skipped where the kernel lacks it), and a slow link
+    whose queue overflows (`tc tbf`: real drops and retransmissions): the job completes
     with the same numbers as on one host;
   - a peer that accepts the TCP connection and never answers the handshake, posing as the
     rendezvous root or as a rank: the job fails within its deadline, naming it;
@@ -216,3 +217,30 @@ def test_offset_monotonic_clock_on_one_host(hosts, work):
     ref = hostlib.run_job(spec, WORLD, work, "one-host").check_ok(WORLD)
     run = hostlib.run_job(spec, WORLD, work, "time", rank_hosts=("1", "1", "2t", "2t")).check_ok(WORLD)
     same_run(ref, run)
+
+
+def test_slow_link_that_drops_packets_same_numbers(hosts, work):
+    # Where netem is missing, tbf still shapes: a 20 Mbit/s link whose queue holds 6 KB
+    # drops what overflows (the ring's bursts do), so TCP retransmits under the job.
+    spec = make_case(work)
+    ref = hostlib.run_job(spec, WORLD, work, "one-host").check_ok(WORLD)
+    qd = ["tbf", "rate", "20mbit", "burst", "6kb", "limit", "6kb"]
+    p = subprocess.run(["tc", "-n", "ddpd-h1", "qdisc", "replace", "dev", "eth0", "root", *qd], capture_output=True,
+                       text=True, timeout=20)
+    try:
+        if p.returncode != 0:
+            pytest.skip(f"tc tbf is not available here: {p.stderr.strip()}")
+        q = subprocess.run(["tc", "-n", "ddpd-h2", "qdisc", "replace", "dev", "eth0", "root", *qd],
+                           capture_output=True, text=True, timeout=20)
+        assert q.returncode == 0, q.stderr
+        run = hostlib.run_job(spec, WORLD, work, "tbf", rank_hosts=(1, 1, 2, 2), timeout=300).check_ok(WORLD)
+        stats = [json.loads(subprocess.run(["tc", "-n", f"ddpd-h{h}", "-s", "-j", "qdisc", "show", "dev", "eth0"],
+                                           capture_output=True, text=True, timeout=20).stdout)[0] for h in (1, 2)]
+    finally:
+        for h in (1, 2):
+            subprocess.run(["tc", "-n", f"ddpd-h{h}", "qdisc", "del", "dev", "eth0", "root"], capture_output=True,
+                           timeout=20)
+    same_run(ref, run)
+    drops = sum(s.get("drops", 0) for s in stats)
+    assert drops > 0, f"the shaped links dropped nothing: {stats}"
+    print(f"tbf: {drops} packets dropped, same numbers")
