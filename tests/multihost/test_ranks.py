@@ -3,7 +3,8 @@
 the rendezvous root on the server's host reached through DDPD_COMM_ADDR (`--comm-addr`),
 gives losses and final weights bitwise equal to the same job on one host, for a job with
 join (uneven data) and grad_accum 2. The hosts' traffic counters show which links were TCP
-(the host's veth) and which were shared memory (no gradient bytes on the host's loopback)."""
+(the host's veth) and which were shared memory (no gradient bytes on the host's loopback).
+The same through `ddpd serve --comm-addr 10.77.0.254` and its API."""
 import numpy as np
 import pytest
 
@@ -68,3 +69,28 @@ def test_ranks_across_hosts_match_one_host_bitwise(hosts, work, layout):
         assert eth_tx > ring, f"host {h} sent {eth_tx} bytes on its link, expected more than {ring} (TCP across hosts)"
         # Ranks on one host talk over shared memory: their loopback carries no gradients.
         assert lo_tx < ring / 4, f"host {h}'s loopback carried {lo_tx} bytes: a same-host link went over TCP"
+
+
+def test_server_with_comm_addr_runs_ranks_on_hosts(hosts, work, make_server):
+    # `ddpd serve --comm-addr 10.77.0.254` (the local launcher, its ranks placed on hosts 1
+    # and 2 by the DDPD_WORKER): the job succeeds through the API with the one-host numbers.
+    spec = make_case(work)
+    ref = hostlib.run_job(spec, WORLD, work, "one-host").check_ok(WORLD)
+    env = hostlib.env_on_hosts((1, 1, 2, 2))
+    env.pop("DDPD_COMM_ADDR")  # the server's --comm-addr sets it for the issuer
+    s = make_server(start=False, cpu_slots=WORLD, extra=["--comm-addr", hostlib.SERVER_ADDR], env=env)
+    assert make_case(s.root) == spec  # the same files in the server's --data-dir (root/data)
+    s.start()
+    before = {h: hostlib.link_stats(h)["eth0"][1] for h in (1, 2)}
+    job = s.submit(dict(spec, name="served"))
+    j = s.wait_state(job["id"], ("succeeded", "failed", "cancelled"), timeout=180)
+    assert j["state"] == "succeeded", j
+    ring = grad_bytes(spec) * max(int(e["step"]) for e in ref.of("loss"))
+    for h in (1, 2):
+        sent = hostlib.link_stats(h)["eth0"][1] - before[h]
+        assert sent > ring, f"host {h} sent {sent} bytes, expected more than {ring}: were the ranks there?"
+    got = sorted((e["rank"], e["step"], e["loss"]) for e in s.events(job["id"]) if e["event"] == "loss")
+    want = sorted((e["rank"], e["step"], e["loss"]) for e in ref.of("loss"))
+    assert got == want, f"losses differ from one host's:\n{got[:6]}\n{want[:6]}"
+    served = (s.jobs_dir / str(job["id"]) / "model.safetensors").read_bytes()
+    assert served == (ref.out / "model.safetensors").read_bytes(), "final weights differ from one host's"

@@ -9,6 +9,7 @@ failure, naming the node), and leave nothing on any host. Skipped (77) where
 slurmd cannot run in the namespaces."""
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ TIMEOUT_S = 5
 
 
 @pytest.fixture(scope="module")
-def slurm2(_hosts_session):
+def slurm2(_hosts_session, request):
     for p in ("slurmctld", "slurmd", "srun", "munged"):
         if not (Path("/usr/sbin", p).exists() or Path("/usr/bin", p).exists()):
             pytest.skip(f"{p} is not installed (scripts/install-deps.sh: slurm-wlm, munge)")
@@ -46,6 +47,8 @@ def slurm2(_hosts_session):
     os.environ["SLURM_CONF"] = str(d / "slurm.conf")
     yield d
     subprocess.run([str(HERE / "slurm-hosts.sh"), "down", str(d)], capture_output=True, timeout=120)
+    if request.session.testsfailed == 0 and os.environ.get("DDPD_KEEP_TMP") != "1":
+        shutil.rmtree(d, ignore_errors=True)  # kept after a failure: the daemons' logs
     if old is None:
         os.environ.pop("SLURM_CONF", None)
     else:
