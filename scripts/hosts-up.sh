@@ -35,10 +35,9 @@ if ! ip link show "$br" >/dev/null 2>&1; then
 fi
 ip addr replace 10.77.0.254/24 dev "$br"
 ip link set "$br" up
-# Bridged frames must not meet the root namespace's firewall (br_netfilter may be on).
-for f in /proc/sys/net/bridge/bridge-nf-call-iptables /proc/sys/net/bridge/bridge-nf-call-ip6tables; do
-    [ -w "$f" ] && echo 0 >"$f" 2>/dev/null || true
-done
+# Nothing machine-wide is changed: where br_netfilter is loaded and the root namespace's
+# FORWARD policy drops (Docker sets it so), bridged frames between hosts meet it; allow
+# the bridge there (iptables -I FORWARD -i ddpd-br0 -o ddpd-br0 -j ACCEPT) by hand.
 
 init='import os, time
 while True:
@@ -78,7 +77,7 @@ while [ "$i" -le "$n" ]; do
         pid=
         k=0
         while [ -z "$pid" ] && [ "$k" -lt 500 ]; do
-            pid=$(cat "/proc/$up/task/$up/children" 2>/dev/null | awk '{print $1}')
+            pid=$(awk '{print $1}' "/proc/$up/task/$up/children" 2>/dev/null)
             if [ -n "$pid" ] && [ "$(ip netns identify "$pid" 2>/dev/null)" != "$ns" ]; then
                 pid=
             fi
@@ -87,7 +86,7 @@ while [ "$i" -le "$n" ]; do
         done
         # Should the pid found be a wrapper, its child is the init.
         if [ -n "$pid" ] && [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = unshare ]; then
-            c=$(cat "/proc/$pid/task/$pid/children" 2>/dev/null | awk '{print $1}')
+            c=$(awk '{print $1}' "/proc/$pid/task/$pid/children" 2>/dev/null)
             [ -n "$c" ] && pid=$c
         fi
         if [ -z "$pid" ]; then

@@ -13,7 +13,6 @@ import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
