@@ -18,6 +18,7 @@ from pylib import ddp as H
 SERVER_ADDR = "10.77.0.254"
 SCRIPTS = REPO / "scripts"
 WRAPPER = Path(__file__).resolve().parent / "rank_on_host.py"
+MARK = "DDPD_TEST_MARK=multihost"  # in the environment of every process these tests start
 
 
 def addr(i):
@@ -62,7 +63,8 @@ def host_inits():
 
 
 def leftovers(n):
-    """Processes on hosts 1..n other than the host inits (and their unshare parents)."""
+    """Processes on hosts 1..n other than the host inits (and their unshare parents) and
+    slurmd, and any process anywhere that carries MARK (the id issuer, a wrapper)."""
     inits = set(host_inits().values())
     left = []
     for i in range(1, n + 1):
@@ -79,6 +81,20 @@ def leftovers(n):
             if comm == "slurmd":  # a host's Slurm agent (slurm-hosts.sh) stays between tests
                 continue
             left.append((pid, f"host {i}: pid {pid} {cmd.strip()}"))
+    # Anywhere (the server's host too: the id issuer, a wrapper): the tests' mark.
+    seen = {pid for pid, _ in left}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) in seen or int(d.name) == os.getpid():
+            continue
+        try:
+            if MARK.encode() not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            if (d / "stat").read_text().split(") ")[-1][:1] == "Z":
+                continue
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        left.append((int(d.name), f"pid {d.name} (marked) {cmd.strip()}"))
     return left
 
 
@@ -123,7 +139,7 @@ def env_on_hosts(rank_hosts, extra=None):
     """The environment of a `ddpd run` (or `ddpd serve`) whose ranks run on the hosts given
     per rank, with the rendezvous root on this (the server's) host."""
     env = H.env1()
-    env.update(DDPD_WORKER=str(WRAPPER), DDPD_REAL_WORKER=str(H.need_bin() / "ddpd-worker"),
+    env.update(DDPD_TEST_MARK="multihost", DDPD_WORKER=str(WRAPPER), DDPD_REAL_WORKER=str(H.need_bin() / "ddpd-worker"),
                DDPD_RANK_HOSTS=",".join(str(h) for h in rank_hosts), DDPD_REPO=str(REPO),
                DDPD_COMM_ADDR=SERVER_ADDR)
     if extra:

@@ -114,6 +114,7 @@ def test_link_cut_mid_allreduce_fails_naming_the_lost_rank(hosts, work):
     for e in comm:
         other = 1 - int(e["rank"])
         assert f"rank {other}" in e["message"], f"rank {e['rank']}'s error does not name rank {other}: {e}"
+        assert "allreduce" in e["message"], f"the cut did not end an all-reduce: {e}"
     assert "rank" in err and ("failed" in err or "exit" in err), err[-2000:]
     print(f"cut: failed {took:.2f} s after the cut; {[e['message'] for e in comm]}")
     left = hostlib.wait_no_leftovers(hosts, timeout=20)
