@@ -29,21 +29,17 @@ def make_case(work):
 
 
 def grad_bytes(spec):
-    n = 0
-    widths = [8, 96, 96, 4]
-    for a, b in zip(widths, widths[1:]):
-        n += a * b + b
-    return 4 * n
+    """Bytes of one rank's gradients (every linear layer's weight and bias, float32)."""
+    return 4 * sum(m["in"] * m["out"] + m["out"] for m in spec["model"] if m["type"] == "linear")
 
 
 def same_run(a, b):
     """Loss events (rank, step, value as printed) and model.safetensors byte for byte."""
-    key = lambda e: (e["rank"], e["step"])  # noqa: E731
     la = sorted(((e["rank"], e["step"], e["loss"]) for e in a.of("loss")), key=lambda t: t[:2])
     lb = sorted(((e["rank"], e["step"], e["loss"]) for e in b.of("loss")), key=lambda t: t[:2])
     assert la and la == lb, f"losses differ:\none host: {la}\nhosts:    {lb}"
-    ja = sorted(key(e) for e in a.of("join"))
-    jb = sorted(key(e) for e in b.of("join"))
+    ja = sorted((e["rank"], e["step"]) for e in a.of("join"))
+    jb = sorted((e["rank"], e["step"]) for e in b.of("join"))
     assert ja and ja == jb, f"join events differ: {ja} vs {jb}"
     ma = (a.out / "model.safetensors").read_bytes()
     mb = (b.out / "model.safetensors").read_bytes()
