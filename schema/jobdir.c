@@ -90,6 +90,48 @@ bool jobdir_latest_ckpt(const char *out_dir, char *path, size_t cap)
     return best >= 0 && jobdir_ckpt_path(path, cap, out_dir, best);
 }
 
+static int cmp_i64(const void *a, const void *b);
+
+bool jobdir_ckpt_list(const char *out_dir, int64_t **steps, size_t *n)
+{
+    *steps = NULL;
+    *n = 0;
+    DIR *d = opendir(out_dir);
+    if (!d)
+        return true;
+    size_t cap = 0;
+    bool ok = true;
+    struct dirent *e;
+    char f[PATH_MAX + 320], optim[64];
+    jobdir_rank_file(optim, sizeof optim, JOBDIR_OPTIM, 0);
+    while (ok && (e = readdir(d))) {
+        struct stat st;
+        int64_t step;
+        if (!jobdir_ckpt_step(e->d_name, &step) ||
+            !name_fits(f, sizeof f, "%s/%s/%s", out_dir, e->d_name, optim) || stat(f, &st) != 0)
+            continue;
+        if (*n == cap) {
+            int64_t *grown = realloc(*steps, (cap = cap ? 2 * cap : 16) * sizeof *grown);
+            if (!grown) {
+                ok = false;
+                break;
+            }
+            *steps = grown;
+        }
+        (*steps)[(*n)++] = step;
+    }
+    closedir(d);
+    if (!ok) {
+        free(*steps);
+        *steps = NULL;
+        *n = 0;
+        return false;
+    }
+    if (*n)
+        qsort(*steps, *n, sizeof **steps, cmp_i64);
+    return true;
+}
+
 bool jobdir_ckpt_step(const char *name, int64_t *step)
 {
     if (strncmp(name, CKPT_PREFIX, strlen(CKPT_PREFIX)) != 0)

@@ -54,6 +54,12 @@ bool jobdir_rank_file(char *out, size_t cap, const char *what, int rank);
  * holding rank 0's optimizer state) into path[cap]; false when there is none. */
 bool jobdir_latest_ckpt(const char *out_dir, char *path, size_t cap);
 
+/* The steps of the complete checkpoints under `out_dir` (as jobdir_latest_ckpt counts
+ * them: "ckpt-N" holding rank 0's optimizer state), oldest first, into *steps (malloc'd,
+ * the caller frees; NULL when there are none) and their number into *n. A folder that
+ * cannot be read has none. False only when memory ran out. */
+bool jobdir_ckpt_list(const char *out_dir, int64_t **steps, size_t *n);
+
 /* True when `name` is a complete checkpoint's folder name "ckpt-N" (N decimal, no sign,
  * no suffix such as ".tmp" or ".del"), with N in *step. */
 bool jobdir_ckpt_step(const char *name, int64_t *step);

@@ -769,27 +769,133 @@ static ddpd_err h_logs(struct http_request *req, struct ddpd_error *err)
     return rc;
 }
 
-static ddpd_err h_checkpoint(struct http_request *req, struct ddpd_error *err)
+/* "5, 10, 15" (the newest few when there are many) into buf[cap]; "none" for no steps. */
+static void steps_text(const int64_t *steps, size_t n, char *buf, size_t cap)
+{
+    size_t first = n > 8 ? n - 8 : 0, len = 0;
+    buf[0] = '\0';
+    if (!n)
+        snprintf(buf, cap, "none");
+    if (first)
+        len += (size_t)snprintf(buf, cap, "... ");
+    for (size_t i = first; i < n && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%" PRId64, i > first ? ", " : "", steps[i]);
+}
+
+/* GET /v1/jobs/{id}/checkpoints: {"checkpoints":[{"step":S,"time":T,"bytes":B},...]},
+ * oldest first; time is the folder's completion (its last change, when it was renamed
+ * into place), bytes its files together. */
+static ddpd_err h_checkpoints(struct http_request *req, struct ddpd_error *err)
 {
     struct api *a = ctx_of(req);
+    int64_t id = http_request_id(req, 0);
     struct store_job j;
     ddpd_err rc = get_job(req, &j, err);
     if (rc)
         return rc;
     store_job_clear(&j);
-    char dir[PATH_MAX], path[PATH_MAX + 64];
-    jobdir_job_path(dir, sizeof dir, a->jobs_dir, http_request_id(req, 0));
-    jobdir_model_path(path, sizeof path, dir);
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        /* No final model yet: the newest checkpoint. */
-        char ck[PATH_MAX];
-        if (!jobdir_latest_ckpt(dir, ck, sizeof ck))
-            return ddpd_error_set(err, DDPD_ENOTFOUND, "", "job %" PRId64 " has no checkpoint yet",
-                                  http_request_id(req, 0));
-        jobdir_model_path(path, sizeof path, ck);
+    char dir[PATH_MAX], ck[PATH_MAX + 32];
+    jobdir_job_path(dir, sizeof dir, a->jobs_dir, id);
+    int64_t *steps;
+    size_t n;
+    if (!jobdir_ckpt_list(dir, &steps, &n))
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints of job %" PRId64,
+                              id);
+    json_t *list = json_array();
+    for (size_t i = 0; i < n; i++) {
+        struct stat st;
+        int64_t bytes = 0;
+        struct ddpd_error e2;
+        /* One pruned meanwhile (checkpoint.keep_last) is simply not listed. */
+        if (!jobdir_ckpt_path(ck, sizeof ck, dir, steps[i]) || stat(ck, &st) != 0 ||
+            jobdir_bytes(ck, &bytes, &e2) != DDPD_OK)
+            continue;
+        double t = (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9;
+        json_array_append_new(list, json_pack("{s:I, s:f, s:I}", "step", (json_int_t)steps[i], "time", t,
+                                              "bytes", (json_int_t)bytes));
     }
-    http_response_header(req, "Content-Disposition", "attachment; filename=\"" JOBDIR_MODEL_FILE "\"");
+    free(steps);
+    return http_respond_json(req, 200, json_pack("{s:o}", "checkpoints", list));
+}
+
+/* Why job `id` (in state `st`) has no weights to download yet. */
+static ddpd_err no_checkpoint(int64_t id, job_state st, struct ddpd_error *err)
+{
+    switch (st) {
+    case JOB_STATE_QUEUED:
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                              "job %" PRId64 " has no checkpoint: it has not started yet", id);
+    case JOB_STATE_FAILED:
+    case JOB_STATE_CANCELLED:
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                              "job %" PRId64 " has no checkpoint: it %s before its first checkpoint", id,
+                              st == JOB_STATE_FAILED ? "failed" : "was cancelled");
+    case JOB_STATE_SUCCEEDED:
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                              "job %" PRId64 " has no checkpoint: its files were removed from the server",
+                              id);
+    default:
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                              "job %" PRId64
+                              " has no checkpoint yet (it writes one every checkpoint.every_steps "
+                              "steps, and its final model at the end)",
+                              id);
+    }
+}
+
+/* GET /v1/jobs/{id}/checkpoint[?step=S][&file=model|optim]: a checkpoint's weights (or
+ * rank 0's optimizer state); without step the final model, else the newest checkpoint. */
+static ddpd_err h_checkpoint(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = ctx_of(req);
+    int64_t id = http_request_id(req, 0), step;
+    static const char *const files[] = {"model", "optim", NULL};
+    int file;
+    struct store_job j;
+    ddpd_err rc = get_job(req, &j, err);
+    if (rc)
+        return rc;
+    job_state state = j.state;
+    store_job_clear(&j);
+    if ((rc = http_query_int(req, "step", 0, INT64_MAX, -1, &step, err)) ||
+        (rc = http_query_enum(req, "file", files, 0, &file, err)))
+        return rc;
+    const char *what = file == 1 ? JOBDIR_OPTIM : JOBDIR_MODEL;
+    char dir[PATH_MAX], ck[PATH_MAX + 32], name[64], path[PATH_MAX + 128];
+    jobdir_job_path(dir, sizeof dir, a->jobs_dir, id);
+    jobdir_rank_file(name, sizeof name, what, 0);
+    struct stat st;
+    if (step >= 0) {
+        jobdir_ckpt_path(ck, sizeof ck, dir, step);
+        jobdir_file_path(path, sizeof path, ck, name);
+        if (stat(path, &st) != 0) {
+            int64_t *steps;
+            size_t n;
+            char list[256];
+            if (!jobdir_ckpt_list(dir, &steps, &n))
+                return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
+            steps_text(steps, n, list, sizeof list);
+            free(steps);
+            if (!n)
+                return ddpd_error_set(err, DDPD_ENOTFOUND, "step",
+                                      "job %" PRId64 " has no checkpoint at step %" PRId64 "; it has none",
+                                      id, step);
+            return ddpd_error_set(err, DDPD_ENOTFOUND, "step",
+                                  "job %" PRId64 " has no checkpoint at step %" PRId64 "; it has step%s %s",
+                                  id, step, n > 1 ? "s" : "", list);
+        }
+    } else {
+        jobdir_file_path(path, sizeof path, dir, name);
+        if (stat(path, &st) != 0) {
+            /* No final model yet: the newest checkpoint. */
+            if (!jobdir_latest_ckpt(dir, ck, sizeof ck))
+                return no_checkpoint(id, state, err);
+            jobdir_file_path(path, sizeof path, ck, name);
+        }
+    }
+    char disp[128];
+    snprintf(disp, sizeof disp, "attachment; filename=\"%s\"", name);
+    http_response_header(req, "Content-Disposition", disp);
     return http_respond_file(req, path, "application/octet-stream", "no-cache", err);
 }
 
@@ -929,6 +1035,7 @@ static const struct http_route routes[] = {
     {"GET", "/v1/jobs/{id}/metrics", h_metrics, HTTP_ROUTE_AUTH, 0},
     {"GET", "/v1/jobs/{id}/logs", h_logs, HTTP_ROUTE_AUTH, 0},
     {"GET", "/v1/jobs/{id}/checkpoint", h_checkpoint, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/v1/jobs/{id}/checkpoints", h_checkpoints, HTTP_ROUTE_AUTH, 0},
     {"GET", "/v1/devices", h_devices, HTTP_ROUTE_AUTH, 0},
     {"GET", "/healthz", h_health, 0, 0},
     {"GET", "/metrics", h_prometheus, 0, 0},

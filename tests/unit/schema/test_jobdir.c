@@ -304,6 +304,36 @@ static void test_latest_ckpt(void)
     CHECK(!jobdir_latest_ckpt(d, path, sizeof path));
 }
 
+/* Every complete checkpoint, oldest first (numerically, not as names sort). */
+static void test_ckpt_list(void)
+{
+    char out[4096];
+    int64_t *steps;
+    size_t n;
+    fresh(out, sizeof out, "list");
+    CHECK(jobdir_ckpt_list(out, &steps, &n));
+    CHECK_EQ_INT(n, 0);
+    CHECK(steps == NULL);
+    put_ckpt(out, "ckpt-100", 1);
+    put_ckpt(out, "ckpt-20", 1);
+    put_ckpt(out, "ckpt-5", 1);
+    put_ckpt(out, "ckpt-300.tmp", 1);
+    char d[8192];
+    snprintf(d, sizeof d, "%s/ckpt-200", out); /* no optimizer state: not complete */
+    CHECK(mkdir(d, 0700) == 0);
+    CHECK(jobdir_ckpt_list(out, &steps, &n));
+    CHECK_EQ_INT(n, 3);
+    if (n == 3) {
+        CHECK_EQ_INT(steps[0], 5);
+        CHECK_EQ_INT(steps[1], 20);
+        CHECK_EQ_INT(steps[2], 100);
+    }
+    free(steps);
+    snprintf(d, sizeof d, "%s/none", root);
+    CHECK(jobdir_ckpt_list(d, &steps, &n));
+    CHECK_EQ_INT(n, 0);
+}
+
 int main(void)
 {
     const char *tmp = getenv("DDPD_TEST_TMP");
@@ -317,6 +347,7 @@ int main(void)
     }
     test_names();
     test_latest_ckpt();
+    test_ckpt_list();
     test_ckpt_step();
     test_prune();
     test_bytes_and_quota();
