@@ -16,6 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../base/file.h"
+
 #define CKPT_PREFIX "ckpt-"
 
 /* snprintf into out[cap]: false when it did not fit. */
@@ -130,6 +132,52 @@ bool jobdir_ckpt_list(const char *out_dir, int64_t **steps, size_t *n)
     if (*n)
         qsort(*steps, *n, sizeof **steps, cmp_i64);
     return true;
+}
+
+ddpd_err jobdir_ckpt_link(const char *src, const char *dst, struct ddpd_error *err)
+{
+    char tmp[PATH_MAX], parent[PATH_MAX], f[PATH_MAX + 320], g[PATH_MAX + 320], optim[64];
+    struct stat st;
+    DIR *d = NULL;
+    ddpd_err rc = DDPD_OK;
+    if (stat(dst, &st) == 0)
+        return DDPD_OK;
+    if (!jobdir_tmp_path(tmp, sizeof tmp, dst) || !name_fits(parent, sizeof parent, "%s", dst))
+        return ddpd_error_set(err, DDPD_EIO, dst, "%s: name too long", dst);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) {
+        *slash = '\0';
+        int en = base_mkdirs(parent, true);
+        if (en)
+            return ddpd_error_set(err, DDPD_EIO, parent, "%s: cannot create: %s", parent, strerror(en));
+    }
+    jobdir_rank_file(optim, sizeof optim, JOBDIR_OPTIM, 0);
+    if (!name_fits(f, sizeof f, "%s/%s", src, optim) || stat(f, &st) != 0 || !(d = opendir(src)))
+        return ddpd_error_set(err, DDPD_EDATA, src,
+                              "%s: no such complete checkpoint (it was deleted or pruned)", src);
+    base_remove_tree(tmp); /* a leftover of a crash */
+    if (mkdir(tmp, 0700) != 0) {
+        rc = ddpd_error_set(err, DDPD_EIO, tmp, "%s: cannot create: %s", tmp, strerror(errno));
+        goto out;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!name_fits(f, sizeof f, "%s/%s", src, e->d_name) || lstat(f, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (!name_fits(g, sizeof g, "%s/%s", tmp, e->d_name) || link(f, g) != 0) {
+            rc = ddpd_error_set(err, DDPD_EIO, f, "%s: cannot link it into %s: %s", f, tmp, strerror(errno));
+            goto out;
+        }
+    }
+    if (rename(tmp, dst) != 0)
+        rc = ddpd_error_set(err, DDPD_EIO, dst, "%s: cannot rename %s into place: %s", dst, tmp,
+                            strerror(errno));
+out:
+    if (rc)
+        base_remove_tree(tmp);
+    if (d)
+        closedir(d);
+    return rc;
 }
 
 bool jobdir_ckpt_step(const char *name, int64_t *step)

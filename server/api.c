@@ -97,6 +97,10 @@ static json_t *job_json(struct api *a, const struct store_job *j)
     json_t *hist = j->restart_history ? json_loads(j->restart_history, 0, NULL) : NULL;
     json_object_set_new(o, "restart_history", json_is_array(hist) ? hist : (json_decref(hist), json_array()));
     json_object_set_new(o, "pending_reason", why[0] ? json_string(why) : json_null());
+    /* A job made by POST /v1/jobs/{id}/resume: the job and the checkpoint's step it continues. */
+    json_object_set_new(o, "resumed_from", j->resumed_from > 0 ? json_integer(j->resumed_from) : json_null());
+    json_object_set_new(o, "resumed_from_step",
+                        j->resumed_from > 0 ? json_integer(j->resume_step) : json_null());
     json_t *ranks = json_array();
     for (size_t i = 0; i < j->n_ranks; i++) {
         const struct store_rank *r = &j->ranks[i];
@@ -498,6 +502,139 @@ static ddpd_err h_delete(struct http_request *req, struct ddpd_error *err)
     return rc ? rc : http_respond_empty(req, 204);
 }
 
+/* "5, 10, 15" (the newest few when there are many) into buf[cap]; "none" for no steps. */
+static void steps_text(const int64_t *steps, size_t n, char *buf, size_t cap)
+{
+    size_t first = n > 8 ? n - 8 : 0, len = 0;
+    buf[0] = '\0';
+    if (!n)
+        snprintf(buf, cap, "none");
+    if (first)
+        len += (size_t)snprintf(buf, cap, "... ");
+    for (size_t i = first; i < n && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%" PRId64, i > first ? ", " : "", steps[i]);
+}
+
+/* ---- POST /v1/jobs/{id}/resume ----------------------------------------------------------------- */
+
+/* A resumed job between its checks and its commit. */
+struct resumption {
+    struct http_request *req;
+    struct api *a;
+    struct store_job j; /* the job as it will be stored (its spec the old job's) */
+};
+
+/* The inserter thread, after the commit: the answer, then the supervisor, which reads the
+ * job back from the store (with its link) and stores its queued event. */
+static void resumed(void *ctx, ddpd_err rc, int64_t id, double created, const struct ddpd_error *err)
+{
+    struct resumption *r = ctx;
+    struct http_request *req = r->req;
+    struct ddpd_error e;
+    if (rc == DDPD_OK) {
+        r->j.id = id;
+        r->j.created_at = created;
+        char loc[64];
+        snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, id);
+        http_response_header(req, "Location", loc);
+        if ((rc = respond_job(req, 201, &r->j)) != DDPD_OK)
+            ddpd_error_set(&e, rc, "", "out of memory answering for job %" PRId64 " (it is stored)", id);
+        super_submit(r->a->super, id, NULL, r->j.world_size, r->j.device, r->j.max_restarts, created);
+        err = &e;
+    }
+    http_deferred_done(req, rc, err);
+    store_job_clear(&r->j);
+    free(r);
+}
+
+/* POST /v1/jobs/{id}/resume[?step=S]: a new job with the same spec that continues a failed
+ * or cancelled job from its newest checkpoint (or checkpoint S), as a restart would. */
+static ddpd_err h_resume(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = ctx_of(req);
+    int64_t id = http_request_id(req, 0), step;
+    struct resumption *r = calloc(1, sizeof *r);
+    if (!r)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory resuming job %" PRId64, id);
+    ddpd_err rc = get_job(req, &r->j, err);
+    if (rc || (rc = http_query_int(req, "step", 0, INT64_MAX, -1, &step, err)))
+        goto out;
+    job_state st = r->j.state;
+    if (st != JOB_STATE_FAILED && st != JOB_STATE_CANCELLED) {
+        rc = ddpd_error_set(
+            err, DDPD_ECONFLICT, "", "job %" PRId64 " is %s: only a failed or cancelled job can be resumed%s",
+            id, job_state_name(st),
+            st == JOB_STATE_SUCCEEDED ? " (it finished; start a new job from its weights with "
+                                        "init.from_job)"
+                                      : " (it has not ended)");
+        goto out;
+    }
+    char dir[PATH_MAX], ck[PATH_MAX + 32], optim[64], path[PATH_MAX + 128];
+    jobdir_job_path(dir, sizeof dir, a->jobs_dir, id);
+    if (step >= 0) {
+        struct stat sb;
+        jobdir_rank_file(optim, sizeof optim, JOBDIR_OPTIM, 0);
+        jobdir_ckpt_path(ck, sizeof ck, dir, step);
+        jobdir_file_path(path, sizeof path, ck, optim);
+        if (stat(path, &sb) != 0) {
+            int64_t *steps;
+            size_t n;
+            char list[256];
+            if (!jobdir_ckpt_list(dir, &steps, &n)) {
+                rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
+                goto out;
+            }
+            steps_text(steps, n, list, sizeof list);
+            free(steps);
+            rc = ddpd_error_set(err, DDPD_ENOTFOUND, "step",
+                                "job %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s", id,
+                                step, n ? (n > 1 ? "steps " : "step ") : "", list);
+            goto out;
+        }
+    } else if (!jobdir_latest_ckpt(dir, ck, sizeof ck) || !jobdir_ckpt_step(strrchr(ck, '/') + 1, &step)) {
+        rc = ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                            "job %" PRId64
+                            " has no checkpoint to resume from: it %s before its first checkpoint "
+                            "(checkpoint.every_steps)",
+                            id, st == JOB_STATE_FAILED ? "failed" : "was cancelled");
+        goto out;
+    }
+    /* The new job as it will be stored: queued, attempt 0, linked to this one. */
+    struct store_job *j = &r->j;
+    free(j->restart_history);
+    free(j->ranks);
+    char *spec = j->spec;
+    int world = j->world_size, restarts = j->max_restarts;
+    device_kind dev = j->device;
+    char name[sizeof j->name];
+    memcpy(name, j->name, sizeof name);
+    memset(j, 0, sizeof *j);
+    *j = (struct store_job){.state = JOB_STATE_QUEUED,
+                            .spec = spec,
+                            .world_size = world,
+                            .device = dev,
+                            .max_restarts = restarts,
+                            .resumed_from = id,
+                            .resume_step = step};
+    memcpy(j->name, name, sizeof name);
+    r->req = req;
+    r->a = a;
+    struct store_job_new jn = {.name = j->name,
+                               .spec = j->spec,
+                               .world_size = world,
+                               .device = dev,
+                               .max_restarts = restarts,
+                               .resumed_from = id,
+                               .resume_step = step};
+    http_defer(req);
+    store_job_insert_async(a->store, &jn, resumed, r);
+    return DDPD_OK;
+out:
+    store_job_clear(&r->j);
+    free(r);
+    return rc;
+}
+
 /* ---- events ---------------------------------------------------------------------------------- */
 
 /* One GET .../events: the stream (stream.h: history, live tail, keep-alives) tied to its
@@ -769,19 +906,6 @@ static ddpd_err h_logs(struct http_request *req, struct ddpd_error *err)
     return rc;
 }
 
-/* "5, 10, 15" (the newest few when there are many) into buf[cap]; "none" for no steps. */
-static void steps_text(const int64_t *steps, size_t n, char *buf, size_t cap)
-{
-    size_t first = n > 8 ? n - 8 : 0, len = 0;
-    buf[0] = '\0';
-    if (!n)
-        snprintf(buf, cap, "none");
-    if (first)
-        len += (size_t)snprintf(buf, cap, "... ");
-    for (size_t i = first; i < n && len < cap; i++)
-        len += (size_t)snprintf(buf + len, cap - len, "%s%" PRId64, i > first ? ", " : "", steps[i]);
-}
-
 /* GET /v1/jobs/{id}/checkpoints: {"checkpoints":[{"step":S,"time":T,"bytes":B},...]},
  * oldest first; time is the folder's completion (its last change, when it was renamed
  * into place), bytes its files together. */
@@ -1031,6 +1155,7 @@ static const struct http_route routes[] = {
     {"GET", "/v1/jobs/{id}", h_get, HTTP_ROUTE_AUTH, 0},
     {"DELETE", "/v1/jobs/{id}", h_delete, HTTP_ROUTE_AUTH, 0},
     {"POST", "/v1/jobs/{id}/cancel", h_cancel, HTTP_ROUTE_AUTH, 0},
+    {"POST", "/v1/jobs/{id}/resume", h_resume, HTTP_ROUTE_AUTH, 0},
     {"GET", "/v1/jobs/{id}/events", h_events, HTTP_ROUTE_AUTH, 0},
     {"GET", "/v1/jobs/{id}/metrics", h_metrics, HTTP_ROUTE_AUTH, 0},
     {"GET", "/v1/jobs/{id}/logs", h_logs, HTTP_ROUTE_AUTH, 0},

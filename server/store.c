@@ -141,7 +141,7 @@ enum {
 #define JOB_COLS                                                                                             \
     "id, name, state, CASE WHEN ?9 THEN spec END, world_size, device, created_at, "                          \
     "started_at, finished_at, attempt, step, loss, error, pending_reason, max_restarts, "                    \
-    "restarts, restart_history "
+    "restarts, restart_history, resumed_from, resume_step "
 
 static const char *const sql_text[ST_COUNT] = {
     [W_BEGIN] = "BEGIN IMMEDIATE",
@@ -162,8 +162,9 @@ static const char *const sql_text[ST_COUNT] = {
     [W_JOB_PROGRESS] = "UPDATE jobs SET step = ?2, loss = (SELECT CASE WHEN count(loss) = "
                        "count(*) THEN avg(loss) END FROM loss WHERE job = ?1 AND step = ?2) "
                        "WHERE id = ?1 AND attempt <= ?3 AND (step IS NULL OR step <= ?2)",
-    [W_JOB_INSERT] = "INSERT INTO jobs (name, state, spec, world_size, device, created_at, "
-                     "max_restarts) VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6)",
+    [W_JOB_INSERT] =
+        "INSERT INTO jobs (name, state, spec, world_size, device, created_at, "
+        "max_restarts, resumed_from, resume_step) VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     [W_JOB_STATE] = "SELECT state FROM jobs WHERE id = ?1",
     /* ?2 is the STORE_SET_* mask, ?3 the new state, ?10 now. */
     [W_JOB_UPDATE] =
@@ -1254,6 +1255,13 @@ static ddpd_err insert_one(struct store *s, struct insert_req *r)
     sqlite3_bind_text(st, 4, device_kind_name(job->device), -1, SQLITE_STATIC);
     sqlite3_bind_double(st, 5, r->now);
     sqlite3_bind_int(st, 6, job->max_restarts);
+    if (job->resumed_from > 0) {
+        sqlite3_bind_int64(st, 7, job->resumed_from);
+        sqlite3_bind_int64(st, 8, job->resume_step);
+    } else {
+        sqlite3_bind_null(st, 7);
+        sqlite3_bind_null(st, 8);
+    }
     ddpd_err e = DDPD_OK;
     int rc = sqlite3_step(st);
     if (rc == SQLITE_CONSTRAINT_CHECK) {
@@ -1659,6 +1667,8 @@ static void job_from_row(sqlite3_stmt *st, struct store_job *j)
     j->restart_history = xmalloc(hn + 1);
     memcpy(j->restart_history, h, hn);
     j->restart_history[hn] = '\0';
+    j->resumed_from = sqlite3_column_int64(st, 17); /* NULL reads as 0 */
+    j->resume_step = sqlite3_column_int64(st, 18);
 }
 
 static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_error *err)

@@ -94,6 +94,9 @@ struct store_job_new {
     int world_size;   /* >= 1 */
     device_kind device;
     int max_restarts;
+    /* A job that continues job `resumed_from` (> 0) from its checkpoint at `resume_step`
+     * (POST /v1/jobs/{id}/resume); 0 for a job submitted afresh. */
+    int64_t resumed_from, resume_step;
     /* Also store the job's first event, the `queued` state event (seq 1, attempt 0, ts =
      * created_at: store_job_queued_event), in the same transaction. */
     bool queued_event;
@@ -164,7 +167,8 @@ struct store_job {
      * attempt that ended), "reason": "...", "ts": seconds} (at most
      * STORE_RESTART_HISTORY_MAX entries); "[]" when never. Owned. */
     char *restart_history;
-    size_t n_ranks; /* ranks of the current attempt, by rank; owned */
+    int64_t resumed_from, resume_step; /* store_job_new's; 0 for a job submitted afresh */
+    size_t n_ranks;                    /* ranks of the current attempt, by rank; owned */
     struct store_rank *ranks;
 };
 

@@ -1,11 +1,12 @@
 """Checkpoints through the API (issue 19 part 3): the list of a job's checkpoints, the
 download of one step's weights or optimizer state, resuming a failed or cancelled job
 as a new job with the numbers of an uninterrupted run, and init.from_job."""
-import os
+
+import pytest
 
 import numpy as np
 
-from pylib.server import FOREVER_STEPS, heavy_spec, seed_spec, st_decode
+from pylib.server import FOREVER_STEPS, heavy_spec, seed_spec, st_decode, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -71,3 +72,92 @@ def test_list_of_a_job_without_checkpoints_is_empty(server):
     assert e["message"] == f"job {jid} has no checkpoint: it was cancelled before its first checkpoint", e
     e = err_of(server.get(f"/v1/jobs/{jid}/checkpoint?step=5"), 404)
     assert e["message"] == f"job {jid} has no checkpoint at step 5; it has none", e
+
+
+def losses(server, jid):
+    return {(e["rank"], e["step"]): e["loss"] for e in server.events(jid) if e["event"] == "loss"}
+
+
+def test_resume_a_cancelled_job_gives_the_numbers_of_an_uninterrupted_run(server):
+    spec = heavy_spec(2, steps=6000, name="resumable", checkpoint={"every_steps": 500, "keep_last": 2},
+                      log_every=10)
+    a = server.submit(spec)["id"]
+    wait_until(lambda: server.get(f"/v1/jobs/{a}/checkpoints").json()["checkpoints"], 60,
+               f"job {a}'s first checkpoint")
+    r = server.post(f"/v1/jobs/{a}/cancel")
+    if r.status_code == 409:
+        pytest.skip("the job finished before it could be cancelled (a very fast machine)")
+    assert server.wait_state(a, FINAL)["state"] == "cancelled"
+    steps = [c["step"] for c in server.get(f"/v1/jobs/{a}/checkpoints").json()["checkpoints"]]
+    r = server.post(f"/v1/jobs/{a}/resume")
+    assert r.status_code == 201, r.text
+    b = r.json()
+    assert b["resumed_from"] == a and b["resumed_from_step"] == steps[-1] and b["state"] == "queued", b
+    assert r.headers["Location"] == f"/v1/jobs/{b['id']}"
+    assert b["spec"] == server.job(a)["spec"]
+    jb = server.wait_state(b["id"], FINAL, timeout=120)
+    assert jb["state"] == "succeeded", jb["error"]
+    assert jb["resumed_from"] == a and jb["resumed_from_step"] == steps[-1], jb
+    # The cancelled job stays as it was, its checkpoints with it.
+    assert server.job(a)["state"] == "cancelled"
+    assert [c["step"] for c in server.get(f"/v1/jobs/{a}/checkpoints").json()["checkpoints"]] == steps
+
+    ref = server.submit(dict(spec, name="uninterrupted"))["id"]
+    assert server.wait_state(ref, FINAL, timeout=120)["state"] == "succeeded"
+    lb, lref = losses(server, b["id"]), losses(server, ref)
+    assert lb and min(s for _, s in lb) > steps[-1], sorted(lb)[:3]
+    assert max(s for _, s in lb) == 6000
+    # Exactly the numbers: every loss the resumed job logged, and the final weights.
+    assert {k: lref[k] for k in lb} == lb
+    wb = st_decode(server.get(f"/v1/jobs/{b['id']}/checkpoint").content)[0]
+    wref = st_decode(server.get(f"/v1/jobs/{ref}/checkpoint").content)[0]
+    assert wb.keys() == wref.keys()
+    for k in wref:
+        np.testing.assert_array_equal(wb[k], wref[k], err_msg=f"resumed vs uninterrupted: {k}")
+
+    # From an older step, chosen with ?step=.
+    r = server.post(f"/v1/jobs/{a}/resume?step={steps[0]}")
+    assert r.status_code == 201, r.text
+    assert r.json()["resumed_from_step"] == steps[0]
+    assert server.wait_state(r.json()["id"], FINAL, timeout=120)["state"] == "succeeded"
+    first = min(s for _, s in losses(server, r.json()["id"]))
+    assert steps[0] < first <= steps[0] + 10, first
+
+
+def test_resume_refusals(server):
+    done = server.submit(small_spec(name="done"))["id"]
+    assert server.wait_state(done, FINAL)["state"] == "succeeded"
+    e = err_of(server.post(f"/v1/jobs/{done}/resume"), 409)
+    assert e["message"].startswith(f"job {done} is succeeded: only a failed or cancelled job can be resumed"), e
+    run = server.submit(heavy_spec(1, steps=FOREVER_STEPS, name="running"))["id"]
+    server.wait_running(run)
+    e = err_of(server.post(f"/v1/jobs/{run}/resume"), 409)
+    assert "is running" in e["message"] and "it has not ended" in e["message"], e
+    assert server.post(f"/v1/jobs/{run}/cancel").status_code == 202
+    assert server.wait_state(run, FINAL)["state"] == "cancelled"
+    e = err_of(server.post(f"/v1/jobs/{run}/resume"), 404)
+    assert e["message"] == (f"job {run} has no checkpoint to resume from: it was cancelled before its first "
+                            "checkpoint (checkpoint.every_steps)"), e
+    e = err_of(server.post(f"/v1/jobs/{run}/resume?step=3"), 404)
+    assert e["message"] == f"job {run} has no checkpoint at step 3; it has none" and e["path"] == "step", e
+    assert err_of(server.post("/v1/jobs/999999/resume"), 404)
+    assert server.job(done)["resumed_from"] is None
+
+
+def test_resume_of_a_deleted_jobs_checkpoint_fails_the_new_job_saying_so(make_server):
+    srv = make_server(cpu_slots=1)
+    a = srv.submit(heavy_spec(1, steps=FOREVER_STEPS, name="a", checkpoint={"every_steps": 50}))["id"]
+    wait_until(lambda: srv.get(f"/v1/jobs/{a}/checkpoints").json()["checkpoints"], 60, "a checkpoint")
+    assert srv.post(f"/v1/jobs/{a}/cancel").status_code == 202
+    assert srv.wait_state(a, FINAL)["state"] == "cancelled"
+    # The one slot is busy, so the resumed job waits while its source is deleted.
+    busy = srv.submit(heavy_spec(1, steps=FOREVER_STEPS, name="busy"))["id"]
+    srv.wait_running(busy)
+    r = srv.post(f"/v1/jobs/{a}/resume")
+    assert r.status_code == 201, r.text
+    step = r.json()["resumed_from_step"]
+    assert srv.delete(f"/v1/jobs/{a}").status_code == 204
+    assert srv.post(f"/v1/jobs/{busy}/cancel").status_code == 202
+    j = srv.wait_state(r.json()["id"], FINAL)
+    assert j["state"] == "failed", j
+    assert f"job {a}'s checkpoint at step {step} to resume from: it is gone" in j["error"], j["error"]
