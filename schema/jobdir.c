@@ -180,6 +180,21 @@ out:
     return rc;
 }
 
+bool jobdir_init_weights(const char *job_dir, int64_t step, char *path, size_t cap)
+{
+    char ck[PATH_MAX], optim[64], f[PATH_MAX + 80];
+    struct stat st;
+    if (step >= 0) {
+        jobdir_rank_file(optim, sizeof optim, JOBDIR_OPTIM, 0);
+        return jobdir_ckpt_path(ck, sizeof ck, job_dir, step) && jobdir_file_path(f, sizeof f, ck, optim) &&
+               stat(f, &st) == 0 && jobdir_model_path(path, cap, ck) && stat(path, &st) == 0;
+    }
+    if (jobdir_model_path(path, cap, job_dir) && stat(path, &st) == 0)
+        return true;
+    return jobdir_latest_ckpt(job_dir, ck, sizeof ck) && jobdir_model_path(path, cap, ck) &&
+           stat(path, &st) == 0;
+}
+
 bool jobdir_ckpt_step(const char *name, int64_t *step)
 {
     if (strncmp(name, CKPT_PREFIX, strlen(CKPT_PREFIX)) != 0)

@@ -70,6 +70,11 @@ bool jobdir_ckpt_list(const char *out_dir, int64_t **steps, size_t *n);
  * when it is gone or incomplete; DDPD_EIO naming the file that could not be linked. */
 ddpd_err jobdir_ckpt_link(const char *src, const char *dst, struct ddpd_error *err);
 
+/* The weights init.from_job names, in job folder `job_dir`, into path[cap]: with step >= 0
+ * "ckpt-STEP/model.safetensors" of a complete checkpoint, else the final model, else the
+ * newest checkpoint's. False when there is none (or the name does not fit). */
+bool jobdir_init_weights(const char *job_dir, int64_t step, char *path, size_t cap);
+
 /* True when `name` is a complete checkpoint's folder name "ckpt-N" (N decimal, no sign,
  * no suffix such as ".tmp" or ".del"), with N in *step. */
 bool jobdir_ckpt_step(const char *name, int64_t *step);

@@ -332,6 +332,47 @@ _Static_assert(SPEC_MAX_WORLD <= PLAN_MAX_WORLD, "the planner takes every world 
  * tests of that case. */
 #define PLAN_TIMEOUT_S 30.0
 
+/* "5, 10, 15" (the newest few when there are many) into buf[cap]; "none" for no steps. */
+static void steps_text(const int64_t *steps, size_t n, char *buf, size_t cap);
+
+/* init.from_job (and init.step) to the weights' path in the jobs folder, or a 422 naming
+ * the key: no such job, no such checkpoint (naming the steps there are), no weights yet. */
+static ddpd_err resolve_init_job(struct api *a, const struct spec *spec, char *path, size_t cap,
+                                 struct ddpd_error *err)
+{
+    int64_t src = spec->init_from_job, step = spec->init_from_step;
+    struct store_job j;
+    memset(&j, 0, sizeof j);
+    ddpd_err rc = store_job_get(a->store, src, &j, err);
+    job_state st = j.state;
+    store_job_clear(&j);
+    if (rc == DDPD_ENOTFOUND)
+        return ddpd_error_set(err, DDPD_ESPEC, "init.from_job", "init.from_job: there is no job %" PRId64,
+                              src);
+    if (rc)
+        return rc;
+    char dir[PATH_MAX];
+    jobdir_job_path(dir, sizeof dir, a->jobs_dir, src);
+    if (jobdir_init_weights(dir, step, path, cap))
+        return DDPD_OK;
+    if (step >= 0) {
+        int64_t *steps;
+        size_t n;
+        char list[256];
+        if (!jobdir_ckpt_list(dir, &steps, &n))
+            return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
+        steps_text(steps, n, list, sizeof list);
+        free(steps);
+        return ddpd_error_set(err, DDPD_ESPEC, "init.step",
+                              "init.step: job %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s",
+                              src, step, n ? (n > 1 ? "steps " : "step ") : "", list);
+    }
+    return ddpd_error_set(err, DDPD_ESPEC, "init.from_job",
+                          "init.from_job: job %" PRId64
+                          " (%s) has no weights yet: no final model and no checkpoint",
+                          src, job_state_name(st));
+}
+
 static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
 {
     struct api *a = ctx_of(req);
@@ -348,10 +389,17 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
     if (rc)
         goto out;
 
+    /* init.from_job: another job of this server, whose weights lie in its jobs folder. The
+     * path is the server's own (never one from the spec), for the planner to check the
+     * tensors' names and shapes against the model as it checks init.from. */
+    char init_path[PATH_MAX] = "";
+    if (spec->init_from_job > 0 && (rc = resolve_init_job(a, spec, init_path, sizeof init_path, err)))
+        goto out;
+
     /* The data must be readable and, with join false, even, and a rank must fit in memory.
      * Synthetic data has nothing to read: its counts follow from the spec, here. Files are the planner's to
      * read, on its own threads and processes: nothing that can block on a file runs here. */
-    if (spec->data.kind == DATA_SYNTHETIC && !spec->init_from[0]) {
+    if (spec->data.kind == DATA_SYNTHETIC && !spec->init_from[0] && !spec->init_from_job) {
         /* The memory a rank needs follows from the spec too (the planner checks it
          * against the same limit where there are files, or an init.from to check). */
         struct spec_memory mem;
@@ -377,6 +425,7 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
         preq->spec = *spec;
         preq->max_rank_memory = a->max_rank_memory;
         snprintf(preq->data_dir, sizeof preq->data_dir, "%s", a->data_dir);
+        snprintf(preq->init_path, sizeof preq->init_path, "%s", init_path);
         doc = plan_request_to_json(preq);
         free(preq);
     }

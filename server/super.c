@@ -419,6 +419,24 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         if (has_resume)
             snprintf(jd->resume, sizeof jd->resume, "%s", resume);
         doc = jd;
+        /* init.from_job: the other job's weights as they are now (checked at submit; a
+         * checkpoint pruned or a job deleted since fails this one, saying so). */
+        char src[PATH_MAX];
+        int64_t from = jd->spec.init_from_job, step = jd->spec.init_from_step;
+        if (!has_resume && from > 0 &&
+            !(jobdir_job_path(src, sizeof src, s->o.jobs_dir, from) &&
+              jobdir_init_weights(src, step, jd->init_path, sizeof jd->init_path))) {
+            doc = NULL;
+            if (step >= 0)
+                ddpd_error_set(&err, DDPD_EDATA, "init.step",
+                               "init.step: job %" PRId64 "'s checkpoint at step %" PRId64
+                               " is gone (deleted with its job, or pruned by checkpoint.keep_last)",
+                               from, step);
+            else
+                ddpd_error_set(&err, DDPD_EDATA, "init.from_job",
+                               "init.from_job: job %" PRId64 "'s weights are gone (the job was deleted)",
+                               from);
+        }
     }
     struct launch_opts lo = {
         .worker = s->o.worker,

@@ -128,23 +128,37 @@ static char *read_stdin(size_t *len, struct ddpd_error *err)
 
 /* init.from against the model, from the file's header alone: every parameter there with
  * its shape, nothing else (what checkpoint_load_weights would refuse in every rank). */
-static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, struct ddpd_error *err)
+static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, const char *init_path,
+                               struct ddpd_error *err)
 {
-    char path[4096];
+    char path[4096], shown[SPEC_PATH_MAX];
     struct param params[2 * SPEC_MAX_LAYERS];
     struct safetensors_file *f = NULL;
-    ddpd_err rc = data_path_resolve(data_dir, "init.from", spec->init_from, path, sizeof path, err);
+    const char *key = spec->init_from_job > 0 ? "init.from_job" : "init.from";
+    ddpd_err rc = DDPD_OK;
+    if (spec->init_from_job > 0) {
+        /* The server resolved it in its jobs folder: named as the job, not the path. */
+        if (!init_path[0])
+            return ddpd_error_set(err, DDPD_ESPEC, key,
+                                  "init.from_job: only ddpd serve can find another job's weights (ddpd run "
+                                  "takes init.from with a file)");
+        snprintf(path, sizeof path, "%s", init_path);
+        snprintf(shown, sizeof shown, "job %" PRId64 "'s weights", spec->init_from_job);
+    } else {
+        rc = data_path_resolve(data_dir, "init.from", spec->init_from, path, sizeof path, err);
+        snprintf(shown, sizeof shown, "%s", spec->init_from);
+    }
     if (rc)
         return rc;
     int np = model_spec_params(spec, params);
     if (np < 0)
-        return ddpd_error_set(err, DDPD_ENOMEM, "init.from", "out of memory checking init.from");
+        return ddpd_error_set(err, DDPD_ENOMEM, key, "out of memory checking init.from");
     if (!(f = safetensors_read_header(path, err))) {
         /* Name the field and the file as the spec gives it, not the server's path. */
         char msg[sizeof err->message];
         const char *rest = strstr(err->message, ": ");
         snprintf(msg, sizeof msg, "%s", rest ? rest + 2 : err->message);
-        return ddpd_error_set(err, DDPD_ESPEC, "init.from", "init.from: %s: %s", spec->init_from, msg);
+        return ddpd_error_set(err, DDPD_ESPEC, key, "%s: %s: %s", key, shown, msg);
     }
     rc = DDPD_OK;
     for (int i = 0; i < np && !rc; i++) {
@@ -154,9 +168,9 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
         snprintf(want, sizeof want, p->ndim == 2 ? "[%" PRId64 ", %" PRId64 "]" : "[%" PRId64 "]",
                  p->shape[0], p->shape[1]);
         if (!t) {
-            rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
-                                "init.from: %s has no tensor \"%s\" (the model's %s %s of model[%d])",
-                                spec->init_from, p->name, p->ndim == 2 ? "weight" : "bias", want, p->layer);
+            rc = ddpd_error_set(err, DDPD_ESPEC, key,
+                                "%s: %s has no tensor \"%s\" (the model's %s %s of model[%d])", key, shown,
+                                p->name, p->ndim == 2 ? "weight" : "bias", want, p->layer);
             break;
         }
         bool same = t->ndim == p->ndim;
@@ -169,9 +183,8 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
             o += (size_t)snprintf(got + o, sizeof got - o, d ? ", %" PRId64 : "%" PRId64, t->shape[d]);
         if (o < sizeof got)
             snprintf(got + o, sizeof got - o, "]");
-        rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
-                            "init.from: %s: tensor \"%s\" has shape %s but model[%d]'s is %s",
-                            spec->init_from, p->name, got, p->layer, want);
+        rc = ddpd_error_set(err, DDPD_ESPEC, key, "%s: %s: tensor \"%s\" has shape %s but model[%d]'s is %s",
+                            key, shown, p->name, got, p->layer, want);
     }
     for (int i = 0; i < safetensors_count(f) && !rc; i++) {
         const char *name = safetensors_at(f, i)->name;
@@ -179,9 +192,9 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
         for (int j = 0; j < np && !known; j++)
             known = strcmp(params[j].name, name) == 0;
         if (!known)
-            rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
-                                "init.from: %s: tensor \"%.100s\" is not a parameter of this model",
-                                spec->init_from, name);
+            rc = ddpd_error_set(err, DDPD_ESPEC, key,
+                                "%s: %s: tensor \"%.100s\" is not a parameter of this model", key, shown,
+                                name);
     }
     safetensors_free(f);
     return rc;
@@ -221,8 +234,8 @@ static void plan_one(const char *line, size_t len)
         rc = spec_memory_check(spec, &mem, req.max_rank_memory, "the server's --max-rank-memory", DDPD_ESPEC,
                                &err);
     }
-    if (rc == DDPD_OK && spec->init_from[0])
-        rc = plan_init_from(spec, data_dir, &err);
+    if (rc == DDPD_OK && (spec->init_from[0] || spec->init_from_job > 0))
+        rc = plan_init_from(spec, data_dir, req.init_path, &err);
     memset(&ans, 0, sizeof ans);
     ans.code = rc;
     ans.known = known;
@@ -466,6 +479,7 @@ int main(int argc, char **argv)
         .data_dir = jd.data_dir[0] ? jd.data_dir : ".",
         .out_dir = jd.out_dir[0] ? jd.out_dir : "var/run",
         .resume = jd.resume[0] ? jd.resume : NULL,
+        .init_path = jd.init_path[0] ? jd.init_path : NULL,
         .disk_quota = jd.disk_quota,
         .cancel = &cancelled,
         .in_loop = &in_loop,

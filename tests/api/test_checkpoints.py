@@ -161,3 +161,52 @@ def test_resume_of_a_deleted_jobs_checkpoint_fails_the_new_job_saying_so(make_se
     j = srv.wait_state(r.json()["id"], FINAL)
     assert j["state"] == "failed", j
     assert f"job {a}'s checkpoint at step {step} to resume from: it is gone" in j["error"], j["error"]
+
+
+def test_init_from_job_starts_from_another_jobs_weights(server):
+    a = server.submit(small_spec(name="base"))["id"]
+    assert server.wait_state(a, FINAL)["state"] == "succeeded"
+    # lr 1e-30 leaves every weight as it was (in float32), so the fine-tuned job's final
+    # model is exactly the weights it started from.
+    tiny = {"type": "sgd", "lr": 1e-30}
+    for init, src in (({"from_job": a}, f"{a}/model.safetensors"),
+                      ({"from_job": a, "step": 10}, f"{a}/ckpt-10/model.safetensors")):
+        b = server.submit(small_spec(name="tuned", steps=5, checkpoint=None, optimizer=tiny, init=init))
+        assert b["spec"]["init"] == init, b["spec"]
+        jb = server.wait_state(b["id"], FINAL)
+        assert jb["state"] == "succeeded", jb["error"]
+        got = st_decode(server.get(f"/v1/jobs/{b['id']}/checkpoint").content)[0]
+        want = st_decode((server.jobs_dir / src).read_bytes())[0]
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=f"{init}: {k}")
+    w10 = st_decode((server.jobs_dir / f"{a}/ckpt-10/model.safetensors").read_bytes())[0]
+    wfin = st_decode((server.jobs_dir / f"{a}/model.safetensors").read_bytes())[0]
+    assert any(not np.array_equal(w10[k], wfin[k]) for k in w10)
+
+
+def test_init_from_job_errors(server):
+    a = server.submit(small_spec(name="base"))["id"]
+    assert server.wait_state(a, FINAL)["state"] == "succeeded"
+
+    def refused(init, path, **over):
+        r = server.post("/v1/jobs", json=small_spec(init=init, **over))
+        e = err_of(r, 422)
+        assert e["path"] == path, e
+        return e["message"]
+
+    assert refused({"from_job": 999999}, "init.from_job") == "init.from_job: there is no job 999999"
+    assert refused({"from_job": a, "step": 7}, "init.step") == (
+        f"init.step: job {a} has no checkpoint at step 7; it has steps 10, 20")
+    m = refused({"from_job": a}, "init.from_job",
+                model=[{"type": "linear", "in": 10, "out": 4}])
+    assert f"job {a}'s weights" in m and "shape" in m and "[4, 10]" in m, m
+    assert "from_job" in refused({"seed": 1, "step": 3}, "init.step")
+    assert "not two" in refused({"seed": 1, "from_job": a}, "init.from_job")
+    assert refused({"from_job": 0}, "init.from_job")
+    # A job with no weights yet.
+    q = server.submit(heavy_spec(1, steps=FOREVER_STEPS, name="busy"))["id"]
+    server.wait_running(q)
+    m = refused({"from_job": q}, "init.from_job")
+    assert m == f"init.from_job: job {q} (running) has no weights yet: no final model and no checkpoint", m
+    assert server.post(f"/v1/jobs/{q}/cancel").status_code == 202
+    server.wait_state(q, FINAL)
