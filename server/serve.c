@@ -101,7 +101,8 @@ static unsigned connection_limit(void)
                                                          : STREAM_CONNECTIONS;
 }
 
-/* GPUs as ddpd-worker --devices prints them (one JSON array; nothing when none). */
+/* GPUs as ddpd-worker --devices prints them (one JSON array, [] when none; an older
+ * worker printed nothing, which reads as none too). */
 static int count_gpus(const char *worker)
 {
     char cmd[PATH_MAX + 32];

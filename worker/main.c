@@ -60,7 +60,7 @@ static void on_sigterm(int sig)
 static void usage(FILE *f)
 {
     fputs("usage: ddpd-worker               read one job document on stdin and run one rank\n"
-          "       ddpd-worker --devices     print the visible CUDA devices as JSON\n"
+          "       ddpd-worker --devices     print the visible CUDA devices as JSON ([] for none)\n"
           "       ddpd-worker --issue-id cpu|nccl  print a rendezvous id and serve its root until\n"
           "                                 stdin closes\n"
           "       ddpd-worker --plan        read {spec, data_dir, world_size[, max_rank_memory]} lines on\n"
@@ -258,7 +258,7 @@ static void plan_one(const char *line, size_t len)
     fflush(stdout);
 }
 
-/* --devices: the visible CUDA devices as one JSON array line, nothing when there are none
+/* --devices: the visible CUDA devices as one JSON array line, `[]` when there are none
  * (the server reads the array's entries, serve.c). The server runs this at every start:
  * without an NVIDIA driver, dev_cuda_device_count answers 0 before loading the CUDA
  * module, so it costs nothing on a CPU host; without the module it also prints nothing. */
@@ -269,8 +269,6 @@ static int devices_main(void)
     /* A driver but no loadable module: say why on stderr (the server's log), not stdout. */
     if (n == 0 && dev_cuda_driver_present() && !dev_cuda_load(&err))
         fprintf(stderr, "ddpd-worker --devices: %s\n", err.message);
-    if (n == 0)
-        return 0;
     json_t *arr = json_array();
     for (int i = 0; i < n; i++) {
         struct dev_cuda_info info;
