@@ -1933,8 +1933,8 @@ ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct 
     memset(out, 0, sizeof *out);
     if (max_points == 0)
         max_points = 1000;
-    if (max_points < 4)
-        max_points = 4;
+    if (max_points < 2)
+        max_points = 2;
     if (max_points > STORE_METRICS_MAX_POINTS)
         max_points = STORE_METRICS_MAX_POINTS;
     struct store__curve *curve = NULL;

@@ -347,10 +347,12 @@ struct store_metrics {
 #define STORE_METRICS_MAX_POINTS 100000
 #define STORE_METRICS_MAX_RANKS  4096
 /* The loss curve of `job`, each series downsampled to at most max_points (clamped to
- * 4..STORE_METRICS_MAX_POINTS; 0 = 1000): the step range is cut into max_points/4
+ * 2..STORE_METRICS_MAX_POINTS; 0 = 1000): the step range is cut into max_points/4
  * buckets of equal width and each bucket keeps its first, minimum, maximum and last
  * point (all of them when it has at most 4), in step order; so the first and last step
- * and the global minimum and maximum of every series are always kept. Non-finite losses
+ * and the global minimum and maximum of every series are always kept. With max_points
+ * 2 or 3 the whole range is one bucket that keeps its first and last point (and with 3
+ * the minimum, else the maximum, between them). Non-finite losses
  * are left out. One streamed pass over the rows; memory O(max_points × ranks). Release
  * *out with store_metrics_free, also after an error. An unknown job gives no series. */
 ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct store_metrics *out,

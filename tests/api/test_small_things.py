@@ -1,0 +1,23 @@
+"""The small things of issue 19 part 4, each through the real server: error messages that
+say what happened and where, query parameters that are checked, the server's options,
+and /metrics."""
+from pylib.server import seed_spec
+
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+def err_of(r, status):
+    assert r.status_code == status, f"{r.status_code} {r.text}"
+    return r.json()["error"]
+
+
+def test_metrics_max_points_is_a_bound(server):
+    jid = server.submit(seed_spec(name="curve", epochs=None, steps=50, log_every=1))["id"]
+    assert server.wait_state(jid, FINAL)["state"] == "succeeded"
+    for mp in (2, 3, 4, 5, 10):
+        m = server.get(f"/v1/jobs/{jid}/metrics", params={"max_points": mp}).json()
+        for s in [m["mean"]] + m["ranks"]:
+            assert 2 <= len(s["step"]) <= mp, (mp, s)
+            assert s["step"][0] == 1 and s["step"][-1] == 50, (mp, s)
+    m = server.get(f"/v1/jobs/{jid}/metrics", params={"max_points": 2}).json()
+    assert m["mean"]["step"] == [1, 50], m
