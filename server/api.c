@@ -384,8 +384,9 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
     struct spec *spec = &pl->spec;
     ddpd_err rc = spec_from_json(body, &po, spec, err);
     char why[512];
-    if (rc == DDPD_OK && !super_fits(a->super, spec->device, spec->world_size, why, sizeof why))
-        rc = ddpd_error_set(err, DDPD_ESPEC, "world_size", "%s", why);
+    const char *blame;
+    if (rc == DDPD_OK && !super_fits(a->super, spec->device, spec->world_size, why, sizeof why, &blame))
+        rc = ddpd_error_set(err, DDPD_ESPEC, blame, "%s", why);
     if (rc)
         goto out;
 

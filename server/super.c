@@ -1051,10 +1051,11 @@ bool super_pending_reason(struct super *s, int64_t job, char *buf, size_t cap)
     return known;
 }
 
-bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap)
+bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap, const char **path)
 {
     pthread_mutex_lock(&s->lock);
     bool ok = launcher_fits(s->o.launcher, s->sched, kind, world, why, cap);
+    *path = sched_slots(s->sched, kind) == 0 ? "device" : "world_size";
     pthread_mutex_unlock(&s->lock);
     return ok;
 }

@@ -21,3 +21,12 @@ def test_metrics_max_points_is_a_bound(server):
             assert s["step"][0] == 1 and s["step"][-1] == 50, (mp, s)
     m = server.get(f"/v1/jobs/{jid}/metrics", params={"max_points": 2}).json()
     assert m["mean"]["step"] == [1, 50], m
+
+
+def test_a_cuda_job_on_a_server_without_gpus_is_blamed_on_device(server):
+    e = err_of(server.post("/v1/jobs", json=seed_spec(device="cuda")), 422)
+    assert e["path"] == "device", e
+    assert e["message"] == "device cuda: this server has no GPUs", e
+    # A world too large for the slots there are is the world size's fault.
+    e = err_of(server.post("/v1/jobs", json=seed_spec(world_size=3)), 422)
+    assert e["path"] == "world_size" and "needs 3" in e["message"], e
