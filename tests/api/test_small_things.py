@@ -30,3 +30,16 @@ def test_a_cuda_job_on_a_server_without_gpus_is_blamed_on_device(server):
     # A world too large for the slots there are is the world size's fault.
     e = err_of(server.post("/v1/jobs", json=seed_spec(world_size=3)), 422)
     assert e["path"] == "world_size" and "needs 3" in e["message"], e
+
+
+def test_a_data_path_that_is_the_data_directory_says_so(server):
+    (server.data_dir / "sub").mkdir()
+    for x in (".", "./", "./.", "sub/.."):
+        e = err_of(server.post("/v1/jobs", json=seed_spec(data={"type": "npy", "x": x, "y": "y.npy"})), 422)
+        assert e["path"] == "data.x", (x, e)
+        assert "symbolic link" not in e["message"], (x, e)
+        if x != "sub/..":
+            assert e["message"] == f'data.x: "{x}" is the data directory itself; name a file in it', (x, e)
+    # Messages name files as the spec does, relative to the data directory.
+    e = err_of(server.post("/v1/jobs", json=seed_spec(data={"type": "npy", "x": "sub", "y": "y.npy"})), 422)
+    assert e["message"] == "sub: not a regular file" and str(server.data_dir) not in e["message"], e
