@@ -375,6 +375,8 @@ static ddpd_err resolve_init_job(struct api *a, const struct spec *spec, char *p
 
 static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "", err))
+        return err->code;
     struct api *a = ctx_of(req);
     json_t *body = http_request_json(req);
     struct spec_parse_opts po = {.default_device = super_default_device(a->super)};
@@ -452,6 +454,8 @@ out:
 
 static ddpd_err h_list(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "state limit before name", err))
+        return err->code;
     struct api *a = ctx_of(req);
     struct store_job_query q = {.with_spec = true, .with_ranks = false};
     int64_t limit, before;
@@ -473,6 +477,13 @@ static ddpd_err h_list(struct http_request *req, struct ddpd_error *err)
                                         t);
             q.states |= JOB_STATE_BIT(st);
         }
+    }
+    const char *name = http_query(req, "name");
+    if (name && name[0]) {
+        if (strlen(name) >= STORE_NAME_MAX)
+            return http_query_error(req, "name", err, "name: longer than a job's name can be (%d bytes)",
+                                    STORE_NAME_MAX - 1);
+        q.name = name;
     }
     q.limit = (int)limit;
     q.before = before;
@@ -514,6 +525,8 @@ static ddpd_err h_list(struct http_request *req, struct ddpd_error *err)
 
 static ddpd_err h_get(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "", err))
+        return err->code;
     struct api *a = ctx_of(req);
     int64_t id = http_request_id(req, 0);
     uint64_t version = store_job_version(a->store, id); /* before the read: see store.h */
@@ -540,12 +553,16 @@ static ddpd_err h_get(struct http_request *req, struct ddpd_error *err)
 
 static ddpd_err h_cancel(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "", err))
+        return err->code;
     ddpd_err rc = super_cancel(ctx_of(req)->super, http_request_id(req, 0), err);
     return rc ? rc : http_respond_empty(req, 202);
 }
 
 static ddpd_err h_delete(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "", err))
+        return err->code;
     /* The supervisor deletes: between two turns of its loop no end of the job is half
      * stored or published. */
     ddpd_err rc = super_delete(ctx_of(req)->super, http_request_id(req, 0), err);
@@ -601,6 +618,8 @@ static void resumed(void *ctx, ddpd_err rc, int64_t id, double created, const st
  * or cancelled job from its newest checkpoint (or checkpoint S), as a restart would. */
 static ddpd_err h_resume(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "step", err))
+        return err->code;
     struct api *a = ctx_of(req);
     int64_t id = http_request_id(req, 0), step;
     struct resumption *r = calloc(1, sizeof *r);
@@ -749,6 +768,8 @@ static void es_close(void *arg, enum http_stream_end why)
 
 static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "format after", err))
+        return err->code;
     struct api *a = ctx_of(req);
     int64_t job = http_request_id(req, 0), after = 0;
     struct store_job j;
@@ -862,6 +883,8 @@ void api_free(struct api *a)
 
 static ddpd_err h_metrics(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "max_points", err))
+        return err->code;
     struct api *a = ctx_of(req);
     int64_t maxp;
     ddpd_err rc = http_query_int(req, "max_points", 2, STORE_METRICS_MAX_POINTS, 1000, &maxp, err);
@@ -901,6 +924,8 @@ static ddpd_err h_metrics(struct http_request *req, struct ddpd_error *err)
 
 static ddpd_err h_logs(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "rank tail", err))
+        return err->code;
     struct api *a = ctx_of(req);
     struct store_job j;
     ddpd_err rc = get_job(req, &j, err);
@@ -961,6 +986,8 @@ static ddpd_err h_logs(struct http_request *req, struct ddpd_error *err)
  * into place), bytes its files together. */
 static ddpd_err h_checkpoints(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "", err))
+        return err->code;
     struct api *a = ctx_of(req);
     int64_t id = http_request_id(req, 0);
     struct store_job j;
@@ -1021,6 +1048,8 @@ static ddpd_err no_checkpoint(int64_t id, job_state st, struct ddpd_error *err)
  * rank 0's optimizer state); without step the final model, else the newest checkpoint. */
 static ddpd_err h_checkpoint(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "step file", err))
+        return err->code;
     struct api *a = ctx_of(req);
     int64_t id = http_request_id(req, 0), step;
     static const char *const files[] = {"model", "optim", NULL};
@@ -1077,7 +1106,8 @@ static ddpd_err h_checkpoint(struct http_request *req, struct ddpd_error *err)
 
 static ddpd_err h_devices(struct http_request *req, struct ddpd_error *err)
 {
-    (void)err;
+    if (http_query_allow(req, "", err))
+        return err->code;
     return http_respond_json(req, 200, super_devices(ctx_of(req)->super));
 }
 

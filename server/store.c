@@ -201,11 +201,12 @@ static const char *const sql_text[ST_COUNT] = {
     [R_JOB_GET] = "SELECT " JOB_COLS "FROM jobs WHERE id = ?1",
     /* Three shapes, so each gets the plan that fits: the primary key backwards, one
      * range of (state, id) backwards, or an IN over the states. */
-    [R_JOB_LIST_ALL] = "SELECT " JOB_COLS "FROM jobs WHERE id < ?1 ORDER BY id DESC LIMIT ?8",
-    [R_JOB_LIST_ONE] = "SELECT " JOB_COLS "FROM jobs WHERE state = ?2 AND id < ?1 "
+    [R_JOB_LIST_ALL] = "SELECT " JOB_COLS "FROM jobs WHERE id < ?1 AND (?10 IS NULL OR name = ?10) "
                        "ORDER BY id DESC LIMIT ?8",
+    [R_JOB_LIST_ONE] = "SELECT " JOB_COLS "FROM jobs WHERE state = ?2 AND id < ?1 "
+                       "AND (?10 IS NULL OR name = ?10) ORDER BY id DESC LIMIT ?8",
     [R_JOB_LIST_SOME] = "SELECT " JOB_COLS "FROM jobs WHERE state IN (?2, ?3, ?4, ?5, ?6, ?7) "
-                        "AND id < ?1 ORDER BY id DESC LIMIT ?8",
+                        "AND id < ?1 AND (?10 IS NULL OR name = ?10) ORDER BY id DESC LIMIT ?8",
     [R_RANKS] = "SELECT attempt, rank, pid, start_time, state, exit_code, step, loss, "
                 "samples_per_s FROM ranks WHERE job = ?1 AND attempt = ?2 ORDER BY rank",
     [R_EVENTS] = "SELECT seq, attempt, kind, rank, ts, body FROM events "
@@ -1761,6 +1762,10 @@ ddpd_err store_job_list(struct store *s, const struct store_job_query *q, struct
             sqlite3_bind_text(st, p++, job_state_name((job_state)i), -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 8, limit + 1); /* one more tells whether there is a next page */
     sqlite3_bind_int(st, 9, q->with_spec);
+    if (q->name)
+        sqlite3_bind_text(st, 10, q->name, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, 10);
     out->jobs = xcalloc((size_t)limit, sizeof *out->jobs);
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {

@@ -190,12 +190,13 @@ ddpd_err store_job_get(struct store *s, int64_t id, struct store_job *out, struc
 
 #define STORE_LIST_MAX 1000
 struct store_job_query {
-    unsigned states; /* JOB_STATE_BIT mask; 0 = every state */
-    int limit;       /* 1..STORE_LIST_MAX; 0 = 50; larger is cut to STORE_LIST_MAX */
-    int64_t before;  /* cursor: only jobs with id < before; 0 = from the newest */
-    bool with_spec;  /* load each job's spec */
-    bool with_ranks; /* load the ranks of each job's current attempt (pid and
-                        start_time for restart recovery) */
+    unsigned states;  /* JOB_STATE_BIT mask; 0 = every state */
+    int limit;        /* 1..STORE_LIST_MAX; 0 = 50; larger is cut to STORE_LIST_MAX */
+    int64_t before;   /* cursor: only jobs with id < before; 0 = from the newest */
+    bool with_spec;   /* load each job's spec */
+    bool with_ranks;  /* load the ranks of each job's current attempt (pid and
+                         start_time for restart recovery) */
+    const char *name; /* only the jobs of exactly this name; NULL = any (borrowed) */
 };
 /* Jobs newest first. Owns `jobs`: release with store_job_list_free. */
 struct store_job_list {

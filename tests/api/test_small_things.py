@@ -1,6 +1,11 @@
 """The small things of issue 19 part 4, each through the real server: error messages that
 say what happened and where, query parameters that are checked, the server's options,
 and /metrics."""
+import socket
+import subprocess
+
+import pytest
+
 from pylib.server import seed_spec
 
 FINAL = ("succeeded", "failed", "cancelled")
@@ -43,3 +48,79 @@ def test_a_data_path_that_is_the_data_directory_says_so(server):
     # Messages name files as the spec does, relative to the data directory.
     e = err_of(server.post("/v1/jobs", json=seed_spec(data={"type": "npy", "x": "sub", "y": "y.npy"})), 422)
     assert e["message"] == "sub: not a regular file" and str(server.data_dir) not in e["message"], e
+
+
+def test_unknown_query_parameters_are_refused_naming_them(server):
+    jid = server.submit(seed_spec(name="q"))["id"]
+    e = err_of(server.get("/v1/jobs?nmae=x"), 400)
+    assert e["code"] == "bad_query" and e["path"] == "nmae", e
+    assert e["message"] == "unknown query parameter 'nmae' (GET /v1/jobs takes state, limit, before, name)", e
+    e = err_of(server.get(f"/v1/jobs/{jid}/metrics?max_point=2&x=1"), 400)
+    assert e["message"].startswith("unknown query parameters 'max_point', 'x' (GET /v1/jobs/{id}/metrics takes "
+                                   "max_points)"), e
+    e = err_of(server.get(f"/v1/jobs/{jid}?verbose=1"), 400)
+    assert "takes none" in e["message"], e
+    e = err_of(server.post(f"/v1/jobs/{jid}/cancel?force=1"), 400)
+    assert "'force'" in e["message"], e
+    for path in (f"/v1/jobs/{jid}/logs?rank=0&tail=5", f"/v1/jobs/{jid}/metrics?max_points=10",
+                 "/v1/jobs?state=queued,succeeded&limit=5", f"/v1/jobs/{jid}/checkpoints"):
+        assert server.get(path).status_code in (200, 404), path
+
+
+def test_the_job_list_filters_by_name(server):
+    a = server.submit(seed_spec(name="alpha"))["id"]
+    b = server.submit(seed_spec(name="beta"))["id"]
+    c = server.submit(seed_spec(name="alpha"))["id"]
+    assert [j["id"] for j in server.get("/v1/jobs?name=alpha").json()["jobs"]] == [c, a]
+    assert [j["id"] for j in server.get("/v1/jobs?name=beta").json()["jobs"]] == [b]
+    assert server.get("/v1/jobs?name=alp").json()["jobs"] == []  # exact, not a prefix
+    assert [j["id"] for j in server.get("/v1/jobs?name=alpha&limit=1").json()["jobs"]] == [c]
+    r = server.get("/v1/jobs", params={"name": "alpha", "limit": 1}).json()
+    assert [j["id"] for j in server.get("/v1/jobs", params={"name": "alpha", "before": r["next"]}).json()["jobs"]] == [a]
+    for st in ("queued,starting,running,succeeded", "succeeded"):
+        server.wait_state(c, FINAL)
+        server.wait_state(a, FINAL)
+        assert [j["id"] for j in server.get("/v1/jobs", params={"name": "alpha", "state": st}).json()["jobs"]] == [c, a]
+    assert len(server.get("/v1/jobs?name=").json()["jobs"]) == 3  # empty: no filter
+    e = err_of(server.get("/v1/jobs", params={"name": "x" * 200}), 400)
+    assert e["path"] == "name", e
+
+
+def serve_fails(work, *args, timeout=30):
+    from pylib.server import bin_dir
+    r = subprocess.run([str(bin_dir() / "ddpd"), "serve", "--gpus", "none", "--data-dir", str(work), *args],
+                       capture_output=True, text=True, timeout=timeout, cwd=str(work))
+    return r.returncode, r.stderr
+
+
+@pytest.mark.parametrize("addr", ["localhost:0", "127.1:0", "LOCALHOST:0"])
+def test_loopback_names_are_loopback(make_server, addr):
+    # Without a token a non-loopback address is refused: these start.
+    srv = make_server(extra=["--listen", addr])
+    assert srv.get("/v1/jobs").status_code == 200
+
+
+def test_bad_listen_addresses_say_what_is_wrong(work):
+    rc, err = serve_fails(work, "--listen", "127.0.0.1:99999", "--db", str(work / "x.db"))
+    assert rc == 2 and 'port "99999" is not a number from 0 to 65535' in err, err
+    assert "token" not in err, err
+    rc, err = serve_fails(work, "--listen", "example.com:8080", "--db", str(work / "x.db"))
+    assert rc == 2 and "host names are not looked up" in err, err
+    rc, err = serve_fails(work, "--listen", "0.0.0.0:0", "--db", str(work / "x.db"))
+    assert rc == 2 and "refusing to listen" in err, err  # the token rule, for a real non-loopback address
+    assert sorted(p.name for p in work.iterdir()) == [], list(work.iterdir())
+
+
+def test_db_in_a_missing_folder_is_refused_and_a_failed_start_leaves_nothing(work):
+    rc, err = serve_fails(work, "--listen", "127.0.0.1:0", "--db", str(work / "no" / "dir" / "x.db"))
+    assert rc == 2, err
+    assert f"--db {work}/no/dir/x.db: the folder {work}/no/dir does not exist; create it first" in err, err
+    assert not (work / "no").exists()
+    # A start that fails after the database was opened (the port taken) leaves no new one.
+    (work / "d").mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        rc, err = serve_fails(work, "--listen", f"127.0.0.1:{s.getsockname()[1]}", "--db", str(work / "d" / "x.db"))
+    assert rc == 1 and "in use" in err, err
+    assert list((work / "d").iterdir()) == [], list((work / "d").iterdir())
