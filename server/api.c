@@ -98,6 +98,7 @@ static json_t *job_json(struct api *a, const struct store_job *j)
     json_object_set_new(o, "restart_history", json_is_array(hist) ? hist : (json_decref(hist), json_array()));
     json_object_set_new(o, "pending_reason", why[0] ? json_string(why) : json_null());
     /* A job made by POST /v1/jobs/{id}/resume: the job and the checkpoint's step it continues. */
+    json_object_set_new(o, "total_steps", j->total_steps > 0 ? json_integer(j->total_steps) : json_null());
     json_object_set_new(o, "resumed_from", j->resumed_from > 0 ? json_integer(j->resumed_from) : json_null());
     json_object_set_new(o, "resumed_from_step",
                         j->resumed_from > 0 ? json_integer(j->resume_step) : json_null());
@@ -230,6 +231,7 @@ struct submission {
     char *text; /* the spec as stored */
     char name[128];
     int world_size, max_restarts;
+    int64_t total_steps; /* 0: not known */
     device_kind device;
 };
 
@@ -251,7 +253,8 @@ static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const 
                           .world_size = sub->world_size,
                           .device = sub->device,
                           .created_at = created,
-                          .max_restarts = sub->max_restarts};
+                          .max_restarts = sub->max_restarts,
+                          .total_steps = sub->total_steps};
     _Static_assert(sizeof j.name == sizeof sub->name, "a spec's name fits the store's");
     memcpy(j.name, sub->name, sizeof j.name);
     char loc[64];
@@ -264,6 +267,22 @@ static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const 
     super_submit(sub->a->super, id, sub->text, sub->world_size, sub->device, sub->max_restarts, created);
     http_deferred_done(req, r, &e);
     free(sub);
+}
+
+/* The optimizer steps a job takes in all, as the ranks count them (train.c): the spec's
+ * steps, or epochs times the steps per epoch of the rank with the most batches; 0 when
+ * the counts are not known (only the ranks can tell) or it does not fit. */
+static int64_t total_steps(const struct spec *spec, const int64_t *counts, bool known)
+{
+    if (spec->steps > 0)
+        return spec->steps;
+    if (!known || spec->epochs <= 0 || spec->grad_accum <= 0)
+        return 0;
+    int64_t most = 0, total;
+    for (int r = 0; r < spec->world_size; r++)
+        most = counts[r] > most ? counts[r] : most;
+    int64_t per_epoch = most / spec->grad_accum + (most % spec->grad_accum != 0);
+    return per_epoch > 0 && !__builtin_mul_overflow(spec->epochs, per_epoch, &total) ? total : 0;
 }
 
 /* The rest of a submission once its data counts are known (on the HTTP thread for
@@ -289,6 +308,7 @@ static ddpd_err submit_checked(struct http_request *req, struct api *a, const st
     sub->world_size = spec->world_size;
     sub->device = spec->device;
     sub->max_restarts = spec->max_restarts;
+    sub->total_steps = total_steps(spec, counts, known);
     /* Answered once the insert's group is committed: under load one commit serves many
      * submissions, and no HTTP thread waits for it. */
     struct store_job_new jn = {.name = sub->name,
@@ -296,6 +316,7 @@ static ddpd_err submit_checked(struct http_request *req, struct api *a, const st
                                .world_size = sub->world_size,
                                .device = sub->device,
                                .max_restarts = sub->max_restarts,
+                               .total_steps = sub->total_steps,
                                .queued_event = true};
     store_job_insert_async(a->store, &jn, submitted, sub);
     return DDPD_OK;
@@ -674,6 +695,7 @@ static ddpd_err h_resume(struct http_request *req, struct ddpd_error *err)
     free(j->ranks);
     char *spec = j->spec;
     int world = j->world_size, restarts = j->max_restarts;
+    int64_t total = j->total_steps;
     device_kind dev = j->device;
     char name[sizeof j->name];
     memcpy(name, j->name, sizeof name);
@@ -684,7 +706,8 @@ static ddpd_err h_resume(struct http_request *req, struct ddpd_error *err)
                             .device = dev,
                             .max_restarts = restarts,
                             .resumed_from = id,
-                            .resume_step = step};
+                            .resume_step = step,
+                            .total_steps = total};
     memcpy(j->name, name, sizeof name);
     r->req = req;
     r->a = a;
@@ -694,7 +717,8 @@ static ddpd_err h_resume(struct http_request *req, struct ddpd_error *err)
                                .device = dev,
                                .max_restarts = restarts,
                                .resumed_from = id,
-                               .resume_step = step};
+                               .resume_step = step,
+                               .total_steps = total};
     http_defer(req);
     store_job_insert_async(a->store, &jn, resumed, r);
     return DDPD_OK;

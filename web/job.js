@@ -101,7 +101,7 @@
 
     function totalSteps() {
       const b = batches.size ? Math.max(...batches.values()) : null;
-      return job ? U.totalSteps(job.spec, b) : null;
+      return job ? job.total_steps || U.totalSteps(job.spec, b) : null;
     }
 
     /* The steps of a failed or cancelled job's checkpoints, read once when it has ended

@@ -7,3 +7,9 @@
 ALTER TABLE jobs ADD COLUMN resumed_from INTEGER CHECK (resumed_from IS NULL OR resumed_from > 0);
 ALTER TABLE jobs ADD COLUMN resume_step INTEGER
     CHECK ((resume_step IS NULL) = (resumed_from IS NULL) AND (resume_step IS NULL OR resume_step >= 0));
+
+-- total_steps: the optimizer steps the job takes in all, when the server knows them at
+-- submit (the spec's steps, or epochs times the steps per epoch of the rank with the most
+-- batches, from the planner's count of the data files); NULL when only the ranks can
+-- tell ({rank} files) or for jobs stored before this column.
+ALTER TABLE jobs ADD COLUMN total_steps INTEGER CHECK (total_steps IS NULL OR total_steps > 0);

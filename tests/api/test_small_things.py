@@ -124,3 +124,26 @@ def test_db_in_a_missing_folder_is_refused_and_a_failed_start_leaves_nothing(wor
         rc, err = serve_fails(work, "--listen", f"127.0.0.1:{s.getsockname()[1]}", "--db", str(work / "d" / "x.db"))
     assert rc == 1 and "in use" in err, err
     assert list((work / "d").iterdir()) == [], list((work / "d").iterdir())
+
+
+def test_the_job_list_knows_the_total_of_an_epoch_job_on_file_data(server):
+    import numpy as np
+    np.save(server.data_dir / "x.npy", np.zeros((100, 10), np.float32))
+    np.save(server.data_dir / "y.npy", np.zeros((100, 5), np.float32))
+    spec = seed_spec(name="files", world_size=2, epochs=3, batch_size=7, grad_accum=2,
+                     data={"type": "npy", "x": "x.npy", "y": "y.npy"})
+    jid = server.submit(spec)["id"]
+    # 50 rows a rank, 8 micro-batches of 7, 4 optimizer steps an epoch, 3 epochs.
+    assert server.job(jid)["total_steps"] == 12
+    listed = {j["id"]: j for j in server.get("/v1/jobs").json()["jobs"]}
+    assert listed[jid]["total_steps"] == 12
+    j = server.wait_state(jid, FINAL)
+    assert j["state"] == "succeeded" and j["step"] == 12, j
+    assert server.submit(seed_spec(epochs=None, steps=40))["total_steps"] == 40
+    assert server.submit(seed_spec(epochs=2))["total_steps"] == 2000  # 3000 samples, batch 3
+    # Files with {rank}: only the ranks can count them.
+    for r in range(2):
+        np.save(server.data_dir / f"x-{r}.npy", np.zeros((10, 10), np.float32))
+        np.save(server.data_dir / f"y-{r}.npy", np.zeros((10, 5), np.float32))
+    r = server.submit(seed_spec(world_size=2, data={"type": "npy", "x": "x-{rank}.npy", "y": "y-{rank}.npy"}))
+    assert r["total_steps"] is None, r
