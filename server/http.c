@@ -1969,18 +1969,13 @@ char *http_server_metrics(struct http_server *s)
             sbuf_printf(&b, "ddpd_http_requests_total{route=\"%s\",code=\"%s\"} %llu\n", route, code, n);
         }
     }
-    pthread_mutex_lock(&s->mu);
-    size_t open = s->nstreams;
-    unsigned long long slow = s->slow_total;
-    pthread_mutex_unlock(&s->mu);
-    sbuf_printf(&b,
-                "# HELP ddpd_http_streams_open Streaming responses (SSE, NDJSON) now open.\n"
-                "# TYPE ddpd_http_streams_open gauge\n"
-                "ddpd_http_streams_open %zu\n"
-                "# HELP ddpd_http_streams_slow_total Streams dropped because the client read "
-                "too slowly.\n"
-                "# TYPE ddpd_http_streams_slow_total counter\n"
-                "ddpd_http_streams_slow_total %llu\n",
-                open, slow);
     return b.p;
+}
+
+void http_server_stream_stats(struct http_server *s, size_t *open, unsigned long long *slow)
+{
+    pthread_mutex_lock(&s->mu);
+    *open = s->nstreams;
+    *slow = s->slow_total;
+    pthread_mutex_unlock(&s->mu);
 }

@@ -141,9 +141,13 @@ int http_server_port(const struct http_server *s);
 
 /* Prometheus text-format lines of the layer's counters: requests by route pattern and
  * status (ddpd_http_requests_total{route="/v1/jobs/{id}",code="200"}; requests that
- * matched no route count under route="unmatched"), open streams, streams dropped as
- * slow. With # HELP / # TYPE lines. Returns a new string; caller frees. */
+ * matched no route count under route="unmatched"). With # HELP / # TYPE lines. Returns
+ * a new string; caller frees. */
 char *http_server_metrics(struct http_server *s);
+/* The streaming responses now open, and those ended because the client read too slowly
+ * (its buffer full), since the start: the API reports them with the hub's own drops as
+ * one concept (ddpd_stream_subscribers, ddpd_stream_subscribers_dropped_total). */
+void http_server_stream_stats(struct http_server *s, size_t *open, unsigned long long *slow);
 
 /* True when `addr` ("ADDR:PORT" as in http_config.listen) is a loopback address
  * (127.0.0.0/8 in any form inet_aton takes, "127.1" included, and "localhost"; ::1,

@@ -147,3 +147,38 @@ def test_the_job_list_knows_the_total_of_an_epoch_job_on_file_data(server):
         np.save(server.data_dir / f"y-{r}.npy", np.zeros((10, 5), np.float32))
     r = server.submit(seed_spec(world_size=2, data={"type": "npy", "x": "x-{rank}.npy", "y": "y-{rank}.npy"}))
     assert r["total_steps"] is None, r
+
+
+def metrics(server):
+    out = {}
+    for line in server.get("/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def test_prometheus_metrics_one_name_per_concept(server):
+    from pylib.server import FOREVER_STEPS, heavy_spec, wait_until
+    done = server.submit(seed_spec(name="done"))["id"]
+    server.wait_state(done, FINAL)
+    jid = server.submit(heavy_spec(2, steps=FOREVER_STEPS, name='run "x"', log_every=10))["id"]
+    server.wait_running(jid)
+    wait_until(lambda: server.job(jid)["step"], 30, "a step")
+    m = metrics(server)
+    assert m['ddpd_build_info{version="0.1.0"}'] == 1, m
+    assert m['ddpd_jobs{state="running"}'] == 1 and m['ddpd_jobs{state="queued"}'] == 0, m
+    assert not [k for k in m if k.startswith("ddpd_jobs{") and "succeeded" in k], m
+    assert m['ddpd_slots{kind="cpu"}'] == 2 and m['ddpd_slots_used{kind="cpu"}'] == 2, m
+    assert m['ddpd_slots{kind="cuda"}'] == 0 and m['ddpd_slots_used{kind="cuda"}'] == 0, m
+    key = f'ddpd_job_step{{job="{jid}",name="run \\"x\\""}}'
+    assert m[key] >= 1, m
+    assert f'ddpd_job_loss{{job="{jid}",name="run \\"x\\""}}' in m, m
+    assert not [k for k in m if k.startswith("ddpd_job_step") and f'job="{done}"' in k], m
+    # The streams: one name each for the open ones and the dropped ones.
+    assert "ddpd_stream_subscribers" in m and "ddpd_stream_subscribers_dropped_total" in m, m
+    assert not [k for k in m if k.startswith("ddpd_http_streams")], m
+    assert server.post(f"/v1/jobs/{jid}/cancel").status_code == 202
+    server.wait_state(jid, FINAL)
+    m = metrics(server)
+    assert m['ddpd_slots_used{kind="cpu"}'] == 0 and not [k for k in m if k.startswith("ddpd_job_step{")], m
