@@ -1327,9 +1327,10 @@ static ddpd_err serve_web_file(struct http_request *req, const char *name, struc
     /* no-cache: the browser keeps the file and revalidates it with its ETag (304). */
     ddpd_err rc = http_respond_file(req, path, type, "no-cache", err);
     if (rc == DDPD_ENOTFOUND)
+        /* No server path in an answer anyone may read: the folder is in the server's log. */
         return ddpd_error_set(err, DDPD_ENOTFOUND, "",
-                              "no such resource: /web/%.128s (the dashboard's folder is %s)", name,
-                              a->web_dir);
+                              "no such resource: /web/%.128s (not in the dashboard's folder, --web-dir)",
+                              name);
     return rc;
 }
 
