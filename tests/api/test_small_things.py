@@ -184,9 +184,13 @@ def test_prometheus_metrics_one_name_per_concept(server):
     assert m['ddpd_slots_used{kind="cpu"}'] == 0 and not [k for k in m if k.startswith("ddpd_job_step{")], m
 
 
-def test_error_messages_show_no_server_paths(server):
+def test_error_messages_show_no_server_paths(make_server, work):
     # A dashboard file that is not there: open to anyone, so no server folder in it.
-    r = server.get("/web/nope.js")
+    web = work / "web"
+    web.mkdir()
+    (web / "index.html").write_text("<html></html>")
+    server = make_server(extra=["--web-dir", str(web)])
+    r = server.get("/web/app.js")
     assert r.status_code == 404
     assert r.json()["error"]["message"] == "no such resource: /web/nope.js (not in the dashboard's folder, --web-dir)", r.text
     e = err_of(server.post("/v1/jobs", json=seed_spec(data={"type": "npy", "x": "x.npy", "y": "y.npy"})), 422)
