@@ -192,6 +192,6 @@ def test_error_messages_show_no_server_paths(make_server, work):
     server = make_server(extra=["--web-dir", str(web)])
     r = server.get("/web/app.js")
     assert r.status_code == 404
-    assert r.json()["error"]["message"] == "no such resource: /web/nope.js (not in the dashboard's folder, --web-dir)", r.text
+    assert r.json()["error"]["message"] == "no such resource: /web/app.js (not in the dashboard's folder, --web-dir)", r.text
     e = err_of(server.post("/v1/jobs", json=seed_spec(data={"type": "npy", "x": "x.npy", "y": "y.npy"})), 422)
     assert str(server.data_dir) not in e["message"] and e["message"] == "x.npy: cannot open: No such file or directory", e
