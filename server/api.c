@@ -689,6 +689,13 @@ static ddpd_err h_resume(struct http_request *req, struct ddpd_error *err)
                             id, st == JOB_STATE_FAILED ? "failed" : "was cancelled");
         goto out;
     }
+    /* The server may have fewer slots now than when the job ran. */
+    char why[512];
+    const char *blame;
+    if (!super_fits(a->super, r->j.device, r->j.world_size, why, sizeof why, &blame)) {
+        rc = ddpd_error_set(err, DDPD_ESPEC, blame, "%s", why);
+        goto out;
+    }
     /* The new job as it will be stored: queued, attempt 0, linked to this one. */
     struct store_job *j = &r->j;
     free(j->restart_history);
