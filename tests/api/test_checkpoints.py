@@ -1,10 +1,11 @@
 """Checkpoints through the API (issue 19 part 3): the list of a job's checkpoints, the
 download of one step's weights or optimizer state, resuming a failed or cancelled job
 as a new job with the numbers of an uninterrupted run, and init.from_job."""
-
-import pytest
+import os
+import signal
 
 import numpy as np
+import pytest
 
 from pylib.server import FOREVER_STEPS, heavy_spec, seed_spec, st_decode, wait_until
 
@@ -210,3 +211,20 @@ def test_init_from_job_errors(server):
     assert m == f"init.from_job: job {q} (running) has no weights yet: no final model and no checkpoint", m
     assert server.post(f"/v1/jobs/{q}/cancel").status_code == 202
     server.wait_state(q, FINAL)
+
+
+def test_resume_a_failed_job(server):
+    spec = heavy_spec(1, steps=FOREVER_STEPS, name="dies", checkpoint={"every_steps": 1000},
+                      log_every=100)
+    a = server.submit(spec)["id"]
+    j = server.wait_running(a)
+    wait_until(lambda: server.get(f"/v1/jobs/{a}/checkpoints").json()["checkpoints"], 60, "a checkpoint")
+    os.kill(j["ranks"][0]["pid"], signal.SIGKILL)
+    assert server.wait_state(a, FINAL)["state"] == "failed"
+    r = server.post(f"/v1/jobs/{a}/resume")
+    assert r.status_code == 201, r.text
+    b = r.json()["id"]
+    server.wait_running(b)
+    wait_until(lambda: (server.job(b)["step"] or 0) > r.json()["resumed_from_step"], 60, "a step after the checkpoint")
+    assert server.post(f"/v1/jobs/{b}/cancel").status_code == 202
+    assert server.wait_state(b, FINAL)["state"] == "cancelled"
