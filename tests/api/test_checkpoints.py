@@ -228,3 +228,26 @@ def test_resume_a_failed_job(server):
     wait_until(lambda: (server.job(b)["step"] or 0) > r.json()["resumed_from_step"], 60, "a step after the checkpoint")
     assert server.post(f"/v1/jobs/{b}/cancel").status_code == 202
     assert server.wait_state(b, FINAL)["state"] == "cancelled"
+
+
+def test_a_queued_resumed_job_keeps_its_link_across_a_server_restart(make_server):
+    srv = make_server(cpu_slots=1)
+    a = srv.submit(heavy_spec(1, steps=FOREVER_STEPS, name="a", checkpoint={"every_steps": 500},
+                              log_every=100))["id"]
+    wait_until(lambda: srv.get(f"/v1/jobs/{a}/checkpoints").json()["checkpoints"], 60, "a checkpoint")
+    assert srv.post(f"/v1/jobs/{a}/cancel").status_code == 202
+    assert srv.wait_state(a, FINAL)["state"] == "cancelled"
+    busy = srv.submit(heavy_spec(1, steps=FOREVER_STEPS, name="busy"))["id"]
+    srv.wait_running(busy)
+    r = srv.post(f"/v1/jobs/{a}/resume")
+    assert r.status_code == 201, r.text
+    b, step = r.json()["id"], r.json()["resumed_from_step"]
+    assert srv.stop() == 0  # the running job is cancelled, the queued one stays queued
+    srv.start()
+    jb = srv.job(b)
+    assert jb["resumed_from"] == a and jb["resumed_from_step"] == step, jb
+    wait_until(lambda: (srv.job(b)["step"] or 0) > step, 60, "a step after the checkpoint")
+    assert srv.post(f"/v1/jobs/{b}/cancel").status_code == 202
+    assert srv.wait_state(b, FINAL)["state"] == "cancelled"
+    first = min(e["step"] for e in srv.events(b) if e["event"] == "loss")
+    assert step < first <= step + 100, (step, first)
