@@ -67,6 +67,37 @@ static json_t *time_or_null(double t)
     return t > 0 ? json_real(t) : json_null();
 }
 
+/* `in` with the server's folders written as a client knows them: a path in the data
+ * directory relative to it ("x.npy"), one in the jobs folder as "jobs/3/ckpt-40". A
+ * rank's error names the files it opened by their full path (the worker knows no
+ * better); an API client has no use for the server's layout. Cut to out[cap]. */
+static void relative_paths(const struct api *a, const char *in, char *out, size_t cap)
+{
+    const char *dirs[2] = {a->data_dir, a->jobs_dir}, *as[2] = {"", JOBDIR_JOBS "/"};
+    size_t n = 0;
+    while (*in && n + 1 < cap) {
+        bool cut = false;
+        for (int d = 0; d < 2 && !cut; d++) {
+            size_t len = dirs[d] ? strlen(dirs[d]) : 0;
+            /* The folder itself, followed by '/', at the start of a word. */
+            if (len > 1 && !strncmp(in, dirs[d], len) && in[len] == '/' &&
+                (n == 0 || out[n - 1] == ' ' || out[n - 1] == '(' || out[n - 1] == '"' ||
+                 out[n - 1] == '\'')) {
+                size_t k = strlen(as[d]);
+                if (n + k + 1 >= cap)
+                    break;
+                memcpy(out + n, as[d], k);
+                n += k;
+                in += len + 1;
+                cut = true;
+            }
+        }
+        if (!cut)
+            out[n++] = *in++;
+    }
+    out[n] = '\0';
+}
+
 /* A job as CONTRACT.md §7 shows it, without its spec (job_text adds it). A queued job's
  * pending reason is the scheduler's of now (super_pending_reason), else the stored one. */
 static json_t *job_json(struct api *a, const struct store_job *j)
@@ -92,7 +123,9 @@ static json_t *job_json(struct api *a, const struct store_job *j)
      * number), which the dashboard marks. */
     if (j->has_progress && !j->loss_finite)
         json_object_set_new(o, "loss_nonfinite", json_true());
-    json_object_set_new(o, "error", j->error[0] ? json_string(j->error) : json_null());
+    char shown[STORE_TEXT_MAX];
+    relative_paths(a, j->error, shown, sizeof shown);
+    json_object_set_new(o, "error", j->error[0] ? json_string(shown) : json_null());
     /* Why the job was restarted, oldest first (store.h); its error is only a final one. */
     json_t *hist = j->restart_history ? json_loads(j->restart_history, 0, NULL) : NULL;
     json_object_set_new(o, "restart_history", json_is_array(hist) ? hist : (json_decref(hist), json_array()));

@@ -195,3 +195,12 @@ def test_error_messages_show_no_server_paths(make_server, work):
     assert r.json()["error"]["message"] == "no such resource: /web/app.js (not in the dashboard's folder, --web-dir)", r.text
     e = err_of(server.post("/v1/jobs", json=seed_spec(data={"type": "npy", "x": "x.npy", "y": "y.npy"})), 422)
     assert str(server.data_dir) not in e["message"] and e["message"] == "x.npy: cannot open: No such file or directory", e
+
+
+def test_a_failed_jobs_error_shows_no_server_paths(make_server):
+    srv = make_server(extra=["--job-disk-quota", "1K"])
+    jid = srv.submit(seed_spec(name="big", epochs=None, steps=20, checkpoint={"every_steps": 5}))["id"]
+    j = srv.wait_state(jid, FINAL)
+    assert j["state"] == "failed", j
+    assert "quota" in j["error"] and f"jobs/{jid}" in j["error"], j["error"]
+    assert str(srv.jobs_dir) not in j["error"] and str(srv.root) not in j["error"], j["error"]
