@@ -264,7 +264,7 @@ static void plan_one(const char *line, size_t len)
 /* --devices: the visible CUDA devices as one JSON array line, `[]` when there are none
  * (the server reads the array's entries, serve.c). The server runs this at every start:
  * without an NVIDIA driver, dev_cuda_device_count answers 0 before loading the CUDA
- * module, so it costs nothing on a CPU host; without the module it also prints nothing. */
+ * module, so it costs nothing on a CPU host; without a loadable module it prints `[]` too. */
 static int devices_main(void)
 {
     int n = dev_cuda_device_count();
