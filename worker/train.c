@@ -182,6 +182,9 @@ static ddpd_err micro_batch(struct run *r, int64_t b, int64_t j, bool sync, int6
     const struct dev_ops *ops = r->dev.ops;
     void *ctx = r->dev.ctx;
     int64_t rows = dataset_batch(r->ds, b, r->hx, r->hy, r->hl);
+    ddpd_err brc = model_check_batch(r->m, rows, err);
+    if (brc)
+        return brc;
     ops->to_device(ctx, r->x, r->hx, (size_t)(rows * r->in) * sizeof(float));
 
     bool prev = false;
