@@ -16,6 +16,7 @@
 
 #include "../base/clock.h"
 #include "../base/file.h"
+#include "../schema/event.h"
 #include "../schema/jobdir.h"
 #include "env.h"
 #include "proc.h"
@@ -243,6 +244,16 @@ void launch_free(struct launch *l)
         kill(l->issuer, SIGKILL);
     stop_issuer(l);
     free(l);
+}
+
+void launch__deliver(const struct launch_opts *o, int rank, const char *line, size_t len, char *last_error,
+                     size_t cap)
+{
+    if (len == 0)
+        return;
+    event_error_message(line, len, last_error, cap);
+    if (o->on_line)
+        o->on_line(o->ctx, rank, line, len);
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */

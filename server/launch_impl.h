@@ -48,6 +48,12 @@ struct launcher {
 /* A launcher for a backend's table and context (steals ctx); NULL when out of memory. */
 struct launcher *launch__new(const struct launch_ops *ops, void *ctx);
 
+/* What every backend does with one complete line of a rank's stdout (without its
+ * newline): remembers it in last_error (cap bytes) when it is an `error` event, for
+ * launch_result's message, and hands it to o->on_line. An empty line is dropped. */
+void launch__deliver(const struct launch_opts *o, int rank, const char *line, size_t len, char *last_error,
+                     size_t cap);
+
 /* The local backend's table: launch_opts.launcher NULL means it. */
 extern const struct launch_ops launch__local_ops;
 

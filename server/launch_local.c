@@ -210,11 +210,7 @@ static void local_cancel(void *run)
 static void deliver(struct local *l, int r, const char *line, size_t len)
 {
     struct rank_proc *p = &l->ranks[r];
-    if (len == 0)
-        return;
-    event_error_message(line, len, p->last_error, sizeof p->last_error);
-    if (l->o.on_line)
-        l->o.on_line(l->o.ctx, r, line, len);
+    launch__deliver(&l->o, r, line, len, p->last_error, sizeof p->last_error);
 }
 
 /* Reads of one rank's pipe per read_rank call (LINE_CAP bytes each, ~1000 short events in

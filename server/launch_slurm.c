@@ -450,16 +450,6 @@ static int rank_log(struct slurm_run *r, int rank)
     return ro->log_fd;
 }
 
-static void deliver(struct slurm_run *r, int rank, const char *line, size_t len)
-{
-    struct rank_out *ro = &r->ranks[rank];
-    if (len == 0)
-        return;
-    event_error_message(line, len, ro->last_error, sizeof ro->last_error);
-    if (r->o.on_line)
-        r->o.on_line(r->o.ctx, rank, line, len);
-}
-
 /* Remembers why Slurm ended the job: "*** JOB 7 ON n1 CANCELLED AT ... DUE TO TIME LIMIT ***". */
 static void note_slurm_end(struct slurm_run *r, const char *line, size_t len)
 {
@@ -497,7 +487,7 @@ static void stdout_piece(struct slurm_run *r, const char *line, size_t len)
     if (n == SLURM_IO_PIECE) /* the line goes on in this rank's next piece */
         return;
     if (!ro->overlong)
-        deliver(r, rank, ro->buf, ro->len);
+        launch__deliver(&r->o, rank, ro->buf, ro->len, ro->last_error, sizeof ro->last_error);
     ro->overlong = false;
     ro->len = 0;
 }

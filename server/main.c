@@ -5,14 +5,20 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "client.h"
 #include "run.h"
 #include "serve.h"
 
 static void usage(FILE *f)
 {
     fputs("usage: ddpd serve [options]           the job server (ddpd serve --help)\n"
-          "       ddpd run [options] SPEC.json   run one job on this host (ddpd run --help)\n"
-          "       ddpd --version\n",
+          "       ddpd run [options] SPEC.json   run one job on this host (ddpd run --help)\n",
+          f);
+    client_usage_lines(f);
+    fputs("       ddpd --version\n"
+          "Client commands talk to the server at --server URL or $DDPD_SERVER (default\n"
+          "http://127.0.0.1:8080) with the token of --token-file F or $DDPD_TOKEN;\n"
+          "ddpd COMMAND --help tells more.\n",
           f);
 }
 
@@ -30,9 +36,11 @@ int main(int argc, char **argv)
         return 2;
     }
     if (!strcmp(argv[1], "serve"))
-        return serve_main(argc - 2, argv + 2, self_dir);
+        return serve_main(argc - 1, argv + 1, self_dir);
     if (!strcmp(argv[1], "run"))
-        return run_main(argc - 2, argv + 2, self_dir);
+        return run_main(argc - 1, argv + 1, self_dir);
+    if (client_is_command(argv[1]))
+        return client_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "--version")) {
         puts("ddpd 0.1.0");
         return 0;
@@ -41,7 +49,10 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    fprintf(stderr, "ddpd: unknown command '%s'\n", argv[1]);
+    fprintf(stderr,
+            "ddpd: unknown command '%s'; the commands are serve, run, submit, jobs, show, watch, logs, "
+            "cancel, rm, checkpoints and pull\n",
+            argv[1]);
     usage(stderr);
     return 2;
 }

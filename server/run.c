@@ -4,6 +4,7 @@
 #include "run.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
 #include <signal.h>
@@ -20,7 +21,9 @@
 #include "../schema/jobdoc.h"
 #include "../schema/spec.h"
 #include "launch.h"
+#include "opt.h"
 #include "planner.h"
+#include "progress.h"
 
 static volatile sig_atomic_t interrupted;
 
@@ -59,12 +62,18 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
+/* Each event to stdout; on a terminal, stderr also shows the progress line (ctx). */
 static void print_line(void *ctx, int rank, const char *line, size_t len)
 {
-    (void)ctx;
     (void)rank;
     fwrite(line, 1, len, stdout);
     fputc('\n', stdout);
+    if (ctx) {
+        json_t *ev = json_loadb(line, len, 0, NULL);
+        if (ev)
+            progress_event(ctx, ev);
+        json_decref(ev);
+    }
 }
 
 /* The spec's name as one file name under var/runs/: letters, digits, '-', '_' and '.' are
@@ -138,17 +147,29 @@ static int run_ranks(const char *worker, json_t *doc, const struct jobdoc *jd, c
     };
     fprintf(stderr, "ddpd run: %d rank%s, output in %s\n", spec->world_size, spec->world_size > 1 ? "s" : "",
             out);
+    /* A long run shows where it is on a terminal; stdout stays the events. When stdout is
+     * a terminal too, the events show it there, and a line redrawn between them would
+     * only garble them. */
+    struct progress *prog = NULL;
+    if (isatty(STDERR_FILENO) && !isatty(STDOUT_FILENO)) {
+        json_t *spec_json = json_object_get(doc, "spec");
+        prog = progress_new(stderr, 0, spec_json, "starting");
+        lo.ctx = prog;
+    }
     struct launch *l = launch_start(&lo, &err);
     json_decref(doc);
     if (!l) {
+        progress_free(prog);
         fprintf(stderr, "ddpd run: %s\n", err.message);
         return 1;
     }
     bool stopping = false;
     while (!launch_poll(l, 100)) {
         fflush(stdout);
+        if (prog)
+            progress_flush(prog);
         if (interrupted && !stopping) {
-            fprintf(stderr, "ddpd run: interrupted, stopping the ranks\n");
+            fprintf(stderr, "%sddpd run: interrupted, stopping the ranks\n", prog ? "\n" : "");
             launch_cancel(l);
             stopping = true;
         }
@@ -157,6 +178,11 @@ static int run_ranks(const char *worker, json_t *doc, const struct jobdoc *jd, c
     struct launch_result res;
     launch_result(l, &res);
     launch_free(l);
+    if (prog) {
+        progress_set_state(prog, res.ok ? "succeeded" : stopping ? "cancelled" : "failed");
+        progress_finish(prog);
+        progress_free(prog);
+    }
     if (res.ok) {
         char model[PATH_MAX];
         jobdir_model_path(model, sizeof model, out);
@@ -184,41 +210,51 @@ struct run_opts {
  * the message on stderr naming the option). */
 static int parse_options(int argc, char **argv, struct run_opts *o)
 {
+    enum { OPT_WORLD = 1000, OPT_DEVICE, OPT_OUT, OPT_DATA_DIR, OPT_RESUME, OPT_MAX_RANK_MEMORY };
+    static const struct option longs[] = {{"world-size", required_argument, NULL, OPT_WORLD},
+                                          {"device", required_argument, NULL, OPT_DEVICE},
+                                          {"out", required_argument, NULL, OPT_OUT},
+                                          {"data-dir", required_argument, NULL, OPT_DATA_DIR},
+                                          {"resume", required_argument, NULL, OPT_RESUME},
+                                          {"max-rank-memory", required_argument, NULL, OPT_MAX_RANK_MEMORY},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
     long world = 0;
     const char *device = NULL, *out = NULL, *data_dir = ".", *resume = NULL, *spec_path = NULL;
     int64_t max_rank_memory = -1; /* -1: this host's memory divided by the ranks */
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        }
-        if (a[0] == '-' && a[1] == '-' && !v) {
-            fprintf(stderr, "ddpd run: %s needs a value\n", a);
+    optind = 1;
+    opterr = 0;
+    for (;;) {
+        int c = getopt_long(argc, argv, ":h", longs, NULL);
+        if (c == -1)
+            break;
+        const char *v = optarg;
+        switch (c) {
+        case 'h': usage(stdout); return 0;
+        case '?':
+        case ':':
+            opt_complain("run", c, argv, longs);
+            if (c == '?')
+                usage(stderr);
             return 2;
-        }
-        if (!strcmp(a, "--world-size")) {
+        case OPT_WORLD:
             if (base_parse_long(v, 1, SPEC_MAX_WORLD, &world)) {
                 fprintf(stderr, "ddpd run: --world-size: expected an integer in [1, %d], got '%s'\n",
                         SPEC_MAX_WORLD, v);
                 return 2;
             }
-            i++;
-        } else if (!strcmp(a, "--device")) {
+            break;
+        case OPT_DEVICE:
             if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
                 fprintf(stderr, "ddpd run: --device: expected cpu or cuda, got '%s'\n", v);
                 return 2;
             }
             device = v;
-            i++;
-        } else if (!strcmp(a, "--out")) {
-            out = argv[++i];
-        } else if (!strcmp(a, "--data-dir")) {
-            data_dir = argv[++i];
-        } else if (!strcmp(a, "--resume")) {
-            resume = argv[++i];
-        } else if (!strcmp(a, "--max-rank-memory")) {
+            break;
+        case OPT_OUT: out = v; break;
+        case OPT_DATA_DIR: data_dir = v; break;
+        case OPT_RESUME: resume = v; break;
+        case OPT_MAX_RANK_MEMORY:
             if (!jobdir_size_parse(v, &max_rank_memory)) {
                 fprintf(stderr,
                         "ddpd run: --max-rank-memory: expected a size (bytes, or 512M, 4G, ...; 0 or none: "
@@ -226,18 +262,15 @@ static int parse_options(int argc, char **argv, struct run_opts *o)
                         v);
                 return 2;
             }
-            i++;
-        } else if (a[0] == '-') {
-            fprintf(stderr, "ddpd run: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        } else if (spec_path) {
-            fprintf(stderr, "ddpd run: one spec file only ('%s' and '%s')\n", spec_path, a);
-            return 2;
-        } else {
-            spec_path = a;
+            break;
         }
     }
+    if (argc - optind > 1) {
+        fprintf(stderr, "ddpd run: one spec file only ('%s' and '%s')\n", argv[optind], argv[optind + 1]);
+        return 2;
+    }
+    if (optind < argc)
+        spec_path = argv[optind];
     if (!spec_path) {
         usage(stderr);
         return 2;

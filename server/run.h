@@ -4,6 +4,7 @@
 #ifndef DDPD_RUN_H
 #define DDPD_RUN_H
 
+/* argv[0] is "run", its options follow. Returns the exit status. */
 int run_main(int argc, char **argv, const char *self_dir);
 
 #endif

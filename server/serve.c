@@ -9,6 +9,7 @@
 #include "serve.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <jansson.h>
 #include <libgen.h>
 #include <limits.h>
@@ -32,8 +33,10 @@
 #include "hub.h"
 #include "proc.h"
 #include "sched.h"
+#include "token.h"
 #include "launch.h"
 #include "launch_slurm.h"
+#include "opt.h"
 #include "store.h"
 #include "super.h"
 
@@ -137,64 +140,6 @@ static int count_gpus(const char *worker)
     return count;
 }
 
-/* The longest token, and the most a token file may hold (the token and the whitespace
- * after it). */
-#define TOKEN_MAX      4095
-#define TOKEN_FILE_MAX 8192
-
-/* The bearer token of --token-file: the file's bytes less the whitespace that ends them
- * (an editor's newline). A token is what a client can send back in its Authorization
- * header, so one with whitespace or a control byte inside it (a second line included),
- * or longer than TOKEN_MAX, is refused rather than cut or kept unusable. Returns a new
- * string, or NULL with the reason in why[cap]. */
-static char *read_token(const char *path, char *why, size_t cap)
-{
-    char buf[TOKEN_FILE_MAX + 1];
-    size_t n = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(why, cap, "cannot open: %s", strerror(errno));
-        return NULL;
-    }
-    n = fread(buf, 1, sizeof buf, f);
-    bool failed = ferror(f);
-    fclose(f);
-    if (failed) {
-        snprintf(why, cap, "cannot read it");
-        return NULL;
-    }
-    if (n > TOKEN_FILE_MAX) {
-        snprintf(why, cap, "the file is larger than %d bytes; a token is at most %d bytes", TOKEN_FILE_MAX,
-                 TOKEN_MAX);
-        return NULL;
-    }
-    while (n > 0 && strchr(" \t\r\n\v\f", buf[n - 1]) && buf[n - 1] != '\0')
-        n--;
-    if (n == 0) {
-        snprintf(why, cap, "the file holds no token");
-        return NULL;
-    }
-    if (n > TOKEN_MAX) {
-        snprintf(why, cap, "the token is %zu bytes; the limit is %d", n, TOKEN_MAX);
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)buf[i];
-        if (c <= 0x20 || c >= 0x7f) {
-            snprintf(why, cap,
-                     "the token holds %s (byte 0x%02x) at offset %zu; a token is one line of printable "
-                     "ASCII without spaces, which a client can send as 'Authorization: Bearer <token>'",
-                     c == ' ' || c == '\t' ? "whitespace"
-                     : c >= 0x7f           ? "a non-ASCII byte"
-                                           : "a control byte",
-                     c, i);
-            return NULL;
-        }
-    }
-    buf[n] = '\0';
-    return strdup(buf);
-}
-
 /* What the command line says, with the defaults of `usage`. */
 struct serve_opts {
     const char *listen, *db, *data_dir, *jobs_dir, *gpus_arg, *token_file, *web_dir, *cors, *comm_addr;
@@ -229,21 +174,55 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
                              .job_disk_quota = JOBDIR_DEFAULT_QUOTA,
                              .slurm_opts = {.cpus_per_task = 1}};
     struct slurm_opts *so_slurm = &o->slurm_opts;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+    /* getopt_long finds the option and its value (--db X, --db=X, or an unambiguous prefix:
+     * each has its own value, so that glibc tells a prefix of two apart); the chain below
+     * reads it by name. */
+    static const struct option longs[] = {{"listen", required_argument, NULL, 1001},
+                                          {"db", required_argument, NULL, 1002},
+                                          {"data-dir", required_argument, NULL, 1003},
+                                          {"jobs-dir", required_argument, NULL, 1004},
+                                          {"gpus", required_argument, NULL, 1005},
+                                          {"token-file", required_argument, NULL, 1006},
+                                          {"web-dir", required_argument, NULL, 1007},
+                                          {"slurm-partition", required_argument, NULL, 1008},
+                                          {"slurm-account", required_argument, NULL, 1009},
+                                          {"slurm-time", required_argument, NULL, 1010},
+                                          {"comm-addr", required_argument, NULL, 1011},
+                                          {"slurm-arg", required_argument, NULL, 1012},
+                                          {"slurm-cpus-per-task", required_argument, NULL, 1013},
+                                          {"launcher", required_argument, NULL, 1014},
+                                          {"cors-origin", required_argument, NULL, 1015},
+                                          {"job-disk-quota", required_argument, NULL, 1016},
+                                          {"max-rank-memory", required_argument, NULL, 1017},
+                                          {"cpu-slots", required_argument, NULL, 1018},
+                                          {"on-shutdown", required_argument, NULL, 1019},
+                                          {"insecure", no_argument, NULL, 1020},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+    optind = 1;
+    opterr = 0;
+    for (;;) {
+        int idx = -1;
+        int c = getopt_long(argc, argv, ":h", longs, &idx);
+        if (c == -1)
+            break;
+        if (c == 'h') {
             usage(stdout);
             return 0;
         }
+        if (c == '?' || c == ':') {
+            opt_complain("serve", c, argv, longs);
+            if (c == '?')
+                usage(stderr);
+            return 2;
+        }
+        char a[64];
+        snprintf(a, sizeof a, "--%s", longs[idx].name);
+        const char *v = optarg;
         if (!strcmp(a, "--insecure")) {
             o->insecure = true;
             continue;
         }
-        if (!v) {
-            fprintf(stderr, "ddpd serve: %s needs a value\n", a);
-            return 2;
-        }
-        i++;
         if (!strcmp(a, "--listen"))
             o->listen = v;
         else if (!strcmp(a, "--db"))
@@ -323,6 +302,11 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
             return 2;
         }
     }
+    if (optind < argc) {
+        fprintf(stderr, "ddpd serve: unexpected argument '%s' (ddpd serve takes options only)\n",
+                argv[optind]);
+        return 2;
+    }
     return -1;
 }
 
@@ -361,7 +345,7 @@ static bool find_web_dir(const char *web_dir, const char *self_dir, char *web_ab
 static int prepare(struct serve_opts *o, const char *self_dir, struct serve_setup *s)
 {
     char token_why[256];
-    if (o->token_file && !(s->token = read_token(o->token_file, token_why, sizeof token_why))) {
+    if (o->token_file && !(s->token = token_read_file(o->token_file, token_why, sizeof token_why))) {
         fprintf(stderr, "ddpd serve: --token-file %s: %s\n", o->token_file, token_why);
         return 2;
     }

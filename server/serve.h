@@ -3,6 +3,7 @@
 #ifndef DDPD_SERVE_H
 #define DDPD_SERVE_H
 
+/* argv[0] is "serve", its options follow. Returns the exit status. */
 int serve_main(int argc, char **argv, const char *self_dir);
 
 #endif

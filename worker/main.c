@@ -175,8 +175,8 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
         if (!t) {
             rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
                                 "init.from: %s has no tensor \"%s\" (the model's %s %s of layer %s)",
-                                spec->init_from, p->name, strrchr(p->name, '.') + 1, want,
-                                spec->layers[p->layer].key);
+                                spec->init_from, p->name, p->name + strlen(spec->layers[p->layer].key) + 1,
+                                want, spec->layers[p->layer].key);
             break;
         }
         bool same = t->ndim == p->ndim;

@@ -172,3 +172,42 @@ def test_gpt_dropout_resume_is_exact(work):
     spec0.pop("checkpoint")
     plain = H.run_ddpd(spec0, 2, work, name="plain").check_ok(2)
     assert plain.losses()[0] != want[0], "dropout p=0.2 changed nothing"
+
+
+def test_gpt_eval_per_position(work):
+    """eval (§2a) of a GPT: loss and accuracy per position over B·T, against PyTorch on the
+    final weights (eval runs after the last step with the model that step left)."""
+    H.need_bin()
+    H.need_torch()
+    import torch
+    model = gpt(p=0.3)  # eval turns dropout off
+    case = token_case(model, 32, 8, 10, 1, {"type": "adamw", "lr": 0.002}, 2, seed=21)
+    spec = case.write(Path(work) / "data")
+    spec["eval"] = {"data": {"type": "npy", "x": "x.npy", "y": "y.npy", "shuffle": False}, "every_steps": 1000}
+    run = H.run_ddpd(spec, 1, work).check_ok(1)
+    ev = run.of("eval", 0)
+    assert len(ev) == 1, f"one eval, after the last step: {ev}"
+    tree = torch_models.build(model)
+    tree.load_state_dict({k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in run.model().items()})
+    tree.eval()
+    x, y = case.full
+    with torch.no_grad():
+        out = tree(torch.from_numpy(x.astype(np.int64)))
+        yy = torch.from_numpy(y.astype(np.int64))
+        loss = torch.nn.functional.cross_entropy(out.reshape(-1, 32), yy.reshape(-1)).item()
+        acc = (out.argmax(-1) == yy).float().mean().item()
+    assert ev[0]["samples"] == 10
+    assert ev[0]["loss"] == pytest.approx(loss, rel=1e-5, abs=1e-7), (ev[0], loss)
+    assert ev[0]["accuracy"] == pytest.approx(acc, abs=1e-9), (ev[0], acc)
+
+
+def test_gpt_init_from_missing_nested_tensor(work):
+    """init.from without one of the nested tensors: refused before training, naming it."""
+    H.need_bin()
+    case = token_case(gpt(), 32, 8, 4, 1, {"type": "sgd", "lr": 0.1}, 2, seed=1)
+    del case.init_sd["4.1.qkv.weight"]
+    spec = case.write(Path(work) / "data")
+    run = H.run_ddpd(spec, 1, work)
+    assert run.rc != 0, run.describe()
+    text = run.stdout + run.stderr
+    assert 'no tensor "4.1.qkv.weight"' in text and "qkv.weight [48, 16] of layer 4.1" in text, run.describe()

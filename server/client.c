@@ -1,0 +1,1095 @@
+/* client.c — the client commands of `ddpd` (client.h) over libcurl: each parses its options
+ * with getopt_long, makes its requests with timeouts (streams: the server's heartbeats
+ * bound how long a dead connection goes unnoticed), and prints tables, JSON, NDJSON or
+ * the progress line. Knows the REST API, not the server's code. */
+#include "client.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../base/clock.h"
+#include "../base/file.h"
+#include "../base/parse.h"
+#include "../schema/spec.h"
+#include "opt.h"
+#include "progress.h"
+#include "token.h"
+
+#define DEFAULT_SERVER     "http://127.0.0.1:8080" /* `ddpd serve`'s default --listen */
+#define URL_MAX            2048
+#define ANSWER_MAX         (64u << 20) /* the most a JSON answer or a log may be */
+#define SSE_LINE_MAX       (1u << 20)  /* one line of the event stream */
+#define CONNECT_TIMEOUT_S  10L
+#define REQUEST_TIMEOUT_S  120L /* a submission waits for the planner (up to 60 s) */
+#define STREAM_IDLE_S      45L  /* three of the server's 15 s SSE heartbeats */
+#define RECONNECT_MAX      10   /* attempts in a row without an event in between ... */
+#define RECONNECT_WINDOW_S 60.0 /* ... and within this long */
+#define SUBMIT_RETRIES     5    /* a submission the server is too busy for: 0.5 s, 1 s, .. 8 s apart */
+#define LOGS_POLL_S        1.0
+#define LOGS_MATCH         256 /* bytes of the log that logs -f finds again in the next read */
+
+/* Exit codes (client.h). */
+#define EXIT_FAIL      1
+#define EXIT_USAGE     2
+#define EXIT_CANCELLED 5
+
+struct client {
+    const char *cmd; /* "submit" */
+    char base[URL_MAX];
+    char *token;
+    char auth[TOKEN_MAX + 32];
+    char why[CURL_ERROR_SIZE + 64]; /* why the last stream request got no (whole) answer */
+    CURL *curl;
+};
+
+/* A growing buffer with a cap. */
+struct buf {
+    char *p;
+    size_t n, cap, max;
+    bool over;
+};
+
+static bool buf_add(struct buf *b, const char *s, size_t n)
+{
+    if (b->n + n + 1 > b->max) {
+        b->over = true;
+        return false;
+    }
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->over = true;
+            return false;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+    return true;
+}
+
+static void buf_free(struct buf *b)
+{
+    free(b->p);
+    *b = (struct buf){0};
+}
+
+/* ---- options ------------------------------------------------------------------------ */
+
+enum {
+    OPT_SERVER = 1000,
+    OPT_TOKEN_FILE,
+    OPT_FOLLOW,
+    OPT_STATE,
+    OPT_LIMIT,
+    OPT_RANK,
+    OPT_TAIL,
+    OPT_STEP,
+    OPT_OPTIM
+};
+
+#define COMMON_OPTIONS                                                                                       \
+    {"server", required_argument, NULL, OPT_SERVER},                                                         \
+        {"token-file", required_argument, NULL, OPT_TOKEN_FILE}, {"help", no_argument, NULL, 'h'},           \
+    {                                                                                                        \
+        NULL, 0, NULL, 0                                                                                     \
+    }
+
+#define COMMON_HELP                                                                                          \
+    "  --server URL      the server (default: $DDPD_SERVER, else " DEFAULT_SERVER ")\n"                      \
+    "  --token-file F    the bearer token's file (default: $DDPD_TOKEN)\n"
+
+struct command {
+    const char *name, *args, *what, *help;
+    int (*run)(struct client *c, int argc, char **argv);
+};
+
+static const struct command *find_command(const char *name);
+
+static void command_usage(const struct command *cmd, FILE *f)
+{
+    fprintf(f, "usage: ddpd %s %s\n%s\n%s" COMMON_HELP, cmd->name, cmd->args, cmd->what, cmd->help);
+}
+
+/* The options of a client command: a getopt_long loop that takes the common ones
+ * (--server, --token-file, --help) and names the option in every error. */
+struct opts {
+    const struct command *cmd;
+    const char *server, *token_file;
+    int rc; /* after next_option returned -2: the exit status */
+};
+
+/* The next command-specific option (its code, with optarg), -1 at the end of the options,
+ * or -2 to stop with o->rc (0 after --help, 2 after an error on stderr). */
+static int next_option(struct opts *o, int argc, char **argv, const char *shorts, const struct option *longs)
+{
+    for (;;) {
+        int c = getopt_long(argc, argv, shorts, longs, NULL);
+        switch (c) {
+        case OPT_SERVER: o->server = optarg; continue;
+        case OPT_TOKEN_FILE: o->token_file = optarg; continue;
+        case 'h':
+            command_usage(o->cmd, stdout);
+            o->rc = 0;
+            return -2;
+        case '?':
+        case ':':
+            opt_complain(o->cmd->name, c, argv, longs);
+            if (c == '?')
+                fprintf(stderr, "(ddpd %s --help lists the options)\n", o->cmd->name);
+            o->rc = EXIT_USAGE;
+            return -2;
+        default: return c;
+        }
+    }
+}
+
+/* Checks that exactly `want` operands remain (their names in `what`, for the message). */
+static bool operands(struct opts *o, int argc, int want, const char *what)
+{
+    int have = argc - optind;
+    if (have == want)
+        return true;
+    if (have < want)
+        fprintf(stderr, "ddpd %s: missing %s\n", o->cmd->name, what);
+    else
+        fprintf(stderr, "ddpd %s: expected only %s, got %d arguments\n", o->cmd->name, what, have);
+    command_usage(o->cmd, stderr);
+    o->rc = EXIT_USAGE;
+    return false;
+}
+
+static bool parse_id(const char *cmd, const char *s, int64_t *id)
+{
+    if (base_parse_i64(s, 1, INT64_MAX, id)) {
+        fprintf(stderr, "ddpd %s: expected a job id (a positive integer), got '%s'\n", cmd, s);
+        return false;
+    }
+    return true;
+}
+
+static bool parse_opt_long(const char *cmd, const char *opt, const char *v, long lo, long hi, long *out)
+{
+    if (base_parse_long(v, lo, hi, out)) {
+        fprintf(stderr, "ddpd %s: %s: expected an integer in [%ld, %ld], got '%s'\n", cmd, opt, lo, hi, v);
+        return false;
+    }
+    return true;
+}
+
+/* ---- the connection ----------------------------------------------------------------- */
+
+/* Sets the server's address and the token from the options and the environment. Returns
+ * 0, or the exit status after a message. */
+static int client_setup(struct client *c, const struct opts *o)
+{
+    const char *server = o->server ? o->server : getenv("DDPD_SERVER");
+    const char *from = o->server ? "--server" : "DDPD_SERVER";
+    if (!server || !server[0])
+        server = DEFAULT_SERVER;
+    bool scheme = !strncmp(server, "http://", 7) || !strncmp(server, "https://", 8);
+    int n = snprintf(c->base, sizeof c->base, "%s%s", scheme ? "" : "http://", server);
+    if (n < 0 || (size_t)n >= sizeof c->base - 256) {
+        fprintf(stderr, "ddpd %s: %s: the address is longer than %d bytes\n", c->cmd, from, URL_MAX - 256);
+        return EXIT_USAGE;
+    }
+    while (n > 0 && c->base[n - 1] == '/')
+        c->base[--n] = '\0';
+    if (strstr(server, "://") && !scheme) {
+        fprintf(stderr, "ddpd %s: %s %s: expected an http:// or https:// address\n", c->cmd, from, server);
+        return EXIT_USAGE;
+    }
+    char why[512];
+    if (o->token_file) {
+        if (!(c->token = token_read_file(o->token_file, why, sizeof why))) {
+            fprintf(stderr, "ddpd %s: --token-file %s: %s\n", c->cmd, o->token_file, why);
+            return EXIT_USAGE;
+        }
+    } else {
+        const char *t = getenv("DDPD_TOKEN");
+        if (t && t[0]) {
+            if (!token_check(t, strlen(t), why, sizeof why)) {
+                fprintf(stderr, "ddpd %s: DDPD_TOKEN: %s\n", c->cmd, why);
+                return EXIT_USAGE;
+            }
+            c->token = strdup(t);
+        }
+    }
+    if (c->token)
+        snprintf(c->auth, sizeof c->auth, "Authorization: Bearer %s", c->token);
+    if (!(c->curl = curl_easy_init())) {
+        fprintf(stderr, "ddpd %s: cannot start libcurl\n", c->cmd);
+        return EXIT_FAIL;
+    }
+    return 0;
+}
+
+/* What a transfer writes into: the answer's body (up to its cap), or, for a 200 answer
+ * with `file` set, that file; or the event stream's parser. */
+struct sink {
+    struct client *c;
+    struct buf body;
+    FILE *file;       /* pull: a 200 answer's bytes go here */
+    bool file_failed; /* writing the file failed (errno in file_errno) */
+    int file_errno;
+    size_t (*stream)(void *ctx, const char *p, size_t n); /* a 200 answer's bytes go here */
+    void *stream_ctx;
+};
+
+static size_t on_data(char *p, size_t size, size_t nmemb, void *arg)
+{
+    struct sink *s = arg;
+    size_t n = size * nmemb;
+    long status = 0;
+    curl_easy_getinfo(s->c->curl, CURLINFO_RESPONSE_CODE, &status);
+    if (status == 200 && s->file) {
+        if (fwrite(p, 1, n, s->file) != n) {
+            s->file_failed = true;
+            s->file_errno = errno;
+            return 0;
+        }
+        return n;
+    }
+    if (status == 200 && s->stream)
+        return s->stream(s->stream_ctx, p, n);
+    return buf_add(&s->body, p, n) ? n : 0;
+}
+
+enum req_kind { REQ_PLAIN, REQ_DOWNLOAD, REQ_STREAM };
+
+/* One request: method, path (with its query) and an optional JSON body. Returns the HTTP
+ * status, or 0 when no answer came (the message, naming the server, already printed), or
+ * for a stream -1 when it broke off or could not be opened (the reason in c->why). */
+static long request(struct client *c, const char *method, const char *path, const char *body, size_t body_len,
+                    enum req_kind kind, struct sink *s)
+{
+    char url[URL_MAX + 512], errbuf[CURL_ERROR_SIZE] = "";
+    snprintf(url, sizeof url, "%s%s", c->base, path);
+    CURL *h = c->curl;
+    curl_easy_reset(h);
+    struct curl_slist *hdrs = NULL;
+    if (c->token)
+        hdrs = curl_slist_append(hdrs, c->auth);
+    if (body)
+        hdrs = curl_slist_append(hdrs, "Content-Type: application/json");
+    if (kind == REQ_STREAM)
+        hdrs = curl_slist_append(hdrs, "Accept: text/event-stream");
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    if (!strcmp(method, "GET"))
+        curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
+    else if (!strcmp(method, "POST")) {
+        curl_easy_setopt(h, CURLOPT_POST, 1L);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body ? body : "");
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(body ? body_len : 0));
+    }
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, CONNECT_TIMEOUT_S);
+    curl_easy_setopt(h, CURLOPT_USERAGENT, "ddpd/0.1.0");
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, s);
+    if (kind == REQ_PLAIN) {
+        curl_easy_setopt(h, CURLOPT_TIMEOUT, REQUEST_TIMEOUT_S);
+    } else {
+        /* A download or a stream may take as long as it needs, but not stall: a stream
+         * gets a heartbeat every 15 s, a download bytes all the time. */
+        curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+        curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, STREAM_IDLE_S);
+    }
+    CURLcode rc = curl_easy_perform(h);
+    long status = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(hdrs);
+    if (rc == CURLE_OK)
+        return status;
+    if (s->body.over) {
+        fprintf(stderr, "ddpd %s: %s %s: the answer is larger than %u bytes\n", c->cmd, method, path,
+                (unsigned)s->body.max);
+        return 0;
+    }
+    if (s->file_failed) {
+        fprintf(stderr, "ddpd %s: writing the download: %s\n", c->cmd, strerror(s->file_errno));
+        return 0;
+    }
+    if (kind == REQ_STREAM) {
+        /* Refused, reset, silent for STREAM_IDLE_S: the caller tries again (or the stream's
+         * parser stopped it, and the caller knows why). */
+        snprintf(c->why, sizeof c->why, "%s", errbuf[0] ? errbuf : curl_easy_strerror(rc));
+        return -1;
+    }
+    if (status == 0)
+        fprintf(stderr,
+                "ddpd %s: cannot reach the server at %s: %s (is `ddpd serve` running there? --server or "
+                "DDPD_SERVER name the address)\n",
+                c->cmd, c->base, errbuf[0] ? errbuf : curl_easy_strerror(rc));
+    else
+        fprintf(stderr, "ddpd %s: %s %s at %s: %s\n", c->cmd, method, path, c->base,
+                errbuf[0] ? errbuf : curl_easy_strerror(rc));
+    return 0;
+}
+
+/* Prints an error answer: the server's message and the JSON path it names. Returns the
+ * exit status: 2 for a spec the server rejected (`spec_rejected`), else 1. */
+static int http_failed(struct client *c, const char *method, const char *path, long status,
+                       const struct buf *b, bool spec_answer)
+{
+    json_t *j = b->p ? json_loads(b->p, 0, NULL) : NULL;
+    json_t *e = json_object_get(j, "error");
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    const char *code = json_string_value(json_object_get(e, "code"));
+    const char *at = json_string_value(json_object_get(e, "path"));
+    if (msg)
+        fprintf(stderr, "ddpd %s: %s%s%s (HTTP %ld %s from %s %s)\n", c->cmd, at && at[0] ? at : "",
+                at && at[0] ? ": " : "", msg, status, code ? code : "", method, path);
+    else
+        fprintf(stderr, "ddpd %s: %s %s: HTTP %ld from %s%s%.200s\n", c->cmd, method, path, status, c->base,
+                b->n ? ": " : "", b->n ? b->p : "");
+    if (status == 401)
+        fprintf(stderr,
+                "ddpd %s: the server at %s wants a token: set DDPD_TOKEN or --token-file to the "
+                "server's token\n",
+                c->cmd, c->base);
+    json_decref(j);
+    return spec_answer && (status == 400 || status == 413 || status == 422) ? EXIT_USAGE : EXIT_FAIL;
+}
+
+/* GET path as JSON: returns a new reference, or NULL after a message with *rc set. */
+static json_t *get_json(struct client *c, const char *path, int *rc)
+{
+    struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
+    json_t *j = NULL;
+    long status = request(c, "GET", path, NULL, 0, REQ_PLAIN, &s);
+    *rc = EXIT_FAIL;
+    if (status == 200) {
+        json_error_t je;
+        j = json_loads(s.body.p ? s.body.p : "", 0, &je);
+        if (!j)
+            fprintf(stderr, "ddpd %s: GET %s: the answer is not JSON: %s\n", c->cmd, path, je.text);
+        else
+            *rc = 0;
+    } else if (status > 0) {
+        *rc = http_failed(c, "GET", path, status, &s.body, false);
+    }
+    buf_free(&s.body);
+    return j;
+}
+
+/* ---- following a job ---------------------------------------------------------------- */
+
+struct follow {
+    struct client *c;
+    int64_t job;
+    struct progress *prog; /* NULL: NDJSON on stdout */
+    int64_t last_seq;
+    int frames; /* frames of this connection */
+    char final[16];
+    char error[1024];
+    char stream_error[512];
+    struct buf line, data;
+    char ev_name[32];
+    int64_t id;
+    bool has_id, out_failed;
+    bool fatal; /* the parser stopped the stream: a line over SSE_LINE_MAX, stdout closed */
+};
+
+static bool final_state(const char *s)
+{
+    return s && (!strcmp(s, "succeeded") || !strcmp(s, "failed") || !strcmp(s, "cancelled"));
+}
+
+static void follow_frame(struct follow *f)
+{
+    f->frames++;
+    json_t *ev = f->data.p ? json_loads(f->data.p, 0, NULL) : NULL;
+    if (!strcmp(f->ev_name, "stream_error")) {
+        const char *m = json_string_value(json_object_get(ev, "message"));
+        snprintf(f->stream_error, sizeof f->stream_error, "%s", m ? m : "(no message)");
+        json_decref(ev);
+        return;
+    }
+    if (f->has_id)
+        f->last_seq = f->id;
+    if (f->prog) {
+        if (ev)
+            progress_event(f->prog, ev);
+    } else if (f->data.n) {
+        if (fwrite(f->data.p, 1, f->data.n, stdout) != f->data.n || fputc('\n', stdout) == EOF ||
+            fflush(stdout) != 0)
+            f->out_failed = true;
+    }
+    const char *kind = json_string_value(json_object_get(ev, "event"));
+    const char *st = json_string_value(json_object_get(ev, "state"));
+    if (kind && !strcmp(kind, "state") && final_state(st)) {
+        snprintf(f->final, sizeof f->final, "%s", st);
+        const char *e = json_string_value(json_object_get(ev, "error"));
+        snprintf(f->error, sizeof f->error, "%s", e ? e : "");
+    }
+    json_decref(ev);
+}
+
+/* One line of the SSE stream (without its end). */
+static void follow_line(struct follow *f, char *l, size_t n)
+{
+    if (n && l[n - 1] == '\r')
+        l[--n] = '\0';
+    if (!n) { /* the end of a frame */
+        if (f->data.n || f->ev_name[0])
+            follow_frame(f);
+        f->data.n = 0;
+        if (f->data.p)
+            f->data.p[0] = '\0';
+        f->ev_name[0] = '\0';
+        f->has_id = false;
+        return;
+    }
+    if (l[0] == ':') /* a heartbeat or a comment */
+        return;
+    char *colon = memchr(l, ':', n);
+    size_t klen = colon ? (size_t)(colon - l) : n;
+    const char *v = colon ? colon + 1 : "";
+    if (*v == ' ')
+        v++;
+    if (klen == 4 && !memcmp(l, "data", 4)) {
+        if (f->data.n)
+            buf_add(&f->data, "\n", 1);
+        buf_add(&f->data, v, strlen(v));
+    } else if (klen == 5 && !memcmp(l, "event", 5)) {
+        snprintf(f->ev_name, sizeof f->ev_name, "%s", v);
+    } else if (klen == 2 && !memcmp(l, "id", 2)) {
+        f->has_id = !base_parse_i64(v, 0, INT64_MAX, &f->id);
+    }
+}
+
+static size_t follow_bytes(void *ctx, const char *p, size_t n)
+{
+    struct follow *f = ctx;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != '\n') {
+            if (!buf_add(&f->line, p + i, 1)) {
+                fprintf(stderr, "ddpd %s: a line of the event stream is longer than %u bytes\n", f->c->cmd,
+                        SSE_LINE_MAX);
+                f->fatal = true;
+                return 0;
+            }
+            continue;
+        }
+        follow_line(f, f->line.p ? f->line.p : (char *)"", f->line.n);
+        f->line.n = 0;
+        if (f->line.p)
+            f->line.p[0] = '\0';
+        if (f->out_failed || f->data.over) {
+            f->fatal = true;
+            return 0;
+        }
+    }
+    if (f->prog)
+        progress_flush(f->prog);
+    return n;
+}
+
+/* Follows job `job`'s events until its final state: the progress line when stdout is a
+ * terminal, else the events as NDJSON. A connection that breaks off is opened again with
+ * after= the last event received (RECONNECT_MAX times in RECONNECT_WINDOW_S without an
+ * event in between). Returns the exit status of the job's outcome. */
+static int follow_job(struct client *c, int64_t job)
+{
+    int rc = EXIT_FAIL;
+    char path[128];
+    snprintf(path, sizeof path, "/v1/jobs/%" PRId64, job);
+    json_t *j = get_json(c, path, &rc);
+    if (!j)
+        return rc;
+    struct follow f = {.c = c, .job = job, .line = {.max = SSE_LINE_MAX}, .data = {.max = SSE_LINE_MAX}};
+    if (isatty(STDOUT_FILENO))
+        f.prog = progress_new(stdout, job, json_object_get(j, "spec"),
+                              json_string_value(json_object_get(j, "state")));
+    json_decref(j);
+    int attempts = 0;
+    double first_fail = 0;
+    rc = EXIT_FAIL;
+    for (;;) {
+        snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "/events?after=%" PRId64, job, f.last_seq);
+        struct sink s = {.c = c, .body = {.max = ANSWER_MAX}, .stream = follow_bytes, .stream_ctx = &f};
+        f.frames = 0;
+        f.stream_error[0] = '\0';
+        f.line.n = f.data.n = 0;
+        f.ev_name[0] = '\0';
+        long status = request(c, "GET", path, NULL, 0, REQ_STREAM, &s);
+        if (status > 0 && status != 200)
+            rc = http_failed(c, "GET", path, status, &s.body, false);
+        buf_free(&s.body);
+        if (f.final[0] || f.fatal || (status != 200 && status != -1))
+            break;
+        /* The stream ended before the job did: the server stopped, restarted or dropped
+         * this client; open it again after the last event. */
+        if (f.frames > 0)
+            attempts = 0;
+        if (attempts == 0)
+            first_fail = base_mono_s();
+        if (++attempts > RECONNECT_MAX || base_mono_s() - first_fail > RECONNECT_WINDOW_S) {
+            if (f.prog)
+                progress_finish(f.prog);
+            fprintf(stderr,
+                    "ddpd %s: the event stream of job %" PRId64
+                    " from %s ended before the job did (%s); gave "
+                    "up after %d attempts to reconnect in %.0f s\n",
+                    c->cmd, job, c->base,
+                    f.stream_error[0] ? f.stream_error
+                    : status == -1    ? c->why
+                                      : "closed",
+                    attempts - 1, base_mono_s() - first_fail);
+            goto out;
+        }
+        base_sleep_s(attempts < 5 ? 0.2 * (1 << attempts) : 5.0);
+    }
+    if (f.out_failed) {
+        fprintf(stderr, "ddpd %s: cannot write the events to stdout\n", c->cmd);
+        rc = EXIT_FAIL;
+        goto out;
+    }
+    if (!f.final[0])
+        goto out;
+    if (f.prog)
+        progress_finish(f.prog);
+    if (!strcmp(f.final, "succeeded")) {
+        rc = 0;
+    } else {
+        rc = !strcmp(f.final, "cancelled") ? EXIT_CANCELLED : EXIT_FAIL;
+        fprintf(stderr, "ddpd %s: job %" PRId64 " %s%s%s\n", c->cmd, job, f.final, f.error[0] ? ": " : "",
+                f.error);
+    }
+out:
+    progress_free(f.prog);
+    buf_free(&f.line);
+    buf_free(&f.data);
+    return rc;
+}
+
+/* ---- the commands ------------------------------------------------------------------- */
+
+static int cmd_submit(struct client *c, int argc, char **argv)
+{
+    static const struct option longs[] = {{"follow", no_argument, NULL, 'f'}, COMMON_OPTIONS};
+    struct opts o = {.cmd = find_command("submit")};
+    bool follow = false;
+    int opt;
+    while ((opt = next_option(&o, argc, argv, ":fh", longs)) != -1) {
+        if (opt == -2)
+            return o.rc;
+        follow = true; /* 'f' */
+    }
+    if (!operands(&o, argc, 1, "SPEC.json"))
+        return o.rc;
+    int rc = client_setup(c, &o);
+    if (rc)
+        return rc;
+    const char *spec_path = argv[optind];
+    struct buf spec = {.max = SPEC_MAX_BODY + 1};
+    FILE *in = !strcmp(spec_path, "-") ? stdin : fopen(spec_path, "rb");
+    if (!in) {
+        fprintf(stderr, "ddpd submit: %s: %s\n", spec_path, strerror(errno));
+        return EXIT_USAGE;
+    }
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, in)) > 0 && buf_add(&spec, chunk, n))
+        ;
+    bool read_failed = ferror(in);
+    if (in != stdin)
+        fclose(in);
+    if (read_failed || spec.over) {
+        fprintf(stderr, "ddpd submit: %s: %s\n", spec_path,
+                spec.over ? "larger than the server's limit of 1 MiB for a spec" : "cannot read it");
+        buf_free(&spec);
+        return EXIT_USAGE;
+    }
+    /* 503 busy: every planner is checking other submissions; the server says to retry. */
+    struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
+    long status = 0;
+    for (int attempt = 0;; attempt++) {
+        s.body.n = 0;
+        status = request(c, "POST", "/v1/jobs", spec.p ? spec.p : "", spec.n, REQ_PLAIN, &s);
+        if (status != 503 || attempt == SUBMIT_RETRIES || !s.body.p || !strstr(s.body.p, "\"busy\""))
+            break;
+        fprintf(stderr,
+                "ddpd submit: the server at %s is busy checking other submissions; trying again in %.1f s\n",
+                c->base, 0.5 * (1 << attempt));
+        base_sleep_s(0.5 * (1 << attempt));
+    }
+    buf_free(&spec);
+    int64_t id = 0;
+    if (status == 201) {
+        json_t *j = json_loads(s.body.p ? s.body.p : "", 0, NULL);
+        id = json_integer_value(json_object_get(j, "id"));
+        json_decref(j);
+        if (id <= 0)
+            fprintf(stderr, "ddpd submit: the server's answer names no job id\n");
+    } else if (status > 0) {
+        rc = http_failed(c, "POST", "/v1/jobs", status, &s.body, true);
+    }
+    buf_free(&s.body);
+    if (id <= 0)
+        return rc ? rc : EXIT_FAIL;
+    if (!follow) {
+        printf("%" PRId64 "\n", id);
+        return 0;
+    }
+    /* With --follow stdout carries the events (NDJSON) or the progress line. */
+    fprintf(stderr, "ddpd submit: job %" PRId64 " submitted\n", id);
+    return follow_job(c, id);
+}
+
+/* The options of a command whose one operand is a job id. Returns -1 to go on, else the
+ * exit status (0 after --help). */
+static int one_id_command(struct client *c, int argc, char **argv, const char *name, int64_t *id)
+{
+    static const struct option longs[] = {COMMON_OPTIONS};
+    struct opts o = {.cmd = find_command(name)};
+    int opt;
+    while ((opt = next_option(&o, argc, argv, ":h", longs)) != -1)
+        if (opt == -2)
+            return o.rc;
+    if (!operands(&o, argc, 1, "ID"))
+        return o.rc;
+    if (!parse_id(name, argv[optind], id))
+        return EXIT_USAGE;
+    int rc = client_setup(c, &o);
+    return rc ? rc : -1;
+}
+
+static int cmd_watch(struct client *c, int argc, char **argv)
+{
+    int64_t id;
+    int rc = one_id_command(c, argc, argv, "watch", &id);
+    return rc >= 0 ? rc : follow_job(c, id);
+}
+
+static int cmd_show(struct client *c, int argc, char **argv)
+{
+    int64_t id;
+    int rc = one_id_command(c, argc, argv, "show", &id);
+    if (rc >= 0)
+        return rc;
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%" PRId64, id);
+    json_t *j = get_json(c, path, &rc);
+    if (!j)
+        return rc;
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    if (!text)
+        return EXIT_FAIL;
+    puts(text);
+    free(text);
+    return 0;
+}
+
+/* POST .../cancel or DELETE ...: the answer's status is the result. */
+static int change_job(struct client *c, int argc, char **argv, const char *name)
+{
+    int64_t id;
+    int rc = one_id_command(c, argc, argv, name, &id);
+    if (rc >= 0)
+        return rc;
+    bool cancel = !strcmp(name, "cancel");
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "%s", id, cancel ? "/cancel" : "");
+    const char *method = cancel ? "POST" : "DELETE";
+    struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
+    long status = request(c, method, path, NULL, 0, REQ_PLAIN, &s);
+    if (status == 202 || status == 200 || status == 204) {
+        printf("job %" PRId64 " %s\n", id, cancel ? "is being cancelled" : "deleted");
+        rc = 0;
+    } else {
+        rc = status > 0 ? http_failed(c, method, path, status, &s.body, false) : EXIT_FAIL;
+    }
+    buf_free(&s.body);
+    return rc;
+}
+
+static int cmd_cancel(struct client *c, int argc, char **argv)
+{
+    return change_job(c, argc, argv, "cancel");
+}
+
+static int cmd_rm(struct client *c, int argc, char **argv)
+{
+    return change_job(c, argc, argv, "rm");
+}
+
+/* "12s", "5m", "3h", "2d" since the epoch time `t`. */
+static void fmt_age(char *buf, size_t cap, double t)
+{
+    double s = base_wall_s() - t;
+    if (t <= 0)
+        snprintf(buf, cap, "-");
+    else if (s < 120)
+        snprintf(buf, cap, "%.0fs", s < 0 ? 0 : s);
+    else if (s < 7200)
+        snprintf(buf, cap, "%.0fm", s / 60);
+    else if (s < 172800)
+        snprintf(buf, cap, "%.0fh", s / 3600);
+    else
+        snprintf(buf, cap, "%.0fd", s / 86400);
+}
+
+static int cmd_jobs(struct client *c, int argc, char **argv)
+{
+    static const struct option longs[] = {{"state", required_argument, NULL, OPT_STATE},
+                                          {"limit", required_argument, NULL, OPT_LIMIT},
+                                          COMMON_OPTIONS};
+    struct opts o = {.cmd = find_command("jobs")};
+    const char *state = NULL;
+    long limit = 0;
+    int opt;
+    while ((opt = next_option(&o, argc, argv, ":h", longs)) != -1) {
+        if (opt == -2)
+            return o.rc;
+        if (opt == OPT_STATE)
+            state = optarg;
+        else if (!parse_opt_long("jobs", "--limit", optarg, 1, 1000, &limit))
+            return EXIT_USAGE;
+    }
+    if (!operands(&o, argc, 0, "options"))
+        return o.rc;
+    int rc = client_setup(c, &o);
+    if (rc)
+        return rc;
+    char path[512];
+    int n = snprintf(path, sizeof path, "/v1/jobs?");
+    if (limit)
+        n += snprintf(path + n, sizeof path - (size_t)n, "limit=%ld&", limit);
+    if (state) {
+        char *esc = curl_easy_escape(c->curl, state, 0);
+        n += snprintf(path + n, sizeof path - (size_t)n, "state=%.200s&", esc ? esc : "");
+        curl_free(esc);
+    }
+    path[n - 1] = '\0'; /* the last '&' or the '?' */
+    json_t *j = get_json(c, path, &rc);
+    if (!j)
+        return rc;
+    json_t *jobs = json_object_get(j, "jobs");
+    printf("%-6s %-24s %-10s %-17s %-11s %s\n", "ID", "NAME", "STATE", "STEP", "LOSS", "AGE");
+    size_t i;
+    json_t *job;
+    json_array_foreach (jobs, i, job) {
+        char step[48], loss[32], age[16];
+        json_int_t st = json_integer_value(json_object_get(job, "step"));
+        int64_t total = progress_total_steps(json_object_get(job, "spec"), 0);
+        if (total > 0)
+            snprintf(step, sizeof step, "%lld/%lld", (long long)st, (long long)total);
+        else
+            snprintf(step, sizeof step, "%lld", (long long)st);
+        json_t *l = json_object_get(job, "loss");
+        if (json_is_number(l))
+            snprintf(loss, sizeof loss, "%.4g", json_number_value(l));
+        else
+            snprintf(loss, sizeof loss, "-");
+        fmt_age(age, sizeof age, json_number_value(json_object_get(job, "created_at")));
+        const char *name = json_string_value(json_object_get(job, "name"));
+        printf("%-6lld %-24.24s %-10s %-17s %-11s %s\n",
+               (long long)json_integer_value(json_object_get(job, "id")), name && name[0] ? name : "-",
+               json_string_value(json_object_get(job, "state")), step, loss, age);
+    }
+    if (json_is_string(json_object_get(j, "next")))
+        printf("(more: ddpd jobs --limit N shows up to 1000)\n");
+    json_decref(j);
+    return 0;
+}
+
+static int cmd_logs(struct client *c, int argc, char **argv)
+{
+    static const struct option longs[] = {{"rank", required_argument, NULL, OPT_RANK},
+                                          {"tail", required_argument, NULL, OPT_TAIL},
+                                          {"follow", no_argument, NULL, 'f'},
+                                          COMMON_OPTIONS};
+    struct opts o = {.cmd = find_command("logs")};
+    long rank = 0, tail = 0;
+    bool follow = false;
+    int opt;
+    while ((opt = next_option(&o, argc, argv, ":fh", longs)) != -1) {
+        if (opt == -2)
+            return o.rc;
+        if (opt == 'f')
+            follow = true;
+        else if (opt == OPT_RANK && !parse_opt_long("logs", "--rank", optarg, 0, SPEC_MAX_WORLD - 1, &rank))
+            return EXIT_USAGE;
+        else if (opt == OPT_TAIL && !parse_opt_long("logs", "--tail", optarg, 1, 100000, &tail))
+            return EXIT_USAGE;
+    }
+    if (!operands(&o, argc, 1, "ID"))
+        return o.rc;
+    int64_t id;
+    if (!parse_id("logs", argv[optind], &id))
+        return EXIT_USAGE;
+    int rc = client_setup(c, &o);
+    if (rc)
+        return rc;
+    char path[128], job_path[64];
+    /* Following reads the server's window of the log each time (the last 100000 lines or
+     * 4 MiB: the whole log while it is smaller) and prints what follows the bytes printed
+     * last: at the same offset while the window is the whole log, else found by its last
+     * LOGS_MATCH bytes. */
+    snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "/logs?rank=%ld&tail=%ld", id, rank,
+             follow ? 100000
+             : tail ? tail
+                    : 200);
+    snprintf(job_path, sizeof job_path, "/v1/jobs/%" PRId64, id);
+    size_t printed = 0, seen_n = 0;
+    char seen[LOGS_MATCH];
+    for (bool last = !follow;;) {
+        struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
+        long status = request(c, "GET", path, NULL, 0, REQ_PLAIN, &s);
+        if (status != 200) {
+            rc = status > 0 ? http_failed(c, "GET", path, status, &s.body, false) : EXIT_FAIL;
+            buf_free(&s.body);
+            return rc;
+        }
+        const char *body = s.body.p ? s.body.p : "";
+        size_t from = 0;
+        if (seen_n && printed <= s.body.n && !memcmp(body + printed - seen_n, seen, seen_n)) {
+            from = printed;
+        } else if (seen_n) {
+            const char *at = memmem(body, s.body.n, seen, seen_n);
+            if (at)
+                from = (size_t)(at - body) + seen_n;
+            else
+                fprintf(stderr,
+                        "ddpd logs: [the log grew past the server's window of 4 MiB between two reads; "
+                        "some lines are not shown]\n");
+        }
+        fwrite(body + from, 1, s.body.n - from, stdout);
+        fflush(stdout);
+        printed = s.body.n;
+        if (s.body.n) {
+            seen_n = s.body.n < LOGS_MATCH ? s.body.n : LOGS_MATCH;
+            memcpy(seen, body + s.body.n - seen_n, seen_n);
+        }
+        buf_free(&s.body);
+        if (last)
+            return 0;
+        json_t *j = get_json(c, job_path, &rc);
+        if (!j)
+            return rc;
+        last = final_state(json_string_value(json_object_get(j, "state")));
+        json_decref(j);
+        if (!last)
+            base_sleep_s(LOGS_POLL_S);
+    }
+}
+
+static int cmd_checkpoints(struct client *c, int argc, char **argv)
+{
+    int64_t id;
+    int rc = one_id_command(c, argc, argv, "checkpoints", &id);
+    if (rc >= 0)
+        return rc;
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "/checkpoints", id);
+    json_t *j = get_json(c, path, &rc);
+    if (!j)
+        return rc;
+    json_t *list = json_object_get(j, "checkpoints");
+    if (!json_is_array(list)) {
+        fprintf(stderr, "ddpd checkpoints: GET %s: the answer has no \"checkpoints\" list\n", path);
+        json_decref(j);
+        return EXIT_FAIL;
+    }
+    printf("%-10s %-19s %s\n", "STEP", "TIME", "BYTES");
+    size_t i;
+    json_t *ck;
+    json_array_foreach (list, i, ck) {
+        char when[32] = "-";
+        time_t t = (time_t)json_number_value(json_object_get(ck, "time"));
+        struct tm tm;
+        if (t > 0 && localtime_r(&t, &tm))
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+        printf("%-10lld %-19s %lld\n", (long long)json_integer_value(json_object_get(ck, "step")), when,
+               (long long)json_integer_value(json_object_get(ck, "bytes")));
+    }
+    json_decref(j);
+    return 0;
+}
+
+static int cmd_pull(struct client *c, int argc, char **argv)
+{
+    static const struct option longs[] = {{"step", required_argument, NULL, OPT_STEP},
+                                          {"output", required_argument, NULL, 'o'},
+                                          {"optim", no_argument, NULL, OPT_OPTIM},
+                                          COMMON_OPTIONS};
+    struct opts o = {.cmd = find_command("pull")};
+    int64_t step = 0;
+    const char *out = NULL;
+    bool optim = false;
+    int opt;
+    while ((opt = next_option(&o, argc, argv, ":o:h", longs)) != -1) {
+        if (opt == -2)
+            return o.rc;
+        if (opt == 'o')
+            out = optarg;
+        else if (opt == OPT_OPTIM)
+            optim = true;
+        else if (base_parse_i64(optarg, 1, INT64_MAX, &step)) {
+            fprintf(stderr, "ddpd pull: --step: expected a step (a positive integer), got '%s'\n", optarg);
+            return EXIT_USAGE;
+        }
+    }
+    if (!operands(&o, argc, 1, "ID"))
+        return o.rc;
+    int64_t id;
+    if (!parse_id("pull", argv[optind], &id))
+        return EXIT_USAGE;
+    int rc = client_setup(c, &o);
+    if (rc)
+        return rc;
+    char path[128], out_buf[128], tmp[PATH_MAX];
+    int n = snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "/checkpoint", id);
+    if (step)
+        n += snprintf(path + n, sizeof path - (size_t)n, "?step=%" PRId64, step);
+    if (optim)
+        snprintf(path + n, sizeof path - (size_t)n, "%sfile=optim", step ? "&" : "?");
+    if (!out) {
+        char st[32] = "";
+        if (step)
+            snprintf(st, sizeof st, "-step-%" PRId64, step);
+        snprintf(out_buf, sizeof out_buf, "job-%" PRId64 "%s%s.safetensors", id, st, optim ? "-optim" : "");
+        out = out_buf;
+    }
+    /* Into a temporary file beside the target, renamed over it once complete: never a
+     * torn file under the name. */
+    if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", out) >= (int)sizeof tmp) {
+        fprintf(stderr, "ddpd pull: -o %s: the name is too long\n", out);
+        return EXIT_USAGE;
+    }
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        fprintf(stderr, "ddpd pull: cannot create a file beside %s: %s\n", out, strerror(errno));
+        return EXIT_FAIL;
+    }
+    FILE *f = fdopen(fd, "wb");
+    struct sink s = {.c = c, .body = {.max = ANSWER_MAX}, .file = f};
+    long status = f ? request(c, "GET", path, NULL, 0, REQ_DOWNLOAD, &s) : 0;
+    bool ok = status == 200;
+    if (status > 0 && status != 200)
+        rc = http_failed(c, "GET", path, status, &s.body, false);
+    long bytes = -1;
+    if (!f) {
+        fprintf(stderr, "ddpd pull: %s: %s\n", tmp, strerror(errno));
+        close(fd);
+        ok = false;
+    } else {
+        bytes = ftell(f);
+        /* mkstemp's 0600 would make a model file only its owner can read. */
+        mode_t mask = umask(0);
+        umask(mask);
+        if (ok && (fflush(f) != 0 || fchmod(fileno(f), 0666 & ~mask) != 0 || fsync(fileno(f)) != 0)) {
+            fprintf(stderr, "ddpd pull: writing %s: %s\n", tmp, strerror(errno));
+            ok = false;
+        }
+        if (fclose(f) != 0 && ok) {
+            fprintf(stderr, "ddpd pull: writing %s: %s\n", tmp, strerror(errno));
+            ok = false;
+        }
+    }
+    if (ok && rename(tmp, out) != 0) {
+        fprintf(stderr, "ddpd pull: cannot rename %s to %s: %s\n", tmp, out, strerror(errno));
+        ok = false;
+    }
+    if (!ok)
+        unlink(tmp);
+    buf_free(&s.body);
+    if (!ok)
+        return rc ? rc : EXIT_FAIL;
+    fprintf(stderr, "ddpd pull: wrote %s (%ld bytes)\n", out, bytes);
+    return 0;
+}
+
+/* ---- the table of commands ---------------------------------------------------------- */
+
+static const struct command commands[] = {
+    {"submit", "[--follow] SPEC.json", "Submits a job (SPEC.json, or - for stdin) and prints its id.",
+     "  -f, --follow      then follow it as `ddpd watch` does (the id goes to stderr)\n", cmd_submit},
+    {"jobs", "[--state S[,S..]] [--limit N]",
+     "Lists jobs, newest first: id, name, state, step/total, loss, age.",
+     "  --state S         only jobs in these states (queued, starting, running, succeeded,\n"
+     "                    failed, cancelled; comma-separated)\n"
+     "  --limit N         at most N jobs (1..1000; default the server's 50)\n",
+     cmd_jobs},
+    {"show", "ID", "Prints the job as JSON.", "", cmd_show},
+    {"watch", "ID",
+     "Follows the job until it ends: a progress line on a terminal, else its events as NDJSON.\n"
+     "Exits 0 when it succeeded, 1 when it failed, 5 when it was cancelled; Ctrl-C stops\n"
+     "watching, not the job.",
+     "", cmd_watch},
+    {"logs", "[--rank R] [--tail N] [-f] ID", "Prints a rank's log (its stderr).",
+     "  --rank R          the rank (default 0)\n"
+     "  --tail N          the last N lines (default 200)\n"
+     "  -f, --follow      keep printing what is added until the job ends\n",
+     cmd_logs},
+    {"cancel", "ID", "Cancels a queued or running job.", "", cmd_cancel},
+    {"rm", "ID", "Deletes a finished job, its events and its files.", "", cmd_rm},
+    {"checkpoints", "ID", "Lists the job's checkpoints: step, time, bytes.", "", cmd_checkpoints},
+    {"pull", "[--step S] [--optim] [-o FILE] ID",
+     "Downloads a model file: the final model, else the newest checkpoint, or step S's.",
+     "  --step S          the checkpoint of step S\n"
+     "  --optim           the optimizer state instead of the model\n"
+     "  -o, --output F    where to write it (default job-ID[-step-S][-optim].safetensors);\n"
+     "                    written to a temporary file and renamed\n",
+     cmd_pull},
+};
+
+static const struct command *find_command(const char *name)
+{
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(commands[i].name, name))
+            return &commands[i];
+    return NULL;
+}
+
+bool client_is_command(const char *name)
+{
+    return find_command(name) != NULL;
+}
+
+void client_usage_lines(FILE *f)
+{
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "       ddpd %-11s %s\n", commands[i].name, commands[i].args);
+}
+
+int client_main(int argc, char **argv)
+{
+    const struct command *cmd = find_command(argv[0]);
+    if (!cmd)
+        return EXIT_USAGE;
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fprintf(stderr, "ddpd %s: cannot initialise libcurl\n", cmd->name);
+        return EXIT_FAIL;
+    }
+    struct client c = {.cmd = cmd->name};
+    optind = 1;
+    opterr = 0;
+    int rc = cmd->run(&c, argc, argv);
+    if (c.curl)
+        curl_easy_cleanup(c.curl);
+    free(c.token);
+    curl_global_cleanup();
+    return rc;
+}
