@@ -250,7 +250,8 @@ static ddpd_err load_params(struct model *m, const struct safetensors_file *f, c
         int64_t numel = 1;
         for (int d = 0; d < t->ndim; d++)
             numel *= t->shape[d];
-        if (numel != b->numel || t->ndim != (b->i64 ? 0 : 1)) {
+        /* A scalar may come as [1]: load_state_dict takes that too (its 0.3 compatibility). */
+        if (numel != b->numel || (b->i64 ? t->ndim > 1 : t->ndim != 1)) {
             if (b->i64)
                 return ddpd_error_set(err, DDPD_EDATA, path,
                                       "%s: buffer \"%s\" has the wrong shape (the model's is a scalar, [])",

@@ -1,0 +1,143 @@
+"""test_conv.py — the conv-net layers (CONTRACT.md §2a: conv2d, maxpool2d, avgpool2d,
+batchnorm, flatten) through `ddpd run` against PyTorch 1.13 on the same module tree
+(pylib.torch_models), from the same init.from weights on the same data.
+
+Per layer (one rank, SGD, a few steps: the losses check the forward, the weights after each
+update the backward, the buffers BatchNorm's running statistics): conv2d with odd sizes and
+stride/padding combinations, both pools with stride and padding, batchnorm 1d and 2d, flatten;
+BatchNorm1d on a batch of one row is the job's error, naming the layer, as PyTorch raises it.
+End to end: a conv net with BatchNorm on 2 ranks with grad_accum 2 and uneven data (join)
+against PyTorch DDP (gloo, broadcast_buffers=True): losses, final weights and buffers
+(num_batches_tracked exact), and ddpd's model.safetensors loads into the PyTorch tree with
+load_state_dict(strict=True). Tolerances are the existing parity tests'."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pylib import ddp as H
+from pylib import torch_models
+
+
+@pytest.fixture(autouse=True)
+def _skip_code(request):
+    H.install_skip_code(request.config)
+
+
+@pytest.fixture
+def work(tmp_path):
+    return H.workdir("conv-parity-") if H.os.environ.get("DDPD_TEST_TMP") else tmp_path
+
+
+def spec_of(model, input_shape, optimizer, batch_size, grad_accum=1):
+    return {"name": "conv-parity", "device": "cpu", "model": model, "input_shape": input_shape,
+            "loss": "cross_entropy", "optimizer": optimizer, "batch_size": batch_size, "epochs": 1,
+            "grad_accum": grad_accum, "log_every": 1}
+
+
+def check(case, work):
+    """Runs the case on both sides; asserts losses, final weights and buffers, the strict load."""
+    H.need_bin()
+    H.need_torch()
+    spec = case.write(Path(work) / "data")
+    run = H.run_ddpd(spec, case.world, work)
+    run.check_ok(case.world)
+    ref = H.torch_ddp(case, work)
+    got = run.model()
+    problems = [m for m in (H.compare_all_losses(run.losses(), ref), H.compare_tensors(got, ref[0]["state"])) if m]
+    for k, v in ref[0]["state"].items():
+        if k.endswith("num_batches_tracked") and k in got and int(np.asarray(got[k])) != int(v):
+            problems.append(f"{k}: {int(np.asarray(got[k]))} vs reference {int(v)}")
+    assert not problems, "\n".join(problems) + "\n\n" + run.describe()
+
+    import torch
+    tree = torch_models.build(case.spec["model"])
+    tree.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in got.items()}, strict=True)
+    return run
+
+
+def image_case(model, shape, classes, n=10, world=1, batch_size=3, grad_accum=1, seed=0, per_rank=None):
+    rng = np.random.default_rng(seed)
+    opt = {"type": "sgd", "lr": 0.1, "momentum": 0.9}
+    spec = spec_of(model, list(shape), opt, batch_size, grad_accum)
+    init = torch_models.init_state(model, seed)
+    # Non-trivial BatchNorm affine parameters, so their gradients and use both show.
+    for k in list(init):
+        if k.endswith(".weight") and init[k].ndim == 1:
+            init[k] = rng.uniform(0.5, 1.5, init[k].shape).astype(np.float32)
+    if per_rank:
+        xs = [rng.normal(size=(m, *shape)).astype(np.float32) for m in per_rank]
+        ys = [rng.integers(0, classes, size=m).astype(np.int64) for m in per_rank]
+        return H.Case.per_rank(spec, xs, ys, init)
+    x = rng.normal(size=(n, *shape)).astype(np.float32)
+    y = rng.integers(0, classes, size=n).astype(np.int64)
+    return H.Case.sharded(spec, world, x, y, init)
+
+
+def conv(i, o, k, s=1, p=0, bias=True):
+    return {"type": "conv2d", "in": i, "out": o, "kernel": k, "stride": s, "padding": p, "bias": bias}
+
+
+@pytest.mark.parametrize("k,s,p,bias", [(3, 1, 0, True), ([3, 2], [2, 1], [1, 0], True), (2, 2, 1, False),
+                                        (1, 1, 0, True), (5, 3, 2, True)])
+def test_conv2d(work, k, s, p, bias):
+    model = [conv(2, 3, k, s, p, bias), {"type": "tanh"}, {"type": "flatten"}]
+    # the flattened width from PyTorch itself
+    import torch
+    out = torch_models.build(model)(torch.zeros(1, 2, 7, 6)).shape[1]
+    model.append({"type": "linear", "in": out, "out": 3})
+    check(image_case(model, (2, 7, 6), 3, seed=hash((str(k), str(s))) % 100), work)
+
+
+@pytest.mark.parametrize("pool", ["maxpool2d", "avgpool2d"])
+@pytest.mark.parametrize("k,s,p", [(2, None, 0), (3, 2, 1), ([3, 2], [1, 2], [1, 1])])
+def test_pool(work, pool, k, s, p):
+    layer = {"type": pool, "kernel": k, "padding": p}
+    if s is not None:
+        layer["stride"] = s
+    model = [conv(1, 2, 3, 1, 1), layer, {"type": "flatten"}]
+    import torch
+    out = torch_models.build(model)(torch.zeros(1, 1, 7, 5)).shape[1]
+    model.append({"type": "linear", "in": out, "out": 4})
+    check(image_case(model, (1, 7, 5), 4, seed=7), work)
+
+
+def test_batchnorm2d_and_1d(work):
+    model = [conv(2, 4, 3, 1, 1), {"type": "batchnorm", "features": 4}, {"type": "relu"},
+             {"type": "maxpool2d", "kernel": 2}, {"type": "flatten"}, {"type": "linear", "in": 4 * 2 * 3, "out": 5},
+             {"type": "batchnorm", "features": 5, "momentum": 0.3, "eps": 1e-3}, {"type": "relu"},
+             {"type": "linear", "in": 5, "out": 3}]
+    check(image_case(model, (2, 5, 7), 3, n=11, batch_size=4, seed=3), work)
+
+
+def test_batchnorm1d_one_row_is_an_error(work):
+    H.need_bin()
+    model = [{"type": "linear", "in": 3, "out": 4}, {"type": "batchnorm", "features": 4},
+             {"type": "linear", "in": 4, "out": 2}]
+    case = image_case(model, (3,), 2, n=5, batch_size=2)  # batches of 2, 2 and 1
+    spec = case.write(Path(work) / "data")
+    run = H.run_ddpd(spec, 1, work)
+    assert run.rc != 0, run.describe()
+    text = run.describe()
+    assert "Expected more than 1 value per channel when training" in text, text
+    assert "layer 1 (batchnorm)" in text and "[1, 4]" in text, text
+
+
+def cnn():
+    return [conv(1, 4, 3, 1, 1), {"type": "batchnorm", "features": 4}, {"type": "relu"},
+            {"type": "maxpool2d", "kernel": 2}, conv(4, 6, 3), {"type": "batchnorm", "features": 6},
+            {"type": "relu"}, {"type": "flatten"}, {"type": "linear", "in": 6 * 2 * 2, "out": 8},
+            {"type": "batchnorm", "features": 8}, {"type": "relu"}, {"type": "linear", "in": 8, "out": 3}]
+
+
+def test_cnn_ddp_grad_accum_join(work):
+    """W = 2, batches of 3, grad_accum 2: rank 0 has 18 samples (3 steps), rank 1 12 (2 steps).
+    The buffers come from the highest live rank: rank 1 while it runs, so rank 0 starts step 2
+    with rank 1's running statistics (the first micro-batch of a cycle broadcasts, the synced
+    second does not); rank 1 joins after step 2 and receives rank 0's broadcast of step 3;
+    the final sync is rank 0's. Rank 0's final buffers show every one of these broadcasts."""
+    check(image_case(cnn(), (1, 8, 8), 3, batch_size=3, grad_accum=2, per_rank=[18, 12], seed=11), work)
+
+
+def test_cnn_ddp_even(work):
+    check(image_case(cnn(), (1, 8, 8), 3, n=24, world=2, batch_size=3, seed=12), work)
