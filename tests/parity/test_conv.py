@@ -141,3 +141,26 @@ def test_cnn_ddp_grad_accum_join(work):
 
 def test_cnn_ddp_even(work):
     check(image_case(cnn(), (1, 8, 8), 3, n=24, world=2, batch_size=3, seed=12), work)
+
+
+def test_digits_example(work):
+    """examples/digits-cnn.json on scikit-learn's digits as examples/digits_data.py exports
+    them: the job succeeds and its final eval accuracy is at least 0.95 (a behaviour, not a
+    timing)."""
+    H.need_bin()
+    pytest.importorskip("sklearn")
+    import json
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[2]
+    data = Path(work) / "data"
+    subprocess.run([sys.executable, str(root / "examples" / "digits_data.py"), "--out", str(data)], check=True,
+                   capture_output=True, text=True, timeout=120)
+    spec = json.loads((root / "examples" / "digits-cnn.json").read_text())
+    run = H.run_ddpd(spec, spec["world_size"], work, timeout=300)
+    run.check_ok(spec["world_size"])
+    evals = run.of("eval", 0)
+    assert evals, "no eval events\n" + run.describe()
+    last = evals[-1]
+    assert last["samples"] == 359, last
+    assert last["accuracy"] >= 0.95, f"final eval accuracy {last['accuracy']}\n" + run.describe()
