@@ -164,3 +164,52 @@ def test_digits_example(work):
     last = evals[-1]
     assert last["samples"] == 359, last
     assert last["accuracy"] >= 0.95, f"final eval accuracy {last['accuracy']}\n" + run.describe()
+
+
+def test_cnn_eval_on_running_statistics(work):
+    """Eval events of a BatchNorm conv net on 2 ranks with join (rank 0: 4 steps, rank 1: 2)
+    against a PyTorch eval loop (model.eval(): BatchNorm on its running statistics): each
+    live rank scores its shard with its own replica (its own running statistics, which
+    differ from the other rank's between broadcasts), a joined rank with the replica of the
+    highest live rank. Eval runs after steps 2 and 4."""
+    torch = H.need_torch()
+    H.need_bin()
+    case = image_case(cnn(), (1, 8, 8), 3, batch_size=3, per_rank=[12, 6], seed=21)
+    case.spec["eval"] = {"data": {"type": "npy", "x": "ex.npy", "y": "ey.npy"}, "every_steps": 2}
+    data = Path(work) / "data"
+    spec = case.write(data)
+    rng = np.random.default_rng(22)
+    ex = rng.normal(size=(10, 1, 8, 8)).astype(np.float32)
+    ey = rng.integers(0, 3, size=10).astype(np.int64)
+    np.save(data / "ex.npy", ex)
+    np.save(data / "ey.npy", ey)
+    run = H.run_ddpd(spec, 2, work)
+    run.check_ok(2)
+    ref = H.torch_ddp(case, work)
+    problems = [m for m in (H.compare_all_losses(run.losses(), ref), H.compare_tensors(run.model(), ref[0]["state"]))
+                if m]
+    evals = run.of("eval", 0)
+    if [int(e["step"]) for e in evals] != [2, 4]:
+        problems.append(f"eval steps {[e['step'] for e in evals]}, want [2, 4]")
+    for e in evals:
+        st = int(e["step"])
+        owner = max(r for r in range(2) if st in ref[r]["snapshots"])
+        total, correct, n = 0.0, 0, 0
+        for r in range(2):
+            snap = ref[r]["snapshots"][st] if st in ref[r]["snapshots"] else ref[owner]["snapshots"][st]
+            m = torch_models.build(case.spec["model"])
+            m.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in snap.items()})
+            m.eval()
+            x, y = ex[r::2], ey[r::2]
+            with torch.no_grad():
+                for b in range(0, len(x), 3):
+                    out = m(torch.from_numpy(x[b:b + 3]))
+                    yb = torch.from_numpy(y[b:b + 3])
+                    total += float(torch.nn.functional.cross_entropy(out, yb, reduction="sum"))
+                    correct += int((out.argmax(dim=1) == yb).sum())
+                    n += len(yb)
+        if abs(e["loss"] - total / n) > 1e-5 * abs(total / n) + 1e-7:
+            problems.append(f"eval at step {st}: loss {e['loss']}, PyTorch {total / n}")
+        if e.get("accuracy") != correct / n or e.get("samples") != n:
+            problems.append(f"eval at step {st}: {e}, PyTorch accuracy {correct / n}, samples {n}")
+    assert not problems, "\n".join(problems) + "\n\n" + run.describe()
