@@ -56,9 +56,9 @@ def check(case, work):
     return run
 
 
-def image_case(model, shape, classes, n=10, world=1, batch_size=3, grad_accum=1, seed=0, per_rank=None):
+def image_case(model, shape, classes, n=10, world=1, batch_size=3, grad_accum=1, seed=0, per_rank=None, lr=0.1):
     rng = np.random.default_rng(seed)
-    opt = {"type": "sgd", "lr": 0.1, "momentum": 0.9}
+    opt = {"type": "sgd", "lr": lr, "momentum": 0.9}
     spec = spec_of(model, list(shape), opt, batch_size, grad_accum)
     init = torch_models.init_state(model, seed)
     # Non-trivial BatchNorm affine parameters, so their gradients and use both show.
@@ -137,6 +137,16 @@ def test_cnn_ddp_grad_accum_join(work):
     second does not); rank 1 joins after step 2 and receives rank 0's broadcast of step 3;
     the final sync is rank 0's. Rank 0's final buffers show every one of these broadcasts."""
     check(image_case(cnn(), (1, 8, 8), 3, batch_size=3, grad_accum=2, per_rank=[18, 12], seed=11), work)
+
+
+def test_cnn_ddp_w3_join(work):
+    """W = 3, batches of 3, grad_accum 2: ranks hold 18, 18 and 12 samples (3, 3 and 2 steps). The first micro-batch of step 2
+    broadcasts rank 2's running statistics to ranks 0 and 1; step 3's comes from rank 1
+    (rank 2 has joined and receives it), whose replica the final sync then sends. ddpd's
+    conv sums in im2col order, PyTorch's oneDNN in its own: float noise of ~1e-7 that
+    BatchNorm over 3 rows and momentum amplify step by step, hence lr 0.05 here."""
+    check(image_case(cnn(), (1, 8, 8), 3, batch_size=3, grad_accum=2, per_rank=[18, 18, 12], seed=13, lr=0.05),
+          work)
 
 
 def test_cnn_ddp_even(work):
