@@ -223,3 +223,26 @@ def test_cnn_eval_on_running_statistics(work):
         if e.get("accuracy") != correct / n or e.get("samples") != n:
             problems.append(f"eval at step {st}: {e}, PyTorch accuracy {correct / n}, samples {n}")
     assert not problems, "\n".join(problems) + "\n\n" + run.describe()
+
+
+def test_cnn_resume_is_exact(work):
+    """A BatchNorm conv net on 3 ranks with join ({rank} files of 9, 21 and 15 images ->
+    3, 7, 5 batches of 3; 2 epochs, shuffled), resumed from each checkpoint: every rank's
+    later losses and the final model.safetensors (buffers included) are bitwise those of
+    the straight run, as test_resume.py asserts for MLPs. The checkpoints hold the buffers
+    of each replica (model-rank-R inside an epoch)."""
+    H.need_bin()
+    from test_resume import check_resumes, raw_tensors
+    data = Path(work) / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(31)
+    for r, m in enumerate([9, 21, 15]):
+        np.save(data / f"x_{r}.npy", rng.normal(size=(m, 1, 8, 8)).astype(np.float32))
+        np.save(data / f"y_{r}.npy", rng.integers(0, 3, size=m).astype(np.int64))
+    spec = spec_of(cnn(), [1, 8, 8], {"type": "sgd", "lr": 0.05, "momentum": 0.9}, 3)
+    spec.update({"epochs": 2, "world_size": 3, "checkpoint": {"every_steps": 3, "keep_last": 1000},
+                 "init": {"seed": 3}, "data": {"type": "npy", "x": "x_{rank}.npy", "y": "y_{rank}.npy", "seed": 5}})
+    check_resumes(work, spec, 3)
+    t, _ = raw_tensors(Path(work) / "full" / "ckpt-3" / "model.safetensors")
+    assert {"1.running_mean", "1.running_var", "1.num_batches_tracked"} <= set(t), sorted(t)
+    assert len(t["1.num_batches_tracked"]) == 8
