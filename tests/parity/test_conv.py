@@ -130,13 +130,16 @@ def cnn():
             {"type": "batchnorm", "features": 8}, {"type": "relu"}, {"type": "linear", "in": 8, "out": 3}]
 
 
-def test_cnn_ddp_grad_accum_join(work):
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_cnn_ddp_grad_accum_join(work, epochs):
     """W = 2, batches of 3, grad_accum 2: rank 0 has 18 samples (3 steps), rank 1 12 (2 steps).
     The buffers come from the highest live rank: rank 1 while it runs, so rank 0 starts step 2
     with rank 1's running statistics (the first micro-batch of a cycle broadcasts, the synced
     second does not); rank 1 joins after step 2 and receives rank 0's broadcast of step 3;
     the final sync is rank 0's. Rank 0's final buffers show every one of these broadcasts."""
-    check(image_case(cnn(), (1, 8, 8), 3, batch_size=3, grad_accum=2, per_rank=[18, 12], seed=11), work)
+    case = image_case(cnn(), (1, 8, 8), 3, batch_size=3, grad_accum=2, per_rank=[18, 12], seed=11)
+    case.spec["epochs"] = epochs  # 2: the flag and the joins carry over into the next epoch
+    check(case, work)
 
 
 def test_cnn_ddp_w3_join(work):
