@@ -193,6 +193,18 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
                             "init.from: %s: tensor \"%s\" has shape %s but model[%d]'s is %s",
                             spec->init_from, p->name, got, p->layer, want);
     }
+    /* BatchNorm's buffers, which the ranks load too (load_state_dict(strict=True)). */
+    static const char *const buffers[] = {"running_mean", "running_var", "num_batches_tracked"};
+    for (int i = 0; i < spec->n_layers && !rc; i++)
+        for (size_t j = 0; spec->layers[i].kind == LAYER_BATCHNORM && j < 3 && !rc; j++) {
+            char name[128];
+            snprintf(name, sizeof name, "%s.%s", spec->layers[i].key, buffers[j]);
+            if (!safetensors_get(f, name))
+                rc =
+                    ddpd_error_set(err, DDPD_ESPEC, "init.from",
+                                   "init.from: %s has no tensor \"%s\" (the buffer %s of batchnorm layer %s)",
+                                   spec->init_from, name, buffers[j], spec->layers[i].key);
+        }
     for (int i = 0; i < safetensors_count(f) && !rc; i++) {
         const char *name = safetensors_at(f, i)->name;
         bool known = false;

@@ -249,3 +249,18 @@ def test_cnn_resume_is_exact(work):
     t, _ = raw_tensors(Path(work) / "full" / "ckpt-3" / "model.safetensors")
     assert {"1.running_mean", "1.running_var", "1.num_batches_tracked"} <= set(t), sorted(t)
     assert len(t["1.num_batches_tracked"]) == 8
+
+
+def test_init_from_without_buffers_is_refused(work):
+    """An init.from file with every parameter but not BatchNorm's buffers is refused, naming
+    the missing buffer (load_state_dict(strict=True) refuses it too)."""
+    H.need_bin()
+    model = [{"type": "linear", "in": 3, "out": 4}, {"type": "batchnorm", "features": 4},
+             {"type": "linear", "in": 4, "out": 2}]
+    case = image_case(model, (3,), 2, n=6, batch_size=3)
+    for k in [k for k in case.init_sd if "running" in k or "num_batches" in k]:
+        del case.init_sd[k]
+    spec = case.write(Path(work) / "data")
+    run = H.run_ddpd(spec, 1, work)
+    assert run.rc != 0, run.describe()
+    assert '"1.running_mean"' in run.describe(), run.describe()
