@@ -126,6 +126,22 @@ static char *read_stdin(size_t *len, struct ddpd_error *err)
     return buf;
 }
 
+/* Whether `name` is a buffer of one of the spec's batchnorm layers ("3.running_var"). */
+static bool is_buffer_name(const struct spec *spec, const char *name)
+{
+    static const char *const suffixes[] = {"running_mean", "running_var", "num_batches_tracked"};
+    for (int i = 0; i < spec->n_layers; i++) {
+        const struct spec_layer *l = &spec->layers[i];
+        const size_t k = strlen(l->key);
+        if (l->kind != LAYER_BATCHNORM || strncmp(name, l->key, k) != 0 || name[k] != '.')
+            continue;
+        for (size_t j = 0; j < sizeof suffixes / sizeof suffixes[0]; j++)
+            if (strcmp(name + k + 1, suffixes[j]) == 0)
+                return true;
+    }
+    return false;
+}
+
 /* init.from against the model, from the file's header alone: every parameter there with
  * its shape, nothing else (what checkpoint_load_weights would refuse in every rank). */
 static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, const char *init_path,
@@ -165,8 +181,11 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, co
         const struct param *p = &params[i];
         const struct safetensors_tensor *t = safetensors_get(f, p->name);
         char want[64], got[96];
-        snprintf(want, sizeof want, p->ndim == 2 ? "[%" PRId64 ", %" PRId64 "]" : "[%" PRId64 "]",
-                 p->shape[0], p->shape[1]);
+        size_t w = (size_t)snprintf(want, sizeof want, "[");
+        for (int d = 0; d < p->ndim && w < sizeof want; d++)
+            w += (size_t)snprintf(want + w, sizeof want - w, d ? ", %" PRId64 : "%" PRId64, p->shape[d]);
+        if (w < sizeof want)
+            snprintf(want + w, sizeof want - w, "]");
         if (!t) {
             rc = ddpd_error_set(err, DDPD_ESPEC, key,
                                 "%s: %s has no tensor \"%s\" (the model's %s %s of layer %s)", key, shown,
@@ -187,11 +206,23 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, co
         rc = ddpd_error_set(err, DDPD_ESPEC, key, "%s: %s: tensor \"%s\" has shape %s but model[%d]'s is %s",
                             key, shown, p->name, got, p->layer, want);
     }
+    /* BatchNorm's buffers, which the ranks load too (load_state_dict(strict=True)). */
+    static const char *const buffers[] = {"running_mean", "running_var", "num_batches_tracked"};
+    for (int i = 0; i < spec->n_layers && !rc; i++)
+        for (size_t j = 0; spec->layers[i].kind == LAYER_BATCHNORM && j < 3 && !rc; j++) {
+            char name[128];
+            snprintf(name, sizeof name, "%s.%s", spec->layers[i].key, buffers[j]);
+            if (!safetensors_get(f, name))
+                rc = ddpd_error_set(err, DDPD_ESPEC, key,
+                                    "%s: %s has no tensor \"%s\" (the buffer %s of batchnorm layer %s)", key,
+                                    shown, name, buffers[j], spec->layers[i].key);
+        }
     for (int i = 0; i < safetensors_count(f) && !rc; i++) {
         const char *name = safetensors_at(f, i)->name;
         bool known = false;
         for (int j = 0; j < np && !known; j++)
             known = strcmp(params[j].name, name) == 0;
+        known = known || is_buffer_name(spec, name);
         if (!known)
             rc = ddpd_error_set(err, DDPD_ESPEC, key,
                                 "%s: %s: tensor \"%.100s\" is not a parameter of this model", key, shown,
@@ -264,7 +295,7 @@ static void plan_one(const char *line, size_t len)
 /* --devices: the visible CUDA devices as one JSON array line, `[]` when there are none
  * (the server reads the array's entries, serve.c). The server runs this at every start:
  * without an NVIDIA driver, dev_cuda_device_count answers 0 before loading the CUDA
- * module, so it costs nothing on a CPU host; without the module it also prints nothing. */
+ * module, so it costs nothing on a CPU host; without a loadable module it prints `[]` too. */
 static int devices_main(void)
 {
     int n = dev_cuda_device_count();

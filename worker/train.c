@@ -189,6 +189,9 @@ static ddpd_err micro_batch(struct run *r, int64_t b, int64_t j, bool sync, int6
             *err = *dataset_error(r->ds);
         return dataset_error(r->ds)->code;
     }
+    ddpd_err brc = model_check_batch(r->m, rows, err);
+    if (brc)
+        return brc;
     ops->to_device(ctx, r->x, r->hx, (size_t)(rows * r->in) * sizeof(float));
 
     bool prev = false;

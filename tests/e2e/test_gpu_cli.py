@@ -178,4 +178,4 @@ def test_bad_module(work, module, why):
                          timeout=60, env=env)
     assert ids.returncode == 1 and ids.stdout == "", ids.stdout + ids.stderr
     assert module in ids.stderr and why in ids.stderr, ids.stderr
-    assert devices({"DDPD_CUDA_PLUGIN": module}) == ""
+    assert devices({"DDPD_CUDA_PLUGIN": module}) == "[]\n"  # no usable device: an empty array
