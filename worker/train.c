@@ -87,14 +87,14 @@ static void emit_checkpoint(int rank, int64_t step, const char *dir)
     emit_event(&ev);
 }
 
-/* The memory estimate of this rank for a data set of `rows` (its own with rank_file)
- * against memory_limit: DDPD_EDEVICE naming the largest part's field and the rank. */
-static ddpd_err check_memory(const struct train_config *cfg, int64_t rows, bool rank_file,
+/* The memory estimate of this rank for the data sets `in` describes against
+ * memory_limit: DDPD_EDEVICE naming the largest part's field and the rank. */
+static ddpd_err check_memory(const struct train_config *cfg, const struct spec_memory_in *in,
                              struct spec_memory *mem, struct ddpd_error *err)
 {
     const char *limit_name;
     const int64_t limit = memory_limit(cfg, &limit_name);
-    spec_memory_estimate(cfg->spec, rows, rank_file, 0, mem);
+    spec_memory_estimate(cfg->spec, in, mem);
     ddpd_err rc = spec_memory_check(cfg->spec, mem, limit, limit_name, DDPD_EDEVICE, err);
     if (rc) {
         char msg[sizeof err->message], path[sizeof err->path];
@@ -583,8 +583,10 @@ static void eval_error(struct ddpd_error *err)
 }
 
 ddpd_err train_check_eval_data(const struct spec *s, const char *data_dir, int world_size,
-                               struct ddpd_error *err)
+                               struct spec_memory_in *mem, struct ddpd_error *err)
 {
+    mem->eval_rows = 0;
+    mem->eval_rank_file = false;
     if (s->eval.every_steps <= 0)
         return DDPD_OK;
     struct spec *es = eval_spec(s);
@@ -595,9 +597,14 @@ ddpd_err train_check_eval_data(const struct spec *s, const char *data_dir, int w
     free(es);
     if (rc == DDPD_ENOTFOUND) /* {rank} files: the ranks check them */
         return DDPD_OK;
-    if (rc)
+    if (rc) {
         eval_error(err);
-    return rc;
+        return rc;
+    }
+    mem->eval_rows = rows;
+    if (file_bytes > mem->file_bytes) /* one file is read whole at a time */
+        mem->file_bytes = file_bytes;
+    return DDPD_OK;
 }
 
 /* This rank's shard of eval.data, opened like the training data but never shuffled;
@@ -633,7 +640,10 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
      * here with the sizes (exit 4), not in the OOM killer. Synthetic data is sized by the
      * spec, so it is checked before it is generated; files once their rows are known. */
     struct spec_memory mem;
-    if (s->data.kind == DATA_SYNTHETIC && (rc = check_memory(cfg, s->data.samples, false, &mem, err)))
+    struct spec_memory_in mi = {.rows = s->data.samples};
+    if (s->eval.data.kind == DATA_SYNTHETIC) /* eval files: counted once they are open */
+        mi.eval_rows = s->eval.data.samples;
+    if (s->data.kind == DATA_SYNTHETIC && (rc = check_memory(cfg, &mi, &mem, err)))
         return rc;
     r->ds = dataset_open(s, cfg->data_dir, cfg->rank, cfg->world_size, err);
     if (!r->ds)
@@ -646,7 +656,15 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
         r->out = r->tn;
     else if (__builtin_mul_overflow(r->tn, r->classes, &r->out))
         r->out = INT64_MAX; /* fails the size check below */
-    if ((rc = check_memory(cfg, dataset_rows(r->ds), dataset_rank_file(r->ds), &mem, err)))
+    if ((rc = open_eval(r, err)))
+        return rc;
+    mi.rows = dataset_rows(r->ds);
+    mi.rank_file = dataset_rank_file(r->ds);
+    if (r->eds) {
+        mi.eval_rows = dataset_rows(r->eds);
+        mi.eval_rank_file = dataset_rank_file(r->eds);
+    }
+    if ((rc = check_memory(cfg, &mi, &mem, err)))
         return rc;
     const char *limit_name;
     const int64_t limit = memory_limit(cfg, &limit_name);
@@ -654,9 +672,6 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
              "micro-batches of at most %" PRId64 " rows",
              (double)mem.host / (1 << 20), (double)mem.device / (1 << 20), (double)limit / (1 << 20),
              limit_name, mem.rows);
-
-    if ((rc = open_eval(r, err)))
-        return rc;
 
     /* A micro-batch is at most the shard: batch_size alone (which may be near INT64_MAX
      * on a small data set) sizes nothing. An eval batch is at most the eval shard. */

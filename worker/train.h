@@ -37,8 +37,10 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err);
 
 /* The planner's check of `eval.data` (CONTRACT.md §2a) before a job is accepted: what
  * dataset_check finds in the eval data, with the error's path and message naming
- * eval.data. DDPD_OK without eval, and for {rank} files (only the ranks see them). */
+ * eval.data. DDPD_OK without eval, and for {rank} files (only the ranks see them). Sets
+ * mem->eval_rows to the eval set's rows (0 when unknown: no eval, {rank} files) and raises
+ * mem->file_bytes to the eval file read whole, for spec_memory_estimate. */
 ddpd_err train_check_eval_data(const struct spec *s, const char *data_dir, int world_size,
-                               struct ddpd_error *err);
+                               struct spec_memory_in *mem, struct ddpd_error *err);
 
 #endif
