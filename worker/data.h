@@ -1,4 +1,4 @@
-/* data.h — datasets of CONTRACT.md §2/§3: .npy, CSV and synthetic; rank sharding,
+/* data.h — datasets of CONTRACT.md §2/§2a/§3: .npy, CSV, tokens and synthetic; rank sharding,
  * per-epoch shuffling, batching. Host memory only; knows nothing of devices, the
  * model or the optimizer. Every error names the file and what was wrong. */
 #ifndef DDPD_DATA_H
@@ -16,10 +16,14 @@ struct dataset;
  * Paths are relative to `data_dir` and may not leave it (`..`, absolute paths and
  * symlinks pointing outside are DDPD_ESPEC naming the field). A path holding `{rank}` is
  * this rank's whole file; otherwise the whole file is loaded and sharded.
- * Inputs are [N, in] float32 (float64 files are converted); targets are [N, out] float32
- * for mse or [N] int32 class ids for cross_entropy (int64 converted, range checked
- * against out). Returns NULL with `err` set (DDPD_EDATA names the file, and the row or
- * byte offset where known). Caller frees with dataset_free. */
+ * A sample's input is spec_sample_numel values: float32 (float64 files are converted), or
+ * int32 token ids in [0, spec_vocab) when spec_input_ids (uint8/uint16/int64 files are
+ * converted). Its target is spec_target_numel values: float32 for mse, int32 class ids in
+ * [0, spec_classes) for cross_entropy ([N] classes or [N, T] sequences).
+ * Tokens files, and .npy files over 64 MiB of values, are memory-mapped and read batch by
+ * batch (their ids checked as they are read, see dataset_batch); the rest is loaded and
+ * checked here. Returns NULL with `err` set (DDPD_EDATA names the file, and the row,
+ * sample or byte offset where known). Caller frees with dataset_free. */
 struct dataset *dataset_open(const struct spec *spec, const char *data_dir, int rank, int world_size,
                              struct ddpd_error *err);
 void dataset_free(struct dataset *ds);
@@ -50,18 +54,19 @@ int64_t dataset_shard_size(const struct dataset *ds);
 int64_t dataset_batches(const struct dataset *ds);
 
 /* Batches per epoch for every rank, computable before any rank starts when the sizes
- * are known from the spec alone (synthetic) or from the .npy/CSV headers (whole files
+ * are known from the spec alone (synthetic), from the .npy/CSV headers or the size of a
+ * tokens file (whole files
  * sharded by rank). Writes world_size counts into `out` and returns DDPD_OK; returns
  * DDPD_ENOTFOUND when they can only be known by the ranks ({rank} files). */
 ddpd_err dataset_batch_counts(const struct spec *spec, const char *data_dir, int world_size, int64_t *out,
                               struct ddpd_error *err);
 
 /* What the planner checks before a job is accepted: the rows of the whole data set
- * (synthetic: the spec's; files: their headers) and, reading every value, that class
- * ids are in range (.npy label files up to 1 GiB; the ranks check larger ones) and CSV
- * cells are numbers. *file_bytes is the size of a file a rank
- * reads whole while loading (CSV), else 0. DDPD_ENOTFOUND for {rank} files (only the
- * ranks see them); else the error a rank would die of, naming the file and the row. */
+ * (synthetic: the spec's; files: their headers; tokens: their size) and, reading every
+ * value, that class ids and token ids are in range (.npy and tokens files up to 1 GiB;
+ * the ranks check larger ones as they read them) and CSV cells are numbers. *file_bytes is the size of a file
+ * a rank reads whole while loading (CSV), else 0. DDPD_ENOTFOUND for {rank} files (only the ranks see them);
+ * else the error a rank would die of, naming the file and the row. */
 ddpd_err dataset_check(const struct spec *spec, const char *data_dir, int world_size, int64_t *rows,
                        int64_t *file_bytes, struct ddpd_error *err);
 
@@ -72,9 +77,13 @@ ddpd_err dataset_check(const struct spec *spec, const char *data_dir, int world_
 void dataset_set_epoch(struct dataset *ds, int64_t epoch);
 
 /* Copies batch `b` (0-based, b < dataset_batches) of the current epoch into
- * x[rows, in] and, for mse, y[rows, out] float32, or labels[rows] int32 for
- * cross_entropy (the other pointer is ignored). Returns rows (batch_size, or fewer
- * for the last batch when not drop_last). */
-int64_t dataset_batch(const struct dataset *ds, int64_t b, float *x, float *y, int32_t *labels);
+ * x[rows, spec_sample_numel] (4-byte values: float32, or int32 ids when spec_input_ids)
+ * and, for mse, y[rows, spec_target_numel] float32, or labels[rows, spec_target_numel]
+ * int32 for cross_entropy (the other pointer is ignored). Returns rows (batch_size, or
+ * fewer for the last batch when not drop_last), or -1 when a value read from a mapped
+ * file is bad (an id out of range): dataset_error then says which (DDPD_EDATA naming the
+ * file, the sample and the position). */
+int64_t dataset_batch(struct dataset *ds, int64_t b, void *x, float *y, int32_t *labels);
+const struct ddpd_error *dataset_error(const struct dataset *ds);
 
 #endif

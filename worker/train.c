@@ -182,6 +182,12 @@ static ddpd_err micro_batch(struct run *r, int64_t b, int64_t j, bool sync, int6
     const struct dev_ops *ops = r->dev.ops;
     void *ctx = r->dev.ctx;
     int64_t rows = dataset_batch(r->ds, b, r->hx, r->hy, r->hl);
+    if (rows < 0) {
+        *rows_out = 0;
+        if (err)
+            *err = *dataset_error(r->ds);
+        return dataset_error(r->ds)->code;
+    }
     ops->to_device(ctx, r->x, r->hx, (size_t)(rows * r->in) * sizeof(float));
 
     bool prev = false;
@@ -427,6 +433,11 @@ static ddpd_err run_eval(struct run *r, int64_t step, bool live, struct ddpd_err
     model_set_training(r->m, false);
     for (int64_t b = 0; b < r->enb; b++) {
         const int64_t rows = dataset_batch(r->eds, b, r->hx, r->hy, r->hl);
+        if (rows < 0) { /* a bad id in a mapped eval file, named by the data layer */
+            if (err)
+                *err = *dataset_error(r->eds);
+            return dataset_error(r->eds)->code;
+        }
         ops->to_device(ctx, r->x, r->hx, (size_t)(rows * r->in) * sizeof(float));
         const float *pred = model_forward(r->m, r->x, rows);
         float loss;

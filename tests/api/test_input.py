@@ -656,3 +656,57 @@ def test_rank_killed_by_a_sigkill_nobody_sent_is_reported_as_likely_oom(server):
     m = re.search(r"the job needed about (\d+\.\d) MiB per rank\)", err)
     assert m and float(m.group(1)) > 0.1, err
     print(err)
+
+
+# ---------------------------------------------------------------------------------------
+# tokens data (issue 17, CONTRACT.md §2a): what the planner checks at submit
+
+
+def _gpt_spec(data, T=8):
+    """A tiny GPT-shaped job on token ids."""
+    return seed_spec(model=[{"type": "embedding", "num": 256, "dim": 8},
+                            {"type": "position", "max": T, "dim": 8},
+                            {"type": "linear", "in": 8, "out": 256}],
+                     input_shape=[T], loss="cross_entropy", data=data, batch_size=2)
+
+
+def test_tokens_file_shorter_than_one_window_is_422_naming_it(server):
+    """A tokens file needs block_size + 1 ids for one sample: a shorter one is refused at
+    submit, naming the file; so is a size that is not a whole number of ids, and an id
+    outside the vocabulary (naming the sample and the position)."""
+    import numpy as np
+    np.arange(8, dtype=np.uint16).tofile(server.data_dir / "short.bin")  # T + 1 = 9 needed
+    e = err_of(server.post("/v1/jobs", json=_gpt_spec({"type": "tokens", "path": "short.bin",
+                                                        "block_size": 8})), 422)
+    assert "short.bin: too short: 8 tokens" in e["message"], e
+    (server.data_dir / "odd.bin").write_bytes(b"\0" * 41)
+    e = err_of(server.post("/v1/jobs", json=_gpt_spec({"type": "tokens", "path": "odd.bin",
+                                                        "block_size": 8})), 422)
+    assert "odd.bin: its size, 41 bytes, is not a multiple of 2" in e["message"], e
+    ids = np.arange(40, dtype=np.uint16)
+    ids[19] = 300
+    ids.tofile(server.data_dir / "bad.bin")
+    e = err_of(server.post("/v1/jobs", json=_gpt_spec({"type": "tokens", "path": "bad.bin",
+                                                        "block_size": 8})), 422)
+    assert "bad.bin: id 300 at sample 2, position 3 is out of range [0, 256)" in e["message"], e
+    assert no_jobs(server)
+    np.arange(40, dtype=np.uint16).tofile(server.data_dir / "ok.bin")
+    r = server.post("/v1/jobs", json=_gpt_spec({"type": "tokens", "path": "ok.bin", "block_size": 8}))
+    assert r.status_code == 201, r.text
+
+
+def test_tokens_id_out_of_range_in_a_large_file_fails_the_job_naming_it(server):
+    """Over 1 GiB the planner leaves the ids to the ranks, which read the file mapped, window
+    by window: the rank that reads a bad id ends the job (exit 2, kind data) naming the file,
+    the sample and the position. The file is sparse: it costs no disk and no memory."""
+    with open(server.data_dir / "big.bin", "wb") as f:
+        f.truncate((1 << 30) + 4096)
+        f.seek(2 * 70)  # token 70: sample 1 (rank 1's first), position 6
+        f.write((300).to_bytes(2, "little"))
+    spec = _gpt_spec({"type": "tokens", "path": "big.bin", "block_size": 64, "shuffle": False}, T=64)
+    spec.update(world_size=2, steps=3)
+    spec.pop("epochs")
+    jid = server.submit(spec)["id"]
+    j = server.wait_state(jid, ("failed", "succeeded", "cancelled"), timeout=60)
+    assert j["state"] == "failed", j
+    assert "big.bin: id 300 at sample 1, position 6 is out of range [0, 256)" in (j["error"] or ""), j

@@ -327,12 +327,12 @@ static ddpd_err csv_fill(const char *name, const char *buf, int64_t len, const s
             int32_t role = lo->role[j];
             if (role >= 0) {
                 if (ds->x)
-                    ds->x[row * ds->in + role] = data__to_f32(v);
+                    ds->x[row * ds->xn + role] = data__to_f32(v);
                 continue;
             }
             if (!ds->ce) {
                 if (ds->y)
-                    ds->y[row * ds->out + (-role - 1)] = data__to_f32(v);
+                    ds->y[row * ds->yn + (-role - 1)] = data__to_f32(v);
                 continue;
             }
             cell_text(&lo->names[j], col_name, sizeof col_name);
@@ -340,11 +340,11 @@ static ddpd_err csv_fill(const char *name, const char *buf, int64_t len, const s
                 return csv_fail(err, name, line, j + 1,
                                 "line %" PRId64 ", column \"%s\": class id %g is not an integer", line,
                                 col_name, v);
-            if (v < 0 || v >= (double)ds->out)
+            if (v < 0 || v >= (double)ds->classes)
                 return csv_fail(err, name, line, j + 1,
                                 "line %" PRId64 ", column \"%s\": class id %.0f is out of range "
                                 "[0, %" PRId64 ")",
-                                line, col_name, v, ds->out);
+                                line, col_name, v, ds->classes);
             if (ds->labels)
                 ds->labels[row] = (int32_t)v;
         }
@@ -387,9 +387,10 @@ ddpd_err data__csv_rows(const struct spec *s, const char *data_dir, bool check, 
     *rows = lo.rows;
     *file_bytes = f.size;
     if (check) {
-        struct dataset cells = {.in = s->layers[data__first_linear(s)].in,
-                                .out = s->layers[data__last_linear(s)].out,
-                                .ce = s->loss == LOSS_CROSS_ENTROPY};
+        bool ce = s->loss == LOSS_CROSS_ENTROPY;
+        int64_t out = s->layers[data__last_linear(s)].out;
+        struct dataset cells = {
+            .xn = s->layers[data__first_linear(s)].in, .yn = ce ? 1 : out, .classes = out, .ce = ce};
         rc = csv_fill(f.name, buf, f.size, &lo, &cells, err);
     }
 out:

@@ -1,7 +1,7 @@
 /* data/data_impl.h — what the files of the data module share and nobody else sees: the
  * dataset's struct, a data file, and the helpers each format reader uses (data.c: errors,
  * the model's shape, rows; path.c: files opened beneath the data directory). One file per
- * format (npy.c, csv.c, synthetic.c) fills a dataset through its `data__<format>_open`. */
+ * format (npy.c, csv.c, tokens.c, synthetic.c) fills a dataset through its `data__<format>_open`. */
 #ifndef DDPD_DATA_IMPL_H
 #define DDPD_DATA_IMPL_H
 
@@ -10,13 +10,34 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* Where one column (inputs or targets) of the samples is read from: rows held in memory
+ * (converted at load) or a memory-mapped file (tokens, large .npy) converted row by row as
+ * batches are read. Sample i's values start at p + i * stride; each is `size` bytes of
+ * `kind` ('f' float, 'i' signed, 'u' unsigned integer), little-endian. */
+struct dsrc {
+    const unsigned char *p;
+    int64_t stride;
+    char kind;
+    int size;
+    bool mapped;
+    int64_t file_off; /* file offset of p (mapped), for messages */
+    char name[SPEC_PATH_MAX + 32];
+};
+
 struct dataset {
-    int64_t in, out;
+    int64_t xn, yn; /* values per sample: input (spec_sample_numel), target (spec_target_numel) */
+    bool ids;       /* inputs are int32 token ids in [0, vocab) (the model starts with embedding) */
+    int64_t vocab, classes;
     bool ce;
     int64_t n;       /* rows held below */
-    float *x;        /* [n, in] */
-    float *y;        /* [n, out], mse */
-    int32_t *labels; /* [n], cross_entropy */
+    float *x;        /* [n, xn] float32, or int32 ids; NULL when mapped */
+    float *y;        /* [n, yn], mse */
+    int32_t *labels; /* [n, yn], cross_entropy */
+    struct dsrc sx, sy;
+    void *map[2]; /* mappings to unmap */
+    size_t map_len[2];
+    int64_t touched;       /* mapped bytes read since their pages were last dropped */
+    struct ddpd_error err; /* what dataset_batch failed on */
 
     int rank, world;
     int64_t batch;
@@ -51,6 +72,16 @@ int data__last_linear(const struct spec *s);
 float data__to_f32(double d);
 ddpd_err data__alloc_rows(struct dataset *ds, int64_t n, ddpd_err code, const char *what,
                           struct ddpd_error *err);
+/* The same for the inputs (`x`) or the targets alone; the other column is mapped. */
+ddpd_err data__alloc_cols(struct dataset *ds, int64_t n, bool x, bool y, ddpd_err code, const char *what,
+                          struct ddpd_error *err);
+/* Maps f->size bytes of an open file read-only into ds->map[slot]; *p is its start. */
+ddpd_err data__map(struct dataset *ds, int slot, const struct dfile *f, const unsigned char **p,
+                   struct ddpd_error *err);
+/* The output shape of one sample (the top-level last layer's), rank 0 when unknown. */
+int data__out_shape(const struct spec *s, int64_t *shape);
+/* "[3, 4]" */
+void data__shape_text(char *out, size_t cap, int rank, const int64_t *shape);
 
 /* path.c */
 bool data__has_rank(const char *p);
@@ -70,6 +101,10 @@ ddpd_err data__csv_open(struct dataset *ds, const struct spec *s, const char *da
 ddpd_err data__synthetic_open(struct dataset *ds, const struct spec *s, struct ddpd_error *err);
 ddpd_err data__npy_rows(const struct spec *s, const char *data_dir, bool check, int64_t *rows,
                         struct ddpd_error *err);
+ddpd_err data__tokens_open(struct dataset *ds, const struct spec *s, const char *data_dir,
+                           struct ddpd_error *err);
+ddpd_err data__tokens_rows(const struct spec *s, const char *data_dir, bool check, int64_t *rows,
+                           struct ddpd_error *err);
 ddpd_err data__csv_rows(const struct spec *s, const char *data_dir, bool check, int64_t *rows,
                         int64_t *file_bytes, struct ddpd_error *err);
 

@@ -17,6 +17,8 @@
  * label files are checked by the ranks as they load them. */
 #define DATA_MAX_CHECK (1LL << 30)
 #define IO_CHUNK       (1 << 20)
+/* Files with more bytes of values than this are memory-mapped, not loaded. */
+#define DATA_MAP_MIN (64LL << 20)
 
 /* ---- .npy ---- */
 
@@ -316,6 +318,20 @@ static void shape_text(char *out, size_t cap, const struct npy *h)
 
 enum npy_role { NPY_X, NPY_Y_MSE, NPY_Y_CE };
 
+/* The sample shape of an .npy array (its shape after N) against `want`: equal, or a 1-D
+ * array for a sample of one value. */
+static bool sample_shape_is(const struct npy *h, int rank, const int64_t *want)
+{
+    if (h->ndim == 1)
+        return rank == 1 && want[0] == 1;
+    if (h->ndim - 1 != rank)
+        return false;
+    for (int i = 0; i < rank; i++)
+        if (h->shape[i + 1] != want[i])
+            return false;
+    return true;
+}
+
 /* Checks an .npy header's dtype and shape against its role and the model. Sets *rows.
  * `empty_ok`: zero rows are allowed (a rank's own {rank} file: that rank joins at once
  * and shadows the others, as PyTorch's DDP runs a rank without inputs). */
@@ -323,10 +339,17 @@ static ddpd_err npy_check(const struct dfile *f, const struct npy *h, enum npy_r
                           const struct spec *s, bool empty_ok, int64_t *rows, struct ddpd_error *err)
 {
     int fi = data__first_linear(s), li = data__last_linear(s);
-    int64_t in = s->layers[fi].in, out = s->layers[li].out;
-    char sh[160];
+    int64_t in = fi >= 0 ? s->layers[fi].in : 0, out = li >= 0 ? s->layers[li].out : 0;
+    bool ids = role == NPY_X && spec_input_ids(s);
+    char sh[160], want[160];
     shape_text(sh, sizeof sh, h);
-    if (role != NPY_Y_CE && h->kind != 'f')
+    if (ids && !((h->kind == 'u' && (h->size == 1 || h->size == 2)) ||
+                 (h->kind == 'i' && (h->size == 4 || h->size == 8))))
+        return data__fail(err, DDPD_EDATA, f->name,
+                          "dtype '%s' is not supported; x holds token ids for model[0] (embedding): "
+                          "uint8 ('|u1'), uint16 ('<u2'), int32 ('<i4') or int64 ('<i8')",
+                          h->descr);
+    if (!ids && role != NPY_Y_CE && h->kind != 'f')
         return data__fail(err, DDPD_EDATA, f->name,
                           "dtype '%s' is not supported; %s must be float32 ('<f4') or float64 ('<f8')",
                           h->descr, role == NPY_X ? "x" : "mse targets");
@@ -338,7 +361,17 @@ static ddpd_err npy_check(const struct dfile *f, const struct npy *h, enum npy_r
     if (h->ndim < 1 || (h->shape[0] < 1 && !empty_ok))
         return data__fail(err, DDPD_EDATA, f->name, "no samples: shape %s", sh);
     *rows = h->shape[0];
-    if (role == NPY_X) {
+    int64_t oshape[SPEC_MAX_RANK];
+    int orank = data__out_shape(s, oshape);
+    if (role == NPY_X && s->input_shape_set) {
+        if (sample_shape_is(h, s->input_rank, s->input_shape))
+            return DDPD_OK;
+        char got[160];
+        data__shape_text(want, sizeof want, s->input_rank, s->input_shape);
+        data__shape_text(got, sizeof got, h->ndim - 1, h->shape + 1);
+        return data__fail(err, DDPD_EDATA, f->name,
+                          "x's samples have shape %s (x is %s) but input_shape is %s", got, sh, want);
+    } else if (role == NPY_X) {
         if (h->ndim == 1 && in == 1)
             return DDPD_OK;
         if (h->ndim != 2)
@@ -347,6 +380,12 @@ static ddpd_err npy_check(const struct dfile *f, const struct npy *h, enum npy_r
         if (h->shape[1] != in)
             return data__fail(err, DDPD_EDATA, f->name,
                               "x has %" PRId64 " columns but model[%d].in is %" PRId64, h->shape[1], fi, in);
+    } else if (role == NPY_Y_MSE && orank > 1) {
+        if (sample_shape_is(h, orank, oshape))
+            return DDPD_OK;
+        data__shape_text(want, sizeof want, orank, oshape);
+        return data__fail(err, DDPD_EDATA, f->name,
+                          "mse targets must be [N] + the model's output shape %s, got shape %s", want, sh);
     } else if (role == NPY_Y_MSE) {
         if (h->ndim == 1 && out == 1)
             return DDPD_OK;
@@ -357,6 +396,14 @@ static ddpd_err npy_check(const struct dfile *f, const struct npy *h, enum npy_r
             return data__fail(err, DDPD_EDATA, f->name,
                               "y has %" PRId64 " columns but model[%d].out is %" PRId64, h->shape[1], li,
                               out);
+    } else if (orank > 1) { /* sequence cross_entropy: [N, T] targets for [T, C] logits */
+        if (h->ndim > 1 && sample_shape_is(h, orank - 1, oshape))
+            return DDPD_OK;
+        data__shape_text(want, sizeof want, orank, oshape);
+        return data__fail(err, DDPD_EDATA, f->name,
+                          "cross_entropy targets must be class ids of shape [N] + the model's output "
+                          "shape %s without its last dimension, got shape %s",
+                          want, sh);
     } else if (h->ndim != 1) {
         return data__fail(err, DDPD_EDATA, f->name,
                           "cross_entropy targets must be 1-dimensional [N] class ids, got shape %s", sh);
@@ -372,10 +419,11 @@ static uint64_t load_le(const unsigned char *p, int size)
     return v;
 }
 
-/* Reads all values of an .npy file into f32[numel] (float files) or, checking each is a
- * class id in [0, classes), into i32[numel] (integer files; i32 NULL only checks them). */
+/* Reads all values of an .npy file into f32[numel] (float files) or, checking each is an
+ * id in [0, classes), into i32[numel] (integer files; i32 NULL only checks them). `what`
+ * names the ids ("class id"); `sample` is the values per sample, for the message. */
 static ddpd_err npy_values(const struct dfile *f, const struct npy *h, float *f32, int32_t *i32,
-                           int64_t classes, struct ddpd_error *err)
+                           int64_t classes, const char *what, int64_t sample, struct ddpd_error *err)
 {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     if (h->kind == 'f' && h->size == 4) { /* the common case needs no conversion */
@@ -423,10 +471,17 @@ static ddpd_err npy_values(const struct dfile *f, const struct npy *h, float *f3
             } else {
                 v = bits > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)bits;
             }
+            if ((neg || v >= classes) && sample <= 1) {
+                rc = data__fail(err, DDPD_EDATA, f->name,
+                                "%s %" PRId64 " at row %" PRId64 " is out of range [0, %" PRId64 ")", what, v,
+                                done + i, classes);
+                goto out;
+            }
             if (neg || v >= classes) {
                 rc = data__fail(err, DDPD_EDATA, f->name,
-                                "class id %" PRId64 " at row %" PRId64 " is out of range [0, %" PRId64 ")", v,
-                                done + i, classes);
+                                "%s %" PRId64 " at sample %" PRId64 ", position %" PRId64
+                                " is out of range [0, %" PRId64 ")",
+                                what, v, (done + i) / sample, (done + i) % sample, classes);
                 goto out;
             }
             if (i32)
@@ -437,6 +492,24 @@ static ddpd_err npy_values(const struct dfile *f, const struct npy *h, float *f3
 out:
     free(buf);
     return rc;
+}
+
+/* Maps the values of a large file (ranks check them as they read them) into src. */
+static ddpd_err npy_map(struct dataset *ds, int slot, const struct dfile *f, const struct npy *h, int64_t per,
+                        struct dsrc *src, struct ddpd_error *err)
+{
+    const unsigned char *m;
+    ddpd_err rc = data__map(ds, slot, f, &m, err);
+    if (rc)
+        return rc;
+    src->p = m + h->data_off;
+    src->stride = per * h->size;
+    src->kind = h->kind;
+    src->size = h->size;
+    src->mapped = true;
+    src->file_off = h->data_off;
+    snprintf(src->name, sizeof src->name, "%s", f->name);
+    return DDPD_OK;
 }
 
 ddpd_err data__npy_open(struct dataset *ds, const struct spec *s, const char *data_dir,
@@ -463,9 +536,17 @@ ddpd_err data__npy_open(struct dataset *ds, const struct spec *s, const char *da
                         nx);
         goto out;
     }
-    if ((rc = data__alloc_rows(ds, nx, DDPD_EDATA, fx.name, err)) ||
-        (rc = npy_values(&fx, &hx, ds->x, NULL, 0, err)) ||
-        (rc = npy_values(&fy, &hy, ds->y, ds->labels, ds->out, err)))
+    /* Small files are loaded and checked whole; large ones stay in the file. */
+    bool map_x = nx > 0 && hx.numel * hx.size > DATA_MAP_MIN,
+         map_y = ny > 0 && hy.numel * hy.size > DATA_MAP_MIN;
+    if ((rc = data__alloc_cols(ds, nx, !map_x, !map_y, DDPD_EDATA, fx.name, err)))
+        goto out;
+    if (map_x ? (rc = npy_map(ds, 0, &fx, &hx, ds->xn, &ds->sx, err))
+              : (rc = npy_values(&fx, &hx, ds->ids ? NULL : ds->x, ds->ids ? (int32_t *)(void *)ds->x : NULL,
+                                 ds->vocab, "id", ds->xn, err)))
+        goto out;
+    if (map_y ? (rc = npy_map(ds, 1, &fy, &hy, ds->yn, &ds->sy, err))
+              : (rc = npy_values(&fy, &hy, ds->y, ds->labels, ds->classes, "class id", ds->yn, err)))
         goto out;
     ds->n_total = nx;
 out:
@@ -487,11 +568,16 @@ ddpd_err data__npy_rows(const struct spec *s, const char *data_dir, bool check, 
         (rc = npy_header(&g, &hy, err)) ||
         (rc = npy_check(&g, &hy, s->loss == LOSS_CROSS_ENTROPY ? NPY_Y_CE : NPY_Y_MSE, s, false, &ny, err)))
         goto out;
-    if (ny != *rows)
+    if (ny != *rows) {
         rc = data__fail(err, DDPD_EDATA, g.name, "y has %" PRId64 " rows but %s has %" PRId64, ny, f.name,
                         *rows);
-    else if (check && s->loss == LOSS_CROSS_ENTROPY && hy.numel * hy.size <= DATA_MAX_CHECK)
-        rc = npy_values(&g, &hy, NULL, NULL, s->layers[data__last_linear(s)].out, err);
+        goto out;
+    }
+    if (check && spec_input_ids(s) && h.numel * h.size <= DATA_MAX_CHECK &&
+        (rc = npy_values(&f, &h, NULL, NULL, spec_vocab(s), "id", spec_sample_numel(s), err)))
+        goto out;
+    if (check && s->loss == LOSS_CROSS_ENTROPY && hy.numel * hy.size <= DATA_MAX_CHECK)
+        rc = npy_values(&g, &hy, NULL, NULL, spec_classes(s), "class id", spec_target_numel(s), err);
 out:
     data__file_close(&f);
     data__file_close(&g);

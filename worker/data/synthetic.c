@@ -241,7 +241,7 @@ ddpd_err data__synthetic_open(struct dataset *ds, const struct spec *s, struct d
         int64_t idx[TEACHER_BLOCK], m = n - k0 < TEACHER_BLOCK ? n - k0 : TEACHER_BLOCK;
         for (int64_t k = 0; k < m; k++)
             idx[k] = ds->shuffle ? k0 + k : ds->rank + (k0 + k) * ds->world;
-        teacher_rows(&t, idx, m, ds->x + k0 * ds->in, ds->ce ? NULL : ds->y + k0 * ds->out,
+        teacher_rows(&t, idx, m, ds->x + k0 * ds->xn, ds->ce ? NULL : ds->y + k0 * ds->yn,
                      ds->ce ? ds->labels + k0 : NULL);
     }
 out:

@@ -1,5 +1,6 @@
-/* test_data.c — data sets: .npy (v1/v2, f4/f8 inputs, float and integer targets) and CSV
- * readers against files written here, rank sharding and per-epoch shuffling, {rank}
+/* test_data.c — data sets: .npy (v1/v2, f4/f8 inputs, float and integer targets, token
+ * ids, samples of any shape), tokens files and CSV readers against files written here, the
+ * memory-mapped reading of large files, rank sharding and per-epoch shuffling, {rank}
  * files, batch counts before the ranks start, the synthetic teacher's determinism, and
  * a clean error naming the file for every kind of bad file or path. */
 #include <errno.h>
@@ -1420,6 +1421,533 @@ static void test_check(void)
     CHECK_EQ_INT(rows, INT64_MAX);
 }
 
+/* ---- v2 (CONTRACT.md §2a): token ids, samples of any shape, tokens files ---- */
+
+/* embedding(vocab, 4) on [T] ids, then linear 4 -> classes on the last dimension: samples
+ * are [T] ids, targets [T] class ids (cross_entropy) or [T, classes] floats (mse). The
+ * shapes are filled in as the validator would. */
+static void spec_ids(struct spec *s, int64_t T, int64_t vocab, int64_t classes, loss_kind loss)
+{
+    memset(s, 0, sizeof *s);
+    s->world_size = 1;
+    s->n_layers = 2;
+    s->layers[0] = (struct spec_layer){.kind = LAYER_EMBEDDING,
+                                       .parent = -1,
+                                       .end = 1,
+                                       .key = "0",
+                                       .num = vocab,
+                                       .dim = 4,
+                                       .in_rank = 1,
+                                       .in_shape = {T},
+                                       .out_rank = 2,
+                                       .out_shape = {T, 4}};
+    s->layers[1] = (struct spec_layer){.kind = LAYER_LINEAR,
+                                       .parent = -1,
+                                       .end = 2,
+                                       .key = "1",
+                                       .in = 4,
+                                       .out = classes,
+                                       .bias = true,
+                                       .in_rank = 2,
+                                       .in_shape = {T, 4},
+                                       .out_rank = 2,
+                                       .out_shape = {T, classes}};
+    s->input_rank = 1;
+    s->input_shape[0] = T;
+    s->input_shape_set = true;
+    s->loss = loss;
+    s->batch_size = 2;
+    s->epochs = 1;
+    s->grad_accum = 1;
+    s->data.shuffle = false;
+}
+
+static void spec_tokens(struct spec *s, const char *path, int64_t T, tokens_dtype dtype)
+{
+    s->data.kind = DATA_TOKENS;
+    snprintf(s->data.path, sizeof s->data.path, "%s", path);
+    s->data.block_size = T;
+    s->data.dtype = dtype;
+}
+
+/* A tokens file of n ids, ids[k] = k % mod (+ `bad` at token `at` when at >= 0). */
+static void put_tokens(const char *rel, tokens_dtype dtype, int64_t n, int64_t mod, int64_t at, int64_t bad)
+{
+    int w = dtype == TOKENS_INT32 ? 4 : 2;
+    unsigned char *b = malloc((size_t)(n * w) + 1);
+    for (int64_t k = 0; k < n; k++) {
+        int64_t v = k == at ? bad : k % mod;
+        for (int i = 0; i < w; i++)
+            b[k * w + i] = (unsigned char)((uint64_t)v >> (8 * i));
+    }
+    put(rel, b, (size_t)(n * w));
+    free(b);
+}
+
+/* dataset_check must fail with EDATA naming `file`, with `msg` as the message. */
+static void check_fails(const struct spec *s, const char *file, const char *msg)
+{
+    struct ddpd_error err = {0};
+    int64_t rows = -1, bytes = -1;
+    CHECK_EQ_INT(dataset_check(s, datadir, 1, &rows, &bytes, &err), DDPD_EDATA);
+    CHECK_EQ_STR(err.path, file);
+    CHECK_EQ_STR(err.message, msg);
+}
+
+/* Windows and shards exactly as §2a: sample i is x = ids[iT : iT+T], y = ids[iT+1 :
+ * iT+T+1], for i < (n-1)/T; rank r of W takes samples r, r+W, ... . */
+static void test_tokens_windows(void)
+{
+    struct spec s;
+    struct ddpd_error err = {0};
+    const int64_t T = 4;
+    for (int d = 0; d < 2; d++) {
+        tokens_dtype dt = d ? TOKENS_INT32 : TOKENS_UINT16;
+        const int64_t ns[] = {23, 21, 20};
+        for (int f = 0; f < 3; f++) {
+            const int64_t n = ns[f], rows = (n - 1) / T;
+            put_tokens("data/tok.bin", dt, n, 1000, -1, 0);
+            spec_ids(&s, T, 1000, 1000, LOSS_CROSS_ENTROPY);
+            spec_tokens(&s, "data/tok.bin", T, dt);
+            int64_t counts[3], crows = -1, bytes = -1;
+            CHECK_EQ_INT(dataset_check(&s, datadir, 3, &crows, &bytes, &err), DDPD_OK);
+            CHECK_EQ_INT(crows, rows);
+            CHECK_EQ_INT(bytes, 0);
+            for (int W = 1; W <= 3; W++) {
+                CHECK_EQ_INT(dataset_batch_counts(&s, datadir, W, counts, &err), DDPD_OK);
+                for (int r = 0; r < W; r++) {
+                    struct dataset *ds = open_ok(&s, r, W);
+                    if (!ds)
+                        continue;
+                    CHECK_EQ_INT(dataset_rows(ds), rows);
+                    CHECK_EQ_INT(dataset_shard_size(ds), (rows - r + W - 1) / W);
+                    CHECK_EQ_INT(dataset_batches(ds), counts[r]);
+                    int64_t k = 0;
+                    for (int64_t b = 0; b < dataset_batches(ds); b++) {
+                        int32_t x[2 * 4], y[2 * 4];
+                        int64_t got = dataset_batch(ds, b, x, NULL, y);
+                        for (int64_t j = 0; j < got; j++, k++) {
+                            int64_t i = r + k * W; /* the sample */
+                            for (int64_t t = 0; t < T; t++) {
+                                CHECK_EQ_INT(x[j * T + t], i * T + t);
+                                CHECK_EQ_INT(y[j * T + t], i * T + t + 1);
+                            }
+                        }
+                    }
+                    CHECK_EQ_INT(k, dataset_shard_size(ds));
+                    dataset_free(ds);
+                }
+            }
+        }
+    }
+}
+
+/* Shuffling draws the same permutation as for any data of N samples; drop_last drops the
+ * partial batch. */
+static void test_tokens_shuffle(void)
+{
+    struct spec s, t;
+    const int64_t T = 3, N = 11;
+    put_tokens("data/tsh.bin", TOKENS_UINT16, N * T + 1, 60000, -1, 0);
+    put_ids("data/tsh_x.npy", "data/tsh_y.npy", (int)N, 0);
+    spec_ids(&s, T, 60000, 60000, LOSS_CROSS_ENTROPY);
+    spec_tokens(&s, "data/tsh.bin", T, TOKENS_UINT16);
+    s.data.shuffle = true;
+    s.data.seed = 9;
+    s.batch_size = 4;
+    spec_base(&t, 2, 1, LOSS_MSE);
+    spec_npy(&t, "data/tsh_x.npy", "data/tsh_y.npy");
+    t.data.shuffle = true;
+    t.data.seed = 9;
+    t.batch_size = 4;
+    for (int W = 1; W <= 2; W++) {
+        for (int r = 0; r < W; r++) {
+            struct dataset *a = open_ok(&s, r, W), *b = open_ok(&t, r, W);
+            if (!a || !b) {
+                dataset_free(a);
+                dataset_free(b);
+                continue;
+            }
+            for (int64_t epoch = 0; epoch < 2; epoch++) {
+                dataset_set_epoch(a, epoch);
+                dataset_set_epoch(b, epoch);
+                int64_t want[16], n = epoch_ids(b, 2, want), k = 0;
+                bool identity = true;
+                for (int64_t bi = 0; bi < dataset_batches(a); bi++) {
+                    int32_t x[4 * 3], y[4 * 3];
+                    int64_t got = dataset_batch(a, bi, x, NULL, y);
+                    for (int64_t j = 0; j < got; j++, k++) {
+                        CHECK_EQ_INT(x[j * T], want[k] * T);
+                        CHECK_EQ_INT(y[j * T + T - 1], want[k] * T + T);
+                        identity &= want[k] == r + k * W;
+                    }
+                }
+                CHECK_EQ_INT(k, n);
+                CHECK(!identity);
+            }
+            dataset_free(a);
+            dataset_free(b);
+        }
+    }
+    s.data.drop_last = true;
+    struct dataset *ds = open_ok(&s, 0, 1);
+    if (ds)
+        CHECK_EQ_INT(dataset_batches(ds), 2); /* 11 samples, batches of 4 */
+    dataset_free(ds);
+    s.data.drop_last = false;
+    ds = open_ok(&s, 0, 1);
+    if (ds)
+        CHECK_EQ_INT(dataset_batches(ds), 3);
+    dataset_free(ds);
+}
+
+static void test_tokens_errors(void)
+{
+    struct spec s;
+    const char *m;
+    spec_ids(&s, 4, 50, 50, LOSS_CROSS_ENTROPY);
+
+    /* Shorter than one window: T + 1 ids are needed. */
+    put_tokens("data/short.bin", TOKENS_UINT16, 4, 50, -1, 0);
+    spec_tokens(&s, "data/short.bin", 4, TOKENS_UINT16);
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/short.bin"),
+                 "data/short.bin: too short: 4 tokens, fewer than one window of block_size + 1 = 5");
+    check_fails(&s, "data/short.bin",
+                "data/short.bin: too short: 4 tokens, fewer than one window of block_size + 1 = 5");
+    put_str("data/short.bin", "");
+    m = open_fails(&s, DDPD_EDATA, "data/short.bin");
+    CHECK(strstr(m, "too short: 0 tokens") != NULL);
+
+    /* A size that is not a whole number of ids. */
+    put_str("data/odd.bin", "abcdefghijk");
+    spec_tokens(&s, "data/odd.bin", 4, TOKENS_UINT16);
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/odd.bin"),
+                 "data/odd.bin: its size, 11 bytes, is not a multiple of 2 (dtype uint16)");
+    put_str("data/odd.bin", "abcdefghijklmn");
+    spec_tokens(&s, "data/odd.bin", 3, TOKENS_INT32);
+    s.input_shape[0] = 3;
+    s.layers[1].out_shape[0] = 3;
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/odd.bin"),
+                 "data/odd.bin: its size, 14 bytes, is not a multiple of 4 (dtype int32)");
+    check_fails(&s, "data/odd.bin", "data/odd.bin: its size, 14 bytes, is not a multiple of 4 (dtype int32)");
+
+    /* The spec's side: block_size against input_shape, ids, cross_entropy. */
+    spec_ids(&s, 4, 50, 50, LOSS_CROSS_ENTROPY);
+    put_tokens("data/ok.bin", TOKENS_UINT16, 40, 50, -1, 0);
+    spec_tokens(&s, "data/ok.bin", 5, TOKENS_UINT16);
+    CHECK_EQ_STR(open_fails(&s, DDPD_ESPEC, "data.block_size"),
+                 "data.block_size: is 5 but input_shape is [4] (it must be [5])");
+    spec_base(&s, 4, 3, LOSS_CROSS_ENTROPY);
+    spec_tokens(&s, "data/ok.bin", 4, TOKENS_UINT16);
+    m = open_fails(&s, DDPD_ESPEC, "data.type");
+    CHECK(strstr(m, "must start with an embedding layer") != NULL);
+    spec_ids(&s, 4, 50, 50, LOSS_CROSS_ENTROPY);
+    spec_csv(&s, "data/ck.csv", "label");
+    CHECK_EQ_STR(open_fails(&s, DDPD_ESPEC, "data.type"),
+                 "data.type: csv data is rows of float inputs for a list of linear layers; a model on "
+                 "token ids needs npy or tokens data");
+
+    /* An id outside the vocabulary: found at submit (dataset_check) and by the rank that
+     * reads it, naming the file, the sample and the position. Token 9 is sample 2,
+     * position 1 as an input. */
+    spec_ids(&s, 4, 50, 50, LOSS_CROSS_ENTROPY);
+    put_tokens("data/bad.bin", TOKENS_UINT16, 21, 50, 9, 77);
+    spec_tokens(&s, "data/bad.bin", 4, TOKENS_UINT16);
+    const char *want = "data/bad.bin: id 77 at sample 2, position 1 is out of range [0, 50)";
+    check_fails(&s, "data/bad.bin", want);
+    struct dataset *ds = open_ok(&s, 0, 1);
+    if (ds) {
+        int32_t x[8], y[8];
+        CHECK_EQ_INT(dataset_batch(ds, 0, x, NULL, y), 2); /* samples 0 and 1 */
+        CHECK_EQ_INT(dataset_batch(ds, 1, x, NULL, y), -1);
+        CHECK_EQ_STR(ddpd_err_name(dataset_error(ds)->code), "EDATA");
+        CHECK_EQ_STR(dataset_error(ds)->path, "data/bad.bin");
+        CHECK_EQ_STR(dataset_error(ds)->message, want);
+        dataset_free(ds);
+    }
+    /* As a target: fewer classes than ids; token 9 is sample 2's target at position 0. */
+    spec_ids(&s, 4, 100, 50, LOSS_CROSS_ENTROPY);
+    spec_tokens(&s, "data/bad.bin", 4, TOKENS_UINT16);
+    want = "data/bad.bin: class id 77 at sample 2, position 0 is out of range [0, 50)";
+    check_fails(&s, "data/bad.bin", want);
+    ds = open_ok(&s, 0, 1);
+    if (ds) {
+        int32_t x[8], y[8];
+        CHECK_EQ_INT(dataset_batch(ds, 1, x, NULL, y), -1);
+        CHECK_EQ_STR(dataset_error(ds)->message, want);
+        dataset_free(ds);
+    }
+    /* int32: a negative id. */
+    spec_ids(&s, 4, 50, 50, LOSS_CROSS_ENTROPY);
+    put_tokens("data/neg.bin", TOKENS_INT32, 21, 50, 17, -3);
+    spec_tokens(&s, "data/neg.bin", 4, TOKENS_INT32);
+    check_fails(&s, "data/neg.bin", "data/neg.bin: id -3 at sample 4, position 1 is out of range [0, 50)");
+    /* Ids past the last whole window are never read. */
+    put_tokens("data/tail.bin", TOKENS_UINT16, 23, 50, 22, 999);
+    spec_tokens(&s, "data/tail.bin", 4, TOKENS_UINT16);
+    struct ddpd_error err = {0};
+    int64_t rows, bytes;
+    CHECK_EQ_INT(dataset_check(&s, datadir, 1, &rows, &bytes, &err), DDPD_OK);
+    CHECK_EQ_INT(rows, 5);
+}
+
+/* .npy token ids: uint8, uint16, int32 and int64 x [N, T] with [N, T] class ids. */
+static void test_npy_ids(void)
+{
+    struct spec s;
+    const int64_t N = 3, T = 5;
+    uint8_t x1[15];
+    uint16_t x2[15];
+    int32_t x4[15], y4[15];
+    int64_t x8[15], y8[15];
+    for (int i = 0; i < 15; i++) {
+        x1[i] = (uint8_t)(i * 7 % 16);
+        x2[i] = x1[i];
+        x4[i] = x1[i];
+        x8[i] = x1[i];
+        y4[i] = (i * 3) % 6;
+        y8[i] = y4[i];
+    }
+    put_npy("data/id1.npy", 1, "|u1", "(3, 5)", x1, sizeof x1);
+    put_npy("data/id2.npy", 1, "<u2", "(3, 5)", x2, sizeof x2);
+    put_npy("data/id4.npy", 1, "<i4", "(3, 5)", x4, sizeof x4);
+    put_npy("data/id8.npy", 1, "<i8", "(3, 5)", x8, sizeof x8);
+    put_npy("data/lab4.npy", 1, "<i4", "(3, 5)", y4, sizeof y4);
+    put_npy("data/lab8.npy", 1, "<i8", "(3, 5)", y8, sizeof y8);
+    const char *xs[] = {"data/id1.npy", "data/id2.npy", "data/id4.npy", "data/id8.npy"};
+    spec_ids(&s, T, 16, 6, LOSS_CROSS_ENTROPY);
+    s.batch_size = 4;
+    for (int f = 0; f < 4; f++) {
+        spec_npy(&s, xs[f], f % 2 ? "data/lab8.npy" : "data/lab4.npy");
+        struct ddpd_error err = {0};
+        int64_t rows = -1, bytes;
+        CHECK_EQ_INT(dataset_check(&s, datadir, 1, &rows, &bytes, &err), DDPD_OK);
+        CHECK_EQ_INT(rows, N);
+        struct dataset *ds = open_ok(&s, 0, 1);
+        if (!ds)
+            continue;
+        int32_t x[20], y[20];
+        CHECK_EQ_INT(dataset_batch(ds, 0, x, NULL, y), 3);
+        for (int i = 0; i < 15; i++) {
+            CHECK_EQ_INT(x[i], x1[i]);
+            CHECK_EQ_INT(y[i], y4[i]);
+        }
+        dataset_free(ds);
+    }
+
+    /* Out of range: at open (a small file is loaded and checked) and at submit. */
+    x2[7] = 16;
+    put_npy("data/idbad.npy", 1, "<u2", "(3, 5)", x2, sizeof x2);
+    spec_npy(&s, "data/idbad.npy", "data/lab4.npy");
+    const char *want = "data/idbad.npy: id 16 at sample 1, position 2 is out of range [0, 16)";
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/idbad.npy"), want);
+    check_fails(&s, "data/idbad.npy", want);
+    y4[14] = 6;
+    put_npy("data/labbad.npy", 1, "<i4", "(3, 5)", y4, sizeof y4);
+    spec_npy(&s, "data/id4.npy", "data/labbad.npy");
+    want = "data/labbad.npy: class id 6 at sample 2, position 4 is out of range [0, 6)";
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/labbad.npy"), want);
+    check_fails(&s, "data/labbad.npy", want);
+
+    /* Dtypes and shapes. */
+    float xf[15] = {0};
+    put_npy("data/idf.npy", 1, "<f4", "(3, 5)", xf, sizeof xf);
+    spec_npy(&s, "data/idf.npy", "data/lab4.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/idf.npy"),
+                 "data/idf.npy: dtype '<f4' is not supported; x holds token ids for model[0] (embedding): "
+                 "uint8 ('|u1'), uint16 ('<u2'), int32 ('<i4') or int64 ('<i8')");
+    put_npy("data/idi1.npy", 1, "|i1", "(3, 5)", x1, sizeof x1);
+    spec_npy(&s, "data/idi1.npy", "data/lab4.npy");
+    CHECK(strstr(open_fails(&s, DDPD_EDATA, "data/idi1.npy"), "dtype '|i1' is not supported") != NULL);
+    put_npy("data/id35.npy", 1, "<i4", "(5, 3)", x4, sizeof x4);
+    spec_npy(&s, "data/id35.npy", "data/lab4.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/id35.npy"),
+                 "data/id35.npy: x's samples have shape [3] (x is (5, 3)) but input_shape is [5]");
+    put_npy("data/lab53.npy", 1, "<i4", "(3, 4)", y4, 12 * sizeof(int32_t));
+    spec_npy(&s, "data/id4.npy", "data/lab53.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/lab53.npy"),
+                 "data/lab53.npy: cross_entropy targets must be class ids of shape [N] + the model's "
+                 "output shape [5, 6] without its last dimension, got shape (3, 4)");
+    put_npy("data/lab1.npy", 1, "<i4", "(3,)", y4, 3 * sizeof(int32_t));
+    spec_npy(&s, "data/id4.npy", "data/lab1.npy");
+    CHECK(strstr(open_fails(&s, DDPD_EDATA, "data/lab1.npy"), "got shape (3,)") != NULL);
+}
+
+/* Float samples of any rank: x [N, 2, 3] for input_shape [2, 3] and a linear on the last
+ * dimension; mse targets of the output's shape [N, 2, 2]. */
+static void test_npy_any_rank(void)
+{
+    struct spec s;
+    memset(&s, 0, sizeof s);
+    s.world_size = 1;
+    s.n_layers = 1;
+    s.layers[0] = (struct spec_layer){.kind = LAYER_LINEAR,
+                                      .parent = -1,
+                                      .end = 1,
+                                      .key = "0",
+                                      .in = 3,
+                                      .out = 2,
+                                      .bias = true,
+                                      .in_rank = 2,
+                                      .in_shape = {2, 3},
+                                      .out_rank = 2,
+                                      .out_shape = {2, 2}};
+    s.input_rank = 2;
+    s.input_shape[0] = 2;
+    s.input_shape[1] = 3;
+    s.input_shape_set = true;
+    s.loss = LOSS_MSE;
+    s.batch_size = 2;
+    s.epochs = 1;
+    s.grad_accum = 1;
+    float x[4 * 6], y[4 * 4];
+    double x8[4 * 6];
+    for (int i = 0; i < 24; i++)
+        x8[i] = x[i] = (float)i * 0.5f;
+    for (int i = 0; i < 16; i++)
+        y[i] = -(float)i;
+    put_npy("data/ar_x.npy", 1, "<f4", "(4, 2, 3)", x, sizeof x);
+    put_npy("data/ar_x8.npy", 1, "<f8", "(4, 2, 3)", x8, sizeof x8);
+    put_npy("data/ar_y.npy", 1, "<f4", "(4, 2, 2)", y, sizeof y);
+    const char *xs[] = {"data/ar_x.npy", "data/ar_x8.npy"};
+    for (int f = 0; f < 2; f++) {
+        spec_npy(&s, xs[f], "data/ar_y.npy");
+        struct dataset *ds = open_ok(&s, 0, 1);
+        if (!ds)
+            continue;
+        float bx[12], by[8];
+        CHECK_EQ_INT(dataset_batch(ds, 1, bx, by, NULL), 2);
+        CHECK(memcmp(bx, x + 12, sizeof bx) == 0);
+        CHECK(memcmp(by, y + 8, sizeof by) == 0);
+        dataset_free(ds);
+    }
+    put_npy("data/ar_xt.npy", 1, "<f4", "(4, 3, 2)", x, sizeof x);
+    spec_npy(&s, "data/ar_xt.npy", "data/ar_y.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/ar_xt.npy"),
+                 "data/ar_xt.npy: x's samples have shape [3, 2] (x is (4, 3, 2)) but input_shape is [2, 3]");
+    put_npy("data/ar_xf.npy", 1, "<f4", "(4, 6)", x, sizeof x);
+    spec_npy(&s, "data/ar_xf.npy", "data/ar_y.npy");
+    CHECK_EQ_STR(open_fails(&s, DDPD_EDATA, "data/ar_xf.npy"),
+                 "data/ar_xf.npy: x's samples have shape [6] (x is (4, 6)) but input_shape is [2, 3]");
+    put_npy("data/ar_y4.npy", 1, "<f4", "(4, 4)", y, sizeof y);
+    spec_npy(&s, "data/ar_x.npy", "data/ar_y4.npy");
+    CHECK_EQ_STR(
+        open_fails(&s, DDPD_EDATA, "data/ar_y4.npy"),
+        "data/ar_y4.npy: mse targets must be [N] + the model's output shape [2, 2], got shape (4, 4)");
+}
+
+/* Resident memory of this process in bytes. */
+static int64_t rss_bytes(void)
+{
+    long pages = 0, resident = 0;
+    FILE *fp = fopen("/proc/self/statm", "r");
+    if (!fp || fscanf(fp, "%ld %ld", &pages, &resident) != 2)
+        resident = 0;
+    if (fp)
+        fclose(fp);
+    return (int64_t)resident * sysconf(_SC_PAGESIZE);
+}
+
+/* A sparse file of `size` bytes: `head` first, then zeros, with `n` values written at
+ * their offsets. */
+static void put_sparse(const char *rel, const void *head, size_t hn, int64_t size, const int64_t *offs,
+                       const void *vals, int vsize, int n)
+{
+    char path[8192];
+    snprintf(path, sizeof path, "%s/%s", datadir, rel);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(fd >= 0);
+    CHECK(hn == 0 || write(fd, head, hn) == (ssize_t)hn);
+    CHECK(ftruncate(fd, size) == 0);
+    for (int i = 0; i < n; i++)
+        CHECK(pwrite(fd, (const char *)vals + i * vsize, (size_t)vsize, offs[i]) == vsize);
+    close(fd);
+}
+
+/* Large files are memory-mapped and read window by window: reading a whole epoch of a
+ * 160 MiB tokens file, or of a 96 MiB .npy, does not grow this process by the file. */
+static void test_mapped(void)
+{
+    struct spec s;
+    struct ddpd_error err = {0};
+    const int64_t T = 1024, size = 160LL << 20, n = size / 2, rows = (n - 1) / T;
+    /* Two known ids: token 5000 (sample 4, position 904) and the last window's last target. */
+    int64_t offs[2] = {5000 * 2, rows * T * 2};
+    uint16_t vals[2] = {123, 45};
+    put_sparse("data/big.bin", NULL, 0, size, offs, vals, 2, 2);
+    spec_ids(&s, T, 256, 256, LOSS_CROSS_ENTROPY);
+    spec_tokens(&s, "data/big.bin", T, TOKENS_UINT16);
+    s.batch_size = 256;
+    int64_t before = rss_bytes(), peak = before;
+    struct dataset *ds = open_ok(&s, 0, 1);
+    if (ds) {
+        int32_t *x = malloc(sizeof(int32_t) * 256 * 1024), *y = malloc(sizeof(int32_t) * 256 * 1024);
+        memset(x, 1, sizeof(int32_t) * 256 * 1024);
+        memset(y, 1, sizeof(int32_t) * 256 * 1024);
+        before = rss_bytes(); /* the batch buffers are resident now */
+        int64_t seen = 0, sum = 0;
+        for (int64_t b = 0; b < dataset_batches(ds); b++) {
+            int64_t got = dataset_batch(ds, b, x, NULL, y);
+            CHECK(got > 0);
+            for (int64_t k = 0; k < got * T; k++)
+                sum += x[k] + y[k];
+            if (b == 0)
+                CHECK_EQ_INT(x[4 * T + 904], 123);
+            seen += got;
+            int64_t now = rss_bytes();
+            peak = now > peak ? now : peak;
+        }
+        CHECK_EQ_INT(seen, rows);
+        CHECK_EQ_INT(sum, 2 * 123 + 45); /* token 5000 is an input and a target; the last one a target */
+        CHECK_EQ_INT(y[(rows - 1) % 256 * T + T - 1], 45);
+        fprintf(stderr, "    tokens: %" PRId64 " MiB file, resident grew by %.1f MiB\n", size >> 20,
+                (double)(peak - before) / (1 << 20));
+        CHECK(peak - before < (32LL << 20));
+        free(x);
+        free(y);
+        dataset_free(ds);
+    }
+
+    /* .npy over 64 MiB: uint16 ids [N, 64] mapped, class ids [N, 64] (int8) loaded. An id
+     * out of range in the mapped file is found by the rank that reads it, and at submit. */
+    const int64_t N = 800000, W = 64;
+    unsigned char hx[256], hy[256];
+    char shape[64];
+    snprintf(shape, sizeof shape, "(%" PRId64 ", %" PRId64 ")", N, W);
+    size_t nhx = npy_bytes(hx, 1, "<u2", false, shape, NULL, 0),
+           nhy = npy_bytes(hy, 1, "|i1", false, shape, NULL, 0);
+    int64_t xo[1] = {(int64_t)nhx + (700000 * W + 3) * 2};
+    uint16_t xv[1] = {300};
+    put_sparse("data/bigx.npy", hx, nhx, (int64_t)nhx + N * W * 2, xo, xv, 2, 1);
+    put_sparse("data/bigy.npy", hy, nhy, (int64_t)nhy + N * W, NULL, NULL, 1, 0);
+    spec_ids(&s, W, 256, 256, LOSS_CROSS_ENTROPY);
+    spec_npy(&s, "data/bigx.npy", "data/bigy.npy");
+    s.batch_size = 50000;
+    const char *want = "data/bigx.npy: id 300 at sample 700000, position 3 is out of range [0, 256)";
+    check_fails(&s, "data/bigx.npy", want);
+    int64_t counts[1];
+    CHECK_EQ_INT(dataset_batch_counts(&s, datadir, 1, counts, &err), DDPD_OK);
+    CHECK_EQ_INT(counts[0], 16);
+    before = rss_bytes();
+    ds = open_ok(&s, 0, 1);
+    if (ds) {
+        int64_t opened = rss_bytes();
+        /* Loaded: the int8 labels as int32 (N * 64 * 4 bytes); the ids stay in the file. */
+        CHECK(opened - before < N * W * 4 + (32LL << 20));
+        int32_t *x = malloc(sizeof(int32_t) * 50000 * 64), *y = malloc(sizeof(int32_t) * 50000 * 64);
+        int64_t b = 0, got = 0;
+        for (; b < dataset_batches(ds); b++)
+            if ((got = dataset_batch(ds, b, x, NULL, y)) < 0)
+                break;
+        CHECK_EQ_INT(b, 14); /* rows 700000.. */
+        CHECK_EQ_INT(got, -1);
+        CHECK_EQ_STR(dataset_error(ds)->message, want);
+        free(x);
+        free(y);
+        dataset_free(ds);
+    }
+}
+
 int main(void)
 {
     setup();
@@ -1438,6 +1966,12 @@ int main(void)
     test_csv_errors();
     test_synthetic();
     test_batch_counts_npy();
+    test_tokens_windows();
+    test_tokens_shuffle();
+    test_tokens_errors();
+    test_npy_ids();
+    test_npy_any_rank();
+    test_mapped();
     base_remove_tree(root);
     CHECK_DONE();
 }
