@@ -1,7 +1,8 @@
 /* allreduce.c — the C side of bench/allreduce: forks an id issuer and W ranks of the CPU
  * collective backend on this host, times in-place SUM all-reduces (start + wait, as DDP
  * issues them) of the given sizes and prints one JSON line of per-size medians. Not a
- * test: it asserts nothing but that the sums come out right. */
+ * test: it asserts nothing but that the sums come out right. For bench/allreduce-hosts
+ * (ranks on several hosts): `--issue` is the issuer alone, `--rank R ID` one rank. */
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -98,12 +99,37 @@ out:
     return rc;
 }
 
+/* One rank's medians as the JSON line main prints. */
+static void print_results(int world, const long long *bytes, const int *iters, int nsizes,
+                          const struct result *r)
+{
+    printf("{\"backend\":\"ddpd\",\"world\":%d,\"results\":[", world);
+    for (int s = 0; s < nsizes; s++) {
+        double t = r->median_s[s];
+        double busbw = (double)bytes[s] * 2.0 * (world - 1) / world / t / 1e9;
+        printf("%s{\"bytes\":%lld,\"iters\":%d,\"median_s\":%.9f,\"busbw_gbs\":%.4f}", s ? "," : "", bytes[s],
+               iters[s], t, busbw);
+    }
+    printf("]}\n");
+}
+
 int main(int argc, char **argv)
 {
-    int world = 2, nsizes = 0, iters[MAX_SIZES];
+    int world = 2, nsizes = 0, iters[MAX_SIZES], one_rank = -1;
     long long bytes[MAX_SIZES];
+    const char *id_arg = NULL;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--world") && i + 1 < argc) {
+        if (!strcmp(argv[i], "--issue") && argc == 2) {
+            /* Only the id issuer (bench/allreduce-hosts runs it on the server's host):
+             * the id on stdout, alive until stdin closes. */
+            return comm_cpu_issue_id(stdout, 0);
+        } else if (!strcmp(argv[i], "--rank") && i + 2 < argc) {
+            /* --rank R ID: only rank R of the group of ID (on another host), its medians. */
+            one_rank = (int)parse_num(argv[++i], 0, 63);
+            id_arg = argv[++i];
+            if (one_rank < 0)
+                goto usage;
+        } else if (!strcmp(argv[i], "--world") && i + 1 < argc) {
             world = (int)parse_num(argv[++i], 1, 64);
             if (world < 0)
                 goto usage;
@@ -125,6 +151,16 @@ int main(int argc, char **argv)
         nsizes = 3;
     }
     signal(SIGPIPE, SIG_IGN);
+    if (one_rank >= 0) {
+        struct comm_id rid;
+        struct result r1 = {0};
+        if (one_rank >= world || comm_id_from_hex(id_arg, &rid) != 0)
+            goto usage;
+        if (run_rank(one_rank, world, &rid, bytes, iters, nsizes, &r1) != 0)
+            return 1;
+        print_results(world, bytes, iters, nsizes, &r1);
+        return 0;
+    }
 
     /* The issuer, as the launcher runs it: id on its stdout, alive until its stdin closes. */
     int in[2], out[2];
@@ -181,17 +217,11 @@ int main(int argc, char **argv)
         return 1;
 
     /* Rank 0's medians (the ranks finish each all-reduce within microseconds of each other). */
-    printf("{\"backend\":\"ddpd\",\"world\":%d,\"results\":[", world);
-    for (int s = 0; s < nsizes; s++) {
-        double t = res[0].median_s[s];
-        double busbw = (double)bytes[s] * 2.0 * (world - 1) / world / t / 1e9;
-        printf("%s{\"bytes\":%lld,\"iters\":%d,\"median_s\":%.9f,\"busbw_gbs\":%.4f}", s ? "," : "", bytes[s],
-               iters[s], t, busbw);
-    }
-    printf("]}\n");
+    print_results(world, bytes, iters, nsizes, &res[0]);
     return 0;
 
 usage:
-    fprintf(stderr, "usage: bench_allreduce [--world W] [--size BYTES ITERS]...\n");
+    fprintf(stderr, "usage: bench_allreduce [--world W] [--size BYTES ITERS]... [--rank R ID]\n"
+                    "       bench_allreduce --issue\n");
     return 2;
 }

@@ -16,6 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../base/file.h"
+
 #define CKPT_PREFIX "ckpt-"
 
 /* snprintf into out[cap]: false when it did not fit. */
@@ -88,6 +90,109 @@ bool jobdir_latest_ckpt(const char *out_dir, char *path, size_t cap)
     }
     closedir(d);
     return best >= 0 && jobdir_ckpt_path(path, cap, out_dir, best);
+}
+
+static int cmp_i64(const void *a, const void *b);
+
+bool jobdir_ckpt_list(const char *out_dir, int64_t **steps, size_t *n)
+{
+    *steps = NULL;
+    *n = 0;
+    DIR *d = opendir(out_dir);
+    if (!d)
+        return true;
+    size_t cap = 0;
+    bool ok = true;
+    struct dirent *e;
+    char f[PATH_MAX + 320], optim[64];
+    jobdir_rank_file(optim, sizeof optim, JOBDIR_OPTIM, 0);
+    while (ok && (e = readdir(d))) {
+        struct stat st;
+        int64_t step;
+        if (!jobdir_ckpt_step(e->d_name, &step) ||
+            !name_fits(f, sizeof f, "%s/%s/%s", out_dir, e->d_name, optim) || stat(f, &st) != 0)
+            continue;
+        if (*n == cap) {
+            int64_t *grown = realloc(*steps, (cap = cap ? 2 * cap : 16) * sizeof *grown);
+            if (!grown) {
+                ok = false;
+                break;
+            }
+            *steps = grown;
+        }
+        (*steps)[(*n)++] = step;
+    }
+    closedir(d);
+    if (!ok) {
+        free(*steps);
+        *steps = NULL;
+        *n = 0;
+        return false;
+    }
+    if (*n)
+        qsort(*steps, *n, sizeof **steps, cmp_i64);
+    return true;
+}
+
+ddpd_err jobdir_ckpt_link(const char *src, const char *dst, struct ddpd_error *err)
+{
+    char tmp[PATH_MAX], parent[PATH_MAX], f[PATH_MAX + 320], g[PATH_MAX + 320], optim[64];
+    struct stat st;
+    DIR *d = NULL;
+    ddpd_err rc = DDPD_OK;
+    if (stat(dst, &st) == 0)
+        return DDPD_OK;
+    if (!jobdir_tmp_path(tmp, sizeof tmp, dst) || !name_fits(parent, sizeof parent, "%s", dst))
+        return ddpd_error_set(err, DDPD_EIO, dst, "%s: name too long", dst);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) {
+        *slash = '\0';
+        int en = base_mkdirs(parent, true);
+        if (en)
+            return ddpd_error_set(err, DDPD_EIO, parent, "%s: cannot create: %s", parent, strerror(en));
+    }
+    jobdir_rank_file(optim, sizeof optim, JOBDIR_OPTIM, 0);
+    if (!name_fits(f, sizeof f, "%s/%s", src, optim) || stat(f, &st) != 0 || !(d = opendir(src)))
+        return ddpd_error_set(err, DDPD_EDATA, src,
+                              "%s: no such complete checkpoint (it was deleted or pruned)", src);
+    base_remove_tree(tmp); /* a leftover of a crash */
+    if (mkdir(tmp, 0700) != 0) {
+        rc = ddpd_error_set(err, DDPD_EIO, tmp, "%s: cannot create: %s", tmp, strerror(errno));
+        goto out;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!name_fits(f, sizeof f, "%s/%s", src, e->d_name) || lstat(f, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (!name_fits(g, sizeof g, "%s/%s", tmp, e->d_name) || link(f, g) != 0) {
+            rc = ddpd_error_set(err, DDPD_EIO, f, "%s: cannot link it into %s: %s", f, tmp, strerror(errno));
+            goto out;
+        }
+    }
+    if (rename(tmp, dst) != 0)
+        rc = ddpd_error_set(err, DDPD_EIO, dst, "%s: cannot rename %s into place: %s", dst, tmp,
+                            strerror(errno));
+out:
+    if (rc)
+        base_remove_tree(tmp);
+    if (d)
+        closedir(d);
+    return rc;
+}
+
+bool jobdir_init_weights(const char *job_dir, int64_t step, char *path, size_t cap)
+{
+    char ck[PATH_MAX], optim[64], f[PATH_MAX + 80];
+    struct stat st;
+    if (step >= 0) {
+        jobdir_rank_file(optim, sizeof optim, JOBDIR_OPTIM, 0);
+        return jobdir_ckpt_path(ck, sizeof ck, job_dir, step) && jobdir_file_path(f, sizeof f, ck, optim) &&
+               stat(f, &st) == 0 && jobdir_model_path(path, cap, ck) && stat(path, &st) == 0;
+    }
+    if (jobdir_model_path(path, cap, job_dir) && stat(path, &st) == 0)
+        return true;
+    return jobdir_latest_ckpt(job_dir, ck, sizeof ck) && jobdir_model_path(path, cap, ck) &&
+           stat(path, &st) == 0;
 }
 
 bool jobdir_ckpt_step(const char *name, int64_t *step)

@@ -54,6 +54,27 @@ bool jobdir_rank_file(char *out, size_t cap, const char *what, int rank);
  * holding rank 0's optimizer state) into path[cap]; false when there is none. */
 bool jobdir_latest_ckpt(const char *out_dir, char *path, size_t cap);
 
+/* The steps of the complete checkpoints under `out_dir` (as jobdir_latest_ckpt counts
+ * them: "ckpt-N" holding rank 0's optimizer state), oldest first, into *steps (malloc'd,
+ * the caller frees; NULL when there are none) and their number into *n. A folder that
+ * cannot be read has none. False only when memory ran out. */
+bool jobdir_ckpt_list(const char *out_dir, int64_t **steps, size_t *n);
+
+/* Makes `dst` (a checkpoint folder "OUT/ckpt-N" that does not exist yet) hold the files
+ * of the complete checkpoint `src` (another job's), as hard links: no byte is copied and
+ * neither job's pruning or deletion touches the other's files (checkpoint files are
+ * never changed once renamed into place). Built as "dst.tmp" and renamed into place, so
+ * a crash leaves no half a checkpoint; `dst`'s parent is created (0700) when missing.
+ * Only regular files directly in `src` are linked (links and folders are skipped).
+ * DDPD_OK when `dst` already exists (an earlier start made it); DDPD_EDATA naming `src`
+ * when it is gone or incomplete; DDPD_EIO naming the file that could not be linked. */
+ddpd_err jobdir_ckpt_link(const char *src, const char *dst, struct ddpd_error *err);
+
+/* The weights init.from_job names, in job folder `job_dir`, into path[cap]: with step >= 0
+ * "ckpt-STEP/model.safetensors" of a complete checkpoint, else the final model, else the
+ * newest checkpoint's. False when there is none (or the name does not fit). */
+bool jobdir_init_weights(const char *job_dir, int64_t step, char *path, size_t cap);
+
 /* True when `name` is a complete checkpoint's folder name "ckpt-N" (N decimal, no sign,
  * no suffix such as ".tmp" or ".del"), with N in *step. */
 bool jobdir_ckpt_step(const char *name, int64_t *step);

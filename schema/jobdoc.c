@@ -80,6 +80,7 @@ ddpd_err jobdoc_from_json(const json_t *obj, struct jobdoc *out, struct ddpd_err
     if ((rc = schema__get_str(obj, "data_dir", out->data_dir, sizeof out->data_dir, err)) ||
         (rc = schema__get_str(obj, "out_dir", out->out_dir, sizeof out->out_dir, err)) ||
         (rc = schema__get_str(obj, "resume", out->resume, sizeof out->resume, err)) ||
+        (rc = schema__get_str(obj, "init_path", out->init_path, sizeof out->init_path, err)) ||
         (rc = schema__get_opt_int(obj, "disk_quota", true, 0, &out->disk_quota, err)))
         return rc;
     json_t *js = json_object_get(obj, "spec");
@@ -119,6 +120,7 @@ json_t *jobdoc_to_json(const struct jobdoc *d)
         (d->rank < 0 || put(o, "rank", json_integer(d->rank))) && put(o, "spec", spec_to_json(&d->spec)) &&
         put(o, "data_dir", json_string(d->data_dir)) && put(o, "out_dir", json_string(d->out_dir)) &&
         put(o, "resume", d->resume[0] ? json_string(d->resume) : json_null()) &&
+        (!d->init_path[0] || put(o, "init_path", json_string(d->init_path))) &&
         put(o, "disk_quota", d->disk_quota > 0 ? json_integer(d->disk_quota) : json_null()) &&
         (d->max_rank_memory <= 0 || put(o, "max_rank_memory", json_integer(d->max_rank_memory)));
     if (!ok) {

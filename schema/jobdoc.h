@@ -29,6 +29,9 @@ struct jobdoc {
     char resume[JOBDOC_PATH_MAX]; /* the checkpoint folder to resume from; "" for none */
     int64_t disk_quota;           /* bytes the job folder may hold; 0 for no quota (null) */
     int64_t max_rank_memory;      /* bytes one rank may need; 0 for no limit (absent) */
+    /* init.from_job's weights: a model.safetensors in the server's jobs folder, resolved by
+     * the server (never a path from the spec); "" for none (left out of the document). */
+    char init_path[JOBDOC_PATH_MAX];
 };
 
 /* The document as a JSON object: a new reference, or NULL when memory ran out. `rank` is

@@ -11,8 +11,13 @@
 
 json_t *plan_request_to_json(const struct plan_request *r)
 {
-    return json_pack("{s:i, s:o, s:s, s:I}", "world_size", r->world_size, "spec", spec_to_json(&r->spec),
-                     "data_dir", r->data_dir, "max_rank_memory", (json_int_t)r->max_rank_memory);
+    json_t *o = json_pack("{s:i, s:o, s:s, s:I}", "world_size", r->world_size, "spec", spec_to_json(&r->spec),
+                          "data_dir", r->data_dir, "max_rank_memory", (json_int_t)r->max_rank_memory);
+    if (o && r->init_path[0] && json_object_set_new(o, "init_path", json_string(r->init_path)) != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 ddpd_err plan_request_from_json(const json_t *obj, struct plan_request *out, struct ddpd_error *err)
@@ -23,6 +28,7 @@ ddpd_err plan_request_from_json(const json_t *obj, struct plan_request *out, str
     if ((rc = schema__get_int(obj, "world_size", 1, SPEC_MAX_WORLD, &world, err)) ||
         (rc = schema__get_str(obj, "data_dir", out->data_dir, sizeof out->data_dir, err)) ||
         (rc = schema__get_opt_int(obj, "max_rank_memory", false, 0, &out->max_rank_memory, err)) ||
+        (rc = schema__get_str(obj, "init_path", out->init_path, sizeof out->init_path, err)) ||
         (rc = spec_from_json(json_object_get(obj, "spec"), NULL, &out->spec, err)))
         return rc;
     out->world_size = (int)world;

@@ -22,6 +22,8 @@ struct plan_request {
     struct spec spec;
     char data_dir[JOBDOC_PATH_MAX]; /* "" reads as "." */
     int64_t max_rank_memory;        /* 0: no limit */
+    /* init.from_job's weights as the server found them in its jobs folder; "" for none */
+    char init_path[JOBDOC_PATH_MAX];
 };
 
 /* A new reference, or NULL when memory ran out. */

@@ -49,7 +49,7 @@ static const char *const tokens_keys[] = {"type", "path",    "block_size", "dtyp
 static const char *const eval_keys[] = {"data", "every_steps", "max_batches"};
 static const char *const ddp_keys[] = {"bucket_cap_mb", "join", "divide_by_initial_world_size", "backend",
                                        "timeout_s"};
-static const char *const init_keys[] = {"seed", "from"};
+static const char *const init_keys[] = {"seed", "from", "from_job", "step"};
 static const char *const checkpoint_keys[] = {"every_steps", "keep_last"};
 
 /* ---- paths and descriptions for error messages ---- */
@@ -1456,12 +1456,27 @@ static ddpd_err parse_init(struct ddpd_error *err, json_t *root, struct spec *s)
         return rc;
     bool has_seed = json_object_get(obj, "seed") != NULL;
     bool has_from = json_object_get(obj, "from") != NULL;
-    if (has_seed && has_from)
-        return fail(err, "init.from", "give either seed or from, not both");
-    if (!has_seed && !has_from)
-        return fail(err, "init.seed", "missing (give either seed or from)");
+    bool has_job = json_object_get(obj, "from_job") != NULL;
+    if (has_seed + has_from + has_job > 1)
+        return fail(err, has_job ? "init.from_job" : "init.from",
+                    "give one of seed, from and from_job, not %s",
+                    has_seed + has_from + has_job == 3 ? "all three" : "two");
+    if (!has_seed && !has_from && !has_job)
+        return fail(err, "init.seed", "missing (give one of seed, from and from_job)");
+    if (json_object_get(obj, "step") && !has_job)
+        return fail(err, "init.step", "a checkpoint's step goes with from_job only");
     if (has_from)
         return get_path(err, obj, "init", "from", true, s->init_from);
+    if (has_job) {
+        /* Another job of the same server: the server finds its weights (the final model or
+         * the newest checkpoint, or the checkpoint at init.step) in its own jobs folder. */
+        s->init_from_step = -1;
+        if ((rc = get_int(err, obj, "init", "from_job", 1, INT64_MAX, true, &s->init_from_job)))
+            return rc;
+        return json_object_get(obj, "step")
+                   ? get_int(err, obj, "init", "step", 0, INT64_MAX, true, &s->init_from_step)
+                   : DDPD_OK;
+    }
     rc = get_int(err, obj, "init", "seed", 0, INT64_MAX, true, &seed);
     s->init_seed = (uint64_t)seed;
     return rc;
@@ -1828,6 +1843,13 @@ struct json_t *spec_to_json(const struct spec *s)
         &ok);
     if (s->init_from[0])
         put(j, "init", json_pack("{s:s}", "from", s->init_from), &ok);
+    else if (s->init_from_job > 0 && s->init_from_step >= 0)
+        put(j, "init",
+            json_pack("{s:I, s:I}", "from_job", (json_int_t)s->init_from_job, "step",
+                      (json_int_t)s->init_from_step),
+            &ok);
+    else if (s->init_from_job > 0)
+        put(j, "init", json_pack("{s:I}", "from_job", (json_int_t)s->init_from_job), &ok);
     else
         put(j, "init", json_pack("{s:I}", "seed", (json_int_t)s->init_seed), &ok);
     put(j, "checkpoint",

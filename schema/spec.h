@@ -156,6 +156,10 @@ struct spec {
     int64_t log_every;             /* default 1 */
     int max_restarts;              /* default 0 */
     nonfinite_mode on_nonfinite;   /* a NaN/inf loss: fail the job at that step (default) or train on */
+    /* init.from_job: another job's id, 0 unless given; init.step with it: that job's
+     * checkpoint, or -1 for its final model (else its newest checkpoint). */
+    int64_t init_from_job;
+    int64_t init_from_step;
 };
 
 struct spec_parse_opts {

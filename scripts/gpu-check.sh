@@ -116,7 +116,8 @@ grep -q "100% tests passed" "$TMP/ctest.log" || die "unit tests"
 
 step "ddpd-worker --devices and --issue-id nccl"
 DEVICES=$(timeout 60 "$W" --devices) || die "--devices (exit $?)"
-echo "    --devices: ${DEVICES:-(nothing: no GPU visible)}"
+[ "$DEVICES" = "[]" ] && DEVICES=""  # no GPU visible: an empty array
+echo "    --devices: ${DEVICES:-[] (no GPU visible)}"
 if [ "$HAVE_CUDA" = 1 ]; then
     ID=$( (sleep 1) | timeout 30 "$W" --issue-id nccl) || die "--issue-id nccl (exit $?)"
     echo "    --issue-id nccl: ${ID:0:24}... ($(( ${#ID} - 9 )) hex digits)"
@@ -190,7 +191,7 @@ echo "    last loss of the GPT on the CPU: $LGC"
 
 
 if [ "$CPU_ONLY" = 1 ] || [ -z "$DEVICES" ] || [ "$HAVE_CUDA" = 0 ]; then
-    why="no GPU visible (ddpd-worker --devices printed nothing)"
+    why="no GPU visible (ddpd-worker --devices printed [])"
     [ "$HAVE_CUDA" = 0 ] && why="this build has no CUDA (nvcc, cuBLAS or NCCL not found)"
     [ "$CPU_ONLY" = 1 ] && why="--cpu-only"
     printf '\ngpu-check: CPU side passed in %ds; GPU checks NOT run: %s\n' $((SECONDS - T0)) "$why"

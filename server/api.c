@@ -67,6 +67,37 @@ static json_t *time_or_null(double t)
     return t > 0 ? json_real(t) : json_null();
 }
 
+/* `in` with the server's folders written as a client knows them: a path in the data
+ * directory relative to it ("x.npy"), one in the jobs folder as "jobs/3/ckpt-40". A
+ * rank's error names the files it opened by their full path (the worker knows no
+ * better); an API client has no use for the server's layout. Cut to out[cap]. */
+static void relative_paths(const struct api *a, const char *in, char *out, size_t cap)
+{
+    const char *dirs[2] = {a->data_dir, a->jobs_dir}, *as[2] = {"", JOBDIR_JOBS "/"};
+    size_t n = 0;
+    while (*in && n + 1 < cap) {
+        bool cut = false;
+        for (int d = 0; d < 2 && !cut; d++) {
+            size_t len = dirs[d] ? strlen(dirs[d]) : 0;
+            /* The folder itself, followed by '/', at the start of a word. */
+            if (len > 1 && !strncmp(in, dirs[d], len) && in[len] == '/' &&
+                (n == 0 || out[n - 1] == ' ' || out[n - 1] == '(' || out[n - 1] == '"' ||
+                 out[n - 1] == '\'')) {
+                size_t k = strlen(as[d]);
+                if (n + k + 1 >= cap)
+                    break;
+                memcpy(out + n, as[d], k);
+                n += k;
+                in += len + 1;
+                cut = true;
+            }
+        }
+        if (!cut)
+            out[n++] = *in++;
+    }
+    out[n] = '\0';
+}
+
 /* A job as CONTRACT.md §7 shows it, without its spec (job_text adds it). A queued job's
  * pending reason is the scheduler's of now (super_pending_reason), else the stored one. */
 static json_t *job_json(struct api *a, const struct store_job *j)
@@ -92,11 +123,18 @@ static json_t *job_json(struct api *a, const struct store_job *j)
      * number), which the dashboard marks. */
     if (j->has_progress && !j->loss_finite)
         json_object_set_new(o, "loss_nonfinite", json_true());
-    json_object_set_new(o, "error", j->error[0] ? json_string(j->error) : json_null());
+    char shown[STORE_TEXT_MAX];
+    relative_paths(a, j->error, shown, sizeof shown);
+    json_object_set_new(o, "error", j->error[0] ? json_string(shown) : json_null());
     /* Why the job was restarted, oldest first (store.h); its error is only a final one. */
     json_t *hist = j->restart_history ? json_loads(j->restart_history, 0, NULL) : NULL;
     json_object_set_new(o, "restart_history", json_is_array(hist) ? hist : (json_decref(hist), json_array()));
     json_object_set_new(o, "pending_reason", why[0] ? json_string(why) : json_null());
+    /* A job made by POST /v1/jobs/{id}/resume: the job and the checkpoint's step it continues. */
+    json_object_set_new(o, "total_steps", j->total_steps > 0 ? json_integer(j->total_steps) : json_null());
+    json_object_set_new(o, "resumed_from", j->resumed_from > 0 ? json_integer(j->resumed_from) : json_null());
+    json_object_set_new(o, "resumed_from_step",
+                        j->resumed_from > 0 ? json_integer(j->resume_step) : json_null());
     json_t *ranks = json_array();
     for (size_t i = 0; i < j->n_ranks; i++) {
         const struct store_rank *r = &j->ranks[i];
@@ -226,6 +264,7 @@ struct submission {
     char *text; /* the spec as stored */
     char name[128];
     int world_size, max_restarts;
+    int64_t total_steps; /* 0: not known */
     device_kind device;
 };
 
@@ -247,7 +286,8 @@ static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const 
                           .world_size = sub->world_size,
                           .device = sub->device,
                           .created_at = created,
-                          .max_restarts = sub->max_restarts};
+                          .max_restarts = sub->max_restarts,
+                          .total_steps = sub->total_steps};
     _Static_assert(sizeof j.name == sizeof sub->name, "a spec's name fits the store's");
     memcpy(j.name, sub->name, sizeof j.name);
     char loc[64];
@@ -260,6 +300,22 @@ static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const 
     super_submit(sub->a->super, id, sub->text, sub->world_size, sub->device, sub->max_restarts, created);
     http_deferred_done(req, r, &e);
     free(sub);
+}
+
+/* The optimizer steps a job takes in all, as the ranks count them (train.c): the spec's
+ * steps, or epochs times the steps per epoch of the rank with the most batches; 0 when
+ * the counts are not known (only the ranks can tell) or it does not fit. */
+static int64_t total_steps(const struct spec *spec, const int64_t *counts, bool known)
+{
+    if (spec->steps > 0)
+        return spec->steps;
+    if (!known || spec->epochs <= 0 || spec->grad_accum <= 0)
+        return 0;
+    int64_t most = 0, total;
+    for (int r = 0; r < spec->world_size; r++)
+        most = counts[r] > most ? counts[r] : most;
+    int64_t per_epoch = most / spec->grad_accum + (most % spec->grad_accum != 0);
+    return per_epoch > 0 && !__builtin_mul_overflow(spec->epochs, per_epoch, &total) ? total : 0;
 }
 
 /* The rest of a submission once its data counts are known (on the HTTP thread for
@@ -285,6 +341,7 @@ static ddpd_err submit_checked(struct http_request *req, struct api *a, const st
     sub->world_size = spec->world_size;
     sub->device = spec->device;
     sub->max_restarts = spec->max_restarts;
+    sub->total_steps = total_steps(spec, counts, known);
     /* Answered once the insert's group is committed: under load one commit serves many
      * submissions, and no HTTP thread waits for it. */
     struct store_job_new jn = {.name = sub->name,
@@ -292,6 +349,7 @@ static ddpd_err submit_checked(struct http_request *req, struct api *a, const st
                                .world_size = sub->world_size,
                                .device = sub->device,
                                .max_restarts = sub->max_restarts,
+                               .total_steps = sub->total_steps,
                                .queued_event = true};
     store_job_insert_async(a->store, &jn, submitted, sub);
     return DDPD_OK;
@@ -331,8 +389,51 @@ _Static_assert(SPEC_MAX_WORLD <= PLAN_MAX_WORLD, "the planner takes every world 
  * tests of that case. */
 #define PLAN_TIMEOUT_S 30.0
 
+/* "5, 10, 15" (the newest few when there are many) into buf[cap]; "none" for no steps. */
+static void steps_text(const int64_t *steps, size_t n, char *buf, size_t cap);
+
+/* init.from_job (and init.step) to the weights' path in the jobs folder, or a 422 naming
+ * the key: no such job, no such checkpoint (naming the steps there are), no weights yet. */
+static ddpd_err resolve_init_job(struct api *a, const struct spec *spec, char *path, size_t cap,
+                                 struct ddpd_error *err)
+{
+    int64_t src = spec->init_from_job, step = spec->init_from_step;
+    struct store_job j;
+    memset(&j, 0, sizeof j);
+    ddpd_err rc = store_job_get(a->store, src, &j, err);
+    job_state st = j.state;
+    store_job_clear(&j);
+    if (rc == DDPD_ENOTFOUND)
+        return ddpd_error_set(err, DDPD_ESPEC, "init.from_job", "init.from_job: there is no job %" PRId64,
+                              src);
+    if (rc)
+        return rc;
+    char dir[PATH_MAX];
+    jobdir_job_path(dir, sizeof dir, a->jobs_dir, src);
+    if (jobdir_init_weights(dir, step, path, cap))
+        return DDPD_OK;
+    if (step >= 0) {
+        int64_t *steps;
+        size_t n;
+        char list[256];
+        if (!jobdir_ckpt_list(dir, &steps, &n))
+            return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
+        steps_text(steps, n, list, sizeof list);
+        free(steps);
+        return ddpd_error_set(err, DDPD_ESPEC, "init.step",
+                              "init.step: job %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s",
+                              src, step, n ? (n > 1 ? "steps " : "step ") : "", list);
+    }
+    return ddpd_error_set(err, DDPD_ESPEC, "init.from_job",
+                          "init.from_job: job %" PRId64
+                          " (%s) has no weights yet: no final model and no checkpoint",
+                          src, job_state_name(st));
+}
+
 static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "", err))
+        return err->code;
     struct api *a = ctx_of(req);
     json_t *body = http_request_json(req);
     struct spec_parse_opts po = {.default_device = super_default_device(a->super)};
@@ -342,15 +443,23 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
     struct spec *spec = &pl->spec;
     ddpd_err rc = spec_from_json(body, &po, spec, err);
     char why[512];
-    if (rc == DDPD_OK && !super_fits(a->super, spec->device, spec->world_size, why, sizeof why))
-        rc = ddpd_error_set(err, DDPD_ESPEC, "world_size", "%s", why);
+    const char *blame;
+    if (rc == DDPD_OK && !super_fits(a->super, spec->device, spec->world_size, why, sizeof why, &blame))
+        rc = ddpd_error_set(err, DDPD_ESPEC, blame, "%s", why);
     if (rc)
+        goto out;
+
+    /* init.from_job: another job of this server, whose weights lie in its jobs folder. The
+     * path is the server's own (never one from the spec), for the planner to check the
+     * tensors' names and shapes against the model as it checks init.from. */
+    char init_path[PATH_MAX] = "";
+    if (spec->init_from_job > 0 && (rc = resolve_init_job(a, spec, init_path, sizeof init_path, err)))
         goto out;
 
     /* The data must be readable and, with join false, even, and a rank must fit in memory.
      * Synthetic data has nothing to read: its counts follow from the spec, here. Files are the planner's to
      * read, on its own threads and processes: nothing that can block on a file runs here. */
-    if (spec->data.kind == DATA_SYNTHETIC && !spec->init_from[0]) {
+    if (spec->data.kind == DATA_SYNTHETIC && !spec->init_from[0] && !spec->init_from_job) {
         /* The memory a rank needs follows from the spec too (the planner checks it
          * against the same limit where there are files, or an init.from to check). */
         struct spec_memory mem;
@@ -376,6 +485,7 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
         preq->spec = *spec;
         preq->max_rank_memory = a->max_rank_memory;
         snprintf(preq->data_dir, sizeof preq->data_dir, "%s", a->data_dir);
+        snprintf(preq->init_path, sizeof preq->init_path, "%s", init_path);
         doc = plan_request_to_json(preq);
         free(preq);
     }
@@ -401,6 +511,8 @@ out:
 
 static ddpd_err h_list(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "state limit before name", err))
+        return err->code;
     struct api *a = ctx_of(req);
     struct store_job_query q = {.with_spec = true, .with_ranks = false};
     int64_t limit, before;
@@ -422,6 +534,13 @@ static ddpd_err h_list(struct http_request *req, struct ddpd_error *err)
                                         t);
             q.states |= JOB_STATE_BIT(st);
         }
+    }
+    const char *name = http_query(req, "name");
+    if (name && name[0]) {
+        if (strlen(name) >= STORE_NAME_MAX)
+            return http_query_error(req, "name", err, "name: longer than a job's name can be (%d bytes)",
+                                    STORE_NAME_MAX - 1);
+        q.name = name;
     }
     q.limit = (int)limit;
     q.before = before;
@@ -463,6 +582,8 @@ static ddpd_err h_list(struct http_request *req, struct ddpd_error *err)
 
 static ddpd_err h_get(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "", err))
+        return err->code;
     struct api *a = ctx_of(req);
     int64_t id = http_request_id(req, 0);
     uint64_t version = store_job_version(a->store, id); /* before the read: see store.h */
@@ -489,16 +610,165 @@ static ddpd_err h_get(struct http_request *req, struct ddpd_error *err)
 
 static ddpd_err h_cancel(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "", err))
+        return err->code;
     ddpd_err rc = super_cancel(ctx_of(req)->super, http_request_id(req, 0), err);
     return rc ? rc : http_respond_empty(req, 202);
 }
 
 static ddpd_err h_delete(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "", err))
+        return err->code;
     /* The supervisor deletes: between two turns of its loop no end of the job is half
      * stored or published. */
     ddpd_err rc = super_delete(ctx_of(req)->super, http_request_id(req, 0), err);
     return rc ? rc : http_respond_empty(req, 204);
+}
+
+/* "5, 10, 15" (the newest few when there are many) into buf[cap]; "none" for no steps. */
+static void steps_text(const int64_t *steps, size_t n, char *buf, size_t cap)
+{
+    size_t first = n > 8 ? n - 8 : 0, len = 0;
+    buf[0] = '\0';
+    if (!n)
+        snprintf(buf, cap, "none");
+    if (first)
+        len += (size_t)snprintf(buf, cap, "... ");
+    for (size_t i = first; i < n && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%" PRId64, i > first ? ", " : "", steps[i]);
+}
+
+/* ---- POST /v1/jobs/{id}/resume ----------------------------------------------------------------- */
+
+/* A resumed job between its checks and its commit. */
+struct resumption {
+    struct http_request *req;
+    struct api *a;
+    struct store_job j; /* the job as it will be stored (its spec the old job's) */
+};
+
+/* The inserter thread, after the commit: the answer, then the supervisor, which reads the
+ * job back from the store (with its link) and stores its queued event. */
+static void resumed(void *ctx, ddpd_err rc, int64_t id, double created, const struct ddpd_error *err)
+{
+    struct resumption *r = ctx;
+    struct http_request *req = r->req;
+    struct ddpd_error e;
+    if (rc == DDPD_OK) {
+        r->j.id = id;
+        r->j.created_at = created;
+        char loc[64];
+        snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, id);
+        http_response_header(req, "Location", loc);
+        if ((rc = respond_job(req, 201, &r->j)) != DDPD_OK)
+            ddpd_error_set(&e, rc, "", "out of memory answering for job %" PRId64 " (it is stored)", id);
+        super_submit(r->a->super, id, NULL, r->j.world_size, r->j.device, r->j.max_restarts, created);
+        err = &e;
+    }
+    http_deferred_done(req, rc, err);
+    store_job_clear(&r->j);
+    free(r);
+}
+
+/* POST /v1/jobs/{id}/resume[?step=S]: a new job with the same spec that continues a failed
+ * or cancelled job from its newest checkpoint (or checkpoint S), as a restart would. */
+static ddpd_err h_resume(struct http_request *req, struct ddpd_error *err)
+{
+    if (http_query_allow(req, "step", err))
+        return err->code;
+    struct api *a = ctx_of(req);
+    int64_t id = http_request_id(req, 0), step;
+    struct resumption *r = calloc(1, sizeof *r);
+    if (!r)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory resuming job %" PRId64, id);
+    ddpd_err rc = get_job(req, &r->j, err);
+    if (rc || (rc = http_query_int(req, "step", 0, INT64_MAX, -1, &step, err)))
+        goto out;
+    job_state st = r->j.state;
+    if (st != JOB_STATE_FAILED && st != JOB_STATE_CANCELLED) {
+        rc = ddpd_error_set(
+            err, DDPD_ECONFLICT, "", "job %" PRId64 " is %s: only a failed or cancelled job can be resumed%s",
+            id, job_state_name(st),
+            st == JOB_STATE_SUCCEEDED ? " (it finished; start a new job from its weights with "
+                                        "init.from_job)"
+                                      : " (it has not ended)");
+        goto out;
+    }
+    char dir[PATH_MAX], ck[PATH_MAX + 32], optim[64], path[PATH_MAX + 128];
+    jobdir_job_path(dir, sizeof dir, a->jobs_dir, id);
+    if (step >= 0) {
+        struct stat sb;
+        jobdir_rank_file(optim, sizeof optim, JOBDIR_OPTIM, 0);
+        jobdir_ckpt_path(ck, sizeof ck, dir, step);
+        jobdir_file_path(path, sizeof path, ck, optim);
+        if (stat(path, &sb) != 0) {
+            int64_t *steps;
+            size_t n;
+            char list[256];
+            if (!jobdir_ckpt_list(dir, &steps, &n)) {
+                rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
+                goto out;
+            }
+            steps_text(steps, n, list, sizeof list);
+            free(steps);
+            rc = ddpd_error_set(err, DDPD_ENOTFOUND, "step",
+                                "job %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s", id,
+                                step, n ? (n > 1 ? "steps " : "step ") : "", list);
+            goto out;
+        }
+    } else if (!jobdir_latest_ckpt(dir, ck, sizeof ck) || !jobdir_ckpt_step(strrchr(ck, '/') + 1, &step)) {
+        rc = ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                            "job %" PRId64
+                            " has no checkpoint to resume from: it %s before its first checkpoint "
+                            "(checkpoint.every_steps)",
+                            id, st == JOB_STATE_FAILED ? "failed" : "was cancelled");
+        goto out;
+    }
+    /* The server may have fewer slots now than when the job ran. */
+    char why[512];
+    const char *blame;
+    if (!super_fits(a->super, r->j.device, r->j.world_size, why, sizeof why, &blame)) {
+        rc = ddpd_error_set(err, DDPD_ESPEC, blame, "%s", why);
+        goto out;
+    }
+    /* The new job as it will be stored: queued, attempt 0, linked to this one. */
+    struct store_job *j = &r->j;
+    free(j->restart_history);
+    free(j->ranks);
+    char *spec = j->spec;
+    int world = j->world_size, restarts = j->max_restarts;
+    int64_t total = j->total_steps;
+    device_kind dev = j->device;
+    char name[sizeof j->name];
+    memcpy(name, j->name, sizeof name);
+    memset(j, 0, sizeof *j);
+    *j = (struct store_job){.state = JOB_STATE_QUEUED,
+                            .spec = spec,
+                            .world_size = world,
+                            .device = dev,
+                            .max_restarts = restarts,
+                            .resumed_from = id,
+                            .resume_step = step,
+                            .total_steps = total};
+    memcpy(j->name, name, sizeof name);
+    r->req = req;
+    r->a = a;
+    struct store_job_new jn = {.name = j->name,
+                               .spec = j->spec,
+                               .world_size = world,
+                               .device = dev,
+                               .max_restarts = restarts,
+                               .resumed_from = id,
+                               .resume_step = step,
+                               .total_steps = total};
+    http_defer(req);
+    store_job_insert_async(a->store, &jn, resumed, r);
+    return DDPD_OK;
+out:
+    store_job_clear(&r->j);
+    free(r);
+    return rc;
 }
 
 /* ---- events ---------------------------------------------------------------------------------- */
@@ -565,6 +835,8 @@ static void es_close(void *arg, enum http_stream_end why)
 
 static ddpd_err h_events(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "format after", err))
+        return err->code;
     struct api *a = ctx_of(req);
     int64_t job = http_request_id(req, 0), after = 0;
     struct store_job j;
@@ -678,6 +950,8 @@ void api_free(struct api *a)
 
 static ddpd_err h_metrics(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "max_points", err))
+        return err->code;
     struct api *a = ctx_of(req);
     int64_t maxp;
     ddpd_err rc = http_query_int(req, "max_points", 2, STORE_METRICS_MAX_POINTS, 1000, &maxp, err);
@@ -734,6 +1008,8 @@ static ddpd_err h_metrics(struct http_request *req, struct ddpd_error *err)
 
 static ddpd_err h_logs(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "rank tail", err))
+        return err->code;
     struct api *a = ctx_of(req);
     struct store_job j;
     ddpd_err rc = get_job(req, &j, err);
@@ -789,27 +1065,124 @@ static ddpd_err h_logs(struct http_request *req, struct ddpd_error *err)
     return rc;
 }
 
-static ddpd_err h_checkpoint(struct http_request *req, struct ddpd_error *err)
+/* GET /v1/jobs/{id}/checkpoints: {"checkpoints":[{"step":S,"time":T,"bytes":B},...]},
+ * oldest first; time is the folder's completion (its last change, when it was renamed
+ * into place), bytes its files together. */
+static ddpd_err h_checkpoints(struct http_request *req, struct ddpd_error *err)
 {
+    if (http_query_allow(req, "", err))
+        return err->code;
     struct api *a = ctx_of(req);
+    int64_t id = http_request_id(req, 0);
     struct store_job j;
     ddpd_err rc = get_job(req, &j, err);
     if (rc)
         return rc;
     store_job_clear(&j);
-    char dir[PATH_MAX], path[PATH_MAX + 64];
-    jobdir_job_path(dir, sizeof dir, a->jobs_dir, http_request_id(req, 0));
-    jobdir_model_path(path, sizeof path, dir);
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        /* No final model yet: the newest checkpoint. */
-        char ck[PATH_MAX];
-        if (!jobdir_latest_ckpt(dir, ck, sizeof ck))
-            return ddpd_error_set(err, DDPD_ENOTFOUND, "", "job %" PRId64 " has no checkpoint yet",
-                                  http_request_id(req, 0));
-        jobdir_model_path(path, sizeof path, ck);
+    char dir[PATH_MAX], ck[PATH_MAX + 32];
+    jobdir_job_path(dir, sizeof dir, a->jobs_dir, id);
+    int64_t *steps;
+    size_t n;
+    if (!jobdir_ckpt_list(dir, &steps, &n))
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints of job %" PRId64,
+                              id);
+    json_t *list = json_array();
+    for (size_t i = 0; i < n; i++) {
+        struct stat st;
+        int64_t bytes = 0;
+        struct ddpd_error e2;
+        /* One pruned meanwhile (checkpoint.keep_last) is simply not listed. */
+        if (!jobdir_ckpt_path(ck, sizeof ck, dir, steps[i]) || stat(ck, &st) != 0 ||
+            jobdir_bytes(ck, &bytes, &e2) != DDPD_OK)
+            continue;
+        double t = (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9;
+        json_array_append_new(list, json_pack("{s:I, s:f, s:I}", "step", (json_int_t)steps[i], "time", t,
+                                              "bytes", (json_int_t)bytes));
     }
-    http_response_header(req, "Content-Disposition", "attachment; filename=\"" JOBDIR_MODEL_FILE "\"");
+    free(steps);
+    return http_respond_json(req, 200, json_pack("{s:o}", "checkpoints", list));
+}
+
+/* Why job `id` (in state `st`) has no weights to download yet. */
+static ddpd_err no_checkpoint(int64_t id, job_state st, struct ddpd_error *err)
+{
+    switch (st) {
+    case JOB_STATE_QUEUED:
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                              "job %" PRId64 " has no checkpoint: it has not started yet", id);
+    case JOB_STATE_FAILED:
+    case JOB_STATE_CANCELLED:
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                              "job %" PRId64 " has no checkpoint: it %s before its first checkpoint", id,
+                              st == JOB_STATE_FAILED ? "failed" : "was cancelled");
+    case JOB_STATE_SUCCEEDED:
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                              "job %" PRId64 " has no checkpoint: its files were removed from the server",
+                              id);
+    default:
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                              "job %" PRId64
+                              " has no checkpoint yet (it writes one every checkpoint.every_steps "
+                              "steps, and its final model at the end)",
+                              id);
+    }
+}
+
+/* GET /v1/jobs/{id}/checkpoint[?step=S][&file=model|optim]: a checkpoint's weights (or
+ * rank 0's optimizer state); without step the final model, else the newest checkpoint. */
+static ddpd_err h_checkpoint(struct http_request *req, struct ddpd_error *err)
+{
+    if (http_query_allow(req, "step file", err))
+        return err->code;
+    struct api *a = ctx_of(req);
+    int64_t id = http_request_id(req, 0), step;
+    static const char *const files[] = {"model", "optim", NULL};
+    int file;
+    struct store_job j;
+    ddpd_err rc = get_job(req, &j, err);
+    if (rc)
+        return rc;
+    job_state state = j.state;
+    store_job_clear(&j);
+    if ((rc = http_query_int(req, "step", 0, INT64_MAX, -1, &step, err)) ||
+        (rc = http_query_enum(req, "file", files, 0, &file, err)))
+        return rc;
+    const char *what = file == 1 ? JOBDIR_OPTIM : JOBDIR_MODEL;
+    char dir[PATH_MAX], ck[PATH_MAX + 32], name[64], path[PATH_MAX + 128];
+    jobdir_job_path(dir, sizeof dir, a->jobs_dir, id);
+    jobdir_rank_file(name, sizeof name, what, 0);
+    struct stat st;
+    if (step >= 0) {
+        jobdir_ckpt_path(ck, sizeof ck, dir, step);
+        jobdir_file_path(path, sizeof path, ck, name);
+        if (stat(path, &st) != 0) {
+            int64_t *steps;
+            size_t n;
+            char list[256];
+            if (!jobdir_ckpt_list(dir, &steps, &n))
+                return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
+            steps_text(steps, n, list, sizeof list);
+            free(steps);
+            if (!n)
+                return ddpd_error_set(err, DDPD_ENOTFOUND, "step",
+                                      "job %" PRId64 " has no checkpoint at step %" PRId64 "; it has none",
+                                      id, step);
+            return ddpd_error_set(err, DDPD_ENOTFOUND, "step",
+                                  "job %" PRId64 " has no checkpoint at step %" PRId64 "; it has step%s %s",
+                                  id, step, n > 1 ? "s" : "", list);
+        }
+    } else {
+        jobdir_file_path(path, sizeof path, dir, name);
+        if (stat(path, &st) != 0) {
+            /* No final model yet: the newest checkpoint. */
+            if (!jobdir_latest_ckpt(dir, ck, sizeof ck))
+                return no_checkpoint(id, state, err);
+            jobdir_file_path(path, sizeof path, ck, name);
+        }
+    }
+    char disp[128];
+    snprintf(disp, sizeof disp, "attachment; filename=\"%s\"", name);
+    http_response_header(req, "Content-Disposition", disp);
     return http_respond_file(req, path, "application/octet-stream", "no-cache", err);
 }
 
@@ -817,7 +1190,8 @@ static ddpd_err h_checkpoint(struct http_request *req, struct ddpd_error *err)
 
 static ddpd_err h_devices(struct http_request *req, struct ddpd_error *err)
 {
-    (void)err;
+    if (http_query_allow(req, "", err))
+        return err->code;
     return http_respond_json(req, 200, super_devices(ctx_of(req)->super));
 }
 
@@ -829,12 +1203,51 @@ static ddpd_err h_health(struct http_request *req, struct ddpd_error *err)
     return http_respond_json(req, 200, json_pack("{s:b, s:s}", "ok", 1, "database", "ok"));
 }
 
+#ifndef DDPD_VERSION
+#define DDPD_VERSION "unknown"
+#endif
+
+/* Free and busy slots of one kind from the devices' JSON (super_devices). */
+static void slots_count(json_t *devs, const char *key, int64_t *total, int64_t *used)
+{
+    json_t *arr = json_object_get(devs, key), *slot;
+    size_t i;
+    *total = *used = 0;
+    json_array_foreach (arr, i, slot) {
+        (*total)++;
+        *used += !json_is_null(json_object_get(slot, "job"));
+    }
+}
+
+/* A Prometheus label value: \, " and newlines escaped, into out[cap]. */
+static void label_escape(char *out, size_t cap, const char *v)
+{
+    size_t n = 0;
+    for (; *v && n + 3 < cap; v++) {
+        if (*v == '\\' || *v == '"')
+            out[n++] = '\\';
+        if (*v == '\n') {
+            out[n++] = '\\';
+            out[n++] = 'n';
+            continue;
+        }
+        out[n++] = *v;
+    }
+    out[n] = '\0';
+}
+
+/* GET /metrics: one name per concept (schema/README.md "Metrics"). */
 static ddpd_err h_prometheus(struct http_request *req, struct ddpd_error *err)
 {
     struct api *a = ctx_of(req);
     int64_t counts[JOB_STATE_COUNT];
     ddpd_err rc = store_job_count(a->store, counts, err);
     if (rc)
+        return rc;
+    /* The running jobs' progress: at most a page of them (STORE_LIST_MAX). */
+    struct store_job_query q = {.states = JOB_STATE_BIT(JOB_STATE_RUNNING), .limit = STORE_LIST_MAX};
+    struct store_job_list running;
+    if ((rc = store_job_list(a->store, &q, &running, err)))
         return rc;
     struct store_stats ss;
     struct hub_stats hs;
@@ -843,34 +1256,91 @@ static ddpd_err h_prometheus(struct http_request *req, struct ddpd_error *err)
     /* Set by api_set_http after the HTTP server started, while requests may already run. */
     struct http_server *srv = __atomic_load_n(&a->http, __ATOMIC_ACQUIRE);
     char *httpm = srv ? http_server_metrics(srv) : NULL;
-    size_t cap = 8192 + (httpm ? strlen(httpm) : 0), n = 0;
+    size_t streams_open = 0;
+    unsigned long long streams_slow = 0;
+    if (srv)
+        http_server_stream_stats(srv, &streams_open, &streams_slow);
+    json_t *devs = super_devices(a->super);
+    int64_t cpu_total, cpu_used, gpu_total, gpu_used;
+    slots_count(devs, "cpu_slots", &cpu_total, &cpu_used);
+    slots_count(devs, "gpus", &gpu_total, &gpu_used);
+    json_decref(devs);
+    size_t cap = 8192 + running.n * 600 + (httpm ? strlen(httpm) : 0), n = 0;
     char *out = malloc(cap);
     if (!out) {
         free(httpm);
+        store_job_list_free(&running);
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
     }
-    n += (size_t)snprintf(out + n, cap - n, "# HELP ddpd_jobs Jobs by state.\n# TYPE ddpd_jobs gauge\n");
-    for (int s = 0; s < JOB_STATE_COUNT; s++)
-        n += (size_t)snprintf(out + n, cap - n, "ddpd_jobs{state=\"%s\"} %" PRId64 "\n",
-                              job_state_name((job_state)s), counts[s]);
     n += (size_t)snprintf(out + n, cap - n,
-                          "# HELP ddpd_events_ingested_total Events accepted for storage.\n"
-                          "# TYPE ddpd_events_ingested_total counter\nddpd_events_ingested_total %llu\n"
-                          "# HELP ddpd_events_committed_total Events written to the database.\n"
-                          "# TYPE ddpd_events_committed_total counter\nddpd_events_committed_total %llu\n"
-                          "# HELP ddpd_events_dropped_total Events that could not be stored.\n"
-                          "# TYPE ddpd_events_dropped_total counter\nddpd_events_dropped_total %llu\n"
-                          "# HELP ddpd_stream_subscribers Open event streams.\n"
-                          "# TYPE ddpd_stream_subscribers gauge\nddpd_stream_subscribers %llu\n"
-                          "# HELP ddpd_stream_subscribers_dropped_total Streams dropped as too slow.\n"
-                          "# TYPE ddpd_stream_subscribers_dropped_total counter\n"
-                          "ddpd_stream_subscribers_dropped_total %llu\n",
-                          (unsigned long long)ss.events_appended, (unsigned long long)ss.events_committed,
-                          (unsigned long long)(ss.events_dropped + ss.events_rejected),
-                          (unsigned long long)hs.subscribers, (unsigned long long)hs.dropped);
-    if (httpm)
+                          "# HELP ddpd_build_info The server's version.\n# TYPE ddpd_build_info gauge\n"
+                          "ddpd_build_info{version=\"%s\"} 1\n",
+                          DDPD_VERSION);
+    /* Jobs now in each state that is not final: a finished job is history, not load. */
+    n += (size_t)snprintf(out + n, cap - n,
+                          "# HELP ddpd_jobs Jobs now queued, starting or running.\n# TYPE ddpd_jobs gauge\n");
+    for (int s = 0; s < JOB_STATE_COUNT; s++)
+        if (!(JOB_STATE_BIT(s) & JOB_STATES_FINAL))
+            n += (size_t)snprintf(out + n, cap - n, "ddpd_jobs{state=\"%s\"} %" PRId64 "\n",
+                                  job_state_name((job_state)s), counts[s]);
+    n += (size_t)snprintf(out + n, cap - n,
+                          "# HELP ddpd_slots Device slots of this server.\n# TYPE ddpd_slots gauge\n"
+                          "ddpd_slots{kind=\"cpu\"} %" PRId64 "\nddpd_slots{kind=\"cuda\"} %" PRId64 "\n"
+                          "# HELP ddpd_slots_used Device slots held by a job now.\n"
+                          "# TYPE ddpd_slots_used gauge\n"
+                          "ddpd_slots_used{kind=\"cpu\"} %" PRId64 "\nddpd_slots_used{kind=\"cuda\"} %" PRId64
+                          "\n",
+                          cpu_total, gpu_total, cpu_used, gpu_used);
+    n += (size_t)snprintf(out + n, cap - n,
+                          "# HELP ddpd_job_step The latest optimizer step of each running job.\n"
+                          "# TYPE ddpd_job_step gauge\n");
+    char name[2 * STORE_NAME_MAX + 8];
+    for (size_t i = 0; i < running.n && n < cap; i++) {
+        const struct store_job *j = &running.jobs[i];
+        label_escape(name, sizeof name, j->name);
+        if (j->has_progress)
+            n += (size_t)snprintf(out + n, cap - n,
+                                  "ddpd_job_step{job=\"%" PRId64 "\",name=\"%s\"} %" PRId64 "\n", j->id, name,
+                                  j->step);
+    }
+    n += (size_t)snprintf(out + n, cap - n,
+                          "# HELP ddpd_job_loss The latest loss (mean over ranks) of each running job.\n"
+                          "# TYPE ddpd_job_loss gauge\n");
+    for (size_t i = 0; i < running.n && n < cap; i++) {
+        const struct store_job *j = &running.jobs[i];
+        label_escape(name, sizeof name, j->name);
+        char v[40];
+        /* A loss that was NaN or infinite (kept as none by the store) reads NaN. */
+        if (j->loss_finite && isfinite(j->loss))
+            snprintf(v, sizeof v, "%.9g", j->loss);
+        else
+            snprintf(v, sizeof v, "NaN");
+        if (j->has_progress)
+            n += (size_t)snprintf(out + n, cap - n, "ddpd_job_loss{job=\"%" PRId64 "\",name=\"%s\"} %s\n",
+                                  j->id, name, v);
+    }
+    n += (size_t)snprintf(
+        out + n, cap - n,
+        "# HELP ddpd_events_ingested_total Events accepted for storage.\n"
+        "# TYPE ddpd_events_ingested_total counter\nddpd_events_ingested_total %llu\n"
+        "# HELP ddpd_events_committed_total Events written to the database.\n"
+        "# TYPE ddpd_events_committed_total counter\nddpd_events_committed_total %llu\n"
+        "# HELP ddpd_events_dropped_total Events that could not be stored.\n"
+        "# TYPE ddpd_events_dropped_total counter\nddpd_events_dropped_total %llu\n"
+        "# HELP ddpd_stream_subscribers Open event streams.\n"
+        "# TYPE ddpd_stream_subscribers gauge\nddpd_stream_subscribers %llu\n"
+        "# HELP ddpd_stream_subscribers_dropped_total Event streams ended because the client "
+        "read too slowly.\n"
+        "# TYPE ddpd_stream_subscribers_dropped_total counter\n"
+        "ddpd_stream_subscribers_dropped_total %llu\n",
+        (unsigned long long)ss.events_appended, (unsigned long long)ss.events_committed,
+        (unsigned long long)(ss.events_dropped + ss.events_rejected),
+        (unsigned long long)(srv ? streams_open : hs.subscribers),
+        (unsigned long long)hs.dropped + streams_slow);
+    if (httpm && n < cap)
         n += (size_t)snprintf(out + n, cap - n, "%s", httpm);
     free(httpm);
+    store_job_list_free(&running);
     rc = http_respond_bytes(req, 200, "text/plain; version=0.0.4; charset=utf-8", out, n < cap ? n : cap - 1);
     free(out);
     return rc;
@@ -917,9 +1387,10 @@ static ddpd_err serve_web_file(struct http_request *req, const char *name, struc
     /* no-cache: the browser keeps the file and revalidates it with its ETag (304). */
     ddpd_err rc = http_respond_file(req, path, type, "no-cache", err);
     if (rc == DDPD_ENOTFOUND)
+        /* No server path in an answer anyone may read: the folder is in the server's log. */
         return ddpd_error_set(err, DDPD_ENOTFOUND, "",
-                              "no such resource: /web/%.128s (the dashboard's folder is %s)", name,
-                              a->web_dir);
+                              "no such resource: /web/%.128s (not in the dashboard's folder, --web-dir)",
+                              name);
     return rc;
 }
 
@@ -945,10 +1416,12 @@ static const struct http_route routes[] = {
     {"GET", "/v1/jobs/{id}", h_get, HTTP_ROUTE_AUTH, 0},
     {"DELETE", "/v1/jobs/{id}", h_delete, HTTP_ROUTE_AUTH, 0},
     {"POST", "/v1/jobs/{id}/cancel", h_cancel, HTTP_ROUTE_AUTH, 0},
+    {"POST", "/v1/jobs/{id}/resume", h_resume, HTTP_ROUTE_AUTH, 0},
     {"GET", "/v1/jobs/{id}/events", h_events, HTTP_ROUTE_AUTH, 0},
     {"GET", "/v1/jobs/{id}/metrics", h_metrics, HTTP_ROUTE_AUTH, 0},
     {"GET", "/v1/jobs/{id}/logs", h_logs, HTTP_ROUTE_AUTH, 0},
     {"GET", "/v1/jobs/{id}/checkpoint", h_checkpoint, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/v1/jobs/{id}/checkpoints", h_checkpoints, HTTP_ROUTE_AUTH, 0},
     {"GET", "/v1/devices", h_devices, HTTP_ROUTE_AUTH, 0},
     {"GET", "/healthz", h_health, 0, 0},
     {"GET", "/metrics", h_prometheus, 0, 0},

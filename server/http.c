@@ -39,51 +39,92 @@
 
 /* ---- addresses ------------------------------------------------------------------------ */
 
-/* "ADDR:PORT" / "[ADDR6]:PORT" with a numeric address -> sockaddr. */
-static bool addr_parse(const char *addr, struct sockaddr_storage *ss, socklen_t *len)
+/* An IPv4 address in any numeric form inet_aton takes ("127.0.0.1", "127.1", "0x7f.1"),
+ * nothing else around it (inet_aton itself stops at white space and ignores the rest). */
+static bool ipv4_parse(const char *h, struct in_addr *a)
+{
+    return h[0] && strspn(h, "0123456789abcdefABCDEFxX.") == strlen(h) && inet_aton(h, a) != 0;
+}
+
+/* "ADDR:PORT" / "[ADDR6]:PORT" -> sockaddr. ADDR is numeric (IPv4 in any form inet_aton
+ * takes, "127.1" included) or "localhost" (127.0.0.1: the loopback name every host has,
+ * resolved without a resolver). False with the reason in why[cap] (may be NULL). */
+static bool addr_parse_why(const char *addr, struct sockaddr_storage *ss, socklen_t *len, char *why,
+                           size_t cap)
 {
     char host[INET6_ADDRSTRLEN + 1];
     const char *port;
+    char scratch[8];
+    if (!why) {
+        why = scratch;
+        cap = sizeof scratch;
+    }
     memset(ss, 0, sizeof *ss);
-    if (!addr)
+    if (!addr || !*addr) {
+        snprintf(why, cap, "no address (give ADDR:PORT, e.g. 127.0.0.1:8080)");
         return false;
+    }
     bool v6 = addr[0] == '[';
     if (v6) {
         const char *end = strchr(addr, ']');
-        if (!end || end[1] != ':' || (size_t)(end - addr - 1) >= sizeof host)
+        if (!end || end[1] != ':' || (size_t)(end - addr - 1) >= sizeof host) {
+            snprintf(why, cap, "an IPv6 address is written [ADDR]:PORT, e.g. [::1]:8080");
             return false;
+        }
         memcpy(host, addr + 1, (size_t)(end - addr - 1));
         host[end - addr - 1] = '\0';
         port = end + 2;
     } else {
         const char *colon = strrchr(addr, ':');
-        if (!colon || (size_t)(colon - addr) >= sizeof host)
+        if (!colon || (size_t)(colon - addr) >= sizeof host) {
+            snprintf(why, cap, "no port (give ADDR:PORT, e.g. 127.0.0.1:8080; port 0 = any free port)");
             return false;
+        }
         memcpy(host, addr, (size_t)(colon - addr));
         host[colon - addr] = '\0';
         port = colon + 1;
     }
-    if (!*port || strlen(port) > 5 || strspn(port, "0123456789") != strlen(port))
+    if (!*port || strlen(port) > 5 || strspn(port, "0123456789") != strlen(port) ||
+        strtol(port, NULL, 10) > 65535) {
+        snprintf(why, cap, "port \"%.16s\" is not a number from 0 to 65535", port);
         return false;
+    }
     long p = strtol(port, NULL, 10);
-    if (p > 65535)
-        return false;
     if (v6) {
         struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
-        if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1)
+        if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1) {
+            snprintf(why, cap, "\"%s\" is not an IPv6 address", host);
             return false;
+        }
         a->sin6_family = AF_INET6;
         a->sin6_port = htons((uint16_t)p);
         *len = sizeof *a;
     } else {
         struct sockaddr_in *a = (struct sockaddr_in *)ss;
-        if (inet_pton(AF_INET, host, &a->sin_addr) != 1)
+        if (!strcasecmp(host, "localhost"))
+            a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        else if (!ipv4_parse(host, &a->sin_addr)) {
+            snprintf(why, cap, "\"%s\" is not an IPv4 address or localhost (host names are not looked up)",
+                     host);
             return false;
+        }
         a->sin_family = AF_INET;
         a->sin_port = htons((uint16_t)p);
         *len = sizeof *a;
     }
     return true;
+}
+
+static bool addr_parse(const char *addr, struct sockaddr_storage *ss, socklen_t *len)
+{
+    return addr_parse_why(addr, ss, len, NULL, 0);
+}
+
+bool http_addr_check(const char *addr, char *why, size_t cap)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    return addr_parse_why(addr, &ss, &len, why, cap);
 }
 
 bool http_addr_is_loopback(const char *addr)
@@ -1031,6 +1072,68 @@ ddpd_err http_query_error(struct http_request *req, const char *name, struct ddp
     return DDPD_EJSON;
 }
 
+/* True when `name` is a word of the space-separated list `list`. */
+static bool param_listed(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        size_t len = strcspn(p, " ");
+        if (len == n && n && !strncmp(p, name, n))
+            return true;
+        p += len;
+        while (*p == ' ')
+            p++;
+    }
+    return false;
+}
+
+struct param_scan {
+    const char *allowed;
+    char unknown[160]; /* the unknown names, comma-separated, as far as they fit */
+    char first[48];    /* the first of them: the error's path */
+    int n;
+};
+
+static enum MHD_Result param_check_one(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind, (void)value;
+    struct param_scan *ps = cls;
+    if (key && !param_listed(ps->allowed, key)) {
+        size_t used = strlen(ps->unknown);
+        char shown[48];
+        clean_copy(shown, sizeof shown, key, 32);
+        if (!ps->n)
+            snprintf(ps->first, sizeof ps->first, "%s", shown);
+        if (used + strlen(shown) + 5 < sizeof ps->unknown)
+            snprintf(ps->unknown + used, sizeof ps->unknown - used, "%s'%s'", ps->n ? ", " : "", shown);
+        ps->n++;
+    }
+    return MHD_YES;
+}
+
+ddpd_err http_query_allow(struct http_request *req, const char *allowed, struct ddpd_error *err)
+{
+    struct param_scan ps = {.allowed = allowed};
+    MHD_get_connection_values(req->mc, MHD_GET_ARGUMENT_KIND, param_check_one, &ps);
+    if (!ps.n)
+        return DDPD_OK;
+    char takes[160] = "";
+    size_t used = 0;
+    for (const char *p = ps.allowed; *p && used < sizeof takes;) {
+        size_t len = strcspn(p, " ");
+        if (len) {
+            int k = snprintf(takes + used, sizeof takes - used, "%s%.*s", used ? ", " : "", (int)len, p);
+            used += k > 0 ? (size_t)k : 0;
+        }
+        p += len;
+        while (*p == ' ')
+            p++;
+    }
+    return http_query_error(req, ps.first, err, "unknown query parameter%s %s (%s %s takes %s)",
+                            ps.n > 1 ? "s" : "", ps.unknown, req->method,
+                            req->route ? req->route->r->pattern : "this route", used ? takes : "none");
+}
+
 bool http_param_int(const char *v, int64_t min, int64_t max, int64_t *out)
 {
     /* Digits first: no white space or '+' before the number in a URL. */
@@ -1661,11 +1764,9 @@ static int listen_on(const char *addr, struct ddpd_error *err)
 {
     struct sockaddr_storage ss;
     socklen_t len;
-    if (!addr_parse(addr, &ss, &len)) {
-        ddpd_error_set(err, DDPD_EINTERNAL, "listen",
-                       "bad listen address '%s' (expected ADDR:PORT, e.g. 127.0.0.1:8080 or "
-                       "[::1]:8080)",
-                       addr ? addr : "");
+    char why[160];
+    if (!addr_parse_why(addr, &ss, &len, why, sizeof why)) {
+        ddpd_error_set(err, DDPD_EINTERNAL, "listen", "bad listen address '%s': %s", addr ? addr : "", why);
         return -1;
     }
     int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -1868,18 +1969,13 @@ char *http_server_metrics(struct http_server *s)
             sbuf_printf(&b, "ddpd_http_requests_total{route=\"%s\",code=\"%s\"} %llu\n", route, code, n);
         }
     }
-    pthread_mutex_lock(&s->mu);
-    size_t open = s->nstreams;
-    unsigned long long slow = s->slow_total;
-    pthread_mutex_unlock(&s->mu);
-    sbuf_printf(&b,
-                "# HELP ddpd_http_streams_open Streaming responses (SSE, NDJSON) now open.\n"
-                "# TYPE ddpd_http_streams_open gauge\n"
-                "ddpd_http_streams_open %zu\n"
-                "# HELP ddpd_http_streams_slow_total Streams dropped because the client read "
-                "too slowly.\n"
-                "# TYPE ddpd_http_streams_slow_total counter\n"
-                "ddpd_http_streams_slow_total %llu\n",
-                open, slow);
     return b.p;
+}
+
+void http_server_stream_stats(struct http_server *s, size_t *open, unsigned long long *slow)
+{
+    pthread_mutex_lock(&s->mu);
+    *open = s->nstreams;
+    *slow = s->slow_total;
+    pthread_mutex_unlock(&s->mu);
 }

@@ -141,13 +141,21 @@ int http_server_port(const struct http_server *s);
 
 /* Prometheus text-format lines of the layer's counters: requests by route pattern and
  * status (ddpd_http_requests_total{route="/v1/jobs/{id}",code="200"}; requests that
- * matched no route count under route="unmatched"), open streams, streams dropped as
- * slow. With # HELP / # TYPE lines. Returns a new string; caller frees. */
+ * matched no route count under route="unmatched"). With # HELP / # TYPE lines. Returns
+ * a new string; caller frees. */
 char *http_server_metrics(struct http_server *s);
+/* The streaming responses now open, and those ended because the client read too slowly
+ * (its buffer full), since the start: the API reports them with the hub's own drops as
+ * one concept (ddpd_stream_subscribers, ddpd_stream_subscribers_dropped_total). */
+void http_server_stream_stats(struct http_server *s, size_t *open, unsigned long long *slow);
 
 /* True when `addr` ("ADDR:PORT" as in http_config.listen) is a loopback address
- * (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104). False for wildcards, others and malformed. */
+ * (127.0.0.0/8 in any form inet_aton takes, "127.1" included, and "localhost"; ::1,
+ * ::ffff:127.0.0.0/104). False for wildcards, others and malformed. */
 bool http_addr_is_loopback(const char *addr);
+/* True when `addr` is an address http_config.listen takes; false with why[cap] saying
+ * what is wrong with it (the port out of range, no port, a host name). */
+bool http_addr_check(const char *addr, char *why, size_t cap);
 
 /* True when `host` (a Host header: "localhost:8080", "127.0.0.1", "[::1]:80") names the
  * loopback interface: localhost (case-insensitive), an IPv4 address in 127.0.0.0/8, or
@@ -190,6 +198,10 @@ ddpd_err http_query_int(struct http_request *req, const char *name, int64_t min,
 /* One of `choices` (NULL-terminated); *out is its index, or `dflt` when absent. */
 ddpd_err http_query_enum(struct http_request *req, const char *name, const char *const *choices, int dflt,
                          int *out, struct ddpd_error *err);
+/* The query parameters a handler takes, space-separated ("state limit before name"; ""
+ * for none): any other is a 400 bad_query naming it and the ones taken, never silently
+ * ignored (a misspelt filter would return every job). Called first by every /v1 handler. */
+ddpd_err http_query_allow(struct http_request *req, const char *allowed, struct ddpd_error *err);
 /* Any other check of a parameter the handler makes itself ("before" must be a cursor it
  * issued): fails the same way, with the handler's sentence. */
 ddpd_err http_query_error(struct http_request *req, const char *name, struct ddpd_error *err, const char *fmt,

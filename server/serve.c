@@ -20,6 +20,7 @@
 #include <string.h>
 #include <pthread.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,7 +51,8 @@ static void usage(FILE *f)
           "                  [--slurm-time T] [--slurm-cpus-per-task N] [--slurm-arg ARG]...\n"
           "                  [--comm-addr HOST] [--job-disk-quota SIZE]\n"
           "  --listen       address to serve on (default 127.0.0.1:8080; port 0 = any free port)\n"
-          "  --db           SQLite database, created on first start (default ./var/ddpd.db); one\n"
+          "  --db           SQLite database, created on first start in a folder that exists\n"
+          "                 (default ./var/ddpd.db, var/ made when missing); one\n"
           "                 server per database (DB.lock beside it names the holder's pid)\n"
           "  --data-dir     where jobs' data paths are resolved; they may not leave it (default .)\n"
           "  --jobs-dir     each job's checkpoints and logs (default: jobs/ beside the database)\n"
@@ -104,7 +106,8 @@ static unsigned connection_limit(void)
                                                          : STREAM_CONNECTIONS;
 }
 
-/* GPUs as ddpd-worker --devices prints them (one JSON array; nothing when none). */
+/* GPUs as ddpd-worker --devices prints them (one JSON array, [] when none; an older
+ * worker printed nothing, which reads as none too). */
 static int count_gpus(const char *worker)
 {
     char cmd[PATH_MAX + 32];
@@ -159,6 +162,10 @@ struct serve_setup {
     /* Slot i of the scheduler is the device gpu_ids[i] (--gpus 2,3: slot 0 is GPU 2). */
     char gpu_ids[SCHED_MAX_SLOTS][SCHED_GPU_ID_MAX];
     char slurm_prefix[64];
+    /* What a start that fails must not leave behind: the database when it did not exist
+     * yet, and the folders prepare() made (removed only when still empty). */
+    bool db_existed;
+    char made_db_dir[PATH_MAX], made_jobs_dir[PATH_MAX]; /* "" when none was made */
 };
 
 /* Fills o from argv. Returns -1 to go on, else the exit status (0 after --help, 2 with
@@ -349,6 +356,11 @@ static int prepare(struct serve_opts *o, const char *self_dir, struct serve_setu
         fprintf(stderr, "ddpd serve: --token-file %s: %s\n", o->token_file, token_why);
         return 2;
     }
+    char addr_why[160];
+    if (!http_addr_check(o->listen, addr_why, sizeof addr_why)) {
+        fprintf(stderr, "ddpd serve: --listen %s: %s\n", o->listen, addr_why);
+        return 2;
+    }
     if (!s->token && !o->insecure && !http_addr_is_loopback(o->listen)) {
         fprintf(stderr,
                 "ddpd serve: refusing to listen on %s without --token-file (anyone could run "
@@ -370,17 +382,33 @@ static int prepare(struct serve_opts *o, const char *self_dir, struct serve_setu
     }
     snprintf(db_dir, sizeof db_dir, "%s", o->db);
     const char *dd = dirname(db_dir);
-    int en = base_mkdirs(dd, true);
-    if (en != 0) {
-        errno = en;
-        fprintf(stderr, "ddpd serve: cannot create %s: %s\n", dd, strerror(errno));
-        return 1;
+    struct stat st;
+    s->db_existed = stat(o->db, &st) == 0;
+    /* The database's folder must exist: a typo in --db must not grow a tree of folders
+     * and a new empty database somewhere. Only the default's one folder (var/ in the
+     * current directory) is made. */
+    int missing = stat(dd, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+    if (missing) {
+        if (strcmp(o->db, "var/ddpd.db") != 0 || missing != ENOENT) {
+            fprintf(stderr, "ddpd serve: --db %s: the folder %s %s; create it first\n", o->db, dd,
+                    missing == ENOENT    ? "does not exist"
+                    : missing == ENOTDIR ? "is not a folder"
+                                         : strerror(missing));
+            return 2;
+        }
+        if (mkdir(dd, 0700) != 0) {
+            fprintf(stderr, "ddpd serve: cannot create %s: %s\n", dd, strerror(errno));
+            return 1;
+        }
+        snprintf(s->made_db_dir, sizeof s->made_db_dir, "%s", dd);
     }
     const char *jobs_dir = o->jobs_dir;
     if (!jobs_dir) {
         snprintf(jobs_buf, sizeof jobs_buf, "%s/" JOBDIR_JOBS, dd);
         jobs_dir = jobs_buf;
     }
+    if (stat(jobs_dir, &st) != 0)
+        snprintf(s->made_jobs_dir, sizeof s->made_jobs_dir, "%s", jobs_dir);
     if ((errno = base_mkdirs(jobs_dir, true)) != 0 || !realpath(jobs_dir, s->jobs_abs)) {
         fprintf(stderr, "ddpd serve: cannot create %s: %s\n", jobs_dir, strerror(errno));
         return 1;
@@ -431,6 +459,16 @@ static int prepare(struct serve_opts *o, const char *self_dir, struct serve_setu
             o->slurm || pages <= 0 || page <= 0 ? 0 : (int64_t)pages * page / (slots > 0 ? slots : 1);
     }
     return -1;
+}
+
+/* Removes the database at `path` and the files SQLite and the lock keep beside it. */
+static void remove_db_files(const char *path)
+{
+    static const char *const suffixes[] = {"", "-wal", "-shm", "-journal", ".lock"};
+    char f[PATH_MAX + 16];
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++)
+        if (snprintf(f, sizeof f, "%s%s", path, suffixes[i]) < (int)sizeof f)
+            unlink(f);
 }
 
 /* Wires the store, the hub, the launcher, the supervisor, the API and the HTTP server,
@@ -541,6 +579,11 @@ out:
     store_close(store);
     if (listen_fd >= 0)
         close(listen_fd);
+    /* A start that failed leaves no new database behind (nor its lock file, while the
+     * lock is still ours). */
+    bool forget = rc != 0 && !s->db_existed && lock;
+    if (forget)
+        remove_db_files(o->db);
     store_lock_release(lock); /* last: the jobs are left as the next server expects them */
     return rc;
 }
@@ -567,6 +610,11 @@ int serve_main(int argc, char **argv, const char *self_dir)
         signal(SIGPIPE, SIG_IGN);
         rc = run_server(&o, s, &set);
     }
+    /* The folders this start made, when it failed (rmdir: only while empty). */
+    if (rc != 0 && s->made_jobs_dir[0])
+        rmdir(s->made_jobs_dir);
+    if (rc != 0 && s->made_db_dir[0])
+        rmdir(s->made_db_dir);
     free(s->token);
     free(s);
     return rc;

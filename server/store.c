@@ -143,7 +143,7 @@ enum {
 #define JOB_COLS                                                                                             \
     "id, name, state, CASE WHEN ?9 THEN spec END, world_size, device, created_at, "                          \
     "started_at, finished_at, attempt, step, loss, error, pending_reason, max_restarts, "                    \
-    "restarts, restart_history "
+    "restarts, restart_history, resumed_from, resume_step, total_steps "
 
 static const char *const sql_text[ST_COUNT] = {
     [W_BEGIN] = "BEGIN IMMEDIATE",
@@ -165,7 +165,9 @@ static const char *const sql_text[ST_COUNT] = {
                        "count(*) THEN avg(loss) END FROM loss WHERE job = ?1 AND step = ?2) "
                        "WHERE id = ?1 AND attempt <= ?3 AND (step IS NULL OR step <= ?2)",
     [W_JOB_INSERT] = "INSERT INTO jobs (name, state, spec, world_size, device, created_at, "
-                     "max_restarts) VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6)",
+                     "max_restarts, resumed_from, resume_step, total_steps) VALUES (?1, 'queued', ?2, ?3, "
+                     "?4, ?5, ?6, ?7, ?8, "
+                     "?9)",
     [W_JOB_STATE] = "SELECT state FROM jobs WHERE id = ?1",
     /* ?2 is the STORE_SET_* mask, ?3 the new state, ?10 now. */
     [W_JOB_UPDATE] =
@@ -202,11 +204,12 @@ static const char *const sql_text[ST_COUNT] = {
     [R_JOB_GET] = "SELECT " JOB_COLS "FROM jobs WHERE id = ?1",
     /* Three shapes, so each gets the plan that fits: the primary key backwards, one
      * range of (state, id) backwards, or an IN over the states. */
-    [R_JOB_LIST_ALL] = "SELECT " JOB_COLS "FROM jobs WHERE id < ?1 ORDER BY id DESC LIMIT ?8",
-    [R_JOB_LIST_ONE] = "SELECT " JOB_COLS "FROM jobs WHERE state = ?2 AND id < ?1 "
+    [R_JOB_LIST_ALL] = "SELECT " JOB_COLS "FROM jobs WHERE id < ?1 AND (?10 IS NULL OR name = ?10) "
                        "ORDER BY id DESC LIMIT ?8",
+    [R_JOB_LIST_ONE] = "SELECT " JOB_COLS "FROM jobs WHERE state = ?2 AND id < ?1 "
+                       "AND (?10 IS NULL OR name = ?10) ORDER BY id DESC LIMIT ?8",
     [R_JOB_LIST_SOME] = "SELECT " JOB_COLS "FROM jobs WHERE state IN (?2, ?3, ?4, ?5, ?6, ?7) "
-                        "AND id < ?1 ORDER BY id DESC LIMIT ?8",
+                        "AND id < ?1 AND (?10 IS NULL OR name = ?10) ORDER BY id DESC LIMIT ?8",
     [R_RANKS] = "SELECT attempt, rank, pid, start_time, state, exit_code, step, loss, "
                 "samples_per_s FROM ranks WHERE job = ?1 AND attempt = ?2 ORDER BY rank",
     [R_EVENTS] = "SELECT seq, attempt, kind, rank, ts, body FROM events "
@@ -1263,6 +1266,17 @@ static ddpd_err insert_one(struct store *s, struct insert_req *r)
     sqlite3_bind_text(st, 4, device_kind_name(job->device), -1, SQLITE_STATIC);
     sqlite3_bind_double(st, 5, r->now);
     sqlite3_bind_int(st, 6, job->max_restarts);
+    if (job->resumed_from > 0) {
+        sqlite3_bind_int64(st, 7, job->resumed_from);
+        sqlite3_bind_int64(st, 8, job->resume_step);
+    } else {
+        sqlite3_bind_null(st, 7);
+        sqlite3_bind_null(st, 8);
+    }
+    if (job->total_steps > 0)
+        sqlite3_bind_int64(st, 9, job->total_steps);
+    else
+        sqlite3_bind_null(st, 9);
     ddpd_err e = DDPD_OK;
     int rc = sqlite3_step(st);
     if (rc == SQLITE_CONSTRAINT_CHECK) {
@@ -1668,6 +1682,9 @@ static void job_from_row(sqlite3_stmt *st, struct store_job *j)
     j->restart_history = xmalloc(hn + 1);
     memcpy(j->restart_history, h, hn);
     j->restart_history[hn] = '\0';
+    j->resumed_from = sqlite3_column_int64(st, 17); /* NULL reads as 0 */
+    j->resume_step = sqlite3_column_int64(st, 18);
+    j->total_steps = sqlite3_column_int64(st, 19); /* NULL reads as 0: not known */
 }
 
 static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_error *err)
@@ -1760,6 +1777,10 @@ ddpd_err store_job_list(struct store *s, const struct store_job_query *q, struct
             sqlite3_bind_text(st, p++, job_state_name((job_state)i), -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 8, limit + 1); /* one more tells whether there is a next page */
     sqlite3_bind_int(st, 9, q->with_spec);
+    if (q->name)
+        sqlite3_bind_text(st, 10, q->name, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, 10);
     out->jobs = xcalloc((size_t)limit, sizeof *out->jobs);
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
@@ -1976,8 +1997,8 @@ ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct 
     memset(out, 0, sizeof *out);
     if (max_points == 0)
         max_points = 1000;
-    if (max_points < 4)
-        max_points = 4;
+    if (max_points < 2)
+        max_points = 2;
     if (max_points > STORE_METRICS_MAX_POINTS)
         max_points = STORE_METRICS_MAX_POINTS;
     struct store__curve *curve = NULL;

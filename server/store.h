@@ -94,6 +94,10 @@ struct store_job_new {
     int world_size;   /* >= 1 */
     device_kind device;
     int max_restarts;
+    /* A job that continues job `resumed_from` (> 0) from its checkpoint at `resume_step`
+     * (POST /v1/jobs/{id}/resume); 0 for a job submitted afresh. */
+    int64_t resumed_from, resume_step;
+    int64_t total_steps; /* the optimizer steps in all, when known at submit; 0 = not known */
     /* Also store the job's first event, the `queued` state event (seq 1, attempt 0, ts =
      * created_at: store_job_queued_event), in the same transaction. */
     bool queued_event;
@@ -164,7 +168,9 @@ struct store_job {
      * attempt that ended), "reason": "...", "ts": seconds} (at most
      * STORE_RESTART_HISTORY_MAX entries); "[]" when never. Owned. */
     char *restart_history;
-    size_t n_ranks; /* ranks of the current attempt, by rank; owned */
+    int64_t resumed_from, resume_step; /* store_job_new's; 0 for a job submitted afresh */
+    int64_t total_steps;               /* store_job_new's; 0 = not known */
+    size_t n_ranks;                    /* ranks of the current attempt, by rank; owned */
     struct store_rank *ranks;
 };
 
@@ -186,12 +192,13 @@ ddpd_err store_job_get(struct store *s, int64_t id, struct store_job *out, struc
 
 #define STORE_LIST_MAX 1000
 struct store_job_query {
-    unsigned states; /* JOB_STATE_BIT mask; 0 = every state */
-    int limit;       /* 1..STORE_LIST_MAX; 0 = 50; larger is cut to STORE_LIST_MAX */
-    int64_t before;  /* cursor: only jobs with id < before; 0 = from the newest */
-    bool with_spec;  /* load each job's spec */
-    bool with_ranks; /* load the ranks of each job's current attempt (pid and
-                        start_time for restart recovery) */
+    unsigned states;  /* JOB_STATE_BIT mask; 0 = every state */
+    int limit;        /* 1..STORE_LIST_MAX; 0 = 50; larger is cut to STORE_LIST_MAX */
+    int64_t before;   /* cursor: only jobs with id < before; 0 = from the newest */
+    bool with_spec;   /* load each job's spec */
+    bool with_ranks;  /* load the ranks of each job's current attempt (pid and
+                         start_time for restart recovery) */
+    const char *name; /* only the jobs of exactly this name; NULL = any (borrowed) */
 };
 /* Jobs newest first. Owns `jobs`: release with store_job_list_free. */
 struct store_job_list {
@@ -357,12 +364,15 @@ struct store_metrics {
 };
 #define STORE_METRICS_MAX_POINTS 100000
 #define STORE_METRICS_MAX_RANKS  4096
-/* The loss curve of `job` (and its lr series and eval points), each series downsampled to at most max_points
- * (clamped to 4..STORE_METRICS_MAX_POINTS; 0 = 1000): the step range is cut into max_points/4 buckets of
- * equal width and each bucket keeps its first, minimum, maximum and last point (all of them when it has at
- * most 4), in step order; so the first and last step and the global minimum and maximum of every series are
- * always kept. Non-finite losses are left out. One streamed pass over the rows; memory O(max_points × ranks).
- * Release *out with store_metrics_free, also after an error. An unknown job gives no series. */
+/* The loss curve of `job` (and its lr series and eval points), each series downsampled to
+ * at most max_points (clamped to 2..STORE_METRICS_MAX_POINTS; 0 = 1000): the step range is
+ * cut into max_points/4 buckets of equal width and each bucket keeps its first, minimum,
+ * maximum and last point (all of them when it has at most 4), in step order; so the first
+ * and last step and the global minimum and maximum of every series are always kept. With
+ * max_points 2 or 3 the whole range is one bucket that keeps its first and last point (and
+ * with 3 the minimum, else the maximum, between them). Non-finite losses are left out. One
+ * streamed pass over the rows; memory O(max_points × ranks). Release *out with
+ * store_metrics_free, also after an error. An unknown job gives no series. */
 ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct store_metrics *out,
                            struct ddpd_error *err);
 /* Frees what `m` owns and zeroes it. NULL is a no-op. */

@@ -17,6 +17,7 @@ struct pt {
 struct acc {
     int64_t bucket; /* index of the open bucket; -1 before the first point */
     int n;          /* points seen in the open bucket */
+    int keep;       /* the most a bucket keeps: 4, or max_points when that is 2 or 3 */
     struct pt buf[4], first, min, max, last;
     size_t n_out, cap;
     int64_t *step;
@@ -35,13 +36,23 @@ static void acc_put(struct acc *a, struct pt p)
     a->n_out++;
 }
 
-/* Closes the open bucket: all its points when it has at most 4, else its first,
- * minimum, maximum and last point, distinct and in step order. */
+/* Closes the open bucket: all its points when it has at most `keep`, else its first,
+ * minimum, maximum and last point, distinct and in step order (with keep 3 the first,
+ * the minimum (the maximum when the minimum is the first or last) and the last; with
+ * keep 2 the first and the last). */
 static void acc_emit(struct acc *a)
 {
-    if (a->n <= 4) {
+    if (a->n <= a->keep) {
         for (int i = 0; i < a->n; i++)
             acc_put(a, a->buf[i]);
+    } else if (a->keep < 4) {
+        acc_put(a, a->first);
+        struct pt mid = a->min;
+        if (mid.step == a->first.step || mid.step == a->last.step)
+            mid = a->max;
+        if (a->keep == 3 && mid.step != a->first.step && mid.step != a->last.step)
+            acc_put(a, mid);
+        acc_put(a, a->last);
     } else {
         struct pt mid[2] = {a->min, a->max};
         if (mid[1].step < mid[0].step) {
@@ -83,6 +94,7 @@ static void acc_add(struct acc *a, int64_t bucket, struct pt p)
 
 struct store__curve {
     int64_t lo, hi;
+    int keep;           /* acc.keep */
     uint64_t width;     /* steps per bucket */
     struct acc mean;    /* the mean over ranks per step */
     struct acc **ranks; /* [nranks], NULL where a rank has no points */
@@ -101,12 +113,16 @@ static int64_t bucket_of(const struct store__curve *c, int64_t step)
 struct store__curve *store__curve_new(int64_t lo, int64_t hi, int max_points)
 {
     struct store__curve *c = xcalloc(1, sizeof *c);
-    /* Buckets of equal width over [lo, hi]; one step per bucket when that fits. */
-    uint64_t range = (uint64_t)(hi - lo) + 1, nb = (uint64_t)max_points / 4;
+    /* Buckets of equal width over [lo, hi], each keeping at most 4 points (so at most
+     * max_points in all); one step per bucket when that fits. Fewer than 4 points: one
+     * bucket keeping max_points. */
+    c->keep = max_points < 4 ? max_points : 4;
+    uint64_t range = (uint64_t)(hi - lo) + 1, nb = (uint64_t)(max_points / c->keep);
     c->lo = lo;
     c->hi = hi;
     c->width = range <= (uint64_t)max_points ? 1 : (range + nb - 1) / nb;
     c->mean.bucket = -1;
+    c->mean.keep = c->keep;
     c->cur = INT64_MIN;
     return c;
 }
@@ -139,6 +155,7 @@ void store__curve_add(struct store__curve *c, int64_t step, int rank, bool has_v
     if (!c->ranks[rank]) {
         c->ranks[rank] = xcalloc(1, sizeof **c->ranks);
         c->ranks[rank]->bucket = -1;
+        c->ranks[rank]->keep = c->keep;
     }
     acc_add(c->ranks[rank], bucket_of(c, step), (struct pt){step, v});
 }

@@ -69,6 +69,7 @@ struct active {
     int world_size;
     device_kind device;
     int attempt, restarts, max_restarts;
+    int64_t resumed_from, resume_step; /* a job made by resume: where it continues from */
     int64_t next_seq;
     int *slots;
     const char **gpu; /* cuda jobs: the device of each rank's slot (launch_opts.gpus) */
@@ -317,6 +318,8 @@ static struct active *load(struct super *s, int64_t job)
     a->attempt = j.attempt;
     a->restarts = j.restarts;
     a->max_restarts = j.max_restarts;
+    a->resumed_from = j.resumed_from;
+    a->resume_step = j.resume_step;
     int64_t seq = 0;
     store_flush(s->o.store, NULL); /* queued events of the job count too */
     store_event_max_seq(s->o.store, job, &seq, NULL);
@@ -372,11 +375,37 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
 {
     struct ddpd_error err;
     char resume[PATH_MAX];
+    mkdir(s->o.jobs_dir, 0700);
+    /* A job made by resume starts from the other job's checkpoint, linked into its own
+     * folder (jobdir_ckpt_link): from then on it is this job's like any other, which a
+     * restart resumes from until a newer one exists, and deleting the other job cannot
+     * take it away. */
+    bool linked = true;
+    if (a->resumed_from > 0 && !jobdir_latest_ckpt(a->out_dir, resume, sizeof resume)) {
+        char src_job[PATH_MAX], src[PATH_MAX], dst[PATH_MAX];
+        linked = jobdir_job_path(src_job, sizeof src_job, s->o.jobs_dir, a->resumed_from) &&
+                 jobdir_ckpt_path(src, sizeof src, src_job, a->resume_step) &&
+                 jobdir_ckpt_path(dst, sizeof dst, a->out_dir, a->resume_step);
+        if (!linked)
+            ddpd_error_set(&err, DDPD_EIO, "", "the jobs folder's name is too long");
+        else if (jobdir_ckpt_link(src, dst, &err) != DDPD_OK) {
+            char why[sizeof err.message];
+            snprintf(why, sizeof why, "%s",
+                     err.code == DDPD_EDATA
+                         ? "it is gone (deleted with its job, or pruned by checkpoint.keep_last)"
+                         : err.message);
+            ddpd_error_set(&err, DDPD_EDATA, "",
+                           "job %" PRId64 "'s checkpoint at step %" PRId64 " to resume from: %s",
+                           a->resumed_from, a->resume_step, why);
+            linked = false;
+        }
+    }
     bool has_resume = jobdir_latest_ckpt(a->out_dir, resume, sizeof resume);
     a->attempt++;
-    mkdir(s->o.jobs_dir, 0700);
-    struct jobdoc *jd = calloc(1, sizeof *jd), *doc = NULL;
-    if (!jd)
+    struct jobdoc *jd = linked ? calloc(1, sizeof *jd) : NULL, *doc = NULL;
+    if (!linked)
+        ; /* err says why */
+    else if (!jd)
         ddpd_error_set(&err, DDPD_ENOMEM, "", "out of memory building the job document");
     else if (spec_parse(a->spec_text, strlen(a->spec_text), NULL, &jd->spec, &err) == DDPD_OK) {
         jd->job = a->job;
@@ -390,6 +419,24 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         if (has_resume)
             snprintf(jd->resume, sizeof jd->resume, "%s", resume);
         doc = jd;
+        /* init.from_job: the other job's weights as they are now (checked at submit; a
+         * checkpoint pruned or a job deleted since fails this one, saying so). */
+        char src[PATH_MAX];
+        int64_t from = jd->spec.init_from_job, step = jd->spec.init_from_step;
+        if (!has_resume && from > 0 &&
+            !(jobdir_job_path(src, sizeof src, s->o.jobs_dir, from) &&
+              jobdir_init_weights(src, step, jd->init_path, sizeof jd->init_path))) {
+            doc = NULL;
+            if (step >= 0)
+                ddpd_error_set(&err, DDPD_EDATA, "init.step",
+                               "init.step: job %" PRId64 "'s checkpoint at step %" PRId64
+                               " is gone (deleted with its job, or pruned by checkpoint.keep_last)",
+                               from, step);
+            else
+                ddpd_error_set(&err, DDPD_EDATA, "init.from_job",
+                               "init.from_job: job %" PRId64 "'s weights are gone (the job was deleted)",
+                               from);
+        }
     }
     struct launch_opts lo = {
         .worker = s->o.worker,
@@ -1004,10 +1051,11 @@ bool super_pending_reason(struct super *s, int64_t job, char *buf, size_t cap)
     return known;
 }
 
-bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap)
+bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap, const char **path)
 {
     pthread_mutex_lock(&s->lock);
     bool ok = launcher_fits(s->o.launcher, s->sched, kind, world, why, cap);
+    *path = sched_slots(s->sched, kind) == 0 ? "device" : "world_size";
     pthread_mutex_unlock(&s->lock);
     return ok;
 }

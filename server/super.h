@@ -79,8 +79,10 @@ ddpd_err super_delete(struct super *s, int64_t job, struct ddpd_error *err);
  * False under Slurm, whose reasons (squeue) are stored. Any thread. */
 bool super_pending_reason(struct super *s, int64_t job, char *buf, size_t cap);
 
-/* False with `why` when a job of `world` ranks on `kind` can never run here. */
-bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap);
+/* False with `why` when a job of `world` ranks on `kind` can never run here, and *path
+ * the spec key to blame: "device" when this server has no slot of that kind at all,
+ * else "world_size". */
+bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap, const char **path);
 device_kind super_default_device(const struct super *s);
 
 /* {"gpus":[{"index":0,"job":7|null},...],"cpu_slots":[...]}: a new reference. */

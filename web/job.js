@@ -1,6 +1,6 @@
 /* job.js — one job's page: its state and progress, the loss chart (with smoothing and the
  * current lr), the eval chart (loss and accuracy of the eval events), the ranks, the spec,
- * the tail of each rank's log, and the buttons (cancel, checkpoint, resubmit, delete).
+ * the tail of each rank's log, and the buttons (cancel, checkpoint, resume, resubmit, delete).
  *
  * Where the chart's points come from:
  *   - a finished job: /metrics, downsampled by the server (a million steps open at once),
@@ -140,7 +140,22 @@
 
     function totalSteps() {
       const b = batches.size ? Math.max(...batches.values()) : null;
-      return job ? U.totalSteps(job.spec, b) : null;
+      return job ? job.total_steps || U.totalSteps(job.spec, b) : null;
+    }
+
+    /* The steps of a failed or cancelled job's checkpoints, read once when it has ended
+     * (null until then): the Resume button shows when there is one. */
+    let ckptSteps = null, ckptAsked = false;
+    function resumable(j) {
+      if (j.state !== 'failed' && j.state !== 'cancelled') return false;
+      if (!ckptAsked) {
+        ckptAsked = true;
+        api.get(`/v1/jobs/${id}/checkpoints`).then(r => {
+          ckptSteps = r.checkpoints.map(c => c.step);
+          if (!gone && job) renderHead();
+        }).catch(() => {});
+      }
+      return !!(ckptSteps && ckptSteps.length);
     }
 
     function renderHead() {
@@ -152,13 +167,18 @@
         el('div', {class: 'buttons'},
           el('button', {type: 'button', id: 'resubmit-btn', onclick: resubmit, title: 'Submit a copy of this spec now'}, 'Resubmit'),
           el('a', {class: 'button', href: '#/submit?from=' + j.id, title: 'Open this spec in the editor'}, 'Edit & resubmit'),
-          el('button', {type: 'button', id: 'checkpoint-btn', onclick: download, title: 'The latest model.safetensors'}, 'Checkpoint'),
+          /* A queued job has written nothing yet. */
+          j.state === 'queued' ? null
+            : el('button', {type: 'button', id: 'checkpoint-btn', onclick: download, title: 'The latest model.safetensors'}, 'Checkpoint'),
+          /* A failed or cancelled job with a checkpoint continues as a new job. */
+          resumable(j) ? el('button', {type: 'button', id: 'resume-btn', onclick: resume,
+            title: `Continue from its checkpoint at step ${ckptSteps[ckptSteps.length - 1]} as a new job`}, 'Resume') : null,
           final ? el('button', {type: 'button', class: 'danger-ghost', id: 'delete-btn', onclick: remove}, 'Delete')
             : el('button', {type: 'button', class: 'danger', id: 'cancel-btn', onclick: cancel}, 'Cancel job')));
       fill(notices,
         j.error && j.error !== j.state ? el('div', {class: 'notice ' + (j.state === 'failed' ? 'notice-error' : 'notice-wait'), id: 'job-error'},
           el('b', {}, j.state === 'failed' ? 'Error: ' : 'Note: '), j.error) : null,
-        j.pending_reason && !final ? el('div', {class: 'notice notice-wait'}, el('b', {}, 'Waiting: '), j.pending_reason) : null);
+        j.pending_reason && !final ? el('div', {class: 'notice notice-wait'}, el('b', {}, 'Queued: '), j.pending_reason) : null);
       const total = totalSteps();
       const item = (k, v) => el('div', {class: 'summary-item'}, el('dt', {}, k), el('dd', {}, v));
       fill(summary,
@@ -335,6 +355,16 @@
         location.hash = '#/jobs';
       } catch (e) {
         U.toast(e.message, 'error');
+      }
+    }
+
+    async function resume() {
+      try {
+        const next = await api.post(`/v1/jobs/${id}/resume`);
+        U.toast(`Job #${id} continues as job #${next.id} from step ${next.resumed_from_step}`, 'ok');
+        location.hash = '#/jobs/' + next.id;
+      } catch (e) {
+        U.toast(`Resume failed: ${e.message}`, 'error');
       }
     }
 

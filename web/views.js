@@ -61,7 +61,8 @@
     const render = (data) => {
       next = data.next;
       const rows = data.jobs.map((j) => {
-        const total = U.totalSteps(j.spec);
+        /* The server's count (file data too: its planner read the files), else the spec's. */
+        const total = j.total_steps || U.totalSteps(j.spec);
         const tr = el('tr', {class: 'job-row state-row-' + j.state, dataset: {jobId: j.id, state: j.state}},
           el('td', {class: 'num'}, el('a', {href: '#/jobs/' + j.id}, '#' + j.id)),
           el('td', {class: 'name'}, el('a', {href: '#/jobs/' + j.id}, j.name || '(unnamed)'),

@@ -66,13 +66,30 @@ static ddpd_err write_one(const char *path, struct model *m, struct optim *o, bo
                           const struct meta_text *meta, int nmeta, struct ddpd_error *err)
 {
     struct dev dev = model_dev(m);
-    int n = state ? optim_state_count(o) : model_param_count(m);
+    const int nt = state ? optim_state_count(o) : model_param_count(m);
+    const int nb = state ? 0 : model_buffer_count(m); /* the model file holds the buffers too */
+    int n = nt + nb;
     struct safetensors_tensor *t = calloc((size_t)n + 1, sizeof *t);
     float **host = calloc((size_t)n + 1, sizeof *host);
     ddpd_err rc = DDPD_ENOMEM;
     if (!t || !host)
         goto out;
-    for (int i = 0; i < n; i++) {
+    for (int i = nt; i < n; i++) {
+        struct model_buffer *b = model_buffer(m, i - nt);
+        snprintf(t[i].name, sizeof t[i].name, "%s", b->name);
+        host[i] = malloc((size_t)(b->numel > 0 ? b->numel : 1) * 8);
+        if (!host[i])
+            goto out;
+        dev.ops->to_host(dev.ctx, host[i], b->data, (size_t)b->numel * (b->i64 ? 8 : 4));
+        /* running_mean, running_var [F] as F32; num_batches_tracked a scalar I64 */
+        t[i].ndim = b->i64 ? 0 : 1;
+        t[i].shape[0] = b->numel;
+        if (b->i64)
+            t[i].i64 = (const int64_t *)(const void *)host[i];
+        else
+            t[i].data = host[i];
+    }
+    for (int i = 0; i < nt; i++) {
         const struct param *like;
         float *d;
         if (state) {
@@ -88,8 +105,8 @@ static ddpd_err write_one(const char *path, struct model *m, struct optim *o, bo
             goto out;
         dev.ops->to_host(dev.ctx, host[i], d, (size_t)like->numel * sizeof(float));
         t[i].ndim = like->ndim;
-        t[i].shape[0] = like->shape[0];
-        t[i].shape[1] = like->shape[1];
+        for (int d = 0; d < like->ndim && d < SAFETENSORS_MAX_DIMS; d++)
+            t[i].shape[d] = like->shape[d];
         t[i].data = host[i];
     }
     rc = safetensors_write(path, t, n, meta->kv, nmeta, err);
@@ -205,6 +222,11 @@ static ddpd_err load_params(struct model *m, const struct safetensors_file *f, c
         int same = t->ndim == p->ndim;
         for (int d = 0; same && d < p->ndim; d++)
             same = t->shape[d] == p->shape[d];
+        if (!same && p->ndim == 4)
+            return ddpd_error_set(err, DDPD_EDATA, path,
+                                  "%s: tensor \"%s\" has the wrong shape (the model's is [%" PRId64
+                                  ", %" PRId64 ", %" PRId64 ", %" PRId64 "])",
+                                  path, p->name, p->shape[0], p->shape[1], p->shape[2], p->shape[3]);
         if (!same) {
             if (p->ndim == 2)
                 return ddpd_error_set(err, DDPD_EDATA, path,
@@ -217,11 +239,41 @@ static ddpd_err load_params(struct model *m, const struct safetensors_file *f, c
         }
         dev.ops->to_device(dev.ctx, p->data, t->data, (size_t)p->numel * sizeof(float));
     }
+    /* Buffers (BatchNorm's running statistics), as load_state_dict(strict=True) wants
+     * them: each with its shape ([F], num_batches_tracked a scalar). */
+    const int nb = model_buffer_count(m);
+    for (int i = 0; i < nb; i++) {
+        struct model_buffer *b = model_buffer(m, i);
+        const struct safetensors_tensor *t = safetensors_get(f, b->name);
+        if (!t)
+            return ddpd_error_set(err, DDPD_EDATA, path, "%s: buffer \"%s\" is missing", path, b->name);
+        int64_t numel = 1;
+        for (int d = 0; d < t->ndim; d++)
+            numel *= t->shape[d];
+        /* A scalar may come as [1]: load_state_dict takes that too (its 0.3 compatibility). */
+        if (numel != b->numel || (b->i64 ? t->ndim > 1 : t->ndim != 1)) {
+            if (b->i64)
+                return ddpd_error_set(err, DDPD_EDATA, path,
+                                      "%s: buffer \"%s\" has the wrong shape (the model's is a scalar, [])",
+                                      path, b->name);
+            return ddpd_error_set(err, DDPD_EDATA, path,
+                                  "%s: buffer \"%s\" has the wrong shape (the model's is [%" PRId64 "])",
+                                  path, b->name, b->numel);
+        }
+        if (b->i64) {
+            const int64_t v = (int64_t)t->data[0];
+            dev.ops->to_device(dev.ctx, b->data, &v, sizeof v);
+        } else {
+            dev.ops->to_device(dev.ctx, b->data, t->data, (size_t)b->numel * sizeof(float));
+        }
+    }
     for (int i = 0; i < safetensors_count(f); i++) {
         const char *name = safetensors_at(f, i)->name;
         int known = 0;
         for (int j = 0; j < np && !known; j++)
             known = strcmp(model_param(m, j)->name, name) == 0;
+        for (int j = 0; j < nb && !known; j++)
+            known = strcmp(model_buffer(m, j)->name, name) == 0;
         if (!known)
             return ddpd_error_set(err, DDPD_EDATA, path, "%s: tensor \"%s\" is not a parameter of this model",
                                   path, name);
@@ -387,6 +439,8 @@ int64_t checkpoint_bytes_bound(struct model *m, struct optim *o)
         const struct param *p = model_param(m, i);
         sum += p->numel * (int64_t)sizeof(float) + CKPT_HEADER_PER_TENSOR;
     }
+    for (int i = 0; i < model_buffer_count(m); i++)
+        sum += model_buffer(m, i)->numel * 8 + CKPT_HEADER_PER_TENSOR;
     for (int i = 0; i < optim_state_count(o); i++) {
         const struct param *like;
         char name[128];

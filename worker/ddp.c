@@ -42,6 +42,10 @@ struct ddp {
                    * tensors are the compute backend's memory, comm.h) */
     int64_t max_bucket;
     int64_t steps; /* synced steps this rank ran itself since the last join */
+    /* buffers (DDP.md §1.3): PyTorch's require_forward_param_sync, true at the start and
+     * after a synced training forward; the next training forward broadcasts them. */
+    bool buf_sync;
+    float live_votes; /* live ranks counted by this forward's notify_live */
 };
 
 int ddp_assign_buckets(const int64_t *bytes, int n, const int64_t *limits, int nlim, int *bucket_of)
@@ -94,7 +98,7 @@ static ddpd_err check_same_model(struct ddp *d, struct ddpd_error *err)
         const struct param *p = model_param(d->m, i);
         shapes[3 * i] = p->ndim;
         shapes[3 * i + 1] = p->shape[0];
-        shapes[3 * i + 2] = p->ndim > 1 ? p->shape[1] : 0;
+        shapes[3 * i + 2] = p->ndim > 1 ? p->numel / p->shape[0] : 0; /* the rest of the shape */
     }
     rc = comm_allgather(d->comm, shapes, bytes, all, err);
     for (int r = 1; !rc && r < W; r++) {
@@ -121,8 +125,31 @@ out:
     return rc;
 }
 
-/* Rank `root`'s parameters to every rank: one broadcast when they are contiguous. */
+/* Rank `root`'s buffers (BatchNorm's running statistics) to every rank, in
+ * registration order. A model without buffers sends nothing. */
+static ddpd_err broadcast_buffers(struct ddp *d, int root, struct ddpd_error *err)
+{
+    for (int i = 0; i < model_buffer_count(d->m); i++) {
+        struct model_buffer *b = model_buffer(d->m, i);
+        ddpd_err rc = comm_broadcast(d->comm, b->data, (size_t)b->numel * (b->i64 ? 8 : 4), root, err);
+        if (rc)
+            return rc;
+    }
+    return DDPD_OK;
+}
+
+static ddpd_err broadcast_params_only(struct ddp *d, int root, struct ddpd_error *err);
+
+/* Rank `root`'s module state (parameters, then buffers) to every rank (DDP.md §1.2 step 3
+ * and the final sync of §4.5). */
 static ddpd_err broadcast_params(struct ddp *d, int root, struct ddpd_error *err)
+{
+    ddpd_err rc = broadcast_params_only(d, root, err);
+    return rc ? rc : broadcast_buffers(d, root, err);
+}
+
+/* Rank `root`'s parameters to every rank: one broadcast when they are contiguous. */
+static ddpd_err broadcast_params_only(struct ddp *d, int root, struct ddpd_error *err)
 {
     const int np = model_param_count(d->m);
     bool contiguous = true;
@@ -196,7 +223,7 @@ static ddpd_err build_buckets(struct ddp *d, struct ddpd_error *err)
     }
     free(offset);
     d->zeros = d->dev.ops->alloc(d->dev.ctx, (size_t)(d->max_bucket ? d->max_bucket : 1) * sizeof(float));
-    d->live = d->dev.ops->alloc(d->dev.ctx, sizeof(float));
+    d->live = d->dev.ops->alloc(d->dev.ctx, 2 * sizeof(float));
     rc = d->zeros && d->live ? DDPD_OK : DDPD_ENOMEM;
 out:
     if (rc) /* a rank out of memory: exit 4 naming the tensor and its size */
@@ -225,6 +252,7 @@ struct ddp *ddp_new(struct model *model, struct comm *comm, const struct ddp_opt
     d->world = comm_world(comm);
     d->rank = comm_rank(comm);
     d->require_sync = true;
+    d->buf_sync = true;
     if (model_param_count(model) == 0) {
         ddpd_error_set(err, DDPD_ESPEC, "model", "DDP needs a model with trainable parameters");
         goto fail;
@@ -275,13 +303,56 @@ static ddpd_err count_live(struct ddp *d, float vote, float *live, struct ddpd_e
     return rc;
 }
 
+/* With buffers, join notifies at every training forward, synced or not, since a no_sync
+ * forward may broadcast buffers too: one all-reduce of [live vote, synced vote] (N1 and
+ * N5 of DDP.md §4.2 in one), paired with a joined rank's [0, 0]. */
+static ddpd_err notify_live(struct ddp *d, float vote, bool synced, float out[2], struct ddpd_error *err)
+{
+    d->dev.ops->fill(d->dev.ctx, d->live, vote, 1);
+    d->dev.ops->fill(d->dev.ctx, d->live + 1, synced ? 1.0f : 0.0f, 1);
+    ddpd_err rc = allreduce_now(d, d->live, 2, err);
+    if (rc == DDPD_OK)
+        d->dev.ops->to_host(d->dev.ctx, out, d->live, 2 * sizeof(float));
+    return rc;
+}
+
+/* DDP.md §1.3: the buffer broadcast at the start of a training forward, from rank 0 or,
+ * in join mode, from the highest rank that has not joined (all-reduce MAX of the rank,
+ * -1 from a joined rank, which receives). Only when the previous training forward was a
+ * synced one; the flag then follows this forward. */
+static ddpd_err sync_buffers(struct ddp *d, bool live, bool synced, struct ddpd_error *err)
+{
+    ddpd_err rc = DDPD_OK;
+    if (d->buf_sync) {
+        int64_t root = 0;
+        if (d->opts.join) {
+            root = live ? d->rank : -1;
+            rc = comm_allreduce_max_i64(d->comm, &root, 1, err);
+        }
+        if (rc == DDPD_OK)
+            rc = broadcast_buffers(d, (int)root, err);
+    }
+    d->buf_sync = synced;
+    return rc;
+}
+
 ddpd_err ddp_forward_begin(struct ddp *d, struct ddpd_error *err)
 {
     d->armed = d->require_sync;
+    if (model_buffer_count(d->m) > 0) {
+        float live[2] = {0, 0};
+        ddpd_err rc = d->opts.join ? notify_live(d, 1.0f, d->armed, live, err) : DDPD_OK;
+        if (rc || (rc = sync_buffers(d, true, d->armed, err)))
+            return rc;
+        d->live_votes = live[0];
+    }
     if (!d->armed)
         return DDPD_OK;
     int divisor = d->world;
-    if (d->opts.join) {
+    if (d->opts.join && model_buffer_count(d->m) > 0) {
+        if (!d->opts.divide_by_initial_world_size)
+            divisor = (int)(d->live_votes + 0.5f);
+    } else if (d->opts.join) {
         /* N1 of DDP.md §4.2, paired with the joined ranks' J1: the count of live ranks. */
         float live;
         ddpd_err rc = count_live(d, 1.0f, &live, err);
@@ -369,16 +440,25 @@ ddpd_err ddp_join_each(struct ddp *d, ddp_step_hook hook, void *ctx, int64_t *sh
                        struct ddpd_error *err)
 {
     ddpd_err rc = DDPD_OK;
-    int64_t n = 0;
+    int64_t n = 0, iters = 0;
+    const bool buffers = model_buffer_count(d->m) > 0;
     if (d->opts.join) {
         for (;;) {
             /* J1: pairs with a live rank's N1; 0 means every rank has joined. */
-            float live;
-            rc = count_live(d, 0.0f, &live, err);
+            float live[2] = {0, 1};
+            rc = buffers ? notify_live(d, 0.0f, false, live, err) : count_live(d, 0.0f, &live[0], err);
             if (rc)
                 goto out;
-            if (live < 0.5f)
+            if (live[0] < 0.5f)
                 break;
+            iters++;
+            /* With buffers: the live ranks' broadcast (received here: this replica's
+             * buffers are overwritten, as PyTorch's joined ranks' are), and a no_sync
+             * forward of theirs is shadowed by nothing more. */
+            if (buffers && (rc = sync_buffers(d, false, live[1] > 0.5f, err)))
+                goto out;
+            if (live[1] < 0.5f)
+                continue;
             /* Shadow the live ranks' bucket all-reduces with zeros, in bucket order. */
             for (int b = 0; b < d->nbuckets; b++) {
                 d->dev.ops->fill(d->dev.ctx, d->zeros, 0.0f, d->buckets[b].numel);
@@ -394,7 +474,7 @@ ddpd_err ddp_join_each(struct ddp *d, ddp_step_hook hook, void *ctx, int64_t *sh
     }
     /* Final sync (DDP.md §4.5): the last joiner is the highest rank among those that
      * shadowed nothing, i.e. ran the most steps. */
-    int64_t auth = n == 0 ? d->rank : -1;
+    int64_t auth = iters == 0 ? d->rank : -1;
     rc = comm_allreduce_max_i64(d->comm, &auth, 1, err);
     if (rc)
         goto out;
@@ -421,6 +501,16 @@ ddpd_err ddp_eval_params(struct ddp *d, bool live, struct ddpd_error *err)
         /* A parameter is never larger than its bucket, nor the scratch than the largest. */
         float *dst = live && d->rank != root ? d->zeros : p->data;
         if ((rc = comm_broadcast(d->comm, dst, (size_t)p->numel * sizeof(float), root, err)))
+            return rc;
+    }
+    /* The buffers too (BatchNorm's running statistics are what eval normalises with). */
+    for (int i = 0; i < model_buffer_count(d->m); i++) {
+        struct model_buffer *b = model_buffer(d->m, i);
+        const size_t bytes = (size_t)b->numel * (b->i64 ? 8 : 4);
+        /* The scratch holds the largest bucket: at least BatchNorm's weight and bias,
+         * so any of its buffers. */
+        void *dst = live && d->rank != root ? (void *)d->zeros : b->data;
+        if ((rc = comm_broadcast(d->comm, dst, bytes, root, err)))
             return rc;
     }
     return DDPD_OK;

@@ -37,16 +37,20 @@ struct ddp;
 
 /* Construction, collective on every rank (DDP.md §1.2): all-gathers the parameter count
  * and the shapes and fails on every rank with the same message when any rank's model
- * differs; broadcasts rank 0's parameters (unless opts->keep_params); lays gradients out as views into flat
- * buckets over the parameters in reverse registration order (first bucket <= 1 MiB, then bucket_cap_mb).
- * `model` and `comm` are borrowed and must outlive the ddp. */
+ * differs; broadcasts rank 0's parameters and buffers (unless opts->keep_params); lays gradients out as views
+ * into flat buckets over the parameters in reverse registration order (first bucket <= 1 MiB, then
+ * bucket_cap_mb). `model` and `comm` are borrowed and must outlive the ddp. */
 struct ddp *ddp_new(struct model *model, struct comm *comm, const struct ddp_opts *opts,
                     struct ddpd_error *err);
 void ddp_free(struct ddp *d);
 
-/* Call before each forward. Decides, as PyTorch does at forward time, whether the
- * following backward is reduced: it is unless a no_sync scope is open. In join mode a
- * synced forward also tells the joined ranks that one more synced step is coming. */
+/* Call before each training forward. Decides, as PyTorch does at forward time, whether
+ * the following backward is reduced: it is unless a no_sync scope is open. In join mode a
+ * synced forward also tells the joined ranks that one more synced step is coming. A model
+ * with buffers (BatchNorm) has them broadcast here when the previous training forward was
+ * a synced one (DDP.md §1.3): from rank 0, or in join mode from the highest live rank,
+ * and then in join mode every forward, synced or not, notifies the joined ranks (which
+ * receive the broadcasts). Not for eval forwards. */
 ddpd_err ddp_forward_begin(struct ddp *d, struct ddpd_error *err);
 
 /* The model's gradient-ready hook (model.h): pass it with the ddp as ctx to
@@ -64,7 +68,7 @@ void ddp_no_sync_exit(struct ddp *d, bool prev);
 
 /* Join, called by a rank whose loop has run out of batches (join mode): shadows the
  * other ranks' synced steps with zero buckets until every rank has joined, then
- * broadcasts the parameters from the last joiner (the highest rank among those that ran
+ * broadcasts the parameters and buffers from the last joiner (the highest rank among those that ran
  * the most steps) so that all replicas are equal. *shadowed = steps shadowed here. In
  * non-join mode only the final parameter sync runs. */
 ddpd_err ddp_join(struct ddp *d, int64_t *shadowed, struct ddpd_error *err);

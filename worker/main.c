@@ -60,7 +60,7 @@ static void on_sigterm(int sig)
 static void usage(FILE *f)
 {
     fputs("usage: ddpd-worker               read one job document on stdin and run one rank\n"
-          "       ddpd-worker --devices     print the visible CUDA devices as JSON\n"
+          "       ddpd-worker --devices     print the visible CUDA devices as JSON ([] for none)\n"
           "       ddpd-worker --issue-id cpu|nccl  print a rendezvous id and serve its root until\n"
           "                                 stdin closes\n"
           "       ddpd-worker --plan        read {spec, data_dir, world_size[, max_rank_memory]} lines on\n"
@@ -126,38 +126,71 @@ static char *read_stdin(size_t *len, struct ddpd_error *err)
     return buf;
 }
 
+/* Whether `name` is a buffer of one of the spec's batchnorm layers ("3.running_var"). */
+static bool is_buffer_name(const struct spec *spec, const char *name)
+{
+    static const char *const suffixes[] = {"running_mean", "running_var", "num_batches_tracked"};
+    for (int i = 0; i < spec->n_layers; i++) {
+        const struct spec_layer *l = &spec->layers[i];
+        const size_t k = strlen(l->key);
+        if (l->kind != LAYER_BATCHNORM || strncmp(name, l->key, k) != 0 || name[k] != '.')
+            continue;
+        for (size_t j = 0; j < sizeof suffixes / sizeof suffixes[0]; j++)
+            if (strcmp(name + k + 1, suffixes[j]) == 0)
+                return true;
+    }
+    return false;
+}
+
 /* init.from against the model, from the file's header alone: every parameter there with
  * its shape, nothing else (what checkpoint_load_weights would refuse in every rank). */
-static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, struct ddpd_error *err)
+static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, const char *init_path,
+                               struct ddpd_error *err)
 {
-    char path[4096];
+    char path[4096], shown[SPEC_PATH_MAX];
     struct param params[SPEC_MAX_PARAMS];
     struct safetensors_file *f = NULL;
-    ddpd_err rc = data_path_resolve(data_dir, "init.from", spec->init_from, path, sizeof path, err);
+    const char *key = spec->init_from_job > 0 ? "init.from_job" : "init.from";
+    ddpd_err rc = DDPD_OK;
+    if (spec->init_from_job > 0) {
+        /* The server resolved it in its jobs folder: named as the job, not the path. */
+        if (!init_path[0])
+            return ddpd_error_set(err, DDPD_ESPEC, key,
+                                  "init.from_job: only ddpd serve can find another job's weights (ddpd run "
+                                  "takes init.from with a file)");
+        snprintf(path, sizeof path, "%s", init_path);
+        snprintf(shown, sizeof shown, "job %" PRId64 "'s weights", spec->init_from_job);
+    } else {
+        rc = data_path_resolve(data_dir, "init.from", spec->init_from, path, sizeof path, err);
+        snprintf(shown, sizeof shown, "%s", spec->init_from);
+    }
     if (rc)
         return rc;
     int np = model_spec_params(spec, params);
     if (np < 0)
-        return ddpd_error_set(err, DDPD_ENOMEM, "init.from", "out of memory checking init.from");
+        return ddpd_error_set(err, DDPD_ENOMEM, key, "out of memory checking init.from");
     if (!(f = safetensors_read_header(path, err))) {
         /* Name the field and the file as the spec gives it, not the server's path. */
         char msg[sizeof err->message];
         const char *rest = strstr(err->message, ": ");
         snprintf(msg, sizeof msg, "%s", rest ? rest + 2 : err->message);
-        return ddpd_error_set(err, DDPD_ESPEC, "init.from", "init.from: %s: %s", spec->init_from, msg);
+        return ddpd_error_set(err, DDPD_ESPEC, key, "%s: %s: %s", key, shown, msg);
     }
     rc = DDPD_OK;
     for (int i = 0; i < np && !rc; i++) {
         const struct param *p = &params[i];
         const struct safetensors_tensor *t = safetensors_get(f, p->name);
         char want[64], got[96];
-        snprintf(want, sizeof want, p->ndim == 2 ? "[%" PRId64 ", %" PRId64 "]" : "[%" PRId64 "]",
-                 p->shape[0], p->shape[1]);
+        size_t w = (size_t)snprintf(want, sizeof want, "[");
+        for (int d = 0; d < p->ndim && w < sizeof want; d++)
+            w += (size_t)snprintf(want + w, sizeof want - w, d ? ", %" PRId64 : "%" PRId64, p->shape[d]);
+        if (w < sizeof want)
+            snprintf(want + w, sizeof want - w, "]");
         if (!t) {
-            rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
-                                "init.from: %s has no tensor \"%s\" (the model's %s %s of layer %s)",
-                                spec->init_from, p->name, p->name + strlen(spec->layers[p->layer].key) + 1,
-                                want, spec->layers[p->layer].key);
+            rc = ddpd_error_set(err, DDPD_ESPEC, key,
+                                "%s: %s has no tensor \"%s\" (the model's %s %s of layer %s)", key, shown,
+                                p->name, p->name + strlen(spec->layers[p->layer].key) + 1, want,
+                                spec->layers[p->layer].key);
             break;
         }
         bool same = t->ndim == p->ndim;
@@ -170,19 +203,30 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, st
             o += (size_t)snprintf(got + o, sizeof got - o, d ? ", %" PRId64 : "%" PRId64, t->shape[d]);
         if (o < sizeof got)
             snprintf(got + o, sizeof got - o, "]");
-        rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
-                            "init.from: %s: tensor \"%s\" has shape %s but model[%d]'s is %s",
-                            spec->init_from, p->name, got, p->layer, want);
+        rc = ddpd_error_set(err, DDPD_ESPEC, key, "%s: %s: tensor \"%s\" has shape %s but model[%d]'s is %s",
+                            key, shown, p->name, got, p->layer, want);
     }
+    /* BatchNorm's buffers, which the ranks load too (load_state_dict(strict=True)). */
+    static const char *const buffers[] = {"running_mean", "running_var", "num_batches_tracked"};
+    for (int i = 0; i < spec->n_layers && !rc; i++)
+        for (size_t j = 0; spec->layers[i].kind == LAYER_BATCHNORM && j < 3 && !rc; j++) {
+            char name[128];
+            snprintf(name, sizeof name, "%s.%s", spec->layers[i].key, buffers[j]);
+            if (!safetensors_get(f, name))
+                rc = ddpd_error_set(err, DDPD_ESPEC, key,
+                                    "%s: %s has no tensor \"%s\" (the buffer %s of batchnorm layer %s)", key,
+                                    shown, name, buffers[j], spec->layers[i].key);
+        }
     for (int i = 0; i < safetensors_count(f) && !rc; i++) {
         const char *name = safetensors_at(f, i)->name;
         bool known = false;
         for (int j = 0; j < np && !known; j++)
             known = strcmp(params[j].name, name) == 0;
+        known = known || is_buffer_name(spec, name);
         if (!known)
-            rc = ddpd_error_set(err, DDPD_ESPEC, "init.from",
-                                "init.from: %s: tensor \"%.100s\" is not a parameter of this model",
-                                spec->init_from, name);
+            rc = ddpd_error_set(err, DDPD_ESPEC, key,
+                                "%s: %s: tensor \"%.100s\" is not a parameter of this model", key, shown,
+                                name);
     }
     safetensors_free(f);
     return rc;
@@ -222,8 +266,8 @@ static void plan_one(const char *line, size_t len)
         rc = spec_memory_check(spec, &mem, req.max_rank_memory, "the server's --max-rank-memory", DDPD_ESPEC,
                                &err);
     }
-    if (rc == DDPD_OK && spec->init_from[0])
-        rc = plan_init_from(spec, data_dir, &err);
+    if (rc == DDPD_OK && (spec->init_from[0] || spec->init_from_job > 0))
+        rc = plan_init_from(spec, data_dir, req.init_path, &err);
     if (rc == DDPD_OK)
         rc = train_check_eval_data(spec, data_dir, req.world_size, &err);
     memset(&ans, 0, sizeof ans);
@@ -248,10 +292,10 @@ static void plan_one(const char *line, size_t len)
     fflush(stdout);
 }
 
-/* --devices: the visible CUDA devices as one JSON array line, nothing when there are none
+/* --devices: the visible CUDA devices as one JSON array line, `[]` when there are none
  * (the server reads the array's entries, serve.c). The server runs this at every start:
  * without an NVIDIA driver, dev_cuda_device_count answers 0 before loading the CUDA
- * module, so it costs nothing on a CPU host; without the module it also prints nothing. */
+ * module, so it costs nothing on a CPU host; without a loadable module it prints `[]` too. */
 static int devices_main(void)
 {
     int n = dev_cuda_device_count();
@@ -259,8 +303,6 @@ static int devices_main(void)
     /* A driver but no loadable module: say why on stderr (the server's log), not stdout. */
     if (n == 0 && dev_cuda_driver_present() && !dev_cuda_load(&err))
         fprintf(stderr, "ddpd-worker --devices: %s\n", err.message);
-    if (n == 0)
-        return 0;
     json_t *arr = json_array();
     for (int i = 0; i < n; i++) {
         struct dev_cuda_info info;
@@ -469,6 +511,7 @@ int main(int argc, char **argv)
         .data_dir = jd.data_dir[0] ? jd.data_dir : ".",
         .out_dir = jd.out_dir[0] ? jd.out_dir : "var/run",
         .resume = jd.resume[0] ? jd.resume : NULL,
+        .init_path = jd.init_path[0] ? jd.init_path : NULL,
         .disk_quota = jd.disk_quota,
         .cancel = &cancelled,
         .in_loop = &in_loop,

@@ -62,7 +62,12 @@ const struct layer_ops *layer_ops_of(layer_kind k)
     case LAYER_LAYERNORM: return &layer_layernorm;
     case LAYER_ATTENTION: return &layer_attention;
     case LAYER_DROPOUT: return &layer_dropout;
-    default: return NULL; /* residual: run here; conv2d, pooling, batchnorm, flatten: issue 18 */
+    case LAYER_CONV2D: return &layer_conv2d;
+    case LAYER_MAXPOOL2D: return &layer_maxpool2d;
+    case LAYER_AVGPOOL2D: return &layer_avgpool2d;
+    case LAYER_BATCHNORM: return &layer_batchnorm;
+    case LAYER_FLATTEN: return &layer_flatten;
+    default: return NULL; /* residual: run here */
     }
 }
 
@@ -91,8 +96,12 @@ static void layer_params(const struct spec_layer *sl, int index, struct param *o
         p->layer = index;
         p->ndim = lp[j].ndim;
         p->shape[0] = lp[j].shape[0];
-        p->shape[1] = lp[j].ndim == 2 ? lp[j].shape[1] : 0;
-        p->numel = lp[j].ndim == 2 ? lp[j].shape[0] * lp[j].shape[1] : lp[j].shape[0];
+        p->numel = 1;
+        for (int d = 0; d < 4; d++) {
+            p->shape[d] = d < lp[j].ndim ? lp[j].shape[d] : 0;
+            if (d < lp[j].ndim)
+                p->numel *= lp[j].shape[d];
+        }
     }
 }
 
@@ -147,6 +156,21 @@ static const char *missing_op(const struct dev_ops *o, const struct spec_layer *
     case LAYER_RESIDUAL: return !o->add ? "add" : NULL;
     case LAYER_DROPOUT:
         return sl->p <= 0.0 ? NULL : !o->dropout_mask ? "dropout_mask" : !o->mul ? "mul" : NULL;
+    case LAYER_CONV2D:
+        return !o->gemm_batched ? "gemm_batched" : !o->im2col ? "im2col" : !o->col2im ? "col2im" : NULL;
+    case LAYER_MAXPOOL2D:
+        return !o->maxpool2d_forward    ? "maxpool2d_forward"
+               : !o->maxpool2d_backward ? "maxpool2d_backward"
+                                        : NULL;
+    case LAYER_AVGPOOL2D:
+        return !o->avgpool2d_forward    ? "avgpool2d_forward"
+               : !o->avgpool2d_backward ? "avgpool2d_backward"
+                                        : NULL;
+    case LAYER_BATCHNORM:
+        return !o->batchnorm_forward_train  ? "batchnorm_forward_train"
+               : !o->batchnorm_forward_eval ? "batchnorm_forward_eval"
+               : !o->batchnorm_backward     ? "batchnorm_backward"
+                                            : NULL;
     default: return NULL;
     }
 }
@@ -246,7 +270,7 @@ struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max
                 b->index = m->n_buffers++;
                 b->layer = i;
                 b->i64 = i64[j];
-                b->numel = lb[j].ndim == 2 ? lb[j].shape[0] * lb[j].shape[1] : lb[j].shape[0];
+                b->numel = lb[j].shape[0]; /* buffers are vectors or scalars */
             }
         }
         n->nb = m->n_buffers - n->b0;
@@ -399,6 +423,29 @@ struct model_buffer *model_buffer(struct model *m, int i)
 void model_set_training(struct model *m, bool training)
 {
     m->training = training;
+}
+
+ddpd_err model_check_batch(const struct model *m, int64_t batch, struct ddpd_error *err)
+{
+    if (!m->training)
+        return DDPD_OK;
+    for (int i = 0; i < m->n_layers; i++) {
+        const struct spec_layer *sl = &m->sl[i];
+        const int64_t per_channel = sl->dim > 0 ? batch * (m->nodes[i].in_numel / sl->dim) : 0;
+        if (sl->kind != LAYER_BATCHNORM || per_channel > 1)
+            continue;
+        char size[96];
+        int o = snprintf(size, sizeof size, "[%" PRId64, batch);
+        for (int d = 0; d < sl->in_rank && o > 0 && (size_t)o < sizeof size; d++)
+            o += snprintf(size + o, sizeof size - (size_t)o, ", %" PRId64, sl->in_shape[d]);
+        if (o > 0 && (size_t)o < sizeof size - 1)
+            snprintf(size + o, sizeof size - (size_t)o, "]");
+        return ddpd_error_set(err, DDPD_EDATA, "model",
+                              "model layer %s (batchnorm): Expected more than 1 value per channel when "
+                              "training, got input size %s",
+                              sl->key, size);
+    }
+    return DDPD_OK;
 }
 
 void model_set_rank(struct model *m, int rank)

@@ -18,8 +18,8 @@ struct param {
     char name[64]; /* "0.weight", "2.1.qkv.weight" */
     int index;     /* position in registration order */
     int layer;     /* index into the spec's layers (the flat preorder list) */
-    int ndim;      /* 2 for weights [out,in], 1 for biases [out] */
-    int64_t shape[2];
+    int ndim;      /* 2 for weights [out,in], 1 for biases [out], 4 for conv2d [out,in,kh,kw] */
+    int64_t shape[4];
     int64_t numel;
     float *data; /* device memory, owned by the model */
     float *grad; /* device memory; owned by the model unless re-pointed (see below) */
@@ -85,6 +85,12 @@ void model_set_position(struct model *m, int64_t step, int64_t micro);
  * (spec_input_ids). Returns the output [B, output shape] (borrowed: valid until the
  * next forward). Keeps the activations backward needs. */
 const float *model_forward(struct model *m, const void *x, int64_t batch);
+
+/* Whether a training forward of `batch` rows can run: BatchNorm needs more than one
+ * value per channel (batch * H * W > 1), as PyTorch, which raises "Expected more than 1
+ * value per channel when training". DDPD_EDATA naming the layer and the input size
+ * when it cannot; DDPD_OK in eval mode. */
+ddpd_err model_check_batch(const struct model *m, int64_t batch, struct ddpd_error *err);
 
 /* Training mode (the default) or eval mode, as nn.Module.train(training): dropout and
  * BatchNorm act by it. */

@@ -99,6 +99,20 @@ static bool put_f32(FILE *fp, const float *v, int64_t n)
     return true;
 }
 
+static bool put_i64(FILE *fp, const int64_t *v, int64_t n)
+{
+    unsigned char buf[4096];
+    for (int64_t i = 0; i < n;) {
+        int64_t k = 0;
+        for (; k < (int64_t)sizeof buf / 8 && i < n; k++, i++)
+            for (int j = 0; j < 8; j++)
+                buf[8 * k + j] = (unsigned char)((uint64_t)v[i] >> (8 * j));
+        if (fwrite(buf, 8, (size_t)k, fp) != (size_t)k)
+            return false;
+    }
+    return true;
+}
+
 /* fsyncs the directory holding `path`, so that the rename survives a crash. */
 static int fsync_parent(const char *path)
 {
@@ -153,14 +167,15 @@ static json_t *header_json(const struct safetensors_tensor **sorted, int n,
             json_decref(offs);
             goto nomem;
         }
-        json_object_set_new(e, "dtype", json_string("F32"));
+        const int64_t size = t->i64 ? 8 : 4;
+        json_object_set_new(e, "dtype", json_string(t->i64 ? "I64" : "F32"));
         json_object_set_new(e, "shape", shape);
         json_object_set_new(e, "data_offsets", offs);
         for (int d = 0; d < t->ndim; d++)
             json_array_append_new(shape, json_integer(t->shape[d]));
         json_array_append_new(offs, json_integer(off));
-        json_array_append_new(offs, json_integer(off + numel * 4));
-        off += numel * 4;
+        json_array_append_new(offs, json_integer(off + numel * size));
+        off += numel * size;
         if (json_object_set_new(root, t->name, e) != 0) {
             json_decref(root);
             fail(err, DDPD_EINTERNAL, path, "tensor name \"%s\" is not UTF-8", t->name);
@@ -194,10 +209,10 @@ ddpd_err safetensors_write(const char *path, const struct safetensors_tensor *t,
         int64_t numel;
         if (!memchr(t[i].name, '\0', sizeof t[i].name) || !t[i].name[0] ||
             strcmp(t[i].name, "__metadata__") == 0 || t[i].ndim < 0 || t[i].ndim > SAFETENSORS_MAX_DIMS ||
-            !shape_numel(t[i].ndim, t[i].shape, &numel) || (numel > 0 && !t[i].data) ||
-            numel > (INT64_MAX - total) / 4)
+            !shape_numel(t[i].ndim, t[i].shape, &numel) || (numel > 0 && !t[i].data && !t[i].i64) ||
+            numel > (INT64_MAX - total) / 8)
             return fail(err, DDPD_EINTERNAL, path, "tensor %d is not a valid tensor", i);
-        total += numel * 4;
+        total += numel * (t[i].i64 ? 8 : 4);
     }
     sorted = malloc((size_t)(n > 0 ? n : 1) * sizeof *sorted);
     if (!sorted) {
@@ -244,7 +259,7 @@ ddpd_err safetensors_write(const char *path, const struct safetensors_tensor *t,
     for (int i = 0; i < n; i++) {
         int64_t numel = 0;
         shape_numel(sorted[i]->ndim, sorted[i]->shape, &numel);
-        if (!put_f32(fp, sorted[i]->data, numel))
+        if (sorted[i]->i64 ? !put_i64(fp, sorted[i]->i64, numel) : !put_f32(fp, sorted[i]->data, numel))
             goto io;
     }
     if (fflush(fp) != 0 || fsync(fileno(fp)) != 0)
@@ -277,7 +292,7 @@ struct dtype {
     int size;
 };
 
-static const struct dtype dtypes[] = {{"F32", 4}, {"F64", 8}, {"F16", 2}, {"BF16", 2}};
+static const struct dtype dtypes[] = {{"F32", 4}, {"F64", 8}, {"F16", 2}, {"BF16", 2}, {"I64", 8}};
 
 /* What safetensors_read learns of one tensor before reading its data. */
 struct entry {
@@ -315,7 +330,9 @@ static void convert(const struct dtype *dt, const unsigned char *p, float *out, 
         uint64_t bits = 0;
         for (int j = dt->size - 1; j >= 0; j--)
             bits = bits << 8 | p[j];
-        if (dt->size == 8) {
+        if (dt->name[0] == 'I') {
+            out[i] = (float)(int64_t)bits;
+        } else if (dt->size == 8) {
             double d;
             memcpy(&d, &bits, 8);
             out[i] = f64_to_f32(d);
@@ -360,8 +377,9 @@ static ddpd_err parse_entry(const char *path, const char *name, json_t *v, int64
             e->dt = &dtypes[i];
     if (!e->dt)
         return fail(err, DDPD_EDATA, path,
-                    "tensor \"%s\": dtype \"%.32s\" is not supported (F32, F64, F16 and BF16 are)", name,
+                    "tensor \"%s\": dtype \"%.32s\" is not supported (F32, F64, F16, BF16 and I64 are)", name,
                     json_string_value(dt));
+    t->was_i64 = e->dt->name[0] == 'I';
     if (!json_is_array(shape))
         return fail(err, DDPD_EDATA, path, "tensor \"%s\": \"shape\" is missing or not an array", name);
     if (json_array_size(shape) > SAFETENSORS_MAX_DIMS)

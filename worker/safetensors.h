@@ -4,6 +4,7 @@
 #ifndef DDPD_SAFETENSORS_H
 #define DDPD_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,6 +18,11 @@ struct safetensors_tensor {
     int ndim;
     int64_t shape[SAFETENSORS_MAX_DIMS];
     float *data; /* write: borrowed; read: owned by the safetensors_file */
+    /* write: when not NULL, the tensor is written from these as dtype I64 (BatchNorm's
+     * num_batches_tracked) and `data` is unused; read: NULL (an I64 tensor is read
+     * into `data` as floats, exact below 2^24, with `was_i64` set). */
+    const int64_t *i64;
+    bool was_i64;
 };
 
 /* `meta` holds n_meta key/value string pairs for "__metadata__" (may be 0). */
@@ -33,7 +39,7 @@ ddpd_err safetensors_write(const char *path, const struct safetensors_tensor *t,
 struct safetensors_file;
 
 /* Reads and checks a whole file: header length within the file, valid JSON, every
- * tensor F32 (F64/F16/BF16 are converted to float32), offsets inside the data and
+ * tensor F32 (F64/F16/BF16 and I64 are converted to float32), offsets inside the data and
  * not overlapping, shapes matching byte sizes. NULL with DDPD_EDATA naming the file and
  * what was wrong. Caller frees with safetensors_free. */
 struct safetensors_file *safetensors_read(const char *path, struct ddpd_error *err);

@@ -9,6 +9,7 @@
 #include "train.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -188,6 +189,9 @@ static ddpd_err micro_batch(struct run *r, int64_t b, int64_t j, bool sync, int6
             *err = *dataset_error(r->ds);
         return dataset_error(r->ds)->code;
     }
+    ddpd_err brc = model_check_batch(r->m, rows, err);
+    if (brc)
+        return brc;
     ops->to_device(ctx, r->x, r->hx, (size_t)(rows * r->in) * sizeof(float));
 
     bool prev = false;
@@ -700,6 +704,22 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
             return rc;
         emit_log("resumed from %s at step %" PRId64 " (epoch %" PRId64 ", step %" PRId64 " of the epoch)",
                  cfg->resume, pos->step, pos->epoch, pos->epoch_step);
+    } else if (s->init_from_job > 0) {
+        /* Another job's weights: a path the server resolved in its own jobs folder (never
+         * one from the spec), handed over in the stdin document. */
+        char name[64];
+        snprintf(name, sizeof name, "job %" PRId64 "'s weights", s->init_from_job);
+        if (!cfg->init_path || !cfg->init_path[0])
+            return ddpd_error_set(err, DDPD_ESPEC, "init.from_job",
+                                  "init.from_job: only ddpd serve can find another job's weights (ddpd run "
+                                  "takes init.from with a file)");
+        int fd = open(cfg->init_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0)
+            return ddpd_error_set(err, DDPD_EDATA, "init.from_job", "init.from_job: %s: %s", name,
+                                  errno == ENOENT ? "gone (the job was deleted, or its checkpoint pruned)"
+                                                  : strerror(errno));
+        if ((rc = checkpoint_load_weights_fd(r->m, fd, name, err)))
+            return rc;
     } else if (s->init_from[0]) {
         /* Opened beneath the data directory in one step, as the data files are: nothing
          * swapped in between a check and the open can lead out of it. */

@@ -98,7 +98,7 @@ def open_stalled(port, path, n):
 def streams_open(server):
     text = requests.get(f"{server.url}/metrics", timeout=10).text
     for line in text.splitlines():
-        if line.startswith("ddpd_http_streams_open "):
+        if line.startswith("ddpd_stream_subscribers "):
             return int(float(line.split()[1]))
     return -1
 

@@ -118,6 +118,7 @@ class Server:
         self.jobs_dir = self.db.parent / "jobs"
         self.data_dir = Path(data_dir) if data_dir else self.root / "data"
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # ddpd serve makes no folder for a --db
         self.cpu_slots = cpu_slots
         self.token = token
         self.token_file = None

@@ -46,6 +46,13 @@ def build(model):
             y = y.transpose(1, 2).contiguous().view(B, T, C)
             return self.proj(y)
 
+    class BatchNorm(nn.modules.batchnorm._BatchNorm):
+        """nn.BatchNorm1d on [B, F] and nn.BatchNorm2d on [B, F, H, W], as ddpd's batchnorm."""
+
+        def _check_input_dim(self, x):
+            if x.dim() not in (2, 4):
+                raise ValueError(f"expected 2D or 4D input (got {x.dim()}D input)")
+
     def one(l):
         t = l["type"]
         if t == "linear":
@@ -70,6 +77,17 @@ def build(model):
             return Residual(*[one(i) for i in l["layers"]])
         if t == "dropout":
             return nn.Dropout(l["p"])
+        if t == "conv2d":
+            return nn.Conv2d(l["in"], l["out"], l["kernel"], stride=l.get("stride", 1), padding=l.get("padding", 0),
+                             bias=l.get("bias", True))
+        if t == "maxpool2d":
+            return nn.MaxPool2d(l["kernel"], stride=l.get("stride"), padding=l.get("padding", 0))
+        if t == "avgpool2d":
+            return nn.AvgPool2d(l["kernel"], stride=l.get("stride"), padding=l.get("padding", 0))
+        if t == "batchnorm":
+            return BatchNorm(l["features"], eps=l.get("eps", 1e-5), momentum=l.get("momentum", 0.1))
+        if t == "flatten":
+            return nn.Flatten()
         raise ValueError(f"no PyTorch module for layer type {t!r}")
 
     return nn.Sequential(*[one(l) for l in model]).float()

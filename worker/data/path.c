@@ -231,15 +231,21 @@ static int path_open(const char *data_dir, const char *field, const char *given,
                    "\"%s\" is an absolute path; data paths are relative to the data directory", given);
         goto out;
     }
+    bool names_a_file = false; /* a part other than "." */
     for (const char *c = name; *c;) {
         size_t len = strcspn(c, "/");
         if (len == 2 && c[0] == '.' && c[1] == '.') {
             data__fail(err, DDPD_ESPEC, field, "\"%s\" leaves the data directory", given);
             goto out;
         }
+        names_a_file |= len > 0 && !(len == 1 && c[0] == '.');
         c += len;
         while (*c == '/')
             c++;
+    }
+    if (!names_a_file) {
+        data__fail(err, DDPD_ESPEC, field, "\"%s\" is the data directory itself; name a file in it", given);
+        goto out;
     }
     root = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (root < 0) {

@@ -31,13 +31,30 @@ void cpu_im2col(void *ctx, float *col, const float *x, int64_t b, int64_t c, int
         for (int64_t ki = 0; ki < win->kh; ki++)
             for (int64_t kj = 0; kj < win->kw; kj++) {
                 float *row = rows + (ki * win->kw + kj) * oh * ow;
+                /* The outputs ox in [x0, x1) read inside the image: ix = ox*sw - pw + kj in [0, w). */
+                const int64_t off = kj - win->pw;
+                int64_t x0 = off >= 0 ? 0 : (-off + win->sw - 1) / win->sw;
+                int64_t x1 = w - off <= 0 ? 0 : (w - off + win->sw - 1) / win->sw;
+                x0 = x0 < ow ? x0 : ow;
+                x1 = x1 < ow ? x1 : ow;
+                x1 = x1 > x0 ? x1 : x0;
                 for (int64_t oy = 0; oy < oh; oy++) {
                     const int64_t iy = oy * win->sh - win->ph + ki;
-                    for (int64_t ox = 0; ox < ow; ox++) {
-                        const int64_t ix = ox * win->sw - win->pw + kj;
-                        row[oy * ow + ox] =
-                            iy >= 0 && iy < h && ix >= 0 && ix < w ? plane[iy * w + ix] : 0.0f;
+                    float *r = row + oy * ow;
+                    if (iy < 0 || iy >= h) {
+                        memset(r, 0, (size_t)ow * sizeof *r);
+                        continue;
                     }
+                    const int64_t base = iy * w + off; /* + ox*sw: in the image for ox in [x0, x1) */
+                    for (int64_t ox = 0; ox < x0; ox++)
+                        r[ox] = 0.0f;
+                    if (win->sw == 1 && x1 > x0)
+                        memcpy(r + x0, plane + base + x0, (size_t)(x1 - x0) * sizeof *r);
+                    else
+                        for (int64_t ox = x0; ox < x1; ox++)
+                            r[ox] = plane[base + ox * win->sw];
+                    for (int64_t ox = x1; ox < ow; ox++)
+                        r[ox] = 0.0f;
                 }
             }
     }
@@ -56,15 +73,20 @@ void cpu_col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t c, in
         for (int64_t ki = 0; ki < win->kh; ki++)
             for (int64_t kj = 0; kj < win->kw; kj++) {
                 const float *row = rows + (ki * win->kw + kj) * oh * ow;
+                /* As im2col: only the outputs ox in [x0, x1) came from inside the image. */
+                const int64_t off = kj - win->pw;
+                int64_t x0 = off >= 0 ? 0 : (-off + win->sw - 1) / win->sw;
+                int64_t x1 = w - off <= 0 ? 0 : (w - off + win->sw - 1) / win->sw;
+                x0 = x0 < ow ? x0 : ow;
+                x1 = x1 < ow ? x1 : ow;
                 for (int64_t oy = 0; oy < oh; oy++) {
                     const int64_t iy = oy * win->sh - win->ph + ki;
                     if (iy < 0 || iy >= h)
                         continue;
-                    for (int64_t ox = 0; ox < ow; ox++) {
-                        const int64_t ix = ox * win->sw - win->pw + kj;
-                        if (ix >= 0 && ix < w)
-                            plane[iy * w + ix] += row[oy * ow + ox];
-                    }
+                    const int64_t base = iy * w + off;
+                    const float *r = row + oy * ow;
+                    for (int64_t ox = x0; ox < x1; ox++)
+                        plane[base + ox * win->sw] += r[ox];
                 }
             }
     }

@@ -43,7 +43,7 @@ struct layer_env {
 struct lparam {
     const char *suffix; /* "weight", "qkv.bias" */
     int ndim;
-    int64_t shape[2];
+    int64_t shape[4];
 };
 
 struct layer_ops {
@@ -73,7 +73,8 @@ struct layer_ops {
 const struct layer_ops *layer_ops_of(layer_kind k);
 
 extern const struct layer_ops layer_linear, layer_activation, layer_embedding, layer_position,
-    layer_layernorm, layer_attention, layer_dropout;
+    layer_layernorm, layer_attention, layer_dropout, layer_conv2d, layer_maxpool2d, layer_avgpool2d,
+    layer_batchnorm, layer_flatten;
 
 /* ---- helpers the families share ---- */
 

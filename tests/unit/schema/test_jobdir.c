@@ -304,6 +304,67 @@ static void test_latest_ckpt(void)
     CHECK(!jobdir_latest_ckpt(d, path, sizeof path));
 }
 
+/* Every complete checkpoint, oldest first (numerically, not as names sort). */
+static void test_ckpt_list(void)
+{
+    char out[4096];
+    int64_t *steps;
+    size_t n;
+    fresh(out, sizeof out, "list");
+    CHECK(jobdir_ckpt_list(out, &steps, &n));
+    CHECK_EQ_INT(n, 0);
+    CHECK(steps == NULL);
+    put_ckpt(out, "ckpt-100", 1);
+    put_ckpt(out, "ckpt-20", 1);
+    put_ckpt(out, "ckpt-5", 1);
+    put_ckpt(out, "ckpt-300.tmp", 1);
+    char d[8192];
+    snprintf(d, sizeof d, "%s/ckpt-200", out); /* no optimizer state: not complete */
+    CHECK(mkdir(d, 0700) == 0);
+    CHECK(jobdir_ckpt_list(out, &steps, &n));
+    CHECK_EQ_INT(n, 3);
+    if (n == 3) {
+        CHECK_EQ_INT(steps[0], 5);
+        CHECK_EQ_INT(steps[1], 20);
+        CHECK_EQ_INT(steps[2], 100);
+    }
+    free(steps);
+    snprintf(d, sizeof d, "%s/none", root);
+    CHECK(jobdir_ckpt_list(d, &steps, &n));
+    CHECK_EQ_INT(n, 0);
+}
+
+/* Another job's checkpoint linked into a job's folder: the same bytes, the same inode,
+ * made whole or not at all, and a second call leaves it as it is. */
+static void test_ckpt_link(void)
+{
+    char a[4096], src[8192], dst[8192], f[8300], g[8300];
+    struct ddpd_error err;
+    fresh(a, sizeof a, "link");
+    put_ckpt(a, "ckpt-10", 1);
+    snprintf(src, sizeof src, "%s/ckpt-10", a);
+    snprintf(dst, sizeof dst, "%s/other/job/ckpt-10", a);
+    CHECK_EQ_INT(jobdir_ckpt_link(src, dst, &err), DDPD_OK);
+    snprintf(f, sizeof f, "%s/optim.safetensors", src);
+    snprintf(g, sizeof g, "%s/optim.safetensors", dst);
+    struct stat s1, s2;
+    CHECK(stat(f, &s1) == 0 && stat(g, &s2) == 0);
+    CHECK(s1.st_ino == s2.st_ino);
+    char listed[8192];
+    snprintf(listed, sizeof listed, "%s/other/job", a);
+    CHECK(jobdir_latest_ckpt(listed, f, sizeof f));
+    CHECK_EQ_STR(f, dst);
+    CHECK_EQ_INT(jobdir_ckpt_link(src, dst, &err), DDPD_OK); /* already there */
+    /* A checkpoint that is gone or incomplete is a data error naming it, leaving nothing. */
+    snprintf(src, sizeof src, "%s/ckpt-99", a);
+    snprintf(dst, sizeof dst, "%s/other/job/ckpt-99", a);
+    CHECK_EQ_INT(jobdir_ckpt_link(src, dst, &err), DDPD_EDATA);
+    CHECK(strstr(err.message, "ckpt-99") != NULL);
+    CHECK(stat(dst, &s1) != 0);
+    snprintf(f, sizeof f, "%s.tmp", dst);
+    CHECK(stat(f, &s1) != 0);
+}
+
 int main(void)
 {
     const char *tmp = getenv("DDPD_TEST_TMP");
@@ -317,6 +378,8 @@ int main(void)
     }
     test_names();
     test_latest_ckpt();
+    test_ckpt_list();
+    test_ckpt_link();
     test_ckpt_step();
     test_prune();
     test_bytes_and_quota();

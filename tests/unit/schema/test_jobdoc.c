@@ -26,6 +26,7 @@ static void full_doc(struct jobdoc *d)
     snprintf(d->data_dir, sizeof d->data_dir, "/data");
     snprintf(d->out_dir, sizeof d->out_dir, "/var/jobs/7");
     snprintf(d->resume, sizeof d->resume, "/var/jobs/7/ckpt-4");
+    snprintf(d->init_path, sizeof d->init_path, "/var/jobs/3/ckpt-200/model.safetensors");
     d->disk_quota = (int64_t)10 << 30;
     d->max_rank_memory = (int64_t)1 << 33;
 }
@@ -53,6 +54,7 @@ static void test_round_trip(void)
     CHECK_EQ_STR(back.data_dir, "/data");
     CHECK_EQ_STR(back.out_dir, "/var/jobs/7");
     CHECK_EQ_STR(back.resume, "/var/jobs/7/ckpt-4");
+    CHECK_EQ_STR(back.init_path, "/var/jobs/3/ckpt-200/model.safetensors");
     CHECK_EQ_INT(back.disk_quota, (int64_t)10 << 30);
     CHECK_EQ_INT(back.max_rank_memory, (int64_t)1 << 33);
     CHECK_EQ_INT(back.spec.world_size, 2);
@@ -62,17 +64,19 @@ static void test_round_trip(void)
 
     /* Unset: no rank (Slurm), no group, no resume, no quota, no memory limit. */
     d.rank = -1;
-    d.comm_backend[0] = d.comm_id[0] = d.resume[0] = '\0';
+    d.comm_backend[0] = d.comm_id[0] = d.resume[0] = d.init_path[0] = '\0';
     d.disk_quota = d.max_rank_memory = 0;
     d.world_size = d.spec.world_size = 1;
     j = jobdoc_to_json(&d);
-    CHECK(j && !json_object_get(j, "rank") && !json_object_get(j, "max_rank_memory"));
+    CHECK(j && !json_object_get(j, "rank") && !json_object_get(j, "max_rank_memory") &&
+          !json_object_get(j, "init_path"));
     CHECK(json_is_null(json_object_get(j, "comm")) && json_is_null(json_object_get(j, "resume")) &&
           json_is_null(json_object_get(j, "disk_quota")));
     CHECK_EQ_INT(jobdoc_from_json(j, &back, &e), DDPD_OK);
     CHECK_EQ_INT(back.rank, -1);
     CHECK_EQ_STR(back.comm_backend, "");
     CHECK_EQ_STR(back.resume, "");
+    CHECK_EQ_STR(back.init_path, "");
     CHECK_EQ_INT(back.disk_quota, 0);
     CHECK_EQ_INT(back.max_rank_memory, 0);
     /* One rank ignores whatever `comm` holds. */

@@ -58,6 +58,14 @@ static void test_request(void)
     json_object_del(j, "max_rank_memory");
     CHECK_EQ_INT(plan_request_from_json(j, &back, &e), DDPD_OK);
     CHECK_EQ_INT(back.max_rank_memory, 0);
+    CHECK_EQ_STR(back.init_path, "");
+    CHECK(!json_object_get(j, "init_path")); /* left out when there is none */
+    /* init.from_job's weights, as the server found them. */
+    snprintf(req.init_path, sizeof req.init_path, "/jobs/3/model.safetensors");
+    json_t *k = plan_request_to_json(&req);
+    CHECK_EQ_INT(plan_request_from_json(k, &back, &e), DDPD_OK);
+    CHECK_EQ_STR(back.init_path, "/jobs/3/model.safetensors");
+    json_decref(k);
     /* A job document (more keys) is a request too. */
     json_object_set_new(j, "out_dir", json_string("/out"));
     json_object_set_new(j, "rank", json_integer(1));
@@ -67,6 +75,7 @@ static void test_request(void)
     bad_request("world_size", NULL, "world_size");
     bad_request("world_size", "1025", "world_size");
     bad_request("data_dir", "7", "data_dir");
+    bad_request("init_path", "7", "init_path");
     bad_request("max_rank_memory", "null", "max_rank_memory");
     bad_request("max_rank_memory", "-5", "max_rank_memory");
     make_request();

@@ -206,6 +206,17 @@ static void test_valid_variants(void)
     CHECK_EQ_INT(s.world_size, 1024);
     CHECK_EQ_STR(s.name, "\xc3\xa9t\xc3\xa9");
 
+    /* init.from_job: another job's final model or newest checkpoint, or one step's. */
+    j = OK_PLUS(",\"init\":{\"from_job\":7}");
+    CHECK_EQ_INT(parse(j, &s, &e), DDPD_OK);
+    CHECK_EQ_INT(s.init_from_job, 7);
+    CHECK_EQ_INT(s.init_from_step, -1);
+    CHECK_EQ_STR(s.init_from, "");
+    j = OK_PLUS(",\"init\":{\"from_job\":7,\"step\":200}");
+    CHECK_EQ_INT(parse(j, &s, &e), DDPD_OK);
+    CHECK_EQ_INT(s.init_from_job, 7);
+    CHECK_EQ_INT(s.init_from_step, 200);
+
     j = SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":2,\"steps\":50", ",\"ddp\":{\"join\":true}");
     CHECK_EQ_INT(parse(j, &s, &e), DDPD_OK);
     CHECK_EQ_INT(s.steps, 50);
@@ -332,7 +343,7 @@ static const struct bad_case bad_cases[] = {
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2},{\"type\":\"relu\",\"in\":2}]"), DDPD_ESPEC,
         "model[1].in", "unknown key (a relu layer takes only \"type\")"),
     BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from_file\":\"w\"}"), DDPD_ESPEC, "init.from_file",
-        "unknown key (expected one of seed, from)"),
+        "unknown key (expected one of seed, from, from_job, step)"),
     BAD(OK_PLUS(",\"checkpoint\":{\"every\":5}"), DDPD_ESPEC, "checkpoint.every",
         "unknown key (expected one of every_steps, keep_last)"),
     BAD(OK_PLUS(",\"checkpoint\":{\"keep_lsat\":2}"), DDPD_ESPEC, "checkpoint.keep_lsat",
@@ -535,8 +546,18 @@ static const struct bad_case bad_cases[] = {
 
     /* init */
     BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from\":\"w.safetensors\"}"), DDPD_ESPEC, "init.from",
-        "give either seed or from, not both"),
-    BAD(OK_PLUS(",\"init\":{}"), DDPD_ESPEC, "init.seed", "missing (give either seed or from)"),
+        "give one of seed, from and from_job, not two"),
+    BAD(OK_PLUS(",\"init\":{}"), DDPD_ESPEC, "init.seed", "missing (give one of seed, from and from_job)"),
+    BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from\":\"w\",\"from_job\":3}"), DDPD_ESPEC, "init.from_job",
+        "give one of seed, from and from_job, not all three"),
+    BAD(OK_PLUS(",\"init\":{\"seed\":1,\"step\":3}"), DDPD_ESPEC, "init.step",
+        "a checkpoint's step goes with from_job only"),
+    BAD(OK_PLUS(",\"init\":{\"from_job\":0}"), DDPD_ESPEC, "init.from_job",
+        "expected a positive integer, got 0"),
+    BAD(OK_PLUS(",\"init\":{\"from_job\":\"3\"}"), DDPD_ESPEC, "init.from_job",
+        "expected a positive integer, got \"3\""),
+    BAD(OK_PLUS(",\"init\":{\"from_job\":3,\"step\":-1}"), DDPD_ESPEC, "init.step",
+        "expected a non-negative integer, got -1"),
     BAD(OK_PLUS(",\"init\":{\"from\":\"../w.safetensors\"}"), DDPD_ESPEC, "init.from",
         "must stay inside the data directory (\"..\" not allowed)"),
     BAD(OK_PLUS(",\"init\":{\"seed\":1.5}"), DDPD_ESPEC, "init.seed",
@@ -858,6 +879,8 @@ static void test_round_trip(void)
              "\"data\":{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"y.npy\",\"drop_last\":true,"
              "\"seed\":9007199254740993}",
              BATCH, ",\"ddp\":{\"join\":false},\"init\":{\"seed\":42}"),
+        OK_PLUS(",\"init\":{\"from_job\":7}"),
+        OK_PLUS(",\"init\":{\"from_job\":7,\"step\":0}"),
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         struct spec a, b;

@@ -721,11 +721,30 @@ static void test_addresses(void)
     CHECK(!http_addr_is_loopback("0.0.0.0:8080"));
     CHECK(!http_addr_is_loopback("[::]:8080"));
     CHECK(!http_addr_is_loopback("10.1.2.3:8080"));
-    CHECK(!http_addr_is_loopback("localhost:8080"));
+    /* localhost and the short numeric forms are loopback too (issue 19) */
+    CHECK(http_addr_is_loopback("localhost:8080"));
+    CHECK(http_addr_is_loopback("LOCALHOST:0"));
+    CHECK(http_addr_is_loopback("127.1:8080"));
+    CHECK(http_addr_is_loopback("0x7f.1:8080"));
+    CHECK(!http_addr_is_loopback("localhost.evil.example:8080"));
+    CHECK(!http_addr_is_loopback("127.1 x:8080"));
+    CHECK(!http_addr_is_loopback("10.1:8080"));
     CHECK(!http_addr_is_loopback("127.0.0.1"));
     CHECK(!http_addr_is_loopback("127.0.0.1:65536"));
     CHECK(!http_addr_is_loopback("[::1]8080"));
     CHECK(!http_addr_is_loopback(""));
+    /* what is wrong with an address, said */
+    char why[160];
+    CHECK(http_addr_check("127.0.0.1:8080", why, sizeof why));
+    CHECK(http_addr_check("0.0.0.0:0", why, sizeof why));
+    CHECK(!http_addr_check("127.0.0.1:99999", why, sizeof why));
+    CHECK_EQ_STR(why, "port \"99999\" is not a number from 0 to 65535");
+    CHECK(!http_addr_check("127.0.0.1", why, sizeof why));
+    CHECK(strstr(why, "no port") != NULL);
+    CHECK(!http_addr_check("example.com:80", why, sizeof why));
+    CHECK_EQ_STR(why, "\"example.com\" is not an IPv4 address or localhost (host names are not looked up)");
+    CHECK(!http_addr_check("[::1:80", why, sizeof why));
+    CHECK(strstr(why, "[ADDR]:PORT") != NULL);
     CHECK_EQ_STR(ddpd_err_code(DDPD_ESPEC), "invalid_spec");
     CHECK_EQ_STR(ddpd_err_code(DDPD_ENOTFOUND), "not_found");
     CHECK_EQ_STR(ddpd_err_code(DDPD_EJSON), "bad_json");
@@ -933,10 +952,14 @@ static void test_start_errors(void)
     CHECK(strstr(err.message, "in use") != NULL);
     http_server_free(s);
     /* a malformed address */
-    cfg.listen = "localhost:80";
+    cfg.listen = "example.com:80";
     s = http_server_new(&cfg, &err);
     CHECK(s == NULL);
-    CHECK(strstr(err.message, "localhost:80") != NULL);
+    CHECK(strstr(err.message, "example.com:80") != NULL);
+    cfg.listen = "127.0.0.1:99999";
+    s = http_server_new(&cfg, &err);
+    CHECK(s == NULL);
+    CHECK(strstr(err.message, "port \"99999\"") != NULL);
     /* a bad route pattern */
     static const struct http_route bad[] = {{"GET", "/v1/{id", h_health, 0, 0}};
     struct http_config cfg2 = {.listen = "127.0.0.1:0", .routes = bad, .nroutes = 1};
@@ -1738,8 +1761,13 @@ static void test_metrics(void)
     CHECK(strstr(r.body, "ddpd_http_requests_total{route=\"/v1/jobs/{id}\",code=\"404\"} ") != NULL);
     CHECK(strstr(r.body, "ddpd_http_requests_total{route=\"unmatched\",code=\"404\"} ") != NULL);
     CHECK(strstr(r.body, "ddpd_http_requests_total{route=\"/v1/echo\",code=\"405\"} ") != NULL);
-    CHECK(strstr(r.body, "ddpd_http_streams_open 0\n") != NULL);
-    CHECK(strstr(r.body, "ddpd_http_streams_slow_total 1\n") != NULL);
+    /* The streams are counted for the API's ddpd_stream_subscribers (one name per concept). */
+    CHECK(strstr(r.body, "ddpd_http_streams_open") == NULL);
+    size_t open = 9;
+    unsigned long long slow = 9;
+    http_server_stream_stats(server, &open, &slow);
+    CHECK_EQ_INT(open, 0);
+    CHECK_EQ_INT(slow, 1);
     resp_free(&r);
 }
 

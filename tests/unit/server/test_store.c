@@ -955,11 +955,26 @@ static void test_metrics(void)
     }
     store_metrics_free(&m);
 
-    /* tiny and huge max_points are clamped */
+    /* tiny and huge max_points are clamped; every max_points is a bound, also below 4
+     * (2: the first and last step; 3: the minimum between them) */
     CHECK_EQ_INT(store_metrics_get(s, job, 1, &m, &e), DDPD_OK);
     for (size_t i = 0; i < m.n_series; i++)
-        CHECK(m.series[i].n <= 4 && m.series[i].n >= 2);
+        CHECK_EQ_INT(m.series[i].n, 2);
     store_metrics_free(&m);
+    for (int mp = 2; mp <= 9; mp++) {
+        CHECK_EQ_INT(store_metrics_get(s, job, mp, &m, &e), DDPD_OK);
+        for (size_t i = 0; i < m.n_series; i++) {
+            const struct store_series *sr = &m.series[i];
+            CHECK(sr->n <= (size_t)mp && sr->n >= 2);
+            if (sr->n >= 2) {
+                CHECK_EQ_INT(sr->step[0], 1);
+                CHECK_EQ_INT(sr->step[sr->n - 1], steps);
+            }
+            if (mp == 3 && sr->rank == 1)
+                CHECK(sr->n == 3 && sr->loss[1] == -5.0);
+        }
+        store_metrics_free(&m);
+    }
 
     /* sparse steps (log_every 10) fewer than max_points: all kept */
     int64_t job2 = insert_job(s, "sparse", 1);

@@ -491,6 +491,108 @@ static void test_gelu_tanh_values(void)
     CHECK(isnan(out[0]) && out[1] == 200.0f && fabsf(out[2]) < 1e-30f);
 }
 
+/* ---- the conv-net layers (issue 18) ---- */
+
+static void set_shapes(struct spec_layer *l, int ir, const int64_t *in, int orank, const int64_t *out)
+{
+    l->in_rank = ir;
+    l->out_rank = orank;
+    memcpy(l->in_shape, in, (size_t)ir * sizeof *in);
+    memcpy(l->out_shape, out, (size_t)orank * sizeof *out);
+}
+
+/* conv2d(2->3, k3, s1, p1) -> batchnorm(3) -> max or avg pool(2) -> flatten -> linear(12->4) ->
+ * batchnorm(4) -> linear(4->2) on [2,5,4] images. */
+static struct spec *conv_net(layer_kind pool, bool bn1d)
+{
+    struct spec *s = new_spec();
+    const int64_t img[] = {2, 5, 4}, c3[] = {3, 5, 4}, p3[] = {3, 2, 2}, f12[] = {12}, f4[] = {4}, f2[] = {2};
+    int i = add_layer(s, -1, LAYER_CONV2D);
+    struct spec_layer *l = &s->layers[i];
+    l->in = 2;
+    l->out = 3;
+    l->kernel[0] = l->kernel[1] = 3;
+    l->stride[0] = l->stride[1] = 1;
+    l->padding[0] = l->padding[1] = 1;
+    set_shapes(l, 3, img, 3, c3);
+    i = add_dim(s, -1, LAYER_BATCHNORM, 3);
+    s->layers[i].momentum = 0.1;
+    set_shapes(&s->layers[i], 3, c3, 3, c3);
+    i = add_layer(s, -1, pool);
+    l = &s->layers[i];
+    l->kernel[0] = l->kernel[1] = l->stride[0] = l->stride[1] = 2;
+    set_shapes(l, 3, c3, 3, p3);
+    i = add_layer(s, -1, LAYER_FLATTEN);
+    set_shapes(&s->layers[i], 3, p3, 1, f12);
+    i = add_linear(s, -1, 12, 4);
+    set_shapes(&s->layers[i], 1, f12, 1, f4);
+    if (bn1d) {
+        i = add_dim(s, -1, LAYER_BATCHNORM, 4);
+        s->layers[i].momentum = 0.1;
+        set_shapes(&s->layers[i], 1, f4, 1, f4);
+    }
+    i = add_linear(s, -1, 4, 2);
+    set_shapes(&s->layers[i], 1, f4, 1, f2);
+    s->input_rank = 3;
+    memcpy(s->input_shape, img, sizeof img);
+    s->input_shape_set = true;
+    return s;
+}
+
+static void test_conv_net(void)
+{
+    /* Finite differences need a smooth net: avgpool (maxpool's argmax flips within h), and
+     * no BatchNorm1d over 3 rows (its curvature is beyond central differences of 1e-2;
+     * tests/parity/test_conv.py checks it against autograd). */
+    struct spec *s = conv_net(LAYER_AVGPOOL2D, false);
+    grad_check("conv net", s, 3, 11);
+    free(s);
+    s = conv_net(LAYER_MAXPOOL2D, true);
+
+    struct model *m = model_new(D, s, 4);
+    CHECK(m != NULL);
+    if (!m) {
+        free(s);
+        return;
+    }
+    CHECK_EQ_STR(model_param(m, 0)->name, "0.weight");
+    CHECK_EQ_INT(model_param(m, 0)->ndim, 4);
+    CHECK(model_param(m, 0)->numel == 3 * 2 * 3 * 3);
+    CHECK_EQ_INT(model_buffer_count(m), 6);
+    const char *names[] = {"1.running_mean", "1.running_var", "1.num_batches_tracked",
+                           "5.running_mean", "5.running_var", "5.num_batches_tracked"};
+    for (int i = 0; i < 6 && i < model_buffer_count(m); i++)
+        CHECK_EQ_STR(model_buffer(m, i)->name, names[i]);
+    struct model_buffer *rm = model_buffer(m, 0), *rv = model_buffer(m, 1), *nb = model_buffer(m, 2);
+    CHECK(nb->i64 && !rm->i64);
+    CHECK(((float *)rm->data)[0] == 0.0f && ((float *)rv->data)[2] == 1.0f && *(int64_t *)nb->data == 0);
+
+    float x[4 * 40];
+    for (int i = 0; i < 4 * 40; i++)
+        x[i] = (float)((i * 37) % 11) / 5.0f - 1.0f;
+    model_forward(m, x, 4);
+    model_forward(m, x, 4);
+    CHECK(*(int64_t *)nb->data == 2);
+    CHECK(*(int64_t *)model_buffer(m, 5)->data == 2);
+    CHECK(((float *)rm->data)[0] != 0.0f);
+    /* Eval: running statistics are used and left alone; a batch of one row is fine. */
+    float keep = ((float *)rm->data)[0];
+    model_set_training(m, false);
+    struct ddpd_error err = {0};
+    CHECK_EQ_INT(model_check_batch(m, 1, &err), DDPD_OK);
+    model_forward(m, x, 1);
+    CHECK(*(int64_t *)nb->data == 2 && ((float *)rm->data)[0] == keep);
+    model_set_training(m, true);
+    /* Training: one row gives BatchNorm1d (layer 5) one value per channel. */
+    CHECK_EQ_INT(model_check_batch(m, 2, &err), DDPD_OK);
+    CHECK_EQ_INT(model_check_batch(m, 1, &err), DDPD_EDATA);
+    CHECK_EQ_STR(err.message,
+                 "model layer 5 (batchnorm): Expected more than 1 value per channel when training, "
+                 "got input size [1, 4]");
+    model_free(m);
+    free(s);
+}
+
 int main(void)
 {
     D = dev_cpu_new(1);
@@ -502,6 +604,7 @@ int main(void)
     test_names_and_order();
     test_dropout();
     test_memory_and_missing_op();
+    test_conv_net();
     dev_cpu_free(D);
     CHECK_DONE();
 }

@@ -309,10 +309,10 @@ static void test_bad_files(void)
     msg = read_fails(p);
     CHECK(strstr(msg, "do not match shape") != NULL);
 
-    write_st_json(p, "{\"x\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}", zeros, 8);
+    write_st_json(p, "{\"x\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[0,4]}}", zeros, 4);
     CHECK_EQ_STR(read_fails(p),
-                 "bad.safetensors: tensor \"x\": dtype \"I64\" is not supported (F32, F64, F16 "
-                 "and BF16 are)");
+                 "bad.safetensors: tensor \"x\": dtype \"I32\" is not supported (F32, F64, F16, "
+                 "BF16 and I64 are)");
 
     write_st_json(p, "{\"x\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", zeros, 4);
     msg = read_fails(p);
@@ -430,6 +430,35 @@ static void test_write_errors(void)
     rmdir("adir.safetensors");
 }
 
+/* I64 (BatchNorm's num_batches_tracked): written from `i64` as 8 little-endian bytes
+ * under dtype "I64", read back as floats with was_i64 set; F32 beside it unchanged. */
+static void test_i64(void)
+{
+    const int64_t count[1] = {123457};
+    float mean[2] = {0.5f, -1.25f};
+    struct safetensors_tensor t[2] = {
+        {.name = "1.num_batches_tracked", .ndim = 0, .i64 = count},
+        {.name = "1.running_mean", .ndim = 1, .shape = {2}, .data = mean},
+    };
+    struct ddpd_error err = {0};
+    CHECK_EQ_INT(safetensors_write("i64.safetensors", t, 2, NULL, 0, &err), DDPD_OK);
+    FILE *fp = fopen("i64.safetensors", "rb");
+    char buf[512] = {0};
+    size_t n = fp ? fread(buf, 1, sizeof buf - 1, fp) : 0;
+    if (fp)
+        fclose(fp);
+    CHECK(n > 8 && strstr(buf + 8, "\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[0,8]") != NULL);
+    struct safetensors_file *f = safetensors_read("i64.safetensors", &err);
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    const struct safetensors_tensor *c = safetensors_get(f, "1.num_batches_tracked");
+    const struct safetensors_tensor *m = safetensors_get(f, "1.running_mean");
+    CHECK(c && c->was_i64 && c->ndim == 0 && c->data[0] == 123457.0f);
+    CHECK(m && !m->was_i64 && m->data[0] == 0.5f && m->data[1] == -1.25f);
+    safetensors_free(f);
+}
+
 int main(void)
 {
     make_tmpdir();
@@ -438,6 +467,7 @@ int main(void)
     test_conversions();
     test_bad_files();
     test_write_errors();
+    test_i64();
     if (chdir("/") == 0)
         base_remove_tree(tmpdir);
     CHECK_DONE();
