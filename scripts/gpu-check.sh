@@ -5,14 +5,15 @@
 # works; the .deb files alone are enough, they are unpacked here), then:
 #   CPU side (any machine): the build, the CPU/spec/comm/layer unit tests, `--devices`,
 #     `--issue-id nccl`, the step benchmark on the CPU (Linear and a tiny GPT), a small
-#     GPT job on the CPU;
+#     GPT job and the digits conv net job on the CPU;
 #   GPU side: the CUDA-vs-CPU op tests (unit.test_cuda: gemm, bias, activations, losses,
 #     sgd/adamw, and the v2 ops gemm_batched, embedding, layernorm, softmax (causal),
 #     heads split/merge, add/mul, dropout masks, conv windows, batchnorm), the NCCL comm
 #     test, a 1-rank cuda job over NCCL, a 2-rank cuda job with ddp.backend cpu (both ranks
 #     on the one GPU) checked against the same job on the CPU, the small GPT job
 #     (embedding, position, layernorm, causal attention, gelu tanh, dropout, AdamW on a
-#     tokens file) on the GPU checked against the CPU's, and ddpd's step time against
+#     tokens file) and the digits conv net job (conv2d, batchnorm, maxpool2d, flatten) on
+#     the GPU, each checked against the CPU's, and ddpd's step time against
 #     PyTorch (fp32, TF32 off) for Linear(10,5) batch 3 and the 4096-4096-4096-10 MLP
 #     batch 512 (DDP at world size 1, NCCL) and a GPT-2-small-shaped GPT (12 blocks, dim
 #     768, 12 heads, T 1024, vocab 50304, batch 4, AdamW; eager), with ddpd's TFLOP/s and
@@ -189,6 +190,39 @@ open(sys.argv[1], "wb").write(struct.pack("<%dH" % len(ids), *ids))' "$TMP/gpt.b
 LGC=$(run_job gptcpu gpt_spec cpu cpu 1)
 echo "    last loss of the GPT on the CPU: $LGC"
 
+# The digits conv net of examples/digits-cnn.json (conv2d, batchnorm, maxpool2d, flatten) on
+# $TMP/cx.npy, cy.npy (written below), same arguments; 2 epochs of 256 images in batches
+# of 32, the last step's loss compared. Batchnorm's running statistics are updated too.
+cnn_spec() {
+    cat <<EOF
+{"name": "gpu-check-cnn", "world_size": $3, "device": "$1", "ddp": {"backend": "$2"},
+ "input_shape": [1, 8, 8],
+ "model": $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["model"]))' examples/digits-cnn.json),
+ "loss": "cross_entropy", "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9},
+ "data": {"type": "npy", "x": "cx.npy", "y": "cy.npy", "shuffle": false}, "batch_size": 32,
+ "epochs": 2, "init": {"seed": 5}, "log_every": 4}
+EOF
+}
+
+step "the digits conv net job on the CPU (its spec and images serve the GPU check below)"
+# 256 images [1,8,8] float32 (a class-dependent pattern plus noise) and int64 labels, as
+# .npy files written with the standard library.
+python3 -c 'import random, struct, sys
+def npy(path, descr, shape, fmt, vals):
+    head = "{\x27descr\x27: \x27%s\x27, \x27fortran_order\x27: False, \x27shape\x27: (%s), }" % (
+        descr, ", ".join(map(str, shape)) + ("," if len(shape) == 1 else ""))
+    head += " " * (63 - (10 + len(head)) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head.encode("latin1"))
+        f.write(struct.pack("<%d%s" % (len(vals), fmt), *vals))
+r = random.Random(3)
+ys = [r.randrange(10) for _ in range(256)]
+xs = [((p * (y + 1)) % 7) / 6 + r.uniform(-0.2, 0.2) for y in ys for p in range(64)]
+npy(sys.argv[1], "<f4", (256, 1, 8, 8), "f", xs)
+npy(sys.argv[2], "<i8", (256,), "q", ys)' "$TMP/cx.npy" "$TMP/cy.npy" || die "writing the conv net's images"
+LCC=$(run_job cnncpu cnn_spec cpu cpu 1)
+echo "    last loss of the conv net on the CPU: $LCC"
+
 
 if [ "$CPU_ONLY" = 1 ] || [ -z "$DEVICES" ] || [ "$HAVE_CUDA" = 0 ]; then
     why="no GPU visible (ddpd-worker --devices printed [])"
@@ -215,6 +249,11 @@ step "the small GPT job on the GPU (the v2 layers end to end) against the CPU's"
 LGG=$(run_job gptcuda gpt_spec cuda nccl 1)
 echo "    last loss of the GPT: cuda $LGG, cpu $LGC"
 agree "$LGG" "$LGC" "the GPT's cuda and cpu runs"
+
+step "the digits conv net job on the GPU against the CPU's"
+LCG=$(run_job cnncuda cnn_spec cuda nccl 1)
+echo "    last loss of the conv net: cuda $LCG, cpu $LCC"
+agree "$LCG" "$LCC" "the conv net's cuda and cpu runs"
 
 step "step time: ddpd vs PyTorch, fp32, TF32 off (tiny, mlp: DDP at world size 1 over NCCL; gpt2s: eager)"
 printf '    %-28s %12s %12s %8s %6s\n' model "ddpd ms" "torch ms" ratio goal
