@@ -133,7 +133,7 @@ static void one_step(struct dev d, struct model *m, struct optim *o, const struc
 int main(int argc, char **argv)
 {
     const char *model = "tiny";
-    int steps = 0, warmup = 20;
+    int steps = 0, warmup = -1; /* default: 20, 3 for gpt2s */
     bool cpu = false, tf32 = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
@@ -163,6 +163,8 @@ int main(int argc, char **argv)
     }
     if (steps <= 0)
         steps = tiny ? 2000 : gpt == &gpt2s ? 20 : 50;
+    if (warmup < 0)
+        warmup = gpt == &gpt2s ? 3 : 20;
 
     char text[16384];
     if (gpt) {
