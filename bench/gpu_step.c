@@ -1,13 +1,19 @@
 /* gpu_step.c — time per training step of ddpd's compute path on one device, for
  * scripts/gpu-check.sh and its PyTorch twin bench/gpu_step_torch.py: the worker's own
  * model, loss and optimizer (model.c, optim.c, the dev backend), one step = batch copied from
- * host memory, forward, MSE loss, backward, SGD update, as train.c runs it for one rank
+ * host memory, forward, loss, backward, update, as train.c runs it for one rank
  * (one rank needs no DDP, as PyTorch's DDP at world size 1 reduces nothing). Warm-up
  * steps first, then `steps` steps between two synchronisations.
  *
- *   bench_gpu_step --model tiny|mlp [--steps N] [--warmup N] [--cpu] [--tf32]
+ *   bench_gpu_step --model tiny|mlp|gpt2s|gptmini [--steps N] [--warmup N] [--cpu] [--tf32]
  *
- * Prints one JSON line: {"model", "device", "batch", "params", "step_ms", "tflops"}. */
+ * tiny and mlp: MSE loss and SGD on float inputs. gpt2s: a GPT-2-small-shaped GPT (12
+ * blocks, dim 768, 12 heads, T 1024, vocab 50304, batch 4) and gptmini (2 blocks, dim 64,
+ * 4 heads, T 32, vocab 256, batch 2: the same code path in a size the CPU side runs), with
+ * int32 token ids, cross_entropy over the B·T positions and AdamW.
+ *
+ * Prints one JSON line: {"model", "device", "batch", "params", "step_ms", "tflops",
+ * "tokens_per_s" (GPTs only), "loss"}. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +36,52 @@ static const char *const mlp_spec =
     "{\"type\":\"linear\",\"in\":4096,\"out\":10}],\"loss\":\"mse\","
     "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.01},\"data\":{\"type\":\"synthetic\",\"samples\":512},"
     "\"batch_size\":512,\"steps\":1,\"device\":\"%s\"}";
+
+/* A nanoGPT tree in §2a layers (tests/pylib/torch_models.py builds the same one), AdamW. */
+struct gpt_shape {
+    int blocks, dim, heads, t, vocab, batch;
+};
+static const struct gpt_shape gpt2s = {12, 768, 12, 1024, 50304, 4};
+static const struct gpt_shape gptmini = {2, 64, 4, 32, 256, 2};
+
+static int gpt_spec_text(char *out, size_t cap, const struct gpt_shape *g, const char *device)
+{
+    size_t o = 0;
+    int n = snprintf(out, cap,
+                     "{\"model\":[{\"type\":\"embedding\",\"num\":%d,\"dim\":%d},"
+                     "{\"type\":\"position\",\"max\":%d,\"dim\":%d}",
+                     g->vocab, g->dim, g->t, g->dim);
+    for (int b = 0; n >= 0 && (o += (size_t)n) < cap && b < g->blocks; b++)
+        n = snprintf(
+            out + o, cap - o,
+            ",{\"type\":\"residual\",\"layers\":[{\"type\":\"layernorm\",\"dim\":%d},"
+            "{\"type\":\"attention\",\"dim\":%d,\"heads\":%d}]},"
+            "{\"type\":\"residual\",\"layers\":[{\"type\":\"layernorm\",\"dim\":%d},"
+            "{\"type\":\"linear\",\"in\":%d,\"out\":%d},{\"type\":\"gelu\",\"approximate\":\"tanh\"},"
+            "{\"type\":\"linear\",\"in\":%d,\"out\":%d}]}",
+            g->dim, g->dim, g->heads, g->dim, g->dim, 4 * g->dim, 4 * g->dim, g->dim);
+    if (n < 0 || o >= cap)
+        return -1;
+    n = snprintf(out + o, cap - o,
+                 ",{\"type\":\"layernorm\",\"dim\":%d},{\"type\":\"linear\",\"in\":%d,\"out\":%d}],"
+                 "\"input_shape\":[%d],\"loss\":\"cross_entropy\","
+                 "\"optimizer\":{\"type\":\"adamw\",\"lr\":0.0003,\"weight_decay\":0.1},"
+                 "\"data\":{\"type\":\"tokens\",\"path\":\"unused.bin\",\"block_size\":%d},"
+                 "\"batch_size\":%d,\"steps\":1,\"device\":\"%s\"}",
+                 g->dim, g->dim, g->vocab, g->t, g->t, g->batch, device);
+    return n < 0 || (size_t)n >= cap - o ? -1 : 0;
+}
+
+/* A GPT step's floating-point operations: forward 2·rows·in·out per matrix (qkv, proj, the
+ * MLP, the head) plus attention's two products (2·B·T·T·dim each, the causal half not
+ * subtracted, as is usual), backward twice the forward. */
+static double gpt_flops(const struct gpt_shape *g)
+{
+    const double rows = (double)g->batch * g->t, d = g->dim;
+    const double per_block =
+        2 * rows * d * (3 * d + d + 4 * d + 4 * d) + 2 * 2 * (double)g->batch * g->t * g->t * d;
+    return 3 * (g->blocks * per_block + 2 * rows * d * g->vocab);
+}
 
 static double now_s(void)
 {
@@ -56,19 +108,24 @@ static double step_flops(const struct spec *s)
 }
 
 struct step_bufs {
-    float *hx, *hy, *x, *y, *dpred, *loss;
-    int64_t in, out;
+    void *hx, *hy, *x, *y; /* float (mse), or int32 ids and labels (GPTs) */
+    float *dpred, *loss;
+    int64_t in, out; /* per sample: inputs; mse targets or cross_entropy positions */
+    int64_t classes; /* cross_entropy's C, 0 for mse */
 };
 
 static void one_step(struct dev d, struct model *m, struct optim *o, const struct spec *s,
                      struct step_bufs *b)
 {
     const int64_t B = s->batch_size;
-    d.ops->to_device(d.ctx, b->x, b->hx, (size_t)(B * b->in) * sizeof(float));
-    d.ops->to_device(d.ctx, b->y, b->hy, (size_t)(B * b->out) * sizeof(float));
+    d.ops->to_device(d.ctx, b->x, b->hx, (size_t)(B * b->in) * 4); /* float or int32 */
+    d.ops->to_device(d.ctx, b->y, b->hy, (size_t)(B * b->out) * 4);
     model_zero_grad(m);
     const float *pred = model_forward(m, b->x, B);
-    d.ops->mse(d.ctx, pred, b->y, B, b->out, b->dpred, b->loss);
+    if (b->classes)
+        d.ops->cross_entropy(d.ctx, pred, b->y, B * b->out, b->classes, b->dpred, b->loss);
+    else
+        d.ops->mse(d.ctx, pred, b->y, B, b->out, b->dpred, b->loss);
     model_backward(m, b->dpred, NULL, NULL);
     optim_step(o);
 }
@@ -76,7 +133,7 @@ static void one_step(struct dev d, struct model *m, struct optim *o, const struc
 int main(int argc, char **argv)
 {
     const char *model = "tiny";
-    int steps = 0, warmup = 20;
+    int steps = 0, warmup = -1; /* default: 20, 3 for gpt2s */
     bool cpu = false, tf32 = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
@@ -91,20 +148,33 @@ int main(int argc, char **argv)
             tf32 = true;
         else {
             fprintf(stderr,
-                    "usage: bench_gpu_step --model tiny|mlp [--steps N] [--warmup N] [--cpu] [--tf32]\n");
+                    "usage: bench_gpu_step --model tiny|mlp|gpt2s|gptmini [--steps N] [--warmup N] [--cpu] "
+                    "[--tf32]\n");
             return 2;
         }
     }
     const bool tiny = !strcmp(model, "tiny");
-    if (!tiny && strcmp(model, "mlp")) {
-        fprintf(stderr, "bench_gpu_step: --model: tiny or mlp, not '%s'\n", model);
+    const struct gpt_shape *gpt = !strcmp(model, "gpt2s")     ? &gpt2s
+                                  : !strcmp(model, "gptmini") ? &gptmini
+                                                              : NULL;
+    if (!tiny && !gpt && strcmp(model, "mlp")) {
+        fprintf(stderr, "bench_gpu_step: --model: tiny, mlp, gpt2s or gptmini, not '%s'\n", model);
         return 2;
     }
     if (steps <= 0)
-        steps = tiny ? 2000 : 50;
+        steps = tiny ? 2000 : gpt == &gpt2s ? 20 : 50;
+    if (warmup < 0)
+        warmup = gpt == &gpt2s ? 3 : 20;
 
-    char text[1024];
-    snprintf(text, sizeof text, tiny ? tiny_spec : mlp_spec, cpu ? "cpu" : "cuda");
+    char text[16384];
+    if (gpt) {
+        if (gpt_spec_text(text, sizeof text, gpt, cpu ? "cpu" : "cuda")) {
+            fprintf(stderr, "bench_gpu_step: the GPT spec does not fit in %zu bytes\n", sizeof text);
+            return 1;
+        }
+    } else {
+        snprintf(text, sizeof text, tiny ? tiny_spec : mlp_spec, cpu ? "cpu" : "cuda");
+    }
     struct spec s;
     struct ddpd_error err;
     if (spec_parse(text, strlen(text), NULL, &s, &err) != DDPD_OK) {
@@ -123,18 +193,33 @@ int main(int argc, char **argv)
         return 1;
     }
     const int64_t B = s.batch_size;
-    struct step_bufs b = {.in = spec_in_width(&s), .out = spec_out_width(&s)};
-    b.hx = malloc((size_t)(B * b.in) * sizeof(float));
-    b.hy = malloc((size_t)(B * b.out) * sizeof(float));
+    struct step_bufs b = {.in = spec_sample_numel(&s), .out = spec_target_numel(&s)};
+    if (gpt)
+        b.classes = spec_classes(&s);
+    const int64_t pred_n = B * (gpt ? b.out * b.classes : b.out);
+    b.hx = malloc((size_t)(B * b.in) * 4);
+    b.hy = malloc((size_t)(B * b.out) * 4);
+    if (!b.hx || !b.hy) {
+        fprintf(stderr, "bench_gpu_step: out of memory for the batch\n");
+        return 1;
+    }
     struct rng r;
     rng_seed(&r, 1);
-    for (int64_t i = 0; i < B * b.in; i++)
-        b.hx[i] = (float)rng_normal(&r);
-    for (int64_t i = 0; i < B * b.out; i++)
-        b.hy[i] = (float)rng_normal(&r);
-    b.x = d.ops->alloc(d.ctx, (size_t)(B * b.in) * sizeof(float));
-    b.y = d.ops->alloc(d.ctx, (size_t)(B * b.out) * sizeof(float));
-    b.dpred = d.ops->alloc(d.ctx, (size_t)(B * b.out) * sizeof(float));
+    for (int64_t i = 0; i < B * b.in; i++) {
+        if (gpt)
+            ((int32_t *)b.hx)[i] = (int32_t)(rng_below(&r, (uint64_t)spec_vocab(&s)));
+        else
+            ((float *)b.hx)[i] = (float)rng_normal(&r);
+    }
+    for (int64_t i = 0; i < B * b.out; i++) {
+        if (gpt)
+            ((int32_t *)b.hy)[i] = (int32_t)(rng_below(&r, (uint64_t)b.classes));
+        else
+            ((float *)b.hy)[i] = (float)rng_normal(&r);
+    }
+    b.x = d.ops->alloc(d.ctx, (size_t)(B * b.in) * 4);
+    b.y = d.ops->alloc(d.ctx, (size_t)(B * b.out) * 4);
+    b.dpred = d.ops->alloc(d.ctx, (size_t)pred_n * sizeof(float));
     b.loss = d.ops->alloc(d.ctx, sizeof(float));
 
     for (int i = 0; i < warmup; i++)
@@ -148,9 +233,12 @@ int main(int argc, char **argv)
     float loss;
     d.ops->to_host(d.ctx, &loss, b.loss, sizeof loss);
     printf("{\"model\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"params\":%lld,\"step_ms\":%.6f,"
-           "\"tflops\":%.3f,\"loss\":%.6g}\n",
-           model, d.ops->name, (long long)B, (long long)model_numel(m), dt * 1e3, step_flops(&s) / dt / 1e12,
-           loss);
+           "\"tflops\":%.3f,",
+           model, d.ops->name, (long long)B, (long long)model_numel(m), dt * 1e3,
+           (gpt ? gpt_flops(gpt) : step_flops(&s)) / dt / 1e12);
+    if (gpt)
+        printf("\"tokens_per_s\":%.1f,", (double)(B * b.in) / dt);
+    printf("\"loss\":%.6g}\n", loss);
 
     d.ops->free(d.ctx, b.x);
     d.ops->free(d.ctx, b.y);

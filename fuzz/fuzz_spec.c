@@ -57,7 +57,7 @@ static void check_sizes(const struct spec *s)
         for (int rank_file = 0; rank_file < 2; rank_file++) {
             struct spec_memory m;
             struct ddpd_error err;
-            spec_memory_estimate(s, rows, rank_file, rows, &m);
+            spec_memory_estimate(s, &(struct spec_memory_in){rows, rank_file, rows, rows, rank_file}, &m);
             const int64_t *f = &m.rows;
             for (size_t k = 0; k < sizeof m / sizeof m.rows; k++)
                 if (f[k] < 0) {

@@ -1958,30 +1958,127 @@ int64_t spec_batch_rows(const struct spec *s, int64_t shard_rows)
     return r > 0 ? r : 1;
 }
 
-/* What a layer keeps for one sample beyond its output, in floats, for backward:
- * layernorm's mean and rstd, attention's q, k, v (and their split copies), scores and
- * probabilities (heads·T·T each) and merged heads, dropout's mask, conv2d's im2col buffer,
- * max pooling's argmax. */
-static int64_t layer_scratch(const struct spec_layer *l)
+/* Elements of a layer's input or output for one sample; a list built in code without
+ * spec_flat_layers has widths only. */
+static int64_t layer_in_numel(const struct spec_layer *l)
 {
-    const int64_t out = shape_numel(l->out_rank, l->out_shape);
+    return l->in_rank ? shape_numel(l->in_rank, l->in_shape) : l->in;
+}
+
+static int64_t layer_out_numel(const struct spec_layer *l)
+{
+    return l->out_rank ? shape_numel(l->out_rank, l->out_shape) : l->out;
+}
+
+/* Attention's B (rows of [T, dim] sequences), T, dim and heads for `rows` samples. */
+static void attention_dims(const struct spec_layer *l, int64_t rows, int64_t *b, int64_t *t, int64_t *h)
+{
+    *t = l->in_rank >= 2 ? l->in_shape[l->in_rank - 2] : 1;
+    *h = l->heads > 0 ? l->heads : 1;
+    const int64_t td = sat_mul(*t, l->dim);
+    *b = sat_mul(rows, td > 0 ? layer_in_numel(l) / td : 0);
+}
+
+/* What a layer keeps from forward for backward, in floats, for `rows` samples: the
+ * worker's layer_ops.saved (worker/layers/), figure for figure. Attention: q, k, v and
+ * the merged heads, and the probabilities; layernorm: mean and rstd per position;
+ * batchnorm: the batch's mean and invstd; dropout: its mask; max pooling: the argmax. */
+static int64_t layer_saved(const struct spec_layer *l, int64_t rows)
+{
     switch (l->kind) {
-    case LAYER_LAYERNORM: return l->dim > 0 ? sat_mul(2, out / l->dim) : 0;
     case LAYER_ATTENTION: {
-        const int64_t T = l->in_shape[0];
-        return sat_add(sat_mul(7, sat_mul(T, l->dim)), sat_mul(2, sat_mul(l->heads, sat_mul(T, T))));
+        int64_t b, t, h;
+        attention_dims(l, rows, &b, &t, &h);
+        return sat_add(sat_mul(4, sat_mul(b, sat_mul(t, l->dim))), sat_mul(b, sat_mul(h, sat_mul(t, t))));
     }
-    case LAYER_DROPOUT:
-    case LAYER_MAXPOOL2D: return out;
-    case LAYER_CONV2D:
-        return sat_mul(sat_mul(l->in, sat_mul(l->kernel[0], l->kernel[1])),
-                       sat_mul(l->out_shape[1], l->out_shape[2]));
+    case LAYER_LAYERNORM: return l->dim > 0 ? sat_mul(2, sat_mul(rows, layer_in_numel(l) / l->dim)) : 0;
+    case LAYER_BATCHNORM: return sat_mul(2, l->dim);
+    case LAYER_DROPOUT: return l->p > 0.0 ? sat_mul(rows, layer_in_numel(l)) : 0;
+    case LAYER_MAXPOOL2D: return sat_mul(rows, layer_out_numel(l));
     default: return 0;
     }
 }
 
-void spec_memory_estimate(const struct spec *s, int64_t rows, bool rank_file, int64_t file_bytes,
-                          struct spec_memory *m)
+/* A layer's scratch for one forward or backward, in floats, for `rows` samples (the
+ * worker's layer_ops.work; the model allocates the largest one, shared): attention's
+ * qkv, scores and backward's eight [B,T,dim] and two [B,H,T,T] tensors; layernorm's and
+ * batchnorm's dx when no layer below needs the gradient; conv2d's im2col buffer and the
+ * row of ones for its bias. */
+static int64_t layer_work(const struct spec_layer *l, int64_t rows)
+{
+    switch (l->kind) {
+    case LAYER_ATTENTION: {
+        int64_t b, t, h;
+        attention_dims(l, rows, &b, &t, &h);
+        return sat_add(sat_mul(8, sat_mul(b, sat_mul(t, l->dim))),
+                       sat_mul(2, sat_mul(b, sat_mul(h, sat_mul(t, t)))));
+    }
+    case LAYER_LAYERNORM:
+    case LAYER_BATCHNORM: return sat_mul(rows, layer_in_numel(l));
+    case LAYER_CONV2D: {
+        const int64_t k = sat_mul(l->in_shape[0], sat_mul(l->kernel[0], l->kernel[1]));
+        const int64_t n = sat_mul(l->out_shape[1], l->out_shape[2]);
+        return sat_add(sat_mul(rows, sat_mul(k, n)), n);
+    }
+    default: return 0;
+    }
+}
+
+/* The model's tensors for micro-batches of `rows` rows, in floats, as model_new_err
+ * (worker/model.c) allocates them: every layer's output, what the layers save for
+ * backward, the largest layer scratch, and backward's dy ping-pong (two buffers of the
+ * widest layer per residual depth). */
+static int64_t model_floats(const struct spec *s, int64_t rows)
+{
+    int64_t outs = 0, saved = 0, work = 0, widest = 1, depths = 1;
+    int depth[SPEC_MAX_LAYERS];
+    for (int i = 0; i < s->n_layers && i < SPEC_MAX_LAYERS; i++) {
+        const struct spec_layer *l = &s->layers[i];
+        const int64_t li = layer_in_numel(l), lo = layer_out_numel(l);
+        depth[i] = l->parent >= 0 && l->parent < i ? depth[l->parent] + 1 : 0;
+        depths = depth[i] + 1 > depths ? depth[i] + 1 : depths;
+        outs = sat_add(outs, sat_mul(rows, lo));
+        saved = sat_add(saved, layer_saved(l, rows));
+        const int64_t w = layer_work(l, rows);
+        work = w > work ? w : work;
+        widest = li > widest ? li : widest;
+        widest = lo > widest ? lo : widest;
+    }
+    return sat_add(sat_add(outs, saved), sat_add(work, sat_mul(sat_mul(2, depths), sat_mul(rows, widest))));
+}
+
+/* What one data set (the data, or eval.data as `d`) holds in a rank, in bytes: its
+ * samples as 4-byte values (synthetic, CSV, an .npy file of at most SPEC_DATA_MAP_MIN
+ * bytes of values; a tokens file and a larger .npy file are memory-mapped and read
+ * window by window), the shard's order, the permutation when it shuffles, and the
+ * synthetic teacher. `held`: the rows the rank keeps; `shard`: its shard's rows; `rows`:
+ * the whole set's. */
+static int64_t data_bytes(const struct spec *s, const struct spec_data *d, int64_t rows, int64_t shard,
+                          int64_t held, int64_t width)
+{
+    const int64_t F = (int64_t)sizeof(float);
+    const int64_t xs = sat_mul(sat_mul(held, F), spec_sample_numel(s));
+    const int64_t ys = sat_mul(sat_mul(held, F), spec_target_numel(s));
+    int64_t b = 0;
+    if (d->kind == DATA_SYNTHETIC || d->kind == DATA_CSV)
+        b = sat_add(xs, ys);
+    else if (d->kind == DATA_NPY)
+        b = sat_add(xs > SPEC_DATA_MAP_MIN ? 0 : xs, ys > SPEC_DATA_MAP_MIN ? 0 : ys);
+    b = sat_add(b, sat_mul(shard, 8));                 /* the shard's order */
+    b = sat_add(b, d->shuffle ? sat_mul(rows, 8) : 0); /* the permutation */
+    if (d->kind == DATA_SYNTHETIC) {
+        int64_t teacher = 0; /* the teacher keeps its weights in double */
+        for (int i = 0; i < s->n_layers; i++) {
+            const struct spec_layer *l = &s->layers[i];
+            if (l->kind == LAYER_LINEAR)
+                teacher = sat_add(teacher, sat_mul(8, sat_add(sat_mul(l->in, l->out), l->out)));
+        }
+        b = sat_add(b, sat_add(teacher, sat_mul(2 * 64 * 8, width)));
+    }
+    return b;
+}
+
+void spec_memory_estimate(const struct spec *s, const struct spec_memory_in *mi, struct spec_memory *m)
 {
     const int64_t F = (int64_t)sizeof(float), P = spec_param_count(s);
     const int64_t in = spec_sample_numel(s);
@@ -1991,28 +2088,30 @@ void spec_memory_estimate(const struct spec *s, int64_t rows, bool rank_file, in
     const bool cuda = s->device == DEVICE_CUDA;
     const int per = s->optim.kind == OPTIM_ADAMW ? 2 : s->optim.momentum != 0.0 ? 1 : 0;
     const int world = s->world_size > 0 ? s->world_size : 1;
-    rows = rows > 0 ? rows : 0;
+    const bool eval = s->eval.every_steps > 0;
+    const int64_t rows = mi->rows > 0 ? mi->rows : 0;
+    const int64_t erows = eval && mi->eval_rows > 0 ? mi->eval_rows : 0;
     memset(m, 0, sizeof *m);
 
     /* The largest shard (rank 0's) and the rows a rank keeps: the whole set when it
      * shuffles it or reads a shared file; synthetic data without shuffling generates
-     * only its own shard. */
-    const int64_t shard = rank_file ? rows : spec_shard_rows(rows, 0, world);
-    const int64_t held = rank_file || (s->data.kind == DATA_SYNTHETIC && !s->data.shuffle) ? shard : rows;
-    const int64_t R = spec_batch_rows(s, shard);
-    int64_t sum_out = 0, width = 1, teacher = 0, fixed = 0;
+     * only its own shard. eval.data is never shuffled. */
+    const int64_t shard = mi->rank_file ? rows : spec_shard_rows(rows, 0, world);
+    const int64_t held = mi->rank_file || (s->data.kind == DATA_SYNTHETIC && !s->data.shuffle) ? shard : rows;
+    const int64_t eshard = mi->eval_rank_file ? erows : spec_shard_rows(erows, 0, world);
+    const int64_t eheld = mi->eval_rank_file || s->eval.data.kind == DATA_SYNTHETIC ? eshard : erows;
+    /* One set of batch buffers and one model serve both, sized by the larger batch. */
+    int64_t R = spec_batch_rows(s, shard);
+    if (eval && spec_batch_rows(s, eshard) > R)
+        R = spec_batch_rows(s, eshard);
+    int64_t width = 1, bn = 0;
     for (int i = 0; i < s->n_layers; i++) {
         const struct spec_layer *l = &s->layers[i];
-        /* A list built in code without spec_flat_layers has widths only. */
-        const int64_t li = l->in_rank ? shape_numel(l->in_rank, l->in_shape) : l->in;
-        const int64_t lo = l->out_rank ? shape_numel(l->out_rank, l->out_shape) : l->out;
-        sum_out = sat_add(sum_out, sat_add(lo, layer_scratch(l)));
+        const int64_t li = layer_in_numel(l), lo = layer_out_numel(l);
         width = li > width ? li : width;
         width = lo > width ? lo : width;
-        if (l->kind == LAYER_LINEAR) /* the teacher keeps its weights in double */
-            teacher = sat_add(teacher, sat_mul(8, sat_add(sat_mul(l->in, l->out), l->out)));
-        if (l->kind == LAYER_BATCHNORM) /* running mean and var, the batch's mean and invstd */
-            fixed = sat_add(fixed, sat_mul(4 * F, l->dim));
+        if (l->kind == LAYER_BATCHNORM) /* running mean and var, num_batches_tracked */
+            bn = sat_add(bn, sat_add(sat_mul(2 * F, l->dim), 8));
     }
     m->rows = R;
     m->params = sat_mul(P, F);
@@ -2024,31 +2123,30 @@ void spec_memory_estimate(const struct spec *s, int64_t rows, bool rank_file, in
         cap = cap > (1 << 20) ? cap : (1 << 20);
         m->buckets = sat_add(m->params, m->params < cap ? m->params : cap);
     }
-    m->activations = sat_add(sat_mul(sat_mul(R, F), sat_add(sum_out, sat_mul(2, width))), fixed);
-    /* x (host and device), y (host and device), the loss gradient, the labels. */
-    const int64_t batch_host = sat_mul(sat_mul(R, F), sat_add(sat_add(in, out), 1));
-    const int64_t batch_dev = sat_mul(sat_mul(R, F), sat_add(sat_add(in, sat_mul(2, out)), 1));
+    m->activations = sat_add(sat_mul(F, model_floats(s, R)), bn);
+    /* A step's micro-batches (their losses): at most grad_accum, at most the batches. */
+    const int64_t nb = spec_batches(shard, s->batch_size, s->data.drop_last);
+    const int64_t k = s->grad_accum < nb ? s->grad_accum : nb > 0 ? nb : 1;
+    /* Host: x, y, the labels, the step's losses twice (read and on_nonfinite's copy),
+     * eval's logits. Device: x, y, the labels, the loss gradient, the step's losses,
+     * eval's loss. */
+    const int64_t per_row = sat_add(in, sat_mul(2, target));
+    const int64_t batch_host =
+        sat_mul(F, sat_add(sat_add(sat_mul(R, per_row), sat_mul(2, k)), eval ? sat_mul(R, out) : 0));
+    const int64_t batch_dev =
+        sat_mul(F, sat_add(sat_add(sat_mul(R, sat_add(per_row, out)), k), eval ? 1 : 0));
     m->batch = sat_add(batch_host, batch_dev);
-    /* Synthetic and CSV samples are held as 4-byte values. A tokens file is memory-mapped
-     * and read window by window, so only the sample order is the rank's; so is an .npy
-     * file of more than SPEC_DATA_MAP_MIN bytes of values (a smaller one is loaded). */
-    const int64_t xs = sat_mul(sat_mul(held, F), in), ys = sat_mul(sat_mul(held, F), target);
-    if (s->data.kind == DATA_SYNTHETIC || s->data.kind == DATA_CSV)
-        m->data = sat_add(xs, ys);
-    else if (s->data.kind == DATA_NPY)
-        m->data = sat_add(xs > SPEC_DATA_MAP_MIN ? 0 : xs, ys > SPEC_DATA_MAP_MIN ? 0 : ys);
-    m->data = sat_add(m->data, sat_mul(shard, 8));                      /* the shard's order */
-    m->data = sat_add(m->data, s->data.shuffle ? sat_mul(rows, 8) : 0); /* the permutation */
-    if (s->data.kind == DATA_SYNTHETIC)
-        m->data = sat_add(m->data, sat_add(teacher, sat_mul(2 * 64 * 8, width)));
-    m->data = sat_add(m->data, file_bytes > 0 ? file_bytes : 0);
+    m->data = data_bytes(s, &s->data, rows, shard, held, width);
+    m->data = sat_add(m->data, mi->file_bytes > 0 ? mi->file_bytes : 0);
+    if (eval)
+        m->eval = data_bytes(s, &s->eval.data, erows, eshard, eheld, width);
     m->staging = sat_mul(m->params, 1 + per);
 
     const int64_t on_dev = sat_add(sat_add(sat_add(m->params, m->grads), sat_add(m->optim, m->buckets)),
                                    sat_add(m->activations, batch_dev));
-    m->total = sat_add(sat_add(on_dev, batch_host), sat_add(m->data, m->staging));
+    m->total = sat_add(sat_add(on_dev, batch_host), sat_add(sat_add(m->data, m->eval), m->staging));
     m->device = cuda ? on_dev : 0;
-    m->host = cuda ? sat_add(batch_host, sat_add(m->data, m->staging)) : m->total;
+    m->host = cuda ? sat_add(batch_host, sat_add(sat_add(m->data, m->eval), m->staging)) : m->total;
 }
 
 /* "12.3 MiB", "4.0 TiB": sizes for messages. */
@@ -2078,12 +2176,13 @@ ddpd_err spec_memory_check(const struct spec *s, const struct spec_memory *m, in
     const int64_t model =
         cuda ? m->staging
              : sat_add(sat_add(sat_add(m->params, m->grads), sat_add(m->optim, m->buckets)), m->staging);
-    const int64_t batch = cuda ? m->host - model - m->data : sat_add(m->activations, m->batch);
-    const char *path = model >= batch && model >= m->data ? "model"
-                       : batch >= m->data                 ? "batch_size"
-                       : s->data.kind == DATA_SYNTHETIC   ? "data.samples"
-                                                          : "data";
-    char need[32], lim[32], pa[32], gr[32], op[32], bu[32], ac[32], ba[32], da[32], st[32];
+    const int64_t batch = cuda ? m->host - model - m->data - m->eval : sat_add(m->activations, m->batch);
+    const char *path = model >= batch && model >= m->data && model >= m->eval ? "model"
+                       : batch >= m->data && batch >= m->eval                 ? "batch_size"
+                       : m->data >= m->eval ? (s->data.kind == DATA_SYNTHETIC ? "data.samples" : "data")
+                       : s->eval.data.kind == DATA_SYNTHETIC ? "eval.data.samples"
+                                                             : "eval.data";
+    char need[32], lim[32], pa[32], gr[32], op[32], bu[32], ac[32], ba[32], da[32], ev[32], st[32];
     fmt_bytes(need, sizeof need, m->host);
     fmt_bytes(lim, sizeof lim, limit);
     fmt_bytes(pa, sizeof pa, m->params);
@@ -2093,14 +2192,17 @@ ddpd_err spec_memory_check(const struct spec *s, const struct spec_memory *m, in
     fmt_bytes(ac, sizeof ac, m->activations);
     fmt_bytes(ba, sizeof ba, m->batch);
     fmt_bytes(da, sizeof da, m->data);
+    fmt_bytes(ev, sizeof ev, m->eval);
     fmt_bytes(st, sizeof st, m->staging);
-    return ddpd_error_set(err, code, path,
-                          "the job needs about %s of %smemory per rank (parameters %s, gradients %s, "
-                          "optimizer state %s, DDP buckets %s, activations %s and batch %s for micro-batches "
-                          "of %lld rows, data %s, checkpoint copies %s), more than the limit of %s per rank "
-                          "(%s)",
-                          need, cuda ? "host " : "", pa, gr, op, bu, ac, ba, (long long)m->rows, da, st, lim,
-                          limit_name);
+    return ddpd_error_set(
+        err, code, path,
+        "the job needs about %s of %smemory per rank (parameters %s, gradients %s, "
+        "optimizer state %s, DDP buckets %s, activations %s and batch %s for micro-batches "
+        "of %lld rows, data %s%s%s, checkpoint copies %s), more than the limit of %s per rank "
+        "(%s)",
+        need, cuda ? "host " : "", pa, gr, op, bu, ac, ba, (long long)m->rows, da,
+        s->eval.every_steps > 0 ? ", eval data " : "", s->eval.every_steps > 0 ? ev : "", st, lim,
+        limit_name);
 }
 
 int64_t spec_in_width(const struct spec *s)

@@ -214,16 +214,20 @@ int64_t spec_batch_rows(const struct spec *s, int64_t shard_rows);
  * the ranks) and each rank (at start, with its real shard) judge a job by. Every figure
  * saturates at INT64_MAX instead of wrapping. */
 struct spec_memory {
-    int64_t rows;        /* the largest micro-batch: spec_batch_rows of the largest shard */
+    int64_t rows;        /* the largest micro-batch: spec_batch_rows of the largest shard,
+                            of the data or of eval.data, whichever is larger */
     int64_t params;      /* weights and biases, float32 */
     int64_t grads;       /* their gradients */
     int64_t optim;       /* momentum buffers (sgd with momentum) or AdamW's two moments */
     int64_t buckets;     /* DDP's flat gradient buckets and its zero bucket (world > 1) */
-    int64_t activations; /* every layer's output for `rows` rows, and backward's scratch */
-    int64_t batch;       /* the batch's inputs, targets and loss gradient, host and device */
+    int64_t activations; /* the model's tensors for `rows` rows: model_activation_bytes
+                            (worker/model.c) exactly, + batchnorm's running statistics */
+    int64_t batch;       /* the batch's inputs, targets, labels, loss gradient, the step's
+                            losses and eval's host logits, host and device */
     int64_t data;        /* the rank's data set in memory (not memory-mapped tokens files
                             and .npy files over 64 MiB of values), its sample order, the
                             synthetic teacher, and a CSV file while it is read */
+    int64_t eval;        /* the same for the rank's shard of eval.data */
     int64_t staging;     /* host copies of parameters and optimizer state for checkpoints
                             and init.from */
     int64_t device;      /* of the above, what lives on the GPU (cuda jobs; 0 on cpu) */
@@ -231,16 +235,25 @@ struct spec_memory {
     int64_t total;
 };
 
-/* Fills `m` for a data set of `rows` samples: the whole set, sharded over the ranks,
- * or with `rank_file` one rank's own {rank} file. `file_bytes` is the size of a data file
- * that is read whole while loading (CSV), else 0. */
-void spec_memory_estimate(const struct spec *s, int64_t rows, bool rank_file, int64_t file_bytes,
-                          struct spec_memory *m);
+/* What the estimate is given about the data sets: `rows` samples of the data, the whole
+ * set (sharded over the ranks) or with `rank_file` one rank's own {rank} file; the same
+ * for eval.data (eval_rows 0: no eval, or its rows are not known yet); `file_bytes` the
+ * largest data file that is read whole while loading (CSV), else 0. */
+struct spec_memory_in {
+    int64_t rows;
+    bool rank_file;
+    int64_t file_bytes;
+    int64_t eval_rows;
+    bool eval_rank_file;
+};
+
+/* Fills `m` for the data sets `in` describes. */
+void spec_memory_estimate(const struct spec *s, const struct spec_memory_in *in, struct spec_memory *m);
 
 /* DDPD_OK when m->host <= limit (limit <= 0: no limit). Else `code` (DDPD_ESPEC at submit,
  * DDPD_EDEVICE in a rank) at the field the largest part comes from (`model`,
- * `batch_size`, `data.samples` or `data`), with a message that gives the need, its parts
- * and the limit; `limit_name` says where the limit comes from ("--max-rank-memory"). */
+ * `batch_size`, `data.samples`, `data`, `eval.data.samples` or `eval.data`), with a message that gives the
+ * need, its parts and the limit; `limit_name` says where the limit comes from ("--max-rank-memory"). */
 ddpd_err spec_memory_check(const struct spec *s, const struct spec_memory *m, int64_t limit,
                            const char *limit_name, ddpd_err code, struct ddpd_error *err);
 

@@ -457,13 +457,16 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
         goto out;
 
     /* The data must be readable and, with join false, even, and a rank must fit in memory.
-     * Synthetic data has nothing to read: its counts follow from the spec, here. Files are the planner's to
-     * read, on its own threads and processes: nothing that can block on a file runs here. */
-    if (spec->data.kind == DATA_SYNTHETIC && !spec->init_from[0] && !spec->init_from_job) {
+     * Synthetic data (and eval.data) has nothing to read: its counts follow from the spec, here. Files are
+     * the planner's to read, on its own threads and processes: nothing that can block on a file runs here. */
+    if (spec->data.kind == DATA_SYNTHETIC && !spec->init_from[0] && !spec->init_from_job &&
+        (spec->eval.every_steps <= 0 || spec->eval.data.kind == DATA_SYNTHETIC)) {
         /* The memory a rank needs follows from the spec too (the planner checks it
          * against the same limit where there are files, or an init.from to check). */
         struct spec_memory mem;
-        spec_memory_estimate(spec, spec->data.samples, false, 0, &mem);
+        spec_memory_estimate(
+            spec, &(struct spec_memory_in){.rows = spec->data.samples, .eval_rows = spec->eval.data.samples},
+            &mem);
         if ((rc = spec_memory_check(spec, &mem, a->max_rank_memory, "the server's --max-rank-memory",
                                     DDPD_ESPEC, err)))
             goto out;

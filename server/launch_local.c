@@ -139,7 +139,11 @@ static int64_t memory_need(const struct spec *spec, bool *with_data)
 {
     struct spec_memory m;
     *with_data = spec->data.kind == DATA_SYNTHETIC;
-    spec_memory_estimate(spec, *with_data ? spec->data.samples : 0, false, 0, &m);
+    const bool eval_synthetic = spec->eval.data.kind == DATA_SYNTHETIC;
+    spec_memory_estimate(spec,
+                         &(struct spec_memory_in){.rows = *with_data ? spec->data.samples : 0,
+                                                  .eval_rows = eval_synthetic ? spec->eval.data.samples : 0},
+                         &m);
     return m.host;
 }
 

@@ -1,5 +1,6 @@
 /* templates.js — job specs to start from on the Submit page (schema/README.md). The first is
- * examples/seed.json as it is (the browser test checks that they agree). */
+ * examples/seed.json as it is, 'gpt' examples/gpt-char.json and 'cnn' examples/digits-cnn.json
+ * (the browser test checks that they agree, and that the server accepts the last two). */
 'use strict';
 (function () {
   const ddpd = (window.ddpd = window.ddpd || {});
@@ -77,6 +78,83 @@
         epochs: 2,
         checkpoint: {every_steps: 50},
         log_every: 1,
+      },
+    },
+    {
+      id: 'gpt',
+      title: 'Character GPT',
+      about: 'A 2-block GPT (dim 64, 4 heads, T 64, byte vocabulary 256) with AdamW on a tokens file, 2 ranks, ' +
+        'eval every 100 steps (examples/gpt-char.json; python3 examples/gpt_char_data.py writes train.bin and eval.bin).',
+      spec: {
+        name: 'gpt-char',
+        world_size: 2,
+        device: 'cpu',
+        input_shape: [64],
+        model: [
+          {type: 'embedding', num: 256, dim: 64},
+          {type: 'position', max: 64, dim: 64},
+          {type: 'dropout', p: 0},
+          {type: 'residual', layers: [
+            {type: 'layernorm', dim: 64},
+            {type: 'attention', dim: 64, heads: 4, causal: true}]},
+          {type: 'residual', layers: [
+            {type: 'layernorm', dim: 64},
+            {type: 'linear', in: 64, out: 256},
+            {type: 'gelu', approximate: 'tanh'},
+            {type: 'linear', in: 256, out: 64}]},
+          {type: 'residual', layers: [
+            {type: 'layernorm', dim: 64},
+            {type: 'attention', dim: 64, heads: 4, causal: true}]},
+          {type: 'residual', layers: [
+            {type: 'layernorm', dim: 64},
+            {type: 'linear', in: 64, out: 256},
+            {type: 'gelu', approximate: 'tanh'},
+            {type: 'linear', in: 256, out: 64}]},
+          {type: 'layernorm', dim: 64},
+          {type: 'linear', in: 64, out: 256},
+        ],
+        loss: 'cross_entropy',
+        optimizer: {type: 'adamw', lr: 0.003},
+        data: {type: 'tokens', path: 'train.bin', block_size: 64, seed: 1},
+        eval: {data: {type: 'tokens', path: 'eval.bin', block_size: 64}, every_steps: 100},
+        batch_size: 16,
+        steps: 300,
+        log_every: 1,
+      },
+    },
+    {
+      id: 'cnn',
+      title: 'Digits conv net',
+      about: 'Two 3x3 conv layers with BatchNorm, max pooling and an MLP head on 8x8 digit images (x.npy [N,1,8,8], ' +
+        'y.npy class ids), SGD with a cosine schedule, 2 ranks, eval every 40 steps (examples/digits-cnn.json; ' +
+        'python3 examples/digits_data.py writes the files).',
+      spec: {
+        name: 'digits-cnn',
+        world_size: 2,
+        device: 'cpu',
+        input_shape: [1, 8, 8],
+        model: [
+          {type: 'conv2d', in: 1, out: 16, kernel: 3, padding: 1},
+          {type: 'batchnorm', features: 16},
+          {type: 'relu'},
+          {type: 'conv2d', in: 16, out: 32, kernel: 3, padding: 1},
+          {type: 'batchnorm', features: 32},
+          {type: 'relu'},
+          {type: 'maxpool2d', kernel: 2},
+          {type: 'flatten'},
+          {type: 'linear', in: 512, out: 64},
+          {type: 'batchnorm', features: 64},
+          {type: 'relu'},
+          {type: 'linear', in: 64, out: 10},
+        ],
+        loss: 'cross_entropy',
+        optimizer: {type: 'sgd', lr: 0.1, momentum: 0.9, weight_decay: 0.0001,
+          schedule: {type: 'cosine', warmup_steps: 10}},
+        data: {type: 'npy', x: 'x.npy', y: 'y.npy', seed: 1},
+        eval: {data: {type: 'npy', x: 'eval_x.npy', y: 'eval_y.npy'}, every_steps: 40},
+        batch_size: 32,
+        epochs: 8,
+        log_every: 10,
       },
     },
   ];

@@ -260,16 +260,18 @@ static void plan_one(const char *line, size_t len)
     bool known = rc == DDPD_OK;
     if (rc == DDPD_ENOTFOUND) /* {rank} files: the model and one-row batches at least */
         rc = DDPD_OK;
+    /* The eval data's rows count in the memory too. */
+    struct spec_memory_in mi = {.rows = rows, .rank_file = !known, .file_bytes = file_bytes};
+    if (rc == DDPD_OK)
+        rc = train_check_eval_data(spec, data_dir, req.world_size, &mi, &err);
     if (rc == DDPD_OK) {
         struct spec_memory mem;
-        spec_memory_estimate(spec, rows, !known, file_bytes, &mem);
+        spec_memory_estimate(spec, &mi, &mem);
         rc = spec_memory_check(spec, &mem, req.max_rank_memory, "the server's --max-rank-memory", DDPD_ESPEC,
                                &err);
     }
     if (rc == DDPD_OK && (spec->init_from[0] || spec->init_from_job > 0))
         rc = plan_init_from(spec, data_dir, req.init_path, &err);
-    if (rc == DDPD_OK)
-        rc = train_check_eval_data(spec, data_dir, req.world_size, &err);
     memset(&ans, 0, sizeof ans);
     ans.code = rc;
     ans.known = known;

@@ -57,6 +57,57 @@ static void *alloc_tensor(const struct dev *dev, int64_t n, size_t size, const c
     return p;
 }
 
+/* The batch buffers setup allocates, in 4-byte elements (floats and int32 labels), for
+ * micro-batches of `rows` rows, `kmax` micro-batches a step, with or without eval: host
+ * x, y and labels; device x, y, labels and the loss gradient; the step's losses on the
+ * device and twice on the host; eval's loss and host logits. One list for setup and for
+ * train_batch_bytes, so that what the estimate is tested against is what is allocated. */
+enum {
+    BB_HX,
+    BB_HY,
+    BB_HL,
+    BB_X,
+    BB_Y,
+    BB_LABELS,
+    BB_DPRED,
+    BB_DLOSS,
+    BB_HLOSS,
+    BB_HCHECK,
+    BB_ELOSS,
+    BB_HPRED,
+    BB_COUNT
+};
+
+static int64_t sat_mul64(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+static void batch_sizes(const struct spec *s, int64_t rows, int64_t kmax, bool eval, int64_t n[BB_COUNT])
+{
+    const int64_t tn = spec_target_numel(s);
+    const int64_t out = s->loss == LOSS_CROSS_ENTROPY ? sat_mul64(tn, spec_classes(s)) : tn;
+    n[BB_HX] = n[BB_X] = sat_mul64(rows, spec_sample_numel(s));
+    n[BB_HY] = n[BB_HL] = n[BB_Y] = n[BB_LABELS] = sat_mul64(rows, tn);
+    n[BB_DPRED] = sat_mul64(rows, out);
+    n[BB_DLOSS] = n[BB_HLOSS] = n[BB_HCHECK] = kmax;
+    n[BB_ELOSS] = eval ? 1 : 0;
+    n[BB_HPRED] = eval ? n[BB_DPRED] : 0;
+}
+
+int64_t train_batch_bytes(const struct spec *s, int64_t rows, int64_t kmax, bool eval)
+{
+    int64_t n[BB_COUNT], bytes = 0;
+    batch_sizes(s, rows, kmax, eval, n);
+    for (int i = 0; i < BB_COUNT; i++) {
+        const bool allocated = eval || (i != BB_ELOSS && i != BB_HPRED);
+        const int64_t b = allocated ? sat_mul64(n[i] > 1 ? n[i] : 1, 4) : 0; /* alloc_tensor: at least 1 */
+        bytes = bytes > INT64_MAX - b ? INT64_MAX : bytes + b;
+    }
+    return bytes;
+}
+
 /* Where a rank's memory must fit: the server's --max-rank-memory (the job document's
  * max_rank_memory, 0 = none) and this machine's memory; the smaller one and its name. */
 static int64_t memory_limit(const struct train_config *cfg, const char **name)
@@ -87,14 +138,14 @@ static void emit_checkpoint(int rank, int64_t step, const char *dir)
     emit_event(&ev);
 }
 
-/* The memory estimate of this rank for a data set of `rows` (its own with rank_file)
- * against memory_limit: DDPD_EDEVICE naming the largest part's field and the rank. */
-static ddpd_err check_memory(const struct train_config *cfg, int64_t rows, bool rank_file,
+/* The memory estimate of this rank for the data sets `in` describes against
+ * memory_limit: DDPD_EDEVICE naming the largest part's field and the rank. */
+static ddpd_err check_memory(const struct train_config *cfg, const struct spec_memory_in *in,
                              struct spec_memory *mem, struct ddpd_error *err)
 {
     const char *limit_name;
     const int64_t limit = memory_limit(cfg, &limit_name);
-    spec_memory_estimate(cfg->spec, rows, rank_file, 0, mem);
+    spec_memory_estimate(cfg->spec, in, mem);
     ddpd_err rc = spec_memory_check(cfg->spec, mem, limit, limit_name, DDPD_EDEVICE, err);
     if (rc) {
         char msg[sizeof err->message], path[sizeof err->path];
@@ -583,8 +634,10 @@ static void eval_error(struct ddpd_error *err)
 }
 
 ddpd_err train_check_eval_data(const struct spec *s, const char *data_dir, int world_size,
-                               struct ddpd_error *err)
+                               struct spec_memory_in *mem, struct ddpd_error *err)
 {
+    mem->eval_rows = 0;
+    mem->eval_rank_file = false;
     if (s->eval.every_steps <= 0)
         return DDPD_OK;
     struct spec *es = eval_spec(s);
@@ -595,9 +648,14 @@ ddpd_err train_check_eval_data(const struct spec *s, const char *data_dir, int w
     free(es);
     if (rc == DDPD_ENOTFOUND) /* {rank} files: the ranks check them */
         return DDPD_OK;
-    if (rc)
+    if (rc) {
         eval_error(err);
-    return rc;
+        return rc;
+    }
+    mem->eval_rows = rows;
+    if (file_bytes > mem->file_bytes) /* one file is read whole at a time */
+        mem->file_bytes = file_bytes;
+    return DDPD_OK;
 }
 
 /* This rank's shard of eval.data, opened like the training data but never shuffled;
@@ -633,7 +691,10 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
      * here with the sizes (exit 4), not in the OOM killer. Synthetic data is sized by the
      * spec, so it is checked before it is generated; files once their rows are known. */
     struct spec_memory mem;
-    if (s->data.kind == DATA_SYNTHETIC && (rc = check_memory(cfg, s->data.samples, false, &mem, err)))
+    struct spec_memory_in mi = {.rows = s->data.samples};
+    if (s->eval.data.kind == DATA_SYNTHETIC) /* eval files: counted once they are open */
+        mi.eval_rows = s->eval.data.samples;
+    if (s->data.kind == DATA_SYNTHETIC && (rc = check_memory(cfg, &mi, &mem, err)))
         return rc;
     r->ds = dataset_open(s, cfg->data_dir, cfg->rank, cfg->world_size, err);
     if (!r->ds)
@@ -646,7 +707,15 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
         r->out = r->tn;
     else if (__builtin_mul_overflow(r->tn, r->classes, &r->out))
         r->out = INT64_MAX; /* fails the size check below */
-    if ((rc = check_memory(cfg, dataset_rows(r->ds), dataset_rank_file(r->ds), &mem, err)))
+    if ((rc = open_eval(r, err)))
+        return rc;
+    mi.rows = dataset_rows(r->ds);
+    mi.rank_file = dataset_rank_file(r->ds);
+    if (r->eds) {
+        mi.eval_rows = dataset_rows(r->eds);
+        mi.eval_rank_file = dataset_rank_file(r->eds);
+    }
+    if ((rc = check_memory(cfg, &mi, &mem, err)))
         return rc;
     const char *limit_name;
     const int64_t limit = memory_limit(cfg, &limit_name);
@@ -654,9 +723,6 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
              "micro-batches of at most %" PRId64 " rows",
              (double)mem.host / (1 << 20), (double)mem.device / (1 << 20), (double)limit / (1 << 20),
              limit_name, mem.rows);
-
-    if ((rc = open_eval(r, err)))
-        return rc;
 
     /* A micro-batch is at most the shard: batch_size alone (which may be near INT64_MAX
      * on a small data set) sizes nothing. An eval batch is at most the eval shard. */
@@ -682,19 +748,22 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     const struct dev *dv = &r->dev;
     /* A step has at most min(grad_accum, batches) micro-batches. */
     const int64_t kmax = s->grad_accum < r->nb ? s->grad_accum : r->nb > 0 ? r->nb : 1;
-    if (!(r->hx = alloc_tensor(NULL, rows_xn, sizeof(float), "batch inputs (host)", err)) ||
-        !(r->hy = alloc_tensor(NULL, rows_yn, sizeof(float), "batch targets (host)", err)) ||
-        !(r->hl = alloc_tensor(NULL, rows_yn, sizeof(int32_t), "batch labels (host)", err)) ||
-        !(r->x = alloc_tensor(dv, rows_in, sizeof(float), "batch inputs", err)) ||
-        !(r->y = alloc_tensor(dv, rows_yn, sizeof(float), "batch targets", err)) ||
-        !(r->labels = alloc_tensor(dv, rows_yn, sizeof(int32_t), "batch labels", err)) ||
-        !(r->dpred = alloc_tensor(dv, rows_out, sizeof(float), "loss gradient", err)) ||
-        !(r->dloss = alloc_tensor(dv, kmax, sizeof(float), "micro-batch losses", err)) ||
-        !(r->hloss = alloc_tensor(NULL, kmax, sizeof(float), "micro-batch losses (host)", err)) ||
-        !(r->hcheck = alloc_tensor(NULL, kmax, sizeof(float), "micro-batch losses (on_nonfinite)", err)))
+    int64_t n[BB_COUNT];
+    batch_sizes(s, rows, kmax, r->eds != NULL, n);
+    if (!(r->hx = alloc_tensor(NULL, n[BB_HX], sizeof(float), "batch inputs (host)", err)) ||
+        !(r->hy = alloc_tensor(NULL, n[BB_HY], sizeof(float), "batch targets (host)", err)) ||
+        !(r->hl = alloc_tensor(NULL, n[BB_HL], sizeof(int32_t), "batch labels (host)", err)) ||
+        !(r->x = alloc_tensor(dv, n[BB_X], sizeof(float), "batch inputs", err)) ||
+        !(r->y = alloc_tensor(dv, n[BB_Y], sizeof(float), "batch targets", err)) ||
+        !(r->labels = alloc_tensor(dv, n[BB_LABELS], sizeof(int32_t), "batch labels", err)) ||
+        !(r->dpred = alloc_tensor(dv, n[BB_DPRED], sizeof(float), "loss gradient", err)) ||
+        !(r->dloss = alloc_tensor(dv, n[BB_DLOSS], sizeof(float), "micro-batch losses", err)) ||
+        !(r->hloss = alloc_tensor(NULL, n[BB_HLOSS], sizeof(float), "micro-batch losses (host)", err)) ||
+        !(r->hcheck =
+              alloc_tensor(NULL, n[BB_HCHECK], sizeof(float), "micro-batch losses (on_nonfinite)", err)))
         return DDPD_EDEVICE;
-    if (r->eds && (!(r->eloss = alloc_tensor(dv, 1, sizeof(float), "eval loss", err)) ||
-                   !(r->hpred = alloc_tensor(NULL, rows_out, sizeof(float), "eval outputs (host)", err))))
+    if (r->eds && (!(r->eloss = alloc_tensor(dv, n[BB_ELOSS], sizeof(float), "eval loss", err)) ||
+                   !(r->hpred = alloc_tensor(NULL, n[BB_HPRED], sizeof(float), "eval outputs (host)", err))))
         return DDPD_EDEVICE;
 
     memset(pos, 0, sizeof *pos);

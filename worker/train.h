@@ -35,10 +35,17 @@ struct train_config {
  * event and an exit code). */
 ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err);
 
+/* The bytes of the batch buffers a rank allocates (inputs, targets, labels, loss gradient,
+ * the step's losses, eval's logits; host and device together) for micro-batches of `rows`
+ * rows and `kmax` micro-batches a step: what spec_memory_estimate's `batch` bounds. */
+int64_t train_batch_bytes(const struct spec *s, int64_t rows, int64_t kmax, bool eval);
+
 /* The planner's check of `eval.data` (CONTRACT.md §2a) before a job is accepted: what
  * dataset_check finds in the eval data, with the error's path and message naming
- * eval.data. DDPD_OK without eval, and for {rank} files (only the ranks see them). */
+ * eval.data. DDPD_OK without eval, and for {rank} files (only the ranks see them). Sets
+ * mem->eval_rows to the eval set's rows (0 when unknown: no eval, {rank} files) and raises
+ * mem->file_bytes to the eval file read whole, for spec_memory_estimate. */
 ddpd_err train_check_eval_data(const struct spec *s, const char *data_dir, int world_size,
-                               struct ddpd_error *err);
+                               struct spec_memory_in *mem, struct ddpd_error *err);
 
 #endif

@@ -69,3 +69,37 @@ def test_eval_data_checked_at_submission(server):
         e = r.json()["error"]
         assert e["path"].startswith("eval.data"), e
         assert e["message"].startswith("eval.data: ") and want in e["message"], e
+
+
+def err_of(r, status):
+    assert r.status_code == status, f"expected {status}, got {r.status_code}: {r.text[:500]}"
+    return r.json()["error"]
+
+
+@pytest.mark.parametrize("kind", ["npy", "synthetic"])
+def test_eval_data_over_the_memory_limit_is_refused_at_submission(make_server, kind):
+    """A job that fits in --max-rank-memory but for its eval set is a 422 at submission
+    naming eval.data (npy files: the planner reads the eval rows; synthetic: the server
+    counts them from the spec), with the eval data's share in the message; the same job
+    with a small eval set is accepted and runs."""
+    import numpy as np
+    srv = make_server(cpu_slots=1, extra=["--max-rank-memory", "16M"])
+    np.save(srv.data_dir / "x.npy", np.zeros((40, 10), np.float32))
+    np.save(srv.data_dir / "y.npy", np.zeros((40, 5), np.float32))
+    small = {"type": "npy", "x": "x.npy", "y": "y.npy"}
+    if kind == "npy":  # 400000 rows: 16 MB + 8 MB loaded (each under 64 MiB), 3.2 MB of order
+        np.save(srv.data_dir / "ex.npy", np.zeros((400000, 10), np.float32))
+        np.save(srv.data_dir / "ey.npy", np.zeros((400000, 5), np.float32))
+        big, path = {"type": "npy", "x": "ex.npy", "y": "ey.npy"}, "eval.data"
+    else:  # 400000 synthetic rows, generated whole by the rank
+        big, path = {"type": "synthetic", "samples": 400000, "seed": 2}, "eval.data.samples"
+    data = small if kind == "npy" else {"type": "synthetic", "samples": 40, "seed": 1}
+    e = err_of(srv.post("/v1/jobs", json=seed_spec(data=data, eval={"data": big, "every_steps": 5})), 422)
+    assert e["path"] == path, e
+    m = e["message"]
+    assert "the job needs about" in m and ", eval data 2" in m and "limit of 16.0 MiB per rank" in m, m
+    assert "--max-rank-memory" in m, m
+    assert srv.get("/v1/jobs").json()["jobs"] == []
+    ok = small if kind == "npy" else {"type": "synthetic", "samples": 30, "seed": 2}
+    j = srv.submit(seed_spec(data=data, eval={"data": ok, "every_steps": 5}))
+    assert srv.wait_state(j["id"], ("succeeded", "failed", "cancelled"), timeout=60)["state"] == "succeeded"

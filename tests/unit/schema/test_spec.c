@@ -1206,24 +1206,32 @@ static void test_v2_memory(void)
               "\"x\":\"x.npy\",\"y\":\"y.npy\"},\"batch_size\":2,\"steps\":10}",
               &s, &e),
         DDPD_OK);
-    spec_memory_estimate(&s, 10, false, 0, &m);
+    spec_memory_estimate(&s, &(struct spec_memory_in){.rows = 10, .rank_file = false, .file_bytes = 0}, &m);
     CHECK_EQ_INT(m.rows, 2);
     CHECK_EQ_INT(m.params, 4 * (8 * 4 + 4 * 16 + 4 * 4));
-    /* outputs 12 + 12; attention keeps q,k,v twice and the merged heads (7·T·dim = 84) and
-     * scores and probabilities (2·heads·T·T = 36); backward's scratch 2 × 12. */
-    CHECK_EQ_INT(m.activations, 2 * 4 * (12 + 12 + 84 + 36 + 2 * 12));
-    /* x [3] ids, y and the loss gradient [3,4]. */
-    CHECK_EQ_INT(m.batch, 2 * 4 * (3 + 12 + 1) + 2 * 4 * (3 + 24 + 1));
+    /* What model_new_err allocates (worker/model.c, layers/attention.c): the outputs
+     * 12 + 12 per row; attention saves q, k, v, the merged heads (4·T·dim) and the
+     * probabilities (heads·T·T); its scratch, the largest, 8·T·dim + 2·heads·T·T; backward's
+     * dy ping-pong 2 × the widest (12) at one depth. */
+    CHECK_EQ_INT(m.activations,
+                 4 * (2 * (12 + 12) + 2 * (4 * 12 + 2 * 9) + 2 * (8 * 12 + 2 * 2 * 9) + 2 * 2 * 12));
+    /* Host: x [3] ids, y [3,4], the labels (train.c sizes them by the target too), two
+     * copies of the step's loss (grad_accum 1). Device: the same once, the loss gradient
+     * [3,4] and the loss. */
+    CHECK_EQ_INT(m.batch, 4 * (2 * (3 + 2 * 12) + 2) + 4 * (2 * (3 + 2 * 12 + 12) + 1));
     /* A small npy file is loaded (x ids and y as 4-byte values), with the shard's order
      * and the permutation; a large one is memory-mapped: only the order and permutation. */
     CHECK_EQ_INT(m.data, 10 * 4 * (3 + 12) + 10 * 8 + 10 * 8);
-    spec_memory_estimate(&s, 10000000, false, 0, &m);
+    spec_memory_estimate(&s, &(struct spec_memory_in){.rows = 10000000, .rank_file = false, .file_bytes = 0},
+                         &m);
     CHECK_EQ_INT(m.data, 10000000LL * 8 + 10000000LL * 8);
-    spec_memory_estimate(&s, 2000000, false, 0, &m); /* x 24 MB loaded, y 96 MB mapped */
+    spec_memory_estimate(&s, &(struct spec_memory_in){.rows = 2000000, .rank_file = false, .file_bytes = 0},
+                         &m); /* x 24 MB loaded, y 96 MB mapped */
     CHECK_EQ_INT(m.data, 2000000LL * 4 * 3 + 2000000LL * 8 + 2000000LL * 8);
     /* tokens likewise */
     CHECK_EQ_INT(parse(GPT_WITH(ADAMW, TOKENS, ""), &s, &e), DDPD_OK);
-    spec_memory_estimate(&s, 1000000, false, 0, &m);
+    spec_memory_estimate(&s, &(struct spec_memory_in){.rows = 1000000, .rank_file = false, .file_bytes = 0},
+                         &m);
     CHECK_EQ_INT(m.data, 1000000 * 8 + 1000000 * 8);
     /* conv2d's im2col and batchnorm's statistics count. */
     CHECK_EQ_INT(parse(V2MSE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":3},{\"type\":\"batchnorm\","
@@ -1231,9 +1239,12 @@ static void test_v2_memory(void)
                              "[1,4,4]"),
                        &s, &e),
                  DDPD_OK);
-    spec_memory_estimate(&s, 2, false, 0, &m);
-    /* outputs 8 + 8, im2col 1·9·2·2 = 36, scratch 2 × 16; batchnorm 4 × 2 floats. */
-    CHECK_EQ_INT(m.activations, 2 * 4 * (8 + 36 + 8 + 2 * 16) + 4 * 4 * 2);
+    spec_memory_estimate(&s, &(struct spec_memory_in){.rows = 2, .rank_file = false, .file_bytes = 0}, &m);
+    /* outputs 8 + 8; batchnorm saves its mean and invstd (2 × 2); the largest scratch is
+     * conv's im2col 1·9·2·2 = 36 per row and its row of ones (2·2), above batchnorm's dx
+     * (8 per row); backward's dy 2 × 16 per row; the running mean, var (2 × 2 floats) and
+     * num_batches_tracked (8 bytes). */
+    CHECK_EQ_INT(m.activations, 4 * (2 * (8 + 8) + 2 * 2 + (2 * 36 + 4) + 2 * 2 * 16) + 4 * 2 * 2 + 8);
 }
 
 /* Sizes near the limits: the batch arithmetic never overflows (it is signed overflow, UB,
@@ -1274,14 +1285,15 @@ static void test_sizes_near_limits(void)
     /* The memory estimate: the seed-like spec, by hand. linear 4->2 with bias: 10 params. */
     struct spec_memory m;
     CHECK_EQ_INT(parse(OK_PLUS(""), &s, &e), DDPD_OK);
-    spec_memory_estimate(&s, 10, false, 0, &m);
+    spec_memory_estimate(&s, &(struct spec_memory_in){.rows = 10, .rank_file = false, .file_bytes = 0}, &m);
     CHECK_EQ_INT(m.rows, 2);
     CHECK_EQ_INT(m.params, 40);
     CHECK_EQ_INT(m.grads, 40);
     CHECK_EQ_INT(m.optim, 0);   /* sgd without momentum keeps no state */
     CHECK_EQ_INT(m.buckets, 0); /* one rank: no DDP */
     CHECK_EQ_INT(m.activations, 2 * 4 * (2 + 2 * 4));
-    CHECK_EQ_INT(m.batch, 2 * 4 * (4 + 2 + 1) + 2 * 4 * (4 + 4 + 1));
+    /* host x, y, labels and two loss copies; device x, y, labels, loss gradient, loss */
+    CHECK_EQ_INT(m.batch, 4 * (2 * (4 + 2 * 2) + 2) + 4 * (2 * (4 + 2 * 2 + 2) + 1));
     CHECK(m.data >= 10 * 4 * (4 + 2) + 10 * 8 + 10 * 8);
     CHECK_EQ_INT(m.staging, 40);
     CHECK_EQ_INT(m.device, 0);
@@ -1295,7 +1307,7 @@ static void test_sizes_near_limits(void)
         parse(SPEC(MODEL, LOSS, "\"optimizer\":{\"type\":\"adamw\"}", DATA, BATCH, ",\"world_size\":2"), &s,
               &e),
         DDPD_OK);
-    spec_memory_estimate(&s, 10, false, 0, &m);
+    spec_memory_estimate(&s, &(struct spec_memory_in){.rows = 10, .rank_file = false, .file_bytes = 0}, &m);
     CHECK_EQ_INT(m.optim, 80);
     CHECK_EQ_INT(m.buckets, 80);
     CHECK_EQ_INT(m.staging, 120);
@@ -1307,10 +1319,11 @@ static void test_sizes_near_limits(void)
                        &s, &e),
                  DDPD_OK);
     CHECK_EQ_INT(spec_param_count(&s), 1048576LL * 1048576 + 1048576 + 2 * 1048576 + 2);
-    spec_memory_estimate(&s, INT64_MAX, false, INT64_MAX, &m);
+    spec_memory_estimate(
+        &s, &(struct spec_memory_in){.rows = INT64_MAX, .rank_file = false, .file_bytes = INT64_MAX}, &m);
     CHECK_EQ_INT(m.total, INT64_MAX);
     CHECK_EQ_INT(m.data, INT64_MAX);
-    spec_memory_estimate(&s, 10, false, 0, &m);
+    spec_memory_estimate(&s, &(struct spec_memory_in){.rows = 10, .rank_file = false, .file_bytes = 0}, &m);
     CHECK_EQ_INT(m.params, (1048576LL * 1048576 + 3 * 1048576 + 2) * 4);
     CHECK_EQ_INT(spec_memory_check(&s, &m, 8LL << 30, "--max-rank-memory", DDPD_ESPEC, &e), DDPD_ESPEC);
     CHECK_EQ_STR(e.path, "model");
@@ -1324,17 +1337,19 @@ static void test_sizes_near_limits(void)
                             "\"batch_size\":1000000000,\"epochs\":1", ""),
                        &s, &e),
                  DDPD_OK);
-    spec_memory_estimate(&s, 1000000000, true, 0, &m);
+    spec_memory_estimate(&s, &(struct spec_memory_in){.rows = 1000000000, .rank_file = true, .file_bytes = 0},
+                         &m);
     CHECK_EQ_INT(m.rows, 1000000000);
     CHECK_EQ_INT(spec_memory_check(&s, &m, 1 << 30, "limit", DDPD_EDEVICE, &e), DDPD_EDEVICE);
     CHECK_EQ_STR(e.path, "batch_size");
     s.batch_size = 10;
-    spec_memory_estimate(&s, 1000000000, true, 0, &m);
+    spec_memory_estimate(&s, &(struct spec_memory_in){.rows = 1000000000, .rank_file = true, .file_bytes = 0},
+                         &m);
     CHECK_EQ_INT(spec_memory_check(&s, &m, 1 << 30, "limit", DDPD_ESPEC, &e), DDPD_ESPEC);
     CHECK_EQ_STR(e.path, "data");
     CHECK(strstr(e.message, "micro-batches of 10 rows") != NULL);
     s.device = DEVICE_CUDA; /* the model and activations are on the GPU */
-    spec_memory_estimate(&s, 10, true, 0, &m);
+    spec_memory_estimate(&s, &(struct spec_memory_in){.rows = 10, .rank_file = true, .file_bytes = 0}, &m);
     CHECK(m.device > 0 && m.host < m.total && m.host + m.device == m.total);
 }
 
