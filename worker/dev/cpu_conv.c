@@ -13,17 +13,14 @@
 #include <string.h>
 
 #include "../../base/check.h"
-
-static int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t p)
-{
-    return (in + 2 * p - k) / s + 1;
-}
+#include "window.h"
 
 void cpu_im2col(void *ctx, float *col, const float *x, int64_t b, int64_t c, int64_t h, int64_t w,
                 const struct dev_window *win)
 {
     (void)ctx;
-    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
+                  ow = dev_window_out(w, win->kw, win->sw, win->pw);
     ASSERT(oh >= 1 && ow >= 1);
     for (int64_t i = 0; i < b * c; i++) {
         const float *plane = x + i * h * w;
@@ -64,7 +61,8 @@ void cpu_col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t c, in
                 const struct dev_window *win)
 {
     (void)ctx;
-    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
+                  ow = dev_window_out(w, win->kw, win->sw, win->pw);
     ASSERT(oh >= 1 && ow >= 1);
     /* Rows of col in (ki, kj) order: each dx entry gets its terms in that order. */
     for (int64_t i = 0; i < b * c; i++) {
@@ -96,17 +94,15 @@ void cpu_maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float *x, in
                            int64_t w, const struct dev_window *win)
 {
     (void)ctx;
-    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
+                  ow = dev_window_out(w, win->kw, win->sw, win->pw);
     ASSERT(oh >= 1 && ow >= 1 && h * w <= INT32_MAX);
     for (int64_t p = 0; p < planes; p++) {
         const float *plane = x + p * h * w;
         for (int64_t oy = 0; oy < oh; oy++)
             for (int64_t ox = 0; ox < ow; ox++) {
-                int64_t y0 = oy * win->sh - win->ph, x0 = ox * win->sw - win->pw;
-                const int64_t y1 = y0 + win->kh < h ? y0 + win->kh : h,
-                              x1 = x0 + win->kw < w ? x0 + win->kw : w;
-                y0 = y0 < 0 ? 0 : y0;
-                x0 = x0 < 0 ? 0 : x0;
+                int64_t y0, y1, x0, x1;
+                dev_window_clip(win, oy, ox, h, w, &y0, &y1, &x0, &x1);
                 int64_t best = y0 * w + x0;
                 float m = -INFINITY;
                 for (int64_t iy = y0; iy < y1; iy++)
@@ -128,7 +124,8 @@ void cpu_maxpool2d_backward(void *ctx, float *dx, const float *dy, const int32_t
                             int64_t h, int64_t w, const struct dev_window *win)
 {
     (void)ctx;
-    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
+                  ow = dev_window_out(w, win->kw, win->sw, win->pw);
     ASSERT(oh >= 1 && ow >= 1);
     memset(dx, 0, (size_t)(planes * h * w) * sizeof(float));
     for (int64_t p = 0; p < planes; p++)
@@ -136,35 +133,24 @@ void cpu_maxpool2d_backward(void *ctx, float *dx, const float *dy, const int32_t
             dx[p * h * w + idx[p * oh * ow + o]] += dy[p * oh * ow + o];
 }
 
-/* PyTorch's divisor with count_include_pad: the window clipped to the padded image. */
-static int64_t avg_divisor(int64_t oy, int64_t ox, int64_t h, int64_t w, const struct dev_window *win)
-{
-    const int64_t y0 = oy * win->sh - win->ph, x0 = ox * win->sw - win->pw;
-    const int64_t y1 = y0 + win->kh < h + win->ph ? y0 + win->kh : h + win->ph;
-    const int64_t x1 = x0 + win->kw < w + win->pw ? x0 + win->kw : w + win->pw;
-    return (y1 - y0) * (x1 - x0);
-}
-
 void cpu_avgpool2d_forward(void *ctx, float *y, const float *x, int64_t planes, int64_t h, int64_t w,
                            const struct dev_window *win)
 {
     (void)ctx;
-    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
+                  ow = dev_window_out(w, win->kw, win->sw, win->pw);
     ASSERT(oh >= 1 && ow >= 1);
     for (int64_t p = 0; p < planes; p++) {
         const float *plane = x + p * h * w;
         for (int64_t oy = 0; oy < oh; oy++)
             for (int64_t ox = 0; ox < ow; ox++) {
-                int64_t y0 = oy * win->sh - win->ph, x0 = ox * win->sw - win->pw;
-                const int64_t y1 = y0 + win->kh < h ? y0 + win->kh : h,
-                              x1 = x0 + win->kw < w ? x0 + win->kw : w;
-                y0 = y0 < 0 ? 0 : y0;
-                x0 = x0 < 0 ? 0 : x0;
+                int64_t y0, y1, x0, x1;
+                dev_window_clip(win, oy, ox, h, w, &y0, &y1, &x0, &x1);
                 float sum = 0.0f;
                 for (int64_t iy = y0; iy < y1; iy++)
                     for (int64_t ix = x0; ix < x1; ix++)
                         sum += plane[iy * w + ix];
-                y[(p * oh + oy) * ow + ox] = sum / (float)avg_divisor(oy, ox, h, w, win);
+                y[(p * oh + oy) * ow + ox] = sum / (float)dev_window_divisor(win, oy, ox, h, w);
             }
     }
 }
@@ -173,19 +159,17 @@ void cpu_avgpool2d_backward(void *ctx, float *dx, const float *dy, int64_t plane
                             const struct dev_window *win)
 {
     (void)ctx;
-    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
+                  ow = dev_window_out(w, win->kw, win->sw, win->pw);
     ASSERT(oh >= 1 && ow >= 1);
     memset(dx, 0, (size_t)(planes * h * w) * sizeof(float));
     for (int64_t p = 0; p < planes; p++) {
         float *plane = dx + p * h * w;
         for (int64_t oy = 0; oy < oh; oy++)
             for (int64_t ox = 0; ox < ow; ox++) {
-                const float g = dy[(p * oh + oy) * ow + ox] / (float)avg_divisor(oy, ox, h, w, win);
-                int64_t y0 = oy * win->sh - win->ph, x0 = ox * win->sw - win->pw;
-                const int64_t y1 = y0 + win->kh < h ? y0 + win->kh : h,
-                              x1 = x0 + win->kw < w ? x0 + win->kw : w;
-                y0 = y0 < 0 ? 0 : y0;
-                x0 = x0 < 0 ? 0 : x0;
+                const float g = dy[(p * oh + oy) * ow + ox] / (float)dev_window_divisor(win, oy, ox, h, w);
+                int64_t y0, y1, x0, x1;
+                dev_window_clip(win, oy, ox, h, w, &y0, &y1, &x0, &x1);
                 for (int64_t iy = y0; iy < y1; iy++)
                     for (int64_t ix = x0; ix < x1; ix++)
                         plane[iy * w + ix] += g;
