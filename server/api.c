@@ -268,6 +268,19 @@ struct submission {
     device_kind device;
 };
 
+/* 201 with the job just stored and its Location; the job is stored whatever this returns,
+ * so a failure's text (in *e) says so. */
+static ddpd_err respond_created(struct http_request *req, const struct store_job *j, struct ddpd_error *e)
+{
+    char loc[64];
+    snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, j->id);
+    http_response_header(req, "Location", loc);
+    ddpd_err rc = respond_job(req, 201, j);
+    if (rc != DDPD_OK)
+        ddpd_error_set(e, rc, "", "out of memory answering for job %" PRId64 " (it is stored)", j->id);
+    return rc;
+}
+
 /* The store's inserter thread, after the commit: the answer, then the supervisor. */
 static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const struct ddpd_error *err)
 {
@@ -290,13 +303,8 @@ static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const 
                           .total_steps = sub->total_steps};
     _Static_assert(sizeof j.name == sizeof sub->name, "a spec's name fits the store's");
     memcpy(j.name, sub->name, sizeof j.name);
-    char loc[64];
-    snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, id);
-    http_response_header(req, "Location", loc);
     struct ddpd_error e;
-    ddpd_err r = respond_job(req, 201, &j);
-    if (r != DDPD_OK)
-        ddpd_error_set(&e, r, "", "out of memory answering for job %" PRId64 " (it is stored)", id);
+    ddpd_err r = respond_created(req, &j, &e);
     super_submit(sub->a->super, id, sub->text, sub->world_size, sub->device, sub->max_restarts, created);
     http_deferred_done(req, r, &e);
     free(sub);
@@ -658,11 +666,7 @@ static void resumed(void *ctx, ddpd_err rc, int64_t id, double created, const st
     if (rc == DDPD_OK) {
         r->j.id = id;
         r->j.created_at = created;
-        char loc[64];
-        snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, id);
-        http_response_header(req, "Location", loc);
-        if ((rc = respond_job(req, 201, &r->j)) != DDPD_OK)
-            ddpd_error_set(&e, rc, "", "out of memory answering for job %" PRId64 " (it is stored)", id);
+        rc = respond_created(req, &r->j, &e);
         super_submit(r->a->super, id, NULL, r->j.world_size, r->j.device, r->j.max_restarts, created);
         err = &e;
     }
