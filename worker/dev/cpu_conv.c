@@ -15,6 +15,21 @@
 #include "../../base/check.h"
 #include "window.h"
 
+/* The outputs ox in [*x0, *x1) whose kernel column kj reads inside the image, i.e.
+ * ix = ox*sw - pw + kj in [0, w) (an empty range when none does); returns kj - pw, so
+ * that ix = ox*sw + the returned offset. im2col and col2im share it. */
+static int64_t in_image_outputs(const struct dev_window *win, int64_t kj, int64_t w, int64_t ow, int64_t *x0,
+                                int64_t *x1)
+{
+    const int64_t off = kj - win->pw;
+    const int64_t lo = off >= 0 ? 0 : (-off + win->sw - 1) / win->sw;
+    const int64_t hi = w - off <= 0 ? 0 : (w - off + win->sw - 1) / win->sw;
+    *x0 = lo < ow ? lo : ow;
+    *x1 = hi < ow ? hi : ow;
+    *x1 = *x1 > *x0 ? *x1 : *x0;
+    return off;
+}
+
 void cpu_im2col(void *ctx, float *col, const float *x, int64_t b, int64_t c, int64_t h, int64_t w,
                 const struct dev_window *win)
 {
@@ -28,13 +43,8 @@ void cpu_im2col(void *ctx, float *col, const float *x, int64_t b, int64_t c, int
         for (int64_t ki = 0; ki < win->kh; ki++)
             for (int64_t kj = 0; kj < win->kw; kj++) {
                 float *row = rows + (ki * win->kw + kj) * oh * ow;
-                /* The outputs ox in [x0, x1) read inside the image: ix = ox*sw - pw + kj in [0, w). */
-                const int64_t off = kj - win->pw;
-                int64_t x0 = off >= 0 ? 0 : (-off + win->sw - 1) / win->sw;
-                int64_t x1 = w - off <= 0 ? 0 : (w - off + win->sw - 1) / win->sw;
-                x0 = x0 < ow ? x0 : ow;
-                x1 = x1 < ow ? x1 : ow;
-                x1 = x1 > x0 ? x1 : x0;
+                int64_t x0, x1;
+                const int64_t off = in_image_outputs(win, kj, w, ow, &x0, &x1);
                 for (int64_t oy = 0; oy < oh; oy++) {
                     const int64_t iy = oy * win->sh - win->ph + ki;
                     float *r = row + oy * ow;
@@ -72,11 +82,8 @@ void cpu_col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t c, in
             for (int64_t kj = 0; kj < win->kw; kj++) {
                 const float *row = rows + (ki * win->kw + kj) * oh * ow;
                 /* As im2col: only the outputs ox in [x0, x1) came from inside the image. */
-                const int64_t off = kj - win->pw;
-                int64_t x0 = off >= 0 ? 0 : (-off + win->sw - 1) / win->sw;
-                int64_t x1 = w - off <= 0 ? 0 : (w - off + win->sw - 1) / win->sw;
-                x0 = x0 < ow ? x0 : ow;
-                x1 = x1 < ow ? x1 : ow;
+                int64_t x0, x1;
+                const int64_t off = in_image_outputs(win, kj, w, ow, &x0, &x1);
                 for (int64_t oy = 0; oy < oh; oy++) {
                     const int64_t iy = oy * win->sh - win->ph + ki;
                     if (iy < 0 || iy >= h)
