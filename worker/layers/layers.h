@@ -109,5 +109,8 @@ int layer_no_params(const struct spec_layer *sl, struct lparam *out);
 int64_t layer_none(const struct lnode *n, int64_t rows);
 /* U(-bound, bound) from the init stream, bound = 1/sqrt(fan_in). */
 void layer_init_uniform(float *h, int64_t numel, double fan_in, struct rng *r);
+/* A norm layer's affine parameters as PyTorch makes them: weight (k 0) ones, bias zeros
+ * (LayerNorm and BatchNorm; layernorm.c). */
+void layer_init_norm_affine(const struct lnode *n, int k, float *h, int64_t numel, struct rng *r);
 
 #endif
