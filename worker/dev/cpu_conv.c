@@ -30,8 +30,8 @@ static int64_t in_image_outputs(const struct dev_window *win, int64_t kj, int64_
     return off;
 }
 
-void cpu_im2col(void *ctx, float *col, const float *x, int64_t b, int64_t c, int64_t h, int64_t w,
-                const struct dev_window *win)
+void cpu__im2col(void *ctx, float *col, const float *x, int64_t b, int64_t c, int64_t h, int64_t w,
+                 const struct dev_window *win)
 {
     (void)ctx;
     const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
@@ -67,8 +67,8 @@ void cpu_im2col(void *ctx, float *col, const float *x, int64_t b, int64_t c, int
     }
 }
 
-void cpu_col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t c, int64_t h, int64_t w,
-                const struct dev_window *win)
+void cpu__col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t c, int64_t h, int64_t w,
+                 const struct dev_window *win)
 {
     (void)ctx;
     const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
@@ -97,8 +97,8 @@ void cpu_col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t c, in
     }
 }
 
-void cpu_maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float *x, int64_t planes, int64_t h,
-                           int64_t w, const struct dev_window *win)
+void cpu__maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float *x, int64_t planes, int64_t h,
+                            int64_t w, const struct dev_window *win)
 {
     (void)ctx;
     const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
@@ -127,8 +127,8 @@ void cpu_maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float *x, in
     }
 }
 
-void cpu_maxpool2d_backward(void *ctx, float *dx, const float *dy, const int32_t *idx, int64_t planes,
-                            int64_t h, int64_t w, const struct dev_window *win)
+void cpu__maxpool2d_backward(void *ctx, float *dx, const float *dy, const int32_t *idx, int64_t planes,
+                             int64_t h, int64_t w, const struct dev_window *win)
 {
     (void)ctx;
     const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
@@ -140,8 +140,8 @@ void cpu_maxpool2d_backward(void *ctx, float *dx, const float *dy, const int32_t
             dx[p * h * w + idx[p * oh * ow + o]] += dy[p * oh * ow + o];
 }
 
-void cpu_avgpool2d_forward(void *ctx, float *y, const float *x, int64_t planes, int64_t h, int64_t w,
-                           const struct dev_window *win)
+void cpu__avgpool2d_forward(void *ctx, float *y, const float *x, int64_t planes, int64_t h, int64_t w,
+                            const struct dev_window *win)
 {
     (void)ctx;
     const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
@@ -162,8 +162,8 @@ void cpu_avgpool2d_forward(void *ctx, float *y, const float *x, int64_t planes, 
     }
 }
 
-void cpu_avgpool2d_backward(void *ctx, float *dx, const float *dy, int64_t planes, int64_t h, int64_t w,
-                            const struct dev_window *win)
+void cpu__avgpool2d_backward(void *ctx, float *dx, const float *dy, int64_t planes, int64_t h, int64_t w,
+                             const struct dev_window *win)
 {
     (void)ctx;
     const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
@@ -198,9 +198,9 @@ static void bn_apply(float *y, const float *x, const float *w, const float *b, i
     }
 }
 
-void cpu_batchnorm_forward_train(void *ctx, float *y, float *mean, float *invstd, float *running_mean,
-                                 float *running_var, const float *x, const float *w, const float *b,
-                                 int64_t n, int64_t c, int64_t s, double eps, double momentum)
+void cpu__batchnorm_forward_train(void *ctx, float *y, float *mean, float *invstd, float *running_mean,
+                                  float *running_var, const float *x, const float *w, const float *b,
+                                  int64_t n, int64_t c, int64_t s, double eps, double momentum)
 {
     (void)ctx;
     const int64_t m = n * s;
@@ -228,18 +228,18 @@ void cpu_batchnorm_forward_train(void *ctx, float *y, float *mean, float *invstd
     }
 }
 
-void cpu_batchnorm_forward_eval(void *ctx, float *y, const float *x, const float *w, const float *b,
-                                const float *running_mean, const float *running_var, int64_t n, int64_t c,
-                                int64_t s, double eps)
+void cpu__batchnorm_forward_eval(void *ctx, float *y, const float *x, const float *w, const float *b,
+                                 const float *running_mean, const float *running_var, int64_t n, int64_t c,
+                                 int64_t s, double eps)
 {
     (void)ctx;
     for (int64_t ch = 0; ch < c; ch++)
         bn_apply(y, x, w, b, n, c, s, ch, running_mean[ch], 1.0f / sqrtf(running_var[ch] + (float)eps));
 }
 
-void cpu_batchnorm_backward(void *ctx, float *dx, float *dw, float *db, const float *dy, const float *x,
-                            const float *mean, const float *invstd, const float *w, int64_t n, int64_t c,
-                            int64_t s)
+void cpu__batchnorm_backward(void *ctx, float *dx, float *dw, float *db, const float *dy, const float *x,
+                             const float *mean, const float *invstd, const float *w, int64_t n, int64_t c,
+                             int64_t s)
 {
     (void)ctx;
     const int64_t m = n * s;
