@@ -1132,19 +1132,8 @@ __global__ void k_maxpool_forward(float *y, int32_t *idx, const float *x, int64_
     {
         const int64_t ox = o % ow, oy = (o / ow) % oh, plane = o / (oh * ow);
         const float *xp = x + plane * h * w;
-        int64_t y0, y1, x0, x1;
-        dev_window_clip(&win, oy, ox, h, w, &y0, &y1, &x0, &x1);
-        int64_t best = y0 * w + x0;
-        float m = -INFINITY;
-        for (int64_t iy = y0; iy < y1; iy++)
-            for (int64_t ix = x0; ix < x1; ix++) {
-                const float v = xp[iy * w + ix];
-                if (v > m || isnan(v)) {
-                    m = v;
-                    best = iy * w + ix;
-                }
-            }
-        y[o] = m;
+        int64_t best;
+        y[o] = dev_window_max(&win, xp, oy, ox, h, w, &best);
         idx[o] = (int32_t)best;
     }
 }
@@ -1208,13 +1197,8 @@ __global__ void k_avgpool_forward(float *y, const float *x, int64_t planes, int6
     {
         const int64_t ox = o % ow, oy = (o / ow) % oh, plane = o / (oh * ow);
         const float *xp = x + plane * h * w;
-        int64_t y0, y1, x0, x1;
-        dev_window_clip(&win, oy, ox, h, w, &y0, &y1, &x0, &x1);
-        float s = 0.0f;
-        for (int64_t iy = y0; iy < y1; iy++)
-            for (int64_t ix = x0; ix < x1; ix++)
-                s += xp[iy * w + ix];
-        y[o] = __fdiv_rn(s, (float)dev_window_divisor(&win, oy, ox, h, w));
+        y[o] =
+            __fdiv_rn(dev_window_sum(&win, xp, oy, ox, h, w), (float)dev_window_divisor(&win, oy, ox, h, w));
     }
 }
 

@@ -108,20 +108,9 @@ void cpu__maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float *x, i
         const float *plane = x + p * h * w;
         for (int64_t oy = 0; oy < oh; oy++)
             for (int64_t ox = 0; ox < ow; ox++) {
-                int64_t y0, y1, x0, x1;
-                dev_window_clip(win, oy, ox, h, w, &y0, &y1, &x0, &x1);
-                int64_t best = y0 * w + x0;
-                float m = -INFINITY;
-                for (int64_t iy = y0; iy < y1; iy++)
-                    for (int64_t ix = x0; ix < x1; ix++) {
-                        const float v = plane[iy * w + ix];
-                        if (v > m || isnan(v)) {
-                            m = v;
-                            best = iy * w + ix;
-                        }
-                    }
+                int64_t best;
                 const int64_t o = (p * oh + oy) * ow + ox;
-                y[o] = m;
+                y[o] = dev_window_max(win, plane, oy, ox, h, w, &best);
                 idx[o] = (int32_t)best;
             }
     }
@@ -151,13 +140,8 @@ void cpu__avgpool2d_forward(void *ctx, float *y, const float *x, int64_t planes,
         const float *plane = x + p * h * w;
         for (int64_t oy = 0; oy < oh; oy++)
             for (int64_t ox = 0; ox < ow; ox++) {
-                int64_t y0, y1, x0, x1;
-                dev_window_clip(win, oy, ox, h, w, &y0, &y1, &x0, &x1);
-                float sum = 0.0f;
-                for (int64_t iy = y0; iy < y1; iy++)
-                    for (int64_t ix = x0; ix < x1; ix++)
-                        sum += plane[iy * w + ix];
-                y[(p * oh + oy) * ow + ox] = sum / (float)dev_window_divisor(win, oy, ox, h, w);
+                y[(p * oh + oy) * ow + ox] =
+                    dev_window_sum(win, plane, oy, ox, h, w) / (float)dev_window_divisor(win, oy, ox, h, w);
             }
     }
 }

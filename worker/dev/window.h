@@ -4,6 +4,7 @@
 #ifndef DDPD_DEV_WINDOW_H
 #define DDPD_DEV_WINDOW_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "../dev.h"
@@ -30,6 +31,41 @@ DEV_WINDOW_FN void dev_window_clip(const struct dev_window *win, int64_t oy, int
     *x1 = tx + win->kw < w ? tx + win->kw : w;
     *y0 = ty < 0 ? 0 : ty;
     *x0 = tx < 0 ? 0 : tx;
+}
+
+/* Max pooling of output (oy, ox) over plane[h,w]: the window's in-image part scanned row
+ * by row, a value replacing the maximum when greater or NaN (ties keep the first). The
+ * maximum, and in *best its index iy*w + ix (the first in-image position for a window
+ * of -inf). */
+DEV_WINDOW_FN float dev_window_max(const struct dev_window *win, const float *plane, int64_t oy, int64_t ox,
+                                   int64_t h, int64_t w, int64_t *best)
+{
+    int64_t y0, y1, x0, x1;
+    dev_window_clip(win, oy, ox, h, w, &y0, &y1, &x0, &x1);
+    float m = -INFINITY;
+    *best = y0 * w + x0;
+    for (int64_t iy = y0; iy < y1; iy++)
+        for (int64_t ix = x0; ix < x1; ix++) {
+            const float v = plane[iy * w + ix];
+            if (v > m || isnan(v)) {
+                m = v;
+                *best = iy * w + ix;
+            }
+        }
+    return m;
+}
+
+/* The float sum of output (oy, ox)'s in-image entries of plane[h,w], row by row. */
+DEV_WINDOW_FN float dev_window_sum(const struct dev_window *win, const float *plane, int64_t oy, int64_t ox,
+                                   int64_t h, int64_t w)
+{
+    int64_t y0, y1, x0, x1;
+    dev_window_clip(win, oy, ox, h, w, &y0, &y1, &x0, &x1);
+    float s = 0.0f;
+    for (int64_t iy = y0; iy < y1; iy++)
+        for (int64_t ix = x0; ix < x1; ix++)
+            s += plane[iy * w + ix];
+    return s;
 }
 
 /* Average pooling's divisor with count_include_pad (PyTorch's): output (oy, ox)'s window
