@@ -512,12 +512,14 @@ static const char *const batchnorm_keys[] = {"type", "features", "eps", "momentu
 
 /* An .npy file with more bytes of values than this is memory-mapped by the ranks, not
  * loaded (worker/data/npy.c's DATA_MAP_MIN): the memory estimate counts it as not held. */
-#define SPEC_DATA_MAP_MIN (64LL << 20)
-#define SPEC_MAX_DEPTH    8           /* residuals inside residuals */
-#define SPEC_MAX_KERNEL   1024        /* kernel, stride and padding of conv2d and pooling */
-#define SPEC_MAX_HEADS    1024        /* attention heads */
-#define SPEC_MAX_T        65536       /* positions entering an attention or position layer */
-#define SPEC_MAX_NUMEL    (1LL << 32) /* elements of one sample entering or leaving a layer */
+#define SPEC_DATA_MAP_MIN   (64LL << 20)
+#define SPEC_MAX_DEPTH      8           /* residuals inside residuals */
+#define SPEC_MAX_KERNEL     1024        /* kernel, stride and padding of conv2d and pooling */
+#define SPEC_MAX_HEADS      1024        /* attention heads */
+#define SPEC_MAX_T          65536       /* positions entering an attention or position layer */
+#define SPEC_MAX_NUMEL      (1LL << 32) /* elements of one sample entering or leaving a layer */
+#define NORM_EPS_DEFAULT    1e-5        /* layernorm's and batchnorm's eps, PyTorch's default */
+#define BN_MOMENTUM_DEFAULT 0.1         /* batchnorm's momentum, PyTorch's default */
 
 static ddpd_err parse_layer_list(struct ddpd_error *err, struct spec *s, json_t *list, const char *lpath,
                                  int parent, int depth);
@@ -537,8 +539,8 @@ static ddpd_err parse_layer(struct ddpd_error *err, struct spec *s, int idx, jso
     l->kind = type_kinds[t];
     l->bias = true;
     l->causal = true;
-    l->eps = 1e-5;
-    l->momentum = 0.1;
+    l->eps = NORM_EPS_DEFAULT;
+    l->momentum = BN_MOMENTUM_DEFAULT;
     switch (l->kind) {
     case LAYER_LINEAR:
         rc = check_keys(err, layer, lp, linear_keys, COUNT(linear_keys), NULL);
