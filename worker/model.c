@@ -14,6 +14,7 @@
 
 #include "layers/layers.h"
 #include "rng.h"
+#include "rng_hash.h"
 #include "../base/check.h"
 
 /* Bytes a buffer entry takes in device memory: room for an int64 (num_batches_tracked). */
@@ -488,16 +489,9 @@ void model_set_rank(struct model *m, int rank)
     m->rank = (uint64_t)rank;
 }
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 void model_set_position(struct model *m, int64_t step, int64_t micro)
 {
-    m->forwards = mix64((uint64_t)step) ^ ((uint64_t)micro * 0x9E3779B97F4A7C15ull);
+    m->forwards = rng_hash_mix64((uint64_t)step) ^ ((uint64_t)micro * RNG_HASH_GOLDEN);
 }
 
 static struct layer_env env_of(struct model *m)
@@ -509,7 +503,8 @@ static struct layer_env env_of(struct model *m)
         .work = m->work,
         .batch = m->batch,
         .training = m->last_training,
-        .seed = mix64(mix64(mix64(m->init_seed) ^ m->rank) ^ m->forwards), /* before the count moves on */
+        /* this forward's dropout stream, before the count moves on */
+        .seed = rng_hash_mix64(rng_hash_mix64(rng_hash_mix64(m->init_seed) ^ m->rank) ^ m->forwards),
         .grad_write = m->grad_zero,
     };
     return e;
