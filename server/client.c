@@ -661,6 +661,17 @@ static int cmd_submit(struct client *c, int argc, char **argv)
     return follow_job(c, id);
 }
 
+/* After a command's options: its one operand, a job id, then the connection. Returns 0
+ * to go on, else the exit status (never 0). */
+static int id_operand(struct client *c, struct opts *o, int argc, char **argv, const char *name, int64_t *id)
+{
+    if (!operands(o, argc, 1, "ID"))
+        return o->rc;
+    if (!parse_id(name, argv[optind], id))
+        return EXIT_USAGE;
+    return client_setup(c, o);
+}
+
 /* The options of a command whose one operand is a job id. Returns -1 to go on, else the
  * exit status (0 after --help). */
 static int one_id_command(struct client *c, int argc, char **argv, const char *name, int64_t *id)
@@ -671,11 +682,7 @@ static int one_id_command(struct client *c, int argc, char **argv, const char *n
     while ((opt = next_option(&o, argc, argv, ":h", longs)) != -1)
         if (opt == -2)
             return o.rc;
-    if (!operands(&o, argc, 1, "ID"))
-        return o.rc;
-    if (!parse_id(name, argv[optind], id))
-        return EXIT_USAGE;
-    int rc = client_setup(c, &o);
+    int rc = id_operand(c, &o, argc, argv, name, id);
     return rc ? rc : -1;
 }
 
@@ -839,12 +846,8 @@ static int cmd_logs(struct client *c, int argc, char **argv)
         else if (opt == OPT_TAIL && !parse_opt_long("logs", "--tail", optarg, 1, LOGS_TAIL_MAX, &tail))
             return EXIT_USAGE;
     }
-    if (!operands(&o, argc, 1, "ID"))
-        return o.rc;
     int64_t id;
-    if (!parse_id("logs", argv[optind], &id))
-        return EXIT_USAGE;
-    int rc = client_setup(c, &o);
+    int rc = id_operand(c, &o, argc, argv, "logs", &id);
     if (rc)
         return rc;
     char path[128], job_path[64];
@@ -956,12 +959,8 @@ static int cmd_pull(struct client *c, int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    if (!operands(&o, argc, 1, "ID"))
-        return o.rc;
     int64_t id;
-    if (!parse_id("pull", argv[optind], &id))
-        return EXIT_USAGE;
-    int rc = client_setup(c, &o);
+    int rc = id_operand(c, &o, argc, argv, "pull", &id);
     if (rc)
         return rc;
     char path[128], out_buf[128], tmp[PATH_MAX];
