@@ -400,6 +400,23 @@ _Static_assert(SPEC_MAX_WORLD <= PLAN_MAX_WORLD, "the planner takes every world 
 /* "5, 10, 15" (the newest few when there are many) into buf[cap]; "none" for no steps. */
 static void steps_text(const int64_t *steps, size_t n, char *buf, size_t cap);
 
+/* `code` at `path`: "<prefix>job ID has no checkpoint at step STEP; it has steps 5, 10"
+ * (or "step 5", or "none"), the steps read from the job's folder `dir`. */
+static ddpd_err no_checkpoint_at(struct ddpd_error *err, ddpd_err code, const char *path, const char *prefix,
+                                 const char *dir, int64_t id, int64_t step)
+{
+    int64_t *steps;
+    size_t n;
+    char list[256];
+    if (!jobdir_ckpt_list(dir, &steps, &n))
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
+    steps_text(steps, n, list, sizeof list);
+    free(steps);
+    return ddpd_error_set(err, code, path,
+                          "%sjob %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s", prefix, id,
+                          step, n ? (n > 1 ? "steps " : "step ") : "", list);
+}
+
 /* init.from_job (and init.step) to the weights' path in the jobs folder, or a 422 naming
  * the key: no such job, no such checkpoint (naming the steps there are), no weights yet. */
 static ddpd_err resolve_init_job(struct api *a, const struct spec *spec, char *path, size_t cap,
@@ -420,18 +437,8 @@ static ddpd_err resolve_init_job(struct api *a, const struct spec *spec, char *p
     jobdir_job_path(dir, sizeof dir, a->jobs_dir, src);
     if (jobdir_init_weights(dir, step, path, cap))
         return DDPD_OK;
-    if (step >= 0) {
-        int64_t *steps;
-        size_t n;
-        char list[256];
-        if (!jobdir_ckpt_list(dir, &steps, &n))
-            return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
-        steps_text(steps, n, list, sizeof list);
-        free(steps);
-        return ddpd_error_set(err, DDPD_ESPEC, "init.step",
-                              "init.step: job %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s",
-                              src, step, n ? (n > 1 ? "steps " : "step ") : "", list);
-    }
+    if (step >= 0)
+        return no_checkpoint_at(err, DDPD_ESPEC, "init.step", "init.step: ", dir, src, step);
     return ddpd_error_set(err, DDPD_ESPEC, "init.from_job",
                           "init.from_job: job %" PRId64
                           " (%s) has no weights yet: no final model and no checkpoint",
@@ -707,18 +714,7 @@ static ddpd_err h_resume(struct http_request *req, struct ddpd_error *err)
         jobdir_ckpt_path(ck, sizeof ck, dir, step);
         jobdir_file_path(path, sizeof path, ck, optim);
         if (stat(path, &sb) != 0) {
-            int64_t *steps;
-            size_t n;
-            char list[256];
-            if (!jobdir_ckpt_list(dir, &steps, &n)) {
-                rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
-                goto out;
-            }
-            steps_text(steps, n, list, sizeof list);
-            free(steps);
-            rc = ddpd_error_set(err, DDPD_ENOTFOUND, "step",
-                                "job %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s", id,
-                                step, n ? (n > 1 ? "steps " : "step ") : "", list);
+            rc = no_checkpoint_at(err, DDPD_ENOTFOUND, "step", "", dir, id, step);
             goto out;
         }
     } else if (!jobdir_latest_ckpt(dir, ck, sizeof ck) || !jobdir_ckpt_step(strrchr(ck, '/') + 1, &step)) {
@@ -1159,22 +1155,8 @@ static ddpd_err h_checkpoint(struct http_request *req, struct ddpd_error *err)
     if (step >= 0) {
         jobdir_ckpt_path(ck, sizeof ck, dir, step);
         jobdir_file_path(path, sizeof path, ck, name);
-        if (stat(path, &st) != 0) {
-            int64_t *steps;
-            size_t n;
-            char list[256];
-            if (!jobdir_ckpt_list(dir, &steps, &n))
-                return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
-            steps_text(steps, n, list, sizeof list);
-            free(steps);
-            if (!n)
-                return ddpd_error_set(err, DDPD_ENOTFOUND, "step",
-                                      "job %" PRId64 " has no checkpoint at step %" PRId64 "; it has none",
-                                      id, step);
-            return ddpd_error_set(err, DDPD_ENOTFOUND, "step",
-                                  "job %" PRId64 " has no checkpoint at step %" PRId64 "; it has step%s %s",
-                                  id, step, n > 1 ? "s" : "", list);
-        }
+        if (stat(path, &st) != 0)
+            return no_checkpoint_at(err, DDPD_ENOTFOUND, "step", "", dir, id, step);
     } else {
         jobdir_file_path(path, sizeof path, dir, name);
         if (stat(path, &st) != 0) {
