@@ -512,12 +512,14 @@ static const char *const batchnorm_keys[] = {"type", "features", "eps", "momentu
 
 /* An .npy file with more bytes of values than this is memory-mapped by the ranks, not
  * loaded (worker/data/npy.c's DATA_MAP_MIN): the memory estimate counts it as not held. */
-#define SPEC_DATA_MAP_MIN (64LL << 20)
-#define SPEC_MAX_DEPTH    8           /* residuals inside residuals */
-#define SPEC_MAX_KERNEL   1024        /* kernel, stride and padding of conv2d and pooling */
-#define SPEC_MAX_HEADS    1024        /* attention heads */
-#define SPEC_MAX_T        65536       /* positions entering an attention or position layer */
-#define SPEC_MAX_NUMEL    (1LL << 32) /* elements of one sample entering or leaving a layer */
+#define SPEC_DATA_MAP_MIN   (64LL << 20)
+#define SPEC_MAX_DEPTH      8           /* residuals inside residuals */
+#define SPEC_MAX_KERNEL     1024        /* kernel, stride and padding of conv2d and pooling */
+#define SPEC_MAX_HEADS      1024        /* attention heads */
+#define SPEC_MAX_T          65536       /* positions entering an attention or position layer */
+#define SPEC_MAX_NUMEL      (1LL << 32) /* elements of one sample entering or leaving a layer */
+#define NORM_EPS_DEFAULT    1e-5        /* layernorm's and batchnorm's eps, PyTorch's default */
+#define BN_MOMENTUM_DEFAULT 0.1         /* batchnorm's momentum, PyTorch's default */
 
 static ddpd_err parse_layer_list(struct ddpd_error *err, struct spec *s, json_t *list, const char *lpath,
                                  int parent, int depth);
@@ -537,8 +539,8 @@ static ddpd_err parse_layer(struct ddpd_error *err, struct spec *s, int idx, jso
     l->kind = type_kinds[t];
     l->bias = true;
     l->causal = true;
-    l->eps = 1e-5;
-    l->momentum = 0.1;
+    l->eps = NORM_EPS_DEFAULT;
+    l->momentum = BN_MOMENTUM_DEFAULT;
     switch (l->kind) {
     case LAYER_LINEAR:
         rc = check_keys(err, layer, lp, linear_keys, COUNT(linear_keys), NULL);
@@ -1005,8 +1007,7 @@ static ddpd_err parse_model(struct ddpd_error *err, json_t *root, struct spec *s
     return DDPD_OK;
 }
 
-/* The top-level layer that produces the model's output. */
-static const struct spec_layer *output_layer(const struct spec *s)
+const struct spec_layer *spec_output_layer(const struct spec *s)
 {
     int i = 0, last = -1;
     while (i < s->n_layers) {
@@ -1025,7 +1026,7 @@ static ddpd_err parse_loss(struct ddpd_error *err, json_t *root, struct spec *s)
     s->loss = (loss_kind)k;
     if (s->loss != LOSS_CROSS_ENTROPY)
         return DDPD_OK; /* mse: any output shape */
-    const struct spec_layer *o = output_layer(s);
+    const struct spec_layer *o = spec_output_layer(s);
     char sh[128];
     shape_str(sh, sizeof sh, o->out_rank, o->out_shape);
     if (o->out_rank > 2)
@@ -1227,7 +1228,7 @@ static ddpd_err check_tokens(struct ddpd_error *err, const char *P, const struct
                              const struct spec_data *d)
 {
     char path[PATH_CAP], sh[128];
-    const struct spec_layer *o = output_layer(s);
+    const struct spec_layer *o = spec_output_layer(s);
     path_key(path, P, "type");
     if (s->layers[0].kind != LAYER_EMBEDDING)
         return fail(err, path,
@@ -2082,7 +2083,7 @@ void spec_memory_estimate(const struct spec *s, const struct spec_memory_in *mi,
 {
     const int64_t F = (int64_t)sizeof(float), P = spec_param_count(s);
     const int64_t in = spec_sample_numel(s);
-    const struct spec_layer *ol = output_layer(s);
+    const struct spec_layer *ol = spec_output_layer(s);
     const int64_t out = ol && ol->out_rank ? shape_numel(ol->out_rank, ol->out_shape) : spec_out_width(s);
     const int64_t target = spec_target_numel(s);
     const bool cuda = s->device == DEVICE_CUDA;
@@ -2212,7 +2213,7 @@ int64_t spec_in_width(const struct spec *s)
 
 int64_t spec_out_width(const struct spec *s)
 {
-    const struct spec_layer *o = output_layer(s);
+    const struct spec_layer *o = spec_output_layer(s);
     if (o && o->out_rank > 0) /* the last dimension of the output: the last linear's out in v1 */
         return o->out_shape[o->out_rank - 1];
     int64_t i = last_linear(s);
@@ -2252,7 +2253,7 @@ int64_t spec_vocab(const struct spec *s)
 
 int64_t spec_target_numel(const struct spec *s)
 {
-    const struct spec_layer *l = output_layer(s);
+    const struct spec_layer *l = spec_output_layer(s);
     if (!l || l->out_rank < 1)
         return s->loss == LOSS_CROSS_ENTROPY ? 1 : spec_out_width(s);
     if (s->loss == LOSS_CROSS_ENTROPY)
@@ -2262,7 +2263,7 @@ int64_t spec_target_numel(const struct spec *s)
 
 int64_t spec_classes(const struct spec *s)
 {
-    const struct spec_layer *l = output_layer(s);
+    const struct spec_layer *l = spec_output_layer(s);
     return l && l->out_rank > 0 ? l->out_shape[l->out_rank - 1] : spec_out_width(s);
 }
 

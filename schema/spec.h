@@ -276,6 +276,9 @@ bool spec_input_ids(const struct spec *s);
 int64_t spec_vocab(const struct spec *s);
 int64_t spec_target_numel(const struct spec *s);
 int64_t spec_classes(const struct spec *s);
+/* The top-level layer that produces the model's output (the last one of the preorder
+ * tree's top level); borrowed, valid while s is; NULL when the model has no layers. */
+const struct spec_layer *spec_output_layer(const struct spec *s);
 
 /* For a flat list of linear layers and activations built in code (tests, tools): fills
  * what the validator would (parent, end, key, the shapes, input_shape) from each layer's

@@ -268,6 +268,19 @@ struct submission {
     device_kind device;
 };
 
+/* 201 with the job just stored and its Location; the job is stored whatever this returns,
+ * so a failure's text (in *e) says so. */
+static ddpd_err respond_created(struct http_request *req, const struct store_job *j, struct ddpd_error *e)
+{
+    char loc[64];
+    snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, j->id);
+    http_response_header(req, "Location", loc);
+    ddpd_err rc = respond_job(req, 201, j);
+    if (rc != DDPD_OK)
+        ddpd_error_set(e, rc, "", "out of memory answering for job %" PRId64 " (it is stored)", j->id);
+    return rc;
+}
+
 /* The store's inserter thread, after the commit: the answer, then the supervisor. */
 static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const struct ddpd_error *err)
 {
@@ -290,13 +303,8 @@ static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const 
                           .total_steps = sub->total_steps};
     _Static_assert(sizeof j.name == sizeof sub->name, "a spec's name fits the store's");
     memcpy(j.name, sub->name, sizeof j.name);
-    char loc[64];
-    snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, id);
-    http_response_header(req, "Location", loc);
     struct ddpd_error e;
-    ddpd_err r = respond_job(req, 201, &j);
-    if (r != DDPD_OK)
-        ddpd_error_set(&e, r, "", "out of memory answering for job %" PRId64 " (it is stored)", id);
+    ddpd_err r = respond_created(req, &j, &e);
     super_submit(sub->a->super, id, sub->text, sub->world_size, sub->device, sub->max_restarts, created);
     http_deferred_done(req, r, &e);
     free(sub);
@@ -392,6 +400,23 @@ _Static_assert(SPEC_MAX_WORLD <= PLAN_MAX_WORLD, "the planner takes every world 
 /* "5, 10, 15" (the newest few when there are many) into buf[cap]; "none" for no steps. */
 static void steps_text(const int64_t *steps, size_t n, char *buf, size_t cap);
 
+/* `code` at `path`: "<prefix>job ID has no checkpoint at step STEP; it has steps 5, 10"
+ * (or "step 5", or "none"), the steps read from the job's folder `dir`. */
+static ddpd_err no_checkpoint_at(struct ddpd_error *err, ddpd_err code, const char *path, const char *prefix,
+                                 const char *dir, int64_t id, int64_t step)
+{
+    int64_t *steps;
+    size_t n;
+    char list[256];
+    if (!jobdir_ckpt_list(dir, &steps, &n))
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
+    steps_text(steps, n, list, sizeof list);
+    free(steps);
+    return ddpd_error_set(err, code, path,
+                          "%sjob %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s", prefix, id,
+                          step, n ? (n > 1 ? "steps " : "step ") : "", list);
+}
+
 /* init.from_job (and init.step) to the weights' path in the jobs folder, or a 422 naming
  * the key: no such job, no such checkpoint (naming the steps there are), no weights yet. */
 static ddpd_err resolve_init_job(struct api *a, const struct spec *spec, char *path, size_t cap,
@@ -412,18 +437,8 @@ static ddpd_err resolve_init_job(struct api *a, const struct spec *spec, char *p
     jobdir_job_path(dir, sizeof dir, a->jobs_dir, src);
     if (jobdir_init_weights(dir, step, path, cap))
         return DDPD_OK;
-    if (step >= 0) {
-        int64_t *steps;
-        size_t n;
-        char list[256];
-        if (!jobdir_ckpt_list(dir, &steps, &n))
-            return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
-        steps_text(steps, n, list, sizeof list);
-        free(steps);
-        return ddpd_error_set(err, DDPD_ESPEC, "init.step",
-                              "init.step: job %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s",
-                              src, step, n ? (n > 1 ? "steps " : "step ") : "", list);
-    }
+    if (step >= 0)
+        return no_checkpoint_at(err, DDPD_ESPEC, "init.step", "init.step: ", dir, src, step);
     return ddpd_error_set(err, DDPD_ESPEC, "init.from_job",
                           "init.from_job: job %" PRId64
                           " (%s) has no weights yet: no final model and no checkpoint",
@@ -661,11 +676,7 @@ static void resumed(void *ctx, ddpd_err rc, int64_t id, double created, const st
     if (rc == DDPD_OK) {
         r->j.id = id;
         r->j.created_at = created;
-        char loc[64];
-        snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, id);
-        http_response_header(req, "Location", loc);
-        if ((rc = respond_job(req, 201, &r->j)) != DDPD_OK)
-            ddpd_error_set(&e, rc, "", "out of memory answering for job %" PRId64 " (it is stored)", id);
+        rc = respond_created(req, &r->j, &e);
         super_submit(r->a->super, id, NULL, r->j.world_size, r->j.device, r->j.max_restarts, created);
         err = &e;
     }
@@ -706,18 +717,7 @@ static ddpd_err h_resume(struct http_request *req, struct ddpd_error *err)
         jobdir_ckpt_path(ck, sizeof ck, dir, step);
         jobdir_file_path(path, sizeof path, ck, optim);
         if (stat(path, &sb) != 0) {
-            int64_t *steps;
-            size_t n;
-            char list[256];
-            if (!jobdir_ckpt_list(dir, &steps, &n)) {
-                rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
-                goto out;
-            }
-            steps_text(steps, n, list, sizeof list);
-            free(steps);
-            rc = ddpd_error_set(err, DDPD_ENOTFOUND, "step",
-                                "job %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s", id,
-                                step, n ? (n > 1 ? "steps " : "step ") : "", list);
+            rc = no_checkpoint_at(err, DDPD_ENOTFOUND, "step", "", dir, id, step);
             goto out;
         }
     } else if (!jobdir_latest_ckpt(dir, ck, sizeof ck) || !jobdir_ckpt_step(strrchr(ck, '/') + 1, &step)) {
@@ -1158,22 +1158,8 @@ static ddpd_err h_checkpoint(struct http_request *req, struct ddpd_error *err)
     if (step >= 0) {
         jobdir_ckpt_path(ck, sizeof ck, dir, step);
         jobdir_file_path(path, sizeof path, ck, name);
-        if (stat(path, &st) != 0) {
-            int64_t *steps;
-            size_t n;
-            char list[256];
-            if (!jobdir_ckpt_list(dir, &steps, &n))
-                return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
-            steps_text(steps, n, list, sizeof list);
-            free(steps);
-            if (!n)
-                return ddpd_error_set(err, DDPD_ENOTFOUND, "step",
-                                      "job %" PRId64 " has no checkpoint at step %" PRId64 "; it has none",
-                                      id, step);
-            return ddpd_error_set(err, DDPD_ENOTFOUND, "step",
-                                  "job %" PRId64 " has no checkpoint at step %" PRId64 "; it has step%s %s",
-                                  id, step, n > 1 ? "s" : "", list);
-        }
+        if (stat(path, &st) != 0)
+            return no_checkpoint_at(err, DDPD_ENOTFOUND, "step", "", dir, id, step);
     } else {
         jobdir_file_path(path, sizeof path, dir, name);
         if (stat(path, &st) != 0) {

@@ -36,7 +36,11 @@
 #define RECONNECT_WINDOW_S 60.0 /* ... and within this long */
 #define SUBMIT_RETRIES     5    /* a submission the server is too busy for: 0.5 s, 1 s, .. 8 s apart */
 #define LOGS_POLL_S        1.0
-#define LOGS_MATCH         256 /* bytes of the log that logs -f finds again in the next read */
+#define LOGS_MATCH         256    /* bytes of the log that logs -f finds again in the next read */
+#define LOGS_TAIL_MAX      100000 /* GET /v1/jobs/{id}/logs: the largest tail ... */
+#define LOGS_TAIL_DEFAULT  200    /* ... and the server's default */
+#define JOBS_LIMIT_MAX     1000   /* GET /v1/jobs: the largest page */
+#define URL_PATH_ROOM      256    /* of URL_MAX, what the longest path and query need after the address */
 
 /* Exit codes (client.h). */
 #define EXIT_FAIL      1
@@ -204,8 +208,9 @@ static int client_setup(struct client *c, const struct opts *o)
         server = DEFAULT_SERVER;
     bool scheme = !strncmp(server, "http://", 7) || !strncmp(server, "https://", 8);
     int n = snprintf(c->base, sizeof c->base, "%s%s", scheme ? "" : "http://", server);
-    if (n < 0 || (size_t)n >= sizeof c->base - 256) {
-        fprintf(stderr, "ddpd %s: %s: the address is longer than %d bytes\n", c->cmd, from, URL_MAX - 256);
+    if (n < 0 || (size_t)n >= sizeof c->base - URL_PATH_ROOM) {
+        fprintf(stderr, "ddpd %s: %s: the address is longer than %d bytes\n", c->cmd, from,
+                URL_MAX - URL_PATH_ROOM);
         return EXIT_USAGE;
     }
     while (n > 0 && c->base[n - 1] == '/')
@@ -656,6 +661,17 @@ static int cmd_submit(struct client *c, int argc, char **argv)
     return follow_job(c, id);
 }
 
+/* After a command's options: its one operand, a job id, then the connection. Returns 0
+ * to go on, else the exit status (never 0). */
+static int id_operand(struct client *c, struct opts *o, int argc, char **argv, const char *name, int64_t *id)
+{
+    if (!operands(o, argc, 1, "ID"))
+        return o->rc;
+    if (!parse_id(name, argv[optind], id))
+        return EXIT_USAGE;
+    return client_setup(c, o);
+}
+
 /* The options of a command whose one operand is a job id. Returns -1 to go on, else the
  * exit status (0 after --help). */
 static int one_id_command(struct client *c, int argc, char **argv, const char *name, int64_t *id)
@@ -666,11 +682,7 @@ static int one_id_command(struct client *c, int argc, char **argv, const char *n
     while ((opt = next_option(&o, argc, argv, ":h", longs)) != -1)
         if (opt == -2)
             return o.rc;
-    if (!operands(&o, argc, 1, "ID"))
-        return o.rc;
-    if (!parse_id(name, argv[optind], id))
-        return EXIT_USAGE;
-    int rc = client_setup(c, &o);
+    int rc = id_operand(c, &o, argc, argv, name, id);
     return rc ? rc : -1;
 }
 
@@ -764,7 +776,7 @@ static int cmd_jobs(struct client *c, int argc, char **argv)
             return o.rc;
         if (opt == OPT_STATE)
             state = optarg;
-        else if (!parse_opt_long("jobs", "--limit", optarg, 1, 1000, &limit))
+        else if (!parse_opt_long("jobs", "--limit", optarg, 1, JOBS_LIMIT_MAX, &limit))
             return EXIT_USAGE;
     }
     if (!operands(&o, argc, 0, "options"))
@@ -809,7 +821,7 @@ static int cmd_jobs(struct client *c, int argc, char **argv)
                json_string_value(json_object_get(job, "state")), step, loss, age);
     }
     if (json_is_string(json_object_get(j, "next")))
-        printf("(more: ddpd jobs --limit N shows up to 1000)\n");
+        printf("(more: ddpd jobs --limit N shows up to %d)\n", JOBS_LIMIT_MAX);
     json_decref(j);
     return 0;
 }
@@ -831,15 +843,11 @@ static int cmd_logs(struct client *c, int argc, char **argv)
             follow = true;
         else if (opt == OPT_RANK && !parse_opt_long("logs", "--rank", optarg, 0, SPEC_MAX_WORLD - 1, &rank))
             return EXIT_USAGE;
-        else if (opt == OPT_TAIL && !parse_opt_long("logs", "--tail", optarg, 1, 100000, &tail))
+        else if (opt == OPT_TAIL && !parse_opt_long("logs", "--tail", optarg, 1, LOGS_TAIL_MAX, &tail))
             return EXIT_USAGE;
     }
-    if (!operands(&o, argc, 1, "ID"))
-        return o.rc;
     int64_t id;
-    if (!parse_id("logs", argv[optind], &id))
-        return EXIT_USAGE;
-    int rc = client_setup(c, &o);
+    int rc = id_operand(c, &o, argc, argv, "logs", &id);
     if (rc)
         return rc;
     char path[128], job_path[64];
@@ -848,9 +856,9 @@ static int cmd_logs(struct client *c, int argc, char **argv)
      * last: at the same offset while the window is the whole log, else found by its last
      * LOGS_MATCH bytes. */
     snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "/logs?rank=%ld&tail=%ld", id, rank,
-             follow ? 100000
+             follow ? LOGS_TAIL_MAX
              : tail ? tail
-                    : 200);
+                    : LOGS_TAIL_DEFAULT);
     snprintf(job_path, sizeof job_path, "/v1/jobs/%" PRId64, id);
     size_t printed = 0, seen_n = 0;
     char seen[LOGS_MATCH];
@@ -951,12 +959,8 @@ static int cmd_pull(struct client *c, int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    if (!operands(&o, argc, 1, "ID"))
-        return o.rc;
     int64_t id;
-    if (!parse_id("pull", argv[optind], &id))
-        return EXIT_USAGE;
-    int rc = client_setup(c, &o);
+    int rc = id_operand(c, &o, argc, argv, "pull", &id);
     if (rc)
         return rc;
     char path[128], out_buf[128], tmp[PATH_MAX];

@@ -396,38 +396,38 @@ static int plan_main(void)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* The modes other than a rank (argv[1]): --devices, --issue-id, --plan, --version, --help. */
+static int mode_main(int argc, char **argv)
 {
-    struct ddpd_error err;
-    ddpd_error_clear(&err);
-
-    if (argc > 1) {
-        if (!strcmp(argv[1], "--devices"))
-            return devices_main();
-        if (!strcmp(argv[1], "--issue-id")) {
-            bool nccl = argc >= 3 && !strcmp(argv[2], "nccl");
-            if (argc < 3 || (!nccl && strcmp(argv[2], "cpu") != 0)) {
-                fprintf(stderr, "ddpd-worker: --issue-id takes a backend: cpu or nccl\n");
-                return 2;
-            }
-            signal(SIGPIPE, SIG_IGN);
-            return nccl ? comm_nccl_issue_id(stdout, 0) : comm_cpu_issue_id(stdout, 0);
+    if (!strcmp(argv[1], "--devices"))
+        return devices_main();
+    if (!strcmp(argv[1], "--issue-id")) {
+        bool nccl = argc >= 3 && !strcmp(argv[2], "nccl");
+        if (argc < 3 || (!nccl && strcmp(argv[2], "cpu") != 0)) {
+            fprintf(stderr, "ddpd-worker: --issue-id takes a backend: cpu or nccl\n");
+            return 2;
         }
-        if (!strcmp(argv[1], "--plan"))
-            return plan_main();
-        if (!strcmp(argv[1], "--version")) {
-            puts("ddpd-worker 0.1.0");
-            return 0;
-        }
-        if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-            usage(stdout);
-            return 0;
-        }
-        fprintf(stderr, "ddpd-worker: unknown argument '%s'\n", argv[1]);
-        usage(stderr);
-        return 2;
+        signal(SIGPIPE, SIG_IGN);
+        return nccl ? comm_nccl_issue_id(stdout, 0) : comm_cpu_issue_id(stdout, 0);
     }
+    if (!strcmp(argv[1], "--plan"))
+        return plan_main();
+    if (!strcmp(argv[1], "--version")) {
+        puts("ddpd-worker 0.1.0");
+        return 0;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "ddpd-worker: unknown argument '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
 
+/* A rank's signals: SIGTERM is a cancel (on_sigterm), SIGPIPE an error return. */
+static void signals_install(void)
+{
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigterm;
@@ -440,6 +440,30 @@ int main(int argc, char **argv)
     sigemptyset(&term);
     sigaddset(&term, SIGTERM);
     sigprocmask(SIG_UNBLOCK, &term, NULL);
+}
+
+/* No file this rank writes may outgrow the quota, its log (our stderr) included: a rank
+ * that logs without end is stopped by the server's measurement within a second, and
+ * meanwhile its writes past the quota fail (EFBIG) instead of filling the disk. */
+static void disk_quota_limit(int64_t quota)
+{
+    struct rlimit fsz;
+    if (quota > 0 && getrlimit(RLIMIT_FSIZE, &fsz) == 0 &&
+        (fsz.rlim_cur == RLIM_INFINITY || fsz.rlim_cur > (rlim_t)quota)) {
+        signal(SIGXFSZ, SIG_IGN);
+        fsz.rlim_cur = (rlim_t)quota;
+        setrlimit(RLIMIT_FSIZE, &fsz);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+
+    if (argc > 1)
+        return mode_main(argc, argv);
+    signals_install();
 
     size_t len = 0;
     char *text = read_stdin(&len, &err);
@@ -469,16 +493,7 @@ int main(int argc, char **argv)
         emit_die(&err);
     const struct spec *spec = &jd.spec;
     const int rank = jd.rank, world = jd.world_size;
-    /* No file this rank writes may outgrow the quota, its log (our stderr) included: a
-     * rank that logs without end is stopped by the server's measurement within a second,
-     * and meanwhile its writes past the quota fail (EFBIG) instead of filling the disk. */
-    struct rlimit fsz;
-    if (jd.disk_quota > 0 && getrlimit(RLIMIT_FSIZE, &fsz) == 0 &&
-        (fsz.rlim_cur == RLIM_INFINITY || fsz.rlim_cur > (rlim_t)jd.disk_quota)) {
-        signal(SIGXFSZ, SIG_IGN);
-        fsz.rlim_cur = (rlim_t)jd.disk_quota;
-        setrlimit(RLIMIT_FSIZE, &fsz);
-    }
+    disk_quota_limit(jd.disk_quota);
 
     /* The compute backend, before the group: NCCL joins on the calling thread's current
      * device. On the CPU one BLAS thread per rank: the ranks of a host share its cores. */

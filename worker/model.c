@@ -14,7 +14,11 @@
 
 #include "layers/layers.h"
 #include "rng.h"
+#include "rng_hash.h"
 #include "../base/check.h"
+
+/* Bytes a buffer entry takes in device memory: room for an int64 (num_batches_tracked). */
+#define BUFFER_SLOT 8
 
 enum { MAX_DEPTH = SPEC_MAX_LAYERS };
 
@@ -86,7 +90,7 @@ static int64_t shape_numel(int rank, const int64_t *shape, int64_t fallback)
 static void layer_params(const struct spec_layer *sl, int index, struct param *out, int *n)
 {
     const struct layer_ops *ops = layer_ops_of(sl->kind);
-    struct lparam lp[4];
+    struct lparam lp[LAYER_MAX_TENSORS];
     int k = ops ? ops->params(sl, lp) : 0;
     for (int j = 0; j < k; j++) {
         struct param *p = &out[*n];
@@ -206,6 +210,111 @@ static void add_mul(int64_t *a, int64_t b, int64_t c, bool *over)
     *over |= b < 0 || c < 0 || __builtin_mul_overflow(b, c, &t) || __builtin_add_overflow(*a, t, a);
 }
 
+/* The buffers layer node n declares, named "<key>.<suffix>", appended to the model's. */
+static void node_buffers(struct model *m, struct lnode *n)
+{
+    n->b0 = m->n_buffers;
+    if (n->ops && n->ops->buffers) {
+        struct lparam lb[LAYER_MAX_TENSORS];
+        bool i64[LAYER_MAX_TENSORS] = {false};
+        const int k = n->ops->buffers(n->sl, lb, i64);
+        for (int j = 0; j < k && m->n_buffers < SPEC_MAX_PARAMS; j++) {
+            struct model_buffer *b = &m->buffers[m->n_buffers];
+            snprintf(b->name, sizeof b->name, "%s.%s", n->sl->key, lb[j].suffix);
+            b->index = m->n_buffers++;
+            b->layer = n->index;
+            b->i64 = i64[j];
+            b->numel = lb[j].shape[0]; /* buffers are vectors or scalars */
+        }
+    }
+    n->nb = m->n_buffers - n->b0;
+}
+
+/* Layer i's node: its family (which the backend must be able to run), its sizes, and its
+ * parameters and buffers appended to the model's. false with err set when it cannot run. */
+static bool node_register(struct model *m, int i, struct ddpd_error *err)
+{
+    const struct dev_ops *ops = m->dev.ops;
+    const struct spec_layer *sl = &m->sl[i];
+    struct lnode *n = &m->nodes[i];
+    n->sl = sl;
+    n->index = i;
+    n->depth = sl->parent >= 0 ? m->nodes[sl->parent].depth + 1 : 0;
+    n->ops = layer_ops_of(sl->kind);
+    n->in_numel = shape_numel(sl->in_rank, sl->in_shape, sl->in);
+    n->out_numel = shape_numel(sl->out_rank, sl->out_shape, sl->out);
+    if (!n->ops && sl->kind != LAYER_RESIDUAL) {
+        ddpd_error_set(err, DDPD_ESPEC, "model", "model (layer %s): %s layers are not supported yet", sl->key,
+                       layer_kind_name(sl->kind));
+        return false;
+    }
+    const char *op = missing_op(ops, sl);
+    if (op) {
+        ddpd_error_set(err, DDPD_EDEVICE, "model", "the %s backend has no %s op: it cannot run %s layer %s",
+                       ops->name, op, layer_kind_name(sl->kind), sl->key);
+        return false;
+    }
+    n->p0 = m->n_params;
+    if (m->n_params + LAYER_MAX_TENSORS > SPEC_MAX_PARAMS) {
+        ddpd_error_set(err, DDPD_ESPEC, "model", "model: more than %d parameter tensors", SPEC_MAX_PARAMS);
+        return false;
+    }
+    layer_params(sl, i, m->params, &m->n_params);
+    n->np = m->n_params - n->p0;
+    node_buffers(m, n);
+    return true;
+}
+
+/* Points each parameter and gradient into the model's two slabs, each layer's output into
+ * acts[0, outs) and what it keeps for backward after them. */
+static void lay_out(struct model *m, int64_t outs)
+{
+    int64_t off = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        m->params[i].data = m->data + off;
+        m->params[i].grad = m->grads + off; /* alloc zeroed it */
+        off += m->params[i].numel;
+    }
+    off = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        struct lnode *n = &m->nodes[i];
+        n->y = m->acts + off;
+        off += m->max_batch * n->out_numel;
+    }
+    int64_t soff = outs;
+    for (int i = 0; i < m->n_layers; i++) {
+        struct lnode *n = &m->nodes[i];
+        if (n->ops) {
+            n->save = m->acts + soff;
+            soff += n->ops->saved(n, m->max_batch);
+        }
+    }
+}
+
+/* Each buffer in device memory with its family's initial values (BUFFER_SLOT bytes an
+ * entry, so an int64 fits; a float buffer uses the first half). */
+static bool init_buffers(struct model *m, struct ddpd_error *err)
+{
+    const struct dev_ops *ops = m->dev.ops;
+    for (int i = 0; i < m->n_buffers; i++) {
+        struct model_buffer *b = &m->buffers[i];
+        const struct lnode *n = &m->nodes[b->layer];
+        const size_t bytes = (size_t)(b->numel > 0 ? b->numel : 1) * BUFFER_SLOT;
+        void *h = calloc(1, bytes);
+        if (!h || !(b->data = ops->alloc(m->dev.ctx, bytes))) {
+            free(h);
+            ddpd_error_set(err, DDPD_EDEVICE, "model", "out of memory: cannot allocate the buffer %s",
+                           b->name);
+            return false;
+        }
+        if (n->ops->init_buffer)
+            n->ops->init_buffer(n, i - n->b0, h, b->numel);
+        ops->to_device(m->dev.ctx, b->data, h, (size_t)b->numel * (b->i64 ? 8 : 4));
+        free(h);
+    }
+    return true;
+}
+
 struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max_batch,
                             struct ddpd_error *err)
 {
@@ -230,50 +339,10 @@ struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max
     int64_t outs = 0, saved = 0, work = 0, widest = 1;
     bool over = false;
     for (int i = 0; i < m->n_layers; i++) {
-        const struct spec_layer *sl = &m->sl[i];
         struct lnode *n = &m->nodes[i];
-        n->sl = sl;
-        n->index = i;
-        n->depth = sl->parent >= 0 ? m->nodes[sl->parent].depth + 1 : 0;
-        n->ops = layer_ops_of(sl->kind);
-        n->in_numel = shape_numel(sl->in_rank, sl->in_shape, sl->in);
-        n->out_numel = shape_numel(sl->out_rank, sl->out_shape, sl->out);
-        if (!n->ops && sl->kind != LAYER_RESIDUAL) {
-            ddpd_error_set(err, DDPD_ESPEC, "model", "model (layer %s): %s layers are not supported yet",
-                           sl->key, layer_kind_name(sl->kind));
+        if (!node_register(m, i, err))
             goto fail;
-        }
-        const char *op = missing_op(ops, sl);
-        if (op) {
-            ddpd_error_set(err, DDPD_EDEVICE, "model",
-                           "the %s backend has no %s op: it cannot run %s layer %s", ops->name, op,
-                           layer_kind_name(sl->kind), sl->key);
-            goto fail;
-        }
         over |= n->in_numel < 0 || n->out_numel < 0;
-        n->p0 = m->n_params;
-        if (m->n_params + 4 > SPEC_MAX_PARAMS) {
-            ddpd_error_set(err, DDPD_ESPEC, "model", "model: more than %d parameter tensors",
-                           SPEC_MAX_PARAMS);
-            goto fail;
-        }
-        layer_params(sl, i, m->params, &m->n_params);
-        n->np = m->n_params - n->p0;
-        n->b0 = m->n_buffers;
-        if (n->ops && n->ops->buffers) {
-            struct lparam lb[4];
-            bool i64[4] = {false};
-            const int k = n->ops->buffers(sl, lb, i64);
-            for (int j = 0; j < k && m->n_buffers < SPEC_MAX_PARAMS; j++) {
-                struct model_buffer *b = &m->buffers[m->n_buffers];
-                snprintf(b->name, sizeof b->name, "%s.%s", sl->key, lb[j].suffix);
-                b->index = m->n_buffers++;
-                b->layer = i;
-                b->i64 = i64[j];
-                b->numel = lb[j].shape[0]; /* buffers are vectors or scalars */
-            }
-        }
-        n->nb = m->n_buffers - n->b0;
         if (n->np && m->first_param == m->n_layers)
             m->first_param = i;
         if (n->depth + 1 > m->depths)
@@ -323,44 +392,11 @@ struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max
         goto fail;
     }
 
-    int64_t off = 0;
-    for (int i = 0; i < m->n_params; i++) {
-        m->params[i].data = m->data + off;
-        m->params[i].grad = m->grads + off; /* alloc zeroed it */
-        off += m->params[i].numel;
-    }
-    off = 0;
-    for (int i = 0; i < m->n_layers; i++) {
-        struct lnode *n = &m->nodes[i];
-        n->y = m->acts + off;
-        off += m->max_batch * n->out_numel;
-    }
-    int64_t soff = outs;
-    for (int i = 0; i < m->n_layers; i++) {
-        struct lnode *n = &m->nodes[i];
-        if (n->ops) {
-            n->save = m->acts + soff;
-            soff += n->ops->saved(n, m->max_batch);
-        }
-    }
+    lay_out(m, outs);
     init_params(m, spec->init_seed, host);
     ops->to_device(dev.ctx, m->data, host, (size_t)m->numel * fsz);
-    for (int i = 0; i < m->n_buffers; i++) {
-        struct model_buffer *b = &m->buffers[i];
-        const struct lnode *n = &m->nodes[b->layer];
-        const size_t bytes = (size_t)(b->numel > 0 ? b->numel : 1) * 8;
-        void *h = calloc(1, bytes);
-        if (!h || !(b->data = ops->alloc(dev.ctx, bytes))) {
-            free(h);
-            ddpd_error_set(err, DDPD_EDEVICE, "model", "out of memory: cannot allocate the buffer %s",
-                           b->name);
-            goto fail;
-        }
-        if (n->ops->init_buffer)
-            n->ops->init_buffer(n, i - n->b0, h, b->numel);
-        ops->to_device(dev.ctx, b->data, h, (size_t)b->numel * (b->i64 ? 8 : 4));
-        free(h);
-    }
+    if (!init_buffers(m, err))
+        goto fail;
     ops->synchronize(dev.ctx);
     free(host);
     return m;
@@ -453,16 +489,9 @@ void model_set_rank(struct model *m, int rank)
     m->rank = (uint64_t)rank;
 }
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 void model_set_position(struct model *m, int64_t step, int64_t micro)
 {
-    m->forwards = mix64((uint64_t)step) ^ ((uint64_t)micro * 0x9E3779B97F4A7C15ull);
+    m->forwards = rng_hash_mix64((uint64_t)step) ^ ((uint64_t)micro * RNG_HASH_GOLDEN);
 }
 
 static struct layer_env env_of(struct model *m)
@@ -474,7 +503,8 @@ static struct layer_env env_of(struct model *m)
         .work = m->work,
         .batch = m->batch,
         .training = m->last_training,
-        .seed = mix64(mix64(mix64(m->init_seed) ^ m->rank) ^ m->forwards), /* before the count moves on */
+        /* this forward's dropout stream, before the count moves on */
+        .seed = rng_hash_mix64(rng_hash_mix64(rng_hash_mix64(m->init_seed) ^ m->rank) ^ m->forwards),
         .grad_write = m->grad_zero,
     };
     return e;

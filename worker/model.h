@@ -1,8 +1,9 @@
 /* model.h — the model of a spec's layer tree (CONTRACT.md §2a: linear, activations,
- * embedding, position, layernorm, attention, residual, dropout) with hand-written
- * backward, on tensors whose first dimension is the batch. Parameters are kept in
- * registration order (0.weight, 0.bias, 2.1.qkv.weight, ...) as PyTorch's state_dict
- * names them. Knows the compute backend, nothing of data, DDP or
+ * embedding, position, layernorm, attention, residual, dropout, and the conv-net layers
+ * conv2d, maxpool2d, avgpool2d, batchnorm, flatten) with hand-written backward, on
+ * tensors whose first dimension is the batch. Parameters and buffers are kept in
+ * registration order (0.weight, 0.bias, 2.1.qkv.weight, 1.running_mean, ...) as
+ * PyTorch's state_dict names them. Knows the compute backend, nothing of data, DDP or
  * the optimizer: backward reports each parameter whose gradient is complete through a
  * callback, which is where DDP hooks in. */
 #ifndef DDPD_MODEL_H

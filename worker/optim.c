@@ -4,6 +4,9 @@
  * tensors; the arithmetic itself is the backend's. Knows nothing of data or DDP. */
 #include "optim.h"
 
+/* clip_grad_norm_'s guard against a zero norm: max_norm / (total_norm + 1e-6). */
+#define CLIP_EPS 1e-6f
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -209,7 +212,7 @@ double optim_clip_grad_norm(struct optim *o, double max_norm)
     /* max_norm / (total_norm + 1e-6): Tensor.__rtruediv__ is reciprocal() * max_norm,
      * every step in float; clamp(max=1.0) then mul_, which leaves the gradients alone at
      * 1 (a NaN norm scales by NaN, as PyTorch does). */
-    const float denom = total + 1e-6f;
+    const float denom = total + CLIP_EPS;
     const float coef = (1.0f / denom) * (float)max_norm;
     if (coef < 1.0f || isnan(coef))
         for (int i = 0; i < o->n; i++) {

@@ -1,7 +1,8 @@
 /* train.c — the training loop of one rank, top to bottom like the algorithm:
- *   for each epoch: for each optimizer step: zero grads; k micro-batches of forward,
- *   loss, backward (the first k-1 under no_sync, so gradients add up locally; the k-th
- *   reduces them across ranks); one optimizer update; log; checkpoint.
+ *   for each epoch: for each optimizer step: the step's lr from the schedule; zero grads;
+ *   k micro-batches of forward, loss, backward (the first k-1 under no_sync, so gradients
+ *   add up locally; the k-th reduces them across ranks); clip the gradients' norm
+ *   (grad_clip); one optimizer update; log; eval (eval.every_steps); checkpoint.
  * The last step of an epoch takes the micro-batches that are left when grad_accum does
  * not divide the batch count. With uneven batch counts (join), a rank out of batches
  * shadows the others' steps until the epoch ends on every rank; then all replicas are

@@ -16,6 +16,7 @@
 #define _Noreturn [[noreturn]]
 extern "C" {
 #include "../dev.h"
+#include "../dev/window.h"
 #include "../emit.h"
 #include "../rng_hash.h"
 #include "plugin.h"
@@ -1041,11 +1042,6 @@ static void cu_dropout_mask(void *ctx, float *mask, int64_t n, float p, uint64_t
  * input entry adds its terms in the order the CPU's loops add them, so the results are
  * the same bits, with no atomics. */
 
-__device__ int64_t win_out(int64_t in, int64_t k, int64_t s, int64_t p)
-{
-    return (in + 2 * p - k) / s + 1;
-}
-
 /* The outputs o in [lo, hi] whose window (o*s - p, k wide) holds input position i. */
 __device__ void win_range(int64_t i, int64_t k, int64_t s, int64_t p, int64_t out, int64_t *lo, int64_t *hi)
 {
@@ -1066,7 +1062,8 @@ static void win_check(const struct cuda *c, const struct dev_window *win, int64_
 __global__ void k_im2col(float *col, const float *x, int64_t planes, int64_t h, int64_t w,
                          struct dev_window win)
 {
-    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    const int64_t oh = dev_window_out(h, win.kh, win.sh, win.ph),
+                  ow = dev_window_out(w, win.kw, win.sw, win.pw);
     const int64_t l = oh * ow, kk = win.kh * win.kw;
     FOR_EACH(i, planes * kk * l)
     {
@@ -1093,7 +1090,8 @@ static void cu_im2col(void *ctx, float *col, const float *x, int64_t b, int64_t 
 __global__ void k_col2im(float *dx, const float *col, int64_t planes, int64_t h, int64_t w,
                          struct dev_window win)
 {
-    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    const int64_t oh = dev_window_out(h, win.kh, win.sh, win.ph),
+                  ow = dev_window_out(w, win.kw, win.sw, win.pw);
     const int64_t l = oh * ow, kk = win.kh * win.kw;
     FOR_EACH(i, planes * h * w)
     {
@@ -1128,26 +1126,14 @@ static void cu_col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t
 __global__ void k_maxpool_forward(float *y, int32_t *idx, const float *x, int64_t planes, int64_t h,
                                   int64_t w, struct dev_window win)
 {
-    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    const int64_t oh = dev_window_out(h, win.kh, win.sh, win.ph),
+                  ow = dev_window_out(w, win.kw, win.sw, win.pw);
     FOR_EACH(o, planes * oh * ow)
     {
         const int64_t ox = o % ow, oy = (o / ow) % oh, plane = o / (oh * ow);
         const float *xp = x + plane * h * w;
-        int64_t y0 = oy * win.sh - win.ph, x0 = ox * win.sw - win.pw;
-        const int64_t y1 = y0 + win.kh < h ? y0 + win.kh : h, x1 = x0 + win.kw < w ? x0 + win.kw : w;
-        y0 = y0 < 0 ? 0 : y0;
-        x0 = x0 < 0 ? 0 : x0;
-        int64_t best = y0 * w + x0;
-        float m = -INFINITY;
-        for (int64_t iy = y0; iy < y1; iy++)
-            for (int64_t ix = x0; ix < x1; ix++) {
-                const float v = xp[iy * w + ix];
-                if (v > m || isnan(v)) {
-                    m = v;
-                    best = iy * w + ix;
-                }
-            }
-        y[o] = m;
+        int64_t best;
+        y[o] = dev_window_max(&win, xp, oy, ox, h, w, &best);
         idx[o] = (int32_t)best;
     }
 }
@@ -1160,7 +1146,7 @@ static void cu_maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float 
     if (h * w > INT32_MAX)
         die(c, "maxpool2d_forward", "a plane of more than 2^31-1 entries");
     const int64_t n =
-        planes * ((h + 2 * win->ph - win->kh) / win->sh + 1) * ((w + 2 * win->pw - win->kw) / win->sw + 1);
+        planes * dev_window_out(h, win->kh, win->sh, win->ph) * dev_window_out(w, win->kw, win->sw, win->pw);
     if (n <= 0)
         return;
     k_maxpool_forward<<<blocks_for(n), THREADS, 0, c->stream>>>(y, idx, x, planes, h, w, *win);
@@ -1171,7 +1157,8 @@ static void cu_maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float 
 __global__ void k_maxpool_backward(float *dx, const float *dy, const int32_t *idx, int64_t planes, int64_t h,
                                    int64_t w, struct dev_window win)
 {
-    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    const int64_t oh = dev_window_out(h, win.kh, win.sh, win.ph),
+                  ow = dev_window_out(w, win.kw, win.sw, win.pw);
     FOR_EACH(i, planes * h * w)
     {
         const int64_t ix = i % w, iy = (i / w) % h, plane = i / (h * w), self = iy * w + ix;
@@ -1201,32 +1188,17 @@ static void cu_maxpool2d_backward(void *ctx, float *dx, const float *dy, const i
     LAUNCHED(c, "maxpool2d_backward");
 }
 
-/* count_include_pad: the window clipped to the padded image (cpu_conv.c's avg_divisor). */
-__device__ float avg_divisor(int64_t oy, int64_t ox, int64_t h, int64_t w, const struct dev_window &win)
-{
-    const int64_t y0 = oy * win.sh - win.ph, x0 = ox * win.sw - win.pw;
-    const int64_t y1 = y0 + win.kh < h + win.ph ? y0 + win.kh : h + win.ph;
-    const int64_t x1 = x0 + win.kw < w + win.pw ? x0 + win.kw : w + win.pw;
-    return (float)((y1 - y0) * (x1 - x0));
-}
-
 __global__ void k_avgpool_forward(float *y, const float *x, int64_t planes, int64_t h, int64_t w,
                                   struct dev_window win)
 {
-    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    const int64_t oh = dev_window_out(h, win.kh, win.sh, win.ph),
+                  ow = dev_window_out(w, win.kw, win.sw, win.pw);
     FOR_EACH(o, planes * oh * ow)
     {
         const int64_t ox = o % ow, oy = (o / ow) % oh, plane = o / (oh * ow);
         const float *xp = x + plane * h * w;
-        int64_t y0 = oy * win.sh - win.ph, x0 = ox * win.sw - win.pw;
-        const int64_t y1 = y0 + win.kh < h ? y0 + win.kh : h, x1 = x0 + win.kw < w ? x0 + win.kw : w;
-        y0 = y0 < 0 ? 0 : y0;
-        x0 = x0 < 0 ? 0 : x0;
-        float s = 0.0f;
-        for (int64_t iy = y0; iy < y1; iy++)
-            for (int64_t ix = x0; ix < x1; ix++)
-                s += xp[iy * w + ix];
-        y[o] = __fdiv_rn(s, avg_divisor(oy, ox, h, w, win));
+        y[o] =
+            __fdiv_rn(dev_window_sum(&win, xp, oy, ox, h, w), (float)dev_window_divisor(&win, oy, ox, h, w));
     }
 }
 
@@ -1236,7 +1208,7 @@ static void cu_avgpool2d_forward(void *ctx, float *y, const float *x, int64_t pl
     struct cuda *c = (struct cuda *)ctx;
     win_check(c, win, h, w, "avgpool2d_forward");
     const int64_t n =
-        planes * ((h + 2 * win->ph - win->kh) / win->sh + 1) * ((w + 2 * win->pw - win->kw) / win->sw + 1);
+        planes * dev_window_out(h, win->kh, win->sh, win->ph) * dev_window_out(w, win->kw, win->sw, win->pw);
     if (n <= 0)
         return;
     k_avgpool_forward<<<blocks_for(n), THREADS, 0, c->stream>>>(y, x, planes, h, w, *win);
@@ -1247,7 +1219,8 @@ static void cu_avgpool2d_forward(void *ctx, float *y, const float *x, int64_t pl
 __global__ void k_avgpool_backward(float *dx, const float *dy, int64_t planes, int64_t h, int64_t w,
                                    struct dev_window win)
 {
-    const int64_t oh = win_out(h, win.kh, win.sh, win.ph), ow = win_out(w, win.kw, win.sw, win.pw);
+    const int64_t oh = dev_window_out(h, win.kh, win.sh, win.ph),
+                  ow = dev_window_out(w, win.kw, win.sw, win.pw);
     FOR_EACH(i, planes * h * w)
     {
         const int64_t ix = i % w, iy = (i / w) % h, plane = i / (h * w);
@@ -1257,7 +1230,8 @@ __global__ void k_avgpool_backward(float *dx, const float *dy, int64_t planes, i
         float s = 0.0f;
         for (int64_t oy = ylo; oy <= yhi; oy++)
             for (int64_t ox = xlo; ox <= xhi; ox++)
-                s += __fdiv_rn(dy[(plane * oh + oy) * ow + ox], avg_divisor(oy, ox, h, w, win));
+                s +=
+                    __fdiv_rn(dy[(plane * oh + oy) * ow + ox], (float)dev_window_divisor(&win, oy, ox, h, w));
         dx[i] = s;
     }
 }

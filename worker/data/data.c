@@ -53,20 +53,9 @@ int data__last_linear(const struct spec *s)
     return -1;
 }
 
-/* The top-level layer that produces the model's output. */
-static const struct spec_layer *output_layer(const struct spec *s)
-{
-    int i = 0, last = -1;
-    while (i < s->n_layers) {
-        last = i;
-        i = s->layers[i].end > i ? s->layers[i].end : i + 1;
-    }
-    return last >= 0 ? &s->layers[last] : NULL;
-}
-
 int data__out_shape(const struct spec *s, int64_t *shape)
 {
-    const struct spec_layer *l = output_layer(s);
+    const struct spec_layer *l = spec_output_layer(s);
     if (!l || l->out_rank < 1 || l->out_rank > SPEC_MAX_RANK)
         return 0;
     memcpy(shape, l->out_shape, (size_t)l->out_rank * sizeof *shape);

@@ -13,17 +13,29 @@
 #include <string.h>
 
 #include "../../base/check.h"
+#include "window.h"
 
-static int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t p)
+/* The outputs ox in [*x0, *x1) whose kernel column kj reads inside the image, i.e.
+ * ix = ox*sw - pw + kj in [0, w) (an empty range when none does); returns kj - pw, so
+ * that ix = ox*sw + the returned offset. im2col and col2im share it. */
+static int64_t in_image_outputs(const struct dev_window *win, int64_t kj, int64_t w, int64_t ow, int64_t *x0,
+                                int64_t *x1)
 {
-    return (in + 2 * p - k) / s + 1;
+    const int64_t off = kj - win->pw;
+    const int64_t lo = off >= 0 ? 0 : (-off + win->sw - 1) / win->sw;
+    const int64_t hi = w - off <= 0 ? 0 : (w - off + win->sw - 1) / win->sw;
+    *x0 = lo < ow ? lo : ow;
+    *x1 = hi < ow ? hi : ow;
+    *x1 = *x1 > *x0 ? *x1 : *x0;
+    return off;
 }
 
-void cpu_im2col(void *ctx, float *col, const float *x, int64_t b, int64_t c, int64_t h, int64_t w,
-                const struct dev_window *win)
+void cpu__im2col(void *ctx, float *col, const float *x, int64_t b, int64_t c, int64_t h, int64_t w,
+                 const struct dev_window *win)
 {
     (void)ctx;
-    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
+                  ow = dev_window_out(w, win->kw, win->sw, win->pw);
     ASSERT(oh >= 1 && ow >= 1);
     for (int64_t i = 0; i < b * c; i++) {
         const float *plane = x + i * h * w;
@@ -31,13 +43,8 @@ void cpu_im2col(void *ctx, float *col, const float *x, int64_t b, int64_t c, int
         for (int64_t ki = 0; ki < win->kh; ki++)
             for (int64_t kj = 0; kj < win->kw; kj++) {
                 float *row = rows + (ki * win->kw + kj) * oh * ow;
-                /* The outputs ox in [x0, x1) read inside the image: ix = ox*sw - pw + kj in [0, w). */
-                const int64_t off = kj - win->pw;
-                int64_t x0 = off >= 0 ? 0 : (-off + win->sw - 1) / win->sw;
-                int64_t x1 = w - off <= 0 ? 0 : (w - off + win->sw - 1) / win->sw;
-                x0 = x0 < ow ? x0 : ow;
-                x1 = x1 < ow ? x1 : ow;
-                x1 = x1 > x0 ? x1 : x0;
+                int64_t x0, x1;
+                const int64_t off = in_image_outputs(win, kj, w, ow, &x0, &x1);
                 for (int64_t oy = 0; oy < oh; oy++) {
                     const int64_t iy = oy * win->sh - win->ph + ki;
                     float *r = row + oy * ow;
@@ -60,11 +67,12 @@ void cpu_im2col(void *ctx, float *col, const float *x, int64_t b, int64_t c, int
     }
 }
 
-void cpu_col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t c, int64_t h, int64_t w,
-                const struct dev_window *win)
+void cpu__col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t c, int64_t h, int64_t w,
+                 const struct dev_window *win)
 {
     (void)ctx;
-    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
+                  ow = dev_window_out(w, win->kw, win->sw, win->pw);
     ASSERT(oh >= 1 && ow >= 1);
     /* Rows of col in (ki, kj) order: each dx entry gets its terms in that order. */
     for (int64_t i = 0; i < b * c; i++) {
@@ -74,11 +82,8 @@ void cpu_col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t c, in
             for (int64_t kj = 0; kj < win->kw; kj++) {
                 const float *row = rows + (ki * win->kw + kj) * oh * ow;
                 /* As im2col: only the outputs ox in [x0, x1) came from inside the image. */
-                const int64_t off = kj - win->pw;
-                int64_t x0 = off >= 0 ? 0 : (-off + win->sw - 1) / win->sw;
-                int64_t x1 = w - off <= 0 ? 0 : (w - off + win->sw - 1) / win->sw;
-                x0 = x0 < ow ? x0 : ow;
-                x1 = x1 < ow ? x1 : ow;
+                int64_t x0, x1;
+                const int64_t off = in_image_outputs(win, kj, w, ow, &x0, &x1);
                 for (int64_t oy = 0; oy < oh; oy++) {
                     const int64_t iy = oy * win->sh - win->ph + ki;
                     if (iy < 0 || iy >= h)
@@ -92,43 +97,31 @@ void cpu_col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t c, in
     }
 }
 
-void cpu_maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float *x, int64_t planes, int64_t h,
-                           int64_t w, const struct dev_window *win)
+void cpu__maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float *x, int64_t planes, int64_t h,
+                            int64_t w, const struct dev_window *win)
 {
     (void)ctx;
-    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
+                  ow = dev_window_out(w, win->kw, win->sw, win->pw);
     ASSERT(oh >= 1 && ow >= 1 && h * w <= INT32_MAX);
     for (int64_t p = 0; p < planes; p++) {
         const float *plane = x + p * h * w;
         for (int64_t oy = 0; oy < oh; oy++)
             for (int64_t ox = 0; ox < ow; ox++) {
-                int64_t y0 = oy * win->sh - win->ph, x0 = ox * win->sw - win->pw;
-                const int64_t y1 = y0 + win->kh < h ? y0 + win->kh : h,
-                              x1 = x0 + win->kw < w ? x0 + win->kw : w;
-                y0 = y0 < 0 ? 0 : y0;
-                x0 = x0 < 0 ? 0 : x0;
-                int64_t best = y0 * w + x0;
-                float m = -INFINITY;
-                for (int64_t iy = y0; iy < y1; iy++)
-                    for (int64_t ix = x0; ix < x1; ix++) {
-                        const float v = plane[iy * w + ix];
-                        if (v > m || isnan(v)) {
-                            m = v;
-                            best = iy * w + ix;
-                        }
-                    }
+                int64_t best;
                 const int64_t o = (p * oh + oy) * ow + ox;
-                y[o] = m;
+                y[o] = dev_window_max(win, plane, oy, ox, h, w, &best);
                 idx[o] = (int32_t)best;
             }
     }
 }
 
-void cpu_maxpool2d_backward(void *ctx, float *dx, const float *dy, const int32_t *idx, int64_t planes,
-                            int64_t h, int64_t w, const struct dev_window *win)
+void cpu__maxpool2d_backward(void *ctx, float *dx, const float *dy, const int32_t *idx, int64_t planes,
+                             int64_t h, int64_t w, const struct dev_window *win)
 {
     (void)ctx;
-    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
+                  ow = dev_window_out(w, win->kw, win->sw, win->pw);
     ASSERT(oh >= 1 && ow >= 1);
     memset(dx, 0, (size_t)(planes * h * w) * sizeof(float));
     for (int64_t p = 0; p < planes; p++)
@@ -136,56 +129,38 @@ void cpu_maxpool2d_backward(void *ctx, float *dx, const float *dy, const int32_t
             dx[p * h * w + idx[p * oh * ow + o]] += dy[p * oh * ow + o];
 }
 
-/* PyTorch's divisor with count_include_pad: the window clipped to the padded image. */
-static int64_t avg_divisor(int64_t oy, int64_t ox, int64_t h, int64_t w, const struct dev_window *win)
-{
-    const int64_t y0 = oy * win->sh - win->ph, x0 = ox * win->sw - win->pw;
-    const int64_t y1 = y0 + win->kh < h + win->ph ? y0 + win->kh : h + win->ph;
-    const int64_t x1 = x0 + win->kw < w + win->pw ? x0 + win->kw : w + win->pw;
-    return (y1 - y0) * (x1 - x0);
-}
-
-void cpu_avgpool2d_forward(void *ctx, float *y, const float *x, int64_t planes, int64_t h, int64_t w,
-                           const struct dev_window *win)
+void cpu__avgpool2d_forward(void *ctx, float *y, const float *x, int64_t planes, int64_t h, int64_t w,
+                            const struct dev_window *win)
 {
     (void)ctx;
-    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
+                  ow = dev_window_out(w, win->kw, win->sw, win->pw);
     ASSERT(oh >= 1 && ow >= 1);
     for (int64_t p = 0; p < planes; p++) {
         const float *plane = x + p * h * w;
         for (int64_t oy = 0; oy < oh; oy++)
             for (int64_t ox = 0; ox < ow; ox++) {
-                int64_t y0 = oy * win->sh - win->ph, x0 = ox * win->sw - win->pw;
-                const int64_t y1 = y0 + win->kh < h ? y0 + win->kh : h,
-                              x1 = x0 + win->kw < w ? x0 + win->kw : w;
-                y0 = y0 < 0 ? 0 : y0;
-                x0 = x0 < 0 ? 0 : x0;
-                float sum = 0.0f;
-                for (int64_t iy = y0; iy < y1; iy++)
-                    for (int64_t ix = x0; ix < x1; ix++)
-                        sum += plane[iy * w + ix];
-                y[(p * oh + oy) * ow + ox] = sum / (float)avg_divisor(oy, ox, h, w, win);
+                y[(p * oh + oy) * ow + ox] =
+                    dev_window_sum(win, plane, oy, ox, h, w) / (float)dev_window_divisor(win, oy, ox, h, w);
             }
     }
 }
 
-void cpu_avgpool2d_backward(void *ctx, float *dx, const float *dy, int64_t planes, int64_t h, int64_t w,
-                            const struct dev_window *win)
+void cpu__avgpool2d_backward(void *ctx, float *dx, const float *dy, int64_t planes, int64_t h, int64_t w,
+                             const struct dev_window *win)
 {
     (void)ctx;
-    const int64_t oh = out_size(h, win->kh, win->sh, win->ph), ow = out_size(w, win->kw, win->sw, win->pw);
+    const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
+                  ow = dev_window_out(w, win->kw, win->sw, win->pw);
     ASSERT(oh >= 1 && ow >= 1);
     memset(dx, 0, (size_t)(planes * h * w) * sizeof(float));
     for (int64_t p = 0; p < planes; p++) {
         float *plane = dx + p * h * w;
         for (int64_t oy = 0; oy < oh; oy++)
             for (int64_t ox = 0; ox < ow; ox++) {
-                const float g = dy[(p * oh + oy) * ow + ox] / (float)avg_divisor(oy, ox, h, w, win);
-                int64_t y0 = oy * win->sh - win->ph, x0 = ox * win->sw - win->pw;
-                const int64_t y1 = y0 + win->kh < h ? y0 + win->kh : h,
-                              x1 = x0 + win->kw < w ? x0 + win->kw : w;
-                y0 = y0 < 0 ? 0 : y0;
-                x0 = x0 < 0 ? 0 : x0;
+                const float g = dy[(p * oh + oy) * ow + ox] / (float)dev_window_divisor(win, oy, ox, h, w);
+                int64_t y0, y1, x0, x1;
+                dev_window_clip(win, oy, ox, h, w, &y0, &y1, &x0, &x1);
                 for (int64_t iy = y0; iy < y1; iy++)
                     for (int64_t ix = x0; ix < x1; ix++)
                         plane[iy * w + ix] += g;
@@ -207,9 +182,9 @@ static void bn_apply(float *y, const float *x, const float *w, const float *b, i
     }
 }
 
-void cpu_batchnorm_forward_train(void *ctx, float *y, float *mean, float *invstd, float *running_mean,
-                                 float *running_var, const float *x, const float *w, const float *b,
-                                 int64_t n, int64_t c, int64_t s, double eps, double momentum)
+void cpu__batchnorm_forward_train(void *ctx, float *y, float *mean, float *invstd, float *running_mean,
+                                  float *running_var, const float *x, const float *w, const float *b,
+                                  int64_t n, int64_t c, int64_t s, double eps, double momentum)
 {
     (void)ctx;
     const int64_t m = n * s;
@@ -237,18 +212,18 @@ void cpu_batchnorm_forward_train(void *ctx, float *y, float *mean, float *invstd
     }
 }
 
-void cpu_batchnorm_forward_eval(void *ctx, float *y, const float *x, const float *w, const float *b,
-                                const float *running_mean, const float *running_var, int64_t n, int64_t c,
-                                int64_t s, double eps)
+void cpu__batchnorm_forward_eval(void *ctx, float *y, const float *x, const float *w, const float *b,
+                                 const float *running_mean, const float *running_var, int64_t n, int64_t c,
+                                 int64_t s, double eps)
 {
     (void)ctx;
     for (int64_t ch = 0; ch < c; ch++)
         bn_apply(y, x, w, b, n, c, s, ch, running_mean[ch], 1.0f / sqrtf(running_var[ch] + (float)eps));
 }
 
-void cpu_batchnorm_backward(void *ctx, float *dx, float *dw, float *db, const float *dy, const float *x,
-                            const float *mean, const float *invstd, const float *w, int64_t n, int64_t c,
-                            int64_t s)
+void cpu__batchnorm_backward(void *ctx, float *dx, float *dw, float *db, const float *dy, const float *x,
+                             const float *mean, const float *invstd, const float *w, int64_t n, int64_t c,
+                             int64_t s)
 {
     (void)ctx;
     const int64_t m = n * s;

@@ -48,14 +48,6 @@ static int64_t bn_work(const struct lnode *n, int64_t rows)
     return rows * n->in_numel; /* dx when nothing below needs it */
 }
 
-static void bn_init(const struct lnode *n, int k, float *h, int64_t numel, struct rng *r)
-{
-    (void)n;
-    (void)r;
-    for (int64_t j = 0; j < numel; j++)
-        h[j] = k == 0 ? 1.0f : 0.0f;
-}
-
 static void bn_forward(struct lnode *n, const struct layer_env *e, const void *x)
 {
     const struct dev_ops *o = e->dev.ops;
@@ -93,7 +85,7 @@ const struct layer_ops layer_batchnorm = {
     .init_buffer = bn_init_buffer,
     .saved = bn_saved,
     .work = bn_work,
-    .init = bn_init,
+    .init = layer_init_norm_affine,
     .forward = bn_forward,
     .backward = bn_backward,
 };

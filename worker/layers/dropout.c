@@ -4,6 +4,10 @@
  * p = 0 and in eval it passes x through. */
 #include "layers.h"
 
+/* An odd 64-bit multiplier that spreads the layer's index over the forward's seed, so
+ * that two layers of one forward draw different masks. */
+#define STREAM_MUL 0xD6E8FEB86659FD93ull
+
 static bool active(const struct lnode *n, const struct layer_env *e)
 {
     return e->training && n->sl->p > 0.0;
@@ -23,8 +27,8 @@ static void dropout_forward(struct lnode *n, const struct layer_env *e, const vo
         return;
     }
     /* One stream per layer of this forward. */
-    uint64_t z = e->seed ^ ((uint64_t)(n->index + 1) * 0xD6E8FEB86659FD93ull);
-    z = (z ^ (z >> 32)) * 0xD6E8FEB86659FD93ull;
+    uint64_t z = e->seed ^ ((uint64_t)(n->index + 1) * STREAM_MUL);
+    z = (z ^ (z >> 32)) * STREAM_MUL;
     z ^= z >> 32;
     ops->dropout_mask(e->dev.ctx, n->save, len, (float)n->sl->p, z);
     ops->mul(e->dev.ctx, n->y, x, n->save, len);

@@ -16,7 +16,7 @@ static int64_t layernorm_saved(const struct lnode *n, int64_t rows)
     return 2 * rows * layer_rows(n->in_numel, n->sl->dim); /* mean, rstd */
 }
 
-static void layernorm_init(const struct lnode *n, int k, float *h, int64_t numel, struct rng *r)
+void layer_init_norm_affine(const struct lnode *n, int k, float *h, int64_t numel, struct rng *r)
 {
     (void)n;
     (void)r;
@@ -58,7 +58,7 @@ const struct layer_ops layer_layernorm = {
     .params = layernorm_params,
     .saved = layernorm_saved,
     .work = layernorm_work,
-    .init = layernorm_init,
+    .init = layer_init_norm_affine,
     .forward = layernorm_forward,
     .backward = layernorm_backward,
 };

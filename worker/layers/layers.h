@@ -2,7 +2,8 @@
  * file here runs one family). A family declares its parameters, the device memory its
  * forward keeps for backward (beyond its output) and the scratch it borrows, its init
  * draws, and its forward and backward on tensors whose first dimension is the batch.
- * Adding a family (conv2d, pooling, batchnorm, flatten) is one file and one table row. */
+ * Adding a family is one file and one row of layer_ops_of (conv.c added conv2d, the
+ * pools and flatten that way, batchnorm.c BatchNorm). */
 #ifndef DDPD_LAYERS_H
 #define DDPD_LAYERS_H
 
@@ -39,6 +40,10 @@ struct layer_env {
     void *ready_ctx;
 };
 
+/* The most parameters (or buffers) one family declares: attention's four parameters
+ * (qkv and proj, weight and bias) are the most; BatchNorm's three buffers fit too. */
+#define LAYER_MAX_TENSORS 4
+
 /* A parameter a family declares: its name under the layer's key, its shape. */
 struct lparam {
     const char *suffix; /* "weight", "qkv.bias" */
@@ -47,7 +52,7 @@ struct lparam {
 };
 
 struct layer_ops {
-    /* Fills out[] (at most 4) and returns the count. */
+    /* Fills out[] (at most LAYER_MAX_TENSORS) and returns the count. */
     int (*params)(const struct spec_layer *sl, struct lparam *out);
     /* Optional (NULL: none): the layer's buffers, as params declares parameters; `i64`
      * marks int64 ones. Their initial values come from init_buffer (device memory is
@@ -109,5 +114,8 @@ int layer_no_params(const struct spec_layer *sl, struct lparam *out);
 int64_t layer_none(const struct lnode *n, int64_t rows);
 /* U(-bound, bound) from the init stream, bound = 1/sqrt(fan_in). */
 void layer_init_uniform(float *h, int64_t numel, double fan_in, struct rng *r);
+/* A norm layer's affine parameters as PyTorch makes them: weight (k 0) ones, bias zeros
+ * (LayerNorm and BatchNorm; layernorm.c). */
+void layer_init_norm_affine(const struct lnode *n, int k, float *h, int64_t numel, struct rng *r);
 
 #endif
