@@ -55,6 +55,9 @@ struct dev_ops {
                  const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
     /* y[M,N] += b[N] broadcast over rows. */
     void (*add_bias)(void *ctx, float *y, const float *b, int64_t m, int64_t n);
+    /* y[M,N] = 0 + b[N] broadcast over rows: the bits of fill(y, 0) then add_bias, in one
+     * pass over y. */
+    void (*set_bias)(void *ctx, float *y, const float *b, int64_t m, int64_t n);
     /* db[N] += sum over rows of dy[M,N]. */
     void (*bias_grad)(void *ctx, float *db, const float *dy, int64_t m, int64_t n);
     /* y = f(x) elementwise; dx = f'(x) * dy (y is f(x), for tanh/sigmoid). */

@@ -166,6 +166,21 @@ static void cu_add_bias(void *ctx, float *y, const float *b, int64_t m, int64_t 
     LAUNCHED(c, "add_bias");
 }
 
+__global__ void k_set_bias(float *y, const float *b, int64_t m, int64_t n)
+{
+    FOR_EACH(i, m * n)
+    y[i] = 0.0f + b[i % n];
+}
+
+static void cu_set_bias(void *ctx, float *y, const float *b, int64_t m, int64_t n)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    if (m <= 0 || n <= 0)
+        return;
+    k_set_bias<<<blocks_for(m * n), THREADS, 0, c->stream>>>(y, b, m, n);
+    LAUNCHED(c, "set_bias");
+}
+
 /* db[j] += sum_i dy[i,j]: a block owns 32 columns; its 8 thread rows sum strided rows
  * (coalesced across the 32 columns), then one row adds the 8 partial sums. */
 __global__ void k_bias_grad(float *db, const float *dy, int64_t m, int64_t n)
@@ -1399,6 +1414,7 @@ static const struct dev_ops cuda_ops = {
     .synchronize = cu_synchronize,
     .gemm = cu_gemm,
     .add_bias = cu_add_bias,
+    .set_bias = cu_set_bias,
     .bias_grad = cu_bias_grad,
     .act_forward = cu_act_forward,
     .act_backward = cu_act_backward,

@@ -123,6 +123,16 @@ static void cpu_add_bias(void *ctx, float *restrict y, const float *restrict b, 
     }
 }
 
+static void cpu_set_bias(void *ctx, float *restrict y, const float *restrict b, int64_t m, int64_t n)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < m; i++) {
+        float *restrict row = y + i * n;
+        for (int64_t j = 0; j < n; j++)
+            row[j] = 0.0f + b[j]; /* 0 + b, not b: -0.0 becomes +0.0 as fill + add_bias makes it */
+    }
+}
+
 /* ---- bias gradient: PyTorch's cascade sum over rows ----
  * The bias gradient is grad.sum(0) of dy[M,N], which PyTorch 1.13 computes with
  * cascade_sum (aten/src/ATen/native/cpu/SumKernel.cpp, one thread): float
@@ -874,6 +884,7 @@ static const struct dev_ops cpu_ops = {
     .synchronize = cpu_synchronize,
     .gemm = cpu_gemm,
     .add_bias = cpu_add_bias,
+    .set_bias = cpu_set_bias,
     .bias_grad = cpu_bias_grad,
     .act_forward = cpu_act_forward,
     .act_backward = cpu_act_backward,

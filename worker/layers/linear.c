@@ -21,8 +21,7 @@ void linear_forward_rows(struct dev d, float *y, const float *x, const struct pa
 {
     float beta = 0.0f;
     if (b) {
-        d.ops->fill(d.ctx, y, 0.0f, m * out);
-        d.ops->add_bias(d.ctx, y, b->data, m, out);
+        d.ops->set_bias(d.ctx, y, b->data, m, out); /* fill 0 + add_bias in one pass */
         beta = 1.0f;
     }
     d.ops->gemm(d.ctx, false, true, m, out, in, 1.0f, x, in, w->data, in, beta, y, out);

@@ -2,7 +2,9 @@
  * references on random shapes (1x1 and odd sizes included), losses on inputs with known
  * values, and the places where the backend promises PyTorch's exact bits (the bias
  * gradient's summation order). Every op runs with fused multiply-adds off and on. */
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "check.h"
 #include "worker/dev.h"
@@ -135,6 +137,15 @@ static void test_bias(struct rng *r)
         CHECK(worst(db, ref + M * N, N, 1e-6 * sqrt((double)M), 1e-6) <= 1);
         OPS->add_bias(CTX, y, b, M, N);
         CHECK(worst(y, ref, M * N, 0, 0) <= 1);
+        /* set_bias: the bits of fill(y, 0) then add_bias, -0.0 in b included (0 + -0 = +0). */
+        float *z = dalloc(M * N);
+        b[N - 1] = -0.0f;
+        OPS->fill(CTX, y, 0.0f, M * N);
+        OPS->add_bias(CTX, y, b, M, N);
+        OPS->set_bias(CTX, z, b, M, N);
+        CHECK(memcmp(y, z, (size_t)(M * N) * sizeof(float)) == 0);
+        CHECK(!signbit(z[N - 1]));
+        dfree(z);
         free(ref);
         dfree(y);
         dfree(b);
