@@ -101,6 +101,29 @@
     return out;
   }
 
+  /* Sizes the canvas to its box (at least 200 × 160, `height` when the box has none) for
+   * the screen's pixel ratio, clears it, and reads the theme's chart colours. Both charts
+   * start every draw with it. */
+  function beginDraw(box, c, height) {
+    const ctx = c.getContext('2d');
+    const dpr = window.devicePixelRatio || 1;
+    const W = Math.max(200, box.clientWidth), H = Math.max(160, box.clientHeight || height);
+    if (c.width !== Math.round(W * dpr) || c.height !== Math.round(H * dpr)) {
+      c.width = Math.round(W * dpr);
+      c.height = Math.round(H * dpr);
+      c.style.width = W + 'px';
+      c.style.height = H + 'px';
+    }
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    const css = getComputedStyle(box);
+    const fg = css.getPropertyValue('--chart-fg').trim() || '#333';
+    const grid = css.getPropertyValue('--chart-grid').trim() || '#e5e5e5';
+    const mean = css.getPropertyValue('--chart-mean').trim() || '#1c7ed6';
+    ctx.clearRect(0, 0, W, H);
+    ctx.font = '11px system-ui, sans-serif';
+    return {ctx, W, H, fg, grid, mean};
+  }
+
   class LossChart {
     constructor(container) {
       this.box = el('div', {class: 'chart-box'});
@@ -326,22 +349,8 @@
     }
 
     draw() {
-      const c = this.canvas, ctx = c.getContext('2d');
-      const dpr = window.devicePixelRatio || 1;
-      const W = Math.max(200, this.box.clientWidth), H = Math.max(160, this.box.clientHeight || 320);
-      if (c.width !== Math.round(W * dpr) || c.height !== Math.round(H * dpr)) {
-        c.width = Math.round(W * dpr);
-        c.height = Math.round(H * dpr);
-        c.style.width = W + 'px';
-        c.style.height = H + 'px';
-      }
-      ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-      const css = getComputedStyle(this.box);
-      const fg = css.getPropertyValue('--chart-fg').trim() || '#333';
-      const grid = css.getPropertyValue('--chart-grid').trim() || '#e5e5e5';
-      const meanColor = css.getPropertyValue('--chart-mean').trim() || '#1c7ed6';
-      ctx.clearRect(0, 0, W, H);
-      ctx.font = '11px system-ui, sans-serif';
+      const c = this.canvas;
+      const {ctx, W, H, fg, grid, mean: meanColor} = beginDraw(this.box, c, 320);
       c.dataset.points = String(this.points());
 
       const vis = this.visible();
@@ -590,23 +599,9 @@
     }
 
     draw() {
-      const c = this.canvas, ctx = c.getContext('2d');
-      const dpr = window.devicePixelRatio || 1;
-      const W = Math.max(200, this.box.clientWidth), H = Math.max(160, this.box.clientHeight || 260);
-      if (c.width !== Math.round(W * dpr) || c.height !== Math.round(H * dpr)) {
-        c.width = Math.round(W * dpr);
-        c.height = Math.round(H * dpr);
-        c.style.width = W + 'px';
-        c.style.height = H + 'px';
-      }
-      ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-      const css = getComputedStyle(this.box);
-      const fg = css.getPropertyValue('--chart-fg').trim() || '#333';
-      const grid = css.getPropertyValue('--chart-grid').trim() || '#e5e5e5';
-      const lossColor = css.getPropertyValue('--chart-mean').trim() || '#1c7ed6';
+      const c = this.canvas;
+      const {ctx, W, H, fg, grid, mean: lossColor} = beginDraw(this.box, c, 260);
       const accColor = '#2f9e44';
-      ctx.clearRect(0, 0, W, H);
-      ctx.font = '11px system-ui, sans-serif';
       c.dataset.points = String(this.steps.length);
       const n = this.steps.length;
       if (!n) {
