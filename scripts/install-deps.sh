@@ -8,6 +8,7 @@
 # docker-compose (Compose v1, Python) only validates docker/docker-compose.yml in
 # tests/deploy; these machines run no Docker engine.
 # slurm-wlm and munge: the one-host Slurm of scripts/slurm-up.sh for tests/slurm.
+# iproute2 (ip, tc): the namespaced hosts of scripts/hosts-up.sh for tests/multihost.
 set -eu
 
 PACKAGES="
@@ -19,6 +20,7 @@ chromium
 clang libclang-rt-14-dev clang-format
 docker-compose python3-yaml
 slurm-wlm munge
+iproute2
 "
 
 missing=""
