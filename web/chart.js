@@ -101,6 +101,21 @@
     return out;
   }
 
+  /* The horizontal grid lines at `ticks` (y = Y(v)) across the plot, each labelled at its
+   * left; the context's styles as the caller set them. */
+  function yGrid(ctx, ticks, Y, pad, pw) {
+    ctx.textAlign = 'right';
+    ctx.textBaseline = 'middle';
+    for (const v of ticks) {
+      const y = Math.round(Y(v)) + 0.5;
+      ctx.beginPath();
+      ctx.moveTo(pad.left, y);
+      ctx.lineTo(pad.left + pw, y);
+      ctx.stroke();
+      ctx.fillText(fmtTick(v), pad.left - 6, y);
+    }
+  }
+
   /* Sizes the canvas to its box (at least 200 × 160, `height` when the box has none) for
    * the screen's pixel ratio, clears it, and reads the theme's chart colours. Both charts
    * start every draw with it. */
@@ -124,28 +139,20 @@
     return {ctx, W, H, fg, grid, mean};
   }
 
-  class LossChart {
-    constructor(container) {
-      this.box = el('div', {class: 'chart-box'});
-      this.canvas = el('canvas', {class: 'chart-canvas', dataset: {points: '0'}, 'aria-label': 'loss chart'});
+  /* What both charts share: a canvas and a tooltip in a box that follows its container's
+   * size, the pointer's x for the tooltip, and one draw per animation frame however many
+   * changes ask for it. A subclass draws (draw()) and calls request() after a change. */
+  class CanvasChart {
+    constructor(container, boxClass, canvasClass, label) {
+      this.box = el('div', {class: boxClass});
+      this.canvas = el('canvas', {class: canvasClass, dataset: {points: '0'}, 'aria-label': label});
       this.tip = el('div', {class: 'chart-tip', hidden: true});
       this.box.append(this.canvas, this.tip);
       container.appendChild(this.box);
-      this.series = new Map(); /* key -> {key, label, color, width, steps, loss, visible, attempt} */
-      this.order = [];
-      this.acc = new Map(); /* live mean: step -> {sum, n, ranks: Set, attempt} */
-      this.meanBase = 0; /* steps up to here came from /metrics */
-      this.baseAttempt = 0;
-      this.markers = [];
-      this.log = false;
-      this.smoothing = 0;
       this.hoverX = null;
-      this.onSeries = null; /* called with a series when one appears */
       this.pending = false;
-      this.ensure('mean', 'mean of ranks');
       this.canvas.addEventListener('mousemove', (e) => {
-        const r = this.canvas.getBoundingClientRect();
-        this.hoverX = e.clientX - r.left;
+        this.hoverX = e.clientX - this.canvas.getBoundingClientRect().left;
         this.request();
       });
       this.canvas.addEventListener('mouseleave', () => {
@@ -159,6 +166,63 @@
     destroy() {
       this.ro.disconnect();
       this.box.remove();
+    }
+
+    request() {
+      if (this.pending) return;
+      this.pending = true;
+      requestAnimationFrame(() => {
+        this.pending = false;
+        this.draw();
+      });
+    }
+
+    /* Where the pointer is across the plot (0 at pad.left .. 1 at pad.left + pw), or null
+     * (the tooltip hidden) when it is not over the plot. */
+    hoverFraction(pad, pw) {
+      if (this.hoverX === null || this.hoverX < pad.left || this.hoverX > pad.left + pw) {
+        this.tip.hidden = true;
+        return null;
+      }
+      return (this.hoverX - pad.left) / pw;
+    }
+
+    /* The hover line at x across the plot's height ph. */
+    crosshair(ctx, x, pad, ph, fg) {
+      ctx.save();
+      ctx.strokeStyle = fg;
+      ctx.globalAlpha = 0.35;
+      ctx.beginPath();
+      ctx.moveTo(x, pad.top);
+      ctx.lineTo(x, pad.top + ph);
+      ctx.stroke();
+      ctx.restore();
+    }
+
+    /* The tooltip's rows beside x (left of it where the right would leave the W-wide
+     * canvas), `top` pixels down. */
+    showTip(rows, x, W, top) {
+      ddpd.util.fill(this.tip, rows);
+      this.tip.hidden = false;
+      const tw = this.tip.offsetWidth;
+      this.tip.style.left = (x + 12 + tw > W ? x - 12 - tw : x + 12) + 'px';
+      this.tip.style.top = top + 'px';
+    }
+  }
+
+  class LossChart extends CanvasChart {
+    constructor(container) {
+      super(container, 'chart-box', 'chart-canvas', 'loss chart');
+      this.series = new Map(); /* key -> {key, label, color, width, steps, loss, visible, attempt} */
+      this.order = [];
+      this.acc = new Map(); /* live mean: step -> {sum, n, ranks: Set, attempt} */
+      this.meanBase = 0; /* steps up to here came from /metrics */
+      this.baseAttempt = 0;
+      this.markers = [];
+      this.log = false;
+      this.smoothing = 0;
+      this.onSeries = null; /* called with a series when one appears */
+      this.ensure('mean', 'mean of ranks');
     }
 
     ensure(key, label) {
@@ -299,15 +363,6 @@
       this.request();
     }
 
-    request() {
-      if (this.pending) return;
-      this.pending = true;
-      requestAnimationFrame(() => {
-        this.pending = false;
-        this.draw();
-      });
-    }
-
     /* The visible series as drawn: smoothed copies (raw: the values) when smoothing is on. */
     visible() {
       const vis = this.order.map((k) => this.series.get(k)).filter((s) => s.visible && s.steps.length);
@@ -373,17 +428,8 @@
       ctx.strokeStyle = grid;
       ctx.fillStyle = fg;
       ctx.lineWidth = 1;
-      ctx.textAlign = 'right';
-      ctx.textBaseline = 'middle';
       const yt = this.log ? logTicks(R.y0, R.y1) : linearTicks(R.y0, R.y1, Math.max(2, Math.floor(ph / 45)));
-      for (const v of yt) {
-        const y = Math.round(Y(v)) + 0.5;
-        ctx.beginPath();
-        ctx.moveTo(PAD.left, y);
-        ctx.lineTo(PAD.left + pw, y);
-        ctx.stroke();
-        ctx.fillText(fmtTick(v), PAD.left - 6, y);
-      }
+      yGrid(ctx, yt, Y, PAD, pw);
       ctx.textAlign = 'center';
       ctx.textBaseline = 'top';
       const xt = linearTicks(R.x0, R.x1, Math.max(2, Math.floor(pw / 90))).filter((v) => Number.isInteger(v) || v > 10);
@@ -489,24 +535,14 @@
     }
 
     hover(ctx, vis, X, Y, R, pw, ph, meanColor, fg, W) {
-      if (this.hoverX === null || this.hoverX < PAD.left || this.hoverX > PAD.left + pw) {
-        this.tip.hidden = true;
-        return;
-      }
-      const want = R.x0 + ((this.hoverX - PAD.left) / pw) * (R.x1 - R.x0);
+      const f = this.hoverFraction(PAD, pw);
+      if (f === null) return;
       const main = vis.find((s) => s.key === 'mean') || vis[0];
-      const i = nearest(main.steps, want);
+      const i = nearest(main.steps, R.x0 + f * (R.x1 - R.x0));
       if (i < 0) return;
       const step = main.steps[i];
       const x = Math.round(X(step)) + 0.5;
-      ctx.save();
-      ctx.strokeStyle = fg;
-      ctx.globalAlpha = 0.35;
-      ctx.beginPath();
-      ctx.moveTo(x, PAD.top);
-      ctx.lineTo(x, PAD.top + ph);
-      ctx.stroke();
-      ctx.restore();
+      this.crosshair(ctx, x, PAD, ph, fg);
       const rows = [el('div', {class: 'tip-step'}, 'step ' + fmtInt(step))];
       for (const s of vis) {
         const j = nearest(s.steps, step);
@@ -526,11 +562,7 @@
           s.raw && Number.isFinite(raw) ? ` (raw ${fmtLoss(raw)})` : ''));
       }
       for (const m of this.markers) if (Math.abs(X(m.step) - x) < 4) rows.push(el('div', {class: 'tip-marker'}, m.label));
-      ddpd.util.fill(this.tip, rows);
-      this.tip.hidden = false;
-      const tw = this.tip.offsetWidth;
-      this.tip.style.left = (x + 12 + tw > W ? x - 12 - tw : x + 12) + 'px';
-      this.tip.style.top = PAD.top + 4 + 'px';
+      this.showTip(rows, x, W, PAD.top + 4);
     }
   }
 
@@ -538,34 +570,13 @@
    * right one, a point per eval. Fed from /metrics' `eval` columns (set) and live eval
    * events (add: a step at or before the last one is a restart's rerun, which replaces
    * the points from there on). */
-  class EvalChart {
+  class EvalChart extends CanvasChart {
     constructor(container) {
-      this.box = el('div', {class: 'chart-box eval-box'});
-      this.canvas = el('canvas', {class: 'eval-canvas', dataset: {points: '0'}, 'aria-label': 'eval chart'});
-      this.tip = el('div', {class: 'chart-tip', hidden: true});
-      this.box.append(this.canvas, this.tip);
-      container.appendChild(this.box);
+      super(container, 'chart-box eval-box', 'eval-canvas', 'eval chart');
       this.steps = [];
       this.loss = [];
       this.acc = [];
       this.samples = [];
-      this.hoverX = null;
-      this.pending = false;
-      this.canvas.addEventListener('mousemove', (e) => {
-        this.hoverX = e.clientX - this.canvas.getBoundingClientRect().left;
-        this.request();
-      });
-      this.canvas.addEventListener('mouseleave', () => {
-        this.hoverX = null;
-        this.request();
-      });
-      this.ro = new ResizeObserver(() => this.request());
-      this.ro.observe(this.box);
-    }
-
-    destroy() {
-      this.ro.disconnect();
-      this.box.remove();
     }
 
     /* /metrics' eval: {step, loss, accuracy, samples} columns. */
@@ -587,15 +598,6 @@
       this.acc.push(ev.accuracy === null || ev.accuracy === undefined ? NaN : ev.accuracy);
       this.samples.push(ev.samples);
       this.request();
-    }
-
-    request() {
-      if (this.pending) return;
-      this.pending = true;
-      requestAnimationFrame(() => {
-        this.pending = false;
-        this.draw();
-      });
     }
 
     draw() {
@@ -631,16 +633,7 @@
       ctx.strokeStyle = grid;
       ctx.fillStyle = fg;
       ctx.lineWidth = 1;
-      ctx.textAlign = 'right';
-      ctx.textBaseline = 'middle';
-      for (const v of linearTicks(y0, y1, Math.max(2, Math.floor(ph / 45)))) {
-        const y = Math.round(Y(v)) + 0.5;
-        ctx.beginPath();
-        ctx.moveTo(pad.left, y);
-        ctx.lineTo(pad.left + pw, y);
-        ctx.stroke();
-        ctx.fillText(fmtTick(v), pad.left - 6, y);
-      }
+      yGrid(ctx, linearTicks(y0, y1, Math.max(2, Math.floor(ph / 45))), Y, pad, pw);
       if (hasAcc) {
         ctx.textAlign = 'left';
         ctx.fillStyle = accColor;
@@ -688,20 +681,11 @@
         }
       }
 
-      if (this.hoverX === null || this.hoverX < pad.left || this.hoverX > pad.left + pw) {
-        this.tip.hidden = true;
-        return;
-      }
-      const i = nearest(this.steps, x0 + ((this.hoverX - pad.left) / pw) * (x1 - x0));
+      const f = this.hoverFraction(pad, pw);
+      if (f === null) return;
+      const i = nearest(this.steps, x0 + f * (x1 - x0));
       const x = Math.round(X(this.steps[i])) + 0.5;
-      ctx.save();
-      ctx.strokeStyle = fg;
-      ctx.globalAlpha = 0.35;
-      ctx.beginPath();
-      ctx.moveTo(x, pad.top);
-      ctx.lineTo(x, pad.top + ph);
-      ctx.stroke();
-      ctx.restore();
+      this.crosshair(ctx, x, pad, ph, fg);
       const rows = [el('div', {class: 'tip-step'}, 'eval at step ' + fmtInt(this.steps[i])),
         el('div', {class: 'tip-row'}, el('span', {class: 'swatch', style: {background: lossColor}}), 'loss: ',
           el('b', {}, Number.isFinite(this.loss[i]) ? fmtLoss(this.loss[i]) : 'not finite'))];
@@ -709,11 +693,7 @@
         rows.push(el('div', {class: 'tip-row'}, el('span', {class: 'swatch', style: {background: accColor}}),
           'accuracy: ', el('b', {}, (this.acc[i] * 100).toFixed(2) + '%')));
       rows.push(el('div', {class: 'tip-row'}, 'samples: ', el('b', {}, fmtInt(this.samples[i]))));
-      ddpd.util.fill(this.tip, rows);
-      this.tip.hidden = false;
-      const tw = this.tip.offsetWidth;
-      this.tip.style.left = (x + 12 + tw > W ? x - 12 - tw : x + 12) + 'px';
-      this.tip.style.top = pad.top + 4 + 'px';
+      this.showTip(rows, x, W, pad.top + 4);
     }
   }
 

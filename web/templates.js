@@ -5,6 +5,21 @@
 (function () {
   const ddpd = (window.ddpd = window.ddpd || {});
 
+  /* One pre-norm transformer block (examples/gpt-char.json's): attention, then an MLP 4x
+   * as wide with gelu (tanh), each inside a residual. */
+  function gptBlock(dim, heads) {
+    return [
+      {type: 'residual', layers: [
+        {type: 'layernorm', dim},
+        {type: 'attention', dim, heads, causal: true}]},
+      {type: 'residual', layers: [
+        {type: 'layernorm', dim},
+        {type: 'linear', in: dim, out: 4 * dim},
+        {type: 'gelu', approximate: 'tanh'},
+        {type: 'linear', in: 4 * dim, out: dim}]},
+    ];
+  }
+
   ddpd.templates = [
     {
       id: 'seed',
@@ -94,22 +109,8 @@
           {type: 'embedding', num: 256, dim: 64},
           {type: 'position', max: 64, dim: 64},
           {type: 'dropout', p: 0},
-          {type: 'residual', layers: [
-            {type: 'layernorm', dim: 64},
-            {type: 'attention', dim: 64, heads: 4, causal: true}]},
-          {type: 'residual', layers: [
-            {type: 'layernorm', dim: 64},
-            {type: 'linear', in: 64, out: 256},
-            {type: 'gelu', approximate: 'tanh'},
-            {type: 'linear', in: 256, out: 64}]},
-          {type: 'residual', layers: [
-            {type: 'layernorm', dim: 64},
-            {type: 'attention', dim: 64, heads: 4, causal: true}]},
-          {type: 'residual', layers: [
-            {type: 'layernorm', dim: 64},
-            {type: 'linear', in: 64, out: 256},
-            {type: 'gelu', approximate: 'tanh'},
-            {type: 'linear', in: 256, out: 64}]},
+          ...gptBlock(64, 4),
+          ...gptBlock(64, 4),
           {type: 'layernorm', dim: 64},
           {type: 'linear', in: 64, out: 256},
         ],
