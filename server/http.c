@@ -1111,7 +1111,8 @@ static enum MHD_Result param_check_one(void *cls, enum MHD_ValueKind kind, const
     return MHD_YES;
 }
 
-ddpd_err http_query_allow(struct http_request *req, const char *allowed, struct ddpd_error *err)
+/* The route's query list (http_route.query) against the request's parameters. */
+static ddpd_err query_allow(struct http_request *req, const char *allowed, struct ddpd_error *err)
 {
     struct param_scan ps = {.allowed = allowed};
     MHD_get_connection_values(req->mc, MHD_GET_ARGUMENT_KIND, param_check_one, &ps);
@@ -1530,6 +1531,10 @@ static void request_dispatch(struct http_request *req)
     }
     struct ddpd_error e;
     ddpd_error_clear(&e);
+    if (r->query && query_allow(req, r->query, &e) != DDPD_OK) {
+        respond_error(req, e.code, &e);
+        return;
+    }
     ddpd_err rc = r->handler(req, &e);
     if (rc != DDPD_OK)
         handler_failed(req, rc, &e);

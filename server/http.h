@@ -45,6 +45,11 @@ struct http_route {
     http_handler_fn handler;
     unsigned flags;  /* enum http_route_flags */
     size_t max_body; /* bytes; 0 = the server's max_body */
+    /* The query parameters the route takes, space-separated ("state limit before name";
+     * "" for none): any other is a 400 bad_query naming it and the ones taken, checked
+     * before the handler runs, never silently ignored (a misspelt filter would return
+     * every job). NULL: not checked (the handler reads what it wants). */
+    const char *query;
 };
 
 /* Captures a pattern may hold. */
@@ -198,12 +203,8 @@ ddpd_err http_query_int(struct http_request *req, const char *name, int64_t min,
 /* One of `choices` (NULL-terminated); *out is its index, or `dflt` when absent. */
 ddpd_err http_query_enum(struct http_request *req, const char *name, const char *const *choices, int dflt,
                          int *out, struct ddpd_error *err);
-/* The query parameters a handler takes, space-separated ("state limit before name"; ""
- * for none): any other is a 400 bad_query naming it and the ones taken, never silently
- * ignored (a misspelt filter would return every job). Called first by every /v1 handler. */
-ddpd_err http_query_allow(struct http_request *req, const char *allowed, struct ddpd_error *err);
-/* Any other check of a parameter the handler makes itself ("before" must be a cursor it
- * issued): fails the same way, with the handler's sentence. */
+/* A check of a parameter the handler makes itself ("before" must be a cursor it issued):
+ * fails as an unknown parameter does (http_route.query), with the handler's sentence. */
 ddpd_err http_query_error(struct http_request *req, const char *name, struct ddpd_error *err, const char *fmt,
                           ...) __attribute__((format(printf, 4, 5)));
 

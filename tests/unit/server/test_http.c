@@ -653,20 +653,21 @@ static bool held_reaches(int n, double secs)
 }
 
 static const struct http_route routes[] = {
-    {"GET", "/v1/echo", h_echo_get, HTTP_ROUTE_AUTH, 0},
-    {"POST", "/v1/echo", h_echo_post, HTTP_ROUTE_AUTH | HTTP_ROUTE_JSON, 0},
-    {"GET", "/v1/jobs/{id}", h_job, HTTP_ROUTE_AUTH, 0},
-    {"GET", "/v1/jobs/{id}/ranks/{rank}", h_job_rank, HTTP_ROUTE_AUTH, 0},
-    {"GET", "/v1/list", h_list, HTTP_ROUTE_AUTH, 0},
-    {"GET", "/static/hello.txt", h_file, 0, 0},
-    {"GET", "/static/missing.txt", h_missing_file, 0, 0},
-    {"POST", "/v1/raw", h_raw, HTTP_ROUTE_AUTH | HTTP_ROUTE_BODY, 100},
-    {"GET", "/healthz", h_health, 0, 0},
-    {"GET", "/v1/noresp", h_noresp, 0, 0},
-    {"DELETE", "/v1/jobs/{id}", h_empty, HTTP_ROUTE_AUTH, 0},
-    {"GET", "/v1/streams/{slot}", h_stream, HTTP_ROUTE_AUTH, 0},
-    {"GET", "/metrics", h_metrics, 0, 0},
-    {"POST", "/v1/deferred/{n}", h_deferred, HTTP_ROUTE_AUTH, 0},
+    {"GET", "/v1/echo", h_echo_get, HTTP_ROUTE_AUTH, 0, NULL},
+    {"POST", "/v1/echo", h_echo_post, HTTP_ROUTE_AUTH | HTTP_ROUTE_JSON, 0, NULL},
+    {"GET", "/v1/jobs/{id}", h_job, HTTP_ROUTE_AUTH, 0, NULL},
+    {"GET", "/v1/jobs/{id}/ranks/{rank}", h_job_rank, HTTP_ROUTE_AUTH, 0, NULL},
+    {"GET", "/v1/list", h_list, HTTP_ROUTE_AUTH, 0, NULL},
+    {"GET", "/static/hello.txt", h_file, 0, 0, NULL},
+    {"GET", "/static/missing.txt", h_missing_file, 0, 0, NULL},
+    {"POST", "/v1/raw", h_raw, HTTP_ROUTE_AUTH | HTTP_ROUTE_BODY, 100, NULL},
+    {"GET", "/healthz", h_health, 0, 0, NULL},
+    {"GET", "/v1/noresp", h_noresp, 0, 0, NULL},
+    {"DELETE", "/v1/jobs/{id}", h_empty, HTTP_ROUTE_AUTH, 0, NULL},
+    {"GET", "/v1/streams/{slot}", h_stream, HTTP_ROUTE_AUTH, 0, NULL},
+    {"GET", "/metrics", h_metrics, 0, 0, NULL},
+    {"POST", "/v1/deferred/{n}", h_deferred, HTTP_ROUTE_AUTH, 0, NULL},
+    {"GET", "/v1/strict", h_list, HTTP_ROUTE_AUTH, 0, "limit state"},
 };
 
 static struct http_server *server;
@@ -961,7 +962,7 @@ static void test_start_errors(void)
     CHECK(s == NULL);
     CHECK(strstr(err.message, "port \"99999\"") != NULL);
     /* a bad route pattern */
-    static const struct http_route bad[] = {{"GET", "/v1/{id", h_health, 0, 0}};
+    static const struct http_route bad[] = {{"GET", "/v1/{id", h_health, 0, 0, NULL}};
     struct http_config cfg2 = {.listen = "127.0.0.1:0", .routes = bad, .nroutes = 1};
     s = http_server_new(&cfg2, &err);
     CHECK(s == NULL);
@@ -1175,6 +1176,19 @@ static void test_json_and_query(void)
     CHECK(err_body(&r, code, path, msg, sizeof code));
     CHECK_EQ_STR(msg, "query parameter 'state' must be one of queued, starting, running, "
                       "succeeded, failed, cancelled; got 'bogus'");
+    resp_free(&r);
+
+    /* a route that lists its parameters: any other is refused before the handler runs */
+    CHECK(req1("GET", "/v1/strict?limit=20&state=running", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 200);
+    CHECK_EQ_STR(r.body, "{\"limit\":20,\"state\":2,\"max_points\":1000}\n");
+    resp_free(&r);
+    CHECK(req1("GET", "/v1/strict?limit=20&max_points=300&stat=running", AUTH, NULL, &r));
+    CHECK_EQ_INT(r.status, 400);
+    CHECK(err_body(&r, code, path, msg, sizeof code));
+    CHECK_EQ_STR(code, "bad_query");
+    CHECK_EQ_STR(path, "max_points");
+    CHECK_EQ_STR(msg, "unknown query parameters 'max_points', 'stat' (GET /v1/strict takes limit, state)");
     resp_free(&r);
 }
 
