@@ -261,11 +261,8 @@ static ddpd_err get_job(struct http_request *req, struct store_job *j, struct dd
 struct submission {
     struct http_request *req;
     struct api *a;
-    char *text; /* the spec as stored */
-    char name[128];
-    int world_size, max_restarts;
-    int64_t total_steps; /* 0: not known */
-    device_kind device;
+    char *text; /* the spec as stored; the supervisor's once stored */
+    char name[STORE_NAME_MAX];
 };
 
 /* 201 with the job just stored and its Location; the job is stored whatever this returns,
@@ -282,7 +279,7 @@ static ddpd_err respond_created(struct http_request *req, const struct store_job
 }
 
 /* The store's inserter thread, after the commit: the answer, then the supervisor. */
-static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const struct ddpd_error *err)
+static void submitted(void *ctx, ddpd_err rc, const struct store_job *j, const struct ddpd_error *err)
 {
     struct submission *sub = ctx;
     struct http_request *req = sub->req;
@@ -292,20 +289,9 @@ static void submitted(void *ctx, ddpd_err rc, int64_t id, double created, const 
         free(sub);
         return;
     }
-    /* The job as just stored (what store_job_get would read back): queued, attempt 0. */
-    struct store_job j = {.id = id,
-                          .state = JOB_STATE_QUEUED,
-                          .spec = sub->text,
-                          .world_size = sub->world_size,
-                          .device = sub->device,
-                          .created_at = created,
-                          .max_restarts = sub->max_restarts,
-                          .total_steps = sub->total_steps};
-    _Static_assert(sizeof j.name == sizeof sub->name, "a spec's name fits the store's");
-    memcpy(j.name, sub->name, sizeof j.name);
     struct ddpd_error e;
-    ddpd_err r = respond_created(req, &j, &e);
-    super_submit(sub->a->super, id, sub->text, sub->world_size, sub->device, sub->max_restarts, created);
+    ddpd_err r = respond_created(req, j, &e);
+    super_submit(sub->a->super, j->id, sub->text, j->world_size, j->device, j->max_restarts, j->created_at);
     http_deferred_done(req, r, &e);
     free(sub);
 }
@@ -346,18 +332,14 @@ static ddpd_err submit_checked(struct http_request *req, struct api *a, const st
     sub->a = a;
     _Static_assert(sizeof sub->name == sizeof spec->name, "a spec's name fits the store's");
     memcpy(sub->name, spec->name, sizeof sub->name);
-    sub->world_size = spec->world_size;
-    sub->device = spec->device;
-    sub->max_restarts = spec->max_restarts;
-    sub->total_steps = total_steps(spec, counts, known);
     /* Answered once the insert's group is committed: under load one commit serves many
      * submissions, and no HTTP thread waits for it. */
     struct store_job_new jn = {.name = sub->name,
                                .spec = sub->text,
-                               .world_size = sub->world_size,
-                               .device = sub->device,
-                               .max_restarts = sub->max_restarts,
-                               .total_steps = sub->total_steps,
+                               .world_size = spec->world_size,
+                               .device = spec->device,
+                               .max_restarts = spec->max_restarts,
+                               .total_steps = total_steps(spec, counts, known),
                                .queued_event = true};
     store_job_insert_async(a->store, &jn, submitted, sub);
     return DDPD_OK;
@@ -653,21 +635,19 @@ static void steps_text(const int64_t *steps, size_t n, char *buf, size_t cap)
 struct resumption {
     struct http_request *req;
     struct api *a;
-    struct store_job j; /* the job as it will be stored (its spec the old job's) */
+    struct store_job j; /* the job resumed; the new one's spec and name are its */
 };
 
 /* The inserter thread, after the commit: the answer, then the supervisor, which reads the
  * job back from the store (with its link) and stores its queued event. */
-static void resumed(void *ctx, ddpd_err rc, int64_t id, double created, const struct ddpd_error *err)
+static void resumed(void *ctx, ddpd_err rc, const struct store_job *j, const struct ddpd_error *err)
 {
     struct resumption *r = ctx;
     struct http_request *req = r->req;
     struct ddpd_error e;
     if (rc == DDPD_OK) {
-        r->j.id = id;
-        r->j.created_at = created;
-        rc = respond_created(req, &r->j, &e);
-        super_submit(r->a->super, id, NULL, r->j.world_size, r->j.device, r->j.max_restarts, created);
+        rc = respond_created(req, j, &e);
+        super_submit(r->a->super, j->id, NULL, j->world_size, j->device, j->max_restarts, j->created_at);
         err = &e;
     }
     http_deferred_done(req, rc, err);
@@ -723,36 +703,17 @@ static ddpd_err h_resume(struct http_request *req, struct ddpd_error *err)
         rc = ddpd_error_set(err, DDPD_ESPEC, blame, "%s", why);
         goto out;
     }
-    /* The new job as it will be stored: queued, attempt 0, linked to this one. */
-    struct store_job *j = &r->j;
-    free(j->restart_history);
-    free(j->ranks);
-    char *spec = j->spec;
-    int world = j->world_size, restarts = j->max_restarts;
-    int64_t total = j->total_steps;
-    device_kind dev = j->device;
-    char name[sizeof j->name];
-    memcpy(name, j->name, sizeof name);
-    memset(j, 0, sizeof *j);
-    *j = (struct store_job){.state = JOB_STATE_QUEUED,
-                            .spec = spec,
-                            .world_size = world,
-                            .device = dev,
-                            .max_restarts = restarts,
-                            .resumed_from = id,
-                            .resume_step = step,
-                            .total_steps = total};
-    memcpy(j->name, name, sizeof name);
+    /* The new job: queued, attempt 0, linked to this one. */
     r->req = req;
     r->a = a;
-    struct store_job_new jn = {.name = j->name,
-                               .spec = j->spec,
-                               .world_size = world,
-                               .device = dev,
-                               .max_restarts = restarts,
+    struct store_job_new jn = {.name = r->j.name,
+                               .spec = r->j.spec,
+                               .world_size = r->j.world_size,
+                               .device = r->j.device,
+                               .max_restarts = r->j.max_restarts,
                                .resumed_from = id,
                                .resume_step = step,
-                               .total_steps = total};
+                               .total_steps = r->j.total_steps};
     http_defer(req);
     store_job_insert_async(a->store, &jn, resumed, r);
     return DDPD_OK;

@@ -1210,6 +1210,22 @@ struct insert_req {
     struct insert_req *next;
 };
 
+/* The row an insert stored, as store_job_get reads it back (spec borrowed from r). */
+static void job_of_insert(const struct insert_req *r, struct store_job *j)
+{
+    *j = (struct store_job){.id = r->id,
+                            .state = JOB_STATE_QUEUED,
+                            .spec = (char *)r->job.spec,
+                            .world_size = r->job.world_size,
+                            .device = r->job.device,
+                            .created_at = r->now,
+                            .max_restarts = r->job.max_restarts,
+                            .resumed_from = r->job.resumed_from,
+                            .resume_step = r->job.resume_step,
+                            .total_steps = r->job.total_steps};
+    snprintf(j->name, sizeof j->name, "%s", r->job.name ? r->job.name : "");
+}
+
 void store_job_queued_event(int64_t id, double created_at, struct event *ev)
 {
     memset(ev, 0, sizeof *ev);
@@ -1349,7 +1365,10 @@ static void *inserter_main(void *arg)
         insert_group(s, g);
         for (struct insert_req *r = g, *n; r; r = n) {
             n = r->next;
-            r->done(r->ctx, r->e, r->id, r->now, &r->err);
+            struct store_job j;
+            if (r->e == DDPD_OK)
+                job_of_insert(r, &j);
+            r->done(r->ctx, r->e, r->e == DDPD_OK ? &j : NULL, &r->err);
             free(r);
         }
         pthread_mutex_lock(&s->imu);
@@ -1365,13 +1384,13 @@ void store_job_insert_async(struct store *s, const struct store_job_new *job, st
     struct ddpd_error err;
     if (!r) {
         ddpd_error_set(&err, DDPD_ENOMEM, "", "out of memory storing the job");
-        done(ctx, DDPD_ENOMEM, 0, 0, &err);
+        done(ctx, DDPD_ENOMEM, NULL, &err);
         return;
     }
     if (!job->spec || job->world_size < 1) {
         free(r);
         ddpd_error_set(&err, DDPD_EINTERNAL, "", "store: a job needs a spec and world_size >= 1");
-        done(ctx, DDPD_EINTERNAL, 0, 0, &err);
+        done(ctx, DDPD_EINTERNAL, NULL, &err);
         return;
     }
     r->job = *job;
@@ -1399,14 +1418,15 @@ struct insert_wait {
     struct ddpd_error err;
 };
 
-static void insert_waited(void *ctx, ddpd_err rc, int64_t id, double created_at, const struct ddpd_error *err)
+static void insert_waited(void *ctx, ddpd_err rc, const struct store_job *job, const struct ddpd_error *err)
 {
     struct insert_wait *w = ctx;
     pthread_mutex_lock(&w->mu);
     w->e = rc;
-    w->id = id;
-    w->created_at = created_at;
-    if (rc != DDPD_OK)
+    if (rc == DDPD_OK) {
+        w->id = job->id;
+        w->created_at = job->created_at;
+    } else
         w->err = *err;
     w->done = true;
     pthread_cond_signal(&w->cv);

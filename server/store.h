@@ -115,9 +115,13 @@ ddpd_err store_job_insert(struct store *s, const struct store_job_new *job, int6
 
 /* The same insert without waiting: queued for the inserter thread's next group commit
  * (one transaction for every insert queued meanwhile), after which `done` runs on that
- * thread with the outcome (err only when rc != DDPD_OK). job's strings must stay valid
- * until then. `done` must not block for long: the next group waits for it. */
-typedef void (*store_insert_done_fn)(void *ctx, ddpd_err rc, int64_t id, double created_at,
+ * thread with the outcome: on DDPD_OK `job` is the row as stored (what store_job_get
+ * would read back, without ranks: queued, attempt 0, its id and created_at; its spec is
+ * the caller's string, borrowed for the call, so never store_job_clear it), else NULL
+ * and `err` says why. job's strings must stay valid until then. `done` must not block
+ * for long: the next group waits for it. */
+struct store_job;
+typedef void (*store_insert_done_fn)(void *ctx, ddpd_err rc, const struct store_job *job,
                                      const struct ddpd_error *err);
 void store_job_insert_async(struct store *s, const struct store_job_new *job, store_insert_done_fn done,
                             void *ctx);

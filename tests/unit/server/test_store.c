@@ -632,18 +632,26 @@ struct async_call {
     int i;
 };
 
-static void async_done(void *ctx, ddpd_err rc, int64_t id, double created, const struct ddpd_error *err)
+static void async_done(void *ctx, ddpd_err rc, const struct store_job *j, const struct ddpd_error *err)
 {
     struct async_call *c = ctx;
     struct async_seen *a = c->seen;
     pthread_mutex_lock(&a->mu);
     if (rc != DDPD_OK) {
         CHECK(err != NULL && err->message[0]);
+        CHECK(j == NULL);
         a->failed++;
         a->id[c->i] = -1;
     } else {
-        a->id[c->i] = id;
-        a->created[c->i] = created;
+        /* the row as stored: what store_job_get reads back */
+        CHECK_EQ_STR(j->name, "async");
+        CHECK_EQ_INT(j->state, JOB_STATE_QUEUED);
+        CHECK_EQ_INT(j->world_size, 1);
+        CHECK_EQ_INT(j->attempt, 0);
+        CHECK_EQ_INT(j->total_steps, 40 + c->i);
+        CHECK(j->spec && strcmp(j->spec, SPEC) == 0);
+        a->id[c->i] = j->id;
+        a->created[c->i] = j->created_at;
     }
     a->order[a->n++] = c->i;
     pthread_mutex_unlock(&a->mu);
@@ -666,6 +674,7 @@ static void test_insert_async(void)
                                   .spec = i == bad ? "{not json" : SPEC,
                                   .world_size = 1,
                                   .device = DEVICE_CPU,
+                                  .total_steps = 40 + i,
                                   .queued_event = i % 2 == 0};
         store_job_insert_async(s, &j, async_done, &calls[i]);
     }
@@ -686,6 +695,12 @@ static void test_insert_async(void)
     s = open_ok(path, NULL);
     if (!s)
         return;
+    struct store_job back;
+    CHECK_EQ_INT(store_job_get(s, seen.id[3], &back, &e), DDPD_OK); /* the row the callback had */
+    CHECK_EQ_INT(back.total_steps, 43);
+    CHECK(back.created_at == seen.created[3]);
+    CHECK_EQ_INT(back.state, JOB_STATE_QUEUED);
+    store_job_clear(&back);
     struct collect *c = calloc(1, sizeof *c);
     for (int i = 0; i < n; i += 25) {
         if (i == bad)
