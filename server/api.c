@@ -497,7 +497,7 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
         return DDPD_OK;
     }
     /* The request is a job document (jobdoc.h) without a rank, a group or an out_dir. */
-    struct jobdoc *preq = calloc(1, sizeof *preq); /* ~27 KiB: not on an HTTP thread's stack */
+    struct jobdoc *preq = calloc(1, sizeof *preq); /* ~106 KiB: not on an HTTP thread's stack */
     json_t *doc = NULL;
     if (preq) {
         preq->world_size = spec->world_size;
