@@ -1,13 +1,18 @@
-/* jobdoc.c — the worker's stdin document: one encoder, one decoder (jansson). The
- * messages name the key and say "in the job document", as the worker's always did. */
+/* jobdoc.c — the worker's stdin document (a rank's, or the planner's request) and the
+ * planner's answer: jansson for the document and for reading the answer, the event encoder
+ * for an error answer. The messages name the key and say "in the job document", as the
+ * worker's always did. */
 #include "jobdoc.h"
-#include "codec_impl.h"
+#include "event.h"
 
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-ddpd_err schema__get_str(const json_t *obj, const char *key, char *buf, size_t cap, struct ddpd_error *err)
+/* A string member into buf (cap bytes): "" when absent or null; a wrong type or a string
+ * longer than buf is DDPD_ESPEC naming the key. */
+static ddpd_err get_str(const json_t *obj, const char *key, char *buf, size_t cap, struct ddpd_error *err)
 {
     json_t *v = json_object_get(obj, key);
     buf[0] = '\0';
@@ -22,8 +27,9 @@ ddpd_err schema__get_str(const json_t *obj, const char *key, char *buf, size_t c
     return DDPD_OK;
 }
 
-ddpd_err schema__get_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
-                         struct ddpd_error *err)
+/* An integer member in [lo, hi]; anything else (absent included) is DDPD_ESPEC. */
+static ddpd_err get_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                        struct ddpd_error *err)
 {
     json_t *v = json_object_get(obj, key);
     if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
@@ -34,14 +40,15 @@ ddpd_err schema__get_int(const json_t *obj, const char *key, int64_t lo, int64_t
     return DDPD_OK;
 }
 
-ddpd_err schema__get_opt_int(const json_t *obj, const char *key, bool null_ok, int64_t none, int64_t *out,
-                             struct ddpd_error *err)
+/* An optional integer member in [0, INT64_MAX]: `none` when absent (or, with null_ok, null). */
+static ddpd_err get_opt_int(const json_t *obj, const char *key, bool null_ok, int64_t none, int64_t *out,
+                            struct ddpd_error *err)
 {
     json_t *v = json_object_get(obj, key);
     *out = none;
     if (!v || (null_ok && json_is_null(v)))
         return DDPD_OK;
-    return schema__get_int(obj, key, 0, INT64_MAX, out, err);
+    return get_int(obj, key, 0, INT64_MAX, out, err);
 }
 
 static ddpd_err get_comm(const json_t *obj, struct jobdoc *out, struct ddpd_error *err)
@@ -61,7 +68,9 @@ static ddpd_err get_comm(const json_t *obj, struct jobdoc *out, struct ddpd_erro
     return DDPD_OK;
 }
 
-ddpd_err jobdoc_from_json(const json_t *obj, struct jobdoc *out, struct ddpd_error *err)
+/* Both readings of the document: a rank's (with_comm: more than one rank needs a group)
+ * and the planner's (comm never read). */
+static ddpd_err decode(const json_t *obj, bool with_comm, struct jobdoc *out, struct ddpd_error *err)
 {
     int64_t v;
     ddpd_err rc;
@@ -69,19 +78,19 @@ ddpd_err jobdoc_from_json(const json_t *obj, struct jobdoc *out, struct ddpd_err
     out->rank = -1;
     if (!json_is_object(obj))
         return ddpd_error_set(err, DDPD_ESPEC, "", "the job document is not a JSON object");
-    if ((rc = schema__get_int(obj, "world_size", 1, SPEC_MAX_WORLD, &v, err)))
+    if ((rc = get_int(obj, "world_size", 1, SPEC_MAX_WORLD, &v, err)))
         return rc;
     out->world_size = (int)v;
     if (json_object_get(obj, "rank")) {
-        if ((rc = schema__get_int(obj, "rank", 0, out->world_size - 1, &v, err)))
+        if ((rc = get_int(obj, "rank", 0, out->world_size - 1, &v, err)))
             return rc;
         out->rank = (int)v;
     }
-    if ((rc = schema__get_str(obj, "data_dir", out->data_dir, sizeof out->data_dir, err)) ||
-        (rc = schema__get_str(obj, "out_dir", out->out_dir, sizeof out->out_dir, err)) ||
-        (rc = schema__get_str(obj, "resume", out->resume, sizeof out->resume, err)) ||
-        (rc = schema__get_str(obj, "init_path", out->init_path, sizeof out->init_path, err)) ||
-        (rc = schema__get_opt_int(obj, "disk_quota", true, 0, &out->disk_quota, err)))
+    if ((rc = get_str(obj, "data_dir", out->data_dir, sizeof out->data_dir, err)) ||
+        (rc = get_str(obj, "out_dir", out->out_dir, sizeof out->out_dir, err)) ||
+        (rc = get_str(obj, "resume", out->resume, sizeof out->resume, err)) ||
+        (rc = get_str(obj, "init_path", out->init_path, sizeof out->init_path, err)) ||
+        (rc = get_opt_int(obj, "disk_quota", true, 0, &out->disk_quota, err)))
         return rc;
     json_t *js = json_object_get(obj, "spec");
     if (!json_is_object(js))
@@ -92,13 +101,23 @@ ddpd_err jobdoc_from_json(const json_t *obj, struct jobdoc *out, struct ddpd_err
         return ddpd_error_set(err, DDPD_ESPEC, "world_size",
                               "world_size: the job document says %d but the spec says %d", out->world_size,
                               out->spec.world_size);
-    if (out->world_size > 1 && (rc = get_comm(obj, out, err)))
+    if (with_comm && out->world_size > 1 && (rc = get_comm(obj, out, err)))
         return rc;
-    if ((rc = schema__get_opt_int(obj, "max_rank_memory", false, 0, &out->max_rank_memory, err)) ||
-        (rc = schema__get_opt_int(obj, "job", false, 0, &out->job, err)) ||
-        (rc = schema__get_opt_int(obj, "attempt", false, 0, &out->attempt, err)))
+    if ((rc = get_opt_int(obj, "max_rank_memory", false, 0, &out->max_rank_memory, err)) ||
+        (rc = get_opt_int(obj, "job", false, 0, &out->job, err)) ||
+        (rc = get_opt_int(obj, "attempt", false, 0, &out->attempt, err)))
         return rc;
     return DDPD_OK;
+}
+
+ddpd_err jobdoc_from_json(const json_t *obj, struct jobdoc *out, struct ddpd_error *err)
+{
+    return decode(obj, true, out, err);
+}
+
+ddpd_err jobdoc_plan_from_json(const json_t *obj, struct jobdoc *out, struct ddpd_error *err)
+{
+    return decode(obj, false, out, err);
 }
 
 /* Sets obj[key] = v (stolen); false (v released) when v is NULL or memory ran out. */
@@ -128,4 +147,75 @@ json_t *jobdoc_to_json(const struct jobdoc *d)
         return NULL;
     }
     return o;
+}
+
+/* ---- the planner's answer (ddpd-worker --plan's stdout) ---------------------------------- */
+
+/* The error answer: the `error` event of a rank, with "path" for a spec error whose path
+ * needs no escaping (a path that would is left out rather than sent damaged). */
+static char *encode_error(const struct jobdoc_plan_answer *a, double ts)
+{
+    struct event ev;
+    char line[EVENT_LINE_MAX + 300];
+    memset(&ev, 0, sizeof ev);
+    ev.kind = EVENT_ERROR;
+    ev.ts = ts;
+    snprintf(ev.error_kind, sizeof ev.error_kind, "%s", ddpd_err_kind(a->code));
+    snprintf(ev.message, sizeof ev.message, "%s", a->message);
+    int n = event_encode(&ev, line, EVENT_LINE_MAX);
+    if (n < 2)
+        return NULL;
+    bool plain = a->code == DDPD_ESPEC && a->path[0];
+    for (const char *c = a->path; plain && *c; c++)
+        plain = *c > 0x20 && *c < 0x7f && *c != '"' && *c != '\\';
+    if (plain && line[n - 1] == '}')
+        snprintf(line + n - 1, sizeof line - (size_t)(n - 1), ",\"path\":\"%s\"}", a->path);
+    return strdup(line);
+}
+
+char *jobdoc_plan_answer_encode(const struct jobdoc_plan_answer *a, double ts)
+{
+    if (a->code != DDPD_OK)
+        return encode_error(a, ts);
+    if (!a->known || a->world_size < 1 || a->world_size > SPEC_MAX_WORLD)
+        return strdup("{\"batches\":null}");
+    size_t cap = 16 + 21 * (size_t)a->world_size, len = 0;
+    char *out = malloc(cap);
+    if (!out)
+        return NULL;
+    len += (size_t)snprintf(out, cap, "{\"batches\":[");
+    for (int r = 0; r < a->world_size; r++)
+        len += (size_t)snprintf(out + len, cap - len, "%s%lld", r ? "," : "", (long long)a->batches[r]);
+    snprintf(out + len, cap - len, "]}");
+    return out;
+}
+
+bool jobdoc_plan_answer_decode(const char *line, size_t len, int world_size, struct jobdoc_plan_answer *out)
+{
+    memset(out, 0, sizeof *out);
+    out->world_size = world_size;
+    json_t *j = json_loadb(line, len, 0, NULL);
+    json_t *b = json_object_get(j, "batches");
+    bool ok = false;
+    struct event ev;
+    if (json_is_array(b) && world_size >= 1 && world_size <= SPEC_MAX_WORLD &&
+        json_array_size(b) == (size_t)world_size) {
+        ok = true;
+        for (int r = 0; r < world_size && ok; r++) {
+            json_t *v = json_array_get(b, (size_t)r);
+            ok = json_is_integer(v) && json_integer_value(v) >= 0;
+            out->batches[r] = ok ? json_integer_value(v) : 0;
+        }
+        out->known = ok;
+    } else if (b && json_is_null(b)) {
+        ok = true;
+    } else if (j && event_decode(line, len, &ev, NULL) == DDPD_OK && ev.kind == EVENT_ERROR) {
+        const char *path = json_string_value(json_object_get(j, "path"));
+        out->code = !strcmp(ev.error_kind, "data") ? DDPD_EDATA : DDPD_ESPEC;
+        snprintf(out->path, sizeof out->path, "%s", path ? path : "");
+        snprintf(out->message, sizeof out->message, "%s", ev.message);
+        ok = true;
+    }
+    json_decref(j);
+    return ok;
 }

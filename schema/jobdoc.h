@@ -1,9 +1,12 @@
-/* jobdoc.h — the worker's stdin document (CONTRACT.md §5, schema/README.md "Worker
- * input"): what a launcher hands every rank. One encoder (the server's supervisor and
- * `ddpd run`), one decoder (the worker). Knows no processes, no files, no sockets. */
+/* jobdoc.h — what `ddpd-worker` reads on stdin and the planner's answer to it
+ * (CONTRACT.md §5, schema/README.md "Worker input" and "Planner"): the document a launcher
+ * hands every rank, which is also the planner's request, and the planner's answer line.
+ * One encoder and one decoder for each. Knows no processes, no files, no sockets. */
 #ifndef DDPD_JOBDOC_H
 #define DDPD_JOBDOC_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "err.h"
@@ -47,5 +50,40 @@ struct json_t *jobdoc_to_json(const struct jobdoc *d);
  * the keys decoded before the bad one are set (world_size, then rank), so the worker can
  * say which rank failed. */
 ddpd_err jobdoc_from_json(const struct json_t *obj, struct jobdoc *out, struct ddpd_error *err);
+
+/* ---- the planner's request (ddpd-worker --plan's stdin) ------------------------------------
+ * The request is a job document, one per line: the server sends world_size, spec, data_dir,
+ * max_rank_memory and init_path, with rank -1, no comm, out_dir "" and resume "" (the
+ * keys the planner does not need, at their "none" values); `ddpd run` sends the document
+ * its ranks get, before it has a group. The rule that tells the two readings apart is the
+ * decoder's, not the rank's (a Slurm document has rank -1 and needs its comm):
+ * jobdoc_plan_from_json never reads `comm` (comm_backend and comm_id stay ""), so a
+ * request of more than one rank needs no group; every other key is read and checked as
+ * jobdoc_from_json does, the world_size the spec's included. An empty data_dir is the
+ * planner's working folder. */
+ddpd_err jobdoc_plan_from_json(const struct json_t *obj, struct jobdoc *out, struct ddpd_error *err);
+
+/* ---- the planner's answer (ddpd-worker --plan's stdout) ------------------------------------
+ * Every rank's batches per epoch ({"batches":[...]}), or "only the ranks can tell"
+ * ({"batches":null}: {rank} files), or the error a rank would die of (an `error` event
+ * line, with "path": the spec field of a spec error). */
+struct jobdoc_plan_answer {
+    ddpd_err code; /* DDPD_OK, or the error (DDPD_ESPEC / DDPD_EDATA as read back) */
+    bool known;    /* with DDPD_OK: batches[0..world_size) are set */
+    int world_size;
+    int64_t batches[SPEC_MAX_WORLD];
+    char path[256];     /* with an error: the spec field, or "" */
+    char message[1024]; /* with an error: the sentence */
+};
+
+/* The answer as one line without its newline: a new string the caller frees, or NULL when
+ * memory ran out (or an error's line cannot be encoded). `ts` stamps an error event. */
+char *jobdoc_plan_answer_encode(const struct jobdoc_plan_answer *a, double ts);
+
+/* Decodes an answer line (len bytes) of a plan of `world_size` ranks. False when it is
+ * none of the three forms: not JSON, batches of another length or not counts, or an
+ * event other than `error`. An error event's kind "data" reads as DDPD_EDATA, any other
+ * as DDPD_ESPEC. */
+bool jobdoc_plan_answer_decode(const char *line, size_t len, int world_size, struct jobdoc_plan_answer *out);
 
 #endif

@@ -19,7 +19,7 @@
 
 #include "../base/parse.h"
 #include "../schema/jobdir.h"
-#include "../schema/plan.h"
+#include "../schema/jobdoc.h"
 #include "../schema/spec.h"
 #include "http.h"
 #include "hub.h"
@@ -476,15 +476,17 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
         free(pl);
         return DDPD_OK;
     }
-    struct plan_request *preq = malloc(sizeof *preq); /* ~19 KiB: not on an HTTP thread's stack */
+    /* The request is a job document (jobdoc.h) without a rank, a group or an out_dir. */
+    struct jobdoc *preq = calloc(1, sizeof *preq); /* ~106 KiB: not on an HTTP thread's stack */
     json_t *doc = NULL;
     if (preq) {
         preq->world_size = spec->world_size;
+        preq->rank = -1;
         preq->spec = *spec;
         preq->max_rank_memory = a->max_rank_memory;
         snprintf(preq->data_dir, sizeof preq->data_dir, "%s", a->data_dir);
         snprintf(preq->init_path, sizeof preq->init_path, "%s", init_path);
-        doc = plan_request_to_json(preq);
+        doc = jobdoc_to_json(preq);
         free(preq);
     }
     if (!doc) {

@@ -19,7 +19,7 @@
 #include "../base/clock.h"
 #include "../base/file.h"
 #include "../schema/event.h"
-#include "../schema/plan.h"
+#include "../schema/jobdoc.h"
 #include "env.h"
 #include "proc.h"
 
@@ -172,16 +172,16 @@ static ddpd_err read_line(struct proc *c, const char *worker, double deadline, d
     }
 }
 
-/* The answer line (schema/plan.h): the counts, "only the ranks can tell", or the worker's
+/* The answer line (schema/jobdoc.h): the counts, "only the ranks can tell", or the worker's
  * error; anything else is the process's failure. */
 static ddpd_err parse_answer(const char *line, const char *worker, int world_size, int64_t *counts,
                              bool *known, struct ddpd_error *err)
 {
-    struct plan_answer *ans = malloc(sizeof *ans);
+    struct jobdoc_plan_answer *ans = malloc(sizeof *ans);
     ddpd_err rc;
     if (!ans)
         rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory reading the plan answer");
-    else if (!plan_answer_decode(line, strlen(line), world_size, ans))
+    else if (!jobdoc_plan_answer_decode(line, strlen(line), world_size, ans))
         rc = ddpd_error_set(err, DDPD_EIO, "", "%s --plan answered: %.300s", worker, line);
     else if (ans->code != DDPD_OK)
         rc = ddpd_error_set(err, ans->code, ans->path, "%s", ans->message);

@@ -28,13 +28,13 @@ struct planner *planner_new(const char *worker, int procs);
 /* Ends every planner process (closes its stdin, reaps it). NULL is a no-op. */
 void planner_free(struct planner *p);
 
-/* Asks for the plan of `doc` ({spec, data_dir, world_size}), within timeout_s (waiting
- * for a free process included). On DDPD_OK, *known is false when only the ranks can tell
- * ({rank} files); else counts[0..world_size) are set. A bad spec or data file comes back
- * as the worker's error (DDPD_ESPEC / DDPD_EDATA) with its message; DDPD_EDATA (path
- * "data") when the process did not answer within the deadline (it is killed: it was stuck
- * on the job's data); DDPD_EBUSY when no process came free in time; DDPD_EIO when it
- * ended or answered garbage. */
+/* Asks for the plan of `doc` (a job document, read by jobdoc_plan_from_json), within
+ * timeout_s (waiting for a free process included). On DDPD_OK, *known is false when only
+ * the ranks can tell ({rank} files); else counts[0..world_size) are set. A bad spec or
+ * data file comes back as the worker's error (DDPD_ESPEC / DDPD_EDATA) with its message;
+ * DDPD_EDATA (path "data") when the process did not answer within the deadline (it is
+ * killed: it was stuck on the job's data); DDPD_EBUSY when no process came free in time;
+ * DDPD_EIO when it ended or answered garbage. */
 ddpd_err planner_plan(struct planner *p, struct json_t *doc, int world_size, double timeout_s,
                       int64_t *counts, bool *known, struct ddpd_error *err);
 

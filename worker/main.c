@@ -15,7 +15,6 @@
 #include "../base/clock.h"
 #include "../schema/event.h"
 #include "../schema/jobdoc.h"
-#include "../schema/plan.h"
 #include "../schema/spec.h"
 #include "dev.h"
 #include "comm.h"
@@ -232,18 +231,18 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, co
     return rc;
 }
 
-/* One plan request line (schema/plan.h) -> every rank's batches per epoch (unknown when
- * only the ranks can tell), or the error a rank would die of. Checks what a rank would
- * otherwise find after the job was accepted: the data's values, init.from's shapes, and
- * the memory a rank needs against max_rank_memory. */
+/* One plan request line (a job document, read by jobdoc_plan_from_json) -> every rank's
+ * batches per epoch (unknown when only the ranks can tell), or the error a rank would die
+ * of. Checks what a rank would otherwise find after the job was accepted: the data's
+ * values, init.from's shapes, and the memory a rank needs against max_rank_memory. */
 static void plan_one(const char *line, size_t len)
 {
     struct ddpd_error err;
     ddpd_error_clear(&err);
     json_error_t jerr;
     json_t *doc = json_loadb(line, len, 0, &jerr);
-    struct plan_request req;
-    struct plan_answer ans;
+    struct jobdoc req;
+    struct jobdoc_plan_answer ans;
     memset(&req, 0, sizeof req);
     const struct spec *spec = &req.spec;
     const char *data_dir = req.data_dir;
@@ -251,7 +250,7 @@ static void plan_one(const char *line, size_t len)
     ddpd_err rc = DDPD_ESPEC;
     if (!json_is_object(doc)) {
         ddpd_error_set(&err, DDPD_ESPEC, "stdin", "the plan document is not a JSON object: %s", jerr.text);
-    } else if (plan_request_from_json(doc, &req, &err) == DDPD_OK) {
+    } else if (jobdoc_plan_from_json(doc, &req, &err) == DDPD_OK) {
         if (!req.data_dir[0])
             snprintf(req.data_dir, sizeof req.data_dir, ".");
         rc = dataset_check(spec, data_dir, req.world_size, &rows, &file_bytes, &err);
@@ -283,7 +282,7 @@ static void plan_one(const char *line, size_t len)
         snprintf(ans.path, sizeof ans.path, "%s", err.path);
         snprintf(ans.message, sizeof ans.message, "%s", err.message);
     }
-    char *text = plan_answer_encode(&ans, base_wall_s());
+    char *text = jobdoc_plan_answer_encode(&ans, base_wall_s());
     if (text)
         puts(text);
     else if (rc != DDPD_OK)

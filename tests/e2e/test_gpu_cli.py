@@ -136,7 +136,7 @@ def test_cpu_paths_load_no_cuda():
     proc, libs = loaded_cuda(["--version"])
     assert proc.returncode == 0 and proc.stdout.startswith("ddpd-worker "), proc.stderr[-2000:]
     assert not libs, f"--version loaded {libs}"
-    plan = json.dumps({"spec": {"name": "p", "model": [{"type": "linear", "in": 2, "out": 1}],
+    plan = json.dumps({"spec": {"name": "p", "world_size": 2, "model": [{"type": "linear", "in": 2, "out": 1}],
                                 "loss": "mse", "optimizer": {"type": "sgd", "lr": 0.1},
                                 "data": {"type": "synthetic", "samples": 8}, "batch_size": 2,
                                 "epochs": 1},

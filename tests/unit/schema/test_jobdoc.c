@@ -1,7 +1,9 @@
 /* test_jobdoc.c — the worker's stdin document (schema/jobdoc.h): a document survives
  * jobdoc_to_json / jobdoc_from_json with every key, the optional keys read as unset when
  * absent or null, and each bad value is DDPD_ESPEC naming its key in err->path and in the
- * message. */
+ * message. The planner's request is a job document read by jobdoc_plan_from_json (no
+ * group needed, a rank's document is a request too); each of the planner's three answers
+ * survives jobdoc_plan_answer_encode / jobdoc_plan_answer_decode; anything else is refused. */
 #include <jansson.h>
 
 #include "check.h"
@@ -151,11 +153,196 @@ static void test_bad_values(void)
     CHECK_EQ_INT(back.world_size, 2);
     CHECK_EQ_INT(back.rank, 1);
     json_decref(j);
+
+    /* Without a rank (Slurm's document) the group is needed all the same: only the
+     * planner's reading leaves `comm` unread. */
+    full_doc(&d);
+    d.rank = -1;
+    d.comm_backend[0] = '\0';
+    j = jobdoc_to_json(&d);
+    ddpd_error_clear(&e);
+    CHECK_EQ_INT(jobdoc_from_json(j, &back, &e), DDPD_ESPEC);
+    CHECK_EQ_STR(e.path, "comm");
+    CHECK_EQ_INT(jobdoc_plan_from_json(j, &back, &e), DDPD_OK);
+    json_decref(j);
+}
+
+#define SPEC3                                                                                                \
+    "{\"world_size\":3,\"model\":[{\"type\":\"linear\",\"in\":4,\"out\":2}],\"loss\":\"mse\","               \
+    "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.1},\"data\":{\"type\":\"synthetic\",\"samples\":10},"          \
+    "\"batch_size\":2,\"epochs\":1}"
+
+static struct jobdoc req, back;
+static struct jobdoc_plan_answer ans, got;
+
+/* The request as the server builds it (api.c). */
+static void make_request(void)
+{
+    struct ddpd_error e;
+    memset(&req, 0, sizeof req);
+    CHECK_EQ_INT(spec_parse(SPEC3, strlen(SPEC3), NULL, &req.spec, &e), DDPD_OK);
+    req.world_size = 3;
+    req.rank = -1; /* as api.c builds it: no rank, no group, no out_dir, no resume */
+    snprintf(req.data_dir, sizeof req.data_dir, "/data");
+    req.max_rank_memory = 123456789;
+}
+
+static void bad_request(const char *key, const char *value, const char *path)
+{
+    struct ddpd_error e;
+    make_request();
+    json_t *j = jobdoc_to_json(&req);
+    if (value)
+        json_object_set_new(j, key, json_loads(value, JSON_DECODE_ANY, NULL));
+    else
+        json_object_del(j, key);
+    ddpd_error_clear(&e);
+    CHECK(jobdoc_plan_from_json(j, &back, &e) != DDPD_OK);
+    CHECK_EQ_STR(e.path, path);
+    if (!strstr(e.message, key))
+        CHECK__FAIL("%s: the message '%s' does not name the key", key, e.message);
+    json_decref(j);
+}
+
+static void test_plan_request(void)
+{
+    struct ddpd_error e;
+    make_request();
+    json_t *j = jobdoc_to_json(&req);
+    CHECK(j != NULL);
+    CHECK_EQ_INT(jobdoc_plan_from_json(j, &back, &e), DDPD_OK);
+    CHECK_EQ_INT(back.world_size, 3);
+    CHECK_EQ_STR(back.data_dir, "/data");
+    CHECK_EQ_INT(back.max_rank_memory, 123456789);
+    CHECK_EQ_INT(back.spec.world_size, 3);
+    CHECK_EQ_INT(back.spec.batch_size, 2);
+    CHECK_EQ_INT(back.rank, -1);
+    CHECK_EQ_STR(back.comm_backend, "");
+    CHECK_EQ_STR(back.out_dir, "");
+    /* Three ranks and no group: a plan, not a rank's document. */
+    CHECK(json_is_null(json_object_get(j, "comm")));
+    ddpd_error_clear(&e);
+    CHECK_EQ_INT(jobdoc_from_json(j, &back, &e), DDPD_ESPEC);
+    CHECK_EQ_STR(e.path, "comm");
+    CHECK_EQ_INT(jobdoc_plan_from_json(j, &back, &e), DDPD_OK);
+    /* Without a limit the key may be absent. */
+    json_object_del(j, "max_rank_memory");
+    CHECK_EQ_INT(jobdoc_plan_from_json(j, &back, &e), DDPD_OK);
+    CHECK_EQ_INT(back.max_rank_memory, 0);
+    CHECK_EQ_STR(back.init_path, "");
+    CHECK(!json_object_get(j, "init_path")); /* left out when there is none */
+    /* init.from_job's weights, as the server found them. */
+    snprintf(req.init_path, sizeof req.init_path, "/jobs/3/model.safetensors");
+    json_t *k = jobdoc_to_json(&req);
+    CHECK_EQ_INT(jobdoc_plan_from_json(k, &back, &e), DDPD_OK);
+    CHECK_EQ_STR(back.init_path, "/jobs/3/model.safetensors");
+    json_decref(k);
+    /* A rank's document (more keys) is a request too; its group is not read, whatever
+     * `comm` holds, and the other keys are. */
+    json_object_set_new(j, "out_dir", json_string("/out"));
+    json_object_set_new(j, "rank", json_integer(1));
+    json_object_set_new(j, "comm", json_pack("{s:s, s:s}", "backend", "cpu", "id", "00ff"));
+    CHECK_EQ_INT(jobdoc_plan_from_json(j, &back, &e), DDPD_OK);
+    CHECK_EQ_INT(back.rank, 1);
+    CHECK_EQ_STR(back.out_dir, "/out");
+    CHECK_EQ_STR(back.comm_backend, "");
+    json_object_set_new(j, "comm", json_string("garbage"));
+    CHECK_EQ_INT(jobdoc_plan_from_json(j, &back, &e), DDPD_OK);
+    json_decref(j);
+
+    bad_request("world_size", NULL, "world_size");
+    bad_request("world_size", "1025", "world_size");
+    bad_request("data_dir", "7", "data_dir");
+    bad_request("init_path", "7", "init_path");
+    bad_request("max_rank_memory", "null", "max_rank_memory");
+    bad_request("max_rank_memory", "-5", "max_rank_memory");
+    bad_request("rank", "3", "rank");
+    bad_request("out_dir", "[]", "out_dir");
+    bad_request("world_size", "2", "world_size"); /* the spec says 3 */
+    make_request();
+    j = jobdoc_to_json(&req);
+    json_object_set_new(j, "spec", json_pack("{s:i}", "world_size", 3));
+    CHECK_EQ_INT(jobdoc_plan_from_json(j, &back, &e), DDPD_ESPEC);
+    CHECK_EQ_STR(e.path, "model");
+    json_object_del(j, "spec");
+    CHECK_EQ_INT(jobdoc_plan_from_json(j, &back, &e), DDPD_ESPEC);
+    CHECK_EQ_STR(e.path, "spec");
+    json_decref(j);
+}
+
+static void round_trip(const struct jobdoc_plan_answer *a, int world_size)
+{
+    char *line = jobdoc_plan_answer_encode(a, 1.5);
+    CHECK(line != NULL);
+    CHECK(line && !strchr(line, '\n'));
+    CHECK(line && jobdoc_plan_answer_decode(line, strlen(line), world_size, &got));
+    free(line);
+}
+
+static void test_plan_answer(void)
+{
+    memset(&ans, 0, sizeof ans);
+    ans.known = true;
+    ans.world_size = 3;
+    ans.batches[0] = 5;
+    ans.batches[1] = 5;
+    ans.batches[2] = 4000000000LL;
+    char *line = jobdoc_plan_answer_encode(&ans, 0);
+    CHECK_EQ_STR(line, "{\"batches\":[5,5,4000000000]}");
+    free(line);
+    round_trip(&ans, 3);
+    CHECK_EQ_INT(got.code, DDPD_OK);
+    CHECK(got.known);
+    CHECK_EQ_INT(got.batches[2], 4000000000LL);
+
+    ans.known = false;
+    line = jobdoc_plan_answer_encode(&ans, 0);
+    CHECK_EQ_STR(line, "{\"batches\":null}");
+    free(line);
+    round_trip(&ans, 3);
+    CHECK_EQ_INT(got.code, DDPD_OK);
+    CHECK(!got.known);
+
+    /* A spec error carries its path; a data error reads back as data. */
+    memset(&ans, 0, sizeof ans);
+    ans.code = DDPD_ESPEC;
+    snprintf(ans.path, sizeof ans.path, "model[0].in");
+    snprintf(ans.message, sizeof ans.message, "expected 3 \"features\"");
+    round_trip(&ans, 3);
+    CHECK_EQ_INT(got.code, DDPD_ESPEC);
+    CHECK_EQ_STR(got.path, "model[0].in");
+    CHECK_EQ_STR(got.message, "expected 3 \"features\"");
+    ans.code = DDPD_EDATA;
+    round_trip(&ans, 3);
+    CHECK_EQ_INT(got.code, DDPD_EDATA);
+    CHECK_EQ_STR(got.path, ""); /* only a spec error names a field */
+    /* A path that would need escaping is left out, never sent damaged. */
+    ans.code = DDPD_ESPEC;
+    snprintf(ans.path, sizeof ans.path, "[\"odd key\"]");
+    round_trip(&ans, 3);
+    CHECK_EQ_INT(got.code, DDPD_ESPEC);
+    CHECK_EQ_STR(got.path, "");
+
+    /* Not answers. */
+    const char *garbage[] = {
+        "",
+        "not json",
+        "{\"batches\":[1,2]}",    /* another world size */
+        "{\"batches\":[1,2,-1]}", /* not a count */
+        "{\"batches\":[1,2,\"3\"]}",
+        "{\"batches\":7}",
+        "{\"event\":\"loss\",\"rank\":0,\"step\":1,\"epoch\":0,\"loss\":1,\"samples_per_s\":1,\"ts\":1}",
+    };
+    for (size_t i = 0; i < sizeof garbage / sizeof garbage[0]; i++)
+        if (jobdoc_plan_answer_decode(garbage[i], strlen(garbage[i]), 3, &got))
+            CHECK__FAIL("'%s' read as an answer", garbage[i]);
 }
 
 int main(void)
 {
     test_round_trip();
     test_bad_values();
+    test_plan_request();
+    test_plan_answer();
     CHECK_DONE();
 }
