@@ -1,7 +1,8 @@
-/* evpipe.c — the event pipeline: stores a job's events, commits them in one transaction
- * per turn of the supervisor's loop, publishes them to the hub once committed, and keeps
- * trying to store the end of a job that the store did not take (a full disk). Knows the
- * store and the hub, nothing of jobs being run; the supervisor thread owns it. */
+/* evpipe.c — the event pipeline: decodes and numbers a job's events, stores them, commits
+ * them in one transaction per turn of the supervisor's loop, publishes them to the hub
+ * once committed, and keeps trying to store the end of a job that the store did not take
+ * (a full disk). Knows the store and the hub, nothing of jobs being run; the supervisor
+ * thread owns it. */
 #include "evpipe.h"
 
 #include <inttypes.h>
@@ -75,6 +76,34 @@ void evpipe_add(struct evpipe *p, const struct event *ev, bool stored)
     pe->next = NULL;
     *p->pending_tail = pe;
     p->pending_tail = &pe->next;
+}
+
+void evpipe_publish(struct evpipe_source *src, struct event *ev)
+{
+    ev->has_server_fields = true;
+    ev->job = src->job;
+    ev->attempt = src->attempt;
+    ev->seq = src->next_seq++;
+    if (ev->ts == 0)
+        ev->ts = base_wall_s();
+    evpipe_add(src->pipe, ev, false);
+}
+
+void evpipe_rank_line(void *ctx, int rank, const char *line, size_t len)
+{
+    struct evpipe_source *src = ctx;
+    struct event ev;
+    struct ddpd_error err;
+    if (event_decode(line, len, &ev, &err) != DDPD_OK) {
+        fprintf(stderr, "ddpd: job %" PRId64 " rank %d: ignored a line that is not an event: %s\n", src->job,
+                rank, err.message);
+        return;
+    }
+    ev.rank = rank; /* the launcher knows which pipe it came from */
+    ev.has_server_fields = false;
+    evpipe_publish(src, &ev);
+    if (ev.kind == EVENT_START && src->on_start)
+        src->on_start(src->ctx, rank);
 }
 
 struct evpipe *evpipe_new(struct store *store, struct hub *hub)

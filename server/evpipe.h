@@ -1,9 +1,11 @@
-/* evpipe.h — the event pipeline between the supervisor and the clients: an event is
- * stored (appended to the store), committed with the others of its turn, and only then
- * published to the hub, so that whatever a client saw survives a crash of the server and a
- * stream that attaches later finds every earlier event in the store. The end of a job
- * that the store did not take (a full disk) is kept and tried again until it is stored.
- * Takes a store and a hub, knows nothing of the supervisor; one thread (the supervisor's). */
+/* evpipe.h — the event pipeline between the ranks (and the supervisor) and the clients: a
+ * rank's stdout line is decoded and numbered, an event is stored (appended to the store),
+ * committed with the others of its turn, and only then published to the hub, so that
+ * whatever a client saw survives a crash of the server and a stream that attaches later
+ * finds every earlier event in the store. The end of a job that the store did not take (a
+ * full disk) is kept and tried again until it is stored. Takes a store and a hub, knows
+ * nothing of the supervisor (a rank's `start` reaches it through a callback); one thread
+ * (the supervisor's). */
 #ifndef DDPD_EVPIPE_H
 #define DDPD_EVPIPE_H
 
@@ -22,6 +24,29 @@ struct evpipe;
 struct evpipe *evpipe_new(struct store *store, struct hub *hub);
 /* Drops what is queued or unsaved (call evpipe_drain and evpipe_retry first). NULL: no-op. */
 void evpipe_free(struct evpipe *p);
+
+/* One job's events as they enter the pipeline: the supervisor's own (evpipe_publish) and
+ * its ranks' stdout lines (evpipe_rank_line, a launcher's on_line). The pipeline stamps
+ * each with the job, the attempt and the next seq. A plain value the supervisor keeps per
+ * job: it sets `attempt` when an attempt begins and `next_seq` when it loads a job. */
+struct evpipe_source {
+    struct evpipe *pipe;
+    int64_t job;
+    int attempt;
+    int64_t next_seq; /* the next event's seq: from 1, across the job's attempts */
+    /* Called after a rank's `start` event is queued (the job's state follows it); may be
+     * NULL. */
+    void (*on_start)(void *ctx, int rank);
+    void *ctx;
+};
+
+/* Stamps `ev` with the server fields (job, attempt, the next seq; ts now when 0) and
+ * queues it (evpipe_add). */
+void evpipe_publish(struct evpipe_source *src, struct event *ev);
+/* One stdout line of rank `rank` (len bytes, no newline), with `src` the job's source:
+ * launch_opts.on_line. Decoded, its rank taken from the pipe it came on (not from the
+ * line), published; a line that is not an event is logged and dropped. */
+void evpipe_rank_line(void *src, int rank, const char *line, size_t len);
 
 /* Queues `ev` (server fields set: job, attempt, seq, ts) for the hub after the next
  * commit; it is stored already when `stored`, else appended to the store now (a failure

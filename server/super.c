@@ -1,6 +1,8 @@
-/* super.c — the supervisor thread: scheduling, launching, event ingestion, job states,
- * restarts, cancellation and recovery after a crash. The only thread that changes a
- * running job; HTTP threads hand it commands through a locked queue and an eventfd. */
+/* super.c — the supervisor thread: scheduling, launching, job states, restarts,
+ * cancellation and recovery after a crash. The only thread that changes a running job;
+ * HTTP threads hand it commands through a locked queue and an eventfd. A rank's events go
+ * from its launcher straight into the event pipeline (evpipe.h); a rank's `start` comes
+ * back here (rank_started). */
 #include "super.h"
 
 #include <dirent.h>
@@ -70,7 +72,7 @@ struct active {
     device_kind device;
     int attempt, restarts, max_restarts;
     int64_t resumed_from, resume_step; /* a job made by resume: where it continues from */
-    int64_t next_seq;
+    struct evpipe_source ev;           /* its events' numbering: evpipe_publish */
     int *slots;
     const char **gpu; /* cuda jobs: the device of each rank's slot (launch_opts.gpus) */
     struct launch *l; /* set with set_launch() only */
@@ -111,28 +113,16 @@ static void wake(struct super *s)
 
 /* ---- events and states -------------------------------------------------------------- */
 
-static void publish(struct super *s, struct active *a, struct event *ev)
-{
-    ev->has_server_fields = true;
-    ev->job = a->job;
-    ev->attempt = a->attempt;
-    ev->seq = a->next_seq++;
-    if (ev->ts == 0)
-        ev->ts = base_wall_s();
-    evpipe_add(s->pipe, ev, false);
-}
-
 /* The state event is appended before the job row changes: a stream that finds the row
  * final can rely on the final event being in the store already. Sets *out (may be NULL)
  * to the event as published. */
-static void publish_state(struct super *s, struct active *a, job_state st, const char *error,
-                          struct event *out)
+static void publish_state(struct active *a, job_state st, const char *error, struct event *out)
 {
     struct event ev = {.kind = EVENT_STATE, .rank = -1};
     snprintf(ev.state, sizeof ev.state, "%s", job_state_name(st));
     if (error)
         snprintf(ev.message, sizeof ev.message, "%s", error);
-    publish(s, a, &ev);
+    evpipe_publish(&a->ev, &ev);
     if (out)
         *out = ev;
 }
@@ -145,7 +135,7 @@ static void publish_state(struct super *s, struct active *a, job_state st, const
 static bool set_state_full(struct super *s, struct active *a, job_state st, const char *error, int ended,
                            struct event *ev)
 {
-    publish_state(s, a, st, error, ev);
+    publish_state(a, st, error, ev);
 
     struct store_job_update u = {.fields = STORE_SET_STATE | STORE_SET_ATTEMPT | STORE_SET_RESTARTS |
                                            STORE_SET_PENDING,
@@ -248,6 +238,8 @@ static void set_launch(struct super *s, struct active *a, struct launch *l)
 }
 
 /* A job for the table, not linked yet; takes spec_text. */
+static void rank_started(void *ctx, int rank);
+
 static struct active *new_active(struct super *s, int64_t job, char *spec_text)
 {
     struct active *a = calloc(1, sizeof *a);
@@ -260,6 +252,8 @@ static struct active *new_active(struct super *s, int64_t job, char *spec_text)
     a->s = s;
     a->job = job;
     a->spec_text = spec_text;
+    a->ev = (struct evpipe_source){
+        .pipe = s->pipe, .job = job, .next_seq = 1, .on_start = rank_started, .ctx = a};
     return a;
 }
 
@@ -315,7 +309,7 @@ static struct active *load(struct super *s, int64_t job)
     a->device = spec->device;
     free(spec);
     a->state = j.state;
-    a->attempt = j.attempt;
+    a->attempt = a->ev.attempt = j.attempt;
     a->restarts = j.restarts;
     a->max_restarts = j.max_restarts;
     a->resumed_from = j.resumed_from;
@@ -323,7 +317,7 @@ static struct active *load(struct super *s, int64_t job)
     int64_t seq = 0;
     store_flush(s->o.store, NULL); /* queued events of the job count too */
     store_event_max_seq(s->o.store, job, &seq, NULL);
-    a->next_seq = seq + 1;
+    a->ev.next_seq = seq + 1;
     store_job_clear(&j);
     link_job(s, a);
     return a;
@@ -331,31 +325,21 @@ static struct active *load(struct super *s, int64_t job)
 
 /* ---- launching -------------------------------------------------------------------------- */
 
-static void on_line(void *ctx, int rank, const char *line, size_t len)
+/* A rank's `start` event has been queued (evpipe_source.on_start): its rank row, and the
+ * job is running. */
+static void rank_started(void *ctx, int rank)
 {
     struct active *a = ctx;
     struct super *s = a->s;
-    struct event ev;
-    struct ddpd_error err;
-    if (event_decode(line, len, &ev, &err) != DDPD_OK) {
-        fprintf(stderr, "ddpd: job %" PRId64 " rank %d: ignored a line that is not an event: %s\n", a->job,
-                rank, err.message);
-        return;
-    }
-    ev.rank = rank; /* the launcher knows which pipe it came from */
-    ev.has_server_fields = false;
-    publish(s, a, &ev);
-    if (ev.kind == EVENT_START) {
-        struct store_rank r = {.attempt = a->attempt, .rank = rank};
-        r.pid = launch_pid(a->l, rank);
-        r.start_time = proc_start_time((pid_t)r.pid);
-        snprintf(r.state, sizeof r.state, "running");
-        store_rank_put(s->o.store, a->job, &r, NULL);
-        if (a->state == JOB_STATE_QUEUED) /* the launcher started it before it said so */
-            set_state(s, a, JOB_STATE_STARTING, NULL);
-        if (a->state == JOB_STATE_STARTING)
-            set_state(s, a, JOB_STATE_RUNNING, NULL);
-    }
+    struct store_rank r = {.attempt = a->attempt, .rank = rank};
+    r.pid = launch_pid(a->l, rank);
+    r.start_time = proc_start_time((pid_t)r.pid);
+    snprintf(r.state, sizeof r.state, "running");
+    store_rank_put(s->o.store, a->job, &r, NULL);
+    if (a->state == JOB_STATE_QUEUED) /* the launcher started it before it said so */
+        set_state(s, a, JOB_STATE_STARTING, NULL);
+    if (a->state == JOB_STATE_STARTING)
+        set_state(s, a, JOB_STATE_RUNNING, NULL);
 }
 
 static void finish(struct super *s, struct active *a, job_state st, const char *error);
@@ -401,7 +385,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         }
     }
     bool has_resume = jobdir_latest_ckpt(a->out_dir, resume, sizeof resume);
-    a->attempt++;
+    a->ev.attempt = ++a->attempt;
     struct jobdoc *jd = linked ? calloc(1, sizeof *jd) : NULL, *doc = NULL;
     if (!linked)
         ; /* err says why */
@@ -449,8 +433,8 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         .cuda = a->device == DEVICE_CUDA,
         .job = a->job,
         .attempt = a->attempt,
-        .on_line = on_line,
-        .ctx = a,
+        .on_line = evpipe_rank_line, /* a rank's events go straight into the pipeline */
+        .ctx = &a->ev,
         .launcher = s->o.launcher,
     };
     store_attempt_begin(s->o.store, a->job, a->attempt, NULL, NULL);
@@ -593,7 +577,6 @@ static struct active *fresh(struct super *s, struct cmd *c)
     a->world_size = c->world_size;
     a->device = c->device;
     a->max_restarts = c->max_restarts;
-    a->next_seq = 1;
     link_job(s, a);
     return a;
 }
@@ -616,7 +599,7 @@ static void submit(struct super *s, struct cmd *c)
     if (known) { /* stored queued, with its queued event: the hub is what is new */
         struct event ev;
         store_job_queued_event(job, c->created_at, &ev);
-        a->next_seq = ev.seq + 1;
+        a->ev.next_seq = ev.seq + 1;
         evpipe_add(s->pipe, &ev, true);
     } else {
         set_state(s, a, JOB_STATE_QUEUED, NULL);

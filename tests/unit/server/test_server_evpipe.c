@@ -1,6 +1,8 @@
-/* test_server_evpipe.c — server/evpipe.c with a real store and hub: an event is in the
- * store once drained; an end the store did not take (its row, its ranks' rows) is stored
- * by evpipe_retry; the end of a job deleted meanwhile is dropped, not retried forever. */
+/* test_server_evpipe.c — server/evpipe.c with a real store and hub: a rank's stdout line
+ * is decoded and numbered by its job's source (its rank the pipe's, a `start` handed to
+ * on_start, a line that is no event dropped); an event is in the store once drained; an end the store did not
+ * take (its row, its ranks' rows) is stored by evpipe_retry; the end of a job deleted meanwhile is dropped,
+ * not retried forever. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +42,98 @@ static int64_t max_seq(struct store *s, int64_t job)
     int64_t seq = -1;
     CHECK_EQ_INT(store_event_max_seq(s, job, &seq, NULL), DDPD_OK);
     return seq;
+}
+
+struct started {
+    int calls, rank;
+};
+
+static void on_start(void *ctx, int rank)
+{
+    struct started *st = ctx;
+    st->calls++;
+    st->rank = rank;
+}
+
+/* The committed event of `job` with seq `seq` into body (cap bytes); its rank. -2: none. */
+static int event_at(struct store *s, int64_t job, int64_t seq, char *body, size_t cap);
+
+struct one_row {
+    int64_t seq;
+    int rank;
+    char *body;
+    size_t cap;
+    bool found;
+};
+
+static bool one_row_fn(void *ctx, const struct store_event_row *row)
+{
+    struct one_row *o = ctx;
+    if (row->seq == o->seq) {
+        o->found = true;
+        o->rank = row->rank;
+        snprintf(o->body, o->cap, "%s", row->body);
+    }
+    return true;
+}
+
+static int event_at(struct store *s, int64_t job, int64_t seq, char *body, size_t cap)
+{
+    struct one_row o = {.seq = seq, .body = body, .cap = cap};
+    CHECK_EQ_INT(store_events_read(s, job, seq - 1, 1, one_row_fn, &o, NULL, NULL), DDPD_OK);
+    return o.found ? o.rank : -2;
+}
+
+/* A rank's lines through a job's source: stamped with the source's job, attempt and seq,
+ * the rank the pipe's, a `start` handed on after it is queued, other lines dropped. */
+static void test_source(struct store *st, struct evpipe *p)
+{
+    int64_t job = new_job(st);
+    CHECK_EQ_INT(store_flush(st, NULL), DDPD_OK);
+    int64_t first = max_seq(st, job) + 1;
+    struct started seen = {0, -1};
+    struct evpipe_source src = {
+        .pipe = p, .job = job, .attempt = 2, .next_seq = first, .on_start = on_start, .ctx = &seen};
+    char line[EVENT_LINE_MAX], body[EVENT_LINE_MAX];
+
+    struct event start = {.kind = EVENT_START, .rank = 0, .ts = 1764680000.5, .world_size = 2};
+    snprintf(start.device, sizeof start.device, "cpu");
+    int n = event_encode(&start, line, sizeof line);
+    CHECK(n > 0);
+    evpipe_rank_line(&src, 1, line, (size_t)n);
+    CHECK_EQ_INT(seen.calls, 1);
+    CHECK_EQ_INT(seen.rank, 1);
+
+    struct event loss = {
+        .kind = EVENT_LOSS, .rank = 0, .ts = 1764680001.0, .step = 3, .epoch = 1, .loss = 0.25};
+    n = event_encode(&loss, line, sizeof line);
+    CHECK(n > 0);
+    evpipe_rank_line(&src, 1, line, (size_t)n);
+    evpipe_rank_line(&src, 1, "not an event", 12); /* logged, dropped: takes no seq */
+    CHECK_EQ_INT(src.next_seq, first + 2);
+    CHECK_EQ_INT(seen.calls, 1);
+
+    struct event state = {.kind = EVENT_STATE, .rank = -1}; /* ts 0: stamped now */
+    snprintf(state.state, sizeof state.state, "running");
+    evpipe_publish(&src, &state);
+    CHECK(state.ts > 1764680001.0);
+    CHECK_EQ_INT(state.seq, first + 2);
+    evpipe_drain(p);
+
+    CHECK_EQ_INT(max_seq(st, job), first + 2);
+    CHECK_EQ_INT(event_at(st, job, first, body, sizeof body), 1);
+    CHECK(strstr(body, "\"event\":\"start\"") != NULL);
+    CHECK_EQ_INT(event_at(st, job, first + 1, body, sizeof body), 1); /* the pipe's rank, not the line's */
+    struct event back;
+    CHECK_EQ_INT(event_decode(body, strlen(body), &back, NULL), DDPD_OK);
+    CHECK_EQ_INT(back.kind, EVENT_LOSS);
+    CHECK(back.has_server_fields);
+    CHECK_EQ_INT(back.job, job);
+    CHECK_EQ_INT(back.attempt, 2);
+    CHECK_EQ_INT(back.seq, first + 1);
+    CHECK_EQ_INT(back.step, 3);
+    CHECK_EQ_INT(event_at(st, job, first + 2, body, sizeof body), -1);
+    CHECK(strstr(body, "\"state\":\"running\"") != NULL);
 }
 
 int main(void)
@@ -107,6 +201,8 @@ int main(void)
     CHECK_EQ_INT(store_job_get(st, b, &j, NULL), DDPD_ENOTFOUND);
     store_job_clear(&j);
     evpipe_report_unsaved(p); /* nothing left to report */
+
+    test_source(st, p);
 
     evpipe_free(p);
     evpipe_free(NULL);
