@@ -19,6 +19,12 @@ void emit_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Writes an `error` event for `e` (and the log line) and flushes. */
 void emit_error(const struct ddpd_error *e);
+/* What emit_error would write for `e`, now, without writing it: the event line (with its
+ * newline, stamped with the current time) into line[cap] and the log line (with its
+ * newline) into log[log_cap], both NUL-terminated. Returns the event line's length, or -1
+ * when it does not fit. For lines written later by a signal handler (mapguard.c), which
+ * may only write(2) what was built before. */
+int emit_error_lines(const struct ddpd_error *e, char *line, size_t cap, char *log, size_t log_cap);
 /* The same, then exits with ddpd_err_exit(e->code). */
 _Noreturn void emit_die(const struct ddpd_error *e);
 /* The same from a code and a message, for failures detected deep inside (CUDA_CHECK). */

@@ -20,6 +20,7 @@
 #include "comm.h"
 #include "data.h"
 #include "emit.h"
+#include "mapguard.h"
 #include "model.h"
 #include "safetensors.h"
 #include "train.h"
@@ -424,7 +425,8 @@ static int mode_main(int argc, char **argv)
     return 2;
 }
 
-/* A rank's signals: SIGTERM is a cancel (on_sigterm), SIGPIPE an error return. */
+/* A rank's signals: SIGTERM is a cancel (on_sigterm), SIGPIPE an error return, SIGBUS in
+ * a data file's mapping a data error naming the file (mapguard.h). */
 static void signals_install(void)
 {
     struct sigaction sa;
@@ -432,6 +434,7 @@ static void signals_install(void)
     sa.sa_handler = on_sigterm;
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    mapguard_install();
     /* The launcher starts a rank with SIGTERM blocked (proc.h, hold_term): a cancel sent
      * between its fork and this handler has waited, pending, and arrives now, as a cancel
      * (exit 5) rather than a death by the signal. */

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "../../base/check.h"
+#include "../mapguard.h"
 #include "../rng.h"
 
 #define DATA_MAX_MEMORY (64LL << 30) /* bytes of rows one rank may hold */
@@ -164,6 +166,18 @@ ddpd_err data__map(struct dataset *ds, int slot, const struct dfile *f, const un
     ds->map[slot] = m;
     ds->map_len[slot] = (size_t)f->size;
     *p = m;
+    /* Reading a page past the end of a file truncated meanwhile raises SIGBUS: the rank
+     * then ends with this error (mapguard.h) instead of dying of the signal. */
+    struct ddpd_error why;
+    data__fail(&why, DDPD_EDATA, f->name,
+               "the file changed while the job was running: it is now shorter than the %" PRId64
+               " bytes it had when the job started, or can no longer be read (a data file must not be "
+               "truncated or rewritten in place while a job reads it; write a new file and rename it "
+               "over the old one instead)",
+               f->size);
+    /* A rank maps at most four files (MAPGUARD_SLOTS is 8); were the registry full, the
+     * mapping would only stay unguarded. */
+    (void)NEVER(!mapguard_add(m, (size_t)f->size, &why));
     return DDPD_OK;
 }
 
@@ -255,8 +269,10 @@ void dataset_free(struct dataset *ds)
     free(ds->perm);
     free(ds->idx);
     for (int i = 0; i < 2; i++)
-        if (ds->map[i])
+        if (ds->map[i]) {
+            mapguard_remove(ds->map[i]);
             munmap(ds->map[i], ds->map_len[i]);
+        }
     free(ds);
 }
 
