@@ -18,6 +18,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -371,11 +372,6 @@ def seed_spec(**over):
     return s
 
 
-# Steps per second of the heavy model below on this kind of machine, per world size
-# (measured alone; a loaded machine is slower, which only makes the jobs longer).
-_HEAVY_RATE = {1: 9000, 2: 3300, 3: 1800}
-
-
 _slowdown = None
 
 
@@ -396,11 +392,12 @@ def slowdown():
     return _slowdown
 
 
-def heavy_spec(world_size=1, seconds=2.0, steps=None, **over):
-    """A job that takes about `seconds` (10-256-5 MLP, batch 32): for observing a job
-    while it runs. `steps` overrides the estimate."""
-    if steps is None:
-        steps = max(10, int(seconds * _HEAVY_RATE.get(world_size, 800) / slowdown()))
+def heavy_spec(world_size=1, *, steps, **over):
+    """A job of `steps` steps of a 10-256-5 MLP (batch 32). How long that takes depends on
+    the machine (about 77,000 steps/s with 1 rank, 23,000 with 2 and 12,600 with 3 on the
+    2-core CI machine, each while the other core was busy): a test that must see the job
+    still running uses steps=FOREVER_STEPS and cancels it, or a HeldWorker, never a step
+    count it expects to take long enough."""
     s = seed_spec(name=over.pop("name", "heavy"), world_size=world_size, epochs=None, steps=steps,
                   model=[{"type": "linear", "in": 10, "out": 256}, {"type": "relu"},
                          {"type": "linear", "in": 256, "out": 5}],
@@ -411,6 +408,42 @@ def heavy_spec(world_size=1, seconds=2.0, steps=None, **over):
 
 
 FOREVER_STEPS = 10_000_000  # a job that outlives any test: to be cancelled or killed
+
+
+class HeldWorker:
+    """A stand-in for ddpd-worker (start the server with env=held.env) whose ranks run the
+    real worker to its end and then stay running, holding its exit code, until the test
+    calls release(): a job the test sees running for as long as it needs, that then ends on
+    its own as its ranks did (succeeded), however fast they trained. A cancel (SIGTERM to
+    the rank's process group) still ends both at once. The worker's other uses (--plan,
+    --issue-id, --devices) run the real worker directly. A rank waits at most HOLD_MAX_S."""
+
+    HOLD_MAX_S = 300
+
+    def __init__(self, folder):
+        b = bin_dir()
+        if b is None:
+            pytest.skip("ddpd is not built (set DDPD_BIN to the build folder)")
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.gate = folder / "held-worker-release"
+        self.path = folder / "held-worker"
+        real, gate = shlex.quote(str(b / "ddpd-worker")), shlex.quote(str(self.gate))
+        # No shell in the environment the server passes on (env.c): absolute paths only.
+        self.path.write_text(f"""#!/bin/sh
+if [ $# -gt 0 ]; then exec {real} "$@"; fi
+{real}
+rc=$?
+i=0
+while [ ! -e {gate} ] && [ $i -lt {self.HOLD_MAX_S * 20} ]; do /bin/sleep 0.05; i=$((i + 1)); done
+exit $rc
+""")
+        self.path.chmod(0o755)
+        self.env = {"DDPD_WORKER": str(self.path)}
+
+    def release(self):
+        """Lets every held rank (and every rank started later) exit."""
+        self.gate.touch()
 
 
 # ---------------------------------------------------------------------------------------
