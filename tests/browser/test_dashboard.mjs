@@ -5,9 +5,10 @@
 // It opens the dashboard, submits the seed example through the Submit page and sees it
 // succeed, watches a longer job's chart gain points while it runs, cancels a third job,
 // submits an invalid spec and sees the error at its path, pages and filters the job list,
-// downloads a checkpoint, loads the GPT and conv-net templates and has a second server
-// accept them, sees the banner when the server goes away, and uses a server
-// with a token from a file URL (token prompt, CORS, the fetch()-based event stream).
+// downloads a checkpoint, sees a restarted job list its restart, loads the GPT and
+// conv-net templates and has a second server accept them, sees the banner when the
+// server goes away, and uses a server with a token from a file URL (token prompt, CORS,
+// the fetch()-based event stream).
 // Screenshots go to $DDPD_TEST_OUT (the build folder's tests/browser/).
 //
 // Exit 0 when every step passed, 1 on the first failure, 77 (skipped) without Chromium or
@@ -399,6 +400,43 @@ async function main() {
     await page.screenshot({path: path.join(OUT, 'job-nonfinite.png')});
     await page.click('nav a[data-nav=jobs]');
     await until(() => page.$(`#jobs-table tr[data-job-id="${id}"] .loss-nonfinite`), 'the job list to mark it');
+  });
+
+  await step('a job whose rank fails once restarts, and its page lists the restart: attempt, rank, message; screenshot', async () => {
+    /* Rank 0 killed from outside (SIGKILL) with max_restarts 1: attempt 2 runs on, until
+     * the test cancels it. */
+    const before = jobIdFromUrl();
+    await submitSpec({...liveSpec('browser-restart', 1000), log_every: 100, max_restarts: 1});
+    const id = await until(() => jobIdFromUrl() !== before && jobIdFromUrl(), 'the job page');
+    check(!(await page.$('#job-restarts')), 'no restarts shown before the job has any');
+    const api = async (p, init) => {
+      const r = await fetch(`${a.url}/v1/jobs/${id}${p}`, init);
+      check(r.status < 300, `${p || 'GET'}: ${r.status}`);
+      const text = await r.text();
+      return text ? JSON.parse(text) : null;
+    };
+    const pid = await until(async () => {
+      const j = await api('');
+      return j.state === 'running' && j.ranks.length === 1 && j.ranks[0].pid;
+    }, 'rank 0 to run', 60000);
+    process.kill(pid, 'SIGKILL');
+    await until(async () => {
+      const j = await api('');
+      return j.attempt === 2 && j.state === 'running';
+    }, 'attempt 2 to run', 60000);
+    await page.waitForSelector('#restarts-table tbody tr', {timeout: 30000});
+    const rows = await page.$$eval('#restarts-table tbody tr', (tr) => tr.map((r) => Array.from(r.cells, (c) => c.textContent)));
+    check(rows.length === 1, 'one restart: ' + JSON.stringify(rows));
+    const [attempt, when, rank, code, msg] = rows[0];
+    check(attempt === '1 → 2', 'attempt 1 ended, 2 started: ' + attempt);
+    check(/^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$/.test(when), 'the time of the restart: ' + when);
+    check(rank === '0' && code === '137', `rank 0, exit code 137: ${rank}, ${code}`);
+    check(/killed by signal 9/.test(msg), 'the message says how the rank ended: ' + msg);
+    check((await page.textContent('.summary')).includes('2 (1 restart)'), 'the attempt says 2 (1 restart)');
+    await page.screenshot({path: path.join(OUT, 'job-restart.png'), fullPage: true});
+    await api('/cancel', {method: 'POST'});
+    await until(async () => (await jobState()) === 'cancelled', 'the job to be cancelled', 30000);
+    check((await page.$$('#restarts-table tbody tr')).length === 1, 'the restart stays listed after the end');
   });
 
   await step('the GPT and conv-net templates load into the editor and the server accepts them', async () => {
