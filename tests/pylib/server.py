@@ -18,7 +18,6 @@ import json
 import os
 import queue
 import re
-import shlex
 import shutil
 import signal
 import socket
@@ -410,40 +409,91 @@ def heavy_spec(world_size=1, *, steps, **over):
 FOREVER_STEPS = 10_000_000  # a job that outlives any test: to be cancelled or killed
 
 
-class HeldWorker:
-    """A stand-in for ddpd-worker (start the server with env=held.env) whose ranks run the
-    real worker to its end and then stay running, holding its exit code, until the test
-    calls release(): a job the test sees running for as long as it needs, that then ends on
-    its own as its ranks did (succeeded), however fast they trained. A cancel (SIGTERM to
-    the rank's process group) still ends both at once. The worker's other uses (--plan,
-    --issue-id, --devices) run the real worker directly. A rank waits at most HOLD_MAX_S."""
+class _WorkerStandIn:
+    """A Python stand-in for ddpd-worker in `folder` (start the server with env=w.env):
+    the worker's other uses (--plan, --issue-id, --devices) exec the real worker; a rank
+    runs `body` (which starts the real worker as `worker` and may wait for the test's
+    release()), then exits as the worker did. The server starts a rank with SIGTERM
+    blocked (the worker unblocks it once it handles it): the real worker inherits that,
+    and the stand-in unblocks it after starting it, so a cancel ends both at once."""
 
-    HOLD_MAX_S = 300
+    HOLD_MAX_S = 300  # the longest a rank waits for release()
 
-    def __init__(self, folder):
+    def __init__(self, folder, name, body):
         b = bin_dir()
         if b is None:
             pytest.skip("ddpd is not built (set DDPD_BIN to the build folder)")
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.gate = folder / "held-worker-release"
-        self.path = folder / "held-worker"
-        real, gate = shlex.quote(str(b / "ddpd-worker")), shlex.quote(str(self.gate))
-        # No shell in the environment the server passes on (env.c): absolute paths only.
-        self.path.write_text(f"""#!/bin/sh
-if [ $# -gt 0 ]; then exec {real} "$@"; fi
-{real}
-rc=$?
-i=0
-while [ ! -e {gate} ] && [ $i -lt {self.HOLD_MAX_S * 20} ]; do /bin/sleep 0.05; i=$((i + 1)); done
-exit $rc
+        self.gate = folder / f"{name}-release"
+        self.path = folder / name
+        self.path.write_text(f"""#!/usr/bin/python3
+import fcntl, json, os, signal, subprocess, sys, time
+REAL, GATE, HOLD_MAX_S = {str(b / "ddpd-worker")!r}, {str(self.gate)!r}, {self.HOLD_MAX_S}
+if sys.argv[1:]:
+    os.execv(REAL, [REAL] + sys.argv[1:])
+
+
+def hold():
+    deadline = time.monotonic() + HOLD_MAX_S
+    while not os.path.exists(GATE) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+{body}
+rc = worker.wait() if rc is None else rc
+if rc < 0:
+    signal.signal(-rc, signal.SIG_DFL)
+    os.kill(os.getpid(), -rc)
+sys.exit(rc)
 """)
         self.path.chmod(0o755)
         self.env = {"DDPD_WORKER": str(self.path)}
 
     def release(self):
-        """Lets every held rank (and every rank started later) exit."""
+        """Lets every rank waiting for it go on (and ranks started later not wait)."""
         self.gate.touch()
+
+
+class HeldWorker(_WorkerStandIn):
+    """A job the test sees running for as long as it needs, that then ends on its own as
+    its ranks did (succeeded), however fast they trained: each rank runs the real worker to
+    its end, then stays running, holding the worker's exit code, until release()."""
+
+    def __init__(self, folder):
+        super().__init__(folder, "held-worker", """
+worker = subprocess.Popen([REAL])
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+rc = worker.wait()
+hold()
+""")
+
+
+class PausingWorker(_WorkerStandIn):
+    """A job paused mid-run: each rank runs the real worker with its events piped through
+    the stand-in, which stops passing them on after the first checkpoint event at a step
+    >= `at_step` until release(). The rank then blocks on its next events (the pipe holds
+    4 KiB, some 25 events) and its peers in their collectives: a job of many more steps
+    than that after `at_step` cannot end while paused, however fast it trains. Killing a
+    rank's process (the stand-in) ends its worker too: its events have nowhere to go."""
+
+    def __init__(self, folder, at_step):
+        super().__init__(folder, "pausing-worker", f"""
+AT = {int(at_step)}
+r, w = os.pipe()
+fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ: the worker blocks soon after the events stop
+worker = subprocess.Popen([REAL], stdout=w)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGTERM}})
+os.close(w)
+rc = None
+for line in os.fdopen(r, "rb"):
+    sys.stdout.buffer.write(line)
+    sys.stdout.buffer.flush()
+    if b'"checkpoint"' in line and not os.path.exists(GATE):
+        ev = json.loads(line)
+        if ev.get("event") == "checkpoint" and ev.get("step", 0) >= AT:
+            hold()
+""")
 
 
 # ---------------------------------------------------------------------------------------
