@@ -393,10 +393,11 @@ def slowdown():
 
 def heavy_spec(world_size=1, *, steps, **over):
     """A job of `steps` steps of a 10-256-5 MLP (batch 32). How long that takes depends on
-    the machine (about 77,000 steps/s with 1 rank, 23,000 with 2 and 12,600 with 3 on the
-    2-core CI machine, each while the other core was busy): a test that must see the job
-    still running uses steps=FOREVER_STEPS and cancels it, or a HeldWorker, never a step
-    count it expects to take long enough."""
+    the machine: `ddpd run` of it (one loss event) took 77,000-84,000 steps/s with 1 rank,
+    23,000-25,000 with 2 and 12,600-14,600 with 3 on the 2-core development machine at a
+    load of about 4 (2026-12-03), 7 to 9 times the rates of the old table here. A test
+    that must see the job still running uses steps=FOREVER_STEPS and cancels it, or a
+    HeldWorker or PausingWorker, never a step count it expects to take long enough."""
     s = seed_spec(name=over.pop("name", "heavy"), world_size=world_size, epochs=None, steps=steps,
                   model=[{"type": "linear", "in": 10, "out": 256}, {"type": "relu"},
                          {"type": "linear", "in": 256, "out": 5}],
