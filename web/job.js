@@ -1,6 +1,7 @@
 /* job.js — one job's page: its state and progress, the loss chart (with smoothing and the
  * current lr), the eval chart (loss and accuracy of the eval events), the ranks, the spec,
- * the tail of each rank's log, and the buttons (cancel, checkpoint, resume, resubmit, delete).
+ * the tail of each rank's log, the restarts (attempt, time, failed rank, message), and the
+ * buttons (cancel, checkpoint, resume, resubmit, delete).
  *
  * Where the chart's points come from:
  *   - a finished job: /metrics, downsampled by the server (a million steps open at once),
@@ -189,7 +190,36 @@
         item('Started', el('span', {title: 'submitted ' + U.fmtTime(j.created_at)},
           j.started_at ? U.fmtTime(j.started_at) : 'submitted ' + U.fmtAge(j.created_at))),
         item('Finished', j.finished_at ? U.fmtTime(j.finished_at) : '—'),
-        item(j.finished_at || !j.started_at ? 'Duration' : 'Running for', U.fmtDuration(U.jobDuration(j))));
+        item(j.finished_at || !j.started_at ? 'Duration' : 'Running for', U.fmtDuration(U.jobDuration(j))),
+        restartsItem(j.restart_history));
+    }
+
+    /* What one restart_history entry's reason says (server/super.c): "restart K of N after
+     * rank R failed (exit code C): MESSAGE", "restart K of N after MESSAGE" (the cluster
+     * manager ended the attempt) or the whole reason (the server restarted). */
+    function restartCause(reason) {
+      const m = /^restart \d+ of \d+ after (?:rank (\d+) failed \(exit code (-?\d+)\): )?([\s\S]*)$/.exec(reason || '');
+      if (!m) return {rank: null, code: null, message: reason || '—'};
+      return {rank: m[1] === undefined ? null : Number(m[1]), code: m[2] === undefined ? null : Number(m[2]), message: m[3]};
+    }
+
+    /* The job's restarts, oldest first, under its attempt; nothing when it had none. */
+    function restartsItem(hist) {
+      if (!Array.isArray(hist) || !hist.length) return null;
+      return el('div', {class: 'summary-item summary-restarts', id: 'job-restarts'},
+        el('dt', {}, `Restarts (${hist.length})`),
+        el('dd', {}, el('div', {class: 'table-wrap'}, el('table', {class: 'restarts', id: 'restarts-table'},
+          el('thead', {}, el('tr', {}, el('th', {class: 'num'}, 'Attempt'), el('th', {}, 'Time'),
+            el('th', {class: 'num'}, 'Failed rank'), el('th', {class: 'num'}, 'Exit code'), el('th', {}, 'Message'))),
+          el('tbody', {}, hist.map((h) => {
+            const c = restartCause(h.reason);
+            return el('tr', {dataset: {attempt: h.attempt}},
+              el('td', {class: 'num', title: `attempt ${h.attempt} ended; attempt ${h.attempt + 1} started`}, `${h.attempt} → ${h.attempt + 1}`),
+              el('td', {}, U.fmtTime(h.ts)),
+              el('td', {class: 'num'}, c.rank === null ? '—' : String(c.rank)),
+              el('td', {class: 'num mono'}, c.code === null ? '—' : String(c.code)),
+              el('td', {class: 'restart-msg', title: h.reason || ''}, c.message));
+          }))))));
     }
 
     /* Rank r on the r-th device the job holds (the scheduler hands slots in order). */

@@ -22,7 +22,7 @@ import pytest
 
 from pylib.common import bin_dir
 from pylib.safetensors import st_decode
-from pylib.server import FOREVER_STEPS, heavy_spec, seed_spec, wait_until
+from pylib.server import FOREVER_STEPS, HeldWorker, heavy_spec, seed_spec, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -65,9 +65,10 @@ def ndjson(text):
     return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
 
 
-def on_pty(argv, env, timeout=120, stdout_pty=True, cols=None):
+def on_pty(argv, env, timeout=120, stdout_pty=True, cols=None, on_output=None):
     """Runs argv with stdout (or only stderr) on a pseudo-terminal (`cols` wide); (exit
-    code, what the terminal got, stdout when that was a pipe)."""
+    code, what the terminal got, stdout when that was a pipe). on_output(what the terminal
+    got so far) is called after every read, for a test that acts on what it sees."""
     master, slave = pty.openpty()
     if cols:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, cols, 0, 0))
@@ -87,6 +88,8 @@ def on_pty(argv, env, timeout=120, stdout_pty=True, cols=None):
                 if not b:
                     break
                 got += b
+                if on_output:
+                    on_output(got.decode(errors="replace"))
             elif p.poll() is not None:
                 break
         piped = p.stdout.read().decode() if p.stdout else ""
@@ -310,15 +313,33 @@ def test_jobs_show_logs_rm(server, work):
     assert r.returncode == 1 and f"job {a} not found" in r.stderr and "404" in r.stderr, r.stderr
 
 
-def test_logs_follow_until_the_job_ends(server, work):
-    jid = submit(server, work, heavy_spec(seconds=2.0))
-    r = cli(server, "logs", "-f", str(jid), timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert server.job(jid)["state"] in FINAL
-    assert "done:" in r.stdout, r.stdout[-1000:]
+def test_logs_follow_until_the_job_ends(make_server, work):
+    # The rank has written its whole log ("done:") but the job runs until the test lets
+    # it end: `logs -f` prints the log and then waits for the end.
+    held = HeldWorker(work)
+    server = make_server(cpu_slots=2, env=held.env)
+    jid = submit(server, work, heavy_spec(steps=2000))
+    server.wait_running(jid)
+    p = subprocess.Popen([ddpd(), "logs", "-f", str(jid)], env=client_env(server), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True)
+        reader.start()
+        wait_until(lambda: any("done:" in ln for ln in lines), 60, "`logs -f` to print the rank's last line")
+        assert p.poll() is None and server.job(jid)["state"] == "running", "`logs -f` ended before the job"
+        held.release()
+        rc = p.wait(timeout=120)
+        reader.join(timeout=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert rc == 0, p.stderr.read()
+    assert server.job(jid)["state"] == "succeeded"
     # Nothing printed twice: the whole log, once.
     full = cli(server, "logs", "--tail", "100000", str(jid)).stdout
-    assert r.stdout == full
+    assert "".join(lines) == full
 
 
 def test_pull_writes_the_model_atomically(server, work):
@@ -450,13 +471,28 @@ def test_watch_on_a_terminal_draws_one_line(server, work):
     assert final.startswith(f"job {jid} succeeded") and "step 1000/1000 (100%)" in final, repr(final)
     assert "loss " in final, final
 
-    # Live: a longer job shows its step, samples/s and ETA while it runs.
-    rc, got, _ = on_pty([ddpd(), "submit", "--follow", spec_file(work, heavy_spec(seconds=3.0))],
-                        client_env(server))
-    assert rc == 0, got
+    # Live: a running job shows its step, samples/s and ETA; it runs until the test has
+    # seen such a line and cancels it.
+    def live_line(f):
+        return " running " in f and "samples/s" in f and "ETA" in f
+
+    def cancel_once_seen(text):
+        frames = [f.strip() for f in text.replace("\r\n", "\r").split("\r")]
+        if not cancelled and any(live_line(f) for f in frames):
+            live = next(j["id"] for j in server.get("/v1/jobs").json()["jobs"] if j["name"] == "forever-tty")
+            assert server.post(f"/v1/jobs/{live}/cancel").status_code == 202
+            cancelled.append(live)
+
+    cancelled = []
+    rc, got, _ = on_pty([ddpd(), "submit", "--follow", spec_file(work, heavy_spec(steps=FOREVER_STEPS, name="forever-tty", log_every=100))],
+                        client_env(server), on_output=cancel_once_seen)
+    assert cancelled, got[-2000:]
+    assert rc == 5, got[-2000:]  # cancelled
     frames = [f.strip() for f in got.replace("\r\n", "\r").split("\r") if f.strip()]
-    assert any(" running " in f and "samples/s" in f and "ETA" in f for f in frames), frames[:20]
-    assert frames[-1].split()[2] == "succeeded", frames[-1]
+    assert any(live_line(f) for f in frames), frames[:20]
+    # The final line, then the outcome on stderr (the same terminal).
+    assert frames[-2].startswith(f"job {cancelled[0]} cancelled  step"), frames[-2:]
+    assert frames[-1] == f"ddpd submit: job {cancelled[0]} cancelled: cancelled", frames[-2:]
 
     # A narrow terminal: the line is cut to its width, never wrapped.
     rc, got, _ = on_pty([ddpd(), "watch", str(jid)], client_env(server), cols=30)

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from pylib.server import FOREVER_STEPS, alive, final_state_events, heavy_spec, st_decode, wait_until
+from pylib.server import FOREVER_STEPS, PausingWorker, alive, final_state_events, heavy_spec, st_decode, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -80,7 +80,11 @@ def test_worker_sigkill_fails_the_job_naming_the_rank(server):
     print(f"SIGKILL of rank 1 -> failed in {took:.2f}s: {j['error']}")
 
 
-def test_max_restarts_resumes_from_checkpoint(server, curl_streams):
+def test_max_restarts_resumes_from_checkpoint(make_server, work, curl_streams):
+    # Attempt 1 pauses after its first checkpoint, so rank 1 dies mid-run however fast
+    # the ranks train; attempt 2 runs to the end.
+    paused = PausingWorker(work, at_step=500)
+    server = make_server(cpu_slots=2, env=paused.env)
     spec = heavy_spec(2, steps=6000, name="restart", max_restarts=1, checkpoint={"every_steps": 500}, log_every=10)
     jid = server.submit(spec)["id"]
     st = curl_streams(f"{server.url}/v1/jobs/{jid}/events?format=ndjson", fmt="ndjson")
@@ -89,6 +93,7 @@ def test_max_restarts_resumes_from_checkpoint(server, curl_streams):
     assert j["state"] == "running" and j["attempt"] == 1, j
     pids = rank_pids(j)
     os.kill(pids[1], signal.SIGKILL)
+    paused.release()
     evs_live = st.rest(timeout=120)
     j = server.wait_state(jid, FINAL, timeout=10)
     assert j["state"] == "succeeded", f"{j['state']}: {j['error']}"
@@ -122,8 +127,8 @@ def test_max_restarts_resumes_from_checkpoint(server, curl_streams):
     assert server.free_cpu_slots() == 2
 
 
-def server_kill_setup(make_server, curl_streams, spec, min_losses=20):
-    srv = make_server(cpu_slots=2)
+def server_kill_setup(make_server, curl_streams, spec, min_losses=20, env=None):
+    srv = make_server(cpu_slots=2, env=env)
     jid = srv.submit(spec)["id"]
     st = curl_streams(f"{srv.url}/v1/jobs/{jid}/events", fmt="ndjson", headers=["Accept: application/x-ndjson"])
     n = [0]
@@ -172,10 +177,14 @@ def test_server_sigkill_mid_job_then_restart_fails_it(make_server, curl_streams)
     assert srv.wait_state(k, FINAL, timeout=60)["state"] == "succeeded"
 
 
-def test_server_sigkill_mid_job_then_restart_requeues_it(make_server, curl_streams):
+def test_server_sigkill_mid_job_then_restart_requeues_it(make_server, work, curl_streams):
+    # Attempt 1 pauses at its checkpoint of step 1500 (after the 120 losses the test waits
+    # for), so the server dies mid-job however fast the ranks train.
+    paused = PausingWorker(work, at_step=1500)
     spec = heavy_spec(2, steps=6000, name="requeued", log_every=10, max_restarts=1, checkpoint={"every_steps": 500})
-    srv, jid, seen, pids = server_kill_setup(make_server, curl_streams, spec, min_losses=120)
+    srv, jid, seen, pids = server_kill_setup(make_server, curl_streams, spec, min_losses=120, env=paused.env)
     assert_gone(pids.values(), 5, "the dead server's workers")
+    paused.release()
     srv.start()
     j = srv.wait_state(jid, FINAL, timeout=120)
     assert j["state"] == "succeeded", f"{j['state']}: {j['error']}"

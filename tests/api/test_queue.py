@@ -20,7 +20,7 @@ def test_fifo_gang_allocation_with_pending_reason(server):
     a = server.submit(heavy_spec(1, steps=FOREVER_STEPS, name="A"))["id"]
     server.wait_running(a)
     b = server.submit(heavy_spec(2, steps=FOREVER_STEPS, name="B"))["id"]
-    c = server.submit(heavy_spec(1, seconds=0.5, name="C"))["id"]
+    c = server.submit(heavy_spec(1, steps=100, name="C"))["id"]
 
     def both_pending():
         jb, jc = server.job(b), server.job(c)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from pylib.server import bin_dir, heavy_spec, seed_spec, st_decode, wait_until
+from pylib.server import FOREVER_STEPS, bin_dir, heavy_spec, seed_spec, st_decode, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -124,12 +124,13 @@ def test_invalid_keep_last_is_422(server, keep, fragment):
 
 def test_restart_resumes_from_the_newest_checkpoint_after_pruning(server):
     """A rank killed mid-run: the restart finds the newest of the pruned set."""
-    # About 40 checkpoints whatever the machine's speed: a checkpoint every 7 steps of a
-    # 6-second job was ~700 fsynced writes and prunes, which a loaded machine took more
-    # than two minutes for.
-    spec = heavy_spec(1, steps=None, seconds=6.0, name="restart", max_restarts=1)
-    every = max(7, spec["steps"] // 40)
-    spec["checkpoint"] = {"every_steps": every, "keep_last": 2}
+    # The job runs until the test cancels it once the restart has resumed. A checkpoint
+    # every 5000 steps: some a second whatever the machine's speed (each is fsynced and
+    # prunes one; a checkpoint every 7 steps was ~700 a job, which a loaded machine took
+    # minutes for).
+    every = 5000
+    spec = heavy_spec(1, steps=FOREVER_STEPS, name="restart", max_restarts=1, log_every=1000,
+                      checkpoint={"every_steps": every, "keep_last": 2})
     jid = server.submit(spec)["id"]
     j = server.wait_running(jid)
     folder = server.jobs_dir / str(jid)
@@ -138,8 +139,12 @@ def test_restart_resumes_from_the_newest_checkpoint_after_pruning(server):
     pid = j["ranks"][0]["pid"]
     os.kill(pid, 9)
     before = ckpt_dirs(folder)
-    j = server.wait_state(jid, FINAL, timeout=300)
-    assert j["state"] == "succeeded" and j["restarts"] == 1, j
+    wait_until(lambda: "resumed from" in (folder / "rank-0.log").read_text(), 120, "the restart to resume")
+    j = server.job(jid)
+    assert j["state"] == "running" and j["attempt"] == 2 and j["restarts"] == 1, j
+    assert server.post(f"/v1/jobs/{jid}/cancel").status_code == 202
+    j = server.wait_state(jid, FINAL, timeout=120)
+    assert j["state"] == "cancelled" and j["restarts"] == 1, j
     log = (folder / "rank-0.log").read_text()
     resumed = [l for l in log.splitlines() if "resumed from" in l]
     assert len(resumed) == 1, log[-2000:]
@@ -246,11 +251,15 @@ def test_ranks_cannot_write_a_file_past_the_quota(make_server):
     quota smaller than the CPU backend's 2 MiB shared-memory FIFO still runs (over TCP)."""
     quota = 1 << 20
     srv = make_server(cpu_slots=2, extra=["--job-disk-quota", "1M"])
-    jid = srv.submit(heavy_spec(2, seconds=4.0, name="limits"))["id"]
-    j = srv.wait_running(jid)
+    # Runs until both ranks have trained (over TCP) and the test has read their limits.
+    jid = srv.submit(heavy_spec(2, steps=FOREVER_STEPS, name="limits", log_every=100))["id"]
+    srv.wait_running(jid)
+    j = wait_until(lambda: (lambda j: j if all(rk["step"] for rk in j["ranks"]) else None)(srv.job(jid)), 60,
+                   "both ranks to report a step")
     for rk in j["ranks"]:
         with open(f"/proc/{rk['pid']}/limits") as f:
             line = next(l for l in f if l.startswith("Max file size"))
         assert line.split()[3] == str(quota), line
+    assert srv.post(f"/v1/jobs/{jid}/cancel").status_code == 202
     j = srv.wait_state(jid, FINAL, timeout=120)
-    assert j["state"] == "succeeded", j
+    assert j["state"] == "cancelled", j

@@ -7,7 +7,7 @@ import time
 
 import requests
 
-from pylib.server import heavy_spec, seed_spec, wait_until
+from pylib.server import FOREVER_STEPS, heavy_spec, seed_spec, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -59,7 +59,8 @@ def test_sse_resume_on_finished_job(server, curl_streams):
 
 
 def test_sse_resume_while_running_gives_exactly_the_missed_events(server, curl_streams):
-    jid = server.submit(heavy_spec(2, seconds=4.0, name="live", log_every=2))["id"]
+    # Runs until the test cancels it before the last connection.
+    jid = server.submit(heavy_spec(2, steps=FOREVER_STEPS, name="live", log_every=100))["id"]
     got = []
     last = None
     pieces = 0
@@ -69,6 +70,8 @@ def test_sse_resume_while_running_gives_exactly_the_missed_events(server, curl_s
         hdr = [f"Last-Event-ID: {last}"] if last is not None else []
         if last is not None and server.job(jid)["state"] == "running":
             live_resumes += 1
+        if i == 3:
+            assert server.post(f"/v1/jobs/{jid}/cancel").status_code == 202
         st = curl_streams(sse_url(server, jid), headers=hdr)
         want = 40 if i < 3 else None
         if want is None:
@@ -90,17 +93,18 @@ def test_sse_resume_while_running_gives_exactly_the_missed_events(server, curl_s
         if part and part[-1]["event"] == "state" and part[-1]["state"] in FINAL:
             break
         time.sleep(0.3)
-    assert got and got[-1]["event"] == "state" and got[-1]["state"] == "succeeded", got[-3:]
+    assert got and got[-1]["event"] == "state" and got[-1]["state"] == "cancelled", got[-3:]
     seqs = [e["seq"] for e in got]
     assert len(seqs) == len(set(seqs)), "duplicates after resuming"
     assert seqs == list(range(1, len(seqs) + 1)), "gaps after resuming"
     hist = server.events(jid)
     assert strip(got) == hist
-    assert pieces >= 2 and live_resumes >= 1, f"the job ended before the test could resume while it ran ({pieces} connections)"
+    assert pieces == 4 and live_resumes == 3, (pieces, live_resumes)
 
 
 def test_history_then_live_for_many_subscribers(server):
-    jid = server.submit(heavy_spec(2, seconds=3.0, name="fanout", log_every=5))["id"]
+    # Runs until every subscriber is attached; then the test cancels it.
+    jid = server.submit(heavy_spec(2, steps=FOREVER_STEPS, name="fanout", log_every=100))["id"]
     server.wait_running(jid)
     results = {}
 
@@ -121,11 +125,15 @@ def test_history_then_live_for_many_subscribers(server):
         t.start()
         if i % 10 == 9:
             time.sleep(0.2)  # late joiners get history first, then live
+    wait_until(lambda: "\nddpd_stream_subscribers 40\n" in server.get("/metrics").text, 60,
+               "all 40 subscribers to be attached")
+    assert server.job(jid)["state"] == "running"
+    assert server.post(f"/v1/jobs/{jid}/cancel").status_code == 202
     for t in threads:
         t.join(timeout=150)
     assert not any(t.is_alive() for t in threads), "some streams did not end after the job finished"
     hist = server.events(jid)
-    assert hist[-1]["state"] == "succeeded"
+    assert hist[-1]["state"] == "cancelled"
     for i, evs in results.items():
         assert not isinstance(evs, Exception), f"subscriber {i}: {evs!r}"
         assert evs == hist, f"subscriber {i}: {len(evs)} events vs {len(hist)} in the history"

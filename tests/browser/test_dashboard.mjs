@@ -5,9 +5,10 @@
 // It opens the dashboard, submits the seed example through the Submit page and sees it
 // succeed, watches a longer job's chart gain points while it runs, cancels a third job,
 // submits an invalid spec and sees the error at its path, pages and filters the job list,
-// downloads a checkpoint, loads the GPT and conv-net templates and has a second server
-// accept them, sees the banner when the server goes away, and uses a server
-// with a token from a file URL (token prompt, CORS, the fetch()-based event stream).
+// downloads a checkpoint, sees a restarted job list its restart, loads the GPT and
+// conv-net templates and has a second server accept them, sees the banner when the
+// server goes away, and uses a server with a token from a file URL (token prompt, CORS,
+// the fetch()-based event stream).
 // Screenshots go to $DDPD_TEST_OUT (the build folder's tests/browser/).
 //
 // Exit 0 when every step passed, 1 on the first failure, 77 (skipped) without Chromium or
@@ -47,7 +48,10 @@ mkdirSync(TMP, {recursive: true});
 mkdirSync(OUT, {recursive: true});
 
 const seed = JSON.parse(readFileSync(path.join(SRC, 'examples', 'seed.json'), 'utf8'));
-// Long enough to watch: a wider model, a loss event every step.
+// A job to watch: a wider model, a loss event every step, 1,000 steps an epoch. A test
+// that must see it running gives it 1,000 epochs and cancels it, never a number of
+// epochs it expects to last long enough.
+const FOREVER_EPOCHS = 1000;
 const liveSpec = (name, epochs) => ({
   ...seed,
   name,
@@ -162,6 +166,16 @@ const chartPoints = () => page.evaluate(() => {
   const c = document.querySelector('.chart-canvas');
   return c ? Number(c.dataset.points) : -1;
 });
+/* Cancels job `id` of server `s` through the API. */
+async function cancelJob(s, id, token) {
+  const r = await fetch(`${s.url}/v1/jobs/${id}/cancel`, {method: 'POST', headers: token ? {Authorization: 'Bearer ' + token} : {}});
+  check(r.status === 202, `cancel job ${id}: ${r.status}`);
+}
+/* Job `id`'s last step, once the job has ended. */
+async function lastStep(s, id, token) {
+  const r = await fetch(`${s.url}/v1/jobs/${id}`, {headers: token ? {Authorization: 'Bearer ' + token} : {}});
+  return (await r.json()).step;
+}
 const jobIdFromUrl = () => {
   const m = /#\/jobs\/(\d+)$/.exec(page.url());
   return m ? Number(m[1]) : 0;
@@ -237,10 +251,9 @@ async function main() {
 
   let liveId = 0;
   await step('a running job\'s chart gains points from the event stream', async () => {
-    /* 16,000 steps: ~8 s here alone, long enough to see the chart grow in a few polls
-     * even when the tests run in parallel on a slower machine (6,000 was missed once). */
-    const epochs = 16;
-    await submitSpec(liveSpec('browser-live', epochs));
+    /* It runs until the chart was seen to grow, then the test cancels it (16,000 steps
+     * were ~8 s once, and 6,000 ended between two looks in CI). */
+    await submitSpec(liveSpec('browser-live', FOREVER_EPOCHS));
     liveId = await until(() => jobIdFromUrl() !== seedId && jobIdFromUrl(), 'the new job page');
     const seen = [];
     let sawLive = false;
@@ -250,14 +263,15 @@ async function main() {
       if (st === 'running') sawLive = sawLive || (await page.textContent('#stream-status')).includes('live');
       return seen.length >= 3 || st === 'succeeded' || st === 'failed';
     }, 'the chart to grow while the job runs', 60000, 150);
-    check(seen.length >= 2 && seen[seen.length - 1] > seen[0],
-      `points grew while the job was running (saw ${JSON.stringify(seen)}); the job may have been too fast`);
+    check(seen.length >= 3 && seen[seen.length - 1] > seen[0], `points grew while the job was running (saw ${JSON.stringify(seen)})`);
     check(sawLive, 'the stream said live while the job ran');
     check(await page.$('#series-toggles input[data-series=mean]'), 'a mean toggle');
     check(await page.$('#series-toggles input[data-series=r0]'), 'a rank 0 toggle');
-    await until(async () => (await jobState()) === 'succeeded', 'the live job to succeed', 90000);
-    const pts = await chartPoints();
-    check(pts >= 2 * epochs * 1000, `every step's loss is on the chart (mean + rank 0: ${pts} points)`);
+    await cancelJob(a, liveId);
+    await until(async () => (await jobState()) === 'cancelled', 'the live job to be cancelled', 30000);
+    const steps = await lastStep(a, liveId);
+    check(steps > 0, 'the job reported steps');
+    await until(async () => (await chartPoints()) >= 2 * steps, `every step's loss on the chart (mean + rank 0: 2 x ${steps} points)`);
   });
 
   await step('log scale, series toggles and the hover read-out work; screenshot of a job page', async () => {
@@ -311,7 +325,7 @@ async function main() {
   });
 
   await step('a running job is cancelled after a confirmation', async () => {
-    await submitSpec(liveSpec('browser-cancel', 1000));
+    await submitSpec(liveSpec('browser-cancel', FOREVER_EPOCHS));
     const id = await until(() => ![seedId, liveId].includes(jobIdFromUrl()) && jobIdFromUrl(), 'the new job page');
     await until(async () => (await jobState()) === 'running' && (await chartPoints()) > 0, 'the job to run', 60000);
     await page.click('#cancel-btn');
@@ -348,13 +362,14 @@ async function main() {
       const r = await rows();
       return r.length === 3 ? r : null;
     }, 'three jobs in the list');
-    check(JSON.stringify(all.map((r) => r[1])) === JSON.stringify(['cancelled', 'succeeded', 'succeeded']), 'newest first: ' + JSON.stringify(all));
+    /* The cancelled job, the live job (cancelled once watched) and the seed job. */
+    check(JSON.stringify(all.map((r) => r[1])) === JSON.stringify(['cancelled', 'cancelled', 'succeeded']), 'newest first: ' + JSON.stringify(all));
     await page.screenshot({path: path.join(OUT, 'jobs.png'), fullPage: true});
     await page.click('.chip[data-filter=cancelled]');
     await until(async () => {
       const r = await rows();
-      return r.length === 1 && r[0][1] === 'cancelled';
-    }, 'only the cancelled job');
+      return r.length === 2 && r.every((x) => x[1] === 'cancelled');
+    }, 'only the cancelled jobs');
     await page.goto(a.url + '/web/index.html#/jobs?limit=2');
     await until(async () => (await rows()).length === 2, 'a page of two');
     const first = await rows();
@@ -399,6 +414,43 @@ async function main() {
     await page.screenshot({path: path.join(OUT, 'job-nonfinite.png')});
     await page.click('nav a[data-nav=jobs]');
     await until(() => page.$(`#jobs-table tr[data-job-id="${id}"] .loss-nonfinite`), 'the job list to mark it');
+  });
+
+  await step('a job whose rank fails once restarts, and its page lists the restart: attempt, rank, message; screenshot', async () => {
+    /* Rank 0 killed from outside (SIGKILL) with max_restarts 1: attempt 2 runs on, until
+     * the test cancels it. */
+    const before = jobIdFromUrl();
+    await submitSpec({...liveSpec('browser-restart', FOREVER_EPOCHS), log_every: 100, max_restarts: 1});
+    const id = await until(() => jobIdFromUrl() !== before && jobIdFromUrl(), 'the job page');
+    check(!(await page.$('#job-restarts')), 'no restarts shown before the job has any');
+    const api = async (p, init) => {
+      const r = await fetch(`${a.url}/v1/jobs/${id}${p}`, init);
+      check(r.status < 300, `${p || 'GET'}: ${r.status}`);
+      const text = await r.text();
+      return text ? JSON.parse(text) : null;
+    };
+    const pid = await until(async () => {
+      const j = await api('');
+      return j.state === 'running' && j.ranks.length === 1 && j.ranks[0].pid;
+    }, 'rank 0 to run', 60000);
+    process.kill(pid, 'SIGKILL');
+    await until(async () => {
+      const j = await api('');
+      return j.attempt === 2 && j.state === 'running';
+    }, 'attempt 2 to run', 60000);
+    await page.waitForSelector('#restarts-table tbody tr', {timeout: 30000});
+    const rows = await page.$$eval('#restarts-table tbody tr', (tr) => tr.map((r) => Array.from(r.cells, (c) => c.textContent)));
+    check(rows.length === 1, 'one restart: ' + JSON.stringify(rows));
+    const [attempt, when, rank, code, msg] = rows[0];
+    check(attempt === '1 → 2', 'attempt 1 ended, 2 started: ' + attempt);
+    check(/^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$/.test(when), 'the time of the restart: ' + when);
+    check(rank === '0' && code === '137', `rank 0, exit code 137: ${rank}, ${code}`);
+    check(/killed by signal 9/.test(msg), 'the message says how the rank ended: ' + msg);
+    check((await page.textContent('.summary')).includes('2 (1 restart)'), 'the attempt says 2 (1 restart)');
+    await page.screenshot({path: path.join(OUT, 'job-restart.png'), fullPage: true});
+    await api('/cancel', {method: 'POST'});
+    await until(async () => (await jobState()) === 'cancelled', 'the job to be cancelled', 30000);
+    check((await page.$$('#restarts-table tbody tr')).length === 1, 'the restart stays listed after the end');
   });
 
   await step('the GPT and conv-net templates load into the editor and the server accepts them', async () => {
@@ -475,21 +527,23 @@ async function main() {
     await page.fill('#token-input', 's3cret-token');
     await page.click('#token-ok');
     await page.waitForSelector('.list-msg .empty');
-    /* 12,000 steps, as long as the first live test's for the same reason: 2,000 (~1 s)
-     * ended between two polls once in CI, with the tests running in parallel. */
-    const epochs = 12;
-    await submitSpec(liveSpec('token-live', epochs));
-    await until(jobIdFromUrl, 'the job page');
+    /* Until the chart was seen to grow, as the first live test's job (2,000 steps ended
+     * between two looks once in CI). */
+    await submitSpec(liveSpec('token-live', FOREVER_EPOCHS));
+    const id = await until(jobIdFromUrl, 'the job page');
     const seen = new Set();
     await until(async () => {
       const [st, pts] = [await jobState(), await chartPoints()];
       if (st === 'running' && pts > 0) seen.add(pts);
       return seen.size >= 3 || st === 'succeeded' || st === 'failed';
     }, 'the chart to grow while the job runs', 60000, 150);
-    check(seen.size >= 2, `the chart grew while it ran (fetch() stream with the token; saw ${seen.size} sizes)`);
-    await until(async () => ['succeeded', 'failed'].includes(await jobState()), 'the job to finish', 90000);
-    check((await jobState()) === 'succeeded', 'it succeeded');
-    check((await chartPoints()) >= 2 * epochs * 1000, 'every step is on the chart');
+    check(seen.size >= 3, `the chart grew while it ran (fetch() stream with the token; saw ${seen.size} sizes)`);
+    await cancelJob(b, id, 's3cret-token');
+    await until(async () => ['succeeded', 'failed', 'cancelled'].includes(await jobState()), 'the job to end', 30000);
+    check((await jobState()) === 'cancelled', 'it was cancelled');
+    const steps = await lastStep(b, id, 's3cret-token');
+    check(steps > 0, 'the job reported steps');
+    await until(async () => (await chartPoints()) >= 2 * steps, `every step on the chart (2 x ${steps} points)`);
     const tok = await page.evaluate(() => sessionStorage.getItem('ddpd.token'));
     check(tok === 's3cret-token', 'the token is in session storage');
   });

@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from pylib.server import FOREVER_STEPS, alive, binary_has_faultvfs, heavy_spec, proc_stat, seed_spec, wait_until
+from pylib.server import (FOREVER_STEPS, HeldWorker, alive, binary_has_faultvfs, heavy_spec, proc_stat, seed_spec,
+                          wait_until)
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -209,12 +210,14 @@ def test_an_end_stored_after_a_full_disk_keeps_the_jobs_progress(make_server, wo
     Before: that retried update set the attempt again, which cleared the job's step and
     loss (null after the recovery although the job had reported them)."""
     control = work / "sqlite-fault"
-    srv = make_server(cpu_slots=1, env={"DDPD_FAULT_SQLITE": str(control)})
-    spec = heavy_spec(1, seconds=1.5, name="progress-kept")
+    held = HeldWorker(work)  # the rank ends only when the disk is full
+    srv = make_server(cpu_slots=1, env={"DDPD_FAULT_SQLITE": str(control), **held.env})
+    spec = heavy_spec(1, steps=2000, name="progress-kept")
     jid = srv.submit(spec)["id"]
     srv.wait_running(jid)
     wait_until(lambda: srv.job(jid)["step"], 30, "a loss to be stored")
     control.write_text("full")
+    held.release()
     wait_until(lambda: "is not stored; trying again" in srv.stderr(), 60, "the end, refused")
     during = srv.job(jid)
     assert during["state"] == "running" and during["step"] and during["loss"] is not None, during

@@ -8,7 +8,7 @@ without a kill, and so is every loss the second attempt logged.
 import os
 import signal
 
-from pylib.server import seed_spec, wait_until
+from pylib.server import PausingWorker, seed_spec, wait_until
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -30,11 +30,11 @@ def losses(srv, jid, attempt=None):
             if e.get("event") == "loss" and (attempt is None or e.get("attempt") == attempt)}
 
 
-def test_restart_after_a_killed_rank_is_exact(make_server):
-    srv = make_server(cpu_slots=3)
-    ref = srv.submit(spec_of("straight"))["id"]
-    assert srv.wait_state(ref, FINAL, timeout=300)["state"] == "succeeded", srv.job(ref)
-
+def test_restart_after_a_killed_rank_is_exact(make_server, work):
+    # The job pauses after its checkpoint of step 150, so rank 1 dies mid-run however fast
+    # the ranks train; its restart and the uninterrupted run run unpaused.
+    paused = PausingWorker(work, at_step=150)
+    srv = make_server(cpu_slots=3, env=paused.env)
     jid = srv.submit(spec_of("killed"))["id"]
     d = srv.jobs_dir / str(jid)
     # Kill rank 1 once a checkpoint after the first epoch's join is there (before it, all
@@ -46,8 +46,11 @@ def test_restart_after_a_killed_rank_is_exact(make_server):
     assert j["state"] == "running" and j["attempt"] == 1, f"the job ended before the kill: {j}"
     pid = {r["rank"]: r["pid"] for r in j["ranks"]}[1]
     os.kill(pid, signal.SIGKILL)
+    paused.release()
     j = srv.wait_state(jid, FINAL, timeout=300)
     assert j["state"] == "succeeded" and j["attempt"] == 2, j
+    ref = srv.submit(spec_of("straight"))["id"]
+    assert srv.wait_state(ref, FINAL, timeout=300)["state"] == "succeeded", srv.job(ref)
     ckpts = sorted(int(p.name.split("-")[1]) for p in d.glob("ckpt-*") if not p.name.endswith(".tmp"))
     assert ckpts, "no checkpoint left to resume from"
 

@@ -371,11 +371,6 @@ def seed_spec(**over):
     return s
 
 
-# Steps per second of the heavy model below on this kind of machine, per world size
-# (measured alone; a loaded machine is slower, which only makes the jobs longer).
-_HEAVY_RATE = {1: 9000, 2: 3300, 3: 1800}
-
-
 _slowdown = None
 
 
@@ -396,11 +391,13 @@ def slowdown():
     return _slowdown
 
 
-def heavy_spec(world_size=1, seconds=2.0, steps=None, **over):
-    """A job that takes about `seconds` (10-256-5 MLP, batch 32): for observing a job
-    while it runs. `steps` overrides the estimate."""
-    if steps is None:
-        steps = max(10, int(seconds * _HEAVY_RATE.get(world_size, 800) / slowdown()))
+def heavy_spec(world_size=1, *, steps, **over):
+    """A job of `steps` steps of a 10-256-5 MLP (batch 32). How long that takes depends on
+    the machine: `ddpd run` of it (one loss event) took 77,000-84,000 steps/s with 1 rank,
+    23,000-25,000 with 2 and 12,600-14,600 with 3 on the 2-core development machine at a
+    load of about 4 (2026-12-03), 7 to 9 times the rates of the old table here. A test
+    that must see the job still running uses steps=FOREVER_STEPS and cancels it, or a
+    HeldWorker or PausingWorker, never a step count it expects to take long enough."""
     s = seed_spec(name=over.pop("name", "heavy"), world_size=world_size, epochs=None, steps=steps,
                   model=[{"type": "linear", "in": 10, "out": 256}, {"type": "relu"},
                          {"type": "linear", "in": 256, "out": 5}],
@@ -411,6 +408,93 @@ def heavy_spec(world_size=1, seconds=2.0, steps=None, **over):
 
 
 FOREVER_STEPS = 10_000_000  # a job that outlives any test: to be cancelled or killed
+
+
+class _WorkerStandIn:
+    """A Python stand-in for ddpd-worker in `folder` (start the server with env=w.env):
+    the worker's other uses (--plan, --issue-id, --devices) exec the real worker; a rank
+    runs `body` (which starts the real worker as `worker` and may wait for the test's
+    release()), then exits as the worker did. The server starts a rank with SIGTERM
+    blocked (the worker unblocks it once it handles it): the real worker inherits that,
+    and the stand-in unblocks it after starting it, so a cancel ends both at once."""
+
+    HOLD_MAX_S = 300  # the longest a rank waits for release()
+
+    def __init__(self, folder, name, body):
+        b = bin_dir()
+        if b is None:
+            pytest.skip("ddpd is not built (set DDPD_BIN to the build folder)")
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.gate = folder / f"{name}-release"
+        self.path = folder / name
+        self.path.write_text(f"""#!/usr/bin/python3
+import fcntl, json, os, signal, subprocess, sys, time
+REAL, GATE, HOLD_MAX_S = {str(b / "ddpd-worker")!r}, {str(self.gate)!r}, {self.HOLD_MAX_S}
+if sys.argv[1:]:
+    os.execv(REAL, [REAL] + sys.argv[1:])
+
+
+def hold():
+    deadline = time.monotonic() + HOLD_MAX_S
+    while not os.path.exists(GATE) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+{body}
+rc = worker.wait() if rc is None else rc
+if rc < 0:
+    signal.signal(-rc, signal.SIG_DFL)
+    os.kill(os.getpid(), -rc)
+sys.exit(rc)
+""")
+        self.path.chmod(0o755)
+        self.env = {"DDPD_WORKER": str(self.path)}
+
+    def release(self):
+        """Lets every rank waiting for it go on (and ranks started later not wait)."""
+        self.gate.touch()
+
+
+class HeldWorker(_WorkerStandIn):
+    """A job the test sees running for as long as it needs, that then ends on its own as
+    its ranks did (succeeded), however fast they trained: each rank runs the real worker to
+    its end, then stays running, holding the worker's exit code, until release()."""
+
+    def __init__(self, folder):
+        super().__init__(folder, "held-worker", """
+worker = subprocess.Popen([REAL])
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+rc = worker.wait()
+hold()
+""")
+
+
+class PausingWorker(_WorkerStandIn):
+    """A job paused mid-run: each rank runs the real worker with its events piped through
+    the stand-in, which stops passing them on after the first checkpoint event at a step
+    >= `at_step` until release(). The rank then blocks on its next events (the pipe holds
+    4 KiB, some 25 events) and its peers in their collectives: a job of many more steps
+    than that after `at_step` cannot end while paused, however fast it trains. Killing a
+    rank's process (the stand-in) ends its worker too: its events have nowhere to go."""
+
+    def __init__(self, folder, at_step):
+        super().__init__(folder, "pausing-worker", f"""
+AT = {int(at_step)}
+r, w = os.pipe()
+fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ: the worker blocks soon after the events stop
+worker = subprocess.Popen([REAL], stdout=w)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGTERM}})
+os.close(w)
+rc = None
+for line in os.fdopen(r, "rb"):
+    sys.stdout.buffer.write(line)
+    sys.stdout.buffer.flush()
+    if b'"checkpoint"' in line and not os.path.exists(GATE):
+        ev = json.loads(line)
+        if ev.get("event") == "checkpoint" and ev.get("step", 0) >= AT:
+            hold()
+""")
 
 
 # ---------------------------------------------------------------------------------------
