@@ -190,7 +190,7 @@ static const char *const sql_text[ST_COUNT] = {
         "restart_history = CASE WHEN ?2 & 64 AND json_array_length(restart_history) < " RESTART_HISTORY_MAX_S
         " "
         "THEN json_insert(restart_history, '$[#]', json_object('attempt', ?11, 'reason', ?12, "
-        "'ts', ?10)) ELSE restart_history END "
+        "'ts', ?10, 'rank', ?13, 'exit_code', ?14)) ELSE restart_history END "
         "WHERE id = ?1",
     [W_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1",
     [W_ATTEMPT_INSERT] = "INSERT INTO attempts (job, attempt, comm_id, started_at) "
@@ -1520,6 +1520,10 @@ ddpd_err store_job_update(struct store *s, int64_t id, const struct store_job_up
     sqlite3_bind_double(st, 10, base_wall_s());
     sqlite3_bind_int(st, 11, u->restart_attempt);
     sqlite3_bind_text(st, 12, u->restart_reason ? u->restart_reason : "", -1, SQLITE_TRANSIENT);
+    if (u->restart_by_rank) {
+        sqlite3_bind_int(st, 13, u->restart_rank);
+        sqlite3_bind_int(st, 14, u->restart_exit_code);
+    } /* else null */
     int rc = sqlite3_step(st);
     if (rc != SQLITE_DONE)
         e = sq_fail(err, s->w->db, rc, "update job");

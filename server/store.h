@@ -169,7 +169,9 @@ struct store_job {
     char pending_reason[STORE_TEXT_MAX]; /* "" when none */
     int max_restarts, restarts;
     /* Why the job was restarted: JSON text of an array, oldest first, of {"attempt": N (the
-     * attempt that ended), "reason": "...", "ts": seconds} (at most
+     * attempt that ended), "reason": "...", "ts": seconds, "rank": R, "exit_code": C (the
+     * rank whose failure ended it; null, or absent in rows of older servers, when no
+     * rank's failure did)} (at most
      * STORE_RESTART_HISTORY_MAX entries); "[]" when never. Owned. */
     char *restart_history;
     int64_t resumed_from, resume_step; /* store_job_new's; 0 for a job submitted afresh */
@@ -230,8 +232,9 @@ enum {
     STORE_SET_ERROR = 1u << 3,    /* error (NULL or "" clears it) */
     STORE_SET_PENDING = 1u << 4,  /* pending_reason (NULL or "" clears it) */
     STORE_SET_PROGRESS = 1u << 5, /* step and loss (the event writer also sets them) */
-    STORE_SET_RESTART = 1u << 6,  /* appends {restart_attempt, restart_reason, now} to
-                                     restart_history (up to STORE_RESTART_HISTORY_MAX) */
+    STORE_SET_RESTART = 1u << 6,  /* appends {attempt, reason, ts: now, rank, exit_code}
+                                     (restart_*) to restart_history (up to
+                                     STORE_RESTART_HISTORY_MAX) */
 };
 /* A change to one job. Pointers are borrowed for the call. */
 struct store_job_update {
@@ -247,6 +250,9 @@ struct store_job_update {
     double loss;                /* NaN/inf is stored as "not finite" */
     int restart_attempt;        /* STORE_SET_RESTART: the attempt that ended */
     const char *restart_reason; /* and why the job starts again */
+    bool restart_by_rank;       /* a rank's failure ended it: restart_rank failed with */
+    int restart_rank;           /* restart_exit_code; else both are null in the entry */
+    int restart_exit_code;
 };
 /* Applies `u` to job `id` in one transaction, committed when this returns. Setting the
  * state also keeps the timestamps true: `starting`/`running` set started_at when it is

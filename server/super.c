@@ -71,6 +71,8 @@ struct active {
     int world_size;
     device_kind device;
     int attempt, restarts, max_restarts;
+    int failed_rank, failed_exit_code; /* what ended the last attempt, for its restart's
+                                          entry: a rank and its exit code, rank -1 for none */
     int64_t resumed_from, resume_step; /* a job made by resume: where it continues from */
     struct evpipe_source ev;           /* its events' numbering: evpipe_publish */
     int *slots;
@@ -151,6 +153,9 @@ static bool set_state_full(struct super *s, struct active *a, job_state st, cons
         u.error = NULL;
         u.restart_reason = error;
         u.restart_attempt = ended;
+        u.restart_by_rank = a->failed_rank >= 0;
+        u.restart_rank = a->failed_rank;
+        u.restart_exit_code = a->failed_exit_code;
     }
     if (st != JOB_STATE_STARTING)
         u.fields &= ~(unsigned)STORE_SET_ATTEMPT; /* keep the progress the attempt reported */
@@ -252,6 +257,7 @@ static struct active *new_active(struct super *s, int64_t job, char *spec_text)
     a->s = s;
     a->job = job;
     a->spec_text = spec_text;
+    a->failed_rank = -1;
     a->ev = (struct evpipe_source){
         .pipe = s->pipe, .job = job, .next_seq = 1, .on_start = rank_started, .ctx = a};
     return a;
@@ -554,6 +560,8 @@ static void ended(struct super *s, struct active *a)
         snprintf(msg, sizeof msg, "rank %d failed (exit code %d): %s", res.rank, res.exit_code, res.message);
     if (a->restarts < a->max_restarts) {
         a->restarts++;
+        a->failed_rank = res.rank; /* -1: the cluster manager ended it */
+        a->failed_exit_code = res.exit_code;
         char why[1600];
         snprintf(why, sizeof why, "restart %d of %d after %s", a->restarts, a->max_restarts, msg);
         store_attempt_end(s->o.store, a->job, a->attempt, "failed", NULL);
@@ -875,6 +883,7 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
         pthread_mutex_lock(&s->lock);
         sched_enqueue(s->sched, a->job, a->device, a->world_size);
         pthread_mutex_unlock(&s->lock);
+        a->failed_rank = -1; /* no rank's failure: the server's */
         if (a->state != JOB_STATE_QUEUED)
             set_state_restart(s, a, JOB_STATE_QUEUED, "server restarted; the job was queued again",
                               a->attempt);

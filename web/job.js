@@ -194,15 +194,6 @@
         restartsItem(j.restart_history));
     }
 
-    /* What one restart_history entry's reason says (server/super.c): "restart K of N after
-     * rank R failed (exit code C): MESSAGE", "restart K of N after MESSAGE" (the cluster
-     * manager ended the attempt) or the whole reason (the server restarted). */
-    function restartCause(reason) {
-      const m = /^restart \d+ of \d+ after (?:rank (\d+) failed \(exit code (-?\d+)\): )?([\s\S]*)$/.exec(reason || '');
-      if (!m) return {rank: null, code: null, message: reason || '—'};
-      return {rank: m[1] === undefined ? null : Number(m[1]), code: m[2] === undefined ? null : Number(m[2]), message: m[3]};
-    }
-
     /* The job's restarts, oldest first, under its attempt; nothing when it had none. */
     function restartsItem(hist) {
       if (!Array.isArray(hist) || !hist.length) return null;
@@ -212,13 +203,14 @@
           el('thead', {}, el('tr', {}, el('th', {class: 'num'}, 'Attempt'), el('th', {}, 'Time'),
             el('th', {class: 'num'}, 'Failed rank'), el('th', {class: 'num'}, 'Exit code'), el('th', {}, 'Message'))),
           el('tbody', {}, hist.map((h) => {
-            const c = restartCause(h.reason);
+            /* rank and exit_code: null (absent from older servers) when no rank's failure ended the attempt */
+            const num = (v) => (v === null || v === undefined ? '—' : String(v));
             return el('tr', {dataset: {attempt: h.attempt}},
               el('td', {class: 'num', title: `attempt ${h.attempt} ended; attempt ${h.attempt + 1} started`}, `${h.attempt} → ${h.attempt + 1}`),
               el('td', {}, U.fmtTime(h.ts)),
-              el('td', {class: 'num'}, c.rank === null ? '—' : String(c.rank)),
-              el('td', {class: 'num mono'}, c.code === null ? '—' : String(c.code)),
-              el('td', {class: 'restart-msg', title: h.reason || ''}, c.message));
+              el('td', {class: 'num'}, num(h.rank)),
+              el('td', {class: 'num mono'}, num(h.exit_code)),
+              el('td', {class: 'restart-msg', title: h.reason || ''}, h.reason || '—'));
           }))))));
     }
 

@@ -54,6 +54,7 @@ def test_a_job_that_succeeds_after_a_restart_has_no_error(make_server, work):
     h = j["restart_history"]
     assert len(h) == 1 and h[0]["attempt"] == 1, h
     assert h[0]["reason"].startswith("restart 1 of 2 after rank 0 failed (exit code 1)"), h
+    assert h[0]["rank"] == 0 and h[0]["exit_code"] == 1, h
     assert isinstance(h[0]["ts"], float) and j["created_at"] <= h[0]["ts"] <= j["finished_at"], (h, j)
     # The history is history: the state events still carry the reasons as they happened.
     evs = srv.events(jid)

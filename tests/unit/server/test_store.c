@@ -1509,8 +1509,12 @@ static void test_state_truth(void)
         .state = JOB_STATE_STARTING,
         .attempt = 2,
         .restart_attempt = 1,
-        .restart_reason = "restart 1 of 3 after rank 1 failed (exit code 3): \"x\""};
+        .restart_reason = "restart 1 of 3 after rank 1 failed (exit code 3): \"x\"",
+        .restart_by_rank = true,
+        .restart_rank = 1,
+        .restart_exit_code = 3};
     CHECK_EQ_INT(store_job_update(s, id, &u, NULL, &e), DDPD_OK);
+    u.restart_by_rank = false; /* no rank's failure: rank and exit_code null */
     u.restart_attempt = 2;
     u.attempt = 3;
     u.restart_reason = "server restarted; the job was queued again";
@@ -1525,12 +1529,13 @@ static void test_state_truth(void)
     int pos = 0;
     CHECK(sscanf(j.restart_history,
                  "[{\"attempt\":1,\"reason\":\"restart 1 of 3 after rank 1 failed (exit code 3): "
-                 "\\\"x\\\"\",\"ts\":%lf}%n",
+                 "\\\"x\\\"\",\"ts\":%lf,\"rank\":1,\"exit_code\":3}%n",
                  &ts, &pos) == 1 &&
           pos > 0);
     CHECK(ts > 1.6e9);
     snprintf(want, sizeof want, ",{\"attempt\":2,\"reason\":\"server restarted; the job was queued again\",");
     CHECK(strstr(j.restart_history + pos, want) == j.restart_history + pos);
+    CHECK(strstr(j.restart_history + pos, "\"rank\":null,\"exit_code\":null}]") != NULL);
     store_job_clear(&j);
     store_close(s);
 
