@@ -29,6 +29,7 @@
 #define SHM_PIECE      (128 * 1024) /* most bytes moved before publishing the position */
 #define SPIN_S         50e-6        /* a shared-memory wait spins at most this long, then sleeps */
 #define SPIN_CATCH_S   5e-6         /* what a spin that catches the bytes saves (a sleep) */
+#define SPIN_SLICE_S   250e-6       /* a yield away this long lost a time slice */
 #define SPIN_LOSS      0.01         /* share of the time spins may lose without catching ... */
 #define SPIN_CREDIT_S  0.01         /* ... saved up to this (see spin_allowed in engine.c) */
 #define MAX_ROOT_CONNS 4096         /* connections the root holds at once */

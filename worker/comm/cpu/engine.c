@@ -202,9 +202,10 @@ static void what(char *buf, size_t cap, const struct plan *p)
  * moves this thread's deadline a whole slice back: a CPU-bound process beside the ranks
  * then keeps the CPU until the next tick (4 ms at HZ=250), whereas a thread woken from a
  * sleep preempts it. One such yield per wait made a 2-rank step 20-40 times slower with
- * two busy loops on 2 cores (bench/README.md, "oversubscribed"). So the spins run on a
- * credit of time they may lose: a yield that comes back later than SPIN_S costs what it
- * took; a spin that catches the peer's bytes earns SPIN_CATCH_S (the sleep it saved);
+ * two busy loops on 2 cores (bench/README.md, "bench/oversub"). So the spins run on a
+ * credit of time they may lose: a yield that comes back later than SPIN_SLICE_S (a
+ * time slice, not a peer's share of a collective) costs what it took; a spin that
+ * catches the peer's bytes earns SPIN_CATCH_S (the sleep it saved);
  * and SPIN_LOSS of the time that passes is earned anyway, so that spinning resumes
  * once a busy loop is gone. The credit is capped at SPIN_CREDIT_S (two ticks); while it
  * is spent, waits sleep at once. Beside a busy loop a rank thus loses to yields at most
@@ -458,14 +459,13 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
                 /* sched_yield, not a pause loop: with more runnable threads than CPUs
                  * (two ranks packed on one vCPU) a pure spin would keep the very peer
                  * we wait for off the CPU until the spin ends. A yield that comes back
-                 * after more than the whole spin was a busy loop's time slice: it is
-                 * charged to the credit, and this wait sleeps. */
+                 * after more than SPIN_SLICE_S was some other thread's time slice, not
+                 * a peer's turn at the collective: it is charged to the credit. */
                 sched_yield();
                 double lost = base_mono_s() - now;
-                if (lost > SPIN_S) {
+                if (lost > SPIN_SLICE_S) {
                     c->spin_credit -= lost;
-                    spin_until = now;
-                    slept = 1;
+                    slept = 1; /* not a catch */
                 }
                 continue;
             }
