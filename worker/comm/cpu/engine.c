@@ -203,13 +203,13 @@ static void what(char *buf, size_t cap, const struct plan *p)
  * then keeps the CPU until the next tick (4 ms at HZ=250), whereas a thread woken from a
  * sleep preempts it. One such yield per wait made a 2-rank step 20-40 times slower with
  * two busy loops on 2 cores (bench/README.md, "bench/oversub"). So the spins run on a
- * credit of time they may lose: a yield that comes back later than SPIN_SLICE_S (a
- * time slice, not a peer's share of a collective) costs what it took; a spin that
- * catches the peer's bytes earns SPIN_CATCH_S (the sleep it saved);
- * and SPIN_LOSS of the time that passes is earned anyway, so that spinning resumes
- * once a busy loop is gone. The credit is capped at SPIN_CREDIT_S (two ticks); while it
- * is spent, waits sleep at once. Beside a busy loop a rank thus loses to yields at most
- * what its spins saved plus SPIN_LOSS of its time; without one, it spins as before. */
+ * credit of time they may lose: a yield that comes back later than SPIN_SLICE_S (a time
+ * slice, not a peer's share of a collective) costs what it took; a spin that catches the
+ * peer's bytes earns SPIN_CATCH_S (the sleep it saved); and SPIN_LOSS of the time that
+ * passes is earned anyway, so that spinning resumes once a busy loop is gone. The credit
+ * is capped at SPIN_CREDIT_S (two ticks); while it is spent, waits sleep at once. Beside
+ * a busy loop a rank thus loses to yields at most what its spins saved plus SPIN_LOSS of
+ * its time; without one, it spins as before. Owned by the executing thread, like seq. */
 static int spin_allowed(struct cpu *c, double now)
 {
     c->spin_credit += SPIN_LOSS * (now - c->spin_credit_at);
@@ -270,8 +270,8 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
     struct stream s = {0}, r = {0};
     struct origin o = {.rank = -1};
     double deadline = base_mono_s() + c->timeout_s;
-    double spin_until = 0; /* > 0 while a shared-memory wait is under way */
-    int slept = 0;
+    double spin_until = 0; /* > 0 while a shared-memory wait is under way ... */
+    int slept = 0;         /* ... and it slept or lost a slice: not a catch */
     char w[160];
     int e = 0;
 
