@@ -1,7 +1,8 @@
 /* test_comm.c — the CPU collective backend (worker/comm/cpu/) end to end: an issuer and
  * W rank processes per case, forked from here, as the launcher runs them. Checks sums,
  * bitwise identity across ranks, ordering of async all-reduces, every collective, and the
- * failures: a rank that dies, never comes, goes silent, brings the wrong id, or desyncs. */
+ * failures: a rank that dies, never comes, goes silent, brings the wrong id, or desyncs;
+ * and that a waiting rank sleeps rather than hand its CPU to a busy loop beside it. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
