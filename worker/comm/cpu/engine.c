@@ -201,8 +201,8 @@ static void what(char *buf, size_t cap, const struct plan *p)
  * gives the CPU to whatever else is runnable here, and since Linux 6.6 (EEVDF) it also
  * moves this thread's deadline a whole slice back: a CPU-bound process beside the ranks
  * then keeps the CPU until the next tick (4 ms at HZ=250), whereas a thread woken from a
- * sleep preempts it. One such yield per wait made a 2-rank step 20-40 times slower with
- * two busy loops on 2 cores (bench/README.md, "bench/oversub"). So the spins run on a
+ * sleep preempts it. One such yield per wait made 2- and 3-rank jobs 10-30 times slower
+ * beside two busy loops on 2 cores (bench/README.md, "bench/oversub"). So the spins run on a
  * credit of time they may lose: a yield that comes back later than SPIN_SLICE_S (a time
  * slice, not a peer's share of a collective) costs what it took; a spin that catches the
  * peer's bytes earns SPIN_CATCH_S (the sleep it saved); and SPIN_LOSS of the time that
