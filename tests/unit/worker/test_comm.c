@@ -1,14 +1,17 @@
 /* test_comm.c — the CPU collective backend (worker/comm/cpu/) end to end: an issuer and
  * W rank processes per case, forked from here, as the launcher runs them. Checks sums,
  * bitwise identity across ranks, ordering of async all-reduces, every collective, and the
- * failures: a rank that dies, never comes, goes silent, brings the wrong id, or desyncs. */
+ * failures: a rank that dies, never comes, goes silent, brings the wrong id, or desyncs;
+ * and that a waiting rank sleeps rather than hand its CPU to a busy loop beside it. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -31,7 +34,9 @@ struct shared {
     int later_code[MAX_W]; /* a call after the failure */
     char msg[MAX_W][800];
     char later_msg[MAX_W][800];
-    int victim_pid; /* set by a victim just before it SIGKILLs itself */
+    int victim_pid;     /* set by a victim just before it SIGKILLs itself */
+    double cpu[MAX_W];  /* seconds of CPU a rank used in a wait */
+    long nivcsw[MAX_W]; /* involuntary context switches a rank had in a loop */
 };
 static struct shared *sh;
 static unsigned tcp_ranks; /* ranks that keep their links on TCP (DDPD_COMM_SHM=0) */
@@ -652,6 +657,14 @@ static void test_rank_absent(void)
     fprintf(stderr, "  no issuer: %s\n", err.message);
 }
 
+/* CPU time of this process (all its threads), in seconds. */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* The victim joins and then goes silent: the others time out at the deadline. */
 static int rank_silent(int rank, int world, const struct comm_id *id)
 {
@@ -666,10 +679,11 @@ static int rank_silent(int rank, int world, const struct comm_id *id)
         comm_free(c);
         return 0;
     }
-    double t0 = base_mono_s();
+    double t0 = base_mono_s(), cpu0 = cpu_s();
     CHECK_OK(comm_allreduce_start(c, buf, 64, &req, &err));
     sh->code[rank] = comm_wait(c, req, &err);
     sh->elapsed[rank] = base_mono_s() - t0;
+    sh->cpu[rank] = cpu_s() - cpu0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
     comm_free(c);
     return 0;
@@ -684,12 +698,97 @@ static void test_rank_silent(unsigned tcp)
     CHECK_EQ_INT(issuer_start(&is), 0);
     CHECK_EQ_INT(run_ranks(2, &is.id, rank_silent), 0);
     issuer_stop(&is);
-    fprintf(stderr, "  silent: rank 0 after %.3f s: %s\n", sh->elapsed[0], sh->msg[0]);
+    fprintf(stderr, "  silent: rank 0 after %.3f s (%.3f s of CPU): %s\n", sh->elapsed[0], sh->cpu[0],
+            sh->msg[0]);
     CHECK_EQ_INT(sh->code[0], DDPD_ECOMM);
+    /* The wait sleeps: a spin (or a yield loop) would burn most of the second. */
+    CHECK(sh->cpu[0] < 0.2);
     CHECK(sh->elapsed[0] > 0.9 && sh->elapsed[0] < 2.5);
     CHECK_EQ_STR(sh->msg[0], "rank 0: allreduce (bucket of 64 floats) timed out after 1.0 s "
                              "waiting for rank 1");
     tcp_ranks = 0;
+}
+
+/* ---- a busy loop beside a rank ---- */
+
+/* A rank that waits must not hand its CPU to a CPU-bound process beside it for a time
+ * slice per wait (issue 21: with sched_yield in every shared-memory wait, a 2-rank job
+ * crawled beside two busy loops on 2 cores). Rank 0 shares one CPU with a busy loop,
+ * rank 1 runs on another and computes a little before each barrier, so rank 0 waits in
+ * each. A yield the busy loop takes is an involuntary context switch of rank 0; a sleep
+ * in poll is a voluntary one. Counted, not timed. */
+enum { BUSY_ROUNDS = 100 };
+static int busy_cpu[2]; /* rank 0 and the busy loop; rank 1 */
+
+static void pin(int cpu)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) < 0)
+        CHECK__FAIL("sched_setaffinity to CPU %d: %s", cpu, strerror(errno));
+}
+
+static int rank_beside_busy_loop(int rank, int world, const struct comm_id *id)
+{
+    struct ddpd_error err;
+    pin(busy_cpu[rank]); /* before the communicator: its thread inherits it */
+    pid_t hog = -1;
+    if (rank == 0) {
+        hog = fork();
+        if (hog == 0) {
+            alarm(30);
+            for (volatile uint64_t x = 0;; x++) {
+            }
+        }
+    }
+    struct comm *c = join(rank, world, id, 10.0);
+    if (!c) {
+        if (hog > 0)
+            kill(hog, SIGKILL);
+        return 1;
+    }
+    CHECK_OK(comm_barrier(c, &err));
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_SELF, &ru0);
+    for (int i = 0; i < BUSY_ROUNDS; i++) {
+        if (rank == 1)
+            for (volatile uint64_t x = 0; x < 200000; x++) {
+            }
+        CHECK_OK(comm_barrier(c, &err));
+    }
+    getrusage(RUSAGE_SELF, &ru1);
+    sh->nivcsw[rank] = ru1.ru_nivcsw - ru0.ru_nivcsw;
+    if (hog > 0) {
+        kill(hog, SIGKILL);
+        waitpid(hog, NULL, 0);
+    }
+    comm_free(c);
+    return 0;
+}
+
+static void test_busy_neighbour(void)
+{
+    cpu_set_t set;
+    int n = 0;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        for (int i = 0; i < CPU_SETSIZE && n < 2; i++)
+            if (CPU_ISSET(i, &set))
+                busy_cpu[n++] = i;
+    if (n < 2) {
+        fprintf(stderr, "  busy loop beside a rank: skipped (one CPU)\n");
+        return;
+    }
+    struct issuer is;
+    memset(sh, 0, sizeof *sh);
+    CHECK_EQ_INT(issuer_start(&is), 0);
+    CHECK_EQ_INT(run_ranks(2, &is.id, rank_beside_busy_loop), 0);
+    issuer_stop(&is);
+    fprintf(stderr, "  busy loop beside rank 0: %ld involuntary switches in %d barriers\n", sh->nivcsw[0],
+            BUSY_ROUNDS);
+    /* Before the fix: at least one per barrier. Now: the few yields the credit allows. */
+    CHECK(sh->nivcsw[0] < BUSY_ROUNDS / 4);
 }
 
 /* Rank 0 expects a broadcast from rank 1 while rank 1 all-reduces: rank 0 reads rank 1's
@@ -1058,6 +1157,7 @@ int main(void)
     test_rank_absent();
     test_rank_silent(0);
     test_rank_silent(0x3);
+    test_busy_neighbour();
     test_mismatch();
     test_bad_registration();
     test_bogus_root();

@@ -27,7 +27,11 @@
 #define SHM_HDR        4096         /* shared FIFO: control page, then the ring of bytes */
 #define SHM_CAP        (2u << 20)   /* bytes of a shared FIFO (a power of two) */
 #define SHM_PIECE      (128 * 1024) /* most bytes moved before publishing the position */
-#define SPIN_S         50e-6        /* a shared-memory wait spins this long before sleeping */
+#define SPIN_S         50e-6        /* a shared-memory wait spins at most this long, then sleeps */
+#define SPIN_CATCH_S   5e-6         /* what a spin that catches the bytes saves (a sleep) */
+#define SPIN_SLICE_S   250e-6       /* a yield away this long lost a time slice */
+#define SPIN_LOSS      0.01         /* share of the time spins may lose without catching ... */
+#define SPIN_CREDIT_S  0.01         /* ... saved up to this (see spin_allowed in engine.c) */
 #define MAX_ROOT_CONNS 4096         /* connections the root holds at once */
 #define PROTO_VERSION  1
 
@@ -112,6 +116,8 @@ struct cpu {
     /* Owned by whichever thread executes collectives (the progress thread or a caller
      * running one inline); `busy`, handed over under mu, says who. */
     uint32_t seq;
+    double spin_credit;    /* seconds the spins of shared-memory waits may still lose ... */
+    double spin_credit_at; /* ... as of then (spin_allowed in engine.c) */
     float *stage;
     unsigned char *scratch;
     size_t scratch_cap;

@@ -194,6 +194,38 @@ static void what(char *buf, size_t cap, const struct plan *p)
     }
 }
 
+/* Shared-memory waits spin by sched_yield for up to SPIN_S before they sleep: when the
+ * peer shares this CPU (more ranks than CPUs), the yield lets it run at once, and when it
+ * runs on another one, the bytes usually come within microseconds, far cheaper than a
+ * sleep and a ping (a 2-rank all-reduce of 8 bytes: ~2 us against ~5 us). But a yield
+ * gives the CPU to whatever else is runnable here, and since Linux 6.6 (EEVDF) it also
+ * moves this thread's deadline a whole slice back: a CPU-bound process beside the ranks
+ * then keeps the CPU until the next tick (4 ms at HZ=250), whereas a thread woken from a
+ * sleep preempts it. One such yield per wait made 2- and 3-rank jobs 10-30 times slower
+ * beside two busy loops on 2 cores (bench/README.md, "bench/oversub"). So the spins run on a
+ * credit of time they may lose: a yield that comes back later than SPIN_SLICE_S (a time
+ * slice, not a peer's share of a collective) costs what it took; a spin that catches the
+ * peer's bytes earns SPIN_CATCH_S (the sleep it saved); and SPIN_LOSS of the time that
+ * passes is earned anyway, so that spinning resumes once a busy loop is gone. The credit
+ * is capped at SPIN_CREDIT_S (two ticks); while it is spent, waits sleep at once. Beside
+ * a busy loop a rank thus loses to yields at most what its spins saved plus SPIN_LOSS of
+ * its time; without one, it spins as before. Owned by the executing thread, like seq. */
+static int spin_allowed(struct cpu *c, double now)
+{
+    c->spin_credit += SPIN_LOSS * (now - c->spin_credit_at);
+    if (c->spin_credit > SPIN_CREDIT_S)
+        c->spin_credit = SPIN_CREDIT_S;
+    c->spin_credit_at = now;
+    return c->spin_credit > 0;
+}
+
+static void spin_caught(struct cpu *c)
+{
+    c->spin_credit += SPIN_CATCH_S;
+    if (c->spin_credit > SPIN_CREDIT_S)
+        c->spin_credit = SPIN_CREDIT_S;
+}
+
 static void add_into(float *restrict dst, const float *restrict src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -237,7 +269,9 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
 
     struct stream s = {0}, r = {0};
     struct origin o = {.rank = -1};
-    double deadline = base_mono_s() + c->timeout_s, spin_until = 0;
+    double deadline = base_mono_s() + c->timeout_s;
+    double spin_until = 0; /* > 0 while a shared-memory wait is under way ... */
+    int slept = 0;         /* ... and it slept or lost a slice: not a catch */
     char w[160];
     int e = 0;
 
@@ -394,14 +428,18 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
         }
 
         if (progressed) {
+            if (spin_until > 0 && !slept)
+                spin_caught(c);
             spin_until = 0;
+            slept = 0;
             continue;
         }
         /* Nothing moved this round. Every way of waiting below (a spin, a re-check of the
          * FIFOs, a poll) comes back here, so this one check bounds them all: a wait that
          * ends early for any reason, or a peer that stops in any state, cannot keep this
          * rank past its deadline. */
-        if (base_mono_s() >= deadline) {
+        double now = base_mono_s();
+        if (now >= deadline) {
             what(w, sizeof w, p);
             /* Name whom we wait for: the sender if its bytes are missing, else the
              * receiver that does not drain its socket or FIFO. */
@@ -412,19 +450,26 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
         if (!want_in && !want_out)
             continue;
         /* A shared-memory peer is usually about to write or drain: spin briefly before
-         * paying for a sleep and a wake-up. */
+         * paying for a sleep and a wake-up, while the spins' credit lasts (spin_allowed). */
         int shm_in = want_in && c->lin.h, shm_out = want_out && c->lout.h;
         if (shm_in || shm_out) {
-            double t = base_mono_s();
             if (spin_until == 0)
-                spin_until = t + SPIN_S;
-            if (t < spin_until) {
+                spin_until = spin_allowed(c, now) ? now + SPIN_S : now;
+            if (now < spin_until) {
                 /* sched_yield, not a pause loop: with more runnable threads than CPUs
                  * (two ranks packed on one vCPU) a pure spin would keep the very peer
-                 * we wait for off the CPU until the spin ends. */
+                 * we wait for off the CPU until the spin ends. A yield that comes back
+                 * after more than SPIN_SLICE_S was some other thread's time slice, not
+                 * a peer's turn at the collective: it is charged to the credit. */
                 sched_yield();
+                double lost = base_mono_s() - now;
+                if (lost > SPIN_SLICE_S) {
+                    c->spin_credit -= lost;
+                    slept = 1; /* not a catch */
+                }
                 continue;
             }
+            slept = 1;
             /* Going to sleep: say so, then look once more (the other side's publish and
              * our flag are both seq_cst, so it either sees the flag and pings, or we see
              * its bytes here). */
@@ -463,7 +508,6 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
             atomic_store(&c->lin.h->cons_sleep, 0);
         if (shm_out)
             atomic_store(&c->lout.h->prod_sleep, 0);
-        spin_until = 0;
         if (pr > 0 && !sdone && (pf[0].revents & (POLLIN | POLLHUP | POLLERR))) {
             what(w, sizeof w, p);
             if (next_failed(c, w, err, cap, &o))
