@@ -315,14 +315,19 @@ static ddpd_err cpu_barrier(void *ctx)
     return comm_cpu__blocking(ctx, &q);
 }
 
+/* The notice goes out before `aborted` is set: an executing thread that sees the flag
+ * shuts the sockets at once, and a socket shut for reading that then receives prev's data
+ * is reset by the kernel (RFC 1122), so a notice sent after that fails with ECONNRESET
+ * and prev sees a bare hang-up: a cancelled rank's neighbour would report "closed the
+ * connection" instead of the cancel. */
 static void cpu_abort(void *ctx)
 {
     struct cpu *c = ctx;
     if (!c)
         return;
-    atomic_store(&c->aborted, 1);
     if (c->fd_prev >= 0)
         (void)!send(c->fd_prev, c->abort_notice, c->abort_notice_len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    atomic_store(&c->aborted, 1);
     comm_cpu__shut_sockets(c);
 }
 
@@ -335,9 +340,9 @@ static int cpu_cancel(void *ctx)
     if (!c)
         return 0;
     atomic_store(&c->cancelled, 1);
-    atomic_store(&c->aborted, 1);
-    if (c->fd_prev >= 0 && c->cancel_notice_len)
+    if (c->fd_prev >= 0 && c->cancel_notice_len) /* first: see cpu_abort */
         (void)!send(c->fd_prev, c->cancel_notice, c->cancel_notice_len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    atomic_store(&c->aborted, 1);
     comm_cpu__shut_sockets(c);
     return 1;
 }
