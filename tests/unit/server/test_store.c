@@ -1504,15 +1504,15 @@ static void test_state_truth(void)
     store_job_clear(&j);
 
     /* A restart: its reason goes to the history, not to error; a later success shows none. */
-    u = (struct store_job_update){
-        .fields = STORE_SET_STATE | STORE_SET_ATTEMPT | STORE_SET_RESTART | STORE_SET_ERROR,
-        .state = JOB_STATE_STARTING,
-        .attempt = 2,
-        .restart_attempt = 1,
-        .restart_reason = "restart 1 of 3 after rank 1 failed (exit code 3): \"x\"",
-        .restart_by_rank = true,
-        .restart_rank = 1,
-        .restart_exit_code = 3};
+    u = (struct store_job_update){.fields = STORE_SET_STATE | STORE_SET_ATTEMPT | STORE_SET_RESTART |
+                                            STORE_SET_ERROR,
+                                  .state = JOB_STATE_STARTING,
+                                  .attempt = 2,
+                                  .restart_attempt = 1,
+                                  .restart_reason = "restart 1 of 3 after rank 1 failed (exit code 3): \"x\"",
+                                  .restart_by_rank = true,
+                                  .restart_rank = 1,
+                                  .restart_exit_code = 3};
     CHECK_EQ_INT(store_job_update(s, id, &u, NULL, &e), DDPD_OK);
     u.restart_by_rank = false; /* no rank's failure: rank and exit_code null */
     u.restart_attempt = 2;
