@@ -1,0 +1,58 @@
+/* emu/emu_impl.h — what the emulated device's own files share (runtime.cc, kernel.cc,
+ * cublas.cc, nccl.cc, sort): stream-ordered work, the device arena's bookkeeping and the
+ * emulator's error reports. Nothing outside worker/cuda/emu includes it. */
+#ifndef DDPD_EMU_IMPL_H
+#define DDPD_EMU_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "include/cuda_runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- stream-ordered work (runtime.cc) ----
+ * Queues fn(arg) on stream `s` (NULL: the current device's legacy default stream). It runs
+ * on the stream's own thread, after everything queued on `s` before it, with the device
+ * arena accessible; later work on `s` waits until it returns. `release(arg)` (may be NULL)
+ * runs after fn, or instead of it when the work is dropped (a destroyed stream). fn may
+ * block (an emulated NCCL collective waits for its peers there), which stalls the stream
+ * exactly as a collective kernel stalls a GPU stream. Returns cudaSuccess, or the error
+ * that stops the call (an invalid stream, a sticky error). */
+cudaError_t emu_stream_enqueue(cudaStream_t s, void (*fn)(void *arg), void *arg, void (*release)(void *arg));
+
+/* The device of stream `s` (NULL: the calling thread's current device). */
+int emu_stream_device(cudaStream_t s);
+
+/* ---- memory (runtime.cc) ----
+ * Where [p, p + bytes) lies: EMU_MEM_DEVICE when inside one live cudaMalloc allocation,
+ * EMU_MEM_PINNED inside one cudaHostAlloc allocation, else EMU_MEM_HOST (pageable host
+ * memory, or a range that runs past the end of its allocation: see emu_mem_describe). */
+enum emu_mem { EMU_MEM_HOST = 0, EMU_MEM_PINNED = 1, EMU_MEM_DEVICE = 2 };
+enum emu_mem emu_mem_kind(const void *p, size_t bytes);
+
+/* A sentence about p for error messages: "device memory (allocation of 4004 bytes at
+ * 0x..., offset 12)", "pinned host memory (...)", "not device memory (a host pointer)". */
+void emu_mem_describe(const void *p, char *out, size_t cap);
+
+/* ---- errors (runtime.cc) ----
+ * Reports a misuse the emulator caught: prints "ddpd cuda emulator: <text>" on stderr and
+ * keeps the text, so that cudaGetErrorString(code) ends with it (the worker's `error`
+ * event then names the kernel or call). Returns code. */
+cudaError_t emu_error(cudaError_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A misuse that a GPU would turn into a sticky context error (a kernel given a host
+ * pointer, an out-of-bounds access): every later runtime call fails with `code` too. */
+cudaError_t emu_error_sticky(cudaError_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Number of emulated devices visible to this process: DDPD_CUDA_EMU (1..16), filtered and
+ * renumbered by CUDA_VISIBLE_DEVICES. 0 when unset. */
+int emu_device_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
