@@ -1,9 +1,14 @@
-/* test_nccl.c — the NCCL collective backend on one GPU: a one-rank group issued by
- * `--issue-id nccl`'s code in a child process, every collective on CUDA tensors (and the
- * host-memory ones), ordering against the compute stream, binding a non-CUDA device, and
- * a group whose second rank never comes, which must fail by its deadline instead of
- * hanging. Exits 77 (skipped) where no CUDA device is visible. */
+/* test_nccl.c — the NCCL collective backend: a one-rank group issued by `--issue-id nccl`'s
+ * code in a child process, every collective on CUDA tensors (and the host-memory ones),
+ * ordering against the compute stream, binding a non-CUDA device, and a group whose second
+ * rank never comes, which must fail by its deadline instead of hanging. Groups of 2 and 3
+ * rank processes (on the emulated device, or on a GPU per rank) run every collective and
+ * must get the same bits; on the emulator a rank that is killed, aborts or issues another
+ * collective must end its peers with the comm error (exit code 3, an `error` event naming
+ * it) within seconds. Exits 77 (skipped) where no CUDA device is visible. */
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -12,6 +17,7 @@
 #include "base/clock.h"
 #include "worker/comm.h"
 #include "worker/dev.h"
+#include "worker/emit.h"
 
 #define SKIP 77
 
@@ -174,6 +180,374 @@ static void test_absent_rank(const struct comm_id *id)
     fprintf(stderr, "absent rank: after %.1f s: %s\n", took, err.message);
 }
 
+/* ---- groups of rank processes ---- */
+
+#define MAX_W 3
+
+/* What the ranks report to the parent, in a shared mapping. */
+struct shared {
+    uint64_t hash[MAX_W][4]; /* FNV-1a of each all-reduce result */
+    double died_at;          /* when the victim went */
+};
+static struct shared *sh;
+static int victim = -1; /* the rank a fault test picks on */
+
+/* Whether the plugin is the emulated device (the loader's own test of DDPD_CUDA_EMU). */
+static bool emulated(void)
+{
+    const char *e = getenv("DDPD_CUDA_EMU");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+static uint64_t fnv(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Rank-dependent values whose sum depends on the order of addition, so a rank summing in
+ * its own order would show up as different bits. */
+static float val(int rank, int64_t i)
+{
+    uint32_t x = (uint32_t)(i * 2654435761u) ^ (uint32_t)(rank * 40503u + 17u);
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    return ((float)(x & 0xffffff) / 16777216.0f - 0.5f) * (float)(1 << (rank % 3 * 4));
+}
+
+typedef int (*rank_fn)(int rank, int world, struct dev g, struct comm *c);
+
+struct group {
+    int world;
+    int status[MAX_W];     /* waitpid's */
+    double ended[MAX_W];   /* when the parent reaped the rank */
+    char out[MAX_W][2048]; /* what the rank wrote on stdout: its events */
+};
+
+/* One rank's process: its own GPU (the emulator gives each process a device 0; real NCCL
+ * wants a GPU per rank), the group on `id`, then fn. Exits 77 where the machine cannot
+ * hold the group, 1 on a failed check. */
+static _Noreturn void rank_main(int rank, int world, const struct comm_id *id, rank_fn fn)
+{
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+    if (!dev_cuda_available() || (!emulated() && dev_cuda_device_count() < world))
+        exit(SKIP);
+    struct dev g = dev_cuda_new(emulated() ? 0 : rank, false, &err);
+    if (!g.ops) {
+        fprintf(stderr, "rank %d: dev_cuda_new: %s\n", rank, err.message);
+        exit(1);
+    }
+    struct comm *c = comm_new(&comm_nccl_ops, id, rank, world, 30.0, &err);
+    if (!c) {
+        fprintf(stderr, "rank %d: comm_new: %s\n", rank, err.message);
+        exit(1);
+    }
+    CHECK_OK(comm_bind_dev(c, g, &err));
+    int rc = fn(rank, world, g, c);
+    comm_free(c);
+    dev_cuda_free(g);
+    fflush(stderr);
+    exit(rc || check__failures ? 1 : 0); /* exit, not _exit: LeakSanitizer checks the rank */
+}
+
+/* Forks `world` ranks running fn, their stdout into gr->out; returns when all have ended. */
+static void run_group(struct group *gr, int world, const struct comm_id *id, rank_fn fn)
+{
+    pid_t pid[MAX_W];
+    int out[MAX_W];
+    memset(gr, 0, sizeof *gr);
+    gr->world = world;
+    for (int r = 0; r < world; r++) {
+        int p[2];
+        if (pipe(p) < 0)
+            abort();
+        pid[r] = fork();
+        if (pid[r] == 0) {
+            alarm(60); /* a hang is a failure, not a stuck test run */
+            dup2(p[1], STDOUT_FILENO);
+            /* Only stdio: the issuers' stdin must close when the parent says so. */
+            for (int fd = 3; fd < 1024; fd++)
+                close(fd);
+            check__failures = 0; /* the child counts its own */
+            rank_main(r, world, id, fn);
+        }
+        close(p[1]);
+        out[r] = p[0];
+    }
+    for (int left = world; left > 0; left--) {
+        int st = 0;
+        pid_t who = waitpid(-1, &st, 0);
+        for (int r = 0; r < world; r++)
+            if (pid[r] == who) {
+                gr->status[r] = st;
+                gr->ended[r] = base_mono_s();
+            }
+    }
+    for (int r = 0; r < world; r++) {
+        size_t n = 0;
+        ssize_t got;
+        while (n < sizeof gr->out[r] - 1 &&
+               (got = read(out[r], gr->out[r] + n, sizeof gr->out[r] - 1 - n)) > 0)
+            n += (size_t)got;
+        close(out[r]);
+    }
+}
+
+/* 0 when every rank exited 0, 1 when all were skipped (after saying so), else -1. */
+static int group_result(const struct group *gr, const char *what)
+{
+    int ok = 0, skipped = 0;
+    for (int r = 0; r < gr->world; r++) {
+        int st = gr->status[r];
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+            ok++;
+        else if (WIFEXITED(st) && WEXITSTATUS(st) == SKIP)
+            skipped++;
+        else
+            fprintf(stderr, "  %s W=%d: rank %d: %s %d\n", what, gr->world, r,
+                    WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    }
+    if (skipped == gr->world) {
+        fprintf(stderr, "  %s W=%d: skipped (fewer GPUs than ranks)\n", what, gr->world);
+        return 1;
+    }
+    return ok == gr->world ? 0 : -1;
+}
+
+/* The emulator's segment of `id` (emu/nccl.cc names it from bytes 8..23 of the id) must be
+ * gone once every rank has left, however it left. */
+static void check_no_segment(const struct comm_id *id)
+{
+    if (!emulated())
+        return;
+    char path[64] = "/dev/shm/ddpd-nccl-";
+    for (int i = 8; i < 24; i++)
+        snprintf(path + strlen(path), sizeof path - strlen(path), "%02x", id->bytes[i]);
+    CHECK(access(path, F_OK) != 0);
+}
+
+/* Every collective, with all-reduces of several sizes in flight together (the larger ones
+ * pass through the emulator's slots in chunks); the sums' bits go to the parent. */
+static int rank_collectives(int rank, int world, struct dev g, struct comm *c)
+{
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+    static const int64_t sizes[4] = {1, 1000, 100003, (1 << 20) + 3};
+    float *h = malloc((size_t)sizes[3] * sizeof *h), *d[4];
+    struct comm_req *req[4];
+    for (int k = 0; k < 4; k++) {
+        for (int64_t i = 0; i < sizes[k]; i++)
+            h[i] = val(rank, i);
+        d[k] = g.ops->alloc(g.ctx, (size_t)sizes[k] * sizeof *h);
+        g.ops->to_device(g.ctx, d[k], h, (size_t)sizes[k] * sizeof *h);
+    }
+    for (int k = 0; k < 4; k++)
+        CHECK_OK(comm_allreduce_start(c, d[k], sizes[k], &req[k], &err));
+    for (int k = 0; k < 4; k++)
+        CHECK_OK(comm_wait(c, req[k], &err));
+    for (int k = 0; k < 4; k++) {
+        g.ops->to_host(g.ctx, h, d[k], (size_t)sizes[k] * sizeof *h);
+        sh->hash[rank][k] = fnv(h, (size_t)sizes[k] * sizeof *h);
+        int bad = 0;
+        for (int64_t i = 0; i < sizes[k]; i++) {
+            double want = 0, mag = 0;
+            for (int q = 0; q < world; q++) {
+                want += val(q, i);
+                mag += fabs(val(q, i));
+            }
+            bad += !(fabs(h[i] - want) <= 1e-6 * mag + 1e-30);
+        }
+        CHECK_EQ_INT(bad, 0);
+        g.ops->free(g.ctx, d[k]);
+    }
+    /* A device broadcast from every root, one byte and a large one. */
+    const size_t big = (1 << 20) + 5;
+    unsigned char *hb = malloc(big), *db = g.ops->alloc(g.ctx, big);
+    for (int root = 0; root < world; root++)
+        for (size_t n = 1; n <= big; n += big - 1) {
+            for (size_t i = 0; i < n; i++)
+                hb[i] = (unsigned char)(rank == root ? i * 7 + (size_t)root : 0xee);
+            g.ops->to_device(g.ctx, db, hb, n);
+            CHECK_OK(comm_broadcast(c, db, n, root, &err));
+            g.ops->to_host(g.ctx, hb, db, n);
+            int bad = 0;
+            for (size_t i = 0; i < n; i++)
+                bad += hb[i] != (unsigned char)(i * 7 + (size_t)root);
+            CHECK_EQ_INT(bad, 0);
+        }
+    /* Host-memory all-gathers: one value, and more than a slot per rank. */
+    int64_t mine = 1000 + rank, all[MAX_W] = {0};
+    CHECK_OK(comm_allgather(c, &mine, sizeof mine, all, &err));
+    for (int q = 0; q < world; q++)
+        CHECK_EQ_INT(all[q], 1000 + q);
+    const size_t part = 300001;
+    unsigned char *in = malloc(part), *gathered = malloc(part * (size_t)world);
+    for (size_t i = 0; i < part; i++)
+        in[i] = (unsigned char)(i * 13 + (size_t)rank);
+    CHECK_OK(comm_allgather(c, in, part, gathered, &err));
+    int bad = 0;
+    for (int q = 0; q < world; q++)
+        for (size_t i = 0; i < part; i++)
+            bad += gathered[(size_t)q * part + i] != (unsigned char)(i * 13 + (size_t)q);
+    CHECK_EQ_INT(bad, 0);
+    int64_t v[3] = {rank, -rank, (int64_t)rank << 40};
+    CHECK_OK(comm_allreduce_max_i64(c, v, 3, &err));
+    CHECK(v[0] == world - 1 && v[1] == 0 && v[2] == (int64_t)(world - 1) << 40);
+    CHECK_OK(comm_barrier(c, &err));
+    g.ops->free(g.ctx, db);
+    free(hb);
+    free(in);
+    free(gathered);
+    free(h);
+    return 0;
+}
+
+static void test_group_collectives(int world, const struct comm_id *id)
+{
+    struct group gr;
+    memset(sh, 0, sizeof *sh);
+    run_group(&gr, world, id, rank_collectives);
+    int rc = group_result(&gr, "collectives");
+    CHECK(rc >= 0);
+    if (rc != 0)
+        return;
+    for (int r = 1; r < world; r++)
+        for (int k = 0; k < 4; k++)
+            CHECK(sh->hash[r][k] == sh->hash[0][k]); /* the same bits on every rank */
+    check_no_segment(id);
+    fprintf(stderr, "  collectives W=%d: ok\n", world);
+}
+
+/* A failed call ends the rank as worker/main.c ends it: abort, then the error event and
+ * its exit code. (The watchdog may be ending it at the same moment.) */
+#define OR_DIE(call)                                                                                         \
+    do {                                                                                                     \
+        if ((call) != DDPD_OK) {                                                                             \
+            comm_abort(c);                                                                                   \
+            emit_die(&err);                                                                                  \
+        }                                                                                                    \
+    } while (0)
+
+/* All-reduces, each waited for through the compute stream, until the victim goes: it is
+ * SIGKILLed with a large all-reduce in flight (the OOM killer), or aborts its
+ * communicator (a cancelled rank) and leaves. The others never see their sum: their
+ * watchdog ends them. */
+static bool victim_aborts;
+static int rank_loses_peer(int rank, int world, struct dev g, struct comm *c)
+{
+    (void)world;
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+    const int64_t n = 1 << 22;
+    float *d = g.ops->alloc(g.ctx, (size_t)n * sizeof *d), first;
+    g.ops->fill(g.ctx, d, 1.0f, n);
+    for (int it = 0; it < 100; it++) {
+        struct comm_req *req;
+        if (rank == victim && it == 3) {
+            sh->died_at = base_mono_s();
+            if (victim_aborts) {
+                comm_abort(c);
+                g.ops->free(g.ctx, d);
+                return 0;
+            }
+            OR_DIE(comm_allreduce_start(c, d, n, &req, &err));
+            struct timespec t = {0, 2 * 1000 * 1000};
+            nanosleep(&t, NULL);
+            sh->died_at = base_mono_s();
+            kill(getpid(), SIGKILL);
+        }
+        OR_DIE(comm_allreduce_start(c, d, n, &req, &err));
+        OR_DIE(comm_wait(c, req, &err));
+        g.ops->to_host(g.ctx, &first, d, sizeof first);
+    }
+    fprintf(stderr, "rank %d: the victim's end was never seen\n", rank);
+    return 1;
+}
+
+/* Rank 0 all-reduces 10 floats while rank 1 broadcasts 40 bytes. */
+static int rank_mismatch(int rank, int world, struct dev g, struct comm *c)
+{
+    (void)world;
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+    float *d = g.ops->alloc(g.ctx, 10 * sizeof *d), first;
+    struct comm_req *req;
+    if (rank == 0) {
+        OR_DIE(comm_allreduce_start(c, d, 10, &req, &err));
+        OR_DIE(comm_wait(c, req, &err));
+        g.ops->to_host(g.ctx, &first, d, sizeof first);
+    } else {
+        OR_DIE(comm_broadcast(c, d, 40, 0, &err));
+    }
+    fprintf(stderr, "rank %d: the mismatch was never seen\n", rank);
+    return 1;
+}
+
+/* The ranks in `failed` must end with the comm exit code and an `error` event holding
+ * `needle` (and the victim's rank, when there is one), within a few seconds. */
+static void check_failed_group(const struct group *gr, const char *what, const char *needle)
+{
+    for (int r = 0; r < gr->world; r++) {
+        if (r == victim)
+            continue;
+        double took = gr->ended[r] - sh->died_at;
+        int st = gr->status[r];
+        fprintf(stderr, "  %s W=%d: rank %d ended after %.2f s with %s %d: %s", what, gr->world, r, took,
+                WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st),
+                gr->out[r]);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 3);
+        CHECK(strstr(gr->out[r], "\"error\"") != NULL);
+        CHECK(strstr(gr->out[r], needle) != NULL);
+        if (victim >= 0) {
+            char who[32];
+            snprintf(who, sizeof who, "rank %d (pid", victim);
+            CHECK(strstr(gr->out[r], who) != NULL);
+            CHECK(took < 5.0); /* seen, not waited out (the deadline is 30 s) */
+        }
+    }
+}
+
+static void test_group_fault(int world, int who, bool aborts, const struct comm_id *id)
+{
+    struct group gr;
+    memset(sh, 0, sizeof *sh);
+    victim = who;
+    victim_aborts = aborts;
+    run_group(&gr, world, id, rank_loses_peer);
+    if (group_result(&gr, "fault") == 1)
+        return;
+    if (aborts)
+        CHECK(WIFEXITED(gr.status[who]) && WEXITSTATUS(gr.status[who]) == 0);
+    else
+        CHECK(WIFSIGNALED(gr.status[who]) && WTERMSIG(gr.status[who]) == SIGKILL);
+    check_failed_group(&gr, aborts ? "rank aborts" : "rank killed",
+                       aborts ? "aborted its communicator" : "is gone");
+    check_no_segment(id);
+    victim = -1;
+}
+
+static void test_group_mismatch(const struct comm_id *id)
+{
+    struct group gr;
+    memset(sh, 0, sizeof *sh);
+    victim = -1;
+    sh->died_at = base_mono_s();
+    run_group(&gr, 2, id, rank_mismatch);
+    if (group_result(&gr, "mismatch") == 1)
+        return;
+    check_failed_group(&gr, "mismatch", "the ranks' collectives differ");
+    for (int r = 0; r < 2; r++) {
+        CHECK(strstr(gr.out[r], "ncclAllReduce #1 of 10 x float (sum)") != NULL);
+        CHECK(strstr(gr.out[r], "ncclBroadcast #1 of 40 x int8 from rank 0") != NULL);
+    }
+    check_no_segment(id);
+}
+
 int main(void)
 {
 #ifndef DDPD_HAVE_CUDA
@@ -185,16 +559,30 @@ int main(void)
     fprintf(stderr, "built without NCCL: skipped\n");
     return check__failures ? 1 : SKIP;
 #endif
-    /* Ids first: the issuers are forked before this process starts CUDA. */
-    struct issuer is[4];
-    for (int i = 0; i < 4; i++)
+    /* Ids first: the issuers are forked before this process starts CUDA, and so are the
+     * groups' ranks, which start their own. */
+    enum { NIDS = 10 };
+    struct issuer is[NIDS];
+    for (int i = 0; i < NIDS; i++)
         if (issuer_start(&is[i]) != 0) {
             fprintf(stderr, "--issue-id nccl printed no id\n");
             return 1;
         }
     CHECK(memcmp(&is[0].id, &is[1].id, sizeof is[0].id) != 0); /* fresh per call */
+    sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED)
+        return 1;
+    test_group_collectives(2, &is[4].id);
+    test_group_collectives(3, &is[5].id);
+    if (emulated()) {
+        /* Real NCCL may only time out on a lost peer; the emulator names it. */
+        test_group_fault(2, 1, false, &is[6].id);
+        test_group_fault(3, 1, false, &is[7].id);
+        test_group_fault(3, 2, true, &is[8].id);
+        test_group_mismatch(&is[9].id);
+    }
     if (!dev_cuda_available()) {
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < NIDS; i++)
             issuer_stop(&is[i]);
         fprintf(stderr, "no CUDA device visible: skipped\n");
         return SKIP;
@@ -209,7 +597,7 @@ int main(void)
     test_collectives(g, &is[1].id);
     test_bind_cpu(&is[2].id);
     test_absent_rank(&is[3].id);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < NIDS; i++)
         CHECK_EQ_INT(issuer_stop(&is[i]), 0);
     dev_cuda_free(g);
     CHECK_DONE();
