@@ -73,7 +73,7 @@ struct alignas(128) ShmRank {
 
 /* The segment: zero-filled by ftruncate, so every word starts at 0. */
 struct ShmSeg {
-    A32 state;  /* SegState: initialised exactly once, closed by the last rank to leave */
+    A32 state;  /* SegState: initialised once, closed (unlinked) when all have joined or left */
     A32 bell;   /* bumped after every change below; waiters sleep on it */
     A32 nranks; /* set by the initialiser */
     A32 joined; /* ranks that have ever joined: only grows */
@@ -619,7 +619,7 @@ ncclResult_t attach(ncclComm *c, const IdBody &id)
     if (st == SEG_INIT)
         return fail(nullptr, ncclSystemError, "ncclCommInitRank: %s was never initialised", c->name);
     if (st == SEG_CLOSED)
-        return fail(nullptr, ncclInvalidUsage, "ncclCommInitRank: the group of this id has ended already");
+        return fail(nullptr, ncclInvalidUsage, "ncclCommInitRank: the group of this id is complete already");
     if (s->nranks.load() != (uint32_t)c->world)
         return fail(nullptr, ncclInvalidArgument,
                     "ncclCommInitRank: rank %d was given nranks %d, but the group of this id has %u", c->rank,
@@ -631,13 +631,19 @@ ncclResult_t attach(ncclComm *c, const IdBody &id)
     me.pid.store((uint32_t)getpid());
     me.start.store(proc_start((uint32_t)getpid()));
     me.state.store(RANK_JOINED);
-    s->joined.fetch_add(1);
+    /* Once every rank has the segment mapped, its name has served: unlinking it now leaves
+     * nothing behind however the ranks end (killed, or exiting mid-abort). */
+    uint32_t ready = SEG_READY;
+    if (s->joined.fetch_add(1) + 1 == (uint32_t)c->world &&
+        s->state.compare_exchange_strong(ready, SEG_CLOSED))
+        shm_unlink(c->name);
     ring(s);
     return ncclSuccess;
 }
 
 /* Ends this rank's part: wakes its collective (which returns), tells the peers `how` it
- * left, and unlinks the segment when no peer is left in it. Once per communicator. */
+ * left, and unlinks the segment of a group that never formed when no peer is left in it.
+ * Once per communicator. */
 void leave(ncclComm *c, RankState how)
 {
     if (c->stop.exchange(true) || !c->seg)
