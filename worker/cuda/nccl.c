@@ -553,6 +553,30 @@ static void free_works(struct work *w)
     }
 }
 
+/* Waits for everything queued on the comm stream, within the deadline, watching the
+ * asynchronous error as the watchdog does (it has stopped by now): a peer lost while the
+ * last collective is in flight must not hang a clean end, since comm_wait leaves that
+ * collective to the streams and NCCL's kernel then waits until an abort. */
+static ddpd_err drain(struct nccl *c)
+{
+    const char *what = "draining the comm stream";
+    const double until = base_mono_s() + c->timeout_s;
+    for (;;) {
+        cudaError_t q = cudaStreamQuery(c->stream);
+        if (q == cudaSuccess)
+            return DDPD_OK;
+        if (q != cudaErrorNotReady)
+            return cuda_fail(c, q, what);
+        ncclResult_t async = ncclSuccess;
+        if (ncclCommGetAsyncError(c->comm, &async) == ncclSuccess && async != ncclSuccess &&
+            async != ncclInProgress)
+            return nccl_fail(c, async, what);
+        if (base_mono_s() > until)
+            return fail(c, "nccl: %s: %s", what, "not done by the deadline");
+        base_sleep_s(WATCH_BUSY_MS / 1000.0);
+    }
+}
+
 static void nc_free(void *ctx)
 {
     struct nccl *c = ctx;
@@ -569,8 +593,7 @@ static void nc_free(void *ctx)
         abort_bounded(c); /* never ncclCommDestroy after a failure */
     } else if (!atomic_load(&c->aborted)) {
         /* A clean end: flush what was issued, then release. Both may be in progress. */
-        cudaStreamSynchronize(c->stream);
-        if (settle(c, ncclCommFinalize(c->comm), "ncclCommFinalize") == DDPD_OK)
+        if (drain(c) == DDPD_OK && settle(c, ncclCommFinalize(c->comm), "ncclCommFinalize") == DDPD_OK)
             ncclCommDestroy(c->comm);
         else
             abort_bounded(c);

@@ -488,6 +488,45 @@ static int rank_mismatch(int rank, int world, struct dev g, struct comm *c)
     return 1;
 }
 
+/* Rank 0 leaves its last all-reduce in flight (comm_wait does not block the host) and
+ * frees the communicator; rank 1 ends cleanly without it, a moment later. Rank 0's clean
+ * end must see its peer go rather than wait for the collective forever. */
+static int rank_ends_early(int rank, int world, struct dev g, struct comm *c)
+{
+    (void)world;
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+    float *d = g.ops->alloc(g.ctx, 1000 * sizeof *d);
+    if (rank == 0) {
+        struct comm_req *req;
+        CHECK_OK(comm_allreduce_start(c, d, 1000, &req, &err));
+        CHECK_OK(comm_wait(c, req, &err));
+    } else {
+        struct timespec t = {0, 300 * 1000 * 1000};
+        nanosleep(&t, NULL);
+    }
+    sh->died_at = base_mono_s();
+    return 0; /* rank_main frees the communicator, then the device and its buffers */
+}
+
+static void test_group_early_end(const struct comm_id *id)
+{
+    struct group gr;
+    memset(sh, 0, sizeof *sh);
+    run_group(&gr, 2, id, rank_ends_early);
+    if (group_result(&gr, "early end") == 1)
+        return;
+    CHECK(WIFEXITED(gr.status[1]) && WEXITSTATUS(gr.status[1]) == 0);
+    /* Rank 0 frees its comm cleanly (exit 0), or its watchdog saw the peer first (3). */
+    int st = gr.status[0];
+    CHECK(WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 3));
+    fprintf(stderr, "  early end: rank 0 ended %.2f s after rank 1 left, with %s %d\n",
+            gr.ended[0] - sh->died_at, WIFEXITED(st) ? "exit" : "signal",
+            WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    CHECK(gr.ended[0] - sh->died_at < 5.0);
+    check_no_segment(id);
+}
+
 /* The ranks in `failed` must end with the comm exit code and an `error` event holding
  * `needle` (and the victim's rank, when there is one), within a few seconds. */
 static void check_failed_group(const struct group *gr, const char *what, const char *needle)
@@ -561,7 +600,7 @@ int main(void)
 #endif
     /* Ids first: the issuers are forked before this process starts CUDA, and so are the
      * groups' ranks, which start their own. */
-    enum { NIDS = 10 };
+    enum { NIDS = 11 };
     struct issuer is[NIDS];
     for (int i = 0; i < NIDS; i++)
         if (issuer_start(&is[i]) != 0) {
@@ -580,6 +619,7 @@ int main(void)
         test_group_fault(3, 1, false, &is[7].id);
         test_group_fault(3, 2, true, &is[8].id);
         test_group_mismatch(&is[9].id);
+        test_group_early_end(&is[10].id);
     }
     if (!dev_cuda_available()) {
         for (int i = 0; i < NIDS; i++)
