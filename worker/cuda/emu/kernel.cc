@@ -31,8 +31,8 @@
 namespace emu
 {
 
-thread_local thread_view *cur_thread;
-thread_local block_view *cur_block;
+__thread thread_view *cur_thread;
+__thread block_view *cur_block;
 
 /* ---- the context switch ----
  * x86-64: the callee-saved registers, the SSE and x87 control words and the stack pointer,
