@@ -349,13 +349,13 @@ static bool exited(const outcome &o, int code)
     return WIFEXITED(o.status) && WEXITSTATUS(o.status) == code;
 }
 
-/* Ended by SIGSEGV: the default action, or AddressSanitizer's report of it in a sanitizer
- * build (the emulator's handler passes the fault on to the handler it found). */
+/* Ended by SIGSEGV: the default action, or a sanitizer's report of it in a sanitizer build
+ * (the emulator's handler passes the fault on to the handler it found). */
 static bool faulted(const outcome &o)
 {
     return (WIFSIGNALED(o.status) && WTERMSIG(o.status) == SIGSEGV) ||
            (WIFEXITED(o.status) && WEXITSTATUS(o.status) != 0 &&
-            o.err.find("AddressSanitizer: SEGV") != std::string::npos);
+            o.err.find("Sanitizer: SEGV") != std::string::npos);
 }
 
 static bool says(const outcome &o, const char *text)
