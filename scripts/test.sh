@@ -26,7 +26,7 @@ fi | xargs clang-format --dry-run --Werror
 
 echo "== build (build/)"
 cmake -S . -B build -DDDPD_WERROR=ON >build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
-grep -A8 'ddpd configuration' build-configure.log || true
+grep -A9 "ddpd configuration" build-configure.log || true
 cmake --build build -j"$jobs"
 
 # The browser test's playwright-core, from tests/browser/package-lock.json.
