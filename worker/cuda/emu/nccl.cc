@@ -9,7 +9,6 @@
 #include <condition_variable>
 #include <mutex>
 #include <type_traits>
-#include <vector>
 
 #include <cerrno>
 #include <climits>
@@ -237,8 +236,9 @@ std::mutex g_mu;
 char g_last[512];
 /* Aborted communicators are never freed: NCCL's abort may race with the calls of other
  * threads (nccl.c's watchdog aborts while the main thread may be in a call), which then
- * find an aborted comm rather than freed memory. Reachable here, so no leak report. */
-std::vector<ncclComm *> g_graveyard;
+ * find an aborted comm rather than freed memory. Reachable from here, so no leak report;
+ * a plain list, which exit() does not destroy under a thread still pushing onto it. */
+ncclComm *g_graveyard;
 thread_local int t_group_depth;
 
 } // namespace
@@ -258,6 +258,7 @@ struct ncclComm {
     uint32_t step = 0;               /* steps run; under run_mu */
     double next_live_run = 0, next_live_join = 0;
     char async_text[512] = "", last_text[512] = "";
+    ncclComm *next_dead = nullptr; /* g_graveyard's list; under g_mu */
 };
 
 namespace
@@ -641,13 +642,20 @@ ncclResult_t attach(ncclComm *c, const IdBody &id)
     return ncclSuccess;
 }
 
+void bury(ncclComm *c)
+{
+    std::lock_guard<std::mutex> g(g_mu);
+    c->next_dead = g_graveyard;
+    g_graveyard = c;
+}
+
 /* Ends this rank's part: wakes its collective (which returns), tells the peers `how` it
  * left, and unlinks the segment of a group that never formed when no peer is left in it.
- * Once per communicator. */
-void leave(ncclComm *c, RankState how)
+ * True for the one call that did it. */
+bool leave(ncclComm *c, RankState how)
 {
     if (c->stop.exchange(true) || !c->seg)
-        return;
+        return false;
     ShmSeg *s = c->seg;
     ring(s);
     std::lock_guard<std::mutex> run(c->run_mu);
@@ -666,6 +674,7 @@ void leave(ncclComm *c, RankState how)
         shm_unlink(c->name);
     munmap(s, sizeof(ShmSeg));
     c->seg = nullptr;
+    return true;
 }
 
 } // namespace
@@ -804,7 +813,9 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
     if (!comm)
         return ncclSuccess;
-    leave(comm, RANK_LEFT);
+    if (!leave(comm, RANK_LEFT))
+        return fail(comm, ncclInvalidUsage,
+                    "ncclCommDestroy: the communicator was aborted or destroyed already");
     bool busy;
     {
         std::lock_guard<std::mutex> g(comm->mu);
@@ -812,8 +823,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
     }
     if (busy) {
         /* Queued work still names it (and returns at once): keep it like an aborted one. */
-        std::lock_guard<std::mutex> g(g_mu);
-        g_graveyard.push_back(comm);
+        bury(comm);
     } else {
         delete comm;
     }
@@ -824,11 +834,8 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
     if (!comm)
         return ncclSuccess;
-    if (comm->stop.load())
-        return ncclSuccess;
-    leave(comm, RANK_ABORTED);
-    std::lock_guard<std::mutex> g(g_mu);
-    g_graveyard.push_back(comm);
+    if (leave(comm, RANK_ABORTED))
+        bury(comm);
     return ncclSuccess;
 }
 
