@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../../base/clock.h"
 #include "../emit.h"
@@ -55,9 +56,35 @@ struct nccl {
     bool stop;
     atomic_bool failed; /* set once; every later call fails fast */
     atomic_bool aborted;
+    atomic_int reporter; /* who reports the failure: enum reporter */
     char err[512];
     ddpd_err code; /* the first failure's: DDPD_EDEVICE for CUDA's, DDPD_ECOMM otherwise */
 };
+
+/* A failure is reported once: by the watchdog, which ends the worker itself, or by the
+ * caller, to whom the table's functions return it (worker/main.c then aborts and exits).
+ * Not both: the watchdog's abort sets the caller's streams going again, and its next call
+ * would report the same failure while the watchdog does, two `error` events and two
+ * exits racing in emit.c. */
+enum reporter { REPORTER_NONE, REPORTER_CALLER, REPORTER_WATCHDOG };
+
+static bool watchdog_claims(struct nccl *c)
+{
+    int none = REPORTER_NONE;
+    return atomic_compare_exchange_strong(&c->reporter, &none, REPORTER_WATCHDOG);
+}
+
+/* What a table function returns: `rc`, unless the watchdog is ending the worker with the
+ * failure, when the caller waits here for the exit (bounded by ABORT_S) instead. */
+static ddpd_err handoff(struct nccl *c, ddpd_err rc)
+{
+    int none = REPORTER_NONE;
+    if (rc == DDPD_OK || atomic_compare_exchange_strong(&c->reporter, &none, REPORTER_CALLER) ||
+        none == REPORTER_CALLER)
+        return rc;
+    for (;;)
+        pause();
+}
 
 /* The code of the failure recorded; DDPD_ECOMM when there is none (nc_abort sets
  * c->failed without one). */
@@ -182,6 +209,8 @@ static void *watchdog_main(void *arg)
                 char what[128];
                 snprintf(what, sizeof what, "%s", w->what);
                 pthread_mutex_unlock(&c->mu);
+                if (!watchdog_claims(c))
+                    return NULL; /* the caller has failed and reports it */
                 if (q != cudaErrorNotReady)
                     cuda_fail(c, q, what);
                 else {
@@ -197,6 +226,8 @@ static void *watchdog_main(void *arg)
         if (ncclCommGetAsyncError(c->comm, &async) == ncclSuccess && async != ncclSuccess &&
             async != ncclInProgress) {
             pthread_mutex_unlock(&c->mu);
+            if (!watchdog_claims(c))
+                return NULL;
             nccl_fail(c, async, "asynchronous error");
             watchdog_fatal(c);
         }
@@ -409,7 +440,7 @@ static ddpd_err nc_allreduce_start(void *ctx, float *buf, int64_t n, struct comm
         rc = watch(c, what, true, &w);
     if (!rc)
         *req = (struct comm_req *)w;
-    return rc;
+    return handoff(c, rc);
 }
 
 /* The optimizer (and anything later on the compute stream) waits for the sum; the host
@@ -423,8 +454,8 @@ static ddpd_err nc_wait(void *ctx, struct comm_req *req)
     work_release_locked(c, w);
     pthread_mutex_unlock(&c->mu);
     if (e != cudaSuccess)
-        return cuda_fail(c, e, "waiting for an all-reduce");
-    return atomic_load(&c->failed) ? failed_code(c) : DDPD_OK;
+        return handoff(c, cuda_fail(c, e, "waiting for an all-reduce"));
+    return handoff(c, atomic_load(&c->failed) ? failed_code(c) : DDPD_OK);
 }
 
 static ddpd_err nc_broadcast(void *ctx, void *buf, size_t bytes, int root)
@@ -442,7 +473,7 @@ static ddpd_err nc_broadcast(void *ctx, void *buf, size_t bytes, int root)
         rc = watch(c, what, true, &w);
     if (!rc)
         rc = finish(c, w);
-    return rc;
+    return handoff(c, rc);
 }
 
 /* Device and pinned host staging of at least `bytes` for host-memory collectives. */
@@ -510,8 +541,8 @@ static ddpd_err nc_allgather(void *ctx, const void *in, size_t bytes, void *out)
     struct nccl *c = ctx;
     /* In place: rank r's contribution sits where the gathered array keeps it. */
     struct gather_arg g = {bytes, (size_t)c->rank * bytes};
-    return host_collective(c, "all-gather", in, bytes, g.at, out, bytes * (size_t)c->world, run_allgather,
-                           &g);
+    return handoff(c, host_collective(c, "all-gather", in, bytes, g.at, out, bytes * (size_t)c->world,
+                                      run_allgather, &g));
 }
 
 static ncclResult_t run_max(struct nccl *c, void *arg)
@@ -526,13 +557,14 @@ static ddpd_err nc_allreduce_max_i64(void *ctx, int64_t *v, int n)
     size_t count = n > 0 ? (size_t)n : 0;
     if (!count)
         return DDPD_OK;
-    return host_collective(c, "max all-reduce", v, count * sizeof *v, 0, v, count * sizeof *v, run_max,
-                           &count);
+    return handoff(c, host_collective(c, "max all-reduce", v, count * sizeof *v, 0, v, count * sizeof *v,
+                                      run_max, &count));
 }
 
 static void nc_abort(void *ctx)
 {
     struct nccl *c = ctx;
+    handoff(c, DDPD_ECOMM); /* the caller reports why it aborts, unless the watchdog does */
     atomic_store(&c->failed, true);
     abort_bounded(c);
 }
