@@ -443,7 +443,7 @@ static int rank_loses_peer(int rank, int world, struct dev g, struct comm *c)
     (void)world;
     struct ddpd_error err;
     ddpd_error_clear(&err);
-    const int64_t n = 1 << 22;
+    const int64_t n = 1 << 20; /* 16 steps through the emulator's slots */
     float *d = g.ops->alloc(g.ctx, (size_t)n * sizeof *d), first;
     g.ops->fill(g.ctx, d, 1.0f, n);
     for (int it = 0; it < 100; it++) {

@@ -201,9 +201,20 @@ template <class T> T reduce_one(uint32_t op, T a, T b)
 }
 
 /* out[0..n) = slot[0] op slot[1] op ... op slot[W-1], each read at byte `at`: the same
- * order on every rank, hence the same bits. */
+ * order on every rank, hence the same bits. NCCL takes buffers at any address: one that T
+ * cannot be loaded from directly is reduced in a bounce buffer. */
 template <class T> void reduce_slots(void *out, const ShmSeg *s, int world, size_t at, size_t n, uint32_t op)
 {
+    constexpr size_t kBounce = 4096 / sizeof(T);
+    if ((uintptr_t)out % alignof(T) != 0) {
+        T tmp[kBounce];
+        for (size_t i = 0; i < n; i += kBounce) {
+            size_t m = n - i < kBounce ? n - i : kBounce;
+            reduce_slots<T>(tmp, s, world, at + i * sizeof(T), m, op);
+            memcpy(static_cast<unsigned char *>(out) + i * sizeof(T), tmp, m * sizeof(T));
+        }
+        return;
+    }
     T *o = static_cast<T *>(out);
     memcpy(o, s->slot[0] + at, n * sizeof(T));
     for (int q = 1; q < world; q++) {
