@@ -346,8 +346,11 @@ static int rank_collectives(int rank, int world, struct dev g, struct comm *c)
         d[k] = g.ops->alloc(g.ctx, (size_t)sizes[k] * sizeof *h);
         g.ops->to_device(g.ctx, d[k], h, (size_t)sizes[k] * sizeof *h);
     }
+    struct comm_req *empty;
+    CHECK_OK(comm_allreduce_start(c, d[0], 0, &empty, &err)); /* a step of its own all the same */
     for (int k = 0; k < 4; k++)
         CHECK_OK(comm_allreduce_start(c, d[k], sizes[k], &req[k], &err));
+    CHECK_OK(comm_wait(c, empty, &err));
     for (int k = 0; k < 4; k++)
         CHECK_OK(comm_wait(c, req[k], &err));
     for (int k = 0; k < 4; k++) {

@@ -388,20 +388,64 @@ bool wait_all(ncclComm *c, A32 ShmRank::*field, uint32_t want, const Desc &d)
     }
 }
 
-/* One step of a collective, taken by every rank in the same order: `post` fills this
- * rank's slot, every rank's slot is full (and the collectives are checked to be the same
- * call), `take` reads the slots, and the step ends when every rank has read them, so
- * that the next step may fill them again. False when the collective must stop. */
-template <class Post, class Take> bool step(ncclComm *c, const Desc &d, Post post, Take take)
+struct Work {
+    ncclComm *c;
+    Desc d;
+    const unsigned char *send;
+    unsigned char *recv;
+};
+
+/* This rank's part of units [off, off + n) of a collective into its slot; `per` units fill
+ * a slot (a reduce-scatter's slot holds `per` of every rank's part). */
+void post(const Work &w, size_t off, size_t n, size_t per, unsigned char *slot)
 {
+    const Desc &d = w.d;
+    const size_t es = dtype_size(d.dtype);
+    if (n == 0 || (d.kind == KIND_BROADCAST && w.c->rank != d.root))
+        return;
+    if (d.kind == KIND_REDUCESCATTER)
+        for (int q = 0; q < w.c->world; q++)
+            memcpy(slot + (size_t)q * per * es, w.send + ((size_t)q * d.count + off) * es, n * es);
+    else if (d.kind == KIND_ALLREDUCE)
+        memcpy(slot, w.send + off * es, n * es);
+    else
+        memcpy(slot, w.send + off, n); /* broadcast and all-gather count bytes */
+}
+
+/* Units [off, off + n) of the result, from every rank's slot. */
+void take(const Work &w, size_t off, size_t n, size_t per, const ShmSeg *s)
+{
+    const Desc &d = w.d;
+    const size_t es = dtype_size(d.dtype);
+    if (n == 0)
+        return;
+    if (d.kind == KIND_ALLREDUCE)
+        reduce_any(d.dtype, w.recv + off * es, s, w.c->world, 0, n, d.op);
+    else if (d.kind == KIND_REDUCESCATTER)
+        reduce_any(d.dtype, w.recv + off * es, s, w.c->world, (size_t)w.c->rank * per * es, n, d.op);
+    else if (d.kind == KIND_BROADCAST)
+        memcpy(w.recv + off, s->slot[d.root], n);
+    else /* in place, this rank's part of recv is its send: copied to its slot already */
+        for (int q = 0; q < w.c->world; q++)
+            memcpy(w.recv + (size_t)q * d.count * es + off, s->slot[q], n);
+}
+
+/* One step of a collective, taken by every rank in the same order: each rank fills its
+ * slot, every rank's slot is full (and the collectives are checked to be the same call),
+ * each reads the slots, and the step ends when every rank has read them, so that the
+ * next step may fill them again. False when the collective must stop. */
+bool step(const Work &w, size_t off, size_t n, size_t per)
+{
+    ncclComm *c = w.c;
+    const Desc &d = w.d;
     ShmSeg *s = c->seg;
     ShmRank &me = s->rank[c->rank];
-    uint32_t n = ++c->step;
-    post(s->slot[c->rank]);
+    uint32_t k = ++c->step;
+    post(w, off, n, per, s->slot[c->rank]);
     me.desc = d;
-    me.ready.store(n, std::memory_order_release);
+    me.ready.store(k, std::memory_order_release);
     ring(s);
-    if (!wait_all(c, &ShmRank::ready, n, d))
+    if (!wait_all(c, &ShmRank::ready, k, d))
         return false;
     for (int q = 0; q < c->world; q++) {
         const Desc &o = s->rank[q].desc;
@@ -420,24 +464,17 @@ template <class Post, class Take> bool step(ncclComm *c, const Desc &d, Post pos
             return false;
         }
     }
-    take(s);
-    me.done.store(n, std::memory_order_release);
+    take(w, off, n, per, s);
+    me.done.store(k, std::memory_order_release);
     ring(s);
-    return wait_all(c, &ShmRank::done, n, d);
+    return wait_all(c, &ShmRank::done, k, d);
 }
 
-struct Work {
-    ncclComm *c;
-    Desc d;
-    const unsigned char *send;
-    unsigned char *recv;
-};
-
+/* A collective on its stream's thread, in steps of at most a slot. */
 void run_work(void *arg)
 {
-    Work *w = static_cast<Work *>(arg);
-    ncclComm *c = w->c;
-    const Desc &d = w->d;
+    const Work &w = *static_cast<Work *>(arg);
+    ncclComm *c = w.c;
     std::lock_guard<std::mutex> run(c->run_mu);
     if (c->stop.load() || !c->seg)
         return;
@@ -445,65 +482,21 @@ void run_work(void *arg)
         park(c);
         return;
     }
-    const int world = c->world, me = c->rank;
+    /* Broadcasts and all-gathers move bytes, reductions whole elements. */
+    const Desc &d = w.d;
     const size_t es = dtype_size(d.dtype);
-    const unsigned char *send = w->send;
-    unsigned char *recv = w->recv;
-    switch (d.kind) {
-    case KIND_ALLREDUCE:
-        for (size_t off = 0, per = kSlotBytes / es; off < d.count; off += per) {
-            size_t n = d.count - off < per ? d.count - off : per;
-            if (!step(
-                    c, d, [&](unsigned char *slot) { memcpy(slot, send + off * es, n * es); },
-                    [&](const ShmSeg *s) { reduce_any(d.dtype, recv + off * es, s, world, 0, n, d.op); }))
-                return;
-        }
-        break;
-    case KIND_BROADCAST:
-        for (size_t off = 0, bytes = d.count * es; off < bytes; off += kSlotBytes) {
-            size_t n = bytes - off < kSlotBytes ? bytes - off : kSlotBytes;
-            if (!step(
-                    c, d,
-                    [&](unsigned char *slot) {
-                        if (me == d.root)
-                            memcpy(slot, send + off, n);
-                    },
-                    [&](const ShmSeg *s) { memcpy(recv + off, s->slot[d.root], n); }))
-                return;
-        }
-        break;
-    case KIND_ALLGATHER:
-        /* In place, this rank's part of recv is send: it was copied to the slot first. */
-        for (size_t off = 0, bytes = d.count * es; off < bytes; off += kSlotBytes) {
-            size_t n = bytes - off < kSlotBytes ? bytes - off : kSlotBytes;
-            if (!step(
-                    c, d, [&](unsigned char *slot) { memcpy(slot, send + off, n); },
-                    [&](const ShmSeg *s) {
-                        for (int q = 0; q < world; q++)
-                            memcpy(recv + (size_t)q * bytes + off, s->slot[q], n);
-                    }))
-                return;
-        }
-        break;
-    case KIND_REDUCESCATTER:
-        /* Each slot holds a chunk of every rank's part: [W][per] elements. */
-        for (size_t off = 0, per = kSlotBytes / (size_t)world / es; off < d.count; off += per) {
-            size_t n = d.count - off < per ? d.count - off : per;
-            if (!step(
-                    c, d,
-                    [&](unsigned char *slot) {
-                        for (int q = 0; q < world; q++)
-                            memcpy(slot + (size_t)q * per * es, send + ((size_t)q * d.count + off) * es,
-                                   n * es);
-                    },
-                    [&](const ShmSeg *s) {
-                        reduce_any(d.dtype, recv + off * es, s, world, (size_t)me * per * es, n, d.op);
-                    }))
-                return;
-        }
-        break;
-    default: break;
-    }
+    const bool reduces = d.kind == KIND_ALLREDUCE || d.kind == KIND_REDUCESCATTER;
+    const size_t total = reduces ? d.count : d.count * es;
+    const size_t per =
+        (d.kind == KIND_REDUCESCATTER ? kSlotBytes / (size_t)c->world : kSlotBytes) / (reduces ? es : 1);
+    /* At least one step: an empty collective is matched against the peers' too. */
+    size_t off = 0;
+    do {
+        size_t n = total - off < per ? total - off : per;
+        if (!step(w, off, n, per))
+            return;
+        off += n;
+    } while (off < total);
 }
 
 void release_work(void *arg)
@@ -539,8 +532,6 @@ ncclResult_t enqueue(ncclComm *c, const char *call, Desc d, const void *send, si
         return fail(c, ncclInvalidArgument, "%s: root %d is not a rank of %d", call, d.root, c->world);
     if (send_count > SIZE_MAX / es || recv_count > SIZE_MAX / es)
         return fail(c, ncclInvalidArgument, "%s: count %llu is too large", call, (unsigned long long)d.count);
-    if (d.count == 0)
-        return ncclSuccess;
     /* NCCL takes device pointers only; a broadcast reads sendbuff on its root only. */
     const struct {
         const void *p;
@@ -550,7 +541,7 @@ ncclResult_t enqueue(ncclComm *c, const char *call, Desc d, const void *send, si
     } bufs[2] = {{send, send_count * es, "sendbuff", d.kind != KIND_BROADCAST || d.root == c->rank},
                  {recv, recv_count * es, "recvbuff", true}};
     for (const auto &b : bufs) {
-        if (b.used && emu_mem_kind(b.p, b.bytes) != EMU_MEM_DEVICE) {
+        if (b.used && b.bytes && emu_mem_kind(b.p, b.bytes) != EMU_MEM_DEVICE) {
             char where[200];
             emu_mem_describe(b.p, where, sizeof where);
             return fail(c, ncclInvalidArgument, "%s: %s %p (%zu bytes) is %s", call, b.arg, b.p, b.bytes,
@@ -565,9 +556,8 @@ ncclResult_t enqueue(ncclComm *c, const char *call, Desc d, const void *send, si
     }
     cudaError_t e = emu_stream_enqueue(stream, run_work, w, release_work);
     if (e != cudaSuccess) {
-        /* Not queued, so not released by the stream. This rank's sequence has a gap now:
-         * the communicator is broken for good. */
-        release_work(w);
+        /* Released already (emu_stream_enqueue releases work it drops). This rank's
+         * sequence has a gap now: the communicator is broken for good. */
         std::lock_guard<std::mutex> g(c->mu);
         fail_async_locked(c, ncclUnhandledCudaError, "%s: queueing on the stream: %s", call,
                           cudaGetErrorString(e));
@@ -691,14 +681,6 @@ bool leave(ncclComm *c, RankState how)
 } // namespace
 
 extern "C" {
-
-ncclResult_t ncclGetVersion(int *version)
-{
-    if (!version)
-        return fail(nullptr, ncclInvalidArgument, "ncclGetVersion: version is NULL");
-    *version = NCCL_VERSION_CODE;
-    return ncclSuccess;
-}
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId)
 {

@@ -84,7 +84,6 @@ typedef struct ncclConfig_v21700 {
             NCCL_CONFIG_UNDEF_INT                                                                            \
     }
 
-ncclResult_t ncclGetVersion(int *version);
 ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId);
 
 /* Joining: non-blocking communicators (config->blocking == 0) answer ncclInProgress and
