@@ -18,9 +18,9 @@ scripts/install-deps.sh
 
 echo "== format (.clang-format)"
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-    git ls-files '*.c' '*.h' '*.cu'
+    git ls-files '*.c' '*.h' '*.cu' '*.cc' '*.cuh'
 else
-    find base schema server worker tests fuzz bench examples -name '*.[ch]' -o -name '*.cu'
+    find base schema server worker tests fuzz bench examples -name '*.[ch]' -o -name '*.cu' -o -name '*.cc' -o -name '*.cuh'
 fi | xargs clang-format --dry-run --Werror
 
 echo "== build (build/)"

@@ -27,6 +27,15 @@ extern "C" {
 cudaError_t cuda_sort_pairs_i32(void *temp, size_t *temp_bytes, const int32_t *keys_in, int32_t *keys_out,
                                 const int32_t *vals_in, int32_t *vals_out, int n, cudaStream_t stream);
 
+/* One kernel launch: nvcc's chevrons, or, when g++ compiles this file for the emulated
+ * device (libddpd-cuda-emu.so, cuda/emu/emu.h), the emulator's launch of the same kernel. */
+#ifdef __CUDACC__
+#define LAUNCH(k, grid, block, smem, stream, ...) k<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#else
+#define LAUNCH(k, grid, block, smem, stream, ...)                                                            \
+    emu_launch(#k, k, (grid), (block), (smem), (stream), __VA_ARGS__)
+#endif
+
 #define THREADS        256
 #define MAX_BLOCKS     8192 /* grid-stride loops cover the rest */
 #define REDUCE_THREADS 1024 /* the losses: one block, so their sums are deterministic */
@@ -162,7 +171,7 @@ static void cu_add_bias(void *ctx, float *y, const float *b, int64_t m, int64_t 
     struct cuda *c = (struct cuda *)ctx;
     if (m <= 0 || n <= 0)
         return;
-    k_add_bias<<<blocks_for(m * n), THREADS, 0, c->stream>>>(y, b, m, n);
+    LAUNCH(k_add_bias, blocks_for(m * n), THREADS, 0, c->stream, y, b, m, n);
     LAUNCHED(c, "add_bias");
 }
 
@@ -177,7 +186,7 @@ static void cu_set_bias(void *ctx, float *y, const float *b, int64_t m, int64_t 
     struct cuda *c = (struct cuda *)ctx;
     if (m <= 0 || n <= 0)
         return;
-    k_set_bias<<<blocks_for(m * n), THREADS, 0, c->stream>>>(y, b, m, n);
+    LAUNCH(k_set_bias, blocks_for(m * n), THREADS, 0, c->stream, y, b, m, n);
     LAUNCHED(c, "set_bias");
 }
 
@@ -205,7 +214,7 @@ static void cu_bias_grad(void *ctx, float *db, const float *dy, int64_t m, int64
     struct cuda *c = (struct cuda *)ctx;
     if (m <= 0 || n <= 0)
         return;
-    k_bias_grad<<<(unsigned)((n + 31) / 32), dim3(32, 8), 0, c->stream>>>(db, dy, m, n);
+    LAUNCH(k_bias_grad, (unsigned)((n + 31) / 32), dim3(32, 8), 0, c->stream, db, dy, m, n);
     LAUNCHED(c, "bias_grad");
 }
 
@@ -281,7 +290,7 @@ static void cu_act_forward(void *ctx, layer_kind k, float *y, const float *x, in
     check_act(c, k, "act_forward");
     if (n <= 0)
         return;
-    k_act_forward<<<blocks_for(n), THREADS, 0, c->stream>>>((int)k, y, x, n);
+    LAUNCH(k_act_forward, blocks_for(n), THREADS, 0, c->stream, (int)k, y, x, n);
     LAUNCHED(c, "act_forward");
 }
 
@@ -292,7 +301,7 @@ static void cu_act_backward(void *ctx, layer_kind k, float *dx, const float *dy,
     check_act(c, k, "act_backward");
     if (n <= 0)
         return;
-    k_act_backward<<<blocks_for(n), THREADS, 0, c->stream>>>((int)k, dx, dy, x, y, n);
+    LAUNCH(k_act_backward, blocks_for(n), THREADS, 0, c->stream, (int)k, dx, dy, x, y, n);
     LAUNCHED(c, "act_backward");
 }
 
@@ -338,7 +347,7 @@ static void cu_mse(void *ctx, const float *pred, const float *target, int64_t m,
     struct cuda *c = (struct cuda *)ctx;
     const int64_t total = m * n;
     const float norm = (float)(2.0 / (double)total);
-    k_mse<<<1, REDUCE_THREADS, 0, c->stream>>>(pred, target, total, norm, dpred, loss);
+    LAUNCH(k_mse, 1, REDUCE_THREADS, 0, c->stream, pred, target, total, norm, dpred, loss);
     LAUNCHED(c, "mse");
 }
 
@@ -393,7 +402,7 @@ static void cu_cross_entropy(void *ctx, const float *logits, const int32_t *labe
                              float *dlogits, float *loss)
 {
     struct cuda *c = (struct cuda *)ctx;
-    k_cross_entropy<<<1, REDUCE_THREADS, 0, c->stream>>>(logits, labels, m < 0 ? 0 : m, n, dlogits, loss);
+    LAUNCH(k_cross_entropy, 1, REDUCE_THREADS, 0, c->stream, logits, labels, m < 0 ? 0 : m, n, dlogits, loss);
     LAUNCHED(c, "cross_entropy");
 }
 
@@ -488,7 +497,7 @@ static void cu_sgd_group(void *ctx, const struct sgd_hyper *h, int count, float 
         unsigned blocks = group_fill(&gr, i, count - i < GROUP_MAX ? count - i : GROUP_MAX, param, grad,
                                      h->momentum != 0.0f ? buf : NULL, NULL, numel);
         if (blocks)
-            k_sgd<<<blocks, THREADS, 0, c->stream>>>(*h, gr);
+            LAUNCH(k_sgd, blocks, THREADS, 0, c->stream, *h, gr);
         LAUNCHED(c, "sgd_step");
     }
 }
@@ -503,7 +512,7 @@ static void cu_adamw_group(void *ctx, const struct adamw_hyper *h, int count, fl
         unsigned blocks = group_fill(&gr, i, count - i < GROUP_MAX ? count - i : GROUP_MAX, param, grad,
                                      exp_avg, exp_avg_sq, numel);
         if (blocks)
-            k_adamw<<<blocks, THREADS, 0, c->stream>>>(*h, gr);
+            LAUNCH(k_adamw, blocks, THREADS, 0, c->stream, *h, gr);
         LAUNCHED(c, "adamw_step");
     }
 }
@@ -539,7 +548,7 @@ static void cu_fill(void *ctx, float *x, float v, int64_t n)
     struct cuda *c = (struct cuda *)ctx;
     if (n <= 0)
         return;
-    k_fill<<<blocks_for(n), THREADS, 0, c->stream>>>(x, v, n);
+    LAUNCH(k_fill, blocks_for(n), THREADS, 0, c->stream, x, v, n);
     LAUNCHED(c, "fill");
 }
 
@@ -557,7 +566,7 @@ static void cu_scale_copy(void *ctx, float *dst, const float *src, float a, int6
     struct cuda *c = (struct cuda *)ctx;
     if (n <= 0)
         return;
-    k_scale_copy<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, src, a, n);
+    LAUNCH(k_scale_copy, blocks_for(n), THREADS, 0, c->stream, dst, src, a, n);
     LAUNCHED(c, "scale");
 }
 
@@ -586,7 +595,7 @@ static double cu_sumsq(void *ctx, const float *x, int64_t n)
         return 0.0;
     if (!c->sumsq)
         check(c, cudaMalloc((void **)&c->sumsq, sizeof *c->sumsq), "sumsq");
-    k_sumsq<<<1, REDUCE_THREADS, 0, c->stream>>>(x, n, c->sumsq);
+    LAUNCH(k_sumsq, 1, REDUCE_THREADS, 0, c->stream, x, n, c->sumsq);
     LAUNCHED(c, "sumsq");
     check(c, cudaMemcpyAsync(&h, c->sumsq, sizeof h, cudaMemcpyDeviceToHost, c->stream), "sumsq");
     check(c, cudaStreamSynchronize(c->stream), "sumsq");
@@ -672,7 +681,7 @@ static void cu_embedding_forward(void *ctx, float *y, const float *w, const int3
     struct cuda *c = (struct cuda *)ctx;
     if (n <= 0 || dim <= 0)
         return;
-    k_embedding_forward<<<blocks_for(n * dim), THREADS, 0, c->stream>>>(y, w, ids, n, dim);
+    LAUNCH(k_embedding_forward, blocks_for(n * dim), THREADS, 0, c->stream, y, w, ids, n, dim);
     LAUNCHED(c, "embedding_forward");
 }
 
@@ -719,11 +728,11 @@ static void cu_embedding_backward(void *ctx, float *dw, const float *dy, const i
     char *scratch = NULL;
     check(c, cudaMallocAsync((void **)&scratch, ints + temp, c->stream), "embedding_backward");
     int32_t *pos_in = (int32_t *)scratch, *keys = pos_in + n, *pos = keys + n;
-    k_iota<<<blocks_for(n), THREADS, 0, c->stream>>>(pos_in, n);
+    LAUNCH(k_iota, blocks_for(n), THREADS, 0, c->stream, pos_in, n);
     LAUNCHED(c, "embedding_backward");
     check(c, cuda_sort_pairs_i32(scratch + ints, &temp, ids, keys, pos_in, pos, (int)n, c->stream),
           "embedding_backward");
-    k_embedding_backward<<<blocks_for(n * dim), THREADS, 0, c->stream>>>(dw, dy, keys, pos, n, dim);
+    LAUNCH(k_embedding_backward, blocks_for(n * dim), THREADS, 0, c->stream, dw, dy, keys, pos, n, dim);
     LAUNCHED(c, "embedding_backward");
     check(c, cudaFreeAsync(scratch, c->stream), "embedding_backward");
 }
@@ -786,8 +795,8 @@ static void cu_layernorm_forward(void *ctx, float *y, float *mean, float *rstd, 
     struct cuda *c = (struct cuda *)ctx;
     if (rows <= 0 || dim <= 0)
         return;
-    k_layernorm_forward<<<(unsigned)((rows + LN_ROWS - 1) / LN_ROWS), 32 * LN_ROWS, 0, c->stream>>>(
-        y, mean, rstd, x, w, b, rows, dim, eps);
+    LAUNCH(k_layernorm_forward, (unsigned)((rows + LN_ROWS - 1) / LN_ROWS), 32 * LN_ROWS, 0, c->stream, y,
+           mean, rstd, x, w, b, rows, dim, eps);
     LAUNCHED(c, "layernorm_forward");
 }
 
@@ -843,11 +852,11 @@ static void cu_layernorm_backward(void *ctx, float *dx, float *dw, float *db, co
     struct cuda *c = (struct cuda *)ctx;
     if (rows <= 0 || dim <= 0)
         return;
-    k_layernorm_dx<<<(unsigned)((rows + LN_ROWS - 1) / LN_ROWS), 32 * LN_ROWS, 0, c->stream>>>(
-        dx, dy, x, mean, rstd, w, rows, dim);
+    LAUNCH(k_layernorm_dx, (unsigned)((rows + LN_ROWS - 1) / LN_ROWS), 32 * LN_ROWS, 0, c->stream, dx, dy, x,
+           mean, rstd, w, rows, dim);
     LAUNCHED(c, "layernorm_backward");
-    k_layernorm_dw<<<(unsigned)((dim + 31) / 32), dim3(32, 8), 0, c->stream>>>(dw, dy, x, mean, rstd, rows,
-                                                                               dim);
+    LAUNCH(k_layernorm_dw, (unsigned)((dim + 31) / 32), dim3(32, 8), 0, c->stream, dw, dy, x, mean, rstd,
+           rows, dim);
     LAUNCHED(c, "layernorm_backward");
     if (db)
         cu_bias_grad(ctx, db, dy, rows, dim);
@@ -887,8 +896,8 @@ static void cu_softmax_forward(void *ctx, float *y, const float *x, int64_t rows
     struct cuda *c = (struct cuda *)ctx;
     if (rows <= 0 || n <= 0)
         return;
-    k_softmax_forward<<<(unsigned)((rows + SM_ROWS - 1) / SM_ROWS), 32 * SM_ROWS, 0, c->stream>>>(
-        y, x, rows, n, scale, causal);
+    LAUNCH(k_softmax_forward, (unsigned)((rows + SM_ROWS - 1) / SM_ROWS), 32 * SM_ROWS, 0, c->stream, y, x,
+           rows, n, scale, causal);
     LAUNCHED(c, "softmax_forward");
 }
 
@@ -917,8 +926,8 @@ static void cu_softmax_backward(void *ctx, float *dx, const float *dy, const flo
     struct cuda *c = (struct cuda *)ctx;
     if (rows <= 0 || n <= 0)
         return;
-    k_softmax_backward<<<(unsigned)((rows + SM_ROWS - 1) / SM_ROWS), 32 * SM_ROWS, 0, c->stream>>>(
-        dx, dy, y, rows, n, scale);
+    LAUNCH(k_softmax_backward, (unsigned)((rows + SM_ROWS - 1) / SM_ROWS), 32 * SM_ROWS, 0, c->stream, dx, dy,
+           y, rows, n, scale);
     LAUNCHED(c, "softmax_backward");
 }
 
@@ -970,7 +979,7 @@ static void cu_heads_split(void *ctx, float *q, float *k, float *v, const float 
     const int64_t n = b * t * 3 * h * hd;
     if (b <= 0 || t <= 0 || h <= 0 || hd <= 0)
         return;
-    k_heads_split<<<blocks_for(n), THREADS, 0, c->stream>>>(q, k, v, (float *)qkv, b, t, h, hd, false);
+    LAUNCH(k_heads_split, blocks_for(n), THREADS, 0, c->stream, q, k, v, (float *)qkv, b, t, h, hd, false);
     LAUNCHED(c, "heads_split");
 }
 
@@ -981,8 +990,8 @@ static void cu_heads_split_backward(void *ctx, float *dqkv, const float *dq, con
     const int64_t n = b * t * 3 * h * hd;
     if (b <= 0 || t <= 0 || h <= 0 || hd <= 0)
         return;
-    k_heads_split<<<blocks_for(n), THREADS, 0, c->stream>>>((float *)dq, (float *)dk, (float *)dv, dqkv, b, t,
-                                                            h, hd, true);
+    LAUNCH(k_heads_split, blocks_for(n), THREADS, 0, c->stream, (float *)dq, (float *)dk, (float *)dv, dqkv,
+           b, t, h, hd, true);
     LAUNCHED(c, "heads_split_backward");
 }
 
@@ -991,7 +1000,8 @@ static void cu_heads_merge(void *ctx, float *y, const float *yh, int64_t b, int6
     struct cuda *c = (struct cuda *)ctx;
     if (b <= 0 || t <= 0 || h <= 0 || hd <= 0)
         return;
-    k_heads_merge<<<blocks_for(b * t * h * hd), THREADS, 0, c->stream>>>(y, (float *)yh, b, t, h, hd, false);
+    LAUNCH(k_heads_merge, blocks_for(b * t * h * hd), THREADS, 0, c->stream, y, (float *)yh, b, t, h, hd,
+           false);
     LAUNCHED(c, "heads_merge");
 }
 
@@ -1001,7 +1011,8 @@ static void cu_heads_merge_backward(void *ctx, float *dyh, const float *dy, int6
     struct cuda *c = (struct cuda *)ctx;
     if (b <= 0 || t <= 0 || h <= 0 || hd <= 0)
         return;
-    k_heads_merge<<<blocks_for(b * t * h * hd), THREADS, 0, c->stream>>>((float *)dy, dyh, b, t, h, hd, true);
+    LAUNCH(k_heads_merge, blocks_for(b * t * h * hd), THREADS, 0, c->stream, (float *)dy, dyh, b, t, h, hd,
+           true);
     LAUNCHED(c, "heads_merge_backward");
 }
 
@@ -1022,7 +1033,7 @@ static void cu_add(void *ctx, float *y, const float *a, const float *b, int64_t 
     struct cuda *c = (struct cuda *)ctx;
     if (n <= 0)
         return;
-    k_add<<<blocks_for(n), THREADS, 0, c->stream>>>(y, a, b, n);
+    LAUNCH(k_add, blocks_for(n), THREADS, 0, c->stream, y, a, b, n);
     LAUNCHED(c, "add");
 }
 
@@ -1031,7 +1042,7 @@ static void cu_mul(void *ctx, float *y, const float *a, const float *b, int64_t 
     struct cuda *c = (struct cuda *)ctx;
     if (n <= 0)
         return;
-    k_mul<<<blocks_for(n), THREADS, 0, c->stream>>>(y, a, b, n);
+    LAUNCH(k_mul, blocks_for(n), THREADS, 0, c->stream, y, a, b, n);
     LAUNCHED(c, "mul");
 }
 
@@ -1048,7 +1059,7 @@ static void cu_dropout_mask(void *ctx, float *mask, int64_t n, float p, uint64_t
     if (n <= 0)
         return;
     const float keep = 1.0f / (1.0f - p); /* p < 1 (the validator's range) */
-    k_dropout_mask<<<blocks_for(n), THREADS, 0, c->stream>>>(mask, n, p, keep, seed);
+    LAUNCH(k_dropout_mask, blocks_for(n), THREADS, 0, c->stream, mask, n, p, keep, seed);
     LAUNCHED(c, "dropout_mask");
 }
 
@@ -1097,7 +1108,7 @@ static void cu_im2col(void *ctx, float *col, const float *x, int64_t b, int64_t 
                       ((w + 2 * win->pw - win->kw) / win->sw + 1);
     if (n <= 0)
         return;
-    k_im2col<<<blocks_for(n), THREADS, 0, c->stream>>>(col, x, b * ch, h, w, *win);
+    LAUNCH(k_im2col, blocks_for(n), THREADS, 0, c->stream, col, x, b * ch, h, w, *win);
     LAUNCHED(c, "im2col");
 }
 
@@ -1134,7 +1145,7 @@ static void cu_col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t
     win_check(c, win, h, w, "col2im");
     if (b * ch * h * w <= 0)
         return;
-    k_col2im<<<blocks_for(b * ch * h * w), THREADS, 0, c->stream>>>(dx, col, b * ch, h, w, *win);
+    LAUNCH(k_col2im, blocks_for(b * ch * h * w), THREADS, 0, c->stream, dx, col, b * ch, h, w, *win);
     LAUNCHED(c, "col2im");
 }
 
@@ -1164,7 +1175,7 @@ static void cu_maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float 
         planes * dev_window_out(h, win->kh, win->sh, win->ph) * dev_window_out(w, win->kw, win->sw, win->pw);
     if (n <= 0)
         return;
-    k_maxpool_forward<<<blocks_for(n), THREADS, 0, c->stream>>>(y, idx, x, planes, h, w, *win);
+    LAUNCH(k_maxpool_forward, blocks_for(n), THREADS, 0, c->stream, y, idx, x, planes, h, w, *win);
     LAUNCHED(c, "maxpool2d_forward");
 }
 
@@ -1198,8 +1209,8 @@ static void cu_maxpool2d_backward(void *ctx, float *dx, const float *dy, const i
     win_check(c, win, h, w, "maxpool2d_backward");
     if (planes * h * w <= 0)
         return;
-    k_maxpool_backward<<<blocks_for(planes * h * w), THREADS, 0, c->stream>>>(dx, dy, idx, planes, h, w,
-                                                                              *win);
+    LAUNCH(k_maxpool_backward, blocks_for(planes * h * w), THREADS, 0, c->stream, dx, dy, idx, planes, h, w,
+           *win);
     LAUNCHED(c, "maxpool2d_backward");
 }
 
@@ -1226,7 +1237,7 @@ static void cu_avgpool2d_forward(void *ctx, float *y, const float *x, int64_t pl
         planes * dev_window_out(h, win->kh, win->sh, win->ph) * dev_window_out(w, win->kw, win->sw, win->pw);
     if (n <= 0)
         return;
-    k_avgpool_forward<<<blocks_for(n), THREADS, 0, c->stream>>>(y, x, planes, h, w, *win);
+    LAUNCH(k_avgpool_forward, blocks_for(n), THREADS, 0, c->stream, y, x, planes, h, w, *win);
     LAUNCHED(c, "avgpool2d_forward");
 }
 
@@ -1258,7 +1269,7 @@ static void cu_avgpool2d_backward(void *ctx, float *dx, const float *dy, int64_t
     win_check(c, win, h, w, "avgpool2d_backward");
     if (planes * h * w <= 0)
         return;
-    k_avgpool_backward<<<blocks_for(planes * h * w), THREADS, 0, c->stream>>>(dx, dy, planes, h, w, *win);
+    LAUNCH(k_avgpool_backward, blocks_for(planes * h * w), THREADS, 0, c->stream, dx, dy, planes, h, w, *win);
     LAUNCHED(c, "avgpool2d_backward");
 }
 
@@ -1333,11 +1344,11 @@ static void cu_batchnorm_forward_train(void *ctx, float *y, float *mean, float *
     bn_check(c, n, ch, s, "batchnorm_forward_train");
     if (n * ch * s <= 0)
         return;
-    k_bn_stats<<<(unsigned)ch, BN_THREADS, 0, c->stream>>>(mean, invstd, running_mean, running_var, x, n, ch,
-                                                           s, eps, momentum);
+    LAUNCH(k_bn_stats, (unsigned)ch, BN_THREADS, 0, c->stream, mean, invstd, running_mean, running_var, x, n,
+           ch, s, eps, momentum);
     LAUNCHED(c, "batchnorm_forward_train");
-    k_bn_apply<<<blocks_for(n * ch * s), THREADS, 0, c->stream>>>(y, x, w, b, mean, invstd, false, 0.0f, n,
-                                                                  ch, s);
+    LAUNCH(k_bn_apply, blocks_for(n * ch * s), THREADS, 0, c->stream, y, x, w, b, mean, invstd, false, 0.0f,
+           n, ch, s);
     LAUNCHED(c, "batchnorm_forward_train");
 }
 
@@ -1349,8 +1360,8 @@ static void cu_batchnorm_forward_eval(void *ctx, float *y, const float *x, const
     bn_check(c, n, ch, s, "batchnorm_forward_eval");
     if (n * ch * s <= 0)
         return;
-    k_bn_apply<<<blocks_for(n * ch * s), THREADS, 0, c->stream>>>(y, x, w, b, running_mean, running_var, true,
-                                                                  (float)eps, n, ch, s);
+    LAUNCH(k_bn_apply, blocks_for(n * ch * s), THREADS, 0, c->stream, y, x, w, b, running_mean, running_var,
+           true, (float)eps, n, ch, s);
     LAUNCHED(c, "batchnorm_forward_eval");
 }
 
@@ -1401,7 +1412,8 @@ static void cu_batchnorm_backward(void *ctx, float *dx, float *dw, float *db, co
     bn_check(c, n, ch, s, "batchnorm_backward");
     if (n * ch * s <= 0)
         return;
-    k_bn_backward<<<(unsigned)ch, BN_THREADS, 0, c->stream>>>(dx, dw, db, dy, x, mean, invstd, w, n, ch, s);
+    LAUNCH(k_bn_backward, (unsigned)ch, BN_THREADS, 0, c->stream, dx, dw, db, dy, x, mean, invstd, w, n, ch,
+           s);
     LAUNCHED(c, "batchnorm_backward");
 }
 

@@ -53,6 +53,27 @@ int emu_device_count(void);
 
 #ifdef __cplusplus
 }
+
+#include <functional>
+
+#include "emu.h"
+
+namespace emu
+{
+/* emu_stream_enqueue with a closure (runtime.cc). */
+cudaError_t enqueue(cudaStream_t s, std::function<void()> work);
+/* The calling thread's last error (cudaGetLastError's), and the sticky error if any. */
+void set_last_error(cudaError_t e);
+cudaError_t sticky_error();
+/* kernel.cc: runs every block of a launch on the calling (stream) thread. */
+void run_grid(const char *kernel, dim3 grid, dim3 block, const std::function<void()> &body);
+/* kernel.cc: where a fault at `addr` happened, for the SIGSEGV report: the running kernel,
+ * block and thread of the calling thread, or false when it runs none. */
+bool describe_running_kernel(char *out, size_t cap);
+/* kernel.cc: true when `addr` lies on a guard page of a fiber stack (a kernel's stack
+ * overflowed). */
+bool on_fiber_guard(const void *addr);
+} // namespace emu
 #endif
 
 #endif

@@ -99,7 +99,8 @@ cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p);
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind);
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+                            cudaStream_t s);
 cudaError_t cudaMemset(void *p, int value, size_t bytes);
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s);
 
