@@ -1,4 +1,4 @@
-"""test_emulated_gpus.py — the worker's and `ddpd run`'s GPU paths on the emulated CUDA
+"""test_emulated_gpu_cli.py — the worker's and `ddpd run`'s GPU paths on the emulated CUDA
 module (libddpd-cuda-emu.so beside ddpd-worker, selected with DDPD_CUDA_PLUGIN; DDPD_CUDA_EMU=N
 devices): `ddpd-worker --devices` lists the N devices, named and flagged as emulated, and
 `[]` without DDPD_CUDA_EMU; CUDA_VISIBLE_DEVICES hides and renumbers them as it does GPUs;
