@@ -8,7 +8,8 @@ server's issuer made. Everything else is the real server, talked to over HTTP on
 losses to `done`; a cancel ends such a job cancelled; a rank killed with SIGKILL fails the
 job at once, not after the collective timeout; a job that asks for more GPUs than there
 are is refused saying how many there are; two 1-GPU jobs run at the same time, one per
-device. Skipped (77) where the build has no libddpd-cuda-emu.so.
+device; an explicit `--gpus` list is described from `--devices` and pins its ranks.
+Skipped (77) where the build has no libddpd-cuda-emu.so.
 
 The emulated device runs every CUDA thread as a fiber on the CPU: the models here are a
 few hundred parameters and the finite jobs a dozen steps. Jobs that must still be running
@@ -186,3 +187,15 @@ def test_two_one_gpu_jobs_run_side_by_side(gpu_server):
         assert running and end, evs[-5:]
         span[jid] = (running[0], end[-1])
     assert span[a][0] < span[b][1] and span[b][0] < span[a][1], span
+
+
+def test_an_explicit_gpu_list_is_described_and_pinned(make_server):
+    # --gpus 1,5: slot 0 is emulated GPU 1, described from --devices; slot 1 names a device
+    # this host has not, so nothing is known of it (and a job there would fail to open it).
+    srv = make_server(cpu_slots=1, extra=["--gpus", "1,5"], env=emu_env())
+    g0, g1 = srv.devices()["gpus"]
+    assert (g0["device"], g0["name"], g0["emulated"]) == ("1", "ddpd emulated GPU 1", True), g0
+    assert (g1["device"], g1["name"], g1["memory"], g1["uuid"], g1["emulated"]) == ("5", None, None, None, False), g1
+    jid = srv.submit(cuda_spec("emu-slot", 1, 3))["id"]
+    assert srv.wait_state(jid, FINAL, timeout=JOB_S)["state"] == "succeeded", rank_log(srv, jid, 0)[-1500:]
+    assert "on GPU 0 of 1 visible (ddpd emulated GPU 1)" in gpu_line(srv, jid, 0)
