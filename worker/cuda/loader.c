@@ -3,7 +3,7 @@
  * The only code of the worker that calls dlopen; it never links CUDA, so a CPU job,
  * --plan and --version start without mapping a byte of it. In a DDPD_CUDA=OFF build there
  * is no module beside the worker: only one that DDPD_CUDA_PLUGIN names is loaded (the
- * emulated device, built in every build); without it every call answers "no device" or
+ * emulated device, built with or without nvcc); without it every call answers "no device" or
  * "built without CUDA". */
 #include <dlfcn.h>
 #include <limits.h>
