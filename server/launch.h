@@ -110,8 +110,10 @@ bool launcher_fits(const struct launcher *L, const struct sched *s, device_kind 
  * false when the launcher's own reasons are stored instead. */
 bool launcher_pending_reason(const struct launcher *L, const struct sched *s, int64_t job, char *buf,
                              size_t cap);
-/* GET /v1/devices: {"gpus":[{"index":0,"job":7|null,"device":"2"},...],"cpu_slots":[...]}
- * (a cluster manager's: empty lists and "launcher"). A new reference. */
+/* GET /v1/devices: {"gpus":[{"index":0,"job":7|null,"device":"2","name":...,"memory":...,
+ * "uuid":...,"emulated":false},...],"cpu_slots":[...]} (a GPU's name, memory and uuid as
+ * sched_gpu_info knows them, else null; a cluster manager's: empty lists and "launcher").
+ * A new reference. */
 struct json_t *launcher_devices_json(const struct launcher *L, const struct sched *s);
 
 /* A rank an earlier server started and recorded (store_rank), perhaps still running. */

@@ -459,9 +459,16 @@ static json_t *local_devices_json(void *ctx, const struct sched *s)
             int64_t h = sched_slot_holder(s, (device_kind)t, i);
             json_t *slot = json_pack("{s:i, s:o}", "index", i, "job", h ? json_integer(h) : json_null());
             /* A GPU slot's device as CUDA_VISIBLE_DEVICES names it (slot 0 is GPU 2 under
-             * --gpus 2,3). */
-            if (slot && t == DEVICE_CUDA)
+             * --gpus 2,3), and what ddpd-worker --devices said of it (null: not listed). */
+            if (slot && t == DEVICE_CUDA) {
+                const struct sched_gpu_info *g = sched_gpu_info(s, i);
+                bool k = g && g->known;
                 json_object_set_new(slot, "device", json_string(sched_gpu_device(s, i)));
+                json_object_set_new(slot, "name", k ? json_string(g->name) : json_null());
+                json_object_set_new(slot, "memory", k ? json_integer(g->memory) : json_null());
+                json_object_set_new(slot, "uuid", k && g->uuid[0] ? json_string(g->uuid) : json_null());
+                json_object_set_new(slot, "emulated", json_boolean(k && g->emulated));
+            }
             json_array_append_new(arr, slot);
         }
         json_object_set_new(out, t == DEVICE_CUDA ? "gpus" : "cpu_slots", arr);

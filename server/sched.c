@@ -24,6 +24,7 @@ struct kind_state {
 struct sched {
     struct kind_state k[2];            /* DEVICE_CPU, DEVICE_CUDA */
     char (*gpu_ids)[SCHED_GPU_ID_MAX]; /* [k[DEVICE_CUDA].nslots]: each GPU slot's device */
+    struct sched_gpu_info *gpu_info;   /* [k[DEVICE_CUDA].nslots]: what is known of it */
 };
 
 static const char *kind_word(device_kind k)
@@ -46,7 +47,8 @@ struct sched *sched_new(int gpus, int cpu_slots)
         }
     }
     int g = s->k[DEVICE_CUDA].nslots;
-    if (!(s->gpu_ids = calloc((size_t)g + 1, sizeof *s->gpu_ids))) {
+    if (!(s->gpu_ids = calloc((size_t)g + 1, sizeof *s->gpu_ids)) ||
+        !(s->gpu_info = calloc((size_t)g + 1, sizeof *s->gpu_info))) {
         sched_free(s);
         return NULL;
     }
@@ -66,6 +68,17 @@ const char *sched_gpu_device(const struct sched *s, int i)
     return i >= 0 && i < s->k[DEVICE_CUDA].nslots ? s->gpu_ids[i] : NULL;
 }
 
+void sched_describe_gpus(struct sched *s, const struct sched_gpu_info *info)
+{
+    for (int i = 0; info && i < s->k[DEVICE_CUDA].nslots; i++)
+        s->gpu_info[i] = info[i];
+}
+
+const struct sched_gpu_info *sched_gpu_info(const struct sched *s, int i)
+{
+    return i >= 0 && i < s->k[DEVICE_CUDA].nslots ? &s->gpu_info[i] : NULL;
+}
+
 void sched_free(struct sched *s)
 {
     if (!s)
@@ -75,6 +88,7 @@ void sched_free(struct sched *s)
         free(s->k[i].q);
     }
     free(s->gpu_ids);
+    free(s->gpu_info);
     free(s);
 }
 
@@ -204,6 +218,37 @@ int64_t sched_slot_holder(const struct sched *s, device_kind kind, int i)
     return i >= 0 && i < s->k[kind].nslots ? s->k[kind].holder[i] : 0;
 }
 
+/* Device j's name under "auto": the entry of CUDA_VISIBLE_DEVICES at *v (CUDA numbers the
+ * devices it sees in the order that list names them), or "j" past its end or without one.
+ * Moves *v to the next entry. */
+static void auto_name(const char **v, int j, char out[SCHED_GPU_ID_MAX])
+{
+    size_t len = *v ? strcspn(*v, ",") : 0;
+    if (len && len < SCHED_GPU_ID_MAX)
+        snprintf(out, SCHED_GPU_ID_MAX, "%.*s", (int)len, *v);
+    else
+        snprintf(out, SCHED_GPU_ID_MAX, "%d", j);
+    *v = *v && (*v)[len] == ',' ? *v + len + 1 : NULL;
+}
+
+void sched_gpu_match(const char (*ids)[SCHED_GPU_ID_MAX], int n, const char *visible,
+                     const struct sched_gpu_info *found, int nfound, struct sched_gpu_info *out)
+{
+    for (int i = 0; i < n; i++) {
+        out[i] = (struct sched_gpu_info){.known = false};
+        const char *v = visible;
+        for (int j = 0; j < nfound; j++) {
+            char name[SCHED_GPU_ID_MAX];
+            auto_name(&v, j, name);
+            if (!strcmp(ids[i], name) || (found[j].uuid[0] && !strcmp(ids[i], found[j].uuid))) {
+                out[i] = found[j];
+                out[i].known = true;
+                break;
+            }
+        }
+    }
+}
+
 int sched_gpu_ids(const char *arg, int found, const char *visible, char (*ids)[SCHED_GPU_ID_MAX], int cap,
                   char *why, size_t whycap)
 {
@@ -211,16 +256,9 @@ int sched_gpu_ids(const char *arg, int found, const char *visible, char (*ids)[S
     if (!strcmp(arg, "none"))
         return 0;
     if (!strcmp(arg, "auto")) {
-        /* CUDA numbers the devices it sees in the order CUDA_VISIBLE_DEVICES lists them. */
         const char *v = visible;
-        for (; n < found && n < cap; n++) {
-            size_t len = v ? strcspn(v, ",") : 0;
-            if (len && len < SCHED_GPU_ID_MAX)
-                snprintf(ids[n], SCHED_GPU_ID_MAX, "%.*s", (int)len, v);
-            else
-                snprintf(ids[n], SCHED_GPU_ID_MAX, "%d", n);
-            v = v && v[len] == ',' ? v + len + 1 : NULL;
-        }
+        for (; n < found && n < cap; n++)
+            auto_name(&v, n, ids[n]);
         return n;
     }
     for (const char *p = arg;; n++) {

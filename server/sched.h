@@ -24,6 +24,23 @@
 int sched_gpu_ids(const char *arg, int found, const char *visible, char (*ids)[SCHED_GPU_ID_MAX], int cap,
                   char *why, size_t whycap);
 
+/* What `ddpd-worker --devices` said of a GPU, for GET /v1/devices and the dashboard. */
+struct sched_gpu_info {
+    bool known;     /* false: --devices did not list it (the fields below are empty) */
+    bool emulated;  /* a device of the emulated CUDA module (DDPD_CUDA_EMU, tests) */
+    int64_t memory; /* bytes */
+    char name[256]; /* "NVIDIA H100 80GB HBM3", "ddpd emulated GPU 0" */
+    char uuid[48];  /* "GPU-xxxxxxxx-..." */
+};
+
+/* Which of the `found` devices `ddpd-worker --devices` listed (found[j] is its device j,
+ * numbered among the server's CUDA_VISIBLE_DEVICES `visible`, NULL when unset) each of the
+ * n GPU slots ids[0..n) is: slot i is device j when ids[i] is j's name by sched_gpu_ids'
+ * rule for "auto" (the j-th entry of `visible`, or "j") or is j's uuid. Fills out[0..n);
+ * a slot that matches none gets {.known = false}. */
+void sched_gpu_match(const char (*ids)[SCHED_GPU_ID_MAX], int n, const char *visible,
+                     const struct sched_gpu_info *found, int nfound, struct sched_gpu_info *out);
+
 struct sched;
 
 /* `gpus` CUDA devices (indices 0..gpus-1) and `cpu_slots` CPU slots. GPU slot i is
@@ -34,6 +51,12 @@ void sched_name_gpus(struct sched *s, const char (*ids)[SCHED_GPU_ID_MAX]);
 /* GPU slot i's device, as its rank's CUDA_VISIBLE_DEVICES names it; borrowed, valid until
  * sched_free. NULL past the GPU slots. */
 const char *sched_gpu_device(const struct sched *s, int i);
+/* Describes the GPU slots: slot i is info[i] (sched_gpu_match; one entry per GPU slot, or
+ * NULL: none known). Copied. */
+void sched_describe_gpus(struct sched *s, const struct sched_gpu_info *info);
+/* What is known of GPU slot i's device; borrowed, valid until sched_free. NULL past the
+ * GPU slots; {.known = false} when nothing is. */
+const struct sched_gpu_info *sched_gpu_info(const struct sched *s, int i);
 void sched_free(struct sched *s);
 
 int sched_slots(const struct sched *s, device_kind kind);

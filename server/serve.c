@@ -9,6 +9,7 @@
 #include "serve.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <libgen.h>
@@ -106,39 +107,63 @@ static unsigned connection_limit(void)
                                                          : STREAM_CONNECTIONS;
 }
 
-/* GPUs as ddpd-worker --devices prints them (one JSON array, [] when none; an older
- * worker printed nothing, which reads as none too). */
-static int count_gpus(const char *worker)
+/* The devices ddpd-worker --devices lists (one JSON array line, [] when none; an older
+ * worker printed nothing, which reads as none too) into found[0..cap): their number. */
+static int list_gpus(const char *worker, struct sched_gpu_info *found, int cap)
 {
     char cmd[PATH_MAX + 32];
     snprintf(cmd, sizeof cmd, "%s", worker);
     int fds[2];
     if (pipe(fds) != 0)
         return 0;
-    /* The worker's environment is an allow-list of ours (env.h), built before fork. */
+    /* The worker's environment is an allow-list of ours (env.h), built before fork:
+     * DDPD_CUDA_PLUGIN and DDPD_CUDA_EMU reach it, so emulated devices are listed too. */
     static char *const no_env[] = {NULL};
     char **env = env_for_worker(NULL);
     pid_t pid = fork();
     if (pid == 0) {
         dup2(fds[1], 1);
         close(fds[0]);
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0)
+            dup2(nul, 0); /* it reads nothing: a stand-in that would read a job waits for none */
         char *argv[] = {cmd, "--devices", NULL};
         execve(cmd, argv, env ? env : no_env);
         _exit(127);
     }
     free(env);
     close(fds[1]);
-    char buf[65536];
-    size_t n = 0;
+    size_t n = 0, bufcap = 1 << 20; /* ~200 bytes a device */
+    char *buf = pid > 0 ? malloc(bufcap) : NULL;
     ssize_t r;
-    while (n < sizeof buf - 1 && (r = read(fds[0], buf + n, sizeof buf - 1 - n)) > 0)
-        n += (size_t)r;
+    while (buf && n < bufcap - 1 && (r = read(fds[0], buf + n, bufcap - 1 - n)) != 0)
+        if (r > 0)
+            n += (size_t)r;
+        else if (errno != EINTR)
+            break;
     close(fds[0]);
     if (pid > 0)
         waitpid(pid, NULL, 0);
+    if (!buf)
+        return 0;
     buf[n] = '\0';
     json_t *j = n ? json_loads(buf, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
-    int count = json_is_array(j) ? (int)json_array_size(j) : 0;
+    free(buf);
+    size_t i;
+    json_t *d;
+    int count = 0;
+    json_array_foreach (j, i, d) {
+        if (count == cap)
+            break;
+        struct sched_gpu_info *g = &found[count++];
+        const char *name = json_string_value(json_object_get(d, "name"));
+        const char *uuid = json_string_value(json_object_get(d, "uuid"));
+        *g = (struct sched_gpu_info){.known = true,
+                                     .emulated = json_is_true(json_object_get(d, "emulated")),
+                                     .memory = json_integer_value(json_object_get(d, "memory"))};
+        snprintf(g->name, sizeof g->name, "%s", name ? name : "");
+        snprintf(g->uuid, sizeof g->uuid, "%s", uuid ? uuid : "");
+    }
     json_decref(j);
     return count;
 }
@@ -159,8 +184,10 @@ struct serve_setup {
     char worker[PATH_MAX], data_abs[PATH_MAX], jobs_abs[PATH_MAX], web_abs[PATH_MAX];
     char *token; /* NULL: none */
     int gpus;
-    /* Slot i of the scheduler is the device gpu_ids[i] (--gpus 2,3: slot 0 is GPU 2). */
+    /* Slot i of the scheduler is the device gpu_ids[i] (--gpus 2,3: slot 0 is GPU 2),
+     * which ddpd-worker --devices described as gpu_info[i] (known false: not listed). */
     char gpu_ids[SCHED_MAX_SLOTS][SCHED_GPU_ID_MAX];
+    struct sched_gpu_info gpu_info[SCHED_MAX_SLOTS];
     char slurm_prefix[64];
     /* What a start that fails must not leave behind: the database when it did not exist
      * yet, and the folders prepare() made (removed only when still empty). */
@@ -417,10 +444,18 @@ static int prepare(struct serve_opts *o, const char *self_dir, struct serve_setu
         fprintf(stderr, "ddpd serve: --web-dir %s: no readable index.html there\n", o->web_dir);
         return 2;
     }
+    /* The devices the worker sees: all of them for "auto", and what a --gpus list names
+     * is described from them too (GET /v1/devices: name, memory, emulated). */
     char gpus_why[256];
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    struct sched_gpu_info *found = calloc(SCHED_MAX_SLOTS, sizeof *found);
+    int nfound = found && strcmp(o->gpus_arg, "none") ? list_gpus(s->worker, found, SCHED_MAX_SLOTS) : 0;
     s->gpus =
-        sched_gpu_ids(o->gpus_arg, strcmp(o->gpus_arg, "auto") ? 0 : count_gpus(s->worker),
-                      getenv("CUDA_VISIBLE_DEVICES"), s->gpu_ids, SCHED_MAX_SLOTS, gpus_why, sizeof gpus_why);
+        sched_gpu_ids(o->gpus_arg, nfound, visible, s->gpu_ids, SCHED_MAX_SLOTS, gpus_why, sizeof gpus_why);
+    if (s->gpus > 0 && found)
+        sched_gpu_match((const char(*)[SCHED_GPU_ID_MAX])s->gpu_ids, s->gpus, visible, found, nfound,
+                        s->gpu_info);
+    free(found);
     if (s->gpus < 0) {
         fprintf(stderr, "ddpd serve: %s\n", gpus_why);
         return 2;
@@ -511,6 +546,7 @@ static int run_server(const struct serve_opts *o, const struct serve_setup *s, c
                             .jobs_dir = s->jobs_abs,
                             .gpus = s->gpus,
                             .gpu_ids = (const char(*)[SCHED_GPU_ID_MAX])s->gpu_ids,
+                            .gpu_info = s->gpu_info,
                             .launcher = launcher,
                             .cpu_slots = (int)o->cpu_slots,
                             .store = store,

@@ -912,8 +912,10 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
      * it) at once. */
     bool counted = !launcher_queues(o->launcher);
     s->sched = counted ? sched_new(o->gpus, o->cpu_slots) : sched_new(SCHED_MAX_SLOTS, SCHED_MAX_SLOTS);
-    if (s->sched && counted)
+    if (s->sched && counted) {
         sched_name_gpus(s->sched, o->gpu_ids);
+        sched_describe_gpus(s->sched, o->gpu_info);
+    }
     if (s->wake_fd < 0 || !s->sched || !s->pipe || !s->index) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "cannot create the supervisor: %s", strerror(errno));
         super_stop(s);

@@ -28,6 +28,9 @@ struct super_opts {
     /* The CUDA device of GPU slot i, as its rank's CUDA_VISIBLE_DEVICES names it
      * (sched_gpu_ids); gpus entries, borrowed. NULL: slot i is device "i". */
     const char (*gpu_ids)[SCHED_GPU_ID_MAX];
+    /* What `ddpd-worker --devices` said of GPU slot i's device (sched_gpu_match), for
+     * GET /v1/devices; gpus entries, borrowed. NULL: nothing is known. */
+    const struct sched_gpu_info *gpu_info;
     struct store *store;     /* borrowed */
     struct hub *hub;         /* borrowed */
     double grace_s;          /* SIGTERM -> SIGKILL; default 5 */
@@ -85,7 +88,8 @@ bool super_pending_reason(struct super *s, int64_t job, char *buf, size_t cap);
 bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap, const char **path);
 device_kind super_default_device(const struct super *s);
 
-/* {"gpus":[{"index":0,"job":7|null},...],"cpu_slots":[...]}: a new reference. */
+/* {"gpus":[{"index":0,"job":7|null,...},...],"cpu_slots":[...]}, the launcher's answer
+ * (launcher_devices_json): a new reference. */
 struct json_t *super_devices(struct super *s);
 
 #endif

@@ -392,8 +392,14 @@
     fill(root, el('div', {class: 'page-head'}, el('h1', {}, 'Devices')), msg, body);
     const names = new Map();
 
+    const gib = (b) => b >= 2 ** 30 ? `${(b / 2 ** 30).toFixed(1)} GiB` : `${Math.round(b / 2 ** 20)} MiB`;
+    /* A GPU: its model and memory as ddpd-worker --devices found them, and a badge when it
+     * is the emulated device of the tests (DDPD_CUDA_EMU), so that nobody takes it for a GPU. */
+    const gpuInfo = (d) => d.name ? el('div', {class: 'device-info muted'}, d.name + (d.memory ? ` · ${gib(d.memory)}` : '')) : null;
     const tile = (kind, d) => el('div', {class: 'device' + (d.job ? ' device-busy' : ''), dataset: {kind, index: d.index}},
-      el('div', {class: 'device-name'}, kind === 'gpu' ? `GPU ${d.index}` : `CPU slot ${d.index}`),
+      el('div', {class: 'device-name'}, kind === 'gpu' ? `GPU ${d.index}` : `CPU slot ${d.index}`,
+        kind === 'gpu' && d.emulated ? el('span', {class: 'device-emulated', title: 'an emulated CUDA device (DDPD_CUDA_EMU): for tests, not a real GPU'}, 'emulated') : null),
+      kind === 'gpu' ? gpuInfo(d) : null,
       d.job ? el('a', {href: '#/jobs/' + d.job, class: 'device-job'}, `#${d.job} ${names.get(d.job) || ''}`)
         : el('div', {class: 'device-free'}, 'free'));
 

@@ -236,8 +236,9 @@ bool dev_cpu_set_fused(struct dev d, bool fused);
  * dlerror(), or "built without CUDA") when it cannot be loaded. */
 bool dev_cuda_load(struct ddpd_error *err);
 /* Whether an NVIDIA driver is installed (/proc/driver/nvidia/version, /dev/nvidiactl, or
- * WSL's /dev/dxg). Without one there is no device, and the functions below answer "none"
- * without loading the module. */
+ * WSL's /dev/dxg), or emulated devices are asked for (DDPD_CUDA_EMU set to a positive
+ * number: the emulated module needs no driver). Without either there is no device, and the
+ * functions below answer "none" without loading the module. */
 bool dev_cuda_driver_present(void);
 /* False when there is no NVIDIA driver, no module, or no device. */
 bool dev_cuda_available(void);
@@ -261,6 +262,7 @@ struct dev_cuda_info {
     char name[256];
     uint64_t memory; /* bytes */
     char uuid[48];   /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi writes it */
+    bool emulated;   /* a device of the emulated module (libddpd-cuda-emu.so), for tests */
 };
 int dev_cuda_device_count(void);
 bool dev_cuda_device_info(int i, struct dev_cuda_info *out);

@@ -60,7 +60,8 @@ static void on_sigterm(int sig)
 static void usage(FILE *f)
 {
     fputs("usage: ddpd-worker               read one job document on stdin and run one rank\n"
-          "       ddpd-worker --devices     print the visible CUDA devices as JSON ([] for none)\n"
+          "       ddpd-worker --devices     print the visible CUDA devices as one JSON array line ([] for\n"
+          "                                 none): index, name, memory, uuid, emulated\n"
           "       ddpd-worker --issue-id cpu|nccl  print a rendezvous id and serve its root until\n"
           "                                 stdin closes\n"
           "       ddpd-worker --plan        read {spec, data_dir, world_size[, max_rank_memory]} lines on\n"
@@ -295,9 +296,14 @@ static void plan_one(const char *line, size_t len)
 }
 
 /* --devices: the visible CUDA devices as one JSON array line, `[]` when there are none
- * (the server reads the array's entries, serve.c). The server runs this at every start:
- * without an NVIDIA driver, dev_cuda_device_count answers 0 before loading the CUDA
- * module, so it costs nothing on a CPU host; without a loadable module it prints `[]` too. */
+ * (the server reads the array's entries, serve.c):
+ * [{"index": 0, "name": "...", "memory": BYTES, "uuid": "GPU-...", "emulated": false}, ...].
+ * The server runs this at every start: without an NVIDIA driver (and without DDPD_CUDA_EMU),
+ * dev_cuda_device_count answers 0 before loading the CUDA module, so it costs nothing on a
+ * CPU host; without a loadable module it prints `[]` too. The line is flushed before
+ * returning: stdout is a pipe when the server reads it, and what stdio holds is written
+ * only after the module's exit handlers ran, which is too late when one of them crashes
+ * or ends the process (then nothing at all came out). */
 static int devices_main(void)
 {
     int n = dev_cuda_device_count();
@@ -308,17 +314,25 @@ static int devices_main(void)
     json_t *arr = json_array();
     for (int i = 0; i < n; i++) {
         struct dev_cuda_info info;
+        memset(&info, 0, sizeof info);
         if (!dev_cuda_device_info(i, &info))
             continue;
-        json_array_append_new(arr, json_pack("{s:i, s:s, s:I, s:s}", "index", i, "name", info.name, "memory",
-                                             (json_int_t)info.memory, "uuid", info.uuid));
+        info.name[sizeof info.name - 1] = info.uuid[sizeof info.uuid - 1] = '\0';
+        json_t *d = json_pack("{s:i, s:s, s:I, s:s, s:b}", "index", i, "name", info.name, "memory",
+                              (json_int_t)info.memory, "uuid", info.uuid, "emulated", info.emulated);
+        if (!d) /* a name or uuid that is not UTF-8: the device is listed all the same */
+            d = json_pack("{s:i, s:s, s:I, s:s, s:b}", "index", i, "name", "?", "memory",
+                          (json_int_t)info.memory, "uuid", "", "emulated", info.emulated);
+        json_array_append_new(arr, d);
     }
     char *line = json_dumps(arr, JSON_COMPACT);
-    if (line)
-        puts(line);
-    free(line);
     json_decref(arr);
-    return 0;
+    int rc = line && puts(line) >= 0 && fflush(stdout) == 0 ? 0 : 1;
+    if (rc)
+        fprintf(stderr, "ddpd-worker --devices: cannot write the list: %s\n",
+                line ? strerror(errno) : "out of memory");
+    free(line);
+    return rc;
 }
 
 /* The rank's GPU: device rank % visible devices, so that ranks spread over the GPUs they

@@ -6,7 +6,8 @@
 // succeed, watches a longer job's chart gain points while it runs, cancels a third job,
 // submits an invalid spec and sees the error at its path, pages and filters the job list,
 // downloads a checkpoint, sees a restarted job list its restart, loads the GPT and
-// conv-net templates and has a second server accept them, sees the banner when the
+// conv-net templates and has a second server accept them, sees emulated GPUs marked on
+// the devices page (where libddpd-cuda-emu.so is built), sees the banner when the
 // server goes away, and uses a server with a token from a file URL (token prompt, CORS,
 // the fetch()-based event stream).
 // Screenshots go to $DDPD_TEST_OUT (the build folder's tests/browser/).
@@ -81,13 +82,13 @@ function npy(descr, shape, value) {
 
 const servers = [];
 
-function startServer(name, extra = []) {
+function startServer(name, extra = [], env = {}) {
   const dir = path.join(TMP, name);
   mkdirSync(dir, {recursive: true});
   const args = ['serve', '--listen', '127.0.0.1:0', '--db', path.join(dir, 'ddpd.db'), '--data-dir', dir,
     '--cpu-slots', '2', '--gpus', 'none', '--web-dir', WEB, ...extra];
   const proc = spawn(path.join(BIN, 'ddpd'), args, {stdio: ['ignore', 'ignore', 'pipe'],
-    env: {...process.env, OMP_NUM_THREADS: '1', OPENBLAS_NUM_THREADS: '1'}});
+    env: {...process.env, OMP_NUM_THREADS: '1', OPENBLAS_NUM_THREADS: '1', ...env}});
   const s = {proc, log: '', port: 0};
   servers.push(s);
   return new Promise((resolve, reject) => {
@@ -495,6 +496,28 @@ async function main() {
       await page.click('nav a[data-nav=submit]');
     }
     await stopServer(t);
+    await page.goto(a.url + '/web/index.html#/jobs');
+  });
+
+  await step('the devices page marks emulated GPUs (the emulated CUDA module, when built)', async () => {
+    const emu = path.join(BIN, 'libddpd-cuda-emu.so');
+    if (!existsSync(emu)) {
+      console.log(`# no ${emu}: nothing to check`);
+      return;
+    }
+    /* Two emulated devices found by --gpus auto (docs/api.md, GET /v1/devices). */
+    const g = await startServer('emulated', ['--gpus', 'auto'],
+      {DDPD_CUDA_PLUGIN: emu, DDPD_CUDA_EMU: '2', CUDA_VISIBLE_DEVICES: '0,1'});
+    await page.goto(g.url + '/web/index.html#/devices');
+    await page.waitForSelector('.device[data-kind=gpu]');
+    const tiles = await page.$$eval('.device[data-kind=gpu]', (ds) => ds.map((d) => d.textContent));
+    check(tiles.length === 2, `two GPUs (got ${tiles.length})`);
+    tiles.forEach((t, i) => {
+      check(t.includes('emulated'), `GPU ${i} has the emulated badge: ${t}`);
+      check(t.includes(`ddpd emulated GPU ${i}`), `GPU ${i} shows its name: ${t}`);
+    });
+    await page.screenshot({path: path.join(OUT, 'devices-emulated.png')});
+    await stopServer(g);
     await page.goto(a.url + '/web/index.html#/jobs');
   });
 

@@ -60,6 +60,7 @@ def test_devices_format():
     for i, d in enumerate(devs):
         assert d["index"] == i
         assert d["name"] and d["memory"] > 0
+        assert d["emulated"] is False, d  # a GPU, not the emulated module's device
         assert re.fullmatch(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", d["uuid"])
 
 

@@ -172,9 +172,11 @@ def ddpd_env(threads=1):
     return env
 
 
-def run_ddpd(spec, data_dir, out, resume=None, timeout=180, spec_path=None, extra_args=(), raw_spec=None):
+def run_ddpd(spec, data_dir, out, resume=None, timeout=180, spec_path=None, extra_args=(), raw_spec=None,
+             env=None):
     """Writes `spec` (a dict; or `raw_spec` text as is) to a file and runs
-    `ddpd run --world-size 1 --out OUT --data-dir DATA [--resume R] SPEC`."""
+    `ddpd run --world-size 1 --out OUT --data-dir DATA [--resume R] SPEC` (with `env` added
+    to its environment)."""
     exe = ddpd_path()
     data_dir = Path(data_dir)
     out = Path(out)
@@ -186,7 +188,8 @@ def run_ddpd(spec, data_dir, out, resume=None, timeout=180, spec_path=None, extr
         cmd += ["--resume", str(resume)]
     cmd += list(extra_args) + [str(spec_path)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ddpd_env(), cwd=str(data_dir))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(ddpd_env(), **(env or {})),
+                              cwd=str(data_dir))
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"ddpd run timed out after {timeout}s: {' '.join(cmd)}\n"
                              f"stdout: {(e.stdout or b'')[-2000:]!r}\nstderr: {(e.stderr or b'')[-2000:]!r}")

@@ -2,7 +2,9 @@
  * (cuda/plugin.h) the first time one needs a device, and forward through its table.
  * The only code of the worker that calls dlopen; it never links CUDA, so a CPU job,
  * --plan and --version start without mapping a byte of it. In a DDPD_CUDA=OFF build there
- * is no module: every call answers "no device" or "built without CUDA". */
+ * is no module beside the worker: only one that DDPD_CUDA_PLUGIN names is loaded (the
+ * emulated device, built with or without nvcc); without it every call answers "no device" or
+ * "built without CUDA". */
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
@@ -29,7 +31,6 @@ static void refuse(const char *fmt, ...)
     va_end(ap);
 }
 
-#ifdef DDPD_HAVE_CUDA
 static void host_die(const struct ddpd_error *e)
 {
     emit_die(e);
@@ -41,25 +42,33 @@ static const struct ddpd_cuda_host host = {
     .die = host_die,
 };
 
-/* DDPD_CUDA_PLUGIN, else the module beside the executable. */
-static void module_path(char *out, size_t cap)
+/* DDPD_CUDA_PLUGIN, else the module beside the executable; false when there is none to
+ * load (a DDPD_CUDA=OFF build builds no libddpd-cuda.so). */
+static bool module_path(char *out, size_t cap)
 {
     const char *env = getenv("DDPD_CUDA_PLUGIN");
     if (env && *env) {
         snprintf(out, cap, "%s", env);
-        return;
+        return true;
     }
+#ifndef DDPD_HAVE_CUDA
+    (void)out;
+    (void)cap;
+    return false;
+#else
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) {
         snprintf(out, cap, "%s", DDPD_CUDA_PLUGIN_FILE); /* the loader's search path */
-        return;
+        return true;
     }
     exe[n] = '\0';
     char *slash = strrchr(exe, '/');
     if (slash)
         *slash = '\0';
     snprintf(out, cap, "%s/%s", slash ? exe : ".", DDPD_CUDA_PLUGIN_FILE);
+    return true;
+#endif
 }
 
 static bool table_complete(const struct ddpd_cuda_plugin *p)
@@ -75,7 +84,11 @@ static bool table_complete(const struct ddpd_cuda_plugin *p)
 static void load(void)
 {
     char path[PATH_MAX + 64];
-    module_path(path, sizeof path);
+    if (!module_path(path, sizeof path)) {
+        refuse("this ddpd-worker was built without CUDA or NCCL, so it trains on the CPU only: use "
+               "\"device\": \"cpu\" and ddp.backend \"cpu\"");
+        return;
+    }
     /* RTLD_NOW: a missing library or symbol fails here, with dlerror() naming it, not in
      * the middle of a job. RTLD_LOCAL: CUDA's symbols stay out of the worker's scope. */
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -103,13 +116,6 @@ static void load(void)
     /* Never dlclosed: CUDA's and NCCL's threads live as long as the process. */
     __atomic_store_n(&plugin, p, __ATOMIC_RELEASE);
 }
-#else
-static void load(void)
-{
-    refuse("this ddpd-worker was built without CUDA or NCCL, so it trains on the CPU only: use "
-           "\"device\": \"cpu\" and ddp.backend \"cpu\"");
-}
-#endif
 
 const struct ddpd_cuda_plugin *cuda_plugin_get(struct ddpd_error *err)
 {
@@ -126,14 +132,22 @@ const struct ddpd_cuda_plugin *cuda_plugin_loaded(void)
     return __atomic_load_n(&plugin, __ATOMIC_ACQUIRE);
 }
 
+/* DDPD_CUDA_EMU as a positive number: emulated devices are asked for (their module needs
+ * no driver, and says how many it makes of the number). */
+static bool emulation_asked(void)
+{
+    const char *v = getenv("DDPD_CUDA_EMU");
+    if (!v || !*v)
+        return false;
+    char *end;
+    long n = strtol(v, &end, 10);
+    return *end == '\0' && n > 0;
+}
+
 bool dev_cuda_driver_present(void)
 {
-    /* The emulated device (libddpd-cuda-emu.so, tests only) needs no driver. */
-    const char *emu = getenv("DDPD_CUDA_EMU");
-    if (emu && *emu && strcmp(emu, "0") != 0)
-        return true;
-    return access("/proc/driver/nvidia/version", F_OK) == 0 || access("/dev/nvidiactl", F_OK) == 0 ||
-           access("/dev/dxg", F_OK) == 0;
+    return emulation_asked() || access("/proc/driver/nvidia/version", F_OK) == 0 ||
+           access("/dev/nvidiactl", F_OK) == 0 || access("/dev/dxg", F_OK) == 0;
 }
 
 /* ---- dev.h ---- */

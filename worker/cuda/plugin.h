@@ -18,7 +18,7 @@
 #include "../comm.h"
 #include "../dev.h"
 
-#define DDPD_CUDA_PLUGIN_ABI    3
+#define DDPD_CUDA_PLUGIN_ABI    4
 #define DDPD_CUDA_PLUGIN_SYMBOL "ddpd_cuda_plugin"
 #define DDPD_CUDA_PLUGIN_FILE   "libddpd-cuda.so"
 
@@ -58,9 +58,10 @@ typedef const struct ddpd_cuda_plugin *ddpd_cuda_plugin_fn(const struct ddpd_cud
 
 /* The module, loaded on the first call (once per process; later calls return the first
  * answer). NULL with `err` set (DDPD_EDEVICE, "<path>: <dlerror()>", or "built without
- * CUDA" in a DDPD_CUDA=OFF build) when it cannot be loaded; `err` may be NULL.
- * The module is DDPD_CUDA_PLUGIN beside /proc/self/exe; the environment variable
- * DDPD_CUDA_PLUGIN names another file (tests, packaging). */
+ * CUDA" in a DDPD_CUDA=OFF build without DDPD_CUDA_PLUGIN) when it cannot be loaded; `err`
+ * may be NULL. The module is DDPD_CUDA_PLUGIN_FILE beside /proc/self/exe; the environment
+ * variable DDPD_CUDA_PLUGIN names another file (tests, packaging, the emulated device
+ * libddpd-cuda-emu.so, which every build has, DDPD_CUDA=OFF ones included). */
 const struct ddpd_cuda_plugin *cuda_plugin_get(struct ddpd_error *err);
 /* The module if it is loaded already, else NULL; never loads it. */
 const struct ddpd_cuda_plugin *cuda_plugin_loaded(void);

@@ -1,7 +1,8 @@
 /* test_server_gpus.c — which GPU a scheduler slot stands for (sched_gpu_ids): `--gpus 2,3`
  * puts slot 0 on GPU 2, `auto` numbers the devices among the server's own
  * CUDA_VISIBLE_DEVICES, malformed or repeated lists are refused, and the scheduler's GPU
- * slots carry the names (sched_name_gpus). No GPU needed. */
+ * slots carry the names (sched_name_gpus) and what `ddpd-worker --devices` said of their
+ * devices (sched_gpu_match, sched_describe_gpus). No GPU needed. */
 #include "check.h"
 #include "server/sched.h"
 
@@ -58,6 +59,39 @@ int main(void)
     CHECK_EQ_STR(sched_gpu_device(s, 1), "7");
     CHECK(sched_gpu_device(s, 2) == NULL);
     CHECK(sched_gpu_device(s, -1) == NULL);
+
+    /* Described by what --devices listed: by the name "auto" gives a device, or its uuid. */
+    struct sched_gpu_info found[3] =
+        {
+            {.known = true, .memory = 100, .name = "A", .uuid = "GPU-a"},
+            {.known = true, .emulated = true, .memory = 200, .name = "B", .uuid = "GPU-b"},
+            {.known = true, .memory = 300, .name = "C", .uuid = ""},
+        },
+                          info[CAP];
+    CHECK_EQ_INT(sched_gpu_ids("auto", 3, NULL, ids, CAP, why, sizeof why), 3);
+    sched_gpu_match((const char(*)[SCHED_GPU_ID_MAX])ids, 3, NULL, found, 3, info);
+    CHECK_EQ_STR(info[0].name, "A");
+    CHECK(info[1].known && info[1].emulated && info[1].memory == 200);
+    CHECK_EQ_STR(info[2].name, "C");
+    /* Under the server's CUDA_VISIBLE_DEVICES=6,4: GPU 4 is the second it sees. */
+    CHECK_EQ_INT(sched_gpu_ids("4,GPU-a,9", 0, NULL, ids, CAP, why, sizeof why), 3);
+    sched_gpu_match((const char(*)[SCHED_GPU_ID_MAX])ids, 3, "6,4", found, 2, info);
+    CHECK_EQ_STR(info[0].name, "B");
+    CHECK(info[0].known && info[0].emulated);
+    CHECK_EQ_STR(info[1].name, "A");
+    CHECK(!info[2].known && !info[2].emulated && info[2].name[0] == '\0'); /* not listed */
+    CHECK_EQ_INT(sched_gpu_ids("1", 0, NULL, ids, CAP, why, sizeof why), 1);
+    sched_gpu_match((const char(*)[SCHED_GPU_ID_MAX])ids, 1, "6,4", found, 2, info);
+    CHECK(!info[0].known); /* "1" is no device the server sees under 6,4 */
+
+    /* The slots carry the descriptions; nothing is known until described. */
+    CHECK(!sched_gpu_info(s, 0)->known);
+    CHECK(sched_gpu_info(s, 2) == NULL);
+    sched_describe_gpus(s, found + 1);
+    CHECK(sched_gpu_info(s, 0)->emulated);
+    CHECK_EQ_STR(sched_gpu_info(s, 1)->name, "C");
+    sched_describe_gpus(s, NULL); /* keeps them */
+    CHECK_EQ_STR(sched_gpu_info(s, 0)->name, "B");
     sched_free(s);
     CHECK_DONE();
 }
