@@ -1498,6 +1498,12 @@ extern "C" bool cuda__device_info(int i, struct dev_cuda_info *out)
     snprintf(out->uuid, sizeof out->uuid,
              "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
              u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    /* The emulated module (cuda/emu) is this file built by g++ with DDPD_CUDA_EMULATED. */
+#ifdef DDPD_CUDA_EMULATED
+    out->emulated = true;
+#else
+    out->emulated = false;
+#endif
     return true;
 }
 

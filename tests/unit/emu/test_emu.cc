@@ -43,6 +43,17 @@ static int checks, failures;
         }                                                                                                    \
     } while (0)
 
+/* After a launch meant to fail: the failure may already be there (the kernel ran on its
+ * stream before this thread asked), as a GPU may report it at cudaGetLastError too. */
+#define LAUNCH_CHECK()                                                                                       \
+    do {                                                                                                     \
+        cudaError_t e_ = cudaGetLastError();                                                                 \
+        if (e_ == cudaErrorLaunchFailure)                                                                    \
+            return REFUSED;                                                                                  \
+        if (e_ != cudaSuccess)                                                                               \
+            _exit(SETUP);                                                                                    \
+    } while (0)
+
 #define CK(call)                                                                                             \
     do {                                                                                                     \
         if ((call) != cudaSuccess) {                                                                         \
@@ -164,7 +175,7 @@ static int case_syncthreads(bool bug)
     float *dx = dev_upload(x, N), *dy;
     CK(cudaMalloc((void **)&dy, sizeof y));
     LAUNCH(k_reverse, G, B, 0, dy, dx, !bug);
-    CK(cudaGetLastError());
+    LAUNCH_CHECK();
     CK(cudaMemcpy(y, dy, sizeof y, cudaMemcpyDeviceToHost));
     for (int b = 0; b < G; b++)
         for (int t = 0; t < B; t++)
@@ -186,7 +197,7 @@ static int case_scratch_reuse(bool bug)
     float *dx = dev_upload(x, N), *dy = dev_upload(y, N), *dout;
     CK(cudaMalloc((void **)&dout, sizeof out));
     LAUNCH(k_two_sums, 1, N, 0, dout, dx, dy, !bug);
-    CK(cudaGetLastError());
+    LAUNCH_CHECK();
     CK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
     return out[0] == want[0] && out[1] == want[1] ? RIGHT : WRONG;
 }
@@ -203,7 +214,7 @@ static int case_shuffle(int variant)
         LAUNCH(k_warp_outside, 1, N, 0, dy, dx);
     else
         LAUNCH(k_warp_sum, 1, N, 0, dy, dx, variant == 1);
-    CK(cudaGetLastError());
+    LAUNCH_CHECK();
     if (cudaMemcpy(y, dy, sizeof y, cudaMemcpyDeviceToHost) != cudaSuccess)
         return REFUSED; /* the launch failed, and the emulator said why */
     if (variant != 0)
