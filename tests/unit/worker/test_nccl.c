@@ -313,7 +313,7 @@ static int group_result(const struct group *gr, const char *what)
                     WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
     }
     if (skipped == gr->world) {
-        fprintf(stderr, "  %s W=%d: skipped (fewer GPUs than ranks)\n", what, gr->world);
+        fprintf(stderr, "  %s W=%d: skipped (no GPU for every rank)\n", what, gr->world);
         return 1;
     }
     return ok == gr->world ? 0 : -1;
@@ -611,7 +611,10 @@ int main(void)
      * groups' ranks, which start their own. */
     enum { NIDS = 11 };
     struct issuer is[NIDS];
-    for (int i = 0; i < NIDS; i++)
+    /* The groups' ids (4..10) only where a group can run: each rank loads the module. */
+    const bool groups = dev_cuda_driver_present();
+    const int nids = groups ? NIDS : 4;
+    for (int i = 0; i < nids; i++)
         if (issuer_start(&is[i]) != 0) {
             fprintf(stderr, "--issue-id nccl printed no id\n");
             return 1;
@@ -620,9 +623,11 @@ int main(void)
     sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (sh == MAP_FAILED)
         return 1;
-    test_group_collectives(2, &is[4].id);
-    test_group_collectives(3, &is[5].id);
-    if (emulated()) {
+    if (groups) {
+        test_group_collectives(2, &is[4].id);
+        test_group_collectives(3, &is[5].id);
+    }
+    if (groups && emulated()) {
         /* Real NCCL may only time out on a lost peer; the emulator names it. */
         test_group_fault(2, 1, false, &is[6].id);
         test_group_fault(3, 1, false, &is[7].id);
@@ -631,7 +636,7 @@ int main(void)
         test_group_early_end(&is[10].id);
     }
     if (!dev_cuda_available()) {
-        for (int i = 0; i < NIDS; i++)
+        for (int i = 0; i < nids; i++)
             issuer_stop(&is[i]);
         fprintf(stderr, "no CUDA device visible: skipped\n");
         return SKIP;
@@ -646,7 +651,7 @@ int main(void)
     test_collectives(g, &is[1].id);
     test_bind_cpu(&is[2].id);
     test_absent_rank(&is[3].id);
-    for (int i = 0; i < NIDS; i++)
+    for (int i = 0; i < nids; i++)
         CHECK_EQ_INT(issuer_stop(&is[i]), 0);
     dev_cuda_free(g);
     CHECK_DONE();
