@@ -314,8 +314,18 @@ static int load_spec(const struct run_opts *o, struct spec *out)
     }
     if (world)
         spec.world_size = (int)world;
-    if (device)
+    if (device) {
         spec.device = !strcmp(device, "cuda") ? DEVICE_CUDA : DEVICE_CPU;
+        /* The spec's default backend follows the device it now trains on (nccl for cuda),
+         * as it would have had the spec said that device itself. */
+        if (!spec.ddp.backend_set)
+            spec.ddp.backend = spec.device == DEVICE_CUDA ? BACKEND_NCCL : BACKEND_CPU;
+        else if (spec.ddp.backend == BACKEND_NCCL && spec.device == DEVICE_CPU) {
+            fprintf(stderr, "ddpd run: %s: ddp.backend: nccl needs device \"cuda\" (--device cpu)\n",
+                    spec_path);
+            return 2;
+        }
+    }
     *out = spec;
     return -1;
 }

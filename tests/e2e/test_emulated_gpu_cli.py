@@ -111,3 +111,14 @@ def test_ddpd_run_trains_on_two_emulated_devices(work):
         # takes device rank % 2, so the two ranks are on different devices.
         assert f"on GPU {rk} of 2 visible (ddpd emulated GPU {rk})" in logs[rk], logs[rk][-1500:]
     assert (work / "out" / "model.safetensors").exists()
+
+
+def test_ddpd_run_device_cuda_means_nccl_one_gpu_per_rank(work):
+    """`--device cuda` on a spec that names no ddp.backend trains over NCCL (the backend a
+    cuda spec gets), so three ranks on two GPUs are refused as NCCL refuses them, where the
+    host-staged backend would have let two ranks share a GPU."""
+    r = h.run_ddpd(tiny_spec("emu-dup", 4), work, work / "out", timeout=600,
+                   extra_args=["--device", "cuda", "--world-size", "3"], env=emu_env(2))
+    assert r.rc != 0, r.stderr[-2000:]
+    assert "Duplicate GPU detected" in r.stderr, r.stderr[-2000:]
+    assert "NCCL takes one GPU per rank" in r.stderr, r.stderr[-2000:]

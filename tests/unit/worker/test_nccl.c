@@ -228,16 +228,16 @@ struct group {
     char out[MAX_W][2048]; /* what the rank wrote on stdout: its events */
 };
 
-/* One rank's process: its own GPU (the emulator gives each process a device 0; real NCCL
- * wants a GPU per rank), the group on `id`, then fn. Exits 77 where the machine cannot
- * hold the group, 1 on a failed check. */
+/* One rank's process: its own GPU (NCCL, real or emulated, wants a GPU per rank: the
+ * emulated suite runs with DDPD_CUDA_EMU=3), the group on `id`, then fn. Exits 77 where the
+ * machine cannot hold the group, 1 on a failed check. */
 static _Noreturn void rank_main(int rank, int world, const struct comm_id *id, rank_fn fn)
 {
     struct ddpd_error err;
     ddpd_error_clear(&err);
-    if (!dev_cuda_available() || (!emulated() && dev_cuda_device_count() < world))
+    if (!dev_cuda_available() || dev_cuda_device_count() < world)
         exit(SKIP);
-    struct dev g = dev_cuda_new(emulated() ? 0 : rank, false, &err);
+    struct dev g = dev_cuda_new(rank, false, &err);
     if (!g.ops) {
         fprintf(stderr, "rank %d: dev_cuda_new: %s\n", rank, err.message);
         exit(1);

@@ -20,13 +20,18 @@ extern "C" {
  * runs after fn, or instead of it when the work is dropped (a destroyed stream). fn may
  * block (an emulated NCCL collective waits for its peers there), which stalls the stream
  * exactly as a collective kernel stalls a GPU stream. Returns cudaSuccess, or the error
- * that stops the call (an invalid stream, a sticky error). */
+ * that stops the call (an invalid stream, a sticky error); work refused so is released
+ * (release(arg) runs) before the call returns. */
 cudaError_t emu_stream_enqueue(cudaStream_t s, void (*fn)(void *arg), void *arg, void (*release)(void *arg));
 
 /* The device of stream `s` (NULL: the calling thread's current device). */
 int emu_stream_device(cudaStream_t s);
 
 /* ---- memory (runtime.cc) ----
+ * An allocation ends where its pages end, with an inaccessible page after it, so that an
+ * overrun faults at its first byte: it starts 4-byte aligned (8 when its size is a multiple
+ * of 8), where CUDA's start 256-byte aligned. Code that relies on more alignment than its
+ * element type's fails here first.
  * Where [p, p + bytes) lies: EMU_MEM_DEVICE when inside one live cudaMalloc allocation,
  * EMU_MEM_PINNED inside one cudaHostAlloc allocation, else EMU_MEM_HOST (pageable host
  * memory, or a range that runs past the end of its allocation: see emu_mem_describe). */
@@ -46,6 +51,10 @@ cudaError_t emu_error(cudaError_t code, const char *fmt, ...) __attribute__((for
 /* A misuse that a GPU would turn into a sticky context error (a kernel given a host
  * pointer, an out-of-bounds access): every later runtime call fails with `code` too. */
 cudaError_t emu_error_sticky(cudaError_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Emulated device `visible` (the calling process's numbering, after CUDA_VISIBLE_DEVICES)
+ * as its number among all DDPD_CUDA_EMU devices, the same in every process; -1 if none. */
+int emu_device_physical(int visible);
 
 /* Number of emulated devices visible to this process: DDPD_CUDA_EMU (1..16), filtered and
  * renumbered by CUDA_VISIBLE_DEVICES. 0 when unset. */

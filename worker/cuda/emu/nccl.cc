@@ -67,6 +67,7 @@ struct alignas(128) ShmRank {
     A32 ready, done; /* the last step whose slot this rank has filled / has read every slot of */
     A32 pid;         /* with `start`, who holds the rank, against pid reuse */
     A64 start;       /* /proc/PID/stat's starttime */
+    A32 device;      /* 1 + the emulated GPU (its number among DDPD_CUDA_EMU's) it joined on */
     Desc desc;       /* the collective of step `ready`; written before `ready` */
 };
 
@@ -571,8 +572,18 @@ ncclResult_t enqueue(ncclComm *c, const char *call, Desc d, const void *send, si
 bool joined_check(ncclComm *c)
 {
     ShmSeg *s = c->seg;
-    if (s->joined.load() >= (uint32_t)c->world)
+    if (s->joined.load() >= (uint32_t)c->world) {
+        /* NCCL refuses two ranks of a group on one GPU ("Duplicate GPU detected"). */
+        for (int q = 0; q < c->world; q++)
+            if (q != c->rank && s->rank[q].device.load() == s->rank[c->rank].device.load()) {
+                fail_async_locked(c, ncclInvalidUsage,
+                                  "ncclCommInitRank: Duplicate GPU detected: rank %d and rank %d are both on "
+                                  "emulated GPU %u (NCCL takes one GPU per rank)",
+                                  c->rank, q, s->rank[q].device.load() - 1);
+                return false;
+            }
         return true;
+    }
     double now = now_s();
     bool live = now >= c->next_live_join;
     if (live)
@@ -632,6 +643,7 @@ ncclResult_t attach(ncclComm *c, const IdBody &id)
                     me.pid.load());
     me.pid.store((uint32_t)getpid());
     me.start.store(proc_start((uint32_t)getpid()));
+    me.device.store(1u + (uint32_t)emu_device_physical(emu_stream_device(NULL)));
     me.state.store(RANK_JOINED);
     /* Once every rank has the segment mapped, its name has served: unlinking it now leaves
      * nothing behind however the ranks end (killed, or exiting mid-abort). */

@@ -252,6 +252,11 @@ extern "C" int emu_device_count(void)
     return device_count();
 }
 
+extern "C" int emu_device_physical(int visible)
+{
+    return visible >= 0 && visible < device_count() ? devices[visible]->physical : -1;
+}
+
 extern "C" cudaError_t cudaGetDeviceCount(int *count)
 {
     *count = device_count();
