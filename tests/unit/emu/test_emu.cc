@@ -1,7 +1,8 @@
 /* test_emu.cc — the emulated CUDA device's self-tests: each bug class it exists to catch,
  * seeded on purpose into a small kernel or call, must fail, and the same code without the
  * bug must pass (so a green run of the GPU suites on the emulator means something). The
- * classes: a missing __syncthreads, a shuffle that reads a lane which never wrote, a host
+ * classes: a missing __syncthreads (before a read, and between two uses of the same
+ * scratch), a shuffle that reads a lane which never wrote, a host
  * pointer passed to a kernel, a device pointer read on the host, a wrong lda, a missing
  * stream synchronisation (within a stream and across two), an out-of-bounds read; also a
  * barrier not every thread reaches. Each case runs in a child process (a fault ends it, and
@@ -61,6 +62,37 @@ __global__ void k_reverse(float *y, const float *x, bool barrier)
     if (barrier)
         __syncthreads();
     y[blockIdx.x * n + t] = s[n - 1 - t];
+}
+
+/* The block's sum in thread 0: warp sums, then warp 0 adds the warps' (block_sum of dev.cu). */
+__device__ float block_sum(float v)
+{
+    __shared__ float part[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_down_sync(0xffffffffu, v, o);
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+    if (warp == 0)
+        for (int o = 16; o > 0; o >>= 1)
+            v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Two sums through the same scratch: the second may only start writing it once every
+ * warp has read the first's (the barrier dev.cu's k_bn_stats has). */
+__global__ void k_two_sums(float *out, const float *x, const float *y, bool barrier)
+{
+    const float a = block_sum(x[threadIdx.x]);
+    if (barrier)
+        __syncthreads();
+    const float b = block_sum(y[threadIdx.x]);
+    if (threadIdx.x == 0) {
+        out[0] = a;
+        out[1] = b;
+    }
 }
 
 /* A warp's sum by xor shuffles; `half` leaves lanes 16..31 out of the shuffle that still
@@ -139,6 +171,24 @@ static int case_syncthreads(bool bug)
             if (y[b * B + t] != x[b * B + B - 1 - t])
                 return WRONG;
     return RIGHT;
+}
+
+static int case_scratch_reuse(bool bug)
+{
+    enum { N = 128 };
+    float x[N], y[N], out[2], want[2] = {0, 0};
+    for (int i = 0; i < N; i++) {
+        x[i] = (float)(i % 5);
+        y[i] = 100.0f + (float)i;
+        want[0] += x[i];
+        want[1] += y[i];
+    }
+    float *dx = dev_upload(x, N), *dy = dev_upload(y, N), *dout;
+    CK(cudaMalloc((void **)&dout, sizeof out));
+    LAUNCH(k_two_sums, 1, N, 0, dout, dx, dy, !bug);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
+    return out[0] == want[0] && out[1] == want[1] ? RIGHT : WRONG;
 }
 
 static int case_shuffle(int variant)
@@ -349,9 +399,13 @@ static bool exited(const outcome &o, int code)
     return WIFEXITED(o.status) && WEXITSTATUS(o.status) == code;
 }
 
-static bool killed(const outcome &o, int sig)
+/* Ended by SIGSEGV: the default action, or a sanitizer's report of it in a sanitizer build
+ * (the emulator's handler passes the fault on to the handler it found). */
+static bool faulted(const outcome &o)
 {
-    return WIFSIGNALED(o.status) && WTERMSIG(o.status) == sig;
+    return (WIFSIGNALED(o.status) && WTERMSIG(o.status) == SIGSEGV) ||
+           (WIFEXITED(o.status) && WEXITSTATUS(o.status) != 0 &&
+            o.err.find("Sanitizer: SEGV") != std::string::npos);
 }
 
 static bool says(const outcome &o, const char *text)
@@ -370,6 +424,14 @@ int main(void)
     EXPECT(exited(o, RIGHT), "reverse with __syncthreads: status %d, stderr: %s", SHOW(o));
     o = run_child([](int bug) { return case_syncthreads(bug); }, 1);
     EXPECT(exited(o, WRONG), "reverse without __syncthreads must give a wrong result: status %d, %s",
+           SHOW(o));
+
+    o = run_child([](int bug) { return case_scratch_reuse(bug); }, 0);
+    EXPECT(exited(o, RIGHT), "two block sums with a barrier between: status %d, stderr: %s", SHOW(o));
+    o = run_child([](int bug) { return case_scratch_reuse(bug); }, 1);
+    EXPECT(exited(o, WRONG),
+           "shared scratch overwritten before every warp read it must give a wrong result: "
+           "status %d, stderr: %s",
            SHOW(o));
 
     o = run_child(case_shuffle, 0);
@@ -394,7 +456,7 @@ int main(void)
     o = run_child([](int bug) { return case_host_deref(bug); }, 0);
     EXPECT(exited(o, RIGHT), "device memory read by a copy: status %d, stderr: %s", SHOW(o));
     o = run_child([](int bug) { return case_host_deref(bug); }, 1);
-    EXPECT(killed(o, SIGSEGV) && says(o, "host code dereferenced device memory"),
+    EXPECT(faulted(o) && says(o, "host code dereferenced device memory"),
            "a device pointer read on the host must fault: status %d, stderr: %s", SHOW(o));
 
     o = run_child(case_lda, 5);
@@ -425,7 +487,7 @@ int main(void)
     o = run_child([](int bug) { return case_out_of_bounds(bug); }, 0);
     EXPECT(exited(o, RIGHT), "reads inside the buffer: status %d, stderr: %s", SHOW(o));
     o = run_child([](int bug) { return case_out_of_bounds(bug); }, 1);
-    EXPECT(killed(o, SIGSEGV) && says(o, "kernel k_shifted") && says(o, "out-of-bounds access") &&
+    EXPECT(faulted(o) && says(o, "kernel k_shifted") && says(o, "out-of-bounds access") &&
                says(o, "0 bytes past the end of an allocation of 4000 bytes"),
            "a read past the end of a buffer must fault naming the kernel: status %d, stderr: %s", SHOW(o));
 

@@ -33,7 +33,7 @@
 #define __launch_bounds__(...)
 /* Blocks of a launch run one after another on their stream's thread, and two streams are
  * two threads: a per-thread static is exactly one block's shared memory. */
-#define __shared__ static thread_local
+#define __shared__ static __thread
 
 struct uint3 {
     unsigned x, y, z;
@@ -55,8 +55,10 @@ struct block_view {
     uint3 block_idx;
     dim3 block_dim, grid_dim;
 };
-extern thread_local thread_view *cur_thread;
-extern thread_local block_view *cur_block;
+/* __thread, not thread_local: nothing to construct, so no TLS wrapper call per access (and
+ * none for GCC's -fsanitize=null to mis-compile). */
+extern __thread thread_view *cur_thread;
+extern __thread block_view *cur_block;
 
 /* kernel.cc: the barriers a fiber waits at. */
 void syncthreads();

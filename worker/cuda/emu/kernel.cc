@@ -1,6 +1,6 @@
 /* emu/kernel.cc — how the emulated device runs a kernel: the blocks of a launch one after
  * another on their stream's thread, and inside a block every CUDA thread as a fiber with a
- * stack of its own, resumed round-robin. A fiber hands over only at a barrier
+ * stack of its own, a warp at a time (run_block). A fiber hands over only at a barrier
  * (__syncthreads, __syncwarp) or a shuffle, so code that reads what another thread writes
  * without the barrier between them reads a stale value, as a GPU would let it. Barriers
  * count threads that returned as arrived (sm_70 and later); a warp operation whose mask
@@ -31,8 +31,8 @@
 namespace emu
 {
 
-thread_local thread_view *cur_thread;
-thread_local block_view *cur_block;
+__thread thread_view *cur_thread;
+__thread block_view *cur_block;
 
 /* ---- the context switch ----
  * x86-64: the callee-saved registers, the SSE and x87 control words and the stack pointer,
@@ -479,18 +479,37 @@ static bool run_block(runner *r, block *b)
 #endif
         f->sp = ctx_make(f->stack, STACK_BYTES, fiber_main, f);
     }
+    /* A warp at a time, the last warp first, each as far as it can go (its lanes round-robin,
+     * through its shuffles, until every lane waits at a block barrier or has returned):
+     * warps then meet only at __syncthreads, as far apart as a GPU may run them, so shared
+     * memory read before another warp wrote it (or overwritten before another warp read
+     * it) shows as a wrong value instead of hiding behind a lucky order. */
+    const int warps = (b->n + WARP - 1) / WARP;
     int live = b->n;
     while (live > 0 && !b->failed) {
-        const uint64_t before = b->moved;
-        for (int i = 0; i < b->n && !b->failed; i++) {
-            fiber *f = &r->fibers[i];
-            if (f->state == FIBER_DONE)
-                continue;
-            switch_to_fiber(r, f);
-            if (f->state == FIBER_DONE)
-                live--;
+        const uint64_t sweep = b->moved;
+        /* A released __syncthreads starts the sweep again from the last warp, so the warps
+         * that arrived first do not get ahead of the others. */
+        const unsigned gen = b->gen;
+        for (int w = warps - 1; w >= 0 && !b->failed && b->gen == gen; w--) {
+            const int lo = w * WARP, hi = lo + WARP < b->n ? lo + WARP : b->n;
+            /* A bounded number of passes: a warp that spins on another warp's flag lets
+             * the others run. */
+            for (int pass = 0; pass < (1 << 16) && !b->failed; pass++) {
+                const uint64_t before = b->moved;
+                for (int i = lo; i < hi && !b->failed; i++) {
+                    fiber *f = &r->fibers[i];
+                    if (f->state == FIBER_DONE)
+                        continue;
+                    switch_to_fiber(r, f);
+                    if (f->state == FIBER_DONE)
+                        live--;
+                }
+                if (b->moved == before || b->gen != gen)
+                    break;
+            }
         }
-        if (live > 0 && !b->failed && b->moved == before)
+        if (live > 0 && !b->failed && b->moved == sweep)
             deadlock(r, b);
     }
     return !b->failed;
