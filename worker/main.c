@@ -27,7 +27,7 @@
 
 #define STDIN_MAX (4 * 1024 * 1024)
 
-static volatile sig_atomic_t cancelled, in_loop;
+static volatile sig_atomic_t cancelled, in_loop, dying;
 /* The rank's communicator once it is whole (bound to its device), for the handler. */
 static struct comm *volatile group;
 
@@ -41,10 +41,13 @@ static struct comm *volatile group;
  * Before the loop, the rank may be blocked in the rendezvous, the parameter broadcast or
  * a data read, waiting for a peer that is gone; it has nothing to save, so it tells its
  * peers (comm_cancel is async-signal-safe) and ends at once with the same code instead of
- * holding the job's slots until the launcher's SIGKILL. */
+ * holding the job's slots until the launcher's SIGKILL. A rank that is dying of its own
+ * cause (`dying`) ignores it: that cause is the job's, and its exit code must say so. */
 static void on_sigterm(int sig)
 {
     (void)sig;
+    if (dying)
+        return;
     cancelled = 1;
     if (!in_loop) {
         struct comm *c = group;
@@ -565,7 +568,12 @@ int main(int argc, char **argv)
     }
     if (rc != DDPD_OK) {
         /* Peers blocked on us learn of it from the closed sockets at once, and of a
-         * cancel from its notice. */
+         * cancel from its notice. They then fail (exit 3) and the launcher stops the group
+         * with SIGTERM, which can arrive before this rank has exited: `dying` keeps the
+         * handler from turning this rank's cause into a cancel (exit 5), which the launcher
+         * would take for an echo and blame a peer's comm failure instead. A flag, not a
+         * blocked signal: SIGTERM may land on any thread (NCCL's watchdog, CUDA's). */
+        dying = 1;
         if (comm && !(rc == DDPD_ECANCELED && comm_cancel(comm)))
             comm_abort(comm);
         emit_die(&err);

@@ -325,6 +325,7 @@ def test_worked_example_4_6(work, divide, momentum, want):
     assert not problems, "\n".join(problems) + "\n\n" + run.describe()
 
 
+@pytest.mark.cpu_only("runs the PyTorch reference alone, no ddpd")
 @pytest.mark.parametrize("divide,momentum,want", CASES46, ids=["default", "divide_false", "momentum"])
 def test_worked_example_4_6_pytorch_reference(work, divide, momentum, want):
     """The PyTorch DDP reference used above gives DDP.md's numbers (a test of the test)."""

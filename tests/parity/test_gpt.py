@@ -7,7 +7,8 @@ update the backward): layernorm, attention causal and not (T = 1, one head, odd 
 gelu tanh, nested residuals on [B, T, dim] float inputs, and embedding + position with
 sequence cross_entropy on int32 ids. End to end: a 2-block GPT (vocab 32, T 8, dim 16,
 2 heads) trained by 2 ranks with AdamW, grad_accum 2 and uneven shards (join) against
-PyTorch DDP (gloo), and the same at W = 1 and W = 3, each with SGD momentum and AdamW. ddpd's
+PyTorch DDP (gloo), and the same at W = 1 and W = 3, each with SGD momentum and AdamW; a
+one-block GPT whose rows are longer than a warp (dim 48, T 40, vocab 70) at W = 1, 2, 3. ddpd's
 model.safetensors loads into the PyTorch tree with load_state_dict(strict=True). A GPT with
 dropout resumed from a checkpoint gives exactly the numbers of the uninterrupted run (the
 masks depend on the step, not on how many forwards this process ran).
@@ -150,6 +151,22 @@ def test_gpt_ddp(work, world, opt):
                                [y[a:b] for a, b in zip(cuts, cuts[1:])], case.init_sd)
     run = check(case, work)
     assert bool(run.of("join")) == (world > 1), "ranks with fewer steps join"
+
+
+@pytest.mark.parametrize("world,opt", [(1, "adamw"), (2, "sgd-momentum"), (3, "adamw")])
+def test_gpt_wide_rows(work, world, opt):
+    """Rows longer than a warp: dim 48, T 40 keys, vocab 70, so every lane of the CUDA
+    kernels' warp-per-row reductions (LayerNorm, softmax, cross_entropy) takes a second pass,
+    which the small GPT above never reaches. One block, per-rank files of 6, 4 (and 2)
+    sequences: ranks join."""
+    model = gpt(vocab=70, T=40, dim=48, heads=3, blocks=1, attn_bias=opt != "adamw")
+    sizes = [6, 4, 2][:world]
+    case = token_case(model, 70, 40, sum(sizes), 1, OPTS[opt], 2, seed=3 + world)
+    x, y = case.full
+    cuts = np.cumsum([0] + sizes)
+    case = H.Case.per_rank(case.spec, [x[a:b] for a, b in zip(cuts, cuts[1:])],
+                           [y[a:b] for a, b in zip(cuts, cuts[1:])], case.init_sd)
+    check(case, work)
 
 
 def test_gpt_dropout_resume_is_exact(work):

@@ -1,5 +1,5 @@
 """test_schedule_eval.py — optimizer.schedule, grad_clip and eval (CONTRACT.md §2a) through
-`ddpd run --world-size 2` against PyTorch 1.13 DDP (gloo) + LambdaLR + clip_grad_norm_.
+`ddpd run --world-size W` (W = 1, 2, 3) against PyTorch 1.13 DDP (gloo) + LambdaLR + clip_grad_norm_.
 
 Compared per step: every rank's loss, the `lr` and `grad_norm` its loss event carries
 (lr exact to the double, the norm 1e-5 relative), and the final weights, at the tolerances
@@ -9,10 +9,11 @@ the model of that step: loss 1e-5 relative, accuracy and samples exact. The mode
 step is the replica of the highest rank that ran it itself (a rank that joined scores its
 shard with it too).
 
-Cases: an MLP with cross_entropy, SGD momentum, a cosine schedule with warmup and clipping
-that clips, grad_accum 2 and uneven per-rank data (join: rank 1 runs out after 3 of 5
-steps, so the eval at step 2 has both ranks live, those at steps 4 and 5 a joined one); AdamW with a linear schedule,
-mse and eval with max_batches on even shards.
+Cases, each with 1, 2 and 3 ranks: an MLP with cross_entropy, SGD momentum, a cosine
+schedule with warmup and clipping that clips, grad_accum 2 and uneven per-rank data (join:
+rank 1 runs out after 3 of 5 steps, rank 2 after 2, so the eval at step 2 has every rank
+live, those at steps 4 and 5 joined ones); AdamW with a linear schedule, mse and eval with
+max_batches on even shards.
 """
 import json
 import math
@@ -139,40 +140,42 @@ def run_case(work, case, eval_xy):
     return run
 
 
-def test_cosine_warmup_clip_accum_join_eval(work):
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_cosine_warmup_clip_accum_join_eval(work, world):
     model = H.mlp(6, 16, 3)
-    # 10 and 6 batches: steps of 2 micro-batches on both ranks (PyTorch's join needs the
-    # same sync pattern on every rank), rank 1 joins after step 3 of 5
-    x0, y0 = H.make_xy(40, 6, 3, "cross_entropy", seed=31)
-    x1, y1 = H.make_xy(24, 6, 3, "cross_entropy", seed=32)
+    # 10, 6 and 4 batches: steps of 2 micro-batches on every rank (PyTorch's join needs the
+    # same sync pattern on every rank); rank 1 joins after step 3 of 5, rank 2 after step 2
+    xs, ys = zip(*[H.make_xy(n, 6, 3, "cross_entropy", seed=31 + r) for r, n in enumerate([40, 24, 16][:world])])
     ex, ey = H.make_xy(30, 6, 3, "cross_entropy", seed=33)
     spec = {"name": "sched-eval", "device": "cpu", "model": model, "loss": "cross_entropy",
             "optimizer": {"type": "sgd", "lr": 0.5, "momentum": 0.9,
                           "schedule": {"type": "cosine", "warmup_steps": 2, "min_lr": 0.01}},
             "batch_size": 4, "epochs": 1, "grad_accum": 2, "log_every": 1, "grad_clip": 0.3,
             "eval": {"data": {"type": "npy", "x": "ex.npy", "y": "ey.npy"}, "every_steps": 2}}
-    case = H.Case.per_rank(spec, [x0, x1], [y0, y1], H.init_weights(model, 7))
-    assert case.steps_per_epoch() == [5, 3]
+    case = H.Case.per_rank(spec, xs, ys, H.init_weights(model, 7))
+    assert case.steps_per_epoch() == [5, 3, 2][:world]
     run = run_case(work, case, (ex, ey))
-    assert [int(e["step"]) for e in run.of("join", 1)] == [3]
+    assert [[int(e["step"]) for e in run.of("join", r)] for r in range(world)] == [[], [3], [2]][:world]
 
 
-def test_adamw_linear_mse_eval_max_batches(work):
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_adamw_linear_mse_eval_max_batches(work, world):
     model = H.mlp(5, 12, 2, act="tanh")
-    x, y = H.make_xy(48, 5, 2, "mse", seed=41)
+    x, y = H.make_xy(24 * world, 5, 2, "mse", seed=41)  # 6 steps of 4 rows per rank
     ex, ey = H.make_xy(40, 5, 2, "mse", seed=42)
     spec = {"name": "sched-eval-mse", "device": "cpu", "model": model, "loss": "mse",
             "optimizer": {"type": "adamw", "lr": 0.01, "weight_decay": 0.1,
                           "schedule": {"type": "linear", "warmup_steps": 1, "min_lr": 0.001, "total_steps": 5}},
             "batch_size": 4, "epochs": 1, "log_every": 1,
             "eval": {"data": {"type": "npy", "x": "ex.npy", "y": "ey.npy"}, "every_steps": 3, "max_batches": 2}}
-    case = H.Case.sharded(spec, 2, x, y, H.init_weights(model, 8))
+    case = H.Case.sharded(spec, world, x, y, H.init_weights(model, 8))
     run = run_case(work, case, (ex, ey))
-    # max_batches 2 of batch 4 on each of 2 ranks; past total_steps 5 the lr stays at min_lr
-    assert {e["samples"] for e in run.of("eval")} == {16}
+    # max_batches 2 of batch 4 on each rank; past total_steps 5 the lr stays at min_lr
+    assert {e["samples"] for e in run.of("eval")} == {8 * world}
     assert [e["lr"] for e in run.of("loss", 0) if e["step"] > 5] == [pytest.approx(0.001, rel=1e-12)]
 
 
+@pytest.mark.cpu_only("the eval data's shapes are checked on the host before training")
 def test_eval_data_errors_name_the_eval_data(work):
     H.need_bin()
     data = Path(work) / "data"

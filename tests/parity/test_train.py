@@ -161,6 +161,7 @@ def test_grad_accum_steps_wrap(work):
 
 
 # (8) float64 x file and int64 / int32 labels
+@pytest.mark.cpu_only("float64 x and int32 labels are converted on the host, before the device sees a batch")
 @pytest.mark.parametrize("label_dtype", [np.int64, np.int32])
 def test_float64_x_int_labels(work, label_dtype):
     x, y = make_xy(150, 7, 4, "cross_entropy", seed=8, x_dtype=np.float64, y_dtype=label_dtype)
@@ -173,6 +174,7 @@ def test_float64_x_int_labels(work, label_dtype):
 
 # (9) CSV data: a single `target` column (class ids), and a list of target columns in
 # the middle of the feature columns (mse)
+@pytest.mark.cpu_only("the CSV reader is host code: the device trains on the batches it reads")
 def test_csv_target_column(work):
     x, y = make_xy(120, 5, 3, "cross_entropy", seed=9)
     data = work / "data"
@@ -183,6 +185,7 @@ def test_csv_target_column(work):
     check_parity(work, spec, None, None, init_seed=9, expect_steps=15)
 
 
+@pytest.mark.cpu_only("the CSV reader is host code: the device trains on the batches it reads")
 def test_csv_target_list_mse(work):
     x, y = make_xy(100, 4, 2, "mse", seed=91)
     data = work / "data"

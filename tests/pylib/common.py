@@ -2,8 +2,16 @@
 test's working folder (removed after a pass, kept after a failure or with DDPD_KEEP_TMP=1),
 and exit code 77 (ctest's SKIP_RETURN_CODE) for a session in which every test was skipped.
 
+Also the one place that says which device the parity suites train on (`parity_device`):
+the CPU, or the emulated GPU, where every `ddpd run` of pylib.parity and pylib.ddp trains
+with `"device": "cuda"` and the NCCL backend on as many emulated GPUs as it has ranks.
+
 Environment: DDPD_BIN = folder holding `ddpd` and `ddpd-worker` (default: <repo>/build),
-DDPD_TEST_TMP = where temporary folders go (default: the system temp dir)."""
+DDPD_TEST_TMP = where temporary folders go (default: the system temp dir),
+DDPD_PARITY_DEVICE = `cpu` (default) or `cuda`: the emulated CUDA device of DDPD_BIN's
+libddpd-cuda-emu.so (tests/CMakeLists.txt registers the parity files again as
+`parity_emu.<file>` with it)."""
+import copy
 import os
 import shutil
 import tempfile
@@ -20,6 +28,81 @@ def bin_dir():
     if (c / "ddpd").is_file() and os.access(c / "ddpd", os.X_OK) and (c / "ddpd-worker").is_file():
         return c.resolve()
     return None
+
+
+# ---------------------------------------------------------------------------------------
+# the device of the parity runs
+
+EMU_MODULE = "libddpd-cuda-emu.so"
+
+
+def parity_device():
+    """"cpu" or "cuda" (DDPD_PARITY_DEVICE); anything else is a mistake in the test setup."""
+    d = os.environ.get("DDPD_PARITY_DEVICE", "cpu") or "cpu"
+    if d not in ("cpu", "cuda"):
+        raise ValueError(f"DDPD_PARITY_DEVICE={d!r}: expected cpu or cuda")
+    return d
+
+
+def on_emulated_gpu():
+    return parity_device() == "cuda"
+
+
+def emu_module():
+    """The emulated CUDA module beside ddpd, or None when it was not built."""
+    d = bin_dir()
+    p = d / EMU_MODULE if d else None
+    return p if p is not None and p.is_file() else None
+
+
+def device_spec(spec):
+    """The spec as the parity device runs it: unchanged on the CPU; on the emulated GPU a
+    copy with `"device": "cuda"` and `ddp.backend` `"nccl"` (whatever the test wrote: the
+    tests are written once, for both)."""
+    if not on_emulated_gpu() or spec is None:
+        return spec
+    s = copy.deepcopy(spec)
+    s["device"] = "cuda"
+    s["ddp"] = dict(s.get("ddp") or {}, backend="nccl")
+    return s
+
+
+def device_env(env, world):
+    """`env` (changed in place and returned) for a `ddpd run` of `world` ranks: on the
+    emulated GPU the module (DDPD_CUDA_PLUGIN) and one emulated device per rank
+    (DDPD_CUDA_EMU), all of them visible to every rank, as on a host with `world` GPUs."""
+    if on_emulated_gpu():
+        m = emu_module()
+        if m is None:
+            import pytest
+            pytest.skip(f"{EMU_MODULE} is not built in DDPD_BIN (DDPD_PARITY_DEVICE=cuda runs on it)")
+        env["DDPD_CUDA_PLUGIN"] = str(m)
+        env["DDPD_CUDA_EMU"] = str(max(1, int(world)))
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+CPU_ONLY = "cpu_only"
+
+
+class DeviceMarks:
+    """`@pytest.mark.cpu_only("why")` (or `marks=` of a pytest.param): the test or case is
+    skipped on the emulated GPU, saying why. The one list of what the emulated runs leave
+    out: cases that test host code only (data readers, checks made before a device opens,
+    file modes), the PyTorch reference alone, or that would take minutes on the emulator
+    while smaller cases cover what they compute."""
+
+    def pytest_runtest_setup(self, item):
+        m = item.get_closest_marker(CPU_ONLY)
+        if m is not None and on_emulated_gpu():
+            import pytest
+            pytest.skip("CPU only: " + (m.args[0] if m.args else "no reason given"))
+
+
+def install_device_marks(config):
+    config.addinivalue_line("markers", f"{CPU_ONLY}(reason): skipped when DDPD_PARITY_DEVICE=cuda (pylib.common)")
+    if not config.pluginmanager.has_plugin("ddpd-device-marks"):
+        config.pluginmanager.register(DeviceMarks(), "ddpd-device-marks")
 
 
 def tmp_root():

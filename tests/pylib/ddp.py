@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from pylib import safetensors as _st
-from pylib.common import REPO, bin_dir, install_skip_code, make_workdir  # noqa: F401
+from pylib.common import (REPO, bin_dir, device_env, device_spec, install_skip_code,  # noqa: F401
+                          make_workdir, on_emulated_gpu)
 from pylib.parity import init_weights, make_xy  # noqa: F401 (the same draws for one rank and many)
 
 TORCH_PYTHON = "/usr/bin/python3"
@@ -226,15 +227,16 @@ def ddpd_cmd(world, spec_path, out, data_dir, extra=()):
 
 
 def run_ddpd(spec, world, work, name="run", timeout=120, extra=()):
-    """Writes the spec to WORK/NAME.spec.json and runs `ddpd run --world-size W --out
-    WORK/NAME --data-dir WORK/data`."""
+    """Writes the spec (as the parity device runs it: pylib.common.device_spec) to
+    WORK/NAME.spec.json and runs `ddpd run --world-size W --out WORK/NAME --data-dir
+    WORK/data`."""
     work = Path(work)
     spec_path = work / f"{name}.spec.json"
-    spec_path.write_text(json.dumps(spec, indent=1))
+    spec_path.write_text(json.dumps(device_spec(spec), indent=1))
     out = work / name
     cmd = ddpd_cmd(world, spec_path, out, work / "data", extra)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env1(), cwd=str(work))
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=device_env(env1(), world), cwd=str(work))
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"ddpd run timed out after {timeout}s: {' '.join(cmd)}\n"
                              f"stdout: {(e.stdout or b'')[-2000:]!r}\nstderr: {(e.stderr or b'')[-2000:]!r}")

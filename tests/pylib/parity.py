@@ -18,7 +18,8 @@ try:
 except ImportError:  # bench/step imports this file without pytest installed
     pytest = None
 
-from pylib.common import REPO, bin_dir, folder_for_test, install_skip_code, make_workdir, tmp_root  # noqa: F401
+from pylib.common import (REPO, bin_dir, device_env, device_spec, folder_for_test,  # noqa: F401
+                          install_skip_code, make_workdir, on_emulated_gpu, tmp_root)
 from pylib.safetensors import ST_DTYPES, st_decode, st_encode, st_load, st_save  # noqa: F401
 
 # ---------------------------------------------------------------------------------------
@@ -174,7 +175,8 @@ def ddpd_env(threads=1):
 
 def run_ddpd(spec, data_dir, out, resume=None, timeout=180, spec_path=None, extra_args=(), raw_spec=None,
              env=None):
-    """Writes `spec` (a dict; or `raw_spec` text as is) to a file and runs
+    """Writes `spec` (a dict, as the parity device runs it: pylib.common.device_spec; or
+    `raw_spec` text as is) to a file and runs
     `ddpd run --world-size 1 --out OUT --data-dir DATA [--resume R] SPEC` (with `env` added
     to its environment)."""
     exe = ddpd_path()
@@ -182,13 +184,14 @@ def run_ddpd(spec, data_dir, out, resume=None, timeout=180, spec_path=None, extr
     out = Path(out)
     if spec_path is None:
         spec_path = out.parent / (out.name + ".spec.json")
-    Path(spec_path).write_text(raw_spec if raw_spec is not None else json.dumps(spec, indent=1))
+    Path(spec_path).write_text(raw_spec if raw_spec is not None else json.dumps(device_spec(spec), indent=1))
     cmd = [str(exe), "run", "--world-size", "1", "--out", str(out), "--data-dir", str(data_dir)]
     if resume is not None:
         cmd += ["--resume", str(resume)]
     cmd += list(extra_args) + [str(spec_path)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(ddpd_env(), **(env or {})),
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=device_env(dict(ddpd_env(), **(env or {})), 1),
                               cwd=str(data_dir))
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"ddpd run timed out after {timeout}s: {' '.join(cmd)}\n"
