@@ -6,10 +6,12 @@
 #   CPU side (any machine): the build, the CPU/spec/comm/layer unit tests, `--devices`,
 #     `--issue-id nccl`, the step benchmark on the CPU (Linear and a tiny GPT), a small
 #     GPT job and the digits conv net job on the CPU;
-#   GPU side: the CUDA-vs-CPU op tests (unit.test_cuda: gemm, bias, activations, losses,
+#   GPU side (first the tests that the emulated GPU runs in CI, then the benchmarks): the
+#     CUDA-vs-CPU op tests (unit.test_cuda: gemm, bias, activations, losses,
 #     sgd/adamw, and the v2 ops gemm_batched, embedding, layernorm, softmax (causal),
 #     heads split/merge, add/mul, dropout masks, conv windows, batchnorm), the NCCL comm
-#     test, a 1-rank cuda job over NCCL, a 2-rank cuda job with ddp.backend cpu (both ranks
+#     test, the parity suites against PyTorch (MLP with join and no_sync, GPT, conv net with
+#     BatchNorm, schedules/clipping/eval, resume) on the real device, a 1-rank cuda job over NCCL, a 2-rank cuda job with ddp.backend cpu (both ranks
 #     on the one GPU) checked against the same job on the CPU, the small GPT job
 #     (embedding, position, layernorm, causal attention, gelu tanh, dropout, AdamW on a
 #     tokens file) and the digits conv net job (conv2d, batchnorm, maxpool2d, flatten) on
@@ -237,6 +239,20 @@ step "CUDA ops against the CPU, NCCL comm (must run, not skip)"
 run 240 ctest --test-dir "$BUILD" -R 'unit\.test_(cuda|nccl)$' --output-on-failure | tee "$TMP/gpu.log" |
     grep -E "Test +#|tests passed"
 grep -q "100% tests passed" "$TMP/gpu.log" && ! grep -q "Skipped" "$TMP/gpu.log" || die "GPU unit tests"
+
+step "the parity suites on the GPU (the tests the emulated GPU runs in CI, against PyTorch)"
+# DDPD_PARITY_GPU=real: the real module and the real devices (tests/pylib/common.py); a
+# group with more ranks than GPUs uses ddp.backend cpu, since NCCL takes a GPU per rank.
+NGPU=$(python3 -c 'import json,sys; print(len(json.loads(sys.argv[1])))' "$DEVICES")
+PARITY=(tests/parity/test_ddp.py tests/parity/test_gpt.py tests/parity/test_conv.py
+        tests/parity/test_schedule_eval.py tests/parity/test_resume.py)
+if ! timeout 200 env DDPD_BIN="$REPO/$BUILD" DDPD_TEST_TMP="$TMP" DDPD_PARITY_DEVICE=cuda DDPD_PARITY_GPU=real \
+    DDPD_PARITY_GPUS="$NGPU" OMP_NUM_THREADS=1 python3 -m pytest -q -p no:cacheprovider "${PARITY[@]}" \
+    >"$TMP/parity.log" 2>&1; then
+    tail -40 "$TMP/parity.log"
+    die "parity suites on the GPU (exit or timeout above)"
+fi
+tail -2 "$TMP/parity.log" | sed 's/^/    /'
 
 step "jobs: 1 rank over NCCL, 2 ranks on one GPU with ddp.backend cpu, the same on the CPU"
 L1=$(run_job nccl1 job_spec cuda nccl 1)

@@ -10,7 +10,8 @@ Environment: DDPD_BIN = folder holding `ddpd` and `ddpd-worker` (default: <repo>
 DDPD_TEST_TMP = where temporary folders go (default: the system temp dir),
 DDPD_PARITY_DEVICE = `cpu` (default) or `cuda`: the emulated CUDA device of DDPD_BIN's
 libddpd-cuda-emu.so (tests/CMakeLists.txt registers the parity files again as
-`parity_emu.<file>` with it)."""
+`parity_emu.<file>` with it); DDPD_PARITY_GPU=real with DDPD_PARITY_GPUS=N runs `cuda` on a
+host's N real GPUs instead (scripts/gpu-check.sh)."""
 import copy
 import os
 import shutil
@@ -55,23 +56,38 @@ def emu_module():
     return p if p is not None and p.is_file() else None
 
 
-def device_spec(spec):
-    """The spec as the parity device runs it: unchanged on the CPU; on the emulated GPU a
-    copy with `"device": "cuda"` and `ddp.backend` `"nccl"` (whatever the test wrote: the
-    tests are written once, for both)."""
+def real_gpus():
+    """With DDPD_PARITY_GPU=real (scripts/gpu-check.sh on a GPU host) the suites run on the
+    real devices, DDPD_PARITY_GPUS of them, through the module DDPD_CUDA_PLUGIN names (or
+    the one beside ddpd-worker): the number of GPUs; else None (the emulated GPU)."""
+    if os.environ.get("DDPD_PARITY_GPU") != "real":
+        return None
+    return max(1, int(os.environ.get("DDPD_PARITY_GPUS", "1")))
+
+
+def device_spec(spec, world=None):
+    """The spec as the parity device runs it: unchanged on the CPU; on the GPU a copy with
+    `"device": "cuda"` and `ddp.backend` `"nccl"` (whatever the test wrote: the tests are
+    written once, for both). On real GPUs a group of more ranks than GPUs shares them
+    through `ddp.backend` `"cpu"`, since NCCL takes a GPU per rank."""
     if not on_emulated_gpu() or spec is None:
         return spec
     s = copy.deepcopy(spec)
     s["device"] = "cuda"
-    s["ddp"] = dict(s.get("ddp") or {}, backend="nccl")
+    ranks = world or s.get("world_size", 1)
+    gpus = real_gpus()
+    s["ddp"] = dict(s.get("ddp") or {}, backend="cpu" if gpus is not None and ranks > gpus else "nccl")
     return s
 
 
 def device_env(env, world):
     """`env` (changed in place and returned) for a `ddpd run` of `world` ranks: on the
     emulated GPU the module (DDPD_CUDA_PLUGIN) and one emulated device per rank
-    (DDPD_CUDA_EMU), all of them visible to every rank, as on a host with `world` GPUs."""
-    if on_emulated_gpu():
+    (DDPD_CUDA_EMU), all of them visible to every rank, as on a host with `world` GPUs; on
+    real GPUs (real_gpus) the environment as it is."""
+    if on_emulated_gpu() and real_gpus() is not None:
+        env.pop("DDPD_CUDA_EMU", None)
+    elif on_emulated_gpu():
         m = emu_module()
         if m is None:
             import pytest

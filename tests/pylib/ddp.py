@@ -232,7 +232,7 @@ def run_ddpd(spec, world, work, name="run", timeout=120, extra=()):
     WORK/data`."""
     work = Path(work)
     spec_path = work / f"{name}.spec.json"
-    spec_path.write_text(json.dumps(device_spec(spec), indent=1))
+    spec_path.write_text(json.dumps(device_spec(spec, world), indent=1))
     out = work / name
     cmd = ddpd_cmd(world, spec_path, out, work / "data", extra)
     try:
