@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "rank_values.h"
 #include "base/clock.h"
 #include "worker/comm.h"
 
@@ -149,17 +150,6 @@ static int run_ranks(int world, const struct comm_id *id, rank_fn fn)
     return bad;
 }
 
-/* Rank-dependent values whose sum depends on the order of addition, so a rank summing in
- * its own order would show up as different bits. */
-static float val(int rank, int64_t i)
-{
-    uint32_t x = (uint32_t)(i * 2654435761u) ^ (uint32_t)(rank * 40503u + 17u);
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    return ((float)(x & 0xffffff) / 16777216.0f - 0.5f) * (float)(1 << (rank % 3 * 4));
-}
-
 static struct comm *join(int rank, int world, const struct comm_id *id, double timeout)
 {
     struct ddpd_error err;
@@ -170,15 +160,15 @@ static struct comm *join(int rank, int world, const struct comm_id *id, double t
     return c;
 }
 
-/* got[i] ~= sum over ranks of val(r, i + off), within float rounding of the terms. */
+/* got[i] ~= sum over ranks of rank_value(r, i + off), within float rounding of the terms. */
 static int check_sum(const float *got, int world, int64_t n, int64_t off)
 {
     int bad = 0;
     for (int64_t i = 0; i < n && bad < 5; i++) {
         double want = 0, mag = 0;
         for (int r = 0; r < world; r++) {
-            want += val(r, i + off);
-            mag += fabs(val(r, i + off));
+            want += rank_value(r, i + off);
+            mag += fabs(rank_value(r, i + off));
         }
         if (!(fabs(got[i] - want) <= 1e-6 * mag + 1e-30)) {
             fprintf(stderr, "element %lld: %.9g, want %.9g\n", (long long)i, got[i], want);
@@ -203,7 +193,7 @@ static int rank_collectives(int rank, int world, const struct comm_id *id)
         int64_t n = sizes[s];
         float *buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
         for (int64_t i = 0; i < n; i++)
-            buf[i] = val(rank, i);
+            buf[i] = rank_value(rank, i);
         CHECK_OK(comm_allreduce_start(c, buf, n, &req, &err));
         CHECK_OK(comm_wait(c, req, &err));
         CHECK_EQ_INT(check_sum(buf, world, n, 0), 0);
@@ -219,7 +209,7 @@ static int rank_collectives(int rank, int world, const struct comm_id *id)
     for (int k = 0; k < NA; k++) {
         ab[k] = malloc((size_t)an[k] * sizeof(float));
         for (int64_t i = 0; i < an[k]; i++)
-            ab[k][i] = val(rank, i + k);
+            ab[k][i] = rank_value(rank, i + k);
         CHECK_OK(comm_allreduce_start(c, ab[k], an[k], &ar[k], &err));
     }
     uint64_t h = 0;
@@ -1021,9 +1011,9 @@ static int rank_staged(int rank, int world, const struct comm_id *id)
     float *a = d.ops->alloc(d.ctx, (size_t)n * sizeof(float));
     float *b = d.ops->alloc(d.ctx, (size_t)m * sizeof(float));
     for (int64_t i = 0; i < n; i++)
-        a[i] = val(rank, i);
+        a[i] = rank_value(rank, i);
     for (int64_t i = 0; i < m; i++)
-        b[i] = val(rank, n + i);
+        b[i] = rank_value(rank, n + i);
     /* Two in flight at once, waited in order, as the reducer's buckets. */
     CHECK_OK(comm_allreduce_start(c, a, n, &r1, &err));
     CHECK_OK(comm_allreduce_start(c, b, m, &r2, &err));

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "rank_values.h"
 #include "base/clock.h"
 #include "worker/comm.h"
 #include "worker/dev.h"
@@ -208,17 +209,6 @@ static uint64_t fnv(const void *p, size_t n)
     return h;
 }
 
-/* Rank-dependent values whose sum depends on the order of addition, so a rank summing in
- * its own order would show up as different bits. */
-static float val(int rank, int64_t i)
-{
-    uint32_t x = (uint32_t)(i * 2654435761u) ^ (uint32_t)(rank * 40503u + 17u);
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    return ((float)(x & 0xffffff) / 16777216.0f - 0.5f) * (float)(1 << (rank % 3 * 4));
-}
-
 typedef int (*rank_fn)(int rank, int world, struct dev g, struct comm *c);
 
 struct group {
@@ -342,7 +332,7 @@ static int rank_collectives(int rank, int world, struct dev g, struct comm *c)
     struct comm_req *req[4];
     for (int k = 0; k < 4; k++) {
         for (int64_t i = 0; i < sizes[k]; i++)
-            h[i] = val(rank, i);
+            h[i] = rank_value(rank, i);
         d[k] = g.ops->alloc(g.ctx, (size_t)sizes[k] * sizeof *h);
         g.ops->to_device(g.ctx, d[k], h, (size_t)sizes[k] * sizeof *h);
     }
@@ -360,8 +350,8 @@ static int rank_collectives(int rank, int world, struct dev g, struct comm *c)
         for (int64_t i = 0; i < sizes[k]; i++) {
             double want = 0, mag = 0;
             for (int q = 0; q < world; q++) {
-                want += val(q, i);
-                mag += fabs(val(q, i));
+                want += rank_value(q, i);
+                mag += fabs(rank_value(q, i));
             }
             bad += !(fabs(h[i] - want) <= 1e-6 * mag + 1e-30);
         }
