@@ -140,6 +140,9 @@ def test_restart_resumes_from_the_newest_checkpoint_after_pruning(server):
     os.kill(pid, 9)
     before = ckpt_dirs(folder)
     wait_until(lambda: "resumed from" in (folder / "rank-0.log").read_text(), 120, "the restart to resume")
+    # The rank logs its resume before its `start` event reaches the supervisor, which is
+    # what makes the attempt `running`: a loaded machine shows `starting` in between.
+    wait_until(lambda: server.job(jid)["state"] == "running", 120, "the restarted attempt to run")
     j = server.job(jid)
     assert j["state"] == "running" and j["attempt"] == 2 and j["restarts"] == 1, j
     assert server.post(f"/v1/jobs/{jid}/cancel").status_code == 202
