@@ -52,15 +52,6 @@ static unsigned tcp_ranks; /* ranks that keep their links on TCP (DDPD_COMM_SHM=
     } while (0)
 static int issuer_stdin = -1; /* the write end the parent holds; children close it */
 
-static uint64_t fnv(const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 1099511628211ull;
-    return h;
-}
-
 /* ---- the issuer, as `ddpd-worker --issue-id cpu` under the launcher ---- */
 
 struct issuer {

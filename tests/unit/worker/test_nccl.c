@@ -200,15 +200,6 @@ static bool emulated(void)
     return e && *e && strcmp(e, "0") != 0;
 }
 
-static uint64_t fnv(const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 1099511628211ull;
-    return h;
-}
-
 typedef int (*rank_fn)(int rank, int world, struct dev g, struct comm *c);
 
 struct group {
