@@ -227,12 +227,14 @@ static ddpd_err parse_layer(struct ddpd_error *err, struct spec *s, int idx, jso
             rc = get_pair(err, layer, lp, "stride", 1, SPEC_MAX_KERNEL, false, l->stride);
         if (rc == DDPD_OK)
             rc = get_pair(err, layer, lp, "padding", 0, SPEC_MAX_KERNEL, false, l->padding);
-        /* PyTorch's own rule: "pad should be at most half of effective kernel size". */
+        /* PyTorch's own rule: "pad should be at most half of effective kernel size", that is
+         * padding <= kernel / 2 in integers; the message shows that limit, not the kernel. */
         if (rc == DDPD_OK && (2 * l->padding[0] > l->kernel[0] || 2 * l->padding[1] > l->kernel[1])) {
             path_key(path, lp, "padding");
-            return fail(err, path, "expected at most half the kernel [%lld,%lld], got [%lld,%lld]",
-                        (long long)l->kernel[0], (long long)l->kernel[1], (long long)l->padding[0],
-                        (long long)l->padding[1]);
+            return fail(err, path,
+                        "expected at most [%lld,%lld] (half the kernel [%lld,%lld]), got [%lld,%lld]",
+                        (long long)(l->kernel[0] / 2), (long long)(l->kernel[1] / 2), (long long)l->kernel[0],
+                        (long long)l->kernel[1], (long long)l->padding[0], (long long)l->padding[1]);
         }
         l->bias = false;
         return rc;

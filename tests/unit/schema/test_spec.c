@@ -614,8 +614,14 @@ static const struct bad_case bad_cases[] = {
     BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":[3,7],\"padding\":1}]", "[1,8,4]"),
         DDPD_ESPEC, "model[0].kernel",
         "kernel [3,7] does not fit the input [1,8,4] with padding [1,1]: the output would be smaller than 1"),
+    /* The message names the limit, kernel / 2 per dimension (issue 28: it used to show the
+     * kernel itself, "at most half the kernel [2,2], got [2,2]"). */
     BAD(V2CE("[{\"type\":\"maxpool2d\",\"kernel\":3,\"padding\":2}]", "[1,8,8]"), DDPD_ESPEC,
-        "model[0].padding", "expected at most half the kernel [3,3], got [2,2]"),
+        "model[0].padding", "expected at most [1,1] (half the kernel [3,3]), got [2,2]"),
+    BAD(V2CE("[{\"type\":\"maxpool2d\",\"kernel\":2,\"padding\":2}]", "[1,8,8]"), DDPD_ESPEC,
+        "model[0].padding", "expected at most [1,1] (half the kernel [2,2]), got [2,2]"),
+    BAD(V2CE("[{\"type\":\"avgpool2d\",\"kernel\":[2,5],\"padding\":[0,3]}]", "[1,8,8]"), DDPD_ESPEC,
+        "model[0].padding", "expected at most [1,2] (half the kernel [2,5]), got [0,3]"),
     BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":[3]}]", "[1,8,8]"), DDPD_ESPEC,
         "model[0].kernel", "expected a list of 2 integers [h, w], got 1"),
     BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":0}]", "[1,8,8]"), DDPD_ESPEC,
