@@ -264,7 +264,8 @@ ddpd_err get_bool(struct ddpd_error *err, json_t *obj, const char *parent, const
     return DDPD_OK;
 }
 
-/* A string that fits in dst (cap bytes with the NUL) and holds no NUL byte. */
+/* A string that fits in dst (cap bytes with the NUL) and holds no NUL byte and no control
+ * character (text.h). */
 ddpd_err get_str_value(struct ddpd_error *err, json_t *v, const char *path, char *dst, size_t cap)
 {
     if (!json_is_string(v))
@@ -274,6 +275,11 @@ ddpd_err get_str_value(struct ddpd_error *err, json_t *v, const char *path, char
         return fail(err, path, "expected a string of at most %zu bytes, got %zu bytes", cap - 1, len);
     if (strlen(json_string_value(v)) != len)
         return fail(err, path, "must not contain NUL bytes");
+    /* Every string of a spec is shown somewhere (`ddpd jobs`, the dashboard, an error
+     * naming a file or a column): none may hold what a terminal would obey. */
+    ddpd_err rc = text_check_showable(json_string_value(v), len, path, err);
+    if (rc != DDPD_OK)
+        return rc;
     memcpy(dst, json_string_value(v), len + 1);
     return DDPD_OK;
 }

@@ -6,6 +6,7 @@
 #define DDPD_SPEC_IMPL_H
 
 #include "spec.h"
+#include "text.h"
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -103,7 +104,8 @@ ddpd_err get_int32(struct ddpd_error *err, json_t *obj, const char *parent, cons
 ddpd_err get_num(struct ddpd_error *err, json_t *obj, const char *parent, const char *key, double lo,
                  bool lo_open, double hi, bool hi_open, const char *want, bool required, double *out);
 ddpd_err get_bool(struct ddpd_error *err, json_t *obj, const char *parent, const char *key, bool *out);
-/* A string that fits in dst (cap bytes with the NUL) and holds no NUL byte. */
+/* A string that fits in dst (cap bytes with the NUL), without NUL bytes or control
+ * characters (text.h). */
 ddpd_err get_str_value(struct ddpd_error *err, json_t *v, const char *path, char *dst, size_t cap);
 ddpd_err get_enum(struct ddpd_error *err, json_t *obj, const char *parent, const char *key,
                   const char *const *names, size_t n, bool required, int *out);
