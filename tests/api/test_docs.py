@@ -1,7 +1,7 @@
 """The documents cannot drift from the code (issue 19): every route of the route table
 (server/api.c), its query parameters, every error code of schema/err.h, every /metrics name
 is in docs/api.md; every key and enum value the validator accepts (the key lists of
-schema/spec.c) is in docs/spec.md, each layer's keys in its own row; every event and event
+schema/spec*.c) is in docs/spec.md, each layer's keys in its own row; every event and event
 key the encoder writes (schema/event.c) and every error kind is in docs/events.md; every
 source file is in docs/architecture.md; the README and the dashboard link the docs and no
 longer send readers to CONTRACT.md or DESIGN.md. The lists are read from the C source, so a
@@ -28,9 +28,9 @@ def read(rel):
 
 
 def c_arrays(src, suffix):
-    """{name: [strings]} of `static const char *const NAME<suffix>[] = {...};` in src."""
+    """{name: [strings]} of `[static] const char *const NAME<suffix>[] = {...};` in src."""
     out = {}
-    pat = r"static const char \*const (\w+)" + suffix + r"\[\]\s*=\s*\{(.*?)\};"
+    pat = r"(?:static )?const char \*const (\w+)" + suffix + r"\[\]\s*=\s*\{(.*?)\};"
     for name, body in re.findall(pat, src, re.S):
         out[name] = re.findall(r'"([^"]*)"', body)
     return out
@@ -76,7 +76,8 @@ def metric_names():
 
 
 def spec_lists():
-    src = read("schema/spec.c")
+    """The key and name lists of the spec module's files (schema/spec.c, schema/spec_*.c)."""
+    src = "".join(p.read_text(encoding="utf-8") for p in sorted((REPO / "schema").glob("spec*.c")))
     keys = c_arrays(src, "_keys")
     names = c_arrays(src, "_names")
     assert "top_keys" in {k + "_keys" for k in keys} and len(keys) >= 10, sorted(keys)

@@ -160,6 +160,32 @@ def test_path_traversal_in_data_paths_is_422(server, data, path):
     assert no_jobs(server)
 
 
+@pytest.mark.parametrize("over,path,message", [
+    # ESC[2J clears the screen of whoever lists the jobs; ESC ] 0 ; ... BEL retitles the window.
+    ({"name": "job-\x1b[2J"}, "name", "control character U+001B at byte 5 is not allowed"),
+    ({"name": "\x1b]0;pwned\x07"}, "name", "control character U+001B at byte 1 is not allowed"),
+    ({"name": "two\nlines"}, "name", "control character U+000A at byte 4 is not allowed"),
+    ({"name": "csi-\u009b2J"}, "name", "control character U+009B at byte 5 is not allowed"),
+    ({"data": {"type": "npy", "x": "x\x1b[2J.npy", "y": "y.npy"}}, "data.x",
+     "control character U+001B at byte 2 is not allowed"),
+])
+def test_control_characters_in_spec_strings_are_422(server, over, path, message):
+    """Issue 28: text a user submits is shown to others (`ddpd jobs`, the dashboard, error
+    messages), so no string of a spec may hold a control character: a 422 naming the field,
+    the character and where it is, and no job is made."""
+    e = err_of(server.post("/v1/jobs", json=seed_spec(**over)), 422)
+    assert e["code"] == "invalid_spec", e
+    assert e["path"] == path, e
+    assert e["message"] == message, e
+    assert no_jobs(server)
+
+
+def test_names_beyond_ascii_are_kept(server):
+    """The rule is on code points, not bytes: 日 is E6 97 A5, whose 0x97 is no C1 control."""
+    name = "na\u00efve \u2013 \u65e5\u672c \U0001f680"
+    assert server.job(server.submit(seed_spec(name=name))["id"])["name"] == name
+
+
 def test_path_traversal_in_init_from_is_422(server):
     e = err_of(server.post("/v1/jobs", json=seed_spec(init={"from": "../w.safetensors"})), 422)
     assert e["path"] == "init.from", e

@@ -193,7 +193,7 @@ def test_the_servers_and_ranks_files_are_private(make_server):
 
 def test_ddpd_run_keeps_the_name_inside_var_runs(work):
     b = bin_dir()
-    names = ["../../escaped", "/tmp/abs", "..", "a/../../b", ".hidden", "sp ace\nnl", ""]
+    names = ["../../escaped", "/tmp/abs", "..", "a/../../b", ".hidden", "sp ace", ""]
     cwd = work / "deep" / "cwd"
     cwd.mkdir(parents=True)
     for name in names:
@@ -210,4 +210,10 @@ def test_ddpd_run_keeps_the_name_inside_var_runs(work):
     # Nothing was written beside or above the working folder.
     assert sorted(p.name for p in (work / "deep").iterdir()) == ["cwd"]
     assert sorted(p.name for p in work.iterdir()) == ["deep"]
+    assert len(list((cwd / "var" / "runs").iterdir())) == len(names)
+    # A control character never gets that far (issue 28): the spec is refused, naming it.
+    spec.write_text(json.dumps(tiny("sp ace\nnl", steps=1)))
+    r = subprocess.run([str(b / "ddpd"), "run", str(spec)], cwd=str(cwd), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "control character U+000A at byte 7 is not allowed" in r.stderr, r.stderr
     assert len(list((cwd / "var" / "runs").iterdir())) == len(names)

@@ -6,6 +6,7 @@
 #include <jansson.h>
 
 #include "schema/spec.h"
+#include "schema/text.h"
 
 /* Pieces of a valid spec, to build specs that are wrong in exactly one place. */
 #define MODEL                                       "\"model\":[{\"type\":\"linear\",\"in\":4,\"out\":2}]"
@@ -254,6 +255,19 @@ static void test_valid_variants(void)
     CHECK_EQ_STR(e.path, "data.x");
     CHECK_EQ_STR(e.message, "must not contain NUL bytes");
     json_decref(root);
+    /* jansson's json_stringn_nocheck holds bytes that are not UTF-8; they are refused too. */
+    root = json_loads(OK_PLUS(""), 0, NULL);
+    json_object_set_new(root, "name", json_stringn_nocheck("ab\xC0\x80", 4));
+    CHECK_EQ_INT(spec_from_json(root, NULL, &s, &e), DDPD_ESPEC);
+    CHECK_EQ_STR(e.path, "name");
+    CHECK_EQ_STR(e.message, "invalid UTF-8 at byte 3");
+    json_decref(root);
+    /* Text that is not ASCII is welcome: accents, CJK, emoji, a no-break space (U+00A0,
+     * just past C1). */
+    CHECK_EQ_INT(
+        parse(OK_PLUS(",\"name\":\"na\\u00efve \\u2013 \\u65e5\\u672c \\ud83d\\ude80\\u00a0x\""), &s, &e),
+        DDPD_OK);
+    CHECK_EQ_STR(s.name, "na\xC3\xAFve \xE2\x80\x93 \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x9A\x80\xC2\xA0x");
 
     CHECK_EQ_STR(layer_kind_name(LAYER_GELU), "gelu");
     CHECK_EQ_STR(loss_kind_name(LOSS_CROSS_ENTROPY), "cross_entropy");
@@ -370,6 +384,30 @@ static const struct bad_case bad_cases[] = {
                 "0123456789012345678901234567890123456789012345678901234567890123"
                 "456789012345678901234567890123456789012345678901234567890123456789\""),
         DDPD_ESPEC, "name", "expected a string of at most 127 bytes, got 130 bytes"),
+    /* No string of a spec holds a control character (issue 28): a name with ESC[2J or an
+     * OSC title sequence cleared or retitled the terminal of whoever ran `ddpd jobs`. Bytes
+     * count from 1; tab and newline are control characters too; C1 is refused as code
+     * points (U+009B is CSI), so "\\u00e9" before it is two bytes. */
+    BAD(OK_PLUS(",\"name\":\"job-\\u001b[2J\""), DDPD_ESPEC, "name",
+        "control character U+001B at byte 5 is not allowed"),
+    BAD(OK_PLUS(",\"name\":\"\\u001b]0;pwned\\u0007\""), DDPD_ESPEC, "name",
+        "control character U+001B at byte 1 is not allowed"),
+    BAD(OK_PLUS(",\"name\":\"a\\tb\""), DDPD_ESPEC, "name",
+        "control character U+0009 at byte 2 is not allowed"),
+    BAD(OK_PLUS(",\"name\":\"a\\nb\""), DDPD_ESPEC, "name",
+        "control character U+000A at byte 2 is not allowed"),
+    BAD(OK_PLUS(",\"name\":\"ab\\u007f\""), DDPD_ESPEC, "name",
+        "control character U+007F at byte 3 is not allowed"),
+    BAD(OK_PLUS(",\"name\":\"\\u00e9\\u009b2J\""), DDPD_ESPEC, "name",
+        "control character U+009B at byte 3 is not allowed"),
+    BAD(WITH_CSV("mse", "[\"a\",\"b\\u001b[31m\"]"), DDPD_ESPEC, "data.target[1]",
+        "control character U+001B at byte 2 is not allowed"),
+    BAD(WITH_DATA("{\"type\":\"csv\",\"path\":\"t\\u001b.csv\",\"target\":\"y\"}"), DDPD_ESPEC, "data.path",
+        "control character U+001B at byte 2 is not allowed"),
+    BAD(WITH_DATA("{\"type\":\"npy\",\"x\":\"x\\u0085.npy\",\"y\":\"y.npy\"}"), DDPD_ESPEC, "data.x",
+        "control character U+0085 at byte 2 is not allowed"),
+    BAD(OK_PLUS(",\"init\":{\"from\":\"w\\r.safetensors\"}"), DDPD_ESPEC, "init.from",
+        "control character U+000D at byte 2 is not allowed"),
     BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":2,\"epochs\":1,\"steps\":10", ""), DDPD_ESPEC, "steps",
         "give either epochs or steps, not both"),
     BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":2", ""), DDPD_ESPEC, "epochs",
@@ -614,8 +652,14 @@ static const struct bad_case bad_cases[] = {
     BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":[3,7],\"padding\":1}]", "[1,8,4]"),
         DDPD_ESPEC, "model[0].kernel",
         "kernel [3,7] does not fit the input [1,8,4] with padding [1,1]: the output would be smaller than 1"),
+    /* The message names the limit, kernel / 2 per dimension (issue 28: it used to show the
+     * kernel itself, "at most half the kernel [2,2], got [2,2]"). */
     BAD(V2CE("[{\"type\":\"maxpool2d\",\"kernel\":3,\"padding\":2}]", "[1,8,8]"), DDPD_ESPEC,
-        "model[0].padding", "expected at most half the kernel [3,3], got [2,2]"),
+        "model[0].padding", "expected at most [1,1] (half the kernel [3,3]), got [2,2]"),
+    BAD(V2CE("[{\"type\":\"maxpool2d\",\"kernel\":2,\"padding\":2}]", "[1,8,8]"), DDPD_ESPEC,
+        "model[0].padding", "expected at most [1,1] (half the kernel [2,2]), got [2,2]"),
+    BAD(V2CE("[{\"type\":\"avgpool2d\",\"kernel\":[2,5],\"padding\":[0,3]}]", "[1,8,8]"), DDPD_ESPEC,
+        "model[0].padding", "expected at most [1,2] (half the kernel [2,5]), got [0,3]"),
     BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":[3]}]", "[1,8,8]"), DDPD_ESPEC,
         "model[0].kernel", "expected a list of 2 integers [h, w], got 1"),
     BAD(V2CE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":0}]", "[1,8,8]"), DDPD_ESPEC,
@@ -871,7 +915,7 @@ static void test_round_trip(void)
              "size\":8,"
              "\"init\":{\"from\":\"init/"
              "{rank}.safetensors\"},\"checkpoint\":{\"every_steps\":100,\"keep_last\":7},"
-             "\"log_every\":10,\"max_restarts\":3,\"name\":\"q\\\"uote\\n\",\"grad_accum\":4,"
+             "\"log_every\":10,\"max_restarts\":3,\"name\":\"q\\\"uo\\\\te \\u00e9\",\"grad_accum\":4,"
              "\"on_nonfinite\":\"continue\""),
         SPEC("\"model\":[{\"type\":\"linear\",\"in\":2,\"out\":3}]", "\"loss\":\"cross_entropy\"",
              "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.3,\"momentum\":0.9,\"nesterov\":true,"
@@ -1353,8 +1397,62 @@ static void test_sizes_near_limits(void)
     CHECK(m.device > 0 && m.host < m.total && m.host + m.device == m.total);
 }
 
+/* text.h directly: where the first unshowable thing is and what it is, for each kind. */
+static void test_showable_text(void)
+{
+    static const struct {
+        const char *s;
+        size_t at;  /* == strlen(s): none */
+        int32_t cp; /* -1: not UTF-8 */
+    } cases[] = {
+        {"", 0, 0},
+        {"plain ascii ~!", 14, 0},
+        {"\xC3\xA9\xE2\x82\xAC\xF0\x9F\x9A\x80", 9, 0}, /* é € 🚀 */
+        {"\xC2\xA0", 2, 0},                             /* U+00A0: the first after C1 */
+        {"\xEF\xBF\xBD", 3, 0},                         /* U+FFFD */
+        {"\xF4\x8F\xBF\xBF", 4, 0},                     /* U+10FFFF */
+        {"a\x1b[2J", 1, 0x1B},
+        {"\x1b]0;t\x07", 0, 0x1B},
+        {"ab\t", 2, 0x09},
+        {"\n", 0, 0x0A},
+        {"\x1f", 0, 0x1F},
+        {"x\x7f", 1, 0x7F},
+        {"\xC2\x80", 0, 0x80},
+        {"\xC3\xA9\xC2\x9B", 2, 0x9B},
+        {"\xC2\x9F", 0, 0x9F},
+        {"ab\xC0\x80", 2, -1},           /* overlong NUL */
+        {"\xC1\xBF", 0, -1},             /* overlong DEL */
+        {"\xE0\x80\x9B", 0, -1},         /* overlong CSI */
+        {"\xED\xA0\x80", 0, -1},         /* a surrogate */
+        {"\xF4\x90\x80\x80", 0, -1},     /* past U+10FFFF */
+        {"\xF8\x88\x80\x80\x80", 0, -1}, /* five bytes */
+        {"ok\xE6\x97", 2, -1},           /* cut short */
+        {"\x80", 0, -1},                 /* a lone continuation byte */
+        {"\xC3(", 0, -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int32_t cp = 0;
+        size_t len = strlen(cases[i].s);
+        CHECK_EQ_INT(text_find_unshowable(cases[i].s, len, &cp), cases[i].at);
+        if (cases[i].at < len)
+            CHECK_EQ_INT(cp, cases[i].cp);
+    }
+    /* The length is the caller's: a NUL inside is a control character, not the end. */
+    int32_t cp = 0;
+    CHECK_EQ_INT(text_find_unshowable("ab\0c", 4, &cp), 2);
+    CHECK_EQ_INT(cp, 0);
+    struct ddpd_error e;
+    CHECK_EQ_INT(text_check_showable("tag-\x1b", 5, "tags[2]", &e), DDPD_ESPEC);
+    CHECK_EQ_STR(e.path, "tags[2]");
+    CHECK_EQ_STR(e.message, "control character U+001B at byte 5 is not allowed");
+    CHECK_EQ_INT(text_check_showable("\xFF", 1, "name", &e), DDPD_ESPEC);
+    CHECK_EQ_STR(e.message, "invalid UTF-8 at byte 1");
+    CHECK_EQ_INT(text_check_showable("fine", 4, "name", NULL), DDPD_OK);
+}
+
 int main(void)
 {
+    test_showable_text();
     test_seed_example();
     test_defaults();
     test_valid_variants();
