@@ -28,7 +28,8 @@ static int is_ident(const char *key)
 }
 
 /* Writes `s` as the inside of a JSON string, at most `max` bytes of input, and adds
- * "..." when it had to stop early. */
+ * "..." when it had to stop early. Control characters (C0, DEL, C1) come out as \\u escapes,
+ * so a key echoed in a message cannot reach a terminal or a log as an escape sequence. */
 void quote_into(char *dst, size_t cap, const char *s, size_t len, size_t max)
 {
     size_t n = utf8_prefix(s, len, max), o = 0;
@@ -37,8 +38,11 @@ void quote_into(char *dst, size_t cap, const char *s, size_t len, size_t max)
         if (ch == '"' || ch == '\\') {
             dst[o++] = '\\';
             dst[o++] = (char)ch;
-        } else if (ch < 0x20) {
+        } else if (ch < 0x20 || ch == 0x7F) {
             o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", ch);
+        } else if (ch == 0xC2 && i + 1 < n && ((unsigned char)s[i + 1] & 0xE0) == 0x80) {
+            /* a C1 control (U+0080..U+009F) is as much a terminal escape as ESC */
+            o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", (unsigned char)s[++i]);
         } else {
             dst[o++] = (char)ch;
         }

@@ -342,6 +342,11 @@ static const struct bad_case bad_cases[] = {
         "unknown key (expected one of name, world_size, device, precision, model, input_shape, loss, "
         "optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, ddp, init, checkpoint, "
         "log_every, max_restarts, on_nonfinite)"),
+    /* a key echoed in a message carries no terminal control: C0, DEL and C1 come out escaped */
+    BAD(OK_PLUS(",\"a\\u001b[2J\\u007f\\u009b\":1"), DDPD_ESPEC, "[\"a\\u001b[2J\\u007f\\u009b\"]",
+        "unknown key (expected one of name, world_size, device, precision, model, input_shape, loss, "
+        "optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, ddp, init, checkpoint, "
+        "log_every, max_restarts, on_nonfinite)"),
     BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"momentun\":0.9}"), DDPD_ESPEC, "optimizer.momentun",
         "unknown key (did you mean \"momentum\"? expected one of type, lr, momentum, dampening, "
         "weight_decay, nesterov, schedule)"),
