@@ -1,11 +1,14 @@
 /* client.c — the client commands of `ddpd` (client.h) over libcurl: each parses its options
  * with getopt_long, makes its requests with timeouts (streams: the server's heartbeats
  * bound how long a dead connection goes unnoticed), and prints tables, JSON, NDJSON or
- * the progress line. Knows the REST API, not the server's code. */
+ * the progress line. Knows the REST API, not the server's code. Trusts nothing the network
+ * says: every string from it reaches the terminal through termsafe.h, and a download gets
+ * its name only when whole and valid (stcheck.h). */
 #include "client.h"
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -13,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,9 +24,12 @@
 #include "../base/clock.h"
 #include "../base/file.h"
 #include "../base/parse.h"
+#include "../schema/jobdir.h"
 #include "../schema/spec.h"
 #include "opt.h"
 #include "progress.h"
+#include "stcheck.h"
+#include "termsafe.h"
 #include "token.h"
 
 #define DEFAULT_SERVER     "http://127.0.0.1:8080" /* `ddpd serve`'s default --listen */
@@ -41,6 +48,11 @@
 #define LOGS_TAIL_DEFAULT  200    /* ... and the server's default */
 #define JOBS_LIMIT_MAX     1000   /* GET /v1/jobs: the largest page */
 #define URL_PATH_ROOM      256    /* of URL_MAX, what the longest path and query need after the address */
+#define SAFE_MAX           2048   /* a one-line field from the network as printed, escaped (termsafe.h) */
+/* `pull --max-bytes`'s default: the largest safetensors file ddpd-worker reads (its
+ * SAFETENSORS_MAX_FILE), so that whatever ddpd can load again can be pulled. */
+#define PULL_MAX_DEFAULT (64LL << 30)
+#define PULL_MIN_SPEED   1024L /* bytes/s over STREAM_IDLE_S, or a download is given up */
 
 /* Exit codes (client.h). */
 #define EXIT_FAIL      1
@@ -104,7 +116,8 @@ enum {
     OPT_RANK,
     OPT_TAIL,
     OPT_STEP,
-    OPT_OPTIM
+    OPT_OPTIM,
+    OPT_MAX_BYTES
 };
 
 #define COMMON_OPTIONS                                                                                       \
@@ -249,9 +262,14 @@ static int client_setup(struct client *c, const struct opts *o)
 struct sink {
     struct client *c;
     struct buf body;
-    FILE *file;       /* pull: a 200 answer's bytes go here */
-    bool file_failed; /* writing the file failed (errno in file_errno) */
+    FILE *file;                   /* pull: a 200 answer's bytes go here, ... */
+    int64_t file_bytes, file_max; /* ... counted, and refused past file_max (0: no cap); */
+    int64_t file_came;            /* what came, the refused bytes included */
+    int64_t announced;            /* the answer's Content-Length, -1 without one */
+    bool file_over;               /* more than file_max bytes came */
+    bool file_failed;             /* writing the file failed (errno in file_errno) */
     int file_errno;
+    CURLcode rc;                                          /* how the transfer ended */
     size_t (*stream)(void *ctx, const char *p, size_t n); /* a 200 answer's bytes go here */
     void *stream_ctx;
 };
@@ -263,11 +281,19 @@ static size_t on_data(char *p, size_t size, size_t nmemb, void *arg)
     long status = 0;
     curl_easy_getinfo(s->c->curl, CURLINFO_RESPONSE_CODE, &status);
     if (status == 200 && s->file) {
+        /* CURLOPT_MAXFILESIZE_LARGE refuses a Content-Length past the cap; this, a body
+         * without one that goes on past it. */
+        s->file_came += (int64_t)n;
+        if (s->file_max > 0 && (int64_t)n > s->file_max - s->file_bytes) {
+            s->file_over = true;
+            return 0;
+        }
         if (fwrite(p, 1, n, s->file) != n) {
             s->file_failed = true;
             s->file_errno = errno;
             return 0;
         }
+        s->file_bytes += (int64_t)n;
         return n;
     }
     if (status == 200 && s->stream)
@@ -275,11 +301,32 @@ static size_t on_data(char *p, size_t size, size_t nmemb, void *arg)
     return buf_add(&s->body, p, n) ? n : 0;
 }
 
+/* A header line of the answer: a download notes its Content-Length here, since curl does
+ * not report it for an answer it refused for its length. */
+static size_t on_header(char *p, size_t size, size_t nmemb, void *arg)
+{
+    struct sink *s = arg;
+    size_t n = size * nmemb;
+    char v[32];
+    if (n > 5 && !strncmp(p, "HTTP/", 5)) /* a new answer (after a 100 Continue) */
+        s->announced = -1;
+    if (n > 15 && !strncasecmp(p, "content-length:", 15) && n - 15 < sizeof v) {
+        memcpy(v, p + 15, n - 15);
+        v[n - 15] = '\0';
+        v[strcspn(v, "\r\n")] = '\0';
+        if (base_parse_i64(v, 0, INT64_MAX, &s->announced))
+            s->announced = -1;
+    }
+    return n;
+}
+
 enum req_kind { REQ_PLAIN, REQ_DOWNLOAD, REQ_STREAM };
 
 /* One request: method, path (with its query) and an optional JSON body. Returns the HTTP
  * status, or 0 when no answer came (the message, naming the server, already printed), or
- * for a stream -1 when it broke off or could not be opened (the reason in c->why). */
+ * for a stream -1 when it broke off or could not be opened, for a download -1 when a 200
+ * answer's body did not arrive whole (the reason in c->why and s->rc, for the caller to
+ * explain). */
 static long request(struct client *c, const char *method, const char *path, const char *body, size_t body_len,
                     enum req_kind kind, struct sink *s)
 {
@@ -310,43 +357,46 @@ static long request(struct client *c, const char *method, const char *path, cons
     curl_easy_setopt(h, CURLOPT_USERAGENT, "ddpd/0.1.0");
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, s);
+    s->announced = -1;
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, s);
     if (kind == REQ_PLAIN) {
         curl_easy_setopt(h, CURLOPT_TIMEOUT, REQUEST_TIMEOUT_S);
     } else {
         /* A download or a stream may take as long as it needs, but not stall: a stream
-         * gets a heartbeat every 15 s, a download bytes all the time. */
-        curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+         * gets a heartbeat every 15 s, a download PULL_MIN_SPEED bytes a second at least. */
+        curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, kind == REQ_DOWNLOAD ? PULL_MIN_SPEED : 1L);
         curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, STREAM_IDLE_S);
     }
+    if (kind == REQ_DOWNLOAD && s->file_max > 0)
+        curl_easy_setopt(h, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)s->file_max);
     CURLcode rc = curl_easy_perform(h);
     long status = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     curl_slist_free_all(hdrs);
+    s->rc = rc;
     if (rc == CURLE_OK)
         return status;
+    /* curl's message may quote what the server sent (a status line, a header). */
+    termsafe_line(c->why, sizeof c->why, errbuf[0] ? errbuf : curl_easy_strerror(rc));
     if (s->body.over) {
         fprintf(stderr, "ddpd %s: %s %s: the answer is larger than %u bytes\n", c->cmd, method, path,
                 (unsigned)s->body.max);
         return 0;
     }
-    if (s->file_failed) {
-        fprintf(stderr, "ddpd %s: writing the download: %s\n", c->cmd, strerror(s->file_errno));
-        return 0;
-    }
-    if (kind == REQ_STREAM) {
-        /* Refused, reset, silent for STREAM_IDLE_S: the caller tries again (or the stream's
-         * parser stopped it, and the caller knows why). */
-        snprintf(c->why, sizeof c->why, "%s", errbuf[0] ? errbuf : curl_easy_strerror(rc));
+    if (kind == REQ_STREAM || (kind == REQ_DOWNLOAD && status == 200)) {
+        /* A stream refused, reset or silent for STREAM_IDLE_S: the caller tries again (or
+         * the stream's parser stopped it, and the caller knows why). A download: the
+         * caller says which check it failed. */
         return -1;
     }
     if (status == 0)
         fprintf(stderr,
                 "ddpd %s: cannot reach the server at %s: %s (is `ddpd serve` running there? --server or "
                 "DDPD_SERVER name the address)\n",
-                c->cmd, c->base, errbuf[0] ? errbuf : curl_easy_strerror(rc));
+                c->cmd, c->base, c->why);
     else
-        fprintf(stderr, "ddpd %s: %s %s at %s: %s\n", c->cmd, method, path, c->base,
-                errbuf[0] ? errbuf : curl_easy_strerror(rc));
+        fprintf(stderr, "ddpd %s: %s %s at %s: %s\n", c->cmd, method, path, c->base, c->why);
     return 0;
 }
 
@@ -360,12 +410,14 @@ static int http_failed(struct client *c, const char *method, const char *path, l
     const char *msg = json_string_value(json_object_get(e, "message"));
     const char *code = json_string_value(json_object_get(e, "code"));
     const char *at = json_string_value(json_object_get(e, "path"));
+    char m[SAFE_MAX], cd[64], a[256], body[256];
     if (msg)
-        fprintf(stderr, "ddpd %s: %s%s%s (HTTP %ld %s from %s %s)\n", c->cmd, at && at[0] ? at : "",
-                at && at[0] ? ": " : "", msg, status, code ? code : "", method, path);
+        fprintf(stderr, "ddpd %s: %s%s%s (HTTP %ld %s from %s %s)\n", c->cmd, termsafe_line(a, sizeof a, at),
+                at && at[0] ? ": " : "", termsafe_line(m, sizeof m, msg), status,
+                termsafe_line(cd, sizeof cd, code), method, path);
     else
-        fprintf(stderr, "ddpd %s: %s %s: HTTP %ld from %s%s%.200s\n", c->cmd, method, path, status, c->base,
-                b->n ? ": " : "", b->n ? b->p : "");
+        fprintf(stderr, "ddpd %s: %s %s: HTTP %ld from %s%s%s\n", c->cmd, method, path, status, c->base,
+                b->n ? ": " : "", termsafe_line(body, sizeof body, b->n ? b->p : ""));
     if (status == 401)
         fprintf(stderr,
                 "ddpd %s: the server at %s wants a token: set DDPD_TOKEN or --token-file to the "
@@ -385,8 +437,10 @@ static json_t *get_json(struct client *c, const char *path, int *rc)
     if (status == 200) {
         json_error_t je;
         j = json_loads(s.body.p ? s.body.p : "", 0, &je);
+        char t[256];
         if (!j)
-            fprintf(stderr, "ddpd %s: GET %s: the answer is not JSON: %s\n", c->cmd, path, je.text);
+            fprintf(stderr, "ddpd %s: GET %s: the answer is not JSON: %s\n", c->cmd, path,
+                    termsafe_line(t, sizeof t, je.text));
         else
             *rc = 0;
     } else if (status > 0) {
@@ -422,7 +476,7 @@ static bool final_state(const char *s)
 static void follow_frame(struct follow *f)
 {
     f->frames++;
-    json_t *ev = f->data.p ? json_loads(f->data.p, 0, NULL) : NULL;
+    json_t *ev = f->data.p ? json_loadb(f->data.p, f->data.n, 0, NULL) : NULL;
     if (!strcmp(f->ev_name, "stream_error")) {
         const char *m = json_string_value(json_object_get(ev, "message"));
         snprintf(f->stream_error, sizeof f->stream_error, "%s", m ? m : "(no message)");
@@ -434,9 +488,16 @@ static void follow_frame(struct follow *f)
     if (f->prog) {
         if (ev)
             progress_event(f->prog, ev);
+    } else if (f->data.n && !ev) {
+        /* NDJSON is JSON, one value a line: what is not JSON is not passed on. */
+        char t[256];
+        fprintf(stderr, "ddpd %s: skipped an event of job %" PRId64 " that is not JSON: %s\n", f->c->cmd,
+                f->job, termsafe_line(t, sizeof t, f->data.p));
     } else if (f->data.n) {
-        if (fwrite(f->data.p, 1, f->data.n, stdout) != f->data.n || fputc('\n', stdout) == EOF ||
-            fflush(stdout) != 0)
+        /* As the server sent it (numbers keep their digits), with whatever a terminal
+         * would act on escaped as JSON reads it back. */
+        if (termsafe_write(stdout, f->data.p, f->data.n, TERMSAFE_JSON_LINE) != 0 ||
+            fputc('\n', stdout) == EOF || fflush(stdout) != 0)
             f->out_failed = true;
     }
     const char *kind = json_string_value(json_object_get(ev, "event"));
@@ -551,15 +612,16 @@ static int follow_job(struct client *c, int64_t job)
         if (++attempts > RECONNECT_MAX || base_mono_s() - first_fail > RECONNECT_WINDOW_S) {
             if (f.prog)
                 progress_finish(f.prog);
+            char why[SAFE_MAX];
+            termsafe_line(why, sizeof why,
+                          f.stream_error[0] ? f.stream_error
+                          : status == -1    ? c->why
+                                            : "closed");
             fprintf(stderr,
                     "ddpd %s: the event stream of job %" PRId64
                     " from %s ended before the job did (%s); gave "
                     "up after %d attempts to reconnect in %.0f s\n",
-                    c->cmd, job, c->base,
-                    f.stream_error[0] ? f.stream_error
-                    : status == -1    ? c->why
-                                      : "closed",
-                    attempts - 1, base_mono_s() - first_fail);
+                    c->cmd, job, c->base, why, attempts - 1, base_mono_s() - first_fail);
             goto out;
         }
         base_sleep_s(attempts < 5 ? 0.2 * (1 << attempts) : 5.0);
@@ -577,8 +639,9 @@ static int follow_job(struct client *c, int64_t job)
         rc = 0;
     } else {
         rc = !strcmp(f.final, "cancelled") ? EXIT_CANCELLED : EXIT_FAIL;
+        char e[SAFE_MAX];
         fprintf(stderr, "ddpd %s: job %" PRId64 " %s%s%s\n", c->cmd, job, f.final, f.error[0] ? ": " : "",
-                f.error);
+                termsafe_line(e, sizeof e, f.error));
     }
 out:
     progress_free(f.prog);
@@ -708,9 +771,13 @@ static int cmd_show(struct client *c, int argc, char **argv)
     json_decref(j);
     if (!text)
         return EXIT_FAIL;
-    puts(text);
+    /* jansson escaped the control characters below 0x20 in its strings; DEL, C1 and the
+     * rest become \u escapes of the same JSON value. */
+    rc = termsafe_write(stdout, text, strlen(text), TERMSAFE_JSON_TEXT) != 0 || fputc('\n', stdout) == EOF
+             ? EXIT_FAIL
+             : 0;
     free(text);
-    return 0;
+    return rc;
 }
 
 /* POST .../cancel or DELETE ...: the answer's status is the result. */
@@ -815,10 +882,13 @@ static int cmd_jobs(struct client *c, int argc, char **argv)
         else
             snprintf(loss, sizeof loss, "-");
         fmt_age(age, sizeof age, json_number_value(json_object_get(job, "created_at")));
+        /* The name cut to its column at a character's boundary, escapes included. */
         const char *name = json_string_value(json_object_get(job, "name"));
-        printf("%-6lld %-24.24s %-10s %-17s %-11s %s\n",
-               (long long)json_integer_value(json_object_get(job, "id")), name && name[0] ? name : "-",
-               json_string_value(json_object_get(job, "state")), step, loss, age);
+        char nm[25], state[32];
+        termsafe_line(nm, sizeof nm, name && name[0] ? name : "-");
+        termsafe_line(state, sizeof state, json_string_value(json_object_get(job, "state")));
+        printf("%-6lld %-24s %-10s %-17s %-11s %s\n",
+               (long long)json_integer_value(json_object_get(job, "id")), nm, state, step, loss, age);
     }
     if (json_is_string(json_object_get(j, "next")))
         printf("(more: ddpd jobs --limit N shows up to %d)\n", JOBS_LIMIT_MAX);
@@ -883,12 +953,15 @@ static int cmd_logs(struct client *c, int argc, char **argv)
                         "ddpd logs: [the log grew past the server's window of 4 MiB between two reads; "
                         "some lines are not shown]\n");
         }
-        fwrite(body + from, 1, s.body.n - from, stdout);
+        /* A character the rank has not finished writing waits for the next read, so
+         * that its first bytes are not shown as escapes. */
+        size_t end = s.body.n - (last ? 0 : termsafe_partial_tail(body + from, s.body.n - from));
+        termsafe_write(stdout, body + from, end - from, TERMSAFE_TEXT);
         fflush(stdout);
-        printed = s.body.n;
-        if (s.body.n) {
-            seen_n = s.body.n < LOGS_MATCH ? s.body.n : LOGS_MATCH;
-            memcpy(seen, body + s.body.n - seen_n, seen_n);
+        printed = end;
+        if (end) {
+            seen_n = end < LOGS_MATCH ? end : LOGS_MATCH;
+            memcpy(seen, body + end - seen_n, seen_n);
         }
         buf_free(&s.body);
         if (last)
@@ -936,14 +1009,129 @@ static int cmd_checkpoints(struct client *c, int argc, char **argv)
     return 0;
 }
 
+/* ---- pull: a download that gets its name only when whole and valid ------------------- */
+
+/* The most a pulled file may be, and where that figure came from (for the messages). */
+struct pull_limit {
+    int64_t max;
+    char what[192];
+};
+
+/* With --step, the checkpoints list gives the bytes of that step's files together, which
+ * one of them cannot exceed: the limit is tightened to it when it is listed. Returns 0, or
+ * the exit status when the server could not be reached (the message printed). */
+static int pull_listed_limit(struct client *c, int64_t id, int64_t step, struct pull_limit *lim)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "/checkpoints", id);
+    struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
+    long status = request(c, "GET", path, NULL, 0, REQ_PLAIN, &s);
+    json_t *j = status == 200 && s.body.p ? json_loadb(s.body.p, s.body.n, 0, NULL) : NULL;
+    buf_free(&s.body);
+    if (status == 0)
+        return EXIT_FAIL;
+    /* Any other answer: the download's own answer will say what is wrong. */
+    size_t i;
+    json_t *ck;
+    json_array_foreach (json_object_get(j, "checkpoints"), i, ck) {
+        json_t *b = json_object_get(ck, "bytes");
+        if (json_integer_value(json_object_get(ck, "step")) == step && json_is_integer(b) &&
+            json_integer_value(b) > 0 && json_integer_value(b) < lim->max) {
+            lim->max = json_integer_value(b);
+            snprintf(lim->what, sizeof lim->what,
+                     "the %" PRId64 " bytes that GET %s gives for step %" PRId64 "'s files", lim->max, path,
+                     step);
+        }
+    }
+    json_decref(j);
+    return 0;
+}
+
+/* Whether the answer to a download that began with 200 is to be kept: it came whole (as
+ * many bytes as its Content-Length said, within the limit, the transfer ended cleanly) and
+ * is a valid safetensors file. Else says why, with the numbers, and returns false. */
+static bool pull_check(struct client *c, const struct sink *s, const struct pull_limit *lim, FILE *f,
+                       const char *out)
+{
+    long long cl = (long long)s->announced, got = (long long)s->file_bytes;
+    char announced[64] = "it gave no Content-Length", why[SAFE_MAX], o[512];
+    if (cl >= 0)
+        snprintf(announced, sizeof announced, "its Content-Length said %lld", cl);
+    termsafe_line(o, sizeof o, out);
+    if (s->file_failed)
+        fprintf(stderr, "ddpd pull: writing the download for %s: %s (after %lld bytes)\n", o,
+                strerror(s->file_errno), got);
+    else if (s->rc == CURLE_FILESIZE_EXCEEDED)
+        fprintf(stderr,
+                "ddpd pull: refused: the server announced %lld bytes (Content-Length), more than %s\n", cl,
+                lim->what);
+    else if (s->file_over)
+        fprintf(stderr, "ddpd pull: refused after %lld bytes: more than %s came (%s)\n",
+                (long long)s->file_came, lim->what, announced);
+    else if (s->rc == CURLE_OPERATION_TIMEDOUT)
+        fprintf(stderr,
+                "ddpd pull: the download stalled: fewer than %ld bytes/s for %ld s, after %lld bytes (%s)\n",
+                PULL_MIN_SPEED, STREAM_IDLE_S, got, announced);
+    else if (s->rc != CURLE_OK)
+        fprintf(stderr, "ddpd pull: the download broke off after %lld bytes (%s): %s\n", got, announced,
+                c->why);
+    else if (cl >= 0 && got != cl)
+        fprintf(stderr, "ddpd pull: received %lld bytes, but the answer's Content-Length said %lld\n", got,
+                cl);
+    else if (fflush(f) != 0)
+        fprintf(stderr, "ddpd pull: writing the download for %s: %s\n", o, strerror(errno));
+    else if (!stcheck_fd(fileno(f), s->file_bytes, why, sizeof why))
+        fprintf(stderr, "ddpd pull: the %lld bytes received are not a whole safetensors file: %s\n", got,
+                why);
+    else
+        return true;
+    fprintf(stderr, "ddpd pull: %s was not written\n", o);
+    return false;
+}
+
+/* fsyncs the folder holding `path`, so that the rename survives a crash. Best effort: the
+ * file is whole either way. */
+static void fsync_folder_of(const char *path)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+}
+
+/* The checked download `tmp` (open as f, which this closes) made `out`: its mode as a new
+ * file's (mkstemp's 0600 would make a model file only its owner can read), its bytes on
+ * disk, then its name. Returns true, or false after a message. */
+static bool pull_finish(FILE *f, const char *tmp, const char *out)
+{
+    mode_t mask = umask(0);
+    umask(mask);
+    bool ok = fchmod(fileno(f), 0666 & ~mask) == 0 && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0 || !ok) {
+        fprintf(stderr, "ddpd pull: writing %s: %s\n", tmp, strerror(errno));
+        return false;
+    }
+    if (rename(tmp, out) != 0) {
+        fprintf(stderr, "ddpd pull: cannot rename %s to %s: %s\n", tmp, out, strerror(errno));
+        return false;
+    }
+    fsync_folder_of(out);
+    return true;
+}
+
 static int cmd_pull(struct client *c, int argc, char **argv)
 {
     static const struct option longs[] = {{"step", required_argument, NULL, OPT_STEP},
                                           {"output", required_argument, NULL, 'o'},
                                           {"optim", no_argument, NULL, OPT_OPTIM},
+                                          {"max-bytes", required_argument, NULL, OPT_MAX_BYTES},
                                           COMMON_OPTIONS};
     struct opts o = {.cmd = find_command("pull")};
-    int64_t step = 0;
+    int64_t step = 0, max_bytes = PULL_MAX_DEFAULT;
     const char *out = NULL;
     bool optim = false;
     int opt;
@@ -954,7 +1142,12 @@ static int cmd_pull(struct client *c, int argc, char **argv)
             out = optarg;
         else if (opt == OPT_OPTIM)
             optim = true;
-        else if (base_parse_i64(optarg, 1, INT64_MAX, &step)) {
+        else if (opt == OPT_MAX_BYTES && (!jobdir_size_parse(optarg, &max_bytes) || max_bytes <= 0)) {
+            fprintf(stderr,
+                    "ddpd pull: --max-bytes: expected a size above 0 (bytes, or 512M, 16G, ...), got '%s'\n",
+                    optarg);
+            return EXIT_USAGE;
+        } else if (opt == OPT_STEP && base_parse_i64(optarg, 1, INT64_MAX, &step)) {
             fprintf(stderr, "ddpd pull: --step: expected a step (a positive integer), got '%s'\n", optarg);
             return EXIT_USAGE;
         }
@@ -976,52 +1169,43 @@ static int cmd_pull(struct client *c, int argc, char **argv)
         snprintf(out_buf, sizeof out_buf, "job-%" PRId64 "%s%s.safetensors", id, st, optim ? "-optim" : "");
         out = out_buf;
     }
-    /* Into a temporary file beside the target, renamed over it once complete: never a
-     * torn file under the name. */
+    struct pull_limit lim = {.max = max_bytes};
+    snprintf(lim.what, sizeof lim.what, "--max-bytes %" PRId64, max_bytes);
+    if (step && (rc = pull_listed_limit(c, id, step, &lim)))
+        return rc;
+    /* Into a new file beside the target (mkstemp: O_EXCL, 0600), renamed over it once whole
+     * and checked: never a torn or bogus file under the name. */
     if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", out) >= (int)sizeof tmp) {
         fprintf(stderr, "ddpd pull: -o %s: the name is too long\n", out);
         return EXIT_USAGE;
     }
     int fd = mkstemp(tmp);
-    if (fd < 0) {
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!f) {
         fprintf(stderr, "ddpd pull: cannot create a file beside %s: %s\n", out, strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+            unlink(tmp);
+        }
         return EXIT_FAIL;
     }
-    FILE *f = fdopen(fd, "wb");
-    struct sink s = {.c = c, .body = {.max = ANSWER_MAX}, .file = f};
-    long status = f ? request(c, "GET", path, NULL, 0, REQ_DOWNLOAD, &s) : 0;
-    bool ok = status == 200;
-    if (status > 0 && status != 200)
+    struct sink s = {.c = c, .body = {.max = ANSWER_MAX}, .file = f, .file_max = lim.max};
+    long status = request(c, "GET", path, NULL, 0, REQ_DOWNLOAD, &s);
+    bool ok = false;
+    if (status == 200 || status == -1)
+        ok = pull_check(c, &s, &lim, f, out);
+    else if (status > 0)
         rc = http_failed(c, "GET", path, status, &s.body, false);
-    long bytes = -1;
-    if (!f) {
-        fprintf(stderr, "ddpd pull: %s: %s\n", tmp, strerror(errno));
-        close(fd);
-        ok = false;
-    } else {
-        bytes = ftell(f);
-        /* mkstemp's 0600 would make a model file only its owner can read. */
-        mode_t mask = umask(0);
-        umask(mask);
-        if (ok && (fflush(f) != 0 || fchmod(fileno(f), 0666 & ~mask) != 0 || fsync(fileno(f)) != 0)) {
-            fprintf(stderr, "ddpd pull: writing %s: %s\n", tmp, strerror(errno));
-            ok = false;
-        }
-        if (fclose(f) != 0 && ok) {
-            fprintf(stderr, "ddpd pull: writing %s: %s\n", tmp, strerror(errno));
-            ok = false;
-        }
-    }
-    if (ok && rename(tmp, out) != 0) {
-        fprintf(stderr, "ddpd pull: cannot rename %s to %s: %s\n", tmp, out, strerror(errno));
-        ok = false;
-    }
+    if (ok)
+        ok = pull_finish(f, tmp, out);
+    else
+        fclose(f);
     if (!ok)
         unlink(tmp);
     buf_free(&s.body);
     if (!ok)
         return rc ? rc : EXIT_FAIL;
-    fprintf(stderr, "ddpd pull: wrote %s (%ld bytes)\n", out, bytes);
+    fprintf(stderr, "ddpd pull: wrote %s (%lld bytes)\n", out, (long long)s.file_bytes);
     return 0;
 }
 
@@ -1050,12 +1234,15 @@ static const struct command commands[] = {
     {"cancel", "ID", "Cancels a queued or running job.", "", cmd_cancel},
     {"rm", "ID", "Deletes a finished job, its events and its files.", "", cmd_rm},
     {"checkpoints", "ID", "Lists the job's checkpoints: step, time, bytes.", "", cmd_checkpoints},
-    {"pull", "[--step S] [--optim] [-o FILE] ID",
+    {"pull", "[--step S] [--optim] [-o FILE] [--max-bytes N] ID",
      "Downloads a model file: the final model, else the newest checkpoint, or step S's.",
      "  --step S          the checkpoint of step S\n"
      "  --optim           the optimizer state instead of the model\n"
      "  -o, --output F    where to write it (default job-ID[-step-S][-optim].safetensors);\n"
-     "                    written to a temporary file and renamed\n",
+     "                    written to a temporary file, renamed once whole and a valid\n"
+     "                    safetensors file\n"
+     "  --max-bytes N     refuse a download larger than N bytes (or 512M, 16G, ...; default\n"
+     "                    64G, the largest file ddpd-worker reads)\n",
      cmd_pull},
 };
 

@@ -10,6 +10,7 @@
 #include <sys/ioctl.h>
 
 #include "../base/clock.h"
+#include "termsafe.h"
 
 /* Ranks whose samples/s are added up; a bigger rank number is ignored for the sum. */
 #define PROGRESS_RANKS 1024
@@ -110,7 +111,8 @@ static void draw(struct progress *p, bool final)
     } while (0)
     if (p->job > 0)
         ADD("job %lld ", (long long)p->job);
-    ADD("%s", p->state[0] ? p->state : "waiting");
+    char st[sizeof p->state * 4]; /* the state comes from the events: shown escaped */
+    ADD("%s", p->state[0] ? termsafe_line(st, sizeof st, p->state) : "waiting");
     if (p->total > 0)
         ADD("  step %lld/%lld (%.0f%%)", (long long)p->step, (long long)p->total,
             100.0 * (double)(p->step < p->total ? p->step : p->total) / (double)p->total);

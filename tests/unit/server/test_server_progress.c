@@ -2,7 +2,7 @@
  * (steps, epochs of synthetic data, epochs from the start events' batches), and the line
  * drawn from a job's events: the mean loss of the latest step over the ranks, the latest
  * eval, samples/s over the ranks, the ETA from the events' times, the state; redrawn with
- * '\r', one newline at the end. */
+ * '\r', one newline at the end; a state from the network shown escaped. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +132,26 @@ int main(void)
     CHECK_EQ_STR(text + len - strlen("running  step 3  loss nan\n"), "running  step 3  loss nan\n");
     progress_free(p);
     progress_free(NULL);
+    fclose(f);
+    free(text);
+
+    /* A state from the network with escape sequences (a screen clear, CSI as C1) is shown
+     * escaped: the line holds no control character but its '\r' and '\n'. */
+    text = NULL;
+    f = open_memstream(&text, &len);
+    p = progress_new(f, 9, NULL, "\x1b[2J");
+    feed(p, "{\"event\":\"loss\",\"rank\":0,\"step\":1,\"loss\":2,\"samples_per_s\":0,\"ts\":1}");
+    feed(p, "{\"event\":\"state\",\"state\":\"\\u001b]0;t\\u0007\\u009b\",\"ts\":1}");
+    progress_finish(p);
+    fflush(f);
+    for (size_t i = 0; i < len; i++)
+        if (((unsigned char)text[i] < 0x20 && text[i] != '\r' && text[i] != '\n') ||
+            (unsigned char)text[i] == 0x7f ||
+            ((unsigned char)text[i] == 0xc2 && (unsigned char)text[i + 1] < 0xa0))
+            CHECK_EQ_INT((unsigned char)text[i], 0);
+    CHECK(strstr(text, "job 9 \\x1b[2J  step 1") != NULL);
+    CHECK(strstr(text, "job 9 \\x1b]0;t\\x07\\u009b  step 1") != NULL);
+    progress_free(p);
     fclose(f);
     free(text);
     CHECK_DONE();
