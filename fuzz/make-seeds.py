@@ -171,3 +171,12 @@ put("http", "head_web", "HEAD /web/app.js HTTP/1.1\r\n\r\n")
 put("http", "bad_json", "POST /v1/jobs HTTP/1.1\r\n\r\n{\"name\": \"a\",\n \"name\": 1}")
 put("http", "escaped", "GET /v1/jobs/%31%32?limit=%2D1&state=%72unning HTTP/1.1\r\n\r\n")
 put("http", "put_405", "PUT /v1/jobs HTTP/1.1\r\n\r\n")
+
+# ---- pull (what a server sends the client commands: a checkpoint download, text)
+hdr = json.dumps({"__metadata__": {"format": "pt"},
+                  "w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+                  "b": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]}}).encode()
+put("pull", "checkpoint.safetensors", struct.pack("<Q", len(hdr)) + hdr + bytes(24))
+put("pull", "error.json", b'{"error":{"code":"spec","path":"name","message":"job \x1b[2J\x1b]0;title\x07 '
+    b'\xc2\x9b31m \xff done"}}\n')
+put("pull", "log.txt", b'step 1 loss 0.5\n\tdata "a\x1bb.npy"\r\n\x7f\xe6\x97\xa5\xf0\x9f\x98\x80\xed\xa0\x80\xc0\xaf')

@@ -21,7 +21,7 @@ enum termsafe_mode {
     /* JSON text that jansson wrote or accepted: the same JSON value with nothing a terminal
      * acts on. Control characters (which valid JSON has only as white space between
      * tokens), DEL and C1 become `\u00XX` or a space, bytes that are not UTF-8 `\ufffd`;
-     * '\n' is kept for an indented document (TERMSAFE_JSON_TEXT), a space on one line. */
+     * '\n' and '\t' are kept for an indented document (TERMSAFE_JSON_TEXT), a space on one line. */
     TERMSAFE_JSON_LINE,
     TERMSAFE_JSON_TEXT,
 };
