@@ -13,6 +13,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1123,6 +1124,38 @@ static bool pull_finish(FILE *f, const char *tmp, const char *out)
     return true;
 }
 
+/* A pull stopped by Ctrl-C, `kill` or a closed terminal leaves no half-written FILE.XXXXXX
+ * behind: while the download runs, those signals remove the temporary file, then end the
+ * process as the signal would have (unlink and raise are async-signal-safe). */
+static char pull_tmp[PATH_MAX];
+static volatile sig_atomic_t pull_tmp_set;
+
+static void pull_on_signal(int sig)
+{
+    if (pull_tmp_set)
+        unlink(pull_tmp);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Guards `tmp` (a name of at most PATH_MAX bytes) until called again with NULL, which puts
+ * back the handlers there were. */
+static void pull_guard_tmp(const char *tmp)
+{
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    static struct sigaction old[sizeof sigs / sizeof sigs[0]];
+    struct sigaction sa = {.sa_handler = pull_on_signal};
+    sigemptyset(&sa.sa_mask);
+    if (tmp) {
+        snprintf(pull_tmp, sizeof pull_tmp, "%s", tmp);
+        pull_tmp_set = 1;
+    } else {
+        pull_tmp_set = 0;
+    }
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaction(sigs[i], tmp ? &sa : &old[i], tmp ? &old[i] : NULL);
+}
+
 static int cmd_pull(struct client *c, int argc, char **argv)
 {
     static const struct option longs[] = {{"step", required_argument, NULL, OPT_STEP},
@@ -1180,6 +1213,8 @@ static int cmd_pull(struct client *c, int argc, char **argv)
         return EXIT_USAGE;
     }
     int fd = mkstemp(tmp);
+    if (fd >= 0)
+        pull_guard_tmp(tmp);
     FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (!f) {
         fprintf(stderr, "ddpd pull: cannot create a file beside %s: %s\n", out, strerror(errno));
@@ -1202,6 +1237,7 @@ static int cmd_pull(struct client *c, int argc, char **argv)
         fclose(f);
     if (!ok)
         unlink(tmp);
+    pull_guard_tmp(NULL);
     buf_free(&s.body);
     if (!ok)
         return rc ? rc : EXIT_FAIL;
