@@ -64,7 +64,8 @@ ddpd_err dataset_batch_counts(const struct spec *spec, const char *data_dir, int
 /* What the planner checks before a job is accepted: the rows of the whole data set
  * (synthetic: the spec's; files: their headers; tokens: their size) and, reading every
  * value, that class ids and token ids are in range (.npy and tokens files up to 1 GiB;
- * the ranks check larger ones as they read them) and CSV cells are numbers. *file_bytes is the size of a file
+ * the ranks check larger ones as they read them) and CSV cells are finite numbers
+ * under distinct header names. *file_bytes is the size of a file
  * a rank reads whole while loading (CSV), else 0. DDPD_ENOTFOUND for {rank} files (only the ranks see them);
  * else the error a rank would die of, naming the file and the row. */
 ddpd_err dataset_check(const struct spec *spec, const char *data_dir, int world_size, int64_t *rows,
