@@ -1,12 +1,18 @@
 """What the planner finds in the data before a job is accepted, and what it leaves to the
-ranks (issue 28), against the real server:
+ranks (issue 28, items 6 and 7), against the real server:
+- a training batch that gives a batchnorm layer one value per channel (PyTorch's "Expected
+  more than 1 value per channel when training") is a 422 naming the layer's JSON path, the
+  rank, the batch and its size, and data.drop_last; batches the job never trains (a step
+  budget that ends first) and eval batches (running statistics) are fine;
 - CSV cells that are NaN, infinite or past float32's range, and repeated header names, are
   a 422 naming the file, the line and the column(s)."""
+import numpy as np
 import pytest
 
 from pylib.server import seed_spec
 
 FINAL = ("succeeded", "failed", "cancelled")
+TORCH_WORDS = "Expected more than 1 value per channel when training"
 
 
 def err_422(server, spec):
@@ -17,6 +23,62 @@ def err_422(server, spec):
 
 def no_jobs(server):
     return server.get("/v1/jobs").json()["jobs"] == []
+
+
+def run_ok(server, spec, timeout=120):
+    jid = server.submit(spec)["id"]
+    j = server.wait_state(jid, FINAL, timeout=timeout)
+    assert j["state"] == "succeeded", j
+    return server.events(jid)
+
+
+# ---- item 6: batchnorm and batches of one ------------------------------------------------
+
+# The batchnorm inside a residual, so its path is model[1].layers[0].
+BN_MODEL = [{"type": "linear", "in": 10, "out": 4},
+            {"type": "residual", "layers": [{"type": "batchnorm", "features": 4}]},
+            {"type": "linear", "in": 4, "out": 5}]
+
+
+def bn_spec(server, rows=9, **over):
+    rng = np.random.default_rng(1)
+    np.save(server.data_dir / "x.npy", rng.standard_normal((rows, 10)).astype(np.float32))
+    np.save(server.data_dir / "y.npy", rng.standard_normal((rows, 5)).astype(np.float32))
+    return seed_spec(**dict(dict(model=BN_MODEL, input_shape=[10], world_size=2, batch_size=2, log_every=1,
+                                 data={"type": "npy", "x": "x.npy", "y": "y.npy"}), **over))
+
+
+def test_batchnorm_batch_of_one_is_422_naming_the_layer_and_the_batch(make_server):
+    """9 samples over 2 ranks: shards of 5 and 4, batches of 2: rank 0's third batch of
+    every epoch holds one sample (rank 1 has two batches: join). The old code accepted the
+    job, which then failed at rank 0's third step."""
+    server = make_server(cpu_slots=2)
+    e = err_422(server, bn_spec(server))
+    assert e["path"] == "model[1].layers[0]", e
+    for w in ("model[1].layers[0] (batchnorm): rank 0's last batch of every epoch (batch 3 of 3, in step 3 "
+              "of the epoch) holds 1 of its 5 samples", "input size is [1, 4]", TORCH_WORDS,
+              "set data.drop_last to true"):
+        assert w in e["message"], (w, e)
+    e = err_422(server, bn_spec(server, batch_size=1))
+    assert e["path"] == "model[1].layers[0]" and "batches of batch_size 1 give it input size [1, 4]" in \
+        e["message"] and "set batch_size to 2 or more" in e["message"], e
+    assert no_jobs(server)
+
+    # What the advice says runs: drop_last leaves the batch of one out.
+    spec = bn_spec(server)
+    spec["data"]["drop_last"] = True
+    ev = run_ok(server, spec)
+    assert max(e["step"] for e in ev if e.get("event") == "loss") == 2
+    # A step budget that ends before the batch never trains it.
+    ev = run_ok(server, bn_spec(server, epochs=None, steps=2))
+    assert max(e["step"] for e in ev if e.get("event") == "loss") == 2
+    # Eval batches use the running statistics: an eval shard of one sample is fine.
+    np.save(server.data_dir / "vx.npy", np.ones((3, 10), np.float32))
+    np.save(server.data_dir / "vy.npy", np.ones((3, 5), np.float32))
+    spec = bn_spec(server, rows=8, eval={"data": {"type": "npy", "x": "vx.npy", "y": "vy.npy", "shuffle": False},
+                                         "every_steps": 1})
+    ev = run_ok(server, spec)
+    assert [e["samples"] for e in ev if e.get("event") == "eval"] == [3, 3], ev
 
 
 # ---- item 7: CSV cells and header --------------------------------------------------------
