@@ -21,9 +21,11 @@ struct dataset;
  * converted). Its target is spec_target_numel values: float32 for mse, int32 class ids in
  * [0, spec_classes) for cross_entropy ([N] classes or [N, T] sequences).
  * Tokens files, and .npy files over 64 MiB of values, are memory-mapped and read batch by
- * batch (their ids checked as they are read, see dataset_batch); the rest is loaded and
- * checked here. Returns NULL with `err` set (DDPD_EDATA names the file, and the row,
- * sample or byte offset where known). Caller frees with dataset_free. */
+ * batch (their ids checked as they are read, see dataset_batch; a {rank} tokens file up to
+ * 1 GiB, which the planner never sees, has its ids checked here too); the rest is loaded
+ * and checked here. A {rank} file may hold no sample (the rank joins at once). Returns NULL with `err` set
+ * (DDPD_EDATA names the file, and the row, sample or byte offset where known). Caller frees with
+ * dataset_free. */
 struct dataset *dataset_open(const struct spec *spec, const char *data_dir, int rank, int world_size,
                              struct ddpd_error *err);
 void dataset_free(struct dataset *ds);
