@@ -125,13 +125,6 @@ ddpd_err parse_data_obj(struct ddpd_error *err, json_t *obj, const char *P, stru
         rc = check_keys(err, obj, P, tokens_keys, COUNT(tokens_keys), NULL);
         if (rc == DDPD_OK)
             rc = get_path(err, obj, P, "path", true, d->path);
-        if (rc == DDPD_OK && strstr(d->path, "{rank}")) {
-            path_key(path, P, "path");
-            return fail(err, path,
-                        "{rank} is not supported for tokens: every rank reads the one file and takes its own "
-                        "samples from it (got \"%.100s\")",
-                        d->path);
-        }
         if (rc == DDPD_OK)
             rc = get_int(err, obj, P, "block_size", 1, SPEC_MAX_T, true, &d->block_size);
         if (rc == DDPD_OK) {

@@ -21,9 +21,11 @@ struct dataset;
  * converted). Its target is spec_target_numel values: float32 for mse, int32 class ids in
  * [0, spec_classes) for cross_entropy ([N] classes or [N, T] sequences).
  * Tokens files, and .npy files over 64 MiB of values, are memory-mapped and read batch by
- * batch (their ids checked as they are read, see dataset_batch); the rest is loaded and
- * checked here. Returns NULL with `err` set (DDPD_EDATA names the file, and the row,
- * sample or byte offset where known). Caller frees with dataset_free. */
+ * batch (their ids checked as they are read, see dataset_batch; a {rank} tokens file up to
+ * 1 GiB, which the planner never sees, has its ids checked here too); the rest is loaded
+ * and checked here. A {rank} file may hold no sample (the rank joins at once). Returns NULL with `err` set
+ * (DDPD_EDATA names the file, and the row, sample or byte offset where known). Caller frees with
+ * dataset_free. */
 struct dataset *dataset_open(const struct spec *spec, const char *data_dir, int rank, int world_size,
                              struct ddpd_error *err);
 void dataset_free(struct dataset *ds);
@@ -64,7 +66,8 @@ ddpd_err dataset_batch_counts(const struct spec *spec, const char *data_dir, int
 /* What the planner checks before a job is accepted: the rows of the whole data set
  * (synthetic: the spec's; files: their headers; tokens: their size) and, reading every
  * value, that class ids and token ids are in range (.npy and tokens files up to 1 GiB;
- * the ranks check larger ones as they read them) and CSV cells are numbers. *file_bytes is the size of a file
+ * the ranks check larger ones as they read them) and CSV cells are finite numbers
+ * under distinct header names. *file_bytes is the size of a file
  * a rank reads whole while loading (CSV), else 0. DDPD_ENOTFOUND for {rank} files (only the ranks see them);
  * else the error a rank would die of, naming the file and the row. */
 ddpd_err dataset_check(const struct spec *spec, const char *data_dir, int world_size, int64_t *rows,

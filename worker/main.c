@@ -239,7 +239,8 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, co
 /* One plan request line (a job document, read by jobdoc_plan_from_json) -> every rank's
  * batches per epoch (unknown when only the ranks can tell), or the error a rank would die
  * of. Checks what a rank would otherwise find after the job was accepted: the data's
- * values, init.from's shapes, and the memory a rank needs against max_rank_memory. */
+ * values, init.from's shapes, the memory a rank needs against max_rank_memory, and
+ * batches that batchnorm refuses. */
 static void plan_one(const char *line, size_t len)
 {
     struct ddpd_error err;
@@ -274,6 +275,8 @@ static void plan_one(const char *line, size_t len)
         rc = spec_memory_check(spec, &mem, req.max_rank_memory, "the server's --max-rank-memory", DDPD_ESPEC,
                                &err);
     }
+    if (rc == DDPD_OK && known)
+        rc = train_check_batches(spec, rows, req.world_size, &err);
     if (rc == DDPD_OK && (spec->init_from[0] || spec->init_from_job > 0))
         rc = plan_init_from(spec, data_dir, req.init_path, &err);
     memset(&ans, 0, sizeof ans);

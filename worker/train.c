@@ -39,6 +39,113 @@ static int64_t steps_per_epoch(int64_t batches, int64_t grad_accum)
     return batches / grad_accum + (batches % grad_accum != 0);
 }
 
+/* Optimizer steps of the whole job when the most batches a rank has per epoch is max_nb
+ * (with join, ranks with fewer shadow the rest of the epoch's steps). Saturated: epochs
+ * near INT64_MAX is a job that runs until it is cancelled. */
+static int64_t job_steps(const struct spec *s, int64_t max_nb)
+{
+    int64_t total;
+    if (s->steps)
+        return s->steps;
+    if (__builtin_mul_overflow(s->epochs, steps_per_epoch(max_nb, s->grad_accum), &total))
+        return INT64_MAX;
+    return total;
+}
+
+/* "model[2].layers[1]" for the layer whose key is "2.1": the JSON path the validator's
+ * messages use. */
+static void layer_path(char *out, size_t cap, const char *key)
+{
+    size_t o = (size_t)snprintf(out, cap, "model");
+    for (const char *k = key; *k && o < cap;) {
+        size_t n = strcspn(k, ".");
+        o += (size_t)snprintf(out + o, cap - o, "%s[%.*s]", k == key ? "" : ".layers", (int)n, k);
+        k += n;
+        k += (*k == '.');
+    }
+}
+
+/* The first batchnorm layer that a training batch of `rows` rows gives one value per
+ * channel, or -1. PyTorch's rule (_verify_batch_size): the batch times the sizes past the
+ * channel, N for BatchNorm1d on [N,C] and N·H·W for BatchNorm2d on [N,C,H,W], must be more
+ * than 1. */
+static int batchnorm_one_value(const struct spec *s, int64_t rows)
+{
+    for (int i = 0; i < s->n_layers; i++) {
+        const struct spec_layer *l = &s->layers[i];
+        if (l->kind != LAYER_BATCHNORM || l->dim < 1)
+            continue;
+        int64_t numel = 1;
+        for (int d = 0; d < l->in_rank; d++)
+            numel *= l->in_shape[d]; /* the validator bounds one sample's size */
+        if (rows == 1 && numel / l->dim == 1)
+            return i;
+    }
+    return -1;
+}
+
+/* Refuses, before any batch is trained, a rank whose shard of `shard` samples has a
+ * training batch that would end the rank when the model reaches it (model_check_batch):
+ * one that gives a batchnorm layer one value per channel. A batch is trained at step
+ * b / grad_accum of every epoch (a joined rank's shadowed steps count too), so one the
+ * job's `total` steps end before is never trained. The error names the layer (its JSON
+ * path), the rank, the batch and its size, and what would avoid it. */
+static ddpd_err check_rank_batches(const struct spec *s, int rank, int64_t shard, int64_t total,
+                                   struct ddpd_error *err)
+{
+    const int64_t B = s->batch_size, nb = spec_batches(shard, B, s->data.drop_last);
+    if (nb < 1)
+        return DDPD_OK;
+    /* Full batches of B, and a last one of what is left (B with drop_last). */
+    const int64_t last = shard - (nb - 1) * B, first = nb > 1 ? B : last;
+    int64_t b = 0, rows = first;
+    int i = batchnorm_one_value(s, first);
+    if (i < 0) {
+        b = nb - 1;
+        rows = last;
+        i = batchnorm_one_value(s, last);
+    }
+    if (i < 0 || b / s->grad_accum >= total)
+        return DDPD_OK;
+    const struct spec_layer *l = &s->layers[i];
+    char path[96], size[96];
+    layer_path(path, sizeof path, l->key);
+    int o = snprintf(size, sizeof size, "[%" PRId64, rows);
+    for (int d = 0; d < l->in_rank && o > 0 && (size_t)o < sizeof size; d++)
+        o += snprintf(size + o, sizeof size - (size_t)o, ", %" PRId64, l->in_shape[d]);
+    if (o > 0 && (size_t)o < sizeof size - 1)
+        snprintf(size + o, sizeof size - (size_t)o, "]");
+    static const char torch[] = "which PyTorch refuses in training (\"Expected more than 1 value per channel "
+                                "when training\")";
+    if (B == 1) /* every batch */
+        return ddpd_error_set(err, DDPD_ESPEC, path,
+                              "%s (batchnorm): batches of batch_size 1 give it input size %s, 1 value per "
+                              "channel, %s; set batch_size to 2 or more",
+                              path, size, torch);
+    return ddpd_error_set(err, DDPD_ESPEC, path,
+                          "%s (batchnorm): rank %d's last batch of every epoch (batch %" PRId64 " of %" PRId64
+                          ", in step %" PRId64 " of the epoch) holds 1 of its %" PRId64
+                          " samples, so the layer's input size is %s, 1 value per channel, %s; set "
+                          "data.drop_last to true to leave that batch out, or choose a batch_size that "
+                          "leaves more than 1 sample over",
+                          path, rank, nb, nb, b / s->grad_accum + 1, shard, size, torch);
+}
+
+ddpd_err train_check_batches(const struct spec *s, int64_t rows, int world_size, struct ddpd_error *err)
+{
+    int64_t max_nb = 0;
+    for (int r = 0; r < world_size; r++) {
+        const int64_t nb =
+            spec_batches(spec_shard_rows(rows, r, world_size), s->batch_size, s->data.drop_last);
+        max_nb = nb > max_nb ? nb : max_nb;
+    }
+    const int64_t total = job_steps(s, max_nb);
+    ddpd_err rc = DDPD_OK;
+    for (int r = 0; r < world_size && !rc; r++)
+        rc = check_rank_batches(s, r, spec_shard_rows(rows, r, world_size), total, err);
+    return rc;
+}
+
 /* Room for `n` elements of `size` bytes for the tensor `what` (device memory with `dev`,
  * else host memory). The byte count is checked, never wrapped; NULL with DDPD_EDEVICE
  * (exit 4) in `err`, naming the tensor and the bytes, when it cannot be had. */
@@ -220,12 +327,10 @@ static ddpd_err agree_on_batches(struct run *r, struct ddpd_error *err)
                               " samples on rank %d, drop_last %s)",
                               s->batch_size, cfg->world_size > 1 ? "any rank's shard" : "the data set",
                               dataset_shard_size(r->ds), cfg->rank, s->data.drop_last ? "on" : "off");
-    /* Saturated: epochs near INT64_MAX is a job that runs until it is cancelled. */
-    if (s->steps)
-        r->total = s->steps;
-    else if (__builtin_mul_overflow(s->epochs, steps_per_epoch(r->max_nb, s->grad_accum), &r->total))
-        r->total = INT64_MAX;
-    return DDPD_OK;
+    r->total = job_steps(s, r->max_nb);
+    /* The planner checked the batches of files it could read; {rank} files only the rank
+     * sees, and it says now, not at the batch. */
+    return check_rank_batches(s, cfg->rank, dataset_shard_size(r->ds), r->total, err);
 }
 
 /* One micro-batch: forward, loss (into dloss[j], on the device), backward. Adds the rows. */

@@ -40,6 +40,14 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err);
  * rows and `kmax` micro-batches a step: what spec_memory_estimate's `batch` bounds. */
 int64_t train_batch_bytes(const struct spec *s, int64_t rows, int64_t kmax, bool eval);
 
+/* The planner's check of the training batches before a job is accepted, for `rows`
+ * samples sharded over `world_size` ranks: DDPD_ESPEC at the layer's path (model[3])
+ * when a batch that the job trains would give a batchnorm layer one value per channel
+ * (BatchNorm1d on a batch of 1: PyTorch's "Expected more than 1 value per channel when
+ * training"), naming the rank, the batch and its size. Every rank checks its own shard
+ * the same way before its first step ({rank} files, which the planner cannot see). */
+ddpd_err train_check_batches(const struct spec *s, int64_t rows, int world_size, struct ddpd_error *err);
+
 /* The planner's check of `eval.data` (CONTRACT.md §2a) before a job is accepted: what
  * dataset_check finds in the eval data, with the error's path and message naming
  * eval.data. DDPD_OK without eval, and for {rank} files (only the ranks see them). Sets

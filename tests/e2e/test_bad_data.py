@@ -1,6 +1,6 @@
 """test_bad_data.py — `ddpd run` with broken inputs: each data file that does not parse
-(truncated or wrong-dtype .npy, a CSV text cell, a missing file, y of the wrong length,
-...) ends the job with exit code 2 and an `error` event whose message names the file,
+(truncated or wrong-dtype .npy, a CSV text cell, a NaN or infinite cell or a repeated
+header name in a {rank} CSV file, a missing file, y of the wrong length, ...) ends the job with exit code 2 and an `error` event whose message names the file,
 the log says it too, and nothing crashes. An invalid spec file is exit code 2 naming the
 JSON path (CONTRACT.md §2, §3, §6)."""
 
@@ -154,6 +154,26 @@ def test_csv_missing_target_column(work):
     (data / "notarget.csv").write_text("\n".join(rows) + "\n")
     run = run_case(work, csv_spec("notarget.csv"))
     expect_bad(run, "notarget.csv")
+
+
+@pytest.mark.parametrize("cell,header,words", [
+    ("-inf", "f0,f1,f2,f3,target", 'line 4, column 2 ("f1"): "-inf" is not a finite number'),
+    ("NaN", "f0,f1,f2,f3,target", 'line 4, column 2 ("f1"): "NaN" is not a finite number'),
+    ("1", "f0,f1,f2,f1,target", 'line 1 (the header): columns 2 and 4 are both named "f1"'),
+], ids=["inf", "nan", "repeated-header"])
+def test_csv_rank_file_checked_at_load(work, cell, header, words):
+    """issue 28: the planner cannot read {rank} files; the rank that loads its own file
+    makes the same checks (cells that are not finite, repeated header names) and ends with
+    exit code 2 and a data error naming the file, the line and the column, before a step."""
+    data = work / "data"
+    data.mkdir(parents=True)
+    rows = [header] + [f"{i}.5,1,2,3,{i % 3}" for i in range(10)]
+    rows[3] = f"2.5,{cell},2,3,0"
+    (data / "d_0.csv").write_text("\n".join(rows) + "\n")
+    run = run_case(work, csv_spec("d_{rank}.csv"))
+    expect_bad(run, "d_0.csv", "data")
+    assert any(words in e["message"] for e in run.of("error")), run.describe()
+    assert not run.of("loss")
 
 
 def expect_spec_error(run, path_words):

@@ -5,7 +5,9 @@ batchnorm, flatten) through `ddpd run` against PyTorch 1.13 on the same module t
 Per layer (one rank, SGD, a few steps: the losses check the forward, the weights after each
 update the backward, the buffers BatchNorm's running statistics): conv2d with odd sizes and
 stride/padding combinations, both pools with stride and padding, batchnorm 1d and 2d, flatten;
-BatchNorm1d on a batch of one row is the job's error, naming the layer, as PyTorch raises it.
+BatchNorm1d on a batch of one row is refused before training (by the planner, or for {rank}
+files by the rank at its start), naming the layer, as PyTorch raises it; BatchNorm2d follows
+PyTorch's rule (N·H·W values per channel).
 End to end: a conv net with BatchNorm on 2 ranks with grad_accum 2 and uneven data (join)
 against PyTorch DDP (gloo, broadcast_buffers=True): losses, final weights and buffers
 (num_batches_tracked exact), and ddpd's model.safetensors loads into the PyTorch tree with
@@ -114,17 +116,59 @@ def test_batchnorm2d_and_1d(work, shape):
     check(image_case(model, shape, 3, n=11, batch_size=4, seed=3), work)
 
 
-def test_batchnorm1d_one_row_is_an_error(work):
+BN1D = [{"type": "linear", "in": 3, "out": 4}, {"type": "batchnorm", "features": 4},
+        {"type": "linear", "in": 4, "out": 2}]
+TORCH_WORDS = "Expected more than 1 value per channel when training"
+
+
+def test_batchnorm1d_one_row_is_refused_before_training(work):
+    """issue 28: a batch of one row gives BatchNorm1d one value per channel, which PyTorch
+    refuses in training. 5 samples in batches of 2: the last batch of every epoch has one
+    row. The planner knows the batch sizes: `ddpd run` refuses the job before any rank
+    starts, naming the layer, the rank, the batch and data.drop_last (the old code trained
+    steps 1 and 2 and failed at step 3); with drop_last it trains and matches PyTorch."""
     H.need_bin()
-    model = [{"type": "linear", "in": 3, "out": 4}, {"type": "batchnorm", "features": 4},
-             {"type": "linear", "in": 4, "out": 2}]
-    case = image_case(model, (3,), 2, n=5, batch_size=2)  # batches of 2, 2 and 1
+    case = image_case(BN1D, (3,), 2, n=5, batch_size=2)  # batches of 2, 2 and 1
     spec = case.write(Path(work) / "data")
     run = H.run_ddpd(spec, 1, work)
-    assert run.rc != 0, run.describe()
+    assert run.rc == 2, run.describe()
     text = run.describe()
-    assert "Expected more than 1 value per channel when training" in text, text
-    assert "layer 1 (batchnorm)" in text and "[1, 4]" in text, text
+    for w in ("model[1] (batchnorm): rank 0's last batch of every epoch (batch 3 of 3, in step 3 of the epoch) "
+              "holds 1 of its 5 samples", "[1, 4]", TORCH_WORDS, "data.drop_last"):
+        assert w in text, (w, text)
+    assert not run.of("loss") and not run.of("start"), "refused before any rank started"
+    case.spec["data"] = {"drop_last": True}
+    check(case, work)
+
+
+def test_batchnorm1d_one_row_in_a_rank_file_ends_that_rank_before_its_first_step(work):
+    """{rank} files only the ranks see: rank 1's file of 5 rows (batches of 2, 2, 1) ends
+    rank 1 at its start with the same message, not at its third step."""
+    H.need_bin()
+    case = image_case(BN1D, (3,), 2, batch_size=2, per_rank=[4, 5])
+    spec = case.write(Path(work) / "data")
+    run = H.run_ddpd(spec, 2, work)
+    assert run.rc == 2, run.describe()
+    errs = [e["message"] for e in run.of("error", 1)]
+    assert any("model[1] (batchnorm): rank 1's last batch of every epoch (batch 3 of 3" in m and TORCH_WORDS in m
+               for m in errs), run.describe()
+    assert not run.of("loss"), "no rank trained a step"
+
+
+def test_batchnorm2d_follows_pytorchs_rule(work):
+    """BatchNorm2d counts N·H·W values per channel: a last batch of one 3×3 image is fine
+    (and matches PyTorch), one of a 1×1 image is refused like BatchNorm1d's."""
+    H.need_bin()
+    model = [conv(2, 4, 3, 1, 1), {"type": "batchnorm", "features": 4}, {"type": "flatten"},
+             {"type": "linear", "in": 36, "out": 3}]
+    check(image_case(model, (2, 3, 3), 3, n=5, batch_size=2, seed=2), work)
+    model = [conv(2, 4, 3), {"type": "batchnorm", "features": 4}, {"type": "flatten"},
+             {"type": "linear", "in": 4, "out": 3}]
+    case = image_case(model, (2, 3, 3), 3, n=5, batch_size=2, seed=2)
+    run = H.run_ddpd(case.write(Path(work) / "data"), 1, work, name="one-by-one")
+    assert run.rc == 2, run.describe()
+    assert "model[1] (batchnorm)" in run.stderr and "[1, 4, 1, 1]" in run.stderr and TORCH_WORDS in run.stderr, \
+        run.describe()
 
 
 def cnn():

@@ -11,7 +11,9 @@ PyTorch DDP (gloo), and the same at W = 1 and W = 3, each with SGD momentum and 
 one-block GPT whose rows are longer than a warp (dim 48, T 40, vocab 70) at W = 1, 2, 3. ddpd's
 model.safetensors loads into the PyTorch tree with load_state_dict(strict=True). A GPT with
 dropout resumed from a checkpoint gives exactly the numbers of the uninterrupted run (the
-masks depend on the step, not on how many forwards this process ran).
+masks depend on the step, not on how many forwards this process ran). Tokens files per rank
+(`{rank}`, issue 28): each rank's own file, even and uneven (join), against PyTorch DDP on
+the same windows, and resumed exactly from a checkpoint.
 Tolerances are the existing parity tests' (losses 1e-5 relative, weights 1e-5 + 1e-5·|ref|)."""
 from pathlib import Path
 
@@ -38,11 +40,15 @@ def spec_of(model, input_shape, loss, optimizer, batch_size, grad_accum=1, epoch
             "log_every": 1}
 
 
-def check(case, work):
-    """Runs the case on both sides; asserts losses, final weights and the strict load."""
+def check(case, work, data=None):
+    """Runs the case on both sides; asserts losses, final weights and the strict load.
+    `data`: written into the data folder after the case's files, returns the spec's data
+    object that ddpd reads instead of theirs (the reference reads the case's samples)."""
     H.need_bin()
     H.need_torch()
     spec = case.write(Path(work) / "data")
+    if data:
+        spec["data"] = data(Path(work) / "data")
     run = H.run_ddpd(spec, case.world, work)
     run.check_ok(case.world)
     ref = H.torch_ddp(case, work)
@@ -151,6 +157,66 @@ def test_gpt_ddp(work, world, opt):
                                [y[a:b] for a, b in zip(cuts, cuts[1:])], case.init_sd)
     run = check(case, work)
     assert bool(run.of("join")) == (world > 1), "ranks with fewer steps join"
+
+
+def token_streams(vocab, T, sizes, tails, seed):
+    """Per rank, a stream of ids holding sizes[r] windows of T (n·T + 1 ids) and tails[r]
+    ids more that no window reaches; and its windows as x and y, as the tokens reader
+    takes them (x = ids[i·T : i·T+T], y = ids[i·T+1 : i·T+T+1])."""
+    rng = np.random.default_rng(seed)
+    streams = [rng.integers(0, vocab, size=n * T + 1 + t).astype(np.uint16) for n, t in zip(sizes, tails)]
+    xs = [np.stack([s[i * T:i * T + T] for i in range(n)]).astype(np.int32) for s, n in zip(streams, sizes)]
+    ys = [np.stack([s[i * T + 1:i * T + T + 1] for i in range(n)]).astype(np.int32)
+          for s, n in zip(streams, sizes)]
+    return streams, xs, ys
+
+
+def tokens_files(streams, T, name="tok"):
+    """Writes each rank's stream as NAME_<rank>.bin; returns a writer for check's `data`."""
+    def write(data_dir):
+        for r, s in enumerate(streams):
+            s.tofile(data_dir / f"{name}_{r}.bin")
+        return {"type": "tokens", "path": name + "_{rank}.bin", "block_size": T, "shuffle": False}
+    return write
+
+
+@pytest.mark.parametrize("sizes,tails", [([6, 6], [0, 3]), ([12, 8], [5, 0])], ids=["even", "uneven-join"])
+def test_gpt_tokens_file_per_rank(work, sizes, tails):
+    """issue 28: `tokens` with {rank}: each rank reads its own file whole, sharded no
+    further: its windows in order, ids past the last window unused. Against PyTorch DDP
+    fed the same windows per rank. Uneven files (12 and 8 windows, batches of 2,
+    grad_accum 2: 3 and 2 steps) run with join, as with per-rank .npy files."""
+    model = gpt(attn_bias=True)
+    streams, xs, ys = token_streams(32, 8, sizes, tails, seed=11)
+    spec = spec_of(model, [8], "cross_entropy", OPTS["sgd-momentum"], 2, grad_accum=2)
+    case = H.Case.per_rank(spec, xs, ys, torch_models.init_state(model, 11))
+    run = check(case, work, data=tokens_files(streams, 8))
+    assert bool(run.of("join")) == (sizes[0] != sizes[1]), "the rank with fewer windows joins"
+    assert [e["batches"] for e in sorted(run.of("start"), key=lambda e: e["rank"])] == [n // 2 for n in sizes]
+
+
+def test_gpt_tokens_file_per_rank_resume_is_exact(work):
+    """A checkpoint of a job on per-rank tokens files of different lengths (shuffled, join,
+    2 epochs) resumes into exactly the uninterrupted run: each rank's position in its own
+    file is restored."""
+    H.need_bin()
+    model = gpt()
+    streams, xs, ys = token_streams(32, 8, [10, 6], [1, 0], seed=4)
+    case = H.Case.per_rank(spec_of(model, [8], "cross_entropy", {"type": "adamw", "lr": 0.01}, 2, grad_accum=2),
+                           xs, ys, torch_models.init_state(model, 4))
+    spec = case.write(Path(work) / "data")
+    spec["data"] = dict(tokens_files(streams, 8)(Path(work) / "data"), shuffle=True, seed=3)
+    spec["epochs"] = 2
+    spec["checkpoint"] = {"every_steps": 2, "keep_last": 100}
+    full = H.run_ddpd(spec, 2, work, name="full").check_ok(2)
+    assert full.of("join"), "rank 1 (3 batches) joins"
+    res = H.run_ddpd(spec, 2, work, name="resumed", extra=["--resume", str(full.out / "ckpt-4")]).check_ok(2)
+    want, got = full.losses(), res.losses()
+    for r in range(2):
+        later = {s: v for s, v in want[r].items() if s > 4}
+        assert later and got[r] == later, f"rank {r}: resumed {got[r]} vs straight {later}"
+    a, b = full.model(), res.model()
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a), "final weights differ"
 
 
 @pytest.mark.parametrize("world,opt", [(1, "adamw"), (2, "sgd-momentum"), (3, "adamw")])

@@ -157,6 +157,83 @@ static ddpd_err csv_fail(struct ddpd_error *err, const char *name, int64_t line,
     return DDPD_EDATA;
 }
 
+/* Reads a cell's text with "" unescaped, a byte at a time. */
+struct cell_reader {
+    const struct cell *cl;
+    size_t i;
+};
+
+/* The next byte, or -1 at the end of the text. */
+static int cell_next(struct cell_reader *r)
+{
+    if (r->i >= r->cl->len)
+        return -1;
+    if (r->cl->escaped && r->cl->p[r->i] == '"')
+        r->i++; /* the first of a "" pair */
+    return (unsigned char)r->cl->p[r->i++];
+}
+
+/* Two cells' unescaped texts, whole however long, in byte order (strcmp's sign). */
+static int cell_cmp(const struct cell *a, const struct cell *b)
+{
+    struct cell_reader ra = {a, 0}, rb = {b, 0};
+    for (;;) {
+        int x = cell_next(&ra), y = cell_next(&rb);
+        if (x != y || x < 0)
+            return x < y ? -1 : x > y;
+    }
+}
+
+/* A header column for sorting the names: its cell and its 0-based position. */
+struct named_col {
+    const struct cell *cl;
+    int col;
+};
+
+/* By name, then by position. */
+static int named_col_cmp(const void *pa, const void *pb)
+{
+    const struct named_col *a = pa, *b = pb;
+    int c = cell_cmp(a->cl, b->cl);
+    return c ? c : a->col < b->col ? -1 : a->col > b->col;
+}
+
+/* The header's names (`ncols` cells of the header at `line`) must be distinct: pandas
+ * would rename a repeated "b" to "b.1", so two tools would read different columns under
+ * one name. Sorted, so the widest headers cost n log n. EDATA naming the two columns of
+ * the earliest repeat (the repeating column with the lowest position, and the column it
+ * repeats). */
+static ddpd_err csv_unique_names(const char *name, const struct cell *names, int ncols, int64_t line,
+                                 struct ddpd_error *err)
+{
+    struct named_col *v = malloc((size_t)(ncols > 0 ? ncols : 1) * sizeof *v);
+    if (!v)
+        return data__fail(err, DDPD_ENOMEM, name, "out of memory");
+    for (int j = 0; j < ncols; j++)
+        v[j] = (struct named_col){&names[j], j};
+    qsort(v, (size_t)ncols, sizeof *v, named_col_cmp);
+    /* Equal names sort by position: the first two of a run are a column and its first
+     * repeat. */
+    int first = -1, again = -1;
+    for (int j = 1, start = 0; j < ncols; j++) {
+        if (cell_cmp(v[j - 1].cl, v[j].cl) != 0)
+            start = j;
+        else if (j == start + 1 && (again < 0 || v[j].col < again)) {
+            first = v[start].col;
+            again = v[j].col;
+        }
+    }
+    free(v);
+    if (again < 0)
+        return DDPD_OK;
+    char text[64];
+    size_t n = cell_text(&names[first], text, sizeof text);
+    return csv_fail(err, name, line, again + 1,
+                    "line %" PRId64 " (the header): columns %d and %d are both named \"%s%s\"; the "
+                    "header's names must be distinct",
+                    line, first + 1, again + 1, text, n >= sizeof text ? "..." : "");
+}
+
 /* The CSV's layout: the header's names and what each column feeds. */
 struct csv_layout {
     int ncols;
@@ -202,6 +279,7 @@ static ddpd_err csv_scan(const char *name, const char *buf, int64_t len, const s
                           d->n_targets, li, out);
     if (!csv_next_record(&c))
         return data__fail(err, DDPD_EDATA, name, "empty file (a header row is needed)");
+    const int64_t header_line = c.line;
 
     lo->names = malloc((size_t)cap * sizeof *lo->names);
     if (!lo->names)
@@ -222,13 +300,16 @@ static ddpd_err csv_scan(const char *name, const char *buf, int64_t len, const s
     } while (r == CSV_MORE);
     lo->body = c.p;
     lo->body_line = c.line;
+    ddpd_err rc = csv_unique_names(name, lo->names, lo->ncols, header_line, err);
+    if (rc)
+        return rc;
 
     lo->role = malloc((size_t)lo->ncols * sizeof *lo->role);
     if (!lo->role)
         return data__fail(err, DDPD_ENOMEM, name, "out of memory");
     for (int j = 0; j < lo->ncols; j++)
         lo->role[j] = 0;
-    for (int k = 0; k < d->n_targets; k++) {
+    for (int k = 0; k < d->n_targets; k++) { /* the names are distinct: at most one hit */
         int hits = 0;
         for (int j = 0; j < lo->ncols; j++) {
             size_t n = cell_text(&lo->names[j], text, sizeof text);
@@ -241,9 +322,6 @@ static ddpd_err csv_scan(const char *name, const char *buf, int64_t len, const s
         }
         if (hits == 0)
             return data__fail(err, DDPD_EDATA, name, "no column named \"%s\" (the target) in the header",
-                              d->targets[k]);
-        if (hits > 1)
-            return data__fail(err, DDPD_EDATA, name, "%d columns are named \"%s\" (the target)", hits,
                               d->targets[k]);
     }
     int32_t inputs = 0;
@@ -278,8 +356,12 @@ static ddpd_err csv_scan(const char *name, const char *buf, int64_t len, const s
     return DDPD_OK;
 }
 
-/* Parses a numeric cell: surrounding spaces allowed, the rest must be a decimal number
- * (hexadecimal is refused; nan and inf are numbers, as pandas reads them). */
+/* Parses a numeric cell: surrounding spaces allowed, the rest must be a finite decimal
+ * number that float32 holds. Hexadecimal is refused, and so is whatever strtod reads as
+ * NaN or infinity ("nan", "-Inf", "infinity", "nan(12)", any case) or as a value past
+ * float32's range ("1e39"): pandas would read them, but the first batch that holds one
+ * makes the loss NaN, and the job fails at that step. The planner and the rank that
+ * loads a {rank} file run this same check, so it is found at submit where it can be. */
 static ddpd_err csv_number(const char *name, const struct csv_layout *lo, int col, int64_t line,
                            const struct cell *cl, double *v, struct ddpd_error *err)
 {
@@ -304,6 +386,16 @@ static ddpd_err csv_number(const char *name, const struct csv_layout *lo, int co
     if (errno == ERANGE && fabs(*v) > 1)
         return csv_fail(err, name, line, col + 1, "line %" PRId64 ", column \"%s\": \"%s\" is out of range",
                         line, col_name, shown);
+    if (!isfinite(*v))
+        return csv_fail(err, name, line, col + 1,
+                        "line %" PRId64 ", column %d (\"%s\"): \"%s\" is not a finite number (NaN and "
+                        "infinity make the loss NaN at the first step that reads them)",
+                        line, col + 1, col_name, shown);
+    if (!isfinite(data__to_f32(*v)))
+        return csv_fail(err, name, line, col + 1,
+                        "line %" PRId64 ", column %d (\"%s\"): \"%s\" is beyond float32's range (about "
+                        "3.4e38), so it would be infinity",
+                        line, col + 1, col_name, shown);
     return DDPD_OK;
 }
 

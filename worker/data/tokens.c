@@ -1,7 +1,8 @@
 /* data/tokens.c — tokens files (CONTRACT.md §2a): a flat little-endian file of uint16 or
  * int32 token ids, as nanoGPT's train.bin. Sample i is x = ids[i·T : i·T+T] and
  * y = ids[i·T+1 : i·T+T+1] for i < ⌊(n−1)/T⌋. The file is memory-mapped and read window by
- * window as batches are copied (data.c drops the pages read), never loaded whole. */
+ * window as batches are copied (data.c drops the pages read), never loaded whole. A path
+ * with {rank} is one file per rank, each that rank's whole shard, as for .npy and CSV. */
 #include "data_impl.h"
 
 #include <errno.h>
@@ -23,9 +24,11 @@ static const char *dtype_name(tokens_dtype d)
 }
 
 /* Checks the spec's side of a tokens data set and the file's size; sets the id width and
- * the number of samples (windows). */
-static ddpd_err tokens_shape(const struct spec *s, const struct dfile *f, int *width, int64_t *rows,
-                             struct ddpd_error *err)
+ * the number of samples (windows). `empty_ok`: a rank's own {rank} file, which may hold
+ * no window (empty, or at most block_size ids): that rank has no samples and joins at
+ * once, as with an empty .npy or CSV {rank} file. */
+static ddpd_err tokens_shape(const struct spec *s, const struct dfile *f, bool empty_ok, int *width,
+                             int64_t *rows, struct ddpd_error *err)
 {
     const int64_t T = s->data.block_size;
     char shape[160];
@@ -52,39 +55,16 @@ static ddpd_err tokens_shape(const struct spec *s, const struct dfile *f, int *w
                           "its size, %" PRId64 " bytes, is not a multiple of %d (dtype %s)", f->size, *width,
                           dtype_name(s->data.dtype));
     const int64_t n = f->size / *width;
+    if (n < T + 1 && empty_ok) {
+        *rows = 0;
+        return DDPD_OK;
+    }
     if (n < T + 1)
         return data__fail(err, DDPD_EDATA, f->name,
                           "too short: %" PRId64 " tokens, fewer than one window of block_size + 1 = %" PRId64,
                           n, T + 1);
     *rows = (n - 1) / T;
     return DDPD_OK;
-}
-
-ddpd_err data__tokens_open(struct dataset *ds, const struct spec *s, const char *data_dir,
-                           struct ddpd_error *err)
-{
-    struct dfile f = {.fd = -1};
-    const unsigned char *m;
-    int width = 2;
-    int64_t rows = 0;
-    ddpd_err rc;
-    ds->hold = data__has_rank(s->data.path) ? HOLD_PER_RANK : HOLD_WHOLE;
-    if ((rc = data__file_open(&f, data_dir, "data.path", s->data.path, ds->rank, err)) ||
-        (rc = tokens_shape(s, &f, &width, &rows, err)) || (rc = data__map(ds, 0, &f, &m, err)))
-        goto out;
-    const int64_t T = s->data.block_size;
-    struct dsrc src = {
-        .p = m, .stride = T * width, .kind = width == 4 ? 'i' : 'u', .size = width, .mapped = true};
-    snprintf(src.name, sizeof src.name, "%s", f.name);
-    ds->sx = src;
-    ds->sy = src;
-    ds->sy.p = m + width;
-    ds->sy.file_off = width;
-    ds->n = rows;
-    ds->n_total = rows;
-out:
-    data__file_close(&f);
-    return rc;
 }
 
 /* Checks the ids of the windows (ids[0 .. rows·T]) in order: as inputs against the
@@ -139,6 +119,43 @@ out:
     return rc;
 }
 
+ddpd_err data__tokens_open(struct dataset *ds, const struct spec *s, const char *data_dir,
+                           struct ddpd_error *err)
+{
+    struct dfile f = {.fd = -1};
+    const unsigned char *m;
+    int width = 2;
+    int64_t rows = 0;
+    ddpd_err rc;
+    ds->hold = data__has_rank(s->data.path) ? HOLD_PER_RANK : HOLD_WHOLE;
+    const bool own = ds->hold == HOLD_PER_RANK;
+    if ((rc = data__file_open(&f, data_dir, "data.path", s->data.path, ds->rank, err)) ||
+        (rc = tokens_shape(s, &f, own, &width, &rows, err)))
+        goto out;
+    /* The planner checks the ids of a shared file; only this rank sees its own, so it
+     * checks them here, before the first step, as the planner would have (up to 1 GiB;
+     * past it, batch by batch as it reads them). */
+    if (own && f.size <= TOKENS_MAX_CHECK && rows > 0 && (rc = tokens_values(s, &f, width, rows, err)))
+        goto out;
+    ds->n = rows;
+    ds->n_total = rows;
+    if (rows == 0) /* nothing to map: this rank joins at once */
+        goto out;
+    if ((rc = data__map(ds, 0, &f, &m, err)))
+        goto out;
+    const int64_t T = s->data.block_size;
+    struct dsrc src = {
+        .p = m, .stride = T * width, .kind = width == 4 ? 'i' : 'u', .size = width, .mapped = true};
+    snprintf(src.name, sizeof src.name, "%s", f.name);
+    ds->sx = src;
+    ds->sy = src;
+    ds->sy.p = m + width;
+    ds->sy.file_off = width;
+out:
+    data__file_close(&f);
+    return rc;
+}
+
 ddpd_err data__tokens_rows(const struct spec *s, const char *data_dir, bool check, int64_t *rows,
                            struct ddpd_error *err)
 {
@@ -146,7 +163,7 @@ ddpd_err data__tokens_rows(const struct spec *s, const char *data_dir, bool chec
     int width = 2;
     ddpd_err rc;
     if ((rc = data__file_open(&f, data_dir, "data.path", s->data.path, 0, err)) ||
-        (rc = tokens_shape(s, &f, &width, rows, err)))
+        (rc = tokens_shape(s, &f, false, &width, rows, err)))
         goto out;
     if (check && f.size <= TOKENS_MAX_CHECK)
         rc = tokens_values(s, &f, width, *rows, err);

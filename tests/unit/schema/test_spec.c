@@ -738,10 +738,6 @@ static const struct bad_case bad_cases[] = {
         "data.block_size", "expected input_shape [4] for samples of block_size 4, got input_shape [3]"),
     BAD(GPT_WITH(ADAMW, "{\"type\":\"tokens\",\"path\":\"t.bin\"}", ""), DDPD_ESPEC, "data.block_size",
         "missing (expected an integer from 1 to 65536)"),
-    BAD(GPT_WITH(ADAMW, "{\"type\":\"tokens\",\"path\":\"t-{rank}.bin\",\"block_size\":3}", ""), DDPD_ESPEC,
-        "data.path",
-        "{rank} is not supported for tokens: every rank reads the one file and takes its own samples from it "
-        "(got \"t-{rank}.bin\")"),
     BAD(GPT_WITH(ADAMW, "{\"type\":\"tokens\",\"path\":\"t.bin\",\"block_size\":3,\"dtype\":\"uint8\"}", ""),
         DDPD_ESPEC, "data.dtype", "expected one of uint16, int32, got \"uint8\""),
     BAD(GPT_WITH(ADAMW, "{\"type\":\"tokens\",\"path\":\"t.bin\",\"block_size\":3,\"x\":\"a\"}", ""),
@@ -1282,6 +1278,21 @@ static void test_v2_memory(void)
     spec_memory_estimate(&s, &(struct spec_memory_in){.rows = 1000000, .rank_file = false, .file_bytes = 0},
                          &m);
     CHECK_EQ_INT(m.data, 1000000 * 8 + 1000000 * 8);
+    /* A tokens file per rank (issue 28), for the data and eval.data: the rank's own file is
+     * its shard (its windows, the order and the permutation; the file itself is mapped). */
+    CHECK_EQ_INT(parse(GPT_WITH(ADAMW, "{\"type\":\"tokens\",\"path\":\"t-{rank}.bin\",\"block_size\":3}",
+                                ",\"world_size\":2,\"eval\":{\"data\":{\"type\":\"tokens\",\"path\":"
+                                "\"v{rank}/v.bin\",\"block_size\":3,\"shuffle\":false},\"every_steps\":5}"),
+                       &s, &e),
+                 DDPD_OK);
+    CHECK_EQ_STR(s.data.path, "t-{rank}.bin");
+    CHECK_EQ_STR(s.eval.data.path, "v{rank}/v.bin");
+    spec_memory_estimate(
+        &s,
+        &(struct spec_memory_in){.rows = 1000, .rank_file = true, .eval_rows = 30, .eval_rank_file = true},
+        &m);
+    CHECK_EQ_INT(m.data, 1000 * 8 + 1000 * 8);
+    CHECK_EQ_INT(m.eval, 30 * 8);
     /* conv2d's im2col and batchnorm's statistics count. */
     CHECK_EQ_INT(parse(V2MSE("[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":3},{\"type\":\"batchnorm\","
                              "\"features\":2}]",

@@ -1080,8 +1080,63 @@ static void test_csv_errors(void)
     CHECK(strstr(m, "quote inside an unquoted field") != NULL);
     m = csv_fails("a,b,c,y\n1,2,3,4\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
     CHECK_EQ_STR(m, "data/bad.csv: 3 input columns (all but the target) but model[0].in is 2");
+    /* Header names are distinct, the target's and the inputs' alike (issue 28): the first
+     * repeat is named with the column it repeats, quoted or not, however long. */
     m = csv_fails("a,y,y\n1,2,3\n", "y", LOSS_MSE, 1, 1, DDPD_EDATA, P);
-    CHECK(strstr(m, "2 columns are named \"y\"") != NULL);
+    CHECK_EQ_STR(m, "data/bad.csv: line 1 (the header): columns 2 and 3 are both named \"y\"; the header's "
+                    "names must be distinct");
+    m = csv_fails("\n\nb,a,\"b\",c,a,y\n1,2,3,4,5,6\n", "y", LOSS_MSE, 5, 1, DDPD_EDATA, P);
+    CHECK_EQ_STR(m, "data/bad.csv: line 3 (the header): columns 1 and 3 are both named \"b\"; the header's "
+                    "names must be distinct");
+    m = csv_fails("x,\"q\"\"\",y,\"q\"\"\"\n1,2,3,4\n", "y", LOSS_MSE, 3, 1, DDPD_EDATA, P);
+    CHECK(strstr(m, "columns 2 and 4 are both named \"q\"\"") != NULL);
+    {
+        /* Two 300-byte names that differ only in their last byte are distinct. */
+        char text[1024];
+        int o = snprintf(text, sizeof text, "%0300d,%0299d1,y\n1,2,3\n", 0, 0);
+        CHECK(o > 0 && (size_t)o < sizeof text);
+        put_str(P, text);
+        spec_base(&s, 2, 1, LOSS_MSE);
+        spec_csv(&s, P, "y");
+        struct dataset *ok = open_ok(&s, 0, 1);
+        dataset_free(ok);
+        text[299] = '1'; /* now the same */
+        m = csv_fails(text, "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+        CHECK(strstr(m, "columns 1 and 2 are both named \"0000") != NULL && strstr(m, "...\"") != NULL);
+    }
+    /* Cells strtod reads as NaN, infinity or past float32's range (issue 28): the job would
+     * die at the first step that reads one. The line, the column's number and name. */
+    static const char *const nonfinite[] = {"nan",  "NaN",       "-nan",     "+NAN",    "nan(12)", "inf",
+                                            "-Inf", "+INFINITY", "infinity", " -inf  ", "\"inf\""};
+    for (size_t i = 0; i < sizeof nonfinite / sizeof nonfinite[0]; i++) {
+        char text[128];
+        snprintf(text, sizeof text, "a,b,y\n1,2,3\n1,%s,3\n", nonfinite[i]);
+        m = csv_fails(text, "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+        CHECK(strstr(m, "data/bad.csv: line 3, column 2 (\"b\"): \"") != NULL);
+        CHECK(strstr(m, "is not a finite number") != NULL);
+    }
+    m = csv_fails("a,b,y\n1,2,3\n1,2,-inf\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK_EQ_STR(m, "data/bad.csv: line 3, column 3 (\"y\"): \"-inf\" is not a finite number (NaN and "
+                    "infinity make the loss NaN at the first step that reads them)");
+    m = csv_fails("a,c\n1,0\n2,nan\n", "c", LOSS_CROSS_ENTROPY, 1, 3, DDPD_EDATA, P);
+    CHECK(strstr(m, "line 3, column 2 (\"c\"): \"nan\" is not a finite number") != NULL);
+    m = csv_fails("a,b,y\n1,-1e39,3\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
+    CHECK_EQ_STR(m, "data/bad.csv: line 2, column 2 (\"b\"): \"-1e39\" is beyond float32's range (about "
+                    "3.4e38), so it would be infinity");
+    /* The largest float32 and what rounds to it stay numbers, as do tiny ones. */
+    put_str(P, "a,b,y\n3.4028234e38,-3.40282356e38,1e-999\n");
+    spec_base(&s, 2, 1, LOSS_MSE);
+    spec_csv(&s, P, "y");
+    dataset_free(open_ok(&s, 0, 1));
+    /* The planner's check sees them too, reading every cell of the file. */
+    put_str(P, "a,b,y\n1,2,3\n1,2,3\n1,2,3\n1,2,3\n1,2,3\n1,2,3\n1,Infinity,3\n");
+    {
+        int64_t rows = 0, bytes = 0;
+        CHECK_EQ_INT(dataset_check(&s, datadir, 1, &rows, &bytes, &err), DDPD_EDATA);
+        CHECK(strstr(err.message, "line 8, column 2 (\"b\"): \"Infinity\" is not a finite number") != NULL);
+        CHECK_EQ_INT(err.line, 8);
+        CHECK_EQ_INT(err.column, 2);
+    }
     /* A quoted newline counts for the line numbers after it. */
     m = csv_fails("\"a\nz\",b,y\n1,2,3\n1,x,3\n", "y", LOSS_MSE, 2, 1, DDPD_EDATA, P);
     CHECK(strstr(m, "line 4, column \"b\": \"x\" is not a number") != NULL);

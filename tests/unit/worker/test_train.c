@@ -2,7 +2,8 @@
  * a batch_size far beyond the data set trains on the whole shard (the batch buffers were
  * sized by batch_size and wrapped to a few bytes: an ASan heap overflow), grad_accum and
  * epochs near INT64_MAX do not overflow the step arithmetic, and a rank whose memory need
- * is over its limit stops before allocating with the sizes, as DDPD_EDEVICE (exit 4). */
+ * is over its limit stops before allocating with the sizes, as DDPD_EDEVICE (exit 4); the
+ * batches a batchnorm layer would refuse are found before training (train_check_batches). */
 #include <errno.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -125,6 +126,102 @@ static void test_memory_limit(void)
 
 /* The caller opens the compute backend (worker/main.c); train_run only borrows it and
  * refuses a config without one rather than choosing a device itself. */
+/* A spec of `model` on `in_shape` npy data, batches of `batch`, 2 epochs unless `more`
+ * (further top-level keys) gives steps; "drop" for `more` is drop_last and nothing else. */
+static void parse_bn(struct spec *s, const char *model, const char *in_shape, int64_t batch, const char *more)
+{
+    const bool drop = strcmp(more, "drop") == 0;
+    char text[2048];
+    snprintf(text, sizeof text,
+             "{\"model\":%s,\"input_shape\":%s,\"loss\":\"cross_entropy\",\"optimizer\":{\"type\":\"sgd\","
+             "\"lr\":0.1},\"data\":{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"y.npy\",\"drop_last\":%s},"
+             "\"batch_size\":%lld%s%s}",
+             model, in_shape, drop ? "true" : "false", (long long)batch,
+             strstr(more, "steps") ? "" : ",\"epochs\":2", drop ? "" : more);
+    struct ddpd_error err = {0};
+    ddpd_err rc = spec_parse(text, strlen(text), NULL, s, &err);
+    if (rc)
+        fprintf(stderr, "    spec_parse: %s: %s\n", err.path, err.message);
+    CHECK_EQ_INT(rc, DDPD_OK);
+}
+
+/* Refused with `path` and every one of `words` in the message, or accepted (path NULL). */
+static void bn_case(const struct spec *s, int64_t rows, int world, const char *path, const char *w1,
+                    const char *w2)
+{
+    struct ddpd_error err = {0};
+    ddpd_err rc = train_check_batches(s, rows, world, &err);
+    if (!path) {
+        if (rc)
+            fprintf(stderr, "    %lld rows, %d ranks: %s\n", (long long)rows, world, err.message);
+        CHECK_EQ_INT(rc, DDPD_OK);
+        return;
+    }
+    CHECK_EQ_INT(rc, DDPD_ESPEC);
+    CHECK_EQ_STR(err.path, path);
+    CHECK(strstr(err.message, "Expected more than 1 value per channel when training") != NULL);
+    if (!strstr(err.message, w1) || (w2 && !strstr(err.message, w2)))
+        fprintf(stderr, "    %lld rows, %d ranks: %s\n", (long long)rows, world, err.message);
+    CHECK(strstr(err.message, w1) != NULL);
+    CHECK(!w2 || strstr(err.message, w2) != NULL);
+}
+
+/* issue 28: the batches a job trains, known before it starts, against PyTorch's rule for
+ * BatchNorm in training (more than 1 value per channel: N, or N·H·W). */
+static void test_batchnorm_batches(void)
+{
+    static const char bn1[] =
+        "[{\"type\":\"linear\",\"in\":3,\"out\":4},{\"type\":\"batchnorm\",\"features\":4},"
+        "{\"type\":\"linear\",\"in\":4,\"out\":2}]";
+    struct spec s;
+    parse_bn(&s, bn1, "[3]", 2, "");
+    bn_case(&s, 6, 1, NULL, NULL, NULL);
+    bn_case(&s, 5, 1, "model[1]",
+            "rank 0's last batch of every epoch (batch 3 of 3, in step 3 of the epoch) "
+            "holds 1 of its 5 samples",
+            "input size is [1, 4]");
+    bn_case(&s, 1, 1, "model[1]", "(batch 1 of 1, in step 1 of the epoch) holds 1 of its 1 samples", NULL);
+    /* Sharded: 9 rows over 2 ranks are 5 and 4 (rank 0 has the batch of one, join); 7
+     * rows are 4 and 3 (rank 1 has it). */
+    bn_case(&s, 9, 2, "model[1]", "rank 0's last batch", "holds 1 of its 5 samples");
+    bn_case(&s, 7, 2, "model[1]", "rank 1's last batch of every epoch (batch 2 of 2", "of its 3 samples");
+    bn_case(&s, 8, 2, NULL, NULL, NULL);
+    /* grad_accum puts the batch in an earlier step. */
+    parse_bn(&s, bn1, "[3]", 2, ",\"grad_accum\":2");
+    bn_case(&s, 5, 1, "model[1]", "(batch 3 of 3, in step 2 of the epoch)", NULL);
+    /* A step budget that ends before the batch never trains it; one that reaches it does. */
+    parse_bn(&s, bn1, "[3]", 2, ",\"steps\":2");
+    bn_case(&s, 5, 1, NULL, NULL, NULL);
+    parse_bn(&s, bn1, "[3]", 2, ",\"steps\":3");
+    bn_case(&s, 5, 1, "model[1]", "batch 3 of 3", NULL);
+    parse_bn(&s, bn1, "[3]", 2, ",\"steps\":1,\"grad_accum\":2");
+    bn_case(&s, 5, 1, NULL, NULL, NULL);
+    /* drop_last leaves it out; batch_size 1 is every batch, drop_last or not. */
+    parse_bn(&s, bn1, "[3]", 2, "drop");
+    bn_case(&s, 5, 1, NULL, NULL, NULL);
+    bn_case(&s, 9, 2, NULL, NULL, NULL);
+    parse_bn(&s, bn1, "[3]", 1, "drop");
+    bn_case(&s, 5, 1, "model[1]", "batches of batch_size 1 give it input size [1, 4]", "set batch_size to 2");
+    /* BatchNorm2d counts N·H·W: one 3×3 image is 9 values per channel, one 1×1 image 1. */
+    parse_bn(&s,
+             "[{\"type\":\"conv2d\",\"in\":2,\"out\":4,\"kernel\":3,\"padding\":1},{\"type\":\"batchnorm\","
+             "\"features\":4},{\"type\":\"flatten\"},{\"type\":\"linear\",\"in\":36,\"out\":2}]",
+             "[2,3,3]", 1, "");
+    bn_case(&s, 5, 1, NULL, NULL, NULL);
+    parse_bn(&s,
+             "[{\"type\":\"conv2d\",\"in\":2,\"out\":4,\"kernel\":3},{\"type\":\"batchnorm\",\"features\":4},"
+             "{\"type\":\"flatten\"},{\"type\":\"linear\",\"in\":4,\"out\":2}]",
+             "[2,3,3]", 2, "");
+    bn_case(&s, 6, 1, NULL, NULL, NULL);
+    bn_case(&s, 5, 1, "model[1]", "input size is [1, 4, 1, 1]", NULL);
+    /* A layer inside a residual is named by its JSON path. */
+    parse_bn(&s,
+             "[{\"type\":\"linear\",\"in\":3,\"out\":4},{\"type\":\"residual\",\"layers\":[{\"type\":"
+             "\"relu\"},{\"type\":\"batchnorm\",\"features\":4}]},{\"type\":\"linear\",\"in\":4,\"out\":2}]",
+             "[3]", 2, "");
+    bn_case(&s, 5, 1, "model[1].layers[1]", "model[1].layers[1] (batchnorm): rank 0's", NULL);
+}
+
 static void test_needs_backend(void)
 {
     struct spec s;
@@ -142,6 +239,7 @@ int main(void)
     test_huge_batch();
     test_memory_limit();
     test_needs_backend();
+    test_batchnorm_batches();
     base_remove_tree(root);
     CHECK_DONE();
 }
