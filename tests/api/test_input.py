@@ -314,7 +314,7 @@ def _trickle_headers(port, results, key, deadline_s=60):
 
 def test_slow_clients_are_cut_off(server):
     """Clients that never finish their request hold no thread and are cut off: the server
-    cuts a request that is not in within 30 s of the connection (http.c, request_timeout_ms
+    cuts a request that is not in within 30 s of the connection (http.c's reaper, request_timeout_ms
     default 30000), with no response. Eight stalled clients (more than the 4 HTTP
     threads) while other requests are served promptly."""
     results = {}
