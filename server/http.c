@@ -104,6 +104,10 @@ static void *uri_seen(void *cls, const char *uri, struct MHD_Connection *mc)
     struct http_request *req = request_new(cls);
     req->target_len = strlen(uri);
     char *q = strchr(uri, '?');
+    /* The library decodes the path in place and hands ddpd a C string, which a %00 would
+     * end early ("/v1/jobs/7%00/x" read as "/v1/jobs/7"): only the raw target shows it. */
+    const char *nul = strstr(uri, "%00");
+    req->path_nul = nul && (!q || nul < q);
     if (q && q[1]) {
         req->nparams = 1;
         for (const char *p = q + 1; *p; p++)

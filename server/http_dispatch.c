@@ -205,6 +205,10 @@ bool request_begin(struct http_request *req)
                     req->target_len, HTTP_MAX_TARGET);
         return true;
     }
+    if (req->path_nul) {
+        set_pending(req, DDPD_EREQUEST, "", "the request path contains a NUL byte (%%00)");
+        return true;
+    }
     if (req->nparams > HTTP_MAX_QUERY_PARAMS) {
         set_pending(req, DDPD_EJSON, "", "the query has %u parameters; the limit is %d", req->nparams,
                     HTTP_MAX_QUERY_PARAMS);
@@ -360,7 +364,7 @@ void request_dispatch(struct http_request *req)
     }
     struct ddpd_error e;
     ddpd_error_clear(&e);
-    if (r->query && query_allow(req, r->query, &e) != DDPD_OK) {
+    if (query_unambiguous(req, &e) != DDPD_OK || (r->query && query_allow(req, r->query, &e) != DDPD_OK)) {
         respond_error(req, e.code, &e);
         return;
     }

@@ -101,6 +101,7 @@ struct http_request {
     bool begun;        /* the access handler's first call has run */
     unsigned nparams;  /* query parameters in the raw target (uri_seen) */
     size_t target_len; /* bytes of the raw target */
+    bool path_nul;     /* the raw target's path has a %00 (uri_seen) */
     struct MHD_Connection *mc;
     struct conn *conn;
     const char *method;
@@ -193,6 +194,8 @@ enum MHD_Result queue(struct http_request *req);
 void clean_copy(char *dst, size_t cap, const char *src, size_t max);
 /* The route's query list (http_route.query) against the request's parameters. */
 ddpd_err query_allow(struct http_request *req, const char *allowed, struct ddpd_error *err);
+/* The rules every route's query keeps: no name given twice, no NUL byte in a name or value. */
+ddpd_err query_unambiguous(struct http_request *req, struct ddpd_error *err);
 
 /* ---- the dispatcher (http_dispatch.c) --------------------------------------------------- */
 

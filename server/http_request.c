@@ -146,6 +146,61 @@ ddpd_err query_allow(struct http_request *req, const char *allowed, struct ddpd_
                             req->route ? req->route->r->pattern : "this route", used ? takes : "none");
 }
 
+/* A parameter as libmicrohttpd decoded it, with the decoded sizes: "%00" becomes a NUL
+ * that strlen stops at, so only the sizes tell "model%00" from "model". */
+struct query_param {
+    const char *name, *value; /* value NULL: "?flag" without '=' */
+    size_t name_len, value_len;
+};
+
+struct query_list {
+    struct query_param p[HTTP_MAX_QUERY_PARAMS];
+    unsigned n;
+};
+
+static enum MHD_Result query_collect(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
+                                     const char *value, size_t value_size)
+{
+    (void)kind;
+    struct query_list *q = cls;
+    if (q->n == HTTP_MAX_QUERY_PARAMS) /* never: uri_seen cut a longer query to nothing */
+        return MHD_NO;
+    q->p[q->n++] = (struct query_param){key ? key : "", value, key ? key_size : 0, value ? value_size : 0};
+    return MHD_YES;
+}
+
+/* Every route's query, before its own list: a name given twice is refused, since which
+ * value counts would be a guess (http_query reads the first), and so is a NUL byte in a
+ * name or value, since the handler would read only up to it ("file=model%00" was the
+ * model). The first fault in the query's order is named. */
+ddpd_err query_unambiguous(struct http_request *req, struct ddpd_error *err)
+{
+    struct query_list q = {.n = 0};
+    MHD_get_connection_values_n(req->mc, MHD_GET_ARGUMENT_KIND, query_collect, &q);
+    for (unsigned i = 0; i < q.n; i++) {
+        const struct query_param *p = &q.p[i];
+        char shown[48];
+        clean_copy(shown, sizeof shown, p->name, 32);
+        if (strlen(p->name) != p->name_len)
+            return http_query_error(req, shown, err,
+                                    "query parameter '%s' contains a NUL byte (%%00) in its name", shown);
+        if (p->value && strlen(p->value) != p->value_len)
+            return http_query_error(req, shown, err,
+                                    "query parameter '%s' contains a NUL byte (%%00) in its value", shown);
+        unsigned times = 0;
+        for (unsigned j = 0; j < q.n; j++)
+            times += q.p[j].name_len == p->name_len && !memcmp(q.p[j].name, p->name, p->name_len);
+        if (times > 1) {
+            char how[24] = "twice";
+            if (times > 2)
+                snprintf(how, sizeof how, "%u times", times);
+            return http_query_error(req, shown, err, "query parameter '%s' is given %s; give it once", shown,
+                                    how);
+        }
+    }
+    return DDPD_OK;
+}
+
 bool http_param_int(const char *v, int64_t min, int64_t max, int64_t *out)
 {
     /* Digits first: no white space or '+' before the number in a URL. */
