@@ -48,7 +48,8 @@ struct http_route {
     /* The query parameters the route takes, space-separated ("state limit before name";
      * "" for none): any other is a 400 bad_query naming it and the ones taken, checked
      * before the handler runs, never silently ignored (a misspelt filter would return
-     * every job). NULL: not checked (the handler reads what it wants). */
+     * every job). NULL: names not checked (the handler reads what it wants); a name given
+     * twice or a %00 is refused on every route all the same. */
     const char *query;
 };
 
@@ -190,7 +191,9 @@ const char *http_request_body(const struct http_request *req, size_t *len);
 /* ---- query parameters -------------------------------------------------------------- */
 /* A failed helper returns an error for the handler to return as is: the client gets 400
  * with code "bad_query", the parameter's name as `path` and a sentence naming it. An
- * absent (or empty) parameter gives the default. Repeated parameters: the first wins. */
+ * absent (or empty) parameter gives the default. A handler never sees a name given twice
+ * or a NUL byte (%00) in a name or value: the dispatcher answers those 400 bad_query on
+ * every route first (and a %00 in the path 400 bad_request). */
 
 /* The raw value (decoded), NULL when absent. Borrowed. */
 const char *http_query(const struct http_request *req, const char *name);

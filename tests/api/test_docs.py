@@ -69,7 +69,7 @@ def error_codes():
 
 def metric_names():
     names = set()
-    for f in ("server/api.c", "server/http.c"):
+    for f in ("server/api.c", "server/http_route.c"):
         names.update(re.findall(r"# HELP (ddpd_\w+)", read(f)))
     assert names, "no /metrics names found"
     return names

@@ -67,6 +67,47 @@ def test_unknown_query_parameters_are_refused_naming_them(server):
         assert server.get(path).status_code in (200, 404), path
 
 
+def test_a_query_parameter_given_twice_or_with_a_nul_byte_is_refused(server):
+    """Issue 28 item 7: `?step=10&step=4` served step 10 and `?file=model%00` the model
+    (a handler read the first value, and a value only up to its NUL). Both are a 400 naming
+    the parameter, on every route, before its handler runs; so is a NUL in the path, which
+    ended it early (`DELETE /v1/jobs/ID%00x` deleted job ID)."""
+    jid = server.submit(seed_spec(name="alpha", world_size=1, epochs=None, steps=20, log_every=1,
+                                  checkpoint={"every_steps": 10}))["id"]
+    assert server.wait_state(jid, FINAL)["state"] == "succeeded"
+    twice = [
+        ("GET", f"/v1/jobs/{jid}/checkpoint?step=10&step=4", "step", "twice"),
+        ("GET", f"/v1/jobs/{jid}/checkpoint?step=10&file=model&file=optim", "file", "twice"),
+        ("GET", "/v1/jobs?state=running&state=succeeded", "state", "twice"),
+        ("GET", "/v1/jobs?limit=5&name=alpha&limit=5&limit=5", "limit", "3 times"),
+        ("GET", f"/v1/jobs/{jid}/logs?rank=0&tail=5&tail=6", "tail", "twice"),
+        ("GET", f"/v1/jobs/{jid}/metrics?max_points=10&max_points=20", "max_points", "twice"),
+        ("POST", f"/v1/jobs/{jid}/resume?step=10&step=10", "step", "twice"),
+        ("GET", "/healthz?x=1&x=2", "x", "twice"),
+    ]
+    for method, path, name, how in twice:
+        e = err_of(server.request(method, path), 400)
+        assert e["code"] == "bad_query" and e["path"] == name, (path, e)
+        assert e["message"] == f"query parameter '{name}' is given {how}; give it once", (path, e)
+    nul = [
+        ("GET", f"/v1/jobs/{jid}/checkpoint?step=10&file=model%00", "file"),
+        ("GET", "/v1/jobs?name=alpha%00", "name"),
+        ("GET", f"/v1/jobs/{jid}/logs?rank=0%00", "rank"),
+        ("GET", "/metrics?x=%00", "x"),
+    ]
+    for method, path, name in nul:
+        e = err_of(server.request(method, path), 400)
+        assert e["code"] == "bad_query" and e["path"] == name, (path, e)
+        assert e["message"] == f"query parameter '{name}' contains a NUL byte (%00) in its value", (path, e)
+    for method, path in (("GET", f"/v1/jobs/{jid}%00/checkpoints"), ("DELETE", f"/v1/jobs/{jid}%00x")):
+        e = err_of(server.request(method, path), 400)
+        assert e["code"] == "bad_request", (path, e)
+        assert e["message"] == "the request path contains a NUL byte (%00)", (path, e)
+    # Without the faults the same requests are answered; the DELETE above deleted nothing.
+    assert server.get(f"/v1/jobs/{jid}/checkpoint?step=10&file=model").status_code == 200
+    assert [j["id"] for j in server.get("/v1/jobs?name=alpha").json()["jobs"]] == [jid]
+
+
 def test_the_job_list_filters_by_name(server):
     a = server.submit(seed_spec(name="alpha"))["id"]
     b = server.submit(seed_spec(name="beta"))["id"]
