@@ -135,31 +135,31 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         req->conn = ci ? ci->socket_context : NULL;
         *con_cls = req;
-        if (request_begin(req)) {
+        if (http__request_begin(req)) {
             conn_set_deadline(s, req->conn, 0);
             if (req->preflight)
                 http_respond_empty(req, 204);
             else
-                respond_error(req, req->pending, &req->perr);
-            return queue(req);
+                http__respond_error(req, req->pending, &req->perr);
+            return http__queue(req);
         }
         return MHD_YES;
     }
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
-        request_body(req, upload, n);
+        http__request_body(req, upload, n);
         return MHD_YES;
     }
     conn_set_deadline(s, req->conn, 0);
     if (!req->deferred) {
-        request_dispatch(req);
+        http__request_dispatch(req);
         if (req->deferred && defer_park(req))
             return MHD_YES; /* http_deferred_done resumes the connection: called again */
     }
     if (req->deferred && req->deferred_rc != DDPD_OK)
-        handler_failed(req, req->deferred_rc, &req->deferred_err);
-    return queue(req);
+        http__handler_failed(req, req->deferred_rc, &req->deferred_err);
+    return http__queue(req);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
@@ -183,10 +183,10 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     if (req->resp)
         MHD_destroy_response(req->resp);
     if (req->stream) {
-        stream_finish(req->stream, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
-        stream_release(req->stream);
+        http__stream_finish(req->stream, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
+        http__stream_release(req->stream);
     }
-    clear_headers(req);
+    http__clear_headers(req);
     json_decref(req->json);
     free(req->body);
     free(req);
@@ -297,7 +297,7 @@ struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_e
     s->patterns = xcalloc(cfg->nroutes, sizeof *s->patterns);
     for (size_t i = 0; i < cfg->nroutes; i++) {
         struct route_rt *rt = &s->routes[i];
-        if (!route_compile(rt, &cfg->routes[i])) {
+        if (!http__route_compile(rt, &cfg->routes[i])) {
             ddpd_error_set(err, DDPD_EINTERNAL, "routes", "bad route %s %s",
                            cfg->routes[i].method ? cfg->routes[i].method : "(null)",
                            cfg->routes[i].pattern ? cfg->routes[i].pattern : "(null)");
@@ -312,7 +312,7 @@ struct http_server *http_server_new(const struct http_config *cfg, struct ddpd_e
     }
     s->counts = xcalloc((s->npatterns + 1) * NSTATUS, sizeof *s->counts);
 
-    if (s->listen_fd < 0 && (s->listen_fd = listen_on(cfg->listen, err)) < 0)
+    if (s->listen_fd < 0 && (s->listen_fd = http__listen_on(cfg->listen, err)) < 0)
         goto fail;
     /* libmicrohttpd gets its own descriptor of the socket: whatever it does with it on a
      * failed start or at stop, ours is closed exactly once, by us. */
@@ -382,8 +382,8 @@ void http_server_free(struct http_server *s)
         s->stopping = true;
         for (struct http_stream *st = s->streams; st; st = st->next) {
             pthread_mutex_lock(&st->mu);
-            stream_end_locked(st, HTTP_STREAM_SHUTDOWN);
-            stream_wake(st);
+            http__stream_end_locked(st, HTTP_STREAM_SHUTDOWN);
+            http__stream_wake(st);
             pthread_mutex_unlock(&st->mu);
         }
         pthread_mutex_unlock(&s->mu);

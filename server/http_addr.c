@@ -178,7 +178,7 @@ bool http_origin_is_host(const char *origin, const char *host)
 
 /* ---- the listening socket ------------------------------------------------------------------ */
 
-int listen_on(const char *addr, struct ddpd_error *err)
+int http__listen_on(const char *addr, struct ddpd_error *err)
 {
     struct sockaddr_storage ss;
     socklen_t len;
@@ -201,7 +201,7 @@ int listen_on(const char *addr, struct ddpd_error *err)
 
 int http_listen(const char *addr, struct ddpd_error *err)
 {
-    int fd = listen_on(addr, err);
+    int fd = http__listen_on(addr, err);
     if (fd >= 0 && fd <= 2) { /* 0..2 mean "none" in http_config.listen_fd */
         int high = fcntl(fd, F_DUPFD_CLOEXEC, 3);
         if (high < 0)

@@ -128,7 +128,7 @@ static bool check_host(struct http_request *req)
     if (!req->srv->host_check || !host || http_host_is_local(host, !req->srv->listen_loopback))
         return false;
     char shown[96];
-    clean_copy(shown, sizeof shown, host, 64);
+    http__clean_copy(shown, sizeof shown, host, 64);
     set_pending(req, DDPD_EFORBIDDEN, "Host",
                 "Host '%s' is not a loopback name; a server without a token answers only localhost, "
                 "127.x.y.z and [::1] (give --token-file to serve other names)",
@@ -151,7 +151,7 @@ static bool check_origin(struct http_request *req)
         bool ok = http_origin_is_host(origin, host) ||
                   (s->cors && (!strcmp(s->cors, "*") || !strcasecmp(s->cors, origin)));
         if (!ok) {
-            clean_copy(shown, sizeof shown, origin, 64);
+            http__clean_copy(shown, sizeof shown, origin, 64);
             set_pending(req, DDPD_EFORBIDDEN, "Origin",
                         "%s from origin '%s' is refused: it is not this server's origin%s", req->method,
                         shown, s->cors ? " nor --cors-origin" : " (see --cors-origin)");
@@ -183,7 +183,7 @@ static bool check_media_type(struct http_request *req)
     if (!strncasecmp(p, want, n) && (p[n] == '\0' || p[n] == ';' || p[n] == ' ' || p[n] == '\t'))
         return false;
     char shown[96];
-    clean_copy(shown, sizeof shown, p, 64);
+    http__clean_copy(shown, sizeof shown, p, 64);
     set_pending(req, DDPD_EMEDIATYPE, "Content-Type",
                 "%s %s needs 'Content-Type: application/json'; got %s%s%s", req->method,
                 req->route->r->pattern, ct ? "'" : "none", ct ? shown : "", ct ? "'" : "");
@@ -192,7 +192,7 @@ static bool check_media_type(struct http_request *req)
 
 /* First call: framing, target, route, method, Host and Origin, auth, media type, declared
  * size. Returns true to answer at once. */
-bool request_begin(struct http_request *req)
+bool http__request_begin(struct http_request *req)
 {
     struct http_server *s = req->srv;
     const struct route_rt *path_hit = NULL;
@@ -218,10 +218,10 @@ bool request_begin(struct http_request *req)
     /* Refused from another site: answered after the body is dropped, as for 401, so the
      * client reads its answer on a connection that stays in step. */
     bool refused = check_origin(req);
-    req->route =
-        route_find(s->routes, s->nroutes, req->method, req->url, req->ids, &path_hit, allow, sizeof allow);
+    req->route = http__route_find(s->routes, s->nroutes, req->method, req->url, req->ids, &path_hit, allow,
+                                  sizeof allow);
     char shown[160];
-    clean_copy(shown, sizeof shown, req->url, 128);
+    http__clean_copy(shown, sizeof shown, req->url, 128);
     if (req->route) {
         req->row = req->route->row;
     } else if (path_hit && s->cors && !strcmp(req->method, "OPTIONS") && !refused) {
@@ -279,7 +279,7 @@ bool request_begin(struct http_request *req)
  * connection left the client with an empty reply instead of its 413. Dropping costs no
  * memory, and the request deadline (request_timeout_ms) still bounds how long a client
  * may keep sending. */
-void request_body(struct http_request *req, const char *data, size_t n)
+void http__request_body(struct http_request *req, const char *data, size_t n)
 {
     req->received += n;
     if (req->received > req->limit) {
@@ -329,46 +329,47 @@ ddpd_err http_body_json(const char *body, size_t len, json_t **out, struct ddpd_
 }
 
 /* A handler's error return: what it set is discarded and the error answered. */
-void handler_failed(struct http_request *req, ddpd_err rc, const struct ddpd_error *e)
+void http__handler_failed(struct http_request *req, ddpd_err rc, const struct ddpd_error *e)
 {
     if (req->resp) {
         /* For a stream this ends it (on_close runs now, on this thread). */
         MHD_destroy_response(req->resp);
         req->resp = NULL;
     }
-    clear_headers(req);
-    respond_error(req, rc, e);
+    http__clear_headers(req);
+    http__respond_error(req, rc, e);
 }
 
 /* Final call: the checks that need the body, then the handler. */
-void request_dispatch(struct http_request *req)
+void http__request_dispatch(struct http_request *req)
 {
     if (req->pending) {
-        respond_error(req, req->pending, &req->perr);
+        http__respond_error(req, req->pending, &req->perr);
         return;
     }
     if (req->too_big) {
         struct ddpd_error e;
         ddpd_error_set(&e, DDPD_ETOOBIG, "", "request body is larger than the limit of %zu bytes",
                        req->limit);
-        respond_error(req, DDPD_ETOOBIG, &e);
+        http__respond_error(req, DDPD_ETOOBIG, &e);
         return;
     }
     const struct http_route *r = req->route->r;
     if (r->flags & HTTP_ROUTE_JSON) {
         struct ddpd_error e;
         if (http_body_json(req->body, req->body_len, &req->json, &e) != DDPD_OK) {
-            respond_error(req, DDPD_EJSON, &e);
+            http__respond_error(req, DDPD_EJSON, &e);
             return;
         }
     }
     struct ddpd_error e;
     ddpd_error_clear(&e);
-    if (query_unambiguous(req, &e) != DDPD_OK || (r->query && query_allow(req, r->query, &e) != DDPD_OK)) {
-        respond_error(req, e.code, &e);
+    if (http__query_unambiguous(req, &e) != DDPD_OK ||
+        (r->query && http__query_allow(req, r->query, &e) != DDPD_OK)) {
+        http__respond_error(req, e.code, &e);
         return;
     }
     ddpd_err rc = r->handler(req, &e);
     if (rc != DDPD_OK)
-        handler_failed(req, rc, &e);
+        http__handler_failed(req, rc, &e);
 }

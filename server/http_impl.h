@@ -37,14 +37,15 @@ struct route_rt {
 };
 
 /* Compiles one row of a route table; false when its pattern is invalid. */
-bool route_compile(struct route_rt *rt, const struct http_route *r);
+bool http__route_compile(struct route_rt *rt, const struct http_route *r);
 /* The row of `rts` that answers `method` (HEAD as GET) on `url`, with its captures in ids;
  * NULL when none does. *path_hit is the first row whose pattern matches the path whatever
  * its method (NULL: a 404), and `allow` lists the methods of the rows that match it. */
-const struct route_rt *route_find(const struct route_rt *rts, size_t n, const char *method, const char *url,
-                                  int64_t *ids, const struct route_rt **path_hit, char *allow, size_t cap);
+const struct route_rt *http__route_find(const struct route_rt *rts, size_t n, const char *method,
+                                        const char *url, int64_t *ids, const struct route_rt **path_hit,
+                                        char *allow, size_t cap);
 /* Counts one answer of the route's row (npatterns: unmatched) with its status. */
-void count(struct http_server *s, int row, int status);
+void http__count(struct http_server *s, int row, int status);
 
 /* ---- the server, its connections, requests and streams ---------------------------------- */
 
@@ -162,51 +163,51 @@ struct http_stream {
 /* ---- the listening socket (http_addr.c) ------------------------------------------------- */
 
 /* A bound, listening socket on `addr` (http_config.listen), or -1 with `err` set. */
-int listen_on(const char *addr, struct ddpd_error *err);
+int http__listen_on(const char *addr, struct ddpd_error *err);
 
 /* ---- streams (http_stream.c) ------------------------------------------------------------ */
 
 /* Drops one reference; the last frees the stream. */
-void stream_release(struct http_stream *st);
+void http__stream_release(struct http_stream *st);
 /* Under st->mu: wakes the connection so the content reader runs again. */
-void stream_wake(struct http_stream *st);
+void http__stream_wake(struct http_stream *st);
 /* Under st->mu: ends the stream for writers and frees what is queued. */
-void stream_end_locked(struct http_stream *st, enum http_stream_end why);
+void http__stream_end_locked(struct http_stream *st, enum http_stream_end why);
 /* The MHD side is done with the stream: settles why it ended, unlinks it, calls on_close
  * (the first call only). On an HTTP thread. */
-void stream_finish(struct http_stream *st, bool completed_ok);
+void http__stream_finish(struct http_stream *st, bool completed_ok);
 
 /* ---- responses (http_respond.c) --------------------------------------------------------- */
 
-bool responded(struct http_request *req);
-void set_response(struct http_request *req, int status, struct MHD_Response *r);
-void add_content_type(struct MHD_Response *r, const char *ct);
+bool http__responded(struct http_request *req);
+void http__set_response(struct http_request *req, int status, struct MHD_Response *r);
+void http__add_content_type(struct MHD_Response *r, const char *ct);
 /* Frees the extra headers and the ETag set for the response. */
-void clear_headers(struct http_request *req);
+void http__clear_headers(struct http_request *req);
 /* The error body of CONTRACT.md §7 with the status of the error table. */
-void respond_error(struct http_request *req, ddpd_err code, const struct ddpd_error *e);
+void http__respond_error(struct http_request *req, ddpd_err code, const struct ddpd_error *e);
 /* Queues the response set on `req` (a 500 when there is none) and counts it. */
-enum MHD_Result queue(struct http_request *req);
+enum MHD_Result http__queue(struct http_request *req);
 
 /* ---- the request and its query (http_request.c) ----------------------------------------- */
 
 /* Client text inside our messages: at most `max` bytes, printable ASCII only. */
-void clean_copy(char *dst, size_t cap, const char *src, size_t max);
+void http__clean_copy(char *dst, size_t cap, const char *src, size_t max);
 /* The route's query list (http_route.query) against the request's parameters. */
-ddpd_err query_allow(struct http_request *req, const char *allowed, struct ddpd_error *err);
+ddpd_err http__query_allow(struct http_request *req, const char *allowed, struct ddpd_error *err);
 /* The rules every route's query keeps: no name given twice, no NUL byte in a name or value. */
-ddpd_err query_unambiguous(struct http_request *req, struct ddpd_error *err);
+ddpd_err http__query_unambiguous(struct http_request *req, struct ddpd_error *err);
 
 /* ---- the dispatcher (http_dispatch.c) --------------------------------------------------- */
 
 /* First call: framing, target, route, method, Host and Origin, auth, media type, declared
  * size. Returns true to answer at once. */
-bool request_begin(struct http_request *req);
+bool http__request_begin(struct http_request *req);
 /* Upload calls: the body counted against the limit, kept when the route reads it. */
-void request_body(struct http_request *req, const char *data, size_t n);
+void http__request_body(struct http_request *req, const char *data, size_t n);
 /* A handler's error return: what it set is discarded and the error answered. */
-void handler_failed(struct http_request *req, ddpd_err rc, const struct ddpd_error *e);
+void http__handler_failed(struct http_request *req, ddpd_err rc, const struct ddpd_error *e);
 /* Final call: the checks that need the body, then the handler. */
-void request_dispatch(struct http_request *req);
+void http__request_dispatch(struct http_request *req);
 
 #endif

@@ -12,7 +12,7 @@
 /* ---- client text in messages ---------------------------------------------------------------- */
 
 /* Client text inside our messages: at most `max` bytes, printable ASCII only. */
-void clean_copy(char *dst, size_t cap, const char *src, size_t max)
+void http__clean_copy(char *dst, size_t cap, const char *src, size_t max)
 {
     size_t i = 0, n = strlen(src);
     for (; i < n && i < max && i + 1 < cap; i++) {
@@ -112,7 +112,7 @@ static enum MHD_Result param_check_one(void *cls, enum MHD_ValueKind kind, const
     if (key && !param_listed(ps->allowed, key)) {
         size_t used = strlen(ps->unknown);
         char shown[48];
-        clean_copy(shown, sizeof shown, key, 32);
+        http__clean_copy(shown, sizeof shown, key, 32);
         if (!ps->n)
             snprintf(ps->first, sizeof ps->first, "%s", shown);
         if (used + strlen(shown) + 5 < sizeof ps->unknown)
@@ -123,7 +123,7 @@ static enum MHD_Result param_check_one(void *cls, enum MHD_ValueKind kind, const
 }
 
 /* The route's query list (http_route.query) against the request's parameters. */
-ddpd_err query_allow(struct http_request *req, const char *allowed, struct ddpd_error *err)
+ddpd_err http__query_allow(struct http_request *req, const char *allowed, struct ddpd_error *err)
 {
     struct param_scan ps = {.allowed = allowed};
     MHD_get_connection_values(req->mc, MHD_GET_ARGUMENT_KIND, param_check_one, &ps);
@@ -173,14 +173,14 @@ static enum MHD_Result query_collect(void *cls, enum MHD_ValueKind kind, const c
  * value counts would be a guess (http_query reads the first), and so is a NUL byte in a
  * name or value, since the handler would read only up to it ("file=model%00" was the
  * model). The first fault in the query's order is named. */
-ddpd_err query_unambiguous(struct http_request *req, struct ddpd_error *err)
+ddpd_err http__query_unambiguous(struct http_request *req, struct ddpd_error *err)
 {
     struct query_list q = {.n = 0};
     MHD_get_connection_values_n(req->mc, MHD_GET_ARGUMENT_KIND, query_collect, &q);
     for (unsigned i = 0; i < q.n; i++) {
         const struct query_param *p = &q.p[i];
         char shown[48];
-        clean_copy(shown, sizeof shown, p->name, 32);
+        http__clean_copy(shown, sizeof shown, p->name, 32);
         if (strlen(p->name) != p->name_len)
             return http_query_error(req, shown, err,
                                     "query parameter '%s' contains a NUL byte (%%00) in its name", shown);
@@ -218,7 +218,7 @@ ddpd_err http_query_int(struct http_request *req, const char *name, int64_t min,
     int64_t x;
     if (!http_param_int(v, min, max, &x)) {
         char shown[48];
-        clean_copy(shown, sizeof shown, v, 32);
+        http__clean_copy(shown, sizeof shown, v, 32);
         return http_query_error(req, name, err,
                                 "query parameter '%s' must be an integer from %" PRId64 " to %" PRId64
                                 ", got '%s'",
@@ -247,7 +247,7 @@ ddpd_err http_query_enum(struct http_request *req, const char *name, const char 
             used += (size_t)n;
     }
     char shown[48];
-    clean_copy(shown, sizeof shown, v, 32);
+    http__clean_copy(shown, sizeof shown, v, 32);
     return http_query_error(req, name, err, "query parameter '%s' must be one of %s; got '%s'", name, list,
                             shown);
 }

@@ -14,19 +14,19 @@
 
 /* ---- responses ------------------------------------------------------------------------------ */
 
-bool responded(struct http_request *req)
+bool http__responded(struct http_request *req)
 {
     return req->resp != NULL;
 }
 
-void set_response(struct http_request *req, int status, struct MHD_Response *r)
+void http__set_response(struct http_request *req, int status, struct MHD_Response *r)
 {
     ASSERT(r);
     req->resp = r;
     req->status = status;
 }
 
-void add_content_type(struct MHD_Response *r, const char *ct)
+void http__add_content_type(struct MHD_Response *r, const char *ct)
 {
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ct);
 }
@@ -34,13 +34,13 @@ void add_content_type(struct MHD_Response *r, const char *ct)
 ddpd_err http_respond_bytes(struct http_request *req, int status, const char *content_type, const void *data,
                             size_t len)
 {
-    if (responded(req))
+    if (http__responded(req))
         return DDPD_EINTERNAL;
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_MUST_COPY);
     if (!r)
         return DDPD_ENOMEM;
-    add_content_type(r, content_type ? content_type : "text/plain; charset=utf-8");
-    set_response(req, status, r);
+    http__add_content_type(r, content_type ? content_type : "text/plain; charset=utf-8");
+    http__set_response(req, status, r);
     return DDPD_OK;
 }
 
@@ -51,12 +51,12 @@ ddpd_err http_respond_text(struct http_request *req, int status, const char *tex
 
 ddpd_err http_respond_empty(struct http_request *req, int status)
 {
-    if (responded(req))
+    if (http__responded(req))
         return DDPD_EINTERNAL;
     struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     if (!r)
         return DDPD_ENOMEM;
-    set_response(req, status, r);
+    http__set_response(req, status, r);
     return DDPD_OK;
 }
 
@@ -64,7 +64,7 @@ ddpd_err http_respond_json(struct http_request *req, int status, json_t *body)
 {
     if (!body)
         return DDPD_EINTERNAL;
-    if (responded(req)) {
+    if (http__responded(req)) {
         json_decref(body);
         return DDPD_EINTERNAL;
     }
@@ -85,15 +85,15 @@ ddpd_err http_respond_json(struct http_request *req, int status, json_t *body)
         free(t);
         return DDPD_ENOMEM;
     }
-    add_content_type(r, "application/json");
-    set_response(req, status, r);
+    http__add_content_type(r, "application/json");
+    http__set_response(req, status, r);
     return DDPD_OK;
 }
 
 ddpd_err http_respond_file(struct http_request *req, const char *path, const char *content_type,
                            const char *cache_control, struct ddpd_error *err)
 {
-    if (responded(req))
+    if (http__responded(req))
         return ddpd_error_set(err, DDPD_EINTERNAL, "", "a response was already set");
     /* O_NONBLOCK: a FIFO where a file was expected must not hold the HTTP thread in
      * open (it is then refused as not a regular file). */
@@ -110,10 +110,10 @@ ddpd_err http_respond_file(struct http_request *req, const char *path, const cha
         close(fd);
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
     }
-    add_content_type(r, content_type ? content_type : "application/octet-stream");
+    http__add_content_type(r, content_type ? content_type : "application/octet-stream");
     if (cache_control)
         MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, cache_control);
-    set_response(req, 200, r);
+    http__set_response(req, 200, r);
     char etag[96];
     snprintf(etag, sizeof etag, "\"%llx-%llx-%llx\"", (unsigned long long)st.st_ino,
              (unsigned long long)st.st_size,
@@ -137,7 +137,7 @@ void http_response_etag(struct http_request *req, const char *etag)
     req->etag = xstrdup(etag);
 }
 
-void clear_headers(struct http_request *req)
+void http__clear_headers(struct http_request *req)
 {
     for (int i = 0; i < req->nhdr; i++) {
         free(req->hdr[i].name);
@@ -164,7 +164,7 @@ static json_t *json_string_lossy(const char *s)
 }
 
 /* The error body of CONTRACT.md §7 with the status of the error table. */
-void respond_error(struct http_request *req, ddpd_err code, const struct ddpd_error *e)
+void http__respond_error(struct http_request *req, ddpd_err code, const struct ddpd_error *e)
 {
     const char *cs = (code == DDPD_EJSON && req->query_failed) ? "bad_query" : ddpd_err_code(code);
     const char *msg = e && e->message[0] ? e->message : ddpd_err_text(code);
@@ -213,10 +213,10 @@ static bool etag_matches(const char *inm, const char *etag)
 }
 
 /* Queues the response set on `req`. */
-enum MHD_Result queue(struct http_request *req)
+enum MHD_Result http__queue(struct http_request *req)
 {
     if (!req->resp) /* a handler that returned OK without answering */
-        respond_error(req, DDPD_EINTERNAL, NULL);
+        http__respond_error(req, DDPD_EINTERNAL, NULL);
     if (!req->resp)
         return MHD_NO;
     if (req->status == 200 && req->etag && !req->stream &&
@@ -243,6 +243,6 @@ enum MHD_Result queue(struct http_request *req)
     enum MHD_Result rc = MHD_queue_response(req->mc, (unsigned)req->status, req->resp);
     MHD_destroy_response(req->resp);
     req->resp = NULL;
-    count(req->srv, req->row, req->status);
+    http__count(req->srv, req->row, req->status);
     return rc;
 }

@@ -54,7 +54,7 @@ static bool parse_id(const char *s, size_t n, int64_t *out)
     return true;
 }
 
-bool route_compile(struct route_rt *rt, const struct http_route *r)
+bool http__route_compile(struct route_rt *rt, const struct http_route *r)
 {
     memset(rt, 0, sizeof *rt);
     rt->r = r;
@@ -103,8 +103,9 @@ static bool route_match(const struct route_rt *rt, int nseg, const char **seg, c
 /* The row of `rts` that answers `method` (HEAD as GET) on `url`, with its captures in ids;
  * NULL when none does. *path_hit is the first row whose pattern matches the path whatever
  * its method (NULL: a 404), and `allow` lists the methods of the rows that match it. */
-const struct route_rt *route_find(const struct route_rt *rts, size_t n, const char *method, const char *url,
-                                  int64_t *ids, const struct route_rt **path_hit, char *allow, size_t cap)
+const struct route_rt *http__route_find(const struct route_rt *rts, size_t n, const char *method,
+                                        const char *url, int64_t *ids, const struct route_rt **path_hit,
+                                        char *allow, size_t cap)
 {
     const char *seg[MAX_SEGMENTS];
     size_t len[MAX_SEGMENTS];
@@ -142,10 +143,10 @@ int http_route_lookup(const struct http_route *routes, size_t n, const char *met
     const struct route_rt *hit = NULL, *rt = NULL;
     int rc = -3;
     for (size_t i = 0; i < n; i++)
-        if (!route_compile(&rts[i], &routes[i]))
+        if (!http__route_compile(&rts[i], &routes[i]))
             goto out;
     memset(ids, 0, MAX_CAPTURES * sizeof *ids);
-    rt = route_find(rts, n, method, path, ids, &hit, allow, allow_cap);
+    rt = http__route_find(rts, n, method, path, ids, &hit, allow, allow_cap);
     rc = rt ? (int)(rt - rts) : hit ? -2 : -1;
 out:
     free(rts);
@@ -166,7 +167,7 @@ static int status_index(int status)
     return NSTATUS - 1;
 }
 
-void count(struct http_server *s, int row, int status)
+void http__count(struct http_server *s, int row, int status)
 {
     atomic_fetch_add_explicit(&s->counts[(size_t)row * NSTATUS + status_index(status)], 1,
                               memory_order_relaxed);

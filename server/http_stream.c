@@ -13,7 +13,7 @@
 
 /* ---- streams ------------------------------------------------------------------------------ */
 
-void stream_release(struct http_stream *st)
+void http__stream_release(struct http_stream *st)
 {
     pthread_mutex_lock(&st->mu);
     int left = --st->refs;
@@ -26,7 +26,7 @@ void stream_release(struct http_stream *st)
 }
 
 /* Under st->mu: wakes the connection so the content reader runs again. */
-void stream_wake(struct http_stream *st)
+void http__stream_wake(struct http_stream *st)
 {
     if (st->suspended && st->mc) {
         st->suspended = false;
@@ -35,7 +35,7 @@ void stream_wake(struct http_stream *st)
 }
 
 /* Under st->mu: ends the stream for writers and frees what is queued. */
-void stream_end_locked(struct http_stream *st, enum http_stream_end why)
+void http__stream_end_locked(struct http_stream *st, enum http_stream_end why)
 {
     if (st->ended)
         return;
@@ -48,7 +48,7 @@ void stream_end_locked(struct http_stream *st, enum http_stream_end why)
 
 /* The MHD side is done with the stream (response freed or request ended): the first call
  * settles why it ended, unlinks it and calls on_close. On an HTTP thread. */
-void stream_finish(struct http_stream *st, bool completed_ok)
+void http__stream_finish(struct http_stream *st, bool completed_ok)
 {
     pthread_mutex_lock(&st->mu);
     if (st->finished) {
@@ -60,7 +60,7 @@ void stream_finish(struct http_stream *st, bool completed_ok)
     st->fd = -1;
     st->suspended = false;
     bool done = (st->owner_closed || st->pulled_out) && st->len == 0 && (completed_ok || !st->ended);
-    stream_end_locked(st, done ? HTTP_STREAM_DONE : HTTP_STREAM_GONE);
+    http__stream_end_locked(st, done ? HTTP_STREAM_DONE : HTTP_STREAM_GONE);
     enum http_stream_end why = st->why;
     pthread_mutex_unlock(&st->mu);
 
@@ -136,8 +136,8 @@ park:
 static void stream_response_free(void *cls)
 {
     struct http_stream *st = cls;
-    stream_finish(st, false);
-    stream_release(st);
+    http__stream_finish(st, false);
+    http__stream_release(st);
 }
 
 ddpd_err http_stream_write(struct http_stream *st, const void *data, size_t len)
@@ -149,10 +149,10 @@ ddpd_err http_stream_write(struct http_stream *st, const void *data, size_t len)
     } else if (len > st->max - st->len) {
         /* The client does not keep up: drop it rather than buffer without bound. Cutting
          * the socket makes libmicrohttpd notice at once even while its send is stuck. */
-        stream_end_locked(st, HTTP_STREAM_SLOW);
+        http__stream_end_locked(st, HTTP_STREAM_SLOW);
         if (st->mc && st->fd >= 0)
             shutdown(st->fd, SHUT_RDWR);
-        stream_wake(st);
+        http__stream_wake(st);
         rc = DDPD_EBUSY;
     } else if (len > 0) {
         if (st->off + st->len + len > st->cap) {
@@ -175,7 +175,7 @@ ddpd_err http_stream_write(struct http_stream *st, const void *data, size_t len)
         }
         memcpy(st->buf + st->off + st->len, data, len);
         st->len += len;
-        stream_wake(st);
+        http__stream_wake(st);
     }
     pthread_mutex_unlock(&st->mu);
     return rc;
@@ -185,7 +185,7 @@ void http_stream_wake(struct http_stream *st)
 {
     pthread_mutex_lock(&st->mu);
     st->woken = true;
-    stream_wake(st);
+    http__stream_wake(st);
     pthread_mutex_unlock(&st->mu);
 }
 
@@ -196,16 +196,16 @@ void http_stream_close(struct http_stream *st)
     pthread_mutex_lock(&st->mu);
     ASSERT(!st->owner_closed);
     st->owner_closed = true;
-    stream_wake(st);
+    http__stream_wake(st);
     pthread_mutex_unlock(&st->mu);
-    stream_release(st);
+    http__stream_release(st);
 }
 
 ddpd_err http_respond_stream(struct http_request *req, const struct http_stream_opts *o,
                              struct http_stream **out, struct ddpd_error *err)
 {
     *out = NULL;
-    if (responded(req))
+    if (http__responded(req))
         return ddpd_error_set(err, DDPD_EINTERNAL, "", "a response was already set");
     struct http_stream *st = xcalloc(1, sizeof *st);
     pthread_mutex_init(&st->mu, NULL);
@@ -224,7 +224,7 @@ ddpd_err http_respond_stream(struct http_request *req, const struct http_stream_
         free(st);
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
     }
-    add_content_type(r, o->content_type ? o->content_type : "text/event-stream");
+    http__add_content_type(r, o->content_type ? o->content_type : "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
 
@@ -247,7 +247,7 @@ ddpd_err http_respond_stream(struct http_request *req, const struct http_stream_
         MHD_destroy_response(r); /* drops the response's reference */
         return ddpd_error_set(err, DDPD_EBUSY, "", "the server is shutting down");
     }
-    set_response(req, 200, r);
+    http__set_response(req, 200, r);
     req->stream = st;
     *out = st;
     return DDPD_OK;
