@@ -43,6 +43,14 @@ const char *ddpd_err_kind(ddpd_err e)
     return valid(e) ? table[e].kind : "internal";
 }
 
+int ddpd_err_kind_exit(const char *kind)
+{
+    for (int e = DDPD_OK + 1; e < DDPD_ERR_COUNT; e++) /* OK's kind is a placeholder */
+        if (kind && strcmp(table[e].kind, kind) == 0)
+            return table[e].exit;
+    return -1;
+}
+
 ddpd_err ddpd_error_vset(struct ddpd_error *e, ddpd_err code, const char *path, const char *fmt, va_list ap)
 {
     if (!e)

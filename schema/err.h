@@ -58,6 +58,9 @@ int ddpd_err_http(ddpd_err e);         /* 422 */
 int ddpd_err_exit(ddpd_err e);         /* worker exit code: 2 */
 const char *ddpd_err_code(ddpd_err e); /* API error code: "invalid_spec" */
 const char *ddpd_err_kind(ddpd_err e); /* event kind: "spec" */
+/* The worker exit code of an `error` event's kind ("data": 2), -1 for a kind not in the
+ * table: every error of one kind exits with the same code (CONTRACT.md §6). */
+int ddpd_err_kind_exit(const char *kind);
 
 /* Fills `e` (may be NULL) and returns `code`, so callers can write
  * `return ddpd_error_set(err, DDPD_ESPEC, "model[0].in", "expected ...");`. */

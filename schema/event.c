@@ -226,6 +226,8 @@ int event_encode(const struct event *ev, char *buf, size_t cap)
         put_str(&o, ev->error_kind, sizeof ev->error_kind);
         put_raw(&o, ",\"message\":", 11);
         put_str(&o, ev->message, sizeof ev->message);
+        if (ev->secondary) /* optional: readers before it see the error as they always did */
+            put_raw(&o, ",\"secondary\":true", 17);
         break;
     case EVENT_STATE:
         put_raw(&o, ",\"state\":", 9);
@@ -319,6 +321,16 @@ static ddpd_err get_opt_num(struct ddpd_error *err, json_t *obj, const char *key
 {
     *has = json_object_get(obj, key) != NULL;
     return *has ? get_num(err, obj, key, out) : DDPD_OK;
+}
+
+/* An optional boolean: false when the key is absent. */
+static ddpd_err get_opt_bool(struct ddpd_error *err, json_t *obj, const char *key, bool *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (v && !json_is_boolean(v))
+        return bad(err, key, "true or false", v);
+    *out = json_is_true(v);
+    return DDPD_OK;
 }
 
 static ddpd_err get_str(struct ddpd_error *err, json_t *obj, const char *key, bool required, char *dst,
@@ -443,6 +455,8 @@ static ddpd_err decode_fields(json_t *root, struct event *ev, struct ddpd_error 
         rc = get_str(err, root, "kind", true, ev->error_kind, sizeof ev->error_kind);
         if (!rc)
             rc = get_str(err, root, "message", true, ev->message, sizeof ev->message);
+        if (!rc)
+            rc = get_opt_bool(err, root, "secondary", &ev->secondary);
         break;
     case EVENT_STATE:
         rc = get_str(err, root, "state", true, ev->state, sizeof ev->state);
@@ -483,13 +497,18 @@ out:
     return rc;
 }
 
-bool event_error_message(const char *line, size_t len, char *out, size_t cap)
+bool event_error_decode(const char *line, size_t len, struct event *out)
 {
-    struct event ev;
     /* The string "error" is in the raw line as such, or spelled with a \u escape. */
     if (!memmem(line, len, "\"error\"", 7) && !memmem(line, len, "\\u", 2))
         return false;
-    if (event_decode(line, len, &ev, NULL) != DDPD_OK || ev.kind != EVENT_ERROR)
+    return event_decode(line, len, out, NULL) == DDPD_OK && out->kind == EVENT_ERROR;
+}
+
+bool event_error_message(const char *line, size_t len, char *out, size_t cap)
+{
+    struct event ev;
+    if (!event_error_decode(line, len, &ev))
         return false;
     snprintf(out, cap, "%s", ev.message);
     return true;

@@ -56,6 +56,8 @@ struct event {
     char error_kind[16];          /* "spec", "data", "comm", "device", "cancelled", "nonfinite",
                                    * "io", "internal" */
     char message[EVENT_TEXT_MAX]; /* error; state: error text if any */
+    bool secondary;               /* error: a consequence of another rank's failure (a peer's
+                                   * notice or hang-up), not a cause: sent only when true */
     /* state */
     char state[16];
     /* added by the server */
@@ -78,6 +80,11 @@ int event_encode(const struct event *ev, char *buf, size_t cap);
  * compatible); missing required keys, wrong types or an unknown "event" are DDPD_EJSON
  * or DDPD_ESPEC with err->path naming the key. */
 ddpd_err event_decode(const char *line, size_t len, struct event *out, struct ddpd_error *err);
+
+/* When the line is an error event, decodes it into *out and returns true. Any valid JSON
+ * counts: spaces, key order, escapes. Cheap on the other kinds, which it does not decode
+ * unless they hold the string "error" or a \u escape. */
+bool event_error_decode(const char *line, size_t len, struct event *out);
 
 /* When the line is an error event, copies its message into out (cap bytes) and returns
  * true. Any valid JSON counts: spaces, key order, escapes. Cheap on the other kinds, which

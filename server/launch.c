@@ -246,12 +246,12 @@ void launch_free(struct launch *l)
     free(l);
 }
 
-void launch__deliver(const struct launch_opts *o, int rank, const char *line, size_t len, char *last_error,
-                     size_t cap)
+void launch__deliver(const struct launch_opts *o, int rank, const char *line, size_t len,
+                     struct cause_rank *end)
 {
     if (len == 0)
         return;
-    event_error_message(line, len, last_error, cap);
+    cause_note_line(end, line, len);
     if (o->on_line)
         o->on_line(o->ctx, rank, line, len);
 }

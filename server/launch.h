@@ -66,10 +66,12 @@ int launch_fds(const struct launch *l, struct pollfd *fds, int cap);
 /* Asks every rank to stop (SIGTERM to the group; SIGKILL after the grace period). */
 void launch_cancel(struct launch *l);
 
-/* After launch_poll returned true: DDPD_OK when every rank exited 0; else the first rank
- * that failed, its exit code (128+signal when killed) and the message of its last
- * `error` event (or a description of how it died). rank -1: the cluster manager failed
- * or ended the attempt, `message` says how. */
+/* After launch_poll returned true: `ok` when every rank exited 0; else the rank where the
+ * failure began (cause.h: its own error, not a peer's echo of it, whichever exit came
+ * first), the exit code that failure stands for (its error event's kind's, CONTRACT.md
+ * §6; without an event its exit code, 128+signal when killed) and the message of its
+ * last `error` event (or a description of how it died). rank -1: the cluster manager
+ * failed or ended the attempt, `message` says how. */
 struct launch_result {
     bool ok;
     int rank;

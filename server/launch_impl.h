@@ -9,6 +9,7 @@
 #include <jansson.h>
 
 #include "../schema/jobdoc.h"
+#include "cause.h"
 #include "launch.h"
 
 struct launch_ops {
@@ -49,10 +50,11 @@ struct launcher {
 struct launcher *launch__new(const struct launch_ops *ops, void *ctx);
 
 /* What every backend does with one complete line of a rank's stdout (without its
- * newline): remembers it in last_error (cap bytes) when it is an `error` event, for
- * launch_result's message, and hands it to o->on_line. An empty line is dropped. */
-void launch__deliver(const struct launch_opts *o, int rank, const char *line, size_t len, char *last_error,
-                     size_t cap);
+ * newline): notes it in `end` when it is an `error` event (cause_note_line), for
+ * launch_result's choice and message, and hands it to o->on_line. An empty line is
+ * dropped. */
+void launch__deliver(const struct launch_opts *o, int rank, const char *line, size_t len,
+                     struct cause_rank *end);
 
 /* The local backend's table: launch_opts.launcher NULL means it. */
 extern const struct launch_ops launch__local_ops;

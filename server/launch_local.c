@@ -2,7 +2,8 @@
  * group on this host, feed their stdin, read their stdout line by line, reap them, and take
  * the group down on the first failure; its policy is the server's own slots (sched.h). No
  * shell: execve with an argv and an allow-listed environment (env.h). Knows the worker only
- * through its program path, the stdin document and the event lines (CONTRACT.md §5, §6). */
+ * through its program path, the stdin document and the event lines (CONTRACT.md §5, §6);
+ * which rank's failure ended the attempt is cause.h's choice. */
 #include "launch_impl.h"
 
 #include <errno.h>
@@ -23,6 +24,7 @@
 #include "../schema/event.h"
 #include "../schema/jobdir.h"
 #include "../schema/spec.h"
+#include "cause.h"
 #include "env.h"
 #include "proc.h"
 #include "sched.h"
@@ -34,11 +36,9 @@ struct rank_proc {
     int out_fd; /* stdout pipe, -1 once at EOF */
     bool exited;
     int status;    /* from waitpid */
-    bool echo;     /* its failure echoed another's (is_echo when reaped) */
     size_t len;    /* bytes pending in buf */
     bool overlong; /* dropping the rest of an over-long line */
     char buf[LINE_CAP];
-    char last_error[1024];
 };
 
 struct local {
@@ -46,7 +46,8 @@ struct local {
     pid_t pgid; /* the issuer's, or rank 0's */
     int n;
     struct rank_proc *ranks;
-    int failed_rank;           /* first failure, -1 if none */
+    struct cause_rank *ends;   /* each rank's end and last error event, for cause_pick */
+    int reaped;                /* ranks reaped so far */
     double kill_at;            /* when SIGKILL follows SIGTERM; 0 = not armed */
     bool sent_term, sent_kill; /* signals we sent the group */
     bool cancelled;
@@ -163,9 +164,11 @@ static void *local_start(void *ctx, const struct launch_opts *o, struct jobdoc *
     l->need = memory_need(&doc->spec, &l->need_with_data);
     l->pgid = *pgid;
     l->n = o->world_size;
-    l->failed_rank = -1;
     l->ranks = calloc((size_t)l->n, sizeof *l->ranks);
-    if (!l->ranks) {
+    l->ends = calloc((size_t)l->n, sizeof *l->ends);
+    if (!l->ranks || !l->ends) {
+        free(l->ranks);
+        free(l->ends);
         free(l);
         ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory starting a job");
         return NULL;
@@ -210,11 +213,10 @@ static void local_cancel(void *run)
     arm_kill(l);
 }
 
-/* Hands complete lines to the callback; remembers each rank's last error message. */
+/* Hands complete lines to the callback; remembers each rank's last error event. */
 static void deliver(struct local *l, int r, const char *line, size_t len)
 {
-    struct rank_proc *p = &l->ranks[r];
-    launch__deliver(&l->o, r, line, len, p->last_error, sizeof p->last_error);
+    launch__deliver(&l->o, r, line, len, &l->ends[r]);
 }
 
 /* Reads of one rank's pipe per read_rank call (LINE_CAP bytes each, ~1000 short events in
@@ -258,16 +260,19 @@ static void read_rank(struct local *l, int r)
     }
 }
 
-/* An echo of another rank's failure, not a cause: a communication failure (exit 3: a
- * peer died), or the end a signal we sent the group brought (exit 5 is a worker's answer
- * to SIGTERM). A rank killed from outside by a signal we did not send is a cause, even
- * when it is reaped after we began stopping the others. */
-static bool is_echo(const struct local *l, int st)
+/* How an exit status reads by itself: a communication failure (exit 3: a peer died), the
+ * end a signal we sent the group brought (exit 5 is a worker's answer to SIGTERM), or a
+ * failure of its own. A rank killed from outside by a signal we did not send failed of
+ * its own, even when it is reaped after we began stopping the others. */
+static enum cause_exit exit_reads(const struct local *l, int st)
 {
-    if (WIFEXITED(st))
-        return WEXITSTATUS(st) == 3 || (WEXITSTATUS(st) == 5 && l->sent_term);
-    return WIFSIGNALED(st) &&
-           ((WTERMSIG(st) == SIGTERM && l->sent_term) || (WTERMSIG(st) == SIGKILL && l->sent_kill));
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 3)
+        return CAUSE_EXIT_LOST_PEER;
+    if ((WIFEXITED(st) && WEXITSTATUS(st) == 5 && l->sent_term) ||
+        (WIFSIGNALED(st) &&
+         ((WTERMSIG(st) == SIGTERM && l->sent_term) || (WTERMSIG(st) == SIGKILL && l->sent_kill))))
+        return CAUSE_EXIT_STOPPED;
+    return CAUSE_EXIT_OWN;
 }
 
 static void reap(struct local *l)
@@ -282,17 +287,17 @@ static void reap(struct local *l)
             continue;
         p->exited = true;
         p->status = st;
-        bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-        if (ok || l->cancelled)
+        struct cause_rank *e = &l->ends[r];
+        e->order = ++l->reaped;
+        e->ended_at = base_wall_s();
+        e->failed = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        if (!e->failed)
             continue;
-        /* Blame the cause, not its echo: when a rank dies, its peers fail with a
-         * communication error (exit 3) within milliseconds, often before the dead rank
-         * is reaped, and the rest end by our SIGTERM. A failure of another kind
-         * outranks those. */
-        p->echo = is_echo(l, st);
-        if (l->failed_rank < 0 || (l->ranks[l->failed_rank].echo && !p->echo))
-            l->failed_rank = r;
-        arm_kill(l);
+        /* Which failure was the cause is decided once every rank has ended (local_result):
+         * the first one reaped is as often an echo (a peer's exit 3) as the cause. */
+        e->exit = exit_reads(l, st);
+        if (!l->cancelled)
+            arm_kill(l);
     }
 }
 
@@ -362,22 +367,19 @@ static void local_result(const void *run, struct launch_result *res)
     memset(res, 0, sizeof *res);
     res->ok = true;
     res->rank = -1;
-    int r = l->failed_rank;
-    if (r < 0) {
-        /* No failure seen first-hand; a cancelled job's ranks may still have failed. */
-        for (int i = 0; i < l->n && r < 0; i++)
-            if (!(WIFEXITED(l->ranks[i].status) && WEXITSTATUS(l->ranks[i].status) == 0))
-                r = i;
-        if (r < 0)
-            return;
-    }
+    int r = cause_pick(l->ends, l->n);
+    if (r < 0)
+        return;
     const struct rank_proc *p = &l->ranks[r];
+    const struct cause_rank *e = &l->ends[r];
     char how[256];
+    int code;
     res->ok = false;
     res->rank = r;
-    describe_exit(l, p->status, how, sizeof how, &res->exit_code);
-    if (p->last_error[0])
-        snprintf(res->message, sizeof res->message, "%s", p->last_error);
+    describe_exit(l, p->status, how, sizeof how, &code);
+    res->exit_code = cause_exit_code(e, code);
+    if (e->has_error)
+        snprintf(res->message, sizeof res->message, "%s", e->message);
     else {
         char logp[4096];
         jobdir_rank_log_path(logp, sizeof logp, l->o.out_dir, r);
@@ -404,6 +406,7 @@ static void local_free(void *run)
         if (l->ranks[r].out_fd >= 0)
             close(l->ranks[r].out_fd);
     free(l->ranks);
+    free(l->ends);
     free(l);
 }
 

@@ -20,6 +20,7 @@
 #include "../base/file.h"
 #include "../schema/event.h"
 #include "../schema/jobdir.h"
+#include "cause.h"
 #include "env.h"
 #include "launch_impl.h"
 #include "proc.h"
@@ -393,8 +394,6 @@ struct rank_out {
     bool overlong;
     int log_fd; /* OUT/rank-R.log, lazily; -1 until then */
     int code;   /* exit code as srun reported it, -1 unknown */
-    int order;  /* when it was reported (1, 2, ...), 0 never */
-    char last_error[1024];
 };
 
 struct raw {
@@ -415,6 +414,7 @@ struct slurm_run {
     int srun_log;
     int n;
     struct rank_out *ranks;
+    struct cause_rank *ends; /* each rank's reported end and last error event (cause.h) */
     int reports;
     long long jobid;                /* 0 until known */
     bool allocated;                 /* Slurm started the tasks */
@@ -487,9 +487,21 @@ static void stdout_piece(struct slurm_run *r, const char *line, size_t len)
     if (n == SLURM_IO_PIECE) /* the line goes on in this rank's next piece */
         return;
     if (!ro->overlong)
-        launch__deliver(&r->o, rank, ro->buf, ro->len, ro->last_error, sizeof ro->last_error);
+        launch__deliver(&r->o, rank, ro->buf, ro->len, &r->ends[rank]);
     ro->overlong = false;
     ro->len = 0;
+}
+
+/* A rank's end as srun reported it, for cause_pick: exit 3 lost a peer; SIGTERM is how
+ * Slurm stops the other tasks of a step after one failed (--kill-on-bad-exit) or is
+ * cancelled; anything else (an exit code, SIGKILL from the out-of-memory killer) is the
+ * rank's own. Tasks reported on one line share its order. */
+static void note_end(struct cause_rank *e, int code, int order)
+{
+    e->failed = code > 0;
+    e->exit = code == 3 ? CAUSE_EXIT_LOST_PEER : code == 128 + SIGTERM ? CAUSE_EXIT_STOPPED : CAUSE_EXIT_OWN;
+    e->order = order;
+    e->ended_at = base_wall_s();
 }
 
 static void stderr_line(struct slurm_run *r, const char *line, size_t len)
@@ -516,7 +528,7 @@ static void stderr_line(struct slurm_run *r, const char *line, size_t len)
             for (int i = 0; i < r->n; i++)
                 if (codes[i] >= 0 && r->ranks[i].code < 0) {
                     r->ranks[i].code = codes[i];
-                    r->ranks[i].order = r->reports;
+                    note_end(&r->ends[i], codes[i], r->reports);
                 }
         }
         free(codes);
@@ -574,7 +586,8 @@ struct slurm_run *slurm_run_start(const struct slurm_opts *so, const char *name,
     struct slurm_run *r = calloc(1, sizeof *r);
     struct slurm_argv *a = calloc(1, sizeof *a);
     int in_fd = -1, out[2] = {-1, -1}, errp[2] = {-1, -1};
-    if (!r || !a || !(r->ranks = calloc((size_t)lo->world_size, sizeof *r->ranks))) {
+    if (!r || !a || !(r->ranks = calloc((size_t)lo->world_size, sizeof *r->ranks)) ||
+        !(r->ends = calloc((size_t)lo->world_size, sizeof *r->ends))) {
         ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory starting Slurm job %s", name);
         goto fail;
     }
@@ -776,25 +789,6 @@ bool slurm_run_waiting(const struct slurm_run *r, char *why, size_t cap)
     return true;
 }
 
-/* Whose failure explains the others': a rank that died of its own cause outranks one
- * that lost a peer (exit 3), which outranks one that Slurm terminated (SIGTERM from
- * --kill-on-bad-exit). Among equals, the first that srun reported. */
-static int blame_rank(const struct slurm_run *r)
-{
-    int best = -1, best_w = 0;
-    for (int i = 0; i < r->n; i++) {
-        int c = r->ranks[i].code;
-        if (c <= 0)
-            continue;
-        int w = c == 128 + SIGTERM ? 1 : c == 3 ? 2 : 3;
-        if (w > best_w || (w == best_w && r->ranks[i].order < r->ranks[best].order)) {
-            best = i;
-            best_w = w;
-        }
-    }
-    return best;
-}
-
 void slurm_run_result(const struct slurm_run *r, struct launch_result *res)
 {
     memset(res, 0, sizeof *res);
@@ -805,7 +799,7 @@ void slurm_run_result(const struct slurm_run *r, struct launch_result *res)
     char how[160], tail[600] = "";
     if (r->slurm_end[0])
         snprintf(tail, sizeof tail, " (Slurm: %s)", r->slurm_end);
-    int rank = blame_rank(r);
+    int rank = cause_pick(r->ends, r->n); /* whose failure explains the others' */
     if (strstr(r->slurm_end, " DUE TO ") || r->final[0] || r->node_failure[0]) {
         /* Slurm ended it (time limit, node failure, preemption): that is the cause, and the
          * ranks' exits are its echo. */
@@ -818,15 +812,16 @@ void slurm_run_result(const struct slurm_run *r, struct launch_result *res)
     }
     if (rank >= 0) {
         const struct rank_out *ro = &r->ranks[rank];
+        const struct cause_rank *e = &r->ends[rank];
         res->rank = rank;
-        res->exit_code = ro->code;
+        res->exit_code = cause_exit_code(e, ro->code);
         if (ro->code > 128)
             snprintf(how, sizeof how, "was killed by signal %d (%s)", ro->code - 128,
                      strsignal(ro->code - 128));
         else
             snprintf(how, sizeof how, "exited with code %d", ro->code);
-        if (ro->last_error[0])
-            snprintf(res->message, sizeof res->message, "%s%s", ro->last_error, tail);
+        if (e->has_error)
+            snprintf(res->message, sizeof res->message, "%s%s", e->message, tail);
         else {
             char logp[PATH_MAX];
             jobdir_rank_log_path(logp, sizeof logp, r->o.out_dir, rank);
@@ -890,6 +885,7 @@ void slurm_run_free(struct slurm_run *r)
         free(r->ranks[i].buf);
     }
     free(r->ranks);
+    free(r->ends);
     free(r);
 }
 

@@ -55,6 +55,10 @@ struct comm_ops {
      * Returns 1 when the peers were told, 0 when they could not be. */
     int (*cancel)(void *ctx);
     const char *(*last_error)(void *ctx); /* text of the last failure, "" if none */
+    /* Optional (NULL: never): 1 when the communicator's failure began at another rank (its
+     * failure notice reached this one, or it hung up: it died), 0 when it is this rank's
+     * own (a deadline it saw pass, a socket error, its own abort) or there is none. */
+    int (*failed_by_peer)(void *ctx);
     void (*free)(void *ctx);
     /* Optional: the backend takes the compute backend's tensors itself (NCCL: orders its
      * stream after the compute stream). Without it, a device whose tensors are not host
@@ -105,5 +109,10 @@ int comm_cancel(struct comm *c);
 /* Whether a peer's cancel reaches this rank as DDPD_ECANCELED (the backend has a cancel
  * slot): then a DDPD_ECOMM is a real failure of a peer, never a cancel in disguise. */
 int comm_carries_cancel(const struct comm *c);
+/* Whether the communicator's failure began at another rank (comm_ops.failed_by_peer): the
+ * rank's error is then a consequence, which its `error` event marks `secondary` so that
+ * the launcher blames the rank where it began. 0 for NULL, no failure, or a backend that
+ * cannot tell (NCCL). */
+int comm_failed_by_peer(const struct comm *c);
 
 #endif

@@ -97,9 +97,15 @@ static void error_event(const struct ddpd_error *e, struct event *ev)
 
 void emit_error(const struct ddpd_error *e)
 {
+    emit_failure(e, false);
+}
+
+void emit_failure(const struct ddpd_error *e, bool secondary)
+{
     struct event ev;
     error_event(e, &ev);
-    emit_log("error (%s): %s", ev.error_kind, ev.message);
+    ev.secondary = secondary;
+    emit_log("error (%s)%s: %s", ev.error_kind, secondary ? " after another rank's failure" : "", ev.message);
     emit_event(&ev);
     emit_flush();
     fflush(stderr);

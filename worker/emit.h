@@ -19,6 +19,10 @@ void emit_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Writes an `error` event for `e` (and the log line) and flushes. */
 void emit_error(const struct ddpd_error *e);
+/* The same for the error this rank fails of, `secondary` when it is a consequence of
+ * another rank's failure (comm_failed_by_peer): the event says so (docs/events.md), and
+ * the launcher then names the rank where the failure began (server/cause.h). */
+void emit_failure(const struct ddpd_error *e, bool secondary);
 /* What emit_error would write for `e`, now, without writing it: the event line (with its
  * newline, stamped with the current time) into line[cap] and the log line (with its
  * newline) into log[log_cap], both NUL-terminated. Returns the event line's length, or -1

@@ -60,6 +60,24 @@ static void on_sigterm(int sig)
     }
 }
 
+/* Test hook: with DDPD_TEST_DIE_LATE=1 in its environment, a rank failing of its own cause
+ * (not a cancel) ends as late as the launcher lets it and by the launcher's hand: after its error and
+ * its abort it waits (at most 10 s) for the SIGTERM with which the launcher stops the
+ * group once a peer's echo (exit 3) has ended, and dies of it. That is the order of ends
+ * a loaded machine can bring (issue 28, item 8), made certain: the launcher must still
+ * name this rank's failure (tests/e2e/test_root_cause.py). */
+static bool test_die_late(void)
+{
+    const char *v = getenv("DDPD_TEST_DIE_LATE");
+    if (!v || strcmp(v, "1") != 0)
+        return false;
+    struct sigaction sa; /* before the abort: the SIGTERM it brings must find it */
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigaction(SIGTERM, &sa, NULL);
+    return true;
+}
+
 static void usage(FILE *f)
 {
     fputs("usage: ddpd-worker               read one job document on stdin and run one rank\n"
@@ -570,16 +588,23 @@ int main(int argc, char **argv)
         rc = DDPD_ECANCELED;
     }
     if (rc != DDPD_OK) {
-        /* Peers blocked on us learn of it from the closed sockets at once, and of a
-         * cancel from its notice. They then fail (exit 3) and the launcher stops the group
-         * with SIGTERM, which can arrive before this rank has exited: `dying` keeps the
-         * handler from turning this rank's cause into a cancel (exit 5), which the launcher
-         * would take for an echo and blame a peer's comm failure instead. A flag, not a
-         * blocked signal: SIGTERM may land on any thread (NCCL's watchdog, CUDA's). */
+        /* The error goes out first, marked `secondary` when the communicator's failure
+         * began at another rank, so the launcher has it (and names the rank where the
+         * failure began, server/cause.h) before any peer can learn of this one: peers
+         * blocked on us learn of it from the closed sockets at once, and of a cancel from
+         * its notice. They then fail (exit 3) and the launcher stops the group with
+         * SIGTERM, which can arrive before this rank has exited: `dying` keeps the handler
+         * from turning this rank's cause into a cancel (exit 5). A flag, not a blocked
+         * signal: SIGTERM may land on any thread (NCCL's watchdog, CUDA's). */
         dying = 1;
+        const bool secondary = (rc == DDPD_ECOMM || rc == DDPD_ECANCELED) && comm_failed_by_peer(comm);
+        emit_failure(&err, secondary);
+        const bool late = !secondary && rc != DDPD_ECANCELED && test_die_late();
         if (comm && !(rc == DDPD_ECANCELED && comm_cancel(comm)))
             comm_abort(comm);
-        emit_die(&err);
+        for (int i = 0; late && i < 1000; i++) /* 10 s at most */
+            usleep(10000);
+        exit(ddpd_err_exit(err.code));
     }
     group = NULL;
     comm_free(comm);

@@ -207,3 +207,8 @@ int comm_carries_cancel(const struct comm *c)
 {
     return c && c->ops->cancel;
 }
+
+int comm_failed_by_peer(const struct comm *c)
+{
+    return c && c->ops->failed_by_peer ? c->ops->failed_by_peer(c->ctx) : 0;
+}

@@ -177,6 +177,12 @@ static const char *st_last_error(void *ctx)
     return s->inner->last_error ? s->inner->last_error(s->ictx) : "";
 }
 
+static int st_failed_by_peer(void *ctx)
+{
+    struct staged *s = ctx;
+    return !s->err[0] && s->inner->failed_by_peer && s->inner->failed_by_peer(s->ictx);
+}
+
 static void st_free(void *ctx)
 {
     struct staged *s = ctx;
@@ -202,6 +208,7 @@ static const struct comm_ops staged_ops = {
     .abort = st_abort,
     .cancel = st_cancel,
     .last_error = st_last_error,
+    .failed_by_peer = st_failed_by_peer,
     .free = st_free,
 };
 

@@ -60,6 +60,17 @@ int main(void)
     CHECK_EQ_STR(ddpd_err_code(DDPD_ERR_COUNT), "internal");
     CHECK_EQ_STR(ddpd_err_kind((ddpd_err)-1), "internal");
 
+    /* An error event's kind stands for one exit code (the launcher reports a rank's
+     * failure by its event's kind when the rank was stopped before it could exit so). */
+    for (int i = DDPD_OK + 1; i < DDPD_ERR_COUNT; i++)
+        CHECK_EQ_INT(ddpd_err_kind_exit(ddpd_err_kind((ddpd_err)i)), ddpd_err_exit((ddpd_err)i));
+    CHECK_EQ_INT(ddpd_err_kind_exit("data"), 2);
+    CHECK_EQ_INT(ddpd_err_kind_exit("comm"), 3);
+    CHECK_EQ_INT(ddpd_err_kind_exit("cancelled"), 5);
+    CHECK_EQ_INT(ddpd_err_kind_exit("internal"), 1);
+    CHECK_EQ_INT(ddpd_err_kind_exit("bogus"), -1);
+    CHECK_EQ_INT(ddpd_err_kind_exit(NULL), -1);
+
     struct ddpd_error e;
     CHECK_EQ_INT(ddpd_error_set(&e, DDPD_EUNAVAIL, "db", "disk %s", "full"), DDPD_EUNAVAIL);
     CHECK_EQ_INT(e.code, DDPD_EUNAVAIL);

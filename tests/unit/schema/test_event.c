@@ -132,6 +132,14 @@ static void test_exact_text(void)
     encode(&ev);
     CHECK_EQ_STR(line, "{\"event\":\"error\",\"rank\":1,\"kind\":\"comm\",\"message\":\"rank 0 "
                        "closed the connection during allreduce of bucket 2\",\"ts\":6.000000}");
+    /* A consequence of another rank's failure says so (optional key, only when true). */
+    ev.secondary = true;
+    encode(&ev);
+    CHECK_EQ_STR(line, "{\"event\":\"error\",\"rank\":1,\"kind\":\"comm\",\"message\":\"rank 0 "
+                       "closed the connection during allreduce of bucket 2\",\"secondary\":true,"
+                       "\"ts\":6.000000}");
+    CHECK_EQ_INT(event_decode(line, strlen(line), &back, NULL), DDPD_OK);
+    CHECK(back.kind == EVENT_ERROR && back.secondary && back.ts == 6);
 
     /* The server's events: no rank; server fields right after "event". */
     ev = (struct event){.kind = EVENT_STATE,
@@ -453,6 +461,8 @@ static const struct bad_line bad_lines[] = {
     {"{\"event\":\"checkpoint\",\"rank\":0,\"step\":1,\"path\":[],\"ts\":1}", "path",
      "expected a string, got an array"},
     {"{\"event\":\"error\",\"rank\":0,\"message\":\"x\",\"ts\":1}", "kind", "missing (expected a string)"},
+    {"{\"event\":\"error\",\"rank\":0,\"kind\":\"comm\",\"message\":\"x\",\"secondary\":1,\"ts\":1}",
+     "secondary", "expected true or false, got an integer"},
     {"{\"event\":\"state\",\"state\":\"failed\",\"error\":false,\"ts\":1}", "error",
      "expected a string, got a boolean"},
     {"{\"event\":\"join\",\"job\":1,\"rank\":0,\"step\":1,\"ts\":1}", "attempt",
@@ -523,6 +533,17 @@ static void test_error_message(void)
     CHECK_EQ_STR(msg, "x");
     CHECK(event_error_message(compact, strlen(compact), msg, 5));
     CHECK_EQ_STR(msg, "peer");
+
+    /* The whole event, for the launcher's choice of the cause (server/cause.h). */
+    struct event ev;
+    CHECK(!event_error_decode(loss, strlen(loss), &ev));
+    CHECK(event_error_decode(spaced, strlen(spaced), &ev));
+    CHECK(ev.rank == 0 && ev.ts == 2.5 && !ev.secondary);
+    CHECK_EQ_STR(ev.error_kind, "data");
+    const char *echo = "{\"event\":\"error\",\"rank\":2,\"kind\":\"comm\",\"message\":\"rank 1 reported: x\","
+                       "\"secondary\":true,\"ts\":3}";
+    CHECK(event_error_decode(echo, strlen(echo), &ev));
+    CHECK(ev.rank == 2 && ev.secondary && ev.ts == 3);
 }
 
 int main(void)

@@ -38,6 +38,7 @@ struct shared {
     int victim_pid;     /* set by a victim just before it SIGKILLs itself */
     double cpu[MAX_W];  /* seconds of CPU a rank used in a wait */
     long nivcsw[MAX_W]; /* involuntary context switches a rank had in a loop */
+    int by_peer[MAX_W]; /* comm_failed_by_peer after the failing call */
 };
 static struct shared *sh;
 static unsigned tcp_ranks; /* ranks that keep their links on TCP (DDPD_COMM_SHM=0) */
@@ -353,6 +354,7 @@ static int rank_dies(int rank, int world, const struct comm_id *id)
     sh->code[rank] = comm_wait(c, req, &err);
     sh->elapsed[rank] = base_mono_s() - t0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
+    sh->by_peer[rank] = comm_failed_by_peer(c);
     /* Poisoned: the next call fails at once with the same text. */
     ddpd_error_clear(&err);
     sh->later_code[rank] = comm_barrier(c, &err);
@@ -378,6 +380,7 @@ static void check_survivors(int world, int who, const char *what)
         CHECK(sh->elapsed[r] < FAULT_TIMEOUT_S);
         CHECK(strstr(sh->msg[r], needle) != NULL);
         CHECK(strstr(sh->msg[r], "closed the connection during") != NULL);
+        CHECK_EQ_INT(sh->by_peer[r], 1); /* its event is marked secondary: the dead rank is the cause */
         CHECK_EQ_INT(sh->later_code[r], DDPD_ECOMM);
         CHECK_EQ_STR(sh->later_msg[r], sh->msg[r]);
     }
@@ -430,6 +433,7 @@ static int rank_dies_anytime(int rank, int world, const struct comm_id *id)
     sh->code[rank] = rc;
     sh->elapsed[rank] = base_mono_s() - t0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
+    sh->by_peer[rank] = comm_failed_by_peer(c);
     ddpd_error_clear(&err);
     sh->later_code[rank] = comm_barrier(c, &err);
     snprintf(sh->later_msg[rank], sizeof sh->later_msg[rank], "%s", err.message);
@@ -506,6 +510,7 @@ static int rank_fragment(int rank, int world, const struct comm_id *id)
     sh->code[rank] = comm_wait(c, req, &err);
     sh->elapsed[rank] = base_mono_s() - t0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
+    sh->by_peer[rank] = comm_failed_by_peer(c);
     ddpd_error_clear(&err);
     sh->later_code[rank] = comm_barrier(c, &err);
     snprintf(sh->later_msg[rank], sizeof sh->later_msg[rank], "%s", err.message);
@@ -563,6 +568,7 @@ static int rank_cancel(int rank, int world, const struct comm_id *id)
     sh->code[rank] = rc;
     sh->elapsed[rank] = base_mono_s() - t0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
+    sh->by_peer[rank] = comm_failed_by_peer(c);
     ddpd_error_clear(&err);
     sh->later_code[rank] = comm_barrier(c, &err);
     cancel_target = NULL;
@@ -590,6 +596,7 @@ static void test_cancel(int world, int rounds, unsigned tcp)
             CHECK_EQ_INT(sh->later_code[r], DDPD_ECANCELED);
             CHECK(sh->elapsed[r] < FAULT_TIMEOUT_S);
             CHECK(strstr(sh->msg[r], "cancelled") != NULL);
+            CHECK_EQ_INT(sh->by_peer[r], r != victim); /* the victim's cancel is its own */
         }
     }
     tcp_ranks = 0;
@@ -666,6 +673,7 @@ static int rank_silent(int rank, int world, const struct comm_id *id)
     sh->elapsed[rank] = base_mono_s() - t0;
     sh->cpu[rank] = cpu_s() - cpu0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
+    sh->by_peer[rank] = comm_failed_by_peer(c);
     comm_free(c);
     return 0;
 }
@@ -687,6 +695,7 @@ static void test_rank_silent(unsigned tcp)
     CHECK(sh->elapsed[0] > 0.9 && sh->elapsed[0] < 2.5);
     CHECK_EQ_STR(sh->msg[0], "rank 0: allreduce (bucket of 64 floats) timed out after 1.0 s "
                              "waiting for rank 1");
+    CHECK_EQ_INT(sh->by_peer[0], 0); /* a deadline it saw pass itself: not an echo */
     tcp_ranks = 0;
 }
 
@@ -930,6 +939,7 @@ static int rank_abort(int rank, int world, const struct comm_id *id)
     sh->code[rank] = comm_wait(c, req, &err);
     sh->elapsed[rank] = base_mono_s() - t0;
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", err.message);
+    sh->by_peer[rank] = comm_failed_by_peer(c);
     pthread_join(th, NULL);
     CHECK_EQ_INT(comm_barrier(c, &err), DDPD_ECOMM);
     comm_free(c);
@@ -947,6 +957,7 @@ static void test_abort(void)
     CHECK_EQ_INT(sh->code[0], DDPD_ECOMM);
     CHECK(sh->elapsed[0] < 1.0);
     CHECK(strstr(sh->msg[0], "aborted") != NULL);
+    CHECK_EQ_INT(sh->by_peer[0], 0); /* its own abort */
 }
 
 static void test_hex(void)

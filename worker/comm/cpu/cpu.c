@@ -233,7 +233,7 @@ static ddpd_err cpu_allreduce_start(void *ctx, float *buf, int64_t n, struct com
     if (comm_cpu__check_usable(c) < 0 || !q || n < 0 || (uint64_t)n > SIZE_MAX / sizeof(float) / 4) {
         if (!c->failed)
             comm_cpu__set_failed(c, DDPD_ECOMM,
-                                 !q ? "out of memory" : "all-reduce of a negative or impossible count");
+                                 !q ? "out of memory" : "all-reduce of a negative or impossible count", 0);
         ddpd_err rc = c->fail_rc;
         pthread_mutex_unlock(&c->mu);
         free(q);
@@ -287,7 +287,7 @@ static ddpd_err cpu_broadcast(void *ctx, void *buf, size_t bytes, int root)
     struct cpu *c = ctx;
     if (root < 0 || root >= c->world) {
         pthread_mutex_lock(&c->mu);
-        comm_cpu__set_failed(c, DDPD_ECOMM, "broadcast from a rank outside the group");
+        comm_cpu__set_failed(c, DDPD_ECOMM, "broadcast from a rank outside the group", 0);
         pthread_mutex_unlock(&c->mu);
         return DDPD_ECOMM;
     }
@@ -357,6 +357,16 @@ static const char *cpu_last_error(void *ctx)
     return c->err_copy;
 }
 
+static int cpu_failed_by_peer(void *ctx)
+{
+    struct cpu *c = ctx;
+    pthread_mutex_lock(&c->mu);
+    comm_cpu__check_usable(c);
+    int by_peer = c->failed && c->fail_by_peer;
+    pthread_mutex_unlock(&c->mu);
+    return by_peer;
+}
+
 static void cpu_free(void *ctx)
 {
     struct cpu *c = ctx;
@@ -407,5 +417,6 @@ const struct comm_ops comm_cpu_ops = {
     .abort = cpu_abort,
     .cancel = cpu_cancel,
     .last_error = cpu_last_error,
+    .failed_by_peer = cpu_failed_by_peer,
     .free = cpu_free,
 };

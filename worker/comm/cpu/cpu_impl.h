@@ -116,6 +116,7 @@ struct cpu {
     /* Owned by whichever thread executes collectives (the progress thread or a caller
      * running one inline); `busy`, handed over under mu, says who. */
     uint32_t seq;
+    int exec_by_peer;      /* the last collective's failure began at another rank */
     double spin_credit;    /* seconds the spins of shared-memory waits may still lose ... */
     double spin_credit_at; /* ... as of then (spin_allowed in engine.c) */
     float *stage;
@@ -131,6 +132,7 @@ struct cpu {
     struct comm_req *head, *tail, *live;
     int busy, stopping, failed;
     ddpd_err fail_rc; /* DDPD_ECOMM, or DDPD_ECANCELED when the group ends by a cancel */
+    int fail_by_peer; /* the failure began at another rank (comm_ops.failed_by_peer) */
     double run_start;
     char err[ERR_CAP];
 
@@ -191,7 +193,7 @@ int comm_cpu__rendezvous(struct cpu *c, int fd, const struct cpu_addr *root, con
 /* engine.c */
 void comm_cpu__shut_sockets(struct cpu *c);
 size_t comm_cpu__notice_put(unsigned char *buf, size_t cap, int origin, int cancel, const char *text);
-void comm_cpu__set_failed(struct cpu *c, ddpd_err rc, const char *text);
+void comm_cpu__set_failed(struct cpu *c, ddpd_err rc, const char *text, int by_peer);
 int comm_cpu__check_usable(struct cpu *c);
 void *comm_cpu__progress_main(void *arg);
 void comm_cpu__enqueue(struct cpu *c, struct comm_req *q);

@@ -56,10 +56,12 @@ static void send_notice(struct cpu *c, int origin, int cancel, const char *text)
 }
 
 /* Where a failure began, its first text, and whether it was a cancel (a rank told to
- * stop, not a fault), passed along backwards unchanged. */
+ * stop, not a fault), passed along backwards unchanged; `hangup`: a neighbour hung up
+ * without a word (it died), so the failure began there though no notice names it. */
 struct origin {
     int rank;
     int cancel;
+    int hangup;
     char text[NOTICE_TEXT_MAX + 1];
 };
 
@@ -109,6 +111,7 @@ static int next_failed(struct cpu *c, const char *w, char *err, size_t cap, stru
         return 1;
     }
     snprintf(err, cap, "peer rank %d closed the connection during %s", c->next, w);
+    o->hangup = 1;
     return 1;
 }
 
@@ -321,9 +324,10 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
                     what(w, sizeof w, p);
                     if (next_failed(c, w, err, cap, &o))
                         goto fail;
-                    if (e == EPIPE || e == ECONNRESET)
+                    if (e == EPIPE || e == ECONNRESET) {
                         snprintf(err, cap, "peer rank %d closed the connection during %s", c->next, w);
-                    else
+                        o.hangup = 1;
+                    } else
                         snprintf(err, cap, "sending to rank %d during %s: %s", c->next, w, strerror(e));
                     goto fail;
                 }
@@ -563,6 +567,7 @@ prev_failed:
             snprintf(err, cap, "%s", t2);
         } else if (e == 0 || e == ECONNRESET) {
             snprintf(err, cap, "peer rank %d closed the connection during %s", c->prev, w);
+            o.hangup = 1;
         } else {
             snprintf(err, cap, "receiving from rank %d during %s: %s", c->prev, w, strerror(e));
         }
@@ -576,6 +581,8 @@ fail:
         comm_cpu__shut_sockets(c);
         return cancelled ? DDPD_ECANCELED : DDPD_ECOMM;
     }
+    /* Another rank's notice, or a neighbour's silent hang-up: the failure began there. */
+    c->exec_by_peer = (o.rank >= 0 && o.rank != c->rank) || o.hangup;
     if (o.rank < 0) {
         o.rank = c->rank;
         snprintf(o.text, sizeof o.text, "%s", err);
@@ -728,12 +735,14 @@ static ddpd_err execute(struct cpu *c, struct comm_req *q, char *err, size_t cap
 /* ---- the queue and the progress thread ---- */
 
 /* Records the first failure; every later call fails fast with its text and its code
- * (DDPD_ECANCELED when the group ended by a cancel, else DDPD_ECOMM). Under mu. */
-void comm_cpu__set_failed(struct cpu *c, ddpd_err rc, const char *text)
+ * (DDPD_ECANCELED when the group ended by a cancel, else DDPD_ECOMM). `by_peer`: it began
+ * at another rank (failed_by_peer). Under mu. */
+void comm_cpu__set_failed(struct cpu *c, ddpd_err rc, const char *text, int by_peer)
 {
     if (c->failed)
         return;
     c->failed = 1;
+    c->fail_by_peer = by_peer;
     c->fail_rc = rc == DDPD_ECANCELED ? DDPD_ECANCELED : DDPD_ECOMM;
     snprintf(c->err, sizeof c->err, "%s", text && *text ? text : "communication failure");
 }
@@ -743,9 +752,9 @@ int comm_cpu__check_usable(struct cpu *c)
 {
     if (!c->failed && atomic_load(&c->aborted)) {
         if (atomic_load(&c->cancelled))
-            comm_cpu__set_failed(c, DDPD_ECANCELED, "cancelled");
+            comm_cpu__set_failed(c, DDPD_ECANCELED, "cancelled", 0);
         else
-            comm_cpu__set_failed(c, DDPD_ECOMM, "communicator aborted");
+            comm_cpu__set_failed(c, DDPD_ECOMM, "communicator aborted", 0);
     }
     return c->failed ? -1 : 0;
 }
@@ -765,11 +774,12 @@ static void run_head(struct cpu *c)
     ddpd_err rc = DDPD_ECOMM;
     char text[ERR_CAP] = "";
     pthread_mutex_unlock(&c->mu);
+    c->exec_by_peer = 0;
     if (!skip)
         rc = execute(c, q, text, sizeof text);
     pthread_mutex_lock(&c->mu);
     if (rc != DDPD_OK)
-        comm_cpu__set_failed(c, rc, text);
+        comm_cpu__set_failed(c, rc, text, c->exec_by_peer);
     q->rc = rc == DDPD_OK ? DDPD_OK : c->fail_rc;
     q->done = 1;
     c->busy = 0;
