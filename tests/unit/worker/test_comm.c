@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "comm_group.h"
 #include "rank_values.h"
 #include "base/clock.h"
 #include "worker/comm.h"
@@ -50,62 +51,6 @@ static unsigned tcp_ranks; /* ranks that keep their links on TCP (DDPD_COMM_SHM=
         if (check__rc != DDPD_OK)                                                                            \
             CHECK__FAIL("%s: %s: %s", #call, ddpd_err_name(check__rc), err.message);                         \
     } while (0)
-static int issuer_stdin = -1; /* the write end the parent holds; children close it */
-
-/* ---- the issuer, as `ddpd-worker --issue-id cpu` under the launcher ---- */
-
-struct issuer {
-    pid_t pid;
-    struct comm_id id;
-};
-
-static int issuer_start(struct issuer *is)
-{
-    int in[2], out[2];
-    is->pid = -1;
-    if (pipe(in) < 0 || pipe(out) < 0)
-        return -1;
-    is->pid = fork();
-    if (is->pid == 0) {
-        alarm(60);
-        close(in[1]);
-        close(out[0]);
-        FILE *f = fdopen(out[1], "w");
-        exit(comm_cpu_issue_id(f, in[0]));
-    }
-    close(in[0]);
-    close(out[1]);
-    issuer_stdin = in[1];
-    char line[600];
-    size_t n = 0;
-    while (n < sizeof line - 1) {
-        ssize_t k = read(out[0], line + n, 1);
-        if (k <= 0 || line[n] == '\n')
-            break;
-        n++;
-    }
-    line[n] = '\0';
-    close(out[0]);
-    const char *p = strstr(line, "{\"id\":\"");
-    char hex[2 * COMM_ID_BYTES + 1];
-    if (!p || strlen(p) < 7 + 2 * COMM_ID_BYTES + 2)
-        return -1;
-    memcpy(hex, p + 7, 2 * COMM_ID_BYTES);
-    hex[2 * COMM_ID_BYTES] = '\0';
-    return comm_id_from_hex(hex, &is->id);
-}
-
-static int issuer_stop(struct issuer *is)
-{
-    if (issuer_stdin >= 0)
-        close(issuer_stdin);
-    issuer_stdin = -1;
-    int st = 0;
-    if (is->pid < 0 || waitpid(is->pid, &st, 0) < 0)
-        return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 /* ---- ranks ---- */
 
 typedef int (*rank_fn)(int rank, int world, const struct comm_id *id);
