@@ -1,7 +1,8 @@
 /* comm_group.h — what the tests of the CPU collective backend (test_comm.c,
  * test_comm_ring.c) share: the id issuer, started as the launcher starts
  * `ddpd-worker --issue-id cpu` (its stdin held open by this process, its id read from its
- * stdout), and stopped by closing that stdin. Header-only, for the tests of worker/comm. */
+ * stdout), and stopped by closing that stdin; and OpenSSL made ready before the ranks are
+ * forked. Header-only, for the tests of worker/comm. */
 #ifndef DDPD_TEST_COMM_GROUP_H
 #define DDPD_TEST_COMM_GROUP_H
 
@@ -13,6 +14,17 @@
 #include <unistd.h>
 
 #include "worker/comm.h"
+#include "worker/comm/cpu/wire.h"
+
+/* The tests fork their ranks where the launcher execs them: libcrypto's one-time setup
+ * (3 ms a process, 50-60 ms under ThreadSanitizer) is done once here and inherited, and
+ * OpenSSL reseeds its generator in each child. Call before the first fork. */
+static inline void comm_group_crypto_ready(void)
+{
+    unsigned char n[NONCE_BYTES], p[PROOF_BYTES];
+    if (comm_cpu__nonce(n) == 0)
+        comm_cpu__ring_proof(n, RING_CONNECTOR, 0, 1, 2, n, n, p);
+}
 
 /* The write end of the issuer's stdin, held by the test; the rank processes it forks close
  * it, so that only the test ends the issuer. */

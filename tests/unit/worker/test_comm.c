@@ -22,6 +22,7 @@
 #include "rank_values.h"
 #include "base/clock.h"
 #include "worker/comm.h"
+#include "worker/comm/cpu/wire.h"
 
 #define MAX_W  4
 #define NSIZES 5
@@ -754,7 +755,8 @@ static void test_mismatch(void)
                              "expected broadcast #2 of 40 bytes from rank 1");
 }
 
-/* A stale id (other magic), a duplicate rank and a world mismatch are refused at once. */
+/* A stale id (another secret: its proof fails), a duplicate rank and a world mismatch are
+ * refused at once. */
 static void test_bad_registration(void)
 {
     struct issuer is;
@@ -765,8 +767,9 @@ static void test_bad_registration(void)
     double t0 = base_mono_s();
     CHECK(comm_new(&comm_cpu_ops, &bad, 0, 2, 5.0, &err) == NULL);
     CHECK(base_mono_s() - t0 < 1.0);
-    CHECK(strstr(err.message, "wrong magic") != NULL);
-    fprintf(stderr, "  magic: %s\n", err.message);
+    CHECK(strstr(err.message, "wrong proof: the id this rank was given does not belong to this rendezvous") !=
+          NULL);
+    fprintf(stderr, "  stale id: %s\n", err.message);
 
     /* Rank 0 registers (and waits in a child); a second rank 0 and a rank claiming another
      * world size are refused while it waits. */
@@ -803,19 +806,22 @@ static void test_bogus_root(void)
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     CHECK(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 4) == 0 &&
           getsockname(lfd, (struct sockaddr *)&a, &alen) == 0);
-    /* The id: 16 bytes of magic, then family 4, the port and 127.0.0.1 (comm/cpu/wire.h). */
+    /* The id: 16 bytes of secret, then family 4, the port and 127.0.0.1 (comm/cpu/wire.h). */
     struct comm_id id = {{0}};
-    memcpy(id.bytes, "bogus-root-magic", 16);
+    memcpy(id.bytes, "bogus-root-key..", 16);
     id.bytes[17] = 4;
     memcpy(id.bytes + 18, &a.sin_port, 2);
     memcpy(id.bytes + 20, &a.sin_addr, 4);
     pid_t p = fork();
     if (p == 0) {
         alarm(20);
-        unsigned char reg[64], junk[64];
+        unsigned char reg[REG_BYTES], junk[64], ch[CHALLENGE_BYTES], nonce[NONCE_BYTES] = {0};
         static const unsigned char msg[8] = {0, 0, 0, 7, 0, 0, 0, 0};
         int fd = accept(lfd, NULL, NULL);
         size_t got = 0;
+        comm_cpu__challenge_put(ch, nonce); /* a challenge as the root sends it, then the bogus message */
+        if (fd < 0 || write(fd, ch, sizeof ch) != sizeof ch)
+            _exit(1);
         while (fd >= 0 && got < sizeof reg) {
             ssize_t n = read(fd, reg + got, sizeof reg - got);
             if (n <= 0)
@@ -1054,6 +1060,7 @@ static void test_failure_codes(void)
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
+    comm_group_crypto_ready();
     double t0 = base_mono_s();
     sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (sh == MAP_FAILED)
