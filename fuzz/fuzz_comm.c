@@ -1,11 +1,13 @@
 /* fuzz_comm.c — the CPU collective backend's wire decoders (worker/comm/cpu/wire.h) on any
  * bytes a peer could send. The first byte picks the frame, the rest is its bytes:
  *   0 a rank's registration with the root      1 a stream of root -> rank messages
- *   2 what a rank reads from next (notices)    3 a ring hello
+ *   2 what a rank reads from next (notices)    3 a ring hello and its proof
  *   4 a shared-memory offer                    5 a collective header
- *   6 a rendezvous id (bytes, and as hex text)
+ *   6 a rendezvous id (bytes, and as hex text) 7 the root's challenge
  * Frames shorter than their size are zero-padded, as a short read never reaches a decoder
- * (the callers read whole frames), so padding is the honest way to try every length. */
+ * (the callers read whole frames), so padding is the honest way to try every length.
+ * The proofs are HMACs no fuzzer forges: a registration is decoded as sent, and again with
+ * the proof its body would carry, so that the checks behind the proof are fuzzed too. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +15,8 @@
 
 #include "worker/comm/cpu/wire.h"
 
-static const unsigned char magic[MAGIC_BYTES] = "ddpd-fuzz-magic";
+static const unsigned char secret[SECRET_BYTES] = "ddpd-fuzz-key..";
+static const unsigned char nonce[NONCE_BYTES] = "ddpd-fuzz-nonce-0123456789abcde";
 
 /* Copies up to `n` bytes of the input into a zeroed frame of `n` bytes. */
 static void frame(unsigned char *dst, size_t n, const uint8_t *data, size_t size)
@@ -34,12 +37,16 @@ static void registration(const uint8_t *data, size_t size)
     struct cpu_reg r;
     char text[MSG_TEXT_MAX];
     frame(reg, sizeof reg, data, size);
-    if (comm_cpu__reg_decode(reg, magic, &r, text, sizeof text) < 0) {
-        check_text(text, sizeof text);
-        return;
+    for (int proven = 0; proven < 2; proven++) {
+        if (proven && comm_cpu__reg_proof(secret, nonce, reg, reg + REG_BODY_BYTES) != 0)
+            abort();
+        if (comm_cpu__reg_decode(reg, secret, nonce, &r, text, sizeof text) < 0) {
+            check_text(text, sizeof text);
+            continue;
+        }
+        if (r.world < 1 || r.world > MAX_WORLD || r.addr.port == 0)
+            abort();
     }
-    if (r.world < 1 || r.world > MAX_WORLD || r.addr.port == 0)
-        abort();
 }
 
 /* As rendezvous() reads the root: a header, then exactly the payload it announced, until
@@ -96,11 +103,27 @@ static void notice(const uint8_t *data, size_t size)
 
 static void hello(const uint8_t *data, size_t size)
 {
-    unsigned char h[HELLO_BYTES];
-    char err[256] = "";
+    unsigned char h[HELLO_BYTES + PROOF_BYTES];
+    struct cpu_hello got;
+    char why[256] = "";
     frame(h, sizeof h, data, size);
-    if (comm_cpu__hello_check(h, magic, 1, err, sizeof err) < 0)
-        check_text(err, sizeof err);
+    if (comm_cpu__hello_decode(h, 1, 4, &got, why, sizeof why) < 0) {
+        check_text(why, sizeof why);
+        return;
+    }
+    if (got.rank != 1 || got.world != 4)
+        abort();
+    /* As the listener rank 2 checks its prev's proof over the nonce it sent. */
+    comm_cpu__ring_proof_check(secret, RING_CONNECTOR, 1, 2, 4, got.nonce, nonce, h + HELLO_BYTES);
+}
+
+static void challenge(const uint8_t *data, size_t size)
+{
+    unsigned char ch[CHALLENGE_BYTES], n[NONCE_BYTES];
+    frame(ch, sizeof ch, data, size);
+    if (comm_cpu__challenge_decode(ch, n) == 0 &&
+        memcmp(n, ch + CHALLENGE_BYTES - NONCE_BYTES, NONCE_BYTES) != 0)
+        abort();
 }
 
 static void shm_offer(const uint8_t *data, size_t size)
@@ -124,7 +147,7 @@ static void header(const uint8_t *data, size_t size)
 static void id(const uint8_t *data, size_t size)
 {
     struct comm_id cid;
-    unsigned char m[MAGIC_BYTES];
+    unsigned char m[SECRET_BYTES];
     struct cpu_addr root;
     char hex[2 * COMM_ID_BYTES + 1], back[2 * COMM_ID_BYTES + 1];
     frame(cid.bytes, sizeof cid.bytes, data, size);
@@ -147,14 +170,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     const uint8_t *p = data + 1;
     size_t n = size - 1;
-    switch (data[0] % 7) {
+    switch (data[0] % 8) {
     case 0: registration(p, n); break;
     case 1: root_stream(p, n); break;
     case 2: notice(p, n); break;
     case 3: hello(p, n); break;
     case 4: shm_offer(p, n); break;
     case 5: header(p, n); break;
-    default: id(p, n); break;
+    case 6: id(p, n); break;
+    default: challenge(p, n); break;
     }
     return 0;
 }

@@ -4,6 +4,8 @@ repository). Real inputs, small: specs like examples/seed.json, event lines as C
 §6 shows them, .npy files written by numpy.save, CSV files as spreadsheets write them,
 safetensors files in the format of CONTRACT.md §4 (torch tensors' bytes), the CPU
 backend's frames as comm/cpu/ lays them out, and HTTP requests as curl sends them."""
+import hashlib
+import hmac
 import io
 import json
 import os
@@ -138,24 +140,31 @@ put("safetensors", "optim.safetensors",
     st({"0.weight.exp_avg": ("F32", torch.randn(2, 3)), "0.weight.exp_avg_sq": ("F32", torch.rand(2, 3))},
        {"step": "10", "epoch": "1", "epoch_step": "3"}))
 
-# ---- comm (worker/comm/cpu/wire.h; selector byte first)
-MAGIC = b"ddpd-fuzz-magic\0"
+# ---- comm (worker/comm/cpu/wire.h; selector byte first). The proofs are HMAC-SHA256 under
+# fuzz_comm.c's secret, over its nonce, as a rank of the right group would make them.
+SECRET = b"ddpd-fuzz-key..\0"
+NONCE = b"ddpd-fuzz-nonce-0123456789abcde\0"
 def be32(v): return struct.pack(">I", v)
 def addr4(port, ip=(127, 0, 0, 1)): return struct.pack(">HH", 4, port) + bytes(ip) + bytes(12)
 def addr6(port): return struct.pack(">HH", 6, port) + bytes(15) + b"\x01"
-put("comm", "0_registration", b"\x00" + MAGIC + be32(1) + be32(1) + be32(2) + addr4(40001) + bytes(16))
+def mac(msg): return hmac.new(SECRET, msg, hashlib.sha256).digest()
+body = be32(2) + be32(1) + be32(2) + addr4(40001)
+put("comm", "0_registration", b"\x00" + body + mac(b"ddpd cpu registration\0" + NONCE + body))
 table = addr4(40000) + addr6(40001) + addr4(40002)
 put("comm", "1_root_stream", b"\x01" + struct.pack(">H", 2) + be32(1) + be32(8) + be32(2) + be32(3)
     + be32(3) + be32(len(table)) + table)
 put("comm", "1_root_error", b"\x01" + struct.pack(">H", 1) + be32(2) + be32(24) + b"world size mismatch\x07abc")
 notice = b"rank 1 failed: out of memory"
 put("comm", "2_notice", b"\x02\x03" + b"\0\0" + be32(0x4444504E) + be32(2) + be32(len(notice)) + notice)
-put("comm", "3_hello", b"\x03" + MAGIC + be32(1) + be32(0x48454C4F))
+nonce1 = bytes(range(32))
+put("comm", "3_hello", b"\x03" + be32(0x44445048) + be32(2) + be32(1) + be32(4) + nonce1
+    + mac(b"ddpd cpu ring connector\0" + be32(1) + be32(2) + be32(4) + nonce1 + NONCE))
 put("comm", "4_shm_offer", b"\x04" + be32(0x53484D4F) + be32(1234) + be32(5) + be32(2 << 20) + bytes(range(16)))
 put("comm", "5_header", b"\x05" + be32(0x44445043) + be32(1) + be32(0) + be32(7) + struct.pack(">Q", 4096))
-idb = MAGIC + addr4(43211) + bytes(128 - 36)
+idb = SECRET + addr4(43211) + bytes(128 - 36)
 put("comm", "6_id_bytes", b"\x06" + idb)
 put("comm", "6_id_hex", b"\x06" + idb.hex().encode())
+put("comm", "7_challenge", b"\x07" + be32(0x44445043) + be32(2) + NONCE)
 
 # ---- http (as curl sends them)
 sj = json.dumps(json.loads(seed), separators=(",", ":"))

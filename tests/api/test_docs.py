@@ -312,7 +312,7 @@ def test_every_source_file_is_in_architecture_md():
 
 def test_readme_and_dashboard_link_the_docs_not_contract_or_design():
     readme = read("README.md")
-    for d in ("docs/spec.md", "docs/api.md", "docs/events.md", "docs/architecture.md"):
+    for d in ("docs/spec.md", "docs/api.md", "docs/events.md", "docs/security.md", "docs/architecture.md"):
         assert f"({d})" in readme, f"README.md does not link {d}"
     web = "".join(p.read_text(encoding="utf-8") for p in sorted((REPO / "web").glob("*.*"))
                   if p.suffix in (".js", ".html"))

@@ -16,6 +16,8 @@ worker, its document and the collectives are the product's own. For the fault te
   - DDPD_FAKE_ROOT=IP:PORT replaces the id issuer: the id names that address (a listener
     that accepts and never answers), and the stand-in lives, like the issuer, until its
     stdin closes."""
+import hashlib
+import hmac
 import json
 import os
 import signal
@@ -23,7 +25,8 @@ import socket
 import struct
 import sys
 
-MAGIC_BYTES, COMM_ID_BYTES, PROTO_VERSION = 16, 128, 1
+# worker/comm/cpu/wire.h: the id's secret, the root's challenge, the registration's proof.
+SECRET_BYTES, COMM_ID_BYTES, PROTO_VERSION, CHALLENGE_BYTES = 16, 128, 2, 40
 
 
 def addr_bytes(ip, port):
@@ -32,7 +35,7 @@ def addr_bytes(ip, port):
 
 def fake_root(where):
     ip, port = where.rsplit(":", 1)
-    cid = os.urandom(MAGIC_BYTES) + addr_bytes(ip, int(port))
+    cid = os.urandom(SECRET_BYTES) + addr_bytes(ip, int(port))
     cid += bytes(COMM_ID_BYTES - len(cid))
     sys.stdout.write(json.dumps({"id": cid.hex()}) + "\n")
     sys.stdout.flush()
@@ -41,20 +44,32 @@ def fake_root(where):
     sys.exit(0)
 
 
+def recv_exactly(sock, n):
+    buf = b""
+    while len(buf) < n:
+        more = sock.recv(n - len(buf))
+        if not more:
+            raise SystemExit("the root closed the connection")
+        buf += more
+    return buf
+
+
 def fake_rank(doc, rank, my_ip):
-    """Registers as RANK, accepts the ring connection from prev, answers nothing."""
+    """Registers as RANK (it holds the id, so its proof holds), accepts the ring connection
+    from prev, answers nothing."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # the launcher starts ranks with it held
     cid = bytes.fromhex(doc["comm"]["id"])
-    magic = cid[:MAGIC_BYTES]
+    secret = cid[:SECRET_BYTES]
     _, rport = struct.unpack(">HH", cid[16:20])
     rip = socket.inet_ntoa(cid[20:24])
     lsock = socket.socket()
     lsock.bind((my_ip, 0))
     lsock.listen(4)
-    reg = magic + struct.pack(">III", PROTO_VERSION, rank, doc["world_size"]) + addr_bytes(my_ip, lsock.getsockname()[1])
-    reg += bytes(64 - len(reg))
     root = socket.create_connection((rip, rport), timeout=60)
-    root.sendall(reg)
+    challenge = recv_exactly(root, CHALLENGE_BYTES)
+    body = struct.pack(">III", PROTO_VERSION, rank, doc["world_size"]) + addr_bytes(my_ip, lsock.getsockname()[1])
+    proof = hmac.new(secret, b"ddpd cpu registration\0" + challenge[8:] + body, hashlib.sha256).digest()
+    root.sendall(body + proof)
     held = [root]
     while True:  # the launcher ends us with the job's process group
         c, _ = lsock.accept()

@@ -18,9 +18,11 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "comm_group.h"
 #include "rank_values.h"
 #include "base/clock.h"
 #include "worker/comm.h"
+#include "worker/comm/cpu/wire.h"
 
 #define MAX_W  4
 #define NSIZES 5
@@ -51,62 +53,6 @@ static unsigned tcp_ranks; /* ranks that keep their links on TCP (DDPD_COMM_SHM=
         if (check__rc != DDPD_OK)                                                                            \
             CHECK__FAIL("%s: %s: %s", #call, ddpd_err_name(check__rc), err.message);                         \
     } while (0)
-static int issuer_stdin = -1; /* the write end the parent holds; children close it */
-
-/* ---- the issuer, as `ddpd-worker --issue-id cpu` under the launcher ---- */
-
-struct issuer {
-    pid_t pid;
-    struct comm_id id;
-};
-
-static int issuer_start(struct issuer *is)
-{
-    int in[2], out[2];
-    is->pid = -1;
-    if (pipe(in) < 0 || pipe(out) < 0)
-        return -1;
-    is->pid = fork();
-    if (is->pid == 0) {
-        alarm(60);
-        close(in[1]);
-        close(out[0]);
-        FILE *f = fdopen(out[1], "w");
-        exit(comm_cpu_issue_id(f, in[0]));
-    }
-    close(in[0]);
-    close(out[1]);
-    issuer_stdin = in[1];
-    char line[600];
-    size_t n = 0;
-    while (n < sizeof line - 1) {
-        ssize_t k = read(out[0], line + n, 1);
-        if (k <= 0 || line[n] == '\n')
-            break;
-        n++;
-    }
-    line[n] = '\0';
-    close(out[0]);
-    const char *p = strstr(line, "{\"id\":\"");
-    char hex[2 * COMM_ID_BYTES + 1];
-    if (!p || strlen(p) < 7 + 2 * COMM_ID_BYTES + 2)
-        return -1;
-    memcpy(hex, p + 7, 2 * COMM_ID_BYTES);
-    hex[2 * COMM_ID_BYTES] = '\0';
-    return comm_id_from_hex(hex, &is->id);
-}
-
-static int issuer_stop(struct issuer *is)
-{
-    if (issuer_stdin >= 0)
-        close(issuer_stdin);
-    issuer_stdin = -1;
-    int st = 0;
-    if (is->pid < 0 || waitpid(is->pid, &st, 0) < 0)
-        return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 /* ---- ranks ---- */
 
 typedef int (*rank_fn)(int rank, int world, const struct comm_id *id);
@@ -818,7 +764,8 @@ static void test_mismatch(void)
                              "expected broadcast #2 of 40 bytes from rank 1");
 }
 
-/* A stale id (other magic), a duplicate rank and a world mismatch are refused at once. */
+/* A stale id (another secret: its proof fails), a duplicate rank and a world mismatch are
+ * refused at once. */
 static void test_bad_registration(void)
 {
     struct issuer is;
@@ -829,8 +776,9 @@ static void test_bad_registration(void)
     double t0 = base_mono_s();
     CHECK(comm_new(&comm_cpu_ops, &bad, 0, 2, 5.0, &err) == NULL);
     CHECK(base_mono_s() - t0 < 1.0);
-    CHECK(strstr(err.message, "wrong magic") != NULL);
-    fprintf(stderr, "  magic: %s\n", err.message);
+    CHECK(strstr(err.message, "wrong proof: the id this rank was given does not belong to this rendezvous") !=
+          NULL);
+    fprintf(stderr, "  stale id: %s\n", err.message);
 
     /* Rank 0 registers (and waits in a child); a second rank 0 and a rank claiming another
      * world size are refused while it waits. */
@@ -867,19 +815,22 @@ static void test_bogus_root(void)
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     CHECK(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 4) == 0 &&
           getsockname(lfd, (struct sockaddr *)&a, &alen) == 0);
-    /* The id: 16 bytes of magic, then family 4, the port and 127.0.0.1 (comm/cpu/wire.h). */
+    /* The id: 16 bytes of secret, then family 4, the port and 127.0.0.1 (comm/cpu/wire.h). */
     struct comm_id id = {{0}};
-    memcpy(id.bytes, "bogus-root-magic", 16);
+    memcpy(id.bytes, "bogus-root-key..", 16);
     id.bytes[17] = 4;
     memcpy(id.bytes + 18, &a.sin_port, 2);
     memcpy(id.bytes + 20, &a.sin_addr, 4);
     pid_t p = fork();
     if (p == 0) {
         alarm(20);
-        unsigned char reg[64], junk[64];
+        unsigned char reg[REG_BYTES], junk[64], ch[CHALLENGE_BYTES], nonce[NONCE_BYTES] = {0};
         static const unsigned char msg[8] = {0, 0, 0, 7, 0, 0, 0, 0};
         int fd = accept(lfd, NULL, NULL);
         size_t got = 0;
+        comm_cpu__challenge_put(ch, nonce); /* a challenge as the root sends it, then the bogus message */
+        if (fd < 0 || write(fd, ch, sizeof ch) != sizeof ch)
+            _exit(1);
         while (fd >= 0 && got < sizeof reg) {
             ssize_t n = read(fd, reg + got, sizeof reg - got);
             if (n <= 0)
@@ -1120,6 +1071,7 @@ static void test_failure_codes(void)
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
+    comm_group_crypto_ready();
     double t0 = base_mono_s();
     sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (sh == MAP_FAILED)

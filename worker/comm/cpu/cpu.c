@@ -3,8 +3,8 @@
  * where both ends share the host (DDPD_COMM_SHM=0 keeps TCP). All-reduce is a ring
  * reduce-scatter + all-gather: each sum is made once, by one rank, and copied, so every
  * rank gets the same bits. Every wait has a deadline; knows nothing of tensors or DDP.
- * This file forms the ring and holds the table's entries; sock.c, root.c, engine.c and
- * shm.c hold the other concerns (cpu_impl.h). */
+ * This file joins the group and holds the table's entries; sock.c, hello.c, root.c,
+ * ring.c, engine.c and shm.c hold the other concerns (cpu_impl.h). */
 #include "cpu_impl.h"
 
 #include <errno.h>
@@ -20,72 +20,6 @@
 /* ---- the table's entries ---- */
 
 static void cpu_free(void *ctx);
-
-/* A hello on a ring connection: magic, the sender's rank, a tag. */
-static void hello_put(unsigned char *h, const struct cpu *c)
-{
-    memcpy(h, c->magic, MAGIC_BYTES);
-    put32(h + 16, (uint32_t)c->rank);
-    put32(h + 20, 0x48454c4f); /* "HELO" */
-}
-
-int comm_cpu__hello_check(const unsigned char h[HELLO_BYTES], const unsigned char magic[MAGIC_BYTES],
-                          int expect, char *err, size_t cap)
-{
-    if (memcmp(h, magic, MAGIC_BYTES) != 0 || get32(h + 20) != 0x48454c4f)
-        return comm_cpu__fmt_err(err, cap,
-                                 "ring: the connection with rank %d carries the wrong magic "
-                                 "(a rank of another group?)",
-                                 expect);
-    if (get32(h + 16) != (uint32_t)expect)
-        return comm_cpu__fmt_err(err, cap, "ring: expected rank %d on this connection, got rank %u", expect,
-                                 get32(h + 16));
-    return 0;
-}
-
-/* Connects to next, accepts prev, and checks both with a hello each way. */
-static int form_ring(struct cpu *c, int lfd, const struct cpu_addr *table, double deadline, char *err,
-                     size_t cap)
-{
-    unsigned char mine[HELLO_BYTES], theirs[HELLO_BYTES];
-    char at[80];
-    int refused = 0, io;
-    hello_put(mine, c);
-
-    comm_cpu__addr_text(&table[c->next], at, sizeof at);
-    c->fd_next = comm_cpu__connect_retry(&table[c->next], deadline, &refused);
-    if (c->fd_next < 0)
-        return comm_cpu__fmt_err(err, cap, "ring: cannot connect to rank %d at %s: %s", c->next, at,
-                                 errno == ETIMEDOUT ? "timed out" : strerror(errno));
-    /* The hello fits the socket buffer, so sending before accepting cannot deadlock. */
-    io = comm_cpu__send_all(c->fd_next, mine, sizeof mine, deadline);
-    if (io != IO_OK)
-        return comm_cpu__fmt_err(err, cap, "ring: greeting rank %d at %s: %s", c->next, at,
-                                 comm_cpu__io_text(io));
-
-    int w = comm_cpu__wait_fd(lfd, POLLIN, deadline);
-    if (w == 0)
-        return comm_cpu__fmt_err(err, cap, "ring: rank %d did not connect within %.1f s", c->prev,
-                                 c->timeout_s);
-    c->fd_prev = w > 0 ? accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC) : -1;
-    if (c->fd_prev < 0)
-        return comm_cpu__fmt_err(err, cap, "ring: accepting rank %d: %s", c->prev, strerror(errno));
-    comm_cpu__sock_tune(c->fd_prev);
-    io = comm_cpu__recv_all(c->fd_prev, theirs, sizeof theirs, deadline);
-    if (io != IO_OK)
-        return comm_cpu__fmt_err(err, cap, "ring: hello from rank %d: %s", c->prev, comm_cpu__io_text(io));
-    if (comm_cpu__hello_check(theirs, c->magic, c->prev, err, cap) < 0)
-        return -1;
-    io = comm_cpu__send_all(c->fd_prev, mine, sizeof mine, deadline);
-    if (io != IO_OK)
-        return comm_cpu__fmt_err(err, cap, "ring: answering rank %d: %s", c->prev, comm_cpu__io_text(io));
-    io = comm_cpu__recv_all(c->fd_next, theirs, sizeof theirs, deadline);
-    if (io != IO_OK)
-        return comm_cpu__fmt_err(err, cap, "ring: answer from rank %d: %s", c->next, comm_cpu__io_text(io));
-    if (comm_cpu__hello_check(theirs, c->magic, c->next, err, cap) < 0)
-        return -1;
-    return comm_cpu__shm_setup(c, deadline, err, cap);
-}
 
 static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, double timeout_s, void **ctx,
                               char *errbuf, size_t errcap)
@@ -136,7 +70,7 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
         goto out;
     }
     struct cpu_addr root;
-    if (comm_cpu__id_decode(id, c->magic, &root) < 0) {
+    if (comm_cpu__id_decode(id, c->secret, &root) < 0) {
         comm_cpu__fmt_err(errbuf, errcap, "malformed communicator id (no root address in it)");
         goto out;
     }
@@ -176,7 +110,7 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
     lfd = socket(me.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (lfd >= 0)
         comm_cpu__sock_tune(lfd); /* accepted sockets inherit the buffer sizes */
-    if (lfd < 0 || bind(lfd, (struct sockaddr *)&ss, sl) < 0 || listen(lfd, 16) < 0) {
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&ss, sl) < 0 || listen(lfd, RING_BACKLOG) < 0) {
         comm_cpu__fmt_err(errbuf, errcap, "ring: cannot listen: %s", strerror(errno));
         goto out;
     }
@@ -189,7 +123,7 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
         goto out;
     close(rfd);
     rfd = -1;
-    if (form_ring(c, lfd, table, deadline, errbuf, errcap) < 0)
+    if (comm_cpu__form_ring(c, lfd, table, deadline, errbuf, errcap) < 0)
         goto out;
 
     char text[64];

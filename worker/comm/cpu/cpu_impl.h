@@ -1,7 +1,8 @@
 /* comm/cpu/cpu_impl.h — what the files of the CPU collective backend share and nobody else
  * sees: its constants, the communicator's struct, and the cross-file helpers of each concern
- * (sock.c: addresses and blocking socket I/O; root.c: the rendezvous; engine.c: the
- * collective engine and its progress thread; shm.c: same-host FIFOs; cpu.c: the table). */
+ * (sock.c: addresses and blocking socket I/O; hello.c: the handshakes' proofs; root.c: the
+ * rendezvous; ring.c: forming the ring among strangers; engine.c: the collective engine and
+ * its progress thread; shm.c: same-host FIFOs; cpu.c: the table). */
 #ifndef DDPD_COMM_CPU_IMPL_H
 #define DDPD_COMM_CPU_IMPL_H
 
@@ -33,7 +34,12 @@
 #define SPIN_LOSS      0.01         /* share of the time spins may lose without catching ... */
 #define SPIN_CREDIT_S  0.01         /* ... saved up to this (see spin_allowed in engine.c) */
 #define MAX_ROOT_CONNS 4096         /* connections the root holds at once */
-#define PROTO_VERSION  1
+
+/* Whoever can reach a rank's ring port or the root may connect (ring.c, root.c). */
+#define HELLO_S      5.0 /* an unproven connection is dropped after this */
+#define PEND_MAX     16  /* unproven ring connections a rank holds at once */
+#define RING_BACKLOG 128 /* the ring listener's queue: strangers wait there, not in SYN retries */
+#define DROP_LOG_MAX 20  /* log lines about dropped connections, per rendezvous */
 
 enum { OP_ALLREDUCE = 1, OP_BROADCAST, OP_ALLGATHER, OP_MAX_I64, OP_BARRIER, OP_COUNT };
 
@@ -91,7 +97,9 @@ struct comm_req {
  * side publishes its own and reads the other's. The sleep flags and one-byte pings over
  * the TCP connection wake a side that stopped spinning (see run_plan). */
 struct shm_ctl {
-    unsigned char magic[MAGIC_BYTES]; /* the id's magic and a nonce: proof it is ours */
+    /* The id's secret and a nonce: proof that it is ours. The page can be opened only by
+     * whoever may open the rank's fds (/proc/PID/fd), who could read its memory as well. */
+    unsigned char secret[SECRET_BYTES];
     unsigned char nonce[16];
     _Alignas(64) _Atomic uint64_t head; /* written by the producer */
     _Alignas(64) _Atomic uint64_t tail; /* written by the consumer */
@@ -109,7 +117,8 @@ struct link {
 struct cpu {
     int rank, world, prev, next;
     double timeout_s;
-    unsigned char magic[MAGIC_BYTES];
+    unsigned char secret[SECRET_BYTES]; /* from the id: the key of the handshakes' proofs */
+
     int fd_next, fd_prev;  /* we only send to next and only receive from prev */
     struct link lout, lin; /* shared-memory data paths to next / from prev, if same host */
 
@@ -173,8 +182,8 @@ int comm_cpu__ms_until(double deadline);
 socklen_t comm_cpu__addr_to_sa(const struct cpu_addr *a, struct sockaddr_storage *ss);
 int comm_cpu__addr_from_sa(const struct sockaddr_storage *ss, struct cpu_addr *a);
 void comm_cpu__addr_text(const struct cpu_addr *a, char *buf, size_t cap);
-void comm_cpu__addr_put(unsigned char *p, const struct cpu_addr *a);
-int comm_cpu__addr_get(const unsigned char *p, struct cpu_addr *a);
+/* The address of the peer of a connected socket, as addr_text writes it ("?" if unknown). */
+void comm_cpu__peer_text(int fd, char *buf, size_t cap);
 int comm_cpu__listen_addr(struct cpu_addr *a, char *err, size_t cap);
 void comm_cpu__sock_tune(int fd);
 int comm_cpu__wait_fd(int fd, short events, double deadline);
@@ -189,6 +198,10 @@ const char *comm_cpu__io_text(int io);
 /* root.c */
 int comm_cpu__rendezvous(struct cpu *c, int fd, const struct cpu_addr *root, const struct cpu_addr *me,
                          double deadline, struct cpu_addr *table, char *err, size_t cap);
+
+/* ring.c */
+int comm_cpu__form_ring(struct cpu *c, int lfd, const struct cpu_addr *table, double deadline, char *err,
+                        size_t cap);
 
 /* engine.c */
 void comm_cpu__shut_sockets(struct cpu *c);

@@ -1,6 +1,7 @@
 /* comm/cpu/root.c — the rendezvous: the root that issues the id and collects the ranks'
- * registrations (`ddpd-worker --issue-id cpu`), and a rank's side of it, which registers and
- * receives the table of addresses. Knows nothing of the ring or the collectives. */
+ * registrations (`ddpd-worker --issue-id cpu`), each proven against a challenge of its own
+ * (wire.h, "the handshakes"), and a rank's side of it, which registers and receives the
+ * table of addresses. Knows nothing of the ring or the collectives. */
 #include "cpu_impl.h"
 
 #include <errno.h>
@@ -8,19 +9,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/rand.h>
+
 /* ---- the id ---- */
 
-/* bytes 0..15 magic, 16..35 the root's address (comm_cpu__addr_put), the rest zero. */
-int comm_cpu__id_decode(const struct comm_id *id, unsigned char magic[MAGIC_BYTES], struct cpu_addr *root)
+/* bytes 0..15 the secret, 16..35 the root's address (comm_cpu__addr_put), the rest zero. */
+int comm_cpu__id_decode(const struct comm_id *id, unsigned char secret[SECRET_BYTES], struct cpu_addr *root)
 {
-    memcpy(magic, id->bytes, MAGIC_BYTES);
-    if (comm_cpu__addr_get(id->bytes + MAGIC_BYTES, root) < 0)
+    memcpy(secret, id->bytes, SECRET_BYTES);
+    if (comm_cpu__addr_get(id->bytes + SECRET_BYTES, root) < 0)
         return -1;
-    for (int i = MAGIC_BYTES + ADDR_BYTES; i < COMM_ID_BYTES; i++)
+    for (int i = SECRET_BYTES + ADDR_BYTES; i < COMM_ID_BYTES; i++)
         if (id->bytes[i])
             return -1;
     return 0;
@@ -30,19 +32,22 @@ int comm_cpu__id_decode(const struct comm_id *id, unsigned char magic[MAGIC_BYTE
 
 struct rconn {
     int fd;
-    int rank; /* -1 until registered */
+    int rank;     /* -1 until registered */
+    double until; /* an unregistered connection is dropped then (HELLO_S after its accept) */
     size_t got;
+    unsigned char nonce[NONCE_BYTES]; /* the challenge it must prove the secret over */
     unsigned char buf[REG_BYTES];
 };
 
 struct root {
-    unsigned char magic[MAGIC_BYTES];
+    unsigned char secret[SECRET_BYTES];
     struct rconn *conns;
     size_t nconn;
     int world; /* 0 until the first registration */
     int registered, formed;
     int *slot;            /* slot[rank] = fd of the registered rank, or -1 */
     unsigned char *table; /* world * ADDR_BYTES */
+    int logged;           /* lines the issuer's log got about dropped connections */
 };
 
 static void root_send_msg(int fd, uint32_t type, const void *payload, size_t len)
@@ -54,6 +59,26 @@ static void root_send_msg(int fd, uint32_t type, const void *payload, size_t len
     /* A rank that does not read its messages only hurts itself: it times out. */
     if (comm_cpu__send_all(fd, h, sizeof h, deadline) == IO_OK && len)
         comm_cpu__send_all(fd, payload, len, deadline);
+}
+
+/* One line in the issuer's log (the job folder's issuer.log) per connection refused or
+ * dropped before it registered, up to DROP_LOG_MAX: a flood does not fill the disk. */
+static void root_log(struct root *R, int fd, const char *what, const char *why)
+{
+    char peer[80];
+    if (R->logged > DROP_LOG_MAX)
+        return;
+    if (R->logged++ == DROP_LOG_MAX) {
+        fprintf(stderr, "ddpd-worker --issue-id cpu: more connections dropped; no more are logged\n");
+        return;
+    }
+    comm_cpu__peer_text(fd, peer, sizeof peer);
+    fprintf(stderr, "ddpd-worker --issue-id cpu: %s from %s: %s\n", what, peer, why);
+}
+
+static void root_log_drop(struct root *R, int fd, const char *why)
+{
+    root_log(R, fd, "dropped a connection", why);
 }
 
 static void root_drop(struct root *R, size_t i)
@@ -71,31 +96,9 @@ static void root_drop(struct root *R, size_t i)
 
 static void root_refuse(struct root *R, size_t i, const char *text)
 {
+    root_log(R, R->conns[i].fd, "refused a registration", text);
     root_send_msg(R->conns[i].fd, MSG_ERROR, text, strlen(text));
     root_drop(R, i);
-}
-
-int comm_cpu__reg_decode(const unsigned char reg[REG_BYTES], const unsigned char magic[MAGIC_BYTES],
-                         struct cpu_reg *out, char *text, size_t cap)
-{
-    if (memcmp(reg, magic, MAGIC_BYTES) != 0) {
-        snprintf(text, cap,
-                 "wrong magic: the id this rank was given does not belong to this "
-                 "rendezvous (a stale id from an earlier attempt?)");
-        return -1;
-    }
-    uint32_t version = get32(reg + 16);
-    out->rank = get32(reg + 20);
-    out->world = get32(reg + 24);
-    if (version != PROTO_VERSION || comm_cpu__addr_get(reg + 28, &out->addr) < 0) {
-        snprintf(text, cap, "malformed registration (another ddpd version?)");
-        return -1;
-    }
-    if (out->world < 1 || out->world > MAX_WORLD) {
-        snprintf(text, cap, "world size %u is out of range (1..%d)", out->world, MAX_WORLD);
-        return -1;
-    }
-    return 0;
 }
 
 /* A full registration arrived on conns[i]: check it, record it, and when the last rank is
@@ -105,7 +108,7 @@ static int root_register(struct root *R, size_t i)
     struct rconn *cn = &R->conns[i];
     char text[MSG_TEXT_MAX];
     struct cpu_reg reg;
-    if (comm_cpu__reg_decode(cn->buf, R->magic, &reg, text, sizeof text) < 0) {
+    if (comm_cpu__reg_decode(cn->buf, R->secret, cn->nonce, &reg, text, sizeof text) < 0) {
         root_refuse(R, i, text);
         return 1;
     }
@@ -143,7 +146,7 @@ static int root_register(struct root *R, size_t i)
     }
     cn->rank = (int)rank;
     R->slot[rank] = cn->fd;
-    memcpy(R->table + (size_t)rank * ADDR_BYTES, cn->buf + 28, ADDR_BYTES);
+    comm_cpu__addr_put(R->table + (size_t)rank * ADDR_BYTES, &reg.addr);
     R->registered++;
     if (R->registered < R->world) {
         /* Tell every waiting rank how many are in, so a rank that times out can say so. */
@@ -162,6 +165,65 @@ static int root_register(struct root *R, size_t i)
     while (R->nconn > 0)
         root_drop(R, R->nconn - 1);
     return 1;
+}
+
+/* A new connection: it gets its own challenge at once (a fresh socket has room for it) and
+ * HELLO_S to answer it. At MAX_ROOT_CONNS the oldest unregistered connection makes room:
+ * a rank answers its challenge within a round trip, so only a newer flood than that can
+ * push it out, while refusing the newcomer would shut out every rank behind a flood. */
+static void root_accept(struct root *R, int fd)
+{
+    unsigned char ch[CHALLENGE_BYTES], nonce[NONCE_BYTES];
+    if (R->formed) {
+        static const char t[] = "this rendezvous has already formed its group";
+        root_send_msg(fd, MSG_ERROR, t, sizeof t - 1);
+        close(fd);
+        return;
+    }
+    if (R->nconn >= MAX_ROOT_CONNS) {
+        size_t old = R->nconn;
+        for (size_t i = 0; i < R->nconn; i++)
+            if (R->conns[i].rank < 0 && (old == R->nconn || R->conns[i].until < R->conns[old].until))
+                old = i;
+        if (old == R->nconn) { /* all registered: cannot happen below MAX_WORLD ranks */
+            close(fd);
+            return;
+        }
+        root_log_drop(R, R->conns[old].fd, "unregistered while too many connections wait");
+        root_drop(R, old);
+    }
+    if (comm_cpu__nonce(nonce) < 0) {
+        close(fd);
+        return;
+    }
+    comm_cpu__challenge_put(ch, nonce);
+    if (send(fd, ch, sizeof ch, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof ch) {
+        close(fd);
+        return;
+    }
+    struct rconn *cn = &R->conns[R->nconn++];
+    *cn = (struct rconn){.fd = fd, .rank = -1, .until = base_mono_s() + HELLO_S};
+    memcpy(cn->nonce, nonce, NONCE_BYTES);
+}
+
+/* Drops the connections that did not register in time; returns the poll timeout until the
+ * next such deadline (-1: none). */
+static int root_expire(struct root *R)
+{
+    double now = base_mono_s(), next = 0;
+    for (size_t i = R->nconn; i-- > 0;) {
+        struct rconn *cn = &R->conns[i];
+        if (cn->rank >= 0)
+            continue;
+        if (cn->until <= now) {
+            root_log_drop(R, cn->fd,
+                          cn->got ? "registration incomplete in time" : "silent: no registration in time");
+            root_drop(R, i);
+        } else if (next == 0 || cn->until < next) {
+            next = cn->until;
+        }
+    }
+    return next == 0 ? -1 : comm_cpu__ms_until(next);
 }
 
 int comm_cpu_issue_id(FILE *out, int stdin_fd)
@@ -190,18 +252,12 @@ int comm_cpu_issue_id(FILE *out, int stdin_fd)
         snprintf(err, sizeof err, "getsockname: %s", strerror(errno));
         goto out;
     }
-    size_t got = 0;
-    while (got < MAGIC_BYTES) {
-        ssize_t k = getrandom(R.magic + got, MAGIC_BYTES - got, 0);
-        if (k < 0 && errno != EINTR) {
-            snprintf(err, sizeof err, "getrandom: %s", strerror(errno));
-            goto out;
-        }
-        if (k > 0)
-            got += (size_t)k;
+    if (RAND_bytes(R.secret, SECRET_BYTES) != 1) {
+        snprintf(err, sizeof err, "no random bytes for the group's secret (OpenSSL RAND_bytes failed)");
+        goto out;
     }
-    memcpy(id.bytes, R.magic, MAGIC_BYTES);
-    comm_cpu__addr_put(id.bytes + MAGIC_BYTES, &a);
+    memcpy(id.bytes, R.secret, SECRET_BYTES);
+    comm_cpu__addr_put(id.bytes + SECRET_BYTES, &a);
     comm_id_to_hex(&id, hex);
     if (fprintf(out, "{\"id\":\"%s\"}\n", hex) < 0 || fflush(out) != 0) {
         snprintf(err, sizeof err, "cannot write the id: %s", strerror(errno));
@@ -215,12 +271,13 @@ int comm_cpu_issue_id(FILE *out, int stdin_fd)
         goto out;
     }
     for (;;) {
+        int wait_ms = root_expire(&R);
         pfd[0] = (struct pollfd){stdin_fd, POLLIN, 0};
         pfd[1] = (struct pollfd){lfd, POLLIN, 0};
         size_t n = R.nconn;
         for (size_t i = 0; i < n; i++)
             pfd[2 + i] = (struct pollfd){R.conns[i].fd, POLLIN, 0};
-        if (poll(pfd, n + 2, -1) < 0) {
+        if (poll(pfd, n + 2, wait_ms) < 0) {
             if (errno == EINTR)
                 continue;
             snprintf(err, sizeof err, "poll: %s", strerror(errno));
@@ -251,6 +308,7 @@ int comm_cpu_issue_id(FILE *out, int stdin_fd)
             }
             ssize_t k = recv(cn->fd, cn->buf + cn->got, REG_BYTES - cn->got, MSG_DONTWAIT);
             if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
+                root_log_drop(&R, cn->fd, "closed before it registered");
                 root_drop(&R, i);
                 continue;
             }
@@ -262,17 +320,8 @@ int comm_cpu_issue_id(FILE *out, int stdin_fd)
         }
         if (pfd[1].revents) {
             int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-            if (fd >= 0) {
-                if (R.formed) {
-                    static const char t[] = "this rendezvous has already formed its group";
-                    root_send_msg(fd, MSG_ERROR, t, sizeof t - 1);
-                    close(fd);
-                } else if (R.nconn >= MAX_ROOT_CONNS) {
-                    close(fd);
-                } else {
-                    R.conns[R.nconn++] = (struct rconn){.fd = fd, .rank = -1};
-                }
-            }
+            if (fd >= 0)
+                root_accept(&R, fd);
         }
     }
 out:
@@ -337,16 +386,30 @@ int comm_cpu__rendezvous(struct cpu *c, int fd, const struct cpu_addr *root, con
 {
     int rc = -1, registered = 0;
     char at[80];
-    unsigned char reg[REG_BYTES] = {0}, h[MSG_HDR_BYTES];
+    unsigned char ch[CHALLENGE_BYTES], nonce[NONCE_BYTES], reg[REG_BYTES], h[MSG_HDR_BYTES];
     unsigned char *payload = NULL;
     comm_cpu__addr_text(root, at, sizeof at);
 
-    memcpy(reg, c->magic, MAGIC_BYTES);
-    put32(reg + 16, PROTO_VERSION);
-    put32(reg + 20, (uint32_t)c->rank);
-    put32(reg + 24, (uint32_t)c->world);
-    comm_cpu__addr_put(reg + 28, me);
-    int io = comm_cpu__send_all(fd, reg, sizeof reg, deadline);
+    /* The root's challenge first: the registration proves the secret over its nonce. */
+    int io = comm_cpu__recv_all(fd, ch, sizeof ch, deadline);
+    if (io == IO_TIMEOUT) {
+        comm_cpu__fmt_err(err, cap,
+                          "rendezvous with root %s timed out after %.1f s (the root did not "
+                          "acknowledge rank %d)",
+                          at, c->timeout_s, c->rank);
+        goto out;
+    }
+    if (io != IO_OK) {
+        comm_cpu__fmt_err(err, cap, "rendezvous: root %s: %s", at, comm_cpu__io_text(io));
+        goto out;
+    }
+    if (comm_cpu__challenge_decode(ch, nonce) < 0) {
+        comm_cpu__fmt_err(err, cap,
+                          "rendezvous: root %s does not speak this protocol (another ddpd version?)", at);
+        goto out;
+    }
+    comm_cpu__reg_put(reg, c->secret, nonce, c->rank, c->world, me);
+    io = comm_cpu__send_all(fd, reg, sizeof reg, deadline);
     if (io != IO_OK) {
         comm_cpu__fmt_err(err, cap, "rendezvous: registering with root %s: %s", at, comm_cpu__io_text(io));
         goto out;

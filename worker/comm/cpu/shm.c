@@ -128,7 +128,7 @@ static int shm_create(struct cpu *c, unsigned char nonce[16])
         return -1;
     }
     struct shm_ctl *h = m;
-    memcpy(h->magic, c->magic, MAGIC_BYTES);
+    memcpy(h->secret, c->secret, SECRET_BYTES);
     memcpy(h->nonce, nonce, 16);
     atomic_store(&h->head, 0);
     atomic_store(&h->tail, 0);
@@ -139,7 +139,7 @@ static int shm_create(struct cpu *c, unsigned char nonce[16])
 }
 
 /* Maps next's FIFO, offered as (pid, fd, nonce). Only a process on this host, in our PID
- * namespace, can be opened this way, and the magic and nonce prove it is the right one:
+ * namespace, can be opened this way, and the secret and nonce prove it is the right one:
  * a pid that names some other process on another host's behalf fails the check. */
 static int shm_open_peer(struct cpu *c, uint32_t pid, uint32_t fdnum, const unsigned char *nonce)
 {
@@ -157,7 +157,7 @@ static int shm_open_peer(struct cpu *c, uint32_t pid, uint32_t fdnum, const unsi
     if (m == MAP_FAILED)
         return -1;
     struct shm_ctl *h = m;
-    if (memcmp(h->magic, c->magic, MAGIC_BYTES) != 0 || memcmp(h->nonce, nonce, 16) != 0) {
+    if (memcmp(h->secret, c->secret, SECRET_BYTES) != 0 || memcmp(h->nonce, nonce, 16) != 0) {
         munmap(m, len);
         return -1;
     }

@@ -80,9 +80,20 @@ void comm_cpu__addr_text(const struct cpu_addr *a, char *buf, size_t cap)
         snprintf(buf, cap, "%s:%u", ip, (unsigned)a->port);
 }
 
+void comm_cpu__peer_text(int fd, char *buf, size_t cap)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    struct cpu_addr a;
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0 && comm_cpu__addr_from_sa(&ss, &a) == 0)
+        comm_cpu__addr_text(&a, buf, cap);
+    else
+        snprintf(buf, cap, "?");
+}
+
 /* On the wire (in the id, the registration and the table): family as 4 or 6, port, then
  * 16 address bytes (an IPv4 address uses the first 4). */
-void comm_cpu__addr_put(unsigned char *p, const struct cpu_addr *a)
+void comm_cpu__addr_put(unsigned char p[ADDR_BYTES], const struct cpu_addr *a)
 {
     memset(p, 0, ADDR_BYTES);
     put16(p, a->family == AF_INET6 ? 6 : 4);
@@ -90,7 +101,7 @@ void comm_cpu__addr_put(unsigned char *p, const struct cpu_addr *a)
     memcpy(p + 4, a->ip, a->family == AF_INET6 ? 16 : 4);
 }
 
-int comm_cpu__addr_get(const unsigned char *p, struct cpu_addr *a)
+int comm_cpu__addr_get(const unsigned char p[ADDR_BYTES], struct cpu_addr *a)
 {
     memset(a, 0, sizeof *a);
     uint32_t fam = get16(p);
