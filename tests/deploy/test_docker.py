@@ -54,7 +54,7 @@ SERVICES = ("ddpd", "ddpd-cpu")
 # Ubuntu 24.04 (noble) names of the packages the Dockerfile installs from Ubuntu, with the
 # Debian 12 (bookworm) name of the same library — checked on this host with apt-cache —
 # and where the noble name was confirmed. The time_t transition of 2024 renamed some
-# noble libraries with a "t64" suffix; of ours libmicrohttpd12 and libcurl4.
+# noble libraries with a "t64" suffix; of ours libmicrohttpd12, libcurl4 and libssl3.
 NOBLE = {
     # build stage
     "build-essential": ("build-essential", "same name in every Debian and Ubuntu release"),
@@ -65,6 +65,7 @@ NOBLE = {
     "libsqlite3-dev": ("libsqlite3-dev", "same name"),
     "libopenblas-dev": ("libopenblas-dev", "same name"),
     "libcurl4-openssl-dev": ("libcurl4-openssl-dev", "same name (dev packages kept their names in t64)"),
+    "libssl-dev": ("libssl-dev", "same name (dev packages kept their names in t64)"),
     # runtime stage
     "libjansson4": ("libjansson4", "not renamed by t64; in public ubuntu:24.04 Dockerfiles"),
     "libmicrohttpd12t64": ("libmicrohttpd12", "t64 rename; public ubuntu:24.04 Dockerfiles and "
@@ -72,6 +73,7 @@ NOBLE = {
     "libsqlite3-0": ("libsqlite3-0", "not renamed by t64; in public ubuntu:24.04 Dockerfiles"),
     "libopenblas0-pthread": ("libopenblas0-pthread", "same name; noble ships OpenBLAS 0.3.26"),
     "libcurl4t64": ("libcurl4", "t64 rename; noble's libcurl4-openssl-dev depends on libcurl4t64"),
+    "libssl3t64": ("libssl3", "t64 rename; noble's libssl-dev depends on libssl3t64 (libcrypto.so.3)"),
     "curl": ("curl", "same name (its library became libcurl4t64)"),
 }
 # Packages from NVIDIA's CUDA repository, which the nvidia/cuda images configure. The
@@ -90,6 +92,7 @@ SONAME_PACKAGE = {
     "libsqlite3.so.0": "libsqlite3-0",
     "libopenblas.so.0": "libopenblas0-pthread",
     "libcurl.so.4": "libcurl4t64",
+    "libcrypto.so.3": "libssl3t64",
     "libcublas.so.13": "libcublas-13-0",
     "libcublasLt.so.13": "libcublas-13-0",
     "libnccl.so.2": "libnccl2",

@@ -69,7 +69,7 @@ ddpd_err data__tokens_open(struct dataset *ds, const struct spec *s, const char 
     int64_t rows = 0;
     ddpd_err rc;
     ds->hold = data__has_rank(s->data.path) ? HOLD_PER_RANK : HOLD_WHOLE;
-    if ((rc = data__file_open(&f, data_dir, "data.path", s->data.path, ds->rank, err)) ||
+    if ((rc = data__file_open_fp(ds, &f, data_dir, "data.path", s->data.path, err)) ||
         (rc = tokens_shape(s, &f, &width, &rows, err)) || (rc = data__map(ds, 0, &f, &m, err)))
         goto out;
     const int64_t T = s->data.block_size;
