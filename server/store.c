@@ -143,7 +143,7 @@ enum {
 #define JOB_COLS                                                                                             \
     "id, name, state, CASE WHEN ?9 THEN spec END, world_size, device, created_at, "                          \
     "started_at, finished_at, attempt, step, loss, error, pending_reason, max_restarts, "                    \
-    "restarts, restart_history, resumed_from, resume_step, total_steps "
+    "restarts, restart_history, resumed_from, resume_step, total_steps, resume_force "
 
 static const char *const sql_text[ST_COUNT] = {
     [W_BEGIN] = "BEGIN IMMEDIATE",
@@ -165,9 +165,8 @@ static const char *const sql_text[ST_COUNT] = {
                        "count(*) THEN avg(loss) END FROM loss WHERE job = ?1 AND step = ?2) "
                        "WHERE id = ?1 AND attempt <= ?3 AND (step IS NULL OR step <= ?2)",
     [W_JOB_INSERT] = "INSERT INTO jobs (name, state, spec, world_size, device, created_at, "
-                     "max_restarts, resumed_from, resume_step, total_steps) VALUES (?1, 'queued', ?2, ?3, "
-                     "?4, ?5, ?6, ?7, ?8, "
-                     "?9)",
+                     "max_restarts, resumed_from, resume_step, total_steps, resume_force) "
+                     "VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
     [W_JOB_STATE] = "SELECT state FROM jobs WHERE id = ?1",
     /* ?2 is the STORE_SET_* mask, ?3 the new state, ?10 now. */
     [W_JOB_UPDATE] =
@@ -1222,6 +1221,7 @@ static void job_of_insert(const struct insert_req *r, struct store_job *j)
                             .max_restarts = r->job.max_restarts,
                             .resumed_from = r->job.resumed_from,
                             .resume_step = r->job.resume_step,
+                            .resume_force = r->job.resume_force,
                             .total_steps = r->job.total_steps};
     snprintf(j->name, sizeof j->name, "%s", r->job.name ? r->job.name : "");
 }
@@ -1293,6 +1293,7 @@ static ddpd_err insert_one(struct store *s, struct insert_req *r)
         sqlite3_bind_int64(st, 9, job->total_steps);
     else
         sqlite3_bind_null(st, 9);
+    sqlite3_bind_int(st, 10, job->resumed_from > 0 && job->resume_force);
     ddpd_err e = DDPD_OK;
     int rc = sqlite3_step(st);
     if (rc == SQLITE_CONSTRAINT_CHECK) {
@@ -1709,6 +1710,7 @@ static void job_from_row(sqlite3_stmt *st, struct store_job *j)
     j->resumed_from = sqlite3_column_int64(st, 17); /* NULL reads as 0 */
     j->resume_step = sqlite3_column_int64(st, 18);
     j->total_steps = sqlite3_column_int64(st, 19); /* NULL reads as 0: not known */
+    j->resume_force = sqlite3_column_int(st, 20) != 0;
 }
 
 static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_error *err)
