@@ -454,9 +454,13 @@ ddpd_err checkpoint_data_record(const char *dir, char **record, int64_t *step, s
 #define CKPT_HEADER_PER_TENSOR 512  /* name <= 127 bytes, dtype, shape, offsets, JSON */
 #define CKPT_HEADER_FIXED      4096 /* length word, metadata, padding */
 
-int64_t checkpoint_bytes_bound(struct model *m, struct optim *o)
+int64_t checkpoint_bytes_bound(struct model *m, struct optim *o, const char *data_record)
 {
     int64_t sum = 2 * CKPT_HEADER_FIXED;
+    /* The data record is metadata of both files, a JSON string inside the header: at most
+     * 6 bytes ("\u00XX") for each of its own. */
+    if (data_record)
+        sum += 2 * 6 * (int64_t)strlen(data_record);
     for (int i = 0; i < model_param_count(m); i++) {
         const struct param *p = model_param(m, i);
         sum += p->numel * (int64_t)sizeof(float) + CKPT_HEADER_PER_TENSOR;

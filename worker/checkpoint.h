@@ -71,8 +71,8 @@ ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, 
 ddpd_err checkpoint_data_record(const char *dir, char **record, int64_t *step, struct ddpd_error *err);
 
 /* At least the bytes one rank's checkpoint_write_rank (with the model) writes for this
- * model and optimizer (data plus a bound on the headers): what the disk quota is checked against
- * before a checkpoint is written. */
-int64_t checkpoint_bytes_bound(struct model *m, struct optim *o);
+ * model and optimizer (data plus a bound on the headers, the data record's included): what
+ * the disk quota is checked against before a checkpoint is written. */
+int64_t checkpoint_bytes_bound(struct model *m, struct optim *o, const char *data_record);
 
 #endif

@@ -389,7 +389,7 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
             snprintf(what, sizeof what, "the final model");
         else
             snprintf(what, sizeof what, "checkpoint %s", strrchr(dir, '/') + 1);
-        int64_t bound = checkpoint_bytes_bound(r->m, r->o);
+        int64_t bound = checkpoint_bytes_bound(r->m, r->o, r->data_record);
         if (r->join && W > 1)
             bound = bound > INT64_MAX / W ? INT64_MAX : bound * W;
         rc = jobdir_check_quota(cfg->out_dir, cfg->disk_quota, bound, what, err);

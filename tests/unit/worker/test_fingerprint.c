@@ -1,11 +1,14 @@
 /* test_fingerprint.c — data files' fingerprints and the resume check (worker/fingerprint.h,
- * issue 28 item 5). The hash is pinned to the documented layout (computed independently
- * with Python's hashlib: the size as 8 little-endian bytes, then the whole file up to
- * 1 MiB, else its first 64 KiB, 64 blocks of 4 KiB at 65536 + floor((size - 135168) / 63)
+ * issue 28 item 5), and their record in a checkpoint (worker/checkpoint.h). The hash is pinned to the
+ * documented layout (computed independently with Python's hashlib: the size as 8 little-endian bytes, then
+ * the whole file up to 1 MiB, else its first 64 KiB, 64 blocks of 4 KiB at 65536 + floor((size - 135168) /
+ * 63)
  * * i and its last 64 KiB); what is sampled and what is not is as documented. The check:
  * a file of another size, sample count or hash is refused naming it and what changed
  * (unless force), one touched or renamed with the same contents is only noted, and a
- * record that is missing, of another version or without the file is noted as unchecked. */
+ * record that is missing, of another version or without the file is noted as unchecked.
+ * A checkpoint's files carry the record (read back as written), within the bound the disk
+ * quota is checked against however many files and escapes it holds. */
 #include <fcntl.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -13,6 +16,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "worker/checkpoint.h"
 #include "worker/fingerprint.h"
 
 static char root[2048];
@@ -216,11 +220,89 @@ static void test_check(void)
     free(rec);
 }
 
+static int64_t file_size(const char *dir, const char *name)
+{
+    char path[4200];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return stat(path, &st) == 0 ? (int64_t)st.st_size : -1;
+}
+
+static void remove_ckpt(const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/optim.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+static void test_in_a_checkpoint(void)
+{
+    static const char spec_text[] = "{\"model\":[{\"type\":\"linear\",\"in\":3,\"out\":2}],\"loss\":\"mse\","
+                                    "\"optimizer\":{\"type\":\"adamw\",\"lr\":0.1},\"data\":{\"type\":"
+                                    "\"synthetic\",\"samples\":8},\"batch_size\":2,\"epochs\":1}";
+    struct spec spec;
+    struct ddpd_error e;
+    CHECK_EQ_INT(spec_parse(spec_text, strlen(spec_text), NULL, &spec, &e), DDPD_OK);
+    struct dev dev = dev_cpu_new(1);
+    struct model *m = model_new(dev, &spec, 2);
+    struct optim *o = optim_new(&spec.optim, m);
+    CHECK(m && o);
+    /* 1,000 ranks' {rank} files whose names are all quotes and control bytes: the record
+     * is escaped inside the header, 6 bytes for each control byte. */
+    const int n = 1000;
+    struct fingerprint *fp = calloc((size_t)n, sizeof *fp);
+    for (int i = 0; i < n; i++) {
+        snprintf(fp[i].field, sizeof fp[i].field, "data.x");
+        memset(fp[i].file, '\x01', 40);
+        fp[i].file[0] = '"';
+        fp[i].rank = i;
+        snprintf(fp[i].unit, sizeof fp[i].unit, "rows");
+        fp[i].samples = i;
+    }
+    char *rec = fingerprint_record(fp, n), dir[2100], tmp[2200];
+    CHECK(rec != NULL);
+    snprintf(dir, sizeof dir, "%s/ckpt-4", root);
+    struct train_pos pos = {.step = 4, .epoch = 1, .epoch_step = 0};
+    CHECK_EQ_INT(checkpoint_dir_begin(dir, tmp, sizeof tmp, &e), DDPD_OK);
+    CHECK_EQ_INT(checkpoint_write_rank(tmp, m, o, &pos, 0, 1, true, false, false, rec, &e), DDPD_OK);
+    CHECK_EQ_INT(checkpoint_dir_commit(tmp, dir, &e), DDPD_OK);
+    const int64_t bound = checkpoint_bytes_bound(m, o, rec);
+    const int64_t written = file_size(dir, "model.safetensors") + file_size(dir, "optim.safetensors");
+    if (written > bound)
+        CHECK__FAIL("the checkpoint's files hold %lld bytes, over the bound of %lld", (long long)written,
+                    (long long)bound);
+    char *back = NULL;
+    int64_t step = 0;
+    CHECK_EQ_INT(checkpoint_data_record(dir, &back, &step, &e), DDPD_OK);
+    CHECK_EQ_STR(back, rec);
+    CHECK_EQ_INT(step, 4);
+    free(back);
+    remove_ckpt(dir);
+
+    /* Synthetic data: no record, none read back. */
+    CHECK_EQ_INT(checkpoint_dir_begin(dir, tmp, sizeof tmp, &e), DDPD_OK);
+    CHECK_EQ_INT(checkpoint_write_rank(tmp, m, o, &pos, 0, 1, true, false, false, NULL, &e), DDPD_OK);
+    CHECK_EQ_INT(checkpoint_dir_commit(tmp, dir, &e), DDPD_OK);
+    back = (char *)"unset";
+    CHECK_EQ_INT(checkpoint_data_record(dir, &back, NULL, &e), DDPD_OK);
+    CHECK(back == NULL);
+    remove_ckpt(dir);
+    free(rec);
+    free(fp);
+    optim_free(o);
+    model_free(m);
+    dev_cpu_free(dev);
+}
+
 int main(void)
 {
     setup();
     test_hash();
     test_check();
+    test_in_a_checkpoint();
     const char *names[] = {"abc", "empty", "big", "train.tokens", "x_1.npy"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[2100];
