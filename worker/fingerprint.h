@@ -35,7 +35,7 @@ struct fingerprint {
 /* Sets fp's bytes, mtime_ns and sha256 from the open regular file `fd` (`name` names it
  * in errors). The hash is SHA-256 (OpenSSL) of the size as 8 little-endian bytes, then of
  * the whole file when it holds at most 1 MiB, else of its first 64 KiB, 64 blocks of 4 KiB
- * spread evenly between, and its last 64 KiB: at most 392 KiB read, whatever the size.
+ * spread evenly between, and its last 64 KiB: at most 384 KiB read, whatever the size.
  * DDPD_EDATA naming the file when it cannot be read; DDPD_ENOMEM. */
 ddpd_err fingerprint_fd(int fd, const char *name, struct fingerprint *fp, struct ddpd_error *err);
 

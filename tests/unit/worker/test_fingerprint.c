@@ -84,7 +84,7 @@ static void test_hash(void)
     fp = take("big", big, size);
     hex(&fp, h);
     CHECK_EQ_STR(h, "bc8466a09cfd5b201819a93436368e8de3e75d5c8a05e50ce494a8a0fa116728");
-    /* A byte between two sampled blocks is not seen (the price of reading 392 KiB of any
+    /* A byte between two sampled blocks is not seen (the price of reading at most 384 KiB of any
      * file: docs/spec.md says so); one in the head, a block or the tail is. */
     const size_t gap = 65536 + ((size - 135168) / 63) + 4096 + 10, seen[] = {10, 65536 + 5, size - 1};
     big[gap] ^= 1;
