@@ -51,6 +51,16 @@ int ddpd_err_kind_exit(const char *kind)
     return -1;
 }
 
+bool ddpd_err_from_code(const char *code, ddpd_err *out)
+{
+    for (int i = 0; code && i < DDPD_ERR_COUNT; i++)
+        if (!strcmp(table[i].code, code)) {
+            *out = (ddpd_err)i;
+            return true;
+        }
+    return false;
+}
+
 ddpd_err ddpd_error_vset(struct ddpd_error *e, ddpd_err code, const char *path, const char *fmt, va_list ap)
 {
     if (!e)

@@ -6,33 +6,35 @@
 #define DDPD_ERR_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 
 /* clang-format off */
 /* X(NAME, http status, worker exit code, API error code (the "code" of an HTTP error body,
  * CONTRACT.md §7), event kind (the "kind" of an `error` event, §6), short text). The API
  * codes and event kinds are part of the contract: clients and tests compare them. */
-#define DDPD_ERR_MAP(X)                                                                    \
-    X(OK,         200, 0, "ok",                     "internal",  "ok")                     \
-    X(EJSON,      400, 2, "bad_json",               "spec",      "malformed JSON")         \
-    X(ESPEC,      422, 2, "invalid_spec",           "spec",      "invalid job spec")       \
-    X(EDATA,      422, 2, "bad_data",               "data",      "bad data file")          \
-    X(ETOOBIG,    413, 2, "too_large",              "spec",      "too large")              \
-    X(EIO,        500, 1, "io_error",               "io",        "input/output error")     \
-    X(ENOMEM,     500, 1, "out_of_memory",          "internal",  "out of memory")          \
-    X(ECOMM,      500, 3, "comm_failure",           "comm",      "communication failure")  \
-    X(EDEVICE,    500, 4, "device_failure",         "device",    "device failure")         \
-    X(ECANCELED,  500, 5, "cancelled",              "cancelled", "cancelled")              \
-    X(ENOTFOUND,  404, 1, "not_found",              "internal",  "not found")              \
-    X(EMETHOD,    405, 1, "method_not_allowed",     "internal",  "method not allowed")     \
-    X(ECONFLICT,  409, 1, "conflict",               "internal",  "conflict")               \
-    X(EAUTH,      401, 1, "unauthorized",           "internal",  "unauthorized")           \
-    X(EBUSY,      503, 1, "busy",                   "internal",  "busy")                   \
-    X(EINTERNAL,  500, 1, "internal",               "internal",  "internal error")         \
-    X(EUNAVAIL,   503, 1, "unavailable",            "internal",  "store unavailable")      \
-    X(ENONFINITE, 500, 1, "nonfinite_loss",         "nonfinite", "non-finite loss")        \
-    X(EREQUEST,   400, 1, "bad_request",            "internal",  "bad request")            \
-    X(EFORBIDDEN, 403, 1, "forbidden",              "internal",  "forbidden")              \
-    X(EMEDIATYPE, 415, 1, "unsupported_media_type", "internal",  "unsupported media type")
+#define DDPD_ERR_MAP(X)                                                                                 \
+    X(OK,           200, 0, "ok",                     "internal",  "ok")                                \
+    X(EJSON,        400, 2, "bad_json",               "spec",      "malformed JSON")                    \
+    X(ESPEC,        422, 2, "invalid_spec",           "spec",      "invalid job spec")                  \
+    X(EDATA,        422, 2, "bad_data",               "data",      "bad data file")                     \
+    X(ETOOBIG,      413, 2, "too_large",              "spec",      "too large")                         \
+    X(EIO,          500, 1, "io_error",               "io",        "input/output error")                \
+    X(ENOMEM,       500, 1, "out_of_memory",          "internal",  "out of memory")                     \
+    X(ECOMM,        500, 3, "comm_failure",           "comm",      "communication failure")             \
+    X(EDEVICE,      500, 4, "device_failure",         "device",    "device failure")                    \
+    X(ECANCELED,    500, 5, "cancelled",              "cancelled", "cancelled")                         \
+    X(ENOTFOUND,    404, 1, "not_found",              "internal",  "not found")                         \
+    X(EMETHOD,      405, 1, "method_not_allowed",     "internal",  "method not allowed")                \
+    X(ECONFLICT,    409, 1, "conflict",               "internal",  "conflict")                          \
+    X(EAUTH,        401, 1, "unauthorized",           "internal",  "unauthorized")                      \
+    X(EBUSY,        503, 1, "busy",                   "internal",  "busy")                              \
+    X(EINTERNAL,    500, 1, "internal",               "internal",  "internal error")                    \
+    X(EUNAVAIL,     503, 1, "unavailable",            "internal",  "store unavailable")                 \
+    X(ENONFINITE,   500, 1, "nonfinite_loss",         "nonfinite", "non-finite loss")                   \
+    X(EREQUEST,     400, 1, "bad_request",            "internal",  "bad request")                       \
+    X(EFORBIDDEN,   403, 1, "forbidden",              "internal",  "forbidden")                         \
+    X(EMEDIATYPE,   415, 1, "unsupported_media_type", "internal",  "unsupported media type")            \
+    X(EDATACHANGED, 409, 2, "data_changed",           "data",      "data changed since the checkpoint")
 
 typedef enum {
 #define DDPD__ERR_ENUM(name, http, exit, code, kind, text) DDPD_##name,
@@ -61,6 +63,8 @@ const char *ddpd_err_kind(ddpd_err e); /* event kind: "spec" */
 /* The worker exit code of an `error` event's kind ("data": 2), -1 for a kind not in the
  * table: every error of one kind exits with the same code (CONTRACT.md §6). */
 int ddpd_err_kind_exit(const char *kind);
+/* The error whose API code is `code` ("data_changed") into *out; false for none. */
+bool ddpd_err_from_code(const char *code, ddpd_err *out);
 
 /* Fills `e` (may be NULL) and returns `code`, so callers can write
  * `return ddpd_error_set(err, DDPD_ESPEC, "model[0].in", "expected ...");`. */

@@ -107,6 +107,11 @@ static ddpd_err decode(const json_t *obj, bool with_comm, struct jobdoc *out, st
         (rc = get_opt_int(obj, "job", false, 0, &out->job, err)) ||
         (rc = get_opt_int(obj, "attempt", false, 0, &out->attempt, err)))
         return rc;
+    json_t *force = json_object_get(obj, "resume_force");
+    if (force && !json_is_boolean(force))
+        return ddpd_error_set(err, DDPD_ESPEC, "resume_force",
+                              "resume_force: expected true or false in the job document");
+    out->resume_force = json_is_true(force);
     return DDPD_OK;
 }
 
@@ -139,6 +144,7 @@ json_t *jobdoc_to_json(const struct jobdoc *d)
         (d->rank < 0 || put(o, "rank", json_integer(d->rank))) && put(o, "spec", spec_to_json(&d->spec)) &&
         put(o, "data_dir", json_string(d->data_dir)) && put(o, "out_dir", json_string(d->out_dir)) &&
         put(o, "resume", d->resume[0] ? json_string(d->resume) : json_null()) &&
+        (!d->resume_force || put(o, "resume_force", json_true())) &&
         (!d->init_path[0] || put(o, "init_path", json_string(d->init_path))) &&
         put(o, "disk_quota", d->disk_quota > 0 ? json_integer(d->disk_quota) : json_null()) &&
         (d->max_rank_memory <= 0 || put(o, "max_rank_memory", json_integer(d->max_rank_memory)));
@@ -151,12 +157,14 @@ json_t *jobdoc_to_json(const struct jobdoc *d)
 
 /* ---- the planner's answer (ddpd-worker --plan's stdout) ---------------------------------- */
 
-/* The error answer: the `error` event of a rank, with "path" for a spec error whose path
- * needs no escaping (a path that would is left out rather than sent damaged). */
+/* The error answer: the `error` event of a rank, with "path" for a spec error or a changed
+ * data file whose path needs no escaping (a path that would is left out rather than sent
+ * damaged), and "code", the error's API code, which the kind alone does not tell
+ * (bad_data or data_changed). */
 static char *encode_error(const struct jobdoc_plan_answer *a, double ts)
 {
     struct event ev;
-    char line[EVENT_LINE_MAX + 300];
+    char line[EVENT_LINE_MAX + 400]; /* room for the path (< 256 bytes) and the code after the event */
     memset(&ev, 0, sizeof ev);
     ev.kind = EVENT_ERROR;
     ev.ts = ts;
@@ -165,11 +173,15 @@ static char *encode_error(const struct jobdoc_plan_answer *a, double ts)
     int n = event_encode(&ev, line, EVENT_LINE_MAX);
     if (n < 2)
         return NULL;
-    bool plain = a->code == DDPD_ESPEC && a->path[0];
+    bool plain = (a->code == DDPD_ESPEC || a->code == DDPD_EDATACHANGED) && a->path[0];
     for (const char *c = a->path; plain && *c; c++)
         plain = *c > 0x20 && *c < 0x7f && *c != '"' && *c != '\\';
-    if (plain && line[n - 1] == '}')
-        snprintf(line + n - 1, sizeof line - (size_t)(n - 1), ",\"path\":\"%s\"}", a->path);
+    if (line[n - 1] != '}')
+        return NULL;
+    n--;
+    if (plain)
+        n += snprintf(line + n, sizeof line - (size_t)n, ",\"path\":\"%s\"", a->path);
+    snprintf(line + n, sizeof line - (size_t)n, ",\"code\":\"%s\"}", ddpd_err_code(a->code));
     return strdup(line);
 }
 
@@ -211,7 +223,12 @@ bool jobdoc_plan_answer_decode(const char *line, size_t len, int world_size, str
         ok = true;
     } else if (j && event_decode(line, len, &ev, NULL) == DDPD_OK && ev.kind == EVENT_ERROR) {
         const char *path = json_string_value(json_object_get(j, "path"));
+        ddpd_err code;
         out->code = !strcmp(ev.error_kind, "data") ? DDPD_EDATA : DDPD_ESPEC;
+        /* Only a rank's errors: the answer is the error a rank would die of. */
+        if (ddpd_err_from_code(json_string_value(json_object_get(j, "code")), &code) &&
+            ddpd_err_exit(code) == 2 && code != DDPD_OK)
+            out->code = code;
         snprintf(out->path, sizeof out->path, "%s", path ? path : "");
         snprintf(out->message, sizeof out->message, "%s", ev.message);
         ok = true;

@@ -30,8 +30,11 @@ struct jobdoc {
     char data_dir[JOBDOC_PATH_MAX];
     char out_dir[JOBDOC_PATH_MAX];
     char resume[JOBDOC_PATH_MAX]; /* the checkpoint folder to resume from; "" for none */
-    int64_t disk_quota;           /* bytes the job folder may hold; 0 for no quota (null) */
-    int64_t max_rank_memory;      /* bytes one rank may need; 0 for no limit (absent) */
+    /* Resume even where a data file changed since that checkpoint (its fingerprints,
+     * worker/fingerprint.h); false (left out of the document) checks them. */
+    bool resume_force;
+    int64_t disk_quota;      /* bytes the job folder may hold; 0 for no quota (null) */
+    int64_t max_rank_memory; /* bytes one rank may need; 0 for no limit (absent) */
     /* init.from_job's weights: a model.safetensors in the server's jobs folder, resolved by
      * the server (never a path from the spec); "" for none (left out of the document). */
     char init_path[JOBDOC_PATH_MAX];
@@ -39,7 +42,7 @@ struct jobdoc {
 
 /* The document as a JSON object: a new reference, or NULL when memory ran out. `rank` is
  * left out when -1, `comm` is null when comm_backend is "", `resume` and `disk_quota` are
- * null when unset, `max_rank_memory` is left out when 0. */
+ * null when unset, `max_rank_memory` is left out when 0, `resume_force` when false. */
 struct json_t *jobdoc_to_json(const struct jobdoc *d);
 
 /* Decodes `obj` (borrowed) into *out. DDPD_ESPEC with err->path naming the key ("rank",
@@ -54,8 +57,11 @@ ddpd_err jobdoc_from_json(const struct json_t *obj, struct jobdoc *out, struct d
 /* ---- the planner's request (ddpd-worker --plan's stdin) ------------------------------------
  * The request is a job document, one per line: the server sends world_size, spec, data_dir,
  * max_rank_memory and init_path, with rank -1, no comm, out_dir "" and resume "" (the
- * keys the planner does not need, at their "none" values); `ddpd run` sends the document
- * its ranks get, before it has a group. The rule that tells the two readings apart is the
+ * keys the planner does not need, at their "none" values); for POST .../resume it sends
+ * the checkpoint as `resume` (and resume_force), and the planner checks the files every
+ * rank reads against the checkpoint's data fingerprints (and skips init.from, which a
+ * resume does not start from). `ddpd run` sends the document its ranks get, before it
+ * has a group. The rule that tells the two readings apart is the
  * decoder's, not the rank's (a Slurm document has rank -1 and needs its comm):
  * jobdoc_plan_from_json never reads `comm` (comm_backend and comm_id stay ""), so a
  * request of more than one rank needs no group; every other key is read and checked as
@@ -66,9 +72,10 @@ ddpd_err jobdoc_plan_from_json(const struct json_t *obj, struct jobdoc *out, str
 /* ---- the planner's answer (ddpd-worker --plan's stdout) ------------------------------------
  * Every rank's batches per epoch ({"batches":[...]}), or "only the ranks can tell"
  * ({"batches":null}: {rank} files), or the error a rank would die of (an `error` event
- * line, with "path": the spec field of a spec error). */
+ * line, with "path": the spec field of a spec error or a changed file, and "code": the API
+ * code of the error, read back when it is one of a rank's, exit code 2). */
 struct jobdoc_plan_answer {
-    ddpd_err code; /* DDPD_OK, or the error (DDPD_ESPEC / DDPD_EDATA as read back) */
+    ddpd_err code; /* DDPD_OK, or the error (DDPD_ESPEC / DDPD_EDATA / DDPD_EDATACHANGED) */
     bool known;    /* with DDPD_OK: batches[0..world_size) are set */
     int world_size;
     int64_t batches[SPEC_MAX_WORLD];
@@ -82,8 +89,9 @@ char *jobdoc_plan_answer_encode(const struct jobdoc_plan_answer *a, double ts);
 
 /* Decodes an answer line (len bytes) of a plan of `world_size` ranks. False when it is
  * none of the three forms: not JSON, batches of another length or not counts, or an
- * event other than `error`. An error event's kind "data" reads as DDPD_EDATA, any other
- * as DDPD_ESPEC. */
+ * event other than `error`. An error event's "code" reads as that error when it is a
+ * rank's (exit code 2); without one, kind "data" reads as DDPD_EDATA, any other as
+ * DDPD_ESPEC. */
 bool jobdoc_plan_answer_decode(const char *line, size_t len, int world_size, struct jobdoc_plan_answer *out);
 
 #endif

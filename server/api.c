@@ -638,6 +638,9 @@ struct resumption {
     struct http_request *req;
     struct api *a;
     struct store_job j; /* the job resumed; the new one's spec and name are its */
+    int64_t step;       /* the checkpoint's */
+    bool force;         /* ?force=true: even on data changed since the checkpoint */
+    struct spec spec;   /* j's spec, parsed: the planner's counts give its total steps */
 };
 
 /* The inserter thread, after the commit: the answer, then the supervisor, which reads the
@@ -657,17 +660,67 @@ static void resumed(void *ctx, ddpd_err rc, const struct store_job *j, const str
     free(r);
 }
 
-/* POST /v1/jobs/{id}/resume[?step=S]: a new job with the same spec that continues a failed
- * or cancelled job from its newest checkpoint (or checkpoint S), as a restart would. */
+/* The new job: queued, attempt 0, linked to the one resumed; answered at the commit
+ * (resumed). `counts` (known) are the planner's, for its total steps; else the old job's
+ * stand. Returns an error to answer with instead; then nothing was queued. */
+static ddpd_err resume_insert(struct resumption *r, const int64_t *counts, bool known, struct ddpd_error *err)
+{
+    ddpd_err rc;
+    if (known && (rc = spec_check_batch_counts(&r->spec, counts, err)))
+        return rc;
+    struct store_job_new jn = {.name = r->j.name,
+                               .spec = r->j.spec,
+                               .world_size = r->j.world_size,
+                               .device = r->j.device,
+                               .max_restarts = r->j.max_restarts,
+                               .resumed_from = r->j.id,
+                               .resume_step = r->step,
+                               .resume_force = r->force,
+                               .total_steps =
+                                   known ? total_steps(&r->spec, counts, known) : r->j.total_steps};
+    store_job_insert_async(r->a->store, &jn, resumed, r);
+    return DDPD_OK;
+}
+
+/* The planner's answer to a resume's data check, on a planner thread. */
+static void resume_planned(void *ctx, ddpd_err rc, const int64_t *counts, bool known,
+                           const struct ddpd_error *perr)
+{
+    struct resumption *r = ctx;
+    struct http_request *req = r->req;
+    struct ddpd_error err;
+    if (rc != DDPD_OK) {
+        err = *perr;
+        if ((rc == DDPD_EDATA || rc == DDPD_ESPEC) && !err.path[0])
+            snprintf(err.path, sizeof err.path, "%s",
+                     strncmp(err.message, "eval.data: ", 11) == 0 ? "eval.data" : "data");
+    } else {
+        rc = resume_insert(r, counts, known, &err);
+    }
+    if (rc != DDPD_OK) {
+        http_deferred_done(req, rc, &err);
+        store_job_clear(&r->j);
+        free(r);
+    }
+}
+
+/* POST /v1/jobs/{id}/resume[?step=S][&force=true]: a new job with the same spec that
+ * continues a failed or cancelled job from its newest checkpoint (or checkpoint S), as a
+ * restart would, on the data that checkpoint was written on: a planner compares the data
+ * files with the checkpoint's fingerprints (409 data_changed naming the file and what
+ * changed, unless force) and reads them as a submission's check does. */
 static ddpd_err h_resume(struct http_request *req, struct ddpd_error *err)
 {
+    static const char *const no_yes[] = {"false", "true", NULL};
     struct api *a = ctx_of(req);
     int64_t id = http_request_id(req, 0), step;
+    int force = 0;
     struct resumption *r = calloc(1, sizeof *r);
     if (!r)
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory resuming job %" PRId64, id);
     ddpd_err rc = get_job(req, &r->j, err);
-    if (rc || (rc = http_query_int(req, "step", 0, INT64_MAX, -1, &step, err)))
+    if (rc || (rc = http_query_int(req, "step", 0, INT64_MAX, -1, &step, err)) ||
+        (rc = http_query_enum(req, "force", no_yes, 0, &force, err)))
         goto out;
     job_state st = r->j.state;
     if (st != JOB_STATE_FAILED && st != JOB_STATE_CANCELLED) {
@@ -705,20 +758,57 @@ static ddpd_err h_resume(struct http_request *req, struct ddpd_error *err)
         rc = ddpd_error_set(err, DDPD_ESPEC, blame, "%s", why);
         goto out;
     }
-    /* The new job: queued, attempt 0, linked to this one. */
     r->req = req;
     r->a = a;
-    struct store_job_new jn = {.name = r->j.name,
-                               .spec = r->j.spec,
-                               .world_size = r->j.world_size,
-                               .device = r->j.device,
-                               .max_restarts = r->j.max_restarts,
-                               .resumed_from = id,
-                               .resume_step = step,
-                               .total_steps = r->j.total_steps};
+    r->step = step;
+    r->force = force == 1;
+    if ((rc = spec_parse(r->j.spec, strlen(r->j.spec), NULL, &r->spec, err)))
+        goto out;
+    /* Synthetic data has no files to check (and the counts follow from the spec, as
+     * they did for the job resumed). Deferred first: the insert may answer before
+     * resume_insert returns. */
+    const struct spec *spec = &r->spec;
+    if (spec->data.kind == DATA_SYNTHETIC &&
+        (spec->eval.every_steps <= 0 || spec->eval.data.kind == DATA_SYNTHETIC)) {
+        http_defer(req);
+        if ((rc = resume_insert(r, NULL, false, err))) {
+            http_deferred_done(req, rc, err);
+            store_job_clear(&r->j);
+            free(r);
+        }
+        return DDPD_OK;
+    }
+    /* The planner's request: the job's document without a rank, a group or an out_dir,
+     * with the checkpoint to check the data against. */
+    struct jobdoc *preq = calloc(1, sizeof *preq); /* ~106 KiB: not on an HTTP thread's stack */
+    json_t *doc = NULL;
+    if (preq) {
+        preq->world_size = spec->world_size;
+        preq->rank = -1;
+        preq->spec = *spec;
+        preq->max_rank_memory = a->max_rank_memory;
+        preq->resume_force = r->force;
+        snprintf(preq->data_dir, sizeof preq->data_dir, "%s", a->data_dir);
+        /* A jobs folder too deep for the document: the supervisor would fail it too. */
+        if (snprintf(preq->resume, sizeof preq->resume, "%s", ck) < (int)sizeof preq->resume)
+            doc = jobdoc_to_json(preq);
+        free(preq);
+    }
+    if (!doc) {
+        rc = ddpd_error_set(err, DDPD_ENOMEM, "",
+                            "cannot build the data check of job %" PRId64
+                            "'s resume (out of memory, or its checkpoint's path is too long)",
+                            id);
+        goto out;
+    }
     http_defer(req);
-    store_job_insert_async(a->store, &jn, resumed, r);
-    return DDPD_OK;
+    if ((rc = planner_plan_async(a->planner, doc, spec->world_size, a->plan_timeout_s, resume_planned, r,
+                                 err))) {
+        http_deferred_done(req, rc, err);
+        store_job_clear(&r->j);
+        free(r);
+    }
+    return DDPD_OK; /* r is the planner's now */
 out:
     store_job_clear(&r->j);
     free(r);
@@ -1345,7 +1435,7 @@ static const struct http_route routes[] = {
     {"GET", "/v1/jobs/{id}", h_get, HTTP_ROUTE_AUTH, 0, ""},
     {"DELETE", "/v1/jobs/{id}", h_delete, HTTP_ROUTE_AUTH, 0, ""},
     {"POST", "/v1/jobs/{id}/cancel", h_cancel, HTTP_ROUTE_AUTH, 0, ""},
-    {"POST", "/v1/jobs/{id}/resume", h_resume, HTTP_ROUTE_AUTH, 0, "step"},
+    {"POST", "/v1/jobs/{id}/resume", h_resume, HTTP_ROUTE_AUTH, 0, "step force"},
     {"GET", "/v1/jobs/{id}/events", h_events, HTTP_ROUTE_AUTH, 0, "format after"},
     {"GET", "/v1/jobs/{id}/metrics", h_metrics, HTTP_ROUTE_AUTH, 0, "max_points"},
     {"GET", "/v1/jobs/{id}/logs", h_logs, HTTP_ROUTE_AUTH, 0, "rank tail"},

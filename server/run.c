@@ -36,13 +36,15 @@ static void on_signal(int sig)
 static void usage(FILE *f)
 {
     fputs("usage: ddpd run [--world-size N] [--device cpu|cuda] [--out DIR] [--data-dir DIR]\n"
-          "                [--resume CKPT_DIR] [--max-rank-memory SIZE] SPEC.json\n"
+          "                [--resume CKPT_DIR [--force]] [--max-rank-memory SIZE] SPEC.json\n"
           "Runs one job on this host and prints its events as NDJSON.\n"
           "  --world-size N  ranks (default: the spec's world_size)\n"
           "  --device D      cpu or cuda (default: the spec's device, else cpu)\n"
           "  --out DIR       checkpoints, final model, rank logs (default var/runs/NAME-TIME)\n"
           "  --data-dir DIR  where data paths and init.from are resolved (default .)\n"
-          "  --resume DIR    continue from a checkpoint directory (OUT/ckpt-STEP or OUT)\n"
+          "  --resume DIR    continue from a checkpoint directory (OUT/ckpt-STEP or OUT), on the data\n"
+          "                  files it was written on (a changed one is refused, naming it)\n"
+          "  --force         with --resume: go on even where a data file changed since the checkpoint\n"
           "  --max-rank-memory SIZE  refuse a job whose rank needs more (bytes, or 512M, 4G, ...;\n"
           "                  default: this host's memory divided by the ranks; 0 = no limit)\n",
           f);
@@ -113,7 +115,7 @@ static int check_plan(const char *worker, json_t *doc, const struct spec *spec, 
             puts(line);
         fprintf(stderr, "ddpd run: %s\n", err.message);
         json_decref(doc);
-        return err.code == DDPD_EDATA || err.code == DDPD_ESPEC ? 2 : 1;
+        return ddpd_err_exit(err.code) == 2 ? 2 : 1; /* a spec or data error, as a rank's */
     }
     if (known && spec_check_batch_counts(spec, counts, &err) != DDPD_OK) {
         fprintf(stderr, "ddpd run: %s: %s\n", spec_path, err.message);
@@ -203,6 +205,7 @@ static int run_ranks(const char *worker, json_t *doc, const struct jobdoc *jd, c
 struct run_opts {
     long world; /* 0: the spec's */
     const char *device, *out, *data_dir, *resume, *spec_path;
+    bool force;              /* --force: resume on changed data */
     int64_t max_rank_memory; /* -1: this host's memory divided by the ranks */
 };
 
@@ -210,17 +213,19 @@ struct run_opts {
  * the message on stderr naming the option). */
 static int parse_options(int argc, char **argv, struct run_opts *o)
 {
-    enum { OPT_WORLD = 1000, OPT_DEVICE, OPT_OUT, OPT_DATA_DIR, OPT_RESUME, OPT_MAX_RANK_MEMORY };
+    enum { OPT_WORLD = 1000, OPT_DEVICE, OPT_OUT, OPT_DATA_DIR, OPT_RESUME, OPT_FORCE, OPT_MAX_RANK_MEMORY };
     static const struct option longs[] = {{"world-size", required_argument, NULL, OPT_WORLD},
                                           {"device", required_argument, NULL, OPT_DEVICE},
                                           {"out", required_argument, NULL, OPT_OUT},
                                           {"data-dir", required_argument, NULL, OPT_DATA_DIR},
                                           {"resume", required_argument, NULL, OPT_RESUME},
+                                          {"force", no_argument, NULL, OPT_FORCE},
                                           {"max-rank-memory", required_argument, NULL, OPT_MAX_RANK_MEMORY},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     long world = 0;
     const char *device = NULL, *out = NULL, *data_dir = ".", *resume = NULL, *spec_path = NULL;
+    bool force = false;
     int64_t max_rank_memory = -1; /* -1: this host's memory divided by the ranks */
     optind = 1;
     opterr = 0;
@@ -254,6 +259,7 @@ static int parse_options(int argc, char **argv, struct run_opts *o)
         case OPT_OUT: out = v; break;
         case OPT_DATA_DIR: data_dir = v; break;
         case OPT_RESUME: resume = v; break;
+        case OPT_FORCE: force = true; break;
         case OPT_MAX_RANK_MEMORY:
             if (!jobdir_size_parse(v, &max_rank_memory)) {
                 fprintf(stderr,
@@ -271,6 +277,10 @@ static int parse_options(int argc, char **argv, struct run_opts *o)
     }
     if (optind < argc)
         spec_path = argv[optind];
+    if (force && !resume) {
+        fprintf(stderr, "ddpd run: --force goes with --resume (it lets a resume go on changed data)\n");
+        return 2;
+    }
     if (!spec_path) {
         usage(stderr);
         return 2;
@@ -281,6 +291,7 @@ static int parse_options(int argc, char **argv, struct run_opts *o)
                            .out = out,
                            .data_dir = data_dir,
                            .resume = resume,
+                           .force = force,
                            .spec_path = spec_path,
                            .max_rank_memory = max_rank_memory};
     return -1;
@@ -379,6 +390,7 @@ int run_main(int argc, char **argv, const char *self_dir)
     snprintf(jd.data_dir, sizeof jd.data_dir, "%s", data_abs);
     snprintf(jd.out_dir, sizeof jd.out_dir, "%s", out);
     snprintf(jd.resume, sizeof jd.resume, "%s", resume ? resume : "");
+    jd.resume_force = o.force;
     json_t *doc = jobdoc_to_json(&jd);
     if (!doc) {
         fprintf(stderr, "ddpd run: out of memory building the job document\n");

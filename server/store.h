@@ -95,8 +95,10 @@ struct store_job_new {
     device_kind device;
     int max_restarts;
     /* A job that continues job `resumed_from` (> 0) from its checkpoint at `resume_step`
-     * (POST /v1/jobs/{id}/resume); 0 for a job submitted afresh. */
+     * (POST /v1/jobs/{id}/resume); 0 for a job submitted afresh. With resume_force it does
+     * so even on data files that changed since that checkpoint (migration 004). */
     int64_t resumed_from, resume_step;
+    bool resume_force;
     int64_t total_steps; /* the optimizer steps in all, when known at submit; 0 = not known */
     /* Also store the job's first event, the `queued` state event (seq 1, attempt 0, ts =
      * created_at: store_job_queued_event), in the same transaction. */
@@ -175,6 +177,7 @@ struct store_job {
      * STORE_RESTART_HISTORY_MAX entries); "[]" when never. Owned. */
     char *restart_history;
     int64_t resumed_from, resume_step; /* store_job_new's; 0 for a job submitted afresh */
+    bool resume_force;                 /* store_job_new's */
     int64_t total_steps;               /* store_job_new's; 0 = not known */
     size_t n_ranks;                    /* ranks of the current attempt, by rank; owned */
     struct store_rank *ranks;

@@ -36,6 +36,7 @@ static void job_of_insert(const struct insert_req *r, struct store_job *j)
                             .max_restarts = r->job.max_restarts,
                             .resumed_from = r->job.resumed_from,
                             .resume_step = r->job.resume_step,
+                            .resume_force = r->job.resume_force,
                             .total_steps = r->job.total_steps};
     snprintf(j->name, sizeof j->name, "%s", r->job.name ? r->job.name : "");
 }
@@ -107,6 +108,7 @@ static ddpd_err insert_one(struct store *s, struct insert_req *r)
         sqlite3_bind_int64(st, 9, job->total_steps);
     else
         sqlite3_bind_null(st, 9);
+    sqlite3_bind_int(st, 10, job->resumed_from > 0 && job->resume_force);
     ddpd_err e = DDPD_OK;
     int rc = sqlite3_step(st);
     if (rc == SQLITE_CONSTRAINT_CHECK) {

@@ -281,6 +281,7 @@ static void job_from_row(sqlite3_stmt *st, struct store_job *j)
     j->resumed_from = sqlite3_column_int64(st, 17); /* NULL reads as 0 */
     j->resume_step = sqlite3_column_int64(st, 18);
     j->total_steps = sqlite3_column_int64(st, 19); /* NULL reads as 0: not known */
+    j->resume_force = sqlite3_column_int(st, 20) != 0;
 }
 
 static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_error *err)

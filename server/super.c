@@ -74,6 +74,7 @@ struct active {
     int failed_rank, failed_exit_code; /* what ended the last attempt, for its restart's
                                           entry: a rank and its exit code, rank -1 for none */
     int64_t resumed_from, resume_step; /* a job made by resume: where it continues from */
+    bool resume_force;                 /* ... even on data changed since that checkpoint */
     struct evpipe_source ev;           /* its events' numbering: evpipe_publish */
     int *slots;
     const char **gpu; /* cuda jobs: the device of each rank's slot (launch_opts.gpus) */
@@ -320,6 +321,7 @@ static struct active *load(struct super *s, int64_t job)
     a->max_restarts = j.max_restarts;
     a->resumed_from = j.resumed_from;
     a->resume_step = j.resume_step;
+    a->resume_force = j.resume_force;
     int64_t seq = 0;
     store_flush(s->o.store, NULL); /* queued events of the job count too */
     store_event_max_seq(s->o.store, job, &seq, NULL);
@@ -408,6 +410,12 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         snprintf(jd->out_dir, sizeof jd->out_dir, "%s", a->out_dir);
         if (has_resume)
             snprintf(jd->resume, sizeof jd->resume, "%s", resume);
+        /* The force of a resume covers the checkpoint it named; the job's own later ones
+         * record the data it trains on, and a restart from them is checked. */
+        char linked_ckpt[PATH_MAX];
+        jd->resume_force = has_resume && a->resume_force &&
+                           jobdir_ckpt_path(linked_ckpt, sizeof linked_ckpt, a->out_dir, a->resume_step) &&
+                           !strcmp(linked_ckpt, resume);
         doc = jd;
         /* init.from_job: the other job's weights as they are now (checked at submit; a
          * checkpoint pruned or a job deleted since fails this one, saying so). */

@@ -15,6 +15,7 @@
 
 #include "../base/parse.h"
 #include "../schema/jobdir.h"
+#include "fingerprint.h"
 #include "safetensors.h"
 
 #define CKPT_FORMAT "ddpd-checkpoint-1"
@@ -34,11 +35,11 @@ static bool join_path(char *out, size_t cap, const char *dir, const char *file)
 /* The metadata every file of a checkpoint holds (strings in `buf`). */
 struct meta_text {
     char step[32], epoch[32], estep[32], osteps[32], ws[32], rk[32];
-    struct safetensors_meta kv[9];
+    struct safetensors_meta kv[10];
 };
 
 static int meta_fill(struct meta_text *t, struct optim *o, const struct train_pos *pos, int rank, int world,
-                     bool per_rank, bool replicas)
+                     bool per_rank, bool replicas, const char *data_record)
 {
     snprintf(t->step, sizeof t->step, "%" PRId64, pos->step);
     snprintf(t->epoch, sizeof t->epoch, "%" PRId64, pos->epoch);
@@ -56,9 +57,11 @@ static int meta_fill(struct meta_text *t, struct optim *o, const struct train_po
         {"rank", t->rk},
         {"per_rank", per_rank ? "true" : "false"},
         {"replicas", replicas ? "true" : "false"},
+        {FINGERPRINT_META_KEY, data_record},
     };
     memcpy(t->kv, kv, sizeof kv);
-    return (int)(sizeof kv / sizeof kv[0]);
+    /* Synthetic data has no files to record. */
+    return (int)(sizeof kv / sizeof kv[0]) - (data_record ? 0 : 1);
 }
 
 /* Writes the model's weights (state = false) or the optimizer's state tensors to path. */
@@ -123,12 +126,12 @@ out:
 
 ddpd_err checkpoint_write_rank(const char *dir, struct model *m, struct optim *o, const struct train_pos *pos,
                                int rank, int world, bool with_model, bool per_rank, bool replicas,
-                               struct ddpd_error *err)
+                               const char *data_record, struct ddpd_error *err)
 {
     char path[4096], file[64];
     struct meta_text meta;
     replicas = replicas && per_rank;
-    int nmeta = meta_fill(&meta, o, pos, rank, world, per_rank, replicas);
+    int nmeta = meta_fill(&meta, o, pos, rank, world, per_rank, replicas, data_record);
     ddpd_err rc = DDPD_OK;
     if (with_model) {
         if (!jobdir_model_path(path, sizeof path, dir))
@@ -427,14 +430,37 @@ out:
     return rc;
 }
 
+ddpd_err checkpoint_data_record(const char *dir, char **record, int64_t *step, struct ddpd_error *err)
+{
+    char mp[4096];
+    *record = NULL;
+    if (!jobdir_model_path(mp, sizeof mp, dir))
+        return ddpd_error_set(err, DDPD_EIO, dir, "checkpoint directory name too long");
+    struct safetensors_file *f = safetensors_read_header(mp, err);
+    if (!f)
+        return err ? err->code : DDPD_EDATA;
+    const char *v = safetensors_meta_get(f, FINGERPRINT_META_KEY);
+    ddpd_err rc = DDPD_OK;
+    if (step && meta_i64(f, "step", step))
+        rc = ddpd_error_set(err, DDPD_EDATA, mp, "%s: not a ddpd checkpoint (metadata step missing)", mp);
+    else if (v && !(*record = strdup(v)))
+        rc = ddpd_error_set(err, DDPD_ENOMEM, mp, "%s: out of memory reading its metadata", mp);
+    safetensors_free(f);
+    return rc;
+}
+
 /* Retention (checkpoint.keep_last, the job disk quota): an upper bound of what one
  * checkpoint writes, so that the quota is checked before a byte of it is. */
 #define CKPT_HEADER_PER_TENSOR 512  /* name <= 127 bytes, dtype, shape, offsets, JSON */
 #define CKPT_HEADER_FIXED      4096 /* length word, metadata, padding */
 
-int64_t checkpoint_bytes_bound(struct model *m, struct optim *o)
+int64_t checkpoint_bytes_bound(struct model *m, struct optim *o, const char *data_record)
 {
     int64_t sum = 2 * CKPT_HEADER_FIXED;
+    /* The data record is metadata of both files, a JSON string inside the header: at most
+     * 6 bytes ("\u00XX") for each of its own. */
+    if (data_record)
+        sum += 2 * 6 * (int64_t)strlen(data_record);
     for (int i = 0; i < model_param_count(m); i++) {
         const struct param *p = model_param(m, i);
         sum += p->numel * (int64_t)sizeof(float) + CKPT_HEADER_PER_TENSOR;

@@ -35,7 +35,10 @@ ddpd_err checkpoint_load_weights_fd(struct model *m, int fd, const char *name, s
  * every rank R > 0 adds optim-rank-R.safetensors (its state) and, when the replicas
  * differ (a checkpoint inside an epoch), model-rank-R.safetensors (its replica). Every
  * file's metadata holds format, step, epoch, epoch_step, world_size, rank, per_rank,
- * replicas and the writing rank's optim_steps. Files are created 0600, folders 0700. */
+ * replicas and the writing rank's optim_steps, and data_fingerprints: the record of the
+ * data files the job reads (fingerprint.h), every rank's {rank} files included; absent
+ * for synthetic data and in checkpoints written before it was recorded. Files are created
+ * 0600, folders 0700. */
 
 /* Starts a checkpoint folder `dir`: makes "<dir>.tmp" (removing a torn leftover of an
  * earlier crash) and writes its name into tmp[cap]. DDPD_EIO when dir exists already. */
@@ -44,10 +47,11 @@ ddpd_err checkpoint_dir_begin(const char *dir, char *tmp, size_t cap, struct ddp
 /* One rank's share of a checkpoint, written into the existing folder `dir`:
  * model.safetensors when `with_model` (exactly one rank, whose weights are current);
  * optim.safetensors on rank 0; with `per_rank`, optim-rank-R on a rank R > 0, and with
- * `replicas` too, model-rank-R. Each file is written atomically. */
+ * `replicas` too, model-rank-R. Each file is written atomically. `data_record` (borrowed,
+ * NULL for none) is the data_fingerprints metadata of every file. */
 ddpd_err checkpoint_write_rank(const char *dir, struct model *m, struct optim *o, const struct train_pos *pos,
                                int rank, int world, bool with_model, bool per_rank, bool replicas,
-                               struct ddpd_error *err);
+                               const char *data_record, struct ddpd_error *err);
 
 /* Renames tmp into place as dir (and syncs the parent folder). */
 ddpd_err checkpoint_dir_commit(const char *tmp, const char *dir, struct ddpd_error *err);
@@ -60,9 +64,15 @@ ddpd_err checkpoint_dir_commit(const char *tmp, const char *dir, struct ddpd_err
 ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, int rank, int world,
                              struct train_pos *pos, struct ddpd_error *err);
 
+/* The data_fingerprints record of the checkpoint folder `dir` (read from its
+ * model.safetensors' header) into *record, a new string the caller frees, or NULL when the
+ * checkpoint has none; its step into *step (may be NULL). The errors of a file that cannot
+ * be read are safetensors_read's. */
+ddpd_err checkpoint_data_record(const char *dir, char **record, int64_t *step, struct ddpd_error *err);
+
 /* At least the bytes one rank's checkpoint_write_rank (with the model) writes for this
- * model and optimizer (data plus a bound on the headers): what the disk quota is checked against
- * before a checkpoint is written. */
-int64_t checkpoint_bytes_bound(struct model *m, struct optim *o);
+ * model and optimizer (data plus a bound on the headers, the data record's included): what
+ * the disk quota is checked against before a checkpoint is written. */
+int64_t checkpoint_bytes_bound(struct model *m, struct optim *o, const char *data_record);
 
 #endif

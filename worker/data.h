@@ -11,6 +11,7 @@
 #include "../schema/spec.h"
 
 struct dataset;
+struct fingerprint;
 
 /* Loads this rank's view of the data set described by `spec->data`.
  * Paths are relative to `data_dir` and may not leave it (`..`, absolute paths and
@@ -50,6 +51,19 @@ ddpd_err data_path_resolve(const char *data_dir, const char *field, const char *
  * dataset_rank_file this rank's own {rank} file. */
 int64_t dataset_rows(const struct dataset *ds);
 bool dataset_rank_file(const struct dataset *ds);
+
+/* The fingerprints of the files this rank's view was read from (fingerprint.h), taken
+ * from the descriptors it read as it opened them: *n of them (none for synthetic data),
+ * fields as spec->data names them ("data.x"), samples dataset_rows, rank -1 except for a
+ * {rank} file. Borrowed, valid until dataset_free. */
+const struct fingerprint *dataset_fingerprints(const struct dataset *ds, int *n);
+
+/* For the planner's resume check: the fingerprints of the files of spec->data that every
+ * rank reads whole (a {rank} file is its rank's to check), each with `rows` samples (the
+ * data set's, as dataset_check counted them), into out[0..*n), *n <= 2. The errors of a
+ * file that cannot be opened are dataset_check's. */
+ddpd_err dataset_fingerprint_files(const struct spec *spec, const char *data_dir, int64_t rows,
+                                   struct fingerprint *out, int *n, struct ddpd_error *err);
 
 /* Samples in this rank's shard, and batches per epoch (ceil, or floor with drop_last). */
 int64_t dataset_shard_size(const struct dataset *ds);

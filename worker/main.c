@@ -20,7 +20,9 @@
 #include "comm.h"
 #include "data.h"
 #include "emit.h"
+#include "fingerprint.h"
 #include "mapguard.h"
+#include "checkpoint.h"
 #include "model.h"
 #include "safetensors.h"
 #include "train.h"
@@ -85,8 +87,9 @@ static void usage(FILE *f)
           "                                 none): index, name, memory, uuid, emulated\n"
           "       ddpd-worker --issue-id cpu|nccl  print a rendezvous id and serve its root until\n"
           "                                 stdin closes\n"
-          "       ddpd-worker --plan        read {spec, data_dir, world_size[, max_rank_memory]} lines on\n"
-          "                                 stdin; check the data, init.from and the memory a rank\n"
+          "       ddpd-worker --plan        read {spec, data_dir, world_size[, max_rank_memory, resume]}\n"
+          "                                 lines on stdin; check the data, init.from (or the data\n"
+          "                                 against a resume's checkpoint) and the memory a rank\n"
           "                                 needs; print every rank's batches per epoch\n"
           "                                 ({\"batches\": [...]} or null) or an error event\n"
           "       ddpd-worker --version\n"
@@ -254,6 +257,43 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, co
     return rc;
 }
 
+/* A resume's check before any rank starts: the files every rank reads (of the data, and
+ * of eval.data: rows and eval_rows as dataset_check counted them) against the data
+ * fingerprints of the checkpoint `resume`, so that a changed file is refused (409 from
+ * the API) instead of failing the ranks of an accepted job. {rank} files are checked by
+ * their ranks (train.c). A checkpoint that cannot be read is the ranks' to report, as
+ * they always did. */
+static ddpd_err plan_resume_data(const struct spec *spec, const char *data_dir, const char *resume,
+                                 int64_t rows, int64_t eval_rows, struct ddpd_error *err)
+{
+    struct fingerprint fp[FINGERPRINT_MAX];
+    int n = 0, k = 0;
+    char *record = NULL;
+    struct ddpd_error ignored;
+    ddpd_err rc = dataset_fingerprint_files(spec, data_dir, rows, fp, &n, err);
+    if (rc == DDPD_OK && spec->eval.every_steps > 0 && eval_rows > 0) {
+        struct spec *es = malloc(sizeof *es);
+        if (!es)
+            return ddpd_error_set(err, DDPD_ENOMEM, "eval", "out of memory checking eval.data");
+        *es = *spec;
+        es->data = spec->eval.data;
+        rc = dataset_fingerprint_files(es, data_dir, eval_rows, fp + n, &k, err);
+        free(es);
+        for (int i = n; i < n + k; i++) {
+            char field[sizeof fp[i].field];
+            memcpy(field, fp[i].field, sizeof field);
+            snprintf(fp[i].field, sizeof fp[i].field, "eval.%.18s", field);
+        }
+        n += k;
+    }
+    int64_t step = 0;
+    if (rc || n == 0 || checkpoint_data_record(resume, &record, &step, &ignored) != DDPD_OK)
+        return rc;
+    rc = fingerprint_check(record, fp, n, step, false, NULL, err);
+    free(record);
+    return rc;
+}
+
 /* One plan request line (a job document, read by jobdoc_plan_from_json) -> every rank's
  * batches per epoch (unknown when only the ranks can tell), or the error a rank would die
  * of. Checks what a rank would otherwise find after the job was accepted: the data's
@@ -295,8 +335,14 @@ static void plan_one(const char *line, size_t len)
     }
     if (rc == DDPD_OK && known)
         rc = train_check_batches(spec, rows, req.world_size, &err);
-    if (rc == DDPD_OK && (spec->init_from[0] || spec->init_from_job > 0))
+    /* A resume starts from its checkpoint, not from init.from: it checks that the data is
+     * still the checkpoint's instead. */
+    if (req.resume[0]) {
+        if (rc == DDPD_OK && !req.resume_force)
+            rc = plan_resume_data(spec, data_dir, req.resume, rows, mi.eval_rows, &err);
+    } else if (rc == DDPD_OK && (spec->init_from[0] || spec->init_from_job > 0)) {
         rc = plan_init_from(spec, data_dir, req.init_path, &err);
+    }
     memset(&ans, 0, sizeof ans);
     ans.code = rc;
     ans.known = known;
@@ -568,6 +614,7 @@ int main(int argc, char **argv)
         .data_dir = jd.data_dir[0] ? jd.data_dir : ".",
         .out_dir = jd.out_dir[0] ? jd.out_dir : "var/run",
         .resume = jd.resume[0] ? jd.resume : NULL,
+        .resume_force = jd.resume_force,
         .init_path = jd.init_path[0] ? jd.init_path : NULL,
         .disk_quota = jd.disk_quota,
         .cancel = &cancelled,

@@ -28,6 +28,7 @@
 #include "ddp.h"
 #include "dev.h"
 #include "emit.h"
+#include "fingerprint.h"
 #include "model.h"
 #include "optim.h"
 
@@ -274,7 +275,8 @@ struct run {
     struct optim *o;
     struct ddp *ddp;
     bool join;
-    bool said_pruned; /* the keep_last note is logged once per run */
+    bool said_pruned;  /* the keep_last note is logged once per run */
+    char *data_record; /* every rank's data files (fingerprint.h), for checkpoints; NULL: none */
     /* Per sample: in, the input's 4-byte values (float32, or int32 ids for a model that
      * starts with embedding); tn, the target's values (mse: the output's elements;
      * cross_entropy: its class ids, 1 or T); out, the output's elements; classes, C. */
@@ -492,7 +494,7 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
             snprintf(what, sizeof what, "the final model");
         else
             snprintf(what, sizeof what, "checkpoint %s", strrchr(dir, '/') + 1);
-        int64_t bound = checkpoint_bytes_bound(r->m, r->o);
+        int64_t bound = checkpoint_bytes_bound(r->m, r->o, r->data_record);
         if (r->join && W > 1)
             bound = bound > INT64_MAX / W ? INT64_MAX : bound * W;
         rc = jobdir_check_quota(cfg->out_dir, cfg->disk_quota, bound, what, err);
@@ -520,7 +522,8 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
     }
     if (rc)
         goto out;
-    rc = checkpoint_write_rank(tmp, r->m, r->o, &at, rank, W, rank == writer, r->join, replicas, err);
+    rc = checkpoint_write_rank(tmp, r->m, r->o, &at, rank, W, rank == writer, r->join, replicas,
+                               r->data_record, err);
     if (cfg->comm) {
         int64_t mine = rc;
         if ((crc = comm_allgather(cfg->comm, &mine, sizeof mine, all, &cerr))) {
@@ -787,6 +790,85 @@ static ddpd_err open_eval(struct run *r, struct ddpd_error *err)
     return DDPD_OK;
 }
 
+/* This rank's data files as it opened them: the data's, then eval.data's (named so). */
+static int my_fingerprints(const struct run *r, struct fingerprint out[FINGERPRINT_MAX])
+{
+    int n = 0, k;
+    const struct fingerprint *fp = dataset_fingerprints(r->ds, &k);
+    for (int i = 0; i < k && n < FINGERPRINT_MAX; i++)
+        out[n++] = fp[i];
+    fp = r->eds ? dataset_fingerprints(r->eds, &k) : NULL;
+    for (int i = 0; fp && i < k && n < FINGERPRINT_MAX; i++, n++) {
+        out[n] = fp[i];
+        snprintf(out[n].field, sizeof out[n].field, "eval.%.18s", fp[i].field); /* "eval.data.x" */
+    }
+    return n;
+}
+
+static void note_log(const char *sentence)
+{
+    emit_log("%s", sentence);
+}
+
+/* A resume goes on only on the data its checkpoint was written on (or with resume_force):
+ * each rank checks its own files against the record, so a restart and `ddpd run --resume`
+ * are checked as a resume through the server is. */
+static ddpd_err check_resume_data(struct run *r, int64_t step, struct ddpd_error *err)
+{
+    struct fingerprint fp[FINGERPRINT_MAX];
+    int n = my_fingerprints(r, fp);
+    char *record = NULL;
+    if (n == 0) /* synthetic data */
+        return DDPD_OK;
+    ddpd_err rc = checkpoint_data_record(r->cfg->resume, &record, NULL, err);
+    if (rc == DDPD_OK)
+        rc = fingerprint_check(record, fp, n, step, r->cfg->resume_force, note_log, err);
+    free(record);
+    return rc;
+}
+
+/* The record every checkpoint of this run carries: the files every rank reads, and each
+ * rank's own {rank} files, which only their rank sees (gathered once, here). */
+static ddpd_err record_data(struct run *r, struct ddpd_error *err)
+{
+    const struct train_config *cfg = r->cfg;
+    struct rank_files {
+        int32_t n, pad;
+        struct fingerprint fp[FINGERPRINT_MAX];
+    } mine = {0}, *all = NULL;
+    mine.n = my_fingerprints(r, mine.fp);
+    bool own = false;
+    for (int i = 0; i < mine.n; i++)
+        own = own || mine.fp[i].rank >= 0;
+    if (mine.n == 0)
+        return DDPD_OK;
+    const int W = own && cfg->comm ? cfg->world_size : 1;
+    struct fingerprint *list = malloc(sizeof *list * (size_t)(W * FINGERPRINT_MAX));
+    ddpd_err rc = DDPD_OK;
+    int n = 0;
+    if (!list || (W > 1 && !(all = malloc(sizeof *all * (size_t)W)))) {
+        rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory recording the data files");
+        goto out;
+    }
+    if (W > 1 && (rc = comm_allgather(cfg->comm, &mine, sizeof mine, all, err)))
+        goto out;
+    for (int i = 0; i < mine.n; i++)
+        if (mine.fp[i].rank < 0)
+            list[n++] = mine.fp[i];
+    for (int q = 0; q < W; q++) {
+        const struct rank_files *f = W > 1 ? &all[q] : &mine;
+        for (int i = 0; i < f->n && i < FINGERPRINT_MAX; i++)
+            if (f->fp[i].rank >= 0)
+                list[n++] = f->fp[i];
+    }
+    if (!(r->data_record = fingerprint_record(list, n)))
+        rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory recording the data files");
+out:
+    free(all);
+    free(list);
+    return rc;
+}
+
 static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *err)
 {
     const struct train_config *cfg = r->cfg;
@@ -875,7 +957,7 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     memset(pos, 0, sizeof *pos);
     if (cfg->resume) {
         rc = checkpoint_load_dir(cfg->resume, r->m, r->o, cfg->rank, cfg->world_size, pos, err);
-        if (rc)
+        if (rc || (rc = check_resume_data(r, pos->step, err)))
             return rc;
         emit_log("resumed from %s at step %" PRId64 " (epoch %" PRId64 ", step %" PRId64 " of the epoch)",
                  cfg->resume, pos->step, pos->epoch, pos->epoch_step);
@@ -910,7 +992,7 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
     if (en)
         return ddpd_error_set(err, DDPD_EIO, cfg->out_dir, "%s: cannot create: %s", cfg->out_dir,
                               strerror(en));
-    if ((rc = agree_on_batches(r, err)))
+    if ((rc = agree_on_batches(r, err)) || (rc = record_data(r, err)))
         return rc;
     if (cfg->comm) {
         struct ddp_opts opts = {
@@ -1063,6 +1145,7 @@ out:
     free(r.hloss);
     free(r.hcheck);
     ddp_free(r.ddp);
+    free(r.data_record);
     optim_free(r.o);
     model_free(r.m);
     dataset_free(r.ds);

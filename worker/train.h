@@ -5,6 +5,7 @@
 #define DDPD_TRAIN_H
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "../schema/err.h"
@@ -18,6 +19,7 @@ struct train_config {
     const char *data_dir;           /* where data paths and init.from are resolved */
     const char *out_dir;            /* checkpoints and the final model (rank 0 writes them) */
     const char *resume;             /* a checkpoint directory to continue from, or NULL */
+    bool resume_force;              /* resume even on data files that changed since it */
     const char *init_path;          /* init.from_job's weights as the server resolved them, or NULL */
     int64_t disk_quota;             /* bytes the job folder may hold (rank 0 checks before each
                                      * checkpoint); 0 = no quota */

@@ -73,6 +73,7 @@ NOBLE = {
     "libsqlite3-0": ("libsqlite3-0", "not renamed by t64; in public ubuntu:24.04 Dockerfiles"),
     "libopenblas0-pthread": ("libopenblas0-pthread", "same name; noble ships OpenBLAS 0.3.26"),
     "libcurl4t64": ("libcurl4", "t64 rename; noble's libcurl4-openssl-dev depends on libcurl4t64"),
+    "libssl3t64": ("libssl3", "t64 rename; noble's libssl-dev depends on libssl3t64 (libcrypto.so.3)"),
     "curl": ("curl", "same name (its library became libcurl4t64)"),
     "libssl3t64": ("libssl3", "t64 rename (Debian's time_t transition renamed libssl3 to libssl3t64; "
                               "noble's libcurl4t64 depends on it)"),

@@ -274,3 +274,55 @@ def test_mixed_or_missing_rank_files_are_refused(work):
     assert res.rc == 2, res.describe()
     msgs = [e["message"] for e in res.of("error", rank=2)]
     assert msgs and "optim-rank-2.safetensors" in msgs[0], msgs
+
+
+@pytest.mark.cpu_only("the data files are fingerprinted and checked on the host before training")
+def test_resume_on_changed_data_is_refused_naming_the_file(work):
+    """Each checkpoint records the fingerprints of the data files (issue 28 item 5): a
+    `ddpd run --resume` on a file that every rank reads and that changed since is refused
+    before any rank starts (the planner), a rank's own {rank} file by that rank as it loads
+    the checkpoint; both name the file and what changed, exit 2. --force goes on, saying
+    what changed; a file copied back unchanged resumes, as exactly as ever."""
+    H.need_bin()
+    data = Path(work) / "data"
+    spec, world = write_job(work, OPTIMIZERS["sgd_momentum"], "sharded", "npy")
+    full = H.run_ddpd(spec, world, work, name="full").check_ok(world)
+    meta = raw_tensors(full.out / "ckpt-8" / "optim.safetensors")[1]
+    files = json.loads(meta["data_fingerprints"])["files"]
+    assert [(f["field"], f["file"], f["samples"], "rank" in f) for f in files] == \
+        [("data.x", "x.npy", 25, False), ("data.y", "y.npy", 25, False)], files
+    kept = {c: (data / f"{c}.npy").read_bytes() for c in "xy"}
+    for c in "xy":
+        np.save(data / f"{c}.npy", np.load(data / f"{c}.npy")[:24])
+    res = H.run_ddpd(spec, world, work, name="shorter", extra=["--resume", str(full.out / "ckpt-8")])
+    assert res.rc == 2, res.describe()
+    want = (f'data.x "x.npy" changed since the checkpoint at step 8: size {len(kept["x"])} → '
+            f'{(data / "x.npy").stat().st_size} bytes, rows 25 → 24 (and 1 more data file changed); to train on '
+            "the data as it is now, resume with force")
+    assert [e["message"] for e in res.of("error")] == [want], res.describe()
+    assert not res.of("start") and not (res.out / "rank-0.log").exists(), "a rank started"
+    for c in "xy":  # the same bytes written again: the same data
+        (data / f"{c}.npy").write_bytes(kept[c])
+    res = H.run_ddpd(spec, world, work, name="same", extra=["--resume", str(full.out / "ckpt-8")]).check_ok(world)
+    assert "was modified or renamed since the checkpoint at step 8" in res.log(0), res.log(0)
+    assert bitwise_diff(full.out / "model.safetensors", res.out / "model.safetensors") is None
+
+    # {rank} files: rank 1's own file, its rows in another order (the same size).
+    spec, world = write_job(work, OPTIMIZERS["sgd_momentum"], "rank", "npy")
+    full = H.run_ddpd(spec, world, work, name="full-rank").check_ok(world)
+    files = json.loads(raw_tensors(full.out / "ckpt-6" / "model.safetensors")[1]["data_fingerprints"])["files"]
+    assert sorted((f["file"], f.get("rank"), f["samples"]) for f in files) == sorted(
+        (f"{c}_{r}.npy", r, n) for c in "xy" for r, n in enumerate([5, 14, 9])), files
+    np.save(data / "x_1.npy", np.load(data / "x_1.npy")[::-1])
+    res = H.run_ddpd(spec, world, work, name="rank-changed", extra=["--resume", str(full.out / "ckpt-6")])
+    assert res.rc != 0, res.describe()
+    msgs = [e["message"] for e in res.of("error", rank=1)]
+    assert msgs and msgs[0].startswith(
+        'data.x "x_1.npy" (rank 1\'s file) changed since the checkpoint at step 6: same size ('), res.describe()
+    assert not [e for e in res.of("error") if e["rank"] != 1 and e["kind"] == "data"], res.describe()
+    res = H.run_ddpd(spec, world, work, name="rank-forced",
+                     extra=["--resume", str(full.out / "ckpt-6"), "--force"]).check_ok(world)
+    assert 'warning: data.x "x_1.npy" (rank 1\'s file) changed since the checkpoint at step 6' in res.log(1)
+    assert "(force)" in res.log(1) and "changed since" not in res.log(0), (res.log(0), res.log(1))
+    bad = H.run_ddpd(spec, world, work, name="force-alone", extra=["--force"])
+    assert bad.rc == 2 and "--force goes with --resume" in bad.stderr, bad.describe()

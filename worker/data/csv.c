@@ -452,7 +452,7 @@ ddpd_err data__csv_open(struct dataset *ds, const struct spec *s, const char *da
     char *buf = NULL;
     ddpd_err rc;
     ds->hold = data__has_rank(s->data.path) ? HOLD_PER_RANK : HOLD_WHOLE;
-    if ((rc = data__file_open(&f, data_dir, "data.path", s->data.path, ds->rank, err)) ||
+    if ((rc = data__file_open_fp(ds, &f, data_dir, "data.path", s->data.path, err)) ||
         (rc = data__read_whole(&f, &buf, err)) ||
         (rc = csv_scan(f.name, buf, f.size, s, ds->hold == HOLD_PER_RANK, &lo, err)) ||
         (rc = data__alloc_rows(ds, lo.rows, DDPD_EDATA, f.name, err)) ||

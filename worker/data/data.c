@@ -181,6 +181,22 @@ ddpd_err data__map(struct dataset *ds, int slot, const struct dfile *f, const un
     return DDPD_OK;
 }
 
+ddpd_err data__file_open_fp(struct dataset *ds, struct dfile *f, const char *data_dir, const char *field,
+                            const char *given, struct ddpd_error *err)
+{
+    ddpd_err rc = data__file_open(f, data_dir, field, given, ds->rank, err);
+    if (rc || NEVER(ds->nfp >= (int)(sizeof ds->fp / sizeof ds->fp[0])))
+        return rc;
+    struct fingerprint *fp = &ds->fp[ds->nfp];
+    memset(fp, 0, sizeof *fp);
+    snprintf(fp->field, sizeof fp->field, "%s", field);
+    snprintf(fp->file, sizeof fp->file, "%s", f->name);
+    fp->rank = data__has_rank(given) ? ds->rank : -1;
+    if ((rc = fingerprint_fd(f->fd, f->name, fp, err)) == DDPD_OK)
+        ds->nfp++;
+    return rc;
+}
+
 /* The column of rows held in memory: 4-byte floats, or int32 ids and class ids. */
 static void src_memory(struct dsrc *src, const void *p, int64_t per, bool ints, const char *name)
 {
@@ -250,6 +266,13 @@ struct dataset *dataset_open(const struct spec *spec, const char *data_dir, int 
         goto out;
     }
     dataset_set_epoch(ds, 0);
+    /* A fingerprint counts the samples of the data set its file makes (of this rank's own
+     * file for {rank} files): a file of another length is other data, even at equal size. */
+    for (int i = 0; i < ds->nfp; i++) {
+        ds->fp[i].samples = ds->n_total;
+        snprintf(ds->fp[i].unit, sizeof ds->fp[i].unit, "%s",
+                 spec->data.kind == DATA_TOKENS ? "windows" : "rows");
+    }
     rc = DDPD_OK;
 out:
     if (rc) {
@@ -284,6 +307,12 @@ int64_t dataset_rows(const struct dataset *ds)
 bool dataset_rank_file(const struct dataset *ds)
 {
     return ds->hold == HOLD_PER_RANK;
+}
+
+const struct fingerprint *dataset_fingerprints(const struct dataset *ds, int *n)
+{
+    *n = ds->nfp;
+    return ds->fp;
 }
 
 int64_t dataset_shard_size(const struct dataset *ds)
@@ -461,4 +490,40 @@ ddpd_err dataset_check(const struct spec *spec, const char *data_dir, int world_
     if ((rc = check_spec(spec, world_size, err)))
         return rc;
     return count_rows(spec, data_dir, true, rows, file_bytes, err);
+}
+
+ddpd_err dataset_fingerprint_files(const struct spec *spec, const char *data_dir, int64_t rows,
+                                   struct fingerprint *out, int *n, struct ddpd_error *err)
+{
+    const struct spec_data *d = &spec->data;
+    const char *fields[2] = {"data.x", "data.y"}, *given[2] = {d->x, d->y};
+    int nf = 2;
+    *n = 0;
+    if (d->kind == DATA_SYNTHETIC)
+        return DDPD_OK;
+    if (d->kind != DATA_NPY) {
+        fields[0] = "data.path";
+        given[0] = d->path;
+        nf = 1;
+    }
+    for (int i = 0; i < nf; i++) {
+        if (data__has_rank(given[i])) /* each rank checks its own */
+            continue;
+        struct dfile f = {.fd = -1};
+        struct fingerprint *fp = &out[*n];
+        memset(fp, 0, sizeof *fp);
+        ddpd_err rc = data__file_open(&f, data_dir, fields[i], given[i], 0, err);
+        if (rc == DDPD_OK)
+            rc = fingerprint_fd(f.fd, f.name, fp, err);
+        data__file_close(&f);
+        if (rc)
+            return rc;
+        snprintf(fp->field, sizeof fp->field, "%s", fields[i]);
+        snprintf(fp->file, sizeof fp->file, "%s", given[i]);
+        snprintf(fp->unit, sizeof fp->unit, "%s", d->kind == DATA_TOKENS ? "windows" : "rows");
+        fp->rank = -1;
+        fp->samples = rows;
+        (*n)++;
+    }
+    return DDPD_OK;
 }

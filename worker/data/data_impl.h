@@ -6,6 +6,7 @@
 #define DDPD_DATA_IMPL_H
 
 #include "../data.h"
+#include "../fingerprint.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -54,6 +55,9 @@ struct dataset {
     int64_t shard;
     int64_t *perm; /* [n_total] when shuffling */
     int64_t *idx;  /* [shard] held row of each shard position in this epoch */
+    /* The files read, as they were when opened (dataset_fingerprints). */
+    struct fingerprint fp[2];
+    int nfp;
 };
 
 /* A data file: the name as the spec gives it ({rank} replaced) and its open descriptor. */
@@ -87,6 +91,10 @@ void data__shape_text(char *out, size_t cap, int rank, const int64_t *shape);
 bool data__has_rank(const char *p);
 ddpd_err data__file_open(struct dfile *f, const char *data_dir, const char *field, const char *given,
                          int rank, struct ddpd_error *err);
+/* data__file_open for the dataset's rank, then the file's fingerprint into ds->fp (data.c):
+ * what a rank reads is what its checkpoints record. */
+ddpd_err data__file_open_fp(struct dataset *ds, struct dfile *f, const char *data_dir, const char *field,
+                            const char *given, struct ddpd_error *err);
 void data__file_close(struct dfile *f);
 ddpd_err data__read_whole(const struct dfile *f, char **out, struct ddpd_error *err);
 

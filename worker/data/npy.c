@@ -524,10 +524,10 @@ ddpd_err data__npy_open(struct dataset *ds, const struct spec *s, const char *da
         return data__fail(err, DDPD_ESPEC, rx ? "data.y" : "data.x",
                           "x and y must both hold {rank} or neither");
     ds->hold = rx ? HOLD_PER_RANK : HOLD_WHOLE;
-    if ((rc = data__file_open(&fx, data_dir, "data.x", s->data.x, ds->rank, err)) ||
+    if ((rc = data__file_open_fp(ds, &fx, data_dir, "data.x", s->data.x, err)) ||
         (rc = npy_header(&fx, &hx, err)) || (rc = npy_check(&fx, &hx, NPY_X, s, rx, &nx, err)))
         goto out;
-    if ((rc = data__file_open(&fy, data_dir, "data.y", s->data.y, ds->rank, err)) ||
+    if ((rc = data__file_open_fp(ds, &fy, data_dir, "data.y", s->data.y, err)) ||
         (rc = npy_header(&fy, &hy, err)) ||
         (rc = npy_check(&fy, &hy, ds->ce ? NPY_Y_CE : NPY_Y_MSE, s, ry, &ny, err)))
         goto out;

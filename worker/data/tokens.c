@@ -129,7 +129,7 @@ ddpd_err data__tokens_open(struct dataset *ds, const struct spec *s, const char 
     ddpd_err rc;
     ds->hold = data__has_rank(s->data.path) ? HOLD_PER_RANK : HOLD_WHOLE;
     const bool own = ds->hold == HOLD_PER_RANK;
-    if ((rc = data__file_open(&f, data_dir, "data.path", s->data.path, ds->rank, err)) ||
+    if ((rc = data__file_open_fp(ds, &f, data_dir, "data.path", s->data.path, err)) ||
         (rc = tokens_shape(s, &f, own, &width, &rows, err)))
         goto out;
     /* The planner checks the ids of a shared file; only this rank sees its own, so it

@@ -23,6 +23,10 @@ int main(void)
     CHECK_EQ_STR(ddpd_err_text(DDPD_EUNAVAIL), "store unavailable");
     CHECK_EQ_INT(ddpd_err_http(DDPD_ESPEC), 422);
     CHECK_EQ_INT(ddpd_err_exit(DDPD_ECOMM), 3);
+    /* A resume on data that changed since its checkpoint: 409 from the API, and a rank's
+     * exit 2 with kind "data" (a restart's). */
+    CHECK_EQ_INT(ddpd_err_http(DDPD_EDATACHANGED), 409);
+    CHECK_EQ_INT(ddpd_err_exit(DDPD_EDATACHANGED), 2);
     CHECK_EQ_INT(ddpd_err_http(DDPD_ERR_COUNT), 500);
     CHECK_EQ_STR(ddpd_err_name((ddpd_err)-1), "EINTERNAL");
 
@@ -51,6 +55,7 @@ int main(void)
         {DDPD_EREQUEST, "bad_request", "internal"},
         {DDPD_EFORBIDDEN, "forbidden", "internal"},
         {DDPD_EMEDIATYPE, "unsupported_media_type", "internal"},
+        {DDPD_EDATACHANGED, "data_changed", "data"},
     };
     CHECK_EQ_INT((int)(sizeof pinned / sizeof pinned[0]), DDPD_ERR_COUNT);
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++) {
@@ -58,6 +63,14 @@ int main(void)
         CHECK_EQ_STR(ddpd_err_kind(pinned[i].e), pinned[i].kind);
     }
     CHECK_EQ_STR(ddpd_err_code(DDPD_ERR_COUNT), "internal");
+    for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++) {
+        ddpd_err back = DDPD_EINTERNAL;
+        CHECK(ddpd_err_from_code(pinned[i].code, &back));
+        CHECK_EQ_INT(back, pinned[i].e);
+    }
+    ddpd_err none = DDPD_OK;
+    CHECK(!ddpd_err_from_code("no_such_code", &none) && !ddpd_err_from_code(NULL, &none));
+    CHECK_EQ_INT(none, DDPD_OK);
     CHECK_EQ_STR(ddpd_err_kind((ddpd_err)-1), "internal");
 
     /* An error event's kind stands for one exit code (the launcher reports a rank's

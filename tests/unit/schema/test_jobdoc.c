@@ -31,6 +31,7 @@ static void full_doc(struct jobdoc *d)
     snprintf(d->init_path, sizeof d->init_path, "/var/jobs/3/ckpt-200/model.safetensors");
     d->disk_quota = (int64_t)10 << 30;
     d->max_rank_memory = (int64_t)1 << 33;
+    d->resume_force = true;
 }
 
 static void test_round_trip(void)
@@ -40,8 +41,9 @@ static void test_round_trip(void)
     full_doc(&d);
     json_t *j = jobdoc_to_json(&d);
     CHECK(j != NULL);
-    const char *keys[] = {"job",      "attempt", "world_size", "rank",       "comm",           "spec",
-                          "data_dir", "out_dir", "resume",     "disk_quota", "max_rank_memory"};
+    const char *keys[] = {"job",    "attempt",    "world_size",      "rank",
+                          "comm",   "spec",       "data_dir",        "out_dir",
+                          "resume", "disk_quota", "max_rank_memory", "resume_force"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (!json_object_get(j, keys[i]))
             CHECK__FAIL("jobdoc_to_json left out %s", keys[i]);
@@ -56,6 +58,7 @@ static void test_round_trip(void)
     CHECK_EQ_STR(back.data_dir, "/data");
     CHECK_EQ_STR(back.out_dir, "/var/jobs/7");
     CHECK_EQ_STR(back.resume, "/var/jobs/7/ckpt-4");
+    CHECK(back.resume_force);
     CHECK_EQ_STR(back.init_path, "/var/jobs/3/ckpt-200/model.safetensors");
     CHECK_EQ_INT(back.disk_quota, (int64_t)10 << 30);
     CHECK_EQ_INT(back.max_rank_memory, (int64_t)1 << 33);
@@ -68,16 +71,18 @@ static void test_round_trip(void)
     d.rank = -1;
     d.comm_backend[0] = d.comm_id[0] = d.resume[0] = d.init_path[0] = '\0';
     d.disk_quota = d.max_rank_memory = 0;
+    d.resume_force = false;
     d.world_size = d.spec.world_size = 1;
     j = jobdoc_to_json(&d);
     CHECK(j && !json_object_get(j, "rank") && !json_object_get(j, "max_rank_memory") &&
-          !json_object_get(j, "init_path"));
+          !json_object_get(j, "init_path") && !json_object_get(j, "resume_force"));
     CHECK(json_is_null(json_object_get(j, "comm")) && json_is_null(json_object_get(j, "resume")) &&
           json_is_null(json_object_get(j, "disk_quota")));
     CHECK_EQ_INT(jobdoc_from_json(j, &back, &e), DDPD_OK);
     CHECK_EQ_INT(back.rank, -1);
     CHECK_EQ_STR(back.comm_backend, "");
     CHECK_EQ_STR(back.resume, "");
+    CHECK(!back.resume_force);
     CHECK_EQ_STR(back.init_path, "");
     CHECK_EQ_INT(back.disk_quota, 0);
     CHECK_EQ_INT(back.max_rank_memory, 0);
@@ -118,6 +123,8 @@ static void test_bad_values(void)
     bad("rank", "null", "rank", "rank: expected an integer");
     bad("data_dir", "5", "data_dir", "data_dir: expected a string");
     bad("out_dir", "[]", "out_dir", "out_dir: expected a string");
+    bad("resume_force", "1", "resume_force", "resume_force: expected true or false");
+    bad("resume_force", "null", "resume_force", "resume_force: expected true or false");
     bad("resume", "true", "resume", "resume: expected a string");
     bad("disk_quota", "-1", "disk_quota", "disk_quota: expected an integer");
     bad("disk_quota", "1.5", "disk_quota", "disk_quota: expected an integer");
@@ -322,6 +329,29 @@ static void test_plan_answer(void)
     round_trip(&ans, 3);
     CHECK_EQ_INT(got.code, DDPD_ESPEC);
     CHECK_EQ_STR(got.path, "");
+    /* A data file changed since the checkpoint of a resume: its own code (409 from the
+     * API, not bad_data's 422) and the field it names, which the kind "data" alone lost. */
+    ans.code = DDPD_EDATACHANGED;
+    snprintf(ans.path, sizeof ans.path, "data.path");
+    snprintf(ans.message, sizeof ans.message, "data.path \"t.bin\" changed since the checkpoint at step 4");
+    char *changed = jobdoc_plan_answer_encode(&ans, 2);
+    CHECK(changed && strstr(changed, "\"kind\":\"data\"") && strstr(changed, "\"code\":\"data_changed\""));
+    free(changed);
+    round_trip(&ans, 3);
+    CHECK_EQ_INT(got.code, DDPD_EDATACHANGED);
+    CHECK_EQ_STR(got.path, "data.path");
+    CHECK_EQ_STR(got.message, ans.message);
+    /* A code that is not a rank's error (or none) reads as the kind says. */
+    const char *odd[] = {"{\"event\":\"error\",\"rank\":0,\"kind\":\"data\",\"message\":\"m\",\"ts\":1,"
+                         "\"code\":\"conflict\"}",
+                         "{\"event\":\"error\",\"rank\":0,\"kind\":\"data\",\"message\":\"m\",\"ts\":1,"
+                         "\"code\":\"ok\"}",
+                         "{\"event\":\"error\",\"rank\":0,\"kind\":\"data\",\"message\":\"m\",\"ts\":1,"
+                         "\"code\":7}"};
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+        CHECK(jobdoc_plan_answer_decode(odd[i], strlen(odd[i]), 3, &got));
+        CHECK_EQ_INT(got.code, DDPD_EDATA);
+    }
 
     /* Not answers. */
     const char *garbage[] = {
