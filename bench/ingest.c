@@ -3,11 +3,13 @@
  * store_flush at the end) against a raw batched prepared insert of the same rows with
  * plain sqlite3. Run by bench/server; one measurement per process, fresh database.
  *
- * Usage: bench_ingest store|raw DB_PATH EVENTS [RANKS] [BATCH]
+ * Usage: bench_ingest store|raw DB_PATH EVENTS [RANKS] [BATCH] [EVENTS_MAX]
  *   store  store_open(DB_PATH), one job with RANKS ranks (attempt 1), then EVENTS loss
  *          events (rank r, step s, round robin over ranks) appended and flushed. The store
  *          writes each into `events` and `loss` and keeps the rank's and the job's latest
- *          step and loss (two UPDATEs per batch, not per event).
+ *          step and loss (two UPDATEs per batch, not per event). With EVENTS_MAX > 0 (the
+ *          store's job_events_max, ddpd serve's --job-events-max) the writer also thins the
+ *          job's older loss events past it; BATCH is the raw mode's only.
  *   raw    the same schema (migration 001 applied as text, so the tables have the same
  *          shape; foreign keys not enforced, as plain sqlite3 leaves them), journal_mode
  *          WAL, synchronous NORMAL, then the same rows: per event one prepared INSERT into
@@ -78,10 +80,11 @@ static struct row *make_rows(int64_t job, long n, int ranks)
     return rows;
 }
 
-static int run_store(const char *path, long n, int ranks)
+static int run_store(const char *path, long n, int ranks, long events_max)
 {
     struct ddpd_error err;
-    struct store *s = store_open(path, &err);
+    struct store_opts o = {.job_events_max = (int)events_max};
+    struct store *s = store_open_with(path, &o, &err);
     if (!s) {
         fprintf(stderr, "store_open: %s\n", err.message);
         return 1;
@@ -126,12 +129,14 @@ static int run_store(const char *path, long n, int ranks)
     struct store_job j;
     memset(&j, 0, sizeof j);
     ddpd_err ge = store_job_get(s, id, &j, &err);
+    struct store_usage us = {0};
+    store_job_usage(s, id, &us, NULL);
     printf("{\"mode\":\"store\",\"events\":%ld,\"seconds\":%.6f,\"per_s\":%.1f,\"batches\":%" PRIu64
-           ",\"committed\":%" PRIu64 ",\"dropped\":%" PRIu64 ",\"job_step\":%" PRId64
-           ",\"job_has_progress\":%s,"
+           ",\"committed\":%" PRIu64 ",\"dropped\":%" PRIu64 ",\"thinned\":%" PRIu64 ",\"stored\":%" PRId64
+           ",\"job_step\":%" PRId64 ",\"job_has_progress\":%s,"
            "\"rank0_step\":%" PRId64 "}\n",
-           n, dt, (double)n / dt, st.batches, st.events_committed, st.events_dropped,
-           ge == DDPD_OK && j.has_progress ? j.step : (int64_t)-1,
+           n, dt, (double)n / dt, st.batches, st.events_committed, st.events_dropped, st.events_thinned,
+           us.events, ge == DDPD_OK && j.has_progress ? j.step : (int64_t)-1,
            ge == DDPD_OK && j.has_progress ? "true" : "false",
            ge == DDPD_OK && j.n_ranks > 0 && j.ranks[0].has_progress ? j.ranks[0].step : (int64_t)-1);
     store_job_clear(&j);
@@ -217,15 +222,17 @@ static int run_raw(const char *path, long n, int ranks, int batch)
 int main(int argc, char **argv)
 {
     if (argc < 4 || (strcmp(argv[1], "store") && strcmp(argv[1], "raw"))) {
-        fprintf(stderr, "usage: %s store|raw DB_PATH EVENTS [RANKS] [BATCH]\n", argv[0]);
+        fprintf(stderr, "usage: %s store|raw DB_PATH EVENTS [RANKS] [BATCH] [EVENTS_MAX]\n", argv[0]);
         return 2;
     }
     long n = atol(argv[3]);
     int ranks = argc > 4 ? atoi(argv[4]) : 2;
     int batch = argc > 5 ? atoi(argv[5]) : 1000;
-    if (n < 1 || ranks < 1 || batch < 1) {
-        fprintf(stderr, "%s: EVENTS, RANKS and BATCH must be positive\n", argv[0]);
+    long events_max = argc > 6 ? atol(argv[6]) : 0;
+    if (n < 1 || ranks < 1 || batch < 1 || events_max < 0 || events_max > INT32_MAX) {
+        fprintf(stderr, "%s: EVENTS, RANKS and BATCH must be positive, EVENTS_MAX 0 or more\n", argv[0]);
         return 2;
     }
-    return !strcmp(argv[1], "store") ? run_store(argv[2], n, ranks) : run_raw(argv[2], n, ranks, batch);
+    return !strcmp(argv[1], "store") ? run_store(argv[2], n, ranks, events_max)
+                                     : run_raw(argv[2], n, ranks, batch);
 }

@@ -1346,6 +1346,8 @@ static ddpd_err h_prometheus(struct http_request *req, struct ddpd_error *err)
         "# TYPE ddpd_events_committed_total counter\nddpd_events_committed_total %llu\n"
         "# HELP ddpd_events_dropped_total Events that could not be stored.\n"
         "# TYPE ddpd_events_dropped_total counter\nddpd_events_dropped_total %llu\n"
+        "# HELP ddpd_events_thinned_total Stored loss events deleted to keep jobs within --job-events-max.\n"
+        "# TYPE ddpd_events_thinned_total counter\nddpd_events_thinned_total %llu\n"
         "# HELP ddpd_stream_subscribers Open event streams.\n"
         "# TYPE ddpd_stream_subscribers gauge\nddpd_stream_subscribers %llu\n"
         "# HELP ddpd_stream_subscribers_dropped_total Event streams ended because the client "
@@ -1353,7 +1355,7 @@ static ddpd_err h_prometheus(struct http_request *req, struct ddpd_error *err)
         "# TYPE ddpd_stream_subscribers_dropped_total counter\n"
         "ddpd_stream_subscribers_dropped_total %llu\n",
         (unsigned long long)ss.events_appended, (unsigned long long)ss.events_committed,
-        (unsigned long long)(ss.events_dropped + ss.events_rejected),
+        (unsigned long long)(ss.events_dropped + ss.events_rejected), (unsigned long long)ss.events_thinned,
         (unsigned long long)(srv ? streams_open : hs.subscribers),
         (unsigned long long)hs.dropped + streams_slow);
     if (httpm && n < cap)

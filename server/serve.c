@@ -50,7 +50,7 @@ static void usage(FILE *f)
           "                  [--on-shutdown cancel|finish] [--web-dir DIR] [--cors-origin ORIGIN]\n"
           "                  [--launcher local|slurm] [--slurm-partition P] [--slurm-account A]\n"
           "                  [--slurm-time T] [--slurm-cpus-per-task N] [--slurm-arg ARG]...\n"
-          "                  [--comm-addr HOST] [--job-disk-quota SIZE]\n"
+          "                  [--comm-addr HOST] [--job-disk-quota SIZE] [--job-events-max N]\n"
           "  --listen       address to serve on (default 127.0.0.1:8080; port 0 = any free port)\n"
           "  --db           SQLite database, created on first start in a folder that exists\n"
           "                 (default ./var/ddpd.db, var/ made when missing); one\n"
@@ -59,7 +59,13 @@ static void usage(FILE *f)
           "  --jobs-dir     each job's checkpoints and logs (default: jobs/ beside the database)\n"
           "  --job-disk-quota  bytes one job's folder may hold (checkpoints, final model, logs):\n"
           "                 a number with K, M, G or T (powers of 1024), or none (default 10G); a job\n"
-          "                 that would go over it fails with an error naming the quota\n"
+          "                 that would go over it fails with an error naming the quota; the\n"
+          "                 bytes of its stored events count too\n"
+          "  --job-events-max  loss events kept per job in the database, all ranks together\n"
+          "                 (default 20000; 100 or more, or none): past it the older ones are thinned,\n"
+          "                 keeping the newest half whole, the curve's shape (each stretch's first,\n"
+          "                 last, lowest and highest loss), the first and last step and every other\n"
+          "                 event; live streams still get every event\n"
           "  --gpus         GPUs to use (default auto: what ddpd-worker --devices finds)\n"
           "  --cpu-slots    CPU ranks that may run at once (default: the number of cores)\n"
           "  --max-rank-memory  refuse at submit a job whose rank needs more memory (bytes, or\n"
@@ -174,6 +180,7 @@ struct serve_opts {
     long cpu_slots;
     int64_t max_rank_memory; /* -1: the host's memory divided by the slots */
     int64_t job_disk_quota;
+    long job_events_max; /* 0: none */
     bool insecure, finish, slurm;
     struct slurm_opts slurm_opts;
 };
@@ -206,6 +213,7 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
                              .cpu_slots = sysconf(_SC_NPROCESSORS_ONLN),
                              .max_rank_memory = -1,
                              .job_disk_quota = JOBDIR_DEFAULT_QUOTA,
+                             .job_events_max = STORE_JOB_EVENTS_DEFAULT,
                              .slurm_opts = {.cpus_per_task = 1}};
     struct slurm_opts *so_slurm = &o->slurm_opts;
     /* getopt_long finds the option and its value (--db X, --db=X, or an unambiguous prefix:
@@ -231,6 +239,7 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
                                           {"cpu-slots", required_argument, NULL, 1018},
                                           {"on-shutdown", required_argument, NULL, 1019},
                                           {"insecure", no_argument, NULL, 1020},
+                                          {"job-events-max", required_argument, NULL, 1021},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     optind = 1;
@@ -307,6 +316,17 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
                         "ddpd serve: --job-disk-quota: expected a size such as 10G, 500M or 1048576 "
                         "(bytes; K, M, G, T are powers of 1024) or none, got '%s'\n",
                         v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--job-events-max")) {
+            if (!strcmp(v, "none"))
+                o->job_events_max = 0;
+            else if (base_parse_long(v, 100, INT32_MAX, &o->job_events_max)) {
+                fprintf(
+                    stderr,
+                    "ddpd serve: --job-events-max: expected a number of events from 100 to %d, or none, got "
+                    "'%s'\n",
+                    INT32_MAX, v);
                 return 2;
             }
         } else if (!strcmp(a, "--max-rank-memory")) {
@@ -530,7 +550,8 @@ static int run_server(const struct serve_opts *o, const struct serve_setup *s, c
         fprintf(stderr, "ddpd serve: %s\n", err.message);
         goto out;
     }
-    store = store_open(o->db, &err);
+    struct store_opts sto = {.job_events_max = (int)o->job_events_max};
+    store = store_open_with(o->db, &sto, &err);
     if (!store) {
         fprintf(stderr, "ddpd serve: %s\n", err.message);
         goto out;

@@ -212,6 +212,8 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
         s->o.readers = 8;
     if (s->o.busy_timeout_ms <= 0)
         s->o.busy_timeout_ms = 5000;
+    if (s->o.job_events_max < 0)
+        s->o.job_events_max = 0;
     pthread_mutex_init(&s->wmu, NULL);
     pthread_mutex_init(&s->imu, NULL);
     pthread_cond_init(&s->icv, NULL);
@@ -227,9 +229,14 @@ struct store *store_open_with(const char *path, const struct store_opts *opts, s
     e = conn_open(path, true, s->o.busy_timeout_ms, &s->w, err);
     if (e != DDPD_OK)
         goto out;
+    int rc = store__budget_open(s);
+    if (rc != SQLITE_OK) {
+        e = sq_fail(err, s->w->db, rc, "register ddpd_kept");
+        goto out;
+    }
     /* Refuse a newer database before changing anything in it. */
     int v = 0;
-    int rc = user_version(s->w->db, &v);
+    rc = user_version(s->w->db, &v);
     if (rc != SQLITE_OK) {
         e = sq_fail(err, s->w->db, rc, "read user_version");
         goto out;
@@ -315,6 +322,7 @@ void store_close(struct store *s)
     pthread_mutex_destroy(&s->rmu);
     pthread_mutex_destroy(&s->wmu);
     free(s->q);
+    free(s->keep);
     free(s->path);
     free(s);
 }

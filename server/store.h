@@ -46,7 +46,19 @@ struct store_opts {
     int append_wait_ms;     /* how long store_event_append waits for room; default 1000 */
     int readers;            /* reader connections at most; default 8 */
     int busy_timeout_ms;    /* SQLite busy_timeout on every connection; default 5000 */
+    /* Loss events kept per job (all ranks and attempts together; `ddpd serve
+     * --job-events-max`): past it, the writer thins the job's older loss events in the
+     * batch's transaction (store_budget.c): the newest job_events_max/2 stay whole, and
+     * below them each bucket of steps keeps its first, last, smallest and largest mean
+     * loss and its first loss that was not finite, in at most a quarter of the budget. A
+     * job of W ranks keeps at least 40*W. Every other kind of event is kept, and seq is
+     * never reused. 0 = no bound (the default here; ddpd serve's is 20000). */
+    int job_events_max;
 };
+/* ddpd serve's --job-events-max unless it says otherwise: the newest 10,000 loss events
+ * whole (a hub's tail), the older history in at most 5,000 rows (1,000 buckets or more:
+ * what the dashboard's curve of 1,000 points shows), about 5 MB of a job's database. */
+#define STORE_JOB_EVENTS_DEFAULT 20000
 
 /* Opens (creating it 0600 and its parent folders 0700) the database at `path`, a file name (not
  * ":memory:" or a URI: readers need their own connections to the same file), sets WAL,
@@ -297,7 +309,9 @@ ddpd_err store_rank_put(struct store *s, int64_t job, const struct store_rank *r
  * fields (has_server_fields, job, attempt and the per-job seq the caller assigned).
  * `body` (len bytes, borrowed, copied) is the JSON text stored and served later; NULL
  * encodes `ev` with event_encode. A loss event also goes into the loss series and
- * updates the rank's and the job's step and loss, in the same transaction.
+ * updates the rank's and the job's step and loss, in the same transaction, which also
+ * keeps the job's usage (store_job_usage) and may thin its older loss events
+ * (store_opts.job_events_max).
  * When the queue is full (queue_max events or queue_max_bytes) this waits up to
  * append_wait_ms for the writer to make room and then gives up with DDPD_EBUSY, the
  * event not queued: a stalled disk slows the caller down a little and then costs events,
@@ -322,7 +336,8 @@ struct store_event_row {
     const char *body; /* NUL-terminated JSON text */
     size_t len;
 };
-/* Calls `fn` for each committed event of `job` with seq > after_seq, in seq order, at
+/* Calls `fn` for each committed event of `job` with seq > after_seq, in seq order (the
+ * seqs of loss events that thinning deleted are missing; the others stay), at
  * most `max` of them (0 = STORE_EVENTS_MAX; larger is cut to it); `fn` returns false to
  * stop (that row does not count as delivered). `fn` runs while a reader connection is
  * held: it must not call the store. Sets *count (may be NULL) to the number delivered
@@ -341,8 +356,18 @@ ddpd_err store_events_page(struct store *s, int64_t job, int64_t after_seq, int 
                            struct ddpd_error *err);
 
 /* The largest committed seq of `job`, 0 when it has none; call store_flush first to
- * include queued events. A restarted server continues numbering after it. */
+ * include queued events. A restarted server continues numbering after it (thinning never
+ * deletes a job's newest events). */
 ddpd_err store_event_max_seq(struct store *s, int64_t job, int64_t *seq, struct ddpd_error *err);
+
+/* What job `id`'s stored events take (what ddpd serve's --job-disk-quota counts beside
+ * the job's folder): rows, the bytes of their JSON bodies, and how many are loss events;
+ * committed ones, kept by the writer in the transactions that store and thin them. Zeros
+ * for a job without events, or no such job. One read on a reader connection. */
+struct store_usage {
+    int64_t events, bytes, loss_events;
+};
+ddpd_err store_job_usage(struct store *s, int64_t id, struct store_usage *out, struct ddpd_error *err);
 
 /* ---- metrics ---- */
 
@@ -363,7 +388,8 @@ struct store_eval {
 };
 /* Owns `series`, `lr`, `eval` and their arrays: release with store_metrics_free. */
 struct store_metrics {
-    int64_t points;                /* finite loss values stored (all ranks) */
+    int64_t points;                /* finite loss values stored (all ranks; fewer in the
+                                      older steps of a job thinned to job_events_max) */
     int64_t first_step, last_step; /* 0 when there is none */
     size_t n_series;               /* series[0] is the mean (rank -1), then ranks ascending */
     struct store_series *series;
@@ -405,6 +431,7 @@ struct store_stats {
     uint64_t events_committed; /* rows written */
     uint64_t events_dropped;   /* refused rows and failed batches */
     uint64_t events_rejected;  /* store_event_append returned DDPD_EBUSY (queue full) */
+    uint64_t events_thinned;   /* stored loss events deleted to keep jobs within job_events_max */
     uint64_t batches;          /* writer transactions committed */
     size_t queued;             /* events waiting now */
 };

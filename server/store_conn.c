@@ -75,8 +75,9 @@ static const char *const sql_text[ST_COUNT] = {
     [W_BEGIN] = "BEGIN IMMEDIATE",
     [W_COMMIT] = "COMMIT",
     [W_ROLLBACK] = "ROLLBACK",
-    [W_EVENT_INSERT] = "INSERT INTO events (job, seq, attempt, kind, rank, body, ts) "
-                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    /* ?8: a loss event's step, NULL for the other kinds (store_budget.c finds them by it). */
+    [W_EVENT_INSERT] = "INSERT INTO events (job, seq, attempt, kind, rank, body, ts, step) "
+                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     [W_LOSS_INSERT] = "INSERT OR REPLACE INTO loss (job, step, rank, loss) VALUES (?1, ?2, ?3, ?4)",
     [W_RANK_PROGRESS] = "UPDATE ranks SET step = ?4, loss = ?5, samples_per_s = ?6 "
                         "WHERE job = ?1 AND attempt = ?2 AND rank = ?3 "
@@ -126,6 +127,35 @@ static const char *const sql_text[ST_COUNT] = {
                    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (job, attempt, rank) DO "
                    "UPDATE SET pid = excluded.pid, start_time = excluded.start_time, "
                    "state = excluded.state, exit_code = excluded.exit_code",
+    /* store_budget.c: a job's stored events (?2 rows, ?3 bytes, ?4 of them loss events)
+     * added to its usage; the loss events it has now, and what the latest thinning left. */
+    [W_USAGE_ADD] = "INSERT INTO event_usage (job, events, bytes, loss_events) VALUES (?1, ?2, ?3, ?4) "
+                    "ON CONFLICT (job) DO UPDATE SET events = events + excluded.events, "
+                    "bytes = bytes + excluded.bytes, loss_events = loss_events + excluded.loss_events "
+                    "RETURNING loss_events, thinned",
+    [W_THIN_JOB] = "SELECT world_size, (SELECT min(step) FROM loss WHERE job = ?1) FROM jobs WHERE id = ?1",
+    /* The newest ?2 loss events, which stay whole: the first seq and the smallest step
+     * among them, and how many there are. */
+    [W_THIN_CUT] = "SELECT min(seq), min(coalesce(step, json_extract(body, '$.step'))), count(*) FROM "
+                   "(SELECT seq, step, body FROM events WHERE job = ?1 AND kind = 'loss' "
+                   "ORDER BY seq DESC LIMIT ?2)",
+    /* The loss series below step ?2, one mean per step (store_budget.c picks the steps
+     * that stay; the primary key's order: no sort). */
+    [W_THIN_SCAN] = "SELECT step, CASE WHEN count(loss) = count(*) THEN avg(loss) END FROM loss "
+                    "WHERE job = ?1 AND step < ?2 GROUP BY step",
+    /* Then the other steps go: their loss rows, and the loss events before seq ?2 of the
+     * steps below ?3 (every attempt's; W_THIN_SIZE counts them first). ddpd_kept() is
+     * store_budget.c's, on the writer connection only. */
+    [W_THIN_LOSS] = "DELETE FROM loss WHERE job = ?1 AND step < ?2 AND NOT ddpd_kept(step)",
+    [W_THIN_SIZE] =
+        "SELECT count(*), sum(length(CAST(body AS BLOB))) FROM events WHERE job = ?1 AND seq < ?2 "
+        "AND kind = 'loss' AND coalesce(step, json_extract(body, '$.step')) < ?3 "
+        "AND NOT ddpd_kept(coalesce(step, json_extract(body, '$.step')))",
+    [W_THIN_EVENTS] = "DELETE FROM events WHERE job = ?1 AND seq < ?2 AND kind = 'loss' "
+                      "AND coalesce(step, json_extract(body, '$.step')) < ?3 "
+                      "AND NOT ddpd_kept(coalesce(step, json_extract(body, '$.step')))",
+    [W_THIN_USAGE] = "UPDATE event_usage SET events = events - ?2, bytes = bytes - ?3, "
+                     "loss_events = loss_events - ?2, thinned = loss_events - ?2 WHERE job = ?1",
     [R_JOB_GET] = "SELECT " JOB_COLS "FROM jobs WHERE id = ?1",
     /* Three shapes, so each gets the plan that fits: the primary key backwards, one
      * range of (state, id) backwards, or an IN over the states. */
@@ -152,6 +182,7 @@ static const char *const sql_text[ST_COUNT] = {
                   "json_extract(body, '$.lr') IS NOT NULL GROUP BY step ORDER BY step",
     [R_EVAL_SCAN] = "SELECT body FROM events WHERE job = ?1 AND kind = 'eval' ORDER BY seq",
     [R_JOB_COUNT] = "SELECT state, count(*) FROM jobs GROUP BY state",
+    [R_USAGE] = "SELECT events, bytes, loss_events FROM event_usage WHERE job = ?1",
     [R_PING] = "SELECT count(*) FROM sqlite_schema",
 };
 

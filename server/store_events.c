@@ -143,6 +143,10 @@ static ddpd_err batch_try(struct store *s, struct qev *b, int n, struct qev **lo
             sqlite3_bind_null(ins, 5);
         sqlite3_bind_text(ins, 6, q->body, (int)q->len, SQLITE_STATIC);
         sqlite3_bind_double(ins, 7, q->ts);
+        if (q->kind == EVENT_LOSS)
+            sqlite3_bind_int64(ins, 8, q->step);
+        else
+            sqlite3_bind_null(ins, 8);
         rc = sqlite3_step(ins);
         if (rc == SQLITE_DONE) {
             q->stored = true;
@@ -177,6 +181,12 @@ static ddpd_err batch_try(struct store *s, struct qev *b, int n, struct qev **lo
         rc = batch_rank_steps(c, b, n);
     if (rc != SQLITE_OK) {
         e = sq_fail(err, c->db, rc, "update progress");
+        goto out;
+    }
+    s->try_thinned = 0;
+    rc = store__budget_batch(s, b, n, loss, &s->try_thinned);
+    if (rc != SQLITE_OK) {
+        e = sq_fail(err, c->db, rc, "thin events");
         goto out;
     }
     rc = step_simple(c, W_COMMIT);
@@ -214,6 +224,7 @@ static void batch_commit(struct store *s, struct qev *b, int n, struct qev **los
     if (e == DDPD_OK) {
         s->st.batches++;
         s->st.events_committed += (uint64_t)n - refused;
+        s->st.events_thinned += s->try_thinned;
         s->st.events_dropped += refused;
         if (refused && !s->werr_set) {
             s->werr = rowerr;

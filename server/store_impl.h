@@ -35,6 +35,14 @@ enum {
     W_ATTEMPT_INSERT,
     W_ATTEMPT_END,
     W_RANK_PUT,
+    W_USAGE_ADD,
+    W_THIN_JOB,
+    W_THIN_CUT,
+    W_THIN_SCAN,
+    W_THIN_LOSS,
+    W_THIN_SIZE,
+    W_THIN_EVENTS,
+    W_THIN_USAGE,
     /* readers */
     R_JOB_GET,
     R_JOB_LIST_ALL,
@@ -48,6 +56,7 @@ enum {
     R_LR_SCAN,
     R_EVAL_SCAN,
     R_JOB_COUNT,
+    R_USAGE,
     R_PING,
     ST_COUNT
 };
@@ -100,8 +109,11 @@ struct store {
     bool stop;
     pthread_t thread;
     bool thread_started;
-    struct store_stats st; /* counters (queued is filled in on read) */
-    bool werr_set;         /* a writer error not yet reported by store_flush */
+    struct store_stats st;  /* counters (queued is filled in on read) */
+    uint64_t try_thinned;   /* the writer thread's: events its current try thinned */
+    int64_t *keep;          /* the writer thread's: the steps a thinning round keeps, */
+    size_t nkeep, keep_cap; /* ascending (store_budget.c) */
+    bool werr_set;          /* a writer error not yet reported by store_flush */
     struct ddpd_error werr;
 
     /* Job inserts waiting for the inserter thread's next group commit. */
@@ -193,6 +205,18 @@ void drain(struct store *s);
 
 /* store_insert.c: the inserter thread (started by store_open). */
 void *inserter_main(void *arg);
+
+/* store_budget.c. store__budget_open registers on the writer connection the SQL function
+ * its statements use (an SQLite result). The others run on the writer connection inside
+ * its open transaction and return an SQLite result (SQLITE_OK when done). store__usage_add adds `rows` events
+ * (`loss` of them loss events) of `bytes` to job's usage and sets *loss_now and *thinned (may be NULL) to its
+ * loss events now and what its latest thinning left. store__budget_batch, after a batch's rows: each job's
+ * usage from its stored rows, and a thinning round for a job past store_opts.job_events_max (adding the
+ * events it deleted to *thinned); `scratch` has room for n pointers. */
+int store__budget_open(struct store *s);
+int store__usage_add(struct conn *c, int64_t job, int64_t rows, int64_t bytes, int64_t loss,
+                     int64_t *loss_now, int64_t *thinned);
+int store__budget_batch(struct store *s, struct qev *b, int n, struct qev **scratch, uint64_t *thinned);
 
 /* ---- the loss curve (store_curve.c) ---- */
 

@@ -76,6 +76,8 @@ static ddpd_err insert_queued_event(struct store *s, struct insert_req *r)
     sqlite3_bind_text(st, 6, body, n, SQLITE_STATIC);
     sqlite3_bind_double(st, 7, ev.ts);
     int rc = sqlite3_step(st);
+    if (rc == SQLITE_DONE && (rc = store__usage_add(s->w, ev.job, 1, n, 0, NULL, NULL)) == SQLITE_OK)
+        rc = SQLITE_DONE; /* and its usage, in the same transaction */
     ddpd_err e = rc == SQLITE_DONE ? DDPD_OK : sq_fail(&r->err, s->w->db, rc, "insert the queued event");
     if (e == DDPD_EINTERNAL) /* a row-level refusal must not leave the job without it */
         e = DDPD_EIO;

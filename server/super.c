@@ -657,8 +657,10 @@ static void schedule(struct super *s)
 }
 
 /* The disk quota of running jobs: every SUPER_QUOTA_CHECK_S each job folder is measured
- * (rank 0 checks before its checkpoints; this catches what it cannot see, such as a rank
- * that logs without end), and a job over the quota is stopped and fails naming it. */
+ * and the bytes of the job's stored events added (rank 0 checks its folder before its
+ * checkpoints; this catches what it cannot see, such as a rank that logs without end or
+ * the events of a job that logs eval or loss events at every step past what
+ * --job-events-max thins), and a job over the quota is stopped and fails naming it. */
 static void check_quotas(struct super *s)
 {
     if (s->o.job_disk_quota <= 0)
@@ -669,14 +671,28 @@ static void check_quotas(struct super *s)
             continue;
         a->next_quota_check = now + SUPER_QUOTA_CHECK_S;
         int64_t bytes = 0;
-        /* An unreadable folder (a stale mount) is not a quota matter: the ranks fail on it. */
-        if (jobdir_bytes(a->out_dir, &bytes, NULL) != DDPD_OK || bytes <= s->o.job_disk_quota)
+        struct store_usage u = {0};
+        /* An unreadable folder (a stale mount) is not a quota matter: the ranks fail on it;
+         * an unreadable usage (a busy database) counts as none until the next check. */
+        if (jobdir_bytes(a->out_dir, &bytes, NULL) != DDPD_OK)
+            continue;
+        if (store_job_usage(s->o.store, a->job, &u, NULL) != DDPD_OK)
+            u.bytes = 0;
+        if (bytes + u.bytes <= s->o.job_disk_quota)
             continue;
         char msg[1200];
-        snprintf(msg, sizeof msg,
-                 "the job folder %s holds %" PRId64 " bytes, over the job disk quota of %" PRId64
-                 " bytes (ddpd serve --job-disk-quota); its ranks were stopped",
-                 a->out_dir, bytes, s->o.job_disk_quota);
+        if (u.bytes == 0)
+            snprintf(msg, sizeof msg,
+                     "the job folder %s holds %" PRId64 " bytes, over the job disk quota of %" PRId64
+                     " bytes (ddpd serve --job-disk-quota); its ranks were stopped",
+                     a->out_dir, bytes, s->o.job_disk_quota);
+        else
+            snprintf(msg, sizeof msg,
+                     "the job folder %s holds %" PRId64 " bytes and the job's %" PRId64
+                     " stored events %" PRId64 " bytes, %" PRId64
+                     " in all, over the job disk quota of %" PRId64
+                     " bytes (ddpd serve --job-disk-quota); its ranks were stopped",
+                     a->out_dir, bytes, u.events, u.bytes, bytes + u.bytes, s->o.job_disk_quota);
         a->quota_error = strdup(msg);
         if (!a->quota_error)
             continue; /* measured again next time */

@@ -41,10 +41,11 @@ struct super_opts {
      * is queued: it places the ranks, the slots are not counted, and a job waits as
      * `queued` with the launcher's pending reason. */
     const struct launcher *launcher;
-    /* Bytes each job's folder may hold (ddpd serve --job-disk-quota); 0 = no quota. The
-     * ranks get it in their stdin document (rank 0 checks before each checkpoint), and
-     * the supervisor measures the folder of every running job every SUPER_QUOTA_CHECK_S
-     * (rank logs count too) and fails a job that is over it. */
+    /* Bytes each job's folder and its stored events may hold together (ddpd serve
+     * --job-disk-quota); 0 = no quota. The ranks get it in their stdin document (rank 0
+     * checks its folder before each checkpoint), and the supervisor measures the folder of
+     * every running job every SUPER_QUOTA_CHECK_S (rank logs count too), adds the bytes of
+     * its stored events (store_job_usage) and fails a job that is over it. */
     int64_t job_disk_quota;
 };
 

@@ -1267,14 +1267,350 @@ static void test_delete(void)
     store_close(s);
 }
 
+/* ---- issue 28: a job's stored events are bounded ---- */
+
+/* Everything stored of one job, as a reader sees it. */
+struct all_events {
+    int n, cap;
+    int64_t *seq, *step;
+    event_kind *kind;
+    int *rank, *attempt;
+    double *loss;
+    bool *nonfinite;
+    int64_t bytes;
+};
+
+static bool all_fn(void *ctx, const struct store_event_row *row)
+{
+    struct all_events *a = ctx;
+    if (a->n == a->cap) {
+        a->cap = a->cap ? 2 * a->cap : 1024;
+        a->seq = realloc(a->seq, (size_t)a->cap * sizeof *a->seq);
+        a->step = realloc(a->step, (size_t)a->cap * sizeof *a->step);
+        a->kind = realloc(a->kind, (size_t)a->cap * sizeof *a->kind);
+        a->rank = realloc(a->rank, (size_t)a->cap * sizeof *a->rank);
+        a->attempt = realloc(a->attempt, (size_t)a->cap * sizeof *a->attempt);
+        a->loss = realloc(a->loss, (size_t)a->cap * sizeof *a->loss);
+        a->nonfinite = realloc(a->nonfinite, (size_t)a->cap * sizeof *a->nonfinite);
+    }
+    struct event ev;
+    CHECK_EQ_INT(event_decode(row->body, row->len, &ev, NULL), DDPD_OK);
+    a->seq[a->n] = row->seq;
+    a->step[a->n] = ev.step;
+    a->kind[a->n] = row->kind;
+    a->rank[a->n] = row->rank;
+    a->attempt[a->n] = row->attempt;
+    a->loss[a->n] = ev.loss;
+    a->nonfinite[a->n] = ev.nonfinite;
+    a->bytes += (int64_t)row->len;
+    a->n++;
+    return true;
+}
+
+static void all_free(struct all_events *a)
+{
+    free(a->seq);
+    free(a->step);
+    free(a->kind);
+    free(a->rank);
+    free(a->attempt);
+    free(a->loss);
+    free(a->nonfinite);
+    memset(a, 0, sizeof *a);
+}
+
+/* Reads every stored event of `job` (in pages, as a stream does). */
+static void read_all(struct store *s, int64_t job, struct all_events *a)
+{
+    struct ddpd_error e;
+    memset(a, 0, sizeof *a);
+    for (int64_t after = 0;;) {
+        size_t got = 0;
+        int before = a->n;
+        CHECK_EQ_INT(store_events_page(s, job, after, 500, 0, all_fn, a, &got, &e), DDPD_OK);
+        if (got == 0)
+            break;
+        after = a->seq[before + (int)got - 1];
+    }
+}
+
+/* The loss events of `a` at `step` of `attempt` (0 = any). */
+static int loss_rows_at(const struct all_events *a, int64_t step, int attempt)
+{
+    int n = 0;
+    for (int i = 0; i < a->n; i++)
+        n += a->kind[i] == EVENT_LOSS && a->step[i] == step && (attempt == 0 || a->attempt[i] == attempt);
+    return n;
+}
+
+#define BUDGET      400 /* loss events of the job, both ranks */
+#define BUDGET_RANK 2
+
+/* The loss of rank r at step k: a smooth decay with a spike, a dip and a NaN. */
+static double budget_loss(int64_t k, int r)
+{
+    if (k == 700)
+        return 50.0; /* a spike on both ranks */
+    if (k == 900)
+        return -5.0; /* a dip */
+    if (k == 1100 && r == 1)
+        return NAN;
+    return 1.0 / (1.0 + 0.01 * (double)k) + 0.001 * r + 0.0001 * (double)(k % 7);
+}
+
+struct budget_run {
+    struct store *s;
+    int64_t job, seq;
+    int non_loss; /* non-loss events appended */
+    int64_t max_loss_seen;
+};
+
+static void budget_append(struct budget_run *r, int attempt, event_kind kind, int rank, int64_t step,
+                          double loss)
+{
+    struct event ev;
+    char body[EVENT_LINE_MAX];
+    make_event(&ev, body, sizeof body, r->job, ++r->seq, attempt, kind, rank, step, loss);
+    if (kind == EVENT_CHECKPOINT)
+        snprintf(ev.path, sizeof ev.path, "jobs/%lld/ckpt-%lld/model.safetensors", (long long)r->job,
+                 (long long)step);
+    if (kind == EVENT_ERROR) {
+        snprintf(ev.error_kind, sizeof ev.error_kind, "comm");
+        snprintf(ev.message, sizeof ev.message, "rank 1 went away at step %lld", (long long)step);
+    }
+    if (kind == EVENT_EVAL)
+        ev.samples = 64;
+    if (kind == EVENT_DONE)
+        ev.steps = step;
+    int n = event_encode(&ev, body, sizeof body);
+    CHECK(n > 0);
+    struct ddpd_error e;
+    CHECK_EQ_INT(store_event_append(r->s, &ev, body, (size_t)n, &e), DDPD_OK);
+    r->non_loss += kind != EVENT_LOSS;
+}
+
+/* One attempt's steps first..last of both ranks, with an eval every 50 steps and a
+ * checkpoint every 200; a flush every 25 steps (the live path's small batches), after
+ * which the job's stored loss events are within the budget. */
+static void budget_attempt(struct budget_run *r, int attempt, int64_t first, int64_t last, bool check_bound)
+{
+    struct ddpd_error e;
+    budget_append(r, attempt, EVENT_STATE, -1, 0, 0);
+    for (int rk = 0; rk < BUDGET_RANK; rk++)
+        budget_append(r, attempt, EVENT_START, rk, 0, 0);
+    for (int64_t k = first; k <= last; k++) {
+        for (int rk = 0; rk < BUDGET_RANK; rk++)
+            budget_append(r, attempt, EVENT_LOSS, rk, k, budget_loss(k, rk));
+        if (k % 50 == 0)
+            budget_append(r, attempt, EVENT_EVAL, 0, k, 0.5);
+        if (k % 200 == 0)
+            budget_append(r, attempt, EVENT_CHECKPOINT, 0, k, 0);
+        if (k % 25 == 0 || k == last) {
+            CHECK_EQ_INT(flush(r->s), DDPD_OK);
+            struct store_usage u;
+            CHECK_EQ_INT(store_job_usage(r->s, r->job, &u, &e), DDPD_OK);
+            if (u.loss_events > r->max_loss_seen)
+                r->max_loss_seen = u.loss_events;
+            if (check_bound && u.loss_events > BUDGET) {
+                fprintf(stderr, "    after step %lld: %lld loss events stored, budget %d\n", (long long)k,
+                        (long long)u.loss_events, BUDGET);
+                CHECK(u.loss_events <= BUDGET);
+                check_bound = false; /* say it once */
+            }
+        }
+    }
+}
+
+/* Checks what must survive thinning in `a`: every non-loss event, the first and last
+ * step, the spike, the dip, the NaN, the newest budget/2 loss events whole; seqs
+ * increasing; usage equal to the rows. */
+static void budget_check(struct budget_run *r, int64_t first_step, int64_t last_step, int last_attempt)
+{
+    struct ddpd_error e;
+    struct all_events a;
+    read_all(r->s, r->job, &a);
+    int loss = 0, non_loss = 0, steps_nf = 0;
+    bool increasing = true;
+    for (int i = 0; i < a.n; i++) {
+        loss += a.kind[i] == EVENT_LOSS;
+        non_loss += a.kind[i] != EVENT_LOSS;
+        if (i > 0 && a.seq[i] <= a.seq[i - 1])
+            increasing = false;
+        if (a.kind[i] == EVENT_LOSS && a.nonfinite[i])
+            steps_nf++;
+    }
+    CHECK(increasing);
+    CHECK(loss <= BUDGET);
+    CHECK_EQ_INT(non_loss, r->non_loss);       /* every eval, checkpoint, error, state, ... */
+    CHECK(loss < (int)(r->seq - r->non_loss)); /* and some loss events did go */
+    CHECK_EQ_INT(loss_rows_at(&a, first_step, 0), BUDGET_RANK);
+    CHECK_EQ_INT(loss_rows_at(&a, last_step, last_attempt), BUDGET_RANK);
+    CHECK(loss_rows_at(&a, 700, 0) >= BUDGET_RANK); /* the spike */
+    CHECK(loss_rows_at(&a, 900, 0) >= BUDGET_RANK); /* the dip */
+    CHECK(steps_nf >= 1);                           /* the NaN */
+    /* The newest BUDGET/2 loss events are every step of the last BUDGET/2/ranks. */
+    for (int64_t k = last_step - BUDGET / 2 / BUDGET_RANK + 1; k <= last_step; k++)
+        if (loss_rows_at(&a, k, last_attempt) != BUDGET_RANK) {
+            fprintf(stderr, "    newest step %lld was thinned\n", (long long)k);
+            CHECK(false);
+            break;
+        }
+    int64_t max = 0;
+    CHECK_EQ_INT(store_event_max_seq(r->s, r->job, &max, &e), DDPD_OK);
+    CHECK_EQ_INT(max, r->seq); /* the numbering goes on after it */
+    struct store_usage u;
+    CHECK_EQ_INT(store_job_usage(r->s, r->job, &u, &e), DDPD_OK);
+    CHECK_EQ_INT(u.events, a.n);
+    CHECK_EQ_INT(u.loss_events, loss);
+    all_free(&a);
+}
+
+static void test_event_budget(void)
+{
+    char path[700];
+    struct ddpd_error e;
+    db_path(path, sizeof path, "budget.db");
+    struct store_opts o = {.job_events_max = BUDGET};
+    struct budget_run r = {.s = open_ok(path, &o)};
+    if (!r.s)
+        return;
+    struct store_job_new jn = {
+        .name = "budget", .spec = SPEC, .world_size = BUDGET_RANK, .queued_event = true};
+    CHECK_EQ_INT(store_job_insert(r.s, &jn, &r.job, NULL, &e), DDPD_OK);
+    r.seq = 1; /* the queued event */
+    r.non_loss = 1;
+    int64_t other = insert_job(r.s, "small", 1);
+    struct store_job_update up = {
+        .fields = STORE_SET_STATE | STORE_SET_ATTEMPT, .state = JOB_STATE_RUNNING, .attempt = 1};
+    CHECK_EQ_INT(store_job_update(r.s, r.job, &up, NULL, &e), DDPD_OK);
+    for (int i = 1; i <= 50; i++) /* another job's events are not touched */
+        CHECK_EQ_INT(append(r.s, other, i, 1, EVENT_LOSS, 0, i, 1.0), DDPD_OK);
+
+    /* Attempt 1: 1500 steps (3000 loss events, 7.5x the budget), a rank's error at its end. */
+    budget_attempt(&r, 1, 1, 1500, true);
+    budget_append(&r, 1, EVENT_ERROR, 1, 1500, 0);
+    CHECK_EQ_INT(flush(r.s), DDPD_OK);
+    budget_check(&r, 1, 1500, 1);
+
+    /* The server restarts (the budget lives in the database), and attempt 2 resumes from
+     * the checkpoint at step 1400: steps 1401..1500 run again, then on to 2000 (10x the
+     * budget in all). Until it passes step 1500 the older attempt's newest events are
+     * still above its cut (at most the budget again); then the bound holds again. */
+    store_close(r.s);
+    r.s = open_ok(path, &o);
+    if (!r.s)
+        return;
+    up = (struct store_job_update){.fields = STORE_SET_ATTEMPT, .attempt = 2};
+    CHECK_EQ_INT(store_job_update(r.s, r.job, &up, NULL, &e), DDPD_OK);
+    budget_attempt(&r, 2, 1401, 2000, false);
+    CHECK(r.max_loss_seen <= 2 * BUDGET);
+    budget_append(&r, 2, EVENT_DONE, 0, 2000, 0.1);
+    CHECK_EQ_INT(flush(r.s), DDPD_OK);
+    budget_check(&r, 1, 2000, 2);
+
+    /* Steps 1401..1500 read as attempt 2's, the job's progress is its last step, and the
+     * curve keeps the spike, the dip and both ends. */
+    struct store_job j;
+    CHECK_EQ_INT(store_job_get(r.s, r.job, &j, &e), DDPD_OK);
+    CHECK(j.has_progress && j.step == 2000);
+    CHECK(fabs(j.loss - (budget_loss(2000, 0) + budget_loss(2000, 1)) / 2) < 1e-12);
+    store_job_clear(&j);
+    struct store_metrics m;
+    CHECK_EQ_INT(store_metrics_get(r.s, r.job, 0, &m, &e), DDPD_OK);
+    CHECK_EQ_INT(m.first_step, 1);
+    CHECK_EQ_INT(m.last_step, 2000);
+    CHECK(m.points <= BUDGET);
+    double hi = -INFINITY, lo = INFINITY;
+    for (size_t i = 0; m.n_series > 0 && i < m.series[0].n; i++) {
+        hi = fmax(hi, m.series[0].loss[i]);
+        lo = fmin(lo, m.series[0].loss[i]);
+    }
+    CHECK(hi == 50.0 && lo == -5.0);
+    store_metrics_free(&m);
+    struct store_stats st;
+    store_stats_get(r.s, &st);
+    CHECK(st.events_thinned > 0);
+    struct store_usage fin;
+    CHECK_EQ_INT(store_job_usage(r.s, r.job, &fin, &e), DDPD_OK);
+    fprintf(stderr,
+            "event budget %d: %lld of %lld loss events stored at the end (at most %lld after a commit, "
+            "%llu thinned since the reopen), %lld events, %lld bytes\n",
+            BUDGET, (long long)fin.loss_events, (long long)(r.seq - r.non_loss), (long long)r.max_loss_seen,
+            (unsigned long long)st.events_thinned, (long long)fin.events, (long long)fin.bytes);
+    CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM events WHERE job = 2", NULL, 0), 50);
+    CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM loss WHERE job = 2", NULL, 0), 50);
+    /* The usage is the rows', bytes included, for every job. */
+    CHECK_EQ_INT(
+        raw_query(path,
+                  "SELECT count(*) FROM event_usage u WHERE events <> (SELECT count(*) FROM events "
+                  "WHERE job = u.job) OR bytes <> (SELECT sum(length(CAST(body AS BLOB))) FROM events "
+                  "WHERE job = u.job) OR loss_events <> (SELECT count(*) FROM events WHERE job = u.job "
+                  "AND kind = 'loss')",
+                  NULL, 0),
+        0);
+    CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM event_usage", NULL, 0), 2);
+    CHECK_EQ_INT(store_job_delete(r.s, r.job, 0, &e), DDPD_OK);
+    CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM event_usage", NULL, 0), 1);
+    store_close(r.s);
+
+    /* Without a budget nothing is thinned. */
+    db_path(path, sizeof path, "budget-none.db");
+    struct store *s = open_ok(path, NULL);
+    if (!s)
+        return;
+    int64_t job = insert_job(s, "all", 1);
+    for (int i = 1; i <= 3 * BUDGET; i++)
+        CHECK_EQ_INT(append(s, job, i, 1, EVENT_LOSS, 0, i, 1.0 / i), DDPD_OK);
+    CHECK_EQ_INT(flush(s), DDPD_OK);
+    struct store_usage u;
+    CHECK_EQ_INT(store_job_usage(s, job, &u, &e), DDPD_OK);
+    CHECK_EQ_INT(u.loss_events, 3 * BUDGET);
+    CHECK_EQ_INT(u.events, 3 * BUDGET);
+    CHECK_EQ_INT(store_job_usage(s, 424242, &u, &e), DDPD_OK);
+    CHECK(u.events == 0 && u.bytes == 0);
+    store_close(s);
+}
+
+/* A database of schema version 3 gets its jobs' usage from the events it holds. */
+static void test_event_budget_migration(void)
+{
+    char path[700];
+    db_path(path, sizeof path, "budget-v3.db");
+    sqlite3 *db = NULL;
+    CHECK_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
+    for (int v = 1; v <= 3; v++)
+        CHECK_EQ_INT(sqlite3_exec(db, store_migration_sql(v, NULL), NULL, NULL, NULL), SQLITE_OK);
+    CHECK_EQ_INT(
+        sqlite3_exec(db,
+                     "PRAGMA user_version = 3; INSERT INTO jobs (name, state, spec, world_size, device, "
+                     "created_at) VALUES ('old', 'succeeded', '{}', 1, 'cpu', 1); "
+                     "INSERT INTO events VALUES (1, 1, 1, 'state', NULL, '{\"event\":\"state\"}', 1), "
+                     "(1, 2, 1, 'loss', 0, '{\"event\":\"loss\",\"step\":1}', 1), "
+                     "(1, 3, 1, 'loss', 0, '{\"event\":\"loss\",\"step\":2,\"x\":\"\xc3\xa9\"}', 1);",
+                     NULL, NULL, NULL),
+        SQLITE_OK);
+    sqlite3_close(db);
+    struct store *s = open_ok(path, NULL);
+    if (!s)
+        return;
+    struct ddpd_error e;
+    struct store_usage u;
+    CHECK_EQ_INT(store_job_usage(s, 1, &u, &e), DDPD_OK);
+    CHECK_EQ_INT(u.events, 3);
+    CHECK_EQ_INT(u.loss_events, 2);
+    CHECK_EQ_INT(u.bytes, 17 + 25 + 34); /* bytes, not characters */
+    store_close(s);
+}
+
 /* ---- SIGKILL at random moments ---- */
 
 /* The child: inserts jobs and events and reports each once its call returned:
- * "J id" after an insert, "E id seq" after a flush. Runs until killed. */
+ * "J id" after an insert, "E id seq" after a flush. Runs until killed. Its jobs' 1500
+ * events each are past its event budget: it is killed while thinning too. */
 static int crash_child(const char *path)
 {
     struct ddpd_error e;
-    struct store_opts o = {.linger_ms = 5};
+    struct store_opts o = {.linger_ms = 5, .job_events_max = 400};
     struct store *s = store_open_with(path, &o, &e);
     if (!s) {
         fprintf(stderr, "child: %s\n", e.message);
@@ -1383,6 +1719,17 @@ static void test_crash(const char *self)
         raw_query(path, "PRAGMA integrity_check", text, sizeof text);
         CHECK_EQ_STR(text, "ok");
         CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM pragma_foreign_key_check", NULL, 0), 0);
+        /* Thinning is in the batch's transaction: the usage is the rows', and a job's
+         * loss events are within the budget plus one batch. */
+        CHECK_EQ_INT(
+            raw_query(path,
+                      "SELECT count(*) FROM event_usage u WHERE events <> (SELECT count(*) FROM events "
+                      "WHERE job = u.job) OR loss_events <> (SELECT count(*) FROM events WHERE job = "
+                      "u.job AND kind = 'loss') OR bytes <> (SELECT sum(length(CAST(body AS BLOB))) "
+                      "FROM events WHERE job = u.job)",
+                      NULL, 0),
+            0);
+        CHECK_EQ_INT(raw_query(path, "SELECT count(*) FROM event_usage WHERE loss_events > 400", NULL, 0), 0);
         jobs_total += nj;
         fprintf(stderr, "crash round %d: killed after %d job inserts and %d flushes, all there\n", round, nj,
                 ne);
@@ -1651,6 +1998,8 @@ int main(int argc, char **argv)
     test_metrics_eval_lr();
     test_concurrent();
     test_delete();
+    test_event_budget();
+    test_event_budget_migration();
     test_lock();
     test_state_truth();
     test_quick_check();
