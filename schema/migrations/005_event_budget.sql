@@ -1,8 +1,8 @@
--- 004_event_budget.sql — a job's stored events are bounded: past `ddpd serve
+-- 005_event_budget.sql — a job's stored events are bounded: past `ddpd serve
 -- --job-events-max` loss events, the event writer thins the older ones (store_budget.c),
 -- and their bytes count against `--job-disk-quota`. The build embeds this file byte for
 -- byte in server/store.c, which applies it when the database's PRAGMA user_version is
--- below 4.
+-- below 5.
 
 -- The step of a loss event, so that thinning finds a step's rows without parsing each
 -- body; NULL for the other kinds, and for the rows stored before this column (the writer
