@@ -84,3 +84,15 @@ def st_decode(buf, strict=True):
 
 def st_load(path, strict=True):
     return st_decode(Path(path).read_bytes(), strict=strict)
+
+
+def st_same_training(a, b):
+    """Whether two checkpoint files (bytes) hold the same training state: every tensor bit
+    for bit and the same metadata, but for `data_fingerprints`, which records the data
+    files' mtimes — two runs on two copies of the same data differ there and only there."""
+    (ta, ma), (tb, mb) = st_decode(a), st_decode(b)
+    ma, mb = dict(ma), dict(mb)
+    ma.pop("data_fingerprints", None)
+    mb.pop("data_fingerprints", None)
+    return ma == mb and ta.keys() == tb.keys() and all(
+        ta[k].dtype == tb[k].dtype and ta[k].shape == tb[k].shape and ta[k].tobytes() == tb[k].tobytes() for k in ta)
