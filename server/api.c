@@ -427,6 +427,30 @@ static ddpd_err resolve_init_job(struct api *a, const struct spec *spec, char *p
                           src, job_state_name(st));
 }
 
+/* The planner's request: the job's document (jobdoc.h) without a rank, a group or an
+ * out_dir; for a resume, the checkpoint `resume` (NULL: none) to check the data against.
+ * NULL when out of memory, or when `resume` does not fit the document (a jobs folder too
+ * deep: the supervisor would fail it too). */
+static json_t *plan_doc(const struct api *a, const struct spec *spec, const char *init_path,
+                        const char *resume, bool force)
+{
+    struct jobdoc *preq = calloc(1, sizeof *preq); /* ~106 KiB: not on an HTTP thread's stack */
+    json_t *doc = NULL;
+    if (!preq)
+        return NULL;
+    preq->world_size = spec->world_size;
+    preq->rank = -1;
+    preq->spec = *spec;
+    preq->max_rank_memory = a->max_rank_memory;
+    preq->resume_force = force;
+    snprintf(preq->data_dir, sizeof preq->data_dir, "%s", a->data_dir);
+    snprintf(preq->init_path, sizeof preq->init_path, "%s", init_path);
+    if (!resume || snprintf(preq->resume, sizeof preq->resume, "%s", resume) < (int)sizeof preq->resume)
+        doc = jobdoc_to_json(preq);
+    free(preq);
+    return doc;
+}
+
 static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
 {
     struct api *a = ctx_of(req);
@@ -476,19 +500,7 @@ static ddpd_err h_submit(struct http_request *req, struct ddpd_error *err)
         free(pl);
         return DDPD_OK;
     }
-    /* The request is a job document (jobdoc.h) without a rank, a group or an out_dir. */
-    struct jobdoc *preq = calloc(1, sizeof *preq); /* ~106 KiB: not on an HTTP thread's stack */
-    json_t *doc = NULL;
-    if (preq) {
-        preq->world_size = spec->world_size;
-        preq->rank = -1;
-        preq->spec = *spec;
-        preq->max_rank_memory = a->max_rank_memory;
-        snprintf(preq->data_dir, sizeof preq->data_dir, "%s", a->data_dir);
-        snprintf(preq->init_path, sizeof preq->init_path, "%s", init_path);
-        doc = jobdoc_to_json(preq);
-        free(preq);
-    }
+    json_t *doc = plan_doc(a, spec, init_path, NULL, false);
     if (!doc) {
         rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the job's data");
         goto out;
@@ -778,22 +790,8 @@ static ddpd_err h_resume(struct http_request *req, struct ddpd_error *err)
         }
         return DDPD_OK;
     }
-    /* The planner's request: the job's document without a rank, a group or an out_dir,
-     * with the checkpoint to check the data against. */
-    struct jobdoc *preq = calloc(1, sizeof *preq); /* ~106 KiB: not on an HTTP thread's stack */
-    json_t *doc = NULL;
-    if (preq) {
-        preq->world_size = spec->world_size;
-        preq->rank = -1;
-        preq->spec = *spec;
-        preq->max_rank_memory = a->max_rank_memory;
-        preq->resume_force = r->force;
-        snprintf(preq->data_dir, sizeof preq->data_dir, "%s", a->data_dir);
-        /* A jobs folder too deep for the document: the supervisor would fail it too. */
-        if (snprintf(preq->resume, sizeof preq->resume, "%s", ck) < (int)sizeof preq->resume)
-            doc = jobdoc_to_json(preq);
-        free(preq);
-    }
+    /* The planner's request, with the checkpoint to check the data against. */
+    json_t *doc = plan_doc(a, spec, "", ck, r->force);
     if (!doc) {
         rc = ddpd_error_set(err, DDPD_ENOMEM, "",
                             "cannot build the data check of job %" PRId64
