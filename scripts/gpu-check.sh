@@ -4,8 +4,10 @@
 # Debian packages unpacked in .gpu-debs (scripts/fetch-gpu-debs.sh, run beforehand where apt
 # works; the .deb files alone are enough, they are unpacked here), then:
 #   CPU side (any machine): the build, the CPU/spec/comm/layer unit tests, `--devices`,
-#     `--issue-id nccl`, the step benchmark on the CPU (Linear and a tiny GPT), a small
-#     GPT job and the digits conv net job on the CPU;
+#     `--issue-id nccl`, the kill-a-peer rounds on the emulated GPU (this build's nccl.c: a
+#     rank SIGKILLed at random points, the survivor must exit 3 with one error event), the
+#     step benchmark on the CPU (Linear and a tiny GPT), a small GPT job and the digits
+#     conv net job on the CPU;
 #   GPU side (first the tests that the emulated GPU runs in CI, then the benchmarks): the
 #     CUDA-vs-CPU op tests (unit.test_cuda: gemm, bias, activations, losses,
 #     sgd/adamw, and the v2 ops gemm_batched, embedding, layernorm, softmax (causal),
@@ -15,7 +17,9 @@
 #     on the one GPU) checked against the same job on the CPU, the small GPT job
 #     (embedding, position, layernorm, causal attention, gelu tanh, dropout, AdamW on a
 #     tokens file) and the digits conv net job (conv2d, batchnorm, maxpool2d, flatten) on
-#     the GPU, each checked against the CPU's, and ddpd's step time against
+#     the GPU, each checked against the CPU's, the kill-a-peer rounds with real NCCL (two
+#     GPUs or more: a rank SIGKILLed mid-training, the survivor exits 3 within timeout_s +
+#     10 s), and ddpd's step time against
 #     PyTorch (fp32, TF32 off) for Linear(10,5) batch 3 and the 4096-4096-4096-10 MLP
 #     batch 512 (DDP at world size 1, NCCL) and a GPT-2-small-shaped GPT (12 blocks, dim
 #     768, 12 heads, T 1024, vocab 50304, batch 4, AdamW; eager), with ddpd's TFLOP/s and
@@ -126,6 +130,18 @@ if [ "$HAVE_CUDA" = 1 ]; then
     echo "    --issue-id nccl: ${ID:0:24}... ($(( ${#ID} - 9 )) hex digits)"
     [ $(( ${#ID} - 9 )) = 256 ] || die "--issue-id nccl printed $ID"
 fi
+
+step "kill a peer: NCCL's failure paths on the emulated GPU (this build's nccl.c)"
+# A rank SIGKILLed at random points of its collectives (DDPD_CUDA_EMU_NCCL_KILL), one round
+# in four unnoticed by NCCL: the survivor must exit 3 with one error event, never a signal
+# or a hang (tests/e2e/test_nccl_faults.py; 8 rounds here, 100 in CI).
+if ! timeout 150 env DDPD_BIN="$REPO/$BUILD" DDPD_TEST_TMP="$TMP" DDPD_NCCL_KILL_ROUNDS=8 OMP_NUM_THREADS=1 \
+    python3 -m pytest -q -p no:cacheprovider tests/e2e/test_nccl_faults.py -k "not real_gpus" \
+    >"$TMP/kill-emu.log" 2>&1; then
+    tail -40 "$TMP/kill-emu.log"
+    die "kill-a-peer rounds on the emulated GPU"
+fi
+tail -1 "$TMP/kill-emu.log" | sed 's/^/    /'
 
 step "step benchmark on the CPU (the bench program itself)"
 run 60 "$BUILD/bench/bench_gpu_step" --model tiny --cpu --steps 200 | sed 's/^/    /'
@@ -253,6 +269,19 @@ if ! timeout 200 env DDPD_BIN="$REPO/$BUILD" DDPD_TEST_TMP="$TMP" DDPD_PARITY_DE
     die "parity suites on the GPU (exit or timeout above)"
 fi
 tail -2 "$TMP/parity.log" | sed 's/^/    /'
+
+step "kill a peer with real NCCL (a rank SIGKILLed mid-training: the survivor exits 3)"
+if [ "$NGPU" -ge 2 ]; then
+    if ! timeout 200 env DDPD_BIN="$REPO/$BUILD" DDPD_TEST_TMP="$TMP" DDPD_PARITY_GPU=real DDPD_PARITY_GPUS="$NGPU" \
+        OMP_NUM_THREADS=1 python3 -m pytest -q -p no:cacheprovider tests/e2e/test_nccl_faults.py -k real_gpus \
+        >"$TMP/kill-real.log" 2>&1; then
+        tail -40 "$TMP/kill-real.log"
+        die "kill-a-peer rounds with real NCCL"
+    fi
+    tail -1 "$TMP/kill-real.log" | sed 's/^/    /'
+else
+    echo "    NOT run: NCCL takes a GPU per rank and this host has $NGPU (the emulated rounds above ran)"
+fi
 
 step "jobs: 1 rank over NCCL, 2 ranks on one GPU with ddp.backend cpu, the same on the CPU"
 L1=$(run_job nccl1 job_spec cuda nccl 1)

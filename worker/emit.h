@@ -29,7 +29,9 @@ void emit_failure(const struct ddpd_error *e, bool secondary);
  * when it does not fit. For lines written later by a signal handler (mapguard.c), which
  * may only write(2) what was built before. */
 int emit_error_lines(const struct ddpd_error *e, char *line, size_t cap, char *log, size_t log_cap);
-/* The same, then exits with ddpd_err_exit(e->code). */
+/* The same, then ends the process with _exit(ddpd_err_exit(e->code)): from any thread
+ * (NCCL's watchdog ends the worker too), without atexit handlers or library teardown, and
+ * with no other thread's event after the error. */
 _Noreturn void emit_die(const struct ddpd_error *e);
 /* The same from a code and a message, for failures detected deep inside (CUDA_CHECK). */
 _Noreturn void worker_die(ddpd_err code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -651,7 +651,9 @@ int main(int argc, char **argv)
             comm_abort(comm);
         for (int i = 0; late && i < 1000; i++) /* 10 s at most */
             usleep(10000);
-        exit(ddpd_err_exit(err.code));
+        /* _exit, as emit_die: the event is out (flushed), and exit()'s CUDA and NCCL
+         * teardown could wait for a collective the abort did not end. */
+        _exit(ddpd_err_exit(err.code));
     }
     group = NULL;
     comm_free(comm);

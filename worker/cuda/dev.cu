@@ -119,9 +119,12 @@ static void cu_to_device(void *ctx, void *dst, const void *src, size_t bytes)
     /* From pageable memory the source is consumed before the call returns; from pinned
      * memory the copy is truly asynchronous, and the caller may reuse src on return. */
     cudaPointerAttributes a;
-    if (cudaPointerGetAttributes(&a, src) == cudaSuccess && a.type == cudaMemoryTypeHost)
+    cudaError_t pe = cudaPointerGetAttributes(&a, src);
+    if (pe == cudaSuccess && a.type == cudaMemoryTypeHost)
         check(c, cudaStreamSynchronize(c->stream), "to_device");
-    (void)cudaGetLastError();
+    else if (pe != cudaSuccess)
+        (void)cudaGetLastError(); /* its own failure only (CUDA 10 fails on pageable memory):
+                                   * an error pending from before stays for LAUNCHED to report */
 }
 
 static void cu_to_host(void *ctx, void *dst, const void *src, size_t bytes)
@@ -1330,10 +1333,20 @@ __global__ void k_bn_apply(float *y, const float *x, const float *w, const float
     }
 }
 
+/* Sizes a kernel could not take: a negative one (a caller's bug), or more channels than a
+ * grid has blocks (one block per channel). Each is named as it is. */
 static void bn_check(const struct cuda *c, int64_t n, int64_t ch, int64_t s, const char *op)
 {
-    if (ch > INT32_MAX || n < 0 || s < 0)
-        die(c, op, "a channel count over 2^31-1");
+    char why[160];
+    if (n < 0 || ch < 0 || s < 0) {
+        snprintf(why, sizeof why, "a negative size: batch %lld, channels %lld, spatial size %lld",
+                 (long long)n, (long long)ch, (long long)s);
+        die(c, op, why);
+    }
+    if (ch > INT32_MAX) {
+        snprintf(why, sizeof why, "%lld channels, over 2^31-1 (a block per channel)", (long long)ch);
+        die(c, op, why);
+    }
 }
 
 static void cu_batchnorm_forward_train(void *ctx, float *y, float *mean, float *invstd, float *running_mean,

@@ -6,7 +6,38 @@
  * ncclCommGetAsyncError; either failure aborts the communicator (never destroys it) and
  * ends the worker with the comm exit code. Only the module side of worker/cuda speaks CUDA
  * (this file, module.c and the .cu files); it is built into libddpd-cuda.so, which
- * cuda/nccl_forward.c forwards to. */
+ * cuda/nccl_forward.c forwards to.
+ *
+ * Threads and the communicator. NCCL's calls are re-entrant but not thread-safe: one
+ * thread at a time may call on a communicator, and ncclCommAbort frees it, so no call may
+ * overlap or follow it (NCCL's user guide, "Thread Safety" and ncclCommAbort). Two threads
+ * call here, the caller's (the worker's main thread) and the watchdog, and the discipline
+ * is one lock:
+ *   - c->call_mu guards c->comm and every NCCL call that takes it. It is held across one
+ *     NCCL call only, never across a wait, a sleep, a CUDA synchronisation or an exit, and
+ *     nothing else is locked while it is held (c->mu may be held around it, never taken
+ *     inside it). The communicator is non-blocking (config.blocking = 0): every call
+ *     returns at once, ncclInProgress at worst, so no holder holds it long.
+ *   - The caller takes it plainly. The watchdog only tries it for its poll of the
+ *     asynchronous error (busy: the caller is in a call, and the poll waits its turn);
+ *     where it must have it (NCCL's text of a failure, the abort) it waits ABORT_S at most.
+ *   - An abort takes it, takes the handle out (c->comm = NULL) and lets it go, then calls
+ *     ncclCommAbort on the handle (bounded by ABORT_S on a helper thread). No call is
+ *     running then and none can start: every later path finds c->comm NULL and fails with
+ *     the failure recorded. The watchdog waits for the lock at most ABORT_S; past that it
+ *     ends the worker without aborting (the process's end releases NCCL as well).
+ *   - c->mu guards the watchdog's FIFO, the works' deadlines and refs, the spare list and
+ *     the failure's text.
+ * A failure the watchdog reports ends the worker from the watchdog's thread (worker_die:
+ * the `error` event is flushed, then _exit), while the caller's thread may be blocked in a
+ * stream synchronisation; the caller reports every other one (handoff below).
+ *
+ * Deadlines. A collective's deadline (ddp.timeout_s) runs from the moment it can begin on
+ * the comm stream: an event recorded there after the wait for the compute stream (and
+ * after the collectives before it) says when, and the watchdog starts the clock when that
+ * event completes. A long backward pass before an all-reduce therefore does not count
+ * against it; a peer that never comes does. The compute stream's own work has no
+ * deadline here (a stuck kernel is the device's failure, not the group's). */
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <pthread.h>
@@ -24,21 +55,38 @@
 
 _Static_assert(sizeof(ncclUniqueId) == COMM_ID_BYTES, "a comm_id carries an ncclUniqueId");
 
-#define ABORT_S       10.0 /* ncclCommAbort is bounded too: after this the worker just exits */
+/* ncclCommAbort, and the wait for the comm stream after it, are bounded too: past this the
+ * worker goes on without them. A survivor of a lost peer thus ends within timeout_s (its
+ * collective's deadline) + ABORT_S + the flush of its error (emit_die). */
+#define ABORT_S 5.0
+/* A worker still running this long after a failure its caller took is ended by the
+ * watchdog (see watchdog_main): ABORT_S for the caller's abort, and time to write its error. */
+#define REAP_S        (ABORT_S + 4.0)
 #define WATCH_IDLE_MS 100  /* the watchdog's async-error poll when nothing is outstanding */
 #define WATCH_BUSY_MS 2    /* and while collectives are: deadlines are seconds, so no spinning */
+#define STAGE_MIN     4096 /* the host collectives' staging starts at this many bytes */
 
 /* One collective the watchdog watches; shared with its request until both let go. */
 struct work {
-    cudaEvent_t done; /* recorded on the comm stream after the collective */
-    double deadline;
+    cudaEvent_t started; /* recorded on the comm stream before the collective: it can begin */
+    cudaEvent_t done;    /* recorded on the comm stream after the collective */
+    double deadline;     /* 0 until `started` is seen complete, then that moment + timeout_s */
     char what[64];
     int refs;
-    struct work *next; /* the watchdog's FIFO, or the free list */
+    struct work *next; /* the watchdog's FIFO, or the spare list */
+    struct work *all;  /* every work made: nc_free frees them, waited for or not */
+};
+
+/* Staging buffers outgrown by a larger host collective: freed at the end, not while the
+ * device may be busy (cudaFree waits for the whole device). */
+struct retired {
+    void *dbuf, *hbuf;
+    struct retired *next;
 };
 
 struct nccl {
-    ncclComm_t comm;
+    pthread_mutex_t call_mu; /* the communicator's lock: see the discipline at the top */
+    ncclComm_t comm;         /* under call_mu; NULL once taken out for the abort */
     int rank, world, device;
     double timeout_s;
     cudaStream_t stream;  /* the comm stream */
@@ -47,12 +95,13 @@ struct nccl {
     /* Staging for host-memory collectives (allgather, max): device and pinned host. */
     void *dbuf, *hbuf;
     size_t stage_cap;
+    struct retired *retired;
 
     pthread_t watchdog;
     bool watching;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    struct work *head, *tail, *spare;
+    struct work *head, *tail, *spare, *all;
     bool stop;
     atomic_bool failed; /* set once; every later call fails fast */
     atomic_bool aborted;
@@ -74,14 +123,22 @@ static bool watchdog_claims(struct nccl *c)
     return atomic_compare_exchange_strong(&c->reporter, &none, REPORTER_WATCHDOG);
 }
 
+static void abort_bounded(struct nccl *c, bool bounded);
+
 /* What a table function returns: `rc`, unless the watchdog is ending the worker with the
- * failure, when the caller waits here for the exit (bounded by ABORT_S) instead. */
+ * failure, when the caller waits here for the exit (bounded by ABORT_S) instead. A failure
+ * the caller takes aborts the communicator before it returns: NCCL's collective then stops
+ * stalling the comm stream, and the caller's way out (freeing device memory, which waits
+ * for the whole device) does not wait on it for ever. */
 static ddpd_err handoff(struct nccl *c, ddpd_err rc)
 {
     int none = REPORTER_NONE;
-    if (rc == DDPD_OK || atomic_compare_exchange_strong(&c->reporter, &none, REPORTER_CALLER) ||
-        none == REPORTER_CALLER)
+    if (rc == DDPD_OK)
         return rc;
+    if (atomic_compare_exchange_strong(&c->reporter, &none, REPORTER_CALLER) || none == REPORTER_CALLER) {
+        abort_bounded(c, false);
+        return rc;
+    }
     for (;;)
         pause();
 }
@@ -121,11 +178,85 @@ static ddpd_err cuda_fail(struct nccl *c, cudaError_t e, const char *what)
     return fail_as(c, DDPD_EDEVICE, "nccl: %s: CUDA error: %s", what, cudaGetErrorString(e));
 }
 
+/* ---- the communicator's calls, each under call_mu (the discipline at the top) ----
+ * Each answers ncclInvalidUsage once the communicator was taken out for the abort, which
+ * was recorded as a failure before it: the caller then reports that one. */
+
+static ncclResult_t call_async_error(struct nccl *c, ncclResult_t *async)
+{
+    ncclResult_t r = ncclInvalidUsage;
+    pthread_mutex_lock(&c->call_mu);
+    if (c->comm)
+        r = ncclCommGetAsyncError(c->comm, async);
+    pthread_mutex_unlock(&c->call_mu);
+    return r;
+}
+
+static ncclResult_t call_allreduce(struct nccl *c, void *buf, size_t n, ncclDataType_t type, ncclRedOp_t op)
+{
+    ncclResult_t r = ncclInvalidUsage;
+    pthread_mutex_lock(&c->call_mu);
+    if (c->comm)
+        r = ncclAllReduce(buf, buf, n, type, op, c->comm, c->stream);
+    pthread_mutex_unlock(&c->call_mu);
+    return r;
+}
+
+static ncclResult_t call_broadcast(struct nccl *c, void *buf, size_t bytes, int root)
+{
+    ncclResult_t r = ncclInvalidUsage;
+    pthread_mutex_lock(&c->call_mu);
+    if (c->comm)
+        r = ncclBroadcast(buf, buf, bytes, ncclChar, root, c->comm, c->stream);
+    pthread_mutex_unlock(&c->call_mu);
+    return r;
+}
+
+static ncclResult_t call_allgather(struct nccl *c, const void *in, void *out, size_t bytes)
+{
+    ncclResult_t r = ncclInvalidUsage;
+    pthread_mutex_lock(&c->call_mu);
+    if (c->comm)
+        r = ncclAllGather(in, out, bytes, ncclChar, c->comm, c->stream);
+    pthread_mutex_unlock(&c->call_mu);
+    return r;
+}
+
+static ncclResult_t call_finalize(struct nccl *c)
+{
+    ncclResult_t r = ncclInvalidUsage;
+    pthread_mutex_lock(&c->call_mu);
+    if (c->comm)
+        r = ncclCommFinalize(c->comm);
+    pthread_mutex_unlock(&c->call_mu);
+    return r;
+}
+
+/* call_mu, waiting at most ABORT_S: for the watchdog, which must not wait on a holder
+ * stuck inside NCCL. False when it could not be had. */
+static bool lock_bounded(struct nccl *c)
+{
+    struct timespec until = base_timespec_after(CLOCK_REALTIME, ABORT_S);
+    return pthread_mutex_timedlock(&c->call_mu, &until) == 0;
+}
+
+/* NCCL's text for the last failure, copied out under the lock (the string is NCCL's);
+ * "" when the lock cannot be had. */
+static void call_last_error(struct nccl *c, char *out, size_t cap)
+{
+    *out = '\0';
+    if (!lock_bounded(c))
+        return;
+    const char *last = ncclGetLastError(c->comm); /* NULL: the library's last error */
+    snprintf(out, cap, "%s", last ? last : "");
+    pthread_mutex_unlock(&c->call_mu);
+}
+
 static ddpd_err nccl_fail(struct nccl *c, ncclResult_t r, const char *what)
 {
-    const char *last = ncclGetLastError(c->comm);
-    char why[400];
-    snprintf(why, sizeof why, "%s%s%s", ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
+    char last[300], why[400];
+    call_last_error(c, last, sizeof last);
+    snprintf(why, sizeof why, "%s%s%s", ncclGetErrorString(r), *last ? ": " : "", last);
     return fail_as(c, r == ncclUnhandledCudaError ? DDPD_EDEVICE : DDPD_ECOMM, "nccl: %s: %s", what, why);
 }
 
@@ -144,17 +275,29 @@ static void *abort_thread(void *arg)
     return NULL;
 }
 
-static void abort_bounded(struct nccl *c)
+/* Takes the handle out under call_mu (waiting at most ABORT_S for it when `bounded`: the
+ * watchdog's case), then aborts it alone. */
+static void abort_bounded(struct nccl *c, bool bounded)
 {
-    if (!c->comm || atomic_exchange(&c->aborted, true))
+    if (bounded) {
+        if (!lock_bounded(c))
+            return; /* a holder stuck inside NCCL: the worker ends without the abort */
+    } else {
+        pthread_mutex_lock(&c->call_mu);
+    }
+    ncclComm_t comm = c->comm;
+    c->comm = NULL;
+    atomic_store(&c->aborted, true);
+    pthread_mutex_unlock(&c->call_mu);
+    if (!comm)
         return;
     struct abort_call *a = calloc(1, sizeof *a);
     pthread_t t;
     if (!a)
         return;
-    a->comm = c->comm;
+    a->comm = comm;
     if (pthread_create(&t, NULL, abort_thread, a) != 0) {
-        ncclCommAbort(c->comm);
+        ncclCommAbort(comm);
         free(a);
         return;
     }
@@ -169,7 +312,7 @@ static void abort_bounded(struct nccl *c)
     }
 }
 
-/* ---- the watchdog ---- */
+/* ---- the works ---- */
 
 static void work_release_locked(struct nccl *c, struct work *w)
 {
@@ -179,25 +322,111 @@ static void work_release_locked(struct nccl *c, struct work *w)
     c->spare = w;
 }
 
+static void work_release(struct nccl *c, struct work *w)
+{
+    pthread_mutex_lock(&c->mu);
+    work_release_locked(c, w);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* A work for the collective `what` about to be queued, with one reference (the caller's
+ * until watch() or work_release). */
+static ddpd_err work_get(struct nccl *c, const char *what, struct work **out)
+{
+    pthread_mutex_lock(&c->mu);
+    struct work *w = c->spare;
+    if (w)
+        c->spare = w->next;
+    pthread_mutex_unlock(&c->mu);
+    if (!w) {
+        w = calloc(1, sizeof *w);
+        if (!w)
+            return fail(c, "nccl: %s: %s", what, "out of memory");
+        cudaError_t e = cudaEventCreateWithFlags(&w->started, cudaEventDisableTiming);
+        if (e == cudaSuccess &&
+            (e = cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming)) != cudaSuccess)
+            cudaEventDestroy(w->started);
+        if (e != cudaSuccess) {
+            free(w);
+            return cuda_fail(c, e, what);
+        }
+        pthread_mutex_lock(&c->mu);
+        w->all = c->all;
+        c->all = w;
+        pthread_mutex_unlock(&c->mu);
+    }
+    snprintf(w->what, sizeof w->what, "%s", what);
+    w->deadline = 0;
+    w->refs = 1;
+    w->next = NULL;
+    *out = w;
+    return DDPD_OK;
+}
+
+/* Under c->mu: where `w` stands. cudaSuccess when it is done, cudaErrorNotReady while it
+ * is queued or running (with *late set past its deadline), else the CUDA error. Its
+ * deadline starts when its `started` event is first seen complete. */
+static cudaError_t work_state_locked(struct nccl *c, struct work *w, bool *late)
+{
+    *late = false;
+    if (w->deadline == 0) {
+        cudaError_t s = cudaEventQuery(w->started);
+        if (s != cudaSuccess)
+            return s; /* not begun (cudaErrorNotReady), or the device failed */
+        w->deadline = base_mono_s() + c->timeout_s;
+    }
+    cudaError_t q = cudaEventQuery(w->done);
+    if (q == cudaErrorNotReady && base_mono_s() > w->deadline)
+        *late = true;
+    return q;
+}
+
+/* ---- the watchdog ---- */
+
 /* Ends the worker: the first failure's text as an `error` event, exit code 3 (4 when it
- * was CUDA's). */
+ * was CUDA's). From this thread, while the caller's may be anywhere: worker_die flushes
+ * the event and leaves with _exit (emit.c). */
 static _Noreturn void watchdog_fatal(struct nccl *c)
 {
-    abort_bounded(c);
+    abort_bounded(c, true);
     worker_die(failed_code(c), "rank %d: %s", c->rank, c->err);
+}
+
+/* After a failure the caller took (or an abort), the worker is leaving with the caller's
+ * error: worker/main.c writes it, aborts and exits. The watchdog stays to make sure it
+ * does: a caller still running REAP_S later (a cudaFree waiting for a collective that an
+ * abort which hung did not end, say) is ended from here with the failure's exit code
+ * (emit_die writes no second `error` event when the caller's is out). */
+static void reap(struct nccl *c, double *reap_at)
+{
+    const double now = base_mono_s();
+    if (*reap_at == 0)
+        *reap_at = now + REAP_S;
+    if (now >= *reap_at) {
+        pthread_mutex_unlock(&c->mu);
+        worker_die(failed_code(c),
+                   "rank %d: %s (the worker still ran %.0f s after it: ended by the watchdog)", c->rank,
+                   c->err, REAP_S);
+    }
+    struct timespec until = base_timespec_after(CLOCK_REALTIME, *reap_at - now);
+    pthread_cond_timedwait(&c->cv, &c->mu, &until);
 }
 
 static void *watchdog_main(void *arg)
 {
     struct nccl *c = arg;
+    double reap_at = 0;
     cudaSetDevice(c->device); /* event queries are per-device */
     pthread_mutex_lock(&c->mu);
-    /* After a failure the main thread saw or an abort, the worker is already leaving with
-     * its own error: stop watching rather than report a second one. */
-    while (!c->stop && !atomic_load(&c->aborted) && !atomic_load(&c->failed)) {
+    while (!c->stop) {
+        if (atomic_load(&c->aborted) || atomic_load(&c->failed)) {
+            reap(c, &reap_at);
+            continue;
+        }
         struct work *w = c->head;
         if (w) {
-            cudaError_t q = cudaEventQuery(w->done);
+            bool late;
+            cudaError_t q = work_state_locked(c, w, &late);
             if (q == cudaSuccess) {
                 c->head = w->next;
                 if (!c->head)
@@ -205,31 +434,42 @@ static void *watchdog_main(void *arg)
                 work_release_locked(c, w);
                 continue;
             }
-            if (q != cudaErrorNotReady || base_mono_s() > w->deadline) {
+            if (q != cudaErrorNotReady || late) {
                 char what[128];
                 snprintf(what, sizeof what, "%s", w->what);
                 pthread_mutex_unlock(&c->mu);
-                if (!watchdog_claims(c))
-                    return NULL; /* the caller has failed and reports it */
-                if (q != cudaErrorNotReady)
-                    cuda_fail(c, q, what);
-                else {
-                    char why[64];
-                    snprintf(why, sizeof why, "not done within %.0f s (a rank is gone or stuck)",
-                             c->timeout_s);
-                    fail(c, "nccl: %s %s", what, why);
+                if (watchdog_claims(c)) {
+                    if (q != cudaErrorNotReady)
+                        cuda_fail(c, q, what);
+                    else {
+                        char why[96];
+                        snprintf(why, sizeof why,
+                                 "not done within %.0f s of its start (a rank is gone or stuck)",
+                                 c->timeout_s);
+                        fail(c, "nccl: %s %s", what, why);
+                    }
+                    watchdog_fatal(c);
                 }
-                watchdog_fatal(c);
+                pthread_mutex_lock(&c->mu); /* the caller has failed and reports it */
+                continue;
             }
         }
+        /* Only when the communicator is free: the caller is inside an NCCL call otherwise,
+         * and the poll comes again in a moment. (Under c->mu: call_mu is only tried here.) */
         ncclResult_t async = ncclSuccess;
-        if (ncclCommGetAsyncError(c->comm, &async) == ncclSuccess && async != ncclSuccess &&
-            async != ncclInProgress) {
+        if (pthread_mutex_trylock(&c->call_mu) == 0) {
+            if (c->comm && ncclCommGetAsyncError(c->comm, &async) != ncclSuccess)
+                async = ncclSuccess;
+            pthread_mutex_unlock(&c->call_mu);
+        }
+        if (async != ncclSuccess && async != ncclInProgress) {
             pthread_mutex_unlock(&c->mu);
-            if (!watchdog_claims(c))
-                return NULL;
-            nccl_fail(c, async, "asynchronous error");
-            watchdog_fatal(c);
+            if (watchdog_claims(c)) {
+                nccl_fail(c, async, "asynchronous error");
+                watchdog_fatal(c);
+            }
+            pthread_mutex_lock(&c->mu);
+            continue;
         }
         /* A new collective wakes it (watch signals); otherwise it looks again soon. */
         struct timespec until =
@@ -250,57 +490,40 @@ static ddpd_err settle(struct nccl *c, ncclResult_t r, const char *what)
     while (r == ncclInProgress) {
         if (base_mono_s() > until) {
             fail(c, "nccl: %s: %s", what, "still in progress at the deadline");
-            abort_bounded(c);
+            abort_bounded(c, false);
             return failed_code(c);
         }
         base_sleep_s(50e-6); /* 50 us: well below a collective's deadline */
-        if (ncclCommGetAsyncError(c->comm, &r) != ncclSuccess)
+        if (call_async_error(c, &r) != ncclSuccess)
             break;
     }
     return r == ncclSuccess ? DDPD_OK : nccl_fail(c, r, what);
 }
 
-/* The comm stream waits for everything queued on the compute stream so far. */
-static ddpd_err after_compute(struct nccl *c, const char *what)
+/* The comm stream waits for everything queued on the compute stream so far, then marks
+ * where the collective of `w` can begin (its deadline starts there). */
+static ddpd_err after_compute(struct nccl *c, struct work *w)
 {
     cudaError_t e = cudaEventRecord(c->produced, c->compute);
     if (e == cudaSuccess)
         e = cudaStreamWaitEvent(c->stream, c->produced, 0);
-    return e == cudaSuccess ? DDPD_OK : cuda_fail(c, e, what);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(w->started, c->stream);
+    return e == cudaSuccess ? DDPD_OK : cuda_fail(c, e, w->what);
 }
 
-/* Hands the collective just queued on the comm stream to the watchdog. The work comes
- * back with a second reference for the caller when `keep` is set. */
-static ddpd_err watch(struct nccl *c, const char *what, bool keep, struct work **out)
+/* Hands the collective of `w`, just queued on the comm stream, to the watchdog. The
+ * caller's reference stays the caller's (nc_wait or finish lets it go); the watchdog takes
+ * its own. On failure `w` is released. */
+static ddpd_err watch(struct nccl *c, struct work *w)
 {
-    pthread_mutex_lock(&c->mu);
-    struct work *w = c->spare;
-    if (w)
-        c->spare = w->next;
-    pthread_mutex_unlock(&c->mu);
-    if (!w) {
-        w = calloc(1, sizeof *w);
-        if (!w)
-            return fail(c, "nccl: %s: %s", what, "out of memory");
-        cudaError_t e = cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming);
-        if (e != cudaSuccess) {
-            free(w);
-            return cuda_fail(c, e, what);
-        }
-    }
     cudaError_t e = cudaEventRecord(w->done, c->stream);
     if (e != cudaSuccess) {
-        pthread_mutex_lock(&c->mu);
-        w->refs = 1;
-        work_release_locked(c, w);
-        pthread_mutex_unlock(&c->mu);
-        return cuda_fail(c, e, what);
+        work_release(c, w);
+        return cuda_fail(c, e, w->what);
     }
-    snprintf(w->what, sizeof w->what, "%s", what);
-    w->deadline = base_mono_s() + c->timeout_s;
-    w->refs = keep ? 2 : 1;
-    w->next = NULL;
     pthread_mutex_lock(&c->mu);
+    w->refs++;
     if (c->tail)
         c->tail->next = w;
     else
@@ -308,8 +531,6 @@ static ddpd_err watch(struct nccl *c, const char *what, bool keep, struct work *
     c->tail = w;
     pthread_cond_signal(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    if (out)
-        *out = w;
     return DDPD_OK;
 }
 
@@ -322,27 +543,29 @@ static ddpd_err ready(struct nccl *c, const char *what)
     return DDPD_OK;
 }
 
-/* Blocks the host until `w` is done, within its deadline (the blocking collectives). */
+/* Blocks the host until `w` is done, within its deadline (the blocking collectives), and
+ * lets the caller's reference go. */
 static ddpd_err finish(struct nccl *c, struct work *w)
 {
     ddpd_err rc = DDPD_OK;
     for (;;) {
-        cudaError_t q = cudaEventQuery(w->done);
+        bool late;
+        pthread_mutex_lock(&c->mu);
+        cudaError_t q = work_state_locked(c, w, &late);
+        pthread_mutex_unlock(&c->mu);
         if (q == cudaSuccess)
             break;
         if (q != cudaErrorNotReady) {
             rc = cuda_fail(c, q, w->what);
             break;
         }
-        if (atomic_load(&c->failed) || base_mono_s() > w->deadline) {
+        if (atomic_load(&c->failed) || late) {
             rc = fail(c, "nccl: %s %s", w->what, "not done by its deadline");
             break;
         }
         base_sleep_s(50e-6); /* 50 us: well below a collective's deadline */
     }
-    pthread_mutex_lock(&c->mu);
-    work_release_locked(c, w);
-    pthread_mutex_unlock(&c->mu);
+    work_release(c, w);
     return rc;
 }
 
@@ -359,6 +582,7 @@ static ddpd_err nc_init_rank(const struct comm_id *id, int rank, int world, doub
     c->rank = rank;
     c->world = world;
     c->timeout_s = timeout_s > 0 ? timeout_s : 300;
+    pthread_mutex_init(&c->call_mu, NULL);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     ddpd_err rc = DDPD_ECOMM;
@@ -375,6 +599,7 @@ static ddpd_err nc_init_rank(const struct comm_id *id, int rank, int world, doub
     memcpy(&uid, id->bytes, sizeof uid);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0; /* so that a missing rank cannot hang us: poll with a deadline */
+    /* No other thread yet: the handle is written without call_mu. */
     ncclResult_t r = ncclCommInitRankConfig(&c->comm, world, uid, rank, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
         nccl_fail(c, r, "ncclCommInitRankConfig");
@@ -392,13 +617,12 @@ out:
     if (rc != DDPD_OK) {
         rc = failed_code(c);
         snprintf(errbuf, errcap, "%s", c->err);
-        abort_bounded(c);
-        atomic_store(&c->aborted, true); /* nothing left for free() to abort */
-        c->comm = NULL;
+        abort_bounded(c, false);
         if (c->produced)
             cudaEventDestroy(c->produced);
         if (c->stream)
             cudaStreamDestroy(c->stream);
+        pthread_mutex_destroy(&c->call_mu);
         pthread_mutex_destroy(&c->mu);
         pthread_cond_destroy(&c->cv);
         free(c);
@@ -425,19 +649,40 @@ static ddpd_err nc_bind_dev(void *ctx, struct dev dev, char *errbuf, size_t errc
     return DDPD_OK;
 }
 
+/* The start of a collective on tensors: a work, the wait for the compute stream, and the
+ * NCCL call `r` made by the caller between the two halves (queue_begin, queue_end). */
+static ddpd_err queue_begin(struct nccl *c, const char *what, struct work **w)
+{
+    *w = NULL;
+    ddpd_err rc = ready(c, what);
+    if (!rc)
+        rc = work_get(c, what, w);
+    if (!rc && (rc = after_compute(c, *w)) != DDPD_OK) {
+        work_release(c, *w);
+        *w = NULL;
+    }
+    return rc;
+}
+
+static ddpd_err queue_end(struct nccl *c, struct work *w, ncclResult_t r)
+{
+    ddpd_err rc = settle(c, r, w->what);
+    if (rc) {
+        work_release(c, w);
+        return rc;
+    }
+    return watch(c, w);
+}
+
 static ddpd_err nc_allreduce_start(void *ctx, float *buf, int64_t n, struct comm_req **req)
 {
     struct nccl *c = ctx;
     char what[64];
     snprintf(what, sizeof what, "all-reduce of %lld floats", (long long)n);
-    ddpd_err rc = ready(c, what);
+    struct work *w;
+    ddpd_err rc = queue_begin(c, what, &w);
     if (!rc)
-        rc = after_compute(c, what);
-    if (!rc)
-        rc = settle(c, ncclAllReduce(buf, buf, (size_t)n, ncclFloat, ncclSum, c->comm, c->stream), what);
-    struct work *w = NULL;
-    if (!rc)
-        rc = watch(c, what, true, &w);
+        rc = queue_end(c, w, call_allreduce(c, buf, (size_t)n, ncclFloat, ncclSum));
     if (!rc)
         *req = (struct comm_req *)w;
     return handoff(c, rc);
@@ -450,9 +695,7 @@ static ddpd_err nc_wait(void *ctx, struct comm_req *req)
     struct nccl *c = ctx;
     struct work *w = (struct work *)req;
     cudaError_t e = cudaStreamWaitEvent(c->compute, w->done, 0);
-    pthread_mutex_lock(&c->mu);
-    work_release_locked(c, w);
-    pthread_mutex_unlock(&c->mu);
+    work_release(c, w);
     if (e != cudaSuccess)
         return handoff(c, cuda_fail(c, e, "waiting for an all-reduce"));
     return handoff(c, atomic_load(&c->failed) ? failed_code(c) : DDPD_OK);
@@ -463,41 +706,52 @@ static ddpd_err nc_broadcast(void *ctx, void *buf, size_t bytes, int root)
     struct nccl *c = ctx;
     char what[64];
     snprintf(what, sizeof what, "broadcast of %zu bytes from rank %d", bytes, root);
-    ddpd_err rc = ready(c, what);
+    struct work *w;
+    ddpd_err rc = queue_begin(c, what, &w);
     if (!rc)
-        rc = after_compute(c, what);
-    if (!rc)
-        rc = settle(c, ncclBroadcast(buf, buf, bytes, ncclChar, root, c->comm, c->stream), what);
-    struct work *w = NULL;
-    if (!rc)
-        rc = watch(c, what, true, &w);
+        rc = queue_end(c, w, call_broadcast(c, buf, bytes, root));
     if (!rc)
         rc = finish(c, w);
     return handoff(c, rc);
 }
 
-/* Device and pinned host staging of at least `bytes` for host-memory collectives. */
+/* Device and pinned host staging of at least `bytes` for host-memory collectives. The
+ * buffers it outgrows are kept until nc_free: freeing them here would wait for the whole
+ * device (cudaFree and cudaFreeHost do), a comm stream stalled on a lost peer included,
+ * with no deadline. */
 static ddpd_err stage(struct nccl *c, size_t bytes)
 {
     if (bytes <= c->stage_cap)
         return DDPD_OK;
-    cudaStreamSynchronize(c->stream);
-    cudaFree(c->dbuf);
-    cudaFreeHost(c->hbuf);
-    c->dbuf = c->hbuf = NULL;
-    c->stage_cap = 0;
-    cudaError_t e = cudaMalloc(&c->dbuf, bytes);
-    if (e == cudaSuccess)
-        e = cudaHostAlloc(&c->hbuf, bytes, cudaHostAllocDefault);
+    size_t cap = c->stage_cap ? c->stage_cap : STAGE_MIN;
+    while (cap < bytes)
+        cap = cap > SIZE_MAX / 2 ? bytes : cap * 2;
+    void *dbuf = NULL, *hbuf = NULL;
+    cudaError_t e = cudaMalloc(&dbuf, cap);
+    if (e == cudaSuccess && (e = cudaHostAlloc(&hbuf, cap, cudaHostAllocDefault)) != cudaSuccess)
+        cudaFree(dbuf); /* nothing queued uses it yet */
     if (e != cudaSuccess)
         return cuda_fail(c, e, "staging a host collective");
-    c->stage_cap = bytes;
+    if (c->dbuf) {
+        struct retired *r = malloc(sizeof *r);
+        if (!r) {
+            cudaFree(dbuf);
+            cudaFreeHost(hbuf);
+            return fail(c, "nccl: %s: %s", "staging a host collective", "out of memory");
+        }
+        *r = (struct retired){c->dbuf, c->hbuf, c->retired};
+        c->retired = r;
+    }
+    c->dbuf = dbuf;
+    c->hbuf = hbuf;
+    c->stage_cap = cap;
     return DDPD_OK;
 }
 
 /* A host-memory collective: `in_bytes` from `in` go to the device staging at offset
  * `in_at`, `run` queues the collective on the comm stream, and `out_bytes` from the
- * start of the staging come back into `out`, all within the deadline. */
+ * start of the staging come back into `out`, all within the deadline. It is ordered after
+ * the comm stream's earlier collectives, not after the compute stream (host memory). */
 static ddpd_err host_collective(struct nccl *c, const char *what, const void *in, size_t in_bytes,
                                 size_t in_at, void *out, size_t out_bytes,
                                 ncclResult_t (*run)(struct nccl *c, void *arg), void *arg)
@@ -505,20 +759,29 @@ static ddpd_err host_collective(struct nccl *c, const char *what, const void *in
     ddpd_err rc = ready(c, what);
     if (!rc)
         rc = stage(c, in_at + in_bytes > out_bytes ? in_at + in_bytes : out_bytes);
+    struct work *w = NULL;
+    if (!rc)
+        rc = work_get(c, what, &w);
     if (rc)
         return rc;
     memcpy((char *)c->hbuf + in_at, in, in_bytes);
-    cudaError_t e = cudaMemcpyAsync((char *)c->dbuf + in_at, (char *)c->hbuf + in_at, in_bytes,
-                                    cudaMemcpyHostToDevice, c->stream);
-    if (e != cudaSuccess)
+    cudaError_t e = cudaEventRecord(w->started, c->stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync((char *)c->dbuf + in_at, (char *)c->hbuf + in_at, in_bytes,
+                            cudaMemcpyHostToDevice, c->stream);
+    if (e != cudaSuccess) {
+        work_release(c, w);
         return cuda_fail(c, e, what);
+    }
     rc = settle(c, run(c, arg), what);
     if (!rc &&
         (e = cudaMemcpyAsync(c->hbuf, c->dbuf, out_bytes, cudaMemcpyDeviceToHost, c->stream)) != cudaSuccess)
         rc = cuda_fail(c, e, what);
-    struct work *w = NULL;
-    if (!rc)
-        rc = watch(c, what, true, &w);
+    if (rc) {
+        work_release(c, w);
+        return rc;
+    }
+    rc = watch(c, w);
     if (!rc)
         rc = finish(c, w);
     if (!rc)
@@ -533,7 +796,7 @@ struct gather_arg {
 static ncclResult_t run_allgather(struct nccl *c, void *arg)
 {
     const struct gather_arg *g = arg;
-    return ncclAllGather((char *)c->dbuf + g->at, c->dbuf, g->bytes, ncclChar, c->comm, c->stream);
+    return call_allgather(c, (char *)c->dbuf + g->at, c->dbuf, g->bytes);
 }
 
 static ddpd_err nc_allgather(void *ctx, const void *in, size_t bytes, void *out)
@@ -548,7 +811,7 @@ static ddpd_err nc_allgather(void *ctx, const void *in, size_t bytes, void *out)
 static ncclResult_t run_max(struct nccl *c, void *arg)
 {
     const size_t n = *(const size_t *)arg;
-    return ncclAllReduce(c->dbuf, c->dbuf, n, ncclInt64, ncclMax, c->comm, c->stream);
+    return call_allreduce(c, c->dbuf, n, ncclInt64, ncclMax);
 }
 
 static ddpd_err nc_allreduce_max_i64(void *ctx, int64_t *v, int n)
@@ -561,12 +824,13 @@ static ddpd_err nc_allreduce_max_i64(void *ctx, int64_t *v, int n)
                                       run_max, &count));
 }
 
+/* From any thread (comm.h): safe beside the watchdog, which finds the handle gone. */
 static void nc_abort(void *ctx)
 {
     struct nccl *c = ctx;
-    handoff(c, DDPD_ECOMM); /* the caller reports why it aborts, unless the watchdog does */
-    atomic_store(&c->failed, true);
-    abort_bounded(c);
+    atomic_store(&c->failed, true); /* first: a call racing this one fails fast */
+    handoff(c, DDPD_ECOMM);         /* the caller reports why it aborts, unless the watchdog does */
+    abort_bounded(c, false);
 }
 
 static const char *nc_last_error(void *ctx)
@@ -575,24 +839,11 @@ static const char *nc_last_error(void *ctx)
     return atomic_load(&c->failed) ? c->err : "";
 }
 
-static void free_works(struct work *w)
+/* Waits until the comm stream has run everything queued on it, at most until `until`
+ * (base_mono_s); while `watch_async`, a peer's loss seen by NCCL ends the wait too, as the
+ * watchdog would (it has stopped by then). DDPD_OK when the stream is idle. */
+static ddpd_err stream_idle(struct nccl *c, const char *what, double until, bool watch_async)
 {
-    while (w) {
-        struct work *next = w->next;
-        cudaEventDestroy(w->done);
-        free(w);
-        w = next;
-    }
-}
-
-/* Waits for everything queued on the comm stream, within the deadline, watching the
- * asynchronous error as the watchdog does (it has stopped by now): a peer lost while the
- * last collective is in flight must not hang a clean end, since comm_wait leaves that
- * collective to the streams and NCCL's kernel then waits until an abort. */
-static ddpd_err drain(struct nccl *c)
-{
-    const char *what = "draining the comm stream";
-    const double until = base_mono_s() + c->timeout_s;
     for (;;) {
         cudaError_t q = cudaStreamQuery(c->stream);
         if (q == cudaSuccess)
@@ -600,7 +851,7 @@ static ddpd_err drain(struct nccl *c)
         if (q != cudaErrorNotReady)
             return cuda_fail(c, q, what);
         ncclResult_t async = ncclSuccess;
-        if (ncclCommGetAsyncError(c->comm, &async) == ncclSuccess && async != ncclSuccess &&
+        if (watch_async && call_async_error(c, &async) == ncclSuccess && async != ncclSuccess &&
             async != ncclInProgress)
             return nccl_fail(c, async, what);
         if (base_mono_s() > until)
@@ -609,6 +860,23 @@ static ddpd_err drain(struct nccl *c)
     }
 }
 
+static void free_works(struct work *w)
+{
+    while (w) {
+        struct work *next = w->all;
+        cudaEventDestroy(w->started);
+        cudaEventDestroy(w->done);
+        free(w);
+        w = next;
+    }
+}
+
+/* Every wait here has a deadline: a clean end drains the comm stream within timeout_s
+ * (watching for a lost peer, since comm_wait leaves the last collective to the streams and
+ * NCCL's kernel then waits until an abort), finalizes and destroys; any failure aborts,
+ * then waits at most ABORT_S for the stream. Only an idle stream's buffers are freed
+ * (cudaFree waits for the whole device); a stream still stalled after the abort keeps
+ * them, and the worker leaves without. Every work goes, waited for by its caller or not. */
 static void nc_free(void *ctx)
 {
     struct nccl *c = ctx;
@@ -621,21 +889,40 @@ static void nc_free(void *ctx)
         pthread_mutex_unlock(&c->mu);
         pthread_join(c->watchdog, NULL);
     }
-    if (atomic_load(&c->failed)) {
-        abort_bounded(c); /* never ncclCommDestroy after a failure */
-    } else if (!atomic_load(&c->aborted)) {
+    bool idle = false;
+    if (!atomic_load(&c->failed) && !atomic_load(&c->aborted)) {
         /* A clean end: flush what was issued, then release. Both may be in progress. */
-        if (drain(c) == DDPD_OK && settle(c, ncclCommFinalize(c->comm), "ncclCommFinalize") == DDPD_OK)
+        const char *what = "draining the comm stream";
+        if (stream_idle(c, what, base_mono_s() + c->timeout_s, true) == DDPD_OK &&
+            settle(c, call_finalize(c), "ncclCommFinalize") == DDPD_OK) {
+            idle = true;
+            pthread_mutex_lock(&c->call_mu);
             ncclCommDestroy(c->comm);
-        else
-            abort_bounded(c);
+            c->comm = NULL;
+            pthread_mutex_unlock(&c->call_mu);
+        }
     }
-    free_works(c->head);
-    free_works(c->spare);
-    cudaFree(c->dbuf);
-    cudaFreeHost(c->hbuf);
-    cudaEventDestroy(c->produced);
-    cudaStreamDestroy(c->stream);
+    if (!idle) {
+        abort_bounded(c, false); /* never ncclCommDestroy after a failure */
+        idle = stream_idle(c, "the comm stream after the abort", base_mono_s() + ABORT_S, false) == DDPD_OK;
+    }
+    free_works(c->all);
+    if (idle) {
+        cudaFree(c->dbuf);
+        cudaFreeHost(c->hbuf);
+        for (struct retired *r = c->retired; r; r = r->next) {
+            cudaFree(r->dbuf);
+            cudaFreeHost(r->hbuf);
+        }
+        cudaEventDestroy(c->produced);
+        cudaStreamDestroy(c->stream);
+    }
+    while (c->retired) {
+        struct retired *next = c->retired->next;
+        free(c->retired);
+        c->retired = next;
+    }
+    pthread_mutex_destroy(&c->call_mu);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     free(c);

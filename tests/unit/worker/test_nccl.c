@@ -5,7 +5,13 @@
  * rank processes (on the emulated device, or on a GPU per rank) run every collective and
  * must get the same bits; on the emulator a rank that is killed, aborts or issues another
  * collective must end its peers with the comm error (exit code 3, an `error` event naming
- * it) within seconds. Exits 77 (skipped) where no CUDA device is visible. */
+ * it) within seconds. Issue 34: an abort from another thread while this one issues
+ * collectives (the emulator ends a process whose two threads call NCCL on one communicator
+ * at once, or call it after its abort), collectives never waited for (freed with the
+ * communicator: LeakSanitizer), and compute longer than ddp.timeout_s queued before a
+ * collective (the emulator's kernels made slow), which must not count against it. Exits 77
+ * (skipped) where no CUDA device is visible. */
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -166,6 +172,70 @@ static void test_bind_cpu(const struct comm_id *id)
     dev_cpu_free(cpu);
 }
 
+/* Collectives started and never waited for, by a caller that failed (or just left): the
+ * communicator's end frees them all (under LeakSanitizer, nothing leaks). */
+static void test_unwaited(struct dev g, const struct comm_id *id)
+{
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+    struct comm *c = join_alone(id);
+    if (!c)
+        return;
+    CHECK_OK(comm_bind_dev(c, g, &err));
+    float *a = g.ops->alloc(g.ctx, 1000 * sizeof(float));
+    struct comm_req *r1, *r2;
+    CHECK_OK(comm_allreduce_start(c, a, 1000, &r1, &err));
+    CHECK_OK(comm_allreduce_start(c, a, 10, &r2, &err));
+    comm_free(c);
+    g.ops->free(g.ctx, a);
+}
+
+struct aborter {
+    struct comm *c;
+    long delay_us;
+};
+
+static void *abort_later(void *arg)
+{
+    const struct aborter *a = arg;
+    struct timespec t = {0, a->delay_us * 1000};
+    nanosleep(&t, NULL);
+    comm_abort(a->c);
+    return NULL;
+}
+
+/* comm.h: abort is safe from another thread. The thread that issues collectives (and the
+ * watchdog) must then see every call fail (DDPD_ECOMM), never a crash: NCCL frees the
+ * communicator in ncclCommAbort, and the emulator ends a process that calls it from two
+ * threads at once, or after the abort (SIGABRT). */
+static void test_abort_from_thread(struct dev g, const struct comm_id *id, long delay_us)
+{
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+    struct comm *c = join_alone(id);
+    if (!c)
+        return;
+    CHECK_OK(comm_bind_dev(c, g, &err));
+    float *a = g.ops->alloc(g.ctx, 1000 * sizeof(float));
+    struct aborter ab = {c, delay_us};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, abort_later, &ab) == 0);
+    ddpd_err rc = DDPD_OK;
+    const double until = base_mono_s() + 30.0;
+    while (rc == DDPD_OK && base_mono_s() < until) {
+        struct comm_req *r;
+        rc = comm_allreduce_start(c, a, 1000, &r, &err);
+        if (rc == DDPD_OK)
+            rc = comm_wait(c, r, &err);
+        if (rc == DDPD_OK)
+            rc = comm_broadcast(c, a, 64, 0, &err);
+    }
+    pthread_join(t, NULL);
+    CHECK_EQ_INT(rc, DDPD_ECOMM);
+    comm_free(c);
+    g.ops->free(g.ctx, a);
+}
+
 /* Rank 1 of 2 never comes: joining fails at the deadline (2 s) plus the bounded abort. */
 static void test_absent_rank(const struct comm_id *id)
 {
@@ -191,7 +261,8 @@ struct shared {
     double died_at;          /* when the victim went */
 };
 static struct shared *sh;
-static int victim = -1; /* the rank a fault test picks on */
+static int victim = -1;            /* the rank a fault test picks on */
+static double rank_timeout_s = 30; /* the ranks' ddp.timeout_s */
 
 /* Whether the plugin is the emulated device (the loader's own test of DDPD_CUDA_EMU). */
 static bool emulated(void)
@@ -223,7 +294,7 @@ static _Noreturn void rank_main(int rank, int world, const struct comm_id *id, r
         fprintf(stderr, "rank %d: dev_cuda_new: %s\n", rank, err.message);
         exit(1);
     }
-    struct comm *c = comm_new(&comm_nccl_ops, id, rank, world, 30.0, &err);
+    struct comm *c = comm_new(&comm_nccl_ops, id, rank, world, rank_timeout_s, &err);
     if (!c) {
         fprintf(stderr, "rank %d: comm_new: %s\n", rank, err.message);
         exit(1);
@@ -483,6 +554,47 @@ static int rank_mismatch(int rank, int world, struct dev g, struct comm *c)
     return 1;
 }
 
+/* Compute queued before a collective (6 kernels of 300 ms: DDPD_CUDA_EMU_KERNEL_DELAY_MS)
+ * outlasts the 1 s deadline; the collective itself is quick. Its deadline starts when it
+ * can begin, so neither the all-reduce nor the blocking broadcast fails. */
+static int rank_slow_compute(int rank, int world, struct dev g, struct comm *c)
+{
+    (void)rank;
+    (void)world;
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+    float *d = g.ops->alloc(g.ctx, 1000 * sizeof *d), first = 0;
+    for (int k = 0; k < 6; k++)
+        g.ops->fill(g.ctx, d, 1.0f, 1000);
+    struct comm_req *req;
+    OR_DIE(comm_allreduce_start(c, d, 1000, &req, &err));
+    OR_DIE(comm_wait(c, req, &err));
+    for (int k = 0; k < 6; k++)
+        g.ops->fill(g.ctx, d, 2.0f, 1000);
+    OR_DIE(comm_broadcast(c, d, 1000 * sizeof *d, 0, &err));
+    g.ops->to_host(g.ctx, &first, d, sizeof first);
+    CHECK(first == 2.0f);
+    g.ops->free(g.ctx, d);
+    return 0;
+}
+
+static void test_group_slow_compute(const struct comm_id *id)
+{
+    struct group gr;
+    memset(sh, 0, sizeof *sh);
+    rank_timeout_s = 1.0;
+    setenv("DDPD_CUDA_EMU_KERNEL_DELAY_MS", "300", 1); /* for the rank forked next only */
+    run_group(&gr, 1, id, rank_slow_compute);
+    unsetenv("DDPD_CUDA_EMU_KERNEL_DELAY_MS");
+    rank_timeout_s = 30;
+    int rc = group_result(&gr, "slow compute");
+    CHECK(rc >= 0);
+    if (rc == 0)
+        fprintf(stderr, "  slow compute: 1.8 s of kernels before each collective, deadline 1 s: ok\n");
+    else
+        fprintf(stderr, "  slow compute: %s\n", gr.out[0]);
+}
+
 /* Rank 0 leaves its last all-reduce in flight (comm_wait does not block the host) and
  * frees the communicator; rank 1 ends cleanly without it, a moment later. Rank 0's clean
  * end must see its peer go rather than wait for the collective forever. */
@@ -606,9 +718,10 @@ int main(void)
 #endif
     /* Ids first: the issuers are forked before this process starts CUDA, and so are the
      * groups' ranks, which start their own. */
-    enum { NIDS = 11 };
+    enum { ABORTS = 8, NIDS = 14 + ABORTS };
     struct issuer is[NIDS];
-    /* The groups' ids (4..10) only where a group can run: each rank loads the module. */
+    /* The groups' ids (4..11) only where a group can run: each rank loads the module;
+     * the one-rank tests' (12..) after them. */
     const bool groups = dev_cuda_driver_present();
     const int nids = groups ? NIDS : 4;
     for (int i = 0; i < nids; i++)
@@ -631,6 +744,7 @@ int main(void)
         test_group_fault(3, 2, true, &is[8].id);
         test_group_mismatch(&is[9].id);
         test_group_early_end(&is[10].id);
+        test_group_slow_compute(&is[11].id);
     }
     if (!dev_cuda_available()) {
         for (int i = 0; i < nids; i++)
@@ -648,6 +762,12 @@ int main(void)
     test_collectives(g, &is[1].id);
     test_bind_cpu(&is[2].id);
     test_absent_rank(&is[3].id);
+    if (groups) {
+        test_unwaited(g, &is[12].id);
+        for (int k = 0; k < ABORTS; k++)
+            test_abort_from_thread(g, &is[13 + k].id, 250L * k);
+        fprintf(stderr, "  abort from another thread, %d times: every call after it failed\n", ABORTS);
+    }
     for (int i = 0; i < nids; i++)
         CHECK_EQ_INT(issuer_stop(&is[i]), 0);
     dev_cuda_free(g);

@@ -5,13 +5,16 @@
  * without the barrier between them reads a stale value, as a GPU would let it. Barriers
  * count threads that returned as arrived (sm_70 and later); a warp operation whose mask
  * names a lane that has left, or a block where no fiber can move, is a launch failure that
- * names the kernel, the block and the thread. Knows nothing of memory or streams. */
+ * names the kernel, the block and the thread. Knows nothing of memory or streams.
+ * Test knob: DDPD_CUDA_EMU_KERNEL_DELAY_MS=N makes every kernel take N ms more on its
+ * stream (a slow GPU: compute that outlasts a collective's deadline). */
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <mutex>
@@ -555,6 +558,18 @@ out:
     delete b;
 }
 
+/* DDPD_CUDA_EMU_KERNEL_DELAY_MS, read once: 0 when unset or not a number of ms. */
+static long kernel_delay_ms()
+{
+    static const long ms = [] {
+        const char *v = getenv("DDPD_CUDA_EMU_KERNEL_DELAY_MS");
+        char *end;
+        long n = v && *v ? strtol(v, &end, 10) : 0;
+        return n > 0 && n <= 60000 && !*end ? n : 0L;
+    }();
+    return ms;
+}
+
 void submit(const char *kernel, dim3 grid, dim3 blk, size_t smem, cudaStream_t stream,
             std::function<void()> body)
 {
@@ -582,8 +597,14 @@ void submit(const char *kernel, dim3 grid, dim3 blk, size_t smem, cudaStream_t s
                       kernel, smem));
         return;
     }
-    cudaError_t e =
-        enqueue(stream, [kernel, grid, blk, body = std::move(body)]() { run_grid(kernel, grid, blk, body); });
+    const long delay_ms = kernel_delay_ms();
+    cudaError_t e = enqueue(stream, [kernel, grid, blk, delay_ms, body = std::move(body)]() {
+        if (delay_ms > 0) {
+            struct timespec t = {delay_ms / 1000, delay_ms % 1000 * 1000000L};
+            nanosleep(&t, NULL);
+        }
+        run_grid(kernel, grid, blk, body);
+    });
     if (e != cudaSuccess)
         set_last_error(e);
 }

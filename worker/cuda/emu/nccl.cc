@@ -3,7 +3,14 @@
  * thread and moves its data in chunks through one fixed-size slot per rank, waiting on
  * futexes that also watch for aborted or dead peers. Reductions run on every rank in rank
  * order, so all ranks get the same bits. It does not emulate NCCL's transports, topology,
- * rings and trees, several hosts, timing or group fusion. */
+ * rings and trees, several hosts, timing or group fusion.
+ * It checks NCCL's rules for its caller, which real NCCL leaves to luck: a call on a
+ * communicator while another thread is inside one on it, or after ncclCommAbort or
+ * ncclCommDestroy freed it, ends the process with SIGABRT, saying which (see Call below).
+ * Test knobs (environment): DDPD_CUDA_EMU_NCCL_BLIND=1, a dead peer is never noticed, as
+ * NCCL's shared-memory and P2P transports do not notice one: only the caller's deadline
+ * ends the wait; DDPD_CUDA_EMU_NCCL_KILL=R:SEQ:AT, rank R kills itself at its collective
+ * SEQ (see kill_point). */
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,6 +28,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
@@ -37,6 +45,7 @@ constexpr size_t kSlotBytes = size_t{256} << 10; /* a rank's share of one step *
 constexpr long kSliceMs = 20;                    /* a futex wait's slice: abort and peers are looked at */
 constexpr double kLivenessS = 0.1;               /* how often a waiting rank reads its peers' /proc */
 constexpr double kInitWaitS = 5.0;               /* a segment's initialiser is a few stores away */
+constexpr long kHoldUs = 200; /* each call holds its communicator this long at least: Call */
 constexpr char kIdMagic[8] = {'d', 'd', 'p', 'd', 'n', 'c', 'c', 'l'};
 
 /* What ncclGetUniqueId puts in the id: the rest of its 128 bytes is zero. */
@@ -246,10 +255,10 @@ void reduce_any(uint32_t dtype, void *out, const ShmSeg *s, int world, size_t at
 /* The last failure of a call without a communicator (ncclGetLastError(NULL)). */
 std::mutex g_mu;
 char g_last[512];
-/* Aborted communicators are never freed: NCCL's abort may race with the calls of other
- * threads (nccl.c's watchdog aborts while the main thread may be in a call), which then
- * find an aborted comm rather than freed memory. Reachable from here, so no leak report;
- * a plain list, which exit() does not destroy under a thread still pushing onto it. */
+/* Aborted and destroyed communicators are never freed: work queued on a stream may still
+ * name one (it returns at once), and a caller's later call with one must find it marked
+ * freed (Call reports it) rather than reused memory. Reachable from here, so no leak
+ * report; a plain list, which exit() does not destroy under a thread still pushing onto it. */
 ncclComm *g_graveyard;
 thread_local int t_group_depth;
 
@@ -271,10 +280,166 @@ struct ncclComm {
     double next_live_run = 0, next_live_join = 0;
     char async_text[512] = "", last_text[512] = "";
     ncclComm *next_dead = nullptr; /* g_graveyard's list; under g_mu */
+    /* NCCL's rules for the caller (Call): the thread inside a call on it (0: none), that
+     * call's name, and the call that freed it (nullptr while it lives). */
+    std::atomic<long> holder{0};
+    std::atomic<const char *> holder_call{nullptr}, freed_by{nullptr};
 };
 
 namespace
 {
+
+/* ---- NCCL's rules for its caller, checked ----
+ * NCCL's calls are re-entrant but not thread-safe: one thread at a time may call on a
+ * communicator, and ncclCommAbort and ncclCommDestroy free it, so that no call may overlap
+ * or follow them (NCCL's user guide, "Thread Safety"; ncclCommAbort). Real NCCL does not
+ * check: an overlapping call corrupts its state or reads freed memory, and the process
+ * crashes, or not, by luck. Every call here that takes a communicator holds a Call for its
+ * length: one made while another thread holds one on the same communicator, or on a
+ * communicator already freed, is reported and ends the process (SIGABRT). A Call lasts
+ * kHoldUs at least, as if NCCL's calls were slow: the window in which a second thread's
+ * call is seen is then wide enough to catch a caller without a discipline in a few dozen
+ * calls, not by luck. (The stream threads that run the collectives are NCCL's own
+ * kernels and proxy, not callers: they take no Call.) */
+
+long thread_id()
+{
+    thread_local long id = syscall(SYS_gettid);
+    return id;
+}
+
+[[noreturn]] __attribute__((format(printf, 1, 2))) void misuse(const char *fmt, ...)
+{
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "ddpd nccl emulator: misuse of NCCL: %s\n", text);
+    abort();
+}
+
+class Call
+{
+  public:
+    Call(ncclComm *c, const char *name) : c_(c)
+    {
+        if (!c)
+            return;
+        const long me = thread_id();
+        check_alive(name, me);
+        long other = 0;
+        if (!c->holder.compare_exchange_strong(other, me)) {
+            const char *theirs = c->holder_call.load();
+            misuse("%s on thread %ld while thread %ld is inside %s on the same communicator: NCCL is not "
+                   "thread-safe (one thread at a time may call on a communicator)",
+                   name, me, other, theirs ? theirs : "a call");
+        }
+        c->holder_call.store(name);
+        check_alive(name, me); /* freed between the first look and the claim */
+        struct timespec t = {0, kHoldUs * 1000};
+        nanosleep(&t, nullptr);
+    }
+    ~Call()
+    {
+        if (c_)
+            c_->holder.store(0);
+    }
+    Call(const Call &) = delete;
+    Call &operator=(const Call &) = delete;
+
+  private:
+    void check_alive(const char *name, long me)
+    {
+        if (const char *by = c_->freed_by.load())
+            misuse("%s on thread %ld with a communicator that %s freed already (a use after free in NCCL)",
+                   name, me, by);
+    }
+    ncclComm *c_;
+};
+
+/* The call that frees `c` says so while it still holds its Call: later calls are refused. */
+void mark_freed(ncclComm *c, const char *by)
+{
+    c->freed_by.store(by);
+}
+
+/* DDPD_CUDA_EMU_NCCL_BLIND=1: peers' processes are never looked at, so a dead peer is
+ * noticed by nobody (NCCL's shared-memory and P2P transports wait on memory a dead peer
+ * never writes); one that aborted or left is still seen, from its state in the segment. */
+bool blind()
+{
+    static const bool on = [] {
+        const char *v = getenv("DDPD_CUDA_EMU_NCCL_BLIND");
+        return v && !strcmp(v, "1");
+    }();
+    return on;
+}
+
+/* DDPD_CUDA_EMU_NCCL_KILL=R:SEQ:AT, a test's way to end a rank at an exact point of its
+ * collectives: the process of rank R SIGKILLs itself at its collective number SEQ (1 is
+ * the first it issues), AT `issue` (inside the call, before it is queued: the peers wait
+ * for it in that collective), `post` (on the stream, once its first chunk is in its slot:
+ * the peers have seen it arrive) or `done` (once the collective has completed on this
+ * rank: the peers finish it too, then wait for it in the next). With the variable set,
+ * every rank names on stderr each collective it issues ("rank 0 issues ncclAllGather #7
+ * of 16 x int8") and, as it destroys or aborts its communicator, how many it issued, so
+ * that a test can pick SEQ among them. */
+enum KillAt { KILL_NONE = 0, KILL_ISSUE, KILL_POST, KILL_DONE };
+struct KillPoint {
+    bool set = false;
+    int rank = -1;
+    uint32_t seq = 0;
+    KillAt at = KILL_NONE;
+};
+
+const KillPoint &kill_point()
+{
+    static const KillPoint k = [] {
+        KillPoint p;
+        const char *v = getenv("DDPD_CUDA_EMU_NCCL_KILL");
+        if (!v || !*v)
+            return p;
+        p.set = true;
+        char at[16] = "";
+        unsigned seq = 0;
+        int rank = -1;
+        if (sscanf(v, "%d:%u:%15s", &rank, &seq, at) == 3) {
+            p.rank = rank;
+            p.seq = seq;
+            p.at = !strcmp(at, "issue")  ? KILL_ISSUE
+                   : !strcmp(at, "post") ? KILL_POST
+                   : !strcmp(at, "done") ? KILL_DONE
+                                         : KILL_NONE;
+        }
+        if (p.at == KILL_NONE)
+            fprintf(stderr,
+                    "ddpd nccl emulator: DDPD_CUDA_EMU_NCCL_KILL='%s' is not RANK:SEQ:issue|post|done\n", v);
+        return p;
+    }();
+    return k;
+}
+
+void kill_if(const ncclComm *c, uint32_t seq, KillAt at)
+{
+    const KillPoint &k = kill_point();
+    if (k.at != at || k.rank != c->rank || k.seq != seq)
+        return;
+    static const char *const name[] = {"", "issue", "post", "done"};
+    fprintf(stderr,
+            "ddpd nccl emulator: rank %d kills itself at its collective %u (%s), as "
+            "DDPD_CUDA_EMU_NCCL_KILL asks\n",
+            c->rank, seq, name[at]);
+    fflush(stderr);
+    kill(getpid(), SIGKILL);
+}
+
+/* What a test of DDPD_CUDA_EMU_NCCL_KILL counts on: the collectives this rank issued. */
+void say_issued(const ncclComm *c)
+{
+    if (kill_point().set)
+        fprintf(stderr, "ddpd nccl emulator: rank %d issued %u collectives\n", c->rank, c->issued.load());
+}
 
 void vnote(ncclComm *c, bool async, ncclResult_t r, const char *fmt, va_list ap)
 {
@@ -362,7 +527,7 @@ bool wait_all(ncclComm *c, A32 ShmRank::*field, uint32_t want, const Desc &d)
         }
         bool all = true, live = false;
         double now = now_s();
-        if (now >= c->next_live_run) {
+        if (!blind() && now >= c->next_live_run) {
             live = true;
             c->next_live_run = now + kLivenessS;
         }
@@ -446,6 +611,8 @@ bool step(const Work &w, size_t off, size_t n, size_t per)
     me.desc = d;
     me.ready.store(k, std::memory_order_release);
     ring(s);
+    if (off == 0)
+        kill_if(c, d.seq, KILL_POST);
     if (!wait_all(c, &ShmRank::ready, k, d))
         return false;
     for (int q = 0; q < c->world; q++) {
@@ -498,6 +665,7 @@ void run_work(void *arg)
             return;
         off += n;
     } while (off < total);
+    kill_if(c, d.seq, KILL_DONE);
 }
 
 void release_work(void *arg)
@@ -516,6 +684,7 @@ ncclResult_t enqueue(ncclComm *c, const char *call, Desc d, const void *send, si
 {
     if (!c)
         return fail(nullptr, ncclInvalidArgument, "%s: comm is NULL", call);
+    Call held(c, call);
     if (c->stop.load())
         return fail(c, ncclInvalidUsage, "%s: the communicator was aborted or destroyed", call);
     if (c->finalizing.load())
@@ -550,6 +719,12 @@ ncclResult_t enqueue(ncclComm *c, const char *call, Desc d, const void *send, si
         }
     }
     d.seq = c->issued.fetch_add(1) + 1;
+    if (kill_point().set) {
+        char what[160];
+        desc_text(d, what, sizeof what);
+        fprintf(stderr, "ddpd nccl emulator: rank %d issues %s\n", c->rank, what);
+    }
+    kill_if(c, d.seq, KILL_ISSUE);
     Work *w = new Work{c, d, static_cast<const unsigned char *>(send), static_cast<unsigned char *>(recv)};
     {
         std::lock_guard<std::mutex> g(c->mu);
@@ -585,7 +760,7 @@ bool joined_check(ncclComm *c)
         return true;
     }
     double now = now_s();
-    bool live = now >= c->next_live_join;
+    bool live = !blind() && now >= c->next_live_join;
     if (live)
         c->next_live_join = now + kLivenessS;
     for (int q = 0; q < c->world; q++) {
@@ -779,6 +954,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
     if (!comm || !asyncError)
         return fail(comm, ncclInvalidArgument, "ncclCommGetAsyncError: %s is NULL",
                     comm ? "asyncError" : "comm");
+    Call held(comm, "ncclCommGetAsyncError");
     if (!comm->joined.load()) {
         std::lock_guard<std::mutex> g(comm->mu);
         if (comm->seg && !comm->stop.load() && comm->error.load() == ncclSuccess)
@@ -803,6 +979,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm)
 {
     if (!comm)
         return fail(nullptr, ncclInvalidArgument, "ncclCommFinalize: comm is NULL");
+    Call held(comm, "ncclCommFinalize");
     if (comm->stop.load())
         return fail(comm, ncclInvalidUsage, "ncclCommFinalize: the communicator was aborted or destroyed");
     comm->finalizing.store(true);
@@ -818,20 +995,15 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
     if (!comm)
         return ncclSuccess;
+    Call held(comm, "ncclCommDestroy");
+    say_issued(comm);
     if (!leave(comm, RANK_LEFT))
         return fail(comm, ncclInvalidUsage,
                     "ncclCommDestroy: the communicator was aborted or destroyed already");
-    bool busy;
-    {
-        std::lock_guard<std::mutex> g(comm->mu);
-        busy = comm->inflight > 0;
-    }
-    if (busy) {
-        /* Queued work still names it (and returns at once): keep it like an aborted one. */
-        bury(comm);
-    } else {
-        delete comm;
-    }
+    /* Kept, like an aborted one: queued work may still name it (and returns at once), and a
+     * later call with it must find it freed, not reuse its memory. */
+    mark_freed(comm, "ncclCommDestroy");
+    bury(comm);
     return ncclSuccess;
 }
 
@@ -839,8 +1011,11 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
     if (!comm)
         return ncclSuccess;
+    Call held(comm, "ncclCommAbort");
+    say_issued(comm);
     if (leave(comm, RANK_ABORTED))
         bury(comm);
+    mark_freed(comm, "ncclCommAbort");
     return ncclSuccess;
 }
 
@@ -848,6 +1023,7 @@ ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
 {
     if (!comm || !count)
         return fail(comm, ncclInvalidArgument, "ncclCommCount: %s is NULL", comm ? "count" : "comm");
+    Call held(comm, "ncclCommCount");
     *count = comm->world;
     return ncclSuccess;
 }
@@ -856,6 +1032,7 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
 {
     if (!comm || !rank)
         return fail(comm, ncclInvalidArgument, "ncclCommUserRank: %s is NULL", comm ? "rank" : "comm");
+    Call held(comm, "ncclCommUserRank");
     *rank = comm->rank;
     return ncclSuccess;
 }
@@ -880,6 +1057,7 @@ const char *ncclGetLastError(ncclComm_t comm)
     /* A copy per thread: the watchdog reads it while the stream thread may write. */
     thread_local char text[512];
     if (comm) {
+        Call held(comm, "ncclGetLastError");
         std::lock_guard<std::mutex> g(comm->mu);
         snprintf(text, sizeof text, "%s",
                  comm->error.load() != ncclSuccess ? comm->async_text : comm->last_text);
