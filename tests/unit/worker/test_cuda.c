@@ -682,6 +682,12 @@ static int shapes_main(void)
         t[i] = x, tn[i] = i == 0 ? n : 5;
     g.ops->sumsq_group(g.ctx, 70, t, tn, out);
     g.ops->synchronize(g.ctx);
+    g.ops->free(g.ctx, x);
+    g.ops->free(g.ctx, y);
+    g.ops->free(g.ctx, dx);
+    g.ops->free(g.ctx, loss);
+    g.ops->free(g.ctx, lab);
+    dev_cuda_free(g); /* LeakSanitizer's exit status would read as a failure */
     return 0;
 }
 
