@@ -23,7 +23,11 @@
 #     PyTorch (fp32, TF32 off) for Linear(10,5) batch 3 and the 4096-4096-4096-10 MLP
 #     batch 512 (DDP at world size 1, NCCL) and a GPT-2-small-shaped GPT (12 blocks, dim
 #     768, 12 heads, T 1024, vocab 50304, batch 4, AdamW; eager), with ddpd's TFLOP/s and
-#     both sides' tokens/s.
+#     both sides' tokens/s; then the GPT-2-sized loss: the reductions of issue 34 at GPT-2's
+#     sizes against the CPU (test_cuda_reduce with DDPD_TEST_BIG_REDUCTIONS=1: the cross
+#     entropy of [8192, 50304] logits, the clip norm's sums of squares over GPT-2-small's
+#     163 M gradients), and their times (bench_loss) before issue 34 (--before: one block
+#     of 1,024 threads, a wait per tensor) and after, beside PyTorch's (bench/loss_torch.py).
 # Without a GPU (or with --cpu-only) it says so after the CPU side and exits 0.
 # Bounded to 8 minutes: every step has a timeout.
 #   scripts/gpu-check.sh [--cpu-only]          (BUILD=dir to choose the build folder)
@@ -100,7 +104,7 @@ grep -E "^--   (jansson|OpenBLAS|libmicrohttpd|SQLite|CUDA) " "$TMP/configure.lo
 HAVE_CUDA=0
 grep -q "^--   CUDA           ON" "$TMP/configure.log" && HAVE_CUDA=1
 run 300 cmake --build "$BUILD" -j"$(nproc)" --target ddpd ddpd-worker test_dev test_spec test_comm test_layers test_nn \
-    test_cuda test_nccl bench_gpu_step >"$TMP/build.log" 2>&1 || { tail -30 "$TMP/build.log"; die "build"; }
+    test_cuda test_cuda_reduce test_nccl bench_gpu_step bench_loss >"$TMP/build.log" 2>&1 || { tail -30 "$TMP/build.log"; die "build"; }
 W=$BUILD/ddpd-worker
 # The worker links no CUDA library; its module libddpd-cuda.so (dlopened on demand) does.
 ldd "$W" | grep -E "jansson|openblas|cudart|cublas|nccl" | sed 's/^/    /'
@@ -117,7 +121,7 @@ if [ "$HAVE_CUDA" = 1 ]; then
 fi
 
 step "unit tests (the GPU ones skip without a GPU)"
-run 180 ctest --test-dir "$BUILD" -R 'unit\.test_(dev|spec|comm|layers|nn|cuda|nccl)$' --output-on-failure |
+run 180 ctest --test-dir "$BUILD" -R 'unit\.test_(dev|spec|comm|layers|nn|cuda|cuda_reduce|nccl)$' --output-on-failure |
     tee "$TMP/ctest.log" | grep -E "Test +#|tests passed"
 grep -q "100% tests passed" "$TMP/ctest.log" || die "unit tests"
 
@@ -252,7 +256,7 @@ fi
 
 # ---- GPU side ----
 step "CUDA ops against the CPU, NCCL comm (must run, not skip)"
-run 240 ctest --test-dir "$BUILD" -R 'unit\.test_(cuda|nccl)$' --output-on-failure | tee "$TMP/gpu.log" |
+run 240 ctest --test-dir "$BUILD" -R 'unit\.test_(cuda|cuda_reduce|nccl)$' --output-on-failure | tee "$TMP/gpu.log" |
     grep -E "Test +#|tests passed"
 grep -q "100% tests passed" "$TMP/gpu.log" && ! grep -q "Skipped" "$TMP/gpu.log" || die "GPU unit tests"
 
@@ -324,4 +328,35 @@ if m == "gpt2s":
           f"{p['peak_mem_gib']:.1f} GiB")
 EOF
 done
+step "the GPT-2-sized loss: [8192, 50304] logits and GPT-2-small's clip norm against the CPU"
+# The multi-block reductions at the size they were made for (test_cuda_reduce's big cases; the
+# CPU reference takes most of the time).
+run 240 env DDPD_TEST_BIG_REDUCTIONS=1 "$BUILD/tests/test_cuda_reduce" >"$TMP/big.log" 2>&1 ||
+    { tail -20 "$TMP/big.log"; die "test_cuda_reduce with DDPD_TEST_BIG_REDUCTIONS=1"; }
+grep -E "^big:|checks" "$TMP/big.log" | sed 's/^/    /'
+
+step "the GPT-2-sized loss and clip norm: before issue 34, after, and PyTorch"
+for v in after before; do
+    flag=""
+    [ "$v" = before ] && flag=--before
+    timeout 120 "$BUILD/bench/bench_loss" $flag >"$TMP/loss-$v.json" 2>"$TMP/loss-$v.err" ||
+        { tail -5 "$TMP/loss-$v.err"; die "bench_loss $flag (exit $?)"; }
+done
+timeout 180 python3 bench/loss_torch.py >"$TMP/loss-torch.json" 2>"$TMP/loss-torch.err" ||
+    { tail -5 "$TMP/loss-torch.err"; die "bench/loss_torch.py (exit $?)"; }
+python3 - "$TMP/loss-before.json" "$TMP/loss-after.json" "$TMP/loss-torch.json" <<'EOF'
+import json, sys
+runs = {}
+for path in sys.argv[1:]:
+    for line in open(path):
+        r = json.loads(line)
+        runs[(r["bench"], r["variant"])] = r
+print(f"    {'':30} {'before ms':>10} {'after ms':>10} {'torch ms':>10} {'after/torch':>12}")
+for bench, what in (("cross_entropy", "cross entropy [8192, 50304]"), ("clip_norm", "clip norm, GPT-2 small")):
+    b, a, t = (runs[(bench, v)] for v in ("before", "after", "torch"))
+    print(f"    {what:30} {b['ms']:10.3f} {a['ms']:10.3f} {t['ms']:10.3f} {a['ms'] / t['ms']:12.3f}")
+ce = runs[("cross_entropy", "after")]
+print(f"    cross entropy after: {ce['gb_per_s']:.0f} GB/s (logits read 3 times, gradient written once); "
+      f"loss ddpd {ce['loss']:.6f}, torch {runs[('cross_entropy', 'torch')]['loss']:.6f}")
+EOF
 printf '\ngpu-check: all checks passed in %ds\n' $((SECONDS - T0))

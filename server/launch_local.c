@@ -471,6 +471,13 @@ static json_t *local_devices_json(void *ctx, const struct sched *s)
                 json_object_set_new(slot, "memory", k ? json_integer(g->memory) : json_null());
                 json_object_set_new(slot, "uuid", k && g->uuid[0] ? json_string(g->uuid) : json_null());
                 json_object_set_new(slot, "emulated", json_boolean(k && g->emulated));
+                /* Its compute capability and whether ddpd's CUDA module runs there (null:
+                 * not known); a GPU without code is never given to a job. */
+                json_object_set_new(slot, "compute_capability",
+                                    k && g->cc[0] ? json_string(g->cc) : json_null());
+                json_object_set_new(slot, "has_code",
+                                    k && g->cc[0] ? json_boolean(!g->no_code) : json_null());
+                json_object_set_new(slot, "code", k && g->code[0] ? json_string(g->code) : json_null());
             }
             json_array_append_new(arr, slot);
         }

@@ -17,6 +17,7 @@ struct queued {
 struct kind_state {
     int nslots;
     int64_t *holder;  /* [nslots], 0 = free */
+    bool *off;        /* [nslots]: never given to a job (a GPU without code) */
     struct queued *q; /* FIFO: q[0] is the head */
     int qlen, qcap;
 };
@@ -41,7 +42,8 @@ struct sched *sched_new(int gpus, int cpu_slots)
     s->k[DEVICE_CUDA].nslots = gpus < 0 ? 0 : gpus > SCHED_MAX_SLOTS ? SCHED_MAX_SLOTS : gpus;
     for (int i = 0; i < 2; i++) {
         s->k[i].holder = calloc((size_t)s->k[i].nslots + 1, sizeof(int64_t));
-        if (!s->k[i].holder) {
+        s->k[i].off = calloc((size_t)s->k[i].nslots + 1, sizeof(bool));
+        if (!s->k[i].holder || !s->k[i].off) {
             sched_free(s);
             return NULL;
         }
@@ -70,8 +72,10 @@ const char *sched_gpu_device(const struct sched *s, int i)
 
 void sched_describe_gpus(struct sched *s, const struct sched_gpu_info *info)
 {
-    for (int i = 0; info && i < s->k[DEVICE_CUDA].nslots; i++)
+    for (int i = 0; info && i < s->k[DEVICE_CUDA].nslots; i++) {
         s->gpu_info[i] = info[i];
+        s->k[DEVICE_CUDA].off[i] = info[i].known && info[i].no_code;
+    }
 }
 
 const struct sched_gpu_info *sched_gpu_info(const struct sched *s, int i)
@@ -85,6 +89,7 @@ void sched_free(struct sched *s)
         return;
     for (int i = 0; i < 2; i++) {
         free(s->k[i].holder);
+        free(s->k[i].off);
         free(s->k[i].q);
     }
     free(s->gpu_ids);
@@ -97,12 +102,51 @@ int sched_slots(const struct sched *s, device_kind kind)
     return s->k[kind].nslots;
 }
 
+int sched_usable_slots(const struct sched *s, device_kind kind)
+{
+    int n = 0;
+    for (int i = 0; i < s->k[kind].nslots; i++)
+        n += !s->k[kind].off[i];
+    return n;
+}
+
+/* Why a cuda job of `world` ranks cannot run on the usable GPUs although the server has
+ * enough: the GPUs without code in the module (the first two), their compute capability,
+ * what the module holds. Fits the 512 bytes callers give it. */
+static void no_code_why(const struct sched *s, int world, char *why, size_t cap)
+{
+    const int n = s->k[DEVICE_CUDA].nslots, usable = sched_usable_slots(s, DEVICE_CUDA);
+    size_t o = (size_t)snprintf(why, cap, "device cuda: ");
+    const char *module = "";
+    int listed = 0;
+    for (int i = 0; i < n && o < cap; i++) {
+        const struct sched_gpu_info *g = &s->gpu_info[i];
+        if (!s->k[DEVICE_CUDA].off[i])
+            continue;
+        module = g->module_code;
+        if (listed++ < 2)
+            o += (size_t)snprintf(why + o, cap - o, "%sGPU %d (device %s, %.48s) has compute capability %s",
+                                  listed > 1 ? "; " : "this server's ", i, s->gpu_ids[i], g->name,
+                                  g->cc[0] ? g->cc : "unknown");
+    }
+    if (o < cap && listed > 2)
+        o += (size_t)snprintf(why + o, cap - o, " (and %d more)", listed - 2);
+    if (o < cap)
+        snprintf(
+            why + o, cap - o,
+            ", for which ddpd's CUDA module holds no code (it was built for %.100s): a job can use %d of "
+            "the %d GPU%s, world_size %d needs %d; rebuild the module with -DDDPD_CUDA_ARCHS=all",
+            module[0] ? module : "other architectures", usable, n, n == 1 ? "" : "s", world, world);
+}
+
 bool sched_fits(const struct sched *s, device_kind kind, int world, char *why, size_t cap)
 {
     int n = s->k[kind].nslots;
-    if (world <= n)
+    if (world <= sched_usable_slots(s, kind))
         return true;
-    if (n == 0)
+    if (n > 0 && world <= n)
+        no_code_why(s, world, why, cap);
+    else if (n == 0)
         snprintf(why, cap, "device %s: this server has no %ss", device_kind_name(kind),
                  kind == DEVICE_CUDA ? "GPU" : "CPU slot");
     else
@@ -148,7 +192,7 @@ static int free_slots(const struct kind_state *k)
 {
     int n = 0;
     for (int i = 0; i < k->nslots; i++)
-        n += k->holder[i] == 0;
+        n += k->holder[i] == 0 && !k->off[i];
     return n;
 }
 
@@ -160,7 +204,7 @@ bool sched_next(struct sched *s, int64_t *job, device_kind *kind, int *slots, in
             continue;
         struct queued head = k->q[0];
         for (int i = 0, n = 0; i < k->nslots && n < head.world; i++)
-            if (k->holder[i] == 0) {
+            if (k->holder[i] == 0 && !k->off[i]) {
                 k->holder[i] = head.job;
                 slots[n++] = i;
             }
@@ -188,9 +232,13 @@ static void reason_at(const struct kind_state *k, int t, int i, char *buf, size_
     if (i > 0)
         snprintf(buf, cap, "queued behind job %" PRId64 " (%d earlier job%s waiting for %ss)", k->q[0].job, i,
                  i > 1 ? "s" : "", kind_word((device_kind)t));
-    else
+    else {
+        int usable = 0;
+        for (int j = 0; j < k->nslots; j++)
+            usable += !k->off[j];
         snprintf(buf, cap, "waiting for %d free %ss (%d of %d free)", k->q[i].world,
-                 kind_word((device_kind)t), free_slots(k), k->nslots);
+                 kind_word((device_kind)t), free_slots(k), usable);
+    }
 }
 
 void sched_pending_reason(const struct sched *s, int64_t job, char *buf, size_t cap)

@@ -31,6 +31,13 @@ struct sched_gpu_info {
     int64_t memory; /* bytes */
     char name[256]; /* "NVIDIA H100 80GB HBM3", "ddpd emulated GPU 0" */
     char uuid[48];  /* "GPU-xxxxxxxx-..." */
+    /* Its compute capability ("8.6"; "" when --devices did not say: an older worker), and
+     * what of the CUDA module runs there (`code`: "sm_80", "compute_90"). A GPU the module
+     * holds no code for (no_code) is a slot no job takes: its first kernel would fail. */
+    char cc[8];
+    bool no_code;
+    char code[16];
+    char module_code[128]; /* what the module holds: "sm_75 sm_80 ... compute_120" */
 };
 
 /* Which of the `found` devices `ddpd-worker --devices` listed (found[j] is its device j,
@@ -52,7 +59,8 @@ void sched_name_gpus(struct sched *s, const char (*ids)[SCHED_GPU_ID_MAX]);
  * sched_free. NULL past the GPU slots. */
 const char *sched_gpu_device(const struct sched *s, int i);
 /* Describes the GPU slots: slot i is info[i] (sched_gpu_match; one entry per GPU slot, or
- * NULL: none known). Copied. */
+ * NULL: none known). Copied. A slot whose device the CUDA module holds no code for
+ * (no_code) is never given to a job from then on. */
 void sched_describe_gpus(struct sched *s, const struct sched_gpu_info *info);
 /* What is known of GPU slot i's device; borrowed, valid until sched_free. NULL past the
  * GPU slots; {.known = false} when nothing is. */
@@ -60,9 +68,12 @@ const struct sched_gpu_info *sched_gpu_info(const struct sched *s, int i);
 void sched_free(struct sched *s);
 
 int sched_slots(const struct sched *s, device_kind kind);
+/* The slots a job can be given: sched_slots less the GPUs without code (sched_describe_gpus). */
+int sched_usable_slots(const struct sched *s, device_kind kind);
 
 /* False when a job of `world` ranks on `kind` can never run on this server; `why` then
- * says so in a sentence ("world_size 4 needs 4 cpu slots but this server has 2"). */
+ * says so in a sentence ("world_size 4 needs 4 cpu slots but this server has 2"; for GPUs
+ * the module holds no code for: which, their compute capability and the module's code). */
 bool sched_fits(const struct sched *s, device_kind kind, int world, char *why, size_t cap);
 
 /* Adds a job to its kind's queue, which is kept in job id order: ids grow with

@@ -164,11 +164,19 @@ static int list_gpus(const char *worker, struct sched_gpu_info *found, int cap)
         struct sched_gpu_info *g = &found[count++];
         const char *name = json_string_value(json_object_get(d, "name"));
         const char *uuid = json_string_value(json_object_get(d, "uuid"));
+        /* An older worker does not say "has_code": its GPUs read as having code. */
+        const char *cc = json_string_value(json_object_get(d, "compute_capability"));
+        const char *code = json_string_value(json_object_get(d, "code"));
+        const char *module = json_string_value(json_object_get(d, "module_code"));
         *g = (struct sched_gpu_info){.known = true,
                                      .emulated = json_is_true(json_object_get(d, "emulated")),
-                                     .memory = json_integer_value(json_object_get(d, "memory"))};
+                                     .memory = json_integer_value(json_object_get(d, "memory")),
+                                     .no_code = json_is_false(json_object_get(d, "has_code"))};
         snprintf(g->name, sizeof g->name, "%s", name ? name : "");
         snprintf(g->uuid, sizeof g->uuid, "%s", uuid ? uuid : "");
+        snprintf(g->cc, sizeof g->cc, "%s", cc ? cc : "");
+        snprintf(g->code, sizeof g->code, "%s", code ? code : "");
+        snprintf(g->module_code, sizeof g->module_code, "%s", module ? module : "");
     }
     json_decref(j);
     return count;
@@ -612,6 +620,13 @@ static int run_server(const struct serve_opts *o, const struct serve_setup *s, c
     fprintf(stderr, "ddpd serve: listening on http://%s%s (port %d), database %s, %d GPU%s, %ld CPU slot%s\n",
             o->listen, s->token ? " with a token" : "", http_server_port(http), o->db, s->gpus,
             s->gpus == 1 ? "" : "s", o->cpu_slots, o->cpu_slots == 1 ? "" : "s");
+    /* A GPU the CUDA module has no code for: no job will get it (sched_describe_gpus). */
+    for (int i = 0; i < s->gpus; i++)
+        if (s->gpu_info[i].known && s->gpu_info[i].no_code)
+            fprintf(stderr,
+                    "ddpd serve: GPU %d (%s) has compute capability %s, for which the CUDA module holds no "
+                    "code (it was built for %s): no job will be given it\n",
+                    i, s->gpu_info[i].name, s->gpu_info[i].cc, s->gpu_info[i].module_code);
     if (o->slurm)
         fprintf(stderr,
                 "ddpd serve: launcher slurm: every job is one srun named %s<job>.<attempt>; the "

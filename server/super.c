@@ -1073,7 +1073,10 @@ bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t 
 {
     pthread_mutex_lock(&s->lock);
     bool ok = launcher_fits(s->o.launcher, s->sched, kind, world, why, cap);
-    *path = sched_slots(s->sched, kind) == 0 ? "device" : "world_size";
+    /* No slot of the kind, or enough of them but not enough with code: the device is the
+     * cause; too few altogether: the world size. */
+    const int n = sched_slots(s->sched, kind);
+    *path = n == 0 || world <= n ? "device" : "world_size";
     pthread_mutex_unlock(&s->lock);
     return ok;
 }

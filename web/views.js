@@ -393,12 +393,16 @@
     const names = new Map();
 
     const gib = (b) => b >= 2 ** 30 ? `${(b / 2 ** 30).toFixed(1)} GiB` : `${Math.round(b / 2 ** 20)} MiB`;
-    /* A GPU: its model and memory as ddpd-worker --devices found them, and a badge when it
-     * is the emulated device of the tests (DDPD_CUDA_EMU), so that nobody takes it for a GPU. */
-    const gpuInfo = (d) => d.name ? el('div', {class: 'device-info muted'}, d.name + (d.memory ? ` · ${gib(d.memory)}` : '')) : null;
+    /* A GPU: its model, memory and compute capability as ddpd-worker --devices found them,
+     * a badge when it is the emulated device of the tests (DDPD_CUDA_EMU), so that nobody
+     * takes it for a GPU, and one when ddpd's CUDA module holds no code for it (no job gets
+     * it: docs/api.md, GET /v1/devices). */
+    const gpuInfo = (d) => d.name ? el('div', {class: 'device-info muted'}, d.name + (d.memory ? ` · ${gib(d.memory)}` : '')
+      + (d.compute_capability ? ` · compute ${d.compute_capability}` : '')) : null;
     const tile = (kind, d) => el('div', {class: 'device' + (d.job ? ' device-busy' : ''), dataset: {kind, index: d.index}},
       el('div', {class: 'device-name'}, kind === 'gpu' ? `GPU ${d.index}` : `CPU slot ${d.index}`,
-        kind === 'gpu' && d.emulated ? el('span', {class: 'device-emulated', title: 'an emulated CUDA device (DDPD_CUDA_EMU): for tests, not a real GPU'}, 'emulated') : null),
+        kind === 'gpu' && d.emulated ? el('span', {class: 'device-emulated', title: 'an emulated CUDA device (DDPD_CUDA_EMU): for tests, not a real GPU'}, 'emulated') : null,
+        kind === 'gpu' && d.has_code === false ? el('span', {class: 'device-emulated device-nocode', title: `ddpd's CUDA module holds no code for compute capability ${d.compute_capability}: no job runs here (rebuild with -DDDPD_CUDA_ARCHS=all)`}, 'no code') : null),
       kind === 'gpu' ? gpuInfo(d) : null,
       d.job ? el('a', {href: '#/jobs/' + d.job, class: 'device-job'}, `#${d.job} ${names.get(d.job) || ''}`)
         : el('div', {class: 'device-free'}, 'free'));

@@ -193,6 +193,9 @@ struct dev_ops {
     void (*batchnorm_backward)(void *ctx, float *dx, float *dw, float *db, const float *dy, const float *x,
                                const float *mean, const float *invstd, const float *w, int64_t n, int64_t c,
                                int64_t s);
+    /* x[0] += v on one int64 in the backend's memory (BatchNorm's num_batches_tracked),
+     * queued like any op: the count never makes a round trip to the host. */
+    void (*add_i64)(void *ctx, int64_t *x, int64_t v);
 
     /* Optional slots (NULL on the CPU, where the plain ops are already the fast path). */
     /* One optimizer update over a parameter group of `count` tensors in one launch:
@@ -203,6 +206,10 @@ struct dev_ops {
     void (*adamw_group)(void *ctx, const struct adamw_hyper *h, int count, float *const *param,
                         const float *const *grad, float *const *exp_avg, float *const *exp_avg_sq,
                         const int64_t *numel);
+    /* The sums of squares of `count` tensors x[i][n[i]] in one pass, written to the host's
+     * out[count]; waits for the queued work once. out[i] is sumsq(x[i], n[i]), bit for bit:
+     * gradient clipping reads every gradient with one synchronisation, not one a tensor. */
+    void (*sumsq_group)(void *ctx, int count, const float *const *x, const int64_t *n, double *out);
     /* A read of n floats that does not stall the queue: fetch_start copies them into
      * pinned host memory behind the work queued so far and returns at once; fetch_wait
      * waits for that copy only and writes them into dst. One fetch in flight at a time. */
@@ -260,11 +267,22 @@ const char *dev_cuda_name(struct dev d);
  * `ddpd-worker --devices` prints of device i. False when i cannot be queried. */
 struct dev_cuda_info {
     char name[256];
-    uint64_t memory; /* bytes */
-    char uuid[48];   /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi writes it */
-    bool emulated;   /* a device of the emulated module (libddpd-cuda-emu.so), for tests */
+    uint64_t memory;        /* bytes */
+    char uuid[48];          /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi writes it */
+    bool emulated;          /* a device of the emulated module (libddpd-cuda-emu.so), for tests */
+    int cc_major, cc_minor; /* compute capability: 8.6 is {8, 6} */
+    /* Filled by dev_cuda_device_info from the module's code list (cuda_code_pick):
+     * whether the module has code this device runs, and which ("sm_80": a cubin of that
+     * architecture; "compute_90": PTX the driver compiles for it), "" when none. */
+    bool has_code;
+    char code[16];
 };
 int dev_cuda_device_count(void);
 bool dev_cuda_device_info(int i, struct dev_cuda_info *out);
+/* What the loaded module was compiled for, as nvcc's code names separated by spaces
+ * ("sm_75 sm_80 sm_86 sm_89 sm_90 sm_100 sm_120 compute_120": cubins of those
+ * architectures and the PTX of the newest); "" when no module can be loaded. Borrowed,
+ * valid for the process's life. */
+const char *dev_cuda_module_code(void);
 
 #endif

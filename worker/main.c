@@ -367,7 +367,11 @@ static void plan_one(const char *line, size_t len)
 
 /* --devices: the visible CUDA devices as one JSON array line, `[]` when there are none
  * (the server reads the array's entries, serve.c):
- * [{"index": 0, "name": "...", "memory": BYTES, "uuid": "GPU-...", "emulated": false}, ...].
+ * [{"index": 0, "name": "...", "memory": BYTES, "uuid": "GPU-...", "emulated": false,
+ *   "compute_capability": "8.6", "has_code": true, "code": "sm_80",
+ *   "module_code": "sm_75 sm_80 ... compute_120"}, ...]: `code` is what of the module's
+ * `module_code` the device runs (cuda_code_pick; null with has_code false: a job there
+ * would fail at its first kernel).
  * The server runs this at every start: without an NVIDIA driver (and without DDPD_CUDA_EMU),
  * dev_cuda_device_count answers 0 before loading the CUDA module, so it costs nothing on a
  * CPU host; without a loadable module it prints `[]` too. The line is flushed before
@@ -393,6 +397,12 @@ static int devices_main(void)
         if (!d) /* a name or uuid that is not UTF-8: the device is listed all the same */
             d = json_pack("{s:i, s:s, s:I, s:s, s:b}", "index", i, "name", "?", "memory",
                           (json_int_t)info.memory, "uuid", "", "emulated", info.emulated);
+        char cc[24];
+        snprintf(cc, sizeof cc, "%d.%d", info.cc_major, info.cc_minor);
+        json_object_set_new(d, "compute_capability", json_string(cc));
+        json_object_set_new(d, "has_code", json_boolean(info.has_code));
+        json_object_set_new(d, "code", info.has_code ? json_string(info.code) : json_null());
+        json_object_set_new(d, "module_code", json_string(dev_cuda_module_code()));
         json_array_append_new(arr, d);
     }
     char *line = json_dumps(arr, JSON_COMPACT);

@@ -174,6 +174,7 @@ static const char *missing_op(const struct dev_ops *o, const struct spec_layer *
         return !o->batchnorm_forward_train  ? "batchnorm_forward_train"
                : !o->batchnorm_forward_eval ? "batchnorm_forward_eval"
                : !o->batchnorm_backward     ? "batchnorm_backward"
+               : !o->add_i64                ? "add_i64"
                                             : NULL;
     default: return NULL;
     }

@@ -8,7 +8,10 @@ server's issuer made. Everything else is the real server, talked to over HTTP on
 losses to `done`; a cancel ends such a job cancelled; a rank killed with SIGKILL fails the
 job at once, not after the collective timeout; a job that asks for more GPUs than there
 are is refused saying how many there are; two 1-GPU jobs run at the same time, one per
-device; an explicit `--gpus` list is described from `--devices` and pins its ranks.
+device; an explicit `--gpus` list is described from `--devices` and pins its ranks; a GPU
+whose compute capability (DDPD_CUDA_EMU_CC) the module holds no code for
+(DDPD_CUDA_EMU_CODE) is shown so and given to no job, and a job that would need it is
+refused at submit (422 at `device`) naming the GPU, its capability and the module's code.
 Skipped (77) where the build has no libddpd-cuda-emu.so.
 
 The emulated device runs every CUDA thread as a fiber on the CPU: the models here are a
@@ -92,6 +95,7 @@ def test_devices_lists_the_emulated_gpus(gpu_server):
         assert g["name"] == f"ddpd emulated GPU {i}", g
         assert isinstance(g["memory"], int) and g["memory"] > 0, g
         assert g["uuid"].startswith("GPU-"), g
+        assert (g["compute_capability"], g["has_code"], g["code"]) == ("9.0", True, "sm_90"), g
     assert gpus[0]["uuid"] != gpus[1]["uuid"], gpus
     assert "2 GPUs" in gpu_server.stderr(), gpu_server.stderr()[-2000:]
 
@@ -199,3 +203,42 @@ def test_an_explicit_gpu_list_is_described_and_pinned(make_server):
     jid = srv.submit(cuda_spec("emu-slot", 1, 3))["id"]
     assert srv.wait_state(jid, FINAL, timeout=JOB_S)["state"] == "succeeded", rank_log(srv, jid, 0)[-1500:]
     assert "on GPU 0 of 1 visible (ddpd emulated GPU 1)" in gpu_line(srv, jid, 0)
+
+
+def test_a_gpu_without_code_is_shown_and_a_job_that_needs_it_is_refused(make_server):
+    """GPU 0 a 9.0, GPU 1 a V100 (7.0), the module built for sm_80 and sm_90 (no PTX): GPU 1
+    is listed with has_code false and never given to a job. A world-2 job would need it:
+    422 at `device`, before a job exists (it would fail at its first kernel on GPU 1); a
+    world-1 job runs on GPU 0. 422, not 409: like a world_size larger than the server's
+    GPUs, the request can never succeed on this server as built, whatever else runs."""
+    env = emu_env()
+    env.update(DDPD_CUDA_EMU_CC="9.0,7.0", DDPD_CUDA_EMU_CODE="sm_80 sm_90")
+    srv = make_server(cpu_slots=1, extra=["--gpus", "auto"], env=env)
+    g0, g1 = srv.devices()["gpus"]
+    assert (g0["compute_capability"], g0["has_code"], g0["code"]) == ("9.0", True, "sm_90"), g0
+    assert (g1["compute_capability"], g1["has_code"], g1["code"]) == ("7.0", False, None), g1
+    assert "GPU 1 (ddpd emulated GPU 1) has compute capability 7.0" in srv.stderr(), srv.stderr()[-2000:]
+    r = srv.post("/v1/jobs", json=cuda_spec("emu-nocode", 2, 4))
+    assert r.status_code == 422, r.text
+    e = r.json()["error"]
+    assert e["path"] == "device", e
+    for want in ("GPU 1 (device 1, ddpd emulated GPU 1) has compute capability 7.0",
+                 "it was built for sm_80 sm_90", "a job can use 1 of the 2 GPUs, world_size 2 needs 2",
+                 "-DDDPD_CUDA_ARCHS=all"):
+        assert want in e["message"], e
+    assert srv.get("/v1/jobs").json()["jobs"] == []
+    jid = srv.submit(cuda_spec("emu-on-gpu-0", 1, 3))["id"]
+    assert srv.wait_state(jid, FINAL, timeout=JOB_S)["state"] == "succeeded", rank_log(srv, jid, 0)[-1500:]
+    assert "on GPU 0 of 1 visible (ddpd emulated GPU 0)" in gpu_line(srv, jid, 0)
+
+
+def test_a_server_whose_gpus_all_lack_code_refuses_cuda_jobs(make_server):
+    # The build before issue 34 (sm_90 only) on an A100: every cuda job is refused.
+    env = emu_env(1)
+    env.update(DDPD_CUDA_EMU_CC="8.0", DDPD_CUDA_EMU_CODE="sm_90")
+    srv = make_server(cpu_slots=1, extra=["--gpus", "auto"], env=env)
+    r = srv.post("/v1/jobs", json=cuda_spec("emu-a100", 1, 4))
+    assert r.status_code == 422, r.text
+    e = r.json()["error"]
+    assert e["path"] == "device" and "compute capability 8.0" in e["message"], e
+    assert "built for sm_90" in e["message"], e

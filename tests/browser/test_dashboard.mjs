@@ -7,7 +7,8 @@
 // submits an invalid spec and sees the error at its path, pages and filters the job list,
 // downloads a checkpoint, sees a restarted job list its restart, loads the GPT and
 // conv-net templates and has a second server accept them, sees emulated GPUs marked on
-// the devices page (where libddpd-cuda-emu.so is built), sees the banner when the
+// the devices page with their compute capability and a "no code" badge on the one the
+// module cannot run on (where libddpd-cuda-emu.so is built), sees the banner when the
 // server goes away, and uses a server with a token from a file URL (token prompt, CORS,
 // the fetch()-based event stream).
 // Screenshots go to $DDPD_TEST_OUT (the build folder's tests/browser/).
@@ -505,9 +506,11 @@ async function main() {
       console.log(`# no ${emu}: nothing to check`);
       return;
     }
-    /* Two emulated devices found by --gpus auto (docs/api.md, GET /v1/devices). */
+    /* Two emulated devices found by --gpus auto (docs/api.md, GET /v1/devices): an 8.6 and
+     * a 7.0, for which the module's "sm_80 compute_90" holds no code. */
     const g = await startServer('emulated', ['--gpus', 'auto'],
-      {DDPD_CUDA_PLUGIN: emu, DDPD_CUDA_EMU: '2', CUDA_VISIBLE_DEVICES: '0,1'});
+      {DDPD_CUDA_PLUGIN: emu, DDPD_CUDA_EMU: '2', CUDA_VISIBLE_DEVICES: '0,1',
+       DDPD_CUDA_EMU_CC: '8.6,7.0', DDPD_CUDA_EMU_CODE: 'sm_80 compute_90'});
     await page.goto(g.url + '/web/index.html#/devices');
     await page.waitForSelector('.device[data-kind=gpu]');
     const tiles = await page.$$eval('.device[data-kind=gpu]', (ds) => ds.map((d) => d.textContent));
@@ -515,6 +518,8 @@ async function main() {
     tiles.forEach((t, i) => {
       check(t.includes('emulated'), `GPU ${i} has the emulated badge: ${t}`);
       check(t.includes(`ddpd emulated GPU ${i}`), `GPU ${i} shows its name: ${t}`);
+      check(t.includes(`compute ${i ? '7.0' : '8.6'}`), `GPU ${i} shows its compute capability: ${t}`);
+      check(t.includes('no code') === (i === 1), `only GPU 1 has the no-code badge: ${t}`);
     });
     await page.screenshot({path: path.join(OUT, 'devices-emulated.png')});
     await stopServer(g);

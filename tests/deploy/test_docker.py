@@ -451,6 +451,10 @@ def test_dockerfile_stages_use_matching_cuda_13_0_images():
     # The build stage builds the CUDA backend or fails.
     runs = " ".join(instr(st[0], "RUN"))
     assert "-DDDPD_CUDA=ON" in runs and "--target ddpd ddpd-worker ddpd_cuda" in runs, runs
+    # ... for every GPU architecture (issue 34: an sm_90-only module fails on an A100 or
+    # L40S at its first kernel): DDPD_CUDA_ARCHS all unless the build says otherwise.
+    assert "DDPD_CUDA_ARCHS=all" in instr(st[0], "ARG"), instr(st[0], "ARG")
+    assert '-DDDPD_CUDA_ARCHS="${DDPD_CUDA_ARCHS}"' in runs and "CMAKE_CUDA_ARCHITECTURES" not in runs, runs
     # The runtime stage resolves the module's libraries too.
     final_runs = " ".join(instr(st[-1], "RUN"))
     assert "ldd /usr/local/bin/ddpd /usr/local/bin/ddpd-worker /usr/local/bin/libddpd-cuda.so" in final_runs

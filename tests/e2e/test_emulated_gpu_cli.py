@@ -1,7 +1,10 @@
 """test_emulated_gpu_cli.py — the worker's and `ddpd run`'s GPU paths on the emulated CUDA
 module (libddpd-cuda-emu.so beside ddpd-worker, selected with DDPD_CUDA_PLUGIN; DDPD_CUDA_EMU=N
-devices): `ddpd-worker --devices` lists the N devices, named and flagged as emulated, and
-`[]` without DDPD_CUDA_EMU; CUDA_VISIBLE_DEVICES hides and renumbers them as it does GPUs;
+devices): `ddpd-worker --devices` lists the N devices, named and flagged as emulated, with
+their compute capability (DDPD_CUDA_EMU_CC) and whether the module's code (DDPD_CUDA_EMU_CODE)
+runs there, and `[]` without DDPD_CUDA_EMU; CUDA_VISIBLE_DEVICES hides and renumbers them as
+it does GPUs; a `ddpd run` on a device the module has no code for fails before its first
+step saying so;
 `--issue-id nccl` issues an id; and `ddpd run --device cuda --world-size 2` trains a tiny
 model with one device per rank and NCCL between them, both variables reaching the ranks
 and the id issuer through ddpd's environment allow-list. Skipped (77) where the build has
@@ -68,6 +71,41 @@ def test_devices_lists_the_emulated_devices():
     assert devs[0]["uuid"] != devs[1]["uuid"]
     # Without DDPD_CUDA_EMU the emulated module has no device: an empty array, not nothing.
     assert devices(emu_env(None)) == []
+
+
+def test_devices_report_compute_capability_and_code():
+    # The defaults: compute capability 9.0, and the release's code list, which runs there.
+    d = devices(emu_env(1))[0]
+    assert (d["compute_capability"], d["has_code"], d["code"]) == ("9.0", True, "sm_90"), d
+    assert d["module_code"].split()[-1].startswith("compute_") and "sm_90" in d["module_code"].split(), d
+    # An A10 (8.6) runs sm_80's cubin; a V100 (7.0) nothing of "sm_80 compute_90"; a
+    # B200 (10.0) the PTX; CUDA_VISIBLE_DEVICES keeps each device's own capability.
+    env = emu_env(3)
+    env.update(DDPD_CUDA_EMU_CC="8.6,7.0,10.0", DDPD_CUDA_EMU_CODE="sm_80 compute_90")
+    devs = devices(env)
+    got = [(d["compute_capability"], d["has_code"], d["code"], d["module_code"]) for d in devs]
+    assert got == [("8.6", True, "sm_80", "sm_80 compute_90"), ("7.0", False, None, "sm_80 compute_90"),
+                   ("10.0", True, "compute_90", "sm_80 compute_90")], devs
+    env["CUDA_VISIBLE_DEVICES"] = "1"
+    d = devices(env)[0]
+    assert (d["name"], d["compute_capability"], d["has_code"]) == ("ddpd emulated GPU 1", "7.0", False), d
+
+
+def test_ddpd_run_on_a_gpu_without_code_fails_saying_why(work):
+    """The module built for sm_90 alone (the build before issue 34) on an L40S (8.9): the
+    rank refuses the device when it opens it, naming its capability and the module's code,
+    instead of failing at its first kernel with cudaErrorNoKernelImageForDevice."""
+    env = emu_env(1)
+    env.update(DDPD_CUDA_EMU_CC="8.9", DDPD_CUDA_EMU_CODE="sm_90")
+    r = h.run_ddpd(tiny_spec("emu-nocode", 4), work, work / "out", timeout=600,
+                   extra_args=["--device", "cuda"], env=env)
+    assert r.rc == 4, r.stderr[-2000:]
+    errs = [e for e in r.events if e["event"] == "error"]
+    assert errs and errs[0]["kind"] == "device", r.events[-3:]
+    msg = errs[0]["message"]
+    for want in ("compute capability 8.9", "built for sm_90", "DDPD_CUDA_ARCHS"):
+        assert want in msg, msg
+    assert not [e for e in r.events if e["event"] == "loss"], r.events
 
 
 def test_cuda_visible_devices_hides_and_renumbers_them():

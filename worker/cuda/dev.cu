@@ -3,88 +3,16 @@
  * dev/cpu.c twin computes, in the same order where that order decides the bits (the
  * losses sum in double, multiply-adds are fused as the CPU's AVX2 path fuses them), and
  * tests/unit/worker/test_cuda.c compares them. Nothing here synchronises except to_host,
- * synchronize and fetch_wait. Device code lives only in the .cu files of worker/cuda,
+ * synchronize and fetch_wait (and reduce.cu's sumsq). The reductions (losses, sums of
+ * squares) are reduce.cu's. Device code lives only in the .cu files of worker/cuda,
  * behind dev.h; this file is built into libddpd-cuda.so only (cuda/plugin.h). */
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-/* emit.h is C11; its _Noreturn is C++'s [[noreturn]]. */
-#define _Noreturn [[noreturn]]
-extern "C" {
-#include "../dev.h"
-#include "../dev/window.h"
-#include "../emit.h"
-#include "../rng_hash.h"
-#include "plugin.h"
-}
-#undef _Noreturn
+#include "cuda_impl.h"
 
 /* cuda/sort.cu: CUB's stable radix sort of int32 pairs on a stream. */
 cudaError_t cuda_sort_pairs_i32(void *temp, size_t *temp_bytes, const int32_t *keys_in, int32_t *keys_out,
                                 const int32_t *vals_in, int32_t *vals_out, int n, cudaStream_t stream);
 
-/* One kernel launch: nvcc's chevrons, or, when g++ compiles this file for the emulated
- * device (libddpd-cuda-emu.so, cuda/emu/emu.h), the emulator's launch of the same kernel. */
-#ifdef __CUDACC__
-#define LAUNCH(k, grid, block, smem, stream, ...) k<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
-#else
-#define LAUNCH(k, grid, block, smem, stream, ...)                                                            \
-    emu_launch(#k, k, (grid), (block), (smem), (stream), __VA_ARGS__)
-#endif
-
-#define THREADS        256
-#define MAX_BLOCKS     8192 /* grid-stride loops cover the rest */
-#define REDUCE_THREADS 1024 /* the losses: one block, so their sums are deterministic */
-#define GROUP_MAX      64   /* tensors per optimizer launch: 3 KiB of kernel arguments, < 4 KiB */
-#define GROUP_CHUNK    4096 /* elements per block in an optimizer launch */
-
-struct cuda {
-    int device;
-    char name[256];
-    cudaStream_t stream;
-    cublasHandle_t blas;
-    float *pinned; /* fetch_start's destination */
-    int64_t pinned_n;
-    cudaEvent_t fetched; /* recorded after the copy into `pinned` */
-    double *sumsq;       /* sumsq's device result, allocated on first use */
-};
-
-/* ---- failures: every CUDA or cuBLAS error ends the worker as a device failure ---- */
-
-static void die(const struct cuda *c, const char *op, const char *why)
-{
-    worker_die(DDPD_EDEVICE, "cuda: %s on GPU %d (%s): %s", op, c->device, c->name, why);
-}
-
-static void check(const struct cuda *c, cudaError_t e, const char *op)
-{
-    if (e != cudaSuccess)
-        die(c, op, cudaGetErrorString(e));
-}
-
-static void check_blas(const struct cuda *c, cublasStatus_t s, const char *op)
-{
-    if (s != CUBLAS_STATUS_SUCCESS)
-        die(c, op, cublasGetStatusString(s));
-}
-
-/* A kernel launch fails at launch time (bad configuration) or later on the stream; the
- * later failures surface at the next synchronising call, which checks them too. */
-#define LAUNCHED(c, op) check((c), cudaGetLastError(), (op))
-
-static unsigned blocks_for(int64_t n)
-{
-    int64_t b = (n + THREADS - 1) / THREADS;
-    return (unsigned)(b < 1 ? 1 : b > MAX_BLOCKS ? MAX_BLOCKS : b);
-}
-
-#define FOR_EACH(i, n)                                                                                       \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                                \
-         i += (int64_t)blockDim.x * gridDim.x)
+#define GROUP_CHUNK 4096 /* elements per block in an optimizer launch */
 
 /* ---- memory ---- */
 
@@ -308,107 +236,6 @@ static void cu_act_backward(void *ctx, layer_kind k, float *dx, const float *dy,
     LAUNCHED(c, "act_backward");
 }
 
-/* ---- losses: one block each, so that the sum over rows has one fixed order ---- */
-
-__device__ double warp_sum(double v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_down_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* The block's sum of v, valid in thread 0. */
-__device__ double block_sum(double v)
-{
-    __shared__ double part[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
-    if (lane == 0)
-        part[warp] = v;
-    __syncthreads();
-    v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0;
-    return warp < 1 ? warp_sum(v) : 0.0;
-}
-
-__global__ void k_mse(const float *pred, const float *target, int64_t total, float norm, float *dpred,
-                      float *loss)
-{
-    double s = 0.0;
-    for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
-        const float d = pred[i] - target[i];
-        s += (double)d * (double)d;
-        dpred[i] = norm * d;
-    }
-    s = block_sum(s);
-    if (threadIdx.x == 0)
-        *loss = (float)(s / (double)total);
-}
-
-static void cu_mse(void *ctx, const float *pred, const float *target, int64_t m, int64_t n, float *dpred,
-                   float *loss)
-{
-    struct cuda *c = (struct cuda *)ctx;
-    const int64_t total = m * n;
-    const float norm = (float)(2.0 / (double)total);
-    LAUNCH(k_mse, 1, REDUCE_THREADS, 0, c->stream, pred, target, total, norm, dpred, loss);
-    LAUNCHED(c, "mse");
-}
-
-/* A warp per row: max, sum of exp in double, log-softmax, gradient; lane 0 of each warp
- * keeps its rows' negative log-likelihoods, and the block adds them at the end. */
-__global__ void k_cross_entropy(const float *logits, const int32_t *labels, int64_t m, int64_t n,
-                                float *dlogits, float *loss)
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const float g = -(1.0f / (float)m);
-    double nll = 0.0;
-    for (int64_t r = warp; r < m && n > 0; r += warps) {
-        const float *x = logits + r * n;
-        float *dx = dlogits + r * n;
-        const int32_t label = labels[r];
-        if (label < 0 || label >= n) {
-            for (int64_t j = lane; j < n; j += 32)
-                dx[j] = NAN;
-            nll += lane == 0 ? (double)NAN : 0.0;
-            continue;
-        }
-        float mx = x[0];
-        for (int64_t j = lane; j < n; j += 32)
-            mx = x[j] > mx ? x[j] : mx;
-        for (int o = 16; o > 0; o >>= 1) {
-            const float other = __shfl_xor_sync(0xffffffffu, mx, o);
-            mx = other > mx ? other : mx;
-        }
-        double s = 0.0;
-        for (int64_t j = lane; j < n; j += 32)
-            s += (double)expf(x[j] - mx);
-        for (int o = 16; o > 0; o >>= 1)
-            s += __shfl_xor_sync(0xffffffffu, s, o);
-        const float lse = (float)log(s);
-        for (int64_t j = lane; j < n; j += 32)
-            dx[j] = __fmul_rn(-expf((x[j] - mx) - lse), g);
-        __syncwarp();
-        if (lane == 0) {
-            /* The label's entry adds g itself: g - exp(logp) * g in one fused step. */
-            const float logp = (x[label] - mx) - lse;
-            dx[label] = fmaf(-expf(logp), g, g);
-            nll -= (double)logp;
-        }
-        __syncwarp();
-    }
-    nll = block_sum(nll);
-    if (threadIdx.x == 0)
-        *loss = m > 0 && n > 0 ? (float)(nll / (double)m) : NAN;
-}
-
-static void cu_cross_entropy(void *ctx, const float *logits, const int32_t *labels, int64_t m, int64_t n,
-                             float *dlogits, float *loss)
-{
-    struct cuda *c = (struct cuda *)ctx;
-    LAUNCH(k_cross_entropy, 1, REDUCE_THREADS, 0, c->stream, logits, labels, m < 0 ? 0 : m, n, dlogits, loss);
-    LAUNCHED(c, "cross_entropy");
-}
-
 /* ---- optimizers: one launch per parameter group ----
  * A launch covers up to GROUP_MAX tensors; block b works on one GROUP_CHUNK of the
  * tensor whose chunk range [first[t], first[t+1]) holds b. */
@@ -576,33 +403,6 @@ static void cu_scale_copy(void *ctx, float *dst, const float *src, float a, int6
 static void cu_scale(void *ctx, float *x, float a, int64_t n)
 {
     cu_scale_copy(ctx, x, x, a, n);
-}
-
-/* The sum of squares in double: one block (REDUCE_THREADS), so the sum is deterministic,
- * written to the context's device double and read back. */
-__global__ void k_sumsq(const float *x, int64_t n, double *out)
-{
-    double s = 0.0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-        s += (double)x[i] * (double)x[i];
-    s = block_sum(s);
-    if (threadIdx.x == 0)
-        *out = s;
-}
-
-static double cu_sumsq(void *ctx, const float *x, int64_t n)
-{
-    struct cuda *c = (struct cuda *)ctx;
-    double h = 0.0;
-    if (n <= 0)
-        return 0.0;
-    if (!c->sumsq)
-        check(c, cudaMalloc((void **)&c->sumsq, sizeof *c->sumsq), "sumsq");
-    LAUNCH(k_sumsq, 1, REDUCE_THREADS, 0, c->stream, x, n, c->sumsq);
-    LAUNCHED(c, "sumsq");
-    check(c, cudaMemcpyAsync(&h, c->sumsq, sizeof h, cudaMemcpyDeviceToHost, c->stream), "sumsq");
-    check(c, cudaStreamSynchronize(c->stream), "sumsq");
-    return h;
 }
 
 /* ---- reads that do not stall the queue, and pinned host memory ---- */
@@ -1430,6 +1230,20 @@ static void cu_batchnorm_backward(void *ctx, float *dx, float *dw, float *db, co
     LAUNCHED(c, "batchnorm_backward");
 }
 
+/* num_batches_tracked += v: one thread, queued behind the forward pass, so that the counter
+ * never travels to the host and back (a stream synchronisation per BatchNorm layer). */
+__global__ void k_add_i64(int64_t *x, int64_t v)
+{
+    *x += v;
+}
+
+static void cu_add_i64(void *ctx, int64_t *x, int64_t v)
+{
+    struct cuda *c = (struct cuda *)ctx;
+    LAUNCH(k_add_i64, 1, 1, 0, c->stream, x, v);
+    LAUNCHED(c, "add_i64");
+}
+
 static const struct dev_ops cuda_ops = {
     .name = "cuda",
     .alloc = cu_alloc,
@@ -1443,8 +1257,8 @@ static const struct dev_ops cuda_ops = {
     .bias_grad = cu_bias_grad,
     .act_forward = cu_act_forward,
     .act_backward = cu_act_backward,
-    .mse = cu_mse,
-    .cross_entropy = cu_cross_entropy,
+    .mse = cuda__mse,
+    .cross_entropy = cuda__cross_entropy,
     .sgd_step = cu_sgd_step,
     .adamw_step = cu_adamw_step,
     .fill = cu_fill,
@@ -1465,7 +1279,7 @@ static const struct dev_ops cuda_ops = {
     .add = cu_add,
     .mul = cu_mul,
     .dropout_mask = cu_dropout_mask,
-    .sumsq = cu_sumsq,
+    .sumsq = cuda__sumsq,
     .im2col = cu_im2col,
     .col2im = cu_col2im,
     .maxpool2d_forward = cu_maxpool2d_forward,
@@ -1475,8 +1289,10 @@ static const struct dev_ops cuda_ops = {
     .batchnorm_forward_train = cu_batchnorm_forward_train,
     .batchnorm_forward_eval = cu_batchnorm_forward_eval,
     .batchnorm_backward = cu_batchnorm_backward,
+    .add_i64 = cu_add_i64,
     .sgd_group = cu_sgd_group,
     .adamw_group = cu_adamw_group,
+    .sumsq_group = cuda__sumsq_group,
     .fetch_start = cu_fetch_start,
     .fetch_wait = cu_fetch_wait,
     .host_alloc = cu_host_alloc,
@@ -1511,6 +1327,8 @@ extern "C" bool cuda__device_info(int i, struct dev_cuda_info *out)
     snprintf(out->uuid, sizeof out->uuid,
              "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
              u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    out->cc_major = p.major;
+    out->cc_minor = p.minor;
     /* The emulated module (cuda/emu) is this file built by g++ with DDPD_CUDA_EMULATED. */
 #ifdef DDPD_CUDA_EMULATED
     out->emulated = true;
@@ -1518,6 +1336,19 @@ extern "C" bool cuda__device_info(int i, struct dev_cuda_info *out)
     out->emulated = false;
 #endif
     return true;
+}
+
+/* What the kernels were compiled for: the list CMake's DDPD_CUDA_ARCHS resolved to
+ * (DDPD_CUDA_CODE, "sm_80 sm_90 compute_90"); in the emulated module, the code its
+ * emulated fat binary holds (DDPD_CUDA_EMU_CODE, emu/runtime.cc), which the emulated
+ * driver also launches by. */
+extern "C" const char *cuda__module_code(void)
+{
+#ifdef DDPD_CUDA_EMULATED
+    return emuModuleCode();
+#else
+    return DDPD_CUDA_CODE;
+#endif
 }
 
 /* Opening the device reports failures through `err` (the caller owns the exit). */
@@ -1545,6 +1376,27 @@ extern "C" struct dev cuda__dev_new(int device, bool tf32, struct ddpd_error *er
         open_failed(c, cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties", err))
         goto fail;
     snprintf(c->name, sizeof c->name, "%s", p.name);
+    {
+        /* A device the module has no code for fails at its first kernel launch with
+         * cudaErrorNoKernelImageForDevice, in the middle of a job: ask the runtime now,
+         * and say what the device is and what the module carries. */
+        cudaFuncAttributes fa;
+        cudaError_t e = cudaFuncGetAttributes(&fa, reinterpret_cast<const void *>(k_fill));
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            ddpd_error_set(err, DDPD_EDEVICE, "device",
+                           "cuda: GPU %d (%s) has compute capability %d.%d, but this libddpd-cuda.so holds "
+                           "no code it runs (%s): it was built for %s; rebuild it with -DDDPD_CUDA_ARCHS=all "
+                           "(every architecture) or with %d%d in the list",
+                           device, c->name, p.major, p.minor, cudaGetErrorString(e), cuda__module_code(),
+                           p.major, p.minor);
+            goto fail;
+        }
+    }
+    {
+        const char *one = getenv("DDPD_CUDA_ONE_BLOCK_REDUCTIONS");
+        c->one_block = one && !strcmp(one, "1");
+    }
     if (open_failed(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreate",
                     err) ||
         open_failed(c, cudaEventCreateWithFlags(&c->fetched, cudaEventDisableTiming), "cudaEventCreate", err))
@@ -1575,8 +1427,7 @@ extern "C" void cuda__dev_free(struct dev d)
         cublasDestroy(c->blas);
     if (c->pinned)
         cudaFreeHost(c->pinned);
-    if (c->sumsq)
-        cudaFree(c->sumsq);
+    cuda__reduce_free(c);
     if (c->fetched)
         cudaEventDestroy(c->fetched);
     if (c->stream)

@@ -76,9 +76,9 @@ static bool table_complete(const struct ddpd_cuda_plugin *p)
     const struct comm_ops *c = p->nccl;
     /* The optional barrier is not forwarded (cuda/nccl_forward.c). */
     return p->device_count && p->device_info && p->dev_new && p->dev_free && p->dev_stream && p->dev_device &&
-           p->dev_name && p->nccl_unique_id && c && c->init_rank && c->allreduce_start && c->wait &&
-           c->broadcast && c->allgather && c->allreduce_max_i64 && c->abort && c->last_error && c->free &&
-           c->bind_dev;
+           p->dev_name && p->nccl_unique_id && p->module_code && c && c->init_rank && c->allreduce_start &&
+           c->wait && c->broadcast && c->allgather && c->allreduce_max_i64 && c->abort && c->last_error &&
+           c->free && c->bind_dev;
 }
 
 static void load(void)
@@ -173,7 +173,64 @@ int dev_cuda_device_count(void)
 bool dev_cuda_device_info(int i, struct dev_cuda_info *out)
 {
     const struct ddpd_cuda_plugin *p = dev_cuda_driver_present() ? cuda_plugin_get(NULL) : NULL;
-    return p && p->device_info(i, out);
+    if (!p || !p->device_info(i, out))
+        return false;
+    out->has_code =
+        cuda_code_pick(p->module_code(), out->cc_major, out->cc_minor, out->code, sizeof out->code);
+    return true;
+}
+
+const char *dev_cuda_module_code(void)
+{
+    const struct ddpd_cuda_plugin *p = cuda_plugin_get(NULL);
+    return p ? p->module_code() : "";
+}
+
+/* ---- CUDA's rules for which code of a fat binary a device runs ---- */
+
+/* One entry of a code list: "sm_86" (a cubin; `exact` for sm_90a, which only a 9.0 runs)
+ * or "compute_90" (PTX) as a capability times 10 (86, 90, 100, 120). False for anything
+ * else, which no device runs. */
+static bool code_entry(const char *s, size_t len, bool *ptx, bool *exact, int *cc)
+{
+    const char *digits;
+    if (len > 3 && !strncmp(s, "sm_", 3))
+        *ptx = false, digits = s + 3;
+    else if (len > 8 && !strncmp(s, "compute_", 8))
+        *ptx = true, digits = s + 8;
+    else
+        return false;
+    int v = 0;
+    const char *e = digits;
+    for (; e < s + len && *e >= '0' && *e <= '9' && v < 10000; e++)
+        v = v * 10 + (*e - '0');
+    *exact = e < s + len && *e == 'a';
+    *cc = v;
+    return e > digits && v >= 10 && e + (*exact ? 1 : 0) == s + len;
+}
+
+bool cuda_code_pick(const char *list, int major, int minor, char *out, size_t cap)
+{
+    const int cc = major * 10 + minor;
+    int best = -1, best_rank = -1; /* rank: a cubin beats PTX, then the newer one */
+    size_t best_len = 0;
+    const char *best_at = NULL;
+    for (const char *p = list ? list : ""; *p;) {
+        size_t len = strcspn(p, " ,");
+        bool ptx, exact;
+        int v = 0;
+        if (len && code_entry(p, len, &ptx, &exact, &v)) {
+            bool runs = ptx ? v <= cc : exact ? v == cc : v / 10 == major && v % 10 <= minor;
+            int rank = (ptx ? 0 : 100000) + v;
+            if (runs && rank > best_rank)
+                best = v, best_rank = rank, best_at = p, best_len = len;
+        }
+        p += len;
+        p += strspn(p, " ,");
+    }
+    if (cap)
+        snprintf(out, cap, "%.*s", best_at ? (int)best_len : 0, best_at ? best_at : "");
+    return best >= 0;
 }
 
 struct dev dev_cuda_new(int device, bool tf32, struct ddpd_error *err)

@@ -41,6 +41,7 @@ static const struct ddpd_cuda_plugin table = {
     .dev_name = cuda__dev_name,
     .nccl = &cuda__nccl_ops,
     .nccl_unique_id = cuda__nccl_unique_id,
+    .module_code = cuda__module_code,
 };
 
 __attribute__((visibility("default"))) const struct ddpd_cuda_plugin *

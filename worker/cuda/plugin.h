@@ -7,7 +7,9 @@
  * ddpd-worker links none of them. The dev.h / comm.h names are defined once, by the
  * worker's forwarders; the module's backends carry the cuda__ prefix.
  * Change DDPD_CUDA_PLUGIN_ABI whenever a struct below, or one they carry (dev_ops,
- * comm_ops, dev_cuda_info, ddpd_error), changes: a module of another version is refused. */
+ * comm_ops, dev_cuda_info, ddpd_error), changes: a module of another version is refused.
+ * (5: the devices' compute capability and the module's code list, dev_ops' add_i64 and
+ * sumsq_group.) */
 #ifndef DDPD_CUDA_PLUGIN_H
 #define DDPD_CUDA_PLUGIN_H
 
@@ -18,7 +20,7 @@
 #include "../comm.h"
 #include "../dev.h"
 
-#define DDPD_CUDA_PLUGIN_ABI    4
+#define DDPD_CUDA_PLUGIN_ABI    5
 #define DDPD_CUDA_PLUGIN_SYMBOL "ddpd_cuda_plugin"
 #define DDPD_CUDA_PLUGIN_FILE   "libddpd-cuda.so"
 
@@ -48,6 +50,8 @@ struct ddpd_cuda_plugin {
     const struct comm_ops *nccl;
     /* ncclGetUniqueId: 0, or -1 with the reason in errbuf. */
     int (*nccl_unique_id)(struct comm_id *id, char *errbuf, size_t errcap);
+    /* What the module's kernels were compiled for (dev.h's dev_cuda_module_code). */
+    const char *(*module_code)(void);
 };
 
 /* The module's one exported function (DDPD_CUDA_PLUGIN_SYMBOL). `host` is borrowed and
@@ -66,6 +70,15 @@ const struct ddpd_cuda_plugin *cuda_plugin_get(struct ddpd_error *err);
 /* The module if it is loaded already, else NULL; never loads it. */
 const struct ddpd_cuda_plugin *cuda_plugin_loaded(void);
 
+/* Which entry of a module's code list (dev_cuda_module_code's form: "sm_80 sm_90
+ * compute_90", spaces or commas between) a device of compute capability major.minor runs,
+ * by CUDA's rules: a cubin sm_XY runs on X.Z for Z >= Y (one major version: sm_80 on an
+ * 8.6, never sm_86 on an 8.0 nor sm_80 on a 9.0; sm_XYa only on X.Y itself); PTX
+ * compute_XY is compiled by the driver for any X.Y or newer. A cubin is preferred, the
+ * newest that fits, as the driver prefers it. Writes the entry into out[cap] and returns
+ * true, or writes "" and returns false when none runs there. */
+bool cuda_code_pick(const char *list, int major, int minor, char *out, size_t cap);
+
 /* ---- the module's side (hidden inside libddpd-cuda.so) ---- */
 
 /* cuda/dev.cu: the CUDA device backend, with the meaning dev.h gives dev_cuda_*. */
@@ -76,6 +89,7 @@ void cuda__dev_free(struct dev d);
 void *cuda__dev_stream(struct dev d);
 int cuda__dev_device(struct dev d);
 const char *cuda__dev_name(struct dev d);
+const char *cuda__module_code(void);
 
 /* cuda/nccl.c: the NCCL collective backend (comm.h's comm_nccl_ops), and
  * ncclGetUniqueId: 0, or -1 with the reason in errbuf. */

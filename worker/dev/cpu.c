@@ -875,6 +875,12 @@ static double cpu_sumsq(void *ctx, const float *x, int64_t n)
     return s;
 }
 
+static void cpu_add_i64(void *ctx, int64_t *x, int64_t v)
+{
+    (void)ctx;
+    *x += v;
+}
+
 static const struct dev_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -911,6 +917,7 @@ static const struct dev_ops cpu_ops = {
     .mul = cpu_mul,
     .dropout_mask = cpu_dropout_mask,
     .sumsq = cpu_sumsq,
+    .add_i64 = cpu_add_i64,
     /* The conv-net ops: dev/cpu_conv.c. */
     .im2col = cpu__im2col,
     .col2im = cpu__col2im,

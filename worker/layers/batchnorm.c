@@ -60,11 +60,9 @@ static void bn_forward(struct lnode *n, const struct layer_env *e, const void *x
     }
     o->batchnorm_forward_train(e->dev.ctx, n->y, n->save, n->save + F, rm, rv, x, w, b, e->batch, F, s,
                                n->sl->eps, n->sl->momentum);
-    /* num_batches_tracked += 1 (8 bytes each way; a device scalar on CUDA). */
-    int64_t t;
-    o->to_host(e->dev.ctx, &t, e->buffers[n->b0 + 2].data, sizeof t);
-    t++;
-    o->to_device(e->dev.ctx, e->buffers[n->b0 + 2].data, &t, sizeof t);
+    /* num_batches_tracked += 1 where it lives: on CUDA a copy to the host and back would
+     * wait for the whole queue, once per layer and forward pass. */
+    o->add_i64(e->dev.ctx, e->buffers[n->b0 + 2].data, 1);
 }
 
 static void bn_backward(struct lnode *n, const struct layer_env *e, const void *x, const float *dy, float *dx)

@@ -2,7 +2,8 @@
  * puts slot 0 on GPU 2, `auto` numbers the devices among the server's own
  * CUDA_VISIBLE_DEVICES, malformed or repeated lists are refused, and the scheduler's GPU
  * slots carry the names (sched_name_gpus) and what `ddpd-worker --devices` said of their
- * devices (sched_gpu_match, sched_describe_gpus). No GPU needed. */
+ * devices (sched_gpu_match, sched_describe_gpus); a GPU the CUDA module holds no code for
+ * is never given to a job, and a job that needs it is refused saying why. No GPU needed. */
 #include "check.h"
 #include "server/sched.h"
 
@@ -10,7 +11,7 @@
 
 int main(void)
 {
-    char ids[CAP][SCHED_GPU_ID_MAX], why[256] = "";
+    char ids[CAP][SCHED_GPU_ID_MAX], why[512] = ""; /* the API's size */
 
     CHECK_EQ_INT(sched_gpu_ids("none", 4, NULL, ids, CAP, why, sizeof why), 0);
 
@@ -92,6 +93,63 @@ int main(void)
     CHECK_EQ_STR(sched_gpu_info(s, 1)->name, "C");
     sched_describe_gpus(s, NULL); /* keeps them */
     CHECK_EQ_STR(sched_gpu_info(s, 0)->name, "B");
+    sched_free(s);
+
+    /* A GPU without code in the module (an L40S, 8.9, and a module of sm_80 sm_90): no job
+     * gets its slot, and one that would need it is refused naming it. */
+    s = sched_new(3, 0);
+    struct sched_gpu_info mixed[3] = {
+        {.known = true, .name = "H", .cc = "9.0", .code = "sm_90", .module_code = "sm_80 sm_90"},
+        {.known = true, .name = "L40S", .cc = "8.9", .no_code = true, .module_code = "sm_80 sm_90"},
+        {.known = true, .name = "A", .cc = "8.0", .code = "sm_80", .module_code = "sm_80 sm_90"},
+    };
+    sched_describe_gpus(s, mixed);
+    CHECK_EQ_INT(sched_slots(s, DEVICE_CUDA), 3);
+    CHECK_EQ_INT(sched_usable_slots(s, DEVICE_CUDA), 2);
+    CHECK(sched_fits(s, DEVICE_CUDA, 2, why, sizeof why));
+    CHECK(!sched_fits(s, DEVICE_CUDA, 3, why, sizeof why));
+    CHECK(strstr(why, "GPU 1 (device 1, L40S) has compute capability 8.9") != NULL);
+    CHECK(strstr(why, "it was built for sm_80 sm_90") != NULL);
+    CHECK(strstr(why, "can use 2 of the 3 GPUs, world_size 3 needs 3") != NULL);
+    CHECK(strstr(why, "-DDDPD_CUDA_ARCHS=all") != NULL);
+    CHECK(!sched_fits(s, DEVICE_CUDA, 4, why, sizeof why));
+    CHECK_EQ_STR(why, "world_size 4 needs 4 GPUs but this server has 3");
+    int slots[3], world;
+    int64_t job;
+    device_kind kind;
+    sched_enqueue(s, 7, DEVICE_CUDA, 2);
+    sched_enqueue(s, 8, DEVICE_CUDA, 1);
+    CHECK(sched_next(s, &job, &kind, slots, &world));
+    CHECK(job == 7 && world == 2 && slots[0] == 0 && slots[1] == 2);
+    CHECK(!sched_next(s, &job, &kind, slots, &world)); /* GPU 1 is free but never given */
+    sched_pending_reason(s, 8, why, sizeof why);
+    CHECK_EQ_STR(why, "waiting for 1 free GPUs (0 of 2 free)");
+    sched_release(s, 7);
+    CHECK(sched_next(s, &job, &kind, slots, &world));
+    CHECK(job == 8 && slots[0] == 0);
+    sched_free(s);
+    /* Every GPU without code: nothing fits, even one rank. */
+    s = sched_new(1, 0);
+    sched_describe_gpus(s, mixed + 1);
+    CHECK(!sched_fits(s, DEVICE_CUDA, 1, why, sizeof why));
+    CHECK(strstr(why, "device cuda: this server's GPU 0 (device 0, L40S) has compute capability 8.9") == why);
+    CHECK(strstr(why, "can use 0 of the 1 GPU, world_size 1 needs 1") != NULL);
+    sched_free(s);
+    /* Four of them with long names: two named, the rest counted, the advice still there. */
+    struct sched_gpu_info four[4];
+    for (int i = 0; i < 4; i++)
+        four[i] =
+            (struct sched_gpu_info){.known = true,
+                                    .cc = "7.0",
+                                    .no_code = true,
+                                    .module_code = "sm_75 sm_80 sm_86 sm_89 sm_90 sm_100 sm_120 compute_120"};
+    for (int i = 0; i < 4; i++)
+        memset(four[i].name, 'V', sizeof four[i].name - 1);
+    s = sched_new(4, 0);
+    sched_describe_gpus(s, four);
+    CHECK(!sched_fits(s, DEVICE_CUDA, 1, why, sizeof why));
+    CHECK(strstr(why, "(and 2 more)") != NULL);
+    CHECK(strstr(why, "-DDDPD_CUDA_ARCHS=all") != NULL);
     sched_free(s);
     CHECK_DONE();
 }

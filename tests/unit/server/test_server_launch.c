@@ -49,18 +49,25 @@ static void test_policy(void)
     CHECK(!launcher_pending_reason(slurm, s, 8, why, sizeof why));
     CHECK_EQ_STR(why, "");
 
-    /* Slot 1's device was listed by ddpd-worker --devices (an emulated one); slot 0's not. */
-    struct sched_gpu_info info[2] = {
-        {.known = false},
-        {.known = true, .emulated = true, .memory = 1 << 30, .name = "ddpd emulated GPU 1", .uuid = "GPU-x"}};
+    /* Slot 1's device was listed by ddpd-worker --devices (an emulated one of compute
+     * capability 8.6 that runs the module's sm_80); slot 0's not. */
+    struct sched_gpu_info info[2] = {{.known = false},
+                                     {.known = true,
+                                      .emulated = true,
+                                      .memory = 1 << 30,
+                                      .name = "ddpd emulated GPU 1",
+                                      .uuid = "GPU-x",
+                                      .cc = "8.6",
+                                      .code = "sm_80"}};
     sched_describe_gpus(s, info);
     json_t *d = launcher_devices_json(local, s);
     char *t = json_dumps(d, JSON_COMPACT | JSON_SORT_KEYS);
-    CHECK_EQ_STR(
-        t, "{\"cpu_slots\":[{\"index\":0,\"job\":7}],\"gpus\":[{\"device\":\"5\",\"emulated\":false,"
-           "\"index\":0,\"job\":null,\"memory\":null,\"name\":null,\"uuid\":null},{\"device\":\"GPU-x\","
-           "\"emulated\":true,\"index\":1,\"job\":null,\"memory\":1073741824,\"name\":\"ddpd emulated GPU "
-           "1\",\"uuid\":\"GPU-x\"}]}");
+    CHECK_EQ_STR(t,
+                 "{\"cpu_slots\":[{\"index\":0,\"job\":7}],\"gpus\":[{\"code\":null,\"compute_capability\":"
+                 "null,\"device\":\"5\",\"emulated\":false,\"has_code\":null,\"index\":0,\"job\":null,"
+                 "\"memory\":null,\"name\":null,\"uuid\":null},{\"code\":\"sm_80\",\"compute_capability\":"
+                 "\"8.6\",\"device\":\"GPU-x\",\"emulated\":true,\"has_code\":true,\"index\":1,\"job\":"
+                 "null,\"memory\":1073741824,\"name\":\"ddpd emulated GPU 1\",\"uuid\":\"GPU-x\"}]}");
     free(t);
     json_decref(d);
     d = launcher_devices_json(slurm, s);

@@ -4,78 +4,21 @@
  * checked, with the reason. Also: device memory, the pinned fetch, the group optimizer
  * launches, TF32, the v2 ops (transformer and conv-net: each skipped with a message while
  * its CPU reference is missing), and that an out-of-memory is the worker's device-failure
- * exit.
- * Exits 77 (skipped) where no CUDA device is visible. */
+ * exit. The reductions at scale are test_cuda_reduce.c's. CUDA's rules for which code a
+ * GPU runs (cuda_code_pick) are checked first, with or without a device; on the emulated
+ * device a GPU whose compute capability the module has no code for is refused when it is
+ * opened. Exits 77 (skipped) where no CUDA device is visible. */
 #include <float.h>
 #include <stdint.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "cuda_bufs.h"
+#include "worker/cuda/plugin.h"
 #include "worker/dev.h"
 #include "worker/optim.h"
 #include "worker/rng.h"
-
-#define SKIP 77
-
-static struct dev C, G; /* CPU reference, CUDA under test */
-static struct rng R;
-
-/* ---- buffers: a host array and its copy on the GPU ---- */
-
-static float *host_randn(int64_t n, double scale)
-{
-    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++)
-        x[i] = (float)(scale * rng_normal(&R));
-    return x;
-}
-
-static float *up(const float *h, int64_t n)
-{
-    float *d = G.ops->alloc(G.ctx, (size_t)(n > 0 ? n : 1) * sizeof(float));
-    G.ops->to_device(G.ctx, d, h, (size_t)n * sizeof(float));
-    return d;
-}
-
-/* The GPU's result in a new host array; frees the device buffer. */
-static float *down(float *d, int64_t n)
-{
-    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    G.ops->to_host(G.ctx, h, d, (size_t)n * sizeof(float));
-    G.ops->free(G.ctx, d);
-    return h;
-}
-
-static float *dup_host(const float *x, int64_t n)
-{
-    float *y = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    memcpy(y, x, (size_t)n * sizeof(float));
-    return y;
-}
-
-/* Checks |gpu - cpu| <= atol + rtol*|cpu| everywhere (NaN only where the CPU has NaN);
- * prints the worst entry of a failure. */
-static void close_to(const char *what, const float *gpu, const float *cpu, int64_t n, double atol,
-                     double rtol)
-{
-    int64_t bad = -1;
-    double worst = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (isnan(cpu[i]) || isnan(gpu[i])) {
-            if (!(isnan(cpu[i]) && isnan(gpu[i])) && bad < 0)
-                bad = i, worst = INFINITY;
-            continue;
-        }
-        double e = fabs((double)gpu[i] - cpu[i]) / (atol + rtol * fabs((double)cpu[i]));
-        if (e > 1 && e > worst)
-            bad = i, worst = e;
-    }
-    check__count++;
-    if (bad >= 0)
-        CHECK__FAIL("%s: entry %lld of %lld: gpu %.9g vs cpu %.9g (%.3g x the tolerance)", what,
-                    (long long)bad, (long long)n, gpu[bad], cpu[bad], worst);
-}
 
 struct shape {
     int64_t m, n, k;
@@ -291,6 +234,11 @@ static void test_cross_entropy(void)
     ce_case(5, 3, 1, true);
     ce_case(0, 4, 1, false); /* no rows: NaN, as PyTorch's mean over nothing */
     ce_case(3, 1, 1, false); /* one class: loss 0, gradient 0 */
+    /* Rows over many blocks: 8,203 rows pass the grid's 1,024 blocks of 8 rows, so blocks
+     * take a second row each; GPT-2's vocabulary (odd) over rows a warp strides 1,571 times. */
+    ce_case(8203, 3, 2, false);
+    ce_case(37, 50257, 2, false);
+    ce_case(2051, 5, 1, true);
 }
 
 /* ---- optimizers: single tensors and groups ---- */
@@ -408,7 +356,8 @@ static void test_groups(void)
 
 static void test_helpers(void)
 {
-    const int64_t sizes[] = {1, 5, 1000, 300001};
+    /* 4,194,311: past one tensor's 1,024 blocks of 4,096 elements, so blocks stride. */
+    const int64_t sizes[] = {1, 5, 1000, 300001, 4194311};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         const int64_t n = sizes[s];
         float *x = host_randn(n, 1), *y = malloc((size_t)n * sizeof(float));
@@ -454,6 +403,112 @@ static void test_helpers(void)
     G.ops->fetch_wait(G.ctx, got, 40);
     CHECK(got[39] == 19.5f && got[1] == 0.5f);
     G.ops->free(G.ctx, gv);
+}
+
+/* add_i64 (BatchNorm's num_batches_tracked, counted on the device): the CPU's sums. */
+static void test_add_i64(void)
+{
+    int64_t h = (int64_t)1 << 40, c = h;
+    int64_t *d = G.ops->alloc(G.ctx, sizeof h);
+    G.ops->to_device(G.ctx, d, &h, sizeof h);
+    for (int i = 0; i < 3; i++) {
+        G.ops->add_i64(G.ctx, d, 1);
+        C.ops->add_i64(C.ctx, &c, 1);
+    }
+    G.ops->add_i64(G.ctx, d, -5);
+    C.ops->add_i64(C.ctx, &c, -5);
+    G.ops->to_host(G.ctx, &h, d, sizeof h);
+    CHECK(h == c && c == ((int64_t)1 << 40) - 2);
+    G.ops->free(G.ctx, d);
+}
+
+/* ---- which code a GPU runs (cuda_code_pick): CUDA's rules, no device needed ---- */
+
+static void pick(const char *list, int major, int minor, const char *want)
+{
+    char got[16];
+    const bool ok = cuda_code_pick(list, major, minor, got, sizeof got);
+    check__count++;
+    if (ok != (want[0] != '\0') || strcmp(got, want))
+        CHECK__FAIL("cuda_code_pick(\"%s\", %d.%d): got \"%s\" (%d), want \"%s\"", list, major, minor, got,
+                    ok, want);
+}
+
+static void test_code_pick(void)
+{
+    const char *rel = "sm_75 sm_80 sm_86 sm_89 sm_90 sm_100 sm_120 compute_120";
+    pick(rel, 7, 5, "sm_75");   /* T4 */
+    pick(rel, 8, 0, "sm_80");   /* A100 */
+    pick(rel, 8, 6, "sm_86");   /* A10, RTX 3090 */
+    pick(rel, 8, 7, "sm_86");   /* Orin: a cubin of its major, older minor */
+    pick(rel, 8, 9, "sm_89");   /* L4, L40S, RTX 4090 */
+    pick(rel, 9, 0, "sm_90");   /* H100, H200 */
+    pick(rel, 12, 0, "sm_120"); /* RTX 5090 */
+    pick(rel, 12, 1, "sm_120");
+    pick(rel, 11, 0, "");                          /* Thor: no 11.x cubin, PTX 12.0 too new */
+    pick(rel, 7, 0, "");                           /* V100 under CUDA 13 */
+    pick("sm_90", 8, 0, "");                       /* the build before issue 34 on an A100 */
+    pick("sm_90", 8, 9, "");                       /* ... on an L40S */
+    pick("sm_90", 10, 0, "");                      /* a cubin never runs on the next major version */
+    pick("sm_86", 8, 0, "");                       /* nor on an older minor */
+    pick("sm_90 compute_90", 10, 0, "compute_90"); /* PTX runs on newer GPUs */
+    pick("compute_80 sm_90", 9, 0, "sm_90");       /* a cubin is preferred */
+    pick("compute_80,compute_86", 8, 9, "compute_86");
+    pick("sm_90a", 9, 0, "sm_90a");
+    pick("sm_90a", 9, 1, "");
+    pick("", 9, 0, "");
+    pick("sm_ compute_x sm_9 sm_90b", 9, 0, "");
+}
+
+/* `test_cuda --nocode`, a fresh process on an emulated device of compute capability 7.0
+ * whose module holds "sm_80 compute_90": --devices' view says so, and opening the device
+ * fails naming both instead of the first kernel failing. */
+static int nocode_main(void)
+{
+    struct dev_cuda_info info;
+    memset(&info, 0, sizeof info);
+    if (!dev_cuda_device_info(0, &info) || info.cc_major != 7 || info.cc_minor != 0 || info.has_code ||
+        info.code[0]) {
+        fprintf(stderr, "nocode: device info %d.%d has_code %d code '%s'\n", info.cc_major, info.cc_minor,
+                info.has_code, info.code);
+        return 1;
+    }
+    if (strcmp(dev_cuda_module_code(), "sm_80 compute_90")) {
+        fprintf(stderr, "nocode: module code '%s'\n", dev_cuda_module_code());
+        return 1;
+    }
+    struct ddpd_error err;
+    ddpd_error_clear(&err);
+    struct dev g = dev_cuda_new(0, false, &err);
+    const char *want[] = {"compute capability 7.0", "sm_80 compute_90", "DDPD_CUDA_ARCHS", "no kernel image"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(err.message, want[i])) {
+            fprintf(stderr, "nocode: no '%s' in '%s'\n", want[i], err.message);
+            return 1;
+        }
+    return g.ops == NULL && err.code == DDPD_EDEVICE ? 0 : 1;
+}
+
+static void test_nocode(void)
+{
+    struct dev_cuda_info info;
+    memset(&info, 0, sizeof info);
+    if (!dev_cuda_device_info(0, &info) || !info.emulated) {
+        fprintf(stderr, "nocode: a real GPU: its compute capability cannot be chosen, skipped\n");
+        return;
+    }
+    CHECK(info.has_code); /* the default emulated module runs on the default 9.0 */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("DDPD_CUDA_EMU_CC", "7.0", 1);
+        setenv("DDPD_CUDA_EMU_CODE", "sm_80 compute_90", 1);
+        execl("/proc/self/exe", "test_cuda", "--nocode", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 /* ---- v2 ops (CONTRACT.md §2a) ----
@@ -1027,9 +1082,12 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--oom"))
         return oom_main();
+    if (argc > 1 && !strcmp(argv[1], "--nocode"))
+        return nocode_main();
+    test_code_pick();
     if (!dev_cuda_available()) {
         fprintf(stderr, "no CUDA device visible: skipped\n");
-        return SKIP;
+        return check__failures ? 1 : SKIP;
     }
     struct ddpd_error err;
     ddpd_error_clear(&err);
@@ -1053,6 +1111,8 @@ int main(int argc, char **argv)
     test_adamw();
     test_groups();
     test_helpers();
+    test_add_i64();
+    test_nocode();
     test_gemm_batched();
     test_embedding();
     test_layernorm();

@@ -56,6 +56,11 @@ cudaError_t emu_error_sticky(cudaError_t code, const char *fmt, ...) __attribute
  * as its number among all DDPD_CUDA_EMU devices, the same in every process; -1 if none. */
 int emu_device_physical(int visible);
 
+/* Which code of the emulated module device `visible` runs, as the driver picks it
+ * (runtime.cc): false when none, which every launch on it then fails with
+ * cudaErrorNoKernelImageForDevice. */
+bool emu_code_for_device(int visible, int *binary, int *ptx);
+
 /* Number of emulated devices visible to this process: DDPD_CUDA_EMU (1..16), filtered and
  * renumbered by CUDA_VISIBLE_DEVICES. 0 when unset. */
 int emu_device_count(void);

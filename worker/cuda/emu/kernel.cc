@@ -5,7 +5,10 @@
  * without the barrier between them reads a stale value, as a GPU would let it. Barriers
  * count threads that returned as arrived (sm_70 and later); a warp operation whose mask
  * names a lane that has left, or a block where no fiber can move, is a launch failure that
- * names the kernel, the block and the thread. Knows nothing of memory or streams.
+ * names the kernel, the block and the thread. A launch runs only where the module holds
+ * code for the stream's device (runtime.cc's emu_code_for_device). With
+ * DDPD_CUDA_EMU_LAUNCH_LOG=1 every launch's grid is written to stderr, so that tests can see
+ * a kernel's launch shape. Knows nothing of memory or streams.
  * Test knob: DDPD_CUDA_EMU_KERNEL_DELAY_MS=N makes every kernel take N ms more on its
  * stream (a slow GPU: compute that outlasts a collective's deadline). */
 #include <signal.h>
@@ -595,6 +598,27 @@ void submit(const char *kernel, dim3 grid, dim3 blk, size_t smem, cudaStream_t s
                       "kernel %s asks for %zu bytes of dynamic shared memory, which the emulator does "
                       "not provide yet",
                       kernel, smem));
+        return;
+    }
+    static const bool log_launches = [] {
+        const char *v = getenv("DDPD_CUDA_EMU_LAUNCH_LOG");
+        return v && !strcmp(v, "1");
+    }();
+    if (log_launches)
+        fprintf(stderr, "ddpd cuda emulator: launch %s grid (%u,%u,%u) block (%u,%u,%u)\n", kernel, grid.x,
+                grid.y, grid.z, blk.x, blk.y, blk.z);
+    /* The driver loads the module's code for the stream's device: without code that device
+     * runs, the launch fails as on a GPU the module was not built for. */
+    const int dev = emu_stream_device(stream);
+    int binary, ptx;
+    if (dev >= 0 && dev < emu_device_count() && !emu_code_for_device(dev, &binary, &ptx)) {
+        cudaDeviceProp p;
+        const bool known = cudaGetDeviceProperties(&p, dev) == cudaSuccess;
+        set_last_error(
+            emu_error(cudaErrorNoKernelImageForDevice,
+                      "kernel %s launched on device %d of compute capability %d.%d, but the module "
+                      "holds code for %s only (DDPD_CUDA_EMU_CODE)",
+                      kernel, dev, known ? p.major : 0, known ? p.minor : 0, emuModuleCode()));
         return;
     }
     const long delay_ms = kernel_delay_ms();

@@ -1,11 +1,12 @@
 /* emu/runtime.cc — the emulated device's CUDA runtime: its devices (DDPD_CUDA_EMU of them,
- * seen through CUDA_VISIBLE_DEVICES), device memory in an arena that host code cannot
- * touch, pinned host memory, streams that run their work in order on a thread each, events,
- * and the errors a GPU would report. Device memory is an mmap per allocation, placed at the
- * end of its pages with an inaccessible guard page after it, and is PROT_NONE except while
- * some stream is executing work: host code that dereferences a device pointer faults, and
- * so does a kernel that reads past its buffer; the SIGSEGV handler says which. Kernels
- * themselves run in kernel.cc. What this cannot show: speed, real memory limits, timing. */
+ * seen through CUDA_VISIBLE_DEVICES, of the compute capability DDPD_CUDA_EMU_CC says), the
+ * code of the emulated module's fat binary (DDPD_CUDA_EMU_CODE) and the driver's choice of
+ * it at every launch, device memory in an arena that host code cannot touch, pinned host memory, streams that
+ * run their work in order on a thread each, events, and the errors a GPU would report. Device memory is an
+ * mmap per allocation, placed at the end of its pages with an inaccessible guard page after it, and is
+ * PROT_NONE except while some stream is executing work: host code that dereferences a device pointer faults,
+ * and so does a kernel that reads past its buffer; the SIGSEGV handler says which. Kernels themselves run in
+ * kernel.cc. What this cannot show: speed, real memory limits, timing. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -47,6 +48,8 @@ const code_text codes[] = {
     {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorNoKernelImageForDevice, "cudaErrorNoKernelImageForDevice",
+     "no kernel image is available for execution on the device"},
     {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
@@ -157,12 +160,52 @@ namespace
 {
 
 constexpr int MAX_DEVICES = 16;
-constexpr size_t DEVICE_MEMORY = (size_t)1 << 30; /* 1 GiB each: small, on purpose */
+/* 1 GiB each: small, on purpose; DDPD_CUDA_EMU_MEMORY_MIB sets another size (a test of
+ * GPT-2-sized buffers). */
+size_t device_memory = (size_t)1 << 30;
 
 struct device {
     int physical; /* its number among the DDPD_CUDA_EMU devices */
+    int cc_major, cc_minor;
     std::atomic<size_t> used{0};
 };
+
+/* The emulated module's fat binary: nvcc's code names, "sm_80 sm_90 compute_90". By default
+ * the release's list (CMake's DDPD_CUDA_EMU_DEFAULT_CODE: every major architecture from
+ * Volta on, and PTX of the newest), so that any emulated device runs it. */
+#ifndef DDPD_CUDA_EMU_DEFAULT_CODE
+#define DDPD_CUDA_EMU_DEFAULT_CODE "sm_70 sm_75 sm_80 sm_86 sm_89 sm_90 sm_100 sm_120 compute_120"
+#endif
+char module_code[512] = DDPD_CUDA_EMU_DEFAULT_CODE;
+int physical_cc[MAX_DEVICES][2];
+
+/* DDPD_CUDA_EMU_CC: "8.6" for every device, or "8.6,7.0" for physical devices 0 and 1 (the
+ * last entry for the rest); 9.0 when unset. A malformed entry is reported and ignored. */
+void capability_init(int total)
+{
+    const char *v = getenv("DDPD_CUDA_EMU_CC");
+    int major = 9, minor = 0;
+    for (int i = 0; i < total; i++) {
+        if (v && *v) {
+            const size_t len = strcspn(v, ",");
+            int a, b, n = 0;
+            char item[32];
+            snprintf(item, sizeof item, "%.*s", (int)(len < 31 ? len : 31), v);
+            if (sscanf(item, "%d.%d%n", &a, &b, &n) == 2 && n == (int)strlen(item) && a >= 1 && a <= 99 &&
+                b >= 0 && b <= 9)
+                major = a, minor = b;
+            else
+                fprintf(stderr,
+                        "ddpd cuda emulator: DDPD_CUDA_EMU_CC entry '%s' is not a compute capability "
+                        "such as 8.6\n",
+                        item);
+            v += len;
+            v += *v == ',';
+        }
+        physical_cc[i][0] = major;
+        physical_cc[i][1] = minor;
+    }
+}
 
 std::once_flag devices_once;
 device *devices[MAX_DEVICES];
@@ -188,6 +231,21 @@ void devices_init()
             total = (int)v;
     }
     int order[MAX_DEVICES], count = 0;
+    capability_init(total);
+    const char *code = getenv("DDPD_CUDA_EMU_CODE");
+    if (code && *code)
+        snprintf(module_code, sizeof module_code, "%s", code);
+    const char *mib = getenv("DDPD_CUDA_EMU_MEMORY_MIB");
+    if (mib && *mib) {
+        char *end;
+        long long v = strtoll(mib, &end, 10);
+        if (*end || v < 1 || v > ((long long)1 << 20))
+            fprintf(stderr,
+                    "ddpd cuda emulator: DDPD_CUDA_EMU_MEMORY_MIB='%s' is not a size in [1, 1048576] MiB\n",
+                    mib);
+        else
+            device_memory = (size_t)v << 20;
+    }
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     if (!vis) {
         for (int i = 0; i < total; i++)
@@ -226,6 +284,8 @@ void devices_init()
     for (int i = 0; i < count; i++) {
         devices[i] = new device();
         devices[i]->physical = order[i];
+        devices[i]->cc_major = physical_cc[order[i]][0];
+        devices[i]->cc_minor = physical_cc[order[i]][1];
     }
     ndevices = count;
     if (count > 0)
@@ -276,9 +336,9 @@ extern "C" cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int i)
     const unsigned char u[16] = {0xdd, 0x9d, 0xe0, 0x00, 0, 0, 0, 0,
                                  0,    0,    0,    0,    0, 0, 0, (unsigned char)phys};
     memcpy(prop->uuid.bytes, u, sizeof u);
-    prop->totalGlobalMem = DEVICE_MEMORY;
-    prop->major = 9;
-    prop->minor = 0;
+    prop->totalGlobalMem = device_memory;
+    prop->major = devices[i]->cc_major;
+    prop->minor = devices[i]->cc_minor;
     prop->multiProcessorCount = 1;
     prop->warpSize = 32;
     prop->maxThreadsPerBlock = 1024;
@@ -300,6 +360,65 @@ extern "C" cudaError_t cudaGetDevice(int *i)
     if (device_count() == 0)
         return cudaErrorNoDevice;
     *i = tl_device;
+    return cudaSuccess;
+}
+
+/* ---- the driver's choice of code ---- */
+
+extern "C" const char *emuModuleCode(void)
+{
+    device_count(); /* reads DDPD_CUDA_EMU_CODE */
+    return module_code;
+}
+
+/* What a driver runs of the module's fat binary on device `visible`: the newest cubin
+ * sm_XY of the device's own major version X with Y at most its minor (sm_XYa only on X.Y
+ * itself), else PTX compute_XY not newer than the device, compiled for it. *binary is the
+ * cubin's version (or the device's, for PTX), *ptx the PTX's (0 for a cubin), as
+ * cudaFuncGetAttributes reports them. False when nothing there runs on the device. */
+extern "C" bool emu_code_for_device(int visible, int *binary, int *ptx)
+{
+    if (visible < 0 || visible >= device_count())
+        return false;
+    const int major = devices[visible]->cc_major, minor = devices[visible]->cc_minor;
+    const int cc = major * 10 + minor;
+    int cubin = -1, jit = -1;
+    for (const char *p = module_code; *p;) {
+        const size_t len = strcspn(p, " ,");
+        char item[32];
+        snprintf(item, sizeof item, "%.*s", (int)(len < 31 ? len : 31), p);
+        int v = 0, n = 0;
+        char suffix[4] = "";
+        if (sscanf(item, "sm_%d%n", &v, &n) == 1) {
+            snprintf(suffix, sizeof suffix, "%s", item + n);
+            const bool exact = !strcmp(suffix, "a");
+            if ((exact ? v == cc : !suffix[0] && v / 10 == major && v % 10 <= minor) && v > cubin)
+                cubin = v;
+        } else if (sscanf(item, "compute_%d%n", &v, &n) == 1 && !item[n] && v <= cc && v > jit) {
+            jit = v;
+        }
+        p += len;
+        p += strspn(p, " ,");
+    }
+    if (cubin < 0 && jit < 0)
+        return false;
+    *binary = cubin >= 0 ? cubin : cc;
+    *ptx = cubin >= 0 ? 0 : jit;
+    return true;
+}
+
+extern "C" cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, const void *func)
+{
+    STICKY_GUARD();
+    cudaError_t e = device_ok();
+    if (e != cudaSuccess)
+        return e;
+    if (!func)
+        return cudaErrorInvalidValue;
+    memset(attr, 0, sizeof *attr);
+    if (!emu_code_for_device(tl_device, &attr->binaryVersion, &attr->ptxVersion))
+        return cudaErrorNoKernelImageForDevice;
+    attr->maxThreadsPerBlock = 1024;
     return cudaSuccess;
 }
 
@@ -867,8 +986,8 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t bytes)
     if (!bytes)
         return cudaSuccess;
     device *d = devices[tl_device];
-    if (bytes > DEVICE_MEMORY || d->used.fetch_add(bytes) + bytes > DEVICE_MEMORY) {
-        if (bytes <= DEVICE_MEMORY)
+    if (bytes > device_memory || d->used.fetch_add(bytes) + bytes > device_memory) {
+        if (bytes <= device_memory)
             d->used.fetch_sub(bytes);
         return cudaErrorMemoryAllocation;
     }

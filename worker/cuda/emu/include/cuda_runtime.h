@@ -22,6 +22,7 @@ typedef enum cudaError {
     cudaErrorInvalidMemcpyDirection = 21,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
+    cudaErrorNoKernelImageForDevice = 209,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
@@ -69,6 +70,13 @@ typedef struct cudaDeviceProp {
     int maxThreadsPerBlock;
 } cudaDeviceProp;
 
+/* The fields of cudaFuncAttributes that ddpd reads. */
+struct cudaFuncAttributes {
+    int binaryVersion; /* the cubin's architecture, 86 for sm_86 (the device's for JIT-compiled PTX) */
+    int ptxVersion;    /* the PTX's, 90 for compute_90; 0 when a cubin runs */
+    int maxThreadsPerBlock;
+};
+
 #define cudaStreamDefault      0x0u
 #define cudaStreamNonBlocking  0x1u
 #define cudaEventDefault       0x0u
@@ -111,6 +119,14 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *userData);
+
+/* Fails with cudaErrorNoKernelImageForDevice when the module holds no code the current
+ * device runs (every kernel of the module shares the one fat binary). */
+cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, const void *func);
+
+/* Not CUDA's: the emulator's own. The code the emulated module's fat binary holds
+ * (DDPD_CUDA_EMU_CODE, or the release's list), as nvcc names it: "sm_80 sm_90 compute_90". */
+const char *emuModuleCode(void);
 
 cudaError_t cudaEventCreate(cudaEvent_t *e);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
