@@ -961,6 +961,11 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
             return rc;
         emit_log("resumed from %s at step %" PRId64 " (epoch %" PRId64 ", step %" PRId64 " of the epoch)",
                  cfg->resume, pos->step, pos->epoch, pos->epoch_step);
+        /* A rank killed between a checkpoint's commit and its prune left keep_last + 1
+         * of them (and perhaps a torn ckpt-N.tmp): the restart finishes that prune, so
+         * a job ended before its next checkpoint still keeps keep_last. */
+        if (cfg->rank == 0)
+            prune_checkpoints(r, pos->step);
     } else if (s->init_from_job > 0) {
         /* Another job's weights: a path the server resolved in its own jobs folder (never
          * one from the spec), handed over in the stdin document. */

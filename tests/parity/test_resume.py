@@ -326,3 +326,25 @@ def test_resume_on_changed_data_is_refused_naming_the_file(work):
     assert "(force)" in res.log(1) and "changed since" not in res.log(0), (res.log(0), res.log(1))
     bad = H.run_ddpd(spec, world, work, name="force-alone", extra=["--force"])
     assert bad.rc == 2 and "--force goes with --resume" in bad.stderr, bad.describe()
+
+
+@pytest.mark.cpu_only("checkpoint retention is the host's file work, whatever the device")
+def test_a_resume_prunes_what_a_rank_killed_before_its_prune_left(work):
+    """A rank killed between a checkpoint's commit and its prune leaves keep_last + 1
+    checkpoints (and perhaps a torn ckpt-N.tmp). The restart resumes from the newest and
+    prunes the rest at once, so a job cancelled before its next checkpoint still keeps
+    keep_last (seen in CI as api.test_retention's three checkpoints of keep_last 2)."""
+    import shutil
+    H.need_bin()
+    spec, world = write_job(work, OPTIMIZERS["adamw"], "sharded", "synthetic")
+    spec["checkpoint"]["keep_last"] = 2
+    full = H.run_ddpd(spec, world, work, name="full").check_ok(world)
+    kept = sorted(int(d.name[5:]) for d in full.out.glob("ckpt-*"))
+    assert len(kept) == 2, kept
+    # The kill's leftovers: an older checkpoint the prune never reached, a torn one.
+    shutil.copytree(full.out / f"ckpt-{kept[0]}", full.out / "ckpt-1")
+    (full.out / "ckpt-2.tmp").mkdir()
+    res = H.run_ddpd(spec, world, work, name="full", extra=["--resume", str(full.out / f"ckpt-{kept[1]}")])
+    res.check_ok(world)
+    after = [d.name for d in full.out.iterdir() if d.name.startswith("ckpt-")]
+    assert sorted(after) == sorted([f"ckpt-{kept[0]}", f"ckpt-{kept[1]}"]), after
