@@ -5,9 +5,11 @@
 #include "api.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "api_impl.h"
 #include "http.h"
+#include "inference/pool.h"
 #include "planner.h"
 #include "stream.h"
 
@@ -19,6 +21,10 @@ struct api *api__ctx(struct http_request *req)
 /* Planner processes: two answer while a third submission waits (each answer takes
  * microseconds to a few milliseconds; more processes would only cost memory). */
 #define PLANNERS 2
+/* The inference workers' niceness: training ranks and the HTTP threads go first. */
+#define INFER_NICE 5
+
+static struct http_route *route_table(const struct api *a, size_t *n);
 
 ddpd_err api_new(const struct api_config *c, struct api **out, struct ddpd_error *err)
 {
@@ -38,10 +44,26 @@ ddpd_err api_new(const struct api_config *c, struct api **out, struct ddpd_error
     char *end = NULL;
     double t = pt ? strtod(pt, &end) : 0;
     a->plan_timeout_s = pt && end != pt && !*end && t >= 1 && t <= 3600 ? t : API_PLAN_TIMEOUT_S;
+    a->infer_cfg = c->infer;
     api__job_cache_init(a);
     ddpd_err rc = streams_new(a->hub, a->store, 0, &a->streams, err);
     if (rc == DDPD_OK && !(a->planner = planner_new(a->worker, PLANNERS)))
         rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory for the planner");
+    if (rc == DDPD_OK && !(a->routes = route_table(a, &a->nroutes)))
+        rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory for the routes");
+    if (rc == DDPD_OK) {
+        struct infer_pool_opts po = {.worker = c->infer.worker,
+                                     .dir = c->infer.dir,
+                                     .procs = c->infer.procs,
+                                     .queue = c->infer.queue,
+                                     .memory = c->infer.memory,
+                                     .idle_s = c->infer.idle_s,
+                                     .timeout_s = c->infer.timeout_s,
+                                     .line_max = c->infer.line_max,
+                                     .nice = INFER_NICE,
+                                     .super = c->super};
+        rc = infer_pool_new(&po, &a->infer, err);
+    }
     if (rc) {
         api_free(a);
         return rc;
@@ -55,10 +77,18 @@ void api_set_http(struct api *a, struct http_server *http)
     __atomic_store_n(&a->http, http, __ATOMIC_RELEASE);
 }
 
+void api_stop(struct api *a)
+{
+    if (a)
+        infer_pool_stop(a->infer);
+}
+
 void api_free(struct api *a)
 {
     if (!a)
         return;
+    infer_pool_free(a->infer);
+    free(a->routes);
     planner_free(a->planner);
     streams_free(a->streams);
     api__job_cache_clear(a);
@@ -77,6 +107,11 @@ static const struct http_route routes[] = {
     {"GET", "/v1/jobs/{id}/logs", api__logs, HTTP_ROUTE_AUTH, 0, "rank tail"},
     {"GET", "/v1/jobs/{id}/checkpoint", api__checkpoint, HTTP_ROUTE_AUTH, 0, "step file"},
     {"GET", "/v1/jobs/{id}/checkpoints", api__checkpoints, HTTP_ROUTE_AUTH, 0, ""},
+    /* Inference (api_infer.c): predict's body is JSON or a .npy file, up to
+     * --infer-max-bytes (route_table sets the limit). */
+    {"POST", "/v1/jobs/{id}/generate", api__generate, HTTP_ROUTE_AUTH | HTTP_ROUTE_JSON, 0, ""},
+    {"POST", "/v1/jobs/{id}/predict", api__predict, HTTP_ROUTE_AUTH | HTTP_ROUTE_BODY, 0, "step device"},
+    {"GET", "/v1/inference", api__inference, HTTP_ROUTE_AUTH, 0, ""},
     {"GET", "/v1/devices", api__devices, HTTP_ROUTE_AUTH, 0, ""},
     {"GET", "/healthz", api__health, 0, 0, NULL},
     {"GET", "/metrics", api__prometheus, 0, 0, NULL},
@@ -96,8 +131,26 @@ static const struct http_route routes[] = {
     {"GET", "/web/app.js", api__web_file, 0, 0, NULL},
 };
 
-const struct http_route *api_routes(size_t *n)
+/* A copy of the table with this server's limits: the predict route's body limit. */
+static struct http_route *route_table(const struct api *a, size_t *n)
 {
+    *n = sizeof routes / sizeof routes[0];
+    struct http_route *t = malloc(sizeof routes);
+    if (!t)
+        return NULL;
+    memcpy(t, routes, sizeof routes);
+    for (size_t i = 0; i < *n; i++)
+        if (t[i].handler == api__predict)
+            t[i].max_body = a->infer_cfg.max_bytes;
+    return t;
+}
+
+const struct http_route *api_routes(const struct api *a, size_t *n)
+{
+    if (a) {
+        *n = a->nroutes;
+        return a->routes;
+    }
     *n = sizeof routes / sizeof routes[0];
     return routes;
 }

@@ -6,7 +6,7 @@
  * rendered-job cache, list, get, cancel, delete), api_submit.c (submit and resume, with
  * the planner's data check), api_files.c (a job's curve, logs and checkpoints),
  * api_events.c (the event stream), api_web.c (devices, health, /metrics, the dashboard's
- * files). */
+ * files), api_infer.c (generate, predict and the inference pool's state). */
 #ifndef DDPD_API_IMPL_H
 #define DDPD_API_IMPL_H
 
@@ -23,6 +23,7 @@
 #include "http.h"
 
 struct store_job;
+struct infer_pool;
 
 /* The rendered-job cache's size (api_jobs.c, api__job_cache_respond). */
 #define API_JOB_CACHE_SLOTS 256
@@ -42,9 +43,14 @@ struct api {
     struct http_server *http; /* for /metrics; set by api_set_http after the server starts */
     const char *worker, *data_dir, *jobs_dir, *web_dir;
     int64_t max_rank_memory;
-    double plan_timeout_s;   /* see API_PLAN_TIMEOUT_S */
-    struct planner *planner; /* ddpd-worker --plan processes for the submission check */
-    struct streams *streams; /* the event streams and their heartbeats */
+    double plan_timeout_s;    /* see API_PLAN_TIMEOUT_S */
+    struct planner *planner;  /* ddpd-worker --plan processes for the submission check */
+    struct streams *streams;  /* the event streams and their heartbeats */
+    struct infer_pool *infer; /* the inference processes (inference/pool.h) */
+    struct api_infer_config infer_cfg;
+    /* The route table with this server's limits (api_routes). */
+    struct http_route *routes;
+    size_t nroutes;
     struct api_job_cache_slot job_cache[API_JOB_CACHE_SLOTS];
 };
 
@@ -94,5 +100,8 @@ ddpd_err api__health(struct http_request *req, struct ddpd_error *err);      /* 
 ddpd_err api__prometheus(struct http_request *req, struct ddpd_error *err);  /* api_web.c */
 ddpd_err api__web_root(struct http_request *req, struct ddpd_error *err);    /* api_web.c */
 ddpd_err api__web_file(struct http_request *req, struct ddpd_error *err);    /* api_web.c */
+ddpd_err api__generate(struct http_request *req, struct ddpd_error *err);    /* api_infer.c */
+ddpd_err api__predict(struct http_request *req, struct ddpd_error *err);     /* api_infer.c */
+ddpd_err api__inference(struct http_request *req, struct ddpd_error *err);   /* api_infer.c */
 
 #endif

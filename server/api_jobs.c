@@ -12,6 +12,7 @@
 #include "../schema/jobdir.h"
 #include "api_impl.h"
 #include "http.h"
+#include "inference/pool.h"
 #include "store.h"
 #include "super.h"
 
@@ -332,6 +333,11 @@ ddpd_err api__delete(struct http_request *req, struct ddpd_error *err)
 {
     /* The supervisor deletes: between two turns of its loop no end of the job is half
      * stored or published. */
-    ddpd_err rc = super_delete(api__ctx(req)->super, http_request_id(req, 0), err);
-    return rc ? rc : http_respond_empty(req, 204);
+    struct api *a = api__ctx(req);
+    ddpd_err rc = super_delete(a->super, http_request_id(req, 0), err);
+    if (rc)
+        return rc;
+    /* Its models are unloaded, and a request for it that raced the delete is refused. */
+    infer_pool_forget_job(a->infer, http_request_id(req, 0));
+    return http_respond_empty(req, 204);
 }

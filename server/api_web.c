@@ -11,6 +11,7 @@
 #include "api_impl.h"
 #include "http.h"
 #include "hub.h"
+#include "inference/pool.h"
 #include "store.h"
 #include "super.h"
 
@@ -34,7 +35,8 @@ ddpd_err api__health(struct http_request *req, struct ddpd_error *err)
 #define DDPD_VERSION "unknown"
 #endif
 
-/* Free and busy slots of one kind from the devices' JSON (super_devices). */
+/* Free and busy slots of one kind from the devices' JSON (super_devices): a slot a job or
+ * an inference process holds is busy. */
 static void slots_count(json_t *devs, const char *key, int64_t *total, int64_t *used)
 {
     json_t *arr = json_object_get(devs, key), *slot;
@@ -42,7 +44,8 @@ static void slots_count(json_t *devs, const char *key, int64_t *total, int64_t *
     *total = *used = 0;
     json_array_foreach (arr, i, slot) {
         (*total)++;
-        *used += !json_is_null(json_object_get(slot, "job"));
+        *used +=
+            !json_is_null(json_object_get(slot, "job")) || !json_is_null(json_object_get(slot, "inference"));
     }
 }
 
@@ -83,6 +86,7 @@ ddpd_err api__prometheus(struct http_request *req, struct ddpd_error *err)
     /* Set by api_set_http after the HTTP server started, while requests may already run. */
     struct http_server *srv = __atomic_load_n(&a->http, __ATOMIC_ACQUIRE);
     char *httpm = srv ? http_server_metrics(srv) : NULL;
+    char *inferm = infer_pool_metrics(a->infer);
     size_t streams_open = 0;
     unsigned long long streams_slow = 0;
     if (srv)
@@ -92,9 +96,10 @@ ddpd_err api__prometheus(struct http_request *req, struct ddpd_error *err)
     slots_count(devs, "cpu_slots", &cpu_total, &cpu_used);
     slots_count(devs, "gpus", &gpu_total, &gpu_used);
     json_decref(devs);
-    size_t cap = 8192 + running.n * 600 + (httpm ? strlen(httpm) : 0), n = 0;
+    size_t cap = 8192 + running.n * 600 + (httpm ? strlen(httpm) : 0) + (inferm ? strlen(inferm) : 0), n = 0;
     char *out = malloc(cap);
     if (!out) {
+        free(inferm);
         free(httpm);
         store_job_list_free(&running);
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
@@ -169,6 +174,9 @@ ddpd_err api__prometheus(struct http_request *req, struct ddpd_error *err)
     if (httpm && n < cap)
         n += (size_t)snprintf(out + n, cap - n, "%s", httpm);
     free(httpm);
+    if (inferm && n < cap)
+        n += (size_t)snprintf(out + n, cap - n, "%s", inferm);
+    free(inferm);
     store_job_list_free(&running);
     rc = http_respond_bytes(req, 200, "text/plain; version=0.0.4; charset=utf-8", out, n < cap ? n : cap - 1);
     free(out);

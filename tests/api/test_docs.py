@@ -51,7 +51,8 @@ def routes():
 
 
 def api_sources():
-    """The text of every file of the /v1 handlers (server/api*.c)."""
+    """The text of every file of the /v1 handlers (server/api*.c; the inference pool's
+    metrics are server/inference/pool.c's)."""
     return "".join(p.read_text(encoding="utf-8") for p in sorted((REPO / "server").glob("api*.c")))
 
 
@@ -74,7 +75,7 @@ def error_codes():
 
 def metric_names():
     names = set()
-    for src in (api_sources(), read("server/http_route.c")):
+    for src in (api_sources(), read("server/http_route.c"), read("server/inference/pool.c")):
         names.update(re.findall(r"# HELP (ddpd_\w+)", src))
     assert names, "no /metrics names found"
     return names
