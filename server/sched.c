@@ -240,6 +240,11 @@ bool sched_take(struct sched *s, device_kind kind, int64_t holder, int *slot)
     return false;
 }
 
+int sched_waiting(const struct sched *s, device_kind kind)
+{
+    return s->k[kind].qlen;
+}
+
 void sched_release_slot(struct sched *s, device_kind kind, int i)
 {
     if (i >= 0 && i < s->k[kind].nslots)

@@ -98,6 +98,8 @@ void sched_release(struct sched *s, int64_t job);
 bool sched_take(struct sched *s, device_kind kind, int64_t holder, int *slot);
 /* Frees slot `i` of `kind` whoever holds it (sched_take's). */
 void sched_release_slot(struct sched *s, device_kind kind, int i);
+/* Jobs waiting in `kind`'s queue. */
+int sched_waiting(const struct sched *s, device_kind kind);
 
 /* Why a queued job is waiting, in a sentence; "" when it is not queued. */
 void sched_pending_reason(const struct sched *s, int64_t job, char *buf, size_t cap);

@@ -1107,6 +1107,14 @@ bool super_gpu_take(struct super *s, int64_t job, int *slot, char *device, size_
     return ok;
 }
 
+bool super_gpu_wanted(struct super *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool w = !launcher_queues(s->o.launcher) && sched_waiting(s->sched, DEVICE_CUDA) > 0;
+    pthread_mutex_unlock(&s->lock);
+    return w;
+}
+
 void super_gpu_give(struct super *s, int slot)
 {
     pthread_mutex_lock(&s->lock);

@@ -97,6 +97,9 @@ device_kind super_default_device(const struct super *s);
  * host's GPUs are not the server's to give). Any thread. */
 bool super_gpu_take(struct super *s, int64_t job, int *slot, char *device, size_t cap, char *why,
                     size_t whycap);
+/* True when a job waits for a GPU: an idle inference model gives its slot up then
+ * (training comes first). Any thread. */
+bool super_gpu_wanted(struct super *s);
 /* Gives back a slot super_gpu_take gave (once the process that used it has ended), and
  * wakes the supervisor: a job waiting for it may start. Any thread. */
 void super_gpu_give(struct super *s, int slot);

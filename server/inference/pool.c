@@ -1,7 +1,8 @@
 /* pool.c — the inference pool (pool.h): the slots (one worker process each, and the model
  * it holds), the queue, the runner threads that speak the worker protocol
  * (docs/architecture.md, "How an inference request flows"), and the housekeeper thread
- * that expires waiting requests and ends idle or doomed models.
+ * that expires waiting requests and ends idle or doomed models (and idle GPU models when
+ * a job waits for a GPU).
  *
  * Threads: one runner per slot (started at the first request) takes the head of the
  * queue onto the slot policy.c picks, and owns that slot, its process and its pipes until
@@ -641,12 +642,24 @@ static void *housekeeper(void *arg)
     pthread_mutex_lock(&p->mu);
     while (!p->stop_threads) {
         double now = base_mono_s();
+        /* A job waiting for a GPU: idle cuda models give their slots up. Asked outside mu
+         * (the supervisor's lock is never taken under the pool's). */
+        bool any_gpu = false;
+        for (int i = 0; i < p->o.procs; i++)
+            any_gpu |= p->slots[i].state == SLOT_FREE && p->slots[i].gpu >= 0;
+        bool gpu_wanted = false;
+        if (any_gpu && p->o.super) {
+            pthread_mutex_unlock(&p->mu);
+            gpu_wanted = super_gpu_wanted(p->o.super);
+            pthread_mutex_lock(&p->mu);
+        }
         struct task *late = unqueue(p, expired, &now);
         struct task *gone = unqueue(p, client_gone, NULL);
         int ending[INFER_PROCS_MAX], n = 0;
         for (int i = 0; i < p->o.procs; i++) {
             struct slot *s = &p->slots[i];
-            if (s->state == SLOT_FREE && s->pid > 0 && (s->doomed || now - s->last_used >= p->o.idle_s)) {
+            if (s->state == SLOT_FREE && s->pid > 0 &&
+                (s->doomed || now - s->last_used >= p->o.idle_s || (gpu_wanted && s->gpu >= 0))) {
                 s->state = SLOT_ENDING;
                 ending[n++] = i;
             }

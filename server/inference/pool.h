@@ -6,7 +6,8 @@
  * resident bytes under `memory` by ending the least recently used idle ones, ends a
  * model idle for `idle_s`, kills a worker silent for `timeout_s` with a request, replaces
  * one that died, sends `cancel` when the client has gone, and holds a GPU slot of the
- * supervisor (super_gpu_take) while a cuda model is loaded.
+ * supervisor (super_gpu_take) while a cuda model is loaded, giving it up when idle as soon
+ * as a job waits for a GPU.
  *
  * Knows no HTTP and no SQL: the caller (api_infer.c) resolves the job's model, builds the
  * worker's request and binds the answer to its HTTP request through a sink of callbacks.

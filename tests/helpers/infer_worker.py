@@ -186,6 +186,7 @@ class Fake:
                 return err("invalid_spec", f"ids[{i}]", f"ids[{i}]: {t} is outside [0, {V})")
         n = req.get("max_new_tokens", 256)
         seed = req.get("seed", 0)
+        draw = seed if req.get("temperature", 1.0) != 0 else 0  # greedy: no draw, no seed
         stream = req.get("stream", False)
         crash_after, hang_after = c.get("crash_after"), c.get("hang_after")
         delay = float(c.get("delay_s", 0) or 0)
@@ -196,7 +197,7 @@ class Fake:
                 die(int(c.get("exit_code", 3)))
             if hang_after is not None and k >= hang_after:
                 hang()
-            tok = (seed * 7919 + sum(ids) * 31 + k * 17 + (new[-1] if new else 0)) % V
+            tok = (draw * 7919 + sum(ids) * 31 + k * 17 + (new[-1] if new else 0)) % V
             new.append(tok)
             piece = (chr(tok) if 32 <= tok < 127 else "\ufffd") if V == 256 else None
             if piece is not None:
