@@ -197,11 +197,13 @@ static struct infer_pool *pool(int procs, int queue, int64_t memory, double time
 static ddpd_err gen(struct infer_pool *p, int64_t job, const char *w, int tokens, struct sink *s, int *retry)
 {
     struct infer_model m = {.job = job, .step = -1, .weights = w, .spec = SPEC};
-    json_t *req = json_pack("{s:s, s:[i], s:i, s:i, s:b}", "op", "generate", "ids", 1, "max_new_tokens",
-                            tokens, "seed", 7, "stream", 1);
+    char *req = malloc(160);
+    snprintf(req, 160,
+             "{\"op\": \"generate\", \"ids\": [1], \"max_new_tokens\": %d, \"seed\": 7, \"stream\": true}",
+             tokens);
     struct infer_sink k = {.line = s_line, .gone = s_gone, .done = s_done, .ctx = s};
     struct ddpd_error err;
-    return infer_pool_submit(p, &m, req, NULL, &k, retry, &err);
+    return infer_pool_submit(p, &m, req, "generate", NULL, &k, retry, &err);
 }
 
 static void test_queue_bound_and_answers(void)
@@ -423,7 +425,7 @@ int main(void)
         fputs("weights", f);
         fclose(f);
     }
-    signal(SIGPIPE, SIG_IGN); /* as ddpd serve: a dead worker is a failed write (pool.h) */
+    signal(SIGPIPE, SIG_IGN);              /* as ddpd serve: a dead worker is a failed write (pool.h) */
     setenv("DDPD_TEST_INFER_CTL", ctl, 1); /* reaches the workers: DDPD_* is allow-listed */
     test_queue_bound_and_answers();
     test_cancel();
