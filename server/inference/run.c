@@ -170,14 +170,19 @@ ddpd_err infer__ensure_model(struct infer_pool *p, struct slot *s, struct task *
     if (s->proc.pid == 0) {
         int gpu = -1;
         char device[SCHED_GPU_ID_MAX] = "", why[256] = "";
-        if (t->key.cuda && !(p->o.super && super_gpu_take(p->o.super, t->key.job, &gpu, device, sizeof device,
-                                                          why, sizeof why))) {
+        int took = !t->key.cuda ? 1
+                   : p->o.super
+                       ? super_gpu_take(p->o.super, t->key.job, &gpu, device, sizeof device, why, sizeof why)
+                       : -1;
+        if (took < 0) /* never: the request's mistake */
+            return ddpd_error_set(err, DDPD_ESPEC, "device", "%s",
+                                  why[0] ? why : "device cuda: this server has no GPU for inference");
+        if (took == 0) { /* not now: 503, retry */
             pthread_mutex_lock(&p->mu);
             p->st.rejected++;
             pthread_mutex_unlock(&p->mu);
             *retry = GPU_RETRY_S;
-            return ddpd_error_set(err, DDPD_EBUSY, "device", "%s",
-                                  why[0] ? why : "device cuda: this server has no GPU for inference");
+            return ddpd_error_set(err, DDPD_EBUSY, "device", "%s", why);
         }
         char log[PATH_MAX];
         snprintf(log, sizeof log, "%s/worker-%d.log", p->dir, s->index);
