@@ -3,6 +3,7 @@
  * the supervisor. Event streams are stream.h's: the history paged from the store as the
  * client reads it, then the hub's live events. */
 #include "api.h"
+#include "api_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -253,6 +254,11 @@ static ddpd_err get_job(struct http_request *req, struct store_job *j, struct dd
 {
     memset(j, 0, sizeof *j);
     return store_job_get(ctx_of(req)->store, http_request_id(req, 0), j, err);
+}
+
+ddpd_err api__job_get(struct http_request *req, struct store_job *j, struct ddpd_error *err)
+{
+    return get_job(req, j, err);
 }
 
 /* ---- POST /v1/jobs ---------------------------------------------------------------------- */
@@ -1441,6 +1447,7 @@ static const struct http_route routes[] = {
     {"GET", "/v1/jobs/{id}/logs", h_logs, HTTP_ROUTE_AUTH, 0, "rank tail"},
     {"GET", "/v1/jobs/{id}/checkpoint", h_checkpoint, HTTP_ROUTE_AUTH, 0, "step file"},
     {"GET", "/v1/jobs/{id}/checkpoints", h_checkpoints, HTTP_ROUTE_AUTH, 0, ""},
+    {"GET", "/v1/jobs/{id}/pytorch", api__h_pytorch, HTTP_ROUTE_AUTH, 0, ""},
     {"GET", "/v1/devices", h_devices, HTTP_ROUTE_AUTH, 0, ""},
     {"GET", "/healthz", h_health, 0, 0, NULL},
     {"GET", "/metrics", h_prometheus, 0, 0, NULL},
