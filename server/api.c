@@ -256,7 +256,7 @@ static ddpd_err get_job(struct http_request *req, struct store_job *j, struct dd
     return store_job_get(ctx_of(req)->store, http_request_id(req, 0), j, err);
 }
 
-ddpd_err api__job_get(struct http_request *req, struct store_job *j, struct ddpd_error *err)
+ddpd_err api__get_job(struct http_request *req, struct store_job *j, struct ddpd_error *err)
 {
     return get_job(req, j, err);
 }
@@ -1447,7 +1447,7 @@ static const struct http_route routes[] = {
     {"GET", "/v1/jobs/{id}/logs", h_logs, HTTP_ROUTE_AUTH, 0, "rank tail"},
     {"GET", "/v1/jobs/{id}/checkpoint", h_checkpoint, HTTP_ROUTE_AUTH, 0, "step file"},
     {"GET", "/v1/jobs/{id}/checkpoints", h_checkpoints, HTTP_ROUTE_AUTH, 0, ""},
-    {"GET", "/v1/jobs/{id}/pytorch", api__h_pytorch, HTTP_ROUTE_AUTH, 0, ""},
+    {"GET", "/v1/jobs/{id}/pytorch", api__pytorch, HTTP_ROUTE_AUTH, 0, ""},
     {"GET", "/v1/devices", h_devices, HTTP_ROUTE_AUTH, 0, ""},
     {"GET", "/healthz", h_health, 0, 0, NULL},
     {"GET", "/metrics", h_prometheus, 0, 0, NULL},

@@ -9,11 +9,12 @@
 struct http_request;
 struct store_job;
 
-/* Reads the job named by the route's {id} into *j (store_job_get: the caller clears it,
- * also after an error). DDPD_ENOTFOUND when there is none. */
-ddpd_err api__job_get(struct http_request *req, struct store_job *j, struct ddpd_error *err);
+/* Job `{id}` of the request's path into *j (zeroed first; the caller clears it with
+ * store_job_clear). DDPD_ENOTFOUND when there is none. */
+ddpd_err api__get_job(struct http_request *req, struct store_job *j, struct ddpd_error *err);
 
-/* GET /v1/jobs/{id}/pytorch (api_pytorch.c). */
-ddpd_err api__h_pytorch(struct http_request *req, struct ddpd_error *err);
+/* ---- the handlers of the route table (api.c) ---- */
+
+ddpd_err api__pytorch(struct http_request *req, struct ddpd_error *err); /* api_pytorch.c */
 
 #endif

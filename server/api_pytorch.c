@@ -11,13 +11,13 @@
 #include "pytorch.h"
 #include "store.h"
 
-ddpd_err api__h_pytorch(struct http_request *req, struct ddpd_error *err)
+ddpd_err api__pytorch(struct http_request *req, struct ddpd_error *err)
 {
     int64_t id = http_request_id(req, 0);
     struct store_job j;
     struct spec *s = NULL;
     char *text = NULL;
-    ddpd_err rc = api__job_get(req, &j, err);
+    ddpd_err rc = api__get_job(req, &j, err);
     if (rc)
         goto out;
     if (!(s = malloc(sizeof *s))) {

@@ -71,8 +71,9 @@ static void py_float(char *dst, size_t cap, double x)
         if (strtod(dst, NULL) == x)
             break;
     }
+    size_t len = strlen(dst);
     if (!strpbrk(dst, ".e"))
-        strncat(dst, ".0", cap - strlen(dst) - 1);
+        snprintf(dst + len, cap - len, ".0");
 }
 
 /* One UTF-8 character at s (n bytes left): its code point and length, or U+FFFD and 1 for
@@ -350,8 +351,10 @@ static int layer_lines(const struct spec *s, int from, int to, int depth, struct
         struct line *ln = &out[n++];
         ln->depth = depth;
         layer_code(ln->code, sizeof ln->code, l);
-        if (l->kind != LAYER_RESIDUAL)
-            strcat(ln->code, ",");
+        if (l->kind != LAYER_RESIDUAL) {
+            size_t len = strlen(ln->code);
+            snprintf(ln->code + len, sizeof ln->code - len, ",");
+        }
         layer_note(ln->note, sizeof ln->note, l);
         if (l->kind == LAYER_RESIDUAL) {
             n = layer_lines(s, i + 1, l->end, depth + 1, out, n);
