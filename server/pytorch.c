@@ -80,7 +80,8 @@ static void py_float(char *dst, size_t cap, double x)
  * a byte that does not begin a valid, shortest-form character. */
 static unsigned utf8_next(const unsigned char *s, size_t n, size_t *len)
 {
-    unsigned c = s[0], need = c >= 0xF0 && c <= 0xF4 ? 3 : c >= 0xE0 ? 2 : c >= 0xC2 && c < 0xE0 ? 1 : 0;
+    unsigned c = s[0];
+    unsigned need = c >= 0xF5 ? 0 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC2 ? 1 : 0;
     *len = 1;
     if (c < 0x80)
         return c;
