@@ -78,6 +78,11 @@ enum lines_rc lines_peek(struct lines *l, bool block, char **line, size_t *n)
                 return LINES_TOOLONG;
             }
             l->len = 0;
+        } else if (nl && (size_t)(nl - l->buf) > (size_t)INFER_LINE_MAX) {
+            const size_t drop = (size_t)(nl - l->buf) + 1;
+            memmove(l->buf, l->buf + drop, l->len - drop);
+            l->len -= drop;
+            return LINES_TOOLONG;
         } else if (nl) {
             *line = l->buf;
             *n = (size_t)(nl - l->buf);
