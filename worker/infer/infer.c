@@ -409,6 +409,10 @@ static void idle_wait(struct infer *in)
     for (;;) {
         const double left = in->plan_used + INFER_PLAN_IDLE_S - base_mono_s();
         if (left <= 0) {
+            fprintf(stderr,
+                    "ddpd-worker --infer: predict's activations for %" PRId64
+                    " samples given back (idle %.1f s)\n",
+                    in->plan_rows, INFER_PLAN_IDLE_S);
             infer__plan_release(in);
             return;
         }
