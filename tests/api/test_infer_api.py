@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from pylib.infer import gpt_spec, infer_server, mlp_spec, real_worker, sse_frames, stream_lines, train  # noqa: F401
+from pylib.infer_api import gpt_spec, infer_server, mlp_spec, real_worker, sse_frames, stream_lines, train  # noqa: F401
 from pylib.server import FOREVER_STEPS, PausingWorker, wait_until
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from pylib.common import bin_dir
-from pylib.infer import gpt_spec, infer_server, stream_lines, train  # noqa: F401
+from pylib.infer_api import gpt_spec, infer_server, stream_lines, train  # noqa: F401
 from pylib.server import alive, seed_spec, wait_until
 
 
