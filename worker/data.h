@@ -47,6 +47,15 @@ int data_path_open(const char *data_dir, const char *field, const char *given, s
 ddpd_err data_path_resolve(const char *data_dir, const char *field, const char *given, char *out, size_t cap,
                            struct ddpd_error *err);
 
+/* Model inputs from the .npy file at `path` (a predict request's upload: a path the caller
+ * chose, not one beneath a data directory): [N] + the model's input_shape, converted as
+ * dataset_open converts x (float32; int32 ids checked to be in [0, vocab) for a model that
+ * starts with embedding). *x: a new array of N samples of spec_sample_numel 4-byte values
+ * that the caller frees; *rows = N. Errors name `field` (DDPD_EDATA for what the file
+ * holds, DDPD_ETOOBIG past max_rows samples). */
+ddpd_err data_npy_inputs(const struct spec *s, const char *path, const char *field, int64_t max_rows,
+                         void **x, int64_t *rows, struct ddpd_error *err);
+
 /* Samples of the data set as spec_memory_estimate counts them: the whole set, or with
  * dataset_rank_file this rank's own {rank} file. */
 int64_t dataset_rows(const struct dataset *ds);

@@ -107,7 +107,8 @@ struct dev_ops {
                                const float *mean, const float *rstd, const float *w, int64_t rows,
                                int64_t dim);
     /* Row softmax of scale * x over x[rows, n]. With `causal` the rows are square blocks
-     * of n query positions: row r is query r % n and keys j > r % n count as -inf (y 0). */
+     * of n query positions: row r is query r % n and keys j > r % n count as -inf (y 0).
+     * y may be x (each entry is read before it is written, by the same thread). */
     void (*softmax_forward)(void *ctx, float *y, const float *x, int64_t rows, int64_t n, float scale,
                             bool causal);
     /* dx = scale * y * (dy - sum_j dy_j * y_j), row by row (dx overwritten). */

@@ -23,6 +23,7 @@
 #include "fingerprint.h"
 #include "mapguard.h"
 #include "checkpoint.h"
+#include "infer/infer.h"
 #include "model.h"
 #include "safetensors.h"
 #include "train.h"
@@ -92,6 +93,9 @@ static void usage(FILE *f)
           "                                 against a resume's checkpoint) and the memory a rank\n"
           "                                 needs; print every rank's batches per epoch\n"
           "                                 ({\"batches\": [...]} or null) or an error event\n"
+          "       ddpd-worker --infer       serve one loaded model: load, generate, predict and unload\n"
+          "                                 requests on stdin, one JSON line each, answered on stdout\n"
+          "                                 (docs/generation.md)\n"
           "       ddpd-worker --version\n"
           "ddpd-worker is started by ddpd (`ddpd serve` or `ddpd run`), not by hand.\n",
           f);
@@ -490,7 +494,7 @@ static int plan_main(void)
     return 0;
 }
 
-/* The modes other than a rank (argv[1]): --devices, --issue-id, --plan, --version, --help. */
+/* The modes other than a rank (argv[1]): --devices, --issue-id, --plan, --infer, --version, --help. */
 static int mode_main(int argc, char **argv)
 {
     if (!strcmp(argv[1], "--devices"))
@@ -506,6 +510,8 @@ static int mode_main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "--plan"))
         return plan_main();
+    if (!strcmp(argv[1], "--infer"))
+        return infer_main();
     if (!strcmp(argv[1], "--version")) {
         puts("ddpd-worker 0.1.0");
         return 0;

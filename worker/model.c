@@ -266,17 +266,21 @@ static bool node_register(struct model *m, int i, struct ddpd_error *err)
     return true;
 }
 
-/* Points each parameter and gradient into the model's two slabs, each layer's output into
- * acts[0, outs) and what it keeps for backward after them. */
-static void lay_out(struct model *m, int64_t outs)
+/* Points each parameter (and gradient, when the model has them) into the model's slabs. */
+static void lay_out_params(struct model *m)
 {
     int64_t off = 0;
     for (int i = 0; i < m->n_params; i++) {
         m->params[i].data = m->data + off;
-        m->params[i].grad = m->grads + off; /* alloc zeroed it */
+        m->params[i].grad = m->grads ? m->grads + off : NULL; /* alloc zeroed it */
         off += m->params[i].numel;
     }
-    off = 0;
+}
+
+/* Points each layer's output into acts[0, outs) and what it keeps for backward after them. */
+static void lay_out_acts(struct model *m, int64_t outs)
+{
+    int64_t off = 0;
     for (int i = 0; i < m->n_layers; i++) {
         struct lnode *n = &m->nodes[i];
         n->y = m->acts + off;
@@ -316,12 +320,13 @@ static bool init_buffers(struct model *m, struct ddpd_error *err)
     return true;
 }
 
-struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max_batch,
-                            struct ddpd_error *err)
+/* Registers every layer of `spec` (its family, sizes, parameters and buffers) into a new
+ * model on `dev`, allocating no device memory yet. NULL with err set when a layer cannot
+ * run here or the sizes overflow. */
+static struct model *model_shell(struct dev dev, const struct spec *spec, int64_t max_batch,
+                                 struct ddpd_error *err)
 {
-    const struct dev_ops *ops = dev.ops;
     struct model *m = calloc(1, sizeof *m);
-    float *host = NULL;
     if (!m) {
         ddpd_error_set(err, DDPD_EDEVICE, "model", "out of memory: cannot allocate the model");
         return NULL;
@@ -334,55 +339,117 @@ struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max
     m->training = true;
     m->init_seed = spec->init_seed;
     memcpy(m->sl, spec->layers, (size_t)spec->n_layers * sizeof m->sl[0]);
-
-    /* Every size here comes from the spec: checked, so that a batch or a width near the
-     * caps is an allocation that fails, never a product that wraps into a small buffer. */
-    int64_t outs = 0, saved = 0, work = 0, widest = 1;
     bool over = false;
-    for (int i = 0; i < m->n_layers; i++) {
+    for (int i = 0; i < m->n_layers && !over; i++) {
         struct lnode *n = &m->nodes[i];
-        if (!node_register(m, i, err))
-            goto fail;
+        if (!node_register(m, i, err)) {
+            model_free(m);
+            return NULL;
+        }
         over |= n->in_numel < 0 || n->out_numel < 0;
         if (n->np && m->first_param == m->n_layers)
             m->first_param = i;
         if (n->depth + 1 > m->depths)
             m->depths = n->depth + 1;
-        if (over)
-            break;
-        add_mul(&outs, m->max_batch, n->out_numel, &over);
-        if (n->ops) {
-            add_mul(&saved, n->ops->saved(n, m->max_batch), 1, &over);
-            int64_t w = n->ops->work(n, m->max_batch);
-            work = w > work ? w : work;
-        }
-        widest = n->in_numel > widest ? n->in_numel : widest;
-        widest = n->out_numel > widest ? n->out_numel : widest;
     }
     for (int i = 0; i < m->n_params; i++)
         over |= m->params[i].numel < 0 || __builtin_add_overflow(m->numel, m->params[i].numel, &m->numel);
-    int64_t scratch_all = 0;
-    add_mul(&m->scratch_n, m->max_batch, widest, &over);
-    add_mul(&scratch_all, m->scratch_n, 2 * (int64_t)(m->depths ? m->depths : 1), &over);
-    m->act_floats = 0;
-    add_mul(&m->act_floats, outs, 1, &over);
-    add_mul(&m->act_floats, saved, 1, &over);
-    add_mul(&m->act_floats, work, 1, &over);
-    add_mul(&m->act_floats, scratch_all, 1, &over);
     if (over) {
         ddpd_error_set(err, DDPD_EDEVICE, "model",
                        "out of memory: the model's tensors for micro-batches of %" PRId64
                        " rows are larger than any memory",
                        m->max_batch);
-        goto fail;
+        model_free(m);
+        return NULL;
     }
+    return m;
+}
+
+/* The activation plan's sizes in floats for micro-batches of `rows` rows: every layer's
+ * output, what the layers keep (`saved`), their shared scratch and, with `backward`,
+ * backward's dy ping-pong (two buffers of scratch_n per residual depth). Every size comes
+ * from the spec: checked, so that a batch or a width near the caps is an allocation that
+ * fails, never a product that wraps into a small buffer. false when they overflow. */
+struct plan {
+    int64_t outs, saved, work, scratch_n, scratch_all, total;
+};
+
+static bool plan_sizes(const struct model *m, int64_t rows, bool backward, struct plan *p)
+{
+    int64_t widest = 1;
+    bool over = false;
+    memset(p, 0, sizeof *p);
+    for (int i = 0; i < m->n_layers && !over; i++) {
+        const struct lnode *n = &m->nodes[i];
+        add_mul(&p->outs, rows, n->out_numel, &over);
+        if (n->ops) {
+            add_mul(&p->saved, n->ops->saved(n, rows), 1, &over);
+            int64_t w = n->ops->work(n, rows);
+            p->work = w > p->work ? w : p->work;
+        }
+        widest = n->in_numel > widest ? n->in_numel : widest;
+        widest = n->out_numel > widest ? n->out_numel : widest;
+    }
+    if (backward) {
+        add_mul(&p->scratch_n, rows, widest, &over);
+        add_mul(&p->scratch_all, p->scratch_n, 2 * (int64_t)(m->depths ? m->depths : 1), &over);
+    }
+    add_mul(&p->total, p->outs, 1, &over);
+    add_mul(&p->total, p->saved, 1, &over);
+    add_mul(&p->total, p->work, 1, &over);
+    add_mul(&p->total, p->scratch_all, 1, &over);
+    return !over;
+}
+
+/* plan_sizes for the model's max_batch, kept in the model; DDPD_EDEVICE when too large. */
+static bool plan_set(struct model *m, bool backward, struct plan *p, struct ddpd_error *err)
+{
+    if (!plan_sizes(m, m->max_batch, backward, p)) {
+        ddpd_error_set(err, DDPD_EDEVICE, "model",
+                       "out of memory: the model's tensors for micro-batches of %" PRId64
+                       " rows are larger than any memory",
+                       m->max_batch);
+        return false;
+    }
+    m->scratch_n = p->scratch_n;
+    m->act_floats = p->total;
+    return true;
+}
+
+int64_t model_plan_bytes(const struct model *m, int64_t max_batch)
+{
+    struct plan p;
+    if (!plan_sizes(m, max_batch > 0 ? max_batch : 1, false, &p) || p.total > INT64_MAX / 4)
+        return INT64_MAX;
+    return p.total * 4;
+}
+
+/* Allocates the plan `p` sized and points every layer's output and saved tensors into it. */
+static bool plan_alloc(struct model *m, const struct plan *p, struct ddpd_error *err)
+{
+    if (!(m->acts = alloc_floats(m->dev, p->outs + p->saved, "activations", err)) ||
+        !(m->work = alloc_floats(m->dev, p->work, "layers' scratch", err)) ||
+        (p->scratch_all > 0 && !(m->scratch = alloc_floats(m->dev, p->scratch_all, "backward scratch", err))))
+        return false;
+    lay_out_acts(m, p->outs);
+    return true;
+}
+
+struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max_batch,
+                            struct ddpd_error *err)
+{
+    const struct dev_ops *ops = dev.ops;
+    struct plan plan;
+    float *host = NULL;
+    struct model *m = model_shell(dev, spec, max_batch, err);
+    if (!m)
+        return NULL;
+    if (!plan_set(m, true, &plan, err))
+        goto fail;
 
     const size_t fsz = sizeof(float);
     if (!(m->data = alloc_floats(dev, m->numel, "parameters", err)) ||
-        !(m->grads = alloc_floats(dev, m->numel, "gradients", err)) ||
-        !(m->acts = alloc_floats(dev, outs + saved, "activations", err)) ||
-        !(m->work = alloc_floats(dev, work, "layers' scratch", err)) ||
-        !(m->scratch = alloc_floats(dev, scratch_all, "backward scratch", err)))
+        !(m->grads = alloc_floats(dev, m->numel, "gradients", err)) || !plan_alloc(m, &plan, err))
         goto fail;
     host = malloc((size_t)(m->numel ? m->numel : 1) * fsz);
     if (!host) {
@@ -393,7 +460,7 @@ struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max
         goto fail;
     }
 
-    lay_out(m, outs);
+    lay_out_params(m);
     init_params(m, spec->init_seed, host);
     ops->to_device(dev.ctx, m->data, host, (size_t)m->numel * fsz);
     if (!init_buffers(m, err))
@@ -405,6 +472,69 @@ fail:
     free(host);
     model_free(m);
     return NULL;
+}
+
+struct model *model_new_eval(struct dev dev, const struct spec *spec, struct ddpd_error *err)
+{
+    struct model *m = model_shell(dev, spec, 1, err);
+    if (!m)
+        return NULL;
+    m->training = false;
+    /* No init draws: the caller loads every parameter (checkpoint_load_weights). */
+    if (!(m->data = alloc_floats(dev, m->numel, "parameters", err))) {
+        model_free(m);
+        return NULL;
+    }
+    lay_out_params(m);
+    if (!init_buffers(m, err)) {
+        model_free(m);
+        return NULL;
+    }
+    dev.ops->synchronize(dev.ctx);
+    return m;
+}
+
+void model_plan_free(struct model *m)
+{
+    float **bufs[] = {&m->acts, &m->work, &m->scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        if (*bufs[i])
+            m->dev.ops->free(m->dev.ctx, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    for (int i = 0; i < m->n_layers; i++)
+        m->nodes[i].y = m->nodes[i].save = NULL;
+    m->act_floats = 0;
+}
+
+ddpd_err model_plan(struct model *m, int64_t max_batch, struct ddpd_error *err)
+{
+    struct plan plan;
+    ASSERT(!m->grads); /* a training model keeps the plan model_new made */
+    model_plan_free(m);
+    m->max_batch = max_batch > 0 ? max_batch : 1;
+    if (plan_set(m, false, &plan, err) && plan_alloc(m, &plan, err))
+        return DDPD_OK;
+    model_plan_free(m);
+    return err ? err->code : DDPD_EDEVICE;
+}
+
+int model_layer_count(const struct model *m)
+{
+    return m->n_layers;
+}
+
+const struct spec_layer *model_layer(const struct model *m, int i)
+{
+    ASSERT(i >= 0 && i < m->n_layers);
+    return &m->sl[i];
+}
+
+int model_layer_params(struct model *m, int i, struct param **first)
+{
+    ASSERT(i >= 0 && i < m->n_layers);
+    *first = &m->params[m->nodes[i].p0];
+    return m->nodes[i].np;
 }
 
 void model_free(struct model *m)
@@ -537,6 +667,7 @@ static const void *forward_range(struct model *m, const struct layer_env *e, int
 const float *model_forward(struct model *m, const void *x, int64_t batch)
 {
     ASSERT(batch >= 0 && batch <= m->max_batch);
+    ASSERT(m->acts != NULL); /* an eval model (model_new_eval) needs model_plan first */
     m->x = x;
     m->batch = batch;
     m->last_training = m->training;
@@ -590,6 +721,7 @@ static const float *backward_range(struct model *m, const struct layer_env *e, i
  * buffers per residual depth; the caller's dy is never written. */
 void model_backward(struct model *m, const float *dy, model_grad_ready_fn ready, void *ctx)
 {
+    ASSERT(m->grads != NULL && m->scratch != NULL); /* not an eval model */
     struct layer_env e = env_of(m);
     e.ready = ready;
     e.ready_ctx = ctx;

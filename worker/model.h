@@ -57,6 +57,31 @@ struct model *model_new_err(struct dev dev, const struct spec *spec, int64_t max
                             struct ddpd_error *err);
 void model_free(struct model *m);
 
+/* ---- inference (worker/infer/) ---- */
+
+/* The model of `spec` for inference: its parameters and buffers alone (parameters zeroed:
+ * the caller loads them, checkpoint_load_weights), in eval mode, with no gradients and no
+ * activation plan, so that a loaded model holds its parameter bytes and little more.
+ * model_forward needs model_plan first; model_backward, model_zero_grad and
+ * model_set_grad_storage are not for it. NULL with `err` set as model_new_err. */
+struct model *model_new_eval(struct dev dev, const struct spec *spec, struct ddpd_error *err);
+/* Allocates an eval model's activation plan for forwards of up to max_batch samples (every
+ * layer's output, what its forward keeps, the layers' scratch; no backward scratch),
+ * replacing the previous one; model_activation_bytes then says its size. DDPD_EDEVICE
+ * naming the tensor and its bytes when it cannot. model_plan_free gives it back. */
+ddpd_err model_plan(struct model *m, int64_t max_batch, struct ddpd_error *err);
+void model_plan_free(struct model *m);
+/* The bytes model_plan(m, max_batch) would allocate (INT64_MAX when too large for any
+ * memory), without allocating them. */
+int64_t model_plan_bytes(const struct model *m, int64_t max_batch);
+/* The layer tree as the model holds it, for code that runs it its own way (inference's
+ * incremental forward, worker/infer/cache.c): layer i of the preorder list (borrowed,
+ * valid until model_free), and its parameters, first[0 .. returned count) in the order
+ * the layer's family registers them (layers/layers.h). */
+int model_layer_count(const struct model *m);
+const struct spec_layer *model_layer(const struct model *m, int i);
+int model_layer_params(struct model *m, int i, struct param **first);
+
 /* The parameters model_new would make for `spec` (names, shapes, numel; data and grad
  * NULL), without allocating them: out[] has room for SPEC_MAX_PARAMS. Returns their
  * count (never negative). */

@@ -4,10 +4,13 @@
 #include "data_impl.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../../base/file.h"
 
@@ -582,4 +585,51 @@ out:
     data__file_close(&f);
     data__file_close(&g);
     return rc;
+}
+
+ddpd_err data_npy_inputs(const struct spec *s, const char *path, const char *field, int64_t max_rows,
+                         void **x, int64_t *rows, struct ddpd_error *err)
+{
+    struct dfile f = {.fd = -1};
+    struct npy h;
+    struct stat st;
+    void *buf = NULL;
+    ddpd_err rc;
+    *x = NULL;
+    *rows = 0;
+    snprintf(f.name, sizeof f.name, "%s", field);
+    /* O_NONBLOCK: a FIFO put there is refused below, never waited on. */
+    f.fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (f.fd < 0)
+        return data__fail(err, errno == ENOENT ? DDPD_ENOTFOUND : DDPD_EDATA, field, "cannot open %s: %s",
+                          path, strerror(errno));
+    if (fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = data__fail(err, DDPD_EDATA, field, "%s is not a regular file", path);
+        goto out;
+    }
+    f.size = st.st_size;
+    if ((rc = npy_header(&f, &h, err)) || (rc = npy_check(&f, &h, NPY_X, s, false, rows, err)))
+        goto out;
+    if (*rows > max_rows) {
+        rc = data__fail(err, DDPD_ETOOBIG, field,
+                        "%" PRId64 " samples, more than the %" PRId64 " one request may hold", *rows,
+                        max_rows);
+        goto out;
+    }
+    const bool ids = spec_input_ids(s);
+    if (!(buf = malloc((size_t)(h.numel > 0 ? h.numel : 1) * 4))) {
+        rc = data__fail(err, DDPD_ENOMEM, field, "out of memory reading %" PRId64 " values", h.numel);
+        goto out;
+    }
+    rc = npy_values(&f, &h, ids ? NULL : buf, ids ? buf : NULL, spec_vocab(s), "id", spec_sample_numel(s),
+                    err);
+out:
+    data__file_close(&f);
+    if (rc) {
+        free(buf);
+        *rows = 0;
+        return rc;
+    }
+    *x = buf;
+    return DDPD_OK;
 }
