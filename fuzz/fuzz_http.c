@@ -105,7 +105,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static char target[MAX_TARGET];
     size_t n;
-    const struct http_route *routes = api_routes(&n);
+    const struct http_route *routes = api_routes(NULL, &n);
     const char *p = (const char *)data, *end = p + size;
 
     /* request line */

@@ -34,7 +34,11 @@
     X(EREQUEST,     400, 1, "bad_request",            "internal",  "bad request")                       \
     X(EFORBIDDEN,   403, 1, "forbidden",              "internal",  "forbidden")                         \
     X(EMEDIATYPE,   415, 1, "unsupported_media_type", "internal",  "unsupported media type")            \
-    X(EDATACHANGED, 409, 2, "data_changed",           "data",      "data changed since the checkpoint")
+    X(EDATACHANGED, 409, 2, "data_changed",           "data",      "data changed since the checkpoint") \
+    X(ENOMODEL,     409, 1, "no_model",               "internal",  "no model yet")                      \
+    X(EMODELSIZE,   507, 1, "model_too_large",        "internal",  "model too large")                   \
+    X(ETIMEOUT,     504, 1, "timeout",                "internal",  "timed out")                         \
+    X(EINFER,       500, 1, "inference_failed",       "internal",  "inference process failed")
 
 typedef enum {
 #define DDPD__ERR_ENUM(name, http, exit, code, kind, text) DDPD_##name,

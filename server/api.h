@@ -16,6 +16,17 @@ struct http_server;
 struct http_route;
 struct api;
 
+/* The inference pool's settings (`ddpd serve --infer-*`, inference/pool.h). */
+struct api_infer_config {
+    const char *worker; /* run as `WORKER --infer` */
+    const char *dir;    /* the processes' logs and the uploads */
+    int procs, queue;
+    int64_t memory; /* bytes */
+    double idle_s, timeout_s;
+    size_t max_bytes; /* the predict route's body limit */
+    size_t line_max;  /* the longest answer a worker may write: 4 x max_bytes, at least 16 MiB */
+};
+
 /* What the handlers work with; every pointer is borrowed and must outlive the api. */
 struct api_config {
     struct store *store;
@@ -26,10 +37,13 @@ struct api_config {
     const char *jobs_dir;
     const char *web_dir;     /* the dashboard's files (index.html, ...); NULL = none */
     int64_t max_rank_memory; /* bytes one rank may need (--max-rank-memory); 0 = no limit */
+    struct api_infer_config infer;
 };
 
-/* The route table (static; handlers get the struct api through http_request_ctx). */
-const struct http_route *api_routes(size_t *n);
+/* The route table (handlers get the struct api through http_request_ctx): api's own,
+ * whose predict route takes bodies up to --infer-max-bytes, valid until api_free; with
+ * api NULL the static table (the same rows, the default limits). */
+const struct http_route *api_routes(const struct api *a, size_t *n);
 
 /* A new api over `c` (borrowed; its strings are borrowed too) with its event streams
  * (heartbeats to idle ones every 15 s) and the submission check's planner processes.
@@ -41,8 +55,13 @@ ddpd_err api_new(const struct api_config *c, struct api **out, struct ddpd_error
  * run. */
 void api_set_http(struct api *a, struct http_server *http);
 
-/* Stops the planner and the streams' heartbeats and frees the api. Every stream must have
- * been closed (free the HTTP server first). NULL is a no-op. */
+/* Before the HTTP server is freed: the inference pool answers its waiting requests (503)
+ * and cancels the running ones, so that the server's wait for deferred answers is short.
+ * NULL is a no-op. */
+void api_stop(struct api *a);
+
+/* Stops the planner, the inference pool and the streams' heartbeats and frees the api.
+ * Every stream must have been closed (free the HTTP server first). NULL is a no-op. */
 void api_free(struct api *a);
 
 #endif

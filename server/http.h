@@ -187,6 +187,12 @@ const char *http_request_header(const struct http_request *req, const char *name
 struct json_t *http_request_json(const struct http_request *req);
 /* The body bytes of a BODY route (NUL-terminated for convenience; *len without it). */
 const char *http_request_body(const struct http_request *req, size_t *len);
+/* For a deferred request (http_defer) not answered yet: true once the client has closed
+ * its side of the connection or it failed (a peek at the socket reads EOF or an error),
+ * so that work nobody waits for can stop. A parked connection is not watched by the
+ * layer; this looks. Any thread, until http_deferred_done. (A client that half-closes
+ * after its request reads as gone.) */
+bool http_request_client_gone(struct http_request *req);
 
 /* ---- query parameters -------------------------------------------------------------- */
 /* A failed helper returns an error for the handler to return as is: the client gets 400
@@ -221,6 +227,10 @@ ddpd_err http_respond_bytes(struct http_request *req, int status, const char *co
                             size_t len);
 /* A NUL-terminated string as text/plain; charset=utf-8 (copied). */
 ddpd_err http_respond_text(struct http_request *req, int status, const char *text);
+/* The error body of a handler's error return (CONTRACT.md §7, the status of the error
+ * table) as the response, so that headers set with http_response_header stay on it (a
+ * 503's Retry-After); handlers and deferred answers may use it. */
+ddpd_err http_respond_error(struct http_request *req, ddpd_err code, const struct ddpd_error *e);
 /* No body (204, 202). */
 ddpd_err http_respond_empty(struct http_request *req, int status);
 /* The bytes of a regular file, streamed from disk, 200 with `content_type`, an ETag made

@@ -23,7 +23,7 @@
 #define MAX_CAPTURES HTTP_MAX_CAPTURES
 #define MAX_HEADERS  8
 /* The statuses the counters tell apart (http_route.c's status_list), and "other". */
-#define NSTATUS 26
+#define NSTATUS 27
 
 /* ---- compiled routes (http_route.c) ----------------------------------------------------- */
 

@@ -1,10 +1,12 @@
 /* http_request.c — what a handler reads of its request: the method, path, captures,
  * headers and body, and the query parameters (the route's list of names, integers and
  * enums with errors that name the parameter). */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "../base/parse.h"
 #include "http_impl.h"
@@ -70,6 +72,16 @@ const char *http_request_body(const struct http_request *req, size_t *len)
 const char *http_query(const struct http_request *req, const char *name)
 {
     return MHD_lookup_connection_value(req->mc, MHD_GET_ARGUMENT_KIND, name);
+}
+
+bool http_request_client_gone(struct http_request *req)
+{
+    int fd = req->conn ? req->conn->fd : -1;
+    if (fd < 0)
+        return false;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 ddpd_err http_query_error(struct http_request *req, const char *name, struct ddpd_error *err, const char *fmt,

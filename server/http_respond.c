@@ -181,6 +181,14 @@ void http__respond_error(struct http_request *req, ddpd_err code, const struct d
     }
 }
 
+ddpd_err http_respond_error(struct http_request *req, ddpd_err code, const struct ddpd_error *e)
+{
+    if (http__responded(req))
+        return DDPD_EINTERNAL;
+    http__respond_error(req, code, e);
+    return req->resp ? DDPD_OK : DDPD_ENOMEM;
+}
+
 /* If-None-Match against our ETag: "*" or a list; weak comparison (RFC 9110 13.1.2). */
 static bool etag_matches(const char *inm, const char *etag)
 {

@@ -155,7 +155,7 @@ out:
 
 /* Statuses counted one by one; anything else counts as "other". */
 static const int status_list[] = {200, 201, 202, 204, 206, 301, 302, 304, 400, 401, 403, 404, 405,
-                                  408, 409, 413, 415, 422, 429, 431, 500, 501, 502, 503, 504};
+                                  408, 409, 413, 415, 422, 429, 431, 500, 501, 502, 503, 504, 507};
 _Static_assert(sizeof status_list / sizeof status_list[0] == NSTATUS - 1,
                "NSTATUS (http_impl.h) is status_list and other");
 

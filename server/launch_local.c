@@ -460,7 +460,11 @@ static json_t *local_devices_json(void *ctx, const struct sched *s)
         json_t *arr = json_array();
         for (int i = 0; i < sched_slots(s, (device_kind)t); i++) {
             int64_t h = sched_slot_holder(s, (device_kind)t, i);
-            json_t *slot = json_pack("{s:i, s:o}", "index", i, "job", h ? json_integer(h) : json_null());
+            /* A negative holder is an inference process (sched_take): no job, and the job
+             * whose model it holds under "inference". */
+            json_t *slot =
+                json_pack("{s:i, s:o, s:o}", "index", i, "job", h > 0 ? json_integer(h) : json_null(),
+                          "inference", h < 0 ? json_integer(-h) : json_null());
             /* A GPU slot's device as CUDA_VISIBLE_DEVICES names it (slot 0 is GPU 2 under
              * --gpus 2,3), and what ddpd-worker --devices said of it (null: not listed). */
             if (slot && t == DEVICE_CUDA) {

@@ -43,6 +43,9 @@ pid_t proc_spawn(const struct proc_spawn *o)
             setpgid(0, o->pgid);
         if (o->die_with_parent)
             prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (o->nice > 0 && nice(o->nice) == -1) {
+            /* Not fatal: the child runs at the server's priority. */
+        }
         /* What a rank writes (checkpoints, the final model) is the user's training data:
          * its own, not the host's (files 0600, folders 0700). */
         umask(077);

@@ -24,6 +24,7 @@ struct proc_spawn {
     bool hold_term;       /* SIGTERM starts blocked: one sent before the child has its handler
                              waits, pending, until the child unblocks it (a rank does so once
                              its cancel handler is installed) instead of killing it */
+    int nice;             /* added to the child's niceness before it execs (0: the server's) */
 };
 /* Forks and execs `o`. The child starts with no signal blocked (the server blocks
  * SIGTERM in its threads) but SIGTERM where `hold_term` says so, and no signal reaches it

@@ -226,6 +226,31 @@ void sched_release(struct sched *s, int64_t job)
                 s->k[t].holder[i] = 0;
 }
 
+bool sched_take(struct sched *s, device_kind kind, int64_t holder, int *slot)
+{
+    struct kind_state *k = &s->k[kind];
+    if (k->qlen > 0)
+        return false;
+    for (int i = 0; i < k->nslots; i++)
+        if (k->holder[i] == 0 && !k->off[i]) {
+            k->holder[i] = holder;
+            *slot = i;
+            return true;
+        }
+    return false;
+}
+
+int sched_waiting(const struct sched *s, device_kind kind)
+{
+    return s->k[kind].qlen;
+}
+
+void sched_release_slot(struct sched *s, device_kind kind, int i)
+{
+    if (i >= 0 && i < s->k[kind].nslots)
+        s->k[kind].holder[i] = 0;
+}
+
 /* The reason of the job at position i of kind t's queue. */
 static void reason_at(const struct kind_state *k, int t, int i, char *buf, size_t cap)
 {

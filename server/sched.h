@@ -90,10 +90,22 @@ bool sched_next(struct sched *s, int64_t *job, device_kind *kind, int *slots, in
 /* Frees the slots a running job holds. */
 void sched_release(struct sched *s, int64_t job);
 
+/* One slot of `kind` for a holder that is not a queued job (an inference process,
+ * server/inference/: `holder` < 0, by convention -job of the model it holds), taken at
+ * once: the lowest free usable slot, only when no job waits in the kind's queue (a job
+ * that waits is never overtaken). True with its index in *slot; false when none is free
+ * or a job waits. */
+bool sched_take(struct sched *s, device_kind kind, int64_t holder, int *slot);
+/* Frees slot `i` of `kind` whoever holds it (sched_take's). */
+void sched_release_slot(struct sched *s, device_kind kind, int i);
+/* Jobs waiting in `kind`'s queue. */
+int sched_waiting(const struct sched *s, device_kind kind);
+
 /* Why a queued job is waiting, in a sentence; "" when it is not queued. */
 void sched_pending_reason(const struct sched *s, int64_t job, char *buf, size_t cap);
 
-/* The job holding slot `i` of `kind`, or 0 when it is free. */
+/* The job holding slot `i` of `kind`, or 0 when it is free; a negative holder is
+ * sched_take's (-job for an inference process holding job's model). */
 int64_t sched_slot_holder(const struct sched *s, device_kind kind, int i);
 
 #endif

@@ -2,7 +2,9 @@
  * [--gpus auto|none|0,1,..] [--cpu-slots N] [--token-file F] [--insecure]
  * [--on-shutdown cancel|finish] [--web-dir DIR] [--cors-origin ORIGIN] [--launcher local|slurm]
  * [--slurm-partition P] [--slurm-account A] [--slurm-time T] [--slurm-cpus-per-task N]
- * [--slurm-arg ARG]... [--comm-addr HOST]`. Parses options,
+ * [--slurm-arg ARG]... [--comm-addr HOST] [--infer-procs N] [--infer-queue N]
+ * [--infer-memory SIZE] [--infer-idle-s S] [--infer-timeout-s S] [--infer-max-bytes SIZE]
+ * [--infer-worker PATH]`. Parses options,
  * opens the store, starts the supervisor and the HTTP server, waits for SIGTERM/SIGINT,
  * then stops them in order: no new requests, jobs cancelled (or finished), streams
  * closed, the store flushed. */
@@ -33,6 +35,7 @@
 #include "env.h"
 #include "http.h"
 #include "hub.h"
+#include "inference/pool.h"
 #include "proc.h"
 #include "sched.h"
 #include "token.h"
@@ -51,6 +54,9 @@ static void usage(FILE *f)
           "                  [--launcher local|slurm] [--slurm-partition P] [--slurm-account A]\n"
           "                  [--slurm-time T] [--slurm-cpus-per-task N] [--slurm-arg ARG]...\n"
           "                  [--comm-addr HOST] [--job-disk-quota SIZE] [--job-events-max N]\n"
+          "                  [--infer-procs N] [--infer-queue N] [--infer-memory SIZE]\n"
+          "                  [--infer-idle-s S] [--infer-timeout-s S] [--infer-max-bytes SIZE]\n"
+          "                  [--infer-worker PATH]\n"
           "  --listen       address to serve on (default 127.0.0.1:8080; port 0 = any free port)\n"
           "  --db           SQLite database, created on first start in a folder that exists\n"
           "                 (default ./var/ddpd.db, var/ made when missing); one\n"
@@ -86,7 +92,22 @@ static void usage(FILE *f)
           "                 else web/ beside the folder of the ddpd binary)\n"
           "  --cors-origin  send Access-Control-Allow-Origin: ORIGIN and answer preflights, so a\n"
           "                 dashboard opened elsewhere (a file URL: use '*') can use this server;\n"
-          "                 POST/DELETE from any other foreign Origin are refused (403)\n",
+          "                 POST/DELETE from any other foreign Origin are refused (403)\n"
+          "Inference (POST /v1/jobs/{id}/generate and /predict; docs/api.md):\n"
+          "  --infer-procs  inference processes at most (ddpd-worker --infer, each holding one\n"
+          "                 model; default: the number of cores, at most 64): the concurrency bound\n"
+          "  --infer-queue  requests that may wait beyond the running ones (default 4 x procs);\n"
+          "                 past it 503 with Retry-After\n"
+          "  --infer-memory the loaded models' resident bytes together (default 2G): the least\n"
+          "                 recently used idle models are unloaded to make room; a model larger\n"
+          "                 than this alone is refused (507)\n"
+          "  --infer-idle-s a model unused this many seconds is unloaded (default 300)\n"
+          "  --infer-timeout-s  an inference process silent this long with a request is killed\n"
+          "                 (504), and a request waits in the queue at most this long (503)\n"
+          "                 (default 60)\n"
+          "  --infer-max-bytes  the largest predict body, JSON or .npy (default 64M; 413 beyond)\n"
+          "  --infer-worker the program run as `PROGRAM --infer` (default: the ddpd-worker that\n"
+          "                 runs the ranks; tests give a stand-in)\n",
           f);
 }
 
@@ -188,7 +209,11 @@ struct serve_opts {
     long cpu_slots;
     int64_t max_rank_memory; /* -1: the host's memory divided by the slots */
     int64_t job_disk_quota;
-    long job_events_max; /* 0: none */
+    long job_events_max;           /* 0: none */
+    long infer_procs, infer_queue; /* infer_queue -1: 4 x infer_procs */
+    int64_t infer_memory, infer_max_bytes;
+    double infer_idle_s, infer_timeout_s;
+    const char *infer_worker; /* NULL: the worker */
     bool insecure, finish, slurm;
     struct slurm_opts slurm_opts;
 };
@@ -197,7 +222,8 @@ struct serve_opts {
  * token, the GPU slots. */
 struct serve_setup {
     char worker[PATH_MAX], data_abs[PATH_MAX], jobs_abs[PATH_MAX], web_abs[PATH_MAX];
-    char *token; /* NULL: none */
+    char infer_worker[PATH_MAX], infer_dir[PATH_MAX]; /* `PROGRAM --infer`; its logs, uploads */
+    char *token;                                      /* NULL: none */
     int gpus;
     /* Slot i of the scheduler is the device gpu_ids[i] (--gpus 2,3: slot 0 is GPU 2),
      * which ddpd-worker --devices described as gpu_info[i] (known false: not listed). */
@@ -209,6 +235,48 @@ struct serve_setup {
     bool db_existed;
     char made_db_dir[PATH_MAX], made_jobs_dir[PATH_MAX]; /* "" when none was made */
 };
+
+/* One of the --infer-* options into o; 0, or -1 with the message on stderr. */
+static int infer_option(const char *a, const char *v, struct serve_opts *o)
+{
+    char *end = NULL;
+    double secs = 0;
+    if (!strcmp(a, "--infer-procs")) {
+        if (!base_parse_long(v, 1, INFER_PROCS_MAX, &o->infer_procs))
+            return 0;
+        fprintf(stderr, "ddpd serve: --infer-procs: expected an integer in [1, %d], got '%s'\n",
+                INFER_PROCS_MAX, v);
+    } else if (!strcmp(a, "--infer-queue")) {
+        if (!base_parse_long(v, 0, INFER_QUEUE_MAX, &o->infer_queue))
+            return 0;
+        fprintf(stderr, "ddpd serve: --infer-queue: expected an integer in [0, %d], got '%s'\n",
+                INFER_QUEUE_MAX, v);
+    } else if (!strcmp(a, "--infer-memory") || !strcmp(a, "--infer-max-bytes")) {
+        int64_t *dst = !strcmp(a, "--infer-memory") ? &o->infer_memory : &o->infer_max_bytes;
+        int64_t b;
+        /* Body limits are size_t and the answers 4 x that: 1 GiB at most. */
+        int64_t most = dst == &o->infer_memory ? INT64_MAX : (int64_t)1 << 30;
+        if (jobdir_size_parse(v, &b) && b >= 1024 && b <= most) {
+            *dst = b;
+            return 0;
+        }
+        fprintf(stderr, "ddpd serve: %s: expected a size from 1K%s (bytes, or 512M, 2G, ...), got '%s'\n", a,
+                dst == &o->infer_memory ? "" : " to 1G", v);
+    } else if (!strcmp(a, "--infer-idle-s") || !strcmp(a, "--infer-timeout-s")) {
+        secs = strtod(v, &end);
+        if (end != v && !*end && secs >= 0.1 && secs <= 86400) {
+            *(!strcmp(a, "--infer-idle-s") ? &o->infer_idle_s : &o->infer_timeout_s) = secs;
+            return 0;
+        }
+        fprintf(stderr, "ddpd serve: %s: expected seconds from 0.1 to 86400, got '%s'\n", a, v);
+    } else if (!strcmp(a, "--infer-worker")) {
+        o->infer_worker = v;
+        return 0;
+    } else {
+        fprintf(stderr, "ddpd serve: unknown option '%s'\n", a);
+    }
+    return -1;
+}
 
 /* Fills o from argv. Returns -1 to go on, else the exit status (0 after --help, 2 with
  * the message on stderr naming the option). */
@@ -222,6 +290,12 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
                              .max_rank_memory = -1,
                              .job_disk_quota = JOBDIR_DEFAULT_QUOTA,
                              .job_events_max = STORE_JOB_EVENTS_DEFAULT,
+                             .infer_procs = sysconf(_SC_NPROCESSORS_ONLN),
+                             .infer_queue = -1,
+                             .infer_memory = (int64_t)2 << 30,
+                             .infer_max_bytes = (int64_t)64 << 20,
+                             .infer_idle_s = 300,
+                             .infer_timeout_s = 60,
                              .slurm_opts = {.cpus_per_task = 1}};
     struct slurm_opts *so_slurm = &o->slurm_opts;
     /* getopt_long finds the option and its value (--db X, --db=X, or an unambiguous prefix:
@@ -248,6 +322,13 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
                                           {"on-shutdown", required_argument, NULL, 1019},
                                           {"insecure", no_argument, NULL, 1020},
                                           {"job-events-max", required_argument, NULL, 1021},
+                                          {"infer-procs", required_argument, NULL, 1022},
+                                          {"infer-queue", required_argument, NULL, 1023},
+                                          {"infer-memory", required_argument, NULL, 1024},
+                                          {"infer-idle-s", required_argument, NULL, 1025},
+                                          {"infer-timeout-s", required_argument, NULL, 1026},
+                                          {"infer-max-bytes", required_argument, NULL, 1027},
+                                          {"infer-worker", required_argument, NULL, 1028},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     optind = 1;
@@ -352,6 +433,9 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
                         v);
                 return 2;
             }
+        } else if (!strncmp(a, "--infer-", 8)) {
+            if (infer_option(a, v, o) != 0)
+                return 2;
         } else if (!strcmp(a, "--on-shutdown")) {
             if (strcmp(v, "cancel") && strcmp(v, "finish")) {
                 fprintf(stderr, "ddpd serve: --on-shutdown: expected cancel or finish, got '%s'\n", v);
@@ -423,7 +507,7 @@ static int prepare(struct serve_opts *o, const char *self_dir, struct serve_setu
                 o->listen);
         return 2;
     }
-    char jobs_buf[PATH_MAX], db_dir[PATH_MAX];
+    char jobs_buf[PATH_MAX], db_dir[PATH_MAX], db_real[PATH_MAX];
     const char *env_worker = getenv("DDPD_WORKER");
     snprintf(s->worker, sizeof s->worker, "%s%s", env_worker ? env_worker : self_dir,
              env_worker ? "" : "/ddpd-worker");
@@ -431,6 +515,15 @@ static int prepare(struct serve_opts *o, const char *self_dir, struct serve_setu
         fprintf(stderr, "ddpd serve: cannot execute the worker %s: %s\n", s->worker, strerror(errno));
         return 1;
     }
+    if (o->infer_worker &&
+        (!realpath(o->infer_worker, s->infer_worker) || access(s->infer_worker, X_OK) != 0)) {
+        fprintf(stderr, "ddpd serve: --infer-worker %s: %s\n", o->infer_worker, strerror(errno));
+        return 2;
+    }
+    if (!o->infer_worker)
+        snprintf(s->infer_worker, sizeof s->infer_worker, "%s", s->worker);
+    if (o->infer_queue < 0)
+        o->infer_queue = 4 * o->infer_procs > INFER_QUEUE_MAX ? INFER_QUEUE_MAX : 4 * o->infer_procs;
     if (!realpath(o->data_dir, s->data_abs)) {
         fprintf(stderr, "ddpd serve: --data-dir %s: %s\n", o->data_dir, strerror(errno));
         return 2;
@@ -456,6 +549,13 @@ static int prepare(struct serve_opts *o, const char *self_dir, struct serve_setu
             return 1;
         }
         snprintf(s->made_db_dir, sizeof s->made_db_dir, "%s", dd);
+    }
+    /* The inference processes' logs and uploads: beside the database (made at the first
+     * request). */
+    if (!realpath(dd, db_real) ||
+        snprintf(s->infer_dir, sizeof s->infer_dir, "%s/inference", db_real) >= (int)sizeof s->infer_dir) {
+        fprintf(stderr, "ddpd serve: --db %s: cannot resolve its folder: %s\n", o->db, strerror(errno));
+        return 2;
     }
     const char *jobs_dir = o->jobs_dir;
     if (!jobs_dir) {
@@ -596,18 +696,30 @@ static int run_server(const struct serve_opts *o, const struct serve_setup *s, c
                             .data_dir = s->data_abs,
                             .jobs_dir = s->jobs_abs,
                             .web_dir = s->web_abs[0] ? s->web_abs : NULL,
-                            .max_rank_memory = o->max_rank_memory};
+                            .max_rank_memory = o->max_rank_memory,
+                            .infer = {.worker = s->infer_worker,
+                                      .dir = s->infer_dir,
+                                      .procs = (int)o->infer_procs,
+                                      .queue = (int)o->infer_queue,
+                                      .memory = o->infer_memory,
+                                      .idle_s = o->infer_idle_s,
+                                      .timeout_s = o->infer_timeout_s,
+                                      .max_bytes = (size_t)o->infer_max_bytes,
+                                      .line_max = 4 * (size_t)o->infer_max_bytes < ((size_t)16 << 20)
+                                                      ? (size_t)16 << 20
+                                                      : 4 * (size_t)o->infer_max_bytes}};
     size_t nroutes;
     struct http_config hc = {.listen = o->listen,
                              .listen_fd = listen_fd,
-                             .routes = api_routes(&nroutes),
+                             .routes = NULL,
                              .ctx = NULL,
                              .token = s->token,
                              .cors_origin = o->cors,
                              .threads = 4,
                              .connection_limit = connection_limit()};
-    hc.nroutes = nroutes;
     if (api_new(&ac, &api, &err) == DDPD_OK) {
+        hc.routes = api_routes(api, &nroutes);
+        hc.nroutes = nroutes;
         hc.ctx = api;
         http = http_server_new(&hc, &err);
         listen_fd = -1; /* taken, also on failure */
@@ -640,7 +752,9 @@ static int run_server(const struct serve_opts *o, const struct serve_setup *s, c
             o->finish ? "finishing" : "cancelling");
     rc = 0;
 out:
-    /* Order: no new requests, then the jobs, then the streams, then the store. */
+    /* Order: no new requests (inference cancelled first: the HTTP server waits for its
+     * deferred answers), then the jobs, then the streams, then the store. */
+    api_stop(api);
     http_server_free(http);
     api_free(api);
     super_stop(super);

@@ -1086,6 +1086,43 @@ device_kind super_default_device(const struct super *s)
     return s->o.gpus > 0 ? DEVICE_CUDA : DEVICE_CPU;
 }
 
+bool super_gpu_take(struct super *s, int64_t job, int *slot, char *device, size_t cap, char *why,
+                    size_t whycap)
+{
+    bool ok = false;
+    pthread_mutex_lock(&s->lock);
+    if (launcher_queues(s->o.launcher))
+        snprintf(why, whycap,
+                 "device cuda: inference on a GPU needs the local launcher (with --launcher slurm, Slurm "
+                 "places the GPUs)");
+    else if (sched_usable_slots(s->sched, DEVICE_CUDA) == 0)
+        snprintf(why, whycap, "device cuda: this server has no GPU it may use");
+    else if (!sched_take(s->sched, DEVICE_CUDA, -job, slot))
+        snprintf(why, whycap, "no GPU is free for inference now (jobs hold them, or wait for them)");
+    else {
+        snprintf(device, cap, "%s", sched_gpu_device(s->sched, *slot));
+        ok = true;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return ok;
+}
+
+bool super_gpu_wanted(struct super *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool w = !launcher_queues(s->o.launcher) && sched_waiting(s->sched, DEVICE_CUDA) > 0;
+    pthread_mutex_unlock(&s->lock);
+    return w;
+}
+
+void super_gpu_give(struct super *s, int slot)
+{
+    pthread_mutex_lock(&s->lock);
+    sched_release_slot(s->sched, DEVICE_CUDA, slot);
+    pthread_mutex_unlock(&s->lock);
+    wake(s);
+}
+
 json_t *super_devices(struct super *s)
 {
     pthread_mutex_lock(&s->lock);

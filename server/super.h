@@ -89,6 +89,21 @@ bool super_pending_reason(struct super *s, int64_t job, char *buf, size_t cap);
 bool super_fits(struct super *s, device_kind kind, int world, char *why, size_t cap, const char **path);
 device_kind super_default_device(const struct super *s);
 
+/* One GPU slot for an inference process holding job `job`'s model (server/inference/),
+ * as a 1-rank job would hold it but taken at once, never ahead of a job that waits for
+ * GPUs (sched_take). True with the slot in *slot and its device, as CUDA_VISIBLE_DEVICES
+ * names it, in device[cap]; false with `why` (a sentence) when no GPU is free, a job
+ * waits for one, the server has none, or its launcher places jobs itself (Slurm: this
+ * host's GPUs are not the server's to give). Any thread. */
+bool super_gpu_take(struct super *s, int64_t job, int *slot, char *device, size_t cap, char *why,
+                    size_t whycap);
+/* True when a job waits for a GPU: an idle inference model gives its slot up then
+ * (training comes first). Any thread. */
+bool super_gpu_wanted(struct super *s);
+/* Gives back a slot super_gpu_take gave (once the process that used it has ended), and
+ * wakes the supervisor: a job waiting for it may start. Any thread. */
+void super_gpu_give(struct super *s, int slot);
+
 /* {"gpus":[{"index":0,"job":7|null,...},...],"cpu_slots":[...]}, the launcher's answer
  * (launcher_devices_json): a new reference. */
 struct json_t *super_devices(struct super *s);

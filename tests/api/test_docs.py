@@ -1,5 +1,5 @@
 """The documents cannot drift from the code (issue 19): every route of the route table
-(server/api.c), its query parameters, every error code of schema/err.h, every /metrics name
+(server/api.c) and its query parameters (the handlers' files, server/api*.c), every error code of schema/err.h, every /metrics name
 is in docs/api.md; every key and enum value the validator accepts (the key lists of
 schema/spec*.c) is in docs/spec.md, each layer's keys in its own row; every event and event
 key the encoder writes (schema/event.c) and every error kind is in docs/events.md; every
@@ -50,9 +50,15 @@ def routes():
     return re.findall(r'\{"(GET|POST|DELETE|PUT|PATCH)",\s*"([^"]+)"', table)
 
 
+def api_sources():
+    """The text of every file of the /v1 handlers (server/api*.c; the inference pool's
+    metrics are server/inference/pool.c's)."""
+    return "".join(p.read_text(encoding="utf-8") for p in sorted((REPO / "server").glob("api*.c")))
+
+
 def query_params():
     """{param} every route takes (the route table's query lists, and the ones http_query_* read)."""
-    src = read("server/api.c")
+    src = api_sources()
     names = set()
     for params in handler_params().values():
         names.update(params or ())
@@ -69,8 +75,8 @@ def error_codes():
 
 def metric_names():
     names = set()
-    for f in ("server/api.c", "server/http_route.c"):
-        names.update(re.findall(r"# HELP (ddpd_\w+)", read(f)))
+    for src in (api_sources(), read("server/http_route.c"), read("server/inference/pool.c")):
+        names.update(re.findall(r"# HELP (ddpd_\w+)", src))
     assert names, "no /metrics names found"
     return names
 
@@ -125,8 +131,8 @@ def missing_routes(api_md):
 
 
 def job_fields():
-    """The fields of a job object (api.c's job_json, and the spec job_text adds)."""
-    src = read("server/api.c")
+    """The fields of a job object (api_jobs.c's job_json, and the spec job_text adds)."""
+    src = read("server/api_jobs.c")
     body = re.search(r"static json_t \*job_json\(.*?\n\}", src, re.S).group(0)
     return set(re.findall(r'json_object_set_new\(\w+, "(\w+)"', body)) | {"spec"}
 

@@ -56,6 +56,10 @@ int main(void)
         {DDPD_EFORBIDDEN, "forbidden", "internal"},
         {DDPD_EMEDIATYPE, "unsupported_media_type", "internal"},
         {DDPD_EDATACHANGED, "data_changed", "data"},
+        {DDPD_ENOMODEL, "no_model", "internal"},
+        {DDPD_EMODELSIZE, "model_too_large", "internal"},
+        {DDPD_ETIMEOUT, "timeout", "internal"},
+        {DDPD_EINFER, "inference_failed", "internal"},
     };
     CHECK_EQ_INT((int)(sizeof pinned / sizeof pinned[0]), DDPD_ERR_COUNT);
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++) {

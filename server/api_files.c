@@ -1,0 +1,265 @@
+/* api_files.c — what a job left behind, as the API reads it: its loss curve
+ * (GET .../metrics, from the store), its ranks' logs, its checkpoints and weights (from
+ * its folder under the jobs folder). Reads only; never blocks on a file that is not a
+ * regular one. */
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../schema/jobdir.h"
+#include "api_impl.h"
+#include "http.h"
+#include "store.h"
+
+/* "5, 10, 15" (the newest few when there are many) into buf[cap]; "none" for no steps. */
+void api__steps_text(const int64_t *steps, size_t n, char *buf, size_t cap)
+{
+    size_t first = n > 8 ? n - 8 : 0, len = 0;
+    buf[0] = '\0';
+    if (!n)
+        snprintf(buf, cap, "none");
+    if (first)
+        len += (size_t)snprintf(buf, cap, "... ");
+    for (size_t i = first; i < n && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%" PRId64, i > first ? ", " : "", steps[i]);
+}
+
+/* `code` at `path`: "<prefix>job ID has no checkpoint at step STEP; it has steps 5, 10"
+ * (or "step 5", or "none"), the steps read from the job's folder `dir`. */
+ddpd_err api__no_checkpoint_at(struct ddpd_error *err, ddpd_err code, const char *path, const char *prefix,
+                               const char *dir, int64_t id, int64_t step)
+{
+    int64_t *steps;
+    size_t n;
+    char list[256];
+    if (!jobdir_ckpt_list(dir, &steps, &n))
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
+    api__steps_text(steps, n, list, sizeof list);
+    free(steps);
+    return ddpd_error_set(err, code, path,
+                          "%sjob %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s", prefix, id,
+                          step, n ? (n > 1 ? "steps " : "step ") : "", list);
+}
+
+ddpd_err api__metrics(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = api__ctx(req);
+    int64_t maxp;
+    ddpd_err rc = http_query_int(req, "max_points", 2, STORE_METRICS_MAX_POINTS, 1000, &maxp, err);
+    if (rc)
+        return rc;
+    struct store_job j;
+    if ((rc = api__get_job(req, &j, err)))
+        return rc;
+    store_job_clear(&j);
+    struct store_metrics m;
+    if ((rc = store_metrics_get(a->store, http_request_id(req, 0), (int)maxp, &m, err)))
+        return rc;
+    json_t *series = json_array();
+    json_t *mean = json_null();
+    for (size_t i = 0; i < m.n_series; i++) {
+        const struct store_series *s = &m.series[i];
+        json_t *steps = json_array(), *loss = json_array();
+        for (size_t k = 0; k < s->n; k++) {
+            json_array_append_new(steps, json_integer(s->step[k]));
+            json_array_append_new(loss, isfinite(s->loss[k]) ? json_real(s->loss[k]) : json_null());
+        }
+        json_t *o = json_pack("{s:o, s:o}", "step", steps, "loss", loss);
+        if (s->rank < 0) {
+            json_decref(mean);
+            mean = o;
+        } else {
+            json_object_set_new(o, "rank", json_integer(s->rank));
+            json_array_append_new(series, o);
+        }
+    }
+    /* The lr of each logged step, and the eval points (CONTRACT.md §2a), as columns. */
+    json_t *lr_step = json_array(), *lr = json_array();
+    for (size_t k = 0; k < m.lr.n; k++) {
+        json_array_append_new(lr_step, json_integer(m.lr.step[k]));
+        json_array_append_new(lr, json_real(m.lr.loss[k]));
+    }
+    json_t *ev_step = json_array(), *ev_loss = json_array(), *ev_acc = json_array(), *ev_n = json_array();
+    for (size_t k = 0; k < m.n_eval; k++) {
+        const struct store_eval *e = &m.eval[k];
+        json_array_append_new(ev_step, json_integer(e->step));
+        json_array_append_new(ev_loss, isfinite(e->loss) ? json_real(e->loss) : json_null());
+        json_array_append_new(ev_acc, e->has_accuracy && isfinite(e->accuracy) ? json_real(e->accuracy)
+                                                                               : json_null());
+        json_array_append_new(ev_n, json_integer(e->samples));
+    }
+    json_t *out =
+        json_pack("{s:I, s:I, s:I, s:o, s:o, s:{s:o, s:o}, s:{s:o, s:o, s:o, s:o}}", "points",
+                  (json_int_t)m.points, "first_step", (json_int_t)m.first_step, "last_step",
+                  (json_int_t)m.last_step, "mean", mean, "ranks", series, "lr", "step", lr_step, "lr", lr,
+                  "eval", "step", ev_step, "loss", ev_loss, "accuracy", ev_acc, "samples", ev_n);
+    store_metrics_free(&m);
+    return http_respond_json(req, 200, out);
+}
+
+ddpd_err api__logs(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = api__ctx(req);
+    struct store_job j;
+    ddpd_err rc = api__get_job(req, &j, err);
+    if (rc)
+        return rc;
+    int world = j.world_size;
+    store_job_clear(&j);
+    int64_t rank, tail;
+    if ((rc = http_query_int(req, "rank", 0, world - 1, 0, &rank, err)) ||
+        (rc = http_query_int(req, "tail", 1, 100000, 200, &tail, err)))
+        return rc;
+    char path[PATH_MAX];
+    char dir[PATH_MAX];
+    jobdir_job_path(dir, sizeof dir, a->jobs_dir, http_request_id(req, 0));
+    jobdir_rank_log_path(path, sizeof path, dir, (int)rank);
+    /* Not blocking, no links, a regular file only: a FIFO or a device in the job's folder
+     * must not hold an HTTP thread (nor a link make it read another file). */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+        close(fd);
+        return ddpd_error_set(err, DDPD_EIO, "", "%s of job %" PRId64 " is not a regular file",
+                              strrchr(path, '/') + 1, http_request_id(req, 0));
+    }
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        if (fd >= 0)
+            close(fd);
+        return http_respond_text(req, 200, "");
+    }
+    /* The last `tail` lines: read at most 4 MiB from the end. */
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    long start = size > (4 << 20) ? size - (4 << 20) : 0;
+    fseek(f, start, SEEK_SET);
+    char *buf = malloc((size_t)(size - start) + 1);
+    size_t n = buf ? fread(buf, 1, (size_t)(size - start), f) : 0;
+    fclose(f);
+    if (!buf)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
+    buf[n] = '\0';
+    const char *p = buf + n;
+    int64_t lines = 0;
+    if (p > buf && p[-1] == '\n')
+        p--;
+    while (p > buf && lines < tail)
+        if (*--p == '\n' && ++lines == tail) {
+            p++;
+            break;
+        }
+    rc = http_respond_text(req, 200, p);
+    free(buf);
+    return rc;
+}
+
+/* GET /v1/jobs/{id}/checkpoints: {"checkpoints":[{"step":S,"time":T,"bytes":B},...]},
+ * oldest first; time is the folder's completion (its last change, when it was renamed
+ * into place), bytes its files together. */
+ddpd_err api__checkpoints(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = api__ctx(req);
+    int64_t id = http_request_id(req, 0);
+    struct store_job j;
+    ddpd_err rc = api__get_job(req, &j, err);
+    if (rc)
+        return rc;
+    store_job_clear(&j);
+    char dir[PATH_MAX], ck[PATH_MAX + 32];
+    jobdir_job_path(dir, sizeof dir, a->jobs_dir, id);
+    int64_t *steps;
+    size_t n;
+    if (!jobdir_ckpt_list(dir, &steps, &n))
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints of job %" PRId64,
+                              id);
+    json_t *list = json_array();
+    for (size_t i = 0; i < n; i++) {
+        struct stat st;
+        int64_t bytes = 0;
+        struct ddpd_error e2;
+        /* One pruned meanwhile (checkpoint.keep_last) is simply not listed. */
+        if (!jobdir_ckpt_path(ck, sizeof ck, dir, steps[i]) || stat(ck, &st) != 0 ||
+            jobdir_bytes(ck, &bytes, &e2) != DDPD_OK)
+            continue;
+        double t = (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9;
+        json_array_append_new(list, json_pack("{s:I, s:f, s:I}", "step", (json_int_t)steps[i], "time", t,
+                                              "bytes", (json_int_t)bytes));
+    }
+    free(steps);
+    return http_respond_json(req, 200, json_pack("{s:o}", "checkpoints", list));
+}
+
+/* Why job `id` (in state `st`) has no weights to download yet. */
+static ddpd_err no_checkpoint(int64_t id, job_state st, struct ddpd_error *err)
+{
+    switch (st) {
+    case JOB_STATE_QUEUED:
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                              "job %" PRId64 " has no checkpoint: it has not started yet", id);
+    case JOB_STATE_FAILED:
+    case JOB_STATE_CANCELLED:
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                              "job %" PRId64 " has no checkpoint: it %s before its first checkpoint", id,
+                              st == JOB_STATE_FAILED ? "failed" : "was cancelled");
+    case JOB_STATE_SUCCEEDED:
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                              "job %" PRId64 " has no checkpoint: its files were removed from the server",
+                              id);
+    default:
+        return ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                              "job %" PRId64
+                              " has no checkpoint yet (it writes one every checkpoint.every_steps "
+                              "steps, and its final model at the end)",
+                              id);
+    }
+}
+
+/* GET /v1/jobs/{id}/checkpoint[?step=S][&file=model|optim]: a checkpoint's weights (or
+ * rank 0's optimizer state); without step the final model, else the newest checkpoint. */
+ddpd_err api__checkpoint(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = api__ctx(req);
+    int64_t id = http_request_id(req, 0), step;
+    static const char *const files[] = {"model", "optim", NULL};
+    int file;
+    struct store_job j;
+    ddpd_err rc = api__get_job(req, &j, err);
+    if (rc)
+        return rc;
+    job_state state = j.state;
+    store_job_clear(&j);
+    if ((rc = http_query_int(req, "step", 0, INT64_MAX, -1, &step, err)) ||
+        (rc = http_query_enum(req, "file", files, 0, &file, err)))
+        return rc;
+    const char *what = file == 1 ? JOBDIR_OPTIM : JOBDIR_MODEL;
+    char dir[PATH_MAX], ck[PATH_MAX + 32], name[64], path[PATH_MAX + 128];
+    jobdir_job_path(dir, sizeof dir, a->jobs_dir, id);
+    jobdir_rank_file(name, sizeof name, what, 0);
+    struct stat st;
+    if (step >= 0) {
+        jobdir_ckpt_path(ck, sizeof ck, dir, step);
+        jobdir_file_path(path, sizeof path, ck, name);
+        if (stat(path, &st) != 0)
+            return api__no_checkpoint_at(err, DDPD_ENOTFOUND, "step", "", dir, id, step);
+    } else {
+        jobdir_file_path(path, sizeof path, dir, name);
+        if (stat(path, &st) != 0) {
+            /* No final model yet: the newest checkpoint. */
+            if (!jobdir_latest_ckpt(dir, ck, sizeof ck))
+                return no_checkpoint(id, state, err);
+            jobdir_file_path(path, sizeof path, ck, name);
+        }
+    }
+    char disp[128];
+    snprintf(disp, sizeof disp, "attachment; filename=\"%s\"", name);
+    http_response_header(req, "Content-Disposition", disp);
+    return http_respond_file(req, path, "application/octet-stream", "no-cache", err);
+}
