@@ -271,16 +271,17 @@ static ddpd_err respond_busy(struct http_request *req, int retry, const struct d
     return http_respond_error(req, DDPD_EBUSY, err);
 }
 
-/* Hands `request` (stolen) on model m to the pool and binds its answer to req: a stream
+/* Hands `request` (the worker's request line, malloc'd, stolen) of `op` on model m to the
+ * pool and binds its answer to req: a stream
  * (NDJSON, or SSE when the client accepts text/event-stream) or a deferred JSON answer.
  * `upload` (NULL: none) is removed here when the pool does not take it. */
 static ddpd_err run(struct http_request *req, const struct infer_model *im, const struct model_choice *m,
-                    json_t *request, bool stream, const char *upload, struct ddpd_error *err)
+                    char *request, const char *op, bool stream, const char *upload, struct ddpd_error *err)
 {
     struct api *a = api__ctx(req);
     struct call *c = calloc(1, sizeof *c);
     if (!c) {
-        json_decref(request);
+        free(request);
         if (upload)
             unlink(upload);
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
@@ -297,7 +298,7 @@ static ddpd_err run(struct http_request *req, const struct infer_model *im, cons
     int retry = 0;
     if (!stream)
         http_defer(req); /* first: the pool may answer before infer_pool_submit returns */
-    ddpd_err rc = infer_pool_submit(a->infer, im, request, upload, &sink, &retry, err);
+    ddpd_err rc = infer_pool_submit(a->infer, im, request, op, upload, &sink, &retry, err);
     if (rc) {
         if (upload)
             unlink(upload);
@@ -412,9 +413,9 @@ static const char *const gen_keys[] = {"prompt", "ids",  "max_new_tokens", "temp
                                        "seed",   "step", "stream",         "device",      NULL};
 #define GEN_KEY_LIST "prompt, ids, max_new_tokens, temperature, top_k, seed, step, stream, device"
 
-/* The worker's generate request from the body (checked against the vocabulary). */
-static ddpd_err generate_request(json_t *body, int64_t job, int64_t vocab, json_t **out,
-                                 struct ddpd_error *err)
+/* The worker's generate request from the body (checked against the vocabulary): its line
+ * into *out (malloc'd). */
+static ddpd_err generate_request(json_t *body, int64_t job, int64_t vocab, char **out, struct ddpd_error *err)
 {
     json_t *prompt = json_object_get(body, "prompt"), *ids = json_object_get(body, "ids");
     json_t *temp = json_object_get(body, "temperature");
@@ -474,17 +475,18 @@ static ddpd_err generate_request(json_t *body, int64_t job, int64_t vocab, json_
     json_t *req =
         json_pack("{s:s, s:I, s:f, s:I, s:I, s:b}", "op", "generate", "max_new_tokens", (json_int_t)max_new,
                   "temperature", t, "top_k", (json_int_t)top_k, "seed", (json_int_t)seed, "stream", 1);
-    if (!req)
-        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
-    json_object_set(req, prompt ? "prompt" : "ids", prompt ? prompt : ids);
-    *out = req;
-    return DDPD_OK;
+    if (req)
+        json_object_set(req, prompt ? "prompt" : "ids", prompt ? prompt : ids);
+    *out = req ? json_dumps(req, JSON_COMPACT) : NULL;
+    json_decref(req);
+    return *out ? DDPD_OK : ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
 }
 
 ddpd_err api__generate(struct http_request *req, struct ddpd_error *err)
 {
     struct api *a = api__ctx(req);
-    json_t *body = http_request_json(req), *request = NULL;
+    json_t *body = http_request_json(req);
+    char *request = NULL;
     struct store_job j;
     memset(&j, 0, sizeof j);
     struct model_choice m = {.spec = NULL};
@@ -511,7 +513,7 @@ ddpd_err api__generate(struct http_request *req, struct ddpd_error *err)
     if ((rc = generate_request(body, j.id, vocab, &request, err)))
         goto out;
     struct infer_model im = {.job = j.id, .step = m.step, .cuda = cuda, .weights = m.weights, .spec = j.spec};
-    rc = run(req, &im, &m, request, json_is_true(stream), NULL, err);
+    rc = run(req, &im, &m, request, "generate", json_is_true(stream), NULL, err);
 out:
     free(m.spec);
     store_job_clear(&j);
@@ -581,6 +583,30 @@ static int64_t outputs_per_sample(const struct spec *s)
     return n;
 }
 
+/* The worker's predict request for a JSON body (an object with "inputs", checked): the
+ * client's own text with "op" put first and its line breaks made spaces (a JSON string
+ * holds none raw), so that the samples' numbers reach the worker as the client wrote them
+ * (a re-encoding would print each double with 17 digits, several times the bytes).
+ * malloc'd; NULL when out of memory. */
+static char *inputs_line(const char *body, size_t len)
+{
+    static const char head[] = "{\"op\":\"predict\",";
+    const char *brace = memchr(body, '{', len);
+    if (!brace)
+        return NULL;
+    size_t rest = len - (size_t)(brace + 1 - body), n = sizeof head - 1;
+    char *line = malloc(n + rest + 1);
+    if (!line)
+        return NULL;
+    memcpy(line, head, n);
+    memcpy(line + n, brace + 1, rest);
+    line[n + rest] = '\0';
+    for (char *p = line + n; *p; p++)
+        if (*p == '\n' || *p == '\r')
+            *p = ' ';
+    return line;
+}
+
 ddpd_err api__predict(struct http_request *req, struct ddpd_error *err)
 {
     struct api *a = api__ctx(req);
@@ -588,6 +614,7 @@ ddpd_err api__predict(struct http_request *req, struct ddpd_error *err)
     size_t len;
     const char *bytes = http_request_body(req, &len);
     json_t *body = NULL, *request = NULL;
+    char *line = NULL;
     struct store_job j;
     memset(&j, 0, sizeof j);
     struct model_choice m = {.spec = NULL};
@@ -664,23 +691,28 @@ ddpd_err api__predict(struct http_request *req, struct ddpd_error *err)
                                 inputs ? "inputs" : "eval_samples", n, per, a->infer_cfg.line_max);
             goto out;
         }
-        request = inputs ? json_pack("{s:s, s:O}", "op", "predict", "inputs", inputs)
-                         : json_pack("{s:s, s:{s:I, s:s}}", "op", "predict", "eval", "count",
-                                     (json_int_t)evals, "data_dir", a->data_dir);
+        if (inputs)
+            line = inputs_line(bytes, len);
+        else
+            request = json_pack("{s:s, s:{s:I, s:s}}", "op", "predict", "eval", "count", (json_int_t)evals,
+                                "data_dir", a->data_dir);
     } else {
         if ((rc = write_upload(a, bytes, len, upload, sizeof upload, err)))
             goto out;
         request = json_pack("{s:s, s:s}", "op", "predict", "npy", upload);
     }
-    if (!request) {
+    if (request)
+        line = json_dumps(request, JSON_COMPACT);
+    if (!line) {
         if (upload[0])
             unlink(upload);
         rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
         goto out;
     }
     struct infer_model im = {.job = j.id, .step = m.step, .cuda = cuda, .weights = m.weights, .spec = j.spec};
-    rc = run(req, &im, &m, request, false, upload[0] ? upload : NULL, err);
+    rc = run(req, &im, &m, line, "predict", false, upload[0] ? upload : NULL, err);
 out:
+    json_decref(request);
     json_decref(body);
     free(m.spec);
     store_job_clear(&j);

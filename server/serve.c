@@ -522,6 +522,10 @@ static int prepare(struct serve_opts *o, const char *self_dir, struct serve_setu
     }
     if (!o->infer_worker)
         snprintf(s->infer_worker, sizeof s->infer_worker, "%s", s->worker);
+    if (o->infer_procs > INFER_PROCS_MAX) /* the default on a host of more cores */
+        o->infer_procs = INFER_PROCS_MAX;
+    if (o->infer_procs < 1)
+        o->infer_procs = 1;
     if (o->infer_queue < 0)
         o->infer_queue = 4 * o->infer_procs > INFER_QUEUE_MAX ? INFER_QUEUE_MAX : 4 * o->infer_procs;
     if (!realpath(o->data_dir, s->data_abs)) {

@@ -1086,10 +1086,10 @@ device_kind super_default_device(const struct super *s)
     return s->o.gpus > 0 ? DEVICE_CUDA : DEVICE_CPU;
 }
 
-bool super_gpu_take(struct super *s, int64_t job, int *slot, char *device, size_t cap, char *why,
-                    size_t whycap)
+int super_gpu_take(struct super *s, int64_t job, int *slot, char *device, size_t cap, char *why,
+                   size_t whycap)
 {
-    bool ok = false;
+    int ok = -1;
     pthread_mutex_lock(&s->lock);
     if (launcher_queues(s->o.launcher))
         snprintf(why, whycap,
@@ -1097,11 +1097,12 @@ bool super_gpu_take(struct super *s, int64_t job, int *slot, char *device, size_
                  "places the GPUs)");
     else if (sched_usable_slots(s->sched, DEVICE_CUDA) == 0)
         snprintf(why, whycap, "device cuda: this server has no GPU it may use");
-    else if (!sched_take(s->sched, DEVICE_CUDA, -job, slot))
+    else if (!sched_take(s->sched, DEVICE_CUDA, -job, slot)) {
         snprintf(why, whycap, "no GPU is free for inference now (jobs hold them, or wait for them)");
-    else {
+        ok = 0;
+    } else {
         snprintf(device, cap, "%s", sched_gpu_device(s->sched, *slot));
-        ok = true;
+        ok = 1;
     }
     pthread_mutex_unlock(&s->lock);
     return ok;

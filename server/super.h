@@ -91,12 +91,13 @@ device_kind super_default_device(const struct super *s);
 
 /* One GPU slot for an inference process holding job `job`'s model (server/inference/),
  * as a 1-rank job would hold it but taken at once, never ahead of a job that waits for
- * GPUs (sched_take). True with the slot in *slot and its device, as CUDA_VISIBLE_DEVICES
- * names it, in device[cap]; false with `why` (a sentence) when no GPU is free, a job
- * waits for one, the server has none, or its launcher places jobs itself (Slurm: this
- * host's GPUs are not the server's to give). Any thread. */
-bool super_gpu_take(struct super *s, int64_t job, int *slot, char *device, size_t cap, char *why,
-                    size_t whycap);
+ * GPUs (sched_take). 1 with the slot in *slot and its device, as CUDA_VISIBLE_DEVICES
+ * names it, in device[cap]; else `why` (a sentence) and 0 when no GPU is free now or a
+ * job waits for one (try again later), -1 when none ever will be: the server has no GPU
+ * it may use, or its launcher places jobs itself (Slurm: this host's GPUs are not the
+ * server's to give). Any thread. */
+int super_gpu_take(struct super *s, int64_t job, int *slot, char *device, size_t cap, char *why,
+                   size_t whycap);
 /* True when a job waits for a GPU: an idle inference model gives its slot up then
  * (training comes first). Any thread. */
 bool super_gpu_wanted(struct super *s);

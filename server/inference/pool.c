@@ -1,8 +1,9 @@
 /* pool.c — the inference pool (pool.h): the slots (one worker process each, and the model
- * it holds), the queue, the runner threads that speak the worker protocol
- * (docs/architecture.md, "How an inference request flows"), and the housekeeper thread
- * that expires waiting requests and ends idle or doomed models (and idle GPU models when
- * a job waits for a GPU).
+ * it holds), the queue, the runner threads (each runs a request on a slot with run.c,
+ * which speaks the worker protocol: docs/architecture.md, "How an inference request
+ * flows"), the memory cap's evictions, and the housekeeper thread that expires waiting
+ * requests and ends idle or doomed models (and idle GPU models when a job waits for a
+ * GPU).
  *
  * Threads: one runner per slot (started at the first request) takes the head of the
  * queue onto the slot policy.c picks, and owns that slot, its process and its pipes until
@@ -31,73 +32,6 @@
 #include "../super.h"
 #include "pool_impl.h"
 
-#define HOUSEKEEP_S    0.25 /* the housekeeper's period: queue deadlines, idle and doomed models */
-#define READ_SLICE_S   0.1  /* how often a running request looks whether its client has gone */
-#define END_GRACE_S    2.0  /* EOF on stdin to SIGKILL, for a process that is ended */
-#define FORGOTTEN      64   /* deleted jobs remembered, so a request racing the delete is refused */
-#define SIZES          64   /* models whose resident bytes are remembered, for the room to make */
-#define LOAD_MAX_BATCH 64   /* predict's batch bound, the load request's max_batch */
-#define GPU_RETRY_S    5    /* Retry-After when no GPU is free */
-
-enum slot_state { SLOT_FREE, SLOT_BUSY, SLOT_ENDING };
-
-/* A request, queued or running. */
-struct task {
-    struct infer_key key;
-    char *weights, *spec;
-    json_t *request;
-    char *upload; /* a file of the pool's folder, removed with the task; NULL: none */
-    char op[16];  /* the request's "op", for the status */
-    struct infer_sink sink;
-    double deadline; /* monotonic: it must have started by then */
-    struct task *next;
-};
-
-struct slot {
-    int index;
-    enum slot_state state;
-    struct infer_proc proc; /* the owner's alone (see the file's comment) */
-    /* Under mu: */
-    pid_t pid;
-    bool cuda_proc; /* its process was started on a GPU (gpu) */
-    int gpu;        /* the GPU slot (super_gpu_take) it holds, -1 none */
-    bool loaded;    /* it holds a model: key */
-    bool doomed;    /* its job was deleted: end it, never give it a request */
-    struct infer_key key;
-    int64_t resident; /* the model's resident_bytes */
-    double last_used; /* monotonic */
-    double used_wall; /* the same, wall clock (status) */
-    double loaded_wall;
-    const char *op; /* the running request's op (points into its task), NULL when none */
-    uint64_t served;
-};
-
-struct infer_pool {
-    struct infer_pool_opts o;
-    char *worker, *dir;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;    /* runners: a task queued, a slot freed, stopping */
-    pthread_cond_t hk_cv; /* the housekeeper: something to end, stopping */
-    struct slot *slots;
-    struct task *head, *tail;
-    int waiting, running;
-    pthread_t *threads;
-    int nthreads;
-    pthread_t hk;
-    bool hk_started;
-    bool stop;         /* infer_pool_stop: no new request, the running ones cancelled */
-    bool stop_threads; /* infer_pool_free: the threads end */
-    struct infer_pool_stats st;
-    int64_t forgotten[FORGOTTEN];
-    unsigned nforgotten;
-    struct {
-        struct infer_key key;
-        int64_t bytes;
-    } sizes[SIZES];
-    unsigned nsizes;
-    unsigned upload_seq;
-};
-
 /* ---- tasks --------------------------------------------------------------------------------- */
 
 static void task_free(struct task *t)
@@ -109,7 +43,7 @@ static void task_free(struct task *t)
     free(t->upload);
     free(t->weights);
     free(t->spec);
-    json_decref(t->request);
+    free(t->request);
     free(t);
 }
 
@@ -120,7 +54,7 @@ static void task_refuse(struct task *t, ddpd_err rc, const struct ddpd_error *er
     task_free(t);
 }
 
-static bool task_gone(struct infer_pool *p, struct task *t)
+bool infer__task_gone(struct infer_pool *p, struct task *t)
 {
     bool stop;
     pthread_mutex_lock(&p->mu);
@@ -130,7 +64,7 @@ static bool task_gone(struct infer_pool *p, struct task *t)
 }
 
 /* "job 3's final model" / "job 3's checkpoint 40" into buf[cap], for messages. */
-static const char *model_name(const struct infer_key *k, char *buf, size_t cap)
+const char *infer__model_name(const struct infer_key *k, char *buf, size_t cap)
 {
     if (k->step < 0)
         snprintf(buf, cap, "job %" PRId64 "'s final model", k->job);
@@ -186,7 +120,7 @@ static int mark_victims(struct infer_pool *p, int keep, int64_t need, int *out)
 
 /* Ends slot s's process (the caller owns s: BUSY or ENDING) and gives its GPU back; its
  * exit into why[cap]. Not under mu. */
-static void end_process(struct infer_pool *p, struct slot *s, double grace, char *why, size_t cap)
+void infer__end_process(struct infer_pool *p, struct slot *s, double grace, char *why, size_t cap)
 {
     infer__proc_end(&s->proc, grace, why, cap);
     pthread_mutex_lock(&p->mu);
@@ -207,7 +141,7 @@ static void end_marked(struct infer_pool *p, const int *idx, int n)
 {
     for (int k = 0; k < n; k++) {
         struct slot *s = &p->slots[idx[k]];
-        end_process(p, s, END_GRACE_S, NULL, 0);
+        infer__end_process(p, s, END_GRACE_S, NULL, 0);
         pthread_mutex_lock(&p->mu);
         s->state = SLOT_FREE;
         p->st.evictions++;
@@ -216,141 +150,9 @@ static void end_marked(struct infer_pool *p, const int *idx, int n)
     }
 }
 
-/* ---- the worker protocol, on a runner thread that owns slot s -------------------------------- */
-
-/* The request failed because slot s's process died (EOF, a failed write): reaped, its
- * model and GPU gone, the error names it. */
-static ddpd_err proc_died(struct infer_pool *p, struct slot *s, const struct task *t, const char *doing,
-                          struct ddpd_error *err)
-{
-    char why[128], name[96];
-    pid_t pid = s->proc.pid;
-    end_process(p, s, END_GRACE_S, why, sizeof why);
-    pthread_mutex_lock(&p->mu);
-    p->st.failures++;
-    pthread_mutex_unlock(&p->mu);
-    fprintf(stderr, "ddpd: inference process %d (pid %d) %s while %s %s\n", s->index, (int)pid, why, doing,
-            model_name(&t->key, name, sizeof name));
-    return ddpd_error_set(err, DDPD_EINFER, "",
-                          "the inference process (pid %d) %s while %s %s; the next request starts a new one",
-                          (int)pid, why, doing, name);
-}
-
-/* The request failed because slot s's process wrote nothing for timeout_s: killed. */
-static ddpd_err proc_hung(struct infer_pool *p, struct slot *s, const struct task *t, const char *doing,
-                          struct ddpd_error *err)
-{
-    char name[96];
-    pid_t pid = s->proc.pid;
-    end_process(p, s, 0, NULL, 0);
-    pthread_mutex_lock(&p->mu);
-    p->st.failures++;
-    pthread_mutex_unlock(&p->mu);
-    fprintf(stderr, "ddpd: inference process %d (pid %d) wrote nothing for %.0f s while %s %s: killed\n",
-            s->index, (int)pid, p->o.timeout_s, doing, model_name(&t->key, name, sizeof name));
-    return ddpd_error_set(
-        err, DDPD_ETIMEOUT, "",
-        "the inference process (pid %d) wrote nothing for %.0f s (--infer-timeout-s) while %s "
-        "%s: it was killed; the next request starts a new one",
-        (int)pid, p->o.timeout_s, doing, name);
-}
-
-/* The process answered something that is not a line of the protocol: it is out of step
- * with its pipe, so it is ended. */
-static ddpd_err proc_garbage(struct infer_pool *p, struct slot *s, const char *what, struct ddpd_error *err)
-{
-    pid_t pid = s->proc.pid;
-    end_process(p, s, 0, NULL, 0);
-    pthread_mutex_lock(&p->mu);
-    p->st.failures++;
-    pthread_mutex_unlock(&p->mu);
-    return ddpd_error_set(err, DDPD_EINFER, "", "the inference process (pid %d) %s; it was ended", (int)pid,
-                          what);
-}
-
-/* A final line {"ok": false, "error": {...}} as the error it carries. */
-static ddpd_err worker_error(json_t *line, struct ddpd_error *err)
-{
-    json_t *e = json_object_get(line, "error");
-    const char *code = json_string_value(json_object_get(e, "code"));
-    const char *path = json_string_value(json_object_get(e, "path"));
-    const char *msg = json_string_value(json_object_get(e, "message"));
-    ddpd_err rc;
-    if (!code || !ddpd_err_from_code(code, &rc) || rc == DDPD_OK)
-        return ddpd_error_set(err, DDPD_EINFER, path ? path : "", "the inference worker failed: %s%s%s",
-                              code ? code : "", code ? ": " : "", msg ? msg : "(no message)");
-    return ddpd_error_set(err, rc, path ? path : "", "%s", msg && msg[0] ? msg : ddpd_err_text(rc));
-}
-
-/* Reads slot s's next line as JSON by the silence deadline, sending `cancel` once the
- * client has gone (when `cancellable`). DDPD_OK with *out (a new reference: an object).
- * Otherwise the process is ended and err says why. */
-static ddpd_err read_line(struct infer_pool *p, struct slot *s, struct task *t, const char *doing,
-                          bool cancellable, bool *cancel_sent, json_t **out, struct ddpd_error *err)
-{
-    double silent_since = base_mono_s();
-    for (;;) {
-        /* Before every read, not only when the worker is quiet: tokens may come faster
-         * than READ_SLICE_S. */
-        if (cancellable && !*cancel_sent && task_gone(p, t)) {
-            *cancel_sent = true;
-            pthread_mutex_lock(&p->mu);
-            p->st.cancels++;
-            pthread_mutex_unlock(&p->mu);
-            if (!infer__proc_send(&s->proc, "{\"op\":\"cancel\"}"))
-                return proc_died(p, s, t, doing, err);
-        }
-        char *line = NULL;
-        enum infer_read r = infer__proc_read(&s->proc, READ_SLICE_S, p->o.line_max, &line);
-        if (r == INFER_READ_LINE) {
-            json_error_t je;
-            json_t *j = json_loads(line, JSON_REJECT_DUPLICATES, &je);
-            if (!json_is_object(j)) {
-                json_decref(j);
-                char what[200];
-                snprintf(what, sizeof what, "answered a line that is not a JSON object: %.80s", line);
-                return proc_garbage(p, s, what, err);
-            }
-            *out = j;
-            return DDPD_OK;
-        }
-        if (r == INFER_READ_EOF)
-            return proc_died(p, s, t, doing, err);
-        if (r == INFER_READ_TOOLONG) {
-            proc_garbage(p, s, "answered too long a line", err);
-            return ddpd_error_set(err, DDPD_ETOOBIG, "",
-                                  "the answer was longer than %zu bytes, the most one may be (4 x "
-                                  "--infer-max-bytes): ask for fewer samples at a time",
-                                  p->o.line_max);
-        }
-        if (base_mono_s() - silent_since >= p->o.timeout_s)
-            return proc_hung(p, s, t, doing, err);
-    }
-}
-
-static int64_t remembered_size(struct infer_pool *p, const struct infer_key *k)
-{
-    for (unsigned i = 0; i < p->nsizes && i < SIZES; i++)
-        if (infer__key_eq(&p->sizes[i].key, k))
-            return p->sizes[i].bytes;
-    return -1;
-}
-
-static void remember_size(struct infer_pool *p, const struct infer_key *k, int64_t bytes)
-{
-    for (unsigned i = 0; i < p->nsizes && i < SIZES; i++)
-        if (infer__key_eq(&p->sizes[i].key, k)) {
-            p->sizes[i].bytes = bytes;
-            return;
-        }
-    unsigned i = p->nsizes++ % SIZES;
-    p->sizes[i].key = *k;
-    p->sizes[i].bytes = bytes;
-}
-
 /* Makes room for `need` more bytes beside the other loaded models (slot s's own model is
  * being replaced). */
-static void make_room(struct infer_pool *p, struct slot *s, int64_t need)
+void infer__make_room(struct infer_pool *p, struct slot *s, int64_t need)
 {
     int victims[INFER_PROCS_MAX];
     pthread_mutex_lock(&p->mu);
@@ -359,150 +161,6 @@ static void make_room(struct infer_pool *p, struct slot *s, int64_t need)
     end_marked(p, victims, n);
 }
 
-/* Slot s holds t's model when this returns DDPD_OK: its process started (on a GPU it took
- * for a cuda model), the model loaded in it. */
-static ddpd_err ensure_model(struct infer_pool *p, struct slot *s, struct task *t, int *retry,
-                             struct ddpd_error *err)
-{
-    char name[96];
-    model_name(&t->key, name, sizeof name);
-    pthread_mutex_lock(&p->mu);
-    bool have = s->loaded && infer__key_eq(&s->key, &t->key) && s->pid > 0;
-    bool wrong_kind = s->pid > 0 && s->cuda_proc != t->key.cuda;
-    pthread_mutex_unlock(&p->mu);
-    if (have)
-        return DDPD_OK;
-    /* A GPU process ends with its model (its CUDA context and the GPU slot go with it); a
-     * CPU process is not started again for a GPU. */
-    if (wrong_kind)
-        end_process(p, s, END_GRACE_S, NULL, 0);
-    if (s->proc.pid == 0) {
-        int gpu = -1;
-        char device[SCHED_GPU_ID_MAX] = "", why[256] = "";
-        if (t->key.cuda && !(p->o.super && super_gpu_take(p->o.super, t->key.job, &gpu, device, sizeof device,
-                                                          why, sizeof why))) {
-            pthread_mutex_lock(&p->mu);
-            p->st.rejected++;
-            pthread_mutex_unlock(&p->mu);
-            *retry = GPU_RETRY_S;
-            return ddpd_error_set(err, DDPD_EBUSY, "device", "%s",
-                                  why[0] ? why : "device cuda: this server has no GPU for inference");
-        }
-        char log[PATH_MAX];
-        snprintf(log, sizeof log, "%s/worker-%d.log", p->dir, s->index);
-        ddpd_err rc = infer__proc_start(&s->proc, p->worker, log, gpu >= 0 ? device : NULL, p->o.nice, err);
-        if (rc) {
-            if (gpu >= 0)
-                super_gpu_give(p->o.super, gpu);
-            return rc;
-        }
-        pthread_mutex_lock(&p->mu);
-        s->pid = s->proc.pid;
-        s->cuda_proc = t->key.cuda;
-        s->gpu = gpu;
-        s->loaded = false;
-        pthread_mutex_unlock(&p->mu);
-    }
-
-    /* Room first, as much as the model needed last time (else its file's size: its
-     * parameters), so the load does not pass the cap by much. */
-    struct stat sb;
-    pthread_mutex_lock(&p->mu);
-    int64_t need = remembered_size(p, &t->key);
-    s->loaded = false; /* replaced: its bytes no longer count */
-    s->resident = 0;
-    pthread_mutex_unlock(&p->mu);
-    if (need < 0)
-        need = stat(t->weights, &sb) == 0 ? (int64_t)sb.st_size : 0;
-    make_room(p, s, need);
-
-    json_error_t je;
-    json_t *spec = json_loads(t->spec, 0, &je);
-    json_t *load =
-        json_pack("{s:s, s:o, s:s, s:s, s:i}", "op", "load", "spec", spec ? spec : json_null(), "weights",
-                  t->weights, "device", t->key.cuda ? "cuda" : "cpu", "max_batch", LOAD_MAX_BATCH);
-    if (load && t->key.cuda)
-        json_object_set_new(load, "gpu", json_integer(0)); /* the one device CUDA_VISIBLE_DEVICES shows */
-    char *text = load ? json_dumps(load, JSON_COMPACT) : NULL;
-    json_decref(load);
-    if (!text)
-        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory loading %s", name);
-    bool sent = infer__proc_send(&s->proc, text);
-    free(text);
-    if (!sent)
-        return proc_died(p, s, t, "loading", err);
-    json_t *ans = NULL;
-    bool no_cancel = false;
-    ddpd_err rc = read_line(p, s, t, "loading", false, &no_cancel, &ans, err);
-    if (rc)
-        return rc;
-    if (!json_is_true(json_object_get(ans, "ok"))) {
-        rc = worker_error(ans, err);
-        json_decref(ans);
-        return rc;
-    }
-    json_t *rb = json_object_get(ans, "resident_bytes");
-    int64_t resident = json_is_integer(rb) && json_integer_value(rb) >= 0 ? json_integer_value(rb) : need;
-    json_decref(ans);
-    if (resident > p->o.memory) {
-        end_process(p, s, END_GRACE_S, NULL, 0);
-        return ddpd_error_set(err, DDPD_EMODELSIZE, "",
-                              "%s needs %" PRId64 " bytes loaded, more than the %" PRId64
-                              " bytes of --infer-memory for all loaded models together",
-                              name, resident, p->o.memory);
-    }
-    pthread_mutex_lock(&p->mu);
-    s->loaded = true;
-    s->key = t->key;
-    s->resident = resident;
-    s->loaded_wall = base_wall_s();
-    remember_size(p, &t->key, resident);
-    p->st.loads++;
-    pthread_mutex_unlock(&p->mu);
-    make_room(p, s, resident); /* what it really took, beside the others */
-    return DDPD_OK;
-}
-
-/* Runs t's request on slot s (which holds its model): its stream lines to the sink, its
- * final answer into *answer (a new reference). */
-static ddpd_err exchange(struct infer_pool *p, struct slot *s, struct task *t, json_t **answer,
-                         struct ddpd_error *err)
-{
-    char *text = json_dumps(t->request, JSON_COMPACT);
-    if (!text)
-        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory encoding the request");
-    bool sent = infer__proc_send(&s->proc, text);
-    free(text);
-    if (!sent)
-        return proc_died(p, s, t, "running a request on", err);
-    bool cancel_sent = false;
-    for (;;) {
-        json_t *line = NULL;
-        ddpd_err rc = read_line(p, s, t, "running a request on", true, &cancel_sent, &line, err);
-        if (rc)
-            return rc;
-        json_t *ok = json_object_get(line, "ok");
-        if (!ok) {
-            if (t->sink.line)
-                t->sink.line(t->sink.ctx, line);
-            json_decref(line);
-            continue;
-        }
-        if (!json_is_true(ok)) {
-            rc = worker_error(line, err);
-            json_decref(line);
-            return rc;
-        }
-        json_object_del(line, "ok");
-        json_object_del(line, "op");
-        *answer = line;
-        return DDPD_OK;
-    }
-}
-
-/* The request is done with slot s: it is free again, unless its job was deleted (then
- * it is ended) or the models are over the cap (the least recently used idle ones go).
- * Marks what to end into out[]; returns how many. */
 static int release(struct infer_pool *p, struct slot *s, int *out)
 {
     int n = 0;
@@ -533,7 +191,7 @@ static void run_task(struct infer_pool *p, struct slot *s, struct task *t)
     json_t *answer = NULL;
     int retry = 0, victims[INFER_PROCS_MAX + 1];
     ddpd_err rc = DDPD_OK;
-    if (task_gone(p, t)) {
+    if (infer__task_gone(p, t)) {
         pthread_mutex_lock(&p->mu);
         bool stopping = p->stop;
         p->st.cancels += !stopping;
@@ -544,9 +202,9 @@ static void run_task(struct infer_pool *p, struct slot *s, struct task *t)
         retry = stopping ? 1 : 0;
     }
     if (rc == DDPD_OK)
-        rc = ensure_model(p, s, t, &retry, &err);
+        rc = infer__ensure_model(p, s, t, &retry, &err);
     if (rc == DDPD_OK)
-        rc = exchange(p, s, t, &answer, &err);
+        rc = infer__exchange(p, s, t, &answer, &err);
     int n = release(p, s, victims);
     t->sink.done(t->sink.ctx, rc, answer, &err, retry);
     json_decref(answer);
@@ -785,7 +443,7 @@ void infer_pool_free(struct infer_pool *p)
     if (p->hk_started)
         pthread_join(p->hk, NULL);
     for (int i = 0; i < p->o.procs; i++)
-        end_process(p, &p->slots[i], END_GRACE_S, NULL, 0);
+        infer__end_process(p, &p->slots[i], END_GRACE_S, NULL, 0);
     pthread_cond_destroy(&p->hk_cv);
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);
@@ -796,7 +454,7 @@ void infer_pool_free(struct infer_pool *p)
     free(p);
 }
 
-ddpd_err infer_pool_submit(struct infer_pool *p, const struct infer_model *m, json_t *request,
+ddpd_err infer_pool_submit(struct infer_pool *p, const struct infer_model *m, char *request, const char *op,
                            const char *upload, const struct infer_sink *sink, int *retry_after_s,
                            struct ddpd_error *err)
 {
@@ -810,15 +468,14 @@ ddpd_err infer_pool_submit(struct infer_pool *p, const struct infer_model *m, js
             free(t->spec);
         }
         free(t);
-        json_decref(request);
+        free(request);
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory queueing the request");
     }
     t->key = (struct infer_key){.job = m->job, .step = m->step < 0 ? -1 : m->step, .cuda = m->cuda};
     t->request = request;
     t->sink = *sink;
     t->deadline = base_mono_s() + p->o.timeout_s;
-    const char *op = json_string_value(json_object_get(request, "op"));
-    snprintf(t->op, sizeof t->op, "%s", op ? op : "?");
+    snprintf(t->op, sizeof t->op, "%s", op);
 
     pthread_mutex_lock(&p->mu);
     bool deleted = false;

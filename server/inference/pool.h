@@ -84,15 +84,16 @@ void infer_pool_stop(struct infer_pool *p);
  * deadline), ends every process and gives its GPU back. NULL is a no-op. */
 void infer_pool_free(struct infer_pool *p);
 
-/* Queues a request on model `m`: `request` (stolen, also on error) is the worker's request
- * object ({"op": "generate", ...}); `upload` (NULL: none) is a file in the pool's folder
+/* Queues a request on model `m`: `request` (malloc'd, stolen, also on error) is the
+ * worker's request line without its newline ({"op": "generate", ...}: one JSON object),
+ * `op` its op (for the status); `upload` (NULL: none) is a file in the pool's folder
  * (infer_pool_upload_path) the request names, removed once the request is done (the caller
  * removes it when this fails). On DDPD_OK
  * the sink's done is called exactly once, on a pool thread, possibly before this returns
  * (answer-ready first: http_defer). Errors, done never called: DDPD_EBUSY with
  * *retry_after_s when `queue` requests wait already or the pool stops; DDPD_ENOTFOUND when
  * job m->job was deleted (infer_pool_forget_job); DDPD_ENOMEM, DDPD_EINTERNAL. */
-ddpd_err infer_pool_submit(struct infer_pool *p, const struct infer_model *m, struct json_t *request,
+ddpd_err infer_pool_submit(struct infer_pool *p, const struct infer_model *m, char *request, const char *op,
                            const char *upload, const struct infer_sink *sink, int *retry_after_s,
                            struct ddpd_error *err);
 

@@ -1,18 +1,21 @@
 /* pool_impl.h — what the inference pool's files share (not part of pool.h's contract):
  * the model key, the choices of policy.c (which process takes a request, which idle
- * model goes to make room), and one worker process's life and lines (worker.c). Nothing
- * outside server/inference/ includes this but the pool's unit test. */
+ * model goes to make room), one worker process's life and lines (worker.c), and the
+ * pool's slots, tasks and state that pool.c (the queue, the threads, the public calls)
+ * and run.c (one request on one slot) share. Nothing outside server/inference/ includes
+ * this but the pool's unit test. */
 #ifndef DDPD_INFER_POOL_IMPL_H
 #define DDPD_INFER_POOL_IMPL_H
 
+#include <jansson.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "../../schema/err.h"
-
-struct json_t;
+#include "pool.h"
 
 /* ---- the choices (policy.c): pure functions of a snapshot, no locks, no processes ----- */
 
@@ -79,5 +82,95 @@ enum infer_read infer__proc_read(struct infer_proc *c, double wait_s, size_t max
  * exited within `grace_s`; reaped. Its exit in why[cap] ("exited with status 3", "was
  * killed by signal 9 (Killed)"). A no-op without a process. */
 void infer__proc_end(struct infer_proc *c, double grace_s, char *why, size_t cap);
+
+/* ---- the pool (pool.c) and a request on a slot (run.c) ------------------------------------ */
+
+#define HOUSEKEEP_S    0.25 /* the housekeeper's period: queue deadlines, idle and doomed models */
+#define READ_SLICE_S   0.1  /* how often a running request looks whether its client has gone */
+#define END_GRACE_S    2.0  /* EOF on stdin to SIGKILL, for a process that is ended */
+#define FORGOTTEN      64   /* deleted jobs remembered, so a request racing the delete is refused */
+#define SIZES          64   /* models whose resident bytes are remembered, for the room to make */
+#define LOAD_MAX_BATCH 64   /* predict's batch bound, the load request's max_batch */
+#define GPU_RETRY_S    5    /* Retry-After when no GPU is free */
+
+enum slot_state { SLOT_FREE, SLOT_BUSY, SLOT_ENDING };
+
+/* A request, queued or running. */
+struct task {
+    struct infer_key key;
+    char *weights, *spec;
+    char *request; /* the worker's request line, without its newline */
+    char *upload;  /* a file of the pool's folder, removed with the task; NULL: none */
+    char op[16];   /* the request's "op", for the status */
+    struct infer_sink sink;
+    double deadline; /* monotonic: it must have started by then */
+    struct task *next;
+};
+
+struct slot {
+    int index;
+    enum slot_state state;
+    struct infer_proc proc; /* the owner's alone (see the file's comment) */
+    /* Under mu: */
+    pid_t pid;
+    bool cuda_proc; /* its process was started on a GPU (gpu) */
+    int gpu;        /* the GPU slot (super_gpu_take) it holds, -1 none */
+    bool loaded;    /* it holds a model: key */
+    bool doomed;    /* its job was deleted: end it, never give it a request */
+    struct infer_key key;
+    int64_t resident; /* the model's resident_bytes */
+    double last_used; /* monotonic */
+    double used_wall; /* the same, wall clock (status) */
+    double loaded_wall;
+    const char *op; /* the running request's op (points into its task), NULL when none */
+    uint64_t served;
+};
+
+struct infer_pool {
+    struct infer_pool_opts o;
+    char *worker, *dir;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;    /* runners: a task queued, a slot freed, stopping */
+    pthread_cond_t hk_cv; /* the housekeeper: something to end, stopping */
+    struct slot *slots;
+    struct task *head, *tail;
+    int waiting, running;
+    pthread_t *threads;
+    int nthreads;
+    pthread_t hk;
+    bool hk_started;
+    bool stop;         /* infer_pool_stop: no new request, the running ones cancelled */
+    bool stop_threads; /* infer_pool_free: the threads end */
+    struct infer_pool_stats st;
+    int64_t forgotten[FORGOTTEN];
+    unsigned nforgotten;
+    struct {
+        struct infer_key key;
+        int64_t bytes;
+    } sizes[SIZES];
+    unsigned nsizes;
+    unsigned upload_seq;
+};
+
+/* pool.c: whether t's client has gone (or the pool stops). Not under mu. */
+bool infer__task_gone(struct infer_pool *p, struct task *t);
+/* pool.c: "job 3's final model" / "job 3's checkpoint at step 40" into buf[cap]. */
+const char *infer__model_name(const struct infer_key *k, char *buf, size_t cap);
+/* pool.c: ends slot s's process (the caller owns s: BUSY or ENDING), gives its GPU back;
+ * its exit into why[cap] (may be NULL). Not under mu. */
+void infer__end_process(struct infer_pool *p, struct slot *s, double grace, char *why, size_t cap);
+/* pool.c: makes room for `need` more bytes beside the other loaded models (slot s's own
+ * not counted): idle ones ended, least recently used first. Not under mu. */
+void infer__make_room(struct infer_pool *p, struct slot *s, int64_t need);
+
+/* run.c: slot s (owned by the caller) holds t's model when this returns DDPD_OK: its
+ * process started (on a GPU it took for a cuda model), the model loaded. *retry set for a
+ * 503 the client may retry (no GPU free). */
+ddpd_err infer__ensure_model(struct infer_pool *p, struct slot *s, struct task *t, int *retry,
+                             struct ddpd_error *err);
+/* run.c: t's request on slot s (which holds its model): its stream lines to the sink, the
+ * final answer into *answer (a new reference, without "ok" and "op"). */
+ddpd_err infer__exchange(struct infer_pool *p, struct slot *s, struct task *t, json_t **answer,
+                         struct ddpd_error *err);
 
 #endif

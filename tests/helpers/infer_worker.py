@@ -23,6 +23,7 @@ Knobs, read at every request from the JSON file DDPD_TEST_INFER_CTL (absent: non
   crash_on_load  exit with `exit_code` on a load
   hang_after     stop answering (sleep) after this many token lines
   resident_bytes the load answer's resident_bytes: a number, or {job id: number}
+  tokens         (fake only) the ids a generate makes, in order, before its own
 DDPD_TEST_INFER_LOG names a file that gets one JSON line per event of this process
 ({"pid", "event": "start"|"load"|"request"|"cancel"|"final"|"exit", ...}), which the
 tests read to see what the worker saw."""
@@ -197,9 +198,13 @@ class Fake:
                 die(int(c.get("exit_code", 3)))
             if hang_after is not None and k >= hang_after:
                 hang()
-            tok = (draw * 7919 + sum(ids) * 31 + k * 17 + (new[-1] if new else 0)) % V
+            forced = c.get("tokens") or []
+            tok = forced[k] if k < len(forced) else (draw * 7919 + sum(ids) * 31 + k * 17 + (new[-1] if new else 0)) % V
             new.append(tok)
-            piece = (chr(tok) if 32 <= tok < 127 else "\ufffd") if V == 256 else None
+            # A byte vocabulary's text: ASCII as is (control characters too: the worker's
+            # UTF-8 decoder passes them), other bytes as U+FFFD (the fake keeps no partial
+            # sequences).
+            piece = (chr(tok) if tok < 128 else "\ufffd") if V == 256 else None
             if piece is not None:
                 text += piece
             if stream:

@@ -14,7 +14,8 @@ GET /v1/inference.
 Which worker answers: the stand-in answers itself ("fake") unless the real ddpd-worker
 speaks --infer, in which case the stand-in passes every line to it ("proxy", the knobs
 applied on the way), so the same tests check the server against the real worker after
-the merge. DDPD_TEST_INFER=fake or real forces one (real fails when the worker cannot).
+the merge. DDPD_TEST_INFER=fake or real forces one (real fails when the worker cannot);
+DDPD_TEST_INFER_WORKER names another ddpd-worker to proxy to (default: DDPD_BIN's).
 """
 import json
 import os
@@ -217,7 +218,8 @@ def real_worker():
     global _real
     if _real is None:
         mode = os.environ.get("DDPD_TEST_INFER", "auto")
-        w = bin_dir() / "ddpd-worker" if bin_dir() else None
+        w = Path(os.environ["DDPD_TEST_INFER_WORKER"]) if os.environ.get("DDPD_TEST_INFER_WORKER") else (
+            bin_dir() / "ddpd-worker" if bin_dir() else None)
         ok = False
         if mode != "fake" and w and w.exists():
             try:

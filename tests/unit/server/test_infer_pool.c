@@ -197,11 +197,13 @@ static struct infer_pool *pool(int procs, int queue, int64_t memory, double time
 static ddpd_err gen(struct infer_pool *p, int64_t job, const char *w, int tokens, struct sink *s, int *retry)
 {
     struct infer_model m = {.job = job, .step = -1, .weights = w, .spec = SPEC};
-    json_t *req = json_pack("{s:s, s:[i], s:i, s:i, s:b}", "op", "generate", "ids", 1, "max_new_tokens",
-                            tokens, "seed", 7, "stream", 1);
+    char *req = malloc(160);
+    snprintf(req, 160,
+             "{\"op\": \"generate\", \"ids\": [1], \"max_new_tokens\": %d, \"seed\": 7, \"stream\": true}",
+             tokens);
     struct infer_sink k = {.line = s_line, .gone = s_gone, .done = s_done, .ctx = s};
     struct ddpd_error err;
-    return infer_pool_submit(p, &m, req, NULL, &k, retry, &err);
+    return infer_pool_submit(p, &m, req, "generate", NULL, &k, retry, &err);
 }
 
 static void test_queue_bound_and_answers(void)
@@ -362,6 +364,30 @@ static void test_crash_and_hang(void)
     sink_clear(&c);
 }
 
+/* A cuda model on a pool without a supervisor's GPUs: the request's mistake (422 at
+ * "device"), not a 503 to retry; no process is started for it. */
+static void test_cuda_without_gpus(void)
+{
+    struct infer_pool *p = pool(1, 1, 1 << 30, 30);
+    struct sink s;
+    int retry = 0;
+    sink_init(&s, -1);
+    struct infer_model m = {.job = 1, .step = -1, .cuda = true, .weights = weights, .spec = SPEC};
+    struct infer_sink k = {.line = s_line, .gone = s_gone, .done = s_done, .ctx = &s};
+    struct ddpd_error err;
+    CHECK_EQ_INT(infer_pool_submit(p, &m, strdup("{\"op\": \"generate\", \"ids\": [1]}"), "generate", NULL,
+                                   &k, &retry, &err),
+                 DDPD_OK);
+    CHECK(sink_wait(&s));
+    CHECK_EQ_INT(s.rc, DDPD_ESPEC);
+    CHECK_EQ_INT(s.retry, 0);
+    json_t *status = infer_pool_status(p);
+    CHECK_EQ_INT(json_integer_value(json_object_get(status, "alive")), 0);
+    json_decref(status);
+    infer_pool_free(p);
+    sink_clear(&s);
+}
+
 static void test_stop(void)
 {
     set_ctl("{\"delay_s\": 0.05}");
@@ -423,13 +449,14 @@ int main(void)
         fputs("weights", f);
         fclose(f);
     }
-    signal(SIGPIPE, SIG_IGN); /* as ddpd serve: a dead worker is a failed write (pool.h) */
+    signal(SIGPIPE, SIG_IGN);              /* as ddpd serve: a dead worker is a failed write (pool.h) */
     setenv("DDPD_TEST_INFER_CTL", ctl, 1); /* reaches the workers: DDPD_* is allow-listed */
     test_queue_bound_and_answers();
     test_cancel();
     test_memory_cap();
     test_forget_job();
     test_crash_and_hang();
+    test_cuda_without_gpus();
     test_stop();
     base_remove_tree(dir);
     CHECK_DONE();

@@ -60,14 +60,26 @@ static void test_policy(void)
                                       .cc = "8.6",
                                       .code = "sm_80"}};
     sched_describe_gpus(s, info);
+    /* Slot 1 held by an inference process with job 9's model (sched_take's holder -9). */
+    int got = -1;
+    CHECK(sched_take(s, DEVICE_CUDA, -9, &got));
+    CHECK_EQ_INT(got, 0);
+    sched_release_slot(s, DEVICE_CUDA, 0);
+    CHECK(sched_take(s, DEVICE_CUDA, -9, &got) && got == 0);
+    sched_release_slot(s, DEVICE_CUDA, 0);
+    CHECK(sched_take(s, DEVICE_CUDA, -1, &got) && got == 0); /* slot 0 taken first... */
+    CHECK(sched_take(s, DEVICE_CUDA, -9, &got) && got == 1); /* ...then slot 1 */
+    sched_release_slot(s, DEVICE_CUDA, 0);
     json_t *d = launcher_devices_json(local, s);
     char *t = json_dumps(d, JSON_COMPACT | JSON_SORT_KEYS);
-    CHECK_EQ_STR(t,
-                 "{\"cpu_slots\":[{\"index\":0,\"job\":7}],\"gpus\":[{\"code\":null,\"compute_capability\":"
-                 "null,\"device\":\"5\",\"emulated\":false,\"has_code\":null,\"index\":0,\"job\":null,"
-                 "\"memory\":null,\"name\":null,\"uuid\":null},{\"code\":\"sm_80\",\"compute_capability\":"
-                 "\"8.6\",\"device\":\"GPU-x\",\"emulated\":true,\"has_code\":true,\"index\":1,\"job\":"
-                 "null,\"memory\":1073741824,\"name\":\"ddpd emulated GPU 1\",\"uuid\":\"GPU-x\"}]}");
+    CHECK_EQ_STR(
+        t, "{\"cpu_slots\":[{\"index\":0,\"inference\":null,\"job\":7}],\"gpus\":[{\"code\":null,"
+           "\"compute_capability\":null,\"device\":\"5\",\"emulated\":false,\"has_code\":null,\"index\":0,"
+           "\"inference\":null,\"job\":null,\"memory\":null,\"name\":null,\"uuid\":null},{\"code\":\"sm_80\","
+           "\"compute_capability\":\"8.6\",\"device\":\"GPU-x\",\"emulated\":true,\"has_code\":true,"
+           "\"index\":1,\"inference\":9,\"job\":null,\"memory\":1073741824,\"name\":\"ddpd emulated GPU "
+           "1\",\"uuid\":\"GPU-x\"}]}");
+    sched_release_slot(s, DEVICE_CUDA, 1);
     free(t);
     json_decref(d);
     d = launcher_devices_json(slurm, s);

@@ -3,8 +3,37 @@
 #include "check.h"
 #include "server/sched.h"
 
+/* sched_take (an inference process's GPU): a free slot at once, never ahead of a job that
+ * waits for the kind, never a slot without code; a job sees the slot as held. */
+static void test_take(void)
+{
+    struct sched *s = sched_new(2, 0);
+    int slot = -1, slots[2], world;
+    int64_t job;
+    device_kind kind;
+    CHECK(sched_take(s, DEVICE_CUDA, -3, &slot));
+    CHECK_EQ_INT(slot, 0);
+    CHECK_EQ_INT(sched_slot_holder(s, DEVICE_CUDA, 0), -3);
+    sched_enqueue(s, 4, DEVICE_CUDA, 2); /* needs both: waits */
+    CHECK(!sched_next(s, &job, &kind, slots, &world));
+    CHECK_EQ_INT(sched_waiting(s, DEVICE_CUDA), 1);
+    CHECK(!sched_take(s, DEVICE_CUDA, -5, &slot)); /* slot 1 is free, but job 4 waits */
+    sched_release_slot(s, DEVICE_CUDA, 0);
+    CHECK(sched_next(s, &job, &kind, slots, &world));
+    CHECK_EQ_INT(job, 4);
+    CHECK_EQ_INT(sched_waiting(s, DEVICE_CUDA), 0);
+    CHECK(!sched_take(s, DEVICE_CUDA, -5, &slot)); /* none free */
+    sched_release(s, 4);
+    struct sched_gpu_info info[2] = {{.known = true, .no_code = true}, {.known = false}};
+    sched_describe_gpus(s, info);
+    CHECK(sched_take(s, DEVICE_CUDA, -5, &slot)); /* slot 0 has no code: never given */
+    CHECK_EQ_INT(slot, 1);
+    sched_free(s);
+}
+
 int main(void)
 {
+    test_take();
     struct sched *s = sched_new(0, 2);
     char why[256];
     CHECK(sched_fits(s, DEVICE_CPU, 2, why, sizeof why));
