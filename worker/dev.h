@@ -216,6 +216,13 @@ struct dev_ops {
      * waits for that copy only and writes them into dst. One fetch in flight at a time. */
     void (*fetch_start)(void *ctx, const float *src, int64_t n);
     void (*fetch_wait)(void *ctx, float *dst, int64_t n);
+    /* A matrix-vector product, y = alpha * op(A) x + beta * y with A [m,n] row-major (lda
+     * its row stride), op(A) = A (x [n], y [m]) or A^T (x [m], y [n]): one token's linear
+     * layers and attention in generation (infer/cache.c), which BLAS runs without gemm's
+     * packing of A. NULL: the caller uses gemm with one row (CUDA, where cuBLAS's gemm
+     * does not pack). Not used by training. */
+    void (*gemv)(void *ctx, bool trans, int64_t m, int64_t n, float alpha, const float *a, int64_t lda,
+                 const float *x, float beta, float *y);
     /* Host memory the backend copies to and from fastest (pinned on CUDA). */
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);

@@ -428,3 +428,42 @@ def test_cancel_mid_generation(char_job, worker):
     assert len(o["ids"]) == 1 + len(stream) < 4096, (len(o["ids"]), len(stream))
     assert o["ids"] == [first["token"]] + [s["token"] for s in stream]
     assert worker.ok({"op": "unload"})[1] == {"ok": True, "op": "unload"}
+
+
+def rss(pid):
+    for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if ln.startswith("VmRSS:"):
+            return int(ln.split()[1]) * 1024
+    return 0
+
+
+@pytest.mark.cpu_only("the worker's host memory")
+def test_predict_activations_are_given_back_when_idle(work, worker):
+    """A predict's activations (20 MB for 256 digits images) stay for the predicts that
+    follow and are given back once the worker has been idle for a second: its resident
+    set falls back to what the loaded model holds (a bounded wait, no sleep)."""
+    H.need_bin()
+    import time
+    data = Path(work) / "data"
+    data.mkdir(parents=True)
+    spec = digits_spec()
+    from pylib import torch_models
+    from pylib.safetensors import st_save
+    st_save(data / "w.safetensors", torch_models.init_state(spec["model"], 4))
+    x = np.random.default_rng(1).normal(size=(256, 1, 8, 8)).astype(np.float32)
+    np.save(data / "x.npy", x)
+    ans = worker.load(spec, data / "w.safetensors", max_batch=256)
+    assert ans["activation_bytes"] > 16 << 20, ans
+    loaded = rss(worker.p.pid)
+    worker.ok({"op": "predict", "npy": str(data / "x.npy")})
+    grown = rss(worker.p.pid)
+    assert grown - loaded > 16 << 20, (loaded, grown)
+    # A sanitizer's allocator keeps freed memory (ASan's quarantine): there the log says it.
+    sanitized = "libasan" in Path(f"/proc/{worker.p.pid}/maps").read_text()
+    deadline = time.monotonic() + 30
+    while "given back" not in worker.stderr() or (not sanitized and rss(worker.p.pid) - loaded > 4 << 20):
+        assert time.monotonic() < deadline, f"still {rss(worker.p.pid) - loaded} bytes above the loaded model; " \
+            f"log: {worker.stderr()}"
+        time.sleep(0.05)
+    # And it still answers, allocating them again.
+    assert worker.ok({"op": "predict", "inputs": x[:2].tolist()})[1]["shape"] == [10]

@@ -1295,6 +1295,7 @@ static const struct dev_ops cuda_ops = {
     .sumsq_group = cuda__sumsq_group,
     .fetch_start = cu_fetch_start,
     .fetch_wait = cu_fetch_wait,
+    .gemv = NULL, /* cuBLAS's gemm does not pack: one row goes through gemm */
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
     .host_memory = false,

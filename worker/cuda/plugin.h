@@ -9,7 +9,7 @@
  * Change DDPD_CUDA_PLUGIN_ABI whenever a struct below, or one they carry (dev_ops,
  * comm_ops, dev_cuda_info, ddpd_error), changes: a module of another version is refused.
  * (5: the devices' compute capability and the module's code list, dev_ops' add_i64 and
- * sumsq_group.) */
+ * sumsq_group; 6: dev_ops' gemv, which the module leaves NULL.) */
 #ifndef DDPD_CUDA_PLUGIN_H
 #define DDPD_CUDA_PLUGIN_H
 
@@ -20,7 +20,7 @@
 #include "../comm.h"
 #include "../dev.h"
 
-#define DDPD_CUDA_PLUGIN_ABI    5
+#define DDPD_CUDA_PLUGIN_ABI    6
 #define DDPD_CUDA_PLUGIN_SYMBOL "ddpd_cuda_plugin"
 #define DDPD_CUDA_PLUGIN_FILE   "libddpd-cuda.so"
 

@@ -113,6 +113,17 @@ static void cpu_gemm(void *ctx, bool trans_a, bool trans_b, int64_t m, int64_t n
                 (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
+static void cpu_gemv(void *ctx, bool trans, int64_t m, int64_t n, float alpha, const float *a, int64_t lda,
+                     const float *x, float beta, float *y)
+{
+    (void)ctx;
+    ASSERT(m >= 0 && n >= 0 && m <= INT_MAX && n <= INT_MAX && lda <= INT_MAX);
+    if (m == 0 || n == 0)
+        return;
+    cblas_sgemv(CblasRowMajor, trans ? CblasTrans : CblasNoTrans, (int)m, (int)n, alpha, a, (int)lda, x, 1,
+                beta, y, 1);
+}
+
 static void cpu_add_bias(void *ctx, float *restrict y, const float *restrict b, int64_t m, int64_t n)
 {
     (void)ctx;
@@ -928,6 +939,7 @@ static const struct dev_ops cpu_ops = {
     .batchnorm_forward_train = cpu__batchnorm_forward_train,
     .batchnorm_forward_eval = cpu__batchnorm_forward_eval,
     .batchnorm_backward = cpu__batchnorm_backward,
+    .gemv = cpu_gemv,
     .host_memory = true,
 };
 

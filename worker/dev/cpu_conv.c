@@ -97,6 +97,73 @@ void cpu__col2im(void *ctx, float *dx, const float *col, int64_t b, int64_t c, i
     }
 }
 
+/* The scan's step: (m, at) takes (v, i) when v is greater or NaN, without a branch (on
+ * data one mispredicts half the time). Later positions are offered after earlier ones. */
+static inline void take_max(float *m, int32_t *at, float v, int32_t i)
+{
+    const uint32_t take = (uint32_t)(v > *m) | (uint32_t)isunordered(v, v);
+    uint32_t vb, mb;
+    memcpy(&vb, &v, 4);
+    memcpy(&mb, m, 4);
+    mb = (vb & -take) | (mb & (take - 1));
+    memcpy(m, &mb, 4);
+    *at = (int32_t)(((uint32_t)i & -take) | ((uint32_t)*at & (take - 1)));
+}
+
+/* dev_window_max without padding (the common case: a 2x2 pool of stride 2): every window
+ * lies inside the image (floor mode), so none is clipped. Each output row's maxima are
+ * built in place, one window position (ky, kx) at a time over all its outputs: the same
+ * scan of each window, row by row, a value replacing the maximum when greater or NaN (so
+ * the same maxima and indices), but the outputs of a row no longer wait on each other. */
+static void maxpool_unpadded(float *restrict y, int32_t *restrict idx, const float *restrict x,
+                             int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                             const struct dev_window *win)
+{
+    const int64_t kh = win->kh, kw = win->kw, sh = win->sh, sw = win->sw;
+    if (kh == 2 && kw == 2 && sh == 2 && sw == 2) {
+        /* The usual 2x2 pool: each window's four values in registers. */
+        for (int64_t p = 0; p < planes; p++) {
+            const float *plane = x + p * h * w;
+            for (int64_t oy = 0; oy < oh; oy++) {
+                const float *r0 = plane + 2 * oy * w, *r1 = r0 + w;
+                float *restrict yo = y + (p * oh + oy) * ow;
+                int32_t *restrict io = idx + (p * oh + oy) * ow;
+                for (int64_t ox = 0; ox < ow; ox++) {
+                    /* The scan's rule is associative (a later NaN always wins, else the
+                     * first maximum): the two rows' pairs, then the pair of them, give
+                     * what the scan of the four gives, in half the dependent steps. */
+                    const int32_t i0 = (int32_t)(2 * oy * w + 2 * ox), i1 = i0 + (int32_t)w;
+                    float m = r0[2 * ox], n = r1[2 * ox];
+                    int32_t at = i0, bt = i1;
+                    take_max(&m, &at, r0[2 * ox + 1], i0 + 1);
+                    take_max(&n, &bt, r1[2 * ox + 1], i1 + 1);
+                    take_max(&m, &at, n, bt);
+                    yo[ox] = m;
+                    io[ox] = at;
+                }
+            }
+        }
+        return;
+    }
+    for (int64_t p = 0; p < planes; p++) {
+        const float *plane = x + p * h * w;
+        for (int64_t oy = 0; oy < oh; oy++) {
+            float *restrict m = y + (p * oh + oy) * ow;
+            int32_t *restrict best = idx + (p * oh + oy) * ow;
+            for (int64_t ox = 0; ox < ow; ox++) {
+                m[ox] = -INFINITY;
+                best[ox] = (int32_t)(oy * sh * w + ox * sw);
+            }
+            for (int64_t ky = 0; ky < kh; ky++)
+                for (int64_t kx = 0; kx < kw; kx++) {
+                    const int64_t row = (oy * sh + ky) * w + kx;
+                    for (int64_t ox = 0; ox < ow; ox++)
+                        take_max(&m[ox], &best[ox], plane[row + ox * sw], (int32_t)(row + ox * sw));
+                }
+        }
+    }
+}
+
 void cpu__maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float *x, int64_t planes, int64_t h,
                             int64_t w, const struct dev_window *win)
 {
@@ -104,6 +171,10 @@ void cpu__maxpool2d_forward(void *ctx, float *y, int32_t *idx, const float *x, i
     const int64_t oh = dev_window_out(h, win->kh, win->sh, win->ph),
                   ow = dev_window_out(w, win->kw, win->sw, win->pw);
     ASSERT(oh >= 1 && ow >= 1 && h * w <= INT32_MAX);
+    if (win->ph == 0 && win->pw == 0) {
+        maxpool_unpadded(y, idx, x, planes, h, w, oh, ow, win);
+        return;
+    }
     for (int64_t p = 0; p < planes; p++) {
         const float *plane = x + p * h * w;
         for (int64_t oy = 0; oy < oh; oy++)

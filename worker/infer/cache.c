@@ -16,6 +16,17 @@
 #include "../layers/layers.h"
 #include "infer_impl.h"
 
+/* The activations of a forward of `rows` rows, laid out in one slab (work_floats). */
+struct work {
+    int64_t rows;
+    float *slab;
+    float *pair[2 * SPEC_MAX_LAYERS]; /* two buffers per residual depth, [rows, its widest] */
+    float *q;                         /* [rows, widest attention dim]: queries, then heads' outputs */
+    float *scores;                    /* [heads, rows, T] */
+    float *mean, *rstd;               /* [rows]: layernorm's statistics (written, not needed) */
+    int32_t *ids;                     /* [rows] on the device */
+};
+
 struct kv {
     struct model *m;
     struct dev dev;
@@ -24,18 +35,18 @@ struct kv {
     bool causal; /* every attention causal: the cache can be reused token after token */
     int tail;    /* the first top-level layer after the last attention: rows independent */
     float *k[SPEC_MAX_LAYERS], *v[SPEC_MAX_LAYERS]; /* per attention layer, [T, dim] */
-    int64_t cache_floats, work_floats;
-    /* the workspace: two activation buffers per residual depth, [T, that depth's widest] */
+    float *cache;                                   /* all of them */
+    int64_t cache_floats;
     int depths;
-    float *pair[2 * SPEC_MAX_LAYERS];
-    int64_t pair_floats[SPEC_MAX_LAYERS];
-    float *q;           /* [T, widest attention dim]: the queries, then the heads' outputs */
-    float *scores;      /* [heads, T, T] */
-    float *mean, *rstd; /* [T]: layernorm's statistics (written, not needed) */
-    int32_t *ids;       /* [T] on the device */
-    float *slab;        /* all of the above */
-    float *logits;      /* [vocab], host */
-    int64_t len;        /* positions in the cache */
+    int64_t pair_floats[SPEC_MAX_LAYERS]; /* the widest row of each depth */
+    int64_t att_dim, att_heads;
+    /* A token's step needs one row of activations, kept with the cache; a window's forward
+     * needs T rows, allocated by the request that needs them and given back by kv_release,
+     * so that a loaded model holds its parameters, its cache and little more. */
+    struct work one, window;
+    struct work *w; /* the one the current forward uses */
+    float *logits;  /* [vocab], host */
+    int64_t len;    /* positions in the cache */
 };
 
 static const struct spec_layer *layer(const struct kv *g, int i)
@@ -128,6 +139,44 @@ static int depth_of(const struct kv *g, int i)
     return d;
 }
 
+/* Floats of a workspace of `rows` rows. */
+static int64_t work_floats(const struct kv *g, int64_t rows)
+{
+    int64_t n = 0;
+    for (int d = 0; d < g->depths; d++)
+        n += 2 * rows * g->pair_floats[d];
+    return n + rows * g->att_dim + g->att_heads * rows * g->T + 3 * rows; /* ids: 4 bytes each */
+}
+
+/* Allocates the workspace w of `rows` rows and lays it out. */
+static bool work_alloc(struct kv *g, struct work *w, int64_t rows)
+{
+    if (w->slab)
+        return true;
+    float *p = g->dev.ops->alloc(g->dev.ctx, (size_t)work_floats(g, rows) * sizeof(float));
+    if (!p)
+        return false;
+    w->rows = rows;
+    w->slab = p;
+    for (int d = 0; d < g->depths; d++) {
+        w->pair[2 * d] = p, p += rows * g->pair_floats[d];
+        w->pair[2 * d + 1] = p, p += rows * g->pair_floats[d];
+    }
+    w->q = p, p += rows * g->att_dim;
+    w->scores = p, p += g->att_heads * rows * g->T;
+    w->mean = p, p += rows;
+    w->rstd = p, p += rows;
+    w->ids = (int32_t *)(void *)p;
+    return true;
+}
+
+static void work_free(struct kv *g, struct work *w)
+{
+    if (w->slab)
+        g->dev.ops->free(g->dev.ctx, w->slab);
+    w->slab = NULL;
+}
+
 struct kv *kv_new(struct model *m, const struct spec *s, struct ddpd_error *err)
 {
     struct kv *g = calloc(1, sizeof *g);
@@ -141,7 +190,7 @@ struct kv *kv_new(struct model *m, const struct spec *s, struct ddpd_error *err)
     g->T = s->input_shape[0];
     g->vocab = s->layers[0].num;
     g->causal = true;
-    int64_t att_dim = 1, att_heads = 1;
+    g->att_dim = g->att_heads = 1;
     int last_attention = -1;
     for (int i = 0; i < g->n_layers; i++) {
         const struct spec_layer *l = layer(g, i);
@@ -152,8 +201,8 @@ struct kv *kv_new(struct model *m, const struct spec *s, struct ddpd_error *err)
         if (l->kind != LAYER_ATTENTION)
             continue;
         g->causal &= l->causal;
-        att_dim = l->dim > att_dim ? l->dim : att_dim;
-        att_heads = l->heads > att_heads ? l->heads : att_heads;
+        g->att_dim = l->dim > g->att_dim ? l->dim : g->att_dim;
+        g->att_heads = l->heads > g->att_heads ? l->heads : g->att_heads;
         g->cache_floats += 2 * g->T * l->dim;
         last_attention = i;
     }
@@ -164,24 +213,18 @@ struct kv *kv_new(struct model *m, const struct spec *s, struct ddpd_error *err)
         top = layer(g, top)->parent;
     g->tail = top >= 0 ? next_layer(g, top) : 0;
 
-    /* One slab: the caches, the activation pairs, q, scores, the layernorm statistics and
-     * the ids. Sizes come from a validated spec (T, widths and heads are capped), so these
-     * products are far from overflowing. */
-    int64_t total = g->cache_floats;
-    for (int d = 0; d < g->depths; d++)
-        total += 2 * g->T * g->pair_floats[d];
-    total += g->T * att_dim + att_heads * g->T * g->T + 2 * g->T + g->T; /* ids: 4 bytes each */
-    g->work_floats = total - g->cache_floats;
-    g->slab = g->dev.ops->alloc(g->dev.ctx, (size_t)total * sizeof(float));
+    /* Sizes come from a validated spec (T, widths and heads are capped), so these products
+     * are far from overflowing. */
+    g->cache =
+        g->dev.ops->alloc(g->dev.ctx, (size_t)(g->cache_floats > 0 ? g->cache_floats : 1) * sizeof(float));
     g->logits = malloc((size_t)g->vocab * sizeof(float));
-    if (!g->slab || !g->logits) {
-        ddpd_error_set(err, DDPD_EDEVICE, "model",
-                       "out of memory: cannot allocate the KV cache and the generation workspace (%.1f MiB)",
-                       (double)total * sizeof(float) / (1 << 20));
+    if (!g->cache || !g->logits || !work_alloc(g, &g->one, 1)) {
+        ddpd_error_set(err, DDPD_EDEVICE, "model", "out of memory: cannot allocate the KV cache (%.1f MiB)",
+                       (double)g->cache_floats * sizeof(float) / (1 << 20));
         kv_free(g);
         return NULL;
     }
-    float *p = g->slab;
+    float *p = g->cache;
     for (int i = 0; i < g->n_layers; i++) {
         const struct spec_layer *l = layer(g, i);
         if (l->kind == LAYER_ATTENTION) {
@@ -189,15 +232,6 @@ struct kv *kv_new(struct model *m, const struct spec *s, struct ddpd_error *err)
             g->v[i] = p, p += g->T * l->dim;
         }
     }
-    for (int d = 0; d < g->depths; d++) {
-        g->pair[2 * d] = p, p += g->T * g->pair_floats[d];
-        g->pair[2 * d + 1] = p, p += g->T * g->pair_floats[d];
-    }
-    g->q = p, p += g->T * att_dim;
-    g->scores = p, p += att_heads * g->T * g->T;
-    g->mean = p, p += g->T;
-    g->rstd = p, p += g->T;
-    g->ids = (int32_t *)(void *)p;
     return g;
 }
 
@@ -205,10 +239,17 @@ void kv_free(struct kv *g)
 {
     if (!g)
         return;
-    if (g->slab)
-        g->dev.ops->free(g->dev.ctx, g->slab);
+    work_free(g, &g->one);
+    work_free(g, &g->window);
+    if (g->cache)
+        g->dev.ops->free(g->dev.ctx, g->cache);
     free(g->logits);
     free(g);
+}
+
+void kv_release(struct kv *g)
+{
+    work_free(g, &g->window);
 }
 
 int64_t kv_cache_bytes(const struct kv *g)
@@ -218,7 +259,7 @@ int64_t kv_cache_bytes(const struct kv *g)
 
 int64_t kv_work_bytes(const struct kv *g)
 {
-    return g->work_floats * (int64_t)sizeof(float) + g->vocab * (int64_t)sizeof(float);
+    return (work_floats(g, 1) + work_floats(g, g->T) + g->vocab) * (int64_t)sizeof(float);
 }
 
 int64_t kv_block(const struct kv *g)
@@ -246,8 +287,25 @@ bool kv_can_step(const struct kv *g)
 /* The buffer of depth d's pair that does not hold x (x may point inside one of them). */
 static float *other(const struct kv *g, int d, const void *x)
 {
-    const float *a = g->pair[2 * d], *f = x;
-    return f >= a && f < a + g->T * g->pair_floats[d] ? g->pair[2 * d + 1] : g->pair[2 * d];
+    const struct work *w = g->w;
+    const float *a = w->pair[2 * d], *f = x;
+    return f >= a && f < a + w->rows * g->pair_floats[d] ? w->pair[2 * d + 1] : w->pair[2 * d];
+}
+
+/* y[n, out] = x[n, in] W^T + b (W [out, in], b may be NULL): nn.Linear on the rows, one
+ * row by gemv where the backend has it (a token's step: BLAS's gemm would pack W first). */
+static void linear(const struct kv *g, float *y, const float *x, const float *w, const float *b, int64_t n,
+                   int64_t in, int64_t out)
+{
+    const struct dev_ops *ops = g->dev.ops;
+    if (n == 1 && ops->gemv) {
+        if (b)
+            ops->copy(g->dev.ctx, y, b, out);
+        ops->gemv(g->dev.ctx, false, out, in, 1.0f, w, in, x, b ? 1.0f : 0.0f, y);
+        return;
+    }
+    const struct param pw = {.data = (float *)w}, pb = {.data = (float *)b};
+    linear_forward_rows(g->dev, y, x, &pw, b ? &pb : NULL, n, in, out);
 }
 
 /* Attention of rows x[n, dim] at positions [off, off + n) (off 0, or n 1): q, k and v by
@@ -262,30 +320,35 @@ static void attend(struct kv *g, int i, float *y, const float *x, int64_t n, int
     struct param *p;
     model_layer_params(g->m, i, &p);
     const bool bias = l->bias;
-    const struct param *qw = &p[0], *qb = bias ? &p[1] : NULL, *pw = &p[bias ? 2 : 1],
-                       *pb = bias ? &p[3] : NULL;
+    const float *qw = p[0].data, *qb = bias ? p[1].data : NULL, *pw = p[bias ? 2 : 1].data,
+                *pb = bias ? p[3].data : NULL;
     const int64_t d = l->dim, h = l->heads > 0 ? l->heads : 1, hd = d / h, L = off + n;
+    const float scale = (float)(1.0 / sqrt((double)hd));
     ASSERT(off == 0 || n == 1);
     /* qkv's weight [3d, d] holds q's rows, then k's, then v's (as its output's columns). */
     for (int part = 0; part < 3; part++) {
-        struct param w = *qw, b;
-        w.data = qw->data + part * d * d;
-        if (qb) {
-            b = *qb;
-            b.data = qb->data + part * d;
-        }
-        float *dst = part == 0 ? g->q : (part == 1 ? g->k[i] : g->v[i]) + off * d;
-        linear_forward_rows(g->dev, dst, x, &w, qb ? &b : NULL, n, d, d);
+        float *dst = part == 0 ? g->w->q : (part == 1 ? g->k[i] : g->v[i]) + off * d;
+        linear(g, dst, x, qw + part * d * d, qb ? qb + part * d : NULL, n, d, d);
     }
-    /* scores[h, n, L] = q_h k_h^T: head j's rows are hd columns at j*hd, rows d apart. */
-    ops->gemm_batched(c, false, true, n, L, hd, 1.0f, g->q, d, hd, g->k[i], d, hd, 0.0f, g->scores, L, n * L,
-                      h);
-    ops->softmax_forward(c, g->scores, g->scores, h * n, L, (float)(1.0 / sqrt((double)hd)),
-                         l->causal && n > 1);
-    /* y_h[n, hd] = P_h v_h, written into [n, h, hd] (q's buffer: q is no longer needed). */
-    ops->gemm_batched(c, false, false, n, hd, L, 1.0f, g->scores, L, n * L, g->v[i], d, hd, 0.0f, g->q, d, hd,
-                      h);
-    linear_forward_rows(g->dev, y, g->q, pw, pb, n, d, d);
+    if (n == 1 && ops->gemv) {
+        /* One query: per head, scores[L] = K_h q_h, then y_h[hd] = V_h^T P_h. */
+        for (int64_t j = 0; j < h; j++)
+            ops->gemv(c, false, L, hd, 1.0f, g->k[i] + j * hd, d, g->w->q + j * hd, 0.0f,
+                      g->w->scores + j * L);
+        ops->softmax_forward(c, g->w->scores, g->w->scores, h, L, scale, false);
+        for (int64_t j = 0; j < h; j++)
+            ops->gemv(c, true, L, hd, 1.0f, g->v[i] + j * hd, d, g->w->scores + j * L, 0.0f,
+                      g->w->q + j * hd);
+    } else {
+        /* scores[h, n, L] = q_h k_h^T: head j's rows are hd columns at j*hd, rows d apart. */
+        ops->gemm_batched(c, false, true, n, L, hd, 1.0f, g->w->q, d, hd, g->k[i], d, hd, 0.0f, g->w->scores,
+                          L, n * L, h);
+        ops->softmax_forward(c, g->w->scores, g->w->scores, h * n, L, scale, l->causal && n > 1);
+        /* y_h[n, hd] = P_h v_h, into [n, h, hd] (q's buffer: q is no longer needed). */
+        ops->gemm_batched(c, false, false, n, hd, L, 1.0f, g->w->scores, L, n * L, g->v[i], d, hd, 0.0f,
+                          g->w->q, d, hd, h);
+    }
+    linear(g, y, g->w->q, pw, pb, n, d, d);
 }
 
 /* Runs the layers of [begin, end) (one level of the tree, depth `depth`) on the rows
@@ -312,12 +375,10 @@ static const float *run(struct kv *g, int begin, int end, const void *x, int64_t
         case LAYER_EMBEDDING: ops->embedding_forward(c, y, p[0].data, x, n, l->dim); break;
         case LAYER_POSITION: ops->add(c, y, x, p[0].data + off * l->dim, n * l->dim); break;
         case LAYER_LAYERNORM:
-            ops->layernorm_forward(c, y, g->mean, g->rstd, x, p[0].data, np > 1 ? p[1].data : NULL, n, l->dim,
-                                   (float)l->eps);
+            ops->layernorm_forward(c, y, g->w->mean, g->w->rstd, x, p[0].data, np > 1 ? p[1].data : NULL, n,
+                                   l->dim, (float)l->eps);
             break;
-        case LAYER_LINEAR:
-            linear_forward_rows(g->dev, y, x, &p[0], np > 1 ? &p[1] : NULL, n, l->in, l->out);
-            break;
+        case LAYER_LINEAR: linear(g, y, x, p[0].data, np > 1 ? p[1].data : NULL, n, l->in, l->out); break;
         case LAYER_DROPOUT: continue; /* eval: the identity */
         case LAYER_ATTENTION: attend(g, i, y, x, n, off); break;
         case LAYER_RESIDUAL: {
@@ -337,8 +398,8 @@ static const float *run(struct kv *g, int begin, int end, const void *x, int64_t
 /* The logits of the last row of the forward of ids[0..n) at positions [off, off + n). */
 static const float *forward(struct kv *g, const int32_t *ids, int64_t n, int64_t off)
 {
-    g->dev.ops->to_device(g->dev.ctx, g->ids, ids, (size_t)n * sizeof(int32_t));
-    const float *y = run(g, 0, g->n_layers, g->ids, n, off, 0);
+    g->dev.ops->to_device(g->dev.ctx, g->w->ids, ids, (size_t)n * sizeof(int32_t));
+    const float *y = run(g, 0, g->n_layers, g->w->ids, n, off, 0);
     g->len = off + n;
     /* Past the tail one row is left; when the last top-level layer holds an attention
      * there is no tail and every row came out. */
@@ -348,14 +409,23 @@ static const float *forward(struct kv *g, const int32_t *ids, int64_t n, int64_t
     return g->logits;
 }
 
-const float *kv_window(struct kv *g, const int32_t *ids, int64_t n)
+const float *kv_window(struct kv *g, const int32_t *ids, int64_t n, struct ddpd_error *err)
 {
     ASSERT(n >= 1 && n <= g->T);
+    if (n > 1 && !work_alloc(g, &g->window, g->T)) {
+        ddpd_error_set(err, DDPD_EDEVICE, "model",
+                       "out of memory: cannot allocate the activations of a window of %" PRId64
+                       " tokens (%.1f MiB)",
+                       g->T, (double)work_floats(g, g->T) * sizeof(float) / (1 << 20));
+        return NULL;
+    }
+    g->w = n > 1 ? &g->window : &g->one;
     return forward(g, ids, n, 0);
 }
 
 const float *kv_step(struct kv *g, int32_t id)
 {
     ASSERT(kv_can_step(g));
+    g->w = &g->one;
     return forward(g, &id, 1, g->len);
 }

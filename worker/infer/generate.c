@@ -112,12 +112,12 @@ static ddpd_err read_request(json_t *req, int64_t vocab, struct gen_req *r, stru
 /* The logits after seq[0..len): from the cache when it can take one more token, else the
  * window of the last block_size tokens from scratch (the prompt, and every token once the
  * sequence is longer than the window: its positions shift, as in nanoGPT's crop). */
-static const float *next_logits(struct kv *g, const int32_t *seq, int64_t len)
+static const float *next_logits(struct kv *g, const int32_t *seq, int64_t len, struct ddpd_error *err)
 {
     if (kv_can_step(g) && kv_len(g) == len - 1)
         return kv_step(g, seq[len - 1]);
     const int64_t n = len < kv_block(g) ? len : kv_block(g);
-    return kv_window(g, seq + len - n, n);
+    return kv_window(g, seq + len - n, n, err);
 }
 
 static void stream_line(struct infer *in, int32_t token, bool bytes, const char *text, size_t n)
@@ -164,7 +164,11 @@ void infer__generate(struct infer *in, json_t *req)
     size_t tlen = 0;
     bool cancelled = false;
     int64_t len = r.prompt;
-    const float *logits = r.max_new > 0 ? next_logits(in->kv, r.seq, len) : NULL;
+    const float *logits = NULL;
+    if (r.max_new > 0 && !(logits = next_logits(in->kv, r.seq, len, &err))) {
+        rc = err.code;
+        goto out;
+    }
     for (int64_t k = 0; k < r.max_new; k++) {
         const int32_t tok =
             sample_next(logits, vocab, r.temperature, r.top_k, r.seed, (uint64_t)k, work, order);
@@ -192,7 +196,10 @@ void infer__generate(struct infer *in, json_t *req)
         tlen += piece;
         if (last)
             break;
-        logits = next_logits(in->kv, r.seq, len);
+        if (!(logits = next_logits(in->kv, r.seq, len, &err))) {
+            rc = err.code;
+            goto out;
+        }
     }
     json_t *o = json_object();
     json_object_set_new(o, "ok", json_true());
@@ -208,6 +215,8 @@ void infer__generate(struct infer *in, json_t *req)
     json_object_set_new(o, "seconds", json_real(base_mono_s() - t0));
     infer__write(in, o);
 out:
+    if (in->kv)
+        kv_release(in->kv); /* the window's activations live for the request */
     if (rc)
         infer__fail(in, "generate", &err);
     json_decref(ids);

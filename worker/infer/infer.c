@@ -220,6 +220,7 @@ bool infer__cancelled(struct infer *in)
 
 static void unload(struct infer *in)
 {
+    infer__plan_release(in);
     kv_free(in->kv);
     in->kv = NULL;
     model_free(in->m);
@@ -393,11 +394,33 @@ static void dispatch(struct infer *in, json_t *req, const json_error_t *jerr)
         infer__fail(in, op, &err);
     } else if (!strcmp(op, "generate")) {
         in->cancel_pending = false;
+        infer__plan_release(in); /* a generating model holds its cache and little more */
         infer__generate(in, req);
     } else {
         infer__predict(in, req);
     }
     json_decref(req);
+}
+
+/* Waits for the next request while predict's activations are held, and gives them back
+ * once INFER_PLAN_IDLE_S has passed since the last predict. */
+static void idle_wait(struct infer *in)
+{
+    for (;;) {
+        const double left = in->plan_used + INFER_PLAN_IDLE_S - base_mono_s();
+        if (left <= 0) {
+            fprintf(stderr,
+                    "ddpd-worker --infer: predict's activations for %" PRId64
+                    " samples given back (idle %.1f s)\n",
+                    in->plan_rows, INFER_PLAN_IDLE_S);
+            infer__plan_release(in);
+            return;
+        }
+        struct pollfd p = {in->in.fd, POLLIN, 0};
+        const int r = poll(&p, 1, (int)(left * 1000) + 1);
+        if (r > 0 || (r < 0 && errno != EINTR))
+            return; /* a request (or EOF, an error) is there */
+    }
 }
 
 int infer_main(void)
@@ -418,6 +441,8 @@ int infer_main(void)
     for (;;) {
         char *line;
         size_t n;
+        if (in->plan_rows > 0 && lines_peek(&in->in, false, &line, &n) == LINES_NONE)
+            idle_wait(in);
         enum lines_rc rc = lines_peek(&in->in, true, &line, &n);
         if (rc == LINES_EOF)
             break;

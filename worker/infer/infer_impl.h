@@ -67,6 +67,10 @@ struct infer {
     int64_t max_batch;   /* predict's largest batch */
     int64_t resident;    /* what load reported */
     bool cancel_pending; /* a cancel line arrived while generating */
+    /* predict's activations and input batch, kept between predicts (infer__plan_release) */
+    int64_t plan_rows; /* samples they hold; 0: none */
+    void *plan_x;
+    double plan_used; /* base_mono_s of the last predict */
 };
 
 /* Writes `obj` (stolen) as one compact line (floats with 9 significant digits) and
@@ -80,6 +84,12 @@ json_t *infer__text(const char *s, size_t n);
 /* Whether a cancel has arrived (stdin looked at without blocking, a cancel line consumed;
  * EOF counts as a cancel). A request line that comes first stays for after. */
 bool infer__cancelled(struct infer *in);
+
+/* How long predict's activations outlive the last predict while the worker waits. */
+#define INFER_PLAN_IDLE_S 1.0
+
+/* Gives back predict's activations and input batch (idle, or another request comes). */
+void infer__plan_release(struct infer *in);
 
 /* The requests, each answering exactly one final line. */
 void infer__generate(struct infer *in, json_t *req);
@@ -101,8 +111,9 @@ const char *kv_why_not(const struct spec *s, char *why, size_t cap);
  * on the model's device; NULL with err set (DDPD_EDEVICE) when memory runs out. */
 struct kv *kv_new(struct model *m, const struct spec *s, struct ddpd_error *err);
 void kv_free(struct kv *g);
-/* Device bytes the cache holds (K and V of every attention layer) and the rest of the
- * workspace (activations of one window, the token ids). */
+/* Device bytes the cache holds (K and V of every attention layer), and the workspace's:
+ * one row's activations (kept) and a window's (allocated by the request that needs them,
+ * kv_release gives them back). */
 int64_t kv_cache_bytes(const struct kv *g);
 int64_t kv_work_bytes(const struct kv *g);
 int64_t kv_block(const struct kv *g); /* block_size: the window */
@@ -113,11 +124,14 @@ int64_t kv_len(const struct kv *g); /* positions the cache holds */
 bool kv_can_step(const struct kv *g);
 /* The logits [vocab] of the token after the window ids[0..n) (1 <= n <= block_size, ids
  * in range): the window's forward from position 0, which fills the cache with its n
- * positions. Host memory, borrowed until the next call. */
-const float *kv_window(struct kv *g, const int32_t *ids, int64_t n);
+ * positions. Host memory, borrowed until the next call. NULL with err set (DDPD_EDEVICE)
+ * when the window's activations cannot be allocated. */
+const float *kv_window(struct kv *g, const int32_t *ids, int64_t n, struct ddpd_error *err);
 /* The logits after one more token `id` at position kv_len (kv_can_step): one position's
  * forward against the cached keys and values. */
 const float *kv_step(struct kv *g, int32_t id);
+/* Gives back a window's activations (the end of a request). */
+void kv_release(struct kv *g);
 
 /* ---- sampling and text (sample.c) ---- */
 

@@ -2,7 +2,8 @@
  * struct dev_window and conv-net slots), checked two ways:
  *  - against naive loops written from their definitions: a conv2d through im2col equals
  *    the direct sum, col2im is im2col's adjoint, the pools' backwards are the gradients of
- *    their forwards, batchnorm [B,C] equals [B,C,1,1];
+ *    their forwards, batchnorm [B,C] equals [B,C,1,1], maxpool's fast paths give the bits
+ *    of window.h's scan on ties, NaN and infinities;
  *  - against PyTorch 1.13 itself (/usr/bin/python3 at test time: F.unfold, F.fold,
  *    max_pool2d with indices, avg_pool2d, native_batch_norm, autograd), on odd shapes
  *    with stride and padding. The tolerance of each comparison is given where it is made.
@@ -14,6 +15,7 @@
 #include "check.h"
 #include "base/file.h"
 #include "worker/dev.h"
+#include "worker/dev/window.h"
 #include "worker/rng.h"
 
 #define SKIP 77
@@ -199,6 +201,39 @@ static void test_pools_naive(void)
 }
 
 /* BatchNorm against its definition in double, and [B,C] = [B,C,1,1]. */
+/* The CPU's unpadded maxpool paths (a general one and the 2x2 stride-2 one, issue 29)
+ * give the bits and indices of dev_window_max's scan, which the CUDA kernel runs too: on
+ * data full of ties, NaN and infinities, a value replacing the maximum when greater or
+ * NaN (so the last NaN of a window, else its first maximum). */
+static void test_maxpool_scan_rule(void)
+{
+    static const struct dev_window wins[] = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 0, 0}, {3, 2, 1, 2, 0, 0},
+                                             {2, 2, 1, 1, 0, 0}, {2, 2, 2, 2, 1, 1}, {1, 1, 1, 1, 0, 0}};
+    static const float vals[] = {NAN, -INFINITY, INFINITY, 0.0f, 1.0f, 1.0f, -2.0f, 0.5f};
+    for (size_t t = 0; t < sizeof wins / sizeof wins[0]; t++) {
+        const struct dev_window *win = &wins[t];
+        const int64_t planes = 5, h = 7, w = 9, oh = dev_window_out(h, win->kh, win->sh, win->ph),
+                      ow = dev_window_out(w, win->kw, win->sw, win->pw), nx = planes * h * w,
+                      ny = planes * oh * ow;
+        float *x = zeros(nx), *y = zeros(ny);
+        int32_t *idx = calloc((size_t)ny, sizeof(int32_t));
+        for (int64_t i = 0; i < nx; i++)
+            x[i] = vals[rng_below(&R, sizeof vals / sizeof vals[0])];
+        C.ops->maxpool2d_forward(C.ctx, y, idx, x, planes, h, w, win);
+        int bad = 0;
+        for (int64_t p = 0; p < planes; p++)
+            for (int64_t oy = 0; oy < oh; oy++)
+                for (int64_t ox = 0; ox < ow; ox++) {
+                    int64_t best;
+                    const float m = dev_window_max(win, x + p * h * w, oy, ox, h, w, &best);
+                    const int64_t o = (p * oh + oy) * ow + ox;
+                    bad += memcmp(&m, &y[o], sizeof m) != 0 || idx[o] != best;
+                }
+        CHECK_EQ_INT(bad, 0);
+        free(x), free(y), free(idx);
+    }
+}
+
 static void test_batchnorm_naive(void)
 {
     const int64_t shapes[][3] = {{2, 1, 1}, {4, 3, 1}, {2, 3, 20}, {5, 2, 7}};
@@ -543,6 +578,7 @@ int main(void)
     test_im2col_conv();
     test_col2im_adjoint();
     test_pools_naive();
+    test_maxpool_scan_rule();
     test_batchnorm_naive();
     const int torch = test_torch();
     dev_cpu_free(C);
