@@ -552,11 +552,14 @@ async function main() {
     for (const [k, v] of Object.entries(o)) await page.fill(`#sample-${k}`, String(v));
   };
   let gptId = 0;
+  /* A prompt past the GPT's window of 512 tokens: every new token then recomputes the
+   * whole window (as nanoGPT's sampling does), so 4,096 of them last long enough for the
+   * steps below to stop one and to hold the one process busy with another (~37 s at
+   * load 8 on 2 cores; the first token comes within 0.2 s). */
+  const LONG_PROMPT = 'To be, or not to be: '.repeat(30);
 
   await step('a GPT job\'s Sample box streams text into the box, and the summary names tokens, seed and model; screenshot', async () => {
-    /* A window of 256 tokens: past it each new token recomputes the whole window, so a
-     * generation of 4,096 tokens lasts seconds (the steps below stop one and keep one busy). */
-    gptId = await trainJob(gptSpec('browser-gpt', 256, 10));
+    gptId = await trainJob(gptSpec('browser-gpt', 512, 10));
     await page.goto(`${inf.url}/web/index.html#/jobs/${gptId}`);
     await page.waitForSelector('#sample-card');
     check(!(await page.$('#predict-card')), 'a GPT has the Sample box, not the Predictions panel');
@@ -582,7 +585,7 @@ async function main() {
 
   await step('Stop ends a long generation: the box says stopped and the server cancels it', async () => {
     const cancels = (await infApi('GET', '/v1/inference')).body.counters.cancels;
-    await fillSample({prompt: 'To be', length: 4096, temperature: 1, 'top-k': 0, seed: 5});
+    await fillSample({prompt: LONG_PROMPT, length: 4096, temperature: 1, 'top-k': 0, seed: 5});
     await page.click('#sample-generate');
     await until(async () => (await generated()).length > 0, 'the first tokens in the box');
     check(!(await page.isDisabled('#sample-stop')) && (await page.isDisabled('#sample-generate')), 'Stop on, Generate off while it runs');
@@ -600,7 +603,7 @@ async function main() {
     /* The one inference process busy with a long generation that this test holds open. */
     const ctrl = new AbortController();
     const r = await fetch(`${inf.url}/v1/jobs/${gptId}/generate`, {method: 'POST', signal: ctrl.signal,
-      headers: {'Content-Type': 'application/json'}, body: JSON.stringify({prompt: 'x', max_new_tokens: 4096, stream: true})});
+      headers: {'Content-Type': 'application/json'}, body: JSON.stringify({prompt: LONG_PROMPT, max_new_tokens: 4096, stream: true})});
     check(r.status === 200, 'the holding request streams: ' + r.status);
     const reader = r.body.getReader();
     const first = await reader.read();
@@ -637,7 +640,7 @@ async function main() {
 
   await step('a GPT job without a model yet: the Sample box says so (409)', async () => {
     /* Running for long with no checkpoint (every_steps 0): a model only at its end. */
-    const r = await infApi('POST', '/v1/jobs', gptSpec('browser-gpt-nomodel', 256, 1000000));
+    const r = await infApi('POST', '/v1/jobs', gptSpec('browser-gpt-nomodel', 64, 1000000));
     check(r.status === 201, 'submitted: ' + r.status);
     const id = r.body.id;
     try {
