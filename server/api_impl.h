@@ -6,7 +6,8 @@
  * rendered-job cache, list, get, cancel, delete), api_submit.c (submit and resume, with
  * the planner's data check), api_files.c (a job's curve, logs and checkpoints),
  * api_events.c (the event stream), api_web.c (devices, health, /metrics, the dashboard's
- * files), api_infer.c (generate, predict and the inference pool's state). */
+ * files), api_infer.c (generate, predict and the inference pool's state), api_pytorch.c
+ * (the job's model as model.py). */
 #ifndef DDPD_API_IMPL_H
 #define DDPD_API_IMPL_H
 
@@ -103,5 +104,6 @@ ddpd_err api__web_file(struct http_request *req, struct ddpd_error *err);    /* 
 ddpd_err api__generate(struct http_request *req, struct ddpd_error *err);    /* api_infer.c */
 ddpd_err api__predict(struct http_request *req, struct ddpd_error *err);     /* api_infer.c */
 ddpd_err api__inference(struct http_request *req, struct ddpd_error *err);   /* api_infer.c */
+ddpd_err api__pytorch(struct http_request *req, struct ddpd_error *err);     /* api_pytorch.c */
 
 #endif

@@ -1,82 +1,45 @@
-/* client.c — the client commands of `ddpd` (client.h) over libcurl: each parses its options
- * with getopt_long, makes its requests with timeouts (streams: the server's heartbeats
- * bound how long a dead connection goes unnoticed), and prints tables, JSON, NDJSON or
- * the progress line. Knows the REST API, not the server's code. Trusts nothing the network
+/* client.c — the client commands of `ddpd` (client.h) over libcurl: the connection and the
+ * requests every command makes (client_impl.h), the job commands, and the table of all of
+ * them (pull is client_pull.c's, generate and predict client_infer.c's). Each parses its
+ * options with getopt_long, makes its requests with timeouts (streams: the server's
+ * heartbeats bound how long a dead connection goes unnoticed), and prints tables, JSON,
+ * NDJSON or the progress line. Knows the REST API, not the server's code. Trusts nothing the network
  * says: every string from it reaches the terminal through termsafe.h, and a download gets
  * its name only when whole and valid (stcheck.h). */
 #include "client.h"
+#include "client_impl.h"
 
 #include <curl/curl.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <limits.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../base/clock.h"
-#include "../base/file.h"
 #include "../base/parse.h"
-#include "../schema/jobdir.h"
 #include "../schema/spec.h"
 #include "opt.h"
 #include "progress.h"
-#include "stcheck.h"
 #include "termsafe.h"
 #include "token.h"
 
-#define DEFAULT_SERVER     "http://127.0.0.1:8080" /* `ddpd serve`'s default --listen */
-#define URL_MAX            2048
-#define ANSWER_MAX         (64u << 20) /* the most a JSON answer or a log may be */
-#define SSE_LINE_MAX       (1u << 20)  /* one line of the event stream */
-#define CONNECT_TIMEOUT_S  10L
-#define REQUEST_TIMEOUT_S  120L /* a submission waits for the planner (up to 60 s) */
-#define STREAM_IDLE_S      45L  /* three of the server's 15 s SSE heartbeats */
-#define RECONNECT_MAX      10   /* attempts in a row without an event in between ... */
-#define RECONNECT_WINDOW_S 60.0 /* ... and within this long */
-#define SUBMIT_RETRIES     5    /* a submission the server is too busy for: 0.5 s, 1 s, .. 8 s apart */
+#define SSE_LINE_MAX       (1u << 20) /* one line of the event stream */
+#define RECONNECT_MAX      10         /* attempts in a row without an event in between ... */
+#define RECONNECT_WINDOW_S 60.0       /* ... and within this long */
+#define SUBMIT_RETRIES     5          /* a submission the server is too busy for: 0.5 s, 1 s, .. 8 s apart */
 #define LOGS_POLL_S        1.0
 #define LOGS_MATCH         256    /* bytes of the log that logs -f finds again in the next read */
 #define LOGS_TAIL_MAX      100000 /* GET /v1/jobs/{id}/logs: the largest tail ... */
 #define LOGS_TAIL_DEFAULT  200    /* ... and the server's default */
 #define JOBS_LIMIT_MAX     1000   /* GET /v1/jobs: the largest page */
-#define URL_PATH_ROOM      256    /* of URL_MAX, what the longest path and query need after the address */
-#define SAFE_MAX           2048   /* a one-line field from the network as printed, escaped (termsafe.h) */
-/* `pull --max-bytes`'s default: the largest safetensors file ddpd-worker reads (its
- * SAFETENSORS_MAX_FILE), so that whatever ddpd can load again can be pulled. */
-#define PULL_MAX_DEFAULT (64LL << 30)
-#define PULL_MIN_SPEED   1024L /* bytes/s over STREAM_IDLE_S, or a download is given up */
 
-/* Exit codes (client.h). */
-#define EXIT_FAIL      1
-#define EXIT_USAGE     2
-#define EXIT_CANCELLED 5
-
-struct client {
-    const char *cmd; /* "submit" */
-    char base[URL_MAX];
-    char *token;
-    char auth[TOKEN_MAX + 32];
-    char why[CURL_ERROR_SIZE + 64]; /* why the last stream request got no (whole) answer */
-    CURL *curl;
-};
-
-/* A growing buffer with a cap. */
-struct buf {
-    char *p;
-    size_t n, cap, max;
-    bool over;
-};
-
-static bool buf_add(struct buf *b, const char *s, size_t n)
+bool buf_add(struct buf *b, const char *s, size_t n)
 {
     if (b->n + n + 1 > b->max) {
         b->over = true;
@@ -100,7 +63,7 @@ static bool buf_add(struct buf *b, const char *s, size_t n)
     return true;
 }
 
-static void buf_free(struct buf *b)
+void buf_free(struct buf *b)
 {
     free(b->p);
     *b = (struct buf){0};
@@ -108,53 +71,14 @@ static void buf_free(struct buf *b)
 
 /* ---- options ------------------------------------------------------------------------ */
 
-enum {
-    OPT_SERVER = 1000,
-    OPT_TOKEN_FILE,
-    OPT_FOLLOW,
-    OPT_STATE,
-    OPT_LIMIT,
-    OPT_RANK,
-    OPT_TAIL,
-    OPT_STEP,
-    OPT_OPTIM,
-    OPT_MAX_BYTES
-};
-
-#define COMMON_OPTIONS                                                                                       \
-    {"server", required_argument, NULL, OPT_SERVER},                                                         \
-        {"token-file", required_argument, NULL, OPT_TOKEN_FILE}, {"help", no_argument, NULL, 'h'},           \
-    {                                                                                                        \
-        NULL, 0, NULL, 0                                                                                     \
-    }
-
-#define COMMON_HELP                                                                                          \
-    "  --server URL      the server (default: $DDPD_SERVER, else " DEFAULT_SERVER ")\n"                      \
-    "  --token-file F    the bearer token's file (default: $DDPD_TOKEN)\n"
-
-struct command {
-    const char *name, *args, *what, *help;
-    int (*run)(struct client *c, int argc, char **argv);
-};
-
-static const struct command *find_command(const char *name);
+enum { OPT_FOLLOW = OPT_LOCAL, OPT_STATE, OPT_LIMIT, OPT_RANK, OPT_TAIL };
 
 static void command_usage(const struct command *cmd, FILE *f)
 {
     fprintf(f, "usage: ddpd %s %s\n%s\n%s" COMMON_HELP, cmd->name, cmd->args, cmd->what, cmd->help);
 }
 
-/* The options of a client command: a getopt_long loop that takes the common ones
- * (--server, --token-file, --help) and names the option in every error. */
-struct opts {
-    const struct command *cmd;
-    const char *server, *token_file;
-    int rc; /* after next_option returned -2: the exit status */
-};
-
-/* The next command-specific option (its code, with optarg), -1 at the end of the options,
- * or -2 to stop with o->rc (0 after --help, 2 after an error on stderr). */
-static int next_option(struct opts *o, int argc, char **argv, const char *shorts, const struct option *longs)
+int next_option(struct opts *o, int argc, char **argv, const char *shorts, const struct option *longs)
 {
     for (;;) {
         int c = getopt_long(argc, argv, shorts, longs, NULL);
@@ -177,8 +101,7 @@ static int next_option(struct opts *o, int argc, char **argv, const char *shorts
     }
 }
 
-/* Checks that exactly `want` operands remain (their names in `what`, for the message). */
-static bool operands(struct opts *o, int argc, int want, const char *what)
+bool operands(struct opts *o, int argc, int want, const char *what)
 {
     int have = argc - optind;
     if (have == want)
@@ -192,7 +115,7 @@ static bool operands(struct opts *o, int argc, int want, const char *what)
     return false;
 }
 
-static bool parse_id(const char *cmd, const char *s, int64_t *id)
+bool parse_id(const char *cmd, const char *s, int64_t *id)
 {
     if (base_parse_i64(s, 1, INT64_MAX, id)) {
         fprintf(stderr, "ddpd %s: expected a job id (a positive integer), got '%s'\n", cmd, s);
@@ -201,7 +124,7 @@ static bool parse_id(const char *cmd, const char *s, int64_t *id)
     return true;
 }
 
-static bool parse_opt_long(const char *cmd, const char *opt, const char *v, long lo, long hi, long *out)
+bool parse_opt_long(const char *cmd, const char *opt, const char *v, long lo, long hi, long *out)
 {
     if (base_parse_long(v, lo, hi, out)) {
         fprintf(stderr, "ddpd %s: %s: expected an integer in [%ld, %ld], got '%s'\n", cmd, opt, lo, hi, v);
@@ -212,9 +135,7 @@ static bool parse_opt_long(const char *cmd, const char *opt, const char *v, long
 
 /* ---- the connection ----------------------------------------------------------------- */
 
-/* Sets the server's address and the token from the options and the environment. Returns
- * 0, or the exit status after a message. */
-static int client_setup(struct client *c, const struct opts *o)
+int client_setup(struct client *c, const struct opts *o)
 {
     const char *server = o->server ? o->server : getenv("DDPD_SERVER");
     const char *from = o->server ? "--server" : "DDPD_SERVER";
@@ -257,23 +178,6 @@ static int client_setup(struct client *c, const struct opts *o)
     }
     return 0;
 }
-
-/* What a transfer writes into: the answer's body (up to its cap), or, for a 200 answer
- * with `file` set, that file; or the event stream's parser. */
-struct sink {
-    struct client *c;
-    struct buf body;
-    FILE *file;                   /* pull: a 200 answer's bytes go here, ... */
-    int64_t file_bytes, file_max; /* ... counted, and refused past file_max (0: no cap); */
-    int64_t file_came;            /* what came, the refused bytes included */
-    int64_t announced;            /* the answer's Content-Length, -1 without one */
-    bool file_over;               /* more than file_max bytes came */
-    bool file_failed;             /* writing the file failed (errno in file_errno) */
-    int file_errno;
-    CURLcode rc;                                          /* how the transfer ended */
-    size_t (*stream)(void *ctx, const char *p, size_t n); /* a 200 answer's bytes go here */
-    void *stream_ctx;
-};
 
 static size_t on_data(char *p, size_t size, size_t nmemb, void *arg)
 {
@@ -318,18 +222,24 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *arg)
         if (base_parse_i64(v, 0, INT64_MAX, &s->announced))
             s->announced = -1;
     }
+    if (n > 12 && !strncasecmp(p, "retry-after:", 12)) {
+        size_t k = strspn(p + 12, " \t"), len = strcspn(p + 12 + k, "\r\n");
+        snprintf(s->retry_after, sizeof s->retry_after, "%.*s", (int)(len < 31 ? len : 31), p + 12 + k);
+    }
     return n;
 }
 
-enum req_kind { REQ_PLAIN, REQ_DOWNLOAD, REQ_STREAM };
+/* libcurl calls this about once a second and on every chunk: a request whose stop flag a
+ * signal handler set ends here (the connection is closed, which the server sees). */
+static int on_progress(void *arg, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow)
+{
+    (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
+    const struct sink *s = arg;
+    return *s->stop ? 1 : 0;
+}
 
-/* One request: method, path (with its query) and an optional JSON body. Returns the HTTP
- * status, or 0 when no answer came (the message, naming the server, already printed), or
- * for a stream -1 when it broke off or could not be opened, for a download -1 when a 200
- * answer's body did not arrive whole (the reason in c->why and s->rc, for the caller to
- * explain). */
-static long request(struct client *c, const char *method, const char *path, const char *body, size_t body_len,
-                    enum req_kind kind, struct sink *s)
+long request(struct client *c, const char *method, const char *path, const char *body, size_t body_len,
+             enum req_kind kind, struct sink *s)
 {
     char url[URL_MAX + 512], errbuf[CURL_ERROR_SIZE] = "";
     snprintf(url, sizeof url, "%s%s", c->base, path);
@@ -338,10 +248,13 @@ static long request(struct client *c, const char *method, const char *path, cons
     struct curl_slist *hdrs = NULL;
     if (c->token)
         hdrs = curl_slist_append(hdrs, c->auth);
+    char ct[96], accept[96];
+    snprintf(ct, sizeof ct, "Content-Type: %s", s->content_type ? s->content_type : "application/json");
+    snprintf(accept, sizeof accept, "Accept: %s", s->accept ? s->accept : "text/event-stream");
     if (body)
-        hdrs = curl_slist_append(hdrs, "Content-Type: application/json");
-    if (kind == REQ_STREAM)
-        hdrs = curl_slist_append(hdrs, "Accept: text/event-stream");
+        hdrs = curl_slist_append(hdrs, ct);
+    if (kind == REQ_STREAM || s->accept)
+        hdrs = curl_slist_append(hdrs, accept);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
     if (!strcmp(method, "GET"))
@@ -359,15 +272,21 @@ static long request(struct client *c, const char *method, const char *path, cons
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, s);
     s->announced = -1;
+    s->retry_after[0] = '\0';
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, s);
     if (kind == REQ_PLAIN) {
-        curl_easy_setopt(h, CURLOPT_TIMEOUT, REQUEST_TIMEOUT_S);
+        curl_easy_setopt(h, CURLOPT_TIMEOUT, s->timeout_s ? s->timeout_s : REQUEST_TIMEOUT_S);
     } else {
         /* A download or a stream may take as long as it needs, but not stall: a stream
          * gets a heartbeat every 15 s, a download PULL_MIN_SPEED bytes a second at least. */
         curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, kind == REQ_DOWNLOAD ? PULL_MIN_SPEED : 1L);
-        curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, STREAM_IDLE_S);
+        curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, s->idle_s ? s->idle_s : STREAM_IDLE_S);
+    }
+    if (s->stop) {
+        curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+        curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+        curl_easy_setopt(h, CURLOPT_XFERINFODATA, s);
     }
     if (kind == REQ_DOWNLOAD && s->file_max > 0)
         curl_easy_setopt(h, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)s->file_max);
@@ -378,6 +297,8 @@ static long request(struct client *c, const char *method, const char *path, cons
     s->rc = rc;
     if (rc == CURLE_OK)
         return status;
+    if (rc == CURLE_ABORTED_BY_CALLBACK && s->stop && *s->stop)
+        return -1; /* the caller says it was interrupted */
     /* curl's message may quote what the server sent (a status line, a header). */
     termsafe_line(c->why, sizeof c->why, errbuf[0] ? errbuf : curl_easy_strerror(rc));
     if (s->body.over) {
@@ -401,10 +322,8 @@ static long request(struct client *c, const char *method, const char *path, cons
     return 0;
 }
 
-/* Prints an error answer: the server's message and the JSON path it names. Returns the
- * exit status: 2 for a spec the server rejected (`spec_rejected`), else 1. */
-static int http_failed(struct client *c, const char *method, const char *path, long status,
-                       const struct buf *b, bool spec_answer)
+int http_failed(struct client *c, const char *method, const char *path, long status, const struct buf *b,
+                bool user_input)
 {
     json_t *j = b->p ? json_loads(b->p, 0, NULL) : NULL;
     json_t *e = json_object_get(j, "error");
@@ -425,11 +344,10 @@ static int http_failed(struct client *c, const char *method, const char *path, l
                 "server's token\n",
                 c->cmd, c->base);
     json_decref(j);
-    return spec_answer && (status == 400 || status == 413 || status == 422) ? EXIT_USAGE : EXIT_FAIL;
+    return user_input && (status == 400 || status == 413 || status == 422) ? EXIT_USAGE : EXIT_FAIL;
 }
 
-/* GET path as JSON: returns a new reference, or NULL after a message with *rc set. */
-static json_t *get_json(struct client *c, const char *path, int *rc)
+json_t *get_json(struct client *c, const char *path, int *rc)
 {
     struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
     json_t *j = NULL;
@@ -725,9 +643,7 @@ static int cmd_submit(struct client *c, int argc, char **argv)
     return follow_job(c, id);
 }
 
-/* After a command's options: its one operand, a job id, then the connection. Returns 0
- * to go on, else the exit status (never 0). */
-static int id_operand(struct client *c, struct opts *o, int argc, char **argv, const char *name, int64_t *id)
+int id_operand(struct client *c, struct opts *o, int argc, char **argv, const char *name, int64_t *id)
 {
     if (!operands(o, argc, 1, "ID"))
         return o->rc;
@@ -1010,241 +926,6 @@ static int cmd_checkpoints(struct client *c, int argc, char **argv)
     return 0;
 }
 
-/* ---- pull: a download that gets its name only when whole and valid ------------------- */
-
-/* The most a pulled file may be, and where that figure came from (for the messages). */
-struct pull_limit {
-    int64_t max;
-    char what[192];
-};
-
-/* With --step, the checkpoints list gives the bytes of that step's files together, which
- * one of them cannot exceed: the limit is tightened to it when it is listed. Returns 0, or
- * the exit status when the server could not be reached (the message printed). */
-static int pull_listed_limit(struct client *c, int64_t id, int64_t step, struct pull_limit *lim)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "/checkpoints", id);
-    struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
-    long status = request(c, "GET", path, NULL, 0, REQ_PLAIN, &s);
-    json_t *j = status == 200 && s.body.p ? json_loadb(s.body.p, s.body.n, 0, NULL) : NULL;
-    buf_free(&s.body);
-    if (status == 0)
-        return EXIT_FAIL;
-    /* Any other answer: the download's own answer will say what is wrong. */
-    size_t i;
-    json_t *ck;
-    json_array_foreach (json_object_get(j, "checkpoints"), i, ck) {
-        json_t *b = json_object_get(ck, "bytes");
-        if (json_integer_value(json_object_get(ck, "step")) == step && json_is_integer(b) &&
-            json_integer_value(b) > 0 && json_integer_value(b) < lim->max) {
-            lim->max = json_integer_value(b);
-            snprintf(lim->what, sizeof lim->what,
-                     "the %" PRId64 " bytes that GET %s gives for step %" PRId64 "'s files", lim->max, path,
-                     step);
-        }
-    }
-    json_decref(j);
-    return 0;
-}
-
-/* Whether the answer to a download that began with 200 is to be kept: it came whole (as
- * many bytes as its Content-Length said, within the limit, the transfer ended cleanly) and
- * is a valid safetensors file. Else says why, with the numbers, and returns false. */
-static bool pull_check(struct client *c, const struct sink *s, const struct pull_limit *lim, FILE *f,
-                       const char *out)
-{
-    long long cl = (long long)s->announced, got = (long long)s->file_bytes;
-    char announced[64] = "it gave no Content-Length", why[SAFE_MAX], o[512];
-    if (cl >= 0)
-        snprintf(announced, sizeof announced, "its Content-Length said %lld", cl);
-    termsafe_line(o, sizeof o, out);
-    if (s->file_failed)
-        fprintf(stderr, "ddpd pull: writing the download for %s: %s (after %lld bytes)\n", o,
-                strerror(s->file_errno), got);
-    else if (s->rc == CURLE_FILESIZE_EXCEEDED)
-        fprintf(stderr,
-                "ddpd pull: refused: the server announced %lld bytes (Content-Length), more than %s\n", cl,
-                lim->what);
-    else if (s->file_over)
-        fprintf(stderr, "ddpd pull: refused after %lld bytes: more than %s came (%s)\n",
-                (long long)s->file_came, lim->what, announced);
-    else if (s->rc == CURLE_OPERATION_TIMEDOUT)
-        fprintf(stderr,
-                "ddpd pull: the download stalled: fewer than %ld bytes/s for %ld s, after %lld bytes (%s)\n",
-                PULL_MIN_SPEED, STREAM_IDLE_S, got, announced);
-    else if (s->rc != CURLE_OK)
-        fprintf(stderr, "ddpd pull: the download broke off after %lld bytes (%s): %s\n", got, announced,
-                c->why);
-    else if (cl >= 0 && got != cl)
-        fprintf(stderr, "ddpd pull: received %lld bytes, but the answer's Content-Length said %lld\n", got,
-                cl);
-    else if (fflush(f) != 0)
-        fprintf(stderr, "ddpd pull: writing the download for %s: %s\n", o, strerror(errno));
-    else if (!stcheck_fd(fileno(f), s->file_bytes, why, sizeof why))
-        fprintf(stderr, "ddpd pull: the %lld bytes received are not a whole safetensors file: %s\n", got,
-                why);
-    else
-        return true;
-    fprintf(stderr, "ddpd pull: %s was not written\n", o);
-    return false;
-}
-
-/* fsyncs the folder holding `path`, so that the rename survives a crash. Best effort: the
- * file is whole either way. */
-static void fsync_folder_of(const char *path)
-{
-    char dir[PATH_MAX];
-    const char *slash = strrchr(path, '/');
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-}
-
-/* The checked download `tmp` (open as f, which this closes) made `out`: its mode as a new
- * file's (mkstemp's 0600 would make a model file only its owner can read), its bytes on
- * disk, then its name. Returns true, or false after a message. */
-static bool pull_finish(FILE *f, const char *tmp, const char *out)
-{
-    mode_t mask = umask(0);
-    umask(mask);
-    bool ok = fchmod(fileno(f), 0666 & ~mask) == 0 && fsync(fileno(f)) == 0;
-    if (fclose(f) != 0 || !ok) {
-        fprintf(stderr, "ddpd pull: writing %s: %s\n", tmp, strerror(errno));
-        return false;
-    }
-    if (rename(tmp, out) != 0) {
-        fprintf(stderr, "ddpd pull: cannot rename %s to %s: %s\n", tmp, out, strerror(errno));
-        return false;
-    }
-    fsync_folder_of(out);
-    return true;
-}
-
-/* A pull stopped by Ctrl-C, `kill` or a closed terminal leaves no half-written FILE.XXXXXX
- * behind: while the download runs, those signals remove the temporary file, then end the
- * process as the signal would have (unlink and raise are async-signal-safe). */
-static char pull_tmp[PATH_MAX];
-static volatile sig_atomic_t pull_tmp_set;
-
-static void pull_on_signal(int sig)
-{
-    if (pull_tmp_set)
-        unlink(pull_tmp);
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-/* Guards `tmp` (a name of at most PATH_MAX bytes) until called again with NULL, which puts
- * back the handlers there were. */
-static void pull_guard_tmp(const char *tmp)
-{
-    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
-    static struct sigaction old[sizeof sigs / sizeof sigs[0]];
-    struct sigaction sa = {.sa_handler = pull_on_signal};
-    sigemptyset(&sa.sa_mask);
-    if (tmp) {
-        snprintf(pull_tmp, sizeof pull_tmp, "%s", tmp);
-        pull_tmp_set = 1;
-    } else {
-        pull_tmp_set = 0;
-    }
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
-        sigaction(sigs[i], tmp ? &sa : &old[i], tmp ? &old[i] : NULL);
-}
-
-static int cmd_pull(struct client *c, int argc, char **argv)
-{
-    static const struct option longs[] = {{"step", required_argument, NULL, OPT_STEP},
-                                          {"output", required_argument, NULL, 'o'},
-                                          {"optim", no_argument, NULL, OPT_OPTIM},
-                                          {"max-bytes", required_argument, NULL, OPT_MAX_BYTES},
-                                          COMMON_OPTIONS};
-    struct opts o = {.cmd = find_command("pull")};
-    int64_t step = 0, max_bytes = PULL_MAX_DEFAULT;
-    const char *out = NULL;
-    bool optim = false;
-    int opt;
-    while ((opt = next_option(&o, argc, argv, ":o:h", longs)) != -1) {
-        if (opt == -2)
-            return o.rc;
-        if (opt == 'o')
-            out = optarg;
-        else if (opt == OPT_OPTIM)
-            optim = true;
-        else if (opt == OPT_MAX_BYTES && (!jobdir_size_parse(optarg, &max_bytes) || max_bytes <= 0)) {
-            fprintf(stderr,
-                    "ddpd pull: --max-bytes: expected a size above 0 (bytes, or 512M, 16G, ...), got '%s'\n",
-                    optarg);
-            return EXIT_USAGE;
-        } else if (opt == OPT_STEP && base_parse_i64(optarg, 1, INT64_MAX, &step)) {
-            fprintf(stderr, "ddpd pull: --step: expected a step (a positive integer), got '%s'\n", optarg);
-            return EXIT_USAGE;
-        }
-    }
-    int64_t id;
-    int rc = id_operand(c, &o, argc, argv, "pull", &id);
-    if (rc)
-        return rc;
-    char path[128], out_buf[128], tmp[PATH_MAX];
-    int n = snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "/checkpoint", id);
-    if (step)
-        n += snprintf(path + n, sizeof path - (size_t)n, "?step=%" PRId64, step);
-    if (optim)
-        snprintf(path + n, sizeof path - (size_t)n, "%sfile=optim", step ? "&" : "?");
-    if (!out) {
-        char st[32] = "";
-        if (step)
-            snprintf(st, sizeof st, "-step-%" PRId64, step);
-        snprintf(out_buf, sizeof out_buf, "job-%" PRId64 "%s%s.safetensors", id, st, optim ? "-optim" : "");
-        out = out_buf;
-    }
-    struct pull_limit lim = {.max = max_bytes};
-    snprintf(lim.what, sizeof lim.what, "--max-bytes %" PRId64, max_bytes);
-    if (step && (rc = pull_listed_limit(c, id, step, &lim)))
-        return rc;
-    /* Into a new file beside the target (mkstemp: O_EXCL, 0600), renamed over it once whole
-     * and checked: never a torn or bogus file under the name. */
-    if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", out) >= (int)sizeof tmp) {
-        fprintf(stderr, "ddpd pull: -o %s: the name is too long\n", out);
-        return EXIT_USAGE;
-    }
-    int fd = mkstemp(tmp);
-    if (fd >= 0)
-        pull_guard_tmp(tmp);
-    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
-    if (!f) {
-        fprintf(stderr, "ddpd pull: cannot create a file beside %s: %s\n", out, strerror(errno));
-        if (fd >= 0) {
-            close(fd);
-            unlink(tmp);
-        }
-        return EXIT_FAIL;
-    }
-    struct sink s = {.c = c, .body = {.max = ANSWER_MAX}, .file = f, .file_max = lim.max};
-    long status = request(c, "GET", path, NULL, 0, REQ_DOWNLOAD, &s);
-    bool ok = false;
-    if (status == 200 || status == -1)
-        ok = pull_check(c, &s, &lim, f, out);
-    else if (status > 0)
-        rc = http_failed(c, "GET", path, status, &s.body, false);
-    if (ok)
-        ok = pull_finish(f, tmp, out);
-    else
-        fclose(f);
-    if (!ok)
-        unlink(tmp);
-    pull_guard_tmp(NULL);
-    buf_free(&s.body);
-    if (!ok)
-        return rc ? rc : EXIT_FAIL;
-    fprintf(stderr, "ddpd pull: wrote %s (%lld bytes)\n", out, (long long)s.file_bytes);
-    return 0;
-}
-
 /* ---- the table of commands ---------------------------------------------------------- */
 
 static const struct command commands[] = {
@@ -1270,19 +951,40 @@ static const struct command commands[] = {
     {"cancel", "ID", "Cancels a queued or running job.", "", cmd_cancel},
     {"rm", "ID", "Deletes a finished job, its events and its files.", "", cmd_rm},
     {"checkpoints", "ID", "Lists the job's checkpoints: step, time, bytes.", "", cmd_checkpoints},
-    {"pull", "[--step S] [--optim] [-o FILE] [--max-bytes N] ID",
-     "Downloads a model file: the final model, else the newest checkpoint, or step S's.",
+    {"pull", "[--step S] [--optim] [-o FILE] [--max-bytes N] ID  |  pull --pytorch [--step S] ID DIR",
+     "Downloads a model file: the final model, else the newest checkpoint, or step S's.\n"
+     "With --pytorch, DIR/model.safetensors and DIR/model.py: the model as a plain PyTorch\n"
+     "module (in Python, from DIR: import model; m = model.load()).",
      "  --step S          the checkpoint of step S\n"
      "  --optim           the optimizer state instead of the model\n"
      "  -o, --output F    where to write it (default job-ID[-step-S][-optim].safetensors);\n"
      "                    written to a temporary file, renamed once whole and a valid\n"
      "                    safetensors file\n"
      "  --max-bytes N     refuse a download larger than N bytes (or 512M, 16G, ...; default\n"
-     "                    64G, the largest file ddpd-worker reads)\n",
+     "                    64G, the largest file ddpd-worker reads)\n"
+     "  --pytorch         the weights and model.py into the folder DIR (made if missing)\n",
      cmd_pull},
+    {"generate", "[-n N] [--temperature T] [--top-k K] [--seed S] [--step S] ID PROMPT|--ids I,J,..",
+     "Continues PROMPT (- reads it from stdin) with a GPT job's model, printing the text as it\n"
+     "comes (control characters escaped), then the seed and time on stderr. Ctrl-C stops it.",
+     "  -n, --max-new-tokens N  tokens to generate (default the server's 256)\n"
+     "  --temperature T   0 is greedy (the most likely token); default 1\n"
+     "  --top-k K         draw from the K most likely tokens only (default 0: all)\n"
+     "  --seed S          the same seed and request give the same text (default: drawn)\n"
+     "  --step S          the checkpoint of step S (default the final model, else the newest)\n"
+     "  --ids I,J,..      the prompt as token ids, for a vocabulary that is not bytes; the\n"
+     "                    answer is printed as ids\n",
+     cmd_generate},
+    {"predict", "[--json] [--step S] ID FILE.npy|-",
+     "Runs the job's model in eval mode on the samples of FILE.npy (- for stdin; one sample per\n"
+     "row, the spec's input_shape each) and prints each sample's top class, its probability\n"
+     "and the next classes, or the raw outputs of a model without classes.",
+     "  --json            the server's answer as JSON (outputs, shape, top, step, model)\n"
+     "  --step S          the checkpoint of step S (default the final model, else the newest)\n",
+     cmd_predict},
 };
 
-static const struct command *find_command(const char *name)
+const struct command *find_command(const char *name)
 {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(commands[i].name, name))

@@ -1,11 +1,12 @@
 /* client.h — `ddpd` as a client of a running `ddpd serve` (libcurl): submit, jobs, show,
- * watch, logs, cancel, rm, checkpoints, pull. The server's address comes from --server or
- * DDPD_SERVER, the token from --token-file or DDPD_TOKEN. Knows the REST API of
- * CONTRACT.md §7 and nothing of the server's insides.
+ * watch, logs, cancel, rm, checkpoints, pull, generate, predict. The server's address comes
+ * from --server or DDPD_SERVER, the token from --token-file or DDPD_TOKEN. Knows the REST
+ * API of CONTRACT.md §7 and nothing of the server's insides.
  *
  * Exit codes: 0 done (a followed job succeeded); 1 the server is unreachable, answered
- * with an error, or a followed job failed; 2 a usage error, or a spec the server rejected
- * as invalid (400, 413, 422 on submit); 5 a followed job was cancelled. */
+ * with an error, or a followed job failed; 2 a usage error, or a spec or request the server
+ * rejected as invalid (400, 413, 422 on submit, generate, predict); 5 a followed job was
+ * cancelled; 130 a generation ended by Ctrl-C. */
 #ifndef DDPD_CLIENT_H
 #define DDPD_CLIENT_H
 
