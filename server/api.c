@@ -128,6 +128,7 @@ static const struct http_route routes[] = {
     {"GET", "/web/chart.js", api__web_file, 0, 0, NULL},
     {"GET", "/web/templates.js", api__web_file, 0, 0, NULL},
     {"GET", "/web/views.js", api__web_file, 0, 0, NULL},
+    {"GET", "/web/sample.js", api__web_file, 0, 0, NULL},
     {"GET", "/web/job.js", api__web_file, 0, 0, NULL},
     {"GET", "/web/app.js", api__web_file, 0, 0, NULL},
 };

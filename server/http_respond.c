@@ -246,8 +246,12 @@ enum MHD_Result http__queue(struct http_request *req)
         MHD_add_response_header(req->resp, MHD_HTTP_HEADER_ETAG, req->etag);
     for (int i = 0; i < req->nhdr; i++)
         MHD_add_response_header(req->resp, req->hdr[i].name, req->hdr[i].value);
-    if (req->srv->cors)
+    if (req->srv->cors) {
         MHD_add_response_header(req->resp, "Access-Control-Allow-Origin", req->srv->cors);
+        /* A cross-origin page reads only the safelisted headers unless told: the dashboard
+         * shows a 503's Retry-After (inference's queue is full). */
+        MHD_add_response_header(req->resp, "Access-Control-Expose-Headers", "Retry-After");
+    }
     enum MHD_Result rc = MHD_queue_response(req->mc, (unsigned)req->status, req->resp);
     MHD_destroy_response(req->resp);
     req->resp = NULL;

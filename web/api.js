@@ -1,5 +1,5 @@
 /* api.js — the ddpd REST API (schema/README.md, docs/architecture.md) as the dashboard uses it: where the server
- * is, the bearer token, requests with their errors, and a job's event stream.
+ * is, the bearer token, requests with their errors, a job's event stream, and an NDJSON answer.
  *
  * The server: `?api=http://host:port` in the page's address (kept in localStorage), else
  * the one set in the "Server" dialog, else the server that served the page (a page opened
@@ -9,7 +9,8 @@
  * The token: asked for when a request gets 401, kept in sessionStorage (this tab only).
  * Event streams use EventSource without a token (it resumes with Last-Event-ID by itself);
  * with one, EventSource cannot send the header, so the stream is read with fetch() and
- * parsed here, resuming with Last-Event-ID the same way. */
+ * parsed here, resuming with Last-Event-ID the same way. An NDJSON answer to a POST
+ * (generate's tokens) is read the same way, line by line (postLines). */
 'use strict';
 (function () {
   const ddpd = (window.ddpd = window.ddpd || {});
@@ -144,8 +145,12 @@
       body = await res.json();
     } catch (e) { /* not JSON */ }
     const e = body && body.error ? body.error : {};
+    const extra = body && body.error ? {body: body.error} : {};
+    /* A 503 says when to try again (cross-origin too: the server exposes the header). */
+    const ra = res.headers.get('Retry-After');
+    if (ra !== null && ra !== '') extra.retryAfter = Number(ra);
     return new ApiError(res.status, e.code || 'http_' + res.status,
-      e.message || `${res.status} ${res.statusText}`, e.path || '', body && body.error ? {body: body.error} : {});
+      e.message || `${res.status} ${res.statusText}`, e.path || '', extra);
   }
 
   /* One request. Resolves with the parsed JSON (text for text/plain, null without a
@@ -182,6 +187,39 @@
       const ct = res.headers.get('Content-Type') || '';
       if (ct.includes('json')) return res.json();
       return res.text();
+    }
+  }
+
+  /* POSTs `json` to `path` and reads its NDJSON answer (generate with "stream": true)
+   * through the body's reader: onLine(object) for each line, in order. Resolves at the
+   * answer's end; rejects with an ApiError when the request fails (a 401 asks for a token
+   * first, as request() does), with the AbortError when opts.signal aborts (the connection
+   * closes: the server sees the client go), or with what onLine throws, which closes the
+   * connection too. */
+  async function postLines(path, json, opts, onLine) {
+    const res = await request('POST', path, {json, signal: opts && opts.signal, raw: true,
+      headers: {Accept: 'application/x-ndjson'}});
+    const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buf = '', finished = false;
+    const each = (line) => {
+      if (line.trim() !== '') onLine(JSON.parse(line));
+    };
+    try {
+      for (;;) {
+        const {value, done} = await reader.read();
+        if (done) break;
+        buf += value;
+        let i;
+        while ((i = buf.indexOf('\n')) >= 0) {
+          const line = buf.slice(0, i);
+          buf = buf.slice(i + 1);
+          each(line);
+        }
+      }
+      each(buf);
+      finished = true;
+    } finally {
+      if (!finished) reader.cancel().catch(() => {});
     }
   }
 
@@ -346,7 +384,7 @@
   }
 
   ddpd.api = {
-    ApiError, base, setBase, describeBase, crossOrigin, url, token, setToken, request, stream,
+    ApiError, base, setBase, describeBase, crossOrigin, url, token, setToken, request, postLines, stream,
     askToken: null,
     tokenWanted: () => {
       declined = false;

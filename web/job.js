@@ -1,5 +1,6 @@
 /* job.js — one job's page: its state and progress, the loss chart (with smoothing and the
- * current lr), the eval chart (loss and accuracy of the eval events), the ranks, the spec,
+ * current lr), the eval chart (loss and accuracy of the eval events), the model put to use
+ * (a GPT's Sample box, a classifier's Predictions: sample.js), the ranks, the spec,
  * the tail of each rank's log, the restarts (attempt, time, failed rank, message), and the
  * buttons (cancel, checkpoint, resume, resubmit, delete).
  *
@@ -38,7 +39,8 @@
     const smoothBox = el('input', {type: 'range', id: 'smoothing', min: '0', max: '0.99', step: '0.01', value: '0'});
     const smoothVal = el('span', {class: 'muted', id: 'smoothing-value'}, '0');
     const lrNow = el('span', {class: 'muted lr-now', id: 'lr-now'});
-    let lrStep = 0, evalCard = null;
+    let lrStep = 0, evalCard = null, infer = null;
+    const inferHost = el('div', {id: 'infer-host'});
     const head = el('div', {class: 'page-head job-head'});
     const notices = el('div');
     const summary = el('dl', {class: 'summary'});
@@ -60,6 +62,7 @@
         el('div', {class: 'card-head'}, el('h2', {}, 'Evaluation'),
           el('span', {class: 'muted'}, 'loss (left axis) and accuracy (right axis) on the eval data')),
         evalHost),
+      inferHost,
       el('section', {class: 'card'}, el('h2', {}, 'Ranks'),
         el('div', {class: 'table-wrap'}, el('table', {class: 'ranks', id: 'ranks-table'},
           el('thead', {}, el('tr', {}, el('th', {class: 'num'}, 'Rank'), el('th', {}, 'Device'), el('th', {class: 'num'}, 'PID'),
@@ -424,6 +427,9 @@
       try {
         const j = await refresh();
         if (gone) return;
+        /* Once: the spec does not change, and the box keeps what it generated. */
+        infer = ddpd.inference.card(id, j.spec);
+        if (infer) fill(inferHost, infer.el);
         await startChart(j);
         if (gone) return;
         if (!U.isFinal(j.state)) {
@@ -440,6 +446,7 @@
 
     return () => {
       gone = true;
+      if (infer) infer.destroy();
       if (stream) stream.close();
       if (stopPoll) stopPoll();
       if (stopLogs) stopLogs();

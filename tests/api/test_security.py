@@ -268,6 +268,8 @@ def test_cors_origin_and_token_relax_the_site_checks(make_server):
     r = srv.post("/v1/jobs", json=seed_spec(steps=3, epochs=None), headers={"Origin": "http://app.example"})
     assert r.status_code == 201, r.text
     assert r.headers.get("Access-Control-Allow-Origin") == "http://app.example"
+    # A cross-origin dashboard reads a 503's Retry-After (the inference queue is full).
+    assert r.headers.get("Access-Control-Expose-Headers") == "Retry-After"
     _err(srv.post("/v1/jobs", json=seed_spec(steps=3, epochs=None), headers={"Origin": "http://other.example"}),
          403)
     assert srv.get("/v1/jobs", headers={"Host": "ddpd.internal.example:8080"}).status_code == 200

@@ -6,11 +6,13 @@
 // succeed, watches a longer job's chart gain points while it runs, cancels a third job,
 // submits an invalid spec and sees the error at its path, pages and filters the job list,
 // downloads a checkpoint, sees a restarted job list its restart, loads the GPT and
-// conv-net templates and has a second server accept them, sees emulated GPUs marked on
-// the devices page with their compute capability and a "no code" badge on the one the
-// module cannot run on (where libddpd-cuda-emu.so is built), sees the banner when the
-// server goes away, and uses a server with a token from a file URL (token prompt, CORS,
-// the fetch()-based event stream).
+// conv-net templates and has a second server accept them, puts trained models to use on a
+// third (a GPT's Sample box streams text, stops on Stop, shows a 503, a 422 at its field
+// and a 409 for a job without a model; a classifier's Predictions panel lists 8 eval
+// samples), sees emulated GPUs marked on the devices page with their compute capability
+// and a "no code" badge on the one the module cannot run on (where libddpd-cuda-emu.so is
+// built), sees the banner when the server goes away, and uses a server with a token from a
+// file URL (token prompt, CORS, the fetch()-based event stream).
 // Screenshots go to $DDPD_TEST_OUT (the build folder's tests/browser/).
 //
 // Exit 0 when every step passed, 1 on the first failure, 77 (skipped) without Chromium or
@@ -67,6 +69,24 @@ const liveSpec = (name, epochs) => ({
   epochs,
   log_every: 1,
 });
+
+/* A tokens file (uint16) of n byte ids. */
+const tokenIds = (n) => Buffer.from(Uint16Array.from({length: n}, (_, i) => (i * 37 + (i >> 3)) % 256).buffer);
+
+/* A character GPT over bytes (a byte vocabulary: text prompts) with a window of `block`
+ * tokens, trained `steps` steps on train.bin with no checkpoint before its end. */
+const gptSpec = (name, block, steps) => {
+  const dim = 64;
+  const blockLayers = [
+    {type: 'residual', layers: [{type: 'layernorm', dim}, {type: 'attention', dim, heads: 4, causal: true}]},
+    {type: 'residual', layers: [{type: 'layernorm', dim}, {type: 'linear', in: dim, out: 4 * dim}, {type: 'gelu'},
+      {type: 'linear', in: 4 * dim, out: dim}]}];
+  return {name, world_size: 1, device: 'cpu', input_shape: [block],
+    model: [{type: 'embedding', num: 256, dim}, {type: 'position', max: block, dim}, ...blockLayers, ...blockLayers,
+      {type: 'layernorm', dim}, {type: 'linear', in: dim, out: 256}],
+    loss: 'cross_entropy', optimizer: {type: 'adamw', lr: 0.003},
+    data: {type: 'tokens', path: 'train.bin', block_size: block, seed: 1}, batch_size: 2, steps, log_every: 5};
+};
 
 /* An .npy file (version 1.0) of `descr` '<f4' or '<i8', C order, value(i) per element. */
 function npy(descr, shape, value) {
@@ -462,9 +482,8 @@ async function main() {
      * the check; each job is cancelled at once. */
     const t = await startServer('templates');
     const dir = path.join(TMP, 'templates');
-    const ids = (n) => Buffer.from(Uint16Array.from({length: n}, (_, i) => (i * 37 + (i >> 3)) % 256).buffer);
-    writeFileSync(path.join(dir, 'train.bin'), ids(8192));
-    writeFileSync(path.join(dir, 'eval.bin'), ids(1024));
+    writeFileSync(path.join(dir, 'train.bin'), tokenIds(8192));
+    writeFileSync(path.join(dir, 'eval.bin'), tokenIds(1024));
     writeFileSync(path.join(dir, 'x.npy'), npy('<f4', [64, 1, 8, 8], (i) => (i % 17) / 16));
     writeFileSync(path.join(dir, 'y.npy'), npy('<i8', [64], (i) => i % 10));
     writeFileSync(path.join(dir, 'eval_x.npy'), npy('<f4', [16, 1, 8, 8], (i) => (i % 13) / 12));
@@ -497,6 +516,177 @@ async function main() {
       await page.click('nav a[data-nav=submit]');
     }
     await stopServer(t);
+    await page.goto(a.url + '/web/index.html#/jobs');
+  });
+
+  /* ---- a job's model put to use: the Sample box and the Predictions panel ---- */
+
+  /* A server of its own (server a's job list is counted above) with one inference process
+   * and no queue, so that a second request while one generates is a 503. */
+  const inf = await startServer('infer', ['--infer-procs', '1', '--infer-queue', '0']);
+  writeFileSync(path.join(TMP, 'infer', 'train.bin'), tokenIds(8192));
+  const infApi = async (method, p, body) => {
+    const r = await fetch(inf.url + p, {method, headers: body ? {'Content-Type': 'application/json'} : {},
+      body: body ? JSON.stringify(body) : undefined});
+    const text = await r.text();
+    return {status: r.status, body: text ? JSON.parse(text) : null, headers: r.headers};
+  };
+  const trainJob = async (spec) => {
+    const r = await infApi('POST', '/v1/jobs', spec);
+    check(r.status === 201, `submit ${spec.name}: ${r.status} ${JSON.stringify(r.body)}`);
+    const id = r.body.id;
+    await until(async () => {
+      const j = (await infApi('GET', `/v1/jobs/${id}`)).body;
+      if (j.state === 'failed' || j.state === 'cancelled') throw new Error(`${spec.name} ended ${j.state}: ${j.error}`);
+      return j.state === 'succeeded';
+    }, `${spec.name} to succeed`, 120000, 250);
+    return id;
+  };
+  const inferIdle = () => until(async () => (await infApi('GET', '/v1/inference')).body.busy === 0,
+    'the inference process to be idle', 30000);
+  const sampleState = () => page.evaluate(() => document.querySelector('#sample-card').dataset.state);
+  const sampleDone = () => until(async () => ['done', 'stopped', 'error'].includes(await sampleState()) && (await sampleState()),
+    'the Sample box to finish', 60000);
+  const generated = () => page.evaluate(() => document.querySelector('#sample-out .sample-new').textContent);
+  const fillSample = async (o) => {
+    for (const [k, v] of Object.entries(o)) await page.fill(`#sample-${k}`, String(v));
+  };
+  let gptId = 0;
+  /* A prompt past the GPT's window of 512 tokens: every new token then recomputes the
+   * whole window (as nanoGPT's sampling does), so 4,096 of them last long enough for the
+   * steps below to stop one and to hold the one process busy with another (~37 s at
+   * load 8 on 2 cores; the first token comes within 0.2 s). */
+  const LONG_PROMPT = 'To be, or not to be: '.repeat(30);
+
+  await step('a GPT job\'s Sample box streams text into the box, and the summary names tokens, seed and model; screenshot', async () => {
+    gptId = await trainJob(gptSpec('browser-gpt', 512, 10));
+    await page.goto(`${inf.url}/web/index.html#/jobs/${gptId}`);
+    await page.waitForSelector('#sample-card');
+    check(!(await page.$('#predict-card')), 'a GPT has the Sample box, not the Predictions panel');
+    /* The prompt is shown as it was typed: text, never markup. */
+    await fillSample({prompt: 'ROMEO <b>x</b>:', length: 40, temperature: 0.8, 'top-k': 20, seed: ''});
+    await page.click('#sample-generate');
+    check((await sampleDone()) === 'done', 'the generation ended: ' + (await page.textContent('#sample-card')));
+    check((await page.textContent('#sample-out .sample-given')) === 'ROMEO <b>x</b>:', 'the prompt heads the box');
+    check(!(await page.$('#sample-out b')), 'no markup from the text');
+    const text = await generated();
+    const sum = await page.textContent('#sample-summary');
+    check(/^40 tokens in [\d.e-]+ s/.test(sum) && /model final \(step 10\)/.test(sum) && /prompt 15 tokens/.test(sum), 'the summary: ' + sum);
+    const seed = Number(await page.getAttribute('#sample-summary', 'data-seed'));
+    check(Number.isInteger(seed) && sum.includes(`seed ${seed}`), 'the drawn seed is shown: ' + sum);
+    /* The same request and seed without streaming: the same text, so the box appended
+     * every token's text once and in order. */
+    const again = await infApi('POST', `/v1/jobs/${gptId}/generate`,
+      {prompt: 'ROMEO <b>x</b>:', max_new_tokens: 40, temperature: 0.8, top_k: 20, seed});
+    check(again.status === 200 && again.body.text === text,
+      `the box's text is the answer's for seed ${seed}: ${JSON.stringify(text)} vs ${JSON.stringify(again.body.text)}`);
+    await page.locator('#sample-card').screenshot({path: path.join(OUT, 'sample.png')});
+  });
+
+  await step('Stop ends a long generation: the box says stopped and the server cancels it', async () => {
+    const cancels = (await infApi('GET', '/v1/inference')).body.counters.cancels;
+    await fillSample({prompt: LONG_PROMPT, length: 4096, temperature: 1, 'top-k': 0, seed: 5});
+    await page.click('#sample-generate');
+    await until(async () => (await generated()).length > 0, 'the first tokens in the box');
+    check(!(await page.isDisabled('#sample-stop')) && (await page.isDisabled('#sample-generate')), 'Stop on, Generate off while it runs');
+    await page.click('#sample-stop');
+    check((await sampleDone()) === 'stopped', 'the box says stopped: ' + (await page.textContent('#sample-summary')));
+    const m = /^stopped after ([\d,]+) tokens?$/.exec(await page.textContent('#sample-summary'));
+    check(m && Number(m[1].replace(/,/g, '')) < 4096, 'stopped before the end: ' + (await page.textContent('#sample-summary')));
+    await until(async () => (await infApi('GET', '/v1/inference')).body.counters.cancels === cancels + 1,
+      'the server to cancel the generation (its client went away)');
+    await inferIdle();
+    check(await page.isDisabled('#sample-stop') && !(await page.isDisabled('#sample-generate')), 'Generate on again');
+  });
+
+  await step('the Sample box shows a 503 with when to retry, and a 422 at its field', async () => {
+    /* The one inference process busy with a long generation that this test holds open. */
+    const ctrl = new AbortController();
+    const r = await fetch(`${inf.url}/v1/jobs/${gptId}/generate`, {method: 'POST', signal: ctrl.signal,
+      headers: {'Content-Type': 'application/json'}, body: JSON.stringify({prompt: LONG_PROMPT, max_new_tokens: 4096, stream: true})});
+    check(r.status === 200, 'the holding request streams: ' + r.status);
+    const reader = r.body.getReader();
+    const first = await reader.read();
+    check(!first.done && new TextDecoder().decode(first.value).includes('"token"'), 'the holding request generates');
+    const draining = (async () => {
+      try {
+        while (!(await reader.read()).done);
+      } catch (e) { /* aborted */ }
+    })();
+    try {
+      await fillSample({length: 10, seed: ''});
+      await page.click('#sample-generate');
+      check((await sampleDone()) === 'error', 'the request failed');
+      const err = await page.textContent('#sample-error');
+      check((await page.getAttribute('#sample-error', 'data-status')) === '503', 'a 503: ' + err);
+      check(/^The server is busy: /.test(err) && /\. Retry after \d+ s\.$/.test(err), 'busy, and when to retry: ' + err);
+      await page.locator('#sample-card').screenshot({path: path.join(OUT, 'sample-busy.png')});
+    } finally {
+      ctrl.abort();
+      await draining;
+    }
+    await inferIdle();
+    await fillSample({length: 5000});
+    await page.click('#sample-generate');
+    check((await sampleDone()) === 'error', 'the request failed');
+    const err = await page.textContent('#sample-error');
+    check(err.startsWith('Invalid max_new_tokens: ') && err.includes('4096'), 'the 422 names its field: ' + err);
+    check(await page.$('#sample-length.field-error'), 'the Length field is marked');
+    await fillSample({length: 5});
+    await page.click('#sample-generate');
+    check((await sampleDone()) === 'done' && (await page.isHidden('#sample-error')) && !(await page.$('.field-error')),
+      'a good request clears the error');
+  });
+
+  await step('a GPT job without a model yet: the Sample box says so (409)', async () => {
+    /* Running for long with no checkpoint (every_steps 0): a model only at its end. */
+    const r = await infApi('POST', '/v1/jobs', gptSpec('browser-gpt-nomodel', 64, 1000000));
+    check(r.status === 201, 'submitted: ' + r.status);
+    const id = r.body.id;
+    try {
+      await page.goto(`${inf.url}/web/index.html#/jobs/${id}`);
+      await page.waitForSelector('#sample-card');
+      await fillSample({prompt: 'x', length: 5});
+      await page.click('#sample-generate');
+      check((await sampleDone()) === 'error', 'the request failed');
+      const err = await page.textContent('#sample-error');
+      check((await page.getAttribute('#sample-error', 'data-status')) === '409', 'a 409: ' + err);
+      check(err.startsWith('No model yet: ') && err.includes(`job ${id} has no model yet`), 'the 409 says why: ' + err);
+      check(await page.isHidden('#sample-out'), 'no output box for a request that made none');
+      await page.locator('#sample-card').screenshot({path: path.join(OUT, 'sample-nomodel.png')});
+    } finally {
+      const c = await infApi('POST', `/v1/jobs/${id}/cancel`);
+      check(c.status === 202 || c.status === 409, 'cancelled: ' + c.status);
+    }
+  });
+
+  await step('a classifier\'s page predicts 8 eval samples: label, class, probability, a mark when wrong; screenshot', async () => {
+    const id = await trainJob({...seed, name: 'browser-classifier', epochs: undefined, steps: 60, log_every: 10,
+      batch_size: 16, model: [{type: 'linear', in: 10, out: 16}, {type: 'relu'}, {type: 'linear', in: 16, out: 3}],
+      loss: 'cross_entropy', eval: {data: {type: 'synthetic', samples: 200, seed: 1}, every_steps: 30}});
+    await page.goto(`${inf.url}/web/index.html#/jobs/${id}`);
+    await page.waitForSelector('#predict-card');
+    check(!(await page.$('#sample-card')), 'a classifier has the Predictions panel, not the Sample box');
+    await page.click('#predict-btn');
+    await page.waitForSelector('#predict-table tbody tr', {timeout: 60000});
+    const rows = await page.$$eval('#predict-table tbody tr', (tr) => tr.map((r) => ({
+      cells: Array.from(r.cells, (c) => c.textContent), wrong: r.dataset.wrong})));
+    check(rows.length === 8, '8 rows: ' + rows.length);
+    const want = await infApi('POST', `/v1/jobs/${id}/predict`, {eval_samples: 8});
+    check(want.status === 200 && want.body.labels.length === 8, 'the API predicts too: ' + want.status);
+    let right = 0;
+    rows.forEach((r, i) => {
+      const [sample, label, cls, p, mark] = r.cells;
+      const best = want.body.top[i][0], wrong = best.class !== want.body.labels[i];
+      if (!wrong) right++;
+      check(sample === String(i) && label === String(want.body.labels[i]) && cls === String(best.class) &&
+        p === (best.p * 100).toFixed(1) + '%', `row ${i}: ${JSON.stringify(r.cells)} (the API: ${JSON.stringify(best)}, label ${want.body.labels[i]})`);
+      check(r.wrong === (wrong ? '1' : '0') && mark === (wrong ? '\u2717' : '\u2713'), `row ${i} marked ${wrong ? 'wrong' : 'right'}`);
+    });
+    check((await page.textContent('#predict-summary')) === `${right} of 8 right · model final (step 60)`,
+      'the summary: ' + (await page.textContent('#predict-summary')));
+    await page.locator('#predict-card').screenshot({path: path.join(OUT, 'predictions.png')});
+    await stopServer(inf);
     await page.goto(a.url + '/web/index.html#/jobs');
   });
 
