@@ -103,18 +103,23 @@ struct planning {
     struct spec spec;
 };
 
+/* The planner's failure as the request's error. A data error's answer has no path: the
+ * data, or the eval data that the worker's message names (train_check_eval_data). */
+static void plan_error(ddpd_err rc, const struct ddpd_error *perr, struct ddpd_error *err)
+{
+    *err = *perr;
+    if ((rc == DDPD_EDATA || rc == DDPD_ESPEC) && !err->path[0])
+        snprintf(err->path, sizeof err->path, "%s",
+                 strncmp(err->message, "eval.data: ", 11) == 0 ? "eval.data" : "data");
+}
+
 /* The planner's answer, on a planner thread. */
 static void planned(void *ctx, ddpd_err rc, const int64_t *counts, bool known, const struct ddpd_error *perr)
 {
     struct planning *pl = ctx;
     struct ddpd_error err;
     if (rc != DDPD_OK) {
-        err = *perr;
-        /* A data error's answer has no path: the data, or the eval data that the
-         * worker's message names (train_check_eval_data). */
-        if ((rc == DDPD_EDATA || rc == DDPD_ESPEC) && !err.path[0])
-            snprintf(err.path, sizeof err.path, "%s",
-                     strncmp(err.message, "eval.data: ", 11) == 0 ? "eval.data" : "data");
+        plan_error(rc, perr, &err);
     } else {
         rc = submit_checked(pl->req, pl->a, &pl->spec, counts, known, &err);
     }
@@ -304,10 +309,7 @@ static void resume_planned(void *ctx, ddpd_err rc, const int64_t *counts, bool k
     struct http_request *req = r->req;
     struct ddpd_error err;
     if (rc != DDPD_OK) {
-        err = *perr;
-        if ((rc == DDPD_EDATA || rc == DDPD_ESPEC) && !err.path[0])
-            snprintf(err.path, sizeof err.path, "%s",
-                     strncmp(err.message, "eval.data: ", 11) == 0 ? "eval.data" : "data");
+        plan_error(rc, perr, &err);
     } else {
         rc = resume_insert(r, counts, known, &err);
     }
