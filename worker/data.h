@@ -112,4 +112,7 @@ void dataset_set_epoch(struct dataset *ds, int64_t epoch);
 int64_t dataset_batch(struct dataset *ds, int64_t b, void *x, float *y, int32_t *labels);
 const struct ddpd_error *dataset_error(const struct dataset *ds);
 
+/* A shape as messages print it: "[3, 4]" (rank 0: "[]"). */
+void data_shape_text(char *out, size_t cap, int rank, const int64_t *shape);
+
 #endif

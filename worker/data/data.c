@@ -64,7 +64,7 @@ int data__out_shape(const struct spec *s, int64_t *shape)
     return l->out_rank;
 }
 
-void data__shape_text(char *out, size_t cap, int rank, const int64_t *shape)
+void data_shape_text(char *out, size_t cap, int rank, const int64_t *shape)
 {
     size_t o = (size_t)snprintf(out, cap, "[");
     for (int i = 0; i < rank && o < cap; i++)

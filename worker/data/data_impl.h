@@ -84,8 +84,6 @@ ddpd_err data__map(struct dataset *ds, int slot, const struct dfile *f, const un
                    struct ddpd_error *err);
 /* The output shape of one sample (the top-level last layer's), rank 0 when unknown. */
 int data__out_shape(const struct spec *s, int64_t *shape);
-/* "[3, 4]" */
-void data__shape_text(char *out, size_t cap, int rank, const int64_t *shape);
 
 /* path.c */
 bool data__has_rank(const char *p);

@@ -370,8 +370,8 @@ static ddpd_err npy_check(const struct dfile *f, const struct npy *h, enum npy_r
         if (sample_shape_is(h, s->input_rank, s->input_shape))
             return DDPD_OK;
         char got[160];
-        data__shape_text(want, sizeof want, s->input_rank, s->input_shape);
-        data__shape_text(got, sizeof got, h->ndim - 1, h->shape + 1);
+        data_shape_text(want, sizeof want, s->input_rank, s->input_shape);
+        data_shape_text(got, sizeof got, h->ndim - 1, h->shape + 1);
         return data__fail(err, DDPD_EDATA, f->name,
                           "x's samples have shape %s (x is %s) but input_shape is %s", got, sh, want);
     } else if (role == NPY_X) {
@@ -386,7 +386,7 @@ static ddpd_err npy_check(const struct dfile *f, const struct npy *h, enum npy_r
     } else if (role == NPY_Y_MSE && orank > 1) {
         if (sample_shape_is(h, orank, oshape))
             return DDPD_OK;
-        data__shape_text(want, sizeof want, orank, oshape);
+        data_shape_text(want, sizeof want, orank, oshape);
         return data__fail(err, DDPD_EDATA, f->name,
                           "mse targets must be [N] + the model's output shape %s, got shape %s", want, sh);
     } else if (role == NPY_Y_MSE) {
@@ -402,7 +402,7 @@ static ddpd_err npy_check(const struct dfile *f, const struct npy *h, enum npy_r
     } else if (orank > 1) { /* sequence cross_entropy: [N, T] targets for [T, C] logits */
         if (h->ndim > 1 && sample_shape_is(h, orank - 1, oshape))
             return DDPD_OK;
-        data__shape_text(want, sizeof want, orank, oshape);
+        data_shape_text(want, sizeof want, orank, oshape);
         return data__fail(err, DDPD_EDATA, f->name,
                           "cross_entropy targets must be class ids of shape [N] + the model's output "
                           "shape %s without its last dimension, got shape %s",

@@ -41,7 +41,7 @@ static ddpd_err tokens_shape(const struct spec *s, const struct dfile *f, bool e
         return data__fail(err, DDPD_ESPEC, "loss",
                           "tokens data has the next token ids as targets: the loss must be cross_entropy");
     if (s->input_rank != 1 || s->input_shape[0] != T) {
-        data__shape_text(shape, sizeof shape, s->input_rank, s->input_shape);
+        data_shape_text(shape, sizeof shape, s->input_rank, s->input_shape);
         return data__fail(err, DDPD_ESPEC, "data.block_size",
                           "is %" PRId64 " but input_shape is %s (it must be [%" PRId64 "])", T, shape, T);
     }

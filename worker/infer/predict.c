@@ -31,15 +31,6 @@ static void batch_free(struct batch *b)
     free(b->y);
 }
 
-static void shape_text(char *out, size_t cap, int rank, const int64_t *shape)
-{
-    size_t o = (size_t)snprintf(out, cap, "[");
-    for (int i = 0; i < rank && o < cap; i++)
-        o += (size_t)snprintf(out + o, cap - o, i ? ", %" PRId64 : "%" PRId64, shape[i]);
-    if (o < cap)
-        snprintf(out + o, cap - o, "]");
-}
-
 /* ---- `inputs`: nested lists ---- */
 
 /* The shape of a nested list, following first elements (at most SPEC_MAX_RANK + 1 dims). */
@@ -113,8 +104,8 @@ static ddpd_err read_inputs(const struct spec *s, json_t *inputs, struct batch *
         for (int d = 0; same && d < gr; d++)
             same = gs[d] == s->input_shape[d];
         if (!same) {
-            shape_text(want, sizeof want, s->input_rank, s->input_shape);
-            shape_text(got, sizeof got, gr, gs);
+            data_shape_text(want, sizeof want, s->input_rank, s->input_shape);
+            data_shape_text(got, sizeof got, gr, gs);
             return ddpd_error_set(err, DDPD_ESPEC, path,
                                   "%s: the sample has shape %s but the model's input_shape is %s", path, got,
                                   want);
