@@ -13,7 +13,7 @@ set -eu
 
 PACKAGES="
 build-essential cmake pkg-config
-libjansson-dev libopenblas-dev libmicrohttpd-dev libsqlite3-dev sqlite3 libcurl4-openssl-dev libssl-dev
+libjansson-dev libopenblas-dev libmicrohttpd-dev libsqlite3-dev sqlite3 libcurl4-openssl-dev libssl-dev libpcre2-dev
 python3 python3-pytest python3-numpy python3-requests python3-torch python3-sklearn
 curl procps
 chromium
