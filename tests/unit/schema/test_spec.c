@@ -358,7 +358,7 @@ static const struct bad_case bad_cases[] = {
         "unknown key (expected one of bucket_cap_mb, join, divide_by_initial_world_size, backend, "
         "timeout_s)"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2,\"biass\":true}]"), DDPD_ESPEC, "model[0].biass",
-        "unknown key (did you mean \"bias\"? expected one of type, in, out, bias)"),
+        "unknown key (did you mean \"bias\"? expected one of type, in, out, bias, tie)"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2},{\"type\":\"relu\",\"in\":2}]"), DDPD_ESPEC,
         "model[1].in", "unknown key (a relu layer takes only \"type\")"),
     BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from_file\":\"w\"}"), DDPD_ESPEC, "init.from_file",
