@@ -571,6 +571,11 @@ ddpd_err parse_model(struct ddpd_error *err, json_t *root, struct spec *s)
                     "[{\"type\": \"linear\", \"in\": 10, \"out\": 1}], or a preset such as "
                     "{\"preset\": \"gpt\", ...})");
     /* A preset (spec_preset.c) is the list it expands to; its input is one window of ids. */
+    if (json_is_object(model) && !json_object_get(model, "preset"))
+        return fail(
+            err, "model",
+            "expected a list of layers, or a preset such as {\"preset\": \"gpt\", ...}, got an object "
+            "without \"preset\"");
     if (json_is_object(model) && (rc = parse_preset(err, model, s, &expansion)) != DDPD_OK)
         return rc;
     rc = parse_layers(err, s, expansion ? expansion : model, "model");
