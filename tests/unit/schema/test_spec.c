@@ -628,26 +628,22 @@ static const struct bad_case bad_cases[] = {
     /* tie (issue 30): an embedding before the linear, of its shape */
     BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":\"5\"}]", "[3]"), DDPD_ESPEC,
         "model[1].tie",
-        "expected the key of an embedding layer before it, such as \"0\", got \"5\": no layer before "
-        "model[1] "
-        "has that key"),
+        "expected the key of an embedding layer before it, such as \"0\", got \"5\": "
+        "no layer before model[1] has that key"),
     BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":1}]", "[3]"), DDPD_ESPEC,
         "model[1].tie",
-        "expected the key of an embedding layer before it, such as \"0\", got \"1\": no layer before "
-        "model[1] "
-        "has that key"),
+        "expected the key of an embedding layer before it, such as \"0\", got \"1\": "
+        "no layer before model[1] has that key"),
     BAD(V2CE("[" EMB ",{\"type\":\"layernorm\",\"dim\":4},{\"type\":\"linear\",\"in\":4,\"out\":8,"
              "\"tie\":\"1\"}]",
              "[3]"),
         DDPD_ESPEC, "model[2].tie",
-        "expected the key of an embedding layer before it, such as \"0\", got \"1\": model[1] is layernorm, "
-        "not "
-        "embedding"),
+        "expected the key of an embedding layer before it, such as \"0\", got \"1\": "
+        "model[1] is layernorm, not embedding"),
     BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":7,\"tie\":\"0\"}]", "[3]"), DDPD_ESPEC,
         "model[1].tie",
-        "a tied linear uses the embedding's [num, dim] table as its [out, in] weight: model[0] is [8, 4], "
-        "this "
-        "linear's [out, in] is [7, 4]"),
+        "a tied linear uses the embedding's [num, dim] table as its [out, in] weight: "
+        "model[0] is [8, 4], this linear's [out, in] is [7, 4]"),
     BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":true}]", "[3]"), DDPD_ESPEC,
         "model[1].tie", "expected the key of an embedding layer before it, such as \"0\", got true"),
     BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":-1}]", "[3]"), DDPD_ESPEC,
