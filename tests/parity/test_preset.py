@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_gpt import OPTS, check, spec_of, token_case
+from test_gpt import OPTS, check, token_case
 
 from pylib import ddp as H
 from pylib import torch_models
