@@ -81,6 +81,10 @@ struct spec_layer {
     int64_t kernel[2], stride[2], padding[2]; /* conv2d, pooling: [h, w] */
     int in_rank, out_rank;
     int64_t in_shape[SPEC_MAX_RANK], out_shape[SPEC_MAX_RANK];
+    /* linear with `tie` (issue 30): the index (into layers[]) of the embedding layer whose
+     * [num, dim] table it uses as its [out, in] weight; -1 when not tied (every other
+     * layer). A list built in code must set -1: spec_layer_tie reads it safely. */
+    int tie;
 };
 
 struct spec_optim {
@@ -126,13 +130,24 @@ struct spec_ddp {
     double timeout_s;                  /* default 300 */
 };
 
+/* `model` given as a preset (issue 30, schema/spec_preset.c): its fields as the user gave
+ * them with the defaults applied, kept so that the spec prints back as the preset; layers[]
+ * holds its expansion. name "" when `model` is a list. */
+struct spec_preset {
+    char name[16]; /* "gpt" */
+    int64_t layers, dim, heads, vocab, block_size;
+    double dropout; /* 0 (the only value the gpt preset takes today) */
+    bool bias, tie; /* default true, true */
+};
+
 struct spec {
     char name[128];     /* default "" */
     int world_size;     /* default 1 */
     device_kind device; /* default cpu unless the caller says otherwise (spec_parse's opts) */
     bool device_set;
-    precision_kind precision; /* GEMM inputs on cuda: exact fp32 (default) or TF32 */
-    int n_layers;             /* every layer, nested ones included (see struct spec_layer) */
+    precision_kind precision;  /* GEMM inputs on cuda: exact fp32 (default) or TF32 */
+    struct spec_preset preset; /* `model` as a preset, or name "" */
+    int n_layers;              /* every layer, nested ones included (see struct spec_layer) */
     struct spec_layer layers[SPEC_MAX_LAYERS];
     /* input_shape: one sample's shape without the batch dimension. Given, or for a model
      * of linear layers and activations alone [model[0].in] (input_shape_set false). */
@@ -279,6 +294,12 @@ int64_t spec_classes(const struct spec *s);
 /* The top-level layer that produces the model's output (the last one of the preorder
  * tree's top level); borrowed, valid while s is; NULL when the model has no layers. */
 const struct spec_layer *spec_output_layer(const struct spec *s);
+
+/* The embedding layer whose table layer i uses as its weight (a linear with `tie`), or -1:
+ * layers[i].tie when it names an earlier embedding of the linear's shape ([out, in] =
+ * [num, dim]), which the validator guarantees; -1 for anything else, so that a list
+ * built in code and zeroed (tie 0) is never tied by accident. */
+int spec_layer_tie(const struct spec *s, int i);
 
 /* For a flat list of linear layers and activations built in code (tests, tools): fills
  * what the validator would (parent, end, key, the shapes, input_shape) from each layer's

@@ -10,7 +10,7 @@ static const char *const layer_names[] = {"linear",    "relu",      "tanh",     
                                           "residual",  "dropout",   "conv2d",   "maxpool2d", "avgpool2d",
                                           "batchnorm", "flatten"};
 
-static const char *const linear_keys[] = {"type", "in", "out", "bias"};
+static const char *const linear_keys[] = {"type", "in", "out", "bias", "tie"};
 static const char *const activation_keys[] = {"type"};
 
 /* ---- the model's shape, which the other sections ask about ---- */
@@ -98,6 +98,45 @@ static const char *const batchnorm_keys[] = {"type", "features", "eps", "momentu
 static ddpd_err parse_layer_list(struct ddpd_error *err, struct spec *s, json_t *list, const char *lpath,
                                  int parent, int depth);
 
+/* A linear's `tie` (issue 30): the state_dict key of an embedding layer before it ("0"; an
+ * integer is a top-level index), whose [num, dim] table the linear uses as its [out, in]
+ * weight, as `lm_head.weight = wte.weight` does in PyTorch. Its bias stays its own. Several
+ * linears may tie to one embedding (PyTorch allows it). */
+static ddpd_err parse_tie(struct ddpd_error *err, struct spec *s, int idx, json_t *layer, const char *lp)
+{
+    struct spec_layer *l = &s->layers[idx];
+    json_t *v = json_object_get(layer, "tie");
+    char path[PATH_CAP], key[sizeof l->key], ep[PATH_CAP];
+    const char *want = "the key of an embedding layer before it, such as \"0\"";
+    if (!v)
+        return DDPD_OK;
+    path_key(path, lp, "tie");
+    if (json_is_integer(v) && json_integer_value(v) >= 0)
+        snprintf(key, sizeof key, "%lld", (long long)json_integer_value(v));
+    else if (!json_is_string(v))
+        return fail_type(err, path, want, v);
+    else if (get_str_value(err, v, path, key, sizeof key) != DDPD_OK)
+        return DDPD_ESPEC;
+    int t = -1;
+    for (int j = 0; j < idx && t < 0; j++)
+        if (strcmp(s->layers[j].key, key) == 0)
+            t = j;
+    if (t < 0)
+        return fail(err, path, "expected %s, got \"%s\": no layer before %s has that key", want, key, lp);
+    const struct spec_layer *e = &s->layers[t];
+    layer_path(ep, s, t);
+    if (e->kind != LAYER_EMBEDDING)
+        return fail(err, path, "expected %s, got \"%s\": %s is %s, not embedding", want, key, ep,
+                    layer_kind_name(e->kind));
+    if (l->out != e->num || l->in != e->dim)
+        return fail(err, path,
+                    "a tied linear uses the embedding's [num, dim] table as its [out, in] weight: %s is "
+                    "[%lld, %lld], this linear's [out, in] is [%lld, %lld]",
+                    ep, (long long)e->num, (long long)e->dim, (long long)l->out, (long long)l->in);
+    l->tie = t;
+    return DDPD_OK;
+}
+
 static ddpd_err parse_layer(struct ddpd_error *err, struct spec *s, int idx, json_t *layer, const char *lp,
                             int depth)
 {
@@ -111,6 +150,7 @@ static ddpd_err parse_layer(struct ddpd_error *err, struct spec *s, int idx, jso
     if (rc != DDPD_OK)
         return rc;
     l->kind = type_kinds[t];
+    l->tie = -1;
     l->bias = true;
     l->causal = true;
     l->eps = NORM_EPS_DEFAULT;
@@ -124,6 +164,8 @@ static ddpd_err parse_layer(struct ddpd_error *err, struct spec *s, int idx, jso
             rc = get_int(err, layer, lp, "out", 1, SPEC_MAX_WIDTH, true, &l->out);
         if (rc == DDPD_OK)
             rc = get_bool(err, layer, lp, "bias", &l->bias);
+        if (rc == DDPD_OK)
+            rc = parse_tie(err, s, idx, layer, lp);
         return rc;
     case LAYER_RELU:
     case LAYER_TANH:
@@ -512,20 +554,43 @@ static ddpd_err parse_input_shape(struct ddpd_error *err, json_t *root, struct s
     return DDPD_OK;
 }
 
+ddpd_err parse_layers(struct ddpd_error *err, struct spec *s, json_t *list, const char *path)
+{
+    s->n_layers = 0;
+    return parse_layer_list(err, s, list, path, -1, 0);
+}
+
 ddpd_err parse_model(struct ddpd_error *err, json_t *root, struct spec *s)
 {
-    json_t *model = json_object_get(root, "model");
+    json_t *model = json_object_get(root, "model"), *expansion = NULL;
     char lp[PATH_CAP], path[PATH_CAP];
     ddpd_err rc;
     if (!model)
         return fail(err, "model",
                     "missing (expected a list of layers such as "
-                    "[{\"type\": \"linear\", \"in\": 10, \"out\": 1}])");
-    s->n_layers = 0;
-    if ((rc = parse_layer_list(err, s, model, "model", -1, 0)) != DDPD_OK)
+                    "[{\"type\": \"linear\", \"in\": 10, \"out\": 1}], or a preset such as "
+                    "{\"preset\": \"gpt\", ...})");
+    /* A preset (spec_preset.c) is the list it expands to; its input is one window of ids. */
+    if (json_is_object(model) && !json_object_get(model, "preset"))
+        return fail(
+            err, "model",
+            "expected a list of layers, or a preset such as {\"preset\": \"gpt\", ...}, got an object "
+            "without \"preset\"");
+    if (json_is_object(model) && (rc = parse_preset(err, model, s, &expansion)) != DDPD_OK)
+        return rc;
+    rc = parse_layers(err, s, expansion ? expansion : model, "model");
+    json_decref(expansion);
+    if (rc == DDPD_OK && s->preset.name[0])
+        rc = check_expanded(err, model, s);
+    if (rc != DDPD_OK)
         return rc;
     if ((rc = parse_input_shape(err, root, s)) != DDPD_OK)
         return rc;
+    if (s->preset.name[0] && !s->input_shape_set) {
+        s->input_rank = 1;
+        s->input_shape[0] = s->preset.block_size;
+        s->input_shape_set = true;
+    }
 
     const struct spec_layer *l0 = &s->layers[0];
     const int odd = first_non_mlp(s);
@@ -615,6 +680,7 @@ void spec_flat_layers(struct spec *s)
         struct spec_layer *l = &s->layers[i];
         l->parent = -1;
         l->end = i + 1;
+        l->tie = -1;
         snprintf(l->key, sizeof l->key, "%d", i);
         l->in_rank = l->out_rank = 1;
         l->in_shape[0] = l->in;
@@ -623,6 +689,17 @@ void spec_flat_layers(struct spec *s)
     s->input_rank = s->n_layers > 0 ? 1 : 0;
     s->input_shape[0] = s->n_layers > 0 ? s->layers[0].in : 0;
     s->input_shape_set = false;
+}
+
+int spec_layer_tie(const struct spec *s, int i)
+{
+    if (i < 0 || i >= s->n_layers)
+        return -1;
+    const struct spec_layer *l = &s->layers[i];
+    if (l->kind != LAYER_LINEAR || l->tie < 0 || l->tie >= i)
+        return -1;
+    const struct spec_layer *e = &s->layers[l->tie];
+    return e->kind == LAYER_EMBEDDING && e->num == l->out && e->dim == l->in ? l->tie : -1;
 }
 
 int64_t spec_sample_numel(const struct spec *s)

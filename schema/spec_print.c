@@ -95,6 +95,8 @@ static json_t *layers_to_json(const struct spec *s, int from, int to, bool *ok)
         case LAYER_LINEAR:
             lj = json_pack("{s:s, s:I, s:I, s:b}", "type", "linear", "in", (json_int_t)l->in, "out",
                            (json_int_t)l->out, "bias", l->bias);
+            if (lj && l->tie >= 0) /* the embedding's key, as the spec names it */
+                put(lj, "tie", json_string(s->layers[l->tie].key), ok);
             break;
         case LAYER_RELU:
         case LAYER_TANH:
@@ -162,7 +164,8 @@ struct json_t *spec_to_json(const struct spec *s)
     put(j, "world_size", json_integer(s->world_size), &ok);
     put(j, "device", json_string(device_kind_name(s->device)), &ok);
     put(j, "precision", json_string(precision_names[s->precision]), &ok);
-    put(j, "model", model, &ok);
+    /* A preset prints as itself, its layers beside it (`expanded`): what a job ran, both ways. */
+    put(j, "model", s->preset.name[0] ? preset_to_json(s, model) : model, &ok);
     if (s->input_shape_set) {
         json_t *shape = json_array();
         for (int i = 0; shape && i < s->input_rank; i++)

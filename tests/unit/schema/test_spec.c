@@ -307,6 +307,9 @@ struct bad_case {
     ",\"data\":{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"y.npy\"},\"batch_size\":2,\"steps\":10}"
 #define V2CE(model, shape)  V2(model, shape, "cross_entropy")
 #define V2MSE(model, shape) V2(model, shape, "mse")
+#define PRESET(fields)                                                                                       \
+    "{\"model\":{" fields "},\"loss\":\"cross_entropy\",\"optimizer\":" ADAMW                                \
+    ",\"data\":{\"type\":\"tokens\",\"path\":\"t.bin\",\"block_size\":3},\"batch_size\":2,\"steps\":10}"
 #define V2_CONV_DATA(data)                                                                                   \
     "{\"model\":[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":3},{\"type\":\"flatten\"}],"             \
     "\"input_shape\":[1,4,4],\"loss\":\"mse\",\"optimizer\":" ADAMW ",\"data\":" data                        \
@@ -358,7 +361,7 @@ static const struct bad_case bad_cases[] = {
         "unknown key (expected one of bucket_cap_mb, join, divide_by_initial_world_size, backend, "
         "timeout_s)"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2,\"biass\":true}]"), DDPD_ESPEC, "model[0].biass",
-        "unknown key (did you mean \"bias\"? expected one of type, in, out, bias)"),
+        "unknown key (did you mean \"bias\"? expected one of type, in, out, bias, tie)"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2},{\"type\":\"relu\",\"in\":2}]"), DDPD_ESPEC,
         "model[1].in", "unknown key (a relu layer takes only \"type\")"),
     BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from_file\":\"w\"}"), DDPD_ESPEC, "init.from_file",
@@ -446,8 +449,11 @@ static const struct bad_case bad_cases[] = {
 
     /* model */
     BAD(SPEC(LOSS, OPTIM, DATA, BATCH, "\"grad_accum\":1", ""), DDPD_ESPEC, "model",
-        "missing (expected a list of layers such as [{\"type\": \"linear\", \"in\": 10, \"out\": 1}])"),
-    BAD(WITH_MODEL("{\"type\":\"linear\"}"), DDPD_ESPEC, "model", "expected a list of layers, got an object"),
+        "missing (expected a list of layers such as [{\"type\": \"linear\", \"in\": 10, \"out\": 1}], or a "
+        "preset such as {\"preset\": \"gpt\", ...})"),
+    BAD(WITH_MODEL("{\"type\":\"linear\"}"), DDPD_ESPEC, "model",
+        "expected a list of layers, or a preset such as {\"preset\": \"gpt\", ...}, got an object without "
+        "\"preset\""),
     BAD(WITH_MODEL("[]"), DDPD_ESPEC, "model", "expected at least one layer, got an empty list"),
     BAD("@70layers", DDPD_ESPEC, "model", "at most 64 layers, got 70"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2},5]"), DDPD_ESPEC, "model[1]",
@@ -619,6 +625,52 @@ static const struct bad_case bad_cases[] = {
         "missing (expected a non-empty list of layers)"),
     BAD(V2CE("[" EMB ",{\"type\":\"residual\",\"layers\":{\"type\":\"relu\"}}]", "[3]"), DDPD_ESPEC,
         "model[1].layers", "expected a list of layers, got an object"),
+    /* tie (issue 30): an embedding before the linear, of its shape */
+    BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":\"5\"}]", "[3]"), DDPD_ESPEC,
+        "model[1].tie",
+        "expected the key of an embedding layer before it, such as \"0\", got \"5\": "
+        "no layer before model[1] has that key"),
+    BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":1}]", "[3]"), DDPD_ESPEC,
+        "model[1].tie",
+        "expected the key of an embedding layer before it, such as \"0\", got \"1\": "
+        "no layer before model[1] has that key"),
+    BAD(V2CE("[" EMB ",{\"type\":\"layernorm\",\"dim\":4},{\"type\":\"linear\",\"in\":4,\"out\":8,"
+             "\"tie\":\"1\"}]",
+             "[3]"),
+        DDPD_ESPEC, "model[2].tie",
+        "expected the key of an embedding layer before it, such as \"0\", got \"1\": "
+        "model[1] is layernorm, not embedding"),
+    BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":7,\"tie\":\"0\"}]", "[3]"), DDPD_ESPEC,
+        "model[1].tie",
+        "a tied linear uses the embedding's [num, dim] table as its [out, in] weight: "
+        "model[0] is [8, 4], this linear's [out, in] is [7, 4]"),
+    BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":true}]", "[3]"), DDPD_ESPEC,
+        "model[1].tie", "expected the key of an embedding layer before it, such as \"0\", got true"),
+    BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":-1}]", "[3]"), DDPD_ESPEC,
+        "model[1].tie", "expected the key of an embedding layer before it, such as \"0\", got -1"),
+    /* the gpt preset (issue 30): each field at model.<field> */
+    BAD(PRESET("\"preset\":\"gpt2\",\"layers\":1"), DDPD_ESPEC, "model.preset",
+        "expected one of gpt, got \"gpt2\""),
+    BAD(PRESET("\"preset\":\"gpt\",\"layers\":2,\"dim\":768,\"heads\":5,\"vocab\":8,\"block_size\":3"),
+        DDPD_ESPEC, "model.heads", "dim 768 is not a multiple of heads 5"),
+    BAD(PRESET("\"preset\":\"gpt\",\"layers\":2,\"dim\":8,\"head\":2,\"vocab\":8,\"block_size\":3"),
+        DDPD_ESPEC, "model.head",
+        "unknown key (did you mean \"heads\"? expected one of preset, layers, dim, heads, vocab, block_size, "
+        "dropout, bias, tie, expanded)"),
+    BAD(PRESET("\"preset\":\"gpt\",\"layers\":30,\"dim\":8,\"heads\":2,\"vocab\":8,\"block_size\":3"),
+        DDPD_ESPEC, "model.layers", "expected an integer from 1 to 29, got 30"),
+    BAD(PRESET("\"preset\":\"gpt\",\"layers\":1,\"dim\":8,\"heads\":2,\"block_size\":3"), DDPD_ESPEC,
+        "model.vocab", "missing (expected an integer from 1 to 1048576)"),
+    BAD(PRESET("\"preset\":\"gpt\",\"layers\":1,\"dim\":8,\"heads\":2,\"vocab\":8,\"block_size\":3,"
+               "\"dropout\":0.1"),
+        DDPD_ESPEC, "model.dropout",
+        "the gpt preset takes only 0: nanoGPT's dropout also drops attention probabilities (attn_dropout), "
+        "which ddpd's attention layer does not do; write the layer list by hand for dropout layers alone"),
+    BAD(PRESET("\"preset\":\"gpt\",\"layers\":1,\"dim\":8,\"heads\":2,\"vocab\":8,\"block_size\":3,"
+               "\"expanded\":[{\"type\":\"embedding\",\"num\":8,\"dim\":8}]"),
+        DDPD_ESPEC, "model.expanded",
+        "differs from the gpt preset's layers (it is written by ddpd, to show them: leave it out or give the "
+        "preset's own)"),
     BAD("@residual65", DDPD_ESPEC, "model[1].layers", "at most 64 layers, got 65"),
     BAD("@300layers", DDPD_ESPEC, "model[5].layers[10]",
         "at most 256 layers in the whole model, the residuals' layers counted"),
@@ -1466,6 +1518,85 @@ static void test_showable_text(void)
     CHECK_EQ_INT(text_check_showable("fine", 4, "name", NULL), DDPD_OK);
 }
 
+/* tie (issue 30): "0" or 0 names the embedding; a tied linear inside a residual too; the
+ * tied weight counted once; the key printed back; spec_layer_tie ignores a zeroed tie. */
+static void test_tie(void)
+{
+    static const char *const specs[] = {
+        V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"bias\":false,\"tie\":\"0\"}]", "[3]"),
+        V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"bias\":false,\"tie\":0}]", "[3]"),
+        V2CE("[" EMB ",{\"type\":\"residual\",\"layers\":[{\"type\":\"linear\",\"in\":4,\"out\":4}]},"
+             "{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":\"0\"}]",
+             "[3]"),
+    };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        struct spec a, b;
+        struct ddpd_error e;
+        CHECK_EQ_INT(parse(specs[i], &a, &e), DDPD_OK);
+        CHECK_EQ_STR(e.message, "");
+        const int head = a.n_layers - 1;
+        CHECK_EQ_INT(a.layers[head].tie, 0);
+        CHECK_EQ_INT(spec_layer_tie(&a, head), 0);
+        CHECK_EQ_INT(a.layers[0].tie, -1);
+        CHECK_EQ_INT(spec_layer_tie(&a, 0), -1);
+        /* the embedding's 8x4 once, the head's bias, the residual's linear */
+        CHECK_EQ_INT(spec_param_count(&a), 32 + (a.layers[head].bias ? 8 : 0) + (i == 2 ? 20 : 0));
+        char *text = spec_dumps(&a);
+        CHECK(text != NULL);
+        CHECK(strstr(text, "\"tie\":\"0\"") != NULL);
+        CHECK_EQ_INT(parse(text, &b, &e), DDPD_OK);
+        check_same(&a, &b);
+        free(text);
+        /* A list built in code and zeroed: tie 0 on a linear whose shape does not fit the
+         * embedding is no tie. */
+        b.layers[head].tie = 0;
+        b.layers[head].out = 7;
+        CHECK_EQ_INT(spec_layer_tie(&b, head), -1);
+    }
+}
+
+/* The gpt preset (issue 30): its expansion, input_shape [block_size], the preset printed
+ * back with `expanded` beside it, parsed to the same spec. */
+static void test_preset(void)
+{
+    struct spec a, b;
+    struct ddpd_error e;
+    CHECK_EQ_INT(parse(PRESET("\"preset\":\"gpt\",\"layers\":3,\"dim\":8,\"heads\":2,\"vocab\":11,"
+                              "\"block_size\":3,\"bias\":false"),
+                       &a, &e),
+                 DDPD_OK);
+    CHECK_EQ_STR(e.message, "");
+    CHECK_EQ_STR(a.preset.name, "gpt");
+    CHECK_EQ_INT(a.n_layers, 8 * 3 + 5);
+    CHECK_EQ_INT(a.input_rank, 1);
+    CHECK_EQ_INT(a.input_shape[0], 3);
+    CHECK_EQ_INT(a.layers[0].kind, LAYER_EMBEDDING);
+    CHECK_EQ_INT(a.layers[2].kind, LAYER_DROPOUT);
+    CHECK_EQ_INT(a.layers[4].kind, LAYER_LAYERNORM); /* 3.0: the first block's ln_1 */
+    CHECK(!a.layers[4].bias);
+    CHECK_EQ_INT(a.layers[5].heads, 2);
+    CHECK_EQ_INT(a.layers[9].kind, LAYER_GELU_TANH); /* 4.2 */
+    CHECK_EQ_STR(a.layers[a.n_layers - 1].key, "10");
+    CHECK_EQ_INT(a.layers[a.n_layers - 1].tie, 0);
+    CHECK(!a.layers[a.n_layers - 1].bias);
+    /* embedding 11·8 once; per block: attention 4·64, MLP 8·32 + 32·8, no biases, no
+     * layernorm biases; the layernorms' weights 2·8 per block and ln_f 8; position 3·8 */
+    CHECK_EQ_INT(spec_param_count(&a), 88 + 24 + 3 * (256 + 512 + 16) + 8);
+    char *text = spec_dumps(&a);
+    CHECK(text != NULL);
+    CHECK(strstr(text, "\"model\":{\"preset\":\"gpt\"") != NULL && strstr(text, "\"expanded\":[") != NULL);
+    CHECK_EQ_INT(parse(text, &b, &e), DDPD_OK);
+    CHECK_EQ_STR(e.message, "");
+    check_same(&a, &b);
+    free(text);
+    /* tie false: the head has its own weight */
+    CHECK_EQ_INT(parse(PRESET("\"preset\":\"gpt\",\"layers\":1,\"dim\":8,\"heads\":2,\"vocab\":11,"
+                              "\"block_size\":3,\"tie\":false"),
+                       &a, &e),
+                 DDPD_OK);
+    CHECK_EQ_INT(a.layers[a.n_layers - 1].tie, -1);
+}
+
 int main(void)
 {
     test_showable_text();
@@ -1479,6 +1610,8 @@ int main(void)
     test_v2_conv();
     test_v2_round_trip();
     test_v2_memory();
+    test_tie();
+    test_preset();
     fprintf(stderr, "%d invalid specs\n", n);
     CHECK_DONE();
 }
