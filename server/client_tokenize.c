@@ -72,7 +72,7 @@ static bool open_out(struct tok_out *o, const char *path, size_t width)
         errno = ENAMETOOLONG;
         return false;
     }
-    o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    o->fd = open(o->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); /* read back: the eval tail */
     return o->fd >= 0;
 }
 
