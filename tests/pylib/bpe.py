@@ -46,27 +46,39 @@ def pretokens(text):
 
 
 def train(text, merges, sample=None):
-    """Learns `merges` merges on the pre-tokens of text: (vocab {alpha token: id}, merges
-    [(a, b)]), ids: the 256 bytes in byte order, then each merge's result."""
+    """Learns up to `merges` merges on the pre-tokens of text (or its first `sample`
+    characters): (vocab {alpha token: id}, merges [(a, b)]), ids: the 256 bytes in byte
+    order, then each merge's result. Each step merges the most frequent pair (ties: the
+    smallest pair), counts kept up to date word by word, so thousands of merges take
+    seconds."""
+    import heapq
     words = collections.Counter(to_alpha(w.encode()) for w in pretokens(text if sample is None else text[:sample]))
     seqs = {w: list(w) for w in words}
+    counts = collections.Counter()
+    where = collections.defaultdict(set)
+    for w, c in words.items():
+        s = seqs[w]
+        for i in range(len(s) - 1):
+            counts[s[i], s[i + 1]] += c
+            where[s[i], s[i + 1]].add(w)
+    heap = [(-c, p) for p, c in counts.items()]
+    heapq.heapify(heap)
     vocab = {B2U[b]: b for b in range(256)}
     out = []
-    for _ in range(merges):
-        pairs = collections.Counter()
-        for w, c in words.items():
-            s = seqs[w]
-            for i in range(len(s) - 1):
-                pairs[s[i], s[i + 1]] += c
-        if not pairs:
-            break
-        best = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))[0]
+    while len(out) < merges and heap:
+        c, best = heapq.heappop(heap)
+        if counts.get(best, 0) != -c or c == 0:
+            continue  # stale
         a, b = best
         out.append(best)
         if a + b not in vocab:
             vocab[a + b] = len(vocab)
-        for w in words:
-            s = seqs[w]
+        changed = set()
+        for w in list(where.pop(best, ())):
+            s, n = seqs[w], words[w]
+            for i in range(len(s) - 1):
+                counts[s[i], s[i + 1]] -= n
+                changed.add((s[i], s[i + 1]))
             i, t = 0, []
             while i < len(s):
                 if i + 1 < len(s) and s[i] == a and s[i + 1] == b:
@@ -76,6 +88,15 @@ def train(text, merges, sample=None):
                     t.append(s[i])
                     i += 1
             seqs[w] = t
+            for i in range(len(t) - 1):
+                p = (t[i], t[i + 1])
+                counts[p] += n
+                where[p].add(w)
+                changed.add(p)
+        counts.pop(best, None)
+        for p in changed:  # every changed count gets an entry; the old ones are stale
+            if counts.get(p, 0) > 0:
+                heapq.heappush(heap, (-counts[p], p))
     return vocab, out
 
 
