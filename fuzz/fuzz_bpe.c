@@ -12,24 +12,8 @@
 
 #include "tokenizer/bpe.h"
 
-/* GPT-2's byte alphabet: byte b's character (UTF-8) into out. */
-static size_t alpha(int b, char *out)
-{
-    int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF), n = 0;
-    for (int c = 0; !printable && c < b; c++)
-        n += !((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF));
-    int cp = printable ? b : 256 + n;
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    out[0] = (char)(0xC0 | (cp >> 6));
-    out[1] = (char)(0x80 | (cp & 0x3F));
-    return 2;
-}
-
 /* A JSON string of an alphabet token (its text t[0..n)), escaped, appended to v. */
-static size_t put_token(char *v, size_t at, const char *t, size_t n)
+static size_t put_token(char *v, size_t cap, size_t at, const char *t, size_t n)
 {
     v[at++] = '"';
     for (size_t i = 0; i < n; i++) {
@@ -37,7 +21,7 @@ static size_t put_token(char *v, size_t at, const char *t, size_t n)
         if (c == '"' || c == '\\')
             v[at++] = '\\';
         if (c < 0x20)
-            at += (size_t)sprintf(v + at, "\\u%04x", c);
+            at += (size_t)snprintf(v + at, cap - at, "\\u%04x", c);
         else
             v[at++] = (char)c;
     }
@@ -49,14 +33,15 @@ static size_t put_token(char *v, size_t at, const char *t, size_t n)
  * the loader's JSON_REJECT_DUPLICATES, which then refuses the file). */
 static char *build_vocab(const char *merges, size_t n, size_t *len)
 {
-    char *v = malloc(256 * 16 + n * 12 + 64);
+    const size_t cap = 256 * 16 + n * 12 + 64; /* a line of L bytes writes at most 6L + 18 */
+    char *v = malloc(cap);
     size_t at = 0, id = 0;
     v[at++] = '{';
     for (int b = 0; b < 256; b++) {
         char t[4];
-        size_t k = alpha(b, t);
-        at = put_token(v, at, t, k);
-        at += (size_t)sprintf(v + at, ":%zu,", id++);
+        size_t k = bpe_byte_char((unsigned char)b, t);
+        at = put_token(v, cap, at, t, k);
+        at += (size_t)snprintf(v + at, cap - at, ":%zu,", id++);
     }
     for (size_t i = 0; i < n;) {
         const char *s = merges + i, *nl = memchr(s, '\n', n - i);
@@ -68,8 +53,8 @@ static char *build_vocab(const char *merges, size_t n, size_t *len)
         char *joined = malloc(k);
         memcpy(joined, s, (size_t)(sp - s));
         memcpy(joined + (sp - s), sp + 1, k - (size_t)(sp - s) - 1);
-        at = put_token(v, at, joined, k - 1);
-        at += (size_t)sprintf(v + at, ":%zu,", id++);
+        at = put_token(v, cap, at, joined, k - 1);
+        at += (size_t)snprintf(v + at, cap - at, ":%zu,", id++);
         free(joined);
     }
     v[at - 1] = '}';

@@ -71,6 +71,10 @@ size_t bpe_decode(const struct bpe *b, const int32_t *ids, size_t n, char *out, 
  * space) on each side; 0 when there is none. */
 size_t bpe_safe_cut(const char *text, size_t n);
 
+/* Byte b's character in GPT-2's byte alphabet (bytes_to_unicode), as UTF-8 into out (1 or
+ * 2 bytes): their count. What vocab.json and merges.txt write a token's bytes with. */
+size_t bpe_byte_char(unsigned char b, char out[2]);
+
 /* Whether PCRE2 compiled the pattern to machine code (its JIT), for the benchmark's
  * report. */
 bool bpe_jit(const struct bpe *b);

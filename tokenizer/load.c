@@ -24,6 +24,18 @@ static int byte_to_cp(int b)
     return ((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)) ? b : 256 + n;
 }
 
+size_t bpe_byte_char(unsigned char b, char out[2])
+{
+    int cp = byte_to_cp(b);
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    out[0] = (char)(0xC0 | (cp >> 6));
+    out[1] = (char)(0x80 | (cp & 0x3F));
+    return 2;
+}
+
 /* The byte each alphabet code point stands for; -1 outside the alphabet. */
 struct alphabet {
     int16_t byte[324];

@@ -10,7 +10,8 @@
 #include "check.h"
 #include "tokenizer/bpe.h"
 
-/* GPT-2's bytes_to_unicode, written again here: byte b's character as UTF-8 into out. */
+/* GPT-2's bytes_to_unicode, written again here (not bpe_byte_char: the loader's alphabet is
+ * what this checks): byte b's character as UTF-8 into out. */
 static size_t alpha(int b, char *out)
 {
     int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
