@@ -175,6 +175,9 @@ struct spec {
      * checkpoint, or -1 for its final model (else its newest checkpoint). */
     int64_t init_from_job;
     int64_t init_from_step;
+    /* tokenizer: GPT-2's vocab.json and merges.txt, relative to data_dir; "" without one */
+    char tokenizer_vocab[SPEC_PATH_MAX];
+    char tokenizer_merges[SPEC_PATH_MAX];
 };
 
 struct spec_parse_opts {

@@ -218,6 +218,9 @@ struct json_t *spec_to_json(const struct spec *s)
     put(j, "log_every", json_integer(s->log_every), &ok);
     put(j, "max_restarts", json_integer(s->max_restarts), &ok);
     put(j, "on_nonfinite", json_string(nonfinite_names[s->on_nonfinite]), &ok);
+    if (s->tokenizer_vocab[0])
+        put(j, "tokenizer",
+            json_pack("{s:s, s:s}", "vocab", s->tokenizer_vocab, "merges", s->tokenizer_merges), &ok);
     if (!ok) {
         json_decref(j);
         return NULL;

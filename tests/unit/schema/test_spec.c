@@ -340,16 +340,16 @@ static const struct bad_case bad_cases[] = {
     BAD(OK_PLUS(",\"epoch\":1"), DDPD_ESPEC, "epoch",
         "unknown key (did you mean \"epochs\"? expected one of name, world_size, device, precision, "
         "model, input_shape, loss, optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, "
-        "ddp, init, checkpoint, log_every, max_restarts, on_nonfinite)"),
+        "ddp, init, checkpoint, log_every, max_restarts, on_nonfinite, tokenizer)"),
     BAD(OK_PLUS(",\"learning rate\":1"), DDPD_ESPEC, "[\"learning rate\"]",
         "unknown key (expected one of name, world_size, device, precision, model, input_shape, loss, "
         "optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, ddp, init, checkpoint, "
-        "log_every, max_restarts, on_nonfinite)"),
+        "log_every, max_restarts, on_nonfinite, tokenizer)"),
     /* a key echoed in a message carries no terminal control: C0, DEL and C1 come out escaped */
     BAD(OK_PLUS(",\"a\\u001b[2J\\u007f\\u009b\":1"), DDPD_ESPEC, "[\"a\\u001b[2J\\u007f\\u009b\"]",
         "unknown key (expected one of name, world_size, device, precision, model, input_shape, loss, "
         "optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, ddp, init, checkpoint, "
-        "log_every, max_restarts, on_nonfinite)"),
+        "log_every, max_restarts, on_nonfinite, tokenizer)"),
     BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"momentun\":0.9}"), DDPD_ESPEC, "optimizer.momentun",
         "unknown key (did you mean \"momentum\"? expected one of type, lr, momentum, dampening, "
         "weight_decay, nesterov, schedule)"),
@@ -592,6 +592,18 @@ static const struct bad_case bad_cases[] = {
         "expected one of fp32, tf32, got 32"),
     BAD(OK_PLUS(",\"device\":\"cpu\",\"precision\":\"tf32\""), DDPD_ESPEC, "precision",
         "tf32 needs device \"cuda\" (device is \"cpu\")"),
+
+    /* tokenizer */
+    BAD(GPT_WITH(ADAMW, TOKENS, ",\"tokenizer\":{\"vocab\":\"v.json\"}"), DDPD_ESPEC, "tokenizer.merges",
+        "missing (expected a file path relative to the data directory)"),
+    BAD(GPT_WITH(ADAMW, TOKENS, ",\"tokenizer\":{\"vocab\":\"/v.json\",\"merges\":\"m.txt\"}"), DDPD_ESPEC,
+        "tokenizer.vocab", "must be relative to the data directory, got \"/v.json\""),
+    BAD(GPT_WITH(ADAMW, TOKENS, ",\"tokenizer\":{\"vocab\":\"v.json\",\"merges\":\"m.txt\",\"bpe\":1}"),
+        DDPD_ESPEC, "tokenizer.bpe", "unknown key (expected one of vocab, merges)"),
+    BAD(GPT_WITH(ADAMW, TOKENS, ",\"tokenizer\":\"gpt2\""), DDPD_ESPEC, "tokenizer",
+        "expected an object, got \"gpt2\""),
+    BAD(OK_PLUS(",\"tokenizer\":{\"vocab\":\"v.json\",\"merges\":\"m.txt\"}"), DDPD_ESPEC, "tokenizer",
+        "a tokenizer needs a model that reads token ids (its first layer embedding)"),
 
     /* init */
     BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from\":\"w.safetensors\"}"), DDPD_ESPEC, "init.from",
@@ -1243,6 +1255,24 @@ static void test_v2_conv(void)
     CHECK_EQ_INT(spec_target_numel(&s), 2 * 6 * 6);
 }
 
+/* A tokenizer is printed back as given, and parses back to the same paths. */
+static void test_tokenizer_round_trip(void)
+{
+    const char *text =
+        GPT_WITH(ADAMW, TOKENS, ",\"tokenizer\":{\"vocab\":\"gpt2/vocab.json\",\"merges\":\"gpt2/m.txt\"}");
+    struct spec a, b;
+    struct ddpd_error e;
+    CHECK_EQ_INT(parse(text, &a, &e), DDPD_OK);
+    CHECK_EQ_STR(a.tokenizer_vocab, "gpt2/vocab.json");
+    CHECK_EQ_STR(a.tokenizer_merges, "gpt2/m.txt");
+    char *back = spec_dumps(&a);
+    CHECK(back && strstr(back, "\"tokenizer\":{\"vocab\":\"gpt2/vocab.json\",\"merges\":\"gpt2/m.txt\"}"));
+    CHECK_EQ_INT(parse(back, &b, &e), DDPD_OK);
+    CHECK_EQ_STR(b.tokenizer_vocab, a.tokenizer_vocab);
+    CHECK_EQ_STR(b.tokenizer_merges, a.tokenizer_merges);
+    free(back);
+}
+
 static void test_v2_round_trip(void)
 {
     const char *specs[] = {gpt_spec, conv_spec};
@@ -1277,6 +1307,7 @@ static void test_v2_round_trip(void)
                 json_object_get(json_object_get(json_object_get(j, "eval"), "data"), "shuffle")));
             CHECK(json_real_value(json_object_get(j, "grad_clip")) == 1.0);
             CHECK_EQ_INT(json_array_size(json_object_get(j, "input_shape")), 1);
+            CHECK(json_object_get(j, "tokenizer") == NULL); /* none unless given */
         } else {
             json_t *pool = json_array_get(model, 3);
             CHECK_EQ_INT(json_integer_value(json_array_get(json_object_get(pool, "stride"), 1)), 2);
@@ -1609,6 +1640,7 @@ int main(void)
     test_v2_gpt();
     test_v2_conv();
     test_v2_round_trip();
+    test_tokenizer_round_trip();
     test_v2_memory();
     test_tie();
     test_preset();
