@@ -15,9 +15,10 @@
   const U = ddpd.util, api = ddpd.api;
   const {el, fill} = U;
 
-  /* The first and last layers of the model's top level. */
+  /* The first and last layers of the model's top level (a preset's: the list it expanded to). */
   function ends(spec) {
-    const m = spec && Array.isArray(spec.model) ? spec.model : [];
+    const model = spec && spec.model;
+    const m = Array.isArray(model) ? model : model && Array.isArray(model.expanded) ? model.expanded : [];
     return m.length ? [m[0], m[m.length - 1]] : [null, null];
   }
 

@@ -660,6 +660,38 @@ async function main() {
     }
   });
 
+  await step('a gpt preset job with a GPT-2 tokenizer: the Sample box takes text and gives the BPE\'s text', async () => {
+    /* GPT-2's byte alphabet (bytes_to_unicode), the 256 bytes then three merges: "the" is
+     * t + he, " theme" is Ġthe + m + e, so the prompt below is 5 tokens. */
+    const keep = [];
+    for (let b = 33; b <= 126; b++) keep.push(b);
+    for (let b = 161; b <= 172; b++) keep.push(b);
+    for (let b = 174; b <= 255; b++) keep.push(b);
+    const alphabet = new Array(256);
+    let extra = 0;
+    for (let b = 0; b < 256; b++) alphabet[b] = String.fromCodePoint(keep.includes(b) ? b : 256 + extra++);
+    const vocab = Object.fromEntries(alphabet.map((c, i) => [c, i]));
+    Object.assign(vocab, {he: 256, '\u0120t': 257, '\u0120the': 258});
+    writeFileSync(path.join(TMP, 'infer', 'vocab.json'), JSON.stringify(vocab));
+    writeFileSync(path.join(TMP, 'infer', 'merges.txt'), '#version: 0.2\nh e\n\u0120 t\n\u0120t he\n');
+    const id = await trainJob({name: 'browser-gpt-bpe', world_size: 1, device: 'cpu',
+      model: {preset: 'gpt', layers: 1, dim: 32, heads: 2, vocab: 259, block_size: 32},
+      loss: 'cross_entropy', optimizer: {type: 'adamw', lr: 0.003},
+      data: {type: 'tokens', path: 'train.bin', block_size: 32, seed: 1},
+      tokenizer: {vocab: 'vocab.json', merges: 'merges.txt'}, batch_size: 2, steps: 5, log_every: 5});
+    await page.goto(`${inf.url}/web/index.html#/jobs/${id}`);
+    await page.waitForSelector('#sample-card');
+    check((await page.getAttribute('#sample-prompt', 'placeholder')) === 'text to continue', 'the box asks for text');
+    await fillSample({prompt: 'the theme', length: 12, temperature: 1, 'top-k': 0, seed: 7});
+    await page.click('#sample-generate');
+    check((await sampleDone()) === 'done', 'the generation ended: ' + (await page.textContent('#sample-card')));
+    const sum = await page.textContent('#sample-summary');
+    check(/^12 tokens in /.test(sum) && /prompt 5 tokens/.test(sum), 'the BPE\'s 5 prompt tokens: ' + sum);
+    const want = await infApi('POST', `/v1/jobs/${id}/generate`, {prompt: 'the theme', max_new_tokens: 12, temperature: 1, top_k: 0, seed: 7});
+    check(want.status === 200 && want.body.prompt_tokens === 5 && (await generated()) === want.body.text,
+      `the box's text is the answer's: ${JSON.stringify(await generated())} vs ${JSON.stringify(want.body.text)}`);
+  });
+
   await step('a classifier\'s page predicts 8 eval samples: label, class, probability, a mark when wrong; screenshot', async () => {
     const id = await trainJob({...seed, name: 'browser-classifier', epochs: undefined, steps: 60, log_every: 10,
       batch_size: 16, model: [{type: 'linear', in: 10, out: 16}, {type: 'relu'}, {type: 'linear', in: 16, out: 3}],
