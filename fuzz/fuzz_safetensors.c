@@ -1,4 +1,4 @@
-/* fuzz_safetensors.c — the safetensors reader (worker/safetensors.c) on any file, as
+/* fuzz_safetensors.c — the safetensors reader (schema/safetensors.c) on any file, as
  * `init.from` and checkpoint restores call it. A file either fails with DDPD_EDATA naming
  * it, or every tensor it lists can be read in full (ASan checks the bounds) and found by
  * its name. */
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "fuzz_files.h"
-#include "worker/safetensors.h"
+#include "schema/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -54,6 +54,9 @@ typedef enum { JOIN_AUTO, JOIN_TRUE, JOIN_FALSE } join_mode;
 typedef enum { BACKEND_CPU, BACKEND_NCCL } comm_backend;
 typedef enum { PRECISION_FP32, PRECISION_TF32 } precision_kind;
 typedef enum { NONFINITE_FAIL, NONFINITE_CONTINUE } nonfinite_mode;
+/* init.format: the names and layout of init.from's file (ddpd's own, or Hugging Face's
+ * GPT-2: schema/gpt2.h). */
+typedef enum { INIT_FORMAT_DDPD, INIT_FORMAT_GPT2 } init_format_kind;
 
 /* One layer of `model`. The tree is kept flat, in preorder: a residual comes before
  * its inner layers, which run from its index + 1 to its `end` (nested residuals
@@ -160,6 +163,7 @@ struct spec {
      * checkpoint, or -1 for its final model (else its newest checkpoint). */
     int64_t init_from_job;
     int64_t init_from_step;
+    init_format_kind init_format; /* with init.from; default ddpd */
 };
 
 struct spec_parse_opts {
@@ -288,5 +292,6 @@ void spec_flat_layers(struct spec *s);
 const char *layer_kind_name(layer_kind k);
 const char *loss_kind_name(loss_kind k);
 const char *device_kind_name(device_kind k);
+extern const char *const init_format_names[]; /* init_format_kind order */
 
 #endif
