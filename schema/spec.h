@@ -84,6 +84,10 @@ struct spec_layer {
     int64_t kernel[2], stride[2], padding[2]; /* conv2d, pooling: [h, w] */
     int in_rank, out_rank;
     int64_t in_shape[SPEC_MAX_RANK], out_shape[SPEC_MAX_RANK];
+    /* linear with `tie` (issue 30): the index (into layers[]) of the embedding layer whose
+     * [num, dim] table it uses as its [out, in] weight; -1 when not tied (every other
+     * layer). A list built in code must set -1: spec_layer_tie reads it safely. */
+    int tie;
 };
 
 struct spec_optim {
@@ -283,6 +287,12 @@ int64_t spec_classes(const struct spec *s);
 /* The top-level layer that produces the model's output (the last one of the preorder
  * tree's top level); borrowed, valid while s is; NULL when the model has no layers. */
 const struct spec_layer *spec_output_layer(const struct spec *s);
+
+/* The embedding layer whose table layer i uses as its weight (a linear with `tie`), or -1:
+ * layers[i].tie when it names an earlier embedding of the linear's shape ([out, in] =
+ * [num, dim]), which the validator guarantees; -1 for anything else, so that a list
+ * built in code and zeroed (tie 0) is never tied by accident. */
+int spec_layer_tie(const struct spec *s, int i);
 
 /* For a flat list of linear layers and activations built in code (tests, tools): fills
  * what the validator would (parent, end, key, the shapes, input_shape) from each layer's

@@ -10,7 +10,7 @@ static const char *const layer_names[] = {"linear",    "relu",      "tanh",     
                                           "residual",  "dropout",   "conv2d",   "maxpool2d", "avgpool2d",
                                           "batchnorm", "flatten"};
 
-static const char *const linear_keys[] = {"type", "in", "out", "bias"};
+static const char *const linear_keys[] = {"type", "in", "out", "bias", "tie"};
 static const char *const activation_keys[] = {"type"};
 
 /* ---- the model's shape, which the other sections ask about ---- */
@@ -98,6 +98,45 @@ static const char *const batchnorm_keys[] = {"type", "features", "eps", "momentu
 static ddpd_err parse_layer_list(struct ddpd_error *err, struct spec *s, json_t *list, const char *lpath,
                                  int parent, int depth);
 
+/* A linear's `tie` (issue 30): the state_dict key of an embedding layer before it ("0"; an
+ * integer is a top-level index), whose [num, dim] table the linear uses as its [out, in]
+ * weight, as `lm_head.weight = wte.weight` does in PyTorch. Its bias stays its own. Several
+ * linears may tie to one embedding (PyTorch allows it). */
+static ddpd_err parse_tie(struct ddpd_error *err, struct spec *s, int idx, json_t *layer, const char *lp)
+{
+    struct spec_layer *l = &s->layers[idx];
+    json_t *v = json_object_get(layer, "tie");
+    char path[PATH_CAP], key[sizeof l->key], ep[PATH_CAP];
+    const char *want = "the key of an embedding layer before it, such as \"0\"";
+    if (!v)
+        return DDPD_OK;
+    path_key(path, lp, "tie");
+    if (json_is_integer(v) && json_integer_value(v) >= 0)
+        snprintf(key, sizeof key, "%lld", (long long)json_integer_value(v));
+    else if (!json_is_string(v))
+        return fail_type(err, path, want, v);
+    else if (get_str_value(err, v, path, key, sizeof key) != DDPD_OK)
+        return DDPD_ESPEC;
+    int t = -1;
+    for (int j = 0; j < idx && t < 0; j++)
+        if (strcmp(s->layers[j].key, key) == 0)
+            t = j;
+    if (t < 0)
+        return fail(err, path, "expected %s, got \"%s\": no layer before %s has that key", want, key, lp);
+    const struct spec_layer *e = &s->layers[t];
+    layer_path(ep, s, t);
+    if (e->kind != LAYER_EMBEDDING)
+        return fail(err, path, "expected %s, got \"%s\": %s is %s, not embedding", want, key, ep,
+                    layer_kind_name(e->kind));
+    if (l->out != e->num || l->in != e->dim)
+        return fail(err, path,
+                    "a tied linear uses the embedding's [num, dim] table as its [out, in] weight: %s is "
+                    "[%lld, %lld], this linear's [out, in] is [%lld, %lld]",
+                    ep, (long long)e->num, (long long)e->dim, (long long)l->out, (long long)l->in);
+    l->tie = t;
+    return DDPD_OK;
+}
+
 static ddpd_err parse_layer(struct ddpd_error *err, struct spec *s, int idx, json_t *layer, const char *lp,
                             int depth)
 {
@@ -111,6 +150,7 @@ static ddpd_err parse_layer(struct ddpd_error *err, struct spec *s, int idx, jso
     if (rc != DDPD_OK)
         return rc;
     l->kind = type_kinds[t];
+    l->tie = -1;
     l->bias = true;
     l->causal = true;
     l->eps = NORM_EPS_DEFAULT;
@@ -124,6 +164,8 @@ static ddpd_err parse_layer(struct ddpd_error *err, struct spec *s, int idx, jso
             rc = get_int(err, layer, lp, "out", 1, SPEC_MAX_WIDTH, true, &l->out);
         if (rc == DDPD_OK)
             rc = get_bool(err, layer, lp, "bias", &l->bias);
+        if (rc == DDPD_OK)
+            rc = parse_tie(err, s, idx, layer, lp);
         return rc;
     case LAYER_RELU:
     case LAYER_TANH:
@@ -615,6 +657,7 @@ void spec_flat_layers(struct spec *s)
         struct spec_layer *l = &s->layers[i];
         l->parent = -1;
         l->end = i + 1;
+        l->tie = -1;
         snprintf(l->key, sizeof l->key, "%d", i);
         l->in_rank = l->out_rank = 1;
         l->in_shape[0] = l->in;
@@ -623,6 +666,17 @@ void spec_flat_layers(struct spec *s)
     s->input_rank = s->n_layers > 0 ? 1 : 0;
     s->input_shape[0] = s->n_layers > 0 ? s->layers[0].in : 0;
     s->input_shape_set = false;
+}
+
+int spec_layer_tie(const struct spec *s, int i)
+{
+    if (i < 0 || i >= s->n_layers)
+        return -1;
+    const struct spec_layer *l = &s->layers[i];
+    if (l->kind != LAYER_LINEAR || l->tie < 0 || l->tie >= i)
+        return -1;
+    const struct spec_layer *e = &s->layers[l->tie];
+    return e->kind == LAYER_EMBEDDING && e->num == l->out && e->dim == l->in ? l->tie : -1;
 }
 
 int64_t spec_sample_numel(const struct spec *s)

@@ -19,10 +19,12 @@ static int64_t sat_add(int64_t a, int64_t b)
 
 /* Parameters of one layer (weights and biases; batchnorm's running statistics are
  * buffers, not parameters). */
-static int64_t layer_params(const struct spec_layer *l)
+static int64_t layer_params(const struct spec *s, int i)
 {
+    const struct spec_layer *l = &s->layers[i];
     switch (l->kind) {
-    case LAYER_LINEAR: return sat_add(sat_mul(l->in, l->out), l->bias ? l->out : 0);
+    case LAYER_LINEAR: /* a tied weight is the embedding's: counted there, once */
+        return sat_add(spec_layer_tie(s, i) >= 0 ? 0 : sat_mul(l->in, l->out), l->bias ? l->out : 0);
     case LAYER_EMBEDDING:
     case LAYER_POSITION: return sat_mul(l->num, l->dim);
     case LAYER_LAYERNORM: return l->bias ? sat_mul(2, l->dim) : l->dim;
@@ -40,7 +42,7 @@ int64_t spec_param_count(const struct spec *s)
 {
     int64_t n = 0;
     for (int i = 0; i < s->n_layers; i++)
-        n = sat_add(n, layer_params(&s->layers[i]));
+        n = sat_add(n, layer_params(s, i));
     return n;
 }
 

@@ -95,6 +95,8 @@ static json_t *layers_to_json(const struct spec *s, int from, int to, bool *ok)
         case LAYER_LINEAR:
             lj = json_pack("{s:s, s:I, s:I, s:b}", "type", "linear", "in", (json_int_t)l->in, "out",
                            (json_int_t)l->out, "bias", l->bias);
+            if (lj && l->tie >= 0) /* the embedding's key, as the spec names it */
+                put(lj, "tie", json_string(s->layers[l->tie].key), ok);
             break;
         case LAYER_RELU:
         case LAYER_TANH:

@@ -365,8 +365,23 @@ static int layer_lines(const struct spec *s, int from, int to, int depth, struct
     return n;
 }
 
+/* "m[2][1]": the module of the layer whose key is "2.1" inside nn.Sequential m. */
+static void module_py(char *dst, size_t cap, const char *key)
+{
+    size_t o = (size_t)snprintf(dst, cap, "m");
+    for (const char *k = key; *k && o < cap;) {
+        size_t n = strcspn(k, ".");
+        o += (size_t)snprintf(dst + o, cap - o, "[%.*s]", (int)n, k);
+        k += n;
+        k += (*k == '.');
+    }
+}
+
 static void put_build(struct text *t, const struct spec *s)
 {
+    bool tied = false;
+    for (int i = 0; i < s->n_layers; i++)
+        tied |= spec_layer_tie(s, i) >= 0;
     /* A layer's line, and a closing line per residual. */
     struct line *lines = calloc((size_t)s->n_layers * 2 + 1, sizeof *lines);
     if (!lines) {
@@ -380,10 +395,12 @@ static void put_build(struct text *t, const struct spec *s)
         if (lines[i].note[0] && w > col && w <= COMMENT_COL_MAX)
             col = w;
     }
-    put(t, "def build():\n"
-           "    \"\"\"The job's model with fresh weights: load() puts the trained ones in. The\n"
-           "    comments give each layer's state_dict prefix and one sample's shapes.\"\"\"\n"
-           "    return nn.Sequential(\n");
+    put(t,
+        "def build():\n"
+        "    \"\"\"The job's model with fresh weights: load() puts the trained ones in. The\n"
+        "    comments give each layer's state_dict prefix and one sample's shapes.\"\"\"\n"
+        "    %s nn.Sequential(\n",
+        tied ? "m =" : "return");
     for (int i = 0; i < n; i++) {
         int w = 4 * lines[i].depth + (int)strlen(lines[i].code);
         put(t, "%*s%s", 4 * lines[i].depth, "", lines[i].code);
@@ -392,6 +409,19 @@ static void put_build(struct text *t, const struct spec *s)
         put(t, "\n");
     }
     put(t, "    )\n");
+    /* A tied linear shares the embedding's Parameter, as nanoGPT's lm_head.weight = wte.weight:
+     * the state_dict then names it under both keys, which ddpd's model file holds. */
+    for (int i = 0; i < s->n_layers; i++) {
+        const int e = spec_layer_tie(s, i);
+        char a[96], b[96];
+        if (e < 0)
+            continue;
+        module_py(a, sizeof a, s->layers[i].key);
+        module_py(b, sizeof b, s->layers[e].key);
+        put(t, "    %s.weight = %s.weight  # tied: one tensor, two state_dict names\n", a, b);
+    }
+    if (tied)
+        put(t, "    return m\n");
     free(lines);
 }
 

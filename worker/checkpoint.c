@@ -64,21 +64,24 @@ static int meta_fill(struct meta_text *t, struct optim *o, const struct train_po
     return (int)(sizeof kv / sizeof kv[0]) - (data_record ? 0 : 1);
 }
 
-/* Writes the model's weights (state = false) or the optimizer's state tensors to path. */
+/* Writes the model's weights (state = false) or the optimizer's state tensors to path.
+ * The model file names a tied weight twice, as PyTorch's state_dict does (model_alias):
+ * the same host copy under both names. The optimizer's state is per parameter: once. */
 static ddpd_err write_one(const char *path, struct model *m, struct optim *o, bool state,
                           const struct meta_text *meta, int nmeta, struct ddpd_error *err)
 {
     struct dev dev = model_dev(m);
     const int nt = state ? optim_state_count(o) : model_param_count(m);
+    const int na = state ? 0 : model_alias_count(m);
     const int nb = state ? 0 : model_buffer_count(m); /* the model file holds the buffers too */
-    int n = nt + nb;
+    int n = nt + na + nb;
     struct safetensors_tensor *t = calloc((size_t)n + 1, sizeof *t);
     float **host = calloc((size_t)n + 1, sizeof *host);
     ddpd_err rc = DDPD_ENOMEM;
     if (!t || !host)
         goto out;
-    for (int i = nt; i < n; i++) {
-        struct model_buffer *b = model_buffer(m, i - nt);
+    for (int i = nt + na; i < n; i++) {
+        struct model_buffer *b = model_buffer(m, i - nt - na);
         snprintf(t[i].name, sizeof t[i].name, "%s", b->name);
         host[i] = malloc((size_t)(b->numel > 0 ? b->numel : 1) * 8);
         if (!host[i])
@@ -111,6 +114,11 @@ static ddpd_err write_one(const char *path, struct model *m, struct optim *o, bo
         for (int d = 0; d < like->ndim && d < SAFETENSORS_MAX_DIMS; d++)
             t[i].shape[d] = like->shape[d];
         t[i].data = host[i];
+    }
+    for (int i = nt; i < nt + na; i++) {
+        const struct model_alias *a = model_alias(m, i - nt);
+        t[i] = t[a->param]; /* host[i] stays NULL: the data is host[a->param]'s */
+        snprintf(t[i].name, sizeof t[i].name, "%s", a->name);
     }
     rc = safetensors_write(path, t, n, meta->kv, nmeta, err);
 out:
@@ -242,6 +250,26 @@ static ddpd_err load_params(struct model *m, const struct safetensors_file *f, c
         }
         dev.ops->to_device(dev.ctx, p->data, t->data, (size_t)p->numel * sizeof(float));
     }
+    /* A tied weight's second name: there, of the same shape, with the same values. */
+    const int na = model_alias_count(m);
+    for (int i = 0; i < na; i++) {
+        const struct model_alias *a = model_alias(m, i);
+        const struct param *p = model_param(m, a->param);
+        const struct safetensors_tensor *t = safetensors_get(f, a->name), *e = safetensors_get(f, p->name);
+        bool same = t && t->ndim == p->ndim;
+        for (int d = 0; same && d < p->ndim; d++)
+            same = t->shape[d] == p->shape[d];
+        if (!t)
+            return ddpd_error_set(err, DDPD_EDATA, path,
+                                  "%s: tensor \"%s\" is missing: layer %s ties its weight to \"%s\", and the "
+                                  "file must hold it under both names (as PyTorch's state_dict does)",
+                                  path, a->name, model_layer(m, a->layer)->key, p->name);
+        if (!same || memcmp(t->data, e->data, (size_t)p->numel * sizeof(float)) != 0)
+            return ddpd_error_set(err, DDPD_EDATA, path,
+                                  "%s: tensors \"%s\" and \"%s\" differ: layer %s ties its weight to \"%s\", "
+                                  "so they must be one tensor, equal in shape and values",
+                                  path, p->name, a->name, model_layer(m, a->layer)->key, p->name);
+    }
     /* Buffers (BatchNorm's running statistics), as load_state_dict(strict=True) wants
      * them: each with its shape ([F], num_batches_tracked a scalar). */
     const int nb = model_buffer_count(m);
@@ -275,6 +303,8 @@ static ddpd_err load_params(struct model *m, const struct safetensors_file *f, c
         int known = 0;
         for (int j = 0; j < np && !known; j++)
             known = strcmp(model_param(m, j)->name, name) == 0;
+        for (int j = 0; j < na && !known; j++)
+            known = strcmp(model_alias(m, j)->name, name) == 0;
         for (int j = 0; j < nb && !known; j++)
             known = strcmp(model_buffer(m, j)->name, name) == 0;
         if (!known)
@@ -465,6 +495,9 @@ int64_t checkpoint_bytes_bound(struct model *m, struct optim *o, const char *dat
         const struct param *p = model_param(m, i);
         sum += p->numel * (int64_t)sizeof(float) + CKPT_HEADER_PER_TENSOR;
     }
+    for (int i = 0; i < model_alias_count(m); i++)
+        sum +=
+            model_param(m, model_alias(m, i)->param)->numel * (int64_t)sizeof(float) + CKPT_HEADER_PER_TENSOR;
     for (int i = 0; i < model_buffer_count(m); i++)
         sum += model_buffer(m, i)->numel * 8 + CKPT_HEADER_PER_TENSOR;
     for (int i = 0; i < optim_state_count(o); i++) {

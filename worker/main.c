@@ -173,12 +173,14 @@ static bool is_buffer_name(const struct spec *spec, const char *name)
 }
 
 /* init.from against the model, from the file's header alone: every parameter there with
- * its shape, nothing else (what checkpoint_load_weights would refuse in every rank). */
+ * its shape, a tied weight under both its names (whose values the ranks compare as they
+ * load), nothing else (what checkpoint_load_weights would refuse in every rank). */
 static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, const char *init_path,
                                struct ddpd_error *err)
 {
     char path[4096], shown[SPEC_PATH_MAX];
-    struct param params[SPEC_MAX_PARAMS];
+    struct param params[SPEC_MAX_PARAMS + SPEC_MAX_LAYERS];
+    struct model_alias aliases[SPEC_MAX_LAYERS];
     struct safetensors_file *f = NULL;
     const char *key = spec->init_from_job > 0 ? "init.from_job" : "init.from";
     ddpd_err rc = DDPD_OK;
@@ -199,6 +201,15 @@ static ddpd_err plan_init_from(const struct spec *spec, const char *data_dir, co
     int np = model_spec_params(spec, params);
     if (np < 0)
         return ddpd_error_set(err, DDPD_ENOMEM, key, "out of memory checking init.from");
+    /* A tied weight's second name is checked as one more parameter of the tied layer. */
+    const int na = model_spec_aliases(spec, aliases);
+    for (int j = 0; j < na; j++) {
+        params[np + j] = params[aliases[j].param];
+        _Static_assert(sizeof params[0].name == sizeof aliases[0].name, "alias names are parameter names");
+        memcpy(params[np + j].name, aliases[j].name, sizeof params[np + j].name);
+        params[np + j].layer = aliases[j].layer;
+    }
+    np += na;
     if (!(f = safetensors_read_header(path, err))) {
         /* Name the field and the file as the spec gives it, not the server's path. */
         char msg[sizeof err->message];

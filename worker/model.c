@@ -32,6 +32,8 @@ struct model {
     struct param params[SPEC_MAX_PARAMS];
     int n_buffers;
     struct model_buffer buffers[SPEC_MAX_PARAMS];
+    int n_aliases; /* tied weights' second names (model_alias) */
+    struct model_alias aliases[SPEC_MAX_LAYERS];
     int64_t numel, max_batch;
     int64_t act_floats;  /* outputs, saved tensors, scratch: model_activation_bytes / 4 */
     float *data, *grads; /* all parameters / their own gradients, registration order */
@@ -109,13 +111,56 @@ static void layer_params(const struct spec_layer *sl, int index, struct param *o
     }
 }
 
-int model_spec_params(const struct spec *spec, struct param *out)
+/* Layer i of `spec` as the model holds it: `tie` kept only where spec_layer_tie allows it
+ * (-1 elsewhere), so that the families may read it as it stands. */
+static struct spec_layer model_layer_of(const struct spec *spec, int i)
+{
+    struct spec_layer sl = spec->layers[i];
+    sl.tie = spec_layer_tie(spec, i);
+    return sl;
+}
+
+/* The parameters of `spec` into out[] (NULL: counted only) and, when `aliases` is not
+ * NULL, the second names of tied weights: "<key>.weight" of each tied linear, naming the
+ * embedding's parameter (registered at the embedding, the first occurrence, as PyTorch's
+ * DDP keeps a shared parameter). Returns the parameter count; *n_aliases the aliases'. */
+static int spec_params(const struct spec *spec, struct param *out, struct model_alias *aliases,
+                       int *n_aliases)
 {
     ASSERT(spec->n_layers >= 0 && spec->n_layers <= SPEC_MAX_LAYERS);
-    int n = 0;
-    for (int i = 0; i < spec->n_layers; i++)
-        layer_params(&spec->layers[i], i, out, &n);
+    int n = 0, first[SPEC_MAX_LAYERS], na = 0;
+    for (int i = 0; i < spec->n_layers; i++) {
+        const struct spec_layer sl = model_layer_of(spec, i);
+        const struct layer_ops *ops = layer_ops_of(sl.kind);
+        struct lparam lp[LAYER_MAX_TENSORS];
+        first[i] = n;
+        if (out)
+            layer_params(&sl, i, out, &n);
+        else
+            n += ops ? ops->params(&sl, lp) : 0;
+        if (sl.tie < 0 || !aliases)
+            continue;
+        struct model_alias *a = &aliases[na++];
+        memset(a, 0, sizeof *a);
+        snprintf(a->name, sizeof a->name, "%s.weight", sl.key);
+        a->param = first[sl.tie]; /* the embedding's one parameter, its table */
+        a->layer = i;
+    }
+    if (n_aliases)
+        *n_aliases = na;
     return n;
+}
+
+int model_spec_params(const struct spec *spec, struct param *out)
+{
+    return spec_params(spec, out, NULL, NULL);
+}
+
+int model_spec_aliases(const struct spec *spec, struct model_alias *out)
+{
+    int na = 0;
+    spec_params(spec, NULL, out, &na);
+    return na;
 }
 
 /* Allocates `n` floats on the device for `what`; a count whose bytes do not fit, or an
@@ -242,6 +287,7 @@ static bool node_register(struct model *m, int i, struct ddpd_error *err)
     n->index = i;
     n->depth = sl->parent >= 0 ? m->nodes[sl->parent].depth + 1 : 0;
     n->ops = layer_ops_of(sl->kind);
+    n->tied_p = -1;
     n->in_numel = shape_numel(sl->in_rank, sl->in_shape, sl->in);
     n->out_numel = shape_numel(sl->out_rank, sl->out_shape, sl->out);
     if (!n->ops && sl->kind != LAYER_RESIDUAL) {
@@ -338,7 +384,8 @@ static struct model *model_shell(struct dev dev, const struct spec *spec, int64_
     m->first_param = spec->n_layers;
     m->training = true;
     m->init_seed = spec->init_seed;
-    memcpy(m->sl, spec->layers, (size_t)spec->n_layers * sizeof m->sl[0]);
+    for (int i = 0; i < m->n_layers; i++)
+        m->sl[i] = model_layer_of(spec, i);
     bool over = false;
     for (int i = 0; i < m->n_layers && !over; i++) {
         struct lnode *n = &m->nodes[i];
@@ -351,6 +398,15 @@ static struct model *model_shell(struct dev dev, const struct spec *spec, int64_
             m->first_param = i;
         if (n->depth + 1 > m->depths)
             m->depths = n->depth + 1;
+    }
+    /* Tied linears use their embedding's table, which then gets its gradient from both. */
+    spec_params(spec, NULL, m->aliases, &m->n_aliases);
+    for (int j = 0; j < m->n_aliases; j++) {
+        const struct model_alias *a = &m->aliases[j];
+        struct lnode *e = &m->nodes[m->params[a->param].layer];
+        ASSERT(e->np == 1 && e->p0 == a->param && e->index < a->layer);
+        m->nodes[a->layer].tied_p = a->param;
+        e->shared = true;
     }
     for (int i = 0; i < m->n_params; i++)
         over |= m->params[i].numel < 0 || __builtin_add_overflow(m->numel, m->params[i].numel, &m->numel);
@@ -535,6 +591,23 @@ int model_layer_params(struct model *m, int i, struct param **first)
     ASSERT(i >= 0 && i < m->n_layers);
     *first = &m->params[m->nodes[i].p0];
     return m->nodes[i].np;
+}
+
+struct param *model_layer_tied(struct model *m, int i)
+{
+    ASSERT(i >= 0 && i < m->n_layers);
+    return m->nodes[i].tied_p >= 0 ? &m->params[m->nodes[i].tied_p] : NULL;
+}
+
+int model_alias_count(const struct model *m)
+{
+    return m->n_aliases;
+}
+
+const struct model_alias *model_alias(const struct model *m, int i)
+{
+    ASSERT(i >= 0 && i < m->n_aliases);
+    return &m->aliases[i];
 }
 
 void model_free(struct model *m)

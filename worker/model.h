@@ -39,6 +39,17 @@ struct model_buffer {
     void *data; /* device memory, owned by the model */
 };
 
+/* A second state_dict name of a parameter: a tied linear's "<key>.weight" (issue 30), which
+ * is the embedding's table. The parameter list holds a shared tensor once, at the
+ * embedding (its first occurrence: DDP.md §1.1), so DDP buckets it once, the optimizer
+ * keeps one state and clipping counts it once; the model file holds it under both names,
+ * as PyTorch's state_dict does, and a load wants both, equal (checkpoint.c). */
+struct model_alias {
+    char name[64]; /* "6.weight" */
+    int param;     /* the parameter it names (model_param) */
+    int layer;     /* the tied layer, into the spec's layers */
+};
+
 struct model;
 
 /* Builds the model of `spec` on `dev` for micro-batches of at most `max_batch` samples,
@@ -81,16 +92,24 @@ int64_t model_plan_bytes(const struct model *m, int64_t max_batch);
 int model_layer_count(const struct model *m);
 const struct spec_layer *model_layer(const struct model *m, int i);
 int model_layer_params(struct model *m, int i, struct param **first);
+/* The parameter layer i uses without owning it (a tied linear's weight, the embedding's
+ * table; its bias, if any, is its own, model_layer_params), or NULL. Borrowed. */
+struct param *model_layer_tied(struct model *m, int i);
 
 /* The parameters model_new would make for `spec` (names, shapes, numel; data and grad
  * NULL), without allocating them: out[] has room for SPEC_MAX_PARAMS. Returns their
  * count (never negative). */
 int model_spec_params(const struct spec *spec, struct param *out);
+/* The aliases the model of `spec` would have (out[] has room for SPEC_MAX_LAYERS), in
+ * layer order; returns their count. */
+int model_spec_aliases(const struct spec *spec, struct model_alias *out);
 
 struct dev model_dev(const struct model *m);       /* the backend it lives on */
 int model_param_count(const struct model *m);      /* tensors */
 int64_t model_numel(const struct model *m);        /* scalars */
 struct param *model_param(struct model *m, int i); /* borrowed, 0 <= i < count */
+int model_alias_count(const struct model *m);
+const struct model_alias *model_alias(const struct model *m, int i); /* borrowed, 0 <= i < count */
 int model_buffer_count(const struct model *m);
 struct model_buffer *model_buffer(struct model *m, int i); /* borrowed, 0 <= i < count */
 /* Bytes of device memory the activation plan holds: every layer's output for max_batch

@@ -52,15 +52,16 @@ def check(case, work, data=None):
     run = H.run_ddpd(spec, case.world, work)
     run.check_ok(case.world)
     ref = H.torch_ddp(case, work)
+    import torch
+    tree = torch_models.build(case.spec["model"])
     start = run.of("start", 0)[0]
-    assert start["params"] == sum(v.size for v in case.init_sd.values()), "start.params"
+    # parameters(), like ddpd, counts a tied weight once (the state_dict names it twice)
+    assert start["params"] == sum(p.numel() for p in tree.parameters()), "start.params"
     assert start.get("activation_bytes", 0) > 0, f"start.activation_bytes: {start}"
     problems = [m for m in (H.compare_all_losses(run.losses(), ref), H.compare_tensors(run.model(), ref[0]["state"]))
                 if m]
     assert not problems, "\n".join(problems)
 
-    import torch
-    tree = torch_models.build(case.spec["model"])
     got = run.model()
     tree.load_state_dict({k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in got.items()},
                          strict=True)
@@ -106,7 +107,9 @@ def test_gelu_tanh_and_nested_residuals(work):
     check(float_case(model, 3, 3, 2, seed=5), work)
 
 
-def gpt(vocab=32, T=8, dim=16, heads=2, blocks=2, attn_bias=True, p=0.0):
+def gpt(vocab=32, T=8, dim=16, heads=2, blocks=2, attn_bias=True, p=0.0, tie=False):
+    """nanoGPT's GPT in ddpd's layers; `tie`: its head without bias, tied to the embedding
+    (nanoGPT's lm_head.weight = wte.weight)."""
     model = [{"type": "embedding", "num": vocab, "dim": dim}, {"type": "position", "max": T, "dim": dim}]
     for _ in range(blocks):
         model.append({"type": "residual", "layers": [{"type": "layernorm", "dim": dim},
@@ -115,7 +118,7 @@ def gpt(vocab=32, T=8, dim=16, heads=2, blocks=2, attn_bias=True, p=0.0):
         model.append({"type": "residual", "layers": [{"type": "layernorm", "dim": dim}, lin(dim, 4 * dim),
                                                      {"type": "gelu", "approximate": "tanh"}, lin(4 * dim, dim),
                                                      {"type": "dropout", "p": p}]})
-    model += [{"type": "layernorm", "dim": dim}, lin(dim, vocab)]
+    model += [{"type": "layernorm", "dim": dim}, dict(lin(dim, vocab, bias=False), tie="0") if tie else lin(dim, vocab)]
     return model
 
 

@@ -262,7 +262,7 @@ def seq_spec():
                           {"type": "linear", "in": 2 * d, "out": d}, {"type": "sigmoid"}]},
                       {"type": "tanh"}, {"type": "relu"},
                       {"type": "layernorm", "dim": d},
-                      {"type": "linear", "in": d, "out": 20}],
+                      {"type": "linear", "in": d, "out": 20, "tie": "0"}],  # the embedding's table
             "loss": "cross_entropy", "optimizer": {"type": "adamw", "lr": 0.01},
             "data": {"type": "tokens", "path": "seq.bin", "block_size": 6}, "batch_size": 4, "steps": 3,
             "log_every": 1}
@@ -291,7 +291,11 @@ def image_spec():
 def test_every_layer_kind_round_trips(server, work):
     rng = np.random.default_rng(5)
     rng.integers(0, 20, 600).astype(np.uint16).tofile(server.data_dir / "seq.bin")
-    check_round_trip(server, work, seq_spec(), rng.integers(0, 20, (4, 6)).astype(np.int64), "seq")
+    _, folder, _ = check_round_trip(server, work, seq_spec(), rng.integers(0, 20, (4, 6)).astype(np.int64), "seq")
+    text = (folder / "model.py").read_text()
+    assert "m[9].weight = m[0].weight" in text, f"the tie is not in model.py:\n{text}"
+    w = st_load(folder / "model.safetensors")[0]
+    assert np.array_equal(w["0.weight"], w["9.weight"]) and "9.bias" in w, "the tied head's two names, its bias"
 
     np.save(server.data_dir / "img_x.npy", rng.standard_normal((40, 2, 9, 7)).astype(np.float32))
     np.save(server.data_dir / "img_y.npy", rng.standard_normal((40, 3)).astype(np.float32))

@@ -2,8 +2,9 @@
 reference the parity tests train: nn.Sequential of the layers, `residual` an
 nn.Sequential subclass whose forward returns x + super().forward(x), `attention` a module
 with children `qkv` and `proj` (nanoGPT's CausalSelfAttention without dropout), `position`
-a module with a `weight` [max, dim] added over the positions. Its state_dict keys are the
-ones ddpd writes ("2.1.qkv.weight")."""
+a module with a `weight` [max, dim] added over the positions; a `linear` with `tie` shares
+the named embedding's Parameter (nanoGPT's lm_head.weight = wte.weight), so the state_dict
+holds it under both keys. Its state_dict keys are the ones ddpd writes ("2.1.qkv.weight")."""
 import math
 
 
@@ -90,7 +91,28 @@ def build(model):
             return nn.Flatten()
         raise ValueError(f"no PyTorch module for layer type {t!r}")
 
-    return nn.Sequential(*[one(l) for l in model]).float()
+    seq = nn.Sequential(*[one(l) for l in model]).float()
+    for key, l in walk(model):
+        if l["type"] == "linear" and "tie" in l:  # lm_head.weight = wte.weight
+            module(seq, key).weight = module(seq, str(l["tie"])).weight
+    return seq
+
+
+def walk(model, prefix=""):
+    """(state_dict key, layer) of every layer of a §2a list, nested ones included."""
+    for i, l in enumerate(model):
+        key = f"{prefix}{i}"
+        yield key, l
+        if l["type"] == "residual":
+            yield from walk(l["layers"], key + ".")
+
+
+def module(seq, key):
+    """The submodule of `seq` whose state_dict prefix is `key` ("2.1")."""
+    m = seq
+    for part in key.split("."):
+        m = m[int(part)]
+    return m
 
 
 def init_state(model, seed):

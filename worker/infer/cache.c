@@ -378,7 +378,12 @@ static const float *run(struct kv *g, int begin, int end, const void *x, int64_t
             ops->layernorm_forward(c, y, g->w->mean, g->w->rstd, x, p[0].data, np > 1 ? p[1].data : NULL, n,
                                    l->dim, (float)l->eps);
             break;
-        case LAYER_LINEAR: linear(g, y, x, p[0].data, np > 1 ? p[1].data : NULL, n, l->in, l->out); break;
+        case LAYER_LINEAR: {
+            const struct param *tw = model_layer_tied(g->m, i); /* the embedding's table, or its own */
+            const int own = tw ? 0 : 1;
+            linear(g, y, x, tw ? tw->data : p[0].data, np > own ? p[own].data : NULL, n, l->in, l->out);
+            break;
+        }
         case LAYER_DROPOUT: continue; /* eval: the identity */
         case LAYER_ATTENTION: attend(g, i, y, x, n, off); break;
         case LAYER_RESIDUAL: {

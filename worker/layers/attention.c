@@ -116,7 +116,7 @@ static void attention_backward(struct lnode *n, const struct layer_env *e, const
     params_of(n, e, &qw, &qb, &pw, &pb);
     float *dym = e->work, *dyh = dym + btd, *dq = dyh + btd, *dk = dq + btd, *dv = dk + btd, *dqkv = dv + btd,
           *dp = dqkv + 3 * btd, *ds = dp + bhtt;
-    linear_backward_rows(e, s.ym, dy, dym, pw, pb, g.b * T, g.d, g.d);
+    linear_backward_rows(e, s.ym, dy, dym, pw, pb, g.b * T, g.d, g.d, true);
     ops->heads_merge_backward(c, dyh, dym, g.b, T, g.h, hd);
     /* y = P v: dP = dY v^T, dv = P^T dY. */
     ops->gemm_batched(c, false, true, T, T, hd, 1.0f, dyh, hd, T * hd, s.v, hd, T * hd, 0.0f, dp, T, T * T,
@@ -130,7 +130,7 @@ static void attention_backward(struct lnode *n, const struct layer_env *e, const
     ops->gemm_batched(c, true, false, T, hd, T, 1.0f, ds, T, T * T, s.q, hd, T * hd, 0.0f, dk, hd, T * hd,
                       bh);
     ops->heads_split_backward(c, dqkv, dq, dk, dv, g.b, T, g.h, hd);
-    linear_backward_rows(e, x, dqkv, dx, qw, qb, g.b * T, g.d, 3 * g.d);
+    linear_backward_rows(e, x, dqkv, dx, qw, qb, g.b * T, g.d, 3 * g.d, true);
 }
 
 const struct layer_ops layer_attention = {

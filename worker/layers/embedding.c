@@ -23,13 +23,15 @@ static void embedding_forward(struct lnode *n, const struct layer_env *e, const 
                                   n->sl->dim);
 }
 
-/* Ids have no gradient: dx is never asked for (embedding is first). */
+/* Ids have no gradient: dx is never asked for (embedding is first). A table a tied linear
+ * shares already holds that linear's part of this backward: added to, never zeroed. */
 static void embedding_backward(struct lnode *n, const struct layer_env *e, const void *x, const float *dy,
                                float *dx)
 {
     (void)dx;
     struct param *w = &e->params[n->p0];
-    layer_grad_begin(e, w);
+    if (!n->shared)
+        layer_grad_begin(e, w);
     e->dev.ops->embedding_backward(e->dev.ctx, w->grad, dy, x, e->batch * n->in_numel, n->sl->dim);
     layer_ready(e, w->index);
 }

@@ -22,6 +22,10 @@ struct lnode {
     int64_t in_numel, out_numel; /* one sample's elements entering and leaving */
     int p0, np;                  /* its parameters: params[p0 .. p0+np) */
     int b0, nb;                  /* its buffers: the model's buffers[b0 .. b0+nb) */
+    int tied_p;                  /* a tied linear (`tie`): the parameter it uses as its weight, the
+                                    embedding's, which it does not own; else -1 */
+    bool shared;                 /* an embedding whose weight a later tied linear uses: that linear's
+                                    backward runs first and writes the gradient, this one adds */
     float *y;                    /* output [max_batch, out_numel] (device) */
     float *save;                 /* what its forward keeps for backward (ops->saved floats) */
 };
@@ -106,9 +110,11 @@ static inline int64_t layer_rows(int64_t numel, int64_t last)
 void linear_forward_rows(struct dev d, float *y, const float *x, const struct param *w, const struct param *b,
                          int64_t m, int64_t in, int64_t out);
 /* Its backward: dW (+)= dy^T x, db (+)= column sums, reported bias then weight, then
- * dx = dy W when dx is not NULL. */
+ * dx = dy W when dx is not NULL. A tied weight (`report_w` false) is not reported here: its
+ * gradient is complete only after the embedding's backward adds its own part. */
 void linear_backward_rows(const struct layer_env *e, const float *x, const float *dy, float *dx,
-                          struct param *w, struct param *b, int64_t m, int64_t in, int64_t out);
+                          struct param *w, struct param *b, int64_t m, int64_t in, int64_t out,
+                          bool report_w);
 /* For families without parameters, saved floats or scratch. */
 int layer_no_params(const struct spec_layer *sl, struct lparam *out);
 int64_t layer_none(const struct lnode *n, int64_t rows);

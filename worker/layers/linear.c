@@ -32,7 +32,7 @@ void linear_forward_rows(struct dev d, float *y, const float *x, const struct pa
  * so DDP reduces them while the rest of backward runs. dW accumulates through gemm's
  * beta = 1 (after zero_grad beta 0: the same bits as adding to zeros). */
 void linear_backward_rows(const struct layer_env *e, const float *x, const float *dy, float *dx,
-                          struct param *w, struct param *b, int64_t m, int64_t in, int64_t out)
+                          struct param *w, struct param *b, int64_t m, int64_t in, int64_t out, bool report_w)
 {
     const struct dev_ops *ops = e->dev.ops;
     void *ctx = e->dev.ctx;
@@ -42,18 +42,32 @@ void linear_backward_rows(const struct layer_env *e, const float *x, const float
         ops->bias_grad(ctx, b->grad, dy, m, out);
         layer_ready(e, b->index);
     }
-    layer_ready(e, w->index);
+    if (report_w)
+        layer_ready(e, w->index);
     if (dx)
         ops->gemm(ctx, false, false, m, in, out, 1.0f, dy, out, w->data, in, 0.0f, dx, in);
 }
 
+/* A tied linear (the model keeps `tie` only where spec_layer_tie allows it) owns its bias
+ * alone: its weight is the embedding's parameter. */
 static int linear_params(const struct spec_layer *sl, struct lparam *out)
 {
-    out[0] = (struct lparam){"weight", 2, {sl->out, sl->in}};
-    if (!sl->bias)
-        return 1;
-    out[1] = (struct lparam){"bias", 1, {sl->out, 0}};
-    return 2;
+    int n = 0;
+    if (sl->tie < 0)
+        out[n++] = (struct lparam){"weight", 2, {sl->out, sl->in}};
+    if (sl->bias)
+        out[n++] = (struct lparam){"bias", 1, {sl->out, 0}};
+    return n;
+}
+
+/* The weight a linear node multiplies by (its own, or the embedding's when tied) and its
+ * bias (NULL without one). */
+static void linear_tensors(const struct lnode *n, const struct layer_env *e, struct param **w,
+                           struct param **b)
+{
+    const int own_w = n->tied_p < 0;
+    *w = own_w ? &e->params[n->p0] : &e->params[n->tied_p];
+    *b = n->np > own_w ? &e->params[n->p0 + own_w] : NULL;
 }
 
 int64_t layer_none(const struct lnode *n, int64_t rows)
@@ -72,16 +86,22 @@ static void linear_init(const struct lnode *n, int k, float *h, int64_t numel, s
 static void linear_forward(struct lnode *n, const struct layer_env *e, const void *x)
 {
     const int64_t m = e->batch * layer_rows(n->in_numel, n->sl->in);
-    linear_forward_rows(e->dev, n->y, x, &e->params[n->p0], n->np > 1 ? &e->params[n->p0 + 1] : NULL, m,
-                        n->sl->in, n->sl->out);
+    struct param *w, *b;
+    linear_tensors(n, e, &w, &b);
+    linear_forward_rows(e->dev, n->y, x, w, b, m, n->sl->in, n->sl->out);
 }
 
+/* A tied weight's gradient: this backward runs before the embedding's (which comes first
+ * in the model), so it writes or adds dW = dy^T x as any linear does; the embedding then
+ * adds its own part and reports the parameter ready, once (DDP.md §1.1: a shared
+ * parameter's hook fires once, after autograd has summed both uses). */
 static void linear_backward(struct lnode *n, const struct layer_env *e, const void *x, const float *dy,
                             float *dx)
 {
     const int64_t m = e->batch * layer_rows(n->in_numel, n->sl->in);
-    linear_backward_rows(e, x, dy, dx, &e->params[n->p0], n->np > 1 ? &e->params[n->p0 + 1] : NULL, m,
-                         n->sl->in, n->sl->out);
+    struct param *w, *b;
+    linear_tensors(n, e, &w, &b);
+    linear_backward_rows(e, x, dy, dx, w, b, m, n->sl->in, n->sl->out, n->tied_p < 0);
 }
 
 const struct layer_ops layer_linear = {

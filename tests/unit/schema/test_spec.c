@@ -359,7 +359,7 @@ static const struct bad_case bad_cases[] = {
         "unknown key (expected one of bucket_cap_mb, join, divide_by_initial_world_size, backend, "
         "timeout_s)"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2,\"biass\":true}]"), DDPD_ESPEC, "model[0].biass",
-        "unknown key (did you mean \"bias\"? expected one of type, in, out, bias)"),
+        "unknown key (did you mean \"bias\"? expected one of type, in, out, bias, tie)"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2},{\"type\":\"relu\",\"in\":2}]"), DDPD_ESPEC,
         "model[1].in", "unknown key (a relu layer takes only \"type\")"),
     BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from_file\":\"w\"}"), DDPD_ESPEC, "init.from_file",
@@ -632,6 +632,33 @@ static const struct bad_case bad_cases[] = {
         "missing (expected a non-empty list of layers)"),
     BAD(V2CE("[" EMB ",{\"type\":\"residual\",\"layers\":{\"type\":\"relu\"}}]", "[3]"), DDPD_ESPEC,
         "model[1].layers", "expected a list of layers, got an object"),
+    /* tie (issue 30): an embedding before the linear, of its shape */
+    BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":\"5\"}]", "[3]"), DDPD_ESPEC,
+        "model[1].tie",
+        "expected the key of an embedding layer before it, such as \"0\", got \"5\": no layer before "
+        "model[1] "
+        "has that key"),
+    BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":1}]", "[3]"), DDPD_ESPEC,
+        "model[1].tie",
+        "expected the key of an embedding layer before it, such as \"0\", got \"1\": no layer before "
+        "model[1] "
+        "has that key"),
+    BAD(V2CE("[" EMB ",{\"type\":\"layernorm\",\"dim\":4},{\"type\":\"linear\",\"in\":4,\"out\":8,"
+             "\"tie\":\"1\"}]",
+             "[3]"),
+        DDPD_ESPEC, "model[2].tie",
+        "expected the key of an embedding layer before it, such as \"0\", got \"1\": model[1] is layernorm, "
+        "not "
+        "embedding"),
+    BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":7,\"tie\":\"0\"}]", "[3]"), DDPD_ESPEC,
+        "model[1].tie",
+        "a tied linear uses the embedding's [num, dim] table as its [out, in] weight: model[0] is [8, 4], "
+        "this "
+        "linear's [out, in] is [7, 4]"),
+    BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":true}]", "[3]"), DDPD_ESPEC,
+        "model[1].tie", "expected the key of an embedding layer before it, such as \"0\", got true"),
+    BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":-1}]", "[3]"), DDPD_ESPEC,
+        "model[1].tie", "expected the key of an embedding layer before it, such as \"0\", got -1"),
     BAD("@residual65", DDPD_ESPEC, "model[1].layers", "at most 64 layers, got 65"),
     BAD("@300layers", DDPD_ESPEC, "model[5].layers[10]",
         "at most 256 layers in the whole model, the residuals' layers counted"),
@@ -1479,6 +1506,43 @@ static void test_showable_text(void)
     CHECK_EQ_INT(text_check_showable("fine", 4, "name", NULL), DDPD_OK);
 }
 
+/* tie (issue 30): "0" or 0 names the embedding; a tied linear inside a residual too; the
+ * tied weight counted once; the key printed back; spec_layer_tie ignores a zeroed tie. */
+static void test_tie(void)
+{
+    static const char *const specs[] = {
+        V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"bias\":false,\"tie\":\"0\"}]", "[3]"),
+        V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"bias\":false,\"tie\":0}]", "[3]"),
+        V2CE("[" EMB ",{\"type\":\"residual\",\"layers\":[{\"type\":\"linear\",\"in\":4,\"out\":4}]},"
+             "{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":\"0\"}]",
+             "[3]"),
+    };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        struct spec a, b;
+        struct ddpd_error e;
+        CHECK_EQ_INT(parse(specs[i], &a, &e), DDPD_OK);
+        CHECK_EQ_STR(e.message, "");
+        const int head = a.n_layers - 1;
+        CHECK_EQ_INT(a.layers[head].tie, 0);
+        CHECK_EQ_INT(spec_layer_tie(&a, head), 0);
+        CHECK_EQ_INT(a.layers[0].tie, -1);
+        CHECK_EQ_INT(spec_layer_tie(&a, 0), -1);
+        /* the embedding's 8x4 once, the head's bias, the residual's linear */
+        CHECK_EQ_INT(spec_param_count(&a), 32 + (a.layers[head].bias ? 8 : 0) + (i == 2 ? 20 : 0));
+        char *text = spec_dumps(&a);
+        CHECK(text != NULL);
+        CHECK(strstr(text, "\"tie\":\"0\"") != NULL);
+        CHECK_EQ_INT(parse(text, &b, &e), DDPD_OK);
+        check_same(&a, &b);
+        free(text);
+        /* A list built in code and zeroed: tie 0 on a linear whose shape does not fit the
+         * embedding is no tie. */
+        b.layers[head].tie = 0;
+        b.layers[head].out = 7;
+        CHECK_EQ_INT(spec_layer_tie(&b, head), -1);
+    }
+}
+
 int main(void)
 {
     test_showable_text();
@@ -1492,6 +1556,7 @@ int main(void)
     test_v2_conv();
     test_v2_round_trip();
     test_v2_memory();
+    test_tie();
     fprintf(stderr, "%d invalid specs\n", n);
     CHECK_DONE();
 }

@@ -1495,7 +1495,8 @@ static void spec_ids(struct spec *s, int64_t T, int64_t vocab, int64_t classes, 
                                        .in_rank = 1,
                                        .in_shape = {T},
                                        .out_rank = 2,
-                                       .out_shape = {T, 4}};
+                                       .out_shape = {T, 4},
+                                       .tie = -1};
     s->layers[1] = (struct spec_layer){.kind = LAYER_LINEAR,
                                        .parent = -1,
                                        .end = 2,
@@ -1506,7 +1507,8 @@ static void spec_ids(struct spec *s, int64_t T, int64_t vocab, int64_t classes, 
                                        .in_rank = 2,
                                        .in_shape = {T, 4},
                                        .out_rank = 2,
-                                       .out_shape = {T, classes}};
+                                       .out_shape = {T, classes},
+                                       .tie = -1};
     s->input_rank = 1;
     s->input_shape[0] = T;
     s->input_shape_set = true;

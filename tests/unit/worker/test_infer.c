@@ -208,6 +208,12 @@ static const char *GPT_NONCAUSAL =
     " {\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\", \"dim\": 6},"
     "   {\"type\": \"attention\", \"dim\": 6, \"heads\": 2, \"causal\": false}]},"
     " {\"type\": \"linear\", \"in\": 6, \"out\": 11}]";
+/* Its head tied to the embedding (issue 30), with a bias of its own. */
+static const char *GPT_TIED =
+    "[{\"type\": \"embedding\", \"num\": 13, \"dim\": 8}, {\"type\": \"position\", \"max\": 7, \"dim\": 8},"
+    " {\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\", \"dim\": 8},"
+    "   {\"type\": \"attention\", \"dim\": 8, \"heads\": 2}]},"
+    " {\"type\": \"layernorm\", \"dim\": 8}, {\"type\": \"linear\", \"in\": 8, \"out\": 13, \"tie\": \"0\"}]";
 
 /* Random weights (layernorm's around 1) into m, the same numbers as host arrays in w. */
 static void fill_weights(struct model *m, struct rng *r)
@@ -388,6 +394,7 @@ int main(void)
     check_model("gpt", GPT, 9, cpu);
     check_model("gpt-no-tail", GPT_NO_TAIL, 6, cpu);
     check_model("gpt-noncausal", GPT_NONCAUSAL, 5, cpu);
+    check_model("gpt-tied", GPT_TIED, 7, cpu);
     /* Where a CUDA device is visible (the emulated one in unit.test_infer_emu), the same
      * on it: every step of the incremental forward goes through its table. */
     if (dev_cuda_available()) {
@@ -399,6 +406,7 @@ int main(void)
             check_model("gpt on the GPU", GPT, 9, g);
             check_model("gpt-no-tail on the GPU", GPT_NO_TAIL, 6, g);
             check_model("gpt-noncausal on the GPU", GPT_NONCAUSAL, 5, g);
+            check_model("gpt-tied on the GPU", GPT_TIED, 7, g);
             dev_cuda_free(g);
         }
     } else if (getenv("DDPD_CUDA_EMU")) {

@@ -24,6 +24,7 @@ static int add_layer(struct spec *s, int parent, layer_kind k)
     l->kind = k;
     l->parent = parent;
     l->end = i + 1;
+    l->tie = -1;
     l->bias = true;
     l->causal = true;
     l->eps = 1e-5;
