@@ -53,13 +53,6 @@ static int children(const struct spec *s, int parent, int *idx)
     return n;
 }
 
-/* A linear's tie: -1 untied, else the embedding it takes its weight from. */
-static int tie_of(const struct spec_layer *l)
-{
-    (void)l;
-    return -1;
-}
-
 static void add(struct gpt2_model *g, const struct spec *s, int layer, const char *hf, const char *param,
                 int ndim, int64_t d0, int64_t d1, bool conv1d)
 {
@@ -125,7 +118,7 @@ static ddpd_err check_conv1d(const struct spec *s, struct gpt2_model *g, int i, 
             hf, l->in, l->out, in, out > 0 ? out : l->out);
     if (!l->bias)
         return not_gpt2(err, i, "(%s) has no bias; GPT-2's Conv1D layers have one", hf);
-    if (tie_of(l) >= 0)
+    if (spec_layer_tie(s, i) >= 0)
         return not_gpt2(err, i, "(%s) is tied; in GPT-2 only the output layer is", hf);
     snprintf(name, sizeof name, "%s.weight", hf);
     add(g, s, i, name, "weight", 2, l->in, l->out, true);
@@ -278,10 +271,11 @@ ddpd_err gpt2_model_of(const struct spec *s, struct gpt2_model *g, struct ddpd_e
                         l->in, l->out, g->n_embd, g->vocab_size);
     if (l->bias)
         return not_gpt2(err, h, "(lm_head) has a bias; GPT-2's has none (\"bias\": false)");
-    if (tie_of(l) >= 0 && tie_of(l) != e)
+    const int tie = spec_layer_tie(s, h);
+    if (tie >= 0 && tie != e)
         return not_gpt2(err, h, "(lm_head) is tied to model[%d]; GPT-2 ties it to the embedding, model[%d]",
-                        tie_of(l), e);
-    g->tied = tie_of(l) == e;
+                        tie, e);
+    g->tied = tie == e;
     add(g, s, h, "lm_head.weight", "weight", 2, g->vocab_size, g->n_embd, false);
     g->t[g->n - 1].tied = g->tied;
     if (k < n)

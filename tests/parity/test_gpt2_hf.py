@@ -29,15 +29,15 @@ def work(tmp_path):
     return H.workdir("gpt2-hf-parity-") if H.os.environ.get("DDPD_TEST_TMP") else tmp_path
 
 
-TIE = False  # the tied case joins when tied weights are in (spec "tie")
+TIE = True  # lm_head.weight = wte.weight, as GPT-2 has it
 
 
-def job(work, cfg, n, world, opt, batch_size, prefix=True, mask=True, seed=0, tie=TIE):
+def job(work, cfg, n, world, opt, batch_size, prefix=True, mask=True, seed=0, tie=TIE, lm_head=False):
     """Writes the Hugging Face files and a tokens file of n windows into WORK/data; returns
     the spec, the windows (x, y) and Hugging Face's tensors."""
     data = Path(work) / "data"
     sd = hf.random_state(cfg, seed)
-    hf.save(data / "gpt2", sd, cfg, prefix=prefix, mask=mask)
+    hf.save(data / "gpt2", sd, cfg, prefix=prefix, mask=mask, lm_head=lm_head)
     T, rng = cfg["n_positions"], np.random.default_rng(seed + 100)
     ids = rng.integers(0, cfg["vocab_size"], size=n * T + 1).astype(np.uint16)
     ids.tofile(data / "tok.bin")
@@ -51,12 +51,18 @@ def job(work, cfg, n, world, opt, batch_size, prefix=True, mask=True, seed=0, ti
     return spec, x, y, sd
 
 
-@pytest.mark.parametrize("prefix,mask", [(True, True), (False, False)], ids=["transformer-mask", "bare"])
-def test_first_loss_is_hugging_faces(work, prefix, mask):
+@pytest.mark.parametrize("prefix,mask,tie,lm_head", [(True, True, True, False), (False, False, True, True),
+                                                     (False, True, False, False)],
+                         ids=["transformer-mask-tied", "bare-tied-lm_head-in-file", "untied-head-from-wte"])
+def test_first_loss_is_hugging_faces(work, prefix, mask, tie, lm_head):
+    """Hugging Face's files, with the prefix and the mask buffers or without; lm_head.weight
+    left out (as they write it) or there, equal to wte; a spec whose lm_head is its own
+    parameter, untied, starts from wte's values (the file has no other)."""
     H.need_bin()
     H.need_torch()
     cfg = hf.config(n_layer=2, n_head=2, n_embd=16, vocab_size=37, n_positions=8)
-    spec, x, y, sd = job(work, cfg, 4, 1, {"type": "sgd", "lr": 0.1}, 4, prefix=prefix, mask=mask)
+    spec, x, y, sd = job(work, cfg, 4, 1, {"type": "sgd", "lr": 0.1}, 4, prefix=prefix, mask=mask, tie=tie,
+                         lm_head=lm_head)
     run = H.run_ddpd(spec, 1, work)
     run.check_ok(1)
     losses = run.losses()[0]
