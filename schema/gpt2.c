@@ -27,17 +27,18 @@ static const char *kind_text(const struct spec_layer *l)
     return l->kind == LAYER_GELU_TANH ? "gelu (tanh)" : layer_kind_name(l->kind);
 }
 
-static ddpd_err not_gpt2(struct ddpd_error *err, int i, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static ddpd_err not_gpt2(struct ddpd_error *err, int i, const char *fmt, ...)
+/* Why s's model is not GPT-2, at layer i (its path in the spec's JSON; -1: the model). */
+static ddpd_err not_gpt2(struct ddpd_error *err, const struct spec *s, int i, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static ddpd_err not_gpt2(struct ddpd_error *err, const struct spec *s, int i, const char *fmt, ...)
 {
-    char path[32], msg[400];
+    char path[sizeof err->path], msg[400];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     if (i >= 0)
-        snprintf(path, sizeof path, "model[%d]", i);
+        spec_layer_path(s, i, path, sizeof path);
     else
         snprintf(path, sizeof path, "model");
     return ddpd_error_set(err, DDPD_ESPEC, path, "%s %s", path, msg);
@@ -60,6 +61,7 @@ static void add(struct gpt2_model *g, const struct spec *s, int layer, const cha
     snprintf(t->hf, sizeof t->hf, "%s", hf);
     snprintf(t->key, sizeof t->key, "%s.%s", s->layers[layer].key, param);
     t->layer = layer;
+    spec_layer_path(s, layer, t->where, sizeof t->where);
     t->ndim = ndim;
     t->shape[0] = d0;
     t->shape[1] = ndim == 2 ? d1 : 0;
@@ -72,12 +74,12 @@ static ddpd_err expect(const struct spec *s, const int *idx, int n, int k, layer
                        struct ddpd_error *err)
 {
     if (k >= n)
-        return not_gpt2(err, -1, "ends where GPT-2 has %s %s (%s)", an(layer_kind_name(want)),
+        return not_gpt2(err, s, -1, "ends where GPT-2 has %s %s (%s)", an(layer_kind_name(want)),
                         layer_kind_name(want), what);
     const struct spec_layer *l = &s->layers[idx[k]];
     bool ok = l->kind == want || (want == LAYER_GELU && l->kind == LAYER_GELU_TANH);
     if (!ok)
-        return not_gpt2(err, idx[k], "is %s %s where GPT-2 has %s %s (%s)", an(kind_text(l)), kind_text(l),
+        return not_gpt2(err, s, idx[k], "is %s %s where GPT-2 has %s %s (%s)", an(kind_text(l)), kind_text(l),
                         an(layer_kind_name(want)), layer_kind_name(want), what);
     return DDPD_OK;
 }
@@ -88,15 +90,15 @@ static ddpd_err check_ln(const struct spec *s, struct gpt2_model *g, int i, cons
     const struct spec_layer *l = &s->layers[i];
     char name[48];
     if (l->dim != g->n_embd)
-        return not_gpt2(err, i,
+        return not_gpt2(err, s, i,
                         "(%s) has dim %" PRId64 " but the embedding's is %" PRId64 " (GPT-2 has one n_embd)",
                         hf, l->dim, g->n_embd);
     if (!l->bias)
-        return not_gpt2(err, i, "(%s) has no bias; GPT-2's layernorms have one", hf);
+        return not_gpt2(err, s, i, "(%s) has no bias; GPT-2's layernorms have one", hf);
     if (g->layer_norm_epsilon < 0)
         g->layer_norm_epsilon = l->eps;
     else if (l->eps != g->layer_norm_epsilon)
-        return not_gpt2(err, i,
+        return not_gpt2(err, s, i,
                         "(%s) has eps %g but the first layernorm's is %g (GPT-2 has one layer_norm_epsilon)",
                         hf, l->eps, g->layer_norm_epsilon);
     snprintf(name, sizeof name, "%s.weight", hf);
@@ -113,13 +115,14 @@ static ddpd_err check_conv1d(const struct spec *s, struct gpt2_model *g, int i, 
     const struct spec_layer *l = &s->layers[i];
     char name[48];
     if (l->in != in || (out > 0 && l->out != out))
-        return not_gpt2(
-            err, i, "(%s) is a linear %" PRId64 " -> %" PRId64 "; GPT-2 has %" PRId64 " -> %" PRId64 " there",
-            hf, l->in, l->out, in, out > 0 ? out : l->out);
+        return not_gpt2(err, s, i,
+                        "(%s) is a linear %" PRId64 " -> %" PRId64 "; GPT-2 has %" PRId64 " -> %" PRId64
+                        " there",
+                        hf, l->in, l->out, in, out > 0 ? out : l->out);
     if (!l->bias)
-        return not_gpt2(err, i, "(%s) has no bias; GPT-2's Conv1D layers have one", hf);
+        return not_gpt2(err, s, i, "(%s) has no bias; GPT-2's Conv1D layers have one", hf);
     if (spec_layer_tie(s, i) >= 0)
-        return not_gpt2(err, i, "(%s) is tied; in GPT-2 only the output layer is", hf);
+        return not_gpt2(err, s, i, "(%s) is tied; in GPT-2 only the output layer is", hf);
     snprintf(name, sizeof name, "%s.weight", hf);
     add(g, s, i, name, "weight", 2, l->in, l->out, true);
     snprintf(name, sizeof name, "%s.bias", hf);
@@ -133,7 +136,7 @@ static ddpd_err take_dropout(const struct spec *s, int i, double *slot, int *fir
 {
     double p = s->layers[i].p;
     if (*first >= 0 && p != *slot)
-        return not_gpt2(err, i, "is a dropout of p %g but model[%d]'s is %g (GPT-2 has one %s)", p, *first,
+        return not_gpt2(err, s, i, "is a dropout of p %g but an earlier one's is %g (GPT-2 has one %s)", p,
                         *slot, what);
     if (*first < 0)
         *first = i;
@@ -159,15 +162,15 @@ static ddpd_err check_block(const struct spec *s, struct gpt2_model *g, int ra, 
         return rc;
     const struct spec_layer *a = &s->layers[idx[1]];
     if (a->dim != g->n_embd)
-        return not_gpt2(err, idx[1], "(%s) has dim %" PRId64 " but the embedding's is %" PRId64, hf, a->dim,
-                        g->n_embd);
+        return not_gpt2(err, s, idx[1], "(%s) has dim %" PRId64 " but the embedding's is %" PRId64, hf,
+                        a->dim, g->n_embd);
     if (!a->causal || !a->bias)
-        return not_gpt2(err, idx[1], "(%s) is %s; GPT-2's attention is causal with biases", hf,
+        return not_gpt2(err, s, idx[1], "(%s) is %s; GPT-2's attention is causal with biases", hf,
                         a->causal ? "without biases" : "not causal");
     if (g->n_head == 0)
         g->n_head = a->heads;
     else if (a->heads != g->n_head)
-        return not_gpt2(err, idx[1],
+        return not_gpt2(err, s, idx[1],
                         "(%s) has %" PRId64 " heads but block 0's has %" PRId64 " (GPT-2 has one n_head)", hf,
                         a->heads, g->n_head);
     snprintf(w, sizeof w, "%s.c_attn.weight", hf);
@@ -180,7 +183,8 @@ static ddpd_err check_block(const struct spec *s, struct gpt2_model *g, int ra, 
     add(g, s, idx[1], w, "proj.bias", 1, g->n_embd, 0, false);
     for (int k = 2; k < n; k++) {
         if (s->layers[idx[k]].kind != LAYER_DROPOUT)
-            return not_gpt2(err, idx[k], "is %s %s after %s's attention; GPT-2 has at most a dropout there",
+            return not_gpt2(err, s, idx[k],
+                            "is %s %s after %s's attention; GPT-2 has at most a dropout there",
                             an(kind_text(&s->layers[idx[k]])), kind_text(&s->layers[idx[k]]), hf);
         if ((rc = take_dropout(s, idx[k], &g->resid_pdrop, resid_first, "resid_pdrop", err)))
             return rc;
@@ -204,7 +208,7 @@ static ddpd_err check_block(const struct spec *s, struct gpt2_model *g, int ra, 
     if (b == 0)
         g->gelu_tanh = tanh;
     else if (tanh != g->gelu_tanh)
-        return not_gpt2(err, idx[2],
+        return not_gpt2(err, s, idx[2],
                         "is a %s but block 0's activation is not (GPT-2 has one activation_function)",
                         kind_text(&s->layers[idx[2]]));
     snprintf(hf, sizeof hf, "h.%d.mlp.c_proj", b);
@@ -213,7 +217,7 @@ static ddpd_err check_block(const struct spec *s, struct gpt2_model *g, int ra, 
         return rc;
     for (int k = 4; k < n; k++) {
         if (s->layers[idx[k]].kind != LAYER_DROPOUT)
-            return not_gpt2(err, idx[k], "is %s %s after h.%d's MLP; GPT-2 has at most a dropout there",
+            return not_gpt2(err, s, idx[k], "is %s %s after h.%d's MLP; GPT-2 has at most a dropout there",
                             an(kind_text(&s->layers[idx[k]])), kind_text(&s->layers[idx[k]]), b);
         if ((rc = take_dropout(s, idx[k], &g->resid_pdrop, resid_first, "resid_pdrop", err)))
             return rc;
@@ -238,7 +242,7 @@ ddpd_err gpt2_model_of(const struct spec *s, struct gpt2_model *g, struct ddpd_e
         return rc;
     const struct spec_layer *p = &s->layers[idx[k]];
     if (p->dim != g->n_embd)
-        return not_gpt2(err, idx[k], "(wpe) has dim %" PRId64 " but the embedding's is %" PRId64, p->dim,
+        return not_gpt2(err, s, idx[k], "(wpe) has dim %" PRId64 " but the embedding's is %" PRId64, p->dim,
                         g->n_embd);
     g->n_positions = p->num;
     add(g, s, idx[k++], "wpe.weight", "weight", 2, g->n_positions, g->n_embd, false);
@@ -247,17 +251,17 @@ ddpd_err gpt2_model_of(const struct spec *s, struct gpt2_model *g, struct ddpd_e
         return rc;
     for (; k + 1 < n && s->layers[idx[k]].kind == LAYER_RESIDUAL; k += 2) {
         if (s->layers[idx[k + 1]].kind != LAYER_RESIDUAL)
-            return not_gpt2(err, idx[k + 1], "is %s %s where GPT-2 has block %" PRId64 "'s MLP (a residual)",
-                            an(kind_text(&s->layers[idx[k + 1]])), kind_text(&s->layers[idx[k + 1]]),
-                            g->n_layer);
+            return not_gpt2(
+                err, s, idx[k + 1], "is %s %s where GPT-2 has block %" PRId64 "'s MLP (a residual)",
+                an(kind_text(&s->layers[idx[k + 1]])), kind_text(&s->layers[idx[k + 1]]), g->n_layer);
         if ((rc = check_block(s, g, idx[k], idx[k + 1], (int)g->n_layer, &resid_first, err)))
             return rc;
         g->n_layer++;
     }
     if (g->n_layer == 0)
-        return k < n ? not_gpt2(err, idx[k], "is %s %s where GPT-2 has its first block (a residual)",
+        return k < n ? not_gpt2(err, s, idx[k], "is %s %s where GPT-2 has its first block (a residual)",
                                 an(kind_text(&s->layers[idx[k]])), kind_text(&s->layers[idx[k]]))
-                     : not_gpt2(err, -1, "has no blocks after wpe; GPT-2 has at least one");
+                     : not_gpt2(err, s, -1, "has no blocks after wpe; GPT-2 has at least one");
     if ((rc = expect(s, idx, n, k, LAYER_LAYERNORM, "ln_f", err)) ||
         (rc = check_ln(s, g, idx[k++], "ln_f", err)) ||
         (rc = expect(s, idx, n, k, LAYER_LINEAR, "lm_head", err)))
@@ -265,21 +269,21 @@ ddpd_err gpt2_model_of(const struct spec *s, struct gpt2_model *g, struct ddpd_e
     const int h = idx[k++];
     const struct spec_layer *l = &s->layers[h];
     if (l->in != g->n_embd || l->out != g->vocab_size)
-        return not_gpt2(err, h,
+        return not_gpt2(err, s, h,
                         "(lm_head) is a linear %" PRId64 " -> %" PRId64
                         "; GPT-2 has n_embd -> vocab_size, %" PRId64 " -> %" PRId64,
                         l->in, l->out, g->n_embd, g->vocab_size);
     if (l->bias)
-        return not_gpt2(err, h, "(lm_head) has a bias; GPT-2's has none (\"bias\": false)");
+        return not_gpt2(err, s, h, "(lm_head) has a bias; GPT-2's has none (\"bias\": false)");
     const int tie = spec_layer_tie(s, h);
     if (tie >= 0 && tie != e)
-        return not_gpt2(err, h, "(lm_head) is tied to model[%d]; GPT-2 ties it to the embedding, model[%d]",
-                        tie, e);
+        return not_gpt2(err, s, h,
+                        "(lm_head) is tied to a layer other than the embedding; GPT-2 ties it to wte");
     g->tied = tie == e;
     add(g, s, h, "lm_head.weight", "weight", 2, g->vocab_size, g->n_embd, false);
     g->t[g->n - 1].tied = g->tied;
     if (k < n)
-        return not_gpt2(err, idx[k], "is %s %s after lm_head; GPT-2 ends there",
+        return not_gpt2(err, s, idx[k], "is %s %s after lm_head; GPT-2 ends there",
                         an(kind_text(&s->layers[idx[k]])), kind_text(&s->layers[idx[k]]));
     return DDPD_OK;
 }
@@ -489,8 +493,8 @@ ddpd_err gpt2_file_match(const struct gpt2_model *g, const struct safetensors_fi
         if (!same)
             return ddpd_error_set(err, DDPD_ESPEC, field,
                                   "%s: %s: tensor \"%.100s\" has shape %s in the file; the spec needs %s "
-                                  "(model[%d]'s %s%s)",
-                                  field, shown, t->name, got, want, e->layer, e->key,
+                                  "(%s, ddpd's \"%s\"%s)",
+                                  field, shown, t->name, got, want, e->where, e->key,
                                   e->conv1d ? ", a Conv1D weight stored [in, out]" : "");
         src[i] = t;
     }
@@ -499,8 +503,8 @@ ddpd_err gpt2_file_match(const struct gpt2_model *g, const struct safetensors_fi
             continue;
         shape_text(want, sizeof want, g->t[i].ndim, g->t[i].shape);
         return ddpd_error_set(err, DDPD_ESPEC, field,
-                              "%s: %s has no tensor \"%s\" (the spec needs %s for model[%d]'s %s)", field,
-                              shown, g->t[i].hf, want, g->t[i].layer, g->t[i].key);
+                              "%s: %s has no tensor \"%s\" (the spec needs %s for %s, ddpd's \"%s\")", field,
+                              shown, g->t[i].hf, want, g->t[i].where, g->t[i].key);
     }
     /* lm_head: Hugging Face's files leave the tied copy out; wte's values stand for it. */
     if (!src[g->n - 1])

@@ -26,6 +26,7 @@ struct gpt2_tensor {
     char hf[48];      /* Hugging Face's name without "transformer.": "h.3.attn.c_attn.weight" */
     char key[64];     /* ddpd's state_dict name: "5.1.qkv.weight" */
     int layer;        /* its layer's index in the spec's flat list */
+    char where[32];   /* the layer in the spec's JSON: "model[5].layers[1]" */
     int ndim;         /* 1 or 2 */
     int64_t shape[2]; /* in Hugging Face's file: a Conv1D weight is [in, out] */
     bool conv1d;      /* c_attn, c_proj, c_fc and mlp.c_proj weights: ddpd's [out, in] transposed */
@@ -48,7 +49,7 @@ struct gpt2_model {
  * residual [layernorm, attention (causal, bias), [dropout]] and a residual [layernorm,
  * linear, gelu (tanh or exact), linear, [dropout]], then layernorm and linear (no bias,
  * out = vocab), with one dim, one eps and biases everywhere else. DDPD_ESPEC with the
- * layer as err->path ("model[7]") and a sentence saying why it is not GPT-2-shaped. */
+ * layer as err->path ("model[5].layers[1]") and a sentence saying why it is not GPT-2-shaped. */
 ddpd_err gpt2_model_of(const struct spec *s, struct gpt2_model *g, struct ddpd_error *err);
 
 /* The entry of Hugging Face name `name` (with or without "transformer."), NULL when none.

@@ -299,6 +299,9 @@ int spec_layer_tie(const struct spec *s, int i);
  * in/out. */
 void spec_flat_layers(struct spec *s);
 
+/* Where layer i is in the spec's JSON, "model[2].layers[1]", into dst[cap]. */
+void spec_layer_path(const struct spec *s, int i, char *dst, size_t cap);
+
 const char *layer_kind_name(layer_kind k);
 const char *loss_kind_name(loss_kind k);
 const char *device_kind_name(device_kind k);

@@ -121,10 +121,10 @@ static ddpd_err check_tied(const struct spec *s, const struct hf *h, struct ddpd
         if (head->data[i] != wte->data[i])
             return ddpd_error_set(err, DDPD_ESPEC, FIELD,
                                   "%s: %s: \"%s\" and \"%s\" differ at [%" PRId64 ", %" PRId64
-                                  "] (%.9g and %.9g), but the spec ties model[%d] to the embedding: "
+                                  "] (%.9g and %.9g), but the spec ties %s to the embedding: "
                                   "they must be equal",
                                   FIELD, s->init_from, head->name, wte->name, i / e->shape[1],
-                                  i % e->shape[1], (double)head->data[i], (double)wte->data[i], e->layer);
+                                  i % e->shape[1], (double)head->data[i], (double)wte->data[i], e->where);
     return DDPD_OK;
 }
 

@@ -9,7 +9,7 @@ not, the h.N.attn.bias mask buffers of older files) read by `ddpd run` from init
   (converted to ddpd's layout in Python, independently): losses and final weights, at the
   parity tolerances (losses 1e-5 relative, weights 1e-5 + 1e-5·|ref|).
 The export (GET ...?format=gpt2, `ddpd pull --format gpt2`) and the 422s are
-tests/api/test_gpt2_hf.py's."""
+tests/api/test_gpt2_hf_route.py's."""
 from pathlib import Path
 
 import numpy as np

@@ -365,7 +365,7 @@ static const struct bad_case bad_cases[] = {
     BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from_file\":\"w\"}"), DDPD_ESPEC, "init.from_file",
         "unknown key (expected one of seed, from, from_job, step, format)"),
     /* init.format (issue 30): ddpd's own or Hugging Face's GPT-2, with init.from only; gpt2
-     * needs a GPT-2-shaped model (schema/gpt2.c; the shapes are tests/api/test_gpt2_hf.py's). */
+     * needs a GPT-2-shaped model (schema/gpt2.c; the shapes are tests/api/test_gpt2_hf_route.py's). */
     BAD(OK_PLUS(",\"init\":{\"from\":\"w.safetensors\",\"format\":\"hf\"}"), DDPD_ESPEC, "init.format",
         "expected one of ddpd, gpt2, got \"hf\""),
     BAD(OK_PLUS(",\"init\":{\"from_job\":3,\"format\":\"gpt2\"}"), DDPD_ESPEC, "init.format",
