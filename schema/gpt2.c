@@ -144,6 +144,23 @@ static ddpd_err take_dropout(const struct spec *s, int i, double *slot, int *fir
     return DDPD_OK;
 }
 
+/* What follows a block's layers inside its residual, from idx[from]: dropouts only (`after`
+ * names the place for the message). */
+static ddpd_err resid_tail(const struct spec *s, struct gpt2_model *g, const int *idx, int n, int from,
+                           const char *after, int *resid_first, struct ddpd_error *err)
+{
+    for (int k = from; k < n; k++) {
+        const struct spec_layer *l = &s->layers[idx[k]];
+        if (l->kind != LAYER_DROPOUT)
+            return not_gpt2(err, s, idx[k], "is %s %s after %s; GPT-2 has at most a dropout there",
+                            an(kind_text(l)), kind_text(l), after);
+        ddpd_err rc = take_dropout(s, idx[k], &g->resid_pdrop, resid_first, "resid_pdrop", err);
+        if (rc)
+            return rc;
+    }
+    return DDPD_OK;
+}
+
 /* One block: residual `ra` [layernorm, attention, dropout?] and `rm` [layernorm, linear,
  * gelu, linear, dropout?]. */
 static ddpd_err check_block(const struct spec *s, struct gpt2_model *g, int ra, int rm, int b,
@@ -181,14 +198,8 @@ static ddpd_err check_block(const struct spec *s, struct gpt2_model *g, int ra, 
     add(g, s, idx[1], w, "proj.weight", 2, g->n_embd, g->n_embd, true);
     snprintf(w, sizeof w, "%s.c_proj.bias", hf);
     add(g, s, idx[1], w, "proj.bias", 1, g->n_embd, 0, false);
-    for (int k = 2; k < n; k++) {
-        if (s->layers[idx[k]].kind != LAYER_DROPOUT)
-            return not_gpt2(err, s, idx[k],
-                            "is %s %s after %s's attention; GPT-2 has at most a dropout there",
-                            an(kind_text(&s->layers[idx[k]])), kind_text(&s->layers[idx[k]]), hf);
-        if ((rc = take_dropout(s, idx[k], &g->resid_pdrop, resid_first, "resid_pdrop", err)))
-            return rc;
-    }
+    if ((rc = resid_tail(s, g, idx, n, 2, hf, resid_first, err)))
+        return rc;
     /* mlp: h.b.ln_2, h.b.mlp.c_fc, gelu, h.b.mlp.c_proj */
     n = children(s, rm, idx);
     snprintf(hf, sizeof hf, "h.%d.ln_2", b);
@@ -215,14 +226,8 @@ static ddpd_err check_block(const struct spec *s, struct gpt2_model *g, int ra, 
     if ((rc = expect(s, idx, n, 3, LAYER_LINEAR, hf, err)) ||
         (rc = check_conv1d(s, g, idx[3], hf, g->n_inner, g->n_embd, err)))
         return rc;
-    for (int k = 4; k < n; k++) {
-        if (s->layers[idx[k]].kind != LAYER_DROPOUT)
-            return not_gpt2(err, s, idx[k], "is %s %s after h.%d's MLP; GPT-2 has at most a dropout there",
-                            an(kind_text(&s->layers[idx[k]])), kind_text(&s->layers[idx[k]]), b);
-        if ((rc = take_dropout(s, idx[k], &g->resid_pdrop, resid_first, "resid_pdrop", err)))
-            return rc;
-    }
-    return DDPD_OK;
+    snprintf(hf, sizeof hf, "h.%d.mlp", b);
+    return resid_tail(s, g, idx, n, 4, hf, resid_first, err);
 }
 
 ddpd_err gpt2_model_of(const struct spec *s, struct gpt2_model *g, struct ddpd_error *err)
@@ -440,15 +445,6 @@ out:
     return rc;
 }
 
-static void shape_text(char *out, size_t cap, int ndim, const int64_t *shape)
-{
-    size_t o = (size_t)snprintf(out, cap, "[");
-    for (int i = 0; i < ndim && o < cap; i++)
-        o += (size_t)snprintf(out + o, cap - o, i ? ", %" PRId64 : "%" PRId64, shape[i]);
-    if (o < cap)
-        snprintf(out + o, cap - o, "]");
-}
-
 /* h.N.attn.bias and h.N.attn.masked_bias: the causal mask buffers older files carry. */
 static bool mask_buffer(const char *name)
 {
@@ -485,8 +481,8 @@ ddpd_err gpt2_file_match(const struct gpt2_model *g, const struct safetensors_fi
             return ddpd_error_set(err, DDPD_ESPEC, field,
                                   "%s: %s: tensor \"%s\" is there twice (as \"%.100s\" and \"%.100s\")",
                                   field, shown, e->hf, src[i]->name, t->name);
-        shape_text(got, sizeof got, t->ndim, t->shape);
-        shape_text(want, sizeof want, e->ndim, e->shape);
+        safetensors_shape_text(got, sizeof got, t->ndim, t->shape);
+        safetensors_shape_text(want, sizeof want, e->ndim, e->shape);
         bool same = t->ndim == e->ndim;
         for (int d = 0; same && d < e->ndim; d++)
             same = t->shape[d] == e->shape[d];
@@ -501,7 +497,7 @@ ddpd_err gpt2_file_match(const struct gpt2_model *g, const struct safetensors_fi
     for (int i = 0; i < g->n; i++) {
         if (src[i] || !strcmp(g->t[i].hf, "lm_head.weight"))
             continue;
-        shape_text(want, sizeof want, g->t[i].ndim, g->t[i].shape);
+        safetensors_shape_text(want, sizeof want, g->t[i].ndim, g->t[i].shape);
         return ddpd_error_set(err, DDPD_ESPEC, field,
                               "%s: %s has no tensor \"%s\" (the spec needs %s for %s, ddpd's \"%s\")", field,
                               shown, g->t[i].hf, want, g->t[i].where, g->t[i].key);

@@ -50,7 +50,7 @@ static ddpd_err fail(struct ddpd_error *err, ddpd_err code, const char *path, co
     return ddpd_error_set(err, code, path, "%s: %s", path, msg);
 }
 
-static void shape_text(char *out, size_t cap, int ndim, const int64_t *shape)
+void safetensors_shape_text(char *out, size_t cap, int ndim, const int64_t *shape)
 {
     size_t o = (size_t)snprintf(out, cap, "[");
     for (int i = 0; i < ndim && o < cap; i++)
@@ -427,7 +427,7 @@ static ddpd_err parse_entry(const char *path, const char *name, json_t *v, int64
         !get_i64(json_array_get(offs, 1), &e->end))
         return fail(err, DDPD_EDATA, path,
                     "tensor \"%s\": \"data_offsets\" must be [begin, end] of non-negative integers", name);
-    shape_text(sh, sizeof sh, t->ndim, t->shape);
+    safetensors_shape_text(sh, sizeof sh, t->ndim, t->shape);
     int64_t bytes;
     if (!shape_numel(t->ndim, t->shape, &e->numel) ||
         __builtin_mul_overflow(e->numel, (int64_t)e->dt->size, &bytes))

@@ -52,6 +52,9 @@ ddpd_err safetensors_header(const char *path, const struct safetensors_tensor *t
                             const struct safetensors_meta *meta, int n_meta, char **out, size_t *len,
                             int *order, struct ddpd_error *err);
 
+/* "[2, 3]" for a shape, into out[cap] (as the errors of the reader and schema/gpt2.c write it). */
+void safetensors_shape_text(char *out, size_t cap, int ndim, const int64_t *shape);
+
 struct safetensors_file;
 
 /* Reads and checks a whole file: header length within the file, valid JSON, every
