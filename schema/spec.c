@@ -17,9 +17,10 @@ const char *const nonfinite_names[] = {"fail", "continue"}; /* nonfinite_mode or
 
 /* The keys each object may hold, in the order error messages list them. */
 static const char *const top_keys[] = {
-    "name",      "world_size", "device", "precision",  "model",     "input_shape",  "loss",
-    "optimizer", "data",       "eval",   "batch_size", "epochs",    "steps",        "grad_accum",
-    "grad_clip", "ddp",        "init",   "checkpoint", "log_every", "max_restarts", "on_nonfinite"};
+    "name",      "world_size",   "device",       "precision", "model",      "input_shape",
+    "loss",      "optimizer",    "data",         "eval",      "batch_size", "epochs",
+    "steps",     "grad_accum",   "grad_clip",    "ddp",       "init",       "checkpoint",
+    "log_every", "max_restarts", "on_nonfinite", "tokenizer"};
 static const char *const sgd_keys[] = {"type",         "lr",       "momentum", "dampening",
                                        "weight_decay", "nesterov", "schedule"};
 static const char *const adamw_keys[] = {"type", "lr", "betas", "eps", "weight_decay", "schedule"};
@@ -30,6 +31,7 @@ static const char *const ddp_keys[] = {"bucket_cap_mb", "join", "divide_by_initi
 static const char *const init_keys[] = {"seed", "from", "from_job", "step", "format"};
 const char *const init_format_names[] = {"ddpd", "gpt2"}; /* init_format_kind order */
 static const char *const checkpoint_keys[] = {"every_steps", "keep_last"};
+static const char *const tokenizer_keys[] = {"vocab", "merges"};
 
 /* ---- loss, optimizer and schedule ---- */
 
@@ -341,6 +343,24 @@ static ddpd_err parse_init(struct ddpd_error *err, json_t *root, struct spec *s)
     return rc;
 }
 
+/* tokenizer: GPT-2's vocab.json and merges.txt, data paths, for a model that reads token
+ * ids (the planner reads them and checks the vocabulary against the embedding). */
+static ddpd_err parse_tokenizer(struct ddpd_error *err, json_t *root, struct spec *s)
+{
+    json_t *obj;
+    ddpd_err rc = get_obj(err, root, "tokenizer", false, "", &obj);
+    if (rc || !obj)
+        return rc;
+    if ((rc = check_keys(err, obj, "tokenizer", tokenizer_keys, COUNT(tokenizer_keys), NULL)) ||
+        (rc = get_path(err, obj, "tokenizer", "vocab", true, s->tokenizer_vocab)) ||
+        (rc = get_path(err, obj, "tokenizer", "merges", true, s->tokenizer_merges)))
+        return rc;
+    if (!spec_input_ids(s))
+        return fail(err, "tokenizer",
+                    "a tokenizer needs a model that reads token ids (its first layer embedding)");
+    return DDPD_OK;
+}
+
 static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, struct spec *s,
                            struct ddpd_error *err)
 {
@@ -412,7 +432,7 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
             return rc;
         s->on_nonfinite = (nonfinite_mode)k;
     }
-    return DDPD_OK;
+    return parse_tokenizer(err, root, s);
 }
 
 ddpd_err spec_from_json(struct json_t *obj, const struct spec_parse_opts *opts, struct spec *out,

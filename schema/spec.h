@@ -133,13 +133,24 @@ struct spec_ddp {
     double timeout_s;                  /* default 300 */
 };
 
+/* `model` given as a preset (issue 30, schema/spec_preset.c): its fields as the user gave
+ * them with the defaults applied, kept so that the spec prints back as the preset; layers[]
+ * holds its expansion. name "" when `model` is a list. */
+struct spec_preset {
+    char name[16]; /* "gpt" */
+    int64_t layers, dim, heads, vocab, block_size;
+    double dropout; /* 0 (the only value the gpt preset takes today) */
+    bool bias, tie; /* default true, true */
+};
+
 struct spec {
     char name[128];     /* default "" */
     int world_size;     /* default 1 */
     device_kind device; /* default cpu unless the caller says otherwise (spec_parse's opts) */
     bool device_set;
-    precision_kind precision; /* GEMM inputs on cuda: exact fp32 (default) or TF32 */
-    int n_layers;             /* every layer, nested ones included (see struct spec_layer) */
+    precision_kind precision;  /* GEMM inputs on cuda: exact fp32 (default) or TF32 */
+    struct spec_preset preset; /* `model` as a preset, or name "" */
+    int n_layers;              /* every layer, nested ones included (see struct spec_layer) */
     struct spec_layer layers[SPEC_MAX_LAYERS];
     /* input_shape: one sample's shape without the batch dimension. Given, or for a model
      * of linear layers and activations alone [model[0].in] (input_shape_set false). */
@@ -168,6 +179,9 @@ struct spec {
     int64_t init_from_job;
     int64_t init_from_step;
     init_format_kind init_format; /* with init.from; default ddpd */
+    /* tokenizer: GPT-2's vocab.json and merges.txt, relative to data_dir; "" without one */
+    char tokenizer_vocab[SPEC_PATH_MAX];
+    char tokenizer_merges[SPEC_PATH_MAX];
 };
 
 struct spec_parse_opts {

@@ -1,5 +1,5 @@
 /* spec_impl.h — what the files of the spec module (spec.c, spec_getters.c, spec_layers.c,
- * spec_data.c, spec_print.c, spec_memory.c) share, and nothing else includes: the JSON getters
+ * spec_preset.c, spec_data.c, spec_print.c, spec_memory.c) share, and nothing else includes: the JSON getters
  * whose errors name the path, the model's shape helpers, the name tables that the parser and
  * the printer both read, and the limits. The public contract is spec.h. */
 #ifndef DDPD_SPEC_IMPL_H
@@ -46,6 +46,10 @@
 #define shape_str       spec__shape_str
 #define shape_numel     spec__shape_numel
 #define parse_model     spec__parse_model
+#define parse_layers    spec__parse_layers
+#define parse_preset    spec__parse_preset
+#define check_expanded  spec__check_expanded
+#define preset_to_json  spec__preset_to_json
 #define parse_data_obj  spec__parse_data_obj
 #define parse_data      spec__parse_data
 #define data_names      spec__data_names
@@ -133,6 +137,19 @@ void shape_str(char *dst, size_t cap, int rank, const int64_t *shape);
 int64_t shape_numel(int rank, const int64_t *shape);
 /* `model` and `input_shape`: the layers and the shapes flowing through them. */
 ddpd_err parse_model(struct ddpd_error *err, json_t *root, struct spec *s);
+
+/* A top-level layer list at `path` into s->layers (from s->n_layers 0), keys and values
+ * checked, shapes not yet inferred. */
+ddpd_err parse_layers(struct ddpd_error *err, struct spec *s, json_t *list, const char *path);
+
+/* ---- spec_preset.c: `model` as a preset ---- */
+
+/* The preset object `model` into s->preset and its layer list into *list (a new reference). */
+ddpd_err parse_preset(struct ddpd_error *err, json_t *model, struct spec *s, json_t **list);
+/* The preset's `expanded`, when given, must parse to s's layers (what spec_to_json wrote). */
+ddpd_err check_expanded(struct ddpd_error *err, json_t *model, const struct spec *s);
+/* The preset as spec_to_json writes it, with `expanded` (stolen) beside its fields. */
+json_t *preset_to_json(const struct spec *s, json_t *expanded);
 
 /* ---- spec_data.c: the data ---- */
 

@@ -561,20 +561,43 @@ static ddpd_err parse_input_shape(struct ddpd_error *err, json_t *root, struct s
     return DDPD_OK;
 }
 
+ddpd_err parse_layers(struct ddpd_error *err, struct spec *s, json_t *list, const char *path)
+{
+    s->n_layers = 0;
+    return parse_layer_list(err, s, list, path, -1, 0);
+}
+
 ddpd_err parse_model(struct ddpd_error *err, json_t *root, struct spec *s)
 {
-    json_t *model = json_object_get(root, "model");
+    json_t *model = json_object_get(root, "model"), *expansion = NULL;
     char lp[PATH_CAP], path[PATH_CAP];
     ddpd_err rc;
     if (!model)
         return fail(err, "model",
                     "missing (expected a list of layers such as "
-                    "[{\"type\": \"linear\", \"in\": 10, \"out\": 1}])");
-    s->n_layers = 0;
-    if ((rc = parse_layer_list(err, s, model, "model", -1, 0)) != DDPD_OK)
+                    "[{\"type\": \"linear\", \"in\": 10, \"out\": 1}], or a preset such as "
+                    "{\"preset\": \"gpt\", ...})");
+    /* A preset (spec_preset.c) is the list it expands to; its input is one window of ids. */
+    if (json_is_object(model) && !json_object_get(model, "preset"))
+        return fail(
+            err, "model",
+            "expected a list of layers, or a preset such as {\"preset\": \"gpt\", ...}, got an object "
+            "without \"preset\"");
+    if (json_is_object(model) && (rc = parse_preset(err, model, s, &expansion)) != DDPD_OK)
+        return rc;
+    rc = parse_layers(err, s, expansion ? expansion : model, "model");
+    json_decref(expansion);
+    if (rc == DDPD_OK && s->preset.name[0])
+        rc = check_expanded(err, model, s);
+    if (rc != DDPD_OK)
         return rc;
     if ((rc = parse_input_shape(err, root, s)) != DDPD_OK)
         return rc;
+    if (s->preset.name[0] && !s->input_shape_set) {
+        s->input_rank = 1;
+        s->input_shape[0] = s->preset.block_size;
+        s->input_shape_set = true;
+    }
 
     const struct spec_layer *l0 = &s->layers[0];
     const int odd = first_non_mlp(s);

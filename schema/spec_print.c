@@ -164,7 +164,8 @@ struct json_t *spec_to_json(const struct spec *s)
     put(j, "world_size", json_integer(s->world_size), &ok);
     put(j, "device", json_string(device_kind_name(s->device)), &ok);
     put(j, "precision", json_string(precision_names[s->precision]), &ok);
-    put(j, "model", model, &ok);
+    /* A preset prints as itself, its layers beside it (`expanded`): what a job ran, both ways. */
+    put(j, "model", s->preset.name[0] ? preset_to_json(s, model) : model, &ok);
     if (s->input_shape_set) {
         json_t *shape = json_array();
         for (int i = 0; shape && i < s->input_rank; i++)
@@ -218,6 +219,9 @@ struct json_t *spec_to_json(const struct spec *s)
     put(j, "log_every", json_integer(s->log_every), &ok);
     put(j, "max_restarts", json_integer(s->max_restarts), &ok);
     put(j, "on_nonfinite", json_string(nonfinite_names[s->on_nonfinite]), &ok);
+    if (s->tokenizer_vocab[0])
+        put(j, "tokenizer",
+            json_pack("{s:s, s:s}", "vocab", s->tokenizer_vocab, "merges", s->tokenizer_merges), &ok);
     if (!ok) {
         json_decref(j);
         return NULL;

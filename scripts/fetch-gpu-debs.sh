@@ -17,13 +17,15 @@ DIR=${1:-.gpu-debs}
 
 # jansson, OpenBLAS (pthread flavour, and the gfortran runtime it links), libmicrohttpd
 # (with GnuTLS, and the -dev packages whose .pc files its pkg-config file requires),
-# SQLite.
+# SQLite, PCRE2 (the tokenizer's pattern: the 8-bit library, and the other three whose
+# links libpcre2-dev holds).
 PKGS="libjansson4 libjansson-dev
 libopenblas0 libopenblas0-pthread libopenblas-dev libopenblas-pthread-dev libgfortran5 libquadmath0
 libmicrohttpd12 libmicrohttpd-dev libgnutls30 libgnutls28-dev libnettle8 libhogweed6 nettle-dev
 libgmp10 libtasn1-6 libtasn1-6-dev libidn2-0 libidn2-dev libunistring2 libp11-kit0 libp11-kit-dev
 libffi8
-libsqlite3-0 libsqlite3-dev"
+libsqlite3-0 libsqlite3-dev
+libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libpcre2-dev"
 
 mkdir -p "$DIR/debs"
 rm -rf "$DIR/root"

@@ -3,6 +3,7 @@
 # Idempotent and quiet when everything is present. Run as root (or with sudo).
 # The CUDA toolkit (nvcc, cuBLAS, NCCL) is not a Debian package: where it is installed
 # under /usr/local/cuda the build picks it up; without it the build is CPU-only.
+# libpcre2-dev: the GPT-2 tokenizer's pattern (tokenizer/encode.c).
 # clang and libclang-rt-14-dev (libFuzzer, ASan, UBSan runtimes) build the fuzz targets
 # of fuzz/ (scripts/test.sh's fuzz stage); clang-format checks the C sources' layout (.clang-format).
 # docker-compose (Compose v1, Python) only validates docker/docker-compose.yml in
@@ -13,7 +14,7 @@ set -eu
 
 PACKAGES="
 build-essential cmake pkg-config
-libjansson-dev libopenblas-dev libmicrohttpd-dev libsqlite3-dev sqlite3 libcurl4-openssl-dev libssl-dev
+libjansson-dev libopenblas-dev libmicrohttpd-dev libsqlite3-dev sqlite3 libcurl4-openssl-dev libssl-dev libpcre2-dev
 python3 python3-pytest python3-numpy python3-requests python3-torch python3-sklearn
 curl procps
 chromium

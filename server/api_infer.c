@@ -415,7 +415,8 @@ static const char *const gen_keys[] = {"prompt", "ids",  "max_new_tokens", "temp
 
 /* The worker's generate request from the body (checked against the vocabulary): its line
  * into *out (malloc'd). */
-static ddpd_err generate_request(json_t *body, int64_t job, int64_t vocab, char **out, struct ddpd_error *err)
+static ddpd_err generate_request(json_t *body, int64_t job, int64_t vocab, bool tokenizer, char **out,
+                                 struct ddpd_error *err)
 {
     json_t *prompt = json_object_get(body, "prompt"), *ids = json_object_get(body, "ids");
     json_t *temp = json_object_get(body, "temperature");
@@ -430,11 +431,12 @@ static ddpd_err generate_request(json_t *body, int64_t job, int64_t vocab, char 
         if (!json_is_string(prompt) || json_string_length(prompt) == 0)
             return ddpd_error_set(err, DDPD_ESPEC, "prompt",
                                   "prompt: expected a string of at least one character");
-        if (vocab != 256)
-            return ddpd_error_set(err, DDPD_ESPEC, "prompt",
-                                  "prompt: job %" PRId64 "'s vocabulary has %" PRId64
-                                  " tokens, not the 256 bytes of text: send ids",
-                                  job, vocab);
+        if (vocab != 256 && !tokenizer)
+            return ddpd_error_set(
+                err, DDPD_ESPEC, "prompt",
+                "prompt: job %" PRId64 "'s vocabulary has %" PRId64
+                " tokens, not the 256 bytes of text, and its spec names no tokenizer: send ids",
+                job, vocab);
     } else {
         if (!json_is_array(ids) || json_array_size(ids) == 0)
             return ddpd_error_set(err, DDPD_ESPEC, "ids", "ids: expected a list of at least one token id");
@@ -510,9 +512,16 @@ ddpd_err api__generate(struct http_request *req, struct ddpd_error *err)
         rc = err->code;
         goto out;
     }
-    if ((rc = generate_request(body, j.id, vocab, &request, err)))
+    const bool tokenizer = m.spec->tokenizer_vocab[0] != '\0';
+    if ((rc = generate_request(body, j.id, vocab, tokenizer, &request, err)))
         goto out;
-    struct infer_model im = {.job = j.id, .step = m.step, .cuda = cuda, .weights = m.weights, .spec = j.spec};
+    /* A tokenizer's files are data paths: the worker opens them beneath the data folder. */
+    struct infer_model im = {.job = j.id,
+                             .step = m.step,
+                             .cuda = cuda,
+                             .weights = m.weights,
+                             .spec = j.spec,
+                             .data_dir = tokenizer ? a->data_dir : NULL};
     rc = run(req, &im, &m, request, "generate", json_is_true(stream), NULL, err);
 out:
     free(m.spec);

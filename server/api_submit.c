@@ -207,9 +207,11 @@ ddpd_err api__submit(struct http_request *req, struct ddpd_error *err)
         goto out;
 
     /* The data must be readable and, with join false, even, and a rank must fit in memory.
-     * Synthetic data (and eval.data) has nothing to read: its counts follow from the spec, here. Files are
-     * the planner's to read, on its own threads and processes: nothing that can block on a file runs here. */
+     * Synthetic data (and eval.data) without init.from or a tokenizer has nothing to read: its counts follow
+     * from the spec, here. Files are the planner's to read, on its own threads and processes: nothing that
+     * can block on a file runs here. */
     if (spec->data.kind == DATA_SYNTHETIC && !spec->init_from[0] && !spec->init_from_job &&
+        !spec->tokenizer_vocab[0] &&
         (spec->eval.every_steps <= 0 || spec->eval.data.kind == DATA_SYNTHETIC)) {
         /* The memory a rank needs follows from the spec too (the planner checks it
          * against the same limit where there are files, or an init.from to check). */

@@ -1,6 +1,7 @@
 /* client.c — the client commands of `ddpd` (client.h) over libcurl: the connection and the
  * requests every command makes (client_impl.h), the job commands, and the table of all of
- * them (pull is client_pull.c's, generate and predict client_infer.c's). Each parses its
+ * them (pull is client_pull.c's, generate and predict client_infer.c's, tokenize
+ * client_tokenize.c's). Each parses its
  * options with getopt_long, makes its requests with timeouts (streams: the server's
  * heartbeats bound how long a dead connection goes unnoticed), and prints tables, JSON,
  * NDJSON or the progress line. Knows the REST API, not the server's code. Trusts nothing the network
@@ -987,6 +988,19 @@ static const struct command commands[] = {
      "  --json            the server's answer as JSON (outputs, shape, top, step, model)\n"
      "  --step S          the checkpoint of step S (default the final model, else the newest)\n",
      cmd_predict},
+    {"tokenize", "--vocab V --merges M -o OUT [--eval-fraction F [--eval-out E]] IN.txt",
+     "Encodes the text IN.txt (- for stdin) with GPT-2's byte-level BPE (vocab.json and\n"
+     "merges.txt) into the tokens file OUT that `data.type: \"tokens\"` reads: uint16 ids\n"
+     "when the vocabulary fits (up to 65536 tokens), else int32 (the spec's data.dtype; the\n"
+     "summary says which). Streams the text; a progress line on a terminal for inputs from\n"
+     "16 MB; then bytes, tokens and MB/s. Talks to no server.",
+     "  --vocab V         the vocabulary (GPT-2's vocab.json: token -> id)\n"
+     "  --merges M        the merges in rank order (GPT-2's merges.txt)\n"
+     "  -o, --output OUT  the tokens file (written beside as a temporary file, renamed when whole)\n"
+     "  --eval-fraction F also write the last F (0 < F < 1) of the tokens to an eval file,\n"
+     "                    leaving the first 1 - F in OUT\n"
+     "  --eval-out E      the eval file (default eval.bin in OUT's folder)\n",
+     cmd_tokenize},
 };
 
 const struct command *find_command(const char *name)

@@ -86,6 +86,26 @@ void progress_free(struct progress *p)
     free(p);
 }
 
+void progress_line(FILE *out, char *line, int *width, bool final)
+{
+    size_t n = strlen(line);
+    /* A line wider than the terminal wraps, and '\r' goes back to the start of its last
+     * row only: cut it to the width (less one column, where some terminals wrap early). */
+    struct winsize ws;
+    if (ioctl(fileno(out), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 && n > (size_t)ws.ws_col - 1) {
+        n = (size_t)ws.ws_col - 1;
+        line[n] = '\0';
+    }
+    int pad = *width > (int)n ? *width - (int)n : 0;
+    fprintf(out, "\r%s", line);
+    if (pad) /* blank what a longer line left, and put the cursor back after the text */
+        fprintf(out, "%*s\r%s", pad, "", line);
+    if (final)
+        fputc('\n', out);
+    fflush(out);
+    *width = (int)n;
+}
+
 /* "1:02:03", "4:05" or "—" for seconds. */
 static void fmt_duration(char *buf, size_t cap, double s)
 {
@@ -140,23 +160,7 @@ static void draw(struct progress *p, bool final)
         ADD("  ETA %s", eta);
     }
 #undef ADD
-    if (n >= sizeof line)
-        n = sizeof line - 1;
-    /* A line wider than the terminal wraps, and '\r' goes back to the start of its last
-     * row only: cut it to the width (less one column, where some terminals wrap early). */
-    struct winsize ws;
-    if (ioctl(fileno(p->out), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 && n > (size_t)ws.ws_col - 1) {
-        n = (size_t)ws.ws_col - 1;
-        line[n] = '\0';
-    }
-    int pad = p->width > (int)n ? p->width - (int)n : 0;
-    fprintf(p->out, "\r%s", line);
-    if (pad) /* blank what a longer line left, and put the cursor back after the text */
-        fprintf(p->out, "%*s\r%s", pad, "", line);
-    if (final)
-        fputc('\n', p->out);
-    fflush(p->out);
-    p->width = (int)n;
+    progress_line(p->out, line, &p->width, final);
     p->drawn_s = base_mono_s();
     p->dirty = false;
 }

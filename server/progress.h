@@ -6,6 +6,7 @@
 #define DDPD_PROGRESS_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -31,6 +32,11 @@ void progress_set_state(struct progress *p, const char *state);
 void progress_finish(struct progress *p);
 
 void progress_free(struct progress *p);
+
+/* Draws `line` (NUL-terminated; cut in place to the terminal's width) over the line drawn
+ * before on out, which was *width columns wide (0 at first; updated), and ends it with a
+ * newline when `final`. The one drawing of every progress line (`ddpd tokenize`'s too). */
+void progress_line(FILE *out, char *line, int *width, bool final);
 
 /* The job's optimizer steps in all, as the dashboard counts them: `steps`, else `epochs`
  * times the steps of an epoch of the rank with the most micro-batches (`batches`, as the

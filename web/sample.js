@@ -101,7 +101,8 @@
   /* ---- the Sample box ---- */
 
   function sampleCard(id, spec) {
-    const vocab = gptVocab(spec), bytes = vocab === 256;
+    /* Text in and out: a byte vocabulary, or the job's tokenizer (GPT-2's BPE). */
+    const vocab = gptVocab(spec), bytes = vocab === 256 || !!spec.tokenizer;
     const prompt = el('textarea', {id: 'sample-prompt', class: 'sample-prompt mono', rows: '2', spellcheck: 'false',
       placeholder: bytes ? 'text to continue' : `token ids in [0, ${vocab}), e.g. 1, 2, 3`});
     const length = el('input', {type: 'number', id: 'sample-length', min: '1', max: '4096', step: '1', value: '256'});

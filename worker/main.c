@@ -27,6 +27,7 @@
 #include "model.h"
 #include "../schema/safetensors.h"
 #include "gpt2_init.h"
+#include "spec_tokenizer.h"
 #include "train.h"
 
 #define STDIN_MAX (4 * 1024 * 1024)
@@ -313,7 +314,7 @@ static ddpd_err plan_resume_data(const struct spec *spec, const char *data_dir, 
 /* One plan request line (a job document, read by jobdoc_plan_from_json) -> every rank's
  * batches per epoch (unknown when only the ranks can tell), or the error a rank would die
  * of. Checks what a rank would otherwise find after the job was accepted: the data's
- * values, init.from's shapes, the memory a rank needs against max_rank_memory, and
+ * values, init.from's shapes, the tokenizer's files, the memory a rank needs against max_rank_memory, and
  * batches that batchnorm refuses. */
 static void plan_one(const char *line, size_t len)
 {
@@ -360,6 +361,12 @@ static void plan_one(const char *line, size_t len)
         rc = gpt2_init_plan(spec, data_dir, &err);
     } else if (rc == DDPD_OK && (spec->init_from[0] || spec->init_from_job > 0)) {
         rc = plan_init_from(spec, data_dir, req.init_path, &err);
+    }
+    /* The tokenizer's files parse and its vocabulary fits the embedding (generate's text). */
+    if (rc == DDPD_OK && spec->tokenizer_vocab[0]) {
+        struct bpe *tok = spec_tokenizer_open(spec, data_dir, &err);
+        rc = tok ? DDPD_OK : err.code;
+        bpe_free(tok);
     }
     memset(&ans, 0, sizeof ans);
     ans.code = rc;

@@ -43,6 +43,7 @@ static void task_free(struct task *t)
     free(t->upload);
     free(t->weights);
     free(t->spec);
+    free(t->data_dir);
     free(t->request);
     free(t);
 }
@@ -462,10 +463,11 @@ ddpd_err infer_pool_submit(struct infer_pool *p, const struct infer_model *m, ch
     struct task *t = calloc(1, sizeof *t);
     ddpd_err rc = DDPD_OK;
     if (!t || !(t->weights = strdup(m->weights)) || !(t->spec = strdup(m->spec)) ||
-        (upload && !(t->upload = strdup(upload)))) {
+        (upload && !(t->upload = strdup(upload))) || (m->data_dir && !(t->data_dir = strdup(m->data_dir)))) {
         if (t) {
             free(t->weights);
             free(t->spec);
+            free(t->upload);
         }
         free(t);
         free(request);

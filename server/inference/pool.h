@@ -52,8 +52,9 @@ struct infer_model {
     int64_t job;
     int64_t step; /* the checkpoint's step, or -1 for the final model */
     bool cuda;
-    const char *weights; /* absolute path of its model.safetensors */
-    const char *spec;    /* the job's spec as stored (JSON text) */
+    const char *weights;  /* absolute path of its model.safetensors */
+    const char *spec;     /* the job's spec as stored (JSON text) */
+    const char *data_dir; /* the data folder of the spec's tokenizer files; NULL without one */
 };
 
 /* How the caller hears of its request, on a pool thread. */

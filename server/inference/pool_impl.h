@@ -99,9 +99,10 @@ enum slot_state { SLOT_FREE, SLOT_BUSY, SLOT_ENDING };
 struct task {
     struct infer_key key;
     char *weights, *spec;
-    char *request; /* the worker's request line, without its newline */
-    char *upload;  /* a file of the pool's folder, removed with the task; NULL: none */
-    char op[16];   /* the request's "op", for the status */
+    char *data_dir; /* the tokenizer's data folder for load; NULL: none */
+    char *request;  /* the worker's request line, without its newline */
+    char *upload;   /* a file of the pool's folder, removed with the task; NULL: none */
+    char op[16];    /* the request's "op", for the status */
     struct infer_sink sink;
     double deadline; /* monotonic: it must have started by then */
     struct task *next;

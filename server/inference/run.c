@@ -219,6 +219,8 @@ ddpd_err infer__ensure_model(struct infer_pool *p, struct slot *s, struct task *
                   t->weights, "device", t->key.cuda ? "cuda" : "cpu", "max_batch", LOAD_MAX_BATCH);
     if (load && t->key.cuda)
         json_object_set_new(load, "gpu", json_integer(0)); /* the one device CUDA_VISIBLE_DEVICES shows */
+    if (load && t->data_dir)                               /* where the spec's tokenizer files are */
+        json_object_set_new(load, "data_dir", json_string(t->data_dir));
     char *text = load ? json_dumps(load, JSON_COMPACT) : NULL;
     json_decref(load);
     if (!text)

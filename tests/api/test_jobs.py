@@ -258,3 +258,33 @@ def test_list_paginate_filter_delete(server):
     r = server.post(f"/v1/jobs/{ids[1]}/cancel")
     assert r.status_code == 409 and "finished" in r.json()["error"]["message"], r.text
     assert server.post("/v1/jobs/999999/cancel").status_code == 404
+
+
+def test_gpt_preset_job_shows_the_preset_and_its_layers(server):
+    """issue 30: a job whose model is the gpt preset runs, and GET /v1/jobs/{id} shows the
+    preset as given (every default written out) with the layers it expanded to; its model
+    file names the tied weight twice. A bad field is a 422 naming it, and no job."""
+    rng = np.random.default_rng(0)
+    rng.integers(0, 24, 8 * 12 + 1).astype(np.uint16).tofile(server.data_dir / "preset.bin")
+    model = {"preset": "gpt", "layers": 2, "dim": 8, "heads": 2, "vocab": 24, "block_size": 8}
+    spec = {"name": "preset", "model": model, "loss": "cross_entropy", "optimizer": {"type": "adamw", "lr": 0.01},
+            "data": {"type": "tokens", "path": "preset.bin", "block_size": 8}, "batch_size": 4, "steps": 2}
+    j = server.submit(spec)
+    assert server.wait_state(j["id"], ("succeeded",), timeout=60), server.job(j["id"])
+    shown = server.job(j["id"])["spec"]
+    m = shown["model"]
+    assert {k: m[k] for k in model} == model and m["dropout"] == 0 and m["bias"] is True and m["tie"] is True, m
+    assert [l["type"] for l in m["expanded"]] == ["embedding", "position", "dropout"] + ["residual"] * 4 + [
+        "layernorm", "linear"], m["expanded"]
+    assert m["expanded"][-1]["tie"] == "0" and m["expanded"][-1]["bias"] is False, m["expanded"][-1]
+    assert shown["input_shape"] == [8], shown
+    r = server.get(f"/v1/jobs/{j['id']}/checkpoint")
+    assert r.status_code == 200, r.text[:300]
+    w = st_decode(r.content)[0]
+    assert np.array_equal(w["0.weight"], w["8.weight"]), sorted(w)
+
+    bad = dict(spec, model=dict(model, heads=3))
+    r = server.post("/v1/jobs", json=bad)
+    assert r.status_code == 422, r.text
+    e = r.json()["error"]
+    assert e["path"] == "model.heads" and e["message"] == "dim 8 is not a multiple of heads 3", e

@@ -202,11 +202,17 @@ def test_gpt_tokens_file_per_rank_resume_is_exact(work):
     """A checkpoint of a job on per-rank tokens files of different lengths (shuffled, join,
     2 epochs) resumes into exactly the uninterrupted run: each rank's position in its own
     file is restored."""
+    resume_on_rank_files(work, gpt(), seed=4)
+
+
+def resume_on_rank_files(work, model, seed):
+    """`model` on per-rank tokens files of 10 and 6 windows (shuffled, join, 2 epochs, AdamW,
+    grad_accum 2), uninterrupted and resumed from ckpt-4: the same losses and final weights,
+    bit for bit. Returns the resumed run."""
     H.need_bin()
-    model = gpt()
-    streams, xs, ys = token_streams(32, 8, [10, 6], [1, 0], seed=4)
+    streams, xs, ys = token_streams(32, 8, [10, 6], [1, 0], seed=seed)
     case = H.Case.per_rank(spec_of(model, [8], "cross_entropy", {"type": "adamw", "lr": 0.01}, 2, grad_accum=2),
-                           xs, ys, torch_models.init_state(model, 4))
+                           xs, ys, torch_models.init_state(model, seed))
     spec = case.write(Path(work) / "data")
     spec["data"] = dict(tokens_files(streams, 8)(Path(work) / "data"), shuffle=True, seed=3)
     spec["epochs"] = 2
@@ -220,6 +226,7 @@ def test_gpt_tokens_file_per_rank_resume_is_exact(work):
         assert later and got[r] == later, f"rank {r}: resumed {got[r]} vs straight {later}"
     a, b = full.model(), res.model()
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a), "final weights differ"
+    return res
 
 
 @pytest.mark.parametrize("world,opt", [(1, "adamw"), (2, "sgd-momentum"), (3, "adamw")])

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_gpt import OPTS, check, gpt, spec_of, token_case, token_streams, tokens_files
+from test_gpt import OPTS, check, gpt, resume_on_rank_files, token_case
 
 from pylib import ddp as H
-from pylib import torch_models
 
 
 @pytest.fixture(autouse=True)
@@ -64,24 +63,7 @@ def test_tied_gpt_ddp(work, world, opt):
 def test_tied_resume_is_exact(work):
     """A checkpoint of a tied GPT on per-rank tokens files of different lengths (shuffled,
     join, 2 epochs, AdamW, grad_accum 2) resumes into exactly the uninterrupted run."""
-    H.need_bin()
-    model = gpt(tie=True)
-    streams, xs, ys = token_streams(32, 8, [10, 6], [1, 0], seed=8)
-    case = H.Case.per_rank(spec_of(model, [8], "cross_entropy", {"type": "adamw", "lr": 0.01}, 2, grad_accum=2),
-                           xs, ys, torch_models.init_state(model, 8))
-    spec = case.write(Path(work) / "data")
-    spec["data"] = dict(tokens_files(streams, 8)(Path(work) / "data"), shuffle=True, seed=3)
-    spec["epochs"] = 2
-    spec["checkpoint"] = {"every_steps": 2, "keep_last": 100}
-    full = H.run_ddpd(spec, 2, work, name="full").check_ok(2)
-    assert full.of("join"), "rank 1 (3 batches) joins"
-    res = H.run_ddpd(spec, 2, work, name="resumed", extra=["--resume", str(full.out / "ckpt-4")]).check_ok(2)
-    want, got = full.losses(), res.losses()
-    for r in range(2):
-        later = {s: v for s, v in want[r].items() if s > 4}
-        assert later and got[r] == later, f"rank {r}: resumed {got[r]} vs straight {later}"
-    a, b = full.model(), res.model()
-    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a), "final weights differ"
+    b = resume_on_rank_files(work, gpt(tie=True), seed=8).model()
     assert np.array_equal(b["0.weight"], b[HEAD + ".weight"])
 
 

@@ -543,6 +543,23 @@ static ddpd_err ready(struct nccl *c, const char *what)
     return DDPD_OK;
 }
 
+/* After `w` is done: whether its result can be trusted. NCCL's kernels end early once the
+ * communicator is aborted (the watchdog's abort for a lost peer, say), leaving whatever
+ * the buffers held, so a collective done after a failure, an abort or an asynchronous
+ * error has no result: the failure is the answer, never the bytes. */
+static ddpd_err trusted(struct nccl *c)
+{
+    if (atomic_load(&c->failed) || atomic_load(&c->aborted))
+        return failed_code(c);
+    ncclResult_t async = ncclSuccess;
+    if (call_async_error(c, &async) != ncclSuccess)
+        return fail(c, "nccl: %s: %s", "a collective",
+                    "its communicator was aborted before its result was read");
+    if (async != ncclSuccess && async != ncclInProgress)
+        return nccl_fail(c, async, "asynchronous error");
+    return DDPD_OK;
+}
+
 /* Blocks the host until `w` is done, within its deadline (the blocking collectives), and
  * lets the caller's reference go. */
 static ddpd_err finish(struct nccl *c, struct work *w)
@@ -553,8 +570,10 @@ static ddpd_err finish(struct nccl *c, struct work *w)
         pthread_mutex_lock(&c->mu);
         cudaError_t q = work_state_locked(c, w, &late);
         pthread_mutex_unlock(&c->mu);
-        if (q == cudaSuccess)
+        if (q == cudaSuccess) {
+            rc = trusted(c);
             break;
+        }
         if (q != cudaErrorNotReady) {
             rc = cuda_fail(c, q, w->what);
             break;

@@ -1,7 +1,8 @@
 /* infer/generate.c — the generate request: its fields checked (each error names one), the
  * prompt cropped to the window as nanoGPT's sample.py does, then token after token: the
  * logits from the KV cache (cache.c), the draw (sample.c), a stream line when asked, a
- * look at stdin for a cancel; one final line with the new ids and their text. */
+ * look at stdin for a cancel; one final line with the new ids and their text (a byte
+ * vocabulary's, or the job's tokenizer's, which also encodes a text prompt). */
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -20,9 +21,31 @@ struct gen_req {
     bool stream;
 };
 
-/* The prompt as token ids into r->seq: `prompt` (text, a byte vocabulary's: its UTF-8
- * bytes) or `ids`. */
-static ddpd_err read_prompt(json_t *req, int64_t vocab, struct gen_req *r, struct ddpd_error *err)
+/* Text as the tokenizer's ids into r->seq (room for max_new after them). */
+static ddpd_err encode_prompt(struct bpe *tok, json_t *text, struct gen_req *r, struct ddpd_error *err)
+{
+    struct bpe_ids ids = {0};
+    ddpd_err rc = bpe_encode(tok, json_string_value(text), json_string_length(text), &ids, err);
+    if (!rc && ids.n > INFER_MAX_PROMPT)
+        rc =
+            ddpd_error_set(err, DDPD_ETOOBIG, "prompt",
+                           "prompt: %zu tokens, more than the %d a prompt may hold", ids.n, INFER_MAX_PROMPT);
+    if (!rc && !(r->seq = malloc((ids.n + (size_t)r->max_new) * sizeof(int32_t))))
+        rc = ddpd_error_set(err, DDPD_ENOMEM, "prompt", "out of memory reading the prompt");
+    if (!rc) {
+        memcpy(r->seq, ids.v, ids.n * sizeof(int32_t));
+        r->prompt = (int64_t)ids.n;
+    }
+    if (rc && !err->path[0])
+        snprintf(err->path, sizeof err->path, "prompt");
+    free(ids.v);
+    return rc;
+}
+
+/* The prompt as token ids into r->seq: `prompt` (text: the tokenizer's ids, else a byte
+ * vocabulary's UTF-8 bytes) or `ids`. */
+static ddpd_err read_prompt(json_t *req, int64_t vocab, struct bpe *tok, struct gen_req *r,
+                            struct ddpd_error *err)
 {
     json_t *text = json_object_get(req, "prompt"), *ids = json_object_get(req, "ids");
     text = json_is_null(text) ? NULL : text;
@@ -37,15 +60,17 @@ static ddpd_err read_prompt(json_t *req, int64_t vocab, struct gen_req *r, struc
         return ddpd_error_set(err, DDPD_ESPEC, key, "prompt: expected a string");
     if (ids && !json_is_array(ids))
         return ddpd_error_set(err, DDPD_ESPEC, key, "ids: expected a list of token ids");
-    if (text && vocab != 256)
+    if (text && vocab != 256 && !tok)
         return ddpd_error_set(
             err, DDPD_ESPEC, key,
-            "prompt: text needs a byte vocabulary (embedding num 256); this model's vocabulary "
-            "has %" PRId64 " ids: send ids",
+            "prompt: text needs a tokenizer or a byte vocabulary (embedding num 256); this model's "
+            "vocabulary has %" PRId64 " ids and no tokenizer: send ids",
             vocab);
     const size_t n = text ? json_string_length(text) : json_array_size(ids);
     if (n == 0)
         return ddpd_error_set(err, DDPD_ESPEC, key, "%s: at least one token is needed", key);
+    if (text && tok)
+        return encode_prompt(tok, text, r, err);
     if (n > INFER_MAX_PROMPT)
         return ddpd_error_set(err, DDPD_ETOOBIG, key, "%s: %zu tokens, more than the %d a prompt may hold",
                               key, n, INFER_MAX_PROMPT);
@@ -76,7 +101,8 @@ static ddpd_err read_prompt(json_t *req, int64_t vocab, struct gen_req *r, struc
     return DDPD_OK;
 }
 
-static ddpd_err read_request(json_t *req, int64_t vocab, struct gen_req *r, struct ddpd_error *err)
+static ddpd_err read_request(json_t *req, int64_t vocab, struct bpe *tok, struct gen_req *r,
+                             struct ddpd_error *err)
 {
     int64_t seed = 0;
     r->max_new = 256;
@@ -106,7 +132,7 @@ static ddpd_err read_request(json_t *req, int64_t vocab, struct gen_req *r, stru
     if (s && !json_is_null(s) && !json_is_boolean(s))
         return ddpd_error_set(err, DDPD_ESPEC, "stream", "stream: expected true or false");
     r->stream = json_is_true(s);
-    return read_prompt(req, vocab, r, err);
+    return read_prompt(req, vocab, tok, r, err);
 }
 
 /* The logits after seq[0..len): from the cache when it can take one more token, else the
@@ -147,12 +173,15 @@ void infer__generate(struct infer *in, json_t *req)
         goto out;
     }
     const int64_t vocab = kv_vocab(in->kv), block = kv_block(in->kv);
-    const bool bytes = vocab == 256;
-    if ((rc = read_request(req, vocab, &r, &err)))
+    /* Text out: a token's bytes through the UTF-8 stream decoder, each byte adding at most
+     * 6 bytes of text (a held sequence's U+FFFD and the byte's own), the end 3. */
+    const bool bytes = vocab == 256 || in->tok;
+    const size_t per_token = in->tok ? bpe_max_token_bytes(in->tok) * 6 : 6;
+    if ((rc = read_request(req, vocab, in->tok, &r, &err)))
         goto out;
     work = malloc((size_t)vocab * sizeof *work);
     order = malloc((size_t)vocab * sizeof *order);
-    text = malloc((size_t)r.max_new * 6 + UTF8_OUT_MAX + 1); /* a token adds <= 6 bytes, the end 3 */
+    text = malloc((size_t)r.max_new * per_token + UTF8_OUT_MAX + 1);
     ids = json_array();
     if (!work || !order || !text || !ids) {
         rc = ddpd_error_set(&err, DDPD_ENOMEM, "max_new_tokens", "out of memory for %" PRId64 " new tokens",
@@ -187,7 +216,12 @@ void infer__generate(struct infer *in, json_t *req)
         const bool last = cancelled || k + 1 == r.max_new;
         size_t piece = 0;
         if (bytes) {
-            piece = utf8_stream_feed(&u, (unsigned char)tok, text + tlen);
+            size_t tb = 1;
+            const unsigned char one = (unsigned char)tok;
+            /* An id past the tokenizer's vocabulary (an embedding padded wider) has no text. */
+            const unsigned char *b = in->tok ? bpe_token(in->tok, tok, &tb) : &one;
+            for (size_t i = 0; b && i < tb; i++)
+                piece += utf8_stream_feed(&u, b[i], text + tlen + piece);
             if (last)
                 piece += utf8_stream_flush(&u, text + tlen + piece);
         }

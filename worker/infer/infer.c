@@ -15,6 +15,7 @@
 
 #include "../../base/clock.h"
 #include "../checkpoint.h"
+#include "../spec_tokenizer.h"
 #include "infer_impl.h"
 
 /* ---- the request reader ---- */
@@ -223,6 +224,8 @@ static void unload(struct infer *in)
     infer__plan_release(in);
     kv_free(in->kv);
     in->kv = NULL;
+    bpe_free(in->tok);
+    in->tok = NULL;
     model_free(in->m);
     in->m = NULL;
     if (in->cuda)
@@ -300,6 +303,19 @@ static int64_t resident_bytes(struct infer *in, int64_t *cache)
     return b + model_plan_bytes(in->m, in->max_batch);
 }
 
+/* The spec's tokenizer, its files beneath the load request's data_dir (the server's data
+ * folder, where the planner found them at submit). */
+static ddpd_err load_tokenizer(struct infer *in, json_t *req, struct ddpd_error *err)
+{
+    json_t *dir = json_object_get(req, "data_dir");
+    if (!json_is_string(dir) || !json_string_length(dir))
+        return ddpd_error_set(
+            err, DDPD_ESPEC, "data_dir",
+            "data_dir: the spec names a tokenizer: expected the data folder its files are in");
+    in->tok = spec_tokenizer_open(in->spec, json_string_value(dir), err);
+    return in->tok ? DDPD_OK : err->code;
+}
+
 static void do_load(struct infer *in, json_t *req)
 {
     struct ddpd_error err;
@@ -328,6 +344,8 @@ static void do_load(struct infer *in, json_t *req)
     if (!rc && !kv_why_not(in->spec, in->why_not, sizeof in->why_not) &&
         !(in->kv = kv_new(in->m, in->spec, &err)))
         rc = err.code ? err.code : DDPD_EDEVICE;
+    if (!rc && in->spec->tokenizer_vocab[0])
+        rc = load_tokenizer(in, req, &err);
     if (rc) {
         unload(in);
         infer__fail(in, "load", &err);
@@ -337,7 +355,7 @@ static void do_load(struct infer *in, json_t *req)
     int64_t cache = 0;
     in->resident = resident_bytes(in, &cache);
     const bool gen = in->kv != NULL;
-    const bool bytes = gen && kv_vocab(in->kv) == 256;
+    const bool bytes = gen && kv_vocab(in->kv) == 256 && !in->tok;
     json_t *o = json_object();
     json_object_set_new(o, "ok", json_true());
     json_object_set_new(o, "op", json_string("load"));
@@ -353,6 +371,7 @@ static void do_load(struct infer *in, json_t *req)
     if (!gen)
         json_object_set_new(o, "why_not", infer__text(in->why_not, strlen(in->why_not)));
     json_object_set_new(o, "bytes_vocab", json_boolean(bytes));
+    json_object_set_new(o, "tokenizer", in->tok ? json_integer(bpe_vocab_size(in->tok)) : json_null());
     json_object_set_new(o, "device", json_string(in->cuda ? "cuda" : "cpu"));
     json_object_set_new(o, "seconds", json_real(base_mono_s() - t0));
     infer__write(in, o);

@@ -15,6 +15,7 @@
 #include "../../schema/spec.h"
 #include "../dev.h"
 #include "../model.h"
+#include "../../tokenizer/bpe.h"
 #include "infer.h"
 
 /* Caps on what a request sizes (each refused with the field's name, never truncated). */
@@ -63,6 +64,7 @@ struct infer {
     struct spec *spec; /* the loaded model's spec (heap: a spec is large); NULL when none */
     struct model *m;
     struct kv *kv;       /* the KV cache, for models that generate */
+    struct bpe *tok;     /* the spec's tokenizer (text in and out), NULL without one */
     char why_not[512];   /* why this model cannot generate ("" when it can) */
     int64_t max_batch;   /* predict's largest batch */
     int64_t resident;    /* what load reported */

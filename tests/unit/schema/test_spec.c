@@ -308,6 +308,9 @@ struct bad_case {
     ",\"data\":{\"type\":\"npy\",\"x\":\"x.npy\",\"y\":\"y.npy\"},\"batch_size\":2,\"steps\":10}"
 #define V2CE(model, shape)  V2(model, shape, "cross_entropy")
 #define V2MSE(model, shape) V2(model, shape, "mse")
+#define PRESET(fields)                                                                                       \
+    "{\"model\":{" fields "},\"loss\":\"cross_entropy\",\"optimizer\":" ADAMW                                \
+    ",\"data\":{\"type\":\"tokens\",\"path\":\"t.bin\",\"block_size\":3},\"batch_size\":2,\"steps\":10}"
 #define V2_CONV_DATA(data)                                                                                   \
     "{\"model\":[{\"type\":\"conv2d\",\"in\":1,\"out\":2,\"kernel\":3},{\"type\":\"flatten\"}],"             \
     "\"input_shape\":[1,4,4],\"loss\":\"mse\",\"optimizer\":" ADAMW ",\"data\":" data                        \
@@ -338,16 +341,16 @@ static const struct bad_case bad_cases[] = {
     BAD(OK_PLUS(",\"epoch\":1"), DDPD_ESPEC, "epoch",
         "unknown key (did you mean \"epochs\"? expected one of name, world_size, device, precision, "
         "model, input_shape, loss, optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, "
-        "ddp, init, checkpoint, log_every, max_restarts, on_nonfinite)"),
+        "ddp, init, checkpoint, log_every, max_restarts, on_nonfinite, tokenizer)"),
     BAD(OK_PLUS(",\"learning rate\":1"), DDPD_ESPEC, "[\"learning rate\"]",
         "unknown key (expected one of name, world_size, device, precision, model, input_shape, loss, "
         "optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, ddp, init, checkpoint, "
-        "log_every, max_restarts, on_nonfinite)"),
+        "log_every, max_restarts, on_nonfinite, tokenizer)"),
     /* a key echoed in a message carries no terminal control: C0, DEL and C1 come out escaped */
     BAD(OK_PLUS(",\"a\\u001b[2J\\u007f\\u009b\":1"), DDPD_ESPEC, "[\"a\\u001b[2J\\u007f\\u009b\"]",
         "unknown key (expected one of name, world_size, device, precision, model, input_shape, loss, "
         "optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, ddp, init, checkpoint, "
-        "log_every, max_restarts, on_nonfinite)"),
+        "log_every, max_restarts, on_nonfinite, tokenizer)"),
     BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"momentun\":0.9}"), DDPD_ESPEC, "optimizer.momentun",
         "unknown key (did you mean \"momentum\"? expected one of type, lr, momentum, dampening, "
         "weight_decay, nesterov, schedule)"),
@@ -459,8 +462,11 @@ static const struct bad_case bad_cases[] = {
 
     /* model */
     BAD(SPEC(LOSS, OPTIM, DATA, BATCH, "\"grad_accum\":1", ""), DDPD_ESPEC, "model",
-        "missing (expected a list of layers such as [{\"type\": \"linear\", \"in\": 10, \"out\": 1}])"),
-    BAD(WITH_MODEL("{\"type\":\"linear\"}"), DDPD_ESPEC, "model", "expected a list of layers, got an object"),
+        "missing (expected a list of layers such as [{\"type\": \"linear\", \"in\": 10, \"out\": 1}], or a "
+        "preset such as {\"preset\": \"gpt\", ...})"),
+    BAD(WITH_MODEL("{\"type\":\"linear\"}"), DDPD_ESPEC, "model",
+        "expected a list of layers, or a preset such as {\"preset\": \"gpt\", ...}, got an object without "
+        "\"preset\""),
     BAD(WITH_MODEL("[]"), DDPD_ESPEC, "model", "expected at least one layer, got an empty list"),
     BAD("@70layers", DDPD_ESPEC, "model", "at most 64 layers, got 70"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2},5]"), DDPD_ESPEC, "model[1]",
@@ -600,6 +606,18 @@ static const struct bad_case bad_cases[] = {
     BAD(OK_PLUS(",\"device\":\"cpu\",\"precision\":\"tf32\""), DDPD_ESPEC, "precision",
         "tf32 needs device \"cuda\" (device is \"cpu\")"),
 
+    /* tokenizer */
+    BAD(GPT_WITH(ADAMW, TOKENS, ",\"tokenizer\":{\"vocab\":\"v.json\"}"), DDPD_ESPEC, "tokenizer.merges",
+        "missing (expected a file path relative to the data directory)"),
+    BAD(GPT_WITH(ADAMW, TOKENS, ",\"tokenizer\":{\"vocab\":\"/v.json\",\"merges\":\"m.txt\"}"), DDPD_ESPEC,
+        "tokenizer.vocab", "must be relative to the data directory, got \"/v.json\""),
+    BAD(GPT_WITH(ADAMW, TOKENS, ",\"tokenizer\":{\"vocab\":\"v.json\",\"merges\":\"m.txt\",\"bpe\":1}"),
+        DDPD_ESPEC, "tokenizer.bpe", "unknown key (expected one of vocab, merges)"),
+    BAD(GPT_WITH(ADAMW, TOKENS, ",\"tokenizer\":\"gpt2\""), DDPD_ESPEC, "tokenizer",
+        "expected an object, got \"gpt2\""),
+    BAD(OK_PLUS(",\"tokenizer\":{\"vocab\":\"v.json\",\"merges\":\"m.txt\"}"), DDPD_ESPEC, "tokenizer",
+        "a tokenizer needs a model that reads token ids (its first layer embedding)"),
+
     /* init */
     BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from\":\"w.safetensors\"}"), DDPD_ESPEC, "init.from",
         "give one of seed, from and from_job, not two"),
@@ -635,30 +653,49 @@ static const struct bad_case bad_cases[] = {
     /* tie (issue 30): an embedding before the linear, of its shape */
     BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":\"5\"}]", "[3]"), DDPD_ESPEC,
         "model[1].tie",
-        "expected the key of an embedding layer before it, such as \"0\", got \"5\": no layer before "
-        "model[1] "
-        "has that key"),
+        "expected the key of an embedding layer before it, such as \"0\", got \"5\": "
+        "no layer before model[1] has that key"),
     BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":1}]", "[3]"), DDPD_ESPEC,
         "model[1].tie",
-        "expected the key of an embedding layer before it, such as \"0\", got \"1\": no layer before "
-        "model[1] "
-        "has that key"),
+        "expected the key of an embedding layer before it, such as \"0\", got \"1\": "
+        "no layer before model[1] has that key"),
     BAD(V2CE("[" EMB ",{\"type\":\"layernorm\",\"dim\":4},{\"type\":\"linear\",\"in\":4,\"out\":8,"
              "\"tie\":\"1\"}]",
              "[3]"),
         DDPD_ESPEC, "model[2].tie",
-        "expected the key of an embedding layer before it, such as \"0\", got \"1\": model[1] is layernorm, "
-        "not "
-        "embedding"),
+        "expected the key of an embedding layer before it, such as \"0\", got \"1\": "
+        "model[1] is layernorm, not embedding"),
     BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":7,\"tie\":\"0\"}]", "[3]"), DDPD_ESPEC,
         "model[1].tie",
-        "a tied linear uses the embedding's [num, dim] table as its [out, in] weight: model[0] is [8, 4], "
-        "this "
-        "linear's [out, in] is [7, 4]"),
+        "a tied linear uses the embedding's [num, dim] table as its [out, in] weight: "
+        "model[0] is [8, 4], this linear's [out, in] is [7, 4]"),
     BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":true}]", "[3]"), DDPD_ESPEC,
         "model[1].tie", "expected the key of an embedding layer before it, such as \"0\", got true"),
     BAD(V2CE("[" EMB ",{\"type\":\"linear\",\"in\":4,\"out\":8,\"tie\":-1}]", "[3]"), DDPD_ESPEC,
         "model[1].tie", "expected the key of an embedding layer before it, such as \"0\", got -1"),
+    /* the gpt preset (issue 30): each field at model.<field> */
+    BAD(PRESET("\"preset\":\"gpt2\",\"layers\":1"), DDPD_ESPEC, "model.preset",
+        "expected one of gpt, got \"gpt2\""),
+    BAD(PRESET("\"preset\":\"gpt\",\"layers\":2,\"dim\":768,\"heads\":5,\"vocab\":8,\"block_size\":3"),
+        DDPD_ESPEC, "model.heads", "dim 768 is not a multiple of heads 5"),
+    BAD(PRESET("\"preset\":\"gpt\",\"layers\":2,\"dim\":8,\"head\":2,\"vocab\":8,\"block_size\":3"),
+        DDPD_ESPEC, "model.head",
+        "unknown key (did you mean \"heads\"? expected one of preset, layers, dim, heads, vocab, block_size, "
+        "dropout, bias, tie, expanded)"),
+    BAD(PRESET("\"preset\":\"gpt\",\"layers\":30,\"dim\":8,\"heads\":2,\"vocab\":8,\"block_size\":3"),
+        DDPD_ESPEC, "model.layers", "expected an integer from 1 to 29, got 30"),
+    BAD(PRESET("\"preset\":\"gpt\",\"layers\":1,\"dim\":8,\"heads\":2,\"block_size\":3"), DDPD_ESPEC,
+        "model.vocab", "missing (expected an integer from 1 to 1048576)"),
+    BAD(PRESET("\"preset\":\"gpt\",\"layers\":1,\"dim\":8,\"heads\":2,\"vocab\":8,\"block_size\":3,"
+               "\"dropout\":0.1"),
+        DDPD_ESPEC, "model.dropout",
+        "the gpt preset takes only 0: nanoGPT's dropout also drops attention probabilities (attn_dropout), "
+        "which ddpd's attention layer does not do; write the layer list by hand for dropout layers alone"),
+    BAD(PRESET("\"preset\":\"gpt\",\"layers\":1,\"dim\":8,\"heads\":2,\"vocab\":8,\"block_size\":3,"
+               "\"expanded\":[{\"type\":\"embedding\",\"num\":8,\"dim\":8}]"),
+        DDPD_ESPEC, "model.expanded",
+        "differs from the gpt preset's layers (it is written by ddpd, to show them: leave it out or give the "
+        "preset's own)"),
     BAD("@residual65", DDPD_ESPEC, "model[1].layers", "at most 64 layers, got 65"),
     BAD("@300layers", DDPD_ESPEC, "model[5].layers[10]",
         "at most 256 layers in the whole model, the residuals' layers counted"),
@@ -1231,6 +1268,24 @@ static void test_v2_conv(void)
     CHECK_EQ_INT(spec_target_numel(&s), 2 * 6 * 6);
 }
 
+/* A tokenizer is printed back as given, and parses back to the same paths. */
+static void test_tokenizer_round_trip(void)
+{
+    const char *text =
+        GPT_WITH(ADAMW, TOKENS, ",\"tokenizer\":{\"vocab\":\"gpt2/vocab.json\",\"merges\":\"gpt2/m.txt\"}");
+    struct spec a, b;
+    struct ddpd_error e;
+    CHECK_EQ_INT(parse(text, &a, &e), DDPD_OK);
+    CHECK_EQ_STR(a.tokenizer_vocab, "gpt2/vocab.json");
+    CHECK_EQ_STR(a.tokenizer_merges, "gpt2/m.txt");
+    char *back = spec_dumps(&a);
+    CHECK(back && strstr(back, "\"tokenizer\":{\"vocab\":\"gpt2/vocab.json\",\"merges\":\"gpt2/m.txt\"}"));
+    CHECK_EQ_INT(parse(back, &b, &e), DDPD_OK);
+    CHECK_EQ_STR(b.tokenizer_vocab, a.tokenizer_vocab);
+    CHECK_EQ_STR(b.tokenizer_merges, a.tokenizer_merges);
+    free(back);
+}
+
 static void test_v2_round_trip(void)
 {
     const char *specs[] = {gpt_spec, conv_spec};
@@ -1265,6 +1320,7 @@ static void test_v2_round_trip(void)
                 json_object_get(json_object_get(json_object_get(j, "eval"), "data"), "shuffle")));
             CHECK(json_real_value(json_object_get(j, "grad_clip")) == 1.0);
             CHECK_EQ_INT(json_array_size(json_object_get(j, "input_shape")), 1);
+            CHECK(json_object_get(j, "tokenizer") == NULL); /* none unless given */
         } else {
             json_t *pool = json_array_get(model, 3);
             CHECK_EQ_INT(json_integer_value(json_array_get(json_object_get(pool, "stride"), 1)), 2);
@@ -1543,6 +1599,48 @@ static void test_tie(void)
     }
 }
 
+/* The gpt preset (issue 30): its expansion, input_shape [block_size], the preset printed
+ * back with `expanded` beside it, parsed to the same spec. */
+static void test_preset(void)
+{
+    struct spec a, b;
+    struct ddpd_error e;
+    CHECK_EQ_INT(parse(PRESET("\"preset\":\"gpt\",\"layers\":3,\"dim\":8,\"heads\":2,\"vocab\":11,"
+                              "\"block_size\":3,\"bias\":false"),
+                       &a, &e),
+                 DDPD_OK);
+    CHECK_EQ_STR(e.message, "");
+    CHECK_EQ_STR(a.preset.name, "gpt");
+    CHECK_EQ_INT(a.n_layers, 8 * 3 + 5);
+    CHECK_EQ_INT(a.input_rank, 1);
+    CHECK_EQ_INT(a.input_shape[0], 3);
+    CHECK_EQ_INT(a.layers[0].kind, LAYER_EMBEDDING);
+    CHECK_EQ_INT(a.layers[2].kind, LAYER_DROPOUT);
+    CHECK_EQ_INT(a.layers[4].kind, LAYER_LAYERNORM); /* 3.0: the first block's ln_1 */
+    CHECK(!a.layers[4].bias);
+    CHECK_EQ_INT(a.layers[5].heads, 2);
+    CHECK_EQ_INT(a.layers[9].kind, LAYER_GELU_TANH); /* 4.2 */
+    CHECK_EQ_STR(a.layers[a.n_layers - 1].key, "10");
+    CHECK_EQ_INT(a.layers[a.n_layers - 1].tie, 0);
+    CHECK(!a.layers[a.n_layers - 1].bias);
+    /* embedding 11·8 once; per block: attention 4·64, MLP 8·32 + 32·8, no biases, no
+     * layernorm biases; the layernorms' weights 2·8 per block and ln_f 8; position 3·8 */
+    CHECK_EQ_INT(spec_param_count(&a), 88 + 24 + 3 * (256 + 512 + 16) + 8);
+    char *text = spec_dumps(&a);
+    CHECK(text != NULL);
+    CHECK(strstr(text, "\"model\":{\"preset\":\"gpt\"") != NULL && strstr(text, "\"expanded\":[") != NULL);
+    CHECK_EQ_INT(parse(text, &b, &e), DDPD_OK);
+    CHECK_EQ_STR(e.message, "");
+    check_same(&a, &b);
+    free(text);
+    /* tie false: the head has its own weight */
+    CHECK_EQ_INT(parse(PRESET("\"preset\":\"gpt\",\"layers\":1,\"dim\":8,\"heads\":2,\"vocab\":11,"
+                              "\"block_size\":3,\"tie\":false"),
+                       &a, &e),
+                 DDPD_OK);
+    CHECK_EQ_INT(a.layers[a.n_layers - 1].tie, -1);
+}
+
 int main(void)
 {
     test_showable_text();
@@ -1555,8 +1653,10 @@ int main(void)
     test_v2_gpt();
     test_v2_conv();
     test_v2_round_trip();
+    test_tokenizer_round_trip();
     test_v2_memory();
     test_tie();
+    test_preset();
     fprintf(stderr, "%d invalid specs\n", n);
     CHECK_DONE();
 }
