@@ -140,6 +140,30 @@ put("safetensors", "optim.safetensors",
     st({"0.weight.exp_avg": ("F32", torch.randn(2, 3)), "0.weight.exp_avg_sq": ("F32", torch.rand(2, 3))},
        {"step": "10", "epoch": "1", "epoch_step": "3"}))
 
+# A tiny Hugging Face GPT-2 (fuzz_safetensors.c's GPT2_SPEC: 1 block, dim 4, 2 heads,
+# vocabulary 5, 3 positions) with its mask buffer, and its config.json.
+def gpt2_seed():
+    g = torch.Generator().manual_seed(1)
+    def r(*shape):
+        return ("F32", torch.randn(*shape, generator=g))
+    t = {"transformer.wte.weight": r(5, 4), "transformer.wpe.weight": r(3, 4),
+         "transformer.h.0.attn.bias": ("F32", torch.tril(torch.ones(3, 3)).view(1, 1, 3, 3))}
+    for name, shape in (("ln_1.weight", (4,)), ("ln_1.bias", (4,)), ("attn.c_attn.weight", (4, 12)),
+                        ("attn.c_attn.bias", (12,)), ("attn.c_proj.weight", (4, 4)), ("attn.c_proj.bias", (4,)),
+                        ("ln_2.weight", (4,)), ("ln_2.bias", (4,)), ("mlp.c_fc.weight", (4, 16)),
+                        ("mlp.c_fc.bias", (16,)), ("mlp.c_proj.weight", (16, 4)), ("mlp.c_proj.bias", (4,))):
+        t["transformer.h.0." + name] = r(*shape)
+    t["transformer.ln_f.weight"], t["transformer.ln_f.bias"] = r(4), r(4)
+    return st(t, {"format": "pt"})
+
+
+GPT2_CONFIG = json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+                          "activation_function": "gelu_new", "n_layer": 1, "n_head": 2, "n_embd": 4,
+                          "vocab_size": 5, "n_positions": 3, "n_ctx": 3, "n_inner": None,
+                          "layer_norm_epsilon": 1e-05, "scale_attn_weights": True}, indent=2)
+put("safetensors", "gpt2.safetensors", gpt2_seed())
+put("safetensors", "gpt2-config.json", GPT2_CONFIG)
+
 # ---- comm (worker/comm/cpu/wire.h; selector byte first). The proofs are HMAC-SHA256 under
 # fuzz_comm.c's secret, over its nonce, as a rank of the right group would make them.
 SECRET = b"ddpd-fuzz-key..\0"

@@ -4,6 +4,7 @@
  * neither the model (spec_layers.c) nor the data (spec_data.c): loss, optimizer and schedule,
  * eval, ddp, init, checkpoint. Every error names the JSON path and says what was expected and
  * what came. Knows jansson and nothing else: it opens no files. */
+#include "gpt2.h"
 #include "spec_impl.h"
 
 static const char *const loss_names[] = {"mse", "cross_entropy"};
@@ -27,7 +28,8 @@ static const char *const schedule_keys[] = {"type", "warmup_steps", "min_lr", "t
 static const char *const eval_keys[] = {"data", "every_steps", "max_batches"};
 static const char *const ddp_keys[] = {"bucket_cap_mb", "join", "divide_by_initial_world_size", "backend",
                                        "timeout_s"};
-static const char *const init_keys[] = {"seed", "from", "from_job", "step"};
+static const char *const init_keys[] = {"seed", "from", "from_job", "step", "format"};
+const char *const init_format_names[] = {"ddpd", "gpt2"}; /* init_format_kind order */
 static const char *const checkpoint_keys[] = {"every_steps", "keep_last"};
 static const char *const tokenizer_keys[] = {"vocab", "merges"};
 
@@ -273,6 +275,23 @@ static ddpd_err parse_ddp(struct ddpd_error *err, json_t *root, struct spec *s)
     return DDPD_OK;
 }
 
+/* init.format "gpt2" needs a model that is GPT-2-shaped: why not, at the layer. */
+static ddpd_err check_gpt2(struct ddpd_error *err, const struct spec *s)
+{
+    struct gpt2_model *g = malloc(sizeof *g);
+    if (!g)
+        return ddpd_error_set(err, DDPD_ENOMEM, "init.format", "out of memory");
+    ddpd_err rc = gpt2_model_of(s, g, err);
+    free(g);
+    if (rc == DDPD_ESPEC) {
+        char msg[sizeof err->message], path[sizeof err->path];
+        snprintf(msg, sizeof msg, "%s", err->message);
+        snprintf(path, sizeof path, "%s", err->path);
+        return fail(err, path, "init.format \"gpt2\" reads a Hugging Face GPT-2, but %s", msg);
+    }
+    return rc;
+}
+
 static ddpd_err parse_init(struct ddpd_error *err, json_t *root, struct spec *s)
 {
     json_t *obj;
@@ -294,6 +313,19 @@ static ddpd_err parse_init(struct ddpd_error *err, json_t *root, struct spec *s)
         return fail(err, "init.seed", "missing (give one of seed, from and from_job)");
     if (json_object_get(obj, "step") && !has_job)
         return fail(err, "init.step", "a checkpoint's step goes with from_job only");
+    if (json_object_get(obj, "format")) {
+        int k = 0;
+        if ((rc =
+                 get_enum(err, obj, "init", "format", init_format_names, COUNT(init_format_names), true, &k)))
+            return rc;
+        s->init_format = (init_format_kind)k;
+        /* Another job's weights are ddpd's own, whatever their first job read. */
+        if (!has_from && s->init_format != INIT_FORMAT_DDPD)
+            return fail(err, "init.format", "\"%s\" goes with init.from (%s)", init_format_names[k],
+                        has_job ? "a job's weights are in ddpd's own format" : "a file to read");
+    }
+    if (has_from && s->init_format == INIT_FORMAT_GPT2 && (rc = check_gpt2(err, s)))
+        return rc;
     if (has_from)
         return get_path(err, obj, "init", "from", true, s->init_from);
     if (has_job) {

@@ -54,6 +54,9 @@ typedef enum { JOIN_AUTO, JOIN_TRUE, JOIN_FALSE } join_mode;
 typedef enum { BACKEND_CPU, BACKEND_NCCL } comm_backend;
 typedef enum { PRECISION_FP32, PRECISION_TF32 } precision_kind;
 typedef enum { NONFINITE_FAIL, NONFINITE_CONTINUE } nonfinite_mode;
+/* init.format: the names and layout of init.from's file (ddpd's own, or Hugging Face's
+ * GPT-2: schema/gpt2.h). */
+typedef enum { INIT_FORMAT_DDPD, INIT_FORMAT_GPT2 } init_format_kind;
 
 /* One layer of `model`. The tree is kept flat, in preorder: a residual comes before
  * its inner layers, which run from its index + 1 to its `end` (nested residuals
@@ -175,6 +178,7 @@ struct spec {
      * checkpoint, or -1 for its final model (else its newest checkpoint). */
     int64_t init_from_job;
     int64_t init_from_step;
+    init_format_kind init_format; /* with init.from; default ddpd */
     /* tokenizer: GPT-2's vocab.json and merges.txt, relative to data_dir; "" without one */
     char tokenizer_vocab[SPEC_PATH_MAX];
     char tokenizer_merges[SPEC_PATH_MAX];
@@ -309,8 +313,12 @@ int spec_layer_tie(const struct spec *s, int i);
  * in/out. */
 void spec_flat_layers(struct spec *s);
 
+/* Where layer i is in the spec's JSON, "model[2].layers[1]", into dst[cap]. */
+void spec_layer_path(const struct spec *s, int i, char *dst, size_t cap);
+
 const char *layer_kind_name(layer_kind k);
 const char *loss_kind_name(loss_kind k);
 const char *device_kind_name(device_kind k);
+extern const char *const init_format_names[]; /* init_format_kind order */
 
 #endif

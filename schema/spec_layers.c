@@ -53,6 +53,13 @@ void layer_path(char *dst, const struct spec *s, int i)
     }
 }
 
+void spec_layer_path(const struct spec *s, int i, char *dst, size_t cap)
+{
+    char path[PATH_CAP];
+    layer_path(path, s, i);
+    snprintf(dst, cap, "%s", path);
+}
+
 /* "[32,4,4]" */
 void shape_str(char *dst, size_t cap, int rank, const int64_t *shape)
 {

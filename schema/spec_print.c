@@ -201,7 +201,8 @@ struct json_t *spec_to_json(const struct spec *s)
              : NULL,
         &ok);
     if (s->init_from[0])
-        put(j, "init", json_pack("{s:s}", "from", s->init_from), &ok);
+        put(j, "init",
+            json_pack("{s:s, s:s}", "from", s->init_from, "format", init_format_names[s->init_format]), &ok);
     else if (s->init_from_job > 0 && s->init_from_step >= 0)
         put(j, "init",
             json_pack("{s:I, s:I}", "from_job", (json_int_t)s->init_from_job, "step",

@@ -13,7 +13,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../schema/gpt2.h"
 #include "../schema/jobdir.h"
+#include "gpt2_export.h"
 #include "api_impl.h"
 #include "http.h"
 #include "store.h"
@@ -222,23 +224,102 @@ static ddpd_err no_checkpoint(int64_t id, job_state st, struct ddpd_error *err)
     }
 }
 
-/* GET /v1/jobs/{id}/checkpoint[?step=S][&file=model|optim]: a checkpoint's weights (or
- * rank 0's optimizer state); without step the final model, else the newest checkpoint. */
+/* format=gpt2: the job's model as Hugging Face's GPT-2 (schema/gpt2.h), into *g, or 409
+ * saying why it is not GPT-2-shaped. */
+static ddpd_err job_gpt2(int64_t id, const char *spec_text, struct gpt2_model *g, struct ddpd_error *err)
+{
+    struct spec *s = malloc(sizeof *s);
+    if (!s)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
+    ddpd_err rc = spec_parse(spec_text ? spec_text : "", spec_text ? strlen(spec_text) : 0, NULL, s, err);
+    if (rc == DDPD_OK && (rc = gpt2_model_of(s, g, err)) == DDPD_ESPEC) {
+        char why[sizeof err->message];
+        snprintf(why, sizeof why, "%s", err->message);
+        rc = ddpd_error_set(
+            err, DDPD_ECONFLICT, "format",
+            "job %" PRId64 "'s model is not GPT-2-shaped, so it has no Hugging Face GPT-2 form: %s", id, why);
+    }
+    free(s);
+    return rc;
+}
+
+static long export_read(void *arg, uint64_t pos, char *buf, size_t max)
+{
+    return gpt2_export_read(arg, pos, buf, max);
+}
+
+static void export_done(void *arg)
+{
+    gpt2_export_free(arg);
+}
+
+/* The GPT-2 answers: config.json, or the weights file at `path` in Hugging Face's layout. */
+static ddpd_err respond_gpt2(struct http_request *req, const struct gpt2_model *g, const char *path,
+                             struct ddpd_error *err)
+{
+    if (!path) {
+        json_t *c = gpt2_config_json(g);
+        char *text = c ? json_dumps(c, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+        json_decref(c);
+        if (!text)
+            return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
+        http_response_header(req, "Content-Disposition", "attachment; filename=\"config.json\"");
+        ddpd_err rc = http_respond_bytes(req, 200, "application/json", text, strlen(text));
+        free(text);
+        return rc;
+    }
+    struct gpt2_export *x = gpt2_export_open(path, g, err);
+    if (!x)
+        return err->code;
+    http_response_header(req, "Content-Disposition", "attachment; filename=\"model.safetensors\"");
+    return http_respond_reader(req, gpt2_export_size(x), "application/octet-stream", export_read, export_done,
+                               x, err);
+}
+
+/* GET /v1/jobs/{id}/checkpoint[?step=S][&file=model|optim][&format=gpt2[&file=config]]: a
+ * checkpoint's weights (or rank 0's optimizer state); without step the final model, else
+ * the newest checkpoint. format=gpt2: the weights as Hugging Face's GPT-2 model.safetensors,
+ * or with file=config its config.json (409 for a model that is not GPT-2-shaped). */
 ddpd_err api__checkpoint(struct http_request *req, struct ddpd_error *err)
 {
     struct api *a = api__ctx(req);
     int64_t id = http_request_id(req, 0), step;
-    static const char *const files[] = {"model", "optim", NULL};
-    int file;
+    static const char *const files[] = {"model", "optim", "config", NULL};
+    static const char *const formats[] = {"ddpd", "gpt2", NULL};
+    int file, format;
     struct store_job j;
+    struct gpt2_model *g = NULL;
     ddpd_err rc = api__get_job(req, &j, err);
     if (rc)
         return rc;
     job_state state = j.state;
-    store_job_clear(&j);
     if ((rc = http_query_int(req, "step", 0, INT64_MAX, -1, &step, err)) ||
-        (rc = http_query_enum(req, "file", files, 0, &file, err)))
-        return rc;
+        (rc = http_query_enum(req, "file", files, 0, &file, err)) ||
+        (rc = http_query_enum(req, "format", formats, 0, &format, err)))
+        goto out;
+    if (format == 0 && file == 2) {
+        rc = http_query_error(req, "file", err,
+                              "file=config goes with format=gpt2 (Hugging Face's config.json)");
+        goto out;
+    }
+    if (format == 1 && file == 1) {
+        rc = http_query_error(req, "file", err,
+                              "format=gpt2 gives the model (file=model) or its config.json "
+                              "(file=config); the optimizer's state is ddpd's own");
+        goto out;
+    }
+    if (format == 1) {
+        if (!(g = malloc(sizeof *g))) {
+            rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
+            goto out;
+        }
+        if ((rc = job_gpt2(id, j.spec, g, err)))
+            goto out;
+        if (file == 2) {
+            rc = respond_gpt2(req, g, NULL, err);
+            goto out;
+        }
+    }
     const char *what = file == 1 ? JOBDIR_OPTIM : JOBDIR_MODEL;
     char dir[PATH_MAX], ck[PATH_MAX + 32], name[64], path[PATH_MAX + 128];
     jobdir_job_path(dir, sizeof dir, a->jobs_dir, id);
@@ -247,19 +328,31 @@ ddpd_err api__checkpoint(struct http_request *req, struct ddpd_error *err)
     if (step >= 0) {
         jobdir_ckpt_path(ck, sizeof ck, dir, step);
         jobdir_file_path(path, sizeof path, ck, name);
-        if (stat(path, &st) != 0)
-            return api__no_checkpoint_at(err, DDPD_ENOTFOUND, "step", "", dir, id, step);
+        if (stat(path, &st) != 0) {
+            rc = api__no_checkpoint_at(err, DDPD_ENOTFOUND, "step", "", dir, id, step);
+            goto out;
+        }
     } else {
         jobdir_file_path(path, sizeof path, dir, name);
         if (stat(path, &st) != 0) {
             /* No final model yet: the newest checkpoint. */
-            if (!jobdir_latest_ckpt(dir, ck, sizeof ck))
-                return no_checkpoint(id, state, err);
+            if (!jobdir_latest_ckpt(dir, ck, sizeof ck)) {
+                rc = no_checkpoint(id, state, err);
+                goto out;
+            }
             jobdir_file_path(path, sizeof path, ck, name);
         }
+    }
+    if (g) {
+        rc = respond_gpt2(req, g, path, err);
+        goto out;
     }
     char disp[128];
     snprintf(disp, sizeof disp, "attachment; filename=\"%s\"", name);
     http_response_header(req, "Content-Disposition", disp);
-    return http_respond_file(req, path, "application/octet-stream", "no-cache", err);
+    rc = http_respond_file(req, path, "application/octet-stream", "no-cache", err);
+out:
+    free(g);
+    store_job_clear(&j);
+    return rc;
 }

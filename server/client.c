@@ -952,10 +952,14 @@ static const struct command commands[] = {
     {"cancel", "ID", "Cancels a queued or running job.", "", cmd_cancel},
     {"rm", "ID", "Deletes a finished job, its events and its files.", "", cmd_rm},
     {"checkpoints", "ID", "Lists the job's checkpoints: step, time, bytes.", "", cmd_checkpoints},
-    {"pull", "[--step S] [--optim] [-o FILE] [--max-bytes N] ID  |  pull --pytorch [--step S] ID DIR",
+    {"pull",
+     "[--step S] [--optim] [-o FILE] [--max-bytes N] ID  |  pull --pytorch [--step S] ID DIR  |  "
+     "pull --format gpt2 [--step S] ID DIR",
      "Downloads a model file: the final model, else the newest checkpoint, or step S's.\n"
      "With --pytorch, DIR/model.safetensors and DIR/model.py: the model as a plain PyTorch\n"
-     "module (in Python, from DIR: import model; m = model.load()).",
+     "module (in Python, from DIR: import model; m = model.load()).\n"
+     "With --format gpt2, DIR/model.safetensors and DIR/config.json in Hugging Face's GPT-2\n"
+     "layout (GPT2LMHeadModel.from_pretrained(DIR)); a model that is not GPT-2-shaped fails.",
      "  --step S          the checkpoint of step S\n"
      "  --optim           the optimizer state instead of the model\n"
      "  -o, --output F    where to write it (default job-ID[-step-S][-optim].safetensors);\n"
@@ -963,7 +967,8 @@ static const struct command commands[] = {
      "                    safetensors file\n"
      "  --max-bytes N     refuse a download larger than N bytes (or 512M, 16G, ...; default\n"
      "                    64G, the largest file ddpd-worker reads)\n"
-     "  --pytorch         the weights and model.py into the folder DIR (made if missing)\n",
+     "  --pytorch         the weights and model.py into the folder DIR (made if missing)\n"
+     "  --format gpt2     Hugging Face's model.safetensors and config.json into the folder DIR\n",
      cmd_pull},
     {"generate", "[-n N] [--temperature T] [--top-k K] [--seed S] [--step S] ID PROMPT|--ids I,J,..",
      "Continues PROMPT (- reads it from stdin) with a GPT job's model, printing the text as it\n"

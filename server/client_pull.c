@@ -1,7 +1,9 @@
 /* client_pull.c — `ddpd pull`: a model or optimizer file downloaded into a temporary file
  * beside its name, kept only when whole and a valid safetensors file (stcheck.h), then
  * renamed; with --pytorch, a folder with the model's weights and its model.py (GET
- * /v1/jobs/{id}/pytorch). Never leaves a torn file under a name, Ctrl-C included. */
+ * /v1/jobs/{id}/pytorch); with --format gpt2, a folder with Hugging Face's GPT-2
+ * model.safetensors and config.json (GET .../checkpoint?format=gpt2). Never leaves a torn
+ * file under a name, Ctrl-C included. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -23,7 +25,7 @@
 #define PULL_MAX_DEFAULT (64LL << 30)
 #define MODEL_PY_MAX     (16u << 20) /* the most a model.py answer may be */
 
-enum { OPT_STEP = OPT_LOCAL, OPT_OPTIM, OPT_MAX_BYTES, OPT_PYTORCH };
+enum { OPT_STEP = OPT_LOCAL, OPT_OPTIM, OPT_MAX_BYTES, OPT_PYTORCH, OPT_FORMAT };
 
 /* The most a pulled file may be, and where that figure came from (for the messages). */
 struct pull_limit {
@@ -242,12 +244,11 @@ static bool write_text_file(const char *out, const char *text, size_t n)
     return ok;
 }
 
-/* GET /v1/jobs/{id}/pytorch: model.py's text, a new string, or NULL after a message with
- * *rc set. Code that will be imported must at least be text: no NUL byte. */
-static char *get_model_py(struct client *c, int64_t id, size_t *len, int *rc)
+/* A small file that goes beside the weights (model.py, config.json): GET `path`'s text, a
+ * new string, or NULL after a message with *rc set. `json`: it must be a JSON object (a
+ * config); else text without a NUL byte (code that will be imported). */
+static char *get_side_file(struct client *c, const char *path, bool json, size_t *len, int *rc)
 {
-    char path[64];
-    snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "/pytorch", id);
     struct sink s = {.c = c, .body = {.max = MODEL_PY_MAX}};
     long status = request(c, "GET", path, NULL, 0, REQ_PLAIN, &s);
     *rc = EXIT_FAIL;
@@ -257,9 +258,15 @@ static char *get_model_py(struct client *c, int64_t id, size_t *len, int *rc)
         buf_free(&s.body);
         return NULL;
     }
-    if (!s.body.p || memchr(s.body.p, '\0', s.body.n)) {
-        fprintf(stderr, "ddpd pull: GET %s: the answer is %s, not Python source\n", path,
-                s.body.p ? "binary" : "empty");
+    json_t *j = json && s.body.p ? json_loadb(s.body.p, s.body.n, 0, NULL) : NULL;
+    bool ok = json ? json_is_object(j) : s.body.p && !memchr(s.body.p, '\0', s.body.n);
+    json_decref(j);
+    if (!ok) {
+        fprintf(stderr, "ddpd pull: GET %s: the answer is %s, not %s\n", path,
+                !s.body.p ? "empty"
+                : json    ? "not a JSON object"
+                          : "binary",
+                json ? "a config.json" : "Python source");
         buf_free(&s.body);
         return NULL;
     }
@@ -267,53 +274,67 @@ static char *get_model_py(struct client *c, int64_t id, size_t *len, int *rc)
     return s.body.p; /* buf_add keeps it NUL-terminated */
 }
 
-/* pull --pytorch ID DIR: model.py first (small, and an old server without the route fails
- * before gigabytes are downloaded), then the weights, then model.py is written. */
-static int pull_pytorch(struct client *c, int64_t id, const char *dir, const char *path,
-                        const struct pull_limit *lim)
+/* A folder of the weights and one small file beside them (pull --pytorch: model.py, pull
+ * --format gpt2: config.json): the small file first (and an old server without the route,
+ * or a model without that form, fails before gigabytes are downloaded), then the weights,
+ * then the small file is written. `hint` follows the folder's name in the last line. */
+struct folder_pull {
+    const char *weights; /* GET path of the weights */
+    const char *side;    /* GET path of the small file */
+    const char *side_name;
+    bool side_json;
+    const char *hint; /* printf format taking the folder's name */
+};
+
+static int pull_folder(struct client *c, const char *dir, const struct folder_pull *fp,
+                       const struct pull_limit *lim)
 {
-    char st_out[PATH_MAX], py_out[PATH_MAX], d[512];
+    char st_out[PATH_MAX], side_out[PATH_MAX], d[512];
     termsafe_line(d, sizeof d, dir);
     if (snprintf(st_out, sizeof st_out, "%s/model.safetensors", dir) >= (int)sizeof st_out - 8 ||
-        snprintf(py_out, sizeof py_out, "%s/model.py", dir) >= (int)sizeof py_out - 8) {
+        snprintf(side_out, sizeof side_out, "%s/%s", dir, fp->side_name) >= (int)sizeof side_out - 8) {
         fprintf(stderr, "ddpd pull: %s: the folder's name is too long\n", d);
         return EXIT_USAGE;
     }
     int rc;
     size_t len = 0;
-    char *py = get_model_py(c, id, &len, &rc);
-    if (!py)
+    char *side = get_side_file(c, fp->side, fp->side_json, &len, &rc);
+    if (!side)
         return rc;
     struct stat st;
     if (mkdir(dir, 0777) != 0 && (errno != EEXIST || stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
         fprintf(stderr, "ddpd pull: cannot make the folder %s: %s\n", d,
                 errno == EEXIST ? "a file has that name" : strerror(errno));
-        free(py);
+        free(side);
         return EXIT_FAIL;
     }
     int64_t bytes = 0;
-    rc = pull_download(c, path, st_out, lim, &bytes);
-    if (rc == 0 && !write_text_file(py_out, py, len))
+    rc = pull_download(c, fp->weights, st_out, lim, &bytes);
+    if (rc == 0 && !write_text_file(side_out, side, len))
         rc = EXIT_FAIL;
-    free(py);
-    if (rc == 0)
-        fprintf(stderr,
-                "ddpd pull: wrote %s/model.safetensors (%lld bytes) and %s/model.py; in Python, from that "
-                "folder: import model; m = model.load()\n",
-                d, (long long)bytes, d);
+    free(side);
+    if (rc == 0) {
+        fprintf(stderr, "ddpd pull: wrote %s/model.safetensors (%lld bytes) and %s/%s; ", d, (long long)bytes,
+                d, fp->side_name);
+        fprintf(stderr, fp->hint, d);
+        fputc('\n', stderr);
+    }
     return rc;
 }
 
 int cmd_pull(struct client *c, int argc, char **argv)
 {
-    static const struct option longs[] = {
-        {"step", required_argument, NULL, OPT_STEP}, {"output", required_argument, NULL, 'o'},
-        {"optim", no_argument, NULL, OPT_OPTIM},     {"max-bytes", required_argument, NULL, OPT_MAX_BYTES},
-        {"pytorch", no_argument, NULL, OPT_PYTORCH}, COMMON_OPTIONS};
+    static const struct option longs[] = {{"step", required_argument, NULL, OPT_STEP},
+                                          {"output", required_argument, NULL, 'o'},
+                                          {"optim", no_argument, NULL, OPT_OPTIM},
+                                          {"max-bytes", required_argument, NULL, OPT_MAX_BYTES},
+                                          {"pytorch", no_argument, NULL, OPT_PYTORCH},
+                                          {"format", required_argument, NULL, OPT_FORMAT},
+                                          COMMON_OPTIONS};
     struct opts o = {.cmd = find_command("pull")};
     int64_t step = 0, max_bytes = PULL_MAX_DEFAULT;
     const char *out = NULL;
-    bool optim = false, pytorch = false;
+    bool optim = false, pytorch = false, gpt2 = false;
     int opt;
     while ((opt = next_option(&o, argc, argv, ":o:h", longs)) != -1) {
         if (opt == -2)
@@ -324,6 +345,11 @@ int cmd_pull(struct client *c, int argc, char **argv)
             optim = true;
         else if (opt == OPT_PYTORCH)
             pytorch = true;
+        else if (opt == OPT_FORMAT && strcmp(optarg, "gpt2") != 0) {
+            fprintf(stderr, "ddpd pull: --format: expected gpt2 (Hugging Face's GPT-2), got '%s'\n", optarg);
+            return EXIT_USAGE;
+        } else if (opt == OPT_FORMAT)
+            gpt2 = true;
         else if (opt == OPT_MAX_BYTES && (!jobdir_size_parse(optarg, &max_bytes) || max_bytes <= 0)) {
             fprintf(stderr,
                     "ddpd pull: --max-bytes: expected a size above 0 (bytes, or 512M, 16G, ...), got '%s'\n",
@@ -334,15 +360,23 @@ int cmd_pull(struct client *c, int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    if (pytorch && (out || optim)) {
+    if (pytorch && (out || optim || gpt2)) {
         fprintf(stderr,
                 "ddpd pull: --pytorch writes DIR/model.safetensors and DIR/model.py; it takes no %s\n",
+                out     ? "-o"
+                : optim ? "--optim"
+                        : "--format");
+        return EXIT_USAGE;
+    }
+    if (gpt2 && (out || optim)) {
+        fprintf(stderr,
+                "ddpd pull: --format gpt2 writes DIR/model.safetensors and DIR/config.json; it takes no %s\n",
                 out ? "-o" : "--optim");
         return EXIT_USAGE;
     }
     int64_t id;
     int rc;
-    if (pytorch) {
+    if (pytorch || gpt2) {
         if (!operands(&o, argc, 2, "ID and DIR"))
             return o.rc;
         if (!parse_id("pull", argv[optind], &id))
@@ -358,6 +392,8 @@ int cmd_pull(struct client *c, int argc, char **argv)
         n += snprintf(path + n, sizeof path - (size_t)n, "?step=%" PRId64, step);
     if (optim)
         snprintf(path + n, sizeof path - (size_t)n, "%sfile=optim", step ? "&" : "?");
+    if (gpt2)
+        snprintf(path + n, sizeof path - (size_t)n, "%sformat=gpt2", step ? "&" : "?");
     if (!out) {
         char st[32] = "";
         if (step)
@@ -367,10 +403,28 @@ int cmd_pull(struct client *c, int argc, char **argv)
     }
     struct pull_limit lim = {.max = max_bytes};
     snprintf(lim.what, sizeof lim.what, "--max-bytes %" PRId64, max_bytes);
-    if (step && (rc = pull_listed_limit(c, id, step, &lim)))
+    /* The listed bytes are ddpd's files; the GPT-2 form's header is its own. */
+    if (step && !gpt2 && (rc = pull_listed_limit(c, id, step, &lim)))
         return rc;
-    if (pytorch)
-        return pull_pytorch(c, id, argv[optind + 1], path, &lim);
+    char side[128];
+    if (pytorch) {
+        snprintf(side, sizeof side, "/v1/jobs/%" PRId64 "/pytorch", id);
+        const struct folder_pull fp = {.weights = path,
+                                       .side = side,
+                                       .side_name = "model.py",
+                                       .hint = "in Python, from that folder: import model; m = model.load()"};
+        return pull_folder(c, argv[optind + 1], &fp, &lim);
+    }
+    if (gpt2) {
+        snprintf(side, sizeof side, "/v1/jobs/%" PRId64 "/checkpoint?format=gpt2&file=config", id);
+        const struct folder_pull fp = {.weights = path,
+                                       .side = side,
+                                       .side_name = "config.json",
+                                       .side_json = true,
+                                       .hint =
+                                           "in Python: transformers.GPT2LMHeadModel.from_pretrained(\"%s\")"};
+        return pull_folder(c, argv[optind + 1], &fp, &lim);
+    }
     int64_t bytes = 0;
     if ((rc = pull_download(c, path, out, &lim, &bytes)))
         return rc;

@@ -240,6 +240,17 @@ ddpd_err http_respond_empty(struct http_request *req, int status);
 ddpd_err http_respond_file(struct http_request *req, const char *path, const char *content_type,
                            const char *cache_control, struct ddpd_error *err);
 
+/* `size` bytes that `read` makes as the client takes them (a file served in another
+ * layout, never whole in memory): 200 with `content_type` and a Content-Length. `read` is
+ * called on an HTTP thread, one call at a time, with the position and room for up to
+ * `max` bytes; it returns how many it wrote (at least 1), or -1 to cut the connection (the
+ * client sees a body shorter than its Content-Length). `done` (may be NULL) is called
+ * once when the answer is over or was never sent: the last use of `arg`. Also on an error
+ * return, so the caller hands `arg` over in every case. */
+ddpd_err http_respond_reader(struct http_request *req, int64_t size, const char *content_type,
+                             long (*read)(void *arg, uint64_t pos, char *buf, size_t max),
+                             void (*done)(void *arg), void *arg, struct ddpd_error *err);
+
 /* A deferred answer, for a handler whose work finishes on another thread (a job insert
  * waiting for its group commit): the handler calls http_defer and returns DDPD_OK without
  * a response, and the connection waits, costing no thread. The other thread then answers

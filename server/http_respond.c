@@ -122,6 +122,53 @@ ddpd_err http_respond_file(struct http_request *req, const char *path, const cha
     return DDPD_OK;
 }
 
+/* http_respond_reader's callback and its argument, as libmicrohttpd holds them. */
+struct reader {
+    long (*read)(void *arg, uint64_t pos, char *buf, size_t max);
+    void (*done)(void *arg);
+    void *arg;
+};
+
+static ssize_t reader_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct reader *r = cls;
+    long n = r->read(r->arg, pos, buf, max);
+    return n > 0 ? (ssize_t)n : MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+static void reader_free(void *cls)
+{
+    struct reader *r = cls;
+    if (r->done)
+        r->done(r->arg);
+    free(r);
+}
+
+ddpd_err http_respond_reader(struct http_request *req, int64_t size, const char *content_type,
+                             long (*read)(void *arg, uint64_t pos, char *buf, size_t max),
+                             void (*done)(void *arg), void *arg, struct ddpd_error *err)
+{
+    struct reader *rd = malloc(sizeof *rd);
+    if (http__responded(req) || !rd || size < 0) {
+        free(rd);
+        if (done)
+            done(arg);
+        return ddpd_error_set(err, rd ? DDPD_EINTERNAL : DDPD_ENOMEM, "",
+                              rd ? "a response was already set" : "out of memory");
+    }
+    *rd = (struct reader){.read = read, .done = done, .arg = arg};
+    /* libmicrohttpd owns rd from here (reader_free runs with the response's end). */
+    struct MHD_Response *r =
+        MHD_create_response_from_callback((uint64_t)size, 64 * 1024, reader_read, rd, reader_free);
+    if (!r) {
+        reader_free(rd);
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory");
+    }
+    http__add_content_type(r, content_type);
+    http__set_response(req, 200, r);
+    return DDPD_OK;
+}
+
 void http_response_header(struct http_request *req, const char *name, const char *value)
 {
     if (req->nhdr == MAX_HEADERS)

@@ -5,9 +5,10 @@
  * offsets tiling the data section exactly: sorted, no gap, no overlap, ending at the file's
  * end (as the reference implementation checks). Reads the header, never the values.
  *
- * The worker's reader (worker/safetensors.c) is separate: it holds the worker's own limits
- * (four dimensions, the five dtypes it converts, 127-byte names) and the server never links
- * worker code; this check accepts every file of the format that a reader could load. */
+ * The reader of schema/safetensors.c (the worker's checkpoints, the server's GPT-2 export)
+ * is separate: it holds the limits of what ddpd loads (four dimensions, the seven dtypes it
+ * converts, 127-byte names); this check accepts every file of the format that any reader
+ * could load. */
 #ifndef DDPD_STCHECK_H
 #define DDPD_STCHECK_H
 

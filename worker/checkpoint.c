@@ -16,7 +16,7 @@
 #include "../base/parse.h"
 #include "../schema/jobdir.h"
 #include "fingerprint.h"
-#include "safetensors.h"
+#include "../schema/safetensors.h"
 
 #define CKPT_FORMAT "ddpd-checkpoint-1"
 

@@ -25,7 +25,8 @@
 #include "checkpoint.h"
 #include "infer/infer.h"
 #include "model.h"
-#include "safetensors.h"
+#include "../schema/safetensors.h"
+#include "gpt2_init.h"
 #include "spec_tokenizer.h"
 #include "train.h"
 
@@ -356,6 +357,8 @@ static void plan_one(const char *line, size_t len)
     if (req.resume[0]) {
         if (rc == DDPD_OK && !req.resume_force)
             rc = plan_resume_data(spec, data_dir, req.resume, rows, mi.eval_rows, &err);
+    } else if (rc == DDPD_OK && spec->init_from[0] && spec->init_format == INIT_FORMAT_GPT2) {
+        rc = gpt2_init_plan(spec, data_dir, &err);
     } else if (rc == DDPD_OK && (spec->init_from[0] || spec->init_from_job > 0)) {
         rc = plan_init_from(spec, data_dir, req.init_path, &err);
     }

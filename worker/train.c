@@ -26,6 +26,7 @@
 #include "checkpoint.h"
 #include "data.h"
 #include "ddp.h"
+#include "gpt2_init.h"
 #include "dev.h"
 #include "emit.h"
 #include "fingerprint.h"
@@ -981,6 +982,10 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
                                   errno == ENOENT ? "gone (the job was deleted, or its checkpoint pruned)"
                                                   : strerror(errno));
         if ((rc = checkpoint_load_weights_fd(r->m, fd, name, err)))
+            return rc;
+    } else if (s->init_from[0] && s->init_format == INIT_FORMAT_GPT2) {
+        /* A Hugging Face GPT-2: its names and layout, and its config.json (gpt2_init.h). */
+        if ((rc = gpt2_init_load(r->m, s, cfg->data_dir, err)))
             return rc;
     } else if (s->init_from[0]) {
         /* Opened beneath the data directory in one step, as the data files are: nothing

@@ -1,5 +1,5 @@
 """safetensors.py — a small safetensors reader and writer with numpy + json (the format of
-schema/README.md and worker/safetensors.h), for checking what ddpd writes and writing what
+schema/README.md and schema/safetensors.h), for checking what ddpd writes and writing what
 it reads. st_decode's `strict` checks what the reference implementation checks."""
 import json
 import struct

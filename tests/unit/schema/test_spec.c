@@ -203,6 +203,7 @@ static void test_valid_variants(void)
     CHECK_EQ_INT(s.ddp.join, JOIN_FALSE);
     CHECK(s.ddp.bucket_cap_mb == 0.5);
     CHECK_EQ_STR(s.init_from, "w.safetensors");
+    CHECK_EQ_INT(s.init_format, INIT_FORMAT_DDPD);
     CHECK_EQ_INT(s.max_restarts, 100);
     CHECK_EQ_INT(s.world_size, 1024);
     CHECK_EQ_STR(s.name, "\xc3\xa9t\xc3\xa9");
@@ -365,7 +366,19 @@ static const struct bad_case bad_cases[] = {
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2},{\"type\":\"relu\",\"in\":2}]"), DDPD_ESPEC,
         "model[1].in", "unknown key (a relu layer takes only \"type\")"),
     BAD(OK_PLUS(",\"init\":{\"seed\":1,\"from_file\":\"w\"}"), DDPD_ESPEC, "init.from_file",
-        "unknown key (expected one of seed, from, from_job, step)"),
+        "unknown key (expected one of seed, from, from_job, step, format)"),
+    /* init.format (issue 30): ddpd's own or Hugging Face's GPT-2, with init.from only; gpt2
+     * needs a GPT-2-shaped model (schema/gpt2.c; the shapes are tests/api/test_gpt2_hf_route.py's). */
+    BAD(OK_PLUS(",\"init\":{\"from\":\"w.safetensors\",\"format\":\"hf\"}"), DDPD_ESPEC, "init.format",
+        "expected one of ddpd, gpt2, got \"hf\""),
+    BAD(OK_PLUS(",\"init\":{\"from_job\":3,\"format\":\"gpt2\"}"), DDPD_ESPEC, "init.format",
+        "\"gpt2\" goes with init.from (a job's weights are in ddpd's own format)"),
+    BAD(OK_PLUS(",\"init\":{\"seed\":3,\"format\":\"gpt2\"}"), DDPD_ESPEC, "init.format",
+        "\"gpt2\" goes with init.from (a file to read)"),
+    BAD(OK_PLUS(",\"init\":{\"from\":\"w.safetensors\",\"format\":\"gpt2\"}"), DDPD_ESPEC, "model[0]",
+        "init.format \"gpt2\" reads a Hugging Face GPT-2, but model[0] is a linear where GPT-2 has an "
+        "embedding "
+        "(wte)"),
     BAD(OK_PLUS(",\"checkpoint\":{\"every\":5}"), DDPD_ESPEC, "checkpoint.every",
         "unknown key (expected one of every_steps, keep_last)"),
     BAD(OK_PLUS(",\"checkpoint\":{\"keep_lsat\":2}"), DDPD_ESPEC, "checkpoint.keep_lsat",

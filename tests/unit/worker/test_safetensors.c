@@ -9,7 +9,7 @@
 
 #include "check.h"
 #include "base/file.h"
-#include "worker/safetensors.h"
+#include "schema/safetensors.h"
 
 static char tmpdir[4096];
 
@@ -312,7 +312,7 @@ static void test_bad_files(void)
     write_st_json(p, "{\"x\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[0,4]}}", zeros, 4);
     CHECK_EQ_STR(read_fails(p),
                  "bad.safetensors: tensor \"x\": dtype \"I32\" is not supported (F32, F64, F16, "
-                 "BF16 and I64 are)");
+                 "BF16, I64, BOOL and U8 are)");
 
     write_st_json(p, "{\"x\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", zeros, 4);
     msg = read_fails(p);

@@ -1,7 +1,8 @@
 /* safetensors.c — the safetensors format of CONTRACT.md §4: an 8-byte little-endian header
  * length, a JSON header, raw little-endian data. Writes are atomic (temporary file, fsync,
  * rename, fsync of the directory). Knows nothing of models or optimizers, and trusts
- * nothing it reads: every length, offset and shape is checked before it is used. */
+ * nothing it reads: every length, offset and shape is checked before it is used. Linked
+ * by the worker and the server (schema/). */
 #include "safetensors.h"
 
 #include <errno.h>
@@ -49,7 +50,7 @@ static ddpd_err fail(struct ddpd_error *err, ddpd_err code, const char *path, co
     return ddpd_error_set(err, code, path, "%s: %s", path, msg);
 }
 
-static void shape_text(char *out, size_t cap, int ndim, const int64_t *shape)
+void safetensors_shape_text(char *out, size_t cap, int ndim, const int64_t *shape)
 {
     size_t o = (size_t)snprintf(out, cap, "[");
     for (int i = 0; i < ndim && o < cap; i++)
@@ -189,22 +190,20 @@ nomem:
     return NULL;
 }
 
-ddpd_err safetensors_write(const char *path, const struct safetensors_tensor *t, int n,
-                           const struct safetensors_meta *meta, int n_meta, struct ddpd_error *err)
+ddpd_err safetensors_header(const char *path, const struct safetensors_tensor *t, int n,
+                            const struct safetensors_meta *meta, int n_meta, char **out, size_t *len,
+                            int *order, struct ddpd_error *err)
 {
     const struct safetensors_tensor **sorted = NULL;
     json_t *root = NULL;
-    char *hdr = NULL, tmp[4096];
-    FILE *fp = NULL;
-    bool made_tmp = false;
+    char *hdr = NULL;
     ddpd_err rc = DDPD_OK;
     int64_t total = 0;
 
+    *out = NULL;
+    *len = 0;
     if (n < 0 || n_meta < 0 || (n > 0 && !t) || (n_meta > 0 && !meta))
         return fail(err, DDPD_EINTERNAL, path, "bad arguments to safetensors_write");
-    int tl = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    if (tl < 0 || (size_t)tl >= sizeof tmp)
-        return fail(err, DDPD_EIO, path, "path is too long");
     for (int i = 0; i < n; i++) {
         int64_t numel;
         if (!memchr(t[i].name, '\0', sizeof t[i].name) || !t[i].name[0] ||
@@ -233,17 +232,45 @@ ddpd_err safetensors_write(const char *path, const struct safetensors_tensor *t,
         goto out;
     }
     hdr = json_dumps(root, JSON_COMPACT);
-    if (!hdr) {
+    /* The reference implementation pads the header with spaces to a multiple of 8 so
+     * that the data that follows is aligned. */
+    size_t hl = hdr ? strlen(hdr) : 0, pad = (8 - hl % 8) % 8;
+    uint64_t padded = hl + pad;
+    if (!hdr || !(*out = malloc(8 + padded))) {
         rc = fail(err, DDPD_ENOMEM, path, "out of memory building the header");
         goto out;
     }
-    /* The reference implementation pads the header with spaces to a multiple of 8 so
-     * that the data that follows is aligned. */
-    size_t hl = strlen(hdr), pad = (8 - hl % 8) % 8;
-    uint64_t len = hl + pad;
-    unsigned char len8[8];
     for (int i = 0; i < 8; i++)
-        len8[i] = (unsigned char)(len >> (8 * i));
+        (*out)[i] = (char)(unsigned char)(padded >> (8 * i));
+    memcpy(*out + 8, hdr, hl);
+    memset(*out + 8 + hl, ' ', pad);
+    *len = 8 + padded;
+    for (int i = 0; i < n; i++)
+        order[i] = (int)(sorted[i] - t);
+out:
+    free(hdr);
+    json_decref(root);
+    free(sorted);
+    return rc;
+}
+
+ddpd_err safetensors_write(const char *path, const struct safetensors_tensor *t, int n,
+                           const struct safetensors_meta *meta, int n_meta, struct ddpd_error *err)
+{
+    int *order = NULL;
+    char *hdr = NULL, tmp[4096];
+    size_t hl = 0;
+    FILE *fp = NULL;
+    bool made_tmp = false;
+    ddpd_err rc = DDPD_OK;
+
+    int tl = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    if (tl < 0 || (size_t)tl >= sizeof tmp)
+        return fail(err, DDPD_EIO, path, "path is too long");
+    if (!(order = malloc((size_t)(n > 0 ? n : 1) * sizeof *order)))
+        return fail(err, DDPD_ENOMEM, path, "out of memory");
+    if ((rc = safetensors_header(path, t, n, meta, n_meta, &hdr, &hl, order, err)))
+        goto out;
 
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* weights are the owner's */
     if (fd < 0)
@@ -254,12 +281,13 @@ ddpd_err safetensors_write(const char *path, const struct safetensors_tensor *t,
         close(fd);
         goto io;
     }
-    if (fwrite(len8, 1, 8, fp) != 8 || fwrite(hdr, 1, hl, fp) != hl || fwrite("        ", 1, pad, fp) != pad)
+    if (fwrite(hdr, 1, hl, fp) != hl)
         goto io;
     for (int i = 0; i < n; i++) {
+        const struct safetensors_tensor *x = &t[order[i]];
         int64_t numel = 0;
-        shape_numel(sorted[i]->ndim, sorted[i]->shape, &numel);
-        if (sorted[i]->i64 ? !put_i64(fp, sorted[i]->i64, numel) : !put_f32(fp, sorted[i]->data, numel))
+        shape_numel(x->ndim, x->shape, &numel);
+        if (x->i64 ? !put_i64(fp, x->i64, numel) : !put_f32(fp, x->data, numel))
             goto io;
     }
     if (fflush(fp) != 0 || fsync(fileno(fp)) != 0)
@@ -280,8 +308,7 @@ out:
     if (made_tmp)
         unlink(tmp);
     free(hdr);
-    json_decref(root);
-    free(sorted);
+    free(order);
     return rc;
 }
 
@@ -292,7 +319,9 @@ struct dtype {
     int size;
 };
 
-static const struct dtype dtypes[] = {{"F32", 4}, {"F64", 8}, {"F16", 2}, {"BF16", 2}, {"I64", 8}};
+/* BOOL and U8 come as 0/1 and 0..255 (the causal mask buffers some GPT-2 files carry). */
+static const struct dtype dtypes[] = {{"F32", 4}, {"F64", 8},  {"F16", 2}, {"BF16", 2},
+                                      {"I64", 8}, {"BOOL", 1}, {"U8", 1}};
 
 /* What safetensors_read learns of one tensor before reading its data. */
 struct entry {
@@ -332,6 +361,8 @@ static void convert(const struct dtype *dt, const unsigned char *p, float *out, 
             bits = bits << 8 | p[j];
         if (dt->name[0] == 'I') {
             out[i] = (float)(int64_t)bits;
+        } else if (dt->size == 1) {
+            out[i] = (float)bits;
         } else if (dt->size == 8) {
             double d;
             memcpy(&d, &bits, 8);
@@ -376,10 +407,12 @@ static ddpd_err parse_entry(const char *path, const char *name, json_t *v, int64
         if (strcmp(json_string_value(dt), dtypes[i].name) == 0)
             e->dt = &dtypes[i];
     if (!e->dt)
-        return fail(err, DDPD_EDATA, path,
-                    "tensor \"%s\": dtype \"%.32s\" is not supported (F32, F64, F16, BF16 and I64 are)", name,
-                    json_string_value(dt));
+        return fail(
+            err, DDPD_EDATA, path,
+            "tensor \"%s\": dtype \"%.32s\" is not supported (F32, F64, F16, BF16, I64, BOOL and U8 are)",
+            name, json_string_value(dt));
     t->was_i64 = e->dt->name[0] == 'I';
+    t->dtype = e->dt->name;
     if (!json_is_array(shape))
         return fail(err, DDPD_EDATA, path, "tensor \"%s\": \"shape\" is missing or not an array", name);
     if (json_array_size(shape) > SAFETENSORS_MAX_DIMS)
@@ -394,7 +427,7 @@ static ddpd_err parse_entry(const char *path, const char *name, json_t *v, int64
         !get_i64(json_array_get(offs, 1), &e->end))
         return fail(err, DDPD_EDATA, path,
                     "tensor \"%s\": \"data_offsets\" must be [begin, end] of non-negative integers", name);
-    shape_text(sh, sizeof sh, t->ndim, t->shape);
+    safetensors_shape_text(sh, sizeof sh, t->ndim, t->shape);
     int64_t bytes;
     if (!shape_numel(t->ndim, t->shape, &e->numel) ||
         __builtin_mul_overflow(e->numel, (int64_t)e->dt->size, &bytes))
@@ -572,10 +605,12 @@ static struct safetensors_file *read_file(int fd_in, const char *path, bool valu
     qsort(e, (size_t)f->n, sizeof *e, by_offset);
     if ((rc = check_layout(path, f, e, f->n, data_len, err)))
         goto out;
+    for (int i = 0; i < f->n; i++)
+        f->t[e[i].index].file_offset = 8 + (int64_t)hl + e[i].begin;
 
     if (!values)
         goto out;
-    /* Every element is at least 2 bytes, so the floats fit in twice the data section. */
+    /* The floats: numel of each tensor (at most 4 times the data section). */
     int64_t total = 0;
     for (int i = 0; i < f->n; i++)
         total += e[i].numel;
