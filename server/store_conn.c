@@ -193,13 +193,14 @@ static const char *const sql_text[ST_COUNT] = {
     [R_LOSS_RANGE] = "SELECT (SELECT min(step) FROM loss WHERE job = ?1), "
                      "(SELECT max(step) FROM loss WHERE job = ?1)",
     [R_LOSS_SCAN] = "SELECT step, rank, loss FROM loss WHERE job = ?1 ORDER BY step, rank",
-    /* A number of rank 0's loss events per logged step (?2 its JSON path: the lr that
-     * step used, the gradient norm, the time), every rank that ran a step used the same
-     * lr and saw the same norm; of a step a restart ran again, the latest (SQLite takes
-     * the bare columns from the row of max(seq)). */
-    [R_STEP_SCAN] = "SELECT json_extract(body, '$.step') AS step, json_extract(body, ?2), max(seq) "
-                    "FROM events WHERE job = ?1 AND kind = 'loss' AND rank = 0 AND "
-                    "json_extract(body, ?2) IS NOT NULL GROUP BY step ORDER BY step",
+    /* Rank 0's loss events, one per logged step: the lr that step used, the gradient
+     * norm and when it was written (every rank that ran a step used the same lr and saw
+     * the same norm); of a step a restart ran again, the latest (SQLite takes the bare
+     * columns from the row of max(seq)). The step column where the writer filled it
+     * (005_event_budget.sql), else the body's. */
+    [R_STEP_SCAN] = "SELECT coalesce(step, json_extract(body, '$.step')) AS s, json_extract(body, '$.lr'), "
+                    "json_extract(body, '$.grad_norm'), ts, max(seq) FROM events "
+                    "WHERE job = ?1 AND kind = 'loss' AND rank = 0 GROUP BY s ORDER BY s",
     [R_EVAL_SCAN] = "SELECT body FROM events WHERE job = ?1 AND kind = 'eval' ORDER BY seq",
     [R_JOB_COUNT] = "SELECT state, count(*) FROM jobs GROUP BY state",
     [R_USAGE] = "SELECT events, bytes, loss_events FROM event_usage WHERE job = ?1",

@@ -54,38 +54,43 @@ static ddpd_err eval_scan(struct conn *c, int64_t job, int max_points, struct st
     return DDPD_OK;
 }
 
-/* The number at JSON path `path` of rank 0's loss events per step in [lo, hi] into *out,
- * downsampled like a loss curve of one rank (R_STEP_SCAN). */
-static ddpd_err step_scan(struct conn *c, int64_t job, const char *path, int64_t lo, int64_t hi,
-                          int max_points, struct store_series *out, struct ddpd_error *err)
+/* Rank 0's lr, gradient norm and time per step in [lo, hi] into out->lr, grad_norm and
+ * time, each downsampled like a loss curve of one rank, in one pass (R_STEP_SCAN). */
+static ddpd_err step_scan(struct conn *c, int64_t job, int64_t lo, int64_t hi, int max_points,
+                          struct store_metrics *out, struct ddpd_error *err)
 {
     sqlite3_stmt *st = stmt(c, R_STEP_SCAN, err);
     if (!st)
         return err ? err->code : DDPD_EINTERNAL;
     sqlite3_bind_int64(st, 1, job);
-    sqlite3_bind_text(st, 2, path, -1, SQLITE_STATIC);
-    struct store__curve *curve = store__curve_new(lo, hi, max_points);
+    struct store_series *dst[3] = {&out->lr, &out->grad_norm, &out->time};
+    struct store__curve *curve[3];
+    for (int k = 0; k < 3; k++)
+        curve[k] = store__curve_new(lo, hi, max_points);
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         const int64_t step = sqlite3_column_int64(st, 0);
-        if (step >= lo && step <= hi) /* a loss event's step always is: it has a loss row */
-            store__curve_add(curve, step, 0, sqlite3_column_type(st, 1) != SQLITE_NULL,
-                             sqlite3_column_double(st, 1));
+        if (step < lo || step > hi) /* a loss event's step always is in: it has a loss row */
+            continue;
+        for (int k = 0; k < 3; k++)
+            store__curve_add(curve[k], step, 0, sqlite3_column_type(st, k + 1) != SQLITE_NULL,
+                             sqlite3_column_double(st, k + 1));
     }
-    if (rc != SQLITE_DONE) {
-        ddpd_err e = sq_fail(err, c->db, rc, "read a step series");
-        stmt_done(st);
-        store__curve_free(curve);
-        return e;
-    }
+    ddpd_err e = DDPD_OK;
+    if (rc != SQLITE_DONE)
+        e = sq_fail(err, c->db, rc, "read the lr, grad_norm and time series");
     stmt_done(st);
-    struct store_metrics one = {0};
-    store__curve_finish(curve, &one);
-    store__curve_free(curve);
-    *out = one.series[0]; /* the mean over one rank: its own values */
-    one.series[0] = (struct store_series){0};
-    store_metrics_free(&one);
-    return DDPD_OK;
+    for (int k = 0; k < 3; k++) {
+        if (e == DDPD_OK) {
+            struct store_metrics one = {0};
+            store__curve_finish(curve[k], &one);
+            *dst[k] = one.series[0]; /* the mean over one rank: its own values */
+            one.series[0] = (struct store_series){0};
+            store_metrics_free(&one);
+        }
+        store__curve_free(curve[k]);
+    }
+    return e;
 }
 
 ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct store_metrics *out,
@@ -143,9 +148,7 @@ ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct 
 
     /* The lr, gradient-norm and time series, downsampled like a loss curve of one rank
      * over the same steps. */
-    if ((e = step_scan(c, job, "$.lr", lo, hi, max_points, &out->lr, err)) ||
-        (e = step_scan(c, job, "$.grad_norm", lo, hi, max_points, &out->grad_norm, err)) ||
-        (e = step_scan(c, job, "$.ts", lo, hi, max_points, &out->time, err)))
+    if ((e = step_scan(c, job, lo, hi, max_points, out, err)))
         goto end;
     e = eval_scan(c, job, max_points, out, err);
 end:
