@@ -952,6 +952,11 @@ static const struct command commands[] = {
     {"cancel", "ID", "Cancels a queued or running job.", "", cmd_cancel},
     {"rm", "ID", "Deletes a finished job, its events and its files.", "", cmd_rm},
     {"checkpoints", "ID", "Lists the job's checkpoints: step, time, bytes.", "", cmd_checkpoints},
+    {"compare", "ID ID [ID..]",
+     "Compares jobs: a table of each one's final and best metrics (step, loss, final and best\n"
+     "eval loss with their steps, and accuracy for classifiers), then the spec fields in which\n"
+     "they differ, and only those, as dotted paths (optimizer.lr, model[0].out).",
+     "", cmd_compare},
     {"pull",
      "[--step S] [--optim] [-o FILE] [--max-bytes N] ID  |  pull --pytorch [--step S] ID DIR  |  "
      "pull --format gpt2 [--step S] ID DIR",
