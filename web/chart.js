@@ -218,6 +218,18 @@
       this.box.remove();
     }
 
+    /* A log y axis or a linear one (the loss and line charts). */
+    setLog(on) {
+      this.log = on;
+      this.request();
+    }
+
+    /* 0 (off) .. 0.99: the weight of the moving average the lines are drawn with. */
+    setSmoothing(w) {
+      this.smoothing = Math.min(0.999, Math.max(0, Number(w) || 0));
+      this.request();
+    }
+
     request() {
       if (this.pending) return;
       this.pending = true;
@@ -399,17 +411,6 @@
     setVisible(key, on) {
       const s = this.series.get(key);
       if (s) s.visible = on;
-      this.request();
-    }
-
-    setLog(on) {
-      this.log = on;
-      this.request();
-    }
-
-    /* 0 (off) .. 0.99: the weight of the moving average the lines are drawn with. */
-    setSmoothing(w) {
-      this.smoothing = Math.min(0.999, Math.max(0, Number(w) || 0));
       this.request();
     }
 
@@ -749,16 +750,6 @@
     setAxis(xLabel, fmtX) {
       this.xLabel = xLabel;
       this.fmtX = fmtX || null;
-      this.request();
-    }
-
-    setLog(on) {
-      this.log = on;
-      this.request();
-    }
-
-    setSmoothing(w) {
-      this.smoothing = Math.min(0.999, Math.max(0, Number(w) || 0));
       this.request();
     }
 
