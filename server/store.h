@@ -162,12 +162,10 @@ struct store_rank {
 
 #define STORE_NAME_MAX 128
 #define STORE_TEXT_MAX 1024
-/* A job as GET /v1/jobs/{id} shows it (CONTRACT.md §7). Strings longer than their
- * buffer are cut at a UTF-8 character boundary. Owns `spec` and `ranks`: release with
- * store_job_clear. */
-/* A job's final and best eval metrics (006_job_metrics.sql): the eval of the highest
- * step, the lowest finite eval loss and the highest eval accuracy (cross_entropy only),
- * each with the step of its first occurrence. A has_ flag is false where there is none. */
+/* A job's final and best eval metrics (the *_job_metrics.sql migration): the eval of the
+ * highest step, the lowest finite eval loss and the highest eval accuracy (cross_entropy
+ * only), each with the step of its first occurrence. A has_ flag is false where there is
+ * none. */
 struct store_job_evals {
     bool has_final; /* final_step */
     int64_t final_step;
@@ -178,6 +176,9 @@ struct store_job_evals {
     double best_loss, best_accuracy;
 };
 
+/* A job as GET /v1/jobs/{id} shows it (CONTRACT.md §7). Strings longer than their
+ * buffer are cut at a UTF-8 character boundary. Owns `spec` and `ranks`: release with
+ * store_job_clear. */
 struct store_job {
     int64_t id;
     char name[STORE_NAME_MAX];

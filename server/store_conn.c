@@ -95,7 +95,7 @@ static const char *const sql_text[ST_COUNT] = {
                        "WHERE id = ?1 AND attempt <= ?3 AND (step IS NULL OR step <= ?2)",
     /* An eval event (?2 step, ?3 loss or NULL, ?4 accuracy or NULL; of any attempt): the final
      * eval is the one of the highest step (a step run again replaces it), the best ones
-     * the lowest loss and highest accuracy, first occurrence (006_job_metrics.sql). */
+     * the lowest loss and highest accuracy, first occurrence (the *_job_metrics.sql migration). */
     [W_JOB_EVAL] =
         "UPDATE jobs SET "
         "best_eval_loss_step = CASE WHEN ?3 IS NOT NULL AND (best_eval_loss IS NULL OR "

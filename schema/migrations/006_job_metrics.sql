@@ -1,4 +1,4 @@
--- 006_job_metrics.sql — each job's final and best eval metrics, kept by the event writer
+-- *_job_metrics.sql — each job's final and best eval metrics, kept by the event writer
 -- in the transaction that stores the eval events, so that GET /v1/jobs shows them for
 -- every job without reading its events (the job list of the dashboard, `ddpd compare`).
 -- The build embeds this file byte for byte in server/store.c, which applies it when the
