@@ -355,7 +355,8 @@ ddpd_err api__resume(struct http_request *req, struct ddpd_error *err)
     if (step >= 0) {
         struct stat sb;
         jobdir_rank_file(optim, sizeof optim, JOBDIR_OPTIM, 0);
-        jobdir_ckpt_path(ck, sizeof ck, dir, step);
+        if (!jobdir_step_dir(ck, sizeof ck, dir, step)) /* ckpt-S, or the best one best-S */
+            jobdir_ckpt_path(ck, sizeof ck, dir, step);
         jobdir_file_path(path, sizeof path, ck, optim);
         if (stat(path, &sb) != 0) {
             rc = api__no_checkpoint_at(err, DDPD_ENOTFOUND, "step", "", dir, id, step);
