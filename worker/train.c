@@ -1003,6 +1003,13 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
          * a job ended before its next checkpoint still keeps keep_last. */
         if (cfg->rank == 0)
             prune_checkpoints(r, pos->step);
+        /* A best checkpoint written after this one (by the run that is resumed) is the
+         * future's: the run writes it again when it gets there. Only the best this
+         * checkpoint knows stays. */
+        struct ddpd_error perr;
+        if (cfg->rank == 0 && s->keep_best.on &&
+            jobdir_best_prune(cfg->out_dir, r->best.step, &perr) != DDPD_OK)
+            emit_log("warning: best checkpoints past the resumed step not removed: %s", perr.message);
     } else if (s->init_from_job > 0) {
         /* Another job's weights: a path the server resolved in its own jobs folder (never
          * one from the spec), handed over in the stdin document. */

@@ -7,13 +7,16 @@ step's checkpoint of an identical run that checkpoints every eval; a job cancell
 mid-way and resumed (`ddpd resume`) stops at the same step with the same best as an
 uninterrupted one. Also `ddpd checkpoints` (best, final), `ddpd pull --best` and why a
 queued job waits in `ddpd jobs`."""
+import json
 import math
+import shutil
+import subprocess
 
 import numpy as np
 
 from pylib.safetensors import st_decode
 from pylib.server import FOREVER_STEPS, PausingWorker, heavy_spec, wait_until
-from test_cli import cli
+from test_cli import cli, ddpd
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -214,3 +217,29 @@ def test_bad_watch_fields_are_422_naming_them(server, work):
         r = server.post("/v1/jobs", json=spec)
         assert r.status_code == 422, (over, r.text)
         assert r.json()["error"]["path"] == path, (over, r.json())
+
+
+def test_a_restart_from_before_the_best_writes_it_again(work):
+    # A rank that died after writing best-35 but before ckpt-40 leaves a best checkpoint
+    # newer than the one a restart resumes from (ckpt-30): the restart (here `ddpd run
+    # --resume`, the same worker path) must write best-35 again, not fail on it.
+    spec = overfit_spec(name="restart", steps=60, checkpoint={"every_steps": 10, "keep_last": 100,
+                                                               "keep_best": {"metric": "eval_loss"}})
+    (work / "s.json").write_text(json.dumps(spec))
+    out = work / "out"
+    r = subprocess.run([ddpd(), "run", "--out", str(out), str(work / "s.json")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    best = [p.name for p in out.iterdir() if p.name.startswith("best-")]
+    assert len(best) == 1 and 30 < int(best[0][5:]) < 40, best  # the eval loss is lowest at 35
+    before = st_decode((out / best[0] / "model.safetensors").read_bytes())[0]
+    for name in ("ckpt-40", "ckpt-50"):
+        shutil.rmtree(out / name)
+    for f in out.glob("*.safetensors"):
+        f.unlink()
+    r = subprocess.run([ddpd(), "run", "--out", str(out), "--resume", str(out / "ckpt-30"), str(work / "s.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr + r.stdout[-2000:]
+    assert [p.name for p in out.iterdir() if p.name.startswith("best-")] == best
+    after = st_decode((out / best[0] / "model.safetensors").read_bytes())[0]
+    assert all(np.array_equal(before[k], after[k]) for k in before)
