@@ -243,3 +243,32 @@ def test_a_restart_from_before_the_best_writes_it_again(work):
     assert [p.name for p in out.iterdir() if p.name.startswith("best-")] == best
     after = st_decode((out / best[0] / "model.safetensors").read_bytes())[0]
     assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_resume_without_a_step_takes_the_best_checkpoint_when_it_is_the_newest(make_server, work):
+    # keep_best alone (no every_steps): the best checkpoint is the only one, and a resume
+    # continues from it with the numbers of the uninterrupted run.
+    paused = PausingWorker(work, at_step=10)
+    server = make_server(cpu_slots=1, env=paused.env)
+    spec = overfit_spec(name="bestonly", steps=120, log_every=1,
+                        checkpoint={"every_steps": 0, "keep_best": {"metric": "eval_loss"}})
+    a = server.submit(spec)["id"]
+    wait_until(lambda: server.get(f"/v1/jobs/{a}/checkpoints").json()["checkpoints"], 60, "the best checkpoint")
+    assert server.post(f"/v1/jobs/{a}/cancel").status_code == 202
+    assert server.wait_state(a, FINAL)["state"] == "cancelled"
+    paused.release()
+    cks = server.get(f"/v1/jobs/{a}/checkpoints").json()["checkpoints"]
+    assert len(cks) == 1 and cks[0]["best"] and cks[0]["step"] >= 10, cks
+    r = server.post(f"/v1/jobs/{a}/resume")
+    assert r.status_code == 201, r.text
+    b = r.json()["id"]
+    assert r.json()["resumed_from_step"] == cks[0]["step"]
+    assert server.wait_state(b, FINAL, timeout=120)["state"] == "succeeded"
+    ref = server.submit(dict(spec, name="uninterrupted"))["id"]
+    assert server.wait_state(ref, FINAL, timeout=120)["state"] == "succeeded"
+
+    def losses(j):
+        return {e["step"]: e["loss"] for e in server.events(j) if e["event"] == "loss"}
+    lb, lr = losses(b), losses(ref)
+    assert min(lb) == cks[0]["step"] + 1 and max(lb) == 120, sorted(lb)[:3]
+    assert {k: lr[k] for k in lb} == lb
