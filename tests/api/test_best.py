@@ -1,19 +1,19 @@
 """early_stop and checkpoint.keep_best (issue 31) through the server and the CLI: a
 fixed-seed job that overfits (32 training samples, eval on 256 of the same teacher: the
 eval loss falls to step ~35, then rises) stops at the step that Lightning's
-EarlyStopping rule, written out below, predicts from the job's own eval events, with 1
+EarlyStopping rule (pylib/early_stop.py) predicts from the job's own eval events, with 1
 and 2 ranks; the kept best checkpoint is the best eval's step, with the weights of that
 step's checkpoint of an identical run that checkpoints every eval; a job cancelled
 mid-way and resumed (`ddpd resume`) stops at the same step with the same best as an
 uninterrupted one. Also `ddpd checkpoints` (best, final), `ddpd pull --best` and why a
 queued job waits in `ddpd jobs`."""
 import json
-import math
 import shutil
 import subprocess
 
 import numpy as np
 
+from pylib.early_stop import lightning_stop
 from pylib.safetensors import st_decode
 from pylib.server import FOREVER_STEPS, PausingWorker, heavy_spec, wait_until
 from test_cli import cli, ddpd
@@ -31,26 +31,6 @@ def overfit_spec(world_size=1, **over):
          "batch_size": 8 // world_size, "steps": 400, "init": {"seed": 3}, "log_every": 10}
     s.update(over)
     return s
-
-
-def lightning_stop(evals, mode, patience, min_delta):
-    """PyTorch Lightning's EarlyStopping (check_finite=True, no thresholds), as written in
-    its _evaluate_stopping_criteria: min_delta negated for mode min, improvement when
-    monitor_op(current - min_delta, best). Returns (stop step, best step, best value) or
-    None when it never stops."""
-    op = (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
-    delta = -min_delta if mode == "min" else min_delta
-    best, best_step, wait = (math.inf if mode == "min" else -math.inf), 0, 0
-    for step, value in evals:
-        if not math.isfinite(value):
-            return step, best_step, best
-        if op(value - delta, best):
-            best, best_step, wait = value, step, 0
-        else:
-            wait += 1
-            if wait >= patience:
-                return step, best_step, best
-    return None
 
 
 def eval_losses(server, jid):
