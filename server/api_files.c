@@ -45,9 +45,16 @@ ddpd_err api__no_checkpoint_at(struct ddpd_error *err, ddpd_err code, const char
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
     api__steps_text(steps, n, list, sizeof list);
     free(steps);
+    /* The best one (checkpoint.keep_best) is a checkpoint too. */
+    char best_text[64] = "";
+    int64_t best;
+    if (jobdir_best_find(dir, &best) && n)
+        snprintf(best_text, sizeof best_text, ", and its best one at step %" PRId64, best);
+    else if (jobdir_best_find(dir, &best))
+        snprintf(list, sizeof list, "only its best one, at step %" PRId64, best);
     return ddpd_error_set(err, code, path,
-                          "%sjob %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s", prefix, id,
-                          step, n ? (n > 1 ? "steps " : "step ") : "", list);
+                          "%sjob %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s%s", prefix,
+                          id, step, n ? (n > 1 ? "steps " : "step ") : "", list, best_text);
 }
 
 ddpd_err api__metrics(struct http_request *req, struct ddpd_error *err)

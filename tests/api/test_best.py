@@ -113,6 +113,8 @@ def test_keep_best_is_the_best_evals_checkpoint(server, work):
     r = cli(server, "pull", str(a), "--best", "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert out.read_bytes() == server.get(f"/v1/jobs/{a}/checkpoint", params={"step": best_step}).content
+    e = server.get(f"/v1/jobs/{a}/checkpoint", params={"step": 7}).json()["error"]
+    assert e["message"] == f"job {a} has no checkpoint at step 7; it has only its best one, at step {best_step}", e
     r = cli(server, "pull", str(b), "--best", "-o", str(work / "none.safetensors"))
     assert r.returncode == 1 and "has no best checkpoint" in r.stderr, r.stderr
     r = cli(server, "pull", str(a), "--best", "--step", "5")
