@@ -380,6 +380,7 @@ struct follow {
     int frames; /* frames of this connection */
     char final[16];
     char error[1024];
+    char stop_reason[256]; /* rank 0's done event's (early_stop), "" when none */
     char stream_error[512];
     struct buf line, data;
     char ev_name[32];
@@ -427,6 +428,9 @@ static void follow_frame(struct follow *f)
         const char *e = json_string_value(json_object_get(ev, "error"));
         snprintf(f->error, sizeof f->error, "%s", e ? e : "");
     }
+    const char *why = json_string_value(json_object_get(ev, "stop_reason"));
+    if (kind && !strcmp(kind, "done") && why)
+        snprintf(f->stop_reason, sizeof f->stop_reason, "%s", why);
     json_decref(ev);
 }
 
@@ -557,6 +561,10 @@ static int follow_job(struct client *c, int64_t job)
         progress_finish(f.prog);
     if (!strcmp(f.final, "succeeded")) {
         rc = 0;
+        char why[SAFE_MAX];
+        if (f.stop_reason[0]) /* it ended before its last step: say why */
+            fprintf(stderr, "ddpd %s: job %" PRId64 " succeeded: %s\n", c->cmd, job,
+                    termsafe_line(why, sizeof why, f.stop_reason));
     } else {
         rc = !strcmp(f.final, "cancelled") ? EXIT_CANCELLED : EXIT_FAIL;
         char e[SAFE_MAX];

@@ -65,6 +65,9 @@ def test_early_stop_at_the_step_the_rule_predicts(server):
         cks = server.get(f"/v1/jobs/{jid}/checkpoints").json()
         assert cks["final"]["step"] == stop and cks["final"]["bytes"] > 0, cks
         assert server.get(f"/v1/jobs/{jid}/checkpoint").status_code == 200
+    # `ddpd watch` says why it ended early (on stderr; stdout is the events).
+    r = cli(server, "watch", str(jid))
+    assert r.returncode == 0 and f"job {jid} succeeded: {job['stop_reason']}" in r.stderr, r.stderr
     # A job that runs to its end has no stop_reason.
     jid = server.submit(overfit_spec(steps=20))["id"]
     job = server.wait_state(jid, FINAL)
