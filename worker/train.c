@@ -459,11 +459,12 @@ static ddpd_err comm_failed(ddpd_err rc, const struct ddpd_error *cerr, struct d
  * (checkpoint.keep_best), or the run's final files in OUT. */
 enum ckpt_kind { CKPT_STEP, CKPT_BEST, CKPT_FINAL };
 
-/* Writes a checkpoint of `kind` at `pos`. Collective (every rank calls it at the same point): rank 0 makes
- * the temporary folder; every rank writes its own optimizer state (ranks that joined early stepped less
- * often, so theirs differs: DDP.md §4.5); the lowest rank that ran this step itself writes the weights (a
- * joined rank's are stale until the final sync); once every rank has reported success, rank 0 renames the
- * folder into place and emits the event. A failure on any rank fails every rank, naming it. */
+/* Writes a checkpoint of `kind` at `pos`. Collective (every rank calls it at the same
+ * point): rank 0 makes the temporary folder; every rank writes its own optimizer state
+ * (ranks that joined early stepped less often, so theirs differs: DDP.md §4.5); the lowest
+ * rank that ran this step itself writes the weights (a joined rank's are stale until the
+ * final sync); once every rank has reported success, rank 0 renames the folder into place
+ * and emits the event. A failure on any rank fails every rank, naming it. */
 static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, bool live, enum ckpt_kind kind,
                                  struct ddpd_error *err)
 {
