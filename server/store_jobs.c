@@ -282,6 +282,7 @@ static void job_from_row(sqlite3_stmt *st, struct store_job *j)
     j->resume_step = sqlite3_column_int64(st, 18);
     j->total_steps = sqlite3_column_int64(st, 19); /* NULL reads as 0: not known */
     j->resume_force = sqlite3_column_int(st, 20) != 0;
+    copy_text(j->stop_reason, sizeof j->stop_reason, col_text(st, 21));
 }
 
 static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_error *err)
