@@ -69,7 +69,7 @@ ddpd_err sq_fail(struct ddpd_error *err, sqlite3 *db, int rc, const char *op)
 #define JOB_COLS                                                                                             \
     "id, name, state, CASE WHEN ?9 THEN spec END, world_size, device, created_at, "                          \
     "started_at, finished_at, attempt, step, loss, error, pending_reason, max_restarts, "                    \
-    "restarts, restart_history, resumed_from, resume_step, total_steps, resume_force, "                      \
+    "restarts, restart_history, resumed_from, resume_step, total_steps, resume_force, stop_reason, "         \
     "eval_step, eval_loss, eval_accuracy, best_eval_loss, best_eval_loss_step, best_eval_accuracy, "         \
     "best_eval_accuracy_step "
 
@@ -93,6 +93,9 @@ static const char *const sql_text[ST_COUNT] = {
     [W_JOB_PROGRESS] = "UPDATE jobs SET step = ?2, loss = (SELECT CASE WHEN count(loss) = "
                        "count(*) THEN avg(loss) END FROM loss WHERE job = ?1 AND step = ?2) "
                        "WHERE id = ?1 AND attempt <= ?3 AND (step IS NULL OR step <= ?2)",
+    /* Rank 0's done event of a job that stopped early (early_stop) says why. */
+    [W_JOB_STOP_REASON] = "UPDATE jobs SET stop_reason = json_extract(?2, '$.stop_reason') "
+                          "WHERE id = ?1 AND json_extract(?2, '$.stop_reason') IS NOT NULL",
     /* An eval event (?2 step, ?3 loss or NULL, ?4 accuracy or NULL; of any attempt): the final
      * eval is the one of the highest step (a step run again replaces it), the best ones
      * the lowest loss and highest accuracy, first occurrence (the *_job_metrics.sql migration). */
