@@ -120,6 +120,7 @@ static const struct http_route routes[] = {
      * segments only, so each file of web/ has its row: a new file needs one here. */
     {"GET", "/", api__web_root, 0, 0, NULL},
     {"GET", "/web", api__web_root, 0, 0, NULL},
+    {"GET", "/compare", api__web_compare, 0, 0, "ids"},
     {"GET", "/web/index.html", api__web_file, 0, 0, NULL},
     {"GET", "/web/style.css", api__web_file, 0, 0, NULL},
     {"GET", "/web/favicon.svg", api__web_file, 0, 0, NULL},
@@ -130,6 +131,7 @@ static const struct http_route routes[] = {
     {"GET", "/web/views.js", api__web_file, 0, 0, NULL},
     {"GET", "/web/sample.js", api__web_file, 0, 0, NULL},
     {"GET", "/web/job.js", api__web_file, 0, 0, NULL},
+    {"GET", "/web/compare.js", api__web_file, 0, 0, NULL},
     {"GET", "/web/app.js", api__web_file, 0, 0, NULL},
 };
 

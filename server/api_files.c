@@ -57,6 +57,17 @@ ddpd_err api__no_checkpoint_at(struct ddpd_error *err, ddpd_err code, const char
                           id, step, n ? (n > 1 ? "steps " : "step ") : "", list, best_text);
 }
 
+/* One per-step series as {"step": [...], name: [...]}. */
+static json_t *step_columns(const struct store_series *s, const char *name)
+{
+    json_t *steps = json_array(), *v = json_array();
+    for (size_t k = 0; k < s->n; k++) {
+        json_array_append_new(steps, json_integer(s->step[k]));
+        json_array_append_new(v, json_real(s->loss[k]));
+    }
+    return json_pack("{s:o, s:o}", "step", steps, name, v);
+}
+
 ddpd_err api__metrics(struct http_request *req, struct ddpd_error *err)
 {
     struct api *a = api__ctx(req);
@@ -89,12 +100,10 @@ ddpd_err api__metrics(struct http_request *req, struct ddpd_error *err)
             json_array_append_new(series, o);
         }
     }
-    /* The lr of each logged step, and the eval points (CONTRACT.md §2a), as columns. */
-    json_t *lr_step = json_array(), *lr = json_array();
-    for (size_t k = 0; k < m.lr.n; k++) {
-        json_array_append_new(lr_step, json_integer(m.lr.step[k]));
-        json_array_append_new(lr, json_real(m.lr.loss[k]));
-    }
+    /* The lr, gradient norm and time of each logged step, and the eval points
+     * (CONTRACT.md §2a), as columns. */
+    json_t *lr = step_columns(&m.lr, "lr"), *gn = step_columns(&m.grad_norm, "grad_norm"),
+           *tm = step_columns(&m.time, "time");
     json_t *ev_step = json_array(), *ev_loss = json_array(), *ev_acc = json_array(), *ev_n = json_array();
     for (size_t k = 0; k < m.n_eval; k++) {
         const struct store_eval *e = &m.eval[k];
@@ -105,10 +114,10 @@ ddpd_err api__metrics(struct http_request *req, struct ddpd_error *err)
         json_array_append_new(ev_n, json_integer(e->samples));
     }
     json_t *out =
-        json_pack("{s:I, s:I, s:I, s:o, s:o, s:{s:o, s:o}, s:{s:o, s:o, s:o, s:o}}", "points",
+        json_pack("{s:I, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:{s:o, s:o, s:o, s:o}}", "points",
                   (json_int_t)m.points, "first_step", (json_int_t)m.first_step, "last_step",
-                  (json_int_t)m.last_step, "mean", mean, "ranks", series, "lr", "step", lr_step, "lr", lr,
-                  "eval", "step", ev_step, "loss", ev_loss, "accuracy", ev_acc, "samples", ev_n);
+                  (json_int_t)m.last_step, "mean", mean, "ranks", series, "lr", lr, "grad_norm", gn, "time",
+                  tm, "eval", "step", ev_step, "loss", ev_loss, "accuracy", ev_acc, "samples", ev_n);
     store_metrics_free(&m);
     return http_respond_json(req, 200, out);
 }

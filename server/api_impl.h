@@ -100,6 +100,7 @@ ddpd_err api__devices(struct http_request *req, struct ddpd_error *err);     /* 
 ddpd_err api__health(struct http_request *req, struct ddpd_error *err);      /* api_web.c */
 ddpd_err api__prometheus(struct http_request *req, struct ddpd_error *err);  /* api_web.c */
 ddpd_err api__web_root(struct http_request *req, struct ddpd_error *err);    /* api_web.c */
+ddpd_err api__web_compare(struct http_request *req, struct ddpd_error *err); /* api_web.c */
 ddpd_err api__web_file(struct http_request *req, struct ddpd_error *err);    /* api_web.c */
 ddpd_err api__generate(struct http_request *req, struct ddpd_error *err);    /* api_infer.c */
 ddpd_err api__predict(struct http_request *req, struct ddpd_error *err);     /* api_infer.c */

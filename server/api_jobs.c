@@ -56,6 +56,26 @@ static void relative_paths(const struct api *a, const char *in, char *out, size_
     out[n] = '\0';
 }
 
+/* A job's final and best metrics (docs/api.md "Job metrics"): the latest loss, the final
+ * eval, and the best eval loss and accuracy with their steps; null where there is none. */
+static json_t *metrics_json(const struct store_job *j)
+{
+    const struct store_job_evals *e = &j->evals;
+    json_t *o = json_object();
+    json_object_set_new(o, "step", j->has_progress ? json_integer(j->step) : json_null());
+    json_object_set_new(o, "loss", num_or_null(j->has_progress && j->loss_finite, j->loss));
+    json_object_set_new(o, "eval_step", e->has_final ? json_integer(e->final_step) : json_null());
+    json_object_set_new(o, "eval_loss", num_or_null(e->has_loss, e->final_loss));
+    json_object_set_new(o, "eval_accuracy", num_or_null(e->has_accuracy, e->final_accuracy));
+    json_object_set_new(o, "best_eval_loss", num_or_null(e->has_best_loss, e->best_loss));
+    json_object_set_new(o, "best_eval_loss_step",
+                        e->has_best_loss ? json_integer(e->best_loss_step) : json_null());
+    json_object_set_new(o, "best_eval_accuracy", num_or_null(e->has_best_accuracy, e->best_accuracy));
+    json_object_set_new(o, "best_eval_accuracy_step",
+                        e->has_best_accuracy ? json_integer(e->best_accuracy_step) : json_null());
+    return o;
+}
+
 /* A job as CONTRACT.md §7 shows it, without its spec (job_text adds it). A queued job's
  * pending reason is the scheduler's of now (super_pending_reason), else the stored one. */
 static json_t *job_json(struct api *a, const struct store_job *j)
@@ -95,6 +115,7 @@ static json_t *job_json(struct api *a, const struct store_job *j)
     json_object_set_new(o, "resumed_from", j->resumed_from > 0 ? json_integer(j->resumed_from) : json_null());
     json_object_set_new(o, "resumed_from_step",
                         j->resumed_from > 0 ? json_integer(j->resume_step) : json_null());
+    json_object_set_new(o, "metrics", metrics_json(j));
     json_t *ranks = json_array();
     for (size_t i = 0; i < j->n_ranks; i++) {
         const struct store_rank *r = &j->ranks[i];

@@ -241,6 +241,23 @@ ddpd_err api__web_root(struct http_request *req, struct ddpd_error *err)
     return http_respond_empty(req, 302);
 }
 
+/* GET /compare?ids=3,5,9: to the dashboard's compare page, #/compare?ids=3,5,9 (its
+ * router reads the part after '#'). The ids are job ids, digits and commas only. */
+ddpd_err api__web_compare(struct http_request *req, struct ddpd_error *err)
+{
+    const char *ids = http_query(req, "ids");
+    if (!ids)
+        ids = "";
+    size_t n = strlen(ids);
+    if (n > 1024 || strspn(ids, "0123456789,") != n)
+        return ddpd_error_set(err, DDPD_EREQUEST, "ids",
+                              "ids: expected job ids separated by commas (3,5,9), at most 1024 characters");
+    char loc[1100];
+    snprintf(loc, sizeof loc, "/web/index.html#/compare?ids=%s", ids);
+    http_response_header(req, "Location", loc);
+    return http_respond_empty(req, 302);
+}
+
 ddpd_err api__web_file(struct http_request *req, struct ddpd_error *err)
 {
     const char *p = http_request_path(req);

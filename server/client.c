@@ -1036,6 +1036,11 @@ static const struct command commands[] = {
      "  --force           resume even on data files that changed since the checkpoint\n"
      "  -f, --follow      then follow the new job as `ddpd watch` does (the id goes to stderr)\n",
      cmd_resume},
+    {"compare", "ID ID [ID..]",
+     "Compares jobs: a table of each one's final and best metrics (step, loss, final and best\n"
+     "eval loss with their steps, and accuracy for classifiers), then the spec fields in which\n"
+     "they differ, and only those, as dotted paths (optimizer.lr, model[0].out).",
+     "", cmd_compare},
     {"pull",
      "[--step S | --best] [--optim] [-o FILE] [--max-bytes N] ID  |  pull --pytorch [--step S] ID DIR  |  "
      "pull --format gpt2 [--step S] ID DIR",

@@ -1,6 +1,6 @@
 /* client_impl.h — what the client's files share (client.c: the connection, the requests
  * and the job commands; client_pull.c: pull; client_infer.c: generate and predict;
- * client_tokenize.c: tokenize). Only
+ * client_tokenize.c: tokenize; client_compare.c: compare). Only
  * they include it. Short names map to client__ ones, as spec_impl.h does for the spec. */
 #ifndef DDPD_CLIENT_IMPL_H
 #define DDPD_CLIENT_IMPL_H
@@ -162,6 +162,8 @@ json_t *get_json(struct client *c, const char *path, int *rc);
 int cmd_pull(struct client *c, int argc, char **argv);     /* client_pull.c */
 int cmd_generate(struct client *c, int argc, char **argv); /* client_infer.c */
 int cmd_predict(struct client *c, int argc, char **argv);  /* client_infer.c */
+#define cmd_compare client__cmd_compare
+int cmd_compare(struct client *c, int argc, char **argv); /* client_compare.c */
 #define cmd_tokenize client__cmd_tokenize
 int cmd_tokenize(struct client *c, int argc, char **argv); /* client_tokenize.c (no server) */
 

@@ -162,6 +162,20 @@ struct store_rank {
 
 #define STORE_NAME_MAX 128
 #define STORE_TEXT_MAX 1024
+/* A job's final and best eval metrics (the *_job_metrics.sql migration): the eval of the
+ * highest step, the lowest finite eval loss and the highest eval accuracy (cross_entropy
+ * only), each with the step of its first occurrence. A has_ flag is false where there is
+ * none. */
+struct store_job_evals {
+    bool has_final; /* final_step */
+    int64_t final_step;
+    bool has_loss, has_accuracy; /* final_loss (finite), final_accuracy */
+    double final_loss, final_accuracy;
+    bool has_best_loss, has_best_accuracy;
+    int64_t best_loss_step, best_accuracy_step;
+    double best_loss, best_accuracy;
+};
+
 /* A job as GET /v1/jobs/{id} shows it (CONTRACT.md §7). Strings longer than their
  * buffer are cut at a UTF-8 character boundary. Owns `spec` and `ranks`: release with
  * store_job_clear. */
@@ -192,6 +206,7 @@ struct store_job {
     int64_t resumed_from, resume_step; /* store_job_new's; 0 for a job submitted afresh */
     bool resume_force;                 /* store_job_new's */
     int64_t total_steps;               /* store_job_new's; 0 = not known */
+    struct store_job_evals evals;      /* from its eval events, kept by the event writer */
     size_t n_ranks;                    /* ranks of the current attempt, by rank; owned */
     struct store_rank *ranks;
 };
@@ -387,7 +402,7 @@ struct store_eval {
     bool has_accuracy;
     int64_t samples;
 };
-/* Owns `series`, `lr`, `eval` and their arrays: release with store_metrics_free. */
+/* Owns `series`, `lr`, `grad_norm`, `time`, `eval` and their arrays: release with store_metrics_free. */
 struct store_metrics {
     int64_t points;                /* finite loss values stored (all ranks; fewer in the
                                       older steps of a job thinned to job_events_max) */
@@ -397,6 +412,9 @@ struct store_metrics {
     /* The lr of each logged step (from rank 0's loss events; `loss` holds the lr),
      * downsampled like a loss series; n 0 for a job whose events carry none. */
     struct store_series lr;
+    /* The same for the gradients' norm before clipping (only with grad_clip), and the
+     * time (seconds since the epoch) each logged step's loss event was written. */
+    struct store_series grad_norm, time;
     /* Every eval event of the job, in step order (a restart's rerun replaces the steps
      * from its first on), thinned to max_points. */
     size_t n_eval;
@@ -404,7 +422,7 @@ struct store_metrics {
 };
 #define STORE_METRICS_MAX_POINTS 100000
 #define STORE_METRICS_MAX_RANKS  4096
-/* The loss curve of `job` (and its lr series and eval points), each series downsampled to
+/* The loss curve of `job` (and its lr, grad_norm and time series and eval points), each series downsampled to
  * at most max_points (clamped to 2..STORE_METRICS_MAX_POINTS; 0 = 1000): the step range is
  * cut into max_points/4 buckets of equal width and each bucket keeps its first, minimum,
  * maximum and last point (all of them when it has at most 4), in step order; so the first

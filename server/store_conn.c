@@ -69,7 +69,9 @@ ddpd_err sq_fail(struct ddpd_error *err, sqlite3 *db, int rc, const char *op)
 #define JOB_COLS                                                                                             \
     "id, name, state, CASE WHEN ?9 THEN spec END, world_size, device, created_at, "                          \
     "started_at, finished_at, attempt, step, loss, error, pending_reason, max_restarts, "                    \
-    "restarts, restart_history, resumed_from, resume_step, total_steps, resume_force, stop_reason "
+    "restarts, restart_history, resumed_from, resume_step, total_steps, resume_force, stop_reason, "         \
+    "eval_step, eval_loss, eval_accuracy, best_eval_loss, best_eval_loss_step, best_eval_accuracy, "         \
+    "best_eval_accuracy_step "
 
 static const char *const sql_text[ST_COUNT] = {
     [W_BEGIN] = "BEGIN IMMEDIATE",
@@ -94,6 +96,23 @@ static const char *const sql_text[ST_COUNT] = {
     /* Rank 0's done event of a job that stopped early (early_stop) says why. */
     [W_JOB_STOP_REASON] = "UPDATE jobs SET stop_reason = json_extract(?2, '$.stop_reason') "
                           "WHERE id = ?1 AND json_extract(?2, '$.stop_reason') IS NOT NULL",
+    /* An eval event (?2 step, ?3 loss or NULL, ?4 accuracy or NULL; of any attempt): the final
+     * eval is the one of the highest step (a step run again replaces it), the best ones
+     * the lowest loss and highest accuracy, first occurrence (the *_job_metrics.sql migration). */
+    [W_JOB_EVAL] =
+        "UPDATE jobs SET "
+        "best_eval_loss_step = CASE WHEN ?3 IS NOT NULL AND (best_eval_loss IS NULL OR "
+        "?3 < best_eval_loss) THEN ?2 ELSE best_eval_loss_step END, "
+        "best_eval_loss = CASE WHEN ?3 IS NOT NULL AND (best_eval_loss IS NULL OR "
+        "?3 < best_eval_loss) THEN ?3 ELSE best_eval_loss END, "
+        "best_eval_accuracy_step = CASE WHEN ?4 IS NOT NULL AND (best_eval_accuracy IS NULL OR "
+        "?4 > best_eval_accuracy) THEN ?2 ELSE best_eval_accuracy_step END, "
+        "best_eval_accuracy = CASE WHEN ?4 IS NOT NULL AND (best_eval_accuracy IS NULL OR "
+        "?4 > best_eval_accuracy) THEN ?4 ELSE best_eval_accuracy END, "
+        "eval_loss = CASE WHEN eval_step IS NULL OR eval_step <= ?2 THEN ?3 ELSE eval_loss END, "
+        "eval_accuracy = CASE WHEN eval_step IS NULL OR eval_step <= ?2 THEN ?4 ELSE eval_accuracy END, "
+        "eval_step = CASE WHEN eval_step IS NULL OR eval_step <= ?2 THEN ?2 ELSE eval_step END "
+        "WHERE id = ?1",
     [W_JOB_INSERT] = "INSERT INTO jobs (name, state, spec, world_size, device, created_at, "
                      "max_restarts, resumed_from, resume_step, total_steps, resume_force) "
                      "VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
@@ -177,12 +196,14 @@ static const char *const sql_text[ST_COUNT] = {
     [R_LOSS_RANGE] = "SELECT (SELECT min(step) FROM loss WHERE job = ?1), "
                      "(SELECT max(step) FROM loss WHERE job = ?1)",
     [R_LOSS_SCAN] = "SELECT step, rank, loss FROM loss WHERE job = ?1 ORDER BY step, rank",
-    /* The lr each logged step used, from rank 0's loss events (every rank that ran a
-     * step used the same); of a step a restart ran again, the latest (SQLite takes the
-     * bare columns from the row of max(seq)). */
-    [R_LR_SCAN] = "SELECT json_extract(body, '$.step') AS step, json_extract(body, '$.lr'), max(seq) "
-                  "FROM events WHERE job = ?1 AND kind = 'loss' AND rank = 0 AND "
-                  "json_extract(body, '$.lr') IS NOT NULL GROUP BY step ORDER BY step",
+    /* Rank 0's loss events, one per logged step: the lr that step used, the gradient
+     * norm and when it was written (every rank that ran a step used the same lr and saw
+     * the same norm); of a step a restart ran again, the latest (SQLite takes the bare
+     * columns from the row of max(seq)). The step column where the writer filled it
+     * (005_event_budget.sql), else the body's. */
+    [R_STEP_SCAN] = "SELECT coalesce(step, json_extract(body, '$.step')) AS s, json_extract(body, '$.lr'), "
+                    "json_extract(body, '$.grad_norm'), ts, max(seq) FROM events "
+                    "WHERE job = ?1 AND kind = 'loss' AND rank = 0 GROUP BY s ORDER BY s",
     [R_EVAL_SCAN] = "SELECT body FROM events WHERE job = ?1 AND kind = 'eval' ORDER BY seq",
     [R_JOB_COUNT] = "SELECT state, count(*) FROM jobs GROUP BY state",
     [R_USAGE] = "SELECT events, bytes, loss_events FROM event_usage WHERE job = ?1",

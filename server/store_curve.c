@@ -211,8 +211,11 @@ void store_metrics_free(struct store_metrics *m)
         free(m->series[i].loss);
     }
     free(m->series);
-    free(m->lr.step);
-    free(m->lr.loss);
+    struct store_series *one[] = {&m->lr, &m->grad_norm, &m->time};
+    for (size_t i = 0; i < sizeof one / sizeof *one; i++) {
+        free(one[i]->step);
+        free(one[i]->loss);
+    }
     free(m->eval);
     memset(m, 0, sizeof *m);
 }

@@ -131,6 +131,32 @@ static int batch_rank_steps(struct conn *c, const struct qev *b, int n)
     return SQLITE_OK;
 }
 
+/* After the rows of a batch: each stored eval event into its job's final and best eval
+ * metrics (W_JOB_EVAL), in the batch's order. */
+static int batch_evals(struct conn *c, const struct qev *b, int n)
+{
+    sqlite3_stmt *st = NULL;
+    for (int i = 0; i < n; i++) {
+        const struct qev *q = &b[i];
+        if (!q->stored || q->kind != EVENT_EVAL)
+            continue;
+        if (!st && !(st = stmt(c, W_JOB_EVAL, NULL)))
+            return SQLITE_ERROR;
+        sqlite3_bind_int64(st, 1, q->job);
+        sqlite3_bind_int64(st, 2, q->step);
+        bind_loss(st, 3, q);
+        if (q->has_accuracy)
+            sqlite3_bind_double(st, 4, q->accuracy);
+        else
+            sqlite3_bind_null(st, 4);
+        int rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        if (rc != SQLITE_DONE)
+            return rc;
+    }
+    return SQLITE_OK;
+}
+
 /* One try at committing a batch. Rows that a constraint refuses (deleted job, seq taken)
  * are left out and counted; any other error fails the whole try (rolled back). */
 static ddpd_err batch_try(struct store *s, struct qev *b, int n, struct qev **loss, uint64_t *refused,
@@ -197,6 +223,8 @@ static ddpd_err batch_try(struct store *s, struct qev *b, int n, struct qev **lo
     rc = batch_progress(c, loss, nloss);
     if (rc == SQLITE_OK)
         rc = batch_rank_steps(c, b, n);
+    if (rc == SQLITE_OK)
+        rc = batch_evals(c, b, n);
     if (rc != SQLITE_OK) {
         e = sq_fail(err, c->db, rc, "update progress");
         goto out;
@@ -359,6 +387,8 @@ ddpd_err store_event_append(struct store *s, const struct event *ev, const char 
         .ts = ev->ts,
         .loss = ev->loss,
         .samples_per_s = ev->samples_per_s,
+        .accuracy = ev->accuracy,
+        .has_accuracy = ev->kind == EVENT_EVAL && ev->has_accuracy && isfinite(ev->accuracy),
         .len = len,
     };
     q.body = xmalloc(len + 1);

@@ -29,6 +29,7 @@ enum {
     W_RANK_STEP,
     W_JOB_PROGRESS,
     W_JOB_STOP_REASON,
+    W_JOB_EVAL,
     W_JOB_INSERT,
     W_JOB_STATE,
     W_JOB_UPDATE,
@@ -54,7 +55,7 @@ enum {
     R_MAX_SEQ,
     R_LOSS_RANGE,
     R_LOSS_SCAN,
-    R_LR_SCAN,
+    R_STEP_SCAN,
     R_EVAL_SCAN,
     R_JOB_COUNT,
     R_USAGE,
@@ -77,6 +78,8 @@ struct qev {
     event_kind kind;
     bool loss_finite;
     double ts, loss, samples_per_s;
+    double accuracy; /* eval, when has_accuracy */
+    bool has_accuracy;
     char *body; /* owned */
     size_t len;
     int64_t t_ms; /* when it was queued (monotonic) */

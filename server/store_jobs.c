@@ -283,6 +283,19 @@ static void job_from_row(sqlite3_stmt *st, struct store_job *j)
     j->total_steps = sqlite3_column_int64(st, 19); /* NULL reads as 0: not known */
     j->resume_force = sqlite3_column_int(st, 20) != 0;
     copy_text(j->stop_reason, sizeof j->stop_reason, col_text(st, 21));
+    struct store_job_evals *e = &j->evals;
+    e->has_final = sqlite3_column_type(st, 22) != SQLITE_NULL;
+    e->final_step = sqlite3_column_int64(st, 22);
+    e->has_loss = sqlite3_column_type(st, 23) != SQLITE_NULL;
+    e->final_loss = sqlite3_column_double(st, 23);
+    e->has_accuracy = sqlite3_column_type(st, 24) != SQLITE_NULL;
+    e->final_accuracy = sqlite3_column_double(st, 24);
+    e->has_best_loss = sqlite3_column_type(st, 25) != SQLITE_NULL;
+    e->best_loss = sqlite3_column_double(st, 25);
+    e->best_loss_step = sqlite3_column_int64(st, 26);
+    e->has_best_accuracy = sqlite3_column_type(st, 27) != SQLITE_NULL;
+    e->best_accuracy = sqlite3_column_double(st, 27);
+    e->best_accuracy_step = sqlite3_column_int64(st, 28);
 }
 
 static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_error *err)

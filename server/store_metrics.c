@@ -1,6 +1,6 @@
-/* store_metrics.c — GET /v1/jobs/{id}/metrics' reads: the loss series and the lr series
- * streamed from SQL into store_curve.c's downsampler, and the eval points. Knows nothing
- * of HTTP. */
+/* store_metrics.c — GET /v1/jobs/{id}/metrics' reads: the loss series and the lr,
+ * gradient-norm and time series streamed from SQL into store_curve.c's downsampler, and the eval points.
+ * Knows nothing of HTTP. */
 #include <math.h>
 #include <sqlite3.h>
 #include <string.h>
@@ -52,6 +52,45 @@ static ddpd_err eval_scan(struct conn *c, int64_t job, int max_points, struct st
         out->n_eval = n;
     }
     return DDPD_OK;
+}
+
+/* Rank 0's lr, gradient norm and time per step in [lo, hi] into out->lr, grad_norm and
+ * time, each downsampled like a loss curve of one rank, in one pass (R_STEP_SCAN). */
+static ddpd_err step_scan(struct conn *c, int64_t job, int64_t lo, int64_t hi, int max_points,
+                          struct store_metrics *out, struct ddpd_error *err)
+{
+    sqlite3_stmt *st = stmt(c, R_STEP_SCAN, err);
+    if (!st)
+        return err ? err->code : DDPD_EINTERNAL;
+    sqlite3_bind_int64(st, 1, job);
+    struct store_series *dst[3] = {&out->lr, &out->grad_norm, &out->time};
+    struct store__curve *curve[3];
+    for (int k = 0; k < 3; k++)
+        curve[k] = store__curve_new(lo, hi, max_points);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const int64_t step = sqlite3_column_int64(st, 0);
+        if (step < lo || step > hi) /* a loss event's step always is in: it has a loss row */
+            continue;
+        for (int k = 0; k < 3; k++)
+            store__curve_add(curve[k], step, 0, sqlite3_column_type(st, k + 1) != SQLITE_NULL,
+                             sqlite3_column_double(st, k + 1));
+    }
+    ddpd_err e = DDPD_OK;
+    if (rc != SQLITE_DONE)
+        e = sq_fail(err, c->db, rc, "read the lr, grad_norm and time series");
+    stmt_done(st);
+    for (int k = 0; k < 3; k++) {
+        if (e == DDPD_OK) {
+            struct store_metrics one = {0};
+            store__curve_finish(curve[k], &one);
+            *dst[k] = one.series[0]; /* the mean over one rank: its own values */
+            one.series[0] = (struct store_series){0};
+            store_metrics_free(&one);
+        }
+        store__curve_free(curve[k]);
+    }
+    return e;
 }
 
 ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct store_metrics *out,
@@ -107,32 +146,10 @@ ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct 
     store__curve_free(curve);
     curve = NULL;
 
-    /* The lr series, downsampled like a loss curve of one rank over the same steps. */
-    st = stmt(c, R_LR_SCAN, err);
-    if (!st) {
-        e = err ? err->code : DDPD_EINTERNAL;
+    /* The lr, gradient-norm and time series, downsampled like a loss curve of one rank
+     * over the same steps. */
+    if ((e = step_scan(c, job, lo, hi, max_points, out, err)))
         goto end;
-    }
-    sqlite3_bind_int64(st, 1, job);
-    curve = store__curve_new(lo, hi, max_points);
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        const int64_t step = sqlite3_column_int64(st, 0);
-        if (step >= lo && step <= hi) /* a loss event's step always is: it has a loss row */
-            store__curve_add(curve, step, 0, sqlite3_column_type(st, 1) != SQLITE_NULL,
-                             sqlite3_column_double(st, 1));
-    }
-    if (rc != SQLITE_DONE) {
-        e = sq_fail(err, c->db, rc, "read lr series");
-        stmt_done(st);
-        goto end;
-    }
-    stmt_done(st);
-    struct store_metrics lr = {0};
-    store__curve_finish(curve, &lr);
-    out->lr = lr.series[0]; /* the mean over one rank: its own values */
-    lr.series[0] = (struct store_series){0};
-    store_metrics_free(&lr);
-
     e = eval_scan(c, job, max_points, out, err);
 end:
     read_end(s, c);

@@ -1,8 +1,10 @@
-/* chart.js — the loss chart: a <canvas> with the mean over ranks as the main line, one
+/* chart.js — the charts. The loss chart: a <canvas> with the mean over ranks as the main line, one
  * thin line per rank (each can be hidden), a linear or log y axis, optional smoothing
  * (TensorBoard's debiased exponential moving average), markers (a rank that joined, a
  * restart), and a hover read-out of the step and the values there. EvalChart: the eval
  * events' loss (left axis) and accuracy (right axis, 0..1) per step, with a read-out.
+ * LineChart: any number of named series against a step, samples or time axis (the lr and
+ * gradient-norm charts, the compare page's overlaid curves).
  *
  * Fed either live, one loss event at a time (addLoss: the mean of a step is the mean of
  * the ranks that reported it so far), or from /metrics (setMetrics), or both: a running
@@ -139,6 +141,54 @@
     return {ctx, W, H, fg, grid, mean};
   }
 
+  /* The line through (xs[i], ys[i]) (xs ascending) from x0 on, decimated per pixel column
+   * (its first, lowest, highest and last point), cut where a value is not finite (or not
+   * positive on a log axis); a single point is a dot. The stroke style is the caller's. */
+  function drawLine(ctx, xs, ys, X, Y, x0, log) {
+    const n = xs.length;
+    const ok = (v) => Number.isFinite(v) && (!log || v > 0);
+    const start = Math.max(0, lowerBound(xs, x0) - 1);
+    let col = null, first = 0, mn = 0, mx = 0, last = 0, pen = false;
+    const flush = () => {
+      if (col === null) return;
+      if (!pen) {
+        ctx.moveTo(col, first);
+        pen = true;
+      } else ctx.lineTo(col, first);
+      if (mn !== first) ctx.lineTo(col, mn);
+      if (mx !== mn) ctx.lineTo(col, mx);
+      if (last !== mx) ctx.lineTo(col, last);
+    };
+    ctx.beginPath();
+    if (n === 1 && ok(ys[0])) {
+      ctx.arc(X(xs[0]), Y(ys[0]), 2.5, 0, Math.PI * 2);
+      ctx.fillStyle = ctx.strokeStyle;
+      ctx.fill();
+      return;
+    }
+    for (let i = start; i < n; i++) {
+      const v = ys[i];
+      if (!ok(v)) {
+        flush();
+        col = null;
+        pen = false;
+        continue;
+      }
+      const x = Math.round(X(xs[i]) * 2) / 2, y = Y(v);
+      if (x !== col) {
+        flush();
+        col = x;
+        first = mn = mx = last = y;
+      } else {
+        if (y < mn) mn = y;
+        if (y > mx) mx = y;
+        last = y;
+      }
+    }
+    flush();
+    ctx.stroke();
+  }
+
   /* What both charts share: a canvas and a tooltip in a box that follows its container's
    * size, the pointer's x for the tooltip, and one draw per animation frame however many
    * changes ask for it. A subclass draws (draw()) and calls request() after a change. */
@@ -166,6 +216,18 @@
     destroy() {
       this.ro.disconnect();
       this.box.remove();
+    }
+
+    /* A log y axis or a linear one (the loss and line charts). */
+    setLog(on) {
+      this.log = on;
+      this.request();
+    }
+
+    /* 0 (off) .. 0.99: the weight of the moving average the lines are drawn with. */
+    setSmoothing(w) {
+      this.smoothing = Math.min(0.999, Math.max(0, Number(w) || 0));
+      this.request();
     }
 
     request() {
@@ -352,17 +414,6 @@
       this.request();
     }
 
-    setLog(on) {
-      this.log = on;
-      this.request();
-    }
-
-    /* 0 (off) .. 0.99: the weight of the moving average the lines are drawn with. */
-    setSmoothing(w) {
-      this.smoothing = Math.min(0.999, Math.max(0, Number(w) || 0));
-      this.request();
-    }
-
     /* The visible series as drawn: smoothed copies (raw: the values) when smoothing is on. */
     visible() {
       const vis = this.order.map((k) => this.series.get(k)).filter((s) => s.visible && s.steps.length);
@@ -490,48 +541,7 @@
 
     /* One series, decimated per pixel column (first, min, max, last). */
     line(ctx, s, X, Y, R) {
-      const st = s.steps, ls = s.loss, n = st.length;
-      const ok = (v) => Number.isFinite(v) && (!this.log || v > 0);
-      let start = Math.max(0, lowerBound(st, R.x0) - 1);
-      let col = null, first = 0, mn = 0, mx = 0, last = 0, pen = false;
-      const flush = () => {
-        if (col === null) return;
-        if (!pen) {
-          ctx.moveTo(col, first);
-          pen = true;
-        } else ctx.lineTo(col, first);
-        if (mn !== first) ctx.lineTo(col, mn);
-        if (mx !== mn) ctx.lineTo(col, mx);
-        if (last !== mx) ctx.lineTo(col, last);
-      };
-      ctx.beginPath();
-      if (n === 1 && ok(ls[0])) {
-        ctx.arc(X(st[0]), Y(ls[0]), 2.5, 0, Math.PI * 2);
-        ctx.fillStyle = ctx.strokeStyle;
-        ctx.fill();
-        return;
-      }
-      for (let i = start; i < n; i++) {
-        const v = ls[i];
-        if (!ok(v)) {
-          flush();
-          col = null;
-          pen = false;
-          continue;
-        }
-        const x = Math.round(X(st[i]) * 2) / 2, y = Y(v);
-        if (x !== col) {
-          flush();
-          col = x;
-          first = mn = mx = last = y;
-        } else {
-          if (y < mn) mn = y;
-          if (y > mx) mx = y;
-          last = y;
-        }
-      }
-      flush();
-      ctx.stroke();
+      drawLine(ctx, s.steps, s.loss, X, Y, R.x0, this.log);
     }
 
     hover(ctx, vis, X, Y, R, pw, ph, meanColor, fg, W) {
@@ -697,7 +707,164 @@
     }
   }
 
+  /* Lines of any number of series against a shared x axis (step, samples seen or wall
+   * time): the job page's lr and gradient-norm charts and the compare page's overlaid
+   * curves. Each series is {key, label, color, xs, ys} (xs ascending); smoothing as the
+   * loss chart's, a linear or log y axis, a read-out of every series at the pointer, and
+   * dots for series of points (the eval curves). Fed whole (setSeries) or a point at a
+   * time (addPoint: an x at or before the last one cuts the series back, as a restart). */
+  class LineChart extends CanvasChart {
+    constructor(container, {name, yLabel, xLabel = 'step', height = 220, dots = false, fmtY = fmtLoss} = {}) {
+      super(container, 'chart-box line-box', 'line-canvas', (name || yLabel) + ' chart');
+      this.canvas.dataset.chart = name || yLabel;
+      this.yLabel = yLabel;
+      this.xLabel = xLabel;
+      this.height = height;
+      this.dots = dots;
+      this.fmtY = fmtY;
+      this.fmtX = null; /* how the read-out and the ticks show an x: null for steps */
+      this.list = [];
+      this.log = false;
+      this.smoothing = 0;
+    }
+
+    setSeries(list) {
+      this.list = list.map((s) => Object.assign({visible: true}, s));
+      this.request();
+    }
+
+    addPoint(key, label, color, x, y) {
+      let s = this.list.find((t) => t.key === key);
+      if (!s) {
+        s = {key, label, color, xs: [], ys: [], visible: true};
+        this.list.push(s);
+      }
+      const k = lowerBound(s.xs, x);
+      s.xs.length = k;
+      s.ys.length = k;
+      s.xs.push(x);
+      s.ys.push(y === null || y === undefined ? NaN : y);
+      this.request();
+    }
+
+    setAxis(xLabel, fmtX) {
+      this.xLabel = xLabel;
+      this.fmtX = fmtX || null;
+      this.request();
+    }
+
+    points() {
+      let n = 0;
+      for (const s of this.list) n += s.xs.length;
+      return n;
+    }
+
+    draw() {
+      const c = this.canvas;
+      const {ctx, W, H, fg, grid} = beginDraw(this.box, c, this.height);
+      c.dataset.points = String(this.points());
+      c.dataset.series = String(this.list.filter((s) => s.xs.length).length);
+      const vis = this.list.filter((s) => s.visible && s.xs.length)
+        .map((s) => (this.smoothing && !this.dots ? Object.assign({}, s, {ys: ema(s.ys, this.smoothing), raw: s.ys}) : s));
+      c.dataset.visible = String(vis.length);
+      let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
+      for (const s of vis) {
+        x0 = Math.min(x0, s.xs[0]);
+        x1 = Math.max(x1, s.xs[s.xs.length - 1]);
+        for (const v of s.ys) {
+          if (!Number.isFinite(v) || (this.log && v <= 0)) continue;
+          if (v < y0) y0 = v;
+          if (v > y1) y1 = v;
+        }
+      }
+      if (!Number.isFinite(x0) || !Number.isFinite(y0)) {
+        ctx.fillStyle = fg;
+        ctx.textAlign = 'center';
+        ctx.fillText('no ' + this.yLabel + ' recorded', W / 2, H / 2);
+        this.tip.hidden = true;
+        return;
+      }
+      if (x1 === x0) x1 = x0 + 1;
+      if (this.log) {
+        const l0 = Math.log10(y0), l1 = Math.log10(y1), p = Math.max((l1 - l0) * 0.05, 0.05);
+        y0 = Math.pow(10, l0 - p);
+        y1 = Math.pow(10, l1 + p);
+      } else {
+        const p = (y1 - y0) * 0.06 || Math.abs(y1) * 0.1 || 1;
+        y0 = Math.max(y0 >= 0 ? 0 : -Infinity, y0 - p);
+        y1 += p;
+      }
+      const pw = W - PAD.left - PAD.right, ph = H - PAD.top - PAD.bottom;
+      const X = (x) => PAD.left + ((x - x0) / (x1 - x0)) * pw;
+      const ly0 = Math.log10(y0), ly1 = Math.log10(y1);
+      const Y = this.log ? (v) => PAD.top + (1 - (Math.log10(v) - ly0) / (ly1 - ly0)) * ph
+        : (v) => PAD.top + (1 - (v - y0) / (y1 - y0)) * ph;
+      const fx = this.fmtX || ((v) => fmtStep(v, x1));
+
+      ctx.strokeStyle = grid;
+      ctx.fillStyle = fg;
+      ctx.lineWidth = 1;
+      yGrid(ctx, this.log ? logTicks(y0, y1) : linearTicks(y0, y1, Math.max(2, Math.floor(ph / 45))), Y, PAD, pw);
+      ctx.textAlign = 'center';
+      ctx.textBaseline = 'top';
+      for (const v of linearTicks(x0, x1, Math.max(2, Math.floor(pw / 90)))) {
+        const x = Math.round(X(v)) + 0.5;
+        ctx.beginPath();
+        ctx.moveTo(x, PAD.top);
+        ctx.lineTo(x, PAD.top + ph);
+        ctx.stroke();
+        ctx.fillText(fx(v), x, PAD.top + ph + 6);
+      }
+      ctx.textAlign = 'right';
+      ctx.fillText(this.xLabel, PAD.left + pw, PAD.top + ph + 18);
+      ctx.save();
+      ctx.translate(12, PAD.top + ph / 2);
+      ctx.rotate(-Math.PI / 2);
+      ctx.textAlign = 'center';
+      ctx.textBaseline = 'middle';
+      ctx.fillText(this.log ? this.yLabel + ' (log)' : this.yLabel, 0, 0);
+      ctx.restore();
+
+      ctx.save();
+      ctx.beginPath();
+      ctx.rect(PAD.left, PAD.top - 1, pw, ph + 2);
+      ctx.clip();
+      ctx.lineWidth = 1.75;
+      ctx.lineJoin = 'round';
+      for (const s of vis) {
+        ctx.strokeStyle = s.color;
+        drawLine(ctx, s.xs, s.ys, X, Y, x0, this.log);
+        if (this.dots) {
+          ctx.fillStyle = s.color;
+          for (let i = 0; i < s.xs.length; i++) {
+            if (!Number.isFinite(s.ys[i]) || (this.log && s.ys[i] <= 0)) continue;
+            ctx.beginPath();
+            ctx.arc(X(s.xs[i]), Y(s.ys[i]), 2.5, 0, Math.PI * 2);
+            ctx.fill();
+          }
+        }
+      }
+      ctx.restore();
+
+      const f = this.hoverFraction(PAD, pw);
+      if (f === null) return;
+      const at = x0 + f * (x1 - x0);
+      const x = Math.round(X(at)) + 0.5;
+      this.crosshair(ctx, x, PAD, ph, fg);
+      const rows = [el('div', {class: 'tip-step'}, this.xLabel + ' ' + (this.fmtX ? this.fmtX(at) : fmtInt(Math.round(at))))];
+      for (const s of vis) {
+        const j = nearest(s.xs, at);
+        const v = s.ys[j], raw = s.raw ? s.raw[j] : v;
+        rows.push(el('div', {class: 'tip-row'}, el('span', {class: 'swatch', style: {background: s.color}}),
+          s.label + ': ', el('b', {}, Number.isFinite(v) ? this.fmtY(v) : 'not finite'),
+          s.raw && Number.isFinite(raw) ? ` (raw ${this.fmtY(raw)})` : ''));
+      }
+      this.showTip(rows, x, W, PAD.top + 4);
+    }
+  }
+
   ddpd.LossChart = LossChart;
+  ddpd.LineChart = LineChart;
   ddpd.EvalChart = EvalChart;
   ddpd.chartEma = ema;
   ddpd.chartPalette = PALETTE;

@@ -1,5 +1,6 @@
-/* job.js — one job's page: its state and progress, the loss chart (with smoothing and the
- * current lr), the eval chart (loss and accuracy of the eval events), the model put to use
+/* job.js — one job's page: its state, progress and final and best eval, the loss chart
+ * (with smoothing and the current lr), the eval chart (loss and accuracy of the eval
+ * events), the lr and gradient-norm charts, the model put to use
  * (a GPT's Sample box, a classifier's Predictions: sample.js), the ranks, the spec,
  * the tail of each rank's log, the restarts (attempt, time, failed rank, message), and the
  * buttons (cancel, checkpoint, resume, resubmit, delete).
@@ -36,6 +37,8 @@
     const pill = el('span', {class: 'pill', id: 'stream-status'});
     const chartHost = el('div', {class: 'chart-host'});
     const evalHost = el('div', {class: 'chart-host', id: 'eval-host'});
+    const lrHost = el('div', {class: 'chart-host', id: 'lr-host'});
+    const gnHost = el('div', {class: 'chart-host', id: 'grad-norm-host'});
     const smoothBox = el('input', {type: 'range', id: 'smoothing', min: '0', max: '0.99', step: '0.01', value: '0'});
     const smoothVal = el('span', {class: 'muted', id: 'smoothing-value'}, '0');
     const lrNow = el('span', {class: 'muted lr-now', id: 'lr-now'});
@@ -62,6 +65,10 @@
         el('div', {class: 'card-head'}, el('h2', {}, 'Evaluation'),
           el('span', {class: 'muted'}, 'loss (left axis) and accuracy (right axis) on the eval data')),
         evalHost),
+      el('section', {class: 'card', id: 'optim-card'},
+        el('div', {class: 'card-head'}, el('h2', {}, 'Learning rate and gradient norm'),
+          el('span', {class: 'muted'}, 'rank 0\'s per logged step; the norm is before clipping (jobs with grad_clip)')),
+        el('div', {class: 'two-col'}, lrHost, gnHost)),
       inferHost,
       el('section', {class: 'card'}, el('h2', {}, 'Ranks'),
         el('div', {class: 'table-wrap'}, el('table', {class: 'ranks', id: 'ranks-table'},
@@ -76,6 +83,9 @@
 
     chart = new ddpd.LossChart(chartHost);
     const evalChart = new ddpd.EvalChart(evalHost);
+    const lrChart = new ddpd.LineChart(lrHost, {name: 'lr', yLabel: 'lr', fmtY: (v) => String(Number(v.toPrecision(4)))});
+    const gnChart = new ddpd.LineChart(gnHost, {name: 'grad_norm', yLabel: 'gradient norm'});
+    const LR_COLOR = '#7048e8', GN_COLOR = '#e8590c';
     try {
       smoothBox.value = localStorage.getItem(SMOOTH_KEY) || '0';
     } catch (e) { /* ignore */ }
@@ -99,6 +109,11 @@
     function setMetrics(m, attempt) {
       chart.setMetrics(m, attempt);
       if (m.eval) evalChart.set(m.eval);
+      if (m.lr) lrChart.setSeries([{key: 'lr', label: 'lr', color: LR_COLOR, xs: m.lr.step, ys: m.lr.lr}]);
+      if (m.grad_norm) {
+        gnChart.setSeries([{key: 'grad_norm', label: 'gradient norm', color: GN_COLOR, xs: m.grad_norm.step,
+          ys: m.grad_norm.grad_norm}]);
+      }
       if (m.lr && m.lr.step.length) showLr(m.lr.step[m.lr.step.length - 1], m.lr.lr[m.lr.lr.length - 1]);
     }
     chart.onSeries = (s) => addToggle(s);
@@ -184,10 +199,14 @@
           el('b', {}, j.state === 'failed' ? 'Error: ' : 'Note: '), j.error) : null,
         j.pending_reason && !final ? el('div', {class: 'notice notice-wait'}, el('b', {}, 'Queued: '), j.pending_reason) : null);
       const total = totalSteps();
+      const ev = U.evalText(j.metrics);
       const item = (k, v) => el('div', {class: 'summary-item'}, el('dt', {}, k), el('dd', {}, v));
       fill(summary,
         item('Progress', U.progress(j.step, total, j.state)),
         item('Loss (mean)', el('span', {class: 'mono', id: 'job-loss'}, U.lossCell(j.loss, j.loss_nonfinite))),
+        /* The final and best eval (the server's metrics), for a job with eval. */
+        (j.spec && j.spec.eval) || ev.final ? item('Eval (final)', el('span', {class: 'mono', id: 'job-eval-final'}, ev.final || '—')) : null,
+        (j.spec && j.spec.eval) || ev.best ? item('Eval (best)', el('span', {class: 'mono', id: 'job-eval-best'}, ev.best || '—')) : null,
         item('Ranks', `${j.world_size} × ${j.device}`),
         item('Attempt', j.restarts ? `${j.attempt} (${j.restarts} restart${j.restarts === 1 ? '' : 's'})` : String(j.attempt || '—')),
         item('Started', el('span', {title: 'submitted ' + U.fmtTime(j.created_at)},
@@ -251,6 +270,8 @@
       renderRanks();
       /* The eval chart is for jobs with eval (or that sent eval events anyway). */
       evalCard.hidden = !(job.spec && job.spec.eval) && !evalChart.steps.length;
+      /* The gradient norm is measured only where it clips (grad_clip). */
+      gnHost.hidden = !(job.spec && job.spec.grad_clip > 0) && !gnChart.points();
       const text = JSON.stringify(job.spec, null, 2);
       if (specPre.textContent !== text) specPre.textContent = text;
       document.title = `#${job.id} ${job.name || ''} — ddpd`;
@@ -309,6 +330,10 @@
           if (ev.nonfinite) chart.addMarker(ev.step, `non-finite loss (rank ${ev.rank})`, 'nonfinite');
           if (withLoss) chart.addLoss(ev.rank, ev.step, ev.loss, ev.attempt);
           showLr(ev.step, ev.lr);
+          if (withLoss && ev.rank === 0) {
+            if (typeof ev.lr === 'number') lrChart.addPoint('lr', 'lr', LR_COLOR, ev.step, ev.lr);
+            if (typeof ev.grad_norm === 'number') gnChart.addPoint('grad_norm', 'gradient norm', GN_COLOR, ev.step, ev.grad_norm);
+          }
           break;
         case 'eval':
           evalChart.add(ev);
@@ -452,6 +477,8 @@
       if (stopLogs) stopLogs();
       chart.destroy();
       evalChart.destroy();
+      lrChart.destroy();
+      gnChart.destroy();
     };
   }
 

@@ -213,8 +213,40 @@
     });
   }
 
+  const fmtPct = (v) => (v * 100).toFixed(2) + '%';
+  const has = (v) => v !== null && v !== undefined;
+
+  /* A job's final and best eval (the server's `metrics`, docs/api.md "Job metrics") as
+   * text: {final, best}, each null when there is none. A classifier's are its accuracy
+   * beside the loss. */
+  function evalText(m) {
+    if (!m) return {final: null, best: null};
+    const at = (step) => ` (step ${fmtInt(step)})`;
+    const final = has(m.eval_step) ? [has(m.eval_loss) ? 'loss ' + fmtLoss(m.eval_loss) : 'loss not finite',
+      has(m.eval_accuracy) ? 'accuracy ' + fmtPct(m.eval_accuracy) : null].filter(Boolean).join(' · ') + at(m.eval_step) : null;
+    const best = [has(m.best_eval_loss) ? 'loss ' + fmtLoss(m.best_eval_loss) + at(m.best_eval_loss_step) : null,
+      has(m.best_eval_accuracy) ? 'accuracy ' + fmtPct(m.best_eval_accuracy) + at(m.best_eval_accuracy_step) : null]
+      .filter(Boolean).join(' · ') || null;
+    return {final, best};
+  }
+
+  /* The job list's Eval cell: the best eval accuracy of a classifier, else the best eval
+   * loss, with the final one under it. */
+  function evalCell(m) {
+    const t = evalText(m);
+    if (!m || !t.final) return el('td', {class: 'num mono eval-cell'}, '—');
+    const acc = has(m.best_eval_accuracy);
+    const best = acc ? fmtPct(m.best_eval_accuracy) : has(m.best_eval_loss) ? fmtLoss(m.best_eval_loss) : '—';
+    const final = acc ? (has(m.eval_accuracy) ? fmtPct(m.eval_accuracy) : '—') : has(m.eval_loss) ? fmtLoss(m.eval_loss) : '—';
+    return el('td', {class: 'num mono eval-cell', title: `best: ${t.best || '—'}; final: ${t.final}`,
+      dataset: {best: acc ? 'accuracy' : 'loss'}},
+      el('span', {class: 'eval-best'}, (acc ? 'acc ' : '') + best),
+      el('div', {class: 'sub'}, 'final ' + final));
+  }
+
   ddpd.util = {
     el, append, clear, fill, isFinal, STATES, stateBadge, fmtLoss, lossCell, fmtInt, fmtRate, fmtDuration,
     fmtAge, fmtTime, jobDuration, batchesFromSpec, totalSteps, progress, every, toast, confirmDialog, now,
+    evalText, evalCell,
   };
 })();

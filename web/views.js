@@ -40,19 +40,33 @@
 
     const tbody = el('tbody');
     const msg = el('div', {class: 'list-msg'});
+    /* The jobs ticked for Compare (kept across the list's refreshes). */
+    const selected = new Set();
+    const compareBtn = el('button', {type: 'button', id: 'compare-btn', disabled: true,
+      title: 'Tick two or more jobs to see their curves, metrics and spec differences side by side',
+      onclick: () => {
+        location.hash = '#/compare?ids=' + Array.from(selected).join(',');
+      }}, 'Compare');
+    const showSelected = () => {
+      compareBtn.disabled = selected.size < 2;
+      fill(compareBtn, selected.size ? `Compare (${selected.size})` : 'Compare');
+    };
     const pager = el('div', {class: 'pager'});
     const chips = el('div', {class: 'chips', role: 'group', 'aria-label': 'filter by state'},
       FILTERS.map((f) => el('a', {class: 'chip' + (f.state === state ? ' chip-on' : '') + (U.STATES.includes(f.state) ? ' chip-' + f.state : ''),
         href: jobsHash(f.state, '', limit), dataset: {filter: f.state || 'all'}}, f.label)));
     fill(root,
-      el('div', {class: 'page-head'}, el('h1', {}, 'Jobs'), el('span', {class: 'grow'}),
+      el('div', {class: 'page-head'}, el('h1', {}, 'Jobs'), el('span', {class: 'grow'}), compareBtn,
         el('a', {class: 'button primary', href: '#/submit'}, 'Submit a job')),
       chips,
       el('div', {class: 'table-wrap'},
         el('table', {class: 'jobs', id: 'jobs-table'},
           el('thead', {}, el('tr', {},
+            el('th', {class: 'col-select', title: 'select for Compare'}, ''),
             el('th', {class: 'num'}, 'ID'), el('th', {}, 'Name'), el('th', {}, 'State'), el('th', {}, 'Ranks'),
-            el('th', {class: 'col-progress'}, 'Progress'), el('th', {class: 'num'}, 'Loss'), el('th', {}, 'Age'),
+            el('th', {class: 'col-progress'}, 'Progress'), el('th', {class: 'num'}, 'Loss'),
+            el('th', {class: 'num', title: 'the best eval (accuracy for classifiers, else loss) and the final one'}, 'Eval'),
+            el('th', {}, 'Age'),
             el('th', {}, 'Duration'))),
           tbody)),
       msg, pager);
@@ -63,7 +77,15 @@
       const rows = data.jobs.map((j) => {
         /* The server's count (file data too: its planner read the files), else the spec's. */
         const total = j.total_steps || U.totalSteps(j.spec);
+        const pick = el('input', {type: 'checkbox', class: 'job-select', checked: selected.has(j.id),
+          dataset: {jobId: j.id}, 'aria-label': 'select job ' + j.id + ' for Compare'});
+        pick.addEventListener('change', () => {
+          if (pick.checked) selected.add(j.id);
+          else selected.delete(j.id);
+          showSelected();
+        });
         const tr = el('tr', {class: 'job-row state-row-' + j.state, dataset: {jobId: j.id, state: j.state}},
+          el('td', {class: 'col-select'}, pick),
           el('td', {class: 'num'}, el('a', {href: '#/jobs/' + j.id}, '#' + j.id)),
           el('td', {class: 'name'}, el('a', {href: '#/jobs/' + j.id}, j.name || '(unnamed)'),
             j.pending_reason && j.state === 'queued' ? el('div', {class: 'sub'}, j.pending_reason) : null,
@@ -72,10 +94,11 @@
           el('td', {}, `${j.world_size} × ${j.device}`),
           el('td', {class: 'col-progress'}, U.progress(j.step, total, j.state)),
           el('td', {class: 'num mono'}, U.lossCell(j.loss, j.loss_nonfinite)),
+          U.evalCell(j.metrics),
           el('td', {title: U.fmtTime(j.created_at)}, U.fmtAge(j.created_at)),
           el('td', {}, U.fmtDuration(U.jobDuration(j))));
         tr.addEventListener('click', (e) => {
-          if (e.target.closest('a')) return;
+          if (e.target.closest('a') || e.target.closest('.col-select')) return;
           location.hash = '#/jobs/' + j.id;
         });
         return tr;

@@ -325,15 +325,15 @@ async function main() {
     });
     await until(async () => (await evalPoints()) === 6, 'the eval chart to have the 6 evals (steps 50..300)');
     check(!(await page.$('#eval-card[hidden]')), 'the eval card is shown');
+    /* hover() scrolls it into view (below the fold under the header's eval items). */
     const box = await page.locator('.eval-canvas').boundingBox();
-    await page.mouse.move(box.x + box.width - 54, box.y + box.height * 0.5); // the plot's right end
+    await page.locator('.eval-canvas').hover({position: {x: box.width - 54, y: box.height * 0.5}}); // the plot's right end
     await page.waitForSelector('#eval-card .chart-tip:not([hidden])');
     const tip = await page.textContent('#eval-card .chart-tip');
     check(/eval at step 300/.test(tip) && /accuracy: [\d.]+%/.test(tip) && /samples: 200/.test(tip), 'the eval tooltip: ' + tip);
     check(/^lr [\d.e-]+ \(step 300\)$/.test(await page.textContent('#lr-now')), 'the lr of the last step: ' + (await page.textContent('#lr-now')));
     await page.fill('#smoothing', '0.9');
-    const lb = await page.locator('.chart-canvas').boundingBox();
-    await page.mouse.move(lb.x + lb.width * 0.5, lb.y + lb.height * 0.5);
+    await page.locator('.chart-canvas').hover();
     await page.waitForSelector('.chart-host:not(#eval-host) .chart-tip:not([hidden])');
     const ltip = await page.textContent('.chart-host:not(#eval-host) .chart-tip');
     check(ltip.includes('(raw '), 'smoothing on: the loss tooltip shows the raw value beside the smoothed one: ' + ltip);
@@ -747,6 +747,139 @@ async function main() {
     await stopServer(g);
     await page.goto(a.url + '/web/index.html#/jobs');
   });
+
+  /* ---- comparing runs (issue 31): a server of its own, so the steps above keep their counts ---- */
+  const cmp = await startServer('compare');
+  const apiJson = async (s, p, opts = {}) => {
+    const r = await fetch(s.url + p, {...opts, headers: {'Content-Type': 'application/json', ...(opts.headers || {})}});
+    if (!r.ok) throw new Error(`${p}: ${r.status} ${await r.text()}`);
+    return r.json();
+  };
+  const waitDone = (s, ids, ms = 60000) => until(async () => {
+    const js = await Promise.all(ids.map((id) => apiJson(s, '/v1/jobs/' + id)));
+    const bad = js.find((j) => j.state === 'failed' || j.state === 'cancelled');
+    if (bad) throw new Error(`job ${bad.id} ${bad.state}: ${bad.error}`);
+    return js.every((j) => j.state === 'succeeded') && js;
+  }, `jobs ${ids.join(', ')} to succeed`, ms, 200);
+  /* A classifier with eval and grad_clip: every curve of the compare page has points. */
+  const classifier = (name, over = {}) => ({...seed, name, epochs: undefined, steps: 200, log_every: 5, batch_size: 16,
+    grad_clip: 1.0, loss: 'cross_entropy',
+    model: [{type: 'linear', in: 10, out: 16}, {type: 'relu'}, {type: 'linear', in: 16, out: 3}],
+    optimizer: {type: 'sgd', lr: 0.1}, data: {type: 'synthetic', samples: 400, seed: 1},
+    eval: {data: {type: 'synthetic', samples: 100, seed: 2}, every_steps: 40}, ...over});
+  const curveSeries = (key) => page.evaluate((k) => {
+    const c = document.querySelector(`.line-canvas[data-chart="${k}"]`);
+    return c && !c.closest('[hidden]') ? Number(c.dataset.series) : -1;
+  }, key);
+
+  await step('the compare page: three jobs\' curves overlaid with one legend, their final and best metrics, exactly the spec fields that differ; screenshot', async () => {
+    const specs = [
+      classifier('cmp-a'),
+      classifier('cmp-b', {optimizer: {type: 'sgd', lr: 0.05}}),
+      classifier('cmp-c', {model: [{type: 'linear', in: 10, out: 32}, {type: 'relu'}, {type: 'linear', in: 32, out: 3}]}),
+    ];
+    /* What differs, by construction: the names, b's lr, c's hidden width (two keys). */
+    const want = ['model[0].out', 'model[2].in', 'name', 'optimizer.lr'];
+    const ids = [];
+    for (const sp of specs) ids.push((await apiJson(cmp, '/v1/jobs', {method: 'POST', body: JSON.stringify(sp)})).id);
+    const jobs = await waitDone(cmp, ids);
+    await page.goto(cmp.url + '/web/index.html#/jobs');
+    await page.waitForSelector('#jobs-table tbody tr');
+    check(await page.isDisabled('#compare-btn'), 'Compare needs two jobs or more');
+    for (const id of ids) await page.check(`.job-select[data-job-id="${id}"]`);
+    await page.click('#compare-btn');
+    await until(() => page.url().includes('#/compare?ids='), 'the compare page');
+    const shown = decodeURIComponent(page.url().split('ids=')[1]).split(',').map(Number).sort((x, y) => x - y);
+    check(JSON.stringify(shown) === JSON.stringify(ids), 'the ticked jobs in the address: ' + page.url());
+    await page.waitForSelector('#compare[data-jobs="3"]', {timeout: 20000});
+    for (const key of ['loss', 'eval_loss', 'eval_accuracy', 'lr', 'grad_norm'])
+      check((await curveSeries(key)) === 3, `the ${key} chart has a line per job (${await curveSeries(key)})`);
+    check((await page.$$('#compare-legend label[data-job-id]')).length === 3, 'one legend entry per job');
+    const rows = await page.$$eval('#compare-metrics tbody tr', (tr) => tr.map((r) => [Number(r.dataset.jobId),
+      Array.from(r.cells).map((c) => c.textContent)]));
+    check(rows.length === 3, 'a metrics row per job');
+    for (const j of jobs) {
+      const row = rows.find((r) => r[0] === j.id);
+      const m = j.metrics;
+      check(row && row[1][5].includes(`step ${m.best_eval_loss_step}`) && row[1][7].includes(`step ${m.best_eval_accuracy_step}`) &&
+        row[1][7].startsWith((m.best_eval_accuracy * 100).toFixed(2) + '%'), `job ${j.id}'s best metrics: ${JSON.stringify(row)} vs ${JSON.stringify(m)}`);
+    }
+    const paths = await page.$$eval('#compare-diff tbody tr', (tr) => tr.map((r) => r.dataset.path));
+    check(JSON.stringify(paths) === JSON.stringify(want), 'the differing fields, and only those: ' + JSON.stringify(paths));
+    await page.screenshot({path: path.join(OUT, 'compare.png'), fullPage: true});
+    /* The other x axes, and the legend hides a job in every chart. */
+    for (const axis of ['samples', 'time']) {
+      await page.selectOption('#compare-x', axis);
+      check((await curveSeries('loss')) === 3, `three loss lines against ${axis}`);
+      await page.locator('.line-canvas[data-chart="loss"]').hover();
+      await page.waitForSelector('[data-curve="loss"] .chart-tip:not([hidden])');
+      const tip = await page.textContent('[data-curve="loss"] .chart-tip');
+      check(tip.startsWith(axis === 'time' ? 'wall time' : 'samples seen') && ids.every((id) => tip.includes('#' + id)),
+        `the read-out against ${axis}: ${tip}`);
+    }
+    await page.fill('#compare-smoothing', '0.8');
+    const tip = await page.textContent('[data-curve="loss"] .chart-tip');
+    check(tip.includes('(raw '), 'smoothing on: the raw values beside the smoothed ones: ' + tip);
+    await page.fill('#compare-smoothing', '0');
+    await page.uncheck(`#compare-legend input[data-job-id="${ids[1]}"]`);
+    const shownLines = () => page.$$eval('.compare-chart:not([hidden]) .line-canvas', (cs) => cs.map((c) => Number(c.dataset.visible)));
+    await until(async () => (await shownLines()).every((v) => v === 2), 'every chart without the unticked job');
+    await page.check(`#compare-legend input[data-job-id="${ids[1]}"]`);
+    await until(async () => (await shownLines()).every((v) => v === 3), 'every chart with it again');
+    const r = await fetch(`${cmp.url}/compare?ids=${ids.join(',')}`, {redirect: 'manual'});
+    check(r.status === 302 && r.headers.get('location') === `/web/index.html#/compare?ids=${ids.join(',')}`,
+      `GET /compare redirects to the page (${r.status} ${r.headers.get('location')})`);
+    const bad = await fetch(`${cmp.url}/compare?ids=1;2`, {redirect: 'manual'});
+    check(bad.status === 400 && (await bad.json()).error.path === 'ids', `GET /compare with a bad ids is 400 at ids (${bad.status})`);
+  });
+
+  await step('a job page has the lr and gradient-norm charts, and the best and final eval in its header and in the list', async () => {
+    const j = (await apiJson(cmp, '/v1/jobs?limit=1')).jobs[0];
+    await page.goto(`${cmp.url}/web/index.html#/jobs/${j.id}`);
+    const pts = (sel) => page.evaluate((q) => {
+      const c = document.querySelector(q);
+      return c ? Number(c.dataset.points) : -1;
+    }, sel);
+    await until(async () => (await pts('#lr-host canvas')) === 40 && (await pts('#grad-norm-host canvas')) === 40,
+      'the lr and gradient-norm charts: 40 logged steps each');
+    const best = await page.textContent('#job-eval-best'), final = await page.textContent('#job-eval-final');
+    const pct = (v) => (v * 100).toFixed(2) + '%';
+    check(best.includes(`accuracy ${pct(j.metrics.best_eval_accuracy)} (step ${j.metrics.best_eval_accuracy_step})`), 'the best eval: ' + best);
+    check(final.includes(`accuracy ${pct(j.metrics.eval_accuracy)}`) && final.includes('(step 200)'), 'the final eval: ' + final);
+    await page.screenshot({path: path.join(OUT, 'job-lr-grad-norm.png'), fullPage: true});
+    await page.goto(`${cmp.url}/web/index.html#/jobs`);
+    await page.waitForSelector(`tr[data-job-id="${j.id}"] .eval-cell`);
+    const cell = await page.$eval(`tr[data-job-id="${j.id}"] .eval-cell`, (c) => [c.dataset.best, c.textContent]);
+    check(cell[0] === 'accuracy' && cell[1].includes(pct(j.metrics.best_eval_accuracy)) && cell[1].includes('final ' + pct(j.metrics.eval_accuracy)),
+      'the list shows the best eval accuracy of a classifier, and the final one: ' + JSON.stringify(cell));
+  });
+
+  await step('benchmark: the compare page with 10 runs of 20,000 steps each (printed, not asserted)', async () => {
+    const ids = [];
+    for (let i = 0; i < 10; i++) {
+      const sp = classifier(`bench-${i}`, {steps: 20000, log_every: 1, optimizer: {type: 'sgd', lr: 0.01 * (i + 1)},
+        eval: {data: {type: 'synthetic', samples: 100, seed: 2}, every_steps: 1000}});
+      ids.push((await apiJson(cmp, '/v1/jobs', {method: 'POST', body: JSON.stringify(sp)})).id);
+    }
+    const jobs = await waitDone(cmp, ids, 240000);
+    check(jobs.every((j) => j.step === 20000), 'each run took 20,000 steps');
+    const times = [];
+    for (let k = 0; k < 3; k++) {
+      await page.goto(`${cmp.url}/web/index.html#/jobs`);
+      await page.waitForSelector('#jobs-table');
+      await page.goto(`${cmp.url}/web/index.html#/compare?ids=${ids.join(',')}`);
+      await page.waitForSelector('#compare[data-jobs="10"]', {timeout: 60000});
+      times.push(await page.$eval('#compare', (c) => [Number(c.dataset.fetchMs), Number(c.dataset.renderMs)]));
+      check((await curveSeries('loss')) === 10 && (await curveSeries('grad_norm')) === 10, 'ten lines per chart');
+    }
+    const pts = await page.$eval('.line-canvas[data-chart="loss"]', (c) => Number(c.dataset.points));
+    console.log(`# compare page, 10 runs x 20,000 steps (${pts} loss points drawn): render after fetch ` +
+      times.map((t) => t[1].toFixed(1) + ' ms').join(', ') + '; the fetches before it ' +
+      times.map((t) => t[0].toFixed(1) + ' ms').join(', '));
+    await page.screenshot({path: path.join(OUT, 'compare-10.png'), fullPage: true});
+  });
+  await stopServer(cmp);
+  await page.goto(a.url + '/web/index.html#/jobs');
 
   await step('a server that goes away shows the unreachable banner', async () => {
     await page.click('nav a[data-nav=jobs]');

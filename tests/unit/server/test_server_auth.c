@@ -24,7 +24,7 @@
 static bool open_route(const char *pattern)
 {
     return !strcmp(pattern, "/healthz") || !strcmp(pattern, "/metrics") || !strcmp(pattern, "/") ||
-           !strcmp(pattern, "/web") || !strncmp(pattern, "/web/", 5);
+           !strcmp(pattern, "/web") || !strncmp(pattern, "/web/", 5) || !strcmp(pattern, "/compare");
 }
 
 /* The pattern with every {name} segment replaced by 7. */

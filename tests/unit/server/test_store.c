@@ -1125,8 +1125,9 @@ static ddpd_err append_ev(struct store *s, struct event *ev, int64_t job, int64_
     return store_event_append(s, ev, body, (size_t)n, &e);
 }
 
-/* §2a in /metrics: the lr series from rank 0's loss events and every eval event; a
- * restart's rerun of steps replaces the eval points from its first step on. */
+/* §2a in /metrics: the lr, grad_norm and time series from rank 0's loss events and every
+ * eval event; a restart's rerun of steps replaces the eval points from its first step on.
+ * The job's final and best eval metrics that the writer keeps. */
 static void test_metrics_eval_lr(void)
 {
     char path[700];
@@ -1142,6 +1143,8 @@ static void test_metrics_eval_lr(void)
                 struct event ev = {.kind = EVENT_LOSS, .rank = r, .step = step, .loss = 1.0 / (double)step};
                 ev.lr = 0.01 * (double)step + (attempt == 2 ? 1 : 0); /* the rerun's values win */
                 ev.has_lr = true;
+                ev.grad_norm = 0.5 * (double)step + (attempt == 2 ? 1 : 0);
+                ev.has_grad_norm = r == 0 || step > 2; /* rank 0's are the series */
                 CHECK_EQ_INT(append_ev(s, &ev, job, ++seq, attempt), DDPD_OK);
             }
             if (step % 4 == 0 || step == 12) {
@@ -1174,6 +1177,28 @@ static void test_metrics_eval_lr(void)
         CHECK_NEAR(m.lr.loss[9], 1.10, 1e-12, 0);
         CHECK_NEAR(m.lr.loss[11], 1.12, 1e-12, 0);
     }
+    /* grad_norm like the lr; time: every event's ts (1.0 here) */
+    CHECK_EQ_INT((int64_t)m.grad_norm.n, 12);
+    if (m.grad_norm.n == 12) {
+        CHECK_NEAR(m.grad_norm.loss[0], 0.5, 1e-15, 0);
+        CHECK_NEAR(m.grad_norm.loss[11], 7.0, 1e-12, 0);
+    }
+    CHECK_EQ_INT((int64_t)m.time.n, 12);
+    CHECK(m.time.n == 12 && m.time.loss[0] == 1.0 && m.time.loss[11] == 1.0);
+    /* The job's final and best eval (kept by the writer): the final is the highest step's
+     * (attempt 2's 12); the best loss the lowest finite one (step 8's NaN left out), the best
+     * accuracy the highest, over every eval event stored. */
+    struct store_job jj;
+    CHECK_EQ_INT(store_job_get(s, job, &jj, &e), DDPD_OK);
+    const struct store_job_evals *ev = &jj.evals;
+    CHECK(ev->has_final && ev->final_step == 12 && ev->has_loss && ev->has_accuracy);
+    CHECK_NEAR(ev->final_loss, 2.0 / 12, 1e-15, 0);
+    CHECK_NEAR(ev->final_accuracy, 0.72, 1e-15, 0);
+    CHECK(ev->has_best_loss && ev->best_loss_step == 12 && ev->has_best_accuracy &&
+          ev->best_accuracy_step == 12);
+    CHECK_NEAR(ev->best_loss, 2.0 / 12, 1e-15, 0);
+    CHECK_NEAR(ev->best_accuracy, 0.72, 1e-15, 0);
+    store_job_clear(&jj);
     store_metrics_free(&m);
     CHECK(m.lr.n == 0 && m.n_eval == 0 && !m.eval);
     /* thinned to max_points, keeping the last */
@@ -1190,6 +1215,18 @@ static void test_metrics_eval_lr(void)
     CHECK(m.n_eval >= 2 && m.n_eval <= 11 && m.eval[0].step == 1 && m.eval[m.n_eval - 1].step == 50);
     CHECK_EQ_INT((int64_t)m.lr.n, 0); /* loss events without lr */
     store_metrics_free(&m);
+    /* Equal eval losses: the best is the first; no accuracy (mse): none. */
+    CHECK_EQ_INT(store_job_get(s, job2, &jj, &e), DDPD_OK);
+    CHECK(jj.evals.has_final && jj.evals.final_step == 50 && jj.evals.has_loss && !jj.evals.has_accuracy);
+    CHECK(jj.evals.has_best_loss && jj.evals.best_loss_step == 1 && jj.evals.best_loss == 1.0);
+    CHECK(!jj.evals.has_best_accuracy);
+    store_job_clear(&jj);
+    /* A job without eval events has none of them. */
+    int64_t job3 = insert_job(s, "no-evals", 1);
+    CHECK_EQ_INT(store_job_get(s, job3, &jj, &e), DDPD_OK);
+    CHECK(!jj.evals.has_final && !jj.evals.has_loss && !jj.evals.has_best_loss &&
+          !jj.evals.has_best_accuracy);
+    store_job_clear(&jj);
     store_close(s);
 }
 
