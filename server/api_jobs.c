@@ -11,6 +11,7 @@
 
 #include "../schema/jobdir.h"
 #include "../schema/jobmeta.h"
+#include "../schema/jsonnum.h"
 #include "api_impl.h"
 #include "http.h"
 #include "inference/pool.h"
@@ -129,7 +130,7 @@ static char *job_text(struct api *a, const struct store_job *j, size_t *len)
     if (!head)
         return NULL;
     const char *spec = j->spec ? j->spec : "null";
-    size_t hn = strlen(head), sn = strlen(spec);
+    size_t hn = jsonnum_tidy(head, strlen(head)), sn = strlen(spec); /* reals without float noise */
     char *t = malloc(hn + sn + 16);
     if (t) {
         /* head is "{...}": drop its '}' and append ,"spec":SPEC} */
