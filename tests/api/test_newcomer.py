@@ -1,5 +1,5 @@
 """test_newcomer.py — the small things a newcomer met (issue 31), each through the real
-server: numbers without float noise in every JSON answer."""
+server: numbers without float noise in every JSON answer, the metrics as CSV."""
 import json
 import re
 
@@ -30,3 +30,49 @@ def test_json_answers_print_reals_as_written_without_float_noise(server):
     # The event stream's bodies are the event encoder's, which was already shortest.
     ev = server.get(f"/v1/jobs/{jid}/events", params={"format": "ndjson"}).text
     assert not NOISE.search(ev), NOISE.search(ev).group(0)
+
+
+def test_metrics_as_csv_one_row_per_step_with_every_curve(server):
+    """GET /v1/jobs/{id}/metrics?format=csv: text/csv, a header starting with `step`, and
+    each row the values the JSON metrics give at that step (empty where none)."""
+    import csv
+    import io
+    spec = seed_spec(name="csv", world_size=2, epochs=None, steps=30, log_every=1,
+                     optimizer={"type": "sgd", "lr": 0.05, "schedule": {"type": "cosine", "warmup_steps": 3}},
+                     eval={"data": {"type": "synthetic", "samples": 50, "seed": 2}, "every_steps": 7})
+    jid = server.submit(spec)["id"]
+    assert server.wait_state(jid, FINAL)["state"] == "succeeded"
+    r = server.get(f"/v1/jobs/{jid}/metrics", params={"format": "csv"})
+    assert r.status_code == 200, r.text
+    assert r.headers["Content-Type"] == "text/csv", r.headers
+    rows = list(csv.reader(io.StringIO(r.text)))
+    assert rows[0] == ["step", "loss", "loss_rank_0", "loss_rank_1", "lr", "eval_loss", "eval_accuracy",
+                       "eval_samples"], rows[0]
+    m = server.get(f"/v1/jobs/{jid}/metrics", params={"max_points": 100000}).json()
+    want = {}
+    for col, s in [("loss", m["mean"])] + [(f"loss_rank_{x['rank']}", x) for x in m["ranks"]]:
+        for st, v in zip(s["step"], s["loss"]):
+            want.setdefault(st, {})[col] = v
+    for st, v in zip(m["lr"]["step"], m["lr"]["lr"]):
+        want.setdefault(st, {})["lr"] = v
+    for k, st in enumerate(m["eval"]["step"]):
+        w = want.setdefault(st, {})
+        w["eval_loss"], w["eval_accuracy"], w["eval_samples"] = (m["eval"]["loss"][k], m["eval"]["accuracy"][k],
+                                                                 m["eval"]["samples"][k])
+    steps = [int(row[0]) for row in rows[1:]]
+    assert steps == sorted(want) and steps == list(range(1, 31)), steps
+    for row in rows[1:]:
+        got = dict(zip(rows[0][1:], row[1:]))
+        exp = want[int(row[0])]
+        for col in rows[0][1:]:
+            v = exp.get(col)
+            # The same double, in its shortest form (Python's repr is the shortest too).
+            ok = got[col] == "" if v is None else (float(got[col]) == v and len(got[col]) <= len(repr(float(v))))
+            assert ok, (row, col, v)
+    assert len([row for row in rows[1:] if row[5]]) == len(m["eval"]["step"]) >= 4, rows
+    # max_points thins the CSV as it thins the JSON; a format that is not one is a 400.
+    r = server.get(f"/v1/jobs/{jid}/metrics", params={"format": "csv", "max_points": 4})
+    assert len(r.text.splitlines()) - 1 <= 4 + 4 + 1, r.text
+    r = server.get(f"/v1/jobs/{jid}/metrics", params={"format": "xml"})
+    assert r.status_code == 400 and r.json()["error"]["path"] == "format", r.text
+    assert server.get("/v1/jobs/99999/metrics", params={"format": "csv"}).status_code == 404

@@ -57,7 +57,7 @@ def test_unknown_query_parameters_are_refused_naming_them(server):
     assert e["message"] == "unknown query parameter 'nmae' (GET /v1/jobs takes state, limit, before, name, tag)", e
     e = err_of(server.get(f"/v1/jobs/{jid}/metrics?max_point=2&x=1"), 400)
     assert e["message"].startswith("unknown query parameters 'max_point', 'x' (GET /v1/jobs/{id}/metrics takes "
-                                   "max_points)"), e
+                                   "max_points, format)"), e
     e = err_of(server.get(f"/v1/jobs/{jid}?verbose=1"), 400)
     assert "takes none" in e["message"], e
     e = err_of(server.post(f"/v1/jobs/{jid}/cancel?force=1"), 400)
