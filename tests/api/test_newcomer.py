@@ -1,5 +1,6 @@
 """test_newcomer.py — the small things a newcomer met (issue 31), each through the real
-server: numbers without float noise in every JSON answer, the metrics as CSV."""
+server: numbers without float noise in every JSON answer, the metrics as CSV, a data
+path's error naming the data directory."""
 import json
 import re
 
@@ -76,3 +77,15 @@ def test_metrics_as_csv_one_row_per_step_with_every_curve(server):
     r = server.get(f"/v1/jobs/{jid}/metrics", params={"format": "xml"})
     assert r.status_code == 400 and r.json()["error"]["path"] == "format", r.text
     assert server.get("/v1/jobs/99999/metrics", params={"format": "csv"}).status_code == 404
+
+
+def test_a_missing_data_file_names_the_data_directory(server, work):
+    """A data path is resolved against the server's --data-dir; a file that is not there
+    says where it was looked for (the newcomer's file was in the examples' folder)."""
+    import os
+    e = server.post("/v1/jobs", json=seed_spec(data={"type": "npy", "x": "mnist/x.npy", "y": "mnist/y.npy"}))
+    assert e.status_code == 422, e.text
+    e = e.json()["error"]
+    assert e["path"] == "data" and e["message"] == (
+        "mnist/x.npy: cannot open: No such file or directory (data paths are resolved against the data "
+        f"directory {os.path.realpath(server.data_dir)})"), e
