@@ -89,3 +89,31 @@ def test_a_missing_data_file_names_the_data_directory(server, work):
     assert e["path"] == "data" and e["message"] == (
         "mnist/x.npy: cannot open: No such file or directory (data paths are resolved against the data "
         f"directory {os.path.realpath(server.data_dir)})"), e
+
+
+def test_after_a_cancel_the_job_and_the_ranks_log_name_the_same_step(server):
+    """The rank's log said it was cancelled at step 1774 while the job showed 1770 (its
+    last logged step with log_every 10). Now a cancel between two steps logs the step the
+    rank ends after, and the log names that step: the two agree."""
+    import re
+    from pylib.server import FOREVER_STEPS, wait_until
+    for world in (1, 2):
+        jid = server.submit(seed_spec(name="cancel-steps", world_size=world, epochs=None, steps=FOREVER_STEPS,
+                                      log_every=97))["id"]
+        server.wait_running(jid)
+        wait_until(lambda: (server.job(jid)["step"] or 0) >= 97, 60, "a logged step")
+        assert server.post(f"/v1/jobs/{jid}/cancel").status_code == 202
+        j = server.wait_state(jid, FINAL)
+        assert j["state"] == "cancelled", j
+        said = 0
+        for rank in range(world):
+            log = server.get(f"/v1/jobs/{jid}/logs", params={"rank": rank}).text
+            # A rank that saw the SIGTERM names its step; a peer may end first on the
+            # cancelled rank's abort ("after another rank's failure"), naming none.
+            m = re.search(r"cancelled by SIGTERM after step (\d+)", log)
+            if m:
+                said += 1
+                assert j["ranks"][rank]["step"] == int(m.group(1)), (rank, m.group(0), j["ranks"][rank])
+        assert said >= 1, j
+        if world == 1:
+            assert j["step"] == j["ranks"][0]["step"], j
