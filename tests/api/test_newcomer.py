@@ -117,3 +117,32 @@ def test_after_a_cancel_the_job_and_the_ranks_log_name_the_same_step(server):
         assert said >= 1, j
         if world == 1:
             assert j["step"] == j["ranks"][0]["step"], j
+
+
+def test_the_example_data_scripts_write_into_the_servers_data_directory(server, work):
+    """examples/gpt_char_data.py writes into $DDPD_DATA_DIR/gpt-char/ (not the folder it runs
+    in, not the source tree), where examples/gpt-char.json names its files: the server's
+    data directory serves the example as it is."""
+    import os
+    import subprocess
+    import sys
+    from pylib.common import REPO
+    env = dict(os.environ, DDPD_DATA_DIR=str(server.data_dir))
+    cwd = work / "cwd"
+    cwd.mkdir()
+    r = subprocess.run([sys.executable, str(REPO / "examples" / "gpt_char_data.py")], cwd=str(cwd), env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (server.data_dir / "gpt-char" / "train.bin").stat().st_size > 0
+    assert (server.data_dir / "gpt-char" / "eval.bin").stat().st_size > 0
+    assert not list(cwd.glob("**/*.bin")) and not list((REPO / "examples").glob("**/*.bin"))
+    spec = json.loads((REPO / "examples" / "gpt-char.json").read_text())
+    spec.update(steps=2, log_every=1)
+    spec["eval"]["every_steps"] = 1
+    jid = server.submit(spec)["id"]  # 201: the planner read both files from the data directory
+    assert server.wait_state(jid, FINAL, timeout=120)["state"] == "succeeded"
+    # --data-dir wins over the environment.
+    other = work / "elsewhere"
+    r = subprocess.run([sys.executable, str(REPO / "examples" / "gpt_char_data.py"), "--data-dir", str(other)],
+                       cwd=str(cwd), env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and (other / "gpt-char" / "train.bin").exists(), r.stderr

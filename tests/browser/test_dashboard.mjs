@@ -502,12 +502,14 @@ async function main() {
      * the check; each job is cancelled at once. */
     const t = await startServer('templates');
     const dir = path.join(TMP, 'templates');
-    writeFileSync(path.join(dir, 'train.bin'), tokenIds(8192));
-    writeFileSync(path.join(dir, 'eval.bin'), tokenIds(1024));
-    writeFileSync(path.join(dir, 'x.npy'), npy('<f4', [64, 1, 8, 8], (i) => (i % 17) / 16));
-    writeFileSync(path.join(dir, 'y.npy'), npy('<i8', [64], (i) => i % 10));
-    writeFileSync(path.join(dir, 'eval_x.npy'), npy('<f4', [16, 1, 8, 8], (i) => (i % 13) / 12));
-    writeFileSync(path.join(dir, 'eval_y.npy'), npy('<i8', [16], (i) => i % 10));
+    /* Each example's files in its own folder of the one data directory (issue 31). */
+    for (const sub of ['gpt-char', 'digits']) mkdirSync(path.join(dir, sub), {recursive: true});
+    writeFileSync(path.join(dir, 'gpt-char', 'train.bin'), tokenIds(8192));
+    writeFileSync(path.join(dir, 'gpt-char', 'eval.bin'), tokenIds(1024));
+    writeFileSync(path.join(dir, 'digits', 'x.npy'), npy('<f4', [64, 1, 8, 8], (i) => (i % 17) / 16));
+    writeFileSync(path.join(dir, 'digits', 'y.npy'), npy('<i8', [64], (i) => i % 10));
+    writeFileSync(path.join(dir, 'digits', 'eval_x.npy'), npy('<f4', [16, 1, 8, 8], (i) => (i % 13) / 12));
+    writeFileSync(path.join(dir, 'digits', 'eval_y.npy'), npy('<i8', [16], (i) => i % 10));
     await page.goto(t.url + '/web/index.html#/submit');
     let last = 0;
     for (const [tpl, example] of [['gpt', 'gpt-char.json'], ['cnn', 'digits-cnn.json']]) {
