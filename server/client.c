@@ -24,6 +24,7 @@
 
 #include "../base/clock.h"
 #include "../base/parse.h"
+#include "../schema/jsonnum.h"
 #include "../schema/spec.h"
 #include "opt.h"
 #include "progress.h"
@@ -731,6 +732,7 @@ static int cmd_show(struct client *c, int argc, char **argv)
     json_decref(j);
     if (!text)
         return EXIT_FAIL;
+    jsonnum_tidy(text, strlen(text)); /* the server's numbers as it printed them, not %.17g of them */
     /* jansson escaped the control characters below 0x20 in its strings; DEL, C1 and the
      * rest become \u escapes of the same JSON value. */
     rc = termsafe_write(stdout, text, strlen(text), TERMSAFE_JSON_TEXT) != 0 || fputc('\n', stdout) == EOF

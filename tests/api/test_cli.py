@@ -547,3 +547,7 @@ def test_tags_and_notes_from_the_command_line(server, work):
     assert r.returncode == 2 and "nothing to change" in r.stderr, r.stderr
     r = cli(server, "submit", "--tag", "t", "-", input="[1, 2")
     assert r.returncode == 2 and "line 1" in r.stderr, r.stderr
+    # `ddpd show` prints the server's numbers as the server printed them (issue 31).
+    c = submit(server, work, seed_spec(name="lr", optimizer={"type": "sgd", "lr": 0.003}))
+    r = cli(server, "show", str(c))
+    assert r.returncode == 0 and '"lr": 0.003' in r.stdout and "0.0030000000000000001" not in r.stdout, r.stdout
