@@ -146,3 +146,21 @@ def test_the_example_data_scripts_write_into_the_servers_data_directory(server, 
     r = subprocess.run([sys.executable, str(REPO / "examples" / "gpt_char_data.py"), "--data-dir", str(other)],
                        cwd=str(cwd), env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and (other / "gpt-char" / "train.bin").exists(), r.stderr
+
+
+def test_ddpd_run_takes_the_file_ddpd_submit_takes_tags_and_notes_included(work):
+    """A spec file with tags and notes (job metadata) runs with `ddpd run` as it is; a bad
+    tag is still refused, naming it."""
+    import subprocess
+    from pylib.common import bin_dir
+    spec = seed_spec(name="meta", epochs=None, steps=3, tags=["a", "b"], notes="local run")
+    p = work / "spec.json"
+    p.write_text(json.dumps(spec))
+    (work / "data").mkdir()
+    r = subprocess.run([str(bin_dir() / "ddpd"), "run", "--out", str(work / "out"), "--data-dir", str(work / "data"),
+                        str(p)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    p.write_text(json.dumps(dict(spec, tags=["ok", "a\u0007"])))
+    r = subprocess.run([str(bin_dir() / "ddpd"), "run", "--out", str(work / "out2"), "--data-dir",
+                        str(work / "data"), str(p)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "tags[1]" in r.stderr and "U+0007" in r.stderr, r.stderr
