@@ -1,4 +1,4 @@
--- 006_tags.sql — a job's tags and notes: metadata that a user gives at submit or changes
+-- The tags migration — a job's tags and notes: metadata that a user gives at submit or changes
 -- later with PATCH /v1/jobs/{id}, which training never reads (schema/jobmeta.h). The
 -- build embeds this file byte for byte in server/store.c, which applies it when the
 -- database's PRAGMA user_version is below this migration's number.
