@@ -71,6 +71,16 @@ def test_patch_replaces_what_it_names_in_any_state(server):
     r = server.request("PATCH", f"/v1/jobs/{jid}", json={"tags": [], "notes": None})
     assert r.status_code == 200 and r.json()["tags"] == [] and r.json()["notes"] is None, r.text
     assert server.job(jid)["tags"] == [] and ids(server, tag="b") == []
+    # A deleted job's tags go with it (the table's foreign key cascades).
+    r = server.request("PATCH", f"/v1/jobs/{jid}", json={"tags": ["gone"]})
+    assert r.status_code == 200 and ids(server, tag="gone") == [jid], r.text
+    assert server.delete(f"/v1/jobs/{jid}").status_code == 204
+    assert ids(server, tag="gone") == []
+    db = sqlite3.connect(f"file:{server.db}?mode=ro", uri=True)
+    left = db.execute("SELECT count(*) FROM job_tags WHERE job = ?", (jid,)).fetchone()[0]
+    db.close()
+    assert left == 0, left
+    assert server.request("PATCH", f"/v1/jobs/{jid}", json={"tags": ["x"]}).status_code == 404
 
 
 def test_bad_tags_and_notes_are_422_naming_them(server):
