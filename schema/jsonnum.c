@@ -9,15 +9,31 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* %.16g or %.15g of x into buf[cap] when one reads back as x (the shorter), else 0: then
+ * only %.17g does. 16 is tried first: when it fails 15 fails too (a 15-digit decimal is a
+ * 16-digit one, no nearer to x than the nearest), and a measured value (a loss) usually
+ * needs 17, so most numbers cost one formatting, not three. */
+static size_t shorter_than_17(double x, char *buf, size_t cap)
+{
+    char b15[40];
+    int n = snprintf(buf, cap, "%.16g", x);
+    if (n < 0 || (size_t)n >= cap || strtod(buf, NULL) != x)
+        return 0;
+    int m = snprintf(b15, sizeof b15, "%.15g", x);
+    if (m > 0 && (size_t)m < cap && strtod(b15, NULL) == x) {
+        memcpy(buf, b15, (size_t)m + 1);
+        return (size_t)m;
+    }
+    return (size_t)n;
+}
+
 size_t jsonnum_shortest(double x, char *buf, size_t cap)
 {
-    int n = 0;
-    for (int prec = 15; prec <= 17; prec++) {
-        n = snprintf(buf, cap, "%.*g", prec, x);
-        if (prec == 17 || strtod(buf, NULL) == x)
-            break;
-    }
-    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+    size_t n = shorter_than_17(x, buf, cap);
+    if (n)
+        return n;
+    int k = snprintf(buf, cap, "%.17g", x);
+    return k < 0 ? 0 : (size_t)k < cap ? (size_t)k : cap - 1;
 }
 
 static bool in_number(char c)
@@ -62,8 +78,8 @@ size_t jsonnum_tidy(char *s, size_t len)
             tok[n] = '\0';
             char *end;
             double x = strtod(tok, &end);
-            if (end == tok + n && isfinite(x)) {
-                m = jsonnum_shortest(x, out, sizeof out);
+            if (end == tok + n && isfinite(x) && (m = shorter_than_17(x, out, sizeof out)) > 0) {
+                /* 0: only 17 digits do, which is what the text has (jansson's %.17g). */
                 if (!strpbrk(out, ".eE")) { /* keep it a real: 1 -> 1.0 */
                     memcpy(out + m, ".0", 3);
                     m += 2;
