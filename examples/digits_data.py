@@ -7,8 +7,13 @@ x [N, 1, 8, 8] float32 scaled to [0, 1], y [N] int64 class ids.
 The split is a fixed random permutation (seed 0): the first 1,438 images (80 %) train, the
 other 359 are held out for eval. None of these numbers were written by ddpd.
 
-    python3 examples/digits_data.py                  # writes var/digits/{x,y,eval_x,eval_y}.npy
-    build/ddpd run --data-dir var/digits examples/digits-cnn.json
+The files go into digits/ under the data directory the server (or `ddpd run`) reads,
+which examples/digits-cnn.json names them from: --data-dir, else $DDPD_DATA_DIR, else the
+current folder (the server's default --data-dir). Every example shares that directory.
+
+    export DDPD_DATA_DIR=$HOME/ddpd-data
+    python3 examples/digits_data.py                  # $DDPD_DATA_DIR/digits/{x,y,eval_x,eval_y}.npy
+    build/ddpd run --data-dir "$DDPD_DATA_DIR" examples/digits-cnn.json
 """
 import argparse
 import os
@@ -19,7 +24,9 @@ import numpy as np
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="var/digits", help="folder for the .npy files (default var/digits)")
+    ap.add_argument("--data-dir", default=os.environ.get("DDPD_DATA_DIR") or ".",
+                    help="the server's data directory; the files go into its digits/ "
+                         "(default $DDPD_DATA_DIR, else the current folder)")
     ap.add_argument("--eval-fraction", type=float, default=0.2, help="share held out for eval (default 0.2)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the split's permutation (default 0)")
     a = ap.parse_args()
@@ -35,12 +42,13 @@ def main():
     perm = np.random.default_rng(a.seed).permutation(len(y))
     n_eval = int(round(len(y) * a.eval_fraction))
     tr, ev = perm[n_eval:], perm[:n_eval]
-    os.makedirs(a.out, exist_ok=True)
-    np.save(os.path.join(a.out, "x.npy"), np.ascontiguousarray(x[tr]))
-    np.save(os.path.join(a.out, "y.npy"), y[tr])
-    np.save(os.path.join(a.out, "eval_x.npy"), np.ascontiguousarray(x[ev]))
-    np.save(os.path.join(a.out, "eval_y.npy"), y[ev])
-    print(f"{a.out}: {len(tr)} train and {len(ev)} eval images of 1x8x8, 10 classes")
+    out = os.path.join(a.data_dir, "digits")
+    os.makedirs(out, exist_ok=True)
+    np.save(os.path.join(out, "x.npy"), np.ascontiguousarray(x[tr]))
+    np.save(os.path.join(out, "y.npy"), y[tr])
+    np.save(os.path.join(out, "eval_x.npy"), np.ascontiguousarray(x[ev]))
+    np.save(os.path.join(out, "eval_y.npy"), y[ev])
+    print(f"{out}: {len(tr)} train and {len(ev)} eval images of 1x8x8, 10 classes")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,13 @@ Prints the unigram entropy of each split in nats: the loss of a model that ignor
 context and predicts each byte by its frequency in the training split. A model that uses
 the context must go well below it.
 
-    python3 examples/gpt_char_data.py                 # writes var/gpt-char/{train,eval}.bin
-    build/ddpd run --data-dir var/gpt-char examples/gpt-char.json
+The files go into gpt-char/ under the data directory the server (or `ddpd run`) reads,
+which examples/gpt-char.json names them from: --data-dir, else $DDPD_DATA_DIR, else the
+current folder (the server's default --data-dir). Every example shares that directory.
+
+    export DDPD_DATA_DIR=$HOME/ddpd-data
+    python3 examples/gpt_char_data.py                 # $DDPD_DATA_DIR/gpt-char/{train,eval}.bin
+    build/ddpd run --data-dir "$DDPD_DATA_DIR" examples/gpt-char.json
 """
 import argparse
 import math
@@ -45,17 +50,20 @@ def write_ids(path, data):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("texts", nargs="*", default=["/usr/share/common-licenses/GPL-3"])
-    ap.add_argument("--out", default="var/gpt-char", help="folder for train.bin and eval.bin")
+    ap.add_argument("--data-dir", default=os.environ.get("DDPD_DATA_DIR") or ".",
+                    help="the server's data directory; train.bin and eval.bin go into its gpt-char/ "
+                         "(default $DDPD_DATA_DIR, else the current folder)")
     ap.add_argument("--eval-fraction", type=float, default=0.1)
     a = ap.parse_args()
     data = b"".join(open(t, "rb").read() for t in a.texts)
     cut = int(len(data) * (1 - a.eval_fraction))
     train, ev = data[:cut], data[cut:]
-    os.makedirs(a.out, exist_ok=True)
-    write_ids(os.path.join(a.out, "train.bin"), train)
-    write_ids(os.path.join(a.out, "eval.bin"), ev)
+    out = os.path.join(a.data_dir, "gpt-char")
+    os.makedirs(out, exist_ok=True)
+    write_ids(os.path.join(out, "train.bin"), train)
+    write_ids(os.path.join(out, "eval.bin"), ev)
     print(f"{', '.join(a.texts)}: {len(data)} bytes, {len(set(data))} distinct")
-    print(f"{a.out}/train.bin: {len(train)} tokens; {a.out}/eval.bin: {len(ev)} tokens (uint16, vocab 256)")
+    print(f"{out}/train.bin: {len(train)} tokens; {out}/eval.bin: {len(ev)} tokens (uint16, vocab 256)")
     print(f"unigram entropy of train: {entropy_nats(train):.4f} nats")
     print(f"eval under the train unigram frequencies (add-one): {entropy_nats(ev, train):.4f} nats")
 

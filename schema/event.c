@@ -2,6 +2,7 @@
  * every training step, so it writes straight into the caller's buffer with snprintf and
  * allocates nothing; the decoder (server side) uses jansson. */
 #include "event.h"
+#include "jsonnum.h"
 #include "job_state.h"
 
 #include <jansson.h>
@@ -128,12 +129,7 @@ static void put_double(struct out *o, double x)
         put_raw(o, "-0.0", 4);
         return;
     }
-    for (int prec = 15; prec <= 17; prec++) {
-        snprintf(tmp, sizeof tmp, "%.*g", prec, x);
-        if (prec == 17 || strtod(tmp, NULL) == x)
-            break;
-    }
-    put_raw(o, tmp, strlen(tmp));
+    put_raw(o, tmp, jsonnum_shortest(x, tmp, sizeof tmp));
 }
 
 /* A number with fixed decimals (ts, samples_per_s); null when not finite, and the

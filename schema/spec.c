@@ -5,6 +5,7 @@
  * eval, ddp, init, checkpoint. Every error names the JSON path and says what was expected and
  * what came. Knows jansson and nothing else: it opens no files. */
 #include "gpt2.h"
+#include "jobmeta.h"
 #include "spec_impl.h"
 
 static const char *const loss_names[] = {"mse", "cross_entropy"};
@@ -518,6 +519,13 @@ ddpd_err spec_parse(const char *text, size_t len, const struct spec_parse_opts *
             err->column = column;
         }
         goto out;
+    }
+    if (opts && opts->job_file) {
+        struct jobmeta meta;
+        rc = jobmeta_from_json(root, true, &meta, err);
+        jobmeta_clear(&meta);
+        if (rc)
+            goto out;
     }
     rc = spec_from_json(root, opts, out, err);
 out:

@@ -200,6 +200,9 @@ struct spec {
 
 struct spec_parse_opts {
     device_kind default_device; /* what `device` means when absent: cuda if the server has GPUs */
+    /* A job file (`ddpd run`'s): its `tags` and `notes` (schema/jobmeta.h) are checked and
+     * set aside, so that the file `ddpd submit` takes runs as it is. */
+    bool job_file;
 };
 
 /* Parses and validates `text` (`len` bytes, need not be NUL-terminated).

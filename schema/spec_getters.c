@@ -157,6 +157,21 @@ static size_t edit_distance(const char *a, const char *b)
     return row[lb];
 }
 
+/* The name of names[0..n) nearest to `s` when it is near enough to be a typo of it (an edit
+ * distance of at most 2, and less than its own length), else NULL: for "did you mean". */
+static const char *nearest_name(const char *s, const char *const *names, size_t n)
+{
+    size_t best = 0, best_d = 99;
+    for (size_t i = 0; i < n; i++) {
+        size_t d = edit_distance(s, names[i]);
+        if (d < best_d) {
+            best_d = d;
+            best = i;
+        }
+    }
+    return n > 0 && best_d <= 2 && best_d < strlen(s) ? names[best] : NULL;
+}
+
 /* Unknown keys are an error (CONTRACT.md §2): the first one, in document order, is
  * reported with the keys this object takes. `only` replaces the list for objects that
  * take a single key ("a relu layer takes only \"type\""). */
@@ -166,27 +181,20 @@ ddpd_err check_keys(struct ddpd_error *err, json_t *obj, const char *parent, con
     const char *key;
     json_t *v;
     json_object_foreach (obj, key, v) {
-        size_t i, best = 0, best_d = 99;
+        size_t i;
         for (i = 0; i < n && strcmp(key, allowed[i]) != 0; i++)
             ;
         if (i < n)
             continue;
         /* Unknown: the nearest allowed key, for the hint. */
-        for (i = 0; i < n; i++) {
-            size_t d = edit_distance(key, allowed[i]);
-            if (d < best_d) {
-                best_d = d;
-                best = i;
-            }
-        }
+        const char *near = nearest_name(key, allowed, n);
         char path[PATH_CAP], list[512];
         path_key(path, parent, key);
         if (only)
             return fail(err, path, "unknown key (%s)", only);
         join_names(list, sizeof list, allowed, n);
-        if (best_d <= 2 && best_d < strlen(key))
-            return fail(err, path, "unknown key (did you mean \"%s\"? expected one of %s)", allowed[best],
-                        list);
+        if (near)
+            return fail(err, path, "unknown key (did you mean \"%s\"? expected one of %s)", near, list);
         return fail(err, path, "unknown key (expected one of %s)", list);
     }
     return DDPD_OK;
@@ -289,8 +297,9 @@ ddpd_err get_str_value(struct ddpd_error *err, json_t *v, const char *path, char
 }
 
 /* One of names[]; *out is the index. A missing required key lists the choices. */
-ddpd_err get_enum(struct ddpd_error *err, json_t *obj, const char *parent, const char *key,
-                  const char *const *names, size_t n, bool required, int *out)
+/* get_enum, and with `hint` a "did you mean" for a near miss. */
+static ddpd_err enum_value(struct ddpd_error *err, json_t *obj, const char *parent, const char *key,
+                           const char *const *names, size_t n, bool required, bool hint, int *out)
 {
     char path[PATH_CAP], list[256], want[300];
     json_t *v = json_object_get(obj, key);
@@ -305,7 +314,28 @@ ddpd_err get_enum(struct ddpd_error *err, json_t *obj, const char *parent, const
                 *out = (int)i;
                 return DDPD_OK;
             }
+    const char *near = hint && json_is_string(v) ? nearest_name(json_string_value(v), names, n) : NULL;
+    if (near) {
+        char d[200];
+        return fail(err, path, "expected %s, got %s (did you mean \"%s\"?)", want, describe(v, d, sizeof d),
+                    near);
+    }
     return fail_type(err, path, want, v);
+}
+
+ddpd_err get_enum(struct ddpd_error *err, json_t *obj, const char *parent, const char *key,
+                  const char *const *names, size_t n, bool required, int *out)
+{
+    return enum_value(err, obj, parent, key, names, n, required, false, out);
+}
+
+/* A misspelt layer type ("lineer", "layer_norm") gets the hint an unknown key gets. Only
+ * where the names are all one family: for a loss or a precision a near name is another
+ * thing ("fp16" is not a misspelt "fp32"). */
+ddpd_err get_enum_hint(struct ddpd_error *err, json_t *obj, const char *parent, const char *key,
+                       const char *const *names, size_t n, bool required, int *out)
+{
+    return enum_value(err, obj, parent, key, names, n, required, true, out);
 }
 
 /* An object member that must itself be an object; *out is NULL when absent. */

@@ -37,6 +37,7 @@
 #define get_bool        spec__get_bool
 #define get_str_value   spec__get_str_value
 #define get_enum        spec__get_enum
+#define get_enum_hint   spec__get_enum_hint
 #define get_obj         spec__get_obj
 #define get_path        spec__get_path
 #define get_pair        spec__get_pair
@@ -115,6 +116,9 @@ ddpd_err get_bool(struct ddpd_error *err, json_t *obj, const char *parent, const
 ddpd_err get_str_value(struct ddpd_error *err, json_t *v, const char *path, char *dst, size_t cap);
 ddpd_err get_enum(struct ddpd_error *err, json_t *obj, const char *parent, const char *key,
                   const char *const *names, size_t n, bool required, int *out);
+/* get_enum with "(did you mean \"linear\"?)" after the error for a near miss (a layer's type). */
+ddpd_err get_enum_hint(struct ddpd_error *err, json_t *obj, const char *parent, const char *key,
+                       const char *const *names, size_t n, bool required, int *out);
 /* An object member that must itself be an object; *out is NULL when absent. */
 ddpd_err get_obj(struct ddpd_error *err, json_t *obj, const char *key, bool required, const char *example,
                  json_t **out);

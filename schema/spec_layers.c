@@ -153,7 +153,7 @@ static ddpd_err parse_layer(struct ddpd_error *err, struct spec *s, int idx, jso
     ddpd_err rc;
     if (!json_is_object(layer))
         return fail_type(err, lp, "a layer object such as {\"type\": \"relu\"}", layer);
-    rc = get_enum(err, layer, lp, "type", type_names, COUNT(type_names), true, &t);
+    rc = get_enum_hint(err, layer, lp, "type", type_names, COUNT(type_names), true, &t);
     if (rc != DDPD_OK)
         return rc;
     l->kind = type_kinds[t];

@@ -1,5 +1,6 @@
 /* spec_print.c — a parsed spec back to JSON (spec_to_json, spec_dumps), every key written out,
  * the defaults included: what a job ran with is on record, and it parses back to the same spec. */
+#include "jsonnum.h"
 #include "spec_impl.h"
 
 static json_t *optim_to_json(const struct spec_optim *o)
@@ -271,6 +272,8 @@ char *spec_dumps(const struct spec *s)
         free(d.p);
         d.p = NULL;
     }
+    if (d.p) /* a real as the user wrote it: 0.003, not 0.0030000000000000001 */
+        jsonnum_tidy(d.p, d.len);
     json_decref(j);
     return d.p;
 }

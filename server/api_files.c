@@ -71,8 +71,14 @@ static json_t *step_columns(const struct store_series *s, const char *name)
 ddpd_err api__metrics(struct http_request *req, struct ddpd_error *err)
 {
     struct api *a = api__ctx(req);
+    static const char *const formats[] = {"json", "csv", NULL};
     int64_t maxp;
-    ddpd_err rc = http_query_int(req, "max_points", 2, STORE_METRICS_MAX_POINTS, 1000, &maxp, err);
+    int format = 0;
+    ddpd_err rc = http_query_enum(req, "format", formats, 0, &format, err);
+    /* The CSV is an export: every point the store keeps, unless max_points says fewer. */
+    if (rc == DDPD_OK)
+        rc = http_query_int(req, "max_points", 2, STORE_METRICS_MAX_POINTS,
+                            format == 1 ? STORE_METRICS_MAX_POINTS : 1000, &maxp, err);
     if (rc)
         return rc;
     struct store_job j;
@@ -82,6 +88,11 @@ ddpd_err api__metrics(struct http_request *req, struct ddpd_error *err)
     struct store_metrics m;
     if ((rc = store_metrics_get(a->store, http_request_id(req, 0), (int)maxp, &m, err)))
         return rc;
+    if (format == 1) {
+        rc = api__metrics_csv(req, &m, err);
+        store_metrics_free(&m);
+        return rc;
+    }
     json_t *series = json_array();
     json_t *mean = json_null();
     for (size_t i = 0; i < m.n_series; i++) {

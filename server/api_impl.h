@@ -3,11 +3,11 @@
  * route table in api.c names. Nothing outside server/api*.c includes this.
  *
  * The files: api.c (the api's life and the route table), api_jobs.c (a job as JSON, the
- * rendered-job cache, list, get, cancel, delete), api_submit.c (submit and resume, with
- * the planner's data check), api_files.c (a job's curve, logs and checkpoints),
- * api_events.c (the event stream), api_web.c (devices, health, /metrics, the dashboard's
- * files), api_infer.c (generate, predict and the inference pool's state), api_pytorch.c
- * (the job's model as model.py). */
+ * rendered-job cache, list, get, cancel, delete, patch), api_submit.c (submit and resume, with
+ * the planner's data check), api_files.c (a job's curve, logs and checkpoints), api_metrics_csv.c (the curve
+ * as CSV), api_events.c (the event stream), api_web.c (devices, health, /metrics, the dashboard's files),
+ * api_infer.c (generate, predict and the inference pool's state), api_pytorch.c (the job's model as
+ * model.py). */
 #ifndef DDPD_API_IMPL_H
 #define DDPD_API_IMPL_H
 
@@ -83,6 +83,13 @@ void api__steps_text(const int64_t *steps, size_t n, char *buf, size_t cap);
 ddpd_err api__no_checkpoint_at(struct ddpd_error *err, ddpd_err code, const char *path, const char *prefix,
                                const char *dir, int64_t id, int64_t step);
 
+/* ---- api_metrics_csv.c ------------------------------------------------------------------- */
+
+/* GET /v1/jobs/{id}/metrics?format=csv: `m` (borrowed) as text/csv, a header row
+ * (step,loss,loss_rank_R..,lr,eval_loss,eval_accuracy,eval_samples) and a row per step. */
+struct store_metrics;
+ddpd_err api__metrics_csv(struct http_request *req, const struct store_metrics *m, struct ddpd_error *err);
+
 /* ---- the handlers of the route table (api.c) ---------------------------------------------- */
 
 ddpd_err api__submit(struct http_request *req, struct ddpd_error *err);      /* api_submit.c */
@@ -91,6 +98,7 @@ ddpd_err api__list(struct http_request *req, struct ddpd_error *err);        /* 
 ddpd_err api__get(struct http_request *req, struct ddpd_error *err);         /* api_jobs.c */
 ddpd_err api__cancel(struct http_request *req, struct ddpd_error *err);      /* api_jobs.c */
 ddpd_err api__delete(struct http_request *req, struct ddpd_error *err);      /* api_jobs.c */
+ddpd_err api__patch(struct http_request *req, struct ddpd_error *err);       /* api_jobs.c */
 ddpd_err api__events(struct http_request *req, struct ddpd_error *err);      /* api_events.c */
 ddpd_err api__metrics(struct http_request *req, struct ddpd_error *err);     /* api_files.c */
 ddpd_err api__logs(struct http_request *req, struct ddpd_error *err);        /* api_files.c */

@@ -24,6 +24,7 @@
 
 #include "../base/clock.h"
 #include "../base/parse.h"
+#include "../schema/jsonnum.h"
 #include "../schema/spec.h"
 #include "opt.h"
 #include "progress.h"
@@ -260,7 +261,8 @@ long request(struct client *c, const char *method, const char *path, const char 
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
     if (!strcmp(method, "GET"))
         curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
-    else if (!strcmp(method, "POST")) {
+    else if (!strcmp(method, "POST") || body) {
+        /* A body with any other method (PATCH) goes as POST's does, under its own name. */
         curl_easy_setopt(h, CURLOPT_POST, 1L);
         curl_easy_setopt(h, CURLOPT_POSTFIELDS, body ? body : "");
         curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(body ? body_len : 0));
@@ -621,22 +623,56 @@ static int post_job(struct client *c, const char *cmd, const char *path, const c
     return follow_job(c, id);
 }
 
+/* The spec's text with the tags and notes of the options set beside its keys, into *spec
+ * (replaced). False after a message when the file is not a JSON object. */
+static bool spec_with_meta(struct buf *spec, const char *spec_path, const struct meta_opts *m)
+{
+    json_error_t je;
+    json_t *j = json_loadb(spec->p ? spec->p : "", spec->n, 0, &je);
+    if (!json_is_object(j)) {
+        if (j)
+            fprintf(stderr, "ddpd submit: %s: --tag and --notes need a spec that is a JSON object\n",
+                    spec_path);
+        else
+            fprintf(stderr, "ddpd submit: %s line %d column %d: %s\n", spec_path, je.line, je.column,
+                    je.text);
+        json_decref(j);
+        return false;
+    }
+    meta_put(m, j);
+    char *text = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    if (!text)
+        return false;
+    buf_free(spec);
+    spec->p = text;
+    spec->n = spec->cap = strlen(text);
+    return true;
+}
+
 static int cmd_submit(struct client *c, int argc, char **argv)
 {
-    static const struct option longs[] = {{"follow", no_argument, NULL, 'f'}, COMMON_OPTIONS};
+    static const struct option longs[] = {{"follow", no_argument, NULL, 'f'},
+                                          {"tag", required_argument, NULL, OPT_TAG},
+                                          {"notes", required_argument, NULL, OPT_NOTES},
+                                          COMMON_OPTIONS};
     struct opts o = {.cmd = find_command("submit")};
+    struct meta_opts meta = {0};
     bool follow = false;
     int opt;
     while ((opt = next_option(&o, argc, argv, ":fh", longs)) != -1) {
-        if (opt == -2)
+        if (opt == -2) {
+            meta_free(&meta);
             return o.rc;
-        follow = true; /* 'f' */
+        }
+        if (!meta_option(&meta, opt, optarg))
+            follow = true; /* 'f' */
     }
-    if (!operands(&o, argc, 1, "SPEC.json"))
-        return o.rc;
-    int rc = client_setup(c, &o);
-    if (rc)
+    int rc = operands(&o, argc, 1, "SPEC.json") ? client_setup(c, &o) : o.rc;
+    if (rc) {
+        meta_free(&meta);
         return rc;
+    }
     const char *spec_path = argv[optind];
     struct buf spec = {.max = SPEC_MAX_BODY + 1};
     FILE *in = !strcmp(spec_path, "-") ? stdin : fopen(spec_path, "rb");
@@ -654,6 +690,13 @@ static int cmd_submit(struct client *c, int argc, char **argv)
     if (read_failed || spec.over) {
         fprintf(stderr, "ddpd submit: %s: %s\n", spec_path,
                 spec.over ? "larger than the server's limit of 1 MiB for a spec" : "cannot read it");
+        buf_free(&spec);
+        meta_free(&meta);
+        return EXIT_USAGE;
+    }
+    bool meta_ok = !meta_given(&meta) || spec_with_meta(&spec, spec_path, &meta);
+    meta_free(&meta);
+    if (!meta_ok) {
         buf_free(&spec);
         return EXIT_USAGE;
     }
@@ -745,6 +788,7 @@ static int cmd_show(struct client *c, int argc, char **argv)
     json_decref(j);
     if (!text)
         return EXIT_FAIL;
+    jsonnum_tidy(text, strlen(text)); /* the server's numbers as it printed them, not %.17g of them */
     /* jansson escaped the control characters below 0x20 in its strings; DEL, C1 and the
      * rest become \u escapes of the same JSON value. */
     rc = termsafe_write(stdout, text, strlen(text), TERMSAFE_JSON_TEXT) != 0 || fputc('\n', stdout) == EOF
@@ -807,9 +851,10 @@ static int cmd_jobs(struct client *c, int argc, char **argv)
 {
     static const struct option longs[] = {{"state", required_argument, NULL, OPT_STATE},
                                           {"limit", required_argument, NULL, OPT_LIMIT},
+                                          {"tag", required_argument, NULL, OPT_TAG},
                                           COMMON_OPTIONS};
     struct opts o = {.cmd = find_command("jobs")};
-    const char *state = NULL;
+    const char *state = NULL, *tag = NULL;
     long limit = 0;
     int opt;
     while ((opt = next_option(&o, argc, argv, ":h", longs)) != -1) {
@@ -817,6 +862,8 @@ static int cmd_jobs(struct client *c, int argc, char **argv)
             return o.rc;
         if (opt == OPT_STATE)
             state = optarg;
+        else if (opt == OPT_TAG)
+            tag = optarg;
         else if (!parse_opt_long("jobs", "--limit", optarg, 1, JOBS_LIMIT_MAX, &limit))
             return EXIT_USAGE;
     }
@@ -832,6 +879,11 @@ static int cmd_jobs(struct client *c, int argc, char **argv)
     if (state) {
         char *esc = curl_easy_escape(c->curl, state, 0);
         n += snprintf(path + n, sizeof path - (size_t)n, "state=%.200s&", esc ? esc : "");
+        curl_free(esc);
+    }
+    if (tag) {
+        char *esc = curl_easy_escape(c->curl, tag, 0);
+        n += snprintf(path + n, sizeof path - (size_t)n, "tag=%.200s&", esc ? esc : "");
         curl_free(esc);
     }
     path[n - 1] = '\0'; /* the last '&' or the '?' */
@@ -1004,14 +1056,25 @@ static int cmd_checkpoints(struct client *c, int argc, char **argv)
 /* ---- the table of commands ---------------------------------------------------------- */
 
 static const struct command commands[] = {
-    {"submit", "[--follow] SPEC.json", "Submits a job (SPEC.json, or - for stdin) and prints its id.",
-     "  -f, --follow      then follow it as `ddpd watch` does (the id goes to stderr)\n", cmd_submit},
-    {"jobs", "[--state S[,S..]] [--limit N]",
+    {"submit", "[--follow] [--tag T].. [--notes TEXT] SPEC.json",
+     "Submits a job (SPEC.json, or - for stdin) and prints its id.",
+     "  -f, --follow      then follow it as `ddpd watch` does (the id goes to stderr)\n"
+     "  --tag T           tag the job T (repeat for more; replaces the file's \"tags\")\n"
+     "  --notes TEXT      the job's notes (replaces the file's \"notes\")\n",
+     cmd_submit},
+    {"jobs", "[--state S[,S..]] [--tag T] [--limit N]",
      "Lists jobs, newest first: id, name, state, step/total, loss, age.",
      "  --state S         only jobs in these states (queued, starting, running, succeeded,\n"
      "                    failed, cancelled; comma-separated)\n"
+     "  --tag T           only jobs tagged T (exactly)\n"
      "  --limit N         at most N jobs (1..1000; default the server's 50)\n",
      cmd_jobs},
+    {"patch", "[--tag T].. [--no-tags] [--notes TEXT] ID",
+     "Changes a job's tags (the --tag list replaces them) or notes, in any state.",
+     "  --tag T           a tag of the job's new list (repeat for more)\n"
+     "  --no-tags         remove every tag\n"
+     "  --notes TEXT      the job's new notes (\"\" clears them)\n",
+     cmd_patch},
     {"show", "ID", "Prints the job as JSON.", "", cmd_show},
     {"watch", "ID",
      "Follows the job until it ends: a progress line on a terminal, else its events as NDJSON.\n"

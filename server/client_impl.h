@@ -1,6 +1,7 @@
 /* client_impl.h — what the client's files share (client.c: the connection, the requests
  * and the job commands; client_pull.c: pull; client_infer.c: generate and predict;
- * client_tokenize.c: tokenize; client_compare.c: compare). Only
+ * client_tokenize.c: tokenize; client_compare.c: compare;
+ * client_tags.c: patch and the tag options). Only
  * they include it. Short names map to client__ ones, as spec_impl.h does for the spec. */
 #ifndef DDPD_CLIENT_IMPL_H
 #define DDPD_CLIENT_IMPL_H
@@ -164,6 +165,33 @@ int cmd_generate(struct client *c, int argc, char **argv); /* client_infer.c */
 int cmd_predict(struct client *c, int argc, char **argv);  /* client_infer.c */
 #define cmd_compare client__cmd_compare
 int cmd_compare(struct client *c, int argc, char **argv); /* client_compare.c */
+
+/* ---- a job's tags and notes (client_tags.c) ---- */
+
+/* Their options' getopt_long codes, shared by submit, jobs and patch (above the codes any
+ * file numbers from OPT_LOCAL). */
+enum { OPT_TAG = OPT_LOCAL + 100, OPT_NO_TAGS, OPT_NOTES };
+/* What the options said: --tag T (repeated; the list replaces the job's), --no-tags (none),
+ * --notes TEXT. */
+struct meta_opts {
+    json_t *tags; /* owned; NULL: no --tag */
+    bool no_tags;
+    const char *notes; /* borrowed from argv; NULL: no --notes */
+};
+#define meta_option client__meta_option
+#define meta_given  client__meta_given
+#define meta_put    client__meta_put
+#define meta_free   client__meta_free
+#define cmd_patch   client__cmd_patch
+/* Takes option `opt` (OPT_TAG, OPT_NO_TAGS, OPT_NOTES) into *m; false for another option. */
+bool meta_option(struct meta_opts *m, int opt, const char *arg);
+/* Whether any of them was given. */
+bool meta_given(const struct meta_opts *m);
+/* Sets "tags" and "notes" of `obj` as the options said (the others left alone). */
+void meta_put(const struct meta_opts *m, json_t *obj);
+void meta_free(struct meta_opts *m);
+int cmd_patch(struct client *c, int argc, char **argv); /* client_tags.c */
+
 #define cmd_tokenize client__cmd_tokenize
 int cmd_tokenize(struct client *c, int argc, char **argv); /* client_tokenize.c (no server) */
 

@@ -10,6 +10,7 @@
 
 #include "../base/alloc.h"
 #include "../base/check.h"
+#include "../schema/jsonnum.h"
 #include "http_impl.h"
 
 /* ---- responses ------------------------------------------------------------------------------ */
@@ -72,7 +73,7 @@ ddpd_err http_respond_json(struct http_request *req, int status, json_t *body)
     json_decref(body);
     if (!text)
         return DDPD_ENOMEM;
-    size_t n = strlen(text);
+    size_t n = jsonnum_tidy(text, strlen(text)); /* reals without float noise */
     char *t = realloc(text, n + 2);
     if (!t) {
         free(text);

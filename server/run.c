@@ -311,7 +311,7 @@ static int load_spec(const struct run_opts *o, struct spec *out)
     }
     struct spec spec;
     struct ddpd_error err;
-    struct spec_parse_opts popts = {.default_device = DEVICE_CPU};
+    struct spec_parse_opts popts = {.default_device = DEVICE_CPU, .job_file = true};
     if (device)
         popts.default_device = !strcmp(device, "cuda") ? DEVICE_CUDA : DEVICE_CPU;
     ddpd_err rc = spec_parse(text, len, &popts, &spec, &err);

@@ -99,7 +99,7 @@
       id: 'gpt',
       title: 'Character GPT',
       about: 'A 2-block GPT (dim 64, 4 heads, T 64, byte vocabulary 256) with AdamW on a tokens file, 2 ranks, ' +
-        'eval every 100 steps (examples/gpt-char.json; python3 examples/gpt_char_data.py writes train.bin and eval.bin).',
+        'eval every 100 steps (examples/gpt-char.json; python3 examples/gpt_char_data.py writes gpt-char/train.bin and gpt-char/eval.bin into the data directory).',
       spec: {
         name: 'gpt-char',
         world_size: 2,
@@ -116,8 +116,8 @@
         ],
         loss: 'cross_entropy',
         optimizer: {type: 'adamw', lr: 0.003},
-        data: {type: 'tokens', path: 'train.bin', block_size: 64, seed: 1},
-        eval: {data: {type: 'tokens', path: 'eval.bin', block_size: 64}, every_steps: 100},
+        data: {type: 'tokens', path: 'gpt-char/train.bin', block_size: 64, seed: 1},
+        eval: {data: {type: 'tokens', path: 'gpt-char/eval.bin', block_size: 64}, every_steps: 100},
         batch_size: 16,
         steps: 300,
         log_every: 1,
@@ -126,9 +126,9 @@
     {
       id: 'cnn',
       title: 'Digits conv net',
-      about: 'Two 3x3 conv layers with BatchNorm, max pooling and an MLP head on 8x8 digit images (x.npy [N,1,8,8], ' +
+      about: 'Two 3x3 conv layers with BatchNorm, max pooling and an MLP head on 8x8 digit images (digits/x.npy [N,1,8,8], ' +
         'y.npy class ids), SGD with a cosine schedule, 2 ranks, eval every 40 steps (examples/digits-cnn.json; ' +
-        'python3 examples/digits_data.py writes the files).',
+        'python3 examples/digits_data.py writes the files into digits/ of the data directory).',
       spec: {
         name: 'digits-cnn',
         world_size: 2,
@@ -151,8 +151,8 @@
         loss: 'cross_entropy',
         optimizer: {type: 'sgd', lr: 0.1, momentum: 0.9, weight_decay: 0.0001,
           schedule: {type: 'cosine', warmup_steps: 10}},
-        data: {type: 'npy', x: 'x.npy', y: 'y.npy', seed: 1},
-        eval: {data: {type: 'npy', x: 'eval_x.npy', y: 'eval_y.npy'}, every_steps: 40},
+        data: {type: 'npy', x: 'digits/x.npy', y: 'digits/y.npy', seed: 1},
+        eval: {data: {type: 'npy', x: 'digits/eval_x.npy', y: 'digits/eval_y.npy'}, every_steps: 40},
         batch_size: 32,
         epochs: 8,
         log_every: 10,

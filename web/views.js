@@ -20,9 +20,10 @@
   /* "Newer" goes back through the cursors that "Older" followed (per filter). */
   const cursorTrail = new Map();
 
-  function jobsHash(state, before, limit) {
+  function jobsHash(state, before, limit, tag) {
     const q = new URLSearchParams();
     if (state) q.set('state', state);
+    if (tag) q.set('tag', tag);
     if (before) q.set('before', before);
     if (limit && limit !== 25) q.set('limit', String(limit));
     const s = q.toString();
@@ -33,7 +34,8 @@
     const state = params.get('state') || '';
     const before = params.get('before') || '';
     const limit = Math.min(200, Math.max(1, Number(params.get('limit')) || 25));
-    const trailKey = state + '|' + limit;
+    const tag = params.get('tag') || '';
+    const trailKey = state + '|' + limit + '|' + tag;
     const trail = cursorTrail.get(trailKey) || [];
     cursorTrail.set(trailKey, trail);
     if (!before) trail.length = 0;
@@ -54,7 +56,10 @@
     const pager = el('div', {class: 'pager'});
     const chips = el('div', {class: 'chips', role: 'group', 'aria-label': 'filter by state'},
       FILTERS.map((f) => el('a', {class: 'chip' + (f.state === state ? ' chip-on' : '') + (U.STATES.includes(f.state) ? ' chip-' + f.state : ''),
-        href: jobsHash(f.state, '', limit), dataset: {filter: f.state || 'all'}}, f.label)));
+        href: jobsHash(f.state, '', limit, tag), dataset: {filter: f.state || 'all'}}, f.label)),
+      /* The tag filter (a job's tags link here): shown with a way out. */
+      tag ? el('span', {class: 'chip chip-on chip-tag', id: 'tag-filter'}, 'tag: ' + tag + ' ',
+        el('a', {href: jobsHash(state, '', limit, ''), title: 'every tag', 'aria-label': 'clear the tag filter'}, '×')) : null);
     fill(root,
       el('div', {class: 'page-head'}, el('h1', {}, 'Jobs'), el('span', {class: 'grow'}), compareBtn,
         el('a', {class: 'button primary', href: '#/submit'}, 'Submit a job')),
@@ -88,6 +93,8 @@
           el('td', {class: 'col-select'}, pick),
           el('td', {class: 'num'}, el('a', {href: '#/jobs/' + j.id}, '#' + j.id)),
           el('td', {class: 'name'}, el('a', {href: '#/jobs/' + j.id}, j.name || '(unnamed)'),
+            (j.tags || []).length ? el('div', {class: 'tags'}, j.tags.map((t) =>
+              el('a', {class: 'tag', href: jobsHash(state, '', limit, t), dataset: {tag: t}}, t))) : null,
             j.pending_reason && j.state === 'queued' ? el('div', {class: 'sub'}, j.pending_reason) : null,
             j.error && j.error !== j.state ? el('div', {class: 'sub sub-error', title: j.error}, j.error) : null),
           el('td', {}, U.stateBadge(j.state)),
@@ -105,17 +112,18 @@
       });
       fill(tbody, rows);
       fill(msg, data.jobs.length ? null : el('p', {class: 'empty'},
-        state ? 'No jobs in this state. ' : 'No jobs yet. ', el('a', {href: '#/submit'}, 'Submit one.')));
+        tag ? `No jobs tagged ${tag}${state ? ' in this state' : ''}. ` : state ? 'No jobs in this state. ' : 'No jobs yet. ', el('a', {href: '#/submit'}, 'Submit one.')));
       fill(pager,
-        before ? el('a', {class: 'button', href: jobsHash(state, trail.length > 1 ? trail[trail.length - 2] : '', limit),
+        before ? el('a', {class: 'button', href: jobsHash(state, trail.length > 1 ? trail[trail.length - 2] : '', limit, tag),
           dataset: {page: 'newer'}, onclick: () => trail.pop()}, '← Newer') : null,
         el('span', {class: 'grow'}),
-        next ? el('a', {class: 'button', href: jobsHash(state, next, limit), dataset: {page: 'older'},
+        next ? el('a', {class: 'button', href: jobsHash(state, next, limit, tag), dataset: {page: 'older'},
           onclick: () => trail.push(next)}, 'Older →') : null);
     };
 
     const q = new URLSearchParams({limit: String(limit)});
     if (state) q.set('state', state);
+    if (tag) q.set('tag', tag);
     if (before) q.set('before', before);
     let shownError = false;
     const stop = U.every(2000, async () => {

@@ -1093,6 +1093,11 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     const double t0 = base_mono_s();
     double t_log = t0, last_loss = NAN;
     int64_t samples_since_log = 0;
+    /* The latest step this rank ran, and the latest it logged: a cancel between two steps
+     * logs the step it ends after, so that the job's step is the one the rank's log names
+     * (issue 31: the log said 1774, the job 1770, with log_every 10). */
+    struct pending_log ran = {.step = pos.step};
+    int64_t logged = pos.step;
     if (cfg->in_loop)
         *cfg->in_loop = 1;
     while (pos.step < r.total) {
@@ -1110,8 +1115,15 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
             model_zero_grad(r.m);
             for (int64_t j = 0; j < micro; j++, b++) {
                 if (cfg->cancel && *cfg->cancel) {
-                    rc = ddpd_error_set(err, DDPD_ECANCELED, "", "cancelled by SIGTERM at step %" PRId64,
-                                        pos.step + 1);
+                    /* Before this step's first micro-batch the last step's losses are still
+                     * on the device: log it, if it was not. */
+                    if (j == 0 && ran.step > logged) {
+                        log_finish(&r, &pend, &t_log, &last_loss);
+                        log_start(&r, &pend, &ran, &t_log, &last_loss);
+                        log_finish(&r, &pend, &t_log, &last_loss);
+                    }
+                    rc = ddpd_error_set(err, DDPD_ECANCELED, "", "cancelled by SIGTERM after step %" PRId64,
+                                        pos.step);
                     goto out;
                 }
                 int64_t rows;
@@ -1132,6 +1144,12 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
             /* With on_nonfinite "fail" each step's losses are read at once (on CUDA this
              * waits for the step), so that every rank stops at the same step. */
             const bool nonfinite = s->on_nonfinite == NONFINITE_FAIL && step_nonfinite(&r, micro);
+            ran = (struct pending_log){.step = pos.step,
+                                       .epoch = epoch,
+                                       .micro = micro,
+                                       .samples = samples_since_log,
+                                       .lr = lr,
+                                       .grad_norm = grad_norm};
 
             /* The previous logged step's losses have arrived while this one was queued. */
             log_finish(&r, &pend, &t_log, &last_loss);
@@ -1146,6 +1164,7 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
                                                 .grad_norm = grad_norm};
                 log_start(&r, &pend, &now, &t_log, &last_loss);
                 samples_since_log = 0;
+                logged = pos.step;
             }
             if (nonfinite || (s->checkpoint_every && pos.step % s->checkpoint_every == 0) ||
                 eval_due(&r, pos.step))

@@ -519,3 +519,36 @@ def test_run_shows_progress_on_a_terminal(work):
     r = subprocess.run([ddpd(), "run", "--out", str(work / "out2"), spec], capture_output=True, text=True,
                        timeout=120, env=env)
     assert r.returncode == 0 and "\r" not in r.stderr, r.stderr
+
+
+def test_tags_and_notes_from_the_command_line(server, work):
+    """Issue 31: `ddpd submit --tag T --notes N`, `ddpd jobs --tag T`, `ddpd patch`."""
+    spec = seed_spec(name="tagged", tags=["from-file"])
+    r = cli(server, "submit", "--tag", "lr-0.1", "--tag", "base line", "--notes", "first\ntry",
+            spec_file(work, spec))
+    assert r.returncode == 0, r.stderr
+    a = int(r.stdout.strip())
+    j = server.job(a)
+    assert j["tags"] == ["lr-0.1", "base line"] and j["notes"] == "first\ntry", j
+    b = submit(server, work, spec)  # the file's own tags when no --tag is given
+    assert server.job(b)["tags"] == ["from-file"]
+    r = cli(server, "jobs", "--tag", "base line")
+    assert r.returncode == 0, r.stderr
+    rows = [ln.split()[0] for ln in r.stdout.splitlines()[1:]]
+    assert rows == [str(a)], r.stdout
+    r = cli(server, "patch", "--tag", "x", "--tag", "y", "--notes", "", str(b))
+    assert r.returncode == 0 and r.stdout == f'job {b}: tags ["x","y"]\n', (r.stdout, r.stderr)
+    assert server.job(b)["tags"] == ["x", "y"] and server.job(b)["notes"] is None
+    r = cli(server, "patch", "--no-tags", str(b))
+    assert r.returncode == 0 and server.job(b)["tags"] == [], r.stderr
+    # Mistakes: the server's 422 names the tag (exit 2); no change asked is a usage error.
+    r = cli(server, "patch", "--tag", "bad\u001b", str(b))
+    assert r.returncode == 2 and "tags[0]" in r.stderr, r.stderr
+    r = cli(server, "patch", str(b))
+    assert r.returncode == 2 and "nothing to change" in r.stderr, r.stderr
+    r = cli(server, "submit", "--tag", "t", "-", input="[1, 2")
+    assert r.returncode == 2 and "line 1" in r.stderr, r.stderr
+    # `ddpd show` prints the server's numbers as the server printed them (issue 31).
+    c = submit(server, work, seed_spec(name="lr", optimizer={"type": "sgd", "lr": 0.003}))
+    r = cli(server, "show", str(c))
+    assert r.returncode == 0 and '"lr": 0.003' in r.stdout and "0.0030000000000000001" not in r.stdout, r.stdout

@@ -276,8 +276,9 @@ def test_spec_md_examples_pass_the_validator_and_the_planner_on_data_of_their_sh
     (data / "digits").mkdir()
     np.save(data / "digits" / "x.npy", rng.standard_normal((256, 1, 8, 8), dtype=np.float32))
     np.save(data / "digits" / "y.npy", rng.integers(0, 10, 256, dtype=np.int64))
+    (data / "gpt-char").mkdir()
     for name, n in (("train.bin", 64 * 50 + 1), ("eval.bin", 64 * 10 + 1)):
-        rng.integers(0, 256, n, dtype=np.uint16).astype("<u2").tofile(data / name)
+        rng.integers(0, 256, n, dtype=np.uint16).astype("<u2").tofile(data / "gpt-char" / name)
     examples = spec_examples()
     lines = "".join(json.dumps({"world_size": s.get("world_size", 1), "spec": s, "data_dir": str(data),
                                 "max_rank_memory": 0}) + "\n" for s in examples)

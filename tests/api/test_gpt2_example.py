@@ -47,9 +47,9 @@ def test_the_gpt2_finetune_example_on_a_tiny_gpt2(make_server, work):
     hf.save(d / "gpt2", hf.random_state(cfg, 3), cfg, prefix=False, mask=True)
     (d / "input.txt").write_text(TEXT)
 
-    ddpd(server, "tokenize", "--vocab", "gpt2/vocab.json", "--merges", "gpt2/merges.txt", "-o", "train.bin",
+    ddpd(server, "tokenize", "--vocab", "gpt2/vocab.json", "--merges", "gpt2/merges.txt", "-o", "gpt2/train.bin",
          "--eval-fraction", "0.1", "input.txt")
-    ids = np.fromfile(d / "train.bin", dtype=np.uint16)
+    ids = np.fromfile(d / "gpt2" / "train.bin", dtype=np.uint16)
     assert ids.size > 100 and ids.max() < len(vocab), ids.size
 
     spec = json.loads((REPO / "examples" / "gpt2-finetune.json").read_text())

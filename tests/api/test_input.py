@@ -249,7 +249,7 @@ def test_checkpoint_of_a_job_without_one_is_404(server):
 @pytest.mark.parametrize("method,path,allowed", [
     ("PUT", "/v1/jobs", {"GET", "POST"}),
     ("DELETE", "/v1/jobs", {"GET", "POST"}),
-    ("PATCH", "/v1/jobs/1", {"GET", "DELETE"}),
+    ("PUT", "/v1/jobs/1", {"GET", "DELETE", "PATCH"}),  # PATCH changes tags and notes (issue 31)
     ("POST", "/v1/jobs/1", {"GET", "DELETE"}),
     ("GET", "/v1/jobs/1/cancel", {"POST"}),
     ("DELETE", "/v1/jobs/1/cancel", {"POST"}),

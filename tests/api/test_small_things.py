@@ -1,6 +1,7 @@
 """The small things of issue 19 part 4, each through the real server: error messages that
 say what happened and where, query parameters that are checked, the server's options,
 and /metrics."""
+import os
 import socket
 import subprocess
 
@@ -54,10 +55,10 @@ def test_unknown_query_parameters_are_refused_naming_them(server):
     jid = server.submit(seed_spec(name="q"))["id"]
     e = err_of(server.get("/v1/jobs?nmae=x"), 400)
     assert e["code"] == "bad_query" and e["path"] == "nmae", e
-    assert e["message"] == "unknown query parameter 'nmae' (GET /v1/jobs takes state, limit, before, name)", e
+    assert e["message"] == "unknown query parameter 'nmae' (GET /v1/jobs takes state, limit, before, name, tag)", e
     e = err_of(server.get(f"/v1/jobs/{jid}/metrics?max_point=2&x=1"), 400)
     assert e["message"].startswith("unknown query parameters 'max_point', 'x' (GET /v1/jobs/{id}/metrics takes "
-                                   "max_points)"), e
+                                   "max_points, format)"), e
     e = err_of(server.get(f"/v1/jobs/{jid}?verbose=1"), 400)
     assert "takes none" in e["message"], e
     e = err_of(server.post(f"/v1/jobs/{jid}/cancel?force=1"), 400)
@@ -235,7 +236,10 @@ def test_error_messages_show_no_server_paths(make_server, work):
     assert r.status_code == 404
     assert r.json()["error"]["message"] == "no such resource: /web/app.js (not in the dashboard's folder, --web-dir)", r.text
     e = err_of(server.post("/v1/jobs", json=seed_spec(data={"type": "npy", "x": "x.npy", "y": "y.npy"})), 422)
-    assert str(server.data_dir) not in e["message"] and e["message"] == "x.npy: cannot open: No such file or directory", e
+    # A missing data file names the data directory it was looked for in (issue 31): the one
+    # server folder a client needs to know, where its files go.
+    assert e["message"] == ("x.npy: cannot open: No such file or directory (data paths are resolved against the "
+                            f"data directory {os.path.realpath(server.data_dir)})"), e
 
 
 def test_a_failed_jobs_error_shows_no_server_paths(make_server):

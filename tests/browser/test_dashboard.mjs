@@ -4,7 +4,8 @@
 //
 // It opens the dashboard, submits the seed example through the Submit page and sees it
 // succeed, watches a longer job's chart gain points while it runs, cancels a third job,
-// submits an invalid spec and sees the error at its path, pages and filters the job list,
+// submits an invalid spec and sees the error at its path, pages and filters the job list
+// (by state and by a tag),
 // downloads a checkpoint, sees a restarted job list its restart, loads the GPT and
 // conv-net templates and has a second server accept them, puts trained models to use on a
 // third (a GPT's Sample box streams text, stops on Stop, shows a 503, a 422 at its field
@@ -404,6 +405,25 @@ async function main() {
     await until(async () => JSON.stringify(await rows()) === JSON.stringify(first), 'back to the newest page');
   });
 
+  await step('a job\'s tags show in the list and filter it; the filter clears (issue 31)', async () => {
+    const r = await fetch(`${a.url}/v1/jobs?limit=3`);
+    const jobs = (await r.json()).jobs.map((j) => j.id);
+    for (const [id, tags] of [[jobs[0], ['seed', 'exp a']], [jobs[2], ['exp a']]]) {
+      const p = await fetch(`${a.url}/v1/jobs/${id}`, {method: 'PATCH', headers: {'Content-Type': 'application/json'},
+        body: JSON.stringify({tags})});
+      check(p.status === 200, `PATCH job ${id}: ${p.status}`);
+    }
+    await page.goto(a.url + '/web/index.html#/jobs');
+    const rows = () => page.$$eval('#jobs-table tbody tr', (tr) => tr.map((r) => Number(r.dataset.jobId)));
+    await until(async () => (await page.$$('#jobs-table a.tag')).length === 3, 'three tag links in the list');
+    await page.click(`#jobs-table tr[data-job-id="${jobs[2]}"] a.tag[data-tag="exp a"]`);
+    await until(async () => JSON.stringify(await rows()) === JSON.stringify([jobs[0], jobs[2]]), 'only the jobs tagged "exp a"');
+    check(page.url().includes('tag=exp+a') || page.url().includes('tag=exp%20a'), 'the tag in the URL: ' + page.url());
+    check((await page.textContent('#tag-filter')).includes('tag: exp a'), 'the filter is shown');
+    await page.click('#tag-filter a');
+    await until(async () => (await rows()).length === 3, 'every job again');
+  });
+
   await step('the devices page shows the CPU slots', async () => {
     await page.click('nav a[data-nav=devices]');
     await page.waitForSelector('.device[data-kind=cpu]');
@@ -482,12 +502,14 @@ async function main() {
      * the check; each job is cancelled at once. */
     const t = await startServer('templates');
     const dir = path.join(TMP, 'templates');
-    writeFileSync(path.join(dir, 'train.bin'), tokenIds(8192));
-    writeFileSync(path.join(dir, 'eval.bin'), tokenIds(1024));
-    writeFileSync(path.join(dir, 'x.npy'), npy('<f4', [64, 1, 8, 8], (i) => (i % 17) / 16));
-    writeFileSync(path.join(dir, 'y.npy'), npy('<i8', [64], (i) => i % 10));
-    writeFileSync(path.join(dir, 'eval_x.npy'), npy('<f4', [16, 1, 8, 8], (i) => (i % 13) / 12));
-    writeFileSync(path.join(dir, 'eval_y.npy'), npy('<i8', [16], (i) => i % 10));
+    /* Each example's files in its own folder of the one data directory (issue 31). */
+    for (const sub of ['gpt-char', 'digits']) mkdirSync(path.join(dir, sub), {recursive: true});
+    writeFileSync(path.join(dir, 'gpt-char', 'train.bin'), tokenIds(8192));
+    writeFileSync(path.join(dir, 'gpt-char', 'eval.bin'), tokenIds(1024));
+    writeFileSync(path.join(dir, 'digits', 'x.npy'), npy('<f4', [64, 1, 8, 8], (i) => (i % 17) / 16));
+    writeFileSync(path.join(dir, 'digits', 'y.npy'), npy('<i8', [64], (i) => i % 10));
+    writeFileSync(path.join(dir, 'digits', 'eval_x.npy'), npy('<f4', [16, 1, 8, 8], (i) => (i % 13) / 12));
+    writeFileSync(path.join(dir, 'digits', 'eval_y.npy'), npy('<i8', [16], (i) => i % 10));
     await page.goto(t.url + '/web/index.html#/submit');
     let last = 0;
     for (const [tpl, example] of [['gpt', 'gpt-char.json'], ['cnn', 'digits-cnn.json']]) {

@@ -217,7 +217,7 @@ def test_digits_example(work):
     import sys
     root = Path(__file__).resolve().parents[2]
     data = Path(work) / "data"
-    subprocess.run([sys.executable, str(root / "examples" / "digits_data.py"), "--out", str(data)], check=True,
+    subprocess.run([sys.executable, str(root / "examples" / "digits_data.py"), "--data-dir", str(data)], check=True,
                    capture_output=True, text=True, timeout=120)
     spec = json.loads((root / "examples" / "digits-cnn.json").read_text())
     run = H.run_ddpd(spec, spec["world_size"], work, timeout=300)

@@ -212,7 +212,7 @@ def test_predict_mlp(work, worker):
 def digits_spec():
     spec = json.loads((Path(__file__).resolve().parents[2] / "examples" / "digits-cnn.json").read_text())
     spec.update(world_size=1, epochs=1, batch_size=16, log_every=10)
-    spec["eval"] = {"data": {"type": "npy", "x": "eval_x.npy", "y": "eval_y.npy"}, "every_steps": 100}
+    spec["eval"] = {"data": {"type": "npy", "x": "digits/eval_x.npy", "y": "digits/eval_y.npy"}, "every_steps": 100}
     return spec
 
 
@@ -222,7 +222,7 @@ def test_predict_digits_cnn_batchnorm(work, worker):
     run in batches of 64."""
     H.need_bin()
     H.need_torch()
-    data = Path(work) / "data"
+    data = Path(work) / "data" / "digits"  # the example's folder in the data directory
     data.mkdir(parents=True)
     rng = np.random.default_rng(8)
     x = (rng.normal(size=(160, 1, 8, 8)) * 2 + 1).astype(np.float32)
@@ -246,7 +246,7 @@ def test_predict_digits_cnn_batchnorm(work, worker):
     np.save(Path(work) / "ex.npy", ex)
     _, got = worker.ok({"op": "predict", "npy": str(Path(work) / "ex.npy")})
     close(got["outputs"], torch_out(model, ex), "digits outputs from .npy (5 batches)")
-    _, got = worker.ok({"op": "predict", "eval": {"count": 9, "data_dir": str(data)}})
+    _, got = worker.ok({"op": "predict", "eval": {"count": 9, "data_dir": str(data.parent)}})
     close(got["outputs"], torch_out(model, ex[:9]), "digits eval samples")
     assert got["labels"] == ey[:9].tolist(), got["labels"]
 

@@ -257,8 +257,15 @@ static int path_open(const char *data_dir, const char *field, const char *given,
         if (errno == EXDEV)
             data__fail(err, DDPD_ESPEC, field, "\"%s\" leaves the data directory (through a symbolic link)",
                        given);
-        else
-            data__fail(err, DDPD_EDATA, name, "cannot open: %s", strerror(errno));
+        else {
+            /* Where it looked: a file put beside the examples rather than in the server's
+             * --data-dir is the usual cause (issue 31). */
+            int e = errno;
+            char abs[PATH_MAX];
+            data__fail(err, DDPD_EDATA, name,
+                       "cannot open: %s (data paths are resolved against the data directory %s)", strerror(e),
+                       realpath(dir, abs) ? abs : dir);
+        }
         goto out;
     }
     if (fstat(fd, &st) != 0) {

@@ -474,7 +474,15 @@ static const struct bad_case bad_cases[] = {
     BAD(WITH_MODEL("[{\"in\":4,\"out\":2}]"), DDPD_ESPEC, "model[0].type",
         "missing (expected one of " TYPES ")"),
     BAD(WITH_MODEL("[{\"type\":\"conv3d\",\"in\":4,\"out\":2}]"), DDPD_ESPEC, "model[0].type",
-        "expected one of " TYPES ", got \"conv3d\""),
+        "expected one of " TYPES ", got \"conv3d\" (did you mean \"conv2d\"?)"),
+    /* Issue 31: a misspelt layer type gets the hint a misspelt key gets; a far one none. */
+    BAD(WITH_MODEL("[{\"type\":\"lienar\",\"in\":4,\"out\":2}]"), DDPD_ESPEC, "model[0].type",
+        "expected one of " TYPES ", got \"lienar\" (did you mean \"linear\"?)"),
+    BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2},{\"type\":\"layer_norm\",\"dim\":2}]"),
+        DDPD_ESPEC, "model[1].type",
+        "expected one of " TYPES ", got \"layer_norm\" (did you mean \"layernorm\"?)"),
+    BAD(WITH_MODEL("[{\"type\":\"transformer\",\"in\":4,\"out\":2}]"), DDPD_ESPEC, "model[0].type",
+        "expected one of " TYPES ", got \"transformer\""),
     BAD(WITH_MODEL("[{\"type\":\"relu\"},{\"type\":\"linear\",\"in\":4,\"out\":2}]"), DDPD_ESPEC,
         "model[0].type",
         "the first layer must be \"linear\" (an activation takes its width from the layer before "
