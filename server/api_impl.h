@@ -7,7 +7,7 @@
  * the planner's data check), api_files.c (a job's curve, logs and checkpoints),
  * api_events.c (the event stream), api_web.c (devices, health, /metrics, the dashboard's
  * files), api_infer.c (generate, predict and the inference pool's state), api_pytorch.c
- * (the job's model as model.py). */
+ * (the job's model as model.py), api_sweeps.c (hyper-parameter sweeps). */
 #ifndef DDPD_API_IMPL_H
 #define DDPD_API_IMPL_H
 
@@ -41,6 +41,7 @@ struct api {
     struct store *store;
     struct hub *hub;
     struct super *super;
+    struct sweeper *sweeper;
     struct http_server *http; /* for /metrics; set by api_set_http after the server starts */
     const char *worker, *data_dir, *jobs_dir, *web_dir;
     int64_t max_rank_memory;
@@ -85,25 +86,29 @@ ddpd_err api__no_checkpoint_at(struct ddpd_error *err, ddpd_err code, const char
 
 /* ---- the handlers of the route table (api.c) ---------------------------------------------- */
 
-ddpd_err api__submit(struct http_request *req, struct ddpd_error *err);      /* api_submit.c */
-ddpd_err api__resume(struct http_request *req, struct ddpd_error *err);      /* api_submit.c */
-ddpd_err api__list(struct http_request *req, struct ddpd_error *err);        /* api_jobs.c */
-ddpd_err api__get(struct http_request *req, struct ddpd_error *err);         /* api_jobs.c */
-ddpd_err api__cancel(struct http_request *req, struct ddpd_error *err);      /* api_jobs.c */
-ddpd_err api__delete(struct http_request *req, struct ddpd_error *err);      /* api_jobs.c */
-ddpd_err api__events(struct http_request *req, struct ddpd_error *err);      /* api_events.c */
-ddpd_err api__metrics(struct http_request *req, struct ddpd_error *err);     /* api_files.c */
-ddpd_err api__logs(struct http_request *req, struct ddpd_error *err);        /* api_files.c */
-ddpd_err api__checkpoints(struct http_request *req, struct ddpd_error *err); /* api_files.c */
-ddpd_err api__checkpoint(struct http_request *req, struct ddpd_error *err);  /* api_files.c */
-ddpd_err api__devices(struct http_request *req, struct ddpd_error *err);     /* api_web.c */
-ddpd_err api__health(struct http_request *req, struct ddpd_error *err);      /* api_web.c */
-ddpd_err api__prometheus(struct http_request *req, struct ddpd_error *err);  /* api_web.c */
-ddpd_err api__web_root(struct http_request *req, struct ddpd_error *err);    /* api_web.c */
-ddpd_err api__web_file(struct http_request *req, struct ddpd_error *err);    /* api_web.c */
-ddpd_err api__generate(struct http_request *req, struct ddpd_error *err);    /* api_infer.c */
-ddpd_err api__predict(struct http_request *req, struct ddpd_error *err);     /* api_infer.c */
-ddpd_err api__inference(struct http_request *req, struct ddpd_error *err);   /* api_infer.c */
-ddpd_err api__pytorch(struct http_request *req, struct ddpd_error *err);     /* api_pytorch.c */
+ddpd_err api__submit(struct http_request *req, struct ddpd_error *err);       /* api_submit.c */
+ddpd_err api__resume(struct http_request *req, struct ddpd_error *err);       /* api_submit.c */
+ddpd_err api__list(struct http_request *req, struct ddpd_error *err);         /* api_jobs.c */
+ddpd_err api__get(struct http_request *req, struct ddpd_error *err);          /* api_jobs.c */
+ddpd_err api__cancel(struct http_request *req, struct ddpd_error *err);       /* api_jobs.c */
+ddpd_err api__delete(struct http_request *req, struct ddpd_error *err);       /* api_jobs.c */
+ddpd_err api__events(struct http_request *req, struct ddpd_error *err);       /* api_events.c */
+ddpd_err api__metrics(struct http_request *req, struct ddpd_error *err);      /* api_files.c */
+ddpd_err api__logs(struct http_request *req, struct ddpd_error *err);         /* api_files.c */
+ddpd_err api__checkpoints(struct http_request *req, struct ddpd_error *err);  /* api_files.c */
+ddpd_err api__checkpoint(struct http_request *req, struct ddpd_error *err);   /* api_files.c */
+ddpd_err api__devices(struct http_request *req, struct ddpd_error *err);      /* api_web.c */
+ddpd_err api__health(struct http_request *req, struct ddpd_error *err);       /* api_web.c */
+ddpd_err api__prometheus(struct http_request *req, struct ddpd_error *err);   /* api_web.c */
+ddpd_err api__web_root(struct http_request *req, struct ddpd_error *err);     /* api_web.c */
+ddpd_err api__web_file(struct http_request *req, struct ddpd_error *err);     /* api_web.c */
+ddpd_err api__generate(struct http_request *req, struct ddpd_error *err);     /* api_infer.c */
+ddpd_err api__predict(struct http_request *req, struct ddpd_error *err);      /* api_infer.c */
+ddpd_err api__inference(struct http_request *req, struct ddpd_error *err);    /* api_infer.c */
+ddpd_err api__pytorch(struct http_request *req, struct ddpd_error *err);      /* api_pytorch.c */
+ddpd_err api__sweep_submit(struct http_request *req, struct ddpd_error *err); /* api_sweeps.c */
+ddpd_err api__sweep_list(struct http_request *req, struct ddpd_error *err);   /* api_sweeps.c */
+ddpd_err api__sweep_get(struct http_request *req, struct ddpd_error *err);    /* api_sweeps.c */
+ddpd_err api__sweep_cancel(struct http_request *req, struct ddpd_error *err); /* api_sweeps.c */
 
 #endif
