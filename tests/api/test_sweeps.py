@@ -190,3 +190,45 @@ def test_cancel_ends_the_running_job_and_the_pending_trials(server):
     r = server.post(f"/v1/sweeps/{sid}/cancel")
     assert r.status_code == 409, r.text
     assert len([j for j in server.get("/v1/jobs").json()["jobs"] if j["name"].startswith(f"sweep-{sid}-")]) == 1
+
+
+def test_cli_sweep_submit_show_cancel(server, work):
+    """`ddpd sweep submit FILE` prints the id, `show` the ranked table and the best, `cancel`
+    cancels; a bad path is exit 2 naming it."""
+    import json
+    import os
+    import subprocess
+
+    from pylib.common import bin_dir
+
+    def cli(*args):
+        env = dict(os.environ, DDPD_SERVER=server.url)
+        env.pop("DDPD_TOKEN", None)
+        return subprocess.run([str(bin_dir() / "ddpd"), "sweep", *args], env=env, capture_output=True, text=True,
+                              timeout=60)
+
+    f = work / "sweep.json"
+    f.write_text(json.dumps({"spec": small(), "parameters": {"optimizer.lr": [0.01, 0.05]}, "method": "grid",
+                             "metric": "loss"}))
+    r = cli("submit", str(f))
+    assert r.returncode == 0 and "2 trials" in r.stderr, (r.stdout, r.stderr)
+    sid = int(r.stdout)
+    sw = wait_sweep(server, sid)
+    r = cli("show", str(sid))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"sweep {sid}: succeeded, grid, loss (min)"), lines
+    assert lines[1].split() == ["RANK", "TRIAL", "JOB", "STATE", "METRIC", "VALUES"], lines
+    first = lines[2].split()
+    t0 = sw["trials"][0]
+    assert first[:4] == ["1", str(t0["index"]), str(t0["job"]), "succeeded"], lines
+    assert lines[-1].startswith(f"best: trial {t0['index']} (job {t0['job']}), loss = "), lines
+    r = cli("show", "--json", str(sid))
+    assert r.returncode == 0 and json.loads(r.stdout)["best"]["job"] == t0["job"], r.stdout
+    r = cli("cancel", str(sid))
+    assert r.returncode == 1 and f"sweep {sid} is succeeded" in r.stderr, (r.returncode, r.stderr)
+    f.write_text(json.dumps({"spec": small(), "parameters": {"optimizer.lrr": [1]}, "method": "grid"}))
+    r = cli("submit", str(f))
+    assert r.returncode == 2 and 'parameters["optimizer.lrr"]' in r.stderr, r.stderr
+    r = cli("bogus")
+    assert r.returncode == 2 and "expected submit, show or cancel" in r.stderr, r.stderr
