@@ -137,6 +137,7 @@ static const struct http_route routes[] = {
     {"GET", "/web/sample.js", api__web_file, 0, 0, NULL},
     {"GET", "/web/job.js", api__web_file, 0, 0, NULL},
     {"GET", "/web/app.js", api__web_file, 0, 0, NULL},
+    {"GET", "/web/sweep.js", api__web_file, 0, 0, NULL},
 };
 
 /* A copy of the table with this server's limits: the predict route's body limit. */

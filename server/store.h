@@ -417,7 +417,7 @@ ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct 
 /* Frees what `m` owns and zeroes it. NULL is a no-op. */
 void store_metrics_free(struct store_metrics *m);
 
-/* ---- sweeps (store_sweeps.c; migration 006_sweeps.sql) ---- */
+/* ---- sweeps (store_sweeps.c; the sweeps migration in schema/migrations/) ---- */
 
 #define STORE_SWEEP_WORD 16
 /* One trial of a sweep. Owns `params` and `spec` (JSON text; spec NULL when not loaded). */

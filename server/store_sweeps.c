@@ -1,4 +1,4 @@
-/* store_sweeps.c — the store's room for hyper-parameter sweeps (migration 006_sweeps.sql):
+/* store_sweeps.c — the store's room for hyper-parameter sweeps (the sweeps migration):
  * a sweep and its trials inserted together, read, listed, and their states changed by the
  * sweep controller. Sweeps are few and their statements rare, so each call prepares its
  * own statement (the job statements of store_conn.c are the hot ones). Knows nothing of

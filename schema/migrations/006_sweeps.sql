@@ -1,4 +1,4 @@
--- 006_sweeps.sql — hyper-parameter sweeps (POST /v1/sweeps, server/sweep/): a sweep and
+-- The sweeps migration — hyper-parameter sweeps (POST /v1/sweeps, server/sweep/): a sweep and
 -- its trials, each trial run as an ordinary job. All of a sweep's state is here, so that
 -- a restarted server's controller goes on with it. The build embeds this file byte for
 -- byte in server/store.c.
