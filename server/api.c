@@ -98,9 +98,11 @@ void api_free(struct api *a)
 
 static const struct http_route routes[] = {
     {"POST", "/v1/jobs", api__submit, HTTP_ROUTE_AUTH | HTTP_ROUTE_JSON, 0, ""},
-    {"GET", "/v1/jobs", api__list, HTTP_ROUTE_AUTH, 0, "state limit before name"},
+    {"GET", "/v1/jobs", api__list, HTTP_ROUTE_AUTH, 0, "state limit before name tag"},
     {"GET", "/v1/jobs/{id}", api__get, HTTP_ROUTE_AUTH, 0, ""},
     {"DELETE", "/v1/jobs/{id}", api__delete, HTTP_ROUTE_AUTH, 0, ""},
+    /* A job's tags and notes (schema/jobmeta.h). */
+    {"PATCH", "/v1/jobs/{id}", api__patch, HTTP_ROUTE_AUTH | HTTP_ROUTE_JSON, 0, ""},
     {"POST", "/v1/jobs/{id}/cancel", api__cancel, HTTP_ROUTE_AUTH, 0, ""},
     {"POST", "/v1/jobs/{id}/resume", api__resume, HTTP_ROUTE_AUTH, 0, "step force"},
     {"GET", "/v1/jobs/{id}/events", api__events, HTTP_ROUTE_AUTH, 0, "format after"},

@@ -3,7 +3,7 @@
  * route table in api.c names. Nothing outside server/api*.c includes this.
  *
  * The files: api.c (the api's life and the route table), api_jobs.c (a job as JSON, the
- * rendered-job cache, list, get, cancel, delete), api_submit.c (submit and resume, with
+ * rendered-job cache, list, get, cancel, delete, patch), api_submit.c (submit and resume, with
  * the planner's data check), api_files.c (a job's curve, logs and checkpoints),
  * api_events.c (the event stream), api_web.c (devices, health, /metrics, the dashboard's
  * files), api_infer.c (generate, predict and the inference pool's state), api_pytorch.c
@@ -86,29 +86,32 @@ ddpd_err api__no_checkpoint_at(struct ddpd_error *err, ddpd_err code, const char
 
 /* ---- the handlers of the route table (api.c) ---------------------------------------------- */
 
-ddpd_err api__submit(struct http_request *req, struct ddpd_error *err);       /* api_submit.c */
-ddpd_err api__resume(struct http_request *req, struct ddpd_error *err);       /* api_submit.c */
-ddpd_err api__list(struct http_request *req, struct ddpd_error *err);         /* api_jobs.c */
-ddpd_err api__get(struct http_request *req, struct ddpd_error *err);          /* api_jobs.c */
-ddpd_err api__cancel(struct http_request *req, struct ddpd_error *err);       /* api_jobs.c */
-ddpd_err api__delete(struct http_request *req, struct ddpd_error *err);       /* api_jobs.c */
-ddpd_err api__events(struct http_request *req, struct ddpd_error *err);       /* api_events.c */
-ddpd_err api__metrics(struct http_request *req, struct ddpd_error *err);      /* api_files.c */
-ddpd_err api__logs(struct http_request *req, struct ddpd_error *err);         /* api_files.c */
-ddpd_err api__checkpoints(struct http_request *req, struct ddpd_error *err);  /* api_files.c */
-ddpd_err api__checkpoint(struct http_request *req, struct ddpd_error *err);   /* api_files.c */
-ddpd_err api__devices(struct http_request *req, struct ddpd_error *err);      /* api_web.c */
-ddpd_err api__health(struct http_request *req, struct ddpd_error *err);       /* api_web.c */
-ddpd_err api__prometheus(struct http_request *req, struct ddpd_error *err);   /* api_web.c */
-ddpd_err api__web_root(struct http_request *req, struct ddpd_error *err);     /* api_web.c */
-ddpd_err api__web_file(struct http_request *req, struct ddpd_error *err);     /* api_web.c */
-ddpd_err api__generate(struct http_request *req, struct ddpd_error *err);     /* api_infer.c */
-ddpd_err api__predict(struct http_request *req, struct ddpd_error *err);      /* api_infer.c */
-ddpd_err api__inference(struct http_request *req, struct ddpd_error *err);    /* api_infer.c */
-ddpd_err api__pytorch(struct http_request *req, struct ddpd_error *err);      /* api_pytorch.c */
-ddpd_err api__sweep_submit(struct http_request *req, struct ddpd_error *err); /* api_sweeps.c */
-ddpd_err api__sweep_list(struct http_request *req, struct ddpd_error *err);   /* api_sweeps.c */
-ddpd_err api__sweep_get(struct http_request *req, struct ddpd_error *err);    /* api_sweeps.c */
-ddpd_err api__sweep_cancel(struct http_request *req, struct ddpd_error *err); /* api_sweeps.c */
+ddpd_err api__submit(struct http_request *req, struct ddpd_error *err);      /* api_submit.c */
+ddpd_err api__resume(struct http_request *req, struct ddpd_error *err);      /* api_submit.c */
+ddpd_err api__list(struct http_request *req, struct ddpd_error *err);        /* api_jobs.c */
+ddpd_err api__get(struct http_request *req, struct ddpd_error *err);         /* api_jobs.c */
+ddpd_err api__cancel(struct http_request *req, struct ddpd_error *err);      /* api_jobs.c */
+ddpd_err api__delete(struct http_request *req, struct ddpd_error *err);      /* api_jobs.c */
+ddpd_err api__patch(struct http_request *req, struct ddpd_error *err);       /* api_jobs.c */
+ddpd_err api__events(struct http_request *req, struct ddpd_error *err);      /* api_events.c */
+ddpd_err api__metrics(struct http_request *req, struct ddpd_error *err);     /* api_files.c */
+ddpd_err api__logs(struct http_request *req, struct ddpd_error *err);        /* api_files.c */
+ddpd_err api__checkpoints(struct http_request *req, struct ddpd_error *err); /* api_files.c */
+ddpd_err api__checkpoint(struct http_request *req, struct ddpd_error *err);  /* api_files.c */
+ddpd_err api__devices(struct http_request *req, struct ddpd_error *err);     /* api_web.c */
+ddpd_err api__health(struct http_request *req, struct ddpd_error *err);      /* api_web.c */
+ddpd_err api__prometheus(struct http_request *req, struct ddpd_error *err);  /* api_web.c */
+ddpd_err api__web_root(struct http_request *req, struct ddpd_error *err);    /* api_web.c */
+ddpd_err api__web_file(struct http_request *req, struct ddpd_error *err);    /* api_web.c */
+ddpd_err api__generate(struct http_request *req, struct ddpd_error *err);    /* api_infer.c */
+ddpd_err api__predict(struct http_request *req, struct ddpd_error *err);     /* api_infer.c */
+ddpd_err api__inference(struct http_request *req, struct ddpd_error *err);   /* api_infer.c */
+ddpd_err api__pytorch(struct http_request *req, struct ddpd_error *err);     /* api_pytorch.c */
+
+/* The sweep routes (api_sweeps.c). */
+ddpd_err api__sweep_submit(struct http_request *req, struct ddpd_error *err);
+ddpd_err api__sweep_list(struct http_request *req, struct ddpd_error *err);
+ddpd_err api__sweep_get(struct http_request *req, struct ddpd_error *err);
+ddpd_err api__sweep_cancel(struct http_request *req, struct ddpd_error *err);
 
 #endif

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../schema/jobdir.h"
+#include "../schema/jobmeta.h"
 #include "api_impl.h"
 #include "http.h"
 #include "inference/pool.h"
@@ -67,6 +68,10 @@ static json_t *job_json(struct api *a, const struct store_job *j)
     json_t *o = json_object();
     json_object_set_new(o, "id", json_integer(j->id));
     json_object_set_new(o, "name", json_string(j->name));
+    /* Its metadata (schema/jobmeta.h): the tags in the order given, the notes or null. */
+    json_t *tags = j->tags ? json_loads(j->tags, 0, NULL) : NULL;
+    json_object_set_new(o, "tags", json_is_array(tags) ? tags : (json_decref(tags), json_array()));
+    json_object_set_new(o, "notes", j->notes && j->notes[0] ? json_string(j->notes) : json_null());
     json_object_set_new(o, "state", json_string(job_state_name(j->state)));
     json_object_set_new(o, "world_size", json_integer(j->world_size));
     json_object_set_new(o, "device", json_string(device_kind_name(j->device)));
@@ -259,6 +264,13 @@ ddpd_err api__list(struct http_request *req, struct ddpd_error *err)
                                     STORE_NAME_MAX - 1);
         q.name = name;
     }
+    const char *tag = http_query(req, "tag");
+    if (tag && tag[0]) {
+        struct ddpd_error why;
+        if (jobmeta_check_tag(tag, "tag", &why))
+            return http_query_error(req, "tag", err, "%s", why.message);
+        q.tag = tag;
+    }
     q.limit = (int)limit;
     q.before = before;
     struct store_job_list l;
@@ -340,4 +352,36 @@ ddpd_err api__delete(struct http_request *req, struct ddpd_error *err)
     /* Its models are unloaded, and a request for it that raced the delete is refused. */
     infer_pool_forget_job(a->infer, http_request_id(req, 0));
     return http_respond_empty(req, 204);
+}
+
+/* PATCH /v1/jobs/{id}: {"tags": [...], "notes": "..."} replaces what it names (either or
+ * both; notes null or "" clears them), in any state; 200 with the job. */
+ddpd_err api__patch(struct http_request *req, struct ddpd_error *err)
+{
+    struct api *a = api__ctx(req);
+    json_t *body = http_request_json(req);
+    if (!json_is_object(body))
+        return ddpd_error_set(err, DDPD_ESPEC, "",
+                              "expected an object: {\"tags\": [...], \"notes\": \"...\"}");
+    const char *key;
+    json_t *v;
+    json_object_foreach (body, key, v)
+        if (strcmp(key, "tags") && strcmp(key, "notes"))
+            return ddpd_error_set(err, DDPD_ESPEC, key,
+                                  "%s: unknown key (a job's tags and notes can change: tags, notes)", key);
+    if (json_object_size(body) == 0)
+        return ddpd_error_set(err, DDPD_ESPEC, "", "nothing to change: give tags, notes or both");
+    struct jobmeta m;
+    ddpd_err rc = jobmeta_from_json(body, false, &m, err);
+    if (rc == DDPD_OK)
+        rc = store_job_meta_set(a->store, http_request_id(req, 0), m.has_tags ? m.tags : NULL, m.has_notes,
+                                m.notes, err);
+    jobmeta_clear(&m);
+    if (rc)
+        return rc;
+    struct store_job j;
+    if ((rc = api__get_job(req, &j, err)) == DDPD_OK)
+        rc = respond_job(req, 200, &j);
+    store_job_clear(&j);
+    return rc;
 }

@@ -12,6 +12,7 @@
 
 #include "../schema/jobdir.h"
 #include "../schema/jobdoc.h"
+#include "../schema/jobmeta.h"
 #include "../schema/spec.h"
 #include "api_impl.h"
 #include "http.h"
@@ -27,6 +28,7 @@ struct submission {
     struct api *a;
     char *text; /* the spec as stored; the supervisor's once stored */
     char name[STORE_NAME_MAX];
+    struct jobmeta meta; /* its tags and notes, stored with it */
 };
 
 /* The store's inserter thread, after the commit: the answer, then the supervisor. */
@@ -37,6 +39,7 @@ static void submitted(void *ctx, ddpd_err rc, const struct store_job *j, const s
     if (rc != DDPD_OK) {
         http_deferred_done(req, rc, err);
         free(sub->text);
+        jobmeta_clear(&sub->meta);
         free(sub);
         return;
     }
@@ -44,6 +47,7 @@ static void submitted(void *ctx, ddpd_err rc, const struct store_job *j, const s
     ddpd_err r = api__respond_created(req, j, &e);
     super_submit(sub->a->super, j->id, sub->text, j->world_size, j->device, j->max_restarts, j->created_at);
     http_deferred_done(req, r, &e);
+    jobmeta_clear(&sub->meta);
     free(sub);
 }
 
@@ -65,20 +69,26 @@ static int64_t total_steps(const struct spec *spec, const int64_t *counts, bool 
 
 /* The rest of a submission once its data counts are known (on the HTTP thread for
  * synthetic data, on a planner thread otherwise): the join check, then the insert, whose
- * commit answers the deferred request (submitted). Returns an error to answer with
- * instead; then nothing was queued. */
+ * commit answers the deferred request (submitted). `meta` is taken (moved into the
+ * insert, or cleared). Returns an error to answer with instead; then nothing was queued. */
 static ddpd_err submit_checked(struct http_request *req, struct api *a, const struct spec *spec,
-                               const int64_t *counts, bool known, struct ddpd_error *err)
+                               struct jobmeta *meta, const int64_t *counts, bool known,
+                               struct ddpd_error *err)
 {
     ddpd_err rc;
-    if (known && (rc = spec_check_batch_counts(spec, counts, err)))
+    if (known && (rc = spec_check_batch_counts(spec, counts, err))) {
+        jobmeta_clear(meta);
         return rc;
+    }
 
     struct submission *sub = calloc(1, sizeof *sub);
     if (!sub || !(sub->text = spec_dumps(spec))) {
         free(sub);
+        jobmeta_clear(meta);
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory storing the job");
     }
+    sub->meta = *meta;
+    memset(meta, 0, sizeof *meta);
     sub->req = req;
     sub->a = a;
     _Static_assert(sizeof sub->name == sizeof spec->name, "a spec's name fits the store's");
@@ -91,6 +101,8 @@ static ddpd_err submit_checked(struct http_request *req, struct api *a, const st
                                .device = spec->device,
                                .max_restarts = spec->max_restarts,
                                .total_steps = total_steps(spec, counts, known),
+                               .tags = sub->meta.tags,
+                               .notes = sub->meta.notes,
                                .queued_event = true};
     store_job_insert_async(a->store, &jn, submitted, sub);
     return DDPD_OK;
@@ -101,6 +113,7 @@ struct planning {
     struct http_request *req; /* deferred */
     struct api *a;
     struct spec spec;
+    struct jobmeta meta; /* the job's tags and notes (schema/jobmeta.h) */
 };
 
 /* The planner's failure as the request's error. A data error's answer has no path: the
@@ -121,10 +134,11 @@ static void planned(void *ctx, ddpd_err rc, const int64_t *counts, bool known, c
     if (rc != DDPD_OK) {
         plan_error(rc, perr, &err);
     } else {
-        rc = submit_checked(pl->req, pl->a, &pl->spec, counts, known, &err);
+        rc = submit_checked(pl->req, pl->a, &pl->spec, &pl->meta, counts, known, &err);
     }
     if (rc != DDPD_OK)
         http_deferred_done(pl->req, rc, &err);
+    jobmeta_clear(&pl->meta);
     free(pl);
 }
 
@@ -191,7 +205,10 @@ ddpd_err api__submit(struct http_request *req, struct ddpd_error *err)
     if (!pl)
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the job");
     struct spec *spec = &pl->spec;
-    ddpd_err rc = spec_from_json(body, &po, spec, err);
+    /* Tags and notes sit beside the spec's keys; what is left is the spec. */
+    ddpd_err rc = jobmeta_from_json(body, true, &pl->meta, err);
+    if (rc == DDPD_OK)
+        rc = spec_from_json(body, &po, spec, err);
     char why[512];
     const char *blame;
     if (rc == DDPD_OK && !super_fits(a->super, spec->device, spec->world_size, why, sizeof why, &blame))
@@ -228,7 +245,7 @@ ddpd_err api__submit(struct http_request *req, struct ddpd_error *err)
                                      spec->batch_size, spec->data.drop_last);
         /* Deferred first: the insert may answer before submit_checked returns. */
         http_defer(req);
-        if ((rc = submit_checked(req, a, spec, counts, true, err)))
+        if ((rc = submit_checked(req, a, spec, &pl->meta, counts, true, err)))
             http_deferred_done(req, rc, err);
         free(pl);
         return DDPD_OK;
@@ -244,10 +261,13 @@ ddpd_err api__submit(struct http_request *req, struct ddpd_error *err)
     if ((rc = planner_plan_async(a->planner, doc, spec->world_size, a->plan_timeout_s, planned, pl, err))) {
         /* Nothing queued: answer the deferred request with the error now. */
         http_deferred_done(req, rc, err);
+        jobmeta_clear(&pl->meta);
+        free(pl);
         return DDPD_OK;
     }
     return DDPD_OK; /* pl is the planner's now */
 out:
+    jobmeta_clear(&pl->meta);
     free(pl);
     return rc;
 }
@@ -297,6 +317,9 @@ static ddpd_err resume_insert(struct resumption *r, const int64_t *counts, bool 
                                .resumed_from = r->j.id,
                                .resume_step = r->step,
                                .resume_force = r->force,
+                               /* A resumed job is the same experiment: it keeps its tags and notes. */
+                               .tags = r->j.tags,
+                               .notes = r->j.notes,
                                .total_steps =
                                    known ? total_steps(&r->spec, counts, known) : r->j.total_steps};
     store_job_insert_async(r->a->store, &jn, resumed, r);

@@ -112,6 +112,10 @@ struct store_job_new {
     int64_t resumed_from, resume_step;
     bool resume_force;
     int64_t total_steps; /* the optimizer steps in all, when known at submit; 0 = not known */
+    /* Its metadata (schema/jobmeta.h, checked by the caller): the tags as the JSON text of
+     * an array of strings (NULL or "[]": none) and the notes (NULL or "": none), stored in
+     * the insert's transaction. */
+    const char *tags, *notes;
     /* Also store the job's first event, the `queued` state event (seq 1, attempt 0, ts =
      * created_at: store_job_queued_event), in the same transaction. */
     bool queued_event;
@@ -191,7 +195,11 @@ struct store_job {
     int64_t resumed_from, resume_step; /* store_job_new's; 0 for a job submitted afresh */
     bool resume_force;                 /* store_job_new's */
     int64_t total_steps;               /* store_job_new's; 0 = not known */
-    size_t n_ranks;                    /* ranks of the current attempt, by rank; owned */
+    /* Its metadata: the tags as the JSON text of an array of strings in the order given
+     * ("[]" when none; NULL in store_job_insert_async's row means none too) and the notes
+     * (NULL when none). Owned, except in that row, where they are the caller's. */
+    char *tags, *notes;
+    size_t n_ranks; /* ranks of the current attempt, by rank; owned */
     struct store_rank *ranks;
 };
 
@@ -220,6 +228,8 @@ struct store_job_query {
     bool with_ranks;  /* load the ranks of each job's current attempt (pid and
                          start_time for restart recovery) */
     const char *name; /* only the jobs of exactly this name; NULL = any (borrowed) */
+    const char *tag;  /* only the jobs with exactly this tag; NULL = any (borrowed); read
+                         through the index of job_tags (tag, job), newest first */
 };
 /* Jobs newest first. Owns `jobs`: release with store_job_list_free. */
 struct store_job_list {
@@ -233,6 +243,13 @@ ddpd_err store_job_list(struct store *s, const struct store_job_query *q, struct
                         struct ddpd_error *err);
 /* Frees what `l` owns and zeroes it. NULL is a no-op. */
 void store_job_list_free(struct store_job_list *l);
+
+/* Replaces job `id`'s tags with `tags` (the JSON text of an array of strings, checked
+ * by the caller: schema/jobmeta.h) unless it is NULL, and its notes with `notes` (NULL or
+ * "" clears them) when set_notes; one transaction, committed when this returns. Works in
+ * every state: metadata is not training. Errors: DDPD_ENOTFOUND, DDPD_EBUSY, DDPD_EIO. */
+ddpd_err store_job_meta_set(struct store *s, int64_t id, const char *tags, bool set_notes, const char *notes,
+                            struct ddpd_error *err);
 
 /* Jobs in each state (for /metrics): counts[JOB_STATE_COUNT]. */
 ddpd_err store_job_count(struct store *s, int64_t *counts, struct ddpd_error *err);

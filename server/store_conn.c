@@ -69,7 +69,8 @@ ddpd_err sq_fail(struct ddpd_error *err, sqlite3 *db, int rc, const char *op)
 #define JOB_COLS                                                                                             \
     "id, name, state, CASE WHEN ?9 THEN spec END, world_size, device, created_at, "                          \
     "started_at, finished_at, attempt, step, loss, error, pending_reason, max_restarts, "                    \
-    "restarts, restart_history, resumed_from, resume_step, total_steps, resume_force "
+    "restarts, restart_history, resumed_from, resume_step, total_steps, resume_force, notes, "               \
+    "(SELECT json_group_array(tag) FROM (SELECT tag FROM job_tags WHERE job = jobs.id ORDER BY pos)) "
 
 static const char *const sql_text[ST_COUNT] = {
     [W_BEGIN] = "BEGIN IMMEDIATE",
@@ -92,8 +93,8 @@ static const char *const sql_text[ST_COUNT] = {
                        "count(*) THEN avg(loss) END FROM loss WHERE job = ?1 AND step = ?2) "
                        "WHERE id = ?1 AND attempt <= ?3 AND (step IS NULL OR step <= ?2)",
     [W_JOB_INSERT] = "INSERT INTO jobs (name, state, spec, world_size, device, created_at, "
-                     "max_restarts, resumed_from, resume_step, total_steps, resume_force) "
-                     "VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                     "max_restarts, resumed_from, resume_step, total_steps, resume_force, notes) "
+                     "VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     [W_JOB_STATE] = "SELECT state FROM jobs WHERE id = ?1",
     /* ?2 is the STORE_SET_* mask, ?3 the new state, ?10 now. */
     [W_JOB_UPDATE] =
@@ -119,6 +120,10 @@ static const char *const sql_text[ST_COUNT] = {
         "'ts', ?10, 'rank', ?13, 'exit_code', ?14)) ELSE restart_history END "
         "WHERE id = ?1",
     [W_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1",
+    /* A job's tags (?2: the JSON text of an array of strings), each at its place. */
+    [W_TAGS_INSERT] = "INSERT INTO job_tags (tag, job, pos) SELECT value, ?1, key FROM json_each(?2)",
+    [W_TAGS_DELETE] = "DELETE FROM job_tags WHERE job = ?1",
+    [W_JOB_NOTES] = "UPDATE jobs SET notes = ?2 WHERE id = ?1",
     [W_ATTEMPT_INSERT] = "INSERT INTO attempts (job, attempt, comm_id, started_at) "
                          "VALUES (?1, ?2, ?3, ?4)",
     [W_ATTEMPT_END] = "UPDATE attempts SET finished_at = ?3, outcome = ?4 "
@@ -165,6 +170,12 @@ static const char *const sql_text[ST_COUNT] = {
                        "AND (?10 IS NULL OR name = ?10) ORDER BY id DESC LIMIT ?8",
     [R_JOB_LIST_SOME] = "SELECT " JOB_COLS "FROM jobs WHERE state IN (?2, ?3, ?4, ?5, ?6, ?7) "
                         "AND id < ?1 AND (?10 IS NULL OR name = ?10) ORDER BY id DESC LIMIT ?8",
+    /* By tag: one range of job_tags' primary key (tag, job) backwards, each job then by
+     * its id (CROSS JOIN keeps that order of the loops); the states, when given, in ?2..?7. */
+    [R_JOB_LIST_TAG] = "SELECT " JOB_COLS "FROM job_tags CROSS JOIN jobs ON jobs.id = job_tags.job "
+                       "WHERE job_tags.tag = ?11 AND job_tags.job < ?1 "
+                       "AND (?2 IS NULL OR state IN (?2, ?3, ?4, ?5, ?6, ?7)) "
+                       "AND (?10 IS NULL OR name = ?10) ORDER BY job_tags.job DESC LIMIT ?8",
     [R_RANKS] = "SELECT attempt, rank, pid, start_time, state, exit_code, step, loss, "
                 "samples_per_s FROM ranks WHERE job = ?1 AND attempt = ?2 ORDER BY rank",
     [R_EVENTS] = "SELECT seq, attempt, kind, rank, ts, body FROM events "

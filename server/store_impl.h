@@ -32,6 +32,9 @@ enum {
     W_JOB_STATE,
     W_JOB_UPDATE,
     W_JOB_DELETE,
+    W_TAGS_INSERT,
+    W_TAGS_DELETE,
+    W_JOB_NOTES,
     W_ATTEMPT_INSERT,
     W_ATTEMPT_END,
     W_RANK_PUT,
@@ -48,6 +51,7 @@ enum {
     R_JOB_LIST_ALL,
     R_JOB_LIST_ONE,
     R_JOB_LIST_SOME,
+    R_JOB_LIST_TAG,
     R_RANKS,
     R_EVENTS,
     R_MAX_SEQ,
@@ -197,6 +201,9 @@ ddpd_err wtx_end(struct store *s, ddpd_err e, struct ddpd_error *err);
 
 /* store_jobs.c: bumps job `id`'s store_job_version, after the commit that changed it. */
 void job_changed(struct store *s, int64_t id);
+/* store_jobs.c: inserts job `id`'s tags (`tags`: the JSON text of an array of strings) on
+ * the writer connection, inside its open transaction. */
+ddpd_err store__tags_put(struct store *s, int64_t id, const char *tags, struct ddpd_error *err);
 
 /* store_events.c: the writer thread (started by store_open), and the wait until every
  * event appended so far is committed or dropped. */

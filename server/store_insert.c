@@ -37,7 +37,9 @@ static void job_of_insert(const struct insert_req *r, struct store_job *j)
                             .resumed_from = r->job.resumed_from,
                             .resume_step = r->job.resume_step,
                             .resume_force = r->job.resume_force,
-                            .total_steps = r->job.total_steps};
+                            .total_steps = r->job.total_steps,
+                            .tags = (char *)r->job.tags,
+                            .notes = r->job.notes && r->job.notes[0] ? (char *)r->job.notes : NULL};
     snprintf(j->name, sizeof j->name, "%s", r->job.name ? r->job.name : "");
 }
 
@@ -111,6 +113,7 @@ static ddpd_err insert_one(struct store *s, struct insert_req *r)
     else
         sqlite3_bind_null(st, 9);
     sqlite3_bind_int(st, 10, job->resumed_from > 0 && job->resume_force);
+    bind_text_or_null(st, 11, job->notes);
     ddpd_err e = DDPD_OK;
     int rc = sqlite3_step(st);
     if (rc == SQLITE_CONSTRAINT_CHECK) {
@@ -129,6 +132,8 @@ static ddpd_err insert_one(struct store *s, struct insert_req *r)
     else
         r->id = sqlite3_last_insert_rowid(s->w->db);
     stmt_done(st);
+    if (e == DDPD_OK && job->tags && strcmp(job->tags, "[]") != 0)
+        e = store__tags_put(s, r->id, job->tags, &r->err);
     if (e == DDPD_OK && job->queued_event)
         e = insert_queued_event(s, r);
     return e;

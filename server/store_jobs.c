@@ -137,6 +137,53 @@ out:
     return e;
 }
 
+ddpd_err store__tags_put(struct store *s, int64_t id, const char *tags, struct ddpd_error *err)
+{
+    sqlite3_stmt *st = stmt(s->w, W_TAGS_INSERT, err);
+    if (!st)
+        return err ? err->code : DDPD_EINTERNAL;
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_text(st, 2, tags, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    ddpd_err e = rc == SQLITE_DONE ? DDPD_OK : sq_fail(err, s->w->db, rc, "store the job's tags");
+    stmt_done(st);
+    return e;
+}
+
+/* Runs the bound writer statement `id` for job `id` inside the open transaction. */
+static ddpd_err w_step(struct store *s, int which, int64_t id, const char *text, const char *op,
+                       struct ddpd_error *err)
+{
+    sqlite3_stmt *st = stmt(s->w, which, err);
+    if (!st)
+        return err ? err->code : DDPD_EINTERNAL;
+    sqlite3_bind_int64(st, 1, id);
+    if (which == W_JOB_NOTES)
+        bind_text_or_null(st, 2, text);
+    int rc = sqlite3_step(st);
+    ddpd_err e = rc == SQLITE_DONE ? DDPD_OK : sq_fail(err, s->w->db, rc, op);
+    stmt_done(st);
+    return e;
+}
+
+ddpd_err store_job_meta_set(struct store *s, int64_t id, const char *tags, bool set_notes, const char *notes,
+                            struct ddpd_error *err)
+{
+    job_state cur;
+    ddpd_err e = wtx_begin(s, err);
+    if (e != DDPD_OK)
+        return e;
+    e = job_state_w(s, id, &cur, err); /* DDPD_ENOTFOUND for no such job */
+    if (e == DDPD_OK && tags &&
+        (e = w_step(s, W_TAGS_DELETE, id, NULL, "replace the job's tags", err)) == DDPD_OK)
+        e = store__tags_put(s, id, tags, err);
+    if (e == DDPD_OK && set_notes)
+        e = w_step(s, W_JOB_NOTES, id, notes, "set the job's notes", err);
+    e = wtx_end(s, e, err);
+    job_changed(s, id);
+    return e;
+}
+
 /* ---- attempts and ranks ---- */
 
 /* Runs the prepared writer statement `st` (bound) alone, as its own transaction; a
@@ -231,6 +278,8 @@ void store_job_clear(struct store_job *j)
     free(j->spec);
     free(j->ranks);
     free(j->restart_history);
+    free(j->tags);
+    free(j->notes);
     memset(j, 0, sizeof *j);
 }
 
@@ -282,6 +331,9 @@ static void job_from_row(sqlite3_stmt *st, struct store_job *j)
     j->resume_step = sqlite3_column_int64(st, 18);
     j->total_steps = sqlite3_column_int64(st, 19); /* NULL reads as 0: not known */
     j->resume_force = sqlite3_column_int(st, 20) != 0;
+    if (sqlite3_column_type(st, 21) != SQLITE_NULL)
+        j->notes = xstrdup(col_text(st, 21));
+    j->tags = xstrdup(sqlite3_column_type(st, 22) != SQLITE_NULL ? col_text(st, 22) : "[]");
 }
 
 static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_error *err)
@@ -360,16 +412,18 @@ ddpd_err store_job_list(struct store *s, const struct store_job_query *q, struct
     struct conn *c = read_begin(s, err, &e);
     if (!c)
         return e;
-    int which = states == 0 || states == JOB_STATES_ALL ? R_JOB_LIST_ALL
-                : nstates == 1                          ? R_JOB_LIST_ONE
-                                                        : R_JOB_LIST_SOME;
+    int which = q->tag                                    ? R_JOB_LIST_TAG
+                : states == 0 || states == JOB_STATES_ALL ? R_JOB_LIST_ALL
+                : nstates == 1                            ? R_JOB_LIST_ONE
+                                                          : R_JOB_LIST_SOME;
     sqlite3_stmt *st = stmt(c, which, err);
     if (!st) {
         e = err ? err->code : DDPD_EINTERNAL;
         goto end;
     }
     sqlite3_bind_int64(st, 1, q->before > 0 ? q->before : INT64_MAX);
-    for (int i = 0, p = 2; which != R_JOB_LIST_ALL && i < JOB_STATE_COUNT; i++)
+    bool some = states != 0 && states != JOB_STATES_ALL;
+    for (int i = 0, p = 2; some && i < JOB_STATE_COUNT; i++)
         if (states & JOB_STATE_BIT(i))
             sqlite3_bind_text(st, p++, job_state_name((job_state)i), -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 8, limit + 1); /* one more tells whether there is a next page */
@@ -378,6 +432,8 @@ ddpd_err store_job_list(struct store *s, const struct store_job_query *q, struct
         sqlite3_bind_text(st, 10, q->name, -1, SQLITE_STATIC);
     else
         sqlite3_bind_null(st, 10);
+    if (q->tag)
+        sqlite3_bind_text(st, 11, q->tag, -1, SQLITE_STATIC);
     out->jobs = xcalloc((size_t)limit, sizeof *out->jobs);
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {

@@ -1,8 +1,8 @@
 /* sweep_control.c — the sweep controller: one thread that keeps every running sweep
  * moving. Each turn it reads the sweep and its trials from the store, records the end and
  * the metric of each trial's job, submits pending trials as ordinary jobs (named
- * "sweep-N-I") while fewer than max_parallel of the sweep's jobs are queued or running,
- * and ends the sweep when every trial has ended. It keeps nothing in memory between turns:
+ * "sweep-N-I", tagged "sweep-N") while fewer than max_parallel of the sweep's jobs are
+ * queued or running, and ends the sweep when every trial has ended. It keeps nothing in memory between turns:
  * a server killed mid-sweep finds the same state in the store at its restart (the
  * supervisor requeues or restarts the jobs themselves). Knows nothing of HTTP. */
 #include <inttypes.h>
@@ -105,6 +105,10 @@ static ddpd_err submit_trial(struct sweeper *w, const struct store_sweep *sw, co
                                .max_restarts = spec->max_restarts,
                                .total_steps = spec->steps > 0 ? spec->steps : 0,
                                .queued_event = true};
+    /* Tagged with its sweep (GET /v1/jobs?tag=sweep-N lists them): a tag jobmeta.h takes. */
+    char tags[64];
+    snprintf(tags, sizeof tags, "[\"sweep-%" PRId64 "\"]", sw->id);
+    jn.tags = tags;
     double created_at = 0;
     if ((rc = store_job_insert(w->store, &jn, job, &created_at, err)))
         goto out;

@@ -54,7 +54,7 @@ def test_unknown_query_parameters_are_refused_naming_them(server):
     jid = server.submit(seed_spec(name="q"))["id"]
     e = err_of(server.get("/v1/jobs?nmae=x"), 400)
     assert e["code"] == "bad_query" and e["path"] == "nmae", e
-    assert e["message"] == "unknown query parameter 'nmae' (GET /v1/jobs takes state, limit, before, name)", e
+    assert e["message"] == "unknown query parameter 'nmae' (GET /v1/jobs takes state, limit, before, name, tag)", e
     e = err_of(server.get(f"/v1/jobs/{jid}/metrics?max_point=2&x=1"), 400)
     assert e["message"].startswith("unknown query parameters 'max_point', 'x' (GET /v1/jobs/{id}/metrics takes "
                                    "max_points)"), e

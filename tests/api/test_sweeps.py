@@ -49,10 +49,14 @@ def test_grid_2x2_makes_exactly_those_jobs(server):
     jobs = server.get("/v1/jobs", params={"limit": 100}).json()["jobs"]
     mine = [j for j in jobs if j["name"].startswith(f"sweep-{sid}-")]
     assert sorted(j["id"] for j in mine) == sorted(t["job"] for t in trials), (mine, trials)
+    # Tagged with the sweep: the tag filter lists exactly them.
+    tagged = server.get("/v1/jobs", params={"tag": f"sweep-{sid}"}).json()["jobs"]
+    assert sorted(j["id"] for j in tagged) == sorted(j["id"] for j in mine), tagged
     spans = []
     for t in trials:
         j = server.job(t["job"])
         assert j["state"] == "succeeded" and j["name"] == f"sweep-{sid}-{t['index']}", j
+        assert j["tags"] == [f"sweep-{sid}"], j
         assert j["spec"]["optimizer"]["lr"] == t["params"]["optimizer.lr"], j["spec"]
         assert j["spec"]["batch_size"] == t["params"]["batch_size"], j["spec"]
         # The metric "loss" is the job's last step's mean loss.
