@@ -13,17 +13,27 @@
 #include "client_impl.h"
 #include "termsafe.h"
 
-static int sweep_submit(struct client *c, int argc, char **argv)
+/* The options of a subcommand that has none of its own. Returns -1 to go on, else the
+ * exit status (0 after --help). */
+static int common_options(struct opts *o, int argc, char **argv)
 {
     static const struct option longs[] = {COMMON_OPTIONS};
-    struct opts o = {.cmd = find_command("sweep")};
     int opt;
-    while ((opt = next_option(&o, argc, argv, ":h", longs)) != -1)
+    while ((opt = next_option(o, argc, argv, ":h", longs)) != -1)
         if (opt == -2)
-            return o.rc;
+            return o->rc;
+    return -1;
+}
+
+static int sweep_submit(struct client *c, int argc, char **argv)
+{
+    struct opts o = {.cmd = find_command("sweep")};
+    int rc = common_options(&o, argc, argv);
+    if (rc >= 0)
+        return rc;
     if (!operands(&o, argc, 1, "FILE.json"))
         return o.rc;
-    int rc = client_setup(c, &o);
+    rc = client_setup(c, &o);
     if (rc)
         return rc;
     struct buf body = {.max = SPEC_MAX_BODY + 1};
@@ -133,14 +143,12 @@ static int sweep_show(struct client *c, int argc, char **argv)
 
 static int sweep_cancel(struct client *c, int argc, char **argv)
 {
-    static const struct option longs[] = {COMMON_OPTIONS};
     struct opts o = {.cmd = find_command("sweep")};
-    int opt;
-    while ((opt = next_option(&o, argc, argv, ":h", longs)) != -1)
-        if (opt == -2)
-            return o.rc;
+    int rc = common_options(&o, argc, argv);
+    if (rc >= 0)
+        return rc;
     int64_t id;
-    int rc = id_operand(c, &o, argc, argv, "sweep cancel", &id);
+    rc = id_operand(c, &o, argc, argv, "sweep cancel", &id);
     if (rc)
         return rc;
     char path[64];
@@ -169,9 +177,7 @@ int cmd_sweep(struct client *c, int argc, char **argv)
         return sweep_cancel(c, argc - 1, argv + 1);
     if (!strcmp(sub, "-h") || !strcmp(sub, "--help")) {
         struct opts o = {.cmd = find_command("sweep")};
-        static const struct option longs[] = {COMMON_OPTIONS};
-        next_option(&o, argc, argv, ":h", longs);
-        return o.rc;
+        return common_options(&o, argc, argv);
     }
     char e[SAFE_MAX];
     fprintf(stderr, "ddpd sweep: expected submit, show or cancel, got \"%s\" (ddpd sweep --help)\n",
