@@ -126,7 +126,8 @@ static void turn_sweep(struct sweeper *w, int64_t id)
 {
     struct store_sweep sw;
     struct ddpd_error e;
-    if (store_sweep_get(w->store, id, true, &sw, &e)) {
+    /* Without the trials' specs: most turns submit nothing (see below). */
+    if (store_sweep_get(w->store, id, false, &sw, &e)) {
         store_sweep_clear(&sw);
         return;
     }
@@ -164,7 +165,20 @@ static void turn_sweep(struct sweeper *w, int64_t id)
         }
         store_job_clear(&j);
     }
-    for (size_t i = 0; i < sw.n_trials && active < sw.max_parallel; i++) {
+    bool submits = false;
+    for (size_t i = 0; i < sw.n_trials; i++)
+        submits |= !strcmp(sw.trials[i].state, "pending");
+    /* A trial to submit and room for it: the trials again, with their specs. Their states
+     * are the ones this turn just wrote (only this thread writes them while it holds mu),
+     * so `active` and `ended` still count them right. */
+    if (submits && active < sw.max_parallel) {
+        store_sweep_clear(&sw);
+        if (store_sweep_get(w->store, id, true, &sw, &e)) {
+            store_sweep_clear(&sw);
+            return;
+        }
+    }
+    for (size_t i = 0; i < sw.n_trials && active < sw.max_parallel && sw.trials[i].spec; i++) {
         struct store_trial *t = &sw.trials[i];
         if (strcmp(t->state, "pending"))
             continue;
