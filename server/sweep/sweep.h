@@ -18,11 +18,12 @@ struct store;
 struct super;
 
 /* Caps on what a client sizes. */
-#define SWEEP_MAX_TRIALS   1000 /* trials of one sweep (a grid's product, a random count) */
-#define SWEEP_MAX_PARAMS   32   /* parameters of one sweep */
-#define SWEEP_MAX_VALUES   1000 /* values in one parameter's list */
-#define SWEEP_MAX_PARALLEL 64   /* max_parallel */
-#define SWEEP_PATH_MAX     128  /* bytes of one parameter's path */
+#define SWEEP_MAX_TRIALS   1000        /* trials of one sweep (a grid's product, a random count) */
+#define SWEEP_MAX_PARAMS   32          /* parameters of one sweep */
+#define SWEEP_MAX_VALUES   1000        /* values in one parameter's list */
+#define SWEEP_MAX_PARALLEL 64          /* max_parallel */
+#define SWEEP_PATH_MAX     128         /* bytes of one parameter's path */
+#define SWEEP_MAX_BYTES    (64u << 20) /* the trials' specs together, as stored */
 
 /* The method and the metric of a sweep, as its request names them. */
 typedef enum { SWEEP_GRID, SWEEP_RANDOM } sweep_method;
@@ -42,6 +43,7 @@ struct sweep_plan {
     size_t n;         /* trials */
     char **params;    /* [n] JSON text: {"<dotted.path>": value, ...} */
     char **specs;     /* [n] JSON text: the trial's spec as the request wrote it, values set */
+    size_t bytes;     /* of params and specs together, at most SWEEP_MAX_BYTES */
     int *world;       /* [n] each trial's world_size and device, for super_fits */
     device_kind *device;
 };
@@ -51,7 +53,8 @@ struct sweep_plan {
  * Errors: DDPD_ESPEC with err->path the request's key: `parameters["optimizer.lrr"]` for
  * a path the base spec does not have, `spec.<path>` for a base that is not a valid spec,
  * `trials[i]` (the message naming the trial's values and the spec's field) for a value
- * that makes a trial's spec invalid; DDPD_ENOMEM. */
+ * that makes a trial's spec invalid; DDPD_ETOOBIG (413) when the trials' specs take more
+ * than SWEEP_MAX_BYTES together; DDPD_ENOMEM. */
 ddpd_err sweep_plan_from_json(struct json_t *body, const struct spec_parse_opts *po, struct sweep_plan *out,
                               struct ddpd_error *err);
 void sweep_plan_free(struct sweep_plan *p);

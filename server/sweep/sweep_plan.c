@@ -304,6 +304,11 @@ static ddpd_err make_trial(json_t *base, const struct param *ps, json_t **vals, 
     p->specs[t] = json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER);
     if (!p->params[t] || !p->specs[t])
         rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory expanding the sweep");
+    else if ((p->bytes += strlen(p->specs[t]) + strlen(p->params[t])) > SWEEP_MAX_BYTES)
+        rc = ddpd_error_set(err, DDPD_ETOOBIG, "parameters",
+                            "the trials' specs take more than %u MiB together: too large (fewer trials, or a "
+                            "smaller spec)",
+                            SWEEP_MAX_BYTES >> 20);
 out:
     json_decref(params);
     json_decref(doc);
