@@ -75,6 +75,24 @@ ddpd_err api__respond_created(struct http_request *req, const struct store_job *
 void api__job_cache_init(struct api *a);
 void api__job_cache_clear(struct api *a);
 
+/* ---- api_submit.c: the submission checks a sweep shares (api_sweeps.c) -------------------- */
+
+/* The planner's failure as a request's error (a data error without a path: `data`, or
+ * `eval.data` when the message names it). */
+void api__plan_error(ddpd_err rc, const struct ddpd_error *perr, struct ddpd_error *err);
+/* init.from_job to its weights' path in the jobs folder, or a 422 naming the key. */
+ddpd_err api__resolve_init_job(struct api *a, const struct spec *spec, char *path, size_t cap,
+                               struct ddpd_error *err);
+/* The planner's request for `spec` (jobdoc.h; resume NULL: none): a new reference, NULL
+ * when out of memory. */
+json_t *api__plan_doc(const struct api *a, const struct spec *spec, const char *init_path, const char *resume,
+                      bool force);
+/* Whether a spec has files to read (data, eval data, init.from, a tokenizer): then the
+ * planner checks them; else its batch counts and memory follow from the spec alone. */
+bool api__spec_has_files(const struct spec *spec);
+/* A spec without files against --max-rank-memory: a 422 when a rank would need more. */
+ddpd_err api__memory_check(const struct api *a, const struct spec *spec, struct ddpd_error *err);
+
 /* ---- api_files.c ------------------------------------------------------------------------- */
 
 /* "5, 10, 15" (the newest few when there are many) into buf[cap]; "none" for no steps. */

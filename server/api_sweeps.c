@@ -1,9 +1,11 @@
 /* api_sweeps.c — the sweep routes: POST /v1/sweeps (the request checked and expanded by
- * sweep/sweep_plan.c, stored with its trials, the controller woken), GET /v1/sweeps, GET
+ * sweep/sweep_plan.c, each trial checked as a job's submission is, trial 0's files read by
+ * a planner, then stored with its trials and the controller woken), GET /v1/sweeps, GET
  * /v1/sweeps/{id} (the trials ranked by the metric, the best one's spec) and POST
  * /v1/sweeps/{id}/cancel. The jobs themselves are the controller's (sweep/sweep.h). */
 #include <inttypes.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,55 +13,136 @@
 
 #include "api_impl.h"
 #include "http.h"
+#include "planner.h"
 #include "store.h"
 #include "super.h"
 #include "sweep/sweep.h"
 
+/* Each trial's own checks beside spec_from_json, as a job's submission makes them: the
+ * server can run it (super_fits), and a spec without files fits --max-rank-memory. */
+static ddpd_err trial_check(void *ctx, const struct spec *spec, struct ddpd_error *err)
+{
+    struct api *a = ctx;
+    char why[512];
+    const char *blame;
+    if (!super_fits(a->super, spec->device, spec->world_size, why, sizeof why, &blame))
+        return ddpd_error_set(err, DDPD_ESPEC, blame, "%s", why);
+    return api__spec_has_files(spec) ? DDPD_OK : api__memory_check(a, spec, err);
+}
+
+/* A sweep checked, from its request until it is stored and answered. */
+struct sweep_submission {
+    struct http_request *req; /* deferred while a planner reads trial 0's files */
+    struct api *a;
+    struct sweep_plan p;
+    char *text;        /* the request as stored */
+    struct spec spec0; /* trial 0's spec, for the planner's counts */
+};
+
+static void submission_free(struct sweep_submission *sub)
+{
+    sweep_plan_free(&sub->p);
+    free(sub->text);
+    free(sub);
+}
+
+/* Stores the sweep and its trials, wakes the controller and answers 201. */
+static ddpd_err sweep_store(struct sweep_submission *sub, struct ddpd_error *err)
+{
+    const struct sweep_plan *p = &sub->p;
+    const char *mode = p->maximize ? "max" : "min";
+    struct store_sweep_new sn = {.body = sub->text,
+                                 .method = sweep_method_name(p->method),
+                                 .metric = sweep_metric_name(p->metric),
+                                 .mode = mode,
+                                 .max_parallel = p->max_parallel,
+                                 .n = p->n,
+                                 .params = p->params,
+                                 .specs = p->specs};
+    int64_t id = 0;
+    ddpd_err rc = store_sweep_insert(sub->a->store, &sn, &id, err);
+    if (rc)
+        return rc;
+    sweeper_kick(sub->a->sweeper);
+    char loc[64];
+    snprintf(loc, sizeof loc, "/v1/sweeps/%" PRId64, id);
+    http_response_header(sub->req, "Location", loc);
+    return http_respond_json(sub->req, 201,
+                             json_pack("{sI ss ss ss ss si sI}", "id", (json_int_t)id, "state", "running",
+                                       "method", sn.method, "metric", sn.metric, "mode", mode, "max_parallel",
+                                       p->max_parallel, "trials", (json_int_t)p->n));
+}
+
+/* The planner's answer on trial 0's files, on a planner thread. Its errors name the
+ * trial, as the spec checks do: the base spec's files are every trial's. */
+static void sweep_planned(void *ctx, ddpd_err rc, const int64_t *counts, bool known,
+                          const struct ddpd_error *perr)
+{
+    struct sweep_submission *sub = ctx;
+    struct ddpd_error err, e;
+    ddpd_error_clear(&err);
+    if (rc != DDPD_OK)
+        api__plan_error(rc, perr, &e);
+    else if (known)
+        rc = spec_check_batch_counts(&sub->spec0, counts, &e);
+    if (rc != DDPD_OK) {
+        ddpd_error_set(&err, rc, "", "trial 0 %s: %s%s%s", sub->p.params[0], e.path, e.path[0] ? ": " : "",
+                       e.message);
+        snprintf(err.path, sizeof err.path, "trials[0]");
+    } else {
+        rc = sweep_store(sub, &err);
+    }
+    http_deferred_done(sub->req, rc, &err);
+    submission_free(sub);
+}
+
 ddpd_err api__sweep_submit(struct http_request *req, struct ddpd_error *err)
 {
     struct api *a = api__ctx(req);
-    json_t *body = http_request_json(req);
     struct spec_parse_opts po = {.default_device = super_default_device(a->super)};
-    struct sweep_plan p;
-    char *text = NULL;
-    ddpd_err rc = sweep_plan_from_json(body, &po, &p, err);
-    for (size_t i = 0; rc == DDPD_OK && i < p.n; i++) {
-        char why[512];
-        const char *blame;
-        if (!super_fits(a->super, p.device[i], p.world[i], why, sizeof why, &blame)) {
-            rc = ddpd_error_set(err, DDPD_ESPEC, "", "trial %zu %s: %s: %s", i, p.params[i], blame, why);
-            snprintf(err->path, sizeof err->path, "trials[%zu]", i);
-        }
+    struct sweep_submission *sub = calloc(1, sizeof *sub); /* a spec: not on an HTTP thread's stack */
+    if (!sub)
+        return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the sweep");
+    sub->req = req;
+    sub->a = a;
+    json_t *body = http_request_json(req);
+    ddpd_err rc = sweep_plan_from_json(body, &po, trial_check, a, &sub->p, err);
+    if (rc == DDPD_OK && !(sub->text = json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER)))
+        rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory storing the sweep");
+    if (rc == DDPD_OK) {
+        json_t *doc0 = json_loads(sub->p.specs[0], 0, NULL);
+        struct ddpd_error e;
+        if (!doc0 || spec_from_json(doc0, &po, &sub->spec0, &e) != DDPD_OK)
+            rc = ddpd_error_set(err, DDPD_EINTERNAL, "", "trial 0's spec no longer parses");
+        json_decref(doc0);
     }
     if (rc)
         goto out;
-    if (!(text = json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER))) {
-        rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory storing the sweep");
+    if (!api__spec_has_files(&sub->spec0)) {
+        rc = sweep_store(sub, err);
         goto out;
     }
-    const char *mode = p.maximize ? "max" : "min";
-    struct store_sweep_new sn = {.body = text,
-                                 .method = sweep_method_name(p.method),
-                                 .metric = sweep_metric_name(p.metric),
-                                 .mode = mode,
-                                 .max_parallel = p.max_parallel,
-                                 .n = p.n,
-                                 .params = p.params,
-                                 .specs = p.specs};
-    int64_t id = 0;
-    if ((rc = store_sweep_insert(a->store, &sn, &id, err)))
+    /* The data, eval data, init weights or tokenizer of trial 0 read by a planner, as a
+     * job's are at its submit: a missing or unreadable file is a 422 now, not a failed job
+     * per trial. Trials whose values change the files are checked when their jobs run. */
+    char init_path[PATH_MAX] = "";
+    if (sub->spec0.init_from_job > 0 &&
+        (rc = api__resolve_init_job(a, &sub->spec0, init_path, sizeof init_path, err)))
         goto out;
-    sweeper_kick(a->sweeper);
-    char loc[64];
-    snprintf(loc, sizeof loc, "/v1/sweeps/%" PRId64, id);
-    http_response_header(req, "Location", loc);
-    rc = http_respond_json(req, 201,
-                           json_pack("{sI ss ss ss ss si sI}", "id", (json_int_t)id, "state", "running",
-                                     "method", sn.method, "metric", sn.metric, "mode", mode, "max_parallel",
-                                     p.max_parallel, "trials", (json_int_t)p.n));
+    json_t *doc = api__plan_doc(a, &sub->spec0, init_path, NULL, false);
+    if (!doc) {
+        rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the sweep's data");
+        goto out;
+    }
+    http_defer(req);
+    if ((rc = planner_plan_async(a->planner, doc, sub->spec0.world_size, a->plan_timeout_s, sweep_planned,
+                                 sub, err))) {
+        http_deferred_done(req, rc, err); /* nothing queued: answered now */
+        submission_free(sub);
+    }
+    return DDPD_OK; /* sub is the planner's now */
 out:
-    free(text);
-    sweep_plan_free(&p);
+    submission_free(sub);
     return rc;
 }
 

@@ -44,18 +44,21 @@ struct sweep_plan {
     char **params;    /* [n] JSON text: {"<dotted.path>": value, ...} */
     char **specs;     /* [n] JSON text: the trial's spec as the request wrote it, values set */
     size_t bytes;     /* of params and specs together, at most SWEEP_MAX_BYTES */
-    int *world;       /* [n] each trial's world_size and device, for super_fits */
-    device_kind *device;
 };
 
 /* Checks a POST /v1/sweeps body (borrowed) and expands it into *out (zeroed first;
  * release with sweep_plan_free, also after an error). `po` is the server's spec options.
+ * `check` (may be NULL) runs on every trial's spec once it is valid.
  * Errors: DDPD_ESPEC with err->path the request's key: `parameters["optimizer.lrr"]` for
  * a path the base spec does not have, `spec.<path>` for a base that is not a valid spec,
  * `trials[i]` (the message naming the trial's values and the spec's field) for a value
- * that makes a trial's spec invalid; DDPD_ETOOBIG (413) when the trials' specs take more
- * than SWEEP_MAX_BYTES together; DDPD_ENOMEM. */
-ddpd_err sweep_plan_from_json(struct json_t *body, const struct spec_parse_opts *po, struct sweep_plan *out,
+ * that makes a trial's spec invalid or that `check` refuses; DDPD_ETOOBIG (413) when the trials' specs take
+ * more than SWEEP_MAX_BYTES together; DDPD_ENOMEM. */
+/* The caller's own check of each trial's valid spec (borrowed for the call): DDPD_OK, or
+ * an error whose path is the spec's key (the plan names the trial around it). */
+typedef ddpd_err (*sweep_trial_check_fn)(void *ctx, const struct spec *spec, struct ddpd_error *err);
+ddpd_err sweep_plan_from_json(struct json_t *body, const struct spec_parse_opts *po,
+                              sweep_trial_check_fn check, void *ctx, struct sweep_plan *out,
                               struct ddpd_error *err);
 void sweep_plan_free(struct sweep_plan *p);
 

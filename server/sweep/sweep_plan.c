@@ -269,8 +269,8 @@ static ddpd_err get_int(json_t *body, const char *key, int64_t lo, int64_t hi, i
 /* Trial `t`'s spec from the base and its values vals[np] (borrowed): validated, its
  * texts stored in p. */
 static ddpd_err make_trial(json_t *base, const struct param *ps, json_t **vals, size_t np, size_t t,
-                           const struct spec_parse_opts *po, struct spec *spec, struct sweep_plan *p,
-                           struct ddpd_error *err)
+                           const struct spec_parse_opts *po, sweep_trial_check_fn check, void *ctx,
+                           struct spec *spec, struct sweep_plan *p, struct ddpd_error *err)
 {
     ddpd_err rc = DDPD_OK;
     json_t *doc = json_deep_copy(base), *params = json_object();
@@ -291,16 +291,16 @@ static ddpd_err make_trial(json_t *base, const struct param *ps, json_t **vals, 
     struct ddpd_error e;
     ddpd_error_clear(&e);
     rc = spec_from_json(doc, po, spec, &e);
+    if (rc == DDPD_OK && check)
+        rc = check(ctx, spec, &e);
     if (rc) {
-        rc = ddpd_error_set(err, DDPD_ESPEC, "", "trial %zu %s: %s%s%s", t, ptext ? ptext : "", e.path,
-                            e.path[0] ? ": " : "", e.message);
+        rc = ddpd_error_set(err, rc == DDPD_ENOMEM ? rc : DDPD_ESPEC, "", "trial %zu %s: %s%s%s", t,
+                            ptext ? ptext : "", e.path, e.path[0] ? ": " : "", e.message);
         snprintf(err->path, sizeof err->path, "trials[%zu]", t);
         free(ptext);
         goto out;
     }
     p->params[t] = ptext;
-    p->world[t] = spec->world_size;
-    p->device[t] = spec->device;
     p->specs[t] = json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER);
     if (!p->params[t] || !p->specs[t])
         rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory expanding the sweep");
@@ -315,8 +315,8 @@ out:
     return rc;
 }
 
-ddpd_err sweep_plan_from_json(json_t *body, const struct spec_parse_opts *po, struct sweep_plan *out,
-                              struct ddpd_error *err)
+ddpd_err sweep_plan_from_json(json_t *body, const struct spec_parse_opts *po, sweep_trial_check_fn check,
+                              void *ctx, struct sweep_plan *out, struct ddpd_error *err)
 {
     memset(out, 0, sizeof *out);
     struct param ps[SWEEP_MAX_PARAMS];
@@ -423,9 +423,7 @@ ddpd_err sweep_plan_from_json(json_t *body, const struct spec_parse_opts *po, st
     }
     out->params = calloc(n, sizeof *out->params);
     out->specs = calloc(n, sizeof *out->specs);
-    out->world = calloc(n, sizeof *out->world);
-    out->device = calloc(n, sizeof *out->device);
-    if (!out->params || !out->specs || !out->world || !out->device) {
+    if (!out->params || !out->specs) {
         rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory expanding the sweep");
         goto out;
     }
@@ -449,7 +447,7 @@ ddpd_err sweep_plan_from_json(json_t *body, const struct spec_parse_opts *po, st
             if (!vals[i])
                 rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory expanding the sweep");
         if (rc == DDPD_OK)
-            rc = make_trial(base, ps, vals, np, t, po, spec, out, err);
+            rc = make_trial(base, ps, vals, np, t, po, check, ctx, spec, out, err);
         for (size_t i = 0; i < np; i++)
             json_decref(vals[i]);
         if (rc)
@@ -472,7 +470,5 @@ void sweep_plan_free(struct sweep_plan *p)
     }
     free(p->params);
     free(p->specs);
-    free(p->world);
-    free(p->device);
     memset(p, 0, sizeof *p);
 }

@@ -236,3 +236,31 @@ def test_cli_sweep_submit_show_cancel(server, work):
     assert r.returncode == 2 and 'parameters["optimizer.lrr"]' in r.stderr, r.stderr
     r = cli("bogus")
     assert r.returncode == 2 and "expected submit, show or cancel" in r.stderr, r.stderr
+
+
+def test_trial_zero_files_and_fit_are_checked_at_submit(server):
+    """Trial 0's data files are read by a planner at submit, as a job's are: a missing file
+    is a 422 naming trial 0 and the file, and nothing is stored; present files pass and
+    the trials run. A trial the server could never run (more ranks than slots) is a 422
+    naming that trial."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    np.save(server.data_dir / "x.npy", rng.standard_normal((16, 4)).astype(np.float32))
+    np.save(server.data_dir / "y.npy", rng.standard_normal((16, 1)).astype(np.float32))
+    files = small(data={"type": "npy", "x": "x.npy", "y": "y.npy"})
+    r = server.post("/v1/sweeps", json={"spec": dict(files, data={"type": "npy", "x": "nope.npy", "y": "y.npy"}),
+                                         "parameters": {"optimizer.lr": [0.01, 0.02]}, "method": "grid"})
+    assert r.status_code == 422, r.text
+    e = r.json()["error"]
+    assert e["path"] == "trials[0]" and "nope.npy" in e["message"], e
+    assert e["message"].startswith('trial 0 {"optimizer.lr":0.01}: data'), e
+    r = server.post("/v1/sweeps", json={"spec": small(), "parameters": {"world_size": [1, 3]}, "method": "grid"})
+    assert r.status_code == 422, r.text
+    e = r.json()["error"]
+    assert e["path"] == "trials[1]" and e["message"].startswith('trial 1 {"world_size":3}: world_size'), e
+    assert server.get("/v1/sweeps").json()["sweeps"] == []
+    sid = post_sweep(server, {"spec": files, "parameters": {"optimizer.lr": [0.01, 0.02]}, "method": "grid",
+                              "metric": "loss", "max_parallel": 2})["id"]
+    sw = wait_sweep(server, sid)
+    assert sw["counts"] == {"succeeded": 2}, sw

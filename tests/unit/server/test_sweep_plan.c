@@ -2,7 +2,8 @@
  * refused with the reason where they do not; the random generator against splitmix64's
  * published outputs for seed 0; a grid's trials in the documented order (paths sorted,
  * the last one fastest) with their specs; the errors' paths (a missing key, a value that
- * makes a bad spec, a range in a grid, a grid past the cap). */
+ * makes a bad spec, a range in a grid, a grid past the cap); the caller's check of each
+ * trial, its refusal named by trial. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,7 +61,7 @@ static ddpd_err plan(const char *rest, struct sweep_plan *p, struct ddpd_error *
     snprintf(text, sizeof text, "{\"spec\":%s,%s}", BASE, rest);
     json_t *body = json_loads(text, 0, NULL);
     CHECK(body != NULL);
-    ddpd_err rc = sweep_plan_from_json(body, NULL, p, err);
+    ddpd_err rc = sweep_plan_from_json(body, NULL, NULL, NULL, p, err);
     json_decref(body);
     return rc;
 }
@@ -89,7 +90,6 @@ static void test_grid(void)
         CHECK(json_equal(json_object_get(spec, "batch_size"), json_object_get(b, "batch_size")));
         CHECK(json_equal(json_object_get(json_object_get(spec, "optimizer"), "lr"),
                          json_object_get(b, "optimizer.lr")));
-        CHECK_EQ_INT(p.world[i], 1);
         json_decref(spec);
         json_decref(a);
         json_decref(b);
@@ -132,6 +132,30 @@ static void test_errors(void)
     sweep_plan_free(&p);
 }
 
+/* The caller's check: refuses a batch of 4, counting the trials it saw. */
+static ddpd_err no_batch_4(void *ctx, const struct spec *spec, struct ddpd_error *err)
+{
+    (*(int *)ctx)++;
+    if (spec->batch_size == 4)
+        return ddpd_error_set(err, DDPD_ESPEC, "batch_size", "4 is refused here");
+    return DDPD_OK;
+}
+
+static void test_check_callback(void)
+{
+    json_t *body = json_loads("{\"method\":\"grid\",\"parameters\":{\"batch_size\":[1,2,4,8]}}", 0, NULL);
+    json_object_set_new(body, "spec", json_loads(BASE, 0, NULL));
+    struct sweep_plan p;
+    struct ddpd_error e;
+    int seen = 0;
+    CHECK_EQ_INT(sweep_plan_from_json(body, NULL, no_batch_4, &seen, &p, &e), DDPD_ESPEC);
+    CHECK_EQ_INT(seen, 3); /* trials 0, 1 and 2; none after the refusal */
+    CHECK_EQ_STR(e.path, "trials[2]");
+    CHECK_EQ_STR(e.message, "trial 2 {\"batch_size\":4}: batch_size: 4 is refused here");
+    sweep_plan_free(&p);
+    json_decref(body);
+}
+
 static void test_random_ranges(void)
 {
     struct sweep_plan p;
@@ -163,6 +187,7 @@ int main(void)
     test_generator();
     test_grid();
     test_errors();
+    test_check_callback();
     test_random_ranges();
     CHECK_DONE();
 }
