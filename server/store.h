@@ -116,6 +116,11 @@ struct store_job_new {
      * an array of strings (NULL or "[]": none) and the notes (NULL or "": none), stored in
      * the insert's transaction. */
     const char *tags, *notes;
+    /* The sweep trial this job runs (sweep > 0): the trial's job and state `queued` are
+     * set in the insert's transaction, so that a trial never has a job it does not know
+     * of, whenever the server is killed. 0 = none. */
+    int64_t sweep;
+    int sweep_trial;
     /* Also store the job's first event, the `queued` state event (seq 1, attempt 0, ts =
      * created_at: store_job_queued_event), in the same transaction. */
     bool queued_event;

@@ -268,6 +268,21 @@ out:
     return wtx_end(s, e, err);
 }
 
+ddpd_err store__sweep_link(struct store *s, int64_t sweep, int idx, int64_t job, struct ddpd_error *err)
+{
+    sqlite3_stmt *st =
+        prep(s->w, "UPDATE sweep_trials SET job = ?3, state = 'queued' WHERE sweep = ?1 AND idx = ?2", err);
+    if (!st)
+        return err && err->code != DDPD_OK ? err->code : DDPD_EIO;
+    sqlite3_bind_int64(st, 1, sweep);
+    sqlite3_bind_int(st, 2, idx);
+    sqlite3_bind_int64(st, 3, job);
+    int rc = sqlite3_step(st);
+    ddpd_err e = rc == SQLITE_DONE ? DDPD_OK : sq_fail(err, s->w->db, rc, "link a sweep's trial to its job");
+    sqlite3_finalize(st);
+    return e;
+}
+
 ddpd_err store_trial_set(struct store *s, int64_t sweep, int idx, int64_t job, const char *state,
                          bool has_metric, double metric, struct ddpd_error *err)
 {

@@ -31,8 +31,7 @@ struct sweeper {
     pthread_t thread;
 };
 
-/* Trial `idx` of sweep `sweep`'s job name: how a restarted controller finds a job it
- * submitted but had not yet recorded. */
+/* Trial `idx` of sweep `sweep`'s job name. */
 static void trial_name(char *buf, size_t cap, int64_t sweep, int idx)
 {
     snprintf(buf, cap, "sweep-%" PRId64 "-%d", sweep, idx);
@@ -64,26 +63,14 @@ static bool job_metric(struct store *s, const struct store_job *j, sweep_metric 
     return ok;
 }
 
-/* Submits trial t of sweep sw as a job (or finds the job a previous server submitted for
- * it) into *job. */
+/* Submits trial t of sweep sw as a job into *job; the trial is linked to it (state
+ * queued) in the job's insert (store_job_new.sweep). */
 static ddpd_err submit_trial(struct sweeper *w, const struct store_sweep *sw, const struct store_trial *t,
                              int64_t *job, struct ddpd_error *err)
 {
     char name[STORE_NAME_MAX];
     trial_name(name, sizeof name, sw->id, t->idx);
-    struct store_job_query q = {.limit = 1, .name = name};
-    struct store_job_list l;
-    memset(&l, 0, sizeof l);
-    ddpd_err rc = store_job_list(w->store, &q, &l, err);
-    if (rc == DDPD_OK && l.n == 1) {
-        *job = l.jobs[0].id;
-        store_job_list_free(&l);
-        return DDPD_OK;
-    }
-    store_job_list_free(&l);
-    if (rc)
-        return rc;
-
+    ddpd_err rc;
     struct spec *spec = malloc(sizeof *spec);
     json_t *doc = json_loads(t->spec, 0, NULL);
     char *text = NULL;
@@ -104,6 +91,8 @@ static ddpd_err submit_trial(struct sweeper *w, const struct store_sweep *sw, co
                                .device = spec->device,
                                .max_restarts = spec->max_restarts,
                                .total_steps = spec->steps > 0 ? spec->steps : 0,
+                               .sweep = sw->id,
+                               .sweep_trial = t->idx,
                                .queued_event = true};
     /* Tagged with its sweep (GET /v1/jobs?tag=sweep-N lists them): a tag jobmeta.h takes. */
     char tags[64];
@@ -184,7 +173,6 @@ static void turn_sweep(struct sweeper *w, int64_t id)
             continue;
         int64_t job = 0;
         if (submit_trial(w, &sw, t, &job, &e) == DDPD_OK) {
-            store_trial_set(w->store, sw.id, t->idx, job, "queued", false, 0, &e);
             active++;
         } else if (e.code == DDPD_ESPEC) {
             /* A spec that passed at the sweep's submit and not now (a changed server):
