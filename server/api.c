@@ -35,6 +35,7 @@ ddpd_err api_new(const struct api_config *c, struct api **out, struct ddpd_error
     *a = (struct api){.store = c->store,
                       .hub = c->hub,
                       .super = c->super,
+                      .sweeper = c->sweeper,
                       .worker = c->worker,
                       .data_dir = c->data_dir,
                       .jobs_dir = c->jobs_dir,
@@ -115,6 +116,11 @@ static const struct http_route routes[] = {
     {"POST", "/v1/jobs/{id}/generate", api__generate, HTTP_ROUTE_AUTH | HTTP_ROUTE_JSON, 0, ""},
     {"POST", "/v1/jobs/{id}/predict", api__predict, HTTP_ROUTE_AUTH | HTTP_ROUTE_BODY, 0, "step device"},
     {"GET", "/v1/inference", api__inference, HTTP_ROUTE_AUTH, 0, ""},
+    /* Hyper-parameter sweeps (api_sweeps.c). */
+    {"POST", "/v1/sweeps", api__sweep_submit, HTTP_ROUTE_AUTH | HTTP_ROUTE_JSON, 0, ""},
+    {"GET", "/v1/sweeps", api__sweep_list, HTTP_ROUTE_AUTH, 0, "state limit before"},
+    {"GET", "/v1/sweeps/{id}", api__sweep_get, HTTP_ROUTE_AUTH, 0, ""},
+    {"POST", "/v1/sweeps/{id}/cancel", api__sweep_cancel, HTTP_ROUTE_AUTH, 0, ""},
     {"GET", "/v1/devices", api__devices, HTTP_ROUTE_AUTH, 0, ""},
     {"GET", "/healthz", api__health, 0, 0, NULL},
     {"GET", "/metrics", api__prometheus, 0, 0, NULL},
@@ -135,6 +141,7 @@ static const struct http_route routes[] = {
     {"GET", "/web/job.js", api__web_file, 0, 0, NULL},
     {"GET", "/web/compare.js", api__web_file, 0, 0, NULL},
     {"GET", "/web/app.js", api__web_file, 0, 0, NULL},
+    {"GET", "/web/sweep.js", api__web_file, 0, 0, NULL},
 };
 
 /* A copy of the table with this server's limits: the predict route's body limit. */

@@ -12,6 +12,7 @@
 struct store;
 struct hub;
 struct super;
+struct sweeper;
 struct http_server;
 struct http_route;
 struct api;
@@ -32,8 +33,9 @@ struct api_config {
     struct store *store;
     struct hub *hub;
     struct super *super;
-    const char *worker;   /* ddpd-worker, for the submission-time data check */
-    const char *data_dir; /* absolute */
+    struct sweeper *sweeper; /* the sweeps' controller (sweep/sweep.h) */
+    const char *worker;      /* ddpd-worker, for the submission-time data check */
+    const char *data_dir;    /* absolute */
     const char *jobs_dir;
     const char *web_dir;     /* the dashboard's files (index.html, ...); NULL = none */
     int64_t max_rank_memory; /* bytes one rank may need (--max-rank-memory); 0 = no limit */

@@ -7,7 +7,7 @@
  * the planner's data check), api_files.c (a job's curve, logs and checkpoints), api_metrics_csv.c (the curve
  * as CSV), api_events.c (the event stream), api_web.c (devices, health, /metrics, the dashboard's files),
  * api_infer.c (generate, predict and the inference pool's state), api_pytorch.c (the job's model as
- * model.py). */
+ * model.py), api_sweeps.c (hyper-parameter sweeps). */
 #ifndef DDPD_API_IMPL_H
 #define DDPD_API_IMPL_H
 
@@ -41,6 +41,7 @@ struct api {
     struct store *store;
     struct hub *hub;
     struct super *super;
+    struct sweeper *sweeper;
     struct http_server *http; /* for /metrics; set by api_set_http after the server starts */
     const char *worker, *data_dir, *jobs_dir, *web_dir;
     int64_t max_rank_memory;
@@ -73,6 +74,24 @@ ddpd_err api__get_job(struct http_request *req, struct store_job *j, struct ddpd
 ddpd_err api__respond_created(struct http_request *req, const struct store_job *j, struct ddpd_error *e);
 void api__job_cache_init(struct api *a);
 void api__job_cache_clear(struct api *a);
+
+/* ---- api_submit.c: the submission checks a sweep shares (api_sweeps.c) -------------------- */
+
+/* The planner's failure as a request's error (a data error without a path: `data`, or
+ * `eval.data` when the message names it). */
+void api__plan_error(ddpd_err rc, const struct ddpd_error *perr, struct ddpd_error *err);
+/* init.from_job to its weights' path in the jobs folder, or a 422 naming the key. */
+ddpd_err api__resolve_init_job(struct api *a, const struct spec *spec, char *path, size_t cap,
+                               struct ddpd_error *err);
+/* The planner's request for `spec` (jobdoc.h; resume NULL: none): a new reference, NULL
+ * when out of memory. */
+json_t *api__plan_doc(const struct api *a, const struct spec *spec, const char *init_path, const char *resume,
+                      bool force);
+/* Whether a spec has files to read (data, eval data, init.from, a tokenizer): then the
+ * planner checks them; else its batch counts and memory follow from the spec alone. */
+bool api__spec_has_files(const struct spec *spec);
+/* A spec without files against --max-rank-memory: a 422 when a rank would need more. */
+ddpd_err api__memory_check(const struct api *a, const struct spec *spec, struct ddpd_error *err);
 
 /* ---- api_files.c ------------------------------------------------------------------------- */
 
@@ -114,5 +133,11 @@ ddpd_err api__generate(struct http_request *req, struct ddpd_error *err);    /* 
 ddpd_err api__predict(struct http_request *req, struct ddpd_error *err);     /* api_infer.c */
 ddpd_err api__inference(struct http_request *req, struct ddpd_error *err);   /* api_infer.c */
 ddpd_err api__pytorch(struct http_request *req, struct ddpd_error *err);     /* api_pytorch.c */
+
+/* The sweep routes (api_sweeps.c). */
+ddpd_err api__sweep_submit(struct http_request *req, struct ddpd_error *err);
+ddpd_err api__sweep_list(struct http_request *req, struct ddpd_error *err);
+ddpd_err api__sweep_get(struct http_request *req, struct ddpd_error *err);
+ddpd_err api__sweep_cancel(struct http_request *req, struct ddpd_error *err);
 
 #endif

@@ -118,7 +118,7 @@ struct planning {
 
 /* The planner's failure as the request's error. A data error's answer has no path: the
  * data, or the eval data that the worker's message names (train_check_eval_data). */
-static void plan_error(ddpd_err rc, const struct ddpd_error *perr, struct ddpd_error *err)
+void api__plan_error(ddpd_err rc, const struct ddpd_error *perr, struct ddpd_error *err)
 {
     *err = *perr;
     if ((rc == DDPD_EDATA || rc == DDPD_ESPEC) && !err->path[0])
@@ -132,7 +132,7 @@ static void planned(void *ctx, ddpd_err rc, const int64_t *counts, bool known, c
     struct planning *pl = ctx;
     struct ddpd_error err;
     if (rc != DDPD_OK) {
-        plan_error(rc, perr, &err);
+        api__plan_error(rc, perr, &err);
     } else {
         rc = submit_checked(pl->req, pl->a, &pl->spec, &pl->meta, counts, known, &err);
     }
@@ -146,8 +146,8 @@ _Static_assert(SPEC_MAX_WORLD <= PLAN_MAX_WORLD, "the planner takes every world 
 
 /* init.from_job (and init.step) to the weights' path in the jobs folder, or a 422 naming
  * the key: no such job, no such checkpoint (naming the steps there are), no weights yet. */
-static ddpd_err resolve_init_job(struct api *a, const struct spec *spec, char *path, size_t cap,
-                                 struct ddpd_error *err)
+ddpd_err api__resolve_init_job(struct api *a, const struct spec *spec, char *path, size_t cap,
+                               struct ddpd_error *err)
 {
     int64_t src = spec->init_from_job, step = spec->init_from_step;
     struct store_job j;
@@ -176,8 +176,8 @@ static ddpd_err resolve_init_job(struct api *a, const struct spec *spec, char *p
  * out_dir; for a resume, the checkpoint `resume` (NULL: none) to check the data against.
  * NULL when out of memory, or when `resume` does not fit the document (a jobs folder too
  * deep: the supervisor would fail it too). */
-static json_t *plan_doc(const struct api *a, const struct spec *spec, const char *init_path,
-                        const char *resume, bool force)
+json_t *api__plan_doc(const struct api *a, const struct spec *spec, const char *init_path, const char *resume,
+                      bool force)
 {
     struct jobdoc *preq = calloc(1, sizeof *preq); /* ~106 KiB: not on an HTTP thread's stack */
     json_t *doc = NULL;
@@ -194,6 +194,25 @@ static json_t *plan_doc(const struct api *a, const struct spec *spec, const char
         doc = jobdoc_to_json(preq);
     free(preq);
     return doc;
+}
+
+bool api__spec_has_files(const struct spec *spec)
+{
+    return !(spec->data.kind == DATA_SYNTHETIC && !spec->init_from[0] && !spec->init_from_job &&
+             !spec->tokenizer_vocab[0] &&
+             (spec->eval.every_steps <= 0 || spec->eval.data.kind == DATA_SYNTHETIC));
+}
+
+ddpd_err api__memory_check(const struct api *a, const struct spec *spec, struct ddpd_error *err)
+{
+    /* The memory a rank needs follows from the spec (the planner checks it against the
+     * same limit where there are files, or an init.from to check). */
+    struct spec_memory mem;
+    spec_memory_estimate(
+        spec, &(struct spec_memory_in){.rows = spec->data.samples, .eval_rows = spec->eval.data.samples},
+        &mem);
+    return spec_memory_check(spec, &mem, a->max_rank_memory, "the server's --max-rank-memory", DDPD_ESPEC,
+                             err);
 }
 
 ddpd_err api__submit(struct http_request *req, struct ddpd_error *err)
@@ -220,24 +239,15 @@ ddpd_err api__submit(struct http_request *req, struct ddpd_error *err)
      * path is the server's own (never one from the spec), for the planner to check the
      * tensors' names and shapes against the model as it checks init.from. */
     char init_path[PATH_MAX] = "";
-    if (spec->init_from_job > 0 && (rc = resolve_init_job(a, spec, init_path, sizeof init_path, err)))
+    if (spec->init_from_job > 0 && (rc = api__resolve_init_job(a, spec, init_path, sizeof init_path, err)))
         goto out;
 
     /* The data must be readable and, with join false, even, and a rank must fit in memory.
      * Synthetic data (and eval.data) without init.from or a tokenizer has nothing to read: its counts follow
      * from the spec, here. Files are the planner's to read, on its own threads and processes: nothing that
      * can block on a file runs here. */
-    if (spec->data.kind == DATA_SYNTHETIC && !spec->init_from[0] && !spec->init_from_job &&
-        !spec->tokenizer_vocab[0] &&
-        (spec->eval.every_steps <= 0 || spec->eval.data.kind == DATA_SYNTHETIC)) {
-        /* The memory a rank needs follows from the spec too (the planner checks it
-         * against the same limit where there are files, or an init.from to check). */
-        struct spec_memory mem;
-        spec_memory_estimate(
-            spec, &(struct spec_memory_in){.rows = spec->data.samples, .eval_rows = spec->eval.data.samples},
-            &mem);
-        if ((rc = spec_memory_check(spec, &mem, a->max_rank_memory, "the server's --max-rank-memory",
-                                    DDPD_ESPEC, err)))
+    if (!api__spec_has_files(spec)) {
+        if ((rc = api__memory_check(a, spec, err)))
             goto out;
         int64_t counts[SPEC_MAX_WORLD];
         for (int r = 0; r < spec->world_size; r++)
@@ -250,7 +260,7 @@ ddpd_err api__submit(struct http_request *req, struct ddpd_error *err)
         free(pl);
         return DDPD_OK;
     }
-    json_t *doc = plan_doc(a, spec, init_path, NULL, false);
+    json_t *doc = api__plan_doc(a, spec, init_path, NULL, false);
     if (!doc) {
         rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the job's data");
         goto out;
@@ -334,7 +344,7 @@ static void resume_planned(void *ctx, ddpd_err rc, const int64_t *counts, bool k
     struct http_request *req = r->req;
     struct ddpd_error err;
     if (rc != DDPD_OK) {
-        plan_error(rc, perr, &err);
+        api__plan_error(rc, perr, &err);
     } else {
         rc = resume_insert(r, counts, known, &err);
     }
@@ -432,7 +442,7 @@ ddpd_err api__resume(struct http_request *req, struct ddpd_error *err)
         return DDPD_OK;
     }
     /* The planner's request, with the checkpoint to check the data against. */
-    json_t *doc = plan_doc(a, spec, "", ck, r->force);
+    json_t *doc = api__plan_doc(a, spec, "", ck, r->force);
     if (!doc) {
         rc = ddpd_error_set(err, DDPD_ENOMEM, "",
                             "cannot build the data check of job %" PRId64

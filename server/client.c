@@ -650,6 +650,29 @@ static bool spec_with_meta(struct buf *spec, const char *spec_path, const struct
     return true;
 }
 
+int read_body(const char *cmd, const char *path, struct buf *b)
+{
+    FILE *in = !strcmp(path, "-") ? stdin : fopen(path, "rb");
+    if (!in) {
+        fprintf(stderr, "ddpd %s: %s: %s\n", cmd, path, strerror(errno));
+        return EXIT_USAGE;
+    }
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, in)) > 0 && buf_add(b, chunk, n))
+        ;
+    bool read_failed = ferror(in);
+    if (in != stdin)
+        fclose(in);
+    if (read_failed || b->over) {
+        fprintf(stderr, "ddpd %s: %s: %s\n", cmd, path,
+                b->over ? "larger than the server's limit of 1 MiB for a request" : "cannot read it");
+        buf_free(b);
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
 static int cmd_submit(struct client *c, int argc, char **argv)
 {
     static const struct option longs[] = {{"follow", no_argument, NULL, 'f'},
@@ -675,24 +698,9 @@ static int cmd_submit(struct client *c, int argc, char **argv)
     }
     const char *spec_path = argv[optind];
     struct buf spec = {.max = SPEC_MAX_BODY + 1};
-    FILE *in = !strcmp(spec_path, "-") ? stdin : fopen(spec_path, "rb");
-    if (!in) {
-        fprintf(stderr, "ddpd submit: %s: %s\n", spec_path, strerror(errno));
-        return EXIT_USAGE;
-    }
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, in)) > 0 && buf_add(&spec, chunk, n))
-        ;
-    bool read_failed = ferror(in);
-    if (in != stdin)
-        fclose(in);
-    if (read_failed || spec.over) {
-        fprintf(stderr, "ddpd submit: %s: %s\n", spec_path,
-                spec.over ? "larger than the server's limit of 1 MiB for a spec" : "cannot read it");
-        buf_free(&spec);
+    if ((rc = read_body("submit", spec_path, &spec))) {
         meta_free(&meta);
-        return EXIT_USAGE;
+        return rc;
     }
     bool meta_ok = !meta_given(&meta) || spec_with_meta(&spec, spec_path, &meta);
     meta_free(&meta);
@@ -1104,6 +1112,11 @@ static const struct command commands[] = {
      "eval loss with their steps, and accuracy for classifiers), then the spec fields in which\n"
      "they differ, and only those, as dotted paths (optimizer.lr, model[0].out).",
      "", cmd_compare},
+    {"sweep", "submit FILE.json  |  sweep show [--json] ID  |  sweep cancel ID",
+     "Hyper-parameter sweeps (docs/api.md \"Sweeps\"): submit FILE.json (a POST /v1/sweeps body,\n"
+     "- for stdin) and print the sweep's id; show its trials ranked by the metric (rank, trial,\n"
+     "job, state, metric, values) and the best; cancel it and its jobs.",
+     "  --json            show: the server's answer as JSON (with the best trial's spec)\n", cmd_sweep},
     {"pull",
      "[--step S | --best] [--optim] [-o FILE] [--max-bytes N] ID  |  pull --pytorch [--step S] ID DIR  |  "
      "pull --format gpt2 [--step S] ID DIR",

@@ -1,7 +1,7 @@
 /* client_impl.h — what the client's files share (client.c: the connection, the requests
  * and the job commands; client_pull.c: pull; client_infer.c: generate and predict;
  * client_tokenize.c: tokenize; client_compare.c: compare;
- * client_tags.c: patch and the tag options). Only
+ * client_tags.c: patch and the tag options; client_sweep.c: sweep). Only
  * they include it. Short names map to client__ ones, as spec_impl.h does for the spec. */
 #ifndef DDPD_CLIENT_IMPL_H
 #define DDPD_CLIENT_IMPL_H
@@ -191,6 +191,13 @@ bool meta_given(const struct meta_opts *m);
 void meta_put(const struct meta_opts *m, json_t *obj);
 void meta_free(struct meta_opts *m);
 int cmd_patch(struct client *c, int argc, char **argv); /* client_tags.c */
+
+#define cmd_sweep client__cmd_sweep
+int cmd_sweep(struct client *c, int argc, char **argv); /* client_sweep.c */
+#define read_body client__read_body
+/* The body of a request from the file `path` ("-": stdin) into b (b->max its cap).
+ * Returns 0, or EXIT_USAGE after a message naming the command and the file. */
+int read_body(const char *cmd, const char *path, struct buf *b);
 
 #define cmd_tokenize client__cmd_tokenize
 int cmd_tokenize(struct client *c, int argc, char **argv); /* client_tokenize.c (no server) */

@@ -40,6 +40,7 @@
 #include "sched.h"
 #include "token.h"
 #include "launch.h"
+#include "sweep/sweep.h"
 #include "launch_slurm.h"
 #include "opt.h"
 #include "store.h"
@@ -651,6 +652,7 @@ static int run_server(const struct serve_opts *o, const struct serve_setup *s, c
     struct launcher *launcher = NULL;
     struct http_server *http = NULL;
     struct api *api = NULL;
+    struct sweeper *sweeper = NULL;
     struct store_lock *lock = NULL;
     int listen_fd = -1;
 
@@ -693,9 +695,15 @@ static int run_server(const struct serve_opts *o, const struct serve_setup *s, c
         fprintf(stderr, "ddpd serve: %s\n", err.message);
         goto out;
     }
+    /* The sweeps' controller goes on with the sweeps the store says are running. */
+    if (!(sweeper = sweeper_start(store, super, &err))) {
+        fprintf(stderr, "ddpd serve: %s\n", err.message);
+        goto out;
+    }
     struct api_config ac = {.store = store,
                             .hub = hub,
                             .super = super,
+                            .sweeper = sweeper,
                             .worker = s->worker,
                             .data_dir = s->data_abs,
                             .jobs_dir = s->jobs_abs,
@@ -761,6 +769,7 @@ out:
     api_stop(api);
     http_server_free(http);
     api_free(api);
+    sweeper_stop(sweeper);
     super_stop(super);
     launcher_free(launcher);
     if (hub)

@@ -116,6 +116,11 @@ struct store_job_new {
      * an array of strings (NULL or "[]": none) and the notes (NULL or "": none), stored in
      * the insert's transaction. */
     const char *tags, *notes;
+    /* The sweep trial this job runs (sweep > 0): the trial's job and state `queued` are
+     * set in the insert's transaction, so that a trial never has a job it does not know
+     * of, whenever the server is killed. 0 = none. */
+    int64_t sweep;
+    int sweep_trial;
     /* Also store the job's first event, the `queued` state event (seq 1, attempt 0, ts =
      * created_at: store_job_queued_event), in the same transaction. */
     bool queued_event;
@@ -452,6 +457,63 @@ ddpd_err store_metrics_get(struct store *s, int64_t job, int max_points, struct 
                            struct ddpd_error *err);
 /* Frees what `m` owns and zeroes it. NULL is a no-op. */
 void store_metrics_free(struct store_metrics *m);
+
+/* ---- sweeps (store_sweeps.c; the sweeps migration in schema/migrations/) ---- */
+
+#define STORE_SWEEP_WORD 16
+/* One trial of a sweep. Owns `params` and `spec` (JSON text; spec NULL when not loaded). */
+struct store_trial {
+    int idx;
+    char *params;                 /* {"<dotted.path>": value, ...} */
+    char *spec;                   /* the trial's spec */
+    int64_t job;                  /* 0 until submitted */
+    char state[STORE_SWEEP_WORD]; /* "pending" or its job's state */
+    bool has_metric;
+    double metric;
+};
+/* A sweep as GET /v1/sweeps/{id} shows it. Owns `body` and `trials`: release with
+ * store_sweep_clear. */
+struct store_sweep {
+    int64_t id;
+    double created_at, finished_at; /* finished_at 0 while running */
+    char state[STORE_SWEEP_WORD];   /* running, succeeded, cancelled */
+    char method[STORE_SWEEP_WORD];
+    char metric[STORE_SWEEP_WORD];
+    char mode[STORE_SWEEP_WORD];
+    int max_parallel;
+    char *body;                 /* the request; NULL when not loaded */
+    size_t n_trials;            /* set by get and list */
+    struct store_trial *trials; /* [n_trials] by idx (get only) */
+};
+/* What a sweep's insert stores; pointers borrowed for the call. */
+struct store_sweep_new {
+    const char *body, *method, *metric, *mode;
+    int max_parallel;
+    size_t n;
+    char *const *params, *const *specs; /* [n] */
+};
+/* Inserts a sweep (state running) and its n trials (pending) in one transaction; sets
+ * *id. Errors: DDPD_EBUSY, DDPD_EIO. */
+ddpd_err store_sweep_insert(struct store *s, const struct store_sweep_new *sw, int64_t *id,
+                            struct ddpd_error *err);
+/* Sweep `id` with its trials (their specs when with_specs) into *out (release with
+ * store_sweep_clear, also after an error). DDPD_ENOTFOUND when there is none. */
+ddpd_err store_sweep_get(struct store *s, int64_t id, bool with_specs, struct store_sweep *out,
+                         struct ddpd_error *err);
+/* Sweeps newest first (without body and trials, with n_trials), only those in `state`
+ * when not NULL, at most `limit` (1..STORE_LIST_MAX) with id < before (0 = from the
+ * newest). *out (n of them) is released with store_sweep_list_free. */
+ddpd_err store_sweep_list(struct store *s, const char *state, int limit, int64_t before,
+                          struct store_sweep **out, size_t *n, struct ddpd_error *err);
+void store_sweep_list_free(struct store_sweep *l, size_t n);
+void store_sweep_clear(struct store_sweep *sw);
+/* Sets sweep `id`'s state (a final one also sets finished_at) when it is `if_state`
+ * (NULL: whatever it is). DDPD_ENOTFOUND, DDPD_ECONFLICT (its state is another). */
+ddpd_err store_sweep_set_state(struct store *s, int64_t id, const char *state, const char *if_state,
+                               struct ddpd_error *err);
+/* Sets trial `idx` of sweep `sweep`: its job (0 = leave it), state and metric. */
+ddpd_err store_trial_set(struct store *s, int64_t sweep, int idx, int64_t job, const char *state,
+                         bool has_metric, double metric, struct ddpd_error *err);
 
 /* ---- health and counters ---- */
 

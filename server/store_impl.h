@@ -229,6 +229,10 @@ int store__usage_add(struct conn *c, int64_t job, int64_t rows, int64_t bytes, i
                      int64_t *loss_now, int64_t *thinned);
 int store__budget_batch(struct store *s, struct qev *b, int n, struct qev **scratch, uint64_t *thinned);
 
+/* store_sweeps.c: sets trial `idx` of sweep `sweep` to job `job`, state queued, on the
+ * writer connection inside its open transaction (store_job_new.sweep). */
+ddpd_err store__sweep_link(struct store *s, int64_t sweep, int idx, int64_t job, struct ddpd_error *err);
+
 /* ---- the loss curve (store_curve.c) ---- */
 
 struct store_metrics;

@@ -134,6 +134,8 @@ static ddpd_err insert_one(struct store *s, struct insert_req *r)
     stmt_done(st);
     if (e == DDPD_OK && job->tags && strcmp(job->tags, "[]") != 0)
         e = store__tags_put(s, r->id, job->tags, &r->err);
+    if (e == DDPD_OK && job->sweep > 0)
+        e = store__sweep_link(s, job->sweep, job->sweep_trial, r->id, &r->err);
     if (e == DDPD_OK && job->queued_event)
         e = insert_queued_event(s, r);
     return e;

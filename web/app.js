@@ -1,5 +1,5 @@
 /* app.js — the page's frame: the hash router (#/jobs, #/jobs/7, #/submit, #/devices,
- * #/compare?ids=3,5,9),
+ * #/compare?ids=3,5,9, #/sweeps, #/sweeps/3),
  * the connection banner, the token prompt and the server dialog. */
 'use strict';
 (function () {
@@ -27,6 +27,8 @@
     else if (section === 'submit' && parts.length === 1) unmount = ddpd.views.submit(view, params);
     else if (section === 'devices' && parts.length === 1) unmount = ddpd.views.devices(view, params);
     else if (section === 'compare' && parts.length === 1) unmount = ddpd.views.compare(view, params);
+    else if (section === 'sweeps' && parts.length === 1) unmount = ddpd.views.sweeps(view, params);
+    else if (section === 'sweeps' && parts.length === 2 && /^[1-9][0-9]{0,18}$/.test(parts[1])) unmount = ddpd.views.sweep(view, params, parts[1]);
     else {
       fill(view, el('h1', {}, 'Not found'), el('p', {}, 'No page at ', el('code', {}, '#' + path), '. ',
         el('a', {href: '#/jobs'}, 'Go to the jobs.')));

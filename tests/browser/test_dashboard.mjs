@@ -13,7 +13,8 @@
 // samples), sees emulated GPUs marked on the devices page with their compute capability
 // and a "no code" badge on the one the module cannot run on (where libddpd-cuda-emu.so is
 // built), sees the banner when the server goes away, and uses a server with a token from a
-// file URL (token prompt, CORS, the fetch()-based event stream).
+// file URL (token prompt, CORS, the fetch()-based event stream); a sweep's page ranks its
+// trials and links the compare view of the top ones.
 // Screenshots go to $DDPD_TEST_OUT (the build folder's tests/browser/).
 //
 // Exit 0 when every step passed, 1 on the first failure, 77 (skipped) without Chromium or
@@ -902,6 +903,32 @@ async function main() {
   });
   await stopServer(cmp);
   await page.goto(a.url + '/web/index.html#/jobs');
+
+  await step('a sweep\'s page ranks its trials by the metric, shows the best trial\'s spec and links the compare view; screenshot', async () => {
+    const body = {spec: {...seed, name: 'sw', epochs: undefined, steps: 20, log_every: 1}, method: 'grid', metric: 'loss',
+      parameters: {'optimizer.lr': [0.001, 0.01, 0.03]}, max_parallel: 2};
+    const r = await fetch(a.url + '/v1/sweeps', {method: 'POST', headers: {'Content-Type': 'application/json'},
+      body: JSON.stringify(body)});
+    check(r.status === 201, `POST /v1/sweeps: 201 (got ${r.status})`);
+    const id = (await r.json()).id;
+    await page.click('nav a[data-nav=sweeps]');
+    await page.waitForSelector(`#sweeps-table tr[data-sweep-id="${id}"]`);
+    await page.click(`#sweeps-table tr[data-sweep-id="${id}"] a`);
+    await until(async () => (await page.getAttribute('#sweep-state .state', 'data-state')) === 'succeeded', 'the sweep to succeed', 60000);
+    const api = await (await fetch(`${a.url}/v1/sweeps/${id}`)).json();
+    await until(async () => (await page.$$('#trials-table tr.trial-row[data-state=succeeded]')).length === 3, 'three succeeded rows');
+    const rows = await page.$$eval('#trials-table tr.trial-row', (trs) => trs.map((tr) => [Number(tr.dataset.trial),
+      tr.querySelector('.trial-metric').textContent]));
+    check(JSON.stringify(rows.map((x) => x[0])) === JSON.stringify(api.trials.map((t) => t.index)),
+      `the trials in the server's rank order (${JSON.stringify(rows)})`);
+    const metrics = rows.map((x) => Number(x[1]));
+    check(metrics.every((m, i) => i === 0 || metrics[i - 1] <= m), `metrics ascending for mode min (${metrics})`);
+    const best = await page.textContent('#sweep-best pre');
+    check(JSON.parse(best).optimizer.lr === api.best.params['optimizer.lr'], 'the best trial\'s spec has its lr');
+    const href = await page.getAttribute('#sweep-compare', 'href');
+    check(href === '#/compare?ids=' + api.trials.map((t) => t.job).join(','), `the compare link names the top jobs (${href})`);
+    await page.screenshot({path: path.join(OUT, 'sweep.png'), fullPage: true});
+  });
 
   await step('a server that goes away shows the unreachable banner', async () => {
     await page.click('nav a[data-nav=jobs]');
