@@ -50,6 +50,11 @@ specs = {
                                checkpoint={"every_steps": 10, "keep_last": 2}, log_every=5, max_restarts=2),
     "cuda_nccl": dict(base, device="cuda", ddp={"backend": "nccl", "join": True}),
     "on_nonfinite": dict(base, on_nonfinite="continue"),
+    # issue 31: the watches of an eval metric
+    "early_stop": dict(base, model=[{"type": "linear", "in": 10, "out": 3}], loss="cross_entropy",
+                       eval={"data": {"type": "synthetic", "samples": 30}, "every_steps": 5},
+                       early_stop={"metric": "eval_accuracy", "mode": "max", "patience": 2, "min_delta": 0.01},
+                       checkpoint={"every_steps": 10, "keep_best": {"metric": "eval_loss", "mode": "min"}}),
 }
 # Sizes at and near the limits (issue 15): batch_size and samples near INT64_MAX (the
 # batch arithmetic and every buffer a batch sizes), widths at the 1048576 cap, 64 layers,

@@ -220,6 +220,10 @@ int event_encode(const struct event *ev, char *buf, size_t cap)
             put_double(&o, ev->seconds);
         else
             put_raw(&o, "null", 4);
+        if (ev->stop_reason[0]) { /* optional: a job that ran to its end has none */
+            put_raw(&o, ",\"stop_reason\":", 15);
+            put_str(&o, ev->stop_reason, sizeof ev->stop_reason);
+        }
         break;
     case EVENT_ERROR:
         put_raw(&o, ",\"kind\":", 8);
@@ -450,6 +454,8 @@ static ddpd_err decode_fields(json_t *root, struct event *ev, struct ddpd_error 
             rc = get_loss(err, root, ev);
         if (!rc)
             rc = get_num(err, root, "seconds", &ev->seconds);
+        if (!rc)
+            rc = get_str(err, root, "stop_reason", false, ev->stop_reason, sizeof ev->stop_reason);
         break;
     case EVENT_ERROR:
         rc = get_str(err, root, "kind", true, ev->error_kind, sizeof ev->error_kind);

@@ -51,6 +51,8 @@ struct event {
     int64_t samples;           /* eval: rows evaluated over all ranks */
     int64_t steps;             /* done */
     double seconds;            /* done */
+    char stop_reason[256];     /* done: why it ended before its last step ("early_stopped at
+                                * step S (best S' = v)"); "" when it ran to its end: absent */
     char path[EVENT_TEXT_MAX]; /* checkpoint */
     /* error */
     char error_kind[16];          /* "spec", "data", "comm", "device", "cancelled", "nonfinite",

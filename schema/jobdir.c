@@ -19,6 +19,7 @@
 #include "../base/file.h"
 
 #define CKPT_PREFIX "ckpt-"
+#define BEST_PREFIX "best-"
 
 /* snprintf into out[cap]: false when it did not fit. */
 static bool name_fits(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -195,11 +196,12 @@ bool jobdir_init_weights(const char *job_dir, int64_t step, char *path, size_t c
            stat(path, &st) == 0;
 }
 
-bool jobdir_ckpt_step(const char *name, int64_t *step)
+/* "<prefix>N" with N decimal, no sign, no suffix: N into *step. */
+static bool prefixed_step(const char *name, const char *prefix, int64_t *step)
 {
-    if (strncmp(name, CKPT_PREFIX, strlen(CKPT_PREFIX)) != 0)
+    if (strncmp(name, prefix, strlen(prefix)) != 0)
         return false;
-    const char *p = name + strlen(CKPT_PREFIX);
+    const char *p = name + strlen(prefix);
     int64_t n = 0;
     if (!*p)
         return false;
@@ -210,6 +212,41 @@ bool jobdir_ckpt_step(const char *name, int64_t *step)
     }
     *step = n;
     return true;
+}
+
+bool jobdir_ckpt_step(const char *name, int64_t *step)
+{
+    return prefixed_step(name, CKPT_PREFIX, step);
+}
+
+/* ---- the best checkpoint (checkpoint.keep_best) ---- */
+
+bool jobdir_best_path(char *out, size_t cap, const char *out_dir, int64_t step)
+{
+    return name_fits(out, cap, "%s/" BEST_PREFIX "%" PRId64, out_dir, step);
+}
+
+bool jobdir_best_find(const char *out_dir, int64_t *step)
+{
+    DIR *d = opendir(out_dir);
+    if (!d)
+        return false;
+    int64_t best = -1, n;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (prefixed_step(e->d_name, BEST_PREFIX, &n) && n > best)
+            best = n;
+    closedir(d);
+    if (best >= 0)
+        *step = best;
+    return best >= 0;
+}
+
+bool jobdir_step_dir(char *out, size_t cap, const char *out_dir, int64_t step)
+{
+    struct stat st;
+    return (jobdir_ckpt_path(out, cap, out_dir, step) && stat(out, &st) == 0) ||
+           (jobdir_best_path(out, cap, out_dir, step) && stat(out, &st) == 0);
 }
 
 /* Adds the sizes of the regular files under the open directory `fd` (taken: closed
@@ -423,6 +460,49 @@ out:
     if (dfd >= 0)
         close(dfd);
     free(steps);
+    return rc;
+}
+
+ddpd_err jobdir_best_prune(const char *dir, int64_t keep, struct ddpd_error *err)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int lfd = dfd >= 0 ? dup(dfd) : -1;
+    DIR *d = lfd >= 0 ? fdopendir(lfd) : NULL;
+    ddpd_err rc = DDPD_OK;
+    if (!d) {
+        if (lfd >= 0)
+            close(lfd);
+        rc = ddpd_error_set(err, DDPD_EIO, dir,
+                            "%s: cannot read the job folder to replace the best checkpoint: %s", dir,
+                            strerror(errno));
+        goto out;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char base[64];
+        int64_t n;
+        size_t len = strlen(e->d_name);
+        if (len >= sizeof base || strncmp(e->d_name, BEST_PREFIX, strlen(BEST_PREFIX)) != 0)
+            continue;
+        memcpy(base, e->d_name, len + 1);
+        if (len > 4 && (!strcmp(base + len - 4, ".tmp") || !strcmp(base + len - 4, ".del")))
+            base[len - 4] = '\0';
+        /* Every other best, and the torn writes of one (never keep's own .tmp: it has none
+         * once renamed into place). */
+        if (!prefixed_step(base, BEST_PREFIX, &n) || (n == keep && !strcmp(base, e->d_name)))
+            continue;
+        int en = remove_tree(dfd, e->d_name, 0);
+        if (en) {
+            rc = ddpd_error_set(err, DDPD_EIO, dir, "%s/%s: cannot remove: %s", dir, e->d_name, strerror(en));
+            goto out;
+        }
+    }
+    fsync(dfd);
+out:
+    if (d)
+        closedir(d);
+    if (dfd >= 0)
+        close(dfd);
     return rc;
 }
 

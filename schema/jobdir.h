@@ -26,6 +26,9 @@
  *   OUT/rank-R.log           rank R's stderr; OUT/rank-R.nccl.log NCCL's own log
  *   OUT/ckpt-N               a complete checkpoint (N the optimizer step)
  *   OUT/ckpt-N.tmp, .del     one being written, one being deleted
+ *   OUT/best-N               the best checkpoint (checkpoint.keep_best): the eval of step N
+ *                            scored best so far; one at a time, outside keep_last's count
+ *   OUT/best-N.tmp           one being written (the one it replaces goes once it is whole)
  *   DIR/model.safetensors    the weights, in OUT (final) or in a checkpoint;
  *                            model-rank-R.safetensors rank R's replica of them
  *   DIR/optim.safetensors    rank 0's optimizer state; optim-rank-R.safetensors rank R's
@@ -89,6 +92,20 @@ ddpd_err jobdir_bytes(const char *dir, int64_t *bytes, struct ddpd_error *err);
  * ckpt-40") would hold more than `quota` bytes. quota <= 0 means no quota. */
 ddpd_err jobdir_check_quota(const char *dir, int64_t quota, int64_t adding, const char *what,
                             struct ddpd_error *err);
+
+/* The best checkpoint's folder OUT/best-N (checkpoint.keep_best). */
+bool jobdir_best_path(char *out, size_t cap, const char *out_dir, int64_t step);
+/* The step of the best checkpoint under `out_dir` into *step (the highest N of the "best-N"
+ * folders: a crash between writing a new one and removing the old leaves two, and the
+ * newer is the better); false when there is none. */
+bool jobdir_best_find(const char *out_dir, int64_t *step);
+/* The folder that holds step `step`'s checkpoint, "ckpt-N" or else "best-N", into
+ * out[cap]; false when neither exists. */
+bool jobdir_step_dir(char *out, size_t cap, const char *out_dir, int64_t step);
+/* Removes every "best-M" folder under `dir` but "best-<keep>" (the one just renamed into
+ * place), and the torn "best-M.tmp" writes of a crash. DDPD_EIO naming the folder that
+ * cannot be removed. */
+ddpd_err jobdir_best_prune(const char *dir, int64_t keep, struct ddpd_error *err);
 
 /* Deletes the oldest complete checkpoints under `dir` until `keep_last` remain, never
  * "ckpt-<newest>" (the one just written, which may have a smaller step than a stale

@@ -20,7 +20,7 @@ static const char *const top_keys[] = {
     "name",      "world_size",   "device",       "precision", "model",      "input_shape",
     "loss",      "optimizer",    "data",         "eval",      "batch_size", "epochs",
     "steps",     "grad_accum",   "grad_clip",    "ddp",       "init",       "checkpoint",
-    "log_every", "max_restarts", "on_nonfinite", "tokenizer"};
+    "log_every", "max_restarts", "on_nonfinite", "tokenizer", "early_stop"};
 static const char *const sgd_keys[] = {"type",         "lr",       "momentum", "dampening",
                                        "weight_decay", "nesterov", "schedule"};
 static const char *const adamw_keys[] = {"type", "lr", "betas", "eps", "weight_decay", "schedule"};
@@ -30,7 +30,7 @@ static const char *const ddp_keys[] = {"bucket_cap_mb", "join", "divide_by_initi
                                        "timeout_s"};
 static const char *const init_keys[] = {"seed", "from", "from_job", "step", "format"};
 const char *const init_format_names[] = {"ddpd", "gpt2"}; /* init_format_kind order */
-static const char *const checkpoint_keys[] = {"every_steps", "keep_last"};
+static const char *const checkpoint_keys[] = {"every_steps", "keep_last", "keep_best"};
 static const char *const tokenizer_keys[] = {"vocab", "merges"};
 
 /* ---- loss, optimizer and schedule ---- */
@@ -423,6 +423,8 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
         ((rc = check_keys(err, obj, "checkpoint", checkpoint_keys, COUNT(checkpoint_keys), NULL)) ||
          (rc = get_int(err, obj, "checkpoint", "every_steps", 0, INT64_MAX, false, &s->checkpoint_every)) ||
          (rc = get_int(err, obj, "checkpoint", "keep_last", 1, INT64_MAX, false, &s->checkpoint_keep_last))))
+        return rc;
+    if ((rc = parse_watch(err, root, obj, s)))
         return rc;
     if ((rc = get_int(err, root, "", "log_every", 1, INT64_MAX, false, &s->log_every)) ||
         (rc = get_int32(err, root, "", "max_restarts", 0, 100, &s->max_restarts)))

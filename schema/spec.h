@@ -57,6 +57,18 @@ typedef enum { NONFINITE_FAIL, NONFINITE_CONTINUE } nonfinite_mode;
 /* init.format: the names and layout of init.from's file (ddpd's own, or Hugging Face's
  * GPT-2: schema/gpt2.h). */
 typedef enum { INIT_FORMAT_DDPD, INIT_FORMAT_GPT2 } init_format_kind;
+/* The eval metric that early_stop and checkpoint.keep_best watch, and which way is better. */
+typedef enum { WATCH_EVAL_LOSS, WATCH_EVAL_ACCURACY } watch_metric;
+typedef enum { WATCH_MIN, WATCH_MAX } watch_mode;
+
+/* early_stop or checkpoint.keep_best (spec_watch.c; the rules in docs/spec.md). */
+struct spec_watch {
+    bool on;
+    watch_metric metric;
+    watch_mode mode;  /* default: min for eval_loss, max for eval_accuracy */
+    int64_t patience; /* early_stop: evaluations without improvement, default 3 */
+    double min_delta; /* early_stop: default 0; keep_best: always 0 */
+};
 
 /* One layer of `model`. The tree is kept flat, in preorder: a residual comes before
  * its inner layers, which run from its index + 1 to its `end` (nested residuals
@@ -171,6 +183,8 @@ struct spec {
     char init_from[SPEC_PATH_MAX]; /* "" unless init.from */
     int64_t checkpoint_every;      /* 0 = only at the end */
     int64_t checkpoint_keep_last;  /* newest ckpt-N folders kept, >= 1; default 3 */
+    struct spec_watch keep_best;   /* checkpoint.keep_best: the best eval's checkpoint, kept apart */
+    struct spec_watch early_stop;  /* early_stop: end the job when the metric stops improving */
     int64_t log_every;             /* default 1 */
     int max_restarts;              /* default 0 */
     nonfinite_mode on_nonfinite;   /* a NaN/inf loss: fail the job at that step (default) or train on */
@@ -319,6 +333,7 @@ void spec_layer_path(const struct spec *s, int i, char *dst, size_t cap);
 const char *layer_kind_name(layer_kind k);
 const char *loss_kind_name(loss_kind k);
 const char *device_kind_name(device_kind k);
-extern const char *const init_format_names[]; /* init_format_kind order */
+const char *watch_metric_name(watch_metric m); /* "eval_loss" */
+extern const char *const init_format_names[];  /* init_format_kind order */
 
 #endif

@@ -58,6 +58,8 @@
 #define backend_names   spec__backend_names
 #define precision_names spec__precision_names
 #define nonfinite_names spec__nonfinite_names
+#define parse_watch     spec__parse_watch
+#define watch_to_json   spec__watch_to_json
 
 /* An .npy file with more bytes of values than this is memory-mapped by the ranks, not
  * loaded (worker/data/npy.c's DATA_MAP_MIN): the memory estimate counts it as not held. */
@@ -157,5 +159,13 @@ json_t *preset_to_json(const struct spec *s, json_t *expanded);
 ddpd_err parse_data_obj(struct ddpd_error *err, json_t *obj, const char *P, struct spec *s,
                         struct spec_data *d);
 ddpd_err parse_data(struct ddpd_error *err, json_t *root, struct spec *s);
+
+/* ---- spec_watch.c: early_stop and checkpoint.keep_best ---- */
+
+/* `early_stop` (top level) and `keep_best` of the object `checkpoint` (NULL when absent),
+ * checked against the loss and eval already parsed. */
+ddpd_err parse_watch(struct ddpd_error *err, json_t *root, json_t *checkpoint, struct spec *s);
+/* The watch as spec_to_json writes it (a new reference; NULL when out of memory). */
+json_t *watch_to_json(const struct spec_watch *w, bool early_stop);
 
 #endif

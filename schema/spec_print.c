@@ -212,10 +212,13 @@ struct json_t *spec_to_json(const struct spec *s)
         put(j, "init", json_pack("{s:I}", "from_job", (json_int_t)s->init_from_job), &ok);
     else
         put(j, "init", json_pack("{s:I}", "seed", (json_int_t)s->init_seed), &ok);
-    put(j, "checkpoint",
-        json_pack("{s:I, s:I}", "every_steps", (json_int_t)s->checkpoint_every, "keep_last",
-                  (json_int_t)s->checkpoint_keep_last),
-        &ok);
+    json_t *ck = json_pack("{s:I, s:I}", "every_steps", (json_int_t)s->checkpoint_every, "keep_last",
+                           (json_int_t)s->checkpoint_keep_last);
+    if (ck && s->keep_best.on)
+        put(ck, "keep_best", watch_to_json(&s->keep_best, false), &ok);
+    put(j, "checkpoint", ck, &ok);
+    if (s->early_stop.on)
+        put(j, "early_stop", watch_to_json(&s->early_stop, true), &ok);
     put(j, "log_every", json_integer(s->log_every), &ok);
     put(j, "max_restarts", json_integer(s->max_restarts), &ok);
     put(j, "on_nonfinite", json_string(nonfinite_names[s->on_nonfinite]), &ok);

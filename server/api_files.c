@@ -45,9 +45,16 @@ ddpd_err api__no_checkpoint_at(struct ddpd_error *err, ddpd_err code, const char
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints");
     api__steps_text(steps, n, list, sizeof list);
     free(steps);
+    /* The best one (checkpoint.keep_best) is a checkpoint too. */
+    char best_text[64] = "";
+    int64_t best;
+    if (jobdir_best_find(dir, &best) && n)
+        snprintf(best_text, sizeof best_text, ", and its best one at step %" PRId64, best);
+    else if (jobdir_best_find(dir, &best))
+        snprintf(list, sizeof list, "only its best one, at step %" PRId64, best);
     return ddpd_error_set(err, code, path,
-                          "%sjob %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s", prefix, id,
-                          step, n ? (n > 1 ? "steps " : "step ") : "", list);
+                          "%sjob %" PRId64 " has no checkpoint at step %" PRId64 "; it has %s%s%s", prefix,
+                          id, step, n ? (n > 1 ? "steps " : "step ") : "", list, best_text);
 }
 
 ddpd_err api__metrics(struct http_request *req, struct ddpd_error *err)
@@ -163,9 +170,26 @@ ddpd_err api__logs(struct http_request *req, struct ddpd_error *err)
     return rc;
 }
 
+/* {"step":S,"time":T,"bytes":B} of the checkpoint folder (or file) `path`: time its last
+ * change (when it was renamed into place), bytes its files together; NULL when it is gone
+ * (pruned meanwhile). */
+static json_t *ckpt_entry(const char *path, int64_t step)
+{
+    struct stat st;
+    int64_t bytes = 0;
+    struct ddpd_error e2;
+    if (stat(path, &st) != 0 ||
+        (S_ISREG(st.st_mode) ? (bytes = st.st_size, false) : jobdir_bytes(path, &bytes, &e2) != DDPD_OK))
+        return NULL;
+    double t = (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9;
+    return json_pack("{s:I, s:f, s:I}", "step", (json_int_t)step, "time", t, "bytes", (json_int_t)bytes);
+}
+
 /* GET /v1/jobs/{id}/checkpoints: {"checkpoints":[{"step":S,"time":T,"bytes":B},...]},
  * oldest first; time is the folder's completion (its last change, when it was renamed
- * into place), bytes its files together. */
+ * into place), bytes its files together. The best one (checkpoint.keep_best) is among
+ * them, in step order, with "best": true; once the job has its final model, "final":
+ * {"step", "time", "bytes"} (the step the job ended at, the weights file's bytes). */
 ddpd_err api__checkpoints(struct http_request *req, struct ddpd_error *err)
 {
     struct api *a = api__ctx(req);
@@ -174,6 +198,7 @@ ddpd_err api__checkpoints(struct http_request *req, struct ddpd_error *err)
     ddpd_err rc = api__get_job(req, &j, err);
     if (rc)
         return rc;
+    const int64_t last = j.has_progress ? j.step : 0;
     store_job_clear(&j);
     char dir[PATH_MAX], ck[PATH_MAX + 32];
     jobdir_job_path(dir, sizeof dir, a->jobs_dir, id);
@@ -182,21 +207,26 @@ ddpd_err api__checkpoints(struct http_request *req, struct ddpd_error *err)
     if (!jobdir_ckpt_list(dir, &steps, &n))
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory listing the checkpoints of job %" PRId64,
                               id);
-    json_t *list = json_array();
-    for (size_t i = 0; i < n; i++) {
-        struct stat st;
-        int64_t bytes = 0;
-        struct ddpd_error e2;
+    json_t *list = json_array(), *e;
+    for (size_t i = 0; i < n; i++)
         /* One pruned meanwhile (checkpoint.keep_last) is simply not listed. */
-        if (!jobdir_ckpt_path(ck, sizeof ck, dir, steps[i]) || stat(ck, &st) != 0 ||
-            jobdir_bytes(ck, &bytes, &e2) != DDPD_OK)
-            continue;
-        double t = (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9;
-        json_array_append_new(list, json_pack("{s:I, s:f, s:I}", "step", (json_int_t)steps[i], "time", t,
-                                              "bytes", (json_int_t)bytes));
-    }
+        if (jobdir_ckpt_path(ck, sizeof ck, dir, steps[i]) && (e = ckpt_entry(ck, steps[i])))
+            json_array_append_new(list, e);
     free(steps);
-    return http_respond_json(req, 200, json_pack("{s:o}", "checkpoints", list));
+    int64_t best;
+    if (jobdir_best_find(dir, &best) && jobdir_best_path(ck, sizeof ck, dir, best) &&
+        (e = ckpt_entry(ck, best))) {
+        size_t at = 0;
+        while (at < json_array_size(list) &&
+               json_integer_value(json_object_get(json_array_get(list, at), "step")) <= best)
+            at++;
+        json_object_set_new(e, "best", json_true());
+        json_array_insert_new(list, at, e);
+    }
+    json_t *out = json_pack("{s:o}", "checkpoints", list);
+    if (jobdir_model_path(ck, sizeof ck, dir) && (e = ckpt_entry(ck, last)))
+        json_object_set_new(out, "final", e);
+    return http_respond_json(req, 200, out);
 }
 
 /* Why job `id` (in state `st`) has no weights to download yet. */
@@ -326,7 +356,8 @@ ddpd_err api__checkpoint(struct http_request *req, struct ddpd_error *err)
     jobdir_rank_file(name, sizeof name, what, 0);
     struct stat st;
     if (step >= 0) {
-        jobdir_ckpt_path(ck, sizeof ck, dir, step);
+        if (!jobdir_step_dir(ck, sizeof ck, dir, step)) /* ckpt-S, or the best one best-S */
+            jobdir_ckpt_path(ck, sizeof ck, dir, step);
         jobdir_file_path(path, sizeof path, ck, name);
         if (stat(path, &st) != 0) {
             rc = api__no_checkpoint_at(err, DDPD_ENOTFOUND, "step", "", dir, id, step);

@@ -93,6 +93,8 @@ static json_t *job_json(struct api *a, const struct store_job *j)
     json_t *hist = j->restart_history ? json_loads(j->restart_history, 0, NULL) : NULL;
     json_object_set_new(o, "restart_history", json_is_array(hist) ? hist : (json_decref(hist), json_array()));
     json_object_set_new(o, "pending_reason", why[0] ? json_string(why) : json_null());
+    /* Why it ended before its last step: "early_stopped at step S (best S' = v)"; null else. */
+    json_object_set_new(o, "stop_reason", j->stop_reason[0] ? json_string(j->stop_reason) : json_null());
     /* A job made by POST /v1/jobs/{id}/resume: the job and the checkpoint's step it continues. */
     json_object_set_new(o, "total_steps", j->total_steps > 0 ? json_integer(j->total_steps) : json_null());
     json_object_set_new(o, "resumed_from", j->resumed_from > 0 ? json_integer(j->resumed_from) : json_null());

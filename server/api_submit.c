@@ -388,19 +388,31 @@ ddpd_err api__resume(struct http_request *req, struct ddpd_error *err)
     if (step >= 0) {
         struct stat sb;
         jobdir_rank_file(optim, sizeof optim, JOBDIR_OPTIM, 0);
-        jobdir_ckpt_path(ck, sizeof ck, dir, step);
+        if (!jobdir_step_dir(ck, sizeof ck, dir, step)) /* ckpt-S, or the best one best-S */
+            jobdir_ckpt_path(ck, sizeof ck, dir, step);
         jobdir_file_path(path, sizeof path, ck, optim);
         if (stat(path, &sb) != 0) {
             rc = api__no_checkpoint_at(err, DDPD_ENOTFOUND, "step", "", dir, id, step);
             goto out;
         }
-    } else if (!jobdir_latest_ckpt(dir, ck, sizeof ck) || !jobdir_ckpt_step(strrchr(ck, '/') + 1, &step)) {
-        rc = ddpd_error_set(err, DDPD_ENOTFOUND, "",
-                            "job %" PRId64
-                            " has no checkpoint to resume from: it %s before its first checkpoint "
-                            "(checkpoint.every_steps)",
-                            id, st == JOB_STATE_FAILED ? "failed" : "was cancelled");
-        goto out;
+    } else {
+        /* The newest complete checkpoint: the latest ckpt-N, or the best one (keep_best)
+         * when it is later. */
+        int64_t best;
+        bool found = jobdir_latest_ckpt(dir, ck, sizeof ck) && jobdir_ckpt_step(strrchr(ck, '/') + 1, &step);
+        if (jobdir_best_find(dir, &best) && (!found || best > step) &&
+            jobdir_best_path(ck, sizeof ck, dir, best)) {
+            step = best;
+            found = true;
+        }
+        if (!found) {
+            rc = ddpd_error_set(err, DDPD_ENOTFOUND, "",
+                                "job %" PRId64
+                                " has no checkpoint to resume from: it %s before its first checkpoint "
+                                "(checkpoint.every_steps)",
+                                id, st == JOB_STATE_FAILED ? "failed" : "was cancelled");
+            goto out;
+        }
     }
     /* The server may have fewer slots now than when the job ran. */
     char why[512];

@@ -72,7 +72,7 @@ void buf_free(struct buf *b)
 
 /* ---- options ------------------------------------------------------------------------ */
 
-enum { OPT_FOLLOW = OPT_LOCAL, OPT_STATE, OPT_LIMIT, OPT_RANK, OPT_TAIL };
+enum { OPT_FOLLOW = OPT_LOCAL, OPT_STATE, OPT_LIMIT, OPT_RANK, OPT_TAIL, OPT_STEP_RESUME, OPT_FORCE };
 
 static void command_usage(const struct command *cmd, FILE *f)
 {
@@ -380,6 +380,7 @@ struct follow {
     int frames; /* frames of this connection */
     char final[16];
     char error[1024];
+    char stop_reason[256]; /* rank 0's done event's (early_stop), "" when none */
     char stream_error[512];
     struct buf line, data;
     char ev_name[32];
@@ -427,6 +428,9 @@ static void follow_frame(struct follow *f)
         const char *e = json_string_value(json_object_get(ev, "error"));
         snprintf(f->error, sizeof f->error, "%s", e ? e : "");
     }
+    const char *why = json_string_value(json_object_get(ev, "stop_reason"));
+    if (kind && !strcmp(kind, "done") && why)
+        snprintf(f->stop_reason, sizeof f->stop_reason, "%s", why);
     json_decref(ev);
 }
 
@@ -557,6 +561,10 @@ static int follow_job(struct client *c, int64_t job)
         progress_finish(f.prog);
     if (!strcmp(f.final, "succeeded")) {
         rc = 0;
+        char why[SAFE_MAX];
+        if (f.stop_reason[0]) /* it ended before its last step: say why */
+            fprintf(stderr, "ddpd %s: job %" PRId64 " succeeded: %s\n", c->cmd, job,
+                    termsafe_line(why, sizeof why, f.stop_reason));
     } else {
         rc = !strcmp(f.final, "cancelled") ? EXIT_CANCELLED : EXIT_FAIL;
         char e[SAFE_MAX];
@@ -595,6 +603,47 @@ int read_body(const char *cmd, const char *path, struct buf *b)
     return 0;
 }
 
+/* POSTs `body` to `path`, which answers 201 and the new job (submit, resume): prints its
+ * id, or with `follow` follows it as watch does. A 503 "busy" (every planner is checking
+ * other submissions: the server says to retry) is tried again a few times. */
+static int post_job(struct client *c, const char *cmd, const char *path, const char *body, size_t len,
+                    bool follow)
+{
+    struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
+    long status = 0;
+    int rc = 0;
+    for (int attempt = 0;; attempt++) {
+        s.body.n = 0;
+        status = request(c, "POST", path, body, len, REQ_PLAIN, &s);
+        if (status != 503 || attempt == SUBMIT_RETRIES || !s.body.p || !strstr(s.body.p, "\"busy\""))
+            break;
+        fprintf(stderr,
+                "ddpd %s: the server at %s is busy checking other submissions; trying again in %.1f s\n", cmd,
+                c->base, 0.5 * (1 << attempt));
+        base_sleep_s(0.5 * (1 << attempt));
+    }
+    int64_t id = 0;
+    if (status == 201) {
+        json_t *j = json_loads(s.body.p ? s.body.p : "", 0, NULL);
+        id = json_integer_value(json_object_get(j, "id"));
+        json_decref(j);
+        if (id <= 0)
+            fprintf(stderr, "ddpd %s: the server's answer names no job id\n", cmd);
+    } else if (status > 0) {
+        rc = http_failed(c, "POST", path, status, &s.body, true);
+    }
+    buf_free(&s.body);
+    if (id <= 0)
+        return rc ? rc : EXIT_FAIL;
+    if (!follow) {
+        printf("%" PRId64 "\n", id);
+        return 0;
+    }
+    /* With --follow stdout carries the events (NDJSON) or the progress line. */
+    fprintf(stderr, "ddpd %s: job %" PRId64 " submitted\n", cmd, id);
+    return follow_job(c, id);
+}
+
 static int cmd_submit(struct client *c, int argc, char **argv)
 {
     static const struct option longs[] = {{"follow", no_argument, NULL, 'f'}, COMMON_OPTIONS};
@@ -614,40 +663,47 @@ static int cmd_submit(struct client *c, int argc, char **argv)
     struct buf spec = {.max = SPEC_MAX_BODY + 1};
     if ((rc = read_body("submit", argv[optind], &spec)))
         return rc;
-    /* 503 busy: every planner is checking other submissions; the server says to retry. */
-    struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
-    long status = 0;
-    for (int attempt = 0;; attempt++) {
-        s.body.n = 0;
-        status = request(c, "POST", "/v1/jobs", spec.p ? spec.p : "", spec.n, REQ_PLAIN, &s);
-        if (status != 503 || attempt == SUBMIT_RETRIES || !s.body.p || !strstr(s.body.p, "\"busy\""))
-            break;
-        fprintf(stderr,
-                "ddpd submit: the server at %s is busy checking other submissions; trying again in %.1f s\n",
-                c->base, 0.5 * (1 << attempt));
-        base_sleep_s(0.5 * (1 << attempt));
-    }
+    rc = post_job(c, "submit", "/v1/jobs", spec.p ? spec.p : "", spec.n, follow);
     buf_free(&spec);
-    int64_t id = 0;
-    if (status == 201) {
-        json_t *j = json_loads(s.body.p ? s.body.p : "", 0, NULL);
-        id = json_integer_value(json_object_get(j, "id"));
-        json_decref(j);
-        if (id <= 0)
-            fprintf(stderr, "ddpd submit: the server's answer names no job id\n");
-    } else if (status > 0) {
-        rc = http_failed(c, "POST", "/v1/jobs", status, &s.body, true);
+    return rc;
+}
+
+/* ddpd resume JOB [--step N] [--force] [--follow]: POST /v1/jobs/{id}/resume, a new job
+ * that continues JOB from its newest checkpoint (or step N's), printed like submit's. */
+static int cmd_resume(struct client *c, int argc, char **argv)
+{
+    static const struct option longs[] = {{"step", required_argument, NULL, OPT_STEP_RESUME},
+                                          {"force", no_argument, NULL, OPT_FORCE},
+                                          {"follow", no_argument, NULL, 'f'},
+                                          COMMON_OPTIONS};
+    struct opts o = {.cmd = find_command("resume")};
+    bool follow = false, force = false;
+    int64_t step = -1;
+    int opt;
+    while ((opt = next_option(&o, argc, argv, ":fh", longs)) != -1) {
+        if (opt == -2)
+            return o.rc;
+        if (opt == 'f')
+            follow = true;
+        else if (opt == OPT_FORCE)
+            force = true;
+        else if (base_parse_i64(optarg, 0, INT64_MAX, &step)) {
+            fprintf(stderr, "ddpd resume: --step: expected a checkpoint's step (an integer >= 0), got '%s'\n",
+                    optarg);
+            return EXIT_USAGE;
+        }
     }
-    buf_free(&s.body);
-    if (id <= 0)
-        return rc ? rc : EXIT_FAIL;
-    if (!follow) {
-        printf("%" PRId64 "\n", id);
-        return 0;
-    }
-    /* With --follow stdout carries the events (NDJSON) or the progress line. */
-    fprintf(stderr, "ddpd submit: job %" PRId64 " submitted\n", id);
-    return follow_job(c, id);
+    int64_t id;
+    int rc = id_operand(c, &o, argc, argv, "resume", &id);
+    if (rc)
+        return rc;
+    char path[128];
+    int n = snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "/resume", id);
+    if (step >= 0)
+        n += snprintf(path + n, sizeof path - (size_t)n, "?step=%" PRId64, step);
+    if (force)
+        snprintf(path + n, sizeof path - (size_t)n, "%sforce=true", step >= 0 ? "&" : "?");
+    return post_job(c, "resume", path, "", 0, follow);
 }
 
 int id_operand(struct client *c, struct opts *o, int argc, char **argv, const char *name, int64_t *id)
@@ -813,6 +869,17 @@ static int cmd_jobs(struct client *c, int argc, char **argv)
         termsafe_line(state, sizeof state, json_string_value(json_object_get(job, "state")));
         printf("%-6lld %-24s %-10s %-17s %-11s %s\n",
                (long long)json_integer_value(json_object_get(job, "id")), nm, state, step, loss, age);
+        /* Why a queued job waits, or why one ended early, on a line of its own. */
+        const char *pending = json_string_value(json_object_get(job, "pending_reason"));
+        const char *stopped = json_string_value(json_object_get(job, "stop_reason"));
+        char why[1024];
+        if (pending && pending[0]) {
+            termsafe_line(why, sizeof why, pending);
+            printf("       pending: %s\n", why);
+        } else if (stopped && stopped[0]) {
+            termsafe_line(why, sizeof why, stopped);
+            printf("       %s\n", why);
+        }
     }
     if (json_is_string(json_object_get(j, "next")))
         printf("(more: ddpd jobs --limit N shows up to %d)\n", JOBS_LIMIT_MAX);
@@ -900,6 +967,18 @@ static int cmd_logs(struct client *c, int argc, char **argv)
     }
 }
 
+/* One row of ddpd checkpoints: step, time, bytes and what it is ("best", "final", ""). */
+static void checkpoint_row(json_t *ck, const char *kind)
+{
+    char when[32] = "-";
+    time_t t = (time_t)json_number_value(json_object_get(ck, "time"));
+    struct tm tm;
+    if (t > 0 && localtime_r(&t, &tm))
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+    printf("%-10lld %-19s %-12lld %s\n", (long long)json_integer_value(json_object_get(ck, "step")), when,
+           (long long)json_integer_value(json_object_get(ck, "bytes")), kind);
+}
+
 static int cmd_checkpoints(struct client *c, int argc, char **argv)
 {
     int64_t id;
@@ -917,18 +996,13 @@ static int cmd_checkpoints(struct client *c, int argc, char **argv)
         json_decref(j);
         return EXIT_FAIL;
     }
-    printf("%-10s %-19s %s\n", "STEP", "TIME", "BYTES");
+    printf("%-10s %-19s %-12s %s\n", "STEP", "TIME", "BYTES", "KIND");
     size_t i;
-    json_t *ck;
-    json_array_foreach (list, i, ck) {
-        char when[32] = "-";
-        time_t t = (time_t)json_number_value(json_object_get(ck, "time"));
-        struct tm tm;
-        if (t > 0 && localtime_r(&t, &tm))
-            strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
-        printf("%-10lld %-19s %lld\n", (long long)json_integer_value(json_object_get(ck, "step")), when,
-               (long long)json_integer_value(json_object_get(ck, "bytes")));
-    }
+    json_t *ck, *fin = json_object_get(j, "final");
+    json_array_foreach (list, i, ck)
+        checkpoint_row(ck, json_is_true(json_object_get(ck, "best")) ? "best" : "");
+    if (json_is_object(fin))
+        checkpoint_row(fin, "final");
     json_decref(j);
     return 0;
 }
@@ -957,14 +1031,24 @@ static const struct command commands[] = {
      cmd_logs},
     {"cancel", "ID", "Cancels a queued or running job.", "", cmd_cancel},
     {"rm", "ID", "Deletes a finished job, its events and its files.", "", cmd_rm},
-    {"checkpoints", "ID", "Lists the job's checkpoints: step, time, bytes.", "", cmd_checkpoints},
+    {"checkpoints", "ID",
+     "Lists the job's checkpoints: step, time, bytes, and which is the best one\n"
+     "(checkpoint.keep_best) and the final model.",
+     "", cmd_checkpoints},
+    {"resume", "[--step N] [--force] [--follow] ID",
+     "Continues a failed or cancelled job from its newest checkpoint (or step N's) as a\n"
+     "new job, and prints the new job's id.",
+     "  --step N          the checkpoint of step N (ddpd checkpoints ID lists them)\n"
+     "  --force           resume even on data files that changed since the checkpoint\n"
+     "  -f, --follow      then follow the new job as `ddpd watch` does (the id goes to stderr)\n",
+     cmd_resume},
     {"sweep", "submit FILE.json  |  sweep show [--json] ID  |  sweep cancel ID",
      "Hyper-parameter sweeps (docs/api.md \"Sweeps\"): submit FILE.json (a POST /v1/sweeps body,\n"
      "- for stdin) and print the sweep's id; show its trials ranked by the metric (rank, trial,\n"
      "job, state, metric, values) and the best; cancel it and its jobs.",
      "  --json            show: the server's answer as JSON (with the best trial's spec)\n", cmd_sweep},
     {"pull",
-     "[--step S] [--optim] [-o FILE] [--max-bytes N] ID  |  pull --pytorch [--step S] ID DIR  |  "
+     "[--step S | --best] [--optim] [-o FILE] [--max-bytes N] ID  |  pull --pytorch [--step S] ID DIR  |  "
      "pull --format gpt2 [--step S] ID DIR",
      "Downloads a model file: the final model, else the newest checkpoint, or step S's.\n"
      "With --pytorch, DIR/model.safetensors and DIR/model.py: the model as a plain PyTorch\n"
@@ -972,6 +1056,7 @@ static const struct command commands[] = {
      "With --format gpt2, DIR/model.safetensors and DIR/config.json in Hugging Face's GPT-2\n"
      "layout (GPT2LMHeadModel.from_pretrained(DIR)); a model that is not GPT-2-shaped fails.",
      "  --step S          the checkpoint of step S\n"
+     "  --best            the best checkpoint (checkpoint.keep_best), as ddpd checkpoints marks it\n"
      "  --optim           the optimizer state instead of the model\n"
      "  -o, --output F    where to write it (default job-ID[-step-S][-optim].safetensors);\n"
      "                    written to a temporary file, renamed once whole and a valid\n"

@@ -25,17 +25,20 @@
 #define PULL_MAX_DEFAULT (64LL << 30)
 #define MODEL_PY_MAX     (16u << 20) /* the most a model.py answer may be */
 
-enum { OPT_STEP = OPT_LOCAL, OPT_OPTIM, OPT_MAX_BYTES, OPT_PYTORCH, OPT_FORMAT };
+enum { OPT_STEP = OPT_LOCAL, OPT_OPTIM, OPT_MAX_BYTES, OPT_PYTORCH, OPT_FORMAT, OPT_BEST };
 
 /* The most a pulled file may be, and where that figure came from (for the messages). */
 struct pull_limit {
     int64_t max;
+    int64_t step; /* --best: the best checkpoint's step, found in the list */
     char what[192];
 };
 
 /* With --step, the checkpoints list gives the bytes of that step's files together, which
- * one of them cannot exceed: the limit is tightened to it when it is listed. Returns 0, or
- * the exit status when the server could not be reached (the message printed). */
+ * one of them cannot exceed: the limit is tightened to it when it is listed. With step 0
+ * (--best) the step is the list's best one, into lim->step first. Returns 0, or the exit
+ * status when the server could not be reached or (--best) lists no best (the message
+ * printed). */
 static int pull_listed_limit(struct client *c, int64_t id, int64_t step, struct pull_limit *lim)
 {
     char path[64];
@@ -43,9 +46,29 @@ static int pull_listed_limit(struct client *c, int64_t id, int64_t step, struct 
     struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
     long status = request(c, "GET", path, NULL, 0, REQ_PLAIN, &s);
     json_t *j = status == 200 && s.body.p ? json_loadb(s.body.p, s.body.n, 0, NULL) : NULL;
+    int rc = status == 0              ? EXIT_FAIL
+             : !step && status != 200 ? http_failed(c, "GET", path, status, &s.body, false)
+                                      : 0;
     buf_free(&s.body);
-    if (status == 0)
-        return EXIT_FAIL;
+    if (rc)
+        return rc;
+    if (!step) { /* --best: the step of the entry marked best */
+        size_t i;
+        json_t *ck;
+        json_array_foreach (json_object_get(j, "checkpoints"), i, ck)
+            if (json_is_true(json_object_get(ck, "best")) &&
+                json_integer_value(json_object_get(ck, "step")) > 0)
+                step = json_integer_value(json_object_get(ck, "step"));
+        if (!step) {
+            json_decref(j);
+            fprintf(stderr,
+                    "ddpd pull: job %" PRId64 " has no best checkpoint (GET %s marks none best: "
+                    "it needs checkpoint.keep_best and an eval)\n",
+                    id, path);
+            return EXIT_FAIL;
+        }
+        lim->step = step;
+    }
     /* Any other answer: the download's own answer will say what is wrong. */
     size_t i;
     json_t *ck;
@@ -324,17 +347,15 @@ static int pull_folder(struct client *c, const char *dir, const struct folder_pu
 
 int cmd_pull(struct client *c, int argc, char **argv)
 {
-    static const struct option longs[] = {{"step", required_argument, NULL, OPT_STEP},
-                                          {"output", required_argument, NULL, 'o'},
-                                          {"optim", no_argument, NULL, OPT_OPTIM},
-                                          {"max-bytes", required_argument, NULL, OPT_MAX_BYTES},
-                                          {"pytorch", no_argument, NULL, OPT_PYTORCH},
-                                          {"format", required_argument, NULL, OPT_FORMAT},
-                                          COMMON_OPTIONS};
+    static const struct option longs[] = {
+        {"step", required_argument, NULL, OPT_STEP}, {"output", required_argument, NULL, 'o'},
+        {"optim", no_argument, NULL, OPT_OPTIM},     {"max-bytes", required_argument, NULL, OPT_MAX_BYTES},
+        {"pytorch", no_argument, NULL, OPT_PYTORCH}, {"format", required_argument, NULL, OPT_FORMAT},
+        {"best", no_argument, NULL, OPT_BEST},       COMMON_OPTIONS};
     struct opts o = {.cmd = find_command("pull")};
     int64_t step = 0, max_bytes = PULL_MAX_DEFAULT;
     const char *out = NULL;
-    bool optim = false, pytorch = false, gpt2 = false;
+    bool optim = false, pytorch = false, gpt2 = false, best = false;
     int opt;
     while ((opt = next_option(&o, argc, argv, ":o:h", longs)) != -1) {
         if (opt == -2)
@@ -345,6 +366,8 @@ int cmd_pull(struct client *c, int argc, char **argv)
             optim = true;
         else if (opt == OPT_PYTORCH)
             pytorch = true;
+        else if (opt == OPT_BEST)
+            best = true;
         else if (opt == OPT_FORMAT && strcmp(optarg, "gpt2") != 0) {
             fprintf(stderr, "ddpd pull: --format: expected gpt2 (Hugging Face's GPT-2), got '%s'\n", optarg);
             return EXIT_USAGE;
@@ -359,6 +382,10 @@ int cmd_pull(struct client *c, int argc, char **argv)
             fprintf(stderr, "ddpd pull: --step: expected a step (a positive integer), got '%s'\n", optarg);
             return EXIT_USAGE;
         }
+    }
+    if (best && step) {
+        fprintf(stderr, "ddpd pull: --best and --step both name a checkpoint; give one\n");
+        return EXIT_USAGE;
     }
     if (pytorch && (out || optim || gpt2)) {
         fprintf(stderr,
@@ -386,6 +413,13 @@ int cmd_pull(struct client *c, int argc, char **argv)
     } else if ((rc = id_operand(c, &o, argc, argv, "pull", &id))) {
         return rc;
     }
+    struct pull_limit lim = {.max = max_bytes};
+    snprintf(lim.what, sizeof lim.what, "--max-bytes %" PRId64, max_bytes);
+    /* --best is the step the checkpoints list marks best (its bytes then bound the file). */
+    if (best && (rc = pull_listed_limit(c, id, 0, &lim)))
+        return rc;
+    if (best)
+        step = lim.step;
     char path[128], out_buf[128];
     int n = snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "/checkpoint", id);
     if (step)
@@ -401,10 +435,8 @@ int cmd_pull(struct client *c, int argc, char **argv)
         snprintf(out_buf, sizeof out_buf, "job-%" PRId64 "%s%s.safetensors", id, st, optim ? "-optim" : "");
         out = out_buf;
     }
-    struct pull_limit lim = {.max = max_bytes};
-    snprintf(lim.what, sizeof lim.what, "--max-bytes %" PRId64, max_bytes);
     /* The listed bytes are ddpd's files; the GPT-2 form's header is its own. */
-    if (step && !gpt2 && (rc = pull_listed_limit(c, id, step, &lim)))
+    if (step && !best && !gpt2 && (rc = pull_listed_limit(c, id, step, &lim)))
         return rc;
     char side[128];
     if (pytorch) {

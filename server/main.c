@@ -51,7 +51,7 @@ int main(int argc, char **argv)
     }
     fprintf(stderr,
             "ddpd: unknown command '%s'; the commands are serve, run, submit, jobs, show, watch, logs, "
-            "cancel, rm, checkpoints, pull, generate, predict, tokenize and sweep\n",
+            "cancel, rm, resume, checkpoints, pull, generate, predict, tokenize and sweep\n",
             argv[1]);
     usage(stderr);
     return 2;

@@ -190,6 +190,7 @@ struct store_job {
     double loss;                         /* mean over the ranks that reported the latest step */
     char error[STORE_TEXT_MAX];          /* "" when none */
     char pending_reason[STORE_TEXT_MAX]; /* "" when none */
+    char stop_reason[STORE_TEXT_MAX];    /* why it ended before its last step (early_stop); "" */
     int max_restarts, restarts;
     /* Why the job was restarted: JSON text of an array, oldest first, of {"attempt": N (the
      * attempt that ended), "reason": "...", "ts": seconds, "rank": R, "exit_code": C (the

@@ -70,7 +70,8 @@ ddpd_err sq_fail(struct ddpd_error *err, sqlite3 *db, int rc, const char *op)
     "id, name, state, CASE WHEN ?9 THEN spec END, world_size, device, created_at, "                          \
     "started_at, finished_at, attempt, step, loss, error, pending_reason, max_restarts, "                    \
     "restarts, restart_history, resumed_from, resume_step, total_steps, resume_force, notes, "               \
-    "(SELECT json_group_array(tag) FROM (SELECT tag FROM job_tags WHERE job = jobs.id ORDER BY pos)) "
+    "(SELECT json_group_array(tag) FROM (SELECT tag FROM job_tags WHERE job = jobs.id ORDER BY pos)), "      \
+    "stop_reason "
 
 static const char *const sql_text[ST_COUNT] = {
     [W_BEGIN] = "BEGIN IMMEDIATE",
@@ -92,6 +93,9 @@ static const char *const sql_text[ST_COUNT] = {
     [W_JOB_PROGRESS] = "UPDATE jobs SET step = ?2, loss = (SELECT CASE WHEN count(loss) = "
                        "count(*) THEN avg(loss) END FROM loss WHERE job = ?1 AND step = ?2) "
                        "WHERE id = ?1 AND attempt <= ?3 AND (step IS NULL OR step <= ?2)",
+    /* Rank 0's done event of a job that stopped early (early_stop) says why. */
+    [W_JOB_STOP_REASON] = "UPDATE jobs SET stop_reason = json_extract(?2, '$.stop_reason') "
+                          "WHERE id = ?1 AND json_extract(?2, '$.stop_reason') IS NOT NULL",
     [W_JOB_INSERT] = "INSERT INTO jobs (name, state, spec, world_size, device, created_at, "
                      "max_restarts, resumed_from, resume_step, total_steps, resume_force, notes) "
                      "VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",

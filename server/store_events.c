@@ -90,13 +90,31 @@ static int batch_progress(struct conn *c, struct qev **loss, int n)
     return rc;
 }
 
+/* Rank 0's done event with a stop_reason (early_stop) sets the job's. */
+static int batch_stop_reason(struct conn *c, const struct qev *q)
+{
+    sqlite3_stmt *st = stmt(c, W_JOB_STOP_REASON, NULL);
+    if (!st)
+        return SQLITE_ERROR;
+    sqlite3_bind_int64(st, 1, q->job);
+    sqlite3_bind_text(st, 2, q->body, (int)q->len, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
 /* After the loss progress of a batch: the step of each rank that joined or is done (a
- * done event's `steps`), which may be past its last loss step. */
+ * done event's `steps`), which may be past its last loss step; and why a job stopped
+ * early. */
 static int batch_rank_steps(struct conn *c, const struct qev *b, int n)
 {
     sqlite3_stmt *st = NULL;
     for (int i = 0; i < n; i++) {
         const struct qev *q = &b[i];
+        int src;
+        if (q->stored && q->rank == 0 && q->kind == EVENT_DONE && strstr(q->body, "\"stop_reason\"") &&
+            (src = batch_stop_reason(c, q)) != SQLITE_OK)
+            return src;
         if (!q->stored || q->rank < 0 || q->step <= 0 || (q->kind != EVENT_DONE && q->kind != EVENT_JOIN))
             continue;
         if (!st && !(st = stmt(c, W_RANK_STEP, NULL)))

@@ -28,6 +28,7 @@ enum {
     W_RANK_PROGRESS,
     W_RANK_STEP,
     W_JOB_PROGRESS,
+    W_JOB_STOP_REASON,
     W_JOB_INSERT,
     W_JOB_STATE,
     W_JOB_UPDATE,

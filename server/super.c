@@ -375,8 +375,10 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
     bool linked = true;
     if (a->resumed_from > 0 && !jobdir_latest_ckpt(a->out_dir, resume, sizeof resume)) {
         char src_job[PATH_MAX], src[PATH_MAX], dst[PATH_MAX];
+        /* The step's checkpoint ckpt-S, or the best one best-S (checkpoint.keep_best). */
         linked = jobdir_job_path(src_job, sizeof src_job, s->o.jobs_dir, a->resumed_from) &&
-                 jobdir_ckpt_path(src, sizeof src, src_job, a->resume_step) &&
+                 (jobdir_step_dir(src, sizeof src, src_job, a->resume_step) ||
+                  jobdir_ckpt_path(src, sizeof src, src_job, a->resume_step)) &&
                  jobdir_ckpt_path(dst, sizeof dst, a->out_dir, a->resume_step);
         if (!linked)
             ddpd_error_set(&err, DDPD_EIO, "", "the jobs folder's name is too long");
@@ -391,6 +393,16 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
                            a->resumed_from, a->resume_step, why);
             linked = false;
         }
+        /* The other job's best checkpoint comes along when it is no later than the step:
+         * then it is the best that the checkpoint's keep_best state names. */
+        int64_t best;
+        if (linked && jobdir_best_find(src_job, &best) && best <= a->resume_step &&
+            jobdir_best_path(src, sizeof src, src_job, best) &&
+            jobdir_best_path(dst, sizeof dst, a->out_dir, best) &&
+            jobdir_ckpt_link(src, dst, &err) != DDPD_OK)
+            fprintf(stderr,
+                    "ddpd: job %" PRId64 ": the best checkpoint of job %" PRId64 " was not linked: %s\n",
+                    a->job, a->resumed_from, err.message);
     }
     bool has_resume = jobdir_latest_ckpt(a->out_dir, resume, sizeof resume);
     a->ev.attempt = ++a->attempt;

@@ -34,8 +34,8 @@ static bool join_path(char *out, size_t cap, const char *dir, const char *file)
 
 /* The metadata every file of a checkpoint holds (strings in `buf`). */
 struct meta_text {
-    char step[32], epoch[32], estep[32], osteps[32], ws[32], rk[32];
-    struct safetensors_meta kv[10];
+    char step[32], epoch[32], estep[32], osteps[32], ws[32], rk[32], watch[192];
+    struct safetensors_meta kv[11];
 };
 
 static int meta_fill(struct meta_text *t, struct optim *o, const struct train_pos *pos, int rank, int world,
@@ -47,6 +47,8 @@ static int meta_fill(struct meta_text *t, struct optim *o, const struct train_po
     snprintf(t->osteps, sizeof t->osteps, "%" PRId64, optim_steps(o));
     snprintf(t->ws, sizeof t->ws, "%d", world);
     snprintf(t->rk, sizeof t->rk, "%d", rank);
+    snprintf(t->watch, sizeof t->watch, "%" PRId64 " %" PRId64 " %.17g %" PRId64 " %" PRId64 " %.17g",
+             pos->stop.step, pos->stop.wait, pos->stop.best, pos->best.step, pos->best.wait, pos->best.best);
     const struct safetensors_meta kv[] = {
         {"format", CKPT_FORMAT},
         {"step", t->step},
@@ -57,6 +59,7 @@ static int meta_fill(struct meta_text *t, struct optim *o, const struct train_po
         {"rank", t->rk},
         {"per_rank", per_rank ? "true" : "false"},
         {"replicas", replicas ? "true" : "false"},
+        {"watch", t->watch},
         {FINGERPRINT_META_KEY, data_record},
     };
     memcpy(t->kv, kv, sizeof kv);
@@ -390,6 +393,14 @@ ddpd_err checkpoint_load_dir(const char *dir, struct model *m, struct optim *o, 
         meta_i64(mf, "optim_steps", &osteps)) {
         rc = ddpd_error_set(err, DDPD_EDATA, mp,
                             "%s: not a ddpd checkpoint (metadata format/step/epoch/epoch_step missing)", mp);
+        goto out;
+    }
+    pos->stop = pos->best = (struct watch_state){0};
+    const char *wv = safetensors_meta_get(mf, "watch");
+    if (wv &&
+        sscanf(wv, "%" SCNd64 " %" SCNd64 " %lf %" SCNd64 " %" SCNd64 " %lf", &pos->stop.step,
+               &pos->stop.wait, &pos->stop.best, &pos->best.step, &pos->best.wait, &pos->best.best) != 6) {
+        rc = ddpd_error_set(err, DDPD_EDATA, mp, "%s: metadata watch is not 6 numbers", mp);
         goto out;
     }
     /* A checkpoint from before world_size was recorded holds rank 0's state only, which

@@ -12,12 +12,17 @@
 #include "../schema/err.h"
 #include "model.h"
 #include "optim.h"
+#include "watch.h"
 
 /* Where training stands after an optimizer step: `step` optimizer steps done in all,
  * `epoch_step` of them in epoch `epoch`. Each rank derives its micro-batch position
  * from epoch_step (ranks may hold different batch counts under join). */
 struct train_pos {
     int64_t step, epoch, epoch_step;
+    /* early_stop's and checkpoint.keep_best's state after this step (watch.h): in every
+     * file's metadata as "watch", so that a resumed job decides as an uninterrupted one;
+     * zero (no best yet) in checkpoints written before it was recorded. */
+    struct watch_state stop, best;
 };
 
 /* Loads weights from a safetensors file into the model: every parameter must be there

@@ -24,6 +24,7 @@
 #include "../base/file.h"
 #include "../schema/jobdir.h"
 #include "checkpoint.h"
+#include "watch.h"
 #include "data.h"
 #include "ddp.h"
 #include "gpt2_init.h"
@@ -290,6 +291,10 @@ struct run {
     struct dataset *eds;
     int64_t enb;
     float *eloss, *hpred;
+    /* early_stop's and checkpoint.keep_best's state (watch.h), the same on every rank;
+     * stop_reason is set at the eval that stops the job */
+    struct watch_state stop, best;
+    char stop_reason[256];
 };
 
 /* A logged step whose losses are on their way to the host. On CUDA the copy is queued
@@ -450,19 +455,25 @@ static ddpd_err comm_failed(ddpd_err rc, const struct ddpd_error *cerr, struct d
     return rc;
 }
 
-/* Writes a checkpoint at `pos`: the folder OUT/ckpt-STEP, or with `final` the run's final
- * files in OUT. Collective (every rank calls it at the same point): rank 0 makes the
- * temporary folder; every rank writes its own optimizer state (ranks that joined early
- * stepped less often, so theirs differs: DDP.md §4.5); the lowest rank that ran this
- * step itself writes the weights (a joined rank's are stale until the final sync); once
- * every rank has reported success, rank 0 renames the folder into place and emits the
- * event. A failure on any rank fails every rank, naming it. */
-static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, bool live, bool final,
+/* What write_checkpoint writes: a checkpoint OUT/ckpt-STEP, the best one OUT/best-STEP
+ * (checkpoint.keep_best), or the run's final files in OUT. */
+enum ckpt_kind { CKPT_STEP, CKPT_BEST, CKPT_FINAL };
+
+/* Writes a checkpoint of `kind` at `pos`. Collective (every rank calls it at the same
+ * point): rank 0 makes the temporary folder; every rank writes its own optimizer state
+ * (ranks that joined early stepped less often, so theirs differs: DDP.md §4.5); the lowest
+ * rank that ran this step itself writes the weights (a joined rank's are stale until the
+ * final sync); once every rank has reported success, rank 0 renames the folder into place
+ * and emits the event. A failure on any rank fails every rank, naming it. */
+static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, bool live, enum ckpt_kind kind,
                                  struct ddpd_error *err)
 {
     const struct train_config *cfg = r->cfg;
     const int rank = cfg->rank, W = cfg->world_size;
+    const bool final = kind == CKPT_FINAL;
     struct train_pos at = *pos;
+    at.stop = r->stop;
+    at.best = r->best;
     struct ddpd_error cerr;
     char dir[4096], tmp[4096 + 8];
     int64_t *all = NULL;
@@ -481,7 +492,8 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
     }
     if (final)
         snprintf(dir, sizeof dir, "%s", cfg->out_dir);
-    else if (!jobdir_ckpt_path(dir, sizeof dir - 8, cfg->out_dir, at.step))
+    else if (!(kind == CKPT_BEST ? jobdir_best_path(dir, sizeof dir - 8, cfg->out_dir, at.step)
+                                 : jobdir_ckpt_path(dir, sizeof dir - 8, cfg->out_dir, at.step)))
         rc = ddpd_error_set(err, DDPD_EIO, cfg->out_dir, "%s: output directory name too long", cfg->out_dir);
     if (final)
         snprintf(tmp, sizeof tmp, "%s", dir);
@@ -543,8 +555,12 @@ static ddpd_err write_checkpoint(struct run *r, const struct train_pos *pos, boo
         emit_checkpoint(rank, at.step, dir);
     /* Only now, with the new one complete, are the oldest beyond checkpoint.keep_last
      * deleted: there are never fewer than keep_last. */
-    if (!rc && !final && rank == 0)
+    if (!rc && kind == CKPT_STEP && rank == 0)
         prune_checkpoints(r, at.step);
+    /* The best one replaces the one before only once it is whole. */
+    struct ddpd_error perr;
+    if (!rc && kind == CKPT_BEST && rank == 0 && jobdir_best_prune(cfg->out_dir, at.step, &perr) != DDPD_OK)
+        emit_log("warning: the previous best checkpoint was not removed: %s", perr.message);
 out:
     free(all);
     return rc;
@@ -585,7 +601,8 @@ struct eval_sums {
  * highest live rank (ddp_eval_params), so every shard is scored with the model of this
  * step. The loss of a batch is the backend's loss op (its mean times its elements); the
  * argmax is taken on the host from the logits, on every backend. */
-static ddpd_err run_eval(struct run *r, int64_t step, bool live, struct ddpd_error *err)
+static ddpd_err run_eval(struct run *r, int64_t step, bool live, double *loss_out, double *acc_out,
+                         struct ddpd_error *err)
 {
     const struct train_config *cfg = r->cfg;
     const struct dev_ops *ops = r->dev.ops;
@@ -649,13 +666,16 @@ static ddpd_err run_eval(struct run *r, int64_t step, bool live, struct ddpd_err
         }
         free(all);
     }
+    /* Every rank holds the same sums (added in rank order), so the same metric. */
+    *loss_out = sum.elems > 0 ? sum.loss / (double)sum.elems : NAN;
+    *acc_out = sum.elems > 0 ? (double)sum.correct / (double)sum.elems : NAN;
     if (cfg->rank == 0) {
         struct event ev = {.kind = EVENT_EVAL, .rank = 0};
         ev.step = step;
-        ev.loss = sum.elems > 0 ? sum.loss / (double)sum.elems : NAN;
+        ev.loss = *loss_out;
         ev.nonfinite = !isfinite(ev.loss);
         ev.has_accuracy = ce;
-        ev.accuracy = sum.elems > 0 ? (double)sum.correct / (double)sum.elems : NAN;
+        ev.accuracy = *acc_out;
         ev.samples = sum.samples;
         emit_event(&ev);
     }
@@ -668,7 +688,9 @@ static ddpd_err run_eval(struct run *r, int64_t step, bool live, struct ddpd_err
  *   1. with on_nonfinite "fail", agree on whether any rank's loss of this step is NaN or
  *      infinite (a MAX over the ranks that names the lowest such rank) and, if one is,
  *      fail every rank at this step;
- *   2. at an eval step, run the eval (every rank takes part);
+ *   2. at an eval step, run the eval (every rank takes part), then decide early_stop and
+ *      keep_best from its metric (the same on every rank) and write the best checkpoint
+ *      when it improved; when early_stop stops here, this step becomes the last;
  *   3. at a checkpoint step, write the checkpoint. */
 static ddpd_err after_step(struct run *r, const struct train_pos *pos, bool live, bool nonfinite,
                            struct ddpd_error *err)
@@ -689,12 +711,24 @@ static ddpd_err after_step(struct run *r, const struct train_pos *pos, bool live
                                   pos->step, (int)(cfg->world_size - v));
     }
     if (eval_due(r, pos->step)) {
-        ddpd_err rc = run_eval(r, pos->step, live, err);
+        double loss = NAN, acc = NAN;
+        ddpd_err rc = run_eval(r, pos->step, live, &loss, &acc, err);
         if (rc)
             return rc;
+        bool stop = s->early_stop.on && watch_early_stop(&s->early_stop, &r->stop, pos->step,
+                                                         watch_metric_of(&s->early_stop, loss, acc),
+                                                         r->stop_reason, sizeof r->stop_reason);
+        if (s->keep_best.on &&
+            watch_keep_best(&s->keep_best, &r->best, pos->step, watch_metric_of(&s->keep_best, loss, acc)) &&
+            (rc = write_checkpoint(r, pos, live, CKPT_BEST, err)))
+            return rc;
+        if (stop) {
+            emit_log("%s: the job ends here", r->stop_reason);
+            r->total = pos->step; /* every rank leaves its loop after this step */
+        }
     }
     if (s->checkpoint_every && pos->step % s->checkpoint_every == 0 && pos->step != r->total)
-        return write_checkpoint(r, pos, live, false, err);
+        return write_checkpoint(r, pos, live, CKPT_STEP, err);
     return DDPD_OK;
 }
 
@@ -707,7 +741,8 @@ struct shadow {
 static ddpd_err shadow_step(void *ctx, int64_t n, struct ddpd_error *err)
 {
     struct shadow *sh = ctx;
-    struct train_pos pos = {sh->at.step + n, sh->at.epoch, sh->at.epoch_step + n};
+    struct train_pos pos = {
+        .step = sh->at.step + n, .epoch = sh->at.epoch, .epoch_step = sh->at.epoch_step + n};
     return after_step(sh->r, &pos, false, false, err);
 }
 
@@ -962,11 +997,20 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
             return rc;
         emit_log("resumed from %s at step %" PRId64 " (epoch %" PRId64 ", step %" PRId64 " of the epoch)",
                  cfg->resume, pos->step, pos->epoch, pos->epoch_step);
+        r->stop = pos->stop;
+        r->best = pos->best;
         /* A rank killed between a checkpoint's commit and its prune left keep_last + 1
          * of them (and perhaps a torn ckpt-N.tmp): the restart finishes that prune, so
          * a job ended before its next checkpoint still keeps keep_last. */
         if (cfg->rank == 0)
             prune_checkpoints(r, pos->step);
+        /* A best checkpoint written after this one (by the run that is resumed) is the
+         * future's: the run writes it again when it gets there. Only the best this
+         * checkpoint knows stays. */
+        struct ddpd_error perr;
+        if (cfg->rank == 0 && s->keep_best.on &&
+            jobdir_best_prune(cfg->out_dir, r->best.step, &perr) != DDPD_OK)
+            emit_log("warning: best checkpoints past the resumed step not removed: %s", perr.message);
     } else if (s->init_from_job > 0) {
         /* Another job's weights: a path the server resolved in its own jobs folder (never
          * one from the spec), handed over in the stdin document. */
@@ -1091,7 +1135,9 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
 
             /* The previous logged step's losses have arrived while this one was queued. */
             log_finish(&r, &pend, &t_log, &last_loss);
-            if (pos.step % s->log_every == 0 || pos.step == r.total || nonfinite) {
+            /* With early_stop every eval step may be the last, so its loss is logged too. */
+            if (pos.step % s->log_every == 0 || pos.step == r.total || nonfinite ||
+                (s->early_stop.on && eval_due(&r, pos.step))) {
                 const struct pending_log now = {.step = pos.step,
                                                 .epoch = epoch,
                                                 .micro = micro,
@@ -1128,9 +1174,10 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     log_finish(&r, &pend, &t_log, &last_loss);
     const double seconds = base_mono_s() - t0;
 
-    if ((rc = write_checkpoint(&r, &pos, true, true, err)))
+    if ((rc = write_checkpoint(&r, &pos, true, CKPT_FINAL, err)))
         goto out;
     struct event done = {.kind = EVENT_DONE, .rank = rank};
+    snprintf(done.stop_reason, sizeof done.stop_reason, "%s", r.stop_reason);
     done.steps = pos.step;
     done.loss = last_loss;
     done.nonfinite = !isfinite(last_loss);

@@ -371,10 +371,11 @@ def test_checkpoints_and_pull_a_step(server, work):
     r = cli(server, "checkpoints", str(jid))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["STEP", "TIME", "BYTES"], lines
+    assert lines[0].split() == ["STEP", "TIME", "BYTES", "KIND"], lines
     steps = [int(ln.split()[0]) for ln in lines[1:]]
-    assert steps[:3] == [250, 500, 750] and steps[3:] in ([], [1000]), r.stdout  # oldest first
-    assert all(int(ln.split()[-1]) > 0 for ln in lines[1:])
+    # Oldest first, then the final model (issue 31), marked so.
+    assert steps == [250, 500, 750, 1000] and lines[-1].split()[-1] == "final", r.stdout
+    assert all(int(ln.split()[3]) > 0 for ln in lines[1:])
     out = work / "s500.safetensors"
     r = cli(server, "pull", str(jid), "--step", "500", "-o", str(out))
     assert r.returncode == 0, r.stderr

@@ -66,6 +66,7 @@ NOBLE = {
     "libopenblas-dev": ("libopenblas-dev", "same name"),
     "libcurl4-openssl-dev": ("libcurl4-openssl-dev", "same name (dev packages kept their names in t64)"),
     "libssl-dev": ("libssl-dev", "same name (dev packages kept their names in t64)"),
+    "libpcre2-dev": ("libpcre2-dev", "same name; noble ships PCRE2 10.42, as bookworm"),
     # runtime stage
     "libjansson4": ("libjansson4", "not renamed by t64; in public ubuntu:24.04 Dockerfiles"),
     "libmicrohttpd12t64": ("libmicrohttpd12", "t64 rename; public ubuntu:24.04 Dockerfiles and "
@@ -74,6 +75,7 @@ NOBLE = {
     "libopenblas0-pthread": ("libopenblas0-pthread", "same name; noble ships OpenBLAS 0.3.26"),
     "libcurl4t64": ("libcurl4", "t64 rename; noble's libcurl4-openssl-dev depends on libcurl4t64"),
     "libssl3t64": ("libssl3", "t64 rename; noble's libssl-dev depends on libssl3t64 (libcrypto.so.3)"),
+    "libpcre2-8-0": ("libpcre2-8-0", "not renamed by t64 (no time_t in its ABI); libpcre2-dev depends on it"),
     "curl": ("curl", "same name (its library became libcurl4t64)"),
     "libssl3t64": ("libssl3", "t64 rename (Debian's time_t transition renamed libssl3 to libssl3t64; "
                               "noble's libcurl4t64 depends on it)"),
@@ -95,6 +97,7 @@ SONAME_PACKAGE = {
     "libopenblas.so.0": "libopenblas0-pthread",
     "libcurl.so.4": "libcurl4t64",
     "libcrypto.so.3": "libssl3t64",
+    "libpcre2-8.so.0": "libpcre2-8-0",
     "libcublas.so.13": "libcublas-13-0",
     "libcublasLt.so.13": "libcublas-13-0",
     "libnccl.so.2": "libnccl2",

@@ -341,16 +341,16 @@ static const struct bad_case bad_cases[] = {
     BAD(OK_PLUS(",\"epoch\":1"), DDPD_ESPEC, "epoch",
         "unknown key (did you mean \"epochs\"? expected one of name, world_size, device, precision, "
         "model, input_shape, loss, optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, "
-        "ddp, init, checkpoint, log_every, max_restarts, on_nonfinite, tokenizer)"),
+        "ddp, init, checkpoint, log_every, max_restarts, on_nonfinite, tokenizer, early_stop)"),
     BAD(OK_PLUS(",\"learning rate\":1"), DDPD_ESPEC, "[\"learning rate\"]",
         "unknown key (expected one of name, world_size, device, precision, model, input_shape, loss, "
         "optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, ddp, init, checkpoint, "
-        "log_every, max_restarts, on_nonfinite, tokenizer)"),
+        "log_every, max_restarts, on_nonfinite, tokenizer, early_stop)"),
     /* a key echoed in a message carries no terminal control: C0, DEL and C1 come out escaped */
     BAD(OK_PLUS(",\"a\\u001b[2J\\u007f\\u009b\":1"), DDPD_ESPEC, "[\"a\\u001b[2J\\u007f\\u009b\"]",
         "unknown key (expected one of name, world_size, device, precision, model, input_shape, loss, "
         "optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, ddp, init, checkpoint, "
-        "log_every, max_restarts, on_nonfinite, tokenizer)"),
+        "log_every, max_restarts, on_nonfinite, tokenizer, early_stop)"),
     BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"momentun\":0.9}"), DDPD_ESPEC, "optimizer.momentun",
         "unknown key (did you mean \"momentum\"? expected one of type, lr, momentum, dampening, "
         "weight_decay, nesterov, schedule)"),
@@ -380,9 +380,9 @@ static const struct bad_case bad_cases[] = {
         "embedding "
         "(wte)"),
     BAD(OK_PLUS(",\"checkpoint\":{\"every\":5}"), DDPD_ESPEC, "checkpoint.every",
-        "unknown key (expected one of every_steps, keep_last)"),
+        "unknown key (expected one of every_steps, keep_last, keep_best)"),
     BAD(OK_PLUS(",\"checkpoint\":{\"keep_lsat\":2}"), DDPD_ESPEC, "checkpoint.keep_lsat",
-        "unknown key (did you mean \"keep_last\"? expected one of every_steps, keep_last)"),
+        "unknown key (did you mean \"keep_last\"? expected one of every_steps, keep_last, keep_best)"),
 
     /* types of top-level values */
     BAD(SPEC(MODEL, LOSS, OPTIM, DATA, "\"batch_size\":\"3\",\"epochs\":1", ""), DDPD_ESPEC, "batch_size",
@@ -1641,6 +1641,80 @@ static void test_preset(void)
     CHECK_EQ_INT(a.layers[a.n_layers - 1].tie, -1);
 }
 
+/* early_stop and checkpoint.keep_best (issue 31, spec_watch.c): defaults, every bad field
+ * named with its message, and spec_to_json's form parsing back to the same watches. */
+#define CLASSIFIER                                                                                           \
+    "\"model\":[{\"type\":\"linear\",\"in\":4,\"out\":3}],\"loss\":\"cross_entropy\"," OPTIM "," DATA        \
+    "," BATCH
+#define WITH_EVAL(more)                                                                                      \
+    "{" CLASSIFIER ",\"eval\":{\"data\":"                                                                    \
+    "{\"type\":\"synthetic\",\"samples\":6},\"every_steps\":2}" more "}"
+
+static void test_watch(void)
+{
+    struct spec s;
+    struct ddpd_error e;
+    CHECK_EQ_INT(parse(WITH_EVAL(",\"early_stop\":{\"metric\":\"eval_loss\"}"), &s, &e), DDPD_OK);
+    CHECK(s.early_stop.on && !s.keep_best.on);
+    CHECK_EQ_INT(s.early_stop.metric, WATCH_EVAL_LOSS);
+    CHECK_EQ_INT(s.early_stop.mode, WATCH_MIN);
+    CHECK_EQ_INT(s.early_stop.patience, 3); /* Lightning's defaults */
+    CHECK(s.early_stop.min_delta == 0);
+    CHECK_EQ_INT(
+        parse(WITH_EVAL(",\"checkpoint\":{\"keep_best\":{\"metric\":\"eval_accuracy\"}},"
+                        "\"early_stop\":{\"metric\":\"eval_accuracy\",\"mode\":\"min\",\"patience\":0,"
+                        "\"min_delta\":-0.5}"),
+              &s, &e),
+        DDPD_OK);
+    CHECK(s.keep_best.on && s.keep_best.metric == WATCH_EVAL_ACCURACY && s.keep_best.mode == WATCH_MAX);
+    CHECK(s.early_stop.mode == WATCH_MIN && s.early_stop.patience == 0 && s.early_stop.min_delta == -0.5);
+    json_t *j = spec_to_json(&s);
+    char *text = json_dumps(j, 0);
+    struct spec back;
+    CHECK_EQ_INT(parse(text, &back, &e), DDPD_OK);
+    CHECK(!memcmp(&back.keep_best, &s.keep_best, sizeof s.keep_best));
+    CHECK(!memcmp(&back.early_stop, &s.early_stop, sizeof s.early_stop));
+    free(text);
+    json_decref(j);
+
+    static const struct {
+        const char *json, *path, *message;
+    } bad[] = {
+        {WITH_EVAL(",\"early_stop\":{\"mode\":\"min\"}"), "early_stop.metric",
+         "missing (expected one of eval_loss, eval_accuracy)"},
+        {WITH_EVAL(",\"early_stop\":{\"metric\":\"loss\"}"), "early_stop.metric",
+         "expected one of eval_loss, eval_accuracy, got \"loss\""},
+        {WITH_EVAL(",\"early_stop\":{\"metric\":\"eval_loss\",\"mode\":\"lower\"}"), "early_stop.mode",
+         "expected one of min, max, got \"lower\""},
+        {WITH_EVAL(",\"early_stop\":{\"metric\":\"eval_loss\",\"patience\":-1}"), "early_stop.patience",
+         "expected a non-negative integer, got -1"},
+        {WITH_EVAL(",\"early_stop\":{\"metric\":\"eval_loss\",\"min_delta\":\"0.1\"}"),
+         "early_stop.min_delta", "expected a finite number, got \"0.1\""},
+        {WITH_EVAL(",\"early_stop\":{\"metric\":\"eval_loss\",\"patiense\":2}"), "early_stop.patiense",
+         "unknown key (did you mean \"patience\"? expected one of metric, mode, patience, min_delta)"},
+        {WITH_EVAL(",\"early_stop\":true"), "early_stop",
+         "expected an object such as {\"metric\": \"eval_loss\", \"patience\": 3}, got true"},
+        {OK_PLUS(",\"early_stop\":{\"metric\":\"eval_loss\"}"), "early_stop",
+         "watches eval_loss, which needs eval (eval.every_steps >= 1 with eval.data); the spec has no eval"},
+        {OK_PLUS(",\"checkpoint\":{\"keep_best\":{\"metric\":\"eval_loss\"}}"), "checkpoint.keep_best",
+         "watches eval_loss, which needs eval (eval.every_steps >= 1 with eval.data); the spec has no eval"},
+        {WITH_EVAL(",\"checkpoint\":{\"keep_best\":{\"metric\":\"eval_loss\",\"patience\":2}}"),
+         "checkpoint.keep_best.patience", "unknown key (expected one of metric, mode)"},
+        {WITH_EVAL(",\"checkpoint\":{\"keep_best\":\"eval_loss\"}"), "checkpoint.keep_best",
+         "expected an object such as {\"metric\": \"eval_loss\"}, got \"eval_loss\""},
+        {"{" MODEL "," LOSS "," OPTIM "," DATA "," BATCH
+         ",\"eval\":{\"data\":{\"type\":\"synthetic\",\"samples\":6},\"every_steps\":2},"
+         "\"checkpoint\":{\"keep_best\":{\"metric\":\"eval_accuracy\"}}}",
+         "checkpoint.keep_best.metric",
+         "eval_accuracy needs a classifier (loss \"cross_entropy\"), the loss is \"mse\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_EQ_INT(parse(bad[i].json, &s, &e), DDPD_ESPEC);
+        CHECK_EQ_STR(e.path, bad[i].path);
+        CHECK_EQ_STR(e.message, bad[i].message);
+    }
+}
+
 int main(void)
 {
     test_showable_text();
@@ -1657,6 +1731,7 @@ int main(void)
     test_v2_memory();
     test_tie();
     test_preset();
+    test_watch();
     fprintf(stderr, "%d invalid specs\n", n);
     CHECK_DONE();
 }
