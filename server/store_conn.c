@@ -71,7 +71,7 @@ ddpd_err sq_fail(struct ddpd_error *err, sqlite3 *db, int rc, const char *op)
     "started_at, finished_at, attempt, step, loss, error, pending_reason, max_restarts, "                    \
     "restarts, restart_history, resumed_from, resume_step, total_steps, resume_force, notes, "               \
     "(SELECT json_group_array(tag) FROM (SELECT tag FROM job_tags WHERE job = jobs.id ORDER BY pos)), "      \
-    "stop_reason "
+    "stop_reason, stop_at "
 
 static const char *const sql_text[ST_COUNT] = {
     [W_BEGIN] = "BEGIN IMMEDIATE",
@@ -97,8 +97,8 @@ static const char *const sql_text[ST_COUNT] = {
     [W_JOB_STOP_REASON] = "UPDATE jobs SET stop_reason = json_extract(?2, '$.stop_reason') "
                           "WHERE id = ?1 AND json_extract(?2, '$.stop_reason') IS NOT NULL",
     [W_JOB_INSERT] = "INSERT INTO jobs (name, state, spec, world_size, device, created_at, "
-                     "max_restarts, resumed_from, resume_step, total_steps, resume_force, notes) "
-                     "VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                     "max_restarts, resumed_from, resume_step, total_steps, resume_force, notes, stop_at) "
+                     "VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     [W_JOB_STATE] = "SELECT state FROM jobs WHERE id = ?1",
     /* ?2 is the STORE_SET_* mask, ?3 the new state, ?10 now. */
     [W_JOB_UPDATE] =

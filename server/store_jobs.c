@@ -335,6 +335,7 @@ static void job_from_row(sqlite3_stmt *st, struct store_job *j)
         j->notes = xstrdup(col_text(st, 21));
     j->tags = xstrdup(sqlite3_column_type(st, 22) != SQLITE_NULL ? col_text(st, 22) : "[]");
     copy_text(j->stop_reason, sizeof j->stop_reason, col_text(st, 23));
+    j->stop_at = sqlite3_column_int64(st, 24); /* NULL reads as 0: none */
 }
 
 static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_error *err)

@@ -75,6 +75,7 @@ struct active {
                                           entry: a rank and its exit code, rank -1 for none */
     int64_t resumed_from, resume_step; /* a job made by resume: where it continues from */
     bool resume_force;                 /* ... even on data changed since that checkpoint */
+    int64_t stop_at;                   /* a pause (an ASHA rung): the job document's stop_at; 0 none */
     struct evpipe_source ev;           /* its events' numbering: evpipe_publish */
     int *slots;
     const char **gpu; /* cuda jobs: the device of each rank's slot (launch_opts.gpus) */
@@ -322,6 +323,7 @@ static struct active *load(struct super *s, int64_t job)
     a->resumed_from = j.resumed_from;
     a->resume_step = j.resume_step;
     a->resume_force = j.resume_force;
+    a->stop_at = j.stop_at;
     int64_t seq = 0;
     store_flush(s->o.store, NULL); /* queued events of the job count too */
     store_event_max_seq(s->o.store, job, &seq, NULL);
@@ -418,6 +420,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         jd->rank = -1; /* each launcher names the rank its own way */
         jd->disk_quota = s->o.job_disk_quota;
         jd->max_rank_memory = s->o.max_rank_memory; /* each rank checks itself against it at start */
+        jd->stop_at = a->stop_at;
         snprintf(jd->data_dir, sizeof jd->data_dir, "%s", s->o.data_dir);
         snprintf(jd->out_dir, sizeof jd->out_dir, "%s", a->out_dir);
         if (has_resume)
