@@ -98,7 +98,9 @@ struct super {
     pthread_t thread;
     bool thread_started;
     int wake_fd;
-    pthread_mutex_t lock; /* cmds, sched, stopping */
+    pthread_mutex_t lock;      /* cmds, sched, stopping, on_end */
+    void (*on_end)(void *ctx); /* super_on_end's, called under lock */
+    void *on_end_ctx;
     struct cmd *head, *tail;
     struct sched *sched;
     bool stopping;
@@ -515,6 +517,10 @@ static void finish(struct super *s, struct active *a, job_state st, const char *
         a->unsaved_ranks = NULL;
         a->n_unsaved_ranks = 0;
     }
+    pthread_mutex_lock(&s->lock);
+    if (s->on_end)
+        s->on_end(s->on_end_ctx); /* non-blocking by its contract: safe under the lock */
+    pthread_mutex_unlock(&s->lock);
     drop(s, a);
 }
 
@@ -1025,6 +1031,14 @@ static void push(struct super *s, enum cmd_kind k, int64_t job)
     c->kind = k;
     c->job = job;
     push_cmd(s, c);
+}
+
+void super_on_end(struct super *s, void (*fn)(void *ctx), void *ctx)
+{
+    pthread_mutex_lock(&s->lock);
+    s->on_end = fn;
+    s->on_end_ctx = ctx;
+    pthread_mutex_unlock(&s->lock);
 }
 
 void super_submit(struct super *s, int64_t job, char *spec_text, int world_size, device_kind device,

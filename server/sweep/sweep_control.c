@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,7 @@ struct sweeper {
     pthread_mutex_t mu; /* held for a whole turn and a cancel: neither sees half of the other */
     pthread_cond_t cv;
     bool kicked, stop;
+    atomic_bool ended; /* a job ended (super_on_end): another turn at once */
     pthread_t thread;
 };
 
@@ -439,7 +441,7 @@ static void *sweeper_main(void *arg)
     pthread_mutex_lock(&w->mu);
     while (!w->stop) {
         turn(w);
-        if (!w->kicked && !w->stop) {
+        if (!w->kicked && !w->stop && !atomic_exchange(&w->ended, false)) {
             struct timespec until = base_timespec_after(CLOCK_MONOTONIC, TURN_S);
             pthread_cond_timedwait(&w->cv, &w->mu, &until);
         }
@@ -447,6 +449,19 @@ static void *sweeper_main(void *arg)
     }
     pthread_mutex_unlock(&w->mu);
     return NULL;
+}
+
+/* super_on_end's hook: a job ended, so a trial may have (and a slot is free). Never
+ * blocks: when the thread holds mu (a turn), the flag makes it turn again after that turn
+ * (or, in the moment between its check of the flag and its wait, after TURN_S). */
+static void job_ended(void *ctx)
+{
+    struct sweeper *w = ctx;
+    atomic_store(&w->ended, true);
+    if (pthread_mutex_trylock(&w->mu) == 0) {
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+    }
 }
 
 struct sweeper *sweeper_start(struct store *store, struct super *super, struct ddpd_error *err)
@@ -467,6 +482,7 @@ struct sweeper *sweeper_start(struct store *store, struct super *super, struct d
         ddpd_error_set(err, DDPD_EINTERNAL, "", "cannot start the sweep controller's thread");
         return NULL;
     }
+    super_on_end(super, job_ended, w);
     return w;
 }
 
@@ -516,6 +532,7 @@ void sweeper_stop(struct sweeper *w)
 {
     if (!w)
         return;
+    super_on_end(w->super, NULL, NULL);
     pthread_mutex_lock(&w->mu);
     w->stop = true;
     pthread_cond_signal(&w->cv);

@@ -71,6 +71,19 @@ def test_asha_promotes_what_the_rule_says_and_resumes_bit_exact(server):
     assert sw["trials"][0]["index"] == winner and sw["best"]["index"] == winner, sw
     assert sw["counts"] == {"succeeded": 1, "stopped": 8}, sw["counts"]
 
+    # ddpd sweep show: a RUNG column, the winner first at the last rung.
+    import os
+    import subprocess
+
+    from pylib.common import bin_dir
+    r = subprocess.run([str(bin_dir() / "ddpd"), "sweep", "show", str(created["id"])], capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, DDPD_SERVER=server.url))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1].split() == ["RANK", "TRIAL", "JOB", "STATE", "METRIC", "RUNG", "VALUES"], lines
+    assert lines[2].split()[:4] == ["1", str(winner), str(trials[winner]["job"]), "succeeded"], lines
+    assert lines[2].split()[5] == "2", lines
+
     # The winner's spec run as one job that never paused: the same losses, bit for bit.
     spec = dict(sw["best"]["spec"], name="unpaused")
     r = server.post("/v1/jobs", json=spec)

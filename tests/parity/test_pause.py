@@ -6,21 +6,9 @@ from that checkpoint (and paused again, as a promotion to the next rung does) ev
 after the pause, the lr and the final weights equal the run that never paused, bit for
 bit."""
 import numpy as np
-import pytest
 
 from pylib import ddp as H
-
-
-@pytest.fixture(autouse=True)
-def _skip_code(request):
-    H.install_skip_code(request.config)
-
-
-@pytest.fixture
-def work(tmp_path):
-    w = H.workdir("pause-") if H.os.environ.get("DDPD_TEST_TMP") else tmp_path
-    (w / "data").mkdir(parents=True, exist_ok=True)  # synthetic data: an empty --data-dir
-    return w
+from test_early_stop import _skip_code, work  # noqa: F401 (its fixtures: a folder with an empty data/)
 
 
 def spec():
