@@ -119,3 +119,32 @@ def test_bad_asha_requests_are_422_naming_the_key(server):
     bad('parameters["steps"]', "asha sets every trial's steps", parameters={"steps": [4, 8]})
     bad("asha", "only for method", method="random")
     assert server.get("/v1/sweeps").json()["sweeps"] == []
+
+
+def test_cancel_ends_the_promoted_trials_job_and_keeps_the_stopped(server):
+    """3 trials, rungs 4, 256, 16384, 1048576 and a max_steps no test outlives: after rung 0
+    one trial goes on alone; at its last rung (a job that runs until cancelled) the cancel
+    ends its job, and the stopped trials stay stopped."""
+    from pylib.server import FOREVER_STEPS
+    body = {"spec": mlp(log_every=1000), "method": "asha", "metric": "loss", "max_parallel": 1,
+            "parameters": {"optimizer.lr": [0.01, 0.02, 0.03]},
+            "asha": {"min_steps": 4, "reduction_factor": 64, "max_steps": FOREVER_STEPS}}
+    sid = post_sweep(server, body)["id"]
+
+    def promoted_running():
+        ts = server.get(f"/v1/sweeps/{sid}").json()["trials"]
+        on = [t for t in ts if t["rung"] == 4 and t["state"] == "running"]
+        return (on[0], ts) if on and sum(t["state"] == "stopped" for t in ts) == 2 else None
+    t, _ = wait_until(promoted_running, 120, "one trial at its last rung and running, two stopped")
+    r = server.post(f"/v1/sweeps/{sid}/cancel")
+    assert r.status_code == 202, r.text
+    server.wait_state(t["job"], "cancelled")
+    sw = server.get(f"/v1/sweeps/{sid}").json()
+    assert sw["state"] == "cancelled", sw
+    assert sorted(x["state"] for x in sw["trials"]) == ["cancelled", "stopped", "stopped"], sw["trials"]
+    assert server.post(f"/v1/sweeps/{sid}/cancel").status_code == 409
+    # The sweep's jobs: one per rung record (paused), and the cancelled one (none made since).
+    jobs = sorted(j["id"] for j in server.get("/v1/jobs", params={"tag": f"sweep-{sid}"}).json()["jobs"])
+    recorded = [rec["job"] for x in sw["trials"] for rec in x["rungs"]]
+    assert jobs == sorted(recorded + [t["job"]]), (jobs, sw["trials"])
+    assert [x["job"] for x in sw["trials"] if x["state"] == "cancelled"] == [t["job"]]
