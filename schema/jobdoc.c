@@ -105,7 +105,8 @@ static ddpd_err decode(const json_t *obj, bool with_comm, struct jobdoc *out, st
         return rc;
     if ((rc = get_opt_int(obj, "max_rank_memory", false, 0, &out->max_rank_memory, err)) ||
         (rc = get_opt_int(obj, "job", false, 0, &out->job, err)) ||
-        (rc = get_opt_int(obj, "attempt", false, 0, &out->attempt, err)))
+        (rc = get_opt_int(obj, "attempt", false, 0, &out->attempt, err)) ||
+        (rc = get_opt_int(obj, "stop_at", false, 0, &out->stop_at, err)))
         return rc;
     json_t *force = json_object_get(obj, "resume_force");
     if (force && !json_is_boolean(force))
@@ -147,7 +148,8 @@ json_t *jobdoc_to_json(const struct jobdoc *d)
         (!d->resume_force || put(o, "resume_force", json_true())) &&
         (!d->init_path[0] || put(o, "init_path", json_string(d->init_path))) &&
         put(o, "disk_quota", d->disk_quota > 0 ? json_integer(d->disk_quota) : json_null()) &&
-        (d->max_rank_memory <= 0 || put(o, "max_rank_memory", json_integer(d->max_rank_memory)));
+        (d->max_rank_memory <= 0 || put(o, "max_rank_memory", json_integer(d->max_rank_memory))) &&
+        (d->stop_at <= 0 || put(o, "stop_at", json_integer(d->stop_at)));
     if (!ok) {
         json_decref(o);
         return NULL;

@@ -38,11 +38,15 @@ struct jobdoc {
     /* init.from_job's weights: a model.safetensors in the server's jobs folder, resolved by
      * the server (never a path from the spec); "" for none (left out of the document). */
     char init_path[JOBDOC_PATH_MAX];
+    /* A pause (a sweep's ASHA rung): the ranks stop after this step with its checkpoint
+     * written (OUT/ckpt-S) and no final model, the schedules still those of the spec's
+     * steps; 0 for none (left out of the document). */
+    int64_t stop_at;
 };
 
 /* The document as a JSON object: a new reference, or NULL when memory ran out. `rank` is
  * left out when -1, `comm` is null when comm_backend is "", `resume` and `disk_quota` are
- * null when unset, `max_rank_memory` is left out when 0, `resume_force` when false. */
+ * null when unset, `max_rank_memory` and `stop_at` are left out when 0, `resume_force` when false. */
 struct json_t *jobdoc_to_json(const struct jobdoc *d);
 
 /* Decodes `obj` (borrowed) into *out. DDPD_ESPEC with err->path naming the key ("rank",

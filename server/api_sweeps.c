@@ -160,10 +160,23 @@ static json_t *sweep_head(const struct store_sweep *sw)
                      time_or_null(sw->finished_at));
 }
 
-/* Whether trial a ranks before trial b: a metric before none, then the better metric
- * (the lower for mode min), then the lower index. */
-static bool ranks_before(const struct store_trial *a, const struct store_trial *b, bool maximize)
+/* The rungs trial t completed (asha; 0 for grid and random trials). */
+static size_t rungs_done(const struct store_trial *t)
 {
+    json_t *a = json_loads(t->rungs ? t->rungs : "[]", 0, NULL);
+    size_t n = json_array_size(a);
+    json_decref(a);
+    return n;
+}
+
+/* Whether trial a ranks before trial b: more rungs completed (asha) first, then a metric
+ * before none, then the better metric (the lower for mode min), then the lower index.
+ * done[] are the trials' rungs_done by index. */
+static bool ranks_before(const struct store_trial *a, const struct store_trial *b, const size_t *done,
+                         bool maximize)
+{
+    if (done[a->idx] != done[b->idx])
+        return done[a->idx] > done[b->idx];
     if (a->has_metric != b->has_metric)
         return a->has_metric;
     if (a->has_metric && a->metric != b->metric)
@@ -177,8 +190,13 @@ static json_t *trial_json(const struct store_trial *t, int rank)
     json_t *o = json_pack("{si si so ss so}", "index", t->idx, "rank", rank, "params",
                           params ? params : json_object(), "state", t->state, "metric",
                           t->has_metric ? json_real(t->metric) : json_null());
-    if (o)
+    if (o) {
         json_object_set_new(o, "job", t->job > 0 ? json_integer(t->job) : json_null());
+        /* asha: the rung its latest job runs to, and each rung it completed with its job. */
+        json_t *rungs = json_loads(t->rungs ? t->rungs : "[]", 0, NULL);
+        json_object_set_new(o, "rung", json_integer(t->rung));
+        json_object_set_new(o, "rungs", rungs ? rungs : json_array());
+    }
     return o;
 }
 
@@ -186,19 +204,23 @@ ddpd_err api__sweep_get(struct http_request *req, struct ddpd_error *err)
 {
     struct api *a = api__ctx(req);
     struct store_sweep sw;
-    size_t *order = NULL;
+    size_t *order = NULL, *done = NULL;
     ddpd_err rc = store_sweep_get(a->store, http_request_id(req, 0), true, &sw, err);
     if (rc)
         goto out;
     bool maximize = !strcmp(sw.mode, "max");
-    if (sw.n_trials && !(order = calloc(sw.n_trials, sizeof *order))) {
+    if (sw.n_trials &&
+        (!(order = calloc(sw.n_trials, sizeof *order)) || !(done = calloc(sw.n_trials, sizeof *done)))) {
         rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory showing the sweep");
         goto out;
     }
+    for (size_t i = 0; i < sw.n_trials; i++)
+        if (sw.trials[i].idx >= 0 && (size_t)sw.trials[i].idx < sw.n_trials)
+            done[sw.trials[i].idx] = rungs_done(&sw.trials[i]);
     /* Insertion sort: stable, and a sweep has at most SWEEP_MAX_TRIALS trials. */
     for (size_t i = 0; i < sw.n_trials; i++) {
         size_t k = i;
-        while (k > 0 && ranks_before(&sw.trials[i], &sw.trials[order[k - 1]], maximize)) {
+        while (k > 0 && ranks_before(&sw.trials[i], &sw.trials[order[k - 1]], done, maximize)) {
             order[k] = order[k - 1];
             k--;
         }
@@ -225,6 +247,7 @@ ddpd_err api__sweep_get(struct http_request *req, struct ddpd_error *err)
     json_object_set_new(o, "request", request ? request : json_null());
     rc = http_respond_json(req, 200, o);
 out:
+    free(done);
     free(order);
     store_sweep_clear(&sw);
     return rc;

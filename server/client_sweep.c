@@ -111,7 +111,11 @@ static int sweep_show(struct client *c, int argc, char **argv)
                ? "max"
                : "min",
            json_line(a, sizeof a, json_object_get(j, "counts")));
-    printf("%-5s %-6s %-6s %-10s %-12s %s\n", "RANK", "TRIAL", "JOB", "STATE", "METRIC", "VALUES");
+    /* asha: a RUNG column, the rung each trial's latest job runs to. */
+    const char *method = json_string_value(json_object_get(j, "method"));
+    bool asha = method && !strcmp(method, "asha");
+    printf("%-5s %-6s %-6s %-10s %-12s %s%s\n", "RANK", "TRIAL", "JOB", "STATE", "METRIC",
+           asha ? "RUNG " : "", "VALUES");
     size_t i;
     json_t *t;
     json_array_foreach (json_object_get(j, "trials"), i, t) {
@@ -121,10 +125,14 @@ static int sweep_show(struct client *c, int argc, char **argv)
             snprintf(jb, sizeof jb, "%" PRId64, (int64_t)json_integer_value(job));
         if (json_is_number(m))
             snprintf(mt, sizeof mt, "%.6g", json_number_value(m));
-        printf("%-5" PRId64 " %-6" PRId64 " %-6s %-10s %-12s %s\n",
+        char rg[24] = "";
+        if (asha)
+            snprintf(rg, sizeof rg, "%-4" PRId64 " ",
+                     (int64_t)json_integer_value(json_object_get(t, "rung")));
+        printf("%-5" PRId64 " %-6" PRId64 " %-6s %-10s %-12s %s%s\n",
                (int64_t)json_integer_value(json_object_get(t, "rank")),
                (int64_t)json_integer_value(json_object_get(t, "index")), jb,
-               termsafe_line(a, sizeof a, json_string_value(json_object_get(t, "state"))), mt,
+               termsafe_line(a, sizeof a, json_string_value(json_object_get(t, "state"))), mt, rg,
                json_line(b, sizeof b, json_object_get(t, "params")));
     }
     json_t *best = json_object_get(j, "best");

@@ -35,19 +35,22 @@ static void on_signal(int sig)
 
 static void usage(FILE *f)
 {
-    fputs("usage: ddpd run [--world-size N] [--device cpu|cuda] [--out DIR] [--data-dir DIR]\n"
-          "                [--resume CKPT_DIR [--force]] [--max-rank-memory SIZE] SPEC.json\n"
-          "Runs one job on this host and prints its events as NDJSON.\n"
-          "  --world-size N  ranks (default: the spec's world_size)\n"
-          "  --device D      cpu or cuda (default: the spec's device, else cpu)\n"
-          "  --out DIR       checkpoints, final model, rank logs (default var/runs/NAME-TIME)\n"
-          "  --data-dir DIR  where data paths and init.from are resolved (default .)\n"
-          "  --resume DIR    continue from a checkpoint directory (OUT/ckpt-STEP or OUT), on the data\n"
-          "                  files it was written on (a changed one is refused, naming it)\n"
-          "  --force         with --resume: go on even where a data file changed since the checkpoint\n"
-          "  --max-rank-memory SIZE  refuse a job whose rank needs more (bytes, or 512M, 4G, ...;\n"
-          "                  default: this host's memory divided by the ranks; 0 = no limit)\n",
-          f);
+    fputs(
+        "usage: ddpd run [--world-size N] [--device cpu|cuda] [--out DIR] [--data-dir DIR]\n"
+        "                [--resume CKPT_DIR [--force]] [--stop-at STEP] [--max-rank-memory SIZE] SPEC.json\n"
+        "Runs one job on this host and prints its events as NDJSON.\n"
+        "  --world-size N  ranks (default: the spec's world_size)\n"
+        "  --device D      cpu or cuda (default: the spec's device, else cpu)\n"
+        "  --out DIR       checkpoints, final model, rank logs (default var/runs/NAME-TIME)\n"
+        "  --data-dir DIR  where data paths and init.from are resolved (default .)\n"
+        "  --resume DIR    continue from a checkpoint directory (OUT/ckpt-STEP or OUT), on the data\n"
+        "                  files it was written on (a changed one is refused, naming it)\n"
+        "  --force         with --resume: go on even where a data file changed since the checkpoint\n"
+        "  --stop-at STEP  pause after step STEP: its checkpoint OUT/ckpt-STEP written, no final\n"
+        "                  model, the schedules still the spec's steps (a sweep's ASHA rung)\n"
+        "  --max-rank-memory SIZE  refuse a job whose rank needs more (bytes, or 512M, 4G, ...;\n"
+        "                  default: this host's memory divided by the ranks; 0 = no limit)\n",
+        f);
 }
 
 static char *read_file(const char *path, size_t *len)
@@ -206,6 +209,7 @@ struct run_opts {
     long world; /* 0: the spec's */
     const char *device, *out, *data_dir, *resume, *spec_path;
     bool force;              /* --force: resume on changed data */
+    int64_t stop_at;         /* --stop-at: 0 for none */
     int64_t max_rank_memory; /* -1: this host's memory divided by the ranks */
 };
 
@@ -213,19 +217,30 @@ struct run_opts {
  * the message on stderr naming the option). */
 static int parse_options(int argc, char **argv, struct run_opts *o)
 {
-    enum { OPT_WORLD = 1000, OPT_DEVICE, OPT_OUT, OPT_DATA_DIR, OPT_RESUME, OPT_FORCE, OPT_MAX_RANK_MEMORY };
+    enum {
+        OPT_WORLD = 1000,
+        OPT_DEVICE,
+        OPT_OUT,
+        OPT_DATA_DIR,
+        OPT_RESUME,
+        OPT_FORCE,
+        OPT_MAX_RANK_MEMORY,
+        OPT_STOP_AT
+    };
     static const struct option longs[] = {{"world-size", required_argument, NULL, OPT_WORLD},
                                           {"device", required_argument, NULL, OPT_DEVICE},
                                           {"out", required_argument, NULL, OPT_OUT},
                                           {"data-dir", required_argument, NULL, OPT_DATA_DIR},
                                           {"resume", required_argument, NULL, OPT_RESUME},
                                           {"force", no_argument, NULL, OPT_FORCE},
+                                          {"stop-at", required_argument, NULL, OPT_STOP_AT},
                                           {"max-rank-memory", required_argument, NULL, OPT_MAX_RANK_MEMORY},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     long world = 0;
     const char *device = NULL, *out = NULL, *data_dir = ".", *resume = NULL, *spec_path = NULL;
     bool force = false;
+    int64_t stop_at = 0;
     int64_t max_rank_memory = -1; /* -1: this host's memory divided by the ranks */
     optind = 1;
     opterr = 0;
@@ -260,6 +275,12 @@ static int parse_options(int argc, char **argv, struct run_opts *o)
         case OPT_DATA_DIR: data_dir = v; break;
         case OPT_RESUME: resume = v; break;
         case OPT_FORCE: force = true; break;
+        case OPT_STOP_AT:
+            if (base_parse_i64(v, 1, INT64_MAX, &stop_at)) {
+                fprintf(stderr, "ddpd run: --stop-at: expected a step (an integer >= 1), got '%s'\n", v);
+                return 2;
+            }
+            break;
         case OPT_MAX_RANK_MEMORY:
             if (!jobdir_size_parse(v, &max_rank_memory)) {
                 fprintf(stderr,
@@ -292,6 +313,7 @@ static int parse_options(int argc, char **argv, struct run_opts *o)
                            .data_dir = data_dir,
                            .resume = resume,
                            .force = force,
+                           .stop_at = stop_at,
                            .spec_path = spec_path,
                            .max_rank_memory = max_rank_memory};
     return -1;
@@ -391,6 +413,7 @@ int run_main(int argc, char **argv, const char *self_dir)
     snprintf(jd.out_dir, sizeof jd.out_dir, "%s", out);
     snprintf(jd.resume, sizeof jd.resume, "%s", resume ? resume : "");
     jd.resume_force = o.force;
+    jd.stop_at = o.stop_at;
     json_t *doc = jobdoc_to_json(&jd);
     if (!doc) {
         fprintf(stderr, "ddpd run: out of memory building the job document\n");

@@ -121,6 +121,10 @@ struct store_job_new {
      * of, whenever the server is killed. 0 = none. */
     int64_t sweep;
     int sweep_trial;
+    int sweep_rung; /* the rung the trial's job runs to (ASHA); 0 otherwise */
+    /* A pause (ASHA's rung): the ranks stop after this step with its checkpoint (the job
+     * document's stop_at); 0 = none. */
+    int64_t stop_at;
     /* Also store the job's first event, the `queued` state event (seq 1, attempt 0, ts =
      * created_at: store_job_queued_event), in the same transaction. */
     bool queued_event;
@@ -216,6 +220,7 @@ struct store_job {
     bool resume_force;                 /* store_job_new's */
     int64_t total_steps;               /* store_job_new's; 0 = not known */
     struct store_job_evals evals;      /* from its eval events, kept by the event writer */
+    int64_t stop_at;                   /* store_job_new's; 0 = none */
     /* Its metadata: the tags as the JSON text of an array of strings in the order given
      * ("[]" when none; NULL in store_job_insert_async's row means none too) and the notes
      * (NULL when none). Owned, except in that row, where they are the caller's. */
@@ -470,6 +475,8 @@ struct store_trial {
     char state[STORE_SWEEP_WORD]; /* "pending" or its job's state */
     bool has_metric;
     double metric;
+    int rung;    /* the rung its latest job runs to (ASHA; 0 otherwise) */
+    char *rungs; /* the rungs it completed: [{"rung", "step", "job", "metric"}, ...] */
 };
 /* A sweep as GET /v1/sweeps/{id} shows it. Owns `body` and `trials`: release with
  * store_sweep_clear. */
@@ -514,6 +521,10 @@ ddpd_err store_sweep_set_state(struct store *s, int64_t id, const char *state, c
 /* Sets trial `idx` of sweep `sweep`: its job (0 = leave it), state and metric. */
 ddpd_err store_trial_set(struct store *s, int64_t sweep, int idx, int64_t job, const char *state,
                          bool has_metric, double metric, struct ddpd_error *err);
+/* The same, with the trial's completed rungs (JSON text, store_trial.rungs) in the same
+ * statement: a rung's record and the state it leaves the trial in are stored together. */
+ddpd_err store_trial_set_rungs(struct store *s, int64_t sweep, int idx, const char *state, bool has_metric,
+                               double metric, const char *rungs, struct ddpd_error *err);
 
 /* ---- health and counters ---- */
 

@@ -231,7 +231,8 @@ int store__budget_batch(struct store *s, struct qev *b, int n, struct qev **scra
 
 /* store_sweeps.c: sets trial `idx` of sweep `sweep` to job `job`, state queued, on the
  * writer connection inside its open transaction (store_job_new.sweep). */
-ddpd_err store__sweep_link(struct store *s, int64_t sweep, int idx, int64_t job, struct ddpd_error *err);
+ddpd_err store__sweep_link(struct store *s, int64_t sweep, int idx, int rung, int64_t job,
+                           struct ddpd_error *err);
 
 /* ---- the loss curve (store_curve.c) ---- */
 

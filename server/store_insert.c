@@ -38,6 +38,7 @@ static void job_of_insert(const struct insert_req *r, struct store_job *j)
                             .resume_step = r->job.resume_step,
                             .resume_force = r->job.resume_force,
                             .total_steps = r->job.total_steps,
+                            .stop_at = r->job.stop_at,
                             .tags = (char *)r->job.tags,
                             .notes = r->job.notes && r->job.notes[0] ? (char *)r->job.notes : NULL};
     snprintf(j->name, sizeof j->name, "%s", r->job.name ? r->job.name : "");
@@ -114,6 +115,10 @@ static ddpd_err insert_one(struct store *s, struct insert_req *r)
         sqlite3_bind_null(st, 9);
     sqlite3_bind_int(st, 10, job->resumed_from > 0 && job->resume_force);
     bind_text_or_null(st, 11, job->notes);
+    if (job->stop_at > 0)
+        sqlite3_bind_int64(st, 12, job->stop_at);
+    else
+        sqlite3_bind_null(st, 12);
     ddpd_err e = DDPD_OK;
     int rc = sqlite3_step(st);
     if (rc == SQLITE_CONSTRAINT_CHECK) {
@@ -135,7 +140,7 @@ static ddpd_err insert_one(struct store *s, struct insert_req *r)
     if (e == DDPD_OK && job->tags && strcmp(job->tags, "[]") != 0)
         e = store__tags_put(s, r->id, job->tags, &r->err);
     if (e == DDPD_OK && job->sweep > 0)
-        e = store__sweep_link(s, job->sweep, job->sweep_trial, r->id, &r->err);
+        e = store__sweep_link(s, job->sweep, job->sweep_trial, job->sweep_rung, r->id, &r->err);
     if (e == DDPD_OK && job->queued_event)
         e = insert_queued_event(s, r);
     return e;

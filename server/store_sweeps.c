@@ -126,8 +126,10 @@ ddpd_err store_sweep_get(struct store *s, int64_t id, bool with_specs, struct st
     tr = prep(
         c,
         with_specs
-            ? "SELECT idx, params, job, state, metric, spec FROM sweep_trials WHERE sweep = ?1 ORDER BY idx"
-            : "SELECT idx, params, job, state, metric FROM sweep_trials WHERE sweep = ?1 ORDER BY idx",
+            ? "SELECT idx, params, job, state, metric, rung, rungs, spec FROM sweep_trials WHERE sweep = ?1 "
+              "ORDER BY idx"
+            : "SELECT idx, params, job, state, metric, rung, rungs FROM sweep_trials WHERE sweep = ?1 ORDER "
+              "BY idx",
         err);
     if (!tr) {
         e = err ? err->code : DDPD_EIO;
@@ -153,7 +155,9 @@ ddpd_err store_sweep_get(struct store *s, int64_t id, bool with_specs, struct st
         copy_text(t->state, sizeof t->state, col_text(tr, 3));
         t->has_metric = sqlite3_column_type(tr, 4) != SQLITE_NULL;
         t->metric = t->has_metric ? sqlite3_column_double(tr, 4) : NAN;
-        t->spec = with_specs ? dup_col(tr, 5) : NULL;
+        t->rung = sqlite3_column_int(tr, 5);
+        t->rungs = dup_col(tr, 6);
+        t->spec = with_specs ? dup_col(tr, 7) : NULL;
     }
     if (rc != SQLITE_DONE && e == DDPD_OK)
         e = sq_fail(err, c->db, rc, "read a sweep's trials");
@@ -171,6 +175,7 @@ void store_sweep_clear(struct store_sweep *sw)
     for (size_t i = 0; i < sw->n_trials && sw->trials; i++) {
         free(sw->trials[i].params);
         free(sw->trials[i].spec);
+        free(sw->trials[i].rungs);
     }
     free(sw->trials);
     free(sw->body);
@@ -268,23 +273,27 @@ out:
     return wtx_end(s, e, err);
 }
 
-ddpd_err store__sweep_link(struct store *s, int64_t sweep, int idx, int64_t job, struct ddpd_error *err)
+ddpd_err store__sweep_link(struct store *s, int64_t sweep, int idx, int rung, int64_t job,
+                           struct ddpd_error *err)
 {
-    sqlite3_stmt *st =
-        prep(s->w, "UPDATE sweep_trials SET job = ?3, state = 'queued' WHERE sweep = ?1 AND idx = ?2", err);
+    sqlite3_stmt *st = prep(
+        s->w, "UPDATE sweep_trials SET job = ?3, state = 'queued', rung = ?4 WHERE sweep = ?1 AND idx = ?2",
+        err);
     if (!st)
         return err && err->code != DDPD_OK ? err->code : DDPD_EIO;
     sqlite3_bind_int64(st, 1, sweep);
     sqlite3_bind_int(st, 2, idx);
     sqlite3_bind_int64(st, 3, job);
+    sqlite3_bind_int(st, 4, rung);
     int rc = sqlite3_step(st);
     ddpd_err e = rc == SQLITE_DONE ? DDPD_OK : sq_fail(err, s->w->db, rc, "link a sweep's trial to its job");
     sqlite3_finalize(st);
     return e;
 }
 
-ddpd_err store_trial_set(struct store *s, int64_t sweep, int idx, int64_t job, const char *state,
-                         bool has_metric, double metric, struct ddpd_error *err)
+/* store_trial_set and store_trial_set_rungs (rungs NULL: left as they are). */
+static ddpd_err trial_set(struct store *s, int64_t sweep, int idx, int64_t job, const char *state,
+                          bool has_metric, double metric, const char *rungs, struct ddpd_error *err)
 {
     ddpd_err e = wtx_begin(s, err);
     if (e)
@@ -292,7 +301,7 @@ ddpd_err store_trial_set(struct store *s, int64_t sweep, int idx, int64_t job, c
     sqlite3_stmt *st =
         prep(s->w,
              "UPDATE sweep_trials SET job = CASE WHEN ?3 > 0 THEN ?3 ELSE job END, state = ?4, "
-             "metric = ?5 WHERE sweep = ?1 AND idx = ?2",
+             "metric = ?5, rungs = coalesce(?6, rungs) WHERE sweep = ?1 AND idx = ?2",
              err);
     int rc;
     if (!st) {
@@ -307,6 +316,7 @@ ddpd_err store_trial_set(struct store *s, int64_t sweep, int idx, int64_t job, c
         sqlite3_bind_double(st, 5, metric);
     else
         sqlite3_bind_null(st, 5);
+    bind_text_or_null(st, 6, rungs);
     if ((rc = sqlite3_step(st)) != SQLITE_DONE)
         e = sq_fail(err, s->w->db, rc, "set a sweep's trial");
     else if (sqlite3_changes(s->w->db) != 1)
@@ -314,4 +324,16 @@ ddpd_err store_trial_set(struct store *s, int64_t sweep, int idx, int64_t job, c
 out:
     sqlite3_finalize(st);
     return wtx_end(s, e, err);
+}
+
+ddpd_err store_trial_set(struct store *s, int64_t sweep, int idx, int64_t job, const char *state,
+                         bool has_metric, double metric, struct ddpd_error *err)
+{
+    return trial_set(s, sweep, idx, job, state, has_metric, metric, NULL, err);
+}
+
+ddpd_err store_trial_set_rungs(struct store *s, int64_t sweep, int idx, const char *state, bool has_metric,
+                               double metric, const char *rungs, struct ddpd_error *err)
+{
+    return trial_set(s, sweep, idx, 0, state, has_metric, metric, rungs, err);
 }

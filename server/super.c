@@ -75,6 +75,7 @@ struct active {
                                           entry: a rank and its exit code, rank -1 for none */
     int64_t resumed_from, resume_step; /* a job made by resume: where it continues from */
     bool resume_force;                 /* ... even on data changed since that checkpoint */
+    int64_t stop_at;                   /* a pause (an ASHA rung): the job document's stop_at; 0 none */
     struct evpipe_source ev;           /* its events' numbering: evpipe_publish */
     int *slots;
     const char **gpu; /* cuda jobs: the device of each rank's slot (launch_opts.gpus) */
@@ -97,7 +98,9 @@ struct super {
     pthread_t thread;
     bool thread_started;
     int wake_fd;
-    pthread_mutex_t lock; /* cmds, sched, stopping */
+    pthread_mutex_t lock;      /* cmds, sched, stopping, on_end */
+    void (*on_end)(void *ctx); /* super_on_end's, called under lock */
+    void *on_end_ctx;
     struct cmd *head, *tail;
     struct sched *sched;
     bool stopping;
@@ -322,6 +325,7 @@ static struct active *load(struct super *s, int64_t job)
     a->resumed_from = j.resumed_from;
     a->resume_step = j.resume_step;
     a->resume_force = j.resume_force;
+    a->stop_at = j.stop_at;
     int64_t seq = 0;
     store_flush(s->o.store, NULL); /* queued events of the job count too */
     store_event_max_seq(s->o.store, job, &seq, NULL);
@@ -418,6 +422,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         jd->rank = -1; /* each launcher names the rank its own way */
         jd->disk_quota = s->o.job_disk_quota;
         jd->max_rank_memory = s->o.max_rank_memory; /* each rank checks itself against it at start */
+        jd->stop_at = a->stop_at;
         snprintf(jd->data_dir, sizeof jd->data_dir, "%s", s->o.data_dir);
         snprintf(jd->out_dir, sizeof jd->out_dir, "%s", a->out_dir);
         if (has_resume)
@@ -512,6 +517,10 @@ static void finish(struct super *s, struct active *a, job_state st, const char *
         a->unsaved_ranks = NULL;
         a->n_unsaved_ranks = 0;
     }
+    pthread_mutex_lock(&s->lock);
+    if (s->on_end)
+        s->on_end(s->on_end_ctx); /* non-blocking by its contract: safe under the lock */
+    pthread_mutex_unlock(&s->lock);
     drop(s, a);
 }
 
@@ -1022,6 +1031,14 @@ static void push(struct super *s, enum cmd_kind k, int64_t job)
     c->kind = k;
     c->job = job;
     push_cmd(s, c);
+}
+
+void super_on_end(struct super *s, void (*fn)(void *ctx), void *ctx)
+{
+    pthread_mutex_lock(&s->lock);
+    s->on_end = fn;
+    s->on_end_ctx = ctx;
+    pthread_mutex_unlock(&s->lock);
 }
 
 void super_submit(struct super *s, int64_t job, char *spec_text, int world_size, device_kind device,

@@ -67,6 +67,12 @@ void super_stop(struct super *s);
 void super_submit(struct super *s, int64_t job, char *spec_text, int world_size, device_kind device,
                   int max_restarts, double created_at);
 
+/* Calls fn(ctx) on the supervisor's thread, under its lock, each time a job has reached
+ * a final state (its state stored): fn must not block or call the supervisor (the sweep
+ * controller's wake-up). NULL removes it; once super_on_end returns, the old fn is not
+ * running and will not be called. */
+void super_on_end(struct super *s, void (*fn)(void *ctx), void *ctx);
+
 /* Cancels a queued or running job. DDPD_ENOTFOUND for an unknown job, DDPD_ECONFLICT
  * when it has already finished. */
 ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err);

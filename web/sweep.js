@@ -79,19 +79,24 @@
           `Compare the top ${top.length}`) : null,
         cancelBtn);
       const counts = Object.entries(s.counts || {}).map(([k, n]) => `${n} ${k}`).join(' · ');
+      /* asha: each trial's rung, and (hover) the jobs and metrics of the rungs it completed. */
+      const asha = s.method === 'asha';
+      const rungsTitle = (t) => (t.rungs || []).map((r) => `rung ${r.rung}: step ${r.step}, job #${r.job}, ${fmtMetric(r.metric)}`).join('\n');
       const rows = s.trials.map((t) => el('tr', {class: 'trial-row state-row-' + t.state, dataset: {trial: t.index, state: t.state}},
         el('td', {class: 'num'}, String(t.rank)),
         el('td', {class: 'num'}, String(t.index)),
         el('td', {class: 'num'}, t.job ? el('a', {href: '#/jobs/' + t.job}, '#' + t.job) : '—'),
         el('td', {}, U.stateBadge(t.state)),
         el('td', {class: 'num mono trial-metric'}, fmtMetric(t.metric)),
+        ...(asha ? [el('td', {class: 'num trial-rung', title: rungsTitle(t)}, String(t.rung))] : []),
         el('td', {class: 'mono trial-params'}, fmtParams(t.params))));
       fill(body,
         el('p', {class: 'muted'}, `${s.method}, ${s.metric} (${s.mode}), at most ${s.max_parallel} at once — ${counts}`),
         el('section', {class: 'card'}, el('h2', {}, 'Trials, best first'),
           el('div', {class: 'table-wrap'}, el('table', {class: 'jobs', id: 'trials-table'},
             el('thead', {}, el('tr', {}, el('th', {class: 'num'}, 'Rank'), el('th', {class: 'num'}, 'Trial'),
-              el('th', {class: 'num'}, 'Job'), el('th', {}, 'State'), el('th', {class: 'num'}, s.metric), el('th', {}, 'Values'))),
+              el('th', {class: 'num'}, 'Job'), el('th', {}, 'State'), el('th', {class: 'num'}, s.metric),
+              ...(asha ? [el('th', {class: 'num', title: 'the rung its latest job runs to'}, 'Rung')] : []), el('th', {}, 'Values'))),
             el('tbody', {}, rows)))),
         el('section', {class: 'card', id: 'sweep-best'}, el('h2', {}, 'Best trial'),
           s.best ? [el('p', {}, `Trial ${s.best.index} (`, el('a', {href: '#/jobs/' + s.best.job}, '#' + s.best.job),

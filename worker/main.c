@@ -652,6 +652,7 @@ int main(int argc, char **argv)
         .out_dir = jd.out_dir[0] ? jd.out_dir : "var/run",
         .resume = jd.resume[0] ? jd.resume : NULL,
         .resume_force = jd.resume_force,
+        .stop_at = jd.stop_at,
         .init_path = jd.init_path[0] ? jd.init_path : NULL,
         .disk_quota = jd.disk_quota,
         .cancel = &cancelled,

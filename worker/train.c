@@ -292,9 +292,10 @@ struct run {
     int64_t enb;
     float *eloss, *hpred;
     /* early_stop's and checkpoint.keep_best's state (watch.h), the same on every rank;
-     * stop_reason is set at the eval that stops the job */
+     * stop_reason is set at the eval that stops the job, or at the pause (stop_at) */
     struct watch_state stop, best;
     char stop_reason[256];
+    bool paused; /* stopped at cfg->stop_at: its checkpoint written, no final model */
 };
 
 /* A logged step whose losses are on their way to the host. On CUDA the copy is queued
@@ -727,6 +728,15 @@ static ddpd_err after_step(struct run *r, const struct train_pos *pos, bool live
             r->total = pos->step; /* every rank leaves its loop after this step */
         }
     }
+    if (cfg->stop_at > 0 && pos->step == cfg->stop_at && pos->step < r->total) {
+        /* A pause: this step is the last, and its checkpoint is where a resume goes on
+         * (an early stop at the same eval wins: the job has ended for good). */
+        snprintf(r->stop_reason, sizeof r->stop_reason, "paused at step %" PRId64, pos->step);
+        emit_log("%s: the job ends here with its checkpoint", r->stop_reason);
+        r->total = pos->step;
+        r->paused = true;
+        return write_checkpoint(r, pos, live, CKPT_STEP, err);
+    }
     if (s->checkpoint_every && pos->step % s->checkpoint_every == 0 && pos->step != r->total)
         return write_checkpoint(r, pos, live, CKPT_STEP, err);
     return DDPD_OK;
@@ -1155,7 +1165,7 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
             log_finish(&r, &pend, &t_log, &last_loss);
             /* With early_stop every eval step may be the last, so its loss is logged too. */
             if (pos.step % s->log_every == 0 || pos.step == r.total || nonfinite ||
-                (s->early_stop.on && eval_due(&r, pos.step))) {
+                (s->early_stop.on && eval_due(&r, pos.step)) || pos.step == cfg->stop_at) {
                 const struct pending_log now = {.step = pos.step,
                                                 .epoch = epoch,
                                                 .micro = micro,
@@ -1167,7 +1177,7 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
                 logged = pos.step;
             }
             if (nonfinite || (s->checkpoint_every && pos.step % s->checkpoint_every == 0) ||
-                eval_due(&r, pos.step))
+                eval_due(&r, pos.step) || pos.step == cfg->stop_at)
                 log_finish(&r, &pend, &t_log, &last_loss); /* its loss event comes first */
             if ((rc = after_step(&r, &pos, true, nonfinite, err)))
                 goto out;
@@ -1193,7 +1203,7 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     log_finish(&r, &pend, &t_log, &last_loss);
     const double seconds = base_mono_s() - t0;
 
-    if ((rc = write_checkpoint(&r, &pos, true, CKPT_FINAL, err)))
+    if (!r.paused && (rc = write_checkpoint(&r, &pos, true, CKPT_FINAL, err)))
         goto out;
     struct event done = {.kind = EVENT_DONE, .rank = rank};
     snprintf(done.stop_reason, sizeof done.stop_reason, "%s", r.stop_reason);

@@ -30,6 +30,8 @@ struct train_config {
     struct dev dev;                 /* the compute backend (borrowed; the caller made it) */
     int64_t max_rank_memory;        /* bytes a rank may use (the server's --max-rank-memory), 0 = no
                                      * limit but this machine's memory */
+    int64_t stop_at;                /* a pause: stop after this step with its checkpoint and no
+                                     * final model (the schedules stay the spec's); 0 = none */
 };
 
 /* Runs the job to the end. Emits start, loss, checkpoint and done events (emit.h).

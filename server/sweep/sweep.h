@@ -26,24 +26,34 @@ struct super;
 #define SWEEP_MAX_BYTES    (64u << 20) /* the trials' specs together, as stored */
 
 /* The method and the metric of a sweep, as its request names them. */
-typedef enum { SWEEP_GRID, SWEEP_RANDOM } sweep_method;
+typedef enum { SWEEP_GRID, SWEEP_RANDOM, SWEEP_ASHA } sweep_method;
 typedef enum { SWEEP_METRIC_EVAL_LOSS, SWEEP_METRIC_EVAL_ACCURACY, SWEEP_METRIC_LOSS } sweep_metric;
 
 const char *sweep_method_name(sweep_method m);
 const char *sweep_metric_name(sweep_metric m);
 bool sweep_metric_parse(const char *name, sweep_metric *out);
 
+/* The asha method's request ("asha": {"min_steps", "reduction_factor", "max_steps"}): rungs
+ * at min_steps * reduction_factor^k below max_steps, then max_steps. */
+#define SWEEP_ASHA_MAX_RUNGS 64
+struct sweep_asha {
+    int64_t min_steps, max_steps;
+    int rf; /* reduction_factor, 2..SWEEP_ASHA_MAX_RF */
+};
+#define SWEEP_ASHA_MAX_RF 64
+
 /* A request checked and expanded: every trial's spec (the base with the trial's values
  * set) passed spec_from_json. Owns its arrays: release with sweep_plan_free. */
 struct sweep_plan {
     sweep_method method;
     sweep_metric metric;
-    bool maximize;    /* mode "max" */
-    int max_parallel; /* 1..SWEEP_MAX_PARALLEL */
-    size_t n;         /* trials */
-    char **params;    /* [n] JSON text: {"<dotted.path>": value, ...} */
-    char **specs;     /* [n] JSON text: the trial's spec as the request wrote it, values set */
-    size_t bytes;     /* of params and specs together, at most SWEEP_MAX_BYTES */
+    bool maximize;          /* mode "max" */
+    struct sweep_asha asha; /* method asha */
+    int max_parallel;       /* 1..SWEEP_MAX_PARALLEL */
+    size_t n;               /* trials */
+    char **params;          /* [n] JSON text: {"<dotted.path>": value, ...} */
+    char **specs;           /* [n] JSON text: the trial's spec as the request wrote it, values set */
+    size_t bytes;           /* of params and specs together, at most SWEEP_MAX_BYTES */
 };
 
 /* Checks a POST /v1/sweeps body (borrowed) and expands it into *out (zeroed first;
@@ -72,6 +82,30 @@ bool sweep_path_set(struct json_t *root, const char *path, struct json_t *value,
  * `seed`; sweep_rand_unit returns the next number in [0, 1) (the top 53 bits). */
 uint64_t sweep_rand_next(uint64_t *state);
 double sweep_rand_unit(uint64_t *state);
+
+/* ---- the ASHA rule (sweep_asha.c) ---- */
+
+/* Checks the request's "asha" object `v` (borrowed) into *out. DDPD_ESPEC naming
+ * `asha.<key>`. */
+ddpd_err sweep_asha_from_json(const struct json_t *v, struct sweep_asha *out, struct ddpd_error *err);
+/* The rungs' steps into steps[SWEEP_ASHA_MAX_RUNGS], ascending, the last max_steps;
+ * returns how many. */
+int sweep_asha_rungs(const struct sweep_asha *a, int64_t *steps);
+
+/* One trial's outcome at a rung: its index and its metric (has_metric false for none,
+ * such as a job that failed). */
+struct sweep_rung_result {
+    int idx;
+    bool has_metric;
+    double metric;
+};
+/* Synchronous successive halving at one rung, once every one of the `entered` trials
+ * that ran to it has ended its job there: res[n] are those that paused there. Sets
+ * promote[i] for the best max(1, floor(entered / rf)) of those with a finite metric,
+ * ranked by the metric (the lower for min, the higher for maximize), ties by the lower
+ * index; returns how many. Pure: a restarted server decides the same. */
+size_t sweep_asha_promote(const struct sweep_rung_result *res, size_t n, size_t entered, int rf,
+                          bool maximize, bool *promote);
 
 /* ---- the controller (sweep_control.c) ---- */
 

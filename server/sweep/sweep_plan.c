@@ -11,7 +11,7 @@
 
 #include "sweep.h"
 
-static const char *const method_names[] = {"grid", "random"};
+static const char *const method_names[] = {"grid", "random", "asha"};
 static const char *const metric_names[] = {"eval_loss", "eval_accuracy", "loss"};
 
 const char *sweep_method_name(sweep_method m)
@@ -244,7 +244,7 @@ static ddpd_err check_keys(json_t *body, struct ddpd_error *err)
         if (!known)
             return ddpd_error_set(err, DDPD_ESPEC, key,
                                   "unknown key (expected one of spec, parameters, method, metric, mode, "
-                                  "max_parallel, count, seed)");
+                                  "max_parallel, count, seed, asha)");
     }
     return DDPD_OK;
 }
@@ -315,6 +315,28 @@ out:
     return rc;
 }
 
+/* asha's rungs must each have the metric: with an eval metric, each rung's step is an
+ * eval step of the base spec. */
+static ddpd_err asha_check(const struct sweep_plan *p, const struct spec *spec, struct ddpd_error *err)
+{
+    if (p->metric == SWEEP_METRIC_LOSS)
+        return DDPD_OK;
+    int64_t steps[SWEEP_ASHA_MAX_RUNGS], every = spec->eval.every_steps;
+    if (every <= 0)
+        return ddpd_error_set(err, DDPD_ESPEC, "metric",
+                              "%s needs the spec's eval (eval.every_steps): each rung's step is an eval step",
+                              sweep_metric_name(p->metric));
+    int n = sweep_asha_rungs(&p->asha, steps);
+    for (int k = 0; k < n; k++)
+        if (steps[k] % every)
+            return ddpd_error_set(err, DDPD_ESPEC, k == n - 1 ? "asha.max_steps" : "asha.min_steps",
+                                  "rung %d's step %" PRId64
+                                  " is not an eval step (eval.every_steps is %" PRId64
+                                  "): %s is measured at each rung's step",
+                                  k, steps[k], every, sweep_metric_name(p->metric));
+    return DDPD_OK;
+}
+
 ddpd_err sweep_plan_from_json(json_t *body, const struct spec_parse_opts *po, sweep_trial_check_fn check,
                               void *ctx, struct sweep_plan *out, struct ddpd_error *err)
 {
@@ -322,6 +344,7 @@ ddpd_err sweep_plan_from_json(json_t *body, const struct spec_parse_opts *po, sw
     struct param ps[SWEEP_MAX_PARAMS];
     json_t *vals[SWEEP_MAX_PARAMS];
     struct spec *spec = NULL;
+    json_t *own = NULL; /* asha: the base with its steps set */
     ddpd_err rc;
     size_t np = 0;
     int64_t v;
@@ -339,13 +362,14 @@ ddpd_err sweep_plan_from_json(json_t *body, const struct spec_parse_opts *po, sw
     else if (ms && !strcmp(ms, "random"))
         out->method = SWEEP_RANDOM;
     else if (ms && !strcmp(ms, "asha"))
-        return ddpd_error_set(
-            err, DDPD_ESPEC, "method",
-            "\"asha\" is not supported by this server yet (expected \"grid\" or \"random\")");
+        out->method = SWEEP_ASHA;
     else
-        return ddpd_error_set(err, DDPD_ESPEC, "method", "required: \"grid\" or \"random\"");
-    if (json_object_get(body, "asha"))
+        return ddpd_error_set(err, DDPD_ESPEC, "method", "required: \"grid\", \"random\" or \"asha\"");
+    if (out->method != SWEEP_ASHA && json_object_get(body, "asha"))
         return ddpd_error_set(err, DDPD_ESPEC, "asha", "only for method \"asha\"");
+    if (out->method == SWEEP_ASHA &&
+        (rc = sweep_asha_from_json(json_object_get(body, "asha"), &out->asha, err)))
+        return rc;
 
     json_t *mt = json_object_get(body, "metric");
     if (!mt)
@@ -367,20 +391,36 @@ ddpd_err sweep_plan_from_json(json_t *body, const struct spec_parse_opts *po, sw
         return rc;
     out->max_parallel = (int)v;
     int64_t count = 0, seed = 0;
-    if (out->method == SWEEP_RANDOM) {
+    /* asha draws its trials as random does with a count, else as a grid of lists. */
+    sweep_method draws = out->method == SWEEP_ASHA
+                             ? (json_object_get(body, "count") ? SWEEP_RANDOM : SWEEP_GRID)
+                             : out->method;
+    if (draws == SWEEP_RANDOM) {
         if ((rc = get_int(body, "count", 1, SWEEP_MAX_TRIALS, 0, &count, err)) ||
             (rc = get_int(body, "seed", 0, INT64_MAX, 0, &seed, err)))
             return rc;
     } else if (json_object_get(body, "count") || json_object_get(body, "seed")) {
         return ddpd_error_set(err, DDPD_ESPEC, json_object_get(body, "count") ? "count" : "seed",
-                              "only for method \"random\"");
+                              "only for method \"random\" (or \"asha\" with a count)");
     }
 
     json_t *base = json_object_get(body, "spec");
     if (!json_is_object(base))
         return ddpd_error_set(err, DDPD_ESPEC, "spec", "required: the base job spec (an object)");
-    if (!(spec = malloc(sizeof *spec)))
+    /* asha: every trial runs the spec's schedules over max_steps, pausing at its rungs. */
+    if (out->method == SWEEP_ASHA) {
+        if (!(own = json_deep_copy(base)) ||
+            json_object_set_new(own, "steps", json_integer(out->asha.max_steps))) {
+            json_decref(own);
+            return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the sweep");
+        }
+        json_object_del(own, "epochs"); /* steps decide: absent is fine */
+        base = own;
+    }
+    if (!(spec = malloc(sizeof *spec))) {
+        json_decref(own);
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory checking the sweep");
+    }
     struct ddpd_error e;
     ddpd_error_clear(&e);
     if ((rc = spec_from_json(base, po, spec, &e))) {
@@ -389,6 +429,8 @@ ddpd_err sweep_plan_from_json(json_t *body, const struct spec_parse_opts *po, sw
                  (int)sizeof err->path - 6, e.path);
         goto out;
     }
+    if (out->method == SWEEP_ASHA && (rc = asha_check(out, spec, err)))
+        goto out;
 
     json_t *params = json_object_get(body, "parameters");
     if (!json_is_object(params) || json_object_size(params) < 1 ||
@@ -401,7 +443,12 @@ ddpd_err sweep_plan_from_json(json_t *body, const struct spec_parse_opts *po, sw
     const char *key;
     json_t *pv;
     json_object_foreach (params, key, pv) {
-        if ((rc = param_parse(key, pv, out->method, &ps[np], err)))
+        if (out->method == SWEEP_ASHA && (!strcmp(key, "steps") || !strcmp(key, "epochs"))) {
+            rc = ddpd_error_set(err, DDPD_ESPEC, "", "asha sets every trial's steps to asha.max_steps");
+            snprintf(err->path, sizeof err->path, "parameters[\"%s\"]", key);
+            goto out;
+        }
+        if ((rc = param_parse(key, pv, draws, &ps[np], err)))
             goto out;
         np++;
     }
@@ -409,7 +456,7 @@ ddpd_err sweep_plan_from_json(json_t *body, const struct spec_parse_opts *po, sw
     qsort(ps, np, sizeof ps[0], param_cmp);
 
     size_t n = 1;
-    if (out->method == SWEEP_GRID) {
+    if (draws == SWEEP_GRID) {
         for (size_t i = 0; i < np; i++) {
             n *= json_array_size(ps[i].values);
             if (n > SWEEP_MAX_TRIALS) {
@@ -430,7 +477,7 @@ ddpd_err sweep_plan_from_json(json_t *body, const struct spec_parse_opts *po, sw
     out->n = n;
     uint64_t rng = (uint64_t)seed;
     for (size_t t = 0; t < n; t++) {
-        if (out->method == SWEEP_GRID) {
+        if (draws == SWEEP_GRID) {
             /* The product with the last path's values changing fastest. */
             size_t rest = t;
             for (size_t i = np; i-- > 0;) {
@@ -455,6 +502,7 @@ ddpd_err sweep_plan_from_json(json_t *body, const struct spec_parse_opts *po, sw
     }
 out:
     free(spec);
+    json_decref(own);
     return rc;
 }
 

@@ -153,7 +153,7 @@ def test_bad_paths_and_values_are_422_naming_them(server):
     bad({"optimizer.lr": {"min": 0.1, "max": 1}}, 'parameters["optimizer.lr"]', "a grid needs a list")
     bad({"optimizer.lr": []}, 'parameters["optimizer.lr"]', "expected a list of 1..")
     bad({"optimizer lr": [1]}, "parameters", "letters, digits")
-    bad({"optimizer.lr": [0.1]}, "method", '"asha" is not supported', method="asha")
+    bad({"optimizer.lr": [0.1]}, "asha", 'required for method "asha"', method="asha")
     r = server.post("/v1/sweeps", json={"spec": dict(base, loss="nope"), "parameters": {"optimizer.lr": [1]},
                                          "method": "grid"})
     assert r.status_code == 422 and r.json()["error"]["path"] == "spec.loss", r.text

@@ -32,6 +32,7 @@ static void full_doc(struct jobdoc *d)
     d->disk_quota = (int64_t)10 << 30;
     d->max_rank_memory = (int64_t)1 << 33;
     d->resume_force = true;
+    d->stop_at = 12;
 }
 
 static void test_round_trip(void)
@@ -41,9 +42,9 @@ static void test_round_trip(void)
     full_doc(&d);
     json_t *j = jobdoc_to_json(&d);
     CHECK(j != NULL);
-    const char *keys[] = {"job",    "attempt",    "world_size",      "rank",
-                          "comm",   "spec",       "data_dir",        "out_dir",
-                          "resume", "disk_quota", "max_rank_memory", "resume_force"};
+    const char *keys[] = {
+        "job",    "attempt",    "world_size",      "rank",         "comm",   "spec", "data_dir", "out_dir",
+        "resume", "disk_quota", "max_rank_memory", "resume_force", "stop_at"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (!json_object_get(j, keys[i]))
             CHECK__FAIL("jobdoc_to_json left out %s", keys[i]);
@@ -59,6 +60,7 @@ static void test_round_trip(void)
     CHECK_EQ_STR(back.out_dir, "/var/jobs/7");
     CHECK_EQ_STR(back.resume, "/var/jobs/7/ckpt-4");
     CHECK(back.resume_force);
+    CHECK_EQ_INT(back.stop_at, 12);
     CHECK_EQ_STR(back.init_path, "/var/jobs/3/ckpt-200/model.safetensors");
     CHECK_EQ_INT(back.disk_quota, (int64_t)10 << 30);
     CHECK_EQ_INT(back.max_rank_memory, (int64_t)1 << 33);
@@ -72,10 +74,12 @@ static void test_round_trip(void)
     d.comm_backend[0] = d.comm_id[0] = d.resume[0] = d.init_path[0] = '\0';
     d.disk_quota = d.max_rank_memory = 0;
     d.resume_force = false;
+    d.stop_at = 0;
     d.world_size = d.spec.world_size = 1;
     j = jobdoc_to_json(&d);
     CHECK(j && !json_object_get(j, "rank") && !json_object_get(j, "max_rank_memory") &&
-          !json_object_get(j, "init_path") && !json_object_get(j, "resume_force"));
+          !json_object_get(j, "init_path") && !json_object_get(j, "resume_force") &&
+          !json_object_get(j, "stop_at"));
     CHECK(json_is_null(json_object_get(j, "comm")) && json_is_null(json_object_get(j, "resume")) &&
           json_is_null(json_object_get(j, "disk_quota")));
     CHECK_EQ_INT(jobdoc_from_json(j, &back, &e), DDPD_OK);
@@ -86,6 +90,7 @@ static void test_round_trip(void)
     CHECK_EQ_STR(back.init_path, "");
     CHECK_EQ_INT(back.disk_quota, 0);
     CHECK_EQ_INT(back.max_rank_memory, 0);
+    CHECK_EQ_INT(back.stop_at, 0);
     /* One rank ignores whatever `comm` holds. */
     json_object_set_new(j, "comm", json_string("garbage"));
     CHECK_EQ_INT(jobdoc_from_json(j, &back, &e), DDPD_OK);
@@ -131,6 +136,8 @@ static void test_bad_values(void)
     bad("max_rank_memory", "null", "max_rank_memory", "max_rank_memory: expected an integer");
     bad("job", "\"7\"", "job", "job: expected an integer");
     bad("attempt", "-3", "attempt", "attempt: expected an integer");
+    bad("stop_at", "-1", "stop_at", "stop_at: expected an integer");
+    bad("stop_at", "\"12\"", "stop_at", "stop_at: expected an integer");
     bad("spec", NULL, "spec", "spec: the job document has no spec object");
     bad("spec", "[]", "spec", "spec: the job document has no spec object");
     bad("spec", "{\"world_size\":2}", "model", "");

@@ -3,7 +3,9 @@
  * published outputs for seed 0; a grid's trials in the documented order (paths sorted,
  * the last one fastest) with their specs; the errors' paths (a missing key, a value that
  * makes a bad spec, a range in a grid, a grid past the cap); the caller's check of each
- * trial, its refusal named by trial. */
+ * trial, its refusal named by trial; the asha method (sweep_asha.c): its rungs, its
+ * trials' steps, and successive halving's promotions on hand-worked rung results (ties by
+ * the lower index, no metric never promoted, at least one kept). */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,6 +183,63 @@ static void test_random_ranges(void)
     sweep_plan_free(&p);
 }
 
+static void test_asha(void)
+{
+    struct sweep_asha a = {.min_steps = 4, .max_steps = 36, .rf = 3};
+    int64_t st[SWEEP_ASHA_MAX_RUNGS];
+    CHECK_EQ_INT(sweep_asha_rungs(&a, st), 3);
+    CHECK(st[0] == 4 && st[1] == 12 && st[2] == 36);
+    a.max_steps = 30; /* capped: 4, 12, then 30 */
+    CHECK_EQ_INT(sweep_asha_rungs(&a, st), 3);
+    CHECK(st[0] == 4 && st[1] == 12 && st[2] == 30);
+    a = (struct sweep_asha){.min_steps = 10, .max_steps = 11, .rf = 2};
+    CHECK_EQ_INT(sweep_asha_rungs(&a, st), 2);
+
+    /* 9 entered, 8 paused (trial 6 failed at the rung, trial 3 has no metric): keep
+     * floor(9/3) = 3; 0.6 tied between trials 4 and 7 at the cut, the lower index goes on. */
+    struct sweep_rung_result r[] = {{0, true, 0.9}, {1, true, 0.4}, {2, true, 0.5}, {3, false, 0},
+                                    {4, true, 0.6}, {5, true, 0.7}, {7, true, 0.6}, {8, true, 0.8}};
+    bool pr[8];
+    CHECK_EQ_INT(sweep_asha_promote(r, 8, 9, 3, false, pr), 3);
+    CHECK(!pr[0] && pr[1] && pr[2] && !pr[3] && pr[4] && !pr[5] && !pr[6] && !pr[7]);
+    /* mode max: the highest three. */
+    CHECK_EQ_INT(sweep_asha_promote(r, 8, 9, 3, true, pr), 3);
+    CHECK(pr[0] && pr[7] && pr[5] && !pr[1] && !pr[2] && !pr[4] && !pr[6]);
+    /* 2 entered with factor 3: still one goes on; a rung whose trials all lack a metric promotes none. */
+    CHECK_EQ_INT(sweep_asha_promote(r, 2, 2, 3, false, pr), 1);
+    CHECK(pr[1] && !pr[0]);
+    CHECK_EQ_INT(sweep_asha_promote(&r[3], 1, 1, 3, false, pr), 0);
+    CHECK(!pr[0]);
+
+    /* The plan: every trial's steps are max_steps (epochs dropped), a grid's lists without a count. */
+    struct sweep_plan p;
+    struct ddpd_error e;
+    CHECK_EQ_INT(plan("\"method\":\"asha\",\"metric\":\"loss\",\"asha\":{\"min_steps\":2,\"max_steps\":8},"
+                      "\"parameters\":{\"optimizer.lr\":[0.1,0.2]}",
+                      &p, &e),
+                 DDPD_OK);
+    CHECK_EQ_INT((int)p.n, 2);
+    CHECK(p.method == SWEEP_ASHA && p.asha.rf == 3 && p.asha.min_steps == 2 && p.asha.max_steps == 8);
+    for (size_t i = 0; i < p.n; i++) {
+        json_t *sp = json_loads(p.specs[i], 0, NULL);
+        CHECK_EQ_INT(json_integer_value(json_object_get(sp, "steps")), 8);
+        json_decref(sp);
+    }
+    sweep_plan_free(&p);
+    CHECK_EQ_INT(plan("\"method\":\"asha\",\"metric\":\"loss\",\"asha\":{\"min_steps\":2,\"max_steps\":8},"
+                      "\"parameters\":{\"optimizer.lr\":{\"min\":0.1,\"max\":0.2}}",
+                      &p, &e),
+                 DDPD_ESPEC); /* a range without a count: a grid's lists are needed */
+    sweep_plan_free(&p);
+    CHECK_EQ_INT(plan("\"method\":\"asha\",\"metric\":\"loss\",\"count\":3,\"seed\":1,"
+                      "\"asha\":{\"min_steps\":2,\"max_steps\":8},"
+                      "\"parameters\":{\"optimizer.lr\":{\"min\":0.1,\"max\":0.2}}",
+                      &p, &e),
+                 DDPD_OK);
+    CHECK_EQ_INT((int)p.n, 3);
+    sweep_plan_free(&p);
+}
+
 int main(void)
 {
     test_paths();
@@ -189,5 +248,6 @@ int main(void)
     test_errors();
     test_check_callback();
     test_random_ranges();
+    test_asha();
     CHECK_DONE();
 }
