@@ -71,8 +71,10 @@ static bool col_at(struct col *k, int64_t step)
 
 ddpd_err api__metrics_csv(struct http_request *req, const struct store_metrics *m, struct ddpd_error *err)
 {
-    /* Columns: the mean loss, each rank's, the lr, the eval loss, accuracy and samples. */
-    size_t nser = m->n_series, ncol = nser + 2;
+    /* Columns: the mean loss, each rank's, rank 0's lr, gradient norm (with grad_clip) and
+     * wall time of its loss event, the eval loss, accuracy and samples. */
+    size_t nser = m->n_series, ncol = nser + 4;
+    const struct store_series *rank0[] = {&m->lr, &m->grad_norm, &m->time};
     struct col *cols = calloc(ncol, sizeof *cols);
     if (!cols)
         return ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory for the metrics CSV");
@@ -86,12 +88,13 @@ ddpd_err api__metrics_csv(struct http_request *req, const struct store_metrics *
             put_str(&c, h);
         }
     }
-    put_str(&c, ",lr,eval_loss,eval_accuracy,eval_samples\n");
-    cols[nser] = (struct col){.step = m->lr.step, .n = m->lr.n};
+    put_str(&c, ",lr,grad_norm,time,eval_loss,eval_accuracy,eval_samples\n");
+    for (size_t k = 0; k < 3; k++)
+        cols[nser + k] = (struct col){.step = rank0[k]->step, .n = rank0[k]->n};
     int64_t *ev_step = m->n_eval ? malloc(m->n_eval * sizeof *ev_step) : NULL;
     for (size_t k = 0; ev_step && k < m->n_eval; k++)
         ev_step[k] = m->eval[k].step;
-    cols[nser + 1] = (struct col){.step = ev_step, .n = ev_step ? m->n_eval : 0};
+    cols[nser + 3] = (struct col){.step = ev_step, .n = ev_step ? m->n_eval : 0};
     bool mean_first = nser > 0 && m->series[0].rank < 0; /* store.h: series[0] is the mean */
     for (;;) {
         int64_t step = INT64_MAX;
@@ -108,9 +111,11 @@ ddpd_err api__metrics_csv(struct http_request *req, const struct store_metrics *
             bool here = col_at(&cols[i], step);
             put_cell(&c, here, here ? m->series[i].loss[cols[i].at++] : 0);
         }
-        bool here = col_at(&cols[nser], step);
-        put_cell(&c, here, here ? m->lr.loss[cols[nser].at++] : 0);
-        const struct store_eval *e = col_at(&cols[nser + 1], step) ? &m->eval[cols[nser + 1].at++] : NULL;
+        for (size_t k = 0; k < 3; k++) {
+            bool here = col_at(&cols[nser + k], step);
+            put_cell(&c, here, here ? rank0[k]->loss[cols[nser + k].at++] : 0);
+        }
+        const struct store_eval *e = col_at(&cols[nser + 3], step) ? &m->eval[cols[nser + 3].at++] : NULL;
         put_cell(&c, e, e ? e->loss : 0);
         put_cell(&c, e && e->has_accuracy, e ? e->accuracy : 0);
         put_cell(&c, e, e ? (double)e->samples : 0);

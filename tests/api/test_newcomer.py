@@ -38,7 +38,7 @@ def test_metrics_as_csv_one_row_per_step_with_every_curve(server):
     each row the values the JSON metrics give at that step (empty where none)."""
     import csv
     import io
-    spec = seed_spec(name="csv", world_size=2, epochs=None, steps=30, log_every=1,
+    spec = seed_spec(name="csv", world_size=2, epochs=None, steps=30, log_every=1, grad_clip=1.0,
                      optimizer={"type": "sgd", "lr": 0.05, "schedule": {"type": "cosine", "warmup_steps": 3}},
                      eval={"data": {"type": "synthetic", "samples": 50, "seed": 2}, "every_steps": 7})
     jid = server.submit(spec)["id"]
@@ -47,15 +47,17 @@ def test_metrics_as_csv_one_row_per_step_with_every_curve(server):
     assert r.status_code == 200, r.text
     assert r.headers["Content-Type"] == "text/csv", r.headers
     rows = list(csv.reader(io.StringIO(r.text)))
-    assert rows[0] == ["step", "loss", "loss_rank_0", "loss_rank_1", "lr", "eval_loss", "eval_accuracy",
-                       "eval_samples"], rows[0]
+    assert rows[0] == ["step", "loss", "loss_rank_0", "loss_rank_1", "lr", "grad_norm", "time", "eval_loss",
+                       "eval_accuracy", "eval_samples"], rows[0]
     m = server.get(f"/v1/jobs/{jid}/metrics", params={"max_points": 100000}).json()
     want = {}
     for col, s in [("loss", m["mean"])] + [(f"loss_rank_{x['rank']}", x) for x in m["ranks"]]:
         for st, v in zip(s["step"], s["loss"]):
             want.setdefault(st, {})[col] = v
-    for st, v in zip(m["lr"]["step"], m["lr"]["lr"]):
-        want.setdefault(st, {})["lr"] = v
+    for col in ("lr", "grad_norm", "time"):
+        assert len(m[col]["step"]) == 30, (col, m[col])
+        for st, v in zip(m[col]["step"], m[col][col]):
+            want.setdefault(st, {})[col] = v
     for k, st in enumerate(m["eval"]["step"]):
         w = want.setdefault(st, {})
         w["eval_loss"], w["eval_accuracy"], w["eval_samples"] = (m["eval"]["loss"][k], m["eval"]["accuracy"][k],
@@ -70,10 +72,13 @@ def test_metrics_as_csv_one_row_per_step_with_every_curve(server):
             # The same double, in its shortest form (Python's repr is the shortest too).
             ok = got[col] == "" if v is None else (float(got[col]) == v and len(got[col]) <= len(repr(float(v))))
             assert ok, (row, col, v)
-    assert len([row for row in rows[1:] if row[5]]) == len(m["eval"]["step"]) >= 4, rows
+    at = rows[0].index("eval_loss")
+    assert len([row for row in rows[1:] if row[at]]) == len(m["eval"]["step"]) >= 4, rows
     # max_points thins the CSV as it thins the JSON; a format that is not one is a 400.
     r = server.get(f"/v1/jobs/{jid}/metrics", params={"format": "csv", "max_points": 4})
-    assert len(r.text.splitlines()) - 1 <= 4 + 4 + 1, r.text
+    # At most 4 points of each of its 7 series (mean, 2 ranks, lr, grad_norm, time, eval), fewer rows
+    # than the 30 steps.
+    assert len(r.text.splitlines()) - 1 <= min(4 * 7, 29), r.text
     r = server.get(f"/v1/jobs/{jid}/metrics", params={"format": "xml"})
     assert r.status_code == 400 and r.json()["error"]["path"] == "format", r.text
     assert server.get("/v1/jobs/99999/metrics", params={"format": "csv"}).status_code == 404
