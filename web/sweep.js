@@ -1,6 +1,7 @@
 /* sweep.js — the Sweeps pages: the list (#/sweeps) and one sweep (#/sweeps/3): its trials
  * ranked by the metric as the server ranks them (GET /v1/sweeps/{id}), their states, the
- * best trial's spec, and a link that compares the top trials' jobs (#/compare?ids=...).
+ * best trial's spec, and the compare view of the top trials' jobs (compare.js's mount, drawn
+ * again when the top changes; a link opens it as its own page, #/compare?ids=...).
  * Both refresh every 2 s while shown (U.every). */
 'use strict';
 (function () {
@@ -53,8 +54,12 @@
     const head = el('div', {class: 'page-head'}, el('h1', {}, `Sweep #${id}`));
     const msg = el('div');
     const body = el('div');
-    fill(root, head, msg, body);
-    let cancelBtn = null;
+    /* Outside `body`, which each poll draws anew: the comparison is drawn only when the
+     * top trials change (it fetches every one's curves). */
+    const cmpView = el('div', {id: 'sweep-top-compare'});
+    const cmpCard = el('section', {class: 'card', hidden: ''}, el('h2', {}, 'The top trials compared'), cmpView);
+    fill(root, head, msg, body, cmpCard);
+    let cancelBtn = null, cmpKey = '', cmpUnmount = null;
     const stop = U.every(2000, async () => {
       let s;
       try {
@@ -66,6 +71,12 @@
       }
       document.title = `ddpd · sweep #${id}`;
       const top = s.trials.filter((t) => t.job && t.metric !== null).slice(0, COMPARE_TOP).map((t) => t.job);
+      if (top.join(',') !== cmpKey) {
+        cmpKey = top.join(',');
+        if (cmpUnmount) cmpUnmount();
+        cmpUnmount = top.length > 1 ? ddpd.compare.mount(cmpView, top) : null;
+        cmpCard.hidden = top.length < 2;
+      }
       cancelBtn = s.state === 'running' ? el('button', {type: 'button', class: 'danger', id: 'sweep-cancel', onclick: async () => {
         try {
           await api.post(`/v1/sweeps/${id}/cancel`);
@@ -104,7 +115,10 @@
           el('pre', {class: 'spec mono'}, JSON.stringify(s.best.spec, null, 2))]
             : el('p', {class: 'muted'}, 'None yet: no trial has succeeded with a metric.')));
     });
-    return stop;
+    return () => {
+      stop();
+      if (cmpUnmount) cmpUnmount();
+    };
   }
 
   ddpd.views = Object.assign(ddpd.views || {}, {sweeps: sweepsView, sweep: sweepView});

@@ -927,6 +927,11 @@ async function main() {
     check(JSON.parse(best).optimizer.lr === api.best.params['optimizer.lr'], 'the best trial\'s spec has its lr');
     const href = await page.getAttribute('#sweep-compare', 'href');
     check(href === '#/compare?ids=' + api.trials.map((t) => t.job).join(','), `the compare link names the top jobs (${href})`);
+    /* The page draws the comparison of its top trials itself: a loss line per trial. */
+    await until(async () => (await page.evaluate(() => {
+      const c = document.querySelector('#sweep-top-compare .line-canvas[data-chart="loss"]');
+      return c ? Number(c.dataset.series) : -1;
+    })) === 3, 'the sweep page\'s comparison of its three trials');
     await page.screenshot({path: path.join(OUT, 'sweep.png'), fullPage: true});
   });
 
