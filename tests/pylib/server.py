@@ -435,6 +435,21 @@ if sys.argv[1:]:
     os.execv(REAL, [REAL] + sys.argv[1:])
 
 
+def real_worker(**kw):
+    # The real worker, which dies with this stand-in (PR_SET_PDEATHSIG, SIGKILL): a rank
+    # is one process to the launcher, so nothing of an attempt may outlive the process it
+    # reaped (a worker left running wrote ckpt-200 after the restart had chosen ckpt-150).
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def die_with_parent():
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the stand-in died before the prctl
+            os._exit(137)
+    return subprocess.Popen([REAL], preexec_fn=die_with_parent, **kw)
+
+
 def hold():
     deadline = time.monotonic() + HOLD_MAX_S
     while not os.path.exists(GATE) and time.monotonic() < deadline:
@@ -463,7 +478,7 @@ class HeldWorker(_WorkerStandIn):
 
     def __init__(self, folder):
         super().__init__(folder, "held-worker", """
-worker = subprocess.Popen([REAL])
+worker = real_worker()
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 rc = worker.wait()
 hold()
@@ -483,7 +498,7 @@ class PausingWorker(_WorkerStandIn):
 AT = {int(at_step)}
 r, w = os.pipe()
 fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ: the worker blocks soon after the events stop
-worker = subprocess.Popen([REAL], stdout=w)
+worker = real_worker(stdout=w)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGTERM}})
 os.close(w)
 rc = None
