@@ -238,7 +238,10 @@ def test_resume_without_a_step_takes_the_best_checkpoint_when_it_is_the_newest(m
     spec = overfit_spec(name="bestonly", steps=120, log_every=1,
                         checkpoint={"every_steps": 0, "keep_best": {"metric": "eval_loss"}})
     a = server.submit(spec)["id"]
-    wait_until(lambda: server.get(f"/v1/jobs/{a}/checkpoints").json()["checkpoints"], 60, "the best checkpoint")
+    # A best at step 10 or later: the job then holds there (an earlier best, step 5 say, is
+    # no sign that the pause has come: cancelled then, the job would end before step 10).
+    wait_until(lambda: any(c["step"] >= 10 for c in server.get(f"/v1/jobs/{a}/checkpoints").json()["checkpoints"]),
+               60, "a best checkpoint at step 10 or later")
     assert server.post(f"/v1/jobs/{a}/cancel").status_code == 202
     assert server.wait_state(a, FINAL)["state"] == "cancelled"
     paused.release()
