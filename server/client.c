@@ -582,15 +582,11 @@ out:
 
 /* ---- the commands ------------------------------------------------------------------- */
 
-/* POSTs `body` to `path`, which answers 201 and the new job (submit, resume): prints its
- * id, or with `follow` follows it as watch does. A 503 "busy" (every planner is checking
- * other submissions: the server says to retry) is tried again a few times. */
-static int post_job(struct client *c, const char *cmd, const char *path, const char *body, size_t len,
-                    bool follow)
+json_t *post_created(struct client *c, const char *cmd, const char *path, const char *body, size_t len,
+                     int *rc)
 {
     struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
     long status = 0;
-    int rc = 0;
     for (int attempt = 0;; attempt++) {
         s.body.n = 0;
         status = request(c, "POST", path, body, len, REQ_PLAIN, &s);
@@ -601,19 +597,35 @@ static int post_job(struct client *c, const char *cmd, const char *path, const c
                 c->base, 0.5 * (1 << attempt));
         base_sleep_s(0.5 * (1 << attempt));
     }
-    int64_t id = 0;
+    json_t *j = NULL;
+    *rc = EXIT_FAIL;
     if (status == 201) {
-        json_t *j = json_loads(s.body.p ? s.body.p : "", 0, NULL);
-        id = json_integer_value(json_object_get(j, "id"));
-        json_decref(j);
-        if (id <= 0)
-            fprintf(stderr, "ddpd %s: the server's answer names no job id\n", cmd);
+        j = json_loads(s.body.p ? s.body.p : "", 0, NULL);
+        if (json_integer_value(json_object_get(j, "id")) <= 0) {
+            fprintf(stderr, "ddpd %s: the server's answer names no id\n", cmd);
+            json_decref(j);
+            j = NULL;
+        }
     } else if (status > 0) {
-        rc = http_failed(c, "POST", path, status, &s.body, true);
+        *rc = http_failed(c, "POST", path, status, &s.body, true);
     }
     buf_free(&s.body);
-    if (id <= 0)
+    if (j)
+        *rc = 0;
+    return j;
+}
+
+/* POSTs `body` to `path`, which answers 201 and the new job (submit, resume): prints its
+ * id, or with `follow` follows it as watch does. */
+static int post_job(struct client *c, const char *cmd, const char *path, const char *body, size_t len,
+                    bool follow)
+{
+    int rc;
+    json_t *j = post_created(c, cmd, path, body, len, &rc);
+    if (!j)
         return rc ? rc : EXIT_FAIL;
+    int64_t id = json_integer_value(json_object_get(j, "id"));
+    json_decref(j);
     if (!follow) {
         printf("%" PRId64 "\n", id);
         return 0;

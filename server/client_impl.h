@@ -194,6 +194,13 @@ int cmd_patch(struct client *c, int argc, char **argv); /* client_tags.c */
 
 #define cmd_sweep client__cmd_sweep
 int cmd_sweep(struct client *c, int argc, char **argv); /* client_sweep.c */
+#define post_created client__post_created
+/* POSTs `body` to `path`, which answers 201 and a new object with an "id" (a job, a
+ * sweep): that answer (the caller's), or NULL with *rc the exit code after a message. A
+ * 503 "busy" (every planner is checking other submissions: the server says to retry) is
+ * tried again a few times. */
+json_t *post_created(struct client *c, const char *cmd, const char *path, const char *body, size_t len,
+                     int *rc);
 #define read_body client__read_body
 /* The body of a request from the file `path` ("-": stdin) into b (b->max its cap).
  * Returns 0, or EXIT_USAGE after a message naming the command and the file. */

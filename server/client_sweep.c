@@ -39,27 +39,15 @@ static int sweep_submit(struct client *c, int argc, char **argv)
     struct buf body = {.max = SPEC_MAX_BODY + 1};
     if ((rc = read_body("sweep submit", argv[optind], &body)))
         return rc;
-    struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
-    long status = request(c, "POST", "/v1/sweeps", body.p ? body.p : "", body.n, REQ_PLAIN, &s);
+    json_t *j = post_created(c, "sweep submit", "/v1/sweeps", body.p ? body.p : "", body.n, &rc);
     buf_free(&body);
-    rc = EXIT_FAIL;
-    if (status == 201) {
-        json_t *j = json_loads(s.body.p ? s.body.p : "", 0, NULL);
-        int64_t id = json_integer_value(json_object_get(j, "id"));
-        if (id > 0) {
-            printf("%" PRId64 "\n", id);
-            fprintf(stderr, "ddpd sweep: %" PRId64 " trials\n",
-                    (int64_t)json_integer_value(json_object_get(j, "trials")));
-            rc = 0;
-        } else {
-            fprintf(stderr, "ddpd sweep submit: the server's answer names no sweep id\n");
-        }
-        json_decref(j);
-    } else if (status > 0) {
-        rc = http_failed(c, "POST", "/v1/sweeps", status, &s.body, true);
-    }
-    buf_free(&s.body);
-    return rc;
+    if (!j)
+        return rc;
+    printf("%" PRId64 "\n", (int64_t)json_integer_value(json_object_get(j, "id")));
+    fprintf(stderr, "ddpd sweep: %" PRId64 " trials\n",
+            (int64_t)json_integer_value(json_object_get(j, "trials")));
+    json_decref(j);
+    return 0;
 }
 
 /* A JSON value as one compact line, safe for a terminal, into buf[cap]. */
