@@ -4,7 +4,7 @@
 #include <string.h>
 
 static const char *const state_names[JOB_STATE_COUNT] = {
-    "queued", "starting", "running", "succeeded", "failed", "cancelled",
+    "queued", "starting", "running", "succeeded", "failed", "cancelled", "preempted",
 };
 
 const char *job_state_name(job_state s)

@@ -13,6 +13,7 @@ typedef enum {
     JOB_STATE_SUCCEEDED,
     JOB_STATE_FAILED,
     JOB_STATE_CANCELLED,
+    JOB_STATE_PREEMPTED, /* stopped at a checkpoint for a job of higher priority; waits to resume */
     JOB_STATE_COUNT
 } job_state;
 
@@ -20,6 +21,8 @@ typedef enum {
 #define JOB_STATE_BIT(s)  (1u << (s))
 #define JOB_STATES_ALL    ((1u << JOB_STATE_COUNT) - 1)
 #define JOB_STATES_ACTIVE (JOB_STATE_BIT(JOB_STATE_STARTING) | JOB_STATE_BIT(JOB_STATE_RUNNING))
+/* The states of a job that waits for slots: queued, and preempted (queued again). */
+#define JOB_STATES_WAITING (JOB_STATE_BIT(JOB_STATE_QUEUED) | JOB_STATE_BIT(JOB_STATE_PREEMPTED))
 #define JOB_STATES_FINAL                                                                                     \
     (JOB_STATE_BIT(JOB_STATE_SUCCEEDED) | JOB_STATE_BIT(JOB_STATE_FAILED) |                                  \
      JOB_STATE_BIT(JOB_STATE_CANCELLED))

@@ -18,10 +18,10 @@ const char *const nonfinite_names[] = {"fail", "continue"}; /* nonfinite_mode or
 
 /* The keys each object may hold, in the order error messages list them. */
 static const char *const top_keys[] = {
-    "name",      "world_size",   "device",       "precision", "model",      "input_shape",
-    "loss",      "optimizer",    "data",         "eval",      "batch_size", "epochs",
-    "steps",     "grad_accum",   "grad_clip",    "ddp",       "init",       "checkpoint",
-    "log_every", "max_restarts", "on_nonfinite", "tokenizer", "early_stop"};
+    "name",      "world_size", "device",   "precision",   "model",      "input_shape",  "loss",
+    "optimizer", "data",       "eval",     "batch_size",  "epochs",     "steps",        "grad_accum",
+    "grad_clip", "ddp",        "init",     "checkpoint",  "log_every",  "max_restarts", "on_nonfinite",
+    "tokenizer", "early_stop", "priority", "preemptible", "time_limit", "preempt_grace"};
 static const char *const sgd_keys[] = {"type",         "lr",       "momentum", "dampening",
                                        "weight_decay", "nesterov", "schedule"};
 static const char *const adamw_keys[] = {"type", "lr", "betas", "eps", "weight_decay", "schedule"};
@@ -373,6 +373,8 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
     s->device = opts ? opts->default_device : DEVICE_CPU;
     s->grad_accum = 1;
     s->log_every = 1;
+    s->priority = SPEC_PRIORITY_DEFAULT;
+    s->preemptible = true;
     s->checkpoint_keep_last = 3;
 
     rc = check_keys(err, root, "", top_keys, COUNT(top_keys), NULL);
@@ -428,7 +430,13 @@ static ddpd_err parse_spec(json_t *root, const struct spec_parse_opts *opts, str
     if ((rc = parse_watch(err, root, obj, s)))
         return rc;
     if ((rc = get_int(err, root, "", "log_every", 1, INT64_MAX, false, &s->log_every)) ||
-        (rc = get_int32(err, root, "", "max_restarts", 0, 100, &s->max_restarts)))
+        (rc = get_int32(err, root, "", "max_restarts", 0, 100, &s->max_restarts)) ||
+        (rc = get_int32(err, root, "", "priority", 0, 100, &s->priority)) ||
+        (rc = get_bool(err, root, "", "preemptible", &s->preemptible)) ||
+        (rc = get_num(err, root, "", "time_limit", 0, true, 1e9, false, "a number of seconds above 0", false,
+                      &s->time_limit)) ||
+        (rc = get_num(err, root, "", "preempt_grace", 0, true, 86400, false,
+                      "a number of seconds above 0, at most 86400", false, &s->preempt_grace)))
         return rc;
     if (json_object_get(root, "on_nonfinite")) {
         if ((rc = get_enum(err, root, "", "on_nonfinite", nonfinite_names, COUNT(nonfinite_names), true, &k)))

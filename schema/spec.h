@@ -11,15 +11,16 @@
 
 /* v2 (CONTRACT.md §2a): `model` and every residual's `layers` hold at most SPEC_MAX_LIST
  * entries, and the whole tree at most SPEC_MAX_LAYERS layers, nested ones counted. */
-#define SPEC_MAX_LAYERS  256
-#define SPEC_MAX_LIST    64
-#define SPEC_MAX_PARAMS  (4 * SPEC_MAX_LAYERS) /* attention has four tensors */
-#define SPEC_MAX_RANK    4                     /* dims of one sample, batch not counted */
-#define SPEC_MAX_WIDTH   1048576
-#define SPEC_MAX_BODY    (1024 * 1024)
-#define SPEC_MAX_TARGETS 64
-#define SPEC_MAX_WORLD   1024
-#define SPEC_PATH_MAX    1024
+#define SPEC_MAX_LAYERS       256
+#define SPEC_PRIORITY_DEFAULT 50
+#define SPEC_MAX_LIST         64
+#define SPEC_MAX_PARAMS       (4 * SPEC_MAX_LAYERS) /* attention has four tensors */
+#define SPEC_MAX_RANK         4                     /* dims of one sample, batch not counted */
+#define SPEC_MAX_WIDTH        1048576
+#define SPEC_MAX_BODY         (1024 * 1024)
+#define SPEC_MAX_TARGETS      64
+#define SPEC_MAX_WORLD        1024
+#define SPEC_PATH_MAX         1024
 /* Synthetic data comes from a teacher of the model's shape in double precision: its
  * weights (not counting biases) are capped (2 GiB of doubles). */
 #define SPEC_MAX_SYNTHETIC_WEIGHTS (1LL << 28)
@@ -187,7 +188,18 @@ struct spec {
     struct spec_watch early_stop;  /* early_stop: end the job when the metric stops improving */
     int64_t log_every;             /* default 1 */
     int max_restarts;              /* default 0 */
-    nonfinite_mode on_nonfinite;   /* a NaN/inf loss: fail the job at that step (default) or train on */
+    /* The shared cluster (docs/scheduling.md): the scheduler starts the highest priority
+     * first (0..100, SPEC_PRIORITY_DEFAULT); a preemptible job (the default; only an admin
+     * submits one that is not) may be stopped at a checkpoint for a job of strictly higher
+     * priority and resumed later. time_limit: seconds of running (over all its attempts)
+     * before it is cancelled with state reason time_limit; 0 none. preempt_grace: seconds a
+     * preempted job has to reach its checkpoint before it is stopped and restarted from its
+     * last one; 0 the server's default (--preempt-grace). */
+    int priority;
+    bool preemptible;
+    double time_limit;
+    double preempt_grace;
+    nonfinite_mode on_nonfinite; /* a NaN/inf loss: fail the job at that step (default) or train on */
     /* init.from_job: another job's id, 0 unless given; init.step with it: that job's
      * checkpoint, or -1 for its final model (else its newest checkpoint). */
     int64_t init_from_job;

@@ -222,6 +222,12 @@ struct json_t *spec_to_json(const struct spec *s)
         put(j, "early_stop", watch_to_json(&s->early_stop, true), &ok);
     put(j, "log_every", json_integer(s->log_every), &ok);
     put(j, "max_restarts", json_integer(s->max_restarts), &ok);
+    put(j, "priority", json_integer(s->priority), &ok);
+    put(j, "preemptible", json_boolean(s->preemptible), &ok);
+    if (s->time_limit > 0)
+        put(j, "time_limit", json_real(s->time_limit), &ok);
+    if (s->preempt_grace > 0)
+        put(j, "preempt_grace", json_real(s->preempt_grace), &ok);
     put(j, "on_nonfinite", json_string(nonfinite_names[s->on_nonfinite]), &ok);
     if (s->tokenizer_vocab[0])
         put(j, "tokenizer",

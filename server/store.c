@@ -67,11 +67,67 @@ static ddpd_err too_new(const char *path, int v, struct ddpd_error *err)
                           path, v, store_schema_version());
 }
 
+/* What PRAGMA foreign_key_check found: SQLITE_CONSTRAINT_FOREIGNKEY with the first row
+ * that references nothing in `why`, SQLITE_OK when none does. */
+static int fk_check(sqlite3 *db, char *why, size_t cap)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA foreign_key_check", -1, &st, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        snprintf(why, cap, "table %s row %lld references a missing row of %s", col_text(st, 0),
+                 (long long)sqlite3_column_int64(st, 1), col_text(st, 2));
+        rc = SQLITE_CONSTRAINT_FOREIGNKEY;
+    } else if (rc == SQLITE_DONE) {
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+/* Migration `ver` in its own transaction; *at is set to the version the database is at
+ * when another process migrated meanwhile. */
+static ddpd_err migrate_one(struct store *s, sqlite3 *db, int ver, int *at, struct ddpd_error *err)
+{
+    char op[96];
+    int v = 0, rc;
+    snprintf(op, sizeof op, "migration %s", migrations[ver - 1].name);
+    rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (rc != SQLITE_OK)
+        return sq_fail(err, db, rc, op);
+    /* Another process may have migrated meanwhile: look again under the lock. */
+    rc = user_version(db, &v);
+    if (rc == SQLITE_OK && v >= ver) {
+        sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+        if (v > store_schema_version())
+            return too_new(s->path, v, err);
+        *at = v;
+        return DDPD_OK;
+    }
+    char setv[48], why[300] = "";
+    snprintf(setv, sizeof setv, "PRAGMA user_version = %d", ver);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db, migrations[ver - 1].sql, NULL, NULL, NULL);
+    if (rc == SQLITE_OK && (rc = fk_check(db, why, sizeof why)) == SQLITE_CONSTRAINT_FOREIGNKEY) {
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return ddpd_error_set(err, DDPD_EIO, s->path, "store: %s: %s: %s", s->path, op, why);
+    }
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db, setv, NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        ddpd_err e = sq_fail(err, db, rc, op);
+        if (!sqlite3_get_autocommit(db))
+            sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return e;
+    }
+    return DDPD_OK;
+}
+
 /* Applies the migrations above the database's user_version, each in its own
  * transaction that also sets user_version (so a crash leaves a whole version). */
 static ddpd_err migrate(struct store *s, sqlite3 *db, struct ddpd_error *err)
 {
-    char op[96];
     int v = 0;
     int rc = user_version(db, &v);
     if (rc != SQLITE_OK)
@@ -83,36 +139,18 @@ static ddpd_err migrate(struct store *s, sqlite3 *db, struct ddpd_error *err)
                               "store: %s has schema version %d, which no ddpd writes: it is not a "
                               "ddpd database; move it aside or give --db another path",
                               s->path, v);
-    for (int ver = v + 1; ver <= store_schema_version(); ver++) {
-        snprintf(op, sizeof op, "migration %s", migrations[ver - 1].name);
-        rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-        if (rc != SQLITE_OK)
-            return sq_fail(err, db, rc, op);
-        /* Another process may have migrated meanwhile: look again under the lock. */
-        rc = user_version(db, &v);
-        if (rc == SQLITE_OK && v >= ver) {
-            sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
-            if (v > store_schema_version())
-                return too_new(s->path, v, err);
-            ver = v;
-            continue;
-        }
-        char setv[48];
-        snprintf(setv, sizeof setv, "PRAGMA user_version = %d", ver);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_exec(db, migrations[ver - 1].sql, NULL, NULL, NULL);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_exec(db, setv, NULL, NULL, NULL);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
-        if (rc != SQLITE_OK) {
-            ddpd_err e = sq_fail(err, db, rc, op);
-            if (!sqlite3_get_autocommit(db))
-                sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-            return e;
-        }
-    }
-    return DDPD_OK;
+    /* Foreign keys are off while migrating (outside a transaction, as SQLite requires): a
+     * migration that rebuilds a table (the cluster one: a CHECK cannot be altered) drops
+     * the old one, which with them on would delete every row that references it. Each
+     * migration's transaction checks them before it commits (foreign_key_check). */
+    if (v < store_schema_version() && (rc = sqlite3_exec(db, "PRAGMA foreign_keys = OFF", NULL, NULL, NULL)))
+        return sq_fail(err, db, rc, "turn foreign keys off to migrate");
+    ddpd_err e = DDPD_OK;
+    for (int ver = v + 1; ver <= store_schema_version() && !e; ver++)
+        e = migrate_one(s, db, ver, &ver, err);
+    if ((rc = sqlite3_exec(db, "PRAGMA foreign_keys = ON", NULL, NULL, NULL)) && !e)
+        e = sq_fail(err, db, rc, "turn foreign keys on after migrating");
+    return e;
 }
 
 /* PRAGMA quick_check: every page of the file is read and its b-tree structure checked (not

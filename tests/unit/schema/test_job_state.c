@@ -7,8 +7,8 @@
 
 int main(void)
 {
-    static const char *const names[JOB_STATE_COUNT] = {"queued",    "starting", "running",
-                                                       "succeeded", "failed",   "cancelled"};
+    static const char *const names[JOB_STATE_COUNT] = {"queued", "starting",  "running",  "succeeded",
+                                                       "failed", "cancelled", "preempted"};
     for (int i = 0; i < JOB_STATE_COUNT; i++) {
         job_state s = (job_state)-1;
         CHECK_EQ_STR(job_state_name((job_state)i), names[i]);

@@ -341,16 +341,20 @@ static const struct bad_case bad_cases[] = {
     BAD(OK_PLUS(",\"epoch\":1"), DDPD_ESPEC, "epoch",
         "unknown key (did you mean \"epochs\"? expected one of name, world_size, device, precision, "
         "model, input_shape, loss, optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, "
-        "ddp, init, checkpoint, log_every, max_restarts, on_nonfinite, tokenizer, early_stop)"),
+        "ddp, init, checkpoint, log_every, max_restarts, on_nonfinite, tokenizer, early_stop, priority, "
+        "preemptible, time_limit, "
+        "preempt_grace)"),
     BAD(OK_PLUS(",\"learning rate\":1"), DDPD_ESPEC, "[\"learning rate\"]",
         "unknown key (expected one of name, world_size, device, precision, model, input_shape, loss, "
         "optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, ddp, init, checkpoint, "
-        "log_every, max_restarts, on_nonfinite, tokenizer, early_stop)"),
+        "log_every, max_restarts, on_nonfinite, tokenizer, early_stop, priority, preemptible, time_limit, "
+        "preempt_grace)"),
     /* a key echoed in a message carries no terminal control: C0, DEL and C1 come out escaped */
     BAD(OK_PLUS(",\"a\\u001b[2J\\u007f\\u009b\":1"), DDPD_ESPEC, "[\"a\\u001b[2J\\u007f\\u009b\"]",
         "unknown key (expected one of name, world_size, device, precision, model, input_shape, loss, "
         "optimizer, data, eval, batch_size, epochs, steps, grad_accum, grad_clip, ddp, init, checkpoint, "
-        "log_every, max_restarts, on_nonfinite, tokenizer, early_stop)"),
+        "log_every, max_restarts, on_nonfinite, tokenizer, early_stop, priority, preemptible, time_limit, "
+        "preempt_grace)"),
     BAD(WITH_OPTIM("{\"type\":\"sgd\",\"lr\":0.1,\"momentun\":0.9}"), DDPD_ESPEC, "optimizer.momentun",
         "unknown key (did you mean \"momentum\"? expected one of type, lr, momentum, dampening, "
         "weight_decay, nesterov, schedule)"),
@@ -1026,7 +1030,7 @@ static void test_round_trip(void)
         /* Every key is written out, so the printed spec is a fixed point. */
         json_t *j2 = spec_to_json(&b);
         CHECK(json_equal(j, j2));
-        CHECK_EQ_INT(json_object_size(j), 18 - 1); /* epochs or steps, not both */
+        CHECK_EQ_INT(json_object_size(j), 20 - 1); /* epochs or steps, not both */
         free(text);
         json_decref(j);
         json_decref(j2);
