@@ -35,6 +35,13 @@ struct super_opts {
     struct hub *hub;         /* borrowed */
     double grace_s;          /* SIGTERM -> SIGKILL; default 5 */
     bool finish_on_shutdown; /* super_stop waits for running jobs instead of cancelling */
+    /* Seconds a preempted job has to reach its checkpoint before it is stopped and
+     * restarts from its last one (ddpd serve --preempt-grace; a spec's preempt_grace wins);
+     * 0: SUPER_PREEMPT_GRACE_S. */
+    double preempt_grace;
+    /* One point of effective priority per this many seconds waited (ddpd serve
+     * --priority-age-s); 0: SCHED_AGING_S; < 0: no aging. */
+    double priority_age_s;
     int64_t max_rank_memory; /* bytes a rank may need, sent to every rank (0 = no limit) */
     /* What runs the ranks (launch.h), borrowed; NULL: the local launcher, on the slots
      * above. A launcher that queues (launcher_queues: Slurm) gets every job as soon as it
@@ -49,7 +56,8 @@ struct super_opts {
     int64_t job_disk_quota;
 };
 
-#define SUPER_QUOTA_CHECK_S 1.0
+#define SUPER_QUOTA_CHECK_S   1.0
+#define SUPER_PREEMPT_GRACE_S 60.0
 
 /* Recovers from an earlier server (jobs left starting/running: their processes are
  * killed, then each is requeued when it has restarts left, else failed with "server
@@ -82,6 +90,20 @@ ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err);
  * loop); waits for it. DDPD_ENOTFOUND for an unknown job, DDPD_ECONFLICT when it has not
  * finished (store_job_delete's errors, in `err`). Any thread but the supervisor's. */
 ddpd_err super_delete(struct super *s, int64_t job, struct ddpd_error *err);
+
+/* Asks a running job to stop at its next optimizer step with a checkpoint and wait in the
+ * queue as `preempted` (it resumes from that checkpoint when the scheduler starts it
+ * again; not a restart). `by` says who asked ("alice"). DDPD_ENOTFOUND for an unknown
+ * job, DDPD_ECONFLICT when it is not running (or starting) or the launcher places jobs
+ * itself (Slurm). Any thread but the supervisor's. */
+ddpd_err super_preempt(struct super *s, int64_t job, const char *by, struct ddpd_error *err);
+
+/* The queue as the scheduler sees it now: {"running": [...], "pending": [...] (at most
+ * `limit`, in the order they would start), "pending_total", "slots": {"gpus", "cpu"}};
+ * each job's id, owner, priority, preemptible, device, world_size and, running, its slots,
+ * running_s and preempting, or, pending, its effective_priority, waited_s, position and
+ * reason. A new reference. Any thread. */
+struct json_t *super_queue(struct super *s, int limit);
 
 /* Why queued job `job` waits, now ("queued behind job 7 (3 earlier jobs waiting for cpu
  * slots)"): true with `buf` set when the scheduler holds it queued. Asked when a job is
