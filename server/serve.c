@@ -220,7 +220,7 @@ struct serve_opts {
     long infer_procs, infer_queue; /* infer_queue -1: 4 x infer_procs */
     int64_t infer_memory, infer_max_bytes;
     double infer_idle_s, infer_timeout_s;
-    const char *infer_worker; /* NULL: the worker */
+    const char *infer_worker;             /* NULL: the worker */
     double preempt_grace, priority_age_s; /* priority_age_s < 0: never */
     bool insecure, finish, slurm;
     struct slurm_opts slurm_opts;

@@ -282,18 +282,18 @@ ddpd_err store_job_count(struct store *s, int64_t *counts, struct ddpd_error *er
 
 /* Which columns store_job_update writes (bit mask in `fields`). */
 enum {
-    STORE_SET_STATE = 1u << 0,    /* state; also the timestamps, see below */
-    STORE_SET_ATTEMPT = 1u << 1,  /* attempt; when it changes, clears step and loss (a
-                                     new attempt reports its own) unless
-                                     STORE_SET_PROGRESS is set */
-    STORE_SET_RESTARTS = 1u << 2, /* restarts */
-    STORE_SET_ERROR = 1u << 3,    /* error (NULL or "" clears it) */
-    STORE_SET_PENDING = 1u << 4,  /* pending_reason (NULL or "" clears it) */
-    STORE_SET_PROGRESS = 1u << 5, /* step and loss (the event writer also sets them) */
-    STORE_SET_RESTART = 1u << 6,  /* appends {attempt, reason, ts: now, rank, exit_code}
-                                     (restart_*) to restart_history (up to
-                                     STORE_RESTART_HISTORY_MAX) */
-    STORE_SET_RUN = 1u << 7,      /* preemptions and run_s */
+    STORE_SET_STATE = 1u << 0,      /* state; also the timestamps, see below */
+    STORE_SET_ATTEMPT = 1u << 1,    /* attempt; when it changes, clears step and loss (a
+                                       new attempt reports its own) unless
+                                       STORE_SET_PROGRESS is set */
+    STORE_SET_RESTARTS = 1u << 2,   /* restarts */
+    STORE_SET_ERROR = 1u << 3,      /* error (NULL or "" clears it) */
+    STORE_SET_PENDING = 1u << 4,    /* pending_reason (NULL or "" clears it) */
+    STORE_SET_PROGRESS = 1u << 5,   /* step and loss (the event writer also sets them) */
+    STORE_SET_RESTART = 1u << 6,    /* appends {attempt, reason, ts: now, rank, exit_code}
+                                       (restart_*) to restart_history (up to
+                                       STORE_RESTART_HISTORY_MAX) */
+    STORE_SET_RUN = 1u << 7,        /* preemptions and run_s */
     STORE_SET_PREEMPT_BY = 1u << 8, /* preempt_by (0 clears it) */
 };
 /* A change to one job. Pointers are borrowed for the call. */

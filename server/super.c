@@ -812,9 +812,8 @@ static void ranks_lost(struct super *s, const struct store_job *j)
 static ddpd_err recover(struct super *s, struct ddpd_error *err)
 {
     struct store_job_list l;
-    struct store_job_query q = {.states = JOB_STATES_ACTIVE | JOB_STATES_WAITING,
-                                .limit = STORE_LIST_MAX,
-                                .with_ranks = true};
+    struct store_job_query q = {
+        .states = JOB_STATES_ACTIVE | JOB_STATES_WAITING, .limit = STORE_LIST_MAX, .with_ranks = true};
     int64_t *queued = NULL;
     size_t nq = 0, capq = 0, no = 0, capo = 0;
     struct launch_orphan *orphans = NULL;
@@ -898,7 +897,9 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
     bool counted = !launcher_queues(o->launcher);
     s->sched = counted ? sched_new(o->gpus, o->cpu_slots) : sched_new(SCHED_MAX_SLOTS, SCHED_MAX_SLOTS);
     if (s->sched)
-        sched_set_aging(s->sched, o->priority_age_s < 0 ? 0 : o->priority_age_s > 0 ? o->priority_age_s : SCHED_AGING_S);
+        sched_set_aging(s->sched, o->priority_age_s < 0   ? 0
+                                  : o->priority_age_s > 0 ? o->priority_age_s
+                                                          : SCHED_AGING_S);
     if (s->o.preempt_grace <= 0)
         s->o.preempt_grace = SUPER_PREEMPT_GRACE_S;
     if (s->sched && counted) {

@@ -19,7 +19,7 @@
 #ifndef RANK_EXIT_PREEMPTED
 #define RANK_EXIT_PREEMPTED 6 /* ... for a stop at a checkpoint on SIGUSR1 (preemption) */
 #endif
-#define MAX_FDS             4096
+#define MAX_FDS 4096
 
 enum cmd_kind { CMD_SUBMIT, CMD_CANCEL, CMD_DELETE, CMD_PREEMPT };
 
@@ -62,20 +62,20 @@ struct active {
     /* What the scheduler weighs (super_preempt.c: the spec's and the store's) */
     int priority;
     bool preemptible;
-    double time_limit, grace; /* seconds; grace 0: the server's --preempt-grace */
-    char owner[72];           /* "" none */
+    double time_limit, grace;    /* seconds; grace 0: the server's --preempt-grace */
+    char owner[72];              /* "" none */
     int max_gpus, max_cpu_ranks; /* the owner's limits when last read, -1 none */
     int preemptions;
-    double run_s;            /* seconds run over its ended attempts */
-    double started_mono;     /* this attempt's start (monotonic), 0 when not running */
+    double run_s;        /* seconds run over its ended attempts */
+    double started_mono; /* this attempt's start (monotonic), 0 when not running */
     /* A preemption in progress: asked at preempt_mono (monotonic) for job preempt_by (0:
      * by a user or Slurm's signal), to be forced at preempt_deadline; forced once the
      * grace passed (the ranks stopped: it restarts from its last checkpoint). */
     int64_t preempt_by;
     double preempt_mono, preempt_deadline;
     bool preempting, preempt_forced;
-    char preempt_who[96]; /* who asked: "job 15 (priority 80)", "alice" */
-    struct evpipe_source ev;           /* its events' numbering: evpipe_publish */
+    char preempt_who[96];    /* who asked: "job 15 (priority 80)", "alice" */
+    struct evpipe_source ev; /* its events' numbering: evpipe_publish */
     int *slots;
     const char **gpu; /* cuda jobs: the device of each rank's slot (launch_opts.gpus) */
     struct launch *l; /* set with set_launch() only */

@@ -39,7 +39,8 @@ void super__weigh(struct super *s, struct active *a)
     struct store_job_weight w;
     struct ddpd_error err;
     if (store_job_weight(s->o.store, a->job, &w, &err) != DDPD_OK) {
-        fprintf(stderr, "ddpd: job %" PRId64 ": its owner and limits were not read: %s\n", a->job, err.message);
+        fprintf(stderr, "ddpd: job %" PRId64 ": its owner and limits were not read: %s\n", a->job,
+                err.message);
         return;
     }
     snprintf(a->owner, sizeof a->owner, "%s", w.owner);
@@ -150,16 +151,16 @@ static void requeue(struct super *s, struct active *a, bool forced, int64_t last
     snprintf(ev.state, sizeof ev.state, "%s", job_state_name(JOB_STATE_PREEMPTED));
     snprintf(ev.message, sizeof ev.message, "%s", msg);
     evpipe_publish(&a->ev, &ev);
-    struct store_job_update u = {
-        .fields = STORE_SET_STATE | STORE_SET_PENDING | STORE_SET_RESTART | STORE_SET_RUN | STORE_SET_PREEMPT_BY,
-        .state = JOB_STATE_PREEMPTED,
-        .pending_reason = "",
-        .restart_attempt = a->attempt,
-        .restart_reason = "preempted",
-        .restart_extra = extra,
-        .preemptions = a->preemptions,
-        .run_s = a->run_s,
-        .preempt_by = 0};
+    struct store_job_update u = {.fields = STORE_SET_STATE | STORE_SET_PENDING | STORE_SET_RESTART |
+                                           STORE_SET_RUN | STORE_SET_PREEMPT_BY,
+                                 .state = JOB_STATE_PREEMPTED,
+                                 .pending_reason = "",
+                                 .restart_attempt = a->attempt,
+                                 .restart_reason = "preempted",
+                                 .restart_extra = extra,
+                                 .preemptions = a->preemptions,
+                                 .run_s = a->run_s,
+                                 .preempt_by = 0};
     struct ddpd_error err;
     if (store_job_update(s->o.store, a->job, &u, NULL, &err) != DDPD_OK)
         fprintf(stderr, "ddpd: job %" PRId64 ": state preempted not stored: %s\n", a->job, err.message);
@@ -336,6 +337,6 @@ json_t *super_queue(struct super *s, int limit)
     json_t *slots = json_pack("{s:i, s:i}", "gpus", sched_slots(s->sched, DEVICE_CUDA), "cpu",
                               sched_slots(s->sched, DEVICE_CPU));
     pthread_mutex_unlock(&s->lock);
-    return json_pack("{s:o, s:o, s:i, s:o}", "running", c.running, "pending", c.pending, "pending_total", c.total,
-                     "slots", slots);
+    return json_pack("{s:o, s:o, s:i, s:o}", "running", c.running, "pending", c.pending, "pending_total",
+                     c.total, "slots", slots);
 }
