@@ -31,6 +31,7 @@ struct run {
     int64_t job;
     device_kind kind;
     int world, priority;
+    int hold; /* the effective priority it started with: what a preemptor must exceed */
     bool preemptible, preempting;
     int owner;
     double started, time_limit, run_s;
@@ -506,6 +507,7 @@ bool sched_next(struct sched *s, double now, int64_t *job, device_kind *kind, in
                                          .kind = p->kind,
                                          .world = p->world,
                                          .priority = p->priority,
+                                         .hold = p->eff,
                                          .preemptible = p->preemptible,
                                          .owner = p->owner,
                                          .started = now,
@@ -527,8 +529,8 @@ bool sched_next(struct sched *s, double now, int64_t *job, device_kind *kind, in
 /* Victims go lowest priority first, then the most recently started. */
 static bool victim_before(const struct run *a, const struct run *b)
 {
-    if (a->priority != b->priority)
-        return a->priority < b->priority;
+    if (a->hold != b->hold)
+        return a->hold < b->hold;
     if (a->started != b->started)
         return a->started > b->started;
     return a->job > b->job;
@@ -562,7 +564,7 @@ int sched_preempt(struct sched *s, double now, int64_t *for_job, int64_t *victim
         int nc = 0, total = nfree;
         for (int r = 0; r < s->nrun; r++) {
             const struct run *v = &s->run[r];
-            if (v->kind != (device_kind)t || v->priority >= p->priority || !v->preemptible || v->preempting ||
+            if (v->kind != (device_kind)t || v->hold >= p->priority || !v->preemptible || v->preempting ||
                 gain[r] == 0)
                 continue;
             int at = nc++; /* insertion sort: a few running jobs */
@@ -691,7 +693,8 @@ static void head_reason(const struct sched *s, const struct pend *p, char *buf, 
         return;
     }
     if (lack <= 0) {
-        snprintf(buf, cap, "starting: its %d %s%s are free", p->world, word, p->world == 1 ? "" : "s");
+        snprintf(buf, cap, "starting: the %d %s%s it needs %s free", p->world, word, p->world == 1 ? "" : "s",
+                 p->world == 1 ? "is" : "are");
         return;
     }
     bool draining = false;
@@ -730,11 +733,15 @@ static void head_reason(const struct sched *s, const struct pend *p, char *buf, 
         }
         add(buf, cap, &o, "%s%" PRId64, j > 0 ? "" : njobs > 1 ? "jobs " : "job ", h);
         const struct run *v = &s->run[find_run(s, h) < 0 ? 0 : find_run(s, h)];
-        if (v->job != h)
-            continue; /* a slot's holder that is no running job: never, but say no more */
+        if (v->job != h || draining)
+            continue; /* victims are named bare; a holder that is no running job: never */
         const char *sep = " (";
         if (v->priority != p->priority) {
             add(buf, cap, &o, "%spriority %d", sep, v->priority);
+            sep = ", ";
+        }
+        if (v->hold != v->priority) {
+            add(buf, cap, &o, "%sstarted at %d by waiting", sep, v->hold);
             sep = ", ";
         }
         if (!v->preemptible) {
@@ -808,7 +815,7 @@ void sched_view(const struct sched *s, double now, void (*fn)(void *ctx, const s
                                     .kind = u->kind,
                                     .world = u->world,
                                     .priority = u->priority,
-                                    .effective = u->priority,
+                                    .effective = u->hold,
                                     .preemptible = u->preemptible,
                                     .running = true,
                                     .preempting = u->preempting,

@@ -84,9 +84,11 @@ bool sched_fits(const struct sched *s, device_kind kind, int world, char *why, s
  * first job of a kind's order that may run (its owner under quota) blocks every job after
  * it in that order (gang scheduling, no backfill): it starts as soon as all of its slots
  * are free at once. Jobs whose owner is at quota are passed over (they wait, saying so)
- * and block nothing. Preemption (sched_preempt) compares base priorities only, never
- * effective ones. All times are the caller's clock (seconds; the supervisor's monotonic
- * clock, a simulated one in the tests). */
+ * and block nothing. Preemption (sched_preempt) compares the waiting job's base priority
+ * with the running jobs' priority as they started: their base priority plus the aging
+ * they earned while waiting (a job that reached the top by waiting is not preempted at
+ * once by the jobs it waited behind: that would undo the starvation bound). All times are the caller's clock
+ * (seconds; the supervisor's monotonic clock, a simulated one in the tests). */
 
 /* A job as the scheduler weighs it. */
 struct sched_job {
@@ -121,13 +123,16 @@ bool sched_dequeue(struct sched *s, int64_t job);
 bool sched_next(struct sched *s, double now, int64_t *job, device_kind *kind, int *slots, int *world);
 
 /* Preemption, for the first job of a kind's order that may run but whose slots are not
- * free: when enough running jobs of strictly lower (base) priority that are preemptible
+ * free: when enough running jobs of strictly lower priority (as they started: the policy
+ * above) than its base priority, preemptible and not being preempted already,
  * hold slots, chooses the fewest the policy allows: the lowest priority first, then the
  * most recently started, and then drops any chosen job that is not needed. Fills
  * victims[0..n) (n <= cap) and *for_job, marks the victims as being preempted (they hold
  * their slots until sched_release; they are never chosen again, and while any victim
  * drains no further preemption is made for that kind), and returns n; 0 when there is
- * nothing to preempt. */
+ * nothing to preempt. One kind per call: call it again for the other kind (a kind whose
+ * victims drain answers 0). When more than `cap` victims would be needed it chooses none;
+ * cap >= sched_slots of the kind always suffices. */
 int sched_preempt(struct sched *s, double now, int64_t *for_job, int64_t *victims, int cap);
 
 /* The running jobs past their time_limit at `now` (run_s + now - started), up to cap, in
@@ -143,7 +148,7 @@ struct sched_view_job {
     int64_t job;
     device_kind kind;
     int world;
-    int priority, effective; /* base, and with aging (pending jobs; running: = priority) */
+    int priority, effective; /* base, and with aging (pending: now; running: as it started) */
     bool preemptible, running, preempting;
     const char *owner; /* borrowed for the call; "" for none */
     double since;      /* running: started at; pending: waiting since (the caller's clock) */
