@@ -618,6 +618,16 @@ static struct active *fresh(struct super *s, struct cmd *c)
     return a;
 }
 
+/* The job as the scheduler weighs it. */
+static struct sched_job sched_job_of(const struct active *a)
+{
+    return (struct sched_job){.job = a->job,
+                              .kind = a->device,
+                              .world = a->world_size,
+                              .priority = SPEC_PRIORITY_DEFAULT,
+                              .preemptible = true};
+}
+
 /* A job the API has just inserted: from what the command carries (no store round trip),
  * or loaded from the store when it carries no spec. */
 static void submit(struct super *s, struct cmd *c)
@@ -630,8 +640,9 @@ static void submit(struct super *s, struct cmd *c)
     if (!a)
         return;
     a->slots = calloc((size_t)a->world_size, sizeof(int));
+    struct sched_job j = sched_job_of(a);
     pthread_mutex_lock(&s->lock);
-    sched_enqueue(s->sched, job, a->device, a->world_size);
+    sched_enqueue(s->sched, &j, base_mono_s());
     pthread_mutex_unlock(&s->lock);
     if (known) { /* stored queued, with its queued event: the hub is what is new */
         struct event ev;
@@ -665,7 +676,7 @@ static void schedule(struct super *s)
         int world;
         int slots[SCHED_MAX_SLOTS];
         pthread_mutex_lock(&s->lock);
-        bool go = !s->stopping && sched_next(s->sched, &job, &kind, slots, &world);
+        bool go = !s->stopping && sched_next(s->sched, base_mono_s(), &job, &kind, slots, &world);
         pthread_mutex_unlock(&s->lock);
         if (!go)
             break;
@@ -925,8 +936,9 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
             }
             a->restarts++;
         }
+        struct sched_job j = sched_job_of(a);
         pthread_mutex_lock(&s->lock);
-        sched_enqueue(s->sched, a->job, a->device, a->world_size);
+        sched_enqueue(s->sched, &j, base_mono_s());
         pthread_mutex_unlock(&s->lock);
         a->failed_rank = -1; /* no rank's failure: the server's */
         if (a->state != JOB_STATE_QUEUED)
