@@ -448,7 +448,7 @@ static bool local_fits(void *ctx, const struct sched *s, device_kind kind, int w
 static bool local_pending_reason(void *ctx, const struct sched *s, int64_t job, char *buf, size_t cap)
 {
     (void)ctx;
-    sched_pending_reason(s, job, buf, cap);
+    sched_pending_reason(s, job, base_mono_s(), buf, cap);
     return buf[0] != '\0';
 }
 

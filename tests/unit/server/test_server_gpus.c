@@ -117,15 +117,27 @@ int main(void)
     int slots[3], world;
     int64_t job;
     device_kind kind;
-    sched_enqueue(s, 7, DEVICE_CUDA, 2);
-    sched_enqueue(s, 8, DEVICE_CUDA, 1);
-    CHECK(sched_next(s, &job, &kind, slots, &world));
+    sched_enqueue(s,
+                  &(struct sched_job){.job = 7,
+                                      .kind = DEVICE_CUDA,
+                                      .world = 2,
+                                      .priority = SPEC_PRIORITY_DEFAULT,
+                                      .preemptible = true},
+                  0);
+    sched_enqueue(s,
+                  &(struct sched_job){.job = 8,
+                                      .kind = DEVICE_CUDA,
+                                      .world = 1,
+                                      .priority = SPEC_PRIORITY_DEFAULT,
+                                      .preemptible = true},
+                  0);
+    CHECK(sched_next(s, 0, &job, &kind, slots, &world));
     CHECK(job == 7 && world == 2 && slots[0] == 0 && slots[1] == 2);
-    CHECK(!sched_next(s, &job, &kind, slots, &world)); /* GPU 1 is free but never given */
-    sched_pending_reason(s, 8, why, sizeof why);
-    CHECK_EQ_STR(why, "waiting for 1 free GPUs (0 of 2 free)");
+    CHECK(!sched_next(s, 0, &job, &kind, slots, &world)); /* GPU 1 is free but never given */
+    sched_pending_reason(s, 8, 0, why, sizeof why);
+    CHECK_EQ_STR(why, "waiting for 1 GPU: held by job 7");
     sched_release(s, 7);
-    CHECK(sched_next(s, &job, &kind, slots, &world));
+    CHECK(sched_next(s, 0, &job, &kind, slots, &world));
     CHECK(job == 8 && slots[0] == 0);
     sched_free(s);
     /* Every GPU without code: nothing fits, even one rank. */

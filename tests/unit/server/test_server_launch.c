@@ -38,14 +38,22 @@ static void test_policy(void)
     CHECK_EQ_STR(why, "world_size 2 needs 2 CPU slots but this server has 1");
     CHECK(launcher_fits(slurm, s, DEVICE_CPU, 64, why, sizeof why)); /* Slurm decides */
 
-    sched_enqueue(s, 7, DEVICE_CPU, 1);
-    sched_enqueue(s, 8, DEVICE_CPU, 1);
+    sched_enqueue(
+        s,
+        &(struct sched_job){
+            .job = 7, .kind = DEVICE_CPU, .world = 1, .priority = SPEC_PRIORITY_DEFAULT, .preemptible = true},
+        0);
+    sched_enqueue(
+        s,
+        &(struct sched_job){
+            .job = 8, .kind = DEVICE_CPU, .world = 1, .priority = SPEC_PRIORITY_DEFAULT, .preemptible = true},
+        0);
     int64_t job;
     device_kind kind;
     int slots[4], world;
-    CHECK(sched_next(s, &job, &kind, slots, &world));
+    CHECK(sched_next(s, 0, &job, &kind, slots, &world));
     CHECK(launcher_pending_reason(local, s, 8, why, sizeof why));
-    CHECK(strstr(why, "waiting for 1 free CPU slot") != NULL);
+    CHECK_EQ_STR(why, "waiting for 1 CPU slot: held by job 7");
     CHECK(!launcher_pending_reason(slurm, s, 8, why, sizeof why));
     CHECK_EQ_STR(why, "");
 

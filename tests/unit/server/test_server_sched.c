@@ -14,12 +14,18 @@ static void test_take(void)
     CHECK(sched_take(s, DEVICE_CUDA, -3, &slot));
     CHECK_EQ_INT(slot, 0);
     CHECK_EQ_INT(sched_slot_holder(s, DEVICE_CUDA, 0), -3);
-    sched_enqueue(s, 4, DEVICE_CUDA, 2); /* needs both: waits */
-    CHECK(!sched_next(s, &job, &kind, slots, &world));
+    sched_enqueue(s,
+                  &(struct sched_job){.job = 4,
+                                      .kind = DEVICE_CUDA,
+                                      .world = 2,
+                                      .priority = SPEC_PRIORITY_DEFAULT,
+                                      .preemptible = true},
+                  0); /* needs both: waits */
+    CHECK(!sched_next(s, 0, &job, &kind, slots, &world));
     CHECK_EQ_INT(sched_waiting(s, DEVICE_CUDA), 1);
     CHECK(!sched_take(s, DEVICE_CUDA, -5, &slot)); /* slot 1 is free, but job 4 waits */
     sched_release_slot(s, DEVICE_CUDA, 0);
-    CHECK(sched_next(s, &job, &kind, slots, &world));
+    CHECK(sched_next(s, 0, &job, &kind, slots, &world));
     CHECK_EQ_INT(job, 4);
     CHECK_EQ_INT(sched_waiting(s, DEVICE_CUDA), 0);
     CHECK(!sched_take(s, DEVICE_CUDA, -5, &slot)); /* none free */
@@ -43,52 +49,88 @@ int main(void)
     CHECK_EQ_STR(why, "device cuda: this server has no GPUs");
 
     /* Three jobs competing for two slots: 1 (2 ranks), 2 (1 rank), 3 (1 rank). */
-    sched_enqueue(s, 1, DEVICE_CPU, 2);
-    sched_enqueue(s, 2, DEVICE_CPU, 1);
-    sched_enqueue(s, 3, DEVICE_CPU, 1);
+    sched_enqueue(
+        s,
+        &(struct sched_job){
+            .job = 1, .kind = DEVICE_CPU, .world = 2, .priority = SPEC_PRIORITY_DEFAULT, .preemptible = true},
+        0);
+    sched_enqueue(
+        s,
+        &(struct sched_job){
+            .job = 2, .kind = DEVICE_CPU, .world = 1, .priority = SPEC_PRIORITY_DEFAULT, .preemptible = true},
+        0);
+    sched_enqueue(
+        s,
+        &(struct sched_job){
+            .job = 3, .kind = DEVICE_CPU, .world = 1, .priority = SPEC_PRIORITY_DEFAULT, .preemptible = true},
+        0);
     int64_t job;
     device_kind kind;
     int slots[8], world;
-    CHECK(sched_next(s, &job, &kind, slots, &world));
+    CHECK(sched_next(s, 0, &job, &kind, slots, &world));
     CHECK_EQ_INT(job, 1);
     CHECK_EQ_INT(world, 2);
     CHECK(slots[0] == 0 && slots[1] == 1);
     CHECK_EQ_INT(sched_slot_holder(s, DEVICE_CPU, 1), 1);
-    CHECK(!sched_next(s, &job, &kind, slots, &world)); /* gang: nothing free */
-    sched_pending_reason(s, 2, why, sizeof why);
-    CHECK_EQ_STR(why, "waiting for 1 free CPU slots (0 of 2 free)");
-    sched_pending_reason(s, 3, why, sizeof why);
-    CHECK_EQ_STR(why, "queued behind job 2 (1 earlier job waiting for CPU slots)");
-    sched_pending_reason(s, 1, why, sizeof why);
+    CHECK(!sched_next(s, 0, &job, &kind, slots, &world)); /* gang: nothing free */
+    sched_pending_reason(s, 2, 0, why, sizeof why);
+    CHECK_EQ_STR(why, "waiting for 1 CPU slot: held by job 1");
+    sched_pending_reason(s, 3, 0, why, sizeof why);
+    CHECK_EQ_STR(why, "queued behind job 2 (1 job ahead for CPU slots)");
+    sched_pending_reason(s, 1, 0, why, sizeof why);
     CHECK_EQ_STR(why, "");
 
     sched_release(s, 1);
-    CHECK(sched_next(s, &job, &kind, slots, &world));
+    CHECK(sched_next(s, 0, &job, &kind, slots, &world));
     CHECK_EQ_INT(job, 2);
-    CHECK(sched_next(s, &job, &kind, slots, &world));
+    CHECK(sched_next(s, 0, &job, &kind, slots, &world));
     CHECK_EQ_INT(job, 3);
-    CHECK(!sched_next(s, &job, &kind, slots, &world));
+    CHECK(!sched_next(s, 0, &job, &kind, slots, &world));
 
     /* A younger small job never overtakes an older big one of the same kind. */
     sched_release(s, 2);
-    sched_enqueue(s, 4, DEVICE_CPU, 2);
-    sched_enqueue(s, 5, DEVICE_CPU, 1);
-    CHECK(!sched_next(s, &job, &kind, slots, &world));
+    sched_enqueue(
+        s,
+        &(struct sched_job){
+            .job = 4, .kind = DEVICE_CPU, .world = 2, .priority = SPEC_PRIORITY_DEFAULT, .preemptible = true},
+        0);
+    sched_enqueue(
+        s,
+        &(struct sched_job){
+            .job = 5, .kind = DEVICE_CPU, .world = 1, .priority = SPEC_PRIORITY_DEFAULT, .preemptible = true},
+        0);
+    CHECK(!sched_next(s, 0, &job, &kind, slots, &world));
     CHECK(sched_dequeue(s, 4));
     CHECK(!sched_dequeue(s, 4));
-    CHECK(sched_next(s, &job, &kind, slots, &world));
+    CHECK(sched_next(s, 0, &job, &kind, slots, &world));
     CHECK_EQ_INT(job, 5);
 
     /* Submissions that reach the queue out of order still run in id order (FIFO by
      * submission): 8 and 7 arrive before 6. */
     sched_release(s, 3);
     sched_release(s, 5);
-    sched_enqueue(s, 9, DEVICE_CPU, 2);
-    sched_enqueue(s, 8, DEVICE_CPU, 1);
-    sched_enqueue(s, 7, DEVICE_CPU, 1);
-    sched_enqueue(s, 6, DEVICE_CPU, 1);
+    sched_enqueue(
+        s,
+        &(struct sched_job){
+            .job = 9, .kind = DEVICE_CPU, .world = 2, .priority = SPEC_PRIORITY_DEFAULT, .preemptible = true},
+        0);
+    sched_enqueue(
+        s,
+        &(struct sched_job){
+            .job = 8, .kind = DEVICE_CPU, .world = 1, .priority = SPEC_PRIORITY_DEFAULT, .preemptible = true},
+        0);
+    sched_enqueue(
+        s,
+        &(struct sched_job){
+            .job = 7, .kind = DEVICE_CPU, .world = 1, .priority = SPEC_PRIORITY_DEFAULT, .preemptible = true},
+        0);
+    sched_enqueue(
+        s,
+        &(struct sched_job){
+            .job = 6, .kind = DEVICE_CPU, .world = 1, .priority = SPEC_PRIORITY_DEFAULT, .preemptible = true},
+        0);
     for (int64_t want = 6; want <= 9; want++) {
-        CHECK(sched_next(s, &job, &kind, slots, &world));
+        CHECK(sched_next(s, 0, &job, &kind, slots, &world));
         CHECK_EQ_INT(job, want);
         sched_release(s, job);
     }
@@ -98,26 +140,44 @@ int main(void)
     /* Reasons by binary search over a long queue of both kinds, ids with gaps and
      * arriving out of order; ids not queued (between, before, after, running) have none. */
     s = sched_new(1, 1);
-    sched_enqueue(s, 1000, DEVICE_CPU, 1); /* starts: holds the slot */
-    CHECK(sched_next(s, &job, &kind, slots, &world));
+    sched_enqueue(s,
+                  &(struct sched_job){.job = 1000,
+                                      .kind = DEVICE_CPU,
+                                      .world = 1,
+                                      .priority = SPEC_PRIORITY_DEFAULT,
+                                      .preemptible = true},
+                  0); /* starts: holds the slot */
+    CHECK(sched_next(s, 0, &job, &kind, slots, &world));
     for (int64_t id = 2998; id >= 1002; id -= 2) /* backwards: every one an out-of-order arrival */
-        sched_enqueue(s, id, id % 4 ? DEVICE_CPU : DEVICE_CUDA, 1);
-    sched_enqueue(s, 1001, DEVICE_CUDA, 1); /* starts on the GPU */
-    CHECK(sched_next(s, &job, &kind, slots, &world));
+        sched_enqueue(s,
+                      &(struct sched_job){.job = id,
+                                          .kind = id % 4 ? DEVICE_CPU : DEVICE_CUDA,
+                                          .world = 1,
+                                          .priority = SPEC_PRIORITY_DEFAULT,
+                                          .preemptible = true},
+                      0);
+    sched_enqueue(s,
+                  &(struct sched_job){.job = 1001,
+                                      .kind = DEVICE_CUDA,
+                                      .world = 1,
+                                      .priority = SPEC_PRIORITY_DEFAULT,
+                                      .preemptible = true},
+                  0); /* starts on the GPU */
+    CHECK(sched_next(s, 0, &job, &kind, slots, &world));
     CHECK_EQ_INT(job, 1001);
-    sched_pending_reason(s, 1002, why, sizeof why);
-    CHECK_EQ_STR(why, "waiting for 1 free CPU slots (0 of 1 free)");
-    sched_pending_reason(s, 1006, why, sizeof why);
-    CHECK_EQ_STR(why, "queued behind job 1002 (1 earlier job waiting for CPU slots)");
-    sched_pending_reason(s, 2998, why, sizeof why);
-    CHECK_EQ_STR(why, "queued behind job 1002 (499 earlier jobs waiting for CPU slots)");
-    sched_pending_reason(s, 1004, why, sizeof why);
-    CHECK_EQ_STR(why, "waiting for 1 free GPUs (0 of 1 free)");
-    sched_pending_reason(s, 2996, why, sizeof why);
-    CHECK_EQ_STR(why, "queued behind job 1004 (498 earlier jobs waiting for GPUs)");
+    sched_pending_reason(s, 1002, 0, why, sizeof why);
+    CHECK_EQ_STR(why, "waiting for 1 CPU slot: held by job 1000");
+    sched_pending_reason(s, 1006, 0, why, sizeof why);
+    CHECK_EQ_STR(why, "queued behind job 1002 (1 job ahead for CPU slots)");
+    sched_pending_reason(s, 2998, 0, why, sizeof why);
+    CHECK_EQ_STR(why, "queued behind job 1002 (499 jobs ahead for CPU slots)");
+    sched_pending_reason(s, 1004, 0, why, sizeof why);
+    CHECK_EQ_STR(why, "waiting for 1 GPU: held by job 1001");
+    sched_pending_reason(s, 2996, 0, why, sizeof why);
+    CHECK_EQ_STR(why, "queued behind job 1004 (498 jobs ahead for GPUs)");
     const int64_t none[] = {1, 999, 1000, 1001, 1003, 2997, 2999, 3000, 100000};
     for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
-        sched_pending_reason(s, none[i], why, sizeof why);
+        sched_pending_reason(s, none[i], 0, why, sizeof why);
         CHECK_EQ_STR(why, "");
     }
     sched_free(s);
