@@ -11,7 +11,8 @@
 ddpd_err api__queue(struct http_request *req, struct ddpd_error *err)
 {
     int64_t limit;
-    ddpd_err rc = http_query_int(req, "limit", 1, SUPER_QUEUE_LIMIT_MAX, SUPER_QUEUE_LIMIT_DEFAULT, &limit, err);
+    ddpd_err rc =
+        http_query_int(req, "limit", 1, SUPER_QUEUE_LIMIT_MAX, SUPER_QUEUE_LIMIT_DEFAULT, &limit, err);
     if (rc)
         return rc;
     json_t *q = super_queue(api__ctx(req)->super, (int)limit, err);

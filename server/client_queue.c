@@ -83,11 +83,13 @@ static void print_running(json_t *running)
     json_t *j;
     json_array_foreach (running, i, j) {
         char nm[25], ow[13], dev[64], ran[24], lim[24];
-        printf("%-6lld %-24s %-12s %-4lld %-12s %-12s %s\n", (long long)json_integer_value(json_object_get(j, "id")),
-               cell(nm, sizeof nm, json_object_get(j, "name")), cell(ow, sizeof ow, json_object_get(j, "owner")),
-               (long long)json_integer_value(json_object_get(j, "priority")), running_devices(dev, sizeof dev, j),
-               fmt_span(ran, sizeof ran, json_object_get(j, "running_s")),
-               fmt_span(lim, sizeof lim, json_object_get(j, "time_limit")));
+        printf(
+            "%-6lld %-24s %-12s %-4lld %-12s %-12s %s\n",
+            (long long)json_integer_value(json_object_get(j, "id")),
+            cell(nm, sizeof nm, json_object_get(j, "name")), cell(ow, sizeof ow, json_object_get(j, "owner")),
+            (long long)json_integer_value(json_object_get(j, "priority")),
+            running_devices(dev, sizeof dev, j), fmt_span(ran, sizeof ran, json_object_get(j, "running_s")),
+            fmt_span(lim, sizeof lim, json_object_get(j, "time_limit")));
     }
 }
 
@@ -102,8 +104,8 @@ static void print_pending(json_t *pending, json_int_t total)
         printf("  none\n");
         return;
     }
-    printf("%-4s %-6s %-24s %-12s %-9s %-8s %-8s %s\n", "#", "ID", "NAME", "OWNER", "PRI", "DEVICES", "WAITED",
-           "REASON");
+    printf("%-4s %-6s %-24s %-12s %-9s %-8s %-8s %s\n", "#", "ID", "NAME", "OWNER", "PRI", "DEVICES",
+           "WAITED", "REASON");
     size_t i;
     json_t *j;
     json_array_foreach (pending, i, j) {
@@ -119,7 +121,8 @@ static void print_pending(json_t *pending, json_int_t total)
                  kind_word(json_object_get(j, "device")));
         printf("%-4lld %-6lld %-24s %-12s %-9s %-8s %-8s %s\n",
                (long long)json_integer_value(json_object_get(j, "position")),
-               (long long)json_integer_value(json_object_get(j, "id")), cell(nm, sizeof nm, json_object_get(j, "name")),
+               (long long)json_integer_value(json_object_get(j, "id")),
+               cell(nm, sizeof nm, json_object_get(j, "name")),
                cell(ow, sizeof ow, json_object_get(j, "owner")), pri, dev,
                fmt_span(waited, sizeof waited, json_object_get(j, "waited_s")),
                cell(why, sizeof why, json_object_get(j, "reason")));
@@ -175,7 +178,8 @@ int cmd_queue(struct client *c, int argc, char **argv)
     json_t *total = json_object_get(j, "pending_total");
     print_running(running);
     printf("\n");
-    print_pending(pending, json_is_integer(total) ? json_integer_value(total) : (json_int_t)json_array_size(pending));
+    print_pending(pending,
+                  json_is_integer(total) ? json_integer_value(total) : (json_int_t)json_array_size(pending));
     json_decref(j);
     return 0;
 }

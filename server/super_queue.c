@@ -26,7 +26,7 @@ struct qjob {
     double created_at, started_at;
     int priority;
     bool preemptible;
-    double time_limit; /* 0: none */
+    double time_limit;   /* 0: none */
     char *stored_reason; /* the row's pending_reason (Slurm's), owned; NULL when none */
 };
 
@@ -228,8 +228,9 @@ json_t *super_queue(struct super *s, int limit, struct ddpd_error *err)
     json_object_set_new(out, "pending", pending);
     json_object_set_new(out, "pending_total", json_integer((json_int_t)wait.n));
     json_object_set_new(out, "slots",
-                        json_pack("{s:I, s:I}", "gpus", (json_int_t)json_array_size(json_object_get(devs, "gpus")),
-                                  "cpu", (json_int_t)json_array_size(json_object_get(devs, "cpu_slots"))));
+                        json_pack("{s:I, s:I}", "gpus",
+                                  (json_int_t)json_array_size(json_object_get(devs, "gpus")), "cpu",
+                                  (json_int_t)json_array_size(json_object_get(devs, "cpu_slots"))));
 out:
     json_decref(devs);
     qlist_free(&run);
