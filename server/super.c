@@ -1172,3 +1172,8 @@ json_t *super_devices(struct super *s)
     pthread_mutex_unlock(&s->lock);
     return out;
 }
+
+struct store *super_store(struct super *s)
+{
+    return s->o.store;
+}

@@ -115,4 +115,17 @@ void super_gpu_give(struct super *s, int slot);
  * (launcher_devices_json): a new reference. */
 struct json_t *super_devices(struct super *s);
 
+/* The store the supervisor was started with (super_opts.store), borrowed: for the files
+ * of the supervisor's module that read jobs (super_queue.c). */
+struct store *super_store(struct super *s);
+
+/* The queue as GET /v1/queue shows it (docs/api.md): {"running": [...] in start order,
+ * "pending": [...] in the order they would start (GPU jobs first, then CPU jobs) cut to
+ * `limit` (1..SUPER_QUEUE_LIMIT_MAX), "pending_total": N, "slots": {"gpus": N, "cpu": M}}.
+ * A new reference; NULL when the store cannot be read (`err` says why). Any thread but
+ * the supervisor's (super_queue.c). */
+#define SUPER_QUEUE_LIMIT_DEFAULT 500
+#define SUPER_QUEUE_LIMIT_MAX     10000
+struct json_t *super_queue(struct super *s, int limit, struct ddpd_error *err);
+
 #endif
