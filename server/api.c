@@ -122,6 +122,7 @@ static const struct http_route routes[] = {
     {"GET", "/v1/sweeps/{id}", api__sweep_get, HTTP_ROUTE_AUTH, 0, ""},
     {"POST", "/v1/sweeps/{id}/cancel", api__sweep_cancel, HTTP_ROUTE_AUTH, 0, ""},
     {"GET", "/v1/devices", api__devices, HTTP_ROUTE_AUTH, 0, ""},
+    {"GET", "/v1/queue", api__queue, HTTP_ROUTE_AUTH, 0, "limit"},
     {"GET", "/healthz", api__health, 0, 0, NULL},
     {"GET", "/metrics", api__prometheus, 0, 0, NULL},
     /* The dashboard (open without a token, CONTRACT.md §7). Route patterns match literal
@@ -142,6 +143,7 @@ static const struct http_route routes[] = {
     {"GET", "/web/compare.js", api__web_file, 0, 0, NULL},
     {"GET", "/web/app.js", api__web_file, 0, 0, NULL},
     {"GET", "/web/sweep.js", api__web_file, 0, 0, NULL},
+    {"GET", "/web/queue.js", api__web_file, 0, 0, NULL},
 };
 
 /* A copy of the table with this server's limits: the predict route's body limit. */

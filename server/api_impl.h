@@ -7,7 +7,7 @@
  * the planner's data check), api_files.c (a job's curve, logs and checkpoints), api_metrics_csv.c (the curve
  * as CSV), api_events.c (the event stream), api_web.c (devices, health, /metrics, the dashboard's files),
  * api_infer.c (generate, predict and the inference pool's state), api_pytorch.c (the job's model as
- * model.py), api_sweeps.c (hyper-parameter sweeps). */
+ * model.py), api_sweeps.c (hyper-parameter sweeps), api_queue.c (the queue as a view). */
 #ifndef DDPD_API_IMPL_H
 #define DDPD_API_IMPL_H
 
@@ -133,6 +133,7 @@ ddpd_err api__generate(struct http_request *req, struct ddpd_error *err);    /* 
 ddpd_err api__predict(struct http_request *req, struct ddpd_error *err);     /* api_infer.c */
 ddpd_err api__inference(struct http_request *req, struct ddpd_error *err);   /* api_infer.c */
 ddpd_err api__pytorch(struct http_request *req, struct ddpd_error *err);     /* api_pytorch.c */
+ddpd_err api__queue(struct http_request *req, struct ddpd_error *err);       /* api_queue.c */
 
 /* The sweep routes (api_sweeps.c). */
 ddpd_err api__sweep_submit(struct http_request *req, struct ddpd_error *err);

@@ -1099,6 +1099,14 @@ static const struct command commands[] = {
      "  --tag T           only jobs tagged T (exactly)\n"
      "  --limit N         at most N jobs (1..1000; default the server's 50)\n",
      cmd_jobs},
+    {"queue", "[--json] [--limit N]",
+     "Shows the queue: the running jobs (id, name, owner, priority, devices, how long they\n"
+     "have run, time limit) in start order, then the pending ones in the order they would\n"
+     "start (place in their device's queue, id, name, owner, priority, devices, how long they\n"
+     "have waited, why they wait).",
+     "  --json            the server's answer (GET /v1/queue) as JSON\n"
+     "  --limit N         at most N pending jobs (1..10000; default the server's 500)\n",
+     cmd_queue},
     {"patch", "[--tag T].. [--no-tags] [--notes TEXT] ID",
      "Changes a job's tags (the --tag list replaces them) or notes, in any state.",
      "  --tag T           a tag of the job's new list (repeat for more)\n"

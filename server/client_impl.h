@@ -1,7 +1,7 @@
 /* client_impl.h — what the client's files share (client.c: the connection, the requests
  * and the job commands; client_pull.c: pull; client_infer.c: generate and predict;
  * client_tokenize.c: tokenize; client_compare.c: compare;
- * client_tags.c: patch and the tag options; client_sweep.c: sweep). Only
+ * client_tags.c: patch and the tag options; client_sweep.c: sweep; client_queue.c: queue). Only
  * they include it. Short names map to client__ ones, as spec_impl.h does for the spec. */
 #ifndef DDPD_CLIENT_IMPL_H
 #define DDPD_CLIENT_IMPL_H
@@ -194,6 +194,8 @@ int cmd_patch(struct client *c, int argc, char **argv); /* client_tags.c */
 
 #define cmd_sweep client__cmd_sweep
 int cmd_sweep(struct client *c, int argc, char **argv); /* client_sweep.c */
+#define cmd_queue client__cmd_queue
+int cmd_queue(struct client *c, int argc, char **argv); /* client_queue.c */
 #define post_created client__post_created
 /* POSTs `body` to `path`, which answers 201 and a new object with an "id" (a job, a
  * sweep): that answer (the caller's), or NULL with *rc the exit code after a message. A

@@ -98,13 +98,6 @@ ddpd_err super_delete(struct super *s, int64_t job, struct ddpd_error *err);
  * itself (Slurm). Any thread but the supervisor's. */
 ddpd_err super_preempt(struct super *s, int64_t job, const char *by, struct ddpd_error *err);
 
-/* The queue as the scheduler sees it now: {"running": [...], "pending": [...] (at most
- * `limit`, in the order they would start), "pending_total", "slots": {"gpus", "cpu"}};
- * each job's id, owner, priority, preemptible, device, world_size and, running, its slots,
- * running_s and preempting, or, pending, its effective_priority, waited_s, position and
- * reason. A new reference. Any thread. */
-struct json_t *super_queue(struct super *s, int limit);
-
 /* Why queued job `job` waits, now ("queued behind job 7 (3 earlier jobs waiting for cpu
  * slots)"): true with `buf` set when the scheduler holds it queued. Asked when a job is
  * shown, not stored: every start or end would change the reason of every queued job.
@@ -136,5 +129,17 @@ void super_gpu_give(struct super *s, int slot);
 /* {"gpus":[{"index":0,"job":7|null,...},...],"cpu_slots":[...]}, the launcher's answer
  * (launcher_devices_json): a new reference. */
 struct json_t *super_devices(struct super *s);
+
+/* The queue as GET /v1/queue shows it (docs/api.md), from the scheduler's own view
+ * (sched_view): {"running": [...] in start order, "pending": [...] in the order they would
+ * start (GPU jobs first, then CPU jobs) cut to `limit` (1..SUPER_QUEUE_LIMIT_MAX),
+ * "pending_total": N, "slots": {"gpus": N, "cpu": M}}; each job's id, name, state, owner,
+ * priority, preemptible, device, world_size and, running, its slots, running_s,
+ * time_limit and preempting, or, pending, its effective_priority, waited_s, position and
+ * reason. A new reference; NULL when the store cannot be read (`err` says why). Any
+ * thread but the supervisor's (super_queue.c). */
+#define SUPER_QUEUE_LIMIT_DEFAULT 500
+#define SUPER_QUEUE_LIMIT_MAX     10000
+struct json_t *super_queue(struct super *s, int limit, struct ddpd_error *err);
 
 #endif

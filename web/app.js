@@ -1,4 +1,4 @@
-/* app.js — the page's frame: the hash router (#/jobs, #/jobs/7, #/submit, #/devices,
+/* app.js — the page's frame: the hash router (#/jobs, #/jobs/7, #/queue, #/submit, #/devices,
  * #/compare?ids=3,5,9, #/sweeps, #/sweeps/3),
  * the connection banner, the token prompt and the server dialog. */
 'use strict';
@@ -24,6 +24,7 @@
     document.title = 'ddpd';
     if (section === 'jobs' && parts.length === 2 && /^[1-9][0-9]{0,18}$/.test(parts[1])) unmount = ddpd.views.job(view, params, parts[1]);
     else if (section === 'jobs' && parts.length === 1) unmount = ddpd.views.jobs(view, params);
+    else if (section === 'queue' && parts.length === 1) unmount = ddpd.views.queue(view, params);
     else if (section === 'submit' && parts.length === 1) unmount = ddpd.views.submit(view, params);
     else if (section === 'devices' && parts.length === 1) unmount = ddpd.views.devices(view, params);
     else if (section === 'compare' && parts.length === 1) unmount = ddpd.views.compare(view, params);

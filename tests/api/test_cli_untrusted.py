@@ -203,6 +203,14 @@ def content_routes():
         ("POST", "/v1/jobs/1/cancel"): hostile_error(409, "conflict"),
         ("DELETE", "/v1/jobs/1"): hostile_error(409, "conflict"),
         ("GET", "/v1/jobs/1/checkpoint"): hostile_error(404),
+        ("GET", "/v1/queue"): js(200, {
+            "running": [{"id": 1, "name": "run" + HOSTILE, "owner": "al" + HOSTILE, "priority": 50,
+                         "preemptible": True, "device": "cpu" + HOSTILE, "world_size": 1, "slots": [0],
+                         "state": "running", "running_s": 5.0, "time_limit": None, "preempting": False}],
+            "pending": [{"id": 2, "name": "wait" + HOSTILE, "owner": None, "priority": 50, "effective_priority": 55,
+                         "device": "cpu", "world_size": 1, "state": "queued" + HOSTILE, "waited_s": 3.0,
+                         "position": 1, "reason": "why" + HOSTILE}],
+            "pending_total": 1, "slots": {"gpus": 0, "cpu": 1}}),
     }
 
 
@@ -212,7 +220,7 @@ def every_command(work):
     return [["jobs"], ["show", "1"], ["watch", "1"], ["logs", "1"], ["logs", "-f", "1"], ["checkpoints", "1"],
             ["submit", str(spec)], ["submit", "--follow", str(spec)], ["cancel", "1"], ["rm", "1"],
             ["pull", "1", "-o", str(work / "m.safetensors")],
-            ["pull", "1", "--step", "5", "-o", str(work / "m.safetensors")]]
+            ["pull", "1", "--step", "5", "-o", str(work / "m.safetensors")], ["queue"], ["queue", "--json"]]
 
 
 def test_every_command_escapes_what_a_fake_server_says(fake_server, work):
@@ -228,6 +236,10 @@ def test_every_command_escapes_what_a_fake_server_says(fake_server, work):
     rows = r.stdout.decode().splitlines()
     assert len(rows) == 3 and rows[1].split()[1].startswith("job\\x1b[2J\\x1b]0"), rows
     assert "running\\x1b[2J" in rows[2], rows
+    r = cli(fake.url, "queue")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode()
+    assert "run\\x1b[2J" in out and "why\\x1b[2J\\x1b]0;pwned" in out and "50 (+5)" in out, out
     r = cli(fake.url, "logs", "1")
     assert r.returncode == 0
     out = r.stdout.decode()

@@ -14,7 +14,8 @@
 // and a "no code" badge on the one the module cannot run on (where libddpd-cuda-emu.so is
 // built), sees the banner when the server goes away, and uses a server with a token from a
 // file URL (token prompt, CORS, the fetch()-based event stream); a sweep's page ranks its
-// trials and links the compare view of the top ones.
+// trials and links the compare view of the top ones; the queue page shows a running and a
+// pending job with the reason it waits, and stops asking once left.
 // Screenshots go to $DDPD_TEST_OUT (the build folder's tests/browser/).
 //
 // Exit 0 when every step passed, 1 on the first failure, 77 (skipped) without Chromium or
@@ -58,6 +59,7 @@ const seed = JSON.parse(readFileSync(path.join(SRC, 'examples', 'seed.json'), 'u
 // that must see it running gives it 1,000 epochs and cancels it, never a number of
 // epochs it expects to last long enough.
 const FOREVER_EPOCHS = 1000;
+const FINAL_STATES = new Set(['succeeded', 'failed', 'cancelled']);
 const liveSpec = (name, epochs) => ({
   ...seed,
   name,
@@ -431,6 +433,59 @@ async function main() {
     const n = await page.$$eval('.device[data-kind=cpu]', (d) => d.length);
     check(n === 2, `two CPU slots (got ${n})`);
     check((await page.textContent('.devices')).includes('This server has no GPUs'), 'no GPUs');
+  });
+
+  await step('the queue page shows a running and a pending job with its reason, refreshes, and stops when left (issue 32); screenshot', async () => {
+    /* A 2-rank job holds both slots; a 1-rank job waits behind it. */
+    const post = async (spec) => {
+      const r = await fetch(`${a.url}/v1/jobs`, {method: 'POST', headers: {'Content-Type': 'application/json'},
+        body: JSON.stringify(spec)});
+      const text = await r.text();
+      check(r.status === 201, `POST /v1/jobs: ${r.status} ${text}`);
+      return JSON.parse(text).id;
+    };
+    const hog = await post({...liveSpec('queue-hog', FOREVER_EPOCHS), world_size: 2, priority: 60});
+    const waiter = await post({...liveSpec('queue-waiter', FOREVER_EPOCHS), priority: 40});
+    const queued = [];
+    const onRequest = (r) => {
+      if (new URL(r.url()).pathname === '/v1/queue') queued.push(Date.now());
+    };
+    page.on('request', onRequest);
+    try {
+      await page.click('nav a[data-nav=queue]');
+      await page.waitForSelector('#queue-running');
+      const rowIds = (table) => page.$$eval(`#${table} tbody tr.queue-row`, (tr) => tr.map((r) => Number(r.dataset.jobId)));
+      await until(async () => JSON.stringify(await rowIds('queue-running')) === JSON.stringify([hog])
+        && JSON.stringify(await rowIds('queue-pending')) === JSON.stringify([waiter]), 'the hog running and the waiter pending');
+      const q = await (await fetch(`${a.url}/v1/queue`)).json();
+      const reason = q.pending[0].reason;
+      check(reason && reason.includes('slot'), 'the server gives a reason: ' + reason);
+      await until(async () => (await page.textContent('#queue-pending .queue-reason')) === reason,
+        `the reason in full: ${reason}`);
+      const run = await page.textContent(`#queue-running tr[data-job-id="${hog}"]`);
+      check(run.includes('queue-hog') && run.includes('CPU 0, 1') && run.includes('60'), 'the running row: ' + run);
+      const wait = await page.textContent(`#queue-pending tr[data-job-id="${waiter}"]`);
+      check(wait.includes('queue-waiter') && wait.includes('1 × CPU') && wait.includes('40'), 'the pending row: ' + wait);
+      check(await page.$(`#queue-pending tr[data-job-id="${waiter}"] a[href="#/jobs/${waiter}"]`), 'the pending row links its job');
+      await until(async () => queued.length >= 2, 'the page to ask again (every 2 s)', 20000);
+      await page.screenshot({path: path.join(OUT, 'queue.png'), fullPage: true});
+      await page.click(`#queue-running tr[data-job-id="${hog}"] a[href="#/jobs/${hog}"]`);
+      await until(() => jobIdFromUrl() === hog, 'the hog\'s page from its row');
+      /* Left: no more requests for the queue (at most one already under way). */
+      const left = queued.length;
+      await new Promise((r) => setTimeout(r, 4500));
+      check(queued.length <= left + 1, `the queue page stopped asking once left (${queued.length - left} more)`);
+    } finally {
+      page.off('request', onRequest);
+      await cancelJob(a, hog);
+      await cancelJob(a, waiter);
+    }
+    for (const id of [hog, waiter]) {
+      await until(async () => {
+        const r = await fetch(`${a.url}/v1/jobs/${id}`);
+        return FINAL_STATES.has((await r.json()).state);
+      }, `job ${id} to end`, 30000);
+    }
   });
 
   await step('the checkpoint downloads', async () => {
