@@ -48,6 +48,13 @@ typedef enum {
 } ddpd_err;
 /* clang-format on */
 
+/* A rank's exit code that is no error: asked to stop (SIGUSR1: a preemption, or Slurm's
+ * --signal before its time limit), it wrote a checkpoint at the next optimizer step that
+ * every rank agreed on, and ended there, so that a resume from it loses nothing
+ * (CONTRACT.md §6). The launchers count a rank that ends with it as preempted, not
+ * failed (server/cause.h). */
+#define RANK_EXIT_PREEMPTED 6
+
 /* Detail of one error. `path` is a JSON path ("model[2].in"), a file name, or empty;
  * `message` is a full sentence a user understands; `line`/`column` are set (1-based)
  * for EJSON and for data files where known, else 0. */

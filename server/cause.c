@@ -77,6 +77,17 @@ int cause_pick(const struct cause_rank *ranks, int n)
     return best;
 }
 
+bool cause_preempted(const struct cause_rank *ranks, int n)
+{
+    bool any = false;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i].failed)
+            return false;
+        any |= ranks[i].preempted;
+    }
+    return any;
+}
+
 int cause_exit_code(const struct cause_rank *r, int exit_code)
 {
     int code = r->has_error ? ddpd_err_kind_exit(r->kind) : -1;

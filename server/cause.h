@@ -23,7 +23,9 @@ enum cause_exit {
 
 /* One rank's end, as its launcher saw it. Zeroed: a rank that has not failed. */
 struct cause_rank {
-    bool failed;          /* it ended other than with exit code 0 */
+    bool failed;          /* it ended other than with exit code 0 or RANK_EXIT_PREEMPTED */
+    bool preempted;       /* it ended with RANK_EXIT_PREEMPTED (6): stopped at the checkpoint a
+                             preemption asked for, which is no failure and no rank's fault */
     enum cause_exit exit; /* how its exit status reads (when failed) */
     int order;            /* 1, 2, ...: its place among the ends the launcher saw; 0 unknown */
     double ended_at;      /* wall-clock seconds when the launcher saw it end; 0 unknown */
@@ -51,6 +53,10 @@ void cause_note_line(struct cause_rank *r, const char *line, size_t len);
  *      stopped, then the first the launcher saw.
  * Ties go to the lower rank. */
 int cause_pick(const struct cause_rank *ranks, int n);
+
+/* Whether an attempt whose ranks all ended was preempted: no rank failed and at least one
+ * ended with RANK_EXIT_PREEMPTED (the others, 0: a rank that was done already). */
+bool cause_preempted(const struct cause_rank *ranks, int n);
 
 /* The exit code rank r's failure stands for: that of its error event's kind (CONTRACT.md
  * §6: a rank stopped after it wrote a `data` error reports 2, not the signal's 143),

@@ -209,6 +209,12 @@ void launch_cancel(struct launch *l)
         l->ops->cancel(l->run);
 }
 
+void launch_preempt(struct launch *l)
+{
+    if (l)
+        l->ops->preempt(l->run);
+}
+
 void launch_result(const struct launch *l, struct launch_result *res)
 {
     l->ops->result(l->run, res);

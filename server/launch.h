@@ -32,6 +32,9 @@ struct launch_opts {
     const struct jobdoc *doc; /* borrowed: the stdin document; its rank and comm are the
                                  launcher's to set (schema/jobdoc.h) */
     double grace_s;           /* SIGTERM -> SIGKILL; default 5 */
+    double preempt_grace_s;   /* a cluster manager's signal before its preemption or time limit
+                                 (Slurm's --signal=USR1@G): seconds, the server's default for a
+                                 spec whose preempt_grace is 0; 0 here: LAUNCH_PREEMPT_GRACE_S */
     bool die_with_parent;     /* workers get SIGKILL when this process dies (ddpd run) */
     const char *const *gpus;  /* cuda jobs: rank r sees only GPU gpus[r] (its CUDA_VISIBLE_DEVICES:
                                  a device number or UUID; borrowed, valid until launch_free);
@@ -45,6 +48,10 @@ struct launch_opts {
     void (*on_line)(void *ctx, int rank, const char *line, size_t len);
     void *ctx;
 };
+
+/* The preemption grace when neither the spec nor the caller names one: seconds a rank
+ * has between SIGUSR1 and the end of its time (its next optimizer step and checkpoint). */
+#define LAUNCH_PREEMPT_GRACE_S 60
 
 struct launch;
 
@@ -66,7 +73,19 @@ int launch_fds(const struct launch *l, struct pollfd *fds, int cap);
 /* Asks every rank to stop (SIGTERM to the group; SIGKILL after the grace period). */
 void launch_cancel(struct launch *l);
 
-/* After launch_poll returned true: `ok` when every rank exited 0; else the rank where the
+/* Asks every rank of the attempt to checkpoint and exit (a preemption): SIGUSR1 to each
+ * rank (local: each rank's process, never the id issuer; Slurm: srun, which forwards it
+ * to every task). The ranks agree on the next optimizer step S, write ckpt-S, and end
+ * with RANK_EXIT_PREEMPTED; launch_result then says `preempted`. Arms no deadline: the
+ * caller cancels (launch_cancel) a job that has not stopped within its grace. Nothing is
+ * sent while the attempt is pending in a cluster manager, or once its ranks have ended.
+ * NULL is a no-op. */
+void launch_preempt(struct launch *l);
+
+/* After launch_poll returned true: `ok` when every rank exited 0; `preempted` (and not
+ * ok) when every rank exited 0 or RANK_EXIT_PREEMPTED and at least one the latter: the
+ * attempt stopped at a preemption's checkpoint, rank -1, exit_code RANK_EXIT_PREEMPTED,
+ * `message` says so; else the rank where the
  * failure began (cause.h: its own error, not a peer's echo of it, whichever exit came
  * first), the exit code that failure stands for (its error event's kind's, CONTRACT.md
  * §6; without an event its exit code, 128+signal when killed) and the message of its
@@ -74,6 +93,7 @@ void launch_cancel(struct launch *l);
  * failed or ended the attempt, `message` says how. */
 struct launch_result {
     bool ok;
+    bool preempted;
     int rank;
     int exit_code;
     char message[1024];

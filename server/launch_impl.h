@@ -26,6 +26,7 @@ struct launch_ops {
     bool (*poll)(void *run, int timeout_ms);                    /* launch_poll */
     int (*fds)(const void *run, struct pollfd *fds, int cap);   /* launch_fds */
     void (*cancel)(void *run);                                  /* launch_cancel */
+    void (*preempt)(void *run);                                 /* launch_preempt */
     void (*result)(const void *run, struct launch_result *res); /* launch_result */
     int (*exit_code)(const void *run, int rank);                /* launch_exit_code */
     pid_t (*pid)(const void *run, int rank);                    /* optional: 0 */

@@ -213,6 +213,16 @@ static void local_cancel(void *run)
     arm_kill(l);
 }
 
+/* SIGUSR1 to each rank that runs, not to the group: the id issuer leads the group and
+ * has nothing to checkpoint. A rank not yet at its handler holds it (hold_term). */
+static void local_preempt(void *run)
+{
+    struct local *l = run;
+    for (int r = 0; r < l->n; r++)
+        if (!l->ranks[r].exited && l->ranks[r].pid > 0)
+            kill(l->ranks[r].pid, SIGUSR1);
+}
+
 /* Hands complete lines to the callback; remembers each rank's last error event. */
 static void deliver(struct local *l, int r, const char *line, size_t len)
 {
@@ -290,7 +300,10 @@ static void reap(struct local *l)
         struct cause_rank *e = &l->ends[r];
         e->order = ++l->reaped;
         e->ended_at = base_wall_s();
-        e->failed = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        /* A rank that stopped at a preemption's checkpoint has not failed: its peers stop
+         * at the same step on their own, and stopping them would cut that short. */
+        e->preempted = WIFEXITED(st) && WEXITSTATUS(st) == RANK_EXIT_PREEMPTED;
+        e->failed = !(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !e->preempted;
         if (!e->failed)
             continue;
         /* Which failure was the cause is decided once every rank has ended (local_result):
@@ -367,6 +380,14 @@ static void local_result(const void *run, struct launch_result *res)
     memset(res, 0, sizeof *res);
     res->ok = true;
     res->rank = -1;
+    if (cause_preempted(l->ends, l->n)) {
+        res->ok = false;
+        res->preempted = true;
+        res->exit_code = RANK_EXIT_PREEMPTED;
+        snprintf(res->message, sizeof res->message,
+                 "preempted: every rank stopped at its checkpoint (exit code %d)", RANK_EXIT_PREEMPTED);
+        return;
+    }
     int r = cause_pick(l->ends, l->n);
     if (r < 0)
         return;
@@ -508,6 +529,7 @@ const struct launch_ops launch__local_ops = {
     .poll = local_poll,
     .fds = local_fds,
     .cancel = local_cancel,
+    .preempt = local_preempt,
     .result = local_result,
     .exit_code = local_exit_code,
     .pid = local_pid,

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,8 +53,22 @@ static bool set(const char *s)
     return s && *s;
 }
 
+int slurm_nice(int priority)
+{
+    priority = priority < 0 ? 0 : priority > 100 ? 100 : priority;
+    return (100 - priority) * 10;
+}
+
+/* Whole seconds or minutes, rounded up, at least 1 and at most `max`. */
+static long long ceil_to(double v, double unit, long long max)
+{
+    double n = ceil(v / unit);
+    return n < 1 ? 1 : n > (double)max ? max : (long long)n;
+}
+
 ddpd_err slurm_srun_argv(const struct slurm_opts *o, const char *name, int world, bool cuda,
-                         const char *worker, struct slurm_argv *a, struct ddpd_error *err)
+                         const struct slurm_job *job, const char *worker, struct slurm_argv *a,
+                         struct ddpd_error *err)
 {
     size_t used = 0;
     char num[32];
@@ -78,8 +93,20 @@ ddpd_err slurm_srun_argv(const struct slurm_opts *o, const char *name, int world
         bad |= arg_add(a, &used, "--partition=%s", o->partition);
     if (set(o->account))
         bad |= arg_add(a, &used, "--account=%s", o->account);
-    if (set(o->time_limit))
+    if (job && job->time_limit_s > 0) { /* the job's own limit, in minutes */
+        snprintf(num, sizeof num, "%lld", ceil_to(job->time_limit_s, 60, 1LL << 40));
+        bad |= arg_add(a, &used, "--time=%s", num);
+    } else if (set(o->time_limit)) {
         bad |= arg_add(a, &used, "--time=%s", o->time_limit);
+    }
+    if (job) {
+        snprintf(num, sizeof num, "%d", slurm_nice(job->priority));
+        bad |= arg_add(a, &used, "--nice=%s", num);
+    }
+    if (job && job->signal_grace_s > 0) { /* Slurm's sig_time is at most 65535 s */
+        snprintf(num, sizeof num, "%lld", ceil_to(job->signal_grace_s, 1, 65535));
+        bad |= arg_add(a, &used, "--signal=USR1@%s", num);
+    }
     for (int i = 0; i < o->n_extra && i < SLURM_MAX_EXTRA; i++)
         bad |= arg_add(a, &used, "%s", o->extra[i]);
     bad |= arg_add(a, &used, "%s", worker);
@@ -428,6 +455,7 @@ struct slurm_run {
     double final_until, final_next; /* looking again while it is still COMPLETING */
     double next_query, next_scancel, kill_at;
     bool cancelled, killed;
+    bool preempt, preempt_sent; /* a preemption asked for; SIGUSR1 sent to srun */
 };
 
 static void log_line(int fd, const char *line, size_t len, bool newline)
@@ -498,7 +526,8 @@ static void stdout_piece(struct slurm_run *r, const char *line, size_t len)
  * rank's own. Tasks reported on one line share its order. */
 static void note_end(struct cause_rank *e, int code, int order)
 {
-    e->failed = code > 0;
+    e->preempted = code == RANK_EXIT_PREEMPTED; /* at its checkpoint: no failure */
+    e->failed = code > 0 && !e->preempted;
     e->exit = code == 3 ? CAUSE_EXIT_LOST_PEER : code == 128 + SIGTERM ? CAUSE_EXIT_STOPPED : CAUSE_EXIT_OWN;
     e->order = order;
     e->ended_at = base_wall_s();
@@ -534,9 +563,11 @@ static void stderr_line(struct slurm_run *r, const char *line, size_t len)
         free(codes);
     }
     long long id;
-    if (sscanf(tmp, "srun: job %lld queued and waiting for resources", &id) == 1) {
+    int end = 0; /* %n: the whole line matched, not only up to the number (sscanf's count) */
+    if (sscanf(tmp, "srun: job %lld queued and waiting for resources%n", &id, &end) == 1 && end > 0) {
         r->jobid = id;
-    } else if (sscanf(tmp, "srun: job %lld has been allocated resources", &id) == 1) {
+    } else if ((end = 0, sscanf(tmp, "srun: job %lld has been allocated resources%n", &id, &end)) == 1 &&
+               end > 0) {
         r->jobid = id;
         r->allocated = true;
     } else if (strncmp(tmp, "srun: error: Node failure on ", 29) == 0) {
@@ -617,7 +648,17 @@ struct slurm_run *slurm_run_start(const struct slurm_opts *so, const char *name,
                        path, strerror(errno));
         goto fail;
     }
-    if (slurm_srun_argv(&r->so, r->name, r->n, lo->cuda, lo->worker, a, err) != DDPD_OK)
+    struct slurm_job job = {0}, *jp = NULL;
+    if (lo->doc) {
+        const struct spec *sp = &lo->doc->spec;
+        job.priority = sp->priority;
+        job.time_limit_s = sp->time_limit;
+        job.signal_grace_s = sp->preempt_grace > 0     ? sp->preempt_grace
+                             : lo->preempt_grace_s > 0 ? lo->preempt_grace_s
+                                                       : LAUNCH_PREEMPT_GRACE_S;
+        jp = &job;
+    }
+    if (slurm_srun_argv(&r->so, r->name, r->n, lo->cuda, jp, lo->worker, a, err) != DDPD_OK)
         goto fail;
     if (resolve(a->argv[0], r->srun_path, sizeof r->srun_path) != 0) {
         ddpd_error_set(err, DDPD_EIO, "slurm", "Slurm job %s: cannot execute %s: not found on PATH", r->name,
@@ -657,9 +698,19 @@ fail:
     return NULL;
 }
 
+/* Every task srun reported ended 0 or at a preemption's checkpoint (exit 6), at least
+ * one of them the latter, and Slurm ended nothing itself: srun exits 6 then. */
+static bool run_preempted(const struct slurm_run *r)
+{
+    return WIFEXITED(r->status) && WEXITSTATUS(r->status) == RANK_EXIT_PREEMPTED &&
+           cause_preempted(r->ends, r->n) && !r->node_failure[0] && !strstr(r->slurm_end, " DUE TO ");
+}
+
 /* srun's exit code is not the whole story: after a node failure it may exit 0. */
 static bool run_failed(const struct slurm_run *r)
 {
+    if (run_preempted(r))
+        return false;
     return !(WIFEXITED(r->status) && WEXITSTATUS(r->status) == 0) || r->node_failure[0] ||
            strstr(r->slurm_end, " DUE TO ");
 }
@@ -732,6 +783,11 @@ bool slurm_run_poll(struct slurm_run *r, int timeout_ms)
         helper_start(&r->q, set(r->so.squeue) ? r->so.squeue : "squeue", args, r->srun_log);
         r->next_query = now + r->so.poll_s;
     }
+    if (r->preempt && !r->preempt_sent && r->allocated && !r->exited) {
+        /* srun forwards the signals it gets to every task (srun(1), "Signals"). */
+        kill(r->pid, SIGUSR1);
+        r->preempt_sent = true;
+    }
     if (r->cancelled && !r->exited) {
         if (!r->c.pid && now >= r->next_scancel) {
             scancel_now(r);
@@ -778,6 +834,17 @@ void slurm_run_cancel(struct slurm_run *r)
     r->kill_at = base_mono_s() + (r->o.grace_s > 0 ? r->o.grace_s : 5) + SLURM_KILL_WAIT_S;
 }
 
+void slurm_run_preempt(struct slurm_run *r)
+{
+    if (!r || r->exited)
+        return;
+    r->preempt = true;
+    if (r->allocated && !r->preempt_sent) {
+        kill(r->pid, SIGUSR1);
+        r->preempt_sent = true;
+    }
+}
+
 bool slurm_run_waiting(const struct slurm_run *r, char *why, size_t cap)
 {
     if (r->allocated || r->exited)
@@ -793,6 +860,15 @@ void slurm_run_result(const struct slurm_run *r, struct launch_result *res)
 {
     memset(res, 0, sizeof *res);
     res->rank = -1;
+    if (r->exited && run_preempted(r)) {
+        res->preempted = true;
+        res->exit_code = RANK_EXIT_PREEMPTED;
+        snprintf(res->message, sizeof res->message,
+                 "preempted: every rank of Slurm job %.200s (Slurm job %lld) stopped at its checkpoint (exit "
+                 "code %d)",
+                 r->name, r->jobid, RANK_EXIT_PREEMPTED);
+        return;
+    }
     res->ok = r->exited && !run_failed(r);
     if (res->ok)
         return;
@@ -924,6 +1000,10 @@ static void run_cancel(void *run)
 {
     slurm_run_cancel(run);
 } /* scancel: Slurm signals the tasks */
+static void run_preempt(void *run)
+{
+    slurm_run_preempt(run);
+}
 static void run_result(const void *run, struct launch_result *res)
 {
     slurm_run_result(run, res);
@@ -980,6 +1060,7 @@ static const struct launch_ops slurm_ops = {
     .poll = run_poll,
     .fds = run_fds,
     .cancel = run_cancel,
+    .preempt = run_preempt,
     .result = run_result,
     .exit_code = run_exit_code,
     .waiting = run_waiting,

@@ -34,6 +34,24 @@ struct slurm_opts {
     double poll_s;                       /* squeue at most this often while pending (default 2) */
 };
 
+/* What srun is told of one job, from its spec (docs: README's Slurm section):
+ *   - its priority as --nice=slurm_nice(priority): (100 - priority) * 10, so 100 -> 0,
+ *     50 -> 500, 0 -> 1000; never negative (only Slurm's operators may ask for that);
+ *   - its time_limit (seconds, 0 none) as --time=MINUTES, rounded up, over the server's
+ *     --slurm-time;
+ *   - --signal=USR1@G: Slurm sends the ranks SIGUSR1 G seconds before the time limit (and,
+ *     with PreemptParameters=send_user_signal, at a preemption), G the job's
+ *     preempt_grace or the server's default, rounded up, in [1, 65535]; a rank that gets
+ *     it checkpoints at its next optimizer step and ends with exit code 6. */
+struct slurm_job {
+    int priority;          /* 0..100 */
+    double time_limit_s;   /* > 0: --time */
+    double signal_grace_s; /* > 0: --signal=USR1@G */
+};
+
+/* The --nice of a job of `priority` (clamped to 0..100): (100 - priority) * 10. */
+int slurm_nice(int priority);
+
 /* srun's argv for one attempt (no shell: each element is one argument). */
 struct slurm_argv {
     char *argv[SLURM_MAX_EXTRA + 24];
@@ -42,10 +60,11 @@ struct slurm_argv {
 };
 
 /* Fills `a` for `world` ranks running `worker`, as Slurm job `name`; cuda jobs get one GPU
- * per task, cpu jobs cpus_per_task CPUs. DDPD_ETOOBIG (naming the option) when the options
- * do not fit. */
+ * per task, cpu jobs cpus_per_task CPUs; `job` (NULL: none) adds its --nice, --time and
+ * --signal. DDPD_ETOOBIG (naming the option) when the options do not fit. */
 ddpd_err slurm_srun_argv(const struct slurm_opts *o, const char *name, int world, bool cuda,
-                         const char *worker, struct slurm_argv *a, struct ddpd_error *err);
+                         const struct slurm_job *job, const char *worker, struct slurm_argv *a,
+                         struct ddpd_error *err);
 
 /* The Slurm launcher: every job is one srun as soon as it is queued (launcher_queues):
  * Slurm queues it and places its ranks, squeue's reason is its pending reason, and the
@@ -67,9 +86,10 @@ bool slurm_programs_found(const struct slurm_opts *o, char *why, size_t cap);
 struct slurm_run;
 
 /* Starts srun for one attempt of lo->world_size ranks as Slurm job `name` with `so`'s
- * options: `doc` (the stdin document without a rank, with the comm id) goes to a file in
- * lo->out_dir that is srun's stdin (--input=all: every task reads it whole). `pgid`: the
- * process group to join (the issuer's), 0 for a new one. NULL with `err` set, naming the
+ * options and, when lo->doc is set, its spec's priority, time limit and preemption grace
+ * (struct slurm_job; the grace defaults to lo->preempt_grace_s): `doc` (the stdin document without a rank,
+ * with the comm id) goes to a file in lo->out_dir that is srun's stdin (--input=all: every task reads it
+ * whole). `pgid`: the process group to join (the issuer's), 0 for a new one. NULL with `err` set, naming the
  * Slurm job. */
 struct slurm_run *slurm_run_start(const struct slurm_opts *so, const char *name, const struct launch_opts *lo,
                                   const char *doc, pid_t pgid, struct ddpd_error *err);
@@ -80,6 +100,9 @@ int slurm_run_fds(const struct slurm_run *r, struct pollfd *fds, int cap);
 /* scancel (repeated until srun ends; srun SIGKILLed after the grace period plus Slurm's
  * own kill wait). */
 void slurm_run_cancel(struct slurm_run *r);
+/* A preemption: SIGUSR1 to srun, which forwards it to every task, at once when Slurm has
+ * started the tasks, else as soon as it does. */
+void slurm_run_preempt(struct slurm_run *r);
 /* True while Slurm holds the attempt pending; `why` is squeue's reason in a sentence. */
 bool slurm_run_waiting(const struct slurm_run *r, char *why, size_t cap);
 void slurm_run_result(const struct slurm_run *r, struct launch_result *res);

@@ -36,8 +36,10 @@ pid_t proc_spawn(const struct proc_spawn *o)
         signal(SIGPIPE, SIG_DFL);
         sigset_t mask;
         sigemptyset(&mask);
-        if (o->hold_term)
+        if (o->hold_term) {
             sigaddset(&mask, SIGTERM);
+            sigaddset(&mask, SIGUSR1);
+        }
         sigprocmask(SIG_SETMASK, &mask, NULL);
         if (o->pgid >= 0)
             setpgid(0, o->pgid);

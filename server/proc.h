@@ -21,13 +21,14 @@ struct proc_spawn {
     int fd[3];            /* its stdin, stdout, stderr: a descriptor, PROC_FD_NULL or PROC_FD_SAME */
     pid_t pgid;           /* the process group it joins: 0 a new one it leads, -1 the server's */
     bool die_with_parent; /* SIGKILL when the server dies (PR_SET_PDEATHSIG) */
-    bool hold_term;       /* SIGTERM starts blocked: one sent before the child has its handler
-                             waits, pending, until the child unblocks it (a rank does so once
-                             its cancel handler is installed) instead of killing it */
+    bool hold_term;       /* SIGTERM and SIGUSR1 start blocked: one sent before the child has
+                             its handler waits, pending, until the child unblocks it (a rank
+                             does so once its cancel and preemption handlers are installed)
+                             instead of killing it */
     int nice;             /* added to the child's niceness before it execs (0: the server's) */
 };
 /* Forks and execs `o`. The child starts with no signal blocked (the server blocks
- * SIGTERM in its threads) but SIGTERM where `hold_term` says so, and no signal reaches it
+ * SIGTERM in its threads) but SIGTERM and SIGUSR1 where `hold_term` says so, and no signal reaches it
  * before that (all are blocked across the fork), every signal at its default but those
  * the server ignores, SIGPIPE at its default, umask 077 (what it creates is
  * readable by this user only), and no descriptor of the server's but 0, 1 and 2; a failed exec is said on its

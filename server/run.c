@@ -25,12 +25,20 @@
 #include "planner.h"
 #include "progress.h"
 
-static volatile sig_atomic_t interrupted;
+static volatile sig_atomic_t interrupted, preempt;
 
 static void on_signal(int sig)
 {
     (void)sig;
     interrupted = 1;
+}
+
+/* SIGUSR1 goes on to the ranks (launch_preempt): they checkpoint at their next optimizer
+ * step and end; `ddpd run` then exits RANK_EXIT_PREEMPTED. */
+static void on_sigusr1(int sig)
+{
+    (void)sig;
+    preempt = 1;
 }
 
 static void usage(FILE *f)
@@ -49,7 +57,11 @@ static void usage(FILE *f)
         "  --stop-at STEP  pause after step STEP: its checkpoint OUT/ckpt-STEP written, no final\n"
         "                  model, the schedules still the spec's steps (a sweep's ASHA rung)\n"
         "  --max-rank-memory SIZE  refuse a job whose rank needs more (bytes, or 512M, 4G, ...;\n"
-        "                  default: this host's memory divided by the ranks; 0 = no limit)\n",
+        "                  default: this host's memory divided by the ranks; 0 = no limit)\n"
+        "Exit status: 0 when every rank succeeded; a rank's exit code when one failed (2 spec or data,\n"
+        "3 communication, 4 device, 5 cancelled, 1 other); 6 when SIGUSR1 preempted the run: every\n"
+        "rank stopped at the checkpoint OUT/ckpt-STEP of the next optimizer step, which --resume\n"
+        "continues bit-exactly.\n",
         f);
 }
 
@@ -139,6 +151,9 @@ static int run_ranks(const char *worker, json_t *doc, const struct jobdoc *jd, c
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sa.sa_handler = on_sigusr1;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     struct launch_opts lo = {
@@ -168,11 +183,17 @@ static int run_ranks(const char *worker, json_t *doc, const struct jobdoc *jd, c
         fprintf(stderr, "ddpd run: %s\n", err.message);
         return 1;
     }
-    bool stopping = false;
+    bool stopping = false, preempting = false;
     while (!launch_poll(l, 100)) {
         fflush(stdout);
         if (prog)
             progress_flush(prog);
+        if (preempt && !preempting && !stopping) {
+            fprintf(stderr, "%sddpd run: SIGUSR1: the ranks checkpoint at their next step and stop\n",
+                    prog ? "\n" : "");
+            launch_preempt(l);
+            preempting = true;
+        }
         if (interrupted && !stopping) {
             fprintf(stderr, "%sddpd run: interrupted, stopping the ranks\n", prog ? "\n" : "");
             launch_cancel(l);
@@ -184,7 +205,10 @@ static int run_ranks(const char *worker, json_t *doc, const struct jobdoc *jd, c
     launch_result(l, &res);
     launch_free(l);
     if (prog) {
-        progress_set_state(prog, res.ok ? "succeeded" : stopping ? "cancelled" : "failed");
+        progress_set_state(prog, res.ok          ? "succeeded"
+                                 : res.preempted ? "preempted"
+                                 : stopping      ? "cancelled"
+                                                 : "failed");
         progress_finish(prog);
         progress_free(prog);
     }
@@ -194,6 +218,14 @@ static int run_ranks(const char *worker, json_t *doc, const struct jobdoc *jd, c
         fprintf(stderr, "ddpd run: all %d rank%s succeeded; final model in %s\n", spec->world_size,
                 spec->world_size > 1 ? "s" : "", model);
         return 0;
+    }
+    if (res.preempted) {
+        char ckpt[PATH_MAX];
+        const bool found = jobdir_latest_ckpt(out, ckpt, sizeof ckpt);
+        fprintf(stderr,
+                "ddpd run: preempted: every rank stopped at its checkpoint; go on with --resume %s%s\n",
+                found ? ckpt : out, found ? "" : "/ckpt-STEP");
+        return RANK_EXIT_PREEMPTED;
     }
     if (stopping)
         fprintf(stderr, "ddpd run: cancelled; rank %d stopped with exit code %d: %s\n", res.rank,

@@ -32,7 +32,7 @@
 
 #define STDIN_MAX (4 * 1024 * 1024)
 
-static volatile sig_atomic_t cancelled, in_loop, dying;
+static volatile sig_atomic_t cancelled, in_loop, dying, preempt;
 /* The rank's communicator once it is whole (bound to its device), for the handler. */
 static struct comm *volatile group;
 
@@ -63,6 +63,17 @@ static void on_sigterm(int sig)
         (void)n;
         _exit(5);
     }
+}
+
+/* SIGUSR1 asks the rank to checkpoint and exit (a preemption; Slurm's --signal before its
+ * time limit): the training loop reads the flag after each optimizer step, the ranks agree
+ * on the step with the collective they run after every step, and each ends with
+ * RANK_EXIT_PREEMPTED after that step's checkpoint (train.h). Before the loop the flag
+ * waits: a rank has nothing to save yet, and acts on it at its first step. */
+static void on_sigusr1(int sig)
+{
+    (void)sig;
+    preempt = 1;
 }
 
 /* Test hook: with DDPD_TEST_DIE_LATE=1 in its environment, a rank failing of its own cause
@@ -527,6 +538,7 @@ static int mode_main(int argc, char **argv)
             return 2;
         }
         signal(SIGPIPE, SIG_IGN);
+        signal(SIGUSR1, SIG_IGN); /* a preemption is the ranks' business, not the rendezvous' */
         return nccl ? comm_nccl_issue_id(stdout, 0) : comm_cpu_issue_id(stdout, 0);
     }
     if (!strcmp(argv[1], "--plan"))
@@ -546,23 +558,31 @@ static int mode_main(int argc, char **argv)
     return 2;
 }
 
-/* A rank's signals: SIGTERM is a cancel (on_sigterm), SIGPIPE an error return, SIGBUS in
- * a data file's mapping a data error naming the file (mapguard.h). */
+/* A rank's signals: SIGTERM is a cancel (on_sigterm), SIGUSR1 a preemption (on_sigusr1),
+ * SIGPIPE an error return, SIGBUS in a data file's mapping a data error naming the file
+ * (mapguard.h). */
 static void signals_install(void)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigterm;
     sigaction(SIGTERM, &sa, NULL);
+    /* SA_RESTART: the rank goes on working after it; the reads and waits that the
+     * restart does not cover retry EINTR. */
+    sa.sa_handler = on_sigusr1;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     mapguard_install();
-    /* The launcher starts a rank with SIGTERM blocked (proc.h, hold_term): a cancel sent
-     * between its fork and this handler has waited, pending, and arrives now, as a cancel
-     * (exit 5) rather than a death by the signal. */
-    sigset_t term;
-    sigemptyset(&term);
-    sigaddset(&term, SIGTERM);
-    sigprocmask(SIG_UNBLOCK, &term, NULL);
+    /* The launcher starts a rank with SIGTERM and SIGUSR1 blocked (proc.h, hold_term): a
+     * cancel or a preemption sent between its fork and these handlers has waited,
+     * pending, and arrives now, as a cancel (exit 5) or a preemption rather than a death
+     * by the signal. */
+    sigset_t held;
+    sigemptyset(&held);
+    sigaddset(&held, SIGTERM);
+    sigaddset(&held, SIGUSR1);
+    sigprocmask(SIG_UNBLOCK, &held, NULL);
 }
 
 /* No file this rank writes may outgrow the quota, its log (our stderr) included: a rank
@@ -656,10 +676,13 @@ int main(int argc, char **argv)
         .init_path = jd.init_path[0] ? jd.init_path : NULL,
         .disk_quota = jd.disk_quota,
         .cancel = &cancelled,
+        .preempt = &preempt,
         .in_loop = &in_loop,
         .comm = comm,
         .dev = dev,
     };
+    int64_t preempted_at = 0;
+    cfg.preempted_at = &preempted_at;
     ddpd_err rc = train_run(&cfg, &err);
     if (rc == DDPD_ECOMM && cancelled && !comm_carries_cancel(comm)) {
         /* A rank told to cancel whose collective failed first, because a peer stopped for
@@ -700,5 +723,6 @@ int main(int argc, char **argv)
     else
         dev_cpu_free(dev);
     emit_flush();
-    return 0;
+    /* Stopped at a preemption's checkpoint: not done, and not a failure (CONTRACT.md §6). */
+    return preempted_at > 0 ? RANK_EXIT_PREEMPTED : 0;
 }

@@ -295,7 +295,8 @@ struct run {
      * stop_reason is set at the eval that stops the job, or at the pause (stop_at) */
     struct watch_state stop, best;
     char stop_reason[256];
-    bool paused; /* stopped at cfg->stop_at: its checkpoint written, no final model */
+    bool paused; /* stopped at cfg->stop_at or a preemption: its checkpoint written, no final model */
+    int64_t preempted_at; /* the step of a preemption's checkpoint, 0 when none */
 };
 
 /* A logged step whose losses are on their way to the host. On CUDA the copy is queued
@@ -683,34 +684,64 @@ static ddpd_err run_eval(struct run *r, int64_t step, bool live, double *loss_ou
     return DDPD_OK;
 }
 
+/* What the ranks agree on after each optimizer step: the lowest rank whose loss of the
+ * step is NaN or infinite (with on_nonfinite "fail"; -1 for none), and whether any rank
+ * was asked to stop (SIGUSR1, cfg->preempt). */
+struct step_vote {
+    int nonfinite_rank;
+    bool preempt;
+};
+
+/* The vote of the step just run (or shadowed: nonfinite false), in one collective for
+ * both questions, so that a step costs no more collectives than the nonfinite check did
+ * and one tiny all-reduce without it (none for a single rank): a MAX over one int64 that
+ * is 2 * (W - rank) for a rank with a non-finite loss, plus 1 for a rank asked to stop.
+ * The signal reaches ranks at different times; the MAX makes every rank stop after the
+ * same step. Every rank calls it at the same point of the collective order, live or
+ * shadowing (shadow_step). */
+static ddpd_err step_vote(struct run *r, bool nonfinite, struct step_vote *v, struct ddpd_error *err)
+{
+    const struct train_config *cfg = r->cfg;
+    const bool fail = r->s->on_nonfinite == NONFINITE_FAIL;
+    int64_t x = (fail && nonfinite ? 2 * (int64_t)(cfg->world_size - cfg->rank) : 0) +
+                (cfg->preempt && *cfg->preempt ? 1 : 0);
+    if (cfg->comm) {
+        struct ddpd_error cerr;
+        ddpd_err rc = comm_allreduce_max_i64(cfg->comm, &x, 1, &cerr);
+        if (rc)
+            return comm_failed(rc, &cerr, err);
+    }
+    /* A non-finite loss hides the stop bit of lower values; the job fails then anyway. */
+    v->nonfinite_rank = x >= 2 ? (int)(cfg->world_size - x / 2) : -1;
+    v->preempt = x == 1;
+    return DDPD_OK;
+}
+
 /* What every rank does after each optimizer step of the job, whether it ran the step
  * (live) or shadowed it (joined: called from ddp_join_each), at the same point of the
- * collective order, so that the ranks' collectives pair up:
- *   1. with on_nonfinite "fail", agree on whether any rank's loss of this step is NaN or
- *      infinite (a MAX over the ranks that names the lowest such rank) and, if one is,
- *      fail every rank at this step;
+ * collective order, so that the ranks' collectives pair up, with the step's vote
+ * (step_vote, already agreed):
+ *   1. if some rank's loss of this step is NaN or infinite (on_nonfinite "fail"), fail
+ *      every rank at this step;
  *   2. at an eval step, run the eval (every rank takes part), then decide early_stop and
  *      keep_best from its metric (the same on every rank) and write the best checkpoint
  *      when it improved; when early_stop stops here, this step becomes the last;
- *   3. at a checkpoint step, write the checkpoint. */
-static ddpd_err after_step(struct run *r, const struct train_pos *pos, bool live, bool nonfinite,
+ *   3. at the pause's step (stop_at), this step becomes the last, with its checkpoint;
+ *   4. when a rank was asked to stop (a preemption) and this is not the last step, the
+ *      same, and the run reports the step (cfg->preempted_at): the checkpoint is the one
+ *      checkpoint.every_steps writes at this step, so a resume goes on bit-exactly;
+ *   5. at a checkpoint step, write the checkpoint. */
+static ddpd_err after_step(struct run *r, const struct train_pos *pos, bool live, const struct step_vote *v,
                            struct ddpd_error *err)
 {
     const struct train_config *cfg = r->cfg;
     const struct spec *s = r->s;
-    if (s->on_nonfinite == NONFINITE_FAIL) {
-        int64_t v = nonfinite ? cfg->world_size - cfg->rank : 0;
-        struct ddpd_error cerr;
-        ddpd_err rc;
-        if (cfg->comm && (rc = comm_allreduce_max_i64(cfg->comm, &v, 1, &cerr)))
-            return comm_failed(rc, &cerr, err);
-        if (v > 0)
-            return ddpd_error_set(err, DDPD_ENONFINITE, "on_nonfinite",
-                                  "the loss of step %" PRId64 " on rank %d is not finite (NaN or infinite): "
-                                  "training diverged; the job fails (on_nonfinite is \"fail\"; "
-                                  "\"continue\" would train on)",
-                                  pos->step, (int)(cfg->world_size - v));
-    }
+    if (v->nonfinite_rank >= 0)
+        return ddpd_error_set(err, DDPD_ENONFINITE, "on_nonfinite",
+                              "the loss of step %" PRId64 " on rank %d is not finite (NaN or infinite): "
+                              "training diverged; the job fails (on_nonfinite is \"fail\"; "
+                              "\"continue\" would train on)",
+                              pos->step, v->nonfinite_rank);
     if (eval_due(r, pos->step)) {
         double loss = NAN, acc = NAN;
         ddpd_err rc = run_eval(r, pos->step, live, &loss, &acc, err);
@@ -737,6 +768,19 @@ static ddpd_err after_step(struct run *r, const struct train_pos *pos, bool live
         r->paused = true;
         return write_checkpoint(r, pos, live, CKPT_STEP, err);
     }
+    if (v->preempt && pos->step < r->total) {
+        /* One checkpoint, whether or not this step is a checkpoint step anyway: with the
+         * step now the last, step 5 writes none. */
+        snprintf(r->stop_reason, sizeof r->stop_reason, "preempted at step %" PRId64, pos->step);
+        r->total = pos->step;
+        r->paused = true;
+        ddpd_err rc = write_checkpoint(r, pos, live, CKPT_STEP, err);
+        if (rc)
+            return rc;
+        r->preempted_at = pos->step;
+        emit_log("preempted: checkpoint at step %" PRId64 ", exiting", pos->step);
+        return DDPD_OK;
+    }
     if (s->checkpoint_every && pos->step % s->checkpoint_every == 0 && pos->step != r->total)
         return write_checkpoint(r, pos, live, CKPT_STEP, err);
     return DDPD_OK;
@@ -753,7 +797,9 @@ static ddpd_err shadow_step(void *ctx, int64_t n, struct ddpd_error *err)
     struct shadow *sh = ctx;
     struct train_pos pos = {
         .step = sh->at.step + n, .epoch = sh->at.epoch, .epoch_step = sh->at.epoch_step + n};
-    return after_step(sh->r, &pos, false, false, err);
+    struct step_vote v;
+    ddpd_err rc = step_vote(sh->r, false, &v, err);
+    return rc ? rc : after_step(sh->r, &pos, false, &v, err);
 }
 
 /* A copy of the spec whose data is eval.data, never shuffled (heap: a spec is large);
@@ -1082,6 +1128,8 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
         return ddpd_error_set(err, DDPD_EINTERNAL, "device",
                               "train_run: no compute backend (the caller opens it)");
     struct run r = {.cfg = cfg, .s = s, .dev = cfg->dev};
+    if (cfg->preempted_at)
+        *cfg->preempted_at = 0;
     struct pending_log pend = {0};
     struct train_pos pos;
     ddpd_err rc = setup(&r, &pos, err);
@@ -1161,11 +1209,17 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
                                        .lr = lr,
                                        .grad_norm = grad_norm};
 
+            /* What every rank agrees on after the step: a non-finite loss, a preemption. */
+            struct step_vote vote;
+            if ((rc = step_vote(&r, nonfinite, &vote, err)))
+                goto out;
+
             /* The previous logged step's losses have arrived while this one was queued. */
             log_finish(&r, &pend, &t_log, &last_loss);
-            /* With early_stop every eval step may be the last, so its loss is logged too. */
+            /* With early_stop every eval step may be the last, so its loss is logged too;
+             * so is a preemption's, the step the job stops at. */
             if (pos.step % s->log_every == 0 || pos.step == r.total || nonfinite ||
-                (s->early_stop.on && eval_due(&r, pos.step)) || pos.step == cfg->stop_at) {
+                (s->early_stop.on && eval_due(&r, pos.step)) || pos.step == cfg->stop_at || vote.preempt) {
                 const struct pending_log now = {.step = pos.step,
                                                 .epoch = epoch,
                                                 .micro = micro,
@@ -1177,9 +1231,9 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
                 logged = pos.step;
             }
             if (nonfinite || (s->checkpoint_every && pos.step % s->checkpoint_every == 0) ||
-                eval_due(&r, pos.step) || pos.step == cfg->stop_at)
+                eval_due(&r, pos.step) || pos.step == cfg->stop_at || vote.preempt)
                 log_finish(&r, &pend, &t_log, &last_loss); /* its loss event comes first */
-            if ((rc = after_step(&r, &pos, true, nonfinite, err)))
+            if ((rc = after_step(&r, &pos, true, &vote, err)))
                 goto out;
         }
 
@@ -1205,6 +1259,13 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
 
     if (!r.paused && (rc = write_checkpoint(&r, &pos, true, CKPT_FINAL, err)))
         goto out;
+    if (r.preempted_at > 0) {
+        /* Not done: the job goes on from ckpt-S when it is resumed. */
+        if (cfg->preempted_at)
+            *cfg->preempted_at = r.preempted_at;
+        rc = DDPD_OK;
+        goto out;
+    }
     struct event done = {.kind = EVENT_DONE, .rank = rank};
     snprintf(done.stop_reason, sizeof done.stop_reason, "%s", r.stop_reason);
     done.steps = pos.step;

@@ -24,6 +24,10 @@ struct train_config {
     int64_t disk_quota;             /* bytes the job folder may hold (rank 0 checks before each
                                      * checkpoint); 0 = no quota */
     volatile sig_atomic_t *cancel;  /* set by SIGTERM: stop at the next micro-batch */
+    volatile sig_atomic_t *preempt; /* set by SIGUSR1: checkpoint at the next optimizer step
+                                     * (the same on every rank) and stop there; may be NULL */
+    int64_t *preempted_at;          /* out, may be NULL: the step of that checkpoint when the run
+                                     * stopped for it (train_run returns DDPD_OK), else 0 */
     volatile sig_atomic_t *in_loop; /* set here on entering the training loop; before
                                      * that the SIGTERM handler may end the process */
     struct comm *comm;              /* the group, NULL for a single rank without DDP */
@@ -36,7 +40,10 @@ struct train_config {
 
 /* Runs the job to the end. Emits start, loss, checkpoint and done events (emit.h).
  * Returns DDPD_OK, or an error with `err` filled (the caller turns it into an `error`
- * event and an exit code). */
+ * event and an exit code). A preemption (cfg->preempt) ends it with DDPD_OK early, after
+ * the checkpoint ckpt-S of the step S the ranks agreed on, without the final model or a
+ * `done` event, and *cfg->preempted_at = S; a preemption whose step is the job's last
+ * just finishes the job (nothing to resume). */
 ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err);
 
 /* The bytes of the batch buffers a rank allocates (inputs, targets, labels, loss gradient,

@@ -162,6 +162,20 @@ static void test_note_line(void)
     CHECK_EQ_INT(cause_exit_code(&r, 7), 7);
 }
 
+/* A preempted attempt (issue 32): ranks that ended 6 at the checkpoint, others 0; any
+ * failure beside them makes it a failure, named as before. */
+static void test_preempted(void)
+{
+    struct cause_rank r[N] = {{0}};
+    CHECK(!cause_preempted(r, N)); /* every rank 0: done, not preempted */
+    r[0].preempted = r[2].preempted = true;
+    CHECK(cause_preempted(r, N));
+    CHECK_EQ_INT(cause_pick(r, N), -1); /* nobody to blame */
+    r[1] = end(CAUSE_EXIT_OWN, NULL, 0, false, NULL);
+    CHECK(!cause_preempted(r, N));
+    CHECK_EQ_INT(cause_pick(r, N), 1);
+}
+
 int main(void)
 {
     test_missing_file_under_any_order();
@@ -171,5 +185,6 @@ int main(void)
     test_echoes_only();
     test_no_failure();
     test_note_line();
+    test_preempted();
     CHECK_DONE();
 }

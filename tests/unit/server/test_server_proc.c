@@ -139,13 +139,18 @@ static void test_signals_and_group(void)
 }
 
 /* Whether `status` (a /proc/PID/status text) shows SIGTERM in its blocked set. */
-static bool term_blocked(const char *status)
+static bool sig_blocked(const char *status, int sig)
 {
     const char *line = strstr(status, "\nSigBlk:");
     if (!line)
         return false;
     unsigned long long mask = strtoull(line + strlen("\nSigBlk:"), NULL, 16);
-    return (mask >> (SIGTERM - 1)) & 1;
+    return (mask >> (sig - 1)) & 1;
+}
+
+static bool term_blocked(const char *status)
+{
+    return sig_blocked(status, SIGTERM);
 }
 
 /* hold_term, how a rank starts: SIGTERM blocked in the child (and only there where asked),
@@ -164,10 +169,12 @@ static void test_hold_term(void)
     CHECK_EQ_INT(run(&o, out, sizeof out, NULL, 0), 0);
     CHECK(strstr(out, "\nSigBlk:") != NULL);
     CHECK(term_blocked(out));
+    CHECK(sig_blocked(out, SIGUSR1)); /* a preemption waits for the rank's handler too */
     o.hold_term = false;
     CHECK_EQ_INT(run(&o, out, sizeof out, NULL, 0), 0);
     CHECK(strstr(out, "\nSigBlk:") != NULL);
     CHECK(!term_blocked(out));
+    CHECK(!sig_blocked(out, SIGUSR1));
 
     int in[2];
     CHECK_EQ_INT(pipe2(in, O_CLOEXEC), 0);

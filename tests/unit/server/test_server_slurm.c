@@ -1,10 +1,11 @@
 /* test_server_slurm.c — the Slurm backend without Slurm: srun's argv (each option one
- * element, nothing split or quoted), the parsers of srun's labelled output and task
- * exits, and whole attempts against fake srun/squeue/scancel programs that print what
- * the real ones print (pieces of 1024 bytes, interleaved ranks, "task 1: Killed"). */
+ * element, nothing split or quoted; a job's --nice, --time and --signal), the parsers of srun's labelled
+ * output and task exits, and whole attempts against fake srun/squeue/scancel programs that print what the
+ * real ones print (pieces of 1024 bytes, interleaved ranks, "task 1: Killed"). */
 #include "check.h"
 #include "server/launch.h"
 #include "server/launch_slurm.h"
+#include "schema/jobdoc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -53,7 +54,8 @@ static void test_argv(void)
     o.extra[1] = "--comment=it's \"quoted\" $HOME";
     struct slurm_argv a;
     struct ddpd_error err;
-    CHECK_EQ_INT(slurm_srun_argv(&o, "ddpd.x.7.2", 4, false, "/opt/ddpd/ddpd-worker", &a, &err), DDPD_OK);
+    CHECK_EQ_INT(slurm_srun_argv(&o, "ddpd.x.7.2", 4, false, NULL, "/opt/ddpd/ddpd-worker", &a, &err),
+                 DDPD_OK);
     const char *want[] = {"srun",
                           "--job-name=ddpd.x.7.2",
                           "--ntasks=4",
@@ -74,7 +76,7 @@ static void test_argv(void)
 
     /* cuda: one GPU per task, no CPU count; unset options are left out. */
     struct slurm_opts g = {0};
-    CHECK_EQ_INT(slurm_srun_argv(&g, "n", 2, true, "/w", &a, &err), DDPD_OK);
+    CHECK_EQ_INT(slurm_srun_argv(&g, "n", 2, true, NULL, "/w", &a, &err), DDPD_OK);
     const char *want_g[] = {
         "srun",        "--job-name=n", "--ntasks=2", "--gpus-per-task=1", "--kill-on-bad-exit=1",
         "--input=all", "--label",      "/w"};
@@ -87,13 +89,50 @@ static void test_argv(void)
     memset(huge, 'x', sizeof huge - 1);
     struct slurm_opts h = {.n_extra = 1};
     h.extra[0] = huge;
-    CHECK_EQ_INT(slurm_srun_argv(&h, "n", 2, false, "/w", &a, &err), DDPD_ETOOBIG);
+    CHECK_EQ_INT(slurm_srun_argv(&h, "n", 2, false, NULL, "/w", &a, &err), DDPD_ETOOBIG);
     CHECK(strstr(err.message, "--slurm-arg") != NULL);
 
     char name[64];
     struct slurm_opts p = {.name_prefix = "ddpd.0badcafe."};
     slurm_job_name(&p, 42, 3, name, sizeof name);
     CHECK_EQ_STR(name, "ddpd.0badcafe.42.3");
+}
+
+static void test_job_argv(void)
+{
+    /* A job's priority, time limit and preemption grace (issue 32): --time in minutes
+     * rounded up over the server's --slurm-time, --nice = (100 - priority) * 10, the
+     * signal's seconds rounded up. */
+    struct slurm_opts o = {.time_limit = "1-00:00"};
+    struct slurm_job job = {.priority = 70, .time_limit_s = 90, .signal_grace_s = 30.5};
+    struct slurm_argv a;
+    struct ddpd_error err;
+    CHECK_EQ_INT(slurm_srun_argv(&o, "n", 2, false, &job, "/w", &a, &err), DDPD_OK);
+    const char *want[] = {
+        "srun",        "--job-name=n", "--ntasks=2", "--cpus-per-task=1", "--kill-on-bad-exit=1",
+        "--input=all", "--label",      "--time=2",   "--nice=300",        "--signal=USR1@31",
+        "/w"};
+    CHECK_EQ_INT(a.argc, 11);
+    for (int i = 0; i < 11 && i < a.argc; i++)
+        CHECK_EQ_STR(a.argv[i], want[i]);
+    /* No time limit: the server's; no grace: no --signal. */
+    job = (struct slurm_job){.priority = 50};
+    CHECK_EQ_INT(slurm_srun_argv(&o, "n", 2, false, &job, "/w", &a, &err), DDPD_OK);
+    CHECK_EQ_STR(a.argv[7], "--time=1-00:00");
+    CHECK_EQ_STR(a.argv[8], "--nice=500");
+    CHECK_EQ_STR(a.argv[9], "/w");
+    /* A grace past Slurm's 65535 s is clamped; a time limit under a minute is 1. */
+    job = (struct slurm_job){.priority = 100, .time_limit_s = 0.5, .signal_grace_s = 1e9};
+    CHECK_EQ_INT(slurm_srun_argv(&o, "n", 2, false, &job, "/w", &a, &err), DDPD_OK);
+    CHECK_EQ_STR(a.argv[7], "--time=1");
+    CHECK_EQ_STR(a.argv[8], "--nice=0");
+    CHECK_EQ_STR(a.argv[9], "--signal=USR1@65535");
+    /* The mapping: never negative, 0 -> 1000. */
+    CHECK_EQ_INT(slurm_nice(100), 0);
+    CHECK_EQ_INT(slurm_nice(50), 500);
+    CHECK_EQ_INT(slurm_nice(0), 1000);
+    CHECK_EQ_INT(slurm_nice(-3), 1000);
+    CHECK_EQ_INT(slurm_nice(200), 0);
 }
 
 static void test_parsers(void)
@@ -320,6 +359,60 @@ static void test_node_failure_with_exit_0(void)
     slurm_run_free(r);
 }
 
+static void test_attempt_preempt(void)
+{
+    /* A preemption: srun gets SIGUSR1 once Slurm has allocated the job, and (as the real
+     * srun forwards it and the ranks checkpoint and end with 6) says the tasks exited 6;
+     * the attempt is preempted, not failed, and blames no rank. The job document's spec
+     * gives srun its --nice and --signal (the server's default grace). */
+    char script[3000], srun[1200], outdir[1200];
+    snprintf(script, sizeof script,
+             "#!/bin/sh\nprintf '%%s\\n' \"$@\" > %s/argv-p.txt\n"
+             "trap 'echo \"0: {\\\"event\\\":\\\"checkpoint\\\",\\\"rank\\\":0,\\\"step\\\":3}\"; "
+             "echo \"srun: error: n1: tasks 0-1: Exited with exit code 6\" >&2; exit 6' USR1\n"
+             "echo 'srun: job 5 has been allocated resources' >&2\n"
+             "i=0; while [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done\nexit 1\n",
+             tmp);
+    write_file("srun4", script, 0755);
+    snprintf(srun, sizeof srun, "%s/srun4", tmp);
+    snprintf(outdir, sizeof outdir, "%s/job4", tmp);
+    mkdir(outdir, 0755);
+    struct jobdoc *doc = calloc(1, sizeof *doc);
+    if (!doc)
+        return;
+    doc->spec.priority = 20;
+    struct slurm_opts so = {.srun = srun, .squeue = "/bin/false", .scancel = "/bin/false"};
+    struct lines got = {0};
+    struct launch_opts lo = {.worker = "/w",
+                             .world_size = 2,
+                             .out_dir = outdir,
+                             .grace_s = 1,
+                             .preempt_grace_s = 45,
+                             .doc = doc,
+                             .on_line = on_line,
+                             .ctx = &got};
+    struct ddpd_error err;
+    struct slurm_run *r = slurm_run_start(&so, "ddpd.t.4.1", &lo, "{}", 0, &err);
+    free(doc);
+    CHECK(r != NULL);
+    if (!r)
+        return;
+    /* Asked before the allocation is seen: sent once it is. */
+    slurm_run_preempt(r);
+    CHECK(run_to_end(r, 20));
+    CHECK(strstr(read_file("argv-p.txt"), "\n--nice=800\n--signal=USR1@45\n/w\n") != NULL);
+    CHECK_EQ_INT(got.n, 1);
+    struct launch_result res;
+    slurm_run_result(r, &res);
+    CHECK(!res.ok);
+    CHECK(res.preempted);
+    CHECK_EQ_INT(res.rank, -1);
+    CHECK_EQ_INT(res.exit_code, RANK_EXIT_PREEMPTED);
+    CHECK(strstr(res.message, "preempted") != NULL);
+    CHECK_EQ_INT(slurm_run_exit_code(r, 1), 6);
+    slurm_run_free(r);
+}
+
 int main(void)
 {
     const char *base = getenv("DDPD_TEST_TMP");
@@ -331,9 +424,11 @@ int main(void)
         return 1;
     }
     test_argv();
+    test_job_argv();
     test_parsers();
     test_attempt_output();
     test_attempt_pending_cancel();
     test_node_failure_with_exit_0();
+    test_attempt_preempt();
     CHECK_DONE();
 }

@@ -233,6 +233,56 @@ static void test_needs_backend(void)
     CHECK(strstr(err.message, "no compute backend") != NULL);
 }
 
+/* A SIGUSR1 (cfg.preempt) before the loop is remembered and acted on at the first step:
+ * ckpt-1 and no final model, preempted_at 1; also when step 1 is a checkpoint step anyway
+ * (one checkpoint). When the step is the job's last, the job just finishes (issue 32). */
+static int64_t preempt_run(const struct spec *s, const char *name, struct ddpd_error *err)
+{
+    char out[4200];
+    snprintf(out, sizeof out, "%s/%s", root, name);
+    volatile sig_atomic_t flag = 1;
+    int64_t at = -1;
+    struct train_config cfg = {.spec = s,
+                               .rank = 0,
+                               .world_size = 1,
+                               .data_dir = root,
+                               .out_dir = out,
+                               .dev = dev_cpu_new(1),
+                               .preempt = &flag,
+                               .preempted_at = &at};
+    memset(err, 0, sizeof *err);
+    CHECK_EQ_INT(train_run(&cfg, err), DDPD_OK);
+    dev_cpu_free(cfg.dev);
+    return at;
+}
+
+static bool exists(const char *name, const char *file)
+{
+    char p[4400];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s/%s", root, name, file);
+    return stat(p, &st) == 0;
+}
+
+static void test_preempt(void)
+{
+    struct spec s;
+    struct ddpd_error err;
+    spec_small(&s, 2, 1, LOSS_MSE, 20); /* 10 steps */
+    CHECK_EQ_INT(preempt_run(&s, "pre", &err), 1);
+    CHECK(exists("pre", "ckpt-1"));
+    CHECK(!exists("pre", "ckpt-2"));
+    CHECK(!exists("pre", "model.safetensors"));
+    s.checkpoint_every = 1;
+    CHECK_EQ_INT(preempt_run(&s, "pre-ckpt", &err), 1);
+    CHECK(exists("pre-ckpt", "ckpt-1"));
+    CHECK(!exists("pre-ckpt", "model.safetensors"));
+    spec_small(&s, 2, 1, LOSS_MSE, 2); /* 1 step: the last */
+    CHECK_EQ_INT(preempt_run(&s, "last", &err), 0);
+    CHECK(exists("last", "model.safetensors"));
+    CHECK(!exists("last", "ckpt-1"));
+}
+
 int main(void)
 {
     setup();
@@ -240,6 +290,7 @@ int main(void)
     test_memory_limit();
     test_needs_backend();
     test_batchnorm_batches();
+    test_preempt();
     base_remove_tree(root);
     CHECK_DONE();
 }
