@@ -302,10 +302,10 @@ out:
 struct resumption {
     struct http_request *req;
     struct api *a;
-    struct store_job j; /* the job resumed; the new one's spec and name are its */
-    int64_t step;       /* the checkpoint's */
-    bool force;         /* ?force=true: even on data changed since the checkpoint */
-    struct spec spec;   /* j's spec, parsed: the planner's counts give its total steps */
+    struct store_job j;          /* the job resumed; the new one's spec and name are its */
+    int64_t step;                /* the checkpoint's */
+    bool force;                  /* ?force=true: even on data changed since the checkpoint */
+    struct spec spec;            /* j's spec, parsed: the planner's counts give its total steps */
     char owner[STORE_OWNER_MAX]; /* the resumer: the new job's owner */
 };
 

@@ -135,7 +135,8 @@ struct http_config {
      * a sentence naming the role or owner needed) is answered before the body is read.
      * users_exist returns 1, 0, or -1 with err set (answered as is). On HTTP threads. */
     int (*users_exist)(void *ctx, struct ddpd_error *err);
-    ddpd_err (*authenticate)(void *ctx, const char *token, size_t len, struct user *out, struct ddpd_error *err);
+    ddpd_err (*authenticate)(void *ctx, const char *token, size_t len, struct user *out,
+                             struct ddpd_error *err);
     ddpd_err (*authorize)(void *ctx, struct http_request *req, struct ddpd_error *err);
 
     /* Optional: libmicrohttpd's own diagnostics, one line each. Called on HTTP threads. */

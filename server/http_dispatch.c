@@ -44,7 +44,8 @@ static bool token_ok(const struct http_server *s, const char *given, size_t glen
 
 static void invalid_token(struct http_request *req)
 {
-    http_response_header(req, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"ddpd\", error=\"invalid_token\"");
+    http_response_header(req, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                         "Bearer realm=\"ddpd\", error=\"invalid_token\"");
     set_pending(req, DDPD_EAUTH, "", "the bearer token is not valid");
 }
 

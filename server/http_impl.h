@@ -35,7 +35,7 @@ struct route_rt {
     size_t seglen[MAX_SEGMENTS];
     bool capture[MAX_SEGMENTS];
     bool word[MAX_SEGMENTS]; /* a {name:word} capture */
-    int row; /* index of its pattern in the counters */
+    int row;                 /* index of its pattern in the counters */
 };
 
 /* Compiles one row of a route table; false when its pattern is invalid. */

@@ -12,10 +12,11 @@
 
 static void usage(FILE *f)
 {
-    fputs("usage: ddpd serve [options]           the job server (ddpd serve --help)\n"
-          "       ddpd run [options] SPEC.json   run one job on this host (ddpd run --help)\n"
-          "       ddpd users add|list|remove|rotate|set ... --db DB   the server's users (ddpd users --help)\n",
-          f);
+    fputs(
+        "usage: ddpd serve [options]           the job server (ddpd serve --help)\n"
+        "       ddpd run [options] SPEC.json   run one job on this host (ddpd run --help)\n"
+        "       ddpd users add|list|remove|rotate|set ... --db DB   the server's users (ddpd users --help)\n",
+        f);
     client_usage_lines(f);
     fputs("       ddpd --version\n"
           "Client commands talk to the server at --server URL or $DDPD_SERVER (default\n"
@@ -53,10 +54,11 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    fprintf(stderr,
-            "ddpd: unknown command '%s'; the commands are serve, run, users, submit, jobs, show, watch, logs, "
-            "cancel, rm, resume, checkpoints, compare, pull, generate, predict, tokenize and sweep\n",
-            argv[1]);
+    fprintf(
+        stderr,
+        "ddpd: unknown command '%s'; the commands are serve, run, users, submit, jobs, show, watch, logs, "
+        "cancel, rm, resume, checkpoints, compare, pull, generate, predict, tokenize and sweep\n",
+        argv[1]);
     usage(stderr);
     return 2;
 }

@@ -232,7 +232,7 @@ struct store_job {
     char owner[STORE_OWNER_MAX]; /* the user who submitted it; "" for a job from before users */
     int preemptions;             /* times it was preempted */
     double run_s;                /* seconds it ran over its ended attempts */
-    size_t n_ranks; /* ranks of the current attempt, by rank; owned */
+    size_t n_ranks;              /* ranks of the current attempt, by rank; owned */
     struct store_rank *ranks;
 };
 
@@ -505,7 +505,7 @@ struct store_sweep_new {
     int max_parallel;
     size_t n;
     char *const *params, *const *specs; /* [n] */
-    const char *owner; /* the user who submitted it (its trials' jobs get it); NULL: none */
+    const char *owner;                  /* the user who submitted it (its trials' jobs get it); NULL: none */
 };
 /* Inserts a sweep (state running) and its n trials (pending) in one transaction; sets
  * *id. Errors: DDPD_EBUSY, DDPD_EIO. */
