@@ -38,7 +38,8 @@
     X(ENOMODEL,     409, 1, "no_model",               "internal",  "no model yet")                      \
     X(EMODELSIZE,   507, 1, "model_too_large",        "internal",  "model too large")                   \
     X(ETIMEOUT,     504, 1, "timeout",                "internal",  "timed out")                         \
-    X(EINFER,       500, 1, "inference_failed",       "internal",  "inference process failed")
+    X(EINFER,       500, 1, "inference_failed",       "internal",  "inference process failed")    \
+    X(EQUOTA,       429, 1, "quota_exceeded",         "internal",  "quota exceeded")
 
 typedef enum {
 #define DDPD__ERR_ENUM(name, http, exit, code, kind, text) DDPD_##name,

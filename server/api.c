@@ -105,6 +105,7 @@ static const struct http_route routes[] = {
     {"PATCH", "/v1/jobs/{id}", api__patch, HTTP_ROUTE_AUTH | HTTP_ROUTE_JSON, 0, ""},
     {"POST", "/v1/jobs/{id}/cancel", api__cancel, HTTP_ROUTE_AUTH, 0, ""},
     {"POST", "/v1/jobs/{id}/resume", api__resume, HTTP_ROUTE_AUTH, 0, "step force"},
+    {"POST", "/v1/jobs/{id}/preempt", api__preempt, HTTP_ROUTE_AUTH, 0, ""},
     {"GET", "/v1/jobs/{id}/events", api__events, HTTP_ROUTE_AUTH, 0, "format after"},
     {"GET", "/v1/jobs/{id}/metrics", api__metrics, HTTP_ROUTE_AUTH, 0, "max_points format"},
     {"GET", "/v1/jobs/{id}/logs", api__logs, HTTP_ROUTE_AUTH, 0, "rank tail"},
@@ -123,6 +124,13 @@ static const struct http_route routes[] = {
     {"POST", "/v1/sweeps/{id}/cancel", api__sweep_cancel, HTTP_ROUTE_AUTH, 0, ""},
     {"GET", "/v1/devices", api__devices, HTTP_ROUTE_AUTH, 0, ""},
     {"GET", "/v1/queue", api__queue, HTTP_ROUTE_AUTH, 0, "limit"},
+    /* Users (api_users.c; who may call what: api_access.c). */
+    {"GET", "/v1/whoami", api__whoami, HTTP_ROUTE_AUTH, 0, ""},
+    {"GET", "/v1/users", api__users_list, HTTP_ROUTE_AUTH, 0, ""},
+    {"POST", "/v1/users", api__users_add, HTTP_ROUTE_AUTH | HTTP_ROUTE_JSON, 0, ""},
+    {"PATCH", "/v1/users/{name:word}", api__users_patch, HTTP_ROUTE_AUTH | HTTP_ROUTE_JSON, 0, ""},
+    {"DELETE", "/v1/users/{name:word}", api__users_delete, HTTP_ROUTE_AUTH, 0, ""},
+    {"POST", "/v1/users/{name:word}/rotate", api__users_rotate, HTTP_ROUTE_AUTH, 0, ""},
     {"GET", "/healthz", api__health, 0, 0, NULL},
     {"GET", "/metrics", api__prometheus, 0, 0, NULL},
     /* The dashboard (open without a token, CONTRACT.md §7). Route patterns match literal

@@ -42,6 +42,16 @@ struct api_config {
     struct api_infer_config infer;
 };
 
+/* Named users (api_users.c, api_access.c), as http_config's users_exist, authenticate
+ * and authorize take them (ctx: the api). */
+struct user;
+struct http_request;
+int api_users_exist(void *ctx, struct ddpd_error *err);
+ddpd_err api_authenticate(void *ctx, const char *token, size_t len, struct user *out, struct ddpd_error *err);
+ddpd_err api_authorize(void *ctx, struct http_request *req, struct ddpd_error *err);
+/* Whether api_access.c has a rule for the route (method, pattern). */
+bool api_access_known(const char *method, const char *pattern);
+
 /* The route table (handlers get the struct api through http_request_ctx): api's own,
  * whose predict route takes bodies up to --infer-max-bytes, valid until api_free; with
  * api NULL the static table (the same rows, the default limits). */

@@ -7,7 +7,9 @@
  * the planner's data check), api_files.c (a job's curve, logs and checkpoints), api_metrics_csv.c (the curve
  * as CSV), api_events.c (the event stream), api_web.c (devices, health, /metrics, the dashboard's files),
  * api_infer.c (generate, predict and the inference pool's state), api_pytorch.c (the job's model as
- * model.py), api_sweeps.c (hyper-parameter sweeps), api_queue.c (the queue as a view). */
+ * model.py), api_sweeps.c (hyper-parameter sweeps), api_queue.c (the queue as a view), api_users.c (authentication against the
+ * users table, /v1/whoami, /v1/users, a user's submission limits), api_access.c (who may
+ * call each route). */
 #ifndef DDPD_API_IMPL_H
 #define DDPD_API_IMPL_H
 
@@ -134,6 +136,22 @@ ddpd_err api__predict(struct http_request *req, struct ddpd_error *err);     /* 
 ddpd_err api__inference(struct http_request *req, struct ddpd_error *err);   /* api_infer.c */
 ddpd_err api__pytorch(struct http_request *req, struct ddpd_error *err);     /* api_pytorch.c */
 ddpd_err api__queue(struct http_request *req, struct ddpd_error *err);       /* api_queue.c */
+
+/* Users (api_users.c). */
+ddpd_err api__whoami(struct http_request *req, struct ddpd_error *err);
+ddpd_err api__users_list(struct http_request *req, struct ddpd_error *err);
+ddpd_err api__users_add(struct http_request *req, struct ddpd_error *err);
+ddpd_err api__users_patch(struct http_request *req, struct ddpd_error *err);
+ddpd_err api__users_delete(struct http_request *req, struct ddpd_error *err);
+ddpd_err api__users_rotate(struct http_request *req, struct ddpd_error *err);
+ddpd_err api__preempt(struct http_request *req, struct ddpd_error *err); /* api_jobs.c */
+/* A submission of `spec` by `u` against u's limits (api_users.c): priority above
+ * max_priority, preemptible false or a world_size past max_gpus / max_cpu_ranks is a 403
+ * naming the field; with count_queued, u's queued and preempted jobs at max_queued a 429
+ * (quota_exceeded, path max_queued). Admins (and u NULL) have no limits. */
+struct user;
+ddpd_err api__user_limits(struct api *a, const struct user *u, const struct spec *spec, bool count_queued,
+                          struct ddpd_error *err);
 
 /* The sweep routes (api_sweeps.c). */
 ddpd_err api__sweep_submit(struct http_request *req, struct ddpd_error *err);

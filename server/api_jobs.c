@@ -17,6 +17,7 @@
 #include "inference/pool.h"
 #include "store.h"
 #include "super.h"
+#include "users.h"
 
 static json_t *num_or_null(bool has, double v)
 {
@@ -94,6 +95,11 @@ static json_t *job_json(struct api *a, const struct store_job *j)
     json_object_set_new(o, "tags", json_is_array(tags) ? tags : (json_decref(tags), json_array()));
     json_object_set_new(o, "notes", j->notes && j->notes[0] ? json_string(j->notes) : json_null());
     json_object_set_new(o, "state", json_string(job_state_name(j->state)));
+    /* The user who submitted it (null: from before users), its preemptions and the seconds
+     * it ran over its ended attempts (docs/security.md, docs/scheduling.md). */
+    json_object_set_new(o, "owner", j->owner[0] ? json_string(j->owner) : json_null());
+    json_object_set_new(o, "preemptions", json_integer(j->preemptions));
+    json_object_set_new(o, "run_s", json_real(j->run_s));
     json_object_set_new(o, "world_size", json_integer(j->world_size));
     json_object_set_new(o, "device", json_string(device_kind_name(j->device)));
     json_object_set_new(o, "created_at", json_real(j->created_at));
@@ -362,6 +368,14 @@ ddpd_err api__get(struct http_request *req, struct ddpd_error *err)
 ddpd_err api__cancel(struct http_request *req, struct ddpd_error *err)
 {
     ddpd_err rc = super_cancel(api__ctx(req)->super, http_request_id(req, 0), err);
+    return rc ? rc : http_respond_empty(req, 202);
+}
+
+/* POST /v1/jobs/{id}/preempt: 202; the job checkpoints and waits as preempted. */
+ddpd_err api__preempt(struct http_request *req, struct ddpd_error *err)
+{
+    const struct user *u = http_request_user(req);
+    ddpd_err rc = super_preempt(api__ctx(req)->super, http_request_id(req, 0), u ? u->name : "", err);
     return rc ? rc : http_respond_empty(req, 202);
 }
 

@@ -19,6 +19,7 @@
 #include "planner.h"
 #include "store.h"
 #include "super.h"
+#include "users.h"
 
 /* ---- POST /v1/jobs ---------------------------------------------------------------------- */
 
@@ -28,8 +29,17 @@ struct submission {
     struct api *a;
     char *text; /* the spec as stored; the supervisor's once stored */
     char name[STORE_NAME_MAX];
-    struct jobmeta meta; /* its tags and notes, stored with it */
+    char owner[STORE_OWNER_MAX]; /* the principal who submits it */
+    struct jobmeta meta;         /* its tags and notes, stored with it */
 };
+
+/* The name of the request's principal into owner[STORE_OWNER_MAX]; NULL when none. */
+static const char *owner_of(struct http_request *req, char *owner)
+{
+    const struct user *u = http_request_user(req);
+    snprintf(owner, STORE_OWNER_MAX, "%s", u ? u->name : "");
+    return owner[0] ? owner : NULL;
+}
 
 /* The store's inserter thread, after the commit: the answer, then the supervisor. */
 static void submitted(void *ctx, ddpd_err rc, const struct store_job *j, const struct ddpd_error *err)
@@ -96,6 +106,7 @@ static ddpd_err submit_checked(struct http_request *req, struct api *a, const st
     /* Answered once the insert's group is committed: under load one commit serves many
      * submissions, and no HTTP thread waits for it. */
     struct store_job_new jn = {.name = sub->name,
+                               .owner = owner_of(req, sub->owner),
                                .spec = sub->text,
                                .world_size = spec->world_size,
                                .device = spec->device,
@@ -232,6 +243,9 @@ ddpd_err api__submit(struct http_request *req, struct ddpd_error *err)
     const char *blame;
     if (rc == DDPD_OK && !super_fits(a->super, spec->device, spec->world_size, why, sizeof why, &blame))
         rc = ddpd_error_set(err, DDPD_ESPEC, blame, "%s", why);
+    /* The submitter's limits (api_users.c): priority, preemptible, world size, queued jobs. */
+    if (rc == DDPD_OK)
+        rc = api__user_limits(a, http_request_user(req), spec, true, err);
     if (rc)
         goto out;
 
@@ -288,10 +302,11 @@ out:
 struct resumption {
     struct http_request *req;
     struct api *a;
-    struct store_job j; /* the job resumed; the new one's spec and name are its */
-    int64_t step;       /* the checkpoint's */
-    bool force;         /* ?force=true: even on data changed since the checkpoint */
-    struct spec spec;   /* j's spec, parsed: the planner's counts give its total steps */
+    struct store_job j;          /* the job resumed; the new one's spec and name are its */
+    int64_t step;                /* the checkpoint's */
+    bool force;                  /* ?force=true: even on data changed since the checkpoint */
+    struct spec spec;            /* j's spec, parsed: the planner's counts give its total steps */
+    char owner[STORE_OWNER_MAX]; /* the resumer: the new job's owner */
 };
 
 /* The inserter thread, after the commit: the answer, then the supervisor, which reads the
@@ -320,6 +335,7 @@ static ddpd_err resume_insert(struct resumption *r, const int64_t *counts, bool 
     if (known && (rc = spec_check_batch_counts(&r->spec, counts, err)))
         return rc;
     struct store_job_new jn = {.name = r->j.name,
+                               .owner = owner_of(r->req, r->owner),
                                .spec = r->j.spec,
                                .world_size = r->j.world_size,
                                .device = r->j.device,
@@ -426,6 +442,9 @@ ddpd_err api__resume(struct http_request *req, struct ddpd_error *err)
     r->step = step;
     r->force = force == 1;
     if ((rc = spec_parse(r->j.spec, strlen(r->j.spec), NULL, &r->spec, err)))
+        goto out;
+    /* The resumer's limits, as for a submission (the owner check is api_access.c's). */
+    if ((rc = api__user_limits(a, http_request_user(req), &r->spec, true, err)))
         goto out;
     /* Synthetic data has no files to check (and the counts follow from the spec, as
      * they did for the job resumed). Deferred first: the insert may answer before

@@ -17,16 +17,29 @@
 #include "store.h"
 #include "super.h"
 #include "sweep/sweep.h"
+#include "users.h"
+
+/* Who submits a sweep, for its trials' checks. */
+struct trial_ctx {
+    struct api *a;
+    const struct user *u;
+};
 
 /* Each trial's own checks beside spec_from_json, as a job's submission makes them: the
- * server can run it (super_fits), and a spec without files fits --max-rank-memory. */
+ * server can run it (super_fits), the submitter's limits allow it (priority,
+ * preemptible, world size: api_users.c), and a spec without files fits
+ * --max-rank-memory. */
 static ddpd_err trial_check(void *ctx, const struct spec *spec, struct ddpd_error *err)
 {
-    struct api *a = ctx;
+    const struct trial_ctx *tc = ctx;
+    struct api *a = tc->a;
     char why[512];
     const char *blame;
+    ddpd_err rc;
     if (!super_fits(a->super, spec->device, spec->world_size, why, sizeof why, &blame))
         return ddpd_error_set(err, DDPD_ESPEC, blame, "%s", why);
+    if ((rc = api__user_limits(a, tc->u, spec, false, err)))
+        return rc;
     return api__spec_has_files(spec) ? DDPD_OK : api__memory_check(a, spec, err);
 }
 
@@ -37,6 +50,7 @@ struct sweep_submission {
     struct sweep_plan p;
     char *text;        /* the request as stored */
     struct spec spec0; /* trial 0's spec, for the planner's counts */
+    char owner[STORE_OWNER_MAX];
 };
 
 static void submission_free(struct sweep_submission *sub)
@@ -58,7 +72,8 @@ static ddpd_err sweep_store(struct sweep_submission *sub, struct ddpd_error *err
                                  .max_parallel = p->max_parallel,
                                  .n = p->n,
                                  .params = p->params,
-                                 .specs = p->specs};
+                                 .specs = p->specs,
+                                 .owner = sub->owner[0] ? sub->owner : NULL};
     int64_t id = 0;
     ddpd_err rc = store_sweep_insert(sub->a->store, &sn, &id, err);
     if (rc)
@@ -106,7 +121,10 @@ ddpd_err api__sweep_submit(struct http_request *req, struct ddpd_error *err)
     sub->req = req;
     sub->a = a;
     json_t *body = http_request_json(req);
-    ddpd_err rc = sweep_plan_from_json(body, &po, trial_check, a, &sub->p, err);
+    const struct user *u = http_request_user(req);
+    snprintf(sub->owner, sizeof sub->owner, "%s", u ? u->name : "");
+    struct trial_ctx tc = {a, u};
+    ddpd_err rc = sweep_plan_from_json(body, &po, trial_check, &tc, &sub->p, err);
     if (rc == DDPD_OK && !(sub->text = json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER)))
         rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory storing the sweep");
     if (rc == DDPD_OK) {
@@ -116,6 +134,9 @@ ddpd_err api__sweep_submit(struct http_request *req, struct ddpd_error *err)
             rc = ddpd_error_set(err, DDPD_EINTERNAL, "", "trial 0's spec no longer parses");
         json_decref(doc0);
     }
+    /* The submitter's queued jobs: a sweep adds to them (max_queued). */
+    if (rc == DDPD_OK)
+        rc = api__user_limits(a, u, &sub->spec0, true, err);
     if (rc)
         goto out;
     if (!api__spec_has_files(&sub->spec0)) {

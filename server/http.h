@@ -15,6 +15,7 @@
 #include "../schema/err.h"
 
 struct json_t;
+struct user;
 struct http_server;
 struct http_request;
 struct http_stream;
@@ -36,7 +37,9 @@ enum http_route_flags {
 
 /* One row of the route table. `pattern` is a path of literal segments and `{name}`
  * segments; a `{name}` segment matches a positive 64-bit decimal integer without sign or
- * leading zeros (1 .. 9223372036854775807) and anything else there is a 404. HEAD is
+ * leading zeros (1 .. 9223372036854775807) and anything else there is a 404; a
+ * `{name:word}` segment matches 1..64 bytes of [A-Za-z0-9._-] (http_request_segment reads
+ * it; its http_request_id is 0). HEAD is
  * served by the GET route. Bodies of routes without JSON/BODY are read and dropped (the
  * limit still applies). */
 struct http_route {
@@ -121,6 +124,21 @@ struct http_config {
     size_t memory_limit; /* per-connection buffer (request line + headers); 0 = 64 KiB */
     size_t max_body;     /* default body limit of routes; 0 = 1 MiB */
 
+    /* Named users (docs/security.md; the api's api_users.c): all optional. A route with
+     * HTTP_ROUTE_AUTH needs a bearer token when `token` is set or users_exist says there
+     * are users (asked at each request, so a user added to the database counts at once);
+     * else it is the open loopback mode (the Host check above) and its caller is the
+     * built-in admin `local`. A token equal to `token` is the built-in admin `root`; any
+     * other is handed to authenticate, which fills *out (DDPD_ENOTFOUND: no such token,
+     * 401; another error is answered as is). Then authorize (may be NULL) decides whether
+     * the request's principal (http_request_user) may make it: an error return (403 with
+     * a sentence naming the role or owner needed) is answered before the body is read.
+     * users_exist returns 1, 0, or -1 with err set (answered as is). On HTTP threads. */
+    int (*users_exist)(void *ctx, struct ddpd_error *err);
+    ddpd_err (*authenticate)(void *ctx, const char *token, size_t len, struct user *out,
+                             struct ddpd_error *err);
+    ddpd_err (*authorize)(void *ctx, struct http_request *req, struct ddpd_error *err);
+
     /* Optional: libmicrohttpd's own diagnostics, one line each. Called on HTTP threads. */
     void (*log)(void *ctx, const char *line);
 };
@@ -180,8 +198,16 @@ const char *http_request_path(const struct http_request *req);   /* decoded, no 
 const char *http_request_route(const struct http_request *req);  /* the matched pattern */
 /* The i-th `{...}` capture of the pattern, counted from 0; 0 when there is none. */
 int64_t http_request_id(const struct http_request *req, int i);
+/* The i-th segment of the request's path, counted from 0 ("/v1/users/bob": 2 is "bob"),
+ * into buf[cap]; false (buf "") when there is none or it does not fit. */
+bool http_request_segment(const struct http_request *req, int i, char *buf, size_t cap);
 /* A request header (case-insensitive name), NULL when absent. Borrowed. */
 const char *http_request_header(const struct http_request *req, const char *name);
+/* Who makes the request (users.h): the user its bearer token names, the built-in `root`
+ * (the token file's token) or `local` (no token needed); NULL on a route without
+ * HTTP_ROUTE_AUTH. Borrowed, valid until the request is answered (http_deferred_done
+ * included). */
+const struct user *http_request_user(const struct http_request *req);
 /* The parsed body of a JSON route. Borrowed: the request keeps its reference; take your
  * own with json_incref. */
 struct json_t *http_request_json(const struct http_request *req);

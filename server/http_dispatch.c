@@ -39,9 +39,17 @@ bool http_token_equal(const char *token, size_t token_len, const char *given, si
 
 static bool token_ok(const struct http_server *s, const char *given, size_t glen)
 {
-    return http_token_equal(s->token, s->token_len, given, glen);
+    return s->token && http_token_equal(s->token, s->token_len, given, glen);
 }
 
+static void invalid_token(struct http_request *req)
+{
+    http_response_header(req, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                         "Bearer realm=\"ddpd\", error=\"invalid_token\"");
+    set_pending(req, DDPD_EAUTH, "", "the bearer token is not valid");
+}
+
+/* The bearer token to a principal: the token file's (root) or a user's. */
 static void check_auth(struct http_request *req)
 {
     struct http_server *s = req->srv;
@@ -60,11 +68,28 @@ static void check_auth(struct http_request *req)
     size_t n = t ? strlen(t) : 0;
     while (n && (t[n - 1] == ' ' || t[n - 1] == '\t'))
         n--;
-    if (!t || !token_ok(s, t, n)) {
-        http_response_header(req, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
-                             "Bearer realm=\"ddpd\", error=\"invalid_token\"");
-        set_pending(req, DDPD_EAUTH, "", "the bearer token is not valid");
+    if (!t || n == 0) {
+        invalid_token(req);
+        return;
     }
+    if (token_ok(s, t, n)) {
+        user_builtin(&req->user, USER_ROOT);
+        req->has_user = true;
+        return;
+    }
+    if (!s->cfg.authenticate) {
+        invalid_token(req);
+        return;
+    }
+    struct ddpd_error e;
+    ddpd_error_clear(&e);
+    ddpd_err rc = s->cfg.authenticate(s->cfg.ctx, t, n, &req->user, &e);
+    if (rc == DDPD_OK)
+        req->has_user = true;
+    else if (rc == DDPD_ENOTFOUND || rc == DDPD_EAUTH)
+        invalid_token(req);
+    else
+        set_pending(req, rc, "", "%s", e.message);
 }
 
 /* The headers that frame the body, counted over every copy (MHD's lookup sees only the
@@ -190,6 +215,32 @@ static bool check_media_type(struct http_request *req)
     return true;
 }
 
+/* An AUTH route: who asks (a token when the server has a token file or users; else the
+ * open loopback mode's Host check and `local`), then whether they may (cfg.authorize). */
+static void authenticate(struct http_request *req)
+{
+    struct http_server *s = req->srv;
+    struct ddpd_error e;
+    ddpd_error_clear(&e);
+    int required = s->token != NULL;
+    if (!required && s->cfg.users_exist && (required = s->cfg.users_exist(s->cfg.ctx, &e)) < 0) {
+        set_pending(req, e.code ? e.code : DDPD_EUNAVAIL, "", "%s", e.message);
+        return;
+    }
+    if (required) {
+        check_auth(req);
+    } else if (!check_host(req)) {
+        user_builtin(&req->user, USER_LOCAL);
+        req->has_user = true;
+    }
+    if (!req->pending && s->cfg.authorize) {
+        ddpd_error_clear(&e);
+        ddpd_err rc = s->cfg.authorize(s->cfg.ctx, req, &e);
+        if (rc)
+            set_pending(req, rc, e.path, "%s", e.message);
+    }
+}
+
 /* First call: framing, target, route, method, Host and Origin, auth, media type, declared
  * size. Returns true to answer at once. */
 bool http__request_begin(struct http_request *req)
@@ -243,9 +294,7 @@ bool http__request_begin(struct http_request *req)
         set_pending(req, DDPD_ENOTFOUND, "", "no such resource: %s", shown);
     }
     if (!req->pending && req->route && (req->route->r->flags & HTTP_ROUTE_AUTH))
-        check_host(req);
-    if (!req->pending && req->route && (req->route->r->flags & HTTP_ROUTE_AUTH) && s->token)
-        check_auth(req);
+        authenticate(req);
     if (!req->pending && req->route && (req->route->r->flags & HTTP_ROUTE_JSON))
         check_media_type(req);
 

@@ -18,6 +18,7 @@
 #include <sys/types.h>
 
 #include "http.h"
+#include "users.h"
 
 #define MAX_SEGMENTS 16
 #define MAX_CAPTURES HTTP_MAX_CAPTURES
@@ -33,7 +34,8 @@ struct route_rt {
     const char *seg[MAX_SEGMENTS];
     size_t seglen[MAX_SEGMENTS];
     bool capture[MAX_SEGMENTS];
-    int row; /* index of its pattern in the counters */
+    bool word[MAX_SEGMENTS]; /* a {name:word} capture */
+    int row;                 /* index of its pattern in the counters */
 };
 
 /* Compiles one row of a route table; false when its pattern is invalid. */
@@ -124,6 +126,8 @@ struct http_request {
     char *body;
     size_t body_len, body_cap;
     json_t *json;
+    struct user user; /* the principal of an AUTH route, when has_user */
+    bool has_user;
 
     struct MHD_Response *resp;
     int status;

@@ -57,6 +57,30 @@ const char *http_request_header(const struct http_request *req, const char *name
     return MHD_lookup_connection_value(req->mc, MHD_HEADER_KIND, name);
 }
 
+bool http_request_segment(const struct http_request *req, int i, char *buf, size_t cap)
+{
+    const char *p = req->url;
+    buf[0] = '\0';
+    for (int k = 0; *p == '/'; k++) {
+        p++;
+        size_t n = strcspn(p, "/");
+        if (k == i) {
+            if (n >= cap)
+                return false;
+            memcpy(buf, p, n);
+            buf[n] = '\0';
+            return true;
+        }
+        p += n;
+    }
+    return false;
+}
+
+const struct user *http_request_user(const struct http_request *req)
+{
+    return req->has_user ? &req->user : NULL;
+}
+
 json_t *http_request_json(const struct http_request *req)
 {
     return req->json;

@@ -54,6 +54,20 @@ static bool parse_id(const char *s, size_t n, int64_t *out)
     return true;
 }
 
+/* A word segment ({name:word}): 1..64 bytes of [A-Za-z0-9._-] (a user's name). */
+static bool is_word(const char *s, size_t n)
+{
+    if (n == 0 || n > 64)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
 bool http__route_compile(struct route_rt *rt, const struct http_route *r)
 {
     memset(rt, 0, sizeof *rt);
@@ -73,6 +87,7 @@ bool http__route_compile(struct route_rt *rt, const struct http_route *r)
         if (s[0] == '{' && s[n - 1] == '}' && n > 2 && !memchr(s + 1, '{', n - 2) &&
             !memchr(s + 1, '}', n - 2)) {
             rt->capture[i] = true;
+            rt->word[i] = n > 7 && !memcmp(s + n - 6, ":word}", 6);
             if (++captures > MAX_CAPTURES)
                 return false;
         } else if (open || close) {
@@ -90,7 +105,11 @@ static bool route_match(const struct route_rt *rt, int nseg, const char **seg, c
     memset(ids, 0, MAX_CAPTURES * sizeof *ids);
     int k = 0;
     for (int i = 0; i < nseg; i++) {
-        if (rt->capture[i]) {
+        if (rt->capture[i] && rt->word[i]) {
+            if (!is_word(seg[i], len[i]))
+                return false;
+            ids[k++] = 0;
+        } else if (rt->capture[i]) {
             if (!parse_id(seg[i], len[i], &ids[k++]))
                 return false;
         } else if (len[i] != rt->seglen[i] || memcmp(seg[i], rt->seg[i], len[i]) != 0) {

@@ -8,12 +8,15 @@
 #include "client.h"
 #include "run.h"
 #include "serve.h"
+#include "users_cli.h"
 
 static void usage(FILE *f)
 {
-    fputs("usage: ddpd serve [options]           the job server (ddpd serve --help)\n"
-          "       ddpd run [options] SPEC.json   run one job on this host (ddpd run --help)\n",
-          f);
+    fputs(
+        "usage: ddpd serve [options]           the job server (ddpd serve --help)\n"
+        "       ddpd run [options] SPEC.json   run one job on this host (ddpd run --help)\n"
+        "       ddpd users add|list|remove|rotate|set ... --db DB   the server's users (ddpd users --help)\n",
+        f);
     client_usage_lines(f);
     fputs("       ddpd --version\n"
           "Client commands talk to the server at --server URL or $DDPD_SERVER (default\n"
@@ -39,6 +42,8 @@ int main(int argc, char **argv)
         return serve_main(argc - 1, argv + 1, self_dir);
     if (!strcmp(argv[1], "run"))
         return run_main(argc - 1, argv + 1, self_dir);
+    if (!strcmp(argv[1], "users"))
+        return users_main(argc - 1, argv + 1);
     if (client_is_command(argv[1]))
         return client_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "--version")) {
@@ -49,10 +54,11 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    fprintf(stderr,
-            "ddpd: unknown command '%s'; the commands are serve, run, submit, jobs, show, watch, logs, "
-            "cancel, rm, resume, checkpoints, compare, pull, generate, predict, tokenize and sweep\n",
-            argv[1]);
+    fprintf(
+        stderr,
+        "ddpd: unknown command '%s'; the commands are serve, run, users, submit, jobs, show, watch, logs, "
+        "cancel, rm, resume, checkpoints, compare, pull, generate, predict, tokenize and sweep\n",
+        argv[1]);
     usage(stderr);
     return 2;
 }

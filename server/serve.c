@@ -520,10 +520,14 @@ static int prepare(struct serve_opts *o, const char *self_dir, struct serve_setu
         fprintf(stderr, "ddpd serve: --listen %s: %s\n", o->listen, addr_why);
         return 2;
     }
-    if (!s->token && !o->insecure && !http_addr_is_loopback(o->listen)) {
+    /* A non-loopback address needs tokens: the token file's or users'. A database that
+     * does not exist yet has no users (refused before anything is made); one that does is
+     * asked once it is open (run_server). */
+    struct stat dbst;
+    if (!s->token && !o->insecure && !http_addr_is_loopback(o->listen) && stat(o->db, &dbst) != 0) {
         fprintf(stderr,
-                "ddpd serve: refusing to listen on %s without --token-file (anyone could run "
-                "jobs); use a loopback address, a token, or --insecure\n",
+                "ddpd serve: refusing to listen on %s without --token-file or users (anyone could run "
+                "jobs); use a loopback address, a token, `ddpd users add`, or --insecure\n",
                 o->listen);
         return 2;
     }
@@ -689,6 +693,17 @@ static int run_server(const struct serve_opts *o, const struct serve_setup *s, c
         fprintf(stderr, "ddpd serve: %s\n", err.message);
         goto out;
     }
+    /* A non-loopback address needs tokens: the token file's, or users' (docs/security.md). */
+    bool any_user = false;
+    if (!s->token && !o->insecure && !http_addr_is_loopback(o->listen) &&
+        (store_user_any(store, &any_user, &err) != DDPD_OK || !any_user)) {
+        fprintf(stderr,
+                "ddpd serve: refusing to listen on %s without --token-file or users (anyone could run "
+                "jobs); use a loopback address, a token, `ddpd users add`, or --insecure\n",
+                o->listen);
+        rc = 2;
+        goto out;
+    }
     hub = hub_new(NULL);
     launcher = o->slurm ? launcher_slurm_new(&o->slurm_opts) : launcher_local_new();
     if (!launcher) {
@@ -747,6 +762,9 @@ static int run_server(const struct serve_opts *o, const struct serve_setup *s, c
                              .routes = NULL,
                              .ctx = NULL,
                              .token = s->token,
+                             .users_exist = api_users_exist,
+                             .authenticate = api_authenticate,
+                             .authorize = api_authorize,
                              .cors_origin = o->cors,
                              .threads = 4,
                              .connection_limit = connection_limit()};

@@ -125,6 +125,9 @@ struct store_job_new {
     /* A pause (ASHA's rung): the ranks stop after this step with its checkpoint (the job
      * document's stop_at); 0 = none. */
     int64_t stop_at;
+    /* The user who submitted it (NULL: none; a sweep trial's job then gets the sweep's
+     * owner, in the insert's statement). */
+    const char *owner;
     /* Also store the job's first event, the `queued` state event (seq 1, attempt 0, ts =
      * created_at: store_job_queued_event), in the same transaction. */
     bool queued_event;
@@ -192,6 +195,7 @@ struct store_job_evals {
 /* A job as GET /v1/jobs/{id} shows it (CONTRACT.md §7). Strings longer than their
  * buffer are cut at a UTF-8 character boundary. Owns `spec` and `ranks`: release with
  * store_job_clear. */
+#define STORE_OWNER_MAX 65 /* a user name (users.h USER_NAME_MAX) and its NUL */
 struct store_job {
     int64_t id;
     char name[STORE_NAME_MAX];
@@ -225,7 +229,10 @@ struct store_job {
      * ("[]" when none; NULL in store_job_insert_async's row means none too) and the notes
      * (NULL when none). Owned, except in that row, where they are the caller's. */
     char *tags, *notes;
-    size_t n_ranks; /* ranks of the current attempt, by rank; owned */
+    char owner[STORE_OWNER_MAX]; /* the user who submitted it; "" for a job from before users */
+    int preemptions;             /* times it was preempted */
+    double run_s;                /* seconds it ran over its ended attempts */
+    size_t n_ranks;              /* ranks of the current attempt, by rank; owned */
     struct store_rank *ranks;
 };
 
@@ -522,6 +529,7 @@ struct store_sweep_new {
     int max_parallel;
     size_t n;
     char *const *params, *const *specs; /* [n] */
+    const char *owner;                  /* the user who submitted it (its trials' jobs get it); NULL: none */
 };
 /* Inserts a sweep (state running) and its n trials (pending) in one transaction; sets
  * *id. Errors: DDPD_EBUSY, DDPD_EIO. */
@@ -551,6 +559,41 @@ ddpd_err store_trial_set_rungs(struct store *s, int64_t sweep, int idx, const ch
                                double metric, const char *rungs, struct ddpd_error *err);
 
 /* ---- health and counters ---- */
+
+/* ---- users (store_users.c; the cluster migration, server/users.h) ----
+ *
+ * Users are few and their writes rare: each call prepares its own statement. Tokens are
+ * never stored, only their SHA-256 (hex); the caller hashes (users.h). */
+struct user;
+
+/* Inserts user u (its name, role and limits; created_at is set here) with the token's
+ * hash. DDPD_ECONFLICT naming the user when the name is taken; DDPD_EBUSY, DDPD_EIO. */
+ddpd_err store_user_add(struct store *s, const struct user *u, const char *token_sha256,
+                        struct ddpd_error *err);
+/* User `name` into *out. DDPD_ENOTFOUND naming it when there is none. */
+ddpd_err store_user_get(struct store *s, const char *name, struct user *out, struct ddpd_error *err);
+/* The user whose token hashes to `token_sha256`: looked up by the hash, then the stored
+ * hash compared with it by user_hash_equal (CRYPTO_memcmp). DDPD_ENOTFOUND when none. */
+ddpd_err store_user_find_token(struct store *s, const char *token_sha256, struct user *out,
+                               struct ddpd_error *err);
+/* Every user by name into *out (n of them; caller frees *out). */
+ddpd_err store_user_list(struct store *s, struct user **out, size_t *n, struct ddpd_error *err);
+/* Removes user `name`; their jobs keep their owner's name. DDPD_ENOTFOUND when none. */
+ddpd_err store_user_remove(struct store *s, const char *name, struct ddpd_error *err);
+/* A new token hash for user `name` (rotated_at now): the old token stops working at once.
+ * DDPD_ENOTFOUND when none. */
+ddpd_err store_user_rotate(struct store *s, const char *name, const char *token_sha256,
+                           struct ddpd_error *err);
+/* Sets u->name's role and limits from *u. DDPD_ENOTFOUND when none. */
+ddpd_err store_user_update(struct store *s, const struct user *u, struct ddpd_error *err);
+/* Whether the users table has any row (then the API needs a token). */
+ddpd_err store_user_any(struct store *s, bool *any, struct ddpd_error *err);
+/* The jobs of `owner` waiting to run (queued or preempted), for max_queued. */
+ddpd_err store_user_queued(struct store *s, const char *owner, int64_t *n, struct ddpd_error *err);
+/* The owner of job `id` (or sweep `id` with `sweep`) into owner[cap] ("" when it has
+ * none: a job from before users). DDPD_ENOTFOUND when there is no such job or sweep. */
+ddpd_err store_owner_get(struct store *s, bool sweep, int64_t id, char *owner, size_t cap,
+                         struct ddpd_error *err);
 
 /* A cheap read on a reader connection (for /healthz). DDPD_EIO, naming the file and the
  * first problem, when the database failed PRAGMA quick_check at store_open (damaged

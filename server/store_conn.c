@@ -73,7 +73,7 @@ ddpd_err sq_fail(struct ddpd_error *err, sqlite3 *db, int rc, const char *op)
     "eval_step, eval_loss, eval_accuracy, best_eval_loss, best_eval_loss_step, best_eval_accuracy, "         \
     "best_eval_accuracy_step, notes, "                                                                       \
     "(SELECT json_group_array(tag) FROM (SELECT tag FROM job_tags WHERE job = jobs.id ORDER BY pos)), "      \
-    "stop_at "
+    "stop_at, owner, preemptions, run_s "
 
 static const char *const sql_text[ST_COUNT] = {
     [W_BEGIN] = "BEGIN IMMEDIATE",
@@ -115,9 +115,12 @@ static const char *const sql_text[ST_COUNT] = {
         "eval_accuracy = CASE WHEN eval_step IS NULL OR eval_step <= ?2 THEN ?4 ELSE eval_accuracy END, "
         "eval_step = CASE WHEN eval_step IS NULL OR eval_step <= ?2 THEN ?2 ELSE eval_step END "
         "WHERE id = ?1",
-    [W_JOB_INSERT] = "INSERT INTO jobs (name, state, spec, world_size, device, created_at, "
-                     "max_restarts, resumed_from, resume_step, total_steps, resume_force, notes, stop_at) "
-                     "VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+    [W_JOB_INSERT] =
+        "INSERT INTO jobs (name, state, spec, world_size, device, created_at, "
+        "max_restarts, resumed_from, resume_step, total_steps, resume_force, notes, stop_at, owner) "
+        /* ?13 the owner; a sweep trial's job (?14 its sweep) without one gets the sweep's. */
+        "VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
+        "coalesce(?13, (SELECT owner FROM sweeps WHERE id = ?14)))",
     [W_JOB_STATE] = "SELECT state FROM jobs WHERE id = ?1",
     /* ?2 is the STORE_SET_* mask, ?3 the new state, ?10 now. */
     [W_JOB_UPDATE] =

@@ -42,6 +42,7 @@ static void job_of_insert(const struct insert_req *r, struct store_job *j)
                             .tags = (char *)r->job.tags,
                             .notes = r->job.notes && r->job.notes[0] ? (char *)r->job.notes : NULL};
     snprintf(j->name, sizeof j->name, "%s", r->job.name ? r->job.name : "");
+    snprintf(j->owner, sizeof j->owner, "%s", r->job.owner ? r->job.owner : "");
 }
 
 void store_job_queued_event(int64_t id, double created_at, struct event *ev)
@@ -119,6 +120,8 @@ static ddpd_err insert_one(struct store *s, struct insert_req *r)
         sqlite3_bind_int64(st, 12, job->stop_at);
     else
         sqlite3_bind_null(st, 12);
+    bind_text_or_null(st, 13, job->owner);
+    sqlite3_bind_int64(st, 14, job->sweep);
     ddpd_err e = DDPD_OK;
     int rc = sqlite3_step(st);
     if (rc == SQLITE_CONSTRAINT_CHECK) {

@@ -354,6 +354,9 @@ static void job_from_row(sqlite3_stmt *st, struct store_job *j)
         j->notes = xstrdup(col_text(st, 29));
     j->tags = xstrdup(sqlite3_column_type(st, 30) != SQLITE_NULL ? col_text(st, 30) : "[]");
     j->stop_at = sqlite3_column_int64(st, 31); /* NULL reads as 0: none */
+    copy_text(j->owner, sizeof j->owner, col_text(st, 32));
+    j->preemptions = sqlite3_column_int(st, 33);
+    j->run_s = sqlite3_column_double(st, 34);
 }
 
 static ddpd_err load_ranks(struct conn *c, struct store_job *j, struct ddpd_error *err)

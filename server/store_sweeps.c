@@ -39,8 +39,8 @@ ddpd_err store_sweep_insert(struct store *s, const struct store_sweep_new *sw, i
         return e;
     sqlite3_stmt *st =
         prep(s->w,
-             "INSERT INTO sweeps (created_at, state, method, metric, mode, max_parallel, body) "
-             "VALUES (?1, 'running', ?2, ?3, ?4, ?5, ?6)",
+             "INSERT INTO sweeps (created_at, state, method, metric, mode, max_parallel, body, owner) "
+             "VALUES (?1, 'running', ?2, ?3, ?4, ?5, ?6, ?7)",
              err);
     sqlite3_stmt *tr = NULL;
     int rc;
@@ -54,6 +54,7 @@ ddpd_err store_sweep_insert(struct store *s, const struct store_sweep_new *sw, i
     sqlite3_bind_text(st, 4, sw->mode, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 5, sw->max_parallel);
     sqlite3_bind_text(st, 6, sw->body, -1, SQLITE_STATIC);
+    bind_text_or_null(st, 7, sw->owner);
     if ((rc = sqlite3_step(st)) != SQLITE_DONE) {
         e = sq_fail(err, s->w->db, rc, "insert a sweep");
         goto out;

@@ -78,6 +78,8 @@
       tokenDialog.removeEventListener('close', done);
       if (tokenDialog.returnValue === 'ok' && input.value.trim()) {
         api.setToken(input.value.trim());
+        ddpd.me = null;
+        whoami();
         resolve(true);
       } else resolve(false);
     };
@@ -105,6 +107,33 @@
     }
   });
 
+  /* ---- who am I: the header's "name (role)", and the actions the role cannot take hidden
+   * (ddpd.me; ddpd.may tells a view whether the caller may act on a job). ---- */
+
+  ddpd.me = null;
+  ddpd.may = (action, owner) => {
+    const me = ddpd.me;
+    if (!me) return true; /* not known yet: the server still refuses what it must */
+    if (me.role === 'admin') return true;
+    if (me.role === 'viewer') return false;
+    return action === 'submit' || owner === me.name;
+  };
+  async function whoami() {
+    try {
+      const me = await api.get('/v1/whoami');
+      const changed = !ddpd.me || ddpd.me.name !== me.name || ddpd.me.role !== me.role;
+      ddpd.me = me;
+      fill(document.getElementById('whoami'), `${me.name} (${me.role})`);
+      const submit = document.querySelector('nav a[data-nav="submit"]');
+      if (submit) submit.hidden = me.role === 'viewer';
+      if (changed) route();
+    } catch (e) { /* 401: the token prompt asks; unreachable: the banner says so */ }
+  }
+  ddpd.bus.addEventListener('connection', (e) => {
+    if (e.detail.ok && !ddpd.me) whoami();
+  });
+
   window.addEventListener('hashchange', route);
   route();
+  whoami();
 })();

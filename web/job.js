@@ -179,20 +179,23 @@
 
     function renderHead() {
       const j = job, final = U.isFinal(j.state);
+      /* The actions the caller's role (or the job's owner) allows (app.js, ddpd.may). */
+      const mine = !ddpd.may || ddpd.may('act', j.owner), mayRun = !ddpd.may || ddpd.may('submit');
       fill(head,
         el('h1', {}, `#${j.id} `, el('span', {class: 'job-name'}, j.name || '(unnamed)')),
         el('span', {id: 'job-state', dataset: {state: j.state}}, U.stateBadge(j.state)),
         el('span', {class: 'grow'}),
         el('div', {class: 'buttons'},
-          el('button', {type: 'button', id: 'resubmit-btn', onclick: resubmit, title: 'Submit a copy of this spec now'}, 'Resubmit'),
-          el('a', {class: 'button', href: '#/submit?from=' + j.id, title: 'Open this spec in the editor'}, 'Edit & resubmit'),
+          mayRun ? el('button', {type: 'button', id: 'resubmit-btn', onclick: resubmit, title: 'Submit a copy of this spec now'}, 'Resubmit') : null,
+          mayRun ? el('a', {class: 'button', href: '#/submit?from=' + j.id, title: 'Open this spec in the editor'}, 'Edit & resubmit') : null,
           /* A queued job has written nothing yet. */
           j.state === 'queued' ? null
             : el('button', {type: 'button', id: 'checkpoint-btn', onclick: download, title: 'The latest model.safetensors'}, 'Checkpoint'),
           /* A failed or cancelled job with a checkpoint continues as a new job. */
-          resumable(j) ? el('button', {type: 'button', id: 'resume-btn', onclick: resume,
+          resumable(j) && mine ? el('button', {type: 'button', id: 'resume-btn', onclick: resume,
             title: `Continue from its checkpoint at step ${ckptSteps[ckptSteps.length - 1]} as a new job`}, 'Resume') : null,
-          final ? el('button', {type: 'button', class: 'danger-ghost', id: 'delete-btn', onclick: remove}, 'Delete')
+          !mine ? null
+            : final ? el('button', {type: 'button', class: 'danger-ghost', id: 'delete-btn', onclick: remove}, 'Delete')
             : el('button', {type: 'button', class: 'danger', id: 'cancel-btn', onclick: cancel}, 'Cancel job')));
       fill(notices,
         j.error && j.error !== j.state ? el('div', {class: 'notice ' + (j.state === 'failed' ? 'notice-error' : 'notice-wait'), id: 'job-error'},

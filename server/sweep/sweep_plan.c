@@ -294,8 +294,9 @@ static ddpd_err make_trial(json_t *base, const struct param *ps, json_t **vals, 
     if (rc == DDPD_OK && check)
         rc = check(ctx, spec, &e);
     if (rc) {
-        rc = ddpd_error_set(err, rc == DDPD_ENOMEM ? rc : DDPD_ESPEC, "", "trial %zu %s: %s%s%s", t,
-                            ptext ? ptext : "", e.path, e.path[0] ? ": " : "", e.message);
+        rc = ddpd_error_set(err, rc == DDPD_ENOMEM || rc == DDPD_EFORBIDDEN ? rc : DDPD_ESPEC, "",
+                            "trial %zu %s: %s%s%s", t, ptext ? ptext : "", e.path, e.path[0] ? ": " : "",
+                            e.message);
         snprintf(err->path, sizeof err->path, "trials[%zu]", t);
         free(ptext);
         goto out;

@@ -47,7 +47,9 @@ def routes():
     src = read("server/api.c")
     table = src[src.index("static const struct http_route routes[]"):]
     table = table[:table.index("};")]
-    return re.findall(r'\{"(GET|POST|DELETE|PUT|PATCH)",\s*"([^"]+)"', table)
+    # A word capture ({name:word}, http.h) is documented as {name}.
+    return [(m, p.replace(":word}", "}")) for m, p in
+            re.findall(r'\{"(GET|POST|DELETE|PUT|PATCH)",\s*"([^"]+)"', table)]
 
 
 def api_sources():

@@ -60,6 +60,7 @@ int main(void)
         {DDPD_EMODELSIZE, "model_too_large", "internal"},
         {DDPD_ETIMEOUT, "timeout", "internal"},
         {DDPD_EINFER, "inference_failed", "internal"},
+        {DDPD_EQUOTA, "quota_exceeded", "internal"},
     };
     CHECK_EQ_INT((int)(sizeof pinned / sizeof pinned[0]), DDPD_ERR_COUNT);
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++) {
