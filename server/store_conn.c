@@ -134,7 +134,8 @@ static const char *const sql_text[ST_COUNT] = {
         "attempt = CASE WHEN ?2 & 2 THEN ?4 ELSE attempt END, "
         "restarts = CASE WHEN ?2 & 4 THEN ?5 ELSE restarts END, "
         "error = CASE WHEN ?2 & 8 THEN ?6 ELSE error END, "
-        "pending_reason = CASE WHEN ?2 & 16 THEN ?7 WHEN ?2 & 1 AND ?3 NOT IN ('queued', 'preempted') THEN NULL "
+        "pending_reason = CASE WHEN ?2 & 16 THEN ?7 WHEN ?2 & 1 AND ?3 NOT IN ('queued', 'preempted') THEN "
+        "NULL "
         "ELSE pending_reason END, "
         /* Only another attempt clears the progress: setting the same one again
          * (a retried end after a full disk) keeps what the attempt reported. */

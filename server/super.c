@@ -387,6 +387,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         .out_dir = a->out_dir,
         .doc = doc,
         .grace_s = s->o.grace_s,
+        .preempt_grace_s = s->o.preempt_grace,
         .die_with_parent = true,
         .gpus = a->device == DEVICE_CUDA ? gpus_of_slots(s, a) : NULL,
         .cuda = a->device == DEVICE_CUDA,
@@ -998,14 +999,6 @@ void super_submit(struct super *s, int64_t job, char *spec_text, int world_size,
     c->max_restarts = max_restarts;
     c->created_at = created_at;
     push_cmd(s, c);
-}
-
-/* A stand-in until the lead's preemption lands (the users branch needs the route). */
-ddpd_err super_preempt(struct super *s, int64_t job, const char *by, struct ddpd_error *err)
-{
-    (void)s;
-    (void)by;
-    return ddpd_error_set(err, DDPD_ECONFLICT, "", "job %" PRId64 ": preemption is not built yet", job);
 }
 
 ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err)

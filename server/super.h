@@ -85,10 +85,6 @@ void super_on_end(struct super *s, void (*fn)(void *ctx), void *ctx);
  * when it has already finished. */
 ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err);
 
-/* Preempts a running job at the request of user `by` (POST /v1/jobs/{id}/preempt): it
- * checkpoints, stops and waits as `preempted` (docs/scheduling.md). */
-ddpd_err super_preempt(struct super *s, int64_t job, const char *by, struct ddpd_error *err);
-
 /* Deletes a finished job: its rows and events from the store, its history from the hub
  * and its folder under jobs_dir, on the supervisor's thread (between two turns of its
  * loop); waits for it. DDPD_ENOTFOUND for an unknown job, DDPD_ECONFLICT when it has not

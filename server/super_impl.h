@@ -16,10 +16,7 @@
 
 #define POLL_MS             50
 #define RANK_EXIT_CANCELLED 5 /* a worker's exit code for a cancel (CONTRACT.md §6) */
-#ifndef RANK_EXIT_PREEMPTED
-#define RANK_EXIT_PREEMPTED 6 /* ... for a stop at a checkpoint on SIGUSR1 (preemption) */
-#endif
-#define MAX_FDS 4096
+#define MAX_FDS             4096
 
 enum cmd_kind { CMD_SUBMIT, CMD_CANCEL, CMD_DELETE, CMD_PREEMPT };
 
