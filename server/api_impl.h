@@ -7,9 +7,9 @@
  * the planner's data check), api_files.c (a job's curve, logs and checkpoints), api_metrics_csv.c (the curve
  * as CSV), api_events.c (the event stream), api_web.c (devices, health, /metrics, the dashboard's files),
  * api_infer.c (generate, predict and the inference pool's state), api_pytorch.c (the job's model as
- * model.py), api_sweeps.c (hyper-parameter sweeps), api_queue.c (the queue as a view), api_users.c (authentication against the
- * users table, /v1/whoami, /v1/users, a user's submission limits), api_access.c (who may
- * call each route). */
+ * model.py), api_sweeps.c (hyper-parameter sweeps), api_queue.c (the queue as a view), api_users.c
+ * (authentication against the users table, /v1/whoami, /v1/users, a user's submission limits), api_access.c
+ * (who may call each route). */
 #ifndef DDPD_API_IMPL_H
 #define DDPD_API_IMPL_H
 

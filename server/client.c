@@ -818,21 +818,26 @@ static int cmd_show(struct client *c, int argc, char **argv)
     return rc;
 }
 
-/* POST .../cancel or DELETE ...: the answer's status is the result. */
+/* POST .../cancel, POST .../preempt or DELETE ...: the answer's status is the result. */
 static int change_job(struct client *c, int argc, char **argv, const char *name)
 {
     int64_t id;
     int rc = one_id_command(c, argc, argv, name, &id);
     if (rc >= 0)
         return rc;
-    bool cancel = !strcmp(name, "cancel");
+    bool rm = !strcmp(name, "rm");
     char path[64];
-    snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "%s", id, cancel ? "/cancel" : "");
-    const char *method = cancel ? "POST" : "DELETE";
+    snprintf(path, sizeof path, "/v1/jobs/%" PRId64 "%s%s", id, rm ? "" : "/", rm ? "" : name);
+    const char *method = rm ? "DELETE" : "POST";
     struct sink s = {.c = c, .body = {.max = ANSWER_MAX}};
     long status = request(c, method, path, NULL, 0, REQ_PLAIN, &s);
     if (status == 202 || status == 200 || status == 204) {
-        printf("job %" PRId64 " %s\n", id, cancel ? "is being cancelled" : "deleted");
+        printf("job %" PRId64 " %s\n", id,
+               rm ? "deleted"
+               : !strcmp(name, "cancel")
+                   ? "is being cancelled"
+                   : "is being preempted: it stops at its next step with a checkpoint and "
+                     "waits in the queue to resume");
         rc = 0;
     } else {
         rc = status > 0 ? http_failed(c, method, path, status, &s.body, false) : EXIT_FAIL;
@@ -844,6 +849,11 @@ static int change_job(struct client *c, int argc, char **argv, const char *name)
 static int cmd_cancel(struct client *c, int argc, char **argv)
 {
     return change_job(c, argc, argv, "cancel");
+}
+
+static int cmd_preempt(struct client *c, int argc, char **argv)
+{
+    return change_job(c, argc, argv, "preempt");
 }
 
 static int cmd_rm(struct client *c, int argc, char **argv)
@@ -1115,6 +1125,10 @@ static const struct command commands[] = {
      "  -f, --follow      keep printing what is added until the job ends\n",
      cmd_logs},
     {"cancel", "ID", "Cancels a queued or running job.", "", cmd_cancel},
+    {"preempt", "ID",
+     "Stops a running job at its next optimizer step with a checkpoint; it waits in the queue as\n"
+     "preempted and resumes from that checkpoint when the scheduler starts it again.",
+     "", cmd_preempt},
     {"rm", "ID", "Deletes a finished job, its events and its files.", "", cmd_rm},
     {"checkpoints", "ID",
      "Lists the job's checkpoints: step, time, bytes, and which is the best one\n"

@@ -57,7 +57,7 @@ static void usage(FILE *f)
           "                  [--comm-addr HOST] [--job-disk-quota SIZE] [--job-events-max N]\n"
           "                  [--infer-procs N] [--infer-queue N] [--infer-memory SIZE]\n"
           "                  [--infer-idle-s S] [--infer-timeout-s S] [--infer-max-bytes SIZE]\n"
-          "                  [--infer-worker PATH]\n"
+          "                  [--infer-worker PATH] [--preempt-grace S] [--priority-age-s S]\n"
           "  --listen       address to serve on (default 127.0.0.1:8080; port 0 = any free port)\n"
           "  --db           SQLite database, created on first start in a folder that exists\n"
           "                 (default ./var/ddpd.db, var/ made when missing); one\n"
@@ -94,6 +94,12 @@ static void usage(FILE *f)
           "  --cors-origin  send Access-Control-Allow-Origin: ORIGIN and answer preflights, so a\n"
           "                 dashboard opened elsewhere (a file URL: use '*') can use this server;\n"
           "                 POST/DELETE from any other foreign Origin are refused (403)\n"
+          "Scheduling (docs/scheduling.md):\n"
+          "  --preempt-grace  seconds a preempted job has to reach its checkpoint before it is\n"
+          "                 stopped and restarts from its last one (default 60; a spec's\n"
+          "                 preempt_grace wins)\n"
+          "  --priority-age-s  a waiting job gains one point of priority per this many seconds,\n"
+          "                 up to 100 (default 60; 0: never), which bounds starvation\n"
           "Inference (POST /v1/jobs/{id}/generate and /predict; docs/api.md):\n"
           "  --infer-procs  inference processes at most (ddpd-worker --infer, each holding one\n"
           "                 model; default: the number of cores, at most 64): the concurrency bound\n"
@@ -214,7 +220,8 @@ struct serve_opts {
     long infer_procs, infer_queue; /* infer_queue -1: 4 x infer_procs */
     int64_t infer_memory, infer_max_bytes;
     double infer_idle_s, infer_timeout_s;
-    const char *infer_worker; /* NULL: the worker */
+    const char *infer_worker;             /* NULL: the worker */
+    double preempt_grace, priority_age_s; /* priority_age_s < 0: never */
     bool insecure, finish, slurm;
     struct slurm_opts slurm_opts;
 };
@@ -330,6 +337,8 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
                                           {"infer-timeout-s", required_argument, NULL, 1026},
                                           {"infer-max-bytes", required_argument, NULL, 1027},
                                           {"infer-worker", required_argument, NULL, 1028},
+                                          {"preempt-grace", required_argument, NULL, 1029},
+                                          {"priority-age-s", required_argument, NULL, 1030},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     optind = 1;
@@ -434,6 +443,16 @@ static int parse_options(int argc, char **argv, struct serve_opts *o)
                         v);
                 return 2;
             }
+        } else if (!strcmp(a, "--preempt-grace") || !strcmp(a, "--priority-age-s")) {
+            char *end;
+            double secs = strtod(v, &end);
+            bool age = !strcmp(a, "--priority-age-s");
+            if (end == v || *end || !(secs >= (age ? 0 : 0.1)) || secs > 86400) {
+                fprintf(stderr, "ddpd serve: %s: expected seconds from %s to 86400, got '%s'\n", a,
+                        age ? "0 (never)" : "0.1", v);
+                return 2;
+            }
+            *(age ? &o->priority_age_s : &o->preempt_grace) = age && secs == 0 ? -1 : secs;
         } else if (!strncmp(a, "--infer-", 8)) {
             if (infer_option(a, v, o) != 0)
                 return 2;
@@ -704,7 +723,9 @@ static int run_server(const struct serve_opts *o, const struct serve_setup *s, c
                             .grace_s = 5,
                             .finish_on_shutdown = o->finish,
                             .job_disk_quota = o->job_disk_quota,
-                            .max_rank_memory = o->max_rank_memory};
+                            .max_rank_memory = o->max_rank_memory,
+                            .preempt_grace = o->preempt_grace,
+                            .priority_age_s = o->priority_age_s};
     super = hub ? super_start(&so, &err) : NULL;
     if (!super) {
         fprintf(stderr, "ddpd serve: %s\n", err.message);

@@ -289,17 +289,19 @@ ddpd_err store_job_count(struct store *s, int64_t *counts, struct ddpd_error *er
 
 /* Which columns store_job_update writes (bit mask in `fields`). */
 enum {
-    STORE_SET_STATE = 1u << 0,    /* state; also the timestamps, see below */
-    STORE_SET_ATTEMPT = 1u << 1,  /* attempt; when it changes, clears step and loss (a
-                                     new attempt reports its own) unless
-                                     STORE_SET_PROGRESS is set */
-    STORE_SET_RESTARTS = 1u << 2, /* restarts */
-    STORE_SET_ERROR = 1u << 3,    /* error (NULL or "" clears it) */
-    STORE_SET_PENDING = 1u << 4,  /* pending_reason (NULL or "" clears it) */
-    STORE_SET_PROGRESS = 1u << 5, /* step and loss (the event writer also sets them) */
-    STORE_SET_RESTART = 1u << 6,  /* appends {attempt, reason, ts: now, rank, exit_code}
-                                     (restart_*) to restart_history (up to
-                                     STORE_RESTART_HISTORY_MAX) */
+    STORE_SET_STATE = 1u << 0,      /* state; also the timestamps, see below */
+    STORE_SET_ATTEMPT = 1u << 1,    /* attempt; when it changes, clears step and loss (a
+                                       new attempt reports its own) unless
+                                       STORE_SET_PROGRESS is set */
+    STORE_SET_RESTARTS = 1u << 2,   /* restarts */
+    STORE_SET_ERROR = 1u << 3,      /* error (NULL or "" clears it) */
+    STORE_SET_PENDING = 1u << 4,    /* pending_reason (NULL or "" clears it) */
+    STORE_SET_PROGRESS = 1u << 5,   /* step and loss (the event writer also sets them) */
+    STORE_SET_RESTART = 1u << 6,    /* appends {attempt, reason, ts: now, rank, exit_code}
+                                       (restart_*) to restart_history (up to
+                                       STORE_RESTART_HISTORY_MAX) */
+    STORE_SET_RUN = 1u << 7,        /* preemptions and run_s */
+    STORE_SET_PREEMPT_BY = 1u << 8, /* preempt_by (0 clears it) */
 };
 /* A change to one job. Pointers are borrowed for the call. */
 struct store_job_update {
@@ -318,6 +320,13 @@ struct store_job_update {
     bool restart_by_rank;       /* a rank's failure ended it: restart_rank failed with */
     int restart_rank;           /* restart_exit_code; else both are null in the entry */
     int restart_exit_code;
+    const char *restart_extra; /* STORE_SET_RESTART: a JSON object whose keys the entry
+                                  also gets ({"by": 15, "step": 40}), or NULL */
+    int preemptions;           /* STORE_SET_RUN: times preempted, */
+    double run_s;              /* and seconds run over the ended attempts (time_limit) */
+    int64_t preempt_by;        /* STORE_SET_PREEMPT_BY: the job it is being preempted for
+                                  (set while it drains: a restarted server then requeues it
+                                  as preempted), 0 none */
 };
 /* Applies `u` to job `id` in one transaction, committed when this returns. Setting the
  * state also keeps the timestamps true: `starting`/`running` set started_at when it is
@@ -418,6 +427,21 @@ struct store_usage {
     int64_t events, bytes, loss_events;
 };
 ddpd_err store_job_usage(struct store *s, int64_t id, struct store_usage *out, struct ddpd_error *err);
+
+/* ---- the shared cluster (store_cluster.c) ---- */
+
+/* What the scheduler weighs of a job beyond its spec: its owner and the owner's running
+ * limits (-1: none, or no such user), its preemptions, the seconds it ran over its ended
+ * attempts, and the job it is being preempted for (0 none). */
+struct store_job_weight {
+    char owner[72]; /* "" for a job from before users */
+    int max_gpus, max_cpu_ranks;
+    int preemptions;
+    double run_s;
+    int64_t preempt_by;
+};
+/* Reads it on a reader. DDPD_ENOTFOUND for an unknown job. */
+ddpd_err store_job_weight(struct store *s, int64_t id, struct store_job_weight *out, struct ddpd_error *err);
 
 /* ---- metrics ---- */
 

@@ -134,7 +134,8 @@ static const char *const sql_text[ST_COUNT] = {
         "attempt = CASE WHEN ?2 & 2 THEN ?4 ELSE attempt END, "
         "restarts = CASE WHEN ?2 & 4 THEN ?5 ELSE restarts END, "
         "error = CASE WHEN ?2 & 8 THEN ?6 ELSE error END, "
-        "pending_reason = CASE WHEN ?2 & 16 THEN ?7 WHEN ?2 & 1 AND ?3 <> 'queued' THEN NULL "
+        "pending_reason = CASE WHEN ?2 & 16 THEN ?7 WHEN ?2 & 1 AND ?3 NOT IN ('queued', 'preempted') THEN "
+        "NULL "
         "ELSE pending_reason END, "
         /* Only another attempt clears the progress: setting the same one again
          * (a retried end after a full disk) keeps what the attempt reported. */
@@ -142,8 +143,11 @@ static const char *const sql_text[ST_COUNT] = {
         "loss = CASE WHEN ?2 & 32 THEN ?9 WHEN ?2 & 2 AND attempt <> ?4 THEN NULL ELSE loss END, "
         "restart_history = CASE WHEN ?2 & 64 AND json_array_length(restart_history) < " RESTART_HISTORY_MAX_S
         " "
-        "THEN json_insert(restart_history, '$[#]', json_object('attempt', ?11, 'reason', ?12, "
-        "'ts', ?10, 'rank', ?13, 'exit_code', ?14)) ELSE restart_history END "
+        "THEN json_insert(restart_history, '$[#]', json_patch(json_object('attempt', ?11, 'reason', ?12, "
+        "'ts', ?10, 'rank', ?13, 'exit_code', ?14), coalesce(?15, '{}'))) ELSE restart_history END, "
+        "preemptions = CASE WHEN ?2 & 128 THEN ?16 ELSE preemptions END, "
+        "run_s = CASE WHEN ?2 & 128 THEN ?17 ELSE run_s END, "
+        "preempt_by = CASE WHEN ?2 & 256 THEN ?18 ELSE preempt_by END "
         "WHERE id = ?1",
     [W_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1",
     /* A job's tags (?2: the JSON text of an array of strings), each at its place. */
@@ -188,6 +192,9 @@ static const char *const sql_text[ST_COUNT] = {
     [W_THIN_USAGE] = "UPDATE event_usage SET events = events - ?2, bytes = bytes - ?3, "
                      "loss_events = loss_events - ?2, thinned = loss_events - ?2 WHERE job = ?1",
     [R_JOB_GET] = "SELECT " JOB_COLS "FROM jobs WHERE id = ?1",
+    /* store_cluster.c: what the scheduler weighs of a job, with its owner's limits. */
+    [R_JOB_WEIGHT] = "SELECT j.owner, u.max_gpus, u.max_cpu_ranks, j.preemptions, j.run_s, j.preempt_by "
+                     "FROM jobs j LEFT JOIN users u ON u.name = j.owner WHERE j.id = ?1",
     /* Three shapes, so each gets the plan that fits: the primary key backwards, one
      * range of (state, id) backwards, or an IN over the states. */
     [R_JOB_LIST_ALL] = "SELECT " JOB_COLS "FROM jobs WHERE id < ?1 AND (?10 IS NULL OR name = ?10) "

@@ -50,6 +50,7 @@ enum {
     W_THIN_USAGE,
     /* readers */
     R_JOB_GET,
+    R_JOB_WEIGHT,
     R_JOB_LIST_ALL,
     R_JOB_LIST_ONE,
     R_JOB_LIST_SOME,

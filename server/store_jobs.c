@@ -96,6 +96,11 @@ ddpd_err store_job_update(struct store *s, int64_t id, const struct store_job_up
         sqlite3_bind_int(st, 13, u->restart_rank);
         sqlite3_bind_int(st, 14, u->restart_exit_code);
     } /* else null */
+    bind_text_or_null(st, 15, u->restart_extra);
+    sqlite3_bind_int(st, 16, u->preemptions);
+    sqlite3_bind_double(st, 17, u->run_s);
+    if (u->preempt_by != 0) /* -1: a user's or a signal's */
+        sqlite3_bind_int64(st, 18, u->preempt_by);
     int rc = sqlite3_step(st);
     if (rc != SQLITE_DONE)
         e = sq_fail(err, s->w->db, rc, "update job");

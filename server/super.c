@@ -34,81 +34,7 @@
 #include "proc.h"
 #include "sched.h"
 #include "store.h"
-
-#define POLL_MS             50
-#define RANK_EXIT_CANCELLED 5 /* a worker's exit code for a cancel (CONTRACT.md §6) */
-#define MAX_FDS             4096
-
-enum cmd_kind { CMD_SUBMIT, CMD_CANCEL, CMD_DELETE };
-
-/* A command whose caller waits for its answer (CMD_DELETE): on the caller's stack; the
- * supervisor sets `done` under the lock and signals `cv`. */
-struct answer {
-    pthread_cond_t cv;
-    bool done;
-    ddpd_err rc;
-    struct ddpd_error *err;
-};
-
-struct cmd {
-    enum cmd_kind kind;
-    int64_t job;
-    char *spec_text; /* CMD_SUBMIT from super_submit: the stored spec (owned), or NULL */
-    int world_size, max_restarts;
-    device_kind device;
-    double created_at;     /* with spec_text: the store has its queued event (seq 1) */
-    struct answer *answer; /* CMD_DELETE: borrowed from the waiting caller */
-    struct cmd *next;
-};
-
-/* A job the supervisor holds: queued, starting or running. Tens of thousands can wait
- * in the queue, so a queued job is small: its spec stays the stored text (what the
- * workers are given) until it starts. */
-struct active {
-    int64_t job;
-    job_state state;
-    char *spec_text; /* the spec as stored (canonical JSON) */
-    int world_size;
-    device_kind device;
-    int attempt, restarts, max_restarts;
-    int failed_rank, failed_exit_code; /* what ended the last attempt, for its restart's
-                                          entry: a rank and its exit code, rank -1 for none */
-    int64_t resumed_from, resume_step; /* a job made by resume: where it continues from */
-    bool resume_force;                 /* ... even on data changed since that checkpoint */
-    int64_t stop_at;                   /* a pause (an ASHA rung): the job document's stop_at; 0 none */
-    struct evpipe_source ev;           /* its events' numbering: evpipe_publish */
-    int *slots;
-    const char **gpu; /* cuda jobs: the device of each rank's slot (launch_opts.gpus) */
-    struct launch *l; /* set with set_launch() only */
-    bool cancel_requested;
-    char cancel_reason[128];
-    char *pending; /* the pending reason last stored, NULL for none */
-    char *out_dir;
-    char *quota_error;                /* the job folder went over the disk quota: why it failed */
-    double next_quota_check;          /* monotonic time of its next measurement */
-    struct store_rank *unsaved_ranks; /* the ranks' end rows the store did not take, */
-    int n_unsaved_ranks;              /* of this attempt and earlier ones */
-    struct super *s;
-    struct active *prev, *next;   /* every job */
-    struct active *lprev, *lnext; /* the jobs with a launch (their pipes are polled) */
-};
-
-struct super {
-    struct super_opts o;
-    pthread_t thread;
-    bool thread_started;
-    int wake_fd;
-    pthread_mutex_t lock;      /* cmds, sched, stopping, on_end */
-    void (*on_end)(void *ctx); /* super_on_end's, called under lock */
-    void *on_end_ctx;
-    struct cmd *head, *tail;
-    struct sched *sched;
-    bool stopping;
-    struct active *jobs;     /* supervisor thread only */
-    struct active *launched; /* the jobs with a launch, linked by lnext */
-    struct idmap *index;     /* jobs by id */
-    struct evpipe *pipe;     /* events: stored, committed, then published */
-};
+#include "super_impl.h"
 
 static void wake(struct super *s)
 {
@@ -326,6 +252,7 @@ static struct active *load(struct super *s, int64_t job)
     a->resume_step = j.resume_step;
     a->resume_force = j.resume_force;
     a->stop_at = j.stop_at;
+    super__weigh(s, a);
     int64_t seq = 0;
     store_flush(s->o.store, NULL); /* queued events of the job count too */
     store_event_max_seq(s->o.store, job, &seq, NULL);
@@ -410,6 +337,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
     }
     bool has_resume = jobdir_latest_ckpt(a->out_dir, resume, sizeof resume);
     a->ev.attempt = ++a->attempt;
+    a->started_mono = base_mono_s();
     struct jobdoc *jd = linked ? calloc(1, sizeof *jd) : NULL, *doc = NULL;
     if (!linked)
         ; /* err says why */
@@ -459,6 +387,7 @@ static void start(struct super *s, struct active *a, bool restart, const char *w
         .out_dir = a->out_dir,
         .doc = doc,
         .grace_s = s->o.grace_s,
+        .preempt_grace_s = s->o.preempt_grace,
         .die_with_parent = true,
         .gpus = a->device == DEVICE_CUDA ? gpus_of_slots(s, a) : NULL,
         .cuda = a->device == DEVICE_CUDA,
@@ -531,6 +460,8 @@ static const char *rank_state(const struct active *a, int exit_code)
 {
     if (exit_code == 0)
         return job_state_name(JOB_STATE_SUCCEEDED);
+    if (exit_code == RANK_EXIT_PREEMPTED)
+        return job_state_name(JOB_STATE_PREEMPTED);
     if (a->cancel_requested &&
         (exit_code == RANK_EXIT_CANCELLED || exit_code == 128 + SIGTERM || exit_code == 128 + SIGKILL))
         return job_state_name(JOB_STATE_CANCELLED);
@@ -570,6 +501,7 @@ static void ended(struct super *s, struct active *a)
     if (!n)
         free(rows);
     set_launch(s, a, NULL);
+    super__attempt_ran(a);
     if (a->quota_error) { /* stopped by check_quotas(): a restart would only go over it again */
         finish(s, a, JOB_STATE_FAILED, a->quota_error);
         return;
@@ -578,6 +510,8 @@ static void ended(struct super *s, struct active *a)
         finish(s, a, JOB_STATE_CANCELLED, a->cancel_reason);
         return;
     }
+    if (super__preempt_ended(s, a, &res))
+        return;
     if (res.ok) {
         finish(s, a, JOB_STATE_SUCCEEDED, NULL);
         return;
@@ -614,18 +548,9 @@ static struct active *fresh(struct super *s, struct cmd *c)
     a->world_size = c->world_size;
     a->device = c->device;
     a->max_restarts = c->max_restarts;
+    super__weigh(s, a);
     link_job(s, a);
     return a;
-}
-
-/* The job as the scheduler weighs it. */
-static struct sched_job sched_job_of(const struct active *a)
-{
-    return (struct sched_job){.job = a->job,
-                              .kind = a->device,
-                              .world = a->world_size,
-                              .priority = SPEC_PRIORITY_DEFAULT,
-                              .preemptible = true};
 }
 
 /* A job the API has just inserted: from what the command carries (no store round trip),
@@ -640,10 +565,7 @@ static void submit(struct super *s, struct cmd *c)
     if (!a)
         return;
     a->slots = calloc((size_t)a->world_size, sizeof(int));
-    struct sched_job j = sched_job_of(a);
-    pthread_mutex_lock(&s->lock);
-    sched_enqueue(s->sched, &j, base_mono_s());
-    pthread_mutex_unlock(&s->lock);
+    super__enqueue(s, a);
     if (known) { /* stored queued, with its queued event: the hub is what is new */
         struct event ev;
         store_job_queued_event(job, c->created_at, &ev);
@@ -686,6 +608,8 @@ static void schedule(struct super *s)
         memcpy(a->slots, slots, (size_t)world * sizeof(int));
         start(s, a, false, NULL);
     }
+    if (!s->stopping)
+        super__cluster_turn(s);
 }
 
 /* The disk quota of running jobs: every SUPER_QUOTA_CHECK_S each job folder is measured
@@ -792,6 +716,8 @@ static void *run(void *arg)
                 submit(s, c);
             else if (c->kind == CMD_DELETE)
                 delete_job(s, c);
+            else if (c->kind == CMD_PREEMPT)
+                super__preempt_cmd(s, c->job, c->who);
             else
                 cancel(s, c->job, "cancelled");
             free(c->spec_text);
@@ -887,9 +813,8 @@ static void ranks_lost(struct super *s, const struct store_job *j)
 static ddpd_err recover(struct super *s, struct ddpd_error *err)
 {
     struct store_job_list l;
-    struct store_job_query q = {.states = JOB_STATES_ACTIVE | JOB_STATE_BIT(JOB_STATE_QUEUED),
-                                .limit = STORE_LIST_MAX,
-                                .with_ranks = true};
+    struct store_job_query q = {
+        .states = JOB_STATES_ACTIVE | JOB_STATES_WAITING, .limit = STORE_LIST_MAX, .with_ranks = true};
     int64_t *queued = NULL;
     size_t nq = 0, capq = 0, no = 0, capo = 0;
     struct launch_orphan *orphans = NULL;
@@ -902,7 +827,7 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
         }
         for (size_t i = 0; i < l.n; i++) {
             const struct store_job *j = &l.jobs[i];
-            if (j->state != JOB_STATE_QUEUED) {
+            if (!(JOB_STATE_BIT(j->state) & JOB_STATES_WAITING)) {
                 add_orphans(j, &orphans, &no, &capo);
                 ranks_lost(s, j);
             }
@@ -928,6 +853,12 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
         if (!a)
             continue;
         a->slots = calloc((size_t)a->world_size, sizeof(int));
+        if ((a->state == JOB_STATE_STARTING || a->state == JOB_STATE_RUNNING) && a->preempt_by) {
+            /* It was being preempted when the server died: it waits as preempted and
+             * resumes from its newest checkpoint (a preemption never spends max_restarts). */
+            super__preempt_recovered(s, a);
+            continue;
+        }
         if (a->state == JOB_STATE_STARTING || a->state == JOB_STATE_RUNNING) {
             store_attempt_end(s->o.store, a->job, a->attempt, "server restarted", NULL);
             if (a->restarts >= a->max_restarts) {
@@ -936,12 +867,9 @@ static ddpd_err recover(struct super *s, struct ddpd_error *err)
             }
             a->restarts++;
         }
-        struct sched_job j = sched_job_of(a);
-        pthread_mutex_lock(&s->lock);
-        sched_enqueue(s->sched, &j, base_mono_s());
-        pthread_mutex_unlock(&s->lock);
+        super__enqueue(s, a);
         a->failed_rank = -1; /* no rank's failure: the server's */
-        if (a->state != JOB_STATE_QUEUED)
+        if (a->state != JOB_STATE_QUEUED && a->state != JOB_STATE_PREEMPTED)
             set_state_restart(s, a, JOB_STATE_QUEUED, "server restarted; the job was queued again",
                               a->attempt);
     }
@@ -969,6 +897,12 @@ struct super *super_start(const struct super_opts *o, struct ddpd_error *err)
      * it) at once. */
     bool counted = !launcher_queues(o->launcher);
     s->sched = counted ? sched_new(o->gpus, o->cpu_slots) : sched_new(SCHED_MAX_SLOTS, SCHED_MAX_SLOTS);
+    if (s->sched)
+        sched_set_aging(s->sched, o->priority_age_s < 0   ? 0
+                                  : o->priority_age_s > 0 ? o->priority_age_s
+                                                          : SCHED_AGING_S);
+    if (s->o.preempt_grace <= 0)
+        s->o.preempt_grace = SUPER_PREEMPT_GRACE_S;
     if (s->sched && counted) {
         sched_name_gpus(s->sched, o->gpu_ids);
         sched_describe_gpus(s->sched, o->gpu_info);
@@ -1067,14 +1001,6 @@ void super_submit(struct super *s, int64_t job, char *spec_text, int world_size,
     push_cmd(s, c);
 }
 
-/* A stand-in until the lead's preemption lands (the users branch needs the route). */
-ddpd_err super_preempt(struct super *s, int64_t job, const char *by, struct ddpd_error *err)
-{
-    (void)s;
-    (void)by;
-    return ddpd_error_set(err, DDPD_ECONFLICT, "", "job %" PRId64 ": preemption is not built yet", job);
-}
-
 ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err)
 {
     struct store_job j;
@@ -1088,6 +1014,30 @@ ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err)
         return ddpd_error_set(err, DDPD_ECONFLICT, "", "job %" PRId64 " has already finished (%s)", job,
                               job_state_name(st));
     push(s, CMD_CANCEL, job);
+    return DDPD_OK;
+}
+
+ddpd_err super_preempt(struct super *s, int64_t job, const char *by, struct ddpd_error *err)
+{
+    struct store_job j;
+    memset(&j, 0, sizeof j);
+    ddpd_err rc = store_job_get(s->o.store, job, &j, err);
+    if (rc)
+        return rc;
+    job_state st = j.state;
+    store_job_clear(&j);
+    if (!(JOB_STATE_BIT(st) & JOB_STATES_ACTIVE))
+        return ddpd_error_set(err, DDPD_ECONFLICT, "",
+                              "job %" PRId64 " is %s: only a starting or running job can be preempted", job,
+                              job_state_name(st));
+    if (launcher_queues(s->o.launcher))
+        return ddpd_error_set(err, DDPD_ECONFLICT, "",
+                              "this server's launcher (Slurm) schedules and preempts its jobs itself");
+    struct cmd *c = xcalloc(1, sizeof *c);
+    c->kind = CMD_PREEMPT;
+    c->job = job;
+    snprintf(c->who, sizeof c->who, "%s", by && *by ? by : "a user");
+    push_cmd(s, c);
     return DDPD_OK;
 }
 
@@ -1181,7 +1131,9 @@ json_t *super_devices(struct super *s)
     return out;
 }
 
-struct store *super_store(struct super *s)
+/* ---- for super_preempt.c (super_impl.h) ----------------------------------------------------- */
+
+struct active *super__find(struct super *s, int64_t job)
 {
-    return s->o.store;
+    return find(s, job);
 }

@@ -35,6 +35,13 @@ struct super_opts {
     struct hub *hub;         /* borrowed */
     double grace_s;          /* SIGTERM -> SIGKILL; default 5 */
     bool finish_on_shutdown; /* super_stop waits for running jobs instead of cancelling */
+    /* Seconds a preempted job has to reach its checkpoint before it is stopped and
+     * restarts from its last one (ddpd serve --preempt-grace; a spec's preempt_grace wins);
+     * 0: SUPER_PREEMPT_GRACE_S. */
+    double preempt_grace;
+    /* One point of effective priority per this many seconds waited (ddpd serve
+     * --priority-age-s); 0: SCHED_AGING_S; < 0: no aging. */
+    double priority_age_s;
     int64_t max_rank_memory; /* bytes a rank may need, sent to every rank (0 = no limit) */
     /* What runs the ranks (launch.h), borrowed; NULL: the local launcher, on the slots
      * above. A launcher that queues (launcher_queues: Slurm) gets every job as soon as it
@@ -49,7 +56,8 @@ struct super_opts {
     int64_t job_disk_quota;
 };
 
-#define SUPER_QUOTA_CHECK_S 1.0
+#define SUPER_QUOTA_CHECK_S   1.0
+#define SUPER_PREEMPT_GRACE_S 60.0
 
 /* Recovers from an earlier server (jobs left starting/running: their processes are
  * killed, then each is requeued when it has restarts left, else failed with "server
@@ -77,15 +85,18 @@ void super_on_end(struct super *s, void (*fn)(void *ctx), void *ctx);
  * when it has already finished. */
 ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err);
 
-/* Preempts a running job at the request of user `by` (POST /v1/jobs/{id}/preempt): it
- * checkpoints, stops and waits as `preempted` (docs/scheduling.md). */
-ddpd_err super_preempt(struct super *s, int64_t job, const char *by, struct ddpd_error *err);
-
 /* Deletes a finished job: its rows and events from the store, its history from the hub
  * and its folder under jobs_dir, on the supervisor's thread (between two turns of its
  * loop); waits for it. DDPD_ENOTFOUND for an unknown job, DDPD_ECONFLICT when it has not
  * finished (store_job_delete's errors, in `err`). Any thread but the supervisor's. */
 ddpd_err super_delete(struct super *s, int64_t job, struct ddpd_error *err);
+
+/* Asks a running job to stop at its next optimizer step with a checkpoint and wait in the
+ * queue as `preempted` (it resumes from that checkpoint when the scheduler starts it
+ * again; not a restart). `by` says who asked ("alice"). DDPD_ENOTFOUND for an unknown
+ * job, DDPD_ECONFLICT when it is not running (or starting) or the launcher places jobs
+ * itself (Slurm). Any thread but the supervisor's. */
+ddpd_err super_preempt(struct super *s, int64_t job, const char *by, struct ddpd_error *err);
 
 /* Why queued job `job` waits, now ("queued behind job 7 (3 earlier jobs waiting for cpu
  * slots)"): true with `buf` set when the scheduler holds it queued. Asked when a job is
@@ -119,15 +130,14 @@ void super_gpu_give(struct super *s, int slot);
  * (launcher_devices_json): a new reference. */
 struct json_t *super_devices(struct super *s);
 
-/* The store the supervisor was started with (super_opts.store), borrowed: for the files
- * of the supervisor's module that read jobs (super_queue.c). */
-struct store *super_store(struct super *s);
-
-/* The queue as GET /v1/queue shows it (docs/api.md): {"running": [...] in start order,
- * "pending": [...] in the order they would start (GPU jobs first, then CPU jobs) cut to
- * `limit` (1..SUPER_QUEUE_LIMIT_MAX), "pending_total": N, "slots": {"gpus": N, "cpu": M}}.
- * A new reference; NULL when the store cannot be read (`err` says why). Any thread but
- * the supervisor's (super_queue.c). */
+/* The queue as GET /v1/queue shows it (docs/api.md), from the scheduler's own view
+ * (sched_view): {"running": [...] in start order, "pending": [...] in the order they would
+ * start (GPU jobs first, then CPU jobs) cut to `limit` (1..SUPER_QUEUE_LIMIT_MAX),
+ * "pending_total": N, "slots": {"gpus": N, "cpu": M}}; each job's id, name, state, owner,
+ * priority, preemptible, device, world_size and, running, its slots, running_s,
+ * time_limit and preempting, or, pending, its effective_priority, waited_s, position and
+ * reason. A new reference; NULL when the store cannot be read (`err` says why). Any
+ * thread but the supervisor's (super_queue.c). */
 #define SUPER_QUEUE_LIMIT_DEFAULT 500
 #define SUPER_QUEUE_LIMIT_MAX     10000
 struct json_t *super_queue(struct super *s, int limit, struct ddpd_error *err);

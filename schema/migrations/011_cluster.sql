@@ -22,7 +22,8 @@ CREATE TABLE users (
 -- of higher priority, waiting to resume), and three columns: owner (the user who
 -- submitted it; NULL for jobs from before users, which only an admin may act on),
 -- preemptions (how many times), run_s (seconds it has run over its ended attempts, for
--- time_limit).
+-- time_limit), preempt_by (the job it is being preempted for, while it drains: a server
+-- restarted then puts it back in the queue as preempted).
 CREATE TABLE jobs_new (
     id             INTEGER PRIMARY KEY AUTOINCREMENT,
     name           TEXT    NOT NULL,
@@ -60,7 +61,8 @@ CREATE TABLE jobs_new (
     stop_at        INTEGER,
     owner          TEXT,
     preemptions    INTEGER NOT NULL DEFAULT 0 CHECK (preemptions >= 0),
-    run_s          REAL    NOT NULL DEFAULT 0
+    run_s          REAL    NOT NULL DEFAULT 0,
+    preempt_by     INTEGER
 );
 INSERT INTO jobs_new (id, name, state, spec, world_size, device, created_at, started_at,
         finished_at, attempt, step, loss, error, pending_reason, max_restarts, restarts,
