@@ -1036,7 +1036,7 @@ ddpd_err super_preempt(struct super *s, int64_t job, const char *by, struct ddpd
     struct cmd *c = xcalloc(1, sizeof *c);
     c->kind = CMD_PREEMPT;
     c->job = job;
-    snprintf(c->who, sizeof c->who, "%s", by && *by ? by : "a user");
+    snprintf(c->who, sizeof c->who, "%s%s", by && *by ? "user " : "a user", by ? by : "");
     push_cmd(s, c);
     return DDPD_OK;
 }

@@ -121,8 +121,7 @@ static void requeue(struct super *s, struct active *a, bool forced, int64_t last
 {
     int64_t step = ckpt_step(a);
     char msg[400], extra[400];
-    int n = a->preempt_by > 0 ? snprintf(msg, sizeof msg, "preempted by %s", a->preempt_who)
-                              : snprintf(msg, sizeof msg, "preempted (%s)", a->preempt_who);
+    int n = snprintf(msg, sizeof msg, "preempted by %s", a->preempt_who);
     if (n < 0 || (size_t)n >= sizeof msg)
         n = (int)sizeof msg - 1;
     int64_t lost = forced && last_step > step ? last_step - step : 0;
@@ -178,7 +177,7 @@ bool super__preempt_ended(struct super *s, struct active *a, const struct launch
     if (res->preempted) { /* every rank stopped at a checkpoint (asked, or Slurm's signal) */
         if (!a->preempting) {
             a->preempt_by = -1;
-            snprintf(a->preempt_who, sizeof a->preempt_who, "a signal to its ranks: Slurm's --signal");
+            snprintf(a->preempt_who, sizeof a->preempt_who, "a signal to its ranks (Slurm's --signal)");
         }
         requeue(s, a, false, 0);
         return true;

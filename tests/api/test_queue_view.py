@@ -10,7 +10,7 @@ from test_cli import cli
 FINAL = ("succeeded", "failed", "cancelled")
 RUNNING_KEYS = {"id", "name", "owner", "priority", "preemptible", "device", "world_size", "slots", "state",
                 "running_s", "time_limit", "preempting"}
-PENDING_KEYS = {"id", "name", "owner", "priority", "effective_priority", "device", "world_size", "state",
+PENDING_KEYS = {"id", "name", "owner", "priority", "preemptible", "effective_priority", "device", "world_size", "state",
                 "waited_s", "position", "reason"}
 
 
@@ -56,13 +56,13 @@ def test_queue_shape_order_reasons_and_limit(make_server):
     assert set(r) == RUNNING_KEYS, r
     assert (r["id"], r["name"], r["state"], r["device"], r["world_size"]) == (a, "qa", "running", "cpu", 1), r
     assert r["slots"] == [0] and r["priority"] == 80 and r["time_limit"] == 3600, r
-    assert r["owner"] is None and r["preemptible"] is True and r["preempting"] is False, r
+    assert r["owner"] == "local" and r["preemptible"] is True and r["preempting"] is False, r
     assert r["running_s"] >= 0
 
     pb, pc = q["pending"]
     for p in (pb, pc):
         assert set(p) == PENDING_KEYS, p
-        assert p["state"] == "queued" and p["device"] == "cpu" and p["world_size"] == 1 and p["owner"] is None, p
+        assert p["state"] == "queued" and p["device"] == "cpu" and p["world_size"] == 1 and p["owner"] == "local", p
         assert p["effective_priority"] >= p["priority"] and p["waited_s"] >= 0, p
     assert [pb["id"], pc["id"]] == [b, c] and [pb["position"], pc["position"]] == [1, 2], q["pending"]
     assert (pb["name"], pb["priority"], pc["name"], pc["priority"]) == ("qb", 70, "qc", 50), q["pending"]
@@ -123,12 +123,12 @@ def test_ddpd_queue_prints_both_tables_and_json(make_server):
     assert lines[0] == "RUNNING (1)", out.stdout
     assert lines[1].split()[:6] == ["ID", "NAME", "OWNER", "PRI", "DEVICES", "RUNNING"], out.stdout
     row = lines[2].split()
-    assert row[:6] == [str(a), "qa", "-", "80", "cpu", "0"] and row[-1] == "1h00m", out.stdout
+    assert row[:6] == [str(a), "qa", "local", "80", "cpu", "0"] and row[-1] == "1h00m", out.stdout
     i = lines.index("PENDING (2)")
     assert lines[i + 1].split() == ["#", "ID", "NAME", "OWNER", "PRI", "DEVICES", "WAITED", "REASON"], out.stdout
     rb, rc = lines[i + 2].split(), lines[i + 3].split()
-    assert rb[:7] == ["1", str(b), "qb", "-", "70", "1", "cpu"], out.stdout
-    assert rc[:7] == ["2", str(c), "qc", "-", "50", "1", "cpu"], out.stdout
+    assert rb[:7] == ["1", str(b), "qb", "local", "70", "1", "cpu"], out.stdout
+    assert rc[:7] == ["2", str(c), "qc", "local", "50", "1", "cpu"], out.stdout
     # The reason in full, as the server words it.
     q = queue(srv)
     assert lines[i + 2].endswith(q["pending"][0]["reason"]) and lines[i + 3].endswith(q["pending"][1]["reason"])
