@@ -5,9 +5,9 @@ slots:
   bench/preempt.py --build build            # 5 rounds (~1 minute)
   bench/preempt.py --build build --check    # exit 1 when the goal is missed
 
-Each round: the GPT of examples/gpt-char.json (2 ranks, 4 layers... as the example says,
-on random bytes) runs at priority 10 until it has logged 5 steps; then a 2-rank job of
-priority 90 is submitted. Latency: from that submit's answer to the moment the low job's
+Each round: the GPT of examples/gpt-char.json (2 ranks, 2 layers of width 64, block 64,
+batch 16; without its eval, on random bytes) runs at priority 10 until it has logged 5
+steps; then a 2-rank job of priority 90 is submitted. Latency: from that submit's answer to the moment the low job's
 slots are free (GET /v1/devices polled every 5 ms shows no CPU slot held by it). Its
 step time is the median interval between its loss events before the submit. Goal: the
 latency is at most 2 s plus one step. Printed per round and as the median; the floor
