@@ -183,6 +183,8 @@
       const j = job, final = U.isFinal(j.state);
       /* The actions the caller's role (or the job's owner) allows (app.js, ddpd.may). */
       const mine = !ddpd.may || ddpd.may('act', j.owner), mayRun = !ddpd.may || ddpd.may('submit');
+      /* How many checkpoints an ended job has, once read (the Resume button's condition). */
+      if (ckptSteps) head.dataset.checkpoints = String(ckptSteps.length);
       fill(head,
         el('h1', {}, `#${j.id} `, el('span', {class: 'job-name'}, j.name || '(unnamed)')),
         el('span', {id: 'job-state', dataset: {state: j.state}}, U.stateBadge(j.state)),
@@ -257,7 +259,7 @@
             el('td', {class: 'num preempt-lost' + (h.forced ? ' preempt-forced' : ''),
               title: h.forced ? 'no checkpoint within its grace: it was stopped and resumed from its last checkpoint' : ''},
             h.forced ? num(h.lost_steps) : '0'),
-            el('td', {class: 'preempt-msg'}, h.message || '—')))))))));
+            el('td', {class: 'preempt-msg'}, h.message || '—'))))))));
     }
 
     /* The job's restarts (preemptions are listed apart), oldest first, under its attempt;
