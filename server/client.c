@@ -1107,6 +1107,11 @@ static const struct command commands[] = {
      "  --json            the server's answer (GET /v1/queue) as JSON\n"
      "  --limit N         at most N pending jobs (1..10000; default the server's 500)\n",
      cmd_queue},
+    {"whoami", "[--json]",
+     "Shows who the server takes you for (GET /v1/whoami): your name, role (admin, user or\n"
+     "viewer) and limits: max priority, GPUs, CPU ranks and queued jobs at once (none: no\n"
+     "limit).",
+     "  --json            the server's answer as JSON\n", cmd_whoami},
     {"patch", "[--tag T].. [--no-tags] [--notes TEXT] ID",
      "Changes a job's tags (the --tag list replaces them) or notes, in any state.",
      "  --tag T           a tag of the job's new list (repeat for more)\n"

@@ -1,8 +1,9 @@
 /* client_impl.h — what the client's files share (client.c: the connection, the requests
  * and the job commands; client_pull.c: pull; client_infer.c: generate and predict;
  * client_tokenize.c: tokenize; client_compare.c: compare;
- * client_tags.c: patch and the tag options; client_sweep.c: sweep; client_queue.c: queue). Only
- * they include it. Short names map to client__ ones, as spec_impl.h does for the spec. */
+ * client_tags.c: patch and the tag options; client_sweep.c: sweep; client_queue.c: queue;
+ * client_whoami.c: whoami). Only they include it. Short names map to client__ ones, as spec_impl.h does for
+ * the spec. */
 #ifndef DDPD_CLIENT_IMPL_H
 #define DDPD_CLIENT_IMPL_H
 
@@ -196,6 +197,8 @@ int cmd_patch(struct client *c, int argc, char **argv); /* client_tags.c */
 int cmd_sweep(struct client *c, int argc, char **argv); /* client_sweep.c */
 #define cmd_queue client__cmd_queue
 int cmd_queue(struct client *c, int argc, char **argv); /* client_queue.c */
+#define cmd_whoami client__cmd_whoami
+int cmd_whoami(struct client *c, int argc, char **argv); /* client_whoami.c */
 #define post_created client__post_created
 /* POSTs `body` to `path`, which answers 201 and a new object with an "id" (a job, a
  * sweep): that answer (the caller's), or NULL with *rc the exit code after a message. A

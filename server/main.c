@@ -56,8 +56,9 @@ int main(int argc, char **argv)
     }
     fprintf(
         stderr,
-        "ddpd: unknown command '%s'; the commands are serve, run, users, submit, jobs, show, watch, logs, "
-        "cancel, rm, resume, checkpoints, compare, pull, generate, predict, tokenize and sweep\n",
+        "ddpd: unknown command '%s'; the commands are serve, run, users, submit, jobs, queue, whoami, patch, "
+        "show, watch, logs, cancel, preempt, rm, resume, checkpoints, compare, pull, generate, predict, "
+        "tokenize and sweep\n",
         argv[1]);
     usage(stderr);
     return 2;

@@ -2,8 +2,10 @@
  * (with smoothing and the current lr), the eval chart (loss and accuracy of the eval
  * events), the lr and gradient-norm charts, the model put to use
  * (a GPT's Sample box, a classifier's Predictions: sample.js), the ranks, the spec,
- * the tail of each rank's log, the restarts (attempt, time, failed rank, message), and the
- * buttons (cancel, checkpoint, resume, resubmit, delete).
+ * the tail of each rank's log, the restarts (attempt, time, failed rank, message), the
+ * preemptions (when, by which job, the step it resumed from, the steps a forced stop lost),
+ * its owner and priority, and the buttons (cancel, preempt, checkpoint, resume, resubmit,
+ * delete), those the caller's role or ownership does not allow hidden (app.js, ddpd.may).
  *
  * Where the chart's points come from:
  *   - a finished job: /metrics, downsampled by the server (a million steps open at once),
@@ -181,6 +183,8 @@
       const j = job, final = U.isFinal(j.state);
       /* The actions the caller's role (or the job's owner) allows (app.js, ddpd.may). */
       const mine = !ddpd.may || ddpd.may('act', j.owner), mayRun = !ddpd.may || ddpd.may('submit');
+      /* How many checkpoints an ended job has, once read (the Resume button's condition). */
+      if (ckptSteps) head.dataset.checkpoints = String(ckptSteps.length);
       fill(head,
         el('h1', {}, `#${j.id} `, el('span', {class: 'job-name'}, j.name || '(unnamed)')),
         el('span', {id: 'job-state', dataset: {state: j.state}}, U.stateBadge(j.state)),
@@ -194,6 +198,10 @@
           /* A failed or cancelled job with a checkpoint continues as a new job. */
           resumable(j) && mine ? el('button', {type: 'button', id: 'resume-btn', onclick: resume,
             title: `Continue from its checkpoint at step ${ckptSteps[ckptSteps.length - 1]} as a new job`}, 'Resume') : null,
+          /* A running job checkpoints and waits as preempted (POST .../preempt). */
+          mine && j.state === 'running' ? el('button', {type: 'button', id: 'preempt-btn', onclick: preempt,
+            title: 'Stop it at its next optimizer step with a checkpoint; it waits as preempted and resumes from there'},
+          'Preempt') : null,
           !mine ? null
             : final ? el('button', {type: 'button', class: 'danger-ghost', id: 'delete-btn', onclick: remove}, 'Delete')
             : el('button', {type: 'button', class: 'danger', id: 'cancel-btn', onclick: cancel}, 'Cancel job')));
@@ -210,18 +218,55 @@
         /* The final and best eval (the server's metrics), for a job with eval. */
         (j.spec && j.spec.eval) || ev.final ? item('Eval (final)', el('span', {class: 'mono', id: 'job-eval-final'}, ev.final || '—')) : null,
         (j.spec && j.spec.eval) || ev.best ? item('Eval (best)', el('span', {class: 'mono', id: 'job-eval-best'}, ev.best || '—')) : null,
+        item('Owner', el('span', {id: 'job-owner'}, j.owner || el('span', {class: 'muted', title: 'a job from before users: an admin\'s'}, '—'))),
+        item('Priority', el('span', {id: 'job-priority'}, priorityText(j.spec))),
         item('Ranks', `${j.world_size} × ${j.device}`),
         item('Attempt', j.restarts ? `${j.attempt} (${j.restarts} restart${j.restarts === 1 ? '' : 's'})` : String(j.attempt || '—')),
         item('Started', el('span', {title: 'submitted ' + U.fmtTime(j.created_at)},
           j.started_at ? U.fmtTime(j.started_at) : 'submitted ' + U.fmtAge(j.created_at))),
         item('Finished', j.finished_at ? U.fmtTime(j.finished_at) : '—'),
         item(j.finished_at || !j.started_at ? 'Duration' : 'Running for', U.fmtDuration(U.jobDuration(j))),
-        restartsItem(j.restart_history));
+        item('Preemptions', el('span', {id: 'job-preemptions'}, String(j.preemptions || 0))),
+        restartsItem(j.restart_history),
+        preemptionsItem(j.restart_history));
     }
 
-    /* The job's restarts, oldest first, under its attempt; nothing when it had none. */
-    function restartsItem(hist) {
-      if (!Array.isArray(hist) || !hist.length) return null;
+    /* "50", "90 · not preemptible" (the spec's priority and preemptible). */
+    function priorityText(spec) {
+      if (!spec || typeof spec.priority !== 'number') return '—';
+      return String(spec.priority) + (spec.preemptible === false ? ' · not preemptible' : '');
+    }
+
+    /* The job's preemptions (restart_history entries whose reason is "preempted"), oldest
+     * first: when, by which job (absent: a user's request or Slurm's signal, which the
+     * message names), the checkpoint's step it resumed from, and for a forced stop (no
+     * checkpoint within its grace) the steps that lost. Nothing when it had none. */
+    function preemptionsItem(hist) {
+      const pre = Array.isArray(hist) ? hist.filter((h) => h.reason === 'preempted') : [];
+      if (!pre.length) return null;
+      const num = (v) => (typeof v === 'number' ? U.fmtInt(v) : '—');
+      return el('div', {class: 'summary-item summary-restarts', id: 'job-preemption-list'},
+        el('dt', {}, `Preempted (${pre.length})`),
+        el('dd', {}, el('div', {class: 'table-wrap'}, el('table', {class: 'restarts', id: 'preemptions-table'},
+          el('thead', {}, el('tr', {}, el('th', {class: 'num'}, 'Attempt'), el('th', {}, 'Time'), el('th', {}, 'By'),
+            el('th', {class: 'num'}, 'Resumed from step'), el('th', {class: 'num'}, 'Lost steps'), el('th', {}, 'Message'))),
+          el('tbody', {}, pre.map((h) => el('tr', {class: 'preemption-row', dataset: {attempt: h.attempt, by: h.by || ''}},
+            el('td', {class: 'num'}, String(h.attempt)),
+            el('td', {}, U.fmtTime(h.ts)),
+            el('td', {class: 'preempt-by'}, h.by ? el('a', {href: '#/jobs/' + h.by}, 'job #' + h.by)
+              : el('span', {class: 'muted', title: 'not another job: a user\'s preempt, or Slurm\'s signal (see the message)'}, 'a request')),
+            el('td', {class: 'num preempt-step'}, num(h.step)),
+            el('td', {class: 'num preempt-lost' + (h.forced ? ' preempt-forced' : ''),
+              title: h.forced ? 'no checkpoint within its grace: it was stopped and resumed from its last checkpoint' : ''},
+            h.forced ? num(h.lost_steps) : '0'),
+            el('td', {class: 'preempt-msg'}, h.message || '—'))))))));
+    }
+
+    /* The job's restarts (preemptions are listed apart), oldest first, under its attempt;
+     * nothing when it had none. */
+    function restartsItem(all) {
+      const hist = Array.isArray(all) ? all.filter((h) => h.reason !== 'preempted') : [];
+      if (!hist.length) return null;
       return el('div', {class: 'summary-item summary-restarts', id: 'job-restarts'},
         el('dt', {}, `Restarts (${hist.length})`),
         el('dd', {}, el('div', {class: 'table-wrap'}, el('table', {class: 'restarts', id: 'restarts-table'},
@@ -393,6 +438,20 @@
       try {
         await api.post(`/v1/jobs/${id}/cancel`);
         U.toast(`Cancelling job #${id}…`);
+      } catch (e) {
+        U.toast(e.message, 'error');
+      }
+      refresh().catch(() => {});
+    }
+
+    async function preempt() {
+      const ok = await U.confirmDialog(`Preempt job #${id}?`,
+        'Its ranks checkpoint at their next optimizer step and stop; it waits in the queue as preempted and resumes from that checkpoint when there is room.',
+        'Preempt');
+      if (!ok) return;
+      try {
+        await api.post(`/v1/jobs/${id}/preempt`);
+        U.toast(`Preempting job #${id}: it stops at its next checkpoint…`);
       } catch (e) {
         U.toast(e.message, 'error');
       }

@@ -1,7 +1,8 @@
 /* queue.js — the Queue page (#/queue): GET /v1/queue as two tables, the running jobs in
- * start order (owner, priority, devices, how long they have run, their time limit) and the
- * pending ones in the order they would start, each with why it waits, in full. Every row
- * links to its job. Refreshed every 2 s while shown (U.every); stops when left. */
+ * start order (owner, priority, devices, state and whether it is being preempted, how long
+ * they have run, their time limit) and the pending ones in the order they would start,
+ * each with why it waits, in full. Every row links to its job. Refreshed every 2 s while
+ * shown (U.every); stops when left. */
 'use strict';
 (function () {
   const ddpd = (window.ddpd = window.ddpd || {});
@@ -21,7 +22,11 @@
   const pendingPriority = (j) => (j.effective_priority > j.priority
     ? el('span', {title: `effective priority ${j.effective_priority}`}, `${j.priority} (+${j.effective_priority - j.priority})`)
     : String(j.priority));
-  const owner = (o) => (o ? o : el('span', {class: 'muted'}, '—'));
+  /* A running job's priority, marked when it may not be preempted. */
+  const runningPriority = (j) => (j.preemptible === false
+    ? el('span', {}, String(j.priority), el('span', {class: 'muted'}, ' not preemptible')) : String(j.priority));
+  /* null: a job from before users (an admin's). */
+  const owner = (o) => (o ? o : el('span', {class: 'muted', title: 'no owner: a job from before users'}, '—'));
   const jobLink = (j) => el('a', {href: '#/jobs/' + j.id}, '#' + j.id);
 
   function queueView(root) {
@@ -59,9 +64,12 @@
         el('td', {class: 'num'}, jobLink(j)),
         el('td', {}, el('a', {href: '#/jobs/' + j.id}, j.name || '—')),
         el('td', {}, owner(j.owner)),
-        el('td', {class: 'num'}, String(j.priority)),
+        el('td', {class: 'num'}, runningPriority(j)),
         el('td', {}, runningDevices(j)),
-        el('td', {}, U.stateBadge(j.state), j.preempting ? el('span', {class: 'muted'}, ' preempting') : null),
+        /* Asked to checkpoint and make room: it stops at its next optimizer step. */
+        el('td', {}, U.stateBadge(j.state), j.preempting ? el('span', {class: 'preempting', dataset: {preempting: 'true'},
+          title: 'preempting: asked to checkpoint at its next optimizer step, then it waits as preempted'},
+        ' preempting: stopping at a checkpoint') : null),
         el('td', {}, U.fmtDuration(j.running_s)),
         el('td', {}, j.time_limit ? U.fmtDuration(j.time_limit) : '—')))
         : el('tr', {}, el('td', {colspan: 8, class: 'muted'}, 'No job is running.')));

@@ -354,8 +354,10 @@
     }};
   }
 
-  /* The card for the job's page (spec as GET /v1/jobs/{id} gives it), or null. */
+  /* The card for the job's page (spec as GET /v1/jobs/{id} gives it), or null (also for
+   * a caller whose role may not use compute). */
   function card(id, spec) {
+    if (ddpd.may && !ddpd.may('submit')) return null; /* a viewer: generate and predict use compute */
     const k = kind(spec);
     if (k === 'sample') return sampleCard(id, spec);
     if (k === 'predict') return predictCard(id);

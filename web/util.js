@@ -44,7 +44,7 @@
   }
 
   const FINAL = new Set(['succeeded', 'failed', 'cancelled']);
-  const STATES = ['queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled'];
+  const STATES = ['queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled', 'preempted'];
 
   function isFinal(state) {
     return FINAL.has(state);

@@ -14,7 +14,7 @@
 
   const FILTERS = [
     {label: 'All', state: ''},
-    {label: 'Active', state: 'queued,starting,running'},
+    {label: 'Active', state: 'queued,starting,running,preempted'},
     ...U.STATES.map((s) => ({label: s, state: s})),
   ];
   /* "Newer" goes back through the cursors that "Older" followed (per filter). */
@@ -62,7 +62,8 @@
         el('a', {href: jobsHash(state, '', limit, ''), title: 'every tag', 'aria-label': 'clear the tag filter'}, '×')) : null);
     fill(root,
       el('div', {class: 'page-head'}, el('h1', {}, 'Jobs'), el('span', {class: 'grow'}), compareBtn,
-        el('a', {class: 'button primary', href: '#/submit'}, 'Submit a job')),
+        /* A viewer may only read (app.js, ddpd.may). */
+        !ddpd.may || ddpd.may('submit') ? el('a', {class: 'button primary', id: 'submit-link', href: '#/submit'}, 'Submit a job') : null),
       chips,
       el('div', {class: 'table-wrap'},
         el('table', {class: 'jobs', id: 'jobs-table'},
@@ -253,6 +254,13 @@
   const LINE_H = 20, EDIT_PAD = 10;
 
   function submitView(root, params) {
+    if (ddpd.may && !ddpd.may('submit')) {
+      const me = ddpd.me;
+      fill(root, el('div', {class: 'page-head'}, el('h1', {}, 'Submit a job')),
+        el('div', {class: 'notice notice-wait', id: 'submit-forbidden'},
+          `${me.role} ${me.name} may only read: submitting a job needs the role user or admin.`));
+      return null;
+    }
     const ta = el('textarea', {id: 'spec-editor', class: 'editor-text', spellcheck: 'false', autocapitalize: 'off',
       autocomplete: 'off', wrap: 'off', 'aria-label': 'job spec (JSON)'});
     const gutter = el('div', {class: 'editor-gutter', 'aria-hidden': 'true'});

@@ -7,9 +7,11 @@ sentence naming the role or the owner for everyone else, 401 without a valid tok
 `ddpd users add` prints the token as its last line, tokens are stored only as SHA-256
 (the database file's bytes are searched), rotate and remove take effect on the running
 server at once, the token file's token is the admin `root`, the submit limits (priority,
-preemptible, world size, max_queued's 429), jobs from before users are admin-only, and the
-open loopback mode is unchanged."""
+preemptible, world size, max_queued's 429), jobs from before users are admin-only, the
+open loopback mode is unchanged, and `ddpd whoami` prints who a token is."""
 import hashlib
+import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -293,3 +295,37 @@ def test_open_loopback_mode_is_unchanged(make_server):
     token = add_user(srv, "alice", "user")
     assert srv.get("/v1/jobs").status_code == 401
     assert call(srv, token, "GET", "/v1/jobs").status_code == 200
+
+
+def whoami_cli(srv, token, *args):
+    e = {k: v for k, v in os.environ.items() if k not in ("DDPD_TOKEN", "DDPD_SERVER")}
+    e["DDPD_SERVER"] = srv.url
+    if token:
+        e["DDPD_TOKEN"] = token
+    return subprocess.run([str(srv.bin / "ddpd"), "whoami", *args], capture_output=True, text=True, timeout=60,
+                          env=e)
+
+
+def test_whoami_command_prints_name_role_and_limits(cluster):
+    srv = cluster
+    users_cmd(srv, "set", "alice", "--max-priority", "60", "--max-queued", "3", "--max-gpus", "2")
+    r = whoami_cli(srv, srv.tokens["alice"])
+    assert r.returncode == 0, r.stderr
+    got = dict(re.fullmatch(r"(\S+(?: \S+)*)  +(\S+)", ln).groups() for ln in r.stdout.splitlines())
+    assert got == {"name": "alice", "role": "user", "max priority": "60", "max GPUs": "2",
+                   "max CPU ranks": "none", "max queued": "3"}, r.stdout
+    r = whoami_cli(srv, srv.tokens["bob"])
+    assert r.returncode == 0 and "role           viewer" in r.stdout and "name           bob\n" in r.stdout, r.stdout
+    r = whoami_cli(srv, ROOT_TOKEN)
+    assert r.returncode == 0 and "name           root (built in)" in r.stdout and "role           admin" in r.stdout
+    # --json: the server's answer.
+    r = whoami_cli(srv, srv.tokens["alice"], "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == call(srv, srv.tokens["alice"], "GET", "/v1/whoami").json(), r.stdout
+    # No token, a bad one, an operand.
+    r = whoami_cli(srv, None)
+    assert r.returncode == 1 and "GET /v1/whoami" in r.stderr and "token" in r.stderr, r.stderr
+    r = whoami_cli(srv, "not-a-token")
+    assert r.returncode == 1 and "401" in r.stderr, r.stderr
+    r = whoami_cli(srv, ROOT_TOKEN, "alice")
+    assert r.returncode == 2 and "ddpd whoami: expected only options" in r.stderr, r.stderr

@@ -15,13 +15,18 @@
 // built), sees the banner when the server goes away, and uses a server with a token from a
 // file URL (token prompt, CORS, the fetch()-based event stream); a sweep's page ranks its
 // trials and links the compare view of the top ones; the queue page shows a running and a
-// pending job with the reason it waits, and stops asking once left.
+// pending job with the reason it waits, and stops asking once left. On a server with users
+// (issue 32): the header says "name (role)"; a viewer sees no Submit link or page and no
+// Cancel, Delete, Resume or Preempt button; a user sees them on their own jobs only; a
+// low-priority 2-rank job preempted by a priority-90 one shows the preemption on its page
+// (by which job, the step it resumed from) and as preempted on the Queue page, which also
+// shows a running job's preempting and a job without an owner.
 // Screenshots go to $DDPD_TEST_OUT (the build folder's tests/browser/).
 //
 // Exit 0 when every step passed, 1 on the first failure, 77 (skipped) without Chromium or
 // without node_modules (`npm ci --prefix tests/browser`): then only the first step, the
 // static files over plain HTTP, runs.
-import {spawn} from 'node:child_process';
+import {execFileSync, spawn} from 'node:child_process';
 import {existsSync, mkdirSync, readFileSync, rmSync, writeFileSync, statSync} from 'node:fs';
 import path from 'node:path';
 import {fileURLToPath, pathToFileURL} from 'node:url';
@@ -1040,7 +1045,175 @@ async function main() {
     check(tok === 's3cret-token', 'the token is in session storage');
   });
 
+  await clusterSteps();
+
   check(pageErrors.length === 0, 'no uncaught errors in the page:\n' + pageErrors.join('\n'));
+}
+
+/* ---- a shared cluster: users, roles and preemption (issue 32) ---- */
+
+async function clusterSteps() {
+  const c = await startServer('cluster');
+  const db = path.join(TMP, 'cluster', 'ddpd.db');
+  /* `ddpd users add` on the running server's database: the token is the last line. */
+  const addUser = (name, role, ...more) => {
+    const out = execFileSync(path.join(BIN, 'ddpd'), ['users', 'add', name, '--role', role, ...more, '--db', db],
+      {encoding: 'utf8'});
+    const token = out.trimEnd().split('\n').pop();
+    check(/^[0-9a-f]{64}$/.test(token), `ddpd users add ${name}: a token last (${out})`);
+    return token;
+  };
+  const tok = {ada: addUser('ada', 'admin'), alice: addUser('alice', 'user'), carol: addUser('carol', 'user'),
+    bob: addUser('bob', 'viewer')};
+  const call = async (who, method, p, body) => {
+    const r = await fetch(c.url + p, {method, headers: {Authorization: 'Bearer ' + tok[who],
+      ...(body ? {'Content-Type': 'application/json'} : {})}, body: body ? JSON.stringify(body) : undefined});
+    const text = await r.text();
+    check(r.status < 300, `${who}: ${method} ${p}: ${r.status} ${text}`);
+    return text ? JSON.parse(text) : null;
+  };
+  const jobOf = (id) => call('ada', 'GET', `/v1/jobs/${id}`);
+  const waitState = (id, states, what, ms = 60000) => until(async () => states.includes((await jobOf(id)).state), what, ms, 200);
+  /* The dashboard as `who`: the token in the tab's sessionStorage (as the prompt keeps it),
+   * then the page at `hash`, once the header says who the server takes the token for. */
+  const loginAs = async (who, role, hash) => {
+    await page.goto(c.url + '/healthz');
+    await page.evaluate((t) => sessionStorage.setItem('ddpd.token', t), tok[who]);
+    await page.goto(`${c.url}/web/index.html${hash}`);
+    await until(async () => (await page.textContent('#whoami')) === `${who} (${role})`, `the header to say ${who} (${role})`);
+  };
+  const shown = (sel) => page.evaluate((q) => {
+    const e = document.querySelector(q);
+    return !!e && !e.closest('[hidden]') && e.offsetParent !== null;
+  }, sel);
+  const ACTIONS = ['#cancel-btn', '#delete-btn', '#resume-btn', '#preempt-btn'];
+  /* Job `id`'s page as the current user, once its head is drawn (for an ended job, once it
+   * has read the job's checkpoints, which decide Resume); the actions shown. */
+  const actionsOn = async (id, owner) => {
+    await page.goto(`${c.url}/web/index.html#/jobs/${id}`);
+    const ended = FINAL_STATES.has((await jobOf(id)).state);
+    await until(() => page.evaluate(([id, owner, ended]) => {
+      const h = document.querySelector('.job-head'), o = document.querySelector('#job-owner');
+      const h1 = h && h.querySelector('h1');
+      return !!h1 && h1.textContent.startsWith(`#${id} `) && !!o && o.textContent === owner
+        && (!ended || h.dataset.checkpoints !== undefined);
+    }, [id, owner, ended]), `job ${id}'s page (owner ${owner})`);
+    const out = [];
+    for (const sel of [...ACTIONS, '#resubmit-btn']) if (await shown(sel)) out.push(sel);
+    return out;
+  };
+
+  /* alice's jobs: one cancelled after its first checkpoint (Delete, Resume), and the
+   * long low-priority 2-rank one (Cancel, Preempt) that a priority-90 job preempts. */
+  const done = (await call('alice', 'POST', '/v1/jobs', {...liveSpec('alice-done', FOREVER_EPOCHS), log_every: 100,
+    checkpoint: {every_steps: 50}})).id;
+  await until(async () => (await call('ada', 'GET', `/v1/jobs/${done}/checkpoints`)).checkpoints.length > 0,
+    'alice-done\'s first checkpoint', 60000, 200);
+  await call('alice', 'POST', `/v1/jobs/${done}/cancel`);
+  await waitState(done, ['cancelled'], 'alice-done to be cancelled');
+  const victim = (await call('alice', 'POST', '/v1/jobs', {...liveSpec('alice-low', FOREVER_EPOCHS), world_size: 2,
+    priority: 10, log_every: 100, checkpoint: {every_steps: 200}})).id;
+  let high = 0;
+  try {
+    await waitState(victim, ['running'], 'alice-low to run');
+    await step('a viewer: "bob (viewer)" in the header, no Submit link or page, no Cancel, Delete, Resume or Preempt (issue 32)', async () => {
+      await loginAs('bob', 'viewer', '#/jobs');
+      check(!(await shown('nav a[data-nav=submit]')), 'no Submit link in the header');
+      await page.waitForSelector(`#jobs-table tr[data-job-id="${victim}"]`);
+      check(!(await shown('#submit-link')), 'no "Submit a job" on the list');
+      await page.goto(`${c.url}/web/index.html#/submit`);
+      await page.waitForSelector('#submit-forbidden');
+      check(!(await page.$('#spec-editor')), 'no editor on the Submit page');
+      check((await page.textContent('#submit-forbidden')).includes('viewer bob may only read'), 'the page says why');
+      let acts = await actionsOn(victim, 'alice');
+      check(acts.length === 0, `no action on alice's running job (got ${acts})`);
+      acts = await actionsOn(done, 'alice');
+      check(acts.length === 0, `no action on alice's cancelled job (got ${acts})`);
+      check(await shown('#checkpoint-btn'), 'the checkpoint download (reading) stays');
+      await page.screenshot({path: path.join(OUT, 'viewer.png'), fullPage: true});
+    });
+
+    await step('a user sees Cancel and Preempt on their running job, Delete and Resume on their cancelled one, none on another user\'s', async () => {
+      await loginAs('alice', 'user', '#/jobs');
+      check(await shown('nav a[data-nav=submit]'), 'the Submit link');
+      let acts = await actionsOn(victim, 'alice');
+      check(acts.includes('#cancel-btn') && acts.includes('#preempt-btn') && !acts.includes('#delete-btn'),
+        `Cancel and Preempt on her running job (got ${acts})`);
+      check((await page.textContent('#job-priority')) === '10', 'its priority 10');
+      acts = await actionsOn(done, 'alice');
+      check(acts.includes('#delete-btn') && acts.includes('#resume-btn') && !acts.includes('#cancel-btn'),
+        `Delete and Resume on her cancelled job (got ${acts})`);
+      await loginAs('carol', 'user', `#/jobs/${victim}`);
+      acts = await actionsOn(victim, 'alice');
+      check(!ACTIONS.some((a) => acts.includes(a)) && acts.includes('#resubmit-btn'),
+        `carol: no action on alice's running job but Resubmit (got ${acts})`);
+      acts = await actionsOn(done, 'alice');
+      check(!ACTIONS.some((a) => acts.includes(a)), `carol: no action on alice's cancelled job (got ${acts})`);
+    });
+
+    await step('a priority-90 job preempts the low one: the Queue page shows it preempted, its page by which job and the step it resumes from; screenshot', async () => {
+      await loginAs('alice', 'user', '#/queue');
+      const rowIds = (table) => page.$$eval(`#${table} tbody tr.queue-row`, (tr) => tr.map((r) => Number(r.dataset.jobId)));
+      await until(async () => JSON.stringify(await rowIds('queue-running')) === JSON.stringify([victim]), 'alice-low running');
+      high = (await call('ada', 'POST', '/v1/jobs', {...liveSpec('ada-high', FOREVER_EPOCHS), priority: 90,
+        log_every: 100})).id;
+      await until(async () => JSON.stringify(await rowIds('queue-running')) === JSON.stringify([high])
+        && JSON.stringify(await rowIds('queue-pending')) === JSON.stringify([victim]), 'ada-high running, alice-low pending', 60000);
+      await until(() => page.$(`#queue-pending tr[data-job-id="${victim}"] .state-preempted`), 'alice-low preempted in the queue');
+      const cells = await page.$$eval(`#queue-pending tr[data-job-id="${victim}"] td`, (td) => td.map((x) => x.textContent));
+      check(cells[3] === 'alice' && cells[4] === '10' && cells[5] === '2 × CPU' && cells[6] === 'preempted',
+        'the pending row: owner, priority, devices, state: ' + JSON.stringify(cells));
+      const j = await jobOf(victim);
+      check(j.state === 'preempted' && j.preemptions === 1, `the API: preempted once (${j.state}, ${j.preemptions})`);
+      const h = j.restart_history.filter((x) => x.reason === 'preempted');
+      check(h.length === 1 && h[0].by === high && h[0].step > 0, 'restart_history: by ada-high: ' + JSON.stringify(h));
+      await page.click(`#queue-pending tr[data-job-id="${victim}"] a[href="#/jobs/${victim}"]`);
+      await until(async () => (await jobState()) === 'preempted', 'its page to say preempted');
+      await page.waitForSelector('#preemptions-table tbody tr');
+      const rows = await page.$$eval('#preemptions-table tbody tr', (tr) => tr.map((r) => ({
+        cells: Array.from(r.cells, (x) => x.textContent), by: r.querySelector('.preempt-by a')?.getAttribute('href')})));
+      check(rows.length === 1, 'one preemption: ' + JSON.stringify(rows));
+      const [attempt, when, by, step, lost, msg] = rows[0].cells;
+      check(attempt === '1' && /^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$/.test(when), `attempt 1, when: ${attempt}, ${when}`);
+      check(by === `job #${high}` && rows[0].by === `#/jobs/${high}`, `by job #${high}, linked: ${by} ${rows[0].by}`);
+      check(Number(step.replace(/,/g, '')) === h[0].step && lost === '0', `resumed from step ${h[0].step}, none lost: ${step}, ${lost}`);
+      check(msg.includes(`preempted by job ${high} (priority 90)`), 'the message: ' + msg);
+      check((await page.textContent('#job-preemptions')) === '1', 'the count');
+      const colour = await page.evaluate(() => getComputedStyle(document.querySelector('#job-state .state')).backgroundColor);
+      check(colour === 'rgb(12, 133, 153)', 'the preempted badge\'s colour (--preempted): ' + colour);
+      await page.screenshot({path: path.join(OUT, 'job-preempted.png'), fullPage: true});
+    });
+
+    await step('the Queue page shows a running job\'s preempting and a job without an owner', async () => {
+      /* Preempting lasts until the next optimizer step's checkpoint (milliseconds here), too
+       * short to catch between two polls: the server's real answer, marked so on the way. */
+      await page.route('**/v1/queue', async (route) => {
+        const res = await route.fetch();
+        const q = await res.json();
+        for (const r of q.running) Object.assign(r, {preempting: true, owner: null});
+        await route.fulfill({response: res, json: q});
+      });
+      try {
+        await page.goto(`${c.url}/web/index.html#/queue`);
+        await until(() => page.$(`#queue-running tr[data-job-id="${high}"] .preempting`), 'the preempting mark');
+        const cells = await page.$$eval(`#queue-running tr[data-job-id="${high}"] td`, (td) => td.map((x) => x.textContent));
+        check(cells[2] === '—' && cells[5].includes('preempting: stopping at a checkpoint'), 'the row: ' + JSON.stringify(cells));
+      } finally {
+        await page.unroute('**/v1/queue');
+      }
+    });
+
+    await step('once the high job ends the preempted one resumes from its checkpoint', async () => {
+      await call('ada', 'POST', `/v1/jobs/${high}/cancel`);
+      await page.goto(`${c.url}/web/index.html#/jobs/${victim}`);
+      await until(async () => (await jobState()) === 'running', 'alice-low to run again', 60000);
+      check((await page.$$('#preemptions-table tbody tr')).length === 1, 'the preemption stays listed');
+      const j = await jobOf(victim);
+      check(j.restart_history.filter((x) => x.reason === 'preempted').length === 1, 'one preemption in restart_history');
+    });
+  } finally {
+    for (const id of [high, victim]) if (id) await fetch(`${c.url}/v1/jobs/${id}/cancel`, {method: 'POST', headers: {Authorization: 'Bearer ' + tok.ada}});
+  }
 }
 
 let code = 0;
