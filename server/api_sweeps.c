@@ -248,6 +248,10 @@ ddpd_err api__sweep_get(struct http_request *req, struct ddpd_error *err)
         order[k] = i;
     }
     json_t *o = sweep_head(&sw), *trials = json_array(), *counts = json_object(), *best = json_null();
+    /* Its owner (the dashboard shows Cancel to the owner and admins only). */
+    char owner[STORE_OWNER_MAX] = "";
+    if (store_owner_get(a->store, true, sw.id, owner, sizeof owner, NULL) == DDPD_OK)
+        json_object_set_new(o, "owner", owner[0] ? json_string(owner) : json_null());
     for (size_t r = 0; r < sw.n_trials; r++) {
         const struct store_trial *t = &sw.trials[order[r]];
         json_array_append_new(trials, trial_json(t, (int)r + 1));

@@ -77,8 +77,8 @@
         cmpUnmount = top.length > 1 ? ddpd.compare.mount(cmpView, top) : null;
         cmpCard.hidden = top.length < 2;
       }
-      /* A viewer may not cancel (a user only their own sweep: the server says so). */
-      cancelBtn = s.state === 'running' && (!ddpd.may || ddpd.may('submit')) ? el('button', {type: 'button', class: 'danger', id: 'sweep-cancel', onclick: async () => {
+      /* A viewer may not cancel, a user only their own sweep, an admin any. */
+      cancelBtn = s.state === 'running' && (!ddpd.may || ddpd.may('cancel', s.owner)) ? el('button', {type: 'button', class: 'danger', id: 'sweep-cancel', onclick: async () => {
         try {
           await api.post(`/v1/sweeps/${id}/cancel`);
           U.toast(`Sweep #${id} is being cancelled`);
