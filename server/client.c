@@ -793,6 +793,24 @@ static int cmd_watch(struct client *c, int argc, char **argv)
     return rc >= 0 ? rc : follow_job(c, id);
 }
 
+/* Prints a JSON answer (taken) indented, safe for a terminal: the server's numbers as it
+ * printed them, not %.17g of them (jsonnum_tidy); jansson escaped the control characters
+ * below 0x20 in its strings, and DEL, C1 and the rest become \u escapes of the same JSON
+ * value. 0, or EXIT_FAIL. */
+int client_print_json(json_t *j)
+{
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    if (!text)
+        return EXIT_FAIL;
+    jsonnum_tidy(text, strlen(text));
+    int rc = termsafe_write(stdout, text, strlen(text), TERMSAFE_JSON_TEXT) != 0 || fputc('\n', stdout) == EOF
+                 ? EXIT_FAIL
+                 : 0;
+    free(text);
+    return rc;
+}
+
 static int cmd_show(struct client *c, int argc, char **argv)
 {
     int64_t id;
@@ -802,20 +820,7 @@ static int cmd_show(struct client *c, int argc, char **argv)
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%" PRId64, id);
     json_t *j = get_json(c, path, &rc);
-    if (!j)
-        return rc;
-    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    json_decref(j);
-    if (!text)
-        return EXIT_FAIL;
-    jsonnum_tidy(text, strlen(text)); /* the server's numbers as it printed them, not %.17g of them */
-    /* jansson escaped the control characters below 0x20 in its strings; DEL, C1 and the
-     * rest become \u escapes of the same JSON value. */
-    rc = termsafe_write(stdout, text, strlen(text), TERMSAFE_JSON_TEXT) != 0 || fputc('\n', stdout) == EOF
-             ? EXIT_FAIL
-             : 0;
-    free(text);
-    return rc;
+    return j ? client_print_json(j) : rc;
 }
 
 /* POST .../cancel, POST .../preempt or DELETE ...: the answer's status is the result. */

@@ -155,6 +155,9 @@ int http_failed(struct client *c, const char *method, const char *path, long sta
                 bool user_input);
 /* GET path as JSON: returns a new reference, or NULL after a message with *rc set. */
 json_t *get_json(struct client *c, const char *path, int *rc);
+/* Prints a JSON answer (taken) for a terminal: indented, the server's numbers as it
+ * printed them, control characters escaped. 0, or EXIT_FAIL. */
+int client_print_json(json_t *j);
 
 /* ---- the commands of the other files ---- */
 

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../schema/jsonnum.h"
 #include "client_impl.h"
 #include "termsafe.h"
 
@@ -157,18 +156,8 @@ int cmd_queue(struct client *c, int argc, char **argv)
     json_t *j = get_json(c, path, &rc);
     if (!j)
         return rc;
-    if (as_json) {
-        char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-        json_decref(j);
-        if (!text)
-            return EXIT_FAIL;
-        jsonnum_tidy(text, strlen(text)); /* the server's numbers as it printed them */
-        rc = termsafe_write(stdout, text, strlen(text), TERMSAFE_JSON_TEXT) != 0 || fputc('\n', stdout) == EOF
-                 ? EXIT_FAIL
-                 : 0;
-        free(text);
-        return rc;
-    }
+    if (as_json)
+        return client_print_json(j);
     json_t *running = json_object_get(j, "running"), *pending = json_object_get(j, "pending");
     if (!json_is_array(running) || !json_is_array(pending)) {
         fprintf(stderr, "ddpd queue: GET %s: the answer has no \"running\" and \"pending\" lists\n", path);

@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../schema/jsonnum.h"
 #include "client_impl.h"
 #include "termsafe.h"
 
@@ -43,18 +42,8 @@ int cmd_whoami(struct client *c, int argc, char **argv)
     json_t *j = get_json(c, "/v1/whoami", &rc);
     if (!j)
         return rc;
-    if (as_json) {
-        char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-        json_decref(j);
-        if (!text)
-            return EXIT_FAIL;
-        jsonnum_tidy(text, strlen(text)); /* the server's numbers as it printed them */
-        rc = termsafe_write(stdout, text, strlen(text), TERMSAFE_JSON_TEXT) != 0 || fputc('\n', stdout) == EOF
-                 ? EXIT_FAIL
-                 : 0;
-        free(text);
-        return rc;
-    }
+    if (as_json)
+        return client_print_json(j);
     const char *name = json_string_value(json_object_get(j, "name")),
                *role = json_string_value(json_object_get(j, "role"));
     if (!name || !role) {

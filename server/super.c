@@ -1001,15 +1001,23 @@ void super_submit(struct super *s, int64_t job, char *spec_text, int world_size,
     push_cmd(s, c);
 }
 
-ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err)
+/* Job `job`'s state as the store has it (DDPD_ENOTFOUND for none). */
+static ddpd_err stored_state(struct super *s, int64_t job, job_state *st, struct ddpd_error *err)
 {
     struct store_job j;
     memset(&j, 0, sizeof j);
     ddpd_err rc = store_job_get(s->o.store, job, &j, err);
+    *st = j.state;
+    store_job_clear(&j);
+    return rc;
+}
+
+ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err)
+{
+    job_state st;
+    ddpd_err rc = stored_state(s, job, &st, err);
     if (rc)
         return rc;
-    job_state st = j.state;
-    store_job_clear(&j);
     if (JOB_STATE_BIT(st) & JOB_STATES_FINAL)
         return ddpd_error_set(err, DDPD_ECONFLICT, "", "job %" PRId64 " has already finished (%s)", job,
                               job_state_name(st));
@@ -1019,13 +1027,10 @@ ddpd_err super_cancel(struct super *s, int64_t job, struct ddpd_error *err)
 
 ddpd_err super_preempt(struct super *s, int64_t job, const char *by, struct ddpd_error *err)
 {
-    struct store_job j;
-    memset(&j, 0, sizeof j);
-    ddpd_err rc = store_job_get(s->o.store, job, &j, err);
+    job_state st;
+    ddpd_err rc = stored_state(s, job, &st, err);
     if (rc)
         return rc;
-    job_state st = j.state;
-    store_job_clear(&j);
     if (!(JOB_STATE_BIT(st) & JOB_STATES_ACTIVE))
         return ddpd_error_set(err, DDPD_ECONFLICT, "",
                               "job %" PRId64 " is %s: only a starting or running job can be preempted", job,

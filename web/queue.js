@@ -9,9 +9,7 @@
   const U = ddpd.util, api = ddpd.api;
   const {el, fill} = U;
 
-  function errorBox(e) {
-    return el('div', {class: 'notice notice-error', role: 'alert'}, e.message || String(e));
-  }
+  const errorBox = U.errorBox;
 
   const kindWord = (d) => (d === 'cuda' ? 'GPU' : 'CPU');
   /* A running job's devices: "GPU 0, 1" (its slots), or "2 × CPU" when the launcher places

@@ -11,9 +11,7 @@
   /* The top trials the compare view gets. */
   const COMPARE_TOP = 5;
 
-  function errorBox(e) {
-    return el('div', {class: 'notice notice-error', role: 'alert'}, e.message || String(e));
-  }
+  const errorBox = U.errorBox;
 
   /* A sweep's state and a trial's `pending` look like a job's states. */
   const sweepState = (s) => U.stateBadge(s);

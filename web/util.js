@@ -244,8 +244,13 @@
       el('div', {class: 'sub'}, 'final ' + final));
   }
 
+  /* An API error (or any thrown thing) as the page's alert box. */
+  function errorBox(e) {
+    return el('div', {class: 'notice notice-error', role: 'alert'}, e.message || String(e));
+  }
+
   ddpd.util = {
-    el, append, clear, fill, isFinal, STATES, stateBadge, fmtLoss, lossCell, fmtInt, fmtRate, fmtDuration,
+    el, append, clear, fill, errorBox, isFinal, STATES, stateBadge, fmtLoss, lossCell, fmtInt, fmtRate, fmtDuration,
     fmtAge, fmtTime, jobDuration, batchesFromSpec, totalSteps, progress, every, toast, confirmDialog, now,
     evalText, evalCell,
   };

@@ -6,9 +6,7 @@
   const U = ddpd.util, api = ddpd.api;
   const {el, fill} = U;
 
-  function errorBox(e) {
-    return el('div', {class: 'notice notice-error', role: 'alert'}, e.message || String(e));
-  }
+  const errorBox = U.errorBox;
 
   /* ---- Jobs ------------------------------------------------------------------------------ */
 
