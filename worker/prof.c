@@ -90,12 +90,12 @@ void prof__step(void)
 
 #define IN     P.inner.ops
 #define DONE() (IN->host_memory ? (void)0 : IN->synchronize(c))
-#define TIMED(name, call)                                                                                       \
-    do {                                                                                                        \
-        const double t0_ = base_mono_s();                                                                       \
-        call;                                                                                                   \
-        DONE();                                                                                                 \
-        prof__add(name, t0_);                                                                                   \
+#define TIMED(name, call)                                                                                    \
+    do {                                                                                                     \
+        const double t0_ = base_mono_s();                                                                    \
+        call;                                                                                                \
+        DONE();                                                                                              \
+        prof__add(name, t0_);                                                                                \
     } while (0)
 
 static void w_gemm(void *c, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float al, const float *a,
@@ -158,11 +158,12 @@ static void w_scale_copy(void *c, float *d, const float *s, float a, int64_t n)
 {
     TIMED("scale_copy", IN->scale_copy(c, d, s, a, n));
 }
-static void w_gemm_batched(void *c, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float al, const float *a,
-                           int64_t lda, int64_t sa, const float *b, int64_t ldb, int64_t sb, float be, float *y,
-                           int64_t ldc, int64_t sc, int64_t batch)
+static void w_gemm_batched(void *c, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float al,
+                           const float *a, int64_t lda, int64_t sa, const float *b, int64_t ldb, int64_t sb,
+                           float be, float *y, int64_t ldc, int64_t sc, int64_t batch)
 {
-    TIMED("gemm_batched", IN->gemm_batched(c, ta, tb, m, n, k, al, a, lda, sa, b, ldb, sb, be, y, ldc, sc, batch));
+    TIMED("gemm_batched",
+          IN->gemm_batched(c, ta, tb, m, n, k, al, a, lda, sa, b, ldb, sb, be, y, ldc, sc, batch));
 }
 static void w_embedding_forward(void *c, float *y, const float *w, const int32_t *ids, int64_t n, int64_t dim)
 {
@@ -179,7 +180,8 @@ static void w_layernorm_forward(void *c, float *y, float *mean, float *rstd, con
     TIMED("layernorm_forward", IN->layernorm_forward(c, y, mean, rstd, x, w, b, rows, dim, eps));
 }
 static void w_layernorm_backward(void *c, float *dx, float *dw, float *db, const float *dy, const float *x,
-                                 const float *mean, const float *rstd, const float *w, int64_t rows, int64_t dim)
+                                 const float *mean, const float *rstd, const float *w, int64_t rows,
+                                 int64_t dim)
 {
     TIMED("layernorm_backward", IN->layernorm_backward(c, dx, dw, db, dy, x, mean, rstd, w, rows, dim));
 }
@@ -264,7 +266,8 @@ static void w_batchnorm_forward_train(void *c, float *y, float *mean, float *inv
                                       const float *x, const float *w, const float *b, int64_t n, int64_t ch,
                                       int64_t s, double eps, double mom)
 {
-    TIMED("batchnorm_forward", IN->batchnorm_forward_train(c, y, mean, invstd, rm, rv, x, w, b, n, ch, s, eps, mom));
+    TIMED("batchnorm_forward",
+          IN->batchnorm_forward_train(c, y, mean, invstd, rm, rv, x, w, b, n, ch, s, eps, mom));
 }
 static void w_batchnorm_forward_eval(void *c, float *y, const float *x, const float *w, const float *b,
                                      const float *rm, const float *rv, int64_t n, int64_t ch, int64_t s,
@@ -273,8 +276,8 @@ static void w_batchnorm_forward_eval(void *c, float *y, const float *x, const fl
     TIMED("batchnorm_forward_eval", IN->batchnorm_forward_eval(c, y, x, w, b, rm, rv, n, ch, s, eps));
 }
 static void w_batchnorm_backward(void *c, float *dx, float *dw, float *db, const float *dy, const float *x,
-                                 const float *mean, const float *invstd, const float *w, int64_t n, int64_t ch,
-                                 int64_t s)
+                                 const float *mean, const float *invstd, const float *w, int64_t n,
+                                 int64_t ch, int64_t s)
 {
     TIMED("batchnorm_backward", IN->batchnorm_backward(c, dx, dw, db, dy, x, mean, invstd, w, n, ch, s));
 }
@@ -294,10 +297,10 @@ static void w_sumsq_group(void *c, int count, const float *const *x, const int64
 }
 
 /* A slot the inner table fills gets its timed twin; an empty optional slot stays empty. */
-#define WRAP(slot)                                                                                              \
-    do {                                                                                                        \
-        if (t->slot)                                                                                            \
-            t->slot = w_##slot;                                                                                 \
+#define WRAP(slot)                                                                                           \
+    do {                                                                                                     \
+        if (t->slot)                                                                                         \
+            t->slot = w_##slot;                                                                              \
     } while (0)
 
 struct dev prof_wrap(struct dev d)
@@ -354,9 +357,9 @@ struct dev prof_wrap(struct dev d)
 /* ---- the file ---- */
 
 static const char *const fixed_names[PROF_SCOPES_FIXED] = {
-    [PROF_NONE] = "other",         [PROF_DATA] = "data",     [PROF_LOSS] = "loss",
-    [PROF_RESIDUAL] = "residual",  [PROF_ZERO_GRAD] = "zero_grad", [PROF_DDP] = "ddp",
-    [PROF_CLIP] = "clip",          [PROF_OPTIM] = "optimizer", [PROF_LOG] = "log",
+    [PROF_NONE] = "other",        [PROF_DATA] = "data",           [PROF_LOSS] = "loss",
+    [PROF_RESIDUAL] = "residual", [PROF_ZERO_GRAD] = "zero_grad", [PROF_DDP] = "ddp",
+    [PROF_CLIP] = "clip",         [PROF_OPTIM] = "optimizer",     [PROF_LOG] = "log",
 };
 
 static void scope_name(int s, char *out, size_t cap)
@@ -381,13 +384,15 @@ void prof_finish(void)
         return;
     }
     const int64_t counted = P.steps > PROF_WARMUP ? P.steps - PROF_WARMUP : 0;
-    fprintf(f, "{\"rank\": %d, \"backend\": \"%s\", \"steps\": %lld, \"seconds\": %.9f, \"overflow\": %s,\n \"rows\": [",
-            P.rank, P.inner.ops ? P.inner.ops->name : "", (long long)counted, counted ? P.t_last - P.t_start : 0.0,
-            P.overflow ? "true" : "false");
+    fprintf(f,
+            "{\"rank\": %d, \"backend\": \"%s\", \"steps\": %lld, \"seconds\": %.9f, \"overflow\": %s,\n "
+            "\"rows\": [",
+            P.rank, P.inner.ops ? P.inner.ops->name : "", (long long)counted,
+            counted ? P.t_last - P.t_start : 0.0, P.overflow ? "true" : "false");
     for (int i = 0; i < P.n; i++) {
         scope_name(P.rows[i].scope, name, sizeof name);
-        fprintf(f, "%s\n  {\"scope\": \"%s\", \"op\": \"%s\", \"calls\": %lld, \"seconds\": %.9f}", i ? "," : "",
-                name, P.rows[i].op, (long long)P.rows[i].calls, P.rows[i].seconds);
+        fprintf(f, "%s\n  {\"scope\": \"%s\", \"op\": \"%s\", \"calls\": %lld, \"seconds\": %.9f}",
+                i ? "," : "", name, P.rows[i].op, (long long)P.rows[i].calls, P.rows[i].seconds);
     }
     fprintf(f, "\n]}\n");
     if (fclose(f) != 0)
