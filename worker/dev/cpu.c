@@ -622,12 +622,12 @@ static ALWAYS_INLINE NO_TRAP void cross_entropy(bool fused, const float *restric
 }
 
 static NO_TRAP void cross_entropy_plain(const float *logits, const int32_t *labels, int64_t m, int64_t n,
-                                float *dlogits, float *loss)
+                                        float *dlogits, float *loss)
 {
     cross_entropy(false, logits, labels, m, n, dlogits, loss);
 }
-static FMA_TARGET NO_TRAP void cross_entropy_fused(const float *logits, const int32_t *labels, int64_t m, int64_t n,
-                                           float *dlogits, float *loss)
+static FMA_TARGET NO_TRAP void cross_entropy_fused(const float *logits, const int32_t *labels, int64_t m,
+                                                   int64_t n, float *dlogits, float *loss)
 {
     cross_entropy(true, logits, labels, m, n, dlogits, loss);
 }
@@ -836,8 +836,8 @@ static void cpu_embedding_backward(void *ctx, float *restrict dw, const float *r
  * double, eight lanes, then rounded once), rstd = 1 / sqrt(max(var, 0) + eps), and
  * y = (x * rstd + (-rstd * mean)) * w + b. */
 static ALWAYS_INLINE void layernorm_forward(float *restrict y, float *restrict mean, float *restrict rstd,
-                                           const float *restrict x, const float *restrict w,
-                                           const float *restrict b, int64_t rows, int64_t dim, float eps)
+                                            const float *restrict x, const float *restrict w,
+                                            const float *restrict b, int64_t rows, int64_t dim, float eps)
 {
     for (int64_t r = 0; r < rows; r++) {
         const float *restrict xr = x + r * dim;
@@ -862,9 +862,9 @@ static ALWAYS_INLINE void layernorm_forward(float *restrict y, float *restrict m
  * lanes); b' = (db mean - ds) rstd^3 / N, c' = -b' mean - db rstd / N;
  * dx = rstd dy w + b' x + c'. dw += dy (x - mean) rstd, db += dy. */
 static ALWAYS_INLINE void layernorm_backward(float *restrict dx, float *restrict dw, float *restrict db,
-                                            const float *restrict dy, const float *restrict x,
-                                            const float *restrict mean, const float *restrict rstd,
-                                            const float *restrict w, int64_t rows, int64_t dim)
+                                             const float *restrict dy, const float *restrict x,
+                                             const float *restrict mean, const float *restrict rstd,
+                                             const float *restrict w, int64_t rows, int64_t dim)
 {
     const float scale = 1.0f / (float)dim;
     for (int64_t r = 0; r < rows; r++) {
@@ -901,8 +901,9 @@ static void layernorm_forward_plain(float *y, float *mean, float *rstd, const fl
 {
     layernorm_forward(y, mean, rstd, x, w, b, rows, dim, eps);
 }
-static FMA_TARGET void layernorm_forward_avx(float *y, float *mean, float *rstd, const float *x, const float *w,
-                                             const float *b, int64_t rows, int64_t dim, float eps)
+static FMA_TARGET void layernorm_forward_avx(float *y, float *mean, float *rstd, const float *x,
+                                             const float *w, const float *b, int64_t rows, int64_t dim,
+                                             float eps)
 {
     layernorm_forward(y, mean, rstd, x, w, b, rows, dim, eps);
 }
@@ -912,36 +913,37 @@ static void layernorm_backward_plain(float *dx, float *dw, float *db, const floa
 {
     layernorm_backward(dx, dw, db, dy, x, mean, rstd, w, rows, dim);
 }
-static FMA_TARGET void layernorm_backward_avx(float *dx, float *dw, float *db, const float *dy, const float *x,
-                                              const float *mean, const float *rstd, const float *w, int64_t rows,
-                                              int64_t dim)
+static FMA_TARGET void layernorm_backward_avx(float *dx, float *dw, float *db, const float *dy,
+                                              const float *x, const float *mean, const float *rstd,
+                                              const float *w, int64_t rows, int64_t dim)
 {
     layernorm_backward(dx, dw, db, dy, x, mean, rstd, w, rows, dim);
 }
 
 /* The AVX copies (FMA_TARGET, contraction off: no multiply-add is fused) compute what the
  * plain ones do lane for lane, so they give the same bits; they are only faster. */
-static void cpu_layernorm_forward(void *ctx, float *y, float *mean, float *rstd, const float *x, const float *w,
-                                  const float *b, int64_t rows, int64_t dim, float eps)
+static void cpu_layernorm_forward(void *ctx, float *y, float *mean, float *rstd, const float *x,
+                                  const float *w, const float *b, int64_t rows, int64_t dim, float eps)
 {
     const struct cpu *c = ctx;
     (c->has_fma ? layernorm_forward_avx : layernorm_forward_plain)(y, mean, rstd, x, w, b, rows, dim, eps);
 }
 
-static void cpu_layernorm_backward(void *ctx, float *dx, float *dw, float *db, const float *dy, const float *x,
-                                   const float *mean, const float *rstd, const float *w, int64_t rows,
-                                   int64_t dim)
+static void cpu_layernorm_backward(void *ctx, float *dx, float *dw, float *db, const float *dy,
+                                   const float *x, const float *mean, const float *rstd, const float *w,
+                                   int64_t rows, int64_t dim)
 {
     const struct cpu *c = ctx;
-    (c->has_fma ? layernorm_backward_avx : layernorm_backward_plain)(dx, dw, db, dy, x, mean, rstd, w, rows, dim);
+    (c->has_fma ? layernorm_backward_avx : layernorm_backward_plain)(dx, dw, db, dy, x, mean, rstd, w, rows,
+                                                                     dim);
 }
 
 /* One row at a time: scale (the `/ sqrt(hd)` PyTorch applies to the scores), the causal
  * mask (only the row's first len entries are read; the rest of y is 0), the max, exp(x -
  * max) and its sum (eight lanes), then y *= 1/sum as _vec_softmax_lastdim does; each in a
  * pass that vectorizes. y may be x (each entry is read before it is written). */
-static ALWAYS_INLINE NO_TRAP void softmax_forward(float *y, const float *x, int64_t rows, int64_t n, float scale,
-                                                  bool causal)
+static ALWAYS_INLINE NO_TRAP void softmax_forward(float *y, const float *x, int64_t rows, int64_t n,
+                                                  float scale, bool causal)
 {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
@@ -961,8 +963,8 @@ static ALWAYS_INLINE NO_TRAP void softmax_forward(float *y, const float *x, int6
 }
 
 /* dx = scale * y * (dy - sum_j dy_j * y_j): the dot in eight lanes, then one pass. */
-static ALWAYS_INLINE void softmax_backward(float *restrict dx, const float *restrict dy, const float *restrict y,
-                                           int64_t rows, int64_t n, float scale)
+static ALWAYS_INLINE void softmax_backward(float *restrict dx, const float *restrict dy,
+                                           const float *restrict y, int64_t rows, int64_t n, float scale)
 {
     for (int64_t r = 0; r < rows; r++) {
         const float *restrict gr = dy + r * n, *restrict yr = y + r * n;
@@ -978,8 +980,8 @@ static NO_TRAP void softmax_forward_plain(float *y, const float *x, int64_t rows
 {
     softmax_forward(y, x, rows, n, scale, causal);
 }
-static FMA_TARGET NO_TRAP void softmax_forward_avx(float *y, const float *x, int64_t rows, int64_t n, float scale,
-                                                   bool causal)
+static FMA_TARGET NO_TRAP void softmax_forward_avx(float *y, const float *x, int64_t rows, int64_t n,
+                                                   float scale, bool causal)
 {
     softmax_forward(y, x, rows, n, scale, causal);
 }
@@ -988,8 +990,8 @@ static void softmax_backward_plain(float *dx, const float *dy, const float *y, i
 {
     softmax_backward(dx, dy, y, rows, n, scale);
 }
-static FMA_TARGET void softmax_backward_avx(float *dx, const float *dy, const float *y, int64_t rows, int64_t n,
-                                            float scale)
+static FMA_TARGET void softmax_backward_avx(float *dx, const float *dy, const float *y, int64_t rows,
+                                            int64_t n, float scale)
 {
     softmax_backward(dx, dy, y, rows, n, scale);
 }
@@ -1001,8 +1003,8 @@ static void cpu_softmax_forward(void *ctx, float *y, const float *x, int64_t row
     (c->has_fma ? softmax_forward_avx : softmax_forward_plain)(y, x, rows, n, scale, causal);
 }
 
-static void cpu_softmax_backward(void *ctx, float *dx, const float *dy, const float *y, int64_t rows, int64_t n,
-                                 float scale)
+static void cpu_softmax_backward(void *ctx, float *dx, const float *dy, const float *y, int64_t rows,
+                                 int64_t n, float scale)
 {
     const struct cpu *c = ctx;
     (c->has_fma ? softmax_backward_avx : softmax_backward_plain)(dx, dy, y, rows, n, scale);
