@@ -3,6 +3,7 @@
  * final model sync (../shared/DDP.md §1–§4). Knows the model's parameters, the compute
  * backend and comm; nothing of data, the loop or the optimizer. */
 #include "ddp.h"
+#include "prof.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -378,8 +379,12 @@ static void launch(struct ddp *d, int b)
     if (d->hook_rc)
         return;
     /* Divide before the sum (DDP.md §2.4): each rank contributes grad * float(1/W). */
+    const int ps = prof_scope(PROF_DDP);
     d->dev.ops->scale(d->dev.ctx, bk->buf, d->scale, bk->numel);
+    const double t0 = prof_now();
     d->hook_rc = comm_allreduce_start(d->comm, bk->buf, bk->numel, &bk->req, &d->hook_err);
+    prof_add("allreduce_start", t0);
+    prof_scope_restore(ps);
 }
 
 void ddp_grad_ready(void *ctx, int index)

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "layers/layers.h"
+#include "prof.h"
 #include "rng.h"
 #include "rng_hash.h"
 #include "../base/check.h"
@@ -728,9 +729,13 @@ static const void *forward_range(struct model *m, const struct layer_env *e, int
         struct lnode *n = &m->nodes[i];
         if (n->sl->kind == LAYER_RESIDUAL) {
             const float *inner = forward_range(m, e, i + 1, n->sl->end, x);
+            const int ps = prof_scope(PROF_RESIDUAL);
             m->dev.ops->add(m->dev.ctx, n->y, x, inner, e->batch * n->out_numel);
+            prof_scope_restore(ps);
         } else {
+            const int ps = prof_scope(PROF_LAYER(n->sl->kind, false));
             n->ops->forward(n, e, x);
+            prof_scope_restore(ps);
         }
         x = n->y;
     }
@@ -774,12 +779,16 @@ static const float *backward_range(struct model *m, const struct layer_env *e, i
         float *dx = m->first_param < n->index ? other_scratch(m, depth, cur) : NULL;
         if (n->sl->kind == LAYER_RESIDUAL) {
             const float *inner = backward_range(m, e, n->index + 1, n->sl->end, in, cur, depth + 1);
+            const int ps = prof_scope(PROF_RESIDUAL);
             if (dx && inner)
                 m->dev.ops->add(m->dev.ctx, dx, cur, inner, e->batch * n->in_numel);
             else if (dx)
                 m->dev.ops->copy(m->dev.ctx, dx, cur, e->batch * n->in_numel);
+            prof_scope_restore(ps);
         } else {
+            const int ps = prof_scope(PROF_LAYER(n->sl->kind, true));
             n->ops->backward(n, e, in, cur, dx);
+            prof_scope_restore(ps);
         }
         if (!dx)
             return NULL;

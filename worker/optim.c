@@ -152,6 +152,25 @@ static bool group_step(struct optim *o)
     return true;
 }
 
+/* Whether the parameters and their gradients lie in registration order in one slab each,
+ * as the state does (the model's own layout; DDP re-points gradients into its buckets, which
+ * are not): then one elementwise update over all `numel` scalars is the per-tensor updates,
+ * bit for bit, without a call and a vector tail per tensor. */
+static bool flat(struct optim *o, float **data, float **grad)
+{
+    if (o->n == 0)
+        return false;
+    const struct param *p0 = model_param(o->m, 0);
+    for (int i = 1; i < o->n; i++) {
+        const struct param *p = model_param(o->m, i);
+        if (p->data != p0->data + o->off[i] || p->grad != p0->grad + o->off[i])
+            return false;
+    }
+    *data = p0->data;
+    *grad = p0->grad;
+    return true;
+}
+
 void optim_step(struct optim *o)
 {
     const struct dev_ops *ops = o->dev.ops;
@@ -159,9 +178,13 @@ void optim_step(struct optim *o)
     o->steps++;
     if (group_step(o))
         return;
+    float *data = NULL, *grad = NULL;
+    const bool one_pass = flat(o, &data, &grad);
     if (o->cfg.kind == OPTIM_SGD) {
         const struct sgd_hyper h = optim_sgd_hyper(&o->cfg, !o->have_buf);
-        for (int i = 0; i < o->n; i++) {
+        if (one_pass)
+            ops->sgd_step(ctx, &h, data, grad, o->per ? o->state : NULL, o->numel);
+        for (int i = 0; !one_pass && i < o->n; i++) {
             struct param *p = model_param(o->m, i);
             float *buf = o->per ? o->state + o->off[i] : NULL;
             ops->sgd_step(ctx, &h, p->data, p->grad, buf, p->numel);
@@ -169,7 +192,9 @@ void optim_step(struct optim *o)
         o->have_buf = o->per > 0;
     } else {
         const struct adamw_hyper h = optim_adamw_hyper(&o->cfg, o->steps);
-        for (int i = 0; i < o->n; i++) {
+        if (one_pass)
+            ops->adamw_step(ctx, &h, data, grad, o->state, o->state + o->numel, o->numel);
+        for (int i = 0; !one_pass && i < o->n; i++) {
             struct param *p = model_param(o->m, i);
             float *avg = o->state + o->off[i];
             ops->adamw_step(ctx, &h, p->data, p->grad, avg, avg + o->numel, p->numel);

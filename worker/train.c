@@ -27,6 +27,7 @@
 #include "watch.h"
 #include "data.h"
 #include "ddp.h"
+#include "prof.h"
 #include "gpt2_init.h"
 #include "dev.h"
 #include "emit.h"
@@ -349,7 +350,11 @@ static ddpd_err micro_batch(struct run *r, int64_t b, int64_t j, bool sync, int6
 {
     const struct dev_ops *ops = r->dev.ops;
     void *ctx = r->dev.ctx;
+    int ps = prof_scope(PROF_DATA);
+    double t0 = prof_now();
     int64_t rows = dataset_batch(r->ds, b, r->hx, r->hy, r->hl);
+    prof_add("dataset_batch", t0);
+    prof_scope_restore(ps);
     if (rows < 0) {
         *rows_out = 0;
         if (err)
@@ -359,17 +364,26 @@ static ddpd_err micro_batch(struct run *r, int64_t b, int64_t j, bool sync, int6
     ddpd_err brc = model_check_batch(r->m, rows, err);
     if (brc)
         return brc;
+    ps = prof_scope(PROF_DATA);
+    t0 = prof_now();
     ops->to_device(ctx, r->x, r->hx, (size_t)(rows * r->in) * sizeof(float));
+    prof_add("to_device", t0);
+    prof_scope_restore(ps);
 
     bool prev = false;
     if (r->ddp && !sync)
         prev = ddp_no_sync_enter(r->ddp);
     if (r->ddp) {
+        ps = prof_scope(PROF_DDP);
+        t0 = prof_now();
         ddpd_err rc = ddp_forward_begin(r->ddp, err);
+        prof_add("forward_begin", t0);
+        prof_scope_restore(ps);
         if (rc)
             return rc;
     }
     const float *pred = model_forward(r->m, r->x, rows);
+    ps = prof_scope(PROF_LOSS);
     if (r->s->loss == LOSS_CROSS_ENTROPY) {
         /* Sequence logits [B,T,C] with targets [B,T]: cross_entropy over B·T rows, the
          * mean over all positions (CONTRACT.md §2a). */
@@ -379,9 +393,14 @@ static ddpd_err micro_batch(struct run *r, int64_t b, int64_t j, bool sync, int6
         ops->to_device(ctx, r->y, r->hy, (size_t)(rows * r->tn) * sizeof(float));
         ops->mse(ctx, pred, r->y, rows, r->tn, r->dpred, r->dloss + j);
     }
+    prof_scope_restore(ps);
     model_backward(r->m, r->dpred, r->ddp ? ddp_grad_ready : NULL, r->ddp);
     if (r->ddp) {
+        ps = prof_scope(PROF_DDP);
+        t0 = prof_now();
         ddpd_err rc = ddp_backward_end(r->ddp, err);
+        prof_add("allreduce_wait", t0);
+        prof_scope_restore(ps);
         if (!sync)
             ddp_no_sync_exit(r->ddp, prev);
         if (rc)
@@ -1127,7 +1146,9 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     if (!cfg->dev.ops)
         return ddpd_error_set(err, DDPD_EINTERNAL, "device",
                               "train_run: no compute backend (the caller opens it)");
-    struct run r = {.cfg = cfg, .s = s, .dev = cfg->dev};
+    /* DDPD_PROFILE (bench/profile): every op of the run timed, per layer and part of the step. */
+    prof_init(rank);
+    struct run r = {.cfg = cfg, .s = s, .dev = prof_wrap(cfg->dev)};
     if (cfg->preempted_at)
         *cfg->preempted_at = 0;
     struct pending_log pend = {0};
@@ -1192,10 +1213,13 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
                 step_samples += rows;
             }
             /* After the all-reduce of the step's last micro-batch, before the update. */
+            int ps = prof_scope(PROF_CLIP);
             if (s->grad_clip > 0)
                 grad_norm = optim_clip_grad_norm(r.o, s->grad_clip);
+            prof_scope(PROF_OPTIM);
             optim_set_lr(r.o, lr);
             optim_step(r.o);
+            prof_scope(PROF_LOG);
             pos.step++;
             pos.epoch_step++;
             samples_since_log += step_samples;
@@ -1235,6 +1259,8 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
                 log_finish(&r, &pend, &t_log, &last_loss); /* its loss event comes first */
             if ((rc = after_step(&r, &pos, true, &vote, err)))
                 goto out;
+            prof_scope_restore(ps);
+            prof_step();
         }
 
         log_finish(&r, &pend, &t_log, &last_loss);
@@ -1256,6 +1282,7 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     }
     log_finish(&r, &pend, &t_log, &last_loss);
     const double seconds = base_mono_s() - t0;
+    prof_finish();
 
     if (!r.paused && (rc = write_checkpoint(&r, &pos, true, CKPT_FINAL, err)))
         goto out;

@@ -300,6 +300,138 @@ static ALWAYS_INLINE NO_TRAP float exp_poly(float x)
     return x == x ? p * scale.f : x;
 }
 
+/* e^x for the softmaxes: exp_poly, and 0 below its range (where expf gives a subnormal
+ * or 0), so that a far smaller logit than the row's max contributes nothing, as there. */
+static ALWAYS_INLINE NO_TRAP float exp_soft(float x)
+{
+    const float e = exp_poly(x);
+    return x < -87.3f ? 0.0f : e;
+}
+
+/* Row reductions in a fixed order of lanes, so that they vectorize (a sequential sum is one
+ * chain of dependent adds, latency-bound) and give the same bits on every run: eight float
+ * lanes or eight double lanes (as two vectors of four), added up pairwise at the end. The
+ * order differs from a sequential sum's by a few ulp of the sum, as PyTorch's own
+ * vectorized reductions do. GCC's vector extensions: AVX in the FMA_TARGET copies, two
+ * SSE halves in the plain ones. */
+/* The helpers are always inlined, so the vector ABI warning (passing a 32-byte vector
+ * without AVX) concerns no real call. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef double v4d __attribute__((vector_size(32)));
+
+static ALWAYS_INLINE v8f load8(const float *p)
+{
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static ALWAYS_INLINE void store8(float *p, v8f v)
+{
+    memcpy(p, &v, sizeof v);
+}
+static ALWAYS_INLINE float hsum8(v8f a)
+{
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+static ALWAYS_INLINE double hsum4d(v4d a)
+{
+    return (a[0] + a[2]) + (a[1] + a[3]);
+}
+/* sum of x[n] in float, eight lanes. */
+static ALWAYS_INLINE float sum_f(const float *restrict x, int64_t n)
+{
+    v8f acc = {0};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        acc += load8(x + j);
+    float s = hsum8(acc);
+    for (; j < n; j++)
+        s += x[j];
+    return s;
+}
+/* sum of a[j] * b[j] in float (products rounded, no fused multiply-add), eight lanes. */
+static ALWAYS_INLINE float dot_f(const float *restrict a, const float *restrict b, int64_t n)
+{
+    v8f acc = {0};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        acc += load8(a + j) * load8(b + j);
+    float s = hsum8(acc);
+    for (; j < n; j++)
+        s += a[j] * b[j];
+    return s;
+}
+/* Widen eight floats to two vectors of four doubles. */
+static ALWAYS_INLINE void widen8(const float *p, v4d *lo, v4d *hi)
+{
+    v4f a, b;
+    memcpy(&a, p, sizeof a);
+    memcpy(&b, p + 4, sizeof b);
+    *lo = __builtin_convertvector(a, v4d);
+    *hi = __builtin_convertvector(b, v4d);
+}
+/* sum of x[n] in double, eight lanes. */
+static ALWAYS_INLINE double sum_d(const float *restrict x, int64_t n)
+{
+    v4d a0 = {0}, a1 = {0};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        v4d lo, hi;
+        widen8(x + j, &lo, &hi);
+        a0 += lo;
+        a1 += hi;
+    }
+    double s = hsum4d(a0 + a1);
+    for (; j < n; j++)
+        s += x[j];
+    return s;
+}
+/* sum of (x[j] - mu)^2 in double, eight lanes. */
+static ALWAYS_INLINE double sumsq_dev_d(const float *restrict x, double mu, int64_t n)
+{
+    v4d a0 = {0}, a1 = {0};
+    const v4d m = {mu, mu, mu, mu};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        v4d lo, hi;
+        widen8(x + j, &lo, &hi);
+        lo -= m;
+        hi -= m;
+        a0 += lo * lo;
+        a1 += hi * hi;
+    }
+    double s = hsum4d(a0 + a1);
+    for (; j < n; j++)
+        s += ((double)x[j] - mu) * ((double)x[j] - mu);
+    return s;
+}
+/* max of x[n] (n >= 1), eight lanes; NaN propagates as in a sequential scan only when it
+ * is first, as before: training never sees a NaN logit it goes on with. */
+static ALWAYS_INLINE NO_TRAP float max_f(const float *restrict x, int64_t n)
+{
+    float mx = x[0];
+    int64_t j = 0;
+    if (n >= 8) {
+        v8f m = load8(x);
+        for (j = 8; j + 8 <= n; j += 8) {
+            const v8f v = load8(x + j);
+            const v8i gt = v > m; /* all ones where v > m */
+            m = (v8f)(((v8i)v & gt) | ((v8i)m & ~gt));
+        }
+        mx = m[0];
+        for (int l = 1; l < 8; l++)
+            mx = m[l] > mx ? m[l] : mx;
+    }
+    for (; j < n; j++)
+        mx = x[j] > mx ? x[j] : mx;
+    return mx;
+}
+
 /* gelu with approximate='tanh', y = 0.5 x (1 + tanh(u)), u = beta (x + kappa x^3), as
  * x * s with s = 0.5 (1 + tanh(u)) = 1 / (1 + e^(-2u)): the same function without tanh's
  * cancellation near -1, in a loop that vectorizes (tanhf does not; PyTorch's kernel
@@ -453,10 +585,12 @@ static void cpu_mse(void *ctx, const float *restrict pred, const float *restrict
 /* cross_entropy = log_softmax + nll_loss, reduction mean. Per row: logp = (x - max) -
  * log(sum exp(x - max)) in that order (PyTorch's _vec_log_softmax_lastdim keeps it for
  * large logits); the exp sum is taken in double. Backward is log_softmax_backward of
- * nll's gradient g (g[label] = -(1/M)): dx = g - exp(logp) * sum(g), fused on AVX2. */
-static ALWAYS_INLINE void cross_entropy(bool fused, const float *restrict logits,
-                                        const int32_t *restrict labels, int64_t m, int64_t n,
-                                        float *restrict dlogits, float *restrict loss)
+ * nll's gradient g (g[label] = -(1/M)): dx = g - exp(logp) * sum(g), fused on AVX2.
+ * One row at a time in vectorized passes (max, exp into dx, the double sum, the gradient),
+ * with exp_soft for e^x (within an ulp or two of expf, as PyTorch's Sleef exp is). */
+static ALWAYS_INLINE NO_TRAP void cross_entropy(bool fused, const float *restrict logits,
+                                                const int32_t *restrict labels, int64_t m, int64_t n,
+                                                float *restrict dlogits, float *restrict loss)
 {
     const float g = -(1.0f / (float)m);
     double total = 0.0;
@@ -471,32 +605,29 @@ static ALWAYS_INLINE void cross_entropy(bool fused, const float *restrict logits
             total += NAN;
             continue;
         }
-        float mx = x[0];
-        for (int64_t j = 1; j < n; j++)
-            mx = x[j] > mx ? x[j] : mx;
-        double s = 0.0;
+        const float mx = max_f(x, n);
         for (int64_t j = 0; j < n; j++)
-            s += (double)expf(x[j] - mx);
-        const float lse = (float)log(s);
+            dx[j] = exp_soft(x[j] - mx);
+        const float lse = (float)log(sum_d(dx, n));
         for (int64_t j = 0; j < n; j++) {
             const float logp = (x[j] - mx) - lse;
-            dx[j] = madd(fused, -expf(logp), g, 0.0f);
+            dx[j] = madd(fused, -exp_soft(logp), g, 0.0f);
         }
         /* The label's entry adds g itself: g - exp(logp) * g in one fused step. */
         const float logp_label = (x[label] - mx) - lse;
-        dx[label] = madd(fused, -expf(logp_label), g, g);
+        dx[label] = madd(fused, -exp_soft(logp_label), g, g);
         total -= (double)logp_label;
     }
     *loss = (float)(total / (double)m);
 }
 
-static void cross_entropy_plain(const float *logits, const int32_t *labels, int64_t m, int64_t n,
-                                float *dlogits, float *loss)
+static NO_TRAP void cross_entropy_plain(const float *logits, const int32_t *labels, int64_t m, int64_t n,
+                                        float *dlogits, float *loss)
 {
     cross_entropy(false, logits, labels, m, n, dlogits, loss);
 }
-static FMA_TARGET void cross_entropy_fused(const float *logits, const int32_t *labels, int64_t m, int64_t n,
-                                           float *dlogits, float *loss)
+static FMA_TARGET NO_TRAP void cross_entropy_fused(const float *logits, const int32_t *labels, int64_t m,
+                                                   int64_t n, float *dlogits, float *loss)
 {
     cross_entropy(true, logits, labels, m, n, dlogits, loss);
 }
@@ -702,88 +833,128 @@ static void cpu_embedding_backward(void *ctx, float *restrict dw, const float *r
 }
 
 /* PyTorch's LayerNormKernelImpl: mean and biased variance of the row (here summed in
- * double, then rounded once), rstd = 1 / sqrt(max(var, 0) + eps), and
+ * double, eight lanes, then rounded once), rstd = 1 / sqrt(max(var, 0) + eps), and
  * y = (x * rstd + (-rstd * mean)) * w + b. */
-static void cpu_layernorm_forward(void *ctx, float *restrict y, float *restrict mean, float *restrict rstd,
-                                  const float *restrict x, const float *restrict w, const float *restrict b,
-                                  int64_t rows, int64_t dim, float eps)
+static ALWAYS_INLINE void layernorm_forward(float *restrict y, float *restrict mean, float *restrict rstd,
+                                            const float *restrict x, const float *restrict w,
+                                            const float *restrict b, int64_t rows, int64_t dim, float eps)
 {
-    (void)ctx;
     for (int64_t r = 0; r < rows; r++) {
         const float *restrict xr = x + r * dim;
         float *restrict yr = y + r * dim;
-        double s = 0.0;
-        for (int64_t j = 0; j < dim; j++)
-            s += xr[j];
-        const double mu = s / (double)dim;
-        double v = 0.0;
-        for (int64_t j = 0; j < dim; j++)
-            v += ((double)xr[j] - mu) * ((double)xr[j] - mu);
+        const double mu = sum_d(xr, dim) / (double)dim;
+        const double v = sumsq_dev_d(xr, mu, dim);
         const float fm = (float)mu, fv = (float)(v / (double)dim);
         const float rs = 1.0f / sqrtf((fv > 0.0f ? fv : 0.0f) + eps);
         const float bias = -rs * fm;
-        for (int64_t j = 0; j < dim; j++) {
-            const float t = xr[j] * rs + bias;
-            yr[j] = b ? t * w[j] + b[j] : t * w[j];
-        }
+        if (b)
+            for (int64_t j = 0; j < dim; j++)
+                yr[j] = (xr[j] * rs + bias) * w[j] + b[j];
+        else
+            for (int64_t j = 0; j < dim; j++)
+                yr[j] = (xr[j] * rs + bias) * w[j];
         mean[r] = fm;
         rstd[r] = rs;
     }
 }
 
-/* LayerNormBackwardKernelImplInternal: ds = sum(dy w x), db = sum(dy w);
- * b' = (db mean - ds) rstd^3 / N, c' = -b' mean - db rstd / N; dx = rstd dy w + b' x + c'.
- * dw += dy (x - mean) rstd, db += dy. */
-static void cpu_layernorm_backward(void *ctx, float *restrict dx, float *restrict dw, float *restrict db,
-                                   const float *restrict dy, const float *restrict x,
-                                   const float *restrict mean, const float *restrict rstd,
-                                   const float *restrict w, int64_t rows, int64_t dim)
+/* LayerNormBackwardKernelImplInternal: ds = sum(dy w x), db = sum(dy w) (float, eight
+ * lanes); b' = (db mean - ds) rstd^3 / N, c' = -b' mean - db rstd / N;
+ * dx = rstd dy w + b' x + c'. dw += dy (x - mean) rstd, db += dy. */
+static ALWAYS_INLINE void layernorm_backward(float *restrict dx, float *restrict dw, float *restrict db,
+                                             const float *restrict dy, const float *restrict x,
+                                             const float *restrict mean, const float *restrict rstd,
+                                             const float *restrict w, int64_t rows, int64_t dim)
 {
-    (void)ctx;
     const float scale = 1.0f / (float)dim;
     for (int64_t r = 0; r < rows; r++) {
         const float *restrict xr = x + r * dim, *restrict gr = dy + r * dim;
         float *restrict dxr = dx + r * dim;
         const float mu = mean[r], rs = rstd[r];
-        float ds = 0.0f, dbs = 0.0f;
-        for (int64_t j = 0; j < dim; j++) {
+        v8f va = {0}, vb = {0};
+        int64_t j = 0;
+        for (; j + 8 <= dim; j += 8) {
+            const v8f gw = load8(gr + j) * load8(w + j);
+            va += gw * load8(xr + j);
+            vb += gw;
+        }
+        float ds = hsum8(va), dbs = hsum8(vb);
+        for (; j < dim; j++) {
             ds += gr[j] * w[j] * xr[j];
             dbs += gr[j] * w[j];
         }
         const float a = rs;
         const float bb = (dbs * mu - ds) * a * a * a * scale;
         const float c = -bb * mu - dbs * a * scale;
-        for (int64_t j = 0; j < dim; j++)
+        for (j = 0; j < dim; j++)
             dxr[j] = a * gr[j] * w[j] + bb * xr[j] + c;
-        for (int64_t j = 0; j < dim; j++)
+        for (j = 0; j < dim; j++)
             dw[j] += gr[j] * (xr[j] - mu) * rs;
         if (db)
-            for (int64_t j = 0; j < dim; j++)
+            for (j = 0; j < dim; j++)
                 db[j] += gr[j];
     }
 }
 
-/* One pass per row: scale (the `/ sqrt(hd)` PyTorch applies to the scores), the causal
- * mask, the max, exp(x - max) and its sum, then y *= 1/sum as _vec_softmax_lastdim does. */
-static void cpu_softmax_forward(void *ctx, float *restrict y, const float *restrict x, int64_t rows,
-                                int64_t n, float scale, bool causal)
+static void layernorm_forward_plain(float *y, float *mean, float *rstd, const float *x, const float *w,
+                                    const float *b, int64_t rows, int64_t dim, float eps)
 {
-    (void)ctx;
+    layernorm_forward(y, mean, rstd, x, w, b, rows, dim, eps);
+}
+static FMA_TARGET void layernorm_forward_avx(float *y, float *mean, float *rstd, const float *x,
+                                             const float *w, const float *b, int64_t rows, int64_t dim,
+                                             float eps)
+{
+    layernorm_forward(y, mean, rstd, x, w, b, rows, dim, eps);
+}
+static void layernorm_backward_plain(float *dx, float *dw, float *db, const float *dy, const float *x,
+                                     const float *mean, const float *rstd, const float *w, int64_t rows,
+                                     int64_t dim)
+{
+    layernorm_backward(dx, dw, db, dy, x, mean, rstd, w, rows, dim);
+}
+static FMA_TARGET void layernorm_backward_avx(float *dx, float *dw, float *db, const float *dy,
+                                              const float *x, const float *mean, const float *rstd,
+                                              const float *w, int64_t rows, int64_t dim)
+{
+    layernorm_backward(dx, dw, db, dy, x, mean, rstd, w, rows, dim);
+}
+
+/* The AVX copies (FMA_TARGET, contraction off: no multiply-add is fused) compute what the
+ * plain ones do lane for lane, so they give the same bits; they are only faster. */
+static void cpu_layernorm_forward(void *ctx, float *y, float *mean, float *rstd, const float *x,
+                                  const float *w, const float *b, int64_t rows, int64_t dim, float eps)
+{
+    const struct cpu *c = ctx;
+    (c->has_fma ? layernorm_forward_avx : layernorm_forward_plain)(y, mean, rstd, x, w, b, rows, dim, eps);
+}
+
+static void cpu_layernorm_backward(void *ctx, float *dx, float *dw, float *db, const float *dy,
+                                   const float *x, const float *mean, const float *rstd, const float *w,
+                                   int64_t rows, int64_t dim)
+{
+    const struct cpu *c = ctx;
+    (c->has_fma ? layernorm_backward_avx : layernorm_backward_plain)(dx, dw, db, dy, x, mean, rstd, w, rows,
+                                                                     dim);
+}
+
+/* One row at a time: scale (the `/ sqrt(hd)` PyTorch applies to the scores), the causal
+ * mask (only the row's first len entries are read; the rest of y is 0), the max, exp(x -
+ * max) and its sum (eight lanes), then y *= 1/sum as _vec_softmax_lastdim does; each in a
+ * pass that vectorizes. y may be x (each entry is read before it is written). */
+static ALWAYS_INLINE NO_TRAP void softmax_forward(float *y, const float *x, int64_t rows, int64_t n,
+                                                  float scale, bool causal)
+{
     for (int64_t r = 0; r < rows; r++) {
-        const float *restrict xr = x + r * n;
-        float *restrict yr = y + r * n;
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
         const int64_t len = causal ? r % n + 1 : n;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < len; j++) {
+        for (int64_t j = 0; j < len; j++)
             yr[j] = xr[j] * scale;
-            mx = yr[j] > mx ? yr[j] : mx;
-        }
-        float sum = 0.0f;
-        for (int64_t j = 0; j < len; j++) {
-            yr[j] = expf(yr[j] - mx);
-            sum += yr[j];
-        }
-        const float inv = 1.0f / sum;
+        const float mx = max_f(yr, len);
+        for (int64_t j = 0; j < len; j++)
+            yr[j] = exp_soft(yr[j] - mx);
+        const float inv = 1.0f / sum_f(yr, len);
         for (int64_t j = 0; j < len; j++)
             yr[j] *= inv;
         for (int64_t j = len; j < n; j++)
@@ -791,19 +962,52 @@ static void cpu_softmax_forward(void *ctx, float *restrict y, const float *restr
     }
 }
 
-static void cpu_softmax_backward(void *ctx, float *restrict dx, const float *restrict dy,
-                                 const float *restrict y, int64_t rows, int64_t n, float scale)
+/* dx = scale * y * (dy - sum_j dy_j * y_j): the dot in eight lanes, then one pass. */
+static ALWAYS_INLINE void softmax_backward(float *restrict dx, const float *restrict dy,
+                                           const float *restrict y, int64_t rows, int64_t n, float scale)
 {
-    (void)ctx;
     for (int64_t r = 0; r < rows; r++) {
         const float *restrict gr = dy + r * n, *restrict yr = y + r * n;
         float *restrict dxr = dx + r * n;
-        float dot = 0.0f;
-        for (int64_t j = 0; j < n; j++)
-            dot += gr[j] * yr[j];
+        const float dot = dot_f(gr, yr, n);
         for (int64_t j = 0; j < n; j++)
             dxr[j] = yr[j] * (gr[j] - dot) * scale;
     }
+}
+
+static NO_TRAP void softmax_forward_plain(float *y, const float *x, int64_t rows, int64_t n, float scale,
+                                          bool causal)
+{
+    softmax_forward(y, x, rows, n, scale, causal);
+}
+static FMA_TARGET NO_TRAP void softmax_forward_avx(float *y, const float *x, int64_t rows, int64_t n,
+                                                   float scale, bool causal)
+{
+    softmax_forward(y, x, rows, n, scale, causal);
+}
+static void softmax_backward_plain(float *dx, const float *dy, const float *y, int64_t rows, int64_t n,
+                                   float scale)
+{
+    softmax_backward(dx, dy, y, rows, n, scale);
+}
+static FMA_TARGET void softmax_backward_avx(float *dx, const float *dy, const float *y, int64_t rows,
+                                            int64_t n, float scale)
+{
+    softmax_backward(dx, dy, y, rows, n, scale);
+}
+
+static void cpu_softmax_forward(void *ctx, float *y, const float *x, int64_t rows, int64_t n, float scale,
+                                bool causal)
+{
+    const struct cpu *c = ctx;
+    (c->has_fma ? softmax_forward_avx : softmax_forward_plain)(y, x, rows, n, scale, causal);
+}
+
+static void cpu_softmax_backward(void *ctx, float *dx, const float *dy, const float *y, int64_t rows,
+                                 int64_t n, float scale)
+{
+    const struct cpu *c = ctx;
+    (c->has_fma ? softmax_backward_avx : softmax_backward_plain)(dx, dy, y, rows, n, scale);
 }
 
 /* qkv [b,t,3,h,hd] <-> q, k, v [b,h,t,hd]. */
