@@ -79,7 +79,6 @@ def test_silent_host_fails_the_job_naming_the_rank_and_host(hosts, work):
     first = min(e["ts"] for e in evs) - wall0
     print(f"silent host: first error {first:.2f} s after the silence, job ended after {took:.2f} s "
           f"(goal {GOAL_S} s, bound {BOUND_S} s); {[(e['rank'], e['message']) for e in evs]}")
-    print(err[-3000:])
     assert took <= BOUND_S, f"the job took {took:.1f} s to fail after host 3 fell silent"
     assert "rank" in err and "10.77.0.3" in err, err[-2000:]
     left = hostlib.wait_no_leftovers(hosts, timeout=30)
@@ -109,9 +108,14 @@ def test_busy_loops_and_a_stopped_rank_are_no_false_alarm(hosts, work):
             lines = wait_for_loss(p, 300)
             pids = worker_pids(2)
             assert len(pids) == 1, pids
+            stat = Path(f"/proc/{pids[0]}/stat").read_text()
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
             os.kill(pids[0], signal.SIGSTOP)
             time.sleep(2 * LIVE_S)
+            # nsenter (hosts-run.sh), the rank's parent, stops itself when its child stops,
+            # as a shell's job control would, and waits for a SIGCONT of its own.
             os.kill(pids[0], signal.SIGCONT)
+            os.kill(parent, signal.SIGCONT)
             rest, err = finish(p, 600)
         finally:
             if p.poll() is None:
