@@ -125,6 +125,11 @@ static ddpd_err cpu_init_rank(const struct comm_id *id, int rank, int world, dou
     rfd = -1;
     if (comm_cpu__form_ring(c, lfd, table, deadline, errbuf, errcap) < 0)
         goto out;
+    /* From here on a neighbour whose host falls silent fails the group within LIVE_S. */
+    comm_cpu__sock_live(c->fd_next);
+    comm_cpu__sock_live(c->fd_prev);
+    comm_cpu__peer_host(c->fd_next, c->next_host, sizeof c->next_host);
+    comm_cpu__peer_host(c->fd_prev, c->prev_host, sizeof c->prev_host);
 
     char text[64];
     snprintf(text, sizeof text, "rank %d aborted its communicator", rank);

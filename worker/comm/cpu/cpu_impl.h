@@ -35,6 +35,18 @@
 #define SPIN_CREDIT_S  0.01         /* ... saved up to this (see spin_allowed in engine.c) */
 #define MAX_ROOT_CONNS 4096         /* connections the root holds at once */
 
+/* Liveness of the ring's TCP links (sock.c, comm_cpu__sock_live and comm_cpu__sock_silent):
+ * a peer whose kernel acknowledges nothing for LIVE_S is lost (a node powered off, a
+ * network gone), whatever ddp.timeout_s says. Only the peers' kernels answer the probes
+ * and acknowledgements this counts, never their processes, so a rank descheduled by a
+ * loaded machine (or busy far from any collective) is not taken for lost. */
+#define LIVE_S       4.0  /* silence that fails the job */
+#define LIVE_CHECK_S 0.25 /* a waiting collective looks at its links this often */
+#define KEEP_IDLE_S  1    /* an idle link is probed after this ... */
+#define KEEP_INTVL_S 1    /* ... then again this often ... */
+#define KEEP_CNT     3    /* ... and the kernel gives up after this many unanswered */
+_Static_assert(KEEP_IDLE_S + KEEP_CNT * KEEP_INTVL_S == (int)LIVE_S, "keepalive gives up at LIVE_S");
+
 /* Whoever can reach a rank's ring port or the root may connect (ring.c, root.c). */
 #define HELLO_S      5.0 /* an unproven connection is dropped after this */
 #define PEND_MAX     16  /* unproven ring connections a rank holds at once */
@@ -119,8 +131,9 @@ struct cpu {
     double timeout_s;
     unsigned char secret[SECRET_BYTES]; /* from the id: the key of the handshakes' proofs */
 
-    int fd_next, fd_prev;  /* we only send to next and only receive from prev */
-    struct link lout, lin; /* shared-memory data paths to next / from prev, if same host */
+    int fd_next, fd_prev;              /* we only send to next and only receive from prev */
+    char next_host[64], prev_host[64]; /* their hosts' addresses, for error texts */
+    struct link lout, lin;             /* shared-memory data paths to next / from prev, if same host */
 
     /* Owned by whichever thread executes collectives (the progress thread or a caller
      * running one inline); `busy`, handed over under mu, says who. */
@@ -190,6 +203,18 @@ int comm_cpu__wait_fd(int fd, short events, double deadline);
 int comm_cpu__send_all(int fd, const void *buf, size_t len, double deadline);
 int comm_cpu__recv_all(int fd, void *buf, size_t len, double deadline);
 int comm_cpu__connect_retry(const struct cpu_addr *a, double deadline, int *refused);
+/* The address of the peer's host ("10.77.0.3", "::1"; "?" if unknown). */
+void comm_cpu__peer_host(int fd, char *buf, size_t cap);
+/* Keepalive on a ring link: the kernel probes it after KEEP_IDLE_S without traffic and
+ * ends it (ETIMEDOUT) when KEEP_CNT probes go unanswered, LIVE_S after the peer's host
+ * fell silent. Failures only cost the early detection. */
+void comm_cpu__sock_live(int fd);
+/* 1 when the peer's host has answered nothing for live_s (*quiet_s: seconds since it
+ * last did) while it owes an answer: data we sent waits for its acknowledgement and was
+ * retransmitted, or the link is idle and keepalive probes it. 0 otherwise: also for a
+ * receiver that merely does not read (its kernel answers with a closed window), and for a
+ * socket that is not TCP or already ended (its reads and writes report why). */
+int comm_cpu__sock_silent(int fd, double live_s, double *quiet_s);
 /* Formats into buf (when cap > 0) and returns -1, so that error paths read
  * `return comm_cpu__fmt_err(...)`. */
 int comm_cpu__fmt_err(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

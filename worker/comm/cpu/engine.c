@@ -57,11 +57,13 @@ static void send_notice(struct cpu *c, int origin, int cancel, const char *text)
 
 /* Where a failure began, its first text, and whether it was a cancel (a rank told to
  * stop, not a fault), passed along backwards unchanged; `hangup`: a neighbour hung up
- * without a word (it died), so the failure began there though no notice names it. */
+ * without a word (it died), so the failure began there though no notice names it;
+ * `silent`: next's host stopped answering. */
 struct origin {
     int rank;
     int cancel;
     int hangup;
+    int silent; /* next's host stopped answering (seen here first-hand, as a timeout is) */
     char text[NOTICE_TEXT_MAX + 1];
 };
 
@@ -96,12 +98,29 @@ int comm_cpu__notice_decode(const unsigned char *buf, size_t k, int world, int *
     return -1;
 }
 
+/* A neighbour whose host stopped answering: the kernel gave up on the link (ETIMEDOUT:
+ * keepalive, comm_cpu__sock_live) or its clock of acknowledgements says so
+ * (comm_cpu__sock_silent). Not a failure that began at another rank in the sense of
+ * failed_by_peer: like a timeout, it is seen first-hand, and it names whom it lost. */
+static void silent_text(char *err, size_t cap, int peer, const char *host, const char *w, double quiet_s)
+{
+    snprintf(err, cap,
+             "rank %d on host %s stopped answering during %s: its host acknowledged nothing for %.1f s "
+             "(a node or its network lost)",
+             peer, host, w, quiet_s);
+}
+
 static int next_failed(struct cpu *c, const char *w, char *err, size_t cap, struct origin *o)
 {
     unsigned char all[1024];
     ssize_t k = recv(c->fd_next, all, sizeof all, MSG_DONTWAIT);
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         return 0;
+    if (k < 0 && errno == ETIMEDOUT) {
+        silent_text(err, cap, c->next, c->next_host, w, LIVE_S);
+        o->silent = 1;
+        return 1;
+    }
     int got = k > 0 ? comm_cpu__notice_decode(all, (size_t)k, c->world, &o->rank, o->text) : -1;
     if (got == 0)
         return 0;
@@ -256,6 +275,24 @@ static int header_check(const struct cpu *c, const struct plan *p, const unsigne
     return -1;
 }
 
+/* Whether a TCP link's peer host stopped answering while we wait on it (comm_cpu__sock_silent);
+ * the text names the rank and its host. Keepalive's verdict on an idle link comes as
+ * ETIMEDOUT from the link's reads and writes instead. Same-host links are not looked at: a
+ * peer process that dies there closes its socket. */
+static int links_silent(struct cpu *c, const char *w, char *err, size_t cap)
+{
+    double quiet;
+    if (!c->lout.h && comm_cpu__sock_silent(c->fd_next, LIVE_S, &quiet)) {
+        silent_text(err, cap, c->next, c->next_host, w, quiet);
+        return 1;
+    }
+    if (!c->lin.h && comm_cpu__sock_silent(c->fd_prev, LIVE_S, &quiet)) {
+        silent_text(err, cap, c->prev, c->prev_host, w, quiet);
+        return 1;
+    }
+    return 0;
+}
+
 /* Runs one collective's plan to the end or to the first failure (text in err). A failure
  * sends a notice to prev and shuts the sockets, which poisons the ring for everyone.
  * Each direction moves over TCP or over a shared FIFO (same host); the bookkeeping,
@@ -273,8 +310,9 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
     struct stream s = {0}, r = {0};
     struct origin o = {.rank = -1};
     double deadline = base_mono_s() + c->timeout_s;
-    double spin_until = 0; /* > 0 while a shared-memory wait is under way ... */
-    int slept = 0;         /* ... and it slept or lost a slice: not a catch */
+    double live_at = base_mono_s() + LIVE_CHECK_S; /* the next look at the links' liveness */
+    double spin_until = 0;                         /* > 0 while a shared-memory wait is under way ... */
+    int slept = 0;                                 /* ... and it slept or lost a slice: not a catch */
     char w[160];
     int e = 0;
 
@@ -322,6 +360,10 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
                 } else if (k < 0 && errno != EINTR) {
                     e = errno;
                     what(w, sizeof w, p);
+                    if (e == ETIMEDOUT) { /* the kernel gave up on next's host (sock_live) */
+                        silent_text(err, cap, c->next, c->next_host, w, LIVE_S);
+                        goto fail;
+                    }
                     if (next_failed(c, w, err, cap, &o))
                         goto fail;
                     if (e == EPIPE || e == ECONNRESET) {
@@ -451,6 +493,15 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
             snprintf(err, cap, "%s timed out after %.1f s waiting for rank %d", w, c->timeout_s, whom);
             goto fail;
         }
+        /* A neighbour's host that stopped answering ends the wait long before the deadline
+         * (LIVE_S; links_silent). Read from the kernel's clocks, never from ours: a wait that
+         * comes here late, after this rank was descheduled, sees no silence that was not. */
+        if (now >= live_at) {
+            live_at = now + LIVE_CHECK_S;
+            what(w, sizeof w, p);
+            if (links_silent(c, w, err, cap))
+                goto fail;
+        }
         if (!want_in && !want_out)
             continue;
         /* A shared-memory peer is usually about to write or drain: spin briefly before
@@ -506,7 +557,7 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
                 (struct pollfd){c->fd_next, (short)(POLLIN | (want_out && !c->lout.h ? POLLOUT : 0)), 0};
         if (want_in)
             pf[np++] = (struct pollfd){c->fd_prev, POLLIN, 0};
-        int pr = poll(pf, np, comm_cpu__ms_until(deadline));
+        int pr = poll(pf, np, comm_cpu__ms_until(live_at < deadline ? live_at : deadline));
         int perr = errno;
         if (shm_in)
             atomic_store(&c->lin.h->cons_sleep, 0);
@@ -542,6 +593,12 @@ prev_failed:
     if (atomic_load(&c->aborted))
         goto fail;
     what(w, sizeof w, p);
+    if (e == ETIMEDOUT) {
+        /* Not a hang-up passed on: prev's host stopped answering (the kernel gave up on the
+         * link, sock_live), so the failure is here to see and nobody's news will come. */
+        silent_text(err, cap, c->prev, c->prev_host, w, LIVE_S);
+        goto fail;
+    }
     {
         /* Prev hung up. Hang-ups travel forward around the ring and notices backward, so
          * whatever broke it, the news comes back to us from next: a notice naming the rank
@@ -557,12 +614,22 @@ prev_failed:
         int sdone = p->nsend == 0 || (s.hdr == HDR_BYTES && s.seg == p->nsend);
         int got = 0;
         shutdown(c->fd_next, SHUT_WR);
-        while (!(got = next_failed(c, w, t2, sizeof t2, &o2)) && !atomic_load(&c->aborted))
-            if (comm_cpu__wait_fd(c->fd_next, POLLIN, deadline) <= 0)
+        while (!(got = next_failed(c, w, t2, sizeof t2, &o2)) && !atomic_load(&c->aborted)) {
+            /* A next whose host went silent sends no news: the wait ends at LIVE_S. */
+            double now = base_mono_s(), quiet;
+            if (!c->lout.h && comm_cpu__sock_silent(c->fd_next, LIVE_S, &quiet)) {
+                silent_text(t2, sizeof t2, c->next, c->next_host, w, quiet);
+                o2.silent = got = 1;
                 break;
+            }
+            if (now >= deadline ||
+                comm_cpu__wait_fd(c->fd_next, POLLIN,
+                                  now + LIVE_CHECK_S < deadline ? now + LIVE_CHECK_S : deadline) < 0)
+                break;
+        }
         if (atomic_load(&c->aborted))
             goto fail;
-        if (got && (o2.rank >= 0 || !sdone)) {
+        if (got && (o2.rank >= 0 || o2.silent || !sdone)) {
             o = o2;
             snprintf(err, cap, "%s", t2);
         } else if (e == 0 || e == ECONNRESET) {

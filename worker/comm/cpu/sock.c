@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -13,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -91,6 +94,19 @@ void comm_cpu__peer_text(int fd, char *buf, size_t cap)
         snprintf(buf, cap, "?");
 }
 
+void comm_cpu__peer_host(int fd, char *buf, size_t cap)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    struct cpu_addr a;
+    char ip[INET6_ADDRSTRLEN];
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0 && comm_cpu__addr_from_sa(&ss, &a) == 0 &&
+        inet_ntop(a.family, a.ip, ip, sizeof ip))
+        snprintf(buf, cap, "%s", ip);
+    else
+        snprintf(buf, cap, "?");
+}
+
 /* On the wire (in the id, the registration and the table): family as 4 or 6, port, then
  * 16 address bytes (an IPv4 address uses the first 4). */
 void comm_cpu__addr_put(unsigned char p[ADDR_BYTES], const struct cpu_addr *a)
@@ -155,6 +171,56 @@ void comm_cpu__sock_tune(int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+}
+
+/* Why keepalive and not TCP_USER_TIMEOUT: since Linux 5.11 a user timeout also ends a
+ * connection whose receive window stays closed that long, though the peer's kernel answers
+ * every probe, and a ring peer that is slow to start its side of a collective (a
+ * straggler, a checkpoint being written) closes its window for as long as it likes. */
+void comm_cpu__sock_live(int fd)
+{
+    int one = 1, idle = KEEP_IDLE_S, intvl = KEEP_INTVL_S, cnt = KEEP_CNT;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+}
+
+/* The kernel's own clocks say whether the peer's host still answers: the time since it
+ * last acknowledged anything (tcpi_last_ack_recv) or sent us data (tcpi_last_data_recv),
+ * the later of the two, as keepalive itself counts. A live host keeps that short whatever
+ * its processes do: it acknowledges data within a round trip, or answers with a closed
+ * window (then nothing is unacknowledged, and no verdict is given while our bytes wait
+ * for the window: the probes of a closed window back off to minutes), and it answers the
+ * keepalive probes of an idle link every KEEP_INTVL_S. So LIVE_S of quiet with data
+ * unacknowledged and retransmitted, or on an idle link, means the host is gone or cut off.
+ * This is also the verdict where keepalive never gives up: a host whose own interface
+ * drops what it sends retries its probes forever, not counting them as lost. None of it
+ * depends on when either process runs: a rank that looks late, after a long deschedule,
+ * reads the kernel's times. */
+int comm_cpu__sock_silent(int fd, double live_s, double *quiet_s)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    *quiet_s = 0;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0 ||
+        len < offsetof(struct tcp_info, tcpi_last_ack_recv) + sizeof ti.tcpi_last_ack_recv)
+        return 0;
+    if (ti.tcpi_state != TCP_ESTABLISHED && ti.tcpi_state != TCP_CLOSE_WAIT &&
+        ti.tcpi_state != TCP_FIN_WAIT1 && ti.tcpi_state != TCP_LAST_ACK && ti.tcpi_state != TCP_CLOSING)
+        return 0; /* ended: its reads and writes say why */
+    uint32_t ms =
+        ti.tcpi_last_ack_recv < ti.tcpi_last_data_recv ? ti.tcpi_last_ack_recv : ti.tcpi_last_data_recv;
+    *quiet_s = ms / 1000.0;
+    if (*quiet_s < live_s)
+        return 0;
+    if (ti.tcpi_unacked > 0)
+        return ti.tcpi_retransmits > 0;
+    int unsent = 0;
+    if (ioctl(fd, SIOCOUTQNSD, &unsent) < 0 || unsent > 0)
+        return 0; /* bytes waiting for a closed window */
+    return 1;
 }
 
 /* 1 when `fd` is ready for `events`, 0 at the deadline, -1 on a poll error. */
