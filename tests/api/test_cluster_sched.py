@@ -12,7 +12,9 @@ FINAL = ("succeeded", "failed", "cancelled")
 
 
 def forever(name, **over):
-    return heavy_spec(steps=FOREVER_STEPS, name=name, checkpoint={"every_steps": 50}, **over)
+    # A loss event every 10 steps: the job's `step` shows its progress (heavy_spec's own
+    # log_every is steps // 50, far too rare for a job of FOREVER_STEPS).
+    return heavy_spec(steps=FOREVER_STEPS, name=name, checkpoint={"every_steps": 50}, log_every=10, **over)
 
 
 def submit(srv, token, spec):
