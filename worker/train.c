@@ -34,6 +34,12 @@
 #include "model.h"
 #include "optim.h"
 
+/* The spec's ddp.comm_hook as the reducer's. */
+static ddp_hook hook_of(comm_hook_kind k)
+{
+    return k == COMM_HOOK_FP16 ? DDP_HOOK_FP16 : k == COMM_HOOK_BF16 ? DDP_HOOK_BF16 : DDP_HOOK_NONE;
+}
+
 /* Optimizer steps in one epoch of `batches` micro-batches with grad_accum k: the last
  * step of an epoch takes the remaining micro-batches when k does not divide them. */
 static int64_t steps_per_epoch(int64_t batches, int64_t grad_accum)
@@ -380,6 +386,9 @@ static ddpd_err micro_batch(struct run *r, int64_t b, int64_t j, bool sync, int6
         ops->mse(ctx, pred, r->y, rows, r->tn, r->dpred, r->dloss + j);
     }
     model_backward(r->m, r->dpred, r->ddp ? ddp_grad_ready : NULL, r->ddp);
+    /* A lone rank has no DDP, but PyTorch's runs its comm hook all the same. */
+    if (!r->ddp && sync)
+        ddp_hook_lone(hook_of(r->s->ddp.comm_hook), r->m);
     if (r->ddp) {
         ddpd_err rc = ddp_backward_end(r->ddp, err);
         if (!sync)
@@ -1109,6 +1118,7 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
             .bucket_cap_mb = s->ddp.bucket_cap_mb,
             .join = r->join,
             .divide_by_initial_world_size = s->ddp.divide_by_initial_world_size,
+            .hook = hook_of(s->ddp.comm_hook),
             /* Resumed replicas are the checkpoint's, each rank its own: no broadcast. */
             .keep_params = cfg->resume != NULL,
         };
