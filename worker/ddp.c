@@ -41,8 +41,13 @@ struct ddp {
     /* join */
     float *zeros;         /* scratch for shadowed buckets */
     uint16_t *zeros_half; /* the same, compressed (with a comm hook) */
-    float *live;          /* one tensor float: join's count of live ranks (a collective's
-                           * tensors are the compute backend's memory, comm.h) */
+    /* With a hook and opts.initial_plan, until the first synced step is done: that step's
+     * one all-reduce of every gradient in registration order (DDP.md §2.2). */
+    bool initial_plan;
+    uint16_t *whole;
+    struct comm_req *whole_req;
+    float *live; /* one tensor float: join's count of live ranks (a collective's
+                  * tensors are the compute backend's memory, comm.h) */
     int64_t max_bucket;
     int64_t steps; /* synced steps this rank ran itself since the last join */
     /* buffers (DDP.md §1.3): PyTorch's require_forward_param_sync, true at the start and
@@ -260,6 +265,7 @@ struct ddp *ddp_new(struct model *model, struct comm *comm, const struct ddp_opt
     d->rank = comm_rank(comm);
     d->require_sync = true;
     d->buf_sync = true;
+    d->initial_plan = opts->initial_plan && opts->hook != DDP_HOOK_NONE;
     if (model_param_count(model) == 0) {
         ddpd_error_set(err, DDPD_ESPEC, "model", "DDP needs a model with trainable parameters");
         goto fail;
@@ -291,6 +297,7 @@ void ddp_free(struct ddp *d)
         d->dev.ops->free(d->dev.ctx, d->buckets[b].buf);
     }
     free(d->zeros_half);
+    free(d->whole);
     if (d->zeros)
         d->dev.ops->free(d->dev.ctx, d->zeros);
     if (d->live)
@@ -395,6 +402,28 @@ static void launch(struct ddp *d, int b)
     struct bucket *bk = &d->buckets[b];
     if (d->hook_rc)
         return;
+    if (d->opts.hook != DDP_HOOK_NONE && d->initial_plan) {
+        /* PyTorch's first iteration has one bucket of everything, in registration order:
+         * nothing goes until the last bucket is ready, then it all goes at once. */
+        if (b + 1 < d->nbuckets)
+            return;
+        const half_kind k = d->opts.hook == DDP_HOOK_BF16 ? HALF_BF16 : HALF_FP16;
+        const int64_t total = model_numel(d->m);
+        d->whole = malloc((size_t)(total ? total : 1) * sizeof(uint16_t));
+        if (!d->whole) {
+            d->hook_rc =
+                ddpd_error_set(&d->hook_err, DDPD_ENOMEM, "", "out of memory for the comm hook's bucket");
+            return;
+        }
+        int64_t off = 0;
+        for (int i = 0; i < model_param_count(d->m); i++) {
+            const struct param *p = model_param(d->m, i);
+            half_compress(k, d->whole + off, p->grad, p->numel, d->world);
+            off += p->numel;
+        }
+        d->hook_rc = comm_allreduce_half_start(d->comm, d->whole, total, k, &d->whole_req, &d->hook_err);
+        return;
+    }
     if (d->opts.hook != DDP_HOOK_NONE) {
         /* fp16_compress_hook: buffer.to(float16).div_(W), all-reduced in float16; copied
          * back in ddp_backward_end. No float(1/W) pre-scaling: the hook replaces it. */
@@ -442,6 +471,30 @@ void ddp_grad_ready(void *ctx, int index)
         launch(d, d->next_bucket++);
 }
 
+/* ddp_backward_end of the first synced step under opts.initial_plan: waits for the one
+ * all-reduce and copies each parameter's part back; later steps use the buckets. */
+static ddpd_err end_initial_plan(struct ddp *d, ddpd_err rc, struct ddpd_error *err)
+{
+    if (d->whole_req) {
+        ddpd_err w = comm_wait(d->comm, d->whole_req, rc ? NULL : err);
+        d->whole_req = NULL;
+        if (!rc)
+            rc = w;
+    }
+    if (!rc) {
+        int64_t off = 0;
+        for (int i = 0; i < model_param_count(d->m); i++) {
+            struct param *p = model_param(d->m, i);
+            half_decompress(kind_of(d->opts.hook), p->grad, d->whole + off, p->numel);
+            off += p->numel;
+        }
+    }
+    free(d->whole);
+    d->whole = NULL;
+    d->initial_plan = false;
+    return rc;
+}
+
 ddpd_err ddp_backward_end(struct ddp *d, struct ddpd_error *err)
 {
     if (!d->armed)
@@ -450,6 +503,8 @@ ddpd_err ddp_backward_end(struct ddp *d, struct ddpd_error *err)
     ddpd_err rc = d->hook_rc;
     if (rc && err)
         *err = d->hook_err;
+    if (d->initial_plan && (d->whole_req || rc))
+        return end_initial_plan(d, rc, err);
     for (int b = 0; b < d->nbuckets; b++) {
         struct bucket *bk = &d->buckets[b];
         if (bk->req) {
@@ -509,8 +564,26 @@ ddpd_err ddp_join_each(struct ddp *d, ddp_step_hook hook, void *ctx, int64_t *sh
                 goto out;
             if (live[1] < 0.5f)
                 continue;
-            /* Shadow the live ranks' bucket all-reduces with zeros, in bucket order. */
-            for (int b = 0; b < d->nbuckets; b++) {
+            /* Shadow the live ranks' bucket all-reduces with zeros, in bucket order (the
+             * job's first synced step: PyTorch's initial plan, one bucket of everything). */
+            bool shadowed_whole = d->initial_plan;
+            if (d->initial_plan) {
+                const int64_t total = model_numel(d->m);
+                uint16_t *z = calloc((size_t)(total ? total : 1), sizeof(uint16_t));
+                struct comm_req *req;
+                if (!z) {
+                    rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory for the comm hook's bucket");
+                    goto out;
+                }
+                rc = comm_allreduce_half_start(d->comm, z, total, kind_of(d->opts.hook), &req, err);
+                if (rc == DDPD_OK)
+                    rc = comm_wait(d->comm, req, err);
+                free(z);
+                d->initial_plan = false;
+                if (rc)
+                    goto out;
+            }
+            for (int b = 0; b < d->nbuckets && !shadowed_whole; b++) {
                 const int64_t numel = d->buckets[b].numel;
                 if (d->opts.hook != DDP_HOOK_NONE) {
                     /* PyTorch's join hook runs the comm hook on a zero bucket: zeros

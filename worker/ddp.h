@@ -36,6 +36,12 @@ struct ddp_opts {
                                         * divided by W in 16 bits, summed in 16 bits and
                                         * copied back (the hook replaces the reducer's
                                         * division; join's divisor is then always W) */
+    bool initial_plan;                 /* with a hook: the first synced step reduces as
+                                        * PyTorch's first iteration does, before its
+                                        * one-time bucket rebuild (DDP.md §2.2-2.3): one
+                                        * bucket of every parameter in registration order,
+                                        * which sets each element's place in gloo's sum
+                                        * order. For a job that starts at step 0. */
     bool keep_params;                  /* skip the construction broadcast: every rank
                                         * resumes its own replica from a checkpoint
                                         * (replicas differ between joins, DDP.md §4.5) */

@@ -1119,6 +1119,8 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
             .join = r->join,
             .divide_by_initial_world_size = s->ddp.divide_by_initial_world_size,
             .hook = hook_of(s->ddp.comm_hook),
+            /* PyTorch's first iteration, before its bucket rebuild; a resumed job is past it. */
+            .initial_plan = cfg->resume == NULL,
             /* Resumed replicas are the checkpoint's, each rank its own: no broadcast. */
             .keep_params = cfg->resume != NULL,
         };
