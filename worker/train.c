@@ -1168,6 +1168,9 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
      * (issue 31: the log said 1774, the job 1770, with log_every 10). */
     struct pending_log ran = {.step = pos.step};
     int64_t logged = pos.step;
+    /* The bytes this rank sends per step (bench/: compressed gradients), from here on. */
+    const uint64_t sent0 = comm_bytes_sent(cfg->comm);
+    const int64_t step0 = pos.step;
     if (cfg->in_loop)
         *cfg->in_loop = 1;
     while (pos.step < r.total) {
@@ -1286,6 +1289,11 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     done.seconds = seconds;
     emit_event(&done);
     emit_log("done: %" PRId64 " steps in %.3f s, last loss %g", pos.step, seconds, last_loss);
+    if (cfg->comm && comm_bytes_sent(cfg->comm) > 0 && pos.step > step0) {
+        const uint64_t sent = comm_bytes_sent(cfg->comm) - sent0;
+        emit_log("comm: %" PRIu64 " bytes sent in %" PRId64 " steps (%.0f per step)", sent, pos.step - step0,
+                 (double)sent / (double)(pos.step - step0));
+    }
     rc = DDPD_OK;
 out:
     if (r.dev.ops) {

@@ -80,6 +80,62 @@ static void test_casts(void)
     CHECK_NEAR(half_to_float(HALF_FP16, a), 2052.0, 0, 0);
 }
 
+/* The loops (8 at a time where the CPU can) against the scalar casts, element by element,
+ * on values of every kind: ties, subnormals, overflow, infinities, NaN. */
+static void test_loops_match_scalar(void)
+{
+    enum { N = 4099 };
+    static float src[N], back[N];
+    static uint16_t h[N], a[N], b[N];
+    uint32_t x = 12345;
+    for (int i = 0; i < N; i++) {
+        x = x * 1664525u + 1013904223u;
+        uint32_t bits = x;
+        if (i % 7 == 0) /* around fp16's range and subnormals */
+            bits = (x & 0x80ffffffu) | ((uint32_t)(96 + (x >> 24) % 48) << 23);
+        memcpy(&src[i], &bits, sizeof bits);
+    }
+    src[0] = NAN;
+    src[1] = INFINITY;
+    src[2] = 65520.0f;
+    src[3] = 0x1p-25f;
+    src[4] = -0.0f;
+    for (int kk = 0; kk < 2; kk++) {
+        half_kind k = kk ? HALF_BF16 : HALF_FP16;
+        for (int d = 1; d <= 3; d++) {
+            half_compress(k, h, src, N, d);
+            int bad = 0;
+            for (int i = 0; i < N; i++) {
+                float want = half_to_float(
+                    k, half_from_float(k, half_to_float(k, half_from_float(k, src[i])) / (float)d));
+                float got = half_to_float(k, h[i]);
+                bad += !(got == want || (isnan(got) && isnan(want))) ||
+                       (got == 0 && signbit(got) != signbit(want));
+            }
+            CHECK_EQ_INT(bad, 0);
+        }
+        half_decompress(k, back, h, N);
+        int bad = 0;
+        for (int i = 0; i < N; i++) {
+            float want = half_to_float(k, h[i]);
+            bad += memcmp(&back[i], &want, sizeof want) != 0 && !(isnan(back[i]) && isnan(want));
+        }
+        CHECK_EQ_INT(bad, 0);
+        half_compress(k, a, src, N, 1);
+        half_compress(k, b, src + 1, N - 1, 1);
+        memcpy(h, a, sizeof a);
+        half_add(k, h, b, N - 1);
+        bad = 0;
+        for (int i = 0; i < N - 1; i++) {
+            float want =
+                half_to_float(k, half_from_float(k, half_to_float(k, a[i]) + half_to_float(k, b[i])));
+            float got = half_to_float(k, h[i]);
+            bad += !(got == want || (isnan(got) && isnan(want)));
+        }
+        CHECK_EQ_INT(bad, 0);
+    }
+}
+
 /* ---- the all-reduce ---- */
 
 #define MAX_W  4
@@ -202,6 +258,7 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     test_casts();
+    test_loops_match_scalar();
     comm_group_crypto_ready();
     sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (sh == MAP_FAILED)
