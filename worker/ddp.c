@@ -397,6 +397,11 @@ ddpd_err ddp_forward_begin(struct ddp *d, struct ddpd_error *err)
     return DDPD_OK;
 }
 
+static half_kind kind_of(ddp_hook h)
+{
+    return h == DDP_HOOK_BF16 ? HALF_BF16 : HALF_FP16;
+}
+
 static void launch(struct ddp *d, int b)
 {
     struct bucket *bk = &d->buckets[b];
@@ -407,7 +412,7 @@ static void launch(struct ddp *d, int b)
          * nothing goes until the last bucket is ready, then it all goes at once. */
         if (b + 1 < d->nbuckets)
             return;
-        const half_kind k = d->opts.hook == DDP_HOOK_BF16 ? HALF_BF16 : HALF_FP16;
+        const half_kind k = kind_of(d->opts.hook);
         const int64_t total = model_numel(d->m);
         d->whole = malloc((size_t)(total ? total : 1) * sizeof(uint16_t));
         if (!d->whole) {
@@ -427,7 +432,7 @@ static void launch(struct ddp *d, int b)
     if (d->opts.hook != DDP_HOOK_NONE) {
         /* fp16_compress_hook: buffer.to(float16).div_(W), all-reduced in float16; copied
          * back in ddp_backward_end. No float(1/W) pre-scaling: the hook replaces it. */
-        half_kind k = d->opts.hook == DDP_HOOK_BF16 ? HALF_BF16 : HALF_FP16;
+        const half_kind k = kind_of(d->opts.hook);
         half_compress(k, bk->half, bk->buf, bk->numel, d->world);
         d->hook_rc = comm_allreduce_half_start(d->comm, bk->half, bk->numel, k, &bk->req, &d->hook_err);
         return;
@@ -435,11 +440,6 @@ static void launch(struct ddp *d, int b)
     /* Divide before the sum (DDP.md §2.4): each rank contributes grad * float(1/W). */
     d->dev.ops->scale(d->dev.ctx, bk->buf, d->scale, bk->numel);
     d->hook_rc = comm_allreduce_start(d->comm, bk->buf, bk->numel, &bk->req, &d->hook_err);
-}
-
-static half_kind kind_of(ddp_hook h)
-{
-    return h == DDP_HOOK_BF16 ? HALF_BF16 : HALF_FP16;
 }
 
 void ddp_hook_lone(ddp_hook hook, struct model *m)

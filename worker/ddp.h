@@ -12,6 +12,7 @@
  *                                       ddp_backward_end(ddp, &err)
  *     with ddp.no_sync(): ...       ->  prev = ddp_no_sync_enter(ddp); ...; ddp_no_sync_exit(ddp, prev)
  *     with ddp.join(): loop         ->  loop; ddp_join(ddp, &shadowed, &err)
+ *     ddp.register_comm_hook(None, fp16_compress_hook)  ->  opts.hook = DDP_HOOK_FP16
  * Knows tensors (through the model), the compute backend and comm; nothing of the data,
  * the loop or the optimizer. */
 #ifndef DDPD_DDP_H
@@ -69,7 +70,8 @@ ddpd_err ddp_forward_begin(struct ddp *d, struct ddpd_error *err);
 
 /* The model's gradient-ready hook (model.h): pass it with the ddp as ctx to
  * model_backward. Launches each bucket's all-reduce, in bucket order, once all of its
- * gradients are ready: scaled by float(1/W) first, then summed across ranks. */
+ * gradients are ready: scaled by float(1/W) first, then summed across ranks (with a
+ * hook: cast to 16 bits and divided by W there, then summed in 16 bits). */
 void ddp_grad_ready(void *ddp, int param_index);
 
 /* Call after model_backward: waits for every launched all-reduce (and with a hook copies
