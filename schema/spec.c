@@ -13,6 +13,7 @@ static const char *const optim_names[] = {"sgd", "adamw"};
 const char *const sched_names[] = {"constant", "linear", "cosine"};
 static const char *const device_names[] = {"cpu", "cuda"};
 const char *const backend_names[] = {"cpu", "nccl"};
+const char *const comm_hook_names[] = {"none", "fp16", "bf16"};
 const char *const precision_names[] = {"fp32", "tf32"};
 const char *const nonfinite_names[] = {"fail", "continue"}; /* nonfinite_mode order */
 
@@ -27,8 +28,8 @@ static const char *const sgd_keys[] = {"type",         "lr",       "momentum", "
 static const char *const adamw_keys[] = {"type", "lr", "betas", "eps", "weight_decay", "schedule"};
 static const char *const schedule_keys[] = {"type", "warmup_steps", "min_lr", "total_steps"};
 static const char *const eval_keys[] = {"data", "every_steps", "max_batches"};
-static const char *const ddp_keys[] = {"bucket_cap_mb", "join", "divide_by_initial_world_size", "backend",
-                                       "timeout_s"};
+static const char *const ddp_keys[] = {"bucket_cap_mb", "join",      "divide_by_initial_world_size",
+                                       "backend",       "timeout_s", "comm_hook"};
 static const char *const init_keys[] = {"seed", "from", "from_job", "step", "format"};
 const char *const init_format_names[] = {"ddpd", "gpt2"}; /* init_format_kind order */
 static const char *const checkpoint_keys[] = {"every_steps", "keep_last", "keep_best"};
@@ -230,7 +231,7 @@ static ddpd_err parse_ddp(struct ddpd_error *err, json_t *root, struct spec *s)
     struct spec_ddp *d = &s->ddp;
     const char *P = "ddp";
     json_t *obj;
-    int backend = -1;
+    int backend = -1, hook = COMM_HOOK_NONE;
     d->bucket_cap_mb = 25;
     d->join = JOIN_AUTO;
     d->divide_by_initial_world_size = true;
@@ -261,8 +262,24 @@ static ddpd_err parse_ddp(struct ddpd_error *err, json_t *root, struct spec *s)
         if (rc == DDPD_OK)
             rc = get_num(err, obj, P, "timeout_s", 0, true, 86400, false,
                          "a number of seconds greater than 0 and at most 86400", false, &d->timeout_s);
+        if (rc == DDPD_OK)
+            rc = get_enum(err, obj, P, "comm_hook", comm_hook_names, COUNT(comm_hook_names), false, &hook);
         if (rc != DDPD_OK)
             return rc;
+    }
+    d->comm_hook = (comm_hook_kind)hook;
+    if (d->comm_hook != COMM_HOOK_NONE) {
+        /* The hook casts, divides and sums its 16-bit buckets on the host, over the cpu
+         * collectives: not on a GPU nor over NCCL (yet). */
+        if (s->device == DEVICE_CUDA)
+            return fail(err, "ddp.comm_hook", "\"%s\" needs device \"cpu\" (device is \"cuda\")",
+                        comm_hook_names[hook]);
+        /* PyTorch's hooks divide by the world size, whatever join's divisor says. */
+        if (!d->divide_by_initial_world_size)
+            return fail(err, "ddp.comm_hook",
+                        "\"%s\" divides by the world size, as PyTorch's hook does: it cannot apply with "
+                        "ddp.divide_by_initial_world_size false",
+                        comm_hook_names[hook]);
     }
     if (backend >= 0) {
         d->backend = (comm_backend)backend;

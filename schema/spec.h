@@ -53,6 +53,7 @@ typedef enum { TOKENS_UINT16, TOKENS_INT32 } tokens_dtype;
 typedef enum { DEVICE_CPU, DEVICE_CUDA } device_kind;
 typedef enum { JOIN_AUTO, JOIN_TRUE, JOIN_FALSE } join_mode;
 typedef enum { BACKEND_CPU, BACKEND_NCCL } comm_backend;
+typedef enum { COMM_HOOK_NONE, COMM_HOOK_FP16, COMM_HOOK_BF16 } comm_hook_kind;
 typedef enum { PRECISION_FP32, PRECISION_TF32 } precision_kind;
 typedef enum { NONFINITE_FAIL, NONFINITE_CONTINUE } nonfinite_mode;
 /* init.format: the names and layout of init.from's file (ddpd's own, or Hugging Face's
@@ -144,6 +145,7 @@ struct spec_ddp {
     comm_backend backend;              /* default: nccl for cuda, cpu for cpu */
     bool backend_set;                  /* backend was given explicitly */
     double timeout_s;                  /* default 300 */
+    comm_hook_kind comm_hook;          /* default none */
 };
 
 /* `model` given as a preset (issue 30, schema/spec_preset.c): its fields as the user gave

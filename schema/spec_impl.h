@@ -57,6 +57,7 @@
 #define dtype_names     spec__dtype_names
 #define sched_names     spec__sched_names
 #define backend_names   spec__backend_names
+#define comm_hook_names spec__comm_hook_names
 #define precision_names spec__precision_names
 #define nonfinite_names spec__nonfinite_names
 #define parse_watch     spec__parse_watch
@@ -79,6 +80,7 @@ extern const char *const data_names[4];      /* data_kind (spec_data.c) */
 extern const char *const dtype_names[2];     /* tokens_dtype (spec_data.c) */
 extern const char *const sched_names[3];     /* sched_kind (spec.c) */
 extern const char *const backend_names[2];   /* comm_backend (spec.c) */
+extern const char *const comm_hook_names[3]; /* comm_hook_kind (spec.c) */
 extern const char *const precision_names[2]; /* precision_kind (spec.c) */
 extern const char *const nonfinite_names[2]; /* nonfinite_mode (spec.c) */
 

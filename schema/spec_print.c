@@ -195,12 +195,14 @@ struct json_t *spec_to_json(const struct spec *s)
     json_t *join = s->ddp.join == JOIN_AUTO ? json_string("auto") : json_boolean(s->ddp.join == JOIN_TRUE);
     if (!join)
         ok = false;
-    put(j, "ddp",
-        join ? json_pack("{s:f, s:o, s:b, s:s, s:f}", "bucket_cap_mb", s->ddp.bucket_cap_mb, "join", join,
-                         "divide_by_initial_world_size", s->ddp.divide_by_initial_world_size, "backend",
-                         backend_names[s->ddp.backend], "timeout_s", s->ddp.timeout_s)
-             : NULL,
-        &ok);
+    json_t *ddp = join ? json_pack("{s:f, s:o, s:b, s:s, s:f}", "bucket_cap_mb", s->ddp.bucket_cap_mb, "join",
+                                   join, "divide_by_initial_world_size", s->ddp.divide_by_initial_world_size,
+                                   "backend", backend_names[s->ddp.backend], "timeout_s", s->ddp.timeout_s)
+                       : NULL;
+    /* comm_hook only when set: a spec without one prints as it always has. */
+    if (ddp && s->ddp.comm_hook != COMM_HOOK_NONE)
+        put(ddp, "comm_hook", json_string(comm_hook_names[s->ddp.comm_hook]), &ok);
+    put(j, "ddp", ddp, &ok);
     if (s->init_from[0])
         put(j, "init",
             json_pack("{s:s, s:s}", "from", s->init_from, "format", init_format_names[s->init_format]), &ok);

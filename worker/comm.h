@@ -18,6 +18,7 @@
 
 #include "../schema/err.h"
 #include "dev.h"
+#include "half.h"
 
 #define COMM_ID_BYTES 128 /* like ncclUniqueId */
 
@@ -41,6 +42,10 @@ struct comm_ops {
     /* Starts an in-place SUM all-reduce of n floats; the buffer must stay untouched until
      * wait returns. Results are bitwise identical on every rank. */
     ddpd_err (*allreduce_start)(void *ctx, float *buf, int64_t n, struct comm_req **req);
+    /* Optional (NULL: the backend has none): the same for n 16-bit floats of kind k
+     * (half.h), DDP's compressed gradients; every add rounds to that kind, as gloo's fp16
+     * sum does. Host memory (the CPU device's tensors). */
+    ddpd_err (*allreduce_half_start)(void *ctx, uint16_t *buf, int64_t n, half_kind k, struct comm_req **req);
     ddpd_err (*wait)(void *ctx, struct comm_req *req); /* frees req */
     /* Blocking collectives, ordered after every started all-reduce. */
     ddpd_err (*broadcast)(void *ctx, void *buf, size_t bytes, int root);
@@ -59,6 +64,8 @@ struct comm_ops {
      * failure notice reached this one, or it hung up: it died), 0 when it is this rank's
      * own (a deadline it saw pass, a socket error, its own abort) or there is none. */
     int (*failed_by_peer)(void *ctx);
+    /* Optional (NULL: not counted): bytes this rank has sent so far, headers included. */
+    uint64_t (*bytes_sent)(void *ctx);
     void (*free)(void *ctx);
     /* Optional: the backend takes the compute backend's tensors itself (NCCL: orders its
      * stream after the compute stream). Without it, a device whose tensors are not host
@@ -94,6 +101,14 @@ int comm_rank(const struct comm *c);
 int comm_world(const struct comm *c);
 ddpd_err comm_allreduce_start(struct comm *c, float *buf, int64_t n, struct comm_req **req,
                               struct ddpd_error *err);
+/* The all-reduce of 16-bit floats (comm_ops.allreduce_half_start); DDPD_ESPEC naming
+ * ddp.comm_hook where the backend has none (comm_has_half says so beforehand). */
+ddpd_err comm_allreduce_half_start(struct comm *c, uint16_t *buf, int64_t n, half_kind k,
+                                   struct comm_req **req, struct ddpd_error *err);
+int comm_has_half(const struct comm *c);
+/* Bytes this rank has sent over the communicator's links so far (headers included); 0
+ * where the backend does not count them (NCCL). */
+uint64_t comm_bytes_sent(const struct comm *c);
 ddpd_err comm_wait(struct comm *c, struct comm_req *req, struct ddpd_error *err);
 ddpd_err comm_broadcast(struct comm *c, void *buf, size_t bytes, int root, struct ddpd_error *err);
 ddpd_err comm_allgather(struct comm *c, const void *in, size_t bytes, void *out, struct ddpd_error *err);

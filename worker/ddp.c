@@ -3,6 +3,7 @@
  * final model sync (../shared/DDP.md §1–§4). Knows the model's parameters, the compute
  * backend and comm; nothing of data, the loop or the optimizer. */
 #include "ddp.h"
+#include "half.h"
 #include "prof.h"
 
 #include <inttypes.h>
@@ -16,8 +17,9 @@ struct bucket {
     float *buf; /* flat gradient storage; each parameter's grad is a view */
     int64_t numel;
     int nparams;
-    int *params; /* parameter indices in layout order */
-    int pending; /* gradients not yet ready in this backward */
+    int *params;    /* parameter indices in layout order */
+    uint16_t *half; /* with a comm hook: the compressed bucket that is all-reduced */
+    int pending;    /* gradients not yet ready in this backward */
     struct comm_req *req;
 };
 
@@ -38,9 +40,15 @@ struct ddp {
     ddpd_err hook_rc;  /* first failure inside a hook */
     struct ddpd_error hook_err;
     /* join */
-    float *zeros; /* scratch for shadowed buckets */
-    float *live;  /* one tensor float: join's count of live ranks (a collective's
-                   * tensors are the compute backend's memory, comm.h) */
+    float *zeros;         /* scratch for shadowed buckets */
+    uint16_t *zeros_half; /* the same, compressed (with a comm hook) */
+    /* With a hook and opts.initial_plan, until the first synced step is done: that step's
+     * one all-reduce of every gradient in registration order (DDP.md §2.2). */
+    bool initial_plan;
+    uint16_t *whole;
+    struct comm_req *whole_req;
+    float *live; /* one tensor float: join's count of live ranks (a collective's
+                  * tensors are the compute backend's memory, comm.h) */
     int64_t max_bucket;
     int64_t steps; /* synced steps this rank ran itself since the last join */
     /* buffers (DDP.md §1.3): PyTorch's require_forward_param_sync, true at the start and
@@ -204,7 +212,9 @@ static ddpd_err build_buckets(struct ddp *d, struct ddpd_error *err)
         struct bucket *bk = &d->buckets[b];
         bk->params = malloc((size_t)bk->nparams * sizeof(int));
         bk->buf = d->dev.ops->alloc(d->dev.ctx, (size_t)bk->numel * sizeof(float));
-        if (!bk->params || !bk->buf)
+        if (d->opts.hook != DDP_HOOK_NONE)
+            bk->half = malloc((size_t)bk->numel * sizeof(uint16_t));
+        if (!bk->params || !bk->buf || (d->opts.hook != DDP_HOOK_NONE && !bk->half))
             goto out;
         if (bk->numel > d->max_bucket)
             d->max_bucket = bk->numel;
@@ -225,7 +235,9 @@ static ddpd_err build_buckets(struct ddp *d, struct ddpd_error *err)
     free(offset);
     d->zeros = d->dev.ops->alloc(d->dev.ctx, (size_t)(d->max_bucket ? d->max_bucket : 1) * sizeof(float));
     d->live = d->dev.ops->alloc(d->dev.ctx, 2 * sizeof(float));
-    rc = d->zeros && d->live ? DDPD_OK : DDPD_ENOMEM;
+    if (d->opts.hook != DDP_HOOK_NONE)
+        d->zeros_half = calloc((size_t)(d->max_bucket ? d->max_bucket : 1), sizeof(uint16_t));
+    rc = d->zeros && d->live && (d->opts.hook == DDP_HOOK_NONE || d->zeros_half) ? DDPD_OK : DDPD_ENOMEM;
 out:
     if (rc) /* a rank out of memory: exit 4 naming the tensor and its size */
         rc = ddpd_error_set(err, DDPD_EDEVICE, "model",
@@ -254,8 +266,15 @@ struct ddp *ddp_new(struct model *model, struct comm *comm, const struct ddp_opt
     d->rank = comm_rank(comm);
     d->require_sync = true;
     d->buf_sync = true;
+    d->initial_plan = opts->initial_plan && opts->hook != DDP_HOOK_NONE;
     if (model_param_count(model) == 0) {
         ddpd_error_set(err, DDPD_ESPEC, "model", "DDP needs a model with trainable parameters");
+        goto fail;
+    }
+    /* The hook casts and sums on the host (half.c); the spec refuses it with device cuda. */
+    if (opts->hook != DDP_HOOK_NONE && (!d->dev.ops->host_memory || !comm_has_half(comm))) {
+        ddpd_error_set(err, DDPD_ESPEC, "ddp.comm_hook",
+                       "a comm hook needs device \"cpu\" and the cpu collectives (ddp.backend \"cpu\")");
         goto fail;
     }
     if (check_same_model(d, err) || (!opts->keep_params && broadcast_params(d, 0, err)) ||
@@ -275,8 +294,11 @@ void ddp_free(struct ddp *d)
         /* Gradients point into the buckets: the model must not be used after this,
          * except to be freed. */
         free(d->buckets[b].params);
+        free(d->buckets[b].half);
         d->dev.ops->free(d->dev.ctx, d->buckets[b].buf);
     }
+    free(d->zeros_half);
+    free(d->whole);
     if (d->zeros)
         d->dev.ops->free(d->dev.ctx, d->zeros);
     if (d->live)
@@ -349,9 +371,12 @@ ddpd_err ddp_forward_begin(struct ddp *d, struct ddpd_error *err)
     }
     if (!d->armed)
         return DDPD_OK;
+    /* With a comm hook the hook divides, by the group size (DDP.md §4.3): the live count
+     * is still exchanged (the joined ranks pair with it) but not used. */
+    const bool by_live = !d->opts.divide_by_initial_world_size && d->opts.hook == DDP_HOOK_NONE;
     int divisor = d->world;
     if (d->opts.join && model_buffer_count(d->m) > 0) {
-        if (!d->opts.divide_by_initial_world_size)
+        if (by_live)
             divisor = (int)(d->live_votes + 0.5f);
     } else if (d->opts.join) {
         /* N1 of DDP.md §4.2, paired with the joined ranks' J1: the count of live ranks. */
@@ -359,7 +384,7 @@ ddpd_err ddp_forward_begin(struct ddp *d, struct ddpd_error *err)
         ddpd_err rc = count_live(d, 1.0f, &live, err);
         if (rc)
             return rc;
-        if (!d->opts.divide_by_initial_world_size)
+        if (by_live)
             divisor = (int)(live + 0.5f);
     }
     d->scale = (float)(1.0 / (double)divisor);
@@ -373,11 +398,46 @@ ddpd_err ddp_forward_begin(struct ddp *d, struct ddpd_error *err)
     return DDPD_OK;
 }
 
+static half_kind kind_of(ddp_hook h)
+{
+    return h == DDP_HOOK_BF16 ? HALF_BF16 : HALF_FP16;
+}
+
 static void launch(struct ddp *d, int b)
 {
     struct bucket *bk = &d->buckets[b];
     if (d->hook_rc)
         return;
+    if (d->opts.hook != DDP_HOOK_NONE && d->initial_plan) {
+        /* PyTorch's first iteration has one bucket of everything, in registration order:
+         * nothing goes until the last bucket is ready, then it all goes at once. */
+        if (b + 1 < d->nbuckets)
+            return;
+        const half_kind k = kind_of(d->opts.hook);
+        const int64_t total = model_numel(d->m);
+        d->whole = malloc((size_t)(total ? total : 1) * sizeof(uint16_t));
+        if (!d->whole) {
+            d->hook_rc =
+                ddpd_error_set(&d->hook_err, DDPD_ENOMEM, "", "out of memory for the comm hook's bucket");
+            return;
+        }
+        int64_t off = 0;
+        for (int i = 0; i < model_param_count(d->m); i++) {
+            const struct param *p = model_param(d->m, i);
+            half_compress(k, d->whole + off, p->grad, p->numel, d->world);
+            off += p->numel;
+        }
+        d->hook_rc = comm_allreduce_half_start(d->comm, d->whole, total, k, &d->whole_req, &d->hook_err);
+        return;
+    }
+    if (d->opts.hook != DDP_HOOK_NONE) {
+        /* fp16_compress_hook: buffer.to(float16).div_(W), all-reduced in float16; copied
+         * back in ddp_backward_end. No float(1/W) pre-scaling: the hook replaces it. */
+        const half_kind k = kind_of(d->opts.hook);
+        half_compress(k, bk->half, bk->buf, bk->numel, d->world);
+        d->hook_rc = comm_allreduce_half_start(d->comm, bk->half, bk->numel, k, &bk->req, &d->hook_err);
+        return;
+    }
     /* Divide before the sum (DDP.md §2.4): each rank contributes grad * float(1/W). */
     const int ps = prof_scope(PROF_DDP);
     d->dev.ops->scale(d->dev.ctx, bk->buf, d->scale, bk->numel);
@@ -385,6 +445,22 @@ static void launch(struct ddp *d, int b)
     d->hook_rc = comm_allreduce_start(d->comm, bk->buf, bk->numel, &bk->req, &d->hook_err);
     prof_add("allreduce_start", t0);
     prof_scope_restore(ps);
+}
+
+void ddp_hook_lone(ddp_hook hook, struct model *m)
+{
+    if (hook == DDP_HOOK_NONE)
+        return;
+    for (int i = 0; i < model_param_count(m); i++) {
+        struct param *p = model_param(m, i);
+        /* In pieces, through a small stack buffer: cast, divide by 1 (exact), back. */
+        uint16_t tmp[1024];
+        for (int64_t o = 0; o < p->numel; o += 1024) {
+            int64_t n = p->numel - o < 1024 ? p->numel - o : 1024;
+            half_compress(kind_of(hook), tmp, p->grad + o, n, 1);
+            half_decompress(kind_of(hook), p->grad + o, tmp, n);
+        }
+    }
 }
 
 void ddp_grad_ready(void *ctx, int index)
@@ -400,6 +476,30 @@ void ddp_grad_ready(void *ctx, int index)
         launch(d, d->next_bucket++);
 }
 
+/* ddp_backward_end of the first synced step under opts.initial_plan: waits for the one
+ * all-reduce and copies each parameter's part back; later steps use the buckets. */
+static ddpd_err end_initial_plan(struct ddp *d, ddpd_err rc, struct ddpd_error *err)
+{
+    if (d->whole_req) {
+        ddpd_err w = comm_wait(d->comm, d->whole_req, rc ? NULL : err);
+        d->whole_req = NULL;
+        if (!rc)
+            rc = w;
+    }
+    if (!rc) {
+        int64_t off = 0;
+        for (int i = 0; i < model_param_count(d->m); i++) {
+            struct param *p = model_param(d->m, i);
+            half_decompress(kind_of(d->opts.hook), p->grad, d->whole + off, p->numel);
+            off += p->numel;
+        }
+    }
+    free(d->whole);
+    d->whole = NULL;
+    d->initial_plan = false;
+    return rc;
+}
+
 ddpd_err ddp_backward_end(struct ddp *d, struct ddpd_error *err)
 {
     if (!d->armed)
@@ -408,6 +508,8 @@ ddpd_err ddp_backward_end(struct ddp *d, struct ddpd_error *err)
     ddpd_err rc = d->hook_rc;
     if (rc && err)
         *err = d->hook_err;
+    if (d->initial_plan && (d->whole_req || rc))
+        return end_initial_plan(d, rc, err);
     for (int b = 0; b < d->nbuckets; b++) {
         struct bucket *bk = &d->buckets[b];
         if (bk->req) {
@@ -415,6 +517,9 @@ ddpd_err ddp_backward_end(struct ddp *d, struct ddpd_error *err)
             bk->req = NULL;
             if (!rc)
                 rc = w;
+            /* The hook's decompress: buffer.copy_(the 16-bit sum). */
+            if (!rc && d->opts.hook != DDP_HOOK_NONE)
+                half_decompress(kind_of(d->opts.hook), bk->buf, bk->half, bk->numel);
         } else if (!rc) {
             rc = ddpd_error_set(err, DDPD_EINTERNAL, "",
                                 "bucket %d was never reduced: parameter %s got no gradient in backward", b,
@@ -464,10 +569,40 @@ ddpd_err ddp_join_each(struct ddp *d, ddp_step_hook hook, void *ctx, int64_t *sh
                 goto out;
             if (live[1] < 0.5f)
                 continue;
-            /* Shadow the live ranks' bucket all-reduces with zeros, in bucket order. */
-            for (int b = 0; b < d->nbuckets; b++) {
-                d->dev.ops->fill(d->dev.ctx, d->zeros, 0.0f, d->buckets[b].numel);
-                rc = allreduce_now(d, d->zeros, d->buckets[b].numel, err);
+            /* Shadow the live ranks' bucket all-reduces with zeros, in bucket order (the
+             * job's first synced step: PyTorch's initial plan, one bucket of everything). */
+            bool shadowed_whole = d->initial_plan;
+            if (d->initial_plan) {
+                const int64_t total = model_numel(d->m);
+                uint16_t *z = calloc((size_t)(total ? total : 1), sizeof(uint16_t));
+                struct comm_req *req;
+                if (!z) {
+                    rc = ddpd_error_set(err, DDPD_ENOMEM, "", "out of memory for the comm hook's bucket");
+                    goto out;
+                }
+                rc = comm_allreduce_half_start(d->comm, z, total, kind_of(d->opts.hook), &req, err);
+                if (rc == DDPD_OK)
+                    rc = comm_wait(d->comm, req, err);
+                free(z);
+                d->initial_plan = false;
+                if (rc)
+                    goto out;
+            }
+            for (int b = 0; b < d->nbuckets && !shadowed_whole; b++) {
+                const int64_t numel = d->buckets[b].numel;
+                if (d->opts.hook != DDP_HOOK_NONE) {
+                    /* PyTorch's join hook runs the comm hook on a zero bucket: zeros
+                     * cast, divided and summed in 16 bits (+0.0 is all zero bits). */
+                    struct comm_req *req;
+                    memset(d->zeros_half, 0, (size_t)numel * sizeof(uint16_t));
+                    rc = comm_allreduce_half_start(d->comm, d->zeros_half, numel, kind_of(d->opts.hook), &req,
+                                                   err);
+                    if (rc == DDPD_OK)
+                        rc = comm_wait(d->comm, req, err);
+                } else {
+                    d->dev.ops->fill(d->dev.ctx, d->zeros, 0.0f, numel);
+                    rc = allreduce_now(d, d->zeros, numel, err);
+                }
                 if (rc)
                     goto out;
             }

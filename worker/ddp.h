@@ -12,6 +12,7 @@
  *                                       ddp_backward_end(ddp, &err)
  *     with ddp.no_sync(): ...       ->  prev = ddp_no_sync_enter(ddp); ...; ddp_no_sync_exit(ddp, prev)
  *     with ddp.join(): loop         ->  loop; ddp_join(ddp, &shadowed, &err)
+ *     ddp.register_comm_hook(None, fp16_compress_hook)  ->  opts.hook = DDP_HOOK_FP16
  * Knows tensors (through the model), the compute backend and comm; nothing of the data,
  * the loop or the optimizer. */
 #ifndef DDPD_DDP_H
@@ -24,10 +25,24 @@
 #include "comm.h"
 #include "model.h"
 
+/* A comm hook (DDP.md §6; `ddp.comm_hook`): none, or PyTorch 1.13's fp16_compress_hook /
+ * bf16_compress_hook. */
+typedef enum { DDP_HOOK_NONE, DDP_HOOK_FP16, DDP_HOOK_BF16 } ddp_hook;
+
 struct ddp_opts {
     double bucket_cap_mb;              /* default 25; the first bucket is capped at 1 MiB */
     bool join;                         /* join mode: per-step notifications, shadowing */
     bool divide_by_initial_world_size; /* join's divisor: W (true) or the live ranks */
+    ddp_hook hook;                     /* with a hook each bucket is cast to 16 bits,
+                                        * divided by W in 16 bits, summed in 16 bits and
+                                        * copied back (the hook replaces the reducer's
+                                        * division; join's divisor is then always W) */
+    bool initial_plan;                 /* with a hook: the first synced step reduces as
+                                        * PyTorch's first iteration does, before its
+                                        * one-time bucket rebuild (DDP.md §2.2-2.3): one
+                                        * bucket of every parameter in registration order,
+                                        * which sets each element's place in gloo's sum
+                                        * order. For a job that starts at step 0. */
     bool keep_params;                  /* skip the construction broadcast: every rank
                                         * resumes its own replica from a checkpoint
                                         * (replicas differ between joins, DDP.md §4.5) */
@@ -55,12 +70,19 @@ ddpd_err ddp_forward_begin(struct ddp *d, struct ddpd_error *err);
 
 /* The model's gradient-ready hook (model.h): pass it with the ddp as ctx to
  * model_backward. Launches each bucket's all-reduce, in bucket order, once all of its
- * gradients are ready: scaled by float(1/W) first, then summed across ranks. */
+ * gradients are ready: scaled by float(1/W) first, then summed across ranks (with a
+ * hook: cast to 16 bits and divided by W there, then summed in 16 bits). */
 void ddp_grad_ready(void *ddp, int param_index);
 
-/* Call after model_backward: waits for every launched all-reduce. Afterwards every
- * rank holds the same averaged gradients. A no-op after an unsynced forward. */
+/* Call after model_backward: waits for every launched all-reduce (and with a hook copies
+ * each 16-bit sum back into its float bucket). Afterwards every rank holds the same
+ * averaged gradients. A no-op after an unsynced forward. */
 ddpd_err ddp_backward_end(struct ddp *d, struct ddpd_error *err);
+
+/* What a comm hook does to the gradients of a lone rank (world 1, where there is no ddp:
+ * PyTorch still runs the hook): each rounded to the hook's 16 bits (cast, divided by 1,
+ * copied back). Call where a synced backward would end. Gradients in host memory. */
+void ddp_hook_lone(ddp_hook hook, struct model *m);
 
 /* no_sync scope: returns the previous state to restore (nesting-safe). */
 bool ddp_no_sync_enter(struct ddp *d);

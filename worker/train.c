@@ -35,6 +35,12 @@
 #include "model.h"
 #include "optim.h"
 
+/* The spec's ddp.comm_hook as the reducer's. */
+static ddp_hook hook_of(comm_hook_kind k)
+{
+    return k == COMM_HOOK_FP16 ? DDP_HOOK_FP16 : k == COMM_HOOK_BF16 ? DDP_HOOK_BF16 : DDP_HOOK_NONE;
+}
+
 /* Optimizer steps in one epoch of `batches` micro-batches with grad_accum k: the last
  * step of an epoch takes the remaining micro-batches when k does not divide them. */
 static int64_t steps_per_epoch(int64_t batches, int64_t grad_accum)
@@ -395,6 +401,9 @@ static ddpd_err micro_batch(struct run *r, int64_t b, int64_t j, bool sync, int6
     }
     prof_scope_restore(ps);
     model_backward(r->m, r->dpred, r->ddp ? ddp_grad_ready : NULL, r->ddp);
+    /* A lone rank has no DDP, but PyTorch's runs its comm hook all the same. */
+    if (!r->ddp && sync)
+        ddp_hook_lone(hook_of(r->s->ddp.comm_hook), r->m);
     if (r->ddp) {
         ps = prof_scope(PROF_DDP);
         t0 = prof_now();
@@ -1128,6 +1137,9 @@ static ddpd_err setup(struct run *r, struct train_pos *pos, struct ddpd_error *e
             .bucket_cap_mb = s->ddp.bucket_cap_mb,
             .join = r->join,
             .divide_by_initial_world_size = s->ddp.divide_by_initial_world_size,
+            .hook = hook_of(s->ddp.comm_hook),
+            /* PyTorch's first iteration, before its bucket rebuild; a resumed job is past it. */
+            .initial_plan = cfg->resume == NULL,
             /* Resumed replicas are the checkpoint's, each rank its own: no broadcast. */
             .keep_params = cfg->resume != NULL,
         };
@@ -1177,6 +1189,9 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
      * (issue 31: the log said 1774, the job 1770, with log_every 10). */
     struct pending_log ran = {.step = pos.step};
     int64_t logged = pos.step;
+    /* The bytes this rank sends per step (bench/: compressed gradients), from here on. */
+    const uint64_t sent0 = comm_bytes_sent(cfg->comm);
+    const int64_t step0 = pos.step;
     if (cfg->in_loop)
         *cfg->in_loop = 1;
     while (pos.step < r.total) {
@@ -1301,6 +1316,11 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     done.seconds = seconds;
     emit_event(&done);
     emit_log("done: %" PRId64 " steps in %.3f s, last loss %g", pos.step, seconds, last_loss);
+    if (cfg->comm && comm_bytes_sent(cfg->comm) > 0 && pos.step > step0) {
+        const uint64_t sent = comm_bytes_sent(cfg->comm) - sent0;
+        emit_log("comm: %" PRIu64 " bytes sent in %" PRId64 " steps (%.0f per step)", sent, pos.step - step0,
+                 (double)sent / (double)(pos.step - step0));
+    }
     rc = DDPD_OK;
 out:
     if (r.dev.ops) {

@@ -266,6 +266,7 @@ def torch_ddp(case, work, timeout=120):
         "epochs": spec.get("epochs", 1), "grad_accum": spec.get("grad_accum", 1),
         "join": _join_on(spec, case), "divide": spec.get("ddp", {}).get("divide_by_initial_world_size", True),
         "bucket_cap_mb": spec.get("ddp", {}).get("bucket_cap_mb", 25),
+        "comm_hook": spec.get("ddp", {}).get("comm_hook", "none"),
         "xs": case.xs, "ys": case.ys, "init": case.init_sd, "max_steps": max(case.steps_per_epoch()),
         "grad_clip": spec.get("grad_clip", 0), "snapshots": bool(spec.get("eval")),
     }
@@ -357,6 +358,48 @@ def schedule_lr(o, step, job_steps):
     return 1.0
 
 
+def bf16_ring_sum(parts):
+    """The sum of W bfloat16 tensors of n elements as gloo's ring all-reduce would make it if
+    it took bfloat16 (it takes fp16 only, in 1.13): chunk g of 2W segments of ceil(n/2W)
+    elements is summed from rank g-1 down to rank g, every add rounded to bfloat16 (torch's
+    bf16 add on the CPU: in float, rounded to nearest even). The same order is fp16's, which
+    gloo really does (checked against it, W = 2, 3, 4)."""
+    import torch
+    W, n = len(parts), parts[0].numel()
+    per = 2 * (-(-n // (2 * W)))
+    out = torch.empty_like(parts[0])
+    for g in range(W):
+        lo, hi = min(g * per, n), min((g + 1) * per, n)
+        if lo == hi:
+            continue
+        acc = parts[(g - 1) % W][lo:hi].clone()
+        for k in range(2, W + 1):
+            acc = acc + parts[(g - k) % W][lo:hi]
+        out[lo:hi] = acc
+    return out
+
+
+def bf16_hook_gloo(process_group, bucket):
+    """bf16_compress_hook as PyTorch 1.13 writes it (cast to bfloat16, div_ by the world size
+    in bfloat16, all-reduce SUM in bfloat16, copy back into the float bucket), with the
+    all-reduce emulated because gloo has no bfloat16: every rank's bfloat16 values are
+    all-gathered (exactly, as floats) and summed in gloo's ring order with bfloat16 rounding
+    after each add (bf16_ring_sum). A joined rank runs it on its zero buckets, as PyTorch's
+    join hook runs any comm hook, so the all-gathers pair."""
+    import torch
+    import torch.distributed as dist
+    W = dist.get_world_size()
+    compressed = bucket.buffer().to(torch.bfloat16).div_(W)
+    gathered = [torch.empty(compressed.shape, dtype=torch.float32) for _ in range(W)]
+    dist.all_gather(gathered, compressed.float())
+    total = bf16_ring_sum([t.to(torch.bfloat16) for t in gathered])
+    buf = bucket.buffer()
+    buf.copy_(total)
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
+
+
 def _torch_rank(cfg_path, rank, port):
     """One rank of the PyTorch reference (runs in its own process)."""
     import datetime
@@ -375,6 +418,11 @@ def _torch_rank(cfg_path, rank, port):
     model = torch_models.build(cfg["model"])  # §2a's module tree; nn.Sequential for an MLP
     model.load_state_dict({k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in cfg["init"].items()})
     ddp = DDP(model, bucket_cap_mb=cfg["bucket_cap_mb"])
+    if cfg.get("comm_hook", "none") == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif cfg.get("comm_hook", "none") == "bf16":
+        ddp.register_comm_hook(None, bf16_hook_gloo)
     o = cfg["optimizer"]
     if o["type"] == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=o["lr"], momentum=o.get("momentum", 0.0),

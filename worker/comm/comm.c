@@ -137,6 +137,28 @@ ddpd_err comm_allreduce_start(struct comm *c, float *buf, int64_t n, struct comm
     return rc == DDPD_OK ? DDPD_OK : fail(c, rc, err);
 }
 
+ddpd_err comm_allreduce_half_start(struct comm *c, uint16_t *buf, int64_t n, half_kind k,
+                                   struct comm_req **req, struct ddpd_error *err)
+{
+    *req = NULL;
+    if (!c->ops->allreduce_half_start)
+        return ddpd_error_set(err, DDPD_ESPEC, "ddp.comm_hook",
+                              "rank %d: the %s collectives have no %s all-reduce", c->rank, c->ops->name,
+                              k == HALF_BF16 ? "bf16" : "fp16");
+    ddpd_err rc = c->ops->allreduce_half_start(c->ctx, buf, n, k, req);
+    return rc == DDPD_OK ? DDPD_OK : fail(c, rc, err);
+}
+
+int comm_has_half(const struct comm *c)
+{
+    return c && c->ops->allreduce_half_start;
+}
+
+uint64_t comm_bytes_sent(const struct comm *c)
+{
+    return c && c->ops->bytes_sent ? c->ops->bytes_sent(c->ctx) : 0;
+}
+
 ddpd_err comm_wait(struct comm *c, struct comm_req *req, struct ddpd_error *err)
 {
     ddpd_err rc = c->ops->wait(c->ctx, req);

@@ -101,6 +101,7 @@ static void test_defaults(void)
     CHECK(s.ddp.divide_by_initial_world_size);
     CHECK_EQ_INT(s.ddp.backend, BACKEND_CPU);
     CHECK(s.ddp.timeout_s == 300);
+    CHECK_EQ_INT(s.ddp.comm_hook, COMM_HOOK_NONE);
     CHECK_EQ_INT(s.init_seed, 0);
     CHECK_EQ_STR(s.init_from, "");
 
@@ -315,7 +316,7 @@ static const struct bad_case bad_cases[] = {
         "unknown key (expected one of type, samples, seed, shuffle, drop_last)"),
     BAD(OK_PLUS(",\"ddp\":{\"bucket_cap\":1}"), DDPD_ESPEC, "ddp.bucket_cap",
         "unknown key (expected one of bucket_cap_mb, join, divide_by_initial_world_size, backend, "
-        "timeout_s)"),
+        "timeout_s, comm_hook)"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2,\"biass\":true}]"), DDPD_ESPEC, "model[0].biass",
         "unknown key (did you mean \"bias\"? expected one of type, in, out, bias, tie)"),
     BAD(WITH_MODEL("[{\"type\":\"linear\",\"in\":4,\"out\":2},{\"type\":\"relu\",\"in\":2}]"), DDPD_ESPEC,
@@ -562,6 +563,18 @@ static const struct bad_case bad_cases[] = {
         "expected one of cpu, nccl, got \"gloo\""),
     BAD(OK_PLUS(",\"device\":\"cpu\",\"ddp\":{\"backend\":\"nccl\"}"), DDPD_ESPEC, "ddp.backend",
         "nccl needs device \"cuda\" (device is \"cpu\")"),
+    BAD(OK_PLUS(",\"ddp\":{\"comm_hook\":\"fp8\"}"), DDPD_ESPEC, "ddp.comm_hook",
+        "expected one of none, fp16, bf16, got \"fp8\""),
+    BAD(OK_PLUS(",\"ddp\":{\"comm_hook\":true}"), DDPD_ESPEC, "ddp.comm_hook",
+        "expected one of none, fp16, bf16, got true"),
+    BAD(OK_PLUS(",\"device\":\"cuda\",\"ddp\":{\"comm_hook\":\"fp16\"}"), DDPD_ESPEC, "ddp.comm_hook",
+        "\"fp16\" needs device \"cpu\" (device is \"cuda\")"),
+    BAD(OK_PLUS(",\"device\":\"cuda\",\"ddp\":{\"comm_hook\":\"bf16\",\"backend\":\"cpu\"}"), DDPD_ESPEC,
+        "ddp.comm_hook", "\"bf16\" needs device \"cpu\" (device is \"cuda\")"),
+    BAD(OK_PLUS(",\"ddp\":{\"comm_hook\":\"fp16\",\"divide_by_initial_world_size\":false}"), DDPD_ESPEC,
+        "ddp.comm_hook",
+        "\"fp16\" divides by the world size, as PyTorch's hook does: it cannot apply with "
+        "ddp.divide_by_initial_world_size false"),
     BAD(OK_PLUS(",\"device\":\"cuda\",\"precision\":\"fp16\""), DDPD_ESPEC, "precision",
         "expected one of fp32, tf32, got \"fp16\""),
     BAD(OK_PLUS(",\"device\":\"cuda\",\"precision\":32"), DDPD_ESPEC, "precision",
@@ -954,6 +967,9 @@ static void test_round_trip(void)
              BATCH, ",\"ddp\":{\"join\":false},\"init\":{\"seed\":42}"),
         OK_PLUS(",\"init\":{\"from_job\":7}"),
         OK_PLUS(",\"init\":{\"from_job\":7,\"step\":0}"),
+        OK_PLUS(",\"ddp\":{\"comm_hook\":\"fp16\"}"),
+        OK_PLUS(",\"ddp\":{\"comm_hook\":\"bf16\",\"join\":true}"),
+        OK_PLUS(",\"ddp\":{\"comm_hook\":\"none\"}"),
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         struct spec a, b;
@@ -994,6 +1010,13 @@ static void test_round_trip(void)
     j = spec_to_json(&s);
     CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "checkpoint"), "keep_last")),
                  INT64_MAX);
+    /* ddp.comm_hook prints only when set, so that a spec without one prints as before. */
+    CHECK(json_object_get(json_object_get(j, "ddp"), "comm_hook") == NULL);
+    json_decref(j);
+    CHECK_EQ_INT(parse(OK_PLUS(",\"ddp\":{\"comm_hook\":\"bf16\"}"), &s, &e), DDPD_OK);
+    CHECK_EQ_INT(s.ddp.comm_hook, COMM_HOOK_BF16);
+    j = spec_to_json(&s);
+    CHECK_EQ_STR(json_string_value(json_object_get(json_object_get(j, "ddp"), "comm_hook")), "bf16");
     json_decref(j);
 }
 

@@ -163,13 +163,15 @@ out:
     return rc;
 }
 
-static ddpd_err cpu_allreduce_start(void *ctx, float *buf, int64_t n, struct comm_req **req)
+/* An all-reduce of n floats (half 0) or n 16-bit floats of kind hk (half 1). */
+static ddpd_err allreduce_start(struct cpu *c, void *buf, int64_t n, int half, half_kind hk,
+                                struct comm_req **req)
 {
-    struct cpu *c = ctx;
+    const size_t esz = half ? sizeof(uint16_t) : sizeof(float);
     *req = NULL;
     struct comm_req *q = calloc(1, sizeof *q);
     pthread_mutex_lock(&c->mu);
-    if (comm_cpu__check_usable(c) < 0 || !q || n < 0 || (uint64_t)n > SIZE_MAX / sizeof(float) / 4) {
+    if (comm_cpu__check_usable(c) < 0 || !q || n < 0 || (uint64_t)n > SIZE_MAX / esz / 4) {
         if (!c->failed)
             comm_cpu__set_failed(c, DDPD_ECOMM,
                                  !q ? "out of memory" : "all-reduce of a negative or impossible count", 0);
@@ -181,6 +183,8 @@ static ddpd_err cpu_allreduce_start(void *ctx, float *buf, int64_t n, struct com
     q->op = OP_ALLREDUCE;
     q->buf = buf;
     q->n = n;
+    q->half = half;
+    q->hk = hk;
     q->lnext = c->live;
     if (c->live)
         c->live->lprev = q;
@@ -190,13 +194,30 @@ static ddpd_err cpu_allreduce_start(void *ctx, float *buf, int64_t n, struct com
      * in a VM is tens of microseconds), and such a bucket (the last of a backward) is
      * waited for right away. The next start, blocking call or wait runs it, in order.
      * Anything else wakes the thread now: overlap with the caller's work is the point. */
-    int defer = (uint64_t)n * sizeof(float) <= SMALL_BYTES && !c->busy && !c->head;
+    int defer = (uint64_t)n * esz <= SMALL_BYTES && !c->busy && !c->head;
     comm_cpu__enqueue(c, q);
     if (!defer)
         pthread_cond_signal(&c->work);
     pthread_mutex_unlock(&c->mu);
     *req = q;
     return DDPD_OK;
+}
+
+static ddpd_err cpu_allreduce_start(void *ctx, float *buf, int64_t n, struct comm_req **req)
+{
+    return allreduce_start(ctx, buf, n, 0, HALF_FP16, req);
+}
+
+static ddpd_err cpu_allreduce_half_start(void *ctx, uint16_t *buf, int64_t n, half_kind k,
+                                         struct comm_req **req)
+{
+    return allreduce_start(ctx, buf, n, 1, k, req);
+}
+
+static uint64_t cpu_bytes_sent(void *ctx)
+{
+    struct cpu *c = ctx;
+    return atomic_load_explicit(&c->sent, memory_order_relaxed);
 }
 
 static ddpd_err cpu_wait(void *ctx, struct comm_req *q)
@@ -348,6 +369,8 @@ const struct comm_ops comm_cpu_ops = {
     .name = "cpu",
     .init_rank = cpu_init_rank,
     .allreduce_start = cpu_allreduce_start,
+    .allreduce_half_start = cpu_allreduce_half_start,
+    .bytes_sent = cpu_bytes_sent,
     .wait = cpu_wait,
     .broadcast = cpu_broadcast,
     .allgather = cpu_allgather,

@@ -16,6 +16,7 @@
 #include <sys/uio.h>
 
 #include "../../../base/clock.h"
+#include "../../half.h"
 
 #define NOTICE_TAG     0x4444504e        /* "DDPN": a failure notice */
 #define CANCEL_TAG     0x44445051        /* "DDPQ": the same, for a rank that was cancelled */
@@ -100,6 +101,8 @@ struct comm_req {
     size_t bytes;
     int64_t n;
     int root;
+    int half; /* all-reduce: 1 when buf holds 16-bit floats of kind hk, not floats */
+    half_kind hk;
     int done;
     ddpd_err rc;
 };
@@ -158,6 +161,8 @@ struct cpu {
     double run_start;
     char err[ERR_CAP];
 
+    _Atomic uint64_t sent; /* bytes this rank has sent to next, headers included (bytes_sent) */
+
     char err_copy[ERR_CAP];                      /* what last_error hands the driving thread */
     atomic_int aborted;                          /* abort() may come from any thread or a signal handler */
     atomic_int cancelled;                        /* ... and so may cancel(), which also sets aborted */
@@ -180,7 +185,14 @@ struct plan {
     size_t total;
     size_t unit, nunits; /* ring: base is nunits units of `unit` bytes in W chunks */
     int nsend, nrecv, lag;
-    int nreduce; /* receive segments [0, nreduce) are added into base (floats) */
+    int nreduce; /* receive segments [0, nreduce) are added into base (elements below) */
+    int half;    /* the reduced elements: floats (0) or 16-bit floats of kind hk (1) */
+    half_kind hk;
+    /* Ring chunks laid out as gloo's ring all-reduce lays them (0: an even split): chunk g
+     * holds units [g*gloo_chunk, (g+1)*gloo_chunk) clipped to nunits, and this ring's
+     * chunk c is gloo's chunk c-1, so that each element is summed in gloo's order (exactly
+     * for up to 3 ranks; see do_allreduce_half in engine.c). */
+    size_t gloo_chunk;
 };
 
 struct stream {

@@ -147,6 +147,14 @@ static void seg_of(const struct cpu *c, const struct plan *p, int recv, int i, u
     /* Ring step i: send chunk rank-i, receive chunk rank-i-1. */
     size_t W = (size_t)c->world;
     size_t ch = ((size_t)c->rank + 3 * W - (size_t)i - (size_t)recv) % W;
+    if (p->gloo_chunk) {
+        size_t g = (ch + W - 1) % W, a = g * p->gloo_chunk, b = a + p->gloo_chunk;
+        a = a < p->nunits ? a : p->nunits;
+        b = b < p->nunits ? b : p->nunits;
+        *ptr = p->base + a * p->unit;
+        *len = (b - a) * p->unit;
+        return;
+    }
     size_t per = p->nunits / W, rem = p->nunits % W;
     size_t start = ch * per + (ch < rem ? ch : rem);
     *ptr = p->base + start * p->unit;
@@ -200,8 +208,12 @@ static void what(char *buf, size_t cap, const struct plan *p)
     const char *name = op_names[p->op];
     switch (p->op) {
     case OP_ALLREDUCE:
-        snprintf(buf, cap, "%s (bucket of %llu floats)", name,
-                 (unsigned long long)(p->bytes / sizeof(float)));
+        if (p->half)
+            snprintf(buf, cap, "%s (bucket of %llu %s values)", name,
+                     (unsigned long long)(p->bytes / sizeof(uint16_t)), p->hk == HALF_BF16 ? "bf16" : "fp16");
+        else
+            snprintf(buf, cap, "%s (bucket of %llu floats)", name,
+                     (unsigned long long)(p->bytes / sizeof(float)));
         break;
     case OP_BROADCAST:
         snprintf(buf, cap, "%s (%llu bytes from rank %u)", name, (unsigned long long)p->bytes, p->arg);
@@ -252,6 +264,16 @@ static void add_into(float *restrict dst, const float *restrict src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         dst[i] += src[i];
+}
+
+/* Adds `bytes` (whole elements) of the incoming partial sum into dst: floats, or 16-bit
+ * floats rounded after each add as gloo's fp16 sum is (half.h). */
+static void reduce_into(const struct plan *p, unsigned char *dst, const void *src, size_t bytes)
+{
+    if (p->half)
+        half_add(p->hk, (uint16_t *)(void *)dst, src, (int64_t)(bytes / sizeof(uint16_t)));
+    else
+        add_into((float *)(void *)dst, src, bytes / sizeof(float));
 }
 
 /* Checks a complete incoming collective header against ours; -1 with the text if not. */
@@ -309,6 +331,7 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
 
     struct stream s = {0}, r = {0};
     struct origin o = {.rank = -1};
+    const size_t esz = p->half ? sizeof(uint16_t) : sizeof(float); /* a reduced element */
     double deadline = base_mono_s() + c->timeout_s;
     double live_at = base_mono_s() + LIVE_CHECK_S; /* the next look at the links' liveness */
     double spin_until = 0;                         /* > 0 while a shared-memory wait is under way ... */
@@ -376,6 +399,7 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
             }
             if (k > 0) {
                 size_t left = (size_t)k;
+                atomic_fetch_add_explicit(&c->sent, (uint64_t)k, memory_order_relaxed);
                 if (s.hdr < HDR_BYTES) {
                     size_t h = HDR_BYTES - s.hdr < left ? HDR_BYTES - s.hdr : left;
                     s.hdr += h;
@@ -407,9 +431,8 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
                 size_t m = n - used < len - r.off ? n - used : len - r.off;
                 if (r.seg < p->nreduce) {
                     /* Added straight from the FIFO: the stage is a TCP-only detour. */
-                    m = m / sizeof(float) * sizeof(float);
-                    add_into((float *)(ptr + r.off), (const float *)(const void *)(src + used),
-                             m / sizeof(float));
+                    m = m / esz * esz;
+                    reduce_into(p, ptr + r.off, src + used, m);
                 } else {
                     memcpy(ptr + r.off, src + used, m);
                 }
@@ -455,8 +478,8 @@ static ddpd_err run_plan(struct cpu *c, const struct plan *p, char *err, size_t 
                 }
                 if (reduce) {
                     r.pend += left;
-                    size_t whole = r.pend / sizeof(float) * sizeof(float);
-                    add_into((float *)(ptr + r.off), c->stage, whole / sizeof(float));
+                    size_t whole = r.pend / esz * esz;
+                    reduce_into(p, ptr + r.off, c->stage, whole);
                     r.off += whole;
                     r.pend -= whole;
                     if (r.pend)
@@ -676,10 +699,11 @@ static int scratch_reserve(struct cpu *c, size_t bytes, char *err, size_t cap)
 }
 
 /* Ring all-gather of `bytes` per rank in out[world*bytes]; this rank's part is in place. */
-static ddpd_err ring_allgather(struct cpu *c, int op, uint64_t hdr_bytes, unsigned char *out, size_t bytes,
-                               char *err, size_t cap)
+static ddpd_err ring_allgather(struct cpu *c, int op, uint32_t arg, uint64_t hdr_bytes, unsigned char *out,
+                               size_t bytes, char *err, size_t cap)
 {
     struct plan p = {.op = op,
+                     .arg = arg,
                      .bytes = hdr_bytes,
                      .base = out,
                      .unit = bytes,
@@ -716,13 +740,66 @@ static ddpd_err do_allreduce(struct cpu *c, float *buf, int64_t n, char *err, si
     float *all = (float *)c->scratch;
     if (nb)
         memcpy(all + (size_t)c->rank * (size_t)n, buf, nb);
-    ddpd_err rc = ring_allgather(c, OP_ALLREDUCE, nb, c->scratch, nb, err, cap);
+    ddpd_err rc = ring_allgather(c, OP_ALLREDUCE, 0, nb, c->scratch, nb, err, cap);
     if (rc != DDPD_OK)
         return rc;
     for (size_t i = 0; i < (size_t)n; i++) {
         float acc = all[i];
         for (size_t r = 1; r < W; r++)
             acc += all[r * (size_t)n + i];
+        buf[i] = acc;
+    }
+    return DDPD_OK;
+}
+
+/* The all-reduce of 16-bit floats (DDP's fp16 and bf16 comm hooks) with the numbers of
+ * gloo's ring all-reduce, which PyTorch's fp16_compress_hook sums with on the CPU: gloo
+ * splits the tensor into 2W segments of ceil(n/2W) elements, chunk g (segments 2g and
+ * 2g+1) travels from rank g-1 down to rank g, and every add rounds to fp16. An element of
+ * chunk g is thus ((x[g-1] + x[g-2]) + ...) + x[g] (checked against PyTorch 1.13 for 2, 3
+ * and 4 ranks). The header's arg names the kind, so that ranks that disagree on it fail
+ * as a collective mismatch. */
+static ddpd_err do_allreduce_half(struct cpu *c, uint16_t *buf, int64_t n, half_kind hk, char *err,
+                                  size_t cap)
+{
+    const size_t W = (size_t)c->world, nb = (size_t)n * sizeof(uint16_t);
+    if (W == 1 || n == 0)
+        return DDPD_OK;
+    const size_t per = 2 * (((size_t)n + 2 * W - 1) / (2 * W)); /* gloo's chunk */
+    if (nb > SMALL_BYTES) {
+        /* This ring sends to rank+1, gloo's to rank-1: chunk c here is summed from rank c
+         * up to rank c-1, so it holds gloo's chunk c-1 to end with the same last add.
+         * With 2 or 3 ranks that is gloo's order exactly (the first two addends commute);
+         * from 4 ranks on the middle addends come in another order, the same on every
+         * rank (bitwise equal replicas, sub-ulp apart from gloo). */
+        struct plan p = {.op = OP_ALLREDUCE,
+                         .arg = 1u + (uint32_t)hk,
+                         .bytes = nb,
+                         .base = (unsigned char *)buf,
+                         .unit = sizeof(uint16_t),
+                         .nunits = (size_t)n,
+                         .nsend = 2 * (c->world - 1),
+                         .nrecv = 2 * (c->world - 1),
+                         .lag = 1,
+                         .nreduce = c->world - 1,
+                         .half = 1,
+                         .hk = hk,
+                         .gloo_chunk = per};
+        return run_plan(c, &p, err, cap);
+    }
+    /* Latency path: all-gather every contribution, then sum each element in gloo's order. */
+    if (scratch_reserve(c, W * nb, err, cap) < 0)
+        return DDPD_ECOMM;
+    uint16_t *all = (uint16_t *)(void *)c->scratch;
+    memcpy(all + (size_t)c->rank * (size_t)n, buf, nb);
+    ddpd_err rc = ring_allgather(c, OP_ALLREDUCE, 1u + (uint32_t)hk, nb, c->scratch, nb, err, cap);
+    if (rc != DDPD_OK)
+        return rc;
+    for (size_t i = 0; i < (size_t)n; i++) {
+        const size_t g = i / per;
+        uint16_t acc = all[((g + W - 1) % W) * (size_t)n + i];
+        for (size_t k = 2; k <= W; k++)
+            half_add(hk, &acc, &all[((g + W - k % W) % W) * (size_t)n + i], 1);
         buf[i] = acc;
     }
     return DDPD_OK;
@@ -752,7 +829,7 @@ static ddpd_err do_allgather(struct cpu *c, const void *in, size_t bytes, void *
         memmove(mine, in, bytes);
     if (c->world == 1)
         return DDPD_OK;
-    return ring_allgather(c, OP_ALLGATHER, bytes, out, bytes, err, cap);
+    return ring_allgather(c, OP_ALLGATHER, 0, bytes, out, bytes, err, cap);
 }
 
 static ddpd_err do_max(struct cpu *c, int64_t *v, int n, char *err, size_t cap)
@@ -765,7 +842,7 @@ static ddpd_err do_max(struct cpu *c, int64_t *v, int n, char *err, size_t cap)
     int64_t *all = (int64_t *)c->scratch;
     if (nb)
         memcpy(all + (size_t)c->rank * (size_t)n, v, nb);
-    ddpd_err rc = ring_allgather(c, OP_MAX_I64, nb, c->scratch, nb, err, cap);
+    ddpd_err rc = ring_allgather(c, OP_MAX_I64, 0, nb, c->scratch, nb, err, cap);
     if (rc != DDPD_OK)
         return rc;
     for (size_t r = 0; r < W; r++)
@@ -783,13 +860,15 @@ static ddpd_err do_barrier(struct cpu *c, char *err, size_t cap)
     if (scratch_reserve(c, (size_t)c->world, err, cap) < 0)
         return DDPD_ECOMM;
     c->scratch[c->rank] = 1;
-    return ring_allgather(c, OP_BARRIER, 0, c->scratch, 1, err, cap);
+    return ring_allgather(c, OP_BARRIER, 0, 0, c->scratch, 1, err, cap);
 }
 
 static ddpd_err execute(struct cpu *c, struct comm_req *q, char *err, size_t cap)
 {
     switch (q->op) {
-    case OP_ALLREDUCE: return do_allreduce(c, q->buf, q->n, err, cap);
+    case OP_ALLREDUCE:
+        return q->half ? do_allreduce_half(c, q->buf, q->n, q->hk, err, cap)
+                       : do_allreduce(c, q->buf, q->n, err, cap);
     case OP_BROADCAST: return do_broadcast(c, q->buf, q->bytes, q->root, err, cap);
     case OP_ALLGATHER: return do_allgather(c, q->in, q->bytes, q->buf, err, cap);
     case OP_MAX_I64: return do_max(c, q->buf, (int)q->n, err, cap);

@@ -77,13 +77,13 @@ size_t comm_cpu__shm_avail(const struct link *L, const unsigned char **ptr)
 }
 
 /* Whether the consumer can take anything at its position now: bytes, and for a reducing
- * segment at least one whole float (a stray fragment is nothing it can use). */
+ * segment at least one whole element (a stray fragment is nothing it can use). */
 int comm_cpu__shm_usable(const struct cpu *c, const struct plan *p, const struct stream *r)
 {
     const unsigned char *src;
     size_t n = comm_cpu__shm_avail(&c->lin, &src);
     if (r->hdr == HDR_BYTES && r->seg < p->nreduce)
-        return n >= sizeof(float);
+        return n >= (p->half ? sizeof(uint16_t) : sizeof(float));
     return n > 0;
 }
 
