@@ -1194,6 +1194,14 @@ ddpd_err train_run(const struct train_config *cfg, struct ddpd_error *err)
     const int64_t step0 = pos.step;
     if (cfg->in_loop)
         *cfg->in_loop = 1;
+    if (cfg->stop_at > 0 && pos.step >= cfg->stop_at && pos.step < r.total) {
+        /* Resumed at its pause's own checkpoint (a rank killed after it wrote it, before it
+         * ended: a server SIGKILLed at that moment restarts the attempt): it has paused. */
+        snprintf(r.stop_reason, sizeof r.stop_reason, "paused at step %" PRId64, pos.step);
+        emit_log("%s (resumed at its pause's checkpoint): the job ends here", r.stop_reason);
+        r.total = pos.step;
+        r.paused = true;
+    }
     while (pos.step < r.total) {
         dataset_set_epoch(r.ds, pos.epoch);
         int64_t b;

@@ -283,6 +283,35 @@ static void test_preempt(void)
     CHECK(!exists("last", "ckpt-1"));
 }
 
+/* A pause (stop_at, an asha rung) resumed at its own checkpoint: the rank was killed after
+ * it wrote ckpt-S and before it ended, and the attempt restarts from it. It has paused:
+ * no step runs, no final model, not a run to the end (faults.test_asha_restart saw a
+ * trial run on to max_steps). */
+static void test_pause_resumed_at_its_checkpoint(void)
+{
+    struct spec s;
+    struct ddpd_error err = {0};
+    spec_small(&s, 2, 1, LOSS_MSE, 20); /* 10 steps */
+    char out[4200], ck[4300];
+    snprintf(out, sizeof out, "%s/pause", root);
+    struct train_config cfg = {.spec = &s,
+                               .rank = 0,
+                               .world_size = 1,
+                               .data_dir = root,
+                               .out_dir = out,
+                               .dev = dev_cpu_new(1),
+                               .stop_at = 4};
+    CHECK_EQ_INT(train_run(&cfg, &err), DDPD_OK);
+    CHECK(exists("pause", "ckpt-4"));
+    CHECK(!exists("pause", "model.safetensors"));
+    snprintf(ck, sizeof ck, "%s/ckpt-4", out);
+    cfg.resume = ck;
+    CHECK_EQ_INT(train_run(&cfg, &err), DDPD_OK);
+    CHECK(!exists("pause", "model.safetensors"));
+    CHECK(!exists("pause", "ckpt-5"));
+    dev_cpu_free(cfg.dev);
+}
+
 int main(void)
 {
     setup();
@@ -291,6 +320,7 @@ int main(void)
     test_needs_backend();
     test_batchnorm_batches();
     test_preempt();
+    test_pause_resumed_at_its_checkpoint();
     base_remove_tree(root);
     CHECK_DONE();
 }
