@@ -456,7 +456,36 @@ struct slurm_run {
     double next_query, next_scancel, kill_at;
     bool cancelled, killed;
     bool preempt, preempt_sent; /* a preemption asked for; SIGUSR1 sent to srun */
+    /* Slurm's time limit of the step (seconds; 0 unknown) and the signal's lead before it,
+     * and when the tasks started (monotonic; 0 before): ranks that stop at a checkpoint
+     * on Slurm's signal near the limit have reached the time limit, not a preemption. */
+    double limit_s, grace_s, alloc_at;
 };
+
+static void mark_allocated(struct slurm_run *r)
+{
+    if (!r->allocated)
+        r->alloc_at = base_mono_s();
+    r->allocated = true;
+}
+
+/* Slurm's time format (--time): "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S"; seconds,
+ * or 0 when it is none of them ("UNLIMITED", "infinite", empty). */
+double slurm_time_s(const char *v)
+{
+    if (!v || !*v || strspn(v, "0123456789:-") != strlen(v))
+        return 0;
+    long d = 0, a = 0, b = 0, c = 0;
+    if (strchr(v, '-')) {
+        int k = sscanf(v, "%ld-%ld:%ld:%ld", &d, &a, &b, &c);
+        return k < 2 ? 0 : (double)d * 86400 + (double)a * 3600 + (double)b * 60 + (double)c;
+    }
+    int k = sscanf(v, "%ld:%ld:%ld", &a, &b, &c);
+    return k == 1   ? (double)a * 60
+           : k == 2 ? (double)a * 60 + (double)b
+           : k == 3 ? (double)a * 3600 + (double)b * 60 + (double)c
+                    : 0;
+}
 
 static void log_line(int fd, const char *line, size_t len, bool newline)
 {
@@ -501,7 +530,7 @@ static void stdout_piece(struct slurm_run *r, const char *line, size_t len)
         log_line(r->srun_log, line, len, true);
         return;
     }
-    r->allocated = true;
+    mark_allocated(r);
     struct rank_out *ro = &r->ranks[rank];
     if (!ro->buf && !(ro->buf = malloc(LINE_CAP)))
         return;
@@ -539,7 +568,7 @@ static void stderr_line(struct slurm_run *r, const char *line, size_t len)
     size_t n;
     int rank = slurm_parse_label(line, len, &p, &n);
     if (rank >= 0 && rank < r->n) {
-        r->allocated = true;
+        mark_allocated(r);
         log_line(rank_log(r, rank), p, n, n != SLURM_IO_PIECE);
         note_slurm_end(r, p, n);
         return;
@@ -569,7 +598,7 @@ static void stderr_line(struct slurm_run *r, const char *line, size_t len)
     } else if ((end = 0, sscanf(tmp, "srun: job %lld has been allocated resources%n", &id, &end)) == 1 &&
                end > 0) {
         r->jobid = id;
-        r->allocated = true;
+        mark_allocated(r);
     } else if (strncmp(tmp, "srun: error: Node failure on ", 29) == 0) {
         snprintf(r->node_failure, sizeof r->node_failure, "%.200s", tmp + 13);
     } else if (strstr(tmp, "*** ")) {
@@ -658,6 +687,8 @@ struct slurm_run *slurm_run_start(const struct slurm_opts *so, const char *name,
                                                        : LAUNCH_PREEMPT_GRACE_S;
         jp = &job;
     }
+    r->grace_s = jp ? job.signal_grace_s : 0;
+    r->limit_s = job.time_limit_s > 0 ? ceil(job.time_limit_s / 60) * 60 : slurm_time_s(r->so.time_limit);
     if (slurm_srun_argv(&r->so, r->name, r->n, lo->cuda, jp, lo->worker, a, err) != DDPD_OK)
         goto fail;
     if (resolve(a->argv[0], r->srun_path, sizeof r->srun_path) != 0) {
@@ -706,6 +737,14 @@ static bool run_preempted(const struct slurm_run *r)
            cause_preempted(r->ends, r->n) && !r->node_failure[0] && !strstr(r->slurm_end, " DUE TO ");
 }
 
+/* The ranks stopped on Slurm's signal near the step's time limit: it ran at least the
+ * limit less the signal's lead less Slurm's slack (its signal may come up to 60 s early,
+ * and it looks at limits every 30 s or so). */
+static bool at_time_limit(const struct slurm_run *r)
+{
+    return r->limit_s > 0 && r->alloc_at > 0 && base_mono_s() - r->alloc_at >= r->limit_s - r->grace_s - 90;
+}
+
 /* srun's exit code is not the whole story: after a node failure it may exit 0. */
 static bool run_failed(const struct slurm_run *r)
 {
@@ -741,7 +780,7 @@ static void took_query(struct slurm_run *r)
     if (strcmp(st, "PENDING") == 0)
         snprintf(r->reason, sizeof r->reason, "%s", why);
     else
-        r->allocated = true;
+        mark_allocated(r);
 }
 
 static void scancel_now(struct slurm_run *r)
@@ -860,6 +899,18 @@ void slurm_run_result(const struct slurm_run *r, struct launch_result *res)
 {
     memset(res, 0, sizeof *res);
     res->rank = -1;
+    if (r->exited && run_preempted(r) && at_time_limit(r)) {
+        /* Slurm's signal came before its time limit, not a preemption: the attempt ends
+         * here (requeued, it would only reach the same limit again). */
+        res->exit_code = RANK_EXIT_PREEMPTED;
+        snprintf(
+            res->message, sizeof res->message,
+            "time limit: Slurm job %.200s (Slurm job %lld) reached its time limit of %.0f s (--time; Slurm's "
+            "signal came %.0f s before it): every rank stopped at its checkpoint, so resuming the job "
+            "(ddpd resume) goes on from there",
+            r->name, r->jobid, r->limit_s, r->grace_s);
+        return;
+    }
     if (r->exited && run_preempted(r)) {
         res->preempted = true;
         res->exit_code = RANK_EXIT_PREEMPTED;

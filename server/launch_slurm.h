@@ -49,6 +49,9 @@ struct slurm_job {
     double signal_grace_s; /* > 0: --signal=USR1@G */
 };
 
+/* Seconds of a Slurm time ("M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S"); 0 for none. */
+double slurm_time_s(const char *v);
+
 /* The --nice of a job of `priority` (clamped to 0..100): (100 - priority) * 10. */
 int slurm_nice(int priority);
 

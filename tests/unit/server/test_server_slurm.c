@@ -413,8 +413,23 @@ static void test_attempt_preempt(void)
     slurm_run_free(r);
 }
 
+/* Slurm's --time formats, for telling its time limit from a preemption. */
+static void test_time_s(void)
+{
+    CHECK(slurm_time_s("1") == 60);
+    CHECK(slurm_time_s("90:30") == 5430);
+    CHECK(slurm_time_s("2:00:00") == 7200);
+    CHECK(slurm_time_s("1-2") == 93600);
+    CHECK(slurm_time_s("1-0:30") == 88200);
+    CHECK(slurm_time_s("1-0:0:5") == 86405);
+    CHECK(slurm_time_s("UNLIMITED") == 0);
+    CHECK(slurm_time_s("") == 0 && slurm_time_s(NULL) == 0);
+    CHECK(slurm_time_s("5x") == 0);
+}
+
 int main(void)
 {
+    test_time_s();
     const char *base = getenv("DDPD_TEST_TMP");
     snprintf(tmp, sizeof tmp, "%s/slurm-XXXXXX", base ? base : "/tmp");
     if (base)
