@@ -8,12 +8,16 @@
  * to nearest even as the scalar code does, and the float division and add are the same
  * IEEE operations, so both paths give the same bits (NaN payloads aside: NaN stays NaN). */
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define HALF_X86   1
 #define VEC_TARGET __attribute__((target("avx2,f16c")))
+/* AVX2 (and the OS's support of it) from the compiler's own check; F16C from CPUID leaf 1
+ * (clang's __builtin_cpu_supports does not know "f16c"). */
 static int vec_ok(void)
 {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    unsigned a, b, c, d;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
 }
 #else
 #define HALF_X86 0

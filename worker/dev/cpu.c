@@ -330,10 +330,6 @@ static ALWAYS_INLINE v8f load8(const float *p)
     memcpy(&v, p, sizeof v);
     return v;
 }
-static ALWAYS_INLINE void store8(float *p, v8f v)
-{
-    memcpy(p, &v, sizeof v);
-}
 static ALWAYS_INLINE float hsum8(v8f a)
 {
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
