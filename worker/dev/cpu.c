@@ -316,7 +316,9 @@ static ALWAYS_INLINE NO_TRAP float exp_soft(float x)
  * SSE halves in the plain ones. */
 /* The helpers are always inlined, so the vector ABI warning (passing a 32-byte vector
  * without AVX) concerns no real call. */
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__clang__)
+#pragma clang diagnostic ignored "-Wpsabi"
+#elif defined(__GNUC__)
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 typedef float v8f __attribute__((vector_size(32)));
